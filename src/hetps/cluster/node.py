@@ -1,0 +1,281 @@
+"""The node side of membership: register, heartbeat, barrier, request/reply, shut down.
+
+A :class:`Node` owns a :class:`~hetps.transport.van.Van` and one receive thread. Replies are
+matched to requests by the :class:`~hetps.cluster.requests.RequestTracker`; control messages
+from the scheduler are handled here; every other message goes to the ``handler`` given by the
+layer above (the KVStore server, for instance). A dead peer fails every pending request with a
+:class:`~hetps.cluster.errors.NodeFailure` naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from hetps.cluster import protocol as P
+from hetps.cluster.errors import ClusterError, NodeFailure
+from hetps.cluster.protocol import NodeInfo
+from hetps.cluster.requests import Future, RequestTracker
+from hetps.config import NodeConfig
+from hetps.transport.codec import Message
+from hetps.transport.van import PeerGone, Van
+
+log = logging.getLogger("hetps.node")
+
+Handler = Callable[[Message], None]
+
+
+class Node:
+    """One server or worker's membership in a cluster."""
+
+    def __init__(self, cfg: NodeConfig, handler: Handler | None = None) -> None:
+        if cfg.role not in ("server", "worker"):
+            raise ValueError(f"a Node is a server or a worker, not {cfg.role!r}")
+        self.cfg = cfg
+        self.role = cfg.role
+        self.handler = handler
+        self.van = Van(
+            host=cfg.node_host,
+            port=cfg.port,
+            max_message_bytes=cfg.max_message_bytes,
+            verbose=cfg.verbose,
+            name=cfg.role,
+        )
+        self.requests = RequestTracker()
+        self.info: NodeInfo | None = None
+        self.nodes: dict[int, NodeInfo] = {}
+        self.exited = threading.Event()
+        self.failure: BaseException | None = None
+        self.on_failure: Callable[[BaseException], None] | None = None
+        self._stop = threading.Event()
+        self._registered = threading.Event()
+        self._reg_error: str | None = None
+        self._reg_progress: dict | None = None
+        self._last_ack = time.monotonic()
+        self._recv_thread: threading.Thread | None = None
+        self._hb_thread: threading.Thread | None = None
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def id(self) -> int:
+        """This node's ps-lite id (after :meth:`start`)."""
+        return self.info.id if self.info else 0
+
+    @property
+    def rank(self) -> int:
+        """This node's rank within its role."""
+        return self.info.rank if self.info else -1
+
+    def servers(self) -> list[NodeInfo]:
+        """Servers ordered by rank."""
+        return sorted((n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank)
+
+    def workers(self) -> list[NodeInfo]:
+        """Workers ordered by rank."""
+        return sorted((n for n in self.nodes.values() if n.role == "worker"), key=lambda n: n.rank)
+
+    def describe(self, node_id: int) -> str:
+        """Human name of a node id."""
+        if node_id == P.SCHEDULER_ID:
+            return f"scheduler (node 1, {self.cfg.root_uri}:{self.cfg.root_port})"
+        info = self.nodes.get(node_id)
+        return info.describe() if info else f"node {node_id}"
+
+    # -- start ------------------------------------------------------------------------------
+    def start(self) -> Node:
+        """Register with the scheduler and wait until the whole cluster is up.
+
+        Raises :class:`ClusterError` when the scheduler cannot be reached or the cluster does
+        not complete within ``HETPS_CONNECT_TIMEOUT``.
+        """
+        self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}")
+        self._recv_thread = threading.Thread(target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True)
+        self._recv_thread.start()
+        token = uuid.uuid4().hex
+        self.van.send(
+            P.SCHEDULER_ID,
+            Message(
+                P.ADD_NODE,
+                req=1,
+                body={"role": self.role, "host": self.cfg.node_host, "port": self.van.port, "token": token},
+            ),
+        )
+        if not self._registered.wait(self.cfg.connect_timeout):
+            self.close()
+            if self._reg_progress is None:
+                raise ClusterError(
+                    f"could not reach the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} "
+                    f"within {self.cfg.connect_timeout:g} s (HETPS_CONNECT_TIMEOUT): is it running, "
+                    "and are DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT right?"
+                )
+            got = self._reg_progress
+            raise ClusterError(
+                f"the scheduler answered but the cluster did not complete within "
+                f"{self.cfg.connect_timeout:g} s: {got.get('registered')} of {got.get('expected')} "
+                "nodes registered; start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER"
+            )
+        if self._reg_error is not None:
+            self.close()
+            raise ClusterError(f"the scheduler refused this {self.role}: {self._reg_error}")
+        # Servers answer workers, workers talk to servers.
+        peer_role = "worker" if self.role == "server" else "server"
+        for n in self.nodes.values():
+            if n.role == peer_role:
+                self.van.connect(n.id, f"{n.host}:{n.port}")
+        if self.cfg.heartbeat_interval > 0:
+            self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="hetps-heartbeat", daemon=True)
+            self._hb_thread.start()
+        return self
+
+    # -- receiving --------------------------------------------------------------------------
+    def _recv_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                msg = self.van.recv(timeout=0.1)
+            except Exception:  # the context was closed under us
+                if self._stop.is_set():
+                    return
+                raise
+            if msg is None:
+                continue
+            try:
+                self._dispatch(msg)
+            except Exception:  # a handler bug must not kill the receive loop
+                log.exception("%s: error handling %s from %d", self.role, msg.cmd, msg.sender)
+
+    def _dispatch(self, msg: Message) -> None:
+        if msg.sender == P.SCHEDULER_ID:
+            self._last_ack = time.monotonic()
+            cmd = msg.cmd
+            if cmd == P.HEARTBEAT_ACK:
+                return
+            if cmd == P.ADD_NODE and msg.reply:
+                self._reg_progress = msg.body
+                return
+            if cmd == P.NODES:
+                self.nodes = {n.id: n for n in map(NodeInfo.from_wire, msg.body["nodes"])}
+                self.info = self.nodes[int(msg.body["id"])]
+                self.van.my_id = self.info.id
+                self._registered.set()
+                return
+            if cmd == P.REFUSED:
+                self._reg_error = msg.error or "refused"
+                self._registered.set()
+                return
+            if cmd == P.NODE_DEAD:
+                self._fail(NodeFailure(msg.error or "a peer died"))
+                return
+            if cmd == P.EXIT:
+                if msg.reply:
+                    self.requests.resolve(msg.req, msg)
+                self.exited.set()
+                return
+        if msg.reply:
+            self.requests.resolve(msg.req, msg, msg.error)
+            return
+        if self.handler is not None:
+            self.handler(msg)
+        else:
+            log.warning("%s: no handler for %s from %d", self.role, msg.cmd, msg.sender)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+            log.error("%s: %s", self.role, error)
+        self.requests.fail_all(error)
+        if self.on_failure is not None:
+            self.on_failure(error)
+        self.exited.set()
+
+    # -- heartbeats -------------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        interval = self.cfg.heartbeat_interval
+        self._last_ack = time.monotonic()
+        while not self._stop.wait(interval):
+            try:
+                self.van.send(P.SCHEDULER_ID, Message(P.HEARTBEAT))
+            except PeerGone:
+                return
+            silent = time.monotonic() - self._last_ack
+            if silent > self.cfg.heartbeat_timeout and not self.exited.is_set():
+                self._fail(
+                    NodeFailure(
+                        f"{self.describe(P.SCHEDULER_ID)} stopped answering heartbeats for "
+                        f"{silent:.1f} s (PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g}); "
+                        "the job cannot continue"
+                    )
+                )
+                return
+
+    # -- requests ---------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise the cluster failure, if one happened."""
+        if self.failure is not None:
+            raise self.failure
+
+    def request(
+        self,
+        peer: int,
+        msg: Message,
+        callback: Callable[[Message], None] | None = None,
+        what: str | None = None,
+        track: bool = False,
+    ) -> Future:
+        """Send ``msg`` to ``peer`` as a request; the returned future gets the reply."""
+        fut = self.requests.new(peer, what or f"{msg.cmd} to {self.describe(peer)}", callback)
+        if fut.done():
+            return fut
+        msg.req = fut.req
+        try:
+            self.van.send(peer, msg, track=track)
+        except PeerGone as exc:
+            self.requests.resolve(fut.req, None, f"{self.describe(peer)} is not reachable: {exc}")
+        return fut
+
+    def reply(self, request: Message, body: dict | None = None, arrays: list | None = None,
+              track: bool = False):
+        """Answer ``request``; returns a ZeroMQ tracker for zero-copy arrays when ``track``."""
+        try:
+            return self.van.send(
+                request.sender,
+                Message(request.cmd, req=request.req, reply=True, body=body or {}, arrays=arrays or []),
+                track=track,
+            )
+        except PeerGone:
+            log.warning("%s: cannot answer node %d (gone)", self.role, request.sender)
+            return None
+
+    def barrier(self, group: str = "worker", timeout: float | None = None) -> None:
+        """Wait until every live node of ``group`` (worker, server, all) reaches this barrier."""
+        timeout = self.cfg.request_timeout if timeout is None else timeout
+        self.check()
+        fut = self.request(P.SCHEDULER_ID, Message(P.BARRIER, body={"group": group}), what=f"barrier({group})")
+        fut.wait(timeout)
+
+    def finish(self, timeout: float | None = None) -> None:
+        """Tell the scheduler this worker is done; returns when every worker is done."""
+        timeout = self.cfg.request_timeout if timeout is None else timeout
+        self.check()
+        fut = self.request(P.SCHEDULER_ID, Message(P.FINISH), what="finish")
+        fut.wait(timeout)
+
+    def leave(self, reason: str) -> None:
+        """Tell the scheduler this node is failing, so the others learn it at once."""
+        try:
+            self.van.send(P.SCHEDULER_ID, Message(P.LEAVE, body={"reason": reason[:2000]}))
+        except PeerGone:
+            pass
+
+    def close(self) -> None:
+        """Stop the threads and close the sockets (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        me = threading.current_thread()
+        for t in (self._recv_thread, self._hb_thread):
+            if t is not None and t is not me:
+                t.join(timeout=5)
+        self.van.close()

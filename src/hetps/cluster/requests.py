@@ -1,0 +1,141 @@
+"""Request tracking (ps-lite's Customer): request id -> future, with failure fan-out.
+
+A node sends a request with a fresh id and keeps a :class:`Future`; the receive thread
+resolves it when the reply arrives. When the scheduler says a peer died, every pending future
+fails with that error, so nobody waits forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hetps.cluster.errors import ClusterError, RequestError, RequestTimeout
+
+
+class Future:
+    """The pending answer to one request."""
+
+    __slots__ = ("req", "peer", "what", "_event", "_result", "_error", "_callback")
+
+    def __init__(self, req: int, peer: int, what: str, callback: Callable[[Any], None] | None):
+        self.req = req
+        self.peer = peer
+        self.what = what
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callback = callback
+
+    def done(self) -> bool:
+        """Whether the answer (or an error) is in."""
+        return self._event.is_set()
+
+    def set_result(self, value: Any) -> None:
+        """Resolve with ``value`` (runs the callback first, in the caller's thread)."""
+        if self._event.is_set():
+            return
+        try:
+            if self._callback is not None:
+                self._callback(value)
+            self._result = value
+        except BaseException as exc:  # noqa: BLE001 - reported to the waiter
+            self._error = exc
+        self._event.set()
+
+    def set_error(self, error: BaseException) -> None:
+        """Fail with ``error``."""
+        if self._event.is_set():
+            return
+        self._error = error
+        self._event.set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until answered; raise the error if it failed, RequestTimeout after ``timeout``."""
+        if not self._event.wait(timeout):
+            raise RequestTimeout(
+                f"{self.what}: no answer from node {self.peer} within {timeout:.1f} s "
+                "(raise HETPS_REQUEST_TIMEOUT if the job is just slow)"
+            )
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class RequestTracker:
+    """Issues request ids and keeps their futures until answered or failed."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._fatal: BaseException | None = None
+
+    def new(self, peer: int, what: str, callback: Callable[[Any], None] | None = None) -> Future:
+        """A new future for a request to ``peer``; fails at once if the cluster is broken."""
+        fut = Future(next(self._ids), peer, what, callback)
+        with self._lock:
+            if self._fatal is not None:
+                fut.set_error(self._fatal)
+                return fut
+            self._pending[fut.req] = fut
+        return fut
+
+    def resolve(self, req: int, value: Any, error: str | None = None) -> bool:
+        """Deliver the reply to request ``req``; False if nobody waits for it."""
+        with self._lock:
+            fut = self._pending.pop(req, None)
+        if fut is None:
+            return False
+        if error is not None:
+            fut.set_error(RequestError(error))
+        else:
+            fut.set_result(value)
+        return True
+
+    def fail_all(self, error: BaseException) -> None:
+        """Fail every pending and every future request with ``error`` (the cluster is broken)."""
+        with self._lock:
+            if self._fatal is None:
+                self._fatal = error
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for fut in pending:
+            fut.set_error(error)
+
+    def fail_peer(self, peer: int, error: BaseException) -> None:
+        """Fail the pending requests sent to ``peer``."""
+        with self._lock:
+            hit = [f for f in self._pending.values() if f.peer == peer]
+            for f in hit:
+                del self._pending[f.req]
+        for fut in hit:
+            fut.set_error(error)
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """The error that broke the cluster, if any."""
+        return self._fatal
+
+    def pending(self) -> int:
+        """Number of unanswered requests."""
+        with self._lock:
+            return len(self._pending)
+
+
+def wait_all(futures: list[Future], timeout: float, what: str = "request") -> list[Any]:
+    """Wait for every future within one overall ``timeout``; the first error is raised."""
+    deadline = time.monotonic() + timeout
+    out = []
+    for fut in futures:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 and not fut.done():
+            raise RequestTimeout(f"{what}: timed out after {timeout:.1f} s")
+        out.append(fut.wait(max(remaining, 0.0)))
+    return out
+
+
+__all__ = ["ClusterError", "Future", "RequestTracker", "wait_all"]

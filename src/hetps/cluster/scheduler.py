@@ -1,0 +1,302 @@
+"""The scheduler: membership, ranks, barriers, heartbeats and failure detection.
+
+One control loop handles every message in one visible dispatch (:meth:`Scheduler._dispatch`).
+Extra services (the ESync state server, the load planner) plug in through ``services``: a map
+from command name to a callable ``(scheduler, msg) -> None`` that may answer with
+:meth:`Scheduler.reply`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hetps.cluster import protocol as P
+from hetps.cluster.protocol import NodeInfo
+from hetps.config import NodeConfig
+from hetps.transport.codec import Message
+from hetps.transport.van import PeerGone, Van
+
+log = logging.getLogger("hetps.scheduler")
+
+Service = Callable[["Scheduler", Message], None]
+
+
+@dataclass
+class _Pending:
+    token: str
+    role: str
+    host: str
+    port: int
+    req: int
+
+
+@dataclass
+class _Barrier:
+    arrived: dict[int, int] = field(default_factory=dict)  # node id -> request id
+
+
+class Scheduler:
+    """Runs the scheduler role for one cluster. ``run()`` returns the process exit code."""
+
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        services: dict[str, Service] | None = None,
+        bind_host: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        host = bind_host or ("127.0.0.1" if cfg.root_uri in ("127.0.0.1", "localhost") else "*")
+        self.van = Van(
+            host=host,
+            port=cfg.root_port,
+            max_message_bytes=1 << 24,
+            verbose=cfg.verbose,
+            name="scheduler",
+        )
+        self.van.my_id = P.SCHEDULER_ID
+        self.services = dict(services or {})
+        self.nodes: dict[int, NodeInfo] = {}
+        self.pending: list[_Pending] = []
+        self.barriers: dict[str, _Barrier] = {g: _Barrier() for g in P.GROUPS}
+        self.last_seen: dict[int, float] = {}
+        self.finished: dict[int, int] = {}
+        self.dead: dict[int, str] = {}
+        self.exit_code: int | None = None
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()  # set once every node is registered
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def expected(self) -> int:
+        """Number of servers plus workers the cluster waits for."""
+        return self.cfg.num_server + self.cfg.num_worker
+
+    def start(self) -> Scheduler:
+        """Run the loop in a background thread (for in-process clusters and tests)."""
+        self._thread = threading.Thread(target=self.run, name="hetps-scheduler", daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> int | None:
+        """Wait for a background loop; returns its exit code (None if still running)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.exit_code
+
+    def stop(self) -> None:
+        """Ask the loop to end."""
+        self._stop.set()
+
+    def run(self) -> int:
+        """Serve until the job ends (0), a node dies or registration times out (1)."""
+        if self.cfg.verbose >= 1:
+            log.info("scheduler listening on %s", self.van.endpoint)
+        tick = max(0.05, min(0.5, (self.cfg.heartbeat_interval or 1.0) / 2))
+        try:
+            while not self._stop.is_set() and self.exit_code is None:
+                msg = self.van.recv(timeout=tick)
+                if msg is not None:
+                    try:
+                        self._dispatch(msg)
+                    except Exception:  # a bad control message must not stop the scheduler
+                        log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
+                self._check_timeouts()
+        finally:
+            self.van.close()
+        if self.exit_code is None:
+            self.exit_code = 0
+        return self.exit_code
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def _dispatch(self, msg: Message) -> None:
+        if msg.sender in self.nodes:
+            self.last_seen[msg.sender] = time.monotonic()
+        cmd = msg.cmd
+        if cmd == P.HEARTBEAT:
+            self._send(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
+        elif cmd == P.ADD_NODE:
+            self._add_node(msg)
+        elif cmd == P.BARRIER:
+            self._barrier(msg)
+        elif cmd == P.FINISH:
+            self._finish(msg)
+        elif cmd == P.LEAVE:
+            reason = str(msg.body.get("reason", "left"))
+            self._declare_dead(msg.sender, f"exited with an error: {reason}")
+        elif cmd in self.services:
+            self.services[cmd](self, msg)
+        else:
+            log.warning("scheduler: unknown command %r from node %d", cmd, msg.sender)
+            if msg.req and msg.sender in self.nodes:
+                self.reply(msg, {"error": f"scheduler does not know command {cmd!r}"})
+
+    def reply(self, request: Message, body: dict | None = None, arrays: list | None = None) -> None:
+        """Answer ``request`` (used by services too)."""
+        self._send(
+            request.sender,
+            Message(request.cmd, req=request.req, reply=True, body=body or {}, arrays=arrays or []),
+        )
+
+    def send(self, node_id: int, msg: Message) -> None:
+        """Send a message to a registered node (services use this for pushes of state)."""
+        self._send(node_id, msg)
+
+    def _send(self, peer: int | str, msg: Message) -> None:
+        try:
+            self.van.send(peer, msg)
+        except PeerGone:
+            log.debug("scheduler: cannot reach %s for %s", peer, msg.cmd)
+
+    # -- registration -----------------------------------------------------------------------
+    def _add_node(self, msg: Message) -> None:
+        b = msg.body
+        token, role = str(b.get("token", "")), b.get("role")
+        host, port = b.get("host"), b.get("port")
+        if role not in ("server", "worker") or not isinstance(host, str) or not isinstance(port, int):
+            log.warning("scheduler: malformed registration %r", b)
+            return
+        self.van.connect(token, f"{host}:{port}")
+        if self.nodes or len(self.pending) >= self.expected:
+            self._send(
+                token,
+                Message(
+                    P.REFUSED,
+                    req=msg.req,
+                    reply=True,
+                    body={"error": f"the cluster is already complete ({self.cfg.num_server} "
+                          f"servers, {self.cfg.num_worker} workers): check DMLC_NUM_SERVER/"
+                          "DMLC_NUM_WORKER and that no old job uses this scheduler port"},
+                ),
+            )
+            self.van.disconnect(token)
+            return
+        count = sum(1 for p in self.pending if p.role == role)
+        limit = self.cfg.num_server if role == "server" else self.cfg.num_worker
+        if count >= limit:
+            self._send(
+                token,
+                Message(
+                    P.REFUSED,
+                    req=msg.req,
+                    reply=True,
+                    body={"error": f"too many {role}s: the scheduler expects {limit} "
+                          f"(DMLC_NUM_{role.upper()}={limit} on the scheduler)"},
+                ),
+            )
+            self.van.disconnect(token)
+            return
+        self.pending.append(_Pending(token, role, host, port, msg.req))
+        self._send(
+            token,
+            Message(
+                P.ADD_NODE,
+                req=0,
+                reply=True,
+                body={"registered": len(self.pending), "expected": self.expected},
+            ),
+        )
+        if len(self.pending) == self.expected:
+            self._assign()
+
+    def _assign(self) -> None:
+        ranks = {"server": 0, "worker": 0}
+        for p in self.pending:
+            rank = ranks[p.role]
+            ranks[p.role] += 1
+            nid = P.server_id(rank) if p.role == "server" else P.worker_id(rank)
+            self.nodes[nid] = NodeInfo(nid, p.role, rank, p.host, p.port)
+            self.van.rename(p.token, nid)
+            self.last_seen[nid] = time.monotonic()
+            if self.cfg.verbose >= 1:
+                log.info(
+                    "assign rank=%d to node role=%s, ip=%s, port=%d, is_recovery=0",
+                    nid, p.role, p.host, p.port,
+                )
+        table = [n.to_wire() for n in self.nodes.values()]
+        for p, nid in zip(self.pending, self.nodes):
+            self._send(nid, Message(P.NODES, req=p.req, reply=True, body={"nodes": table, "id": nid}))
+        self.pending.clear()
+        self.ready.set()
+        if self.cfg.verbose >= 1:
+            log.info(
+                "the %d servers and %d workers are up", self.cfg.num_server, self.cfg.num_worker
+            )
+
+    # -- barriers ---------------------------------------------------------------------------
+    def _members(self, group: str) -> set[int]:
+        alive = {i for i in self.nodes if i not in self.dead}
+        if group == "all":
+            return alive
+        return {i for i in alive if self.nodes[i].role == group}
+
+    def _barrier(self, msg: Message) -> None:
+        group = msg.body.get("group")
+        if group not in P.GROUPS or msg.sender not in self.nodes:
+            self.reply(msg, {"error": f"bad barrier group {group!r}: use one of {P.GROUPS}"})
+            return
+        if group != "all" and self.nodes[msg.sender].role != group:
+            self.reply(msg, {"error": f"node {msg.sender} is not in group {group!r}"})
+            return
+        bar = self.barriers[group]
+        bar.arrived[msg.sender] = msg.req
+        if set(bar.arrived) >= self._members(group):
+            for nid, req in bar.arrived.items():
+                self._send(nid, Message(P.BARRIER_DONE, req=req, reply=True))
+            self.barriers[group] = _Barrier()
+
+    # -- shutdown and failures --------------------------------------------------------------
+    def _finish(self, msg: Message) -> None:
+        self.finished[msg.sender] = msg.req
+        workers = {i for i, n in self.nodes.items() if n.role == "worker"}
+        if workers <= set(self.finished):
+            for nid, n in self.nodes.items():
+                if n.role == "server":
+                    self._send(nid, Message(P.EXIT))
+            for nid, req in self.finished.items():
+                self._send(nid, Message(P.EXIT, req=req, reply=True))
+            if self.cfg.verbose >= 1:
+                log.info("all workers finished; stopping the cluster")
+            self.exit_code = 0
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        if not self.nodes:
+            if self.pending and now - self.started > self.cfg.connect_timeout:
+                counts = {r: sum(1 for p in self.pending if p.role == r) for r in ("server", "worker")}
+                text = (
+                    f"only {counts['server']} of {self.cfg.num_server} servers and "
+                    f"{counts['worker']} of {self.cfg.num_worker} workers registered within "
+                    f"{self.cfg.connect_timeout:.0f} s (HETPS_CONNECT_TIMEOUT): start the missing "
+                    "nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER"
+                )
+                log.error("scheduler: %s", text)
+                for p in self.pending:
+                    self._send(p.token, Message(P.REFUSED, req=p.req, reply=True, body={"error": text}))
+                self.exit_code = 1
+            return
+        if self.cfg.heartbeat_interval <= 0:
+            return
+        for nid, seen in list(self.last_seen.items()):
+            if nid not in self.dead and now - seen > self.cfg.heartbeat_timeout:
+                self._declare_dead(
+                    nid, f"stopped answering heartbeats for {now - seen:.1f} s "
+                    f"(PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})"
+                )
+
+    def _declare_dead(self, nid: int, reason: str) -> None:
+        if nid in self.dead or nid not in self.nodes:
+            return
+        info = self.nodes[nid]
+        text = f"{info.describe()} {reason}; the job cannot continue"
+        self.dead[nid] = text
+        log.error("scheduler: %s", text)
+        for other in self.nodes:
+            if other not in self.dead:
+                self._send(other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text}))
+        self.exit_code = 1

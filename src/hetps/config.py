@@ -1,0 +1,210 @@
+"""The one place where hetps reads environment variables.
+
+Everything a node needs to know about its cluster comes from ``DMLC_*`` (MXNet/ps-lite
+compatible), ``PS_*`` and ``HETPS_*`` variables, parsed here into frozen dataclasses.
+A missing or malformed variable raises :class:`ConfigError` naming the variable and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ROLES = ("scheduler", "server", "worker")
+
+DEFAULT_BIGARRAY_BOUND = 1_000_000
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
+DEFAULT_CONNECT_TIMEOUT = 30.0
+DEFAULT_REQUEST_TIMEOUT = 600.0
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 31
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+
+class ConfigError(ValueError):
+    """A configuration variable is missing or malformed; the message names it and the fix."""
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int:
+    raw = _get(env, name)
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"{name} is not set: set {name} to an integer >= {minimum}")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{name}={raw!r} is not an integer: set {name} to an integer >= {minimum}"
+        ) from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} is below {minimum}: set {name} to an integer >= {minimum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = _get(env, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number: set {name} to a number >= {minimum}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} is below {minimum}: set {name} to a number >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """How one process joins a hetps cluster (read from ``DMLC_*``/``PS_*``/``HETPS_*``)."""
+
+    role: str
+    root_uri: str
+    root_port: int
+    num_server: int
+    num_worker: int
+    node_host: str
+    interface: str | None = None
+    verbose: int = 0
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    port: int = 0
+    port_file: str | None = None
+
+    @property
+    def scheduler_endpoint(self) -> str:
+        """The scheduler's ZeroMQ endpoint, ``tcp://host:port``."""
+        return f"tcp://{self.root_uri}:{self.root_port}"
+
+
+def interface_address(name: str) -> str:
+    """Return the IPv4 address of network interface ``name`` (Linux), or raise ConfigError."""
+    import fcntl
+    import socket
+    import struct
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(
+            sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode())  # SIOCGIFADDR
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"DMLC_INTERFACE={name!r}: no IPv4 address on that interface ({exc}); "
+            "set DMLC_INTERFACE to an interface listed by `ip -4 addr`, or set DMLC_NODE_HOST"
+        ) from None
+    finally:
+        sock.close()
+    return socket.inet_ntoa(packed[20:24])
+
+
+def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None = None) -> NodeConfig:
+    """Parse a :class:`NodeConfig` from ``env`` (default ``os.environ``).
+
+    ``role`` overrides ``DMLC_ROLE``. Raises :class:`ConfigError` listing every missing or
+    malformed variable with the fix.
+    """
+    env = os.environ if env is None else env
+    problems: list[str] = []
+    role = role or _get(env, "DMLC_ROLE")
+    if role is None:
+        problems.append("DMLC_ROLE is not set: set DMLC_ROLE to one of scheduler, server, worker")
+    elif role not in ROLES:
+        problems.append(f"DMLC_ROLE={role!r} is not a role: set it to one of scheduler, server, worker")
+    root_uri = _get(env, "DMLC_PS_ROOT_URI")
+    if root_uri is None:
+        problems.append(
+            "DMLC_PS_ROOT_URI is not set: set it to the scheduler's IP address (e.g. 127.0.0.1)"
+        )
+    values: dict[str, int] = {}
+    # A scheduler may take port 0: it binds an ephemeral port and reports it (HETPS_PORT_FILE).
+    port_min = 0 if role == "scheduler" else 1
+    for name, minimum in (("DMLC_PS_ROOT_PORT", port_min), ("DMLC_NUM_SERVER", 1), ("DMLC_NUM_WORKER", 1)):
+        try:
+            values[name] = _int(env, name, None, minimum)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if "DMLC_PS_ROOT_PORT" in values and values["DMLC_PS_ROOT_PORT"] > 65535:
+        problems.append("DMLC_PS_ROOT_PORT is above 65535: set it to a TCP port number")
+    try:
+        verbose = _int(env, "PS_VERBOSE", 0)
+        interval = _float(env, "PS_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL)
+        timeout = _float(env, "PS_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT)
+        connect_timeout = _float(env, "HETPS_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT, 0.1)
+        request_timeout = _float(env, "HETPS_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT, 0.1)
+        bound = _int(
+            env,
+            "MXNET_KVSTORE_BIGARRAY_BOUND",
+            _int(env, "HETPS_BIGARRAY_BOUND", DEFAULT_BIGARRAY_BOUND, 1),
+            1,
+        )
+        max_msg = _int(env, "HETPS_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, 1024)
+        chunk = _int(env, "HETPS_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, 4096)
+        port = _int(env, "PS_PORT", 0)
+        port_file = _get(env, "HETPS_PORT_FILE")
+    except ConfigError as exc:
+        problems.append(str(exc))
+        verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
+        bound, max_msg, chunk, port, port_file = 0, 0, 0, 0, None
+    if not problems and interval > 0 and timeout <= interval:
+        problems.append(
+            f"PS_HEARTBEAT_TIMEOUT={timeout} must exceed PS_HEARTBEAT_INTERVAL={interval}: "
+            "raise the timeout (a few intervals) or set PS_HEARTBEAT_INTERVAL=0 to disable heartbeats"
+        )
+    if problems:
+        raise ConfigError("hetps cannot join the cluster:\n  " + "\n  ".join(problems))
+    interface = _get(env, "DMLC_INTERFACE")
+    host = _get(env, "DMLC_NODE_HOST")
+    if host is None:
+        if interface is not None:
+            host = interface_address(interface)
+        elif root_uri in ("127.0.0.1", "localhost"):
+            host = "127.0.0.1"
+        else:
+            raise ConfigError(
+                "hetps cannot tell which address this node should advertise: set DMLC_NODE_HOST "
+                "to this machine's IP address, or DMLC_INTERFACE to the interface to use "
+                "(hetps never picks an interface silently)"
+            )
+    return NodeConfig(
+        role=role,  # type: ignore[arg-type]
+        root_uri=root_uri,  # type: ignore[arg-type]
+        root_port=values["DMLC_PS_ROOT_PORT"],
+        num_server=values["DMLC_NUM_SERVER"],
+        num_worker=values["DMLC_NUM_WORKER"],
+        node_host=host,
+        interface=interface,
+        verbose=verbose,
+        heartbeat_interval=interval,
+        heartbeat_timeout=timeout,
+        connect_timeout=connect_timeout,
+        request_timeout=request_timeout,
+        bigarray_bound=bound,
+        max_message_bytes=max_msg,
+        chunk_bytes=chunk,
+        port=port,
+        port_file=port_file,
+    )
+
+
+def role_from_env(env: Mapping[str, str] | None = None) -> str | None:
+    """Return ``DMLC_ROLE`` if set (validated), else None (a single-process run)."""
+    env = os.environ if env is None else env
+    role = _get(env, "DMLC_ROLE")
+    if role is not None and role not in ROLES:
+        raise ConfigError(f"DMLC_ROLE={role!r} is not a role: set it to one of scheduler, server, worker")
+    return role

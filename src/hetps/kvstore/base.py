@@ -1,0 +1,120 @@
+"""What every KVStore shares: argument normalisation (keys, values, outs) and the handle type."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetps.cluster.requests import Future, wait_all
+
+SUPPORTED_DTYPES = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
+
+
+def as_numpy(value: Any, what: str = "value") -> np.ndarray:
+    """A NumPy view of a NumPy array or CPU torch tensor (no copy when possible)."""
+    if isinstance(value, np.ndarray):
+        return value
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        if value.device.type != "cpu":
+            raise TypeError(f"{what}: hetps takes CPU tensors; call .cpu() first (got {value.device})")
+        return value.detach().numpy()
+    raise TypeError(
+        f"{what} must be a numpy.ndarray or a CPU torch.Tensor (or a list of them), "
+        f"got {type(value).__name__}"
+    )
+
+
+def normalize_keys(key: Any) -> tuple[list[Any], bool]:
+    """(list of keys, whether the caller passed a list)."""
+    if isinstance(key, (list, tuple)):
+        keys = list(key)
+        for k in keys:
+            check_key(k)
+        return keys, True
+    check_key(key)
+    return [key], False
+
+
+def check_key(key: Any) -> None:
+    """Raise TypeError unless ``key`` is an int or a str."""
+    if isinstance(key, bool) or not isinstance(key, (int, str)):
+        raise TypeError(f"a key must be an int or a str, got {type(key).__name__} {key!r}")
+
+
+def per_key(values: Any, nkeys: int, is_list: bool, what: str) -> list[Any]:
+    """Split a value argument into one entry per key (each entry an array or list of arrays)."""
+    if not is_list:
+        return [values]
+    if not isinstance(values, (list, tuple)) or len(values) != nkeys:
+        raise ValueError(f"{what}: give one entry per key ({nkeys} keys)")
+    return list(values)
+
+
+def reduce_values(entry: Any, what: str) -> np.ndarray:
+    """One array from an entry that is an array or a list of arrays (summed, as MXNet does)."""
+    if isinstance(entry, (list, tuple)):
+        if not entry:
+            raise ValueError(f"{what}: empty list of values")
+        arrays = [as_numpy(v, what) for v in entry]
+        first = arrays[0]
+        for a in arrays[1:]:
+            if a.shape != first.shape or a.dtype != first.dtype:
+                raise ValueError(
+                    f"{what}: values to sum differ: {first.shape} {first.dtype} vs {a.shape} {a.dtype}"
+                )
+        if len(arrays) == 1:
+            return first
+        total = arrays[0].copy()
+        for a in arrays[1:]:
+            total += a
+        return total
+    return as_numpy(entry, what)
+
+
+def out_arrays(entry: Any, what: str) -> list[np.ndarray]:
+    """The list of NumPy views an ``out`` entry names (one or several)."""
+    if isinstance(entry, (list, tuple)):
+        return [as_numpy(v, what) for v in entry]
+    return [as_numpy(entry, what)]
+
+
+def check_dtype(dtype: np.dtype, key: Any) -> None:
+    """Raise TypeError unless ``dtype`` is float16/32/64."""
+    if np.dtype(dtype) not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"key {key!r}: dtype {np.dtype(dtype)} is not supported; use float16, float32 or float64"
+        )
+
+
+@dataclass
+class Handle:
+    """The result of a non-blocking KVStore call; ``wait()`` blocks until it completed."""
+
+    futures: Sequence[Future]
+    timeout: float
+    what: str
+    finish: Callable[[], Any] | None = None
+    _done: bool = False
+    _result: Any = None
+
+    def wait(self) -> Any:
+        """Block until every request of the call is answered; raise the first error."""
+        if not self._done:
+            wait_all(list(self.futures), self.timeout, self.what)
+            if self.finish is not None:
+                self._result = self.finish()
+            self._done = True
+        return self._result
+
+    def done(self) -> bool:
+        """Whether every request was answered (without raising)."""
+        return self._done or all(f.done() for f in self.futures)
+
+
+def completed(result: Any = None) -> Handle:
+    """A handle that is already done."""
+    return Handle([], 0.0, "done", None, True, result)

@@ -1,0 +1,401 @@
+"""The worker side of the distributed KVStore (``dist_sync``, ``dist_async``).
+
+Each call is cut into requests, one per chunk of each part of each key (see
+:mod:`hetps.kvstore.placement`), and sent in priority order: among the requests waiting to be
+sent the highest priority goes first, but a request never overtakes an earlier one of the same
+key, so per-key order is preserved. Blocking is the default; ``block=False`` returns a
+:class:`~hetps.kvstore.base.Handle`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetps import optim
+from hetps.cluster.errors import ClusterError
+from hetps.cluster.node import Node
+from hetps.cluster.requests import Future, wait_all
+from hetps.config import NodeConfig
+from hetps.kvstore import commands as C
+from hetps.kvstore.base import (
+    Handle,
+    check_dtype,
+    completed,
+    normalize_keys,
+    out_arrays,
+    per_key,
+    reduce_values,
+)
+from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
+from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
+from hetps.transport.codec import Message
+
+log = logging.getLogger("hetps.worker")
+
+
+@dataclass
+class KeyMeta:
+    """What a worker knows of one key."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    parts: list[Part]
+    residual: np.ndarray | None = None
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass(order=True)
+class _Op:
+    prio: int
+    seq: int
+    key: Any = field(compare=False)
+    send: Any = field(compare=False)
+
+
+class _Sender:
+    """Sends requests in priority order without reordering requests of one key."""
+
+    def __init__(self) -> None:
+        self._heap: list[_Op] = []
+        self._seq = itertools.count()
+        self._last_prio: dict[Any, tuple[int, int]] = {}  # key -> (prio, seq) of its last queued op
+        self._cv = threading.Condition()
+        self._busy = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="hetps-sender", daemon=True)
+        self._thread.start()
+
+    def submit(self, key: Any, priority: int, send: Any) -> None:
+        """Queue ``send()`` for ``key`` at ``priority`` (higher first)."""
+        with self._cv:
+            prio = -priority
+            last = self._last_prio.get(key)
+            if last is not None:
+                prio = max(prio, last[0])  # never go before an earlier op of the same key
+            op = _Op(prio, next(self._seq), key, send)
+            self._last_prio[key] = (prio, op.seq)
+            heapq.heappush(self._heap, op)
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap and not self._closed:
+                    self._cv.wait()
+                if not self._heap and self._closed:
+                    return
+                op = heapq.heappop(self._heap)
+                if self._last_prio.get(op.key, (0, -1))[1] == op.seq:
+                    del self._last_prio[op.key]
+            try:
+                op.send()
+            except Exception:  # reported through the op's future
+                log.exception("worker: send failed")
+
+    def close(self) -> None:
+        """Send what is queued, then stop."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+
+class DistKVStore:
+    """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``)."""
+
+    def __init__(self, name: str, cfg: NodeConfig) -> None:
+        self.type = name
+        self.sync = name.startswith("dist_sync")
+        self.cfg = cfg
+        self.node = Node(cfg).start()
+        self.num_servers = len(self.node.servers())
+        self._server_ids = [s.id for s in self.node.servers()]
+        self.meta: dict[Any, KeyMeta] = {}
+        self.compressor: TwoBitCompressor | None = None
+        self._outstanding: list[Future] = []
+        self._out_lock = threading.Lock()
+        self._sender = _Sender()
+        self._closed = False
+        if cfg.verbose >= 1:
+            log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This worker's rank, 0 .. num_workers-1."""
+        return self.node.rank
+
+    @property
+    def num_workers(self) -> int:
+        """Number of workers in the job."""
+        return len(self.node.workers())
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a call waits for its answers before raising."""
+        return self.cfg.request_timeout
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _track(self, futs: list[Future]) -> None:
+        with self._out_lock:
+            self._outstanding = [f for f in self._outstanding if not f.done()] + futs
+
+    def _request(self, key: Any, priority: int, server_rank: int, msg: Message, callback=None) -> Future:
+        peer = self._server_ids[server_rank]
+        fut = self.node.requests.new(peer, f"{msg.cmd} of key {key!r} on {self.node.describe(peer)}", callback)
+        if fut.done():
+            return fut
+        msg.req = fut.req
+        msg.priority = priority
+
+        def send() -> None:
+            try:
+                self.node.van.send(peer, msg)
+            except Exception as exc:  # noqa: BLE001
+                self.node.requests.resolve(fut.req, None, f"could not send to node {peer}: {exc}")
+
+        self._sender.submit(key, priority, send)
+        return fut
+
+    def _meta(self, key: Any, what: str) -> KeyMeta:
+        m = self.meta.get(key)
+        if m is None:
+            raise KeyError(f"{what}: key {key!r} was never initialised: call kv.init({key!r}, value) first")
+        return m
+
+    def _check(self, key: Any, meta: KeyMeta, arr: np.ndarray, what: str) -> None:
+        if arr.shape != meta.shape or arr.dtype != meta.dtype:
+            raise ValueError(
+                f"{what} of key {key!r}: shape {arr.shape} dtype {arr.dtype} does not match the "
+                f"key's shape {meta.shape} dtype {meta.dtype}"
+            )
+
+    def _finish_call(self, futs: list[Future], block: bool, what: str, finish=None) -> Handle:
+        self._track(futs)
+        handle = Handle(futs, self.timeout, what, finish)
+        if block:
+            handle.wait()
+        return handle
+
+    # -- API --------------------------------------------------------------------------------
+    def init(self, key: Any, value: Any) -> None:
+        """Initialise keys; rank 0's values are stored. Returns once they are on the servers."""
+        self.node.check()
+        keys, is_list = normalize_keys(key)
+        entries = per_key(value, len(keys), is_list, "init")
+        futs: list[Future] = []
+        for k, entry in zip(keys, entries):
+            arr = reduce_values(entry, f"init of key {k!r}")
+            check_dtype(arr.dtype, k)
+            parts = parts_of(k, arr.size, self.num_servers, self.cfg.bigarray_bound)
+            self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
+            if self.rank != 0:
+                continue
+            flat = np.ascontiguousarray(arr).reshape(-1)
+            step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
+            for p in parts:
+                for a, b in chunks(p.start, p.stop, step):
+                    body = {"k": k, "part": p.index, "off": a - p.start, "n": b - a,
+                            "size": p.size, "shape": list(arr.shape), "dtype": arr.dtype.name}
+                    msg = Message(C.INIT, body=body, arrays=[flat[a:b]])
+                    futs.append(self._request(k, 0, p.server, msg))
+        wait_all(futs, self.timeout, "init")
+        self.node.barrier("worker", self.timeout)
+
+    def push(self, key: Any, value: Any, priority: int = 0, block: bool = True) -> Handle:
+        """Push values (a list per key is summed first). In dist_sync the push is acknowledged
+        when every worker pushed the round and the server applied it."""
+        self.node.check()
+        keys, is_list = normalize_keys(key)
+        entries = per_key(value, len(keys), is_list, "push")
+        futs: list[Future] = []
+        for k, entry in zip(keys, entries):
+            meta = self._meta(k, "push")
+            arr = reduce_values(entry, f"push of key {k!r}")
+            self._check(k, meta, arr, "push")
+            futs += self._push_one(k, meta, arr, priority)
+        return self._finish_call(futs, block, "push")
+
+    def _push_one(self, k: Any, meta: KeyMeta, arr: np.ndarray, priority: int) -> list[Future]:
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        comp = self.compressor
+        if comp is not None and meta.residual is None:
+            meta.residual = np.zeros(meta.size, dtype=np.float32)
+        step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
+        futs = []
+        for p in meta.parts:
+            for a, b in chunks(p.start, p.stop, step):
+                body = {"k": k, "part": p.index, "off": a - p.start, "n": b - a, "sync": self.sync,
+                        "shape": list(meta.shape), "dtype": meta.dtype.name}
+                if comp is not None:
+                    assert meta.residual is not None
+                    payload = comp.compress(flat[a:b], meta.residual[a:b])
+                    body["comp"] = comp.threshold
+                else:
+                    payload = flat[a:b]
+                futs.append(self._request(k, priority, p.server, Message(C.PUSH, body=body, arrays=[payload])))
+        return futs
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True,
+             ignore_sparse: bool = True) -> Any:
+        """Pull keys into ``out`` (in place; a list of outs each gets the value). With no
+        ``out``, blocking calls return new arrays. Non-blocking calls return a Handle."""
+        self.node.check()
+        keys, is_list = normalize_keys(key)
+        futs: list[Future] = []
+        finishers = []
+        results = []
+        outs = per_key(out, len(keys), is_list, "pull") if out is not None else [None] * len(keys)
+        for k, entry in zip(keys, outs):
+            meta = self._meta(k, "pull")
+            targets = out_arrays(entry, f"pull of key {k!r}") if entry is not None else [
+                np.empty(meta.shape, meta.dtype)
+            ]
+            for t in targets:
+                self._check(k, meta, t, "pull")
+            f, fin = self._pull_one(k, meta, targets, priority)
+            futs += f
+            finishers.append(fin)
+            results.append(targets[0])
+
+        def finish() -> Any:
+            for fin in finishers:
+                fin()
+            if out is None:
+                return results if is_list else results[0]
+            return None
+
+        handle = self._finish_call(futs, block, "pull", finish)
+        return handle.wait() if block else handle
+
+    def _pull_one(self, k: Any, meta: KeyMeta, targets: list[np.ndarray], priority: int):
+        first = targets[0]
+        direct = first.flags.c_contiguous and first.flags.writeable
+        dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
+        step = chunk_elems(self.cfg.chunk_bytes, meta.dtype.itemsize)
+        futs = []
+        for p in meta.parts:
+            for a, b in chunks(p.start, p.stop, step):
+                body = {"k": k, "part": p.index, "off": a - p.start, "n": b - a,
+                        "shape": list(meta.shape), "dtype": meta.dtype.name}
+
+                def land(reply: Message, a: int = a, b: int = b) -> None:
+                    if not reply.arrays or reply.arrays[0].size != b - a:
+                        raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
+                    dest[a:b] = reply.arrays[0].reshape(-1)
+
+                futs.append(self._request(k, priority, p.server, Message(C.PULL, body=body), land))
+
+        def finish() -> None:
+            if not direct:
+                first[...] = dest.reshape(meta.shape)
+            for t in targets[1:]:
+                t[...] = first
+
+        return futs, finish
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0,
+                 block: bool = True) -> Any:
+        """Push then pull, in one call (the pull sees the round this push belongs to)."""
+        push = self.push(key, value, priority, block=False)
+        res = self.pull(key, out if out is not None else value, priority, block=False)
+        if not block:
+            return Handle(list(push.futures) + list(res.futures), self.timeout, "pushpull", res.wait)
+        push.wait()
+        return res.wait()
+
+    def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
+        """Initialise ``key`` with rank 0's ``value`` and pull it into ``out`` on every worker."""
+        self.init(key, value)
+        self.pull(key, out, priority)
+
+    def wait_outstanding(self) -> None:
+        """Wait for every request this worker has in flight."""
+        with self._out_lock:
+            futs, self._outstanding = self._outstanding, []
+        wait_all(futs, self.timeout, "outstanding requests")
+
+    def barrier(self) -> None:
+        """Wait for this worker's outstanding pushes, then for every worker."""
+        self.wait_outstanding()
+        self.node.barrier("worker", self.timeout)
+
+    def set_optimizer(self, optimizer: optim.Optimizer) -> None:
+        """Ship ``optimizer`` (by value) to every server; returns on every worker only when
+        every server has it."""
+        self.node.check()
+        if not isinstance(optimizer, optim.Optimizer):
+            raise TypeError(f"set_optimizer takes a hetps.optim.Optimizer, got {type(optimizer).__name__}")
+        if self.rank == 0:
+            blob = np.frombuffer(optim.dumps(optimizer), dtype=np.uint8)
+            futs = [
+                self._request(None, 0, s, Message(C.SET_OPTIMIZER, arrays=[blob]))
+                for s in range(self.num_servers)
+            ]
+            wait_all(futs, self.timeout, "set_optimizer")
+        self.node.barrier("worker", self.timeout)
+
+    def set_gradient_compression(self, params: dict) -> None:
+        """Turn on MXNet's 2-bit compression of pushes: ``{'type': '2bit', 'threshold': t}``."""
+        self.compressor = parse_compression_params(params)
+        for m in self.meta.values():
+            m.residual = None
+
+    def save_optimizer_states(self, fname: str) -> None:
+        """Write every server's optimizer state to ``fname``."""
+        futs = [self._request(None, 0, s, Message(C.GET_STATES)) for s in range(self.num_servers)]
+        replies = wait_all(futs, self.timeout, "save_optimizer_states")
+        merged: dict = {}
+        for r in replies:
+            merged.update(optim.load_states(r.arrays[0].tobytes()))
+        tmp = f"{fname}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(optim.dump_states(merged))
+        os.replace(tmp, fname)
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Load optimizer states written by :meth:`save_optimizer_states` onto the servers."""
+        with open(fname, "rb") as f:
+            blob = np.frombuffer(f.read(), dtype=np.uint8)
+        futs = [
+            self._request(None, 0, s, Message(C.SET_STATES, arrays=[blob]))
+            for s in range(self.num_servers)
+        ]
+        wait_all(futs, self.timeout, "load_optimizer_states")
+
+    # -- shutdown ---------------------------------------------------------------------------
+    def close(self, error: str | None = None) -> None:
+        """Finish this worker: wait for its requests, tell the scheduler, close the sockets.
+
+        With ``error`` (the worker is failing) the scheduler is told at once so that the
+        other nodes stop with a clear message instead of waiting for a heartbeat timeout.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if error is not None:
+                self.node.leave(error)
+            elif self.node.failure is None:
+                self.wait_outstanding()
+                self.node.finish(self.timeout)
+        finally:
+            self._sender.close()
+            self.node.close()
+
+
+def completed_handle() -> Handle:
+    """Exported for stores whose calls complete at once."""
+    return completed()

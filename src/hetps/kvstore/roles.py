@@ -1,0 +1,48 @@
+"""Running a process as the scheduler or a server until the job ends."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from hetps.cluster.node import Node
+from hetps.cluster.scheduler import Scheduler
+from hetps.config import NodeConfig
+from hetps.kvstore.server import KVServer
+
+log = logging.getLogger("hetps.roles")
+
+
+def run_scheduler(cfg: NodeConfig, services: dict | None = None) -> int:
+    """Be the scheduler until the job ends; returns the exit code (0 = clean)."""
+    sched = Scheduler(cfg, services=services)
+    if cfg.port_file:
+        write_port_file(cfg.port_file, sched.van.port)
+    return sched.run()
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Atomically write the bound port so a launcher can read it (no port probing)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, path)
+
+
+def run_server(cfg: NodeConfig) -> int:
+    """Be a KVStore server until the scheduler says the job is over; returns the exit code."""
+    node = Node(cfg)
+    server = KVServer(node)
+    node.handler = server.handle
+    try:
+        node.start()
+        server.num_workers = len(node.workers())
+        if cfg.verbose >= 1:
+            log.info("server rank %d is up at %s", node.rank, node.van.endpoint)
+        node.exited.wait()
+    finally:
+        node.close()
+    if node.failure is not None:
+        log.error("server rank %d stops: %s", node.rank, node.failure)
+        return 1
+    return 0

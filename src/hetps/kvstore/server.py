@@ -1,0 +1,305 @@
+"""The KVStore server: holds its parts of every key, merges pushes, runs the optimizer.
+
+Requests arrive as chunks (a range of one part of one key). Every chunk is validated against
+what the server holds before it is used; a bad one is answered with an error naming the key and
+the shapes, and the server goes on serving everyone.
+
+``dist_sync``: the pushes of one round are summed in a merge buffer; when every worker has
+pushed the whole part, the optimizer is applied (or, with none set, the sum replaces the value)
+and only then are the pushes acknowledged. A pull from a worker that pushed in the unfinished
+round waits for the round, so a pull issued after a push sees that round's result.
+
+``dist_async``: each complete push is applied at once by the optimizer and acknowledged after.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetps import optim
+from hetps.kvstore import commands as C
+from hetps.kvstore.compression import TwoBitCompressor
+from hetps.transport.codec import WIRE_DTYPES, Message
+
+log = logging.getLogger("hetps.server")
+
+
+class BadRequest(ValueError):
+    """A request the server refuses; the text goes back to the worker."""
+
+
+@dataclass
+class Slice:
+    """One part of one key as held by this server."""
+
+    key: Any
+    part: int
+    shape: tuple[int, ...]  # the whole key's shape (for error messages)
+    value: np.ndarray  # 1-D, this part only
+    state: Any = None
+    has_state: bool = False
+    merge: np.ndarray | None = None
+    got: dict[int, int] = field(default_factory=dict)  # worker -> elements pushed this round
+    acks: list[Message] = field(default_factory=list)
+    deferred: list[Message] = field(default_factory=list)
+    backlog: list[Message] = field(default_factory=list)
+    inflight: list[Any] = field(default_factory=list)  # zmq trackers of zero-copy replies
+    partial: dict[int, tuple[np.ndarray, int, list[Message]]] = field(default_factory=dict)
+
+    @property
+    def skey(self) -> tuple[Any, int]:
+        """The optimizer's key for this slice."""
+        return (self.key, self.part)
+
+
+class KVServer:
+    """Request handler of a server node. ``node`` gives ``reply`` and the worker count."""
+
+    def __init__(self, node: Any, sync: bool | None = None) -> None:
+        self.node = node
+        self.sync = sync  # None: decided by each push's "sync" field
+        self.slices: dict[tuple[Any, int], Slice] = {}
+        self.optimizer: optim.Optimizer | None = None
+        self.num_workers = len(node.workers()) if hasattr(node, "workers") else 1
+        self.rounds = 0
+
+    # -- entry point ------------------------------------------------------------------------
+    def handle(self, msg: Message) -> None:
+        """Handle one request; errors are answered, never raised."""
+        try:
+            if msg.cmd == C.PUSH:
+                self._push(msg)
+            elif msg.cmd == C.PULL:
+                self._pull(msg)
+            elif msg.cmd == C.INIT:
+                self._init(msg)
+            elif msg.cmd == C.SET_OPTIMIZER:
+                self._set_optimizer(msg)
+            elif msg.cmd == C.GET_STATES:
+                self._get_states(msg)
+            elif msg.cmd == C.SET_STATES:
+                self._set_states(msg)
+            else:
+                raise BadRequest(f"unknown command {msg.cmd!r}")
+        except BadRequest as exc:
+            log.warning("server: refused %s from node %d: %s", msg.cmd, msg.sender, exc)
+            self.node.reply(msg, {"error": str(exc)})
+        except Exception as exc:  # noqa: BLE001 - the server must keep serving
+            log.exception("server: error in %s from node %d", msg.cmd, msg.sender)
+            self.node.reply(msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"})
+
+    # -- validation helpers -----------------------------------------------------------------
+    @staticmethod
+    def _field(msg: Message, name: str, kind: type | tuple[type, ...]) -> Any:
+        value = msg.body.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise BadRequest(f"{msg.cmd}: field {name!r} missing or not {kind}")
+        return value
+
+    def _range(self, msg: Message) -> tuple[Any, int, int, int]:
+        key = msg.body.get("k")
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise BadRequest(f"{msg.cmd}: key {key!r} must be an int or a str")
+        part = self._field(msg, "part", int)
+        off = self._field(msg, "off", int)
+        n = self._field(msg, "n", int)
+        if off < 0 or n < 0:
+            raise BadRequest(f"{msg.cmd} of key {key!r}: negative offset or length")
+        return key, part, off, n
+
+    def _slice(self, msg: Message, key: Any, part: int, off: int, n: int) -> Slice:
+        sl = self.slices.get((key, part))
+        if sl is None:
+            if not any(k == key for k, _ in self.slices):
+                raise BadRequest(
+                    f"key {key!r} was never initialised: call kv.init({key!r}, value) first"
+                )
+            raise BadRequest(f"key {key!r} has no part {part} on this server")
+        shape = msg.body.get("shape")
+        dtype = msg.body.get("dtype")
+        if shape is not None and tuple(shape) != sl.shape or (
+            dtype is not None and dtype != sl.value.dtype.name
+        ):
+            raise BadRequest(
+                f"{msg.cmd} of key {key!r}: shape {tuple(shape) if shape is not None else '?'} "
+                f"dtype {dtype} does not match the key's shape {sl.shape} dtype {sl.value.dtype.name}"
+            )
+        if off + n > sl.value.size:
+            raise BadRequest(
+                f"{msg.cmd} of key {key!r}: range [{off}, {off + n}) is outside part {part} "
+                f"of {sl.value.size} elements (key shape {sl.shape})"
+            )
+        return sl
+
+    def _data(self, msg: Message, sl: Slice, n: int) -> np.ndarray:
+        if len(msg.arrays) != 1:
+            raise BadRequest(f"{msg.cmd} of key {sl.key!r}: expected one array, got {len(msg.arrays)}")
+        data = msg.arrays[0].reshape(-1)
+        threshold = msg.body.get("comp")
+        if threshold is not None:
+            if not isinstance(threshold, (int, float)) or threshold <= 0:
+                raise BadRequest(f"push of key {sl.key!r}: bad compression threshold {threshold!r}")
+            words = (n + 15) // 16
+            if data.dtype != np.uint32 or data.size != words:
+                raise BadRequest(
+                    f"push of key {sl.key!r}: 2-bit payload must be {words} uint32 words for "
+                    f"{n} values, got {data.size} {data.dtype}"
+                )
+            return TwoBitCompressor(float(threshold)).decompress(data, n, sl.value.dtype)
+        if data.dtype != sl.value.dtype or data.size != n:
+            raise BadRequest(
+                f"{msg.cmd} of key {sl.key!r}: got {data.size} values of {data.dtype}, expected "
+                f"{n} of {sl.value.dtype} (key shape {sl.shape})"
+            )
+        return data
+
+    # -- commands ---------------------------------------------------------------------------
+    def _init(self, msg: Message) -> None:
+        key, part, off, n = self._range(msg)
+        size = self._field(msg, "size", int)
+        shape = msg.body.get("shape")
+        dname = msg.body.get("dtype")
+        if not isinstance(shape, list) or dname not in WIRE_DTYPES or dname.startswith(("u", "i")):
+            raise BadRequest(f"init of key {key!r}: bad shape {shape!r} or dtype {dname!r}")
+        if off + n > size:
+            raise BadRequest(f"init of key {key!r}: range [{off}, {off + n}) outside {size}")
+        sl = self.slices.get((key, part))
+        if sl is None or sl.value.size != size or sl.value.dtype.name != dname or sl.shape != tuple(shape):
+            sl = Slice(key, part, tuple(shape), np.zeros(size, dtype=WIRE_DTYPES[dname]))
+            self.slices[(key, part)] = sl
+        data = self._data(msg, sl, n)
+        self._writable(sl)
+        sl.value[off : off + n] = data
+        self.node.reply(msg)
+
+    def _push(self, msg: Message) -> None:
+        key, part, off, n = self._range(msg)
+        sl = self._slice(msg, key, part, off, n)
+        sync = self.sync if self.sync is not None else bool(msg.body.get("sync", True))
+        if not sync and self.optimizer is None:
+            raise BadRequest(
+                f"push of key {key!r} in dist_async needs a server optimizer: call "
+                "kv.set_optimizer(...) before the first push"
+            )
+        worker = msg.sender
+        if sync and (sl.got.get(worker, 0) >= sl.value.size or any(m.sender == worker for m in sl.backlog)):
+            sl.backlog.append(msg)  # this worker already pushed the whole round: next round
+            return
+        data = self._data(msg, sl, n)
+        if sync:
+            if sl.merge is None:
+                sl.merge = np.zeros(sl.value.size, dtype=sl.value.dtype)
+            sl.merge[off : off + n] += data
+            sl.got[worker] = sl.got.get(worker, 0) + n
+            sl.acks.append(msg)
+            if len(sl.got) == self.num_workers and all(
+                c >= sl.value.size for c in sl.got.values()
+            ):
+                self._finish_round(sl)
+            return
+        # async: collect the chunks of one push, then apply it at once
+        if n == sl.value.size:
+            self._apply(sl, data, worker)
+            self.node.reply(msg)
+            return
+        buf, count, msgs = sl.partial.get(worker, (np.zeros(sl.value.size, sl.value.dtype), 0, []))
+        buf[off : off + n] = data
+        msgs.append(msg)
+        count += n
+        if count >= sl.value.size:
+            del sl.partial[worker]
+            self._apply(sl, buf, worker)
+            for m in msgs:
+                self.node.reply(m)
+        else:
+            sl.partial[worker] = (buf, count, msgs)
+
+    def _apply(self, sl: Slice, grad: np.ndarray, worker: int) -> None:
+        assert self.optimizer is not None
+        self._writable(sl)
+        if not sl.has_state:
+            sl.state = self.optimizer.create_state(sl.skey, sl.value)
+            sl.has_state = True
+        self.optimizer.apply_update(sl.skey, sl.value, grad, sl.state, sender=worker)
+
+    def _finish_round(self, sl: Slice) -> None:
+        merged = sl.merge
+        assert merged is not None
+        if self.optimizer is None:
+            sl.value = merged  # the sum replaces the value; in-flight replies keep the old one
+            sl.inflight.clear()
+        else:
+            self._apply(sl, merged, -1)
+        sl.merge = None
+        sl.got = {}
+        self.rounds += 1
+        acks, deferred, backlog = sl.acks, sl.deferred, sl.backlog
+        sl.acks, sl.deferred, sl.backlog = [], [], []
+        for m in acks:
+            self.node.reply(m)
+        for m in deferred:
+            self._pull(m)
+        for m in backlog:
+            self.handle(m)
+
+    def _pull(self, msg: Message) -> None:
+        key, part, off, n = self._range(msg)
+        sl = self._slice(msg, key, part, off, n)
+        worker = msg.sender
+        if sl.got.get(worker, 0) > 0 or any(m.sender == worker for m in sl.backlog):
+            # this worker pushed in the unfinished round: answer after the round
+            if any(m.sender == worker for m in sl.backlog):
+                sl.backlog.append(msg)
+            else:
+                sl.deferred.append(msg)
+            return
+        if off == 0 and self.optimizer is not None and sl.has_state:
+            self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=worker)
+        view = sl.value[off : off + n]
+        tracker = self.node.reply(msg, arrays=[view], track=True)
+        if tracker is not None:
+            sl.inflight = [t for t in sl.inflight if not t.done]
+            sl.inflight.append(tracker)
+
+    def _writable(self, sl: Slice) -> None:
+        """Before changing ``sl.value`` in place, make sure no reply still reads it."""
+        pending = [t for t in sl.inflight if not t.done]
+        if pending:
+            sl.value = sl.value.copy()
+        sl.inflight = []
+
+    def _set_optimizer(self, msg: Message) -> None:
+        if len(msg.arrays) != 1:
+            raise BadRequest("set_optimizer: expected one pickled optimizer")
+        try:
+            opt = optim.loads(msg.arrays[0].tobytes())
+        except Exception as exc:  # noqa: BLE001 - unpickling user code can raise anything
+            raise BadRequest(
+                f"set_optimizer: the server could not load the optimizer ({type(exc).__name__}: "
+                f"{exc}); hetps ships optimizers by value with cloudpickle, so check that the "
+                "modules it imports are installed on the servers"
+            ) from None
+        self.optimizer = opt
+        for sl in self.slices.values():
+            sl.state, sl.has_state = None, False
+        log.info("server: optimizer set to %s", type(opt).__name__)
+        self.node.reply(msg)
+
+    def _get_states(self, msg: Message) -> None:
+        states = {sk: sl.state for sk, sl in self.slices.items() if sl.has_state}
+        blob = np.frombuffer(optim.dump_states(states), dtype=np.uint8)
+        self.node.reply(msg, arrays=[blob])
+
+    def _set_states(self, msg: Message) -> None:
+        if len(msg.arrays) != 1:
+            raise BadRequest("set_states: expected one pickled state map")
+        states = optim.load_states(msg.arrays[0].tobytes())
+        for sk, st in states.items():
+            sl = self.slices.get(tuple(sk) if isinstance(sk, list) else sk)
+            if sl is not None:
+                sl.state, sl.has_state = st, True
+        self.node.reply(msg)

@@ -1,0 +1,188 @@
+"""Message codec: a msgpack header frame followed by raw array frames.
+
+Wire layout of one ZeroMQ multipart message (after the ROUTER identity frame)::
+
+    frame 0   msgpack map: {"v": version, "c": command, "s": sender id, "r": request id,
+                            "p": is_reply, "o": priority, "t": send time (s, float),
+                            "b": body map, "a": [[dtype, [dim, ...]], ...]}
+    frame 1.. raw little-endian C-order array bytes, one frame per entry of "a"
+
+Arrays are sent without copies (``copy=False``) and decoded with ``np.frombuffer`` over the
+received frame, so a 256 MB push is never duplicated in user space. :func:`decode` checks every
+header field and every frame size against the header before anything is used, and raises
+:class:`BadMessage` (never anything else) on malformed input.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+VERSION = 1
+
+#: dtypes allowed on the wire; anything else is refused.
+WIRE_DTYPES = {
+    "float16": np.dtype("<f2"),
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+    "uint8": np.dtype("u1"),
+    "uint32": np.dtype("<u4"),
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+}
+_NAME_OF = {dt: name for name, dt in WIRE_DTYPES.items()}
+MAX_DIMS = 32
+MAX_HEADER_BYTES = 1 << 20
+
+
+class BadMessage(ValueError):
+    """A received message failed validation; the text says which field and why."""
+
+
+@dataclass
+class Message:
+    """One decoded message: a command, routing metadata, a small body and array payloads."""
+
+    cmd: str
+    sender: int = 0
+    req: int = 0
+    reply: bool = False
+    priority: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    arrays: list[np.ndarray] = field(default_factory=list)
+    sent_at: float = 0.0
+    nbytes: int = 0
+
+    @property
+    def error(self) -> str | None:
+        """The error text of an error reply, else None."""
+        err = self.body.get("error")
+        return err if isinstance(err, str) else None
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """Wire name of ``dtype``; raises ValueError for a dtype hetps does not carry."""
+    dt = np.dtype(dtype).newbyteorder("<") if np.dtype(dtype).byteorder == ">" else np.dtype(dtype)
+    name = _NAME_OF.get(dt)
+    if name is None:
+        raise ValueError(
+            f"dtype {np.dtype(dtype)} cannot be sent: use one of {', '.join(sorted(WIRE_DTYPES))}"
+        )
+    return name
+
+
+def encode(msg: Message) -> list[Any]:
+    """Return the frames of ``msg`` (header bytes, then one buffer per array, not copied)."""
+    specs = []
+    frames: list[Any] = [b""]
+    nbytes = 0
+    for arr in msg.arrays:
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        specs.append([dtype_name(arr.dtype), list(arr.shape)])
+        frames.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
+        nbytes += arr.nbytes
+    header = {
+        "v": VERSION,
+        "c": msg.cmd,
+        "s": msg.sender,
+        "r": msg.req,
+        "p": msg.reply,
+        "o": msg.priority,
+        "t": time.time(),
+        "b": msg.body,
+        "a": specs,
+    }
+    frames[0] = msgpack.packb(header, use_bin_type=True)
+    msg.nbytes = nbytes + len(frames[0])
+    return frames
+
+
+def _buffer(frame: Any) -> memoryview:
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        return memoryview(frame)
+    return frame.buffer  # zmq.Frame
+
+
+def decode(frames: list[Any], max_bytes: int) -> Message:
+    """Decode and validate ``frames`` (header first). Raises :class:`BadMessage` on bad input."""
+    if not frames:
+        raise BadMessage("empty message")
+    head = _buffer(frames[0])
+    if len(head) > MAX_HEADER_BYTES:
+        raise BadMessage(f"header of {len(head)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        header = msgpack.unpackb(head, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several exception types
+        raise BadMessage(f"header is not msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise BadMessage("header is not a map")
+    if header.get("v") != VERSION:
+        raise BadMessage(f"unsupported version {header.get('v')!r} (this node speaks {VERSION})")
+    cmd = header.get("c")
+    sender = header.get("s")
+    req = header.get("r")
+    reply = header.get("p")
+    prio = header.get("o", 0)
+    body = header.get("b", {})
+    specs = header.get("a", [])
+    sent_at = header.get("t", 0.0)
+    if not isinstance(cmd, str) or not cmd:
+        raise BadMessage("field 'c' (command) must be a non-empty string")
+    for name, value in (("s", sender), ("r", req), ("o", prio)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise BadMessage(f"field {name!r} must be an integer, got {type(value).__name__}")
+    if not isinstance(reply, bool):
+        raise BadMessage("field 'p' (is reply) must be a boolean")
+    if not isinstance(body, dict):
+        raise BadMessage("field 'b' (body) must be a map")
+    if not isinstance(sent_at, (int, float)):
+        raise BadMessage("field 't' (send time) must be a number")
+    if not isinstance(specs, list):
+        raise BadMessage("field 'a' (arrays) must be a list")
+    if len(specs) != len(frames) - 1:
+        raise BadMessage(f"header announces {len(specs)} arrays but {len(frames) - 1} frames came")
+    total = len(head)
+    arrays: list[np.ndarray] = []
+    for i, spec in enumerate(specs):
+        if not (isinstance(spec, list) and len(spec) == 2):
+            raise BadMessage(f"array spec {i} must be [dtype, shape]")
+        dname, shape = spec
+        dt = WIRE_DTYPES.get(dname) if isinstance(dname, str) else None
+        if dt is None:
+            raise BadMessage(f"array {i}: dtype {dname!r} is not allowed")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > MAX_DIMS
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise BadMessage(f"array {i}: shape {shape!r} must be a list of non-negative integers")
+        count = 1
+        for d in shape:
+            count *= d
+        expected = count * dt.itemsize
+        buf = _buffer(frames[i + 1])
+        if len(buf) != expected:
+            raise BadMessage(
+                f"array {i}: frame holds {len(buf)} bytes but dtype {dname} shape {shape} "
+                f"needs {expected}"
+            )
+        total += expected
+        if total > max_bytes:
+            raise BadMessage(f"message exceeds the size bound of {max_bytes} bytes")
+        arrays.append(np.frombuffer(buf, dtype=dt).reshape(shape) if count else np.empty(shape, dt))
+    return Message(
+        cmd=cmd,
+        sender=sender,
+        req=req,
+        reply=reply,
+        priority=prio,
+        body=body,
+        arrays=arrays,
+        sent_at=float(sent_at),
+        nbytes=total,
+    )

@@ -1,0 +1,222 @@
+"""The van: ZeroMQ sockets that move :class:`~hetps.transport.codec.Message` objects.
+
+Every node binds one ROUTER socket to receive and connects one DEALER socket to each peer it
+sends to (ps-lite's layout). Sends are thread-safe (a lock per peer socket); receiving is done
+by one thread that calls :meth:`Van.recv`. Every byte is counted per link in
+:class:`LinkCounters`, which later layers (metrics, load balancing) read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from hetps.transport.codec import BadMessage, Message, decode, encode
+
+log = logging.getLogger("hetps.van")
+
+#: arrays at least this large are sent zero-copy and tracked; smaller ones are copied.
+ZERO_COPY_BYTES = 1 << 16
+
+
+@dataclass
+class LinkStats:
+    """Traffic on one link (this node <-> one peer), both directions."""
+
+    bytes_sent: int = 0
+    msgs_sent: int = 0
+    bytes_recv: int = 0
+    msgs_recv: int = 0
+    first_send: float = 0.0
+    last_send: float = 0.0
+    first_recv: float = 0.0
+    last_recv: float = 0.0
+
+
+@dataclass
+class LinkCounters:
+    """Per-peer byte/message counters with timestamps; safe to read from any thread."""
+
+    links: dict[int, LinkStats] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_send(self, peer: int, nbytes: int, now: float) -> None:
+        """Count one message of ``nbytes`` sent to ``peer``."""
+        with self.lock:
+            st = self.links.setdefault(peer, LinkStats())
+            st.bytes_sent += nbytes
+            st.msgs_sent += 1
+            st.first_send = st.first_send or now
+            st.last_send = now
+
+    def on_recv(self, peer: int, nbytes: int, now: float) -> None:
+        """Count one message of ``nbytes`` received from ``peer``."""
+        with self.lock:
+            st = self.links.setdefault(peer, LinkStats())
+            st.bytes_recv += nbytes
+            st.msgs_recv += 1
+            st.first_recv = st.first_recv or now
+            st.last_recv = now
+
+    def snapshot(self) -> dict[int, LinkStats]:
+        """A copy of every link's counters."""
+        with self.lock:
+            return {k: LinkStats(**vars(v)) for k, v in self.links.items()}
+
+    def totals(self) -> tuple[int, int]:
+        """(bytes sent, bytes received) over all links."""
+        with self.lock:
+            return (
+                sum(s.bytes_sent for s in self.links.values()),
+                sum(s.bytes_recv for s in self.links.values()),
+            )
+
+
+class PeerGone(ConnectionError):
+    """Sending to a peer that this van does not know (never connected or disconnected)."""
+
+
+class Van:
+    """Bind/connect/send/recv over ZeroMQ with per-link counters.
+
+    ``host`` is the address to bind (``*`` for all interfaces); ``port`` 0 asks the kernel for
+    an ephemeral port, read back from ZeroMQ's last endpoint.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_message_bytes: int = 1 << 31,
+        verbose: int = 0,
+        name: str = "node",
+    ) -> None:
+        self.ctx = zmq.Context(io_threads=1)
+        self.max_message_bytes = max_message_bytes
+        self.verbose = verbose
+        self.name = name
+        self.counters = LinkCounters()
+        self.my_id = 0
+        self._router = self.ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.setsockopt(zmq.RCVHWM, 64)
+        self._router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + (1 << 20))
+        bind_host = "*" if host in ("0.0.0.0", "*") else host
+        if port:
+            self._router.bind(f"tcp://{bind_host}:{port}")
+        else:
+            self._router.bind(f"tcp://{bind_host}:*")
+        endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.port = int(endpoint.rsplit(":", 1)[1])
+        self.host = host
+        self._peers: dict[Any, zmq.Socket] = {}
+        self._locks: dict[Any, threading.Lock] = {}
+        self._peers_lock = threading.Lock()
+        self._poller = zmq.Poller()
+        self._poller.register(self._router, zmq.POLLIN)
+        self._closed = False
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` this van receives on."""
+        return f"{self.host}:{self.port}"
+
+    def connect(self, peer: Any, endpoint: str) -> None:
+        """Open a DEALER to ``endpoint`` (``host:port``) and name it ``peer``."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.SNDHWM, 256)
+        sock.setsockopt(zmq.IMMEDIATE, 0)
+        sock.connect(f"tcp://{endpoint}")
+        with self._peers_lock:
+            old = self._peers.pop(peer, None)
+            self._peers[peer] = sock
+            self._locks.setdefault(peer, threading.Lock())
+        if old is not None:
+            old.close(linger=0)
+        if self.verbose >= 1:
+            log.info("%s connected to %s at %s", self.name, peer, endpoint)
+
+    def rename(self, old: Any, new: Any) -> None:
+        """Re-key a peer socket (a node learns its peers' ids after registration)."""
+        with self._peers_lock:
+            if old in self._peers:
+                self._peers[new] = self._peers.pop(old)
+                self._locks[new] = self._locks.pop(old)
+
+    def has_peer(self, peer: Any) -> bool:
+        """Whether a DEALER to ``peer`` is open."""
+        with self._peers_lock:
+            return peer in self._peers
+
+    def disconnect(self, peer: Any) -> None:
+        """Close the DEALER to ``peer`` (unsent messages are dropped)."""
+        with self._peers_lock:
+            sock = self._peers.pop(peer, None)
+        if sock is not None:
+            with self._locks[peer]:
+                sock.close(linger=0)
+
+    def send(self, peer: Any, msg: Message, track: bool = False) -> zmq.MessageTracker | None:
+        """Send ``msg`` to ``peer``. Large arrays go zero-copy; with ``track`` the returned
+        tracker tells when ZeroMQ no longer needs the arrays' memory."""
+        if msg.sender == 0:
+            msg.sender = self.my_id
+        frames = encode(msg)
+        big = any(isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES for f in frames[1:])
+        with self._peers_lock:
+            sock = self._peers.get(peer)
+            lock = self._locks.get(peer)
+        if sock is None or lock is None:
+            raise PeerGone(f"{self.name}: no connection to peer {peer}")
+        with lock:
+            if self._closed:
+                raise PeerGone(f"{self.name}: van is closed")
+            tracker = sock.send_multipart(frames, copy=not big, track=track and big)
+        now = time.time()
+        if isinstance(peer, int):
+            self.counters.on_send(peer, msg.nbytes, now)
+        if self.verbose >= 2:
+            log.info("%s -> %s: %s req=%d reply=%s %d B", self.name, peer, msg.cmd, msg.req, msg.reply, msg.nbytes)
+        return tracker if (track and big) else None
+
+    def recv(self, timeout: float | None = None) -> Message | None:
+        """Receive one message, or None after ``timeout`` seconds. Bad messages are logged and
+        dropped (never raised), so a malformed peer cannot stop the receive loop."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            events = dict(self._poller.poll(wait_ms))
+            if self._router not in events:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            frames = self._router.recv_multipart(copy=False)
+            try:
+                msg = decode(frames[1:], self.max_message_bytes)
+            except BadMessage as exc:
+                log.warning("%s dropped a bad message: %s", self.name, exc)
+                continue
+            self.counters.on_recv(msg.sender, msg.nbytes, time.time())
+            if self.verbose >= 2:
+                log.info("%s <- %d: %s req=%d reply=%s %d B", self.name, msg.sender, msg.cmd, msg.req, msg.reply, msg.nbytes)
+            return msg
+
+    def close(self) -> None:
+        """Close every socket and the context."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._peers_lock:
+            peers = list(self._peers.items())
+            self._peers.clear()
+        for peer, sock in peers:
+            with self._locks[peer]:
+                sock.close()
+        self._router.close(linger=0)
+        self.ctx.term()
