@@ -84,6 +84,7 @@ class NodeConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     port: int = 0
     port_file: str | None = None
+    launch_rank: int = -1  # rank a launcher asks for (HETPS_LAUNCH_RANK); -1 = arrival order
 
     @property
     def scheduler_endpoint(self) -> str:
@@ -156,10 +157,11 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
         chunk = _int(env, "HETPS_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, 4096)
         port = _int(env, "PS_PORT", 0)
         port_file = _get(env, "HETPS_PORT_FILE")
+        launch_rank = _int(env, "HETPS_LAUNCH_RANK", -1, -1)
     except ConfigError as exc:
         problems.append(str(exc))
         verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
-        bound, max_msg, chunk, port, port_file = 0, 0, 0, 0, None
+        bound, max_msg, chunk, port, port_file, launch_rank = 0, 0, 0, 0, None, -1
     if not problems and interval > 0 and timeout <= interval:
         problems.append(
             f"PS_HEARTBEAT_TIMEOUT={timeout} must exceed PS_HEARTBEAT_INTERVAL={interval}: "
@@ -198,6 +200,7 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
         chunk_bytes=chunk,
         port=port,
         port_file=port_file,
+        launch_rank=launch_rank,
     )
 
 

@@ -54,6 +54,7 @@ class Node:
         self._registered = threading.Event()
         self._reg_error: str | None = None
         self._reg_progress: dict | None = None
+        self._early: list[Message] = []
         self._last_ack = time.monotonic()
         self._recv_thread: threading.Thread | None = None
         self._hb_thread: threading.Thread | None = None
@@ -100,7 +101,8 @@ class Node:
             Message(
                 P.ADD_NODE,
                 req=1,
-                body={"role": self.role, "host": self.cfg.node_host, "port": self.van.port, "token": token},
+                body={"role": self.role, "host": self.cfg.node_host, "port": self.van.port, "token": token,
+                      "want_rank": self.cfg.launch_rank},
             ),
         )
         if not self._registered.wait(self.cfg.connect_timeout):
@@ -120,11 +122,6 @@ class Node:
         if self._reg_error is not None:
             self.close()
             raise ClusterError(f"the scheduler refused this {self.role}: {self._reg_error}")
-        # Servers answer workers, workers talk to servers.
-        peer_role = "worker" if self.role == "server" else "server"
-        for n in self.nodes.values():
-            if n.role == peer_role:
-                self.van.connect(n.id, f"{n.host}:{n.port}")
         if self.cfg.heartbeat_interval > 0:
             self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="hetps-heartbeat", daemon=True)
             self._hb_thread.start()
@@ -159,7 +156,16 @@ class Node:
                 self.nodes = {n.id: n for n in map(NodeInfo.from_wire, msg.body["nodes"])}
                 self.info = self.nodes[int(msg.body["id"])]
                 self.van.my_id = self.info.id
+                # Servers answer workers, workers talk to servers: connect before anything else
+                # is handled, so no request can arrive from a peer we cannot answer.
+                peer_role = "worker" if self.role == "server" else "server"
+                for n in self.nodes.values():
+                    if n.role == peer_role:
+                        self.van.connect(n.id, f"{n.host}:{n.port}")
                 self._registered.set()
+                early, self._early = self._early, []
+                for m in early:  # peers that learned of us before we did
+                    self._dispatch(m)
                 return
             if cmd == P.REFUSED:
                 self._reg_error = msg.error or "refused"
@@ -173,6 +179,9 @@ class Node:
                     self.requests.resolve(msg.req, msg)
                 self.exited.set()
                 return
+        if self.info is None:
+            self._early.append(msg)
+            return
         if msg.reply:
             self.requests.resolve(msg.req, msg, msg.error)
             return

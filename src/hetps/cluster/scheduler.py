@@ -32,6 +32,7 @@ class _Pending:
     host: str
     port: int
     req: int
+    want_rank: int = -1
 
 
 @dataclass
@@ -191,7 +192,9 @@ class Scheduler:
             )
             self.van.disconnect(token)
             return
-        self.pending.append(_Pending(token, role, host, port, msg.req))
+        want = b.get("want_rank", -1)
+        want = want if isinstance(want, int) and not isinstance(want, bool) else -1
+        self.pending.append(_Pending(token, role, host, port, msg.req, want))
         self._send(
             token,
             Message(
@@ -206,6 +209,15 @@ class Scheduler:
 
     def _assign(self) -> None:
         ranks = {"server": 0, "worker": 0}
+        # Ranks a launcher asked for (each distinct) win; otherwise arrival order.
+        for role in ranks:
+            wants = [p.want_rank for p in self.pending if p.role == role]
+            if sorted(wants) != list(range(len(wants))):
+                for p in self.pending:
+                    if p.role == role:
+                        p.want_rank = -1
+        order = {id(p): i for i, p in enumerate(self.pending)}
+        self.pending.sort(key=lambda p: (p.role, p.want_rank if p.want_rank >= 0 else 1 << 30, order[id(p)]))
         for p in self.pending:
             rank = ranks[p.role]
             ranks[p.role] += 1

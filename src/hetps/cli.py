@@ -1,0 +1,133 @@
+"""The ``hetps`` command: ``launch``, ``scheduler``, ``server`` and the tools built on them."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from hetps import __version__
+
+
+def _setup_logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose >= 1 else logging.WARNING,
+        format="[%(asctime)s] %(name)s %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise SystemExit(f"hetps: --env {item!r} must look like NAME=VALUE")
+        k, v = item.split("=", 1)
+        env[k] = v
+    return env
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """``hetps launch``: start a cluster and run CMD as every worker."""
+    from hetps.launch.local import Launcher, LaunchSpec, read_hostfile, ssh_wrapper
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SystemExit("hetps launch: give the worker command after --, e.g. "
+                         "hetps launch -n 2 -- python train.py")
+    if args.num_workers < 1:
+        raise SystemExit("hetps launch: -n/--num-workers must be >= 1")
+    servers = args.num_servers if args.num_servers is not None else args.num_workers
+    if servers < 1:
+        raise SystemExit("hetps launch: -s/--num-servers must be >= 1")
+    env = _env_pairs(args.env)
+    spec = LaunchSpec(num_workers=args.num_workers, num_servers=servers, command=command,
+                      env=env, port=args.port, start_timeout=args.start_timeout)
+    if args.launcher == "ssh":
+        if not args.hostfile:
+            raise SystemExit("hetps launch: --launcher ssh needs -H/--hostfile")
+        hosts = read_hostfile(args.hostfile)
+        spec.host = hosts[0]
+        spec.wrap = ssh_wrapper(hosts, list(env), ssh=os.environ.get("HETPS_SSH", "ssh"))
+    elif args.hostfile:
+        raise SystemExit("hetps launch: -H/--hostfile is for --launcher ssh")
+    return Launcher(spec).run()
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
+    from hetps.cluster.scheduler import Scheduler
+    from hetps.config import ConfigError, node_config_from_env
+
+    try:
+        cfg = node_config_from_env(role="scheduler")
+    except ConfigError as exc:
+        print(f"hetps scheduler: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg.verbose)
+    sched = Scheduler(cfg)
+    print(f"hetps scheduler port {sched.van.port}", flush=True)
+    return sched.run()
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """``hetps server``: be a KVStore server (DMLC_* from the environment)."""
+    from hetps.config import ConfigError, node_config_from_env
+    from hetps.kvstore.roles import run_server
+
+    try:
+        cfg = node_config_from_env(role="server")
+    except ConfigError as exc:
+        print(f"hetps server: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg.verbose)
+    try:
+        return run_server(cfg)
+    except Exception as exc:  # noqa: BLE001 - a clear line instead of a traceback
+        print(f"hetps server: {exc}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``hetps`` command."""
+    p = argparse.ArgumentParser(prog="hetps", description=__doc__)
+    p.add_argument("--version", action="version", version=f"hetps {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    la = sub.add_parser("launch", help="start a scheduler, servers and workers running CMD")
+    la.add_argument("-n", "--num-workers", type=int, required=True)
+    la.add_argument("-s", "--num-servers", type=int, default=None, help="default: = workers")
+    la.add_argument("--launcher", choices=["local", "ssh"], default="local")
+    la.add_argument("-H", "--hostfile", default=None)
+    la.add_argument("--env", action="append", default=[], metavar="K=V")
+    la.add_argument("--port", type=int, default=0, help="scheduler port (default: ephemeral)")
+    la.add_argument("--start-timeout", type=float, default=60.0)
+    la.add_argument("command", nargs=argparse.REMAINDER)
+    la.set_defaults(func=cmd_launch)
+
+    sc = sub.add_parser("scheduler", help="run the scheduler role by hand")
+    sc.set_defaults(func=cmd_scheduler)
+    sv = sub.add_parser("server", help="run a server role by hand")
+    sv.set_defaults(func=cmd_server)
+
+    for name in ("hetps.netem.cli",):
+        try:
+            mod = __import__(name, fromlist=["add_parser"])
+        except ImportError:
+            continue
+        if hasattr(mod, "add_parser"):
+            mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``hetps`` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Start a whole cluster (scheduler, servers, workers) and watch it, like MXNet's launch.py.
+
+Every child runs in its own session (process group) so that it and everything it starts can be
+stopped together. Output lines are prefixed with the role and rank. The first child to exit
+non-zero stops the others, and its exit code is returned; Ctrl-C and SIGTERM stop everything.
+No child outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
+
+
+@dataclass
+class Child:
+    """One started process and its role."""
+
+    role: str
+    rank: int
+    proc: subprocess.Popen
+    label: str
+    reader: threading.Thread | None = None
+
+
+@dataclass
+class LaunchSpec:
+    """What to start: W workers running ``command``, S servers, one scheduler."""
+
+    num_workers: int
+    num_servers: int
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 0  # scheduler port; 0 = ephemeral, read back from the scheduler
+    server_command: list[str] | None = None  # default: hetps' own server
+    scheduler_command: list[str] | None = None
+    # (role, rank, argv, env) -> (argv, env): run a role elsewhere (ssh, a network namespace)
+    wrap: Callable[[str, int, list[str], dict[str, str]], tuple[list[str], dict[str, str]]] | None = None
+    start_timeout: float = 60.0
+    stop_grace: float = 5.0
+
+
+class Launcher:
+    """Runs a :class:`LaunchSpec` to completion; ``run()`` returns the job's exit code."""
+
+    def __init__(self, spec: LaunchSpec, out=None) -> None:
+        self.spec = spec
+        self.out = out or sys.stdout
+        self.children: list[Child] = []
+        self._print_lock = threading.Lock()
+        self._port = threading.Event()
+        self._port_value = 0
+        self._stopping = False
+
+    # -- output -----------------------------------------------------------------------------
+    def _pump(self, child: Child) -> None:
+        assert child.proc.stdout is not None
+        for raw in iter(child.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if child.role == "scheduler" and not self._port.is_set():
+                m = PORT_LINE.search(line)
+                if m:
+                    self._port_value = int(m.group(1))
+                    self._port.set()
+                    continue
+            with self._print_lock:
+                self.out.write(f"[{child.label}] {line}\n")
+                self.out.flush()
+        child.proc.stdout.close()
+
+    def _start(self, role: str, rank: int, argv: list[str], env: dict[str, str]) -> Child:
+        if self.spec.wrap is not None:
+            argv, env = self.spec.wrap(role, rank, argv, env)
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        label = "scheduler" if role == "scheduler" else f"{role} {rank}"
+        child = Child(role, rank, proc, label)
+        child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
+        child.reader.start()
+        self.children.append(child)
+        return child
+
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.spec.env)
+        env.update(
+            {
+                "DMLC_PS_ROOT_URI": self.spec.host,
+                "DMLC_NUM_SERVER": str(self.spec.num_servers),
+                "DMLC_NUM_WORKER": str(self.spec.num_workers),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.setdefault("DMLC_NODE_HOST", self.spec.host if self.spec.host != "0.0.0.0" else "127.0.0.1")
+        return env
+
+    # -- run --------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Start everything, wait for the end, stop everything. Returns the exit code."""
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, self._on_signal)
+        try:
+            return self._run()
+        except KeyboardInterrupt:
+            self._log("interrupted: stopping every process")
+            return 130
+        finally:
+            self.stop_all()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame) -> None:  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    def _log(self, text: str) -> None:
+        with self._print_lock:
+            self.out.write(f"[launcher] {text}\n")
+            self.out.flush()
+
+    def _run(self) -> int:
+        spec = self.spec
+        py = sys.executable
+        env = self._base_env()
+        sched_argv = spec.scheduler_command or [py, "-m", "hetps.cli", "scheduler"]
+        sched_env = {**env, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": str(spec.port)}
+        sched = self._start("scheduler", 0, sched_argv, sched_env)
+        deadline = time.monotonic() + spec.start_timeout
+        while not self._port.wait(0.2):
+            if sched.proc.poll() is not None:
+                self._log(f"the scheduler exited with code {sched.proc.returncode} before it was up")
+                return sched.proc.returncode or 1
+            if time.monotonic() > deadline:
+                self._log(f"the scheduler did not report its port within {spec.start_timeout:g} s")
+                return 1
+        env["DMLC_PS_ROOT_PORT"] = str(self._port_value)
+        server_argv = spec.server_command or [py, "-m", "hetps.cli", "server"]
+        for r in range(spec.num_servers):
+            self._start("server", r, server_argv, {**env, "DMLC_ROLE": "server", "HETPS_LAUNCH_RANK": str(r)})
+        for r in range(spec.num_workers):
+            self._start("worker", r, list(spec.command), {**env, "DMLC_ROLE": "worker", "HETPS_LAUNCH_RANK": str(r)})
+        return self._watch()
+
+    def _watch(self) -> int:
+        """Wait for every child; on the first failure stop the rest and return its code."""
+        remaining = list(self.children)
+        while remaining:
+            for child in list(remaining):
+                code = child.proc.poll()
+                if code is None:
+                    continue
+                remaining.remove(child)
+                if child.reader is not None:
+                    child.reader.join(timeout=2)
+                if code != 0:
+                    self._log(f"{child.label} exited with code {code}; stopping the others")
+                    return code
+            if remaining:
+                try:
+                    remaining[0].proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+        return 0
+
+    def stop_all(self) -> None:
+        """SIGTERM every child's process group, then SIGKILL what is left after the grace."""
+        if self._stopping:
+            return
+        self._stopping = True
+        live = [c for c in self.children if c.proc.poll() is None]
+        for c in live:
+            _signal_group(c.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.stop_grace
+        for c in live:
+            try:
+                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for c in self.children:
+            # the group may hold grandchildren even when the child itself is gone
+            _signal_group(c.proc, signal.SIGKILL)
+            try:
+                c.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            if c.reader is not None:
+                c.reader.join(timeout=2)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def read_hostfile(path: str) -> list[str]:
+    """Hosts from a hostfile: one per line, ``#`` comments and blank lines ignored."""
+    try:
+        with open(path) as f:
+            hosts = [ln.split("#", 1)[0].strip() for ln in f]
+    except OSError as exc:
+        raise SystemExit(f"hetps launch: cannot read hostfile {path!r}: {exc}") from None
+    hosts = [h for h in hosts if h]
+    if not hosts:
+        raise SystemExit(f"hetps launch: hostfile {path!r} lists no hosts")
+    return hosts
+
+
+FORWARDED_PREFIXES = ("DMLC_", "PS_", "HETPS_", "MXNET_", "PYTHON", "OMP_NUM_THREADS")
+
+
+def ssh_wrapper(hosts: Sequence[str], extra_keys: Sequence[str] = (), ssh: str = "ssh",
+                cwd: str | None = None):
+    """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers and
+    workers round-robin over the hosts, each told its own address (DMLC_NODE_HOST) and the
+    forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key)."""
+    cwd = cwd or os.getcwd()
+
+    def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
+        host = hosts[0] if role == "scheduler" else hosts[rank % len(hosts)]
+        remote = {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) or k in extra_keys}
+        remote["DMLC_NODE_HOST"] = host
+        remote["DMLC_PS_ROOT_URI"] = hosts[0]
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(remote.items()))
+        line = f"cd {shlex.quote(cwd)} && env {exports} {' '.join(shlex.quote(a) for a in argv)}"
+        return [ssh, "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", host, line], env
+
+    return wrap

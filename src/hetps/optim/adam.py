@@ -1,0 +1,92 @@
+"""Adam (Kingma & Ba, 2014) as MXNet implements it (``adam_update`` plus bias-corrected lr)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+
+__all__ = ["Adam"]
+
+
+class Adam(Optimizer):
+    """Adam with MXNet's exact order of operations.
+
+    For the ``t``-th update of a key (``t`` counted per key, starting at 1)::
+
+        lr_t = learning_rate * sqrt(1 - beta2**t) / (1 - beta1**t)
+        g    = clip(rescale_grad * grad + wd * weight)      # MXNet adds wd *before* clipping
+        mean = beta1 * mean + (1 - beta1) * g
+        var  = beta2 * var  + (1 - beta2) * g**2
+        weight -= lr_t * mean / (sqrt(var) + epsilon)
+
+    Note the difference from :class:`~hetps.optim.SGD`, where MXNet clips the rescaled gradient
+    and only then adds ``wd * weight``: MXNet's ``AdamUpdateKernel`` clips the sum.
+
+    The state of a key is ``{'mean': array, 'var': array, 't': int}``; the step count lives in
+    the state (not on the optimizer) so it is saved and loaded with the optimizer states.
+
+    Args:
+        beta1: decay rate of the first-moment estimate, in ``[0, 1)``.
+        beta2: decay rate of the second-moment estimate, in ``[0, 1)``.
+        epsilon: small constant added to the denominator, ``> 0``.
+        **kwargs: the common :class:`Optimizer` arguments (default ``learning_rate=0.001``).
+    """
+
+    def __init__(
+        self,
+        learning_rate: float = 0.001,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        epsilon: float = 1e-8,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.beta1 = _check_number("beta1", beta1, minimum=0.0)
+        self.beta2 = _check_number("beta2", beta2, minimum=0.0)
+        for name, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
+            if beta >= 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {beta!r}")
+        self.epsilon = _check_number("epsilon", epsilon)
+        if self.epsilon <= 0.0:
+            raise ValueError(f"epsilon must be > 0, got {self.epsilon!r}")
+
+    def create_state(self, key: Key, weight: np.ndarray) -> dict[str, Any]:
+        """``{'mean': zeros, 'var': zeros, 't': 0}``, arrays in the compute dtype."""
+        dtype = compute_dtype(weight)
+        return {
+            "mean": np.zeros(weight.shape, dtype=dtype),
+            "var": np.zeros(weight.shape, dtype=dtype),
+            "t": 0,
+        }
+
+    def update(self, key: Key, weight: np.ndarray, grad: np.ndarray, state: dict[str, Any]) -> None:
+        """Apply one Adam step to ``weight`` in place and advance the key's step count."""
+        dtype = compute_dtype(weight)
+        grad = self._check_grad(weight, grad)
+        state["t"] += 1
+        t = state["t"]
+        lr_t = self.learning_rate * math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
+
+        g = np.multiply(grad, self.rescale_grad, dtype=dtype)
+        if self.wd != 0.0:
+            g += np.multiply(weight, self.wd, dtype=dtype)
+        clip = self.clip_gradient
+        if clip is not None and clip > 0:
+            np.clip(g, -clip, clip, out=g)
+
+        mean, var = state["mean"], state["var"]
+        mean *= self.beta1
+        mean += (1.0 - self.beta1) * g
+        g *= g
+        var *= self.beta2
+        var += (1.0 - self.beta2) * g
+        # step = -lr_t * mean / (sqrt(var) + eps), reusing g as the buffer
+        np.sqrt(var, out=g)
+        g += self.epsilon
+        np.divide(mean, g, out=g)
+        g *= -lr_t
+        np.add(weight, g, out=weight, casting="same_kind")

@@ -1,0 +1,125 @@
+"""Ship optimizers to servers by value, and save/load optimizer states.
+
+Optimizers are serialised with cloudpickle, so a subclass defined in the user's ``__main__``
+script (or inside a function) is pickled by value and rebuilt on a server that has never seen
+that script — the failure MXNet users hit most with custom optimizers.
+
+Unpickling runs code: servers must only load optimizers and states from their own workers or
+files they trust, exactly as with MXNet's ``set_optimizer``/``load_optimizer_states``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import cloudpickle
+
+from hetps.optim.base import Optimizer
+
+__all__ = ["dump_states", "dumps", "load_states", "loads"]
+
+_STATES_FORMAT = "hetps-optimizer-states"
+_STATES_VERSION = 1
+
+
+def _check_bytes(data: Any, what: str) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} expects bytes, got {type(data).__name__}")
+    return bytes(data)
+
+
+def dumps(optimizer: Optimizer) -> bytes:
+    """Serialise ``optimizer`` (its class too, when defined in ``__main__``) with cloudpickle.
+
+    A class defined in an importable module is pickled by reference, so that module must be
+    importable on the servers; otherwise call ``cloudpickle.register_pickle_by_value(module)``
+    before :func:`dumps`.
+
+    Raises:
+        TypeError: ``optimizer`` is not an :class:`Optimizer`.
+    """
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(
+            f"dumps() expects a hetps.optim.Optimizer, got {type(optimizer).__name__}; "
+            "subclass hetps.optim.Optimizer and implement create_state() and update()"
+        )
+    return cloudpickle.dumps(optimizer, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads(data: bytes) -> Optimizer:
+    """Rebuild an optimizer serialised by :func:`dumps`.
+
+    Raises:
+        TypeError: ``data`` is not bytes, or does not hold a :class:`Optimizer`.
+        ValueError: ``data`` cannot be unpickled (corrupt, or it refers to a module this
+            process cannot import); the message says which.
+    """
+    data = _check_bytes(data, "loads()")
+    try:
+        obj = pickle.loads(data)
+    except (ModuleNotFoundError, AttributeError) as exc:
+        raise ValueError(
+            f"cannot rebuild the optimizer: {exc}. Its class is pickled by reference; install "
+            "its module on the servers, or call cloudpickle.register_pickle_by_value(module) "
+            "on the worker before set_optimizer()"
+        ) from exc
+    except Exception as exc:
+        raise ValueError(
+            f"cannot unpickle the optimizer ({type(exc).__name__}: {exc}); "
+            "the bytes were not produced by hetps.optim.dumps() or are corrupt"
+        ) from exc
+    if not isinstance(obj, Optimizer):
+        raise TypeError(
+            f"the pickled object is a {type(obj).__name__}, not a hetps.optim.Optimizer; "
+            "only Optimizer subclasses can be set as the server-side optimizer"
+        )
+    return obj
+
+
+def dump_states(states: dict[Any, Any]) -> bytes:
+    """Serialise a server's optimizer states (``{key: state}``; keys may be tuples).
+
+    States are NumPy arrays, numbers and dicts/tuples of them; cloudpickle is used so that
+    states of a user-defined optimizer holding its own objects are saved too.
+
+    Raises:
+        TypeError: ``states`` is not a dict.
+    """
+    if not isinstance(states, dict):
+        raise TypeError(f"dump_states() expects a dict of states, got {type(states).__name__}")
+    payload = {"format": _STATES_FORMAT, "version": _STATES_VERSION, "states": states}
+    return cloudpickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_states(data: bytes) -> dict[Any, Any]:
+    """Rebuild the states dict written by :func:`dump_states`.
+
+    Raises:
+        TypeError: ``data`` is not bytes.
+        ValueError: ``data`` is corrupt or was not written by :func:`dump_states` (for
+            example an MXNet ``.states`` file, which holds MXNet NDArrays).
+    """
+    data = _check_bytes(data, "load_states()")
+    try:
+        payload = pickle.loads(data)
+    except Exception as exc:
+        raise ValueError(
+            f"cannot unpickle optimizer states ({type(exc).__name__}: {exc}); "
+            "the file is corrupt or was not written by save_optimizer_states()"
+        ) from exc
+    if not (
+        isinstance(payload, dict)
+        and payload.get("format") == _STATES_FORMAT
+        and isinstance(payload.get("states"), dict)
+    ):
+        raise ValueError(
+            "these bytes are not hetps optimizer states (written by dump_states() / "
+            "save_optimizer_states()); MXNet .states files cannot be loaded"
+        )
+    if payload.get("version") != _STATES_VERSION:
+        raise ValueError(
+            f"optimizer states format version {payload.get('version')!r} is not supported "
+            f"(this hetps reads version {_STATES_VERSION})"
+        )
+    return payload["states"]

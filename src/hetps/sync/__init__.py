@@ -1,0 +1,30 @@
+"""Training algorithms' rules as pure functions: SSGD/ASGD/DC-ASGD/ESync updates and ESync's
+readiness policy (the state server's brain). The worker loops that drive them live in
+``hetps.torch``; nothing here does I/O or reads a clock."""
+
+from hetps.sync.esync import ReadinessPolicy, WorkerState
+from hetps.sync.rules import (
+    average,
+    dcasgd_compensate,
+    dcasgd_step,
+    esync_global_update,
+    esync_update_from_sum,
+    model_delta,
+    sgd_step,
+    ssgd_step,
+    sum_arrays,
+)
+
+__all__ = [
+    "ReadinessPolicy",
+    "WorkerState",
+    "average",
+    "dcasgd_compensate",
+    "dcasgd_step",
+    "esync_global_update",
+    "esync_update_from_sum",
+    "model_delta",
+    "sgd_step",
+    "ssgd_step",
+    "sum_arrays",
+]

@@ -1,0 +1,1 @@
+"""PyTorch integration: models, data, DistributedOptimizer, training loop."""

@@ -1,0 +1,76 @@
+"""Shared test harness: run a real cluster (separate processes on 127.0.0.1) around a script."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRELUDE = '''
+import os, sys, signal, time
+import numpy as np
+import hetps.kv
+from hetps import optim
+from hetps.cluster.errors import NodeFailure, RequestError, ClusterError
+'''
+
+
+def run_cluster(
+    tmp_path: Path,
+    code: str,
+    workers: int = 2,
+    servers: int = 1,
+    env: dict[str, str] | None = None,
+    start_timeout: float = 30.0,
+) -> tuple[int, str]:
+    """Run ``code`` as every worker of a fresh cluster; returns (exit code, all output).
+
+    The launcher starts the scheduler and servers as `hetps` processes, waits for the end,
+    stops every process (SIGTERM then SIGKILL of each process group) even when the test fails.
+    """
+    from hetps.launch.local import Launcher, LaunchSpec
+
+    script = tmp_path / "worker_script.py"
+    script.write_text(PRELUDE + textwrap.dedent(code))
+    base_env = {
+        "PS_HEARTBEAT_INTERVAL": "0.5",
+        "PS_HEARTBEAT_TIMEOUT": "5",
+        "HETPS_CONNECT_TIMEOUT": "20",
+        "HETPS_REQUEST_TIMEOUT": "60",
+        "OMP_NUM_THREADS": "1",
+    }
+    base_env.update(env or {})
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=workers,
+        num_servers=servers,
+        command=[sys.executable, str(script)],
+        env=base_env,
+        start_timeout=start_timeout,
+    )
+    launcher = Launcher(spec, out=out)
+    try:
+        code_ = launcher.run()
+    finally:
+        launcher.stop_all()
+    return code_, out.getvalue()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """``cluster(code, workers=2, servers=1, env={})`` -> (exit code, output)."""
+
+    def run(code: str, **kw):
+        return run_cluster(tmp_path, code, **kw)
+
+    return run
+
+
+def pytest_configure(config):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
