@@ -28,6 +28,7 @@ def run_cluster(
     servers: int = 1,
     env: dict[str, str] | None = None,
     start_timeout: float = 30.0,
+    failure_grace: float = 10.0,
 ) -> tuple[int, str]:
     """Run ``code`` as every worker of a fresh cluster; returns (exit code, all output).
 
@@ -53,6 +54,7 @@ def run_cluster(
         command=[sys.executable, str(script)],
         env=base_env,
         start_timeout=start_timeout,
+        failure_grace=failure_grace,
     )
     launcher = Launcher(spec, out=out)
     try:

@@ -179,6 +179,9 @@ class Node:
                     self.requests.resolve(msg.req, msg)
                 self.exited.set()
                 return
+            if not msg.reply and self.handler is not None:
+                self.handler(msg)  # e.g. WORKER_DONE for servers
+                return
         if self.info is None:
             self._early.append(msg)
             return
@@ -265,7 +268,8 @@ class Node:
         fut.wait(timeout)
 
     def finish(self, timeout: float | None = None) -> None:
-        """Tell the scheduler this worker is done; returns when every worker is done."""
+        """Tell the scheduler this worker is done (acknowledged at once; the servers stay up
+        until every worker is done)."""
         timeout = self.cfg.request_timeout if timeout is None else timeout
         self.check()
         fut = self.request(P.SCHEDULER_ID, Message(P.FINISH), what="finish")

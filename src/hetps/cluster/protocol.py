@@ -22,6 +22,7 @@ BARRIER_DONE = "barrier_done"
 HEARTBEAT_ACK = "heartbeat_ack"
 NODE_DEAD = "node_dead"
 EXIT = "exit"
+WORKER_DONE = "worker_done"  # to servers: a worker finished its job
 REFUSED = "refused"
 
 GROUPS = ("worker", "server", "all")

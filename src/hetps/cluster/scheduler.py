@@ -242,7 +242,7 @@ class Scheduler:
 
     # -- barriers ---------------------------------------------------------------------------
     def _members(self, group: str) -> set[int]:
-        alive = {i for i in self.nodes if i not in self.dead}
+        alive = {i for i in self.nodes if i not in self.dead and i not in self.finished}
         if group == "all":
             return alive
         return {i for i in alive if self.nodes[i].role == group}
@@ -255,23 +255,34 @@ class Scheduler:
         if group != "all" and self.nodes[msg.sender].role != group:
             self.reply(msg, {"error": f"node {msg.sender} is not in group {group!r}"})
             return
+        self.barriers[group].arrived[msg.sender] = msg.req
+        self._maybe_release(group)
+
+    def _maybe_release(self, group: str) -> None:
         bar = self.barriers[group]
-        bar.arrived[msg.sender] = msg.req
-        if set(bar.arrived) >= self._members(group):
+        if bar.arrived and set(bar.arrived) >= self._members(group):
             for nid, req in bar.arrived.items():
                 self._send(nid, Message(P.BARRIER_DONE, req=req, reply=True))
             self.barriers[group] = _Barrier()
 
     # -- shutdown and failures --------------------------------------------------------------
     def _finish(self, msg: Message) -> None:
+        """A worker is done: acknowledge at once (it may exit), tell the servers, and end the
+        job when every worker is done."""
+        if msg.sender not in self.nodes:
+            return
         self.finished[msg.sender] = msg.req
+        self.last_seen.pop(msg.sender, None)  # a finished worker no longer heartbeats
+        self._send(msg.sender, Message(P.EXIT, req=msg.req, reply=True))
+        servers = [nid for nid, n in self.nodes.items() if n.role == "server" and nid not in self.dead]
+        for nid in servers:
+            self._send(nid, Message(P.WORKER_DONE, body={"node": self.nodes[msg.sender].to_wire()}))
+        for group in ("worker", "all"):  # barriers no longer wait for it
+            self._maybe_release(group)
         workers = {i for i, n in self.nodes.items() if n.role == "worker"}
         if workers <= set(self.finished):
-            for nid, n in self.nodes.items():
-                if n.role == "server":
-                    self._send(nid, Message(P.EXIT))
-            for nid, req in self.finished.items():
-                self._send(nid, Message(P.EXIT, req=req, reply=True))
+            for nid in servers:
+                self._send(nid, Message(P.EXIT))
             if self.cfg.verbose >= 1:
                 log.info("all workers finished; stopping the cluster")
             self.exit_code = 0

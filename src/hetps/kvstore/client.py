@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
-from hetps.cluster.errors import ClusterError
+from hetps.cluster.errors import ClusterError, RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
 from hetps.config import NodeConfig
@@ -389,7 +389,10 @@ class DistKVStore:
             if error is not None:
                 self.node.leave(error)
             elif self.node.failure is None:
-                self.wait_outstanding()
+                try:
+                    self.wait_outstanding()
+                except RequestError as exc:  # already reported to the caller; still finish
+                    log.debug("worker: outstanding request failed at close: %s", exc)
                 self.node.finish(self.timeout)
         finally:
             self._sender.close()

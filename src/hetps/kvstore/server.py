@@ -22,6 +22,7 @@ import numpy as np
 
 from hetps import optim
 from hetps.kvstore import commands as C
+from hetps.cluster.protocol import WORKER_DONE, NodeInfo
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.transport.codec import WIRE_DTYPES, Message
 
@@ -66,6 +67,7 @@ class KVServer:
         self.optimizer: optim.Optimizer | None = None
         self.num_workers = len(node.workers()) if hasattr(node, "workers") else 1
         self.rounds = 0
+        self.done_workers: dict[int, str] = {}  # worker id -> description
 
     # -- entry point ------------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
@@ -83,6 +85,8 @@ class KVServer:
                 self._get_states(msg)
             elif msg.cmd == C.SET_STATES:
                 self._set_states(msg)
+            elif msg.cmd == WORKER_DONE:
+                self._worker_done(msg)
             else:
                 raise BadRequest(f"unknown command {msg.cmd!r}")
         except BadRequest as exc:
@@ -186,6 +190,8 @@ class KVServer:
                 "kv.set_optimizer(...) before the first push"
             )
         worker = msg.sender
+        if sync and self.done_workers:
+            raise BadRequest(self._uneven(sl))
         if sync and (sl.got.get(worker, 0) >= sl.value.size or any(m.sender == worker for m in sl.backlog)):
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
             return
@@ -217,6 +223,25 @@ class KVServer:
                 self.node.reply(m)
         else:
             sl.partial[worker] = (buf, count, msgs)
+
+    def _uneven(self, sl: Slice) -> str:
+        who = ", ".join(self.done_workers.values())
+        return (
+            f"push of key {sl.key!r} can never complete: {who} already finished its job, so this "
+            "dist_sync round would wait for it forever; every worker must run the same number "
+            "of rounds (give each the same number of batches)"
+        )
+
+    def _worker_done(self, msg: Message) -> None:
+        """A worker finished: fail the sync rounds that still wait for it (uneven batch counts)."""
+        info = NodeInfo.from_wire(msg.body["node"])
+        self.done_workers[info.id] = info.describe()
+        for sl in self.slices.values():
+            if sl.got and sl.got.get(info.id, 0) < sl.value.size:
+                text = self._uneven(sl)
+                for m in sl.acks + sl.deferred + sl.backlog:
+                    self.node.reply(m, {"error": text})
+                sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
 
     def _apply(self, sl: Slice, grad: np.ndarray, worker: int) -> None:
         assert self.optimizer is not None

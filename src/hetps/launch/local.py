@@ -49,6 +49,8 @@ class LaunchSpec:
     wrap: Callable[[str, int, list[str], dict[str, str]], tuple[list[str], dict[str, str]]] | None = None
     start_timeout: float = 60.0
     stop_grace: float = 5.0
+    # after a child fails, how long the others get to notice (and say why) before being stopped
+    failure_grace: float = 15.0
 
 
 class Launcher:
@@ -172,6 +174,7 @@ class Launcher:
                     child.reader.join(timeout=2)
                 if code != 0:
                     self._log(f"{child.label} exited with code {code}; stopping the others")
+                    self._drain(remaining)
                     return code
             if remaining:
                 try:
@@ -179,6 +182,20 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     pass
         return 0
+
+    def _drain(self, remaining: list[Child]) -> None:
+        """Give the survivors ``failure_grace`` seconds to exit on their own (they learn of the
+        failure from the scheduler and print a clear error), then stop them."""
+        deadline = time.monotonic() + self.spec.failure_grace
+        for c in remaining:
+            try:
+                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+        for c in remaining:
+            if c.proc.poll() is None:
+                self._log(f"stopping {c.label}")
+        self.stop_all()
 
     def stop_all(self) -> None:
         """SIGTERM every child's process group, then SIGKILL what is left after the grace."""

@@ -1,0 +1,206 @@
+"""Bad input, dead peers, unreachable schedulers: clear errors, nobody hangs, nothing lost."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hetps.cluster.errors import ClusterError
+from hetps.config import ConfigError
+
+
+def test_bad_push_is_refused_and_server_keeps_serving(cluster):
+    code = """
+import zmq, msgpack
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros((4, 5), np.float32))
+# wrong shape and dtype: refused on the caller, with both shapes named
+for bad in (np.zeros((5, 4), np.float32), np.zeros((4, 5), np.float64)):
+    try:
+        kv.push('w', bad)
+        raise SystemExit('bad push accepted')
+    except ValueError as e:
+        assert "(5, 4)" in str(e) or "float64" in str(e), e
+        assert "(4, 5)" in str(e), e
+try:
+    kv.pull('nokey')
+    raise SystemExit('pull of an uninitialised key accepted')
+except KeyError as e:
+    assert 'never initialised' in str(e), e
+# the same mistakes sent raw to the server (bypassing the client's checks) are refused there
+from hetps.transport.codec import Message
+sid = kv._server_ids[0]
+fut = kv.node.request(sid, Message('push', body={'k': 'w', 'part': 0, 'off': 0, 'n': 30,
+                                                 'sync': True}, arrays=[np.zeros(30, np.float32)]))
+try:
+    fut.wait(10); raise SystemExit('server accepted an out-of-range push')
+except RequestError as e:
+    assert "'w'" in str(e) and 'outside' in str(e), e
+fut = kv.node.request(sid, Message('pull', body={'k': 'ghost', 'part': 0, 'off': 0, 'n': 1}))
+try:
+    fut.wait(10); raise SystemExit('server served a key never initialised')
+except RequestError as e:
+    assert 'never initialised' in str(e), e
+# garbage frames straight to the server's socket: dropped and logged, never fatal
+ctx = zmq.Context.instance()
+s = ctx.socket(zmq.DEALER)
+info = kv.node.nodes[sid]
+s.connect(f"tcp://{info.host}:{info.port}")
+s.send_multipart([b'not msgpack'])
+s.send_multipart([msgpack.packb({'v': 1, 'c': 'push', 's': 9, 'r': 1, 'p': False, 'b': {},
+                                 'a': [['float32', [1000]]]}), b'short'])
+s.send_multipart([msgpack.packb({'v': 99})])
+s.close(linger=1000)
+# and the server still serves everyone correctly
+kv.push('w', np.ones((4, 5), np.float32))
+assert (kv.pull('w') == kv.num_workers).all()
+kv.barrier()
+print('BAD-OK', flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=1)
+    assert rc == 0, out
+    assert out.count("BAD-OK") == 2, out
+    assert "dropped a bad message" in out
+
+
+def test_worker_killed_others_get_clear_error(cluster):
+    code = """
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(100, np.float32))
+if kv.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+t0 = time.time()
+try:
+    kv.push('w', np.ones(100, np.float32))      # waits for rank 1, which is dead
+    raise SystemExit('push completed without the dead worker')
+except NodeFailure as e:
+    print(f'GOT-FAILURE after {time.time() - t0:.1f}s: {e}', flush=True)
+    assert 'worker rank 1' in str(e) and '127.0.0.1:' in str(e), e
+    os._exit(0)
+"""
+    t0 = time.monotonic()
+    rc, out = cluster(code, workers=2, servers=1,
+                      env={"PS_HEARTBEAT_INTERVAL": "0.3", "PS_HEARTBEAT_TIMEOUT": "2"})
+    elapsed = time.monotonic() - t0
+    assert "GOT-FAILURE" in out, out
+    assert "stopped answering heartbeats" in out, out
+    assert rc != 0  # the launcher reports the dead worker's exit
+    assert elapsed < 30, elapsed
+
+
+def test_crashing_worker_is_reported_at_once(cluster):
+    code = """
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(10, np.float32))
+if kv.rank == 1:
+    raise RuntimeError('boom in user code')
+try:
+    kv.push('w', np.ones(10, np.float32))
+except NodeFailure as e:
+    assert 'boom in user code' in str(e) and 'worker rank 1' in str(e), e
+    print('SAW-CRASH', flush=True)
+    os._exit(0)
+"""
+    rc, out = cluster(code, workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": "60"})
+    assert "SAW-CRASH" in out, out
+    assert rc == 1
+
+
+def test_unreachable_scheduler_times_out(tmp_path):
+    from hetps.kvstore import create
+
+    env = {
+        "DMLC_ROLE": "worker",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": "1",  # privileged port: nothing of ours listens there
+        "DMLC_NUM_SERVER": "1",
+        "DMLC_NUM_WORKER": "1",
+        "HETPS_CONNECT_TIMEOUT": "1.5",
+    }
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match="could not reach the scheduler at 127.0.0.1:1"):
+        create("dist_sync", env=env)
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize(
+    "env,names",
+    [
+        ({}, ["DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER"]),
+        (
+            {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "x",
+             "DMLC_NUM_SERVER": "0", "DMLC_NUM_WORKER": "2"},
+            ["DMLC_PS_ROOT_PORT='x'", "DMLC_NUM_SERVER=0"],
+        ),
+        ({"DMLC_ROLE": "boss"}, ["DMLC_ROLE='boss'"]),
+    ],
+)
+def test_create_names_missing_or_malformed_variables(env, names):
+    from hetps.kvstore import create
+
+    with pytest.raises(ConfigError) as info:
+        create("dist_sync", env=env)
+    for n in names:
+        assert n in str(info.value)
+
+
+def test_scheduler_death_is_detected(tmp_path):
+    """A worker whose scheduler vanishes gets a clear error within the heartbeat timeout."""
+    port_file = tmp_path / "port"
+    env = dict(os.environ, DMLC_ROLE="scheduler", DMLC_PS_ROOT_URI="127.0.0.1",
+               DMLC_PS_ROOT_PORT="0", DMLC_NUM_SERVER="1", DMLC_NUM_WORKER="1")
+    sched = subprocess.Popen([sys.executable, "-m", "hetps.cli", "scheduler"], env=env,
+                             stdout=subprocess.PIPE, start_new_session=True)
+    server = None
+    try:
+        line = sched.stdout.readline().decode()
+        port = line.split()[-1]
+        env.update(DMLC_PS_ROOT_PORT=port, PS_HEARTBEAT_INTERVAL="0.3", PS_HEARTBEAT_TIMEOUT="2")
+        server = subprocess.Popen([sys.executable, "-m", "hetps.cli", "server"],
+                                  env={**env, "DMLC_ROLE": "server"}, start_new_session=True,
+                                  stderr=subprocess.PIPE)
+        from hetps.kvstore import create
+
+        kv = create("dist_sync", env={**env, "DMLC_ROLE": "worker"})
+        kv.init(0, __import__("numpy").zeros(3, "float32"))
+        sched.kill()
+        sched.wait()
+        from hetps.cluster.errors import NodeFailure
+
+        deadline = time.monotonic() + 15
+        with pytest.raises(NodeFailure, match="scheduler"):
+            while time.monotonic() < deadline:
+                kv.node.exited.wait(0.5)
+                kv.pull(0)
+        kv.close()
+        assert server.wait(timeout=15) == 1
+        assert b"scheduler" in server.stderr.read()
+    finally:
+        for p in (sched, server):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    del port_file
+
+
+def test_uneven_batch_counts_error_instead_of_hang(cluster):
+    code = """
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(10, np.float32))
+rounds = 2 if kv.rank == 0 else 3          # rank 1 runs one round more than rank 0
+try:
+    for _ in range(rounds):
+        kv.push('w', np.ones(10, np.float32))
+        kv.pull('w')
+    print('DONE', kv.rank, flush=True)
+except RequestError as e:
+    assert 'worker rank 0' in str(e) and 'same number of rounds' in str(e), e
+    print('UNEVEN-DETECTED', flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": "60"})
+    assert rc == 0, out
+    assert "DONE 0" in out and "UNEVEN-DETECTED" in out, out
