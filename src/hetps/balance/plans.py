@@ -1,0 +1,348 @@
+"""Load plans: how much of the model each server holds.
+
+Every plan is a pure function returning one non-negative share per server. Without
+``n_slices`` the shares are floats in the unit of ``total`` (bytes or elements) and sum to
+``total``; with ``n_slices`` they are whole slice counts (int64) summing to ``n_slices``, each
+slice being ``total / n_slices`` units. ``make_plan(name, ...)`` selects one by name.
+
+- ``average``: equal shares (MXNet's behaviour, the baseline).
+- ``elastic``: per-server linear transfer-time model ``t = a_s + b_s x`` fitted from history;
+  shares that equalise predicted times.
+- ``aware``: the paper's Algorithm 1 -- start equal, repeatedly move load from the server with
+  the longest predicted time to the one with the shortest.
+- ``optimal``: the exact min-max plan of the link model (closed form or LP), rounded to whole
+  slices without giving anything away.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .network import LoadModel, Network
+from .solve import greedy_round, solve_continuous, solve_integer
+
+__all__ = [
+    "PLAN_NAMES",
+    "average_plan",
+    "aware_plan",
+    "elastic_plan",
+    "equalise_linear",
+    "fit_linear",
+    "make_plan",
+    "optimal_plan",
+]
+
+PLAN_NAMES: tuple[str, ...] = ("average", "elastic", "aware", "optimal")
+
+NetworkLike = Network | ArrayLike
+
+
+def _check_total(total: float, n_slices: int | None) -> None:
+    if not (isinstance(total, int | float | np.integer | np.floating) and math.isfinite(total)):
+        raise ValueError(f"total must be a finite number, got {total!r}")
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    if n_slices is not None and (int(n_slices) != n_slices or n_slices < 1):
+        raise ValueError(f"n_slices must be a positive integer, got {n_slices!r}")
+
+
+def _as_network(network: NetworkLike) -> Network:
+    if isinstance(network, Network):
+        return network
+    return Network.from_matrix(network)
+
+
+def _fix_sum(x: np.ndarray, total: float) -> np.ndarray:
+    """Make float shares sum to ``total`` by putting the rounding residue on the largest."""
+    x = np.maximum(x, 0.0)
+    s = x.sum()
+    if s > 0:
+        x = x * (total / s)
+    else:
+        x = np.full(x.size, total / x.size)
+    x[int(np.argmax(x))] += total - x.sum()
+    return x
+
+
+def average_plan(total: float, n_servers: int, *, n_slices: int | None = None) -> np.ndarray:
+    """Equal shares; with ``n_slices`` the remainder goes one slice each to the first servers."""
+    _check_total(total, n_slices)
+    if n_servers < 1:
+        raise ValueError(f"n_servers must be >= 1, got {n_servers}")
+    if n_slices is not None:
+        q, r = divmod(int(n_slices), n_servers)
+        return np.array([q + (1 if s < r else 0) for s in range(n_servers)], dtype=np.int64)
+    return _fix_sum(np.full(n_servers, total / n_servers), float(total))
+
+
+# --------------------------------------------------------------------------- elastic
+
+
+def fit_linear(samples: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares ``t = a + b x`` from ``(x, t)`` samples; ``None`` if nothing to fit.
+
+    With a single distinct ``x > 0`` the line goes through the origin (``a = 0``,
+    ``b = mean(t) / x``): a history taken under one fixed plan still gives a per-unit cost.
+    """
+    pts = np.asarray(list(samples), dtype=float).reshape(-1, 2)
+    pts = pts[np.isfinite(pts).all(axis=1)]
+    if pts.shape[0] == 0:
+        return None
+    x, t = pts[:, 0], pts[:, 1]
+    if np.ptp(x) > 0:
+        xm, tm = x.mean(), t.mean()
+        b = float(((x - xm) * (t - tm)).sum() / ((x - xm) ** 2).sum())
+        return float(tm - b * xm), b
+    if x[0] > 0:
+        return 0.0, float(t.mean() / x[0])
+    return None
+
+
+def equalise_linear(a: ArrayLike, b: ArrayLike, total: float) -> np.ndarray:
+    """Shares ``x >= 0`` summing to ``total`` minimising ``max_s a_s + b_s x_s`` (``b_s > 0``).
+
+    Closed form: with active set ``K`` (the servers with ``a_s < T``),
+    ``T = (total + sum_K a_s/b_s) / sum_K 1/b_s`` and ``x_s = (T - a_s) / b_s``; servers whose
+    intercept alone reaches ``T`` get 0.
+    """
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError("a and b must be non-empty 1-d arrays of the same length")
+    if not (np.isfinite(a).all() and np.isfinite(b).all() and (b > 0).all()):
+        raise ValueError("every slope b must be finite and > 0 and every intercept finite")
+    order = np.argsort(a, kind="stable")
+    inv_b = 1.0 / b
+    for k in range(a.size, 0, -1):
+        act = order[:k]
+        t = (total + (a[act] * inv_b[act]).sum()) / inv_b[act].sum()
+        if a[order[k - 1]] <= t:
+            break
+    x = np.zeros(a.size)
+    x[act] = np.maximum((t - a[act]) * inv_b[act], 0.0)
+    return _fix_sum(x, float(total)) if total > 0 else x
+
+
+def elastic_plan(
+    history: Sequence[Sequence[tuple[float, float]]],
+    total: float,
+    *,
+    n_slices: int | None = None,
+) -> np.ndarray:
+    """The elastic scheme: fit ``t = a_s + b_s x`` per server from ``history[s]`` (pairs of
+    share in units of ``total`` and measured transfer time in s) and equalise predicted times.
+
+    A server whose fit is missing or has a slope ``<= 0`` gets the median model of the others;
+    at least one server needs a usable fit.
+    """
+    _check_total(total, n_slices)
+    if len(history) == 0:
+        raise ValueError("elastic needs a history per server; got no servers")
+    fits = [fit_linear(h) for h in history]
+    ok = [m for m in fits if m is not None and m[1] > 0 and all(map(math.isfinite, m))]
+    if not ok:
+        raise ValueError(
+            "elastic needs at least one server with samples at a positive share; "
+            "run an 'average' iteration first"
+        )
+    med = (float(np.median([m[0] for m in ok])), float(np.median([m[1] for m in ok])))
+    models = [m if m in ok else med for m in fits]
+    a = np.array([m[0] for m in models])
+    b = np.array([m[1] for m in models])
+    if n_slices is None:
+        return equalise_linear(a, b, float(total))
+    n = int(n_slices)
+    if total == 0:
+        return average_plan(0.0, len(history), n_slices=n)
+    x = equalise_linear(a, b, float(total))
+    unit = float(total) / n
+    return greedy_round(x, n, lambda k: a + b * k * unit)
+
+
+# --------------------------------------------------------------------------- aware
+
+
+def _pair_step(
+    model: LoadModel, f: np.ndarray, hi: int, lo: int, quantum: float | None
+) -> tuple[float, float, float]:
+    """Best amount to move from ``hi`` to ``lo``: minimises the larger of their predicted times.
+
+    Every resource touching either server is a line ``p_r + q_r * d`` in the moved fraction
+    ``d``; the maximum of lines is convex, so its minimum over ``[0, f_hi]`` lies at an end or
+    where two lines cross. Returns (d, time after, time before).
+    """
+    rows = (model.A[:, hi] != 0) | (model.A[:, lo] != 0)
+    c = model.cap[rows]
+    p = model.scale * (model.beta[rows] + model.A[rows] @ f) / c
+    q = model.scale * (model.A[rows, lo] - model.A[rows, hi]) / c
+    dmax = float(f[hi])
+    before = float(p.max()) if p.size else 0.0
+    if p.size == 0 or dmax <= 0:
+        return 0.0, before, before
+    dq = q[:, None] - q[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = (p[None, :] - p[:, None]) / dq
+    cand = np.concatenate([[0.0, dmax], cross[np.isfinite(cross)]])
+    cand = cand[(cand >= 0) & (cand <= dmax)]
+    if quantum is not None:
+        # P is convex: the best whole number of slices is next to the continuous optimum
+        steps = np.concatenate([np.floor(cand / quantum), np.ceil(cand / quantum)])
+        cand = np.unique(np.concatenate([np.clip(steps * quantum, 0, dmax), [dmax]]))
+    vals = (p[None, :] + q[None, :] * cand[:, None]).max(axis=1)
+    best = vals.min()
+    ok = vals <= best + _tol(best)
+    d = float(cand[ok].min())
+    return d, float((p + q * d).max()), before
+
+
+def _tol(v: float) -> float:
+    return 1e-12 * max(abs(v), 1e-300) + 1e-300
+
+
+def aware_plan(
+    network: NetworkLike,
+    total: float,
+    servers: Sequence[int] | None = None,
+    workers: Sequence[int] | None = None,
+    *,
+    n_slices: int | None = None,
+    threshold: float | None = None,
+    rel_threshold: float = 1e-3,
+    max_iter: int = 10_000,
+    unit_bytes: float = 1.0,
+) -> np.ndarray:
+    """The paper's Algorithm 1 on the link model.
+
+    Start from equal shares. Repeat: ``hi`` = the server with the longest predicted time that
+    still holds load, ``lo`` = the one with the shortest; stop when they differ by less than
+    ``threshold`` seconds (default ``rel_threshold`` times the equal plan's time); otherwise move
+    the amount that minimises the longer of the two times -- the amount that makes them equal
+    when that is possible -- found exactly on the piecewise-linear model (whole slices with
+    ``n_slices``: the better of the two neighbouring counts). A server whose time no move can
+    lower is frozen (its time is set by traffic the plan cannot change).
+    """
+    _check_total(total, n_slices)
+    if threshold is not None and not threshold >= 0:
+        raise ValueError(f"threshold must be >= 0 seconds, got {threshold}")
+    if not rel_threshold >= 0:
+        raise ValueError(f"rel_threshold must be >= 0, got {rel_threshold}")
+    net = _as_network(network)
+    model = LoadModel.build(net, float(total), servers, workers, unit_bytes=unit_bytes)
+    model.check_feasible()
+    n_s = model.n_servers
+    if n_slices is not None:
+        k = average_plan(0.0, n_s, n_slices=int(n_slices))
+        f = k / float(n_slices)
+        quantum: float | None = 1.0 / float(n_slices)
+    else:
+        f = np.full(n_s, 1.0 / n_s)
+        quantum = None
+    if total > 0 and n_s > 1 and model.A.shape[0] > 0:
+        # a zero rate is treated as a tiny one so that load on it has a finite, huge cost
+        pos = model.cap[model.cap > 0]
+        tiny = (pos.max() if pos.size else 1.0) * 1e-9
+        shadow = dataclasses.replace(model, cap=np.where(model.cap > 0, model.cap, tiny))
+        if threshold is None:
+            threshold = rel_threshold * shadow.time(f)
+        frozen = np.zeros(n_s, dtype=bool)
+        for _ in range(max_iter):
+            t = shadow.server_times(f)
+            donors = (f > 0) & ~frozen
+            if not donors.any():
+                break
+            hi = int(np.argmax(np.where(donors, t, -np.inf)))
+            others = np.arange(n_s) != hi
+            lo = int(np.argmin(np.where(others, t, np.inf)))
+            if t[hi] - t[lo] < threshold:
+                break
+            d, after, before = _pair_step(shadow, f, hi, lo, quantum)
+            if d <= 0 or after >= before - _tol(before):
+                frozen[hi] = True
+                continue
+            f = f.copy()
+            f[hi] -= d
+            f[lo] += d
+            if quantum is not None:
+                f = np.rint(f / quantum) * quantum
+            f[f < 0] = 0.0
+    if n_slices is not None:
+        k = np.rint(f * n_slices).astype(np.int64)
+        k[int(np.argmax(k))] += int(n_slices) - int(k.sum())
+        return k
+    return _fix_sum(f * float(total), float(total)) if total > 0 else f * 0.0
+
+
+# --------------------------------------------------------------------------- optimal
+
+
+def optimal_plan(
+    network: NetworkLike,
+    total: float,
+    servers: Sequence[int] | None = None,
+    workers: Sequence[int] | None = None,
+    *,
+    n_slices: int | None = None,
+    unit_bytes: float = 1.0,
+    milp_time_limit: float = 0.5,
+) -> np.ndarray:
+    """The exact min-max plan: smallest predicted iteration time on the link model.
+
+    Continuous: closed form (separable models) or LP (HiGHS). With ``n_slices``: the best whole
+    slice counts (exact for separable models; otherwise an MILP limited to
+    ``milp_time_limit`` seconds, then single-slice improvements).
+    """
+    _check_total(total, n_slices)
+    net = _as_network(network)
+    model = LoadModel.build(net, float(total), servers, workers, unit_bytes=unit_bytes)
+    f, _ = solve_continuous(model)
+    if n_slices is not None:
+        return solve_integer(model, int(n_slices), f, time_limit=milp_time_limit)
+    return _fix_sum(f * float(total), float(total)) if total > 0 else f * 0.0
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def make_plan(
+    name: str,
+    total: float,
+    *,
+    network: NetworkLike | None = None,
+    servers: Sequence[int] | None = None,
+    workers: Sequence[int] | None = None,
+    history: Sequence[Sequence[tuple[float, float]]] | None = None,
+    n_slices: int | None = None,
+    **options: Any,
+) -> np.ndarray:
+    """Compute the plan called ``name`` (one of :data:`PLAN_NAMES`).
+
+    ``average`` needs the number of servers (from ``servers``, ``network`` or ``history``);
+    ``elastic`` needs ``history``; ``aware`` and ``optimal`` need ``network`` (a
+    :class:`Network` or a measured matrix). ``options`` go to the plan function.
+    """
+    if name not in PLAN_NAMES:
+        raise ValueError(f"unknown plan {name!r}; valid names: {', '.join(PLAN_NAMES)}")
+    if name == "average":
+        if servers is not None:
+            n_s = len(servers)
+        elif network is not None:
+            n_s = _as_network(network).n_nodes
+        elif history is not None:
+            n_s = len(history)
+        else:
+            raise ValueError("average needs servers, network or history to count the servers")
+        return average_plan(total, n_s, n_slices=n_slices, **options)
+    if name == "elastic":
+        if history is None:
+            raise ValueError("elastic needs history: per server, (share, seconds) samples")
+        return elastic_plan(history, total, n_slices=n_slices, **options)
+    if network is None:
+        raise ValueError(f"{name} needs network: a Network or a measured bandwidth matrix")
+    fn = aware_plan if name == "aware" else optimal_plan
+    return fn(network, total, servers, workers, n_slices=n_slices, **options)
