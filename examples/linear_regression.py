@@ -23,7 +23,9 @@ from hetps import optim
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--kv-store", default="dist_sync")
     p.add_argument("--num-samples", type=int, default=10000)
     p.add_argument("--batch-size", type=int, default=100)
@@ -42,15 +44,20 @@ def main() -> None:
     shard = np.arange(args.num_samples)[rank::nworker]  # this worker's part of the data
 
     torch.manual_seed(args.seed)
-    model = nn.Sequential(nn.Linear(1, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1))
+    model = nn.Sequential(
+        nn.Linear(1, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1)
+    )
     params = list(model.parameters())
     for i, prm in enumerate(params):
         kv.init(i, prm.data)  # rank 0's initial weights win
     for i, prm in enumerate(params):
         kv.pull(i, out=prm.data)
     # Gradients are sums over a worker's batch; the servers sum over workers.
-    kv.set_optimizer(optim.SGD(learning_rate=args.lr, momentum=0.9,
-                               rescale_grad=1.0 / (args.batch_size * nworker)))
+    kv.set_optimizer(
+        optim.SGD(
+            learning_rate=args.lr, momentum=0.9, rescale_grad=1.0 / (args.batch_size * nworker)
+        )
+    )
 
     loss_fn = nn.MSELoss(reduction="sum")
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
@@ -59,7 +66,7 @@ def main() -> None:
         tic, seen, mse_sum, count = time.time(), 0, 0.0, 0
         nbatch = len(order) // args.batch_size
         for b in range(nbatch):
-            idx = torch.from_numpy(order[b * args.batch_size:(b + 1) * args.batch_size])
+            idx = torch.from_numpy(order[b * args.batch_size : (b + 1) * args.batch_size])
             model.zero_grad()
             loss = loss_fn(model(xt[idx]), yt[idx])
             loss.backward()
@@ -72,8 +79,11 @@ def main() -> None:
             count += args.batch_size
             if (b + 1) % args.frequent == 0 or b + 1 == nbatch:
                 speed = seen / max(time.time() - tic, 1e-9)
-                print(f"Worker[{rank}] Epoch[{epoch}] Batch [{b + 1}]\tSpeed: {speed:.2f} samples/sec"
-                      f"\tmse={mse_sum / count:.6f}", flush=True)
+                print(
+                    f"Worker[{rank}] Epoch[{epoch}] Batch [{b + 1}]\tSpeed: {speed:.2f} samples/sec"
+                    f"\tmse={mse_sum / count:.6f}",
+                    flush=True,
+                )
                 tic, seen = time.time(), 0
         with torch.no_grad():
             full = float(((model(xt) - yt) ** 2).mean())

@@ -36,16 +36,24 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise SystemExit("hetps launch: give the worker command after --, e.g. "
-                         "hetps launch -n 2 -- python train.py")
+        raise SystemExit(
+            "hetps launch: give the worker command after --, e.g. "
+            "hetps launch -n 2 -- python train.py"
+        )
     if args.num_workers < 1:
         raise SystemExit("hetps launch: -n/--num-workers must be >= 1")
     servers = args.num_servers if args.num_servers is not None else args.num_workers
     if servers < 1:
         raise SystemExit("hetps launch: -s/--num-servers must be >= 1")
     env = _env_pairs(args.env)
-    spec = LaunchSpec(num_workers=args.num_workers, num_servers=servers, command=command,
-                      env=env, port=args.port, start_timeout=args.start_timeout)
+    spec = LaunchSpec(
+        num_workers=args.num_workers,
+        num_servers=servers,
+        command=command,
+        env=env,
+        port=args.port,
+        start_timeout=args.start_timeout,
+    )
     if args.launcher == "ssh":
         if not args.hostfile:
             raise SystemExit("hetps launch: --launcher ssh needs -H/--hostfile")

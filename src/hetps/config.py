@@ -46,7 +46,9 @@ def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 
             f"{name}={raw!r} is not an integer: set {name} to an integer >= {minimum}"
         ) from None
     if value < minimum:
-        raise ConfigError(f"{name}={value} is below {minimum}: set {name} to an integer >= {minimum}")
+        raise ConfigError(
+            f"{name}={value} is below {minimum}: set {name} to an integer >= {minimum}"
+        )
     return value
 
 
@@ -57,7 +59,9 @@ def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number: set {name} to a number >= {minimum}") from None
+        raise ConfigError(
+            f"{name}={raw!r} is not a number: set {name} to a number >= {minimum}"
+        ) from None
     if value < minimum:
         raise ConfigError(f"{name}={value} is below {minimum}: set {name} to a number >= {minimum}")
     return value
@@ -101,7 +105,9 @@ def interface_address(name: str) -> str:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         packed = fcntl.ioctl(
-            sock.fileno(), 0x8915, struct.pack("256s", name[:15].encode())  # SIOCGIFADDR
+            sock.fileno(),
+            0x8915,
+            struct.pack("256s", name[:15].encode()),  # SIOCGIFADDR
         )
     except OSError as exc:
         raise ConfigError(
@@ -113,7 +119,9 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
-def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None = None) -> NodeConfig:
+def node_config_from_env(
+    env: Mapping[str, str] | None = None, role: str | None = None
+) -> NodeConfig:
     """Parse a :class:`NodeConfig` from ``env`` (default ``os.environ``).
 
     ``role`` overrides ``DMLC_ROLE``. Raises :class:`ConfigError` listing every missing or
@@ -125,7 +133,9 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
     if role is None:
         problems.append("DMLC_ROLE is not set: set DMLC_ROLE to one of scheduler, server, worker")
     elif role not in ROLES:
-        problems.append(f"DMLC_ROLE={role!r} is not a role: set it to one of scheduler, server, worker")
+        problems.append(
+            f"DMLC_ROLE={role!r} is not a role: set it to one of scheduler, server, worker"
+        )
     root_uri = _get(env, "DMLC_PS_ROOT_URI")
     if root_uri is None:
         problems.append(
@@ -134,7 +144,11 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
     values: dict[str, int] = {}
     # A scheduler may take port 0: it binds an ephemeral port and reports it (HETPS_PORT_FILE).
     port_min = 0 if role == "scheduler" else 1
-    for name, minimum in (("DMLC_PS_ROOT_PORT", port_min), ("DMLC_NUM_SERVER", 1), ("DMLC_NUM_WORKER", 1)):
+    for name, minimum in (
+        ("DMLC_PS_ROOT_PORT", port_min),
+        ("DMLC_NUM_SERVER", 1),
+        ("DMLC_NUM_WORKER", 1),
+    ):
         try:
             values[name] = _int(env, name, None, minimum)
         except ConfigError as exc:
@@ -209,5 +223,7 @@ def role_from_env(env: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if env is None else env
     role = _get(env, "DMLC_ROLE")
     if role is not None and role not in ROLES:
-        raise ConfigError(f"DMLC_ROLE={role!r} is not a role: set it to one of scheduler, server, worker")
+        raise ConfigError(
+            f"DMLC_ROLE={role!r} is not a role: set it to one of scheduler, server, worker"
+        )
     return role

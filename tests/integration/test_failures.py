@@ -83,8 +83,12 @@ except NodeFailure as e:
     os._exit(0)
 """
     t0 = time.monotonic()
-    rc, out = cluster(code, workers=2, servers=1,
-                      env={"PS_HEARTBEAT_INTERVAL": "0.3", "PS_HEARTBEAT_TIMEOUT": "2"})
+    rc, out = cluster(
+        code,
+        workers=2,
+        servers=1,
+        env={"PS_HEARTBEAT_INTERVAL": "0.3", "PS_HEARTBEAT_TIMEOUT": "2"},
+    )
     elapsed = time.monotonic() - t0
     assert "GOT-FAILURE" in out, out
     assert "stopped answering heartbeats" in out, out
@@ -132,8 +136,13 @@ def test_unreachable_scheduler_times_out(tmp_path):
     [
         ({}, ["DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER"]),
         (
-            {"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "x",
-             "DMLC_NUM_SERVER": "0", "DMLC_NUM_WORKER": "2"},
+            {
+                "DMLC_ROLE": "worker",
+                "DMLC_PS_ROOT_URI": "127.0.0.1",
+                "DMLC_PS_ROOT_PORT": "x",
+                "DMLC_NUM_SERVER": "0",
+                "DMLC_NUM_WORKER": "2",
+            },
             ["DMLC_PS_ROOT_PORT='x'", "DMLC_NUM_SERVER=0"],
         ),
         ({"DMLC_ROLE": "boss"}, ["DMLC_ROLE='boss'"]),
@@ -151,18 +160,31 @@ def test_create_names_missing_or_malformed_variables(env, names):
 def test_scheduler_death_is_detected(tmp_path):
     """A worker whose scheduler vanishes gets a clear error within the heartbeat timeout."""
     port_file = tmp_path / "port"
-    env = dict(os.environ, DMLC_ROLE="scheduler", DMLC_PS_ROOT_URI="127.0.0.1",
-               DMLC_PS_ROOT_PORT="0", DMLC_NUM_SERVER="1", DMLC_NUM_WORKER="1")
-    sched = subprocess.Popen([sys.executable, "-m", "hetps.cli", "scheduler"], env=env,
-                             stdout=subprocess.PIPE, start_new_session=True)
+    env = dict(
+        os.environ,
+        DMLC_ROLE="scheduler",
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_PS_ROOT_PORT="0",
+        DMLC_NUM_SERVER="1",
+        DMLC_NUM_WORKER="1",
+    )
+    sched = subprocess.Popen(
+        [sys.executable, "-m", "hetps.cli", "scheduler"],
+        env=env,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
     server = None
     try:
         line = sched.stdout.readline().decode()
         port = line.split()[-1]
         env.update(DMLC_PS_ROOT_PORT=port, PS_HEARTBEAT_INTERVAL="0.3", PS_HEARTBEAT_TIMEOUT="2")
-        server = subprocess.Popen([sys.executable, "-m", "hetps.cli", "server"],
-                                  env={**env, "DMLC_ROLE": "server"}, start_new_session=True,
-                                  stderr=subprocess.PIPE)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hetps.cli", "server"],
+            env={**env, "DMLC_ROLE": "server"},
+            start_new_session=True,
+            stderr=subprocess.PIPE,
+        )
         from hetps.kvstore import create
 
         kv = create("dist_sync", env={**env, "DMLC_ROLE": "worker"})

@@ -52,8 +52,12 @@ for rnd in range(3):
 kv.barrier()
 print('COMP-OK', flush=True)
 """
-    rc, out = cluster(code, workers=2, servers=2, env={"HETPS_BIGARRAY_BOUND": "1000",
-                                                       "HETPS_CHUNK_BYTES": "4096"})
+    rc, out = cluster(
+        code,
+        workers=2,
+        servers=2,
+        env={"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"},
+    )
     assert rc == 0, out
     assert out.count("COMP-OK") == 2, out
 

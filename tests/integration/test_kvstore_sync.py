@@ -49,7 +49,10 @@ def test_sync_semantics(cluster, workers, servers):
 def test_sync_four_workers_small_chunks(cluster):
     # 4 workers; tiny chunks force every big key through many messages per part
     rc, out = cluster(
-        SYNC, workers=4, servers=2, env={"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
+        SYNC,
+        workers=4,
+        servers=2,
+        env={"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"},
     )
     assert rc == 0, out
     assert out.count("SYNC-OK") == 4, out

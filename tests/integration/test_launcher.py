@@ -48,8 +48,9 @@ if kv.rank == 0:
     sys.exit(3)
 kv.node.exited.wait(60)    # rank 1 waits: it must be stopped, not left running
 """
-    rc, out = cluster(code, workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": "60"},
-                      failure_grace=1.0)
+    rc, out = cluster(
+        code, workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": "60"}, failure_grace=1.0
+    )
     assert rc == 3, out
     pids = [int(x) for m in re.findall(r"PIDS (\d+) (\d+) \d+", out) for x in m]
     assert len(pids) == 4, out
@@ -59,7 +60,8 @@ kv.node.exited.wait(60)    # rank 1 waits: it must be stopped, not left running
 
 def test_ctrl_c_stops_every_process(tmp_path):
     script = tmp_path / "w.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import os, sys, subprocess
         import hetps.kv
         kv = hetps.kv.create('dist_sync')
@@ -68,11 +70,25 @@ def test_ctrl_c_stops_every_process(tmp_path):
         kv.barrier()
         print('READY', flush=True)
         kv.node.exited.wait(600)
-    """))
+    """)
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hetps.cli", "launch", "-n", "2", "-s", "1", "--",
-         sys.executable, str(script)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "hetps.cli",
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     lines: list[str] = []
     try:
@@ -99,23 +115,36 @@ def test_ctrl_c_stops_every_process(tmp_path):
 def test_mxnet_style_roles_run_the_same_script(tmp_path):
     """DMLC_ROLE=scheduler|server|worker python train.py: each becomes its role, all exit 0."""
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import numpy as np
         import hetps.kv
         kv = hetps.kv.create('dist_sync')     # servers and the scheduler never return from here
         kv.init(0, np.zeros(3, np.float32))
         kv.push(0, np.ones(3, np.float32))
         print('WORKER', kv.rank, kv.pull(0).tolist(), flush=True)
-    """))
+    """)
+    )
     port_file = tmp_path / "port"
-    base = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_NUM_SERVER="1",
-                DMLC_NUM_WORKER="2", PYTHONUNBUFFERED="1")
+    base = dict(
+        os.environ,
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_NUM_SERVER="1",
+        DMLC_NUM_WORKER="2",
+        PYTHONUNBUFFERED="1",
+    )
     procs = []
     try:
         sched = subprocess.Popen(
-            [sys.executable, str(script)], start_new_session=True,
-            env={**base, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": "0",
-                 "HETPS_PORT_FILE": str(port_file)})
+            [sys.executable, str(script)],
+            start_new_session=True,
+            env={
+                **base,
+                "DMLC_ROLE": "scheduler",
+                "DMLC_PS_ROOT_PORT": "0",
+                "HETPS_PORT_FILE": str(port_file),
+            },
+        )
         procs.append(sched)
         deadline = time.monotonic() + 30
         while not port_file.exists():
@@ -123,9 +152,14 @@ def test_mxnet_style_roles_run_the_same_script(tmp_path):
             time.sleep(0.05)
         port = port_file.read_text().strip()
         for role in ("server", "worker", "worker"):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(script)], start_new_session=True, stdout=subprocess.PIPE,
-                env={**base, "DMLC_ROLE": role, "DMLC_PS_ROOT_PORT": port}))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script)],
+                    start_new_session=True,
+                    stdout=subprocess.PIPE,
+                    env={**base, "DMLC_ROLE": role, "DMLC_PS_ROOT_PORT": port},
+                )
+            )
         outs = [p.communicate(timeout=60)[0] for p in procs[1:]]
         assert sched.wait(timeout=30) == 0
         assert [p.returncode for p in procs] == [0, 0, 0, 0]
@@ -142,17 +176,41 @@ def test_ssh_launcher_places_roles_over_hosts(tmp_path):
     """--launcher ssh with a stand-in ssh that runs the remote command locally."""
     fake = tmp_path / "fake-ssh"
     log = tmp_path / "ssh.log"
-    fake.write_text(f"#!/bin/sh\n# args: -o X -o Y HOST COMMAND\necho \"$5\" >> {log}\nexec sh -c \"$6\"\n")
+    fake.write_text(
+        f'#!/bin/sh\n# args: -o X -o Y HOST COMMAND\necho "$5" >> {log}\nexec sh -c "$6"\n'
+    )
     fake.chmod(0o755)
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1  # first host runs the scheduler\n127.0.0.1\n")
     script = tmp_path / "w.py"
-    script.write_text("import numpy as np, hetps.kv\nkv = hetps.kv.create('dist_sync')\n"
-                      "kv.init('k', np.ones(2, np.float32))\nkv.barrier()\nprint('SSH-OK', flush=True)\n")
+    script.write_text(
+        "import numpy as np, hetps.kv\nkv = hetps.kv.create('dist_sync')\n"
+        "kv.init('k', np.ones(2, np.float32))\nkv.barrier()\nprint('SSH-OK', flush=True)\n"
+    )
     res = subprocess.run(
-        [sys.executable, "-m", "hetps.cli", "launch", "-n", "2", "-s", "2", "--launcher", "ssh",
-         "-H", str(hosts), "--env", "MY_FLAG=1", "--", sys.executable, str(script)],
-        env=dict(os.environ, HETPS_SSH=str(fake)), capture_output=True, text=True, timeout=90,
+        [
+            sys.executable,
+            "-m",
+            "hetps.cli",
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "2",
+            "--launcher",
+            "ssh",
+            "-H",
+            str(hosts),
+            "--env",
+            "MY_FLAG=1",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        env=dict(os.environ, HETPS_SSH=str(fake)),
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("SSH-OK") == 2
@@ -160,9 +218,17 @@ def test_ssh_launcher_places_roles_over_hosts(tmp_path):
 
 
 def test_bad_arguments_are_explained():
-    res = subprocess.run([sys.executable, "-m", "hetps.cli", "launch", "-n", "2"],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "launch", "-n", "2"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode != 0 and "give the worker command after --" in res.stderr
-    res = subprocess.run([sys.executable, "-m", "hetps.cli", "launch", "-n", "1", "--env", "X",
-                          "--", "true"], capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "launch", "-n", "1", "--env", "X", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert "NAME=VALUE" in res.stderr

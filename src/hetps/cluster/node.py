@@ -93,7 +93,9 @@ class Node:
         not complete within ``HETPS_CONNECT_TIMEOUT``.
         """
         self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}")
-        self._recv_thread = threading.Thread(target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True)
+        self._recv_thread = threading.Thread(
+            target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True
+        )
         self._recv_thread.start()
         token = uuid.uuid4().hex
         self.van.send(
@@ -101,8 +103,13 @@ class Node:
             Message(
                 P.ADD_NODE,
                 req=1,
-                body={"role": self.role, "host": self.cfg.node_host, "port": self.van.port, "token": token,
-                      "want_rank": self.cfg.launch_rank},
+                body={
+                    "role": self.role,
+                    "host": self.cfg.node_host,
+                    "port": self.van.port,
+                    "token": token,
+                    "want_rank": self.cfg.launch_rank,
+                },
             ),
         )
         if not self._registered.wait(self.cfg.connect_timeout):
@@ -123,7 +130,9 @@ class Node:
             self.close()
             raise ClusterError(f"the scheduler refused this {self.role}: {self._reg_error}")
         if self.cfg.heartbeat_interval > 0:
-            self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="hetps-heartbeat", daemon=True)
+            self._hb_thread = threading.Thread(
+                target=self._heartbeat_loop, name="hetps-heartbeat", daemon=True
+            )
             self._hb_thread.start()
         return self
 
@@ -247,13 +256,20 @@ class Node:
             self.requests.resolve(fut.req, None, f"{self.describe(peer)} is not reachable: {exc}")
         return fut
 
-    def reply(self, request: Message, body: dict | None = None, arrays: list | None = None,
-              track: bool = False):
+    def reply(
+        self,
+        request: Message,
+        body: dict | None = None,
+        arrays: list | None = None,
+        track: bool = False,
+    ):
         """Answer ``request``; returns a ZeroMQ tracker for zero-copy arrays when ``track``."""
         try:
             return self.van.send(
                 request.sender,
-                Message(request.cmd, req=request.req, reply=True, body=body or {}, arrays=arrays or []),
+                Message(
+                    request.cmd, req=request.req, reply=True, body=body or {}, arrays=arrays or []
+                ),
                 track=track,
             )
         except PeerGone:
@@ -264,7 +280,9 @@ class Node:
         """Wait until every live node of ``group`` (worker, server, all) reaches this barrier."""
         timeout = self.cfg.request_timeout if timeout is None else timeout
         self.check()
-        fut = self.request(P.SCHEDULER_ID, Message(P.BARRIER, body={"group": group}), what=f"barrier({group})")
+        fut = self.request(
+            P.SCHEDULER_ID, Message(P.BARRIER, body={"group": group}), what=f"barrier({group})"
+        )
         fut.wait(timeout)
 
     def finish(self, timeout: float | None = None) -> None:

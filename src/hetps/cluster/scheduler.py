@@ -159,7 +159,11 @@ class Scheduler:
         b = msg.body
         token, role = str(b.get("token", "")), b.get("role")
         host, port = b.get("host"), b.get("port")
-        if role not in ("server", "worker") or not isinstance(host, str) or not isinstance(port, int):
+        if (
+            role not in ("server", "worker")
+            or not isinstance(host, str)
+            or not isinstance(port, int)
+        ):
             log.warning("scheduler: malformed registration %r", b)
             return
         self.van.connect(token, f"{host}:{port}")
@@ -170,9 +174,11 @@ class Scheduler:
                     P.REFUSED,
                     req=msg.req,
                     reply=True,
-                    body={"error": f"the cluster is already complete ({self.cfg.num_server} "
-                          f"servers, {self.cfg.num_worker} workers): check DMLC_NUM_SERVER/"
-                          "DMLC_NUM_WORKER and that no old job uses this scheduler port"},
+                    body={
+                        "error": f"the cluster is already complete ({self.cfg.num_server} "
+                        f"servers, {self.cfg.num_worker} workers): check DMLC_NUM_SERVER/"
+                        "DMLC_NUM_WORKER and that no old job uses this scheduler port"
+                    },
                 ),
             )
             self.van.disconnect(token)
@@ -186,8 +192,10 @@ class Scheduler:
                     P.REFUSED,
                     req=msg.req,
                     reply=True,
-                    body={"error": f"too many {role}s: the scheduler expects {limit} "
-                          f"(DMLC_NUM_{role.upper()}={limit} on the scheduler)"},
+                    body={
+                        "error": f"too many {role}s: the scheduler expects {limit} "
+                        f"(DMLC_NUM_{role.upper()}={limit} on the scheduler)"
+                    },
                 ),
             )
             self.van.disconnect(token)
@@ -217,7 +225,9 @@ class Scheduler:
                     if p.role == role:
                         p.want_rank = -1
         order = {id(p): i for i, p in enumerate(self.pending)}
-        self.pending.sort(key=lambda p: (p.role, p.want_rank if p.want_rank >= 0 else 1 << 30, order[id(p)]))
+        self.pending.sort(
+            key=lambda p: (p.role, p.want_rank if p.want_rank >= 0 else 1 << 30, order[id(p)])
+        )
         for p in self.pending:
             rank = ranks[p.role]
             ranks[p.role] += 1
@@ -228,11 +238,16 @@ class Scheduler:
             if self.cfg.verbose >= 1:
                 log.info(
                     "assign rank=%d to node role=%s, ip=%s, port=%d, is_recovery=0",
-                    nid, p.role, p.host, p.port,
+                    nid,
+                    p.role,
+                    p.host,
+                    p.port,
                 )
         table = [n.to_wire() for n in self.nodes.values()]
-        for p, nid in zip(self.pending, self.nodes):
-            self._send(nid, Message(P.NODES, req=p.req, reply=True, body={"nodes": table, "id": nid}))
+        for p, nid in zip(self.pending, self.nodes, strict=False):
+            self._send(
+                nid, Message(P.NODES, req=p.req, reply=True, body={"nodes": table, "id": nid})
+            )
         self.pending.clear()
         self.ready.set()
         if self.cfg.verbose >= 1:
@@ -274,7 +289,9 @@ class Scheduler:
         self.finished[msg.sender] = msg.req
         self.last_seen.pop(msg.sender, None)  # a finished worker no longer heartbeats
         self._send(msg.sender, Message(P.EXIT, req=msg.req, reply=True))
-        servers = [nid for nid, n in self.nodes.items() if n.role == "server" and nid not in self.dead]
+        servers = [
+            nid for nid, n in self.nodes.items() if n.role == "server" and nid not in self.dead
+        ]
         for nid in servers:
             self._send(nid, Message(P.WORKER_DONE, body={"node": self.nodes[msg.sender].to_wire()}))
         for group in ("worker", "all"):  # barriers no longer wait for it
@@ -291,7 +308,9 @@ class Scheduler:
         now = time.monotonic()
         if not self.nodes:
             if self.pending and now - self.started > self.cfg.connect_timeout:
-                counts = {r: sum(1 for p in self.pending if p.role == r) for r in ("server", "worker")}
+                counts = {
+                    r: sum(1 for p in self.pending if p.role == r) for r in ("server", "worker")
+                }
                 text = (
                     f"only {counts['server']} of {self.cfg.num_server} servers and "
                     f"{counts['worker']} of {self.cfg.num_worker} workers registered within "
@@ -300,7 +319,9 @@ class Scheduler:
                 )
                 log.error("scheduler: %s", text)
                 for p in self.pending:
-                    self._send(p.token, Message(P.REFUSED, req=p.req, reply=True, body={"error": text}))
+                    self._send(
+                        p.token, Message(P.REFUSED, req=p.req, reply=True, body={"error": text})
+                    )
                 self.exit_code = 1
             return
         if self.cfg.heartbeat_interval <= 0:
@@ -308,8 +329,9 @@ class Scheduler:
         for nid, seen in list(self.last_seen.items()):
             if nid not in self.dead and now - seen > self.cfg.heartbeat_timeout:
                 self._declare_dead(
-                    nid, f"stopped answering heartbeats for {now - seen:.1f} s "
-                    f"(PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})"
+                    nid,
+                    f"stopped answering heartbeats for {now - seen:.1f} s "
+                    f"(PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})",
                 )
 
     def _declare_dead(self, nid: int, reason: str) -> None:
@@ -321,5 +343,7 @@ class Scheduler:
         log.error("scheduler: %s", text)
         for other in self.nodes:
             if other not in self.dead:
-                self._send(other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text}))
+                self._send(
+                    other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text})
+                )
         self.exit_code = 1

@@ -49,6 +49,7 @@ def _install_exit_hooks() -> None:
         previous(tp, value, tb)
 
     sys.excepthook = excepthook
+
     def close_all() -> None:
         while _live:
             kv = _live.pop()

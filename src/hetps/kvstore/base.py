@@ -20,7 +20,9 @@ def as_numpy(value: Any, what: str = "value") -> np.ndarray:
     mod = type(value).__module__
     if mod.startswith("torch"):
         if value.device.type != "cpu":
-            raise TypeError(f"{what}: hetps takes CPU tensors; call .cpu() first (got {value.device})")
+            raise TypeError(
+                f"{what}: hetps takes CPU tensors; call .cpu() first (got {value.device})"
+            )
         return value.detach().numpy()
     raise TypeError(
         f"{what} must be a numpy.ndarray or a CPU torch.Tensor (or a list of them), "

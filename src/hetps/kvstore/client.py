@@ -152,9 +152,13 @@ class DistKVStore:
         with self._out_lock:
             self._outstanding = [f for f in self._outstanding if not f.done()] + futs
 
-    def _request(self, key: Any, priority: int, server_rank: int, msg: Message, callback=None) -> Future:
+    def _request(
+        self, key: Any, priority: int, server_rank: int, msg: Message, callback=None
+    ) -> Future:
         peer = self._server_ids[server_rank]
-        fut = self.node.requests.new(peer, f"{msg.cmd} of key {key!r} on {self.node.describe(peer)}", callback)
+        fut = self.node.requests.new(
+            peer, f"{msg.cmd} of key {key!r} on {self.node.describe(peer)}", callback
+        )
         if fut.done():
             return fut
         msg.req = fut.req
@@ -172,7 +176,9 @@ class DistKVStore:
     def _meta(self, key: Any, what: str) -> KeyMeta:
         m = self.meta.get(key)
         if m is None:
-            raise KeyError(f"{what}: key {key!r} was never initialised: call kv.init({key!r}, value) first")
+            raise KeyError(
+                f"{what}: key {key!r} was never initialised: call kv.init({key!r}, value) first"
+            )
         return m
 
     def _check(self, key: Any, meta: KeyMeta, arr: np.ndarray, what: str) -> None:
@@ -196,7 +202,7 @@ class DistKVStore:
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "init")
         futs: list[Future] = []
-        for k, entry in zip(keys, entries):
+        for k, entry in zip(keys, entries, strict=False):
             arr = reduce_values(entry, f"init of key {k!r}")
             check_dtype(arr.dtype, k)
             parts = parts_of(k, arr.size, self.num_servers, self.cfg.bigarray_bound)
@@ -207,8 +213,15 @@ class DistKVStore:
             step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
             for p in parts:
                 for a, b in chunks(p.start, p.stop, step):
-                    body = {"k": k, "part": p.index, "off": a - p.start, "n": b - a,
-                            "size": p.size, "shape": list(arr.shape), "dtype": arr.dtype.name}
+                    body = {
+                        "k": k,
+                        "part": p.index,
+                        "off": a - p.start,
+                        "n": b - a,
+                        "size": p.size,
+                        "shape": list(arr.shape),
+                        "dtype": arr.dtype.name,
+                    }
                     msg = Message(C.INIT, body=body, arrays=[flat[a:b]])
                     futs.append(self._request(k, 0, p.server, msg))
         wait_all(futs, self.timeout, "init")
@@ -221,7 +234,7 @@ class DistKVStore:
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "push")
         futs: list[Future] = []
-        for k, entry in zip(keys, entries):
+        for k, entry in zip(keys, entries, strict=False):
             meta = self._meta(k, "push")
             arr = reduce_values(entry, f"push of key {k!r}")
             self._check(k, meta, arr, "push")
@@ -237,19 +250,36 @@ class DistKVStore:
         futs = []
         for p in meta.parts:
             for a, b in chunks(p.start, p.stop, step):
-                body = {"k": k, "part": p.index, "off": a - p.start, "n": b - a, "sync": self.sync,
-                        "shape": list(meta.shape), "dtype": meta.dtype.name}
+                body = {
+                    "k": k,
+                    "part": p.index,
+                    "off": a - p.start,
+                    "n": b - a,
+                    "sync": self.sync,
+                    "shape": list(meta.shape),
+                    "dtype": meta.dtype.name,
+                }
                 if comp is not None:
                     assert meta.residual is not None
                     payload = comp.compress(flat[a:b], meta.residual[a:b])
                     body["comp"] = comp.threshold
                 else:
                     payload = flat[a:b]
-                futs.append(self._request(k, priority, p.server, Message(C.PUSH, body=body, arrays=[payload])))
+                futs.append(
+                    self._request(
+                        k, priority, p.server, Message(C.PUSH, body=body, arrays=[payload])
+                    )
+                )
         return futs
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True,
-             ignore_sparse: bool = True) -> Any:
+    def pull(
+        self,
+        key: Any,
+        out: Any = None,
+        priority: int = 0,
+        block: bool = True,
+        ignore_sparse: bool = True,
+    ) -> Any:
         """Pull keys into ``out`` (in place; a list of outs each gets the value). With no
         ``out``, blocking calls return new arrays. Non-blocking calls return a Handle."""
         self.node.check()
@@ -258,11 +288,13 @@ class DistKVStore:
         finishers = []
         results = []
         outs = per_key(out, len(keys), is_list, "pull") if out is not None else [None] * len(keys)
-        for k, entry in zip(keys, outs):
+        for k, entry in zip(keys, outs, strict=False):
             meta = self._meta(k, "pull")
-            targets = out_arrays(entry, f"pull of key {k!r}") if entry is not None else [
-                np.empty(meta.shape, meta.dtype)
-            ]
+            targets = (
+                out_arrays(entry, f"pull of key {k!r}")
+                if entry is not None
+                else [np.empty(meta.shape, meta.dtype)]
+            )
             for t in targets:
                 self._check(k, meta, t, "pull")
             f, fin = self._pull_one(k, meta, targets, priority)
@@ -288,8 +320,14 @@ class DistKVStore:
         futs = []
         for p in meta.parts:
             for a, b in chunks(p.start, p.stop, step):
-                body = {"k": k, "part": p.index, "off": a - p.start, "n": b - a,
-                        "shape": list(meta.shape), "dtype": meta.dtype.name}
+                body = {
+                    "k": k,
+                    "part": p.index,
+                    "off": a - p.start,
+                    "n": b - a,
+                    "shape": list(meta.shape),
+                    "dtype": meta.dtype.name,
+                }
 
                 def land(reply: Message, a: int = a, b: int = b) -> None:
                     if not reply.arrays or reply.arrays[0].size != b - a:
@@ -306,13 +344,16 @@ class DistKVStore:
 
         return futs, finish
 
-    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0,
-                 block: bool = True) -> Any:
+    def pushpull(
+        self, key: Any, value: Any, out: Any = None, priority: int = 0, block: bool = True
+    ) -> Any:
         """Push then pull, in one call (the pull sees the round this push belongs to)."""
         push = self.push(key, value, priority, block=False)
         res = self.pull(key, out if out is not None else value, priority, block=False)
         if not block:
-            return Handle(list(push.futures) + list(res.futures), self.timeout, "pushpull", res.wait)
+            return Handle(
+                list(push.futures) + list(res.futures), self.timeout, "pushpull", res.wait
+            )
         push.wait()
         return res.wait()
 
@@ -337,7 +378,9 @@ class DistKVStore:
         every server has it."""
         self.node.check()
         if not isinstance(optimizer, optim.Optimizer):
-            raise TypeError(f"set_optimizer takes a hetps.optim.Optimizer, got {type(optimizer).__name__}")
+            raise TypeError(
+                f"set_optimizer takes a hetps.optim.Optimizer, got {type(optimizer).__name__}"
+            )
         if self.rank == 0:
             blob = np.frombuffer(optim.dumps(optimizer), dtype=np.uint8)
             futs = [

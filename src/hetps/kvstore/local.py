@@ -36,7 +36,9 @@ class LocalKVStore:
 
     def _value(self, key: Any, what: str) -> np.ndarray:
         if key not in self.store:
-            raise KeyError(f"{what}: key {key!r} was never initialised: call kv.init({key!r}, value) first")
+            raise KeyError(
+                f"{what}: key {key!r} was never initialised: call kv.init({key!r}, value) first"
+            )
         return self.store[key]
 
     @staticmethod
@@ -50,7 +52,7 @@ class LocalKVStore:
     def init(self, key: Any, value: Any) -> None:
         """Store a copy of each value."""
         keys, is_list = normalize_keys(key)
-        for k, entry in zip(keys, per_key(value, len(keys), is_list, "init")):
+        for k, entry in zip(keys, per_key(value, len(keys), is_list, "init"), strict=False):
             arr = reduce_values(entry, f"init of key {k!r}")
             check_dtype(arr.dtype, k)
             self.store[k] = np.array(arr, copy=True)
@@ -58,7 +60,7 @@ class LocalKVStore:
     def push(self, key: Any, value: Any, priority: int = 0, block: bool = True) -> Handle:
         """Sum the values and apply them (optimizer or replace)."""
         keys, is_list = normalize_keys(key)
-        for k, entry in zip(keys, per_key(value, len(keys), is_list, "push")):
+        for k, entry in zip(keys, per_key(value, len(keys), is_list, "push"), strict=False):
             stored = self._value(k, "push")
             arr = reduce_values(entry, f"push of key {k!r}")
             self._check(k, stored, arr, "push")
@@ -74,13 +76,19 @@ class LocalKVStore:
                 self.optimizer.apply_update(k, stored, np.asarray(arr), self.states[k], sender=0)
         return completed()
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True,
-             ignore_sparse: bool = True) -> Any:
+    def pull(
+        self,
+        key: Any,
+        out: Any = None,
+        priority: int = 0,
+        block: bool = True,
+        ignore_sparse: bool = True,
+    ) -> Any:
         """Copy values into ``out`` (or return copies)."""
         keys, is_list = normalize_keys(key)
         results = []
         outs = per_key(out, len(keys), is_list, "pull") if out is not None else [None] * len(keys)
-        for k, entry in zip(keys, outs):
+        for k, entry in zip(keys, outs, strict=False):
             stored = self._value(k, "pull")
             if self.optimizer is not None and k in self.states:
                 self.optimizer.on_pull(k, stored, self.states[k], sender=0)
@@ -93,8 +101,9 @@ class LocalKVStore:
         value = None if out is not None else (results if is_list else results[0])
         return value if block else completed(value)
 
-    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0,
-                 block: bool = True) -> Any:
+    def pushpull(
+        self, key: Any, value: Any, out: Any = None, priority: int = 0, block: bool = True
+    ) -> Any:
         """Push, then pull into ``out`` (default: into ``value``)."""
         self.push(key, value, priority)
         return self.pull(key, out if out is not None else value, priority, block)
@@ -110,7 +119,9 @@ class LocalKVStore:
     def set_optimizer(self, optimizer: optim.Optimizer) -> None:
         """Apply ``optimizer`` on every later push."""
         if not isinstance(optimizer, optim.Optimizer):
-            raise TypeError(f"set_optimizer takes a hetps.optim.Optimizer, got {type(optimizer).__name__}")
+            raise TypeError(
+                f"set_optimizer takes a hetps.optim.Optimizer, got {type(optimizer).__name__}"
+            )
         self.optimizer = optimizer
         self.states = {}
 

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
-from hetps.kvstore import commands as C
 from hetps.cluster.protocol import WORKER_DONE, NodeInfo
+from hetps.kvstore import commands as C
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.transport.codec import WIRE_DTYPES, Message
 
@@ -94,7 +94,9 @@ class KVServer:
             self.node.reply(msg, {"error": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
             log.exception("server: error in %s from node %d", msg.cmd, msg.sender)
-            self.node.reply(msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"})
+            self.node.reply(
+                msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"}
+            )
 
     # -- validation helpers -----------------------------------------------------------------
     @staticmethod
@@ -125,8 +127,10 @@ class KVServer:
             raise BadRequest(f"key {key!r} has no part {part} on this server")
         shape = msg.body.get("shape")
         dtype = msg.body.get("dtype")
-        if shape is not None and tuple(shape) != sl.shape or (
-            dtype is not None and dtype != sl.value.dtype.name
+        if (
+            shape is not None
+            and tuple(shape) != sl.shape
+            or (dtype is not None and dtype != sl.value.dtype.name)
         ):
             raise BadRequest(
                 f"{msg.cmd} of key {key!r}: shape {tuple(shape) if shape is not None else '?'} "
@@ -141,7 +145,9 @@ class KVServer:
 
     def _data(self, msg: Message, sl: Slice, n: int) -> np.ndarray:
         if len(msg.arrays) != 1:
-            raise BadRequest(f"{msg.cmd} of key {sl.key!r}: expected one array, got {len(msg.arrays)}")
+            raise BadRequest(
+                f"{msg.cmd} of key {sl.key!r}: expected one array, got {len(msg.arrays)}"
+            )
         data = msg.arrays[0].reshape(-1)
         threshold = msg.body.get("comp")
         if threshold is not None:
@@ -172,7 +178,12 @@ class KVServer:
         if off + n > size:
             raise BadRequest(f"init of key {key!r}: range [{off}, {off + n}) outside {size}")
         sl = self.slices.get((key, part))
-        if sl is None or sl.value.size != size or sl.value.dtype.name != dname or sl.shape != tuple(shape):
+        if (
+            sl is None
+            or sl.value.size != size
+            or sl.value.dtype.name != dname
+            or sl.shape != tuple(shape)
+        ):
             sl = Slice(key, part, tuple(shape), np.zeros(size, dtype=WIRE_DTYPES[dname]))
             self.slices[(key, part)] = sl
         data = self._data(msg, sl, n)
@@ -192,7 +203,9 @@ class KVServer:
         worker = msg.sender
         if sync and self.done_workers:
             raise BadRequest(self._uneven(sl))
-        if sync and (sl.got.get(worker, 0) >= sl.value.size or any(m.sender == worker for m in sl.backlog)):
+        if sync and (
+            sl.got.get(worker, 0) >= sl.value.size or any(m.sender == worker for m in sl.backlog)
+        ):
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
             return
         data = self._data(msg, sl, n)
@@ -202,9 +215,7 @@ class KVServer:
             sl.merge[off : off + n] += data
             sl.got[worker] = sl.got.get(worker, 0) + n
             sl.acks.append(msg)
-            if len(sl.got) == self.num_workers and all(
-                c >= sl.value.size for c in sl.got.values()
-            ):
+            if len(sl.got) == self.num_workers and all(c >= sl.value.size for c in sl.got.values()):
                 self._finish_round(sl)
             return
         # async: collect the chunks of one push, then apply it at once

@@ -46,7 +46,9 @@ class LaunchSpec:
     server_command: list[str] | None = None  # default: hetps' own server
     scheduler_command: list[str] | None = None
     # (role, rank, argv, env) -> (argv, env): run a role elsewhere (ssh, a network namespace)
-    wrap: Callable[[str, int, list[str], dict[str, str]], tuple[list[str], dict[str, str]]] | None = None
+    wrap: (
+        Callable[[str, int, list[str], dict[str, str]], tuple[list[str], dict[str, str]]] | None
+    ) = None
     start_timeout: float = 60.0
     stop_grace: float = 5.0
     # after a child fails, how long the others get to notice (and say why) before being stopped
@@ -110,7 +112,9 @@ class Launcher:
                 "PYTHONUNBUFFERED": "1",
             }
         )
-        env.setdefault("DMLC_NODE_HOST", self.spec.host if self.spec.host != "0.0.0.0" else "127.0.0.1")
+        env.setdefault(
+            "DMLC_NODE_HOST", self.spec.host if self.spec.host != "0.0.0.0" else "127.0.0.1"
+        )
         return env
 
     # -- run --------------------------------------------------------------------------------
@@ -148,7 +152,9 @@ class Launcher:
         deadline = time.monotonic() + spec.start_timeout
         while not self._port.wait(0.2):
             if sched.proc.poll() is not None:
-                self._log(f"the scheduler exited with code {sched.proc.returncode} before it was up")
+                self._log(
+                    f"the scheduler exited with code {sched.proc.returncode} before it was up"
+                )
                 return sched.proc.returncode or 1
             if time.monotonic() > deadline:
                 self._log(f"the scheduler did not report its port within {spec.start_timeout:g} s")
@@ -156,9 +162,19 @@ class Launcher:
         env["DMLC_PS_ROOT_PORT"] = str(self._port_value)
         server_argv = spec.server_command or [py, "-m", "hetps.cli", "server"]
         for r in range(spec.num_servers):
-            self._start("server", r, server_argv, {**env, "DMLC_ROLE": "server", "HETPS_LAUNCH_RANK": str(r)})
+            self._start(
+                "server",
+                r,
+                server_argv,
+                {**env, "DMLC_ROLE": "server", "HETPS_LAUNCH_RANK": str(r)},
+            )
         for r in range(spec.num_workers):
-            self._start("worker", r, list(spec.command), {**env, "DMLC_ROLE": "worker", "HETPS_LAUNCH_RANK": str(r)})
+            self._start(
+                "worker",
+                r,
+                list(spec.command),
+                {**env, "DMLC_ROLE": "worker", "HETPS_LAUNCH_RANK": str(r)},
+            )
         return self._watch()
 
     def _watch(self) -> int:
@@ -245,8 +261,9 @@ def read_hostfile(path: str) -> list[str]:
 FORWARDED_PREFIXES = ("DMLC_", "PS_", "HETPS_", "MXNET_", "PYTHON", "OMP_NUM_THREADS")
 
 
-def ssh_wrapper(hosts: Sequence[str], extra_keys: Sequence[str] = (), ssh: str = "ssh",
-                cwd: str | None = None):
+def ssh_wrapper(
+    hosts: Sequence[str], extra_keys: Sequence[str] = (), ssh: str = "ssh", cwd: str | None = None
+):
     """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers and
     workers round-robin over the hosts, each told its own address (DMLC_NODE_HOST) and the
     forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key)."""
@@ -254,7 +271,9 @@ def ssh_wrapper(hosts: Sequence[str], extra_keys: Sequence[str] = (), ssh: str =
 
     def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
         host = hosts[0] if role == "scheduler" else hosts[rank % len(hosts)]
-        remote = {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) or k in extra_keys}
+        remote = {
+            k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) or k in extra_keys
+        }
         remote["DMLC_NODE_HOST"] = host
         remote["DMLC_PS_ROOT_URI"] = hosts[0]
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(remote.items()))

@@ -168,7 +168,10 @@ class Van:
         if msg.sender == 0:
             msg.sender = self.my_id
         frames = encode(msg)
-        big = any(isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES for f in frames[1:])
+        big = any(
+            isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES
+            for f in frames[1:]
+        )
         with self._peers_lock:
             sock = self._peers.get(peer)
             lock = self._locks.get(peer)
@@ -182,7 +185,15 @@ class Van:
         if isinstance(peer, int):
             self.counters.on_send(peer, msg.nbytes, now)
         if self.verbose >= 2:
-            log.info("%s -> %s: %s req=%d reply=%s %d B", self.name, peer, msg.cmd, msg.req, msg.reply, msg.nbytes)
+            log.info(
+                "%s -> %s: %s req=%d reply=%s %d B",
+                self.name,
+                peer,
+                msg.cmd,
+                msg.req,
+                msg.reply,
+                msg.nbytes,
+            )
         return tracker if (track and big) else None
 
     def recv(self, timeout: float | None = None) -> Message | None:
@@ -190,7 +201,9 @@ class Van:
         dropped (never raised), so a malformed peer cannot stop the receive loop."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            wait_ms = (
+                None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            )
             events = dict(self._poller.poll(wait_ms))
             if self._router not in events:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -204,7 +217,15 @@ class Van:
                 continue
             self.counters.on_recv(msg.sender, msg.nbytes, time.time())
             if self.verbose >= 2:
-                log.info("%s <- %d: %s req=%d reply=%s %d B", self.name, msg.sender, msg.cmd, msg.req, msg.reply, msg.nbytes)
+                log.info(
+                    "%s <- %d: %s req=%d reply=%s %d B",
+                    self.name,
+                    msg.sender,
+                    msg.cmd,
+                    msg.req,
+                    msg.reply,
+                    msg.nbytes,
+                )
             return msg
 
     def close(self) -> None:
