@@ -12,13 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PRELUDE = '''
+PRELUDE = """
 import os, sys, signal, time
 import numpy as np
 import hetps.kv
 from hetps import optim
 from hetps.cluster.errors import NodeFailure, RequestError, ClusterError
-'''
+"""
 
 
 def run_cluster(
