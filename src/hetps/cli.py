@@ -99,6 +99,36 @@ def cmd_server(args: argparse.Namespace) -> int:
         return 1
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """``hetps train``."""
+    from hetps.torch.train import main as train_main
+
+    return train_main(args)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """``hetps models``: names and parameter counts."""
+    from hetps.torch.models import count_parameters, get_model, model_names
+
+    print(f"{'model':<14}{'parameters':>14}")
+    for name in model_names():
+        print(f"{name:<14}{count_parameters(get_model(name)):>14,}")
+    return 0
+
+
+def cmd_state_server(args: argparse.Namespace) -> int:
+    """``hetps state-server``: ESync's state server on its own port."""
+    from hetps.cluster.state_server import StateServer
+
+    srv = StateServer(args.workers, host=args.host, port=args.port, margin_s=args.margin)
+    print(f"hetps state-server port {srv.port}", flush=True)
+    try:
+        srv.serve()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hetps`` command."""
     p = argparse.ArgumentParser(prog="hetps", description=__doc__)
@@ -121,7 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("server", help="run a server role by hand")
     sv.set_defaults(func=cmd_server)
 
-    for name in ("hetps.netem.cli",):
+    tr = sub.add_parser("train", help="train on Fashion-MNIST (ESync, SSGD, ASGD, DC-ASGD, local)")
+    from hetps.torch.train import add_arguments as add_train_arguments  # torch loads lazily
+
+    add_train_arguments(tr)
+    tr.set_defaults(func=cmd_train)
+
+    mo = sub.add_parser("models", help="list the models with their parameter counts")
+    mo.set_defaults(func=cmd_models)
+
+    st = sub.add_parser("state-server", help="run ESync's state server standalone")
+    st.add_argument("--port", type=int, default=0)
+    st.add_argument("--host", default="0.0.0.0")
+    st.add_argument("-w", "--workers", type=int, required=True)
+    st.add_argument("--margin", type=float, default=0.0, help="seconds (ESync uses 0.5)")
+    st.set_defaults(func=cmd_state_server)
+
+    for name in ("hetps.netem.cli", "hetps.metrics.cli"):
         try:
             mod = __import__(name, fromlist=["add_parser"])
         except ImportError:

@@ -60,6 +60,11 @@ class Scheduler:
         )
         self.van.my_id = P.SCHEDULER_ID
         self.services = dict(services or {})
+        # ESync's state server lives here unless a caller brings its own
+        from hetps.cluster.state_server import REPORT, EsyncService
+
+        if REPORT not in self.services:
+            self.services[REPORT] = EsyncService(cfg.num_worker).as_scheduler_service()
         self.nodes: dict[int, NodeInfo] = {}
         self.pending: list[_Pending] = []
         self.barriers: dict[str, _Barrier] = {g: _Barrier() for g in P.GROUPS}

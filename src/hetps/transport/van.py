@@ -120,6 +120,8 @@ class Van:
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
         self._closed = False
+        # (direction 'send'|'recv', peer, command, bytes, unix time): traffic timelines
+        self.observer: Any = None
 
     @property
     def endpoint(self) -> str:
@@ -184,6 +186,8 @@ class Van:
         now = time.time()
         if isinstance(peer, int):
             self.counters.on_send(peer, msg.nbytes, now)
+        if self.observer is not None:
+            self.observer("send", peer, msg.cmd, msg.nbytes, now)
         if self.verbose >= 2:
             log.info(
                 "%s -> %s: %s req=%d reply=%s %d B",
@@ -215,7 +219,10 @@ class Van:
             except BadMessage as exc:
                 log.warning("%s dropped a bad message: %s", self.name, exc)
                 continue
-            self.counters.on_recv(msg.sender, msg.nbytes, time.time())
+            now = time.time()
+            self.counters.on_recv(msg.sender, msg.nbytes, now)
+            if self.observer is not None:
+                self.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
             if self.verbose >= 2:
                 log.info(
                     "%s <- %d: %s req=%d reply=%s %d B",

@@ -1,0 +1,132 @@
+"""ESync's state server: answers each worker, after each local step, "ready or not".
+
+The decision is :class:`hetps.sync.esync.ReadinessPolicy` (pure); this module is the service
+around it. It runs inside the scheduler by default (command ``esync_report``) or standalone
+(``hetps state-server --port P``), and :class:`StateClient` is the worker's side.
+
+A report carries the worker's rank, its round number, the step's compute time and the time
+since the worker's round began (so clocks of different machines never have to agree).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from hetps.cluster import protocol as P
+from hetps.cluster.requests import Future
+from hetps.sync.esync import ReadinessPolicy
+from hetps.transport.codec import Message
+from hetps.transport.van import PeerGone, Van
+
+log = logging.getLogger("hetps.state_server")
+
+REPORT = "esync_report"
+STANDALONE_ID = 3  # sender id of a standalone state server (not a ps-lite role id)
+
+
+class EsyncService:
+    """The state server's logic over messages: one policy, rounds advanced by reports."""
+
+    def __init__(self, num_workers: int, margin_s: float = 0.0) -> None:
+        self.policy = ReadinessPolicy(num_workers, margin_s=margin_s)
+        self.started: set[int] = set()
+
+    def decide(self, rank: int, rnd: int, step_s: float, elapsed_s: float, now: float) -> dict:
+        """Record one local step; returns ``{"ready": bool, "round": n, "steps": k}``."""
+        if rank < 0 or rank >= self.policy.num_workers:
+            raise ValueError(f"rank {rank} outside 0..{self.policy.num_workers - 1}")
+        if rnd > self.policy.round:
+            while self.policy.round < rnd:
+                self.policy.start_round(now - elapsed_s)
+            self.started = set()
+        elif rnd < self.policy.round:
+            raise ValueError(f"worker {rank} reports round {rnd} but the state server is at {self.policy.round}")
+        if rank not in self.started:
+            self.policy.mark_start(rank, now - elapsed_s)
+            self.started.add(rank)
+        if self.policy.is_ready(rank):
+            return {"ready": True, "round": rnd, "steps": self.policy.local_steps(rank)}
+        ready = self.policy.report_step(rank, step_s, now)
+        return {"ready": ready, "round": rnd, "steps": self.policy.local_steps(rank)}
+
+    def handle(self, msg: Message) -> dict:
+        """Decide on a report message; errors come back as ``{"error": text}``."""
+        b = msg.body
+        try:
+            return self.decide(int(b["rank"]), int(b["round"]), float(b["step_s"]),
+                               float(b["elapsed_s"]), time.monotonic())
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"error": f"esync report refused: {exc}"}
+
+    def as_scheduler_service(self):
+        """A callable for ``Scheduler(services={REPORT: ...})``."""
+
+        def service(sched: Any, msg: Message) -> None:
+            sched.reply(msg, self.handle(msg))
+
+        return service
+
+
+class StateServer:
+    """A standalone state server on its own port (``hetps state-server``)."""
+
+    def __init__(self, num_workers: int, host: str = "0.0.0.0", port: int = 0, margin_s: float = 0.0):
+        self.service = EsyncService(num_workers, margin_s)
+        self.van = Van(host=host, port=port, max_message_bytes=1 << 20, name="state-server")
+        self.van.my_id = STANDALONE_ID
+        self._stop = threading.Event()
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return self.van.port
+
+    def serve(self, until: threading.Event | None = None) -> None:
+        """Answer reports until stopped."""
+        stop = until or self._stop
+        try:
+            while not stop.is_set():
+                msg = self.van.recv(timeout=0.2)
+                if msg is None or msg.cmd != REPORT:
+                    continue
+                ep = msg.body.get("ep")
+                if not isinstance(ep, str):
+                    continue
+                if not self.van.has_peer(ep):
+                    self.van.connect(ep, ep)
+                try:
+                    self.van.send(ep, Message(REPORT, req=msg.req, reply=True, body=self.service.handle(msg)))
+                except PeerGone:
+                    pass
+        finally:
+            self.van.close()
+
+    def stop(self) -> None:
+        """End :meth:`serve`."""
+        self._stop.set()
+
+
+class StateClient:
+    """A worker's link to the state server (the scheduler, or a standalone one)."""
+
+    def __init__(self, node: Any, endpoint: str | None = None, timeout: float = 60.0) -> None:
+        self.node = node
+        self.timeout = timeout
+        self.peer: Any = P.SCHEDULER_ID
+        if endpoint is not None:
+            self.peer = "state-server"
+            node.van.connect(self.peer, endpoint)
+
+    def report(self, rnd: int, step_s: float, elapsed_s: float) -> dict:
+        """Report one local step; returns the state server's answer."""
+        body = {"rank": self.node.rank, "round": rnd, "step_s": step_s, "elapsed_s": elapsed_s,
+                "ep": self.node.van.endpoint}
+        fut: Future = self.node.requests.new(
+            P.SCHEDULER_ID if self.peer == P.SCHEDULER_ID else STANDALONE_ID, "esync report"
+        )
+        self.node.van.send(self.peer, Message(REPORT, req=fut.req, body=body))
+        reply = fut.wait(self.timeout)
+        return reply.body
