@@ -103,7 +103,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     """``hetps train``."""
     from hetps.torch.train import main as train_main
 
-    return train_main(args)
+    try:
+        return train_main(args)
+    except FileNotFoundError as exc:  # the data reader's message names the file and the fix
+        print(f"hetps train: {exc}", file=sys.stderr)
+        return 2
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -1,0 +1,100 @@
+"""`hetps train` in every mode through real processes on a small slice of the real data."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path("/usr/share/datasets/fashion-mnist")
+pytestmark = pytest.mark.skipif(
+    not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh installs it as root)"
+)
+SMALL = ["--train-limit", "2400", "--test-limit", "500", "-b", "32", "-e", "5", "--progress", "lines"]
+
+
+def _train(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL, *args],
+        capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+def _records(run: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (run / f"worker-{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "mode,extra,name",
+    [
+        ("sync", [], "sync-mlp-w2"),
+        ("async", [], "async-mlp-w2"),
+        ("async", ["-dcasgd", "1"], "dcasgd-mlp-w2"),
+    ],
+)
+def test_modes_train_and_log(tmp_path, mode, extra, name):
+    _train(tmp_path, "-m", mode, *extra, "-n", "mlp", "--workers", "2", "--max-rounds", "30",
+           "-l", "0.05")
+    run = tmp_path / name
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["mode"] == name.split("-")[0] and meta["workers"] == 2
+    for rank in (0, 1):
+        recs = _records(run, rank)
+        assert len(recs) == 30
+        for r in recs:
+            assert r["bytes_sent"] > 0 and r["bytes_recv"] > 0 and r["samples"] == 32
+            assert r["compute_s"] > 0 and r["local_steps"] == 1
+        assert (run / f"traffic-worker{rank}.jsonl").exists()
+    accs = [r["accuracy"] for r in _records(run, 0) if r.get("accuracy") is not None]
+    assert len(accs) == 6 and accs[-1] > 0.5, accs  # learned something on 4800 images
+
+
+def test_esync_fast_workers_take_more_local_steps(tmp_path):
+    _train(tmp_path, "-m", "esync", "-n", "lenet", "--workers", "3", "--slowdown", "1,1,6",
+           "--max-rounds", "8", "-ll", "0.05")
+    run = tmp_path / "esync-lenet-w3"
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["slowdown"] == [1, 1, 6] and meta["emulated_heterogeneity"] is True
+    steps = {r: sum(x["local_steps"] for x in _records(run, r)[1:]) for r in range(3)}
+    # the slowest does one step per round; emulated 6x slower means the fast ones do several
+    assert steps[2] == 7, steps
+    assert steps[0] > 2 * steps[2] and steps[1] > 2 * steps[2], steps
+    # round 1 is lockstep (no step times known yet)
+    assert [_records(run, r)[0]["local_steps"] for r in range(3)] == [1, 1, 1]
+
+
+def test_local_mode_and_split_by_class(tmp_path):
+    _train(tmp_path, "-m", "local", "-n", "mlp", "--max-rounds", "20", "-s")
+    meta = json.loads((tmp_path / "local-mlp-w1" / "run.json").read_text())
+    assert meta["split_by_class"] is True and meta["workers"] == 1
+
+
+def test_esync_with_standalone_state_server(tmp_path):
+    srv = subprocess.Popen([sys.executable, "-m", "hetps.cli", "state-server", "-w", "2",
+                            "--host", "127.0.0.1"], stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        port = srv.stdout.readline().split()[-1]
+        _train(tmp_path, "-m", "esync", "-n", "mlp", "--workers", "2", "--max-rounds", "5",
+               "-ip", "127.0.0.1", "-port", port, "--slowdown", "1,3")
+        recs = _records(tmp_path / "esync-mlp-w2", 0)
+        assert len(recs) == 5
+    finally:
+        os.killpg(srv.pid, signal.SIGTERM)
+        srv.wait(timeout=10)
+
+
+def test_missing_data_dir_is_explained(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "train", "-m", "local", "-dd", str(tmp_path / "nope"),
+         "-ld", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
+    assert "dataset-fashion-mnist" in res.stderr and "--data-dir" in res.stderr
