@@ -89,6 +89,7 @@ class NodeConfig:
     port: int = 0
     port_file: str | None = None
     launch_rank: int = -1  # rank a launcher asks for (HETPS_LAUNCH_RANK); -1 = arrival order
+    shape_mbit: float = 0.0  # in-process send-rate limit (HETPS_SHAPE_MBIT); 0 = none
 
     @property
     def scheduler_endpoint(self) -> str:
@@ -172,10 +173,11 @@ def node_config_from_env(
         port = _int(env, "PS_PORT", 0)
         port_file = _get(env, "HETPS_PORT_FILE")
         launch_rank = _int(env, "HETPS_LAUNCH_RANK", -1, -1)
+        shape_mbit = _float(env, "HETPS_SHAPE_MBIT", 0.0)
     except ConfigError as exc:
         problems.append(str(exc))
         verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
-        bound, max_msg, chunk, port, port_file, launch_rank = 0, 0, 0, 0, None, -1
+        bound, max_msg, chunk, port, port_file, launch_rank, shape_mbit = 0, 0, 0, 0, None, -1, 0.0
     if not problems and interval > 0 and timeout <= interval:
         problems.append(
             f"PS_HEARTBEAT_TIMEOUT={timeout} must exceed PS_HEARTBEAT_INTERVAL={interval}: "
@@ -215,6 +217,7 @@ def node_config_from_env(
         port=port,
         port_file=port_file,
         launch_rank=launch_rank,
+        shape_mbit=shape_mbit,
     )
 
 

@@ -193,3 +193,23 @@ def test_cli_without_root_exits_1_with_the_hint(
     monkeypatch.setattr(emu, "_has_caps", lambda: False)
     assert main(["--rates", "10,10", "--", "true"]) == 1
     assert "HETPS_SHAPE_MBIT" in capsys.readouterr().err
+
+
+# -- the scenario files shipped with hetps ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "dynamic"),
+    [
+        ("paper_dynamic.toml", 12, True),
+        ("static_hetero8.toml", 8, False),
+        ("pairs4.toml", 4, False),
+    ],
+)
+def test_shipped_scenarios_parse(name: str, nodes: int, dynamic: bool) -> None:
+    import hetps.netem
+
+    path = Path(hetps.netem.__file__).parent / "scenarios" / name
+    sc = load_scenario(path)
+    assert sc.nodes == nodes and sc.dynamic == dynamic
+    assert all(r > 0 for r in sc.rates_at(3))

@@ -43,6 +43,7 @@ class Node:
             max_message_bytes=cfg.max_message_bytes,
             verbose=cfg.verbose,
             name=cfg.role,
+            shape_mbit=cfg.shape_mbit,
         )
         self.requests = RequestTracker()
         self.info: NodeInfo | None = None

@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 
 from hetps.transport.codec import BadMessage, Message, decode, encode
+from hetps.transport.shaper import TokenBucket
 
 log = logging.getLogger("hetps.van")
 
@@ -95,6 +96,7 @@ class Van:
         max_message_bytes: int = 1 << 31,
         verbose: int = 0,
         name: str = "node",
+        shape_mbit: float = 0.0,
     ) -> None:
         self.ctx = zmq.Context(io_threads=1)
         self.max_message_bytes = max_message_bytes
@@ -122,6 +124,7 @@ class Van:
         self._closed = False
         # (direction 'send'|'recv', peer, command, bytes, unix time): traffic timelines
         self.observer: Any = None
+        self.shaper = TokenBucket(shape_mbit * 1e6 / 8) if shape_mbit > 0 else None
 
     @property
     def endpoint(self) -> str:
@@ -179,6 +182,8 @@ class Van:
             lock = self._locks.get(peer)
         if sock is None or lock is None:
             raise PeerGone(f"{self.name}: no connection to peer {peer}")
+        if self.shaper is not None:
+            self.shaper.acquire(msg.nbytes)
         with lock:
             if self._closed:
                 raise PeerGone(f"{self.name}: van is closed")

@@ -1,0 +1,272 @@
+"""``hetps netem``: run a command once per emulated node, list runs, clean up.
+
+Usage::
+
+    hetps netem SCENARIO.toml [--nodes N] [options] -- CMD [ARGS...]
+    hetps netem --rates 20,80,80 -- CMD [ARGS...]
+    hetps netem SCENARIO.toml                  # keep the network up until Ctrl-C
+    hetps netem show [--prefix P]
+    hetps netem cleanup [--all] [--prefix P]
+
+CMD runs in every node's namespace with ``HETPS_NETEM_NODE`` (index), ``HETPS_NETEM_IP``,
+``HETPS_NETEM_NODES`` (count) and ``HETPS_NETEM_IPS`` (comma-separated, by index) set. The
+first node command that exits non-zero stops the others and its code is returned.
+
+Wiring into the ``hetps`` command: call :func:`add_parser` with the top-level subparsers and
+dispatch ``args.func(args)``, or call :func:`main` with the arguments after ``netem``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from hetps.netem.emulator import (
+    BRIDGE,
+    DEFAULT_PREFIX,
+    NODE_IF,
+    Netem,
+    NetemError,
+    cleanup_stale,
+    find_tool,
+    list_runs,
+)
+from hetps.netem.scenario import Scenario, ScenarioError, read_toml
+
+__all__ = ["add_parser", "build_parser", "main", "scenario_from_args"]
+
+_DESCRIPTION = """\
+Emulate a heterogeneous network on this machine (needs root): N Linux network namespaces on a
+bridge, each node's sending and receiving rate shaped with tc. Runs CMD (after --) once per
+node inside its namespace, with HETPS_NETEM_NODE, HETPS_NETEM_IP, HETPS_NETEM_NODES and
+HETPS_NETEM_IPS set. Without CMD the network stays up until Ctrl-C.
+Subcommands: 'hetps netem show' lists live runs, 'hetps netem cleanup' removes stale ones."""
+
+_TERM_GRACE_S = 5.0
+
+
+def build_parser(prog: str = "hetps netem") -> argparse.ArgumentParser:
+    """The parser for the part of the command line before ``--``."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=_DESCRIPTION,
+        usage=f"{prog} [SCENARIO] [options] [-- CMD ...] | {prog} show | {prog} cleanup [--all]",
+    )
+    p.add_argument("scenario", nargs="?", help="scenario TOML file (or use the flags below)")
+    p.add_argument("--nodes", type=int, help="number of nodes (overrides the file)")
+    p.add_argument("--kind", choices=("static", "dynamic"), help="scenario kind")
+    p.add_argument("--rates", help="per-node rates in Mbit/s, comma-separated: 20,80,80")
+    p.add_argument("--lo", type=float, help="lowest drawn rate (Mbit/s)")
+    p.add_argument("--hi", type=float, help="highest drawn rate (Mbit/s)")
+    p.add_argument("--seed", type=int, help="seed of the drawn rates")
+    p.add_argument("--period", type=float, help="dynamic: seconds between re-draws")
+    p.add_argument("--delay-ms", type=float, help="one-way delay added at each node's egress")
+    p.add_argument("--subnet", help="IPv4 subnet for the nodes (default: a free 10.77.k.0/24)")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="namespace name prefix")
+    p.add_argument("--all", action="store_true", help="cleanup: remove live runs too")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every change")
+    return p
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``netem`` on a top-level ``add_subparsers()`` object.
+
+    The sub-parser takes the rest of the command line verbatim (``--`` and the node command
+    included) and sets ``func``, so the caller runs ``sys.exit(args.func(args))``.
+    """
+    p = subparsers.add_parser(
+        "netem",
+        help="emulate a heterogeneous network with namespaces + tc (root)",
+        description=_DESCRIPTION,
+        add_help=False,
+        prefix_chars="\0",  # no options at this level: main() parses them
+    )
+    p.add_argument("netem_argv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.set_defaults(func=lambda args: main(args.netem_argv))
+    return p
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    """Build the scenario from ``args.scenario`` (a TOML file) overridden by the flags."""
+    data: dict[str, Any] = {}
+    if args.scenario:
+        doc = read_toml(args.scenario)
+        data = dict(doc.get("network", doc)) if isinstance(doc, dict) else {}
+    if args.rates is not None:
+        try:
+            rates = [float(x) for x in args.rates.split(",") if x.strip()]
+        except ValueError as e:
+            raise ScenarioError(f"--rates {args.rates!r}: {e}; fix: --rates 20,80,80") from e
+        data["rates_mbit"] = rates
+        data.pop("lo_mbit", None)
+        data.pop("hi_mbit", None)
+    for flag, key in (("lo", "lo_mbit"), ("hi", "hi_mbit")):
+        if getattr(args, flag) is not None:
+            data[key] = getattr(args, flag)
+            data.pop("rates_mbit", None)
+    if args.seed is not None:
+        data["seed"] = args.seed
+    if args.period is not None:
+        data["period_s"] = args.period
+    if args.delay_ms is not None:
+        data["delay_ms"] = args.delay_ms
+    if args.kind is not None:
+        data["kind"] = args.kind
+    elif "kind" not in data:
+        data["kind"] = "dynamic" if "period_s" in data else "static"
+    if args.nodes is not None and "rates_mbit" in data:
+        data.pop("nodes", None)
+    if not data.get("rates_mbit") and "lo_mbit" not in data and "pair_rates_mbit" not in data:
+        raise ScenarioError(
+            "netem: no rates; fix: give a scenario file, --rates 20,80,... or --lo/--hi/--nodes"
+        )
+    return Scenario.from_dict(data, nodes=args.nodes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``hetps netem``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        k = argv.index("--")
+        head, cmd = argv[:k], argv[k + 1 :]
+    else:
+        head, cmd = argv, []
+    parser = build_parser()
+    args = parser.parse_args(head)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    try:
+        if args.scenario == "show" and not cmd:
+            return _show(args.prefix)
+        if args.scenario == "cleanup" and not cmd:
+            removed = cleanup_stale(args.prefix, force=args.all)
+            print(f"removed {len(removed)} namespace(s)" + "".join(f"\n  {n}" for n in removed))
+            return 0
+        scenario = scenario_from_args(args)
+        return _run(scenario, cmd, subnet=args.subnet, prefix=args.prefix)
+    except (ScenarioError, NetemError) as e:
+        print(f"hetps netem: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run(scenario: Scenario, cmd: list[str], *, subnet: str | None, prefix: str) -> int:
+    try:
+        with Netem(scenario, subnet=subnet, prefix=prefix, handle_signals=True) as net:
+            if scenario.dynamic:
+                net.start_dynamic(
+                    on_change=lambda epoch, rates: print(
+                        f"hetps netem: epoch {epoch}: rates "
+                        + ", ".join(f"{r:.1f}" for r in rates)
+                        + " Mbit/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                )
+            for i in range(net.n):
+                print(
+                    f"hetps netem: node {i}: ns {net.node_ns(i)} ip {net.node_ip(i)} "
+                    f"rate {net.rates[i]:.1f} Mbit/s",
+                    file=sys.stderr,
+                )
+            sys.stderr.flush()
+            if not cmd:
+                print("hetps netem: network up; Ctrl-C to remove it", file=sys.stderr, flush=True)
+                threading.Event().wait()  # until SIGINT/SIGTERM (handlers close the network)
+                return 0
+            return _run_nodes(net, cmd)
+    except SystemExit as e:  # SIGTERM handler, after the network was removed
+        return int(e.code) if isinstance(e.code, int) else 1
+
+
+def _run_nodes(net: Netem, cmd: list[str]) -> int:
+    procs = [net.popen(i, cmd, env=net.node_env(i)) for i in range(net.n)]
+    done: queue.Queue[tuple[int, int]] = queue.Queue()
+
+    def waiter(i: int, p: subprocess.Popen[Any]) -> None:
+        done.put((i, p.wait()))
+
+    for i, p in enumerate(procs):
+        threading.Thread(target=waiter, args=(i, p), daemon=True).start()
+    rc = 0
+    for _ in procs:
+        i, code = done.get()
+        if code != 0:
+            print(f"hetps netem: node {i} exited with {code}; stopping the others", file=sys.stderr)
+            rc = code if code > 0 else 128 - code
+            _stop(procs)
+            break
+    return rc
+
+
+def _stop(procs: list[subprocess.Popen[Any]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=_TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=_TERM_GRACE_S)
+
+
+def _show(prefix: str) -> int:
+    ip, tc = find_tool("ip"), find_tool("tc")
+    if ip is None:
+        print("hetps netem: ip (iproute2) not found", file=sys.stderr)
+        return 1
+    runs = list_runs(prefix, ip=ip)
+    if not runs:
+        print(f"no hetps netem namespaces (prefix {prefix!r})")
+        return 0
+    for run in runs:
+        state = "alive" if run.alive else "STALE: remove with 'hetps netem cleanup'"
+        print(f"run {run.run_id}  owner pid {run.pid} ({state})")
+        hub = f"{run.run_id}-hub"
+        for ns in run.namespaces:
+            if ns == hub:
+                print(f"  {ns}  bridge {BRIDGE}")
+                continue
+            idx = ns.rsplit("-n", 1)[1]
+            addr = _first(_out([ip, "-n", ns, "-o", "-4", "addr", "show", "dev", NODE_IF]), "inet")
+            egress = (
+                _root_rate(_out([tc, "-n", ns, "qdisc", "show", "dev", NODE_IF])) if tc else "?"
+            )
+            ingress = (
+                _root_rate(_out([tc, "-n", hub, "qdisc", "show", "dev", f"v{idx}"])) if tc else "?"
+            )
+            print(f"  {ns}  {addr or '-'}  egress {egress}  ingress {ingress}")
+    return 0
+
+
+def _out(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+
+
+def _first(text: str, key: str) -> str | None:
+    toks = text.split()
+    for a, b in zip(toks, toks[1:], strict=False):
+        if a == key:
+            return b
+    return None
+
+
+def _root_rate(text: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("qdisc tbf 1: root"):
+            return _first(line, "rate") or "?"
+    return "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,764 @@
+"""Kernel network emulator: namespaces + veth + bridge + ``tc`` shaping.
+
+Topology (see docs/NETEM.md)::
+
+    ns <run>-n0            ns <run>-hub              ns <run>-n1
+    eth0 10.77.0.1 ──veth── v0 ┐                ┌ v1 ──veth── eth0 10.77.0.2
+    (egress: node 0 sends)     ├─ br0 (bridge) ─┤    (egress of v1: node 1 receives)
+                               ...
+
+Each node's *sending* rate is shaped on its own ``eth0`` (egress), its *receiving* rate on the
+bridge-side veth ``v<i>`` in the hub namespace (the egress toward the node). Both are token
+bucket filters (TBF: within 0.1% of the rate's TCP goodput here, where HTB strayed by up to
+8% at low rates); per-destination caps add an HTB classifier (u32 filters on the destination
+address) under the node's TBF with one TBF per destination; an optional one-way delay is a
+netem qdisc under each egress leaf.
+
+Nothing is created in the caller's (root) namespace. Everything is removed by
+:meth:`Netem.close`, which runs on ``__exit__``, on any error during setup, on SIGINT/SIGTERM
+(when ``handle_signals=True``), ``atexit``, and — if the owning process is SIGKILLed — by a
+small reaper process that notices its pipe closing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from hetps.netem import _reaper
+from hetps.netem.scenario import Scenario
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "DynamicDriver",
+    "Netem",
+    "NetemError",
+    "NetemPermissionError",
+    "NetemUnsupportedError",
+    "RunInfo",
+    "cleanup_stale",
+    "find_tool",
+    "goodput_mbit",
+    "list_runs",
+    "require_root",
+]
+
+log = logging.getLogger("hetps.netem")
+
+#: Prefix of every namespace hetps creates (followed by the owner's pid and a random token).
+DEFAULT_PREFIX = "hps"
+#: Interface name of a node inside its namespace.
+NODE_IF = "eth0"
+#: Bridge name inside the hub namespace.
+BRIDGE = _reaper.HUB_BRIDGE
+#: MTU-sized Ethernet frame (bytes), the unit of HTB's burst and quantum.
+FRAME = 1514
+#: Token bucket depth in seconds of traffic at the shaped rate (floored at two frames).
+BURST_S = 0.001
+#: Queue (TBF limit) in seconds of traffic at the shaped rate, within the bounds below.
+QUEUE_S = 0.5
+QUEUE_MIN_FRAMES = 100
+QUEUE_MAX_BYTES = 16 << 20
+#: TCP goodput per byte of Ethernet frame at MTU 1500 with timestamps: 1448 / 1514.
+GOODPUT_FACTOR = 1448 / 1514
+
+_SEARCH_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin")
+_CAP_NET_ADMIN = 12
+_CAP_SYS_ADMIN = 21
+
+_NO_ROOT_HINT = (
+    "hetps netem needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces, "
+    "veth pairs and tc qdiscs; run it as root (e.g. sudo), or use the in-process shaper "
+    "instead: set HETPS_SHAPE_MBIT=<rate> to rate-limit the transport with a token bucket "
+    "(no root needed, but less exact: it paces messages in user space, so it sees no kernel "
+    "queues, no TCP dynamics and no per-packet timing)"
+)
+
+
+class NetemError(RuntimeError):
+    """The emulator could not be set up, changed or torn down."""
+
+
+class NetemPermissionError(NetemError, PermissionError):
+    """Not root (or missing capabilities / tools) — the message points to the alternative."""
+
+
+class NetemUnsupportedError(NetemError):
+    """The kernel lacks a feature the scenario needs (e.g. sch_netem for ``delay_ms``)."""
+
+
+def goodput_mbit(rate_mbit: float) -> float:
+    """TCP payload throughput expected on a link shaped to ``rate_mbit`` (frames incl. headers)."""
+    return rate_mbit * GOODPUT_FACTOR
+
+
+def find_tool(name: str) -> str | None:
+    """Absolute path of ``name`` (``ip``, ``tc``) on ``PATH`` or in the usual sbin dirs."""
+    path = shutil.which(name)
+    if path:
+        return path
+    for d in _SEARCH_DIRS:
+        cand = os.path.join(d, name)
+        if os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _has_caps() -> bool:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    caps = int(line.split()[1], 16)
+                    return bool(caps >> _CAP_NET_ADMIN & 1) and bool(caps >> _CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def require_root() -> tuple[str, str]:
+    """Check that namespaces can be created here; return the paths of ``ip`` and ``tc``.
+
+    Raises:
+        NetemPermissionError: not root / missing capabilities, not Linux, or ``ip``/``tc``
+            missing. The message says what is missing and points to the in-process shaper.
+    """
+    if not sys.platform.startswith("linux"):
+        raise NetemPermissionError(f"hetps netem needs Linux network namespaces. {_NO_ROOT_HINT}")
+    if not _has_caps():
+        who = (
+            "not running as root"
+            if os.geteuid() != 0
+            else "running as root but without CAP_NET_ADMIN and CAP_SYS_ADMIN "
+            "(a restricted container?)"
+        )
+        raise NetemPermissionError(f"{who}. {_NO_ROOT_HINT}")
+    ip, tc = find_tool("ip"), find_tool("tc")
+    missing = [n for n, p in (("ip", ip), ("tc", tc)) if p is None]
+    if missing:
+        raise NetemPermissionError(
+            f"{' and '.join(missing)} not found (install iproute2). {_NO_ROOT_HINT}"
+        )
+    if not os.path.isdir("/proc/self/ns") or not os.path.exists("/proc/self/ns/net"):
+        raise NetemPermissionError(f"this kernel has no network namespaces. {_NO_ROOT_HINT}")
+    assert ip is not None and tc is not None
+    return ip, tc
+
+
+def _run(argv: Sequence[str], *, input: str | None = None, what: str = "") -> str:
+    r = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        msg = (r.stderr or r.stdout).strip()
+        if "qdisc kind is unknown" in msg and "netem" in (input or " ".join(argv)):
+            raise NetemUnsupportedError(
+                "delay_ms needs the kernel's netem qdisc (CONFIG_NET_SCH_NETEM / module "
+                "sch_netem), which this kernel lacks; fix: load sch_netem, or remove delay_ms "
+                "from the scenario"
+            )
+        if "Operation not permitted" in msg or "Permission denied" in msg:
+            raise NetemPermissionError(f"{what or 'command'}: {msg}. {_NO_ROOT_HINT}")
+        detail = f"\n--- commands ---\n{input}" if input else ""
+        raise NetemError(f"{what or 'command'} failed: {' '.join(argv)}: {msg}{detail}")
+    return r.stdout
+
+
+def _bits(rate_mbit: float) -> int:
+    return max(8000, int(round(rate_mbit * 1e6)))
+
+
+def _tbf_params(rate_bit: int) -> str:
+    """``rate … burst … limit …`` for a TBF shaper (see docs/NETEM.md, "Limits")."""
+    rate_bps = rate_bit / 8
+    burst = max(2 * FRAME, int(rate_bps * BURST_S))
+    limit = int(min(max(rate_bps * QUEUE_S, QUEUE_MIN_FRAMES * FRAME), QUEUE_MAX_BYTES))
+    return f"rate {rate_bit}bit burst {burst} limit {limit}"
+
+
+# The per-destination classifier: HTB classes so fast they never throttle (TBFs shape).
+_CLASSIFY = "rate 100gbit ceil 100gbit burst 1m cburst 1m quantum 60000"
+
+
+def _pick_subnet(ip: str) -> ipaddress.IPv4Network:
+    """First ``10.77.k.0/24`` (then ``172.30.k``, ``192.168.k``) that overlaps no address or
+    route of the caller's namespace. The nodes' namespaces are isolated, so this only keeps
+    their addresses from being confused with the host's in logs and configs."""
+    used: list[ipaddress.IPv4Network] = []
+    for argv in ([ip, "-o", "-4", "addr", "show"], [ip, "-4", "route", "show", "table", "all"]):
+        out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+        for tok in out.split():
+            if tok[:1].isdigit() and ("/" in tok or tok.count(".") == 3):
+                try:
+                    used.append(ipaddress.IPv4Network(tok, strict=False))
+                except ValueError:
+                    pass
+    for base in ("10.77", "172.30", "192.168"):
+        for k in range(256):
+            cand = ipaddress.IPv4Network(f"{base}.{k}.0/24")
+            if not any(cand.overlaps(u) for u in used if u.prefixlen > 0):
+                return cand
+    raise NetemError("no free private /24 subnet; fix: pass subnet='10.x.y.0/24' to Netem")
+
+
+@dataclass
+class RunInfo:
+    """A set of namespaces that belong to one emulator run (for ``show`` and ``cleanup``)."""
+
+    run_id: str
+    pid: int
+    alive: bool
+    namespaces: list[str] = field(default_factory=list)
+
+
+def list_runs(prefix: str = DEFAULT_PREFIX, *, ip: str | None = None) -> list[RunInfo]:
+    """Emulator runs whose namespaces exist now, grouped by run id, with owner liveness."""
+    ip = ip or find_tool("ip")
+    if ip is None:
+        return []
+    runs: dict[str, RunInfo] = {}
+    for name in _reaper.list_namespaces(ip):
+        m = _reaper.NAME_RE.match(name)
+        if not m or m.group("prefix") != prefix:
+            continue
+        run_id = name.rsplit("-", 1)[0]
+        pid = int(m.group("pid"))
+        info = runs.setdefault(run_id, RunInfo(run_id, pid, _reaper.pid_alive(pid)))
+        info.namespaces.append(name)
+    for info in runs.values():
+        info.namespaces.sort(key=lambda s: (s.endswith("-hub"), len(s), s))
+    return sorted(runs.values(), key=lambda r: r.run_id)
+
+
+def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[str]:
+    """Remove namespaces left behind by crashed runs with ``prefix``; return their names.
+
+    A run is stale when its owner process (the pid in the namespace names) is gone. With
+    ``force=True`` live runs are removed too (their processes inside are killed).
+    """
+    ip, _ = require_root()
+    removed: list[str] = []
+    for info in list_runs(prefix, ip=ip):
+        if info.alive and not force:
+            log.info("netem: keeping live run %s (owner pid %d)", info.run_id, info.pid)
+            continue
+        removed += _reaper.remove_run(ip, info.run_id, names=info.namespaces)
+    return removed
+
+
+class Netem:
+    """N network namespaces on one bridge, each node's sending/receiving rate shaped by tc.
+
+    Use as a context manager::
+
+        with Netem(Scenario.static([20, 80, 80])) as net:
+            srv = net.popen(1, ["python", "server.py", "--bind", net.node_ip(1)])
+            ...
+
+    Args:
+        scenario: a :class:`Scenario`, or a list of per-node rates (Mbit/s) for a static one.
+        subnet: IPv4 /24 (or larger) for the nodes; default the first ``10.77.k.0/24`` that
+            does not overlap the caller's own addresses or routes.
+        prefix: lowercase letters starting every namespace name (default ``hps``).
+        reaper: start a guard process that removes everything if this process is SIGKILLed.
+        handle_signals: install SIGINT/SIGTERM handlers that close the emulator and then
+            behave as before (the previous Python handler, else KeyboardInterrupt for SIGINT
+            and ``SystemExit(128 + signum)`` for SIGTERM). A signal that is ignored when the
+            emulator starts (nohup, background jobs) stays ignored. Main thread only; meant
+            for CLIs.
+        epoch: the scenario epoch whose rates are applied at start.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario | Sequence[float],
+        *,
+        subnet: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        reaper: bool = True,
+        handle_signals: bool = False,
+        epoch: int = 0,
+    ) -> None:
+        if not isinstance(scenario, Scenario):
+            scenario = Scenario.static(list(scenario))
+        if not prefix.isalpha() or not prefix.islower() or not prefix.isascii():
+            raise ValueError(f"prefix must be lowercase ASCII letters, got {prefix!r}")
+        self.scenario = scenario
+        self.n = scenario.nodes
+        self.prefix = prefix
+        self.run_id = f"{prefix}{os.getpid()}-{secrets.token_hex(3)}"
+        self.hub = f"{self.run_id}-hub"
+        self.namespaces = [f"{self.run_id}-n{i}" for i in range(self.n)]
+        self.epoch = epoch
+        self._rates = [float(r) for r in scenario.rates_at(epoch)]
+        self._subnet_arg = subnet
+        self._subnet: ipaddress.IPv4Network | None = None
+        self._want_reaper = reaper
+        self._handle_signals = handle_signals
+        self._lock = threading.RLock()
+        self._state = "new"  # new -> starting -> up -> closed
+        self._created: list[str] = []
+        self._procs: list[subprocess.Popen[Any]] = []
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._old_handlers: dict[int, Any] = {}
+        self._driver: DynamicDriver | None = None
+        self._ip = self._tc = ""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Netem:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> Netem:
+        """Create namespaces, bridge, veths, addresses and qdiscs; undo all of it on error."""
+        with self._lock:
+            if self._state != "new":
+                raise NetemError(f"Netem.start(): already {self._state}")
+            self._ip, self._tc = require_root()
+            self._state = "starting"
+            atexit.register(self.close)
+            try:
+                if self._handle_signals:
+                    self._install_signal_handlers()
+                if self._want_reaper:
+                    self._start_reaper()
+                self._subnet = self._choose_subnet()
+                self._build()
+                self._shape_all()
+            except BaseException:
+                self.close()
+                raise
+            self._state = "up"
+            log.info(
+                "netem: %d nodes up (run %s, subnet %s, rates %s Mbit/s)",
+                self.n,
+                self.run_id,
+                self._subnet,
+                ", ".join(f"{r:g}" for r in self._rates),
+            )
+            return self
+
+    def close(self) -> None:
+        """Stop the driver and node processes, remove every device and namespace. Idempotent."""
+        drv = self._driver
+        if drv is not None:
+            drv.stop()  # outside the lock: the driver may be waiting for it in set_rates
+        with self._lock:
+            if self._state in ("new", "closed"):
+                self._state = "closed"
+                return
+            self._state = "closed"
+            atexit.unregister(self.close)
+            clean = False
+            try:
+                self._stop_procs()
+                names = sorted(set(self._created) | set(self._live_names()))
+                if names:
+                    _reaper.remove_run(self._ip, self.run_id, names=names)
+                left = self._live_names()
+                if left:
+                    log.error("netem: could not remove %s", left)
+                clean = not left
+            finally:
+                # Unless everything is gone, let the reaper make one more attempt.
+                self._stop_reaper(clean)
+                self._restore_signal_handlers()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return self._state == "closed"
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def rates(self) -> list[float]:
+        """Per-node rates (Mbit/s) currently applied."""
+        return list(self._rates)
+
+    @property
+    def subnet(self) -> str:
+        """The nodes' IPv4 subnet, e.g. ``10.77.0.0/24``."""
+        self._require_up()
+        return str(self._subnet)
+
+    def node_ns(self, i: int) -> str:
+        """Namespace name of node ``i``."""
+        self._check_index(i)
+        return self.namespaces[i]
+
+    def node_ip(self, i: int) -> str:
+        """IPv4 address of node ``i`` (``<subnet>.(i+1)``)."""
+        self._check_index(i)
+        self._require_up()
+        assert self._subnet is not None
+        return str(self._subnet.network_address + i + 1)
+
+    def node_ips(self) -> list[str]:
+        """Addresses of all nodes, by index."""
+        return [self.node_ip(i) for i in range(self.n)]
+
+    def node_env(self, i: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default ``os.environ``) plus ``HETPS_NETEM_NODE/IP/NODES/IPS`` for node ``i``."""
+        env = dict(os.environ if base is None else base)
+        env.update(
+            HETPS_NETEM_NODE=str(i),
+            HETPS_NETEM_IP=self.node_ip(i),
+            HETPS_NETEM_NODES=str(self.n),
+            HETPS_NETEM_IPS=",".join(self.node_ips()),
+        )
+        return env
+
+    def exec_argv(self, i: int, argv: Sequence[str]) -> list[str]:
+        """``[ip, 'netns', 'exec', <ns of node i>, *argv]`` (``ip`` as an absolute path)."""
+        self._require_up()
+        return [self._ip, "netns", "exec", self.node_ns(i), *argv]
+
+    def popen(self, i: int, argv: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside node ``i``'s namespace (``subprocess.Popen`` keywords apply).
+
+        The process is tracked: :meth:`close` terminates it (SIGTERM, then SIGKILL) if it is
+        still running.
+        """
+        p = subprocess.Popen(self.exec_argv(i, argv), **kw)
+        with self._lock:
+            self._procs.append(p)
+        return p
+
+    def run(self, i: int, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
+        """Run ``argv`` to completion inside node ``i``'s namespace (``subprocess.run``)."""
+        return subprocess.run(self.exec_argv(i, argv), **kw)
+
+    # -- live changes ------------------------------------------------------------------------
+
+    def set_rates(self, rates_mbit: Sequence[float], *, epoch: int | None = None) -> None:
+        """Re-shape every node to ``rates_mbit`` (one per node) in place (``tc class change``)."""
+        rates = [float(r) for r in rates_mbit]
+        if len(rates) != self.n or any(not r > 0 for r in rates):
+            raise ValueError(f"set_rates: need {self.n} positive rates (Mbit/s), got {rates}")
+        with self._lock:
+            self._require_up()
+            self._shape_all(rates, change=True)
+            self._rates = rates
+            if epoch is not None:
+                self.epoch = epoch
+        log.info("netem: rates now %s Mbit/s", ", ".join(f"{r:g}" for r in rates))
+
+    def start_dynamic(
+        self, on_change: Callable[[int, list[float]], None] | None = None
+    ) -> DynamicDriver:
+        """Start a :class:`DynamicDriver` for this emulator's scenario; stopped by close()."""
+        with self._lock:
+            self._require_up()
+            if self._driver is not None:
+                raise NetemError("start_dynamic(): a driver is already running")
+            self._driver = DynamicDriver(self, on_change=on_change, start_epoch=self.epoch)
+            return self._driver.start()
+
+    def tc_stats(self, i: int, *, ingress: bool = False) -> str:
+        """``tc -s qdisc show`` of node ``i``'s egress (or ingress) shaper, for debugging."""
+        self._require_up()
+        ns, dev = (self.hub, f"v{i}") if ingress else (self.node_ns(i), NODE_IF)
+        return _run([self._tc, "-n", ns, "-s", "qdisc", "show", "dev", dev], what="tc show")
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_index(self, i: int) -> None:
+        if not 0 <= i < self.n:
+            raise IndexError(f"node index {i} out of range 0..{self.n - 1}")
+
+    def _require_up(self) -> None:
+        if self._state not in ("up", "starting"):
+            raise NetemError(f"Netem is {self._state}; use it inside `with Netem(...)`")
+
+    def _live_names(self) -> list[str]:
+        if not self._ip:
+            return []
+        return [n for n in _reaper.list_namespaces(self._ip) if n.startswith(self.run_id + "-")]
+
+    def _choose_subnet(self) -> ipaddress.IPv4Network:
+        if self._subnet_arg is None:
+            return _pick_subnet(self._ip)
+        net = ipaddress.IPv4Network(self._subnet_arg, strict=True)
+        if net.num_addresses - 2 < self.n:
+            raise NetemError(f"subnet {net} has room for {net.num_addresses - 2} < {self.n} nodes")
+        return net
+
+    def _netns_add(self, name: str) -> None:
+        if self._state != "starting":  # e.g. a signal handler closed us during setup
+            raise NetemError(f"Netem closed during setup (state {self._state})")
+        self._created.append(name)  # before creating: a signal in between must still undo it
+        _run([self._ip, "netns", "add", name], what=f"creating namespace {name}")
+
+    def _build(self) -> None:
+        assert self._subnet is not None
+        self._netns_add(self.hub)
+        hub_cmds = [
+            f"link add {BRIDGE} type bridge stp_state 0",
+            f"link set dev {BRIDGE} addrgenmode none",
+            f"link set {BRIDGE} up",
+            "link set lo up",
+        ]
+        _run(
+            [self._ip, "-n", self.hub, "-batch", "-"],
+            input="\n".join(hub_cmds) + "\n",
+            what="creating the bridge",
+        )
+        plen = self._subnet.prefixlen
+        for i, ns in enumerate(self.namespaces):
+            self._netns_add(ns)
+            hub_cmds = [
+                f"link add v{i} type veth peer name {NODE_IF} netns {ns}",
+                f"link set dev v{i} addrgenmode none",
+                f"link set v{i} master {BRIDGE}",
+                f"link set v{i} up",
+            ]
+            _run(
+                [self._ip, "-n", self.hub, "-batch", "-"],
+                input="\n".join(hub_cmds) + "\n",
+                what=f"creating veth of node {i}",
+            )
+            node_cmds = [
+                "link set lo up",
+                f"link set dev {NODE_IF} addrgenmode none",
+                f"addr add {self.node_ip(i)}/{plen} dev {NODE_IF}",
+                f"link set {NODE_IF} up",
+            ]
+            _run(
+                [self._ip, "-n", ns, "-batch", "-"],
+                input="\n".join(node_cmds) + "\n",
+                what=f"configuring node {i}",
+            )
+
+    def _shape_all(self, rates: list[float] | None = None, *, change: bool = False) -> None:
+        rates = self._rates if rates is None else rates
+        pair = self.scenario.pair_rates_mbit
+        delay = self.scenario.delay_ms
+        hub_cmds: list[str] = []
+        for i in range(self.n):
+            node_cmds = self._egress_cmds(i, rates[i], pair[i] if pair else None, delay[i], change)
+            _run(
+                [self._tc, "-n", self.node_ns(i), "-batch", "-"],
+                input="\n".join(node_cmds) + "\n",
+                what=f"shaping node {i} egress",
+            )
+            hub_cmds += self._ingress_cmds(i, rates[i], change)
+        _run(
+            [self._tc, "-n", self.hub, "-batch", "-"],
+            input="\n".join(hub_cmds) + "\n",
+            what="shaping ingress",
+        )
+
+    def _egress_cmds(
+        self, i: int, rate: float, pair_row: Sequence[float] | None, delay_ms: float, change: bool
+    ) -> list[str]:
+        """Node egress: root TBF at the node's rate; under it (pair rates) an HTB classifier
+        with one TBF per destination; an optional netem delay under each leaf."""
+        dev = NODE_IF
+        if change:  # only the node's rate changes; the pair caps are static
+            return [f"qdisc change dev {dev} root handle 1: tbf {_tbf_params(_bits(rate))}"]
+        cmds = [f"qdisc add dev {dev} root handle 1: tbf {_tbf_params(_bits(rate))}"]
+        netem = ""
+        if delay_ms > 0:
+            limit = max(1000, int(_bits(rate) / 8 * delay_ms / 1000 / FRAME * 4))
+            netem = f"netem delay {delay_ms:g}ms limit {limit}"
+        if pair_row is None:
+            if netem:
+                cmds.append(f"qdisc add dev {dev} parent 1:1 handle 10: {netem}")
+            return cmds
+        cmds.append(f"qdisc add dev {dev} parent 1:1 handle 2: htb default 10")
+        cmds.append(f"class add dev {dev} parent 2: classid 2:10 htb {_CLASSIFY}")
+        if netem:
+            cmds.append(f"qdisc add dev {dev} parent 2:10 handle 10: {netem}")
+        for j in range(self.n):
+            if j == i:
+                continue
+            h = f"{0x100 + j:x}"
+            cmds += [
+                f"class add dev {dev} parent 2: classid 2:{h} htb {_CLASSIFY}",
+                f"qdisc add dev {dev} parent 2:{h} handle {h}: "
+                f"tbf {_tbf_params(_bits(pair_row[j]))}",
+                f"filter add dev {dev} parent 2: protocol ip prio 1 u32 "
+                f"match ip dst {self.node_ip(j)}/32 flowid 2:{h}",
+            ]
+            if netem:
+                cmds.append(f"qdisc add dev {dev} parent {h}:1 handle {0x1000 + j:x}: {netem}")
+        return cmds
+
+    def _ingress_cmds(self, i: int, rate: float, change: bool) -> list[str]:
+        """Node ingress: a TBF on the bridge-side veth ``v<i>`` (its egress toward node i)."""
+        verb = "change" if change else "add"
+        return [f"qdisc {verb} dev v{i} root handle 1: tbf {_tbf_params(_bits(rate))}"]
+
+    def _stop_procs(self) -> None:
+        procs = [p for p in self._procs if p.poll() is None]
+        for p in procs:
+            try:
+                p.terminate()
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                try:
+                    p.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    log.error("netem: pid %d does not die", p.pid)
+
+    def _start_reaper(self) -> None:
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-I", _reaper.__file__, self._ip, self.run_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a signal to our process group must not kill it
+            close_fds=True,
+        )
+
+    def _stop_reaper(self, clean: bool) -> None:
+        rp, self._reaper = self._reaper, None
+        if rp is None:
+            return
+        try:
+            assert rp.stdin is not None
+            if clean:
+                rp.stdin.write(b"done\n")
+            rp.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            rp.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            rp.kill()
+            rp.wait(timeout=5.0)
+
+    @property
+    def reaper_pid(self) -> int | None:
+        """Pid of the guard process (``None`` without one)."""
+        return self._reaper.pid if self._reaper is not None else None
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            raise NetemError("handle_signals=True needs the main thread")
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # ignored on purpose (nohup, a background job): leave it so
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        old, self._old_handlers = self._old_handlers, {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        prev = self._old_handlers.get(signum, signal.SIG_DFL)
+        log.warning("netem: signal %d, removing namespaces of run %s", signum, self.run_id)
+        self.close()  # restores the previous handlers
+        if callable(prev):
+            prev(signum, frame)
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        else:
+            raise SystemExit(128 + signum)
+
+    def __repr__(self) -> str:
+        return f"Netem(run_id={self.run_id!r}, nodes={self.n}, state={self._state!r})"
+
+
+class DynamicDriver:
+    """Re-applies the scenario's rates every ``period_s`` in a background thread.
+
+    Epoch ``k`` starts ``k * period_s`` after :meth:`start` (anchored, so no drift); waits use
+    ``Event.wait(timeout)`` and :meth:`stop` wakes the thread at once.
+
+    Args:
+        netem: a started :class:`Netem`.
+        scenario: defaults to ``netem.scenario``; must be dynamic.
+        on_change: called as ``on_change(epoch, rates)`` after every change (driver thread).
+        start_epoch: the epoch already applied.
+        period_s: override the scenario's period (e.g. short periods in tests).
+    """
+
+    def __init__(
+        self,
+        netem: Netem,
+        scenario: Scenario | None = None,
+        *,
+        on_change: Callable[[int, list[float]], None] | None = None,
+        start_epoch: int = 0,
+        period_s: float | None = None,
+    ) -> None:
+        self.netem = netem
+        self.scenario = scenario or netem.scenario
+        period = period_s if period_s is not None else self.scenario.period_s
+        if period is None or not period > 0:
+            raise ValueError("DynamicDriver needs a dynamic scenario (period_s > 0)")
+        self.period_s = float(period)
+        self.on_change = on_change
+        self.epoch = start_epoch
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> DynamicDriver:
+        """Start the thread; returns self."""
+        if self._thread is not None:
+            raise RuntimeError("DynamicDriver already started")
+        self._thread = threading.Thread(target=self._loop, name="hetps-netem-dynamic", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to stop and join it (bounded by ``timeout``)."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+
+    def __enter__(self) -> DynamicDriver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        t0 = time.monotonic()
+        first = self.epoch
+        while True:
+            due = t0 + (self.epoch + 1 - first) * self.period_s
+            if self._stop.wait(max(0.0, due - time.monotonic())):
+                return
+            epoch = self.epoch + 1
+            rates = self.scenario.rates_at(epoch)
+            try:
+                self.netem.set_rates(rates, epoch=epoch)
+            except BaseException as e:  # noqa: BLE001 - reported through .error
+                if self._stop.is_set() or self.netem.closed:
+                    return
+                self.error = e
+                log.error("netem: dynamic rate change failed: %s", e)
+                return
+            self.epoch = epoch
+            if self.on_change is not None:
+                try:
+                    self.on_change(epoch, rates)
+                except Exception:  # noqa: BLE001
+                    log.exception("netem: on_change callback failed")

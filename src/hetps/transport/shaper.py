@@ -1,0 +1,40 @@
+"""An in-process token-bucket limiter for a node's sending rate (``HETPS_SHAPE_MBIT``).
+
+The fallback when Linux traffic control is not available (no root): before a message leaves,
+the sender waits until the bucket holds enough tokens for its bytes. Less exact than ``tc``
+(it shapes whole messages, not packets, and ZeroMQ's own buffering sits after it), so use
+``hetps netem`` where you can.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class TokenBucket:
+    """Limit to ``rate_bytes_per_s`` with bursts of at most ``burst_bytes``."""
+
+    def __init__(self, rate_bytes_per_s: float, burst_bytes: float | None = None) -> None:
+        if rate_bytes_per_s <= 0:
+            raise ValueError("the shaping rate must be > 0")
+        self.rate = float(rate_bytes_per_s)
+        self.burst = float(burst_bytes if burst_bytes is not None else max(64 * 1024, self.rate / 20))
+        self.tokens = self.burst
+        self.stamp = time.monotonic()
+        self.lock = threading.Lock()
+
+    def delay_for(self, nbytes: int, now: float) -> float:
+        """Take ``nbytes`` of tokens (going into debt if needed); seconds the caller must wait."""
+        with self.lock:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            self.tokens -= nbytes
+            return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+
+    def acquire(self, nbytes: int) -> float:
+        """Block until ``nbytes`` may be sent; returns the seconds waited."""
+        wait = self.delay_for(nbytes, time.monotonic())
+        if wait > 0:
+            time.sleep(wait)  # this *is* the emulated link: time spent on the wire
+        return wait
