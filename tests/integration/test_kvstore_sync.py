@@ -95,3 +95,16 @@ print('KEYS-OK', flush=True)
     rc, out = cluster(code, workers=1, servers=3)
     assert rc == 0, out
     assert "KEYS-OK" in out
+
+
+def test_verbose_logs_in_ps_lite_style(cluster):
+    code = """
+kv = hetps.kv.create('dist_sync')
+kv.init(1, np.zeros(2, np.float32))
+kv.push(1, np.ones(2, np.float32))
+"""
+    rc, out = cluster(code, workers=2, servers=1, env={"PS_VERBOSE": "2"})
+    assert rc == 0, out
+    assert "assign rank=9 to node role=worker, ip=127.0.0.1, port=" in out
+    assert "assign rank=8 to node role=server" in out and "is_recovery=0" in out
+    assert "push req=" in out  # level 2: every message
