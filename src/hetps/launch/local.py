@@ -126,6 +126,9 @@ class Launcher:
                 old[sig] = signal.signal(sig, self._on_signal)
         try:
             return self._run()
+        except OSError as exc:  # e.g. the worker command does not exist
+            self._log(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
+            return 127
         except KeyboardInterrupt:
             self._log("interrupted: stopping every process")
             return 130
