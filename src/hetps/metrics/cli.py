@@ -1,0 +1,146 @@
+"""``hetps summary`` and ``hetps plot``: read a LOGDIR of runs, print/write summaries, draw PNGs.
+
+Usage::
+
+    hetps summary LOGDIR [--json FILE]
+    hetps plot LOGDIR [--out DIR] [--run RUN] [--window START,END] [--figure NAME ...]
+
+Wiring into the ``hetps`` command: call :func:`add_parser` with the top-level subparsers (it
+registers both subcommands with ``set_defaults(func=...)``; ``func(args) -> int``), or call
+:func:`main` with an argv that starts with ``summary`` or ``plot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hetps.metrics.records import MetricsError
+from hetps.metrics.summary import format_summary, summarize, write_json
+
+__all__ = ["add_parser", "build_parser", "cmd_plot", "cmd_summary", "main"]
+
+
+def _window(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected START,END in seconds, e.g. 10,12"
+        ) from e
+    if b <= a:
+        raise argparse.ArgumentTypeError(f"{text!r}: END must be greater than START")
+    return a, b
+
+
+def _warn(prog: str, errors: list[str]) -> None:
+    for e in errors:
+        print(f"{prog}: skipped a run: {e}", file=sys.stderr)
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    """``hetps summary``: print a table per run; with ``--json FILE`` write the summary JSON."""
+    errors: list[str] = []
+    try:
+        summary = summarize(args.logdir, errors=errors)
+    except FileNotFoundError as e:
+        print(f"hetps summary: {e}", file=sys.stderr)
+        return 2
+    _warn("hetps summary", errors)
+    if not summary["runs"]:
+        print(
+            f"hetps summary: no runs under {args.logdir} (a run directory holds run.json)",
+            file=sys.stderr,
+        )
+        if args.json:
+            write_json(summary, args.json)
+        return 1
+    print(format_summary(summary), end="")
+    if args.json:
+        path = write_json(summary, args.json)
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    """``hetps plot``: write the figures as PNG files and print their paths."""
+    from hetps.metrics.plot import plot
+
+    errors: list[str] = []
+    try:
+        result = plot(
+            args.logdir,
+            out=args.out,
+            run=args.run,
+            window=args.window,
+            only=args.figure or None,
+            errors=errors,
+        )
+    except FileNotFoundError as e:
+        print(f"hetps plot: {e}", file=sys.stderr)
+        return 2
+    except MetricsError as e:
+        _warn("hetps plot", errors)
+        print(f"hetps plot: {e}", file=sys.stderr)
+        return 1
+    _warn("hetps plot", errors)
+    for note in result.notes:
+        print(f"note: {note}")
+    for path in result.written:
+        print(f"wrote {path}")
+    return 0 if result.written else 1
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``summary`` and ``plot`` on a top-level ``add_subparsers()`` object; each sets
+    ``func`` so the caller runs ``sys.exit(args.func(args))``."""
+    s = subparsers.add_parser(
+        "summary",
+        help="time to accuracy, throughput, traffic, computing-time ratio, ASRIT per run",
+        description="Summarize every run (directory with run.json) under LOGDIR.",
+    )
+    s.add_argument("logdir", metavar="LOGDIR")
+    s.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
+    s.set_defaults(func=cmd_summary)
+
+    p = subparsers.add_parser(
+        "plot",
+        help="draw accuracy, throughput, traffic and timeline figures (PNG)",
+        description="Draw the figures of the runs under LOGDIR as PNG files.",
+    )
+    p.add_argument("logdir", metavar="LOGDIR")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: LOGDIR/figures)")
+    p.add_argument("--run", metavar="RUN", help="traffic timeline of this run only (dir or name)")
+    p.add_argument(
+        "--window",
+        type=_window,
+        metavar="START,END",
+        help="traffic timeline: only these seconds since run start",
+    )
+    p.add_argument(
+        "--figure",
+        action="append",
+        metavar="NAME",
+        help="draw only this figure (repeatable), e.g. traffic_timeline",
+    )
+    p.set_defaults(func=cmd_plot)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A stand-alone parser with the ``summary`` and ``plot`` subcommands."""
+    parser = argparse.ArgumentParser(prog="hetps", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``summary ...`` or ``plot ...`` (argv without the program name); returns the code."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

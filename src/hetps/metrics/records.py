@@ -1,0 +1,543 @@
+"""Run directories: ``run.json`` and per-worker iteration logs (JSON lines), written and read.
+
+A run directory holds::
+
+    RUN/run.json                 what was run (mode, network, workers, slowdowns, devices...)
+    RUN/worker-<rank>.jsonl      one JSON object per iteration of that worker
+    RUN/traffic-<role><rank>.jsonl   bytes per link in time buckets (see traffic.py)
+
+Writers (:class:`RunWriter`, :class:`IterationLog`) validate what they write, so a mistake in
+the training loop fails at the first iteration and not at plotting time. Readers
+(:func:`load_run`, :func:`find_runs`) tolerate the torn last line a killed run leaves behind,
+and fail with a message that names the file and line for anything else. The format is
+documented in docs/METRICS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "MODES",
+    "ITERATION_KEYS",
+    "RUN_KEYS",
+    "MetricsError",
+    "RunNotFoundError",
+    "RunWriter",
+    "IterationLog",
+    "Run",
+    "load_run",
+    "find_runs",
+    "read_jsonl",
+    "validate_record",
+    "new_run_dir",
+    "run_meta",
+]
+
+RUN_FILE = "run.json"
+MODES = ("esync", "sync", "async", "dcasgd", "local")
+
+#: Keys every ``run.json`` has (``RunWriter`` fills the ones marked optional in the docs).
+RUN_KEYS = (
+    "mode",
+    "network",
+    "workers",
+    "servers",
+    "batch_size",
+    "slowdown",
+    "split_by_class",
+    "started_at",
+    "devices",
+)
+
+#: Keys every iteration record has; ``loss`` may be null, the rest are numbers.
+ITERATION_KEYS = (
+    "rank",
+    "iter",
+    "epoch",
+    "t",
+    "samples",
+    "loss",
+    "local_steps",
+    "compute_s",
+    "push_s",
+    "pull_s",
+    "wait_s",
+    "bytes_sent",
+    "bytes_recv",
+)
+_INT_KEYS = ("rank", "iter", "epoch", "samples", "local_steps", "bytes_sent", "bytes_recv")
+_NONNEG_KEYS = ("compute_s", "push_s", "pull_s", "wait_s", "samples", "bytes_sent", "bytes_recv")
+
+_WORKER_FILE = re.compile(r"^worker-(\d+)\.jsonl$")
+
+
+class MetricsError(ValueError):
+    """A run directory or record that does not follow the log format (message says the fix)."""
+
+
+class RunNotFoundError(MetricsError, FileNotFoundError):
+    """The directory has no ``run.json``: it is not a hetps run directory."""
+
+
+# --------------------------------------------------------------------------------------------
+# JSON helpers
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as plain JSON data: NumPy/torch scalars and arrays become numbers and lists,
+    non-finite floats become ``None`` (standard JSON has no NaN)."""
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    for attr in ("tolist", "item"):  # numpy, torch: no import needed
+        fn = getattr(value, attr, None)
+        if callable(fn):
+            return _plain(fn())
+    raise MetricsError(
+        f"cannot write {value!r} (type {type(value).__name__}) as JSON; "
+        "fix: pass numbers, strings, lists or dicts"
+    )
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:
+    """Read a JSON-lines file; returns ``(objects, truncated)``.
+
+    Blank lines are skipped. A last line that does not parse (a run killed mid-write) is
+    dropped and ``truncated`` is True; a bad line anywhere else raises :class:`MetricsError`
+    naming the file and line.
+    """
+    p = Path(path)
+    lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    out: list[dict[str, Any]] = []
+    truncated = False
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                truncated = True
+                break
+            raise MetricsError(f"{p}:{i + 1}: not JSON ({e.msg}); the file is corrupt") from e
+        if not isinstance(obj, dict):
+            raise MetricsError(f"{p}:{i + 1}: expected a JSON object, got {type(obj).__name__}")
+        out.append(obj)
+    return out, truncated
+
+
+# --------------------------------------------------------------------------------------------
+# Writers
+
+
+def run_meta(
+    mode: str,
+    network: str,
+    workers: int,
+    servers: int,
+    batch_size: int,
+    slowdown: list[float] | None = None,
+    split_by_class: bool = False,
+    started_at: float | None = None,
+    devices: Mapping[Any, str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A complete, validated ``run.json`` dict; missing optional fields get their defaults.
+
+    ``slowdown`` defaults to 1 for every worker, ``started_at`` to now, and ``devices`` to
+    ``"worker<r>"`` (with ``", slowdown x<k>"`` where k != 1). Extra keyword arguments are
+    stored as free extra keys (``scheme``, ``slice_size``, ``scenario``...).
+    """
+    meta: dict[str, Any] = dict(extra)
+    meta.update(
+        mode=mode,
+        network=network,
+        workers=workers,
+        servers=servers,
+        batch_size=batch_size,
+        split_by_class=split_by_class,
+    )
+    if slowdown is None:
+        slowdown = [1.0] * int(workers) if isinstance(workers, int) else []
+    meta["slowdown"] = slowdown
+    meta["started_at"] = time.time() if started_at is None else started_at
+    if devices is None:
+        devices = {r: _default_label(r, s) for r, s in enumerate(slowdown)}
+    meta["devices"] = devices
+    return _validate_meta(meta)
+
+
+def _default_label(rank: int, slowdown: float) -> str:
+    s = float(slowdown)
+    return f"worker{rank}" if s == 1 else f"worker{rank} (slowdown x{s:g})"
+
+
+def _validate_meta(meta: Mapping[str, Any], where: str = "run.json") -> dict[str, Any]:
+    m = _plain(dict(meta))
+    missing = [k for k in RUN_KEYS if k not in m]
+    if missing:
+        raise MetricsError(
+            f"{where}: missing key(s) {', '.join(missing)}; fix: see docs/METRICS.md"
+        )
+    if m["mode"] not in MODES:
+        raise MetricsError(
+            f"{where}: mode {m['mode']!r} is not one of {', '.join(MODES)} "
+            "(async with DC-ASGD is stored as 'dcasgd')"
+        )
+    if not isinstance(m["network"], str) or not m["network"]:
+        raise MetricsError(f"{where}: network must be a non-empty model name")
+    for k in ("workers", "servers", "batch_size"):
+        if not isinstance(m[k], int) or isinstance(m[k], bool) or m[k] < 0:
+            raise MetricsError(f"{where}: {k} must be an integer >= 0, got {m[k]!r}")
+    if m["workers"] < 1:
+        raise MetricsError(f"{where}: workers must be >= 1, got {m['workers']}")
+    sd = m["slowdown"]
+    if not isinstance(sd, list) or not all(_is_number(x) and x > 0 for x in sd):
+        raise MetricsError(f"{where}: slowdown must be a list of numbers > 0, got {sd!r}")
+    if len(sd) != m["workers"]:
+        raise MetricsError(
+            f"{where}: slowdown has {len(sd)} value(s) for {m['workers']} worker(s); "
+            "fix: one factor per worker (1 = real speed)"
+        )
+    if not isinstance(m["split_by_class"], bool):
+        raise MetricsError(f"{where}: split_by_class must be true or false")
+    if not _is_number(m["started_at"]):
+        raise MetricsError(f"{where}: started_at must be a unix time in seconds")
+    dev = m["devices"]
+    if not isinstance(dev, dict) or not all(isinstance(v, str) for v in dev.values()):
+        raise MetricsError(f"{where}: devices must map rank (as a string) to a label string")
+    for k in dev:
+        if not k.isdigit():
+            raise MetricsError(f"{where}: devices key {k!r} is not a rank")
+    return m
+
+
+def new_run_dir(logdir: str | os.PathLike[str], mode: str, network: str) -> Path:
+    """A fresh, not yet existing directory ``LOGDIR/<mode>-<network>-<YYYYmmdd-HHMMSS>[-k]``."""
+    base = Path(logdir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{mode}-{network}-{stamp}")
+    cand = base / safe
+    k = 2
+    while cand.exists():
+        cand = base / f"{safe}-{k}"
+        k += 1
+    return cand
+
+
+class RunWriter:
+    """Create a run directory and its ``run.json``.
+
+    ``meta`` must hold every key of :data:`RUN_KEYS` (build it with :func:`run_meta` to get
+    defaults); extra keys are kept. An existing ``run.json`` is an error unless
+    ``overwrite=True``, which also deletes the old ``worker-*.jsonl`` and ``traffic-*.jsonl``
+    files so two runs never mix in one directory.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        meta: Mapping[str, Any],
+        overwrite: bool = False,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.meta = _validate_meta(meta)
+        path = self.run_dir / RUN_FILE
+        if path.exists():
+            if not overwrite:
+                raise MetricsError(
+                    f"{path} already exists; fix: log each run to a new directory "
+                    "(hetps.metrics.new_run_dir) or pass overwrite=True"
+                )
+            for old in list(self.run_dir.glob("worker-*.jsonl")) + list(
+                self.run_dir.glob("traffic-*.jsonl")
+            ):
+                old.unlink()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        _write_json_atomic(path, self.meta)
+
+    @property
+    def started_at(self) -> float:
+        """The run's start (unix time); every ``t`` in the logs counts from it."""
+        return float(self.meta["started_at"])
+
+    def update(self, **extra: Any) -> None:
+        """Add or replace keys of ``run.json`` (e.g. ``finished_at``), rewriting it atomically."""
+        with self._lock:
+            meta = dict(self.meta)
+            meta.update(extra)
+            self.meta = _validate_meta(meta)
+            _write_json_atomic(self.run_dir / RUN_FILE, self.meta)
+
+    def iteration_log(self, rank: int) -> IterationLog:
+        """The :class:`IterationLog` of worker ``rank`` in this run."""
+        return IterationLog(self.run_dir, rank, started_at=self.started_at)
+
+    def traffic_path(self, role: str, rank: int) -> Path:
+        """Where node ``role``/``rank`` writes its traffic buckets (``traffic-<role><rank>.jsonl``)."""
+        if role not in ("worker", "server"):
+            raise MetricsError(f"traffic role must be 'worker' or 'server', got {role!r}")
+        return self.run_dir / f"traffic-{role}{int(rank)}.jsonl"
+
+
+class IterationLog:
+    """Append one JSON line per iteration to ``RUN/worker-<rank>.jsonl``.
+
+    Each :meth:`write` validates the record (every key of :data:`ITERATION_KEYS`, numbers
+    where numbers belong, ``rank`` equal to this log's rank, ``accuracy`` null or in [0, 1]),
+    converts NumPy/torch scalars, and flushes the line, so a killed run keeps every finished
+    iteration. The file is opened for appending (a recovered worker continues its log).
+
+    ``started_at`` is the run's start (unix time); by default it is read from ``run.json`` if
+    that exists, else the moment the log is opened. :meth:`now` gives ``t`` for a record.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        rank: int,
+        started_at: float | None = None,
+    ) -> None:
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise MetricsError(f"rank must be an integer >= 0, got {rank!r}")
+        self.run_dir = Path(run_dir)
+        self.rank = rank
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if started_at is None:
+            try:
+                started_at = float(json.loads((self.run_dir / RUN_FILE).read_text())["started_at"])
+            except (OSError, ValueError, KeyError, TypeError):
+                started_at = time.time()
+        self.started_at = float(started_at)
+        self.path = self.run_dir / f"worker-{rank}.jsonl"
+        self._lock = threading.Lock()
+        self._fh: Any = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+    def now(self) -> float:
+        """Seconds since the run's start (wall clock): the ``t`` of an iteration ending now."""
+        return time.time() - self.started_at
+
+    def write(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate ``record``, append it as one line and flush; returns what was written."""
+        rec = validate_record(record, where=str(self.path))
+        if rec["rank"] != self.rank:
+            raise MetricsError(
+                f"{self.path}: record has rank {rec['rank']} but this is worker {self.rank}'s log"
+            )
+        line = _dump(rec) + "\n"
+        with self._lock:
+            if self._fh is None:
+                raise MetricsError(f"{self.path}: write after close()")
+            self._fh.write(line)
+            self._fh.flush()
+        return rec
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        with self._lock:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+
+    def __enter__(self) -> IterationLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def validate_record(record: Mapping[str, Any], where: str = "record") -> dict[str, Any]:
+    """Check one iteration record against the format; returns it as plain JSON data."""
+    if not isinstance(record, Mapping):
+        raise MetricsError(f"{where}: a record must be a dict, got {type(record).__name__}")
+    rec = _plain(dict(record))
+    missing = [k for k in ITERATION_KEYS if k not in rec]
+    if missing:
+        raise MetricsError(
+            f"{where}: record misses {', '.join(missing)}; fix: every record has "
+            f"{', '.join(ITERATION_KEYS)} (see docs/METRICS.md)"
+        )
+    for k in ITERATION_KEYS:
+        v = rec[k]
+        if k == "loss" and v is None:
+            continue
+        if not _is_number(v):
+            raise MetricsError(f"{where}: {k} must be a number, got {v!r}")
+        if k in _INT_KEYS:
+            if isinstance(v, float):
+                if not v.is_integer():
+                    raise MetricsError(f"{where}: {k} must be an integer, got {v!r}")
+                rec[k] = int(v)
+        if k in _NONNEG_KEYS and v < 0:
+            raise MetricsError(f"{where}: {k} must be >= 0, got {v!r}")
+    acc = rec.get("accuracy")
+    if acc is not None and (not _is_number(acc) or not 0.0 <= acc <= 1.0):
+        raise MetricsError(
+            f"{where}: accuracy must be a fraction in [0, 1] or null, got {acc!r} "
+            "(fix: divide a percentage by 100)"
+        )
+    return rec
+
+
+# --------------------------------------------------------------------------------------------
+# Readers
+
+
+@dataclass
+class Run:
+    """One run directory, read: ``meta`` (run.json) and ``records[rank]`` (iterations in order).
+
+    ``truncated`` lists the files whose torn last line was dropped (the run was killed).
+    """
+
+    run_dir: Path
+    meta: dict[str, Any]
+    records: dict[int, list[dict[str, Any]]]
+    truncated: list[Path] = field(default_factory=list)
+
+    @property
+    def mode(self) -> str:
+        """Training mode (``esync``, ``sync``, ``async``, ``dcasgd`` or ``local``)."""
+        return str(self.meta.get("mode"))
+
+    @property
+    def network(self) -> str:
+        """Model name."""
+        return str(self.meta.get("network"))
+
+    @property
+    def workers(self) -> int:
+        """Number of workers in run.json."""
+        return int(self.meta.get("workers") or len(self.records))
+
+    @property
+    def split_by_class(self) -> bool:
+        """True for a non-i.i.d. (by class) data split."""
+        return bool(self.meta.get("split_by_class", False))
+
+    @property
+    def slowdown(self) -> list[float]:
+        """Emulated slowdown factor per worker (1 = real speed)."""
+        return [float(x) for x in self.meta.get("slowdown") or []]
+
+    @property
+    def heterogeneous(self) -> bool:
+        """True if any worker ran with an emulated slowdown (factor != 1)."""
+        return any(s != 1 for s in self.slowdown)
+
+    @property
+    def ranks(self) -> list[int]:
+        """Ranks that wrote a log, ascending."""
+        return sorted(self.records)
+
+    def device_label(self, rank: int) -> str:
+        """The device label of ``rank`` from run.json ``devices`` (``worker<r>`` if absent)."""
+        dev = self.meta.get("devices") or {}
+        return str(dev.get(str(rank), f"worker{rank}"))
+
+    def get(self, key: str) -> Any:
+        """A run-level value: run.json's ``key``, else the first record that has it, else None."""
+        if self.meta.get(key) is not None:
+            return self.meta[key]
+        for rank in self.ranks:
+            for rec in self.records[rank]:
+                if rec.get(key) is not None:
+                    return rec[key]
+        return None
+
+    def iter_records(self) -> Iterator[dict[str, Any]]:
+        """Every record of every worker (by rank, then in file order)."""
+        for rank in self.ranks:
+            yield from self.records[rank]
+
+    @property
+    def name(self) -> str:
+        """The run directory's name."""
+        return self.run_dir.name or str(self.run_dir)
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> Run:
+    """Read a run directory: ``run.json`` and every ``worker-<rank>.jsonl``.
+
+    Raises :class:`RunNotFoundError` if ``run.json`` is missing and :class:`MetricsError` for
+    a corrupt ``run.json`` or log line (other than a torn last line, which is dropped).
+    """
+    d = Path(run_dir)
+    path = d / RUN_FILE
+    if not path.is_file():
+        raise RunNotFoundError(
+            f"{d}: no {RUN_FILE} here, so this is not a hetps run directory "
+            "(fix: point at a directory written by hetps train / RunWriter, or at a LOGDIR "
+            "holding such directories)"
+        )
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise MetricsError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
+    if not isinstance(meta, dict):
+        raise MetricsError(f"{path}: expected a JSON object")
+    meta = _validate_meta(meta, where=str(path))
+    records: dict[int, list[dict[str, Any]]] = {}
+    truncated: list[Path] = []
+    for f in sorted(d.iterdir()):
+        m = _WORKER_FILE.match(f.name)
+        if not m or not f.is_file():
+            continue
+        rank = int(m.group(1))
+        recs, torn = read_jsonl(f)
+        if torn:
+            truncated.append(f)
+        for i, r in enumerate(recs):
+            missing = [k for k in ITERATION_KEYS if k not in r]
+            if missing:
+                raise MetricsError(f"{f}: record {i + 1} misses {', '.join(missing)}")
+        records[rank] = recs
+    return Run(run_dir=d, meta=meta, records=records, truncated=truncated)
+
+
+def find_runs(logdir: str | os.PathLike[str]) -> list[Path]:
+    """Every directory under ``logdir`` (itself included, any depth) holding a ``run.json``,
+    sorted by path. Raises :class:`FileNotFoundError` if ``logdir`` does not exist."""
+    base = Path(logdir)
+    if not base.is_dir():
+        raise FileNotFoundError(f"{base}: no such log directory")
+    found = []
+    for root, dirs, files in os.walk(base):
+        dirs.sort()
+        if RUN_FILE in files:
+            found.append(Path(root))
+    return sorted(found)

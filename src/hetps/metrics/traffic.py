@@ -1,0 +1,139 @@
+"""Traffic timelines: bytes pushed and pulled on every link, in fixed time buckets.
+
+A :class:`TrafficRecorder` lives in one node (worker or server). The transport calls
+:meth:`TrafficRecorder.record` from its threads for every message it sends or receives; the
+call is one dict update under a lock. At the end (or periodically) :meth:`write` dumps the
+buckets to ``RUN/traffic-<role><rank>.jsonl``, one JSON object per (bucket, peer)::
+
+    {"t": 1.25, "dt": 0.05, "peer": 8, "push_bytes": 4096, "pull_bytes": 0}
+
+``t`` is the bucket's start in seconds since the run's start, ``dt`` its width.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hetps.metrics.records import MetricsError, read_jsonl
+
+__all__ = ["TrafficRecorder", "load_traffic", "TRAFFIC_KEYS"]
+
+TRAFFIC_KEYS = ("t", "dt", "peer", "push_bytes", "pull_bytes")
+_TRAFFIC_FILE = re.compile(r"^traffic-(worker|server)(\d+)\.jsonl$")
+_KIND = {"push": 0, "pull": 1}
+
+
+class TrafficRecorder:
+    """Thread-safe per-link byte counters in buckets of ``bucket_s`` seconds.
+
+    ``run_start`` is the run's start as a unix time (``run.json`` ``started_at``); the ``ts``
+    given to :meth:`record` must be on the same clock (``time.time()``). ``path`` (optional) is
+    where :meth:`close` writes. After :meth:`close`, :meth:`record` is a no-op.
+    """
+
+    def __init__(
+        self,
+        run_start: float,
+        bucket_s: float = 0.05,
+        path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not (isinstance(bucket_s, (int, float)) and bucket_s > 0 and math.isfinite(bucket_s)):
+            raise MetricsError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
+        self.run_start = float(run_start)
+        self.bucket_s = float(bucket_s)
+        self.path = Path(path) if path is not None else None
+        self._lock = threading.Lock()
+        # (bucket index, peer) -> [push bytes, pull bytes]
+        self._buckets: dict[tuple[int, Any], list[int]] = {}
+        self._closed = False
+
+    def record(self, ts: float, peer: Any, kind: str, nbytes: int) -> None:
+        """Count ``nbytes`` of ``kind`` ('push' or 'pull') on the link to/from ``peer`` at
+        unix time ``ts``. Cheap (O(1)); safe to call from any thread."""
+        k = _KIND.get(kind)
+        if k is None:
+            raise MetricsError(f"traffic kind must be 'push' or 'pull', got {kind!r}")
+        idx = math.floor((ts - self.run_start) / self.bucket_s)
+        key = (idx, peer)
+        with self._lock:
+            if self._closed:
+                return
+            b = self._buckets.get(key)
+            if b is None:
+                b = self._buckets[key] = [0, 0]
+            b[k] += nbytes
+
+    def record_now(self, peer: Any, kind: str, nbytes: int) -> None:
+        """:meth:`record` at the current time."""
+        self.record(time.time(), peer, kind, nbytes)
+
+    def buckets(self) -> list[dict[str, Any]]:
+        """The buckets so far as records, sorted by time then peer."""
+        with self._lock:
+            items = [(k, list(v)) for k, v in self._buckets.items()]
+        items.sort(key=lambda kv: (kv[0][0], str(kv[0][1])))
+        dt = self.bucket_s
+        return [
+            {
+                "t": round(idx * dt, 9),
+                "dt": dt,
+                "peer": peer,
+                "push_bytes": v[0],
+                "pull_bytes": v[1],
+            }
+            for (idx, peer), v in items
+        ]
+
+    def totals(self) -> dict[str, int]:
+        """Total bytes recorded: ``{"push": …, "pull": …}``."""
+        with self._lock:
+            push = sum(v[0] for v in self._buckets.values())
+            pull = sum(v[1] for v in self._buckets.values())
+        return {"push": push, "pull": pull}
+
+    def write(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Write every bucket so far to ``path`` (default: the constructor's), replacing the
+        file atomically; may be called repeatedly (e.g. at each evaluation)."""
+        target = Path(path) if path is not None else self.path
+        if target is None:
+            raise MetricsError("TrafficRecorder.write: no path given and none set at construction")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for b in self.buckets():
+                fh.write(json.dumps(b, separators=(",", ":")) + "\n")
+        os.replace(tmp, target)
+        return target
+
+    def close(self) -> Path | None:
+        """Stop recording and write to the constructor's ``path`` if one was given."""
+        with self._lock:
+            self._closed = True
+        return self.write() if self.path is not None else None
+
+
+def load_traffic(run_dir: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
+    """Read every ``traffic-<role><rank>.jsonl`` of a run: ``{"worker0": [buckets…], …}``,
+    workers first then servers, by rank. A torn last line is dropped."""
+    d = Path(run_dir)
+    found = []
+    for f in d.iterdir() if d.is_dir() else []:
+        m = _TRAFFIC_FILE.match(f.name)
+        if m and f.is_file():
+            found.append((m.group(1) != "worker", int(m.group(2)), m.group(1), f))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for _, rank, role, f in sorted(found):
+        recs, _torn = read_jsonl(f)
+        for i, r in enumerate(recs):
+            missing = [k for k in TRAFFIC_KEYS if k not in r]
+            if missing:
+                raise MetricsError(f"{f}: bucket {i + 1} misses {', '.join(missing)}")
+        out[f"{role}{rank}"] = recs
+    return out
