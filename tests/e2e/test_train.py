@@ -70,6 +70,24 @@ def test_esync_fast_workers_take_more_local_steps(tmp_path):
     # round 1 is lockstep (no step times known yet)
     assert [_records(run, r)[0]["local_steps"] for r in range(3)] == [1, 1, 1]
 
+    # the recorded run summarised and plotted as a user would
+    res = subprocess.run([sys.executable, "-m", "hetps.cli", "summary", str(tmp_path), "--json",
+                          str(tmp_path / "s.json")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    (only,) = summary["runs"]
+    assert only["mode"] == "esync" and only["workers"] == 3 and only["network"] == "lenet"
+    assert set(only["time_to_accuracy"]) == {"0.7", "0.8", "0.85"}
+    assert only["throughput_samples_per_s"] > 0 and only["traffic_mb_per_s"]["push"] > 0
+    assert len(only["computing_time_ratio"]) == 3 and only["asrit_s"] > 0
+    res = subprocess.run([sys.executable, "-m", "hetps.cli", "plot", str(tmp_path), "--out",
+                          str(tmp_path / "figs")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for png in ("accuracy_vs_time_iid.png", "throughput.png", "traffic.png",
+                "computing_time_ratio.png", "traffic_timeline.png"):
+        data = (tmp_path / "figs" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
+
 
 def test_local_mode_and_split_by_class(tmp_path):
     _train(tmp_path, "-m", "local", "-n", "mlp", "--max-rounds", "20", "-s")
