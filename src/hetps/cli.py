@@ -30,7 +30,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
-    from hetps.launch.local import Launcher, LaunchSpec, read_hostfile, ssh_wrapper
+    from hetps.launch.local import LaunchSpec, read_hostfile, run_cluster, ssh_wrapper
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -60,9 +60,20 @@ def cmd_launch(args: argparse.Namespace) -> int:
         hosts = read_hostfile(args.hostfile)
         spec.host = hosts[0]
         spec.wrap = ssh_wrapper(hosts, list(env), ssh=os.environ.get("HETPS_SSH", "ssh"))
+        if args.netem:
+            raise SystemExit(
+                "hetps launch: --netem emulates a cluster on this machine; "
+                "it does not combine with --launcher ssh"
+            )
     elif args.hostfile:
         raise SystemExit("hetps launch: -H/--hostfile is for --launcher ssh")
-    return Launcher(spec).run()
+    return run_cluster(
+        spec,
+        netem=args.netem,
+        colocate=args.colocate,
+        balance=args.balance,
+        slice_elems=args.slice_size,
+    )
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
@@ -133,6 +144,32 @@ def cmd_state_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by ``launch`` and ``train``: emulated links, co-location, load balance."""
+    p.add_argument(
+        "--netem",
+        default=None,
+        metavar="SCENARIO",
+        help="run each node in its own network namespace shaped by a scenario "
+        "TOML file (needs root; see docs/NETEM.md)",
+    )
+    p.add_argument(
+        "--colocate", action="store_true", help="one server beside each worker (servers = workers)"
+    )
+    p.add_argument(
+        "--balance",
+        choices=["none", "average", "elastic", "aware", "optimal"],
+        default=None,
+        help="network-aware load distribution scheme",
+    )
+    p.add_argument(
+        "--slice-size",
+        type=int,
+        default=None,
+        help="elements per slice for --balance (default 65536)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``hetps`` command."""
     p = argparse.ArgumentParser(prog="hetps", description=__doc__)
@@ -147,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--env", action="append", default=[], metavar="K=V")
     la.add_argument("--port", type=int, default=0, help="scheduler port (default: ephemeral)")
     la.add_argument("--start-timeout", type=float, default=60.0)
+    add_cluster_arguments(la)
     la.add_argument("command", nargs=argparse.REMAINDER)
     la.set_defaults(func=cmd_launch)
 
@@ -159,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hetps.torch.train import add_arguments as add_train_arguments  # torch loads lazily
 
     add_train_arguments(tr)
+    add_cluster_arguments(tr)
     tr.set_defaults(func=cmd_train)
 
     mo = sub.add_parser("models", help="list the models with their parameter counts")

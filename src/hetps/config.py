@@ -20,6 +20,7 @@ DEFAULT_CONNECT_TIMEOUT = 30.0
 DEFAULT_REQUEST_TIMEOUT = 600.0
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 31
 DEFAULT_CHUNK_BYTES = 4 << 20
+BALANCE_SCHEMES = ("none", "average", "elastic", "aware", "optimal")
 
 
 class ConfigError(ValueError):
@@ -90,6 +91,14 @@ class NodeConfig:
     port_file: str | None = None
     launch_rank: int = -1  # rank a launcher asks for (HETPS_LAUNCH_RANK); -1 = arrival order
     shape_mbit: float = 0.0  # in-process send-rate limit (HETPS_SHAPE_MBIT); 0 = none
+    # network-aware load distribution (docs/BALANCE.md); "none" = MXNet's hash placement
+    balance: str = "none"
+    slice_elems: int = 1 << 16
+    probe_num: int = 1
+    probe_bytes: int = 64 * 1024
+    probe_prob: float = 0.2
+    replan_every: int = 1
+    colocate: bool = False  # one server beside each worker (server rank r on worker r's node)
 
     @property
     def scheduler_endpoint(self) -> str:
@@ -174,10 +183,24 @@ def node_config_from_env(
         port_file = _get(env, "HETPS_PORT_FILE")
         launch_rank = _int(env, "HETPS_LAUNCH_RANK", -1, -1)
         shape_mbit = _float(env, "HETPS_SHAPE_MBIT", 0.0)
+        balance = (_get(env, "HETPS_BALANCE") or "none").lower()
+        if balance not in BALANCE_SCHEMES:
+            raise ConfigError(
+                f"HETPS_BALANCE={balance!r} is not a scheme: set it to one of "
+                f"{', '.join(BALANCE_SCHEMES)}"
+            )
+        slice_elems = _int(env, "HETPS_SLICE_ELEMS", 1 << 16, 16)
+        probe_num = _int(env, "HETPS_PROBE_NUM", 1)
+        probe_bytes = _int(env, "HETPS_PROBE_BYTES", 64 * 1024, 16)
+        probe_prob = _float(env, "HETPS_PROBE_PROB", 0.2)
+        replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
+        colocate = _int(env, "HETPS_COLOCATE", 0) > 0
     except ConfigError as exc:
         problems.append(str(exc))
         verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
         bound, max_msg, chunk, port, port_file, launch_rank, shape_mbit = 0, 0, 0, 0, None, -1, 0.0
+        balance, slice_elems, probe_num, probe_bytes, probe_prob = "none", 0, 0, 0, 0.0
+        replan_every, colocate = 1, False
     if not problems and interval > 0 and timeout <= interval:
         problems.append(
             f"PS_HEARTBEAT_TIMEOUT={timeout} must exceed PS_HEARTBEAT_INTERVAL={interval}: "
@@ -218,6 +241,13 @@ def node_config_from_env(
         port_file=port_file,
         launch_rank=launch_rank,
         shape_mbit=shape_mbit,
+        balance=balance,
+        slice_elems=slice_elems,
+        probe_num=probe_num,
+        probe_bytes=probe_bytes,
+        probe_prob=min(1.0, probe_prob),
+        replan_every=replan_every,
+        colocate=colocate,
     )
 
 

@@ -15,13 +15,26 @@ DATA = Path("/usr/share/datasets/fashion-mnist")
 pytestmark = pytest.mark.skipif(
     not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh installs it as root)"
 )
-SMALL = ["--train-limit", "2400", "--test-limit", "500", "-b", "32", "-e", "5", "--progress", "lines"]
+SMALL = [
+    "--train-limit",
+    "2400",
+    "--test-limit",
+    "500",
+    "-b",
+    "32",
+    "-e",
+    "5",
+    "--progress",
+    "lines",
+]
 
 
 def _train(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     res = subprocess.run(
         [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL, *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert res.returncode == 0, res.stdout + res.stderr
@@ -41,8 +54,20 @@ def _records(run: Path, rank: int) -> list[dict]:
     ],
 )
 def test_modes_train_and_log(tmp_path, mode, extra, name):
-    _train(tmp_path, "-m", mode, *extra, "-n", "mlp", "--workers", "2", "--max-rounds", "30",
-           "-l", "0.05")
+    _train(
+        tmp_path,
+        "-m",
+        mode,
+        *extra,
+        "-n",
+        "mlp",
+        "--workers",
+        "2",
+        "--max-rounds",
+        "30",
+        "-l",
+        "0.05",
+    )
     run = tmp_path / name
     meta = json.loads((run / "run.json").read_text())
     assert meta["mode"] == name.split("-")[0] and meta["workers"] == 2
@@ -58,8 +83,21 @@ def test_modes_train_and_log(tmp_path, mode, extra, name):
 
 
 def test_esync_fast_workers_take_more_local_steps(tmp_path):
-    _train(tmp_path, "-m", "esync", "-n", "lenet", "--workers", "3", "--slowdown", "1,1,6",
-           "--max-rounds", "8", "-ll", "0.05")
+    _train(
+        tmp_path,
+        "-m",
+        "esync",
+        "-n",
+        "lenet",
+        "--workers",
+        "3",
+        "--slowdown",
+        "1,1,6",
+        "--max-rounds",
+        "8",
+        "-ll",
+        "0.05",
+    )
     run = tmp_path / "esync-lenet-w3"
     meta = json.loads((run / "run.json").read_text())
     assert meta["slowdown"] == [1, 1, 6] and meta["emulated_heterogeneity"] is True
@@ -71,8 +109,20 @@ def test_esync_fast_workers_take_more_local_steps(tmp_path):
     assert [_records(run, r)[0]["local_steps"] for r in range(3)] == [1, 1, 1]
 
     # the recorded run summarised and plotted as a user would
-    res = subprocess.run([sys.executable, "-m", "hetps.cli", "summary", str(tmp_path), "--json",
-                          str(tmp_path / "s.json")], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hetps.cli",
+            "summary",
+            str(tmp_path),
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "s.json").read_text())
     (only,) = summary["runs"]
@@ -80,11 +130,20 @@ def test_esync_fast_workers_take_more_local_steps(tmp_path):
     assert set(only["time_to_accuracy"]) == {"0.7", "0.8", "0.85"}
     assert only["throughput_samples_per_s"] > 0 and only["traffic_mb_per_s"]["push"] > 0
     assert len(only["computing_time_ratio"]) == 3 and only["asrit_s"] > 0
-    res = subprocess.run([sys.executable, "-m", "hetps.cli", "plot", str(tmp_path), "--out",
-                          str(tmp_path / "figs")], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "plot", str(tmp_path), "--out", str(tmp_path / "figs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
-    for png in ("accuracy_vs_time_iid.png", "throughput.png", "traffic.png",
-                "computing_time_ratio.png", "traffic_timeline.png"):
+    for png in (
+        "accuracy_vs_time_iid.png",
+        "throughput.png",
+        "traffic.png",
+        "computing_time_ratio.png",
+        "traffic_timeline.png",
+    ):
         data = (tmp_path / "figs" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
 
@@ -96,13 +155,31 @@ def test_local_mode_and_split_by_class(tmp_path):
 
 
 def test_esync_with_standalone_state_server(tmp_path):
-    srv = subprocess.Popen([sys.executable, "-m", "hetps.cli", "state-server", "-w", "2",
-                            "--host", "127.0.0.1"], stdout=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "hetps.cli", "state-server", "-w", "2", "--host", "127.0.0.1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         port = srv.stdout.readline().split()[-1]
-        _train(tmp_path, "-m", "esync", "-n", "mlp", "--workers", "2", "--max-rounds", "5",
-               "-ip", "127.0.0.1", "-port", port, "--slowdown", "1,3")
+        _train(
+            tmp_path,
+            "-m",
+            "esync",
+            "-n",
+            "mlp",
+            "--workers",
+            "2",
+            "--max-rounds",
+            "5",
+            "-ip",
+            "127.0.0.1",
+            "-port",
+            port,
+            "--slowdown",
+            "1,3",
+        )
         recs = _records(tmp_path / "esync-mlp-w2", 0)
         assert len(recs) == 5
     finally:
@@ -112,7 +189,21 @@ def test_esync_with_standalone_state_server(tmp_path):
 
 def test_missing_data_dir_is_explained(tmp_path):
     res = subprocess.run(
-        [sys.executable, "-m", "hetps.cli", "train", "-m", "local", "-dd", str(tmp_path / "nope"),
-         "-ld", str(tmp_path)], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "hetps.cli",
+            "train",
+            "-m",
+            "local",
+            "-dd",
+            str(tmp_path / "nope"),
+            "-ld",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode != 0
     assert "dataset-fashion-mnist" in res.stderr and "--data-dir" in res.stderr

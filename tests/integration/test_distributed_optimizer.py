@@ -61,7 +61,9 @@ def test_matches_single_process_training(cluster, workers):
     scope: dict = {}
     exec(REFERENCE, scope)  # the same model, data and steps, in this process
     ref = scope["ref"]
-    got = [json.loads(line.split("WEIGHTS ", 1)[1]) for line in out.splitlines() if "WEIGHTS " in line]
+    got = [
+        json.loads(line.split("WEIGHTS ", 1)[1]) for line in out.splitlines() if "WEIGHTS " in line
+    ]
     assert len(got) == workers
     for weights in got:
         for a, b in zip(weights, ref, strict=True):

@@ -235,7 +235,11 @@ def test_bad_arguments_are_explained():
 
 
 def test_missing_worker_command_is_reported():
-    res = subprocess.run([sys.executable, "-m", "hetps.cli", "launch", "-n", "1", "--",
-                          "/nonexistent/trainer"], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "launch", "-n", "1", "--", "/nonexistent/trainer"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 127
     assert "cannot start /nonexistent/trainer" in res.stdout

@@ -65,6 +65,20 @@ class Scheduler:
 
         if REPORT not in self.services:
             self.services[REPORT] = EsyncService(cfg.num_worker).as_scheduler_service()
+        self.planner = None
+        if cfg.balance != "none":
+            from hetps.cluster.planner import REPORT as PLAN_REPORT
+            from hetps.cluster.planner import Planner
+
+            self.planner = Planner(
+                cfg.balance,
+                cfg.num_worker,
+                cfg.num_server,
+                cfg.colocate,
+                cfg.slice_elems,
+                cfg.probe_num,
+            )
+            self.services.setdefault(PLAN_REPORT, self.planner.handle)
         self.nodes: dict[int, NodeInfo] = {}
         self.pending: list[_Pending] = []
         self.barriers: dict[str, _Barrier] = {g: _Barrier() for g in P.GROUPS}

@@ -43,7 +43,9 @@ class EsyncService:
                 self.policy.start_round(now - elapsed_s)
             self.started = set()
         elif rnd < self.policy.round:
-            raise ValueError(f"worker {rank} reports round {rnd} but the state server is at {self.policy.round}")
+            raise ValueError(
+                f"worker {rank} reports round {rnd} but the state server is at {self.policy.round}"
+            )
         if rank not in self.started:
             self.policy.mark_start(rank, now - elapsed_s)
             self.started.add(rank)
@@ -56,8 +58,13 @@ class EsyncService:
         """Decide on a report message; errors come back as ``{"error": text}``."""
         b = msg.body
         try:
-            return self.decide(int(b["rank"]), int(b["round"]), float(b["step_s"]),
-                               float(b["elapsed_s"]), time.monotonic())
+            return self.decide(
+                int(b["rank"]),
+                int(b["round"]),
+                float(b["step_s"]),
+                float(b["elapsed_s"]),
+                time.monotonic(),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             return {"error": f"esync report refused: {exc}"}
 
@@ -73,7 +80,9 @@ class EsyncService:
 class StateServer:
     """A standalone state server on its own port (``hetps state-server``)."""
 
-    def __init__(self, num_workers: int, host: str = "0.0.0.0", port: int = 0, margin_s: float = 0.0):
+    def __init__(
+        self, num_workers: int, host: str = "0.0.0.0", port: int = 0, margin_s: float = 0.0
+    ):
         self.service = EsyncService(num_workers, margin_s)
         self.van = Van(host=host, port=port, max_message_bytes=1 << 20, name="state-server")
         self.van.my_id = STANDALONE_ID
@@ -98,7 +107,9 @@ class StateServer:
                 if not self.van.has_peer(ep):
                     self.van.connect(ep, ep)
                 try:
-                    self.van.send(ep, Message(REPORT, req=msg.req, reply=True, body=self.service.handle(msg)))
+                    self.van.send(
+                        ep, Message(REPORT, req=msg.req, reply=True, body=self.service.handle(msg))
+                    )
                 except PeerGone:
                     pass
         finally:
@@ -122,8 +133,13 @@ class StateClient:
 
     def report(self, rnd: int, step_s: float, elapsed_s: float) -> dict:
         """Report one local step; returns the state server's answer."""
-        body = {"rank": self.node.rank, "round": rnd, "step_s": step_s, "elapsed_s": elapsed_s,
-                "ep": self.node.van.endpoint}
+        body = {
+            "rank": self.node.rank,
+            "round": rnd,
+            "step_s": step_s,
+            "elapsed_s": elapsed_s,
+            "ep": self.node.van.endpoint,
+        }
         fut: Future = self.node.requests.new(
             P.SCHEDULER_ID if self.peer == P.SCHEDULER_ID else STANDALONE_ID, "esync report"
         )

@@ -13,7 +13,9 @@ import heapq
 import itertools
 import logging
 import os
+import random
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +130,19 @@ class DistKVStore:
         self._out_lock = threading.Lock()
         self._sender = _Sender()
         self._closed = False
+        # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
+        self.balance = cfg.balance != "none"
+        self._order: list[Any] = []
+        self._next_slice = 0
+        self._fc: dict[tuple[int, int], float] = {}
+        self._samples: list[list[float]] = []
+        self._stats: dict[int, list[float]] = {}  # server rank -> [bytes, t_first, t_last]
+        self._stats_lock = threading.Lock()
+        self._round = 0
+        self._reported_keys = 0
+        self.plan: dict | None = None
+        if self.balance:
+            self.node.handler = self._on_message
         if cfg.verbose >= 1:
             log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
 
@@ -163,15 +178,63 @@ class DistKVStore:
             return fut
         msg.req = fut.req
         msg.priority = priority
+        measure = self.balance and msg.cmd in (C.PUSH, C.PULL, C.PROBE)
+        if measure:
+            msg.body["tag"] = fut.req
+            user_cb = fut._callback
+            me = self.node.id
+
+            def measured(reply: Message) -> None:
+                now = time.time()
+                meas = reply.body.get("meas")
+                if isinstance(meas, list) and len(meas) == 3:  # our push, timed by the server
+                    self._samples.append([me, peer, meas[2], meas[0], meas[1]])
+                t0 = self._fc.pop((peer, fut.req), None)
+                if t0 is not None and reply.arrays:  # its reply, timed here
+                    self._samples.append([peer, me, float(reply.nbytes), t0, now])
+                self._note(server_rank, reply.nbytes, now, first=False)
+                if user_cb is not None:
+                    user_cb(reply)
+
+            fut._callback = measured
 
         def send() -> None:
             try:
+                if measure:
+                    nbytes = sum(getattr(a, "nbytes", 0) for a in msg.arrays)
+                    self._note(server_rank, nbytes, time.time(), first=True)
+                    if msg.cmd != C.PULL:
+                        self.node.van.send(peer, Message(C.FORECAST, body={"tag": fut.req}))
                 self.node.van.send(peer, msg)
             except Exception as exc:  # noqa: BLE001
                 self.node.requests.resolve(fut.req, None, f"could not send to node {peer}: {exc}")
 
         self._sender.submit(key, priority, send)
         return fut
+
+    def _placement(self, key: Any, size: int) -> list[Part]:
+        if not self.balance:
+            return parts_of(key, size, self.num_servers, self.cfg.bigarray_bound)
+        x = self.cfg.slice_elems
+        parts = []
+        for j, a in enumerate(range(0, max(size, 1), x)):
+            b = min(a + x, size)
+            parts.append(Part((self._next_slice + j) % self.num_servers, j, a, b))
+        self._next_slice += len(parts)
+        return parts
+
+    def _on_message(self, msg: Message) -> None:
+        """Non-reply messages to a worker: forecasts of the replies it is about to receive."""
+        if msg.cmd == C.FORECAST:
+            self._fc[(msg.sender, msg.body.get("tag"))] = time.time()
+
+    def _note(self, server_rank: int, nbytes: int, t: float, first: bool) -> None:
+        with self._stats_lock:
+            st = self._stats.setdefault(server_rank, [0.0, t, t])
+            st[0] += nbytes
+            if first:
+                st[1] = min(st[1], t)
+            st[2] = max(st[2], t)
 
     def _meta(self, key: Any, what: str) -> KeyMeta:
         m = self.meta.get(key)
@@ -205,7 +268,9 @@ class DistKVStore:
         for k, entry in zip(keys, entries, strict=False):
             arr = reduce_values(entry, f"init of key {k!r}")
             check_dtype(arr.dtype, k)
-            parts = parts_of(k, arr.size, self.num_servers, self.cfg.bigarray_bound)
+            if k not in self.meta:
+                self._order.append(k)
+            parts = self._placement(k, arr.size)
             self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
             if self.rank != 0:
                 continue
@@ -417,6 +482,138 @@ class DistKVStore:
             for s in range(self.num_servers)
         ]
         wait_all(futs, self.timeout, "load_optimizer_states")
+
+    # -- network-aware load distribution ---------------------------------------------------
+    def rebalance(self) -> dict | None:
+        """Call at an iteration boundary (every worker, the same iterations). Reports this
+        worker's link measurements to the scheduler and switches to the plan it decides; a
+        slice that moves takes its value and optimizer state along. Returns the plan (epoch,
+        shares per server, link matrix) or None when balancing is off."""
+        if not self.balance:
+            return None
+        self.wait_outstanding()
+        self._round += 1
+        if (self._round - 1) % self.cfg.replan_every:
+            return self.plan
+        self._maybe_probe()
+        with self._stats_lock:
+            stats = {str(s): [v[0], max(0.0, v[2] - v[1])] for s, v in self._stats.items()}
+            self._stats = {}
+        samples, self._samples = self._samples, []
+        body = {"round": self._round, "samples": samples, "server_times": stats}
+        if self.plan is None or self._reported_keys != len(self._order):
+            # the layout (first report, or keys initialised since): sizes and where slices are
+            body["sizes"] = [self.meta[k].size for k in self._order]
+            body["assign"] = self._current_assignment()
+            self._reported_keys = len(self._order)
+        fut = self.node.request(1, Message("balance_report", body=body), what="balance report")
+        plan = fut.wait(self.timeout).body
+        if "error" in plan:
+            raise RuntimeError(f"load planner: {plan['error']}")
+        new = plan["assign"]
+        old = self._current_assignment()
+        if new != old:
+            if self.rank == 0:
+                self._migrate(old, new)
+            self._apply_assignment(new)
+            self.node.barrier("worker", self.timeout)  # nobody pushes before the moves landed
+        self.plan = plan
+        return plan
+
+    def _slices(self) -> list[tuple[Any, int, int, int]]:
+        """(key, slice index, start, stop) in layout order."""
+        out = []
+        for k in self._order:
+            for p in self.meta[k].parts:
+                out.append((k, p.index, p.start, p.stop))
+        return out
+
+    def _current_assignment(self) -> list[int]:
+        return [p.server for k in self._order for p in self.meta[k].parts]
+
+    def _apply_assignment(self, assignment: list[int]) -> None:
+        i = 0
+        for k in self._order:
+            meta = self.meta[k]
+            meta.parts = [
+                Part(assignment[i + j], p.index, p.start, p.stop) for j, p in enumerate(meta.parts)
+            ]
+            i += len(meta.parts)
+
+    def _migrate(self, old: list[int], new: list[int]) -> None:
+        """Rank 0 moves each re-assigned slice: value and optimizer state, then drops it."""
+        moves: dict[tuple[int, int], list[tuple[Any, int, int, int]]] = {}
+        for (k, j, a, b), s_old, s_new in zip(self._slices(), old, new, strict=True):
+            if s_old != s_new:
+                moves.setdefault((s_old, s_new), []).append((k, j, a, b))
+        for (s_old, s_new), items in moves.items():
+            want = [[k, j] for k, j, _, _ in items]
+            states = self._request(None, 0, s_old, Message(C.GET_STATES, body={"slices": want}))
+            futs = []
+            for k, j, a, b in items:
+                meta = self.meta[k]
+                reply = self._request(
+                    k,
+                    0,
+                    s_old,
+                    Message(
+                        C.PULL,
+                        body={
+                            "k": k,
+                            "part": j,
+                            "off": 0,
+                            "n": b - a,
+                            "shape": list(meta.shape),
+                            "dtype": meta.dtype.name,
+                        },
+                    ),
+                ).wait(self.timeout)
+                data = np.array(reply.arrays[0], copy=True)
+                futs.append(
+                    self._request(
+                        k,
+                        0,
+                        s_new,
+                        Message(
+                            C.INIT,
+                            body={
+                                "k": k,
+                                "part": j,
+                                "off": 0,
+                                "n": b - a,
+                                "size": b - a,
+                                "shape": list(meta.shape),
+                                "dtype": meta.dtype.name,
+                            },
+                            arrays=[data],
+                        ),
+                    )
+                )
+            wait_all(futs, self.timeout, "slice migration")
+            blob = states.wait(self.timeout).arrays[0]
+            if optim.load_states(blob.tobytes()):
+                self._request(None, 0, s_new, Message(C.SET_STATES, arrays=[np.array(blob)])).wait(
+                    self.timeout
+                )
+            self._request(None, 0, s_old, Message(C.DROP, body={"slices": want})).wait(self.timeout)
+
+    def _maybe_probe(self) -> None:
+        """Keep links that carry no data measured: a probe to each idle server, sometimes."""
+        busy = set(self._current_assignment())
+        idle = [s for s in range(self.num_servers) if s not in busy]
+        if not idle or random.random() >= self.cfg.probe_prob:
+            return
+        size = self.cfg.probe_bytes
+        futs = [
+            self._request(
+                None,
+                0,
+                s,
+                Message(C.PROBE, body={"reply_bytes": size}, arrays=[np.zeros(size, np.uint8)]),
+            )
+            for s in idle
+        ]
+        wait_all(futs, self.timeout, "probe")
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self, error: str | None = None) -> None:

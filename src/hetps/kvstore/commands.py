@@ -6,3 +6,6 @@ PULL = "pull"
 SET_OPTIMIZER = "set_optimizer"
 GET_STATES = "get_states"
 SET_STATES = "set_states"
+FORECAST = "forecast"  # a tiny message announcing the next data message (link measurement)
+PROBE = "probe"  # a probe payload for links that carry no data
+DROP = "drop"  # forget slices that moved to another server

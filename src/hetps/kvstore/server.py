@@ -15,6 +15,7 @@ round waits for the round, so a pull issued after a push sees that round's resul
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,8 @@ class KVServer:
         self.num_workers = len(node.workers()) if hasattr(node, "workers") else 1
         self.rounds = 0
         self.done_workers: dict[int, str] = {}  # worker id -> description
+        self._forecasts: dict[tuple[int, Any], float] = {}  # (sender, tag) -> arrival time
+        self._meas: dict[tuple[int, int], list[float]] = {}  # (sender, req) -> [t0, t1, bytes]
 
     # -- entry point ------------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
@@ -85,11 +88,20 @@ class KVServer:
                 self._get_states(msg)
             elif msg.cmd == C.SET_STATES:
                 self._set_states(msg)
+            elif msg.cmd == C.FORECAST:
+                self._forecasts[(msg.sender, msg.body.get("tag"))] = time.time()
+                if len(self._forecasts) > 65536:  # a peer that forecasts and never sends
+                    self._forecasts.clear()
+            elif msg.cmd == C.PROBE:
+                self._probe(msg)
+            elif msg.cmd == C.DROP:
+                self._drop(msg)
             elif msg.cmd == WORKER_DONE:
                 self._worker_done(msg)
             else:
                 raise BadRequest(f"unknown command {msg.cmd!r}")
         except BadRequest as exc:
+            self._meas.pop((msg.sender, msg.req), None)
             log.warning("server: refused %s from node %d: %s", msg.cmd, msg.sender, exc)
             self.node.reply(msg, {"error": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
@@ -191,7 +203,21 @@ class KVServer:
         sl.value[off : off + n] = data
         self.node.reply(msg)
 
+    def _measure(self, msg: Message) -> None:
+        """Pair a data message with its forecast: the link sample travels back in the ack."""
+        t0 = self._forecasts.pop((msg.sender, msg.body.get("tag")), None)
+        if t0 is not None:
+            self._meas[(msg.sender, msg.req)] = [t0, time.time(), float(msg.nbytes)]
+
+    def _ack(self, msg: Message, body: dict | None = None) -> None:
+        meas = self._meas.pop((msg.sender, msg.req), None)
+        if meas is not None:
+            body = dict(body or {}, meas=meas)
+        self.node.reply(msg, body)
+
     def _push(self, msg: Message) -> None:
+        if "tag" in msg.body and (msg.sender, msg.req) not in self._meas:
+            self._measure(msg)
         key, part, off, n = self._range(msg)
         sl = self._slice(msg, key, part, off, n)
         sync = self.sync if self.sync is not None else bool(msg.body.get("sync", True))
@@ -221,7 +247,7 @@ class KVServer:
         # async: collect the chunks of one push, then apply it at once
         if n == sl.value.size:
             self._apply(sl, data, worker)
-            self.node.reply(msg)
+            self._ack(msg)
             return
         buf, count, msgs = sl.partial.get(worker, (np.zeros(sl.value.size, sl.value.dtype), 0, []))
         buf[off : off + n] = data
@@ -231,7 +257,7 @@ class KVServer:
             del sl.partial[worker]
             self._apply(sl, buf, worker)
             for m in msgs:
-                self.node.reply(m)
+                self._ack(m)
         else:
             sl.partial[worker] = (buf, count, msgs)
 
@@ -276,7 +302,7 @@ class KVServer:
         acks, deferred, backlog = sl.acks, sl.deferred, sl.backlog
         sl.acks, sl.deferred, sl.backlog = [], [], []
         for m in acks:
-            self.node.reply(m)
+            self._ack(m)
         for m in deferred:
             self._pull(m)
         for m in backlog:
@@ -296,10 +322,33 @@ class KVServer:
         if off == 0 and self.optimizer is not None and sl.has_state:
             self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=worker)
         view = sl.value[off : off + n]
+        if "tag" in msg.body:  # the worker measures this reply: announce it first
+            self._forecast_to(msg)
         tracker = self.node.reply(msg, arrays=[view], track=True)
         if tracker is not None:
             sl.inflight = [t for t in sl.inflight if not t.done]
             sl.inflight.append(tracker)
+
+    def _forecast_to(self, msg: Message) -> None:
+        try:
+            self.node.van.send(msg.sender, Message(C.FORECAST, body={"tag": msg.req}))
+        except Exception:  # noqa: BLE001 - measurement is best effort
+            pass
+
+    def _probe(self, msg: Message) -> None:
+        """Answer a probe: its push side is measured here, the reply is measured by the worker."""
+        self._measure(msg)
+        size = msg.body.get("reply_bytes", 0)
+        size = size if isinstance(size, int) and 0 <= size <= (1 << 26) else 0
+        self._forecast_to(msg)
+        meas = self._meas.pop((msg.sender, msg.req), None)
+        self.node.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
+
+    def _drop(self, msg: Message) -> None:
+        for item in msg.body.get("slices", []):
+            if isinstance(item, list) and len(item) == 2:
+                self.slices.pop((item[0], item[1]), None)
+        self.node.reply(msg)
 
     def _writable(self, sl: Slice) -> None:
         """Before changing ``sl.value`` in place, make sure no reply still reads it."""
@@ -326,7 +375,15 @@ class KVServer:
         self.node.reply(msg)
 
     def _get_states(self, msg: Message) -> None:
-        states = {sk: sl.state for sk, sl in self.slices.items() if sl.has_state}
+        want = msg.body.get("slices")
+        keys = (
+            None if not isinstance(want, list) else {tuple(w) for w in want if isinstance(w, list)}
+        )
+        states = {
+            sk: sl.state
+            for sk, sl in self.slices.items()
+            if sl.has_state and (keys is None or sk in keys)
+        }
         blob = np.frombuffer(optim.dump_states(states), dtype=np.uint8)
         self.node.reply(msg, arrays=[blob])
 

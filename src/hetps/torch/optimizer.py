@@ -75,7 +75,9 @@ class DistributedOptimizer:
         if update_on == "worker":
             for name, p in self.named:
                 self._bufs[name] = torch.zeros_like(p.data)
-            self.kv.init([self._gkey(n) for n, _ in self.named], [self._bufs[n] for n, _ in self.named])
+            self.kv.init(
+                [self._gkey(n) for n, _ in self.named], [self._bufs[n] for n, _ in self.named]
+            )
         else:
             self.kv.init([self._wkey(n) for n, _ in self.named], [p.data for _, p in self.named])
             self.kv.set_optimizer(server_optimizer)
@@ -110,7 +112,9 @@ class DistributedOptimizer:
                 )
             else:
                 self.kv.push(self._wkey(name), p.grad, priority=prio, block=False)
-                self._handles[name] = self.kv.pull(self._wkey(name), out=p.data, priority=prio, block=False)
+                self._handles[name] = self.kv.pull(
+                    self._wkey(name), out=p.data, priority=prio, block=False
+                )
 
         return hook
 

@@ -49,7 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=float, default=None, help="stop after EPOCHS of rank 0's shard")
     p.add_argument("--max-rounds", type=int, default=None)
     p.add_argument("--train-limit", type=int, default=None, help="use the first N training images")
-    p.add_argument("--test-limit", type=int, default=2000, help="evaluate on the first N test images")
+    p.add_argument(
+        "--test-limit", type=int, default=2000, help="evaluate on the first N test images"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto")
 
@@ -108,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
 
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
-    from hetps.launch.local import Launcher, LaunchSpec
+    from hetps.launch.local import LaunchSpec, run_cluster
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
     argv = [a for a in sys.argv[1:]]
@@ -119,16 +121,28 @@ def launch_cluster(args: argparse.Namespace) -> int:
         if skip:
             skip = False
             continue
-        if a in ("--workers", "--servers"):
+        if a in ("--workers", "--servers", "--netem", "--balance", "--slice-size"):
             skip = True
             continue
-        if a.startswith(("--workers=", "--servers=")):
+        if a.startswith(("--workers=", "--servers=", "--netem=", "--balance=", "--slice-size=")):
+            continue
+        if a == "--colocate":
             continue
         cleaned.append(a)
     cmd = [sys.executable, "-m", "hetps.cli", *cleaned]
-    spec = LaunchSpec(num_workers=args.workers, num_servers=args.servers, command=cmd,
-                      env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-    return Launcher(spec).run()
+    spec = LaunchSpec(
+        num_workers=args.workers,
+        num_servers=args.servers,
+        command=cmd,
+        env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
+    return run_cluster(
+        spec,
+        netem=args.netem,
+        colocate=args.colocate,
+        balance=args.balance,
+        slice_elems=args.slice_size,
+    )
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -178,8 +192,11 @@ class _Progress:
             )
             sys.stdout.flush()
         elif time.monotonic() - self.last_line > 2.0 or acc is not None:
-            print(f"worker {self.rank} iter {it} {sps:.1f} samples/s loss {loss:.4f} acc {acc_s} "
-                  f"t {elapsed:.1f}s", flush=True)
+            print(
+                f"worker {self.rank} iter {it} {sps:.1f} samples/s loss {loss:.4f} acc {acc_s} "
+                f"t {elapsed:.1f}s",
+                flush=True,
+            )
             self.last_line = time.monotonic()
 
     def close(self) -> None:
@@ -216,17 +233,35 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
     run_dir = Path(args.log_dir) / run_name(args, workers)
     writer = None
     if rank == 0:
-        writer = RunWriter(run_dir, overwrite=True, meta={
-            "mode": mode, "network": args.network, "workers": workers,
-            "servers": args.servers if kv is not None else 0, "batch_size": args.batch_size,
-            "slowdown": parse_slowdown(args.slowdown, workers),
-            "split_by_class": bool(args.split_by_class), "started_at": time.time(),
-            "devices": {str(r): f"worker{r} (cpu" + (f", slowdown x{s:g})" if s != 1 else ")")
-                        for r, s in enumerate(parse_slowdown(args.slowdown, workers))},
-            "learning_rate": args.learning_rate, "local_lr": args.local_lr,
-            "global_lr": args.global_lr, "emulated_heterogeneity": any(
-                s != 1 for s in parse_slowdown(args.slowdown, workers)),
-        })
+        writer = RunWriter(
+            run_dir,
+            overwrite=True,
+            meta={
+                "mode": mode,
+                "network": args.network,
+                "workers": workers,
+                "servers": args.servers if kv is not None else 0,
+                "batch_size": args.batch_size,
+                "slowdown": parse_slowdown(args.slowdown, workers),
+                "split_by_class": bool(args.split_by_class),
+                "started_at": time.time(),
+                "devices": {
+                    str(r): f"worker{r} (cpu" + (f", slowdown x{s:g})" if s != 1 else ")")
+                    for r, s in enumerate(parse_slowdown(args.slowdown, workers))
+                },
+                "learning_rate": args.learning_rate,
+                "local_lr": args.local_lr,
+                "global_lr": args.global_lr,
+                "scheme": kv.cfg.balance if kv is not None and kv.cfg.balance != "none" else None,
+                "slice_size": kv.cfg.slice_elems
+                if kv is not None and kv.cfg.balance != "none"
+                else None,
+                "scenario": os.environ.get("HETPS_NETEM_SCENARIO"),
+                "emulated_heterogeneity": any(
+                    s != 1 for s in parse_slowdown(args.slowdown, workers)
+                ),
+            },
+        )
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -238,13 +273,21 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
     if kv is None:
         local_opt = torch.optim.SGD(model.parameters(), lr=args.learning_rate)
     elif args.mode == "sync":
-        dopt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.learning_rate),
-                                    params, kvstore=kv, op="average")
+        dopt = DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=args.learning_rate),
+            params,
+            kvstore=kv,
+            op="average",
+        )
     elif args.mode == "async":
-        server_opt = (ps_optim.DCASGD(learning_rate=args.learning_rate, lamda=0.04)
-                      if args.use_dcasgd else ps_optim.SGD(learning_rate=args.learning_rate))
-        dopt = DistributedOptimizer(None, params, kvstore=kv, update_on="server",
-                                    server_optimizer=server_opt)
+        server_opt = (
+            ps_optim.DCASGD(learning_rate=args.learning_rate, lamda=0.04)
+            if args.use_dcasgd
+            else ps_optim.SGD(learning_rate=args.learning_rate)
+        )
+        dopt = DistributedOptimizer(
+            None, params, kvstore=kv, update_on="server", server_optimizer=server_opt
+        )
     else:  # esync
         dopt = None
         local_opt = torch.optim.SGD(model.parameters(), lr=args.local_lr)
@@ -257,8 +300,11 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         deltas = {n: torch.zeros_like(p.data) for n, p in params}
         from hetps.cluster.state_server import StateClient
 
-        endpoint = (f"{args.state_server_ip}:{args.state_server_port}"
-                    if args.state_server_ip and args.state_server_port else None)
+        endpoint = (
+            f"{args.state_server_ip}:{args.state_server_port}"
+            if args.state_server_ip and args.state_server_port
+            else None
+        )
         state = StateClient(kv.node, endpoint)
     if kv is not None:
         kv.init("__ctl", np.zeros(1, np.float32))
@@ -288,8 +334,15 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
 
     def data_stream():
         for epoch in itertools.count():
-            for x, y in batches(images, labels, shard, args.batch_size, seed=args.seed + rank,
-                                epoch=epoch, drop_last=True):
+            for x, y in batches(
+                images,
+                labels,
+                shard,
+                args.batch_size,
+                seed=args.seed + rank,
+                epoch=epoch,
+                drop_last=True,
+            ):
                 yield epoch, x, y
 
     stream = data_stream()
@@ -328,6 +381,12 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         samples = 0
         losses = []
         local_steps = 0
+        plan = None
+        overhead = 0.0
+        if kv is not None and args.mode != "async" and kv.balance:
+            t0 = time.perf_counter()
+            plan = kv.rebalance()  # report link measurements, switch to this round's plan
+            overhead = time.perf_counter() - t0
         if args.mode == "esync":
             w_round = [p.data.clone() for _, p in params]
             t_round = time.perf_counter()
@@ -399,11 +458,26 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         sent1, recv1 = kv.node.van.counters.totals() if kv is not None else (0, 0)
         dur = time.perf_counter() - t_iter
         rec = {
-            "rank": rank, "iter": rnd, "epoch": int(epoch), "t": time.time() - run_start,
-            "samples": samples, "loss": float(np.mean(losses)), "local_steps": local_steps,
-            **clock.phases, "bytes_sent": sent1 - sent0, "bytes_recv": recv1 - recv0,
+            "rank": rank,
+            "iter": rnd,
+            "epoch": int(epoch),
+            "t": time.time() - run_start,
+            "samples": samples,
+            "loss": float(np.mean(losses)),
+            "local_steps": local_steps,
+            **clock.phases,
+            "bytes_sent": sent1 - sent0,
+            "bytes_recv": recv1 - recv0,
             "srit_s": dur,
+            "comm_s": clock.phases["push_s"] + clock.phases["pull_s"] + clock.phases["wait_s"],
         }
+        if plan is not None:
+            rec.update(
+                overhead_s=overhead,
+                plan=plan["shares"],
+                plan_epoch=plan["epoch"],
+                link_matrix=plan["link_matrix"],
+            )
         if acc is not None:
             rec["accuracy"] = acc
         log.write(rec)
@@ -419,6 +493,9 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         dopt.close()
     if kv is not None:
         kv.barrier() if args.mode != "async" else None
-    print(f"worker {rank} finished {rnd} rounds ({steps_done} local steps) in "
-          f"{time.time() - run_start:.1f}s; logs in {run_dir}", flush=True)
+    print(
+        f"worker {rank} finished {rnd} rounds ({steps_done} local steps) in "
+        f"{time.time() - run_start:.1f}s; logs in {run_dir}",
+        flush=True,
+    )
     return 0

@@ -19,7 +19,9 @@ class TokenBucket:
         if rate_bytes_per_s <= 0:
             raise ValueError("the shaping rate must be > 0")
         self.rate = float(rate_bytes_per_s)
-        self.burst = float(burst_bytes if burst_bytes is not None else max(64 * 1024, self.rate / 20))
+        self.burst = float(
+            burst_bytes if burst_bytes is not None else max(64 * 1024, self.rate / 20)
+        )
         self.tokens = self.burst
         self.stamp = time.monotonic()
         self.lock = threading.Lock()

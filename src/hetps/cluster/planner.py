@@ -1,0 +1,180 @@
+"""The load planner: learns the link matrix from the nodes' measurements and decides, every
+iteration, which server holds which slice (network-aware load distribution, docs/BALANCE.md).
+
+Hosted by the scheduler (command ``balance_report``). Every worker reports at the start of an
+iteration: the slice layout (key sizes, in init order), the link samples it collected
+(forecast-then-probe timings of its pushes, measured by the servers, and of its pulls,
+measured by itself) and, per server, bytes and seconds of the last iteration. When every
+worker has reported the same round the planner computes the shares with the configured scheme
+(:func:`hetps.balance.make_plan`), assigns slices (Algorithm 2, keeping slices in place where it
+can), and answers every worker with the plan and its epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from hetps.balance import EstimateTable, Network, assign, make_plan
+from hetps.balance.slicing import Slice, layout
+from hetps.cluster import protocol as P
+from hetps.transport.codec import Message
+
+log = logging.getLogger("hetps.planner")
+
+REPORT = "balance_report"
+
+
+class Planner:
+    """The scheduler's planning service for one cluster."""
+
+    def __init__(
+        self,
+        scheme: str,
+        num_workers: int,
+        num_servers: int,
+        colocate: bool,
+        slice_elems: int,
+        probe_num: int = 1,
+        alpha: float = 0.5,
+    ) -> None:
+        if colocate and num_workers != num_servers:
+            raise ValueError("colocated servers need as many servers as workers")
+        self.scheme = scheme
+        self.W, self.S = num_workers, num_servers
+        self.colocate = colocate
+        self.slice_elems = slice_elems
+        self.probe_num = probe_num
+        self.n_nodes = num_workers if colocate else num_workers + num_servers
+        self.table = EstimateTable(self.n_nodes, alpha=alpha)
+        self.slices: list[Slice] | None = None
+        self.assignment: np.ndarray | None = None
+        self.shares: np.ndarray | None = None
+        self.epoch = 0
+        self.pending: dict[int, dict[int, Message]] = {}
+        self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
+        self.plan_seconds: list[float] = []
+
+    # network node index of a ps-lite id
+    def index(self, node_id: int) -> int:
+        """Row/column of ``node_id`` in the link matrix."""
+        rank = P.rank_of(node_id)
+        if P.role_of(node_id) == "server":
+            return rank
+        return rank if self.colocate else self.S + rank
+
+    @property
+    def servers(self) -> list[int]:
+        """Matrix indices of the servers."""
+        return list(range(self.S))
+
+    @property
+    def workers(self) -> list[int]:
+        """Matrix indices of the workers."""
+        return list(range(self.W)) if self.colocate else list(range(self.S, self.S + self.W))
+
+    def link_matrix(self) -> np.ndarray:
+        """Estimated bytes/s per link; unmeasured links take the median of measured ones."""
+        m = self.table.matrix().astype(float)
+        off = ~np.eye(self.n_nodes, dtype=bool)
+        known = m[off & np.isfinite(m)]
+        fill = float(np.median(known)) if known.size else 1e9
+        m[off & ~np.isfinite(m)] = fill
+        np.fill_diagonal(m, np.inf)
+        return m
+
+    def handle(self, sched: Any, msg: Message) -> None:
+        """One worker's report; answer everyone once every worker reported the round."""
+        b = msg.body
+        rnd = b.get("round")
+        if not isinstance(rnd, int):
+            sched.reply(msg, {"error": "balance report without a round number"})
+            return
+        sizes = b.get("sizes")
+        if sizes is not None:  # the layout, first time or grown by later inits
+            if not isinstance(sizes, list) or not all(isinstance(x, int) and x >= 0 for x in sizes):
+                sched.reply(msg, {"error": "balance report: 'sizes' must be element counts"})
+                return
+            slices = layout(sizes, self.slice_elems)
+            where = b.get("assign")
+            if not isinstance(where, list) or len(where) != len(slices):
+                sched.reply(msg, {"error": "balance report: 'assign' must give a server per slice"})
+                return
+            if self.slices is None or len(slices) != len(self.slices):
+                self.slices = slices
+                self.assignment = np.array(where, dtype=np.int64)
+        if self.slices is None:
+            sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
+            return
+        for item in b.get("samples", []):
+            try:
+                src, dst, nbytes, t0, t1 = item
+                self.table.observe(
+                    self.index(int(src)), self.index(int(dst)), float(nbytes), float(t0), float(t1)
+                )
+            except (TypeError, ValueError):
+                continue
+        for srank, (nbytes, secs) in (b.get("server_times") or {}).items():
+            s = int(srank)
+            if 0 <= s < self.S and secs > 0:
+                self.history[s].append((float(nbytes), float(secs)))
+                del self.history[s][:-20]
+        waiting = self.pending.setdefault(rnd, {})
+        waiting[msg.sender] = msg
+        live_workers = {
+            nid
+            for nid, n in sched.nodes.items()
+            if n.role == "worker" and nid not in sched.dead and nid not in sched.finished
+        }
+        if not live_workers <= set(waiting):
+            return
+        del self.pending[rnd]
+        answer = self.plan()
+        for m in waiting.values():
+            sched.reply(m, answer)
+
+    def plan(self) -> dict:
+        """Compute the next plan from what is known now."""
+        assert self.slices is not None and self.assignment is not None
+        t0 = time.perf_counter()
+        total = float(sum(s.length for s in self.slices))
+        bw = self.link_matrix()
+        try:
+            if self.scheme == "elastic":
+                if all(len(h) >= 2 for h in self.history):
+                    shares = make_plan("elastic", total, history=self.history)
+                else:  # not enough (size, time) points to fit yet
+                    shares = np.full(self.S, total / self.S)
+            elif self.scheme == "average":
+                shares = np.full(self.S, total / self.S)
+            else:
+                net = Network.from_matrix(bw)
+                shares = make_plan(
+                    self.scheme, total, network=net, servers=self.servers, workers=self.workers
+                )
+        except Exception as exc:  # noqa: BLE001 - a planning failure keeps the old plan
+            log.warning("planner: %s failed (%s); keeping the previous plan", self.scheme, exc)
+            shares = self.shares if self.shares is not None else np.full(self.S, total / self.S)
+        shares = np.asarray(shares, dtype=float)
+        new = assign(
+            self.slices,
+            shares,
+            previous=list(self.assignment),
+            probe_num=self.probe_num if self.scheme != "average" else 0,
+        )
+        if not np.array_equal(new, self.assignment):
+            self.epoch += 1
+        self.assignment = new
+        self.shares = shares
+        self.plan_seconds.append(time.perf_counter() - t0)
+        counts = np.bincount(new, weights=[s.length for s in self.slices], minlength=self.S)
+        return {
+            "epoch": self.epoch,
+            "assign": [int(x) for x in new],
+            "shares": [float(x) / total for x in counts],
+            "link_matrix": [[float(x) if np.isfinite(x) else None for x in row] for row in bw],
+            "plan_s": self.plan_seconds[-1],
+        }

@@ -1,0 +1,57 @@
+"""Slices move between servers as plans change; values and optimizer state move with them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+CODE = """
+import json
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.arange(30000, dtype=np.float32) / 1000)
+kv.init('b', np.ones(7, np.float32))
+kv.set_optimizer(optim.SGD(learning_rate=0.1, momentum=0.9))
+rng = np.random.default_rng(kv.rank)
+epochs = set()
+for step in range(8):
+    plan = kv.rebalance()
+    if plan is not None:
+        epochs.add(plan['epoch'])
+        assert abs(sum(plan['shares']) - 1) < 1e-9
+    kv.push('w', rng.standard_normal(30000).astype(np.float32))
+    kv.push('b', np.full(7, 0.5, np.float32))
+w, b = kv.pull('w'), kv.pull('b')
+print('RESULT ' + json.dumps({'w': float(w.astype(np.float64).sum()), 'w0': float(w[0]),
+                              'b': b.tolist(), 'epochs': sorted(epochs)}), flush=True)
+"""
+
+
+def _result(out: str) -> dict:
+    return json.loads(re.findall(r"RESULT (\{.*\})", out)[0])
+
+
+@pytest.mark.parametrize("scheme", ["average", "aware", "optimal", "elastic"])
+def test_balanced_training_equals_unbalanced(cluster, scheme):
+    env = {"HETPS_SLICE_ELEMS": "2000", "HETPS_PROBE_PROB": "1.0"}
+    rc, base = cluster(CODE, workers=2, servers=3, env=env)
+    assert rc == 0, base
+    rc, out = cluster(CODE, workers=2, servers=3, env={**env, "HETPS_BALANCE": scheme})
+    assert rc == 0, out
+    a, b = _result(base), _result(out)
+    assert a["epochs"] == [] and b["b"] == a["b"]
+    assert b["w0"] == a["w0"] and b["w"] == pytest.approx(a["w"], rel=1e-6)
+    if scheme != "average":
+        print(scheme, "plan epochs", b["epochs"])
+
+
+def test_colocated_balance_moves_slices(cluster):
+    rc, out = cluster(
+        CODE,
+        workers=3,
+        servers=3,
+        env={"HETPS_SLICE_ELEMS": "2000", "HETPS_BALANCE": "optimal", "HETPS_COLOCATE": "1"},
+    )
+    assert rc == 0, out
+    assert len(set(re.findall(r"RESULT (\{.*\})", out))) == 1  # every worker agrees

@@ -1,0 +1,83 @@
+"""Network-aware load distribution on real shaped links: plans follow the bandwidth."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+import textwrap
+
+import pytest
+
+from hetps.launch.local import LaunchSpec, run_cluster
+
+pytestmark = pytest.mark.netem
+
+SCRIPT = """
+import json, os, time
+import numpy as np
+import hetps.kv
+kv = hetps.kv.create('dist_sync')
+kv.init('a', np.zeros(150000, np.float32))
+kv.init('b', np.zeros(50000, np.float32))
+t0 = time.time()
+rnd = 0
+while time.time() - t0 < float(os.environ['RUN_S']):
+    plan = kv.rebalance()
+    kv.push('a', np.ones(150000, np.float32)); kv.push('b', np.ones(50000, np.float32))
+    assert (kv.pull('a') == kv.num_workers).all() and (kv.pull('b') == kv.num_workers).all()
+    if kv.rank == 0:
+        print('PLAN ' + json.dumps({'t': time.time() - t0, 'shares': plan['shares'],
+                                    'epoch': plan['epoch']}), flush=True)
+    rnd += 1
+    # every worker must run the same rounds: rank 0 decides when to stop
+    flag = np.array([1.0 if time.time() - t0 >= float(os.environ['RUN_S']) else 0.0], np.float32)
+    if rnd == 1:
+        kv.init('stop', np.zeros(1, np.float32))
+    kv.pushpull('stop', flag)
+    if flag[0] > 0:
+        break
+"""
+
+
+def _plans(out: str) -> list[dict]:
+    return [json.loads(m) for m in re.findall(r"PLAN (\{.*\})", out)]
+
+
+def test_plans_follow_a_bandwidth_change(tmp_path):
+    scen = tmp_path / "flip.toml"
+    scen.write_text(
+        textwrap.dedent("""
+        [network]
+        kind = "dynamic"
+        rates_mbit = [[150, 15, 150], [15, 150, 150]]
+        period_s = 8
+    """)
+    )
+    script = tmp_path / "w.py"
+    script.write_text(SCRIPT)
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=3,
+        num_servers=3,
+        command=[sys.executable, str(script)],
+        env={"RUN_S": "12", "PS_HEARTBEAT_TIMEOUT": "30"},
+        start_timeout=60,
+    )
+    rc = run_cluster(
+        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=10000, out=out
+    )
+    text = out.getvalue()
+    assert rc == 0, text
+    plans = _plans(text)
+    assert len(plans) >= 6, text
+
+    def smallest(p: dict) -> int:
+        return min(range(3), key=lambda i: p["shares"][i])
+
+    # the rates flip 8 s after the emulator starts (the job starts ~2 s later): early plans,
+    # measured while node 1 is slow, give node 1 the smallest share; the last, node 0
+    assert smallest(plans[1]) == 1, plans
+    assert smallest(plans[-1]) == 0, plans
+    assert plans[-1]["epoch"] >= 2  # the plan changed at least twice
