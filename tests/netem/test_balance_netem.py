@@ -81,3 +81,34 @@ def test_plans_follow_a_bandwidth_change(tmp_path):
     assert smallest(plans[1]) == 1, plans
     assert smallest(plans[-1]) == 0, plans
     assert plans[-1]["epoch"] >= 2  # the plan changed at least twice
+
+
+MEASURE = """
+import json, numpy as np, hetps.kv
+kv = hetps.kv.create('dist_sync')
+kv.init('a', np.zeros(500000, np.float32))
+for r in range(6):
+    plan = kv.rebalance()
+    kv.push('a', np.ones(500000, np.float32)); kv.pull('a')
+if kv.rank == 0:
+    print('MATRIX ' + json.dumps(kv.rebalance()['link_matrix']), flush=True)
+"""
+
+
+def test_link_measurement_within_15_percent_of_tc_rate(tmp_path):
+    scen = tmp_path / "two.toml"
+    scen.write_text('[network]\nkind = "static"\nrates_mbit = [40, 400]\n')
+    script = tmp_path / "m.py"
+    script.write_text(MEASURE)
+    out = io.StringIO()
+    spec = LaunchSpec(num_workers=2, num_servers=2, command=[sys.executable, str(script)],
+                      env={"PS_HEARTBEAT_TIMEOUT": "30"}, start_timeout=60)
+    rc = run_cluster(spec, netem=str(scen), colocate=True, balance="average", slice_elems=20000,
+                     out=out)
+    text = out.getvalue()
+    assert rc == 0, text
+    (raw,) = re.findall(r"MATRIX (\[.*\])", text)
+    m = json.loads(raw)
+    tc_rate = 40e6 / 8  # node 0 sends and receives at 40 Mbit/s: both directions of 0<->1
+    for got in (m[0][1], m[1][0]):
+        assert abs(got - tc_rate) / tc_rate < 0.15, (got * 8 / 1e6, "Mbit/s measured")

@@ -122,19 +122,25 @@ class Planner:
             if 0 <= s < self.S and secs > 0:
                 self.history[s].append((float(nbytes), float(secs)))
                 del self.history[s][:-20]
-        waiting = self.pending.setdefault(rnd, {})
-        waiting[msg.sender] = msg
-        live_workers = {
+        self.pending.setdefault(rnd, {})[msg.sender] = msg
+        self.release(sched)
+
+    def release(self, sched: Any) -> None:
+        """Answer every round that every live, unfinished worker has reported (also called
+        when a worker finishes, so the others never wait for it)."""
+        live = {
             nid
             for nid, n in sched.nodes.items()
             if n.role == "worker" and nid not in sched.dead and nid not in sched.finished
         }
-        if not live_workers <= set(waiting):
-            return
-        del self.pending[rnd]
-        answer = self.plan()
-        for m in waiting.values():
-            sched.reply(m, answer)
+        for rnd in sorted(self.pending):
+            waiting = self.pending[rnd]
+            if not live <= set(waiting):
+                continue
+            del self.pending[rnd]
+            answer = self.plan()
+            for m in waiting.values():
+                sched.reply(m, answer)
 
     def plan(self) -> dict:
         """Compute the next plan from what is known now."""

@@ -315,6 +315,8 @@ class Scheduler:
             self._send(nid, Message(P.WORKER_DONE, body={"node": self.nodes[msg.sender].to_wire()}))
         for group in ("worker", "all"):  # barriers no longer wait for it
             self._maybe_release(group)
+        if self.planner is not None:
+            self.planner.release(self)
         workers = {i for i, n in self.nodes.items() if n.role == "worker"}
         if workers <= set(self.finished):
             for nid in servers:
