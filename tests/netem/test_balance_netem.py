@@ -101,10 +101,16 @@ def test_link_measurement_within_15_percent_of_tc_rate(tmp_path):
     script = tmp_path / "m.py"
     script.write_text(MEASURE)
     out = io.StringIO()
-    spec = LaunchSpec(num_workers=2, num_servers=2, command=[sys.executable, str(script)],
-                      env={"PS_HEARTBEAT_TIMEOUT": "30"}, start_timeout=60)
-    rc = run_cluster(spec, netem=str(scen), colocate=True, balance="average", slice_elems=20000,
-                     out=out)
+    spec = LaunchSpec(
+        num_workers=2,
+        num_servers=2,
+        command=[sys.executable, str(script)],
+        env={"PS_HEARTBEAT_TIMEOUT": "30"},
+        start_timeout=60,
+    )
+    rc = run_cluster(
+        spec, netem=str(scen), colocate=True, balance="average", slice_elems=20000, out=out
+    )
     text = out.getvalue()
     assert rc == 0, text
     (raw,) = re.findall(r"MATRIX (\[.*\])", text)

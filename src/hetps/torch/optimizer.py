@@ -70,16 +70,22 @@ class DistributedOptimizer:
         for name, p in self.named:
             if not p.is_contiguous():
                 raise ValueError(f"parameter {name!r} is not contiguous")
+        # parameters on an accelerator go through CPU staging buffers (the KVStore is CPU-side)
+        self._cpu = {
+            n: (p.data if p.device.type == "cpu" else p.data.detach().cpu()) for n, p in self.named
+        }
         if broadcast:
             self.broadcast_parameters()
         if update_on == "worker":
             for name, p in self.named:
-                self._bufs[name] = torch.zeros_like(p.data)
+                self._bufs[name] = torch.zeros_like(self._cpu[name])
             self.kv.init(
                 [self._gkey(n) for n, _ in self.named], [self._bufs[n] for n, _ in self.named]
             )
         else:
-            self.kv.init([self._wkey(n) for n, _ in self.named], [p.data for _, p in self.named])
+            self.kv.init(
+                [self._wkey(n) for n, _ in self.named], [self._cpu[n] for n, _ in self.named]
+            )
             self.kv.set_optimizer(server_optimizer)
         for name, p in self.named:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(name)))
@@ -94,9 +100,15 @@ class DistributedOptimizer:
     def broadcast_parameters(self) -> None:
         """Give every worker rank 0's parameters (an init on the servers, then a pull)."""
         keys = [f"{self.prefix}init:{n}" for n, _ in self.named]
-        tensors = [p.data for _, p in self.named]
+        tensors = [self._cpu[n] for n, _ in self.named]
+        for (_, p), t in zip(self.named, tensors, strict=True):
+            if t is not p.data:
+                t.copy_(p.data)
         self.kv.init(keys, tensors)
         self.kv.pull(keys, out=tensors)
+        for (_, p), t in zip(self.named, tensors, strict=True):
+            if t is not p.data:
+                p.data.copy_(t)
 
     # -- hooks ------------------------------------------------------------------------------
     def _make_hook(self, name: str):
@@ -136,6 +148,8 @@ class DistributedOptimizer:
                 if self.op == "average" and self.kv.num_workers > 1:
                     buf.div_(self.kv.num_workers)
                 p.grad.copy_(buf)
+            elif self._cpu[name] is not p.data:
+                p.data.copy_(self._cpu[name])
         self._synced = True
 
     def step(self, closure: Any = None) -> Any:

@@ -166,7 +166,8 @@ def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
     with torch.no_grad():
         for i in range(0, len(labels), batch):
             x = normalize(images[i : i + batch])  # [B, 1, 28, 28]
-            pred = model(x).argmax(1)
+            dev = next(model.parameters()).device
+            pred = model(x.to(dev)).argmax(1).cpu()
             correct += int((pred == torch.from_numpy(labels[i : i + batch])).sum())
     model.train()
     return correct / max(1, len(labels))
@@ -218,6 +219,14 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
     from hetps.torch.optimizer import DistributedOptimizer
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)
+    device = torch.device("cpu")
+    if args.gpu is not None and not args.cpu:
+        if not torch.cuda.is_available() or args.gpu >= torch.cuda.device_count():
+            raise SystemExit(
+                f"hetps train: -g {args.gpu}: no such CUDA device on this machine "
+                f"({torch.cuda.device_count()} visible); drop -g to train on the CPU"
+            )
+        device = torch.device(f"cuda:{args.gpu}")
     rank = kv.rank if kv is not None else 0
     workers = kv.num_workers if kv is not None else 1
     slow = parse_slowdown(args.slowdown, workers)[rank]
@@ -227,7 +236,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
     test_x, test_y = load_fashion_mnist(args.data_dir, train=False, limit=args.test_limit)
     shard = partition(labels, workers, rank, split_by_class=args.split_by_class, seed=args.seed)
     torch.manual_seed(args.seed)
-    model = get_model(args.network)
+    model = get_model(args.network).to(device)
     model.train()
 
     run_dir = Path(args.log_dir) / run_name(args, workers)
@@ -292,12 +301,17 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         dopt = None
         local_opt = torch.optim.SGD(model.parameters(), lr=args.local_lr)
         init = [f"init:{n}" for n, _ in params]
-        kv.init(init, [p.data for _, p in params])
-        kv.pull(init, out=[p.data for _, p in params])
-        kv.init([f"delta:{n}" for n, _ in params], [torch.zeros_like(p.data) for _, p in params])
+        staged = [p.data.detach().cpu().clone() for _, p in params]  # CPU side of the KVStore
+        kv.init(init, staged)
+        kv.pull(init, out=staged)
+        with torch.no_grad():
+            for (_, p), t in zip(params, staged, strict=True):
+                p.data.copy_(t)
+        kv.init([f"delta:{n}" for n, _ in params], [torch.zeros_like(t) for t in staged])
+        bn_cpu = {n: b.detach().cpu().clone() for n, b in float_buffers}
         if float_buffers:
-            kv.init([f"bn:{n}" for n, _ in float_buffers], [b.clone() for _, b in float_buffers])
-        deltas = {n: torch.zeros_like(p.data) for n, p in params}
+            kv.init([f"bn:{n}" for n, _ in float_buffers], list(bn_cpu.values()))
+        deltas = {n: torch.zeros_like(t) for (n, _), t in zip(params, staged, strict=True)}
         from hetps.cluster.state_server import StateClient
 
         endpoint = (
@@ -354,6 +368,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         """Forward, emulated slowdown, backward, optimizer step; (loss, compute s, samples)."""
         nonlocal steps_done, last_compute
         epoch, x, y = next(stream)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         t0 = time.perf_counter()
         out = model(x)
         loss = loss_fn(out, y)
@@ -429,10 +444,11 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
             t0 = time.perf_counter()
             handles = []
             for (n, p), w0 in zip(params, w_round, strict=True):
-                torch.sub(p.data, w0, out=deltas[n])
+                deltas[n].copy_(p.data - w0)
                 handles.append(kv.pushpull(f"delta:{n}", deltas[n], block=False))
             for n, b in float_buffers:
-                handles.append(kv.pushpull(f"bn:{n}", b, block=False))
+                bn_cpu[n].copy_(b)
+                handles.append(kv.pushpull(f"bn:{n}", bn_cpu[n], block=False))
             ctl = np.array([1.0 if want_stop else 0.0], np.float32)
             handles.append(kv.pushpull("__ctl", ctl, block=False))
             for h in handles:
@@ -440,9 +456,9 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
             clock.add("push_s", time.perf_counter() - t0)
             with torch.no_grad():
                 for (n, p), w0 in zip(params, w_round, strict=True):
-                    p.data.copy_(w0 + args.global_lr * deltas[n] / workers)
-                for _, b in float_buffers:
-                    b.div_(workers)
+                    p.data.copy_(w0 + args.global_lr * deltas[n].to(p.device) / workers)
+                for n, b in float_buffers:
+                    b.copy_(bn_cpu[n] / workers)
             stop = bool(ctl[0] > 0)
         elif kv is not None and args.mode == "sync":
             ctl = np.array([1.0 if want_stop else 0.0], np.float32)
