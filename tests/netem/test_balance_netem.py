@@ -118,3 +118,29 @@ def test_link_measurement_within_15_percent_of_tc_rate(tmp_path):
     tc_rate = 40e6 / 8  # node 0 sends and receives at 40 Mbit/s: both directions of 0<->1
     for got in (m[0][1], m[1][0]):
         assert abs(got - tc_rate) / tc_rate < 0.15, (got * 8 / 1e6, "Mbit/s measured")
+
+
+def test_train_on_emulated_links_with_balance(tmp_path):
+    """`hetps train --netem --colocate --balance aware` as a user runs it; plans are logged."""
+    import subprocess
+    from pathlib import Path
+
+    if not Path("/usr/share/datasets/fashion-mnist").exists():
+        pytest.skip("Fashion-MNIST not installed")
+    scen = tmp_path / "s.toml"
+    scen.write_text('[network]\nkind = "static"\nrates_mbit = [300, 30]\n')
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "train", "-m", "sync", "-n", "mlp", "--workers", "2",
+         "--colocate", "--balance", "aware", "--slice-size", "20000", "--netem", str(scen),
+         "--max-rounds", "6", "--train-limit", "1000", "--test-limit", "200", "-e", "3",
+         "-ld", str(tmp_path), "--progress", "lines"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = tmp_path / "sync-mlp-w2"
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["scheme"] == "aware" and meta["slice_size"] == 20000
+    assert meta["scenario"] == str(scen)
+    recs = [json.loads(x) for x in (run / "worker-0.jsonl").read_text().splitlines()]
+    assert len(recs) == 6 and all("plan" in r and "link_matrix" in r for r in recs)
+    assert abs(sum(recs[-1]["plan"]) - 1) < 1e-9 and recs[-1]["overhead_s"] >= 0

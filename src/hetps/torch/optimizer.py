@@ -77,7 +77,7 @@ class DistributedOptimizer:
         if broadcast:
             self.broadcast_parameters()
         if update_on == "worker":
-            for name, p in self.named:
+            for name, _p in self.named:
                 self._bufs[name] = torch.zeros_like(self._cpu[name])
             self.kv.init(
                 [self._gkey(n) for n, _ in self.named], [self._bufs[n] for n, _ in self.named]
