@@ -182,6 +182,9 @@ class Node:
                 self._registered.set()
                 return
             if cmd == P.NODE_DEAD:
+                dead = msg.body.get("node")
+                if isinstance(dead, list) and dead and isinstance(dead[0], int):
+                    self.van.mark_dead(dead[0])
                 self._fail(NodeFailure(msg.error or "a peer died"))
                 return
             if cmd == P.EXIT:
@@ -208,6 +211,8 @@ class Node:
             self.failure = error
             log.error("%s: %s", self.role, error)
         self.requests.fail_all(error)
+        for nid in self.nodes:  # the job is over: no send may wait on a peer's full queue
+            self.van.mark_dead(nid)
         if self.on_failure is not None:
             self.on_failure(error)
         self.exited.set()
@@ -223,6 +228,7 @@ class Node:
                 return
             silent = time.monotonic() - self._last_ack
             if silent > self.cfg.heartbeat_timeout and not self.exited.is_set():
+                self.van.mark_dead(P.SCHEDULER_ID)
                 self._fail(
                     NodeFailure(
                         f"{self.describe(P.SCHEDULER_ID)} stopped answering heartbeats for "
@@ -310,4 +316,13 @@ class Node:
         for t in (self._recv_thread, self._hb_thread):
             if t is not None and t is not me:
                 t.join(timeout=5)
+        if (
+            self._recv_thread is not None
+            and self._recv_thread.is_alive()
+            and self._recv_thread is not me
+        ):
+            log.warning(
+                "%s: receive thread still busy at close; leaving its socket open", self.role
+            )
+            return
         self.van.close()

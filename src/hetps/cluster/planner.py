@@ -115,7 +115,7 @@ class Planner:
                 self.table.observe(
                     self.index(int(src)), self.index(int(dst)), float(nbytes), float(t0), float(t1)
                 )
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, IndexError):
                 continue
         for srank, (nbytes, secs) in (b.get("server_times") or {}).items():
             s = int(srank)
@@ -176,6 +176,7 @@ class Planner:
         self.assignment = new
         self.shares = shares
         self.plan_seconds.append(time.perf_counter() - t0)
+        del self.plan_seconds[:-1000]
         counts = np.bincount(new, weights=[s.length for s in self.slices], minlength=self.S)
         return {
             "epoch": self.epoch,

@@ -19,7 +19,7 @@ from hetps.cluster.errors import ClusterError, RequestError, RequestTimeout
 class Future:
     """The pending answer to one request."""
 
-    __slots__ = ("req", "peer", "what", "_event", "_result", "_error", "_callback")
+    __slots__ = ("req", "peer", "what", "_event", "_result", "_error", "_callback", "_tracker")
 
     def __init__(self, req: int, peer: int, what: str, callback: Callable[[Any], None] | None):
         self.req = req
@@ -29,6 +29,7 @@ class Future:
         self._result: Any = None
         self._error: BaseException | None = None
         self._callback = callback
+        self._tracker: RequestTracker | None = None
 
     def done(self) -> bool:
         """Whether the answer (or an error) is in."""
@@ -56,6 +57,8 @@ class Future:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until answered; raise the error if it failed, RequestTimeout after ``timeout``."""
         if not self._event.wait(timeout):
+            if self._tracker is not None:  # a late reply must not land after we gave up
+                self._tracker.discard(self.req)
             raise RequestTimeout(
                 f"{self.what}: no answer from node {self.peer} within {timeout:.1f} s "
                 "(raise HETPS_REQUEST_TIMEOUT if the job is just slow)"
@@ -82,7 +85,13 @@ class RequestTracker:
                 fut.set_error(self._fatal)
                 return fut
             self._pending[fut.req] = fut
+            fut._tracker = self
         return fut
+
+    def discard(self, req: int) -> None:
+        """Forget request ``req`` (its caller stopped waiting)."""
+        with self._lock:
+            self._pending.pop(req, None)
 
     def resolve(self, req: int, value: Any, error: str | None = None) -> bool:
         """Deliver the reply to request ``req``; False if nobody waits for it."""

@@ -135,7 +135,7 @@ class Scheduler:
 
     # -- dispatch ---------------------------------------------------------------------------
     def _dispatch(self, msg: Message) -> None:
-        if msg.sender in self.nodes:
+        if msg.sender in self.nodes and msg.sender not in self.finished:
             self.last_seen[msg.sender] = time.monotonic()
         cmd = msg.cmd
         if cmd == P.HEARTBEAT:
@@ -185,7 +185,11 @@ class Scheduler:
         ):
             log.warning("scheduler: malformed registration %r", b)
             return
-        self.van.connect(token, f"{host}:{port}")
+        try:
+            self.van.connect(token, f"{host}:{port}")
+        except PeerGone as exc:
+            log.warning("scheduler: registration with a bad address: %s", exc)
+            return
         if self.nodes or len(self.pending) >= self.expected:
             self._send(
                 token,
@@ -200,7 +204,7 @@ class Scheduler:
                     },
                 ),
             )
-            self.van.disconnect(token)
+            self.van.disconnect(token, linger_ms=1000)  # let the refusal leave first
             return
         count = sum(1 for p in self.pending if p.role == role)
         limit = self.cfg.num_server if role == "server" else self.cfg.num_worker
@@ -217,7 +221,7 @@ class Scheduler:
                     },
                 ),
             )
-            self.van.disconnect(token)
+            self.van.disconnect(token, linger_ms=1000)  # let the refusal leave first
             return
         want = b.get("want_rank", -1)
         want = want if isinstance(want, int) and not isinstance(want, bool) else -1
@@ -348,7 +352,11 @@ class Scheduler:
         if self.cfg.heartbeat_interval <= 0:
             return
         for nid, seen in list(self.last_seen.items()):
-            if nid not in self.dead and now - seen > self.cfg.heartbeat_timeout:
+            if (
+                nid not in self.dead
+                and nid not in self.finished
+                and now - seen > self.cfg.heartbeat_timeout
+            ):
                 self._declare_dead(
                     nid,
                     f"stopped answering heartbeats for {now - seen:.1f} s "

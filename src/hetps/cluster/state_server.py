@@ -11,6 +11,7 @@ since the worker's round began (so clocks of different machines never have to ag
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -25,6 +26,8 @@ log = logging.getLogger("hetps.state_server")
 
 REPORT = "esync_report"
 STANDALONE_ID = 3  # sender id of a standalone state server (not a ps-lite role id)
+# the endpoints it answers: host:port or [ipv6]:port
+_ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:.]+\]:\d{1,5}")
 
 
 class EsyncService:
@@ -38,9 +41,13 @@ class EsyncService:
         """Record one local step; returns ``{"ready": bool, "round": n, "steps": k}``."""
         if rank < 0 or rank >= self.policy.num_workers:
             raise ValueError(f"rank {rank} outside 0..{self.policy.num_workers - 1}")
+        if rnd > self.policy.round + 1:
+            raise ValueError(
+                f"worker {rank} reports round {rnd}, but the state server is at round "
+                f"{self.policy.round}: rounds advance one at a time"
+            )
         if rnd > self.policy.round:
-            while self.policy.round < rnd:
-                self.policy.start_round(now - elapsed_s)
+            self.policy.start_round(now - elapsed_s)
             self.started = set()
         elif rnd < self.policy.round:
             raise ValueError(
@@ -65,7 +72,7 @@ class EsyncService:
                 float(b["elapsed_s"]),
                 time.monotonic(),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             return {"error": f"esync report refused: {exc}"}
 
     def as_scheduler_service(self):
@@ -87,6 +94,7 @@ class StateServer:
         self.van = Van(host=host, port=port, max_message_bytes=1 << 20, name="state-server")
         self.van.my_id = STANDALONE_ID
         self._stop = threading.Event()
+        self._peers: list[str] = []
 
     @property
     def port(self) -> int:
@@ -102,16 +110,19 @@ class StateServer:
                 if msg is None or msg.cmd != REPORT:
                     continue
                 ep = msg.body.get("ep")
-                if not isinstance(ep, str):
+                if not isinstance(ep, str) or not _ENDPOINT.fullmatch(ep):
+                    log.warning("state server: report without a valid 'ep' (host:port) dropped")
                     continue
-                if not self.van.has_peer(ep):
-                    self.van.connect(ep, ep)
                 try:
-                    self.van.send(
-                        ep, Message(REPORT, req=msg.req, reply=True, body=self.service.handle(msg))
-                    )
-                except PeerGone:
-                    pass
+                    if not self.van.has_peer(ep):
+                        if len(self._peers) >= 4096:  # a bounded set of reply sockets
+                            self.van.disconnect(self._peers.pop(0))
+                        self.van.connect(ep, ep)
+                        self._peers.append(ep)
+                    reply = Message(REPORT, req=msg.req, reply=True, body=self.service.handle(msg))
+                    self.van.send(ep, reply)
+                except PeerGone as exc:
+                    log.warning("state server: cannot answer %s: %s", ep, exc)
         finally:
             self.van.close()
 

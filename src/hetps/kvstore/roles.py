@@ -36,7 +36,6 @@ def run_server(cfg: NodeConfig) -> int:
     node.handler = server.handle
     try:
         node.start()
-        server.num_workers = len(node.workers())
         if cfg.verbose >= 1:
             log.info("server rank %d is up at %s", node.rank, node.van.endpoint)
         node.exited.wait()

@@ -66,11 +66,22 @@ class KVServer:
         self.sync = sync  # None: decided by each push's "sync" field
         self.slices: dict[tuple[Any, int], Slice] = {}
         self.optimizer: optim.Optimizer | None = None
-        self.num_workers = len(node.workers()) if hasattr(node, "workers") else 1
+        self._fixed_workers: int | None = None if hasattr(node, "workers") else 1
         self.rounds = 0
         self.done_workers: dict[int, str] = {}  # worker id -> description
         self._forecasts: dict[tuple[int, Any], float] = {}  # (sender, tag) -> arrival time
         self._meas: dict[tuple[int, int], list[float]] = {}  # (sender, req) -> [t0, t1, bytes]
+
+    @property
+    def num_workers(self) -> int:
+        """Workers in the job (read from the node table, so it is right from the first push)."""
+        if self._fixed_workers is not None:
+            return self._fixed_workers
+        return len(self.node.workers())
+
+    @num_workers.setter
+    def num_workers(self, value: int) -> None:
+        self._fixed_workers = value
 
     # -- entry point ------------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
@@ -227,6 +238,9 @@ class KVServer:
                 "kv.set_optimizer(...) before the first push"
             )
         worker = msg.sender
+        if sl.value.size == 0:  # nothing to merge or apply: a round of nothing completes at once
+            self._ack(msg)
+            return
         if sync and self.done_workers:
             raise BadRequest(self._uneven(sl))
         if sync and (

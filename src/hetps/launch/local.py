@@ -133,6 +133,8 @@ class Launcher:
             self._log("interrupted: stopping every process")
             return 130
         finally:
+            for sig in old:  # a second Ctrl-C must not cut the clean-up short
+                signal.signal(sig, signal.SIG_IGN)
             self.stop_all()
             for sig, handler in old.items():
                 signal.signal(sig, handler)

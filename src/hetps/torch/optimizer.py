@@ -118,14 +118,19 @@ class DistributedOptimizer:
             if p.grad is None:
                 return
             prio = -index  # the first layers are needed first by the next forward pass
+            grad = p.grad if p.grad.device.type == "cpu" else p.grad.detach().cpu()
             if self.update_on == "worker":
                 self._handles[name] = self.kv.pushpull(
-                    self._gkey(name), p.grad, out=self._bufs[name], priority=prio, block=False
+                    self._gkey(name), grad, out=self._bufs[name], priority=prio, block=False
                 )
             else:
-                self.kv.push(self._wkey(name), p.grad, priority=prio, block=False)
-                self._handles[name] = self.kv.pull(
-                    self._wkey(name), out=p.data, priority=prio, block=False
+                push = self.kv.push(self._wkey(name), grad, priority=prio, block=False)
+                pull = self.kv.pull(
+                    self._wkey(name), out=self._cpu[name], priority=prio, block=False
+                )
+                # wait on both: a refused push must raise, not leave stale weights
+                self._handles[name] = type(pull)(
+                    list(push.futures) + list(pull.futures), pull.timeout, "push+pull", pull.wait
                 )
 
         return hook

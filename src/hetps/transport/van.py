@@ -23,6 +23,7 @@ log = logging.getLogger("hetps.van")
 
 #: arrays at least this large are sent zero-copy and tracked; smaller ones are copied.
 ZERO_COPY_BYTES = 1 << 16
+SEND_RETRY_MS = 200
 
 
 @dataclass
@@ -124,6 +125,7 @@ class Van:
         self._closed = False
         # (direction 'send'|'recv', peer, command, bytes, unix time): traffic timelines
         self.observer: Any = None
+        self._dead: set[Any] = set()
         self.shaper = TokenBucket(shape_mbit * 1e6 / 8) if shape_mbit > 0 else None
 
     @property
@@ -137,7 +139,14 @@ class Van:
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.SNDHWM, 256)
         sock.setsockopt(zmq.IMMEDIATE, 0)
-        sock.connect(f"tcp://{endpoint}")
+        # a full queue (slow or dead peer) blocks a send for at most this long before it
+        # re-checks whether the van closed or the peer was declared dead
+        sock.setsockopt(zmq.SNDTIMEO, SEND_RETRY_MS)
+        try:
+            sock.connect(f"tcp://{endpoint}")
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise PeerGone(f"{self.name}: cannot connect to {endpoint!r}: {exc}") from None
         with self._peers_lock:
             old = self._peers.pop(peer, None)
             self._peers[peer] = sock
@@ -159,13 +168,17 @@ class Van:
         with self._peers_lock:
             return peer in self._peers
 
-    def disconnect(self, peer: Any) -> None:
-        """Close the DEALER to ``peer`` (unsent messages are dropped)."""
+    def disconnect(self, peer: Any, linger_ms: int = 0) -> None:
+        """Close the DEALER to ``peer``; unsent messages get ``linger_ms`` to leave."""
         with self._peers_lock:
             sock = self._peers.pop(peer, None)
         if sock is not None:
             with self._locks[peer]:
-                sock.close(linger=0)
+                sock.close(linger=linger_ms)
+
+    def mark_dead(self, peer: Any) -> None:
+        """The peer is gone: sends to it fail at once instead of waiting on a full queue."""
+        self._dead.add(peer)
 
     def send(self, peer: Any, msg: Message, track: bool = False) -> zmq.MessageTracker | None:
         """Send ``msg`` to ``peer``. Large arrays go zero-copy; with ``track`` the returned
@@ -185,9 +198,18 @@ class Van:
         if self.shaper is not None:
             self.shaper.acquire(msg.nbytes)
         with lock:
-            if self._closed:
-                raise PeerGone(f"{self.name}: van is closed")
-            tracker = sock.send_multipart(frames, copy=not big, track=track and big)
+            while True:
+                if self._closed:
+                    raise PeerGone(f"{self.name}: van is closed")
+                if peer in self._dead:
+                    raise PeerGone(f"{self.name}: peer {peer} is dead")
+                try:
+                    # ZeroMQ takes a multipart message whole or not at all (HWM is checked
+                    # at the first frame), so a timed-out attempt sent nothing: retry
+                    tracker = sock.send_multipart(frames, copy=not big, track=track and big)
+                    break
+                except zmq.Again:
+                    continue
         now = time.time()
         if isinstance(peer, int):
             self.counters.on_send(peer, msg.nbytes, now)
@@ -249,7 +271,7 @@ class Van:
             peers = list(self._peers.items())
             self._peers.clear()
         for peer, sock in peers:
-            with self._locks[peer]:
-                sock.close()
+            with self._locks[peer]:  # a sender notices _closed within SEND_RETRY_MS
+                sock.close(linger=0 if peer in self._dead else 2000)
         self._router.close(linger=0)
         self.ctx.term()

@@ -1,0 +1,211 @@
+"""Regressions found in review: each once hung a node, killed a job or lost an error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hetps.cluster.errors import ClusterError, NodeFailure
+from hetps.cluster.scheduler import Scheduler
+from hetps.cluster.state_server import EsyncService
+from hetps.config import NodeConfig
+from hetps.kvstore.client import DistKVStore
+
+BASE = dict(
+    root_uri="127.0.0.1",
+    root_port=0,
+    num_server=1,
+    num_worker=1,
+    node_host="127.0.0.1",
+    heartbeat_interval=0.2,
+    heartbeat_timeout=2.0,
+    connect_timeout=10,
+    request_timeout=30,
+)
+
+
+def _server_env(port: int, workers: int = 1) -> dict:
+    return dict(
+        os.environ,
+        DMLC_ROLE="server",
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_PS_ROOT_PORT=str(port),
+        DMLC_NUM_SERVER="1",
+        DMLC_NUM_WORKER=str(workers),
+        PS_HEARTBEAT_INTERVAL="0.2",
+        PS_HEARTBEAT_TIMEOUT="2",
+    )
+
+
+def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
+    sch = Scheduler(NodeConfig(role="scheduler", **BASE)).start()
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "hetps.cli", "server"],
+        env=_server_env(sch.van.port),
+        start_new_session=True,
+    )
+    kv = None
+    try:
+        kv = DistKVStore(
+            "dist_sync", NodeConfig(role="worker", **{**BASE, "root_port": sch.van.port})
+        )
+        keys = list(range(400))  # more requests than the 256-message send queue holds
+        kv.init(keys, [np.ones(8, np.float32)] * 400)
+        srv.kill()
+        srv.wait()
+        with pytest.raises(NodeFailure, match="server rank 0"):
+            kv.push(keys, [np.ones(8, np.float32)] * 400)
+        closer = threading.Thread(target=kv.close, kwargs={"error": "push failed"}, daemon=True)
+        closer.start()
+        closer.join(15)
+        assert not closer.is_alive(), "kv.close() hung on a send to the dead server"
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+        sch.stop()
+        sch.join(5)
+
+
+def test_empty_key_push_completes():
+    sch = Scheduler(NodeConfig(role="scheduler", **BASE)).start()
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "hetps.cli", "server"],
+        env=_server_env(sch.van.port),
+        start_new_session=True,
+    )
+    try:
+        kv = DistKVStore(
+            "dist_sync",
+            NodeConfig(role="worker", **{**BASE, "root_port": sch.van.port, "request_timeout": 10}),
+        )
+        kv.init("e", np.zeros(0, np.float32))
+        kv.push("e", np.zeros(0, np.float32))
+        assert kv.pull("e").shape == (0,)
+        kv.close()
+        assert srv.wait(timeout=15) == 0
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+        sch.stop()
+        sch.join(5)
+
+
+def test_surplus_node_gets_the_refusal_not_a_timeout():
+    sch = Scheduler(NodeConfig(role="scheduler", **BASE)).start()
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "hetps.cli", "server"],
+        env=_server_env(sch.van.port),
+        start_new_session=True,
+    )
+    kv = None
+    try:
+        cfg = NodeConfig(role="worker", **{**BASE, "root_port": sch.van.port})
+        kv = DistKVStore("dist_sync", cfg)
+        t0 = time.monotonic()
+        with pytest.raises(
+            ClusterError, match="refused this worker: the cluster is already complete"
+        ):
+            DistKVStore("dist_sync", cfg)
+        assert time.monotonic() - t0 < 5
+    finally:
+        if kv is not None:
+            kv.close()
+        if srv.wait(timeout=15) is None:
+            srv.kill()
+        sch.stop()
+        sch.join(5)
+
+
+def test_finished_worker_is_never_declared_dead():
+    """A heartbeat that leaves after `finish` must not bring a finished worker back."""
+    from hetps.transport.codec import Message
+
+    cfg = {**BASE, "num_worker": 2}
+    sch = Scheduler(NodeConfig(role="scheduler", **cfg)).start()
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "hetps.cli", "server"],
+        env=_server_env(sch.van.port, workers=2),
+        start_new_session=True,
+    )
+    kvs: list = [None, None]
+    try:
+        wcfg = NodeConfig(role="worker", **{**cfg, "root_port": sch.van.port})
+
+        def make(i: int) -> None:
+            kvs[i] = DistKVStore("dist_sync", wcfg)
+
+        ts = [threading.Thread(target=make, args=(i,)) for i in range(2)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        a, b = sorted(kvs, key=lambda k: k.rank)
+        a.node.finish()
+        a.node.van.send(1, Message("heartbeat"))  # the late heartbeat
+        a.close()
+        deadline = time.monotonic() + 3.0  # > PS_HEARTBEAT_TIMEOUT: the scheduler looks again
+        while time.monotonic() < deadline:
+            b.node.exited.wait(0.2)
+        assert b.node.failure is None and not sch.dead
+        b.close()
+        assert srv.wait(timeout=15) == 0 and sch.join(10) == 0
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+        sch.stop()
+        sch.join(5)
+
+
+def test_esync_report_with_a_huge_round_is_refused_at_once():
+    svc = EsyncService(2)
+    assert svc.decide(0, 1, 0.1, 0.1, 1.0)["ready"] in (True, False)
+    with pytest.raises(ValueError, match="one at a time"):
+        svc.decide(0, 2**40, 0.1, 0.1, 2.0)
+
+
+def test_standalone_state_server_survives_a_bad_endpoint():
+    import zmq
+
+    from hetps.cluster.state_server import StateServer
+    from hetps.transport.codec import Message, encode
+
+    srv = StateServer(1, host="127.0.0.1")
+    stop = threading.Event()
+    t = threading.Thread(target=srv.serve, args=(stop,), daemon=True)
+    t.start()
+    ctx = zmq.Context()
+    rx = ctx.socket(zmq.ROUTER)
+    rx.bind("tcp://127.0.0.1:*")
+    ep = rx.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit("/", 1)[1]
+    tx = ctx.socket(zmq.DEALER)
+    tx.connect(f"tcp://127.0.0.1:{srv.port}")
+    try:
+        bad = Message(
+            "esync_report",
+            req=1,
+            body={"rank": 0, "round": 1, "step_s": 0.1, "elapsed_s": 0.1, "ep": "x"},
+        )
+        good = Message(
+            "esync_report",
+            req=2,
+            body={"rank": 0, "round": 1, "step_s": 0.1, "elapsed_s": 0.1, "ep": ep},
+        )
+        for m in (bad, good):
+            tx.send_multipart([bytes(f) if not isinstance(f, bytes) else f for f in encode(m)])
+        assert rx.poll(5000), "the state server stopped answering after a bad endpoint"
+        frames = rx.recv_multipart()
+        assert b"ready" in frames[1]
+    finally:
+        stop.set()
+        t.join(5)
+        assert not t.is_alive()
+        tx.close(0)
+        rx.close(0)
+        ctx.term()
