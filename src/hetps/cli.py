@@ -119,6 +119,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:  # the data reader's message names the file and the fix
         print(f"hetps train: {exc}", file=sys.stderr)
         return 2
+    except (ValueError, RuntimeError) as exc:  # scenario and emulator errors, bad flags
+        if type(exc).__module__.startswith("hetps.netem") or "scenario" in str(exc):
+            print(f"hetps train: {exc}", file=sys.stderr)
+            return 2
+        raise
 
 
 def cmd_models(args: argparse.Namespace) -> int:
