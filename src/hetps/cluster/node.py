@@ -44,6 +44,7 @@ class Node:
             verbose=cfg.verbose,
             name=cfg.role,
             shape_mbit=cfg.shape_mbit,
+            chunk_bytes=cfg.chunk_bytes,
         )
         self.requests = RequestTracker()
         self.info: NodeInfo | None = None

@@ -80,31 +80,54 @@ class _Sender:
         self._thread.start()
 
     def submit(self, key: Any, priority: int, send: Any) -> None:
-        """Queue ``send()`` for ``key`` at ``priority`` (higher first)."""
+        """Send ``send()`` for ``key`` at ``priority`` (higher first): at once from the calling
+        thread when nothing waits or is being sent (no thread hand-off), else queued."""
         with self._cv:
-            prio = -priority
-            last = self._last_prio.get(key)
-            if last is not None:
-                prio = max(prio, last[0])  # never go before an earlier op of the same key
-            op = _Op(prio, next(self._seq), key, send)
-            self._last_prio[key] = (prio, op.seq)
-            heapq.heappush(self._heap, op)
-            self._cv.notify()
+            if not self._heap and not self._busy and not self._closed:
+                self._busy = True
+                inline = True
+            else:
+                inline = False
+                prio = -priority
+                last = self._last_prio.get(key)
+                if last is not None:
+                    prio = max(prio, last[0])  # never go before an earlier op of the same key
+                op = _Op(prio, next(self._seq), key, send)
+                self._last_prio[key] = (prio, op.seq)
+                heapq.heappush(self._heap, op)
+                self._cv.notify()
+        if inline:
+            try:
+                send()
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify()
 
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._heap and not self._closed:
+                while (not self._heap or self._busy) and not self._closed:
                     self._cv.wait()
-                if not self._heap and self._closed:
-                    return
+                if not self._heap:
+                    if self._closed:
+                        return
+                    continue
+                if self._busy:  # closing while an inline send runs: let it finish
+                    self._cv.wait(0.05)
+                    continue
                 op = heapq.heappop(self._heap)
                 if self._last_prio.get(op.key, (0, -1))[1] == op.seq:
                     del self._last_prio[op.key]
+                self._busy = True
             try:
                 op.send()
             except Exception:  # reported through the op's future
                 log.exception("worker: send failed")
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
     def close(self) -> None:
         """Send what is queued, then stop."""
@@ -165,7 +188,9 @@ class DistKVStore:
     # -- plumbing ---------------------------------------------------------------------------
     def _track(self, futs: list[Future]) -> None:
         with self._out_lock:
-            self._outstanding = [f for f in self._outstanding if not f.done()] + futs
+            self._outstanding.extend(futs)
+            if len(self._outstanding) > 4096:  # prune now and then, not on every call
+                self._outstanding = [f for f in self._outstanding if not f.done()]
 
     def _request(
         self, key: Any, priority: int, server_rank: int, msg: Message, callback=None
@@ -321,6 +346,7 @@ class DistKVStore:
                     "off": a - p.start,
                     "n": b - a,
                     "sync": self.sync,
+                    "ce": step,
                     "shape": list(meta.shape),
                     "dtype": meta.dtype.name,
                 }
@@ -398,6 +424,7 @@ class DistKVStore:
                     if not reply.arrays or reply.arrays[0].size != b - a:
                         raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
                     dest[a:b] = reply.arrays[0].reshape(-1)
+                    reply.arrays = []  # copied out: do not keep a second copy in the future
 
                 futs.append(self._request(k, priority, p.server, Message(C.PULL, body=body), land))
 
@@ -430,7 +457,9 @@ class DistKVStore:
     def wait_outstanding(self) -> None:
         """Wait for every request this worker has in flight."""
         with self._out_lock:
-            futs, self._outstanding = self._outstanding, []
+            # requests already answered were reported to their callers (or their handles)
+            futs = [f for f in self._outstanding if not f.done()]
+            self._outstanding = []
         wait_all(futs, self.timeout, "outstanding requests")
 
     def barrier(self) -> None:

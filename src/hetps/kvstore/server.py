@@ -45,6 +45,9 @@ class Slice:
     state: Any = None
     has_state: bool = False
     merge: np.ndarray | None = None
+    spare: np.ndarray | None = None  # a buffer to merge the next round into
+    written: set[int] = field(default_factory=set)  # chunk offsets merged this round
+    chunk: Any = None  # chunk size of this round's pushes (all workers must agree)
     got: dict[int, int] = field(default_factory=dict)  # worker -> elements pushed this round
     acks: list[Message] = field(default_factory=list)
     deferred: list[Message] = field(default_factory=list)
@@ -250,10 +253,27 @@ class KVServer:
             return
         data = self._data(msg, sl, n)
         if sync:
+            ce = msg.body.get("ce")
             if sl.merge is None:
-                sl.merge = np.zeros(sl.value.size, dtype=sl.value.dtype)
-            sl.merge[off : off + n] += data
+                # reuse last round's buffer; the first contribution to each chunk is copied,
+                # later ones added, so the buffer is never zero-filled
+                buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
+                sl.merge = buf if buf is not None else np.empty(sl.value.size, sl.value.dtype)
+                sl.spare = None
+                sl.written = set()
+                sl.chunk = ce
+            elif ce != sl.chunk:
+                raise BadRequest(
+                    f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
+                    f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
+                )
+            if off in sl.written:
+                sl.merge[off : off + n] += data
+            else:
+                sl.merge[off : off + n] = data
+                sl.written.add(off)
             sl.got[worker] = sl.got.get(worker, 0) + n
+            msg.arrays = []  # merged: the ack needs only who and which request
             sl.acks.append(msg)
             if len(sl.got) == self.num_workers and all(c >= sl.value.size for c in sl.got.values()):
                 self._finish_round(sl)
@@ -265,6 +285,7 @@ class KVServer:
             return
         buf, count, msgs = sl.partial.get(worker, (np.zeros(sl.value.size, sl.value.dtype), 0, []))
         buf[off : off + n] = data
+        msg.arrays = []
         msgs.append(msg)
         count += n
         if count >= sl.value.size:
@@ -306,10 +327,16 @@ class KVServer:
         merged = sl.merge
         assert merged is not None
         if self.optimizer is None:
-            sl.value = merged  # the sum replaces the value; in-flight replies keep the old one
-            sl.inflight.clear()
+            # the sum replaces the value; the old value merges the next round unless a
+            # zero-copy reply still reads it (then that reply keeps it alive)
+            old = sl.value
+            busy = any(not t.done for t in sl.inflight)
+            sl.value = merged
+            sl.inflight = []
+            sl.spare = None if busy else old
         else:
             self._apply(sl, merged, -1)
+            sl.spare = merged  # gradients are never sent: always reusable
         sl.merge = None
         sl.got = {}
         self.rounds += 1

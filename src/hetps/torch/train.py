@@ -360,6 +360,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                 yield epoch, x, y
 
     stream = data_stream()
+    computes: list[float] = []  # recent real compute times of one step
     steps_done = 0
     last_compute = 0.0
     acc: float | None = None
@@ -372,8 +373,15 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         t0 = time.perf_counter()
         out = model(x)
         loss = loss_fn(out, y)
-        if slow > 1 and last_compute > 0:
-            time.sleep(last_compute * (slow - 1))  # emulated slower device (--slowdown)
+        slept = 0.0
+        if slow > 1 and computes:
+            # emulated slower device (--slowdown): sleep (factor - 1) x the median of recent
+            # real compute times, and count what was actually slept, so one hiccup is not
+            # multiplied into the next sleep
+            want = sorted(computes)[len(computes) // 2] * (slow - 1)
+            ts = time.perf_counter()
+            time.sleep(want)
+            slept = time.perf_counter() - ts
         if dopt is not None:
             dopt.zero_grad()
         else:
@@ -381,10 +389,12 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         loss.backward()
         opt_step()
         dt = time.perf_counter() - t0
-        real = dt - (last_compute * (slow - 1) if slow > 1 and last_compute > 0 else 0.0)
-        last_compute = max(real, 1e-6)
+        real = max(dt - slept, 1e-6)
+        computes.append(real)
+        del computes[:-9]
+        last_compute = real
         steps_done += 1
-        return float(loss), (dt if slow > 1 else real), len(y), epoch
+        return float(loss.detach()), (dt if slow > 1 else real), len(y), epoch
 
     rnd = 0
     stop = False
@@ -396,6 +406,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         samples = 0
         losses = []
         local_steps = 0
+        ctl_handle = None
         plan = None
         overhead = 0.0
         if kv is not None and args.mode != "async" and kv.balance:
@@ -419,6 +430,16 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                 if ans.get("ready"):
                     break
         else:
+            ctl_handle = None
+            if kv is not None and args.mode == "sync":
+                # "stop after this round?" travels with the gradients, not in a round of its own
+                pre_stop = (
+                    (args.time_budget is not None and time.time() - run_start >= args.time_budget)
+                    or (args.epochs is not None and (steps_done + 1) / per_epoch >= args.epochs)
+                    or (args.max_rounds is not None and rnd >= args.max_rounds)
+                )
+                ctl = np.array([1.0 if pre_stop else 0.0], np.float32)
+                ctl_handle = kv.pushpull("__ctl", ctl, block=False)
             if dopt is not None and args.mode in ("sync", "async"):
                 t0 = time.perf_counter()
                 loss, c, n, epoch = one_step(lambda: None)
@@ -460,19 +481,21 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                 for n, b in float_buffers:
                     b.copy_(bn_cpu[n] / workers)
             stop = bool(ctl[0] > 0)
-        elif kv is not None and args.mode == "sync":
-            ctl = np.array([1.0 if want_stop else 0.0], np.float32)
-            kv.pushpull("__ctl", ctl)
+        elif ctl_handle is not None:
+            ctl_handle.wait()
             stop = bool(ctl[0] > 0)
         else:
             stop = want_stop  # async and local: each worker stops on its own
 
+        dur = time.perf_counter() - t_iter  # the round itself, without evaluation
+        eval_s = 0.0
         if rank == 0 and (rnd % max(1, args.eval_duration) == 0 or stop):
+            te = time.perf_counter()
             acc = _evaluate(model, test_x, test_y)
+            eval_s = time.perf_counter() - te
         else:
             acc = None
         sent1, recv1 = kv.node.van.counters.totals() if kv is not None else (0, 0)
-        dur = time.perf_counter() - t_iter
         rec = {
             "rank": rank,
             "iter": rnd,
@@ -485,6 +508,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
             "bytes_sent": sent1 - sent0,
             "bytes_recv": recv1 - recv0,
             "srit_s": dur,
+            "eval_s": eval_s,
             "comm_s": clock.phases["push_s"] + clock.phases["pull_s"] + clock.phases["wait_s"],
         }
         if plan is not None:

@@ -98,6 +98,7 @@ class Van:
         verbose: int = 0,
         name: str = "node",
         shape_mbit: float = 0.0,
+        chunk_bytes: int = 4 << 20,
     ) -> None:
         self.ctx = zmq.Context(io_threads=1)
         self.max_message_bytes = max_message_bytes
@@ -107,7 +108,8 @@ class Van:
         self.my_id = 0
         self._router = self.ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
-        self._router.setsockopt(zmq.RCVHWM, 64)
+        # bound what queues unread per sender (set before bind: the listener copies it)
+        self._router.setsockopt(zmq.RCVHWM, max(4, (32 << 20) // max(1, chunk_bytes)))
         self._router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + (1 << 20))
         bind_host = "*" if host in ("0.0.0.0", "*") else host
         if port:
