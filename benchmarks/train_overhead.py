@@ -1,0 +1,284 @@
+#!/usr/bin/env python
+"""Framework overhead of hetps training: a step with 1 worker + 1 server vs the same step local.
+
+    .venv/bin/python benchmarks/train_overhead.py [--quick] [--json FILE] [--models mlp,lenet]
+
+For every model, the same `hetps train` command is run alternately (A B A B ...) as
+
+* A = ``-m local``: one process, plain ``torch.optim.SGD``, no KVStore;
+* B = ``-m sync --workers 1 --servers 1``: the same model, batch, data, seed and learning
+  rate, every gradient pushed to the server from a backward hook and pulled back
+  (``DistributedOptimizer``), plus the per-round stop check ``hetps train`` does in sync mode.
+
+A step's time is taken from each run's own JSONL log (rank 0):
+
+* ``srit_s``: the whole iteration as the training loop sees it (batch, forward, backward with
+  the pushes, waiting for the pulls, optimizer step, stop check, logging) -- the headline;
+* ``compute_s + wait_s``: forward, backward (with the pushes issued by the hooks) and waiting
+  for the pulls, the optimizer step -- without the batch slicing, the stop check and logging.
+
+The first ``--warmup`` iterations and every iteration that evaluated are dropped; per run the
+median; per model the median over the runs of each kind; ratio = B / A (1.0 = no overhead;
+the goal of issue 3 is <= 1.15). The per-pair ratios show the spread. Every process runs
+with BLAS/OpenMP pinned to one thread. Nothing is slowed down (no --slowdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from _common import (  # noqa: E402
+    PINNED_THREADS,
+    fmt,
+    machine_info,
+    markdown_table,
+    median,
+    print_table,
+    write_json,
+)
+
+GOAL = 1.15
+#: model -> (batch size, rounds per run); the rounds keep a run to a few seconds of steps
+MODELS = {
+    "mlp": (64, 400),
+    "lenet": (64, 300),
+    "resnet18-v1": (16, 40),
+}
+PRESETS = {
+    "full": {"models": ["mlp", "lenet", "resnet18-v1"], "pairs": 4, "round_scale": 1.0},
+    "quick": {"models": ["mlp", "lenet", "resnet18-v1"], "pairs": 2, "round_scale": 0.6},
+}
+
+
+def git_head() -> str:
+    """The commit the numbers were measured on ('+dirty' with local changes under src/)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            cwd=ROOT,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return head + ("+dirty" if dirty else "")
+
+
+def log(text: str) -> None:
+    print(f"[overhead {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def run_one(
+    kind: str, model: str, batch: int, rounds: int, args: argparse.Namespace, name: str
+) -> dict:
+    """One `hetps train` run (kind 'local' or 'sync'); per-iteration medians of rank 0."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "hetps.cli",
+        "train",
+        "-m",
+        kind,
+        "-n",
+        model,
+        "-b",
+        str(batch),
+        "-l",
+        "0.01",
+        "--max-rounds",
+        str(rounds),
+        "-e",
+        "1000000000",
+        "--test-limit",
+        "100",
+        "--train-limit",
+        str(args.train_limit),
+        "-ld",
+        args.logdir,
+        "--run-name",
+        name,
+        "--seed",
+        "0",
+        "--progress",
+        "lines",
+    ]
+    if kind == "sync":
+        cmd += ["--workers", "1", "--servers", "1"]
+    run_dir = os.path.join(args.logdir, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = {**os.environ, **PINNED_THREADS, "PYTHONWARNINGS": "ignore"}
+    load0 = os.getloadavg()[0]
+    t0 = time.monotonic()
+    with open(os.path.join(args.logdir, f"{name}.out"), "w") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the job we started, by its process group
+            rc = proc.wait() or -1
+    wall = time.monotonic() - t0
+    recs = []
+    path = os.path.join(run_dir, "worker-0.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    try:
+                        recs.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass
+    steady = [r for r in recs[args.warmup :] if "accuracy" not in r]
+    res = {
+        "kind": kind,
+        "model": model,
+        "batch_size": batch,
+        "rounds": len(recs),
+        "used": len(steady),
+        "rc": rc,
+        "wall_s": wall,
+        "loadavg_before": load0,
+        "srit_s": median(r["srit_s"] for r in steady),
+        "step_s": median(r["compute_s"] + r["wait_s"] for r in steady),
+        "compute_s": median(r["compute_s"] for r in steady),
+        "wait_s": median(r["wait_s"] for r in steady),
+        "command": "hetps " + " ".join(cmd[3:]),
+    }
+    log(
+        f"{name}: rc {rc}, {len(steady)} steps used, srit {fmt(res['srit_s'], '.5f')} s, "
+        f"compute+wait {fmt(res['step_s'], '.5f')} s (load {load0:.2f})"
+    )
+    return res
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return b / a if a and b is not None else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 pairs per model, shorter runs")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--models", default=None, help="comma-separated, from " + ",".join(MODELS))
+    ap.add_argument("--pairs", type=int, default=None, help="A/B pairs per model")
+    ap.add_argument("--warmup", type=int, default=10, help="iterations dropped per run")
+    ap.add_argument("--train-limit", type=int, default=8192)
+    ap.add_argument("--logdir", default="/tmp/hetps-bench-overhead")
+    args = ap.parse_args()
+    preset = PRESETS["quick" if args.quick else "full"]
+    models = args.models.split(",") if args.models else preset["models"]
+    for m in models:
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    pairs = args.pairs or preset["pairs"]
+    os.makedirs(args.logdir, exist_ok=True)
+    machine = machine_info()
+    machine["git"] = git_head()
+    log(f"machine: {machine['cpu']}, {machine['cores']} cores, load {machine['loadavg']}")
+    t_start = time.monotonic()
+
+    results = []
+    rows = []
+    for model in models:
+        batch, rounds = MODELS[model]
+        rounds = max(args.warmup + 10, int(rounds * preset["round_scale"]))
+        runs = {"local": [], "sync": []}
+        for i in range(pairs):
+            for kind in ("local", "sync"):  # A B A B
+                runs[kind].append(run_one(kind, model, batch, rounds, args, f"{model}-{kind}-{i}"))
+        loc = {k: median(r[k] for r in runs["local"]) for k in ("srit_s", "step_s")}
+        syn = {k: median(r[k] for r in runs["sync"]) for k in ("srit_s", "step_s")}
+        pair_ratios = [
+            ratio(a["srit_s"], b["srit_s"])
+            for a, b in zip(runs["local"], runs["sync"], strict=True)
+        ]
+        res = {
+            "model": model,
+            "batch_size": batch,
+            "rounds_per_run": rounds,
+            "pairs": pairs,
+            "local_srit_s": loc["srit_s"],
+            "sync_srit_s": syn["srit_s"],
+            "ratio_srit": ratio(loc["srit_s"], syn["srit_s"]),
+            "local_step_s": loc["step_s"],
+            "sync_step_s": syn["step_s"],
+            "ratio_step": ratio(loc["step_s"], syn["step_s"]),
+            "pair_ratios_srit": pair_ratios,
+            "overhead_ms_srit": None
+            if loc["srit_s"] is None or syn["srit_s"] is None
+            else 1000 * (syn["srit_s"] - loc["srit_s"]),
+            "goal_met": (ratio(loc["srit_s"], syn["srit_s"]) or 99) <= GOAL,
+            "runs": runs["local"] + runs["sync"],
+        }
+        results.append(res)
+        rows.append(
+            [
+                model,
+                batch,
+                fmt(1000 * loc["srit_s"] if loc["srit_s"] else None, ".2f"),
+                fmt(1000 * syn["srit_s"] if syn["srit_s"] else None, ".2f"),
+                fmt(res["ratio_srit"], ".2f"),
+                fmt(1000 * loc["step_s"] if loc["step_s"] else None, ".2f"),
+                fmt(1000 * syn["step_s"] if syn["step_s"] else None, ".2f"),
+                fmt(res["ratio_step"], ".2f"),
+                " ".join(fmt(p, ".2f") for p in pair_ratios),
+                "yes" if res["goal_met"] else "no",
+            ]
+        )
+    headers = [
+        "model",
+        "batch",
+        "local ms",
+        "1w+1s ms",
+        "ratio",
+        "local c+w ms",
+        "1w+1s c+w ms",
+        "ratio c+w",
+        "pair ratios",
+        f"<= {GOAL}",
+    ]
+    print()
+    print(
+        "per-iteration medians (srit_s; c+w = compute_s + wait_s), 1 worker + 1 server "
+        "(sync) vs local, same batch, A B A B"
+    )
+    print_table(headers, rows)
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "benchmark": "train_overhead" + (" --quick" if args.quick else ""),
+                "machine": machine,
+                "goal_ratio": GOAL,
+                "warmup": args.warmup,
+                "results": results,
+                "markdown": markdown_table(headers, rows),
+                "total_s": time.monotonic() - t_start,
+            },
+        )
+        log(f"wrote {args.json}")
+    return 0 if all(r["rc"] == 0 for res in results for r in res["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
