@@ -189,7 +189,7 @@ class DistKVStore:
     def _track(self, futs: list[Future]) -> None:
         with self._out_lock:
             self._outstanding.extend(futs)
-            if len(self._outstanding) > 4096:  # prune now and then, not on every call
+            if len(self._outstanding) > 256:  # prune now and then, not on every call
                 self._outstanding = [f for f in self._outstanding if not f.done()]
 
     def _request(

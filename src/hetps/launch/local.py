@@ -166,12 +166,16 @@ class Launcher:
                 return 1
         env["DMLC_PS_ROOT_PORT"] = str(self._port_value)
         server_argv = spec.server_command or [py, "-m", "hetps.cli", "server"]
+        # servers allocate and free part-sized buffers all job long: with glibc's default
+        # (a rising mmap threshold) freed ones stay in the heap and RSS creeps up; mapping
+        # every buffer of 1 MiB and more gives them back to the system at once
+        server_env = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), **env}
         for r in range(spec.num_servers):
             self._start(
                 "server",
                 r,
                 server_argv,
-                {**env, "DMLC_ROLE": "server", "HETPS_LAUNCH_RANK": str(r)},
+                {**server_env, "DMLC_ROLE": "server", "HETPS_LAUNCH_RANK": str(r)},
             )
         for r in range(spec.num_workers):
             self._start(
