@@ -13,6 +13,7 @@ try:
     raise SystemExit('a dist_async push without an optimizer was accepted')
 except RequestError as e:
     assert 'set_optimizer' in str(e), e
+kv.barrier()                     # every worker saw the refusal before an optimizer exists
 kv.set_optimizer(optim.SGD(learning_rate=1.0))
 for i in range(5):
     kv.push('w', np.full(8, r + 1, np.float32))      # acknowledged after it is applied
