@@ -66,7 +66,7 @@ def test_plans_follow_a_bandwidth_change(tmp_path):
         start_timeout=60,
     )
     rc = run_cluster(
-        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=10000, out=out
+        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=20000, out=out
     )
     text = out.getvalue()
     assert rc == 0, text

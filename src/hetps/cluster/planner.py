@@ -109,14 +109,22 @@ class Planner:
         if self.slices is None:
             sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
             return
+        # one sample per link per report: the median rate of the link's samples, so a few
+        # outliers in a round cannot swing the estimate
+        per_link: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
         for item in b.get("samples", []):
             try:
                 src, dst, nbytes, t0, t1 = item
-                self.table.observe(
-                    self.index(int(src)), self.index(int(dst)), float(nbytes), float(t0), float(t1)
-                )
+                i, j = self.index(int(src)), self.index(int(dst))
+                nbytes, t0, t1 = float(nbytes), float(t0), float(t1)
             except (TypeError, ValueError, IndexError):
                 continue
+            if 0 <= i < self.n_nodes and 0 <= j < self.n_nodes and t1 > t0 and nbytes > 0:
+                per_link.setdefault((i, j), []).append((nbytes / (t1 - t0), nbytes, t1))
+        for (i, j), items in per_link.items():
+            items.sort()
+            rate, _, t_end = items[len(items) // 2]
+            self.table.observe(i, j, rate, t_end - 1.0, t_end)  # a 1 s sample at that rate
         for srank, (nbytes, secs) in (b.get("server_times") or {}).items():
             s = int(srank)
             if 0 <= s < self.S and secs > 0:

@@ -42,6 +42,8 @@ from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.worker")
 
+MEASURE_MIN_BYTES = 64 * 1024  # smallest message whose transfer time is used as a link sample
+
 
 @dataclass
 class KeyMeta:
@@ -203,7 +205,17 @@ class DistKVStore:
             return fut
         msg.req = fut.req
         msg.priority = priority
-        measure = self.balance and msg.cmd in (C.PUSH, C.PULL, C.PROBE)
+        # only messages big enough to take measurable time on the wire are timed: for small
+        # ones the forecast and the data arrive together and the "rate" is dispatch noise
+        if msg.cmd == C.PULL:
+            size = int(msg.body.get("n", 0)) * np.dtype(msg.body.get("dtype", "float32")).itemsize
+        else:
+            size = sum(getattr(a, "nbytes", 0) for a in msg.arrays)
+        measure = (
+            self.balance
+            and msg.cmd in (C.PUSH, C.PULL, C.PROBE)
+            and (msg.cmd == C.PROBE or size >= MEASURE_MIN_BYTES)
+        )
         if measure:
             msg.body["tag"] = fut.req
             user_cb = fut._callback
