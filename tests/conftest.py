@@ -29,11 +29,13 @@ def run_cluster(
     env: dict[str, str] | None = None,
     start_timeout: float = 30.0,
     failure_grace: float = 10.0,
+    node_env: dict[tuple[str, int], dict[str, str]] | None = None,
 ) -> tuple[int, str]:
     """Run ``code`` as every worker of a fresh cluster; returns (exit code, all output).
 
     The launcher starts the scheduler and servers as `hetps` processes, waits for the end,
     stops every process (SIGTERM then SIGKILL of each process group) even when the test fails.
+    ``node_env`` adds variables for single nodes, e.g. ``{("server", 2): {...}}``.
     """
     from hetps.launch.local import Launcher, LaunchSpec
 
@@ -56,6 +58,12 @@ def run_cluster(
         start_timeout=start_timeout,
         failure_grace=failure_grace,
     )
+    if node_env:
+
+        def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
+            return argv, {**env, **node_env.get((role, rank), {})}
+
+        spec.wrap = wrap
     launcher = Launcher(spec, out=out)
     try:
         code_ = launcher.run()

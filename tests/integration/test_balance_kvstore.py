@@ -55,3 +55,45 @@ def test_colocated_balance_moves_slices(cluster):
     )
     assert rc == 0, out
     assert len(set(re.findall(r"RESULT (\{.*\})", out))) == 1  # every worker agrees
+
+
+SLOW_CODE = """
+import json
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.arange(12 * 32768, dtype=np.float32) / 1e5)
+kv.set_optimizer(optim.SGD(learning_rate=0.1, momentum=0.9))
+rng = np.random.default_rng(kv.rank)
+epochs, shares = set(), None
+for step in range(10):
+    plan = kv.rebalance()
+    if plan is not None:
+        epochs.add(plan['epoch'])
+        shares = plan['shares']
+    kv.push('w', rng.standard_normal(12 * 32768).astype(np.float32))
+    kv.pull('w')
+w = kv.pull('w')
+print('RESULT ' + json.dumps({'w': float(w.astype(np.float64).sum()), 'w0': float(w[0]),
+                              'epochs': sorted(epochs), 'shares': shares}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("scheme", ["aware", "optimal"])
+def test_slow_server_loses_share_and_nothing_is_lost(cluster, scheme):
+    """Server 2 sends at 24 Mbit/s (the in-process shaper), the others unshaped: the planner
+    must learn that from the pull replies, move slices off server 2 (a migration with
+    optimizer state), and the training must end exactly where the unbalanced one ends."""
+    env = {"HETPS_SLICE_ELEMS": "32768"}
+    slow = {("server", 2): {"HETPS_SHAPE_MBIT": "24"}}
+    rc, base = cluster(SLOW_CODE, workers=2, servers=3, env=env, node_env=slow)
+    assert rc == 0, base
+    rc, out = cluster(
+        SLOW_CODE, workers=2, servers=3, env={**env, "HETPS_BALANCE": scheme}, node_env=slow
+    )
+    assert rc == 0, out
+    a, b = _result(base), _result(out)
+    assert a["epochs"] == []
+    assert max(b["epochs"]) >= 1, f"the plan never changed: {b}"
+    assert b["shares"][2] < 1 / 3 - 0.1, f"server 2 kept its share: {b['shares']}"
+    assert b["w0"] == a["w0"] and b["w"] == pytest.approx(a["w"], rel=1e-6)
+    results = re.findall(r"RESULT (\{.*\})", out)
+    assert len(results) == 2 and len(set(results)) == 1  # both workers report the same

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from hetps.balance import EstimateTable, Network, assign, make_plan
+from hetps.balance import EstimateTable, Network, assign, iteration_time, make_plan
+from hetps.balance.plans import fit_linear
 from hetps.balance.slicing import Slice, layout
 from hetps.cluster import protocol as P
 from hetps.transport.codec import Message
@@ -40,6 +41,7 @@ class Planner:
         slice_elems: int,
         probe_num: int = 1,
         alpha: float = 0.5,
+        margin: float = 0.05,
     ) -> None:
         if colocate and num_workers != num_servers:
             raise ValueError("colocated servers need as many servers as workers")
@@ -48,6 +50,8 @@ class Planner:
         self.colocate = colocate
         self.slice_elems = slice_elems
         self.probe_num = probe_num
+        self.margin = margin  # hysteresis: a new assignment must be predicted this much faster
+        self.kept = 0  # plans computed but not adopted (not enough predicted gain)
         self.n_nodes = num_workers if colocate else num_workers + num_servers
         self.table = EstimateTable(self.n_nodes, alpha=alpha)
         self.slices: list[Slice] | None = None
@@ -76,13 +80,26 @@ class Planner:
         """Matrix indices of the workers."""
         return list(range(self.W)) if self.colocate else list(range(self.S, self.S + self.W))
 
+    def used_links(self) -> np.ndarray:
+        """Which ordered links carry traffic in this deployment: worker <-> server only (with
+        co-located nodes that is every pair of different nodes)."""
+        used = np.zeros((self.n_nodes, self.n_nodes), dtype=bool)
+        for s in self.servers:
+            for w in self.workers:
+                if s != w:
+                    used[s, w] = used[w, s] = True
+        return used
+
     def link_matrix(self) -> np.ndarray:
-        """Estimated bytes/s per link; unmeasured links take the median of measured ones."""
+        """Estimated bytes/s per link. Links that carry no traffic here (server to server,
+        worker to worker) are 0: they add no capacity to a node. Used links that were never
+        measured take the median of the measured ones."""
         m = self.table.matrix().astype(float)
-        off = ~np.eye(self.n_nodes, dtype=bool)
-        known = m[off & np.isfinite(m)]
+        used = self.used_links()
+        known = m[used & np.isfinite(m)]
         fill = float(np.median(known)) if known.size else 1e9
-        m[off & ~np.isfinite(m)] = fill
+        m[used & ~np.isfinite(m)] = fill
+        m[~used] = 0.0
         np.fill_diagonal(m, np.inf)
         return m
 
@@ -150,12 +167,44 @@ class Planner:
             for m in waiting.values():
                 sched.reply(m, answer)
 
+    def _predict(self, net: Network | None, assignment: np.ndarray) -> float | None:
+        """Predicted communication time of ``assignment`` on what is known now (the link
+        model for aware/optimal, the fitted per-server lines for elastic)."""
+        assert self.slices is not None
+        lengths = np.array([s.length for s in self.slices], dtype=float)
+        counts = np.bincount(np.asarray(assignment), weights=lengths, minlength=self.S)
+        if net is not None:
+            return float(iteration_time(net, counts, servers=self.servers, workers=self.workers))
+        if self.scheme == "elastic":
+            fits = [fit_linear(h) for h in self.history]
+            if any(f is None for f in fits):
+                return None
+            return max(a + b * x for (a, b), x in zip(fits, counts, strict=True))  # type: ignore[misc]
+        return None
+
+    def _keep(self, net: Network | None, new: np.ndarray) -> bool:
+        """Hysteresis: keep the current assignment unless ``new`` is predicted to be more
+        than ``margin`` faster. Measurements are noisy (TCP's short-term unfairness alone
+        spreads link samples several-fold), and every change costs slice migrations and a
+        barrier, so small predicted gains are not worth taking."""
+        if self.margin <= 0 or self.assignment is None or self.scheme == "average":
+            return False
+        try:
+            t_old = self._predict(net, self.assignment)
+            t_new = self._predict(net, new)
+        except Exception:  # noqa: BLE001 - a failed prediction adopts the new plan
+            return False
+        if t_old is None or t_new is None or not (np.isfinite(t_old) and np.isfinite(t_new)):
+            return False
+        return t_old <= (1.0 + self.margin) * t_new
+
     def plan(self) -> dict:
         """Compute the next plan from what is known now."""
         assert self.slices is not None and self.assignment is not None
         t0 = time.perf_counter()
         total = float(sum(s.length for s in self.slices))
         bw = self.link_matrix()
+        net: Network | None = None
         try:
             if self.scheme == "elastic":
                 if all(len(h) >= 2 for h in self.history):
@@ -179,6 +228,9 @@ class Planner:
             previous=list(self.assignment),
             probe_num=self.probe_num if self.scheme != "average" else 0,
         )
+        if not np.array_equal(new, self.assignment) and self._keep(net, new):
+            new = self.assignment
+            self.kept += 1
         if not np.array_equal(new, self.assignment):
             self.epoch += 1
         self.assignment = new
@@ -192,4 +244,5 @@ class Planner:
             "shares": [float(x) / total for x in counts],
             "link_matrix": [[float(x) if np.isfinite(x) else None for x in row] for row in bw],
             "plan_s": self.plan_seconds[-1],
+            "kept": self.kept,
         }

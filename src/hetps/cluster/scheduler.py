@@ -77,6 +77,7 @@ class Scheduler:
                 cfg.colocate,
                 cfg.slice_elems,
                 cfg.probe_num,
+                margin=cfg.replan_margin,
             )
             self.services.setdefault(PLAN_REPORT, self.planner.handle)
         self.nodes: dict[int, NodeInfo] = {}

@@ -166,6 +166,7 @@ class DistKVStore:
         self._round = 0
         self._reported_keys = 0
         self.plan: dict | None = None
+        self._pending_plan: Future | None = None  # the answer to the last report (pipelined)
         if self.balance:
             self.node.handler = self._on_message
         if cfg.verbose >= 1:
@@ -527,9 +528,15 @@ class DistKVStore:
     # -- network-aware load distribution ---------------------------------------------------
     def rebalance(self) -> dict | None:
         """Call at an iteration boundary (every worker, the same iterations). Reports this
-        worker's link measurements to the scheduler and switches to the plan it decides; a
+        worker's link measurements to the scheduler and switches to the plan it decided; a
         slice that moves takes its value and optimizer state along. Returns the plan (epoch,
-        shares per server, link matrix) or None when balancing is off."""
+        shares per server, link matrix) or None when balancing is off.
+
+        Reports are pipelined: the plan applied now was decided from the previous report, and
+        this call's report is answered while the iteration runs. Every worker applies the same
+        answer at the same call, and waiting for it does not wait for the slowest worker to
+        reach this boundary (it reported one iteration ago). Only the first report is waited
+        for at once, because the layout needs a plan before any push."""
         if not self.balance:
             return None
         self.wait_outstanding()
@@ -548,14 +555,23 @@ class DistKVStore:
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self._order)
         fut = self.node.request(1, Message("balance_report", body=body), what="balance report")
-        plan = fut.wait(self.timeout).body
+        if self.plan is None or "sizes" in body:
+            previous, self._pending_plan = None, None
+            answer = fut
+        else:
+            previous, self._pending_plan = self._pending_plan, fut
+            answer = previous
+        if answer is None:  # the second report: nothing decided since the first one
+            return self.plan
+        plan = answer.wait(self.timeout).body
         if "error" in plan:
             raise RuntimeError(f"load planner: {plan['error']}")
         new = plan["assign"]
         old = self._current_assignment()
+        if len(new) != len(old):  # decided before keys were added: the next answer will fit
+            return self.plan
         if new != old:
-            if self.rank == 0:
-                self._migrate(old, new)
+            self._migrate(old, new)
             self._apply_assignment(new)
             self.node.barrier("worker", self.timeout)  # nobody pushes before the moves landed
         self.plan = plan
@@ -582,61 +598,67 @@ class DistKVStore:
             i += len(meta.parts)
 
     def _migrate(self, old: list[int], new: list[int]) -> None:
-        """Rank 0 moves each re-assigned slice: value and optimizer state, then drops it."""
+        """Move re-assigned slices (value and optimizer state) from their old servers to their
+        new ones. Every worker runs this with the same plan and moves its own share of the
+        slices: with co-located servers the worker beside the new server (one network hop,
+        the init is local), otherwise slices are dealt round-robin. All of a worker's requests
+        are in flight at once: pulls and state reads, then inits and state writes, then drops."""
         moves: dict[tuple[int, int], list[tuple[Any, int, int, int]]] = {}
-        for (k, j, a, b), s_old, s_new in zip(self._slices(), old, new, strict=True):
-            if s_old != s_new:
+        for idx, ((k, j, a, b), s_old, s_new) in enumerate(
+            zip(self._slices(), old, new, strict=True)
+        ):
+            if s_old == s_new:
+                continue
+            if self.cfg.colocate and s_new < self.num_workers:
+                mine = s_new == self.rank
+            else:
+                mine = idx % self.num_workers == self.rank
+            if mine:
                 moves.setdefault((s_old, s_new), []).append((k, j, a, b))
+        if not moves:
+            return
+
+        def body(k: Any, j: int, a: int, b: int) -> dict:
+            meta = self.meta[k]
+            return {
+                "k": k,
+                "part": j,
+                "off": 0,
+                "n": b - a,
+                "shape": list(meta.shape),
+                "dtype": meta.dtype.name,
+            }
+
+        # 1. read every moved value and state, all requests in flight together
+        reads = []
         for (s_old, s_new), items in moves.items():
             want = [[k, j] for k, j, _, _ in items]
             states = self._request(None, 0, s_old, Message(C.GET_STATES, body={"slices": want}))
-            futs = []
-            for k, j, a, b in items:
-                meta = self.meta[k]
-                reply = self._request(
-                    k,
-                    0,
-                    s_old,
-                    Message(
-                        C.PULL,
-                        body={
-                            "k": k,
-                            "part": j,
-                            "off": 0,
-                            "n": b - a,
-                            "shape": list(meta.shape),
-                            "dtype": meta.dtype.name,
-                        },
-                    ),
-                ).wait(self.timeout)
-                data = np.array(reply.arrays[0], copy=True)
-                futs.append(
-                    self._request(
-                        k,
-                        0,
-                        s_new,
-                        Message(
-                            C.INIT,
-                            body={
-                                "k": k,
-                                "part": j,
-                                "off": 0,
-                                "n": b - a,
-                                "size": b - a,
-                                "shape": list(meta.shape),
-                                "dtype": meta.dtype.name,
-                            },
-                            arrays=[data],
-                        ),
-                    )
-                )
-            wait_all(futs, self.timeout, "slice migration")
+            pulls = [
+                self._request(k, 0, s_old, Message(C.PULL, body=body(k, j, a, b)))
+                for k, j, a, b in items
+            ]
+            reads.append((s_old, s_new, items, want, states, pulls))
+        wait_all([f for r in reads for f in [r[4], *r[5]]], self.timeout, "slice migration (read)")
+        # 2. write them on the new servers
+        writes = []
+        for _s_old, s_new, items, _want, states, pulls in reads:
+            for (k, j, a, b), fut in zip(items, pulls, strict=True):
+                data = np.array(fut.wait(self.timeout).arrays[0], copy=True)
+                msg = Message(C.INIT, body=dict(body(k, j, a, b), size=b - a), arrays=[data])
+                writes.append(self._request(k, 0, s_new, msg))
             blob = states.wait(self.timeout).arrays[0]
             if optim.load_states(blob.tobytes()):
-                self._request(None, 0, s_new, Message(C.SET_STATES, arrays=[np.array(blob)])).wait(
-                    self.timeout
+                writes.append(
+                    self._request(None, 0, s_new, Message(C.SET_STATES, arrays=[np.array(blob)]))
                 )
-            self._request(None, 0, s_old, Message(C.DROP, body={"slices": want})).wait(self.timeout)
+        wait_all(writes, self.timeout, "slice migration (write)")
+        # 3. only then drop them where they were
+        drops = [
+            self._request(None, 0, s_old, Message(C.DROP, body={"slices": want}))
+            for s_old, _s_new, _items, want, _states, _pulls in reads
+        ]
+        wait_all(drops, self.timeout, "slice migration (drop)")
 
     def _maybe_probe(self) -> None:
         """Keep links that carry no data measured: a probe to each idle server, sometimes."""

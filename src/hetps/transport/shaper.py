@@ -19,8 +19,11 @@ class TokenBucket:
         if rate_bytes_per_s <= 0:
             raise ValueError("the shaping rate must be > 0")
         self.rate = float(rate_bytes_per_s)
+        # a small default burst (5 ms of traffic, at least 8 KiB), like a tc TBF bucket: with
+        # a large one, a message after an idle spell (a probe) leaves at memory speed and
+        # reads as a fast link
         self.burst = float(
-            burst_bytes if burst_bytes is not None else max(64 * 1024, self.rate / 20)
+            burst_bytes if burst_bytes is not None else max(8 * 1024, self.rate / 200)
         )
         self.tokens = self.burst
         self.stamp = time.monotonic()

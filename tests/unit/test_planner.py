@@ -1,0 +1,80 @@
+"""The scheduler's load planner, driven directly (no processes): which links count, and the
+hysteresis that keeps a plan unless a new one is predicted to be clearly faster."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetps.balance.slicing import layout
+from hetps.cluster.planner import Planner
+
+MB = 1e6
+
+
+def _planner(scheme: str, margin: float, colocate: bool = False) -> Planner:
+    p = Planner(
+        scheme, num_workers=2, num_servers=3, colocate=colocate, slice_elems=100, margin=margin
+    )
+    p.slices = layout([12000], 100)  # 120 slices, 40 per server
+    p.assignment = np.array([0, 1, 2] * 40, dtype=np.int64)
+    return p
+
+
+def _observe(p: Planner, rates_mb: dict[tuple[int, int], float]) -> None:
+    for (i, j), r in rates_mb.items():
+        p.table.observe(i, j, r * MB, 0.0, 1.0)
+
+
+def test_unused_links_are_zero_and_used_unmeasured_links_are_filled():
+    p = _planner("optimal", 0.05)
+    # servers 0..2, workers 3..4; only server<->worker links carry traffic
+    _observe(p, {(0, 3): 10, (3, 0): 30})
+    m = p.link_matrix()
+    assert m[0, 1] == 0 and m[3, 4] == 0 and m[1, 2] == 0  # server-server, worker-worker
+    assert m[0, 3] == 10 * MB and m[3, 0] == 30 * MB
+    assert m[2, 4] == 20 * MB  # the median of the measured used links
+    assert np.isinf(m[0, 0])
+
+
+def test_colocated_uses_every_pair():
+    p = Planner("optimal", 3, 3, colocate=True, slice_elems=100)
+    assert p.used_links().sum() == 6  # 3 x 3 minus the diagonal
+
+
+def _slow_server_rates(slow: float) -> dict[tuple[int, int], float]:
+    rates = {}
+    for s in range(3):
+        for w in (3, 4):
+            rates[(s, w)] = slow if s == 2 else 100.0
+            rates[(w, s)] = 100.0
+    return rates
+
+
+def test_a_clearly_better_plan_is_adopted():
+    p = _planner("optimal", 0.05)
+    _observe(p, _slow_server_rates(1.0))
+    out = p.plan()
+    assert out["epoch"] == 1 and out["kept"] == 0
+    assert out["shares"][2] < 0.1  # the slow server is (nearly) emptied
+
+
+def test_a_marginally_better_plan_is_not_adopted():
+    # server 2 sends at 95% of the others: the optimum moves two slices off it for a
+    # predicted gain of about 2.7%, below the 5% margin, so the assignment (and epoch) stay
+    p = _planner("optimal", 0.05)
+    _observe(p, _slow_server_rates(95.0))
+    before = p.assignment.copy()
+    out = p.plan()
+    assert out["epoch"] == 0 and out["kept"] == 1
+    assert out["assign"] == before.tolist()
+    # with no margin the same estimate does change the plan
+    q = _planner("optimal", 0.0)
+    _observe(q, _slow_server_rates(95.0))
+    assert q.plan()["epoch"] == 1
+
+
+def test_average_never_consults_the_margin():
+    p = _planner("average", 0.05)
+    _observe(p, _slow_server_rates(1.0))
+    out = p.plan()
+    assert out["epoch"] == 0 and out["kept"] == 0 and out["shares"] == [1 / 3] * 3
