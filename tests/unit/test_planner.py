@@ -4,6 +4,7 @@ hysteresis that keeps a plan unless a new one is predicted to be clearly faster.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from hetps.balance.slicing import layout
 from hetps.cluster.planner import Planner
@@ -78,3 +79,33 @@ def test_average_never_consults_the_margin():
     _observe(p, _slow_server_rates(1.0))
     out = p.plan()
     assert out["epoch"] == 0 and out["kept"] == 0 and out["shares"] == [1 / 3] * 3
+
+
+def test_link_rate_is_bytes_over_busy_time():
+    from hetps.cluster.planner import _union_length
+
+    assert _union_length([(0, 1), (0.5, 2), (3, 4)]) == 3.0
+    assert _union_length([(0, 4), (1, 2)]) == 4.0
+
+
+def test_report_samples_become_one_busy_time_rate_per_link():
+    class Sched:
+        nodes: dict = {}
+        dead: set = set()
+        finished: set = set()
+
+        def reply(self, msg, body):
+            self.last = body
+
+    from hetps.cluster import protocol as P
+    from hetps.transport.codec import Message
+
+    p = _planner("optimal", 0.1)
+    server0, worker0 = P.server_id(0), P.worker_id(0)
+    # two 1 MB messages on server0 -> worker0, overlapping: 2 MB over 2 s of busy time
+    # (their own rates, 1 MB/s and 0.67 MB/s, would give neither)
+    samples = [[server0, worker0, 1e6, 10.0, 11.0], [server0, worker0, 1e6, 10.5, 12.0]]
+    msg = Message("balance_report", body={"round": 1, "samples": samples})
+    msg.sender = worker0
+    p.handle(Sched(), msg)
+    assert p.table.estimate(0, 3) == pytest.approx(1e6)

@@ -361,3 +361,23 @@ def test_numpy_integer_worker_ids():
     assert p.local_steps(np.int32(1)) == 1
     with pytest.raises(ValueError, match="worker"):
         p.local_steps(True)
+
+
+def test_state_service_tells_a_fast_worker_its_deadline():
+    """The answer carries the time left until the slowest's expected end, so the worker can
+    take its later local steps without a round trip each."""
+    from hetps.cluster.state_server import EsyncService
+
+    svc = EsyncService(2, margin_s=0.5)
+    # round 1 is lockstep (no estimates yet): one step each, worker 0 takes 1 s, worker 1 4 s
+    assert svc.decide(0, 1, 1.0, 1.0, 101.0)["ready"]
+    assert svc.decide(1, 1, 4.0, 4.0, 104.0)["ready"]
+    # round 2 starts at t=110 for both: worker 1 (4 s) is the slowest, deadline t=114
+    ans = svc.decide(0, 2, 1.0, 1.0, 111.0)
+    assert ans["ready"] is False and ans["steps"] == 1
+    assert ans["deadline_in_s"] == pytest.approx(114.0 - 0.5 - 111.0)
+    # the slowest is ready after its one step; its answer has no deadline to pass on
+    ans = svc.decide(1, 2, 4.0, 4.0, 114.0)
+    assert ans["ready"] is True and "deadline_in_s" not in ans
+    # a report that arrives after the slowest finished is ready at once
+    assert svc.decide(0, 2, 1.0, 2.0, 114.2)["ready"] is True

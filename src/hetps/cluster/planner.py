@@ -41,7 +41,7 @@ class Planner:
         slice_elems: int,
         probe_num: int = 1,
         alpha: float = 0.5,
-        margin: float = 0.05,
+        margin: float = 0.10,
     ) -> None:
         if colocate and num_workers != num_servers:
             raise ValueError("colocated servers need as many servers as workers")
@@ -126,8 +126,9 @@ class Planner:
         if self.slices is None:
             sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
             return
-        # one sample per link per report: the median rate of the link's samples, so a few
-        # outliers in a round cannot swing the estimate
+        # one sample per link per report: the link's bytes over its busy time (the union of
+        # the samples' [forecast, data] intervals). Single messages spread several-fold (TCP
+        # shares a node's link unevenly from moment to moment); a round's total does not.
         per_link: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
         for item in b.get("samples", []):
             try:
@@ -137,11 +138,12 @@ class Planner:
             except (TypeError, ValueError, IndexError):
                 continue
             if 0 <= i < self.n_nodes and 0 <= j < self.n_nodes and t1 > t0 and nbytes > 0:
-                per_link.setdefault((i, j), []).append((nbytes / (t1 - t0), nbytes, t1))
+                per_link.setdefault((i, j), []).append((t0, t1, nbytes))
         for (i, j), items in per_link.items():
-            items.sort()
-            rate, _, t_end = items[len(items) // 2]
-            self.table.observe(i, j, rate, t_end - 1.0, t_end)  # a 1 s sample at that rate
+            busy = _union_length([(t0, t1) for t0, t1, _ in items])
+            total = sum(n for _, _, n in items)
+            t_end = max(t1 for _, t1, _ in items)
+            self.table.observe(i, j, total / busy, t_end - 1.0, t_end)  # 1 s at that rate
         for srank, (nbytes, secs) in (b.get("server_times") or {}).items():
             s = int(srank)
             if 0 <= s < self.S and secs > 0:
@@ -246,3 +248,14 @@ class Planner:
             "plan_s": self.plan_seconds[-1],
             "kept": self.kept,
         }
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by ``intervals`` (overlaps counted once)."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total

@@ -1,5 +1,10 @@
 """ESync's state server: answers each worker, after each local step, "ready or not".
 
+An answer that is "not ready" also says how long until the round's deadline (the slowest
+worker's expected end), so a worker can take its further local steps without waiting for an
+answer after each one: it keeps reporting, without waiting, and stops at the deadline or at
+the first answer that says ready, whichever comes first.
+
 The decision is :class:`hetps.sync.esync.ReadinessPolicy` (pure); this module is the service
 around it. It runs inside the scheduler by default (command ``esync_report``) or standalone
 (``hetps state-server --port P``), and :class:`StateClient` is the worker's side.
@@ -59,7 +64,13 @@ class EsyncService:
         if self.policy.is_ready(rank):
             return {"ready": True, "round": rnd, "steps": self.policy.local_steps(rank)}
         ready = self.policy.report_step(rank, step_s, now)
-        return {"ready": ready, "round": rnd, "steps": self.policy.local_steps(rank)}
+        answer = {"ready": ready, "round": rnd, "steps": self.policy.local_steps(rank)}
+        deadline = self.policy.deadline()
+        if not ready and deadline is not None:
+            # the worker may decide its next steps itself: ready once a step would end
+            # after this (seconds from now, so clocks never have to agree)
+            answer["deadline_in_s"] = deadline - self.policy.margin_s - now
+        return answer
 
     def handle(self, msg: Message) -> dict:
         """Decide on a report message; errors come back as ``{"error": text}``."""
@@ -144,6 +155,10 @@ class StateClient:
 
     def report(self, rnd: int, step_s: float, elapsed_s: float) -> dict:
         """Report one local step; returns the state server's answer."""
+        return self.report_nowait(rnd, step_s, elapsed_s).wait(self.timeout).body
+
+    def report_nowait(self, rnd: int, step_s: float, elapsed_s: float) -> Future:
+        """Report one local step without waiting; the future's result is the reply message."""
         body = {
             "rank": self.node.rank,
             "round": rnd,
@@ -155,5 +170,4 @@ class StateClient:
             P.SCHEDULER_ID if self.peer == P.SCHEDULER_ID else STANDALONE_ID, "esync report"
         )
         self.node.van.send(self.peer, Message(REPORT, req=fut.req, body=body))
-        reply = fut.wait(self.timeout)
-        return reply.body
+        return fut

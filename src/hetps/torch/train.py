@@ -416,6 +416,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         if args.mode == "esync":
             w_round = [p.data.clone() for _, p in params]
             t_round = time.perf_counter()
+            deadline = None  # the round's deadline on this clock, once the state server told
+            pending = []  # reports sent without waiting
             while True:
                 loss, c, n, epoch = one_step(local_opt.step)
                 clock.add("compute_s", c)
@@ -423,11 +425,24 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                 losses.append(loss)
                 local_steps += 1
                 t0 = time.perf_counter()
-                ans = state.report(rnd, c, time.perf_counter() - t_round)
-                clock.add("wait_s", time.perf_counter() - t0)
-                if "error" in ans:
-                    raise RuntimeError(ans["error"])
-                if ans.get("ready"):
+                if deadline is None:  # the first step of the round: wait for the answer
+                    ans = state.report(rnd, c, t0 - t_round)
+                    clock.add("wait_s", time.perf_counter() - t0)
+                    if "error" in ans:
+                        raise RuntimeError(ans["error"])
+                    if ans.get("ready"):
+                        break
+                    if isinstance(ans.get("deadline_in_s"), (int, float)):
+                        deadline = time.perf_counter() + float(ans["deadline_in_s"])
+                    continue
+                # later steps: report without waiting (the server keeps every estimate), and
+                # stop at the deadline or when an answer that came in says ready
+                pending.append(state.report_nowait(rnd, c, t0 - t_round))
+                answers = [f.wait(0).body for f in pending if f.done()]
+                pending = [f for f in pending if not f.done()]
+                if any("error" in a for a in answers):
+                    raise RuntimeError(next(a["error"] for a in answers if "error" in a))
+                if any(a.get("ready") for a in answers) or time.perf_counter() + c > deadline:
                     break
         else:
             ctl_handle = None
