@@ -12,9 +12,15 @@ from hetps.cluster.planner import Planner
 MB = 1e6
 
 
-def _planner(scheme: str, margin: float, colocate: bool = False) -> Planner:
+def _planner(scheme: str, margin: float, colocate: bool = False, patience: int = 1) -> Planner:
     p = Planner(
-        scheme, num_workers=2, num_servers=3, colocate=colocate, slice_elems=100, margin=margin
+        scheme,
+        num_workers=2,
+        num_servers=3,
+        colocate=colocate,
+        slice_elems=100,
+        margin=margin,
+        patience=patience,
     )
     p.slices = layout([12000], 100)  # 120 slices, 40 per server
     p.assignment = np.array([0, 1, 2] * 40, dtype=np.int64)
@@ -109,3 +115,40 @@ def test_report_samples_become_one_busy_time_rate_per_link():
     msg.sender = worker0
     p.handle(Sched(), msg)
     assert p.table.estimate(0, 3) == pytest.approx(1e6)
+
+
+def test_node_rates_come_from_busy_time_across_all_flows():
+    p = _planner("optimal", 0.1, colocate=False)
+    # node 0 (server 0) sends 1 MB to worker 3 in [0, 1] and 1 MB to worker 4 in [0.5, 1.5]:
+    # 2 MB over 1.5 s busy. Node 3 receives only the first: 1 MB over 1 s.
+    p.observe_nodes([(0, 3, 0.0, 1.0, 1e6), (0, 4, 0.5, 1.5, 1e6)])
+    assert p.up[0] == pytest.approx(2e6 / 1.5)
+    assert p.down[3] == pytest.approx(1e6) and p.down[4] == pytest.approx(1e6)
+    assert np.isnan(p.up[1])
+    net = p.node_network()
+    assert net is not None and net.up[1] == pytest.approx(np.median([2e6 / 1.5, 1e6, 1e6]))
+    # too few bytes in a round: no sample
+    p.observe_nodes([(1, 3, 0.0, 1.0, 1000.0)])
+    assert np.isnan(p.up[1])
+
+
+def test_plans_use_the_node_rates():
+    p = _planner("optimal", 0.0, colocate=False)
+    p.patience = 1
+    # server 2 sends at 1 MB/s, servers 0 and 1 at 100 MB/s; workers receive fast
+    samples = []
+    for s, rate in ((0, 100e6), (1, 100e6), (2, 1e6)):
+        samples.append((s, 3, 0.0, 1e6 / rate, 1e6))
+    samples.append((0, 4, 0.0, 0.01, 1e6))
+    p.observe_nodes(samples)
+    out = p.plan()
+    assert out["shares"][2] < 0.05 and out["node_rates"]["up"][2] == pytest.approx(1e6)
+
+
+def test_patience_needs_the_gain_in_consecutive_reports():
+    p = _planner("optimal", 0.05, patience=2)
+    _observe(p, _slow_server_rates(1.0))
+    first = p.plan()
+    assert first["epoch"] == 0 and first["kept"] == 1  # one report is not enough
+    second = p.plan()
+    assert second["epoch"] == 1 and second["shares"][2] < 0.1

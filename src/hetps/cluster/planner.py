@@ -27,6 +27,7 @@ from hetps.transport.codec import Message
 log = logging.getLogger("hetps.planner")
 
 REPORT = "balance_report"
+NODE_MIN_BYTES = 256 * 1024  # a node's round must carry this much to measure its rate
 
 
 class Planner:
@@ -42,6 +43,7 @@ class Planner:
         probe_num: int = 1,
         alpha: float = 0.5,
         margin: float = 0.10,
+        patience: int = 2,
     ) -> None:
         if colocate and num_workers != num_servers:
             raise ValueError("colocated servers need as many servers as workers")
@@ -51,7 +53,9 @@ class Planner:
         self.slice_elems = slice_elems
         self.probe_num = probe_num
         self.margin = margin  # hysteresis: a new assignment must be predicted this much faster
+        self.patience = max(1, patience)  # reports in a row that must favour a change
         self.kept = 0  # plans computed but not adopted (not enough predicted gain)
+        self._streak = 0  # consecutive reports whose new plan beat the margin
         self.n_nodes = num_workers if colocate else num_workers + num_servers
         self.table = EstimateTable(self.n_nodes, alpha=alpha)
         self.slices: list[Slice] | None = None
@@ -59,6 +63,12 @@ class Planner:
         self.shares: np.ndarray | None = None
         self.epoch = 0
         self.pending: dict[int, dict[int, Message]] = {}
+        # per-node rates (bytes/s): what a node sends (up) and receives (down) over the time
+        # it was busy doing so, from every worker's samples of a round
+        self._samples: dict[int, list[tuple[int, int, float, float, float]]] = {}
+        self.node_alpha = alpha
+        self.up = np.full(self.n_nodes, np.nan)
+        self.down = np.full(self.n_nodes, np.nan)
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
         self.plan_seconds: list[float] = []
 
@@ -139,7 +149,9 @@ class Planner:
                 continue
             if 0 <= i < self.n_nodes and 0 <= j < self.n_nodes and t1 > t0 and nbytes > 0:
                 per_link.setdefault((i, j), []).append((t0, t1, nbytes))
+        round_samples = self._samples.setdefault(rnd, [])
         for (i, j), items in per_link.items():
+            round_samples += [(i, j, t0, t1, n) for t0, t1, n in items]
             busy = _union_length([(t0, t1) for t0, t1, _ in items])
             total = sum(n for _, _, n in items)
             t_end = max(t1 for _, t1, _ in items)
@@ -165,9 +177,46 @@ class Planner:
             if not live <= set(waiting):
                 continue
             del self.pending[rnd]
+            self.observe_nodes(self._samples.pop(rnd, []))
+            for old in [r for r in self._samples if r < rnd]:
+                del self._samples[old]
             answer = self.plan()
             for m in waiting.values():
                 sched.reply(m, answer)
+
+    def observe_nodes(self, samples: list[tuple[int, int, float, float, float]]) -> None:
+        """Update the per-node rates from one round's samples ``(src, dst, t0, t1, bytes)``.
+
+        A node's sending rate is everything it was seen sending (its worker's pushes and its
+        server's replies) over the union of those messages' transfer intervals, the time its
+        uplink was busy; the same for receiving. Under per-node caps (every node's NIC, or a
+        ``tc`` shaper) this is the cap itself when the node is the bottleneck, however TCP
+        splits it between flows from moment to moment, which is what makes per-link samples
+        so noisy. The intervals come from different receivers' clocks: on one host they agree;
+        across hosts NTP's few milliseconds are small against a round's transfers."""
+        for k in range(self.n_nodes):
+            for est, col in ((self.up, 0), (self.down, 1)):
+                mine = [x for x in samples if x[col] == k]
+                total = sum(x[4] for x in mine)
+                if total < NODE_MIN_BYTES:
+                    continue
+                busy = _union_length([(x[2], x[3]) for x in mine])
+                if busy <= 0:
+                    continue
+                rate = total / busy
+                old = est[k]
+                est[k] = rate if np.isnan(old) else old + self.node_alpha * (rate - old)
+
+    def node_network(self) -> Network | None:
+        """The network of per-node caps measured so far (unmeasured nodes take the median
+        of the measured ones), or None before any node was measured."""
+        known = np.concatenate([self.up[np.isfinite(self.up)], self.down[np.isfinite(self.down)]])
+        if known.size == 0:
+            return None
+        fill = float(np.median(known))
+        up = np.where(np.isfinite(self.up), self.up, fill)
+        down = np.where(np.isfinite(self.down), self.down, fill)
+        return Network(up, down)
 
     def _predict(self, net: Network | None, assignment: np.ndarray) -> float | None:
         """Predicted communication time of ``assignment`` on what is known now (the link
@@ -189,7 +238,9 @@ class Planner:
         than ``margin`` faster. Measurements are noisy (TCP's short-term unfairness alone
         spreads link samples several-fold), and every change costs slice migrations and a
         barrier, so small predicted gains are not worth taking."""
-        if self.margin <= 0 or self.assignment is None or self.scheme == "average":
+        if self.assignment is None or self.scheme == "average":
+            return False
+        if self.margin <= 0:
             return False
         try:
             t_old = self._predict(net, self.assignment)
@@ -216,7 +267,7 @@ class Planner:
             elif self.scheme == "average":
                 shares = np.full(self.S, total / self.S)
             else:
-                net = Network.from_matrix(bw)
+                net = self.node_network() or Network.from_matrix(bw)
                 shares = make_plan(
                     self.scheme, total, network=net, servers=self.servers, workers=self.workers
                 )
@@ -230,9 +281,18 @@ class Planner:
             previous=list(self.assignment),
             probe_num=self.probe_num if self.scheme != "average" else 0,
         )
-        if not np.array_equal(new, self.assignment) and self._keep(net, new):
-            new = self.assignment
-            self.kept += 1
+        if not np.array_equal(new, self.assignment):
+            if self._keep(net, new):
+                self._streak = 0
+            else:
+                self._streak += 1
+            if self._streak < self.patience:  # noise or a blip: not (yet) worth a migration
+                new = self.assignment
+                self.kept += 1
+            else:
+                self._streak = 0
+        else:
+            self._streak = 0
         if not np.array_equal(new, self.assignment):
             self.epoch += 1
         self.assignment = new
@@ -245,6 +305,10 @@ class Planner:
             "assign": [int(x) for x in new],
             "shares": [float(x) / total for x in counts],
             "link_matrix": [[float(x) if np.isfinite(x) else None for x in row] for row in bw],
+            "node_rates": {
+                "up": [float(x) if np.isfinite(x) else None for x in self.up],
+                "down": [float(x) if np.isfinite(x) else None for x in self.down],
+            },
             "plan_s": self.plan_seconds[-1],
             "kept": self.kept,
         }
