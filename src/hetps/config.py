@@ -95,8 +95,8 @@ class NodeConfig:
     balance: str = "none"
     slice_elems: int = 1 << 16
     probe_num: int = 1
-    probe_bytes: int = 64 * 1024
-    probe_prob: float = 0.2
+    probe_bytes: int = 128 * 1024
+    probe_prob: float = 1.0
     replan_every: int = 1
     replan_margin: float = 0.10  # keep the plan unless the new one is predicted this much faster
     colocate: bool = False  # one server beside each worker (server rank r on worker r's node)
@@ -192,8 +192,8 @@ def node_config_from_env(
             )
         slice_elems = _int(env, "HETPS_SLICE_ELEMS", 1 << 16, 16)
         probe_num = _int(env, "HETPS_PROBE_NUM", 1)
-        probe_bytes = _int(env, "HETPS_PROBE_BYTES", 64 * 1024, 16)
-        probe_prob = _float(env, "HETPS_PROBE_PROB", 0.2)
+        probe_bytes = _int(env, "HETPS_PROBE_BYTES", 128 * 1024, 16)
+        probe_prob = _float(env, "HETPS_PROBE_PROB", 1.0)
         replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
         replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
         colocate = _int(env, "HETPS_COLOCATE", 0) > 0

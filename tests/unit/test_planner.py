@@ -152,3 +152,39 @@ def test_patience_needs_the_gain_in_consecutive_reports():
     assert first["epoch"] == 0 and first["kept"] == 1  # one report is not enough
     second = p.plan()
     assert second["epoch"] == 1 and second["shares"][2] < 0.1
+
+
+def test_capacity_is_the_larger_of_busy_rate_and_recent_probes():
+    p = _planner("optimal", 0.1)
+    p.observe_nodes([(0, 3, 0.0, 1.0, 1e6)])  # data: server 0 sent at 1 MB/s
+    p.observe_probe(0, 4, 3e6)  # alone on its links it went at 3 MB/s
+    p.observe_probe(1, 3, 0.5e6)
+    up, down = p.capacity()
+    assert up[0] == pytest.approx(3e6) and up[1] == pytest.approx(0.5e6)
+    assert down[3] == pytest.approx(1e6) and down[4] == pytest.approx(3e6)
+    assert np.isnan(up[2])
+    # the window forgets old probes
+    for _ in range(p.probe_window):
+        p.observe_probe(0, 4, 2e6)
+    assert p.capacity()[0][0] == pytest.approx(2e6)
+
+
+def test_probe_samples_are_told_apart_in_reports():
+    class Sched:
+        nodes: dict = {}
+        dead: set = set()
+        finished: set = set()
+
+        def reply(self, msg, body):
+            pass
+
+    from hetps.cluster import protocol as P
+    from hetps.transport.codec import Message
+
+    p = _planner("optimal", 0.1)
+    w0, s2 = P.worker_id(0), P.server_id(2)
+    msg = Message("balance_report", body={"round": 1, "samples": [[w0, s2, 1e5, 0.0, 0.1, 1]]})
+    msg.sender = w0
+    p.handle(Sched(), msg)
+    assert p._probe_up[3] == [pytest.approx(1e6)] and p._probe_down[2] == [pytest.approx(1e6)]
+    assert np.isnan(p.table.estimate(3, 2))  # not a data sample

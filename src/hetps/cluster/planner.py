@@ -69,6 +69,11 @@ class Planner:
         self.node_alpha = alpha
         self.up = np.full(self.n_nodes, np.nan)
         self.down = np.full(self.n_nodes, np.nan)
+        # capacity probes (one flow alone on its sender's uplink and receiver's downlink):
+        # the last few rates seen per node, each a lower bound of that node's cap
+        self.probe_window = 2 * max(num_workers, num_servers)
+        self._probe_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
+        self._probe_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
         self.plan_seconds: list[float] = []
 
@@ -142,12 +147,17 @@ class Planner:
         per_link: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
         for item in b.get("samples", []):
             try:
-                src, dst, nbytes, t0, t1 = item
+                src, dst, nbytes, t0, t1 = item[:5]
+                probe = len(item) > 5 and item[5] == 1
                 i, j = self.index(int(src)), self.index(int(dst))
                 nbytes, t0, t1 = float(nbytes), float(t0), float(t1)
             except (TypeError, ValueError, IndexError):
                 continue
-            if 0 <= i < self.n_nodes and 0 <= j < self.n_nodes and t1 > t0 and nbytes > 0:
+            if not (0 <= i < self.n_nodes and 0 <= j < self.n_nodes and t1 > t0 and nbytes > 0):
+                continue
+            if probe:
+                self.observe_probe(i, j, nbytes / (t1 - t0))
+            else:
                 per_link.setdefault((i, j), []).append((t0, t1, nbytes))
         round_samples = self._samples.setdefault(rnd, [])
         for (i, j), items in per_link.items():
@@ -207,15 +217,32 @@ class Planner:
                 old = est[k]
                 est[k] = rate if np.isnan(old) else old + self.node_alpha * (rate - old)
 
+    def observe_probe(self, src: int, dst: int, rate: float) -> None:
+        """A capacity probe from ``src`` to ``dst`` went at ``rate`` bytes/s."""
+        for hist, k in ((self._probe_up, src), (self._probe_down, dst)):
+            hist[k].append(rate)
+            del hist[k][: -self.probe_window]
+
+    def capacity(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-node send and receive caps: the larger of what the data traffic showed
+        (busy-time rate) and the fastest recent probe. Both only ever under-estimate a cap
+        (a node never sends faster than it can), so the larger is the better estimate."""
+        caps = []
+        for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
+            probe = np.array([max(h) if h else np.nan for h in hist])
+            caps.append(np.fmax(busy, probe))  # NaN only where neither is known
+        return caps[0], caps[1]
+
     def node_network(self) -> Network | None:
         """The network of per-node caps measured so far (unmeasured nodes take the median
         of the measured ones), or None before any node was measured."""
-        known = np.concatenate([self.up[np.isfinite(self.up)], self.down[np.isfinite(self.down)]])
+        up, down = self.capacity()
+        known = np.concatenate([up[np.isfinite(up)], down[np.isfinite(down)]])
         if known.size == 0:
             return None
         fill = float(np.median(known))
-        up = np.where(np.isfinite(self.up), self.up, fill)
-        down = np.where(np.isfinite(self.down), self.down, fill)
+        up = np.where(np.isfinite(up), up, fill)
+        down = np.where(np.isfinite(down), down, fill)
         return Network(up, down)
 
     def _predict(self, net: Network | None, assignment: np.ndarray) -> float | None:
@@ -306,8 +333,8 @@ class Planner:
             "shares": [float(x) / total for x in counts],
             "link_matrix": [[float(x) if np.isfinite(x) else None for x in row] for row in bw],
             "node_rates": {
-                "up": [float(x) if np.isfinite(x) else None for x in self.up],
-                "down": [float(x) if np.isfinite(x) else None for x in self.down],
+                "up": [float(x) if np.isfinite(x) else None for x in self.capacity()[0]],
+                "down": [float(x) if np.isfinite(x) else None for x in self.capacity()[1]],
             },
             "plan_s": self.plan_seconds[-1],
             "kept": self.kept,

@@ -226,7 +226,8 @@ class DistKVStore:
                 now = time.time()
                 meas = reply.body.get("meas")
                 if isinstance(meas, list) and len(meas) == 3:  # our push, timed by the server
-                    self._samples.append([me, peer, meas[2], meas[0], meas[1]])
+                    kind = 1 if msg.cmd == C.PROBE else 0  # 1: a capacity probe, alone on its link
+                    self._samples.append([me, peer, meas[2], meas[0], meas[1], kind])
                 t0 = self._fc.pop((peer, fut.req), None)
                 if t0 is not None and reply.arrays:  # its reply, timed here
                     self._samples.append([peer, me, float(reply.nbytes), t0, now])
@@ -661,22 +662,25 @@ class DistKVStore:
         wait_all(drops, self.timeout, "slice migration (drop)")
 
     def _maybe_probe(self) -> None:
-        """Keep links that carry no data measured: a probe to each idle server, sometimes."""
-        busy = set(self._current_assignment())
-        idle = [s for s in range(self.num_servers) if s not in busy]
-        if not idle or random.random() >= self.cfg.probe_prob:
+        """Capacity probes: in a probing round every worker sends one probe to one server,
+        the servers chosen as a permutation that shifts each round (worker r probes server
+        (r + k) mod S; with co-located nodes never its own). So each probe has its sender's
+        uplink and its receiver's downlink to itself, and measures what the data traffic
+        cannot: how fast a node *can* go, also one the current plan keeps idle or leaves
+        waiting for slower peers. The probe is not waited for (its sample arrives with the
+        next report), and it goes out between iterations, when the links are quiet in
+        training. Whether a round probes is decided from the round number, the same on every
+        worker."""
+        if random.Random(self._round).random() >= self.cfg.probe_prob:
             return
+        S = self.num_servers
+        if self.cfg.colocate and S > 1:
+            s = (self.rank + 1 + self._round % (S - 1)) % S
+        else:
+            s = (self.rank + self._round) % S
         size = self.cfg.probe_bytes
-        futs = [
-            self._request(
-                None,
-                0,
-                s,
-                Message(C.PROBE, body={"reply_bytes": size}, arrays=[np.zeros(size, np.uint8)]),
-            )
-            for s in idle
-        ]
-        wait_all(futs, self.timeout, "probe")
+        msg = Message(C.PROBE, body={"reply_bytes": 0}, arrays=[np.zeros(size, np.uint8)])
+        self._track([self._request(None, 0, s, msg)])
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self, error: str | None = None) -> None:

@@ -381,7 +381,8 @@ class KVServer:
         self._measure(msg)
         size = msg.body.get("reply_bytes", 0)
         size = size if isinstance(size, int) and 0 <= size <= (1 << 26) else 0
-        self._forecast_to(msg)
+        if size:
+            self._forecast_to(msg)
         meas = self._meas.pop((msg.sender, msg.req), None)
         self.node.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
 
