@@ -163,7 +163,10 @@ def test_capacity_is_the_larger_of_busy_rate_and_recent_probes():
     assert up[0] == pytest.approx(3e6) and up[1] == pytest.approx(0.5e6)
     assert down[3] == pytest.approx(1e6) and down[4] == pytest.approx(3e6)
     assert np.isnan(up[2])
-    # the window forgets old probes
+    # the median of the window: one wild probe does not move it, and old probes age out
+    p.observe_probe(0, 4, 30e6)
+    p.observe_probe(0, 4, 3e6)
+    assert p.capacity()[0][0] == pytest.approx(3e6)
     for _ in range(p.probe_window):
         p.observe_probe(0, 4, 2e6)
     assert p.capacity()[0][0] == pytest.approx(2e6)

@@ -42,7 +42,7 @@ class Planner:
         slice_elems: int,
         probe_num: int = 1,
         alpha: float = 0.5,
-        margin: float = 0.10,
+        margin: float = 0.05,
         patience: int = 2,
     ) -> None:
         if colocate and num_workers != num_servers:
@@ -225,11 +225,13 @@ class Planner:
 
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-node send and receive caps: the larger of what the data traffic showed
-        (busy-time rate) and the fastest recent probe. Both only ever under-estimate a cap
-        (a node never sends faster than it can), so the larger is the better estimate."""
+        (busy-time rate) and the median of recent probes. Both under-estimate a cap when
+        measured right (a node never sends faster than it can), so the larger is the better
+        estimate; the probes' median, not their maximum, because a probe whose forecast was
+        read late by a busy receive thread reads several times too fast."""
         caps = []
         for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
-            probe = np.array([max(h) if h else np.nan for h in hist])
+            probe = np.array([float(np.median(h)) if h else np.nan for h in hist])
             caps.append(np.fmax(busy, probe))  # NaN only where neither is known
         return caps[0], caps[1]
 
