@@ -98,7 +98,7 @@ class NodeConfig:
     probe_bytes: int = 128 * 1024
     probe_prob: float = 1.0
     replan_every: int = 1
-    replan_margin: float = 0.05  # keep the plan unless the new one is predicted this much faster
+    replan_margin: float = 0.10  # keep the plan unless the new one is predicted this much faster
     colocate: bool = False  # one server beside each worker (server rank r on worker r's node)
 
     @property
@@ -195,7 +195,7 @@ def node_config_from_env(
         probe_bytes = _int(env, "HETPS_PROBE_BYTES", 128 * 1024, 16)
         probe_prob = _float(env, "HETPS_PROBE_PROB", 1.0)
         replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
-        replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.05)
+        replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
         colocate = _int(env, "HETPS_COLOCATE", 0) > 0
     except ConfigError as exc:
         problems.append(str(exc))

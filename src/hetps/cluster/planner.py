@@ -42,7 +42,7 @@ class Planner:
         slice_elems: int,
         probe_num: int = 1,
         alpha: float = 0.5,
-        margin: float = 0.05,
+        margin: float = 0.10,
         patience: int = 2,
     ) -> None:
         if colocate and num_workers != num_servers:
