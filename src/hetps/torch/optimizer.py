@@ -64,7 +64,7 @@ class DistributedOptimizer:
             raise ValueError("named_parameters has duplicate names")
         self.prefix = prefix
         self._handles: dict[str, Any] = {}
-        self._bufs: dict[str, torch.Tensor] = {}
+        self._landing: dict[str, torch.Tensor] = {}  # where each reduction lands (the grad)
         self._synced = False
         self._hooks = []
         for name, p in self.named:
@@ -77,10 +77,9 @@ class DistributedOptimizer:
         if broadcast:
             self.broadcast_parameters()
         if update_on == "worker":
-            for name, _p in self.named:
-                self._bufs[name] = torch.zeros_like(self._cpu[name])
             self.kv.init(
-                [self._gkey(n) for n, _ in self.named], [self._bufs[n] for n, _ in self.named]
+                [self._gkey(n) for n, _ in self.named],
+                [torch.zeros_like(self._cpu[n]) for n, _ in self.named],
             )
         else:
             self.kv.init(
@@ -120,8 +119,12 @@ class DistributedOptimizer:
             prio = -index  # the first layers are needed first by the next forward pass
             grad = p.grad if p.grad.device.type == "cpu" else p.grad.detach().cpu()
             if self.update_on == "worker":
+                # the reduced gradient lands in the very tensor that was pushed: every range
+                # is answered only after the server has all of it, so the push no longer
+                # reads what the pull overwrites, and step() saves a copy of the model
+                self._landing[name] = grad
                 self._handles[name] = self.kv.pushpull(
-                    self._gkey(name), grad, out=self._bufs[name], priority=prio, block=False
+                    self._gkey(name), grad, out=grad, priority=prio, block=False
                 )
             else:
                 push = self.kv.push(self._wkey(name), grad, priority=prio, block=False)
@@ -149,10 +152,11 @@ class DistributedOptimizer:
                 h = self._handles.pop(name)
             h.wait()
             if self.update_on == "worker":
-                buf = self._bufs[name]
+                buf = self._landing.pop(name)
                 if self.op == "average" and self.kv.num_workers > 1:
                     buf.div_(self.kv.num_workers)
-                p.grad.copy_(buf)
+                if buf is not p.grad:  # a CUDA parameter's CPU staging copy
+                    p.grad.copy_(buf)
             elif self._cpu[name] is not p.data:
                 p.data.copy_(self._cpu[name])
         self._synced = True
