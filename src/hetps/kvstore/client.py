@@ -66,27 +66,48 @@ class _Op:
     seq: int
     key: Any = field(compare=False)
     send: Any = field(compare=False)
+    cost: int = field(default=0, compare=False)  # bytes of push credit it needs
 
 
 class _Sender:
-    """Sends requests in priority order without reordering requests of one key."""
+    """Sends requests in priority order without reordering requests of one key.
 
-    def __init__(self) -> None:
+    With a ``window`` (bytes, > 0) pushes also need credit: at most ``window`` bytes of
+    pushes may be on their way to the servers (sent, not yet confirmed received; one push is
+    always allowed). Then a worker's pushes leave in priority (key) order at the pace its
+    uplink drains them, instead of all at once as parallel TCP flows that share the uplink
+    evenly. Every server then gets its slices in key order at the rate it is owed, and the
+    pull replies of finished slices flow while later pushes are still going out (push and
+    pull overlap). While a push waits for credit, requests that need none (pulls) still go,
+    unless an earlier request of the same key is waiting.
+    """
+
+    def __init__(self, window: int = 0) -> None:
         self._heap: list[_Op] = []
         self._seq = itertools.count()
         self._last_prio: dict[Any, tuple[int, int]] = {}  # key -> (prio, seq) of its last queued op
+        self._first: dict[Any, list[int]] = {}  # key -> seqs of its queued ops, oldest first
         self._cv = threading.Condition()
         self._busy = False
         self._closed = False
+        self.window = int(window)
+        self._inflight = 0
+        self._credit: dict[int, tuple[int, Any]] = {}  # req -> (bytes, future)
         self._thread = threading.Thread(target=self._loop, name="hetps-sender", daemon=True)
         self._thread.start()
 
-    def submit(self, key: Any, priority: int, send: Any) -> None:
+    def _has_credit(self, cost: int) -> bool:
+        return cost == 0 or self._inflight == 0 or self._inflight + cost <= self.window
+
+    def submit(self, key: Any, priority: int, send: Any, cost: int = 0) -> None:
         """Send ``send()`` for ``key`` at ``priority`` (higher first): at once from the calling
-        thread when nothing waits or is being sent (no thread hand-off), else queued."""
+        thread when nothing waits or is being sent (no thread hand-off), else queued.
+        ``cost`` > 0 (push bytes, with a window) makes it wait for credit too."""
+        cost = cost if self.window > 0 else 0
         with self._cv:
-            if not self._heap and not self._busy and not self._closed:
+            if not self._heap and not self._busy and not self._closed and self._has_credit(cost):
                 self._busy = True
+                self._inflight += cost
                 inline = True
             else:
                 inline = False
@@ -94,8 +115,9 @@ class _Sender:
                 last = self._last_prio.get(key)
                 if last is not None:
                     prio = max(prio, last[0])  # never go before an earlier op of the same key
-                op = _Op(prio, next(self._seq), key, send)
+                op = _Op(prio, next(self._seq), key, send, cost)
                 self._last_prio[key] = (prio, op.seq)
+                self._first.setdefault(key, []).append(op.seq)
                 heapq.heappush(self._heap, op)
                 self._cv.notify()
         if inline:
@@ -106,21 +128,74 @@ class _Sender:
                     self._busy = False
                     self._cv.notify()
 
+    def hold(self, req: int, cost: int, fut: Any) -> None:
+        """Record that request ``req`` (a push of ``cost`` bytes) holds credit until
+        :meth:`release`d (its receipt or its answer) or its future ends otherwise."""
+        if self.window > 0 and cost > 0:
+            with self._cv:
+                self._credit[req] = (cost, fut)
+
+    def release(self, req: int) -> None:
+        """Give back the credit of request ``req`` (idempotent)."""
+        if self.window <= 0:
+            return
+        with self._cv:
+            item = self._credit.pop(req, None)
+            if item is not None:
+                self._inflight -= item[0]
+                self._cv.notify_all()
+
+    def _reap(self) -> None:
+        """Credit of requests that ended without a receipt (errors, a peer gone)."""
+        for req, (_cost, fut) in list(self._credit.items()):
+            if fut is not None and fut.done():
+                self._inflight -= self._credit.pop(req)[0]
+
+    def _pick(self) -> _Op | None:
+        """The next op that may go now (called with the lock held)."""
+        top = self._heap[0]
+        if self._has_credit(top.cost):
+            op = heapq.heappop(self._heap)
+        else:
+            op = None
+            for cand in sorted(self._heap)[:256]:
+                if cand.cost == 0 and self._first[cand.key][0] == cand.seq:
+                    op = cand
+                    self._heap.remove(cand)
+                    heapq.heapify(self._heap)
+                    break
+            if op is None:
+                return None
+        seqs = self._first[op.key]
+        seqs.remove(op.seq)
+        if not seqs:
+            del self._first[op.key]
+        if self._last_prio.get(op.key, (0, -1))[1] == op.seq:
+            del self._last_prio[op.key]
+        self._inflight += op.cost
+        return op
+
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while (not self._heap or self._busy) and not self._closed:
-                    self._cv.wait()
-                if not self._heap:
-                    if self._closed:
-                        return
-                    continue
-                if self._busy:  # closing while an inline send runs: let it finish
-                    self._cv.wait(0.05)
-                    continue
-                op = heapq.heappop(self._heap)
-                if self._last_prio.get(op.key, (0, -1))[1] == op.seq:
-                    del self._last_prio[op.key]
+                op = None
+                while not self._closed or self._heap:
+                    if self._heap and not self._busy:
+                        op = self._pick()
+                        if op is not None:
+                            break
+                        self._reap()  # waiting for credit: was any lost to a failure?
+                        if self._inflight > 0 and self._has_credit(self._heap[0].cost):
+                            continue
+                        self._cv.wait(0.2)
+                    elif self._busy and self._closed:  # closing while an inline send runs
+                        self._cv.wait(0.05)
+                    elif not self._heap and self._closed:
+                        break
+                    else:
+                        self._cv.wait()
+                if op is None:
+                    return
                 self._busy = True
             try:
                 op.send()
@@ -153,7 +228,8 @@ class DistKVStore:
         self.compressor: TwoBitCompressor | None = None
         self._outstanding: list[Future] = []
         self._out_lock = threading.Lock()
-        self._sender = _Sender()
+        # network-aware mode paces pushes with a credit window (see _Sender)
+        self._sender = _Sender(cfg.push_window if cfg.balance != "none" else 0)
         self._closed = False
         # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
         self.balance = cfg.balance != "none"
@@ -168,7 +244,7 @@ class DistKVStore:
         self.plan: dict | None = None
         self._pending_plan: Future | None = None  # the answer to the last report (pipelined)
         if self.balance:
-            self.node.handler = self._on_message
+            self.node.handler = self._on_message  # forecasts and push receipts
         if cfg.verbose >= 1:
             log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
 
@@ -217,6 +293,18 @@ class DistKVStore:
             and msg.cmd in (C.PUSH, C.PULL, C.PROBE)
             and (msg.cmd == C.PROBE or size >= MEASURE_MIN_BYTES)
         )
+        cost = size if msg.cmd == C.PUSH and self._sender.window > 0 else 0
+        if cost:
+            msg.body["rcpt"] = True  # the server confirms arrival at once: credit comes back
+            credit_cb = fut._callback
+            req = fut.req
+
+            def credited(reply: Message) -> None:
+                self._sender.release(req)
+                if credit_cb is not None:
+                    credit_cb(reply)
+
+            fut._callback = credited
         if measure:
             msg.body["tag"] = fut.req
             user_cb = fut._callback
@@ -239,6 +327,8 @@ class DistKVStore:
 
         def send() -> None:
             try:
+                if cost:
+                    self._sender.hold(fut.req, cost, fut)
                 if measure:
                     nbytes = sum(getattr(a, "nbytes", 0) for a in msg.arrays)
                     self._note(server_rank, nbytes, time.time(), first=True)
@@ -246,9 +336,10 @@ class DistKVStore:
                         self.node.van.send(peer, Message(C.FORECAST, body={"tag": fut.req}))
                 self.node.van.send(peer, msg)
             except Exception as exc:  # noqa: BLE001
+                self._sender.release(fut.req)
                 self.node.requests.resolve(fut.req, None, f"could not send to node {peer}: {exc}")
 
-        self._sender.submit(key, priority, send)
+        self._sender.submit(key, priority, send, cost)
         return fut
 
     def _placement(self, key: Any, size: int) -> list[Part]:
@@ -266,6 +357,10 @@ class DistKVStore:
         """Non-reply messages to a worker: forecasts of the replies it is about to receive."""
         if msg.cmd == C.FORECAST:
             self._fc[(msg.sender, msg.body.get("tag"))] = time.time()
+        elif msg.cmd == C.RECEIPT:
+            req = msg.body.get("req")
+            if isinstance(req, int):
+                self._sender.release(req)
 
     def _note(self, server_rank: int, nbytes: int, t: float, first: bool) -> None:
         with self._stats_lock:

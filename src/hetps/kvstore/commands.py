@@ -9,3 +9,4 @@ SET_STATES = "set_states"
 FORECAST = "forecast"  # a tiny message announcing the next data message (link measurement)
 PROBE = "probe"  # a probe payload for links that carry no data
 DROP = "drop"  # forget slices that moved to another server
+RECEIPT = "receipt"  # a server got a push (credit for the worker's push window)

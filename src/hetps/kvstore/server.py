@@ -232,6 +232,14 @@ class KVServer:
     def _push(self, msg: Message) -> None:
         if "tag" in msg.body and (msg.sender, msg.req) not in self._meas:
             self._measure(msg)
+        if msg.body.get("rcpt") is True and not msg.body.get("_rcpt_sent"):
+            # arrived: the worker may send more (its push window), long before a sync round
+            # completes and acknowledges the push itself
+            msg.body["_rcpt_sent"] = True  # a backlogged push is handled again later
+            try:
+                self.node.van.send(msg.sender, Message(C.RECEIPT, body={"req": msg.req}))
+            except Exception:  # noqa: BLE001 - the ack still returns the credit
+                pass
         key, part, off, n = self._range(msg)
         sl = self._slice(msg, key, part, off, n)
         sync = self.sync if self.sync is not None else bool(msg.body.get("sync", True))

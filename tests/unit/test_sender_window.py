@@ -1,0 +1,80 @@
+"""The worker's request sender with a push credit window (no network: sends are recorded)."""
+
+from __future__ import annotations
+
+import threading
+
+from hetps.kvstore.client import _Sender
+
+
+class Rec:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.cv = threading.Condition()
+
+    def op(self, name: str):
+        def send() -> None:
+            with self.cv:
+                self.sent.append(name)
+                self.cv.notify_all()
+
+        return send
+
+    def wait_for(self, n: int) -> list[str]:
+        with self.cv:
+            assert self.cv.wait_for(lambda: len(self.sent) >= n, timeout=5), self.sent
+            return list(self.sent)
+
+
+def test_pushes_wait_for_credit_pulls_do_not():
+    s = _Sender(window=100)
+    r = Rec()
+    try:
+        s.submit("a", 0, r.op("push a"), cost=80)  # alone: goes at once
+        s.hold(1, 80, None)
+        s.submit("b", 0, r.op("push b"), cost=80)  # 80 + 80 > 100: waits
+        s.submit("a", 0, r.op("pull a"))  # a's push went: the pull may pass push b
+        s.submit("b", 0, r.op("pull b"))  # must stay behind push b (same key)
+        assert r.wait_for(2) == ["push a", "pull a"]
+        s.release(1)  # push a arrived
+        assert r.wait_for(4) == ["push a", "pull a", "push b", "pull b"]
+        s.release(1)  # idempotent
+    finally:
+        s.close()
+
+
+def test_one_push_always_goes_even_if_larger_than_the_window():
+    s = _Sender(window=10)
+    r = Rec()
+    try:
+        s.submit("k", 0, r.op("big"), cost=1000)
+        assert r.wait_for(1) == ["big"]
+    finally:
+        s.close()
+
+
+def test_credit_of_a_failed_request_is_reclaimed():
+    class Done:
+        def done(self) -> bool:
+            return True
+
+    s = _Sender(window=100)
+    r = Rec()
+    try:
+        s.submit("a", 0, r.op("push a"), cost=90)
+        s.hold(7, 90, Done())  # its future ended (an error) without a receipt
+        s.submit("b", 0, r.op("push b"), cost=90)
+        assert r.wait_for(2) == ["push a", "push b"]
+    finally:
+        s.close()
+
+
+def test_no_window_means_no_credit():
+    s = _Sender(window=0)
+    r = Rec()
+    try:
+        for i in range(5):
+            s.submit(i, 0, r.op(f"p{i}"), cost=10**9)
+        assert r.wait_for(5) == [f"p{i}" for i in range(5)]
+    finally:
+        s.close()
