@@ -1139,11 +1139,12 @@ def main(argv: list[str] | None = None) -> int:
 
     require_root()
     logdir = Path(opts.logdir) / ("quick" if opts.quick else "full")
-    figdir = (
-        Path(opts.figures)
-        if opts.figures
-        else (logdir / "figures" if opts.quick else Path("docs/figures/balance"))
-    )
+    if opts.figures == "":
+        figdir = None  # --figures '': no figures
+    elif opts.figures:
+        figdir = Path(opts.figures)
+    else:
+        figdir = logdir / "figures" if opts.quick else Path("docs/figures/balance")
     logdir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     load0 = os.getloadavg()
@@ -1265,7 +1266,7 @@ def main(argv: list[str] | None = None) -> int:
         else [],
         "overhead": [r["run_dir"] for r in good if r["scenario"] == "homogeneous"],
     }
-    written = draw_figures(logdir, figdir, fig_groups)
+    written = draw_figures(logdir, figdir, fig_groups) if figdir is not None else []
     for w in written:
         print("figure:", w)
     load1 = os.getloadavg()

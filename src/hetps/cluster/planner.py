@@ -225,13 +225,16 @@ class Planner:
 
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-node send and receive caps: the larger of what the data traffic showed
-        (busy-time rate) and the median of recent probes. Both under-estimate a cap when
-        measured right (a node never sends faster than it can), so the larger is the better
-        estimate; the probes' median, not their maximum, because a probe whose forecast was
-        read late by a busy receive thread reads several times too fast."""
+        (busy-time rate) and the fastest recent probe. Both under-estimate a cap (a node never
+        sends faster than it can; a probe measures min(sender's up, receiver's down), and the
+        permutation pairs each node with a different peer every probing round), so the larger
+        is the better estimate. Probes run while no data moves (every worker waits for its
+        own before reporting, and pushes start only after every report is in), so a receive
+        thread is idle when it stamps them; a probe above three times the node's median probe
+        is still dropped as a mis-stamped one."""
         caps = []
         for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
-            probe = np.array([float(np.median(h)) if h else np.nan for h in hist])
+            probe = np.array([_robust_max(h) for h in hist])
             caps.append(np.fmax(busy, probe))  # NaN only where neither is known
         return caps[0], caps[1]
 
@@ -352,3 +355,11 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
         total += b - max(a, end)
         end = b
     return total
+
+
+def _robust_max(values: list[float]) -> float:
+    """The largest value not above 3x the median (NaN for none)."""
+    if not values:
+        return float("nan")
+    med = float(np.median(values))
+    return max(v for v in values if v <= 3.0 * med)

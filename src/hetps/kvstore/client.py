@@ -13,7 +13,6 @@ import heapq
 import itertools
 import logging
 import os
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -243,6 +242,7 @@ class DistKVStore:
         self._reported_keys = 0
         self.plan: dict | None = None
         self._pending_plan: Future | None = None  # the answer to the last report (pipelined)
+        self._probes_sent = 0
         if self.balance:
             self.node.handler = self._on_message  # forecasts and push receipts
         if cfg.verbose >= 1:
@@ -631,15 +631,20 @@ class DistKVStore:
         Reports are pipelined: the plan applied now was decided from the previous report, and
         this call's report is answered while the iteration runs. Every worker applies the same
         answer at the same call, and waiting for it does not wait for the slowest worker to
-        reach this boundary (it reported one iteration ago). Only the first report is waited
-        for at once, because the layout needs a plan before any push."""
+        reach this boundary (it reported one iteration ago). Two kinds of call wait for their
+        own answer: the first (the layout needs a plan before any push) and the probing ones
+        (every ``1/HETPS_PROBE_PROB``-th): there every worker sends its capacity probe, waits
+        for it, then reports, and the answer comes once every worker has, so no worker's
+        pushes overlap another's probe, and the plan already uses the probes."""
         if not self.balance:
             return None
         self.wait_outstanding()
         self._round += 1
         if (self._round - 1) % self.cfg.replan_every:
             return self.plan
-        self._maybe_probe()
+        probing = self._probe_round()
+        if probing:
+            self._probe()
         with self._stats_lock:
             stats = {str(s): [v[0], max(0.0, v[2] - v[1])] for s, v in self._stats.items()}
             self._stats = {}
@@ -651,7 +656,7 @@ class DistKVStore:
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self._order)
         fut = self.node.request(1, Message("balance_report", body=body), what="balance report")
-        if self.plan is None or "sizes" in body:
+        if self.plan is None or "sizes" in body or probing:
             previous, self._pending_plan = None, None
             answer = fut
         else:
@@ -756,26 +761,35 @@ class DistKVStore:
         ]
         wait_all(drops, self.timeout, "slice migration (drop)")
 
-    def _maybe_probe(self) -> None:
-        """Capacity probes: in a probing round every worker sends one probe to one server,
-        the servers chosen as a permutation that shifts each round (worker r probes server
-        (r + k) mod S; with co-located nodes never its own). So each probe has its sender's
-        uplink and its receiver's downlink to itself, and measures what the data traffic
-        cannot: how fast a node *can* go, also one the current plan keeps idle or leaves
-        waiting for slower peers. The probe is not waited for (its sample arrives with the
-        next report), and it goes out between iterations, when the links are quiet in
-        training. Whether a round probes is decided from the round number, the same on every
-        worker."""
-        if random.Random(self._round).random() >= self.cfg.probe_prob:
-            return
+    def _probe_round(self) -> bool:
+        """Whether this round probes: every ``round(1 / probe_prob)``-th round, the first
+        included (the same answer on every worker)."""
+        if self.cfg.probe_prob <= 0:
+            return False
+        every = max(1, round(1.0 / self.cfg.probe_prob))
+        return (self._round - 1) % every == 0
+
+    def _probe(self) -> None:
+        """A capacity probe: every worker sends one probe to one server, the servers chosen
+        as a permutation that shifts each probing round (worker r probes server (r + k) mod S;
+        with co-located nodes never its own). So each probe has its sender's uplink and its
+        receiver's downlink to itself and measures what the data traffic cannot: how fast a
+        node *can* go, also one that the plan keeps idle or that waits for slower peers. The
+        worker waits for the answer (it carries the sample); in training this falls between
+        the last pull and the next forward pass."""
         S = self.num_servers
+        k = self._probes_sent
+        self._probes_sent += 1
         if self.cfg.colocate and S > 1:
-            s = (self.rank + 1 + self._round % (S - 1)) % S
+            s = (self.rank + 1 + k % (S - 1)) % S
         else:
-            s = (self.rank + self._round) % S
+            s = (self.rank + k) % S
         size = self.cfg.probe_bytes
         msg = Message(C.PROBE, body={"reply_bytes": 0}, arrays=[np.zeros(size, np.uint8)])
-        self._track([self._request(None, 0, s, msg)])
+        try:
+            self._request(None, 0, s, msg).wait(self.timeout)
+        except RequestError as exc:  # measurement is best effort; the round goes on
+            log.warning("worker: capacity probe to server %d failed: %s", s, exc)
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self, error: str | None = None) -> None:
