@@ -189,6 +189,7 @@ def oracle_scheduler_main() -> int:
             return Network.from_rates(c, c)
 
     planner_mod.Network = TrueRates  # planner.plan() builds its network through this name
+    planner_mod.Planner.node_network = lambda self: Network.from_rates(c, c)
     return cli.main(["scheduler"])
 
 

@@ -228,10 +228,9 @@ class Planner:
         (busy-time rate) and the fastest recent probe. Both under-estimate a cap (a node never
         sends faster than it can; a probe measures min(sender's up, receiver's down), and the
         permutation pairs each node with a different peer every probing round), so the larger
-        is the better estimate. Probes run while no data moves (every worker waits for its
-        own before reporting, and pushes start only after every report is in), so a receive
-        thread is idle when it stamps them; a probe above three times the node's median probe
-        is still dropped as a mis-stamped one."""
+        is the better estimate. A probe that shared its links with data reads low, which the
+        maximum over the window forgives; one read too fast (its forecast stamped late by a
+        busy receive thread) is dropped if above three times the node's median probe."""
         caps = []
         for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
             probe = np.array([_robust_max(h) for h in hist])

@@ -631,11 +631,10 @@ class DistKVStore:
         Reports are pipelined: the plan applied now was decided from the previous report, and
         this call's report is answered while the iteration runs. Every worker applies the same
         answer at the same call, and waiting for it does not wait for the slowest worker to
-        reach this boundary (it reported one iteration ago). Two kinds of call wait for their
-        own answer: the first (the layout needs a plan before any push) and the probing ones
-        (every ``1/HETPS_PROBE_PROB``-th): there every worker sends its capacity probe, waits
-        for it, then reports, and the answer comes once every worker has, so no worker's
-        pushes overlap another's probe, and the plan already uses the probes."""
+        reach this boundary (it reported one iteration ago). Only the first report is waited
+        for at once, because the layout needs a plan before any push. In probing rounds (every
+        ``1/HETPS_PROBE_PROB``-th) the worker first sends its capacity probe and waits for it,
+        so the probe leaves before this worker's next pushes and its sample is in this report."""
         if not self.balance:
             return None
         self.wait_outstanding()
@@ -656,7 +655,7 @@ class DistKVStore:
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self._order)
         fut = self.node.request(1, Message("balance_report", body=body), what="balance report")
-        if self.plan is None or "sizes" in body or probing:
+        if self.plan is None or "sizes" in body:
             previous, self._pending_plan = None, None
             answer = fut
         else:
