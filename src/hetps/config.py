@@ -96,7 +96,7 @@ class NodeConfig:
     slice_elems: int = 1 << 16
     probe_num: int = 1
     probe_bytes: int = 128 * 1024
-    probe_prob: float = 0.5
+    probe_prob: float = 0.25
     replan_every: int = 1
     push_window: int = 1 << 20  # bytes of pushes in flight per worker when balancing
     replan_margin: float = 0.10  # keep the plan unless the new one is predicted this much faster
@@ -194,7 +194,7 @@ def node_config_from_env(
         slice_elems = _int(env, "HETPS_SLICE_ELEMS", 1 << 16, 16)
         probe_num = _int(env, "HETPS_PROBE_NUM", 1)
         probe_bytes = _int(env, "HETPS_PROBE_BYTES", 128 * 1024, 16)
-        probe_prob = _float(env, "HETPS_PROBE_PROB", 0.5)
+        probe_prob = _float(env, "HETPS_PROBE_PROB", 0.25)
         replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
         replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
         push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 20, 0)

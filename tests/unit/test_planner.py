@@ -157,12 +157,17 @@ def test_patience_needs_the_gain_in_consecutive_reports():
 def test_capacity_is_the_larger_of_busy_rate_and_recent_probes():
     p = _planner("optimal", 0.1)
     p.observe_nodes([(0, 3, 0.0, 1.0, 1e6)])  # data: server 0 sent at 1 MB/s
-    p.observe_probe(0, 4, 3e6)  # alone on its links it went at 3 MB/s
+    p.observe_probe(2, 4, 9e6)  # worker 4 can receive at 9 MB/s at least
+    p.observe_probe(2, 3, 9e6)
+    p.observe_probe(0, 4, 3e6)  # so server 0's 3 MB/s probe to it was server 0's own limit
     p.observe_probe(1, 3, 0.5e6)
     up, down = p.capacity()
     assert up[0] == pytest.approx(3e6) and up[1] == pytest.approx(0.5e6)
-    assert down[3] == pytest.approx(1e6) and down[4] == pytest.approx(3e6)
-    assert np.isnan(up[2])
+    # worker 4's only evidence is server 2's probe, which server 2 may have limited (its
+    # own cap is known from nothing else): "at least 9 MB/s", planned with optimism
+    from hetps.cluster.planner import OPTIMISM
+
+    assert down[4] == pytest.approx(9e6 * OPTIMISM)
     # the median of the window: one wild probe does not move it, and old probes age out
     p.observe_probe(0, 4, 30e6)
     p.observe_probe(0, 4, 3e6)
@@ -170,6 +175,20 @@ def test_capacity_is_the_larger_of_busy_rate_and_recent_probes():
     for _ in range(p.probe_window):
         p.observe_probe(0, 4, 2e6)
     assert p.capacity()[0][0] == pytest.approx(2e6)
+
+
+def test_a_cap_hidden_behind_a_slower_peer_is_planned_with_optimism():
+    from hetps.cluster.planner import OPTIMISM
+
+    p = _planner("optimal", 0.1)
+    # server 2 probed worker 3, whose downlink is known to be 4 MB/s (from server 0's probe,
+    # limited by worker 3 since server 0's data went faster): server 2 is at least 4 MB/s
+    p.observe_nodes([(0, 4, 0.0, 1.0, 6e6)])
+    p.observe_probe(0, 3, 4e6)
+    p.observe_probe(2, 3, 4e6)
+    up, _ = p.capacity()
+    assert up[2] == pytest.approx(4e6 * OPTIMISM)
+    assert up[0] == pytest.approx(6e6)  # its data showed more than the probe: no guess
 
 
 def test_probe_samples_are_told_apart_in_reports():

@@ -28,6 +28,8 @@ log = logging.getLogger("hetps.planner")
 
 REPORT = "balance_report"
 NODE_MIN_BYTES = 256 * 1024  # a node's round must carry this much to measure its rate
+LIMITED_BY_PEER = 0.9  # a probe at >= 90% of its peer's cap was limited by that peer
+OPTIMISM = 1.25  # a cap known only as ">= x" is planned as 1.25 x
 
 
 class Planner:
@@ -74,6 +76,8 @@ class Planner:
         self.probe_window = 2 * max(num_workers, num_servers)
         self._probe_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
+        self._probe_up_peer: list[list[int]] = [[] for _ in range(self.n_nodes)]
+        self._probe_down_peer: list[list[int]] = [[] for _ in range(self.n_nodes)]
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
         self.plan_seconds: list[float] = []
 
@@ -219,9 +223,14 @@ class Planner:
 
     def observe_probe(self, src: int, dst: int, rate: float) -> None:
         """A capacity probe from ``src`` to ``dst`` went at ``rate`` bytes/s."""
-        for hist, k in ((self._probe_up, src), (self._probe_down, dst)):
+        for hist, peers, k, peer in (
+            (self._probe_up, self._probe_up_peer, src, dst),
+            (self._probe_down, self._probe_down_peer, dst, src),
+        ):
             hist[k].append(rate)
+            peers[k].append(peer)
             del hist[k][: -self.probe_window]
+            del peers[k][: -self.probe_window]
 
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-node send and receive caps: the larger of what the data traffic showed
@@ -235,7 +244,28 @@ class Planner:
         for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
             probe = np.array([_robust_max(h) for h in hist])
             caps.append(np.fmax(busy, probe))  # NaN only where neither is known
-        return caps[0], caps[1]
+        up, down = caps
+        # A probe runs at min(sender's up, receiver's down). When a node's best probe went as
+        # fast as its peer's known cap, the peer limited it and the node's own cap is only
+        # known to be at least that: plan with some optimism, so the node gets more load. If
+        # it really is faster, its busy-time rate confirms that later; if not, it becomes a
+        # bottleneck and the busy-time rate shows its true cap, which replaces the guess.
+        boosted = []
+        for own, other, hist, peers, busy in (
+            (up, down, self._probe_up, self._probe_up_peer, self.up),
+            (down, up, self._probe_down, self._probe_down_peer, self.down),
+        ):
+            out = own.copy()
+            for k in range(self.n_nodes):
+                best = _robust_max(hist[k])
+                if not np.isfinite(best):
+                    continue
+                j = peers[k][hist[k].index(best)]
+                limited = np.isfinite(other[j]) and best >= LIMITED_BY_PEER * other[j]
+                if limited and not (np.isfinite(busy[k]) and busy[k] > best):
+                    out[k] = best * OPTIMISM
+            boosted.append(out)
+        return boosted[0], boosted[1]
 
     def node_network(self) -> Network | None:
         """The network of per-node caps measured so far (unmeasured nodes take the median

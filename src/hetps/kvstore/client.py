@@ -763,8 +763,8 @@ class DistKVStore:
     def _probe_round(self) -> bool:
         """Whether this round probes: every ``round(1 / probe_prob)``-th round, the first
         included (the same answer on every worker)."""
-        if self.cfg.probe_prob <= 0:
-            return False
+        if self.cfg.probe_prob <= 0 or self.cfg.balance not in ("aware", "optimal"):
+            return False  # only the link-model schemes use the probes
         every = max(1, round(1.0 / self.cfg.probe_prob))
         return (self._round - 1) % every == 0
 
