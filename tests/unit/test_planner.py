@@ -174,7 +174,9 @@ def test_capacity_is_the_larger_of_busy_rate_and_recent_probes():
     assert p.capacity()[0][0] == pytest.approx(3e6)
     for _ in range(p.probe_window):
         p.observe_probe(0, 4, 2e6)
-    assert p.capacity()[0][0] == pytest.approx(2e6)
+    # the 9 MB/s evidence for worker 4 has aged out too: now its cap is known only from
+    # server 0's probes and the other way round, so server 0 is "at least 2 MB/s"
+    assert p.capacity()[0][0] == pytest.approx(2e6 * OPTIMISM)
 
 
 def test_a_cap_hidden_behind_a_slower_peer_is_planned_with_optimism():
