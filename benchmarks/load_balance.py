@@ -970,8 +970,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--robust",
         nargs="*",
-        default=["aware", "optimal"],
-        help="also run these schemes with the proposed planner fix (robust link estimates "
+        default=[],
+        help="also run these schemes with session 1's proposed planner fix, now superseded by "
+        "the planner itself (per-round median link estimates "
         "and hysteresis; scheme name + '-robust'); none to skip",
     )
     ap.add_argument(
@@ -1131,7 +1132,7 @@ def main(argv: list[str] | None = None) -> int:
         opts.sweep_sizes = []
         opts.no_hash = True
         opts.oracle = []
-        opts.robust = ["aware"]
+        opts.robust = []
         opts.homo_schemes = ["average-fixed", "aware"]
     from _common import machine_info, markdown_table, print_table, write_json
 
