@@ -62,7 +62,8 @@ def test_plans_follow_a_bandwidth_change(tmp_path):
         num_workers=3,
         num_servers=3,
         command=[sys.executable, str(script)],
-        env={"RUN_S": "12", "PS_HEARTBEAT_TIMEOUT": "30"},
+        # probe every round: the plan must see the flip within the run's few seconds
+        env={"RUN_S": "12", "PS_HEARTBEAT_TIMEOUT": "30", "HETPS_PROBE_PROB": "1.0"},
         start_timeout=60,
     )
     rc = run_cluster(

@@ -73,7 +73,7 @@ class Planner:
         self.down = np.full(self.n_nodes, np.nan)
         # capacity probes (one flow alone on its sender's uplink and receiver's downlink):
         # the last few rates seen per node, each a lower bound of that node's cap
-        self.probe_window = 2 * max(num_workers, num_servers)
+        self.probe_window = max(1, max(num_workers, num_servers) - 1)  # one permutation cycle
         self._probe_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_up_peer: list[list[int]] = [[] for _ in range(self.n_nodes)]
@@ -145,9 +145,10 @@ class Planner:
         if self.slices is None:
             sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
             return
-        # one sample per link per report: the link's bytes over its busy time (the union of
-        # the samples' [forecast, data] intervals). Single messages spread several-fold (TCP
-        # shares a node's link unevenly from moment to moment); a round's total does not.
+        # the link matrix (reports, plots; plans use it only before any node rate is known):
+        # one sample per link per report, the median of its messages' rates. Bytes over the
+        # link's busy time would be steadier, but it reads 15-30% low on short phases after
+        # an idle spell (TCP's slow start), which the median ignores.
         per_link: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
         for item in b.get("samples", []):
             try:
@@ -166,10 +167,9 @@ class Planner:
         round_samples = self._samples.setdefault(rnd, [])
         for (i, j), items in per_link.items():
             round_samples += [(i, j, t0, t1, n) for t0, t1, n in items]
-            busy = _union_length([(t0, t1) for t0, t1, _ in items])
-            total = sum(n for _, _, n in items)
+            rates = sorted(n / (t1 - t0) for t0, t1, n in items)
             t_end = max(t1 for _, t1, _ in items)
-            self.table.observe(i, j, total / busy, t_end - 1.0, t_end)  # 1 s at that rate
+            self.table.observe(i, j, rates[len(rates) // 2], t_end - 1.0, t_end)  # 1 s at it
         for srank, (nbytes, secs) in (b.get("server_times") or {}).items():
             s = int(srank)
             if 0 <= s < self.S and secs > 0:
@@ -222,11 +222,39 @@ class Planner:
                 est[k] = rate if np.isnan(old) else old + self.node_alpha * (rate - old)
 
     def observe_probe(self, src: int, dst: int, rate: float) -> None:
-        """A capacity probe from ``src`` to ``dst`` went at ``rate`` bytes/s."""
-        for hist, peers, k, peer in (
-            (self._probe_up, self._probe_up_peer, src, dst),
-            (self._probe_down, self._probe_down_peer, dst, src),
-        ):
+        """A capacity probe from ``src`` to ``dst`` went at ``rate`` bytes/s.
+
+        A probe that went clearly slower than the other end recently went with some third
+        node was limited by this end: it measures this end's cap as it is now, so it replaces
+        this end's older probes (a node that got slower must not be remembered by its old fast
+        probes). Otherwise it joins the window as one more lower bound."""
+        ends = (
+            (
+                self._probe_up,
+                self._probe_up_peer,
+                src,
+                dst,
+                self._probe_down,
+                self._probe_down_peer,
+            ),
+            (
+                self._probe_down,
+                self._probe_down_peer,
+                dst,
+                src,
+                self._probe_up,
+                self._probe_up_peer,
+            ),
+        )
+        resets = []
+        for _hist, _peers, k, peer, o_hist, o_peers in ends:
+            elsewhere = [r for r, q in zip(o_hist[peer], o_peers[peer], strict=True) if q != k]
+            resets.append(bool(elsewhere) and rate < LIMITED_BY_PEER * max(elsewhere))
+        for (hist, peers, k, _peer, _oh, _op), reset in zip(ends, resets, strict=True):
+            if reset:
+                hist[k].clear()
+                peers[k].clear()
+        for hist, peers, k, peer, _oh, _op in ends:
             hist[k].append(rate)
             peers[k].append(peer)
             del hist[k][: -self.probe_window]
@@ -240,11 +268,7 @@ class Planner:
         is the better estimate. A probe that shared its links with data reads low, which the
         maximum over the window forgives; one read too fast (its forecast stamped late by a
         busy receive thread) is dropped if above three times the node's median probe."""
-        caps = []
-        for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
-            probe = np.array([_robust_max(h) for h in hist])
-            caps.append(np.fmax(busy, probe))  # NaN only where neither is known
-        up, down = caps
+        up, down = self._plain_caps()
         # A probe runs at min(sender's up, receiver's down). When a node's best probe went as
         # fast as its peer's known cap, the peer limited it and the node's own cap is only
         # known to be at least that: plan with some optimism, so the node gets more load. If
@@ -266,6 +290,14 @@ class Planner:
                     out[k] = best * OPTIMISM
             boosted.append(out)
         return boosted[0], boosted[1]
+
+    def _plain_caps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Busy-time rate or fastest recent probe, whichever is larger (no optimism)."""
+        caps = []
+        for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
+            probe = np.array([_robust_max(h) for h in hist])
+            caps.append(np.fmax(busy, probe))  # NaN only where neither is known
+        return caps[0], caps[1]
 
     def node_network(self) -> Network | None:
         """The network of per-node caps measured so far (unmeasured nodes take the median
