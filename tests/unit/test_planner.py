@@ -94,23 +94,6 @@ def test_link_rate_is_bytes_over_busy_time():
     assert _union_length([(0, 4), (1, 2)]) == 4.0
 
 
-def reply(self, msg, body):
-            self.last = body
-
-    from hetps.cluster import protocol as P
-    from hetps.transport.codec import Message
-
-    p = _planner("optimal", 0.1)
-    server0, worker0 = P.server_id(0), P.worker_id(0)
-    # two 1 MB messages on server0 -> worker0, overlapping: 2 MB over 2 s of busy time
-    # (their own rates, 1 MB/s and 0.67 MB/s, would give neither)
-    samples = [[server0, worker0, 1e6, 10.0, 11.0], [server0, worker0, 1e6, 10.5, 12.0]]
-    msg = Message("balance_report", body={"round": 1, "samples": samples})
-    msg.sender = worker0
-    p.handle(Sched(), msg)
-    assert p.table.estimate(0, 3) == pytest.approx(1e6)
-
-
 def test_node_rates_come_from_busy_time_across_all_flows():
     p = _planner("optimal", 0.1, colocate=False)
     # node 0 (server 0) sends 1 MB to worker 3 in [0, 1] and 1 MB to worker 4 in [0.5, 1.5]:
