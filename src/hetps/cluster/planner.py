@@ -28,8 +28,7 @@ log = logging.getLogger("hetps.planner")
 
 REPORT = "balance_report"
 NODE_MIN_BYTES = 256 * 1024  # a node's round must carry this much to measure its rate
-LIMITED_BY_PEER = 0.9  # a probe at >= 90% of its peer's cap was limited by that peer
-OPTIMISM = 1.25  # a cap known only as ">= x" is planned as 1.25 x
+LIMITED_BY_PEER = 0.9  # a probe below 90% of what its peer showed elsewhere was limited here
 
 
 class Planner:
@@ -160,6 +159,8 @@ class Planner:
                 continue
             if not (0 <= i < self.n_nodes and 0 <= j < self.n_nodes and t1 > t0 and nbytes > 0):
                 continue
+            if i == j:  # a worker and its co-located server: never on the network
+                continue
             if probe:
                 self.observe_probe(i, j, nbytes / (t1 - t0))
             else:
@@ -268,28 +269,7 @@ class Planner:
         is the better estimate. A probe that shared its links with data reads low, which the
         maximum over the window forgives; one read too fast (its forecast stamped late by a
         busy receive thread) is dropped if above three times the node's median probe."""
-        up, down = self._plain_caps()
-        # A probe runs at min(sender's up, receiver's down). When a node's best probe went as
-        # fast as its peer's known cap, the peer limited it and the node's own cap is only
-        # known to be at least that: plan with some optimism, so the node gets more load. If
-        # it really is faster, its busy-time rate confirms that later; if not, it becomes a
-        # bottleneck and the busy-time rate shows its true cap, which replaces the guess.
-        boosted = []
-        for own, other, hist, peers, busy in (
-            (up, down, self._probe_up, self._probe_up_peer, self.up),
-            (down, up, self._probe_down, self._probe_down_peer, self.down),
-        ):
-            out = own.copy()
-            for k in range(self.n_nodes):
-                best = _robust_max(hist[k])
-                if not np.isfinite(best):
-                    continue
-                j = peers[k][hist[k].index(best)]
-                limited = np.isfinite(other[j]) and best >= LIMITED_BY_PEER * other[j]
-                if limited and not (np.isfinite(busy[k]) and busy[k] > best):
-                    out[k] = best * OPTIMISM
-            boosted.append(out)
-        return boosted[0], boosted[1]
+        return self._plain_caps()
 
     def _plain_caps(self) -> tuple[np.ndarray, np.ndarray]:
         """Busy-time rate or fastest recent probe, whichever is larger (no optimism)."""
