@@ -63,7 +63,7 @@ def test_plans_follow_a_bandwidth_change(tmp_path):
         num_servers=3,
         command=[sys.executable, str(script)],
         # probe every round: the plan must see the flip within the run's few seconds
-        env={"RUN_S": "12", "PS_HEARTBEAT_TIMEOUT": "30", "HETPS_PROBE_PROB": "1.0"},
+        env={"RUN_S": "16", "PS_HEARTBEAT_TIMEOUT": "30", "HETPS_PROBE_PROB": "1.0"},
         start_timeout=60,
     )
     rc = run_cluster(
@@ -80,8 +80,11 @@ def test_plans_follow_a_bandwidth_change(tmp_path):
     # the rates flip 8 s after the emulator starts (the job starts ~2 s later): early plans,
     # measured while node 1 is slow, give node 1 the smallest share; the last, node 0
     assert smallest(plans[1]) == 1, plans
-    assert smallest(plans[-1]) == 0, plans
-    assert plans[-1]["epoch"] >= 2  # the plan changed at least twice
+    # after the flip node 0 is the slow one: it must end with little of the model (the plan
+    # keeps a few percent where moving them gains less than the 10% margin), and the plan
+    # must have changed again
+    assert plans[-1]["shares"][0] <= 0.15, plans
+    assert plans[-1]["epoch"] >= 2, plans
 
 
 MEASURE = """

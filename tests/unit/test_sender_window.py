@@ -78,3 +78,24 @@ def test_no_window_means_no_credit():
         assert r.wait_for(5) == [f"p{i}" for i in range(5)]
     finally:
         s.close()
+
+
+def test_many_waiting_pushes_do_not_hold_back_pulls_of_sent_keys():
+    s = _Sender(window=100)
+    r = Rec()
+    try:
+        s.submit("k0", 0, r.op("push k0"), cost=100)
+        s.hold(0, 100, None)
+        for i in range(1, 400):  # all wait for credit
+            s.submit(f"k{i}", 0, r.op(f"push k{i}"), cost=100)
+        s.submit("k0", 0, r.op("pull k0"))  # behind 399 waiting pushes, but free to go
+        assert r.wait_for(2) == ["push k0", "pull k0"]
+        s.submit("k5", 0, r.op("pull k5"))  # its push has not gone: it must wait
+        for i in range(1, 400):
+            s.release(i - 1)
+            s.hold(i, 100, None)
+        sent = r.wait_for(402)
+        assert sent.index("pull k5") > sent.index("push k5")  # never before its push
+        assert len(sent) == len(set(sent)) == 402  # 400 pushes, 2 pulls, each once
+    finally:
+        s.close()

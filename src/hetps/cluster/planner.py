@@ -72,7 +72,9 @@ class Planner:
         self.down = np.full(self.n_nodes, np.nan)
         # capacity probes (one flow alone on its sender's uplink and receiver's downlink):
         # the last few rates seen per node, each a lower bound of that node's cap
-        self.probe_window = max(1, max(num_workers, num_servers) - 1)  # one permutation cycle
+        # one permutation cycle, and never fewer than 4 probes (one probe that shared its
+        # links with data must not be all there is)
+        self.probe_window = max(4, max(num_workers, num_servers) - 1)
         self._probe_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_up_peer: list[list[int]] = [[] for _ in range(self.n_nodes)]
@@ -250,7 +252,7 @@ class Planner:
         resets = []
         for _hist, _peers, k, peer, o_hist, o_peers in ends:
             elsewhere = [r for r, q in zip(o_hist[peer], o_peers[peer], strict=True) if q != k]
-            resets.append(bool(elsewhere) and rate < LIMITED_BY_PEER * max(elsewhere))
+            resets.append(bool(elsewhere) and rate < LIMITED_BY_PEER * _robust_max(elsewhere))
         for (hist, peers, k, _peer, _oh, _op), reset in zip(ends, resets, strict=True):
             if reset:
                 hist[k].clear()
@@ -399,8 +401,12 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
 
 
 def _robust_max(values: list[float]) -> float:
-    """The largest value not above 3x the median (NaN for none)."""
+    """The largest value not above 3x the median (NaN for none). With two values the median
+    cannot tell which is wild: the larger counts only if within 3x of the smaller."""
     if not values:
         return float("nan")
+    if len(values) == 2:
+        lo, hi = sorted(values)
+        return hi if hi <= 3.0 * lo else lo
     med = float(np.median(values))
     return max(v for v in values if v <= 3.0 * med)

@@ -85,7 +85,11 @@ class _Sender:
         self._heap: list[_Op] = []
         self._seq = itertools.count()
         self._last_prio: dict[Any, tuple[int, int]] = {}  # key -> (prio, seq) of its last queued op
-        self._first: dict[Any, list[int]] = {}  # key -> seqs of its queued ops, oldest first
+        self._first: dict[Any, list[_Op]] = {}  # key -> its queued ops, oldest first
+        # ops that need no credit and are the oldest of their key: they may pass a push that
+        # waits for credit (a heap in the same order; entries already sent are skipped)
+        self._free: list[_Op] = []
+        self._sent: set[int] = set()  # seqs popped from one heap, still in the other
         self._cv = threading.Condition()
         self._busy = False
         self._closed = False
@@ -116,7 +120,10 @@ class _Sender:
                     prio = max(prio, last[0])  # never go before an earlier op of the same key
                 op = _Op(prio, next(self._seq), key, send, cost)
                 self._last_prio[key] = (prio, op.seq)
-                self._first.setdefault(key, []).append(op.seq)
+                queue = self._first.setdefault(key, [])
+                queue.append(op)
+                if cost == 0 and len(queue) == 1:
+                    heapq.heappush(self._free, op)
                 heapq.heappush(self._heap, op)
                 self._cv.notify()
         if inline:
@@ -150,24 +157,34 @@ class _Sender:
             if fut is not None and fut.done():
                 self._inflight -= self._credit.pop(req)[0]
 
+    def _pop_live(self, heap: list[_Op]) -> _Op | None:
+        """Drop entries of ``heap`` that were sent from the other heap; the top live one."""
+        while heap and heap[0].seq in self._sent:
+            self._sent.discard(heapq.heappop(heap).seq)
+        return heap[0] if heap else None
+
     def _pick(self) -> _Op | None:
         """The next op that may go now (called with the lock held)."""
-        top = self._heap[0]
+        top = self._pop_live(self._heap)
+        if top is None:
+            return None
         if self._has_credit(top.cost):
             op = heapq.heappop(self._heap)
         else:
-            op = None
-            for cand in sorted(self._heap)[:256]:
-                if cand.cost == 0 and self._first[cand.key][0] == cand.seq:
-                    op = cand
-                    self._heap.remove(cand)
-                    heapq.heapify(self._heap)
-                    break
+            op = self._pop_live(self._free)
             if op is None:
                 return None
-        seqs = self._first[op.key]
-        seqs.remove(op.seq)
-        if not seqs:
+            heapq.heappop(self._free)
+        # a credit-free op sits in both heaps: the other one must skip it
+        if op is not top or op.cost == 0:
+            self._sent.add(op.seq)
+        queue = self._first[op.key]
+        queue.remove(op)
+        if queue:
+            nxt = queue[0]
+            if nxt.cost == 0:
+                heapq.heappush(self._free, nxt)
+        else:
             del self._first[op.key]
         if self._last_prio.get(op.key, (0, -1))[1] == op.seq:
             del self._last_prio[op.key]
@@ -184,7 +201,8 @@ class _Sender:
                         if op is not None:
                             break
                         self._reap()  # waiting for credit: was any lost to a failure?
-                        if self._inflight > 0 and self._has_credit(self._heap[0].cost):
+                        top = self._pop_live(self._heap)
+                        if top is None or self._has_credit(top.cost):
                             continue
                         self._cv.wait(0.2)
                     elif self._busy and self._closed:  # closing while an inline send runs
@@ -671,9 +689,20 @@ class DistKVStore:
         if len(new) != len(old):  # decided before keys were added: the next answer will fit
             return self.plan
         if new != old:
-            self._migrate(old, new)
+            drops = self._migrate(old, new)
+            # every worker's moves have landed, and every worker has finished its previous
+            # round's requests (rebalance() began with wait_outstanding()): only now may the
+            # old copies go, and only now may anyone push by the new plan
+            self.node.barrier("worker", self.timeout)
+            wait_all(
+                [
+                    self._request(None, 0, s_old, Message(C.DROP, body={"slices": want}))
+                    for s_old, want in drops
+                ],
+                self.timeout,
+                "slice migration (drop)",
+            )
             self._apply_assignment(new)
-            self.node.barrier("worker", self.timeout)  # nobody pushes before the moves landed
         self.plan = plan
         return plan
 
@@ -697,12 +726,13 @@ class DistKVStore:
             ]
             i += len(meta.parts)
 
-    def _migrate(self, old: list[int], new: list[int]) -> None:
+    def _migrate(self, old: list[int], new: list[int]) -> list[tuple[int, list]]:
         """Move re-assigned slices (value and optimizer state) from their old servers to their
         new ones. Every worker runs this with the same plan and moves its own share of the
         slices: with co-located servers the worker beside the new server (one network hop,
         the init is local), otherwise slices are dealt round-robin. All of a worker's requests
-        are in flight at once: pulls and state reads, then inits and state writes, then drops."""
+        are in flight at once: pulls and state reads, then inits and state writes. Returns the
+        drops (old server, slices) to send once every worker is done (after a barrier)."""
         moves: dict[tuple[int, int], list[tuple[Any, int, int, int]]] = {}
         for idx, ((k, j, a, b), s_old, s_new) in enumerate(
             zip(self._slices(), old, new, strict=True)
@@ -716,7 +746,7 @@ class DistKVStore:
             if mine:
                 moves.setdefault((s_old, s_new), []).append((k, j, a, b))
         if not moves:
-            return
+            return []
 
         def body(k: Any, j: int, a: int, b: int) -> dict:
             meta = self.meta[k]
@@ -753,12 +783,8 @@ class DistKVStore:
                     self._request(None, 0, s_new, Message(C.SET_STATES, arrays=[np.array(blob)]))
                 )
         wait_all(writes, self.timeout, "slice migration (write)")
-        # 3. only then drop them where they were
-        drops = [
-            self._request(None, 0, s_old, Message(C.DROP, body={"slices": want}))
-            for s_old, _s_new, _items, want, _states, _pulls in reads
-        ]
-        wait_all(drops, self.timeout, "slice migration (drop)")
+        # 3. the caller drops them where they were, after a barrier
+        return [(s_old, want) for s_old, _s_new, _items, want, _states, _pulls in reads]
 
     def _probe_round(self) -> bool:
         """Whether this round probes: every ``round(1 / probe_prob)``-th round, the first
@@ -782,12 +808,16 @@ class DistKVStore:
         if self.cfg.colocate and S > 1:
             s = (self.rank + 1 + k % (S - 1)) % S
         else:
-            s = (self.rank + k) % S
+            # more workers than servers: S of them probe, in turn, one server each
+            slot = (self.rank - k) % self.num_workers
+            if slot >= S:
+                return
+            s = slot
         size = self.cfg.probe_bytes
         msg = Message(C.PROBE, body={"reply_bytes": 0}, arrays=[np.zeros(size, np.uint8)])
         try:
             self._request(None, 0, s, msg).wait(self.timeout)
-        except RequestError as exc:  # measurement is best effort; the round goes on
+        except ClusterError as exc:  # measurement is best effort; the round goes on
             log.warning("worker: capacity probe to server %d failed: %s", s, exc)
 
     # -- shutdown ---------------------------------------------------------------------------

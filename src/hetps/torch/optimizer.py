@@ -64,7 +64,7 @@ class DistributedOptimizer:
             raise ValueError("named_parameters has duplicate names")
         self.prefix = prefix
         self._handles: dict[str, Any] = {}
-        self._landing: dict[str, torch.Tensor] = {}  # where each reduction lands (the grad)
+        self._landing: dict[str, torch.Tensor] = {}  # where each reduction lands
         self._synced = False
         self._hooks = []
         for name, p in self.named:
@@ -119,12 +119,14 @@ class DistributedOptimizer:
             prio = -index  # the first layers are needed first by the next forward pass
             grad = p.grad if p.grad.device.type == "cpu" else p.grad.detach().cpu()
             if self.update_on == "worker":
-                # the reduced gradient lands in the very tensor that was pushed: every range
-                # is answered only after the server has all of it, so the push no longer
-                # reads what the pull overwrites, and step() saves a copy of the model
-                self._landing[name] = grad
+                # the reduced gradient lands in a buffer of its own, not in p.grad: backward
+                # may still add into p.grad (gradient accumulation), and the receive thread
+                # must not write into a tensor autograd is updating
+                buf = self._landing.get(name)
+                if buf is None:
+                    buf = self._landing[name] = torch.empty_like(grad)
                 self._handles[name] = self.kv.pushpull(
-                    self._gkey(name), grad, out=grad, priority=prio, block=False
+                    self._gkey(name), grad, out=buf, priority=prio, block=False
                 )
             else:
                 push = self.kv.push(self._wkey(name), grad, priority=prio, block=False)
@@ -152,11 +154,10 @@ class DistributedOptimizer:
                 h = self._handles.pop(name)
             h.wait()
             if self.update_on == "worker":
-                buf = self._landing.pop(name)
+                buf = self._landing[name]
                 if self.op == "average" and self.kv.num_workers > 1:
                     buf.div_(self.kv.num_workers)
-                if buf is not p.grad:  # a CUDA parameter's CPU staging copy
-                    p.grad.copy_(buf)
+                p.grad.copy_(buf)
             elif self._cpu[name] is not p.data:
                 p.data.copy_(self._cpu[name])
         self._synced = True

@@ -438,8 +438,9 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                 # later steps: report without waiting (the server keeps every estimate), and
                 # stop at the deadline or when an answer that came in says ready
                 pending.append(state.report_nowait(rnd, c, t0 - t_round))
-                answers = [f.wait(0).body for f in pending if f.done()]
-                pending = [f for f in pending if not f.done()]
+                done = [f for f in pending if f.done()]
+                pending = [f for f in pending if f not in done]
+                answers = [f.wait(0).body for f in done]
                 if any("error" in a for a in answers):
                     raise RuntimeError(next(a["error"] for a in answers if "error" in a))
                 if any(a.get("ready") for a in answers) or time.perf_counter() + c > deadline:
