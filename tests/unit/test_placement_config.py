@@ -69,6 +69,8 @@ def test_config_reads_dmlc_variables():
             "DMLC_INTERFACE='nosuchif0'",
         ),
         ({"HETPS_CONNECT_TIMEOUT": "soon"}, "HETPS_CONNECT_TIMEOUT='soon'"),
+        ({"HETPS_PUSH_WINDOW": "-5"}, "HETPS_PUSH_WINDOW=-5 is below 0"),
+        ({"HETPS_REPLAN_MARGIN": "abc"}, "HETPS_REPLAN_MARGIN='abc' is not a number"),
     ],
 )
 def test_config_errors_name_the_variable_and_fix(over, match):
@@ -83,3 +85,9 @@ def test_scheduler_may_bind_an_ephemeral_port_but_others_may_not():
     )
     with pytest.raises(ConfigError, match="DMLC_PS_ROOT_PORT=0 is below 1"):
         node_config_from_env({**BASE, "DMLC_PS_ROOT_PORT": "0"})
+
+
+def test_balancing_defaults():
+    cfg = node_config_from_env({**BASE, "HETPS_BALANCE": "aware"})
+    assert (cfg.push_window, cfg.replan_margin, cfg.probe_prob) == (1 << 20, 0.10, 0.25)
+    assert cfg.probe_bytes == 128 * 1024
