@@ -114,3 +114,81 @@ print('DCASGD-OK', flush=True)
     rc, out = cluster(code, workers=2, servers=1)
     assert rc == 0, out
     assert out.count("DCASGD-OK") == 2, out
+
+
+def test_fused_pushpull_sync_sums_in_half_the_messages(cluster):
+    """pushpull is one request per chunk (the push's answer carries the value): the same
+    results as push then pull, across parts, chunks, rounds, list values and outs."""
+    code = """
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+n = 5000
+kv.init('g', np.zeros(n, np.float32))
+kv.init(['m0', 'm1'], [np.zeros((3, 4)), np.zeros((3, 4))])
+for rnd in range(3):
+    grad = np.arange(n, dtype=np.float32) * (r + 1) + rnd
+    expect = np.arange(n, dtype=np.float32) * sum(range(1, W + 1)) + W * rnd
+    out = np.empty(n, np.float32)
+    kv.pushpull('g', grad, out=out)
+    assert np.array_equal(out, expect), (rnd, out[:5], expect[:5])
+    # the same through a separate push and pull
+    kv.push('g', grad)
+    assert np.array_equal(kv.pull('g'), expect)
+    # no out: the result lands in the pushed array itself
+    kv.pushpull('g', grad)
+    assert np.array_equal(grad, expect)
+# several keys, a list of values per key (summed first), non-contiguous outs
+outs = [np.zeros((4, 3)).T, np.zeros((4, 3)).T]
+h = kv.pushpull(['m0', 'm1'], [[np.ones((3, 4)), np.ones((3, 4))], [np.full((3, 4), 2.0)]],
+                out=outs, block=False)
+h.wait()
+assert (outs[0] == 2 * W).all() and (outs[1] == 2 * W).all(), outs
+# message count: a pushpull sends as many requests as a push alone
+def sent():
+    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+kv.barrier()
+m0 = sent(); kv.push('g', grad); m1 = sent(); kv.pushpull('g', grad); m2 = sent()
+kv.pull('g'); m3 = sent()
+assert m1 - m0 == m2 - m1 == m3 - m2 > 1, (m0, m1, m2, m3)
+kv.barrier()
+print('PP-SYNC-OK', flush=True)
+"""
+    rc, out = cluster(
+        code,
+        workers=2,
+        servers=2,
+        env={"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"},
+    )
+    assert rc == 0, out
+    assert out.count("PP-SYNC-OK") == 2, out
+
+
+def test_fused_pushpull_async_equals_push_then_pull(cluster):
+    """dist_async: the answer is the value after this push was applied; with one worker the
+    fused call and push-then-pull give the same numbers, for SGD and for DC-ASGD (whose
+    compensation needs the weights the worker last received)."""
+    code = """
+kv = hetps.kv.create('dist_async')
+rng = np.random.default_rng(0)
+grads = [rng.uniform(-1, 1, 3000) for _ in range(4)]
+for opt in (optim.SGD(learning_rate=0.1), optim.DCASGD(learning_rate=0.1, lamda=0.5)):
+    name = type(opt).__name__
+    kv.init([name + 'a', name + 'b'], [np.ones(3000), np.ones(3000)])
+    kv.set_optimizer(opt)
+    for g in grads:
+        kv.push(name + 'a', g)
+        a = kv.pull(name + 'a')
+        b = np.empty(3000)
+        kv.pushpull(name + 'b', g, out=b)
+        assert np.array_equal(a, b), (name, a[:4], b[:4])
+    assert not np.array_equal(a, np.ones(3000))
+print('PP-ASYNC-OK', flush=True)
+"""
+    rc, out = cluster(
+        code,
+        workers=1,
+        servers=2,
+        env={"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"},
+    )
+    assert rc == 0, out
+    assert "PP-ASYNC-OK" in out, out

@@ -458,7 +458,16 @@ class DistKVStore:
             futs += self._push_one(k, meta, arr, priority)
         return self._finish_call(futs, block, "push")
 
-    def _push_one(self, k: Any, meta: KeyMeta, arr: np.ndarray, priority: int) -> list[Future]:
+    def _push_one(
+        self,
+        k: Any,
+        meta: KeyMeta,
+        arr: np.ndarray,
+        priority: int,
+        dest: np.ndarray | None = None,
+    ) -> list[Future]:
+        """Requests pushing ``arr``; with ``dest`` (flat, writable) each is a fused push-pull:
+        its answer carries the key's value for that range once the push took effect."""
         flat = np.ascontiguousarray(arr).reshape(-1)
         comp = self.compressor
         if comp is not None and meta.residual is None:
@@ -477,6 +486,8 @@ class DistKVStore:
                     "shape": list(meta.shape),
                     "dtype": meta.dtype.name,
                 }
+                if dest is not None:
+                    body["pp"] = True
                 if comp is not None:
                     assert meta.residual is not None
                     payload = comp.compress(flat[a:b], meta.residual[a:b])
@@ -485,7 +496,11 @@ class DistKVStore:
                     payload = flat[a:b]
                 futs.append(
                     self._request(
-                        k, priority, p.server, Message(C.PUSH, body=body, arrays=[payload])
+                        k,
+                        priority,
+                        p.server,
+                        Message(C.PUSH, body=body, arrays=[payload]),
+                        None if dest is None else _lander(k, dest, a, b),
                     )
                 )
         return futs
@@ -547,34 +562,48 @@ class DistKVStore:
                     "dtype": meta.dtype.name,
                 }
 
-                def land(reply: Message, a: int = a, b: int = b) -> None:
-                    if not reply.arrays or reply.arrays[0].size != b - a:
-                        raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
-                    dest[a:b] = reply.arrays[0].reshape(-1)
-                    reply.arrays = []  # copied out: do not keep a second copy in the future
+                futs.append(
+                    self._request(
+                        k, priority, p.server, Message(C.PULL, body=body), _lander(k, dest, a, b)
+                    )
+                )
 
-                futs.append(self._request(k, priority, p.server, Message(C.PULL, body=body), land))
-
-        def finish() -> None:
-            if not direct:
-                first[...] = dest.reshape(meta.shape)
-            for t in targets[1:]:
-                t[...] = first
-
-        return futs, finish
+        return futs, _finisher(meta, dest, targets, direct)
 
     def pushpull(
         self, key: Any, value: Any, out: Any = None, priority: int = 0, block: bool = True
     ) -> Any:
-        """Push then pull, in one call (the pull sees the round this push belongs to)."""
-        push = self.push(key, value, priority, block=False)
-        res = self.pull(key, out if out is not None else value, priority, block=False)
-        if not block:
-            return Handle(
-                list(push.futures) + list(res.futures), self.timeout, "pushpull", res.wait
-            )
-        push.wait()
-        return res.wait()
+        """Push, then pull the result into ``out`` (or into ``value``), as one request per
+        chunk: the server answers the push with the value once the push took effect (after
+        the round in dist_sync, after the update in dist_async), so the pull sees the round
+        this push belongs to, with half the messages of a push and a pull."""
+        self.node.check()
+        keys, is_list = normalize_keys(key)
+        entries = per_key(value, len(keys), is_list, "pushpull")
+        outs = per_key(out, len(keys), is_list, "pushpull") if out is not None else entries
+        futs: list[Future] = []
+        finishers = []
+        for k, entry, out_entry in zip(keys, entries, outs, strict=False):
+            meta = self._meta(k, "pushpull")
+            arr = reduce_values(entry, f"pushpull of key {k!r}")
+            self._check(k, meta, arr, "push")
+            targets = out_arrays(out_entry, f"pushpull of key {k!r}")
+            for t in targets:
+                self._check(k, meta, t, "pull")
+            first = targets[0]
+            direct = first.flags.c_contiguous and first.flags.writeable
+            # landing in the pushed array itself is safe: a range's answer comes after the
+            # server has received that range
+            dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
+            futs += self._push_one(k, meta, arr, priority, dest)
+            finishers.append(_finisher(meta, dest, targets, direct))
+
+        def finish() -> None:
+            for fin in finishers:
+                fin()
+
+        handle = self._finish_call(futs, False, "pushpull", finish)
+        return handle.wait() if block else handle
 
     def broadcast(self, key: Any, value: Any, out: Any, priority: int = 0) -> None:
         """Initialise ``key`` with rank 0's ``value`` and pull it into ``out`` on every worker."""
@@ -842,6 +871,31 @@ class DistKVStore:
         finally:
             self._sender.close()
             self.node.close()
+
+
+def _lander(k: Any, dest: np.ndarray, a: int, b: int):
+    """The callback that copies an answer's values into ``dest[a:b]``."""
+
+    def land(reply: Message) -> None:
+        if not reply.arrays or reply.arrays[0].size != b - a:
+            raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
+        dest[a:b] = reply.arrays[0].reshape(-1)
+        reply.arrays = []  # copied out: do not keep a second copy in the future
+
+    return land
+
+
+def _finisher(meta: KeyMeta, dest: np.ndarray, targets: list[np.ndarray], direct: bool):
+    """What a pull does once all its answers landed: fill the targets that were not ``dest``."""
+    first = targets[0]
+
+    def finish() -> None:
+        if not direct:
+            first[...] = dest.reshape(meta.shape)
+        for t in targets[1:]:
+            t[...] = first
+
+    return finish
 
 
 def completed_handle() -> Handle:

@@ -223,11 +223,27 @@ class KVServer:
         if t0 is not None:
             self._meas[(msg.sender, msg.req)] = [t0, time.time(), float(msg.nbytes)]
 
-    def _ack(self, msg: Message, body: dict | None = None) -> None:
+    def _ack(self, msg: Message, sl: Slice) -> None:
+        """Acknowledge a push that took effect; a fused push-pull ("pp") gets the value too."""
         meas = self._meas.pop((msg.sender, msg.req), None)
-        if meas is not None:
-            body = dict(body or {}, meas=meas)
-        self.node.reply(msg, body)
+        body = {"meas": meas} if meas is not None else None
+        if msg.body.get("pp") is True:
+            off, n = msg.body["off"], msg.body["n"]  # checked when the push arrived
+            self._send_value(msg, sl, off, n, body)
+        else:
+            self.node.reply(msg, body)
+
+    def _send_value(self, msg: Message, sl: Slice, off: int, n: int, body: dict | None) -> None:
+        """Answer ``msg`` with ``sl.value[off:off+n]``, zero-copy: the reply is tracked so the
+        value is not changed in place while ZeroMQ still reads it."""
+        if off == 0 and self.optimizer is not None and sl.has_state:
+            self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=msg.sender)
+        if "tag" in msg.body:  # the worker measures this reply: announce it first
+            self._forecast_to(msg)
+        tracker = self.node.reply(msg, body, arrays=[sl.value[off : off + n]], track=True)
+        if tracker is not None:
+            sl.inflight = [t for t in sl.inflight if not t.done]
+            sl.inflight.append(tracker)
 
     def _push(self, msg: Message) -> None:
         if "tag" in msg.body and (msg.sender, msg.req) not in self._meas:
@@ -250,7 +266,7 @@ class KVServer:
             )
         worker = msg.sender
         if sl.value.size == 0:  # nothing to merge or apply: a round of nothing completes at once
-            self._ack(msg)
+            self._ack(msg, sl)
             return
         if sync and self.done_workers:
             raise BadRequest(self._uneven(sl))
@@ -289,7 +305,7 @@ class KVServer:
         # async: collect the chunks of one push, then apply it at once
         if n == sl.value.size:
             self._apply(sl, data, worker)
-            self._ack(msg)
+            self._ack(msg, sl)
             return
         buf, count, msgs = sl.partial.get(worker, (np.zeros(sl.value.size, sl.value.dtype), 0, []))
         buf[off : off + n] = data
@@ -300,7 +316,7 @@ class KVServer:
             del sl.partial[worker]
             self._apply(sl, buf, worker)
             for m in msgs:
-                self._ack(m)
+                self._ack(m, sl)
         else:
             sl.partial[worker] = (buf, count, msgs)
 
@@ -351,7 +367,7 @@ class KVServer:
         acks, deferred, backlog = sl.acks, sl.deferred, sl.backlog
         sl.acks, sl.deferred, sl.backlog = [], [], []
         for m in acks:
-            self._ack(m)
+            self._ack(m, sl)
         for m in deferred:
             self._pull(m)
         for m in backlog:
@@ -368,15 +384,7 @@ class KVServer:
             else:
                 sl.deferred.append(msg)
             return
-        if off == 0 and self.optimizer is not None and sl.has_state:
-            self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=worker)
-        view = sl.value[off : off + n]
-        if "tag" in msg.body:  # the worker measures this reply: announce it first
-            self._forecast_to(msg)
-        tracker = self.node.reply(msg, arrays=[view], track=True)
-        if tracker is not None:
-            sl.inflight = [t for t in sl.inflight if not t.done]
-            sl.inflight.append(tracker)
+        self._send_value(msg, sl, off, n, None)
 
     def _forecast_to(self, msg: Message) -> None:
         try:
