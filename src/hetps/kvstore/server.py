@@ -278,6 +278,17 @@ class KVServer:
         data = self._data(msg, sl, n)
         if sync:
             ce = msg.body.get("ce")
+            if sl.merge is None and off == 0 and n == sl.value.size:
+                # the round's first push of the whole part: keep the received array itself
+                # (read-only, over the message's frame) instead of copying it; a second
+                # worker's push is added into a buffer of our own
+                sl.merge, sl.chunk, sl.written = data, ce, {0}
+                sl.got[worker] = n
+                msg.arrays = []
+                sl.acks.append(msg)
+                if len(sl.got) == self.num_workers:
+                    self._finish_round(sl)
+                return
             if sl.merge is None:
                 # reuse last round's buffer; the first contribution to each chunk is copied,
                 # later ones added, so the buffer is never zero-filled
@@ -291,7 +302,11 @@ class KVServer:
                     f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
                     f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
                 )
-            if off in sl.written:
+            if off in sl.written and not sl.merge.flags.writeable:
+                buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
+                sl.spare = None
+                sl.merge = np.add(sl.merge, data, out=buf)
+            elif off in sl.written:
                 sl.merge[off : off + n] += data
             else:
                 sl.merge[off : off + n] = data
@@ -357,10 +372,11 @@ class KVServer:
             busy = any(not t.done for t in sl.inflight)
             sl.value = merged
             sl.inflight = []
-            sl.spare = None if busy else old
+            sl.spare = None if busy or not old.flags.writeable else old
         else:
             self._apply(sl, merged, -1)
-            sl.spare = merged  # gradients are never sent: always reusable
+            # gradients are never sent: reusable unless it is a received message's memory
+            sl.spare = merged if merged.flags.writeable else None
         sl.merge = None
         sl.got = {}
         self.rounds += 1
@@ -411,7 +427,7 @@ class KVServer:
     def _writable(self, sl: Slice) -> None:
         """Before changing ``sl.value`` in place, make sure no reply still reads it."""
         pending = [t for t in sl.inflight if not t.done]
-        if pending:
+        if pending or not sl.value.flags.writeable:  # (or it is a received message's memory)
             sl.value = sl.value.copy()
         sl.inflight = []
 

@@ -157,7 +157,12 @@ class DistributedOptimizer:
                 buf = self._landing[name]
                 if self.op == "average" and self.kv.num_workers > 1:
                     buf.div_(self.kv.num_workers)
-                p.grad.copy_(buf)
+                if p.grad.device == buf.device and p.grad.dtype == buf.dtype:
+                    # hand the landed tensor over instead of copying it; the old gradient,
+                    # which only autograd's last pass wrote, lands the next round
+                    self._landing[name], p.grad = p.grad, buf
+                else:
+                    p.grad.copy_(buf)
             elif self._cpu[name] is not p.data:
                 p.data.copy_(self._cpu[name])
         self._synced = True
