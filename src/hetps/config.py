@@ -101,6 +101,8 @@ class NodeConfig:
     push_window: int = 1 << 20  # bytes of pushes in flight per worker when balancing
     replan_margin: float = 0.10  # keep the plan unless the new one is predicted this much faster
     colocate: bool = False  # one server beside each worker (server rank r on worker r's node)
+    # DistributedOptimizer: gradients smaller than this travel fused with their neighbours
+    fusion_bytes: int = 1 << 18
 
     @property
     def scheduler_endpoint(self) -> str:
@@ -199,12 +201,14 @@ def node_config_from_env(
         replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
         push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 20, 0)
         colocate = _int(env, "HETPS_COLOCATE", 0) > 0
+        fusion_bytes = _int(env, "HETPS_FUSION_BYTES", 1 << 18, 0)
     except ConfigError as exc:
         problems.append(str(exc))
         verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
         bound, max_msg, chunk, port, port_file, launch_rank, shape_mbit = 0, 0, 0, 0, None, -1, 0.0
         balance, slice_elems, probe_num, probe_bytes, probe_prob = "none", 0, 0, 0, 0.0
         replan_every, colocate, replan_margin, push_window = 1, False, 0.0, 0
+        fusion_bytes = 0
     if not problems and interval > 0 and timeout <= interval:
         problems.append(
             f"PS_HEARTBEAT_TIMEOUT={timeout} must exceed PS_HEARTBEAT_INTERVAL={interval}: "
@@ -253,6 +257,7 @@ def node_config_from_env(
         replan_every=replan_every,
         replan_margin=replan_margin,
         push_window=push_window,
+        fusion_bytes=fusion_bytes,
         colocate=colocate,
     )
 

@@ -33,6 +33,7 @@ for step in range(6):
         opt.synchronize()                                    # clip between sync and step
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
     opt.step()
+print('GROUPS ' + json.dumps([g.names for g in opt.groups]), flush=True)
 print('WEIGHTS ' + json.dumps([p.detach().flatten().tolist() for p in model.parameters()]), flush=True)
 """
 
@@ -54,10 +55,25 @@ ref = [p.detach().flatten().tolist() for p in model.parameters()]
 """
 
 
-@pytest.mark.parametrize("workers", [1, 2, 4])
-def test_matches_single_process_training(cluster, workers):
-    rc, out = cluster(CODE, workers=workers, servers=min(workers, 2))
+# parameter bytes (float64): 0.weight 1024, 0.bias 128, 2.weight 384, 2.bias 24
+GROUPS = {
+    None: [["0.weight", "0.bias", "2.weight", "2.bias"]],  # default 256 KiB: all fused
+    "0": [["0.weight"], ["0.bias"], ["2.weight"], ["2.bias"]],  # no fusion
+    "600": [["0.weight"], ["0.bias", "2.weight", "2.bias"]],  # mixed: the big one alone
+}
+
+
+@pytest.mark.parametrize(
+    ("workers", "fusion"), [(1, None), (2, None), (4, None), (2, "0"), (2, "600")]
+)
+def test_matches_single_process_training(cluster, workers, fusion):
+    env = {} if fusion is None else {"HETPS_FUSION_BYTES": fusion}
+    rc, out = cluster(CODE, workers=workers, servers=min(workers, 2), env=env)
     assert rc == 0, out
+    groups = [
+        json.loads(line.split("GROUPS ", 1)[1]) for line in out.splitlines() if "GROUPS " in line
+    ]
+    assert groups and all(g == GROUPS[fusion] for g in groups), groups
     scope: dict = {}
     exec(REFERENCE, scope)  # the same model, data and steps, in this process
     ref = scope["ref"]

@@ -16,6 +16,13 @@ Two places to update:
 
 Parameters are keyed by name in the order given (the same on every worker), and the initial
 weights are broadcast from rank 0.
+
+Tensor fusion: every request costs the same fixed time whatever its size (a message each way,
+Python on both ends), so gradients smaller than ``fusion_bytes`` (default
+``HETPS_FUSION_BYTES``, 256 KiB) travel together: neighbouring parameters, in the order
+backward produces them, form groups of at most ``fusion_bytes``; each member's hook copies its
+gradient into the group's flat buffer and the last one to arrive sends the group as one key.
+Larger gradients go alone, without a copy. ``fusion_bytes=0`` sends every parameter alone.
 """
 
 from __future__ import annotations
@@ -26,6 +33,34 @@ from typing import Any
 import torch
 
 from hetps import optim as ps_optim
+
+
+class _Group:
+    """Parameters whose gradients travel as one key (one member: no fusion, no copy)."""
+
+    __slots__ = ("index", "names", "offsets", "numel", "send", "recv", "ready")
+
+    def __init__(self, index: int, names: list[str], params: dict[str, torch.Tensor]) -> None:
+        self.index = index
+        self.names = names
+        self.offsets: dict[str, tuple[int, int]] = {}
+        n = 0
+        for name in names:
+            k = params[name].numel()
+            self.offsets[name] = (n, n + k)
+            n += k
+        self.numel = n
+        self.send: torch.Tensor | None = None  # flat buffers of a fused group
+        self.recv: torch.Tensor | None = None
+        self.ready: set[str] = set()
+
+    @property
+    def fused(self) -> bool:
+        return len(self.names) > 1
+
+    def view(self, flat: torch.Tensor, name: str, like: torch.Tensor) -> torch.Tensor:
+        a, b = self.offsets[name]
+        return flat[a:b].view_as(like)
 
 
 class DistributedOptimizer:
@@ -41,6 +76,7 @@ class DistributedOptimizer:
         server_optimizer: ps_optim.Optimizer | None = None,
         broadcast: bool = True,
         prefix: str = "",
+        fusion_bytes: int | None = None,
     ) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
@@ -50,6 +86,8 @@ class DistributedOptimizer:
             raise ValueError("update_on='worker' needs a torch optimizer to wrap")
         if update_on == "server" and server_optimizer is None:
             raise ValueError("update_on='server' needs server_optimizer (a hetps.optim.Optimizer)")
+        if fusion_bytes is not None and fusion_bytes < 0:
+            raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
         if kvstore is None or isinstance(kvstore, str):
             import hetps.kv
 
@@ -63,8 +101,9 @@ class DistributedOptimizer:
         if len(set(names)) != len(names):
             raise ValueError("named_parameters has duplicate names")
         self.prefix = prefix
-        self._handles: dict[str, Any] = {}
-        self._landing: dict[str, torch.Tensor] = {}  # where each reduction lands
+        self._index = {n: i for i, n in enumerate(names)}
+        self._handles: dict[int, Any] = {}  # group index -> its reduction in flight
+        self._landing: dict[str, torch.Tensor] = {}  # where a lone parameter's reduction lands
         self._synced = False
         self._hooks = []
         for name, p in self.named:
@@ -74,20 +113,66 @@ class DistributedOptimizer:
         self._cpu = {
             n: (p.data if p.device.type == "cpu" else p.data.detach().cpu()) for n, p in self.named
         }
+        if fusion_bytes is None:
+            fusion_bytes = int(getattr(getattr(self.kv, "cfg", None), "fusion_bytes", 0) or 0)
+        self.fusion_bytes = fusion_bytes
+        self.groups = self._make_groups(fusion_bytes)
+        self._group_of = {n: g for g in self.groups for n in g.names}
         if broadcast:
             self.broadcast_parameters()
-        if update_on == "worker":
-            self.kv.init(
-                [self._gkey(n) for n, _ in self.named],
-                [torch.zeros_like(self._cpu[n]) for n, _ in self.named],
-            )
-        else:
-            self.kv.init(
-                [self._wkey(n) for n, _ in self.named], [self._cpu[n] for n, _ in self.named]
-            )
+        keys, values = [], []
+        for g in self.groups:
+            if g.fused:
+                g.send = torch.zeros(g.numel, dtype=self._cpu[g.names[0]].dtype)
+                g.recv = torch.empty_like(g.send)
+                if update_on == "server":
+                    for n in g.names:
+                        g.view(g.send, n, self._cpu[n]).copy_(self._cpu[n])
+                values.append(g.send)
+            elif update_on == "worker":
+                values.append(torch.zeros_like(self._cpu[g.names[0]]))
+            else:
+                values.append(self._cpu[g.names[0]])
+            keys.append(self._key(g))
+        self.kv.init(keys, values)
+        if update_on == "server":
             self.kv.set_optimizer(server_optimizer)
         for name, p in self.named:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(name)))
+
+    def _make_groups(self, fusion_bytes: int) -> list[_Group]:
+        """Groups of neighbours in backward order (the reverse of the parameters' order), each
+        of one dtype and device and at most ``fusion_bytes``; big parameters alone."""
+        params = {n: p for n, p in self.named}
+        groups: list[list[str]] = []
+        cur: list[str] = []
+        cur_bytes = 0
+        for name, p in reversed(self.named):
+            nbytes = p.numel() * p.element_size()
+            fits = (
+                cur
+                and nbytes + cur_bytes <= fusion_bytes
+                and p.dtype == params[cur[0]].dtype
+                and p.device == params[cur[0]].device
+            )
+            if fits:
+                cur.append(name)
+                cur_bytes += nbytes
+                continue
+            if cur:
+                groups.append(cur)
+            cur, cur_bytes = [name], nbytes
+            if nbytes >= fusion_bytes:  # too big to share: goes alone
+                groups.append(cur)
+                cur, cur_bytes = [], 0
+        if cur:
+            groups.append(cur)
+        # keyed in the parameters' own order; members in that order inside a group
+        order = {n: i for i, (n, _) in enumerate(self.named)}
+        groups = sorted(
+            (sorted(g, key=order.__getitem__) for g in groups), key=lambda g: order[g[0]]
+        )
+        return [_Group(i, g, params) for i, g in enumerate(groups)]
 
     # -- keys -------------------------------------------------------------------------------
     def _gkey(self, name: str) -> str:
@@ -95,6 +180,10 @@ class DistributedOptimizer:
 
     def _wkey(self, name: str) -> str:
         return f"{self.prefix}weight:{name}"
+
+    def _key(self, g: _Group) -> str:
+        name = g.names[0] if not g.fused else f"{g.names[0]}+{len(g.names) - 1}"
+        return self._gkey(name) if self.update_on == "worker" else self._wkey(name)
 
     def broadcast_parameters(self) -> None:
         """Give every worker rank 0's parameters (an init on the servers, then a pull)."""
@@ -111,52 +200,94 @@ class DistributedOptimizer:
 
     # -- hooks ------------------------------------------------------------------------------
     def _make_hook(self, name: str):
-        index = [n for n, _ in self.named].index(name)
+        g = self._group_of[name]
 
         def hook(p: torch.Tensor) -> None:
             if p.grad is None:
                 return
-            prio = -index  # the first layers are needed first by the next forward pass
             grad = p.grad if p.grad.device.type == "cpu" else p.grad.detach().cpu()
-            if self.update_on == "worker":
-                # the reduced gradient lands in a buffer of its own, not in p.grad: backward
-                # may still add into p.grad (gradient accumulation), and the receive thread
-                # must not write into a tensor autograd is updating
-                buf = self._landing.get(name)
-                if buf is None:
-                    buf = self._landing[name] = torch.empty_like(grad)
-                self._handles[name] = self.kv.pushpull(
-                    self._gkey(name), grad, out=buf, priority=prio, block=False
-                )
-            else:
-                push = self.kv.push(self._wkey(name), grad, priority=prio, block=False)
-                pull = self.kv.pull(
-                    self._wkey(name), out=self._cpu[name], priority=prio, block=False
-                )
-                # wait on both: a refused push must raise, not leave stale weights
-                self._handles[name] = type(pull)(
-                    list(push.futures) + list(pull.futures), pull.timeout, "push+pull", pull.wait
-                )
+            if not g.fused:
+                self._launch(g, grad)
+                return
+            assert g.send is not None
+            g.view(g.send, name, grad).copy_(grad)
+            g.ready.add(name)
+            if len(g.ready) == len(g.names):
+                self._launch(g, g.send)
 
         return hook
+
+    def _launch(self, g: _Group, data: torch.Tensor) -> None:
+        """Send group ``g``'s gradients (``data``) and ask for its result."""
+        g.ready = set()
+        prio = -self._index[g.names[0]]  # the first layers are needed first by the next forward
+        if g.fused:
+            out = g.recv
+        elif self.update_on == "worker":
+            # a lone parameter's reduction lands in a buffer of its own, not in p.grad:
+            # backward may still add into p.grad (gradient accumulation), and the receive
+            # thread must not write into a tensor autograd is updating
+            name = g.names[0]
+            out = self._landing.get(name)
+            if out is None:
+                out = self._landing[name] = torch.empty_like(data)
+        else:
+            out = self._cpu[g.names[0]]
+        # one request per chunk: the push's answer carries the sum (or the new weights), so a
+        # refused push raises here rather than leaving stale values
+        self._handles[g.index] = self.kv.pushpull(
+            self._key(g), data, out=out, priority=prio, block=False
+        )
 
     # -- torch.optim.Optimizer-like API ---------------------------------------------------
     def synchronize(self) -> None:
         """Wait for every parameter's reduction; afterwards ``p.grad`` holds the reduced
         gradient (update on workers), so it may be clipped before :meth:`step`."""
-        for name, p in self.named:
-            h = self._handles.pop(name, None)
+        params = dict(self.named)
+        W = self.kv.num_workers
+        for g in self.groups:
+            h = self._handles.pop(g.index, None)
             if h is None:
-                if p.grad is None:
+                # hooks did not run (grads set by hand, or members without a gradient): send now
+                have = [n for n in g.names if params[n].grad is not None]
+                if not have:
                     continue
-                # the hook did not run (e.g. grads set by hand): reduce now
-                self._make_hook(name)(p)
-                h = self._handles.pop(name)
+                if not g.fused:
+                    self._make_hook(g.names[0])(params[g.names[0]])
+                else:
+                    assert g.send is not None
+                    for n in g.names:
+                        if n in g.ready:
+                            continue
+                        grad = params[n].grad
+                        view = g.view(g.send, n, self._cpu[n])
+                        if grad is None:
+                            view.zero_()  # no gradient here: contributes nothing to the sum
+                        else:
+                            view.copy_(grad)
+                    self._launch(g, g.send)
+                h = self._handles.pop(g.index)
             h.wait()
+            if g.fused:
+                assert g.recv is not None
+                if self.update_on == "worker" and self.op == "average" and W > 1:
+                    g.recv.div_(W)
+                for n in g.names:
+                    p = params[n]
+                    view = g.view(g.recv, n, self._cpu[n])
+                    if self.update_on == "server":
+                        p.data.copy_(view)
+                    elif p.grad is None:
+                        p.grad = view.to(p.device, copy=True)
+                    else:
+                        p.grad.copy_(view)
+                continue
+            name = g.names[0]
+            p = params[name]
             if self.update_on == "worker":
                 buf = self._landing[name]
-                if self.op == "average" and self.kv.num_workers > 1:
-                    buf.div_(self.kv.num_workers)
+                if self.op == "average" and W > 1:
+                    buf.div_(W)
                 if p.grad.device == buf.device and p.grad.dtype == buf.dtype:
                     # hand the landed tensor over instead of copying it; the old gradient,
                     # which only autograd's last pass wrote, lands the next round

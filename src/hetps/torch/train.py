@@ -206,6 +206,34 @@ class _Progress:
 
 
 # -- the training loop ----------------------------------------------------------------------
+class _FlatExchange:
+    """Tensors that travel together: one flat CPU tensor (and KVStore key) per dtype, each
+    tensor a view into it. Initial values are copied in."""
+
+    def __init__(self, entries: list[tuple[str, Any]]) -> None:
+        import torch
+
+        by_dtype: dict[Any, list[tuple[str, Any]]] = {}
+        for name, t in entries:
+            by_dtype.setdefault(t.dtype, []).append((name, t))
+        self.keys: list[str] = []
+        self.flats: list[Any] = []
+        self._views: dict[str, Any] = {}
+        for dtype, items in by_dtype.items():
+            flat = torch.empty(sum(t.numel() for _, t in items), dtype=dtype)
+            off = 0
+            for name, t in items:
+                view = flat[off : off + t.numel()].view(t.shape)
+                view.copy_(t)
+                self._views[name] = view
+                off += t.numel()
+            self.keys.append(f"round:{str(dtype).removeprefix('torch.')}")
+            self.flats.append(flat)
+
+    def view(self, name: str) -> Any:
+        return self._views[name]
+
+
 def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one loop, all modes
     """Train as one worker (or alone, for ``-m local``); returns 0."""
     import numpy as np
@@ -307,11 +335,17 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         with torch.no_grad():
             for (_, p), t in zip(params, staged, strict=True):
                 p.data.copy_(t)
-        kv.init([f"delta:{n}" for n, _ in params], [torch.zeros_like(t) for t in staged])
-        bn_cpu = {n: b.detach().cpu().clone() for n, b in float_buffers}
-        if float_buffers:
-            kv.init([f"bn:{n}" for n, _ in float_buffers], list(bn_cpu.values()))
-        deltas = {n: torch.zeros_like(t) for (n, _), t in zip(params, staged, strict=True)}
+        # a round's model difference, BatchNorm statistics and stop flag travel as one flat
+        # key per dtype (one request per chunk instead of one per tensor), each tensor a view
+        exchange = _FlatExchange(
+            [(f"delta:{n}", t) for (n, _), t in zip(params, staged, strict=True)]
+            + [(f"bn:{n}", b.detach().cpu()) for n, b in float_buffers]
+            + [("__ctl", torch.zeros(1, dtype=torch.float32))]
+        )
+        kv.init(exchange.keys, exchange.flats)
+        deltas = {n: exchange.view(f"delta:{n}") for n, _ in params}
+        bn_cpu = {n: exchange.view(f"bn:{n}") for n, _ in float_buffers}
+        esync_ctl = exchange.view("__ctl")
         from hetps.cluster.state_server import StateClient
 
         endpoint = (
@@ -479,24 +513,19 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         )
         if args.mode == "esync":
             t0 = time.perf_counter()
-            handles = []
             for (n, p), w0 in zip(params, w_round, strict=True):
                 deltas[n].copy_(p.data - w0)
-                handles.append(kv.pushpull(f"delta:{n}", deltas[n], block=False))
             for n, b in float_buffers:
                 bn_cpu[n].copy_(b)
-                handles.append(kv.pushpull(f"bn:{n}", bn_cpu[n], block=False))
-            ctl = np.array([1.0 if want_stop else 0.0], np.float32)
-            handles.append(kv.pushpull("__ctl", ctl, block=False))
-            for h in handles:
-                h.wait()
+            esync_ctl.fill_(1.0 if want_stop else 0.0)
+            kv.pushpull(exchange.keys, exchange.flats)  # the sums land in place
             clock.add("push_s", time.perf_counter() - t0)
             with torch.no_grad():
                 for (n, p), w0 in zip(params, w_round, strict=True):
                     p.data.copy_(w0 + args.global_lr * deltas[n].to(p.device) / workers)
                 for n, b in float_buffers:
                     b.copy_(bn_cpu[n] / workers)
-            stop = bool(ctl[0] > 0)
+            stop = bool(esync_ctl[0] > 0)
         elif ctl_handle is not None:
             ctl_handle.wait()
             stop = bool(ctl[0] > 0)
