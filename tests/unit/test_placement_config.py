@@ -71,6 +71,7 @@ def test_config_reads_dmlc_variables():
         ({"HETPS_CONNECT_TIMEOUT": "soon"}, "HETPS_CONNECT_TIMEOUT='soon'"),
         ({"HETPS_PUSH_WINDOW": "-5"}, "HETPS_PUSH_WINDOW=-5 is below 0"),
         ({"HETPS_REPLAN_MARGIN": "abc"}, "HETPS_REPLAN_MARGIN='abc' is not a number"),
+        ({"HETPS_FUSION_BYTES": "-1"}, "HETPS_FUSION_BYTES=-1 is below 0"),
     ],
 )
 def test_config_errors_name_the_variable_and_fix(over, match):
@@ -91,3 +92,8 @@ def test_balancing_defaults():
     cfg = node_config_from_env({**BASE, "HETPS_BALANCE": "aware"})
     assert (cfg.push_window, cfg.replan_margin, cfg.probe_prob) == (1 << 20, 0.10, 0.25)
     assert cfg.probe_bytes == 128 * 1024
+
+
+def test_fusion_default_and_override():
+    assert node_config_from_env(BASE).fusion_bytes == 256 * 1024
+    assert node_config_from_env({**BASE, "HETPS_FUSION_BYTES": "0"}).fusion_bytes == 0
