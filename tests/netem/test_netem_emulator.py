@@ -124,6 +124,40 @@ def test_set_rates_changes_throughput() -> None:
     print("\n" + "\n".join(record))
 
 
+def test_rate_cut_under_load_keeps_the_link_flowing() -> None:
+    """Regression: a rate cut used to shrink the token bucket below a GSO super-packet already
+    queued under the bigger bucket; that packet could never be sent and the link carried
+    nothing until the rate rose again (the multi-second stalls of dynamic scenarios)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    streams = os.path.join(here, "netem_streams.py")
+    flows = 6
+    with Netem([150, 150]) as net:
+        recv = net.popen(
+            1,
+            [sys.executable, streams, "recv", net.node_ip(1), "3.5", str(flows)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert recv.stdout is not None
+        port = int(recv.stdout.readline())
+        send = net.popen(
+            0, [sys.executable, streams, "send", net.node_ip(1), str(port), str(flows)]
+        )
+        rates: list[tuple[float, float]] = []
+        cut_at = None
+        for line in recv.stdout:
+            t, mbit = map(float, line.split())
+            rates.append((t, mbit))
+            if cut_at is None and t >= 1.0:  # queues are full of 150 Mbit/s traffic now
+                assert "backlog 0b" not in net.tc_stats(0), net.tc_stats(0)
+                net.set_rates([15, 150])
+                cut_at = t
+        send.kill()
+        recv.wait(10)
+    after = [m for t, m in rates if cut_at is not None and t > cut_at + 0.5]
+    assert after and min(after) > 0.8 * 15 * GOODPUT_FACTOR, rates
+
+
 def test_pair_rates_cap_one_destination() -> None:
     record: list[str] = []
     pair = [[0, 20, 80], [80, 0, 80], [80, 80, 0]]

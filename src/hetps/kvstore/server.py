@@ -72,7 +72,8 @@ class KVServer:
         self._fixed_workers: int | None = None if hasattr(node, "workers") else 1
         self.rounds = 0
         self.done_workers: dict[int, str] = {}  # worker id -> description
-        self._forecasts: dict[tuple[int, Any], float] = {}  # (sender, tag) -> arrival time
+        # (sender, tag) -> (arrival time, whether the receive thread was behind then)
+        self._forecasts: dict[tuple[int, Any], tuple[float, bool]] = {}
         self._meas: dict[tuple[int, int], list[float]] = {}  # (sender, req) -> [t0, t1, bytes]
 
     @property
@@ -103,7 +104,7 @@ class KVServer:
             elif msg.cmd == C.SET_STATES:
                 self._set_states(msg)
             elif msg.cmd == C.FORECAST:
-                self._forecasts[(msg.sender, msg.body.get("tag"))] = time.time()
+                self._forecasts[(msg.sender, msg.body.get("tag"))] = (time.time(), msg.backlogged)
                 if len(self._forecasts) > 65536:  # a peer that forecasts and never sends
                     self._forecasts.clear()
             elif msg.cmd == C.PROBE:
@@ -219,9 +220,16 @@ class KVServer:
 
     def _measure(self, msg: Message) -> None:
         """Pair a data message with its forecast: the link sample travels back in the ack."""
-        t0 = self._forecasts.pop((msg.sender, msg.body.get("tag")), None)
-        if t0 is not None:
-            self._meas[(msg.sender, msg.req)] = [t0, time.time(), float(msg.nbytes)]
+        fc = self._forecasts.pop((msg.sender, msg.body.get("tag")), None)
+        if fc is None:
+            return
+        t0, late = fc
+        if late and msg.cmd == C.PROBE:
+            # the forecast was taken from a queue: its stamp is late, so the gap (and the
+            # rate) would be read too fast; a probe is kept only when timed on time (data
+            # samples, many per round, go on: the planner takes their median and busy time)
+            return
+        self._meas[(msg.sender, msg.req)] = [t0, time.time(), float(msg.nbytes)]
 
     def _ack(self, msg: Message, sl: Slice) -> None:
         """Acknowledge a push that took effect; a fused push-pull ("pp") gets the value too."""

@@ -179,10 +179,13 @@ def _bits(rate_mbit: float) -> int:
     return max(8000, int(round(rate_mbit * 1e6)))
 
 
-def _tbf_params(rate_bit: int) -> str:
-    """``rate … burst … limit …`` for a TBF shaper (see docs/NETEM.md, "Limits")."""
+def _tbf_params(rate_bit: int, burst_rate_bit: int = 0) -> str:
+    """``rate … burst … limit …`` for a TBF shaper (see docs/NETEM.md, "Limits"). The bucket
+    is sized for ``max(rate_bit, burst_rate_bit)``: on a rate cut it must not shrink, or a
+    packet queued under the bigger bucket (a GSO super-packet, only split at enqueue when it
+    exceeds the bucket) could never be sent and the link would stall until the next rise."""
     rate_bps = rate_bit / 8
-    burst = max(2 * FRAME, int(rate_bps * BURST_S))
+    burst = max(2 * FRAME, int(max(rate_bit, burst_rate_bit) / 8 * BURST_S))
     limit = int(min(max(rate_bps * QUEUE_S, QUEUE_MIN_FRAMES * FRAME), QUEUE_MAX_BYTES))
     return f"rate {rate_bit}bit burst {burst} limit {limit}"
 
@@ -302,6 +305,7 @@ class Netem:
         self.namespaces = [f"{self.run_id}-n{i}" for i in range(self.n)]
         self.epoch = epoch
         self._rates = [float(r) for r in scenario.rates_at(epoch)]
+        self._peak = list(self._rates)  # per node, the highest rate shaped so far
         self._subnet_arg = subnet
         self._subnet: ipaddress.IPv4Network | None = None
         self._want_reaper = reaper
@@ -546,6 +550,7 @@ class Netem:
 
     def _shape_all(self, rates: list[float] | None = None, *, change: bool = False) -> None:
         rates = self._rates if rates is None else rates
+        self._peak = [max(p, r) for p, r in zip(self._peak, rates, strict=True)]
         pair = self.scenario.pair_rates_mbit
         delay = self.scenario.delay_ms
         hub_cmds: list[str] = []
@@ -569,9 +574,10 @@ class Netem:
         """Node egress: root TBF at the node's rate; under it (pair rates) an HTB classifier
         with one TBF per destination; an optional netem delay under each leaf."""
         dev = NODE_IF
+        tbf = _tbf_params(_bits(rate), _bits(self._peak[i]))
         if change:  # only the node's rate changes; the pair caps are static
-            return [f"qdisc change dev {dev} root handle 1: tbf {_tbf_params(_bits(rate))}"]
-        cmds = [f"qdisc add dev {dev} root handle 1: tbf {_tbf_params(_bits(rate))}"]
+            return [f"qdisc change dev {dev} root handle 1: tbf {tbf}"]
+        cmds = [f"qdisc add dev {dev} root handle 1: tbf {tbf}"]
         netem = ""
         if delay_ms > 0:
             limit = max(1000, int(_bits(rate) / 8 * delay_ms / 1000 / FRAME * 4))
@@ -602,7 +608,8 @@ class Netem:
     def _ingress_cmds(self, i: int, rate: float, change: bool) -> list[str]:
         """Node ingress: a TBF on the bridge-side veth ``v<i>`` (its egress toward node i)."""
         verb = "change" if change else "add"
-        return [f"qdisc {verb} dev v{i} root handle 1: tbf {_tbf_params(_bits(rate))}"]
+        tbf = _tbf_params(_bits(rate), _bits(self._peak[i]))
+        return [f"qdisc {verb} dev v{i} root handle 1: tbf {tbf}"]
 
     def _stop_procs(self) -> None:
         procs = [p for p in self._procs if p.poll() is None]

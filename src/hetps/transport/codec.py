@@ -56,6 +56,9 @@ class Message:
     arrays: list[np.ndarray] = field(default_factory=list)
     sent_at: float = 0.0
     nbytes: int = 0
+    # set by the receiver (never on the wire): more messages were already waiting when this
+    # one was taken, so the receive thread was behind and this one's arrival time is late
+    backlogged: bool = False
 
     @property
     def error(self) -> str | None:

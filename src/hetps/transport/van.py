@@ -249,6 +249,7 @@ class Van:
                 log.warning("%s dropped a bad message: %s", self.name, exc)
                 continue
             now = time.time()
+            msg.backlogged = bool(self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
             self.counters.on_recv(msg.sender, msg.nbytes, now)
             if self.observer is not None:
                 self.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
