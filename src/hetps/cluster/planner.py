@@ -28,7 +28,6 @@ log = logging.getLogger("hetps.planner")
 
 REPORT = "balance_report"
 NODE_MIN_BYTES = 256 * 1024  # a node's round must carry this much to measure its rate
-LIMITED_BY_PEER = 0.9  # a probe below 90% of what its peer showed elsewhere was limited here
 
 
 class Planner:
@@ -76,8 +75,6 @@ class Planner:
         self.probe_window = max(2, num_servers - 1 if colocate else max(num_workers, num_servers))
         self._probe_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
-        self._probe_up_peer: list[list[int]] = [[] for _ in range(self.n_nodes)]
-        self._probe_down_peer: list[list[int]] = [[] for _ in range(self.n_nodes)]
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
         self.plan_seconds: list[float] = []
 
@@ -224,43 +221,15 @@ class Planner:
                 est[k] = rate if np.isnan(old) else old + self.node_alpha * (rate - old)
 
     def observe_probe(self, src: int, dst: int, rate: float) -> None:
-        """A capacity probe from ``src`` to ``dst`` went at ``rate`` bytes/s.
-
-        A probe that went clearly slower than the other end recently went with some third
-        node was limited by this end: it measures this end's cap as it is now, so it replaces
-        this end's older probes (a node that got slower must not be remembered by its old fast
-        probes). Otherwise it joins the window as one more lower bound."""
-        ends = (
-            (
-                self._probe_up,
-                self._probe_up_peer,
-                src,
-                dst,
-                self._probe_down,
-                self._probe_down_peer,
-            ),
-            (
-                self._probe_down,
-                self._probe_down_peer,
-                dst,
-                src,
-                self._probe_up,
-                self._probe_up_peer,
-            ),
-        )
-        resets = []
-        for _hist, _peers, k, peer, o_hist, o_peers in ends:
-            elsewhere = [r for r, q in zip(o_hist[peer], o_peers[peer], strict=True) if q != k]
-            resets.append(bool(elsewhere) and rate < LIMITED_BY_PEER * max(elsewhere))
-        for (hist, peers, k, _peer, _oh, _op), reset in zip(ends, resets, strict=True):
-            if reset:
-                hist[k].clear()
-                peers[k].clear()
-        for hist, peers, k, peer, _oh, _op in ends:
+        """A capacity probe from ``src`` to ``dst`` went at ``rate`` bytes/s: one more lower
+        bound of ``src``'s uplink and ``dst``'s downlink, in each one's window of one
+        permutation cycle. (Session 2 also let a probe clearly slower than its peer's probes
+        with third nodes reset this end's window; probes that share their links with data
+        read low often enough that this threw away good estimates, and the one-cycle window
+        already forgets a node's old speed within a cycle.)"""
+        for hist, k in ((self._probe_up, src), (self._probe_down, dst)):
             hist[k].append(rate)
-            peers[k].append(peer)
             del hist[k][: -self.probe_window]
-            del peers[k][: -self.probe_window]
 
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-node send and receive caps: the larger of what the data traffic showed

@@ -816,10 +816,16 @@ class DistKVStore:
         return [(s_old, want) for s_old, _s_new, _items, want, _states, _pulls in reads]
 
     def _probe_round(self) -> bool:
-        """Whether this round probes: every ``round(1 / probe_prob)``-th round, the first
-        included (the same answer on every worker)."""
+        """Whether this round probes (the same answer on every worker): the first rounds
+        until every node has probed each of its peers once (one permutation cycle, so the
+        first plans do not rest on a single probe per node, which reads the slower of two
+        nodes), then every ``round(1 / probe_prob)``-th round."""
         if self.cfg.probe_prob <= 0 or self.cfg.balance not in ("aware", "optimal"):
             return False  # only the link-model schemes use the probes
+        S, W = self.num_servers, self.num_workers
+        cycle = S - 1 if self.cfg.colocate else max(W, S)
+        if self._round <= cycle:
+            return True
         every = max(1, round(1.0 / self.cfg.probe_prob))
         return (self._round - 1) % every == 0
 
