@@ -99,3 +99,29 @@ def test_many_waiting_pushes_do_not_hold_back_pulls_of_sent_keys():
         assert len(sent) == len(set(sent)) == 402  # 400 pushes, 2 pulls, each once
     finally:
         s.close()
+
+
+def test_credit_of_a_timed_out_push_is_reclaimed():
+    """A push whose caller gave up waiting (RequestTimeout) counts as failed, so its credit
+    comes back and later pushes are not held forever; a late answer is dropped."""
+    import pytest
+
+    from hetps.cluster.errors import RequestTimeout
+    from hetps.cluster.requests import RequestTracker
+
+    tracker = RequestTracker()
+    fut = tracker.new(3, "push of key 'a'")
+    s = _Sender(window=100)
+    r = Rec()
+    try:
+        s.submit("a", 0, r.op("push a"), cost=90)
+        s.hold(fut.req, 90, fut)
+        s.submit("b", 0, r.op("push b"), cost=90)  # waits for push a's credit
+        with pytest.raises(RequestTimeout, match="no answer from node 3"):
+            fut.wait(0.01)
+        assert fut.done() and tracker.resolve(fut.req, "late") is False
+        assert r.wait_for(2) == ["push a", "push b"]
+        with pytest.raises(RequestTimeout):  # every waiter sees the same end
+            fut.wait(0)
+    finally:
+        s.close()

@@ -59,10 +59,14 @@ class Future:
         if not self._event.wait(timeout):
             if self._tracker is not None:  # a late reply must not land after we gave up
                 self._tracker.discard(self.req)
-            raise RequestTimeout(
+            err = RequestTimeout(
                 f"{self.what}: no answer from node {self.peer} within {timeout:.1f} s "
                 "(raise HETPS_REQUEST_TIMEOUT if the job is just slow)"
             )
+            # the request is over for everyone: it counts as failed (so whatever it held,
+            # e.g. a push's send credit, is given back) and other waiters see the same error;
+            # a no-op if the answer came in just now
+            self.set_error(err)
         if self._error is not None:
             raise self._error
         return self._result
