@@ -108,3 +108,34 @@ print('ASYNC-DOPT-OK', flush=True)
     rc, out = cluster(code, workers=2, servers=1)
     assert rc == 0, out
     assert out.count("ASYNC-DOPT-OK") == 2
+
+
+@pytest.mark.parametrize("fusion", ["0", "262144"])
+def test_parameter_without_gradient_is_left_alone(cluster, fusion):
+    """A parameter the forward pass does not use keeps p.grad None and is not moved by
+    momentum or weight decay, alone or inside a fused group (where it adds zeros)."""
+    code = """
+import torch
+from hetps.torch.optimizer import DistributedOptimizer
+torch.manual_seed(0)
+kv = hetps.kv.create('dist_sync')
+used = torch.nn.Linear(4, 3).double(); unused = torch.nn.Linear(4, 3).double()
+model = torch.nn.ModuleDict({'a': used, 'b': unused})
+opt = DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1),
+    model.named_parameters(), kvstore=kv, op='average')
+before = unused.weight.detach().clone()
+w0 = used.weight.detach().clone()
+for step in range(3):
+    opt.zero_grad()
+    used(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
+    opt.step()
+assert unused.weight.grad is None and torch.equal(before, unused.weight.detach())
+assert not torch.equal(w0, used.weight.detach())
+print('UNUSED-OK', len(opt.groups), flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=1, env={"HETPS_FUSION_BYTES": fusion})
+    assert rc == 0, out
+    assert out.count("UNUSED-OK") == 2, out
+    # with fusion, all four small parameters travel as one group
+    assert ("UNUSED-OK 1" in out) == (fusion != "0"), out

@@ -125,16 +125,20 @@ def test_set_rates_changes_throughput() -> None:
 
 
 def test_rate_cut_under_load_keeps_the_link_flowing() -> None:
-    """Regression: a rate cut used to shrink the token bucket below a GSO super-packet already
-    queued under the bigger bucket; that packet could never be sent and the link carried
-    nothing until the rate rose again (the multi-second stalls of dynamic scenarios)."""
+    """Regression: a rate cut shrinks the token bucket (``tc qdisc change``); a GSO
+    super-packet queued under the bigger bucket was then larger than any token count the new
+    one reaches, could never be sent, and the link carried nothing until the rate rose again
+    (the multi-second stalls of dynamic scenarios). Nodes now send one segment per packet.
+    Three cuts under 6 parallel flows: the old emulator stalled in about 3 of 5 single cuts."""
     here = os.path.dirname(os.path.abspath(__file__))
     streams = os.path.join(here, "netem_streams.py")
     flows = 6
+    # (time, node 0's rate): fast phases fill the queues with 150 Mbit/s traffic
+    schedule = [(0.75, 15.0), (1.75, 150.0), (2.25, 15.0), (3.25, 150.0), (3.75, 15.0)]
     with Netem([150, 150]) as net:
         recv = net.popen(
             1,
-            [sys.executable, streams, "recv", net.node_ip(1), "3.5", str(flows)],
+            [sys.executable, streams, "recv", net.node_ip(1), "4.75", str(flows)],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -144,18 +148,24 @@ def test_rate_cut_under_load_keeps_the_link_flowing() -> None:
             0, [sys.executable, streams, "send", net.node_ip(1), str(port), str(flows)]
         )
         rates: list[tuple[float, float]] = []
-        cut_at = None
+        changes: list[tuple[float, float]] = []  # (time of the change, new rate)
         for line in recv.stdout:
             t, mbit = map(float, line.split())
             rates.append((t, mbit))
-            if cut_at is None and t >= 1.0:  # queues are full of 150 Mbit/s traffic now
-                assert "backlog 0b" not in net.tc_stats(0), net.tc_stats(0)
-                net.set_rates([15, 150])
-                cut_at = t
+            while schedule and t >= schedule[0][0]:
+                rate = schedule.pop(0)[1]
+                if rate < 150:
+                    assert "backlog 0b" not in net.tc_stats(0), net.tc_stats(0)
+                net.set_rates([rate, 150])
+                changes.append((t, rate))
         send.kill()
         recv.wait(10)
-    after = [m for t, m in rates if cut_at is not None and t > cut_at + 0.5]
-    assert after and min(after) > 0.8 * 15 * GOODPUT_FACTOR, rates
+    cuts = [t for t, rate in changes if rate < 150]
+    assert len(cuts) == 3, (changes, rates)
+    goodput = 15 * GOODPUT_FACTOR
+    for cut in cuts:  # every slow phase carries its rate from its second quarter-second on
+        slow = [m for t, m in rates if cut + 0.25 < t <= cut + 1.0]
+        assert slow and min(slow) > 0.7 * goodput, (cut, changes, rates)
 
 
 def test_pair_rates_cap_one_destination() -> None:

@@ -84,3 +84,21 @@ def _header(**over) -> bytes:
 def test_malformed_messages_raise_bad_message(frames, match):
     with pytest.raises(BadMessage, match=match):
         decode(frames, 1 << 21)
+
+
+def test_van_flags_a_message_that_waited_for_the_receive_thread():
+    """``Message.backlogged``: the message was already queued when the receive thread came
+    to look, so the time it is taken is later than its arrival (a late forecast stamp would
+    make a probe read too fast)."""
+    from hetps.transport.van import Van
+
+    srv, cli = Van(name="srv"), Van(name="cli")
+    try:
+        cli.connect(1, srv.endpoint)
+        cli.send(1, Message("forecast", body={"tag": 1}))
+        assert srv._router.poll(5000)  # it has arrived, and nobody took it yet
+        msg = srv.recv(timeout=5)
+        assert msg is not None and msg.cmd == "forecast" and msg.backlogged
+    finally:
+        cli.close()
+        srv.close()

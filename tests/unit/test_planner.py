@@ -146,8 +146,9 @@ def test_capacity_is_the_larger_of_busy_rate_and_recent_probes():
     assert down[4] == pytest.approx(9e6)  # the fastest probe into it
 
 
-def test_probe_window_is_one_cycle_and_keeps_a_fast_peer_among_slow_ones():
-    # 3 co-located nodes: each probes the 2 others in turn
+def test_probe_window_is_a_cycle_and_keeps_a_fast_peer_among_slow_ones():
+    # 8 co-located nodes: a cycle of 7 probes; 3 nodes: 2
+    assert _planner("optimal", 0.1, colocate=True, n=8).probe_window == 7
     p = _planner("optimal", 0.1, colocate=True, n=3)
     assert p.probe_window == 2
     # node 2 receives from a slow node (1 MB/s) and a fast one (10 MB/s): it is fast
@@ -157,6 +158,7 @@ def test_probe_window_is_one_cycle_and_keeps_a_fast_peer_among_slow_ones():
     # node 0 slows down: within one cycle its probes (to anyone) read slow
     p.observe_probe(0, 1, 8e6)
     p.observe_probe(0, 2, 1e6)
+    assert p.capacity()[0][0] == pytest.approx(8e6)
     p.observe_probe(0, 1, 1e6)
     assert p.capacity()[0][0] == pytest.approx(1e6)
 

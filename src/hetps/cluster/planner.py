@@ -69,10 +69,12 @@ class Planner:
         self.node_alpha = alpha
         self.up = np.full(self.n_nodes, np.nan)
         self.down = np.full(self.n_nodes, np.nan)
-        # capacity probes (one flow alone on its sender's uplink and receiver's downlink):
-        # the rates of one permutation cycle per node (each peer once), each a lower bound
-        # of that node's cap. Longer windows remember a node that got slower for longer.
-        self.probe_window = max(2, num_servers - 1 if colocate else max(num_workers, num_servers))
+        # capacity probes (one flow alone on its sender's uplink and receiver's downlink,
+        # sent once every worker finished its previous round): per node the rates of one
+        # permutation cycle (each peer once), each a lower bound of that node's cap. Longer
+        # windows remember a node that got slower for longer.
+        cycle = num_servers - 1 if colocate else max(num_workers, num_servers)
+        self.probe_window = max(2, cycle)
         self._probe_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]

@@ -680,8 +680,11 @@ class DistKVStore:
         answer at the same call, and waiting for it does not wait for the slowest worker to
         reach this boundary (it reported one iteration ago). Only the first report is waited
         for at once, because the layout needs a plan before any push. In probing rounds (every
-        ``1/HETPS_PROBE_PROB``-th) the worker first sends its capacity probe and waits for it,
-        so the probe leaves before this worker's next pushes and its sample is in this report."""
+        ``1/HETPS_PROBE_PROB``-th, and every round of the first permutation cycle) the worker
+        waits for this report's answer, which comes once every worker finished its previous
+        round, applies it, then sends its capacity probe and waits for it: the links are quiet
+        and the probe leaves before this worker's next pushes. Its sample goes out with the
+        next report."""
         if not self.balance:
             return None
         self.wait_outstanding()
@@ -689,8 +692,6 @@ class DistKVStore:
         if (self._round - 1) % self.cfg.replan_every:
             return self.plan
         probing = self._probe_round()
-        if probing:
-            self._probe()
         with self._stats_lock:
             stats = {str(s): [v[0], max(0.0, v[2] - v[1])] for s, v in self._stats.items()}
             self._stats = {}
@@ -702,7 +703,10 @@ class DistKVStore:
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self._order)
         fut = self.node.request(1, Message("balance_report", body=body), what="balance report")
-        if self.plan is None or "sizes" in body:
+        if self.plan is None or "sizes" in body or probing:
+            # the layout needs a plan at once; a probing round waits for this report's answer,
+            # which comes when every worker has finished its previous round, so that the
+            # probe has its links to itself (not the tail of another worker's pulls)
             previous, self._pending_plan = None, None
             answer = fut
         else:
@@ -710,7 +714,13 @@ class DistKVStore:
             answer = previous
         if answer is None:  # the second report: nothing decided since the first one
             return self.plan
-        plan = answer.wait(self.timeout).body
+        adopted = self._adopt(answer.wait(self.timeout).body)
+        if probing:  # after any migration; the sample goes out with the next report
+            self._probe()
+        return adopted
+
+    def _adopt(self, plan: dict) -> dict | None:
+        """Switch to the assignment of the planner's answer ``plan`` (migrating slices)."""
         if "error" in plan:
             raise RuntimeError(f"load planner: {plan['error']}")
         new = plan["assign"]
@@ -842,6 +852,10 @@ class DistKVStore:
         self._probes_sent += 1
         if self.cfg.colocate and S > 1:
             s = (self.rank + 1 + k % (S - 1)) % S
+        elif S >= self.num_workers:
+            # every worker probes a different server, shifting so each server is probed by
+            # each worker in turn
+            s = (self.rank + k) % S
         else:
             # more workers than servers: S of them probe, in turn, one server each
             slot = (self.rank - k) % self.num_workers

@@ -179,13 +179,10 @@ def _bits(rate_mbit: float) -> int:
     return max(8000, int(round(rate_mbit * 1e6)))
 
 
-def _tbf_params(rate_bit: int, burst_rate_bit: int = 0) -> str:
-    """``rate … burst … limit …`` for a TBF shaper (see docs/NETEM.md, "Limits"). The bucket
-    is sized for ``max(rate_bit, burst_rate_bit)``: on a rate cut it must not shrink, or a
-    packet queued under the bigger bucket (a GSO super-packet, only split at enqueue when it
-    exceeds the bucket) could never be sent and the link would stall until the next rise."""
+def _tbf_params(rate_bit: int) -> str:
+    """``rate … burst … limit …`` for a TBF shaper (see docs/NETEM.md, "Limits")."""
     rate_bps = rate_bit / 8
-    burst = max(2 * FRAME, int(max(rate_bit, burst_rate_bit) / 8 * BURST_S))
+    burst = max(2 * FRAME, int(rate_bps * BURST_S))
     limit = int(min(max(rate_bps * QUEUE_S, QUEUE_MIN_FRAMES * FRAME), QUEUE_MAX_BYTES))
     return f"rate {rate_bit}bit burst {burst} limit {limit}"
 
@@ -305,7 +302,6 @@ class Netem:
         self.namespaces = [f"{self.run_id}-n{i}" for i in range(self.n)]
         self.epoch = epoch
         self._rates = [float(r) for r in scenario.rates_at(epoch)]
-        self._peak = list(self._rates)  # per node, the highest rate shaped so far
         self._subnet_arg = subnet
         self._subnet: ipaddress.IPv4Network | None = None
         self._want_reaper = reaper
@@ -539,6 +535,11 @@ class Netem:
             node_cmds = [
                 "link set lo up",
                 f"link set dev {NODE_IF} addrgenmode none",
+                # one TCP segment per packet (no GSO super-packets): a packet queued in a TBF
+                # is then never larger than a bucket, also after a rate cut shrinks the
+                # bucket; a bigger one could never be sent and the link would stall until
+                # the rate rose again (docs/NETEM.md, "Burst size")
+                f"link set dev {NODE_IF} gso_max_segs 1",
                 f"addr add {self.node_ip(i)}/{plen} dev {NODE_IF}",
                 f"link set {NODE_IF} up",
             ]
@@ -550,7 +551,6 @@ class Netem:
 
     def _shape_all(self, rates: list[float] | None = None, *, change: bool = False) -> None:
         rates = self._rates if rates is None else rates
-        self._peak = [max(p, r) for p, r in zip(self._peak, rates, strict=True)]
         pair = self.scenario.pair_rates_mbit
         delay = self.scenario.delay_ms
         hub_cmds: list[str] = []
@@ -574,7 +574,7 @@ class Netem:
         """Node egress: root TBF at the node's rate; under it (pair rates) an HTB classifier
         with one TBF per destination; an optional netem delay under each leaf."""
         dev = NODE_IF
-        tbf = _tbf_params(_bits(rate), _bits(self._peak[i]))
+        tbf = _tbf_params(_bits(rate))
         if change:  # only the node's rate changes; the pair caps are static
             return [f"qdisc change dev {dev} root handle 1: tbf {tbf}"]
         cmds = [f"qdisc add dev {dev} root handle 1: tbf {tbf}"]
@@ -608,8 +608,7 @@ class Netem:
     def _ingress_cmds(self, i: int, rate: float, change: bool) -> list[str]:
         """Node ingress: a TBF on the bridge-side veth ``v<i>`` (its egress toward node i)."""
         verb = "change" if change else "add"
-        tbf = _tbf_params(_bits(rate), _bits(self._peak[i]))
-        return [f"qdisc {verb} dev v{i} root handle 1: tbf {tbf}"]
+        return [f"qdisc {verb} dev v{i} root handle 1: tbf {_tbf_params(_bits(rate))}"]
 
     def _stop_procs(self) -> None:
         procs = [p for p in self._procs if p.poll() is None]

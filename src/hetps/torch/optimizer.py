@@ -23,6 +23,10 @@ Python on both ends), so gradients smaller than ``fusion_bytes`` (default
 backward produces them, form groups of at most ``fusion_bytes``; each member's hook copies its
 gradient into the group's flat buffer and the last one to arrive sends the group as one key.
 Larger gradients go alone, without a copy. ``fusion_bytes=0`` sends every parameter alone.
+Fusion applies to ``update_on="worker"`` only (a server-side optimizer would update a group
+as one tensor). A member with no gradient this step (unused by the forward pass) adds zeros
+and keeps ``p.grad`` None; its group then goes out from :meth:`synchronize`, after backward.
+As with lone parameters, a parameter must get a gradient on every worker or on none.
 """
 
 from __future__ import annotations
@@ -115,6 +119,10 @@ class DistributedOptimizer:
         }
         if fusion_bytes is None:
             fusion_bytes = int(getattr(getattr(self.kv, "cfg", None), "fusion_bytes", 0) or 0)
+        if update_on == "server":
+            # the servers' optimizer would update a fused group as one tensor, moving the
+            # members that had no gradient this step (weight decay, momentum): no fusion
+            fusion_bytes = 0
         self.fusion_bytes = fusion_bytes
         self.groups = self._make_groups(fusion_bytes)
         self._group_of = {n: g for g in self.groups for n in g.names}
@@ -268,19 +276,17 @@ class DistributedOptimizer:
                     self._launch(g, g.send)
                 h = self._handles.pop(g.index)
             h.wait()
-            if g.fused:
+            if g.fused:  # (update on workers only)
                 assert g.recv is not None
-                if self.update_on == "worker" and self.op == "average" and W > 1:
+                if self.op == "average" and W > 1:
                     g.recv.div_(W)
                 for n in g.names:
                     p = params[n]
-                    view = g.view(g.recv, n, self._cpu[n])
-                    if self.update_on == "server":
-                        p.data.copy_(view)
-                    elif p.grad is None:
-                        p.grad = view.to(p.device, copy=True)
-                    else:
-                        p.grad.copy_(view)
+                    if p.grad is None:
+                        # no gradient here (unused in this forward): it stays without one,
+                        # as in local training, so the optimizer leaves it alone
+                        continue
+                    p.grad.copy_(g.view(g.recv, n, self._cpu[n]))
                 continue
             name = g.names[0]
             p = params[name]
@@ -296,6 +302,8 @@ class DistributedOptimizer:
                     p.grad.copy_(buf)
             elif self._cpu[name] is not p.data:
                 p.data.copy_(self._cpu[name])
+        for g in self.groups:
+            g.ready = set()  # a partial backward must not leave members marked for next step
         self._synced = True
 
     def step(self, closure: Any = None) -> Any:
@@ -315,6 +323,8 @@ class DistributedOptimizer:
         else:
             for _, p in self.named:
                 p.grad = None
+        for g in self.groups:
+            g.ready = set()
 
     @property
     def param_groups(self) -> list[dict]:

@@ -56,8 +56,8 @@ class Message:
     arrays: list[np.ndarray] = field(default_factory=list)
     sent_at: float = 0.0
     nbytes: int = 0
-    # set by the receiver (never on the wire): more messages were already waiting when this
-    # one was taken, so the receive thread was behind and this one's arrival time is late
+    # set by the receiver (never on the wire): this message was already waiting when the
+    # receive thread came to look, so the time it was taken is later than its arrival
     backlogged: bool = False
 
     @property

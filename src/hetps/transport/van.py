@@ -237,6 +237,9 @@ class Van:
             wait_ms = (
                 None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             )
+            # a message that is already waiting before we poll arrived while this thread was
+            # busy elsewhere: the time we take it is later than its arrival
+            waited = bool(self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
             events = dict(self._poller.poll(wait_ms))
             if self._router not in events:
                 if deadline is not None and time.monotonic() >= deadline:
@@ -249,7 +252,7 @@ class Van:
                 log.warning("%s dropped a bad message: %s", self.name, exc)
                 continue
             now = time.time()
-            msg.backlogged = bool(self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+            msg.backlogged = waited
             self.counters.on_recv(msg.sender, msg.nbytes, now)
             if self.observer is not None:
                 self.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
