@@ -19,8 +19,9 @@ model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Li
 if r != 0:                       # other ranks start elsewhere: the broadcast must fix that
     for p in model.parameters():
         torch.nn.init.normal_(p)
+extra = torch.zeros(2, dtype=torch.float64)   # rides with the gradients when it can
 opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                           model.named_parameters(), kvstore=kv, op='average')
+                           model.named_parameters(), kvstore=kv, op='average', extra=extra)
 g = torch.Generator().manual_seed(1)
 X = torch.randn(6, 16, 8, generator=g, dtype=torch.float64)   # 6 steps, global batch 16
 Y = torch.randint(0, 3, (6, 16), generator=g)
@@ -28,11 +29,15 @@ per = 16 // W
 for step in range(6):
     x, y = X[step, r * per:(r + 1) * per], Y[step, r * per:(r + 1) * per]
     opt.zero_grad()
+    extra.copy_(torch.tensor([r + 1.0, step]))  # before backward: it leaves with the hooks
     torch.nn.functional.cross_entropy(model(x), y).backward()
     if step == 3:
         opt.synchronize()                                    # clip between sync and step
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
     opt.step()
+    if opt.extra_rides:  # summed over the workers, not averaged
+        assert extra.tolist() == [W * (W + 1) / 2, W * step], (extra, step)
+print('RIDES', opt.extra_rides, flush=True)
 print('GROUPS ' + json.dumps([g.names for g in opt.groups]), flush=True)
 print('WEIGHTS ' + json.dumps([p.detach().flatten().tolist() for p in model.parameters()]), flush=True)
 """
@@ -74,6 +79,9 @@ def test_matches_single_process_training(cluster, workers, fusion):
         json.loads(line.split("GROUPS ", 1)[1]) for line in out.splitlines() if "GROUPS " in line
     ]
     assert groups and all(g == GROUPS[fusion] for g in groups), groups
+    # the extra tensor rides in the first parameters' fused group, when that group is fused
+    rides = len(GROUPS[fusion][0]) > 1
+    assert out.count(f"RIDES {rides}") == workers, out
     scope: dict = {}
     exec(REFERENCE, scope)  # the same model, data and steps, in this process
     ref = scope["ref"]

@@ -27,6 +27,12 @@ Fusion applies to ``update_on="worker"`` only (a server-side optimizer would upd
 as one tensor). A member with no gradient this step (unused by the forward pass) adds zeros
 and keeps ``p.grad`` None; its group then goes out from :meth:`synchronize`, after backward.
 As with lone parameters, a parameter must get a gradient on every worker or on none.
+
+``extra``: a small tensor (e.g. a "stop after this step?" flag) that travels inside the
+first parameters' fused group and comes back summed over the workers after
+:meth:`synchronize`, so it costs no request of its own. Set it before backward (the group
+may leave from a hook); ``extra_rides`` says whether it
+could (a fused group of its dtype), otherwise the caller must exchange it itself.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ class DistributedOptimizer:
         broadcast: bool = True,
         prefix: str = "",
         fusion_bytes: int | None = None,
+        extra: torch.Tensor | None = None,
     ) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
@@ -126,6 +133,22 @@ class DistributedOptimizer:
         self.fusion_bytes = fusion_bytes
         self.groups = self._make_groups(fusion_bytes)
         self._group_of = {n: g for g in self.groups for n in g.names}
+        # a small tensor that rides, summed over the workers, in the group of the first
+        # parameters (the last one backward finishes): e.g. a stop flag, without a request
+        # of its own. Only in a fused group of its dtype; else the caller sends it itself.
+        self.extra = extra
+        g0 = self.groups[0] if self.groups else None
+        self.extra_rides = bool(
+            extra is not None
+            and g0 is not None
+            and g0.fused
+            and extra.dtype == self._cpu[g0.names[0]].dtype
+            and extra.device.type == "cpu"
+            and extra.is_contiguous()
+        )
+        if self.extra_rides:
+            assert extra is not None and g0 is not None
+            g0.numel += extra.numel()
         if broadcast:
             self.broadcast_parameters()
         keys, values = [], []
@@ -191,6 +214,8 @@ class DistributedOptimizer:
 
     def _key(self, g: _Group) -> str:
         name = g.names[0] if not g.fused else f"{g.names[0]}+{len(g.names) - 1}"
+        if g.index == 0 and self.extra_rides:
+            name += "+extra"
         return self._gkey(name) if self.update_on == "worker" else self._wkey(name)
 
     def broadcast_parameters(self) -> None:
@@ -228,6 +253,9 @@ class DistributedOptimizer:
     def _launch(self, g: _Group, data: torch.Tensor) -> None:
         """Send group ``g``'s gradients (``data``) and ask for its result."""
         g.ready = set()
+        if g.index == 0 and self.extra_rides:
+            assert self.extra is not None and g.send is not None
+            g.send[g.numel - self.extra.numel() :].copy_(self.extra.reshape(-1))
         prio = -self._index[g.names[0]]  # the first layers are needed first by the next forward
         if g.fused:
             out = g.recv
@@ -258,7 +286,7 @@ class DistributedOptimizer:
             if h is None:
                 # hooks did not run (grads set by hand, or members without a gradient): send now
                 have = [n for n in g.names if params[n].grad is not None]
-                if not have:
+                if not have and not (g.index == 0 and self.extra_rides):
                     continue
                 if not g.fused:
                     self._make_hook(g.names[0])(params[g.names[0]])
@@ -278,6 +306,10 @@ class DistributedOptimizer:
             h.wait()
             if g.fused:  # (update on workers only)
                 assert g.recv is not None
+                if g.index == 0 and self.extra_rides:
+                    assert self.extra is not None
+                    k = self.extra.numel()  # the sum over the workers, before any averaging
+                    self.extra.copy_(g.recv[g.numel - k :].view_as(self.extra))
                 if self.op == "average" and W > 1:
                     g.recv.div_(W)
                 for n in g.names:

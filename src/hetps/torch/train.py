@@ -310,11 +310,13 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
     if kv is None:
         local_opt = torch.optim.SGD(model.parameters(), lr=args.learning_rate)
     elif args.mode == "sync":
+        stop_flag = torch.zeros(1, dtype=torch.float32)  # summed over the workers each step
         dopt = DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=args.learning_rate),
             params,
             kvstore=kv,
             op="average",
+            extra=stop_flag,
         )
     elif args.mode == "async":
         server_opt = (
@@ -489,7 +491,10 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                     or (args.max_rounds is not None and rnd >= args.max_rounds)
                 )
                 ctl = np.array([1.0 if pre_stop else 0.0], np.float32)
-                ctl_handle = kv.pushpull("__ctl", ctl, block=False)
+                if dopt is not None and dopt.extra_rides:
+                    dopt.extra.fill_(ctl[0])  # rides with the gradients, summed by step()
+                else:
+                    ctl_handle = kv.pushpull("__ctl", ctl, block=False)
             if dopt is not None and args.mode in ("sync", "async"):
                 t0 = time.perf_counter()
                 loss, c, n, epoch = one_step(lambda: None)
@@ -529,6 +534,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
         elif ctl_handle is not None:
             ctl_handle.wait()
             stop = bool(ctl[0] > 0)
+        elif args.mode == "sync" and dopt is not None and dopt.extra_rides:
+            stop = bool(dopt.extra[0] > 0)  # summed over the workers by dopt.step()
         else:
             stop = want_stop  # async and local: each worker stops on its own
 
