@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# keys of a few thousand elements split over servers and into several chunks
+SMALL_PARTS = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
+
 
 def test_async_applies_each_push_and_refuses_without_optimizer(cluster):
     code = """
@@ -57,7 +60,7 @@ print('COMP-OK', flush=True)
         code,
         workers=2,
         servers=2,
-        env={"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"},
+        env=SMALL_PARTS,
     )
     assert rc == 0, out
     assert out.count("COMP-OK") == 2, out
@@ -157,7 +160,7 @@ print('PP-SYNC-OK', flush=True)
         code,
         workers=2,
         servers=2,
-        env={"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"},
+        env=SMALL_PARTS,
     )
     assert rc == 0, out
     assert out.count("PP-SYNC-OK") == 2, out
@@ -188,7 +191,7 @@ print('PP-ASYNC-OK', flush=True)
         code,
         workers=1,
         servers=2,
-        env={"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"},
+        env=SMALL_PARTS,
     )
     assert rc == 0, out
     assert "PP-ASYNC-OK" in out, out

@@ -241,10 +241,6 @@ class Planner:
         is the better estimate. A probe that shared its links with data reads low, which the
         maximum over the window forgives. One that would read too fast (its forecast stamped
         late by a receive thread that was behind) never gets here: the server drops it."""
-        return self._plain_caps()
-
-    def _plain_caps(self) -> tuple[np.ndarray, np.ndarray]:
-        """Busy-time rate or fastest recent probe, whichever is larger (no optimism)."""
         caps = []
         for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
             probe = np.array([max(h) if h else np.nan for h in hist])
