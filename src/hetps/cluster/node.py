@@ -45,6 +45,7 @@ class Node:
             name=cfg.role,
             shape_mbit=cfg.shape_mbit,
             chunk_bytes=cfg.chunk_bytes,
+            ring_bytes=cfg.shm_bytes,
         )
         self.requests = RequestTracker()
         self.info: NodeInfo | None = None

@@ -78,16 +78,27 @@ def dtype_name(dtype: np.dtype) -> str:
     return name
 
 
-def encode(msg: Message) -> list[Any]:
-    """Return the frames of ``msg`` (header bytes, then one buffer per array, not copied)."""
+def encode(msg: Message, ring: Any = None, min_ring_bytes: int = 0) -> list[Any]:
+    """Return the frames of ``msg`` (header bytes, then one buffer per array, not copied).
+
+    With a ``ring`` (a :class:`~hetps.transport.shm.OutRing` the receiver has opened), arrays
+    of at least ``min_ring_bytes`` are copied into it and travel as an empty frame plus their
+    ring counter in the header's ``"m"`` field: ``[ring name, [counter or -1 per array]]``.
+    """
     specs = []
     frames: list[Any] = [b""]
     nbytes = 0
+    placed: list[int] = []
     for arr in msg.arrays:
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         specs.append([dtype_name(arr.dtype), list(arr.shape)])
-        frames.append(arr.reshape(-1).view(np.uint8) if arr.size else b"")
+        raw = arr.reshape(-1).view(np.uint8) if arr.size else b""
+        pos = None
+        if ring is not None and arr.nbytes >= min_ring_bytes and arr.size:
+            pos = ring.put(raw)
+        placed.append(-1 if pos is None else pos)
+        frames.append(b"" if pos is not None else raw)
         nbytes += arr.nbytes
     header = {
         "v": VERSION,
@@ -100,19 +111,26 @@ def encode(msg: Message) -> list[Any]:
         "b": msg.body,
         "a": specs,
     }
+    if any(p >= 0 for p in placed):
+        header["m"] = [ring.name, placed]
     frames[0] = msgpack.packb(header, use_bin_type=True)
     msg.nbytes = nbytes + len(frames[0])
     return frames
 
 
 def _buffer(frame: Any) -> memoryview:
-    if isinstance(frame, (bytes, bytearray, memoryview)):
+    if isinstance(frame, (bytes, bytearray, memoryview, np.ndarray)):
         return memoryview(frame)
     return frame.buffer  # zmq.Frame
 
 
-def decode(frames: list[Any], max_bytes: int) -> Message:
-    """Decode and validate ``frames`` (header first). Raises :class:`BadMessage` on bad input."""
+def decode(frames: list[Any], max_bytes: int, rings: Any = None) -> Message:
+    """Decode and validate ``frames`` (header first). Raises :class:`BadMessage` on bad input.
+
+    ``rings`` maps ring names to :class:`~hetps.transport.shm.InRing` for arrays that came
+    through shared memory (header field ``"m"``); their bytes are copied out of the ring and
+    the ring is told they are consumed, even when the message then fails validation.
+    """
     if not frames:
         raise BadMessage("empty message")
     head = _buffer(frames[0])
@@ -149,35 +167,17 @@ def decode(frames: list[Any], max_bytes: int) -> Message:
         raise BadMessage("field 'a' (arrays) must be a list")
     if len(specs) != len(frames) - 1:
         raise BadMessage(f"header announces {len(specs)} arrays but {len(frames) - 1} frames came")
+    placed = _ring_positions(header.get("m"), len(specs), rings)
+    ring = rings[header["m"][0]] if placed else None
     total = len(head)
     arrays: list[np.ndarray] = []
-    for i, spec in enumerate(specs):
-        if not (isinstance(spec, list) and len(spec) == 2):
-            raise BadMessage(f"array spec {i} must be [dtype, shape]")
-        dname, shape = spec
-        dt = WIRE_DTYPES.get(dname) if isinstance(dname, str) else None
-        if dt is None:
-            raise BadMessage(f"array {i}: dtype {dname!r} is not allowed")
-        if (
-            not isinstance(shape, list)
-            or len(shape) > MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        ):
-            raise BadMessage(f"array {i}: shape {shape!r} must be a list of non-negative integers")
-        count = 1
-        for d in shape:
-            count *= d
-        expected = count * dt.itemsize
-        buf = _buffer(frames[i + 1])
-        if len(buf) != expected:
-            raise BadMessage(
-                f"array {i}: frame holds {len(buf)} bytes but dtype {dname} shape {shape} "
-                f"needs {expected}"
-            )
-        total += expected
-        if total > max_bytes:
-            raise BadMessage(f"message exceeds the size bound of {max_bytes} bytes")
-        arrays.append(np.frombuffer(buf, dtype=dt).reshape(shape) if count else np.empty(shape, dt))
+    try:
+        for i, spec in enumerate(specs):
+            total = _decode_array(i, spec, frames[i + 1], placed, ring, total, max_bytes, arrays)
+    finally:
+        if ring is not None:  # what the sender put there may be overwritten now
+            last = max(placed)
+            ring.consumed(last, _ring_bytes(specs[placed.index(last)]))
     return Message(
         cmd=cmd,
         sender=sender,
@@ -189,3 +189,70 @@ def decode(frames: list[Any], max_bytes: int) -> Message:
         sent_at=float(sent_at),
         nbytes=total,
     )
+
+
+def _ring_bytes(spec: Any) -> int:
+    """Bytes of a validated-or-not array spec, 0 when it is malformed (for ring bookkeeping)."""
+    try:
+        count = 1
+        for d in spec[1]:
+            count *= int(d)
+        return max(0, count * WIRE_DTYPES[spec[0]].itemsize)
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _ring_positions(field_m: Any, n: int, rings: Any) -> list[int] | None:
+    """Validate header field ``"m"``; the per-array ring counters (-1: inline), or None."""
+    if field_m is None:
+        return None
+    if not (isinstance(field_m, list) and len(field_m) == 2 and isinstance(field_m[1], list)):
+        raise BadMessage("field 'm' (shared-memory frames) must be [ring name, [counter, ...]]")
+    name, placed = field_m
+    if len(placed) != n or not all(
+        isinstance(p, int) and not isinstance(p, bool) and p >= -1 for p in placed
+    ):
+        raise BadMessage(f"field 'm' must hold one counter (or -1) per array, {n} in all")
+    if rings is None or not isinstance(name, str) or name not in rings:
+        raise BadMessage(f"arrays in shared-memory ring {name!r}, which this node never opened")
+    return placed if any(p >= 0 for p in placed) else None
+
+
+def _decode_array(i, spec, frame, placed, ring, total, max_bytes, arrays) -> int:
+    """Validate array ``i`` against its frame (or ring slot), append it; the new total."""
+    if not (isinstance(spec, list) and len(spec) == 2):
+        raise BadMessage(f"array spec {i} must be [dtype, shape]")
+    dname, shape = spec
+    dt = WIRE_DTYPES.get(dname) if isinstance(dname, str) else None
+    if dt is None:
+        raise BadMessage(f"array {i}: dtype {dname!r} is not allowed")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_DIMS
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise BadMessage(f"array {i}: shape {shape!r} must be a list of non-negative integers")
+    count = 1
+    for d in shape:
+        count *= d
+    expected = count * dt.itemsize
+    buf = _buffer(frame)
+    if placed is not None and placed[i] >= 0:
+        if len(buf) != 0:
+            raise BadMessage(f"array {i} is in shared memory but its frame is not empty")
+        if total + expected > max_bytes:
+            raise BadMessage(f"message exceeds the size bound of {max_bytes} bytes")
+        try:
+            buf = memoryview(ring.take(placed[i], expected))
+        except ValueError as exc:
+            raise BadMessage(f"array {i}: {exc}") from None
+    if len(buf) != expected:
+        raise BadMessage(
+            f"array {i}: frame holds {len(buf)} bytes but dtype {dname} shape {shape} "
+            f"needs {expected}"
+        )
+    total += expected
+    if total > max_bytes:
+        raise BadMessage(f"message exceeds the size bound of {max_bytes} bytes")
+    arrays.append(np.frombuffer(buf, dtype=dt).reshape(shape) if count else np.empty(shape, dt))
+    return total

@@ -1,0 +1,204 @@
+"""Shared-memory rings: big array frames between two processes on one machine.
+
+Over TCP loopback a 4 MiB frame is copied four times on its way (into the kernel and out,
+on both sides, plus ZeroMQ's own buffer) and costs ~5x a plain ``memcpy`` of the same bytes
+(see docs/ARCHITECTURE.md, "Same-machine peers"). BytePS moves the gradients of co-located
+processes through shared memory for this reason; so does hetps.
+
+One :class:`OutRing` per directed (sender -> receiver) pair, created by the sender under
+``/dev/shm``. Frames are written at increasing byte counters ``pos`` (a frame never straddles
+the end; the counter skips to the next lap instead); the message that carries them over
+ZeroMQ holds only the counters. The receiver copies each frame out when it decodes the message
+and publishes how far it has consumed (``tail``) in the ring's header, which is all the
+sender needs to reuse the space. ZeroMQ keeps one connection's messages in order, so the
+receiver consumes frames in the order they were written.
+
+Nothing depends on the ring working: the sender offers the ring in an ordinary message and
+keeps sending frames inline until the receiver has marked the ring open in its header (a
+receiver on another machine never does), and any frame that does not fit because the ring
+is full also goes inline. The name is unlinked as soon as the receiver opened it, so a
+crash afterwards leaves nothing in ``/dev/shm``; names of creators that died before that are
+swept when the next ring is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import secrets
+
+import numpy as np
+
+log = logging.getLogger("hetps.shm")
+
+SHM_DIR = "/dev/shm"
+HEADER_BYTES = 4096
+ALIGN = 64
+MAGIC = 0x474E495253505448  # b"HTPSRING" little-endian
+_OPENED, _MAGIC, _SIZE, _TAIL = 0, 1, 2, 8  # uint64 slots of the header (tail on its own line)
+# map every page up front: faulting tmpfs pages in on the first lap costs more than the copy
+_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+NAME_RE = re.compile(r"^hetps-shm-(\d+)-[0-9a-f]{16}$")
+
+
+def _span(n: int) -> int:
+    return max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
+
+
+def sweep_stale(directory: str = SHM_DIR) -> int:
+    """Unlink ring files whose creating process no longer exists; returns how many."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        m = NAME_RE.match(name)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        try:
+            os.kill(pid, 0)
+            continue  # alive (or not ours to signal: leave it)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+class OutRing:
+    """The sending end: ``put`` copies a frame in and returns its counter, or None."""
+
+    def __init__(self, size: int, directory: str = SHM_DIR) -> None:
+        if size < ALIGN:
+            raise ValueError(f"ring size {size} is below {ALIGN} bytes")
+        sweep_stale(directory)
+        self.size = int(size)
+        self.name = f"hetps-shm-{os.getpid()}-{secrets.token_hex(8)}"
+        self._path: str | None = os.path.join(directory, self.name)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, HEADER_BYTES + self.size)
+            self._mm = mmap.mmap(fd, HEADER_BYTES + self.size, flags=_FLAGS)
+        except BaseException:
+            os.close(fd)
+            self._unlink()
+            raise
+        os.close(fd)
+        self._hdr = np.frombuffer(self._mm, np.uint64, count=16)
+        self._data = np.frombuffer(self._mm, np.uint8, offset=HEADER_BYTES)
+        self._hdr[_SIZE] = self.size
+        self._hdr[_MAGIC] = MAGIC
+        self.head = 0
+        self.closed = False
+
+    def _unlink(self) -> None:
+        if self._path is not None:
+            try:
+                os.unlink(self._path)
+            except OSError:
+                pass
+            self._path = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether the receiver has opened the ring (then its name is unlinked)."""
+        if self.closed or not self._hdr[_OPENED]:
+            return False
+        self._unlink()
+        return True
+
+    @property
+    def free(self) -> int:
+        """Bytes the receiver has consumed up to, minus what is written: the free space."""
+        return self.size - (self.head - int(self._hdr[_TAIL]))
+
+    def put(self, frame: np.ndarray) -> int | None:
+        """Copy ``frame`` (uint8, contiguous) in; its counter, or None when it does not fit."""
+        n = frame.nbytes
+        span = _span(n)
+        if span > self.size or self.closed:
+            return None
+        pos = self.head
+        off = pos % self.size
+        if off + span > self.size:  # never straddle the end: start the next lap
+            pos += self.size - off
+            off = 0
+        if pos + span - int(self._hdr[_TAIL]) > self.size:
+            return None
+        self._data[off : off + n] = frame
+        self.head = pos + span
+        return pos
+
+    def close(self) -> None:
+        """Unlink the name (if still there) and unmap."""
+        if self.closed:
+            return
+        self.closed = True
+        self._unlink()
+        self._hdr = self._data = None  # type: ignore[assignment]
+        try:
+            self._mm.close()
+        except BufferError:  # a view is still alive somewhere: the mapping goes with it
+            pass
+
+
+class InRing:
+    """The receiving end of a ring named in an offer."""
+
+    def __init__(self, name: str, directory: str = SHM_DIR) -> None:
+        if not isinstance(name, str) or NAME_RE.match(name) is None:
+            raise ValueError(f"{name!r} is not a hetps ring name")
+        self.name = name
+        fd = os.open(os.path.join(directory, name), os.O_RDWR)
+        try:
+            total = os.fstat(fd).st_size
+            if total < HEADER_BYTES + ALIGN:
+                raise ValueError(f"ring {name} holds {total} bytes, too few")
+            self._mm = mmap.mmap(fd, total, flags=_FLAGS)
+        finally:
+            os.close(fd)
+        self._hdr = np.frombuffer(self._mm, np.uint64, count=16)
+        self.size = total - HEADER_BYTES
+        if int(self._hdr[_MAGIC]) != MAGIC or int(self._hdr[_SIZE]) != self.size:
+            self._hdr = None  # type: ignore[assignment]
+            self._mm.close()
+            raise ValueError(f"ring {name} has a bad header")
+        self._data = np.frombuffer(self._mm, np.uint8, offset=HEADER_BYTES)
+        self.tail = int(self._hdr[_TAIL])
+        self._hdr[_OPENED] = 1
+
+    def take(self, pos: int, n: int) -> np.ndarray:
+        """A copy of the ``n`` bytes written at counter ``pos``; ValueError if out of bounds."""
+        if self._data is None:
+            raise ValueError(f"ring {self.name} is closed")
+        if not (isinstance(pos, int) and pos >= 0 and 0 <= n):
+            raise ValueError(f"bad ring position {pos!r}")
+        off = pos % self.size
+        if off + n > self.size:
+            raise ValueError(f"frame at {pos} of {n} bytes runs past the ring's end")
+        out = np.empty(n, np.uint8)
+        out[:] = self._data[off : off + n]
+        return out
+
+    def consumed(self, pos: int, n: int) -> None:
+        """Everything up to the frame at ``pos`` (of ``n`` bytes) may be overwritten."""
+        end = pos + _span(n)
+        if end > self.tail and self._hdr is not None:
+            self.tail = end
+            self._hdr[_TAIL] = end
+
+    def close(self) -> None:
+        self._hdr = self._data = None  # type: ignore[assignment]
+        try:
+            self._mm.close()
+        except BufferError:
+            pass

@@ -1,0 +1,170 @@
+"""Shared-memory rings between processes of one machine (transport/shm.py) and their use by
+the codec and the van: wrap-around, a full ring, the offer handshake, bad descriptors, and
+nothing left in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hetps.config import ConfigError, node_config_from_env
+from hetps.transport import shm
+from hetps.transport.codec import BadMessage, Message, decode, encode
+from hetps.transport.van import RING_MIN_BYTES, Van
+
+MiB = 1 << 20
+
+
+def _mine() -> list[str]:
+    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"hetps-shm-{os.getpid()}-")]
+
+
+@pytest.fixture
+def ring_pair():
+    out = shm.OutRing(4096)
+    inn = shm.InRing(out.name)
+    yield out, inn
+    inn.close()
+    out.close()
+    assert not _mine()
+
+
+def test_opening_unlinks_the_name_and_frames_come_back_exact(ring_pair):
+    out, inn = ring_pair
+    assert out.ready  # the receiver marked it open: the sender unlinks the name
+    assert out.name not in os.listdir(shm.SHM_DIR)
+    a = np.arange(100, dtype=np.uint8)
+    pos = out.put(a)
+    assert pos == 0
+    got = inn.take(pos, a.nbytes)
+    inn.consumed(pos, a.nbytes)
+    np.testing.assert_array_equal(got, a)
+    a[:] = 7  # the copy taken out does not change with the sender's buffer
+    assert got[5] == 5
+
+
+def test_a_full_ring_refuses_until_the_receiver_consumed_and_frames_never_straddle(ring_pair):
+    out, inn = ring_pair
+    big = np.full(1500, 1, np.uint8)
+    p1, p2 = out.put(big), out.put(big + 1)
+    assert (p1, p2) == (0, 1536)  # 64-byte aligned spans
+    assert out.put(big + 2) is None  # 3 x 1536 > 4096: full, the caller sends inline
+    inn.consumed(p1, big.nbytes)
+    p3 = out.put(big + 2)
+    assert p3 == 4096  # 3072 + 1536 would pass the end: it starts the next lap
+    np.testing.assert_array_equal(inn.take(p2, 1500), big + 1)
+    np.testing.assert_array_equal(inn.take(p3, 1500), big + 2)
+    assert out.put(np.zeros(5000, np.uint8)) is None  # larger than the ring: never fits
+
+
+def test_the_receiver_refuses_bad_names_and_bad_positions(ring_pair):
+    _, inn = ring_pair
+    for name in ("../etc/passwd", "hetps-shm-1-zz", 5):
+        with pytest.raises(ValueError, match="not a hetps ring name"):
+            shm.InRing(name)
+    with pytest.raises(FileNotFoundError):
+        shm.InRing("hetps-shm-1-0123456789abcdef")
+    with pytest.raises(ValueError, match="past the ring's end"):
+        inn.take(4000, 200)
+    with pytest.raises(ValueError, match="bad ring position"):
+        inn.take(-1, 10)
+
+
+def test_rings_of_dead_creators_are_swept(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    dead = f"hetps-shm-{proc.stdout.strip()}-0123456789abcdef"
+    alive = f"hetps-shm-{os.getpid()}-0123456789abcdef"
+    for name in (dead, alive, "unrelated"):
+        (tmp_path / name).write_bytes(b"x")
+    assert shm.sweep_stale(str(tmp_path)) == 1
+    assert sorted(os.listdir(tmp_path)) == sorted([alive, "unrelated"])
+
+
+def test_codec_carries_big_arrays_through_the_ring_and_small_ones_inline(ring_pair):
+    out, inn = ring_pair
+    out2 = shm.OutRing(MiB)
+    in2 = shm.InRing(out2.name)
+    try:
+        big = np.arange(20000, dtype=np.float32)
+        small = np.arange(3, dtype=np.int64)
+        frames = encode(Message("push", arrays=[big, small]), out2, 1024)
+        assert len(frames[1]) == 0 and len(frames[2]) == small.nbytes
+        msg = decode(frames, 1 << 30, {in2.name: in2})
+        np.testing.assert_array_equal(msg.arrays[0], big)
+        np.testing.assert_array_equal(msg.arrays[1], small)
+        assert in2.tail == 80000  # consumed: the sender may reuse the space
+        with pytest.raises(BadMessage, match="never opened"):
+            decode(encode(Message("push", arrays=[big]), out2, 1024), 1 << 30, {})
+        frames = encode(Message("push", arrays=[big]), out2, 1024)
+        frames[1] = b"xx"
+        with pytest.raises(BadMessage, match="frame is not empty"):
+            decode(frames, 1 << 30, {in2.name: in2})
+        with pytest.raises(BadMessage, match="size bound"):
+            decode(encode(Message("push", arrays=[big]), out2, 1024), 1000, {in2.name: in2})
+    finally:
+        in2.close()
+        out2.close()
+
+
+def test_van_moves_frames_through_the_ring_after_the_offer_and_inline_when_full():
+    """Two vans on 127.0.0.1, real sockets: the first big message goes inline while the
+    ring is offered; later ones go through the ring; with the receiver not reading, a full
+    ring sends inline; every array arrives exact and in order; nothing stays in /dev/shm."""
+    rx, tx = Van(name="rx", ring_bytes=8 * MiB), Van(name="tx", ring_bytes=8 * MiB)
+    try:
+        tx.connect(1, rx.endpoint)
+        n = RING_MIN_BYTES // 4 + 1024  # just above the bound, ~2 MiB each
+        sent = [np.full(n, i, np.float32) for i in range(6)]
+        tx.send(1, Message("push", arrays=[sent[0]]))
+        first = rx.recv(timeout=10)
+        assert first is not None and first.cmd == "push"  # the offer was consumed on the way
+        ring = tx._rings_out[1]
+        assert ring is not None and ring.ready and ring.head == 0
+        for a in sent[1:]:  # nobody receives: three fit in 8 MiB, the rest go inline
+            tx.send(1, Message("push", arrays=[a]))
+        assert ring.head == 3 * 4 * n  # the three that fit (spans are 64-byte multiples)
+        small = np.arange(1000, dtype=np.float32)  # below the bound: always inline
+        tx.send(1, Message("push", arrays=[small]))
+        assert ring.head == 3 * 4 * n
+        got = [first] + [rx.recv(timeout=10) for _ in range(len(sent))]
+        for a, m in zip([*sent, small], got, strict=True):
+            np.testing.assert_array_equal(m.arrays[0], a)
+        assert ring.free == ring.size  # all consumed
+        tx.send(1, Message("push", arrays=[sent[3]]))
+        np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], sent[3])
+    finally:
+        tx.close()
+        rx.close()
+    assert not _mine()
+
+
+def test_a_peer_on_another_address_never_gets_a_ring():
+    v = Van(name="v", ring_bytes=MiB)
+    try:
+        v.connect(1, "10.255.255.1:5")  # not this machine: frames stay on TCP
+        v.connect(2, "127.0.0.1:5")
+        assert 1 not in v._local and 2 in v._local
+    finally:
+        v.close()
+
+
+def test_shm_bytes_is_validated():
+    base = {
+        "DMLC_ROLE": "worker",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": "1",
+        "DMLC_NUM_SERVER": "1",
+        "DMLC_NUM_WORKER": "1",
+    }
+    assert node_config_from_env({**base, "HETPS_SHM_BYTES": "0"}).shm_bytes == 0
+    with pytest.raises(ConfigError, match="HETPS_SHM_BYTES=1000 is too small"):
+        node_config_from_env({**base, "HETPS_SHM_BYTES": "1000"})
