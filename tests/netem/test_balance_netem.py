@@ -146,6 +146,36 @@ def test_link_measurement_within_15_percent_of_tc_rate(tmp_path):
         assert 0.4 < got / tc_rate < 1.15, (got * 8 / 1e6, "Mbit/s, link")
 
 
+def test_spread_probes_see_a_node_faster_than_every_peer(tmp_path):
+    """Node 0 sends at 60 Mbit/s, its three peers receive at 40: every single-flow probe
+    (and every data flow) of node 0 reads at most ~40. The spread probe's three flows
+    together read node 0's own 60 (docs/BALANCE.md §7.2)."""
+    scen = tmp_path / "four.toml"
+    scen.write_text('[network]\nkind = "static"\nrates_mbit = [60, 40, 40, 40]\n')
+    script = tmp_path / "m.py"
+    script.write_text(MEASURE)
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=4,
+        num_servers=4,
+        command=[sys.executable, str(script)],
+        env={"PS_HEARTBEAT_TIMEOUT": "30", "HETPS_PROBE_PROB": "1.0"},
+        start_timeout=60,
+    )
+    rc = run_cluster(
+        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=20000, out=out
+    )
+    text = out.getvalue()
+    assert rc == 0, text
+    from hetps.netem import goodput_mbit
+
+    (raw_nodes,) = re.findall(r"NODES (\{.*\})", text)
+    up = [x * 8 / 1e6 for x in json.loads(raw_nodes)["up"]]
+    fast, peer = goodput_mbit(60), goodput_mbit(40)
+    assert abs(up[0] - fast) / fast < 0.15, (up, "Mbit/s; node 0 should read", fast)
+    assert up[0] > 1.25 * peer, up  # more than any single flow of it could show
+
+
 def test_train_on_emulated_links_with_balance(tmp_path):
     """`hetps train --netem --colocate --balance aware` as a user runs it; plans are logged."""
     import subprocess

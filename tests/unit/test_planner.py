@@ -191,3 +191,87 @@ def test_probe_samples_are_told_apart_in_reports():
     p.handle(Sched(), msg)
     assert p._probe_up[3] == [pytest.approx(1e6)] and p._probe_down[2] == [pytest.approx(1e6)]
     assert np.isnan(p.table.estimate(3, 2))  # not a data sample
+
+
+def test_a_spread_probe_reads_a_node_faster_than_every_peer():
+    """3 co-located nodes; node 0 can send 12 MB/s, its peers receive 8 each: its single-flow
+    probes read 8. Its spread (two flows at once) reads their total over their common span,
+    and counts while node 0 stays censored (its probes as fast as its fastest peer's)."""
+    p = _planner("optimal", 0.1, colocate=True, n=3)
+    p.observe_probe(0, 1, 8e6)
+    p.observe_probe(0, 2, 8e6)
+    p.observe_probe(1, 2, 8e6)
+    p.observe_probe(2, 1, 8e6)
+    assert p.capacity()[0][0] == pytest.approx(8e6)
+    assert list(p.censored()[0]) == [True, True, True]  # each as fast as its fastest peer
+    # fan-out from 0: 1 MB to each of 1 and 2, over 0.0-0.17 s and 0.01-0.16 s
+    p.observe_spread([(0, 1, 0.0, 0.17, 1e6), (0, 2, 0.01, 0.16, 1e6)])
+    up, down = p.capacity()
+    assert up[0] == pytest.approx(2e6 / 0.17)  # ~11.8 MB/s, not 8
+    assert np.isnan(p.spread_down[1]) and np.isnan(p.spread_down[2])  # lone flows: no reading
+    assert p.spreads_seen == 1
+    # node 0 slows down: its single-flow probes now read well below its peers', so it is not
+    # censored any more and the old spread reading no longer counts
+    for j in (1, 2):
+        p.observe_probe(0, j, 2e6)
+        p.observe_probe(3 - j, j, 8e6)  # the other peer still reaches j at 8
+    assert not p.censored()[0][0]
+    assert p.capacity()[0][0] == pytest.approx(2e6)
+
+
+def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():
+    p = _planner("optimal", 0.1, colocate=True, n=4)
+    assert p.spread_targets() is None  # nothing known: nothing censored
+    # sending: node 1 reads 9 (its fastest receiver takes 9.5: censored), node 2 reads 9.2,
+    # node 0 reads 3 (clearly its own limit); receiving: only node 3 is near its best sender
+    for src, dst, r in [(1, 3, 9e6), (2, 3, 9.2e6), (0, 3, 3e6), (3, 0, 2e6), (1, 0, 9.5e6)]:
+        p.observe_probe(src, dst, r)
+    cen_up, cen_down = p.censored()
+    assert list(np.flatnonzero(cen_up)) == [1, 2] and list(np.flatnonzero(cen_down)) == [0, 3]
+    picks = []
+    for k in range(6):
+        p.spreads_seen = k
+        picks.append(p.spread_targets())
+    assert picks == [["out", 1], ["in", 0], ["out", 2], ["in", 3], ["out", 1], ["in", 0]]
+    assert _planner("average", 0.1, colocate=True, n=4).spread_targets() is None
+    # 2 co-located nodes: a spread would be one flow, which reads nothing new
+    two = _planner("optimal", 0.1, colocate=True, n=2)
+    two.observe_probe(0, 1, 5e6)
+    two.observe_probe(1, 0, 5e6)
+    assert two.spread_targets() is None
+    # separate workers and servers: a worker rank to fan out from, a server rank to fan in
+    q = _planner("aware", 0.1)  # 2 workers (matrix rows 3, 4), 3 servers (0-2)
+    q.observe_probe(4, 1, 5e6)
+    q.observe_probe(3, 0, 5e6)
+    assert q.spread_targets() == ["out", 0]  # worker 0 = row 3, as fast as server 0 takes
+
+
+def test_spread_samples_are_collected_per_round_and_read_when_it_is_complete():
+    class Sched:
+        nodes: dict = {}
+        dead: set = set()
+        finished: set = set()
+        answers: list = []
+
+        def reply(self, msg, body):
+            self.answers.append(body)
+
+    from hetps.cluster import protocol as P
+    from hetps.transport.codec import Message
+
+    p = _planner("optimal", 0.1, colocate=True, n=3)
+    sched = Sched()
+    sched.nodes = {P.worker_id(r): type("N", (), {"role": "worker"})() for r in range(3)}
+    # fan-in to node 0 from workers 1 and 2, each reporting its own flow
+    flows = {
+        1: [P.worker_id(1), P.server_id(0), 1e6, 0.0, 0.1, 2],
+        2: [P.worker_id(2), P.server_id(0), 1e6, 0.05, 0.2, 2],
+    }
+    for r in range(3):
+        body = {"round": 1, "samples": [flows[r]] if r in flows else []}
+        msg = Message("balance_report", body=body)
+        msg.sender = P.worker_id(r)
+        p.handle(sched, msg)
+    assert p.spread_down[0] == pytest.approx(1e7)  # 2 MB over 0.2 s, from two reports
+    assert np.isnan(p.spread_up[1]) and p._probe_up == [[], [], []]
+    assert len(sched.answers) == 3 and p.spreads_seen == 1

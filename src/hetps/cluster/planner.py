@@ -28,6 +28,8 @@ log = logging.getLogger("hetps.planner")
 
 REPORT = "balance_report"
 NODE_MIN_BYTES = 256 * 1024  # a node's round must carry this much to measure its rate
+SPREAD_NEAR = 0.85  # a node probing within this fraction of its fastest peer may be censored
+SPREAD_WINDOW = 3  # spread readings kept per node and direction
 
 
 class Planner:
@@ -77,6 +79,13 @@ class Planner:
         self.probe_window = max(2, cycle)
         self._probe_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
+        # spread probes (one worker to every server at once, or every worker to one server):
+        # their flows per round, the last few readings per node and direction, and how many
+        # spread probes were seen (it picks the next one)
+        self._spread: dict[int, list[tuple[int, int, float, float, float]]] = {}
+        self._spread_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
+        self._spread_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
+        self.spreads_seen = 0
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
         self.plan_seconds: list[float] = []
 
@@ -152,7 +161,7 @@ class Planner:
         for item in b.get("samples", []):
             try:
                 src, dst, nbytes, t0, t1 = item[:5]
-                probe = len(item) > 5 and item[5] == 1
+                kind = item[5] if len(item) > 5 else 0
                 i, j = self.index(int(src)), self.index(int(dst))
                 nbytes, t0, t1 = float(nbytes), float(t0), float(t1)
             except (TypeError, ValueError, IndexError):
@@ -161,8 +170,10 @@ class Planner:
                 continue
             if i == j:  # a worker and its co-located server: never on the network
                 continue
-            if probe:
+            if kind == 1:
                 self.observe_probe(i, j, nbytes / (t1 - t0))
+            elif kind == 2:
+                self._spread.setdefault(rnd, []).append((i, j, t0, t1, nbytes))
             else:
                 per_link.setdefault((i, j), []).append((t0, t1, nbytes))
         round_samples = self._samples.setdefault(rnd, [])
@@ -193,9 +204,15 @@ class Planner:
                 continue
             del self.pending[rnd]
             self.observe_nodes(self._samples.pop(rnd, []))
+            self.observe_spread(self._spread.pop(rnd, []))
             for old in [r for r in self._samples if r < rnd]:
                 del self._samples[old]
+            for old in [r for r in self._spread if r < rnd]:
+                del self._spread[old]
             answer = self.plan()
+            spread = self.spread_targets()
+            if spread is not None:
+                answer = {**answer, "spread": spread}
             for m in waiting.values():
                 sched.reply(m, answer)
 
@@ -233,6 +250,78 @@ class Planner:
             hist[k].append(rate)
             del hist[k][: -self.probe_window]
 
+    def observe_spread(self, flows: list[tuple[int, int, float, float, float]]) -> None:
+        """One spread probe's flows ``(src, dst, t0, t1, bytes)``: the node that sent (or
+        received) two or more of them is read at their total bytes over the time they spanned
+        together, min(its cap, the sum of its peers' caps). Other probes of the round may
+        share the peers' links and make a spread read low, never high: a node keeps the
+        largest of its last ``SPREAD_WINDOW`` spread readings."""
+        if not flows:
+            return
+        self.spreads_seen += 1
+        for col, hist in ((0, self._spread_up), (1, self._spread_down)):
+            for k in {f[col] for f in flows}:
+                mine = [f for f in flows if f[col] == k]
+                if len(mine) < 2:
+                    continue
+                span = max(f[3] for f in mine) - min(f[2] for f in mine)
+                if span > 0:
+                    hist[k].append(sum(f[4] for f in mine) / span)
+                    del hist[k][:-SPREAD_WINDOW]
+
+    @property
+    def spread_up(self) -> np.ndarray:
+        """Per node, the best recent spread reading of its sending cap (NaN: none)."""
+        return np.array([max(h) if h else np.nan for h in self._spread_up])
+
+    @property
+    def spread_down(self) -> np.ndarray:
+        """Per node, the best recent spread reading of its receiving cap (NaN: none)."""
+        return np.array([max(h) if h else np.nan for h in self._spread_down])
+
+    def _single(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, the fastest single-flow probe of its window (NaN: none yet)."""
+        return tuple(
+            np.array([max(h) if h else np.nan for h in hist])
+            for hist in (self._probe_up, self._probe_down)
+        )  # type: ignore[return-value]
+
+    def censored(self) -> tuple[np.ndarray, np.ndarray]:
+        """Which nodes' sending (receiving) cap the single-flow probes may not show in full:
+        those whose fastest probe comes within 15% of the fastest peer at the other end,
+        so that every reading of them may have been the peer's limit, not theirs."""
+        up, down = self._single()
+        out = []
+        for mine, other, ends in ((up, down, self.servers), (down, up, self.workers)):
+            flags = np.zeros(self.n_nodes, dtype=bool)
+            for k in range(self.n_nodes):
+                peers = [other[j] for j in ends if j != k and np.isfinite(other[j])]
+                if np.isfinite(mine[k]) and peers and mine[k] >= SPREAD_NEAR * max(peers):
+                    flags[k] = True
+            out.append(flags)
+        return out[0], out[1]
+
+    def spread_targets(self) -> list | None:
+        """The next spread probe (see the client's ``_spread_probe``): ``["out", worker
+        rank]``, that worker probes every server at once, or ``["in", server rank]``, every
+        worker probes that server at once. Directions alternate; within one, the censored
+        nodes (:meth:`censored`) take turns. None when no node is censored, the scheme does
+        not probe, or no node has two peers to spread to."""
+        if self.scheme not in ("aware", "optimal"):
+            return None
+        k = self.spreads_seen
+        cen_up, cen_down = self.censored()
+        ways = [
+            ("out", [w for w in self.workers if cen_up[w]], self.workers, len(self.servers)),
+            ("in", [s for s in self.servers if cen_down[s]], self.servers, len(self.workers)),
+        ]
+        for way, cands, ends, n_ends in (ways[k % 2], ways[1 - k % 2]):
+            flows = n_ends - 1 if self.colocate else n_ends  # never to a co-located peer
+            if cands and flows >= 2:
+                node = cands[(k // 2) % len(cands)]
+                return [way, ends.index(node)]
+        return None
+
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-node send and receive caps: the larger of what the data traffic showed
         (busy-time rate) and the fastest recent probe. Both under-estimate a cap (a node never
@@ -240,11 +329,19 @@ class Planner:
         permutation pairs each node with a different peer every probing round), so the larger
         is the better estimate. A probe that shared its links with data reads low, which the
         maximum over the window forgives. One that would read too fast (its forecast stamped
-        late by a receive thread that was behind) never gets here: the server drops it."""
+        late by a receive thread that was behind) never gets here: the server drops it. A
+        censored node (:meth:`censored`) also takes its latest spread reading if larger."""
         caps = []
-        for busy, hist in ((self.up, self._probe_up), (self.down, self._probe_down)):
-            probe = np.array([max(h) if h else np.nan for h in hist])
-            caps.append(np.fmax(busy, probe))  # NaN only where neither is known
+        for busy, probe, spread, cen in zip(
+            (self.up, self.down),
+            self._single(),
+            (self.spread_up, self.spread_down),
+            self.censored(),
+            strict=True,
+        ):
+            # a spread reading counts while the node is still censored: once its single-flow
+            # probes read clearly below its peers, they are its cap (it got slower)
+            caps.append(np.fmax(np.fmax(busy, probe), np.where(cen, spread, np.nan)))
         return caps[0], caps[1]
 
     def node_network(self) -> Network | None:

@@ -332,7 +332,8 @@ class DistKVStore:
                 now = time.time()
                 meas = reply.body.get("meas")
                 if isinstance(meas, list) and len(meas) == 3:  # our push, timed by the server
-                    kind = 1 if msg.cmd == C.PROBE else 0  # 1: a capacity probe, alone on its link
+                    # 1: a capacity probe, alone on its link; 2: one flow of a spread probe
+                    kind = (2 if msg.body.get("spread") else 1) if msg.cmd == C.PROBE else 0
                     self._samples.append([me, peer, meas[2], meas[0], meas[1], kind])
                 t0 = self._fc.pop((peer, fut.req), None)
                 if t0 is not None and reply.arrays:  # its reply, timed here
@@ -714,9 +715,13 @@ class DistKVStore:
             answer = previous
         if answer is None:  # the second report: nothing decided since the first one
             return self.plan
-        adopted = self._adopt(answer.wait(self.timeout).body)
-        if probing:  # after any migration; the sample goes out with the next report
+        body = answer.wait(self.timeout).body
+        adopted = self._adopt(body)
+        if probing:  # after any migration; the samples go out with the next report
             self._probe()
+            spread = body.get("spread")
+            if isinstance(spread, list) and len(spread) == 2:
+                self._spread_probe(*spread)
         return adopted
 
     def _adopt(self, plan: dict) -> dict | None:
@@ -868,6 +873,34 @@ class DistKVStore:
             self._request(None, 0, s, msg).wait(self.timeout)
         except ClusterError as exc:  # measurement is best effort; the round goes on
             log.warning("worker: capacity probe to server %d failed: %s", s, exc)
+
+    def _spread_probe(self, way: Any, rank: Any) -> None:
+        """A spread probe, after the permutation probe of a probing round (docs/BALANCE.md
+        §7.2). ``["out", r]``: worker r sends a probe to every server at once; ``["in", s]``:
+        every worker sends one to server s at once. A single-flow probe reads min(sender's up,
+        receiver's down), so a node faster than every peer is only ever seen at its fastest
+        peer's rate; the planner sums a spread's flows over their common span instead:
+        min(the node's cap, the sum of its peers'). Each flow is a whole probe: the span is
+        timed from stamps a millisecond or two apart, so it must last tens of milliseconds."""
+        mine = self.rank if self.cfg.colocate else None  # never the co-located server
+        if way == "out" and rank == self.rank:
+            targets = [s for s in range(self.num_servers) if s != mine]
+        elif way == "in" and isinstance(rank, int) and 0 <= rank < self.num_servers:
+            targets = [rank] if rank != mine else []
+        else:
+            return
+        size = self.cfg.probe_bytes
+        futs = []
+        for s in targets:
+            msg = Message(
+                C.PROBE, body={"reply_bytes": 0, "spread": True}, arrays=[np.zeros(size, np.uint8)]
+            )
+            futs.append((s, self._request(None, 0, s, msg)))
+        for s, fut in futs:
+            try:
+                fut.wait(self.timeout)
+            except ClusterError as exc:  # measurement is best effort; the round goes on
+                log.warning("worker: spread probe to server %d failed: %s", s, exc)
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self, error: str | None = None) -> None:

@@ -224,10 +224,12 @@ class KVServer:
         if fc is None:
             return
         t0, late = fc
-        if late and msg.cmd == C.PROBE:
+        if late and msg.cmd == C.PROBE and not msg.body.get("spread"):
             # the forecast was taken from a queue: its stamp is late, so the gap (and the
             # rate) would be read too fast; a probe is kept only when timed on time (data
-            # samples, many per round, go on: the planner takes their median and busy time)
+            # samples, many per round, go on: the planner takes their median and busy time;
+            # so do a spread probe's flows, which arrive together: the planner spans them
+            # from the earliest forecast, and a late stamp only shortens one flow's span)
             return
         self._meas[(msg.sender, msg.req)] = [t0, time.time(), float(msg.nbytes)]
 
