@@ -232,7 +232,15 @@ def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():
     for k in range(6):
         p.spreads_seen = k
         picks.append(p.spread_targets())
-    assert picks == [["out", 1], ["in", 0], ["out", 2], ["in", 3], ["out", 1], ["in", 0]]
+    # the peers: the fastest at the other end, until they sum to twice the node's estimate
+    assert picks == [
+        ["out", 1, [0, 2, 3]],  # 9.5 + 9.35 (unknown: the median) < 2 x 9.5: a third one
+        ["in", 0, [1, 2, 3]],
+        ["out", 2, [0, 1]],  # 9.5 + 9.35 >= 2 x 9.2
+        ["in", 3, [1, 2]],
+        ["out", 1, [0, 2, 3]],
+        ["in", 0, [1, 2, 3]],
+    ]
     assert _planner("average", 0.1, colocate=True, n=4).spread_targets() is None
     # 2 co-located nodes: a spread would be one flow, which reads nothing new
     two = _planner("optimal", 0.1, colocate=True, n=2)
@@ -243,7 +251,7 @@ def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():
     q = _planner("aware", 0.1)  # 2 workers (matrix rows 3, 4), 3 servers (0-2)
     q.observe_probe(4, 1, 5e6)
     q.observe_probe(3, 0, 5e6)
-    assert q.spread_targets() == ["out", 0]  # worker 0 = row 3, as fast as server 0 takes
+    assert q.spread_targets() == ["out", 0, [0, 1]]  # worker 0 = row 3: as fast as server 0
 
 
 def test_spread_samples_are_collected_per_round_and_read_when_it_is_complete():

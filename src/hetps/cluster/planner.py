@@ -302,24 +302,40 @@ class Planner:
         return out[0], out[1]
 
     def spread_targets(self) -> list | None:
-        """The next spread probe (see the client's ``_spread_probe``): ``["out", worker
-        rank]``, that worker probes every server at once, or ``["in", server rank]``, every
-        worker probes that server at once. Directions alternate; within one, the censored
-        nodes (:meth:`censored`) take turns. None when no node is censored, the scheme does
-        not probe, or no node has two peers to spread to."""
+        """The next spread probe (see the client's ``_spread_probe``): ``["out", worker rank,
+        [server ranks]]``, that worker probes those servers at once, or ``["in", server rank,
+        [worker ranks]]``, those workers probe that server at once. Directions alternate;
+        within one, the censored nodes (:meth:`censored`) take turns. The peers are the
+        fastest ones at the other end, as few as together have twice the node's current
+        estimate (at least two): flows to peers of alike speed end together, where a slow
+        peer's flow would stretch the span the spread is timed over and read the node low.
+        None when no node is censored, the scheme does not probe, or no node has two peers."""
         if self.scheme not in ("aware", "optimal"):
             return None
         k = self.spreads_seen
         cen_up, cen_down = self.censored()
+        up, down = self.capacity()
         ways = [
-            ("out", [w for w in self.workers if cen_up[w]], self.workers, len(self.servers)),
-            ("in", [s for s in self.servers if cen_down[s]], self.servers, len(self.workers)),
+            ("out", [w for w in self.workers if cen_up[w]], self.workers, self.servers, up, down),
+            ("in", [s for s in self.servers if cen_down[s]], self.servers, self.workers, down, up),
         ]
-        for way, cands, ends, n_ends in (ways[k % 2], ways[1 - k % 2]):
-            flows = n_ends - 1 if self.colocate else n_ends  # never to a co-located peer
-            if cands and flows >= 2:
-                node = cands[(k // 2) % len(cands)]
-                return [way, ends.index(node)]
+        for way, cands, ends, others, mine, theirs in (ways[k % 2], ways[1 - k % 2]):
+            if not cands:
+                continue
+            node = cands[(k // 2) % len(cands)]
+            peers = [j for j in others if not (self.colocate and j == node)]
+            if len(peers) < 2:
+                continue
+            fill = float(np.nanmedian(theirs)) if np.isfinite(theirs).any() else 1.0
+            rate = {j: float(theirs[j]) if np.isfinite(theirs[j]) else fill for j in peers}
+            peers.sort(key=lambda j: -rate[j])
+            want = 2.0 * (float(mine[node]) if np.isfinite(mine[node]) else fill)
+            pick: list[int] = []
+            for j in peers:
+                pick.append(j)
+                if len(pick) >= 2 and sum(rate[x] for x in pick) >= want:
+                    break
+            return [way, ends.index(node), sorted(others.index(j) for j in pick)]
         return None
 
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:

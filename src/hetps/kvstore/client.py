@@ -720,7 +720,7 @@ class DistKVStore:
         if probing:  # after any migration; the samples go out with the next report
             self._probe()
             spread = body.get("spread")
-            if isinstance(spread, list) and len(spread) == 2:
+            if isinstance(spread, list) and len(spread) == 3:
                 self._spread_probe(*spread)
         return adopted
 
@@ -874,21 +874,25 @@ class DistKVStore:
         except ClusterError as exc:  # measurement is best effort; the round goes on
             log.warning("worker: capacity probe to server %d failed: %s", s, exc)
 
-    def _spread_probe(self, way: Any, rank: Any) -> None:
+    def _spread_probe(self, way: Any, rank: Any, peers: Any) -> None:
         """A spread probe, after the permutation probe of a probing round (docs/BALANCE.md
-        §7.2). ``["out", r]``: worker r sends a probe to every server at once; ``["in", s]``:
-        every worker sends one to server s at once. A single-flow probe reads min(sender's up,
-        receiver's down), so a node faster than every peer is only ever seen at its fastest
-        peer's rate; the planner sums a spread's flows over their common span instead:
-        min(the node's cap, the sum of its peers'). Each flow is a whole probe: the span is
-        timed from stamps a millisecond or two apart, so it must last tens of milliseconds."""
-        mine = self.rank if self.cfg.colocate else None  # never the co-located server
+        §7.2). ``["out", r, servers]``: worker r sends a probe to each of those servers at
+        once; ``["in", s, workers]``: each of those workers sends one to server s at once. A
+        single-flow probe reads min(sender's up, receiver's down), so a node faster than every
+        peer is only ever seen at its fastest peer's rate; the planner sums a spread's flows
+        over their common span instead: min(the node's cap, the sum of its peers'). Each flow
+        is a whole probe: the span is timed from stamps a millisecond or two apart, so it must
+        last tens of milliseconds."""
+        if not isinstance(peers, list) or not all(isinstance(x, int) for x in peers):
+            return
         if way == "out" and rank == self.rank:
-            targets = [s for s in range(self.num_servers) if s != mine]
-        elif way == "in" and isinstance(rank, int) and 0 <= rank < self.num_servers:
-            targets = [rank] if rank != mine else []
+            targets = [s for s in peers if 0 <= s < self.num_servers]
+        elif way == "in" and self.rank in peers and isinstance(rank, int):
+            targets = [rank] if 0 <= rank < self.num_servers else []
         else:
             return
+        if self.cfg.colocate:
+            targets = [s for s in targets if s != self.rank]  # never the co-located server
         size = self.cfg.probe_bytes
         futs = []
         for s in targets:
