@@ -96,6 +96,17 @@ def test_assign_keeps_previous_placement_when_it_fits():
     assert (srv != np.array(prev)).sum() == 1
 
 
+def test_assign_keeps_long_slices_first_so_none_is_stranded():
+    # four short slices and a long one were on server 0, a long one on server 1; now 6 : 6.
+    # Kept in layout order, the short ones would fill server 0's room, and the long one
+    # would have to go back to server 0 anyway (8 : 4). Long ones first: 6 : 6.
+    sl = layout([1, 1, 1, 1, 4, 4], 4)
+    out = assign(sl, [6, 6], previous=[0, 0, 0, 0, 0, 1])
+    loads = np.bincount(out, weights=[s.length for s in sl], minlength=2)
+    assert list(loads) == [6, 6]
+    assert out[4] == 0 and out[5] == 1  # the long slices stayed put
+
+
 def test_assign_errors():
     sl = layout([4], 1)
     with pytest.raises(ValueError, match=">= 0"):

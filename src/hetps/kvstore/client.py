@@ -721,7 +721,12 @@ class DistKVStore:
             self._probe()
             spread = body.get("spread")
             if isinstance(spread, list) and len(spread) == 3:
+                # every worker got the same answer: all take part in both barriers, so the
+                # spread has the links to itself (no permutation probe still running before
+                # it, no worker's next pushes during it)
+                self.node.barrier("worker", self.timeout)
                 self._spread_probe(*spread)
+                self.node.barrier("worker", self.timeout)
         return adopted
 
     def _adopt(self, plan: dict) -> dict | None:
