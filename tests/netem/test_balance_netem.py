@@ -99,6 +99,8 @@ kv = hetps.kv.create('dist_sync')
 kv.init('a', np.zeros(500000, np.float32))
 for r in range(8):
     plan = kv.rebalance()  # a probing round: the probe goes out now
+    if kv.rank == 0 and r >= 3:  # the estimates of the last rounds
+        print('NODES ' + json.dumps(plan['node_rates']), flush=True)
     time.sleep(0.1)  # the forward and backward pass a training step spends here
     kv.push('a', np.ones(500000, np.float32)); kv.pull('a')
 if kv.rank == 0:
@@ -133,12 +135,18 @@ def test_link_measurement_within_15_percent_of_tc_rate(tmp_path):
     # node 0 sends and receives at 40 Mbit/s (both directions of 0<->1); tc counts whole
     # Ethernet frames, so the payload a receiver can see is goodput_mbit(40) (~0.956 of it)
     tc_rate = goodput_mbit(40) * 1e6 / 8
-    (raw_nodes,) = re.findall(r"NODES (\{.*\})", text)
-    nodes = json.loads(raw_nodes)
+    rounds = [json.loads(x) for x in re.findall(r"NODES (\{.*\})", text)]
+    assert len(rounds) == 6, text
     # what the plans use: node 0's sending and receiving caps (the larger of its busy-time
-    # rate and its fastest probe; a probe has the link to itself)
-    for got in (nodes["up"][0], nodes["down"][0]):
-        assert abs(got - tc_rate) / tc_rate < 0.15, (got * 8 / 1e6, "Mbit/s, node 0", nodes)
+    # rate and its fastest probe; a probe has the link to itself), over the last 6 rounds:
+    # their median (one round in ~20 reads ~16% low when both probes of the 2-probe window
+    # shared the machine's 2 cores with a busy neighbour)
+    import statistics
+
+    for way in ("up", "down"):
+        got = statistics.median(r[way][0] for r in rounds)
+        seen = [round(r[way][0] * 8 / 1e6, 1) for r in rounds]
+        assert abs(got - tc_rate) / tc_rate < 0.15, (way, seen, "Mbit/s, node 0")
     # the link matrix (reports): per-message medians. A link's two flows (worker 0's pushes,
     # server 0's replies) can overlap on node 0's uplink, and then each reads about half, so
     # the link estimate may only be lower than tc, never far above it
@@ -169,7 +177,7 @@ def test_spread_probes_see_a_node_faster_than_every_peer(tmp_path):
     assert rc == 0, text
     from hetps.netem import goodput_mbit
 
-    (raw_nodes,) = re.findall(r"NODES (\{.*\})", text)
+    raw_nodes = re.findall(r"NODES (\{.*\})", text)[-1]  # after the last round
     up = [x * 8 / 1e6 for x in json.loads(raw_nodes)["up"]]
     fast, peer = goodput_mbit(60), goodput_mbit(40)
     assert abs(up[0] - fast) / fast < 0.15, (up, "Mbit/s; node 0 should read", fast)

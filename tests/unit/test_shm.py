@@ -168,3 +168,21 @@ def test_shm_bytes_is_validated():
     assert node_config_from_env({**base, "HETPS_SHM_BYTES": "0"}).shm_bytes == 0
     with pytest.raises(ConfigError, match="HETPS_SHM_BYTES=1000 is too small"):
         node_config_from_env({**base, "HETPS_SHM_BYTES": "1000"})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_ring_that_does_not_fit_in_shared_memory_is_refused_not_a_crash(tmp_path):
+    """A sparse ring on a nearly full /dev/shm (Docker's default is 64 MB) would raise
+    SIGBUS at the first write that finds no page; the ring allocates its pages up front, so
+    it fails with OSError (the van then sends over TCP) and leaves no file behind."""
+    small = tmp_path / "shm"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        with pytest.raises(OSError):
+            shm.OutRing(4 * MiB, directory=str(small))
+        assert os.listdir(small) == []
+        ring = shm.OutRing(256 * 1024, directory=str(small))  # this one fits
+        ring.close()
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

@@ -86,7 +86,10 @@ class OutRing:
         self._path: str | None = os.path.join(directory, self.name)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, HEADER_BYTES + self.size)
+            # allocate every page now: a sparse file on a full /dev/shm (Docker gives
+            # containers 64 MB) would kill the process with SIGBUS at the first write
+            # past what fits, where a failed allocation is an OSError and frames use TCP
+            os.posix_fallocate(fd, 0, HEADER_BYTES + self.size)
             self._mm = mmap.mmap(fd, HEADER_BYTES + self.size, flags=_FLAGS)
         except BaseException:
             os.close(fd)
