@@ -117,7 +117,7 @@ r, W = kv.rank, kv.num_workers
 n = (5 << 20) // 4                      # 5 MiB: chunks of 4 MiB go through the shared ring
 kv.init('w', np.zeros(n, np.float32))
 out = np.zeros(n, np.float32)
-for rnd in range(4):
+for rnd in range(6):                    # 6 x 4 MiB through a 16 MiB ring: it wraps
     g = np.arange(n, dtype=np.float32) * (r + 1) + rnd
     kv.pushpull('w', g, out=out)
     expect = np.arange(n, dtype=np.float32) * sum(w + 1 for w in range(W)) + rnd * W

@@ -205,7 +205,7 @@ def test_a_spread_probe_reads_a_node_faster_than_every_peer():
     assert p.capacity()[0][0] == pytest.approx(8e6)
     assert list(p.censored()[0]) == [True, True, True]  # each as fast as its fastest peer
     # fan-out from 0: 1 MB to each of 1 and 2, over 0.0-0.17 s and 0.01-0.16 s
-    p.observe_spread([(0, 1, 0.0, 0.17, 1e6), (0, 2, 0.01, 0.16, 1e6)])
+    p.observe_spread([(0, 1, 0.0, 0.17, 1e6, False), (0, 2, 0.01, 0.16, 1e6, False)])
     up, down = p.capacity()
     assert up[0] == pytest.approx(2e6 / 0.17)  # ~11.8 MB/s, not 8
     assert np.isnan(p.spread_down[1]) and np.isnan(p.spread_down[2])  # lone flows: no reading
@@ -217,6 +217,38 @@ def test_a_spread_probe_reads_a_node_faster_than_every_peer():
         p.observe_probe(3 - j, j, 8e6)  # the other peer still reaches j at 8
     assert not p.censored()[0][0]
     assert p.capacity()[0][0] == pytest.approx(2e6)
+
+
+def test_spread_readings_age_out_and_a_late_first_stamp_gives_none():
+    p = _planner("optimal", 0.1, colocate=True, n=3)
+    for src, dst in [(0, 1), (0, 2), (1, 2), (2, 1), (1, 0), (2, 0)]:
+        p.observe_probe(src, dst, 8e6)  # everyone as fast as everyone: all censored
+    p.observe_spread([(0, 1, 0.0, 0.1, 1e6, False), (0, 2, 0.0, 0.1, 1e6, False)])
+    assert p.capacity()[0][0] == pytest.approx(2e7)
+    # node 0 slowed to its peers' speed: nothing in the single-flow probes shows it, but
+    # the old reading expires once every censored node has had a turn (2 x 3 + 1 spreads)
+    for _ in range(7):
+        p.observe_spread([], done=True)  # spreads of other nodes (their flows do not matter)
+    assert p.capacity()[0][0] == pytest.approx(2e7)
+    p.observe_spread([], done=True)
+    assert p.capacity()[0][0] == pytest.approx(8e6)
+    # the earliest flow's forecast was stamped late: its span is short, the reading high
+    p.observe_spread([(0, 1, 0.0, 0.1, 1e6, True), (0, 2, 0.05, 0.1, 1e6, False)])
+    assert p.capacity()[0][0] == pytest.approx(8e6)
+    assert p.spreads_seen == 10  # every spread made counts as a turn, with or without flows
+    p.observe_spread([])  # a round without a spread
+    assert p.spreads_seen == 10
+
+
+def test_spread_targets_skip_workers_that_finished():
+    p = _planner("optimal", 0.1, colocate=True, n=3)
+    for src, dst in [(0, 1), (0, 2), (1, 2), (2, 1), (1, 0), (2, 0)]:
+        p.observe_probe(src, dst, 8e6)
+    assert p.spread_targets() == ["out", 0, [1, 2]]
+    assert p.spread_targets(live={1, 2}) == ["out", 1, [0, 2]]  # worker 0 is done
+    p.spreads_seen = 1  # an "in" turn, for server 0: but only worker 2 could send to it
+    assert p.spread_targets() == ["in", 0, [1, 2]]
+    assert p.spread_targets(live={0, 2}) == ["out", 0, [1, 2]]  # so the other direction
 
 
 def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():

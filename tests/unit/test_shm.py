@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -41,7 +43,7 @@ def test_opening_unlinks_the_name_and_frames_come_back_exact(ring_pair):
     pos = out.put(a)
     assert pos == 0
     got = inn.take(pos, a.nbytes)
-    inn.consumed(pos, a.nbytes)
+    inn.commit()
     np.testing.assert_array_equal(got, a)
     a[:] = 7  # the copy taken out does not change with the sender's buffer
     assert got[5] == 5
@@ -53,11 +55,15 @@ def test_a_full_ring_refuses_until_the_receiver_consumed_and_frames_never_stradd
     p1, p2 = out.put(big), out.put(big + 1)
     assert (p1, p2) == (0, 1536)  # 64-byte aligned spans
     assert out.put(big + 2) is None  # 3 x 1536 > 4096: full, the caller sends inline
-    inn.consumed(p1, big.nbytes)
+    np.testing.assert_array_equal(inn.take(p1, 1500), big)
+    inn.commit()
     p3 = out.put(big + 2)
     assert p3 == 4096  # 3072 + 1536 would pass the end: it starts the next lap
     np.testing.assert_array_equal(inn.take(p2, 1500), big + 1)
     np.testing.assert_array_equal(inn.take(p3, 1500), big + 2)
+    inn.commit()
+    with pytest.raises(ValueError, match="outside the ring's unread part"):
+        inn.take(p2, 1500)  # consumed already: a replayed counter is refused
     assert out.put(np.zeros(5000, np.uint8)) is None  # larger than the ring: never fits
 
 
@@ -68,10 +74,12 @@ def test_the_receiver_refuses_bad_names_and_bad_positions(ring_pair):
             shm.InRing(name)
     with pytest.raises(FileNotFoundError):
         shm.InRing("hetps-shm-1-0123456789abcdef")
-    with pytest.raises(ValueError, match="past the ring's end"):
-        inn.take(4000, 200)
-    with pytest.raises(ValueError, match="bad ring position"):
-        inn.take(-1, 10)
+    for pos, n in [(4000, 200), (1 << 40, 64), (8192, 10)]:  # past the end, or never written
+        with pytest.raises(ValueError, match="outside the ring's unread part"):
+            inn.take(pos, n)
+    for pos in (-1, 1 << 63, 2**64 - 1, "7"):
+        with pytest.raises(ValueError, match="bad ring position"):
+            inn.take(pos, 10)
 
 
 def test_rings_of_dead_creators_are_swept(tmp_path):
@@ -83,10 +91,15 @@ def test_rings_of_dead_creators_are_swept(tmp_path):
     )
     dead = f"hetps-shm-{proc.stdout.strip()}-0123456789abcdef"
     alive = f"hetps-shm-{os.getpid()}-0123456789abcdef"
-    for name in (dead, alive, "unrelated"):
+    young = f"hetps-shm-{proc.stdout.strip()}-fedcba9876543210"
+    old = time.time() - 2 * shm.STALE_AGE_S
+    for name in (dead, alive, "unrelated", young):
         (tmp_path / name).write_bytes(b"x")
+        if name != young:
+            os.utime(tmp_path / name, (old, old))
+    # the young one may be a live creator's in a PID namespace this process cannot see
     assert shm.sweep_stale(str(tmp_path)) == 1
-    assert sorted(os.listdir(tmp_path)) == sorted([alive, "unrelated"])
+    assert sorted(os.listdir(tmp_path)) == sorted([alive, "unrelated", young])
 
 
 def test_codec_carries_big_arrays_through_the_ring_and_small_ones_inline(ring_pair):
@@ -102,6 +115,21 @@ def test_codec_carries_big_arrays_through_the_ring_and_small_ones_inline(ring_pa
         np.testing.assert_array_equal(msg.arrays[0], big)
         np.testing.assert_array_equal(msg.arrays[1], small)
         assert in2.tail == 80000  # consumed: the sender may reuse the space
+        # counters that are not in the unread part, however large, are refused cleanly
+        for bad in (2**63, 2**64 - 1, 0):
+            frames = encode(Message("push", arrays=[big]), out2, 1024)
+            head = msgpack.unpackb(frames[0], raw=False)
+            head["m"][1] = [bad]
+            frames[0] = msgpack.packb(head, use_bin_type=True)
+            with pytest.raises(BadMessage):
+                decode(frames, 1 << 30, {in2.name: in2})
+        assert in2.tail == 80000  # a refused message consumed nothing
+        # a ring offered by node 3 is not node 4's to use
+        in2.owner = 3
+        frames = encode(Message("push", sender=4, arrays=[big]), out2, 1024)
+        with pytest.raises(BadMessage, match="which node 3 offered"):
+            decode(frames, 1 << 30, {in2.name: in2})
+        in2.owner = None
         with pytest.raises(BadMessage, match="never opened"):
             decode(encode(Message("push", arrays=[big]), out2, 1024), 1 << 30, {})
         frames = encode(Message("push", arrays=[big]), out2, 1024)
@@ -186,3 +214,35 @@ def test_a_ring_that_does_not_fit_in_shared_memory_is_refused_not_a_crash(tmp_pa
         ring.close()
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_a_ring_the_peer_never_opens_is_given_back_and_a_reconnect_offers_anew(monkeypatch):
+    """A receiver that cannot map the ring (another container behind the same address) keeps
+    getting TCP; after a few big sends the sender frees the ring's memory. A reconnect to
+    the peer (perhaps a new process) drops the old ring."""
+    from hetps.transport import van as van_mod
+
+    monkeypatch.setattr(van_mod, "RING_GIVE_UP_SENDS", 3)
+    rx, tx = Van(name="rx", ring_bytes=8 * MiB), Van(name="tx", ring_bytes=8 * MiB)
+    monkeypatch.setattr(rx, "_open_ring", lambda msg: None)  # it cannot open rings
+    try:
+        tx.connect(1, rx.endpoint)
+        a = np.arange(RING_MIN_BYTES // 4 + 16, dtype=np.float32)
+        for i in range(5):
+            tx.send(1, Message("push", arrays=[a + i]))
+            np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], a + i)
+            if i == 1:
+                assert _mine()  # offered, not opened: the name is still there
+        assert tx._rings_out[1] is None and not _mine()  # given back, TCP from now on
+        monkeypatch.undo()
+        tx.connect(1, rx.endpoint)  # a new connection: a new ring may be offered
+        assert 1 not in tx._rings_out
+        tx.send(1, Message("push", arrays=[a]))
+        np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], a)
+        tx.send(1, Message("push", arrays=[a]))
+        np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], a)
+        assert tx._rings_out[1] is not None and tx._rings_out[1].head > 0
+    finally:
+        tx.close()
+        rx.close()
+    assert not _mine()

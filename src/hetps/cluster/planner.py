@@ -82,9 +82,11 @@ class Planner:
         # spread probes (one worker to every server at once, or every worker to one server):
         # their flows per round, the last few readings per node and direction, and how many
         # spread probes were seen (it picks the next one)
-        self._spread: dict[int, list[tuple[int, int, float, float, float]]] = {}
-        self._spread_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
-        self._spread_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
+        self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
+        self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
+        # per node: (reading, spreads_seen when it was taken)
+        self._spread_up: list[list[tuple[float, int]]] = [[] for _ in range(self.n_nodes)]
+        self._spread_down: list[list[tuple[float, int]]] = [[] for _ in range(self.n_nodes)]
         self.spreads_seen = 0
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
         self.plan_seconds: list[float] = []
@@ -172,8 +174,8 @@ class Planner:
                 continue
             if kind == 1:
                 self.observe_probe(i, j, nbytes / (t1 - t0))
-            elif kind == 2:
-                self._spread.setdefault(rnd, []).append((i, j, t0, t1, nbytes))
+            elif kind in (2, 3):  # a spread's flow (3: its forecast was stamped late)
+                self._spread.setdefault(rnd, []).append((i, j, t0, t1, nbytes, kind == 3))
             else:
                 per_link.setdefault((i, j), []).append((t0, t1, nbytes))
         round_samples = self._samples.setdefault(rnd, [])
@@ -187,6 +189,8 @@ class Planner:
             if 0 <= s < self.S and secs > 0:
                 self.history[s].append((float(nbytes), float(secs)))
                 del self.history[s][:-20]
+        if b.get("spread_done") is True:
+            self._spread_done.add(rnd)
         self.pending.setdefault(rnd, {})[msg.sender] = msg
         self.release(sched)
 
@@ -204,13 +208,15 @@ class Planner:
                 continue
             del self.pending[rnd]
             self.observe_nodes(self._samples.pop(rnd, []))
-            self.observe_spread(self._spread.pop(rnd, []))
+            done = rnd in self._spread_done
+            self.observe_spread(self._spread.pop(rnd, []), done=done)
             for old in [r for r in self._samples if r < rnd]:
                 del self._samples[old]
             for old in [r for r in self._spread if r < rnd]:
                 del self._spread[old]
+            self._spread_done = {r for r in self._spread_done if r > rnd}
             answer = self.plan()
-            spread = self.spread_targets()
+            spread = self.spread_targets(live={self.index(n) for n in live})
             if spread is not None:
                 answer = {**answer, "spread": spread}
             for m in waiting.values():
@@ -250,13 +256,14 @@ class Planner:
             hist[k].append(rate)
             del hist[k][: -self.probe_window]
 
-    def observe_spread(self, flows: list[tuple[int, int, float, float, float]]) -> None:
-        """One spread probe's flows ``(src, dst, t0, t1, bytes)``: the node that sent (or
-        received) two or more of them is read at their total bytes over the time they spanned
-        together, min(its cap, the sum of its peers' caps). Other probes of the round may
-        share the peers' links and make a spread read low, never high: a node keeps the
-        largest of its last ``SPREAD_WINDOW`` spread readings."""
-        if not flows:
+    def observe_spread(self, flows: list[tuple], done: bool = False) -> None:
+        """One spread probe's flows ``(src, dst, t0, t1, bytes, late)``: the node that sent
+        (or received) two or more of them is read at their total bytes over the time they
+        spanned together, min(its cap, the sum of its peers' caps). If the earliest flow's
+        forecast was stamped late (its receive thread was busy), the span would be short and
+        the reading high: that node gets no reading. ``done``: the workers reported making a
+        spread (it counts as a turn even when no flow came back)."""
+        if not flows and not done:
             return
         self.spreads_seen += 1
         for col, hist in ((0, self._spread_up), (1, self._spread_down)):
@@ -264,20 +271,35 @@ class Planner:
                 mine = [f for f in flows if f[col] == k]
                 if len(mine) < 2:
                     continue
-                span = max(f[3] for f in mine) - min(f[2] for f in mine)
-                if span > 0:
-                    hist[k].append(sum(f[4] for f in mine) / span)
+                first = min(mine, key=lambda f: f[2])
+                span = max(f[3] for f in mine) - first[2]
+                if span > 0 and not first[5]:
+                    hist[k].append((sum(f[4] for f in mine) / span, self.spreads_seen))
                     del hist[k][:-SPREAD_WINDOW]
+
+    def _spread_best(self, hist: list[list[tuple[float, int]]], turns: int) -> np.ndarray:
+        """Per node, the best spread reading taken within the last ``turns`` spreads."""
+        return np.array(
+            [
+                max((v for v, at in h if self.spreads_seen - at <= turns), default=np.nan)
+                for h in hist
+            ]
+        )
+
+    def _spread_turns(self, cen: np.ndarray) -> int:
+        """Spreads in which every censored node of one direction has had its turn (both
+        directions alternate), plus one: readings older than that are stale."""
+        return 2 * max(1, int(cen.sum())) + 1
 
     @property
     def spread_up(self) -> np.ndarray:
         """Per node, the best recent spread reading of its sending cap (NaN: none)."""
-        return np.array([max(h) if h else np.nan for h in self._spread_up])
+        return self._spread_best(self._spread_up, self._spread_turns(self.censored()[0]))
 
     @property
     def spread_down(self) -> np.ndarray:
         """Per node, the best recent spread reading of its receiving cap (NaN: none)."""
-        return np.array([max(h) if h else np.nan for h in self._spread_down])
+        return self._spread_best(self._spread_down, self._spread_turns(self.censored()[1]))
 
     def _single(self) -> tuple[np.ndarray, np.ndarray]:
         """Per node, the fastest single-flow probe of its window (NaN: none yet)."""
@@ -301,7 +323,7 @@ class Planner:
             out.append(flags)
         return out[0], out[1]
 
-    def spread_targets(self) -> list | None:
+    def spread_targets(self, live: set[int] | None = None) -> list | None:
         """The next spread probe (see the client's ``_spread_probe``): ``["out", worker rank,
         [server ranks]]``, that worker probes those servers at once, or ``["in", server rank,
         [worker ranks]]``, those workers probe that server at once. Directions alternate;
@@ -309,21 +331,25 @@ class Planner:
         fastest ones at the other end, as few as together have twice the node's current
         estimate (at least two): flows to peers of alike speed end together, where a slow
         peer's flow would stretch the span the spread is timed over and read the node low.
-        None when no node is censored, the scheme does not probe, or no node has two peers."""
+        None when no node is censored, the scheme does not probe, or no node has two peers.
+        ``live``: matrix indices of the workers still running (default: all)."""
         if self.scheme not in ("aware", "optimal"):
             return None
         k = self.spreads_seen
         cen_up, cen_down = self.censored()
         up, down = self.capacity()
+        alive = set(self.workers) if live is None else set(live)
+        workers = [w for w in self.workers if w in alive]
         ways = [
-            ("out", [w for w in self.workers if cen_up[w]], self.workers, self.servers, up, down),
-            ("in", [s for s in self.servers if cen_down[s]], self.servers, self.workers, down, up),
+            ("out", [w for w in workers if cen_up[w]], self.workers, self.servers, up, down),
+            ("in", [s for s in self.servers if cen_down[s]], self.servers, workers, down, up),
         ]
         for way, cands, ends, others, mine, theirs in (ways[k % 2], ways[1 - k % 2]):
             if not cands:
                 continue
             node = cands[(k // 2) % len(cands)]
             peers = [j for j in others if not (self.colocate and j == node)]
+            ends_of = self.workers if way == "in" else self.servers  # rank order of the peers
             if len(peers) < 2:
                 continue
             fill = float(np.nanmedian(theirs)) if np.isfinite(theirs).any() else 1.0
@@ -335,7 +361,7 @@ class Planner:
                 pick.append(j)
                 if len(pick) >= 2 and sum(rate[x] for x in pick) >= want:
                     break
-            return [way, ends.index(node), sorted(others.index(j) for j in pick)]
+            return [way, ends.index(node), sorted(ends_of.index(j) for j in pick)]
         return None
 
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:

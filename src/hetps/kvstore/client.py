@@ -42,6 +42,7 @@ from hetps.transport.codec import Message
 log = logging.getLogger("hetps.worker")
 
 MEASURE_MIN_BYTES = 64 * 1024  # smallest message whose transfer time is used as a link sample
+SPREAD_WAIT_S = 30.0  # longest a spread probe may hold the other workers at their barrier
 
 
 @dataclass
@@ -261,6 +262,7 @@ class DistKVStore:
         self.plan: dict | None = None
         self._pending_plan: Future | None = None  # the answer to the last report (pipelined)
         self._probes_sent = 0
+        self._spread_made = False
         if self.balance:
             self.node.handler = self._on_message  # forecasts and push receipts
         if cfg.verbose >= 1:
@@ -331,9 +333,12 @@ class DistKVStore:
             def measured(reply: Message) -> None:
                 now = time.time()
                 meas = reply.body.get("meas")
-                if isinstance(meas, list) and len(meas) == 3:  # our push, timed by the server
-                    # 1: a capacity probe, alone on its link; 2: one flow of a spread probe
-                    kind = (2 if msg.body.get("spread") else 1) if msg.cmd == C.PROBE else 0
+                if isinstance(meas, list) and len(meas) in (3, 4):  # our push, timed by the server
+                    # 1: a capacity probe, alone on its link; 2: one flow of a spread probe,
+                    # 3: the same, its forecast stamped late (its receive thread was busy)
+                    kind = 0
+                    if msg.cmd == C.PROBE:
+                        kind = 1 if not msg.body.get("spread") else 3 if meas[3:] == [1.0] else 2
                     self._samples.append([me, peer, meas[2], meas[0], meas[1], kind])
                 t0 = self._fc.pop((peer, fut.req), None)
                 if t0 is not None and reply.arrays:  # its reply, timed here
@@ -698,6 +703,8 @@ class DistKVStore:
             self._stats = {}
         samples, self._samples = self._samples, []
         body = {"round": self._round, "samples": samples, "server_times": stats}
+        if self._spread_made:  # a turn of the planner's spread rotation, even if all failed
+            body["spread_done"], self._spread_made = True, False
         if self.plan is None or self._reported_keys != len(self._order):
             # the layout (first report, or keys initialised since): sizes and where slices are
             body["sizes"] = [self.meta[k].size for k in self._order]
@@ -725,8 +732,11 @@ class DistKVStore:
                 # spread has the links to itself (no permutation probe still running before
                 # it, no worker's next pushes during it)
                 self.node.barrier("worker", self.timeout)
-                self._spread_probe(*spread)
-                self.node.barrier("worker", self.timeout)
+                try:
+                    self._spread_probe(*spread)
+                finally:
+                    self._spread_made = True
+                    self.node.barrier("worker", self.timeout)
         return adopted
 
     def _adopt(self, plan: dict) -> dict | None:
@@ -899,17 +909,22 @@ class DistKVStore:
         if self.cfg.colocate:
             targets = [s for s in targets if s != self.rank]  # never the co-located server
         size = self.cfg.probe_bytes
+        # the other workers wait for this one in a barrier: never longer than a spread
+        # could take, and an error here is logged, not raised (measurement is best effort)
+        deadline = time.monotonic() + min(SPREAD_WAIT_S, self.timeout / 2)
         futs = []
-        for s in targets:
-            msg = Message(
-                C.PROBE, body={"reply_bytes": 0, "spread": True}, arrays=[np.zeros(size, np.uint8)]
-            )
-            futs.append((s, self._request(None, 0, s, msg)))
-        for s, fut in futs:
-            try:
-                fut.wait(self.timeout)
-            except ClusterError as exc:  # measurement is best effort; the round goes on
-                log.warning("worker: spread probe to server %d failed: %s", s, exc)
+        try:
+            for s in targets:
+                msg = Message(
+                    C.PROBE,
+                    body={"reply_bytes": 0, "spread": True},
+                    arrays=[np.zeros(size, np.uint8)],
+                )
+                futs.append((s, self._request(None, 0, s, msg)))
+            for _server, fut in futs:
+                fut.wait(max(0.0, deadline - time.monotonic()))
+        except Exception as exc:  # noqa: BLE001 - ClusterError, a timeout, a send failure
+            log.warning("worker: spread probe (%s %s) failed: %s", way, rank, exc)
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self, error: str | None = None) -> None:

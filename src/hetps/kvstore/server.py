@@ -231,7 +231,10 @@ class KVServer:
             # so do a spread probe's flows, which arrive together: the planner spans them
             # from the earliest forecast, and a late stamp only shortens one flow's span)
             return
-        self._meas[(msg.sender, msg.req)] = [t0, time.time(), float(msg.nbytes)]
+        meas = [t0, time.time(), float(msg.nbytes)]
+        if msg.cmd == C.PROBE and msg.body.get("spread"):
+            meas.append(1.0 if late else 0.0)  # the planner drops a spread whose first was late
+        self._meas[(msg.sender, msg.req)] = meas
 
     def _ack(self, msg: Message, sl: Slice) -> None:
         """Acknowledge a push that took effect; a fused push-pull ("pp") gets the value too."""

@@ -167,7 +167,7 @@ def decode(frames: list[Any], max_bytes: int, rings: Any = None) -> Message:
         raise BadMessage("field 'a' (arrays) must be a list")
     if len(specs) != len(frames) - 1:
         raise BadMessage(f"header announces {len(specs)} arrays but {len(frames) - 1} frames came")
-    placed = _ring_positions(header.get("m"), len(specs), rings)
+    placed = _ring_positions(header.get("m"), len(specs), rings, sender)
     ring = rings[header["m"][0]] if placed else None
     total = len(head)
     arrays: list[np.ndarray] = []
@@ -175,9 +175,8 @@ def decode(frames: list[Any], max_bytes: int, rings: Any = None) -> Message:
         for i, spec in enumerate(specs):
             total = _decode_array(i, spec, frames[i + 1], placed, ring, total, max_bytes, arrays)
     finally:
-        if ring is not None:  # what the sender put there may be overwritten now
-            last = max(placed)
-            ring.consumed(last, _ring_bytes(specs[placed.index(last)]))
+        if ring is not None:  # what was taken out may be overwritten now
+            ring.commit()
     return Message(
         cmd=cmd,
         sender=sender,
@@ -191,18 +190,7 @@ def decode(frames: list[Any], max_bytes: int, rings: Any = None) -> Message:
     )
 
 
-def _ring_bytes(spec: Any) -> int:
-    """Bytes of a validated-or-not array spec, 0 when it is malformed (for ring bookkeeping)."""
-    try:
-        count = 1
-        for d in spec[1]:
-            count *= int(d)
-        return max(0, count * WIRE_DTYPES[spec[0]].itemsize)
-    except Exception:  # noqa: BLE001
-        return 0
-
-
-def _ring_positions(field_m: Any, n: int, rings: Any) -> list[int] | None:
+def _ring_positions(field_m: Any, n: int, rings: Any, sender: int) -> list[int] | None:
     """Validate header field ``"m"``; the per-array ring counters (-1: inline), or None."""
     if field_m is None:
         return None
@@ -215,6 +203,9 @@ def _ring_positions(field_m: Any, n: int, rings: Any) -> list[int] | None:
         raise BadMessage(f"field 'm' must hold one counter (or -1) per array, {n} in all")
     if rings is None or not isinstance(name, str) or name not in rings:
         raise BadMessage(f"arrays in shared-memory ring {name!r}, which this node never opened")
+    owner = getattr(rings[name], "owner", None)
+    if owner is not None and owner != sender:
+        raise BadMessage(f"node {sender} sent arrays in ring {name!r}, which node {owner} offered")
     return placed if any(p >= 0 for p in placed) else None
 
 

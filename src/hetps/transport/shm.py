@@ -28,6 +28,7 @@ import mmap
 import os
 import re
 import secrets
+import time
 
 import numpy as np
 
@@ -40,6 +41,7 @@ MAGIC = 0x474E495253505448  # b"HTPSRING" little-endian
 _OPENED, _MAGIC, _SIZE, _TAIL = 0, 1, 2, 8  # uint64 slots of the header (tail on its own line)
 # map every page up front: faulting tmpfs pages in on the first lap costs more than the copy
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+STALE_AGE_S = 60.0  # a ring name older than this, of a creator that is gone, is swept
 NAME_RE = re.compile(r"^hetps-shm-(\d+)-[0-9a-f]{16}$")
 
 
@@ -58,6 +60,15 @@ def sweep_stale(directory: str = SHM_DIR) -> int:
         m = NAME_RE.match(name)
         if m is None:
             continue
+        path = os.path.join(directory, name)
+        try:
+            # a name lives only until its receiver opens it (milliseconds): one that is
+            # older is left over, but a young one may belong to a creator this process
+            # cannot see (another PID namespace sharing /dev/shm)
+            if time.time() - os.stat(path).st_mtime < STALE_AGE_S:
+                continue
+        except OSError:
+            continue
         pid = int(m.group(1))
         try:
             os.kill(pid, 0)
@@ -67,7 +78,7 @@ def sweep_stale(directory: str = SHM_DIR) -> int:
         except PermissionError:
             continue
         try:
-            os.unlink(os.path.join(directory, name))
+            os.unlink(path)
             removed += 1
         except OSError:
             pass
@@ -177,27 +188,34 @@ class InRing:
             raise ValueError(f"ring {name} has a bad header")
         self._data = np.frombuffer(self._mm, np.uint8, offset=HEADER_BYTES)
         self.tail = int(self._hdr[_TAIL])
+        self._taken = self.tail
+        self.owner: int | None = None  # the node id that offered it (set by the van)
         self._hdr[_OPENED] = 1
 
     def take(self, pos: int, n: int) -> np.ndarray:
-        """A copy of the ``n`` bytes written at counter ``pos``; ValueError if out of bounds."""
+        """A copy of the ``n`` bytes written at counter ``pos``; ValueError unless that lies in
+        the part of the ring the sender may have written and this end not yet consumed."""
         if self._data is None:
             raise ValueError(f"ring {self.name} is closed")
-        if not (isinstance(pos, int) and pos >= 0 and 0 <= n):
+        if not (isinstance(pos, int) and 0 <= pos < (1 << 62) and isinstance(n, int) and n >= 0):
             raise ValueError(f"bad ring position {pos!r}")
+        span = _span(n)
         off = pos % self.size
-        if off + n > self.size:
-            raise ValueError(f"frame at {pos} of {n} bytes runs past the ring's end")
+        if pos < self.tail or pos + span > self.tail + self.size or off + n > self.size:
+            raise ValueError(
+                f"frame at {pos} of {n} bytes is outside the ring's unread part "
+                f"[{self.tail}, {self.tail + self.size})"
+            )
         out = np.empty(n, np.uint8)
         out[:] = self._data[off : off + n]
+        self._taken = max(self._taken, pos + span)
         return out
 
-    def consumed(self, pos: int, n: int) -> None:
-        """Everything up to the frame at ``pos`` (of ``n`` bytes) may be overwritten."""
-        end = pos + _span(n)
-        if end > self.tail and self._hdr is not None:
-            self.tail = end
-            self._hdr[_TAIL] = end
+    def commit(self) -> None:
+        """Publish that everything taken so far may be overwritten."""
+        if self._taken > self.tail and self._hdr is not None:
+            self._hdr[_TAIL] = self._taken
+            self.tail = self._taken
 
     def close(self) -> None:
         self._hdr = self._data = None  # type: ignore[assignment]

@@ -30,6 +30,8 @@ SEND_RETRY_MS = 200
 RING_MIN_BYTES = 2 << 20
 #: the in-van command that offers a ring to its receiver (never reaches the application)
 RING_OFFER = "__ring_offer"
+#: big sends to a peer after which a ring it has not opened is closed (frames stay on TCP)
+RING_GIVE_UP_SENDS = 64
 
 
 def is_local_host(host: str, own: str) -> bool:
@@ -150,6 +152,7 @@ class Van:
         self._local: set[Any] = set()  # peers whose address is this machine
         self._rings_out: dict[Any, OutRing | None] = {}  # None: creating one failed
         self._rings_in: dict[str, InRing] = {}
+        self._unopened: dict[Any, int] = {}  # peer -> big sends since its ring was offered
         self._ring_lock = threading.Lock()
 
     @property
@@ -179,6 +182,7 @@ class Van:
                 self._local.add(peer)
         if old is not None:
             old.close(linger=0)
+            self._drop_ring(peer)  # a new connection may be a new process: offer afresh
         if self.verbose >= 1:
             log.info("%s connected to %s at %s", self.name, peer, endpoint)
 
@@ -207,6 +211,15 @@ class Van:
         if sock is not None:
             with self._locks[peer]:
                 sock.close(linger=linger_ms)
+        self._drop_ring(peer)
+
+    def _drop_ring(self, peer: Any) -> None:
+        with self._ring_lock:
+            ring = self._rings_out.pop(peer, None)
+            self._unopened.pop(peer, None)
+        if ring is not None:
+            with self._locks.get(peer) or threading.Lock():  # no send is writing into it
+                ring.close()
 
     def mark_dead(self, peer: Any) -> None:
         """The peer is gone: sends to it fail at once instead of waiting on a full queue."""
@@ -271,7 +284,26 @@ class Van:
         with self._ring_lock:
             if peer in self._rings_out:
                 ring = self._rings_out[peer]
-                return ring if ring is not None and ring.ready else None
+                if ring is None or ring.ready:
+                    return ring
+                # never opened (another machine or container behind the same address):
+                # give its memory back after a while and stay on TCP
+                waited = self._unopened.get(peer, 0) + 1
+                self._unopened[peer] = waited
+                if waited < RING_GIVE_UP_SENDS:
+                    return None
+                self._rings_out[peer] = None
+                self._unopened.pop(peer, None)
+            else:
+                ring = None
+        if ring is not None:
+            log.info("%s: peer %s never opened its ring; frames go over TCP", self.name, peer)
+            with self._locks.get(peer) or threading.Lock():
+                ring.close()
+            return None
+        with self._ring_lock:
+            if peer in self._rings_out:  # another thread made it meanwhile
+                return None
             try:
                 ring = OutRing(self.ring_bytes)
             except OSError as exc:
@@ -297,6 +329,11 @@ class Van:
                     "%s: ring %r from node %s not opened: %s", self.name, name, msg.sender, exc
                 )
             return
+        ring.owner = msg.sender
+        for name, old in list(self._rings_in.items()):  # the sender's previous ring, if any
+            if old.owner == msg.sender:
+                old.close()
+                del self._rings_in[name]
         self._rings_in[ring.name] = ring
 
     def recv(self, timeout: float | None = None) -> Message | None:
