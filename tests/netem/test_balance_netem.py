@@ -110,24 +110,31 @@ if kv.rank == 0:
 """
 
 
-def test_link_measurement_within_15_percent_of_tc_rate(tmp_path):
-    scen = tmp_path / "two.toml"
-    scen.write_text('[network]\nkind = "static"\nrates_mbit = [40, 400]\n')
+def _measure(tmp_path, rates_mbit: list[int], balance: str) -> str:
+    """Run MEASURE on co-located nodes with these static rates; the cluster's output."""
+    scen = tmp_path / "static.toml"
+    scen.write_text(f'[network]\nkind = "static"\nrates_mbit = {rates_mbit}\n')
     script = tmp_path / "m.py"
     script.write_text(MEASURE)
     out = io.StringIO()
+    n = len(rates_mbit)
     spec = LaunchSpec(
-        num_workers=2,
-        num_servers=2,
+        num_workers=n,
+        num_servers=n,
         command=[sys.executable, str(script)],
         env={"PS_HEARTBEAT_TIMEOUT": "30", "HETPS_PROBE_PROB": "1.0"},
         start_timeout=60,
     )
     rc = run_cluster(
-        spec, netem=str(scen), colocate=True, balance="aware", slice_elems=20000, out=out
+        spec, netem=str(scen), colocate=True, balance=balance, slice_elems=20000, out=out
     )
     text = out.getvalue()
     assert rc == 0, text
+    return text
+
+
+def test_link_measurement_within_15_percent_of_tc_rate(tmp_path):
+    text = _measure(tmp_path, [40, 400], "aware")
     (raw,) = re.findall(r"MATRIX (\[.*\])", text)
     m = json.loads(raw)
     from hetps.netem import goodput_mbit
@@ -158,23 +165,7 @@ def test_spread_probes_see_a_node_faster_than_every_peer(tmp_path):
     """Node 0 sends at 60 Mbit/s, its three peers receive at 40: every single-flow probe
     (and every data flow) of node 0 reads at most ~40. The spread probe's three flows
     together read node 0's own 60 (docs/BALANCE.md §7.2)."""
-    scen = tmp_path / "four.toml"
-    scen.write_text('[network]\nkind = "static"\nrates_mbit = [60, 40, 40, 40]\n')
-    script = tmp_path / "m.py"
-    script.write_text(MEASURE)
-    out = io.StringIO()
-    spec = LaunchSpec(
-        num_workers=4,
-        num_servers=4,
-        command=[sys.executable, str(script)],
-        env={"PS_HEARTBEAT_TIMEOUT": "30", "HETPS_PROBE_PROB": "1.0"},
-        start_timeout=60,
-    )
-    rc = run_cluster(
-        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=20000, out=out
-    )
-    text = out.getvalue()
-    assert rc == 0, text
+    text = _measure(tmp_path, [60, 40, 40, 40], "optimal")
     from hetps.netem import goodput_mbit
 
     raw_nodes = re.findall(r"NODES (\{.*\})", text)[-1]  # after the last round
