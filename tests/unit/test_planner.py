@@ -252,6 +252,7 @@ def test_spread_targets_skip_workers_that_finished():
 
 
 def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():
+    """Directions alternate; within one, the censored node whose last turn is oldest."""
     p = _planner("optimal", 0.1, colocate=True, n=4)
     assert p.spread_targets() is None  # nothing known: nothing censored
     # sending: node 1 reads 9 (its fastest receiver takes 9.5: censored), node 2 reads 9.2,
@@ -264,6 +265,7 @@ def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():
     for k in range(6):
         p.spreads_seen = k
         picks.append(p.spread_targets())
+        p._last_turn[(picks[-1][0], picks[-1][1])] = k  # what the next report tells it
     # the peers: the fastest at the other end, until they sum to twice the node's estimate
     assert picks == [
         ["out", 1, [0, 2, 3]],  # 9.5 + 9.35 (unknown: the median) < 2 x 9.5: a third one
@@ -309,9 +311,23 @@ def test_spread_samples_are_collected_per_round_and_read_when_it_is_complete():
     }
     for r in range(3):
         body = {"round": 1, "samples": [flows[r]] if r in flows else []}
+        if r in flows:
+            body["spread_done"] = ["in", 0]  # what each sender took part in
         msg = Message("balance_report", body=body)
         msg.sender = P.worker_id(r)
         p.handle(sched, msg)
     assert p.spread_down[0] == pytest.approx(1e7)  # 2 MB over 0.2 s, from two reports
     assert np.isnan(p.spread_up[1]) and p._probe_up == [[], [], []]
     assert len(sched.answers) == 3 and p.spreads_seen == 1
+    assert p._last_turn == {("in", 0): 0}  # node 0's receiving side had the latest turn
+
+
+def test_a_node_censored_late_gets_the_next_turn():
+    p = _planner("optimal", 0.1, colocate=True, n=4)
+    for src, dst, r in [(1, 3, 9e6), (3, 0, 9e6), (0, 1, 3e6), (2, 0, 3e6)]:
+        p.observe_probe(src, dst, r)
+    assert list(np.flatnonzero(p.censored()[0])) == [1, 3]
+    p._last_turn = {("out", 1): 0, ("out", 3): 2}  # both had turns
+    p.observe_probe(2, 1, 9e6)  # node 2 turns out to be as fast: censored too
+    p.spreads_seen = 4
+    assert p.spread_targets()[:2] == ["out", 2]  # never had a turn: it goes first

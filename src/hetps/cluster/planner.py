@@ -84,6 +84,7 @@ class Planner:
         # spread probes were seen (it picks the next one)
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
+        self._last_turn: dict[tuple[str, int], int] = {}  # (way, node) -> its last spread
         # per node: (reading, spreads_seen when it was taken)
         self._spread_up: list[list[tuple[float, int]]] = [[] for _ in range(self.n_nodes)]
         self._spread_down: list[list[tuple[float, int]]] = [[] for _ in range(self.n_nodes)]
@@ -189,8 +190,13 @@ class Planner:
             if 0 <= s < self.S and secs > 0:
                 self.history[s].append((float(nbytes), float(secs)))
                 del self.history[s][:-20]
-        if b.get("spread_done") is True:
+        done = b.get("spread_done")
+        if isinstance(done, list) and len(done) == 2 and isinstance(done[1], int):
             self._spread_done.add(rnd)
+            way, rank = done
+            ends = self.workers if way == "out" else self.servers if way == "in" else []
+            if 0 <= rank < len(ends):
+                self._last_turn[(way, ends[rank])] = self.spreads_seen
         self.pending.setdefault(rnd, {})[msg.sender] = msg
         self.release(sched)
 
@@ -327,7 +333,7 @@ class Planner:
         """The next spread probe (see the client's ``_spread_probe``): ``["out", worker rank,
         [server ranks]]``, that worker probes those servers at once, or ``["in", server rank,
         [worker ranks]]``, those workers probe that server at once. Directions alternate;
-        within one, the censored nodes (:meth:`censored`) take turns. The peers are the
+        within one, the censored node (:meth:`censored`) whose last spread is the oldest goes. The peers are the
         fastest ones at the other end, as few as together have twice the node's current
         estimate (at least two): flows to peers of alike speed end together, where a slow
         peer's flow would stretch the span the spread is timed over and read the node low.
@@ -347,7 +353,9 @@ class Planner:
         for way, cands, ends, others, mine, theirs in (ways[k % 2], ways[1 - k % 2]):
             if not cands:
                 continue
-            node = cands[(k // 2) % len(cands)]
+            # the censored node whose turn is longest ago (or never came): a fixed rotation
+            # over a set that changes from one turn to the next could skip a node for good
+            node = min(cands, key=lambda c: (self._last_turn.get((way, c), -1), c))
             peers = [j for j in others if not (self.colocate and j == node)]
             ends_of = self.workers if way == "in" else self.servers  # rank order of the peers
             if len(peers) < 2:

@@ -262,7 +262,7 @@ class DistKVStore:
         self.plan: dict | None = None
         self._pending_plan: Future | None = None  # the answer to the last report (pipelined)
         self._probes_sent = 0
-        self._spread_made = False
+        self._spread_made: list | None = None  # the spread this worker took part in
         if self.balance:
             self.node.handler = self._on_message  # forecasts and push receipts
         if cfg.verbose >= 1:
@@ -704,7 +704,7 @@ class DistKVStore:
         samples, self._samples = self._samples, []
         body = {"round": self._round, "samples": samples, "server_times": stats}
         if self._spread_made:  # a turn of the planner's spread rotation, even if all failed
-            body["spread_done"], self._spread_made = True, False
+            body["spread_done"], self._spread_made = self._spread_made[:2], None
         if self.plan is None or self._reported_keys != len(self._order):
             # the layout (first report, or keys initialised since): sizes and where slices are
             body["sizes"] = [self.meta[k].size for k in self._order]
@@ -735,7 +735,7 @@ class DistKVStore:
                 try:
                     self._spread_probe(*spread)
                 finally:
-                    self._spread_made = True
+                    self._spread_made = list(spread)
                     self.node.barrier("worker", self.timeout)
         return adopted
 
