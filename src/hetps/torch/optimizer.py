@@ -48,7 +48,17 @@ from hetps import optim as ps_optim
 class _Group:
     """Parameters whose gradients travel as one key (one member: no fusion, no copy)."""
 
-    __slots__ = ("index", "names", "offsets", "numel", "send", "recv", "ready")
+    __slots__ = (
+        "index",
+        "names",
+        "offsets",
+        "numel",
+        "send",
+        "recv",
+        "ready",
+        "send_of",
+        "recv_of",
+    )
 
     def __init__(self, index: int, names: list[str], params: dict[str, torch.Tensor]) -> None:
         self.index = index
@@ -63,6 +73,16 @@ class _Group:
         self.send: torch.Tensor | None = None  # flat buffers of a fused group
         self.recv: torch.Tensor | None = None
         self.ready: set[str] = set()
+        # each member's view into send / recv, made once (slicing per step costs ~5 us each)
+        self.send_of: dict[str, torch.Tensor] = {}
+        self.recv_of: dict[str, torch.Tensor] = {}
+
+    def make_buffers(self, dtype: torch.dtype, like: dict[str, torch.Tensor]) -> None:
+        """The flat send/receive buffers of a fused group and each member's views."""
+        self.send = torch.zeros(self.numel, dtype=dtype)
+        self.recv = torch.empty_like(self.send)
+        self.send_of = {n: self.view(self.send, n, like[n]) for n in self.names}
+        self.recv_of = {n: self.view(self.recv, n, like[n]) for n in self.names}
 
     @property
     def fused(self) -> bool:
@@ -154,11 +174,10 @@ class DistributedOptimizer:
         keys, values = [], []
         for g in self.groups:
             if g.fused:
-                g.send = torch.zeros(g.numel, dtype=self._cpu[g.names[0]].dtype)
-                g.recv = torch.empty_like(g.send)
+                g.make_buffers(self._cpu[g.names[0]].dtype, self._cpu)
                 if update_on == "server":
                     for n in g.names:
-                        g.view(g.send, n, self._cpu[n]).copy_(self._cpu[n])
+                        g.send_of[n].copy_(self._cpu[n])
                 values.append(g.send)
             elif update_on == "worker":
                 values.append(torch.zeros_like(self._cpu[g.names[0]]))
@@ -243,7 +262,7 @@ class DistributedOptimizer:
                 self._launch(g, grad)
                 return
             assert g.send is not None
-            g.view(g.send, name, grad).copy_(grad)
+            g.send_of[name].copy_(grad)
             g.ready.add(name)
             if len(g.ready) == len(g.names):
                 self._launch(g, g.send)
@@ -296,7 +315,7 @@ class DistributedOptimizer:
                         if n in g.ready:
                             continue
                         grad = params[n].grad
-                        view = g.view(g.send, n, self._cpu[n])
+                        view = g.send_of[n]
                         if grad is None:
                             view.zero_()  # no gradient here: contributes nothing to the sum
                         else:
@@ -318,7 +337,7 @@ class DistributedOptimizer:
                         # no gradient here (unused in this forward): it stays without one,
                         # as in local training, so the optimizer leaves it alone
                         continue
-                    p.grad.copy_(g.view(g.recv, n, self._cpu[n]))
+                    p.grad.copy_(g.recv_of[n])
                 continue
             name = g.names[0]
             p = params[name]
