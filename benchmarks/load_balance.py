@@ -152,6 +152,7 @@ def worker_main() -> int:
                     rec["link_matrix"] = plan["link_matrix"]
                     rec["node_rates"] = plan.get("node_rates")
                     rec["plans_kept"] = plan.get("kept")
+                    rec["spread"] = plan.get("spread")  # the spread asked for next
             if log is None:
                 warm.append(rec)
             else:

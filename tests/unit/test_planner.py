@@ -210,6 +210,9 @@ def test_a_spread_probe_reads_a_node_faster_than_every_peer():
     assert up[0] == pytest.approx(2e6 / 0.17)  # ~11.8 MB/s, not 8
     assert np.isnan(p.spread_down[1]) and np.isnan(p.spread_down[2])  # lone flows: no reading
     assert p.spreads_seen == 1
+    rates = p.plan()["node_rates"]  # reports show where a cap came from
+    assert rates["spread_up"][0] == pytest.approx(2e6 / 0.17) and rates["spread_down"][1] is None
+    assert rates["probe_up"][0] == pytest.approx(8e6) and rates["up"][0] == rates["spread_up"][0]
     # node 0 slows down: its single-flow probes now read well below its peers', so it is not
     # censored any more and the old spread reading no longer counts
     for j in (1, 2):

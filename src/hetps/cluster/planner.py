@@ -490,18 +490,30 @@ class Planner:
         self.plan_seconds.append(time.perf_counter() - t0)
         del self.plan_seconds[:-1000]
         counts = np.bincount(new, weights=[s.length for s in self.slices], minlength=self.S)
+        up, down = self.capacity()
+        single = self._single()
         return {
             "epoch": self.epoch,
             "assign": [int(x) for x in new],
             "shares": [float(x) / total for x in counts],
             "link_matrix": [[float(x) if np.isfinite(x) else None for x in row] for row in bw],
             "node_rates": {
-                "up": [float(x) if np.isfinite(x) else None for x in self.capacity()[0]],
-                "down": [float(x) if np.isfinite(x) else None for x in self.capacity()[1]],
+                "up": _listed(up),
+                "down": _listed(down),
+                # what the caps come from, for reports: single-flow probes and fresh spreads
+                "probe_up": _listed(single[0]),
+                "probe_down": _listed(single[1]),
+                "spread_up": _listed(self.spread_up),
+                "spread_down": _listed(self.spread_down),
             },
             "plan_s": self.plan_seconds[-1],
             "kept": self.kept,
         }
+
+
+def _listed(values: np.ndarray) -> list[float | None]:
+    """A JSON-ready list: NaN (unknown) becomes None."""
+    return [float(x) if np.isfinite(x) else None for x in values]
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
