@@ -128,8 +128,8 @@ def decode(frames: list[Any], max_bytes: int, rings: Any = None) -> Message:
     """Decode and validate ``frames`` (header first). Raises :class:`BadMessage` on bad input.
 
     ``rings`` maps ring names to :class:`~hetps.transport.shm.InRing` for arrays that came
-    through shared memory (header field ``"m"``); their bytes are copied out of the ring and
-    the ring is told they are consumed, even when the message then fails validation.
+    through shared memory (header field ``"m"``); their bytes are copied out of the ring, and
+    what was copied out is released to the sender even when the message then fails validation.
     """
     if not frames:
         raise BadMessage("empty message")

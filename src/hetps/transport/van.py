@@ -218,8 +218,7 @@ class Van:
             ring = self._rings_out.pop(peer, None)
             self._unopened.pop(peer, None)
         if ring is not None:
-            with self._locks.get(peer) or threading.Lock():  # no send is writing into it
-                ring.close()
+            self._close_out(peer, ring)
 
     def mark_dead(self, peer: Any) -> None:
         """The peer is gone: sends to it fail at once instead of waiting on a full queue."""
@@ -281,6 +280,7 @@ class Van:
         """The open ring to ``peer`` if ``msg`` has arrays for it; offers one on first need."""
         if not any(a.nbytes >= RING_MIN_BYTES for a in msg.arrays):
             return None
+        stale = None
         with self._ring_lock:
             if peer in self._rings_out:
                 ring = self._rings_out[peer]
@@ -289,35 +289,29 @@ class Van:
                 # never opened (another machine or container behind the same address):
                 # give its memory back after a while and stay on TCP
                 waited = self._unopened.get(peer, 0) + 1
-                self._unopened[peer] = waited
                 if waited < RING_GIVE_UP_SENDS:
+                    self._unopened[peer] = waited
                     return None
-                self._rings_out[peer] = None
+                self._rings_out[peer], stale = None, ring
                 self._unopened.pop(peer, None)
             else:
-                ring = None
-        if ring is not None:
+                try:
+                    ring = OutRing(self.ring_bytes)
+                except OSError as exc:
+                    log.info("%s: no shared memory for peer %s (%s); TCP", self.name, peer, exc)
+                    ring = None
+                self._rings_out[peer] = ring
+        if stale is not None:
             log.info("%s: peer %s never opened its ring; frames go over TCP", self.name, peer)
-            with self._locks.get(peer) or threading.Lock():
-                ring.close()
-            return None
-        with self._ring_lock:
-            if peer in self._rings_out:  # another thread made it meanwhile
-                return None
-            try:
-                ring = OutRing(self.ring_bytes)
-            except OSError as exc:
-                log.info(
-                    "%s: no shared memory for peer %s (%s); frames go over TCP",
-                    self.name,
-                    peer,
-                    exc,
-                )
-                ring = None
-            self._rings_out[peer] = ring
-        if ring is not None:  # frames go inline until the receiver has opened it
+            self._close_out(peer, stale)
+        elif ring is not None:  # frames go inline until the receiver has opened it
             self.send(peer, Message(RING_OFFER, body={"name": ring.name}))
         return None
+
+    def _close_out(self, peer: Any, ring: OutRing) -> None:
+        """Close a sending ring while no send to ``peer`` is writing into it."""
+        with self._locks.get(peer) or threading.Lock():
+            ring.close()
 
     def _open_ring(self, msg: Message) -> None:
         name = msg.body.get("name")
