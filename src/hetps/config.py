@@ -103,6 +103,8 @@ class NodeConfig:
     colocate: bool = False  # one server beside each worker (server rank r on worker r's node)
     # DistributedOptimizer: gradients smaller than this travel fused with their neighbours
     fusion_bytes: int = 1 << 18
+    #: steps DistributedOptimizer times before re-making its fusion groups (0 = never)
+    fusion_tune_steps: int = 4
     # bytes of each shared-memory ring to a peer on this machine (0: frames always over TCP)
     shm_bytes: int = 32 << 20
 
@@ -204,6 +206,7 @@ def node_config_from_env(
         push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 20, 0)
         colocate = _int(env, "HETPS_COLOCATE", 0) > 0
         fusion_bytes = _int(env, "HETPS_FUSION_BYTES", 1 << 18, 0)
+        fusion_tune_steps = _int(env, "HETPS_FUSION_TUNE_STEPS", 4, 0)
         shm_bytes = _int(env, "HETPS_SHM_BYTES", 32 << 20, 0)
         if 0 < shm_bytes < (1 << 20):
             raise ConfigError(
@@ -216,7 +219,7 @@ def node_config_from_env(
         bound, max_msg, chunk, port, port_file, launch_rank, shape_mbit = 0, 0, 0, 0, None, -1, 0.0
         balance, slice_elems, probe_num, probe_bytes, probe_prob = "none", 0, 0, 0, 0.0
         replan_every, colocate, replan_margin, push_window = 1, False, 0.0, 0
-        fusion_bytes, shm_bytes = 0, 0
+        fusion_bytes, shm_bytes, fusion_tune_steps = 0, 0, 0
     if not problems and interval > 0 and timeout <= interval:
         problems.append(
             f"PS_HEARTBEAT_TIMEOUT={timeout} must exceed PS_HEARTBEAT_INTERVAL={interval}: "
@@ -266,6 +269,7 @@ def node_config_from_env(
         replan_margin=replan_margin,
         push_window=push_window,
         fusion_bytes=fusion_bytes,
+        fusion_tune_steps=fusion_tune_steps,
         shm_bytes=shm_bytes,
         colocate=colocate,
     )

@@ -147,3 +147,114 @@ print('UNUSED-OK', len(opt.groups), flush=True)
     assert out.count("UNUSED-OK") == 2, out
     # with fusion, all four small parameters travel as one group
     assert ("UNUSED-OK 1" in out) == (fusion != "0"), out
+
+
+PAUSED = """
+import json, time, torch
+from hetps.torch.optimizer import DistributedOptimizer
+torch.set_num_threads(1)
+torch.manual_seed(0)
+
+class SlowBackward(torch.autograd.Function):
+    # an expensive layer below the head: its backward takes 5 ms (emulated compute)
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+    @staticmethod
+    def backward(ctx, g):
+        time.sleep(0.005)
+        return g
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Linear(8, 8).double()      # 576 B: ready last
+        self.head = torch.nn.Linear(8, 1500).double()   # 108 KB: ready first
+    def forward(self, x):
+        return self.head(SlowBackward.apply(torch.tanh(self.stem(x))))
+
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+model = Net()
+extra = torch.zeros(1, dtype=torch.float64)
+opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                           model.named_parameters(), kvstore=kv, extra=extra)
+before = [g.names for g in opt.groups]
+g = torch.Generator().manual_seed(3)
+X = torch.randn(8, 4, 8, generator=g, dtype=torch.float64)
+Y = torch.randn(8, 4, 1500, generator=g, dtype=torch.float64)
+per = 4 // W
+for step in range(8):
+    opt.zero_grad()
+    extra.fill_(step + r)
+    x, y = X[step, r * per:(r + 1) * per], Y[step, r * per:(r + 1) * per]
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    assert opt.extra_rides and extra.item() == W * step + W * (W - 1) / 2, (step, extra)
+print('GROUPS ' + json.dumps([before, [g.names for g in opt.groups]]), flush=True)
+print('WEIGHTS ' + json.dumps([p.detach().flatten().tolist() for p in model.parameters()]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("tune", ["4", "0"])
+def test_groups_are_remade_where_backward_pauses(cluster, tune):
+    """After the timed steps every worker takes rank 0's groups: the head's gradients, ready
+    5 ms before the stem's, leave on their own; training stays exact across the switch."""
+    rc, out = cluster(PAUSED, workers=2, servers=1, env={"HETPS_FUSION_TUNE_STEPS": tune})
+    assert rc == 0, out
+    groups = [
+        json.loads(line.split("GROUPS ", 1)[1]) for line in out.splitlines() if "GROUPS " in line
+    ]
+    fused = [["stem.weight", "stem.bias", "head.weight", "head.bias"]]
+    split = [["stem.weight", "stem.bias"], ["head.weight", "head.bias"]]
+    assert groups == [[fused, split if tune == "4" else fused]] * 2, groups
+    # the same steps in one process, on the global batch
+    scope: dict = {}
+    ref_code = (
+        PAUSED.split("kv = hetps")[0]
+        + """
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+g = torch.Generator().manual_seed(3)
+X = torch.randn(8, 4, 8, generator=g, dtype=torch.float64)
+Y = torch.randn(8, 4, 1500, generator=g, dtype=torch.float64)
+for step in range(8):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(X[step]), Y[step]).backward()
+    opt.step()
+ref = [p.detach().flatten().tolist() for p in model.parameters()]
+"""
+    )
+    exec(ref_code, scope)
+    got = [
+        json.loads(line.split("WEIGHTS ", 1)[1]) for line in out.splitlines() if "WEIGHTS " in line
+    ]
+    assert len(got) == 2
+    for weights in got:
+        for a, b in zip(weights, scope["ref"], strict=True):
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+
+
+def test_a_launch_that_fails_raises_in_step_not_in_the_launcher(cluster):
+    """Pushes leave from a launcher thread; when one fails (here the store was closed), the
+    training thread gets the error from step() instead of waiting forever."""
+    code = """
+import torch
+from hetps.torch.optimizer import DistributedOptimizer
+kv = hetps.kv.create('dist_sync')
+model = torch.nn.Sequential(torch.nn.Linear(4, 300), torch.nn.Linear(300, 2))
+opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                           model.named_parameters(), kvstore=kv, fusion_bytes=1024)
+assert len(opt.groups) == 4 and opt._launcher is not None
+opt.zero_grad(); model(torch.ones(2, 4)).sum().backward(); opt.step()
+kv.close()
+opt.zero_grad(); model(torch.ones(2, 4)).sum().backward()
+try:
+    opt.step()
+except Exception as exc:
+    print('STEP-RAISED', type(exc).__name__, flush=True)
+opt.close()
+assert not any(t.name == 'hetps-launcher' for t in __import__('threading').enumerate())
+"""
+    rc, out = cluster(code, workers=1, servers=1)
+    assert "STEP-RAISED NodeClosed" in out, out

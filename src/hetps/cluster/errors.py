@@ -17,3 +17,7 @@ class RequestError(RuntimeError):
 
 class RequestTimeout(ClusterError):
     """A request got no answer within the configured timeout."""
+
+
+class NodeClosed(ClusterError):
+    """The node (the KVStore) was closed and is used again."""

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 
 from hetps.cluster import protocol as P
-from hetps.cluster.errors import ClusterError, NodeFailure
+from hetps.cluster.errors import ClusterError, NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future, RequestTracker
 from hetps.config import NodeConfig
@@ -242,9 +242,14 @@ class Node:
 
     # -- requests ---------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise the cluster failure, if one happened."""
+        """Raise the cluster failure, if one happened, or NodeClosed after :meth:`close`."""
         if self.failure is not None:
             raise self.failure
+        if self._stop.is_set():
+            raise NodeClosed(
+                f"{self.role}: this node was closed (kv.close()); a closed KVStore takes no "
+                "more requests: create a new one with hetps.kv.create() to go on"
+            )
 
     def request(
         self,
