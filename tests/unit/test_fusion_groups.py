@@ -39,3 +39,63 @@ def test_a_pause_closes_a_group_that_holds_enough():
 def test_the_size_bound_still_holds_with_times():
     entries = [("a", 150, K, 0.0), ("b", 150, K, 0.0), ("c", 150, K, 0.0)]
     assert plan_groups(entries, 300, gap_s=1.0, split_bytes=1) == [["a", "b"], ["c"]]
+
+
+def _paused_model(pause_s: float):
+    import time
+
+    import torch
+
+    class Pause(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            time.sleep(pause_s)  # an expensive layer's backward (emulated compute)
+            return g
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 20_000)
+
+        def forward(self, x):
+            return self.head(Pause.apply(self.stem(x)))
+
+    return Net()
+
+
+@pytest.mark.parametrize(("pause_s", "head_inline"), [(0.02, False), (0.0, True)])
+def test_hooks_send_the_groups_near_backward_end_themselves(pause_s, head_inline, monkeypatch):
+    """After the timed steps a group ready well before backward ends goes to the launcher
+    thread; one ready near the end is sent by its hook (no wake-up to wait for)."""
+    import torch
+
+    import hetps.torch.optimizer as mod
+    from hetps.kvstore.local import LocalKVStore
+    from hetps.torch.optimizer import DistributedOptimizer
+
+    monkeypatch.setattr(mod, "LAUNCH_INLINE_S", 0.005)  # far from both cases on a busy machine
+
+    model = _paused_model(pause_s)
+    opt = DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        model.named_parameters(),
+        kvstore=LocalKVStore(),
+        fusion_bytes=1 << 10,
+    )
+    try:
+        assert opt._launcher is not None and opt.tune_steps == 0  # a local store: no re-making
+        head = opt._group_of["head.weight"]
+        assert not head.inline and opt._group_of["stem.weight"].inline
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+        assert head.inline is head_inline
+        assert opt._group_of["stem.weight"].inline  # the last group: always its hook
+    finally:
+        opt.close()

@@ -73,6 +73,8 @@ FUSION_GAP_S = 250e-6
 FUSION_SPLIT_BYTES = 64 << 10
 #: steps the hooks time before the groups are re-made (the first one is not used: warm-up)
 TUNE_STEPS = 4
+#: a group ready this close to backward's end is sent by its hook, not the launcher thread
+LAUNCH_INLINE_S = 500e-6
 
 
 def plan_groups(
@@ -130,6 +132,7 @@ class _Group:
         "ready",
         "send_of",
         "recv_of",
+        "inline",
     )
 
     def __init__(self, index: int, names: list[str], params: dict[str, torch.Tensor]) -> None:
@@ -145,6 +148,7 @@ class _Group:
         self.send: torch.Tensor | None = None  # flat buffers of a fused group
         self.recv: torch.Tensor | None = None
         self.ready: set[str] = set()
+        self.inline = index == 0  # sent by its hook, not by the launcher thread
         # each member's view into send / recv, made once (slicing per step costs ~5 us each)
         self.send_of: dict[str, torch.Tensor] = {}
         self.recv_of: dict[str, torch.Tensor] = {}
@@ -250,7 +254,10 @@ class DistributedOptimizer:
             )
         self.tune_steps = tune_steps
         self._steps = 0  # synchronized steps so far
-        self._clock: dict[str, float] | None = {} if tune_steps and fusion_bytes else None
+        # steps timed: for the groups (a collective, on a synchronous store) and for which
+        # groups the hooks send themselves (each worker on its own)
+        self._timing_steps = tune_steps or (TUNE_STEPS if background_launch else 0)
+        self._clock: dict[str, float] | None = {} if self._timing_steps else None
         self._timed: list[dict[str, float]] = []  # per timed step: name -> gradient ready time
         self.groups = self._make_groups(fusion_bytes)
         self._group_of = {n: g for g in self.groups for n in g.names}
@@ -371,9 +378,10 @@ class DistributedOptimizer:
     # -- launching: off the training thread ---------------------------------------------------
     def _send(self, g: _Group, data: torch.Tensor) -> None:
         """Launch group ``g`` now, or hand it to the launcher thread (backward goes on). The
-        first parameters' group is the last one backward finishes: nothing is left to overlap
-        it with, so it goes from here, without waking the launcher."""
-        if self._launcher is None or g.index == 0:
+        first parameters' group is the last one backward finishes, and once steps were timed
+        so are groups ready near its end (``g.inline``): nothing is left to overlap them
+        with, so they go from here, without waking the launcher."""
+        if self._launcher is None or g.inline:
             with self._launch_lock:
                 self._launch_safely(g, data)
             return
@@ -504,21 +512,30 @@ class DistributedOptimizer:
         if self._clock is not None:
             self._timed.append(self._clock)
             self._clock = {}
-            if self._steps >= self.tune_steps:  # every worker is at this same step
+            if self._steps >= self._timing_steps:  # every worker is at this same step
                 self._clock = None
-                self._retune()
+                if self.tune_steps:
+                    self._retune()
+                else:
+                    self._mark_inline()
 
     # -- groups that follow backward's pace ---------------------------------------------------
-    def _measured_groups(self) -> list[list[str]] | None:
-        """Groups from the timed steps (the first dropped), or None if a gradient was not
-        timed in every one of them (hooks bypassed, unused parameters)."""
+    def _ready_times(self) -> dict[str, float] | None:
+        """Each gradient's median ready time (seconds after the step's first one) over the
+        timed steps (the first dropped), or None if a gradient was not timed in every one of
+        them (hooks bypassed, unused parameters)."""
         steps = self._timed[1:] or self._timed
         names = [n for n, _ in self.named]
         if not steps or any(len(t) != len(names) for t in steps):
             return None
-        ready = {}
-        for n in names:
-            ready[n] = statistics.median(t[n] - min(t.values()) for t in steps)
+        return {n: statistics.median(t[n] - min(t.values()) for t in steps) for n in names}
+
+    def _measured_groups(self) -> list[list[str]] | None:
+        """Groups from this worker's timed steps, or None without complete timings."""
+        ready = self._ready_times()
+        if ready is None:
+            return None
+        names = [n for n, _ in self.named]
         back = {n: i for i, (n, _) in enumerate(reversed(self.named))}  # tie-break
         params = dict(self.named)
         entries = [
@@ -553,6 +570,7 @@ class DistributedOptimizer:
         new_groups = self._as_groups(list(by_id.values()))
         old = {tuple(g.names): g for g in self.groups}
         if [g.names for g in new_groups] == [g.names for g in self.groups]:
+            self._mark_inline()
             return
         keys, values = [], []
         for i, g in enumerate(new_groups):
@@ -572,8 +590,20 @@ class DistributedOptimizer:
             keys.append(self._key(g))
         self.groups = new_groups
         self._group_of = {n: g for g in self.groups for n in g.names}
+        self._mark_inline()
         if keys:
             self.kv.init(keys, values)
+
+    def _mark_inline(self) -> None:
+        """Groups that are ready within ``LAUNCH_INLINE_S`` of backward's end (by this
+        worker's own timings) are sent by their hook: there is too little backward left to
+        overlap a launch with, and the hand-off to the launcher would only add its wake-up."""
+        ready = self._ready_times()
+        if ready is None:
+            return
+        end = max(ready.values())
+        for g in self.groups:
+            g.inline = g.index == 0 or end - max(ready[n] for n in g.names) < LAUNCH_INLINE_S
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the reductions (unless :meth:`synchronize` already did), then step."""
