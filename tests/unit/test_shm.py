@@ -246,3 +246,42 @@ def test_a_ring_the_peer_never_opens_is_given_back_and_a_reconnect_offers_anew(m
         tx.close()
         rx.close()
     assert not _mine()
+
+
+def test_a_reply_lands_straight_in_its_requests_destination():
+    """decode copies a ring-borne reply array into the place its request named (one copy
+    less for every big pull); a place of the wrong dtype, size or layout, a request nobody
+    waits for, or a message that is not a reply gets a new array as before."""
+    out = shm.OutRing(1 << 16)
+    inn = shm.InRing(out.name)
+    rings = {out.name: inn}
+    try:
+        vals = np.arange(1000, dtype=np.float32)
+        dest = np.zeros(1000, np.float32)
+        places = {7: dest}
+
+        def frames(req: int, reply: bool = True) -> list:
+            msg = Message("push", req=req, reply=reply, arrays=[vals], sender=3)
+            return encode(msg, out, 64)
+
+        inn.owner = 3
+        got = decode(frames(7), 1 << 30, rings, places.get)
+        assert got.arrays[0].ctypes.data == dest.ctypes.data
+        np.testing.assert_array_equal(dest, vals)
+        for other in (
+            np.zeros(1000, np.float64),
+            np.zeros(999, np.float32),
+            np.zeros((2000,), np.float32)[::2],
+        ):
+            places[8] = other
+            got = decode(frames(8), 1 << 30, rings, places.get)
+            assert not np.shares_memory(got.arrays[0], other)
+            np.testing.assert_array_equal(got.arrays[0], vals)
+        dest[:] = 0
+        for req, reply in ((9, True), (7, False)):  # nobody waits for 9; 7 is not a reply
+            got = decode(frames(req, reply), 1 << 30, rings, places.get)
+            assert not np.shares_memory(got.arrays[0], dest)
+        assert not dest.any()
+    finally:
+        inn.close()
+        out.close()

@@ -48,6 +48,7 @@ class Node:
             ring_bytes=cfg.shm_bytes,
         )
         self.requests = RequestTracker()
+        self.van.landing_of = self.requests.landing_of
         self.info: NodeInfo | None = None
         self.nodes: dict[int, NodeInfo] = {}
         self.exited = threading.Event()

@@ -19,12 +19,25 @@ from hetps.cluster.errors import ClusterError, RequestError, RequestTimeout
 class Future:
     """The pending answer to one request."""
 
-    __slots__ = ("req", "peer", "what", "_event", "_result", "_error", "_callback", "_tracker")
+    __slots__ = (
+        "req",
+        "peer",
+        "what",
+        "landing",
+        "_event",
+        "_result",
+        "_error",
+        "_callback",
+        "_tracker",
+    )
 
     def __init__(self, req: int, peer: int, what: str, callback: Callable[[Any], None] | None):
         self.req = req
         self.peer = peer
         self.what = what
+        # where the reply's first array may be written straight from a shared-memory ring
+        # (flat, contiguous, writable; its callback then finds it in place)
+        self.landing: Any = None
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
@@ -91,6 +104,12 @@ class RequestTracker:
             self._pending[fut.req] = fut
             fut._tracker = self
         return fut
+
+    def landing_of(self, req: int) -> Any:
+        """Where the reply to ``req`` may land, while someone still waits for it."""
+        with self._lock:
+            fut = self._pending.get(req)
+        return None if fut is None else fut.landing
 
     def discard(self, req: int) -> None:
         """Forget request ``req`` (its caller stopped waiting)."""

@@ -292,7 +292,7 @@ class DistKVStore:
                 self._outstanding = [f for f in self._outstanding if not f.done()]
 
     def _request(
-        self, key: Any, priority: int, server_rank: int, msg: Message, callback=None
+        self, key: Any, priority: int, server_rank: int, msg: Message, callback=None, landing=None
     ) -> Future:
         peer = self._server_ids[server_rank]
         fut = self.node.requests.new(
@@ -300,6 +300,7 @@ class DistKVStore:
         )
         if fut.done():
             return fut
+        fut.landing = landing
         msg.req = fut.req
         msg.priority = priority
         # only messages big enough to take measurable time on the wire are timed: for small
@@ -507,6 +508,7 @@ class DistKVStore:
                         p.server,
                         Message(C.PUSH, body=body, arrays=[payload]),
                         None if dest is None else _lander(k, dest, a, b),
+                        None if dest is None else dest[a:b],
                     )
                 )
         return futs
@@ -570,7 +572,12 @@ class DistKVStore:
 
                 futs.append(
                     self._request(
-                        k, priority, p.server, Message(C.PULL, body=body), _lander(k, dest, a, b)
+                        k,
+                        priority,
+                        p.server,
+                        Message(C.PULL, body=body),
+                        _lander(k, dest, a, b),
+                        dest[a:b],
                     )
                 )
 
@@ -956,7 +963,9 @@ def _lander(k: Any, dest: np.ndarray, a: int, b: int):
     def land(reply: Message) -> None:
         if not reply.arrays or reply.arrays[0].size != b - a:
             raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
-        dest[a:b] = reply.arrays[0].reshape(-1)
+        got = reply.arrays[0]
+        if got.ctypes.data != dest[a:b].ctypes.data:  # (else the van copied it in place)
+            dest[a:b] = got.reshape(-1)
         reply.arrays = []  # copied out: do not keep a second copy in the future
 
     return land

@@ -124,12 +124,14 @@ def _buffer(frame: Any) -> memoryview:
     return frame.buffer  # zmq.Frame
 
 
-def decode(frames: list[Any], max_bytes: int, rings: Any = None) -> Message:
+def decode(frames: list[Any], max_bytes: int, rings: Any = None, landing_of: Any = None) -> Message:
     """Decode and validate ``frames`` (header first). Raises :class:`BadMessage` on bad input.
 
     ``rings`` maps ring names to :class:`~hetps.transport.shm.InRing` for arrays that came
     through shared memory (header field ``"m"``); their bytes are copied out of the ring, and
     what was copied out is released to the sender even when the message then fails validation.
+    ``landing_of(req)`` may name where a reply's first array goes (a flat array of its dtype
+    and size): a ring-borne array is then copied there, not into a new array.
     """
     if not frames:
         raise BadMessage("empty message")
@@ -171,9 +173,15 @@ def decode(frames: list[Any], max_bytes: int, rings: Any = None) -> Message:
     ring = rings[header["m"][0]] if placed else None
     total = len(head)
     arrays: list[np.ndarray] = []
+    target = None
+    if placed and placed[0] >= 0 and reply is True and landing_of is not None:
+        target = landing_of(req)
     try:
         for i, spec in enumerate(specs):
-            total = _decode_array(i, spec, frames[i + 1], placed, ring, total, max_bytes, arrays)
+            total = _decode_array(
+                i, spec, frames[i + 1], placed, ring, total, max_bytes, arrays, target
+            )
+            target = None
     finally:
         if ring is not None:  # what was taken out may be overwritten now
             ring.commit()
@@ -209,8 +217,10 @@ def _ring_positions(field_m: Any, n: int, rings: Any, sender: int) -> list[int] 
     return placed if any(p >= 0 for p in placed) else None
 
 
-def _decode_array(i, spec, frame, placed, ring, total, max_bytes, arrays) -> int:
-    """Validate array ``i`` against its frame (or ring slot), append it; the new total."""
+def _decode_array(i, spec, frame, placed, ring, total, max_bytes, arrays, target=None) -> int:
+    """Validate array ``i`` against its frame (or ring slot), append it; the new total. A
+    ring-borne array is copied into ``target`` if that is a flat, writable array of its dtype
+    and element count."""
     if not (isinstance(spec, list) and len(spec) == 2):
         raise BadMessage(f"array spec {i} must be [dtype, shape]")
     dname, shape = spec
@@ -233,7 +243,19 @@ def _decode_array(i, spec, frame, placed, ring, total, max_bytes, arrays) -> int
             raise BadMessage(f"array {i} is in shared memory but its frame is not empty")
         if total + expected > max_bytes:
             raise BadMessage(f"message exceeds the size bound of {max_bytes} bytes")
+        fits = (
+            isinstance(target, np.ndarray)
+            and target.dtype == dt
+            and target.size == count
+            and target.ndim == 1
+            and target.flags.c_contiguous
+            and target.flags.writeable
+        )
         try:
+            if fits:
+                ring.take(placed[i], expected, out=target.view(np.uint8))
+                arrays.append(target.reshape(shape))
+                return total + expected
             buf = memoryview(ring.take(placed[i], expected))
         except ValueError as exc:
             raise BadMessage(f"array {i}: {exc}") from None

@@ -192,9 +192,10 @@ class InRing:
         self.owner: int | None = None  # the node id that offered it (set by the van)
         self._hdr[_OPENED] = 1
 
-    def take(self, pos: int, n: int) -> np.ndarray:
-        """A copy of the ``n`` bytes written at counter ``pos``; ValueError unless that lies in
-        the part of the ring the sender may have written and this end not yet consumed."""
+    def take(self, pos: int, n: int, out: np.ndarray | None = None) -> np.ndarray:
+        """A copy of the ``n`` bytes written at counter ``pos`` (into ``out``, ``n`` uint8,
+        when given); ValueError unless that lies in the part of the ring the sender may have
+        written and this end not yet consumed."""
         if self._data is None:
             raise ValueError(f"ring {self.name} is closed")
         if not (isinstance(pos, int) and 0 <= pos < (1 << 62) and isinstance(n, int) and n >= 0):
@@ -206,7 +207,8 @@ class InRing:
                 f"frame at {pos} of {n} bytes is outside the ring's unread part "
                 f"[{self.tail}, {self.tail + self.size})"
             )
-        out = np.empty(n, np.uint8)
+        if out is None:
+            out = np.empty(n, np.uint8)
         out[:] = self._data[off : off + n]
         self._taken = max(self._taken, pos + span)
         return out

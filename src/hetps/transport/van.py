@@ -153,6 +153,8 @@ class Van:
         self._rings_out: dict[Any, OutRing | None] = {}  # None: creating one failed
         self._rings_in: dict[str, InRing] = {}
         self._unopened: dict[Any, int] = {}  # peer -> big sends since its ring was offered
+        # req -> where a reply's ring-borne array may be copied (set by the node's requests)
+        self.landing_of: Any = None
         self._ring_lock = threading.Lock()
 
     @property
@@ -348,7 +350,7 @@ class Van:
                 continue
             frames = self._router.recv_multipart(copy=False)
             try:
-                msg = decode(frames[1:], self.max_message_bytes, self._rings_in)
+                msg = decode(frames[1:], self.max_message_bytes, self._rings_in, self.landing_of)
             except BadMessage as exc:
                 log.warning("%s dropped a bad message: %s", self.name, exc)
                 continue
