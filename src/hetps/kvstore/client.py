@@ -693,11 +693,12 @@ class DistKVStore:
         answer at the same call, and waiting for it does not wait for the slowest worker to
         reach this boundary (it reported one iteration ago). Only the first report is waited
         for at once, because the layout needs a plan before any push. In probing rounds (every
-        ``1/HETPS_PROBE_PROB``-th, and every round of the first permutation cycle) the worker
-        waits for this report's answer, which comes once every worker finished its previous
-        round, applies it, then sends its capacity probe and waits for it: the links are quiet
-        and the probe leaves before this worker's next pushes. Its sample goes out with the
-        next report."""
+        ``1/HETPS_PROBE_PROB``-th, and the first two) the worker waits for this report's
+        answer, which comes once every worker finished its previous round, applies it, then
+        sends its capacity probe and waits for it: the links are quiet and the probe leaves
+        before this worker's next pushes. The first round probes a whole permutation cycle,
+        one probe per worker between worker barriers, so that every link is measured before
+        the second plan. The samples go out with the next report."""
         if not self.balance:
             return None
         self.wait_outstanding()
@@ -732,7 +733,10 @@ class DistKVStore:
         body = answer.wait(self.timeout).body
         adopted = self._adopt(body)
         if probing:  # after any migration; the samples go out with the next report
-            self._probe()
+            for i in range(self._calibration_probes() if self._round == 1 else 1):
+                if i:  # each probe of the cycle has its links to itself
+                    self.node.barrier("worker", self.timeout)
+                self._probe()
             spread = body.get("spread")
             if isinstance(spread, list) and len(spread) == 3:
                 # every worker got the same answer: all take part in both barriers, so the
@@ -853,18 +857,22 @@ class DistKVStore:
         return [(s_old, want) for s_old, _s_new, _items, want, _states, _pulls in reads]
 
     def _probe_round(self) -> bool:
-        """Whether this round probes (the same answer on every worker): the first rounds
-        until every node has probed each of its peers once (one permutation cycle, so the
-        first plans do not rest on a single probe per node, which reads the slower of two
-        nodes), then every ``round(1 / probe_prob)``-th round."""
+        """Whether this round probes (the same answer on every worker): the first two (the
+        first probes a whole permutation cycle, the second may take a spread probe on the
+        readings that cycle gave), then every ``round(1 / probe_prob)``-th round."""
         if self.cfg.probe_prob <= 0 or self.cfg.balance not in ("aware", "optimal"):
             return False  # only the link-model schemes use the probes
-        S, W = self.num_servers, self.num_workers
-        cycle = S - 1 if self.cfg.colocate else max(W, S)
-        if self._round <= cycle:
+        if self._round <= 2:
             return True
         every = max(1, round(1.0 / self.cfg.probe_prob))
         return (self._round - 1) % every == 0
+
+    def _calibration_probes(self) -> int:
+        """Probes of one permutation cycle: afterwards every node has probed each peer once
+        (so the first plans do not rest on a single probe per node, which reads the slower
+        of its two ends)."""
+        S, W = self.num_servers, self.num_workers
+        return S - 1 if self.cfg.colocate else max(W, S)
 
     def _probe(self) -> None:
         """A capacity probe: every worker sends one probe to one server, the servers chosen
