@@ -258,3 +258,35 @@ assert not any(t.name == 'hetps-launcher' for t in __import__('threading').enume
 """
     rc, out = cluster(code, workers=1, servers=1)
     assert "STEP-RAISED NodeClosed" in out, out
+
+
+def test_gradient_accumulation_over_two_backward_passes(cluster):
+    """Two backward passes before each step(): every pass that completes a group sends it
+    again (the launcher first sends the copy still queued), and step() applies the average
+    over the workers of each worker's accumulated gradient, as one process would."""
+    code = CODE.replace(
+        "    torch.nn.functional.cross_entropy(model(x), y).backward()\n",
+        "    for m in range(2):\n"
+        "        h = per // 2\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x[m*h:(m+1)*h]), y[m*h:(m+1)*h])\n"
+        "        loss.backward()\n",
+    ).replace("    if opt.extra_rides:", "    if False:")  # two sends per step: 2x the flag
+    assert code != CODE
+    rc, out = cluster(code, workers=2, servers=1, env={"HETPS_FUSION_BYTES": "600"})
+    assert rc == 0, out
+    reference = REFERENCE.replace(
+        "    torch.nn.functional.cross_entropy(model(X[step]), Y[step]).backward()\n",
+        "    for m in range(2):\n"
+        "        idx = torch.cat([torch.arange(r * 8 + m * 4, r * 8 + m * 4 + 4) for r in range(2)])\n"
+        "        (torch.nn.functional.cross_entropy(model(X[step][idx]), Y[step][idx])).backward()\n",
+    )
+    assert reference != REFERENCE
+    scope: dict = {}
+    exec(reference, scope)
+    got = [
+        json.loads(line.split("WEIGHTS ", 1)[1]) for line in out.splitlines() if "WEIGHTS " in line
+    ]
+    assert len(got) == 2
+    for weights in got:
+        for a, b in zip(weights, scope["ref"], strict=True):
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12)

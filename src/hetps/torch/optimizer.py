@@ -133,6 +133,7 @@ class _Group:
         "send_of",
         "recv_of",
         "inline",
+        "queued",
     )
 
     def __init__(self, index: int, names: list[str], params: dict[str, torch.Tensor]) -> None:
@@ -149,6 +150,7 @@ class _Group:
         self.recv: torch.Tensor | None = None
         self.ready: set[str] = set()
         self.inline = index == 0  # sent by its hook, not by the launcher thread
+        self.queued = False  # handed to the launcher thread, not launched yet
         # each member's view into send / recv, made once (slicing per step costs ~5 us each)
         self.send_of: dict[str, torch.Tensor] = {}
         self.recv_of: dict[str, torch.Tensor] = {}
@@ -363,6 +365,11 @@ class DistributedOptimizer:
             if self._clock is not None:
                 self._clock[name] = time.perf_counter()
             g = self._group_of[name]  # (re-made groups replace it)
+            if g.queued:
+                # another backward pass before step() (gradient accumulation) finished this
+                # group again while its last launch still waits: send that one first, so the
+                # launcher never reads a buffer this pass is refilling
+                self._flush()
             grad = p.grad if p.grad.device.type == "cpu" else p.grad.detach().cpu()
             if not g.fused:
                 self._send(g, grad)
@@ -371,6 +378,7 @@ class DistributedOptimizer:
             g.send_of[name].copy_(grad)
             g.ready.add(name)
             if len(g.ready) == len(g.names):
+                g.ready = set()
                 self._send(g, g.send)
 
         return hook
@@ -386,6 +394,7 @@ class DistributedOptimizer:
                 self._launch_safely(g, data)
             return
         with self._todo_cv:
+            g.queued = True
             self._todo.append((g, data))
             self._todo_cv.notify()
 
@@ -396,6 +405,7 @@ class DistributedOptimizer:
                 if not self._todo:
                     return False
                 g, data = self._todo.popleft()
+                g.queued = False
             self._launch_safely(g, data)
             return True
 
@@ -421,7 +431,6 @@ class DistributedOptimizer:
 
     def _launch(self, g: _Group, data: torch.Tensor) -> None:
         """Send group ``g``'s gradients (``data``) and ask for its result."""
-        g.ready = set()
         if g.index == 0 and self.extra_rides:
             assert self.extra is not None and g.send is not None
             g.send[g.numel - self.extra.numel() :].copy_(self.extra.reshape(-1))
@@ -451,6 +460,7 @@ class DistributedOptimizer:
         params = dict(self.named)
         W = self.kv.num_workers
         self._flush()
+        exchanged = False  # a step without any gradient is not one of the timed steps
         for g in self.groups:
             h = self._handles.pop(g.index, None)
             if h is None:
@@ -475,6 +485,7 @@ class DistributedOptimizer:
                 self._flush()
                 h = self._handles.pop(g.index)
             h.wait()
+            exchanged = True
             if g.fused:  # (update on workers only)
                 assert g.recv is not None
                 if g.index == 0 and self.extra_rides:
@@ -508,6 +519,8 @@ class DistributedOptimizer:
         for g in self.groups:
             g.ready = set()  # a partial backward must not leave members marked for next step
         self._synced = True
+        if not exchanged:
+            return
         self._steps += 1
         if self._clock is not None:
             self._timed.append(self._clock)
