@@ -60,6 +60,17 @@ ref = [p.detach().flatten().tolist() for p in model.parameters()]
 """
 
 
+def _assert_weights_match(out: str, ref: list, workers: int) -> None:
+    """Every worker printed WEIGHTS equal to the single-process reference ``ref``."""
+    got = [
+        json.loads(line.split("WEIGHTS ", 1)[1]) for line in out.splitlines() if "WEIGHTS " in line
+    ]
+    assert len(got) == workers, out
+    for weights in got:
+        for a, b in zip(weights, ref, strict=True):
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+
+
 # parameter bytes (float64): 0.weight 1024, 0.bias 128, 2.weight 384, 2.bias 24
 GROUPS = {
     None: [["0.weight", "0.bias", "2.weight", "2.bias"]],  # default 256 KiB: all fused
@@ -85,13 +96,7 @@ def test_matches_single_process_training(cluster, workers, fusion):
     scope: dict = {}
     exec(REFERENCE, scope)  # the same model, data and steps, in this process
     ref = scope["ref"]
-    got = [
-        json.loads(line.split("WEIGHTS ", 1)[1]) for line in out.splitlines() if "WEIGHTS " in line
-    ]
-    assert len(got) == workers
-    for weights in got:
-        for a, b in zip(weights, ref, strict=True):
-            assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+    _assert_weights_match(out, ref, workers)
 
 
 def test_server_side_update_async(cluster):
@@ -226,13 +231,7 @@ ref = [p.detach().flatten().tolist() for p in model.parameters()]
 """
     )
     exec(ref_code, scope)
-    got = [
-        json.loads(line.split("WEIGHTS ", 1)[1]) for line in out.splitlines() if "WEIGHTS " in line
-    ]
-    assert len(got) == 2
-    for weights in got:
-        for a, b in zip(weights, scope["ref"], strict=True):
-            assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+    _assert_weights_match(out, scope["ref"], 2)
 
 
 def test_a_launch_that_fails_raises_in_step_not_in_the_launcher(cluster):
@@ -283,10 +282,4 @@ def test_gradient_accumulation_over_two_backward_passes(cluster):
     assert reference != REFERENCE
     scope: dict = {}
     exec(reference, scope)
-    got = [
-        json.loads(line.split("WEIGHTS ", 1)[1]) for line in out.splitlines() if "WEIGHTS " in line
-    ]
-    assert len(got) == 2
-    for weights in got:
-        for a, b in zip(weights, scope["ref"], strict=True):
-            assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+    _assert_weights_match(out, scope["ref"], 2)

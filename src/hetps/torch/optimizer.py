@@ -568,11 +568,9 @@ class DistributedOptimizer:
         ids = torch.zeros(len(self.named), dtype=torch.float64)
         if self.kv.rank == 0:
             plan = self._measured_groups()
-            if plan is not None:
-                new = self._as_groups(plan)
-                if self.extra_rides and not new[0].fused:
-                    plan = None  # the extra tensor needs a fused first group: keep the old
-            groups = self._as_groups(plan) if plan is not None else self.groups
+            groups = self.groups if plan is None else self._as_groups(plan)
+            if self.extra_rides and not groups[0].fused:
+                groups = self.groups  # the extra tensor needs a fused first group: keep the old
             for g in groups:
                 for n in g.names:
                     ids[self._index[n]] = g.index
