@@ -97,3 +97,29 @@ def test_slow_server_loses_share_and_nothing_is_lost(cluster, scheme):
     assert b["w0"] == a["w0"] and b["w"] == pytest.approx(a["w"], rel=1e-6)
     results = re.findall(r"RESULT (\{.*\})", out)
     assert len(results) == 2 and len(set(results)) == 1  # both workers report the same
+
+
+FIRST_PLAN_CODE = """
+import json
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(30000, np.float32))
+plan = kv.rebalance()
+print('RESULT ' + json.dumps(plan['node_rates']), flush=True)
+"""
+
+
+def test_first_plan_rests_on_a_probe_of_every_link(cluster):
+    """The first init probes a whole permutation cycle before rank 0 sends any value (a
+    connection that carried the init keeps a wide congestion window, which made the probes
+    into rank 0's node read ~35% low, docs/BALANCE.md §7.1): the first plan already knows
+    every worker's uplink and every server's downlink from a probe."""
+    env = {"HETPS_SLICE_ELEMS": "2000", "HETPS_BALANCE": "aware"}
+    rc, out = cluster(FIRST_PLAN_CODE, workers=2, servers=3, env=env)
+    assert rc == 0, out
+    results = re.findall(r"RESULT (\{.*\})", out)
+    assert len(results) == 2, out
+    for raw in results:
+        rates = json.loads(raw)
+        # a probe sets its worker's probe_up and its server's probe_down
+        assert sum(1 for x in rates["probe_up"] if x) == 2, rates  # both workers probed
+        assert sum(1 for x in rates["probe_down"] if x) == 3, rates  # every server was probed

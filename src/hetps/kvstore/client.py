@@ -262,6 +262,7 @@ class DistKVStore:
         self.plan: dict | None = None
         self._pending_plan: Future | None = None  # the answer to the last report (pipelined)
         self._probes_sent = 0
+        self._calibrated = False  # the first init probed a whole permutation cycle
         self._spread_made: list | None = None  # the spread this worker took part in
         if self.balance:
             self.node.handler = self._on_message  # forecasts and push receipts
@@ -423,6 +424,8 @@ class DistKVStore:
         self.node.check()
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "init")
+        if not self._calibrated and self._probes_used():
+            self._calibrate()
         futs: list[Future] = []
         for k, entry in zip(keys, entries, strict=False):
             arr = reduce_values(entry, f"init of key {k!r}")
@@ -696,9 +699,9 @@ class DistKVStore:
         ``1/HETPS_PROBE_PROB``-th, and the first two) the worker waits for this report's
         answer, which comes once every worker finished its previous round, applies it, then
         sends its capacity probe and waits for it: the links are quiet and the probe leaves
-        before this worker's next pushes. The first round probes a whole permutation cycle,
-        one probe per worker between worker barriers, so that every link is measured before
-        the second plan. The samples go out with the next report."""
+        before this worker's next pushes. The first ``init`` has already probed a whole
+        permutation cycle (``_calibrate``), so the first report carries a reading of every
+        link and the first plan rests on them. The samples go out with the next report."""
         if not self.balance:
             return None
         self.wait_outstanding()
@@ -733,12 +736,16 @@ class DistKVStore:
         body = answer.wait(self.timeout).body
         adopted = self._adopt(body)
         if probing:  # after any migration; the samples go out with the next report
-            for i in range(self._calibration_probes() if self._round == 1 else 1):
-                if i:  # each probe of the cycle has its links to itself
-                    self.node.barrier("worker", self.timeout)
+            if self._round == 1 and not self._calibrated:  # no init came first
+                self._calibrate()
+            else:
                 self._probe()
             spread = body.get("spread")
-            if isinstance(spread, list) and len(spread) == 3:
+            # not in round 1: the first plan has just moved many slices, and a flow on a
+            # connection that carried none of them starts its window from scratch beside
+            # flows that did, which spreads them out and reads the node low; from round 2 on
+            # every connection carried a round of data (the planner asks again next time)
+            if isinstance(spread, list) and len(spread) == 3 and self._round >= 2:
                 # every worker got the same answer: all take part in both barriers, so the
                 # spread has the links to itself (no permutation probe still running before
                 # it, no worker's next pushes during it)
@@ -856,11 +863,28 @@ class DistKVStore:
         # 3. the caller drops them where they were, after a barrier
         return [(s_old, want) for s_old, _s_new, _items, want, _states, _pulls in reads]
 
+    def _probes_used(self) -> bool:
+        """Whether this store's scheme plans from capacity probes."""
+        return self.balance and self.cfg.probe_prob > 0 and self.cfg.balance in ("aware", "optimal")
+
+    def _calibrate(self) -> None:
+        """Probe one whole permutation cycle, one probe per worker between worker barriers
+        (every worker calls this at the same point). The first init calls it before rank 0
+        sends any value: rank 0's init fills its connections' congestion windows (to hundreds
+        of segments behind a deep FIFO bottleneck), and a node whose own outbound probe leaves
+        with a wide window holds the acks of the probe coming in behind it, so the inbound
+        probe of rank 0's node read ~35% low when the cycle came after the init
+        (docs/BALANCE.md §7.1). Before any data every connection is alike."""
+        self._calibrated = True
+        for _ in range(self._calibration_probes()):
+            self.node.barrier("worker", self.timeout)  # each probe has its links to itself
+            self._probe()
+
     def _probe_round(self) -> bool:
         """Whether this round probes (the same answer on every worker): the first two (the
-        first probes a whole permutation cycle, the second may take a spread probe on the
-        readings that cycle gave), then every ``round(1 / probe_prob)``-th round."""
-        if self.cfg.probe_prob <= 0 or self.cfg.balance not in ("aware", "optimal"):
+        second may take a spread probe on the readings of the cycle the first init probed),
+        then every ``round(1 / probe_prob)``-th round."""
+        if not self._probes_used():
             return False  # only the link-model schemes use the probes
         if self._round <= 2:
             return True
