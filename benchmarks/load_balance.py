@@ -932,8 +932,12 @@ def goals(results: list[dict], opts: argparse.Namespace) -> list[str]:
     return out
 
 
-def draw_figures(logdir: Path, figdir: Path, groups: dict[str, list[str]]) -> list[str]:
-    """``hetps plot`` on chosen run directories (copied into one temporary LOGDIR per figure)."""
+def draw_figures(figdir: Path, groups: dict[str, list[str]]) -> list[str]:
+    """``hetps plot`` on chosen run directories, copied into one temporary LOGDIR per figure.
+    The copies live outside ``logdir``: inside it, ``hetps plot LOGDIR`` and ``hetps summary
+    LOGDIR`` would find every run twice."""
+    import tempfile
+
     from hetps.metrics.plot import plot
 
     written = []
@@ -941,15 +945,16 @@ def draw_figures(logdir: Path, figdir: Path, groups: dict[str, list[str]]) -> li
     for fig, dirs in groups.items():
         if not dirs:
             continue
-        tmp = logdir / "_plot" / fig
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        for d in dirs:
-            src = Path(d)
-            shutil.copytree(
-                src, tmp / src.parent.name / src.name, ignore=shutil.ignore_patterns("launch.log")
-            )
-        res = plot(tmp, out=figdir, only=[fig])
+        with tempfile.TemporaryDirectory(prefix=f"hetps-lb-{fig}-") as staging:
+            tmp = Path(staging)
+            for d in dirs:
+                src = Path(d)
+                shutil.copytree(
+                    src,
+                    tmp / src.parent.name / src.name,
+                    ignore=shutil.ignore_patterns("launch.log"),
+                )
+            res = plot(tmp, out=figdir, only=[fig])
         written += [str(p) for p in res.written]
         for note in res.notes:
             print("plot:", note)
@@ -1269,7 +1274,7 @@ def main(argv: list[str] | None = None) -> int:
         else [],
         "overhead": [r["run_dir"] for r in good if r["scenario"] == "homogeneous"],
     }
-    written = draw_figures(logdir, figdir, fig_groups) if figdir is not None else []
+    written = draw_figures(figdir, fig_groups) if figdir is not None else []
     for w in written:
         print("figure:", w)
     load1 = os.getloadavg()
