@@ -489,10 +489,31 @@ def rates_at(changes: list[tuple[float, int, list[float]]], t: float) -> list[fl
 
 def ns_tweaks(net, tweaks: list[str]) -> None:
     """Diagnostics only (not hetps' emulator): change TCP/queueing inside the run's own
-    namespaces. ``noidle``: no slow-start restart after idle; ``shortq``: 50 ms TBF queues."""
+    namespaces. ``noidle``: no slow-start restart after idle; ``shortq``: 50 ms TBF queues;
+    ``ackprio``: under every TBF, small packets (< 128 bytes: acks, forecasts, receipts)
+    leave before queued data."""
     import subprocess
 
     for i in range(net.n):
+        if "ackprio" in tweaks:
+            rate_bit = max(8000, int(round(net.rates[i] * 1e6)))
+            limit = int(min(max(rate_bit / 8 * 0.5, 100 * 1514), 16 << 20))
+            cls = "rate 100gbit ceil 100gbit burst 1m cburst 1m quantum 60000"
+            for ns, dev in ((net.node_ns(i), "eth0"), (net.hub, f"v{i}")):
+                cmds = [
+                    f"qdisc add dev {dev} parent 1:1 handle 2: htb default 20",
+                    f"class add dev {dev} parent 2: classid 2:10 htb {cls} prio 0",
+                    f"class add dev {dev} parent 2: classid 2:20 htb {cls} prio 1",
+                    f"qdisc add dev {dev} parent 2:20 handle 20: bfifo limit {limit}",
+                    f"filter add dev {dev} parent 2: protocol ip prio 1 u32 "
+                    "match u16 0x0000 0xff80 at 2 flowid 2:10",
+                ]
+                subprocess.run(
+                    ["tc", "-n", ns, "-batch", "-"],
+                    input="\n".join(cmds) + "\n",
+                    text=True,
+                    check=True,
+                )
         if "noidle" in tweaks:
             subprocess.run(
                 net.exec_argv(i, ["sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"]),
@@ -1057,7 +1078,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ns-tweak",
         nargs="*",
         default=[],
-        choices=["noidle", "shortq"],
+        choices=["noidle", "shortq", "ackprio"],
         help="diagnostic changes to TCP/queueing in the run's namespaces",
     )
     ap.add_argument(
