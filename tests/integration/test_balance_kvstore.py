@@ -123,3 +123,23 @@ def test_first_plan_rests_on_a_probe_of_every_link(cluster):
         # a probe sets its worker's probe_up and its server's probe_down
         assert sum(1 for x in rates["probe_up"] if x) == 2, rates  # both workers probed
         assert sum(1 for x in rates["probe_down"] if x) == 3, rates  # every server was probed
+
+
+NO_INIT_CODE = """
+kv = hetps.kv.create('dist_sync')
+try:
+    kv.rebalance()
+except RuntimeError as exc:
+    print('REFUSED ' + str(exc), flush=True)
+"""
+
+
+def test_rebalance_before_any_init_is_refused_not_left_waiting(cluster):
+    """Nothing to place yet: every worker gets the planner's error at once (it used to fail
+    inside the scheduler and leave the workers waiting for their request timeout)."""
+    env = {"HETPS_BALANCE": "aware", "HETPS_REQUEST_TIMEOUT": "60"}
+    rc, out = cluster(NO_INIT_CODE, workers=2, servers=2, env=env)
+    assert rc == 0, out
+    refused = re.findall(r"REFUSED (.*)", out)
+    assert len(refused) == 2, out
+    assert all("kv.init" in r for r in refused), refused

@@ -163,15 +163,17 @@ def test_link_measurement_within_15_percent_of_tc_rate(tmp_path):
 
 def test_spread_probes_see_a_node_faster_than_every_peer(tmp_path):
     """Node 0 sends at 60 Mbit/s, its three peers receive at 40: every single-flow probe
-    (and every data flow) of node 0 reads at most ~40. The spread probe's three flows
-    together read node 0's own 60 (docs/BALANCE.md §7.2)."""
+    (and every data flow) of node 0 reads at most ~40. The spread probe's flows together
+    read node 0's own 60 (docs/BALANCE.md §7.2). A spread reading is a lower bound: TCP
+    shares node 0's link unevenly among the flows, which end apart, so it reads 5-15% under
+    the goodput (session 6: 50.8-58.8 against 57.4 over 18 runs); never far above it."""
     text = _measure(tmp_path, [60, 40, 40, 40], "optimal")
     from hetps.netem import goodput_mbit
 
     raw_nodes = re.findall(r"NODES (\{.*\})", text)[-1]  # after the last round
     up = [x * 8 / 1e6 for x in json.loads(raw_nodes)["up"]]
     fast, peer = goodput_mbit(60), goodput_mbit(40)
-    assert abs(up[0] - fast) / fast < 0.15, (up, "Mbit/s; node 0 should read", fast)
+    assert 0.8 * fast < up[0] < 1.1 * fast, (up, "Mbit/s; node 0 should read", fast)
     assert up[0] > 1.25 * peer, up  # more than any single flow of it could show
 
 

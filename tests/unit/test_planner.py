@@ -204,14 +204,16 @@ def test_a_spread_probe_reads_a_node_faster_than_every_peer():
     p.observe_probe(2, 1, 8e6)
     assert p.capacity()[0][0] == pytest.approx(8e6)
     assert list(p.censored()[0]) == [True, True, True]  # each as fast as its fastest peer
-    # fan-out from 0: 1 MB to each of 1 and 2, over 0.0-0.17 s and 0.01-0.16 s
+    # fan-out from 0: 1 MB to each of 1 and 2, over 0.0-0.17 s and 0.01-0.16 s; after 0.16 s
+    # the flow to node 1 ran alone, at most 1.1 x 8 MB/s, so by then 2 MB - 88 kB had arrived
     p.observe_spread([(0, 1, 0.0, 0.17, 1e6, False), (0, 2, 0.01, 0.16, 1e6, False)])
     up, down = p.capacity()
-    assert up[0] == pytest.approx(2e6 / 0.17)  # ~11.8 MB/s, not 8
+    reading = (2e6 - 1.1 * 8e6 * 0.01) / 0.16
+    assert up[0] == pytest.approx(reading)  # ~11.95 MB/s, not 8
     assert np.isnan(p.spread_down[1]) and np.isnan(p.spread_down[2])  # lone flows: no reading
     assert p.spreads_seen == 1
     rates = p.plan()["node_rates"]  # reports show where a cap came from
-    assert rates["spread_up"][0] == pytest.approx(2e6 / 0.17) and rates["spread_down"][1] is None
+    assert rates["spread_up"][0] == pytest.approx(reading) and rates["spread_down"][1] is None
     assert rates["probe_up"][0] == pytest.approx(8e6) and rates["up"][0] == rates["spread_up"][0]
     # node 0 slows down: its single-flow probes now read well below its peers', so it is not
     # censored any more and the old spread reading no longer counts
@@ -334,3 +336,33 @@ def test_a_node_censored_late_gets_the_next_turn():
     p.observe_probe(2, 1, 9e6)  # node 2 turns out to be as fast: censored too
     p.spreads_seen = 4
     assert p.spread_targets()[:2] == ["out", 2]  # never had a turn: it goes first
+
+
+def test_spread_rate_takes_the_lone_tail_off():
+    """A real fan-out of node 0 (4-node spread test, 131 kB per flow, peers' caps ~5 MB/s):
+    the flow to 1 took its peer's whole cap and ended first; the flow to 2 ran alone for the
+    last 17.4 ms. Over the whole span it reads 51.2 Mbit/s; up to the second-to-last end,
+    with at most 1.1 x 5 MB/s delivered after it, 54.0 (goodput 57.4)."""
+    from hetps.cluster.planner import spread_rate
+
+    b = 131144.0
+    flows = [
+        (0, 1, 0.0, 0.0260, b, False),
+        (0, 3, 0.0035, 0.0441, b, False),
+        (0, 2, 0.0026, 0.0615, b, False),
+    ]
+    caps = np.array([np.nan, 5e6, 5e6, 5e6])
+    plain = 3 * b / 0.0615
+    tail_off = (3 * b - 1.1 * 5e6 * (0.0615 - 0.0441)) / 0.0441
+    assert spread_rate(flows, caps, 1) == pytest.approx(tail_off)
+    assert tail_off * 8 / 1e6 == pytest.approx(54.0, abs=0.1) and plain < tail_off
+    # flows that end together: nothing to take off, the plain reading stands
+    even = [(0, 1, 0.0, 0.054, b, False), (0, 2, 0.0, 0.054, b, False)]
+    assert spread_rate(even, caps, 1) == pytest.approx(2 * b / 0.054)
+    # a peer of unknown cap: the plain reading
+    assert spread_rate(flows, np.full(4, np.nan), 1) == pytest.approx(plain)
+    # an "in" spread: the peers are the senders (tuple index 0), their up caps
+    into = [(1, 0, 0.0, 0.03, b, False), (2, 0, 0.0, 0.05, b, False)]
+    up = np.array([np.nan, 4e6, 4e6, np.nan])
+    want = max(2 * b / 0.05, (2 * b - 1.1 * 4e6 * 0.02) / 0.03)
+    assert spread_rate(into, up, 0) == pytest.approx(want)

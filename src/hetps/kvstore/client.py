@@ -734,18 +734,21 @@ class DistKVStore:
         if answer is None:  # the second report: nothing decided since the first one
             return self.plan
         body = answer.wait(self.timeout).body
+        before = self._current_assignment()
         adopted = self._adopt(body)
+        moved = self._current_assignment() != before
         if probing:  # after any migration; the samples go out with the next report
-            if self._round == 1 and not self._calibrated:  # no init came first
-                self._calibrate()
-            else:
+            if self._round > 1:
+                # (not in round 1: the first init probed a whole cycle, whose readings are
+                # fresh, and a probe now would ride connections rank 0's init has widened)
                 self._probe()
             spread = body.get("spread")
-            # not in round 1: the first plan has just moved many slices, and a flow on a
-            # connection that carried none of them starts its window from scratch beside
-            # flows that did, which spreads them out and reads the node low; from round 2 on
-            # every connection carried a round of data (the planner asks again next time)
-            if isinstance(spread, list) and len(spread) == 3 and self._round >= 2:
+            # A spread's flows share one node's link and read it at their total over their
+            # common span, so they must start alike. Not in round 1: rank 0's connections
+            # still have the wide windows of its init. Not in a round that moved slices: the
+            # moves widen some connections' windows and not others'. (The planner asks
+            # again next time.)
+            if isinstance(spread, list) and len(spread) == 3 and self._round >= 2 and not moved:
                 # every worker got the same answer: all take part in both barriers, so the
                 # spread has the links to itself (no permutation probe still running before
                 # it, no worker's next pushes during it)
@@ -876,9 +879,12 @@ class DistKVStore:
         probe of rank 0's node read ~35% low when the cycle came after the init
         (docs/BALANCE.md §7.1). Before any data every connection is alike."""
         self._calibrated = True
-        for _ in range(self._calibration_probes()):
+        n = self._calibration_probes()
+        for _ in range(n):
             self.node.barrier("worker", self.timeout)  # each probe has its links to itself
             self._probe()
+        if n:  # nobody's init data may share a link with the cycle's last probes
+            self.node.barrier("worker", self.timeout)
 
     def _probe_round(self) -> bool:
         """Whether this round probes (the same answer on every worker): the first two (the
