@@ -107,14 +107,21 @@ def worker_main() -> int:
                 time.sleep(compute_s)
             t2 = time.time()
             handles = []
-            for k in keys:  # as a framework does: push a gradient, pull its weights
-                handles.append(kv.push(k, grads[k], block=False))
-                handles.append(kv.pull(k, out=bufs[k], block=False))
-            for h in handles[0::2]:
-                h.wait()
-            t_push = time.time()
-            for h in handles[1::2]:
-                h.wait()
+            if cfg.get("pushpull"):  # one request per key: the answer carries the sum
+                for k in keys:
+                    handles.append(kv.pushpull(k, grads[k], out=bufs[k], block=False))
+                for h in handles:
+                    h.wait()
+                t_push = time.time()
+            else:
+                for k in keys:  # as a framework does: push a gradient, pull its weights
+                    handles.append(kv.push(k, grads[k], block=False))
+                    handles.append(kv.pull(k, out=bufs[k], block=False))
+                for h in handles[0::2]:
+                    h.wait()
+                t_push = time.time()
+                for h in handles[1::2]:
+                    h.wait()
             t3 = time.time()
             # no optimizer: the round's sum replaces the value, so every element is nw
             ok = all(bool((b == nw).all()) for b in bufs)
@@ -674,6 +681,7 @@ def run_one(
                 "warmup": opts.warmup,
                 "batch_size": opts.batch_size,
                 "compute_s": opts.compute_s,
+                "pushpull": opts.pushpull,
                 "dump_samples": opts.dump_samples,
             }
         )
@@ -1062,6 +1070,11 @@ def main(argv: list[str] | None = None) -> int:
         "--dump-samples",
         action="store_true",
         help="log every link sample the workers report (samples-<r>.jsonl)",
+    )
+    ap.add_argument(
+        "--pushpull",
+        action="store_true",
+        help="workers exchange each key with one pushpull instead of a push and a pull",
     )
     ap.add_argument("--no-hash", action="store_true", help="skip the mxnet-hash baseline")
     ap.add_argument(
