@@ -178,6 +178,10 @@ def train_command(mode: str, lr: float, args: argparse.Namespace, run_name: str)
         cmd += ["-l", f"{lr:g}"]
     if mode != "local":
         cmd += ["--workers", str(WORKERS), "--servers", "1", "--slowdown", args.slowdown]
+        if args.devices:
+            cmd += ["--devices", args.devices]
+    elif args.devices:  # the accuracy reference trains on a fast device
+        cmd += ["--devices", args.devices.split(",")[fast_ranks(args)[0]]]
     return cmd
 
 
@@ -191,7 +195,7 @@ def run_one(mode: str, lr: float, args: argparse.Namespace, run_name: str) -> di
         load0 = wall = None
     else:
         rc, wall, load0 = _run(cmd, run_dir, out_path, args.budget, run_name)
-    res = analyze(run_dir, fast_ranks(args.slowdown))
+    res = analyze(run_dir, fast_ranks(args))
     res.update(
         {
             "mode": mode,
@@ -203,6 +207,7 @@ def run_one(mode: str, lr: float, args: argparse.Namespace, run_name: str) -> di
             "workers": 1 if mode == "local" else WORKERS,
             "servers": 0 if mode == "local" else 1,
             "slowdown": None if mode == "local" else args.slowdown,
+            "devices": args.devices,
             "learning_rate": None if mode == "esync" else lr,
             "local_lr": lr if mode == "esync" else None,
             "global_lr": GLOBAL_LR if mode == "esync" else None,
@@ -227,9 +232,14 @@ def run_one(mode: str, lr: float, args: argparse.Namespace, run_name: str) -> di
     return res
 
 
-def fast_ranks(slowdown: str) -> list[int]:
-    """The ranks with the smallest slowdown factor (the fast devices)."""
-    f = [float(v) for v in slowdown.split(",")]
+def fast_ranks(args: argparse.Namespace) -> list[int]:
+    """The fast devices: with ``--devices``, the GPU workers that are not slowed down (every
+    worker when none is on a GPU); else the ranks with the smallest slowdown factor."""
+    f = [float(v) for v in args.slowdown.split(",")]
+    if args.devices:
+        gpu = [not d.strip().lower().startswith("cpu") for d in args.devices.split(",")]
+        if any(gpu):
+            f = [v if g else v * 1e9 for v, g in zip(f, gpu, strict=True)]
     return [i for i, v in enumerate(f) if v == min(f)]
 
 
@@ -576,6 +586,12 @@ def main() -> int:
         help=f"the workers' slowdown factors (default {SLOWDOWN}, the paper's shape)",
     )
     ap.add_argument(
+        "--devices",
+        default=None,
+        help="each worker's device, e.g. gpu:0,gpu:0,gpu:0,gpu:0,cpu,cpu: real heterogeneous "
+        "compute instead of (or with) --slowdown; give --slowdown 1,1,1,1,1,1 for none",
+    )
+    ap.add_argument(
         "--eval-every",
         type=int,
         default=None,
@@ -623,17 +639,24 @@ def main() -> int:
             ap.error(f"unknown mode {m!r}; choose from {', '.join(MODE_FLAGS)}")
     args.budget = args.budget or preset["budget"]
     try:
-        if len(fast_ranks(args.slowdown)) == 0 or len(args.slowdown.split(",")) != WORKERS:
+        if len(fast_ranks(args)) == 0 or len(args.slowdown.split(",")) != WORKERS:
             raise ValueError
     except ValueError:
         ap.error(f"--slowdown wants {WORKERS} comma-separated factors")
+    if args.devices and len(args.devices.split(",")) != WORKERS:
+        ap.error(f"--devices wants {WORKERS} comma-separated devices (cpu, gpu:N)")
     # one directory per preset (full, quick, tune), emptied of earlier runs first: `hetps
     # summary` and `hetps plot` read every run under it, so it holds this invocation's only
     args.logdir = os.path.join(args.logdir, preset_name)
     if not args.analyze_only:
         clean_logdir(args.logdir)
     if args.figures is None:
-        full = preset_name == "full" and args.slowdown == SLOWDOWN and not args.modes_given
+        full = (
+            preset_name == "full"
+            and args.slowdown == SLOWDOWN
+            and not args.modes_given
+            and not args.devices
+        )
         args.figures = FIGURES_DIR if full else os.path.join(args.logdir, "figures")
     machine = machine_info()
     machine["git"] = git_head()
@@ -709,7 +732,8 @@ def main() -> int:
     print()
     print(
         f"{args.model}, batch {args.batch_size}, {WORKERS} workers (slowdown {args.slowdown}, "
-        f"emulated) + 1 server; {args.budget:g} s per run; test subset {args.test_limit}"
+        f"emulated{'; devices ' + args.devices if args.devices else ''}) + 1 server; "
+        f"{args.budget:g} s per run; test subset {args.test_limit}"
     )
     print_table(HEADERS, rows)
     print(
@@ -758,7 +782,8 @@ def main() -> int:
                     "workers": WORKERS,
                     "servers": 1,
                     "slowdown": args.slowdown,
-                    "emulated_heterogeneity": True,
+                    "devices": args.devices,
+                    "emulated_heterogeneity": any(float(v) != 1 for v in args.slowdown.split(",")),
                     "time_budget_s": args.budget,
                     "test_limit": args.test_limit,
                     "seed": args.seed,

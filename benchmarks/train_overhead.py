@@ -123,6 +123,10 @@ def run_one(
     ]
     if kind == "sync":
         cmd += ["--workers", "1", "--servers", "1"]
+    if args.gpu is not None:
+        cmd += ["-g", str(args.gpu)]
+    if args.data_dir:
+        cmd += ["-dd", args.data_dir]
     run_dir = os.path.join(args.logdir, name)
     shutil.rmtree(run_dir, ignore_errors=True)
     env = {**os.environ, **PINNED_THREADS, "PYTHONWARNINGS": "ignore"}
@@ -183,6 +187,14 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=None, help="A/B pairs per model")
     ap.add_argument("--warmup", type=int, default=10, help="iterations dropped per run")
     ap.add_argument("--train-limit", type=int, default=8192)
+    ap.add_argument(
+        "--gpu",
+        type=int,
+        default=None,
+        help="CUDA device index for both kinds (the server stays on the CPU, so every "
+        "gradient crosses to host memory and back)",
+    )
+    ap.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (-dd)")
     ap.add_argument("--logdir", default="/tmp/hetps-bench-overhead")
     args = ap.parse_args()
     preset = PRESETS["quick" if args.quick else "full"]

@@ -207,3 +207,30 @@ def test_missing_data_dir_is_explained(tmp_path):
     )
     assert res.returncode != 0
     assert "dataset-fashion-mnist" in res.stderr and "--data-dir" in res.stderr
+
+
+def test_devices_per_worker_are_used_logged_and_checked(tmp_path):
+    _train(tmp_path, "-m", "sync", "--workers", "2", "--devices", "cpu,CPU", "--max-rounds", "3")
+    meta = json.loads((tmp_path / "sync-mlp-w2" / "run.json").read_text())
+    assert meta["devices"] == {"0": "worker0 (cpu)", "1": "worker1 (cpu)"}
+
+    def fails(*args: str) -> str:
+        res = subprocess.run(
+            [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode != 0, res.stdout
+        return res.stderr
+
+    # a wrong list is refused before any process starts, naming the fix
+    err = fails("-m", "sync", "--workers", "2", "--devices", "cpu,tpu:0")
+    assert "'tpu:0' is not a device" in err and "gpu:N" in err
+    err = fails("-m", "sync", "--workers", "3", "--devices", "cpu,cpu")
+    assert "needs 3 entries" in err
+    err = fails("-m", "sync", "--workers", "2", "--devices", "cpu,cpu", "-g", "0")
+    assert "drop -g/-c" in err
+    # a GPU the machine does not have: the worker says which and what to do instead
+    err = fails("-m", "local", "--devices", "gpu:99", "--max-rounds", "2")
+    assert "worker 0 wants cuda:99" in err and "train on the CPU" in err

@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="start a local cluster of W workers")
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--slowdown", default=None, help="per-worker factors, e.g. 1,1,2,4")
+    p.add_argument(
+        "--devices",
+        default=None,
+        help="per-worker device, e.g. gpu:0,cpu,cpu,cpu (a real heterogeneous cluster on one "
+        "machine; instead of -g/-c)",
+    )
     p.add_argument("--time-budget", type=float, default=None, help="stop after SECONDS")
     p.add_argument("--epochs", type=float, default=None, help="stop after EPOCHS of rank 0's shard")
     p.add_argument("--max-rounds", type=int, default=None)
@@ -69,6 +75,37 @@ def parse_slowdown(text: str | None, workers: int) -> list[float]:
             f"hetps train: --slowdown needs {workers} factors >= 1 (one per worker), got {text!r}"
         )
     return vals
+
+
+def parse_devices(args: argparse.Namespace, workers: int) -> list[str]:
+    """The torch device of every worker: ``--devices gpu:0,cpu`` (``cpu``, ``gpu:N`` or
+    ``cuda:N`` per worker), else ``-g N`` for all (``-c`` wins), else ``cpu`` for all."""
+    text = getattr(args, "devices", None)
+    if not text:
+        dev = "cpu" if args.gpu is None or args.cpu else f"cuda:{args.gpu}"
+        return [dev] * workers
+    if args.gpu is not None or args.cpu:
+        raise SystemExit(
+            "hetps train: --devices names every worker's device; drop -g/-c (or drop --devices)"
+        )
+    out: list[str] = []
+    for item in (v.strip().lower() for v in text.split(",")):
+        kind, _, idx = item.partition(":")
+        if item == "cpu":
+            out.append("cpu")
+        elif kind in ("gpu", "cuda") and idx.isdigit():
+            out.append(f"cuda:{int(idx)}")
+        else:
+            raise SystemExit(
+                f"hetps train: --devices {text!r}: {item!r} is not a device; give cpu, gpu:N "
+                "or cuda:N per worker, e.g. gpu:0,cpu,cpu"
+            )
+    if len(out) != workers:
+        raise SystemExit(
+            f"hetps train: --devices needs {workers} entries (one per worker), got {len(out)} "
+            f"in {text!r}"
+        )
+    return out
 
 
 def stored_mode(args: argparse.Namespace) -> str:
@@ -113,6 +150,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
     from hetps.launch.local import LaunchSpec, run_cluster
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
+    parse_devices(args, args.workers)
     argv = [a for a in sys.argv[1:]]
     # drop --workers/--servers (and their values) from the worker command line
     cleaned: list[str] = []
@@ -247,16 +285,18 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
     from hetps.torch.optimizer import DistributedOptimizer
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)
-    device = torch.device("cpu")
-    if args.gpu is not None and not args.cpu:
-        if not torch.cuda.is_available() or args.gpu >= torch.cuda.device_count():
-            raise SystemExit(
-                f"hetps train: -g {args.gpu}: no such CUDA device on this machine "
-                f"({torch.cuda.device_count()} visible); drop -g to train on the CPU"
-            )
-        device = torch.device(f"cuda:{args.gpu}")
     rank = kv.rank if kv is not None else 0
     workers = kv.num_workers if kv is not None else 1
+    devices = parse_devices(args, workers)
+    device = torch.device(devices[rank])
+    if device.type == "cuda" and (
+        not torch.cuda.is_available() or device.index >= torch.cuda.device_count()
+    ):
+        flag = "--devices" if args.devices else "-g"
+        raise SystemExit(
+            f"hetps train: {flag}: worker {rank} wants {device}, but this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s); train on the CPU instead (cpu)"
+        )
     slow = parse_slowdown(args.slowdown, workers)[rank]
     mode = stored_mode(args)
 
@@ -283,8 +323,10 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                 "split_by_class": bool(args.split_by_class),
                 "started_at": time.time(),
                 "devices": {
-                    str(r): f"worker{r} (cpu" + (f", slowdown x{s:g})" if s != 1 else ")")
-                    for r, s in enumerate(parse_slowdown(args.slowdown, workers))
+                    str(r): f"worker{r} ({d}" + (f", slowdown x{s:g})" if s != 1 else ")")
+                    for r, (s, d) in enumerate(
+                        zip(parse_slowdown(args.slowdown, workers), devices, strict=True)
+                    )
                 },
                 "learning_rate": args.learning_rate,
                 "local_lr": args.local_lr,
