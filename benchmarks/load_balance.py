@@ -52,6 +52,12 @@ sys.path.insert(0, str(HERE))
 MODELS = ("mobilenet-v1", "resnet50-v1", "alexnet")
 SCHEMES = ("average", "elastic", "aware", "optimal")
 ELEM_BYTES = 4  # float32
+#: slice size (elements). Every model is scaled to the same bytes per iteration, so one size
+#: serves all. Session 7 swept the oracle plan over 2,048..65,536 (MobileNet-v1, static
+#: 8 nodes) and fitted T(q) = c + a*q + b*ceil(P/q) (slicing.fit_granularity): per-slice
+#: overhead h = b*S = 1.5 ms, best q = 6.1K elements; 8,192 is the power of two nearest it
+#: (65,536, the earlier default, was 12% slower on the oracle plan).
+SLICE_ELEMS = 1 << 13
 TCP_CACHE: dict[tuple[str, str], list[float]] = {}  # (scenario, model) -> raw-TCP seconds
 
 
@@ -498,7 +504,9 @@ def ns_tweaks(net, tweaks: list[str]) -> None:
     """Diagnostics only (not hetps' emulator): change TCP/queueing inside the run's own
     namespaces. ``noidle``: no slow-start restart after idle; ``shortq``: 50 ms TBF queues;
     ``ackprio``: under every TBF, small packets (< 128 bytes: acks, forecasts, receipts)
-    leave before queued data."""
+    leave before queued data; ``fairq``: round robin between peers (one FIFO per peer)
+    under every TBF instead of one FIFO."""
+    import ipaddress
     import subprocess
 
     for i in range(net.n):
@@ -515,6 +523,36 @@ def ns_tweaks(net, tweaks: list[str]) -> None:
                     f"filter add dev {dev} parent 2: protocol ip prio 1 u32 "
                     "match u16 0x0000 0xff80 at 2 flowid 2:10",
                 ]
+                subprocess.run(
+                    ["tc", "-n", ns, "-batch", "-"],
+                    input="\n".join(cmds) + "\n",
+                    text=True,
+                    check=True,
+                )
+        if "fairq" in tweaks:
+            # this kernel has no sfq/fq_codel/drr: an HTB under the TBF with one equal class
+            # per peer (DRR among the classes, 0.5 s FIFO each) shares the link round robin
+            # between destinations at a node's egress and between sources at its ingress
+            rate_bit = max(8000, int(round(net.rates[i] * 1e6)))
+            limit = int(min(max(rate_bit / 8 * 0.5, 100 * 1514), 16 << 20))
+            cls = "rate 100gbit ceil 100gbit burst 64k cburst 64k quantum 1514"
+            for ns, dev, field in ((net.node_ns(i), "eth0", 16), (net.hub, f"v{i}", 12)):
+                cmds = [
+                    f"qdisc add dev {dev} parent 1:1 handle 2: htb default 99",
+                    f"class add dev {dev} parent 2: classid 2:99 htb {cls} prio 0",
+                    f"qdisc add dev {dev} parent 2:99 handle 99: bfifo limit {limit}",
+                ]
+                for j in range(net.n):
+                    if j == i:
+                        continue
+                    c = 10 + j
+                    cmds += [
+                        f"class add dev {dev} parent 2: classid 2:{c} htb {cls} prio 0",
+                        f"qdisc add dev {dev} parent 2:{c} handle {c}: bfifo limit {limit}",
+                        f"filter add dev {dev} parent 2: protocol ip prio 1 u32 "
+                        f"match u32 0x{int(ipaddress.IPv4Address(net.node_ip(j))):08x} 0xffffffff "
+                        f"at {field} flowid 2:{c}",
+                    ]
                 subprocess.run(
                     ["tc", "-n", ns, "-batch", "-"],
                     input="\n".join(cmds) + "\n",
@@ -1049,14 +1087,21 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="emulated compute per iteration (sleep); 0 = communication only",
     )
-    ap.add_argument("--slice-elems", type=int, default=1 << 16)
+    ap.add_argument(
+        "--slice-elems",
+        type=int,
+        default=SLICE_ELEMS,
+        help=f"slice size in elements (default {SLICE_ELEMS}: the optimum of the granularity "
+        "model fitted to an ASRIT-vs-slice-size sweep on this benchmark's network, "
+        "docs/LOAD_BALANCE_RESULTS.md)",
+    )
     ap.add_argument("--sweep-model", default="resnet50-v1")
     ap.add_argument("--sweep-scheme", default="aware")
     ap.add_argument(
         "--sweep-sizes",
         type=int,
         nargs="*",
-        default=[1 << 14, 1 << 18],
+        default=[1 << 11, 1 << 15],
         help="extra slice sizes for the sweep (static scenario); none to skip",
     )
     ap.add_argument(
@@ -1091,7 +1136,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ns-tweak",
         nargs="*",
         default=[],
-        choices=["noidle", "shortq", "ackprio"],
+        choices=["noidle", "shortq", "ackprio", "fairq"],
         help="diagnostic changes to TCP/queueing in the run's namespaces",
     )
     ap.add_argument(
