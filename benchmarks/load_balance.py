@@ -154,6 +154,8 @@ def worker_main() -> int:
                 "value_ok": ok,
                 "t_start_unix": t0,
                 "t_comm_unix": t2,
+                # the push pace this iteration ran under (bytes/s, 0 = none; docs/BALANCE.md)
+                "push_pace_bps": kv._sender.pace_bps,
                 "t_end_unix": t3,
                 "own_share": 1.0 - remote / total_elems,
             }

@@ -99,6 +99,9 @@ class NodeConfig:
     probe_prob: float = 0.25
     replan_every: int = 1
     push_window: int = 1 << 20  # bytes of pushes in flight per worker when balancing
+    #: pace pushes at this many times the plan's critical push rate (0 = no pacing, the
+    #: default: it helped only plans made from the true rates, docs/BALANCE.md §7.1)
+    push_pace: float = 0.0
     replan_margin: float = 0.10  # keep the plan unless the new one is predicted this much faster
     colocate: bool = False  # one server beside each worker (server rank r on worker r's node)
     # DistributedOptimizer: gradients smaller than this travel fused with their neighbours
@@ -204,6 +207,12 @@ def node_config_from_env(
         replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
         replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
         push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 20, 0)
+        push_pace = _float(env, "HETPS_PUSH_PACE", 0.0)
+        if push_pace != 0 and not (1 <= push_pace < float("inf")):
+            raise ConfigError(
+                f"HETPS_PUSH_PACE={push_pace} would hold every worker below the slowest "
+                "pusher's rate: set 0 (no pacing, the default) or a margin >= 1, e.g. 1.25"
+            )
         colocate = _int(env, "HETPS_COLOCATE", 0) > 0
         fusion_bytes = _int(env, "HETPS_FUSION_BYTES", 1 << 18, 0)
         fusion_tune_steps = _int(env, "HETPS_FUSION_TUNE_STEPS", 4, 0)
@@ -218,7 +227,7 @@ def node_config_from_env(
         verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
         bound, max_msg, chunk, port, port_file, launch_rank, shape_mbit = 0, 0, 0, 0, None, -1, 0.0
         balance, slice_elems, probe_num, probe_bytes, probe_prob = "none", 0, 0, 0, 0.0
-        replan_every, colocate, replan_margin, push_window = 1, False, 0.0, 0
+        replan_every, colocate, replan_margin, push_window, push_pace = 1, False, 0.0, 0, 0.0
         fusion_bytes, shm_bytes, fusion_tune_steps = 0, 0, 0
     if not problems and interval > 0 and timeout <= interval:
         problems.append(
@@ -268,6 +277,7 @@ def node_config_from_env(
         replan_every=replan_every,
         replan_margin=replan_margin,
         push_window=push_window,
+        push_pace=push_pace,
         fusion_bytes=fusion_bytes,
         fusion_tune_steps=fusion_tune_steps,
         shm_bytes=shm_bytes,

@@ -104,7 +104,8 @@ import json
 kv = hetps.kv.create('dist_sync')
 kv.init('w', np.zeros(30000, np.float32))
 plan = kv.rebalance()
-print('RESULT ' + json.dumps(plan['node_rates']), flush=True)
+print('RESULT ' + json.dumps(dict(plan['node_rates'], pace=plan['pace'],
+                                  sender_pace=kv._sender.pace_bps)), flush=True)
 """
 
 
@@ -113,7 +114,7 @@ def test_first_plan_rests_on_a_probe_of_every_link(cluster):
     connection that carried the init keeps a wide congestion window, which made the probes
     into rank 0's node read ~35% low, docs/BALANCE.md §7.1): the first plan already knows
     every worker's uplink and every server's downlink from a probe."""
-    env = {"HETPS_SLICE_ELEMS": "2000", "HETPS_BALANCE": "aware"}
+    env = {"HETPS_SLICE_ELEMS": "2000", "HETPS_BALANCE": "aware", "HETPS_PUSH_PACE": "1.25"}
     rc, out = cluster(FIRST_PLAN_CODE, workers=2, servers=3, env=env)
     assert rc == 0, out
     results = re.findall(r"RESULT (\{.*\})", out)
@@ -123,6 +124,11 @@ def test_first_plan_rests_on_a_probe_of_every_link(cluster):
         # a probe sets its worker's probe_up and its server's probe_down
         assert sum(1 for x in rates["probe_up"] if x) == 2, rates  # both workers probed
         assert sum(1 for x in rates["probe_down"] if x) == 3, rates  # every server was probed
+        # the plan carries the slowest pusher's pace through the model: with separate workers
+        # (nodes 3 and 4) each sends the whole model, so it is the slower worker's uplink;
+        # the worker paces its pushes at that times HETPS_PUSH_PACE (1.25 here; default off)
+        assert rates["pace"] == pytest.approx(min(rates["up"][3], rates["up"][4]), rel=1e-9)
+        assert rates["sender_pace"] == pytest.approx(1.25 * rates["pace"], rel=1e-9)
 
 
 NO_INIT_CODE = """

@@ -72,6 +72,8 @@ def test_config_reads_dmlc_variables():
         ({"HETPS_PUSH_WINDOW": "-5"}, "HETPS_PUSH_WINDOW=-5 is below 0"),
         ({"HETPS_REPLAN_MARGIN": "abc"}, "HETPS_REPLAN_MARGIN='abc' is not a number"),
         ({"HETPS_FUSION_BYTES": "-1"}, "HETPS_FUSION_BYTES=-1 is below 0"),
+        ({"HETPS_PUSH_PACE": "0.5"}, "HETPS_PUSH_PACE=0.5 would hold every worker below"),
+        ({"HETPS_PUSH_PACE": "inf"}, "set 0 \\(no pacing, the default\\) or a margin >= 1"),
     ],
 )
 def test_config_errors_name_the_variable_and_fix(over, match):
@@ -92,6 +94,8 @@ def test_balancing_defaults():
     cfg = node_config_from_env({**BASE, "HETPS_BALANCE": "aware"})
     assert (cfg.push_window, cfg.replan_margin, cfg.probe_prob) == (1 << 20, 0.10, 0.25)
     assert cfg.probe_bytes == 128 * 1024
+    assert cfg.push_pace == 0  # pacing is opt-in
+    assert node_config_from_env({**BASE, "HETPS_PUSH_PACE": "1.25"}).push_pace == 1.25
 
 
 def test_fusion_default_and_override():

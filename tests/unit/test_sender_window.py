@@ -125,3 +125,53 @@ def test_credit_of_a_timed_out_push_is_reclaimed():
             fut.wait(0)
     finally:
         s.close()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_paced_pushes_wait_for_their_time_pulls_do_not():
+    clock = FakeClock()
+    s = _Sender(window=1 << 20, clock=clock)
+    r = Rec()
+    try:
+        s.set_pace(1000.0)  # bytes/s
+        s.submit("a", 0, r.op("push a"), cost=100)  # the first push goes at once
+        s.submit("b", 0, r.op("push b"), cost=300)  # not before t = 0.1 (100 B at 1000 B/s)
+        s.submit("a", 0, r.op("pull a"))  # needs no pace: passes push b
+        assert r.wait_for(2) == ["push a", "pull a"]
+        clock.t = 0.099  # the loop re-checks the clock at least every 0.2 s
+        s.submit("c", 0, r.op("pull c"))
+        assert r.wait_for(3) == ["push a", "pull a", "pull c"]
+        clock.t = 0.1
+        assert r.wait_for(4)[-1] == "push b"
+        clock.t = 0.35  # push b moved the next push's time to 0.1 + 300/1000 = 0.4
+        s.submit("d", 0, r.op("push d"), cost=10)
+        s.submit("d", 0, r.op("pull d"))  # same key: stays behind push d
+        s.submit("e", 0, r.op("pull e"))
+        assert r.wait_for(5)[-1] == "pull e"
+        clock.t = 0.4
+        assert r.wait_for(7)[-2:] == ["push d", "pull d"]
+        # pacing off: pushes go as credit allows, whatever the clock says
+        s.set_pace(0)
+        s.submit("f", 0, r.op("push f"), cost=10)
+        assert r.wait_for(8)[-1] == "push f"
+    finally:
+        s.close()
+
+
+def test_a_pace_that_is_not_a_positive_number_means_no_pacing():
+    s = _Sender(window=100, clock=FakeClock())
+    try:
+        for bad in (-5.0, 0.0, float("inf"), float("nan")):
+            s.set_pace(bad)
+            assert s.pace_bps == 0.0
+        s.set_pace(2.5e6)
+        assert s.pace_bps == 2.5e6
+    finally:
+        s.close()

@@ -11,7 +11,14 @@ docs/BALANCE.md derives the model and the algorithms.
 """
 
 from .estimate import EstimateTable, ForecastMatcher, Sample, sample_rate
-from .network import LoadModel, Network, iteration_time, resolve_roles, server_times
+from .network import (
+    LoadModel,
+    Network,
+    iteration_time,
+    push_pace,
+    resolve_roles,
+    server_times,
+)
 from .plans import (
     PLAN_NAMES,
     average_plan,
@@ -51,6 +58,7 @@ __all__ = [
     "granularity_cost",
     "greedy_round",
     "iteration_time",
+    "push_pace",
     "largest_remainder",
     "layout",
     "lower_bound",

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hetps.balance import EstimateTable, Network, assign, iteration_time, make_plan
+from hetps.balance import EstimateTable, Network, assign, iteration_time, make_plan, push_pace
 from hetps.balance.plans import fit_linear
 from hetps.balance.slicing import Slice, layout
 from hetps.cluster import protocol as P
@@ -507,7 +507,17 @@ class Planner:
         counts = np.bincount(new, weights=[s.length for s in self.slices], minlength=self.S)
         up, down = self.capacity()
         single = self._single()
+        # the slowest pusher's pace through the model under this assignment (bytes/s; 0 when
+        # the scheme has no link model: average, elastic); workers pace their pushes by it
+        pace = 0.0
+        if net is not None:
+            try:
+                pace = push_pace(net, counts, servers=self.servers, workers=self.workers)
+            except ValueError as exc:
+                log.warning("planner: no push pace (%s)", exc)
+            pace = pace if np.isfinite(pace) and pace > 0 else 0.0
         return {
+            "pace": pace,
             "epoch": self.epoch,
             "assign": [int(x) for x in new],
             "shares": [float(x) / total for x in counts],

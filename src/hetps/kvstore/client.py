@@ -80,9 +80,15 @@ class _Sender:
     pull replies of finished slices flow while later pushes are still going out (push and
     pull overlap). While a push waits for credit, requests that need none (pulls) still go,
     unless an earlier request of the same key is waiting.
+
+    With a pace (:meth:`set_pace`, bytes/s > 0) a push also waits until the pushes before it
+    would have left at that rate: a push of ``c`` bytes moves the earliest time of the next
+    one ``c / pace`` seconds on. The planner's pace is the rate at which the slowest pusher
+    gets through the model (``balance.push_pace``); going faster only fills the servers'
+    downlinks with pushes whose rounds cannot complete yet.
     """
 
-    def __init__(self, window: int = 0) -> None:
+    def __init__(self, window: int = 0, clock: Any = time.monotonic) -> None:
         self._heap: list[_Op] = []
         self._seq = itertools.count()
         self._last_prio: dict[Any, tuple[int, int]] = {}  # key -> (prio, seq) of its last queued op
@@ -95,13 +101,41 @@ class _Sender:
         self._busy = False
         self._closed = False
         self.window = int(window)
+        self._clock = clock
+        self.pace_bps = 0.0  # 0: no pacing
+        self._pace_t = 0.0  # (clock) the earliest time the next paced push may go
         self._inflight = 0
         self._credit: dict[int, tuple[int, Any]] = {}  # req -> (bytes, future)
         self._thread = threading.Thread(target=self._loop, name="hetps-sender", daemon=True)
         self._thread.start()
 
     def _has_credit(self, cost: int) -> bool:
-        return cost == 0 or self._inflight == 0 or self._inflight + cost <= self.window
+        if cost == 0:
+            return True
+        if self.pace_bps > 0 and self._clock() < self._pace_t:
+            return False
+        return self._inflight == 0 or self._inflight + cost <= self.window
+
+    def _spend(self, cost: int) -> None:
+        """A push of ``cost`` bytes goes now (lock held): take its credit and pace."""
+        self._inflight += cost
+        if cost and self.pace_bps > 0:
+            self._pace_t = max(self._clock(), self._pace_t) + cost / self.pace_bps
+
+    def set_pace(self, bytes_per_s: float) -> None:
+        """Pace pushes at ``bytes_per_s`` (0, negative or not finite: no pacing)."""
+        pace = float(bytes_per_s)
+        with self._cv:
+            self.pace_bps = pace if 0 < pace < float("inf") else 0.0
+            self._cv.notify_all()
+
+    def _wait_s(self) -> float:
+        """How long the loop may sleep while the top push waits (lock held)."""
+        if self.pace_bps > 0:
+            ahead = self._pace_t - self._clock()
+            if ahead > 0:
+                return min(0.2, max(0.0005, ahead))
+        return 0.2
 
     def submit(self, key: Any, priority: int, send: Any, cost: int = 0) -> None:
         """Send ``send()`` for ``key`` at ``priority`` (higher first): at once from the calling
@@ -111,7 +145,7 @@ class _Sender:
         with self._cv:
             if not self._heap and not self._busy and not self._closed and self._has_credit(cost):
                 self._busy = True
-                self._inflight += cost
+                self._spend(cost)
                 inline = True
             else:
                 inline = False
@@ -189,7 +223,7 @@ class _Sender:
             del self._first[op.key]
         if self._last_prio.get(op.key, (0, -1))[1] == op.seq:
             del self._last_prio[op.key]
-        self._inflight += op.cost
+        self._spend(op.cost)
         return op
 
     def _loop(self) -> None:
@@ -205,7 +239,7 @@ class _Sender:
                         top = self._pop_live(self._heap)
                         if top is None or self._has_credit(top.cost):
                             continue
-                        self._cv.wait(0.2)
+                        self._cv.wait(self._wait_s())
                     elif self._busy and self._closed:  # closing while an inline send runs
                         self._cv.wait(0.05)
                     elif not self._heap and self._closed:
@@ -784,6 +818,9 @@ class DistKVStore:
             )
             self._apply_assignment(new)
         self.plan = plan
+        # pushes go at the plan's critical pace (times the margin); 0: the scheme has no link
+        # model, or pacing is off (HETPS_PUSH_PACE=0)
+        self._sender.set_pace(float(plan.get("pace") or 0.0) * self.cfg.push_pace)
         return plan
 
     def _slices(self) -> list[tuple[Any, int, int, int]]:
