@@ -213,6 +213,12 @@ def node_config_from_env(
                 f"HETPS_PUSH_PACE={push_pace} would hold every worker below the slowest "
                 "pusher's rate: set 0 (no pacing, the default) or a margin >= 1, e.g. 1.25"
             )
+        if push_pace > 0 and push_window == 0:
+            raise ConfigError(
+                f"HETPS_PUSH_PACE={push_pace} paces pushes through the credit window, which "
+                "HETPS_PUSH_WINDOW=0 turns off: set HETPS_PUSH_WINDOW > 0 (default 1048576) "
+                "or HETPS_PUSH_PACE=0"
+            )
         colocate = _int(env, "HETPS_COLOCATE", 0) > 0
         fusion_bytes = _int(env, "HETPS_FUSION_BYTES", 1 << 18, 0)
         fusion_tune_steps = _int(env, "HETPS_FUSION_TUNE_STEPS", 4, 0)

@@ -109,12 +109,15 @@ print('RESULT ' + json.dumps(dict(plan['node_rates'], pace=plan['pace'],
 """
 
 
-def test_first_plan_rests_on_a_probe_of_every_link(cluster):
+@pytest.mark.parametrize("pace", [None, "1.25"])
+def test_first_plan_rests_on_a_probe_of_every_link(cluster, pace):
     """The first init probes a whole permutation cycle before rank 0 sends any value (a
     connection that carried the init keeps a wide congestion window, which made the probes
     into rank 0's node read ~35% low, docs/BALANCE.md §7.1): the first plan already knows
     every worker's uplink and every server's downlink from a probe."""
-    env = {"HETPS_SLICE_ELEMS": "2000", "HETPS_BALANCE": "aware", "HETPS_PUSH_PACE": "1.25"}
+    env = {"HETPS_SLICE_ELEMS": "2000", "HETPS_BALANCE": "aware"}
+    if pace:
+        env["HETPS_PUSH_PACE"] = pace
     rc, out = cluster(FIRST_PLAN_CODE, workers=2, servers=3, env=env)
     assert rc == 0, out
     results = re.findall(r"RESULT (\{.*\})", out)
@@ -126,9 +129,10 @@ def test_first_plan_rests_on_a_probe_of_every_link(cluster):
         assert sum(1 for x in rates["probe_down"] if x) == 3, rates  # every server was probed
         # the plan carries the slowest pusher's pace through the model: with separate workers
         # (nodes 3 and 4) each sends the whole model, so it is the slower worker's uplink;
-        # the worker paces its pushes at that times HETPS_PUSH_PACE (1.25 here; default off)
+        # the worker paces its pushes at that times HETPS_PUSH_PACE (default: off)
         assert rates["pace"] == pytest.approx(min(rates["up"][3], rates["up"][4]), rel=1e-9)
-        assert rates["sender_pace"] == pytest.approx(1.25 * rates["pace"], rel=1e-9)
+        want = float(pace) * rates["pace"] if pace else 0.0
+        assert rates["sender_pace"] == pytest.approx(want, rel=1e-9)
 
 
 NO_INIT_CODE = """

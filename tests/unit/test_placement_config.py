@@ -73,6 +73,10 @@ def test_config_reads_dmlc_variables():
         ({"HETPS_REPLAN_MARGIN": "abc"}, "HETPS_REPLAN_MARGIN='abc' is not a number"),
         ({"HETPS_FUSION_BYTES": "-1"}, "HETPS_FUSION_BYTES=-1 is below 0"),
         ({"HETPS_PUSH_PACE": "0.5"}, "HETPS_PUSH_PACE=0.5 would hold every worker below"),
+        (
+            {"HETPS_PUSH_PACE": "1.25", "HETPS_PUSH_WINDOW": "0"},
+            "HETPS_PUSH_WINDOW=0 turns off: set HETPS_PUSH_WINDOW > 0",
+        ),
         ({"HETPS_PUSH_PACE": "inf"}, "set 0 \\(no pacing, the default\\) or a margin >= 1"),
     ],
 )

@@ -175,3 +175,24 @@ def test_a_pace_that_is_not_a_positive_number_means_no_pacing():
         assert s.pace_bps == 2.5e6
     finally:
         s.close()
+
+
+def test_a_new_pace_rescales_the_wait_left_and_close_sends_unpaced():
+    clock = FakeClock()
+    s = _Sender(window=1 << 20, clock=clock)
+    r = Rec()
+    try:
+        s.set_pace(100.0)
+        s.submit("a", 0, r.op("push a"), cost=100)  # next push not before t = 1.0
+        assert r.wait_for(1) == ["push a"]
+        s.set_pace(1000.0)  # 10x faster: the 1.0 s left becomes 0.1 s
+        s.submit("b", 0, r.op("push b"), cost=100)
+        clock.t = 0.09
+        s.submit("c", 0, r.op("pull c"))
+        assert r.wait_for(2) == ["push a", "pull c"]
+        clock.t = 0.1
+        assert r.wait_for(3)[-1] == "push b"
+        s.submit("d", 0, r.op("push d"), cost=100)  # due at 0.2; the clock never gets there
+    finally:
+        s.close()  # closing drops the pace: push d still goes
+    assert r.sent[-1] == "push d"

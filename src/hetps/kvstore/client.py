@@ -109,10 +109,10 @@ class _Sender:
         self._thread = threading.Thread(target=self._loop, name="hetps-sender", daemon=True)
         self._thread.start()
 
-    def _has_credit(self, cost: int) -> bool:
+    def _has_credit(self, cost: int, now: float | None = None) -> bool:
         if cost == 0:
             return True
-        if self.pace_bps > 0 and self._clock() < self._pace_t:
+        if self.pace_bps > 0 and (self._clock() if now is None else now) < self._pace_t:
             return False
         return self._inflight == 0 or self._inflight + cost <= self.window
 
@@ -125,16 +125,20 @@ class _Sender:
     def set_pace(self, bytes_per_s: float) -> None:
         """Pace pushes at ``bytes_per_s`` (0, negative or not finite: no pacing)."""
         pace = float(bytes_per_s)
+        pace = pace if 0 < pace < float("inf") else 0.0
         with self._cv:
-            self.pace_bps = pace if 0 < pace < float("inf") else 0.0
+            old, self.pace_bps = self.pace_bps, pace
+            now = self._clock()
+            if old > 0 and pace > 0 and self._pace_t > now:
+                # the wait left from the last push, at the new rate
+                self._pace_t = now + (self._pace_t - now) * old / pace
             self._cv.notify_all()
 
-    def _wait_s(self) -> float:
-        """How long the loop may sleep while the top push waits (lock held)."""
-        if self.pace_bps > 0:
-            ahead = self._pace_t - self._clock()
-            if ahead > 0:
-                return min(0.2, max(0.0005, ahead))
+    def _wait_s(self, now: float) -> float:
+        """How long the loop may sleep while the top push waits (lock held; ``now`` is the
+        clock reading its credit check used: a window wait ends with a release's notify)."""
+        if self.pace_bps > 0 and self._pace_t > now:
+            return min(0.2, max(0.0005, self._pace_t - now))
         return 0.2
 
     def submit(self, key: Any, priority: int, send: Any, cost: int = 0) -> None:
@@ -237,9 +241,10 @@ class _Sender:
                             break
                         self._reap()  # waiting for credit: was any lost to a failure?
                         top = self._pop_live(self._heap)
-                        if top is None or self._has_credit(top.cost):
+                        now = self._clock()
+                        if top is None or self._has_credit(top.cost, now):
                             continue
-                        self._cv.wait(self._wait_s())
+                        self._cv.wait(self._wait_s(now))
                     elif self._busy and self._closed:  # closing while an inline send runs
                         self._cv.wait(0.05)
                     elif not self._heap and self._closed:
@@ -259,9 +264,10 @@ class _Sender:
                     self._cv.notify_all()
 
     def close(self) -> None:
-        """Send what is queued, then stop."""
+        """Send what is queued (unpaced: nobody waits for a round any more), then stop."""
         with self._cv:
             self._closed = True
+            self.pace_bps = 0.0
             self._cv.notify()
         self._thread.join(timeout=10)
 
