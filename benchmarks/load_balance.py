@@ -502,6 +502,21 @@ def rates_at(changes: list[tuple[float, int, list[float]]], t: float) -> list[fl
     return cur
 
 
+def tc_batch(ns: str, cmds: list[str]) -> None:
+    """Run ``tc`` commands in namespace ``ns`` as one batch (fails on the first error)."""
+    import subprocess
+
+    subprocess.run(
+        ["tc", "-n", ns, "-batch", "-"], input="\n".join(cmds) + "\n", text=True, check=True
+    )
+
+
+def fifo_limit(rate_mbit: float) -> int:
+    """Bytes of a FIFO holding 0.5 s at ``rate_mbit`` (100 frames to 16 MiB), as hetps.netem's."""
+    rate_bit = max(8000, int(round(rate_mbit * 1e6)))
+    return int(min(max(rate_bit / 8 * 0.5, 100 * 1514), 16 << 20))
+
+
 def ns_tweaks(net, tweaks: list[str]) -> None:
     """Diagnostics only (not hetps' emulator): change TCP/queueing inside the run's own
     namespaces. ``noidle``: no slow-start restart after idle; ``shortq``: 50 ms TBF queues;
@@ -513,8 +528,7 @@ def ns_tweaks(net, tweaks: list[str]) -> None:
 
     for i in range(net.n):
         if "ackprio" in tweaks:
-            rate_bit = max(8000, int(round(net.rates[i] * 1e6)))
-            limit = int(min(max(rate_bit / 8 * 0.5, 100 * 1514), 16 << 20))
+            limit = fifo_limit(net.rates[i])
             cls = "rate 100gbit ceil 100gbit burst 1m cburst 1m quantum 60000"
             for ns, dev in ((net.node_ns(i), "eth0"), (net.hub, f"v{i}")):
                 cmds = [
@@ -525,18 +539,12 @@ def ns_tweaks(net, tweaks: list[str]) -> None:
                     f"filter add dev {dev} parent 2: protocol ip prio 1 u32 "
                     "match u16 0x0000 0xff80 at 2 flowid 2:10",
                 ]
-                subprocess.run(
-                    ["tc", "-n", ns, "-batch", "-"],
-                    input="\n".join(cmds) + "\n",
-                    text=True,
-                    check=True,
-                )
+                tc_batch(ns, cmds)
         if "fairq" in tweaks:
             # this kernel has no sfq/fq_codel/drr: an HTB under the TBF with one equal class
             # per peer (DRR among the classes, 0.5 s FIFO each) shares the link round robin
             # between destinations at a node's egress and between sources at its ingress
-            rate_bit = max(8000, int(round(net.rates[i] * 1e6)))
-            limit = int(min(max(rate_bit / 8 * 0.5, 100 * 1514), 16 << 20))
+            limit = fifo_limit(net.rates[i])
             cls = "rate 100gbit ceil 100gbit burst 64k cburst 64k quantum 1514"
             for ns, dev, field in ((net.node_ns(i), "eth0", 16), (net.hub, f"v{i}", 12)):
                 cmds = [
@@ -555,12 +563,7 @@ def ns_tweaks(net, tweaks: list[str]) -> None:
                         f"match u32 0x{int(ipaddress.IPv4Address(net.node_ip(j))):08x} 0xffffffff "
                         f"at {field} flowid 2:{c}",
                     ]
-                subprocess.run(
-                    ["tc", "-n", ns, "-batch", "-"],
-                    input="\n".join(cmds) + "\n",
-                    text=True,
-                    check=True,
-                )
+                tc_batch(ns, cmds)
         if "noidle" in tweaks:
             subprocess.run(
                 net.exec_argv(i, ["sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"]),
