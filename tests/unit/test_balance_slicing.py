@@ -61,11 +61,32 @@ def test_assign_equal_slices_follows_counts_exactly():
         np.testing.assert_array_equal(np.bincount(srv, minlength=3), counts)
 
 
-def test_assign_largest_remaining_share_order():
-    # 4 equal slices, shares 1 : 3 -> first slice to server 1 (remaining 3 > 1), then
-    # 1 (2 > 1), then tie 1 vs 1 -> lower index 0, then 1
+def test_assign_least_advanced_server_order():
+    # 4 equal slices, shares 1 : 3 -> each slice to the server whose own slices are least
+    # far along after taking it: server 1 (1/3 < 1/1), server 1 (2/3 < 1), then a tie
+    # 1 vs 1 -> lower index 0, then server 1
     sl = layout([4], 1)
     np.testing.assert_array_equal(assign(sl, np.array([1, 3])), [1, 1, 0, 1])
+
+
+def test_assign_spreads_every_servers_slices_through_the_layout():
+    """Workers push in layout order, so a server whose slices bunch up gets them all at
+    once from every worker while the others idle. Every prefix of the layout holds each
+    server's share of it to within about one slice (the old largest-remaining-share order
+    gave the biggest server its first 9 slices in a row and the smallest its last)."""
+    rng = np.random.default_rng(3)
+    sl = layout([8] * 50, 8)  # 50 equal slices
+    for _ in range(20):
+        shares = rng.uniform(0, 1, 6) * (rng.uniform(0, 1, 6) > 0.2)
+        if shares.sum() == 0:
+            continue
+        srv = assign(sl, shares)
+        target = shares / shares.sum()
+        placed = np.zeros(6)
+        for i, s in enumerate(srv):
+            placed[s] += 1
+            assert (np.abs(placed - target * (i + 1)) <= 1.5).all(), (shares, srv)
+        np.testing.assert_allclose(placed, target * 50, atol=1)
 
 
 def test_assign_unequal_slices_by_volume():

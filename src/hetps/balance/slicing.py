@@ -72,8 +72,15 @@ def assign(
        stayed could fill a server's room and strand a long one, which step 3 then had to put
        where it overshot: on the 8-node benchmark that kept a plan ~7% from the optimum,
        below the planner's 10% margin, so the better plan was never adopted);
-    3. the other slices, longest first (ties in layout order), each go to the server with the
-       largest remaining share (ties: lower index).
+    3. the other full-length slices, in layout order, each go to the server whose own step-3
+       slices are least far along once it takes this one (smallest ``(placed + length) /
+       need``; ties: lower index), among those with room for it. Workers push in layout
+       order, all at once, so this spreads every server's slices evenly through the push
+       order (largest-remaining-share order gave the biggest server a run of its first
+       slices, the smallest ones theirs at the end);
+    4. the shorter slices (key tails) and full ones that fit nowhere whole, longest first, to
+       the server with the largest remaining share: they fill the fragments, so the shares
+       come out as exact as before.
 
     With equal slice lengths, integer slice-count shares and ``probe_num == 0`` every server
     gets exactly its count.
@@ -126,10 +133,32 @@ def assign(
             s = prev[i]
             if out[i] < 0 and 0 <= s < n_s and sh[s] > 0 and rem[s] >= lengths[i] * ssum:
                 give(i, s)
-    for i in sorted(range(n_sl), key=lambda i: (-lengths[i], i)):
-        if out[i] < 0:
-            best = max(range(n_s), key=lambda s: (rem[s], -s))
-            give(i, best)
+    # step 3, in layout order: each full-length slice to the server whose own slices are
+    # least far along (smallest (placed + length) / need), among those with room for it, so
+    # that every server's slices are spread evenly through the layout
+    need = [max(r, 0) for r in rem]
+    placed = [0] * n_s
+    left = []
+    full = max(lengths[i] for i in range(n_sl) if out[i] < 0) if (out < 0).any() else 0
+    for i in range(n_sl):
+        if out[i] >= 0:
+            continue
+        if lengths[i] < full:
+            left.append(i)
+            continue
+        cost = lengths[i] * ssum
+        room = [s for s in range(n_s) if need[s] > 0 and rem[s] >= cost]
+        if not room:
+            left.append(i)
+            continue
+        s = min(room, key=lambda s: ((placed[s] + cost) / need[s], s))
+        placed[s] += cost
+        give(i, s)
+    # shorter slices and what fits nowhere whole: longest first, to the server with the
+    # most room left (they fill what the full slices left, so the shares come out exact)
+    for i in sorted(left, key=lambda i: (-lengths[i], i)):
+        best = max(range(n_s), key=lambda s: (rem[s], -s))
+        give(i, best)
     return out
 
 
