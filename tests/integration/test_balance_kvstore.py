@@ -153,3 +153,37 @@ def test_rebalance_before_any_init_is_refused_not_left_waiting(cluster):
     refused = re.findall(r"REFUSED (.*)", out)
     assert len(refused) == 2, out
     assert all("kv.init" in r for r in refused), refused
+
+
+ORDER_CODE = """
+import json
+sent = []
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(16000, np.float32))
+kv.node.van.observer = lambda d, peer, cmd, n, t: d == 'send' and cmd in ('push', 'pull') and sent.append(cmd)
+for step in range(3):
+    h = [kv.push('w', np.ones(16000, np.float32), block=False), kv.pull('w', block=False)]
+    for x in h:
+        x.wait()
+kv.node.van.observer = None
+print('RESULT ' + json.dumps({'sent': sent, 'w': float(kv.pull('w').sum())}), flush=True)
+"""
+
+
+def test_a_slices_pull_does_not_wait_for_the_keys_later_pushes(cluster):
+    """Requests keep their order per slice, not per key: with a one-push credit window the
+    pushes of a 16-slice key go one receipt at a time, and the pull of a slice that was
+    pushed goes at once (in key order every pull waited for the key's last push, so a big
+    key's replies all came after its whole push)."""
+    env = {"HETPS_SLICE_ELEMS": "1000", "HETPS_BALANCE": "average", "HETPS_PUSH_WINDOW": "1"}
+    rc, out = cluster(ORDER_CODE, workers=1, servers=2, env=env)
+    assert rc == 0, out
+    res = _result(out)
+    sent = res["sent"]
+    assert sent.count("push") == 48 and sent.count("pull") == 48, sent
+    for r in range(3):  # every round: some pull left before the round's last push
+        rnd = sent[32 * r : 32 * (r + 1)]
+        assert sorted(rnd) == ["pull"] * 16 + ["push"] * 16, rnd
+        last_push = max(i for i, c in enumerate(rnd) if c == "push")
+        assert rnd.index("pull") < last_push, rnd
+    assert res["w"] == 16000.0  # every pull saw its round: 1 worker, the sum replaces

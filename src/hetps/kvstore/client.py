@@ -405,7 +405,12 @@ class DistKVStore:
                 self._sender.release(fut.req)
                 self.node.requests.resolve(fut.req, None, f"could not send to node {peer}: {exc}")
 
-        self._sender.submit(key, priority, send, cost)
+        # requests are kept in order per slice (a key's part), not per key: the server keeps
+        # every part's rounds apart, so a part's pull needs only that part's push before it,
+        # and the pulls of a big key's first slices go while its later slices are still being
+        # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
+        part = msg.body.get("part") if key is not None else None
+        self._sender.submit(key if part is None else (key, part), priority, send, cost)
         return fut
 
     def _placement(self, key: Any, size: int) -> list[Part]:
