@@ -98,7 +98,7 @@ class NodeConfig:
     probe_bytes: int = 128 * 1024
     probe_prob: float = 0.25
     replan_every: int = 1
-    push_window: int = 1 << 20  # bytes of pushes in flight per worker when balancing
+    push_window: int = 1 << 19  # bytes of pushes in flight per worker when balancing
     #: pace pushes at this many times the plan's critical push rate (0 = no pacing, the
     #: default: it helped only plans made from the true rates, docs/BALANCE.md §7.1)
     push_pace: float = 0.0
@@ -206,7 +206,7 @@ def node_config_from_env(
         probe_prob = _float(env, "HETPS_PROBE_PROB", 0.25)
         replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
         replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
-        push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 20, 0)
+        push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 19, 0)
         push_pace = _float(env, "HETPS_PUSH_PACE", 0.0)
         if push_pace != 0 and not (1 <= push_pace < float("inf")):
             raise ConfigError(
@@ -216,7 +216,7 @@ def node_config_from_env(
         if push_pace > 0 and push_window == 0:
             raise ConfigError(
                 f"HETPS_PUSH_PACE={push_pace} paces pushes through the credit window, which "
-                "HETPS_PUSH_WINDOW=0 turns off: set HETPS_PUSH_WINDOW > 0 (default 1048576) "
+                "HETPS_PUSH_WINDOW=0 turns off: set HETPS_PUSH_WINDOW > 0 (default 524288) "
                 "or HETPS_PUSH_PACE=0"
             )
         colocate = _int(env, "HETPS_COLOCATE", 0) > 0

@@ -96,7 +96,7 @@ def test_scheduler_may_bind_an_ephemeral_port_but_others_may_not():
 
 def test_balancing_defaults():
     cfg = node_config_from_env({**BASE, "HETPS_BALANCE": "aware"})
-    assert (cfg.push_window, cfg.replan_margin, cfg.probe_prob) == (1 << 20, 0.10, 0.25)
+    assert (cfg.push_window, cfg.replan_margin, cfg.probe_prob) == (1 << 19, 0.10, 0.25)
     assert cfg.probe_bytes == 128 * 1024
     assert cfg.push_pace == 0  # pacing is opt-in
     assert node_config_from_env({**BASE, "HETPS_PUSH_PACE": "1.25"}).push_pace == 1.25
