@@ -227,6 +227,29 @@ def test_delay_applies_or_is_refused_cleanly() -> None:
         pytest.skip(f"kernel lacks sch_netem (refused cleanly): {e}")
 
 
+def test_tcp_cc_is_set_in_every_node_or_refused_cleanly() -> None:
+    def cc_in(net: Netem, i: int) -> str:
+        argv = ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"]
+        return net.run(i, argv, capture_output=True, text=True, check=True).stdout.strip()
+
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+        host = f.read().strip()
+    with Netem(Scenario.from_dict({"kind": "static", "rates_mbit": [50, 50]})) as net:
+        assert cc_in(net, 0) == host  # no tcp_cc: the host's default
+    sc = Scenario.from_dict({"kind": "static", "rates_mbit": [50, 50], "tcp_cc": "reno"})
+    with Netem(sc) as net:
+        assert [cc_in(net, i) for i in range(2)] == ["reno", "reno"]
+        res = measure(net, 0, 1, _bytes_for(50))  # and TCP still moves data at the tc rate
+        assert abs(res["mbit"] - 50) <= TOL * 50, res
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+        assert f.read().strip() == host  # the host's own setting is untouched
+    bad = Scenario.from_dict({"kind": "static", "rates_mbit": [50, 50], "tcp_cc": "nosuchcc"})
+    net = Netem(bad)
+    with pytest.raises(NetemUnsupportedError, match="tcp_cc = 'nosuchcc'.*reno always works"):
+        net.start()
+    assert not namespaces_with(net.run_id)
+
+
 # -- cleanup -------------------------------------------------------------------------------
 
 

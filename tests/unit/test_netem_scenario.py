@@ -87,6 +87,12 @@ def test_delay_per_node() -> None:
     assert sc.delay_ms == (0.0, 10.0)
 
 
+def test_tcp_cc_is_optional_and_kept() -> None:
+    assert Scenario.static([1, 2]).tcp_cc is None
+    sc = Scenario.from_dict({"kind": "static", "rates_mbit": [1, 2], "tcp_cc": "reno"})
+    assert sc.tcp_cc == "reno"
+
+
 def test_rates_at_rejects_negative_epoch() -> None:
     with pytest.raises(ValueError):
         Scenario.static([1]).rates_at(-1)
@@ -127,6 +133,8 @@ def test_rates_at_rejects_negative_epoch() -> None:
             "pair_rates_mbit[1][0]",
         ),
         ({"kind": "static", "rates_mbit": [1], "rate_mbit": [2]}, "unknown key(s) ['rate_mbit']"),
+        ({"kind": "static", "rates_mbit": [1], "tcp_cc": 3}, "tcp_cc"),
+        ({"kind": "static", "rates_mbit": [1], "tcp_cc": "reno; reboot"}, "tcp_cc"),
     ],
 )
 def test_validation_errors_name_key_and_fix(data: dict[str, Any], key: str) -> None:
@@ -169,6 +177,8 @@ def test_cli_flags_build_scenarios(tmp_path: Path) -> None:
     assert _scenario([str(f), "--lo", "1", "--hi", "2", "--nodes", "5"]).nodes == 5
     with pytest.raises(ScenarioError, match="no rates"):
         _scenario([])
+    assert _scenario(["--rates", "5,6", "--tcp-cc", "reno"]).tcp_cc == "reno"
+    assert _scenario(["--rates", "5,6"]).tcp_cc is None
 
 
 # -- without root: a clear refusal that points to the in-process shaper ---------------------

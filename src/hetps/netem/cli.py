@@ -67,6 +67,10 @@ def build_parser(prog: str = "hetps netem") -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the drawn rates")
     p.add_argument("--period", type=float, help="dynamic: seconds between re-draws")
     p.add_argument("--delay-ms", type=float, help="one-way delay added at each node's egress")
+    p.add_argument(
+        "--tcp-cc",
+        help="TCP congestion control inside every node, e.g. reno (default: the host's)",
+    )
     p.add_argument("--subnet", help="IPv4 subnet for the nodes (default: a free 10.77.k.0/24)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="namespace name prefix")
     p.add_argument("--all", action="store_true", help="cleanup: remove live runs too")
@@ -116,6 +120,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         data["period_s"] = args.period
     if args.delay_ms is not None:
         data["delay_ms"] = args.delay_ms
+    if getattr(args, "tcp_cc", None) is not None:
+        data["tcp_cc"] = args.tcp_cc
     if args.kind is not None:
         data["kind"] = args.kind
     elif "kind" not in data:

@@ -175,6 +175,17 @@ def _run(argv: Sequence[str], *, input: str | None = None, what: str = "") -> st
     return r.stdout
 
 
+_TCP_CC_FILE = "/proc/sys/net/ipv4/tcp_congestion_control"
+
+
+def _read_sysctl(name: str) -> str:
+    try:
+        with open(f"/proc/sys/net/ipv4/{name}") as f:
+            return f.read().strip() or "none"
+    except OSError:
+        return "unknown"
+
+
 def _bits(rate_mbit: float) -> int:
     return max(8000, int(round(rate_mbit * 1e6)))
 
@@ -338,6 +349,7 @@ class Netem:
                     self._start_reaper()
                 self._subnet = self._choose_subnet()
                 self._build()
+                self._set_tcp_cc()
                 self._shape_all()
             except BaseException:
                 self.close()
@@ -548,6 +560,40 @@ class Netem:
                 input="\n".join(node_cmds) + "\n",
                 what=f"configuring node {i}",
             )
+
+    def _set_tcp_cc(self) -> None:
+        """Set the scenario's TCP congestion control inside every node's namespace."""
+        cc = self.scenario.tcp_cc
+        if not cc:
+            return
+        for i, ns in enumerate(self.namespaces):
+            r = subprocess.run(
+                [
+                    self._ip,
+                    "netns",
+                    "exec",
+                    ns,
+                    "sh",
+                    "-c",
+                    f'echo "$1" > {_TCP_CC_FILE}',
+                    "sh",
+                    cc,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if r.returncode != 0:
+                allowed = _read_sysctl("tcp_allowed_congestion_control")
+                available = _read_sysctl("tcp_available_congestion_control")
+                raise NetemUnsupportedError(
+                    f"tcp_cc = {cc!r}: node {i}'s namespace refused it "
+                    f"({(r.stderr or r.stdout).strip()}); a namespace may only choose one of "
+                    f"net.ipv4.tcp_allowed_congestion_control ({allowed}) among those the "
+                    f"kernel has ({available}); fix: pick one of those (reno always works), "
+                    "or add it to the allowed list on the host, or drop tcp_cc to keep the "
+                    "host's default"
+                )
 
     def _shape_all(self, rates: list[float] | None = None, *, change: bool = False) -> None:
         rates = self._rates if rates is None else rates

@@ -16,6 +16,8 @@ Example file::
     seed = 7              # ... deterministically from (seed, epoch)
     period_s = 300        # dynamic: rates re-drawn every period
     delay_ms = 5          # optional one-way delay (needs the kernel's sch_netem)
+    tcp_cc = "reno"       # optional TCP congestion control inside every node (default: the
+                          # host's; see docs/NETEM.md, "TCP congestion control")
 
 or, with given rates::
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +70,7 @@ _KEYS = (
     "period_s",
     "delay_ms",
     "pair_rates_mbit",
+    "tcp_cc",
 )
 
 
@@ -112,6 +116,8 @@ class Scenario:
         delay_ms: one-way delay added at every node's egress, per node (ms).
         pair_rates_mbit: optional per-destination caps, ``pair_rates_mbit[i][j]`` limits
             traffic from node ``i`` to node ``j`` (the diagonal is ignored).
+        tcp_cc: TCP congestion control set inside every node's namespace (e.g. ``"reno"``),
+            or ``None`` to keep the host's default.
     """
 
     kind: str
@@ -123,6 +129,7 @@ class Scenario:
     period_s: float | None = None
     delay_ms: tuple[float, ...] = ()
     pair_rates_mbit: tuple[tuple[float, ...], ...] | None = None
+    tcp_cc: str | None = None
 
     # -- construction ------------------------------------------------------------------------
 
@@ -238,6 +245,15 @@ class Scenario:
         if n is None:  # pragma: no cover - every branch above sets it
             raise _err("nodes", "unknown", "set nodes = N")
         delay = _parse_delay(net.get("delay_ms", 0), n)
+        cc = net.get("tcp_cc")
+        if cc is not None and (
+            not isinstance(cc, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,15}", cc)
+        ):
+            raise _err(
+                "tcp_cc",
+                f"{cc!r} is not the name of a TCP congestion control",
+                'write e.g. tcp_cc = "reno" (see sysctl net.ipv4.tcp_available_congestion_control)',
+            )
         return cls(
             kind=kind,
             nodes=n,
@@ -248,6 +264,7 @@ class Scenario:
             period_s=period,
             delay_ms=delay,
             pair_rates_mbit=pair_t,
+            tcp_cc=cc,
         )
 
     @classmethod
