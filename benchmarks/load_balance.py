@@ -22,6 +22,11 @@ Schemes: average, elastic, aware, optimal (HETPS_BALANCE), plus ``mxnet-hash`` (
 MXNet's placement) on the static scenario and ``average-fixed`` (average, planned once:
 HETPS_REPLAN_EVERY huge) on the homogeneous one.
 
+The nodes' TCP congestion control is Reno (``--tcp-cc``; ``host`` keeps the host's default,
+BBR on this project's machines, which leaves a parameter server's bursty flows slow with empty
+queues: docs/NETEM.md §4). The raw-TCP baseline runs in the same namespaces, so with the same
+congestion control.
+
 Compute is omitted (communication only) unless --compute-s adds a fixed sleep per iteration.
 The models are scaled down (every key's element count divided by one factor per model, so the
 static scenario's lower bound is --target-s seconds); the number, order and relative sizes of
@@ -55,7 +60,8 @@ ELEM_BYTES = 4  # float32
 #: slice size (elements). Every model is scaled to the same bytes per iteration, so one size
 #: serves all. Session 7 swept the oracle plan over 2,048..65,536 (MobileNet-v1, static
 #: 8 nodes) and fitted T(q) = c + a*q + b*ceil(P/q) (slicing.fit_granularity): per-slice
-#: overhead h = b*S = 1.5 ms, best q = 6.1K elements; 8,192 is the power of two nearest it
+#: overhead h = b*S = 1.5 ms, best q = 6.1K elements; 8,192 is the power of two nearest it.
+#: Session 8 (Reno): 2,048 1.48, 4,096 1.35, 8,192 1.26, 16,384 1.26 (oracle, ratio to bound)
 #: (65,536, the earlier default, was 12% slower on the oracle plan).
 SLICE_ELEMS = 1 << 13
 TCP_CACHE: dict[tuple[str, str], list[float]] = {}  # (scenario, model) -> raw-TCP seconds
@@ -120,15 +126,51 @@ def worker_main() -> int:
                     h.wait()
                 t_push = time.time()
             else:
+                # diagnostics (--stamps): when each request was handed to the network and
+                # when each slice's push and pull were answered
+                stamps = [] if cfg.get("stamps") else None
+                if stamps is not None and not hasattr(kv._sender, "_lb_orig"):
+                    orig = kv._sender.submit
+                    kv._sender._lb_orig = orig
+
+                    def submit(key, priority, send, cost=0, _o=orig):
+                        def stamped():
+                            kv._sender._lb_stamps.append(("send", str(key), cost, time.time()))
+                            return send()
+
+                        return _o(key, priority, stamped, cost)
+
+                    kv._sender.submit = submit
+                if stamps is not None:
+                    kv._sender._lb_stamps = stamps
                 for k in keys:  # as a framework does: push a gradient, pull its weights
                     handles.append(kv.push(k, grads[k], block=False))
                     handles.append(kv.pull(k, out=bufs[k], block=False))
+                    if stamps is not None:
+                        for kind, h in (("push", handles[-2]), ("pull", handles[-1])):
+                            for j, f in enumerate(h.futures):
+
+                                def cb(v, _o=f._callback, kind=kind, k=k, j=j, st=stamps):
+                                    st.append((kind, k, j, time.time()))
+                                    if _o is not None:
+                                        _o(v)
+
+                                f._callback = cb
                 for h in handles[0::2]:
                     h.wait()
                 t_push = time.time()
                 for h in handles[1::2]:
                     h.wait()
             t3 = time.time()
+            if not cfg.get("pushpull") and stamps is not None and it >= warmup:
+                with open(run_dir / f"stamps-{rank}.jsonl", "a") as sf:
+                    parts = {k: [p.server for p in kv.meta[k].parts] for k in keys}
+                    sf.write(
+                        json.dumps(
+                            {"iter": it - warmup, "t2": t2, "stamps": stamps, "parts": parts}
+                        )
+                        + "\n"
+                    )
             # no optimizer: the round's sum replaces the value, so every element is nw
             ok = all(bool((b == nw).all()) for b in bufs)
             wrong += not ok
@@ -446,6 +488,13 @@ def pack_sizes(sizes: list[int], bucket: int) -> list[int]:
 
 
 def scenario_dict(kind: str, opts: argparse.Namespace) -> dict:
+    d = _scenario_dict(kind, opts)
+    if opts.tcp_cc != "host":
+        d["tcp_cc"] = opts.tcp_cc
+    return d
+
+
+def _scenario_dict(kind: str, opts: argparse.Namespace) -> dict:
     n = opts.nodes
     if kind == "static":
         return {
@@ -479,6 +528,16 @@ def toml_text(d: dict) -> str:
         else:
             lines.append(f"{k} = {v}")
     return "\n".join(lines) + "\n"
+
+
+def tcp_cc_of(sc) -> str:
+    """The TCP congestion control the run's nodes use (the scenario's, else the host's)."""
+    if sc.tcp_cc:
+        return sc.tcp_cc
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError:
+        return "unknown"
 
 
 def goodput_bytes(rates_mbit: list[float]) -> list[float]:
@@ -614,10 +673,49 @@ def tc_drops(net) -> dict[str, list[int]]:
 
 
 def tc_monitor(net, node: int, run_dir: Path, done: threading.Event) -> None:
-    """Diagnostics: bytes through node ``node``'s egress and ingress TBFs every 0.1 s."""
+    """Diagnostics: bytes through node ``node``'s egress and ingress TBFs every 0.1 s; with
+    ``node`` -1, every node's bytes sent and received (the hub's veth counters, one ``ip``
+    call) and the queue (backlog) of every node's uplink and downlink TBF, about every
+    0.1 s (link_monitor.jsonl)."""
     import re
     import subprocess
 
+    if node < 0:
+        with open(run_dir / "link_monitor.jsonl", "w") as f:
+            while not done.wait(0.05):
+                out = subprocess.run(
+                    ["ip", "-n", net.hub, "-s", "-j", "link", "show"],
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                row: dict = {"t": time.time(), "sent": {}, "recv": {}}
+                for dev in json.loads(out or "[]"):
+                    name = dev.get("ifname", "")
+                    if name.startswith("v") and name[1:].isdigit():
+                        st = dev["stats64"]
+                        row["sent"][name[1:]] = st["rx"]["bytes"]  # the node's uplink
+                        row["recv"][name[1:]] = st["tx"]["bytes"]  # its downlink
+                out = subprocess.run(
+                    ["tc", "-s", "-j", "-n", net.hub, "qdisc", "show"],
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                row["backlog"] = {
+                    q["dev"][1:]: q.get("backlog", 0)
+                    for q in json.loads(out or "[]")
+                    if q.get("kind") == "tbf" and q.get("dev", "").startswith("v")
+                }
+                row["up_backlog"] = {}  # the uplinks' queues: one tc call per node
+                for i in range(net.n):
+                    out = subprocess.run(
+                        ["tc", "-s", "-j", "-n", net.node_ns(i), "qdisc", "show", "dev", "eth0"],
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                    qs = [q for q in json.loads(out or "[]") if q.get("kind") == "tbf"]
+                    row["up_backlog"][str(i)] = qs[0].get("backlog", 0) if qs else None
+                f.write(json.dumps(row) + "\n")
+        return
     pat = re.compile(r"Sent (\d+) bytes .*?backlog (\d+)b", re.S)
     with open(run_dir / "tc_monitor.jsonl", "w") as f:
         while not done.wait(0.1):
@@ -709,6 +807,7 @@ def run_one(
             scale_factor=round(scale, 3),
             model_bytes=int(total_bytes),
             rates_mbit=[round(r, 2) for r in sc.rates_at(0)],
+            tcp_cc=tcp_cc_of(sc),
             period_s=scen.get("period_s"),
             compute_s=opts.compute_s,
             ns_tweak=opts.ns_tweak,
@@ -726,6 +825,7 @@ def run_one(
                 "compute_s": opts.compute_s,
                 "pushpull": opts.pushpull,
                 "dump_samples": opts.dump_samples,
+                "stamps": opts.stamps,
             }
         )
     )
@@ -863,6 +963,7 @@ def run_one(
         "tcp_baseline_runs_s": TCP_CACHE.get((scen_name, model)),
         # extras
         "slice_elems": slice_elems,
+        "tcp_cc": tcp_cc_of(sc),
         "nodes": n,
         "batch_size": opts.batch_size,
         "model_bytes": int(total_bytes),
@@ -1078,6 +1179,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--period", type=float, default=10.0, help="dynamic: re-draw period, s")
     ap.add_argument("--homo", type=float, default=50.0, help="homogeneous rate, Mbit/s")
     ap.add_argument(
+        "--tcp-cc",
+        default="reno",
+        help="TCP congestion control inside the nodes ('host': the host's default, which is "
+        "bbr on this project's machines; docs/NETEM.md, 'TCP congestion control')",
+    )
+    ap.add_argument(
         "--target-s",
         type=float,
         default=1.5,
@@ -1122,6 +1229,12 @@ def main(argv: list[str] | None = None) -> int:
         help="log every link sample the workers report (samples-<r>.jsonl)",
     )
     ap.add_argument(
+        "--stamps",
+        action="store_true",
+        help="diagnostics: log when every request left and every slice's push and pull were "
+        "answered (stamps-<r>.jsonl)",
+    )
+    ap.add_argument(
         "--pushpull",
         action="store_true",
         help="workers exchange each key with one pushpull instead of a push and a pull",
@@ -1156,7 +1269,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a --json file of an earlier run: keep its results except those run now",
     )
-    ap.add_argument("--monitor-node", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--monitor-node",
+        type=int,
+        default=None,
+        help="diagnostics: sample node N's TBF counters every 0.1 s (tc_monitor.jsonl); -1: "
+        "every node's bytes and queues every ~0.1 s (link_monitor.jsonl)",
+    )
     ap.add_argument(
         "--run-timeout",
         type=float,
@@ -1240,11 +1359,12 @@ def main(argv: list[str] | None = None) -> int:
     logdir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     load0 = os.getloadavg()
-    static_rates = load_scenario(scenario_dict("static", opts), nodes=opts.nodes).rates_at(0)
+    static_sc = load_scenario(scenario_dict("static", opts), nodes=opts.nodes)
+    static_rates = static_sc.rates_at(0)
     per_byte = bound(static_rates, 1.0)  # s per model byte on the static network
     print(
         f"static rates (Mbit/s): {[round(r, 1) for r in static_rates]}; "
-        f"load average {load0[0]:.2f}",
+        f"TCP congestion control {tcp_cc_of(static_sc)}; load average {load0[0]:.2f}",
         flush=True,
     )
     plans = []  # (scenario, model, scheme, slice, sweep)
