@@ -65,6 +65,8 @@ ELEM_BYTES = 4  # float32
 #: 2,048 1.48, 4,096 1.35, 8,192 1.26, 16,384 1.26 (oracle plan, ratio to the bound).
 SLICE_ELEMS = 1 << 13
 TCP_CACHE: dict[tuple[str, str], list[float]] = {}  # (scenario, model) -> raw-TCP seconds
+TCP_PACED_CACHE: dict[tuple[str, str], list[float]] = {}  # the same, flows paced (--tcp-pace)
+SO_MAX_PACING_RATE = 47  # Linux socket option (asm-generic/socket.h)
 
 
 # ============================================================================================
@@ -355,8 +357,10 @@ def tcp_peer_main(bind_ip: str) -> int:
         for t in threads:
             t.join()
 
-    def send(ip: str, port: int, nbytes: int) -> None:
+    def send(ip: str, port: int, nbytes: int, pace: float = 0.0) -> None:
         with socket.create_connection((ip, port)) as c:
+            if pace > 0:  # the kernel paces this flow (TCP's own pacing; any qdisc)
+                c.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, int(pace))
             c.sendall(memoryview(bytearray(nbytes)))
             c.shutdown(socket.SHUT_WR)
             c.recv(1)
@@ -397,10 +401,12 @@ def plan_link_bytes(rates_mbit: list[float], total_bytes: float):
     return [[0 if i == j else int(x[i] + x[j]) for j in range(n)] for i in range(n)]
 
 
-def tcp_baseline(net, link_bytes, repeats: int = 3) -> list[float]:
+def tcp_baseline(net, link_bytes, repeats: int = 3, pace_s: float = 0.0) -> list[float]:
     """Seconds raw TCP takes to move ``link_bytes[i][j]`` on every link at once, in the
     run's own namespaces: what the emulated network allows with no parameter server at all
-    (no push-before-pull dependency, no framing, one stream per link)."""
+    (no push-before-pull dependency, no framing, one stream per link). With ``pace_s`` > 0
+    every flow is paced by the kernel (SO_MAX_PACING_RATE) to finish in ``pace_s`` seconds:
+    a perfect schedule's rates, which no FIFO and no congestion control will find alone."""
     import subprocess
 
     n = len(link_bytes)
@@ -421,6 +427,7 @@ def tcp_baseline(net, link_bytes, repeats: int = 3) -> list[float]:
             for i, p in enumerate(procs):
                 send = [
                     [net.node_ip(j), ports[j], link_bytes[i][j]]
+                    + ([link_bytes[i][j] / pace_s] if pace_s > 0 else [])
                     for j in range(n)
                     if j != i and link_bytes[i][j] > 0
                 ]
@@ -872,6 +879,13 @@ def run_one(
             TCP_CACHE[key] = tcp_baseline(
                 net, plan_link_bytes(list(net.rates), total_bytes), opts.tcp_repeats
             )
+            if opts.tcp_pace > 0:  # the same, every flow paced to end at bound / margin
+                TCP_PACED_CACHE[key] = tcp_baseline(
+                    net,
+                    plan_link_bytes(list(net.rates), total_bytes),
+                    opts.tcp_repeats,
+                    bound(list(net.rates), total_bytes) / opts.tcp_pace,
+                )
         done = threading.Event()
         mon = None
         if opts.monitor_node is not None:
@@ -961,6 +975,9 @@ def run_one(
         # raw TCP moving the optimal plan's bytes in the same namespaces (same run)
         "tcp_baseline_s": median(TCP_CACHE.get((scen_name, model), [])),
         "tcp_baseline_runs_s": TCP_CACHE.get((scen_name, model)),
+        # the same with every flow paced to end at the bound (--tcp-pace margin)
+        "tcp_paced_runs_s": TCP_PACED_CACHE.get((scen_name, model)),
+        "tcp_pace_margin": opts.tcp_pace or None,
         # extras
         "slice_elems": slice_elems,
         "tcp_cc": tcp_cc_of(sc),
@@ -1056,6 +1073,16 @@ def goals(results: list[dict], opts: argparse.Namespace) -> list[str]:
                 f"{scheme} within {lim:.2f}x of raw TCP moving the optimal plan's bytes "
                 f"({scen}): {ok} ({detail})"
             )
+    seen = set()
+    for r in rows("static", None):
+        if r.get("tcp_paced_runs_s") and r["model"] not in seen:
+            seen.add(r["model"])
+            t = float(median(r["tcp_paced_runs_s"]))
+            out.append(
+                f"diagnostic: raw TCP with every flow paced to {r['tcp_pace_margin']:g}x its "
+                f"share of the bound ({r['model']}): {t:.2f} s, {t / r['lower_bound_s']:.2f}x "
+                f"the bound (unpaced {r['tcp_baseline_s'] / r['lower_bound_s']:.2f}x)"
+            )
     sp = []
     for r in rows("static", "aware"):
         avg = [a for a in rows("static", "average") if a["model"] == r["model"]]
@@ -1145,6 +1172,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=3,
         help="raw-TCP baseline transfers per static scenario and model (0: none)",
+    )
+    ap.add_argument(
+        "--tcp-pace",
+        type=float,
+        default=0.0,
+        help="also run the raw-TCP baseline with every flow paced by the kernel at this "
+        "margin times (its bytes / the bound), e.g. 0.95 (0: not)",
     )
     ap.add_argument(
         "--robust",
