@@ -120,7 +120,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         data["period_s"] = args.period
     if args.delay_ms is not None:
         data["delay_ms"] = args.delay_ms
-    if getattr(args, "tcp_cc", None) is not None:
+    if args.tcp_cc is not None:
         data["tcp_cc"] = args.tcp_cc
     if args.kind is not None:
         data["kind"] = args.kind
