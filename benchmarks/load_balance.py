@@ -212,6 +212,10 @@ def worker_main() -> int:
                     rec["node_rates"] = plan.get("node_rates")
                     rec["plans_kept"] = plan.get("kept")
                     rec["spread"] = plan.get("spread")  # the spread asked for next
+                    # a round that surprised the planner (measured against predicted time,
+                    # over the recent median) and the re-calibrations asked for so far
+                    rec["surprise"] = plan.get("surprise")
+                    rec["recalibrations"] = plan.get("recalibrations")
             if log is None:
                 warm.append(rec)
             else:

@@ -93,6 +93,83 @@ def test_plans_follow_a_bandwidth_change(tmp_path):
     assert plans[-1]["epoch"] >= 2, timeline
 
 
+CUT = """
+import json, os, time
+import numpy as np
+import hetps.kv
+kv = hetps.kv.create('dist_sync')
+kv.init('a', np.zeros(400000, np.float32))
+t0 = time.time()
+rnd = 0
+while True:
+    plan = kv.rebalance()
+    kv.push('a', np.ones(400000, np.float32))
+    assert (kv.pull('a') == kv.num_workers).all()
+    if kv.rank == 0:
+        print('PLAN ' + json.dumps({'t': time.time() - t0, 'shares': plan['shares'],
+                                    'epoch': plan['epoch'],
+                                    'recal': plan['recalibrations'],
+                                    'surprise': plan['surprise']}), flush=True)
+    rnd += 1
+    flag = np.array([1.0 if time.time() - t0 >= float(os.environ['RUN_S']) else 0.0], np.float32)
+    if rnd == 1:
+        kv.init('stop', np.zeros(1, np.float32))
+    kv.pushpull('stop', flag)
+    if flag[0] > 0:
+        break
+"""
+
+
+def test_a_rate_cut_makes_the_planner_probe_a_new_cycle(tmp_path):
+    """Node 0 drops from 150 to 15 Mbit/s 5 s after the emulator starts, with the default
+    probing (every 4th round). Its old fast probes would hold its cap up for a whole window;
+    instead the rounds after the cut take far longer than the plan predicts, the planner
+    asks every worker to probe a new cycle, and the plan made from it takes node 0's share
+    down in the round after the cycle (docs/BALANCE.md §7.3)."""
+    scen = tmp_path / "cut.toml"
+    scen.write_text(
+        textwrap.dedent("""
+        [network]
+        kind = "dynamic"
+        rates_mbit = [[150, 150, 150], [15, 150, 150], [15, 150, 150]]
+        period_s = 5
+    """)
+    )
+    script = tmp_path / "w.py"
+    script.write_text(CUT)
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=3,
+        num_servers=3,
+        command=[sys.executable, str(script)],
+        env={"RUN_S": "12", "PS_HEARTBEAT_TIMEOUT": "30"},
+        start_timeout=60,
+    )
+    rc = run_cluster(
+        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=20000, out=out
+    )
+    text = out.getvalue()
+    assert rc == 0, text
+    plans = _plans(text)
+    timeline = "; ".join(
+        f"{p['t']:.1f}s e{p['epoch']} r{p['recal']} s{p['surprise'] or 0:.1f} "
+        f"{[round(x, 2) for x in p['shares']]}"
+        for p in plans
+    )
+    # the cut: the first round that took 3x the median of the rounds before it (the job
+    # starts ~2 s after the emulator, so it comes ~3 s into the job)
+    gaps = [b["t"] - a["t"] for a, b in zip(plans, plans[1:], strict=False)]
+    cut = next((k + 1 for k in range(5, len(gaps)) if gaps[k] > 3 * sorted(gaps[:k])[k // 2]), None)
+    assert cut is not None and cut + 4 < len(plans), f"no cut seen: {timeline}"
+    before = plans[cut - 1]["recal"]  # (a false alarm before the cut would cost one cycle)
+    asked = [k for k in range(cut, len(plans)) if plans[k]["recal"] > before]
+    assert asked, f"no re-calibration asked for after the cut: {timeline}"
+    k = asked[0]  # the first answer that counts it (the cycle runs now or one round later)
+    assert k - cut <= 3, f"the cut was seen late: {timeline}"
+    later = plans[k : k + 3]  # the plan made from the cycle applies one round later
+    assert any(p["shares"][0] <= 0.15 for p in later), timeline
+
+
 MEASURE = """
 import json, time, numpy as np, hetps.kv
 kv = hetps.kv.create('dist_sync')

@@ -366,3 +366,137 @@ def test_spread_rate_takes_the_lone_tail_off():
     up = np.array([np.nan, 4e6, 4e6, np.nan])
     want = max(2 * b / 0.05, (2 * b - 1.1 * 4e6 * 0.02) / 0.03)
     assert spread_rate(into, up, 0) == pytest.approx(want)
+
+
+def _steady(p: Planner, rates: dict[tuple[int, int], float]) -> float:
+    """Probe every link once; return the current assignment's predicted round time."""
+    for (i, j), r in rates.items():
+        p.observe_probe(i, j, r)
+    pred = p._predict(p.node_network(), p.assignment)
+    assert pred is not None and pred > 0
+    return pred
+
+
+def test_two_rounds_far_slower_than_predicted_ask_for_a_new_cycle():
+    p = _planner("optimal", 0.1, colocate=True, n=3)
+    pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
+    rnd = 0
+    for k in range(4):  # a steady 1.2-1.3x the prediction: what TCP reaches
+        rnd += 1
+        assert not p.surprised(rnd, [pred * (1.2 + 0.03 * k), pred * 1.25])
+    rnd += 1  # one slow round is a hiccup: neither a surprise nor part of the median
+    assert not p.surprised(rnd, [pred * 2.8]) and p.last_surprise > 2
+    rnd += 1
+    assert not p.surprised(rnd, [pred * 1.25]) and len(p._ratios) == 5
+    rnd += 1
+    assert not p.surprised(rnd, [pred * 2.5, pred * 2.6, pred * 1.2])  # median 2.5x
+    rnd += 1
+    assert p.surprised(rnd, [pred * 2.5])
+    assert p.recalibrations == [rnd]
+    rnd += 1  # asked: no second request while the cycle is on its way
+    assert not p.surprised(rnd, [pred * 2.5])
+    p._recal_asked = None  # the cycle came back
+    rnd += 1  # one round 4x slower than usual is enough on its own
+    assert p.surprised(rnd, [pred * 5.0]) and len(p.recalibrations) == 2
+
+
+def test_no_surprise_without_a_probing_scheme_or_history_or_right_after_a_plan_change():
+    p = _planner("average", 0.1, colocate=True, n=3)
+    for rnd in range(1, 8):
+        assert not p.surprised(rnd, [100.0])
+    p = _planner("optimal", 0.1, colocate=True, n=3)
+    pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
+    assert not p.surprised(1, [pred * 5]) and not p.surprised(2, [pred * 5])  # no median yet
+    p = _planner("optimal", 0.1, colocate=True, n=3)
+    pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
+    for rnd in range(1, 5):
+        p.surprised(rnd, [pred * 1.2])
+    p._settle = 2  # what plan() sets when it changes the assignment
+    assert not p.surprised(5, [pred * 3]) and not p.surprised(6, [pred * 3])
+    assert not p.surprised(7, [pred * 3]) and p.surprised(8, [pred * 3])
+
+
+def test_a_calibration_report_replaces_old_readings_and_the_plan_follows_at_once():
+    """Node 2 was fast (its probes read 10 MB/s both ways); it drops to 1 MB/s and the
+    workers re-probe a whole cycle. The first calibration report of the round drops every
+    older probe and spread reading (old fast probes would otherwise hold its cap up for a
+    whole window), and the next plan is adopted without waiting for a second report."""
+
+    class Sched:
+        nodes: dict = {}
+        dead: set = set()
+        finished: set = set()
+        answers: list = []
+
+        def reply(self, msg, body):
+            self.answers.append(body)
+
+    from hetps.cluster import protocol as P
+    from hetps.transport.codec import Message
+
+    p = _planner("optimal", 0.05, colocate=True, n=3, patience=2)
+    sched = Sched()
+    sched.nodes = {P.worker_id(r): type("N", (), {"role": "worker"})() for r in range(3)}
+    for i in range(3):
+        for j in range(3):
+            if i != j:
+                p.observe_probe(i, j, 10e6)
+    p._spread_up[2].append((12e6, 0))
+    before = p.assignment.copy()
+    # every worker's cycle: node 2's probes read 1 MB/s; the others' 10
+    for r in range(3):
+        samples = []
+        for s in range(3):
+            if s != r:
+                rate = 1e6 if 2 in (r, s) else 10e6
+                samples.append([P.worker_id(r), P.server_id(s), rate * 0.1, 0.0, 0.1, 1])
+        msg = Message("balance_report", body={"round": 7, "samples": samples, "calibration": True})
+        msg.sender = P.worker_id(r)
+        p.handle(sched, msg)
+    up, down = p.capacity()
+    assert up[2] == pytest.approx(1e6) and down[2] == pytest.approx(1e6)
+    assert up[0] == pytest.approx(10e6) and p._spread_up[2] == []
+    assert len(sched.answers) == 3
+    answer = sched.answers[-1]
+    assert answer["epoch"] == 1 and not np.array_equal(p.assignment, before)
+    assert answer["shares"][2] < 0.1  # one report was enough
+
+
+def test_a_probe_far_below_its_links_caps_asks_for_a_new_cycle():
+    """Probes measure min(sender's up, receiver's down). One that reads far below what the
+    caps say (node 1 got slower, or node 0) makes the planner ask for a new cycle; one
+    within the usual noise does not, nor does one in the first rounds (they read low)."""
+
+    class Sched:
+        nodes: dict = {}
+        dead: set = set()
+        finished: set = set()
+        answers: list = []
+
+        def reply(self, msg, body):
+            self.answers.append(body)
+
+    from hetps.cluster import protocol as P
+    from hetps.transport.codec import Message
+
+    def run(rnd: int, rate: float) -> dict:
+        p = _planner("optimal", 0.1, colocate=True, n=3)
+        for i in range(3):
+            for j in range(3):
+                if i != j:
+                    p.observe_probe(i, j, 10e6)
+        sched = Sched()
+        sched.answers = []
+        sched.nodes = {P.worker_id(r): type("N", (), {"role": "worker"})() for r in range(3)}
+        for r in range(3):
+            samples = [[P.worker_id(0), P.server_id(1), rate * 0.1, 0.0, 0.1, 1]] if r == 0 else []
+            msg = Message("balance_report", body={"round": rnd, "samples": samples})
+            msg.sender = P.worker_id(r)
+            p.handle(sched, msg)
+        assert len(sched.answers) == 3
+        return sched.answers[-1]
+
+    asked = run(6, 3e6)
+    assert asked.get("recalibrate") is True and asked["recalibrations"] == 1
+    assert "recalibrate" not in run(6, 6e6)  # 0.6 of the caps: within the noise
+    assert "recalibrate" not in run(3, 3e6)  # too early to judge

@@ -32,6 +32,25 @@ SPREAD_NEAR = 0.85  # a node probing within this fraction of its fastest peer ma
 SPREAD_WINDOW = 3  # spread readings kept per node and direction
 #: a spread's last flow, once alone, runs at most this times its peer's estimated cap
 SPREAD_TAIL_MARGIN = 1.1
+#: a round this many times slower (against the plan's prediction) than the recent median
+#: means the network changed under the plan: every worker probes a whole cycle anew
+SURPRISE = 1.5
+SURPRISE_HISTORY = 8  # rounds of (measured / predicted) kept for the median
+SURPRISE_MIN_HISTORY = 3  # rounds needed before a round can surprise
+SURPRISE_SETTLE = 2  # rounds after a plan change that are not judged (migrations, barriers)
+SURPRISE_ROUNDS = 2  # surprising rounds in a row that it takes (one is a hiccup)
+SURPRISE_AT_ONCE = 3.0  # ... unless one round is this much slower
+#: a capacity probe under this fraction of min(sender's up cap, receiver's down cap) means
+#: one of them got slower. Measured: 8 nodes, static, every probe after the first regular
+#: probing round read >= 0.93 of it; that round's, right after the first data round, read
+#: down to 0.58 (hence the rounds before CONTRADICT_FROM_ROUND are not judged); 4 nodes
+#: probing every round, a node's inbound probe read 0.6 twice while its own outbound probe
+#: held its acks back (docs/BALANCE.md §7.1)
+CONTRADICT = 0.5
+CONTRADICT_FROM_ROUND = 6
+#: a probe shorter than this is not judged: its few milliseconds carry the timing noise of
+#: a busy machine (3 nodes at 150 Mbit/s on 2 cores: 7 ms probes read down to half)
+CONTRADICT_MIN_S = 0.02
 
 
 class Planner:
@@ -79,6 +98,7 @@ class Planner:
         # windows remember a node that got slower for longer.
         cycle = num_servers - 1 if colocate else max(num_workers, num_servers)
         self.probe_window = max(2, cycle)
+        self.last_probes: dict[tuple[int, int], tuple[float, int]] = {}  # (rate, round)
         self._probe_up: list[list[float]] = [[] for _ in range(self.n_nodes)]
         self._probe_down: list[list[float]] = [[] for _ in range(self.n_nodes)]
         # spread probes (one worker to every server at once, or every worker to one server):
@@ -93,6 +113,20 @@ class Planner:
         self.spreads_seen = 0
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
         self.plan_seconds: list[float] = []
+        # surprise detection (docs/BALANCE.md §7.3): per round, every worker's communication
+        # span; the recent ratios of measured to predicted; whether a re-calibration was asked
+        # for and not yet received (the round it was asked in); the rounds it was asked in
+        self._spans: dict[int, list[float]] = {}
+        self._ratios: list[float] = []
+        self._surprises = 0  # surprising rounds in a row
+        self._settle = 0
+        self._replace_busy = False  # the next busy-time rates replace the old, not blend
+        self._recal_asked: int | None = None
+        self._calibration_rounds: set[int] = set()  # rounds whose reports bring a new cycle
+        self._contradicted: set[int] = set()  # rounds with a probe far below its caps
+        self.recalibrations: list[int] = []
+        self._trust = False  # the next plan rests on a fresh cycle: no patience (the margin holds)
+        self.last_surprise: float | None = None
 
     # network node index of a ps-lite id
     def index(self, node_id: int) -> int:
@@ -158,6 +192,11 @@ class Planner:
         if self.slices is None:
             sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
             return
+        if b.get("calibration") is True and rnd not in self._calibration_rounds:
+            # the first report of a round that re-probed a whole cycle: its readings (this
+            # report's and the other workers') replace everything older
+            self._calibration_rounds.add(rnd)
+            self.forget_readings()
         # the link matrix (reports, plots; plans use it only before any node rate is known):
         # one sample per link per report, the median of its messages' rates. Bytes over the
         # link's busy time would be steadier, but it reads 15-30% low on short phases after
@@ -176,7 +215,15 @@ class Planner:
             if i == j:  # a worker and its co-located server: never on the network
                 continue
             if kind == 1:
-                self.observe_probe(i, j, nbytes / (t1 - t0))
+                rate = nbytes / (t1 - t0)
+                if (
+                    rnd >= CONTRADICT_FROM_ROUND
+                    and t1 - t0 >= CONTRADICT_MIN_S
+                    and not b.get("calibration")
+                    and self.contradicts(i, j, rate)
+                ):
+                    self._contradicted.add(rnd)
+                self.observe_probe(i, j, rate, rnd)
             elif kind in (2, 3):  # a spread's flow (3: its forecast was stamped late)
                 self._spread.setdefault(rnd, []).append((i, j, t0, t1, nbytes, kind == 3))
             else:
@@ -187,11 +234,15 @@ class Planner:
             rates = sorted(n / (t1 - t0) for t0, t1, n in items)
             t_end = max(t1 for _, t1, _ in items)
             self.table.observe(i, j, rates[len(rates) // 2], t_end - 1.0, t_end)  # 1 s at it
+        span = 0.0
         for srank, (nbytes, secs) in (b.get("server_times") or {}).items():
             s = int(srank)
             if 0 <= s < self.S and secs > 0:
                 self.history[s].append((float(nbytes), float(secs)))
                 del self.history[s][:-20]
+                span = max(span, float(secs))
+        if span > 0:  # this worker's last round: from its first request to its last answer
+            self._spans.setdefault(rnd, []).append(span)
         done = b.get("spread_done")
         if isinstance(done, list) and len(done) == 2 and isinstance(done[1], int):
             self._spread_done.add(rnd)
@@ -222,6 +273,13 @@ class Planner:
                 del self._samples[old]
             for old in [r for r in self._spread if r < rnd]:
                 del self._spread[old]
+            recal = self.surprised(
+                rnd, self._spans.pop(rnd, []), contradicted=rnd in self._contradicted
+            )
+            self._contradicted = {r for r in self._contradicted if r > rnd}
+            for old in [r for r in self._spans if r < rnd]:
+                del self._spans[old]
+            self._calibration_rounds = {r for r in self._calibration_rounds if r >= rnd}
             self._spread_done = {r for r in self._spread_done if r > rnd}
             if not self.slices:
                 # every worker gets the error (``rebalance`` raises it) rather than a timeout
@@ -234,10 +292,99 @@ class Planner:
                 continue
             answer = self.plan()
             spread = self.spread_targets(live={self.index(n) for n in live})
-            if spread is not None:
+            if recal:
+                answer = {**answer, "recalibrate": True}
+            elif spread is not None:
                 answer = {**answer, "spread": spread}
             for m in waiting.values():
                 sched.reply(m, answer)
+
+    def forget_readings(self) -> None:
+        """Drop the probe and spread readings: a new cycle of probes is arriving because the
+        network changed. The busy-time rates stay (some caps show only in data, e.g. a
+        server's sending without co-location), but the next round's replace them instead of
+        blending in. The link matrix (reports only) stays."""
+        for hist in (self._probe_up, self._probe_down, self._spread_up, self._spread_down):
+            for h in hist:
+                h.clear()
+        self._replace_busy = True
+        self._recal_asked = None
+        self._surprises = 0
+        self._settle = SURPRISE_SETTLE
+        self._trust = True
+
+    def surprised(self, rnd: int, spans: list[float], contradicted: bool = False) -> bool:
+        """Whether the network seems to have changed under the plan, so that every worker
+        should probe a whole cycle anew (docs/BALANCE.md §7.3). Two signs, either will do:
+
+        - ``contradicted``: one of the round's capacity probes read far below what the caps
+          say its link carries (a probe measures min(sender's up, receiver's down); which of
+          the two got slower, only a new cycle can tell);
+        - the round took far longer than the plan predicts (:meth:`_slow_round`).
+
+        Only the probing schemes are judged, and not while a re-calibration is on its way."""
+        if self.scheme not in ("aware", "optimal") or self.slices is None:
+            return False
+        if self._recal_asked is not None:
+            if rnd - self._recal_asked <= 4:  # its cycle has not come back yet
+                return False
+            self._recal_asked = None  # lost (a worker finished?): judge again
+        slow = self._slow_round(spans)
+        if not (slow or contradicted):
+            return False
+        self._recal_asked = rnd
+        self.recalibrations.append(rnd)
+        log.info(
+            "planner: %s in round %d; asking for a new probe cycle",
+            "a probe far below its link's caps" if contradicted else "a round far too slow",
+            rnd,
+        )
+        return True
+
+    def _slow_round(self, spans: list[float]) -> bool:
+        """Whether this round (and the one before) took far longer than predicted.
+
+        The round's time is the median of the workers' spans (each from its first request
+        to its last answer of the round); divided by the current assignment's predicted
+        time it gives a ratio that is steady while the network is (~1.1-1.4: TCP does not
+        reach the fluid schedule). ``SURPRISE_ROUNDS`` rounds in a row over ``SURPRISE``
+        times the median of the last few are a surprise (one is a hiccup; it does not join
+        the median either), and so is one round over ``SURPRISE_AT_ONCE`` times it. The rounds right after a plan change (its migration, its
+        barrier) are not judged."""
+        if not spans:
+            return False
+        if self._settle > 0:
+            self._settle -= 1
+            return False
+        net = self.node_network()
+        if net is None or self.assignment is None:
+            return False
+        try:
+            predicted = self._predict(net, self.assignment)
+        except Exception:  # noqa: BLE001 - no prediction, no judgement
+            return False
+        if not predicted or not np.isfinite(predicted) or predicted <= 0:
+            return False
+        ratio = float(np.median(spans)) / predicted
+        recent = self._ratios
+        if len(recent) >= SURPRISE_MIN_HISTORY:
+            self.last_surprise = ratio / float(np.median(recent))
+            self._surprises = self._surprises + 1 if self.last_surprise > SURPRISE else 0
+            if self._surprises >= SURPRISE_ROUNDS or self.last_surprise > SURPRISE_AT_ONCE:
+                self._surprises = 0
+                return True
+            if self._surprises:  # not (yet) part of what is usual
+                return False
+        recent.append(ratio)
+        del recent[:-SURPRISE_HISTORY]
+        return False
+
+    def contradicts(self, src: int, dst: int, rate: float) -> bool:
+        """Whether a capacity probe from ``src`` to ``dst`` at ``rate`` reads far below the
+        smaller of the two caps it measures: one of the nodes got slower."""
+        up, down = self.capacity()
+        expected = min(float(up[src]), float(down[dst]))
+        return bool(np.isfinite(expected) and rate < CONTRADICT * expected)
 
     def observe_nodes(self, samples: list[tuple[int, int, float, float, float]]) -> None:
         """Update the per-node rates from one round's samples ``(src, dst, t0, t1, bytes)``.
@@ -260,15 +407,19 @@ class Planner:
                     continue
                 rate = total / busy
                 old = est[k]
-                est[k] = rate if np.isnan(old) else old + self.node_alpha * (rate - old)
+                fresh = np.isnan(old) or self._replace_busy
+                est[k] = rate if fresh else old + self.node_alpha * (rate - old)
+        if samples:
+            self._replace_busy = False
 
-    def observe_probe(self, src: int, dst: int, rate: float) -> None:
+    def observe_probe(self, src: int, dst: int, rate: float, rnd: int = -1) -> None:
         """A capacity probe from ``src`` to ``dst`` went at ``rate`` bytes/s: one more lower
         bound of ``src``'s uplink and ``dst``'s downlink, in each one's window of one
         permutation cycle. (Session 2 also let a probe clearly slower than its peer's probes
         with third nodes reset this end's window; probes that share their links with data
         read low often enough that this threw away good estimates, and the one-cycle window
         already forgets a node's old speed within a cycle.)"""
+        self.last_probes[(src, dst)] = (rate, rnd)
         for hist, k in ((self._probe_up, src), (self._probe_down, dst)):
             hist[k].append(rate)
             del hist[k][: -self.probe_window]
@@ -491,6 +642,8 @@ class Planner:
                 self._streak = 0
             else:
                 self._streak += 1
+            if self._trust and self._streak:  # a fresh cycle of probes: no need to wait
+                self._streak = self.patience
             if self._streak < self.patience:  # noise or a blip: not (yet)
                 new = self.assignment
                 self.kept += 1
@@ -498,8 +651,10 @@ class Planner:
                 self._streak = 0
         else:
             self._streak = 0
+        self._trust = False
         if not np.array_equal(new, self.assignment):
             self.epoch += 1
+            self._settle = SURPRISE_SETTLE  # its first rounds carry the migration
         self.assignment = new
         self.shares = shares
         self.plan_seconds.append(time.perf_counter() - t0)
@@ -530,9 +685,16 @@ class Planner:
                 "probe_down": _listed(single[1]),
                 "spread_up": _listed(self.spread_up),
                 "spread_down": _listed(self.spread_down),
+                "busy_up": _listed(self.up),
+                "busy_down": _listed(self.down),
+                "last_probes": [
+                    [i, j, r, n] for (i, j), (r, n) in sorted(self.last_probes.items())
+                ],
             },
             "plan_s": self.plan_seconds[-1],
             "kept": self.kept,
+            "surprise": self.last_surprise,
+            "recalibrations": len(self.recalibrations),
         }
 
 

@@ -304,6 +304,8 @@ class DistKVStore:
         self._probes_sent = 0
         self._calibrated = False  # the first init probed a whole permutation cycle
         self._spread_made: list | None = None  # the spread this worker took part in
+        self._recalibrated = False  # probed a whole cycle on the planner's word (a surprise)
+        self._recal_due = False  # a superseded answer asked for a new cycle
         if self.balance:
             self.node.handler = self._on_message  # forecasts and push receipts
         if cfg.verbose >= 1:
@@ -355,6 +357,9 @@ class DistKVStore:
             and msg.cmd in (C.PUSH, C.PULL, C.PROBE)
             and (msg.cmd == C.PROBE or size >= MEASURE_MIN_BYTES)
         )
+        # every push and pull (not probes) counts in its server's round span, timed or not:
+        # the planner compares each round's span with its plan's prediction; elastic fits it
+        noted = self.balance and msg.cmd in (C.PUSH, C.PULL)
         cost = size if msg.cmd == C.PUSH and self._sender.window > 0 else 0
         if cost:
             msg.body["rcpt"] = True  # the server confirms arrival at once: credit comes back
@@ -385,21 +390,31 @@ class DistKVStore:
                 t0 = self._fc.pop((peer, fut.req), None)
                 if t0 is not None and reply.arrays:  # its reply, timed here
                     self._samples.append([peer, me, float(reply.nbytes), t0, now])
-                self._note(server_rank, reply.nbytes, now, first=False)
+                if noted:
+                    self._note(server_rank, reply.nbytes, now, first=False)
                 if user_cb is not None:
                     user_cb(reply)
 
             fut._callback = measured
+        elif noted:
+            plain_cb = fut._callback
+
+            def noted(reply: Message) -> None:
+                self._note(server_rank, reply.nbytes, time.time(), first=False)
+                if plain_cb is not None:
+                    plain_cb(reply)
+
+            fut._callback = noted
 
         def send() -> None:
             try:
                 if cost:
                     self._sender.hold(fut.req, cost, fut)
-                if measure:
+                if noted:
                     nbytes = sum(getattr(a, "nbytes", 0) for a in msg.arrays)
                     self._note(server_rank, nbytes, time.time(), first=True)
-                    if msg.cmd != C.PULL:
-                        self.node.van.send(peer, Message(C.FORECAST, body={"tag": fut.req}))
+                if measure and msg.cmd != C.PULL:
+                    self.node.van.send(peer, Message(C.FORECAST, body={"tag": fut.req}))
                 self.node.van.send(peer, msg)
             except Exception as exc:  # noqa: BLE001
                 self._sender.release(fut.req)
@@ -761,28 +776,45 @@ class DistKVStore:
         body = {"round": self._round, "samples": samples, "server_times": stats}
         if self._spread_made:  # a turn of the planner's spread rotation, even if all failed
             body["spread_done"], self._spread_made = self._spread_made[:2], None
+        fresh, self._recalibrated = self._recalibrated, False
+        if fresh:  # these samples hold a whole new cycle: the planner starts its windows anew
+            body["calibration"] = True
         if self.plan is None or self._reported_keys != len(self._order):
             # the layout (first report, or keys initialised since): sizes and where slices are
             body["sizes"] = [self.meta[k].size for k in self._order]
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self._order)
         fut = self.node.request(1, Message("balance_report", body=body), what="balance report")
-        if self.plan is None or "sizes" in body or probing:
+        if self.plan is None or "sizes" in body or probing or fresh:
             # the layout needs a plan at once; a probing round waits for this report's answer,
             # which comes when every worker has finished its previous round, so that the
-            # probe has its links to itself (not the tail of another worker's pulls)
-            previous, self._pending_plan = None, None
+            # probe has its links to itself (not the tail of another worker's pulls); after
+            # a re-calibration the plan made from it is wanted now, not a round later
+            skipped, self._pending_plan = self._pending_plan, None
             answer = fut
+            if skipped is not None:
+                # the last report's answer is superseded by this one, but a re-calibration
+                # it asked for still stands (it is here by now: the planner answers in order)
+                recal = skipped.wait(self.timeout).body.get("recalibrate") is True
+                self._recal_due = self._recal_due or recal
         else:
-            previous, self._pending_plan = self._pending_plan, fut
-            answer = previous
+            answer = self._pending_plan
+            self._pending_plan = fut
         if answer is None:  # the second report: nothing decided since the first one
             return self.plan
         body = answer.wait(self.timeout).body
         before = self._current_assignment()
         adopted = self._adopt(body)
         moved = self._current_assignment() != before
-        if probing:  # after any migration; the samples go out with the next report
+        recalibrate, self._recal_due = self._recal_due or body.get("recalibrate"), False
+        if recalibrate and self._probes_used():
+            # the planner saw a round far slower than its plan predicted: the network changed
+            # under it. Every worker got this answer at the same call: probe a whole cycle
+            # (between barriers, so every probe has its links to itself) instead of this
+            # round's one probe; the planner drops its older readings when these arrive
+            self._probe_cycle()
+            self._recalibrated = True
+        elif probing:  # after any migration; the samples go out with the next report
             if self._round > 1:
                 # (not in round 1: the first init probed a whole cycle, whose readings are
                 # fresh, and a probe now would ride connections rank 0's init has widened)
@@ -927,6 +959,10 @@ class DistKVStore:
         probe of rank 0's node read ~35% low when the cycle came after the init
         (docs/BALANCE.md §7.1). Before any data every connection is alike."""
         self._calibrated = True
+        self._probe_cycle()
+
+    def _probe_cycle(self) -> None:
+        """One probe per peer for every worker, each probe between worker barriers."""
         n = self._calibration_probes()
         for _ in range(n):
             self.node.barrier("worker", self.timeout)  # each probe has its links to itself
