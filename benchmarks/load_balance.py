@@ -924,6 +924,8 @@ def run_one(
         drops = tc_drops(net)
     (run_dir / "tc_drops.json").write_text(json.dumps(drops))
     wall = time.time() - t_begin
+    if rc == 130:  # Ctrl-C: the launcher stopped the cluster; stop the benchmark too
+        raise KeyboardInterrupt
     if rc != 0:
         tail = (run_dir / "launch.log").read_text().splitlines()[-15:]
         raise RuntimeError(f"{run_dir.name}: cluster exited {rc}:\n" + "\n".join(tail))

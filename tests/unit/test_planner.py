@@ -462,10 +462,11 @@ def test_a_calibration_report_replaces_old_readings_and_the_plan_follows_at_once
     assert answer["shares"][2] < 0.1  # one report was enough
 
 
-def test_a_probe_far_below_its_links_caps_asks_for_a_new_cycle():
+def test_a_probe_far_off_its_links_caps_asks_for_a_new_cycle():
     """Probes measure min(sender's up, receiver's down). One that reads far below what the
-    caps say (node 1 got slower, or node 0) makes the planner ask for a new cycle; one
-    within the usual noise does not, nor does one in the first rounds (they read low)."""
+    caps say (node 1 got slower, or node 0), or far above one of them (that one got faster),
+    makes the planner ask for a new cycle; one within the usual noise does not, nor does
+    one in the first rounds (they read low)."""
 
     class Sched:
         nodes: dict = {}
@@ -500,3 +501,5 @@ def test_a_probe_far_below_its_links_caps_asks_for_a_new_cycle():
     assert asked.get("recalibrate") is True and asked["recalibrations"] == 1
     assert "recalibrate" not in run(6, 6e6)  # 0.6 of the caps: within the noise
     assert "recalibrate" not in run(3, 3e6)  # too early to judge
+    assert run(6, 25e6).get("recalibrate") is True  # 2.5x the caps: a node got faster
+    assert "recalibrate" not in run(6, 15e6)  # 1.5x: the window's maximum just rises

@@ -41,7 +41,8 @@ SURPRISE_SETTLE = 2  # rounds after a plan change that are not judged (migration
 SURPRISE_ROUNDS = 2  # surprising rounds in a row that it takes (one is a hiccup)
 SURPRISE_AT_ONCE = 3.0  # ... unless one round is this much slower
 #: a capacity probe under this fraction of min(sender's up cap, receiver's down cap) means
-#: one of them got slower. Measured: 8 nodes, static, every probe after the first regular
+#: one of them got slower; over 1/CONTRADICT times either cap, that one got faster (8 nodes,
+#: static: never above 1.06 times). Measured: 8 nodes, static, every probe after the first regular
 #: probing round read >= 0.93 of it; that round's, right after the first data round, read
 #: down to 0.58 (hence the rounds before CONTRADICT_FROM_ROUND are not judged); 4 nodes
 #: probing every round, a node's inbound probe read 0.6 twice while its own outbound probe
@@ -336,7 +337,7 @@ class Planner:
         self.recalibrations.append(rnd)
         log.info(
             "planner: %s in round %d; asking for a new probe cycle",
-            "a probe far below its link's caps" if contradicted else "a round far too slow",
+            "a probe far off its link's caps" if contradicted else "a round far too slow",
             rnd,
         )
         return True
@@ -380,11 +381,18 @@ class Planner:
         return False
 
     def contradicts(self, src: int, dst: int, rate: float) -> bool:
-        """Whether a capacity probe from ``src`` to ``dst`` at ``rate`` reads far below the
-        smaller of the two caps it measures: one of the nodes got slower."""
+        """Whether a capacity probe from ``src`` to ``dst`` at ``rate`` says the network
+        changed: it reads far below the smaller of the two caps it measures (one of the
+        nodes got slower), or far above either of them (that node got faster: a probe never
+        reads above its sender's up or its receiver's down). A rise alone would raise that
+        one cap at once, but a network that changed usually changed in more places than
+        this round's probes show."""
         up, down = self.capacity()
-        expected = min(float(up[src]), float(down[dst]))
-        return bool(np.isfinite(expected) and rate < CONTRADICT * expected)
+        cu, cd = float(up[src]), float(down[dst])
+        expected = min(cu, cd)
+        if np.isfinite(expected) and rate < CONTRADICT * expected:
+            return True
+        return any(np.isfinite(c) and rate * CONTRADICT > c for c in (cu, cd))
 
     def observe_nodes(self, samples: list[tuple[int, int, float, float, float]]) -> None:
         """Update the per-node rates from one round's samples ``(src, dst, t0, t1, bytes)``.
