@@ -964,8 +964,20 @@ def run_one(
                 "overhead_max_s": max(r["overhead_s"] for r in recs),
                 "shares": r0.get("plan"),
                 "rates_mbit": rates_at(changes, mid),
+                # which draw of the rates the iteration ran under (0: the first)
+                "rate_epoch": sum(1 for tc, _, _ in changes[1:] if tc <= mid),
             }
         )
+    # dynamic: of the iterations after a re-draw of the rates (not the first draw's), those
+    # that ran at least SETTLE_ITERS iterations after it (the plans had time to follow) and
+    # the first ones
+    since: list[int] = []
+    for k, p in enumerate(per_iter):
+        same = k > 0 and p["rate_epoch"] == per_iter[k - 1]["rate_epoch"]
+        since.append(since[-1] + 1 if same else 0)
+    redrawn = [(p["ratio"], k) for p, k in zip(per_iter, since, strict=True) if p["rate_epoch"]]
+    settled = [r for r, k in redrawn if k >= SETTLE_ITERS]
+    fresh = [r for r, k in redrawn if k < SETTLE_ITERS]
     ok = all(r.get("value_ok", True) for r in run.iter_records())
     warm = json.loads((run_dir / "warmup.json").read_text())
     srit = [p["srit_s"] for p in per_iter]
@@ -978,6 +990,10 @@ def run_one(
         "comm_time_s": median(p["comm_s"] for p in per_iter),
         "lower_bound_s": median(p["lower_bound_s"] for p in per_iter),
         "ratio_to_bound": median(p["ratio"] for p in per_iter),
+        # dynamic: the median ratio of the iterations SETTLE_ITERS or more after a re-draw,
+        # and of the ones before that (None without a re-draw)
+        "ratio_settled": median(settled) if settled else None,
+        "ratio_after_change": median(fresh) if fresh else None,
         # raw TCP moving the optimal plan's bytes in the same namespaces (same run)
         "tcp_baseline_s": median(TCP_CACHE.get((scen_name, model), [])),
         "tcp_baseline_runs_s": TCP_CACHE.get((scen_name, model)),
@@ -1008,6 +1024,9 @@ def run_one(
         "per_iteration": per_iter,
     }
     return row
+
+
+SETTLE_ITERS = 5  # iterations after a re-draw of the rates before a run counts as settled
 
 
 def fmt(x, spec=".3f") -> str:
@@ -1477,7 +1496,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"ASRIT {row['asrit_s']:.3f} s, comm {row['comm_time_s']:.3f} s, bound "
             f"{row['lower_bound_s']:.3f} s, ratio {row['ratio_to_bound']:.2f}, overhead "
-            f"{100 * (row['overhead_ratio'] or 0):.2f}% ({time.time() - t0:.0f} s)",
+            f"{100 * (row['overhead_ratio'] or 0):.2f}% ({time.time() - t0:.0f} s)"
+            + (
+                f"; after a re-draw: {fmt(row['ratio_after_change'], '.2f')} in the first "
+                f"{SETTLE_ITERS} iterations, {fmt(row['ratio_settled'], '.2f')} later"
+                if row["rate_changes"]
+                else ""
+            ),
             flush=True,
         )
     order = {(s, m, sc, x): i for i, (s, m, sc, x, _) in enumerate(plans)}

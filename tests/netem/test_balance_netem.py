@@ -306,4 +306,5 @@ def test_train_on_emulated_links_with_balance(tmp_path):
     assert meta["scenario"] == str(scen)
     recs = [json.loads(x) for x in (run / "worker-0.jsonl").read_text().splitlines()]
     assert len(recs) == 6 and all("plan" in r and "link_matrix" in r for r in recs)
+    assert all(isinstance(r["recalibrations"], int) for r in recs)  # new probe cycles
     assert abs(sum(recs[-1]["plan"]) - 1) < 1e-9 and recs[-1]["overhead_s"] >= 0

@@ -399,12 +399,12 @@ class DistKVStore:
         elif noted:
             plain_cb = fut._callback
 
-            def noted(reply: Message) -> None:
+            def spanned(reply: Message) -> None:
                 self._note(server_rank, reply.nbytes, time.time(), first=False)
                 if plain_cb is not None:
                     plain_cb(reply)
 
-            fut._callback = noted
+            fut._callback = spanned
 
         def send() -> None:
             try:
@@ -808,8 +808,9 @@ class DistKVStore:
         moved = self._current_assignment() != before
         recalibrate, self._recal_due = self._recal_due or body.get("recalibrate"), False
         if recalibrate and self._probes_used():
-            # the planner saw a round far slower than its plan predicted: the network changed
-            # under it. Every worker got this answer at the same call: probe a whole cycle
+            # the planner saw a round far slower than its plan predicted, or a probe far off
+            # its link's caps: the network changed under it (docs/BALANCE.md §7.3). Every
+            # worker got this answer at the same call: probe a whole cycle
             # (between barriers, so every probe has its links to itself) instead of this
             # round's one probe; the planner drops its older readings when these arrive
             self._probe_cycle()

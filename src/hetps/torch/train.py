@@ -611,6 +611,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                 plan=plan["shares"],
                 plan_epoch=plan["epoch"],
                 link_matrix=plan["link_matrix"],
+                # new probe cycles the planner asked for so far (docs/BALANCE.md §7.3)
+                recalibrations=plan.get("recalibrations", 0),
             )
         if acc is not None:
             rec["accuracy"] = acc
