@@ -34,6 +34,31 @@ def _observe(p: Planner, rates_mb: dict[tuple[int, int], float]) -> None:
         p.table.observe(i, j, r * MB, 0.0, 1.0)
 
 
+class _Sched:
+    """What the planner needs of the scheduler: its workers, and where answers go."""
+
+    def __init__(self, workers: int = 0) -> None:
+        from hetps.cluster import protocol as P
+
+        self.nodes = {P.worker_id(r): type("N", (), {"role": "worker"})() for r in range(workers)}
+        self.dead: set = set()
+        self.finished: set = set()
+        self.answers: list = []
+
+    def reply(self, msg, body):
+        self.answers.append(body)
+
+
+def _report(p: Planner, sched: _Sched, rank: int, rnd: int, samples: list, **body) -> None:
+    """Worker ``rank``'s balance report of round ``rnd``."""
+    from hetps.cluster import protocol as P
+    from hetps.transport.codec import Message
+
+    msg = Message("balance_report", body={"round": rnd, "samples": samples, **body})
+    msg.sender = P.worker_id(rank)
+    p.handle(sched, msg)
+
+
 def test_unused_links_are_zero_and_used_unmeasured_links_are_filled():
     p = _planner("optimal", 0.05)
     # servers 0..2, workers 3..4; only server<->worker links carry traffic
@@ -173,22 +198,11 @@ def test_old_probes_age_out_of_the_window():
 
 
 def test_probe_samples_are_told_apart_in_reports():
-    class Sched:
-        nodes: dict = {}
-        dead: set = set()
-        finished: set = set()
-
-        def reply(self, msg, body):
-            pass
-
     from hetps.cluster import protocol as P
-    from hetps.transport.codec import Message
 
     p = _planner("optimal", 0.1)
     w0, s2 = P.worker_id(0), P.server_id(2)
-    msg = Message("balance_report", body={"round": 1, "samples": [[w0, s2, 1e5, 0.0, 0.1, 1]]})
-    msg.sender = w0
-    p.handle(Sched(), msg)
+    _report(p, _Sched(), 0, 1, [[w0, s2, 1e5, 0.0, 0.1, 1]])
     assert p._probe_up[3] == [pytest.approx(1e6)] and p._probe_down[2] == [pytest.approx(1e6)]
     assert np.isnan(p.table.estimate(3, 2))  # not a data sample
 
@@ -294,33 +308,19 @@ def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():
 
 
 def test_spread_samples_are_collected_per_round_and_read_when_it_is_complete():
-    class Sched:
-        nodes: dict = {}
-        dead: set = set()
-        finished: set = set()
-        answers: list = []
-
-        def reply(self, msg, body):
-            self.answers.append(body)
-
     from hetps.cluster import protocol as P
-    from hetps.transport.codec import Message
 
     p = _planner("optimal", 0.1, colocate=True, n=3)
-    sched = Sched()
-    sched.nodes = {P.worker_id(r): type("N", (), {"role": "worker"})() for r in range(3)}
+    sched = _Sched(workers=3)
     # fan-in to node 0 from workers 1 and 2, each reporting its own flow
     flows = {
         1: [P.worker_id(1), P.server_id(0), 1e6, 0.0, 0.1, 2],
         2: [P.worker_id(2), P.server_id(0), 1e6, 0.05, 0.2, 2],
     }
     for r in range(3):
-        body = {"round": 1, "samples": [flows[r]] if r in flows else []}
-        if r in flows:
-            body["spread_done"] = ["in", 0]  # what each sender took part in
-        msg = Message("balance_report", body=body)
-        msg.sender = P.worker_id(r)
-        p.handle(sched, msg)
+        # each sender says which spread it took part in
+        extra = {"spread_done": ["in", 0]} if r in flows else {}
+        _report(p, sched, r, 1, [flows[r]] if r in flows else [], **extra)
     assert p.spread_down[0] == pytest.approx(1e7)  # 2 MB over 0.2 s, from two reports
     assert np.isnan(p.spread_up[1]) and p._probe_up == [[], [], []]
     assert len(sched.answers) == 3 and p.spreads_seen == 1
@@ -421,22 +421,10 @@ def test_a_calibration_report_replaces_old_readings_and_the_plan_follows_at_once
     workers re-probe a whole cycle. The first calibration report of the round drops every
     older probe and spread reading (old fast probes would otherwise hold its cap up for a
     whole window), and the next plan is adopted without waiting for a second report."""
-
-    class Sched:
-        nodes: dict = {}
-        dead: set = set()
-        finished: set = set()
-        answers: list = []
-
-        def reply(self, msg, body):
-            self.answers.append(body)
-
     from hetps.cluster import protocol as P
-    from hetps.transport.codec import Message
 
     p = _planner("optimal", 0.05, colocate=True, n=3, patience=2)
-    sched = Sched()
-    sched.nodes = {P.worker_id(r): type("N", (), {"role": "worker"})() for r in range(3)}
+    sched = _Sched(workers=3)
     for i in range(3):
         for j in range(3):
             if i != j:
@@ -450,9 +438,7 @@ def test_a_calibration_report_replaces_old_readings_and_the_plan_follows_at_once
             if s != r:
                 rate = 1e6 if 2 in (r, s) else 10e6
                 samples.append([P.worker_id(r), P.server_id(s), rate * 0.1, 0.0, 0.1, 1])
-        msg = Message("balance_report", body={"round": 7, "samples": samples, "calibration": True})
-        msg.sender = P.worker_id(r)
-        p.handle(sched, msg)
+        _report(p, sched, r, 7, samples, calibration=True)
     up, down = p.capacity()
     assert up[2] == pytest.approx(1e6) and down[2] == pytest.approx(1e6)
     assert up[0] == pytest.approx(10e6) and p._spread_up[2] == []
@@ -467,18 +453,7 @@ def test_a_probe_far_off_its_links_caps_asks_for_a_new_cycle():
     caps say (node 1 got slower, or node 0), or far above one of them (that one got faster),
     makes the planner ask for a new cycle; one within the usual noise does not, nor does
     one in the first rounds (they read low)."""
-
-    class Sched:
-        nodes: dict = {}
-        dead: set = set()
-        finished: set = set()
-        answers: list = []
-
-        def reply(self, msg, body):
-            self.answers.append(body)
-
     from hetps.cluster import protocol as P
-    from hetps.transport.codec import Message
 
     def run(rnd: int, rate: float) -> dict:
         p = _planner("optimal", 0.1, colocate=True, n=3)
@@ -486,14 +461,10 @@ def test_a_probe_far_off_its_links_caps_asks_for_a_new_cycle():
             for j in range(3):
                 if i != j:
                     p.observe_probe(i, j, 10e6)
-        sched = Sched()
-        sched.answers = []
-        sched.nodes = {P.worker_id(r): type("N", (), {"role": "worker"})() for r in range(3)}
+        sched = _Sched(workers=3)
         for r in range(3):
             samples = [[P.worker_id(0), P.server_id(1), rate * 0.1, 0.0, 0.1, 1]] if r == 0 else []
-            msg = Message("balance_report", body={"round": rnd, "samples": samples})
-            msg.sender = P.worker_id(r)
-            p.handle(sched, msg)
+            _report(p, sched, r, rnd, samples)
         assert len(sched.answers) == 3
         return sched.answers[-1]
 
