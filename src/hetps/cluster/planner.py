@@ -50,7 +50,8 @@ SURPRISE_AT_ONCE = 3.0  # ... unless one round is this much slower
 CONTRADICT = 0.5
 CONTRADICT_FROM_ROUND = 6
 #: a probe shorter than this is not judged: its few milliseconds carry the timing noise of
-#: a busy machine (3 nodes at 150 Mbit/s on 2 cores: 7 ms probes read down to half)
+#: a busy machine (3 nodes at 150 Mbit/s on 2 cores, 7 ms probes: the rate-cut test asked
+#: for a cycle before its cut until short probes were left out)
 CONTRADICT_MIN_S = 0.02
 
 
