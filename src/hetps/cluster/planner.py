@@ -39,7 +39,7 @@ SURPRISE_HISTORY = 8  # rounds of (measured / predicted) kept for the median
 SURPRISE_MIN_HISTORY = 3  # rounds needed before a round can surprise
 SURPRISE_SETTLE = 2  # rounds after a plan change that are not judged (migrations, barriers)
 SURPRISE_ROUNDS = 2  # surprising rounds in a row that it takes (one is a hiccup)
-SURPRISE_AT_ONCE = 3.0  # ... unless one round is this much slower
+SURPRISE_AT_ONCE = 2.0  # ... unless one round is this much slower
 #: a capacity probe under this fraction of min(sender's up cap, receiver's down cap) means
 #: one of them got slower; over 1/CONTRADICT times either cap, that one got faster (8 nodes,
 #: static: never above 1.06 times). Measured: 8 nodes, static, every probe after the first regular
@@ -351,8 +351,8 @@ class Planner:
         time it gives a ratio that is steady while the network is (~1.1-1.4: TCP does not
         reach the fluid schedule). ``SURPRISE_ROUNDS`` rounds in a row over ``SURPRISE``
         times the median of the last few are a surprise (one is a hiccup; it does not join
-        the median either), and so is one round over ``SURPRISE_AT_ONCE`` times it. The rounds right after a plan change (its migration, its
-        barrier) are not judged."""
+        the median either), and so is one round over ``SURPRISE_AT_ONCE`` times it. The
+        rounds right after a plan change (its migration, its barrier) are not judged."""
         if not spans:
             return False
         if self._settle > 0:

@@ -306,6 +306,7 @@ class DistKVStore:
         self._spread_made: list | None = None  # the spread this worker took part in
         self._recalibrated = False  # probed a whole cycle on the planner's word (a surprise)
         self._recal_due = False  # a superseded answer asked for a new cycle
+        self._probed_at = -1  # the last round that sent a capacity probe
         if self.balance:
             self.node.handler = self._on_message  # forecasts and push receipts
         if cfg.verbose >= 1:
@@ -785,11 +786,13 @@ class DistKVStore:
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self._order)
         fut = self.node.request(1, Message("balance_report", body=body), what="balance report")
-        if self.plan is None or "sizes" in body or probing or fresh:
+        news = fresh or self._probed_at == self._round - 1  # carries a cycle's or a probe's
+        if self.plan is None or "sizes" in body or probing or news:
             # the layout needs a plan at once; a probing round waits for this report's answer,
             # which comes when every worker has finished its previous round, so that the
-            # probe has its links to itself (not the tail of another worker's pulls); after
-            # a re-calibration the plan made from it is wanted now, not a round later
+            # probe has its links to itself (not the tail of another worker's pulls); the
+            # plan made from a new cycle, or the answer to a probe that says the network
+            # changed (docs/BALANCE.md §7.3), is wanted now, not a round later
             skipped, self._pending_plan = self._pending_plan, None
             answer = fut
             if skipped is not None:
@@ -820,6 +823,7 @@ class DistKVStore:
                 # (not in round 1: the first init probed a whole cycle, whose readings are
                 # fresh, and a probe now would ride connections rank 0's init has widened)
                 self._probe()
+                self._probed_at = self._round
             spread = body.get("spread")
             # A spread's flows share one node's link, and TCP already splits it unevenly
             # (planner.spread_rate); no flow should start with a wider window than the
