@@ -1477,6 +1477,9 @@ def main(argv: list[str] | None = None) -> int:
             row = run_one(
                 opts, run_dir, scen, scenario_dict(scen, opts), model, scheme, sizes, scale, x
             )
+        except KeyboardInterrupt:  # Ctrl-C: keep what the finished runs measured
+            print("interrupted: writing the runs that finished", flush=True)
+            break
         except Exception as exc:  # noqa: BLE001 - report, go on with the other runs
             print(f"FAILED: {exc}", flush=True)
             results.append(

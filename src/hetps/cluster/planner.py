@@ -37,7 +37,8 @@ SPREAD_TAIL_MARGIN = 1.1
 SURPRISE = 1.5
 SURPRISE_HISTORY = 8  # rounds of (measured / predicted) kept for the median
 SURPRISE_MIN_HISTORY = 3  # rounds needed before a round can surprise
-SURPRISE_SETTLE = 2  # rounds after a plan change that are not judged (migrations, barriers)
+SURPRISE_SETTLE = 2  # rounds after a plan change or a cycle that are not judged
+RECAL_WAIT = 4  # rounds a requested cycle may take to come back before it counts as lost
 SURPRISE_ROUNDS = 2  # surprising rounds in a row that it takes (one is a hiccup)
 SURPRISE_AT_ONCE = 2.0  # ... unless one round is this much slower
 #: a capacity probe under this fraction of min(sender's up cap, receiver's down cap) means
@@ -123,7 +124,10 @@ class Planner:
         self._surprises = 0  # surprising rounds in a row
         self._settle = 0
         self._replace_busy = False  # the next busy-time rates replace the old, not blend
-        self._recal_asked: int | None = None
+        self._recal_asked: int | None = None  # the round that asked, while it is pending
+        self._recal_wait = 0  # released rounds left before a pending request counts as lost
+        self._rebase = False  # the first judged round after a cycle may set a new baseline
+        self._released = 0  # rounds answered so far (reports, whatever HETPS_REPLAN_EVERY)
         self._calibration_rounds: set[int] = set()  # rounds whose reports bring a new cycle
         self._contradicted: set[int] = set()  # rounds with a probe far below its caps
         self.recalibrations: list[int] = []
@@ -219,9 +223,10 @@ class Planner:
             if kind == 1:
                 rate = nbytes / (t1 - t0)
                 if (
-                    rnd >= CONTRADICT_FROM_ROUND
+                    self._released + 1 >= CONTRADICT_FROM_ROUND
                     and t1 - t0 >= CONTRADICT_MIN_S
                     and not b.get("calibration")
+                    and self._settle == 0  # not right after a migration or a cycle
                     and self.contradicts(i, j, rate)
                 ):
                     self._contradicted.add(rnd)
@@ -275,6 +280,7 @@ class Planner:
                 del self._samples[old]
             for old in [r for r in self._spread if r < rnd]:
                 del self._spread[old]
+            self._released += 1
             recal = self.surprised(
                 rnd, self._spans.pop(rnd, []), contradicted=rnd in self._contradicted
             )
@@ -304,8 +310,9 @@ class Planner:
     def forget_readings(self) -> None:
         """Drop the probe and spread readings: a new cycle of probes is arriving because the
         network changed. The busy-time rates stay (some caps show only in data, e.g. a
-        server's sending without co-location), but the next round's replace them instead of
-        blending in. The link matrix (reports only) stays."""
+        server's sending without co-location), but those measured in the next round are
+        replaced instead of blended. The link matrix (reports only) stays. Counts one
+        re-calibration (``recalibrations``: cycles that came back, not requests)."""
         for hist in (self._probe_up, self._probe_down, self._spread_up, self._spread_down):
             for h in hist:
                 h.clear()
@@ -314,6 +321,8 @@ class Planner:
         self._surprises = 0
         self._settle = SURPRISE_SETTLE
         self._trust = True
+        self._rebase = True
+        self.recalibrations.append(self._released)
 
     def surprised(self, rnd: int, spans: list[float], contradicted: bool = False) -> bool:
         """Whether the network seems to have changed under the plan, so that every worker
@@ -328,14 +337,15 @@ class Planner:
         if self.scheme not in ("aware", "optimal") or self.slices is None:
             return False
         if self._recal_asked is not None:
-            if rnd - self._recal_asked <= 4:  # its cycle has not come back yet
+            self._recal_wait -= 1
+            if self._recal_wait >= 0:  # its cycle has not come back yet
                 return False
-            self._recal_asked = None  # lost (a worker finished?): judge again
+            # lost (a worker finished, or the workers do not probe): judge afresh
+            self._recal_asked, self._surprises = None, 0
         slow = self._slow_round(spans)
         if not (slow or contradicted):
             return False
-        self._recal_asked = rnd
-        self.recalibrations.append(rnd)
+        self._recal_asked, self._recal_wait = rnd, RECAL_WAIT
         log.info(
             "planner: %s in round %d; asking for a new probe cycle",
             "a probe far off its link's caps" if contradicted else "a round far too slow",
@@ -369,8 +379,16 @@ class Planner:
             return False
         ratio = float(np.median(spans)) / predicted
         recent = self._ratios
+        rebase, self._rebase = self._rebase, False
         if len(recent) >= SURPRISE_MIN_HISTORY:
             self.last_surprise = ratio / float(np.median(recent))
+            if rebase and self.last_surprise > SURPRISE:
+                # a fresh cycle did not bring the rounds back to what was usual: what the
+                # caps cannot show (delay, loss, a slow worker's compute in the spans) is
+                # the new usual, not a reason to probe again and again
+                recent[:] = [ratio]
+                self._surprises = 0
+                return False
             self._surprises = self._surprises + 1 if self.last_surprise > SURPRISE else 0
             if self._surprises >= SURPRISE_ROUNDS or self.last_surprise > SURPRISE_AT_ONCE:
                 self._surprises = 0
@@ -390,7 +408,7 @@ class Planner:
         this round's probes show."""
         up, down = self.capacity()
         cu, cd = float(up[src]), float(down[dst])
-        expected = min(cu, cd)
+        expected = float(np.fmin(cu, cd))  # (an unknown cap is no limit)
         if np.isfinite(expected) and rate < CONTRADICT * expected:
             return True
         return any(np.isfinite(c) and rate * CONTRADICT > c for c in (cu, cd))
@@ -428,6 +446,8 @@ class Planner:
         with third nodes reset this end's window; probes that share their links with data
         read low often enough that this threw away good estimates, and the one-cycle window
         already forgets a node's old speed within a cycle.)"""
+        if rnd > max((n for _, n in self.last_probes.values()), default=-1):
+            self.last_probes.clear()  # only the latest probing round's (reports stay small)
         self.last_probes[(src, dst)] = (rate, rnd)
         for hist, k in ((self._probe_up, src), (self._probe_down, dst)):
             hist[k].append(rate)

@@ -786,7 +786,8 @@ class DistKVStore:
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self._order)
         fut = self.node.request(1, Message("balance_report", body=body), what="balance report")
-        news = fresh or self._probed_at == self._round - 1  # carries a cycle's or a probe's
+        # this report carries a new cycle's readings, or the last probing round's probe
+        news = fresh or self._probed_at == self._round - self.cfg.replan_every
         if self.plan is None or "sizes" in body or probing or news:
             # the layout needs a plan at once; a probing round waits for this report's answer,
             # which comes when every worker has finished its previous round, so that the
