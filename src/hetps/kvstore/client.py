@@ -42,6 +42,7 @@ from hetps.transport.codec import Message
 log = logging.getLogger("hetps.worker")
 
 MEASURE_MIN_BYTES = 64 * 1024  # smallest message whose transfer time is used as a link sample
+SPAN_MIN_BYTES = 1024  # smallest push or pull that counts in its server's span of a round
 SPREAD_WAIT_S = 30.0  # longest a spread probe may hold the other workers at their barrier
 
 
@@ -358,9 +359,12 @@ class DistKVStore:
             and msg.cmd in (C.PUSH, C.PULL, C.PROBE)
             and (msg.cmd == C.PROBE or size >= MEASURE_MIN_BYTES)
         )
-        # every push and pull (not probes) counts in its server's round span, timed or not:
-        # the planner compares each round's span with its plan's prediction; elastic fits it
-        noted = self.balance and msg.cmd in (C.PUSH, C.PULL)
+        # every push and pull of data (not probes) counts in its server's round span, timed
+        # or not: the planner compares each round's span with its plan's prediction; elastic
+        # fits it. Not a message of a few bytes: it says nothing of a server's load, and a
+        # control value sent before the forward pass (hetps train's stop flag, when it does
+        # not ride with the gradients) would stretch its server's span over the compute
+        noted = self.balance and msg.cmd in (C.PUSH, C.PULL) and size >= SPAN_MIN_BYTES
         cost = size if msg.cmd == C.PUSH and self._sender.window > 0 else 0
         if cost:
             msg.body["rcpt"] = True  # the server confirms arrival at once: credit comes back
