@@ -6,7 +6,6 @@ import io
 import json
 import re
 import sys
-import textwrap
 
 import pytest
 
@@ -19,17 +18,21 @@ import json, os, time
 import numpy as np
 import hetps.kv
 kv = hetps.kv.create('dist_sync')
-kv.init('a', np.zeros(150000, np.float32))
-kv.init('b', np.zeros(50000, np.float32))
+sizes = [int(x) for x in os.environ['SIZES'].split(',')]
+keys = [f'k{i}' for i in range(len(sizes))]
+for k, n in zip(keys, sizes):
+    kv.init(k, np.zeros(n, np.float32))
 t0 = time.time()
 rnd = 0
 while True:  # the stop is decided together below, never by one worker's own clock
     plan = kv.rebalance()
-    kv.push('a', np.ones(150000, np.float32)); kv.push('b', np.ones(50000, np.float32))
-    assert (kv.pull('a') == kv.num_workers).all() and (kv.pull('b') == kv.num_workers).all()
+    for k, n in zip(keys, sizes):
+        kv.push(k, np.ones(n, np.float32))
+    assert all((kv.pull(k) == kv.num_workers).all() for k in keys)
     if kv.rank == 0:
         print('PLAN ' + json.dumps({'t': time.time() - t0, 'shares': plan['shares'],
-                                    'epoch': plan['epoch']}), flush=True)
+                                    'epoch': plan['epoch'], 'recal': plan['recalibrations'],
+                                    'surprise': plan['surprise']}), flush=True)
     rnd += 1
     # every worker must run the same rounds: rank 0 decides when to stop
     flag = np.array([1.0 if time.time() - t0 >= float(os.environ['RUN_S']) else 0.0], np.float32)
@@ -41,6 +44,31 @@ while True:  # the stop is decided together below, never by one worker's own clo
 """
 
 
+def _run_dynamic(tmp_path, rates_mbit: list, period_s: float, env: dict) -> list[dict]:
+    """SCRIPT on 3 co-located nodes (optimal plans) under a dynamic scenario; rank 0's
+    plans, one per round. ``env`` gives SIZES (the keys' element counts) and RUN_S."""
+    scen = tmp_path / "dynamic.toml"
+    scen.write_text(
+        f'[network]\nkind = "dynamic"\nrates_mbit = {rates_mbit}\nperiod_s = {period_s}\n'
+    )
+    script = tmp_path / "w.py"
+    script.write_text(SCRIPT)
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=3,
+        num_servers=3,
+        command=[sys.executable, str(script)],
+        env={"PS_HEARTBEAT_TIMEOUT": "30", **env},
+        start_timeout=60,
+    )
+    rc = run_cluster(
+        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=20000, out=out
+    )
+    text = out.getvalue()
+    assert rc == 0, text
+    return _plans(text)
+
+
 def _plans(out: str) -> list[dict]:
     return [json.loads(m) for m in re.findall(r"PLAN (\{.*\})", out)]
 
@@ -50,33 +78,10 @@ def test_plans_follow_a_bandwidth_change(tmp_path):
     a few rounds. Note that a dynamic scenario cycles through its rates: with period 8 s the
     rates flip back 16 s after the emulator starts, about 14 s into the job, so this run stops
     at 16 s and asserts that each phase's plan reacted, not that it stayed."""
-    scen = tmp_path / "flip.toml"
-    scen.write_text(
-        textwrap.dedent("""
-        [network]
-        kind = "dynamic"
-        rates_mbit = [[150, 15, 150], [15, 150, 150]]
-        period_s = 8
-    """)
-    )
-    script = tmp_path / "w.py"
-    script.write_text(SCRIPT)
-    out = io.StringIO()
-    spec = LaunchSpec(
-        num_workers=3,
-        num_servers=3,
-        command=[sys.executable, str(script)],
-        # probe every round: the plan must see the flip within the run's few seconds
-        env={"RUN_S": "16", "PS_HEARTBEAT_TIMEOUT": "30", "HETPS_PROBE_PROB": "1.0"},
-        start_timeout=60,
-    )
-    rc = run_cluster(
-        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=20000, out=out
-    )
-    text = out.getvalue()
-    assert rc == 0, text
-    plans = _plans(text)
-    assert len(plans) >= 6, text
+    # probe every round: the plan must see the flip within the run's few seconds
+    env = {"SIZES": "150000,50000", "RUN_S": "16", "HETPS_PROBE_PROB": "1.0"}
+    plans = _run_dynamic(tmp_path, [[150, 15, 150], [15, 150, 150]], 8, env)
+    assert len(plans) >= 6, plans
 
     # node 1 is slow until the rates flip, 8 s after the emulator starts (the job starts
     # ~2 s later), then node 0 is: in each phase the planner must take the slow node's share
@@ -93,64 +98,14 @@ def test_plans_follow_a_bandwidth_change(tmp_path):
     assert plans[-1]["epoch"] >= 2, timeline
 
 
-CUT = """
-import json, os, time
-import numpy as np
-import hetps.kv
-kv = hetps.kv.create('dist_sync')
-kv.init('a', np.zeros(400000, np.float32))
-t0 = time.time()
-rnd = 0
-while True:
-    plan = kv.rebalance()
-    kv.push('a', np.ones(400000, np.float32))
-    assert (kv.pull('a') == kv.num_workers).all()
-    if kv.rank == 0:
-        print('PLAN ' + json.dumps({'t': time.time() - t0, 'shares': plan['shares'],
-                                    'epoch': plan['epoch'],
-                                    'recal': plan['recalibrations'],
-                                    'surprise': plan['surprise']}), flush=True)
-    rnd += 1
-    flag = np.array([1.0 if time.time() - t0 >= float(os.environ['RUN_S']) else 0.0], np.float32)
-    if rnd == 1:
-        kv.init('stop', np.zeros(1, np.float32))
-    kv.pushpull('stop', flag)
-    if flag[0] > 0:
-        break
-"""
-
-
 def test_a_rate_cut_makes_the_planner_probe_a_new_cycle(tmp_path):
     """Node 0 drops from 150 to 15 Mbit/s 5 s after the emulator starts, with the default
     probing (every 4th round). Its old fast probes would hold its cap up for a whole window;
     instead the rounds after the cut take far longer than the plan predicts, the planner
     asks every worker to probe a new cycle, and the plan made from it takes node 0's share
     down in the round after the cycle (docs/BALANCE.md §7.3)."""
-    scen = tmp_path / "cut.toml"
-    scen.write_text(
-        textwrap.dedent("""
-        [network]
-        kind = "dynamic"
-        rates_mbit = [[150, 150, 150], [15, 150, 150], [15, 150, 150], [15, 150, 150]]
-        period_s = 5
-    """)
-    )
-    script = tmp_path / "w.py"
-    script.write_text(CUT)
-    out = io.StringIO()
-    spec = LaunchSpec(
-        num_workers=3,
-        num_servers=3,
-        command=[sys.executable, str(script)],
-        env={"RUN_S": "14", "PS_HEARTBEAT_TIMEOUT": "30"},
-        start_timeout=60,
-    )
-    rc = run_cluster(
-        spec, netem=str(scen), colocate=True, balance="optimal", slice_elems=20000, out=out
-    )
-    text = out.getvalue()
-    assert rc == 0, text
-    plans = _plans(text)
+    rates = [[150, 150, 150], [15, 150, 150], [15, 150, 150], [15, 150, 150]]
+    plans = _run_dynamic(tmp_path, rates, 5, {"SIZES": "400000", "RUN_S": "14"})
     timeline = "; ".join(
         f"{p['t']:.1f}s e{p['epoch']} r{p['recal']} s{p['surprise'] or 0:.1f} "
         f"{[round(x, 2) for x in p['shares']]}"
@@ -163,11 +118,11 @@ def test_a_rate_cut_makes_the_planner_probe_a_new_cycle(tmp_path):
     cut = next((k + 1 for k in range(5, len(gaps)) if gaps[k] > 3 * sorted(gaps[:k])[k // 2]), None)
     assert cut is not None and cut + 2 < len(plans), f"no cut seen: {timeline}"
     before = plans[cut - 1]["recal"]  # (a false alarm before the cut would cost one cycle)
-    asked = [k for k in range(cut, len(plans)) if plans[k]["recal"] > before]
-    assert asked, f"no re-calibration asked for after the cut: {timeline}"
-    k = asked[0]  # the first answer that counts it (the cycle runs now or one round later)
+    cycled = [k for k in range(cut, len(plans)) if plans[k]["recal"] > before]
+    assert cycled, f"no new probe cycle after the cut: {timeline}"
+    k = cycled[0]  # the first answer that counts a cycle that came back after the cut
     assert k - cut <= 3, f"the cut was seen late: {timeline}"
-    later = plans[k : k + 3]  # the plan made from the cycle applies one round later
+    later = plans[k : k + 3]  # that answer carries the plan made from the cycle
     assert any(p["shares"][0] <= 0.15 for p in later), timeline
 
 

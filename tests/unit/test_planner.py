@@ -392,7 +392,7 @@ def test_two_rounds_far_slower_than_predicted_ask_for_a_new_cycle():
     assert not p.surprised(rnd, [pred * 2.2, pred * 2.3, pred * 1.2])  # median 2.2x
     rnd += 1
     assert p.surprised(rnd, [pred * 2.2])
-    assert p._recal_asked == rnd and p.recalibrations == []  # asked; none came back yet
+    assert p._recal_asked == rnd and p.recalibrations == 0  # asked; none came back yet
     rnd += 1  # asked: no second request while the cycle is on its way
     assert not p.surprised(rnd, [pred * 2.5])
     p._recal_asked = None  # the cycle came back
@@ -411,7 +411,7 @@ def test_a_slowdown_a_new_cycle_does_not_explain_becomes_the_new_usual():
     assert p.surprised(5, [pred * 3.0])  # asked
     p.forget_readings()  # its cycle came back: the same caps, and the rounds stay slow
     pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
-    assert p.recalibrations == [0] and p._settle == 2
+    assert p.recalibrations == 1 and p._settle == 2
     assert not p.surprised(6, [pred * 3.0]) and not p.surprised(7, [pred * 3.0])  # settling
     assert not p.surprised(8, [pred * 3.0]) and p._ratios == [pytest.approx(3.0)]
     for rnd in range(9, 12):

@@ -42,12 +42,11 @@ RECAL_WAIT = 4  # rounds a requested cycle may take to come back before it count
 SURPRISE_ROUNDS = 2  # surprising rounds in a row that it takes (one is a hiccup)
 SURPRISE_AT_ONCE = 2.0  # ... unless one round is this much slower
 #: a capacity probe under this fraction of min(sender's up cap, receiver's down cap) means
-#: one of them got slower; over 1/CONTRADICT times either cap, that one got faster (8 nodes,
-#: static: never above 1.06 times). Measured: 8 nodes, static, every probe after the first regular
-#: probing round read >= 0.93 of it; that round's, right after the first data round, read
-#: down to 0.58 (hence the rounds before CONTRADICT_FROM_ROUND are not judged); 4 nodes
-#: probing every round, a node's inbound probe read 0.6 twice while its own outbound probe
-#: held its acks back (docs/BALANCE.md §7.1)
+#: one of them got slower; over 1/CONTRADICT times either cap, that one got faster. Measured
+#: on 8 static nodes: after the first regular probing round every probe read 0.93-1.06 of
+#: it; that round's, right after the first data round, down to 0.58 (hence the rounds before
+#: CONTRADICT_FROM_ROUND are not judged). On 4 nodes probing every round a node's inbound
+#: probe read 0.6 twice while its own outbound probe held its acks back (docs/BALANCE.md §7.1)
 CONTRADICT = 0.5
 CONTRADICT_FROM_ROUND = 6
 #: a probe shorter than this is not judged: its few milliseconds carry the timing noise of
@@ -117,8 +116,7 @@ class Planner:
         self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
         self.plan_seconds: list[float] = []
         # surprise detection (docs/BALANCE.md §7.3): per round, every worker's communication
-        # span; the recent ratios of measured to predicted; whether a re-calibration was asked
-        # for and not yet received (the round it was asked in); the rounds it was asked in
+        # span; the recent ratios of measured to predicted time; a pending request for a cycle
         self._spans: dict[int, list[float]] = {}
         self._ratios: list[float] = []
         self._surprises = 0  # surprising rounds in a row
@@ -129,9 +127,9 @@ class Planner:
         self._rebase = False  # the first judged round after a cycle may set a new baseline
         self._released = 0  # rounds answered so far (reports, whatever HETPS_REPLAN_EVERY)
         self._calibration_rounds: set[int] = set()  # rounds whose reports bring a new cycle
-        self._contradicted: set[int] = set()  # rounds with a probe far below its caps
-        self.recalibrations: list[int] = []
-        self._trust = False  # the next plan rests on a fresh cycle: no patience (the margin holds)
+        self._contradicted: set[int] = set()  # rounds with a probe far off its caps
+        self.recalibrations = 0  # new probe cycles that came back
+        self._trust = False  # the next plan rests on a fresh cycle: no patience (margin holds)
         self.last_surprise: float | None = None
 
     # network node index of a ps-lite id
@@ -322,15 +320,15 @@ class Planner:
         self._settle = SURPRISE_SETTLE
         self._trust = True
         self._rebase = True
-        self.recalibrations.append(self._released)
+        self.recalibrations += 1
 
     def surprised(self, rnd: int, spans: list[float], contradicted: bool = False) -> bool:
         """Whether the network seems to have changed under the plan, so that every worker
         should probe a whole cycle anew (docs/BALANCE.md §7.3). Two signs, either will do:
 
-        - ``contradicted``: one of the round's capacity probes read far below what the caps
-          say its link carries (a probe measures min(sender's up, receiver's down); which of
-          the two got slower, only a new cycle can tell);
+        - ``contradicted``: one of the round's capacity probes read far off what the caps say
+          its link carries (:meth:`contradicts`; which node changed, only a new cycle can
+          tell);
         - the round took far longer than the plan predicts (:meth:`_slow_round`).
 
         Only the probing schemes are judged, and not while a re-calibration is on its way."""
@@ -723,7 +721,7 @@ class Planner:
             "plan_s": self.plan_seconds[-1],
             "kept": self.kept,
             "surprise": self.last_surprise,
-            "recalibrations": len(self.recalibrations),
+            "recalibrations": self.recalibrations,
         }
 
 
