@@ -857,6 +857,8 @@ def run_one(
         env["PYTHONPATH"] = os.pathsep.join(
             [opts.src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
+    if opts.flow_pace:
+        env["HETPS_FLOW_PACE"] = str(opts.flow_pace)
     if scheme == "average-fixed":
         env["HETPS_REPLAN_EVERY"] = str(10**9)  # plans once (round 1), then never reports
     me = str(Path(__file__).resolve())
@@ -1003,6 +1005,7 @@ def run_one(
         # extras
         "slice_elems": slice_elems,
         "tcp_cc": tcp_cc_of(sc),
+        "flow_pace": opts.flow_pace or None,
         "nodes": n,
         "batch_size": opts.batch_size,
         "model_bytes": int(total_bytes),
@@ -1204,6 +1207,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="also run the raw-TCP baseline with every flow paced by the kernel at this "
         "margin times (its bytes / the bound), e.g. 0.95 (0: not)",
+    )
+    ap.add_argument(
+        "--flow-pace",
+        type=float,
+        default=0.0,
+        help="run hetps with HETPS_FLOW_PACE set to this (every worker-server connection "
+        "paced by the kernel to this times its plan rate, docs/BALANCE.md 7.4; 0: off)",
     )
     ap.add_argument(
         "--robust",

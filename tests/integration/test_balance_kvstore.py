@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from hetps.transport import pacing
+
 CODE = """
 import json
 kv = hetps.kv.create('dist_sync')
@@ -187,3 +189,69 @@ def test_a_slices_pull_does_not_wait_for_the_keys_later_pushes(cluster):
         last_push = max(i for i, c in enumerate(rnd) if c == "push")
         assert rnd.index("pull") < last_push, rnd
     assert res["w"] == 16000.0  # every pull saw its round: 1 worker, the sum replaces
+
+
+PACE_CODE = """
+import json
+from hetps.cluster.errors import ClusterError, RequestError
+from hetps.kvstore import commands as C
+from hetps.transport import pacing
+from hetps.transport.codec import Message
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.arange(12 * 32768, dtype=np.float32) / 1e5)
+kv.set_optimizer(optim.SGD(learning_rate=0.1, momentum=0.9))
+rng = np.random.default_rng(kv.rank)
+refused = None
+for step in range(8):
+    plan = kv.rebalance()
+    kv.push('w', rng.standard_normal(12 * 32768).astype(np.float32))
+    kv.pull('w')
+    if step == 3 and kv.rank == 0:  # a bad pace is refused, and the server goes on serving
+        try:
+            kv._request(None, 0, 1, Message(C.PACE, body={'rate': 'fast'})).wait(30)
+        except (ClusterError, RequestError) as exc:
+            refused = str(exc)
+w = kv.pull('w')
+own = {}
+if plan is not None:
+    for s, peer in enumerate(kv._server_ids):
+        host, port = kv.node.van._endpoints[peer].rsplit(':', 1)
+        fds = pacing.connection_fds(host, int(port), exclude_local_port=kv.node.van.port)
+        own[s] = [pacing.get_max_pacing_rate(fd) for fd in fds]
+print('RESULT ' + json.dumps({
+    'rank': kv.rank, 'w': float(w.astype(np.float64).sum()), 'w0': float(w[0]),
+    'rates': plan and plan['flow_rates'], 'own': own, 'paced': kv._paced,
+    'acks': kv._pace_acks, 'refused': refused}), flush=True)
+"""
+
+
+def test_flow_pacing_caps_each_connection_at_its_plans_rate(cluster):
+    """HETPS_FLOW_PACE: each worker caps its connection to every remote server, and asks
+    that server to cap its connection back, at the factor times the plan's flow rate for
+    that server (its share over the predicted iteration time); its own node's server is
+    not paced. The values end exactly where an unbalanced run ends, and a bad pace request
+    is refused with the reason while the server goes on serving."""
+    env = {"HETPS_SLICE_ELEMS": "32768", "HETPS_SHAPE_MBIT": "400", "HETPS_COLOCATE": "1"}
+    rc, base = cluster(PACE_CODE, workers=3, servers=3, env=env)
+    assert rc == 0, base
+    paced_env = {**env, "HETPS_BALANCE": "optimal", "HETPS_FLOW_PACE": "0.9"}
+    rc, out = cluster(PACE_CODE, workers=3, servers=3, env=paced_env)
+    assert rc == 0, out
+    a = {r["rank"]: r for r in map(json.loads, re.findall(r"RESULT (\{.*\})", base))}
+    b = {r["rank"]: r for r in map(json.loads, re.findall(r"RESULT (\{.*\})", out))}
+    assert sorted(a) == sorted(b) == [0, 1, 2], out
+    for rank, res in b.items():
+        # (three pushes are summed in arrival order: equal up to rounding)
+        assert res["w0"] == pytest.approx(a[rank]["w0"], rel=1e-6)
+        assert res["w"] == pytest.approx(a[rank]["w"], rel=1e-6)
+        assert a[rank]["paced"] == {} and a[rank]["own"] == {}  # off unless asked for
+        for s in range(3):
+            if s == rank:  # co-located: no link to share, never paced
+                assert res["own"][str(s)] == [pacing.UNLIMITED], res
+                assert str(s) not in res["paced"], res
+                continue
+            want = 0.9 * res["rates"][s]
+            assert res["paced"][str(s)] == pytest.approx(want, rel=0.051), res
+            assert res["own"][str(s)] == [int(res["paced"][str(s)])], res
+            assert res["acks"][str(s)] == 1, res  # the server paced its one socket back
+    assert "pace: rate must be a number" in b[0]["refused"], b[0]

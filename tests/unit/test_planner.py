@@ -149,6 +149,31 @@ def test_plans_use_the_node_rates():
     assert out["shares"][2] < 0.05 and out["node_rates"]["up"][2] == pytest.approx(1e6)
 
 
+def test_flow_rates_move_each_servers_share_in_the_predicted_time_within_every_cap():
+    """HETPS_FLOW_PACE paces every flow to and from server s at the plan's flow rate for s:
+    its share over the predicted iteration time. Then every flow ends at that time, and no
+    node's flows together exceed its send or receive cap."""
+    from hetps.balance import iteration_time
+
+    p = _planner("optimal", 0.0, colocate=True, n=3)
+    up, down = np.array([4e6, 1e6, 2e6]), np.array([3e6, 2e6, 1e6])
+    p.up, p.down = up.copy(), down.copy()
+    out = p.plan()
+    counts = np.bincount(out["assign"], weights=[s.length for s in p.slices], minlength=3)
+    net = p.node_network()
+    t = iteration_time(net, counts, servers=p.servers, workers=p.workers)
+    rates = np.array(out["flow_rates"])
+    assert rates == pytest.approx(counts / t)
+    # co-located: node i sends server j's share to each other server j (pushes) and its own
+    # server's share to each other worker (pull replies); it receives the mirror image
+    for i in range(3):
+        sent = sum(rates[j] for j in range(3) if j != i) + 2 * rates[i]
+        assert sent <= up[i] * (1 + 1e-9)
+        assert sent <= down[i] * (1 + 1e-9)  # (symmetric here: the same flows come back)
+    # no link model, no flow rates
+    assert _planner("average", 0.0).plan()["flow_rates"] is None
+
+
 def test_patience_needs_the_gain_in_consecutive_reports():
     # server 2 at 70% of the others: a real but modest gain (below BIG_GAIN)
     p = _planner("optimal", 0.05, patience=2)

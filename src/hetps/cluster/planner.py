@@ -628,6 +628,24 @@ class Planner:
             return None
         return t_old / t_new if t_new > 0 else None
 
+    def _flow_rates(self, net: Network | None, counts: np.ndarray) -> list[float] | None:
+        """The rate (bytes/s) at which every flow to and from each server moves its share
+        so that all end at the assignment's predicted time: server s's share over that time.
+        Workers and servers pace their connections by it (``HETPS_FLOW_PACE``, docs/BALANCE.md
+        §7.4). Slice lengths are in elements and the caps in bytes/s, so the predicted time
+        is in seconds per byte of element; the element size cancels out of the rate. None
+        when the scheme has no link model (average, elastic) or nothing crosses the network."""
+        if net is None:
+            return None
+        try:
+            t = float(iteration_time(net, counts, servers=self.servers, workers=self.workers))
+        except ValueError as exc:
+            log.warning("planner: no flow rates (%s)", exc)
+            return None
+        if not (np.isfinite(t) and t > 0):
+            return None
+        return [float(c) / t for c in counts]
+
     def plan(self) -> dict:
         """Compute the next plan from what is known now."""
         assert self.slices is not None and self.assignment is not None
@@ -700,6 +718,7 @@ class Planner:
             pace = pace if np.isfinite(pace) and pace > 0 else 0.0
         return {
             "pace": pace,
+            "flow_rates": self._flow_rates(net, counts),
             "epoch": self.epoch,
             "assign": [int(x) for x in new],
             "shares": [float(x) / total for x in counts],

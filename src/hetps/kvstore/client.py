@@ -42,6 +42,13 @@ from hetps.transport.codec import Message
 log = logging.getLogger("hetps.worker")
 
 MEASURE_MIN_BYTES = 64 * 1024  # smallest message whose transfer time is used as a link sample
+FLOW_PACE_CHANGE = 0.05  # a flow's pace is sent again when it changed by more than this
+#: flows slower than this (bytes/s) are not paced. The kernel paces by departure times: each
+#: packet pushes the next one back by its length over the rate, so on a connection paced at
+#: a few hundred bytes/s (a server whose share is one key's tail) every later message, a
+#: receipt, a pull request, a probe sent after the pace is lifted, waits seconds to minutes.
+#: Such a flow carries too little to matter; at 1 Mbit/s a packet waits at most ~12 ms.
+FLOW_PACE_MIN_BPS = 125_000
 SPAN_MIN_BYTES = 1024  # smallest push or pull that counts in its server's span of a round
 SPREAD_WAIT_S = 30.0  # longest a spread probe may hold the other workers at their barrier
 
@@ -308,6 +315,9 @@ class DistKVStore:
         self._recalibrated = False  # probed a whole cycle on the planner's word (a surprise)
         self._recal_due = False  # a superseded answer asked for a new cycle
         self._probed_at = -1  # the last round that sent a capacity probe
+        self._paced: dict[int, float] = {}  # server rank -> its flows' pace (HETPS_FLOW_PACE)
+        self._own_unpaced = False  # this worker's own connections are unpaced for probes
+        self._pace_acks: dict[int, Any] = {}  # server rank -> sockets it paced (last answer)
         if self.balance:
             self.node.handler = self._on_message  # forecasts and push receipts
         if cfg.verbose >= 1:
@@ -815,6 +825,8 @@ class DistKVStore:
         adopted = self._adopt(body)
         moved = self._current_assignment() != before
         recalibrate, self._recal_due = self._recal_due or body.get("recalibrate"), False
+        if (recalibrate and self._probes_used()) or probing:
+            self._unpace_own()  # a probe measures what a link can carry, not a pace
         if recalibrate and self._probes_used():
             # the planner saw a round far slower than its plan predicted, or a probe far off
             # its link's caps: the network changed under it (docs/BALANCE.md §7.3). Every
@@ -845,7 +857,56 @@ class DistKVStore:
                 finally:
                     self._spread_made = list(spread)
                     self.node.barrier("worker", self.timeout)
+        self._pace_flows(adopted)
         return adopted
+
+    def _pace_flows(self, plan: dict | None) -> None:
+        """Pace this worker's connection to each remote server, and ask that server to pace
+        its connection back, at ``HETPS_FLOW_PACE`` times the plan's flow rate for it: the
+        server's share over the plan's predicted iteration time (docs/BALANCE.md §7.4). A
+        server without a share (or one under FLOW_PACE_MIN_BPS), or a plan without flow
+        rates, gets no cap. Only paces that
+        changed by more than FLOW_PACE_CHANGE are sent again."""
+        factor = self.cfg.flow_pace
+        rates = plan.get("flow_rates") if factor > 0 and isinstance(plan, dict) else None
+        want: dict[int, float] = {}
+        for s in range(self.num_servers):
+            if self.cfg.colocate and s == self.rank:
+                continue  # its own node: no link to share
+            r = rates[s] if isinstance(rates, list) and s < len(rates) else None
+            ok = isinstance(r, (int, float)) and np.isfinite(r) and r * factor >= FLOW_PACE_MIN_BPS
+            want[s] = float(r) * factor if ok else 0.0
+        if not self._paced and not any(want.values()):
+            return
+        changed = {
+            s: r
+            for s, r in want.items()
+            if abs(r - self._paced.get(s, 0.0)) > FLOW_PACE_CHANGE * max(r, self._paced.get(s, 0.0))
+        }
+        futs = []
+        for s, r in want.items():
+            if (s in changed or self._own_unpaced) and not self.node.van.pace(
+                self._server_ids[s], r
+            ):
+                log.info("worker %d: no connection to server %d to pace", self.rank, s)
+            if s in changed:
+                futs.append((s, self._request(None, 0, s, Message(C.PACE, body={"rate": r}))))
+        self._own_unpaced = False
+        try:
+            answers = wait_all([f for _s, f in futs], self.timeout, "flow pacing")
+            for (s, _f), reply in zip(futs, answers, strict=True):
+                self._pace_acks[s] = reply.body.get("paced")  # sockets it paced (for checks)
+        except ClusterError as exc:  # pacing is an optimisation: the round goes on without
+            log.warning("worker: flow pacing: %s", exc)
+        self._paced.update(changed)
+
+    def _unpace_own(self) -> None:
+        """Lift this worker's own connection paces (before capacity probes)."""
+        if any(self._paced.values()) and not self._own_unpaced:
+            for s, r in self._paced.items():
+                if r > 0:
+                    self.node.van.pace(self._server_ids[s], 0.0)
+            self._own_unpaced = True
 
     def _adopt(self, plan: dict) -> dict | None:
         """Switch to the assignment of the planner's answer ``plan`` (migrating slices)."""

@@ -15,6 +15,7 @@ round waits for the round, so a pull issued after a push sees that round's resul
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,8 @@ class KVServer:
                 self._probe(msg)
             elif msg.cmd == C.DROP:
                 self._drop(msg)
+            elif msg.cmd == C.PACE:
+                self._pace(msg)
             elif msg.cmd == WORKER_DONE:
                 self._worker_done(msg)
             else:
@@ -430,6 +433,15 @@ class KVServer:
             self._forecast_to(msg)
         meas = self._meas.pop((msg.sender, msg.req), None)
         self.node.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
+
+    def _pace(self, msg: Message) -> None:
+        """Pace this server's connection to the asking worker (its replies: pulls, receipts)
+        at ``rate`` bytes/s, 0 for no cap (HETPS_FLOW_PACE, docs/BALANCE.md §7.4)."""
+        rate = msg.body.get("rate")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0:
+            raise BadRequest(f"pace: rate must be a number of bytes/s >= 0, got {rate!r}")
+        paced = self.node.van.pace(msg.sender, float(rate) if math.isfinite(rate) else 0.0)
+        self.node.reply(msg, {"paced": paced})
 
     def _drop(self, msg: Message) -> None:
         for item in msg.body.get("slices", []):

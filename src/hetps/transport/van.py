@@ -16,6 +16,7 @@ from typing import Any
 
 import zmq
 
+from hetps.transport import pacing
 from hetps.transport.codec import BadMessage, Message, decode, encode
 from hetps.transport.shaper import TokenBucket
 from hetps.transport.shm import InRing, OutRing
@@ -138,6 +139,7 @@ class Van:
         self.port = int(endpoint.rsplit(":", 1)[1])
         self.host = host
         self._peers: dict[Any, zmq.Socket] = {}
+        self._endpoints: dict[Any, str] = {}  # peer -> host:port its DEALER connects to
         self._locks: dict[Any, threading.Lock] = {}
         self._peers_lock = threading.Lock()
         self._poller = zmq.Poller()
@@ -179,6 +181,7 @@ class Van:
         with self._peers_lock:
             old = self._peers.pop(peer, None)
             self._peers[peer] = sock
+            self._endpoints[peer] = endpoint
             self._locks.setdefault(peer, threading.Lock())
             if self.ring_bytes > 0 and is_local_host(endpoint.rsplit(":", 1)[0], self.host):
                 self._local.add(peer)
@@ -194,6 +197,8 @@ class Van:
             if old in self._peers:
                 self._peers[new] = self._peers.pop(old)
                 self._locks[new] = self._locks.pop(old)
+                if old in self._endpoints:
+                    self._endpoints[new] = self._endpoints.pop(old)
                 if old in self._local:
                     self._local.discard(old)
                     self._local.add(new)
@@ -206,10 +211,25 @@ class Van:
         with self._peers_lock:
             return peer in self._peers
 
+    def pace(self, peer: Any, bytes_per_s: float) -> int:
+        """Cap the rate at which the kernel sends on the connection to ``peer`` (bytes/s; 0:
+        no cap), see :mod:`hetps.transport.pacing`. Returns how many sockets took it (0: the
+        peer is unknown, not connected yet, or the platform cannot pace)."""
+        with self._peers_lock:
+            endpoint = self._endpoints.get(peer)
+        if endpoint is None or not pacing.supported():
+            return 0
+        host, port = endpoint.rsplit(":", 1)
+        done = 0
+        for fd in pacing.connection_fds(host, int(port), exclude_local_port=self.port):
+            done += pacing.set_max_pacing_rate(fd, bytes_per_s)
+        return done
+
     def disconnect(self, peer: Any, linger_ms: int = 0) -> None:
         """Close the DEALER to ``peer``; unsent messages get ``linger_ms`` to leave."""
         with self._peers_lock:
             sock = self._peers.pop(peer, None)
+            self._endpoints.pop(peer, None)
         if sock is not None:
             with self._locks[peer]:
                 sock.close(linger=linger_ms)
