@@ -437,7 +437,8 @@ def test_a_slowdown_a_new_cycle_does_not_explain_becomes_the_new_usual():
     p.forget_readings()  # its cycle came back: the same caps, and the rounds stay slow
     pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
     assert p.recalibrations == 1 and p._settle == 2
-    assert not p.surprised(6, [pred * 3.0]) and not p.surprised(7, [pred * 3.0])  # settling
+    # settling after a cycle: not judged at all, however slow (the next round decides)
+    assert not p.surprised(6, [pred * 9.0]) and not p.surprised(7, [pred * 3.0])
     assert not p.surprised(8, [pred * 3.0]) and p._ratios == [pytest.approx(3.0)]
     for rnd in range(9, 12):
         assert not p.surprised(rnd, [pred * 3.1])  # the new usual
@@ -462,6 +463,21 @@ def test_no_surprise_without_a_probing_scheme_or_history_or_right_after_a_plan_c
     p._settle = 2  # what plan() sets when it changes the assignment
     assert not p.surprised(5, [pred * 3]) and not p.surprised(6, [pred * 3])
     assert not p.surprised(7, [pred * 2.2]) and p.surprised(8, [pred * 2.2])
+
+
+def test_a_round_right_after_a_plan_change_surprises_only_if_no_migration_explains_it():
+    """A cut that comes with a plan change (the plan made from the slow round itself) must
+    not hide behind the migration's rounds: one over SURPRISE_IN_SETTLE (4x) the usual
+    ratio asks for a cycle at once; 3x does not (it may be the migration)."""
+    p = _planner("optimal", 0.1, colocate=True, n=3)
+    pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
+    for rnd in range(1, 5):
+        assert not p.surprised(rnd, [pred * 1.2])
+    p._settle = 2
+    assert not p.surprised(5, [pred * 3.5]) and p._settle == 1
+    assert p.surprised(6, [pred * 6.0]) and p._recal_asked == 6
+    assert p.last_surprise == pytest.approx(5.0)
+    assert len(p._ratios) == 4  # neither settling round joined the median
 
 
 def test_a_calibration_report_replaces_old_readings_and_the_plan_follows_at_once():

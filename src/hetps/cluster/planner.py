@@ -41,6 +41,7 @@ SURPRISE_SETTLE = 2  # rounds after a plan change or a cycle that are not judged
 RECAL_WAIT = 4  # rounds a requested cycle may take to come back before it counts as lost
 SURPRISE_ROUNDS = 2  # surprising rounds in a row that it takes (one is a hiccup)
 SURPRISE_AT_ONCE = 2.0  # ... unless one round is this much slower
+SURPRISE_IN_SETTLE = 4.0  # a round right after a plan change this much slower surprises too
 #: a capacity probe under this fraction of min(sender's up cap, receiver's down cap) means
 #: one of them got slower; over 1/CONTRADICT times either cap, that one got faster. Measured
 #: on 8 static nodes: after the first regular probing round every probe read 0.93-1.06 of
@@ -360,12 +361,15 @@ class Planner:
         reach the fluid schedule). ``SURPRISE_ROUNDS`` rounds in a row over ``SURPRISE``
         times the median of the last few are a surprise (one is a hiccup; it does not join
         the median either), and so is one round over ``SURPRISE_AT_ONCE`` times it. The
-        rounds right after a plan change (its migration, its barrier) are not judged."""
+        rounds right after a plan change (its migration, its barrier) are judged only
+        against ``SURPRISE_IN_SETTLE``; those right after a cycle not at all."""
         if not spans:
             return False
-        if self._settle > 0:
+        settling = self._settle > 0
+        if settling:
             self._settle -= 1
-            return False
+            if self._rebase:  # after a cycle: its own first judged round decides (below)
+                return False
         net = self.node_network()
         if net is None or self.assignment is None:
             return False
@@ -377,6 +381,17 @@ class Planner:
             return False
         ratio = float(np.median(spans)) / predicted
         recent = self._ratios
+        if settling:
+            # a migration's rounds are not judged, unless one is so slow that no migration
+            # explains it: a cut that came with a plan change (made from the slow round
+            # itself) would otherwise go unseen for SURPRISE_SETTLE more rounds
+            if len(recent) >= SURPRISE_MIN_HISTORY:
+                surprise = ratio / float(np.median(recent))
+                if surprise > SURPRISE_IN_SETTLE:
+                    self.last_surprise = surprise
+                    self._surprises = 0
+                    return True
+            return False
         rebase, self._rebase = self._rebase, False
         if len(recent) >= SURPRISE_MIN_HISTORY:
             self.last_surprise = ratio / float(np.median(recent))
