@@ -32,7 +32,7 @@ def test_finds_only_the_connection_to_that_endpoint(pair):
     c, a, port = pair
     assert list(pacing.connection_fds("127.0.0.1", port)) == [c.fileno()]
     assert list(pacing.connection_fds("localhost", port)) == [c.fileno()]  # resolved
-    assert list(pacing.connection_fds("127.0.0.1", a.getsockname()[1] + 0)) == [c.fileno()]
+    assert list(pacing.connection_fds("127.0.0.2", port)) == []  # another address
     # the accepted side's peer is the client's ephemeral port, not the listener
     assert list(pacing.connection_fds("127.0.0.1", c.getsockname()[1])) == [a.fileno()]
 
@@ -50,6 +50,25 @@ def test_cap_is_set_read_back_and_lifted(pair):
     assert a.recv(1) == b"x"
 
 
+def test_looking_does_not_change_the_owners_socket(pair):
+    """The descriptor is wrapped in a socket object to read its peer; with a default
+    timeout set, wrapping would make the shared file description non-blocking."""
+    import fcntl
+    import os
+
+    c, _a, port = pair
+    before = fcntl.fcntl(c.fileno(), fcntl.F_GETFL)
+    assert not before & os.O_NONBLOCK
+    socket.setdefaulttimeout(5.0)
+    try:
+        assert list(pacing.connection_fds("127.0.0.1", port)) == [c.fileno()]
+        assert pacing.pace_connections("127.0.0.1", port, 1e6) == 1
+    finally:
+        socket.setdefaulttimeout(None)
+    assert fcntl.fcntl(c.fileno(), fcntl.F_GETFL) == before
+    assert pacing.get_max_pacing_rate(c.fileno()) == 1_000_000
+
+
 def test_a_capped_socket_sends_slower(pair):
     """The kernel really paces: 1 MB at 2 MB/s takes a measurable part of half a second,
     unpaced it takes a few milliseconds (loopback)."""
@@ -63,9 +82,12 @@ def test_a_capped_socket_sends_slower(pair):
         def read():
             nonlocal got
             while got < nbytes:
-                got += len(a.recv(1 << 20))
+                chunk = a.recv(1 << 20)
+                if not chunk:  # closed (the test failed): do not spin
+                    return
+                got += len(chunk)
 
-        th = threading.Thread(target=read)
+        th = threading.Thread(target=read, daemon=True)
         th.start()
         c.sendall(bytes(nbytes))
         th.join()

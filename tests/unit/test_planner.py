@@ -480,6 +480,26 @@ def test_a_round_right_after_a_plan_change_surprises_only_if_no_migration_explai
     assert len(p._ratios) == 4  # neither settling round joined the median
 
 
+def test_the_first_round_after_a_plan_change_may_still_run_the_old_plan():
+    """Answers are pipelined, so the first report after a plan change may carry a round
+    of the old assignment: a change predicted far faster must not read as a surprise."""
+    p = _planner("optimal", 0.1)  # servers 0..2, workers 3 and 4
+    rates = {(i, j): 10e6 for i in (0, 1) for j in (3, 4)}
+    rates.update({(j, i): 10e6 for i in (0, 1) for j in (3, 4)})
+    rates.update({(2, 3): 0.5e6, (2, 4): 0.5e6, (3, 2): 0.5e6, (4, 2): 0.5e6})  # server 2 slow
+    p.assignment = np.array([0, 1] * 60, dtype=np.int64)  # the new plan: nothing on server 2
+    pred_new = _steady(p, rates)
+    old = np.full(len(p.slices), 2, dtype=np.int64)  # the old one: everything on server 2
+    pred_old = p._predict(p.node_network(), old)
+    assert pred_old > 5 * pred_new
+    for rnd in range(1, 5):
+        assert not p.surprised(rnd, [pred_new * 1.2])
+    p._before, p._settle = old, 2  # what plan() sets when it changes the assignment
+    assert not p.surprised(5, [pred_old * 1.2])  # the old plan's usual round
+    assert p.last_surprise == pytest.approx(1.0)
+    assert p.surprised(6, [pred_old * 6.0])  # far slower than either plan
+
+
 def test_a_calibration_report_replaces_old_readings_and_the_plan_follows_at_once():
     """Node 2 was fast (its probes read 10 MB/s both ways); it drops to 1 MB/s and the
     workers re-probe a whole cycle. The first calibration report of the round drops every

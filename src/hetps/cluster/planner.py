@@ -122,6 +122,7 @@ class Planner:
         self._ratios: list[float] = []
         self._surprises = 0  # surprising rounds in a row
         self._settle = 0
+        self._before: np.ndarray | None = None  # the assignment before the last change
         self._replace_busy = False  # the next busy-time rates replace the old, not blend
         self._recal_asked: int | None = None  # the round that asked, while it is pending
         self._recal_wait = 0  # released rounds left before a pending request counts as lost
@@ -384,11 +385,18 @@ class Planner:
         if settling:
             # a migration's rounds are not judged, unless one is so slow that no migration
             # explains it: a cut that came with a plan change (made from the slow round
-            # itself) would otherwise go unseen for SURPRISE_SETTLE more rounds
+            # itself) would otherwise go unseen for SURPRISE_SETTLE more rounds. With
+            # pipelined answers the first of them may still have run the assignment before
+            # the change: judged against the slower of the two predictions
+            try:
+                before = self._predict(net, self._before) if self._before is not None else None
+            except Exception:  # noqa: BLE001 - the current prediction alone
+                before = None
+            if before and np.isfinite(before) and before > predicted:
+                ratio = float(np.median(spans)) / before
             if len(recent) >= SURPRISE_MIN_HISTORY:
-                surprise = ratio / float(np.median(recent))
-                if surprise > SURPRISE_IN_SETTLE:
-                    self.last_surprise = surprise
+                self.last_surprise = ratio / float(np.median(recent))
+                if self.last_surprise > SURPRISE_IN_SETTLE:
                     self._surprises = 0
                     return True
             return False
@@ -715,6 +723,7 @@ class Planner:
         if not np.array_equal(new, self.assignment):
             self.epoch += 1
             self._settle = SURPRISE_SETTLE  # its first rounds carry the migration
+            self._before = self.assignment  # (pipelined: the next spans may still be its)
         self.assignment = new
         self.shares = shares
         self.plan_seconds.append(time.perf_counter() - t0)

@@ -47,7 +47,8 @@ FLOW_PACE_CHANGE = 0.05  # a flow's pace is sent again when it changed by more t
 #: packet pushes the next one back by its length over the rate, so on a connection paced at
 #: a few hundred bytes/s (a server whose share is one key's tail) every later message, a
 #: receipt, a pull request, a probe sent after the pace is lifted, waits seconds to minutes.
-#: Such a flow carries too little to matter; at 1 Mbit/s a packet waits at most ~12 ms.
+#: Such a flow carries too little to matter; at 1 Mbit/s a full-size packet holds the next
+#: one back ~12 ms (~23 ms for a two-segment TSO burst).
 FLOW_PACE_MIN_BPS = 125_000
 SPAN_MIN_BYTES = 1024  # smallest push or pull that counts in its server's span of a round
 SPREAD_WAIT_S = 30.0  # longest a spread probe may hold the other workers at their barrier
@@ -865,8 +866,8 @@ class DistKVStore:
         its connection back, at ``HETPS_FLOW_PACE`` times the plan's flow rate for it: the
         server's share over the plan's predicted iteration time (docs/BALANCE.md §7.4). A
         server without a share (or one under FLOW_PACE_MIN_BPS), or a plan without flow
-        rates, gets no cap. Only paces that
-        changed by more than FLOW_PACE_CHANGE are sent again."""
+        rates, gets no cap. Only paces that changed by more than FLOW_PACE_CHANGE are sent
+        again; this worker's own side is set again after probes lifted it."""
         factor = self.cfg.flow_pace
         rates = plan.get("flow_rates") if factor > 0 and isinstance(plan, dict) else None
         want: dict[int, float] = {}
@@ -876,37 +877,57 @@ class DistKVStore:
             r = rates[s] if isinstance(rates, list) and s < len(rates) else None
             ok = isinstance(r, (int, float)) and np.isfinite(r) and r * factor >= FLOW_PACE_MIN_BPS
             want[s] = float(r) * factor if ok else 0.0
-        if not self._paced and not any(want.values()):
+        if not any(self._paced.values()) and not any(want.values()):
             return
         changed = {
             s: r
             for s, r in want.items()
             if abs(r - self._paced.get(s, 0.0)) > FLOW_PACE_CHANGE * max(r, self._paced.get(s, 0.0))
         }
+        if self._own_unpaced:  # probes lifted our side: set it again where it stays
+            for s, r in self._paced.items():
+                if s not in changed and r > 0:
+                    self._pace_own(s, r)
+            self._own_unpaced = False
+        self._set_paces(changed)
+
+    def _pace_own(self, s: int, rate: float) -> None:
+        if not self.node.van.pace(self._server_ids[s], rate) and rate > 0:
+            log.info("worker %d: no connection to server %d to pace", self.rank, s)
+
+    def _set_paces(self, paces: dict[int, float]) -> None:
+        """Set this worker's side and ask each server for its side; a pace counts (and is
+        not sent again) only once its server acknowledged it, so a lost request is retried
+        with the next plan. Failures are logged: pacing never stops the round."""
         futs = []
-        for s, r in want.items():
-            if (s in changed or self._own_unpaced) and not self.node.van.pace(
-                self._server_ids[s], r
-            ):
-                log.info("worker %d: no connection to server %d to pace", self.rank, s)
-            if s in changed:
-                futs.append((s, self._request(None, 0, s, Message(C.PACE, body={"rate": r}))))
-        self._own_unpaced = False
-        try:
-            answers = wait_all([f for _s, f in futs], self.timeout, "flow pacing")
-            for (s, _f), reply in zip(futs, answers, strict=True):
-                self._pace_acks[s] = reply.body.get("paced")  # sockets it paced (for checks)
-        except ClusterError as exc:  # pacing is an optimisation: the round goes on without
-            log.warning("worker: flow pacing: %s", exc)
-        self._paced.update(changed)
+        for s, r in paces.items():
+            self._pace_own(s, r)
+            futs.append((s, r, self._request(None, 0, s, Message(C.PACE, body={"rate": r}))))
+        deadline = time.monotonic() + self.timeout
+        for s, r, fut in futs:
+            try:
+                reply = fut.wait(max(0.0, deadline - time.monotonic()))
+            except (ClusterError, RequestError) as exc:
+                log.warning("worker: flow pacing of server %d: %s", s, exc)
+                self._pace_own(s, self._paced.get(s, 0.0))  # back to what it last acknowledged
+                continue
+            self._paced[s] = r
+            self._pace_acks[s] = reply.body.get("paced")  # sockets it paced (for checks)
 
     def _unpace_own(self) -> None:
         """Lift this worker's own connection paces (before capacity probes)."""
         if any(self._paced.values()) and not self._own_unpaced:
             for s, r in self._paced.items():
                 if r > 0:
-                    self.node.van.pace(self._server_ids[s], 0.0)
+                    self._pace_own(s, 0.0)
             self._own_unpaced = True
+
+    def _unpace_all(self) -> None:
+        """Lift every pace, this worker's and its servers' (before slices migrate, so that
+        they do not crawl at the old plan's rate to a server whose share grew); the plan's
+        paces are set again at the end of the round's rebalance."""
+        self._set_paces({s: 0.0 for s, r in self._paced.items() if r > 0})
+        self._own_unpaced = False
 
     def _adopt(self, plan: dict) -> dict | None:
         """Switch to the assignment of the planner's answer ``plan`` (migrating slices)."""
@@ -917,6 +938,8 @@ class DistKVStore:
         if len(new) != len(old):  # decided before keys were added: the next answer will fit
             return self.plan
         if new != old:
+            if any(self._paced.values()):
+                self._unpace_all()
             drops = self._migrate(old, new)
             # every worker's moves have landed, and every worker has finished its previous
             # round's requests (rebalance() began with wait_outstanding()): only now may the

@@ -220,10 +220,11 @@ class Van:
         if endpoint is None or not pacing.supported():
             return 0
         host, port = endpoint.rsplit(":", 1)
-        done = 0
-        for fd in pacing.connection_fds(host, int(port), exclude_local_port=self.port):
-            done += pacing.set_max_pacing_rate(fd, bytes_per_s)
-        return done
+        try:
+            return pacing.pace_connections(host, int(port), bytes_per_s, self.port)
+        except OSError as exc:  # pacing is an optimisation: never a reason to fail a send
+            log.info("%s: could not pace the connection to %s: %s", self.name, peer, exc)
+            return 0
 
     def disconnect(self, peer: Any, linger_ms: int = 0) -> None:
         """Close the DEALER to ``peer``; unsent messages get ``linger_ms`` to leave."""
