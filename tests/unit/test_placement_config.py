@@ -78,6 +78,8 @@ def test_config_reads_dmlc_variables():
             "HETPS_PUSH_WINDOW=0 turns off: set HETPS_PUSH_WINDOW > 0",
         ),
         ({"HETPS_PUSH_PACE": "inf"}, "set 0 \\(no pacing, the default\\) or a margin >= 1"),
+        ({"HETPS_FLOW_PACE": "5"}, "HETPS_FLOW_PACE=5.0 is not a pacing factor: set 0"),
+        ({"HETPS_FLOW_PACE": "fast"}, "HETPS_FLOW_PACE='fast' is not a number"),
     ],
 )
 def test_config_errors_name_the_variable_and_fix(over, match):
@@ -100,6 +102,8 @@ def test_balancing_defaults():
     assert cfg.probe_bytes == 128 * 1024
     assert cfg.push_pace == 0  # pacing is opt-in
     assert node_config_from_env({**BASE, "HETPS_PUSH_PACE": "1.25"}).push_pace == 1.25
+    assert cfg.flow_pace == 0  # so is flow pacing
+    assert node_config_from_env({**BASE, "HETPS_FLOW_PACE": "0.95"}).flow_pace == 0.95
 
 
 def test_fusion_default_and_override():

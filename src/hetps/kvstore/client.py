@@ -869,6 +869,8 @@ class DistKVStore:
         rates, gets no cap. Only paces that changed by more than FLOW_PACE_CHANGE are sent
         again; this worker's own side is set again after probes lifted it."""
         factor = self.cfg.flow_pace
+        if factor <= 0 and not self._paced:
+            return  # off (the default): nothing to do in any round
         rates = plan.get("flow_rates") if factor > 0 and isinstance(plan, dict) else None
         want: dict[int, float] = {}
         for s in range(self.num_servers):

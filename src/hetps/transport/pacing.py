@@ -2,15 +2,17 @@
 
 ZeroMQ hides its connections' file descriptors, but they live in this process's descriptor
 table: a DEALER's connection is the TCP socket whose peer address is the endpoint it was
-connected to. :func:`connection_fds` finds them under ``/proc/self/fd``, and
-:func:`set_max_pacing_rate` caps a socket's sending rate with ``SO_MAX_PACING_RATE``, which
-TCP honours by its own pacing (any qdisc; no ``fq`` needed). The descriptor is duplicated for
-the call and the duplicate closed, so ZeroMQ's own descriptor is never touched.
+connected to. :func:`pace_connections` finds them (only descriptors whose inode
+``/proc/self/net/tcp{,6}`` lists with that peer) and caps each one's sending rate with
+``SO_MAX_PACING_RATE``, which TCP honours by its own pacing (any qdisc; no ``fq`` needed).
+Each is opened as a duplicate, its flags kept, and the duplicate closed, so ZeroMQ's own
+descriptor is never changed. :func:`connection_fds`, :func:`set_max_pacing_rate` and
+:func:`get_max_pacing_rate` work on descriptor numbers (tests and diagnostics).
 
-Why: a node's uplink is shared by its flows to every peer, and TCP splits it by congestion
-feedback, not by how much each flow has to move; flows that finish early leave capacity idle
-that the late ones cannot use. Pacing each flow to its share of the plan's iteration time
-makes them all end together (docs/BALANCE.md §7.4).
+The idea: TCP splits a node's uplink among its flows by congestion feedback, not by how much
+each has to move, and flows that finish early leave capacity the late ones cannot use;
+pacing each flow to its share of the plan's round time would end them together. Measured on
+the 8-node benchmark it made hetps slower, so it is opt-in (docs/BALANCE.md §7.4).
 """
 
 from __future__ import annotations
