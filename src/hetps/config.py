@@ -97,6 +97,10 @@ class NodeConfig:
     probe_num: int = 1
     probe_bytes: int = 128 * 1024
     probe_prob: float = 0.25
+    #: probing rounds may thin out to one in this many times 1/probe_prob while probes keep
+    #: agreeing with the plan's link caps (1, the default: every 1/probe_prob-th round);
+    #: for networks known to hold still (docs/BALANCE.md §7.5)
+    probe_backoff: int = 1
     replan_every: int = 1
     push_window: int = 1 << 19  # bytes of pushes in flight per worker when balancing
     #: pace pushes at this many times the plan's critical push rate (0 = no pacing, the
@@ -208,6 +212,7 @@ def node_config_from_env(
         probe_num = _int(env, "HETPS_PROBE_NUM", 1)
         probe_bytes = _int(env, "HETPS_PROBE_BYTES", 128 * 1024, 16)
         probe_prob = _float(env, "HETPS_PROBE_PROB", 0.25)
+        probe_backoff = _int(env, "HETPS_PROBE_BACKOFF", 1, 1)
         replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
         replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
         push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 19, 0)
@@ -243,6 +248,7 @@ def node_config_from_env(
         verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
         bound, max_msg, chunk, port, port_file, launch_rank, shape_mbit = 0, 0, 0, 0, None, -1, 0.0
         balance, slice_elems, probe_num, probe_bytes, probe_prob = "none", 0, 0, 0, 0.0
+        probe_backoff = 1
         replan_every, colocate, replan_margin, push_window, push_pace = 1, False, 0.0, 0, 0.0
         flow_pace = 0.0
         fusion_bytes, shm_bytes, fusion_tune_steps = 0, 0, 0
@@ -291,6 +297,7 @@ def node_config_from_env(
         probe_num=probe_num,
         probe_bytes=probe_bytes,
         probe_prob=min(1.0, probe_prob),
+        probe_backoff=probe_backoff,
         replan_every=replan_every,
         replan_margin=replan_margin,
         push_window=push_window,

@@ -255,3 +255,58 @@ def test_flow_pacing_caps_each_connection_at_its_plans_rate(cluster):
             assert res["own"][str(s)] == [int(res["paced"][str(s)])], res
             assert res["acks"][str(s)] == 1, res  # the server paced its one socket back
     assert "pace: rate must be a number" in b[0]["refused"], b[0]
+
+
+BACKOFF_CODE = """
+import json
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(24000, np.float32))
+probes = []
+orig = kv._probe
+def probe():
+    probes.append(kv._round)
+    orig()
+kv._probe = probe
+rounds = []
+for step in range(14):
+    scale = (kv.plan or {}).get('probe_scale', 1)  # what this round's decision uses
+    plan = kv.rebalance()
+    # kv._recalibrated: this round probed a whole cycle (the planner saw a change)
+    rounds.append([kv._round, scale, plan.get('probe_scale'), kv._recalibrated])
+    kv.push('w', np.ones(24000, np.float32))
+    kv.pull('w')
+print('RESULT ' + json.dumps({'probes': probes, 'rounds': rounds}), flush=True)
+"""
+
+
+def test_probing_rounds_thin_out_by_the_planners_scale_on_every_worker(cluster):
+    """Every answer carries the planner's ``probe_scale`` and every worker probes by it: a
+    probing round (after the first two) comes once ``base * scale`` rounds have passed since
+    the last one (base = 1 / HETPS_PROBE_PROB = 2 here), with the scale of the answer the
+    worker adopted last, so all workers probe in the same rounds. Through a shaped transport
+    the probes agree with the caps and the rounds thin out (to every ``2 * 4``-th at most)."""
+    env = {
+        "HETPS_SLICE_ELEMS": "2000",
+        "HETPS_BALANCE": "optimal",
+        "HETPS_PROBE_PROB": "0.5",
+        "HETPS_PROBE_BACKOFF": "4",
+        "HETPS_SHAPE_MBIT": "100",
+    }
+    rc, out = cluster(BACKOFF_CODE, workers=2, servers=2, env=env)
+    assert rc == 0, out
+    results = [json.loads(r) for r in re.findall(r"RESULT (\{.*\})", out)]
+    assert len(results) == 2, out
+    assert results[0]["probes"] == results[1]["probes"], results  # the same rounds everywhere
+    for res in results:
+        last = 1
+        for rnd, scale, _answer_scale, cycle in res["rounds"]:
+            if rnd <= 2:  # the first two rounds always probe
+                continue
+            due = rnd - last >= 2 * scale
+            if not cycle:  # (a round that probed a whole cycle probed anyway)
+                assert (rnd in res["probes"]) == due, (rnd, scale, res)
+            if due:
+                last = rnd
+        assert all(1 <= a <= 4 for _, _, a, _ in res["rounds"]), res
+        assert max(a for _, _, a, _ in res["rounds"]) >= 2, res  # quiet probes thinned them
+    print("probing rounds", results[0]["probes"], "scales", [r[2] for r in results[0]["rounds"]])

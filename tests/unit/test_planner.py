@@ -559,3 +559,72 @@ def test_a_probe_far_off_its_links_caps_asks_for_a_new_cycle():
     assert "recalibrate" not in run(3, 3e6)  # too early to judge
     assert run(6, 25e6).get("recalibrate") is True  # 2.5x the caps: a node got faster
     assert "recalibrate" not in run(6, 15e6)  # 1.5x: the window's maximum just rises
+
+
+def test_probing_thins_out_while_probes_agree_and_comes_back_at_a_change():
+    """Each answer carries ``probe_scale``: it doubles after every round whose reports bring
+    capacity probes that agree with the caps (no plan change, no surprise), up to
+    ``probe_backoff``, and falls back to 1 when a probe contradicts the caps; a round
+    without probe readings leaves it alone, and so does a calibration cycle's report."""
+    from hetps.cluster import protocol as P
+
+    p = Planner(
+        "optimal",
+        num_workers=3,
+        num_servers=3,
+        colocate=True,
+        slice_elems=100,
+        margin=0.1,
+        probe_backoff=4,
+    )
+    p.slices = layout([12000], 100)
+    p.assignment = np.array([0, 1, 2] * 40, dtype=np.int64)
+    for i in range(3):
+        for j in range(3):
+            if i != j:
+                p.observe_probe(i, j, 10e6)
+    sched = _Sched(workers=3)
+
+    def round_(rnd: int, rate: float | None, **body) -> dict:
+        for r in range(3):
+            samples = []
+            if rate is not None:  # every worker's probe of this round, at ``rate``
+                samples = [[P.worker_id(r), P.server_id((r + 1) % 3), rate * 0.1, 0.0, 0.1, 1]]
+            # each worker's round took 1 s (a steady ratio to the prediction: no surprise)
+            _report(p, sched, r, rnd, samples, server_times={"0": [1e6, 1.0]}, **body)
+        assert len(sched.answers) == 3 * rnd
+        return sched.answers[-1]
+
+    p._released = 5  # past the first rounds, whose probes are not judged
+    rnd = 0
+    scales = []
+    for rate in (10e6, None, 9.5e6, 10e6, None, 10e6):
+        rnd += 1
+        ans = round_(rnd, rate)
+        assert "recalibrate" not in ans and ans["epoch"] == 0
+        scales.append(ans["probe_scale"])
+    assert scales == [2, 2, 4, 4, 4, 4]
+    rnd += 1
+    ans = round_(rnd, 3e6)  # far below the caps: a node got slower
+    assert ans.get("recalibrate") is True and ans["probe_scale"] == 1
+    rnd += 1
+    ans = round_(rnd, 3e6, calibration=True)  # the new cycle: not a quiet probe
+    assert ans["probe_scale"] == 1
+    rnd += 1
+    assert round_(rnd, 3e6)["probe_scale"] == 2  # the new caps hold: thinning out again
+    p.assignment = np.zeros(120, dtype=np.int64)  # a plan far off the optimum: it changes
+    rnd += 1
+    ans = round_(rnd, 3e6)  # (patience: the first report that favours a change keeps it)
+    assert ans["epoch"] == 0 and ans["probe_scale"] == 4
+    rnd += 1
+    ans = round_(rnd, 3e6)
+    assert ans["epoch"] == 1 and ans["probe_scale"] == 1
+
+    flat = Planner("optimal", num_workers=3, num_servers=3, colocate=True, slice_elems=100)
+    flat.slices, flat.assignment = p.slices, np.array([0, 1, 2] * 40, dtype=np.int64)
+    flat._released = 5
+    s2 = _Sched(workers=3)
+    for r in range(3):
+        samples = [[P.worker_id(r), P.server_id((r + 1) % 3), 1e6, 0.0, 0.1, 1]]
+        _report(flat, s2, r, 1, samples)
+    assert s2.answers[-1]["probe_scale"] == 1  # probe_backoff 1 (the class default): never

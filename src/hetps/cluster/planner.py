@@ -70,6 +70,7 @@ class Planner:
         alpha: float = 0.5,
         margin: float = 0.10,
         patience: int = 2,
+        probe_backoff: int = 1,
     ) -> None:
         if colocate and num_workers != num_servers:
             raise ValueError("colocated servers need as many servers as workers")
@@ -133,6 +134,15 @@ class Planner:
         self.recalibrations = 0  # new probe cycles that came back
         self._trust = False  # the next plan rests on a fresh cycle: no patience (margin holds)
         self.last_surprise: float | None = None
+        # with probe_backoff > 1 (HETPS_PROBE_BACKOFF; off by default: a network that got
+        # faster shows only in probes) probing thins out while the network holds still:
+        # each quiet probing round (its probes agreed with the caps, no plan change, no
+        # surprise) doubles the interval the workers probe at, up to probe_backoff times
+        # their base interval; any sign of change brings it back to the base (every answer
+        # carries it: "probe_scale"; docs/BALANCE.md §7.5)
+        self.probe_backoff = max(1, int(probe_backoff))
+        self.probe_scale = 1
+        self._probed: set[int] = set()  # rounds whose reports carry capacity-probe readings
 
     # network node index of a ps-lite id
     def index(self, node_id: int) -> int:
@@ -221,6 +231,8 @@ class Planner:
             if i == j:  # a worker and its co-located server: never on the network
                 continue
             if kind == 1:
+                if not b.get("calibration"):
+                    self._probed.add(rnd)
                 rate = nbytes / (t1 - t0)
                 if (
                     self._released + 1 >= CONTRADICT_FROM_ROUND
@@ -281,9 +293,10 @@ class Planner:
             for old in [r for r in self._spread if r < rnd]:
                 del self._spread[old]
             self._released += 1
-            recal = self.surprised(
-                rnd, self._spans.pop(rnd, []), contradicted=rnd in self._contradicted
-            )
+            contradicted = rnd in self._contradicted
+            recal = self.surprised(rnd, self._spans.pop(rnd, []), contradicted=contradicted)
+            probed = rnd in self._probed
+            self._probed = {r for r in self._probed if r > rnd}
             self._contradicted = {r for r in self._contradicted if r > rnd}
             for old in [r for r in self._spans if r < rnd]:
                 del self._spans[old]
@@ -298,7 +311,13 @@ class Planner:
                 for m in waiting.values():
                     sched.reply(m, answer)
                 continue
+            epoch = self.epoch
             answer = self.plan()
+            if recal or contradicted or self._surprises or self.epoch != epoch or self._settle:
+                self.probe_scale = 1  # the network may be changing: probe at the base rate
+            elif probed:
+                self.probe_scale = min(2 * self.probe_scale, self.probe_backoff)
+            answer["probe_scale"] = self.probe_scale
             spread = self.spread_targets(live={self.index(n) for n in live})
             if recal:
                 answer = {**answer, "recalibrate": True}
@@ -322,6 +341,7 @@ class Planner:
         self._settle = SURPRISE_SETTLE
         self._trust = True
         self._rebase = True
+        self.probe_scale = 1
         self.recalibrations += 1
 
     def surprised(self, rnd: int, spans: list[float], contradicted: bool = False) -> bool:

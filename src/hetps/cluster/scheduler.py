@@ -78,6 +78,7 @@ class Scheduler:
                 cfg.slice_elems,
                 cfg.probe_num,
                 margin=cfg.replan_margin,
+                probe_backoff=cfg.probe_backoff,
             )
             self.services.setdefault(PLAN_REPORT, self.planner.handle)
         self.nodes: dict[int, NodeInfo] = {}

@@ -316,6 +316,7 @@ class DistKVStore:
         self._recalibrated = False  # probed a whole cycle on the planner's word (a surprise)
         self._recal_due = False  # a superseded answer asked for a new cycle
         self._probed_at = -1  # the last round that sent a capacity probe
+        self._last_probe_round = 1  # the last probing round after the first two (see below)
         self._paced: dict[int, float] = {}  # server rank -> its flows' pace (HETPS_FLOW_PACE)
         self._own_unpaced = False  # this worker's own connections are unpaced for probes
         self._pace_acks: dict[int, Any] = {}  # server rank -> sockets it paced (last answer)
@@ -1069,13 +1070,22 @@ class DistKVStore:
     def _probe_round(self) -> bool:
         """Whether this round probes (the same answer on every worker): the first two (round 1
         only waits for its answer, the first init having probed a whole cycle; round 2 probes
-        and may take a spread probe), then every ``round(1 / probe_prob)``-th round."""
+        and may take a spread probe), then every ``round(1 / probe_prob)``-th round (rounds 5,
+        9, 13, ... at the default 0.25), times the planner's ``probe_scale``: it doubles
+        after each probing round that showed no change, up to ``HETPS_PROBE_BACKOFF``, and
+        falls back to 1 at any sign of one. Every worker adopts the same answers at the same
+        calls, so all count the same rounds."""
         if not self._probes_used():
             return False  # only the link-model schemes use the probes
         if self._round <= 2:
             return True
-        every = max(1, round(1.0 / self.cfg.probe_prob))
-        return (self._round - 1) % every == 0
+        scale = (self.plan or {}).get("probe_scale", 1)
+        scale = int(scale) if isinstance(scale, int) and scale >= 1 else 1
+        every = max(1, round(1.0 / self.cfg.probe_prob)) * scale
+        if self._round - self._last_probe_round < every:
+            return False
+        self._last_probe_round = self._round
+        return True
 
     def _calibration_probes(self) -> int:
         """Probes of one permutation cycle: afterwards every node has probed each peer once
