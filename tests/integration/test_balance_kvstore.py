@@ -268,7 +268,7 @@ def probe():
     orig()
 kv._probe = probe
 rounds = []
-for step in range(14):
+for step in range(20):
     scale = (kv.plan or {}).get('probe_scale', 1)  # what this round's decision uses
     plan = kv.rebalance()
     # kv._recalibrated: this round probed a whole cycle (the planner saw a change)
@@ -281,16 +281,19 @@ print('RESULT ' + json.dumps({'probes': probes, 'rounds': rounds}), flush=True)
 
 def test_probing_rounds_thin_out_by_the_planners_scale_on_every_worker(cluster):
     """Every answer carries the planner's ``probe_scale`` and every worker probes by it: a
-    probing round (after the first two) comes once ``base * scale`` rounds have passed since
-    the last one (base = 1 / HETPS_PROBE_PROB = 2 here), with the scale of the answer the
-    worker adopted last, so all workers probe in the same rounds. Through a shaped transport
-    the probes agree with the caps and the rounds thin out (to every ``2 * 4``-th at most)."""
+    probing round (after the first two) is a round of the base schedule (every base-th,
+    base = 1 / HETPS_PROBE_PROB = 2 here) at least ``base * scale`` rounds after the last
+    one, with the scale of the answer the worker adopted last, so all workers probe in the
+    same rounds. Through a shaped transport the probes agree with the caps and the rounds
+    thin out (to every ``2 * 4``-th at most)."""
     env = {
         "HETPS_SLICE_ELEMS": "2000",
         "HETPS_BALANCE": "optimal",
         "HETPS_PROBE_PROB": "0.5",
         "HETPS_PROBE_BACKOFF": "4",
-        "HETPS_SHAPE_MBIT": "100",
+        # a shaped transport: steady probes, and long enough (~50 ms) to be judged
+        "HETPS_SHAPE_MBIT": "40",
+        "HETPS_PROBE_BYTES": "262144",
     }
     rc, out = cluster(BACKOFF_CODE, workers=2, servers=2, env=env)
     assert rc == 0, out
@@ -302,7 +305,7 @@ def test_probing_rounds_thin_out_by_the_planners_scale_on_every_worker(cluster):
         for rnd, scale, _answer_scale, cycle in res["rounds"]:
             if rnd <= 2:  # the first two rounds always probe
                 continue
-            due = rnd - last >= 2 * scale
+            due = (rnd - 1) % 2 == 0 and rnd - last >= 2 * scale
             if not cycle:  # (a round that probed a whole cycle probed anyway)
                 assert (rnd in res["probes"]) == due, (rnd, scale, res)
             if due:

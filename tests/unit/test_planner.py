@@ -563,9 +563,10 @@ def test_a_probe_far_off_its_links_caps_asks_for_a_new_cycle():
 
 def test_probing_thins_out_while_probes_agree_and_comes_back_at_a_change():
     """Each answer carries ``probe_scale``: it doubles after every round whose reports bring
-    capacity probes that agree with the caps (no plan change, no surprise), up to
-    ``probe_backoff``, and falls back to 1 when a probe contradicts the caps; a round
-    without probe readings leaves it alone, and so does a calibration cycle's report."""
+    capacity probes that were checked against the caps and agree with them (no plan change,
+    no surprise), up to ``probe_backoff``, and falls back to 1 when a probe contradicts the
+    caps; a round without probe readings leaves it alone, and so does one whose probes were
+    not judged (a calibration cycle's, a settling round's, one too short, an early one)."""
     from hetps.cluster import protocol as P
 
     p = Planner(
@@ -585,18 +586,21 @@ def test_probing_thins_out_while_probes_agree_and_comes_back_at_a_change():
                 p.observe_probe(i, j, 10e6)
     sched = _Sched(workers=3)
 
-    def round_(rnd: int, rate: float | None, **body) -> dict:
+    def round_(rnd: int, rate: float | None, dur: float = 0.1, **body) -> dict:
         for r in range(3):
             samples = []
             if rate is not None:  # every worker's probe of this round, at ``rate``
-                samples = [[P.worker_id(r), P.server_id((r + 1) % 3), rate * 0.1, 0.0, 0.1, 1]]
+                samples = [[P.worker_id(r), P.server_id((r + 1) % 3), rate * dur, 0.0, dur, 1]]
             # each worker's round took 1 s (a steady ratio to the prediction: no surprise)
             _report(p, sched, r, rnd, samples, server_times={"0": [1e6, 1.0]}, **body)
         assert len(sched.answers) == 3 * rnd
         return sched.answers[-1]
 
-    p._released = 5  # past the first rounds, whose probes are not judged
-    rnd = 0
+    p._released = 3  # the first rounds' probes are not judged: no thinning yet
+    assert [round_(r, 10e6)["probe_scale"] for r in (1, 2)] == [1, 1]
+    p._released = 5
+    assert round_(3, 10e6, dur=0.01)["probe_scale"] == 1  # 10 ms probes: too short to judge
+    rnd = 3
     scales = []
     for rate in (10e6, None, 9.5e6, 10e6, None, 10e6):
         rnd += 1
@@ -610,6 +614,8 @@ def test_probing_thins_out_while_probes_agree_and_comes_back_at_a_change():
     rnd += 1
     ans = round_(rnd, 3e6, calibration=True)  # the new cycle: not a quiet probe
     assert ans["probe_scale"] == 1
+    rnd += 1  # the cycle's rounds settle: their probes are not judged, nor counted
+    assert round_(rnd, 3e6)["probe_scale"] == 1
     rnd += 1
     assert round_(rnd, 3e6)["probe_scale"] == 2  # the new caps hold: thinning out again
     p.assignment = np.zeros(120, dtype=np.int64)  # a plan far off the optimum: it changes
@@ -628,3 +634,48 @@ def test_probing_thins_out_while_probes_agree_and_comes_back_at_a_change():
         samples = [[P.worker_id(r), P.server_id((r + 1) % 3), 1e6, 0.0, 0.1, 1]]
         _report(flat, s2, r, 1, samples)
     assert s2.answers[-1]["probe_scale"] == 1  # probe_backoff 1 (the class default): never
+
+
+@pytest.mark.parametrize("replan_every", [1, 2, 3, 5])
+@pytest.mark.parametrize("probe_prob", [1.0, 0.5, 0.3, 0.25, 0.2])
+def test_the_workers_probing_rounds_are_the_old_ones_at_scale_1_and_a_subset_above(
+    replan_every, probe_prob
+):
+    """``DistKVStore._probe_round`` as ``rebalance`` calls it (only every
+    ``HETPS_REPLAN_EVERY``-th round): with the planner's scale at 1 (the default backoff) it
+    picks exactly the rounds of the fixed schedule, rounds 1 and 2 and every ``(r - 1) %
+    round(1 / probe_prob) == 0``; with a scale of 2 or 4 a subset of them, at least
+    ``base * scale`` rounds apart."""
+    from types import SimpleNamespace
+
+    from hetps.kvstore.client import DistKVStore
+
+    base = max(1, round(1 / probe_prob))
+
+    def rounds(scale: int) -> list[int]:
+        kv = SimpleNamespace(
+            _probes_used=lambda: True,
+            cfg=SimpleNamespace(probe_prob=probe_prob),
+            plan={"probe_scale": scale},
+            _last_probe_round=1,
+            _round=0,
+        )
+        out = []
+        for r in range(1, 80):
+            if (r - 1) % replan_every:
+                continue  # rebalance() returns before deciding
+            kv._round = r
+            if DistKVStore._probe_round(kv):
+                out.append(r)
+        return out
+
+    old = [
+        r for r in range(1, 80) if (r - 1) % replan_every == 0 and (r <= 2 or (r - 1) % base == 0)
+    ]
+    assert rounds(1) == old
+    for scale in (2, 4):
+        got = rounds(scale)
+        assert set(got) <= set(old)
+        later = [r for r in got if r > 2]
+        assert all(b - a >= base * scale for a, b in zip([1] + later, later, strict=False))
+        assert len(later) >= len([r for r in old if r > 2]) // (scale * replan_every) - 1

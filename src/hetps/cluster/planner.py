@@ -142,7 +142,9 @@ class Planner:
         # carries it: "probe_scale"; docs/BALANCE.md §7.5)
         self.probe_backoff = max(1, int(probe_backoff))
         self.probe_scale = 1
-        self._probed: set[int] = set()  # rounds whose reports carry capacity-probe readings
+        # rounds whose reports carry a capacity probe that was checked against the caps (one
+        # too short to judge, or from a calibration cycle or a settling round, says nothing)
+        self._probed: set[int] = set()
 
     # network node index of a ps-lite id
     def index(self, node_id: int) -> int:
@@ -231,17 +233,17 @@ class Planner:
             if i == j:  # a worker and its co-located server: never on the network
                 continue
             if kind == 1:
-                if not b.get("calibration"):
-                    self._probed.add(rnd)
                 rate = nbytes / (t1 - t0)
-                if (
+                judged = (
                     self._released + 1 >= CONTRADICT_FROM_ROUND
                     and t1 - t0 >= CONTRADICT_MIN_S
                     and not b.get("calibration")
                     and self._settle == 0  # not right after a migration or a cycle
-                    and self.contradicts(i, j, rate)
-                ):
-                    self._contradicted.add(rnd)
+                )
+                if judged:
+                    self._probed.add(rnd)  # a probe checked against the caps (backoff)
+                    if self.contradicts(i, j, rate):
+                        self._contradicted.add(rnd)
                 self.observe_probe(i, j, rate, rnd)
             elif kind in (2, 3):  # a spread's flow (3: its forecast was stamped late)
                 self._spread.setdefault(rnd, []).append((i, j, t0, t1, nbytes, kind == 3))

@@ -1079,10 +1079,12 @@ class DistKVStore:
             return False  # only the link-model schemes use the probes
         if self._round <= 2:
             return True
+        base = max(1, round(1.0 / self.cfg.probe_prob))
+        if (self._round - 1) % base:
+            return False  # (only rounds of the base schedule may probe, whatever the scale)
         scale = (self.plan or {}).get("probe_scale", 1)
         scale = int(scale) if isinstance(scale, int) and scale >= 1 else 1
-        every = max(1, round(1.0 / self.cfg.probe_prob)) * scale
-        if self._round - self._last_probe_round < every:
+        if self._round - self._last_probe_round < base * scale:
             return False
         self._last_probe_round = self._round
         return True
