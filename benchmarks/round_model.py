@@ -12,7 +12,8 @@ What it models (docs/LOAD_BALANCE_RESULTS.md, session 11):
   data by a *policy* (below), recomputed every ``dt`` seconds;
 - a push window: a worker keeps at most ``window`` bytes of pushes in flight (credit back
   when a push has arrived), as ``HETPS_PUSH_WINDOW`` does; 0 means none;
-- a worker starts its next round as soon as it holds every reply of this one.
+- a worker starts its next round as soon as it holds every reply of this one (no barrier:
+  its pushes may overlap slower workers' pulls).
 
 Policies (how a link is shared):
 
@@ -22,14 +23,19 @@ Policies (how a link is shared):
     strict priority to the earliest slice (by layout index) at every link, work-conserving:
     what a network with per-message priorities could do;
 ``sender-order``
-    each node's uplink serves its connections by the index of their head slice (a node-wide
-    send scheduler across its worker and its server), the links otherwise max-min fair;
+    each node ranks its sending connections by their head slice (a node-wide send scheduler
+    across its worker and its server);
 ``push-order``
-    each worker's pushes leave strictly in layout order across its connections
-    (work-conserving); replies max-min fair.
+    each worker ranks its push connections by their head slice; replies rank first.
+
+The ranks of ``sender-order`` and ``push-order`` are per sender, but the classes they make
+are served in rank order across the whole network (max-min fair within a class): at a
+shared downlink one sender's first connection goes before another's second one. That is an
+approximation of per-sender scheduling, not the thing itself. Messages are ordered by
+(round, slice).
 
 What it leaves out: TCP's congestion control and queueing delay (credit comes back at once),
-acks, per-message CPU time. On the benchmark's static network it reads 1.19x the bound for
+acks, per-message CPU time. On the benchmark's static network it reads 1.22x the bound for
 ``fair`` with the 512 KiB window, where hetps measures 1.20-1.27x; but it does not rank
 transport changes that hinge on queueing delay (a per-server push cap it predicted at 1.11x
 measured 1.40x). Read it as "what the schedule alone costs", not as a prediction.
@@ -114,8 +120,10 @@ def _share(c: list[float], classes: list[list]) -> dict:
 def simulate(
     case: Case, *, rounds: int = 3, window: int = 512 << 10, policy: str = "fair", dt: float = 5e-4
 ) -> list[float]:
-    """Seconds between the ends of consecutive rounds (``rounds - 1`` of them; the first
-    round starts with every worker at once, later ones when each worker is done)."""
+    """Seconds between the ends of consecutive rounds (``rounds - 1`` of them). Every worker
+    starts the first round at once and each later one as soon as it holds every reply of
+    its last (no barrier: its pushes may overlap another worker's pulls, as in hetps); a
+    round ends when its last worker is done."""
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r} is not one of {', '.join(POLICIES)}")
     c, sizes, owner = [float(x) for x in case.rates], case.sizes, case.owner
@@ -125,65 +133,62 @@ def simulate(
     need = [sum(1 for o in owner if o != i) for i in range(n)]
     mine = [S - need[i] for i in range(n)]
     # connection (kind, src, dst): 'p' worker src -> server dst, 'r' server src -> worker dst;
-    # a FIFO of [slice, bytes left]
+    # a FIFO of [(round, slice), bytes left]
     conns: dict = collections.defaultdict(collections.deque)
-    t, start, ends = 0.0, [0.0] * n, []
-    for _ in range(rounds):
-        recv, got, own_done = [0] * S, [0] * n, [0] * n
-        credit, nxt = [0] * n, [0] * n
-        fin: list[float | None] = [None] * n
+    recv: collections.Counter = collections.Counter()  # (round, slice) -> pushes arrived
+    got: collections.Counter = collections.Counter()  # (worker, round) -> replies arrived
+    own: collections.Counter = collections.Counter()  # (server, round) -> own slices done
+    rnd, nxt, credit = [0] * n, [0] * n, [0] * n
+    ends = [0.0] * rounds
 
-        def complete(s: int, own_done: list[int] = own_done) -> None:
-            own_done[owner[s]] += 1
+    def arrived(rs: tuple[int, int]) -> None:
+        """One more push of slice ``rs[1]`` in round ``rs[0]``: complete once all are in."""
+        recv[rs] += 1
+        if recv[rs] == n:
+            j = owner[rs[1]]
+            own[(j, rs[0])] += 1
             for i in range(n):
-                if i != owner[s]:
-                    conns[("r", owner[s], i)].append([s, sizes[s]])
+                if i != j:
+                    conns[("r", j, i)].append([rs, sizes[rs[1]]])
 
-        while any(f is None for f in fin):
-            for i in range(n):  # pushes, while credit lasts
-                if t < start[i]:
-                    continue
-                while nxt[i] < S:
-                    s = nxt[i]
-                    if owner[s] == i:  # its own server's slice: no network
-                        nxt[i] += 1
-                        recv[s] += 1
-                        if recv[s] == n:
-                            complete(s)
-                        continue
-                    if window and credit[i] and credit[i] + sizes[s] > window:
-                        break
-                    credit[i] += sizes[s]
-                    conns[("p", i, owner[s])].append([s, sizes[s]])
+    t = 0.0
+    while min(rnd) < rounds:
+        for i in range(n):  # pushes, while credit lasts
+            while rnd[i] < rounds and nxt[i] < S:
+                s = nxt[i]
+                if owner[s] == i:  # its own server's slice: no network
                     nxt[i] += 1
-            for i in range(n):
-                if fin[i] is None and t >= start[i] and nxt[i] == S:
-                    if got[i] == need[i] and own_done[i] == mine[i]:
-                        fin[i] = t
-            act = [k for k, q in conns.items() if q]
-            if act:
-                head = {k: conns[k][0][0] for k in act}
-                rate = _share(c, _classes(policy, act, head))
-                for k in act:
-                    budget, q = rate[k] * dt, conns[k]
-                    while budget > 0 and q:
-                        m = q[0]
-                        x = min(budget, m[1])
-                        m[1] -= x
-                        budget -= x
-                        if m[1] <= 1e-9:
-                            q.popleft()
-                            s = m[0]
-                            if k[0] == "p":  # arrived at the server: credit back
-                                credit[k[1]] -= sizes[s]
-                                recv[s] += 1
-                                if recv[s] == n:
-                                    complete(s)
-                            else:
-                                got[k[2]] += 1
-            t += dt
-        ends.append(max(f for f in fin if f is not None))
-        start = [float(f) for f in fin if f is not None]
+                    arrived((rnd[i], s))
+                    continue
+                if window and credit[i] and credit[i] + sizes[s] > window:
+                    break
+                credit[i] += sizes[s]
+                conns[("p", i, owner[s])].append([(rnd[i], s), sizes[s]])
+                nxt[i] += 1
+        for i in range(n):  # a worker holding every reply starts its next round
+            r = rnd[i]
+            if r < rounds and nxt[i] == S and got[(i, r)] == need[i] and own[(i, r)] == mine[i]:
+                ends[r] = max(ends[r], t)
+                rnd[i], nxt[i] = r + 1, 0
+        act = [k for k, q in conns.items() if q]
+        if act:
+            head = {k: conns[k][0][0] for k in act}
+            rate = _share(c, _classes(policy, act, head))
+            for k in act:
+                budget, q = rate[k] * dt, conns[k]
+                while budget > 0 and q:
+                    m = q[0]
+                    x = min(budget, m[1])
+                    m[1] -= x
+                    budget -= x
+                    if m[1] <= 1e-9:
+                        q.popleft()
+                        if k[0] == "p":  # arrived at the server: credit back
+                            credit[k[1]] -= sizes[m[0][1]]
+                            arrived(m[0])
+                        else:
+                            got[(k[2], m[0][0])] += 1
+        t += dt
     return list(np.diff(ends))
 
 
