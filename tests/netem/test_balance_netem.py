@@ -200,12 +200,16 @@ def test_spread_probes_see_a_node_faster_than_every_peer(tmp_path):
     read node 0's own 60 (docs/BALANCE.md §7.2). A spread reading is a lower bound: TCP
     shares node 0's link unevenly among the flows, which end apart, so it reads 5-15% under
     the goodput (session 6: 50.8-58.8 against 57.4 over 18 runs); never far above it."""
-    text = _measure(tmp_path, [60, 40, 40, 40], "optimal")
     from hetps.netem import goodput_mbit
 
-    raw_nodes = re.findall(r"NODES (\{.*\})", text)[-1]  # after the last round
-    up = [x * 8 / 1e6 for x in json.loads(raw_nodes)["up"]]
     fast, peer = goodput_mbit(60), goodput_mbit(40)
+    for attempt in range(2):  # a busy spell of the shared host reads low (CI: 0.76 once)
+        (tmp_path / str(attempt)).mkdir()
+        text = _measure(tmp_path / str(attempt), [60, 40, 40, 40], "optimal")
+        raw_nodes = re.findall(r"NODES (\{.*\})", text)[-1]  # after the last round
+        up = [x * 8 / 1e6 for x in json.loads(raw_nodes)["up"]]
+        if 0.8 * fast < up[0] < 1.1 * fast:
+            break
     assert 0.8 * fast < up[0] < 1.1 * fast, (up, "Mbit/s; node 0 should read", fast)
     assert up[0] > 1.25 * peer, up  # more than any single flow of it could show
 
