@@ -81,19 +81,16 @@ def _classes(policy: str, act: list, head: dict) -> list[list]:
     if policy == "slice-order":
         rank = {k: head[k] for k in act}
     else:
-        group = collections.defaultdict(list)
+        # the sender a connection is ranked within (sender-order: its node; push-order: its
+        # worker, pushes only; replies rank first there)
+        def group(k: tuple) -> object:
+            return k[1] if policy == "sender-order" else (k[1] if k[0] == "p" else None)
+
+        heads = collections.defaultdict(list)
         for k in act:
-            if policy == "sender-order":
-                group[k[1]].append(head[k])
-            elif k[0] == "p":  # push-order: a worker's pushes in layout order
-                group[("p", k[1])].append(head[k])
-        rank = {}
-        for k in act:
-            if policy == "push-order" and k[0] == "r":
-                rank[k] = 0  # replies: in the first class, max-min fair
-                continue
-            g = group[k[1] if policy == "sender-order" else ("p", k[1])]
-            rank[k] = sorted(g).index(head[k])
+            heads[group(k)].append(head[k])
+        order = {g: sorted(v) for g, v in heads.items()}
+        rank = {k: 0 if group(k) is None else order[group(k)].index(head[k]) for k in act}
     return [[k for k in act if rank[k] == r] for r in sorted(set(rank.values()))]
 
 
