@@ -587,6 +587,30 @@ def fifo_limit(rate_mbit: float) -> int:
     return int(min(max(rate_bit / 8 * 0.5, 100 * 1514), 16 << 20))
 
 
+def tcp_counters(net) -> list[dict]:
+    """Per node: its namespace's TCP segments sent, retransmitted, and retransmission
+    timeouts (all, and those found spurious) since its namespace was made: the run, and the
+    raw-TCP baseline when it ran in the same namespaces (``nstat``), for tcp_counters.json."""
+    import subprocess
+
+    names = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPSpuriousRTOs", "TcpOutSegs")
+    out = []
+    for i in range(net.n):
+        row: dict = {}
+        out.append(row)
+        try:  # nstat comes with iproute2, like ip and tc; a diagnostic never fails a run
+            res = subprocess.run(
+                net.exec_argv(i, ["nstat", "-az", *names]), capture_output=True, text=True
+            )
+        except OSError:
+            continue
+        for line in res.stdout.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0] in names:
+                row[parts[0]] = int(parts[1])
+    return out
+
+
 def ns_tweaks(net, tweaks: list[str]) -> None:
     """Diagnostics only (not hetps' emulator): change TCP/queueing inside the run's own
     namespaces. ``noidle``: no slow-start restart after idle; ``shortq``: 50 ms TBF queues;
@@ -924,7 +948,9 @@ def run_one(
         if th is not None:
             th.join(5)
         drops = tc_drops(net)
+        tcp_counts = tcp_counters(net)
     (run_dir / "tc_drops.json").write_text(json.dumps(drops))
+    (run_dir / "tcp_counters.json").write_text(json.dumps(tcp_counts))
     wall = time.time() - t_begin
     if rc == 130:  # Ctrl-C: the launcher stopped the cluster; stop the benchmark too
         raise KeyboardInterrupt

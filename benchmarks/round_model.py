@@ -13,7 +13,8 @@ What it models (docs/LOAD_BALANCE_RESULTS.md, session 11):
 - a push window: a worker keeps at most ``window`` bytes of pushes in flight (credit back
   when a push has arrived), as ``HETPS_PUSH_WINDOW`` does; 0 means none;
 - a worker starts its next round as soon as it holds every reply of this one (no barrier:
-  its pushes may overlap slower workers' pulls).
+  its pushes may overlap slower workers' pulls); with ``barrier`` every worker waits until
+  all hold every reply (a barrier that takes no time).
 
 Policies (how a link is shared):
 
@@ -26,7 +27,12 @@ Policies (how a link is shared):
     each node ranks its sending connections by their head slice (a node-wide send scheduler
     across its worker and its server);
 ``push-order``
-    each worker ranks its push connections by their head slice; replies rank first.
+    each worker ranks its push connections by their head slice; replies rank first;
+``bands``
+    ``bands`` strict-priority classes by the head slice's place in the layout (its first
+    ``S / bands`` slices first), whatever its round: what DSCP-marked priority queues in
+    the network could do (session 12); with ``--barrier`` no two rounds are ever on the
+    links at once, so the classes order rounds as well.
 
 The ranks of ``sender-order`` and ``push-order`` are per sender, but the classes they make
 are served in rank order across the whole network (max-min fair within a class): at a
@@ -54,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-POLICIES = ("fair", "slice-order", "sender-order", "push-order")
+POLICIES = ("fair", "slice-order", "sender-order", "push-order", "bands")
 
 
 @dataclass
@@ -74,12 +80,15 @@ class Case:
         return lower_bound(self.rates, self.rates, float(sum(self.sizes)), range(n), range(n))
 
 
-def _classes(policy: str, act: list, head: dict) -> list[list]:
-    """The active connections split into strict-priority classes, first served first."""
+def _classes(policy: str, act: list, head: dict, band=None) -> list[list]:
+    """The active connections split into strict-priority classes, first served first
+    (``band``: a slice's band, for ``bands``)."""
     if policy == "fair":
         return [act]
     if policy == "slice-order":
         rank = {k: head[k] for k in act}
+    elif policy == "bands":
+        rank = {k: band[head[k][1]] for k in act}
     else:
         # the sender a connection is ranked within (sender-order: its node; push-order: its
         # worker, pushes only; replies rank first there)
@@ -115,18 +124,29 @@ def _share(c: list[float], classes: list[list]) -> dict:
 
 
 def simulate(
-    case: Case, *, rounds: int = 3, window: int = 512 << 10, policy: str = "fair", dt: float = 5e-4
+    case: Case,
+    *,
+    rounds: int = 3,
+    window: int = 512 << 10,
+    policy: str = "fair",
+    dt: float = 5e-4,
+    bands: int = 8,
+    barrier: bool = False,
 ) -> list[float]:
     """Seconds between the ends of consecutive rounds (``rounds - 1`` of them). Every worker
     starts the first round at once and each later one as soon as it holds every reply of
     its last (no barrier: its pushes may overlap another worker's pulls, as in hetps); a
-    round ends when its last worker is done."""
+    round ends when its last worker is done (with ``barrier`` every worker starts the next
+    round then). ``bands``: the number of classes of the ``bands`` policy."""
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r} is not one of {', '.join(POLICIES)}")
+    if bands < 1:
+        raise ValueError(f"bands must be at least 1, got {bands}")
     c, sizes, owner = [float(x) for x in case.rates], case.sizes, case.owner
     n, S = len(c), len(sizes)
     if len(owner) != S or any(not 0 <= o < n for o in owner):
         raise ValueError("owner must name a server (0..nodes-1) for every slice")
+    band = [s * bands // S for s in range(S)]
     need = [sum(1 for o in owner if o != i) for i in range(n)]
     mine = [S - need[i] for i in range(n)]
     # connection (kind, src, dst): 'p' worker src -> server dst, 'r' server src -> worker dst;
@@ -162,15 +182,26 @@ def simulate(
                 credit[i] += sizes[s]
                 conns[("p", i, owner[s])].append([(rnd[i], s), sizes[s]])
                 nxt[i] += 1
-        for i in range(n):  # a worker holding every reply starts its next round
-            r = rnd[i]
-            if r < rounds and nxt[i] == S and got[(i, r)] == need[i] and own[(i, r)] == mine[i]:
-                ends[r] = max(ends[r], t)
-                rnd[i], nxt[i] = r + 1, 0
+        done = [
+            rnd[i] < rounds
+            and nxt[i] == S
+            and got[(i, rnd[i])] == need[i]
+            and own[(i, rnd[i])] == mine[i]
+            for i in range(n)
+        ]
+        if barrier:  # all at once, when the last worker holds its replies
+            if all(done):
+                ends[rnd[0]] = t
+                rnd, nxt = [r + 1 for r in rnd], [0] * n
+        else:
+            for i in range(n):  # a worker holding every reply starts its next round
+                if done[i]:
+                    ends[rnd[i]] = max(ends[rnd[i]], t)
+                    rnd[i], nxt[i] = rnd[i] + 1, 0
         act = [k for k, q in conns.items() if q]
         if act:
             head = {k: conns[k][0][0] for k in act}
-            rate = _share(c, _classes(policy, act, head))
+            rate = _share(c, _classes(policy, act, head, band))
             for k in act:
                 budget, q = rate[k] * dt, conns[k]
                 while budget > 0 and q:
@@ -234,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--window", nargs="+", type=int, default=[512 << 10], help="push windows (bytes; 0: none)"
     )
+    ap.add_argument("--bands", type=int, default=8, help="classes of the bands policy")
+    ap.add_argument(
+        "--barrier", action="store_true", help="rounds start together (a barrier of no time)"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
@@ -253,7 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'policy':14s} {'window':>8s} {'round s':>8s} {'ratio':>6s}")
     for policy in opts.policy:
         for w in opts.window:
-            per = simulate(case, rounds=opts.rounds, window=w, policy=policy)
+            per = simulate(
+                case,
+                rounds=opts.rounds,
+                window=w,
+                policy=policy,
+                bands=opts.bands,
+                barrier=opts.barrier,
+            )
             r = float(np.median(per))
             print(f"{policy:14s} {w >> 10:>7d}K {r:8.3f} {r / lb_s:6.3f}", flush=True)
     return 0

@@ -19,7 +19,8 @@ _spec.loader.exec_module(rm)
 MB = 1e6
 
 
-def test_two_equal_nodes_take_exactly_the_bound():
+@pytest.mark.parametrize("barrier", [False, True])
+def test_two_equal_nodes_take_exactly_the_bound(barrier):
     """Two nodes at c bytes/s, slices of b bytes alternating between their servers, no
     window. Node 0's uplink carries worker 0's pushes of the odd slices and server 0's
     replies of the even ones. The first push has the link alone (b/c); then pushes and
@@ -28,8 +29,37 @@ def test_two_equal_nodes_take_exactly_the_bound():
     c, b, S = 10 * MB, 50_000, 40
     case = rm.Case([c, c], [b] * S, [s % 2 for s in range(S)])
     assert case.lower_bound() == pytest.approx(S * b / c)
-    per = rm.simulate(case, rounds=3, window=0, policy="fair", dt=1e-4)
+    per = rm.simulate(case, rounds=3, window=0, policy="fair", dt=1e-4, barrier=barrier)
     assert per == pytest.approx([S * b / c] * 2, rel=0.01)
+
+
+def _random_case(rng, n=4, slices=48):
+    from hetps.balance import Network, make_plan
+    from hetps.balance.slicing import Slice, assign
+
+    rates = list(rng.uniform(2, 12, n) * MB)
+    sizes = [40_000] * slices
+    shares = make_plan(
+        "optimal",
+        float(slices),
+        network=Network.from_rates(rates, rates),
+        servers=range(n),
+        workers=range(n),
+    )
+    owner = assign([Slice(0, k, 1) for k in range(slices)], shares)
+    return rm.Case(rates, sizes, [int(o) for o in owner])
+
+
+def test_one_band_is_fair_sharing_and_a_barrier_never_beats_the_bound():
+    """The bands policy with one class is max-min fair sharing, to the last float; with a
+    barrier between rounds no policy moves bytes faster than the links either."""
+    case = _random_case(np.random.default_rng(3))
+    fair = rm.simulate(case, rounds=3, window=256 << 10, policy="fair", dt=2e-4)
+    one = rm.simulate(case, rounds=3, window=256 << 10, policy="bands", bands=1, dt=2e-4)
+    assert one == fair
+    for policy in ("fair", "bands"):
+        per = rm.simulate(case, rounds=2, window=256 << 10, policy=policy, dt=2e-4, barrier=True)
+        assert case.lower_bound() * 0.995 <= per[0] < case.lower_bound() * 3
 
 
 @pytest.mark.parametrize("policy", rm.POLICIES)
@@ -65,3 +95,5 @@ def test_bad_input_is_named():
         rm.simulate(case)
     with pytest.raises(ValueError, match="policy 'lifo' is not one of fair"):
         rm.simulate(rm.Case([1e6, 1e6], [1000], [0]), policy="lifo")
+    with pytest.raises(ValueError, match="bands must be at least 1"):
+        rm.simulate(rm.Case([1e6, 1e6], [1000], [0]), policy="bands", bands=0)
