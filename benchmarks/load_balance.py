@@ -599,10 +599,13 @@ def tcp_counters(net) -> list[dict]:
         row: dict = {}
         out.append(row)
         try:  # nstat comes with iproute2, like ip and tc; a diagnostic never fails a run
-            res = subprocess.run(
-                net.exec_argv(i, ["nstat", "-az", *names]), capture_output=True, text=True
+            res = subprocess.run(  # -s: leave nstat's history file (shared by all) alone
+                net.exec_argv(i, ["nstat", "-asz", *names]),
+                capture_output=True,
+                text=True,
+                timeout=10,
             )
-        except OSError:
+        except (OSError, subprocess.TimeoutExpired):
             continue
         for line in res.stdout.splitlines():
             parts = line.split()

@@ -29,10 +29,12 @@ Policies (how a link is shared):
 ``push-order``
     each worker ranks its push connections by their head slice; replies rank first;
 ``bands``
-    ``bands`` strict-priority classes by the head slice's place in the layout (its first
-    ``S / bands`` slices first), whatever its round: what DSCP-marked priority queues in
-    the network could do (session 12); with ``--barrier`` no two rounds are ever on the
-    links at once, so the classes order rounds as well.
+    ``bands`` strict-priority classes by where the head slice starts in the layout (the
+    slices starting in its first ``1 / bands`` of bytes first), whatever its round: what
+    DSCP-marked priority queues in the network could do (session 12; the same split as
+    ``docs/experiments/priority-bands.diff``). Without ``--barrier`` a worker's next round
+    lands in the first class while other workers still wait for the last one's slices;
+    with it only one round is ever on the links.
 
 The ranks of ``sender-order`` and ``push-order`` are per sender, but the classes they make
 are served in rank order across the whole network (max-min fair within a class): at a
@@ -41,7 +43,7 @@ approximation of per-sender scheduling, not the thing itself. Messages are order
 (round, slice).
 
 What it leaves out: TCP's congestion control and queueing delay (credit comes back at once),
-acks, per-message CPU time. On the benchmark's static network it reads 1.22x the bound for
+acks, per-message CPU time. On the benchmark's static network it reads 1.20-1.22x the bound for
 ``fair`` with the 512 KiB window, where hetps measures 1.20-1.27x; but it does not rank
 transport changes that hinge on queueing delay (a per-server push cap it predicted at 1.11x
 measured 1.40x). Read it as "what the schedule alone costs", not as a prediction.
@@ -146,7 +148,9 @@ def simulate(
     n, S = len(c), len(sizes)
     if len(owner) != S or any(not 0 <= o < n for o in owner):
         raise ValueError("owner must name a server (0..nodes-1) for every slice")
-    band = [s * bands // S for s in range(S)]
+    start = np.cumsum([0, *sizes[:-1]])  # bytes of the layout before each slice
+    total = max(1, sum(sizes))
+    band = [min(bands - 1, int(start[s]) * bands // total) for s in range(S)]
     need = [sum(1 for o in owner if o != i) for i in range(n)]
     mine = [S - need[i] for i in range(n)]
     # connection (kind, src, dst): 'p' worker src -> server dst, 'r' server src -> worker dst;
@@ -284,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         slice_elems=opts.slice_elems,
     )
     lb_s = case.lower_bound()
-    print(f"{len(case.sizes)} slices, {sum(case.sizes) / 1e6:.2f} MB, bound {lb_s:.3f} s")
+    print(
+        f"{len(case.sizes)} slices, {sum(case.sizes) / 1e6:.2f} MB, bound {lb_s:.3f} s"
+        + (", barrier between rounds" if opts.barrier else "")
+    )
     print(f"{'policy':14s} {'window':>8s} {'round s':>8s} {'ratio':>6s}")
     for policy in opts.policy:
         for w in opts.window:

@@ -62,6 +62,19 @@ def test_one_band_is_fair_sharing_and_a_barrier_never_beats_the_bound():
         assert case.lower_bound() * 0.995 <= per[0] < case.lower_bound() * 3
 
 
+def test_a_band_per_slice_behind_a_barrier_is_earliest_slice_first():
+    """Equal slices, as many bands as slices: each slice has a class of its own, in layout
+    order. Behind a barrier only one round is on the links, so that is exactly
+    slice-order. Without the barrier the next round's first slices share the first class
+    with the last round's, and the rounds come out differently."""
+    case = _random_case(np.random.default_rng(5), slices=32)
+    kw = {"rounds": 3, "window": 256 << 10, "dt": 2e-4}
+    order = rm.simulate(case, policy="slice-order", barrier=True, **kw)
+    banded = rm.simulate(case, policy="bands", bands=32, barrier=True, **kw)
+    assert banded == order
+    assert rm.simulate(case, policy="bands", bands=32, **kw) != banded
+
+
 @pytest.mark.parametrize("policy", rm.POLICIES)
 def test_no_policy_beats_the_bound(policy):
     """Random heterogeneous networks and placements: every policy's round takes at least
