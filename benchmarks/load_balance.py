@@ -113,7 +113,7 @@ def worker_main() -> int:
                 kv.barrier()
                 log = IterationLog(run_dir, rank)
             if dump is not None:
-                dump.write(json.dumps({"iter": it - warmup, "samples": list(kv._samples)}) + "\n")
+                dump.write(json.dumps({"iter": it - warmup, "samples": list(kv.agent.samples)}) + "\n")
             t0 = time.time()
             plan = kv.rebalance()  # report link measurements, switch to this round's plan
             t1 = time.time()
@@ -198,8 +198,6 @@ def worker_main() -> int:
                 "value_ok": ok,
                 "t_start_unix": t0,
                 "t_comm_unix": t2,
-                # the push pace this iteration ran under (bytes/s, 0 = none; docs/BALANCE.md)
-                "push_pace_bps": kv._sender.pace_bps,
                 "t_end_unix": t3,
                 "own_share": 1.0 - remote / total_elems,
             }
@@ -884,8 +882,6 @@ def run_one(
         env["PYTHONPATH"] = os.pathsep.join(
             [opts.src] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         )
-    if opts.flow_pace:
-        env["HETPS_FLOW_PACE"] = str(opts.flow_pace)
     if scheme == "average-fixed":
         env["HETPS_REPLAN_EVERY"] = str(10**9)  # plans once (round 1), then never reports
     me = str(Path(__file__).resolve())
@@ -1034,7 +1030,6 @@ def run_one(
         # extras
         "slice_elems": slice_elems,
         "tcp_cc": tcp_cc_of(sc),
-        "flow_pace": opts.flow_pace or None,
         "nodes": n,
         "batch_size": opts.batch_size,
         "model_bytes": int(total_bytes),
@@ -1236,13 +1231,6 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="also run the raw-TCP baseline with every flow paced by the kernel at this "
         "margin times (its bytes / the bound), e.g. 0.95 (0: not)",
-    )
-    ap.add_argument(
-        "--flow-pace",
-        type=float,
-        default=0.0,
-        help="run hetps with HETPS_FLOW_PACE set to this (every worker-server connection "
-        "paced by the kernel to this times its plan rate, docs/BALANCE.md 7.4; 0: off)",
     )
     ap.add_argument(
         "--robust",

@@ -97,19 +97,8 @@ class NodeConfig:
     probe_num: int = 1
     probe_bytes: int = 128 * 1024
     probe_prob: float = 0.25
-    #: probing rounds may thin out to one in this many times 1/probe_prob while probes keep
-    #: agreeing with the plan's link caps (1, the default: every 1/probe_prob-th round);
-    #: for networks known to hold still (docs/BALANCE.md §7.5)
-    probe_backoff: int = 1
     replan_every: int = 1
     push_window: int = 1 << 19  # bytes of pushes in flight per worker when balancing
-    #: pace pushes at this many times the plan's critical push rate (0 = no pacing, the
-    #: default: it helped only plans made from the true rates, docs/BALANCE.md §7.1)
-    push_pace: float = 0.0
-    #: pace every connection of a worker and its servers to this many times its flow's rate
-    #: in the plan (its server's share over the predicted iteration time) with the kernel's
-    #: SO_MAX_PACING_RATE; 0 = no pacing (docs/BALANCE.md §7.4)
-    flow_pace: float = 0.0
     replan_margin: float = 0.10  # keep the plan unless the new one is predicted this much faster
     colocate: bool = False  # one server beside each worker (server rank r on worker r's node)
     # DistributedOptimizer: gradients smaller than this travel fused with their neighbours
@@ -212,28 +201,9 @@ def node_config_from_env(
         probe_num = _int(env, "HETPS_PROBE_NUM", 1)
         probe_bytes = _int(env, "HETPS_PROBE_BYTES", 128 * 1024, 16)
         probe_prob = _float(env, "HETPS_PROBE_PROB", 0.25)
-        probe_backoff = _int(env, "HETPS_PROBE_BACKOFF", 1, 1)
         replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
         replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
         push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 19, 0)
-        push_pace = _float(env, "HETPS_PUSH_PACE", 0.0)
-        if push_pace != 0 and not (1 <= push_pace < float("inf")):
-            raise ConfigError(
-                f"HETPS_PUSH_PACE={push_pace} would hold every worker below the slowest "
-                "pusher's rate: set 0 (no pacing, the default) or a margin >= 1, e.g. 1.25"
-            )
-        if push_pace > 0 and push_window == 0:
-            raise ConfigError(
-                f"HETPS_PUSH_PACE={push_pace} paces pushes through the credit window, which "
-                "HETPS_PUSH_WINDOW=0 turns off: set HETPS_PUSH_WINDOW > 0 (default 524288) "
-                "or HETPS_PUSH_PACE=0"
-            )
-        flow_pace = _float(env, "HETPS_FLOW_PACE", 0.0)
-        if flow_pace != 0 and not (0.5 <= flow_pace <= 2.0):
-            raise ConfigError(
-                f"HETPS_FLOW_PACE={flow_pace} is not a pacing factor: set 0 (no pacing) or a "
-                "factor on the plan's flow rates between 0.5 and 2, e.g. 0.95"
-            )
         colocate = _int(env, "HETPS_COLOCATE", 0) > 0
         fusion_bytes = _int(env, "HETPS_FUSION_BYTES", 1 << 18, 0)
         fusion_tune_steps = _int(env, "HETPS_FUSION_TUNE_STEPS", 4, 0)
@@ -248,9 +218,7 @@ def node_config_from_env(
         verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
         bound, max_msg, chunk, port, port_file, launch_rank, shape_mbit = 0, 0, 0, 0, None, -1, 0.0
         balance, slice_elems, probe_num, probe_bytes, probe_prob = "none", 0, 0, 0, 0.0
-        probe_backoff = 1
-        replan_every, colocate, replan_margin, push_window, push_pace = 1, False, 0.0, 0, 0.0
-        flow_pace = 0.0
+        replan_every, colocate, replan_margin, push_window = 1, False, 0.0, 0
         fusion_bytes, shm_bytes, fusion_tune_steps = 0, 0, 0
     if not problems and interval > 0 and timeout <= interval:
         problems.append(
@@ -297,12 +265,9 @@ def node_config_from_env(
         probe_num=probe_num,
         probe_bytes=probe_bytes,
         probe_prob=min(1.0, probe_prob),
-        probe_backoff=probe_backoff,
         replan_every=replan_every,
         replan_margin=replan_margin,
         push_window=push_window,
-        push_pace=push_pace,
-        flow_pace=flow_pace,
         fusion_bytes=fusion_bytes,
         fusion_tune_steps=fusion_tune_steps,
         shm_bytes=shm_bytes,

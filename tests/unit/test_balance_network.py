@@ -12,7 +12,6 @@ from hetps.balance import (
     Network,
     iteration_time,
     lower_bound,
-    push_pace,
     server_times,
 )
 
@@ -176,27 +175,3 @@ def test_lower_bound_infeasible_worker():
         lower_bound([0.0, 1.0], [1.0, 1.0], 1.0)
 
 
-def test_push_pace_is_the_slowest_pushers_pace_through_the_model():
-    # co-located, 3 nodes; node 2 is slow (1 byte/s up) and holds no share
-    net = Network.from_rates([4.0, 6.0, 1.0], [4.0, 6.0, 1.0])
-    # shares 5/3/0 of 8: node 0 sends 3 (pace 4*8/3), node 1 sends 5 (6*8/5), node 2 sends 8
-    # (1*8/8 = 1): node 2 is critical, and the rounds complete at 1 byte/s of model
-    assert push_pace(net, [5, 3, 0]) == pytest.approx(1.0)
-    # with node 2 holding 7 of 8 it sends 1 (pace 8); node 0 (no share) sends all 8 at 4:
-    # now node 0 is critical, pace 4; node 1 sends 7 at 6 (pace 6.9)
-    assert push_pace(net, [0, 1, 7]) == pytest.approx(4.0)
-    # separate workers (nodes 1, 2) and one server (node 0): every worker sends everything
-    assert push_pace(net, [8], servers=[0], workers=[1, 2]) == pytest.approx(1.0)
-    # one co-located node alone sends nothing over the network: no pace
-    assert math.isinf(push_pace(Network.from_rates([3.0], [3.0]), [7]))
-    # the units cancel: shares in elements, rates in bytes/s -> bytes/s of the model
-    assert push_pace(net, [50, 30, 0]) == pytest.approx(1.0)
-
-
-@pytest.mark.parametrize(
-    "shares,match",
-    [([1, 2], "expected 3 shares"), ([1, -1, 2], ">= 0"), ([1, np.nan, 1], "finite")],
-)
-def test_push_pace_rejects_bad_shares(shares, match):
-    with pytest.raises(ValueError, match=match):
-        push_pace(Network.from_rates([1.0, 1.0, 1.0], [1.0, 1.0, 1.0]), shares)

@@ -15,7 +15,6 @@ from .network import (
     LoadModel,
     Network,
     iteration_time,
-    push_pace,
     resolve_roles,
     server_times,
 )
@@ -58,7 +57,6 @@ __all__ = [
     "granularity_cost",
     "greedy_round",
     "iteration_time",
-    "push_pace",
     "largest_remainder",
     "layout",
     "lower_bound",

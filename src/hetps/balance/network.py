@@ -27,7 +27,6 @@ __all__ = [
     "LoadModel",
     "Network",
     "iteration_time",
-    "push_pace",
     "resolve_roles",
     "server_times",
 ]
@@ -338,40 +337,6 @@ def iteration_time(
     their sum) on ``network``."""
     model, f = _shares_model(network, shares, servers, workers, unit_bytes)
     return model.time(f)
-
-
-def push_pace(
-    network: Network,
-    shares: ArrayLike,
-    servers: Sequence[int] | None = None,
-    workers: Sequence[int] | None = None,
-) -> float:
-    """The rate (bytes/s of the model) at which the slowest pusher gets through its pushes.
-
-    In a synchronous round a slice is complete only when every worker has pushed it, so the
-    rounds complete in key order at the pace of the worker whose uplink needs longest for
-    its remote pushes: ``T_c = max_w remote_w / up_w``, where ``remote_w`` is what worker
-    ``w`` sends over the network (all of ``shares`` but the share of a server on its own
-    node). Going through the model faster than ``model / T_c`` completes nothing sooner; it
-    only fills the servers' downlinks with data that waits, and everything else that must
-    cross them (receipts, pull replies) waits behind it. Workers that hand their pushes to
-    the network at this pace (times a margin, see ``HETPS_PUSH_PACE``) keep those queues
-    short. Returns ``inf`` when no worker sends anything over the network.
-    """
-    x = np.asarray(shares, dtype=float)
-    srv, wrk = resolve_roles(network.n_nodes, servers, workers)
-    if x.shape != (len(srv),):
-        raise ValueError(f"expected {len(srv)} shares, got shape {x.shape}")
-    if (x < 0).any() or not np.isfinite(x).all():
-        raise ValueError("shares must be finite and >= 0")
-    total = float(x.sum())
-    own = {node: float(x[s]) for s, node in enumerate(srv)}
-    pace = np.inf
-    for node in wrk:
-        remote = total - own.get(node, 0.0)
-        if remote > 0:
-            pace = min(pace, float(network.up[node]) * total / remote)
-    return pace
 
 
 def server_times(

@@ -16,7 +16,6 @@ from typing import Any
 
 import zmq
 
-from hetps.transport import pacing
 from hetps.transport.codec import BadMessage, Message, decode, encode
 from hetps.transport.shaper import TokenBucket
 from hetps.transport.shm import InRing, OutRing
@@ -210,21 +209,6 @@ class Van:
         """Whether a DEALER to ``peer`` is open."""
         with self._peers_lock:
             return peer in self._peers
-
-    def pace(self, peer: Any, bytes_per_s: float) -> int:
-        """Cap the rate at which the kernel sends on the connection to ``peer`` (bytes/s; 0:
-        no cap), see :mod:`hetps.transport.pacing`. Returns how many sockets took it (0: the
-        peer is unknown, not connected yet, or the platform cannot pace)."""
-        with self._peers_lock:
-            endpoint = self._endpoints.get(peer)
-        if endpoint is None or not pacing.supported():
-            return 0
-        host, port = endpoint.rsplit(":", 1)
-        try:
-            return pacing.pace_connections(host, int(port), bytes_per_s, self.port)
-        except OSError as exc:  # pacing is an optimisation: never a reason to fail a send
-            log.info("%s: could not pace the connection to %s: %s", self.name, peer, exc)
-            return 0
 
     def disconnect(self, peer: Any, linger_ms: int = 0) -> None:
         """Close the DEALER to ``peer``; unsent messages get ``linger_ms`` to leave."""
