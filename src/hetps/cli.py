@@ -78,8 +78,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
-    from hetps.cluster.scheduler import Scheduler
     from hetps.config import ConfigError, node_config_from_env
+    from hetps.kvstore.roles import make_scheduler
 
     try:
         cfg = node_config_from_env(role="scheduler")
@@ -87,7 +87,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         print(f"hetps scheduler: {exc}", file=sys.stderr)
         return 2
     _setup_logging(cfg.verbose)
-    sched = Scheduler(cfg)
+    sched = make_scheduler(cfg)
     print(f"hetps scheduler port {sched.van.port}", flush=True)
     return sched.run()
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hetps.balance.service import Planner
 from hetps.balance.slicing import layout
-from hetps.cluster.planner import Planner
 
 MB = 1e6
 
@@ -115,7 +115,7 @@ def test_average_never_consults_the_margin():
 
 
 def test_link_rate_is_bytes_over_busy_time():
-    from hetps.cluster.planner import _union_length
+    from hetps.balance.links import _union_length
 
     assert _union_length([(0, 1), (0.5, 2), (3, 4)]) == 3.0
     assert _union_length([(0, 4), (1, 2)]) == 4.0
@@ -125,15 +125,15 @@ def test_node_rates_come_from_busy_time_across_all_flows():
     p = _planner("optimal", 0.1, colocate=False)
     # node 0 (server 0) sends 1 MB to worker 3 in [0, 1] and 1 MB to worker 4 in [0.5, 1.5]:
     # 2 MB over 1.5 s busy. Node 3 receives only the first: 1 MB over 1 s.
-    p.observe_nodes([(0, 3, 0.0, 1.0, 1e6), (0, 4, 0.5, 1.5, 1e6)])
-    assert p.up[0] == pytest.approx(2e6 / 1.5)
-    assert p.down[3] == pytest.approx(1e6) and p.down[4] == pytest.approx(1e6)
-    assert np.isnan(p.up[1])
-    net = p.node_network()
+    p.links.observe_nodes([(0, 3, 0.0, 1.0, 1e6), (0, 4, 0.5, 1.5, 1e6)])
+    assert p.links.up[0] == pytest.approx(2e6 / 1.5)
+    assert p.links.down[3] == pytest.approx(1e6) and p.links.down[4] == pytest.approx(1e6)
+    assert np.isnan(p.links.up[1])
+    net = p.links.node_network()
     assert net is not None and net.up[1] == pytest.approx(np.median([2e6 / 1.5, 1e6, 1e6]))
     # too few bytes in a round: no sample
-    p.observe_nodes([(1, 3, 0.0, 1.0, 1000.0)])
-    assert np.isnan(p.up[1])
+    p.links.observe_nodes([(1, 3, 0.0, 1.0, 1000.0)])
+    assert np.isnan(p.links.up[1])
 
 
 def test_plans_use_the_node_rates():
@@ -144,34 +144,9 @@ def test_plans_use_the_node_rates():
     for s, rate in ((0, 100e6), (1, 100e6), (2, 1e6)):
         samples.append((s, 3, 0.0, 1e6 / rate, 1e6))
     samples.append((0, 4, 0.0, 0.01, 1e6))
-    p.observe_nodes(samples)
+    p.links.observe_nodes(samples)
     out = p.plan()
     assert out["shares"][2] < 0.05 and out["node_rates"]["up"][2] == pytest.approx(1e6)
-
-
-def test_flow_rates_move_each_servers_share_in_the_predicted_time_within_every_cap():
-    """HETPS_FLOW_PACE paces every flow to and from server s at the plan's flow rate for s:
-    its share over the predicted iteration time. Then every flow ends at that time, and no
-    node's flows together exceed its send or receive cap."""
-    from hetps.balance import iteration_time
-
-    p = _planner("optimal", 0.0, colocate=True, n=3)
-    up, down = np.array([4e6, 1e6, 2e6]), np.array([3e6, 2e6, 1e6])
-    p.up, p.down = up.copy(), down.copy()
-    out = p.plan()
-    counts = np.bincount(out["assign"], weights=[s.length for s in p.slices], minlength=3)
-    net = p.node_network()
-    t = iteration_time(net, counts, servers=p.servers, workers=p.workers)
-    rates = np.array(out["flow_rates"])
-    assert rates == pytest.approx(counts / t)
-    # co-located: node i sends server j's share to each other server j (pushes) and its own
-    # server's share to each other worker (pull replies); it receives the mirror image
-    for i in range(3):
-        sent = sum(rates[j] for j in range(3) if j != i) + 2 * rates[i]
-        assert sent <= up[i] * (1 + 1e-9)
-        assert sent <= down[i] * (1 + 1e-9)  # (symmetric here: the same flows come back)
-    # no link model, no flow rates
-    assert _planner("average", 0.0).plan()["flow_rates"] is None
 
 
 def test_patience_needs_the_gain_in_consecutive_reports():
@@ -186,40 +161,40 @@ def test_patience_needs_the_gain_in_consecutive_reports():
 
 def test_capacity_is_the_larger_of_busy_rate_and_recent_probes():
     p = _planner("optimal", 0.1)
-    p.observe_nodes([(0, 3, 0.0, 1.0, 1e6)])  # data: server 0 sent at 1 MB/s
-    p.observe_probe(2, 4, 9e6)  # worker 4 can receive at 9 MB/s at least
-    p.observe_probe(2, 3, 9e6)
-    p.observe_probe(0, 4, 3e6)  # so server 0's 3 MB/s probe to it was server 0's own limit
-    p.observe_probe(1, 3, 0.5e6)
-    up, down = p.capacity()
+    p.links.observe_nodes([(0, 3, 0.0, 1.0, 1e6)])  # data: server 0 sent at 1 MB/s
+    p.links.observe_probe(2, 4, 9e6)  # worker 4 can receive at 9 MB/s at least
+    p.links.observe_probe(2, 3, 9e6)
+    p.links.observe_probe(0, 4, 3e6)  # so server 0's 3 MB/s probe to it was server 0's own limit
+    p.links.observe_probe(1, 3, 0.5e6)
+    up, down = p.links.capacity()
     assert up[0] == pytest.approx(3e6) and up[1] == pytest.approx(0.5e6)
     assert down[4] == pytest.approx(9e6)  # the fastest probe into it
 
 
 def test_probe_window_is_a_cycle_and_keeps_a_fast_peer_among_slow_ones():
     # 8 co-located nodes: a cycle of 7 probes; 3 nodes: 2
-    assert _planner("optimal", 0.1, colocate=True, n=8).probe_window == 7
+    assert _planner("optimal", 0.1, colocate=True, n=8).links.probe_window == 7
     p = _planner("optimal", 0.1, colocate=True, n=3)
-    assert p.probe_window == 2
+    assert p.links.probe_window == 2
     # node 2 receives from a slow node (1 MB/s) and a fast one (10 MB/s): it is fast
-    p.observe_probe(0, 2, 1e6)
-    p.observe_probe(1, 2, 10e6)
-    assert p.capacity()[1][2] == pytest.approx(10e6)
+    p.links.observe_probe(0, 2, 1e6)
+    p.links.observe_probe(1, 2, 10e6)
+    assert p.links.capacity()[1][2] == pytest.approx(10e6)
     # node 0 slows down: within one cycle its probes (to anyone) read slow
-    p.observe_probe(0, 1, 8e6)
-    p.observe_probe(0, 2, 1e6)
-    assert p.capacity()[0][0] == pytest.approx(8e6)
-    p.observe_probe(0, 1, 1e6)
-    assert p.capacity()[0][0] == pytest.approx(1e6)
+    p.links.observe_probe(0, 1, 8e6)
+    p.links.observe_probe(0, 2, 1e6)
+    assert p.links.capacity()[0][0] == pytest.approx(8e6)
+    p.links.observe_probe(0, 1, 1e6)
+    assert p.links.capacity()[0][0] == pytest.approx(1e6)
 
 
 def test_old_probes_age_out_of_the_window():
     p = _planner("optimal", 0.1)
-    p.observe_probe(0, 4, 8e6)
-    assert p.capacity()[0][0] == pytest.approx(8e6)
-    for _ in range(p.probe_window):  # its link got slow
-        p.observe_probe(0, 4, 1e6)
-    assert p.capacity()[0][0] == pytest.approx(1e6)
+    p.links.observe_probe(0, 4, 8e6)
+    assert p.links.capacity()[0][0] == pytest.approx(8e6)
+    for _ in range(p.links.probe_window):  # its link got slow
+        p.links.observe_probe(0, 4, 1e6)
+    assert p.links.capacity()[0][0] == pytest.approx(1e6)
 
 
 def test_probe_samples_are_told_apart_in_reports():
@@ -228,7 +203,7 @@ def test_probe_samples_are_told_apart_in_reports():
     p = _planner("optimal", 0.1)
     w0, s2 = P.worker_id(0), P.server_id(2)
     _report(p, _Sched(), 0, 1, [[w0, s2, 1e5, 0.0, 0.1, 1]])
-    assert p._probe_up[3] == [pytest.approx(1e6)] and p._probe_down[2] == [pytest.approx(1e6)]
+    assert p.links._probe_up[3] == [pytest.approx(1e6)] and p.links._probe_down[2] == [pytest.approx(1e6)]
     assert np.isnan(p.table.estimate(3, 2))  # not a data sample
 
 
@@ -237,60 +212,60 @@ def test_a_spread_probe_reads_a_node_faster_than_every_peer():
     probes read 8. Its spread (two flows at once) reads their total over their common span,
     and counts while node 0 stays censored (its probes as fast as its fastest peer's)."""
     p = _planner("optimal", 0.1, colocate=True, n=3)
-    p.observe_probe(0, 1, 8e6)
-    p.observe_probe(0, 2, 8e6)
-    p.observe_probe(1, 2, 8e6)
-    p.observe_probe(2, 1, 8e6)
-    assert p.capacity()[0][0] == pytest.approx(8e6)
-    assert list(p.censored()[0]) == [True, True, True]  # each as fast as its fastest peer
+    p.links.observe_probe(0, 1, 8e6)
+    p.links.observe_probe(0, 2, 8e6)
+    p.links.observe_probe(1, 2, 8e6)
+    p.links.observe_probe(2, 1, 8e6)
+    assert p.links.capacity()[0][0] == pytest.approx(8e6)
+    assert list(p.links.censored()[0]) == [True, True, True]  # each as fast as its fastest peer
     # fan-out from 0: 1 MB to each of 1 and 2, over 0.0-0.17 s and 0.01-0.16 s; after 0.16 s
     # the flow to node 1 ran alone, at most 1.1 x 8 MB/s, so by then 2 MB - 88 kB had arrived
-    p.observe_spread([(0, 1, 0.0, 0.17, 1e6, False), (0, 2, 0.01, 0.16, 1e6, False)])
-    up, down = p.capacity()
+    p.links.observe_spread([(0, 1, 0.0, 0.17, 1e6, False), (0, 2, 0.01, 0.16, 1e6, False)])
+    up, down = p.links.capacity()
     reading = (2e6 - 1.1 * 8e6 * 0.01) / 0.16
     assert up[0] == pytest.approx(reading)  # ~11.95 MB/s, not 8
-    assert np.isnan(p.spread_down[1]) and np.isnan(p.spread_down[2])  # lone flows: no reading
-    assert p.spreads_seen == 1
+    assert np.isnan(p.links.spread_down[1]) and np.isnan(p.links.spread_down[2])  # lone flows: no reading
+    assert p.links.spreads_seen == 1
     rates = p.plan()["node_rates"]  # reports show where a cap came from
     assert rates["spread_up"][0] == pytest.approx(reading) and rates["spread_down"][1] is None
     assert rates["probe_up"][0] == pytest.approx(8e6) and rates["up"][0] == rates["spread_up"][0]
     # node 0 slows down: its single-flow probes now read well below its peers', so it is not
     # censored any more and the old spread reading no longer counts
     for j in (1, 2):
-        p.observe_probe(0, j, 2e6)
-        p.observe_probe(3 - j, j, 8e6)  # the other peer still reaches j at 8
-    assert not p.censored()[0][0]
-    assert p.capacity()[0][0] == pytest.approx(2e6)
+        p.links.observe_probe(0, j, 2e6)
+        p.links.observe_probe(3 - j, j, 8e6)  # the other peer still reaches j at 8
+    assert not p.links.censored()[0][0]
+    assert p.links.capacity()[0][0] == pytest.approx(2e6)
 
 
 def test_spread_readings_age_out_and_a_late_first_stamp_gives_none():
     p = _planner("optimal", 0.1, colocate=True, n=3)
     for src, dst in [(0, 1), (0, 2), (1, 2), (2, 1), (1, 0), (2, 0)]:
-        p.observe_probe(src, dst, 8e6)  # everyone as fast as everyone: all censored
-    p.observe_spread([(0, 1, 0.0, 0.1, 1e6, False), (0, 2, 0.0, 0.1, 1e6, False)])
-    assert p.capacity()[0][0] == pytest.approx(2e7)
+        p.links.observe_probe(src, dst, 8e6)  # everyone as fast as everyone: all censored
+    p.links.observe_spread([(0, 1, 0.0, 0.1, 1e6, False), (0, 2, 0.0, 0.1, 1e6, False)])
+    assert p.links.capacity()[0][0] == pytest.approx(2e7)
     # node 0 slowed to its peers' speed: nothing in the single-flow probes shows it, but
     # the old reading expires once every censored node has had a turn (2 x 3 + 1 spreads)
     for _ in range(7):
-        p.observe_spread([], done=True)  # spreads of other nodes (their flows do not matter)
-    assert p.capacity()[0][0] == pytest.approx(2e7)
-    p.observe_spread([], done=True)
-    assert p.capacity()[0][0] == pytest.approx(8e6)
+        p.links.observe_spread([], done=True)  # spreads of other nodes (their flows do not matter)
+    assert p.links.capacity()[0][0] == pytest.approx(2e7)
+    p.links.observe_spread([], done=True)
+    assert p.links.capacity()[0][0] == pytest.approx(8e6)
     # the earliest flow's forecast was stamped late: its span is short, the reading high
-    p.observe_spread([(0, 1, 0.0, 0.1, 1e6, True), (0, 2, 0.05, 0.1, 1e6, False)])
-    assert p.capacity()[0][0] == pytest.approx(8e6)
-    assert p.spreads_seen == 10  # every spread made counts as a turn, with or without flows
-    p.observe_spread([])  # a round without a spread
-    assert p.spreads_seen == 10
+    p.links.observe_spread([(0, 1, 0.0, 0.1, 1e6, True), (0, 2, 0.05, 0.1, 1e6, False)])
+    assert p.links.capacity()[0][0] == pytest.approx(8e6)
+    assert p.links.spreads_seen == 10  # every spread made counts as a turn, with or without flows
+    p.links.observe_spread([])  # a round without a spread
+    assert p.links.spreads_seen == 10
 
 
 def test_spread_targets_skip_workers_that_finished():
     p = _planner("optimal", 0.1, colocate=True, n=3)
     for src, dst in [(0, 1), (0, 2), (1, 2), (2, 1), (1, 0), (2, 0)]:
-        p.observe_probe(src, dst, 8e6)
+        p.links.observe_probe(src, dst, 8e6)
     assert p.spread_targets() == ["out", 0, [1, 2]]
     assert p.spread_targets(live={1, 2}) == ["out", 1, [0, 2]]  # worker 0 is done
-    p.spreads_seen = 1  # an "in" turn, for server 0: but only worker 2 could send to it
+    p.links.spreads_seen = 1  # an "in" turn, for server 0: but only worker 2 could send to it
     assert p.spread_targets() == ["in", 0, [1, 2]]
     assert p.spread_targets(live={0, 2}) == ["out", 0, [1, 2]]  # so the other direction
 
@@ -302,14 +277,14 @@ def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():
     # sending: node 1 reads 9 (its fastest receiver takes 9.5: censored), node 2 reads 9.2,
     # node 0 reads 3 (clearly its own limit); receiving: only node 3 is near its best sender
     for src, dst, r in [(1, 3, 9e6), (2, 3, 9.2e6), (0, 3, 3e6), (3, 0, 2e6), (1, 0, 9.5e6)]:
-        p.observe_probe(src, dst, r)
-    cen_up, cen_down = p.censored()
+        p.links.observe_probe(src, dst, r)
+    cen_up, cen_down = p.links.censored()
     assert list(np.flatnonzero(cen_up)) == [1, 2] and list(np.flatnonzero(cen_down)) == [0, 3]
     picks = []
     for k in range(6):
-        p.spreads_seen = k
+        p.links.spreads_seen = k
         picks.append(p.spread_targets())
-        p._last_turn[(picks[-1][0], picks[-1][1])] = k  # what the next report tells it
+        p.links._last_turn[(picks[-1][0], picks[-1][1])] = k  # what the next report tells it
     # the peers: the fastest at the other end, until they sum to twice the node's estimate
     assert picks == [
         ["out", 1, [0, 2, 3]],  # 9.5 + 9.35 (unknown: the median) < 2 x 9.5: a third one
@@ -322,13 +297,13 @@ def test_spread_targets_take_censored_nodes_in_turn_one_direction_at_a_time():
     assert _planner("average", 0.1, colocate=True, n=4).spread_targets() is None
     # 2 co-located nodes: a spread would be one flow, which reads nothing new
     two = _planner("optimal", 0.1, colocate=True, n=2)
-    two.observe_probe(0, 1, 5e6)
-    two.observe_probe(1, 0, 5e6)
+    two.links.observe_probe(0, 1, 5e6)
+    two.links.observe_probe(1, 0, 5e6)
     assert two.spread_targets() is None
     # separate workers and servers: a worker rank to fan out from, a server rank to fan in
     q = _planner("aware", 0.1)  # 2 workers (matrix rows 3, 4), 3 servers (0-2)
-    q.observe_probe(4, 1, 5e6)
-    q.observe_probe(3, 0, 5e6)
+    q.links.observe_probe(4, 1, 5e6)
+    q.links.observe_probe(3, 0, 5e6)
     assert q.spread_targets() == ["out", 0, [0, 1]]  # worker 0 = row 3: as fast as server 0
 
 
@@ -346,20 +321,20 @@ def test_spread_samples_are_collected_per_round_and_read_when_it_is_complete():
         # each sender says which spread it took part in
         extra = {"spread_done": ["in", 0]} if r in flows else {}
         _report(p, sched, r, 1, [flows[r]] if r in flows else [], **extra)
-    assert p.spread_down[0] == pytest.approx(1e7)  # 2 MB over 0.2 s, from two reports
-    assert np.isnan(p.spread_up[1]) and p._probe_up == [[], [], []]
-    assert len(sched.answers) == 3 and p.spreads_seen == 1
-    assert p._last_turn == {("in", 0): 0}  # node 0's receiving side had the latest turn
+    assert p.links.spread_down[0] == pytest.approx(1e7)  # 2 MB over 0.2 s, from two reports
+    assert np.isnan(p.links.spread_up[1]) and p.links._probe_up == [[], [], []]
+    assert len(sched.answers) == 3 and p.links.spreads_seen == 1
+    assert p.links._last_turn == {("in", 0): 0}  # node 0's receiving side had the latest turn
 
 
 def test_a_node_censored_late_gets_the_next_turn():
     p = _planner("optimal", 0.1, colocate=True, n=4)
     for src, dst, r in [(1, 3, 9e6), (3, 0, 9e6), (0, 1, 3e6), (2, 0, 3e6)]:
-        p.observe_probe(src, dst, r)
-    assert list(np.flatnonzero(p.censored()[0])) == [1, 3]
-    p._last_turn = {("out", 1): 0, ("out", 3): 2}  # both had turns
-    p.observe_probe(2, 1, 9e6)  # node 2 turns out to be as fast: censored too
-    p.spreads_seen = 4
+        p.links.observe_probe(src, dst, r)
+    assert list(np.flatnonzero(p.links.censored()[0])) == [1, 3]
+    p.links._last_turn = {("out", 1): 0, ("out", 3): 2}  # both had turns
+    p.links.observe_probe(2, 1, 9e6)  # node 2 turns out to be as fast: censored too
+    p.links.spreads_seen = 4
     assert p.spread_targets()[:2] == ["out", 2]  # never had a turn: it goes first
 
 
@@ -368,7 +343,7 @@ def test_spread_rate_takes_the_lone_tail_off():
     the flow to 1 took its peer's whole cap and ended first; the flow to 2 ran alone for the
     last 17.4 ms. Over the whole span it reads 51.2 Mbit/s; up to the second-to-last end,
     with at most 1.1 x 5 MB/s delivered after it, 54.0 (goodput 57.4)."""
-    from hetps.cluster.planner import spread_rate
+    from hetps.balance.links import spread_rate
 
     b = 131144.0
     flows = [
@@ -396,8 +371,8 @@ def test_spread_rate_takes_the_lone_tail_off():
 def _steady(p: Planner, rates: dict[tuple[int, int], float]) -> float:
     """Probe every link once; return the current assignment's predicted round time."""
     for (i, j), r in rates.items():
-        p.observe_probe(i, j, r)
-    pred = p._predict(p.node_network(), p.assignment)
+        p.links.observe_probe(i, j, r)
+    pred = p._predict(p.links.node_network(), p.assignment)
     assert pred is not None and pred > 0
     return pred
 
@@ -410,19 +385,19 @@ def test_two_rounds_far_slower_than_predicted_ask_for_a_new_cycle():
         rnd += 1
         assert not p.surprised(rnd, [pred * (1.2 + 0.03 * k), pred * 1.25])
     rnd += 1  # one slow round is a hiccup: neither a surprise nor part of the median
-    assert not p.surprised(rnd, [pred * 2.2]) and p.last_surprise > 1.5
+    assert not p.surprised(rnd, [pred * 2.2]) and p.detector.last_surprise > 1.5
     rnd += 1
-    assert not p.surprised(rnd, [pred * 1.25]) and len(p._ratios) == 5
+    assert not p.surprised(rnd, [pred * 1.25]) and len(p.detector._ratios) == 5
     rnd += 1
     assert not p.surprised(rnd, [pred * 2.2, pred * 2.3, pred * 1.2])  # median 2.2x
     rnd += 1
     assert p.surprised(rnd, [pred * 2.2])
-    assert p._recal_asked == rnd and p.recalibrations == 0  # asked; none came back yet
+    assert p.detector._recal_asked == rnd and p.recalibrations == 0  # asked; none came back yet
     rnd += 1  # asked: no second request while the cycle is on its way
     assert not p.surprised(rnd, [pred * 2.5])
-    p._recal_asked = None  # the cycle came back
+    p.detector._recal_asked = None  # the cycle came back
     rnd += 1  # one round over 2x slower than usual is enough on its own
-    assert p.surprised(rnd, [pred * 5.0]) and p._recal_asked == rnd
+    assert p.surprised(rnd, [pred * 5.0]) and p.detector._recal_asked == rnd
 
 
 def test_a_slowdown_a_new_cycle_does_not_explain_becomes_the_new_usual():
@@ -436,17 +411,17 @@ def test_a_slowdown_a_new_cycle_does_not_explain_becomes_the_new_usual():
     assert p.surprised(5, [pred * 3.0])  # asked
     p.forget_readings()  # its cycle came back: the same caps, and the rounds stay slow
     pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
-    assert p.recalibrations == 1 and p._settle == 2
+    assert p.recalibrations == 1 and p.detector._settle == 2
     # settling after a cycle: not judged at all, however slow (the next round decides)
     assert not p.surprised(6, [pred * 9.0]) and not p.surprised(7, [pred * 3.0])
-    assert not p.surprised(8, [pred * 3.0]) and p._ratios == [pytest.approx(3.0)]
+    assert not p.surprised(8, [pred * 3.0]) and p.detector._ratios == [pytest.approx(3.0)]
     for rnd in range(9, 12):
         assert not p.surprised(rnd, [pred * 3.1])  # the new usual
     # a request whose cycle never comes (the workers do not probe) lapses
     assert p.surprised(12, [pred * 9.0])
     for rnd in range(13, 17):  # (RECAL_WAIT rounds)
-        assert not p.surprised(rnd, [pred * 3.0]) and p._recal_asked == 12
-    assert not p.surprised(17, [pred * 3.0]) and p._recal_asked is None
+        assert not p.surprised(rnd, [pred * 3.0]) and p.detector._recal_asked == 12
+    assert not p.surprised(17, [pred * 3.0]) and p.detector._recal_asked is None
 
 
 def test_no_surprise_without_a_probing_scheme_or_history_or_right_after_a_plan_change():
@@ -460,7 +435,7 @@ def test_no_surprise_without_a_probing_scheme_or_history_or_right_after_a_plan_c
     pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
     for rnd in range(1, 5):
         p.surprised(rnd, [pred * 1.2])
-    p._settle = 2  # what plan() sets when it changes the assignment
+    p.detector._settle = 2  # what plan() sets when it changes the assignment
     assert not p.surprised(5, [pred * 3]) and not p.surprised(6, [pred * 3])
     assert not p.surprised(7, [pred * 2.2]) and p.surprised(8, [pred * 2.2])
 
@@ -473,11 +448,11 @@ def test_a_round_right_after_a_plan_change_surprises_only_if_no_migration_explai
     pred = _steady(p, {(i, j): 10e6 for i in range(3) for j in range(3) if i != j})
     for rnd in range(1, 5):
         assert not p.surprised(rnd, [pred * 1.2])
-    p._settle = 2
-    assert not p.surprised(5, [pred * 3.5]) and p._settle == 1
-    assert p.surprised(6, [pred * 6.0]) and p._recal_asked == 6
-    assert p.last_surprise == pytest.approx(5.0)
-    assert len(p._ratios) == 4  # neither settling round joined the median
+    p.detector._settle = 2
+    assert not p.surprised(5, [pred * 3.5]) and p.detector._settle == 1
+    assert p.surprised(6, [pred * 6.0]) and p.detector._recal_asked == 6
+    assert p.detector.last_surprise == pytest.approx(5.0)
+    assert len(p.detector._ratios) == 4  # neither settling round joined the median
 
 
 def test_the_first_round_after_a_plan_change_may_still_run_the_old_plan():
@@ -490,13 +465,13 @@ def test_the_first_round_after_a_plan_change_may_still_run_the_old_plan():
     p.assignment = np.array([0, 1] * 60, dtype=np.int64)  # the new plan: nothing on server 2
     pred_new = _steady(p, rates)
     old = np.full(len(p.slices), 2, dtype=np.int64)  # the old one: everything on server 2
-    pred_old = p._predict(p.node_network(), old)
+    pred_old = p._predict(p.links.node_network(), old)
     assert pred_old > 5 * pred_new
     for rnd in range(1, 5):
         assert not p.surprised(rnd, [pred_new * 1.2])
-    p._before, p._settle = old, 2  # what plan() sets when it changes the assignment
+    p._before, p.detector._settle = old, 2  # what plan() sets when it changes the assignment
     assert not p.surprised(5, [pred_old * 1.2])  # the old plan's usual round
-    assert p.last_surprise == pytest.approx(1.0)
+    assert p.detector.last_surprise == pytest.approx(1.0)
     assert p.surprised(6, [pred_old * 6.0])  # far slower than either plan
 
 
@@ -512,8 +487,8 @@ def test_a_calibration_report_replaces_old_readings_and_the_plan_follows_at_once
     for i in range(3):
         for j in range(3):
             if i != j:
-                p.observe_probe(i, j, 10e6)
-    p._spread_up[2].append((12e6, 0))
+                p.links.observe_probe(i, j, 10e6)
+    p.links._spread_up[2].append((12e6, 0))
     before = p.assignment.copy()
     # every worker's cycle: node 2's probes read 1 MB/s; the others' 10
     for r in range(3):
@@ -523,9 +498,9 @@ def test_a_calibration_report_replaces_old_readings_and_the_plan_follows_at_once
                 rate = 1e6 if 2 in (r, s) else 10e6
                 samples.append([P.worker_id(r), P.server_id(s), rate * 0.1, 0.0, 0.1, 1])
         _report(p, sched, r, 7, samples, calibration=True)
-    up, down = p.capacity()
+    up, down = p.links.capacity()
     assert up[2] == pytest.approx(1e6) and down[2] == pytest.approx(1e6)
-    assert up[0] == pytest.approx(10e6) and p._spread_up[2] == []
+    assert up[0] == pytest.approx(10e6) and p.links._spread_up[2] == []
     assert len(sched.answers) == 3
     answer = sched.answers[-1]
     assert answer["epoch"] == 1 and not np.array_equal(p.assignment, before)
@@ -545,7 +520,7 @@ def test_a_probe_far_off_its_links_caps_asks_for_a_new_cycle():
         for i in range(3):
             for j in range(3):
                 if i != j:
-                    p.observe_probe(i, j, 10e6)
+                    p.links.observe_probe(i, j, 10e6)
         sched = _Sched(workers=3)
         for r in range(3):
             samples = [[P.worker_id(0), P.server_id(1), rate * 0.1, 0.0, 0.1, 1]] if r == 0 else []
@@ -559,123 +534,3 @@ def test_a_probe_far_off_its_links_caps_asks_for_a_new_cycle():
     assert "recalibrate" not in run(3, 3e6)  # too early to judge
     assert run(6, 25e6).get("recalibrate") is True  # 2.5x the caps: a node got faster
     assert "recalibrate" not in run(6, 15e6)  # 1.5x: the window's maximum just rises
-
-
-def test_probing_thins_out_while_probes_agree_and_comes_back_at_a_change():
-    """Each answer carries ``probe_scale``: it doubles after every round whose reports bring
-    capacity probes that were checked against the caps and agree with them (no plan change,
-    no surprise), up to ``probe_backoff``, and falls back to 1 when a probe contradicts the
-    caps; a round without probe readings leaves it alone, and so does one whose probes were
-    not judged (a calibration cycle's, a settling round's, one too short, an early one)."""
-    from hetps.cluster import protocol as P
-
-    p = Planner(
-        "optimal",
-        num_workers=3,
-        num_servers=3,
-        colocate=True,
-        slice_elems=100,
-        margin=0.1,
-        probe_backoff=4,
-    )
-    p.slices = layout([12000], 100)
-    p.assignment = np.array([0, 1, 2] * 40, dtype=np.int64)
-    for i in range(3):
-        for j in range(3):
-            if i != j:
-                p.observe_probe(i, j, 10e6)
-    sched = _Sched(workers=3)
-
-    def round_(rnd: int, rate: float | None, dur: float = 0.1, **body) -> dict:
-        for r in range(3):
-            samples = []
-            if rate is not None:  # every worker's probe of this round, at ``rate``
-                samples = [[P.worker_id(r), P.server_id((r + 1) % 3), rate * dur, 0.0, dur, 1]]
-            # each worker's round took 1 s (a steady ratio to the prediction: no surprise)
-            _report(p, sched, r, rnd, samples, server_times={"0": [1e6, 1.0]}, **body)
-        assert len(sched.answers) == 3 * rnd
-        return sched.answers[-1]
-
-    p._released = 3  # the first rounds' probes are not judged: no thinning yet
-    assert [round_(r, 10e6)["probe_scale"] for r in (1, 2)] == [1, 1]
-    p._released = 5
-    assert round_(3, 10e6, dur=0.01)["probe_scale"] == 1  # 10 ms probes: too short to judge
-    rnd = 3
-    scales = []
-    for rate in (10e6, None, 9.5e6, 10e6, None, 10e6):
-        rnd += 1
-        ans = round_(rnd, rate)
-        assert "recalibrate" not in ans and ans["epoch"] == 0
-        scales.append(ans["probe_scale"])
-    assert scales == [2, 2, 4, 4, 4, 4]
-    rnd += 1
-    ans = round_(rnd, 3e6)  # far below the caps: a node got slower
-    assert ans.get("recalibrate") is True and ans["probe_scale"] == 1
-    rnd += 1
-    ans = round_(rnd, 3e6, calibration=True)  # the new cycle: not a quiet probe
-    assert ans["probe_scale"] == 1
-    rnd += 1  # the cycle's rounds settle: their probes are not judged, nor counted
-    assert round_(rnd, 3e6)["probe_scale"] == 1
-    rnd += 1
-    assert round_(rnd, 3e6)["probe_scale"] == 2  # the new caps hold: thinning out again
-    p.assignment = np.zeros(120, dtype=np.int64)  # a plan far off the optimum: it changes
-    rnd += 1
-    ans = round_(rnd, 3e6)  # (patience: the first report that favours a change keeps it)
-    assert ans["epoch"] == 0 and ans["probe_scale"] == 4
-    rnd += 1
-    ans = round_(rnd, 3e6)
-    assert ans["epoch"] == 1 and ans["probe_scale"] == 1
-
-    flat = Planner("optimal", num_workers=3, num_servers=3, colocate=True, slice_elems=100)
-    flat.slices, flat.assignment = p.slices, np.array([0, 1, 2] * 40, dtype=np.int64)
-    flat._released = 5
-    s2 = _Sched(workers=3)
-    for r in range(3):
-        samples = [[P.worker_id(r), P.server_id((r + 1) % 3), 1e6, 0.0, 0.1, 1]]
-        _report(flat, s2, r, 1, samples)
-    assert s2.answers[-1]["probe_scale"] == 1  # probe_backoff 1 (the class default): never
-
-
-@pytest.mark.parametrize("replan_every", [1, 2, 3, 5])
-@pytest.mark.parametrize("probe_prob", [1.0, 0.5, 0.3, 0.25, 0.2])
-def test_the_workers_probing_rounds_are_the_old_ones_at_scale_1_and_a_subset_above(
-    replan_every, probe_prob
-):
-    """``DistKVStore._probe_round`` as ``rebalance`` calls it (only every
-    ``HETPS_REPLAN_EVERY``-th round): with the planner's scale at 1 (the default backoff) it
-    picks exactly the rounds of the fixed schedule, rounds 1 and 2 and every ``(r - 1) %
-    round(1 / probe_prob) == 0``; with a scale of 2 or 4 a subset of them, at least
-    ``base * scale`` rounds apart."""
-    from types import SimpleNamespace
-
-    from hetps.kvstore.client import DistKVStore
-
-    base = max(1, round(1 / probe_prob))
-
-    def rounds(scale: int) -> list[int]:
-        kv = SimpleNamespace(
-            _probes_used=lambda: True,
-            cfg=SimpleNamespace(probe_prob=probe_prob),
-            plan={"probe_scale": scale},
-            _last_probe_round=1,
-            _round=0,
-        )
-        out = []
-        for r in range(1, 80):
-            if (r - 1) % replan_every:
-                continue  # rebalance() returns before deciding
-            kv._round = r
-            if DistKVStore._probe_round(kv):
-                out.append(r)
-        return out
-
-    old = [
-        r for r in range(1, 80) if (r - 1) % replan_every == 0 and (r <= 2 or (r - 1) % base == 0)
-    ]
-    assert rounds(1) == old
-    for scale in (2, 4):
-        got = rounds(scale)
-        assert set(got) <= set(old)
-        later = [r for r in got if r > 2]
-        assert all(b - a >= base * scale for a, b in zip([1] + later, later, strict=False))
-        assert len(later) >= len([r for r in old if r > 2]) // (scale * replan_every) - 1

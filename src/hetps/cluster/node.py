@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError, NodeClosed, NodeFailure
@@ -259,17 +260,59 @@ class Node:
         callback: Callable[[Message], None] | None = None,
         what: str | None = None,
         track: bool = False,
+        landing: Any = None,
+        send: bool = True,
     ) -> Future:
-        """Send ``msg`` to ``peer`` as a request; the returned future gets the reply."""
+        """Send ``msg`` to ``peer`` as a request; the returned future gets the reply.
+
+        ``callback(reply)`` runs in the receive thread before the future resolves (an
+        exception there fails the future). ``landing`` (flat, contiguous, writable) is where
+        the reply's first array may be written straight from a shared-memory ring. With
+        ``send=False`` the request is only registered (``msg.req`` is set): send it later
+        with :meth:`send_request`, e.g. from a priority queue."""
         fut = self.requests.new(peer, what or f"{msg.cmd} to {self.describe(peer)}", callback)
         if fut.done():
             return fut
+        fut.landing = landing
         msg.req = fut.req
-        try:
-            self.van.send(peer, msg, track=track)
-        except PeerGone as exc:
-            self.requests.resolve(fut.req, None, f"{self.describe(peer)} is not reachable: {exc}")
+        if send:
+            self.send_request(fut, msg, track=track)
         return fut
+
+    def send_request(self, fut: Future, msg: Message, track: bool = False) -> bool:
+        """Send the request ``msg`` registered as ``fut``; a send that fails fails the future
+        (returns False) instead of raising."""
+        try:
+            self.van.send(fut.peer, msg, track=track)
+            return True
+        except Exception as exc:  # noqa: BLE001 - PeerGone, a closed socket: the caller's error
+            self.requests.resolve(
+                fut.req, None, f"{self.describe(fut.peer)} is not reachable: {exc}"
+            )
+            return False
+
+    def send(self, peer: int, msg: Message) -> bool:
+        """Send a one-way message (no reply expected); False if ``peer`` is gone."""
+        try:
+            self.van.send(peer, msg)
+            return True
+        except PeerGone:
+            log.debug("%s: cannot send %s to node %d (gone)", self.role, msg.cmd, peer)
+            return False
+
+    @property
+    def endpoint(self) -> str:
+        """The address this node receives on."""
+        return self.van.endpoint
+
+    @property
+    def counters(self) -> Any:
+        """Per-link byte counters of this node's traffic (:class:`~hetps.transport.van.Van`)."""
+        return self.van.counters
+
+    def observe_traffic(self, observer: Callable | None) -> None:
+        """Call ``observer`` for every message sent or received (None: stop)."""
+        self.van.observer = observer
 
     def reply(
         self,

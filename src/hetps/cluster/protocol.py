@@ -1,4 +1,4 @@
-"""Control-plane vocabulary shared by the scheduler and the nodes.
+"""The wire protocol: every command name, and the body fields of the data plane.
 
 Node ids follow ps-lite: the scheduler is 1, server rank r is ``8 + 2r``, worker rank r is
 ``9 + 2r``. Group ids for barriers: ``worker``, ``server``, ``all``.
@@ -10,22 +10,95 @@ from dataclasses import dataclass
 
 SCHEDULER_ID = 1
 
-# node -> scheduler
-ADD_NODE = "add_node"
-BARRIER = "barrier"
+# -- control plane: node -> scheduler ------------------------------------------------------
+ADD_NODE = "add_node"  # role, host, port, token, want_rank
+BARRIER = "barrier"  # group
 HEARTBEAT = "heartbeat"
 FINISH = "finish"
-LEAVE = "leave"  # a node is going away because it failed
-# scheduler -> node
-NODES = "nodes"
+LEAVE = "leave"  # reason: a node is going away because it failed
+# -- control plane: scheduler -> node ------------------------------------------------------
+NODES = "nodes"  # nodes (NodeInfo.to_wire each), id: the node table, once the cluster is up
 BARRIER_DONE = "barrier_done"
 HEARTBEAT_ACK = "heartbeat_ack"
-NODE_DEAD = "node_dead"
+NODE_DEAD = "node_dead"  # node, error
 EXIT = "exit"
-WORKER_DONE = "worker_done"  # to servers: a worker finished its job
-REFUSED = "refused"
+WORKER_DONE = "worker_done"  # to servers: node, a worker finished its job
+REFUSED = "refused"  # error
 
 GROUPS = ("worker", "server", "all")
+
+# -- scheduler services (plug-ins) ---------------------------------------------------------
+ESYNC_REPORT = "esync_report"  # worker -> ESync state server: ready for the round?
+BALANCE_REPORT = "balance_report"  # worker -> load planner: measurements; answer: the plan
+
+# -- data plane: worker <-> server ---------------------------------------------------------
+INIT = "init"
+PUSH = "push"
+PULL = "pull"
+SET_OPTIMIZER = "set_optimizer"
+GET_STATES = "get_states"
+SET_STATES = "set_states"
+FORECAST = "forecast"  # tag: announces the next data message (link measurement)
+PROBE = "probe"  # a probe payload for links that carry no data
+DROP = "drop"  # slices: forget slices that moved to another server
+RECEIPT = "receipt"  # req: a server got a push (credit for the worker's push window)
+
+#: Every body field of the data plane and the balance report, with its meaning. The server
+#: checks types where it reads them (``kvstore.server``); this table is the one place that
+#: says what each means.
+BODY_FIELDS: dict[str, dict[str, str]] = {
+    INIT: {
+        "k": "the key (int or str)",
+        "part": "the part (slice) index of the key on this server",
+        "off": "offset of this chunk within the part, in elements",
+        "n": "elements in this chunk",
+        "size": "elements of the whole part",
+        "shape": "the key's shape",
+        "dtype": "the key's dtype name",
+    },
+    PUSH: {
+        "k": "the key",
+        "part": "the part index",
+        "off": "offset of this chunk within the part",
+        "n": "elements in this chunk",
+        "sync": "true in dist_sync (rounds), false in dist_async",
+        "ce": "elements per chunk the worker cuts parts into",
+        "shape": "the key's shape",
+        "dtype": "the key's dtype name",
+        "pp": "a fused push-pull: answer with the value once the push took effect",
+        "comp": "2-bit compression threshold (the payload is packed 2-bit words)",
+        "rcpt": "send a receipt on arrival (push-window credit)",
+        "tag": "the request id its forecast carried (the push is timed)",
+    },
+    PULL: {
+        "k": "the key",
+        "part": "the part index",
+        "off": "offset within the part",
+        "n": "elements wanted",
+        "shape": "the key's shape",
+        "dtype": "the key's dtype name",
+        "tag": "the pull's reply is timed by the worker (a forecast goes first)",
+    },
+    PROBE: {
+        "reply_bytes": "bytes of payload in the answer",
+        "spread": "one flow of a spread probe (several flows at once)",
+        "tag": "the request id its forecast carried",
+    },
+    GET_STATES: {"slices": "[[key, part], ...] to read (absent: every state)"},
+    DROP: {"slices": "[[key, part], ...] to forget"},
+    FORECAST: {"tag": "the request id of the data message that follows"},
+    RECEIPT: {"req": "the push request that arrived"},
+    BALANCE_REPORT: {
+        "round": "the worker's rebalance() count",
+        "samples": "[[src, dst, bytes, t0, t1, kind], ...] link samples (kind 1: probe, "
+        "2/3: a spread's flow)",
+        "server_times": "{server rank: [bytes, seconds]} of the last round",
+        "sizes": "element counts of the keys in init order (first report, or new keys)",
+        "assign": "the server of every slice, in layout order (with sizes)",
+        "calibration": "these samples hold a whole new probe cycle",
+        "spread_done": "[way, rank] of the spread probe this worker took part in",
+    },
+}
 
 
 def server_id(rank: int) -> int:

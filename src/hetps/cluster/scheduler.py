@@ -1,9 +1,10 @@
 """The scheduler: membership, ranks, barriers, heartbeats and failure detection.
 
 One control loop handles every message in one visible dispatch (:meth:`Scheduler._dispatch`).
-Extra services (the ESync state server, the load planner) plug in through ``services``: a map
-from command name to a callable ``(scheduler, msg) -> None`` that may answer with
-:meth:`Scheduler.reply`.
+Services (the ESync state server, the load planner) are plug-ins: the role setup
+(:func:`hetps.kvstore.roles.make_scheduler`) registers each with :meth:`Scheduler.register`,
+a command name and a callable ``(scheduler, msg) -> None`` that may answer with
+:meth:`Scheduler.reply`. The scheduler itself knows none of them.
 """
 
 from __future__ import annotations
@@ -59,28 +60,8 @@ class Scheduler:
             name="scheduler",
         )
         self.van.my_id = P.SCHEDULER_ID
-        self.services = dict(services or {})
-        # ESync's state server lives here unless a caller brings its own
-        from hetps.cluster.state_server import REPORT, EsyncService
-
-        if REPORT not in self.services:
-            self.services[REPORT] = EsyncService(cfg.num_worker).as_scheduler_service()
-        self.planner = None
-        if cfg.balance != "none":
-            from hetps.cluster.planner import REPORT as PLAN_REPORT
-            from hetps.cluster.planner import Planner
-
-            self.planner = Planner(
-                cfg.balance,
-                cfg.num_worker,
-                cfg.num_server,
-                cfg.colocate,
-                cfg.slice_elems,
-                cfg.probe_num,
-                margin=cfg.replan_margin,
-                probe_backoff=cfg.probe_backoff,
-            )
-            self.services.setdefault(PLAN_REPORT, self.planner.handle)
+        self.services: dict[str, Service] = dict(services or {})
+        self._on_worker_finished: list[Callable[[Scheduler], None]] = []
         self.nodes: dict[int, NodeInfo] = {}
         self.pending: list[_Pending] = []
         self.barriers: dict[str, _Barrier] = {g: _Barrier() for g in P.GROUPS}
@@ -92,6 +73,21 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set once every node is registered
+
+    def register(
+        self,
+        cmd: str,
+        handler: Service,
+        on_worker_finished: Callable[[Scheduler], None] | None = None,
+    ) -> None:
+        """Plug in a service: ``handler(scheduler, msg)`` gets every ``cmd`` message (and may
+        answer with :meth:`reply`); ``on_worker_finished(scheduler)`` runs when a worker
+        finishes (a service that waits for every worker must stop waiting for it)."""
+        if cmd in self.services:
+            raise ValueError(f"the scheduler already has a service for {cmd!r}")
+        self.services[cmd] = handler
+        if on_worker_finished is not None:
+            self._on_worker_finished.append(on_worker_finished)
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
@@ -321,8 +317,8 @@ class Scheduler:
             self._send(nid, Message(P.WORKER_DONE, body={"node": self.nodes[msg.sender].to_wire()}))
         for group in ("worker", "all"):  # barriers no longer wait for it
             self._maybe_release(group)
-        if self.planner is not None:
-            self.planner.release(self)
+        for hook in self._on_worker_finished:
+            hook(self)
         workers = {i for i, n in self.nodes.items() if n.role == "worker"}
         if workers <= set(self.finished):
             for nid in servers:

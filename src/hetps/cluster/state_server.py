@@ -29,7 +29,7 @@ from hetps.transport.van import PeerGone, Van
 
 log = logging.getLogger("hetps.state_server")
 
-REPORT = "esync_report"
+REPORT = P.ESYNC_REPORT
 STANDALONE_ID = 3  # sender id of a standalone state server (not a ps-lite role id)
 # the endpoints it answers: host:port or [ipv6]:port
 _ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:.]+\]:\d{1,5}")

@@ -5,17 +5,31 @@ from __future__ import annotations
 import logging
 import os
 
+from hetps.balance.service import Planner
+from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
+from hetps.cluster.state_server import EsyncService
 from hetps.config import NodeConfig
 from hetps.kvstore.server import KVServer
 
 log = logging.getLogger("hetps.roles")
 
 
-def run_scheduler(cfg: NodeConfig, services: dict | None = None) -> int:
+def make_scheduler(cfg: NodeConfig) -> Scheduler:
+    """The scheduler with its services plugged in: ESync's state server, and the load
+    planner when network-aware balancing is on (``HETPS_BALANCE``)."""
+    sched = Scheduler(cfg)
+    sched.register(P.ESYNC_REPORT, EsyncService(cfg.num_worker).as_scheduler_service())
+    if cfg.balance != "none":
+        planner = Planner.from_config(cfg)
+        sched.register(P.BALANCE_REPORT, planner.handle, on_worker_finished=planner.release)
+    return sched
+
+
+def run_scheduler(cfg: NodeConfig) -> int:
     """Be the scheduler until the job ends; returns the exit code (0 = clean)."""
-    sched = Scheduler(cfg, services=services)
+    sched = make_scheduler(cfg)
     if cfg.port_file:
         write_port_file(cfg.port_file, sched.van.port)
     return sched.run()
@@ -37,7 +51,7 @@ def run_server(cfg: NodeConfig) -> int:
     try:
         node.start()
         if cfg.verbose >= 1:
-            log.info("server rank %d is up at %s", node.rank, node.van.endpoint)
+            log.info("server rank %d is up at %s", node.rank, node.endpoint)
         node.exited.wait()
     finally:
         node.close()

@@ -15,7 +15,6 @@ round waits for the round, so a pull issued after a push sees that round's resul
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
-from hetps.cluster.protocol import WORKER_DONE, NodeInfo
-from hetps.kvstore import commands as C
+from hetps.cluster import protocol as P
+from hetps.cluster.protocol import NodeInfo
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.transport.codec import WIRE_DTYPES, Message
 
@@ -92,29 +91,27 @@ class KVServer:
     def handle(self, msg: Message) -> None:
         """Handle one request; errors are answered, never raised."""
         try:
-            if msg.cmd == C.PUSH:
+            if msg.cmd == P.PUSH:
                 self._push(msg)
-            elif msg.cmd == C.PULL:
+            elif msg.cmd == P.PULL:
                 self._pull(msg)
-            elif msg.cmd == C.INIT:
+            elif msg.cmd == P.INIT:
                 self._init(msg)
-            elif msg.cmd == C.SET_OPTIMIZER:
+            elif msg.cmd == P.SET_OPTIMIZER:
                 self._set_optimizer(msg)
-            elif msg.cmd == C.GET_STATES:
+            elif msg.cmd == P.GET_STATES:
                 self._get_states(msg)
-            elif msg.cmd == C.SET_STATES:
+            elif msg.cmd == P.SET_STATES:
                 self._set_states(msg)
-            elif msg.cmd == C.FORECAST:
+            elif msg.cmd == P.FORECAST:
                 self._forecasts[(msg.sender, msg.body.get("tag"))] = (time.time(), msg.backlogged)
                 if len(self._forecasts) > 65536:  # a peer that forecasts and never sends
                     self._forecasts.clear()
-            elif msg.cmd == C.PROBE:
+            elif msg.cmd == P.PROBE:
                 self._probe(msg)
-            elif msg.cmd == C.DROP:
+            elif msg.cmd == P.DROP:
                 self._drop(msg)
-            elif msg.cmd == C.PACE:
-                self._pace(msg)
-            elif msg.cmd == WORKER_DONE:
+            elif msg.cmd == P.WORKER_DONE:
                 self._worker_done(msg)
             else:
                 raise BadRequest(f"unknown command {msg.cmd!r}")
@@ -227,7 +224,7 @@ class KVServer:
         if fc is None:
             return
         t0, late = fc
-        if late and msg.cmd == C.PROBE and not msg.body.get("spread"):
+        if late and msg.cmd == P.PROBE and not msg.body.get("spread"):
             # the forecast was taken from a queue: its stamp is late, so the gap (and the
             # rate) would be read too fast; a probe is kept only when timed on time (data
             # samples, many per round, go on: the planner takes their median and busy time;
@@ -235,7 +232,7 @@ class KVServer:
             # from the earliest forecast, and a late stamp only shortens one flow's span)
             return
         meas = [t0, time.time(), float(msg.nbytes)]
-        if msg.cmd == C.PROBE and msg.body.get("spread"):
+        if msg.cmd == P.PROBE and msg.body.get("spread"):
             meas.append(1.0 if late else 0.0)  # the planner drops a spread whose first was late
         self._meas[(msg.sender, msg.req)] = meas
 
@@ -268,10 +265,7 @@ class KVServer:
             # arrived: the worker may send more (its push window), long before a sync round
             # completes and acknowledges the push itself
             msg.body["_rcpt_sent"] = True  # a backlogged push is handled again later
-            try:
-                self.node.van.send(msg.sender, Message(C.RECEIPT, body={"req": msg.req}))
-            except Exception:  # noqa: BLE001 - the ack still returns the credit
-                pass
+            self.node.send(msg.sender, Message(P.RECEIPT, body={"req": msg.req}))
         key, part, off, n = self._range(msg)
         sl = self._slice(msg, key, part, off, n)
         sync = self.sync if self.sync is not None else bool(msg.body.get("sync", True))
@@ -419,10 +413,7 @@ class KVServer:
         self._send_value(msg, sl, off, n, None)
 
     def _forecast_to(self, msg: Message) -> None:
-        try:
-            self.node.van.send(msg.sender, Message(C.FORECAST, body={"tag": msg.req}))
-        except Exception:  # noqa: BLE001 - measurement is best effort
-            pass
+        self.node.send(msg.sender, Message(P.FORECAST, body={"tag": msg.req}))  # best effort
 
     def _probe(self, msg: Message) -> None:
         """Answer a probe: its push side is measured here, the reply is measured by the worker."""
@@ -433,15 +424,6 @@ class KVServer:
             self._forecast_to(msg)
         meas = self._meas.pop((msg.sender, msg.req), None)
         self.node.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
-
-    def _pace(self, msg: Message) -> None:
-        """Pace this server's connection to the asking worker (its replies: pulls, receipts)
-        at ``rate`` bytes/s, 0 for no cap (HETPS_FLOW_PACE, docs/BALANCE.md §7.4)."""
-        rate = msg.body.get("rate")
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0:
-            raise BadRequest(f"pace: rate must be a number of bytes/s >= 0, got {rate!r}")
-        paced = self.node.van.pace(msg.sender, float(rate) if math.isfinite(rate) else 0.0)
-        self.node.reply(msg, {"paced": paced})
 
     def _drop(self, msg: Message) -> None:
         for item in msg.body.get("slices", []):

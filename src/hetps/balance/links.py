@@ -1,0 +1,324 @@
+"""Per-node link capacities learnt from traffic and probes (pure: no messages, no clock).
+
+The load planner (:mod:`hetps.balance.service`) feeds a :class:`LinkEstimator` with what the
+workers report each round:
+
+- busy-time rates: everything a node was seen sending (receiving) over the union of those
+  transfers' intervals (:meth:`LinkEstimator.observe_nodes`);
+- capacity probes: one flow alone on its sender's uplink and receiver's downlink, a lower
+  bound of both caps, kept over one permutation cycle (:meth:`LinkEstimator.observe_probe`);
+- spread probes: one node to several peers at once, which reads a node faster than all its
+  peers (:meth:`LinkEstimator.observe_spread`).
+
+:meth:`LinkEstimator.capacity` combines them into per-node send and receive caps, and
+:meth:`LinkEstimator.contradicts` tells when a probe says the network changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetps.balance.network import Network
+
+NODE_MIN_BYTES = 256 * 1024  # a node's round must carry this much to measure its rate
+SPREAD_NEAR = 0.85  # a node probing within this fraction of its fastest peer may be censored
+SPREAD_WINDOW = 3  # spread readings kept per node and direction
+#: a spread's last flow, once alone, runs at most this times its peer's estimated cap
+SPREAD_TAIL_MARGIN = 1.1
+#: a capacity probe under this fraction of min(sender's up cap, receiver's down cap) means
+#: one of them got slower; over 1/CONTRADICT times either cap, that one got faster. Measured
+#: on 8 static nodes: after the first regular probing round every probe read 0.93-1.06 of
+#: it; that round's, right after the first data round, down to 0.58 (hence the rounds before
+#: CONTRADICT_FROM_ROUND are not judged). On 4 nodes probing every round a node's inbound
+#: probe read 0.6 twice while its own outbound probe held its acks back (docs/BALANCE.md §7.1)
+CONTRADICT = 0.5
+CONTRADICT_FROM_ROUND = 6
+#: a probe shorter than this is not judged: its few milliseconds carry the timing noise of
+#: a busy machine (3 nodes at 150 Mbit/s on 2 cores, 7 ms probes: the rate-cut test asked
+#: for a cycle before its cut until short probes were left out)
+CONTRADICT_MIN_S = 0.02
+
+
+class LinkEstimator:
+    """Per-node send (up) and receive (down) caps of ``n_nodes`` nodes, in bytes/s."""
+
+    def __init__(
+        self,
+        n_nodes: int,
+        servers: list[int],
+        workers: list[int],
+        colocate: bool,
+        probe_window: int,
+        alpha: float = 0.5,
+    ) -> None:
+        self.n_nodes = n_nodes
+        self.servers, self.workers = list(servers), list(workers)
+        self.colocate = colocate
+        self.node_alpha = alpha
+        self.probe_window = max(2, probe_window)
+        # busy-time rates: what a node sends (up) and receives (down) over the time it was
+        # busy doing so, from every worker's samples of a round
+        self.up = np.full(n_nodes, np.nan)
+        self.down = np.full(n_nodes, np.nan)
+        self._replace_busy = False  # the next busy-time rates replace the old, not blend
+        # capacity probes: per node the rates of one permutation cycle (each peer once), each
+        # a lower bound of that node's cap. Longer windows remember a slower node longer.
+        self.last_probes: dict[tuple[int, int], tuple[float, int]] = {}  # (rate, round)
+        self._probe_up: list[list[float]] = [[] for _ in range(n_nodes)]
+        self._probe_down: list[list[float]] = [[] for _ in range(n_nodes)]
+        # spread probes: the last few readings per node and direction (with the count of
+        # spreads seen when each was taken), and each node's last turn
+        self._last_turn: dict[tuple[str, int], int] = {}  # (way, node) -> its last spread
+        self._spread_up: list[list[tuple[float, int]]] = [[] for _ in range(n_nodes)]
+        self._spread_down: list[list[tuple[float, int]]] = [[] for _ in range(n_nodes)]
+        self.spreads_seen = 0
+
+    def forget_probes(self) -> None:
+        """Drop the probe and spread readings (a new cycle of probes is coming because the
+        network changed); the busy-time rates measured next replace the old ones."""
+        for hist in (self._probe_up, self._probe_down, self._spread_up, self._spread_down):
+            for h in hist:
+                h.clear()
+        self._replace_busy = True
+
+    def spread_turn(self, way: str, node: int) -> None:
+        """Node ``node`` has had its turn of a spread probe in direction ``way``."""
+        self._last_turn[(way, node)] = self.spreads_seen
+
+    def observe_nodes(self, samples: list[tuple[int, int, float, float, float]]) -> None:
+        """Update the per-node rates from one round's samples ``(src, dst, t0, t1, bytes)``.
+
+        A node's sending rate is everything it was seen sending (its worker's pushes and its
+        server's replies) over the union of those messages' transfer intervals, the time its
+        uplink was busy; the same for receiving. Under per-node caps (every node's NIC, or a
+        ``tc`` shaper) this is the cap itself when the node is the bottleneck, however TCP
+        splits it between flows from moment to moment, which is what makes per-link samples
+        so noisy. The intervals come from different receivers' clocks: on one host they agree;
+        across hosts NTP's few milliseconds are small against a round's transfers."""
+        for k in range(self.n_nodes):
+            for est, col in ((self.up, 0), (self.down, 1)):
+                mine = [x for x in samples if x[col] == k]
+                total = sum(x[4] for x in mine)
+                if total < NODE_MIN_BYTES:
+                    continue
+                busy = _union_length([(x[2], x[3]) for x in mine])
+                if busy <= 0:
+                    continue
+                rate = total / busy
+                old = est[k]
+                fresh = np.isnan(old) or self._replace_busy
+                est[k] = rate if fresh else old + self.node_alpha * (rate - old)
+        if samples:
+            self._replace_busy = False
+
+    def observe_probe(self, src: int, dst: int, rate: float, rnd: int = -1) -> None:
+        """A capacity probe from ``src`` to ``dst`` went at ``rate`` bytes/s: one more lower
+        bound of ``src``'s uplink and ``dst``'s downlink, in each one's window of one
+        permutation cycle. (A probe clearly slower than its peer's probes with third nodes
+        does not reset this end's window: probes that share their links with data read low
+        often enough that this threw away good estimates, and the one-cycle window already
+        forgets a node's old speed within a cycle.)"""
+        if rnd > max((n for _, n in self.last_probes.values()), default=-1):
+            self.last_probes.clear()  # only the latest probing round's (reports stay small)
+        self.last_probes[(src, dst)] = (rate, rnd)
+        for hist, k in ((self._probe_up, src), (self._probe_down, dst)):
+            hist[k].append(rate)
+            del hist[k][: -self.probe_window]
+
+    def observe_spread(self, flows: list[tuple], done: bool = False) -> None:
+        """One spread probe's flows ``(src, dst, t0, t1, bytes, late)``: the node that sent
+        (or received) two or more of them is read at their total bytes over the time they
+        spanned together, min(its cap, the sum of its peers' caps). If the earliest flow's
+        forecast was stamped late (its receive thread was busy), the span would be short and
+        the reading high: that node gets no reading. ``done``: the workers reported making a
+        spread (it counts as a turn even when no flow came back)."""
+        if not flows and not done:
+            return
+        self.spreads_seen += 1
+        caps = self.capacity() if flows else None
+        for col, hist in ((0, self._spread_up), (1, self._spread_down)):
+            for k in {f[col] for f in flows}:
+                mine = [f for f in flows if f[col] == k]
+                if len(mine) < 2:
+                    continue
+                first = min(mine, key=lambda f: f[2])
+                span = max(f[3] for f in mine) - first[2]
+                if span > 0 and not first[5]:
+                    assert caps is not None
+                    # the peers' caps: receivers' for a node that sent, senders' otherwise
+                    rate = spread_rate(mine, caps[1] if col == 0 else caps[0], 1 - col)
+                    hist[k].append((rate, self.spreads_seen))
+                    del hist[k][:-SPREAD_WINDOW]
+
+    def _spread_best(self, hist: list[list[tuple[float, int]]], turns: int) -> np.ndarray:
+        """Per node, the best spread reading taken within the last ``turns`` spreads."""
+        return np.array(
+            [
+                max((v for v, at in h if self.spreads_seen - at <= turns), default=np.nan)
+                for h in hist
+            ]
+        )
+
+    def _spread_turns(self, cen: np.ndarray) -> int:
+        """Spreads in which every censored node of one direction has had its turn (both
+        directions alternate), plus one: readings older than that are stale."""
+        return 2 * max(1, int(cen.sum())) + 1
+
+    @property
+    def spread_up(self) -> np.ndarray:
+        """Per node, the best recent spread reading of its sending cap (NaN: none)."""
+        return self._spread_best(self._spread_up, self._spread_turns(self.censored()[0]))
+
+    @property
+    def spread_down(self) -> np.ndarray:
+        """Per node, the best recent spread reading of its receiving cap (NaN: none)."""
+        return self._spread_best(self._spread_down, self._spread_turns(self.censored()[1]))
+
+    def single(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per node, the fastest single-flow probe of its window (NaN: none yet)."""
+        return tuple(
+            np.array([max(h) if h else np.nan for h in hist])
+            for hist in (self._probe_up, self._probe_down)
+        )  # type: ignore[return-value]
+
+    def censored(self) -> tuple[np.ndarray, np.ndarray]:
+        """Which nodes' sending (receiving) cap the single-flow probes may not show in full:
+        those whose fastest probe comes within 15% of the fastest peer at the other end,
+        so that every reading of them may have been the peer's limit, not theirs."""
+        up, down = self.single()
+        out = []
+        for mine, other, ends in ((up, down, self.servers), (down, up, self.workers)):
+            flags = np.zeros(self.n_nodes, dtype=bool)
+            for k in range(self.n_nodes):
+                peers = [other[j] for j in ends if j != k and np.isfinite(other[j])]
+                if np.isfinite(mine[k]) and peers and mine[k] >= SPREAD_NEAR * max(peers):
+                    flags[k] = True
+            out.append(flags)
+        return out[0], out[1]
+
+    def spread_targets(self, live: set[int] | None = None) -> list | None:
+        """The next spread probe (see the client's ``_spread_probe``): ``["out", worker rank,
+        [server ranks]]``, that worker probes those servers at once, or ``["in", server rank,
+        [worker ranks]]``, those workers probe that server at once. Directions alternate;
+        within one, the censored node (:meth:`censored`) whose last spread is the oldest goes. The peers are the
+        fastest ones at the other end, as few as together have twice the node's current
+        estimate (at least two): flows to peers of alike speed end together, where a slow
+        peer's flow would stretch the span the spread is timed over and read the node low.
+        None when no node is censored or no node has two peers.
+        ``live``: matrix indices of the workers still running (default: all)."""
+        k = self.spreads_seen
+        cen_up, cen_down = self.censored()
+        up, down = self.capacity()
+        alive = set(self.workers) if live is None else set(live)
+        workers = [w for w in self.workers if w in alive]
+        ways = [
+            ("out", [w for w in workers if cen_up[w]], self.workers, self.servers, up, down),
+            ("in", [s for s in self.servers if cen_down[s]], self.servers, workers, down, up),
+        ]
+        for way, cands, ends, others, mine, theirs in (ways[k % 2], ways[1 - k % 2]):
+            if not cands:
+                continue
+            # the censored node whose turn is longest ago (or never came): a fixed rotation
+            # over a set that changes from one turn to the next could skip a node for good
+            node = min(cands, key=lambda c: (self._last_turn.get((way, c), -1), c))
+            peers = [j for j in others if not (self.colocate and j == node)]
+            ends_of = self.workers if way == "in" else self.servers  # rank order of the peers
+            if len(peers) < 2:
+                continue
+            fill = float(np.nanmedian(theirs)) if np.isfinite(theirs).any() else 1.0
+            rate = {j: float(theirs[j]) if np.isfinite(theirs[j]) else fill for j in peers}
+            peers.sort(key=lambda j: -rate[j])
+            want = 2.0 * (float(mine[node]) if np.isfinite(mine[node]) else fill)
+            pick: list[int] = []
+            for j in peers:
+                pick.append(j)
+                if len(pick) >= 2 and sum(rate[x] for x in pick) >= want:
+                    break
+            return [way, ends.index(node), sorted(ends_of.index(j) for j in pick)]
+        return None
+
+    def capacity(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-node send and receive caps: the larger of what the data traffic showed
+        (busy-time rate) and the fastest recent probe. Both under-estimate a cap (a node never
+        sends faster than it can; a probe measures min(sender's up, receiver's down), and the
+        permutation pairs each node with a different peer every probing round), so the larger
+        is the better estimate. A probe that shared its links with data reads low, which the
+        maximum over the window forgives. One that would read too fast (its forecast stamped
+        late by a receive thread that was behind) never gets here: the server drops it. A
+        censored node (:meth:`censored`) also takes its latest spread reading if larger."""
+        caps = []
+        for busy, probe, spread, cen in zip(
+            (self.up, self.down),
+            self.single(),
+            (self.spread_up, self.spread_down),
+            self.censored(),
+            strict=True,
+        ):
+            # a spread reading counts while the node is still censored: once its single-flow
+            # probes read clearly below its peers, they are its cap (it got slower)
+            caps.append(np.fmax(np.fmax(busy, probe), np.where(cen, spread, np.nan)))
+        return caps[0], caps[1]
+
+    def node_network(self) -> Network | None:
+        """The network of per-node caps measured so far (unmeasured nodes take the median
+        of the measured ones), or None before any node was measured."""
+        up, down = self.capacity()
+        known = np.concatenate([up[np.isfinite(up)], down[np.isfinite(down)]])
+        if known.size == 0:
+            return None
+        fill = float(np.median(known))
+        up = np.where(np.isfinite(up), up, fill)
+        down = np.where(np.isfinite(down), down, fill)
+        return Network(up, down)
+
+    def contradicts(self, src: int, dst: int, rate: float) -> bool:
+        """Whether a capacity probe from ``src`` to ``dst`` at ``rate`` says the network
+        changed: it reads far below the smaller of the two caps it measures (one of the
+        nodes got slower), or far above either of them (that node got faster: a probe never
+        reads above its sender's up or its receiver's down). A rise alone would raise that
+        one cap at once, but a network that changed usually changed in more places than
+        this round's probes show."""
+        up, down = self.capacity()
+        cu, cd = float(up[src]), float(down[dst])
+        expected = float(np.fmin(cu, cd))  # (an unknown cap is no limit)
+        if np.isfinite(expected) and rate < CONTRADICT * expected:
+            return True
+        return any(np.isfinite(c) and rate * CONTRADICT > c for c in (cu, cd))
+
+
+def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> float:
+    """A node's rate from one spread's flows ``(src, dst, t0, t1, bytes, late)`` (all of
+    them sent, or all received, by that node; ``peer_col`` is the tuple index of the peer).
+
+    The total bytes over the flows' common span is a lower bound, and reads ~10% low: TCP
+    shares the node's link unevenly (the flow sent first takes its peer's whole cap, the
+    others split the rest), so the flows end at different times and the last one runs
+    alone at no more than its peer's cap, leaving the node's link part idle. So the reading
+    is also taken up to the second-to-last end, ``t2``: the last flow delivered at most
+    ``SPREAD_TAIL_MARGIN`` x its peer's estimated cap after ``t2``, so at least the rest of
+    the bytes arrived by then. The larger of the two readings is kept. (Logged spreads of
+    the 4-node test, node 0 at 57.4 Mbit/s of goodput: 51.3 -> 53.8, 47.9 -> 50.8,
+    55.3 -> 58.1.)"""
+    t_start = min(f[2] for f in flows)
+    ends = sorted(f[3] for f in flows)
+    total = float(sum(f[4] for f in flows))
+    rate = total / (ends[-1] - t_start)
+    last = max(flows, key=lambda f: f[3])
+    peer = last[peer_col]
+    cap = float(peer_caps[peer]) if 0 <= peer < len(peer_caps) else float("nan")
+    t2 = ends[-2]
+    if np.isfinite(cap) and cap > 0 and t2 > t_start:
+        rest = total - SPREAD_TAIL_MARGIN * cap * (ends[-1] - t2)
+        rate = max(rate, rest / (t2 - t_start))
+    return rate
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by ``intervals`` (overlaps counted once)."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total

@@ -1,0 +1,441 @@
+"""The load planner service: learns the link matrix from the nodes' measurements and decides, every
+iteration, which server holds which slice (network-aware load distribution, docs/BALANCE.md).
+
+Hosted by the scheduler (command ``balance_report``). Every worker reports at the start of an
+iteration: the slice layout (key sizes, in init order), the link samples it collected
+(forecast-then-probe timings of its pushes, measured by the servers, and of its pulls,
+measured by itself) and, per server, bytes and seconds of the last iteration. When every
+worker has reported the same round the planner computes the shares with the configured scheme
+(:func:`hetps.balance.make_plan`), assigns slices (Algorithm 2, keeping slices in place where it
+can), and answers every worker with the plan and its epoch.
+
+The estimation of per-node caps lives in :mod:`hetps.balance.links`, change detection in
+:mod:`hetps.balance.surprise`; this module parses reports, releases rounds and plans. The
+role setup (:func:`hetps.kvstore.roles.make_scheduler`) plugs it into the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from hetps.balance import EstimateTable, Network, assign, iteration_time, make_plan
+from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
+from hetps.balance.plans import fit_linear
+from hetps.balance.slicing import Slice, layout
+from hetps.balance.surprise import SurpriseDetector
+from hetps.cluster import protocol as P
+from hetps.config import NodeConfig
+from hetps.transport.codec import Message
+
+log = logging.getLogger("hetps.planner")
+
+REPORT = P.BALANCE_REPORT
+
+
+class Planner:
+    """The scheduler's planning service for one cluster."""
+
+    def __init__(
+        self,
+        scheme: str,
+        num_workers: int,
+        num_servers: int,
+        colocate: bool,
+        slice_elems: int,
+        probe_num: int = 1,
+        alpha: float = 0.5,
+        margin: float = 0.10,
+        patience: int = 2,
+    ) -> None:
+        if colocate and num_workers != num_servers:
+            raise ValueError("colocated servers need as many servers as workers")
+        self.scheme = scheme
+        self.W, self.S = num_workers, num_servers
+        self.colocate = colocate
+        self.slice_elems = slice_elems
+        self.probe_num = probe_num
+        self.margin = margin  # hysteresis: a new assignment must be predicted this much faster
+        self.patience = max(1, patience)  # reports in a row that must favour a change
+        self.kept = 0  # plans computed but not adopted (not enough predicted gain)
+        self._streak = 0  # consecutive reports whose new plan beat the margin
+        self.n_nodes = num_workers if colocate else num_workers + num_servers
+        self.table = EstimateTable(self.n_nodes, alpha=alpha)
+        self.slices: list[Slice] | None = None
+        self.assignment: np.ndarray | None = None
+        self.shares: np.ndarray | None = None
+        self.epoch = 0
+        self.pending: dict[int, dict[int, Message]] = {}
+        # one round's samples until every worker reported it: data transfers (busy-time
+        # rates) and spread flows
+        self._samples: dict[int, list[tuple[int, int, float, float, float]]] = {}
+        self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
+        self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
+        # per-node caps from busy-time rates, capacity probes (a window of one permutation
+        # cycle: each peer once) and spread probes
+        cycle = num_servers - 1 if colocate else max(num_workers, num_servers)
+        self.links = LinkEstimator(
+            self.n_nodes, self.servers, self.workers, colocate, cycle, alpha=alpha
+        )
+        self.history: list[list[tuple[float, float]]] = [[] for _ in range(num_servers)]
+        self.plan_seconds: list[float] = []
+        # change detection (docs/BALANCE.md §7.3): per round, every worker's communication
+        # span, judged against the plan's prediction
+        self.detector = SurpriseDetector()
+        self._spans: dict[int, list[float]] = {}
+        self._before: np.ndarray | None = None  # the assignment before the last change
+        self._released = 0  # rounds answered so far (reports, whatever HETPS_REPLAN_EVERY)
+        self._calibration_rounds: set[int] = set()  # rounds whose reports bring a new cycle
+        self._contradicted: set[int] = set()  # rounds with a probe far off its caps
+        self.recalibrations = 0  # new probe cycles that came back
+        self._trust = False  # the next plan rests on a fresh cycle: no patience (margin holds)
+
+    @classmethod
+    def from_config(cls, cfg: NodeConfig) -> Planner:
+        """The planner of the cluster ``cfg`` describes (``HETPS_BALANCE`` and its knobs)."""
+        return cls(
+            cfg.balance,
+            cfg.num_worker,
+            cfg.num_server,
+            cfg.colocate,
+            cfg.slice_elems,
+            cfg.probe_num,
+            margin=cfg.replan_margin,
+        )
+
+    # network node index of a ps-lite id
+    def index(self, node_id: int) -> int:
+        """Row/column of ``node_id`` in the link matrix."""
+        rank = P.rank_of(node_id)
+        if P.role_of(node_id) == "server":
+            return rank
+        return rank if self.colocate else self.S + rank
+
+    @property
+    def servers(self) -> list[int]:
+        """Matrix indices of the servers."""
+        return list(range(self.S))
+
+    @property
+    def workers(self) -> list[int]:
+        """Matrix indices of the workers."""
+        return list(range(self.W)) if self.colocate else list(range(self.S, self.S + self.W))
+
+    def used_links(self) -> np.ndarray:
+        """Which ordered links carry traffic in this deployment: worker <-> server only (with
+        co-located nodes that is every pair of different nodes)."""
+        used = np.zeros((self.n_nodes, self.n_nodes), dtype=bool)
+        for s in self.servers:
+            for w in self.workers:
+                if s != w:
+                    used[s, w] = used[w, s] = True
+        return used
+
+    def link_matrix(self) -> np.ndarray:
+        """Estimated bytes/s per link. Links that carry no traffic here (server to server,
+        worker to worker) are 0: they add no capacity to a node. Used links that were never
+        measured take the median of the measured ones."""
+        m = self.table.matrix().astype(float)
+        used = self.used_links()
+        known = m[used & np.isfinite(m)]
+        fill = float(np.median(known)) if known.size else 1e9
+        m[used & ~np.isfinite(m)] = fill
+        m[~used] = 0.0
+        np.fill_diagonal(m, np.inf)
+        return m
+
+    def handle(self, sched: Any, msg: Message) -> None:
+        """One worker's report; answer everyone once every worker reported the round."""
+        b = msg.body
+        rnd = b.get("round")
+        if not isinstance(rnd, int):
+            sched.reply(msg, {"error": "balance report without a round number"})
+            return
+        sizes = b.get("sizes")
+        if sizes is not None:  # the layout, first time or grown by later inits
+            if not isinstance(sizes, list) or not all(isinstance(x, int) and x >= 0 for x in sizes):
+                sched.reply(msg, {"error": "balance report: 'sizes' must be element counts"})
+                return
+            slices = layout(sizes, self.slice_elems)
+            where = b.get("assign")
+            if not isinstance(where, list) or len(where) != len(slices):
+                sched.reply(msg, {"error": "balance report: 'assign' must give a server per slice"})
+                return
+            if self.slices is None or len(slices) != len(self.slices):
+                self.slices = slices
+                self.assignment = np.array(where, dtype=np.int64)
+        if self.slices is None:
+            sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
+            return
+        if b.get("calibration") is True and rnd not in self._calibration_rounds:
+            # the first report of a round that re-probed a whole cycle: its readings (this
+            # report's and the other workers') replace everything older
+            self._calibration_rounds.add(rnd)
+            self.forget_readings()
+        # the link matrix (reports, plots; plans use it only before any node rate is known):
+        # one sample per link per report, the median of its messages' rates. Bytes over the
+        # link's busy time would be steadier, but it reads 15-30% low on short phases after
+        # an idle spell (TCP's slow start), which the median ignores.
+        per_link: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
+        for item in b.get("samples", []):
+            try:
+                src, dst, nbytes, t0, t1 = item[:5]
+                kind = item[5] if len(item) > 5 else 0
+                i, j = self.index(int(src)), self.index(int(dst))
+                nbytes, t0, t1 = float(nbytes), float(t0), float(t1)
+            except (TypeError, ValueError, IndexError):
+                continue
+            if not (0 <= i < self.n_nodes and 0 <= j < self.n_nodes and t1 > t0 and nbytes > 0):
+                continue
+            if i == j:  # a worker and its co-located server: never on the network
+                continue
+            if kind == 1:
+                rate = nbytes / (t1 - t0)
+                judged = (
+                    self._released + 1 >= CONTRADICT_FROM_ROUND
+                    and t1 - t0 >= CONTRADICT_MIN_S
+                    and not b.get("calibration")
+                    and not self.detector.settling  # not right after a migration or a cycle
+                )
+                if judged and self.links.contradicts(i, j, rate):
+                    self._contradicted.add(rnd)
+                self.links.observe_probe(i, j, rate, rnd)
+            elif kind in (2, 3):  # a spread's flow (3: its forecast was stamped late)
+                self._spread.setdefault(rnd, []).append((i, j, t0, t1, nbytes, kind == 3))
+            else:
+                per_link.setdefault((i, j), []).append((t0, t1, nbytes))
+        round_samples = self._samples.setdefault(rnd, [])
+        for (i, j), items in per_link.items():
+            round_samples += [(i, j, t0, t1, n) for t0, t1, n in items]
+            rates = sorted(n / (t1 - t0) for t0, t1, n in items)
+            t_end = max(t1 for _, t1, _ in items)
+            self.table.observe(i, j, rates[len(rates) // 2], t_end - 1.0, t_end)  # 1 s at it
+        span = 0.0
+        for srank, (nbytes, secs) in (b.get("server_times") or {}).items():
+            s = int(srank)
+            if 0 <= s < self.S and secs > 0:
+                self.history[s].append((float(nbytes), float(secs)))
+                del self.history[s][:-20]
+                span = max(span, float(secs))
+        if span > 0:  # this worker's last round: from its first request to its last answer
+            self._spans.setdefault(rnd, []).append(span)
+        done = b.get("spread_done")
+        if isinstance(done, list) and len(done) == 2 and isinstance(done[1], int):
+            self._spread_done.add(rnd)
+            way, rank = done
+            ends = self.workers if way == "out" else self.servers if way == "in" else []
+            if 0 <= rank < len(ends):
+                self.links.spread_turn(way, ends[rank])
+        self.pending.setdefault(rnd, {})[msg.sender] = msg
+        self.release(sched)
+
+    def release(self, sched: Any) -> None:
+        """Answer every round that every live, unfinished worker has reported (also called
+        when a worker finishes, so the others never wait for it)."""
+        live = {
+            nid
+            for nid, n in sched.nodes.items()
+            if n.role == "worker" and nid not in sched.dead and nid not in sched.finished
+        }
+        for rnd in sorted(self.pending):
+            waiting = self.pending[rnd]
+            if not live <= set(waiting):
+                continue
+            del self.pending[rnd]
+            self.links.observe_nodes(self._samples.pop(rnd, []))
+            done = rnd in self._spread_done
+            self.links.observe_spread(self._spread.pop(rnd, []), done=done)
+            for old in [r for r in self._samples if r < rnd]:
+                del self._samples[old]
+            for old in [r for r in self._spread if r < rnd]:
+                del self._spread[old]
+            self._released += 1
+            contradicted = rnd in self._contradicted
+            recal = self.surprised(rnd, self._spans.pop(rnd, []), contradicted=contradicted)
+            self._contradicted = {r for r in self._contradicted if r > rnd}
+            for old in [r for r in self._spans if r < rnd]:
+                del self._spans[old]
+            self._calibration_rounds = {r for r in self._calibration_rounds if r >= rnd}
+            self._spread_done = {r for r in self._spread_done if r > rnd}
+            if not self.slices:
+                # every worker gets the error (``rebalance`` raises it) rather than a timeout
+                answer = {
+                    "error": "rebalance() before any kv.init(): there is nothing to place "
+                    "yet; initialise the keys first"
+                }
+                for m in waiting.values():
+                    sched.reply(m, answer)
+                continue
+            answer = self.plan()
+            spread = self.spread_targets(live={self.index(n) for n in live})
+            if recal:
+                answer = {**answer, "recalibrate": True}
+            elif spread is not None:
+                answer = {**answer, "spread": spread}
+            for m in waiting.values():
+                sched.reply(m, answer)
+
+    def forget_readings(self) -> None:
+        """Drop the probe and spread readings: a new cycle of probes is arriving because the
+        network changed. The busy-time rates stay (some caps show only in data, e.g. a
+        server's sending without co-location), but those measured in the next round are
+        replaced instead of blended. The link matrix (reports only) stays. Counts one
+        re-calibration (``recalibrations``: cycles that came back, not requests)."""
+        self.links.forget_probes()
+        self.detector.cycle_arrived()
+        self._trust = True
+        self.recalibrations += 1
+
+    def surprised(self, rnd: int, spans: list[float], contradicted: bool = False) -> bool:
+        """Whether the network seems to have changed under the plan, so that every worker
+        should probe a whole cycle anew (:meth:`SurpriseDetector.judge`). Only the probing
+        schemes are judged."""
+        if self.scheme not in ("aware", "optimal") or self.slices is None:
+            return False
+
+        def predicted(assignment: np.ndarray | None):
+            def fn() -> float | None:
+                net = self.links.node_network()
+                if net is None or assignment is None:
+                    return None
+                try:
+                    return self._predict(net, assignment)
+                except Exception:  # noqa: BLE001 - no prediction, no judgement
+                    return None
+
+            return fn
+
+        return self.detector.judge(
+            rnd, spans, contradicted, predicted(self.assignment), predicted(self._before)
+        )
+
+    def spread_targets(self, live: set[int] | None = None) -> list | None:
+        """The next spread probe (:meth:`LinkEstimator.spread_targets`); None when the
+        scheme does not probe."""
+        if self.scheme not in ("aware", "optimal"):
+            return None
+        return self.links.spread_targets(live)
+
+    def _predict(self, net: Network | None, assignment: np.ndarray) -> float | None:
+        """Predicted communication time of ``assignment`` on what is known now (the link
+        model for aware/optimal, the fitted per-server lines for elastic)."""
+        assert self.slices is not None
+        lengths = np.array([s.length for s in self.slices], dtype=float)
+        counts = np.bincount(np.asarray(assignment), weights=lengths, minlength=self.S)
+        if net is not None:
+            return float(iteration_time(net, counts, servers=self.servers, workers=self.workers))
+        if self.scheme == "elastic":
+            fits = [fit_linear(h) for h in self.history]
+            if any(f is None for f in fits):
+                return None
+            return max(a + b * x for (a, b), x in zip(fits, counts, strict=True))  # type: ignore[misc]
+        return None
+
+    def _gain(self, net: Network | None, new: np.ndarray) -> float | None:
+        """How many times faster ``new`` is predicted to be than the current assignment
+        (None when it cannot be predicted)."""
+        if self.assignment is None:
+            return None
+        try:
+            t_old = self._predict(net, self.assignment)
+            t_new = self._predict(net, new)
+        except Exception:  # noqa: BLE001 - a failed prediction adopts the new plan
+            return None
+        if t_old is None or t_new is None or not (np.isfinite(t_old) and np.isfinite(t_new)):
+            return None
+        return t_old / t_new if t_new > 0 else None
+
+    def plan(self) -> dict:
+        """Compute the next plan from what is known now."""
+        assert self.slices is not None and self.assignment is not None
+        t0 = time.perf_counter()
+        total = float(sum(s.length for s in self.slices))
+        bw = self.link_matrix()
+        net: Network | None = None
+        try:
+            if self.scheme == "elastic":
+                if all(len(h) >= 2 for h in self.history):
+                    shares = make_plan("elastic", total, history=self.history)
+                else:  # not enough (size, time) points to fit yet
+                    shares = np.full(self.S, total / self.S)
+            elif self.scheme == "average":
+                shares = np.full(self.S, total / self.S)
+            else:
+                net = self.links.node_network() or Network.from_matrix(bw)
+                shares = make_plan(
+                    self.scheme, total, network=net, servers=self.servers, workers=self.workers
+                )
+        except Exception as exc:  # noqa: BLE001 - a planning failure keeps the old plan
+            log.warning("planner: %s failed (%s); keeping the previous plan", self.scheme, exc)
+            shares = self.shares if self.shares is not None else np.full(self.S, total / self.S)
+        shares = np.asarray(shares, dtype=float)
+        new = assign(
+            self.slices,
+            shares,
+            previous=list(self.assignment),
+            probe_num=self.probe_num if self.scheme != "average" else 0,
+        )
+        if not np.array_equal(new, self.assignment) and self.scheme != "average":
+            # Hysteresis: measurements are noisy (TCP's short-term unfairness alone spreads
+            # link samples several-fold) and every change costs migrations and a barrier, so
+            # a change must be predicted more than `margin` faster, in `patience` reports in
+            # a row. (Adopting big predicted gains at once was tried: on the static 8-node
+            # benchmark noise alone predicts such gains, and plans churned.)
+            gain = self._gain(net, new)
+            if gain is not None and self.margin > 0 and gain <= 1.0 + self.margin:
+                self._streak = 0
+            else:
+                self._streak += 1
+            if self._trust and self._streak:  # a fresh cycle of probes: no need to wait
+                self._streak = self.patience
+            if self._streak < self.patience:  # noise or a blip: not (yet)
+                new = self.assignment
+                self.kept += 1
+            else:
+                self._streak = 0
+        else:
+            self._streak = 0
+        self._trust = False
+        if not np.array_equal(new, self.assignment):
+            self.epoch += 1
+            self.detector.plan_changed()  # its first rounds carry the migration
+            self._before = self.assignment  # (pipelined: the next spans may still be its)
+        self.assignment = new
+        self.shares = shares
+        self.plan_seconds.append(time.perf_counter() - t0)
+        del self.plan_seconds[:-1000]
+        counts = np.bincount(new, weights=[s.length for s in self.slices], minlength=self.S)
+        up, down = self.links.capacity()
+        single = self.links.single()
+        return {
+            "epoch": self.epoch,
+            "assign": [int(x) for x in new],
+            "shares": [float(x) / total for x in counts],
+            "link_matrix": [[float(x) if np.isfinite(x) else None for x in row] for row in bw],
+            "node_rates": {
+                "up": _listed(up),
+                "down": _listed(down),
+                # what the caps come from, for reports: single-flow probes and fresh spreads
+                "probe_up": _listed(single[0]),
+                "probe_down": _listed(single[1]),
+                "spread_up": _listed(self.links.spread_up),
+                "spread_down": _listed(self.links.spread_down),
+                "busy_up": _listed(self.links.up),
+                "busy_down": _listed(self.links.down),
+                "last_probes": [
+                    [i, j, r, n] for (i, j), (r, n) in sorted(self.links.last_probes.items())
+                ],
+            },
+            "plan_s": self.plan_seconds[-1],
+            "kept": self.kept,
+            "surprise": self.detector.last_surprise,
+            "recalibrations": self.recalibrations,
+        }
+
+
+def _listed(values: np.ndarray) -> list[float | None]:
+    """A JSON-ready list: NaN (unknown) becomes None."""
+    return [float(x) if np.isfinite(x) else None for x in values]

@@ -1,0 +1,196 @@
+"""The worker's send queue: requests leave in priority order, one slice's requests in order.
+
+Among the requests waiting to be sent the highest priority goes first, but a request never
+overtakes an earlier one of the same key (or slice), so per-key order is preserved. A request
+is sent from the caller's thread when nothing waits (no thread hand-off); otherwise the
+sender thread sends it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("hetps.worker")
+
+
+@dataclass(order=True)
+class _Op:
+    prio: int
+    seq: int
+    key: Any = field(compare=False)
+    send: Any = field(compare=False)
+    cost: int = field(default=0, compare=False)  # bytes of push credit it needs
+
+
+class Sender:
+    """Sends requests in priority order without reordering requests of one key.
+
+    With a ``window`` (bytes, > 0) pushes also need credit: at most ``window`` bytes of
+    pushes may be on their way to the servers (sent, not yet confirmed received; one push is
+    always allowed). Then a worker's pushes leave in priority (key) order at the pace its
+    uplink drains them, instead of all at once as parallel TCP flows that share the uplink
+    evenly. Every server then gets its slices in key order at the rate it is owed, and the
+    pull replies of finished slices flow while later pushes are still going out (push and
+    pull overlap). While a push waits for credit, requests that need none (pulls) still go,
+    unless an earlier request of the same key is waiting.
+    """
+
+    def __init__(self, window: int = 0) -> None:
+        self._heap: list[_Op] = []
+        self._seq = itertools.count()
+        self._last_prio: dict[Any, tuple[int, int]] = {}  # key -> (prio, seq) of its last queued op
+        self._first: dict[Any, list[_Op]] = {}  # key -> its queued ops, oldest first
+        # ops that need no credit and are the oldest of their key: they may pass a push that
+        # waits for credit (a heap in the same order; entries already sent are skipped)
+        self._free: list[_Op] = []
+        self._sent: set[int] = set()  # seqs popped from one heap, still in the other
+        self._cv = threading.Condition()
+        self._busy = False
+        self._closed = False
+        self.window = int(window)
+        self._inflight = 0
+        self._credit: dict[int, tuple[int, Any]] = {}  # req -> (bytes, future)
+        self._thread = threading.Thread(target=self._loop, name="hetps-sender", daemon=True)
+        self._thread.start()
+
+    def _has_credit(self, cost: int) -> bool:
+        if cost == 0:
+            return True
+        return self._inflight == 0 or self._inflight + cost <= self.window
+
+    def _spend(self, cost: int) -> None:
+        """A push of ``cost`` bytes goes now (lock held): take its credit."""
+        self._inflight += cost
+
+    def submit(self, key: Any, priority: int, send: Any, cost: int = 0) -> None:
+        """Send ``send()`` for ``key`` at ``priority`` (higher first): at once from the calling
+        thread when nothing waits or is being sent (no thread hand-off), else queued.
+        ``cost`` > 0 (push bytes, with a window) makes it wait for credit too."""
+        cost = cost if self.window > 0 else 0
+        with self._cv:
+            if not self._heap and not self._busy and not self._closed and self._has_credit(cost):
+                self._busy = True
+                self._spend(cost)
+                inline = True
+            else:
+                inline = False
+                prio = -priority
+                last = self._last_prio.get(key)
+                if last is not None:
+                    prio = max(prio, last[0])  # never go before an earlier op of the same key
+                op = _Op(prio, next(self._seq), key, send, cost)
+                self._last_prio[key] = (prio, op.seq)
+                queue = self._first.setdefault(key, [])
+                queue.append(op)
+                if cost == 0 and len(queue) == 1:
+                    heapq.heappush(self._free, op)
+                heapq.heappush(self._heap, op)
+                self._cv.notify()
+        if inline:
+            try:
+                send()
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify()
+
+    def hold(self, req: int, cost: int, fut: Any) -> None:
+        """Record that request ``req`` (a push of ``cost`` bytes) holds credit until
+        :meth:`release`d (its receipt or its answer) or its future ends otherwise."""
+        if self.window > 0 and cost > 0:
+            with self._cv:
+                self._credit[req] = (cost, fut)
+
+    def release(self, req: int) -> None:
+        """Give back the credit of request ``req`` (idempotent)."""
+        if self.window <= 0:
+            return
+        with self._cv:
+            item = self._credit.pop(req, None)
+            if item is not None:
+                self._inflight -= item[0]
+                self._cv.notify_all()
+
+    def _reap(self) -> None:
+        """Credit of requests that ended without a receipt (errors, a peer gone)."""
+        for req, (_cost, fut) in list(self._credit.items()):
+            if fut is not None and fut.done():
+                self._inflight -= self._credit.pop(req)[0]
+
+    def _pop_live(self, heap: list[_Op]) -> _Op | None:
+        """Drop entries of ``heap`` that were sent from the other heap; the top live one."""
+        while heap and heap[0].seq in self._sent:
+            self._sent.discard(heapq.heappop(heap).seq)
+        return heap[0] if heap else None
+
+    def _pick(self) -> _Op | None:
+        """The next op that may go now (called with the lock held)."""
+        top = self._pop_live(self._heap)
+        if top is None:
+            return None
+        if self._has_credit(top.cost):
+            op = heapq.heappop(self._heap)
+        else:
+            op = self._pop_live(self._free)
+            if op is None:
+                return None
+            heapq.heappop(self._free)
+        # a credit-free op sits in both heaps: the other one must skip it
+        if op is not top or op.cost == 0:
+            self._sent.add(op.seq)
+        queue = self._first[op.key]
+        queue.remove(op)
+        if queue:
+            nxt = queue[0]
+            if nxt.cost == 0:
+                heapq.heappush(self._free, nxt)
+        else:
+            del self._first[op.key]
+        if self._last_prio.get(op.key, (0, -1))[1] == op.seq:
+            del self._last_prio[op.key]
+        self._spend(op.cost)
+        return op
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                op = None
+                while not self._closed or self._heap:
+                    if self._heap and not self._busy:
+                        op = self._pick()
+                        if op is not None:
+                            break
+                        self._reap()  # waiting for credit: was any lost to a failure?
+                        top = self._pop_live(self._heap)
+                        if top is None or self._has_credit(top.cost):
+                            continue
+                        self._cv.wait(0.2)
+                    elif self._busy and self._closed:  # closing while an inline send runs
+                        self._cv.wait(0.05)
+                    elif not self._heap and self._closed:
+                        break
+                    else:
+                        self._cv.wait()
+                if op is None:
+                    return
+                self._busy = True
+            try:
+                op.send()
+            except Exception:  # reported through the op's future
+                log.exception("worker: send failed")
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def close(self) -> None:
+        """Send what is queued, then stop."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
