@@ -1,10 +1,10 @@
-"""The ``hetps`` command: ``launch``, ``scheduler``, ``server`` and the tools built on them."""
+"""The ``hetps`` command: ``launch``, ``scheduler``, ``server``, ``config`` and the tools built on
+them."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from hetps import __version__
@@ -30,6 +30,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
+    from hetps.config import ConfigError, env_value
     from hetps.launch.local import LaunchSpec, read_hostfile, run_cluster, ssh_wrapper
 
     command = list(args.command)
@@ -59,7 +60,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise SystemExit("hetps launch: --launcher ssh needs -H/--hostfile")
         hosts = read_hostfile(args.hostfile)
         spec.host = hosts[0]
-        spec.wrap = ssh_wrapper(hosts, list(env), ssh=os.environ.get("HETPS_SSH", "ssh"))
+        try:
+            ssh = env_value("HETPS_SSH")
+        except ConfigError as exc:
+            raise SystemExit(f"hetps launch: {exc}") from None
+        spec.wrap = ssh_wrapper(hosts, list(env), ssh=ssh)
         if args.netem:
             raise SystemExit(
                 "hetps launch: --netem emulates a cluster on this machine; "
@@ -112,10 +117,14 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``hetps train``."""
+    from hetps.config import ConfigError
     from hetps.torch.train import main as train_main
 
     try:
         return train_main(args)
+    except ConfigError as exc:  # names the variable and the fix
+        print(f"hetps train: {exc}", file=sys.stderr)
+        return 2
     except FileNotFoundError as exc:  # the data reader's message names the file and the fix
         print(f"hetps train: {exc}", file=sys.stderr)
         return 2
@@ -124,6 +133,20 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"hetps train: {exc}", file=sys.stderr)
             return 2
         raise
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``hetps config``: every variable with its value here and where the value came from."""
+    from hetps import config
+
+    if args.markdown:
+        print(config.markdown(), end="")
+        return 0
+    table, problems = config.report(role=args.role)
+    print(table)
+    for problem in problems:
+        print(f"hetps config: {problem}", file=sys.stderr)
+    return 2 if problems else 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -204,6 +227,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_arguments(tr)
     add_cluster_arguments(tr)
     tr.set_defaults(func=cmd_train)
+
+    co = sub.add_parser(
+        "config",
+        help="list every configuration variable with its value and where it came from",
+        description="List every environment variable hetps reads, with its value in this "
+        "environment and its source (default, environment, derived). A malformed value gets "
+        "the error a node would print, and exit status 2. Needs no cluster.",
+    )
+    co.add_argument(
+        "--role",
+        choices=["scheduler", "server", "worker"],
+        default=None,
+        help="resolve as this role would (as `hetps scheduler`/`hetps server` do)",
+    )
+    co.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the reference table instead (docs/CONFIG.md is this output)",
+    )
+    co.set_defaults(func=cmd_config)
 
     mo = sub.add_parser("models", help="list the models with their parameter counts")
     mo.set_defaults(func=cmd_models)

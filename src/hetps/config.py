@@ -1,117 +1,164 @@
-"""The one place where hetps reads environment variables.
+"""The one place where hetps reads environment variables: every variable, in one table.
 
-Everything a node needs to know about its cluster comes from ``DMLC_*`` (MXNet/ps-lite
-compatible), ``PS_*`` and ``HETPS_*`` variables, parsed here into frozen dataclasses.
-A missing or malformed variable raises :class:`ConfigError` naming the variable and the fix.
+Each :class:`Var` row says a variable's name (and MXNet/ps-lite aliases), the
+:class:`NodeConfig` field it fills, its type, default, bounds and what it means. From the
+table come the parser (:func:`node_config_from_env`, :func:`env_value`), its errors (a
+:class:`ConfigError` names the variable and the fix), :class:`NodeConfig` itself, the
+reference ``docs/CONFIG.md`` (:func:`markdown`) and ``hetps config`` (:func:`report`), which
+lists every variable with its value and where the value came from.
+
+Code elsewhere never reads ``os.environ`` for configuration; it asks this module
+(``tests/unit/test_config.py`` holds it to that).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 ROLES = ("scheduler", "server", "worker")
-
-DEFAULT_BIGARRAY_BOUND = 1_000_000
-DEFAULT_HEARTBEAT_INTERVAL = 1.0
-DEFAULT_HEARTBEAT_TIMEOUT = 10.0
-DEFAULT_CONNECT_TIMEOUT = 30.0
-DEFAULT_REQUEST_TIMEOUT = 600.0
-DEFAULT_MAX_MESSAGE_BYTES = 1 << 31
-DEFAULT_CHUNK_BYTES = 4 << 20
 BALANCE_SCHEMES = ("none", "average", "elastic", "aware", "optimal")
+LOOPBACK = ("127.0.0.1", "localhost")
 
 
 class ConfigError(ValueError):
     """A configuration variable is missing or malformed; the message names it and the fix."""
 
 
-def _get(env: Mapping[str, str], name: str) -> str | None:
-    value = env.get(name)
-    if value is None or value.strip() == "":
-        return None
-    return value.strip()
+#: A row's ``check``: (its parsed value, every parsed value by variable name) -> the error
+#: message, or None when the value is fine. It runs once all rows are parsed, so a rule over
+#: two variables lives in one row; a variable it needs that is unset or bad is absent.
+Check = Callable[[Any, Mapping[str, Any]], "str | None"]
+#: A row's ``derive``: (every parsed value) -> (value, what it came from) for an unset
+#: variable whose value follows from others, None when it cannot tell yet; may raise.
+Derive = Callable[[Mapping[str, Any]], "tuple[Any, str] | None"]
 
+REQUIRED: Any = dataclasses.MISSING  # a row's default when the variable must be set
 
-def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int:
-    raw = _get(env, name)
-    if raw is None:
-        if default is None:
-            raise ConfigError(f"{name} is not set: set {name} to an integer >= {minimum}")
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{name}={raw!r} is not an integer: set {name} to an integer >= {minimum}"
-        ) from None
-    if value < minimum:
-        raise ConfigError(
-            f"{name}={value} is below {minimum}: set {name} to an integer >= {minimum}"
-        )
-    return value
-
-
-def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
-    raw = _get(env, name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{name}={raw!r} is not a number: set {name} to a number >= {minimum}"
-        ) from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} is below {minimum}: set {name} to a number >= {minimum}")
-    return value
+_KINDS = {  # kind -> (Python type, how the docs say it, what an error asks for)
+    "int": (int, "integer", "an integer"),
+    "float": (float, "number", "a number"),
+    "str": (str, "string", "a string"),
+    "choice": (str, "choice", "one of"),
+    "flag": (bool, "0 / 1", "an integer >= 0"),
+}
 
 
 @dataclass(frozen=True)
-class NodeConfig:
-    """How one process joins a hetps cluster (read from ``DMLC_*``/``PS_*``/``HETPS_*``)."""
+class Var:
+    """One row of the table: an environment variable hetps reads (or sets for others)."""
 
-    role: str
-    root_uri: str
-    root_port: int
-    num_server: int
-    num_worker: int
-    node_host: str
-    interface: str | None = None
-    verbose: int = 0
-    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
-    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    bigarray_bound: int = DEFAULT_BIGARRAY_BOUND
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    port: int = 0
-    port_file: str | None = None
-    launch_rank: int = -1  # rank a launcher asks for (HETPS_LAUNCH_RANK); -1 = arrival order
-    shape_mbit: float = 0.0  # in-process send-rate limit (HETPS_SHAPE_MBIT); 0 = none
-    # network-aware load distribution (docs/BALANCE.md); "none" = MXNet's hash placement
-    balance: str = "none"
-    slice_elems: int = 1 << 16
-    probe_num: int = 1
-    probe_bytes: int = 128 * 1024
-    probe_prob: float = 0.25
-    replan_every: int = 1
-    push_window: int = 1 << 19  # bytes of pushes in flight per worker when balancing
-    replan_margin: float = 0.10  # keep the plan unless the new one is predicted this much faster
-    colocate: bool = False  # one server beside each worker (server rank r on worker r's node)
-    # DistributedOptimizer: gradients smaller than this travel fused with their neighbours
-    fusion_bytes: int = 1 << 18
-    #: steps DistributedOptimizer times before re-making its fusion groups (0 = never)
-    fusion_tune_steps: int = 4
-    # bytes of each shared-memory ring to a peer on this machine (0: frames always over TCP)
-    shm_bytes: int = 32 << 20
+    name: str
+    kind: str  # int, float, str, choice (one of ``choices``), flag (integer > 0 = on)
+    default: Any  # REQUIRED: a cluster node needs it set
+    meaning: str  # one line a user understands
+    field: str | None = None  # the NodeConfig field it fills; None: read by a command
+    aliases: tuple[str, ...] = ()  # other names (read after ``name``; the first one set wins)
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    noun: str = ""  # what a choice is called in errors ("a role")
+    lower: bool = False  # a choice is case-insensitive
+    cap: float | None = None  # values above count as this (not an error)
+    unit: str = ""  # bytes, seconds, ... (docs and display)
+    expect: str = ""  # what to set it to, in errors (default: from kind and bounds)
+    bounds: str = ""  # the docs' bounds column (default: from minimum/maximum/choices)
+    default_text: str = ""  # the docs' default column (default: the default)
+    check: Check | None = None
+    derive: Derive | None = None
+    provided: bool = False  # hetps sets it for the commands it starts; it is shown, not parsed
 
     @property
-    def scheduler_endpoint(self) -> str:
-        """The scheduler's ZeroMQ endpoint, ``tcp://host:port``."""
-        return f"tcp://{self.root_uri}:{self.root_port}"
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    def expectation(self) -> str:
+        """What the variable should be set to, as an error's fix says it."""
+        if self.expect:
+            return self.expect
+        if self.kind == "choice":
+            return "one of " + ", ".join(self.choices)
+        what = _KINDS[self.kind][2]
+        if self.kind == "flag":
+            return "1 (on) or 0 (off)"
+        if self.minimum is not None and self.maximum is not None:
+            return f"{what} from {self.minimum} to {self.maximum}"
+        if self.minimum is not None:
+            return f"{what} >= {self.minimum}"
+        return what
+
+    def parse(self, raw: str, name: str | None = None) -> Any:
+        """The value of ``raw`` (stripped, non-empty) given as ``name`` (default: the row's
+        name); raises ConfigError naming the variable and the fix. Cross-variable rules
+        (``check``) are not applied here."""
+        name = name or self.name
+        fix = f"set {name} to {self.expectation()}"
+        if self.provided or self.kind == "str":
+            return raw
+        if self.kind == "choice":
+            value = raw.lower() if self.lower else raw
+            if value not in self.choices:
+                noun = self.noun or "a choice"
+                raise ConfigError(f"{name}={value!r} is not {noun}: {fix}")
+            return value
+        if self.kind == "float":
+            try:
+                value = float(raw)
+            except ValueError:
+                value = math.nan
+            if math.isnan(value):
+                raise ConfigError(f"{name}={raw!r} is not a number: {fix}") from None
+        else:
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r} is not an integer: {fix}") from None
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"{name}={value} is below {self.minimum}: {fix}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"{name}={value} is above {self.maximum}: {fix}")
+        if self.cap is not None:
+            value = min(value, type(value)(self.cap))
+        if self.kind == "flag":
+            return value > 0
+        return value
+
+
+# -- rules that involve more than a value's own bounds -----------------------------------------
+def _port_check(port: int, values: Mapping[str, Any]) -> str | None:
+    if port == 0 and values.get("DMLC_ROLE") != "scheduler":
+        return (
+            "DMLC_PS_ROOT_PORT=0 is below 1: set DMLC_PS_ROOT_PORT to the scheduler's TCP port "
+            "(only a scheduler may take 0, an ephemeral port it reports)"
+        )
+    return None
+
+
+def _heartbeat_check(timeout: float, values: Mapping[str, Any]) -> str | None:
+    interval = values.get("PS_HEARTBEAT_INTERVAL")
+    if interval is not None and interval > 0 and timeout <= interval:
+        return (
+            f"PS_HEARTBEAT_TIMEOUT={timeout} must exceed PS_HEARTBEAT_INTERVAL={interval}: "
+            "raise the timeout (a few intervals) or set PS_HEARTBEAT_INTERVAL=0 to disable heartbeats"
+        )
+    return None
+
+
+def _shm_check(size: int, values: Mapping[str, Any]) -> str | None:
+    if 0 < size < (1 << 20):
+        return (
+            f"HETPS_SHM_BYTES={size} is too small for a ring: set at least 1048576 "
+            "(1 MiB), or 0 to send every frame over TCP"
+        )
+    return None
 
 
 def interface_address(name: str) -> str:
@@ -137,150 +184,437 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
-def node_config_from_env(
-    env: Mapping[str, str] | None = None, role: str | None = None
-) -> NodeConfig:
+def _derive_node_host(values: Mapping[str, Any]) -> tuple[str, str] | None:
+    interface = values.get("DMLC_INTERFACE")
+    if interface is not None:
+        return interface_address(interface), "derived from DMLC_INTERFACE"
+    root_uri = values.get("DMLC_PS_ROOT_URI")
+    if root_uri is None:
+        return None  # DMLC_PS_ROOT_URI's own error says what to do
+    if root_uri in LOOPBACK:
+        return "127.0.0.1", "derived from DMLC_PS_ROOT_URI (loopback)"
+    raise ConfigError(
+        "hetps cannot tell which address this node should advertise: set DMLC_NODE_HOST "
+        "to this machine's IP address, or DMLC_INTERFACE to the interface to use "
+        "(hetps never picks an interface silently)"
+    )
+
+
+# -- the table ---------------------------------------------------------------------------------
+#: (section, rows). Rows with a ``field`` make :class:`NodeConfig`, in this order (the
+#: required ones first). Sections and rows appear in this order in docs/CONFIG.md and
+#: ``hetps config``.
+# fmt: off
+SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
+    (
+        "Cluster (the ps-lite / MXNet names)",
+        (
+            Var("DMLC_ROLE", "choice", REQUIRED, "the role this process plays in the cluster",
+                field="role", choices=ROLES, noun="a role"),
+            Var("DMLC_PS_ROOT_URI", "str", REQUIRED, "the scheduler's IP address",
+                field="root_uri", expect="the scheduler's IP address (e.g. 127.0.0.1)"),
+            Var("DMLC_PS_ROOT_PORT", "int", REQUIRED,
+                "the scheduler's port (a scheduler given 0 binds a free port and prints it)",
+                field="root_port", minimum=0, maximum=65535, check=_port_check,
+                expect="a TCP port number from 1 to 65535 (0: a scheduler picks a free one)",
+                bounds="1 to 65535 (0 for a scheduler)"),
+            Var("DMLC_NUM_SERVER", "int", REQUIRED, "number of servers in the cluster",
+                field="num_server", minimum=1),
+            Var("DMLC_NUM_WORKER", "int", REQUIRED, "number of workers in the cluster",
+                field="num_worker", minimum=1),
+            Var("DMLC_NODE_HOST", "str", REQUIRED,
+                "the address this node advertises to the others; needed with a non-loopback "
+                "scheduler unless DMLC_INTERFACE is set (hetps never picks an interface "
+                "silently)",
+                field="node_host", derive=_derive_node_host,
+                default_text="DMLC_INTERFACE's address; 127.0.0.1 with a loopback scheduler"),
+            Var("DMLC_INTERFACE", "str", None,
+                "the network interface whose IPv4 address this node advertises when "
+                "DMLC_NODE_HOST is not set", field="interface"),
+            Var("PS_PORT", "int", 0, "the port this node listens on (0: a free port)",
+                field="port", minimum=0),
+            Var("PS_VERBOSE", "int", 0,
+                "logging: 1 connections (ps-lite style `assign rank=...`), 2 every message",
+                field="verbose", minimum=0),
+            Var("PS_HEARTBEAT_INTERVAL", "float", 1.0,
+                "seconds between heartbeats (0 turns heartbeats off)",
+                field="heartbeat_interval", minimum=0.0, unit="seconds"),
+            Var("PS_HEARTBEAT_TIMEOUT", "float", 10.0,
+                "a node silent this long is declared dead (more than the interval)",
+                field="heartbeat_timeout", minimum=0.0, unit="seconds",
+                check=_heartbeat_check, bounds="> PS_HEARTBEAT_INTERVAL"),
+            Var("HETPS_CONNECT_TIMEOUT", "float", 30.0,
+                "time to reach the scheduler and see the cluster complete",
+                field="connect_timeout", minimum=0.1, unit="seconds"),
+            Var("HETPS_REQUEST_TIMEOUT", "float", 600.0,
+                "time any call waits for its answer",
+                field="request_timeout", minimum=0.1, unit="seconds"),
+        ),
+    ),
+    (
+        "Transport",
+        (
+            Var("MXNET_KVSTORE_BIGARRAY_BOUND", "int", 1_000_000,
+                "arrays of at least this many elements are split evenly over all servers; "
+                "smaller ones go whole to one server",
+                field="bigarray_bound", aliases=("HETPS_BIGARRAY_BOUND",), minimum=1,
+                unit="elements"),
+            Var("HETPS_CHUNK_BYTES", "int", 4 << 20,
+                "wire chunk size: big arrays travel in pipelined chunks of at most this, so "
+                "no buffer grows with the array",
+                field="chunk_bytes", minimum=4096, unit="bytes"),
+            Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31, "the largest message a node accepts",
+                field="max_message_bytes", minimum=1024, unit="bytes"),
+            Var("HETPS_SHM_BYTES", "int", 32 << 20,
+                "shared-memory ring (in /dev/shm) to a peer on the same machine, opened the "
+                "first time an array of 2 MiB or more goes there; one per direction and pair, "
+                "skipped if /dev/shm lacks room (0: always TCP)",
+                field="shm_bytes", minimum=0, unit="bytes", check=_shm_check,
+                bounds="0, or >= 1048576"),
+            Var("HETPS_SHAPE_MBIT", "float", 0.0,
+                "limit this node's sending rate in-process, without root (0: no limit)",
+                field="shape_mbit", minimum=0.0, unit="Mbit/s"),
+        ),
+    ),
+    (
+        "DistributedOptimizer",
+        (
+            Var("HETPS_FUSION_BYTES", "int", 1 << 18,
+                "gradients below this travel fused with their neighbours, in groups up to "
+                "this size (0: every parameter alone)",
+                field="fusion_bytes", minimum=0, unit="bytes"),
+            Var("HETPS_FUSION_TUNE_STEPS", "int", 4,
+                "on a synchronous store: steps timed before the fusion groups are re-made to "
+                "follow backward's pauses (0: keep the size-only groups)",
+                field="fusion_tune_steps", minimum=0),
+        ),
+    ),
+    (
+        "Read by hetps commands",
+        (
+            Var("HETPS_SSH", "str", "ssh", "the ssh program `hetps launch --launcher ssh` runs"),
+            Var("OMP_NUM_THREADS", "int", 1,
+                "threads torch uses in `hetps train` (0 counts as 1); `hetps train --workers` "
+                "passes it to the workers it starts (not hetps' own variable)",
+                minimum=0),
+        ),
+    ),
+    (
+        "Set by hetps for the processes it starts",
+        (
+            Var("HETPS_LAUNCH_RANK", "int", -1,
+                "the rank this node asks the scheduler for (-1: in order of arrival)",
+                field="launch_rank", minimum=-1),
+            Var("HETPS_PORT_FILE", "str", None,
+                "a file the scheduler writes the port it bound to", field="port_file"),
+            Var("HETPS_NETEM_SCENARIO", "str", None,
+                "the scenario file of `--netem`, set for every node; `hetps train` records "
+                "it with the run"),
+            Var("HETPS_NETEM_NODE", "int", None,
+                "the emulated node's index (`hetps netem`, `--netem`)", provided=True),
+            Var("HETPS_NETEM_IP", "str", None, "the emulated node's address (`hetps netem`)",
+                provided=True),
+            Var("HETPS_NETEM_NODES", "int", None, "the number of emulated nodes (`hetps netem`)",
+                provided=True),
+            Var("HETPS_NETEM_IPS", "str", None,
+                "every emulated node's address, by index, comma-separated (`hetps netem`)",
+                provided=True),
+        ),
+    ),
+    (
+        "Load balance (docs/BALANCE.md)",
+        (
+            Var("HETPS_BALANCE", "choice", "none",
+                "the network-aware load distribution scheme (none: MXNet's hash placement)",
+                field="balance", choices=BALANCE_SCHEMES, noun="a scheme", lower=True),
+            Var("HETPS_SLICE_ELEMS", "int", 1 << 16, "elements per slice when balancing",
+                field="slice_elems", minimum=16, unit="elements"),
+            Var("HETPS_PROBE_NUM", "int", 1,
+                "probe slices each idle server gets, so its link keeps being measured",
+                field="probe_num", minimum=0),
+            Var("HETPS_PROBE_BYTES", "int", 128 * 1024, "size of one bandwidth probe",
+                field="probe_bytes", minimum=16, unit="bytes"),
+            Var("HETPS_PROBE_PROB", "float", 0.25,
+                "aware/optimal: the workers probe the links every round(1/p)-th round "
+                "(0: never)",
+                field="probe_prob", minimum=0.0, cap=1.0, bounds=">= 0.0 (above 1 counts as 1)"),
+            Var("HETPS_REPLAN_EVERY", "int", 1, "rounds between re-plans",
+                field="replan_every", minimum=1),
+            Var("HETPS_REPLAN_MARGIN", "float", 0.10,
+                "keep the current plan unless a new one is predicted this much faster "
+                "(0.1: 10%)", field="replan_margin", minimum=0.0),
+            Var("HETPS_PUSH_WINDOW", "int", 1 << 19,
+                "bytes of pushes a worker keeps in flight when balancing (0: no window)",
+                field="push_window", minimum=0, unit="bytes"),
+            Var("HETPS_COLOCATE", "flag", False,
+                "one server beside each worker (server r on worker r's node); `--colocate` "
+                "sets it", field="colocate", minimum=0),
+        ),
+    ),
+)
+# fmt: on
+
+VARS: tuple[Var, ...] = tuple(v for _, rows in SECTIONS for v in rows)
+BY_NAME: dict[str, Var] = {n: v for v in VARS for n in v.names}
+NODE_VARS: tuple[Var, ...] = tuple(v for v in VARS if v.field)
+
+
+def _make_node_config() -> type:
+    fields = []
+    for v in sorted(NODE_VARS, key=lambda v: not v.required):  # required ones first
+        typ = _KINDS[v.kind][0]
+        annotation = typ if v.default is not None else typ | None
+        if v.required:
+            fields.append((v.field, annotation))
+        else:
+            fields.append((v.field, annotation, dataclasses.field(default=v.default)))
+
+    def scheduler_endpoint(self) -> str:
+        """The scheduler's ZeroMQ endpoint, ``tcp://host:port``."""
+        return f"tcp://{self.root_uri}:{self.root_port}"
+
+    doc = "How one process joins a hetps cluster; fields from the variables:\n\n" + "\n".join(
+        f"* ``{v.field}``: ``{v.name}``, {v.meaning}" for v in NODE_VARS
+    )
+    cls = dataclasses.make_dataclass(
+        "NodeConfig",
+        fields,
+        frozen=True,
+        namespace={"scheduler_endpoint": property(scheduler_endpoint), "__doc__": doc},
+    )
+    cls.__module__ = __name__
+    return cls
+
+
+#: How one process joins a hetps cluster: a frozen dataclass made from the table's rows
+#: with a ``field`` (``root_uri``, ``num_server``, ``shm_bytes``, ...) plus
+#: ``scheduler_endpoint``.
+NodeConfig = _make_node_config()
+
+
+# -- resolving against an environment ----------------------------------------------------------
+@dataclass
+class Setting:
+    """One variable resolved against an environment."""
+
+    var: Var
+    value: Any = None  # None: not set (and no default)
+    source: str = "default"  # default, environment, environment (ALIAS), derived from X, ...
+    raw: str | None = None
+    problem: str | None = None  # the error a node would report
+    missing: bool = False  # a required variable that is not set
+
+
+def _raw(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def _read(var: Var, env: Mapping[str, str]) -> Setting:
+    """Parse one row on its own (no derivation, no cross-variable check)."""
+    found: Setting | None = None
+    for name in var.names:  # the first name set wins; a malformed one is an error anyway
+        raw = _raw(env, name)
+        if raw is None:
+            continue
+        source = "environment" if name == var.name else f"environment ({name})"
+        try:
+            value = var.parse(raw, name)
+        except ConfigError as exc:
+            return Setting(var, None, source, raw, problem=str(exc))
+        if var.cap is not None and float(raw) > var.cap:
+            source += f" (capped at {var.cap:g})"
+        found = found or Setting(var, value, source, raw)
+    if found is not None:
+        return found
+    if var.required and var.derive is None:
+        problem = f"{var.name} is not set: set {var.name} to {var.expectation()}"
+        return Setting(var, None, "not set", problem=problem, missing=True)
+    if var.required or var.default is None:
+        return Setting(var, None, "not set")
+    return Setting(var, var.default, "default")
+
+
+def resolve(
+    env: Mapping[str, str] | None = None,
+    role: str | None = None,
+    rows: Iterable[Var] = VARS,
+) -> dict[str, Setting]:
+    """Every row of ``rows`` resolved against ``env`` (default ``os.environ``), by name.
+
+    ``role``, when given, stands for ``DMLC_ROLE``. A setting's ``problem`` is the error a
+    node would report for it; nothing is raised here.
+    """
+    env = os.environ if env is None else env
+    rows = tuple(rows)
+    out: dict[str, Setting] = {}
+    for var in rows:
+        if var.name == "DMLC_ROLE" and role:
+            out[var.name] = _read(var, {"DMLC_ROLE": role})
+            out[var.name].source = "command"
+        else:
+            out[var.name] = _read(var, env)
+    values = {n: s.value for n, s in out.items() if s.problem is None and s.value is not None}
+    for var in rows:
+        s = out[var.name]
+        if var.derive is not None and s.value is None and s.problem is None:
+            try:
+                derived = var.derive(values)
+            except ConfigError as exc:
+                s.problem = str(exc)
+            else:
+                if derived is not None:
+                    s.value, s.source = derived
+                    values[var.name] = s.value
+    for var in rows:
+        s = out[var.name]
+        if var.check is not None and s.problem is None and s.value is not None:
+            s.problem = var.check(s.value, values)
+    return out
+
+
+def _join_error(settings: Iterable[Setting]) -> ConfigError | None:
+    problems = [s.problem for s in settings if s.problem]
+    if not problems:
+        return None
+    return ConfigError("hetps cannot join the cluster:\n  " + "\n  ".join(problems))
+
+
+def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None = None):
     """Parse a :class:`NodeConfig` from ``env`` (default ``os.environ``).
 
     ``role`` overrides ``DMLC_ROLE``. Raises :class:`ConfigError` listing every missing or
     malformed variable with the fix.
     """
-    env = os.environ if env is None else env
-    problems: list[str] = []
-    role = role or _get(env, "DMLC_ROLE")
-    if role is None:
-        problems.append("DMLC_ROLE is not set: set DMLC_ROLE to one of scheduler, server, worker")
-    elif role not in ROLES:
-        problems.append(
-            f"DMLC_ROLE={role!r} is not a role: set it to one of scheduler, server, worker"
-        )
-    root_uri = _get(env, "DMLC_PS_ROOT_URI")
-    if root_uri is None:
-        problems.append(
-            "DMLC_PS_ROOT_URI is not set: set it to the scheduler's IP address (e.g. 127.0.0.1)"
-        )
-    values: dict[str, int] = {}
-    # A scheduler may take port 0: it binds an ephemeral port and reports it (HETPS_PORT_FILE).
-    port_min = 0 if role == "scheduler" else 1
-    for name, minimum in (
-        ("DMLC_PS_ROOT_PORT", port_min),
-        ("DMLC_NUM_SERVER", 1),
-        ("DMLC_NUM_WORKER", 1),
-    ):
-        try:
-            values[name] = _int(env, name, None, minimum)
-        except ConfigError as exc:
-            problems.append(str(exc))
-    if "DMLC_PS_ROOT_PORT" in values and values["DMLC_PS_ROOT_PORT"] > 65535:
-        problems.append("DMLC_PS_ROOT_PORT is above 65535: set it to a TCP port number")
-    try:
-        verbose = _int(env, "PS_VERBOSE", 0)
-        interval = _float(env, "PS_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL)
-        timeout = _float(env, "PS_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT)
-        connect_timeout = _float(env, "HETPS_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT, 0.1)
-        request_timeout = _float(env, "HETPS_REQUEST_TIMEOUT", DEFAULT_REQUEST_TIMEOUT, 0.1)
-        bound = _int(
-            env,
-            "MXNET_KVSTORE_BIGARRAY_BOUND",
-            _int(env, "HETPS_BIGARRAY_BOUND", DEFAULT_BIGARRAY_BOUND, 1),
-            1,
-        )
-        max_msg = _int(env, "HETPS_MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, 1024)
-        chunk = _int(env, "HETPS_CHUNK_BYTES", DEFAULT_CHUNK_BYTES, 4096)
-        port = _int(env, "PS_PORT", 0)
-        port_file = _get(env, "HETPS_PORT_FILE")
-        launch_rank = _int(env, "HETPS_LAUNCH_RANK", -1, -1)
-        shape_mbit = _float(env, "HETPS_SHAPE_MBIT", 0.0)
-        balance = (_get(env, "HETPS_BALANCE") or "none").lower()
-        if balance not in BALANCE_SCHEMES:
-            raise ConfigError(
-                f"HETPS_BALANCE={balance!r} is not a scheme: set it to one of "
-                f"{', '.join(BALANCE_SCHEMES)}"
-            )
-        slice_elems = _int(env, "HETPS_SLICE_ELEMS", 1 << 16, 16)
-        probe_num = _int(env, "HETPS_PROBE_NUM", 1)
-        probe_bytes = _int(env, "HETPS_PROBE_BYTES", 128 * 1024, 16)
-        probe_prob = _float(env, "HETPS_PROBE_PROB", 0.25)
-        replan_every = _int(env, "HETPS_REPLAN_EVERY", 1, 1)
-        replan_margin = _float(env, "HETPS_REPLAN_MARGIN", 0.10)
-        push_window = _int(env, "HETPS_PUSH_WINDOW", 1 << 19, 0)
-        colocate = _int(env, "HETPS_COLOCATE", 0) > 0
-        fusion_bytes = _int(env, "HETPS_FUSION_BYTES", 1 << 18, 0)
-        fusion_tune_steps = _int(env, "HETPS_FUSION_TUNE_STEPS", 4, 0)
-        shm_bytes = _int(env, "HETPS_SHM_BYTES", 32 << 20, 0)
-        if 0 < shm_bytes < (1 << 20):
-            raise ConfigError(
-                f"HETPS_SHM_BYTES={shm_bytes} is too small for a ring: set at least 1048576 "
-                "(1 MiB), or 0 to send every frame over TCP"
-            )
-    except ConfigError as exc:
-        problems.append(str(exc))
-        verbose, interval, timeout, connect_timeout, request_timeout = 0, 0.0, 0.0, 0.0, 0.0
-        bound, max_msg, chunk, port, port_file, launch_rank, shape_mbit = 0, 0, 0, 0, None, -1, 0.0
-        balance, slice_elems, probe_num, probe_bytes, probe_prob = "none", 0, 0, 0, 0.0
-        replan_every, colocate, replan_margin, push_window = 1, False, 0.0, 0
-        fusion_bytes, shm_bytes, fusion_tune_steps = 0, 0, 0
-    if not problems and interval > 0 and timeout <= interval:
-        problems.append(
-            f"PS_HEARTBEAT_TIMEOUT={timeout} must exceed PS_HEARTBEAT_INTERVAL={interval}: "
-            "raise the timeout (a few intervals) or set PS_HEARTBEAT_INTERVAL=0 to disable heartbeats"
-        )
-    if problems:
-        raise ConfigError("hetps cannot join the cluster:\n  " + "\n  ".join(problems))
-    interface = _get(env, "DMLC_INTERFACE")
-    host = _get(env, "DMLC_NODE_HOST")
-    if host is None:
-        if interface is not None:
-            host = interface_address(interface)
-        elif root_uri in ("127.0.0.1", "localhost"):
-            host = "127.0.0.1"
-        else:
-            raise ConfigError(
-                "hetps cannot tell which address this node should advertise: set DMLC_NODE_HOST "
-                "to this machine's IP address, or DMLC_INTERFACE to the interface to use "
-                "(hetps never picks an interface silently)"
-            )
-    return NodeConfig(
-        role=role,  # type: ignore[arg-type]
-        root_uri=root_uri,  # type: ignore[arg-type]
-        root_port=values["DMLC_PS_ROOT_PORT"],
-        num_server=values["DMLC_NUM_SERVER"],
-        num_worker=values["DMLC_NUM_WORKER"],
-        node_host=host,
-        interface=interface,
-        verbose=verbose,
-        heartbeat_interval=interval,
-        heartbeat_timeout=timeout,
-        connect_timeout=connect_timeout,
-        request_timeout=request_timeout,
-        bigarray_bound=bound,
-        max_message_bytes=max_msg,
-        chunk_bytes=chunk,
-        port=port,
-        port_file=port_file,
-        launch_rank=launch_rank,
-        shape_mbit=shape_mbit,
-        balance=balance,
-        slice_elems=slice_elems,
-        probe_num=probe_num,
-        probe_bytes=probe_bytes,
-        probe_prob=min(1.0, probe_prob),
-        replan_every=replan_every,
-        replan_margin=replan_margin,
-        push_window=push_window,
-        fusion_bytes=fusion_bytes,
-        fusion_tune_steps=fusion_tune_steps,
-        shm_bytes=shm_bytes,
-        colocate=colocate,
-    )
+    settings = resolve(env, role, NODE_VARS)
+    error = _join_error(settings.values())
+    if error is not None:
+        raise error
+    return NodeConfig(**{v.field: settings[v.name].value for v in NODE_VARS})
+
+
+def env_value(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The value of variable ``name`` (a table row) in ``env`` (default ``os.environ``): its
+    default when unset, None when it has none. Raises ConfigError for a malformed value."""
+    var = BY_NAME[name]
+    setting = _read(var, os.environ if env is None else env)
+    if setting.problem is None and var.check is not None and setting.value is not None:
+        setting.problem = var.check(setting.value, {var.name: setting.value})
+    if setting.problem is not None and not setting.missing:
+        raise ConfigError(setting.problem)
+    return setting.value
 
 
 def role_from_env(env: Mapping[str, str] | None = None) -> str | None:
     """Return ``DMLC_ROLE`` if set (validated), else None (a single-process run)."""
-    env = os.environ if env is None else env
-    role = _get(env, "DMLC_ROLE")
-    if role is not None and role not in ROLES:
-        raise ConfigError(
-            f"DMLC_ROLE={role!r} is not a role: set it to one of scheduler, server, worker"
-        )
-    return role
+    return env_value("DMLC_ROLE", env)
+
+
+# -- the docs' table and ``hetps config`` ------------------------------------------------------
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= (1 << shift) and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return ""
+
+
+def show(var: Var, value: Any) -> str:
+    """A value as docs and ``hetps config`` print it (sizes also in KiB/MiB/GiB)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if var.unit == "bytes" and isinstance(value, int) and _size(value):
+        return f"{value} ({_size(value)})"
+    return str(value)
+
+
+def _bounds(var: Var) -> str:
+    if var.bounds:
+        return var.bounds
+    if var.choices:
+        return ", ".join(var.choices)
+    if var.kind == "flag":
+        return "0 (off), > 0 (on)"
+    if var.minimum is not None and var.maximum is not None:
+        return f"{var.minimum} to {var.maximum}"
+    if var.minimum is not None:
+        return f">= {var.minimum}"
+    return ""
+
+
+def _type(var: Var) -> str:
+    text = _KINDS[var.kind][1]
+    return f"{text} ({var.unit})" if var.unit else text
+
+
+def _default(var: Var) -> str:
+    if var.default_text:
+        return var.default_text
+    if var.provided:
+        return "set by hetps"
+    if var.required:
+        return "required"
+    return show(var, var.default) or "not set"
+
+
+def markdown() -> str:
+    """docs/CONFIG.md: every variable in one table per section (``hetps config --markdown``)."""
+    lines = [
+        "# Configuration",
+        "",
+        "<!-- generated by `hetps config --markdown > docs/CONFIG.md`"
+        " from the table in src/hetps/config.py; do not edit -->",
+        "",
+        "hetps reads its configuration from these environment variables, and only these "
+        "(`src/hetps/config.py` is the one place that reads them). `hetps config` lists each "
+        "with its value in the current environment and where that value came from "
+        "(default, environment, derived from another variable); a malformed value gets the "
+        "same error a node would print, naming the variable and the fix. The `DMLC_*`, "
+        "`PS_*` and `MXNET_*` names are ps-lite's and MXNet's; where a variable has two "
+        "names the first one set wins.",
+        "",
+    ]
+    for section, rows in SECTIONS:
+        lines += [f"## {section}", ""]
+        lines += ["| variable | type | default | bounds | meaning |", "|---|---|---|---|---|"]
+        for v in rows:
+            name = f"`{v.name}`" + "".join(f" (or `{a}`)" for a in v.aliases)
+            cells = [name, _type(v), _default(v), _bounds(v), v.meaning]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def report(env: Mapping[str, str] | None = None, role: str | None = None) -> tuple[str, list[str]]:
+    """``hetps config``: (the table of variable, value and source, the problems).
+
+    The problems are the errors a process started with ``env`` would report: those of the
+    cluster variables as one "hetps cannot join the cluster" error (as a node prints it),
+    the others one by one. A required variable that is merely unset is shown, not reported,
+    unless something else is wrong too (the node's error would list it).
+    """
+    settings = resolve(env, role)
+    width = max(len(v.name) for v in VARS) + 2
+    shown = {v.name: show(v, settings[v.name].value) or "-" for v in VARS}
+    vwidth = min(max(len(s) for s in shown.values()), 40) + 2
+    lines = [f"{'variable':<{width}}{'value':<{vwidth}}source"]
+    for section, rows in SECTIONS:
+        lines.append(f"# {section}")
+        for v in rows:
+            s = settings[v.name]
+            value = shown[v.name] if s.problem is None or s.missing else f"{s.raw} (bad)"
+            source = "not set (required)" if s.missing else s.source
+            if v.derive is not None and s.value is None and not s.problem:
+                source = "not set (derived once DMLC_PS_ROOT_URI is set)"
+            lines.append(f"{v.name:<{width}}{value:<{vwidth}}{source}")
+    node = [settings[v.name] for v in NODE_VARS]
+    problems: list[str] = []
+    if any(s.problem and not s.missing for s in node):
+        problems.append(str(_join_error(node)))
+    problems += [settings[v.name].problem for v in VARS if not v.field and settings[v.name].problem]
+    return "\n".join(lines), problems

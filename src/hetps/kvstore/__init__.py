@@ -70,7 +70,6 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
     """
     if not isinstance(name, str) or name not in NAMES:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
-    env = os.environ if env is None else env
     role = role_from_env(env)
     if not name.startswith("dist"):
         if role in ("server", "scheduler"):

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from hetps.config import env_value, role_from_env
 
 MODES = ("esync", "sync", "async", "local")
 
@@ -121,7 +122,7 @@ def run_name(args: argparse.Namespace, workers: int) -> str:
 # -- entry ------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
     """``hetps train``: one worker under a launcher, a whole local cluster, or local training."""
-    role = os.environ.get("DMLC_ROLE")
+    role = role_from_env()
     if args.mode == "local":
         return train_worker(args, kv=None)
     if role in ("server", "scheduler"):
@@ -172,7 +173,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
         num_workers=args.workers,
         num_servers=args.servers,
         command=cmd,
-        env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+        env={"OMP_NUM_THREADS": str(env_value("OMP_NUM_THREADS"))},
     )
     return run_cluster(
         spec,
@@ -284,7 +285,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
     from hetps.torch.models import get_model
     from hetps.torch.optimizer import DistributedOptimizer
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")) or 1)
+    torch.set_num_threads(env_value("OMP_NUM_THREADS") or 1)
     rank = kv.rank if kv is not None else 0
     workers = kv.num_workers if kv is not None else 1
     devices = parse_devices(args, workers)
@@ -335,7 +336,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:  # noqa: C901 - one 
                 "slice_size": kv.cfg.slice_elems
                 if kv is not None and kv.cfg.balance != "none"
                 else None,
-                "scenario": os.environ.get("HETPS_NETEM_SCENARIO"),
+                "scenario": env_value("HETPS_NETEM_SCENARIO"),
                 "emulated_heterogeneity": any(
                     s != 1 for s in parse_slowdown(args.slowdown, workers)
                 ),
