@@ -19,6 +19,10 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
 
 ROUNDS = 2
 GLOBAL_LR = 0.5
