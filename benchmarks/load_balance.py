@@ -58,10 +58,10 @@ MODELS = ("mobilenet-v1", "resnet50-v1", "alexnet")
 SCHEMES = ("average", "elastic", "aware", "optimal")
 ELEM_BYTES = 4  # float32
 #: slice size (elements). Every model is scaled to the same bytes per iteration, so one size
-#: serves all. Session 7 swept the oracle plan over 2,048..65,536 (MobileNet-v1, static
+#: serves all. A sweep of the oracle plan over 2,048..65,536 (MobileNet-v1, static
 #: 8 nodes) and fitted T(q) = c + a*q + b*ceil(P/q) (slicing.fit_granularity): per-slice
 #: overhead h = b*S = 1.5 ms, best q = 6.1K elements; 8,192 is the power of two nearest it
-#: (65,536, the earlier default, was 12% slower on the oracle plan). Session 8, with Reno:
+#: (65,536 was 12% slower on the oracle plan). With Reno:
 #: 2,048 1.48, 4,096 1.35, 8,192 1.26, 16,384 1.26 (oracle plan, ratio to the bound).
 SLICE_ELEMS = 1 << 13
 TCP_CACHE: dict[tuple[str, str], list[float]] = {}  # (scenario, model) -> raw-TCP seconds
@@ -1236,7 +1236,7 @@ def main(argv: list[str] | None = None) -> int:
         "--robust",
         nargs="*",
         default=[],
-        help="also run these schemes with session 1's proposed planner fix, now superseded by "
+        help="also run these schemes with an early planner fix (a test of it), superseded by "
         "the planner itself (per-round median link estimates "
         "and hysteresis; scheme name + '-robust'); none to skip",
     )

@@ -1,7 +1,7 @@
 """A fluid model of one synchronous hetps round on per-node links: where a schedule loses
 time against the fluid lower bound, in seconds of CPU instead of minutes of namespaces.
 
-What it models (docs/LOAD_BALANCE_RESULTS.md, session 11):
+What it models (docs/LOAD_BALANCE_RESULTS.md):
 
 - every node ``i`` has an uplink and a downlink of ``rate[i]`` bytes/s (TCP goodput);
 - co-located nodes: worker ``i`` pushes every slice whose server is not ``i`` over a push
@@ -31,8 +31,8 @@ Policies (how a link is shared):
 ``bands``
     ``bands`` strict-priority classes by where the head slice starts in the layout (the
     slices starting in its first ``1 / bands`` of bytes first), whatever its round: what
-    DSCP-marked priority queues in the network could do (session 12; the same split as
-    ``docs/experiments/priority-bands.diff``). Without ``--barrier`` a worker's next round
+    DSCP-marked priority queues in the network could do (the same split as the
+    priority-bands patch in git history, ``git show ee7219e:docs/experiments/priority-bands.diff``). Without ``--barrier`` a worker's next round
     lands in the first class while other workers still wait for the last one's slices;
     with it only one round is ever on the links.
 
