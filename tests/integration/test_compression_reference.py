@@ -73,7 +73,7 @@ def test_two_bit_words_and_server_values_match_mxnet_reference(cluster, tmp_path
     grads = _gradients(workers, rounds, n)
     np.save(tmp_path / "grads.npy", grads)
     code = f"""
-from hetps.kvstore import commands as C
+from hetps.cluster import protocol as C
 kv = hetps.kv.create('dist_sync')
 r = kv.rank
 grads = np.load({str(tmp_path / "grads.npy")!r})
