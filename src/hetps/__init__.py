@@ -1,6 +1,33 @@
 """hetps: a parameter server for PyTorch on heterogeneous clusters.
 
-``hetps.kv.create(name)`` gives MXNet's KVStore API over NumPy arrays and CPU torch tensors.
+``hetps.kv.create(name)`` gives MXNet's KVStore API over NumPy arrays and CPU torch tensors;
+``hetps.optim`` holds the server-side optimizers; ``hetps.sync`` the training algorithms'
+rules. PyTorch integration is ``import hetps.torch``::
+
+    import hetps
+    kv = hetps.kv.create("dist_sync")
+    kv.set_optimizer(hetps.optim.SGD(learning_rate=0.1))
+
+The submodules load on first use, so ``import hetps`` itself is cheap (it imports no torch,
+no ZeroMQ).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+#: submodules reachable as ``hetps.<name>`` after a plain ``import hetps`` (loaded lazily)
+_LAZY = ("kv", "optim", "sync")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return importlib.import_module(f"hetps.{name}")  # also sets it as our attribute
+    raise AttributeError(f"module 'hetps' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

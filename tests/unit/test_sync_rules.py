@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from hetps.sync import (
     ReadinessPolicy,
     average,
+    average_from_sum,
     dcasgd_compensate,
     dcasgd_step,
     esync_global_update,
@@ -325,15 +326,15 @@ def test_dcasgd_compensate_exact():
     np.testing.assert_array_equal(dcasgd_compensate(g, w, w, lamda=0.5), g)  # no delay
 
 
-def test_dcasgd_step_matches_mxnet_rule():
+def test_dcasgd_step_by_hand():
     w = np.array([1.0, 1.0])
     g = np.array([1.0, 2.0])
     b = np.array([0.0, 1.5])
     new_w, new_b, mom = dcasgd_step(w, g, b, lr=0.5, lamda=0.5)
-    # step = -0.5 * [1.5, 1.0]
+    # step = -0.5 * [1.5, 1.0]; the pusher's new backup is the weight it gets back
     np.testing.assert_array_equal(new_w, [0.25, 0.5])
-    np.testing.assert_array_equal(new_b, w)
-    assert mom is None
+    np.testing.assert_array_equal(new_b, new_w)
+    assert mom is None and not np.shares_memory(new_b, new_w)
     # with momentum 0.5 and previous mom [1, -1]: mom = [0.5, -0.5] + [-0.75, -0.5]
     new_w, _, mom = dcasgd_step(w, g, b, lr=0.5, lamda=0.5, momentum=0.5, mom=[1.0, -1.0])
     np.testing.assert_array_equal(mom, [-0.25, -1.0])
@@ -341,6 +342,63 @@ def test_dcasgd_step_matches_mxnet_rule():
     # weight decay: step = -0.5 * (g + 0.5 * w + comp) with lamda 0
     new_w, _, _ = dcasgd_step(w, g, b, lr=0.5, lamda=0.0, wd=0.5)
     np.testing.assert_array_equal(new_w, [0.25, -0.25])
+    # a worker that never pulled has no backup: no compensation
+    new_w, _, _ = dcasgd_step(w, g, None, lr=0.5, lamda=0.5)
+    np.testing.assert_array_equal(new_w, [0.5, 0.0])
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_dcasgd_rule_is_what_the_servers_optimizer_applies(momentum, dtype):
+    """The servers' DCASGD and the rule give the same bits over a run of pushes and pulls by
+    three workers (one definition: per-worker backups, products in one order)."""
+    from hetps.optim import DCASGD
+
+    rng = np.random.default_rng(7)
+    opt = DCASGD(learning_rate=0.05, lamda=2.0, momentum=momentum, wd=1e-3)
+    weight = rng.standard_normal(101).astype(dtype)
+    state = opt.create_state("k", weight)
+    ref_w = weight.astype(np.float32)  # the rule computes float16 weights in float32
+    ref_mom = None
+    backups: dict[int, np.ndarray] = {}
+    for i in range(30):
+        sender = i % 3
+        if i % 4 == 3:  # a pull: the puller's backup is the weight it receives
+            opt.on_pull("k", weight, state, sender)
+            backups[sender] = weight.astype(np.float32)
+            continue
+        grad = (3 * rng.standard_normal(101)).astype(dtype)
+        opt.apply_update("k", weight, grad, state, sender)
+        ref_w, _, ref_mom = dcasgd_step(
+            ref_w, grad, backups.get(sender), 0.05, 2.0, 1e-3, momentum, ref_mom
+        )
+        ref_w = ref_w.astype(dtype).astype(np.float32)  # stored as the weight's dtype
+        backups[sender] = ref_w
+        assert weight.astype(np.float32).tobytes() == ref_w.tobytes(), i
+        if momentum:
+            assert state["mom"].tobytes() == ref_mom.tobytes(), i
+
+
+def test_esync_and_average_rules_take_torch_tensors_with_the_same_bits():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    r, w = (rng.standard_normal(1000).astype(np.float32) for _ in range(2))
+    s = (rng.standard_normal(1000) * 3).astype(np.float32)
+    tr, tw, ts = (torch.from_numpy(a.copy()) for a in (r, w, s))
+    d = model_delta(tw, tr)
+    assert isinstance(d, torch.Tensor) and d.numpy().tobytes() == model_delta(w, r).tobytes()
+    got = esync_update_from_sum(tr, ts, 3, global_lr=0.7)
+    assert got.numpy().tobytes() == esync_update_from_sum(r, s, 3, global_lr=0.7).tobytes()
+    # evaluated left to right: (global_lr * sum) / K, not global_lr * (sum / K)
+    assert got.numpy().tobytes() == (tr + 0.7 * ts / 3).numpy().tobytes()
+    assert got.numpy().tobytes() != (r + np.float32(0.7) * (s / 3)).tobytes()
+    mean = average_from_sum(ts, 3)
+    assert mean.numpy().tobytes() == average_from_sum(s, 3).tobytes()
+    buf = ts.clone()
+    assert average_from_sum(buf, 3, out=buf) is buf
+    assert buf.numpy().tobytes() == mean.numpy().tobytes()
+    with pytest.raises(TypeError, match="mix"):
+        model_delta(tw, r)
 
 
 def test_rules_reject_mismatched_shapes():

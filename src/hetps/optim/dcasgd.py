@@ -5,11 +5,14 @@ while the server's weight has meanwhile moved on to ``w``. DC-ASGD compensates t
 gradient with a cheap approximation of the Hessian (``lamda * g * g``, the diagonal of the
 outer product of the gradient)::
 
-    g_comp = g + lamda * g * g * (w - w_bak)
+    g_comp = g + (w - w_bak) * g * g * lamda
 
 MXNet's ``DCASGD`` optimizer keeps a single ``previous_weight`` per key. As in the paper, this
 implementation keeps one backup **per worker**: the server tells the optimizer which worker
 pulled (:meth:`DCASGD.on_pull`) and which one pushed (:meth:`DCASGD.apply_update`).
+
+The arithmetic is :func:`dcasgd_gradient` and :func:`dcasgd_delta`, the one definition of
+the rule: ``hetps.sync.rules.dcasgd_step`` (the reference the tests use) calls them too.
 """
 
 from __future__ import annotations
@@ -20,7 +23,66 @@ import numpy as np
 
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
 
-__all__ = ["DCASGD"]
+__all__ = ["DCASGD", "dcasgd_delta", "dcasgd_gradient"]
+
+
+def dcasgd_gradient(
+    weight: np.ndarray,
+    grad: np.ndarray,
+    weight_backup: np.ndarray | None,
+    lamda: float,
+    wd: float = 0.0,
+) -> np.ndarray:
+    """The delay-compensated gradient ``d = g + wd*w + (w - w_bak)*g*g*lamda``, a new array.
+
+    The one definition of DC-ASGD's arithmetic (``hetps.sync.rules`` builds on it): the
+    products run left to right as written, and a term whose factor is 0 (``wd``,
+    ``lamda``) or that has no backup (``weight_backup`` None) is left out rather than added
+    as zeros. Arrays are taken as they are (one floating dtype, equal shapes); inputs are
+    not modified.
+    """
+    if weight_backup is not None and lamda != 0.0:
+        comp = np.subtract(weight, weight_backup)
+        comp *= grad
+        comp *= grad
+        comp *= lamda
+    else:
+        comp = None
+    if wd != 0.0:
+        d = grad + np.multiply(weight, wd)
+        if comp is not None:
+            d += comp
+    elif comp is not None:
+        d = grad + comp
+    else:
+        d = grad.copy()
+    return d
+
+
+def dcasgd_delta(
+    weight: np.ndarray,
+    grad: np.ndarray,
+    weight_backup: np.ndarray | None,
+    lr: float,
+    lamda: float = 0.04,
+    wd: float = 0.0,
+    momentum: float = 0.0,
+    mom: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """One DC-ASGD update's change of the weight and the new momentum buffer: with
+    ``d = dcasgd_gradient(...)``, ``(-lr*d, None)`` without momentum, else
+    ``(m, m)`` with ``m = momentum*mom - lr*d`` (``mom`` is required then). New arrays; the
+    inputs are not modified."""
+    d = dcasgd_gradient(weight, grad, weight_backup, lamda, wd)
+    if momentum == 0.0:
+        d *= -lr
+        return d, None
+    if mom is None:
+        raise ValueError(f"DC-ASGD with momentum {momentum} needs the momentum buffer")
+    new_mom = np.multiply(mom, momentum)
+    d *= lr
+    new_mom -= d
+    return new_mom, new_mom
 
 
 class DCASGD(Optimizer):
@@ -30,7 +92,7 @@ class DCASGD(Optimizer):
 
         g     = clip(rescale_grad * grad)
         w_bak = backup[s] if worker s has one, else w      (no compensation)
-        d     = g + wd * w + lamda * g * g * (w - w_bak)
+        d     = g + wd * w + (w - w_bak) * g * g * lamda      (dcasgd_gradient)
         momentum == 0:  step = -learning_rate * d
         momentum > 0:   mom = momentum * mom - learning_rate * d;  step = mom
         w += step;  backup[s] = copy of the new w
@@ -71,36 +133,17 @@ class DCASGD(Optimizer):
         g = self._preprocess_grad(grad, dtype)
         w = weight.astype(dtype, copy=False)
         backup = state["backup"]
-        w_bak = backup.get(sender)
-
-        # d = g + wd * w + lamda * g * g * (w - w_bak)
-        if w_bak is not None and self.lamda != 0.0:
-            comp = np.subtract(w, w_bak, dtype=dtype)
-            comp *= g
-            comp *= g
-            comp *= self.lamda
-        else:
-            comp = None
-        d = g
-        if self.wd != 0.0:
-            d += np.multiply(w, self.wd, dtype=dtype)
-        if comp is not None:
-            d += comp
-
-        if self.momentum == 0.0:
-            d *= -self.learning_rate
-            step = d
-        else:
-            mom = state["mom"]
-            if mom is None:
-                raise ValueError(
-                    f"DCASGD(momentum={self.momentum}) has no momentum buffer in this state; "
-                    "it was created with momentum=0"
-                )
-            mom *= self.momentum
-            d *= self.learning_rate
-            mom -= d
-            step = mom
+        mom = state["mom"]
+        if self.momentum != 0.0 and mom is None:
+            raise ValueError(
+                f"DCASGD(momentum={self.momentum}) has no momentum buffer in this state; "
+                "it was created with momentum=0"
+            )
+        step, new_mom = dcasgd_delta(
+            w, g, backup.get(sender), self.learning_rate, self.lamda, self.wd, self.momentum, mom
+        )
+        if new_mom is not None:
+            np.copyto(mom, new_mom)
         np.add(weight, step, out=weight, casting="same_kind")
         self._store_backup(backup, sender, weight)
 

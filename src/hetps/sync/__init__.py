@@ -5,6 +5,7 @@ readiness policy (the state server's brain). The worker loops that drive them li
 from hetps.sync.esync import ReadinessPolicy, WorkerState
 from hetps.sync.rules import (
     average,
+    average_from_sum,
     dcasgd_compensate,
     dcasgd_step,
     esync_global_update,
@@ -19,6 +20,7 @@ __all__ = [
     "ReadinessPolicy",
     "WorkerState",
     "average",
+    "average_from_sum",
     "dcasgd_compensate",
     "dcasgd_step",
     "esync_global_update",

@@ -1,35 +1,49 @@
-"""The training algorithms' update rules as pure NumPy functions (numbers in, numbers out).
+"""The training algorithms' update rules as pure functions (numbers in, numbers out).
 
-These are the reference definitions the worker loops and server optimizers are tested
-against; none of them mutates its inputs.
+These are the one definition of each rule: the running code calls them (``hetps train`` and
+:class:`hetps.torch.ESyncTrainer` for ESync, :class:`hetps.torch.DistributedOptimizer` for
+SSGD's average, the servers' :class:`hetps.optim.DCASGD` for DC-ASGD through
+:func:`hetps.optim.dcasgd.dcasgd_delta`, which :func:`dcasgd_step` wraps, since ``optim``
+sits above ``sync`` in the layering). None of them mutates its inputs (except into an
+explicit ``out``).
 
-* SSGD (synchronous SGD): the servers wait for every worker's gradient and apply their mean:
-  ``w <- w - lr * (mean_k g_k + wd * w)`` (:func:`average`, :func:`ssgd_step`).
+* SSGD (synchronous SGD): every step uses the mean of all workers' gradients,
+  ``w <- w - lr * (mean_k g_k + wd * w)`` (:func:`average`, :func:`ssgd_step`). In
+  ``hetps`` the servers sum, and each worker divides the sum by the number of workers
+  (:func:`average_from_sum`) and steps its own torch optimizer.
 * ASGD (asynchronous SGD): the servers apply each gradient as it arrives:
   ``w <- w - lr * (g + wd * w)`` (:func:`sgd_step`).
 * DC-ASGD (Zheng et al., "Asynchronous SGD with Delay Compensation"): the stale gradient is
-  compensated with the change of the weight since it was computed,
-  ``g + lamda * g * g * (w - w_bak)`` (:func:`dcasgd_compensate`), then applied as SGD with
-  optional momentum exactly as MXNet's ``DCASGD`` optimizer does (:func:`dcasgd_step`).
+  compensated with the change of the weight since the pushing worker last received it,
+  ``g + (w - w_bak) * g * g * lamda`` (:func:`dcasgd_compensate`), then applied as SGD with
+  optional momentum (:func:`dcasgd_step`). As in the paper, each worker has its own backup
+  ``w_bak``: the weight it last received (MXNet's ``DCASGD`` keeps one per key instead).
 * ESync: each worker pushes its model difference from the round's start,
   ``delta_k = w_k - w_round`` (:func:`model_delta`); the servers sum, and every worker sets
-  ``w <- w_round + global_lr * mean_k delta_k`` (:func:`esync_global_update`, or
+  ``w <- w_round + global_lr * sum_k delta_k / K`` (:func:`esync_global_update`, or
   :func:`esync_update_from_sum` from the servers' sum). BatchNorm running statistics are
-  averaged with :func:`average`.
+  averaged from the servers' sum with :func:`average_from_sum`.
 
-Results have the floating dtype of the inputs (``numpy.result_type``); sums run in the order
-the arrays are given, so results are bit-for-bit reproducible.
+Each formula is evaluated left to right as written, so results are bit-for-bit the same
+wherever a rule runs. NumPy inputs give results in their floating dtype
+(``numpy.result_type``, at least float32); the ESync and averaging rules also take torch
+tensors (of one floating dtype, on one device) and return torch tensors, computed by torch
+in the same order. Sums run in the order the arrays are given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from hetps.optim.dcasgd import dcasgd_delta, dcasgd_gradient
+
 __all__ = [
     "average",
+    "average_from_sum",
     "dcasgd_compensate",
     "dcasgd_step",
     "esync_global_update",
@@ -41,7 +55,21 @@ __all__ = [
 ]
 
 
-def _float(*arrays: ArrayLike) -> tuple[np.ndarray, ...]:
+def _is_tensor(a: Any) -> bool:
+    """A torch tensor (or Parameter), told apart without importing torch."""
+    return type(a).__module__.startswith("torch")
+
+
+def _float(*arrays: Any) -> tuple[Any, ...]:
+    """NumPy inputs as arrays of one floating dtype; torch tensors as they are (checked)."""
+    tensors = [_is_tensor(a) for a in arrays]
+    if any(tensors):
+        if not all(tensors):
+            raise TypeError("give all arrays as NumPy arrays or all as torch tensors, not a mix")
+        for a in arrays:
+            if not a.is_floating_point():
+                raise TypeError(f"torch tensors must be floating point, got {a.dtype}")
+        return arrays
     out = tuple(np.asarray(a) for a in arrays)
     dtype = np.result_type(*out, np.float32) if out else np.float64
     if not np.issubdtype(dtype, np.floating):
@@ -49,11 +77,16 @@ def _float(*arrays: ArrayLike) -> tuple[np.ndarray, ...]:
     return tuple(a.astype(dtype, copy=False) for a in out)
 
 
-def _same_shape(names: Sequence[str], arrays: Sequence[np.ndarray]) -> None:
-    shape = arrays[0].shape
+def _same_shape(names: Sequence[str], arrays: Sequence[Any]) -> None:
+    shape = tuple(arrays[0].shape)
     for name, a in zip(names, arrays, strict=True):
-        if a.shape != shape:
-            raise ValueError(f"shape mismatch: {name} has shape {a.shape}, expected {shape}")
+        if tuple(a.shape) != shape:
+            raise ValueError(f"shape mismatch: {name} has shape {tuple(a.shape)}, expected {shape}")
+
+
+def _check_workers(num_workers: int) -> None:
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
 
 
 def sum_arrays(arrays: Sequence[ArrayLike]) -> np.ndarray:
@@ -62,17 +95,30 @@ def sum_arrays(arrays: Sequence[ArrayLike]) -> np.ndarray:
         raise ValueError("need at least one array")
     arrs = _float(*arrays)
     _same_shape([f"arrays[{i}]" for i in range(len(arrs))], arrs)
-    total = arrs[0].copy()
+    total = arrs[0].clone() if _is_tensor(arrs[0]) else arrs[0].copy()
     for a in arrs[1:]:
         total += a
     return total
 
 
+def average_from_sum(total: Any, num_workers: int, out: Any = None) -> Any:
+    """The mean from a sum over ``num_workers`` workers (what a worker pulls from the servers):
+    ``total / num_workers``; into ``out`` when given (``out=total`` divides in place)."""
+    _check_workers(num_workers)
+    (t,) = _float(total)
+    if out is None:
+        return t / num_workers
+    _same_shape(["total", "out"], [t, out])
+    if _is_tensor(t):
+        import torch  # loaded already: t is a tensor
+
+        return torch.div(t, num_workers, out=out)
+    return np.divide(t, num_workers, out=out)
+
+
 def average(arrays: Sequence[ArrayLike]) -> np.ndarray:
     """Element-wise mean of equally shaped arrays (SSGD's gradient average, BN statistics)."""
-    total = sum_arrays(arrays)
-    total /= len(arrays)
-    return total
+    return average_from_sum(sum_arrays(arrays), len(arrays))
 
 
 def sgd_step(weight: ArrayLike, grad: ArrayLike, lr: float, wd: float = 0.0) -> np.ndarray:
@@ -92,47 +138,53 @@ def ssgd_step(
 def dcasgd_compensate(
     grad: ArrayLike, weight: ArrayLike, weight_backup: ArrayLike, lamda: float
 ) -> np.ndarray:
-    """DC-ASGD's delay-compensated gradient ``g + lamda * g * g * (w - w_bak)``.
+    """DC-ASGD's delay-compensated gradient ``g + (w - w_bak) * g * g * lamda``.
 
     ``weight`` is the current weight, ``weight_backup`` the weight the gradient was computed
-    against (MXNet's ``DCASGD`` keeps one backup per key: the weight before its previous
-    update); ``lamda`` is the variance-control factor (MXNet's default 0.04).
+    against (the weight the pushing worker last received); ``lamda`` is the
+    variance-control factor (MXNet's default 0.04). :func:`dcasgd_step`'s ``d`` without
+    weight decay (:func:`hetps.optim.dcasgd.dcasgd_gradient`).
     """
     g, w, b = _float(grad, weight, weight_backup)
     _same_shape(["grad", "weight", "weight_backup"], [g, w, b])
-    return g + lamda * g * g * (w - b)
+    return dcasgd_gradient(w, g, b, lamda)
 
 
 def dcasgd_step(
     weight: ArrayLike,
     grad: ArrayLike,
-    weight_backup: ArrayLike,
+    weight_backup: ArrayLike | None,
     lr: float,
     lamda: float = 0.04,
     wd: float = 0.0,
     momentum: float = 0.0,
     mom: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """One DC-ASGD update as MXNet's ``DCASGD.update``; returns ``(weight, backup, mom)``.
+    """One DC-ASGD update, as the servers' :class:`hetps.optim.DCASGD` applies a worker's
+    gradient; returns ``(weight, backup, mom)``.
 
-    ``step = -lr * (g + wd*w + lamda*g*g*(w - w_bak))``; with ``momentum`` > 0,
-    ``mom = momentum*mom + step`` (``mom`` starts at zeros when None) and the weight moves by
-    ``mom``, else by ``step`` and the returned ``mom`` is None. The new backup is the weight
-    before this update.
+    ``d = g + wd*w + (w - w_bak)*g*g*lamda`` (terms whose factor is 0, or without a backup,
+    are left out); with ``momentum`` > 0, ``mom = momentum*mom - lr*d`` (``mom`` starts at
+    zeros when None) and the weight moves by ``mom``, else by ``-lr*d`` and the returned
+    ``mom`` is None. ``weight_backup`` is the weight the pushing worker last received (None:
+    it never pulled, no compensation); its new backup is the new weight, which it receives
+    in the push's answer. The arithmetic is :func:`hetps.optim.dcasgd.dcasgd_delta`'s.
     """
-    w, g, b = _float(weight, grad, weight_backup)
-    _same_shape(["weight", "grad", "weight_backup"], [w, g, b])
-    step = -lr * (g + wd * w + lamda * g * g * (w - b))
-    new_mom: np.ndarray | None = None
+    arrays = [weight, grad] if weight_backup is None else [weight, grad, weight_backup]
+    conv = _float(*arrays)
+    w, g = conv[0], conv[1]
+    b = None if weight_backup is None else conv[2]
+    _same_shape(["weight", "grad", "weight_backup"][: len(conv)], conv)
+    prev = None
     if momentum:
-        prev = np.zeros_like(w) if mom is None else _float(mom)[0]
+        prev = np.zeros_like(w) if mom is None else np.asarray(mom).astype(w.dtype, copy=False)
         _same_shape(["weight", "mom"], [w, prev])
-        new_mom = momentum * prev + step
-        step = new_mom
-    return w + step, w.copy(), new_mom
+    step, new_mom = dcasgd_delta(w, g, b, lr, lamda, wd, momentum, prev)
+    new_w = w + step
+    return new_w, new_w.copy(), new_mom
 
 
-def model_delta(weight: ArrayLike, weight_round: ArrayLike) -> np.ndarray:
+def model_delta(weight: Any, weight_round: Any) -> Any:
     """ESync's push: the model difference ``w - w_round`` since the round's start."""
     w, r = _float(weight, weight_round)
     _same_shape(["weight", "weight_round"], [w, r])
@@ -142,17 +194,16 @@ def model_delta(weight: ArrayLike, weight_round: ArrayLike) -> np.ndarray:
 def esync_global_update(
     weight_round: ArrayLike, deltas: Sequence[ArrayLike], global_lr: float = 1.0
 ) -> np.ndarray:
-    """ESync's aggregation: ``w_round + global_lr * mean_k(delta_k)``."""
+    """ESync's aggregation: ``w_round + global_lr * sum_k(delta_k) / K``."""
     return esync_update_from_sum(weight_round, sum_arrays(deltas), len(deltas), global_lr)
 
 
 def esync_update_from_sum(
-    weight_round: ArrayLike, delta_sum: ArrayLike, num_workers: int, global_lr: float = 1.0
-) -> np.ndarray:
+    weight_round: Any, delta_sum: Any, num_workers: int, global_lr: float = 1.0
+) -> Any:
     """ESync's aggregation from the servers' sum of deltas (what a worker pulls):
-    ``w_round + global_lr * delta_sum / num_workers``."""
-    if num_workers < 1:
-        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    ``w_round + global_lr * delta_sum / num_workers``, evaluated left to right."""
+    _check_workers(num_workers)
     r, s = _float(weight_round, delta_sum)
     _same_shape(["weight_round", "delta_sum"], [r, s])
-    return r + global_lr * (s / num_workers)
+    return r + global_lr * s / num_workers

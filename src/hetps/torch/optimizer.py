@@ -64,6 +64,7 @@ from typing import Any
 import torch
 
 from hetps import optim as ps_optim
+from hetps.sync.rules import average_from_sum
 
 #: a fused group also closes where backward pauses at least this long before the next
 #: gradient (about one small request's round trip here), ...
@@ -493,7 +494,7 @@ class DistributedOptimizer:
                     k = self.extra.numel()  # the sum over the workers, before any averaging
                     self.extra.copy_(g.recv[g.numel - k :].view_as(self.extra))
                 if self.op == "average" and W > 1:
-                    g.recv.div_(W)
+                    average_from_sum(g.recv, W, out=g.recv)  # SSGD's mean, in place
                 for n in g.names:
                     p = params[n]
                     if p.grad is None:
@@ -507,7 +508,7 @@ class DistributedOptimizer:
             if self.update_on == "worker":
                 buf = self._landing[name]
                 if self.op == "average" and W > 1:
-                    buf.div_(W)
+                    average_from_sum(buf, W, out=buf)
                 if p.grad.device == buf.device and p.grad.dtype == buf.dtype:
                     # hand the landed tensor over instead of copying it; the old gradient,
                     # which only autograd's last pass wrote, lands the next round
