@@ -16,6 +16,7 @@ import pytest
 from hetps.config import ConfigError, node_config_from_env
 from hetps.transport import shm
 from hetps.transport.codec import BadMessage, Message, decode, encode
+from hetps.transport.codec import decode as codec_decode
 from hetps.transport.van import RING_MIN_BYTES, Van
 
 MiB = 1 << 20
@@ -73,7 +74,7 @@ def test_the_receiver_refuses_bad_names_and_bad_positions(ring_pair):
         with pytest.raises(ValueError, match="not a hetps ring name"):
             shm.InRing(name)
     with pytest.raises(FileNotFoundError):
-        shm.InRing("hetps-shm-1-0123456789abcdef")
+        shm.InRing("hetps-shm-1-" + "0123456789abcdef" * 2)
     for pos, n in [(4000, 200), (1 << 40, 64), (8192, 10)]:  # past the end, or never written
         with pytest.raises(ValueError, match="outside the ring's unread part"):
             inn.take(pos, n)
@@ -124,11 +125,11 @@ def test_codec_carries_big_arrays_through_the_ring_and_small_ones_inline(ring_pa
             with pytest.raises(BadMessage):
                 decode(frames, 1 << 30, {in2.name: in2})
         assert in2.tail == 80000  # a refused message consumed nothing
-        # a ring offered by node 3 is not node 4's to use
-        in2.owner = 3
-        frames = encode(Message("push", sender=4, arrays=[big]), out2, 1024)
-        with pytest.raises(BadMessage, match="which node 3 offered"):
-            decode(frames, 1 << 30, {in2.name: in2})
+        # a ring offered on one connection is not another connection's to use
+        in2.owner = b"conn-3"
+        frames = encode(Message("push", arrays=[big]), out2, 1024)
+        with pytest.raises(BadMessage, match="other than the one that offered it"):
+            decode(frames, 1 << 30, {in2.name: in2}, origin=b"conn-4")
         in2.owner = None
         with pytest.raises(BadMessage, match="never opened"):
             decode(encode(Message("push", arrays=[big]), out2, 1024), 1 << 30, {})
@@ -149,7 +150,7 @@ def test_van_moves_frames_through_the_ring_after_the_offer_and_inline_when_full(
     ring sends inline; every array arrives exact and in order; nothing stays in /dev/shm."""
     rx, tx = Van(name="rx", ring_bytes=8 * MiB), Van(name="tx", ring_bytes=8 * MiB)
     try:
-        tx.connect(1, rx.endpoint)
+        rx.admit(tx.connect(1, rx.endpoint), 5)  # rings are taken from known peers only
         n = RING_MIN_BYTES // 4 + 1024  # just above the bound, ~2 MiB each
         sent = [np.full(n, i, np.float32) for i in range(6)]
         tx.send(1, Message("push", arrays=[sent[0]]))
@@ -226,7 +227,7 @@ def test_a_ring_the_peer_never_opens_is_given_back_and_a_reconnect_offers_anew(m
     rx, tx = Van(name="rx", ring_bytes=8 * MiB), Van(name="tx", ring_bytes=8 * MiB)
     monkeypatch.setattr(rx, "_open_ring", lambda msg: None)  # it cannot open rings
     try:
-        tx.connect(1, rx.endpoint)
+        rx.admit(tx.connect(1, rx.endpoint), 5)
         a = np.arange(RING_MIN_BYTES // 4 + 16, dtype=np.float32)
         for i in range(5):
             tx.send(1, Message("push", arrays=[a + i]))
@@ -235,7 +236,7 @@ def test_a_ring_the_peer_never_opens_is_given_back_and_a_reconnect_offers_anew(m
                 assert _mine()  # offered, not opened: the name is still there
         assert tx._rings_out[1] is None and not _mine()  # given back, TCP from now on
         monkeypatch.undo()
-        tx.connect(1, rx.endpoint)  # a new connection: a new ring may be offered
+        rx.admit(tx.connect(1, rx.endpoint), 5)  # a new connection: a new ring may be offered
         assert 1 not in tx._rings_out
         tx.send(1, Message("push", arrays=[a]))
         np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], a)
@@ -261,10 +262,14 @@ def test_a_reply_lands_straight_in_its_requests_destination():
         places = {7: dest}
 
         def frames(req: int, reply: bool = True) -> list:
-            msg = Message("push", req=req, reply=reply, arrays=[vals], sender=3)
+            msg = Message("push", req=req, reply=reply, arrays=[vals])
             return encode(msg, out, 64)
 
-        inn.owner = 3
+        inn.owner = b"conn-3"
+
+        def decode(frames, bound, rings, landing):  # noqa: F811 - on connection conn-3
+            return codec_decode(frames, bound, rings, landing, origin=b"conn-3")
+
         got = decode(frames(7), 1 << 30, rings, places.get)
         assert got.arrays[0].ctypes.data == dest.ctypes.data
         np.testing.assert_array_equal(dest, vals)

@@ -5,6 +5,12 @@ matched to requests by the :class:`~hetps.cluster.requests.RequestTracker`; cont
 from the scheduler are handled here; every other message goes to the ``handler`` given by the
 layer above (the KVStore server, for instance). A dead peer fails every pending request with a
 :class:`~hetps.cluster.errors.NodeFailure` naming it.
+
+Identity: a message's sender is the connection it came on (see :mod:`hetps.cluster.allow`).
+The node tells the scheduler which routing id to connect back with, so only the scheduler's
+connection reads as node 1; the node table brings a routing id per peer for each direction,
+so a peer's messages read as that peer and nobody else's do. Every message is checked against
+the allow-list before it is handled.
 """
 
 from __future__ import annotations
@@ -12,21 +18,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
+from hetps.cluster import allow
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError, NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future, RequestTracker
 from hetps.config import NodeConfig
 from hetps.transport.codec import Message
-from hetps.transport.van import PeerGone, Van
+from hetps.transport.van import UNKNOWN, PeerGone, Van, new_routing_id
 
 log = logging.getLogger("hetps.node")
 
 Handler = Callable[[Message], None]
+
+#: messages kept from connections not yet known while the node table is on its way
+MAX_EARLY_MESSAGES = 4096
+MAX_EARLY_BYTES = 1 << 30
 
 
 class Node:
@@ -60,6 +70,7 @@ class Node:
         self._reg_error: str | None = None
         self._reg_progress: dict | None = None
         self._early: list[Message] = []
+        self._early_bytes = 0
         self._last_ack = time.monotonic()
         self._recv_thread: threading.Thread | None = None
         self._hb_thread: threading.Thread | None = None
@@ -83,6 +94,13 @@ class Node:
         """Workers ordered by rank."""
         return sorted((n for n in self.nodes.values() if n.role == "worker"), key=lambda n: n.rank)
 
+    def role_of(self, node_id: int) -> str | None:
+        """Role of a node of this job (None for anybody else)."""
+        if node_id == P.SCHEDULER_ID:
+            return allow.SCHEDULER
+        info = self.nodes.get(node_id)
+        return info.role if info is not None else None
+
     def describe(self, node_id: int) -> str:
         """Human name of a node id."""
         if node_id == P.SCHEDULER_ID:
@@ -97,12 +115,15 @@ class Node:
         Raises :class:`ClusterError` when the scheduler cannot be reached or the cluster does
         not complete within ``HETPS_CONNECT_TIMEOUT``.
         """
+        # the scheduler connects back with a routing id only it learns: its messages are
+        # the only ones that read as node 1
+        back = new_routing_id()
+        self.van.admit(back, P.SCHEDULER_ID)
         self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}")
         self._recv_thread = threading.Thread(
             target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True
         )
         self._recv_thread.start()
-        token = uuid.uuid4().hex
         self.van.send(
             P.SCHEDULER_ID,
             Message(
@@ -112,7 +133,7 @@ class Node:
                     "role": self.role,
                     "host": self.cfg.node_host,
                     "port": self.van.port,
-                    "token": token,
+                    "back": back,
                     "want_rank": self.cfg.launch_rank,
                 },
             ),
@@ -158,6 +179,13 @@ class Node:
                 log.exception("%s: error handling %s from %d", self.role, msg.cmd, msg.sender)
 
     def _dispatch(self, msg: Message) -> None:
+        if msg.sender == UNKNOWN:
+            if self.info is None and self._keep_early(msg):
+                return  # perhaps a peer that learned of us before we did
+            log.warning(
+                "%s: dropped %s from a connection of no node of this job", self.role, msg.cmd
+            )
+            return
         if msg.sender == P.SCHEDULER_ID:
             self._last_ack = time.monotonic()
             cmd = msg.cmd
@@ -167,18 +195,19 @@ class Node:
                 self._reg_progress = msg.body
                 return
             if cmd == P.NODES:
-                self.nodes = {n.id: n for n in map(NodeInfo.from_wire, msg.body["nodes"])}
-                self.info = self.nodes[int(msg.body["id"])]
-                self.van.my_id = self.info.id
-                # Servers answer workers, workers talk to servers: connect before anything else
-                # is handled, so no request can arrive from a peer we cannot answer.
-                peer_role = "worker" if self.role == "server" else "server"
-                for n in self.nodes.values():
-                    if n.role == peer_role:
-                        self.van.connect(n.id, f"{n.host}:{n.port}")
+                if self.info is not None:
+                    log.warning("%s: ignored a second node table", self.role)
+                    return
+                try:
+                    self._take_table(msg.body)
+                except (KeyError, TypeError, ValueError) as exc:
+                    self._reg_error = f"the scheduler sent a malformed node table ({exc})"
+                    self._registered.set()
+                    return
                 self._registered.set()
-                early, self._early = self._early, []
+                early, self._early, self._early_bytes = self._early, [], 0
                 for m in early:  # peers that learned of us before we did
+                    m.sender = self.van.node_of(m.origin)
                     self._dispatch(m)
                 return
             if cmd == P.REFUSED:
@@ -200,15 +229,57 @@ class Node:
                 self.handler(msg)  # e.g. WORKER_DONE for servers
                 return
         if self.info is None:
-            self._early.append(msg)
+            if not self._keep_early(msg):
+                log.warning("%s: dropped %s that came before the node table", self.role, msg.cmd)
             return
         if msg.reply:
-            self.requests.resolve(msg.req, msg, msg.error)
+            self.requests.resolve(msg.req, msg, msg.error, sender=msg.sender)
+            return
+        sender_role = self.role_of(msg.sender)
+        if not allow.permits(self.role, sender_role, msg.cmd):
+            log.warning(
+                "%s: refused %s from %s: only %s may send it",
+                self.role,
+                msg.cmd,
+                self.describe(msg.sender),
+                allow.senders(self.role, msg.cmd),
+            )
+            if msg.req and sender_role is not None:
+                text = f"a {self.role} does not take {msg.cmd!r} from a {sender_role}"
+                self.reply(msg, {"error": text})
             return
         if self.handler is not None:
             self.handler(msg)
         else:
             log.warning("%s: no handler for %s from %d", self.role, msg.cmd, msg.sender)
+
+    def _keep_early(self, msg: Message) -> bool:
+        """Keep a message that came before the node table, within a bound."""
+        if len(self._early) >= MAX_EARLY_MESSAGES or self._early_bytes > MAX_EARLY_BYTES:
+            return False
+        self._early.append(msg)
+        self._early_bytes += msg.nbytes
+        return True
+
+    def _take_table(self, body: dict) -> None:
+        """The scheduler's node table: this node's id, its peers, and the routing id of each
+        direction of each connection to a peer."""
+        nodes = {n.id: n for n in map(NodeInfo.from_wire, body["nodes"])}
+        me = nodes[int(body["id"])]
+        out = {int(p): _routing_id(t) for p, t in body["out"]}
+        into = {int(p): _routing_id(t) for p, t in body["in"]}
+        # Servers answer workers, workers talk to servers: connect before anything else is
+        # handled, so no request can arrive from a peer we cannot answer.
+        peer_role = "worker" if self.role == "server" else "server"
+        peers = [n for n in nodes.values() if n.role == peer_role]
+        for n in peers:
+            if n.id not in out or n.id not in into:
+                raise ValueError(f"no routing ids for node {n.id}")
+        for n in peers:
+            self.van.admit(into[n.id], n.id)
+            self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id])
+        self.nodes, self.info = nodes, me
+        self.van.my_id = me.id
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
@@ -377,3 +448,9 @@ class Node:
             )
             return
         self.van.close()
+
+
+def _routing_id(value: object) -> bytes:
+    if not isinstance(value, bytes) or not 1 <= len(value) <= 255 or value[0] == 0:
+        raise ValueError(f"bad routing id {value!r}")
+    return value

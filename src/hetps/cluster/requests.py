@@ -8,12 +8,15 @@ fails with that error, so nobody waits forever.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from hetps.cluster.errors import ClusterError, RequestError, RequestTimeout
+
+log = logging.getLogger("hetps.requests")
 
 
 class Future:
@@ -116,10 +119,24 @@ class RequestTracker:
         with self._lock:
             self._pending.pop(req, None)
 
-    def resolve(self, req: int, value: Any, error: str | None = None) -> bool:
-        """Deliver the reply to request ``req``; False if nobody waits for it."""
+    def resolve(
+        self, req: int, value: Any, error: str | None = None, sender: int | None = None
+    ) -> bool:
+        """Deliver the reply to request ``req``; False if nobody waits for it. With ``sender``
+        (the node the reply came from) it must be the peer the request went to: a reply from
+        anybody else is refused (logged) and the request keeps waiting for its own."""
         with self._lock:
-            fut = self._pending.pop(req, None)
+            fut = self._pending.get(req)
+            if fut is not None and sender is not None and fut.peer != sender:
+                log.warning(
+                    "refused a reply to request %d from node %d: the request went to node %d",
+                    req,
+                    sender,
+                    fut.peer,
+                )
+                return False
+            if fut is not None:
+                del self._pending[req]
         if fut is None:
             return False
         if error is not None:

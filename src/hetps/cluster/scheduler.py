@@ -5,16 +5,27 @@ Services (the ESync state server, the load planner) are plug-ins: the role setup
 (:func:`hetps.kvstore.roles.make_scheduler`) registers each with :meth:`Scheduler.register`,
 a command name and a callable ``(scheduler, msg) -> None`` that may answer with
 :meth:`Scheduler.reply`. The scheduler itself knows none of them.
+
+Identity: a message's sender is its connection. A registration binds the connection it came
+on to the node it becomes; every other message is checked against the allow-list
+(:mod:`hetps.cluster.allow`) with the role of the node its connection belongs to. The node
+table hands each node a routing id per peer and direction, derived from a key only the
+scheduler holds, so no node can speak as another.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hetps.cluster import allow
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.config import NodeConfig
@@ -25,10 +36,13 @@ log = logging.getLogger("hetps.scheduler")
 
 Service = Callable[["Scheduler", Message], None]
 
+#: refusals (each opens a connection back) answered per second at most; beyond, dropped
+MAX_REFUSALS_PER_S = 32
+
 
 @dataclass
 class _Pending:
-    token: str
+    origin: bytes  # routing id of the connection the registration came on
     role: str
     host: str
     port: int
@@ -73,6 +87,8 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set once every node is registered
+        self._pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
+        self._refusals: deque[float] = deque()
 
     def register(
         self,
@@ -133,9 +149,23 @@ class Scheduler:
 
     # -- dispatch ---------------------------------------------------------------------------
     def _dispatch(self, msg: Message) -> None:
-        if msg.sender in self.nodes and msg.sender not in self.finished:
-            self.last_seen[msg.sender] = time.monotonic()
         cmd = msg.cmd
+        info = self.nodes.get(msg.sender)
+        role = info.role if info is not None else None
+        if msg.reply or not allow.permits("scheduler", role, cmd, cmd in self.services):
+            who = info.describe() if info is not None else "a connection of no node of this job"
+            log.warning(
+                "scheduler: refused %s%s from %s: only %s may send it",
+                cmd,
+                " (a reply)" if msg.reply else "",
+                who,
+                allow.senders("scheduler", cmd) if cmd not in self.services else "a node",
+            )
+            if info is not None and msg.req and not msg.reply:
+                self.reply(msg, {"error": f"the scheduler does not take {cmd!r} from a {role}"})
+            return
+        if info is not None and msg.sender not in self.finished:
+            self.last_seen[msg.sender] = time.monotonic()
         if cmd == P.HEARTBEAT:
             self._send(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
         elif cmd == P.ADD_NODE:
@@ -145,14 +175,12 @@ class Scheduler:
         elif cmd == P.FINISH:
             self._finish(msg)
         elif cmd == P.LEAVE:
-            reason = str(msg.body.get("reason", "left"))
+            reason = _printable(msg.body.get("reason", "left"))
             self._declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
             self.services[cmd](self, msg)
-        else:
+        else:  # not reached: the allow-list lets through only the commands above
             log.warning("scheduler: unknown command %r from node %d", cmd, msg.sender)
-            if msg.req and msg.sender in self.nodes:
-                self.reply(msg, {"error": f"scheduler does not know command {cmd!r}"})
 
     def reply(self, request: Message, body: dict | None = None, arrays: list | None = None) -> None:
         """Answer ``request`` (used by services too)."""
@@ -174,58 +202,62 @@ class Scheduler:
     # -- registration -----------------------------------------------------------------------
     def _add_node(self, msg: Message) -> None:
         b = msg.body
-        token, role = str(b.get("token", "")), b.get("role")
-        host, port = b.get("host"), b.get("port")
+        role = b.get("role")
+        host, port, back = b.get("host"), b.get("port"), b.get("back")
         if (
             role not in ("server", "worker")
             or not isinstance(host, str)
+            or not 0 < len(host) <= 255
             or not isinstance(port, int)
+            or isinstance(port, bool)
+            or not 0 < port < 65536
+            or not isinstance(back, bytes)
+            or not 0 < len(back) <= 255
+            or back[0] == 0
         ):
-            log.warning("scheduler: malformed registration %r", b)
+            log.warning("scheduler: refused a malformed registration %r", b)
             return
-        try:
-            self.van.connect(token, f"{host}:{port}")
-        except PeerGone as exc:
-            log.warning("scheduler: registration with a bad address: %s", exc)
-            return
-        if self.nodes or len(self.pending) >= self.expected:
-            self._send(
-                token,
-                Message(
-                    P.REFUSED,
-                    req=msg.req,
-                    reply=True,
-                    body={
-                        "error": f"the cluster is already complete ({self.cfg.num_server} "
-                        f"servers, {self.cfg.num_worker} workers): check DMLC_NUM_SERVER/"
-                        "DMLC_NUM_WORKER and that no old job uses this scheduler port"
-                    },
-                ),
-            )
-            self.van.disconnect(token, linger_ms=1000)  # let the refusal leave first
-            return
-        count = sum(1 for p in self.pending if p.role == role)
-        limit = self.cfg.num_server if role == "server" else self.cfg.num_worker
-        if count >= limit:
-            self._send(
-                token,
-                Message(
-                    P.REFUSED,
-                    req=msg.req,
-                    reply=True,
-                    body={
-                        "error": f"too many {role}s: the scheduler expects {limit} "
-                        f"(DMLC_NUM_{role.upper()}={limit} on the scheduler)"
-                    },
-                ),
-            )
-            self.van.disconnect(token, linger_ms=1000)  # let the refusal leave first
+        origin = msg.origin
+        if any(p.origin == origin for p in self.pending):
+            log.warning("scheduler: refused a second registration on one connection")
             return
         want = b.get("want_rank", -1)
         want = want if isinstance(want, int) and not isinstance(want, bool) else -1
-        self.pending.append(_Pending(token, role, host, port, msg.req, want))
+        limit = self.cfg.num_server if role == "server" else self.cfg.num_worker
+        refusal = None
+        if self.nodes or len(self.pending) >= self.expected:
+            refusal = (
+                f"the cluster is already complete ({self.cfg.num_server} "
+                f"servers, {self.cfg.num_worker} workers): check DMLC_NUM_SERVER/"
+                "DMLC_NUM_WORKER and that no old job uses this scheduler port"
+            )
+        elif sum(1 for p in self.pending if p.role == role) >= limit:
+            refusal = (
+                f"too many {role}s: the scheduler expects {limit} "
+                f"(DMLC_NUM_{role.upper()}={limit} on the scheduler)"
+            )
+        elif want >= limit:
+            refusal = f"{role} rank {want} (HETPS_LAUNCH_RANK) is not below {limit}"
+        elif want >= 0:
+            rival = next((p for p in self.pending if p.role == role and p.want_rank == want), None)
+            if rival is not None:
+                refusal = (
+                    f"{role} rank {want} (HETPS_LAUNCH_RANK) is already claimed by "
+                    f"{rival.host}:{rival.port}: a rank is given once; is another job using "
+                    "this scheduler port?"
+                )
+                log.error("scheduler: a second claim of %s rank %d (%s:%s)", role, want, host, port)
+        if refusal is not None:
+            self._refuse(origin, host, port, back, msg.req, refusal)
+            return
+        try:
+            self.van.connect(origin, f"{host}:{port}", routing_id=back)
+        except PeerGone as exc:
+            log.warning("scheduler: registration with a bad address: %s", exc)
+            return
+        self.pending.append(_Pending(origin, role, host, port, msg.req, want))
         self._send(
-            token,
+            origin,
             Message(
                 P.ADD_NODE,
                 req=0,
@@ -235,6 +267,30 @@ class Scheduler:
         )
         if len(self.pending) == self.expected:
             self._assign()
+
+    def _refuse(self, origin: bytes, host: str, port: int, back: bytes, req: int, text: str):
+        """Answer a registration with a refusal (over a connection of its own, closed after)."""
+        now = time.monotonic()
+        while self._refusals and now - self._refusals[0] > 1.0:
+            self._refusals.popleft()
+        if len(self._refusals) >= MAX_REFUSALS_PER_S:
+            log.warning("scheduler: dropped a registration (too many refusals): %s", text)
+            return
+        self._refusals.append(now)
+        log.warning("scheduler: refused a registration from %s:%s: %s", host, port, text)
+        key = ("refusal", origin)
+        try:
+            self.van.connect(key, f"{host}:{port}", routing_id=back)
+        except PeerGone as exc:
+            log.warning("scheduler: registration with a bad address: %s", exc)
+            return
+        self._send(key, Message(P.REFUSED, req=req, reply=True, body={"error": text}))
+        self.van.disconnect(key, linger_ms=1000)  # let the refusal leave first
+
+    def _pair(self, src: int, dst: int) -> bytes:
+        """The routing id node ``src`` connects to node ``dst`` with (known to both alone)."""
+        mac = hmac.new(self._pair_key, f"{src}>{dst}".encode(), hashlib.sha256).digest()
+        return b"h" + mac[:15]
 
     def _assign(self) -> None:
         ranks = {"server": 0, "worker": 0}
@@ -254,7 +310,8 @@ class Scheduler:
             ranks[p.role] += 1
             nid = P.server_id(rank) if p.role == "server" else P.worker_id(rank)
             self.nodes[nid] = NodeInfo(nid, p.role, rank, p.host, p.port)
-            self.van.rename(p.token, nid)
+            self.van.rename(p.origin, nid)
+            self.van.admit(p.origin, nid)
             self.last_seen[nid] = time.monotonic()
             if self.cfg.verbose >= 1:
                 log.info(
@@ -266,9 +323,14 @@ class Scheduler:
                 )
         table = [n.to_wire() for n in self.nodes.values()]
         for p, nid in zip(self.pending, self.nodes, strict=False):
-            self._send(
-                nid, Message(P.NODES, req=p.req, reply=True, body={"nodes": table, "id": nid})
-            )
+            peers = [i for i, n in self.nodes.items() if n.role != p.role]
+            body = {
+                "nodes": table,
+                "id": nid,
+                "out": [[i, self._pair(nid, i)] for i in peers],  # routing ids to its peers
+                "in": [[i, self._pair(i, nid)] for i in peers],  # and theirs to it
+            }
+            self._send(nid, Message(P.NODES, req=p.req, reply=True, body=body))
         self.pending.clear()
         self.ready.set()
         if self.cfg.verbose >= 1:
@@ -343,7 +405,7 @@ class Scheduler:
                 log.error("scheduler: %s", text)
                 for p in self.pending:
                     self._send(
-                        p.token, Message(P.REFUSED, req=p.req, reply=True, body={"error": text})
+                        p.origin, Message(P.REFUSED, req=p.req, reply=True, body={"error": text})
                     )
                 self.exit_code = 1
             return
@@ -374,3 +436,9 @@ class Scheduler:
                     other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text})
                 )
         self.exit_code = 1
+
+
+def _printable(value: object, limit: int = 2000) -> str:
+    """A node's own text for a log line: printable characters only, bounded."""
+    text = value if isinstance(value, str) else repr(value)
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])

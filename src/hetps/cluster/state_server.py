@@ -25,7 +25,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.requests import Future
 from hetps.sync.esync import ReadinessPolicy
 from hetps.transport.codec import Message
-from hetps.transport.van import PeerGone, Van
+from hetps.transport.van import PeerGone, Van, new_routing_id
 
 log = logging.getLogger("hetps.state_server")
 
@@ -90,6 +90,12 @@ class EsyncService:
         """A callable for ``Scheduler(services={REPORT: ...})``."""
 
         def service(sched: Any, msg: Message) -> None:
+            node = sched.nodes.get(msg.sender)
+            if node is None or node.role != "worker":
+                sched.reply(msg, {"error": "esync reports come from workers"})
+                return
+            # the rank is the connection's: a worker reports only for itself
+            msg.body["rank"] = node.rank
             sched.reply(msg, self.handle(msg))
 
         return service
@@ -106,6 +112,7 @@ class StateServer:
         self.van.my_id = STANDALONE_ID
         self._stop = threading.Event()
         self._peers: list[str] = []
+        self._backs: dict[str, bytes | None] = {}
 
     @property
     def port(self) -> int:
@@ -124,12 +131,19 @@ class StateServer:
                 if not isinstance(ep, str) or not _ENDPOINT.fullmatch(ep):
                     log.warning("state server: report without a valid 'ep' (host:port) dropped")
                     continue
+                back = msg.body.get("back")  # the routing id the worker knows us by
+                if not (isinstance(back, bytes) and 0 < len(back) <= 255 and back[0] != 0):
+                    back = None
                 try:
-                    if not self.van.has_peer(ep):
-                        if len(self._peers) >= 4096:  # a bounded set of reply sockets
-                            self.van.disconnect(self._peers.pop(0))
-                        self.van.connect(ep, ep)
-                        self._peers.append(ep)
+                    if not self.van.has_peer(ep) or self._backs.get(ep) != back:
+                        if ep not in self._backs and len(self._peers) >= 4096:  # bounded
+                            old = self._peers.pop(0)
+                            self._backs.pop(old, None)
+                            self.van.disconnect(old)
+                        self.van.connect(ep, ep, routing_id=back)
+                        if ep not in self._backs:
+                            self._peers.append(ep)
+                        self._backs[ep] = back
                     reply = Message(REPORT, req=msg.req, reply=True, body=self.service.handle(msg))
                     self.van.send(ep, reply)
                 except PeerGone as exc:
@@ -149,9 +163,14 @@ class StateClient:
         self.node = node
         self.timeout = timeout
         self.peer: Any = P.SCHEDULER_ID
+        self._back: bytes | None = None
         if endpoint is not None:
             self.peer = "state-server"
             node.van.connect(self.peer, endpoint)
+            # the state server answers over a connection of its own, with a routing id only
+            # it learns (in each report): its answers read as STANDALONE_ID, nobody else's do
+            self._back = new_routing_id()
+            node.van.admit(self._back, STANDALONE_ID)
 
     def report(self, rnd: int, step_s: float, elapsed_s: float) -> dict:
         """Report one local step; returns the state server's answer."""
@@ -166,6 +185,8 @@ class StateClient:
             "elapsed_s": elapsed_s,
             "ep": self.node.van.endpoint,
         }
+        if self._back is not None:
+            body["back"] = self._back
         fut: Future = self.node.requests.new(
             P.SCHEDULER_ID if self.peer == P.SCHEDULER_ID else STANDALONE_ID, "esync report"
         )

@@ -10,6 +10,12 @@ and only then are the pushes acknowledged. A pull from a worker that pushed in t
 round waits for the round, so a pull issued after a push sees that round's result.
 
 ``dist_async``: each complete push is applied at once by the optimizer and acknowledged after.
+
+Trust: the node checks every request's sender (its connection) against the allow-list before
+it reaches :meth:`KVServer.handle` (see :mod:`hetps.cluster.allow`); the server itself checks
+again that a pickle comes from a registered worker before it unpickles anything, and checks a
+push's payload against its key's part before the push is kept (in a merge, or queued for the
+next round).
 """
 
 from __future__ import annotations
@@ -170,6 +176,29 @@ class KVServer:
             )
         return sl
 
+    def _payload_fits(self, msg: Message, sl: Slice, n: int) -> None:
+        """Check a push's payload (count, dtype, size) against its range of ``sl`` without
+        decoding it: a push is never kept unless it fits."""
+        if len(msg.arrays) != 1:
+            raise BadRequest(
+                f"{msg.cmd} of key {sl.key!r}: expected one array, got {len(msg.arrays)}"
+            )
+        data = msg.arrays[0]
+        if msg.body.get("comp") is not None:
+            ok = data.dtype == np.uint32 and data.size == (n + 15) // 16
+        else:
+            ok = data.dtype == sl.value.dtype and data.size == n
+        if not ok:
+            raise BadRequest(
+                f"{msg.cmd} of key {sl.key!r}: got {data.size} values of {data.dtype} for "
+                f"{n} values of {sl.value.dtype} (key shape {sl.shape})"
+            )
+
+    def _from_worker(self, msg: Message) -> bool:
+        """Whether ``msg`` came on the connection of a registered worker."""
+        role_of = getattr(self.node, "role_of", None)
+        return role_of is not None and role_of(msg.sender) == "worker"
+
     def _data(self, msg: Message, sl: Slice, n: int) -> np.ndarray:
         if len(msg.arrays) != 1:
             raise BadRequest(
@@ -283,6 +312,7 @@ class KVServer:
         if sync and (
             sl.got.get(worker, 0) >= sl.value.size or any(m.sender == worker for m in sl.backlog)
         ):
+            self._payload_fits(msg, sl, n)  # kept only if it fits its part
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
             return
         data = self._data(msg, sl, n)
@@ -439,6 +469,8 @@ class KVServer:
         sl.inflight = []
 
     def _set_optimizer(self, msg: Message) -> None:
+        if not self._from_worker(msg):  # unpickling runs code: only a worker's, ever
+            raise BadRequest("set_optimizer: only a worker of this job may set the optimizer")
         if len(msg.arrays) != 1:
             raise BadRequest("set_optimizer: expected one pickled optimizer")
         try:
@@ -469,6 +501,8 @@ class KVServer:
         self.node.reply(msg, arrays=[blob])
 
     def _set_states(self, msg: Message) -> None:
+        if not self._from_worker(msg):  # unpickling runs code: only a worker's, ever
+            raise BadRequest("set_states: only a worker of this job may set optimizer states")
         if len(msg.arrays) != 1:
             raise BadRequest("set_states: expected one pickled state map")
         states = optim.load_states(msg.arrays[0].tobytes())

@@ -2,10 +2,17 @@
 
 Wire layout of one ZeroMQ multipart message (after the ROUTER identity frame)::
 
-    frame 0   msgpack map: {"v": version, "c": command, "s": sender id, "r": request id,
+    frame 0   msgpack map: {"v": version, "c": command, "r": request id,
                             "p": is_reply, "o": priority, "t": send time (s, float),
                             "b": body map, "a": [[dtype, [dim, ...]], ...]}
-    frame 1.. raw little-endian C-order array bytes, one frame per entry of "a"
+    frame 1.. raw little-endian C-order array bytes: each entry of "a" in
+              ceil(bytes / FRAME_MAX) frames (at least one), in order
+
+The header carries no sender: who sent a message is the connection it came on (the van maps
+the ZeroMQ routing id to a node id, see docs/SECURITY.md). A field ``"s"`` from an older peer
+is ignored. No frame is larger than :data:`FRAME_MAX`, so a receiver can refuse any bigger
+frame at the socket (``ZMQ_MAXMSGSIZE``) before ZeroMQ allocates memory for it; an array
+bigger than that travels in several frames and is joined (one copy) on arrival.
 
 Arrays are sent without copies (``copy=False``) and decoded with ``np.frombuffer`` over the
 received frame, so a 256 MB push is never duplicated in user space. :func:`decode` checks every
@@ -37,6 +44,8 @@ WIRE_DTYPES = {
 _NAME_OF = {dt: name for name, dt in WIRE_DTYPES.items()}
 MAX_DIMS = 32
 MAX_HEADER_BYTES = 1 << 20
+#: the largest frame on the wire: bigger arrays are split (a wire constant: every peer agrees)
+FRAME_MAX = 16 << 20
 
 
 class BadMessage(ValueError):
@@ -48,6 +57,8 @@ class Message:
     """One decoded message: a command, routing metadata, a small body and array payloads."""
 
     cmd: str
+    #: set by the receiving van from the connection (never from the wire): the sending node's
+    #: id, or 0 when the connection belongs to no known node
     sender: int = 0
     req: int = 0
     reply: bool = False
@@ -59,6 +70,8 @@ class Message:
     # set by the receiver (never on the wire): this message was already waiting when the
     # receive thread came to look, so the time it was taken is later than its arrival
     backlogged: bool = False
+    #: set by the receiver: the ZeroMQ routing id of the connection the message came on
+    origin: bytes = b""
 
     @property
     def error(self) -> str | None:
@@ -98,12 +111,16 @@ def encode(msg: Message, ring: Any = None, min_ring_bytes: int = 0) -> list[Any]
         if ring is not None and arr.nbytes >= min_ring_bytes and arr.size:
             pos = ring.put(raw)
         placed.append(-1 if pos is None else pos)
-        frames.append(b"" if pos is not None else raw)
+        if pos is not None:
+            frames.append(b"")
+        elif arr.nbytes > FRAME_MAX:
+            frames += [raw[i : i + FRAME_MAX] for i in range(0, arr.nbytes, FRAME_MAX)]
+        else:
+            frames.append(raw)
         nbytes += arr.nbytes
     header = {
         "v": VERSION,
         "c": msg.cmd,
-        "s": msg.sender,
         "r": msg.req,
         "p": msg.reply,
         "o": msg.priority,
@@ -124,14 +141,27 @@ def _buffer(frame: Any) -> memoryview:
     return frame.buffer  # zmq.Frame
 
 
-def decode(frames: list[Any], max_bytes: int, rings: Any = None, landing_of: Any = None) -> Message:
+def decode(
+    frames: list[Any],
+    max_bytes: int,
+    rings: Any = None,
+    landing_of: Any = None,
+    origin: Any = None,
+) -> Message:
     """Decode and validate ``frames`` (header first). Raises :class:`BadMessage` on bad input.
+
+    Every bound is checked on the header alone before any array is built: the header's size,
+    each array's dtype and shape, the message's total against ``max_bytes`` and the number of
+    frames the arrays need. Arrays over :data:`FRAME_MAX` come in several frames and are
+    joined (one copy); all others are views over their frame (no copy).
 
     ``rings`` maps ring names to :class:`~hetps.transport.shm.InRing` for arrays that came
     through shared memory (header field ``"m"``); their bytes are copied out of the ring, and
     what was copied out is released to the sender even when the message then fails validation.
-    ``landing_of(req)`` may name where a reply's first array goes (a flat array of its dtype
-    and size): a ring-borne array is then copied there, not into a new array.
+    A ring may carry only the arrays of the connection that offered it: its ``owner`` must be
+    ``origin`` (the routing id the message came with). ``landing_of(req)`` may name where a
+    reply's first array goes (a flat array of its dtype and size): a ring-borne array is then
+    copied there, not into a new array.
     """
     if not frames:
         raise BadMessage("empty message")
@@ -147,7 +177,6 @@ def decode(frames: list[Any], max_bytes: int, rings: Any = None, landing_of: Any
     if header.get("v") != VERSION:
         raise BadMessage(f"unsupported version {header.get('v')!r} (this node speaks {VERSION})")
     cmd = header.get("c")
-    sender = header.get("s")
     req = header.get("r")
     reply = header.get("p")
     prio = header.get("o", 0)
@@ -156,38 +185,51 @@ def decode(frames: list[Any], max_bytes: int, rings: Any = None, landing_of: Any
     sent_at = header.get("t", 0.0)
     if not isinstance(cmd, str) or not cmd:
         raise BadMessage("field 'c' (command) must be a non-empty string")
-    for name, value in (("s", sender), ("r", req), ("o", prio)):
+    if len(cmd) > 64:
+        raise BadMessage(f"field 'c' (command) of {len(cmd)} characters is too long")
+    for name, value in (("r", req), ("o", prio)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise BadMessage(f"field {name!r} must be an integer, got {type(value).__name__}")
     if not isinstance(reply, bool):
         raise BadMessage("field 'p' (is reply) must be a boolean")
     if not isinstance(body, dict):
         raise BadMessage("field 'b' (body) must be a map")
-    if not isinstance(sent_at, (int, float)):
+    if not isinstance(sent_at, (int, float)) or isinstance(sent_at, bool):
         raise BadMessage("field 't' (send time) must be a number")
     if not isinstance(specs, list):
         raise BadMessage("field 'a' (arrays) must be a list")
-    if len(specs) != len(frames) - 1:
-        raise BadMessage(f"header announces {len(specs)} arrays but {len(frames) - 1} frames came")
-    placed = _ring_positions(header.get("m"), len(specs), rings, sender)
+    placed = _ring_positions(header.get("m"), len(specs), rings, origin)
+    # every bound from the header alone, before any array is made
+    layout = [_spec(i, spec) for i, spec in enumerate(specs)]
+    total = len(head) + sum(expected for _, _, _, expected in layout)
+    if total > max_bytes:
+        raise BadMessage(f"message of {total} bytes exceeds the size bound of {max_bytes} bytes")
+    counts = [
+        1 if (placed is not None and placed[i] >= 0) else _frames_for(expected)
+        for i, (_, _, _, expected) in enumerate(layout)
+    ]
+    if sum(counts) != len(frames) - 1:
+        raise BadMessage(
+            f"header announces {len(specs)} arrays in {sum(counts)} frames but "
+            f"{len(frames) - 1} frames came"
+        )
     ring = rings[header["m"][0]] if placed else None
-    total = len(head)
     arrays: list[np.ndarray] = []
     target = None
     if placed and placed[0] >= 0 and reply is True and landing_of is not None:
         target = landing_of(req)
     try:
-        for i, spec in enumerate(specs):
-            total = _decode_array(
-                i, spec, frames[i + 1], placed, ring, total, max_bytes, arrays, target
-            )
+        at = 1
+        for i, item in enumerate(layout):
+            parts = frames[at : at + counts[i]]
+            at += counts[i]
+            arrays.append(_decode_array(i, item, parts, placed, ring, target))
             target = None
     finally:
         if ring is not None:  # what was taken out may be overwritten now
             ring.commit()
     return Message(
         cmd=cmd,
-        sender=sender,
         req=req,
         reply=reply,
         priority=prio,
@@ -198,7 +240,12 @@ def decode(frames: list[Any], max_bytes: int, rings: Any = None, landing_of: Any
     )
 
 
-def _ring_positions(field_m: Any, n: int, rings: Any, sender: int) -> list[int] | None:
+def _frames_for(nbytes: int) -> int:
+    """Frames an inline array of ``nbytes`` takes on the wire."""
+    return max(1, -(-nbytes // FRAME_MAX))
+
+
+def _ring_positions(field_m: Any, n: int, rings: Any, origin: Any) -> list[int] | None:
     """Validate header field ``"m"``; the per-array ring counters (-1: inline), or None."""
     if field_m is None:
         return None
@@ -212,15 +259,15 @@ def _ring_positions(field_m: Any, n: int, rings: Any, sender: int) -> list[int] 
     if rings is None or not isinstance(name, str) or name not in rings:
         raise BadMessage(f"arrays in shared-memory ring {name!r}, which this node never opened")
     owner = getattr(rings[name], "owner", None)
-    if owner is not None and owner != sender:
-        raise BadMessage(f"node {sender} sent arrays in ring {name!r}, which node {owner} offered")
+    if owner is not None and owner != origin:
+        raise BadMessage(
+            f"arrays in ring {name!r} came on a connection other than the one that offered it"
+        )
     return placed if any(p >= 0 for p in placed) else None
 
 
-def _decode_array(i, spec, frame, placed, ring, total, max_bytes, arrays, target=None) -> int:
-    """Validate array ``i`` against its frame (or ring slot), append it; the new total. A
-    ring-borne array is copied into ``target`` if that is a flat, writable array of its dtype
-    and element count."""
+def _spec(i: int, spec: Any) -> tuple[np.dtype, list[int], int, int]:
+    """Validate array spec ``i``: (dtype, shape, element count, bytes)."""
     if not (isinstance(spec, list) and len(spec) == 2):
         raise BadMessage(f"array spec {i} must be [dtype, shape]")
     dname, shape = spec
@@ -236,13 +283,17 @@ def _decode_array(i, spec, frame, placed, ring, total, max_bytes, arrays, target
     count = 1
     for d in shape:
         count *= d
-    expected = count * dt.itemsize
-    buf = _buffer(frame)
+    return dt, shape, count, count * dt.itemsize
+
+
+def _decode_array(i, item, parts, placed, ring, target=None) -> np.ndarray:
+    """Array ``i`` from its frames (or ring slot), checked against its spec. A ring-borne
+    array is copied into ``target`` if that is a flat, writable array of its dtype and
+    element count."""
+    dt, shape, count, expected = item
     if placed is not None and placed[i] >= 0:
-        if len(buf) != 0:
+        if len(_buffer(parts[0])) != 0:
             raise BadMessage(f"array {i} is in shared memory but its frame is not empty")
-        if total + expected > max_bytes:
-            raise BadMessage(f"message exceeds the size bound of {max_bytes} bytes")
         fits = (
             isinstance(target, np.ndarray)
             and target.dtype == dt
@@ -254,18 +305,29 @@ def _decode_array(i, spec, frame, placed, ring, total, max_bytes, arrays, target
         try:
             if fits:
                 ring.take(placed[i], expected, out=target.view(np.uint8))
-                arrays.append(target.reshape(shape))
-                return total + expected
+                return target.reshape(shape)
             buf = memoryview(ring.take(placed[i], expected))
         except ValueError as exc:
             raise BadMessage(f"array {i}: {exc}") from None
+    elif len(parts) == 1:
+        buf = _buffer(parts[0])
+    else:  # split over several frames: every frame but the last is exactly FRAME_MAX
+        bufs = [_buffer(p) for p in parts]
+        sizes = [len(b) for b in bufs]
+        if any(s != FRAME_MAX for s in sizes[:-1]) or sum(sizes) != expected:
+            raise BadMessage(
+                f"array {i}: its {len(parts)} frames hold {sum(sizes)} bytes but dtype "
+                f"{dt.name} shape {shape} needs {expected} in frames of {FRAME_MAX}"
+            )
+        joined = np.empty(expected, np.uint8)
+        at = 0
+        for b in bufs:
+            joined[at : at + len(b)] = np.frombuffer(b, np.uint8)
+            at += len(b)
+        buf = memoryview(joined)
     if len(buf) != expected:
         raise BadMessage(
-            f"array {i}: frame holds {len(buf)} bytes but dtype {dname} shape {shape} "
+            f"array {i}: frame holds {len(buf)} bytes but dtype {dt.name} shape {shape} "
             f"needs {expected}"
         )
-    total += expected
-    if total > max_bytes:
-        raise BadMessage(f"message exceeds the size bound of {max_bytes} bytes")
-    arrays.append(np.frombuffer(buf, dtype=dt).reshape(shape) if count else np.empty(shape, dt))
-    return total
+    return np.frombuffer(buf, dtype=dt).reshape(shape) if count else np.empty(shape, dt)

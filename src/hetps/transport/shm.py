@@ -19,6 +19,12 @@ receiver on another machine never does), and any frame that does not fit because
 is full also goes inline. The name is unlinked as soon as the receiver opened it, so a
 crash afterwards leaves nothing in ``/dev/shm``; names of creators that died before that are
 swept when the next ring is made.
+
+Who may use a ring: the file is created ``O_EXCL`` with mode 0600 under a name holding 128
+random bits (nobody can guess it or create it first), and it is offered only over the
+connection to the receiver, which opens only a regular file of its own user with no access
+for anybody else (``O_NOFOLLOW``: never a link planted in ``/dev/shm``), offered by a peer it
+knows (transport/van.py), and accepts its frames only from that same connection.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import time
 
 import numpy as np
@@ -42,7 +49,9 @@ _OPENED, _MAGIC, _SIZE, _TAIL = 0, 1, 2, 8  # uint64 slots of the header (tail o
 # map every page up front: faulting tmpfs pages in on the first lap costs more than the copy
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 STALE_AGE_S = 60.0  # a ring name older than this, of a creator that is gone, is swept
-NAME_RE = re.compile(r"^hetps-shm-(\d+)-[0-9a-f]{16}$")
+NAME_RE = re.compile(r"^hetps-shm-(\d+)-[0-9a-f]{32}$")
+# names of older versions (64 random bits) are still swept
+_SWEPT_RE = re.compile(r"^hetps-shm-(\d+)-(?:[0-9a-f]{16}|[0-9a-f]{32})$")
 
 
 def _span(n: int) -> int:
@@ -57,7 +66,7 @@ def sweep_stale(directory: str = SHM_DIR) -> int:
     except OSError:
         return 0
     for name in names:
-        m = NAME_RE.match(name)
+        m = _SWEPT_RE.match(name)
         if m is None:
             continue
         path = os.path.join(directory, name)
@@ -93,7 +102,7 @@ class OutRing:
             raise ValueError(f"ring size {size} is below {ALIGN} bytes")
         sweep_stale(directory)
         self.size = int(size)
-        self.name = f"hetps-shm-{os.getpid()}-{secrets.token_hex(8)}"
+        self.name = f"hetps-shm-{os.getpid()}-{secrets.token_hex(16)}"
         self._path: str | None = os.path.join(directory, self.name)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -172,9 +181,15 @@ class InRing:
         if not isinstance(name, str) or NAME_RE.match(name) is None:
             raise ValueError(f"{name!r} is not a hetps ring name")
         self.name = name
-        fd = os.open(os.path.join(directory, name), os.O_RDWR)
+        fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_NOFOLLOW)
         try:
-            total = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise ValueError(
+                    f"ring {name} is not a private file of this user (mode "
+                    f"{stat.S_IMODE(st.st_mode):o}, owner {st.st_uid}): refused"
+                )
+            total = st.st_size
             if total < HEADER_BYTES + ALIGN:
                 raise ValueError(f"ring {name} holds {total} bytes, too few")
             self._mm = mmap.mmap(fd, total, flags=_FLAGS)

@@ -4,11 +4,17 @@ Every node binds one ROUTER socket to receive and connects one DEALER socket to 
 sends to (ps-lite's layout). Sends are thread-safe (a lock per peer socket); receiving is done
 by one thread that calls :meth:`Van.recv`. Every byte is counted per link in
 :class:`LinkCounters`, which later layers (metrics, load balancing) read.
+
+Identity: every DEALER connects with a routing id of its own (random, or one the scheduler
+handed out), and the ROUTER sees it on every message. The van maps routing ids to node ids
+(:meth:`Van.admit`): a received message's ``sender`` is the node its connection belongs to,
+0 for a connection that belongs to no known node. No header field names the sender.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from hetps.transport.codec import BadMessage, Message, decode, encode
+from hetps.transport.codec import FRAME_MAX, BadMessage, Message, decode, encode
 from hetps.transport.shaper import TokenBucket
 from hetps.transport.shm import InRing, OutRing
 
@@ -32,6 +38,17 @@ RING_MIN_BYTES = 2 << 20
 RING_OFFER = "__ring_offer"
 #: big sends to a peer after which a ring it has not opened is closed (frames stay on TCP)
 RING_GIVE_UP_SENDS = 64
+#: what a frame may exceed FRAME_MAX by on the wire (CURVE's box around it)
+FRAME_SLACK = 64 << 10
+#: ring offers kept from connections not yet known (the node table is on its way)
+MAX_STASHED_OFFERS = 64
+#: sender id of a message whose connection belongs to no known node
+UNKNOWN = 0
+
+
+def new_routing_id() -> bytes:
+    """A fresh routing id nobody can guess (16 bytes; ZeroMQ reserves a leading zero byte)."""
+    return b"h" + secrets.token_bytes(15)
 
 
 def is_local_host(host: str, own: str) -> bool:
@@ -128,7 +145,9 @@ class Van:
         self._router.setsockopt(zmq.LINGER, 0)
         # bound what queues unread per sender (set before bind: the listener copies it)
         self._router.setsockopt(zmq.RCVHWM, max(4, (32 << 20) // max(1, chunk_bytes)))
-        self._router.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + (1 << 20))
+        # no frame on the wire exceeds FRAME_MAX (the codec splits bigger arrays), so ZeroMQ
+        # drops the connection of a peer announcing a bigger one before it allocates memory
+        self._router.setsockopt(zmq.MAXMSGSIZE, min(max_message_bytes, FRAME_MAX) + FRAME_SLACK)
         bind_host = "*" if host in ("0.0.0.0", "*") else host
         if port:
             self._router.bind(f"tcp://{bind_host}:{port}")
@@ -141,6 +160,8 @@ class Van:
         self._endpoints: dict[Any, str] = {}  # peer -> host:port its DEALER connects to
         self._locks: dict[Any, threading.Lock] = {}
         self._peers_lock = threading.Lock()
+        self._origins: dict[bytes, int] = {}  # routing id of an incoming connection -> node
+        self._stashed: list[Message] = []  # ring offers from connections not admitted yet
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
         self._closed = False
@@ -163,9 +184,15 @@ class Van:
         """``host:port`` this van receives on."""
         return f"{self.host}:{self.port}"
 
-    def connect(self, peer: Any, endpoint: str) -> None:
-        """Open a DEALER to ``endpoint`` (``host:port``) and name it ``peer``."""
+    def connect(self, peer: Any, endpoint: str, routing_id: bytes | None = None) -> bytes:
+        """Open a DEALER to ``endpoint`` (``host:port``) and name it ``peer``. It identifies
+        itself with ``routing_id`` (default: a fresh random one), which is returned: the
+        receiver knows this connection by it."""
+        rid = new_routing_id() if routing_id is None else routing_id
+        if not (isinstance(rid, bytes) and 1 <= len(rid) <= 255 and rid[0] != 0):
+            raise ValueError("a routing id is 1 to 255 bytes and does not start with a zero byte")
         sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, rid)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.SNDHWM, 256)
         sock.setsockopt(zmq.IMMEDIATE, 0)
@@ -189,6 +216,25 @@ class Van:
             self._drop_ring(peer)  # a new connection may be a new process: offer afresh
         if self.verbose >= 1:
             log.info("%s connected to %s at %s", self.name, peer, endpoint)
+        return rid
+
+    def admit(self, routing_id: bytes, node_id: int) -> None:
+        """Messages on the connection with ``routing_id`` come from node ``node_id``."""
+        self._origins[bytes(routing_id)] = node_id
+        with self._ring_lock:
+            stashed = [m for m in self._stashed if m.origin == routing_id]
+            self._stashed = [m for m in self._stashed if m.origin != routing_id]
+        for m in stashed:
+            m.sender = node_id
+            self._open_ring(m)
+
+    def forget(self, routing_id: bytes) -> None:
+        """The connection with ``routing_id`` belongs to no node any more."""
+        self._origins.pop(bytes(routing_id), None)
+
+    def node_of(self, routing_id: bytes) -> int:
+        """The node a connection belongs to (:data:`UNKNOWN` if none)."""
+        return self._origins.get(bytes(routing_id), UNKNOWN)
 
     def rename(self, old: Any, new: Any) -> None:
         """Re-key a peer socket (a node learns its peers' ids after registration)."""
@@ -234,8 +280,6 @@ class Van:
     def send(self, peer: Any, msg: Message, track: bool = False) -> zmq.MessageTracker | None:
         """Send ``msg`` to ``peer``. Large arrays go zero-copy; with ``track`` the returned
         tracker tells when ZeroMQ no longer needs the arrays' memory."""
-        if msg.sender == 0:
-            msg.sender = self.my_id
         ring = self._ring(peer, msg) if peer in self._local else None
         frames = encode(msg) if ring is None else None
         with self._peers_lock:
@@ -321,6 +365,7 @@ class Van:
             ring.close()
 
     def _open_ring(self, msg: Message) -> None:
+        """Map a ring a known peer offered; it may carry only that connection's arrays."""
         name = msg.body.get("name")
         try:
             ring = InRing(name)
@@ -330,9 +375,9 @@ class Van:
                     "%s: ring %r from node %s not opened: %s", self.name, name, msg.sender, exc
                 )
             return
-        ring.owner = msg.sender
+        ring.owner = msg.origin
         for name, old in list(self._rings_in.items()):  # the sender's previous ring, if any
-            if old.owner == msg.sender:
+            if old.owner == msg.origin:
                 old.close()
                 del self._rings_in[name]
         self._rings_in[ring.name] = ring
@@ -354,13 +399,28 @@ class Van:
                     return None
                 continue
             frames = self._router.recv_multipart(copy=False)
+            origin = frames[0].bytes
+            sender = self._origins.get(origin, UNKNOWN)
             try:
-                msg = decode(frames[1:], self.max_message_bytes, self._rings_in, self.landing_of)
+                msg = decode(
+                    frames[1:], self.max_message_bytes, self._rings_in, self.landing_of, origin
+                )
             except BadMessage as exc:
-                log.warning("%s dropped a bad message: %s", self.name, exc)
+                log.warning(
+                    "%s dropped a bad message from %s: %s", self.name, self._who(sender), exc
+                )
                 continue
+            msg.sender, msg.origin = sender, origin
             if msg.cmd == RING_OFFER:
-                self._open_ring(msg)
+                if sender != UNKNOWN:
+                    self._open_ring(msg)
+                else:  # perhaps a peer whose node table is on its way: keep a few
+                    with self._ring_lock:
+                        kept = len(self._stashed) < MAX_STASHED_OFFERS
+                        if kept:
+                            self._stashed.append(msg)
+                    if not kept:
+                        log.warning("%s dropped a ring offer from an unknown connection", self.name)
                 continue
             now = time.time()
             msg.backlogged = waited
@@ -378,6 +438,10 @@ class Van:
                     msg.nbytes,
                 )
             return msg
+
+    @staticmethod
+    def _who(sender: int) -> str:
+        return f"node {sender}" if sender != UNKNOWN else "an unknown connection"
 
     def close(self) -> None:
         """Close every socket and the context."""
