@@ -4,7 +4,10 @@ Flags follow ESync's (``-m esync|sync|async|local``, ``-n`` network, ``-l``/``-l
 learning rates, ``-b``, ``-dd``, ``-ld``, ``-e``, ``-dcasgd``, ``-s``, ``-ip``/``-port``).
 Started under a launcher (``DMLC_ROLE=worker``) it is one worker; with ``--workers W`` it
 starts a whole local cluster itself. ``--slowdown 1,1,2,4`` makes worker k that many times
-slower than its real compute (it sleeps the extra time), an *emulated* heterogeneous cluster.
+slower than its real compute (it sleeps the extra time), an *emulated* heterogeneous cluster;
+``--slowdown 4`` is the factor of the worker that gets it (a worker started by hand). Rank 0
+writes the run's ``run.json`` from its own flags: started by hand with different
+``--slowdown``/``-g``/``-c`` per worker, it lists its own for every worker.
 
 Every worker writes one JSON line per iteration (see docs/METRICS.md) into
 ``LOG_DIR/RUN_NAME/``.
@@ -43,7 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-port", "--state-server-port", type=int, default=None)
     p.add_argument("--workers", type=int, default=None, help="start a local cluster of W workers")
     p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--slowdown", default=None, help="per-worker factors, e.g. 1,1,2,4")
+    p.add_argument(
+        "--slowdown",
+        default=None,
+        help="emulated slowdown: one factor per worker (e.g. 1,1,2,4), or one factor for "
+        "this worker (every worker under --workers), e.g. 4 for a worker started by hand",
+    )
     p.add_argument(
         "--devices",
         default=None,
@@ -62,16 +70,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_slowdown(text: str | None, workers: int) -> list[float]:
-    """``"1,1,2,4"`` -> factors per worker (all 1.0 when not given)."""
+    """``"1,1,2,4"`` -> factors per worker (all 1.0 when not given).
+
+    One factor (``"4"``) is the factor of every worker that gets it, as ``-g``/``-c`` are:
+    a worker started by hand (``DMLC_ROLE=worker hetps train ... --slowdown 4``) takes its
+    own this way, and under ``--workers W`` every worker gets it."""
     if not text:
         return [1.0] * workers
     try:
         vals = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise SystemExit(f"hetps train: --slowdown {text!r} must be numbers like 1,1,2,4") from None
+    if len(vals) == 1 and vals[0] >= 1:
+        return vals * workers
     if len(vals) != workers or any(v < 1 for v in vals):
         raise SystemExit(
-            f"hetps train: --slowdown needs {workers} factors >= 1 (one per worker), got {text!r}"
+            f"hetps train: --slowdown needs factors >= 1: one (this worker's) or {workers} "
+            f"(one per worker), got {text!r}"
         )
     return vals
 
