@@ -234,3 +234,72 @@ def test_devices_per_worker_are_used_logged_and_checked(tmp_path):
     # a GPU the machine does not have: the worker says which and what to do instead
     err = fails("-m", "local", "--devices", "gpu:99", "--max-rounds", "2")
     assert "worker 0 wants cuda:99" in err and "train on the CPU" in err
+
+
+def test_slowdown_parses_one_factor_per_worker_or_this_workers_own():
+    from hetps.torch.train import parse_slowdown
+
+    assert parse_slowdown(None, 3) == [1.0, 1.0, 1.0]
+    assert parse_slowdown("1,2,4", 3) == [1.0, 2.0, 4.0]
+    assert parse_slowdown("4", 3) == [4.0, 4.0, 4.0]  # every worker that gets the flag
+    for bad in ("1,2", "0.5", "1,0.5,1"):
+        with pytest.raises(SystemExit, match="one \\(this worker's\\) or 3"):
+            parse_slowdown(bad, 3)
+
+
+def test_workers_started_by_hand_each_take_their_own_slowdown(tmp_path):
+    """The MXNet way, as ESync's README starts a cluster: a scheduler, a server and two
+    workers by hand, each `hetps train` with its own flags; the one given `--slowdown 8` is
+    the slow device of the ESync rounds (one local step while the other takes several)."""
+    base = dict(
+        os.environ,
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_NUM_SERVER="1",
+        DMLC_NUM_WORKER="2",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    train = [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL]
+    train += ["-m", "esync", "-n", "lenet", "--max-rounds", "6", "--run-name", "byhand"]
+    procs: list[subprocess.Popen] = []
+
+    def start(argv: list[str], role: str, port: str) -> subprocess.Popen:
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env={**base, "DMLC_ROLE": role, "DMLC_PS_ROOT_PORT": port},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+        return procs[-1]
+
+    try:
+        sched = start([sys.executable, "-m", "hetps.cli", "scheduler"], "scheduler", "0")
+        port = sched.stdout.readline().split()[-1]  # "hetps scheduler port N"
+        start(train, "server", port)
+        slow = start([*train, "--slowdown", "8"], "worker", port)
+        fast = start(train, "worker", port)
+        outs = {p.pid: p.communicate(timeout=240)[0] for p in procs[1:]}
+        assert sched.wait(timeout=60) == 0
+        for p in procs:
+            assert p.returncode == 0, outs.get(p.pid)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def rank_of(p: subprocess.Popen) -> int:
+        (line,) = [x for x in outs[p.pid].splitlines() if " finished " in x]
+        return int(line.split()[1])  # "worker R finished N rounds ..."
+
+    run = tmp_path / "byhand"
+    steps = {
+        who: [r["local_steps"] for r in _records(run, rank_of(p))]
+        for who, p in (("slow", slow), ("fast", fast))
+    }
+    assert len(steps["slow"]) == len(steps["fast"]) == 6
+    assert sum(steps["fast"][1:]) > sum(steps["slow"][1:]), steps  # round 1 is lockstep

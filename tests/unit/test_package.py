@@ -32,3 +32,25 @@ def test_import_hetps_exposes_kv_and_optim_without_loading_torch():
 def test_unknown_attribute_is_still_an_attribute_error():
     out = _run("import hetps\ntry:\n    hetps.nope\nexcept AttributeError as e:\n    print(e)\n")
     assert "no attribute 'nope'" in out
+
+
+def test_hetps_torch_exports_the_horovod_style_api_and_its_cli_flags_need_no_torch():
+    out = _run(
+        "import sys\n"
+        "import hetps.torch.train, hetps.cli\n"
+        "hetps.cli.build_parser()\n"
+        "print('torch' in sys.modules)\n"
+        "import hetps.torch as hps\n"
+        "from hetps.torch.optimizer import DistributedOptimizer\n"
+        "from hetps.torch.broadcast import broadcast_parameters, broadcast_optimizer_state\n"
+        "from hetps.torch.esync import ESyncTrainer\n"
+        "print(hps.DistributedOptimizer is DistributedOptimizer,\n"
+        "      hps.broadcast_parameters is broadcast_parameters,\n"
+        "      hps.broadcast_optimizer_state is broadcast_optimizer_state,\n"
+        "      hps.ESyncTrainer is ESyncTrainer, sorted(hps.__all__))\n"
+    )
+    assert out.splitlines() == [
+        "False",
+        "True True True True ['DistributedOptimizer', 'ESyncRound', 'ESyncTrainer', "
+        "'broadcast_optimizer_state', 'broadcast_parameters']",
+    ]

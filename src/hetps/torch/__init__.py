@@ -1,1 +1,45 @@
-"""PyTorch integration: models, data, DistributedOptimizer, training loop."""
+"""PyTorch integration: ``DistributedOptimizer``, broadcast helpers, the ESync loop, models,
+data and ``hetps train``.
+
+Horovod/BytePS style::
+
+    import hetps.kv, hetps.torch as hps
+
+    kv = hetps.kv.create("dist_sync")
+    opt = hps.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   model.named_parameters(), kvstore=kv)
+    hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
+    hps.broadcast_optimizer_state(opt, kv, root_rank=0)
+
+or ESync's local steps (:class:`ESyncTrainer`). The names load on first use, so importing a
+submodule (``hetps.torch.train`` for the command line's flags) does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> the submodule that defines it
+_EXPORTS = {
+    "DistributedOptimizer": "hetps.torch.optimizer",
+    "broadcast_parameters": "hetps.torch.broadcast",
+    "broadcast_optimizer_state": "hetps.torch.broadcast",
+    "ESyncTrainer": "hetps.torch.esync",
+    "ESyncRound": "hetps.torch.esync",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hetps.torch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -65,6 +65,7 @@ import torch
 
 from hetps import optim as ps_optim
 from hetps.sync.rules import average_from_sum
+from hetps.torch.broadcast import exchange
 
 #: a fused group also closes where backward pauses at least this long before the next
 #: gradient (about one small request's round trip here), ...
@@ -352,8 +353,7 @@ class DistributedOptimizer:
         for (_, p), t in zip(self.named, tensors, strict=True):
             if t is not p.data:
                 t.copy_(p.data)
-        self.kv.init(keys, tensors)
-        self.kv.pull(keys, out=tensors)
+        exchange(self.kv, keys, tensors)
         for (_, p), t in zip(self.named, tensors, strict=True):
             if t is not p.data:
                 p.data.copy_(t)

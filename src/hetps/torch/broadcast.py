@@ -1,0 +1,185 @@
+"""Start every worker from the same place: broadcast parameters and optimizer state.
+
+Horovod's and BytePS's helpers, over a hetps KVStore::
+
+    import hetps.kv, hetps.torch as hps
+
+    kv = hetps.kv.create("dist_sync")
+    model, opt = make_model(), torch.optim.Adam(...)
+    if kv.rank == 0:
+        load_checkpoint(model, opt)  # only rank 0 has it
+    hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
+    hps.broadcast_optimizer_state(opt, kv, root_rank=0)
+    # every worker now holds rank 0's weights, buffers, optimizer state and learning rates
+
+Both are collectives: every worker calls them, in the same order, with the same names. They
+return once every worker has the root's values (the last step is a barrier, so the keys can
+be broadcast again). Values travel unchanged, bit for bit.
+
+How: ``kv.init`` stores rank 0's values on the servers and every worker pulls them. From
+another root the workers sum into the key (the root its values, the others negative zeros,
+which leave every value as it is), so ``root_rank != 0`` needs a ``dist_sync`` store without
+gradient compression whose servers have no optimizer set (one would apply the sum as a
+gradient).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
+
+#: dtypes the KVStore carries as they are; others travel as float64 (exact for bfloat16,
+#: bool and integers below 2**53) and are cast back
+KV_DTYPES = (torch.float16, torch.float32, torch.float64)
+
+
+def _check_root(kv: Any, root_rank: int) -> int:
+    workers = int(getattr(kv, "num_workers", 1))
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+        raise TypeError(f"root_rank must be an int, got {root_rank!r}")
+    if not 0 <= root_rank < workers:
+        raise ValueError(f"root_rank {root_rank} is not a worker rank (0..{workers - 1})")
+    if root_rank != 0 and not str(getattr(kv, "type", "")).startswith("dist_sync"):
+        raise ValueError(
+            f"broadcast from root_rank {root_rank} needs a dist_sync KVStore (the workers sum "
+            f"into the key); this one is {getattr(kv, 'type', type(kv).__name__)!r}: "
+            "broadcast from rank 0 instead"
+        )
+    if root_rank != 0 and getattr(kv, "compressor", None) is not None:
+        raise ValueError(
+            f"broadcast from root_rank {root_rank} sums pushes, which gradient compression "
+            "would round: broadcast from rank 0 instead"
+        )
+    return root_rank
+
+
+def exchange(kv: Any, keys: list[str], tensors: list[torch.Tensor], root_rank: int = 0) -> None:
+    """Overwrite CPU ``tensors`` (float16/32/64, contiguous) with ``root_rank``'s values, on
+    every worker; the keys are (re)initialised. The transport under the helpers below and
+    under ``DistributedOptimizer``'s and ESync's start (rank 0's weights for everyone)."""
+    kv.init(keys, tensors)  # rank 0's values are stored
+    if root_rank == 0:
+        kv.pull(keys, out=tensors)
+        return
+    # the sum over the workers of the root's values and -0.0 elsewhere is the root's values
+    # exactly (x + -0.0 == x for every x, +0.0 and -0.0 included)
+    mine = kv.rank == root_rank
+    values = tensors if mine else [torch.full_like(t, -0.0) for t in tensors]
+    kv.pushpull(keys, values, out=tensors)
+
+
+def _named(params: Any) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(params, Mapping):
+        items = sorted(params.items())  # a state_dict: by name, as Horovod does
+    elif isinstance(params, Iterable):
+        items = list(params)
+    else:
+        raise TypeError(
+            "params must be a state_dict or (name, tensor) pairs such as "
+            f"model.named_parameters(), got {type(params).__name__}"
+        )
+    seen: set[str] = set()
+    for item in items:
+        if not (
+            isinstance(item, tuple)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], torch.Tensor)
+        ):
+            raise TypeError(
+                "params must be a state_dict or (name, tensor) pairs such as "
+                f"model.named_parameters(); got an item {item!r:.80}"
+            )
+        if item[0] in seen:
+            raise ValueError(f"params has the name {item[0]!r} twice")
+        seen.add(item[0])
+    return items
+
+
+def broadcast_parameters(
+    params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    kv: Any,
+    root_rank: int = 0,
+    prefix: str = "",
+) -> None:
+    """Give every worker ``root_rank``'s values of ``params``, in place.
+
+    ``params`` is a ``model.state_dict()`` (parameters and buffers) or ``(name, tensor)``
+    pairs such as ``model.named_parameters()``; tensors may live on any device and have any
+    real dtype. Keys are ``f"{prefix}bcast:{name}"``. Example::
+
+        hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
+    """
+    named = _named(params)
+    root = _check_root(kv, root_rank)
+    if int(getattr(kv, "num_workers", 1)) == 1 or not named:
+        return
+    staged: list[torch.Tensor] = []
+    for name, t in named:
+        if t.is_complex():
+            raise TypeError(f"parameter {name!r}: complex tensors are not supported")
+        src = t.detach()
+        dtype = src.dtype if src.dtype in KV_DTYPES else torch.float64
+        direct = src.device.type == "cpu" and dtype == src.dtype and src.is_contiguous()
+        staged.append(src if direct else src.to("cpu", dtype).contiguous())
+    exchange(kv, [f"{prefix}bcast:{n}" for n, _ in named], staged, root)
+    with torch.no_grad():
+        for (_, t), s in zip(named, staged, strict=True):
+            if s.data_ptr() != t.data_ptr():
+                t.copy_(s)  # back to its device and dtype
+    kv.barrier()  # every pull is done before anyone may re-initialise these keys
+
+
+def _pack(blob: bytes) -> torch.Tensor:
+    """Bytes as float32 values, three bytes each (integers below 2**24: exact, and a sum
+    with zeros leaves them as they are)."""
+    raw = np.frombuffer(blob + b"\0" * (-len(blob) % 3), dtype=np.uint8).reshape(-1, 3)
+    u = raw.astype(np.uint32)
+    return torch.from_numpy((u[:, 0] | (u[:, 1] << 8) | (u[:, 2] << 16)).astype(np.float32))
+
+
+def _unpack(values: torch.Tensor, nbytes: int) -> bytes:
+    u = values.numpy().astype(np.uint32)
+    raw = np.stack([u & 0xFF, (u >> 8) & 0xFF, u >> 16], axis=1).astype(np.uint8)
+    return raw.tobytes()[:nbytes]
+
+
+def broadcast_optimizer_state(
+    optimizer: Any, kv: Any, root_rank: int = 0, prefix: str = ""
+) -> None:
+    """Give every worker ``root_rank``'s optimizer state: its ``state_dict()`` (per-parameter
+    state such as momentum buffers and Adam's moments, and the hyperparameters of every
+    parameter group, e.g. the learning rate), loaded with ``load_state_dict``.
+
+    ``optimizer`` is a ``torch.optim.Optimizer`` or a :class:`DistributedOptimizer` (its
+    wrapped optimizer; with ``update_on="server"`` the state lives on the servers and there
+    is nothing to do). Workers whose optimizer has no state yet (before its first step) get
+    the root's. Keys are ``f"{prefix}bcast-optim:..."``. Example::
+
+        hps.broadcast_optimizer_state(opt, kv, root_rank=0)
+    """
+    opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer.optimizer
+    root = _check_root(kv, root_rank)
+    if opt is None or int(getattr(kv, "num_workers", 1)) == 1:
+        return
+    mine = kv.rank == root
+    blob = b""
+    if mine:
+        buf = io.BytesIO()
+        torch.save(opt.state_dict(), buf)
+        blob = buf.getvalue()
+    size = torch.tensor([float(len(blob))], dtype=torch.float64)
+    exchange(kv, [f"{prefix}bcast-optim:bytes"], [size], root)
+    nbytes = int(size.item())
+    data = _pack(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
+    exchange(kv, [f"{prefix}bcast-optim:data"], [data], root)
+    if not mine:
+        state = torch.load(io.BytesIO(_unpack(data, nbytes)), map_location="cpu", weights_only=True)
+        opt.load_state_dict(state)
+    kv.barrier()  # every pull is done before anyone may re-initialise these keys

@@ -1,0 +1,247 @@
+"""ESync's worker side, for your own training script (``hetps train -m esync`` runs it too).
+
+ESync (Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in
+Heterogeneous Clusters") lets every worker take local steps while the slowest worker takes
+one; then all push their model difference since the round's start, the servers sum, and each
+worker sets ``w <- w_round + global_lr * sum / K`` (:mod:`hetps.sync.rules`). A state server
+(in the scheduler, or ``hetps state-server``) tells each worker after every local step
+whether to take another (:class:`hetps.sync.ReadinessPolicy`).
+
+Example, run under ``hetps launch -n 4 -- python train.py`` (or by hand with
+``DMLC_ROLE=...``)::
+
+    import torch, hetps.kv, hetps.torch as hps
+
+    kv = hetps.kv.create("dist_sync")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(784, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)  # the local steps' optimizer
+    trainer = hps.ESyncTrainer(model, kv)  # every worker starts from rank 0's weights
+    batches = iter(my_loader)
+
+    def step():  # one local step; what it returns is collected in the round's outputs
+        x, y = next(batches)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    for _ in range(100):  # every worker runs the same number of rounds
+        r = trainer.round(step)
+        print(f"round {r.round}: {r.local_steps} local steps, loss {r.outputs[-1]:.3f}")
+
+``round(step, stop=...)`` also ends the job together: when any worker passes ``stop=True``,
+every worker's result has ``stop`` True after that round. For finer control (your own step
+timing, as ``hetps train`` does), call :meth:`ESyncTrainer.begin_round`,
+:meth:`~ESyncTrainer.step_done` after each local step, and :meth:`~ESyncTrainer.aggregate`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hetps.sync.rules import average_from_sum, esync_update_from_sum, model_delta
+from hetps.torch.broadcast import exchange as broadcast_cpu
+
+__all__ = ["ESyncRound", "ESyncTrainer"]
+
+
+class _FlatExchange:
+    """Tensors that travel together: one flat CPU tensor (and KVStore key) per dtype, each
+    tensor a view into it. Initial values are copied in."""
+
+    def __init__(self, entries: list[tuple[str, Any]], prefix: str = "") -> None:
+        by_dtype: dict[Any, list[tuple[str, Any]]] = {}
+        for name, t in entries:
+            by_dtype.setdefault(t.dtype, []).append((name, t))
+        self.keys: list[str] = []
+        self.flats: list[Any] = []
+        self._views: dict[str, Any] = {}
+        for dtype, items in by_dtype.items():
+            flat = torch.empty(sum(t.numel() for _, t in items), dtype=dtype)
+            off = 0
+            for name, t in items:
+                view = flat[off : off + t.numel()].view(t.shape)
+                view.copy_(t)
+                self._views[name] = view
+                off += t.numel()
+            self.keys.append(f"{prefix}round:{str(dtype).removeprefix('torch.')}")
+            self.flats.append(flat)
+
+    def view(self, name: str) -> Any:
+        return self._views[name]
+
+
+@dataclass
+class ESyncRound:
+    """What one :meth:`ESyncTrainer.round` did."""
+
+    round: int  #: the round's number, from 1
+    local_steps: int  #: local steps this worker took
+    outputs: list[Any] = field(default_factory=list)  #: what ``step()`` returned, per step
+    stop: bool = False  #: some worker asked to stop after this round
+    wait_s: float = 0.0  #: seconds waiting for the state server's first answer
+    push_s: float = 0.0  #: seconds exchanging the model difference
+
+
+class ESyncTrainer:
+    """ESync's worker loop around your model and local optimizer.
+
+    Args:
+        model: the ``torch.nn.Module`` every worker trains (same architecture everywhere;
+            any device). Its parameters start from rank 0's values; its parameters and
+            floating-point buffers (BatchNorm statistics) are averaged every round.
+        kv: a ``dist_sync`` KVStore (``hetps.kv.create("dist_sync")``).
+        global_lr: the aggregation's step, ``w_round + global_lr * sum / K`` (1: the mean).
+        state_server: ``"host:port"`` of a standalone ``hetps state-server``; default: the
+            one in the scheduler.
+        prefix: prepended to this trainer's KVStore keys (two trainers on one store).
+
+    Every worker must call the same methods the same number of times (the aggregation is a
+    synchronous round on the servers). See the module's docstring for an example.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv: Any,
+        global_lr: float = 1.0,
+        state_server: str | None = None,
+        prefix: str = "",
+    ) -> None:
+        from hetps.cluster.state_server import StateClient
+
+        if not hasattr(kv, "node"):
+            raise TypeError(
+                "ESyncTrainer needs a distributed KVStore (hetps.kv.create('dist_sync')) "
+                f"in a cluster, got {type(kv).__name__}"
+            )
+        self.model = model
+        self.kv = kv
+        self.global_lr = global_lr
+        self.workers = kv.num_workers
+        self.params = list(model.named_parameters())
+        self.buffers = [(n, b) for n, b in model.named_buffers() if b.dtype.is_floating_point]
+        # every worker starts from rank 0's weights (the CPU side of the KVStore)
+        staged = [p.data.detach().cpu().clone() for _, p in self.params]
+        broadcast_cpu(kv, [f"{prefix}init:{n}" for n, _ in self.params], staged)
+        with torch.no_grad():
+            for (_, p), t in zip(self.params, staged, strict=True):
+                p.data.copy_(t)
+        # a round's model difference, BatchNorm statistics and stop flag travel as one flat
+        # key per dtype (one request per chunk instead of one per tensor), each tensor a view
+        self._exchange = _FlatExchange(
+            [(f"delta:{n}", t) for (n, _), t in zip(self.params, staged, strict=True)]
+            + [(f"bn:{n}", b.detach().cpu()) for n, b in self.buffers]
+            + [("__ctl", torch.zeros(1, dtype=torch.float32))],
+            prefix,
+        )
+        kv.init(self._exchange.keys, self._exchange.flats)
+        self._deltas = {n: self._exchange.view(f"delta:{n}") for n, _ in self.params}
+        self._bn = {n: self._exchange.view(f"bn:{n}") for n, _ in self.buffers}
+        self._ctl = self._exchange.view("__ctl")
+        self._state = StateClient(kv.node, state_server)
+        self.rounds = 0  #: rounds begun
+        self.wait_s = 0.0  #: this round's wait for the state server's first answer
+        self.push_s = 0.0  #: this round's model exchange (copies and push-pull)
+        self._w_round: list[torch.Tensor] = []
+        self._t_round = 0.0
+        self._deadline: float | None = None
+        self._pending: list[Any] = []
+
+    def begin_round(self) -> int:
+        """Start a round: remember the weights it starts from; returns its number (from 1)."""
+        self.rounds += 1
+        self._w_round = [p.data.clone() for _, p in self.params]
+        self._t_round = time.perf_counter()
+        self._deadline = None  # the round's deadline on this clock, once the state server told
+        self._pending = []  # reports sent without waiting
+        self.wait_s = 0.0
+        self.push_s = 0.0
+        return self.rounds
+
+    def step_done(self, step_s: float) -> bool:
+        """Report a local step that computed ``step_s`` seconds; True: take no more local steps
+        this round, :meth:`aggregate` now.
+
+        The first report of a round waits for the state server's answer (its wait adds to
+        :attr:`wait_s`); once the answer names the round's deadline, later reports go out
+        without waiting, and the worker stops when an answer that came in says ready or when
+        another step would end after the deadline.
+        """
+        t0 = time.perf_counter()
+        elapsed = t0 - self._t_round
+        if self._deadline is None:  # the first step of the round: wait for the answer
+            ans = self._state.report(self.rounds, step_s, elapsed)
+            self.wait_s += time.perf_counter() - t0
+            if "error" in ans:
+                raise RuntimeError(ans["error"])
+            if ans.get("ready"):
+                return True
+            if isinstance(ans.get("deadline_in_s"), (int, float)):
+                self._deadline = time.perf_counter() + float(ans["deadline_in_s"])
+            return False
+        # later steps: report without waiting (the server keeps every estimate), and stop at
+        # the deadline or when an answer that came in says ready
+        self._pending.append(self._state.report_nowait(self.rounds, step_s, elapsed))
+        done = [f for f in self._pending if f.done()]
+        self._pending = [f for f in self._pending if f not in done]
+        answers = [f.wait(0).body for f in done]
+        if any("error" in a for a in answers):
+            raise RuntimeError(next(a["error"] for a in answers if "error" in a))
+        return any(a.get("ready") for a in answers) or time.perf_counter() + step_s > self._deadline
+
+    def aggregate(self, stop: bool = False) -> bool:
+        """End the round on every worker: push this worker's model difference (and BatchNorm
+        statistics), take the global update; returns whether any worker passed ``stop``."""
+        t0 = time.perf_counter()
+        for (n, p), w0 in zip(self.params, self._w_round, strict=True):
+            self._deltas[n].copy_(model_delta(p.data, w0))
+        for n, b in self.buffers:
+            self._bn[n].copy_(b)
+        self._ctl.fill_(1.0 if stop else 0.0)
+        self.kv.pushpull(self._exchange.keys, self._exchange.flats)  # the sums land in place
+        self.push_s = time.perf_counter() - t0
+        with torch.no_grad():
+            for (n, p), w0 in zip(self.params, self._w_round, strict=True):
+                delta_sum = self._deltas[n].to(p.device)
+                p.data.copy_(esync_update_from_sum(w0, delta_sum, self.workers, self.global_lr))
+            for n, b in self.buffers:
+                b.copy_(average_from_sum(self._bn[n], self.workers))
+        return bool(self._ctl[0] > 0)
+
+    def round(self, step: Callable[[], Any], stop: bool | Callable[[], bool] = False) -> ESyncRound:
+        """One whole round: call ``step()`` (one local step: forward, backward, optimizer
+        step) until the state server says to aggregate, then aggregate.
+
+        Each call of ``step`` is timed and reported; its return values are collected in the
+        result's ``outputs``. ``stop`` (a bool, or a function asked after the local steps)
+        asks every worker to stop after this round; the result's ``stop`` says whether any
+        worker did. With network-aware load distribution on (``HETPS_BALANCE``) the round
+        starts with ``kv.rebalance()``.
+        """
+        if getattr(self.kv, "balance", False):
+            self.kv.rebalance()
+        self.begin_round()
+        outputs: list[Any] = []
+        while True:
+            t0 = time.perf_counter()
+            outputs.append(step())
+            if self.step_done(time.perf_counter() - t0):
+                break
+        want = stop() if callable(stop) else bool(stop)
+        stopped = self.aggregate(want)
+        return ESyncRound(
+            round=self.rounds,
+            local_steps=len(outputs),
+            outputs=outputs,
+            stop=stopped,
+            wait_s=self.wait_s,
+            push_s=self.push_s,
+        )

@@ -1,0 +1,443 @@
+"""``hetps train``'s worker: what every mode shares (:class:`WorkerRun`) and one loop per mode.
+
+:func:`hetps.torch.train.train_worker` sets a worker up (device, data shard, model, run log)
+and hands a :class:`WorkerRun` to the mode's function in :data:`RUNNERS`:
+
+* :func:`run_esync`: local steps until the state server says ready, then the model
+  difference is averaged (:class:`hetps.torch.esync.ESyncTrainer`);
+* :func:`run_sync`: SSGD, gradients averaged through the servers every step
+  (:class:`~hetps.torch.optimizer.DistributedOptimizer`);
+* :func:`run_async`: ASGD or DC-ASGD, the servers apply each gradient as it arrives;
+* :func:`run_local`: one process, no KVStore.
+
+Each runs rounds with :meth:`WorkerRun.loop`, which times them, writes one JSON line per
+round (docs/METRICS.md), evaluates on rank 0 and ends the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["RUNNERS", "WorkerRun", "run_async", "run_esync", "run_local", "run_sync"]
+
+
+class _Clock:
+    """Phase timers of one iteration."""
+
+    def __init__(self) -> None:
+        self.phases = {"compute_s": 0.0, "push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.phases[name] += seconds
+
+
+def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
+    from hetps.torch.data import normalize
+
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(labels), batch):
+            x = normalize(images[i : i + batch])  # [B, 1, 28, 28]
+            dev = next(model.parameters()).device
+            pred = model(x.to(dev)).argmax(1).cpu()
+            correct += int((pred == torch.from_numpy(labels[i : i + batch])).sum())
+    model.train()
+    return correct / max(1, len(labels))
+
+
+class _Progress:
+    """A progress bar in a terminal, plain lines otherwise."""
+
+    def __init__(self, mode: str, rank: int, total: float | None) -> None:
+        self.bar = mode == "bar" or (mode == "auto" and sys.stdout.isatty())
+        self.rank = rank
+        self.total = total
+        self.last_line = 0.0
+
+    def update(self, it: int, sps: float, loss: float, acc: float | None, elapsed: float) -> None:
+        acc_s = f"{acc:.4f}" if acc is not None else "-"
+        if self.bar:
+            frac = min(1.0, elapsed / self.total) if self.total else 0.0
+            filled = int(frac * 20)
+            sys.stdout.write(
+                f"\r[worker {self.rank}] [{'#' * filled}{'.' * (20 - filled)}] it {it} "
+                f"{sps:8.1f} samples/s loss {loss:.4f} acc {acc_s}"
+            )
+            sys.stdout.flush()
+        elif time.monotonic() - self.last_line > 2.0 or acc is not None:
+            print(
+                f"worker {self.rank} iter {it} {sps:.1f} samples/s loss {loss:.4f} acc {acc_s} "
+                f"t {elapsed:.1f}s",
+                flush=True,
+            )
+            self.last_line = time.monotonic()
+
+    def close(self) -> None:
+        if self.bar:
+            sys.stdout.write("\n")
+
+
+class Round:
+    """One round's tallies: phase times, samples, losses, local steps, link counters."""
+
+    def __init__(self, rnd: int, kv: Any) -> None:
+        self.rnd = rnd
+        self.clock = _Clock()
+        self.t_iter = time.perf_counter()
+        self.sent0, self.recv0 = kv.node.counters.totals() if kv is not None else (0, 0)
+        self.samples = 0
+        self.losses: list[float] = []
+        self.local_steps = 0
+        self.epoch = 0
+        self.plan: dict | None = None
+        self.overhead = 0.0
+
+    def add_step(self, loss: float, compute_s: float, samples: int, epoch: int) -> None:
+        """Count one local step."""
+        self.clock.add("compute_s", compute_s)
+        self.samples += samples
+        self.losses.append(loss)
+        self.local_steps += 1
+        self.epoch = epoch
+
+
+class WorkerRun:
+    """One worker's training run, as every mode shares it: its data stream, the timed local
+    step (with the ``--slowdown`` emulation), stop conditions, and the round loop that logs.
+
+    Built by :func:`hetps.torch.train.train_worker`; a mode creates its optimizers, calls
+    :meth:`start` (collective: after every worker's KVStore keys exist), then :meth:`loop`
+    and :meth:`finish`.
+    """
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        kv: Any,
+        *,
+        rank: int,
+        device: torch.device,
+        slow: float,
+        model: torch.nn.Module,
+        train_data: tuple[Any, Any, Any],
+        test_data: tuple[Any, Any],
+        run_dir: Path,
+        writer: Any,
+    ) -> None:
+        self.args = args
+        self.kv = kv
+        self.rank = rank
+        self.device = device
+        self.slow = slow
+        self.model = model
+        self.images, self.labels, self.shard = train_data
+        self.test_x, self.test_y = test_data
+        self.run_dir = run_dir
+        self.writer = writer
+        self.params = [(n, p) for n, p in model.named_parameters()]
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        self.per_epoch = max(1, len(self.shard) // args.batch_size)
+        self.computes: list[float] = []  # recent real compute times of one step
+        self.steps_done = 0
+        self.run_start = time.time()
+        self.traffic: Any = None
+        self.log: Any = None
+        self.progress: _Progress | None = None
+        self._stream = self._data_stream()
+
+    # -- setup ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Wait for every worker, start the clock, the traffic recorder and the logs."""
+        from hetps.metrics.records import IterationLog
+        from hetps.metrics.traffic import TrafficRecorder
+
+        kv = self.kv
+        if kv is not None:
+            kv.init("__ctl", np.zeros(1, np.float32))
+        self.run_start = time.time()
+        if kv is not None:
+            kv.barrier()
+            self.run_start = time.time()
+            self.traffic = TrafficRecorder(self.run_start)
+        if self.writer is not None:
+            self.writer.update(started_at=self.run_start)
+        if kv is not None:
+            traffic = self.traffic
+
+            def observe(direction: str, peer: Any, cmd: str, nbytes: int, ts: float) -> None:
+                if direction == "send" and cmd == "push":
+                    traffic.record(ts, peer, "push", nbytes)
+                elif direction == "recv" and cmd == "pull":
+                    traffic.record(ts, peer, "pull", nbytes)
+
+            kv.node.observe_traffic(observe)
+        self.log = IterationLog(self.run_dir, self.rank)
+        self.progress = _Progress(self.args.progress, self.rank, self.args.time_budget)
+
+    def _data_stream(self):
+        from hetps.torch.data import batches
+
+        args = self.args
+        for epoch in itertools.count():
+            for x, y in batches(
+                self.images,
+                self.labels,
+                self.shard,
+                args.batch_size,
+                seed=args.seed + self.rank,
+                epoch=epoch,
+                drop_last=True,
+            ):
+                yield epoch, x, y
+
+    # -- one local step ---------------------------------------------------------------------
+    def one_step(self, opt: Any, opt_step: Callable[[], Any]) -> tuple[float, float, int, int]:
+        """Forward, emulated slowdown, backward (``opt.zero_grad()`` first), ``opt_step()``;
+        returns (loss, compute seconds, samples, epoch)."""
+        epoch, x, y = next(self._stream)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        t0 = time.perf_counter()
+        out = self.model(x)
+        loss = self.loss_fn(out, y)
+        slept = 0.0
+        computes = self.computes
+        if self.slow > 1 and computes:
+            # emulated slower device (--slowdown): sleep (factor - 1) x the median of recent
+            # real compute times, and count what was actually slept, so one hiccup is not
+            # multiplied into the next sleep
+            want = sorted(computes)[len(computes) // 2] * (self.slow - 1)
+            ts = time.perf_counter()
+            time.sleep(want)
+            slept = time.perf_counter() - ts
+        opt.zero_grad()
+        loss.backward()
+        opt_step()
+        dt = time.perf_counter() - t0
+        real = max(dt - slept, 1e-6)
+        computes.append(real)
+        del computes[:-9]
+        self.steps_done += 1
+        return float(loss.detach()), (dt if self.slow > 1 else real), len(y), epoch
+
+    def want_stop(self, rnd: int, ahead: int = 0) -> bool:
+        """Whether the run is over after round ``rnd`` (time budget, epochs of this worker's
+        shard, rounds), counting ``ahead`` more local steps than taken so far."""
+        args = self.args
+        return bool(
+            (args.time_budget is not None and time.time() - self.run_start >= args.time_budget)
+            or (
+                args.epochs is not None
+                and (self.steps_done + ahead) / self.per_epoch >= args.epochs
+            )
+            or (args.max_rounds is not None and rnd >= args.max_rounds)
+        )
+
+    # -- the round loop ---------------------------------------------------------------------
+    def loop(self, play: Callable[[Round], bool], rebalance: bool = True) -> int:
+        """Run rounds until ``play(round)`` (the mode's work) returns True (stop); log each
+        round. ``rebalance``: ask for a load-distribution plan at each round's start (when
+        the store balances). Returns the number of rounds."""
+        kv = self.kv
+        rnd = 0
+        stop = False
+        while not stop:
+            rnd += 1
+            r = Round(rnd, kv)
+            if kv is not None and rebalance and kv.balance:
+                t0 = time.perf_counter()
+                r.plan = kv.rebalance()  # report link measurements, switch to this round's plan
+                r.overhead = time.perf_counter() - t0
+            stop = play(r)
+            self._log_round(r, stop)
+        assert self.progress is not None and self.log is not None
+        self.progress.close()
+        self.log.close()
+        if self.traffic is not None:
+            kv.node.observe_traffic(None)
+            role = "worker"
+            self.traffic.write(self.run_dir / f"traffic-{role}{self.rank}.jsonl")
+        return rnd
+
+    def _log_round(self, r: Round, stop: bool) -> None:
+        args = self.args
+        dur = time.perf_counter() - r.t_iter  # the round itself, without evaluation
+        eval_s = 0.0
+        if self.rank == 0 and (r.rnd % max(1, args.eval_duration) == 0 or stop):
+            te = time.perf_counter()
+            acc = _evaluate(self.model, self.test_x, self.test_y)
+            eval_s = time.perf_counter() - te
+        else:
+            acc = None
+        sent1, recv1 = self.kv.node.counters.totals() if self.kv is not None else (0, 0)
+        phases = r.clock.phases
+        rec = {
+            "rank": self.rank,
+            "iter": r.rnd,
+            "epoch": int(r.epoch),
+            "t": time.time() - self.run_start,
+            "samples": r.samples,
+            "loss": float(np.mean(r.losses)),
+            "local_steps": r.local_steps,
+            **phases,
+            "bytes_sent": sent1 - r.sent0,
+            "bytes_recv": recv1 - r.recv0,
+            "srit_s": dur,
+            "eval_s": eval_s,
+            "comm_s": phases["push_s"] + phases["pull_s"] + phases["wait_s"],
+        }
+        if r.plan is not None:
+            plan = r.plan
+            rec.update(
+                overhead_s=r.overhead,
+                plan=plan["shares"],
+                plan_epoch=plan["epoch"],
+                link_matrix=plan["link_matrix"],
+                # new probe cycles the planner asked for so far (docs/BALANCE.md §7.3)
+                recalibrations=plan.get("recalibrations", 0),
+            )
+        if acc is not None:
+            rec["accuracy"] = acc
+        assert self.log is not None and self.progress is not None
+        self.log.write(rec)
+        self.progress.update(r.rnd, r.samples / max(dur, 1e-9), rec["loss"], acc, rec["t"])
+
+    def finish(self, rounds: int, barrier: bool = True) -> int:
+        """After the last round (and the mode's cleanup): wait for every worker (``barrier``),
+        say what was done; returns 0."""
+        if self.kv is not None and barrier:
+            self.kv.barrier()
+        print(
+            f"worker {self.rank} finished {rounds} rounds ({self.steps_done} local steps) in "
+            f"{time.time() - self.run_start:.1f}s; logs in {self.run_dir}",
+            flush=True,
+        )
+        return 0
+
+
+# -- the modes --------------------------------------------------------------------------------
+def run_local(run: WorkerRun) -> int:
+    """``-m local``: plain SGD in one process."""
+    opt = torch.optim.SGD(run.model.parameters(), lr=run.args.learning_rate)
+    run.start()
+
+    def play(r: Round) -> bool:
+        r.add_step(*run.one_step(opt, opt.step))
+        return run.want_stop(r.rnd)  # each worker stops on its own
+
+    return run.finish(run.loop(play))
+
+
+def run_sync(run: WorkerRun) -> int:
+    """``-m sync``: SSGD; the servers sum the gradients, every worker steps with the mean."""
+    from hetps.torch.optimizer import DistributedOptimizer
+
+    kv = run.kv
+    stop_flag = torch.zeros(1, dtype=torch.float32)  # summed over the workers each step
+    dopt = DistributedOptimizer(
+        torch.optim.SGD(run.model.parameters(), lr=run.args.learning_rate),
+        run.params,
+        kvstore=kv,
+        op="average",
+        extra=stop_flag,
+    )
+    run.start()
+
+    def play(r: Round) -> bool:
+        # "stop after this round?" travels with the gradients, not in a round of its own
+        ctl = np.array([1.0 if run.want_stop(r.rnd, ahead=1) else 0.0], np.float32)
+        ctl_handle = None
+        if dopt.extra_rides:
+            dopt.extra.fill_(ctl[0])  # rides with the gradients, summed by step()
+        else:
+            ctl_handle = kv.pushpull("__ctl", ctl, block=False)
+        loss, c, n, epoch = run.one_step(dopt, lambda: None)
+        # the hooks pushed during backward; step() waits for the pulls
+        t1 = time.perf_counter()
+        dopt.step()
+        r.clock.add("wait_s", time.perf_counter() - t1)
+        r.add_step(loss, c, n, epoch)
+        if ctl_handle is not None:
+            ctl_handle.wait()
+            return bool(ctl[0] > 0)
+        return bool(dopt.extra[0] > 0)  # summed over the workers by dopt.step()
+
+    rounds = run.loop(play)
+    dopt.close()
+    return run.finish(rounds)
+
+
+def run_async(run: WorkerRun) -> int:
+    """``-m async``: ASGD (``-dcasgd 1``: DC-ASGD); the servers update on every push."""
+    from hetps import optim as ps_optim
+    from hetps.torch.optimizer import DistributedOptimizer
+
+    args = run.args
+    server_opt = (
+        ps_optim.DCASGD(learning_rate=args.learning_rate, lamda=0.04)
+        if args.use_dcasgd
+        else ps_optim.SGD(learning_rate=args.learning_rate)
+    )
+    dopt = DistributedOptimizer(
+        None, run.params, kvstore=run.kv, update_on="server", server_optimizer=server_opt
+    )
+    run.start()
+
+    def play(r: Round) -> bool:
+        loss, c, n, epoch = run.one_step(dopt, lambda: None)
+        t1 = time.perf_counter()
+        dopt.step()  # waits for the new weights
+        r.clock.add("wait_s", time.perf_counter() - t1)
+        r.add_step(loss, c, n, epoch)
+        return run.want_stop(r.rnd)  # each worker stops on its own
+
+    rounds = run.loop(play, rebalance=False)
+    dopt.close()
+    return run.finish(rounds, barrier=False)
+
+
+def run_esync(run: WorkerRun) -> int:
+    """``-m esync``: local steps until the state server says ready, then the model
+    difference is averaged (:class:`~hetps.torch.esync.ESyncTrainer`)."""
+    from hetps.torch.esync import ESyncTrainer
+
+    args = run.args
+    local_opt = torch.optim.SGD(run.model.parameters(), lr=args.local_lr)
+    endpoint = (
+        f"{args.state_server_ip}:{args.state_server_port}"
+        if args.state_server_ip and args.state_server_port
+        else None
+    )
+    trainer = ESyncTrainer(run.model, run.kv, global_lr=args.global_lr, state_server=endpoint)
+    run.start()
+
+    def play(r: Round) -> bool:
+        trainer.begin_round()
+        while True:
+            loss, c, n, epoch = run.one_step(local_opt, local_opt.step)
+            r.add_step(loss, c, n, epoch)
+            if trainer.step_done(c):  # the state server's word: aggregate now
+                break
+        r.clock.add("wait_s", trainer.wait_s)
+        stop = trainer.aggregate(run.want_stop(r.rnd))
+        r.clock.add("push_s", trainer.push_s)
+        return stop
+
+    return run.finish(run.loop(play))
+
+
+RUNNERS: dict[str, Callable[[WorkerRun], int]] = {
+    "esync": run_esync,
+    "sync": run_sync,
+    "async": run_async,
+    "local": run_local,
+}
