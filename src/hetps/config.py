@@ -8,8 +8,9 @@ A missing or malformed variable raises :class:`ConfigError` naming the variable 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ROLES = ("scheduler", "server", "worker")
 
@@ -21,6 +22,8 @@ DEFAULT_REQUEST_TIMEOUT = 600.0
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 31
 DEFAULT_CHUNK_BYTES = 4 << 20
 BALANCE_SCHEMES = ("none", "average", "elastic", "aware", "optimal")
+#: the shortest cluster secret accepted (``hetps secret`` and ``hetps launch`` make 64)
+MIN_SECRET_CHARS = 32
 
 
 class ConfigError(ValueError):
@@ -118,6 +121,11 @@ class NodeConfig:
     fusion_tune_steps: int = 4
     # bytes of each shared-memory ring to a peer on this machine (0: frames always over TCP)
     shm_bytes: int = 32 << 20
+    #: the cluster secret (HETPS_SECRET / HETPS_SECRET_FILE): every connection is CURVE-
+    #: authenticated and encrypted with keys derived from it; None: plain mode (loopback only)
+    secret: bytes | None = field(default=None, repr=False)
+    #: HETPS_INSECURE=1: plain mode on a routable address too, warned about at every start
+    insecure: bool = False
 
     @property
     def scheduler_endpoint(self) -> str:
@@ -272,6 +280,15 @@ def node_config_from_env(
                 "to this machine's IP address, or DMLC_INTERFACE to the interface to use "
                 "(hetps never picks an interface silently)"
             )
+    secret, insecure = security_from_env(env)
+    # the scheduler listens on DMLC_PS_ROOT_URI (every interface unless it is loopback),
+    # the others on their own address
+    check_exposure(
+        secret,
+        insecure,
+        [root_uri] if role == "scheduler" else [root_uri, host],
+        role,  # type: ignore[list-item]
+    )
     return NodeConfig(
         role=role,  # type: ignore[arg-type]
         root_uri=root_uri,  # type: ignore[arg-type]
@@ -307,7 +324,95 @@ def node_config_from_env(
         fusion_tune_steps=fusion_tune_steps,
         shm_bytes=shm_bytes,
         colocate=colocate,
+        secret=secret,
+        insecure=insecure,
     )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, localhost)."""
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
+def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | None, bool]:
+    """The cluster secret and the HETPS_INSECURE opt-out: ``(secret or None, insecure)``.
+
+    The secret comes from ``HETPS_SECRET`` (the secret itself; ``hetps launch`` hands it to
+    every process it starts this way) or ``HETPS_SECRET_FILE`` (a file holding it, readable
+    by its owner alone, as ``hetps secret FILE`` writes it). Raises :class:`ConfigError` when
+    both are set, when the file is missing or open to others, when the secret is too short,
+    or when ``HETPS_INSECURE=1`` comes with a secret.
+    """
+    env = os.environ if env is None else env
+    value = env.get("HETPS_SECRET")
+    path = _get(env, "HETPS_SECRET_FILE")
+    insecure = _int(env, "HETPS_INSECURE", 0) > 0
+    if value is not None and path is not None:
+        raise ConfigError(
+            "HETPS_SECRET and HETPS_SECRET_FILE are both set: set only one "
+            "(HETPS_SECRET_FILE for roles started by hand)"
+        )
+    if path is not None:
+        value = _read_secret_file(path)
+        source = f"HETPS_SECRET_FILE={path}"
+    else:
+        source = "HETPS_SECRET"
+    if value is None:
+        return None, insecure
+    value = value.strip()
+    if len(value) < MIN_SECRET_CHARS:
+        raise ConfigError(
+            f"{source} holds a secret of {len(value)} characters: use at least "
+            f"{MIN_SECRET_CHARS} random characters; `hetps secret FILE` writes a new one"
+        )
+    if insecure:
+        raise ConfigError(
+            f"HETPS_INSECURE=1 and a cluster secret ({source}) are both set: unset "
+            "HETPS_INSECURE to use the secret, or unset the secret to run unauthenticated"
+        )
+    return value.encode(), insecure
+
+
+def _read_secret_file(path: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ConfigError(
+            f"HETPS_SECRET_FILE={path}: cannot open it ({exc.strerror}); make one with "
+            f"`hetps secret {path}` and give every role of the job the same file"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"HETPS_SECRET_FILE={path} is not a regular file")
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ConfigError(
+                f"HETPS_SECRET_FILE={path} is open to others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}): a secret must be "
+                f"readable by its owner alone: chmod 600 {path} (as uid {os.getuid()})"
+            )
+        with os.fdopen(fd, "r", closefd=False) as f:
+            return f.read(4096)
+    finally:
+        os.close(fd)
+
+
+def check_exposure(
+    secret: bytes | None, insecure: bool, addresses: list[str], role: str = "node"
+) -> None:
+    """Refuse plain mode (no secret) on a non-loopback address unless HETPS_INSECURE=1."""
+    if secret is not None or insecure:
+        return
+    exposed = [a for a in addresses if not is_loopback(a)]
+    if exposed:
+        raise ConfigError(
+            f"this {role} would accept connections on {exposed[0]} without a cluster secret, "
+            "so anybody who can reach it could join, push to, run code on or stop the job. "
+            "Give every role the same secret: set HETPS_SECRET_FILE to a file made by "
+            "`hetps secret FILE` (mode 0600, copied to every host), or use `hetps launch`, "
+            "which makes one for each job. To run unauthenticated anyway (not recommended), "
+            "set HETPS_INSECURE=1"
+        )
 
 
 def role_from_env(env: Mapping[str, str] | None = None) -> str | None:

@@ -45,6 +45,7 @@ if kv.rank == 0:
         "marker": MARKER,
         "mode": MODE,
         "expect_refusal": MODE == "plain",
+        "public_key": node.van.keys.public_key.decode() if node.van.keys else "",
     }
     res = subprocess.run([sys.executable, FORGER, json.dumps(targets)], capture_output=True,
                          text=True, timeout=60)

@@ -25,7 +25,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError, NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future, RequestTracker
-from hetps.config import NodeConfig
+from hetps.config import NodeConfig, check_exposure
 from hetps.transport.codec import Message
 from hetps.transport.van import UNKNOWN, PeerGone, Van, new_routing_id
 
@@ -44,6 +44,7 @@ class Node:
     def __init__(self, cfg: NodeConfig, handler: Handler | None = None) -> None:
         if cfg.role not in ("server", "worker"):
             raise ValueError(f"a Node is a server or a worker, not {cfg.role!r}")
+        check_exposure(cfg.secret, cfg.insecure, [cfg.root_uri, cfg.node_host], cfg.role)
         self.cfg = cfg
         self.role = cfg.role
         self.handler = handler
@@ -56,7 +57,15 @@ class Node:
             shape_mbit=cfg.shape_mbit,
             chunk_bytes=cfg.chunk_bytes,
             ring_bytes=cfg.shm_bytes,
+            secret=cfg.secret,
         )
+        if cfg.insecure:
+            log.warning(
+                "%s: HETPS_INSECURE=1: no cluster secret; connections on %s are neither "
+                "authenticated nor encrypted, and anybody who can reach them can join this job",
+                cfg.role,
+                cfg.node_host,
+            )
         self.requests = RequestTracker()
         self.van.landing_of = self.requests.landing_of
         self.info: NodeInfo | None = None
@@ -118,7 +127,8 @@ class Node:
         # the only ones that read as node 1
         back = new_routing_id()
         self.van.admit(back, P.SCHEDULER_ID)
-        self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}")
+        self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}", watch=True)
+        watch = self.van.take_watch(P.SCHEDULER_ID)
         self._recv_thread = threading.Thread(
             target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True
         )
@@ -137,7 +147,27 @@ class Node:
                 },
             ),
         )
-        if not self._registered.wait(self.cfg.connect_timeout):
+        deadline = time.monotonic() + self.cfg.connect_timeout
+        refused = None
+        try:
+            while not self._registered.wait(0.1) and refused is None:
+                refused = watch.failure() if watch is not None else None
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            if watch is not None:
+                watch.close()
+        if refused is not None:
+            self.van.mark_dead(P.SCHEDULER_ID)  # nothing queued for it can ever leave
+            self.close()
+            have = "this node holds a cluster secret" if self.cfg.secret else "this node has none"
+            raise ClusterError(
+                f"the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} refused the "
+                f"connection: {refused}. Every role of a job needs the same cluster secret "
+                f"({have}): set HETPS_SECRET_FILE to the job's secret file on every role "
+                "(or run them all with `hetps launch`, which hands one to each)"
+            )
+        if not self._registered.is_set():
             self.close()
             if self._reg_progress is None:
                 raise ClusterError(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
-from hetps.config import NodeConfig
+from hetps.config import NodeConfig, check_exposure, is_loopback
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone, Van
 
@@ -64,14 +64,35 @@ class Scheduler:
         bind_host: str | None = None,
     ) -> None:
         self.cfg = cfg
-        host = bind_host or ("127.0.0.1" if cfg.root_uri in ("127.0.0.1", "localhost") else "*")
+        loopback = is_loopback(cfg.root_uri)
+        if bind_host is None:
+            bind_host = cfg.root_uri if loopback and cfg.root_uri != "localhost" else "127.0.0.1"
+            bind_host = bind_host if loopback else "*"
+        check_exposure(cfg.secret, cfg.insecure, [bind_host], "scheduler")
         self.van = Van(
-            host=host,
+            host=bind_host,
             port=cfg.root_port,
             max_message_bytes=1 << 24,
             verbose=cfg.verbose,
             name="scheduler",
+            secret=cfg.secret,
         )
+        if cfg.secret is None:
+            if cfg.insecure and not is_loopback(bind_host):
+                log.warning(
+                    "scheduler: HETPS_INSECURE=1: no cluster secret; it listens on every "
+                    "interface, unauthenticated and unencrypted: anybody who can reach port %d "
+                    "can join, push to or stop this job",
+                    self.van.port,
+                )
+            else:
+                log.warning(
+                    "scheduler: no cluster secret: plain mode on loopback (%s:%d); any local "
+                    "user can connect. `hetps launch` makes a secret for every job; for roles "
+                    "started by hand set HETPS_SECRET_FILE (see `hetps secret`)",
+                    bind_host,
+                    self.van.port,
+                )
         self.van.my_id = P.SCHEDULER_ID
         self.services = dict(services or {})
         # ESync's state server lives here unless a caller brings its own

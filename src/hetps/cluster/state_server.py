@@ -105,10 +105,17 @@ class StateServer:
     """A standalone state server on its own port (``hetps state-server``)."""
 
     def __init__(
-        self, num_workers: int, host: str = "0.0.0.0", port: int = 0, margin_s: float = 0.0
+        self,
+        num_workers: int,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        margin_s: float = 0.0,
+        secret: bytes | None = None,
     ):
         self.service = EsyncService(num_workers, margin_s)
-        self.van = Van(host=host, port=port, max_message_bytes=1 << 20, name="state-server")
+        self.van = Van(
+            host=host, port=port, max_message_bytes=1 << 20, name="state-server", secret=secret
+        )
         self.van.my_id = STANDALONE_ID
         self._stop = threading.Event()
         self._peers: list[str] = []
