@@ -22,7 +22,7 @@ import pytest
 
 from hetps.config import ConfigError, node_config_from_env, security_from_env
 
-from .test_identity import _Lines
+from .lines import Lines as _Lines
 
 ROUTABLE = "10.255.255.1"  # not loopback; never contacted (the scheduler refuses first)
 

@@ -217,45 +217,7 @@ class Node:
             return
         if msg.sender == P.SCHEDULER_ID:
             self._last_ack = time.monotonic()
-            cmd = msg.cmd
-            if cmd == P.HEARTBEAT_ACK:
-                return
-            if cmd == P.ADD_NODE and msg.reply:
-                self._reg_progress = msg.body
-                return
-            if cmd == P.NODES:
-                if self.info is not None:
-                    log.warning("%s: ignored a second node table", self.role)
-                    return
-                try:
-                    self._take_table(msg.body)
-                except (KeyError, TypeError, ValueError) as exc:
-                    self._reg_error = f"the scheduler sent a malformed node table ({exc})"
-                    self._registered.set()
-                    return
-                self._registered.set()
-                early, self._early, self._early_bytes = self._early, [], 0
-                for m in early:  # peers that learned of us before we did
-                    m.sender = self.van.node_of(m.origin)
-                    self._dispatch(m)
-                return
-            if cmd == P.REFUSED:
-                self._reg_error = msg.error or "refused"
-                self._registered.set()
-                return
-            if cmd == P.NODE_DEAD:
-                dead = msg.body.get("node")
-                if isinstance(dead, list) and dead and isinstance(dead[0], int):
-                    self.van.mark_dead(dead[0])
-                self._fail(NodeFailure(msg.error or "a peer died"))
-                return
-            if cmd == P.EXIT:
-                if msg.reply:
-                    self.requests.resolve(msg.req, msg)
-                self.exited.set()
-                return
-            if not msg.reply and self.handler is not None:
-                self.handler(msg)  # e.g. WORKER_DONE for servers
+            if self._from_scheduler(msg):
                 return
         if self.info is None:
             if not self._keep_early(msg):
@@ -281,6 +243,55 @@ class Node:
             self.handler(msg)
         else:
             log.warning("%s: no handler for %s from %d", self.role, msg.cmd, msg.sender)
+
+    def _from_scheduler(self, msg: Message) -> bool:
+        """Handle what only the scheduler sends; False: an ordinary reply or command, for the
+        rest of the dispatch. The scheduler answers a request with the request's command, so
+        a reply is never taken for the scheduler's own command of that name."""
+        cmd = msg.cmd
+        if msg.reply:
+            if cmd == P.HEARTBEAT_ACK:
+                return True
+            if self.info is None and cmd in allow.REGISTRATION_ANSWERS:
+                self._registration_answer(msg)
+                return True
+            if cmd == P.EXIT and msg.error is None:  # the answer to this worker's finish
+                self.requests.resolve(msg.req, msg, sender=P.SCHEDULER_ID)
+                self.exited.set()
+                return True
+            return False
+        if cmd == P.NODE_DEAD:
+            dead = msg.body.get("node")
+            if isinstance(dead, list) and dead and isinstance(dead[0], int):
+                self.van.mark_dead(dead[0])
+            self._fail(NodeFailure(msg.error or "a peer died"))
+            return True
+        if cmd == P.EXIT:
+            self.exited.set()
+            return True
+        if self.handler is not None and self.info is not None:
+            self.handler(msg)  # e.g. WORKER_DONE for servers
+            return True
+        return False
+
+    def _registration_answer(self, msg: Message) -> None:
+        if msg.cmd == P.ADD_NODE:
+            self._reg_progress = msg.body
+        elif msg.cmd == P.REFUSED:
+            self._reg_error = msg.error or "refused"
+            self._registered.set()
+        else:  # the node table
+            try:
+                self._take_table(msg.body)
+            except (KeyError, TypeError, ValueError) as exc:
+                self._reg_error = f"the scheduler sent a malformed node table ({exc})"
+                self._registered.set()
+                return
+            self._registered.set()
+            early, self._early, self._early_bytes = self._early, [], 0
+            for m in early:  # peers that learned of us before we did
+                m.sender = self.van.node_of(m.origin)
+                self._dispatch(m)
 
     def _keep_early(self, msg: Message) -> bool:
         """Keep a message that came before the node table, within a bound."""

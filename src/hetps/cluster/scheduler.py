@@ -204,8 +204,14 @@ class Scheduler:
             self._declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
             self.services[cmd](self, msg)
-        else:  # not reached: the allow-list lets through only the commands above
-            log.warning("scheduler: unknown command %r from node %d", cmd, msg.sender)
+        else:  # a command of a service this job does not run (e.g. no load balancing)
+            self._refuse_request(msg, f"this job's scheduler runs no service for {cmd!r}")
+
+    def _refuse_request(self, msg: Message, text: str) -> None:
+        """Answer a request with an error, and log it (one line)."""
+        log.warning("scheduler: refused %s from node %d: %s", msg.cmd, msg.sender, text)
+        if msg.req:
+            self.reply(msg, {"error": text})
 
     def reply(self, request: Message, body: dict | None = None, arrays: list | None = None) -> None:
         """Answer ``request`` (used by services too)."""
@@ -373,10 +379,12 @@ class Scheduler:
     def _barrier(self, msg: Message) -> None:
         group = msg.body.get("group")
         if group not in P.GROUPS or msg.sender not in self.nodes:
-            self.reply(msg, {"error": f"bad barrier group {group!r}: use one of {P.GROUPS}"})
+            self._refuse_request(
+                msg, f"bad barrier group {_printable(group, 40)!r}: use one of {P.GROUPS}"
+            )
             return
         if group != "all" and self.nodes[msg.sender].role != group:
-            self.reply(msg, {"error": f"node {msg.sender} is not in group {group!r}"})
+            self._refuse_request(msg, f"node {msg.sender} is not in group {group!r}")
             return
         self.barriers[group].arrived[msg.sender] = msg.req
         self._maybe_release(group)

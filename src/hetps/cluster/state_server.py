@@ -84,7 +84,9 @@ class EsyncService:
                 time.monotonic(),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            return {"error": f"esync report refused: {exc}"}
+            text = f"esync report refused: {str(exc)[:200]}"
+            log.warning("state server: %s", text)
+            return {"error": text}
 
     def as_scheduler_service(self):
         """A callable for ``Scheduler(services={REPORT: ...})``."""
