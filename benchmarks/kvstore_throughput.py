@@ -26,8 +26,16 @@ What it measures (every case on 127.0.0.1, BLAS/OpenMP pinned to one thread in e
   2 workers/1 server run holding one 256 MB key; and RSS of every process after round 10 and
   after round 1000 of a 4 MB key (2 workers/2 servers).
 
+* Security (``--variants``, default ``secure plain``): hetps as ``hetps launch`` runs it (a
+  fresh cluster secret: every connection CurveZMQ-authenticated and encrypted) against plain
+  (``HETPS_INSECURE=1``), both with the same-host shared-memory ring for big arrays; with
+  ``secure-tcp plain-tcp`` also both with ``HETPS_SHM_BYTES=0``, so every byte crosses the
+  (encrypted or plain) TCP connection as it does between hosts. Alternated run by run with
+  MXNet; start-up measured for each variant (the secured one includes the handshakes).
+
 Ratios: speed = MXNet round time / hetps round time (>= 1.0: hetps is faster); of raw =
-raw-zmq round time / hetps round time (the fraction of raw ZeroMQ throughput hetps reaches).
+raw-zmq round time / hetps round time (the fraction of raw ZeroMQ throughput hetps reaches);
+encryption cost = secured round time / plain round time (1.0: free).
 """
 
 from __future__ import annotations
@@ -67,6 +75,13 @@ DEFAULT_MX_BENCH = os.path.normpath(
 )
 DEFAULT_MX_PY = os.path.join(ROOT, "mxpeer-venv", "bin", "python")
 SHAPE_NAMES = {(1, 1): "1w/1s", (2, 1): "2w/1s", (2, 2): "2w/2s"}
+#: hetps variants: the environment each adds to a job (``secure``: what hetps launch does)
+VARIANTS = {
+    "secure": {},
+    "plain": {"HETPS_INSECURE": "1"},
+    "secure-tcp": {"HETPS_SHM_BYTES": "0"},
+    "plain-tcp": {"HETPS_INSECURE": "1", "HETPS_SHM_BYTES": "0"},
+}
 
 
 def log(text: str) -> None:
@@ -342,11 +357,12 @@ class Bench:
         return env
 
     # -- hetps --------------------------------------------------------------------------------
-    def run_hetps(self, workers: int, servers: int, cfg: dict) -> dict:
+    def run_hetps(self, workers: int, servers: int, cfg: dict, variant: str = "secure") -> dict:
         from hetps.launch.local import Launcher, LaunchSpec
 
         tag = uuid.uuid4().hex[:12]
         env = {**PINNED_THREADS, "BENCH_JOB": tag, "BENCH_CFG": json.dumps(cfg)}
+        env.update(VARIANTS[variant])
         spec = LaunchSpec(
             workers,
             servers,
@@ -382,6 +398,7 @@ class Bench:
             ][: max(len(vals), len(mine))]
         job = {
             "system": "hetps",
+            "variant": variant,
             "workers": workers,
             "servers": servers,
             "kind": cfg["kind"],
@@ -591,8 +608,10 @@ def _correct(job: dict | None) -> bool | None:
     return ok and all(r["small"]["correct"] for r in job["results"] if r.get("small"))
 
 
-def summarize(bench: Bench, cfg: dict, shapes: list[tuple[int, int]]) -> tuple[list, list]:
-    """Rows of the throughput table and the per-case records."""
+def summarize(
+    bench: Bench, cfg: dict, shapes: list[tuple[int, int]], variant: str = "secure"
+) -> tuple[list, list]:
+    """Rows of the throughput table and the per-case records (hetps: one ``variant``)."""
     cases = [("dense", mb) for mb in cfg["sizes_mb"]] + (
         [("small", None)] if cfg.get("small_keys") else []
     )
@@ -606,6 +625,7 @@ def summarize(bench: Bench, cfg: dict, shapes: list[tuple[int, int]]) -> tuple[l
                 and j["kind"] == "throughput"
                 and j["workers"] == w
                 and j["servers"] == s
+                and j.get("variant", variant) == variant
             ]
             for sysname in ("hetps", "mxnet", "zmq")
         }
@@ -672,6 +692,76 @@ def summarize(bench: Bench, cfg: dict, shapes: list[tuple[int, int]]) -> tuple[l
     return rows, records
 
 
+def summarize_security(
+    bench: Bench, cfg: dict, shapes: list[tuple[int, int]], variants: list[str]
+) -> tuple[list, list, list]:
+    """The security table: per shape and size, each hetps variant's median round time, the
+    encryption's cost (secured / plain, with the ring and over TCP) and MXNet's speed against
+    the secured hetps. Returns (headers, rows, records)."""
+    pairs = [(a, b) for a, b in (("secure", "plain"), ("secure-tcp", "plain-tcp"))]
+    pairs = [(a, b) for a, b in pairs if a in variants and b in variants]
+    headers = ["shape", "case"] + [f"{v} s" for v in variants]
+    headers += [f"cost {a}/{b}" for a, b in pairs] + ["MXNet s", "speed MX/secure"]
+    rows, records = [], []
+    for w, s in shapes:
+        for mb in cfg["sizes_mb"]:
+            runs = {}
+            for v in variants:
+                js = [
+                    j
+                    for j in bench.jobs
+                    if j["system"] == "hetps"
+                    and j.get("variant") == v
+                    and j["kind"] == "throughput"
+                    and (j["workers"], j["servers"]) == (w, s)
+                ]
+                runs[v] = [_dense_time(j, mb, "hetps") for j in js]
+            mx = [
+                _dense_time(j, mb, "mxnet")
+                for j in bench.jobs
+                if j["system"] == "mxnet"
+                and j["kind"] == "throughput"
+                and (j["workers"], j["servers"]) == (w, s)
+            ]
+            med = {v: median(t) for v, t in runs.items()}
+            mx_med = median(mx)
+            costs = {f"{a}/{b}": (med[a] / med[b] if med[a] and med[b] else None) for a, b in pairs}
+            # per repeat (the variants of one repeat ran back to back): how stable the cost is
+            per_repeat = {
+                f"{a}/{b}": [x / y for x, y in zip(runs[a], runs[b], strict=False) if x and y]
+                for a, b in pairs
+            }
+            speed = mx_med / med["secure"] if mx_med and med.get("secure") else None
+            shape = SHAPE_NAMES.get((w, s), f"{w}w/{s}s")
+            records.append(
+                {
+                    "shape": shape,
+                    "size_mb": mb,
+                    "runs_s": runs,
+                    "median_s": med,
+                    "mxnet_runs_s": mx,
+                    "mxnet_median_s": mx_med,
+                    "encryption_cost": costs,
+                    "encryption_cost_per_repeat": per_repeat,
+                    "speed_mx_over_secure": speed,
+                }
+            )
+            rows.append(
+                [shape, f"{mb:g} MB"]
+                + [fmt(med[v]) for v in variants]
+                + [
+                    (
+                        f"{costs[k]:.2f} [{min(per_repeat[k]):.2f}-{max(per_repeat[k]):.2f}]"
+                        if costs[k] and per_repeat[k]
+                        else "-"
+                    )
+                    for k in costs
+                ]
+                + [fmt(mx_med), fmt(speed, ".2f")]
+            )
+    return headers, rows, records
+
+
 TABLE_HEADERS = [
     "shape",
     "case",
@@ -713,6 +803,14 @@ def parse(argv=None) -> argparse.Namespace:
         "--small-reps", type=int, default=None, help="timed rounds of the small keys (default 50)"
     )
     p.add_argument("--push-mode", choices=["overlap", "blocking"], default="overlap")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(VARIANTS),
+        default=["secure", "plain"],
+        help="hetps variants to run (the first one fills the main table; default: secure "
+        "plain; add secure-tcp plain-tcp for the cost of encryption on the wire)",
+    )
     p.add_argument(
         "--startup-pairs", type=int, default=None, help="start-up runs per system (default 5)"
     )
@@ -772,6 +870,9 @@ def main(argv=None) -> int:
     if args.role == "zmq-client":
         return zmq_client()
 
+    # every secured job gets its own fresh secret from the launcher, as users get it
+    for name in ("HETPS_SECRET", "HETPS_SECRET_FILE", "HETPS_INSECURE"):
+        os.environ.pop(name, None)
     bench = Bench(args)
     if "mxnet" in args.skip:
         bench.mx_ok, bench.mx_reason = False, "mxnet: skipped (--skip mxnet)"
@@ -798,18 +899,26 @@ def main(argv=None) -> int:
     startup = None
     if "startup" not in args.skip:
         h_times, m_times, h_walls, m_walls = [], [], [], []
+        by_variant: dict[str, list[float]] = {v: [] for v in args.variants}
         scfg = {"kind": "startup"}
         for i in range(args.startup_pairs):
             log(f"start-up pair {i + 1}/{args.startup_pairs} (2 workers, 2 servers)")
-            j = bench.run_hetps(2, 2, scfg)
-            if not j.get("error"):
-                h_times.append(max(r["startup"]["launch_to_first_barrier_s"] for r in j["results"]))
-                h_walls.append(j["wall_s"])
+            for v in args.variants:
+                j = bench.run_hetps(2, 2, scfg, v)
+                if not j.get("error"):
+                    t = max(r["startup"]["launch_to_first_barrier_s"] for r in j["results"])
+                    by_variant[v].append(t)
+                    if v == args.variants[0]:
+                        h_times.append(t)
+                        h_walls.append(j["wall_s"])
             m = bench.run_mxnet(2, 2, scfg)
             if m and not m.get("error"):
                 m_times.append(max(r["startup"]["launch_to_first_barrier_s"] for r in m["results"]))
                 m_walls.append(m["wall_s"])
         startup = {
+            "variant": args.variants[0],
+            "hetps_by_variant_s": by_variant,
+            "hetps_by_variant_median_s": {v: median(t) for v, t in by_variant.items()},
             "hetps_s": h_times,
             "mxnet_s": m_times,
             "hetps_median_s": median(h_times),
@@ -829,16 +938,22 @@ def main(argv=None) -> int:
         for w, s in args.shapes:
             for rep in range(args.repeats):
                 name = SHAPE_NAMES.get((w, s), f"{w}w/{s}s")
-                log(f"throughput {name} run {rep + 1}/{args.repeats}: hetps")
-                bench.run_hetps(w, s, cfg)
+                for v in args.variants:
+                    log(f"throughput {name} run {rep + 1}/{args.repeats}: hetps {v}")
+                    bench.run_hetps(w, s, cfg, v)
                 if bench.mx_ok:
                     log(f"throughput {name} run {rep + 1}/{args.repeats}: mxnet")
                     bench.run_mxnet(w, s, cfg)
                 if "zmq" not in args.skip:
                     log(f"throughput {name} run {rep + 1}/{args.repeats}: raw zmq")
                     bench.run_raw(w, s, cfg)
-        rows, records = summarize(bench, cfg, args.shapes)
+        rows, records = summarize(bench, cfg, args.shapes, args.variants[0])
         report["throughput"] = records
+        if len(args.variants) > 1:
+            sec_headers, sec_rows, sec_records = summarize_security(
+                bench, cfg, args.shapes, args.variants
+            )
+            report["security"] = sec_records
 
     # -- memory: one big key on one server --------------------------------------------------------
     memory = None
@@ -939,6 +1054,23 @@ def main(argv=None) -> int:
         )
         print_table(TABLE_HEADERS, rows)
         report["table_markdown"] = markdown_table(TABLE_HEADERS, rows)
+    if report.get("security"):
+        print(
+            "\nsecurity: seconds per push+pull round of each hetps variant (secure: a cluster "
+            "secret, every connection CurveZMQ; plain: HETPS_INSECURE=1; -tcp: HETPS_SHM_BYTES=0, "
+            "every byte over the connection); cost = secured / plain (median [range over the "
+            "repeats]); speed MX/secure = MXNet s / secured hetps s (>= 1: hetps faster)\n"
+        )
+        print_table(sec_headers, sec_rows)
+        report["security_table_markdown"] = markdown_table(sec_headers, sec_rows)
+    if startup and len(args.variants) > 1:
+        print(
+            "\nstart-up by variant, launch -> first barrier (2w/2s), median [runs]: "
+            + "; ".join(
+                f"{v} {fmt(median(t), '.2f')} s {[round(x, 2) for x in t]}"
+                for v, t in startup["hetps_by_variant_s"].items()
+            )
+        )
     if startup:
         print(
             f"\nstart-up, launch -> first barrier on every worker (2 workers, 2 servers): hetps median "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from hetps import __version__
@@ -47,6 +48,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if servers < 1:
         raise SystemExit("hetps launch: -s/--num-servers must be >= 1")
     env = _env_pairs(args.env)
+    if "HETPS_SECRET" in env:
+        raise SystemExit(
+            "hetps launch: --env HETPS_SECRET=... would put the cluster secret on a command "
+            "line, where other users can read it: leave it out (hetps launch makes one for "
+            "each job) or set HETPS_SECRET_FILE to a file made by `hetps secret FILE`"
+        )
     spec = LaunchSpec(
         num_workers=args.num_workers,
         num_servers=servers,
@@ -79,6 +86,38 @@ def cmd_launch(args: argparse.Namespace) -> int:
         balance=args.balance,
         slice_elems=args.slice_size,
     )
+
+
+def cmd_secret(args: argparse.Namespace) -> int:
+    """``hetps secret FILE``: write a new cluster secret to FILE (mode 0600, never overwritten)."""
+    import secrets as _secrets
+
+    path = args.file
+    try:
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600
+        )
+    except FileExistsError:
+        print(
+            f"hetps secret: {path} exists; a secret file is never overwritten (a job using it "
+            "would lose its peers): remove it first or pick another name",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as exc:
+        print(f"hetps secret: cannot create {path}: {exc.strerror}", file=sys.stderr)
+        return 1
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        os.write(fd, (_secrets.token_hex(32) + "\n").encode())
+    finally:
+        os.close(fd)
+    print(
+        f"hetps secret: wrote a new cluster secret to {path} (mode 0600). Copy it to every "
+        f"host of the job (keep it 0600) and start every role with HETPS_SECRET_FILE={path}",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
@@ -162,8 +201,17 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_state_server(args: argparse.Namespace) -> int:
     """``hetps state-server``: ESync's state server on its own port."""
     from hetps.cluster.state_server import StateServer
+    from hetps.config import ConfigError, check_exposure, security_from_env
 
-    srv = StateServer(args.workers, host=args.host, port=args.port, margin_s=args.margin)
+    try:
+        secret, insecure = security_from_env()
+        check_exposure(secret, insecure, [args.host], "state server")
+    except ConfigError as exc:
+        print(f"hetps state-server: {exc}", file=sys.stderr)
+        return 2
+    srv = StateServer(
+        args.workers, host=args.host, port=args.port, margin_s=args.margin, secret=secret
+    )
     print(f"hetps state-server port {srv.port}", flush=True)
     try:
         srv.serve()
@@ -215,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_arguments(la)
     la.add_argument("command", nargs=argparse.REMAINDER)
     la.set_defaults(func=cmd_launch)
+
+    se = sub.add_parser(
+        "secret", help="write a new cluster secret file (mode 0600) for roles started by hand"
+    )
+    se.add_argument("file", help="where to write it (never overwritten)")
+    se.set_defaults(func=cmd_secret)
 
     sc = sub.add_parser("scheduler", help="run the scheduler role by hand")
     sc.set_defaults(func=cmd_scheduler)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 ROLES = ("scheduler", "server", "worker")
 BALANCE_SCHEMES = ("none", "average", "elastic", "aware", "optimal")
 LOOPBACK = ("127.0.0.1", "localhost")
+#: the shortest cluster secret accepted (``hetps secret`` and ``hetps launch`` make 64)
+MIN_SECRET_CHARS = 32
 
 
 class ConfigError(ValueError):
@@ -71,6 +74,7 @@ class Var:
     check: Check | None = None
     derive: Derive | None = None
     provided: bool = False  # hetps sets it for the commands it starts; it is shown, not parsed
+    hidden: bool = False  # a secret: ``hetps config`` says whether it is set, never the value
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -290,6 +294,23 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
         ),
     ),
     (
+        "Security (docs/SECURITY.md)",
+        (
+            Var("HETPS_SECRET", "str", None,
+                "the cluster secret: every connection is authenticated and encrypted "
+                "(CurveZMQ) with keys derived from it; `hetps launch` makes a fresh one per "
+                "job and hands it to every process it starts",
+                hidden=True, bounds=f">= {MIN_SECRET_CHARS} characters",
+                default_text="not set (`hetps launch` sets one)"),
+            Var("HETPS_SECRET_FILE", "str", None,
+                "a file (mode 0600, owner only) holding the cluster secret, for roles started "
+                "by hand; `hetps secret FILE` writes one"),
+            Var("HETPS_INSECURE", "flag", False,
+                "run without a secret on a non-loopback address (unauthenticated, "
+                "unencrypted; warned about at every start)", field="insecure", minimum=0),
+        ),
+    ),
+    (
         "Read by hetps commands",
         (
             Var("HETPS_SSH", "str", "ssh", "the ssh program `hetps launch --launcher ssh` runs"),
@@ -368,6 +389,10 @@ def _make_node_config() -> type:
             fields.append((v.field, annotation))
         else:
             fields.append((v.field, annotation, dataclasses.field(default=v.default)))
+
+    # the secret is no row's field: it comes from HETPS_SECRET or HETPS_SECRET_FILE, and a
+    # repr (a log line, a traceback) never shows it
+    fields.append(("secret", bytes | None, dataclasses.field(default=None, repr=False)))
 
     def scheduler_endpoint(self) -> str:
         """The scheduler's ZeroMQ endpoint, ``tcp://host:port``."""
@@ -488,11 +513,108 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
     ``role`` overrides ``DMLC_ROLE``. Raises :class:`ConfigError` listing every missing or
     malformed variable with the fix.
     """
+    env = os.environ if env is None else env
     settings = resolve(env, role, NODE_VARS)
     error = _join_error(settings.values())
     if error is not None:
         raise error
-    return NodeConfig(**{v.field: settings[v.name].value for v in NODE_VARS})
+    values = {v.field: settings[v.name].value for v in NODE_VARS}
+    secret, values["insecure"] = security_from_env(env)
+    # the scheduler listens on DMLC_PS_ROOT_URI (every interface unless it is loopback),
+    # the others on their own address
+    role = values["role"]
+    check_exposure(
+        secret,
+        values["insecure"],
+        [values["root_uri"]] if role == "scheduler" else [values["root_uri"], values["node_host"]],
+        role,
+    )
+    return NodeConfig(**values, secret=secret)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, localhost)."""
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
+def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | None, bool]:
+    """The cluster secret and the HETPS_INSECURE opt-out: ``(secret or None, insecure)``.
+
+    The secret comes from ``HETPS_SECRET`` (the secret itself; ``hetps launch`` hands it to
+    every process it starts this way) or ``HETPS_SECRET_FILE`` (a file holding it, readable
+    by its owner alone, as ``hetps secret FILE`` writes it). Raises :class:`ConfigError` when
+    both are set, when the file is missing or open to others, when the secret is too short,
+    or when ``HETPS_INSECURE=1`` comes with a secret.
+    """
+    env = os.environ if env is None else env
+    value = _raw(env, "HETPS_SECRET")
+    path = _raw(env, "HETPS_SECRET_FILE")
+    insecure = bool(env_value("HETPS_INSECURE", env))
+    if value is not None and path is not None:
+        raise ConfigError(
+            "HETPS_SECRET and HETPS_SECRET_FILE are both set: set only one "
+            "(HETPS_SECRET_FILE for roles started by hand)"
+        )
+    if path is not None:
+        value = _read_secret_file(path).strip()
+        source = f"HETPS_SECRET_FILE={path}"
+    else:
+        source = "HETPS_SECRET"
+    if not value:
+        return None, insecure
+    if len(value) < MIN_SECRET_CHARS:
+        raise ConfigError(
+            f"{source} holds a secret of {len(value)} characters: use at least "
+            f"{MIN_SECRET_CHARS} random characters; `hetps secret FILE` writes a new one"
+        )
+    if insecure:
+        raise ConfigError(
+            f"HETPS_INSECURE=1 and a cluster secret ({source}) are both set: unset "
+            "HETPS_INSECURE to use the secret, or unset the secret to run unauthenticated"
+        )
+    return value.encode(), insecure
+
+
+def _read_secret_file(path: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ConfigError(
+            f"HETPS_SECRET_FILE={path}: cannot open it ({exc.strerror}); make one with "
+            f"`hetps secret {path}` and give every role of the job the same file"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"HETPS_SECRET_FILE={path} is not a regular file")
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ConfigError(
+                f"HETPS_SECRET_FILE={path} is open to others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}): a secret must be "
+                f"readable by its owner alone: chmod 600 {path} (as uid {os.getuid()})"
+            )
+        with os.fdopen(fd, "r", closefd=False) as f:
+            return f.read(4096)
+    finally:
+        os.close(fd)
+
+
+def check_exposure(
+    secret: bytes | None, insecure: bool, addresses: list[str], role: str = "node"
+) -> None:
+    """Refuse plain mode (no secret) on a non-loopback address unless HETPS_INSECURE=1."""
+    if secret is not None or insecure:
+        return
+    exposed = [a for a in addresses if not is_loopback(a)]
+    if exposed:
+        raise ConfigError(
+            f"this {role} would accept connections on {exposed[0]} without a cluster secret, "
+            "so anybody who can reach it could join, push to, run code on or stop the job. "
+            "Give every role the same secret: set HETPS_SECRET_FILE to a file made by "
+            "`hetps secret FILE` (mode 0600, copied to every host), or use `hetps launch`, "
+            "which makes one for each job. To run unauthenticated anyway (not recommended), "
+            "set HETPS_INSECURE=1"
+        )
 
 
 def env_value(name: str, env: Mapping[str, str] | None = None) -> Any:
@@ -524,6 +646,8 @@ def show(var: Var, value: Any) -> str:
     """A value as docs and ``hetps config`` print it (sizes also in KiB/MiB/GiB)."""
     if value is None:
         return ""
+    if var.hidden:
+        return "(set, hidden)"
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, float):

@@ -29,13 +29,15 @@ SMALL = [
 ]
 
 
-def _train(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def _train(
+    tmp_path: Path, *args: str, timeout: float = 180, env: dict | None = None
+) -> subprocess.CompletedProcess:
     res = subprocess.run(
         [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
     )
     assert res.returncode == 0, res.stdout + res.stderr
     return res
@@ -155,11 +157,17 @@ def test_local_mode_and_split_by_class(tmp_path):
 
 
 def test_esync_with_standalone_state_server(tmp_path):
+    # a state server of its own shares the job's cluster secret: one file for both
+    secret = {"HETPS_SECRET_FILE": str(tmp_path / "job.secret")}
+    subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "secret", secret["HETPS_SECRET_FILE"]], check=True
+    )
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "state-server", "-w", "2", "--host", "127.0.0.1"],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=dict(os.environ, **secret),
     )
     try:
         port = srv.stdout.readline().split()[-1]
@@ -179,6 +187,7 @@ def test_esync_with_standalone_state_server(tmp_path):
             port,
             "--slowdown",
             "1,3",
+            env=secret,
         )
         recs = _records(tmp_path / "esync-mlp-w2", 0)
         assert len(recs) == 5

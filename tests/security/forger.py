@@ -5,7 +5,9 @@
 ``TARGETS_JSON`` names the scheduler, the servers and the workers (``host:port``), the ids of
 the real nodes to impersonate, a file the forged pickles would create if unpickled, and a
 ``mode``: ``plain`` connects as ZeroMQ does by default; ``curve`` also tries CURVE with keys
-of its own (it does not hold the job's secret). It sends every forgery once to every target,
+of its own (it does not hold the job's secret), once guessing the server's key and once with
+the job's public key (as if it had leaked; the secret key stays unknown). It sends every
+forgery once to every target, over a new connection per target and way of connecting,
 prints ``FORGER sent N`` and exits after ZeroMQ has handed its bytes to the kernel (linger).
 Anything it receives back is printed as ``FORGER got ...`` lines (a refusal to its own
 registration is all it may ever get, and only in plain mode).
@@ -119,15 +121,17 @@ def main() -> int:
     targets = [("scheduler", t["scheduler"])]
     targets += [("server", ep) for ep in t["servers"]]
     targets += [("worker", ep) for ep in t["workers"]]
-    modes = ["plain"] + (["curve"] if t.get("mode") == "curve" else [])
+    modes = ["plain"]
+    if t.get("mode") == "curve":
+        modes += ["curve-guess", "curve-public"]
     for mode in modes:
         for kind, ep in targets:
             s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 3000)
+            s.setsockopt(zmq.LINGER, 3000 if mode == "plain" and len(modes) == 1 else 500)
             s.setsockopt(zmq.SNDHWM, 0)
-            if mode == "curve":  # keys of its own: it cannot know the job's
+            if mode.startswith("curve"):  # keys of its own: it cannot know the job's
                 pub, sec = zmq.curve_keypair()
-                srv, _ = zmq.curve_keypair()
+                srv = t["public_key"].encode() if mode == "curve-public" else zmq.curve_keypair()[0]
                 s.curve_publickey, s.curve_secretkey, s.curve_serverkey = pub, sec, srv
             s.connect(f"tcp://{ep}")
             for f in forged[kind]:

@@ -83,3 +83,31 @@ def test_ring_names_hold_128_random_bits():
         assert mode == 0o600
     finally:
         ring.close()
+
+
+def test_a_push_must_be_a_chunk_of_its_part_once_per_round():
+    """Overlapping or repeated chunks would leave part of the merge buffer unwritten (and
+    its old heap bytes would become the key's value): each is refused."""
+    node = _Node({9: "worker", 11: "worker"})
+    srv = KVServer(node)
+    body = {"k": "w", "part": 0, "size": 8, "shape": [8], "dtype": "float32"}
+    srv.handle(Message("init", sender=9, req=1, body={**body, "off": 0, "n": 8},
+                       arrays=[np.zeros(8, np.float32)]))  # fmt: skip
+
+    def push(sender, off, n, ce=4, req=2):
+        b = {"k": "w", "part": 0, "off": off, "n": n, "sync": True, "ce": ce}
+        srv.handle(Message("push", sender=sender, req=req, body=b,
+                           arrays=[np.full(n, sender, np.float32)]))  # fmt: skip
+        return node.replies[-1][1] if node.replies else None
+
+    assert "not a chunk of 4" in push(9, 2, 4)["error"]  # misaligned
+    assert "not a chunk of 4" in push(9, 0, 3)["error"]  # short
+    assert "'ce'" in push(9, 0, 4, ce=0)["error"]
+    n_before = len(node.replies)
+    push(9, 0, 4)  # accepted: waits for the round
+    assert len(node.replies) == n_before
+    assert "pushed twice in one round" in push(9, 0, 4, req=3)["error"]
+    push(9, 4, 4, req=4)
+    push(11, 0, 4, req=5)
+    push(11, 4, 4, req=6)  # the round completes: 9 + 11 everywhere, nothing unwritten
+    assert (srv.slices[("w", 0)].value == 20).all()

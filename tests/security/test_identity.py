@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import msgpack
@@ -23,6 +22,8 @@ import zmq
 
 from hetps.transport.codec import Message, encode
 from hetps.transport.van import UNKNOWN, Van
+
+from .lines import Lines as _Lines
 
 HERE = Path(__file__).resolve().parent
 FORGER = HERE / "forger.py"
@@ -45,6 +46,7 @@ if kv.rank == 0:
         "marker": MARKER,
         "mode": MODE,
         "expect_refusal": MODE == "plain",
+        "public_key": node.van.keys.public_key.decode() if node.van.keys else "",
     }
     res = subprocess.run([sys.executable, FORGER, json.dumps(targets)], capture_output=True,
                          text=True, timeout=60)
@@ -200,42 +202,6 @@ def test_the_van_names_the_sender_by_its_connection_never_by_the_header():
 
 def _raw(msg: Message) -> list[bytes]:
     return [bytes(f) if not isinstance(f, bytes) else f for f in encode(msg)]
-
-
-class _Lines:
-    """Reads a child's output in a thread; :meth:`wait` blocks until a line matches."""
-
-    def __init__(self, stream) -> None:
-        self.lines: list[str] = []
-        self.cv = threading.Condition()
-        self.t = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self.t.start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            with self.cv:
-                self.lines.append(line)
-                self.cv.notify_all()
-        with self.cv:
-            self.lines.append("")  # EOF
-            self.cv.notify_all()
-
-    def wait(self, pattern: str, timeout: float = 20.0) -> re.Match:
-        rx = re.compile(pattern)
-        with self.cv:
-            seen = 0
-            while True:
-                for line in self.lines[seen:]:
-                    m = rx.search(line)
-                    if m:
-                        return m
-                seen = len(self.lines)
-                if self.lines and self.lines[-1] == "":
-                    raise AssertionError(f"no line matches {pattern!r}:\n{''.join(self.lines)}")
-                if not self.cv.wait(timeout):
-                    raise AssertionError(
-                        f"no line {pattern!r} in {timeout} s:\n{''.join(self.lines)}"
-                    )
 
 
 __all__ = ["FORGER", "job_code", "np"]

@@ -155,6 +155,18 @@ def test_hetps_config_says_where_each_value_came_from(clean_env, capsys):
     assert rows["HETPS_SHM_BYTES"] == ("33554432 (32 MiB)", "default")
 
 
+def test_hetps_config_never_prints_the_secret(clean_env, capsys):
+    secret = "f00d" * 16
+    clean_env.setenv("HETPS_SECRET", secret)
+    code, rows, err = _config(capsys)
+    assert code == 0, err
+    assert rows["HETPS_SECRET"] == ("(set, hidden)", "environment")
+    assert rows["HETPS_INSECURE"] == ("0", "default")
+    capsys.readouterr()
+    cli_main(["config"])
+    assert secret not in capsys.readouterr().out
+
+
 def test_hetps_config_prints_the_error_a_node_would(clean_env, capsys):
     env = {**BASE, "HETPS_SHM_BYTES": "1000", "PS_HEARTBEAT_TIMEOUT": "0.5"}
     for k, v in env.items():
@@ -221,7 +233,9 @@ def test_node_config_is_a_frozen_dataclass_of_the_table():
 
     cfg = node_config_from_env(BASE)
     fields = {f.name: f for f in dataclasses.fields(cfg)}
-    assert set(fields) == {v.field for v in VARS if v.field}
+    # the secret fills no row's field: it comes from HETPS_SECRET or HETPS_SECRET_FILE
+    assert set(fields) == {v.field for v in VARS if v.field} | {"secret"}
+    assert not fields["secret"].repr and cfg.secret is None
     for v in VARS:
         if v.field and not v.required:
             assert fields[v.field].default == v.default == getattr(cfg, v.field), v.name

@@ -96,7 +96,7 @@ def senders(receiver: str, cmd: str) -> str:
     """Who may send ``cmd`` to ``receiver``, for error messages."""
     allowed = ALLOWED.get(receiver, {}).get(cmd)
     if not allowed:
-        return "nobody"
+        return f"nobody (a {receiver} takes no {cmd!r})"
     return " or ".join(
         sorted("an unregistered node" if r == NEWCOMER else f"a {r}" for r in allowed)
     )

@@ -26,7 +26,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError, NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future, RequestTracker
-from hetps.config import NodeConfig
+from hetps.config import NodeConfig, check_exposure
 from hetps.transport.codec import Message
 from hetps.transport.van import UNKNOWN, PeerGone, Van, new_routing_id
 
@@ -45,6 +45,7 @@ class Node:
     def __init__(self, cfg: NodeConfig, handler: Handler | None = None) -> None:
         if cfg.role not in ("server", "worker"):
             raise ValueError(f"a Node is a server or a worker, not {cfg.role!r}")
+        check_exposure(cfg.secret, cfg.insecure, [cfg.root_uri, cfg.node_host], cfg.role)
         self.cfg = cfg
         self.role = cfg.role
         self.handler = handler
@@ -57,7 +58,15 @@ class Node:
             shape_mbit=cfg.shape_mbit,
             chunk_bytes=cfg.chunk_bytes,
             ring_bytes=cfg.shm_bytes,
+            secret=cfg.secret,
         )
+        if cfg.insecure:
+            log.warning(
+                "%s: HETPS_INSECURE=1: no cluster secret; connections on %s are neither "
+                "authenticated nor encrypted, and anybody who can reach them can join this job",
+                cfg.role,
+                cfg.node_host,
+            )
         self.requests = RequestTracker()
         self.van.landing_of = self.requests.landing_of
         self.info: NodeInfo | None = None
@@ -119,7 +128,8 @@ class Node:
         # the only ones that read as node 1
         back = new_routing_id()
         self.van.admit(back, P.SCHEDULER_ID)
-        self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}")
+        self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}", watch=True)
+        watch = self.van.take_watch(P.SCHEDULER_ID)
         self._recv_thread = threading.Thread(
             target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True
         )
@@ -138,7 +148,27 @@ class Node:
                 },
             ),
         )
-        if not self._registered.wait(self.cfg.connect_timeout):
+        deadline = time.monotonic() + self.cfg.connect_timeout
+        refused = None
+        try:
+            while not self._registered.wait(0.1) and refused is None:
+                refused = watch.failure() if watch is not None else None
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            if watch is not None:
+                watch.close()
+        if refused is not None:
+            self.van.mark_dead(P.SCHEDULER_ID)  # nothing queued for it can ever leave
+            self.close()
+            have = "this node holds a cluster secret" if self.cfg.secret else "this node has none"
+            raise ClusterError(
+                f"the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} refused the "
+                f"connection: {refused}. Every role of a job needs the same cluster secret "
+                f"({have}): set HETPS_SECRET_FILE to the job's secret file on every role "
+                "(or run them all with `hetps launch`, which hands one to each)"
+            )
+        if not self._registered.is_set():
             self.close()
             if self._reg_progress is None:
                 raise ClusterError(
@@ -188,45 +218,7 @@ class Node:
             return
         if msg.sender == P.SCHEDULER_ID:
             self._last_ack = time.monotonic()
-            cmd = msg.cmd
-            if cmd == P.HEARTBEAT_ACK:
-                return
-            if cmd == P.ADD_NODE and msg.reply:
-                self._reg_progress = msg.body
-                return
-            if cmd == P.NODES:
-                if self.info is not None:
-                    log.warning("%s: ignored a second node table", self.role)
-                    return
-                try:
-                    self._take_table(msg.body)
-                except (KeyError, TypeError, ValueError) as exc:
-                    self._reg_error = f"the scheduler sent a malformed node table ({exc})"
-                    self._registered.set()
-                    return
-                self._registered.set()
-                early, self._early, self._early_bytes = self._early, [], 0
-                for m in early:  # peers that learned of us before we did
-                    m.sender = self.van.node_of(m.origin)
-                    self._dispatch(m)
-                return
-            if cmd == P.REFUSED:
-                self._reg_error = msg.error or "refused"
-                self._registered.set()
-                return
-            if cmd == P.NODE_DEAD:
-                dead = msg.body.get("node")
-                if isinstance(dead, list) and dead and isinstance(dead[0], int):
-                    self.van.mark_dead(dead[0])
-                self._fail(NodeFailure(msg.error or "a peer died"))
-                return
-            if cmd == P.EXIT:
-                if msg.reply:
-                    self.requests.resolve(msg.req, msg)
-                self.exited.set()
-                return
-            if not msg.reply and self.handler is not None:
-                self.handler(msg)  # e.g. WORKER_DONE for servers
+            if self._from_scheduler(msg):
                 return
         if self.info is None:
             if not self._keep_early(msg):
@@ -252,6 +244,55 @@ class Node:
             self.handler(msg)
         else:
             log.warning("%s: no handler for %s from %d", self.role, msg.cmd, msg.sender)
+
+    def _from_scheduler(self, msg: Message) -> bool:
+        """Handle what only the scheduler sends; False: an ordinary reply or command, for the
+        rest of the dispatch. The scheduler answers a request with the request's command, so
+        a reply is never taken for the scheduler's own command of that name."""
+        cmd = msg.cmd
+        if msg.reply:
+            if cmd == P.HEARTBEAT_ACK:
+                return True
+            if self.info is None and cmd in allow.REGISTRATION_ANSWERS:
+                self._registration_answer(msg)
+                return True
+            if cmd == P.EXIT and msg.error is None:  # the answer to this worker's finish
+                self.requests.resolve(msg.req, msg, sender=P.SCHEDULER_ID)
+                self.exited.set()
+                return True
+            return False
+        if cmd == P.NODE_DEAD:
+            dead = msg.body.get("node")
+            if isinstance(dead, list) and dead and isinstance(dead[0], int):
+                self.van.mark_dead(dead[0])
+            self._fail(NodeFailure(msg.error or "a peer died"))
+            return True
+        if cmd == P.EXIT:
+            self.exited.set()
+            return True
+        if self.handler is not None and self.info is not None:
+            self.handler(msg)  # e.g. WORKER_DONE for servers
+            return True
+        return False
+
+    def _registration_answer(self, msg: Message) -> None:
+        if msg.cmd == P.ADD_NODE:
+            self._reg_progress = msg.body
+        elif msg.cmd == P.REFUSED:
+            self._reg_error = msg.error or "refused"
+            self._registered.set()
+        else:  # the node table
+            try:
+                self._take_table(msg.body)
+            except (KeyError, TypeError, ValueError) as exc:
+                self._reg_error = f"the scheduler sent a malformed node table ({exc})"
+                self._registered.set()
+                return
+            self._registered.set()
+            early, self._early, self._early_bytes = self._early, [], 0
+            for m in early:  # peers that learned of us before we did
+                m.sender = self.van.node_of(m.origin)
+                self._dispatch(m)
 
     def _keep_early(self, msg: Message) -> bool:
         """Keep a message that came before the node table, within a bound."""

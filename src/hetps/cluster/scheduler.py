@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
-from hetps.config import NodeConfig
+from hetps.config import NodeConfig, check_exposure, is_loopback
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone, Van
 
@@ -65,14 +65,35 @@ class Scheduler:
         bind_host: str | None = None,
     ) -> None:
         self.cfg = cfg
-        host = bind_host or ("127.0.0.1" if cfg.root_uri in ("127.0.0.1", "localhost") else "*")
+        loopback = is_loopback(cfg.root_uri)
+        if bind_host is None:
+            bind_host = cfg.root_uri if loopback and cfg.root_uri != "localhost" else "127.0.0.1"
+            bind_host = bind_host if loopback else "*"
+        check_exposure(cfg.secret, cfg.insecure, [bind_host], "scheduler")
         self.van = Van(
-            host=host,
+            host=bind_host,
             port=cfg.root_port,
             max_message_bytes=1 << 24,
             verbose=cfg.verbose,
             name="scheduler",
+            secret=cfg.secret,
         )
+        if cfg.secret is None:
+            if cfg.insecure and not is_loopback(bind_host):
+                log.warning(
+                    "scheduler: HETPS_INSECURE=1: no cluster secret; it listens on every "
+                    "interface, unauthenticated and unencrypted: anybody who can reach port %d "
+                    "can join, push to or stop this job",
+                    self.van.port,
+                )
+            else:
+                log.warning(
+                    "scheduler: no cluster secret: plain mode on loopback (%s:%d); any local "
+                    "user can connect. `hetps launch` makes a secret for every job; for roles "
+                    "started by hand set HETPS_SECRET_FILE (see `hetps secret`)",
+                    bind_host,
+                    self.van.port,
+                )
         self.van.my_id = P.SCHEDULER_ID
         self.services: dict[str, Service] = dict(services or {})
         self._on_worker_finished: list[Callable[[Scheduler], None]] = []
@@ -179,8 +200,14 @@ class Scheduler:
             self._declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
             self.services[cmd](self, msg)
-        else:  # not reached: the allow-list lets through only the commands above
-            log.warning("scheduler: unknown command %r from node %d", cmd, msg.sender)
+        else:  # a command of a service this job does not run (e.g. no load balancing)
+            self._refuse_request(msg, f"this job's scheduler runs no service for {cmd!r}")
+
+    def _refuse_request(self, msg: Message, text: str) -> None:
+        """Answer a request with an error, and log it (one line)."""
+        log.warning("scheduler: refused %s from node %d: %s", msg.cmd, msg.sender, text)
+        if msg.req:
+            self.reply(msg, {"error": text})
 
     def reply(self, request: Message, body: dict | None = None, arrays: list | None = None) -> None:
         """Answer ``request`` (used by services too)."""
@@ -348,10 +375,12 @@ class Scheduler:
     def _barrier(self, msg: Message) -> None:
         group = msg.body.get("group")
         if group not in P.GROUPS or msg.sender not in self.nodes:
-            self.reply(msg, {"error": f"bad barrier group {group!r}: use one of {P.GROUPS}"})
+            self._refuse_request(
+                msg, f"bad barrier group {_printable(group, 40)!r}: use one of {P.GROUPS}"
+            )
             return
         if group != "all" and self.nodes[msg.sender].role != group:
-            self.reply(msg, {"error": f"node {msg.sender} is not in group {group!r}"})
+            self._refuse_request(msg, f"node {msg.sender} is not in group {group!r}")
             return
         self.barriers[group].arrived[msg.sender] = msg.req
         self._maybe_release(group)

@@ -84,7 +84,9 @@ class EsyncService:
                 time.monotonic(),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            return {"error": f"esync report refused: {exc}"}
+            text = f"esync report refused: {str(exc)[:200]}"
+            log.warning("state server: %s", text)
+            return {"error": text}
 
     def as_scheduler_service(self):
         """A callable for ``Scheduler(services={REPORT: ...})``."""
@@ -105,10 +107,17 @@ class StateServer:
     """A standalone state server on its own port (``hetps state-server``)."""
 
     def __init__(
-        self, num_workers: int, host: str = "0.0.0.0", port: int = 0, margin_s: float = 0.0
+        self,
+        num_workers: int,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        margin_s: float = 0.0,
+        secret: bytes | None = None,
     ):
         self.service = EsyncService(num_workers, margin_s)
-        self.van = Van(host=host, port=port, max_message_bytes=1 << 20, name="state-server")
+        self.van = Van(
+            host=host, port=port, max_message_bytes=1 << 20, name="state-server", secret=secret
+        )
         self.van.my_id = STANDALONE_ID
         self._stop = threading.Event()
         self._peers: list[str] = []

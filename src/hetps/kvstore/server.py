@@ -55,6 +55,7 @@ class Slice:
     written: set[int] = field(default_factory=set)  # chunk offsets merged this round
     chunk: Any = None  # chunk size of this round's pushes (all workers must agree)
     got: dict[int, int] = field(default_factory=dict)  # worker -> elements pushed this round
+    seen: dict[int, set[int]] = field(default_factory=dict)  # worker -> chunk offsets this round
     acks: list[Message] = field(default_factory=list)
     deferred: list[Message] = field(default_factory=list)
     backlog: list[Message] = field(default_factory=list)
@@ -110,7 +111,7 @@ class KVServer:
             elif msg.cmd == P.SET_STATES:
                 self._set_states(msg)
             elif msg.cmd == P.FORECAST:
-                self._forecasts[(msg.sender, msg.body.get("tag"))] = (time.time(), msg.backlogged)
+                self._forecasts[(msg.sender, self._tag(msg))] = (time.time(), msg.backlogged)
                 if len(self._forecasts) > 65536:  # a peer that forecasts and never sends
                     self._forecasts.clear()
             elif msg.cmd == P.PROBE:
@@ -139,10 +140,20 @@ class KVServer:
             raise BadRequest(f"{msg.cmd}: field {name!r} missing or not {kind}")
         return value
 
+    @staticmethod
+    def _tag(msg: Message) -> int:
+        """A measured message's tag (its request id on the worker)."""
+        tag = msg.body.get("tag")
+        if not isinstance(tag, int) or isinstance(tag, bool):
+            raise BadRequest(f"{msg.cmd}: field 'tag' must be an integer")
+        return tag
+
     def _range(self, msg: Message) -> tuple[Any, int, int, int]:
         key = msg.body.get("k")
         if isinstance(key, bool) or not isinstance(key, (int, str)):
-            raise BadRequest(f"{msg.cmd}: key {key!r} must be an int or a str")
+            raise BadRequest(f"{msg.cmd}: key {_short(key)} must be an int or a str")
+        if isinstance(key, str) and len(key) > 1024:
+            raise BadRequest(f"{msg.cmd}: a key of {len(key)} characters is longer than 1024")
         part = self._field(msg, "part", int)
         off = self._field(msg, "off", int)
         n = self._field(msg, "n", int)
@@ -160,14 +171,18 @@ class KVServer:
             raise BadRequest(f"key {key!r} has no part {part} on this server")
         shape = msg.body.get("shape")
         dtype = msg.body.get("dtype")
+        if shape is not None and not isinstance(shape, list):
+            raise BadRequest(f"{msg.cmd} of key {key!r}: field 'shape' must be a list")
+        if dtype is not None and not isinstance(dtype, str):
+            raise BadRequest(f"{msg.cmd} of key {key!r}: field 'dtype' must be a string")
         if (
             shape is not None
             and tuple(shape) != sl.shape
             or (dtype is not None and dtype != sl.value.dtype.name)
         ):
             raise BadRequest(
-                f"{msg.cmd} of key {key!r}: shape {tuple(shape) if shape is not None else '?'} "
-                f"dtype {dtype} does not match the key's shape {sl.shape} dtype {sl.value.dtype.name}"
+                f"{msg.cmd} of key {key!r}: shape {_short(shape)} dtype {_short(dtype)} does "
+                f"not match the key's shape {sl.shape} dtype {sl.value.dtype.name}"
             )
         if off + n > sl.value.size:
             raise BadRequest(
@@ -207,7 +222,11 @@ class KVServer:
         data = msg.arrays[0].reshape(-1)
         threshold = msg.body.get("comp")
         if threshold is not None:
-            if not isinstance(threshold, (int, float)) or threshold <= 0:
+            if (
+                not isinstance(threshold, (int, float))
+                or isinstance(threshold, bool)
+                or not 0 < threshold < float("inf")
+            ):
                 raise BadRequest(f"push of key {sl.key!r}: bad compression threshold {threshold!r}")
             words = (n + 15) // 16
             if data.dtype != np.uint32 or data.size != words:
@@ -229,10 +248,25 @@ class KVServer:
         size = self._field(msg, "size", int)
         shape = msg.body.get("shape")
         dname = msg.body.get("dtype")
-        if not isinstance(shape, list) or dname not in WIRE_DTYPES or dname.startswith(("u", "i")):
-            raise BadRequest(f"init of key {key!r}: bad shape {shape!r} or dtype {dname!r}")
-        if off + n > size:
-            raise BadRequest(f"init of key {key!r}: range [{off}, {off + n}) outside {size}")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 32
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+            or not isinstance(dname, str)
+            or dname not in WIRE_DTYPES
+            or dname.startswith(("u", "i"))
+        ):
+            raise BadRequest(
+                f"init of key {key!r}: bad shape {_short(shape)} or dtype {_short(dname)}"
+            )
+        elems = 1
+        for d in shape:
+            elems *= d
+        if size < 0 or size > elems or off + n > size:
+            raise BadRequest(
+                f"init of key {key!r}: a part of {size} elements with range [{off}, {off + n}) "
+                f"does not fit a key of shape {tuple(shape)}"
+            )
         sl = self.slices.get((key, part))
         if (
             sl is None
@@ -240,7 +274,13 @@ class KVServer:
             or sl.value.dtype.name != dname
             or sl.shape != tuple(shape)
         ):
-            sl = Slice(key, part, tuple(shape), np.zeros(size, dtype=WIRE_DTYPES[dname]))
+            try:
+                value = np.zeros(size, dtype=WIRE_DTYPES[dname])
+            except (MemoryError, ValueError) as exc:
+                raise BadRequest(
+                    f"init of key {key!r}: cannot hold a part of {size} elements ({exc})"
+                ) from None
+            sl = Slice(key, part, tuple(shape), value)
             self.slices[(key, part)] = sl
         data = self._data(msg, sl, n)
         self._writable(sl)
@@ -289,6 +329,7 @@ class KVServer:
 
     def _push(self, msg: Message) -> None:
         if "tag" in msg.body and (msg.sender, msg.req) not in self._meas:
+            self._tag(msg)
             self._measure(msg)
         if msg.body.get("rcpt") is True and not msg.body.get("_rcpt_sent"):
             # arrived: the worker may send more (its push window), long before a sync round
@@ -316,14 +357,26 @@ class KVServer:
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
             return
         data = self._data(msg, sl, n)
+        ce = msg.body.get("ce")
+        if not isinstance(ce, int) or isinstance(ce, bool) or ce <= 0:
+            raise BadRequest(f"push of key {key!r}: field 'ce' (chunk elements) must be > 0")
+        if off % ce or n != min(ce, sl.value.size - off):
+            raise BadRequest(
+                f"push of key {key!r}: range [{off}, {off + n}) is not a chunk of {ce} elements "
+                f"of part {part} ({sl.value.size} elements)"
+            )
         if sync:
-            ce = msg.body.get("ce")
+            if off in sl.seen.get(worker, ()):  # twice in a round would leave a chunk unwritten
+                raise BadRequest(
+                    f"push of key {key!r}: chunk at {off} pushed twice in one round by this worker"
+                )
             if sl.merge is None and off == 0 and n == sl.value.size:
                 # the round's first push of the whole part: keep the received array itself
                 # (read-only, over the message's frame) instead of copying it; a second
                 # worker's push is added into a buffer of our own
                 sl.merge, sl.chunk, sl.written = data, ce, {0}
                 sl.got[worker] = n
+                sl.seen.setdefault(worker, set()).add(off)
                 msg.arrays = []
                 sl.acks.append(msg)
                 if len(sl.got) == self.num_workers:
@@ -352,6 +405,7 @@ class KVServer:
                 sl.merge[off : off + n] = data
                 sl.written.add(off)
             sl.got[worker] = sl.got.get(worker, 0) + n
+            sl.seen.setdefault(worker, set()).add(off)
             msg.arrays = []  # merged: the ack needs only who and which request
             sl.acks.append(msg)
             if len(sl.got) == self.num_workers and all(c >= sl.value.size for c in sl.got.values()):
@@ -393,6 +447,7 @@ class KVServer:
                 for m in sl.acks + sl.deferred + sl.backlog:
                     self.node.reply(m, {"error": text})
                 sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
+                sl.seen = {}
 
     def _apply(self, sl: Slice, grad: np.ndarray, worker: int) -> None:
         assert self.optimizer is not None
@@ -419,6 +474,7 @@ class KVServer:
             sl.spare = merged if merged.flags.writeable else None
         sl.merge = None
         sl.got = {}
+        sl.seen = {}
         self.rounds += 1
         acks, deferred, backlog = sl.acks, sl.deferred, sl.backlog
         sl.acks, sl.deferred, sl.backlog = [], [], []
@@ -447,6 +503,8 @@ class KVServer:
 
     def _probe(self, msg: Message) -> None:
         """Answer a probe: its push side is measured here, the reply is measured by the worker."""
+        if "tag" in msg.body:
+            self._tag(msg)
         self._measure(msg)
         size = msg.body.get("reply_bytes", 0)
         size = size if isinstance(size, int) and 0 <= size <= (1 << 26) else 0
@@ -456,9 +514,11 @@ class KVServer:
         self.node.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
 
     def _drop(self, msg: Message) -> None:
-        for item in msg.body.get("slices", []):
-            if isinstance(item, list) and len(item) == 2:
-                self.slices.pop((item[0], item[1]), None)
+        items = msg.body.get("slices", [])
+        if not isinstance(items, list) or not all(_slice_key(i) for i in items):
+            raise BadRequest("drop: field 'slices' must be a list of [key, part]")
+        for item in items:
+            self.slices.pop((item[0], item[1]), None)
         self.node.reply(msg)
 
     def _writable(self, sl: Slice) -> None:
@@ -489,9 +549,11 @@ class KVServer:
 
     def _get_states(self, msg: Message) -> None:
         want = msg.body.get("slices")
-        keys = (
-            None if not isinstance(want, list) else {tuple(w) for w in want if isinstance(w, list)}
-        )
+        if want is not None and (
+            not isinstance(want, list) or not all(_slice_key(w) for w in want)
+        ):
+            raise BadRequest("get_states: field 'slices' must be a list of [key, part]")
+        keys = None if want is None else {tuple(w) for w in want}
         states = {
             sk: sl.state
             for sk, sl in self.slices.items()
@@ -505,9 +567,29 @@ class KVServer:
             raise BadRequest("set_states: only a worker of this job may set optimizer states")
         if len(msg.arrays) != 1:
             raise BadRequest("set_states: expected one pickled state map")
-        states = optim.load_states(msg.arrays[0].tobytes())
+        try:
+            states = optim.load_states(msg.arrays[0].tobytes())
+        except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
+            raise BadRequest(f"set_states: {type(exc).__name__}: {exc}") from None
         for sk, st in states.items():
             sl = self.slices.get(tuple(sk) if isinstance(sk, list) else sk)
             if sl is not None:
                 sl.state, sl.has_state = st, True
         self.node.reply(msg)
+
+
+def _slice_key(item: Any) -> bool:
+    """Whether ``item`` names a slice: ``[key, part]``, key an int or str, part an int."""
+    return (
+        isinstance(item, list)
+        and len(item) == 2
+        and isinstance(item[0], (int, str))
+        and isinstance(item[1], int)
+        and not isinstance(item[1], bool)
+    )
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr`` of a value from the network, cut for a log line or an error."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -4,12 +4,18 @@ Every child runs in its own session (process group) so that it and everything it
 stopped together. Output lines are prefixed with the role and rank. The first child to exit
 non-zero stops the others, and its exit code is returned; Ctrl-C and SIGTERM stop everything.
 No child outlives the launcher.
+
+Every job gets a fresh cluster secret (``secrets.token_hex(32)``) unless the environment
+brings one (``HETPS_SECRET``/``HETPS_SECRET_FILE``) or opts out (``HETPS_INSECURE=1``). It
+reaches each child through its environment (readable by the same user alone), never through a
+command line or a file; over ssh it goes through the remote shell's standard input.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import signal
 import subprocess
@@ -45,10 +51,9 @@ class LaunchSpec:
     port: int = 0  # scheduler port; 0 = ephemeral, read back from the scheduler
     server_command: list[str] | None = None  # default: hetps' own server
     scheduler_command: list[str] | None = None
-    # (role, rank, argv, env) -> (argv, env): run a role elsewhere (ssh, a network namespace)
-    wrap: (
-        Callable[[str, int, list[str], dict[str, str]], tuple[list[str], dict[str, str]]] | None
-    ) = None
+    # (role, rank, argv, env) -> (argv, env) or (argv, env, bytes for its stdin): run a role
+    # elsewhere (ssh, a network namespace)
+    wrap: Callable[[str, int, list[str], dict[str, str]], tuple] | None = None
     start_timeout: float = 60.0
     stop_grace: float = 5.0
     # after a child fails, how long the others get to notice (and say why) before being stopped
@@ -84,16 +89,26 @@ class Launcher:
         child.proc.stdout.close()
 
     def _start(self, role: str, rank: int, argv: list[str], env: dict[str, str]) -> Child:
+        stdin_data = None
         if self.spec.wrap is not None:
-            argv, env = self.spec.wrap(role, rank, argv, env)
+            wrapped = self.spec.wrap(role, rank, argv, env)
+            argv, env = wrapped[0], wrapped[1]
+            stdin_data = wrapped[2] if len(wrapped) > 2 else None  # e.g. ssh: the secret
         proc = subprocess.Popen(
             argv,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
             start_new_session=True,
         )
+        if stdin_data is not None:
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(stdin_data)
+                proc.stdin.close()
+            except BrokenPipeError:  # it died at once: its exit code tells
+                pass
         label = "scheduler" if role == "scheduler" else f"{role} {rank}"
         child = Child(role, rank, proc, label)
         child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
@@ -115,6 +130,7 @@ class Launcher:
         env.setdefault(
             "DMLC_NODE_HOST", self.spec.host if self.spec.host != "0.0.0.0" else "127.0.0.1"
         )
+        give_secret(env)
         return env
 
     # -- run --------------------------------------------------------------------------------
@@ -267,7 +283,20 @@ def read_hostfile(path: str) -> list[str]:
     return hosts
 
 
+def give_secret(env: dict[str, str]) -> None:
+    """Put a fresh cluster secret in ``env`` (``HETPS_SECRET``) unless it brings its own or
+    opts out with ``HETPS_INSECURE=1`` (every process then warns that it runs unauthenticated).
+    """
+    if (env.get("HETPS_INSECURE") or "").strip() not in ("", "0"):
+        return
+    if (env.get("HETPS_SECRET") or "").strip() or (env.get("HETPS_SECRET_FILE") or "").strip():
+        return
+    env["HETPS_SECRET"] = secrets.token_hex(32)
+
+
 FORWARDED_PREFIXES = ("DMLC_", "PS_", "HETPS_", "MXNET_", "PYTHON", "OMP_NUM_THREADS")
+#: never on a remote command line (others on either host may read command lines)
+NOT_ON_COMMAND_LINE = ("HETPS_SECRET",)
 
 
 def ssh_wrapper(
@@ -275,19 +304,30 @@ def ssh_wrapper(
 ):
     """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers and
     workers round-robin over the hosts, each told its own address (DMLC_NODE_HOST) and the
-    forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key)."""
+    forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key). The
+    cluster secret is not on the remote command line: the remote shell reads it from its
+    standard input (the launcher writes it there) into its environment."""
     cwd = cwd or os.getcwd()
 
     def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
         host = hosts[0] if role == "scheduler" else hosts[rank % len(hosts)]
         remote = {
-            k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES) or k in extra_keys
+            k: v
+            for k, v in env.items()
+            if (k.startswith(FORWARDED_PREFIXES) or k in extra_keys)
+            and k not in NOT_ON_COMMAND_LINE
         }
         remote["DMLC_NODE_HOST"] = host
         remote["DMLC_PS_ROOT_URI"] = hosts[0]
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(remote.items()))
         line = f"cd {shlex.quote(cwd)} && env {exports} {' '.join(shlex.quote(a) for a in argv)}"
-        return [ssh, "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", host, line], env
+        secret = env.get("HETPS_SECRET")
+        local = {k: v for k, v in env.items() if k not in NOT_ON_COMMAND_LINE}
+        argv_ssh = [ssh, "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", host]
+        if not secret:
+            return [*argv_ssh, line], local
+        line = f"IFS= read -r HETPS_SECRET && export HETPS_SECRET && {line}"
+        return [*argv_ssh, line], local, (secret + "\n").encode()
 
     return wrap
 

@@ -185,8 +185,8 @@ def decode(
     sent_at = header.get("t", 0.0)
     if not isinstance(cmd, str) or not cmd:
         raise BadMessage("field 'c' (command) must be a non-empty string")
-    if len(cmd) > 64:
-        raise BadMessage(f"field 'c' (command) of {len(cmd)} characters is too long")
+    if len(cmd) > 64 or not (cmd.isascii() and cmd.isprintable()):
+        raise BadMessage("field 'c' (command) must be at most 64 printable ASCII characters")
     for name, value in (("r", req), ("o", prio)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise BadMessage(f"field {name!r} must be an integer, got {type(value).__name__}")
@@ -330,4 +330,9 @@ def _decode_array(i, item, parts, placed, ring, target=None) -> np.ndarray:
             f"array {i}: frame holds {len(buf)} bytes but dtype {dt.name} shape {shape} "
             f"needs {expected}"
         )
-    return np.frombuffer(buf, dtype=dt).reshape(shape) if count else np.empty(shape, dt)
+    if count:
+        return np.frombuffer(buf, dtype=dt).reshape(shape)
+    try:  # no elements, but numpy still refuses dimensions whose product overflows
+        return np.empty(shape, dt)
+    except ValueError as exc:
+        raise BadMessage(f"array {i}: shape {shape!r}: {exc}") from None

@@ -9,6 +9,9 @@ Identity: every DEALER connects with a routing id of its own (random, or one the
 handed out), and the ROUTER sees it on every message. The van maps routing ids to node ids
 (:meth:`Van.admit`): a received message's ``sender`` is the node its connection belongs to,
 0 for a connection that belongs to no known node. No header field names the sender.
+
+With a cluster secret every socket speaks CurveZMQ with keys derived from it, and a ZAP
+handler admits only peers holding the same secret (:mod:`hetps.transport.security`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import zmq
 
 from hetps.transport.codec import FRAME_MAX, BadMessage, Message, decode, encode
+from hetps.transport.security import HandshakeWatch, Keys, ZapHandler
 from hetps.transport.shaper import TokenBucket
 from hetps.transport.shm import InRing, OutRing
 
@@ -134,8 +138,12 @@ class Van:
         shape_mbit: float = 0.0,
         chunk_bytes: int = 4 << 20,
         ring_bytes: int = 0,
+        secret: bytes | None = None,
     ) -> None:
         self.ctx = zmq.Context(io_threads=1)
+        # with a secret: CURVE on every socket, and ZAP up before anything listens
+        self.keys = Keys(secret) if secret is not None else None
+        self._zap = ZapHandler(self.ctx, self.keys, name) if self.keys is not None else None
         self.max_message_bytes = max_message_bytes
         self.verbose = verbose
         self.name = name
@@ -148,6 +156,14 @@ class Van:
         # no frame on the wire exceeds FRAME_MAX (the codec splits bigger arrays), so ZeroMQ
         # drops the connection of a peer announcing a bigger one before it allocates memory
         self._router.setsockopt(zmq.MAXMSGSIZE, min(max_message_bytes, FRAME_MAX) + FRAME_SLACK)
+        self._monitor: zmq.Socket | None = None
+        if self.keys is not None:
+            self.keys.server(self._router)
+            # handshakes refused before ZAP is asked (a peer without the job's keys, or
+            # speaking plain ZeroMQ): one log line each, from the receive thread
+            self._monitor = self._router.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            )
         bind_host = "*" if host in ("0.0.0.0", "*") else host
         if port:
             self._router.bind(f"tcp://{bind_host}:{port}")
@@ -160,10 +176,13 @@ class Van:
         self._endpoints: dict[Any, str] = {}  # peer -> host:port its DEALER connects to
         self._locks: dict[Any, threading.Lock] = {}
         self._peers_lock = threading.Lock()
+        self._watches: dict[Any, HandshakeWatch] = {}
         self._origins: dict[bytes, int] = {}  # routing id of an incoming connection -> node
         self._stashed: list[Message] = []  # ring offers from connections not admitted yet
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
+        if self._monitor is not None:
+            self._poller.register(self._monitor, zmq.POLLIN)
         self._closed = False
         # (direction 'send'|'recv', peer, command, bytes, unix time): traffic timelines
         self.observer: Any = None
@@ -184,14 +203,19 @@ class Van:
         """``host:port`` this van receives on."""
         return f"{self.host}:{self.port}"
 
-    def connect(self, peer: Any, endpoint: str, routing_id: bytes | None = None) -> bytes:
+    def connect(
+        self, peer: Any, endpoint: str, routing_id: bytes | None = None, watch: bool = False
+    ) -> bytes:
         """Open a DEALER to ``endpoint`` (``host:port``) and name it ``peer``. It identifies
         itself with ``routing_id`` (default: a fresh random one), which is returned: the
-        receiver knows this connection by it."""
+        receiver knows this connection by it. With ``watch``, its handshakes are watched from
+        the start (:meth:`take_watch`)."""
         rid = new_routing_id() if routing_id is None else routing_id
         if not (isinstance(rid, bytes) and 1 <= len(rid) <= 255 and rid[0] != 0):
             raise ValueError("a routing id is 1 to 255 bytes and does not start with a zero byte")
         sock = self.ctx.socket(zmq.DEALER)
+        if self.keys is not None:
+            self.keys.client(sock)
         sock.setsockopt(zmq.ROUTING_ID, rid)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.SNDHWM, 256)
@@ -199,16 +223,23 @@ class Van:
         # a full queue (slow or dead peer) blocks a send for at most this long before it
         # re-checks whether the van closed or the peer was declared dead
         sock.setsockopt(zmq.SNDTIMEO, SEND_RETRY_MS)
+        # before connecting: a refused handshake is not retried, so its one event must be seen
+        watcher = HandshakeWatch(sock) if watch else None
         try:
             sock.connect(f"tcp://{endpoint}")
         except zmq.ZMQError as exc:
+            if watcher is not None:
+                watcher.close()
             sock.close(linger=0)
             raise PeerGone(f"{self.name}: cannot connect to {endpoint!r}: {exc}") from None
         with self._peers_lock:
             old = self._peers.pop(peer, None)
             self._peers[peer] = sock
             self._endpoints[peer] = endpoint
-            self._locks.setdefault(peer, threading.Lock())
+            lock = self._locks.setdefault(peer, threading.Lock())
+            if watcher is not None:
+                watcher._lock = lock  # from now on others may send on the socket
+                self._watches[peer] = watcher
             if self.ring_bytes > 0 and is_local_host(endpoint.rsplit(":", 1)[0], self.host):
                 self._local.add(peer)
         if old is not None:
@@ -250,6 +281,17 @@ class Van:
             with self._ring_lock:
                 if old in self._rings_out:
                     self._rings_out[new] = self._rings_out.pop(old)
+
+    @property
+    def secured(self) -> bool:
+        """Whether this van speaks CurveZMQ (it holds a cluster secret)."""
+        return self.keys is not None
+
+    def take_watch(self, peer: Any) -> HandshakeWatch | None:
+        """The handshake watch of the connection to ``peer`` made with ``connect(watch=True)``
+        (None: none); the caller closes it."""
+        with self._peers_lock:
+            return self._watches.pop(peer, None)
 
     def has_peer(self, peer: Any) -> bool:
         """Whether a DEALER to ``peer`` is open."""
@@ -394,6 +436,8 @@ class Van:
             # busy elsewhere: the time we take it is later than its arrival
             waited = bool(self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
             events = dict(self._poller.poll(wait_ms))
+            if self._monitor is not None and self._monitor in events:
+                self._log_refused_handshakes()
             if self._router not in events:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
@@ -439,6 +483,21 @@ class Van:
                 )
             return msg
 
+    def _log_refused_handshakes(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        assert self._monitor is not None
+        while self._monitor.poll(0):
+            try:
+                recv_monitor_message(self._monitor)
+            except zmq.ZMQError:
+                return
+            log.warning(
+                "%s refused a connection at its handshake: the peer does not hold this job's "
+                "cluster secret (or speaks plain ZeroMQ)",
+                self.name,
+            )
+
     @staticmethod
     def _who(sender: int) -> str:
         return f"node {sender}" if sender != UNKNOWN else "an unknown connection"
@@ -451,10 +510,22 @@ class Van:
         with self._peers_lock:
             peers = list(self._peers.items())
             self._peers.clear()
+            watches = list(self._watches.values())
+            self._watches.clear()
+        for w in watches:
+            w.close()
         for peer, sock in peers:
             with self._locks[peer]:  # a sender notices _closed within SEND_RETRY_MS
                 sock.close(linger=0 if peer in self._dead else 2000)
+        if self._monitor is not None:
+            try:
+                self._router.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close(linger=0)
         self._router.close(linger=0)
+        if self._zap is not None:
+            self._zap.close()
         self.ctx.term()
         with self._ring_lock:
             rings = [r for r in self._rings_out.values() if r is not None]

@@ -1,0 +1,188 @@
+"""CurveZMQ for a cluster that holds a secret: keys, the ZAP handler, handshake monitoring.
+
+One CURVE keypair per job, derived from the cluster secret with HKDF-SHA256 (RFC 5869): the
+32 output bytes are the CURVE secret key, its public key follows (``zmq.curve_public``). Every
+holder of the secret derives the same pair, so every node is both a CURVE server (its ROUTER)
+and a CURVE client (its DEALERs) with it, and nothing about the keys is ever sent.
+
+A peer that does not hold the secret cannot connect:
+
+* it does not know the server's public key, which a client needs to open the handshake (the
+  server cannot read its HELLO);
+* the ZAP handler (:class:`ZapHandler`, bound in the van's context before the ROUTER listens)
+  accepts only the job's own public key as the client's, so a client must also prove it holds
+  the job's secret key (CURVE's INITIATE box);
+* a client speaking plain ZeroMQ (the NULL mechanism) is refused for the mismatch.
+
+All of this happens in libzmq's handshake, before any message of the peer is read. Each
+refused handshake the ZAP handler sees is logged (one line each).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import threading
+
+import zmq
+from zmq.utils import z85
+
+log = logging.getLogger("hetps.security")
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"hetps"
+_SALT = b"hetps cluster secret"
+_INFO = b"hetps curve keypair v1"
+
+
+def hkdf_sha256(secret: bytes, salt: bytes, info: bytes, length: int = 32) -> bytes:
+    """HKDF (RFC 5869) with SHA-256."""
+    prk = hmac.new(salt, secret, hashlib.sha256).digest()
+    out, block, i = b"", b"", 1
+    while len(out) < length:
+        block = hmac.new(prk, block + info + bytes([i]), hashlib.sha256).digest()
+        out += block
+        i += 1
+    return out[:length]
+
+
+class Keys:
+    """The job's CURVE keypair, derived from the cluster secret (z85 text, as libzmq takes)."""
+
+    def __init__(self, secret: bytes) -> None:
+        if not isinstance(secret, bytes) or not secret:
+            raise ValueError("a cluster secret is a non-empty bytes string")
+        if not zmq.has("curve"):
+            raise RuntimeError(
+                "this pyzmq's libzmq has no CURVE support, so a cluster secret cannot be used: "
+                "install a pyzmq wheel (they bundle libzmq with libsodium)"
+            )
+        raw = hkdf_sha256(secret, _SALT, _INFO)
+        self.secret_key = z85.encode(raw)
+        self.public_key = zmq.curve_public(self.secret_key)
+        self.public_raw = z85.decode(self.public_key)
+
+    def __repr__(self) -> str:  # never the secret key
+        return f"Keys(public={self.public_key.decode()})"
+
+    def server(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` (a ROUTER, before it binds) a CURVE server checked by ZAP."""
+        sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret_key)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public_key)
+
+    def client(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` (a DEALER, before it connects) a CURVE client with the job's keys."""
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.public_key)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public_key)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret_key)
+
+
+class ZapHandler:
+    """ZeroMQ's authentication hook for one context: accepts CURVE clients holding the job's
+    key, refuses everything else (and logs each refusal)."""
+
+    def __init__(self, ctx: zmq.Context, keys: Keys, name: str = "node") -> None:
+        self.keys = keys
+        self.name = name
+        self.refused = 0
+        self._sock = ctx.socket(zmq.REP)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(ZAP_ENDPOINT)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hetps-zap", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            try:
+                if not poller.poll(100):
+                    continue
+                frames = self._sock.recv_multipart()
+            except zmq.ZMQError:
+                return
+            try:
+                self._sock.send_multipart(self._answer(frames))
+            except zmq.ZMQError:
+                return
+
+    def _answer(self, frames: list[bytes]) -> list[bytes]:
+        # version, request id, domain, address, routing id, mechanism, credentials...
+        if len(frames) < 6:
+            return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
+        version, req_id, domain, address, _rid, mechanism = frames[:6]
+        creds = frames[6:]
+        ok = (
+            version == b"1.0"
+            and domain == ZAP_DOMAIN
+            and mechanism == b"CURVE"
+            and len(creds) == 1
+            and hmac.compare_digest(creds[0], self.keys.public_raw)
+        )
+        if ok:
+            return [b"1.0", req_id, b"200", b"OK", b"hetps", b""]
+        self.refused += 1
+        log.warning(
+            "%s refused a connection from %s: it does not hold this job's cluster secret",
+            self.name,
+            address.decode("utf-8", "replace") or "?",
+        )
+        return [b"1.0", req_id, b"400", b"not this job's key", b"", b""]
+
+    def close(self) -> None:
+        """Stop answering (before the context is terminated)."""
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close(linger=0)
+
+
+HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+)
+
+
+class HandshakeWatch:
+    """Watches one DEALER's handshakes (``zmq_socket_monitor``): tells when the other side
+    refused this node's credentials, so a node with the wrong secret (or none, facing a
+    secured scheduler) fails at once with an error saying so, not after a timeout."""
+
+    def __init__(self, sock: zmq.Socket, lock: threading.Lock | None = None) -> None:
+        self._owner = sock
+        self._lock = lock or threading.Lock()  # the lock senders on ``sock`` hold
+        with self._lock:
+            self._mon = sock.get_monitor_socket(HANDSHAKE_EVENTS)
+        self.succeeded = False
+
+    def failure(self) -> str | None:
+        """A description of the last handshake failure seen (None: none, or it succeeded)."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        failed = None
+        while self._mon.poll(0):
+            try:
+                ev = recv_monitor_message(self._mon)
+            except zmq.ZMQError:
+                break
+            event = ev["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.succeeded, failed = True, None
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                failed = "the other side refused this node's credentials (not its cluster secret)"
+            else:
+                failed = "the handshake failed (security mechanism or keys do not match)"
+        return failed
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self._owner.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        self._mon.close(linger=0)

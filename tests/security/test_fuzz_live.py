@@ -1,0 +1,358 @@
+"""Property-based fuzzing of a live server's and a live scheduler's handlers (hypothesis).
+
+Real processes over real sockets: ``hetps scheduler`` and ``hetps server`` run as their own
+processes (plain mode on loopback); this process is the job's one worker and the fuzzer.
+
+* As the registered worker, over its own connections: every data-plane and control command
+  and unknown ones, with wrong types in every body field, wrong array counts, dtypes and
+  sizes, valid-looking requests for unknown keys, parts, ranges and rounds, replies to nothing.
+* As an outsider, over a connection of no node: random frames and valid-looking messages.
+
+After each example the worker's own push and pull of a key the fuzzer never touches must
+complete: no crash, no hang. At the end: no handler raised (no traceback, no "server error"
+answer), every message refused by the server or the scheduler was logged with its own line,
+the server's peak memory grew by a bounded amount, and both exit 0 when the job ends.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hetps.cluster.requests import Future
+from hetps.config import NodeConfig
+from hetps.kvstore.client import DistKVStore
+from hetps.transport.codec import WIRE_DTYPES, Message
+
+from .lines import Lines as _Lines
+
+LIVE = settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+SERVER_CMDS = [
+    "init", "push", "pull", "set_optimizer", "get_states", "set_states", "forecast", "probe",
+    "drop", "pace", "worker_done", "exit", "node_dead", "receipt", "add_node", "nodes",
+]  # fmt: skip
+SCHED_CMDS = [
+    "barrier", "heartbeat", "esync_report", "balance_report", "add_node", "nodes", "exit",
+    "node_dead", "refused", "worker_done", "push",
+]  # fmt: skip
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.integers(-3, 40),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.binary(max_size=12),
+)
+values = st.recursive(
+    scalars,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=4), kids, max_size=3)
+    ),
+    max_leaves=8,
+)
+keys = st.one_of(st.sampled_from(["w", "ghost", 0, -1, "x" * 300]), values)
+#: containers where a scalar belongs: what slips past a check that only reads a value
+containers = st.one_of(
+    st.lists(scalars, max_size=2), st.dictionaries(st.text(max_size=3), scalars, max_size=2)
+)
+FIELDS = {
+    "k": st.one_of(st.just("w"), keys),
+    "part": st.one_of(st.integers(-1, 3), values),
+    "off": st.one_of(st.integers(-2, 12), values),
+    "n": st.one_of(st.integers(-2, 12), st.integers(2**31, 2**63), values),
+    "size": st.one_of(st.integers(0, 12), st.integers(2**40, 2**62), values),
+    "shape": st.one_of(st.lists(st.integers(-1, 9), max_size=3), values),
+    "dtype": st.one_of(st.sampled_from(sorted(WIRE_DTYPES) + ["complex64"]), values),
+    "sync": values,
+    "ce": values,
+    "comp": values,
+    "pp": values,
+    "rcpt": values,
+    "tag": values,
+    "slices": st.one_of(st.lists(st.lists(keys, max_size=3), max_size=3), values),
+    "reply_bytes": st.one_of(st.integers(-1, 1 << 16), values),
+    "rate": values,
+    "spread": values,
+    "node": values,
+    "group": st.one_of(st.sampled_from(["worker", "server", "all", "x"]), values),
+    "rank": values,
+    "round": st.one_of(st.integers(0, 3), values),
+    "step_s": values,
+    "elapsed_s": values,
+    "role": st.one_of(st.sampled_from(["worker", "server"]), values),
+    "host": values,
+    "port": values,
+    "back": values,
+    "sizes": values,
+    "samples": values,
+}
+FIELDS = {name: st.one_of(strategy, containers) for name, strategy in FIELDS.items()}
+bodies = st.fixed_dictionaries({}, optional=FIELDS)
+#: each command's own fields: always present (each one right or wrong), the others may be
+OWN = {
+    "push": ["k", "part", "off", "n", "sync", "ce", "shape", "dtype", "comp", "pp", "rcpt", "tag"],
+    "pull": ["k", "part", "off", "n", "shape", "dtype", "tag"],
+    "init": ["k", "part", "off", "n", "size", "shape", "dtype"],
+    "forecast": ["tag"],
+    "probe": ["reply_bytes", "tag", "spread"],
+    "drop": ["slices"],
+    "get_states": ["slices"],
+    "pace": ["rate"],
+    "worker_done": ["node"],
+    "node_dead": ["node"],
+    "barrier": ["group"],
+    "esync_report": ["rank", "round", "step_s", "elapsed_s"],
+    "add_node": ["role", "host", "port", "back"],
+    "balance_report": ["round", "sizes", "samples"],
+}  # fmt: skip
+
+
+def command(cmds: list[str]):
+    """(command, body) with the command's own fields present."""
+    return st.sampled_from(cmds).flatmap(
+        lambda c: st.tuples(
+            st.just(c),
+            st.fixed_dictionaries(
+                {f: FIELDS[f] for f in OWN.get(c, [])},
+                optional={f: v for f, v in FIELDS.items() if f not in OWN.get(c, [])},
+            ),
+        )
+    )
+
+
+arrays = st.lists(
+    st.tuples(st.sampled_from(sorted(WIRE_DTYPES)), st.lists(st.integers(0, 12), max_size=2)).map(
+        lambda t: np.ones(t[1], WIRE_DTYPES[t[0]])
+    ),
+    max_size=2,
+)
+messages = st.tuples(st.one_of(st.text(max_size=8), st.just("")), bodies, arrays, st.booleans())
+
+
+class Job:
+    """A scheduler and a server process, and this process as the job's worker."""
+
+    def __init__(self, tmp) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HETPS_", "DMLC_"))}
+        env.update(
+            DMLC_PS_ROOT_URI="127.0.0.1",
+            DMLC_NUM_SERVER="1",
+            DMLC_NUM_WORKER="1",
+            PS_HEARTBEAT_INTERVAL="1",
+            PS_HEARTBEAT_TIMEOUT="60",
+            PYTHONUNBUFFERED="1",
+        )
+        self.procs: list[subprocess.Popen] = []
+        self.sched = self._start({**env, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": "0"})
+        self.sched_log = _Lines(self.sched.stdout)
+        port = int(self.sched_log.wait(r"hetps scheduler port (\d+)").group(1))
+        self.server = self._start({**env, "DMLC_ROLE": "server", "DMLC_PS_ROOT_PORT": str(port)})
+        self.server_log = _Lines(self.server.stdout)
+        cfg = NodeConfig(
+            role="worker",
+            root_uri="127.0.0.1",
+            root_port=port,
+            num_server=1,
+            num_worker=1,
+            node_host="127.0.0.1",
+            heartbeat_interval=1.0,
+            heartbeat_timeout=60.0,
+            connect_timeout=30,
+            request_timeout=30,
+        )
+        self.kv = DistKVStore("dist_sync", cfg)
+        self.kv.init("health", np.zeros(4, np.float32))
+        self.kv.init("w", np.zeros(8, np.float32))
+        self.sid = self.kv._server_ids[0]
+        self.errors: list[str] = []  # error answers the worker got
+        self.round = 0
+        self.hwm0 = _hwm_kb(self.server.pid)
+        self.ctx = zmq.Context()
+        self.stranger = self.ctx.socket(zmq.DEALER)  # a connection of no node
+        self.stranger.setsockopt(zmq.LINGER, 0)
+        self.stranger.connect(f"tcp://127.0.0.1:{self.kv.node.servers()[0].port}")
+        self.stranger_sched = self.ctx.socket(zmq.DEALER)
+        self.stranger_sched.setsockopt(zmq.LINGER, 0)
+        self.stranger_sched.connect(f"tcp://127.0.0.1:{port}")
+        self.raw_sent = {"server": 0, "scheduler": 0}
+
+    def _start(self, env: dict) -> subprocess.Popen:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "hetps.cli", env["DMLC_ROLE"]],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.procs.append(p)
+        return p
+
+    def collect(self, futs: list[Future]) -> None:
+        for f in futs:
+            if f.done():
+                try:
+                    f.wait(0)
+                except Exception as exc:  # noqa: BLE001 - an error answer
+                    self.errors.append(str(exc))
+            else:  # legitimately unanswered (a partial round, a forecast): forget it
+                self.kv.node.requests.discard(f.req)
+
+    def healthy(self) -> None:
+        """The worker's own round on a key nobody fuzzes completes (after every message the
+        fuzzer sent before it on the same connection was handled)."""
+        self.round += 1
+        self.kv.push("health", np.full(4, self.round, np.float32))
+        assert (self.kv.pull("health") == self.round).all()
+
+    def close(self) -> None:
+        try:
+            self.kv.close()
+            for p in self.procs:
+                assert p.wait(timeout=30) == 0, "".join(
+                    self.sched_log.lines + self.server_log.lines
+                )
+        finally:
+            for s in (self.stranger, self.stranger_sched):
+                s.close(0)
+            self.ctx.term()
+            for p in self.procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                    p.wait()
+
+
+def _tracebacks(text: str) -> str:
+    """The tracebacks in a log, each with the line that introduced it."""
+    out, lines = [], text.splitlines()
+    for i, ln in enumerate(lines):
+        if ln.startswith("Traceback"):
+            end = next((j for j in range(i + 1, len(lines)) if not lines[j].startswith(" ")), i)
+            out += lines[max(0, i - 1) : end + 1]
+    return "\n".join(out[-200:])
+
+
+def _hwm_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(ln for ln in f if ln.startswith("VmHWM:")).split()[1])
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    j = Job(tmp_path_factory.mktemp("fuzz"))
+    try:
+        yield j
+        # the end of the job: every check over the whole run
+        j.healthy()
+        grown = (_hwm_kb(j.server.pid) - j.hwm0) / 1024
+        n = j.raw_sent["server"]
+        j.server_log.wait_count(
+            r"dropped a bad message from an unknown connection|from a connection of no node", n
+        )
+        j.sched_log.wait_count(
+            r"dropped a bad message from an unknown connection|from a connection of no node",
+            j.raw_sent["scheduler"],
+        )
+        refused = sum(1 for e in j.errors)
+        logged = len([ln for ln in j.server_log.lines + j.sched_log.lines if "refused" in ln])
+    finally:
+        j.close()
+    text = "".join(j.server_log.lines + j.sched_log.lines)
+    assert "Traceback" not in text and "error handling" not in text, _tracebacks(text)
+    assert not [e for e in j.errors if "server error in" in e], j.errors
+    assert refused > 20 and j.raw_sent["server"] > 20 and j.raw_sent["scheduler"] > 20
+    assert logged >= refused, (logged, refused)
+    assert grown < 64, f"the server's peak memory grew by {grown:.0f} MB"
+
+
+@settings(LIVE, max_examples=150)
+@given(
+    st.lists(
+        st.tuples(command(SERVER_CMDS), arrays, st.booleans()),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_fuzz_the_servers_handlers_as_its_worker(job, msgs):
+    futs = []
+    for (cmd, body), arrs, reply in msgs:
+        msg = Message(cmd, body=body, arrays=arrs)
+        if reply:  # an answer to nothing
+            msg.reply, msg.req = True, 10**9
+            job.kv.node.van.send(job.sid, msg)
+        else:
+            futs.append(job.kv.node.request(job.sid, msg))
+    job.healthy()
+    job.collect(futs)
+
+
+@LIVE
+@given(st.lists(messages, min_size=1, max_size=3))
+def test_fuzz_the_servers_handlers_with_unknown_commands(job, msgs):
+    futs = [
+        job.kv.node.request(job.sid, Message(c or "?", body=b, arrays=a)) for c, b, a, _ in msgs
+    ]
+    job.healthy()
+    job.collect(futs)
+
+
+@LIVE
+@given(st.lists(command(SCHED_CMDS), min_size=1, max_size=4))
+def test_fuzz_the_schedulers_handlers_as_a_worker(job, msgs):
+    futs = [job.kv.node.request(1, Message(cmd, body=body)) for cmd, body in msgs]
+    job.kv.node.barrier("worker", timeout=30)  # the scheduler still serves the job
+    job.healthy()
+    job.collect(futs)
+
+
+raw_frames = st.one_of(
+    st.lists(st.binary(max_size=200), min_size=1, max_size=4),
+    st.tuples(messages, st.sampled_from(["server", "scheduler"])).map(
+        lambda t: [
+            msgpack.packb(
+                {"v": 1, "c": t[0][0] or "push", "s": 9, "r": 1, "p": t[0][3], "b": t[0][1],
+                 "a": [[str(a.dtype), list(a.shape)] for a in t[0][2]]},
+                use_bin_type=True,
+            ),
+            *[a.tobytes() for a in t[0][2]],
+        ]
+    ),
+)  # fmt: skip
+
+
+@LIVE
+@given(
+    st.lists(
+        st.tuples(raw_frames, st.sampled_from(["server", "scheduler"])), min_size=1, max_size=4
+    )
+)
+def test_fuzz_both_from_a_connection_of_no_node(job, sends):
+    for frames, to in sends:
+        sock = job.stranger if to == "server" else job.stranger_sched
+        sock.send_multipart(frames)
+        job.raw_sent[to] += 1
+    job.healthy()
+
+
+def test_the_fuzzed_job_is_checked_at_its_end(job):
+    """The module fixture's teardown holds the checks over the whole run (see above); this
+    test makes sure it runs even when only one fuzz test is selected."""
+    job.healthy()
+    assert re.search(r"hetps scheduler port", "".join(job.sched_log.lines))
