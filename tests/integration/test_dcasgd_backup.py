@@ -9,12 +9,14 @@ weight is ``w``,
 
 where ``bak_k`` is the weight worker ``k`` last pulled (no compensation if it never pulled).
 Every push but the first follows a pull by the same worker, so the value a worker last
-received is unambiguous.
+received is unambiguous. A second interleaving starts as training does: both workers pull the
+initial weight before anyone pushes, so the second push is compensated against it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 LR, LAMDA = 0.1, 0.5
 
@@ -33,14 +35,29 @@ STEPS = [
     ("pull", 0, None),
     ("pull", 1, None),
 ]
+# both pull the initial weight first (a pull before the key's first push), as training does
+FROM_START = [
+    ("pull", 0, None),
+    ("pull", 1, None),
+    ("push", 0, 0),  # w is still what A pulled: compensation 0
+    ("push", 1, 1),  # compensated against the initial weight B pulled
+    ("pull", 0, None),
+    ("pull", 1, None),
+    ("push", 1, 2),
+    ("push", 0, 3),
+    ("pull", 0, None),
+    ("pull", 1, None),
+]
 
 
-def expected_pulls(w0: np.ndarray, grads: np.ndarray) -> dict[int, list[np.ndarray]]:
+def expected_pulls(
+    w0: np.ndarray, grads: np.ndarray, steps: list = STEPS
+) -> dict[int, list[np.ndarray]]:
     """What each worker pulls, step by step, by the DC-ASGD rule with per-worker backups."""
     w = w0.astype(np.float64).copy()
     backup: dict[int, np.ndarray] = {}
     pulls: dict[int, list[np.ndarray]] = {0: [], 1: []}
-    for op, k, gi in STEPS:
+    for op, k, gi in steps:
         if op == "pull":
             backup[k] = w.copy()
             pulls[k].append(w.copy())
@@ -51,7 +68,8 @@ def expected_pulls(w0: np.ndarray, grads: np.ndarray) -> dict[int, list[np.ndarr
     return pulls
 
 
-def test_dcasgd_compensates_with_the_pushing_workers_own_pulled_weight(cluster, tmp_path):
+@pytest.mark.parametrize("steps", [STEPS, FROM_START], ids=["push-first", "pull-first"])
+def test_dcasgd_compensates_with_the_pushing_workers_own_pulled_weight(cluster, tmp_path, steps):
     rng = np.random.default_rng(3)
     w0 = rng.uniform(-1, 1, 6)
     grads = rng.uniform(-2, 2, (6, 6))
@@ -64,7 +82,7 @@ grads = np.load({str(tmp_path / "grads.npy")!r})
 kv.init('w', np.load({str(tmp_path / "w0.npy")!r}))
 kv.set_optimizer(optim.DCASGD(learning_rate={LR}, lamda={LAMDA}))
 pulls = []
-for op, k, gi in {STEPS!r}:
+for op, k, gi in {steps!r}:
     if k == r:
         if op == 'push':
             kv.push('w', grads[gi])      # acknowledged once applied
@@ -78,12 +96,13 @@ print('DCASGD-BACKUP-OK', flush=True)
     assert rc == 0, out
     assert out.count("DCASGD-BACKUP-OK") == 2, out
 
-    expect = expected_pulls(w0, grads)
+    expect = expected_pulls(w0, grads, steps)
     for k in (0, 1):
         got = np.load(tmp_path / f"pulls-{k}.npy")
         assert got.shape == (len(expect[k]), w0.size), got.shape
         for i, (g, e) in enumerate(zip(got, expect[k], strict=True)):
             np.testing.assert_allclose(g, e, rtol=1e-12, atol=1e-14, err_msg=f"worker {k} pull {i}")
     # the compensation matters in this interleaving: plain SGD would end elsewhere
-    sgd = w0 - LR * grads.sum(axis=0)
+    used = sorted(gi for op, _, gi in steps if op == "push")
+    sgd = w0 - LR * grads[used].sum(axis=0)
     assert np.abs(expect[0][-1] - sgd).max() > 1e-3

@@ -318,7 +318,10 @@ class KVServer:
     def _send_value(self, msg: Message, sl: Slice, off: int, n: int, body: dict | None) -> None:
         """Answer ``msg`` with ``sl.value[off:off+n]``, zero-copy: the reply is tracked so the
         value is not changed in place while ZeroMQ still reads it."""
-        if off == 0 and self.optimizer is not None and sl.has_state:
+        if off == 0 and self.optimizer is not None:
+            if not sl.has_state:  # a pull before any push: the pulled weight still counts
+                sl.state = self.optimizer.create_state(sl.skey, sl.value)
+                sl.has_state = True
             self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=msg.sender)
         if "tag" in msg.body:  # the worker measures this reply: announce it first
             self._forecast_to(msg)
