@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from roles import read_port
+
 DATA = Path("/usr/share/datasets/fashion-mnist")
 pytestmark = pytest.mark.skipif(
     not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh installs it as root)"
@@ -287,7 +289,7 @@ def test_workers_started_by_hand_each_take_their_own_slowdown(tmp_path):
 
     try:
         sched = start([sys.executable, "-m", "hetps.cli", "scheduler"], "scheduler", "0")
-        port = sched.stdout.readline().split()[-1]  # "hetps scheduler port N"
+        port = str(read_port(sched.stdout))  # after the scheduler's plain-mode warning
         start(train, "server", port)
         slow = start([*train, "--slowdown", "8"], "worker", port)
         fast = start(train, "worker", port)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import pytest
 
 from hetps.cluster.errors import ClusterError
 from hetps.config import ConfigError
+from roles import role_env
 
 
 def test_bad_push_is_refused_and_server_keeps_serving(cluster):
@@ -162,14 +162,7 @@ def test_create_names_missing_or_malformed_variables(env, names):
 def test_scheduler_death_is_detected(tmp_path):
     """A worker whose scheduler vanishes gets a clear error within the heartbeat timeout."""
     port_file = tmp_path / "port"
-    env = dict(
-        os.environ,
-        DMLC_ROLE="scheduler",
-        DMLC_PS_ROOT_URI="127.0.0.1",
-        DMLC_PS_ROOT_PORT="0",
-        DMLC_NUM_SERVER="1",
-        DMLC_NUM_WORKER="1",
-    )
+    env = role_env("scheduler")
     sched = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "scheduler"],
         env=env,

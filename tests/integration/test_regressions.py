@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -14,37 +13,19 @@ import pytest
 from hetps.cluster.errors import ClusterError, NodeFailure
 from hetps.cluster.scheduler import Scheduler
 from hetps.cluster.state_server import EsyncService
-from hetps.config import NodeConfig
 from hetps.kvstore.client import DistKVStore
+from roles import loopback_config, role_env
 
-BASE = dict(
-    root_uri="127.0.0.1",
-    root_port=0,
-    num_server=1,
-    num_worker=1,
-    node_host="127.0.0.1",
-    heartbeat_interval=0.2,
-    heartbeat_timeout=2.0,
-    connect_timeout=10,
-    request_timeout=30,
-)
+# short heartbeats: a dead peer is noticed within 2 s
+FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=2.0, connect_timeout=10)
 
 
 def _server_env(port: int, workers: int = 1) -> dict:
-    return dict(
-        os.environ,
-        DMLC_ROLE="server",
-        DMLC_PS_ROOT_URI="127.0.0.1",
-        DMLC_PS_ROOT_PORT=str(port),
-        DMLC_NUM_SERVER="1",
-        DMLC_NUM_WORKER=str(workers),
-        PS_HEARTBEAT_INTERVAL="0.2",
-        PS_HEARTBEAT_TIMEOUT="2",
-    )
+    return role_env("server", port, workers=workers, PS_HEARTBEAT_INTERVAL=0.2, PS_HEARTBEAT_TIMEOUT=2)
 
 
 def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
-    sch = Scheduler(NodeConfig(role="scheduler", **BASE)).start()
+    sch = Scheduler(loopback_config("scheduler", **FAST)).start()
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=_server_env(sch.van.port),
@@ -53,7 +34,7 @@ def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
     kv = None
     try:
         kv = DistKVStore(
-            "dist_sync", NodeConfig(role="worker", **{**BASE, "root_port": sch.van.port})
+            "dist_sync", loopback_config("worker", sch.van.port, **FAST)
         )
         keys = list(range(400))  # more requests than the 256-message send queue holds
         kv.init(keys, [np.ones(8, np.float32)] * 400)
@@ -74,7 +55,7 @@ def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
 
 
 def test_empty_key_push_completes():
-    sch = Scheduler(NodeConfig(role="scheduler", **BASE)).start()
+    sch = Scheduler(loopback_config("scheduler", **FAST)).start()
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=_server_env(sch.van.port),
@@ -83,7 +64,7 @@ def test_empty_key_push_completes():
     try:
         kv = DistKVStore(
             "dist_sync",
-            NodeConfig(role="worker", **{**BASE, "root_port": sch.van.port, "request_timeout": 10}),
+            loopback_config("worker", sch.van.port, **FAST, request_timeout=10),
         )
         kv.init("e", np.zeros(0, np.float32))
         kv.push("e", np.zeros(0, np.float32))
@@ -99,7 +80,7 @@ def test_empty_key_push_completes():
 
 
 def test_surplus_node_gets_the_refusal_not_a_timeout():
-    sch = Scheduler(NodeConfig(role="scheduler", **BASE)).start()
+    sch = Scheduler(loopback_config("scheduler", **FAST)).start()
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=_server_env(sch.van.port),
@@ -107,7 +88,7 @@ def test_surplus_node_gets_the_refusal_not_a_timeout():
     )
     kv = None
     try:
-        cfg = NodeConfig(role="worker", **{**BASE, "root_port": sch.van.port})
+        cfg = loopback_config("worker", sch.van.port, **FAST)
         kv = DistKVStore("dist_sync", cfg)
         t0 = time.monotonic()
         with pytest.raises(
@@ -128,8 +109,7 @@ def test_finished_worker_is_never_declared_dead():
     """A heartbeat that leaves after `finish` must not bring a finished worker back."""
     from hetps.transport.codec import Message
 
-    cfg = {**BASE, "num_worker": 2}
-    sch = Scheduler(NodeConfig(role="scheduler", **cfg)).start()
+    sch = Scheduler(loopback_config("scheduler", **FAST, num_worker=2)).start()
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=_server_env(sch.van.port, workers=2),
@@ -137,7 +117,7 @@ def test_finished_worker_is_never_declared_dead():
     )
     kvs: list = [None, None]
     try:
-        wcfg = NodeConfig(role="worker", **{**cfg, "root_port": sch.van.port})
+        wcfg = loopback_config("worker", sch.van.port, **FAST, num_worker=2)
 
         def make(i: int) -> None:
             kvs[i] = DistKVStore("dist_sync", wcfg)

@@ -9,7 +9,6 @@ logged before it is kept, and the server goes on serving.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -18,23 +17,11 @@ import pytest
 
 from hetps.cluster.errors import RequestError
 from hetps.cluster.scheduler import Scheduler
-from hetps.config import NodeConfig
 from hetps.kvstore.client import DistKVStore
 from hetps.transport.codec import FRAME_MAX, Message
+from roles import loopback_config, role_env
 
 from .zmtp import Peer, frame_header
-
-BASE = dict(
-    root_uri="127.0.0.1",
-    root_port=0,
-    num_server=1,
-    num_worker=1,
-    node_host="127.0.0.1",
-    heartbeat_interval=0.5,
-    heartbeat_timeout=10.0,
-    connect_timeout=20,
-    request_timeout=30,
-)
 
 
 def _hwm_kb(pid: int) -> int:
@@ -46,18 +33,9 @@ def _hwm_kb(pid: int) -> int:
 
 
 def test_a_frame_above_the_bound_costs_the_server_no_memory(tmp_path):
-    sch = Scheduler(NodeConfig(role="scheduler", **BASE)).start()
+    sch = Scheduler(loopback_config("scheduler")).start()
     log = open(tmp_path / "server.log", "w+")
-    env = dict(
-        os.environ,
-        DMLC_ROLE="server",
-        DMLC_PS_ROOT_URI="127.0.0.1",
-        DMLC_PS_ROOT_PORT=str(sch.van.port),
-        DMLC_NUM_SERVER="1",
-        DMLC_NUM_WORKER="1",
-        PS_HEARTBEAT_INTERVAL="0.5",
-        PS_HEARTBEAT_TIMEOUT="10",
-    )
+    env = role_env("server", sch.van.port, PS_HEARTBEAT_INTERVAL=0.5)
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=env,
@@ -68,7 +46,7 @@ def test_a_frame_above_the_bound_costs_the_server_no_memory(tmp_path):
     kv = None
     try:
         kv = DistKVStore(
-            "dist_sync", NodeConfig(role="worker", **{**BASE, "root_port": sch.van.port})
+            "dist_sync", loopback_config("worker", sch.van.port)
         )
         kv.init("w", np.zeros(8, np.float32))
         info = kv.node.servers()[0]

@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetps.cluster.requests import Future
-from hetps.config import NodeConfig
 from hetps.kvstore.client import DistKVStore
 from hetps.transport.codec import WIRE_DTYPES, Message
+from roles import loopback_config, role_env
 
 from .lines import Lines as _Lines
 
@@ -150,32 +150,15 @@ class Job:
     """A scheduler and a server process, and this process as the job's worker."""
 
     def __init__(self, tmp) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HETPS_", "DMLC_"))}
-        env.update(
-            DMLC_PS_ROOT_URI="127.0.0.1",
-            DMLC_NUM_SERVER="1",
-            DMLC_NUM_WORKER="1",
-            PS_HEARTBEAT_INTERVAL="1",
-            PS_HEARTBEAT_TIMEOUT="60",
-            PYTHONUNBUFFERED="1",
-        )
+        hb = dict(PS_HEARTBEAT_INTERVAL=1, PS_HEARTBEAT_TIMEOUT=60)
         self.procs: list[subprocess.Popen] = []
-        self.sched = self._start({**env, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": "0"})
+        self.sched = self._start(role_env("scheduler", clean=True, **hb))
         self.sched_log = _Lines(self.sched.stdout)
         port = int(self.sched_log.wait(r"hetps scheduler port (\d+)").group(1))
-        self.server = self._start({**env, "DMLC_ROLE": "server", "DMLC_PS_ROOT_PORT": str(port)})
+        self.server = self._start(role_env("server", port, clean=True, **hb))
         self.server_log = _Lines(self.server.stdout)
-        cfg = NodeConfig(
-            role="worker",
-            root_uri="127.0.0.1",
-            root_port=port,
-            num_server=1,
-            num_worker=1,
-            node_host="127.0.0.1",
-            heartbeat_interval=1.0,
-            heartbeat_timeout=60.0,
-            connect_timeout=30,
-            request_timeout=30,
+        cfg = loopback_config(
+            "worker", port, heartbeat_interval=1.0, heartbeat_timeout=60.0, connect_timeout=30
         )
         self.kv = DistKVStore("dist_sync", cfg)
         self.kv.init("health", np.zeros(4, np.float32))

@@ -22,6 +22,7 @@ import zmq
 
 from hetps.transport.codec import Message, encode
 from hetps.transport.van import UNKNOWN, Van
+from roles import role_env
 
 from .lines import Lines as _Lines
 
@@ -104,18 +105,7 @@ def test_plain_mode_forgeries_are_refused_where_identity_decides(cluster, tmp_pa
 def test_a_rank_is_claimed_once(tmp_path):
     """Two registrations claim worker rank 0 before the cluster is complete: the second is
     refused, naming the first; a second registration on one connection is ignored."""
-    env = dict(
-        os.environ,
-        DMLC_ROLE="scheduler",
-        DMLC_PS_ROOT_URI="127.0.0.1",
-        DMLC_PS_ROOT_PORT="0",
-        DMLC_NUM_SERVER="1",
-        DMLC_NUM_WORKER="2",
-        HETPS_CONNECT_TIMEOUT="30",
-        PYTHONUNBUFFERED="1",
-    )
-    env.pop("HETPS_SECRET", None)
-    env.pop("HETPS_SECRET_FILE", None)
+    env = role_env("scheduler", workers=2, clean=True, HETPS_CONNECT_TIMEOUT=30)
     sched = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "scheduler"],
         env=env,
