@@ -136,6 +136,9 @@ class Van:
         ring_bytes: int = 0,
     ) -> None:
         self.ctx = zmq.Context(io_threads=1)
+        # one DEALER per peer: ZeroMQ's default of 1023 sockets per context would stop a
+        # scheduler (or a server) at about a thousand peers (benchmarks/scale_sim.py)
+        self.ctx.set(zmq.MAX_SOCKETS, self.ctx.get(zmq.SOCKET_LIMIT))
         self.max_message_bytes = max_message_bytes
         self.verbose = verbose
         self.name = name
