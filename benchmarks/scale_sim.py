@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 
@@ -226,6 +227,7 @@ class SimCluster:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self.unknown = 0
+        self.keep_refused: bytes | None = None
         self._thread = threading.Thread(target=self._recv_loop, daemon=True, name="sim-recv")
         self._thread.start()
 
@@ -249,6 +251,8 @@ class SimCluster:
                     got = Got(now, msg.cmd, msg.req, msg.reply, raw, msg.body)
                 except BadMessage as exc:  # what a real node's van would drop
                     got = Got(now, "?", 0, False, raw, None, str(exc))
+                    if self.keep_refused is None:  # one, to read its figures (plan_s)
+                        self.keep_refused = frames[1].bytes
                 with self._cond:
                     if node is None:
                         self.unknown += 1
@@ -338,9 +342,7 @@ class SimCluster:
             t_last_in = self.send(x, Message(P.BARRIER, req=100 + rnd, body={"group": "all"}))
 
         def released() -> int:
-            return sum(
-                1 for x in self.nodes if len(x.got.get(P.BARRIER_DONE, ())) > since[x.index]
-            )
+            return sum(1 for x in self.nodes if len(x.got.get(P.BARRIER_DONE, ())) > since[x.index])
 
         ok = self.wait_for(lambda: released() == len(self.nodes), timeout)
         with self._cond:
@@ -381,8 +383,10 @@ class SimCluster:
         t_end = t0 + periods * interval
         if time.perf_counter() < t_end:
             time.sleep(t_end - time.perf_counter())
-        ok = self.wait_for(lambda: sum(len(x.got.get(P.HEARTBEAT_ACK, ())) for x in self.nodes)
-                           >= sent, 10 * interval)
+        ok = self.wait_for(
+            lambda: sum(len(x.got.get(P.HEARTBEAT_ACK, ())) for x in self.nodes) >= sent,
+            10 * interval,
+        )
         c1, t1 = sched.cpu(), time.perf_counter()
         with self._cond:
             acked = sum(len(x.got.get(P.HEARTBEAT_ACK, ())) for x in self.nodes)
@@ -430,8 +434,9 @@ class SimCluster:
                     pull = min(up[s.index] / W, down[w.index] / S)
                     samples.append([w.id, s.id, part, base, base + part / push, 0])
                     samples.append([s.id, w.id, part, base, base + part / pull])
-                stats = {str(s.rank): [part * W, part * W / (down[s.index] + 1.0)]
-                         for s in self.servers}
+                stats = {
+                    str(s.rank): [part * W, part * W / (down[s.index] + 1.0)] for s in self.servers
+                }
                 body: dict[str, Any] = {"round": rnd, "samples": samples, "server_times": stats}
                 if rnd == 1:
                     body["sizes"] = [n_slices * SLICE_ELEMS]
@@ -440,26 +445,35 @@ class SimCluster:
                 t_last = self.send(w, msg)
                 out["report_bytes"].append(msg.nbytes)
             ok = self.wait_for(
-                lambda: sum(1 for x in self.workers if x.got.get(P.BALANCE_REPORT) or x.got.get("?"))
-                == W,
+                lambda: (
+                    sum(1 for x in self.workers if x.got.get(P.BALANCE_REPORT) or x.got.get("?"))
+                    == W
+                ),
                 timeout,
             )
             bad = self.wait_for(lambda: self.count("?", self.workers) > 0, 0)
             with self._cond:
-                got = [x.got[P.BALANCE_REPORT][0] for x in self.workers
-                       if x.got.get(P.BALANCE_REPORT)]
+                got = [
+                    x.got[P.BALANCE_REPORT][0] for x in self.workers if x.got.get(P.BALANCE_REPORT)
+                ]
                 refused = [x.got["?"][-1] for x in self.workers if x.got.get("?")]
             out["cpu_s"].append(sched.cpu() - c0)
+            if ok:  # every worker got its answer, decodable or not
+                out["latency_s"].append(max(g.t for g in got + refused) - t_last)
             if refused:
-                errors.append(f"round {rnd}: {len(refused)} plans refused by the codec: "
-                              f"{refused[0].error}")
+                errors.append(
+                    f"round {rnd}: {len(refused)} plans refused by the codec: {refused[0].error}"
+                )
                 out["msg_bytes"].append(refused[0].raw_bytes)
+                if self.keep_refused is not None:  # the planner's own time, all the same
+                    head = msgpack.unpackb(self.keep_refused, raw=False, strict_map_key=False)
+                    out["plan_s"].append(head.get("b", {}).get("plan_s"))
+                    self.keep_refused = None
                 for x in self.workers:
                     x.got.pop("?", None)
             if not ok or bad:
                 errors.append(f"round {rnd}: {len(got)} of {W} workers got a plan")
                 break
-            out["latency_s"].append(max(g.t for g in got) - t_last)
             out["msg_bytes"].append(median(g.raw_bytes for g in got))
             b = got[0].body or {}
             if "error" in b:
@@ -513,8 +527,7 @@ def run_cluster(
         if not reg["ok"]:
             return res
         if "barrier" in phases:
-            bars = [sim.barrier(i, timeout if not skip_barrier else 5.0, skip_barrier)
-                    for i in range(barriers)]
+            bars = [sim.barrier(i, timeout, skip_barrier) for i in range(barriers)]
             res["barrier"] = {
                 "ok": all(b["ok"] for b in bars),
                 "released": min(b["released"] for b in bars),
@@ -534,6 +547,7 @@ def run_cluster(
         if sim is not None:
             sim.close()
         sched.stop()
+        res["scheduler_exit"] = sched.proc.returncode
     return res
 
 
@@ -572,9 +586,11 @@ def _plan_case(case: str, n: int, servers_frac: float, reps: int, budget: float,
     name = {"optimal-lp": "optimal", "aware-link": "aware", "aware+assign": "aware"}.get(case, case)
 
     def one() -> np.ndarray:
-        shares = make_plan(
-            name, total, network=net, servers=srv, workers=wrk, history=history
-        ) if name != "average" else make_plan("average", total, servers=srv)
+        shares = (
+            make_plan(name, total, network=net, servers=srv, workers=wrk, history=history)
+            if name != "average"
+            else make_plan("average", total, servers=srv)
+        )
         if case == "aware+assign":
             assign(slices, shares, previous=previous, probe_num=1)
         return shares
@@ -654,8 +670,10 @@ def run_plans(
                 continue
             med = median(val)
             out[case][n] = {"median_s": med, "min_s": min(val), "reps": len(val)}
-            print(f"  plan {case:13s} N={n:5d}: median {med * 1e3:9.3f} ms ({len(val)} reps)",
-                  flush=True)
+            print(
+                f"  plan {case:13s} N={n:5d}: median {med * 1e3:9.3f} ms ({len(val)} reps)",
+                flush=True,
+            )
             if med > cap_s:
                 stopped = f"N={n} took {med:.2f} s > the {cap_s:g} s cap"
     return out
@@ -679,15 +697,26 @@ def _ms(x: float | None) -> str:
 
 def lp_verdict(plans: dict, sizes: list[int]) -> str:
     lp = plans.get("optimal-lp", {})
-    slow = [n for n in sizes if lp.get(n, {}).get("median_s", 0) > PLAN_GOAL_S
-            or "killed" in lp.get(n, {}) or "skipped" in lp.get(n, {})]
+    slow = [
+        n
+        for n in sizes
+        if lp.get(n, {}).get("median_s", 0) > PLAN_GOAL_S
+        or "killed" in lp.get(n, {})
+        or "skipped" in lp.get(n, {})
+    ]
     fast = [n for n in sizes if 0 < lp.get(n, {}).get("median_s", 1e9) <= PLAN_GOAL_S]
     aw = plans.get("aware-link", {})
-    alt = ", ".join(f"N={n} {_ms(aw[n].get('median_s'))} ms" for n in sizes
-                    if aw.get(n, {}).get("median_s") is not None)
+    alt = ", ".join(
+        f"N={n} {_ms(aw[n].get('median_s'))} ms"
+        for n in sizes
+        if aw.get(n, {}).get("median_s") is not None
+    )
     opt = plans.get("optimal", {})
-    cf = ", ".join(f"N={n} {_ms(opt[n].get('median_s'))} ms" for n in sizes
-                   if opt.get(n, {}).get("median_s") is not None)
+    cf = ", ".join(
+        f"N={n} {_ms(opt[n].get('median_s'))} ms"
+        for n in sizes
+        if opt.get(n, {}).get("median_s") is not None
+    )
     first = f"from N={slow[0]}" if slow else "at no N measured"
     return (
         f"exact LP (optimal on per-link caps) over {PLAN_GOAL_S * 1e3:g} ms {first}"
@@ -704,31 +733,46 @@ def report(results: dict) -> None:
     rows = []
     metrics: list[tuple[str, Callable[[dict], float | None], Callable]] = [
         ("registration (s)", lambda c: c.get("register", {}).get("latency_s"), fmt),
-        ("sched CPU for registration (s)", lambda c: c.get("register", {}).get("sched_cpu_s"),
-         fmt),
-        ("node table (bytes/node)", lambda c: c.get("register", {}).get("table_bytes"),
-         lambda x: fmt(x, ".0f")),
-        ("barrier, last in -> all out (ms)", lambda c: c.get("barrier", {}).get("latency_s"),
-         _ms),
-        ("sched CPU per 1 s heartbeat period (s)",
-         lambda c: c.get("heartbeat", {}).get("cpu_per_period_s"), fmt),
-        ("sched CPU per heartbeat (us)",
-         lambda c: c.get("heartbeat", {}).get("cpu_per_heartbeat_us"), lambda x: fmt(x, ".1f")),
-        ("plans: last report -> all plans (ms)", lambda c: c.get("report", {}).get("latency_s"),
-         _ms),
+        ("sched CPU for registration (s)", lambda c: c.get("register", {}).get("sched_cpu_s"), fmt),
+        (
+            "node table (bytes/node)",
+            lambda c: c.get("register", {}).get("table_bytes"),
+            lambda x: fmt(x, ".0f"),
+        ),
+        ("barrier, last in -> all out (ms)", lambda c: c.get("barrier", {}).get("latency_s"), _ms),
+        (
+            "sched CPU per 1 s heartbeat period (s)",
+            lambda c: c.get("heartbeat", {}).get("cpu_per_period_s"),
+            fmt,
+        ),
+        (
+            "sched CPU per heartbeat (us)",
+            lambda c: c.get("heartbeat", {}).get("cpu_per_heartbeat_us"),
+            lambda x: fmt(x, ".1f"),
+        ),
+        (
+            "plans: last report -> all plans (ms)",
+            lambda c: c.get("report", {}).get("latency_s"),
+            _ms,
+        ),
         ("planner plan() (ms)", lambda c: c.get("report", {}).get("plan_s"), _ms),
         ("sched CPU per report round (s)", lambda c: c.get("report", {}).get("cpu_s"), fmt),
-        ("plan message (bytes/worker)", lambda c: c.get("report", {}).get("msg_bytes"),
-         lambda x: fmt(x, ".0f")),
-        ("report message (bytes/worker)", lambda c: c.get("report", {}).get("report_bytes"),
-         lambda x: fmt(x, ".0f")),
+        (
+            "plan message (bytes/worker)",
+            lambda c: c.get("report", {}).get("msg_bytes"),
+            lambda x: fmt(x, ".0f"),
+        ),
+        (
+            "report message (bytes/worker)",
+            lambda c: c.get("report", {}).get("report_bytes"),
+            lambda x: fmt(x, ".0f"),
+        ),
     ]
     print("\n== cluster (real scheduler process, simulated nodes; medians) ==")
     for name, get, f in metrics:
         vals = [(n, get(clusters[n]) if n in clusters else None) for n in sizes]
         s = slope(vals)
-        rows.append([name, *[f(v) if v is not None else "-" for _, v in vals],
-                     fmt(s, ".2f")])
+        rows.append([name, *[f(v) if v is not None else "-" for _, v in vals], fmt(s, ".2f")])
     print_table(["metric", *[f"N={n}" for n in sizes], "slope"], rows)
     for n in sizes:
         c = clusters.get(n, {})
@@ -746,8 +790,15 @@ def report(results: dict) -> None:
                 r = plans[case].get(n, {})
                 v = r.get("median_s")
                 pts.append((n, v))
-                cells.append(_ms(v) if v is not None else "killed" if r.get("killed")
-                             else "skipped" if r.get("skipped") else "error")
+                cells.append(
+                    _ms(v)
+                    if v is not None
+                    else "killed"
+                    if r.get("killed")
+                    else "skipped"
+                    if r.get("skipped")
+                    else "error"
+                )
             prow.append([case, *cells, fmt(slope(pts), ".2f")])
         print_table(["plan", *[f"N={n}" for n in sizes], "slope"], prow)
         for case in PLAN_CASES:
@@ -798,10 +849,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="balance report rounds")
     ap.add_argument("--timeout", type=float, default=120.0, help="per phase wait (s)")
     ap.add_argument("--plan-reps", type=int, default=20)
-    ap.add_argument("--plan-cap", type=float, default=30.0,
-                    help="a plan case slower than this (s) is not tried at larger N")
-    ap.add_argument("--plan-budget", type=float, default=10.0,
-                    help="seconds of repeats per plan case")
+    ap.add_argument(
+        "--plan-cap",
+        type=float,
+        default=30.0,
+        help="a plan case slower than this (s) is not tried at larger N",
+    )
+    ap.add_argument(
+        "--plan-budget", type=float, default=10.0, help="seconds of repeats per plan case"
+    )
     ap.add_argument("--skip", nargs="*", default=[], choices=["cluster", "plans"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write every figure as JSON")
@@ -811,21 +867,33 @@ def main(argv: list[str] | None = None) -> int:
         args.barriers, args.hb_periods, args.rounds, args.plan_reps = 3, 2, 2, 5
     sizes = sorted(set(sizes))
     info = machine_info()
-    print(f"scale_sim: sizes {sizes}, {args.servers_frac:g} servers; {info['cpu']}, "
-          f"{info['cores']} cores, load {info['loadavg']}", flush=True)
-    results: dict[str, Any] = {"sizes": sizes, "args": vars(args), "machine": info,
-                               "clusters": []}
+    print(
+        f"scale_sim: sizes {sizes}, {args.servers_frac:g} servers; {info['cpu']}, "
+        f"{info['cores']} cores, load {info['loadavg']}",
+        flush=True,
+    )
+    results: dict[str, Any] = {"sizes": sizes, "args": vars(args), "machine": info, "clusters": []}
     if "cluster" not in args.skip:
         for n in sizes:
             t0 = time.perf_counter()
-            c = run_cluster(n, args.servers_frac, args.scheme, args.barriers, args.hb_interval,
-                            args.hb_periods, args.rounds, args.timeout, args.seed)
+            c = run_cluster(
+                n,
+                args.servers_frac,
+                args.scheme,
+                args.barriers,
+                args.hb_interval,
+                args.hb_periods,
+                args.rounds,
+                args.timeout,
+                args.seed,
+            )
             c["wall_s"] = time.perf_counter() - t0
             results["clusters"].append(c)
             print(f"cluster N={n}: done in {c['wall_s']:.1f} s", flush=True)
     if "plans" not in args.skip:
-        results["plans"] = run_plans(sizes, args.servers_frac, args.plan_reps, args.plan_cap,
-                                     args.plan_budget, args.seed)
+        results["plans"] = run_plans(
+            sizes, args.servers_frac, args.plan_reps, args.plan_cap, args.plan_budget, args.seed
+        )
     results["machine"]["loadavg_end"] = os.getloadavg()
     report(results)
     if args.out:

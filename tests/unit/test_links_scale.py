@@ -67,7 +67,9 @@ def test_observe_nodes_matches_the_per_node_filter(seed):
     for _ in range(40):
         src, dst = (int(x) for x in rng.choice(n, 2, replace=False))
         t0 = float(rng.uniform(0, 1))
-        samples.append((src, dst, t0, t0 + float(rng.uniform(0.01, 0.3)), float(rng.integers(1, 9) * 64e3)))
+        samples.append(
+            (src, dst, t0, t0 + float(rng.uniform(0.01, 0.3)), float(rng.integers(1, 9) * 64e3))
+        )
     est = LinkEstimator(n, [0, 1], [2, 3, 4, 5], False, probe_window=4)
     est.observe_nodes(samples)
     up, down = _nodes_reference(samples, n)
