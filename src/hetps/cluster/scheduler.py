@@ -153,6 +153,7 @@ class Scheduler:
         if self.cfg.verbose >= 1:
             log.info("scheduler listening on %s", self.van.endpoint)
         tick = max(0.05, min(0.5, (self.cfg.heartbeat_interval or 1.0) / 2))
+        next_check = 0.0
         try:
             while not self._stop.is_set() and self.exit_code is None:
                 msg = self.van.recv(timeout=tick)
@@ -161,7 +162,12 @@ class Scheduler:
                         self._dispatch(msg)
                     except Exception:  # a bad control message must not stop the scheduler
                         log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
-                self._check_timeouts()
+                # once per tick, not per message: the check walks every node, so per message
+                # it cost O(N) per heartbeat, O(N^2) per heartbeat period (scale_sim.py)
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + tick
+                    self._check_timeouts()
         finally:
             self.van.close()
         if self.exit_code is None:

@@ -141,6 +141,9 @@ class Van:
         secret: bytes | None = None,
     ) -> None:
         self.ctx = zmq.Context(io_threads=1)
+        # one DEALER per peer: ZeroMQ's default of 1023 sockets per context would stop a
+        # scheduler (or a server) at about a thousand peers (benchmarks/scale_sim.py)
+        self.ctx.set(zmq.MAX_SOCKETS, self.ctx.get(zmq.SOCKET_LIMIT))
         # with a secret: CURVE on every socket, and ZAP up before anything listens
         self.keys = Keys(secret) if secret is not None else None
         self._zap = ZapHandler(self.ctx, self.keys, name) if self.keys is not None else None

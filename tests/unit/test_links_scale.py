@@ -1,0 +1,77 @@
+"""LinkEstimator's per-node passes, rewritten to scale (benchmarks/scale_sim.py), give what the
+plain per-node loops gave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetps.balance.links import NODE_MIN_BYTES, SPREAD_NEAR, LinkEstimator, _union_length
+
+
+def _censored_reference(est: LinkEstimator) -> tuple[np.ndarray, np.ndarray]:
+    up, down = est.single()
+    out = []
+    for mine, other, ends in ((up, down, est.servers), (down, up, est.workers)):
+        flags = np.zeros(est.n_nodes, dtype=bool)
+        for k in range(est.n_nodes):
+            peers = [other[j] for j in ends if j != k and np.isfinite(other[j])]
+            if np.isfinite(mine[k]) and peers and mine[k] >= SPREAD_NEAR * max(peers):
+                flags[k] = True
+        out.append(flags)
+    return out[0], out[1]
+
+
+def _nodes_reference(samples, n: int) -> tuple[np.ndarray, np.ndarray]:
+    up, down = np.full(n, np.nan), np.full(n, np.nan)
+    for k in range(n):
+        for est, col in ((up, 0), (down, 1)):
+            mine = [x for x in samples if x[col] == k]
+            total = sum(x[4] for x in mine)
+            busy = _union_length([(x[2], x[3]) for x in mine])
+            if total >= NODE_MIN_BYTES and busy > 0:
+                est[k] = total / busy
+    return up, down
+
+
+def _estimator(seed: int, colocate: bool) -> LinkEstimator:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 12))
+    if colocate:
+        servers = workers = list(range(n))
+    else:
+        s = int(rng.integers(1, n))
+        servers, workers = list(range(s)), list(range(s, n))
+    est = LinkEstimator(n, servers, workers, colocate, probe_window=4)
+    levels = [1e6, 2e6, 3e6, 3.2e6, 5e6]
+    for _ in range(int(rng.integers(0, 3 * n))):  # some nodes never probed (NaN)
+        w, s = int(rng.choice(workers)), int(rng.choice(servers))
+        if w != s:
+            est.observe_probe(*((w, s) if rng.random() < 0.5 else (s, w)), rng.choice(levels))
+    return est
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("colocate", [False, True])
+def test_censored_matches_the_per_node_loop(seed, colocate):
+    est = _estimator(seed, colocate)
+    for got, want in zip(est.censored(), _censored_reference(est), strict=True):
+        assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_observe_nodes_matches_the_per_node_filter(seed):
+    rng = np.random.default_rng(seed)
+    n = 6
+    samples = []
+    for _ in range(40):
+        src, dst = (int(x) for x in rng.choice(n, 2, replace=False))
+        t0 = float(rng.uniform(0, 1))
+        samples.append(
+            (src, dst, t0, t0 + float(rng.uniform(0.01, 0.3)), float(rng.integers(1, 9) * 64e3))
+        )
+    est = LinkEstimator(n, [0, 1], [2, 3, 4, 5], False, probe_window=4)
+    est.observe_nodes(samples)
+    up, down = _nodes_reference(samples, n)
+    np.testing.assert_array_equal(est.up, up)
+    np.testing.assert_array_equal(est.down, down)

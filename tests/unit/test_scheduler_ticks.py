@@ -1,0 +1,44 @@
+"""The scheduler looks for silent nodes once per tick, not once per message."""
+
+from __future__ import annotations
+
+import time
+
+from hetps.cluster.scheduler import Scheduler
+from hetps.config import NodeConfig
+from hetps.transport.codec import Message
+from hetps.transport.van import Van
+
+CFG = dict(
+    root_uri="127.0.0.1",
+    root_port=0,
+    num_server=1,
+    num_worker=1,
+    node_host="127.0.0.1",
+    heartbeat_interval=1.0,
+    heartbeat_timeout=5.0,
+    connect_timeout=30,
+)
+
+
+def test_timeouts_are_checked_per_tick_not_per_message():
+    sch = Scheduler(NodeConfig(role="scheduler", **CFG))
+    calls = []
+    check = sch._check_timeouts
+    sch._check_timeouts = lambda: (calls.append(1), check())[1]  # type: ignore[method-assign]
+    sch.start()
+    van = Van()
+    try:
+        van.connect(1, f"127.0.0.1:{sch.van.port}")
+        t0 = time.monotonic()
+        for _ in range(400):  # refused (no node's connection), but each one wakes the loop
+            van.send(1, Message("heartbeat"))
+        time.sleep(0.3)
+        elapsed = time.monotonic() - t0
+        # tick = interval / 2 = 0.5 s: a few checks, not one per message
+        assert len(calls) <= 2 + elapsed / 0.5, len(calls)
+        assert sch.exit_code is None
+    finally:
+        van.close()
+        sch.stop()
+        sch.join(5)
