@@ -9,6 +9,7 @@ import pytest
 
 from hetps.netem import Scenario, ScenarioError, load_scenario
 from hetps.netem import emulator as emu
+from hetps.netem import tools as netem_tools
 from hetps.netem.cli import build_parser, main, scenario_from_args
 
 # -- parsing -------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def test_cli_flags_build_scenarios(tmp_path: Path) -> None:
 
 def test_require_root_refuses_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(emu.os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(emu, "_has_caps", lambda: False)
+    monkeypatch.setattr(netem_tools, "_has_caps", lambda: False)
     with pytest.raises(emu.NetemPermissionError) as info:
         emu.require_root()
     msg = str(info.value)
@@ -200,7 +201,7 @@ def test_cli_without_root_exits_1_with_the_hint(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(emu.os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(emu, "_has_caps", lambda: False)
+    monkeypatch.setattr(netem_tools, "_has_caps", lambda: False)
     assert main(["--rates", "10,10", "--", "true"]) == 1
     assert "HETPS_SHAPE_MBIT" in capsys.readouterr().err
 

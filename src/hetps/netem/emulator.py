@@ -27,22 +27,56 @@ import ipaddress
 import logging
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 from hetps.netem import _reaper
+from hetps.netem.dynamic import DynamicDriver
 from hetps.netem.scenario import Scenario
+from hetps.netem.tools import (
+    _CLASSIFY,
+    _TCP_CC_FILE,
+    BRIDGE,
+    BURST_S,
+    DEFAULT_PREFIX,
+    FRAME,
+    GOODPUT_FACTOR,
+    NODE_IF,
+    QUEUE_MAX_BYTES,
+    QUEUE_MIN_FRAMES,
+    QUEUE_S,
+    NetemError,
+    NetemPermissionError,
+    NetemUnsupportedError,
+    RunInfo,
+    _bits,
+    _pick_subnet,
+    _read_sysctl,
+    _run,
+    _tbf_params,
+    cleanup_stale,
+    find_tool,
+    goodput_mbit,
+    list_runs,
+    require_root,
+)
 
+# DynamicDriver (netem/dynamic.py) and the host helpers (netem/tools.py) are re-exported here.
 __all__ = [
+    "BRIDGE",
+    "BURST_S",
     "DEFAULT_PREFIX",
+    "FRAME",
+    "GOODPUT_FACTOR",
+    "NODE_IF",
+    "QUEUE_MAX_BYTES",
+    "QUEUE_MIN_FRAMES",
+    "QUEUE_S",
     "DynamicDriver",
     "Netem",
     "NetemError",
@@ -57,215 +91,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("hetps.netem")
-
-#: Prefix of every namespace hetps creates (followed by the owner's pid and a random token).
-DEFAULT_PREFIX = "hps"
-#: Interface name of a node inside its namespace.
-NODE_IF = "eth0"
-#: Bridge name inside the hub namespace.
-BRIDGE = _reaper.HUB_BRIDGE
-#: MTU-sized Ethernet frame (bytes), the unit of HTB's burst and quantum.
-FRAME = 1514
-#: Token bucket depth in seconds of traffic at the shaped rate (floored at two frames).
-BURST_S = 0.001
-#: Queue (TBF limit) in seconds of traffic at the shaped rate, within the bounds below.
-QUEUE_S = 0.5
-QUEUE_MIN_FRAMES = 100
-QUEUE_MAX_BYTES = 16 << 20
-#: TCP goodput per byte of Ethernet frame at MTU 1500 with timestamps: 1448 / 1514.
-GOODPUT_FACTOR = 1448 / 1514
-
-_SEARCH_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin", "/usr/local/sbin")
-_CAP_NET_ADMIN = 12
-_CAP_SYS_ADMIN = 21
-
-_NO_ROOT_HINT = (
-    "hetps netem needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces, "
-    "veth pairs and tc qdiscs; run it as root (e.g. sudo), or use the in-process shaper "
-    "instead: set HETPS_SHAPE_MBIT=<rate> to rate-limit the transport with a token bucket "
-    "(no root needed, but less exact: it paces messages in user space, so it sees no kernel "
-    "queues, no TCP dynamics and no per-packet timing)"
-)
-
-
-class NetemError(RuntimeError):
-    """The emulator could not be set up, changed or torn down."""
-
-
-class NetemPermissionError(NetemError, PermissionError):
-    """Not root (or missing capabilities / tools) — the message points to the alternative."""
-
-
-class NetemUnsupportedError(NetemError):
-    """The kernel lacks a feature the scenario needs (e.g. sch_netem for ``delay_ms``)."""
-
-
-def goodput_mbit(rate_mbit: float) -> float:
-    """TCP payload throughput expected on a link shaped to ``rate_mbit`` (frames incl. headers)."""
-    return rate_mbit * GOODPUT_FACTOR
-
-
-def find_tool(name: str) -> str | None:
-    """Absolute path of ``name`` (``ip``, ``tc``) on ``PATH`` or in the usual sbin dirs."""
-    path = shutil.which(name)
-    if path:
-        return path
-    for d in _SEARCH_DIRS:
-        cand = os.path.join(d, name)
-        if os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-def _has_caps() -> bool:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    caps = int(line.split()[1], 16)
-                    return bool(caps >> _CAP_NET_ADMIN & 1) and bool(caps >> _CAP_SYS_ADMIN & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def require_root() -> tuple[str, str]:
-    """Check that namespaces can be created here; return the paths of ``ip`` and ``tc``.
-
-    Raises:
-        NetemPermissionError: not root / missing capabilities, not Linux, or ``ip``/``tc``
-            missing. The message says what is missing and points to the in-process shaper.
-    """
-    if not sys.platform.startswith("linux"):
-        raise NetemPermissionError(f"hetps netem needs Linux network namespaces. {_NO_ROOT_HINT}")
-    if not _has_caps():
-        who = (
-            "not running as root"
-            if os.geteuid() != 0
-            else "running as root but without CAP_NET_ADMIN and CAP_SYS_ADMIN "
-            "(a restricted container?)"
-        )
-        raise NetemPermissionError(f"{who}. {_NO_ROOT_HINT}")
-    ip, tc = find_tool("ip"), find_tool("tc")
-    missing = [n for n, p in (("ip", ip), ("tc", tc)) if p is None]
-    if missing:
-        raise NetemPermissionError(
-            f"{' and '.join(missing)} not found (install iproute2). {_NO_ROOT_HINT}"
-        )
-    if not os.path.isdir("/proc/self/ns") or not os.path.exists("/proc/self/ns/net"):
-        raise NetemPermissionError(f"this kernel has no network namespaces. {_NO_ROOT_HINT}")
-    assert ip is not None and tc is not None
-    return ip, tc
-
-
-def _run(argv: Sequence[str], *, input: str | None = None, what: str = "") -> str:
-    r = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        msg = (r.stderr or r.stdout).strip()
-        if "qdisc kind is unknown" in msg and "netem" in (input or " ".join(argv)):
-            raise NetemUnsupportedError(
-                "delay_ms needs the kernel's netem qdisc (CONFIG_NET_SCH_NETEM / module "
-                "sch_netem), which this kernel lacks; fix: load sch_netem, or remove delay_ms "
-                "from the scenario"
-            )
-        if "Operation not permitted" in msg or "Permission denied" in msg:
-            raise NetemPermissionError(f"{what or 'command'}: {msg}. {_NO_ROOT_HINT}")
-        detail = f"\n--- commands ---\n{input}" if input else ""
-        raise NetemError(f"{what or 'command'} failed: {' '.join(argv)}: {msg}{detail}")
-    return r.stdout
-
-
-_TCP_CC_FILE = "/proc/sys/net/ipv4/tcp_congestion_control"
-
-
-def _read_sysctl(name: str) -> str:
-    try:
-        with open(f"/proc/sys/net/ipv4/{name}") as f:
-            return f.read().strip() or "none"
-    except OSError:
-        return "unknown"
-
-
-def _bits(rate_mbit: float) -> int:
-    return max(8000, int(round(rate_mbit * 1e6)))
-
-
-def _tbf_params(rate_bit: int) -> str:
-    """``rate … burst … limit …`` for a TBF shaper (see docs/NETEM.md, "Limits")."""
-    rate_bps = rate_bit / 8
-    burst = max(2 * FRAME, int(rate_bps * BURST_S))
-    limit = int(min(max(rate_bps * QUEUE_S, QUEUE_MIN_FRAMES * FRAME), QUEUE_MAX_BYTES))
-    return f"rate {rate_bit}bit burst {burst} limit {limit}"
-
-
-# The per-destination classifier: HTB classes so fast they never throttle (TBFs shape).
-_CLASSIFY = "rate 100gbit ceil 100gbit burst 1m cburst 1m quantum 60000"
-
-
-def _pick_subnet(ip: str) -> ipaddress.IPv4Network:
-    """First ``10.77.k.0/24`` (then ``172.30.k``, ``192.168.k``) that overlaps no address or
-    route of the caller's namespace. The nodes' namespaces are isolated, so this only keeps
-    their addresses from being confused with the host's in logs and configs."""
-    used: list[ipaddress.IPv4Network] = []
-    for argv in ([ip, "-o", "-4", "addr", "show"], [ip, "-4", "route", "show", "table", "all"]):
-        out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
-        for tok in out.split():
-            if tok[:1].isdigit() and ("/" in tok or tok.count(".") == 3):
-                try:
-                    used.append(ipaddress.IPv4Network(tok, strict=False))
-                except ValueError:
-                    pass
-    for base in ("10.77", "172.30", "192.168"):
-        for k in range(256):
-            cand = ipaddress.IPv4Network(f"{base}.{k}.0/24")
-            if not any(cand.overlaps(u) for u in used if u.prefixlen > 0):
-                return cand
-    raise NetemError("no free private /24 subnet; fix: pass subnet='10.x.y.0/24' to Netem")
-
-
-@dataclass
-class RunInfo:
-    """A set of namespaces that belong to one emulator run (for ``show`` and ``cleanup``)."""
-
-    run_id: str
-    pid: int
-    alive: bool
-    namespaces: list[str] = field(default_factory=list)
-
-
-def list_runs(prefix: str = DEFAULT_PREFIX, *, ip: str | None = None) -> list[RunInfo]:
-    """Emulator runs whose namespaces exist now, grouped by run id, with owner liveness."""
-    ip = ip or find_tool("ip")
-    if ip is None:
-        return []
-    runs: dict[str, RunInfo] = {}
-    for name in _reaper.list_namespaces(ip):
-        m = _reaper.NAME_RE.match(name)
-        if not m or m.group("prefix") != prefix:
-            continue
-        run_id = name.rsplit("-", 1)[0]
-        pid = int(m.group("pid"))
-        info = runs.setdefault(run_id, RunInfo(run_id, pid, _reaper.pid_alive(pid)))
-        info.namespaces.append(name)
-    for info in runs.values():
-        info.namespaces.sort(key=lambda s: (s.endswith("-hub"), len(s), s))
-    return sorted(runs.values(), key=lambda r: r.run_id)
-
-
-def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[str]:
-    """Remove namespaces left behind by crashed runs with ``prefix``; return their names.
-
-    A run is stale when its owner process (the pid in the namespace names) is gone. With
-    ``force=True`` live runs are removed too (their processes inside are killed).
-    """
-    ip, _ = require_root()
-    removed: list[str] = []
-    for info in list_runs(prefix, ip=ip):
-        if info.alive and not force:
-            log.info("netem: keeping live run %s (owner pid %d)", info.run_id, info.pid)
-            continue
-        removed += _reaper.remove_run(ip, info.run_id, names=info.namespaces)
-    return removed
 
 
 class Netem:
@@ -733,84 +558,3 @@ class Netem:
 
     def __repr__(self) -> str:
         return f"Netem(run_id={self.run_id!r}, nodes={self.n}, state={self._state!r})"
-
-
-class DynamicDriver:
-    """Re-applies the scenario's rates every ``period_s`` in a background thread.
-
-    Epoch ``k`` starts ``k * period_s`` after :meth:`start` (anchored, so no drift); waits use
-    ``Event.wait(timeout)`` and :meth:`stop` wakes the thread at once.
-
-    Args:
-        netem: a started :class:`Netem`.
-        scenario: defaults to ``netem.scenario``; must be dynamic.
-        on_change: called as ``on_change(epoch, rates)`` after every change (driver thread).
-        start_epoch: the epoch already applied.
-        period_s: override the scenario's period (e.g. short periods in tests).
-    """
-
-    def __init__(
-        self,
-        netem: Netem,
-        scenario: Scenario | None = None,
-        *,
-        on_change: Callable[[int, list[float]], None] | None = None,
-        start_epoch: int = 0,
-        period_s: float | None = None,
-    ) -> None:
-        self.netem = netem
-        self.scenario = scenario or netem.scenario
-        period = period_s if period_s is not None else self.scenario.period_s
-        if period is None or not period > 0:
-            raise ValueError("DynamicDriver needs a dynamic scenario (period_s > 0)")
-        self.period_s = float(period)
-        self.on_change = on_change
-        self.epoch = start_epoch
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> DynamicDriver:
-        """Start the thread; returns self."""
-        if self._thread is not None:
-            raise RuntimeError("DynamicDriver already started")
-        self._thread = threading.Thread(target=self._loop, name="hetps-netem-dynamic", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to stop and join it (bounded by ``timeout``)."""
-        self._stop.set()
-        t = self._thread
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout)
-
-    def __enter__(self) -> DynamicDriver:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _loop(self) -> None:
-        t0 = time.monotonic()
-        first = self.epoch
-        while True:
-            due = t0 + (self.epoch + 1 - first) * self.period_s
-            if self._stop.wait(max(0.0, due - time.monotonic())):
-                return
-            epoch = self.epoch + 1
-            rates = self.scenario.rates_at(epoch)
-            try:
-                self.netem.set_rates(rates, epoch=epoch)
-            except BaseException as e:  # noqa: BLE001 - reported through .error
-                if self._stop.is_set() or self.netem.closed:
-                    return
-                self.error = e
-                log.error("netem: dynamic rate change failed: %s", e)
-                return
-            self.epoch = epoch
-            if self.on_change is not None:
-                try:
-                    self.on_change(epoch, rates)
-                except Exception:  # noqa: BLE001
-                    log.exception("netem: on_change callback failed")

@@ -1,0 +1,228 @@
+"""Drawing helpers shared by the figure modules: palettes, run labels, titles (with the
+emulated-heterogeneity note), colour shades, tick labels and grouped bars."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hetps.metrics.plot_registry import PlotContext
+from hetps.metrics.records import Run
+
+__all__ = ["MODE_COLORS", "MODE_ORDER", "SCHEME_COLORS"]
+
+MODE_ORDER = ("local", "sync", "async", "dcasgd", "esync")
+MODE_COLORS = {
+    "esync": "#d62728",
+    "sync": "#1f77b4",
+    "async": "#2ca02c",
+    "dcasgd": "#9467bd",
+    "local": "#555555",
+}
+_CYCLE = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
+SCHEME_COLORS = {
+    "average": "#7f7f7f",
+    "elastic": "#ff7f0e",
+    "aware": "#1f77b4",
+    "optimal": "#2ca02c",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Labels, titles, bars
+
+
+def _slowdown_text(run: Run) -> str:
+    return ",".join(f"{s:g}" for s in run.slowdown)
+
+
+def _title(base: str, runs: Sequence[Run]) -> str:
+    """``base`` plus "(emulated heterogeneity: --slowdown …)" when any run was slowed down."""
+    het = [r for r in runs if r.heterogeneous]
+    if not het:
+        return base
+    texts = list(dict.fromkeys(_slowdown_text(r) for r in het))
+    note = "emulated heterogeneity: --slowdown " + " | ".join(texts)
+    if len(het) < len(runs):
+        note += f" in {len(het)} of {len(runs)} runs"
+    return f"{base}\n({note})"
+
+
+def _mode_key(mode: str) -> int:
+    return MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER)
+
+
+def _labels(runs: Sequence[Run], with_network: bool, base: str = "mode") -> list[str]:
+    """One unique label per run: its mode (or scheme) plus whatever differs between the runs."""
+    varying = []
+    checks: list[tuple[str, Callable[[Run], Any]]] = [
+        ("split", lambda r: "non-iid" if r.split_by_class else "iid"),
+        ("workers", lambda r: f"W={r.workers}"),
+        (
+            "slowdown",
+            lambda r: f"slowdown {_slowdown_text(r)}" if r.heterogeneous else "no slowdown",
+        ),
+        ("scheme", lambda r: f"{r.get('scheme')}" if r.get("scheme") is not None else None),
+        (
+            "slice",
+            lambda r: f"x={r.get('slice_size')}" if r.get("slice_size") is not None else None,
+        ),
+    ]
+    for key, fn in checks:
+        if key == base:
+            continue
+        vals = {fn(r) for r in runs}
+        if len(vals) > 1:
+            varying.append(fn)
+    labels = []
+    for r in runs:
+        head = str(r.get("scheme")) if base == "scheme" else r.mode
+        parts = [head] + ([r.network] if with_network else [])
+        parts += [v for fn in varying if (v := fn(r)) is not None]
+        labels.append(" ".join(p for p in parts if p))
+    # labels must be unique among runs drawn side by side: per network when it is not shown
+    keys = [(None if with_network else r.network, lab) for r, lab in zip(runs, labels, strict=True)]
+    seen: dict[tuple[str | None, str], int] = {}
+    out = []
+    for key, lab in zip(keys, labels, strict=True):
+        seen[key] = seen.get(key, 0) + 1
+        out.append(lab if keys.count(key) == 1 else f"{lab} #{seen[key]}")
+    return out
+
+
+def _shade(color: str, k: int) -> tuple[float, float, float]:
+    """``color`` for the k-th variant of a mode: 0 as is, then alternately lighter and darker."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(color)
+    if k == 0:
+        return (r, g, b)
+    f = min(0.7, 0.2 * ((k + 1) // 2))
+    if k % 2:  # lighter
+        return (r + (1 - r) * f, g + (1 - g) * f, b + (1 - b) * f)
+    return (r * (1 - f), g * (1 - f), b * (1 - f))
+
+
+def _hue_colors(
+    hues: Sequence[str], keys: Sequence[str], palette: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A colour per hue: the colour of its key (mode or scheme) in ``palette`` (default
+    :data:`MODE_COLORS`; unknown keys take the next free colour), in lighter/darker shades
+    for further hues with the same key."""
+    palette = dict(MODE_COLORS if palette is None else palette)
+    free = [c for c in _CYCLE if c not in palette.values()] or _CYCLE
+    seen: dict[str, int] = {}
+    out: dict[str, Any] = {}
+    for h, key in zip(hues, keys, strict=True):
+        if key not in palette:
+            palette[key] = free[len(palette) % len(free)]
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        out[h] = _shade(palette[key], k)
+    return out
+
+
+def _xticks(ax: Any, positions: Sequence[float], labels: Sequence[str]) -> None:
+    """Tick labels, slanted when long."""
+    if max((len(lab) for lab in labels), default=0) > 14:
+        ax.set_xticks(positions, labels, fontsize=7, rotation=20, ha="right")
+    else:
+        ax.set_xticks(positions, labels, fontsize=8)
+
+
+def _grouped_bars(
+    ax: Any,
+    groups: Sequence[str],
+    hues: Sequence[str],
+    values: dict[tuple[str, str], float | None],
+    colors: dict[str, Any],
+    fmt: str = "{:.3g}",
+) -> None:
+    """Bars of ``values[(group, hue)]``: one compact cluster per group (only the hues it has),
+    one colour per hue, one legend entry per hue."""
+    x = 0.0
+    centers = []
+    labelled: set[str] = set()
+    total = sum(1 for g in groups for h in hues if values.get((g, h)) is not None)
+    rot = 90 if total > 14 else 0
+    for g in groups:
+        present = [h for h in hues if values.get((g, h)) is not None]
+        start = x
+        for h in present:
+            v = values[(g, h)]
+            bar = ax.bar(
+                [x],
+                [v],
+                0.9,
+                color=colors.get(h),
+                label=None if h in labelled else h,
+            )
+            labelled.add(h)
+            ax.bar_label(bar, labels=[fmt.format(v)], fontsize=7, padding=1, rotation=rot)
+            x += 1.0
+        centers.append((start + x - 1.0) / 2 if present else start)
+        x += 0.8  # gap between clusters
+    _xticks(ax, centers, list(groups))
+    ax.margins(y=0.12)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def _scheme_key(scheme: Any) -> int:
+    order = list(SCHEME_COLORS)
+    return order.index(scheme) if scheme in order else len(order)
+
+
+def _sorted_pairs(
+    pairs: list[tuple[Run, dict[str, Any]]], by_scheme: bool = False
+) -> list[tuple[Run, dict[str, Any]]]:
+    def key(p: tuple[Run, dict[str, Any]]) -> tuple[Any, ...]:
+        r = p[0]
+        head = _scheme_key(r.get("scheme")) if by_scheme else _mode_key(r.mode)
+        return (head, r.network, str(r.run_dir))
+
+    return sorted(pairs, key=key)
+
+
+def _bars_by_network(
+    ctx: PlotContext,
+    pairs: list[tuple[Run, dict[str, Any]]],
+    value: Callable[[dict[str, Any]], float | None],
+    name: str,
+    title: str,
+    ylabel: str,
+    base: str = "mode",
+    fmt: str = "{:.3g}",
+) -> list[Path]:
+    """One bar per run: clusters by network, colours by mode (or scheme)."""
+    pairs = _sorted_pairs(pairs, by_scheme=base == "scheme")
+    runs = [r for r, _ in pairs]
+    labels = _labels(runs, with_network=False, base=base)
+    groups = list(dict.fromkeys(r.network for r in runs))
+    hues = list(dict.fromkeys(labels))
+    values = {(r.network, lab): value(s) for (r, s), lab in zip(pairs, labels, strict=True)}
+    if base == "scheme":
+        key = {lab: str(r.get("scheme")) for r, lab in zip(runs, labels, strict=True)}
+        colors = _hue_colors(hues, [key[h] for h in hues], SCHEME_COLORS)
+    else:
+        key = {lab: r.mode for r, lab in zip(runs, labels, strict=True)}
+        colors = _hue_colors(hues, [key[h] for h in hues])
+    fig = ctx.new_figure(min(16.0, max(6.0, 2.0 + 0.45 * len(pairs))), 4.6)
+    ax = fig.subplots()
+    _grouped_bars(ax, groups, hues, values, colors, fmt)
+    ax.set_ylabel(ylabel)
+    ax.set_title(_title(title, runs), fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return [ctx.save(fig, name)]

@@ -1,0 +1,326 @@
+"""The training figures (the ESync study): test accuracy over time (i.i.d. and non-i.i.d.
+data), data throughput, traffic load, computing-time ratio per device, and the traffic
+timeline of single runs. Registered on import, in this order."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetps.metrics.plot_helpers import (
+    _CYCLE,
+    _bars_by_network,
+    _grouped_bars,
+    _hue_colors,
+    _labels,
+    _mode_key,
+    _sorted_pairs,
+    _title,
+    _xticks,
+)
+from hetps.metrics.plot_registry import PlotContext, figure
+from hetps.metrics.records import Run
+from hetps.metrics.summary import THRESHOLDS, accuracy_curve, computing_time_ratios
+from hetps.metrics.traffic import load_traffic
+
+__all__ = [
+    "fig_accuracy_iid",
+    "fig_accuracy_noniid",
+    "fig_computing_time_ratio",
+    "fig_throughput",
+    "fig_traffic",
+    "fig_traffic_timeline",
+]
+
+
+def _accuracy(ctx: PlotContext, non_iid: bool) -> list[Path]:
+    kind = "non-i.i.d." if non_iid else "i.i.d."
+    name = f"accuracy_vs_time_{'noniid' if non_iid else 'iid'}.png"
+    runs = [r for r in ctx.runs if r.split_by_class == non_iid]
+    runs = sorted(runs, key=lambda r: (_mode_key(r.mode), r.network, str(r.run_dir)))
+    curves = [(r, accuracy_curve(r)) for r in runs]
+    curves = [(r, c) for r, c in curves if c]
+    if not curves:
+        what = "runs" if not runs else "evaluated runs (records with accuracy)"
+        ctx.notes.append(f"{name}: skipped, no {kind} {what} (run.json split_by_class)")
+        return []
+    fig = ctx.new_figure(8.0, 5.0)
+    ax = fig.subplots()
+    labels = _labels([r for r, _ in curves], with_network=True)
+    networks = list(dict.fromkeys(r.network for r, _ in curves))
+    styles = ["-", "--", "-.", ":"]
+    colors = _hue_colors(labels, [r.mode for r, _ in curves])
+    for (r, c), lab in zip(curves, labels, strict=True):
+        t, a = zip(*c, strict=True)
+        ax.plot(
+            t,
+            a,
+            styles[networks.index(r.network) % len(styles)],
+            color=colors[lab],
+            marker="o",
+            markersize=3,
+            label=lab,
+        )
+    for thr in THRESHOLDS:
+        ax.axhline(thr, color="0.6", lw=0.7, ls=":", zorder=0)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("test accuracy")
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(
+        _title(f"Test accuracy vs time ({kind} data)", [r for r, _ in curves]), fontsize=10
+    )
+    return [ctx.save(fig, name)]
+
+
+@figure("accuracy_vs_time_iid")
+def fig_accuracy_iid(ctx: PlotContext) -> list[Path]:
+    """Test accuracy vs wall time, runs with i.i.d. data."""
+    return _accuracy(ctx, non_iid=False)
+
+
+@figure("accuracy_vs_time_noniid")
+def fig_accuracy_noniid(ctx: PlotContext) -> list[Path]:
+    """Test accuracy vs wall time, runs with data split by class."""
+    return _accuracy(ctx, non_iid=True)
+
+
+@figure("throughput")
+def fig_throughput(ctx: PlotContext) -> list[Path]:
+    """Data throughput (samples/s) per mode, grouped by network."""
+    pairs = [(r, s) for r, s in ctx.pairs() if s["throughput_samples_per_s"] is not None]
+    if not pairs:
+        ctx.notes.append("throughput.png: skipped, no run has iteration records")
+        return []
+    return _bars_by_network(
+        ctx,
+        pairs,
+        lambda s: s["throughput_samples_per_s"],
+        "throughput.png",
+        "Data throughput",
+        "samples / s",
+        fmt="{:.0f}",
+    )
+
+
+@figure("traffic")
+def fig_traffic(ctx: PlotContext) -> list[Path]:
+    """Traffic load (MB/s pushed and pulled by all workers) per mode, grouped by network."""
+    pairs = _sorted_pairs(
+        [(r, s) for r, s in ctx.pairs() if s["traffic_mb_per_s"]["push"] is not None]
+    )
+    if not pairs:
+        ctx.notes.append("traffic.png: skipped, no run has iteration records")
+        return []
+    runs = [r for r, _ in pairs]
+    labels = _labels(runs, with_network=False)
+    groups = list(dict.fromkeys(r.network for r in runs))
+    hues = list(dict.fromkeys(labels))
+    modes = {lab: r.mode for r, lab in zip(runs, labels, strict=True)}
+    colors = _hue_colors(hues, [modes[h] for h in hues])
+    fig = ctx.new_figure(min(18.0, max(9.0, 2.5 + 0.9 * len(pairs))), 4.6)
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, kind in zip(axes, ("push", "pull"), strict=True):
+        vals = {
+            (r.network, lab): s["traffic_mb_per_s"][kind]
+            for (r, s), lab in zip(pairs, labels, strict=True)
+        }
+        _grouped_bars(ax, groups, hues, vals, colors, "{:.3g}")
+        ax.set_title(
+            f"{kind} (workers → servers)" if kind == "push" else f"{kind} (servers → workers)",
+            fontsize=9,
+        )
+    axes[0].set_ylabel("MB / s (all workers)")
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(_title("Traffic load", runs), fontsize=10)
+    return [ctx.save(fig, "traffic.png")]
+
+
+@figure("computing_time_ratio")
+def fig_computing_time_ratio(ctx: PlotContext) -> list[Path]:
+    """Computing-time ratio per device, bars per device grouped by mode; a panel per network."""
+    pairs = _sorted_pairs([(r, s) for r, s in ctx.pairs() if s["computing_time_ratio"]])
+    if not pairs:
+        ctx.notes.append("computing_time_ratio.png: skipped, no run has iteration records")
+        return []
+    networks = list(dict.fromkeys(r.network for r, _ in pairs))
+    ranks = sorted({rank for r, _ in pairs for rank in r.ranks})
+    # A legend label per rank: the device label if every run agrees, else "worker<r>".
+    rank_label = {}
+    for rank in ranks:
+        labs = {r.device_label(rank) for r, _ in pairs if rank in r.records}
+        rank_label[rank] = labs.pop() if len(labs) == 1 else f"worker{rank}"
+    colors = {rank: _CYCLE[i % len(_CYCLE)] for i, rank in enumerate(ranks)}
+    nbars = [
+        sum(len(computing_time_ratios(r)) + 1 for r, _ in pairs if r.network == net)
+        for net in networks
+    ]
+    fig = ctx.new_figure(min(20.0, max(7.0, 2.5 + 0.3 * sum(nbars))), 5.0)
+    axes = np.atleast_1d(
+        fig.subplots(
+            1, len(networks), sharey=True, squeeze=False, gridspec_kw={"width_ratios": nbars}
+        )[0]
+    )
+    top = 1.0
+    rot = 90 if sum(nbars) > 20 else 0
+    for ax, net in zip(axes, networks, strict=True):
+        sub = [(r, s) for r, s in pairs if r.network == net]
+        labels = _labels([r for r, _ in sub], with_network=False)
+        x = 0.0
+        centers = []
+        for r, _s in sub:
+            ratios = computing_time_ratios(r)
+            start = x
+            for rank in ranks:
+                if rank not in ratios:
+                    continue
+                y = ratios[rank]
+                top = max(top, y)
+                bar = ax.bar([x], [y], 0.9, color=colors[rank], label=rank_label[rank])
+                ax.bar_label(bar, labels=[f"{y:.2f}"], fontsize=6, padding=1, rotation=rot)
+                x += 1.0
+            centers.append((start + x - 1.0) / 2 if x > start else start)
+            x += 1.0
+        _xticks(ax, centers, labels)
+        ax.set_title(net, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    axes[0].set_ylim(0, top * 1.12)
+    axes[0].set_ylabel("computing time / wall time")
+    handles: list[Any] = []
+    labs: list[str] = []
+    for ax in axes:
+        for hh, ll in zip(*ax.get_legend_handles_labels(), strict=True):
+            if ll not in labs:
+                handles.append(hh)
+                labs.append(ll)
+    axes[-1].legend(handles, labs, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(_title("Computing-time ratio per device", [r for r, _ in pairs]), fontsize=10)
+    return [ctx.save(fig, "computing_time_ratio.png")]
+
+
+def _slug(run: Run, base: Path | None) -> str:
+    try:
+        rel = run.run_dir.resolve().relative_to(base.resolve()) if base else Path(run.name)
+    except ValueError:
+        rel = Path(run.name)
+    text = str(rel) if str(rel) not in ("", ".") else run.name
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
+
+
+def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
+    from matplotlib.ticker import FuncFormatter
+
+    traffic = load_traffic(run.run_dir)
+    traffic = {k: v for k, v in traffic.items() if v}
+    if not traffic:
+        ctx.notes.append(
+            f"{name}: skipped for {run.run_dir}, no traffic-<role><rank>.jsonl files "
+            "(the run had no TrafficRecorder)"
+        )
+        return None
+    dts = {float(b["dt"]) for bs in traffic.values() for b in bs}
+    dt = min(dts)
+    t_all = [float(b["t"]) for bs in traffic.values() for b in bs]
+    lo, hi = min(t_all), max(t_all)
+    if ctx.window is not None:
+        lo, hi = max(lo, ctx.window[0]), min(hi, ctx.window[1])
+        if hi < lo:
+            ctx.notes.append(f"{name}: skipped for {run.run_dir}, no traffic in the window")
+            return None
+    else:
+        lo = min(lo, 0.0)
+    i0, i1 = int(np.floor(lo / dt + 1e-9)), int(np.floor(hi / dt + 1e-9))
+    grid = (np.arange(i0, i1 + 2)) * dt
+    peers = sorted(
+        {b["peer"] for bs in traffic.values() for b in bs},
+        key=lambda p: (0, p, "") if isinstance(p, (int, float)) else (1, 0, str(p)),
+    )
+    colors = {p: _CYCLE[i % len(_CYCLE)] for i, p in enumerate(peers)}
+    nodes = list(traffic)
+    fig = ctx.new_figure(11.0, 1.2 + 1.9 * len(nodes))
+    axes = np.atleast_1d(fig.subplots(len(nodes), 1, sharex=True, squeeze=False)[:, 0])
+    for ax, node in zip(axes, nodes, strict=True):
+        series: dict[Any, np.ndarray] = {}
+        for b in traffic[node]:
+            i = int(np.floor(float(b["t"]) / dt + 1e-9)) - i0
+            if not 0 <= i <= i1 - i0:
+                continue
+            arr = series.setdefault(b["peer"], np.zeros((2, len(grid))))
+            # bytes/s in MB/s; a wider bucket than dt is spread evenly over its span
+            width = max(1, round(float(b["dt"]) / dt))
+            span = slice(i, min(i + width, len(grid) - 1))
+            arr[0, span] += b["push_bytes"] / (width * dt) / 1e6
+            arr[1, span] += b["pull_bytes"] / (width * dt) / 1e6
+        # stacked bands, one per peer: push stacked upwards, pull downwards
+        below = np.zeros((2, len(grid)))
+        for peer in peers:
+            if peer not in series:
+                continue
+            top = below + series[peer]
+            c = colors[peer]
+            for k, sign in ((0, 1.0), (1, -1.0)):
+                if series[peer][k].any():
+                    ax.fill_between(
+                        grid, sign * below[k], sign * top[k], step="post", color=c, alpha=0.45, lw=0
+                    )
+                    ax.step(grid, sign * top[k], where="post", color=c, lw=0.8)
+            ax.fill_between([], [], [], color=c, alpha=0.45, label=str(peer))  # legend entry
+            below = top
+        ax.axhline(0, color="0.2", lw=0.6)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{abs(v):g}"))
+        ymax = max(float(below.max()), 1e-9)
+        ax.set_ylim(-ymax * 1.12, ymax * 1.12)
+        m = re.match(r"worker(\d+)$", node)
+        if m and int(m.group(1)) in run.records:
+            ends = [float(rec["t"]) for rec in run.records[int(m.group(1))]]
+            ends = [t for t in ends if lo <= t <= hi + dt]
+            if ends and len(ends) <= 400:
+                ax.vlines(
+                    ends, 0, 1, transform=ax.get_xaxis_transform(), colors="0.75", lw=0.6, zorder=0
+                )
+        label = node
+        if m:
+            label = run.device_label(int(m.group(1)))
+        ax.set_ylabel(f"{label}\nMB/s: push ↑ pull ↓", fontsize=8)
+        ax.grid(alpha=0.25)
+        ax.legend(
+            fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="peer", title_fontsize=7
+        )
+    axes[-1].set_xlabel("time since run start (s)")
+    axes[-1].set_xlim(grid[0], grid[-1])
+    title = _title(f"Traffic per link over time: {run.mode} / {run.network}  ({run.name})", [run])
+    title += (
+        f"\nMB/s stacked by peer: push above the axis, pull below; buckets of {dt * 1000:g} ms; "
+        "grey lines: iteration ends"
+    )
+    fig.suptitle(title, fontsize=10)
+    return ctx.save(fig, name)
+
+
+@figure("traffic_timeline")
+def fig_traffic_timeline(ctx: PlotContext) -> list[Path]:
+    """Bytes/s on every link over time (push and pull), one file per chosen run."""
+    runs = ctx.timeline_runs
+    if not runs:
+        ctx.notes.append("traffic_timeline.png: skipped, no runs")
+        return []
+    base = (
+        Path(os.path.commonpath([str(r.run_dir.resolve()) for r in runs]))
+        if len(runs) > 1
+        else None
+    )
+    out = []
+    for r in runs:
+        name = (
+            "traffic_timeline.png" if len(runs) == 1 else f"traffic_timeline_{_slug(r, base)}.png"
+        )
+        p = _timeline(ctx, r, name)
+        if p is not None:
+            out.append(p)
+    return out
