@@ -77,7 +77,8 @@ if kv.rank == 1:
     os.kill(os.getpid(), signal.SIGKILL)
 t0 = time.time()
 try:
-    kv.push('w', np.ones(100, np.float32))      # waits for rank 1, which is dead
+    kv.push('w', np.ones(100, np.float32))      # returns at once (MXNet's push) ...
+    kv.pull('w')                                # ... the pull waits for rank 1, which is dead
     raise SystemExit('push completed without the dead worker')
 except NodeFailure as e:
     print(f'GOT-FAILURE after {time.time() - t0:.1f}s: {e}', flush=True)
@@ -106,6 +107,7 @@ if kv.rank == 1:
     raise RuntimeError('boom in user code')
 try:
     kv.push('w', np.ones(10, np.float32))
+    kv.pull('w')
 except NodeFailure as e:
     assert 'boom in user code' in str(e) and 'worker rank 1' in str(e), e
     print('SAW-CRASH', flush=True)

@@ -12,14 +12,15 @@ kv = hetps.kv.create('dist_async')
 r, W = kv.rank, kv.num_workers
 kv.init('w', np.zeros(8, np.float32))
 try:
-    kv.push('w', np.ones(8, np.float32))
+    kv.push('w', np.ones(8, np.float32))   # returns at once; the pull reports the refusal
+    kv.pull('w')
     raise SystemExit('a dist_async push without an optimizer was accepted')
 except RequestError as e:
     assert 'set_optimizer' in str(e), e
 kv.barrier()                     # every worker saw the refusal before an optimizer exists
 kv.set_optimizer(optim.SGD(learning_rate=1.0))
 for i in range(5):
-    kv.push('w', np.full(8, r + 1, np.float32))      # acknowledged after it is applied
+    kv.push('w', np.full(8, r + 1, np.float32))      # the pull after it sees it applied
     mine = kv.pull('w')
     assert (mine <= -(r + 1) * (i + 1)).all(), mine  # at least my own pushes are in
 kv.barrier()                                          # waits for my pushes, then everyone's
@@ -150,7 +151,7 @@ assert (outs[0] == 2 * W).all() and (outs[1] == 2 * W).all(), outs
 def sent():
     return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
 kv.barrier()
-m0 = sent(); kv.push('g', grad); m1 = sent(); kv.pushpull('g', grad); m2 = sent()
+m0 = sent(); kv.push('g', grad, block=True); m1 = sent(); kv.pushpull('g', grad); m2 = sent()
 kv.pull('g'); m3 = sent()
 assert m1 - m0 == m2 - m1 == m3 - m2 > 1, (m0, m1, m2, m3)
 kv.barrier()

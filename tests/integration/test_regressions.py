@@ -40,8 +40,9 @@ def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
         kv.init(keys, [np.ones(8, np.float32)] * 400)
         srv.kill()
         srv.wait()
+        kv.push(keys, [np.ones(8, np.float32)] * 400)  # returns once captured ...
         with pytest.raises(NodeFailure, match="server rank 0"):
-            kv.push(keys, [np.ones(8, np.float32)] * 400)
+            kv.wait_outstanding()  # ... and the requests fail when the server is declared dead
         closer = threading.Thread(target=kv.close, kwargs={"error": "push failed"}, daemon=True)
         closer.start()
         closer.join(15)

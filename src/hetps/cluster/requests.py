@@ -32,6 +32,7 @@ class Future:
         "_error",
         "_callback",
         "_tracker",
+        "reported",
     )
 
     def __init__(self, req: int, peer: int, what: str, callback: Callable[[Any], None] | None):
@@ -46,10 +47,16 @@ class Future:
         self._error: BaseException | None = None
         self._callback = callback
         self._tracker: RequestTracker | None = None
+        # its error was raised to a caller already (a later wait_outstanding skips it)
+        self.reported = False
 
     def done(self) -> bool:
         """Whether the answer (or an error) is in."""
         return self._event.is_set()
+
+    def unreported_error(self) -> bool:
+        """Whether it failed and no caller has seen the error yet."""
+        return self._event.is_set() and self._error is not None and not self.reported
 
     def set_result(self, value: Any) -> None:
         """Resolve with ``value`` (runs the callback first, in the caller's thread)."""
@@ -84,6 +91,7 @@ class Future:
             # a no-op if the answer came in just now
             self.set_error(err)
         if self._error is not None:
+            self.reported = True
             raise self._error
         return self._result
 
@@ -176,14 +184,21 @@ class RequestTracker:
 
 
 def wait_all(futures: list[Future], timeout: float, what: str = "request") -> list[Any]:
-    """Wait for every future within one overall ``timeout``; the first error is raised."""
+    """Wait for every future within one overall ``timeout``; the first error is raised (and
+    counts as reported for every future of the call that failed by then)."""
     deadline = time.monotonic() + timeout
     out = []
-    for fut in futures:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 and not fut.done():
-            raise RequestTimeout(f"{what}: timed out after {timeout:.1f} s")
-        out.append(fut.wait(max(remaining, 0.0)))
+    try:
+        for fut in futures:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 and not fut.done():
+                raise RequestTimeout(f"{what}: timed out after {timeout:.1f} s")
+            out.append(fut.wait(max(remaining, 0.0)))
+    except BaseException:
+        for fut in futures:
+            if fut.done():
+                fut.reported = True
+        raise
     return out
 
 

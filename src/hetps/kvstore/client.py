@@ -3,8 +3,15 @@
 Each call is cut into requests, one per chunk of each part of each key (see
 :mod:`hetps.kvstore.placement`), and handed to the send queue (:mod:`hetps.kvstore.sender`):
 highest priority first, but a request never overtakes an earlier one of the same slice, so
-per-key order is preserved. Blocking is the default; ``block=False`` returns a
-:class:`~hetps.kvstore.base.Handle`. With network-aware balancing on, a
+per-key order is preserved.
+
+As in MXNet, ``push`` returns once the values are captured (copied: a later write to the
+caller's array changes nothing that is sent) and ``pull`` blocks. A pull of a key sees this
+worker's earlier pushes of it. In dist_sync, when a worker pulls each key it pushed (the
+training loop), the push of a small key asks the server to answer with the key's value once the push took effect
+(a fused push-pull), and the pull that follows takes that answer instead of a second round
+trip. ``block=False`` returns a :class:`~hetps.kvstore.base.Handle`; ``wait_all``/``barrier``
+wait for every push. With network-aware balancing on, a
 :class:`~hetps.balance.agent.BalanceAgent` times the traffic and moves slices between servers
 at every :meth:`DistKVStore.rebalance`.
 """
@@ -14,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +49,10 @@ from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.worker")
 
+#: keys up to this size (bytes) have their pull answered by the push before it (one round
+#: trip for both); bigger ones are pulled as their own requests, straight into ``out``
+PREFETCH_MAX_BYTES = 1 << 20
+
 
 @dataclass
 class KeyMeta:
@@ -51,6 +62,15 @@ class KeyMeta:
     dtype: np.dtype
     parts: list[Part]
     residual: np.ndarray | None = None
+    # push capture: a buffer the values are copied into, free again once its push is answered
+    stage: np.ndarray | None = None
+    pushed: list[Future] = field(default_factory=list)  # the last push's requests
+    # pull prefetch: a push of this key carries "answer with the value" when the worker pulls
+    # what it pushed; the pull then takes that answer (futures, the flat buffer it lands in)
+    prefetching: bool = False
+    pushed_since_pull: bool = False
+    prefetch: tuple[list[Future], np.ndarray] | None = None
+    spare: np.ndarray | None = None  # a prefetch buffer a finished pull gave back
 
     @property
     def size(self) -> int:
@@ -80,6 +100,8 @@ class DistKVStore:
         self._closed = False
         # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
         self.agent = BalanceAgent(self) if self.balance else None
+        # pulls answered by the push before them (dist_sync, slices that stay where they are)
+        self._prefetch = self.sync and not self.balance
         self.node.handler = self._on_message  # forecasts and push receipts
         if cfg.verbose >= 1:
             log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
@@ -110,7 +132,9 @@ class DistKVStore:
         with self._out_lock:
             self._outstanding.extend(futs)
             if len(self._outstanding) > 256:  # prune now and then, not on every call
-                self._outstanding = [f for f in self._outstanding if not f.done()]
+                self._outstanding = [
+                    f for f in self._outstanding if not f.done() or f.unreported_error()
+                ]
 
     def request(
         self, key: Any, priority: int, server_rank: int, msg: Message, callback=None, landing=None
@@ -245,9 +269,13 @@ class DistKVStore:
         wait_all(futs, self.timeout, "init")
         self.node.barrier("worker", self.timeout)
 
-    def push(self, key: Any, value: Any, priority: int = 0, block: bool = True) -> Handle:
-        """Push values (a list per key is summed first). In dist_sync the push is acknowledged
-        when every worker pushed the round and the server applied it."""
+    def push(self, key: Any, value: Any, priority: int = 0, block: bool = False) -> Handle:
+        """Push values (a list per key is summed first); returns once they are captured, as
+        MXNet's push does: a later write to ``value`` changes nothing that is sent. A later
+        pull of the key sees this push; its errors are raised by that pull, by the handle's
+        ``wait()``, by :meth:`wait_outstanding` and by :meth:`barrier`. With ``block=True``
+        it returns when the push took effect (in dist_sync: every worker pushed the round and
+        the server applied it)."""
         self.node.check()
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "push")
@@ -256,8 +284,42 @@ class DistKVStore:
             meta = self._meta(k, "push")
             arr = reduce_values(entry, f"push of key {k!r}")
             self._check(k, meta, arr, "push")
-            futs += self._push_one(k, meta, arr, priority)
+            if not block and self.compressor is None:  # (compression makes its own copy)
+                arr = self._capture(meta, arr)
+            dest = self._prefetch_into(meta)
+            pushed = self._push_one(k, meta, arr, priority, dest)
+            meta.pushed = pushed
+            meta.pushed_since_pull = True
+            if dest is not None:
+                meta.prefetch = (pushed, dest)
+            futs += pushed
         return self._finish_call(futs, block, "push")
+
+    def _capture(self, meta: KeyMeta, arr: np.ndarray) -> np.ndarray:
+        """A copy of ``arr`` that stays as it is until its push is sent: the key's staging
+        buffer when its last push was answered, else a new one (which becomes the buffer)."""
+        stage = meta.stage
+        if stage is None or not all(f.done() for f in meta.pushed):
+            stage = meta.stage = np.empty(meta.shape, meta.dtype)
+        np.copyto(stage, arr.reshape(meta.shape))
+        return stage
+
+    def _prefetch_into(self, meta: KeyMeta) -> np.ndarray | None:
+        """Where this push's answer should bring the key's value (None: a plain push).
+
+        A worker that pulls a key after pushing it gets the value with the push's answer
+        from then on; a push whose value was never pulled turns that off again. Only in
+        dist_sync, where the pull after a push sees exactly that push's round: in dist_async
+        a later pull sees the other workers' pushes made since."""
+        if not self._prefetch or meta.size * meta.dtype.itemsize > PREFETCH_MAX_BYTES:
+            return None
+        if meta.prefetch is not None:  # pushed again before pulling: no pull follows pushes
+            meta.prefetch = None
+            meta.prefetching = False
+        if not meta.prefetching:
+            return None
+        buf, meta.spare = meta.spare, None
+        return buf if buf is not None else np.empty(meta.size, meta.dtype)
 
     def _push_one(
         self,
@@ -332,7 +394,15 @@ class DistKVStore:
             )
             for t in targets:
                 self._check(k, meta, t, "pull")
-            f, fin = self._pull_one(k, meta, targets, priority)
+            if meta.prefetch is not None:  # the last push brings the value: no request
+                f, fin = self._take_prefetch(meta, targets)
+            else:
+                f, fin = self._pull_one(k, meta, targets, priority)
+                # the earlier push's errors are this pull's too (it may have been refused)
+                f = meta.pushed + f if meta.pushed_since_pull else f
+                if meta.pushed_since_pull and self._prefetch:
+                    meta.prefetching = True  # pulls follow pushes: fuse them from now on
+            meta.pushed_since_pull = False
             futs += f
             finishers.append(fin)
             results.append(targets[0])
@@ -346,6 +416,21 @@ class DistKVStore:
 
         handle = self._finish_call(futs, block, "pull", finish)
         return handle.wait() if block else handle
+
+    def _take_prefetch(self, meta: KeyMeta, targets: list[np.ndarray]):
+        """A pull answered by the last push: wait for its answers, copy the value out, and
+        give the buffer back for the next push."""
+        assert meta.prefetch is not None
+        futs, buf = meta.prefetch
+        meta.prefetch = None
+
+        def finish() -> None:
+            value = buf.reshape(meta.shape)
+            for t in targets:
+                t[...] = value
+            meta.spare = buf
+
+        return futs, finish
 
     def _pull_one(self, k: Any, meta: KeyMeta, targets: list[np.ndarray], priority: int):
         first = targets[0]
@@ -402,7 +487,10 @@ class DistKVStore:
             # landing in the pushed array itself is safe: a range's answer comes after the
             # server has received that range
             dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
-            futs += self._push_one(k, meta, arr, priority, dest)
+            pushed = self._push_one(k, meta, arr, priority, dest)
+            # a later pull sees this round: not the value an earlier push brings
+            meta.prefetch, meta.pushed, meta.pushed_since_pull = None, pushed, False
+            futs += pushed
             finishers.append(_finisher(meta, dest, targets, direct))
 
         def finish() -> None:
@@ -418,10 +506,10 @@ class DistKVStore:
         self.pull(key, out, priority)
 
     def wait_outstanding(self) -> None:
-        """Wait for every request this worker has in flight."""
+        """Wait for every request this worker has in flight; raise the first error no call
+        has raised yet (a push's, whose call returned before its answer)."""
         with self._out_lock:
-            # requests already answered were reported to their callers (or their handles)
-            futs = [f for f in self._outstanding if not f.done()]
+            futs = [f for f in self._outstanding if not f.done() or f.unreported_error()]
             self._outstanding = []
         wait_all(futs, self.timeout, "outstanding requests")
 
@@ -434,6 +522,7 @@ class DistKVStore:
         """Ship ``optimizer`` (by value) to every server; returns on every worker only when
         every server has it."""
         self.node.check()
+        self.wait_outstanding()
         if not isinstance(optimizer, optim.Optimizer):
             raise TypeError(
                 f"set_optimizer takes a hetps.optim.Optimizer, got {type(optimizer).__name__}"
@@ -454,7 +543,8 @@ class DistKVStore:
             m.residual = None
 
     def save_optimizer_states(self, fname: str) -> None:
-        """Write every server's optimizer state to ``fname``."""
+        """Write every server's optimizer state to ``fname`` (after this worker's pushes)."""
+        self.wait_outstanding()
         futs = [self.request(None, 0, s, Message(P.GET_STATES)) for s in range(self.num_servers)]
         replies = wait_all(futs, self.timeout, "save_optimizer_states")
         merged: dict = {}
@@ -466,7 +556,9 @@ class DistKVStore:
         os.replace(tmp, fname)
 
     def load_optimizer_states(self, fname: str) -> None:
-        """Load optimizer states written by :meth:`save_optimizer_states` onto the servers."""
+        """Load optimizer states written by :meth:`save_optimizer_states` onto the servers
+        (after this worker's pushes took effect)."""
+        self.wait_outstanding()
         with open(fname, "rb") as f:
             blob = np.frombuffer(f.read(), dtype=np.uint8)
         futs = [

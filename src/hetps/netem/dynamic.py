@@ -5,17 +5,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from hetps.netem.scenario import Scenario
-
-if TYPE_CHECKING:
-    from hetps.netem.emulator import Netem
 
 __all__ = ["DynamicDriver"]
 
 log = logging.getLogger("hetps.netem")
+
+
+class Shaped(Protocol):
+    """What the driver needs of an emulator (:class:`~hetps.netem.emulator.Netem`)."""
+
+    scenario: Scenario
+    @property
+    def closed(self) -> bool: ...
+
+    def set_rates(self, rates_mbit: Sequence[float], *, epoch: int | None = None) -> None: ...
 
 
 class DynamicDriver:
@@ -34,7 +41,7 @@ class DynamicDriver:
 
     def __init__(
         self,
-        netem: Netem,
+        netem: Shaped,
         scenario: Scenario | None = None,
         *,
         on_change: Callable[[int, list[float]], None] | None = None,

@@ -1,0 +1,108 @@
+"""MXNet's asynchrony on real processes: a push returns once its values are captured, a pull
+sees this worker's earlier pushes, and in the training loop's push-then-pull the pull is
+answered by the push (no request of its own). Errors of a push that already returned reach
+the next pull, wait_outstanding and barrier."""
+
+from __future__ import annotations
+
+import pytest
+
+# a key split over both servers and cut into several chunks
+SMALL_PARTS = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
+
+
+@pytest.mark.parametrize(
+    "n, env",
+    [
+        (3000, SMALL_PARTS),  # frames ZeroMQ copies
+        (4_000_000, {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_SHM_BYTES": "0"}),  # zero-copy frames
+    ],
+    ids=["small", "zero-copy"],
+)
+def test_push_returns_before_its_round_and_captures_the_values(cluster, n, env):
+    """Rank 0 pushes while rank 1 has not: the push returns, not done, and rank 0 then
+    overwrites its array. The round (released when rank 1 pushes, after a node barrier that
+    rank 0 reaches only after the overwrite) sums the values as they were when pushed."""
+    code = f"""
+from hetps.kvstore.base import Handle
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+n = {n}
+kv.init('w', np.zeros(n, np.float32))
+grad = np.full(n, r + 1, np.float32)
+if r == 0:
+    h = kv.push('w', grad)
+    assert isinstance(h, Handle) and not h.done(), 'push waited for the round'
+    grad[:] = 1000                      # after push returned: must not be what is sent
+    kv.node.barrier('worker')           # only now does rank 1 push
+else:
+    kv.node.barrier('worker')
+    kv.push('w', grad)
+got = kv.pull('w')                      # waits for this worker's push: the round
+assert (got == sum(range(1, W + 1))).all(), got[:4]
+kv.barrier()
+print('CAPTURE-OK', flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=2, env=env)
+    assert rc == 0, out
+    assert out.count("CAPTURE-OK") == 2, out
+
+
+def test_a_pull_after_a_push_is_answered_by_the_push(cluster):
+    """After the first push-then-pull of a key, its pushes bring the value back and its pulls
+    send nothing; every pull still sees its own round. Pushing twice before a pull turns
+    the fusion off for that key (the pull then asks, and sees the second round)."""
+    code = """
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+n = 3000
+kv.init('w', np.zeros(n, np.float32))
+def sent():
+    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+pulls = []  # no optimizer: a round's sum replaces the value
+for rnd in range(4):
+    g = np.arange(n, dtype=np.float32) * (r + 1) + rnd
+    kv.push('w', g)
+    kv.wait_outstanding()               # the push's requests are out: count the pull alone
+    m = sent()
+    got = kv.pull('w')
+    pulls.append(sent() - m)
+    want = np.arange(n) * sum(range(1, W + 1)) + W * rnd
+    assert np.array_equal(got, want.astype(np.float32)), (rnd, got[:4], want[:4])
+assert pulls[0] > 0 and pulls[1:] == [0, 0, 0], pulls
+# two pushes, then a pull: it sees the second round
+for rnd in (4, 5):
+    kv.push('w', np.full(n, rnd, np.float32))
+kv.wait_outstanding()
+m = sent()
+got = kv.pull('w')
+assert sent() - m > 0, 'a pushed-twice key was still answered by a push'
+assert (got == 5 * W).all(), got[:4]
+kv.barrier()
+print('FUSED-OK', flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=2, env=SMALL_PARTS)
+    assert rc == 0, out
+    assert out.count("FUSED-OK") == 2, out
+
+
+def test_a_refused_push_is_reported_by_the_barrier(cluster):
+    """A dist_async push with no server optimizer is refused after push returned; a pull of
+    another key does not raise it, the barrier does, once (the next one goes through)."""
+    code = """
+kv = hetps.kv.create('dist_async')
+kv.init(['w', 'other'], [np.zeros(8, np.float32)] * 2)
+h = kv.push('w', np.ones(8, np.float32))
+kv.pull('other')        # answered after the push (one server, in order): the refusal is in
+assert h.done()
+try:
+    kv.barrier()
+    raise SystemExit('the refused push was not reported')
+except RequestError as e:
+    assert 'set_optimizer' in str(e), e
+kv.barrier()                            # reported once: not raised again
+print('REFUSED-OK', flush=True)
+"""
+    rc, out = cluster(code, workers=1, servers=1)
+    assert rc == 0, out
+    assert "REFUSED-OK" in out, out
