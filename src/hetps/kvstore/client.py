@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,20 +28,20 @@ import numpy as np
 from hetps import optim
 from hetps.balance.agent import BalanceAgent
 from hetps.cluster import protocol as P
-from hetps.cluster.errors import ClusterError, RequestError
+from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
 from hetps.config import NodeConfig
 from hetps.kvstore.base import (
     Handle,
     check_dtype,
-    completed,
     normalize_keys,
     out_arrays,
     per_key,
     reduce_values,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
+from hetps.kvstore.keys import KeyMeta, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
 from hetps.kvstore.sender import Sender
 from hetps.transport.codec import Message
@@ -52,30 +51,6 @@ log = logging.getLogger("hetps.worker")
 #: keys up to this size (bytes) have their pull answered by the push before it (one round
 #: trip for both); bigger ones are pulled as their own requests, straight into ``out``
 PREFETCH_MAX_BYTES = 1 << 20
-
-
-@dataclass
-class KeyMeta:
-    """What a worker knows of one key."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    parts: list[Part]
-    residual: np.ndarray | None = None
-    # push capture: a buffer the values are copied into, free again once its push is answered
-    stage: np.ndarray | None = None
-    pushed: list[Future] = field(default_factory=list)  # the last push's requests
-    # pull prefetch: a push of this key carries "answer with the value" when the worker pulls
-    # what it pushed; the pull then takes that answer (futures, the flat buffer it lands in)
-    prefetching: bool = False
-    pushed_since_pull: bool = False
-    prefetch: tuple[list[Future], np.ndarray] | None = None
-    spare: np.ndarray | None = None  # a prefetch buffer a finished pull gave back
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
 
 
 class DistKVStore:
@@ -363,7 +338,7 @@ class DistKVStore:
                         priority,
                         p.server,
                         Message(P.PUSH, body=body, arrays=[payload]),
-                        None if dest is None else _lander(k, dest, a, b),
+                        None if dest is None else land_into(k, dest, a, b),
                         None if dest is None else dest[a:b],
                     )
                 )
@@ -455,12 +430,12 @@ class DistKVStore:
                         priority,
                         p.server,
                         Message(P.PULL, body=body),
-                        _lander(k, dest, a, b),
+                        land_into(k, dest, a, b),
                         dest[a:b],
                     )
                 )
 
-        return futs, _finisher(meta, dest, targets, direct)
+        return futs, fill_targets(meta, dest, targets, direct)
 
     def pushpull(
         self, key: Any, value: Any, out: Any = None, priority: int = 0, block: bool = True
@@ -491,7 +466,7 @@ class DistKVStore:
             # a later pull sees this round: not the value an earlier push brings
             meta.prefetch, meta.pushed, meta.pushed_since_pull = None, pushed, False
             futs += pushed
-            finishers.append(_finisher(meta, dest, targets, direct))
+            finishers.append(fill_targets(meta, dest, targets, direct))
 
         def finish() -> None:
             for fin in finishers:
@@ -600,35 +575,3 @@ class DistKVStore:
         finally:
             self._sender.close()
             self.node.close()
-
-
-def _lander(k: Any, dest: np.ndarray, a: int, b: int):
-    """The callback that copies an answer's values into ``dest[a:b]``."""
-
-    def land(reply: Message) -> None:
-        if not reply.arrays or reply.arrays[0].size != b - a:
-            raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
-        got = reply.arrays[0]
-        if got.ctypes.data != dest[a:b].ctypes.data:  # (else the van copied it in place)
-            dest[a:b] = got.reshape(-1)
-        reply.arrays = []  # copied out: do not keep a second copy in the future
-
-    return land
-
-
-def _finisher(meta: KeyMeta, dest: np.ndarray, targets: list[np.ndarray], direct: bool):
-    """What a pull does once all its answers landed: fill the targets that were not ``dest``."""
-    first = targets[0]
-
-    def finish() -> None:
-        if not direct:
-            first[...] = dest.reshape(meta.shape)
-        for t in targets[1:]:
-            t[...] = first
-
-    return finish
-
-
-def completed_handle() -> Handle:
-    """Exported for stores whose calls complete at once."""
-    return completed()
