@@ -384,14 +384,22 @@ def main(argv: list[str] | None = None) -> int:
             h = speed("hetps", main_v, batch, rep)
             m = speed("mxnet", "default", batch, rep)
             row = [batch, "median" if rep is None else rep + 1, fmt(h, ".0f"), fmt(m, ".0f")]
-            row.append(fmt(ratio(h, m), ".3f"))
+            r = fmt(ratio(h, m), ".3f")
+            pairs = [
+                ratio(speed("hetps", main_v, batch, i), speed("mxnet", "default", batch, i))
+                for i in range(args.repeats)
+            ]
+            pairs = [x for x in pairs if x is not None]
+            if rep is None and len(pairs) > 1:  # the ratio of the medians, and the pairs' range
+                r += f" ({min(pairs):.2f}-{max(pairs):.2f})"
+            row.append(r)
             for v in other:
                 o = speed("hetps", v, batch, rep)
                 row += [fmt(o, ".0f"), fmt(ratio(h, o), ".3f")]
             rows.append(row)
         per_rep = [
-            ratio(speed("hetps", main_v, batch, r), speed("mxnet", "default", batch, r))
-            for r in range(args.repeats)
+            ratio(speed("hetps", main_v, batch, i), speed("mxnet", "default", batch, i))
+            for i in range(args.repeats)
         ]
         summary[str(batch)] = {
             "hetps": {v: speed("hetps", v, batch) for v in args.variants},
