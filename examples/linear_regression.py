@@ -7,6 +7,10 @@ worker pulls the new weights. It prints samples/sec per worker like MXNet's Spee
     hetps launch -n 2 -s 1 -- python examples/linear_regression.py
     # or MXNet style, one command per role:
     DMLC_ROLE=scheduler ... python examples/linear_regression.py   (and server, worker)
+    # MXNet's own example's data, batch size and optimizer (../shared/peers/mxnet/linreg_mx.py:
+    # X = arange(1000, step=0.001), batch 16384, plain SGD at 1e-9):
+    hetps launch -n 2 -s 1 -- python examples/linear_regression.py --data arange \
+        --num-samples 1000000 --batch-size 16384 --lr 1e-9 --momentum 0 --epochs 1
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ def main() -> None:
     p.add_argument("--num-samples", type=int, default=10000)
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--epochs", type=int, default=5)
+    p.add_argument(
+        "--data",
+        choices=["uniform", "arange"],
+        default="uniform",
+        help="x uniform in [-1, 1), or MXNet's example's x = 0.001 * i (i < num-samples)",
+    )
     p.add_argument("--lr", type=float, default=0.005)
+    p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--frequent", type=int, default=20, help="print speed every N batches")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -39,7 +50,10 @@ def main() -> None:
     rank, nworker = kv.rank, kv.num_workers
 
     rng = np.random.default_rng(args.seed)
-    x = rng.uniform(-1, 1, size=(args.num_samples, 1)).astype(np.float32)
+    if args.data == "arange":
+        x = (np.arange(args.num_samples, dtype=np.float64) * 0.001).astype(np.float32)[:, None]
+    else:
+        x = rng.uniform(-1, 1, size=(args.num_samples, 1)).astype(np.float32)
     y = 5 * x + 2
     shard = np.arange(args.num_samples)[rank::nworker]  # this worker's part of the data
 
@@ -55,7 +69,9 @@ def main() -> None:
     # Gradients are sums over a worker's batch; the servers sum over workers.
     kv.set_optimizer(
         optim.SGD(
-            learning_rate=args.lr, momentum=0.9, rescale_grad=1.0 / (args.batch_size * nworker)
+            learning_rate=args.lr,
+            momentum=args.momentum,
+            rescale_grad=1.0 / (args.batch_size * nworker),
         )
     )
 
@@ -85,8 +101,12 @@ def main() -> None:
                     flush=True,
                 )
                 tic, seen = time.time(), 0
-        with torch.no_grad():
-            full = float(((model(xt) - yt) ** 2).mean())
+        with torch.no_grad():  # in slices: 1e6 samples at once would take GBs of activations
+            sq = sum(
+                float(((model(xt[i : i + 65536]) - yt[i : i + 65536]) ** 2).double().sum())
+                for i in range(0, len(xt), 65536)
+            )
+            full = sq / len(xt)
         print(f"Worker[{rank}] Epoch[{epoch}] Train-mse={full:.6f}", flush=True)
     kv.barrier()
     print(f"Worker[{rank}] done", flush=True)

@@ -31,7 +31,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
-    from hetps.config import ConfigError, env_value
+    from hetps.config import ConfigError, env_value, user_threads
     from hetps.launch.local import LaunchSpec, read_hostfile, run_cluster, ssh_wrapper
 
     command = list(args.command)
@@ -71,7 +71,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
             ssh = env_value("HETPS_SSH")
         except ConfigError as exc:
             raise SystemExit(f"hetps launch: {exc}") from None
-        spec.wrap = ssh_wrapper(hosts, list(env), ssh=ssh)
+        spec.wrap = ssh_wrapper(
+            hosts,
+            list(env),
+            ssh=ssh,
+            num_workers=spec.num_workers,
+            num_servers=spec.num_servers,
+            auto_threads=user_threads(env) is None,  # as the launcher decides (its env + --env)
+        )
         if args.netem:
             raise SystemExit(
                 "hetps launch: --netem emulates a cluster on this machine; "

@@ -314,10 +314,15 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
         "Read by hetps commands",
         (
             Var("HETPS_SSH", "str", "ssh", "the ssh program `hetps launch --launcher ssh` runs"),
-            Var("OMP_NUM_THREADS", "int", 1,
-                "threads torch uses in `hetps train` (0 counts as 1); `hetps train --workers` "
-                "passes it to the workers it starts (not hetps' own variable)",
-                minimum=0),
+            Var("OMP_NUM_THREADS", "int", None,
+                "intra-op threads (OpenMP, torch, OpenBLAS, MKL) of each process. Not set: "
+                "`hetps launch` and `hetps train --workers` give every worker they start "
+                "cores // processes on its host (at least 1) and every server and the "
+                "scheduler 1, so a cluster on one machine does not oversubscribe it; "
+                "`hetps train -m local` uses every core, a worker started by hand 1. Set: "
+                "passed unchanged to every process (0 counts as 1 in `hetps train`). Not "
+                "hetps' own variable",
+                minimum=0, default_text="not set: a share of the cores (see meaning)"),
         ),
     ),
     (
@@ -627,6 +632,17 @@ def env_value(name: str, env: Mapping[str, str] | None = None) -> Any:
     if setting.problem is not None and not setting.missing:
         raise ConfigError(setting.problem)
     return setting.value
+
+
+def user_threads(extra: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None):
+    """The ``OMP_NUM_THREADS`` the user set, as given (not parsed: a launcher forwards it
+    unchanged), from ``extra`` (e.g. ``--env`` pairs) or else ``env`` (default
+    ``os.environ``); None when neither sets it (a launcher then picks each process's share)."""
+    for source in (extra or {}, os.environ if env is None else env):
+        raw = _raw(source, "OMP_NUM_THREADS")
+        if raw is not None:
+            return raw
+    return None
 
 
 def role_from_env(env: Mapping[str, str] | None = None) -> str | None:

@@ -5,6 +5,12 @@ stopped together. Output lines are prefixed with the role and rank. The first ch
 non-zero stops the others, and its exit code is returned; Ctrl-C and SIGTERM stop everything.
 No child outlives the launcher.
 
+Threads: unless the user sets ``OMP_NUM_THREADS`` (then every process gets it unchanged), each
+process gets its share of the host's cores (:func:`thread_share`): a worker ``cores //
+processes on its host`` (at least 1), a server and the scheduler 1. OpenBLAS, MKL and torch read
+``OMP_NUM_THREADS`` when their own variables are unset, so no library starts one thread per
+core in every process of a cluster that shares one machine.
+
 Every job gets a fresh cluster secret (``secrets.token_hex(32)``) unless the environment
 brings one (``HETPS_SECRET``/``HETPS_SECRET_FILE``) or opts out (``HETPS_INSECURE=1``). It
 reaches each child through its environment (readable by the same user alone), never through a
@@ -25,7 +31,41 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hetps.config import user_threads
+
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask, as ``taskset`` or a cgroup set
+    it), which every child inherits."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def thread_share(role: str, cores: int, processes: int) -> int:
+    """Intra-op threads for one process of ``role`` on a host with ``cores`` CPUs shared by
+    ``processes`` processes of the job: a worker ``cores // processes`` (at least 1), a
+    server or the scheduler 1 (their work is message handling and element-wise sums, which
+    use one thread whatever the setting). The cores the servers and the scheduler leave are
+    spare for their I/O threads, so the job never asks for more threads than cores while it
+    has no more processes than cores."""
+    if role != "worker":
+        return 1
+    return max(1, cores // max(1, processes))
+
+
+def processes_per_host(hosts: Sequence[str], num_workers: int, num_servers: int) -> dict[str, int]:
+    """How many processes :func:`ssh_wrapper` puts on each host (by name): the scheduler on the
+    first, servers and workers round-robin."""
+    counts = {h: 0 for h in hosts}
+    counts[hosts[0]] += 1
+    for n in (num_servers, num_workers):
+        for r in range(n):
+            counts[hosts[r % len(hosts)]] += 1
+    return counts
 
 
 @dataclass
@@ -163,12 +203,32 @@ class Launcher:
             self.out.write(f"[launcher] {text}\n")
             self.out.flush()
 
+    def _threads(self, env: dict[str, str]) -> dict[str, dict[str, str]]:
+        """The thread variable each role gets: nothing when the environment sets
+        ``OMP_NUM_THREADS`` (it reaches every child unchanged), else each role's share of this
+        machine's cores among every process of the job (a wrapper that runs roles on other
+        hosts, like :func:`ssh_wrapper`, sets each host's share there)."""
+        if user_threads(env=env) is not None:
+            return {role: {} for role in ("scheduler", "server", "worker")}
+        cores = usable_cores()
+        processes = 1 + self.spec.num_servers + self.spec.num_workers
+        return {
+            role: {"OMP_NUM_THREADS": str(thread_share(role, cores, processes))}
+            for role in ("scheduler", "server", "worker")
+        }
+
     def _run(self) -> int:
         spec = self.spec
         py = sys.executable
         env = self._base_env()
+        threads = self._threads(env)
         sched_argv = spec.scheduler_command or [py, "-m", "hetps.cli", "scheduler"]
-        sched_env = {**env, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": str(spec.port)}
+        sched_env = {
+            **env,
+            **threads["scheduler"],
+            "DMLC_ROLE": "scheduler",
+            "DMLC_PS_ROOT_PORT": str(spec.port),
+        }
         sched = self._start("scheduler", 0, sched_argv, sched_env)
         deadline = time.monotonic() + spec.start_timeout
         while not self._port.wait(0.2):
@@ -191,14 +251,19 @@ class Launcher:
                 "server",
                 r,
                 server_argv,
-                {**server_env, "DMLC_ROLE": "server", "HETPS_LAUNCH_RANK": str(r)},
+                {
+                    **server_env,
+                    **threads["server"],
+                    "DMLC_ROLE": "server",
+                    "HETPS_LAUNCH_RANK": str(r),
+                },
             )
         for r in range(spec.num_workers):
             self._start(
                 "worker",
                 r,
                 list(spec.command),
-                {**env, "DMLC_ROLE": "worker", "HETPS_LAUNCH_RANK": str(r)},
+                {**env, **threads["worker"], "DMLC_ROLE": "worker", "HETPS_LAUNCH_RANK": str(r)},
             )
         return self._watch()
 
@@ -300,14 +365,26 @@ NOT_ON_COMMAND_LINE = ("HETPS_SECRET",)
 
 
 def ssh_wrapper(
-    hosts: Sequence[str], extra_keys: Sequence[str] = (), ssh: str = "ssh", cwd: str | None = None
+    hosts: Sequence[str],
+    extra_keys: Sequence[str] = (),
+    ssh: str = "ssh",
+    cwd: str | None = None,
+    num_workers: int = 0,
+    num_servers: int = 0,
+    auto_threads: bool = False,
 ):
     """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers and
     workers round-robin over the hosts, each told its own address (DMLC_NODE_HOST) and the
     forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key). The
     cluster secret is not on the remote command line: the remote shell reads it from its
-    standard input (the launcher writes it there) into its environment."""
+    standard input (the launcher writes it there) into its environment.
+
+    ``auto_threads`` (the user set no ``OMP_NUM_THREADS``): each role gets its share of its own
+    host's cores (:func:`thread_share`; the remote shell counts them with ``nproc``) among the
+    processes of the job on that host (:func:`processes_per_host`, from ``num_workers`` and
+    ``num_servers``)."""
     cwd = cwd or os.getcwd()
+    per_host = processes_per_host(hosts, num_workers, num_servers)
 
     def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
         host = hosts[0] if role == "scheduler" else hosts[rank % len(hosts)]
@@ -319,8 +396,17 @@ def ssh_wrapper(
         }
         remote["DMLC_NODE_HOST"] = host
         remote["DMLC_PS_ROOT_URI"] = hosts[0]
+        prelude = ""
+        if auto_threads:
+            remote.pop("OMP_NUM_THREADS", None)  # the local machine's share: not the host's
+            prelude, threads = _remote_threads(role, per_host.get(host, 1))
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(remote.items()))
-        line = f"cd {shlex.quote(cwd)} && env {exports} {' '.join(shlex.quote(a) for a in argv)}"
+        if auto_threads:
+            exports += f" OMP_NUM_THREADS={threads}"
+        line = (
+            f"{prelude}cd {shlex.quote(cwd)} && env {exports} "
+            f"{' '.join(shlex.quote(a) for a in argv)}"
+        )
         secret = env.get("HETPS_SECRET")
         local = {k: v for k, v in env.items() if k not in NOT_ON_COMMAND_LINE}
         argv_ssh = [ssh, "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", host]
@@ -330,6 +416,19 @@ def ssh_wrapper(
         return [*argv_ssh, line], local, (secret + "\n").encode()
 
     return wrap
+
+
+def _remote_threads(role: str, processes: int) -> tuple[str, str]:
+    """(shell that computes it, the value) of a role's ``OMP_NUM_THREADS`` on a remote host:
+    :func:`thread_share` with the host's ``nproc``, in POSIX shell."""
+    if role != "worker":
+        return "", str(thread_share(role, 1, processes))
+    p = max(1, processes)
+    prelude = (
+        "hetps_c=$(nproc 2>/dev/null || echo 1) && "
+        f"hetps_t=$(( hetps_c / {p} > 1 ? hetps_c / {p} : 1 )) && "
+    )
+    return prelude, "$hetps_t"
 
 
 def netem_wrapper(net, num_servers: int, colocate: bool):

@@ -183,12 +183,10 @@ def launch_cluster(args: argparse.Namespace) -> int:
             continue
         cleaned.append(a)
     cmd = [sys.executable, "-m", "hetps.cli", *cleaned]
-    spec = LaunchSpec(
-        num_workers=args.workers,
-        num_servers=args.servers,
-        command=cmd,
-        env={"OMP_NUM_THREADS": str(env_value("OMP_NUM_THREADS"))},
-    )
+    env_value("OMP_NUM_THREADS")  # a malformed value fails here, before anything starts
+    # threads: the user's OMP_NUM_THREADS reaches every process unchanged; without it the
+    # launcher gives each process its share of the cores (hetps.launch.local.thread_share)
+    spec = LaunchSpec(num_workers=args.workers, num_servers=args.servers, command=cmd)
     return run_cluster(
         spec,
         netem=args.netem,
@@ -211,7 +209,12 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     from hetps.torch.models import get_model
     from hetps.torch.worker import RUNNERS, WorkerRun
 
-    torch.set_num_threads(env_value("OMP_NUM_THREADS") or 1)
+    threads = env_value("OMP_NUM_THREADS")
+    if threads is None:  # hetps launch sets it; alone (-m local) every core, by hand 1
+        from hetps.launch.local import usable_cores
+
+        threads = usable_cores() if kv is None else 1
+    torch.set_num_threads(max(1, threads))
     rank = kv.rank if kv is not None else 0
     workers = kv.num_workers if kv is not None else 1
     devices = parse_devices(args, workers)
