@@ -64,6 +64,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from _common import PINNED_THREADS, fmt, machine_info, median, print_table, write_json  # noqa: E402
 
+from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
@@ -248,7 +249,9 @@ class SimCluster:
                 raw = sum(len(f) for f in frames[1:])
                 try:
                     msg = decode(frames[1:], RECV_MAX_BYTES)
-                    got = Got(now, msg.cmd, msg.req, msg.reply, raw, msg.body)
+                    # a plan as the worker's BalanceAgent reads it (hetps.balance.wire)
+                    body = unpack_plan(msg) if msg.cmd == P.BALANCE_REPORT else msg.body
+                    got = Got(now, msg.cmd, msg.req, msg.reply, raw, body)
                 except BadMessage as exc:  # what a real node's van would drop
                     got = Got(now, "?", 0, False, raw, None, str(exc))
                     if self.keep_refused is None:  # one, to read its figures (plan_s)
@@ -417,6 +420,7 @@ class SimCluster:
             "latency_s": [],
             "plan_s": [],
             "msg_bytes": [],
+            "msg_bytes_max": [],
             "report_bytes": [],
             "cpu_s": [],
         }
@@ -467,7 +471,10 @@ class SimCluster:
                 out["msg_bytes"].append(refused[0].raw_bytes)
                 if self.keep_refused is not None:  # the planner's own time, all the same
                     head = msgpack.unpackb(self.keep_refused, raw=False, strict_map_key=False)
-                    out["plan_s"].append(head.get("b", {}).get("plan_s"))
+                    b = head.get("b", {})
+                    if isinstance(b.get("plan"), bytes):  # packed (hetps.balance.wire)
+                        b = msgpack.unpackb(b["plan"], raw=False, strict_map_key=False)
+                    out["plan_s"].append(b.get("plan_s"))
                     self.keep_refused = None
                 for x in self.workers:
                     x.got.pop("?", None)
@@ -475,6 +482,7 @@ class SimCluster:
                 errors.append(f"round {rnd}: {len(got)} of {W} workers got a plan")
                 break
             out["msg_bytes"].append(median(g.raw_bytes for g in got))
+            out["msg_bytes_max"].append(max(g.raw_bytes for g in got))  # rank 0's: the matrix
             b = got[0].body or {}
             if "error" in b:
                 errors.append(f"round {rnd}: planner error: {b['error']}")
@@ -760,6 +768,11 @@ def report(results: dict) -> None:
         (
             "plan message (bytes/worker)",
             lambda c: c.get("report", {}).get("msg_bytes"),
+            lambda x: fmt(x, ".0f"),
+        ),
+        (
+            "plan message to rank 0 (bytes, with the link matrix)",
+            lambda c: c.get("report", {}).get("msg_bytes_max"),
             lambda x: fmt(x, ".0f"),
         ),
         (

@@ -27,6 +27,7 @@ from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEst
 from hetps.balance.plans import fit_linear
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
+from hetps.balance.wire import pack_plan, reply_parts
 from hetps.cluster import protocol as P
 from hetps.config import NodeConfig
 from hetps.transport.codec import Message
@@ -92,6 +93,7 @@ class Planner:
         self._contradicted: set[int] = set()  # rounds with a probe far off its caps
         self.recalibrations = 0  # new probe cycles that came back
         self._trust = False  # the next plan rests on a fresh cycle: no patience (margin holds)
+        self._used: np.ndarray | None = None  # used_links(), fixed for the job
 
     @classmethod
     def from_config(cls, cfg: NodeConfig) -> Planner:
@@ -126,13 +128,16 @@ class Planner:
 
     def used_links(self) -> np.ndarray:
         """Which ordered links carry traffic in this deployment: worker <-> server only (with
-        co-located nodes that is every pair of different nodes)."""
-        used = np.zeros((self.n_nodes, self.n_nodes), dtype=bool)
-        for s in self.servers:
-            for w in self.workers:
-                if s != w:
-                    used[s, w] = used[w, s] = True
-        return used
+        co-located nodes that is every pair of different nodes). Read-only."""
+        if self._used is None:
+            used = np.zeros((self.n_nodes, self.n_nodes), dtype=bool)
+            srv, wrk = np.array(self.servers), np.array(self.workers)
+            used[np.ix_(srv, wrk)] = True
+            used[np.ix_(wrk, srv)] = True
+            np.fill_diagonal(used, False)
+            used.setflags(write=False)
+            self._used = used
+        return self._used
 
     def link_matrix(self) -> np.ndarray:
         """Estimated bytes/s per link. Links that carry no traffic here (server to server,
@@ -275,8 +280,16 @@ class Planner:
                 answer = {**answer, "recalibrate": True}
             elif spread is not None:
                 answer = {**answer, "spread": spread}
+            # the same plan for every worker, encoded once; rank 0 also gets what reports
+            # and plots read (the link matrix, the node rates): hetps.balance.wire
+            packed = pack_plan(answer)
             for m in waiting.values():
-                sched.reply(m, answer)
+                if P.role_of(m.sender) == "worker" and P.rank_of(m.sender) == 0:
+                    extras = self.report_fields()
+                    body, arrays = reply_parts(packed, extras, extras.pop("link_matrix"))
+                else:
+                    body, arrays = reply_parts(packed)
+                sched.reply(m, body, arrays)
 
     def forget_readings(self) -> None:
         """Drop the probe and spread readings: a new cycle of probes is arriving because the
@@ -353,7 +366,6 @@ class Planner:
         assert self.slices is not None and self.assignment is not None
         t0 = time.perf_counter()
         total = float(sum(s.length for s in self.slices))
-        bw = self.link_matrix()
         net: Network | None = None
         try:
             if self.scheme == "elastic":
@@ -364,7 +376,9 @@ class Planner:
             elif self.scheme == "average":
                 shares = np.full(self.S, total / self.S)
             else:
-                net = self.links.node_network() or Network.from_matrix(bw)
+                # per-node caps only (never per-link: the model stays separable, so optimal
+                # is a closed form and aware the incremental loop, never the LP; §2.4)
+                net = self.links.node_network() or Network.from_matrix(self.link_matrix())
                 shares = make_plan(
                     self.scheme, total, network=net, servers=self.servers, workers=self.workers
                 )
@@ -408,13 +422,24 @@ class Planner:
         self.plan_seconds.append(time.perf_counter() - t0)
         del self.plan_seconds[:-1000]
         counts = np.bincount(new, weights=[s.length for s in self.slices], minlength=self.S)
-        up, down = self.links.capacity()
-        single = self.links.single()
         return {
             "epoch": self.epoch,
             "assign": [int(x) for x in new],
             "shares": [float(x) / total for x in counts],
-            "link_matrix": [[float(x) if np.isfinite(x) else None for x in row] for row in bw],
+            "plan_s": self.plan_seconds[-1],
+            "kept": self.kept,
+            "surprise": self.detector.last_surprise,
+            "recalibrations": self.recalibrations,
+        }
+
+    def report_fields(self) -> dict:
+        """What reports and plots read, beside the plan (worker rank 0's answer only):
+        ``link_matrix`` (estimated bytes/s per link, an N x N array, ``inf`` on the diagonal)
+        and ``node_rates`` (the per-node caps and where they come from)."""
+        up, down = self.links.capacity()
+        single = self.links.single()
+        return {
+            "link_matrix": self.link_matrix(),
             "node_rates": {
                 "up": _listed(up),
                 "down": _listed(down),
@@ -429,10 +454,6 @@ class Planner:
                     [i, j, r, n] for (i, j), (r, n) in sorted(self.links.last_probes.items())
                 ],
             },
-            "plan_s": self.plan_seconds[-1],
-            "kept": self.kept,
-            "surprise": self.detector.last_surprise,
-            "recalibrations": self.recalibrations,
         }
 
 
