@@ -601,3 +601,18 @@ def test_every_worker_gets_the_plan_encoded_once_and_rank_0_alone_the_matrix():
             assert "link_matrix" not in plan and "node_rates" not in plan
     assert max(v for k, v in sizes.items() if k != 0) < 8_000  # O(slices + servers)
     assert sizes[0] > 8 * (w + s) ** 2  # the matrix, as one float64 array
+
+
+def test_the_live_workers_are_read_once_per_change_of_the_node_table():
+    from hetps.cluster import protocol as P
+
+    _CountingNodes.walks = 0
+    p, sched = _big_round(40, 10)
+    assert _CountingNodes.walks == 1  # not once per report
+    # a worker finishes: the next release reads the table again and no longer waits for it
+    for r in range(39):
+        _report(p, sched, r, 2, [])
+    assert len(sched.answers) == 40  # round 2 waits for worker 39
+    sched.finished.add(P.worker_id(39))
+    p.release(sched)
+    assert len(sched.answers) == 40 + 39 and _CountingNodes.walks == 2

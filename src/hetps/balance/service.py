@@ -94,6 +94,11 @@ class Planner:
         self.recalibrations = 0  # new probe cycles that came back
         self._trust = False  # the next plan rests on a fresh cycle: no patience (margin holds)
         self._used: np.ndarray | None = None  # used_links(), fixed for the job
+        # the live, unfinished workers, and the sizes of the scheduler's node tables they were
+        # read at (those only grow): rebuilt when a node registers, dies or finishes, not on
+        # every report
+        self._live: set[int] = set()
+        self._live_at: tuple[int, int, int] | None = None
 
     @classmethod
     def from_config(cls, cfg: NodeConfig) -> Planner:
@@ -237,17 +242,26 @@ class Planner:
         self.pending.setdefault(rnd, {})[msg.sender] = msg
         self.release(sched)
 
+    def live_workers(self, sched: Any) -> set[int]:
+        """The scheduler's live, unfinished workers. Its node table, dead and finished nodes
+        only ever grow, so their sizes say when the set must be read again."""
+        at = (len(sched.nodes), len(sched.dead), len(sched.finished))
+        if at != self._live_at:
+            self._live = {
+                nid
+                for nid, n in sched.nodes.items()
+                if n.role == "worker" and nid not in sched.dead and nid not in sched.finished
+            }
+            self._live_at = at
+        return self._live
+
     def release(self, sched: Any) -> None:
         """Answer every round that every live, unfinished worker has reported (also called
         when a worker finishes, so the others never wait for it)."""
-        live = {
-            nid
-            for nid, n in sched.nodes.items()
-            if n.role == "worker" and nid not in sched.dead and nid not in sched.finished
-        }
+        live = self.live_workers(sched)
         for rnd in sorted(self.pending):
             waiting = self.pending[rnd]
-            if not live <= set(waiting):
+            if len(waiting) < len(live) or not all(nid in waiting for nid in live):
                 continue
             del self.pending[rnd]
             self.links.observe_nodes(self._samples.pop(rnd, []))
