@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from hetps.balance import EstimateTable, Network, assign, iteration_time, make_plan
+from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear
 from hetps.balance.slicing import Slice, layout
@@ -367,8 +367,19 @@ class Planner:
         if self.assignment is None:
             return None
         try:
-            t_old = self._predict(net, self.assignment)
-            t_new = self._predict(net, new)
+            if net is not None:  # one load model for both (what _predict builds each time)
+                assert self.slices is not None
+                lengths = np.array([s.length for s in self.slices], dtype=float)
+                old, cand = (
+                    np.bincount(np.asarray(a), weights=lengths, minlength=self.S)
+                    for a in (self.assignment, new)
+                )
+                total = float(old.sum())
+                model = LoadModel.build(net, total, servers=self.servers, workers=self.workers)
+                t_old, t_new = (model.time(x / total) if total > 0 else 0.0 for x in (old, cand))
+            else:
+                t_old = self._predict(net, self.assignment)
+                t_new = self._predict(net, new)
         except Exception:  # noqa: BLE001 - a failed prediction adopts the new plan
             return None
         if t_old is None or t_new is None or not (np.isfinite(t_old) and np.isfinite(t_new)):
