@@ -25,9 +25,11 @@ the node's own routing id (so the scheduler holds N connections, as with real no
 
 Part 2 (plans): every plan function of :mod:`hetps.balance` (average, elastic, aware,
 optimal) timed directly for S = N/4 servers and W = N - S workers, on a heterogeneous
-network of per-node caps (what the planner builds), plus the exact LP: ``optimal`` on a
-network with per-link caps (the only case that reaches the LP; with per-node caps optimal is
-a closed form) and ``aware`` on the same network for comparison. Each case runs in a child
+network of per-node caps (what the planner builds), plus per-link caps: ``optimal-link`` and
+``aware-link`` with separate roles (still separable: optimal is the closed form),
+``optimal-lp`` with co-located roles (coupled: the exact LP, at any size) and
+``optimal-coupled``, the same network as the library plans it (the LP up to
+``LP_MAX_ENTRIES``, then a cheap fallback, docs/BALANCE.md §2.4). Each case runs in a child
 process with a time cap; once a case exceeds the cap, larger N are skipped and the output
 says so.
 
@@ -580,9 +582,12 @@ def _plan_case(case: str, n: int, servers_frac: float, reps: int, budget: float,
     from hetps.balance import assign, layout, make_plan
 
     S = max(1, round(n * servers_frac))
+    coupled = case in ("optimal-lp", "optimal-coupled")
+    if coupled:  # co-located per-link caps: link i -> j carries x_i + x_j, the LP's case
+        S = n
     total = float(SLICES_PER_SERVER * S * SLICE_ELEMS)
-    srv, wrk = list(range(S)), list(range(S, n))
-    per_link = case in ("optimal-lp", "aware-link")
+    srv, wrk = list(range(S)), (list(range(n)) if coupled else list(range(S, n)))
+    per_link = case in ("optimal-lp", "optimal-coupled", "optimal-link", "aware-link")
     net = _network(n, S, seed, per_link) if case not in ("average", "elastic") else None
     rng = np.random.default_rng(seed)
     history = [
@@ -591,11 +596,16 @@ def _plan_case(case: str, n: int, servers_frac: float, reps: int, budget: float,
     ]
     slices = layout([int(total)], SLICE_ELEMS)
     previous = [i % S for i in range(len(slices))]
-    name = {"optimal-lp": "optimal", "aware-link": "aware", "aware+assign": "aware"}.get(case, case)
+    name = {"aware-link": "aware", "aware+assign": "aware"}.get(case, case)
+    opts: dict[str, Any] = {}
+    if case.startswith("optimal"):
+        name = "optimal"
+        if case == "optimal-lp":
+            opts["lp_max_entries"] = None  # the exact LP at any size
 
     def one() -> np.ndarray:
         shares = (
-            make_plan(name, total, network=net, servers=srv, workers=wrk, history=history)
+            make_plan(name, total, network=net, servers=srv, workers=wrk, history=history, **opts)
             if name != "average"
             else make_plan("average", total, servers=srv)
         )
@@ -624,7 +634,17 @@ def _child(conn, args) -> None:
     conn.close()
 
 
-PLAN_CASES = ("average", "elastic", "aware", "aware+assign", "optimal", "optimal-lp", "aware-link")
+PLAN_CASES = (
+    "average",
+    "elastic",
+    "aware",
+    "aware+assign",
+    "optimal",
+    "optimal-link",  # per-link caps, separate roles: separable, the closed form
+    "aware-link",  # the same network
+    "optimal-lp",  # per-link caps, co-located: coupled, the exact LP at any size
+    "optimal-coupled",  # the same, as the library plans it (LP up to LP_MAX_ENTRIES)
+)
 
 
 def run_plans(
@@ -647,7 +667,7 @@ def run_plans(
             if stopped is not None:
                 out[case][n] = {"skipped": stopped}
                 continue
-            if case in ("optimal-lp", "aware-link"):
+            if case in ("optimal-lp", "optimal-coupled", "optimal-link", "aware-link"):
                 rows = n * (n - 1)
                 need = rows * (S + 1) * 8 * 2  # A (and HiGHS' copy)
                 if need > mem_cap_bytes:
@@ -713,11 +733,11 @@ def lp_verdict(plans: dict, sizes: list[int]) -> str:
         or "skipped" in lp.get(n, {})
     ]
     fast = [n for n in sizes if 0 < lp.get(n, {}).get("median_s", 1e9) <= PLAN_GOAL_S]
-    aw = plans.get("aware-link", {})
+    cp = plans.get("optimal-coupled", {})
     alt = ", ".join(
-        f"N={n} {_ms(aw[n].get('median_s'))} ms"
+        f"N={n} {_ms(cp[n].get('median_s'))} ms"
         for n in sizes
-        if aw.get(n, {}).get("median_s") is not None
+        if cp.get(n, {}).get("median_s") is not None
     )
     opt = plans.get("optimal", {})
     cf = ", ".join(
@@ -727,11 +747,11 @@ def lp_verdict(plans: dict, sizes: list[int]) -> str:
     )
     first = f"from N={slow[0]}" if slow else "at no N measured"
     return (
-        f"exact LP (optimal on per-link caps) over {PLAN_GOAL_S * 1e3:g} ms {first}"
+        f"exact LP (optimal, co-located per-link caps) over {PLAN_GOAL_S * 1e3:g} ms {first}"
         f" (under it at N={fast or 'none'}). The planner never calls the LP: it plans on "
-        f"per-node caps, where optimal is a closed form ({cf}). On a per-link network "
-        f"nothing in the code replaces the LP (solve_integer's MILP has a 0.5 s limit, the "
-        f"continuous LP none); Aware on that network: {alt or 'not measured'}."
+        f"per-node caps, where optimal is a closed form ({cf}). The library's optimal on a "
+        f"coupled model uses the LP up to LP_MAX_ENTRIES (N=64 co-located), then the better "
+        f"of equal and proportional shares: {alt or 'not measured'}."
     )
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .network import LoadModel, Network
-from .solve import greedy_round, solve_continuous, solve_integer
+from .solve import LP_MAX_ENTRIES, greedy_round, solve_continuous, solve_integer
 
 __all__ = [
     "PLAN_NAMES",
@@ -437,19 +437,25 @@ def optimal_plan(
     n_slices: int | None = None,
     unit_bytes: float = 1.0,
     milp_time_limit: float = 0.5,
+    lp_max_entries: int | None = LP_MAX_ENTRIES,
 ) -> np.ndarray:
     """The exact min-max plan: smallest predicted iteration time on the link model.
 
     Continuous: closed form (separable models) or LP (HiGHS). With ``n_slices``: the best whole
     slice counts (exact for separable models; otherwise an MILP limited to
-    ``milp_time_limit`` seconds, then single-slice improvements).
+    ``milp_time_limit`` seconds, then single-slice improvements). A coupled model whose LP
+    would exceed ``lp_max_entries`` constraint entries (co-located per-link caps from N = 65)
+    gets a cheap plan instead, not the optimum (:func:`hetps.balance.solve.too_big_for_lp`;
+    docs/BALANCE.md §2.4). None: the LP at any size.
     """
     _check_total(total, n_slices)
     net = _as_network(network)
     model = LoadModel.build(net, float(total), servers, workers, unit_bytes=unit_bytes)
-    f, _ = solve_continuous(model)
+    f, _ = solve_continuous(model, lp_max_entries=lp_max_entries)
     if n_slices is not None:
-        return solve_integer(model, int(n_slices), f, time_limit=milp_time_limit)
+        return solve_integer(
+            model, int(n_slices), f, time_limit=milp_time_limit, lp_max_entries=lp_max_entries
+        )
     return _fix_sum(f * float(total), float(total)) if total > 0 else f * 0.0
 
 
