@@ -32,7 +32,7 @@ log = logging.getLogger("hetps.balance")
 
 #: The largest LP solved exactly: entries of its dense constraint matrix (resources x servers).
 #: Co-located servers with per-link caps have N (N - 1) resources and N servers: up to N = 64
-#: (HiGHS ~75 ms there on a 2-core machine, ~170 ms at N = 96, ~2.3 s at N = 256). Above it,
+#: (HiGHS ~22 ms there on 2 shared cores, ~0.6 s at N = 256). Above it,
 #: :func:`solve_continuous` takes the better of two cheap plans instead (docs/BALANCE.md §2.4).
 LP_MAX_ENTRIES = 1 << 18
 _told_no_lp = False  # the fallback is logged once per process
