@@ -25,9 +25,11 @@ the node's own routing id (so the scheduler holds N connections, as with real no
 
 Part 2 (plans): every plan function of :mod:`hetps.balance` (average, elastic, aware,
 optimal) timed directly for S = N/4 servers and W = N - S workers, on a heterogeneous
-network of per-node caps (what the planner builds), plus the exact LP: ``optimal`` on a
-network with per-link caps (the only case that reaches the LP; with per-node caps optimal is
-a closed form) and ``aware`` on the same network for comparison. Each case runs in a child
+network of per-node caps (what the planner builds), plus per-link caps: ``optimal-link`` and
+``aware-link`` with separate roles (still separable: optimal is the closed form),
+``optimal-lp`` with co-located roles (coupled: the exact LP, at any size) and
+``optimal-coupled``, the same network as the library plans it (the LP up to
+``LP_MAX_ENTRIES``, then a cheap fallback, docs/BALANCE.md §2.4). Each case runs in a child
 process with a time cap; once a case exceeds the cap, larger N are skipped and the output
 says so.
 
@@ -64,6 +66,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from _common import PINNED_THREADS, fmt, machine_info, median, print_table, write_json  # noqa: E402
 
+from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
@@ -248,7 +251,9 @@ class SimCluster:
                 raw = sum(len(f) for f in frames[1:])
                 try:
                     msg = decode(frames[1:], RECV_MAX_BYTES)
-                    got = Got(now, msg.cmd, msg.req, msg.reply, raw, msg.body)
+                    # a plan as the worker's BalanceAgent reads it (hetps.balance.wire)
+                    body = unpack_plan(msg) if msg.cmd == P.BALANCE_REPORT else msg.body
+                    got = Got(now, msg.cmd, msg.req, msg.reply, raw, body)
                 except BadMessage as exc:  # what a real node's van would drop
                     got = Got(now, "?", 0, False, raw, None, str(exc))
                     if self.keep_refused is None:  # one, to read its figures (plan_s)
@@ -417,6 +422,7 @@ class SimCluster:
             "latency_s": [],
             "plan_s": [],
             "msg_bytes": [],
+            "msg_bytes_max": [],
             "report_bytes": [],
             "cpu_s": [],
         }
@@ -467,7 +473,10 @@ class SimCluster:
                 out["msg_bytes"].append(refused[0].raw_bytes)
                 if self.keep_refused is not None:  # the planner's own time, all the same
                     head = msgpack.unpackb(self.keep_refused, raw=False, strict_map_key=False)
-                    out["plan_s"].append(head.get("b", {}).get("plan_s"))
+                    b = head.get("b", {})
+                    if isinstance(b.get("plan"), bytes):  # packed (hetps.balance.wire)
+                        b = msgpack.unpackb(b["plan"], raw=False, strict_map_key=False)
+                    out["plan_s"].append(b.get("plan_s"))
                     self.keep_refused = None
                 for x in self.workers:
                     x.got.pop("?", None)
@@ -475,6 +484,7 @@ class SimCluster:
                 errors.append(f"round {rnd}: {len(got)} of {W} workers got a plan")
                 break
             out["msg_bytes"].append(median(g.raw_bytes for g in got))
+            out["msg_bytes_max"].append(max(g.raw_bytes for g in got))  # rank 0's: the matrix
             b = got[0].body or {}
             if "error" in b:
                 errors.append(f"round {rnd}: planner error: {b['error']}")
@@ -572,9 +582,12 @@ def _plan_case(case: str, n: int, servers_frac: float, reps: int, budget: float,
     from hetps.balance import assign, layout, make_plan
 
     S = max(1, round(n * servers_frac))
+    coupled = case in ("optimal-lp", "optimal-coupled")
+    if coupled:  # co-located per-link caps: link i -> j carries x_i + x_j, the LP's case
+        S = n
     total = float(SLICES_PER_SERVER * S * SLICE_ELEMS)
-    srv, wrk = list(range(S)), list(range(S, n))
-    per_link = case in ("optimal-lp", "aware-link")
+    srv, wrk = list(range(S)), (list(range(n)) if coupled else list(range(S, n)))
+    per_link = case in ("optimal-lp", "optimal-coupled", "optimal-link", "aware-link")
     net = _network(n, S, seed, per_link) if case not in ("average", "elastic") else None
     rng = np.random.default_rng(seed)
     history = [
@@ -583,11 +596,16 @@ def _plan_case(case: str, n: int, servers_frac: float, reps: int, budget: float,
     ]
     slices = layout([int(total)], SLICE_ELEMS)
     previous = [i % S for i in range(len(slices))]
-    name = {"optimal-lp": "optimal", "aware-link": "aware", "aware+assign": "aware"}.get(case, case)
+    name = {"aware-link": "aware", "aware+assign": "aware"}.get(case, case)
+    opts: dict[str, Any] = {}
+    if case.startswith("optimal"):
+        name = "optimal"
+        if case == "optimal-lp":
+            opts["lp_max_entries"] = None  # the exact LP at any size
 
     def one() -> np.ndarray:
         shares = (
-            make_plan(name, total, network=net, servers=srv, workers=wrk, history=history)
+            make_plan(name, total, network=net, servers=srv, workers=wrk, history=history, **opts)
             if name != "average"
             else make_plan("average", total, servers=srv)
         )
@@ -616,7 +634,17 @@ def _child(conn, args) -> None:
     conn.close()
 
 
-PLAN_CASES = ("average", "elastic", "aware", "aware+assign", "optimal", "optimal-lp", "aware-link")
+PLAN_CASES = (
+    "average",
+    "elastic",
+    "aware",
+    "aware+assign",
+    "optimal",
+    "optimal-link",  # per-link caps, separate roles: separable, the closed form
+    "aware-link",  # the same network
+    "optimal-lp",  # per-link caps, co-located: coupled, the exact LP at any size
+    "optimal-coupled",  # the same, as the library plans it (LP up to LP_MAX_ENTRIES)
+)
 
 
 def run_plans(
@@ -639,7 +667,7 @@ def run_plans(
             if stopped is not None:
                 out[case][n] = {"skipped": stopped}
                 continue
-            if case in ("optimal-lp", "aware-link"):
+            if case in ("optimal-lp", "optimal-coupled", "optimal-link", "aware-link"):
                 rows = n * (n - 1)
                 need = rows * (S + 1) * 8 * 2  # A (and HiGHS' copy)
                 if need > mem_cap_bytes:
@@ -705,11 +733,11 @@ def lp_verdict(plans: dict, sizes: list[int]) -> str:
         or "skipped" in lp.get(n, {})
     ]
     fast = [n for n in sizes if 0 < lp.get(n, {}).get("median_s", 1e9) <= PLAN_GOAL_S]
-    aw = plans.get("aware-link", {})
+    cp = plans.get("optimal-coupled", {})
     alt = ", ".join(
-        f"N={n} {_ms(aw[n].get('median_s'))} ms"
+        f"N={n} {_ms(cp[n].get('median_s'))} ms"
         for n in sizes
-        if aw.get(n, {}).get("median_s") is not None
+        if cp.get(n, {}).get("median_s") is not None
     )
     opt = plans.get("optimal", {})
     cf = ", ".join(
@@ -719,11 +747,11 @@ def lp_verdict(plans: dict, sizes: list[int]) -> str:
     )
     first = f"from N={slow[0]}" if slow else "at no N measured"
     return (
-        f"exact LP (optimal on per-link caps) over {PLAN_GOAL_S * 1e3:g} ms {first}"
+        f"exact LP (optimal, co-located per-link caps) over {PLAN_GOAL_S * 1e3:g} ms {first}"
         f" (under it at N={fast or 'none'}). The planner never calls the LP: it plans on "
-        f"per-node caps, where optimal is a closed form ({cf}). On a per-link network "
-        f"nothing in the code replaces the LP (solve_integer's MILP has a 0.5 s limit, the "
-        f"continuous LP none); Aware on that network: {alt or 'not measured'}."
+        f"per-node caps, where optimal is a closed form ({cf}). The library's optimal on a "
+        f"coupled model uses the LP up to LP_MAX_ENTRIES (N=64 co-located), then the better "
+        f"of equal and proportional shares: {alt or 'not measured'}."
     )
 
 
@@ -760,6 +788,11 @@ def report(results: dict) -> None:
         (
             "plan message (bytes/worker)",
             lambda c: c.get("report", {}).get("msg_bytes"),
+            lambda x: fmt(x, ".0f"),
+        ),
+        (
+            "plan message to rank 0 (bytes, with the link matrix)",
+            lambda c: c.get("report", {}).get("msg_bytes_max"),
             lambda x: fmt(x, ".0f"),
         ),
         (

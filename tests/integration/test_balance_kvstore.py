@@ -104,7 +104,11 @@ import json
 kv = hetps.kv.create('dist_sync')
 kv.init('w', np.zeros(30000, np.float32))
 plan = kv.rebalance()
-print('RESULT ' + json.dumps(plan['node_rates']), flush=True)
+if kv.rank == 0:  # rank 0's answers alone carry the node rates and the link matrix
+    print('RESULT ' + json.dumps(plan['node_rates']), flush=True)
+    print('MATRIX ' + json.dumps(plan['link_matrix']), flush=True)
+else:
+    print('OTHER ' + json.dumps(sorted(plan)), flush=True)
 """
 
 
@@ -117,7 +121,12 @@ def test_first_plan_rests_on_a_probe_of_every_link(cluster):
     rc, out = cluster(FIRST_PLAN_CODE, workers=2, servers=3, env=env)
     assert rc == 0, out
     results = re.findall(r"RESULT (\{.*\})", out)
-    assert len(results) == 2, out
+    assert len(results) == 1, out
+    matrix = json.loads(re.findall(r"MATRIX (\[.*\])", out)[0])
+    assert len(matrix) == 5 and all(len(row) == 5 for row in matrix)  # 2 workers + 3 servers
+    assert all(matrix[i][i] is None for i in range(5))  # not finite: None, as before
+    other = json.loads(re.findall(r"OTHER (\[.*\])", out)[0])
+    assert "assign" in other and "shares" in other and "link_matrix" not in other
     for raw in results:
         rates = json.loads(raw)
         # a probe sets its worker's probe_up and its server's probe_down

@@ -44,9 +44,16 @@ class _Sched:
         self.dead: set = set()
         self.finished: set = set()
         self.answers: list = []
+        self.to: list = []  # who got each answer
+        self.raw: list = []  # each answer as sent: (body, arrays)
 
-    def reply(self, msg, body):
-        self.answers.append(body)
+    def reply(self, msg, body, arrays=None):
+        from hetps.balance.wire import unpack_plan
+        from hetps.transport.codec import Message
+
+        self.raw.append((body, arrays or []))
+        self.to.append(msg.sender)
+        self.answers.append(unpack_plan(Message(msg.cmd, body=body, arrays=arrays or [])))
 
 
 def _report(p: Planner, sched: _Sched, rank: int, rnd: int, samples: list, **body) -> None:
@@ -146,7 +153,9 @@ def test_plans_use_the_node_rates():
     samples.append((0, 4, 0.0, 0.01, 1e6))
     p.links.observe_nodes(samples)
     out = p.plan()
-    assert out["shares"][2] < 0.05 and out["node_rates"]["up"][2] == pytest.approx(1e6)
+    assert out["shares"][2] < 0.05 and p.report_fields()["node_rates"]["up"][2] == pytest.approx(
+        1e6
+    )
 
 
 def test_patience_needs_the_gain_in_consecutive_reports():
@@ -203,7 +212,9 @@ def test_probe_samples_are_told_apart_in_reports():
     p = _planner("optimal", 0.1)
     w0, s2 = P.worker_id(0), P.server_id(2)
     _report(p, _Sched(), 0, 1, [[w0, s2, 1e5, 0.0, 0.1, 1]])
-    assert p.links._probe_up[3] == [pytest.approx(1e6)] and p.links._probe_down[2] == [pytest.approx(1e6)]
+    assert p.links._probe_up[3] == [pytest.approx(1e6)] and p.links._probe_down[2] == [
+        pytest.approx(1e6)
+    ]
     assert np.isnan(p.table.estimate(3, 2))  # not a data sample
 
 
@@ -224,9 +235,12 @@ def test_a_spread_probe_reads_a_node_faster_than_every_peer():
     up, down = p.links.capacity()
     reading = (2e6 - 1.1 * 8e6 * 0.01) / 0.16
     assert up[0] == pytest.approx(reading)  # ~11.95 MB/s, not 8
-    assert np.isnan(p.links.spread_down[1]) and np.isnan(p.links.spread_down[2])  # lone flows: no reading
+    assert np.isnan(p.links.spread_down[1]) and np.isnan(
+        p.links.spread_down[2]
+    )  # lone flows: no reading
     assert p.links.spreads_seen == 1
-    rates = p.plan()["node_rates"]  # reports show where a cap came from
+    p.plan()
+    rates = p.report_fields()["node_rates"]  # reports show where a cap came from
     assert rates["spread_up"][0] == pytest.approx(reading) and rates["spread_down"][1] is None
     assert rates["probe_up"][0] == pytest.approx(8e6) and rates["up"][0] == rates["spread_up"][0]
     # node 0 slows down: its single-flow probes now read well below its peers', so it is not
@@ -534,3 +548,71 @@ def test_a_probe_far_off_its_links_caps_asks_for_a_new_cycle():
     assert "recalibrate" not in run(3, 3e6)  # too early to judge
     assert run(6, 25e6).get("recalibrate") is True  # 2.5x the caps: a node got faster
     assert "recalibrate" not in run(6, 15e6)  # 1.5x: the window's maximum just rises
+
+
+# -- the answer on the wire (hetps.balance.wire) and the live workers ---------------------------
+
+
+class _CountingNodes(dict):
+    """The scheduler's node table, counting the walks over it."""
+
+    walks = 0
+
+    def items(self):
+        type(self).walks += 1
+        return super().items()
+
+
+def _big_round(w: int, s: int) -> tuple[Planner, _Sched]:
+    """A planner of ``w`` workers and ``s`` servers after every worker reported round 1."""
+    from hetps.cluster import protocol as P
+
+    p = Planner("aware", num_workers=w, num_servers=s, colocate=False, slice_elems=100)
+    sched = _Sched(workers=w)
+    sched.nodes = _CountingNodes(sched.nodes)
+    sizes, where = [100 * 4 * s], [i % s for i in range(4 * s)]
+    for r in range(w):
+        _report(p, sched, r, 1, [], sizes=sizes, assign=where)
+    assert sorted(sched.to) == sorted(P.worker_id(r) for r in range(w))
+    return p, sched
+
+
+def test_every_worker_gets_the_plan_encoded_once_and_rank_0_alone_the_matrix():
+    from hetps.cluster import protocol as P
+    from hetps.transport.codec import MAX_HEADER_BYTES, Message, decode, encode
+
+    w, s = 300, 100  # N = 400: the whole matrix as lists would be ~1.4 MB per worker
+    p, sched = _big_round(w, s)
+    packed = {id(body["plan"]) for body, _ in sched.raw}
+    assert len(packed) == 1  # one encoding, shared by every answer
+    sizes = {}
+    for to, (body, arrays), plan in zip(sched.to, sched.raw, sched.answers, strict=True):
+        assert plan["assign"] == sched.answers[0]["assign"] and len(plan["shares"]) == s
+        frames = encode(Message("balance_report", reply=True, body=body, arrays=arrays))
+        back = decode(frames, 1 << 31)  # the codec takes every one (header under 1 MiB)
+        assert len(frames[0]) < MAX_HEADER_BYTES
+        sizes[P.rank_of(to)] = sum(len(memoryview(f).cast("B")) for f in frames)
+        if P.rank_of(to) == 0:
+            assert arrays[0].shape == (w + s, w + s) and "node_rates" in body
+            assert len(plan["link_matrix"]) == w + s and plan["link_matrix"][0][0] is None
+            assert back.arrays[0].shape == (w + s, w + s)
+        else:
+            assert set(body) == {"plan"} and arrays == []
+            assert "link_matrix" not in plan and "node_rates" not in plan
+    assert max(v for k, v in sizes.items() if k != 0) < 8_000  # O(slices + servers)
+    assert sizes[0] > 8 * (w + s) ** 2  # the matrix, as one float64 array
+
+
+def test_the_live_workers_are_read_once_per_change_of_the_node_table():
+    from hetps.cluster import protocol as P
+
+    _CountingNodes.walks = 0
+    p, sched = _big_round(40, 10)
+    assert _CountingNodes.walks == 1  # not once per report
+    # a worker finishes: the next release reads the table again and no longer waits for it
+    for r in range(39):
+        _report(p, sched, r, 2, [])
+    assert len(sched.answers) == 40  # round 2 waits for worker 39
+    sched.finished.add(P.worker_id(39))
+    p.release(sched)
+    assert len(sched.answers) == 40 + 39 and _CountingNodes.walks == 2

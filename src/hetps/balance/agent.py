@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
+from hetps.balance.wire import unpack_plan
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import wait_all
@@ -168,7 +169,8 @@ class BalanceAgent:
         """Call at an iteration boundary (every worker, the same iterations). Reports this
         worker's link measurements to the scheduler and switches to the plan it decided; a
         slice that moves takes its value and optimizer state along. Returns the plan (epoch,
-        shares per server, link matrix) or None when balancing is off.
+        shares per server; on rank 0 also the link matrix and node rates) or None when
+        balancing is off.
 
         Reports are pipelined: the plan applied now was decided from the previous report, and
         this call's report is answered while the iteration runs. Every worker applies the same
@@ -215,14 +217,14 @@ class BalanceAgent:
             if skipped is not None:
                 # the last report's answer is superseded by this one, but a re-calibration
                 # it asked for still stands (it is here by now: the planner answers in order)
-                recal = skipped.wait(self.timeout).body.get("recalibrate") is True
+                recal = unpack_plan(skipped.wait(self.timeout)).get("recalibrate") is True
                 self._recal_due = self._recal_due or recal
         else:
             answer = self._pending_plan
             self._pending_plan = fut
         if answer is None:  # the second report: nothing decided since the first one
             return self.plan
-        body = answer.wait(self.timeout).body
+        body = unpack_plan(answer.wait(self.timeout))  # rank 0: with the link matrix
         before = self._current_assignment()
         adopted = self._adopt(body)
         moved = self._current_assignment() != before

@@ -206,49 +206,63 @@ class LoadModel:
         if not (unit_bytes > 0 and math.isfinite(unit_bytes)):
             raise ValueError(f"unit_bytes must be > 0, got {unit_bytes}")
         servers, workers = resolve_roles(network.n_nodes, servers, workers)
-        pos = {node: k for k, node in enumerate(servers)}
-        is_worker = set(workers)
+        n = network.n_nodes
         n_w = len(workers)
         n_s = len(servers)
-        rows: list[np.ndarray] = []
-        beta: list[float] = []
-        cap: list[float] = []
-        names: list[str] = []
-
-        def add(name: str, a: np.ndarray, b: float, c: float) -> None:
-            if math.isinf(c) or (b == 0 and not a.any()):
-                return
-            rows.append(a)
-            beta.append(b)
-            cap.append(c)
-            names.append(name)
-
-        for i in range(network.n_nodes):
-            w = i in is_worker
-            a = np.zeros(n_s)
-            if i in pos:
-                # server pulls go to the n_w - [w] other workers; the own worker's push of
-                # M - x_i (instead of M) lowers the coefficient by one more when co-located
-                a[pos[i]] = n_w - 2 * int(w)
-            b = 1.0 if w else 0.0
-            add(f"send {i}", a, b, float(network.up[i]))
-            add(f"recv {i}", a.copy(), b, float(network.down[i]))
+        pos = np.full(n, -1, dtype=np.int64)  # column of each node's server, -1: none
+        pos[list(servers)] = np.arange(n_s)
+        is_w = np.zeros(n, dtype=bool)
+        is_w[list(workers)] = True
+        is_s = pos >= 0
+        # rows in this order, each kept when its cap is finite and it carries something:
+        # "send i", "recv i" for every node i, then "link i->j" for every ordered pair
+        # (vectorised; the same rows, values and names as one loop over them)
+        # -- per-node caps: a server's pulls go to the n_w - [w] other workers; the own
+        # worker's push of M - x_i (instead of M) lowers the coefficient by one more when
+        # co-located. A worker sends and receives the whole model once (beta 1).
+        node = np.repeat(np.arange(n), 2)
+        recv = np.tile([False, True], n)
+        c_node = np.where(recv, network.down[node], network.up[node])
+        coef = (n_w - 2 * is_w.astype(np.int64)).astype(float)[node]
+        b_node = is_w[node].astype(float)
+        carries = is_s[node] & (coef != 0)
+        keep = ~np.isinf(c_node) & ((b_node != 0) | carries)
+        node, recv, c_node, coef, b_node, carries = (
+            v[keep] for v in (node, recv, c_node, coef, b_node, carries)
+        )
+        a_node = np.zeros((node.size, n_s))
+        rows = np.flatnonzero(carries)
+        a_node[rows, pos[node[rows]]] = coef[rows]
+        names = [
+            f"{'recv' if r else 'send'} {i}"
+            for i, r in zip(node.tolist(), recv.tolist(), strict=True)
+        ]
+        parts_a, parts_b, parts_c = [a_node], [b_node], [c_node]
         if network.link is not None:
-            for i in range(network.n_nodes):
-                for j in range(network.n_nodes):
-                    if i == j:
-                        continue
-                    a = np.zeros(n_s)
-                    if i in is_worker and j in pos:
-                        a[pos[j]] += 1.0  # push of j's share from worker i
-                    if i in pos and j in is_worker:
-                        a[pos[i]] += 1.0  # pull of i's share by worker j
-                    add(f"link {i}->{j}", a, 0.0, float(network.link[i, j]))
-        A = np.array(rows, dtype=float).reshape(len(rows), n_s)
+            src, dst = np.divmod(np.arange(n * n), n)
+            off = src != dst
+            src, dst = src[off], dst[off]
+            push = is_w[src] & is_s[dst]  # worker src pushes dst's share
+            pull = is_s[src] & is_w[dst]  # server src's share pulled by worker dst
+            c_link = network.link[src, dst]
+            keep = ~np.isinf(c_link) & (push | pull)
+            src, dst, push, pull, c_link = (v[keep] for v in (src, dst, push, pull, c_link))
+            a_link = np.zeros((src.size, n_s))
+            rows = np.flatnonzero(push)
+            a_link[rows, pos[dst[rows]]] += 1.0
+            rows = np.flatnonzero(pull)
+            a_link[rows, pos[src[rows]]] += 1.0
+            names += [f"link {i}->{j}" for i, j in zip(src.tolist(), dst.tolist(), strict=True)]
+            parts_a.append(a_link)
+            parts_b.append(np.zeros(src.size))
+            parts_c.append(c_link)
+        A = np.concatenate(parts_a).reshape(-1, n_s)
+        beta = np.concatenate(parts_b)
+        cap = np.concatenate(parts_c).astype(float)
         return cls(
             A=A,
-            beta=np.array(beta, dtype=float),
-            cap=np.array(cap, dtype=float),
+            beta=beta,
+            cap=cap,
             names=tuple(names),
             scale=float(total) * float(unit_bytes),
             servers=servers,

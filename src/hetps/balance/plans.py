@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .network import LoadModel, Network
-from .solve import greedy_round, solve_continuous, solve_integer
+from .solve import LP_MAX_ENTRIES, greedy_round, solve_continuous, solve_integer
 
 __all__ = [
     "PLAN_NAMES",
@@ -181,7 +181,13 @@ def _pair_step(
     c = model.cap[rows]
     p = model.scale * (model.beta[rows] + model.A[rows] @ f) / c
     q = model.scale * (model.A[rows, lo] - model.A[rows, hi]) / c
-    dmax = float(f[hi])
+    return _best_move(p, q, float(f[hi]), quantum)
+
+
+def _best_move(
+    p: np.ndarray, q: np.ndarray, dmax: float, quantum: float | None
+) -> tuple[float, float, float]:
+    """The step of :func:`_pair_step` on the lines ``p + q d`` (numpy, any number of lines)."""
     before = float(p.max()) if p.size else 0.0
     if p.size == 0 or dmax <= 0:
         return 0.0, before, before
@@ -201,8 +207,166 @@ def _pair_step(
     return d, float((p + q * d).max()), before
 
 
+_FEW_LINES = 8  # up to this many lines, :func:`_best_move_few` (plain floats) is faster
+
+
+def _best_move_few(
+    p: list[float], q: list[float], dmax: float, quantum: float | None
+) -> tuple[float, float, float]:
+    """:func:`_best_move` on a few lines, in plain floats: the same candidates and the same
+    arithmetic, so the same result to the last bit (tests/unit/test_aware_incremental.py).
+    (Lines ``i`` and ``j`` cross at the same ``d`` as ``j`` and ``i``: IEEE negation is exact,
+    so each pair is computed once; repeated candidates change no minimum.)"""
+    before = max(p) if p else 0.0
+    if not p or dmax <= 0:
+        return 0.0, before, before
+    n = len(p)
+    cand = [0.0, dmax]
+    for i in range(n):
+        pi, qi = p[i], q[i]
+        for j in range(i + 1, n):
+            dq = qi - q[j]
+            if dq != 0.0:
+                x = (p[j] - pi) / dq
+                if 0.0 <= x <= dmax:  # (also drops inf and nan, as np.isfinite did)
+                    cand.append(x)
+    if quantum is not None:
+        steps = [float(math.floor(x / quantum)) for x in cand]
+        steps += [float(math.ceil(x / quantum)) for x in cand]
+        cand = [min(max(s * quantum, 0.0), dmax) for s in steps]
+        cand.append(dmax)
+    p0, q0 = p[0], q[0]
+    rest = list(zip(p[1:], q[1:], strict=True))
+    vals = []
+    for x in cand:
+        v = p0 + q0 * x
+        for pk, qk in rest:
+            w = pk + qk * x
+            if w > v:
+                v = w
+        vals.append(v)
+    lim = min(vals)
+    lim = lim + _tol(lim)
+    d = min(x for x, v in zip(cand, vals, strict=True) if v <= lim)
+    after = p0 + q0 * d
+    for pk, qk in rest:
+        w = pk + qk * d
+        if w > after:
+            after = w
+    return d, after, before
+
+
 def _tol(v: float) -> float:
     return 1e-12 * max(abs(v), 1e-300) + 1e-300
+
+
+def _aware_steps(
+    model: LoadModel, f: np.ndarray, quantum: float | None, threshold: float, max_iter: int
+) -> np.ndarray:
+    """Algorithm 1's loop on any model: every step evaluates every server's time
+    (O(resources x servers) per step)."""
+    n_s = model.n_servers
+    frozen = np.zeros(n_s, dtype=bool)
+    for _ in range(max_iter):
+        t = model.server_times(f)
+        donors = (f > 0) & ~frozen
+        if not donors.any():
+            break
+        hi = int(np.argmax(np.where(donors, t, -np.inf)))
+        others = np.arange(n_s) != hi
+        lo = int(np.argmin(np.where(others, t, np.inf)))
+        if t[hi] - t[lo] < threshold:
+            break
+        d, after, before = _pair_step(model, f, hi, lo, quantum)
+        if d <= 0 or after >= before - _tol(before):
+            frozen[hi] = True
+            continue
+        f = f.copy()
+        f[hi] -= d
+        f[lo] += d
+        if quantum is not None:
+            f = np.rint(f / quantum) * quantum
+        f[f < 0] = 0.0
+    return f
+
+
+def _aware_steps_separate(
+    model: LoadModel, f: np.ndarray, quantum: float | None, threshold: float, max_iter: int
+) -> np.ndarray:
+    """Algorithm 1's loop when every resource carries at most one server's share (per-node
+    caps, or per-link caps without co-location): a step changes two shares, and so only the
+    times of those two servers. Each server's resources are listed once; a step then costs
+    its two servers' resources plus one vectorised pass for the argmax/argmin, instead of
+    every resource against every server. The same arithmetic as :func:`_aware_steps`, so the
+    same plan to the last bit (tests/unit/test_aware_incremental.py)."""
+    n_s = model.n_servers
+    A, beta, cap, scale = model.A, model.beta, model.cap, model.scale
+    touch = A != 0
+    carried = touch.any(axis=1)
+    owner = np.where(carried, touch.argmax(axis=1), n_s)  # n_s: no server's share
+    order = np.argsort(owner, kind="stable")  # rows by server, in row order within one
+    bounds = np.searchsorted(owner[order], np.arange(n_s + 1))
+    rows_of = [order[bounds[s] : bounds[s + 1]] for s in range(n_s)]
+    # per server, its resources as plain floats: (beta_r, A_rs, cap_r), and the slope of each
+    # one's time when the server gives load (hi) and when it takes load (lo)
+    lines = [
+        [(float(beta[r]), float(A[r, s]), float(cap[r])) for r in rows_of[s]] for s in range(n_s)
+    ]
+    q_give = [[scale * (0.0 - a) / c for _, a, c in ln] for ln in lines]
+    q_take = [[scale * (a - 0.0) / c for _, a, c in ln] for ln in lines]
+
+    def own_time(s: int, fs: float) -> float:
+        # LoadModel.server_times on one server: max over its rows of scale*(beta+a f)/cap, >= 0
+        ts = [scale * (b + a * fs) / c for b, a, c in lines[s]]
+        return max(max(ts), 0.0) if ts else 0.0
+
+    t = model.server_times(f)
+    f = f.copy()
+    frozen = [False] * n_s
+    # t of the servers that may give load (hold some, not frozen), -inf elsewhere: hi's argmax
+    give = np.where(f > 0, t, -np.inf)
+    for _ in range(max_iter):
+        hi = int(np.argmax(give))
+        if give[hi] == -np.inf:  # no server holds load that it may give
+            break
+        t_hi = t[hi]
+        t[hi] = np.inf  # lo: the argmin over the other servers (the first of ties, as before)
+        lo = int(np.argmin(t))
+        t[hi] = t_hi
+        if t_hi - t[lo] < threshold:
+            break
+        # the lines of _pair_step (their order changes no result: only max and min of them)
+        fh, fl = float(f[hi]), float(f[lo])
+        p = [scale * (b + a * fh) / c for b, a, c in lines[hi]]
+        p += [scale * (b + a * fl) / c for b, a, c in lines[lo]]
+        q = q_give[hi] + q_take[lo]
+        if len(p) <= _FEW_LINES:
+            d, after, before = _best_move_few(p, q, fh, quantum)
+        else:
+            d, after, before = _best_move(np.array(p), np.array(q), fh, quantum)
+        if d <= 0 or after >= before - _tol(before):
+            frozen[hi] = True
+            give[hi] = -np.inf
+            continue
+        if quantum is not None:
+            old = f.copy()
+            f[hi] -= d
+            f[lo] += d
+            f = np.rint(f / quantum) * quantum
+            f[f < 0] = 0.0
+            changed = [int(s) for s in np.flatnonzero(f != old)]  # all, after the first
+        else:
+            f[hi] -= d
+            f[lo] += d
+            changed = [hi, lo]
+            for s in changed:
+                if f[s] < 0:
+                    f[s] = 0.0
+        for s in changed:
+            fs = float(f[s])
+            t[s] = own_time(s, fs)
+            give[s] = t[s] if fs > 0 and not frozen[s] else -np.inf
+    return f
 
 
 def aware_plan(
@@ -250,27 +414,10 @@ def aware_plan(
         shadow = dataclasses.replace(model, cap=np.where(model.cap > 0, model.cap, tiny))
         if threshold is None:
             threshold = rel_threshold * shadow.time(f)
-        frozen = np.zeros(n_s, dtype=bool)
-        for _ in range(max_iter):
-            t = shadow.server_times(f)
-            donors = (f > 0) & ~frozen
-            if not donors.any():
-                break
-            hi = int(np.argmax(np.where(donors, t, -np.inf)))
-            others = np.arange(n_s) != hi
-            lo = int(np.argmin(np.where(others, t, np.inf)))
-            if t[hi] - t[lo] < threshold:
-                break
-            d, after, before = _pair_step(shadow, f, hi, lo, quantum)
-            if d <= 0 or after >= before - _tol(before):
-                frozen[hi] = True
-                continue
-            f = f.copy()
-            f[hi] -= d
-            f[lo] += d
-            if quantum is not None:
-                f = np.rint(f / quantum) * quantum
-            f[f < 0] = 0.0
+        if ((shadow.A != 0).sum(axis=1) <= 1).all():
+            f = _aware_steps_separate(shadow, f, quantum, threshold, max_iter)
+        else:
+            f = _aware_steps(shadow, f, quantum, threshold, max_iter)
     if n_slices is not None:
         k = np.rint(f * n_slices).astype(np.int64)
         k[int(np.argmax(k))] += int(n_slices) - int(k.sum())
@@ -290,19 +437,25 @@ def optimal_plan(
     n_slices: int | None = None,
     unit_bytes: float = 1.0,
     milp_time_limit: float = 0.5,
+    lp_max_entries: int | None = LP_MAX_ENTRIES,
 ) -> np.ndarray:
     """The exact min-max plan: smallest predicted iteration time on the link model.
 
     Continuous: closed form (separable models) or LP (HiGHS). With ``n_slices``: the best whole
     slice counts (exact for separable models; otherwise an MILP limited to
-    ``milp_time_limit`` seconds, then single-slice improvements).
+    ``milp_time_limit`` seconds, then single-slice improvements). A coupled model whose LP
+    would exceed ``lp_max_entries`` constraint entries (co-located per-link caps from N = 65)
+    gets a cheap plan instead, not the optimum (:func:`hetps.balance.solve.too_big_for_lp`;
+    docs/BALANCE.md §2.4). None: the LP at any size.
     """
     _check_total(total, n_slices)
     net = _as_network(network)
     model = LoadModel.build(net, float(total), servers, workers, unit_bytes=unit_bytes)
-    f, _ = solve_continuous(model)
+    f, _ = solve_continuous(model, lp_max_entries=lp_max_entries)
     if n_slices is not None:
-        return solve_integer(model, int(n_slices), f, time_limit=milp_time_limit)
+        return solve_integer(
+            model, int(n_slices), f, time_limit=milp_time_limit, lp_max_entries=lp_max_entries
+        )
     return _fix_sum(f * float(total), float(total)) if total > 0 else f * 0.0
 
 

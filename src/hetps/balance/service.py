@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from hetps.balance import EstimateTable, Network, assign, iteration_time, make_plan
+from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
+from hetps.balance.wire import pack_plan, reply_parts
 from hetps.cluster import protocol as P
 from hetps.config import NodeConfig
 from hetps.transport.codec import Message
@@ -92,6 +93,12 @@ class Planner:
         self._contradicted: set[int] = set()  # rounds with a probe far off its caps
         self.recalibrations = 0  # new probe cycles that came back
         self._trust = False  # the next plan rests on a fresh cycle: no patience (margin holds)
+        self._used: np.ndarray | None = None  # used_links(), fixed for the job
+        # the live, unfinished workers, and the sizes of the scheduler's node tables they were
+        # read at (those only grow): rebuilt when a node registers, dies or finishes, not on
+        # every report
+        self._live: set[int] = set()
+        self._live_at: tuple[int, int, int] | None = None
 
     @classmethod
     def from_config(cls, cfg: NodeConfig) -> Planner:
@@ -126,13 +133,16 @@ class Planner:
 
     def used_links(self) -> np.ndarray:
         """Which ordered links carry traffic in this deployment: worker <-> server only (with
-        co-located nodes that is every pair of different nodes)."""
-        used = np.zeros((self.n_nodes, self.n_nodes), dtype=bool)
-        for s in self.servers:
-            for w in self.workers:
-                if s != w:
-                    used[s, w] = used[w, s] = True
-        return used
+        co-located nodes that is every pair of different nodes). Read-only."""
+        if self._used is None:
+            used = np.zeros((self.n_nodes, self.n_nodes), dtype=bool)
+            srv, wrk = np.array(self.servers), np.array(self.workers)
+            used[np.ix_(srv, wrk)] = True
+            used[np.ix_(wrk, srv)] = True
+            np.fill_diagonal(used, False)
+            used.setflags(write=False)
+            self._used = used
+        return self._used
 
     def link_matrix(self) -> np.ndarray:
         """Estimated bytes/s per link. Links that carry no traffic here (server to server,
@@ -232,17 +242,26 @@ class Planner:
         self.pending.setdefault(rnd, {})[msg.sender] = msg
         self.release(sched)
 
+    def live_workers(self, sched: Any) -> set[int]:
+        """The scheduler's live, unfinished workers. Its node table, dead and finished nodes
+        only ever grow, so their sizes say when the set must be read again."""
+        at = (len(sched.nodes), len(sched.dead), len(sched.finished))
+        if at != self._live_at:
+            self._live = {
+                nid
+                for nid, n in sched.nodes.items()
+                if n.role == "worker" and nid not in sched.dead and nid not in sched.finished
+            }
+            self._live_at = at
+        return self._live
+
     def release(self, sched: Any) -> None:
         """Answer every round that every live, unfinished worker has reported (also called
         when a worker finishes, so the others never wait for it)."""
-        live = {
-            nid
-            for nid, n in sched.nodes.items()
-            if n.role == "worker" and nid not in sched.dead and nid not in sched.finished
-        }
+        live = self.live_workers(sched)
         for rnd in sorted(self.pending):
             waiting = self.pending[rnd]
-            if not live <= set(waiting):
+            if len(waiting) < len(live) or not all(nid in waiting for nid in live):
                 continue
             del self.pending[rnd]
             self.links.observe_nodes(self._samples.pop(rnd, []))
@@ -275,8 +294,16 @@ class Planner:
                 answer = {**answer, "recalibrate": True}
             elif spread is not None:
                 answer = {**answer, "spread": spread}
+            # the same plan for every worker, encoded once; rank 0 also gets what reports
+            # and plots read (the link matrix, the node rates): hetps.balance.wire
+            packed = pack_plan(answer)
             for m in waiting.values():
-                sched.reply(m, answer)
+                if P.role_of(m.sender) == "worker" and P.rank_of(m.sender) == 0:
+                    extras = self.report_fields()
+                    body, arrays = reply_parts(packed, extras, extras.pop("link_matrix"))
+                else:
+                    body, arrays = reply_parts(packed)
+                sched.reply(m, body, arrays)
 
     def forget_readings(self) -> None:
         """Drop the probe and spread readings: a new cycle of probes is arriving because the
@@ -340,8 +367,19 @@ class Planner:
         if self.assignment is None:
             return None
         try:
-            t_old = self._predict(net, self.assignment)
-            t_new = self._predict(net, new)
+            if net is not None:  # one load model for both (what _predict builds each time)
+                assert self.slices is not None
+                lengths = np.array([s.length for s in self.slices], dtype=float)
+                old, cand = (
+                    np.bincount(np.asarray(a), weights=lengths, minlength=self.S)
+                    for a in (self.assignment, new)
+                )
+                total = float(old.sum())
+                model = LoadModel.build(net, total, servers=self.servers, workers=self.workers)
+                t_old, t_new = (model.time(x / total) if total > 0 else 0.0 for x in (old, cand))
+            else:
+                t_old = self._predict(net, self.assignment)
+                t_new = self._predict(net, new)
         except Exception:  # noqa: BLE001 - a failed prediction adopts the new plan
             return None
         if t_old is None or t_new is None or not (np.isfinite(t_old) and np.isfinite(t_new)):
@@ -353,7 +391,6 @@ class Planner:
         assert self.slices is not None and self.assignment is not None
         t0 = time.perf_counter()
         total = float(sum(s.length for s in self.slices))
-        bw = self.link_matrix()
         net: Network | None = None
         try:
             if self.scheme == "elastic":
@@ -364,7 +401,9 @@ class Planner:
             elif self.scheme == "average":
                 shares = np.full(self.S, total / self.S)
             else:
-                net = self.links.node_network() or Network.from_matrix(bw)
+                # per-node caps only (never per-link: the model stays separable, so optimal
+                # is a closed form and aware the incremental loop, never the LP; §2.4)
+                net = self.links.node_network() or Network.from_matrix(self.link_matrix())
                 shares = make_plan(
                     self.scheme, total, network=net, servers=self.servers, workers=self.workers
                 )
@@ -408,13 +447,24 @@ class Planner:
         self.plan_seconds.append(time.perf_counter() - t0)
         del self.plan_seconds[:-1000]
         counts = np.bincount(new, weights=[s.length for s in self.slices], minlength=self.S)
-        up, down = self.links.capacity()
-        single = self.links.single()
         return {
             "epoch": self.epoch,
             "assign": [int(x) for x in new],
             "shares": [float(x) / total for x in counts],
-            "link_matrix": [[float(x) if np.isfinite(x) else None for x in row] for row in bw],
+            "plan_s": self.plan_seconds[-1],
+            "kept": self.kept,
+            "surprise": self.detector.last_surprise,
+            "recalibrations": self.recalibrations,
+        }
+
+    def report_fields(self) -> dict:
+        """What reports and plots read, beside the plan (worker rank 0's answer only):
+        ``link_matrix`` (estimated bytes/s per link, an N x N array, ``inf`` on the diagonal)
+        and ``node_rates`` (the per-node caps and where they come from)."""
+        up, down = self.links.capacity()
+        single = self.links.single()
+        return {
+            "link_matrix": self.link_matrix(),
             "node_rates": {
                 "up": _listed(up),
                 "down": _listed(down),
@@ -429,10 +479,6 @@ class Planner:
                     [i, j, r, n] for (i, j), (r, n) in sorted(self.links.last_probes.items())
                 ],
             },
-            "plan_s": self.plan_seconds[-1],
-            "kept": self.kept,
-            "surprise": self.detector.last_surprise,
-            "recalibrations": self.recalibrations,
         }
 
 

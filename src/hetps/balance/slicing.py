@@ -8,6 +8,7 @@ of docs/BALANCE.md (per-slice overhead against pipeline fill and rounding).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -135,30 +136,38 @@ def assign(
                 give(i, s)
     # step 3, in layout order: each full-length slice to the server whose own slices are
     # least far along (smallest (placed + length) / need), among those with room for it, so
-    # that every server's slices are spread evenly through the layout
+    # that every server's slices are spread evenly through the layout. Every slice here costs
+    # the same, and only the chosen server's key changes: a heap of (key, server) picks what
+    # min() over all servers picked (ties: lower index), in O(log S) a slice
     need = [max(r, 0) for r in rem]
     placed = [0] * n_s
     left = []
     full = max(lengths[i] for i in range(n_sl) if out[i] < 0) if (out < 0).any() else 0
+    cost = full * ssum
+    heap = [((placed[s] + cost) / need[s], s) for s in range(n_s) if need[s] > 0 and rem[s] >= cost]
+    heapq.heapify(heap)
     for i in range(n_sl):
         if out[i] >= 0:
             continue
-        if lengths[i] < full:
+        if lengths[i] < full or not heap:
             left.append(i)
             continue
-        cost = lengths[i] * ssum
-        room = [s for s in range(n_s) if need[s] > 0 and rem[s] >= cost]
-        if not room:
-            left.append(i)
-            continue
-        s = min(room, key=lambda s: ((placed[s] + cost) / need[s], s))
+        s = heap[0][1]
         placed[s] += cost
         give(i, s)
+        if rem[s] >= cost:  # room for another one (rem only shrinks: a server leaves for good)
+            heapq.heapreplace(heap, ((placed[s] + cost) / need[s], s))
+        else:
+            heapq.heappop(heap)
     # shorter slices and what fits nowhere whole: longest first, to the server with the
-    # most room left (they fill what the full slices left, so the shares come out exact)
+    # most room left (they fill what the full slices left, so the shares come out exact);
+    # a heap of (-room, server) gives max() over (room, -server)
+    most = [(-rem[s], s) for s in range(n_s)]
+    heapq.heapify(most)
     for i in sorted(left, key=lambda i: (-lengths[i], i)):
-        best = max(range(n_s), key=lambda s: (rem[s], -s))
+        best = most[0][1]
         give(i, best)
+        heapq.heapreplace(most, (-rem[best], best))
     return out
 
 

@@ -10,6 +10,7 @@ continuous optimum on the true rates.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -26,6 +27,15 @@ __all__ = [
 ]
 
 _REL = 1e-12
+
+log = logging.getLogger("hetps.balance")
+
+#: The largest LP solved exactly: entries of its dense constraint matrix (resources x servers).
+#: Co-located servers with per-link caps have N (N - 1) resources and N servers: up to N = 64
+#: (HiGHS ~22 ms there on 2 shared cores, ~0.6 s at N = 256). Above it,
+#: :func:`solve_continuous` takes the better of two cheap plans instead (docs/BALANCE.md §2.4).
+LP_MAX_ENTRIES = 1 << 18
+_told_no_lp = False  # the fallback is logged once per process
 
 
 def _scipy_linprog() -> Callable:
@@ -122,17 +132,64 @@ def _lp(model: LoadModel) -> np.ndarray:
     return f / f.sum()
 
 
-def solve_continuous(model: LoadModel) -> tuple[np.ndarray, float]:
+def too_big_for_lp(model: LoadModel, lp_max_entries: int | None = LP_MAX_ENTRIES) -> bool:
+    """Whether ``model`` needs the LP (not separable) and it is larger than ``lp_max_entries``
+    (None: no limit)."""
+    return lp_max_entries is not None and not model.separable and model.A.size > lp_max_entries
+
+
+def _without_lp(model: LoadModel) -> np.ndarray:
+    """Instead of the LP, on a model too big for it: the better (on the model) of equal
+    shares and shares in proportion to each server's tightest resource per unit of share
+    (``min_r cap_r / A_rs`` over the resources it loads: with co-located per-link caps, its
+    slowest link). Neither is optimal: docs/BALANCE.md §2.4 measures how far they are."""
+    global _told_no_lp
+    if not _told_no_lp:
+        _told_no_lp = True
+        log.warning(
+            "balance: a coupled link model of %d resources x %d servers is too big for the "
+            "exact LP (limit %d entries, LP_MAX_ENTRIES): using the better of equal shares "
+            "and shares in proportion to each server's tightest resource (not optimal; "
+            "logged once)",
+            model.A.shape[0],
+            model.n_servers,
+            LP_MAX_ENTRIES,
+        )
+    n_s = model.n_servers
+    equal = np.full(n_s, 1.0 / n_s)
+    loads = model.A > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_unit = np.where(loads, model.cap[:, None] / model.A, np.inf)
+    g = per_unit.min(axis=0) if per_unit.size else np.full(n_s, np.inf)
+    if np.isinf(g).any():  # a server nothing caps takes everything (as in the closed form)
+        prop = np.isinf(g) / np.isinf(g).sum()
+    elif g.sum() > 0:
+        prop = g / g.sum()
+    else:
+        return equal
+    return prop if model.time(prop) < model.time(equal) else equal
+
+
+def solve_continuous(
+    model: LoadModel, *, lp_max_entries: int | None = LP_MAX_ENTRIES
+) -> tuple[np.ndarray, float]:
     """Share fractions (summing to 1) minimising the predicted iteration time, and that time.
 
-    Closed form when :attr:`LoadModel.separable`, else the LP with HiGHS.
+    Closed form when :attr:`LoadModel.separable`, else the LP with HiGHS -- up to
+    ``lp_max_entries`` entries of its constraint matrix (None: any size); above that the
+    better of two cheap plans, not the optimum (:func:`too_big_for_lp`, logged once).
     """
     model.check_feasible()
     n_s = model.n_servers
     if model.A.shape[0] == 0 or model.scale == 0:
         f = np.full(n_s, 1.0 / n_s)
         return f, model.time(f)
-    f = _closed_form(model) if model.separable else _lp(model)
+    if model.separable:
+        f = _closed_form(model)
+    elif too_big_for_lp(model, lp_max_entries):
+        f = _without_lp(model)
+    else:
+        f = _lp(model)
     return f, model.time(f)
 
 
@@ -267,6 +324,7 @@ def solve_integer(
     fractions: ArrayLike | None = None,
     *,
     time_limit: float = 0.5,
+    lp_max_entries: int | None = LP_MAX_ENTRIES,
 ) -> np.ndarray:
     """Slice counts (summing to ``n``) minimising the predicted iteration time.
 
@@ -274,16 +332,23 @@ def solve_integer(
     whose time grows least -- exactly optimal (proof in docs/BALANCE.md). Otherwise: the
     largest-remainder rounding of the continuous optimum, returned at once if it already
     reaches the continuous optimum's time (then nothing can beat it); else the better of it
-    and an MILP (HiGHS, ``time_limit`` seconds), polished by single-slice moves.
+    and an MILP (HiGHS, ``time_limit`` seconds), polished by single-slice moves. A coupled
+    model too big for the LP (``lp_max_entries``) gets the largest-remainder rounding of
+    :func:`solve_continuous`'s fallback, without MILP or polish.
     """
     if n < 1:
         raise ValueError(f"n_slices must be >= 1, got {n}")
     model.check_feasible()
-    f = solve_continuous(model)[0] if fractions is None else np.asarray(fractions, float)
+    if fractions is None:
+        f = solve_continuous(model, lp_max_entries=lp_max_entries)[0]
+    else:
+        f = np.asarray(fractions, float)
     if model.A.shape[0] == 0 or model.scale == 0:
         return largest_remainder(np.ones(model.n_servers), n)
     if model.separable:
         return greedy_round(f, n, _separable_server_times(model, n))
+    if too_big_for_lp(model, lp_max_entries):
+        return largest_remainder(f, n)
     t_cont = model.time(f)
     best = largest_remainder(f, n)
     if model.time(best / n) <= t_cont * (1 + 1e-9):
@@ -312,4 +377,4 @@ def lower_bound(
     """
     net = Network.from_rates(up, down, link)
     model = LoadModel.build(net, float(total_bytes), servers, workers)
-    return solve_continuous(model)[1]
+    return solve_continuous(model, lp_max_entries=None)[1]  # a bound: the LP at any size

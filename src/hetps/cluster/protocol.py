@@ -43,9 +43,9 @@ PROBE = "probe"  # a probe payload for links that carry no data
 DROP = "drop"  # slices: forget slices that moved to another server
 RECEIPT = "receipt"  # req: a server got a push (credit for the worker's push window)
 
-#: Every body field of the data plane and the balance report, with its meaning. The server
-#: checks types where it reads them (``kvstore.server``); this table is the one place that
-#: says what each means.
+#: Every body field of the data plane, the balance report and its answer, with its meaning.
+#: The server checks types where it reads them (``kvstore.server``); this table is the one
+#: place that says what each means.
 BODY_FIELDS: dict[str, dict[str, str]] = {
     INIT: {
         "k": "the key (int or str)",
@@ -97,6 +97,16 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "assign": "the server of every slice, in layout order (with sizes)",
         "calibration": "these samples hold a whole new probe cycle",
         "spread_done": "[way, rank] of the spread probe this worker took part in",
+    },
+    # the planner's answer to a balance report (hetps.balance.wire)
+    BALANCE_REPORT + " answer": {
+        "plan": "msgpack bytes, the same for every worker and encoded once a round: epoch, "
+        "assign (the server of every slice), shares, plan_s, kept, surprise, recalibrations, "
+        "and recalibrate or spread when asked",
+        "node_rates": "worker rank 0 only: the per-node caps and where they come from",
+        "error": "instead of a plan: why there is none",
+        "(array 0)": "worker rank 0 only: the link matrix, float64 N x N bytes/s, inf on the "
+        "diagonal",
     },
 }
 

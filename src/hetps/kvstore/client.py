@@ -547,8 +547,8 @@ class DistKVStore:
         """Call at an iteration boundary (every worker, the same iterations). Reports this
         worker's link measurements to the scheduler and switches to the plan it decided; a
         slice that moves takes its value and optimizer state along. Returns the plan (epoch,
-        shares per server, link matrix) or None when balancing is off
-        (:meth:`hetps.balance.agent.BalanceAgent.rebalance`)."""
+        shares per server; on rank 0 also the link matrix and node rates) or None when
+        balancing is off (:meth:`hetps.balance.agent.BalanceAgent.rebalance`)."""
         if self.agent is None:
             return None
         return self.agent.rebalance()

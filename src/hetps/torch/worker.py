@@ -301,10 +301,11 @@ class WorkerRun:
                 overhead_s=r.overhead,
                 plan=plan["shares"],
                 plan_epoch=plan["epoch"],
-                link_matrix=plan["link_matrix"],
                 # new probe cycles the planner asked for so far (docs/BALANCE.md §7.3)
                 recalibrations=plan.get("recalibrations", 0),
             )
+            if "link_matrix" in plan:  # rank 0's answers alone carry it (hetps.balance.wire)
+                rec["link_matrix"] = plan["link_matrix"]
         if acc is not None:
             rec["accuracy"] = acc
         assert self.log is not None and self.progress is not None
