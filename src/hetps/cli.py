@@ -183,7 +183,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     """``hetps config``: every variable with its value here and where the value came from."""
-    from hetps import config
+    from hetps import config_report as config
 
     if args.markdown:
         print(config.markdown(), end="")

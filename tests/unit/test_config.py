@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hetps import config
+from hetps import config_report
 from hetps.cli import main as cli_main
 from hetps.config import BY_NAME, VARS, ConfigError, env_value, node_config_from_env
 
@@ -89,13 +89,13 @@ def test_environ_check_catches_reads_and_allows_copies():
 
 def test_docs_config_md_is_the_generated_table():
     committed = (ROOT / "docs" / "CONFIG.md").read_text()
-    assert committed == config.markdown(), (
+    assert committed == config_report.markdown(), (
         "docs/CONFIG.md is stale: run `hetps config --markdown > docs/CONFIG.md`"
     )
 
 
 def test_docs_table_has_every_variable_with_its_default():
-    md = config.markdown()
+    md = config_report.markdown()
     for v in VARS:
         for name in v.names:
             assert f"`{name}`" in md
@@ -192,7 +192,7 @@ def test_hetps_config_reports_bad_command_variables_too(clean_env, capsys):
 
 def test_markdown_flag_prints_the_docs_table(capsys):
     assert cli_main(["config", "--markdown"]) == 0
-    assert capsys.readouterr().out == config.markdown()
+    assert capsys.readouterr().out == config_report.markdown()
 
 
 def test_every_malformed_variable_is_reported_at_once():
