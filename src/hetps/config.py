@@ -275,6 +275,11 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "skipped if /dev/shm lacks room (0: always TCP)",
                 field="shm_bytes", minimum=0, unit="bytes", check=_shm_check,
                 bounds="0, or >= 1048576"),
+            Var("HETPS_BATCH_BYTES", "int", 1 << 20,
+                "requests of a call to one server, and answers ready together for one "
+                "worker, travel as one message when each carries at most this many bytes of "
+                "arrays (at most 1 MiB counts; 0: every request and answer alone)",
+                field="batch_bytes", minimum=0, unit="bytes"),
             Var("HETPS_SHAPE_MBIT", "float", 0.0,
                 "limit this node's sending rate in-process, without root (0: no limit)",
                 field="shape_mbit", minimum=0.0, unit="Mbit/s"),

@@ -73,6 +73,7 @@ def test_two_bit_words_and_server_values_match_mxnet_reference(cluster, tmp_path
     grads = _gradients(workers, rounds, n)
     np.save(tmp_path / "grads.npy", grads)
     code = f"""
+from hetps.cluster import batch
 from hetps.cluster import protocol as C
 kv = hetps.kv.create('dist_sync')
 r = kv.rank
@@ -82,10 +83,12 @@ kv.set_gradient_compression({{'type': '2bit', 'threshold': {THRESHOLD}}})
 sent, rnd = [], [-1]
 send = kv.node.van.send
 def spy(peer, msg, *a, **kw):
-    if msg.cmd == C.PUSH and msg.body.get('k') == 'g':
-        b = msg.body
-        sent.append(((rnd[0], b['part'], b['off'], b['n']), b.get('comp'),
-                     np.array(msg.arrays[0], copy=True)))
+    # a list's small pushes go to a server as one batch: look at its items
+    for m in (batch.unpack(msg) if msg.cmd == C.BATCH else [msg]):
+        if m.cmd == C.PUSH and m.body.get('k') == 'g':
+            b = m.body
+            sent.append(((rnd[0], b['part'], b['off'], b['n']), b.get('comp'),
+                         np.array(m.arrays[0], copy=True)))
     return send(peer, msg, *a, **kw)
 kv.node.van.send = spy
 pulled = []

@@ -45,9 +45,7 @@ def test_a_frame_above_the_bound_costs_the_server_no_memory(tmp_path):
     )
     kv = None
     try:
-        kv = DistKVStore(
-            "dist_sync", loopback_config("worker", sch.van.port)
-        )
+        kv = DistKVStore("dist_sync", loopback_config("worker", sch.van.port))
         kv.init("w", np.zeros(8, np.float32))
         info = kv.node.servers()[0]
         before = _hwm_kb(srv.pid)

@@ -185,3 +185,68 @@ def test_no_elements_but_dimensions_whose_product_overflows():
         raise AssertionError("accepted")
     except BadMessage as exc:
         assert "shape" in str(exc)
+
+
+# -- batches (hetps.cluster.batch): what a decoded BATCH message's body may hold --------------
+batch_items = st.lists(
+    st.one_of(
+        *[
+            st.tuples(
+                st.sampled_from(["init", "push", "pull", "pull", "batch", "set_optimizer", ""]),
+                st.one_of(st.integers(1, 2**40), st.integers(-2, 0), values),
+                st.one_of(*[st.dictionaries(st.text(max_size=4), scalars, max_size=3)] * 2, values),
+                st.one_of(st.just(0), st.integers(-2, 5), huge, values),
+            ).map(list)
+        ]
+        * 3,
+        values,
+    ),
+    max_size=6,
+)
+
+
+@FUZZ
+@given(
+    st.one_of(batch_items, values),
+    st.one_of(
+        st.just([]), st.lists(st.integers(0, 4).map(lambda n: np.ones(n, np.float32)), max_size=5)
+    ),
+)
+def test_a_batch_unpacks_whole_or_is_refused(items, arrs):
+    """Any body and arrays: either every item comes out (a batchable command, a positive
+    request id, a map body, and array counts that add up to the arrays that came), or
+    :class:`BadBatch` and nothing at all."""
+    from hetps.cluster import batch
+    from hetps.cluster import protocol as P
+
+    msg = Message("batch", sender=9, body={"items": items}, arrays=arrs)
+    try:
+        out = batch.unpack(msg)
+    except batch.BadBatch:
+        return
+    assert isinstance(items, list) and 0 < len(items) == len(out) <= P.MAX_BATCH_ITEMS
+    assert sum(len(m.arrays) for m in out) == len(arrs)
+    for item, m in zip(items, out, strict=True):
+        assert m.cmd in P.BATCH_COMMANDS and m.req == item[1] > 0 and m.sender == 9
+        assert isinstance(m.body, dict) and len(m.arrays) == item[3]
+
+
+def test_too_many_items_are_refused_and_a_packed_batch_unpacks():
+    from hetps.cluster import batch
+    from hetps.cluster import protocol as P
+
+    many = [["pull", i + 1, {}, 0] for i in range(P.MAX_BATCH_ITEMS + 1)]
+    try:
+        batch.unpack(Message("batch", body={"items": many}))
+        raise AssertionError("a batch of too many items was unpacked")
+    except batch.BadBatch as exc:
+        assert "more than" in str(exc)
+    reqs = [Message("push", req=i + 1, body={"k": i}, arrays=[np.ones(i)]) for i in range(3)]
+    back = batch.unpack(_roundtrip(batch.pack(reqs)))
+    assert [(m.cmd, m.req, m.body, [a.size for a in m.arrays]) for m in back] == [
+        ("push", i + 1, {"k": i}, [i]) for i in range(3)
+    ]
+
+
+def _roundtrip(msg: Message) -> Message:
+    return decode([bytes(memoryview(f)) for f in encode(msg)], BOUND)

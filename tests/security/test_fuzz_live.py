@@ -43,7 +43,7 @@ LIVE = settings(
 )
 
 SERVER_CMDS = [
-    "init", "push", "pull", "set_optimizer", "get_states", "set_states", "forecast", "probe",
+    "batch", "init", "push", "pull", "set_optimizer", "get_states", "set_states", "forecast", "probe",
     "drop", "pace", "worker_done", "exit", "node_dead", "receipt", "add_node", "nodes",
 ]  # fmt: skip
 SCHED_CMDS = [
@@ -102,6 +102,7 @@ FIELDS = {
     "back": values,
     "sizes": values,
     "samples": values,
+    "items": st.one_of(st.lists(st.lists(values, max_size=5), max_size=3), values),
 }
 FIELDS = {name: st.one_of(strategy, containers) for name, strategy in FIELDS.items()}
 bodies = st.fixed_dictionaries({}, optional=FIELDS)
@@ -120,6 +121,7 @@ OWN = {
     "barrier": ["group"],
     "esync_report": ["rank", "round", "step_s", "elapsed_s"],
     "add_node": ["role", "host", "port", "back"],
+    "batch": ["items"],
     "balance_report": ["round", "sizes", "samples"],
 }  # fmt: skip
 
@@ -282,6 +284,45 @@ def test_fuzz_the_servers_handlers_as_its_worker(job, msgs):
             job.kv.node.van.send(job.sid, msg)
         else:
             futs.append(job.kv.node.request(job.sid, msg))
+    job.healthy()
+    job.collect(futs)
+
+
+#: one batch item: a command (mostly a batchable one) with its own fields (or a body that is
+#: no map), a request id far from the worker's own, and an array count (mostly right, or
+#: wrong, or not a number); or anything at all
+BATCHABLE = ["init", "push", "pull"]
+batch_items = st.lists(
+    st.one_of(
+        st.tuples(
+            st.one_of(command(BATCHABLE), command(BATCHABLE), command(SERVER_CMDS)),
+            st.one_of(*[st.integers(10**8, 10**9)] * 3, values),
+            st.one_of(st.just(0), st.just(0), st.integers(-1, 2**40), values),
+            st.one_of(st.none(), st.none(), values),  # a body that is no map at all
+        ).map(lambda t: [t[0][0], t[1], t[0][1] if t[3] is None else t[3], t[2]]),
+        st.one_of(st.none(), values),
+    ),
+    min_size=0,
+    max_size=4,
+)
+
+
+@LIVE
+@given(
+    st.lists(
+        st.tuples(st.one_of(batch_items, values), st.one_of(st.just([]), arrays)),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_fuzz_batches_as_its_worker(job, batches):
+    """Hostile batches (wrong types, array counts that do not add up, commands that may not
+    be batched, bad items among good ones) are refused with an error answer, or their items
+    handled one by one; the server goes on serving."""
+    futs = [
+        job.kv.node.request(job.sid, Message("batch", body={"items": items}, arrays=arrs))
+        for items, arrs in batches
+    ]
     job.healthy()
     job.collect(futs)
 

@@ -50,6 +50,7 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "init": _W,
         "push": _W,
         "pull": _W,
+        "batch": _W,  # init/push/pull items, each checked as if it came alone
         "set_optimizer": _W,  # a pickle: only from a registered worker
         "get_states": _W,
         "set_states": _W,  # a pickle: only from a registered worker

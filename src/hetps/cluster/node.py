@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hetps.cluster import allow
+from hetps.cluster import allow, batch
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError, NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
@@ -225,6 +225,9 @@ class Node:
                 log.warning("%s: dropped %s that came before the node table", self.role, msg.cmd)
             return
         if msg.reply:
+            if msg.cmd == P.BATCH and msg.error is None:
+                self._resolve_batch(msg)
+                return
             self.requests.resolve(msg.req, msg, msg.error, sender=msg.sender)
             return
         sender_role = self.role_of(msg.sender)
@@ -244,6 +247,22 @@ class Node:
             self.handler(msg)
         else:
             log.warning("%s: no handler for %s from %d", self.role, msg.cmd, msg.sender)
+
+    def _resolve_batch(self, msg: Message) -> None:
+        """Answers that came together (:mod:`hetps.cluster.batch`): each resolves its own
+        request, as if it had come alone."""
+        try:
+            items = batch.unpack(msg)
+        except batch.BadBatch as exc:
+            log.warning(
+                "%s: dropped a bad batch of answers from %s: %s",
+                self.role,
+                self.describe(msg.sender),
+                exc,
+            )
+            return
+        for item in items:
+            self.requests.resolve(item.req, item, item.error, sender=msg.sender)
 
     def _from_scheduler(self, msg: Message) -> bool:
         """Handle what only the scheduler sends; False: an ordinary reply or command, for the
@@ -403,6 +422,23 @@ class Node:
             )
             return False
 
+    def send_batch(self, peer: int, futs: list[Future], msgs: list[Message]) -> bool:
+        """Send the requests ``msgs`` (registered as ``futs``) to ``peer`` in one message
+        (:mod:`hetps.cluster.batch`); a send that fails fails every future (returns False)."""
+        if len(msgs) == 1:
+            return self.send_request(futs[0], msgs[0])
+        try:
+            # the batch's own id is its first request's: an answer refusing the whole batch
+            # fails that request (the others then time out, as if lost)
+            self.van.send(peer, batch.pack(msgs, req=futs[0].req))
+            return True
+        except Exception as exc:  # noqa: BLE001 - PeerGone, a closed socket: the caller's error
+            for fut in futs:
+                self.requests.resolve(
+                    fut.req, None, f"{self.describe(peer)} is not reachable: {exc}"
+                )
+            return False
+
     def send(self, peer: int, msg: Message) -> bool:
         """Send a one-way message (no reply expected); False if ``peer`` is gone."""
         try:
@@ -444,6 +480,17 @@ class Node:
             )
         except PeerGone:
             log.warning("%s: cannot answer node %d (gone)", self.role, request.sender)
+            return None
+
+    def send_replies(self, peer: int, replies: list[Message], track: bool = False):
+        """Send the answers ``replies`` to ``peer`` in one message (a batch when there are
+        several, :mod:`hetps.cluster.batch`); returns a ZeroMQ tracker for zero-copy
+        arrays when ``track``."""
+        msg = replies[0] if len(replies) == 1 else batch.pack(replies, reply=True)
+        try:
+            return self.van.send(peer, msg, track=track)
+        except PeerGone:
+            log.warning("%s: cannot answer node %d (gone)", self.role, peer)
             return None
 
     def barrier(self, group: str = "worker", timeout: float | None = None) -> None:

@@ -42,6 +42,12 @@ FORECAST = "forecast"  # tag: announces the next data message (link measurement)
 PROBE = "probe"  # a probe payload for links that carry no data
 DROP = "drop"  # slices: forget slices that moved to another server
 RECEIPT = "receipt"  # req: a server got a push (credit for the worker's push window)
+BATCH = "batch"  # items: several small requests (or their answers) in one message
+
+#: the commands a batch may carry (requests from a worker; answers from a server)
+BATCH_COMMANDS = frozenset({INIT, PUSH, PULL})
+#: at most this many items in one batch
+MAX_BATCH_ITEMS = 1024
 
 #: Every body field of the data plane, the balance report and its answer, with its meaning.
 #: The server checks types where it reads them (``kvstore.server``); this table is the one
@@ -83,6 +89,12 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "reply_bytes": "bytes of payload in the answer",
         "spread": "one flow of a spread probe (several flows at once)",
         "tag": "the request id its forecast carried",
+    },
+    BATCH: {
+        "items": "[[cmd, req, body, arrays], ...]: one request (from a worker) or one answer "
+        "(from a server) each, in order: its command (init, push or pull), its request id, its "
+        "own body (the fields of that command, or of its answer), and how many of the batch's "
+        "arrays are its own (they follow the previous items' arrays)",
     },
     GET_STATES: {"slices": "[[key, part], ...] to read (absent: every state)"},
     DROP: {"slices": "[[key, part], ...] to forget"},

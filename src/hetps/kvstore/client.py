@@ -21,13 +21,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from hetps import optim
 from hetps.balance.agent import BalanceAgent
+from hetps.cluster import batch
 from hetps.cluster import protocol as P
+from hetps.cluster.batch import array_bytes
 from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
@@ -70,7 +73,11 @@ class DistKVStore:
         self._out_lock = threading.Lock()
         self.balance = cfg.balance != "none"
         # network-aware mode paces pushes with a credit window (see Sender)
-        self._sender = Sender(cfg.push_window if self.balance else 0)
+        self._sender = Sender(cfg.push_window if self.balance else 0, self.node.send_batch)
+        # the small requests of a call go as one message per server (not with balancing:
+        # the BalanceAgent times every message alone)
+        self._batch_bytes = 0 if self.balance else min(cfg.batch_bytes, batch.ITEM_BYTES_MAX)
+        self._tl = threading.local()
         self._next_slice = 0  # balance layout: the server of the next slice, round-robin
         self._closed = False
         # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
@@ -138,6 +145,7 @@ class DistKVStore:
                 callback(reply)
 
         plain = watch is None and not cost
+        collect = self._collecting() if plain and msg.cmd in P.BATCH_COMMANDS else None
         fut = self.node.request(
             peer,
             msg,
@@ -146,7 +154,12 @@ class DistKVStore:
             landing=landing,
             send=False,
         )
+        part = msg.body.get("part") if key is not None else None
+        slice_key = key if part is None else (key, part)
         if fut.done():
+            return fut
+        if collect is not None and array_bytes(msg) <= self._batch_bytes:
+            collect.append((slice_key, server_rank, fut, msg))  # sent at the call's end
             return fut
 
         def send() -> None:
@@ -161,9 +174,49 @@ class DistKVStore:
         # every part's rounds apart, so a part's pull needs only that part's push before it,
         # and the pulls of a big key's first slices go while its later slices are still being
         # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
-        part = msg.body.get("part") if key is not None else None
-        sender.submit(key if part is None else (key, part), priority, send, cost)
+        sender.submit(slice_key, priority, send, cost)
         return fut
+
+    def _collecting(self) -> list | None:
+        """The requests of the call in progress on this thread that wait to be batched."""
+        return getattr(self._tl, "items", None)
+
+    @contextmanager
+    def _batched(self):
+        """Within: the small requests of the call go to each server as one message (a batch,
+        :mod:`hetps.cluster.batch`) when the block ends, each request with its own id and
+        future, in order behind the earlier requests of its slices."""
+        if not self._batch_bytes or self._collecting() is not None:
+            yield
+            return
+        self._tl.items = items = []
+        try:
+            yield
+        finally:
+            self._tl.items = None
+            if items:
+                self._flush(items)
+
+    def _flush(self, items: list) -> None:
+        by_server: dict[int, list] = {}
+        for item in items:
+            by_server.setdefault(item[1], []).append(item)
+        for rank, mine in by_server.items():
+            peer = self._server_ids[rank]
+            for group in batch.groups(mine, lambda item: array_bytes(item[3])):
+                futs = [item[2] for item in group]
+                msgs = [item[3] for item in group]
+
+                def send(peer=peer, futs=futs, msgs=msgs) -> None:
+                    self.node.send_batch(peer, futs, msgs)
+
+                self._sender.submit(
+                    None,
+                    max(m.priority for m in msgs),
+                    send,
+                    keys=[item[0] for item in group],
+                    merge=(peer, list(zip(futs, msgs, strict=True))),
+                )
 
     def _placement(self, key: Any, size: int) -> list[Part]:
         if not self.balance:
@@ -217,30 +270,31 @@ class DistKVStore:
         if self.agent is not None:
             self.agent.before_init()
         futs: list[Future] = []
-        for k, entry in zip(keys, entries, strict=False):
-            arr = reduce_values(entry, f"init of key {k!r}")
-            check_dtype(arr.dtype, k)
-            if k not in self.meta:
-                self.order.append(k)
-            parts = self._placement(k, arr.size)
-            self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
-            if self.rank != 0:
-                continue
-            flat = np.ascontiguousarray(arr).reshape(-1)
-            step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
-            for p in parts:
-                for a, b in chunks(p.start, p.stop, step):
-                    body = {
-                        "k": k,
-                        "part": p.index,
-                        "off": a - p.start,
-                        "n": b - a,
-                        "size": p.size,
-                        "shape": list(arr.shape),
-                        "dtype": arr.dtype.name,
-                    }
-                    msg = Message(P.INIT, body=body, arrays=[flat[a:b]])
-                    futs.append(self.request(k, 0, p.server, msg))
+        with self._batched():
+            for k, entry in zip(keys, entries, strict=False):
+                arr = reduce_values(entry, f"init of key {k!r}")
+                check_dtype(arr.dtype, k)
+                if k not in self.meta:
+                    self.order.append(k)
+                parts = self._placement(k, arr.size)
+                self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
+                if self.rank != 0:
+                    continue
+                flat = np.ascontiguousarray(arr).reshape(-1)
+                step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
+                for p in parts:
+                    for a, b in chunks(p.start, p.stop, step):
+                        body = {
+                            "k": k,
+                            "part": p.index,
+                            "off": a - p.start,
+                            "n": b - a,
+                            "size": p.size,
+                            "shape": list(arr.shape),
+                            "dtype": arr.dtype.name,
+                        }
+                        msg = Message(P.INIT, body=body, arrays=[flat[a:b]])
+                        futs.append(self.request(k, 0, p.server, msg))
         wait_all(futs, self.timeout, "init")
         self.node.barrier("worker", self.timeout)
 
@@ -255,19 +309,20 @@ class DistKVStore:
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "push")
         futs: list[Future] = []
-        for k, entry in zip(keys, entries, strict=False):
-            meta = self._meta(k, "push")
-            arr = reduce_values(entry, f"push of key {k!r}")
-            self._check(k, meta, arr, "push")
-            if not block and self.compressor is None:  # (compression makes its own copy)
-                arr = self._capture(meta, arr)
-            dest = self._prefetch_into(meta)
-            pushed = self._push_one(k, meta, arr, priority, dest)
-            meta.pushed = pushed
-            meta.pushed_since_pull = True
-            if dest is not None:
-                meta.prefetch = (pushed, dest)
-            futs += pushed
+        with self._batched():
+            for k, entry in zip(keys, entries, strict=False):
+                meta = self._meta(k, "push")
+                arr = reduce_values(entry, f"push of key {k!r}")
+                self._check(k, meta, arr, "push")
+                if not block and self.compressor is None:  # (compression makes its own copy)
+                    arr = self._capture(meta, arr)
+                dest = self._prefetch_into(meta)
+                pushed = self._push_one(k, meta, arr, priority, dest)
+                meta.pushed = pushed
+                meta.pushed_since_pull = True
+                if dest is not None:
+                    meta.prefetch = (pushed, dest)
+                futs += pushed
         return self._finish_call(futs, block, "push")
 
     def _capture(self, meta: KeyMeta, arr: np.ndarray) -> np.ndarray:
@@ -360,27 +415,28 @@ class DistKVStore:
         finishers = []
         results = []
         outs = per_key(out, len(keys), is_list, "pull") if out is not None else [None] * len(keys)
-        for k, entry in zip(keys, outs, strict=False):
-            meta = self._meta(k, "pull")
-            targets = (
-                out_arrays(entry, f"pull of key {k!r}")
-                if entry is not None
-                else [np.empty(meta.shape, meta.dtype)]
-            )
-            for t in targets:
-                self._check(k, meta, t, "pull")
-            if meta.prefetch is not None:  # the last push brings the value: no request
-                f, fin = self._take_prefetch(meta, targets)
-            else:
-                f, fin = self._pull_one(k, meta, targets, priority)
-                # the earlier push's errors are this pull's too (it may have been refused)
-                f = meta.pushed + f if meta.pushed_since_pull else f
-                if meta.pushed_since_pull and self._prefetch:
-                    meta.prefetching = True  # pulls follow pushes: fuse them from now on
-            meta.pushed_since_pull = False
-            futs += f
-            finishers.append(fin)
-            results.append(targets[0])
+        with self._batched():
+            for k, entry in zip(keys, outs, strict=False):
+                meta = self._meta(k, "pull")
+                targets = (
+                    out_arrays(entry, f"pull of key {k!r}")
+                    if entry is not None
+                    else [np.empty(meta.shape, meta.dtype)]
+                )
+                for t in targets:
+                    self._check(k, meta, t, "pull")
+                if meta.prefetch is not None:  # the last push brings the value: no request
+                    f, fin = self._take_prefetch(meta, targets)
+                else:
+                    f, fin = self._pull_one(k, meta, targets, priority)
+                    # the earlier push's errors are this pull's too (it may have been refused)
+                    f = meta.pushed + f if meta.pushed_since_pull else f
+                    if meta.pushed_since_pull and self._prefetch:
+                        meta.prefetching = True  # pulls follow pushes: fuse them from now on
+                meta.pushed_since_pull = False
+                futs += f
+                finishers.append(fin)
+                results.append(targets[0])
 
         def finish() -> Any:
             for fin in finishers:
@@ -450,23 +506,24 @@ class DistKVStore:
         outs = per_key(out, len(keys), is_list, "pushpull") if out is not None else entries
         futs: list[Future] = []
         finishers = []
-        for k, entry, out_entry in zip(keys, entries, outs, strict=False):
-            meta = self._meta(k, "pushpull")
-            arr = reduce_values(entry, f"pushpull of key {k!r}")
-            self._check(k, meta, arr, "push")
-            targets = out_arrays(out_entry, f"pushpull of key {k!r}")
-            for t in targets:
-                self._check(k, meta, t, "pull")
-            first = targets[0]
-            direct = first.flags.c_contiguous and first.flags.writeable
-            # landing in the pushed array itself is safe: a range's answer comes after the
-            # server has received that range
-            dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
-            pushed = self._push_one(k, meta, arr, priority, dest)
-            # a later pull sees this round: not the value an earlier push brings
-            meta.prefetch, meta.pushed, meta.pushed_since_pull = None, pushed, False
-            futs += pushed
-            finishers.append(fill_targets(meta, dest, targets, direct))
+        with self._batched():
+            for k, entry, out_entry in zip(keys, entries, outs, strict=False):
+                meta = self._meta(k, "pushpull")
+                arr = reduce_values(entry, f"pushpull of key {k!r}")
+                self._check(k, meta, arr, "push")
+                targets = out_arrays(out_entry, f"pushpull of key {k!r}")
+                for t in targets:
+                    self._check(k, meta, t, "pull")
+                first = targets[0]
+                direct = first.flags.c_contiguous and first.flags.writeable
+                # landing in the pushed array itself is safe: a range's answer comes after the
+                # server has received that range
+                dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
+                pushed = self._push_one(k, meta, arr, priority, dest)
+                # a later pull sees this round: not the value an earlier push brings
+                meta.prefetch, meta.pushed, meta.pushed_since_pull = None, pushed, False
+                futs += pushed
+                finishers.append(fill_targets(meta, dest, targets, direct))
 
         def finish() -> None:
             for fin in finishers:

@@ -4,6 +4,12 @@ Among the requests waiting to be sent the highest priority goes first, but a req
 overtakes an earlier one of the same key (or slice), so per-key order is preserved. A request
 is sent from the caller's thread when nothing waits (no thread hand-off); otherwise the
 sender thread sends it.
+
+Batches: an op may carry requests to one server (``merge``: the server and its
+``[(future, message), ...]``) that go as one message; it then counts as a request of each of
+their slices. When the sender thread sends such an op (requests were waiting: the sender was
+busy), the other waiting ops of requests to that server that are first in line for each of
+their slices go in the same message (never a send held back to wait for more).
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetps.cluster import protocol as P
+from hetps.cluster.batch import MAX_BATCH_BYTES, array_bytes
+
 log = logging.getLogger("hetps.worker")
 
 
@@ -22,9 +31,10 @@ log = logging.getLogger("hetps.worker")
 class _Op:
     prio: int
     seq: int
-    key: Any = field(compare=False)
+    keys: tuple = field(compare=False)  # the slices it belongs to (usually one)
     send: Any = field(compare=False)
     cost: int = field(default=0, compare=False)  # bytes of push credit it needs
+    merge: Any = field(default=None, compare=False)  # (server, [(future, message), ...])
 
 
 class Sender:
@@ -40,7 +50,7 @@ class Sender:
     unless an earlier request of the same key is waiting.
     """
 
-    def __init__(self, window: int = 0) -> None:
+    def __init__(self, window: int = 0, send_batch: Any = None) -> None:
         self._heap: list[_Op] = []
         self._seq = itertools.count()
         self._last_prio: dict[Any, tuple[int, int]] = {}  # key -> (prio, seq) of its last queued op
@@ -53,6 +63,9 @@ class Sender:
         self._busy = False
         self._closed = False
         self.window = int(window)
+        # send_batch(server, futures, messages): requests to one server as one message
+        self.send_batch = send_batch
+        self.merged = 0  # ops that went along with another (a statistic, for tests)
         self._inflight = 0
         self._credit: dict[int, tuple[int, Any]] = {}  # req -> (bytes, future)
         self._thread = threading.Thread(target=self._loop, name="hetps-sender", daemon=True)
@@ -67,11 +80,24 @@ class Sender:
         """A push of ``cost`` bytes goes now (lock held): take its credit."""
         self._inflight += cost
 
-    def submit(self, key: Any, priority: int, send: Any, cost: int = 0) -> None:
-        """Send ``send()`` for ``key`` at ``priority`` (higher first): at once from the calling
-        thread when nothing waits or is being sent (no thread hand-off), else queued.
-        ``cost`` > 0 (push bytes, with a window) makes it wait for credit too."""
+    def submit(
+        self,
+        key: Any,
+        priority: int,
+        send: Any,
+        cost: int = 0,
+        keys: list | None = None,
+        merge: Any = None,
+    ) -> None:
+        """Send ``send()`` for ``key`` (or for each of ``keys``) at ``priority`` (higher
+        first): at once from the calling thread when nothing waits or is being sent (no
+        thread hand-off), else queued. ``cost`` > 0 (push bytes, with a window) makes it wait
+        for credit too. ``merge`` (server, [(future, message), ...]): the requests it sends,
+        which may go in one message with other waiting requests to that server."""
         cost = cost if self.window > 0 else 0
+        ks = tuple(dict.fromkeys(keys)) if keys is not None else (key,)
+        if self.window > 0 or self.send_batch is None:
+            merge = None
         with self._cv:
             if not self._heap and not self._busy and not self._closed and self._has_credit(cost):
                 self._busy = True
@@ -80,14 +106,20 @@ class Sender:
             else:
                 inline = False
                 prio = -priority
-                last = self._last_prio.get(key)
-                if last is not None:
-                    prio = max(prio, last[0])  # never go before an earlier op of the same key
-                op = _Op(prio, next(self._seq), key, send, cost)
-                self._last_prio[key] = (prio, op.seq)
-                queue = self._first.setdefault(key, [])
-                queue.append(op)
-                if cost == 0 and len(queue) == 1:
+                for k in ks:
+                    last = self._last_prio.get(k)
+                    if last is not None:
+                        prio = max(prio, last[0])  # never go before an earlier op of a key
+                op = _Op(prio, next(self._seq), ks, send, cost, merge)
+                first = True
+                for k in ks:
+                    self._last_prio[k] = (prio, op.seq)
+                    queue = self._first.setdefault(k, [])
+                    queue.append(op)
+                    first = first and len(queue) == 1
+                # (the credit-free heap is kept only with a window: without one every op
+                # has credit and goes from the main heap)
+                if self.window > 0 and cost == 0 and first:
                     heapq.heappush(self._free, op)
                 heapq.heappush(self._heap, op)
                 self._cv.notify()
@@ -140,21 +172,55 @@ class Sender:
             if op is None:
                 return None
             heapq.heappop(self._free)
-        # a credit-free op sits in both heaps: the other one must skip it
-        if op is not top or op.cost == 0:
+        # a credit-free op sits in both heaps (with a window): the other one must skip it
+        if self.window > 0 and (op is not top or op.cost == 0):
             self._sent.add(op.seq)
-        queue = self._first[op.key]
-        queue.remove(op)
-        if queue:
-            nxt = queue[0]
-            if nxt.cost == 0:
-                heapq.heappush(self._free, nxt)
-        else:
-            del self._first[op.key]
-        if self._last_prio.get(op.key, (0, -1))[1] == op.seq:
-            del self._last_prio[op.key]
+        self._dequeue(op)
         self._spend(op.cost)
         return op
+
+    def _dequeue(self, op: _Op) -> None:
+        """``op`` leaves its keys' queues (lock held); their next ops move up."""
+        for k in op.keys:
+            queue = self._first[k]
+            queue.remove(op)
+            if queue:
+                nxt = queue[0]
+                if self.window > 0 and nxt.cost == 0 and len(nxt.keys) == 1:
+                    heapq.heappush(self._free, nxt)
+            else:
+                del self._first[k]
+            if self._last_prio.get(k, (0, -1))[1] == op.seq:
+                del self._last_prio[k]
+
+    def _companions(self, op: _Op) -> list[_Op]:
+        """Waiting ops that may go in one message with ``op`` (lock held): requests to its
+        server that are first in line for each of their slices, in priority order."""
+        server = op.merge[0]
+        taken: list[_Op] = []
+        count = len(op.merge[1])
+        nbytes = sum(array_bytes(m) for _, m in op.merge[1])
+        for other in sorted(self._heap):
+            if count >= P.MAX_BATCH_ITEMS or nbytes >= MAX_BATCH_BYTES:
+                break
+            if other.merge is None or other.merge[0] != server:
+                continue
+            size = sum(array_bytes(m) for _, m in other.merge[1])
+            if (
+                count + len(other.merge[1]) <= P.MAX_BATCH_ITEMS
+                and nbytes + size <= MAX_BATCH_BYTES
+                and all(self._first[k][0] is other for k in other.keys)
+            ):
+                taken.append(other)
+                count += len(other.merge[1])
+                nbytes += size
+                self._dequeue(other)
+        if taken:
+            gone = {o.seq for o in taken}
+            self._heap = [o for o in self._heap if o.seq not in gone]
+            heapq.heapify(self._heap)
+            self.merged += len(taken)
+        return taken
 
     def _loop(self) -> None:
         while True:
@@ -179,8 +245,17 @@ class Sender:
                 if op is None:
                     return
                 self._busy = True
+                more = self._companions(op) if op.merge is not None and self._heap else []
             try:
-                op.send()
+                if more:
+                    futs, msgs = [], []
+                    for o in [op, *more]:
+                        for fut, msg in o.merge[1]:
+                            futs.append(fut)
+                            msgs.append(msg)
+                    self.send_batch(op.merge[0], futs, msgs)
+                else:
+                    op.send()
             except Exception:  # reported through the op's future
                 log.exception("worker: send failed")
             finally:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
+from hetps.cluster import allow, batch
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.kvstore.compression import TwoBitCompressor
@@ -68,6 +69,21 @@ class Slice:
         return (self.key, self.part)
 
 
+class _Pending:
+    """The tracker of an answer collected to go out later (see :meth:`KVServer._reply`):
+    not done until it was sent and ZeroMQ no longer reads its arrays."""
+
+    __slots__ = ("tracker", "sent")
+
+    def __init__(self) -> None:
+        self.tracker: Any = None
+        self.sent = False
+
+    @property
+    def done(self) -> bool:
+        return self.sent and (self.tracker is None or self.tracker.done)
+
+
 class KVServer:
     """Request handler of a server node. ``node`` gives ``reply`` and the worker count."""
 
@@ -82,6 +98,15 @@ class KVServer:
         # (sender, tag) -> (arrival time, whether the receive thread was behind then)
         self._forecasts: dict[tuple[int, Any], tuple[float, bool]] = {}
         self._meas: dict[tuple[int, int], list[float]] = {}  # (sender, req) -> [t0, t1, bytes]
+        # answers collected while a message is handled: destination -> [(answer, tracker)]
+        self._out: dict[int, list] | None = None
+        # answers with at most this many bytes of arrays are collected (0: none are)
+        cfg = getattr(node, "cfg", None)
+        self._batch_bytes = (
+            min(cfg.batch_bytes, batch.ITEM_BYTES_MAX)
+            if cfg is not None and hasattr(node, "send_replies")
+            else 0
+        )
 
     @property
     def num_workers(self) -> int:
@@ -94,11 +119,52 @@ class KVServer:
     def num_workers(self, value: int) -> None:
         self._fixed_workers = value
 
+    # -- answers ----------------------------------------------------------------------------
+    def _reply(
+        self, msg: Message, body: dict | None = None, arrays: list | None = None, track=False
+    ) -> Any:
+        """Answer ``msg``. While a message is handled, small answers are collected and go
+        out together when it is done: one message per worker (a batch's answers, and the
+        answers of every round it completes, to each worker that waits for one). With
+        ``track``, what comes back tells when the answer's arrays are no longer read
+        (``.done``), as a ZeroMQ tracker does."""
+        out = self._out
+        size = sum(int(a.nbytes) for a in arrays) if arrays else 0
+        if out is None or size > self._batch_bytes or msg.cmd not in P.BATCH_COMMANDS:
+            return self.node.reply(msg, body, arrays, track=track)
+        reply = Message(msg.cmd, req=msg.req, reply=True, body=body or {}, arrays=arrays or [])
+        pending = _Pending() if track else None
+        out.setdefault(msg.sender, []).append((reply, pending))
+        return pending
+
+    def _flush(self) -> None:
+        """Send the collected answers: one message per destination."""
+        out, self._out = self._out, None
+        for dest, items in (out or {}).items():
+            for group in batch.groups(items, lambda item: batch.array_bytes(item[0])):
+                pendings = [p for _, p in group if p is not None]
+                replies = [m for m, _ in group]
+                tracker = self.node.send_replies(dest, replies, track=bool(pendings))
+                for p in pendings:
+                    p.tracker, p.sent = tracker, True
+
     # -- entry point ------------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
         """Handle one request; errors are answered, never raised."""
+        if self._out is None and self._batch_bytes > 0:
+            self._out = {}
+            try:
+                self._handle(msg)
+            finally:
+                self._flush()
+        else:
+            self._handle(msg)
+
+    def _handle(self, msg: Message) -> None:
         try:
-            if msg.cmd == P.PUSH:
+            if msg.cmd == P.BATCH:
+                self._batch(msg)
+            elif msg.cmd == P.PUSH:
                 self._push(msg)
             elif msg.cmd == P.PULL:
                 self._pull(msg)
@@ -125,12 +191,25 @@ class KVServer:
         except BadRequest as exc:
             self._meas.pop((msg.sender, msg.req), None)
             log.warning("server: refused %s from node %d: %s", msg.cmd, msg.sender, exc)
-            self.node.reply(msg, {"error": str(exc)})
+            self._reply(msg, {"error": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
             log.exception("server: error in %s from node %d", msg.cmd, msg.sender)
-            self.node.reply(
-                msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"}
-            )
+            self._reply(msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"})
+
+    def _batch(self, msg: Message) -> None:
+        """Several requests in one message: each is checked and handled as if it came alone,
+        in order; their answers go back together (see :meth:`_reply`)."""
+        try:
+            items = batch.unpack(msg)
+        except batch.BadBatch as exc:
+            raise BadRequest(f"batch: {exc}") from None
+        role_of = getattr(self.node, "role_of", None)
+        role = role_of(msg.sender) if role_of is not None else None
+        for item in items:
+            if not allow.permits(allow.SERVER, role, item.cmd):
+                raise BadRequest(f"batch: a server does not take {item.cmd!r} from this sender")
+        for item in items:
+            self._handle(item)
 
     # -- validation helpers -----------------------------------------------------------------
     @staticmethod
@@ -285,7 +364,7 @@ class KVServer:
         data = self._data(msg, sl, n)
         self._writable(sl)
         sl.value[off : off + n] = data
-        self.node.reply(msg)
+        self._reply(msg)
 
     def _measure(self, msg: Message) -> None:
         """Pair a data message with its forecast: the link sample travels back in the ack."""
@@ -313,7 +392,7 @@ class KVServer:
             off, n = msg.body["off"], msg.body["n"]  # checked when the push arrived
             self._send_value(msg, sl, off, n, body)
         else:
-            self.node.reply(msg, body)
+            self._reply(msg, body)
 
     def _send_value(self, msg: Message, sl: Slice, off: int, n: int, body: dict | None) -> None:
         """Answer ``msg`` with ``sl.value[off:off+n]``, zero-copy: the reply is tracked so the
@@ -325,7 +404,7 @@ class KVServer:
             self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=msg.sender)
         if "tag" in msg.body:  # the worker measures this reply: announce it first
             self._forecast_to(msg)
-        tracker = self.node.reply(msg, body, arrays=[sl.value[off : off + n]], track=True)
+        tracker = self._reply(msg, body, arrays=[sl.value[off : off + n]], track=True)
         if tracker is not None:
             sl.inflight = [t for t in sl.inflight if not t.done]
             sl.inflight.append(tracker)
@@ -448,7 +527,7 @@ class KVServer:
             if sl.got and sl.got.get(info.id, 0) < sl.value.size:
                 text = self._uneven(sl)
                 for m in sl.acks + sl.deferred + sl.backlog:
-                    self.node.reply(m, {"error": text})
+                    self._reply(m, {"error": text})
                 sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
                 sl.seen = {}
 
@@ -514,7 +593,7 @@ class KVServer:
         if size:
             self._forecast_to(msg)
         meas = self._meas.pop((msg.sender, msg.req), None)
-        self.node.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
+        self._reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
 
     def _drop(self, msg: Message) -> None:
         items = msg.body.get("slices", [])
@@ -522,7 +601,7 @@ class KVServer:
             raise BadRequest("drop: field 'slices' must be a list of [key, part]")
         for item in items:
             self.slices.pop((item[0], item[1]), None)
-        self.node.reply(msg)
+        self._reply(msg)
 
     def _writable(self, sl: Slice) -> None:
         """Before changing ``sl.value`` in place, make sure no reply still reads it."""
@@ -548,7 +627,7 @@ class KVServer:
         for sl in self.slices.values():
             sl.state, sl.has_state = None, False
         log.info("server: optimizer set to %s", type(opt).__name__)
-        self.node.reply(msg)
+        self._reply(msg)
 
     def _get_states(self, msg: Message) -> None:
         want = msg.body.get("slices")
@@ -563,7 +642,7 @@ class KVServer:
             if sl.has_state and (keys is None or sk in keys)
         }
         blob = np.frombuffer(optim.dump_states(states), dtype=np.uint8)
-        self.node.reply(msg, arrays=[blob])
+        self._reply(msg, arrays=[blob])
 
     def _set_states(self, msg: Message) -> None:
         if not self._from_worker(msg):  # unpickling runs code: only a worker's, ever
@@ -578,7 +657,7 @@ class KVServer:
             sl = self.slices.get(tuple(sk) if isinstance(sk, list) else sk)
             if sl is not None:
                 sl.state, sl.has_state = st, True
-        self.node.reply(msg)
+        self._reply(msg)
 
 
 def _slice_key(item: Any) -> bool:

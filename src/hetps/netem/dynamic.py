@@ -19,6 +19,7 @@ class Shaped(Protocol):
     """What the driver needs of an emulator (:class:`~hetps.netem.emulator.Netem`)."""
 
     scenario: Scenario
+
     @property
     def closed(self) -> bool: ...
 

@@ -1,0 +1,125 @@
+"""Batches: several small requests to one server (or their answers to one worker) in one
+message, as ps-lite sends a list of keys as one ``KVPairs`` message per server.
+
+A :data:`~hetps.cluster.protocol.BATCH` message's body holds ``items``: one
+``[cmd, req, body, arrays]`` entry per request (or answer), in order; ``arrays`` is how many
+of the batch's arrays are the item's own, following the previous items' arrays. Each item
+keeps its own request id, so a worker matches every answer to its request as if it had come
+alone. Only :data:`~hetps.cluster.protocol.BATCH_COMMANDS` (init, push, pull) may be batched:
+never a pickle, never a batch in a batch.
+
+:func:`unpack` checks the whole batch (types, the item count, that the array counts add up)
+before it returns any item; each item is then handled exactly like a message that came alone
+(the receiver validates its body field by field).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetps.cluster import protocol as P
+from hetps.transport.codec import Message
+
+#: a request (or answer) with more bytes of arrays than this goes alone (HETPS_BATCH_BYTES
+#: lowers it), so big arrays still take the same-host ring (arrays of 2 MiB or more)
+ITEM_BYTES_MAX = 1 << 20
+#: a batch carries at most this many bytes of arrays (more: the next batch)
+MAX_BATCH_BYTES = 8 << 20
+
+
+def groups(items: list[Any], size: Any) -> list[list[Any]]:
+    """``items`` in order, cut into groups of at most :data:`~hetps.cluster.protocol.
+    MAX_BATCH_ITEMS` items and :data:`MAX_BATCH_BYTES` bytes (``size(item)``; an item bigger
+    than that is a group of its own)."""
+    out: list[list[Any]] = []
+    cur: list[Any] = []
+    nbytes = 0
+    for item in items:
+        n = size(item)
+        if cur and (len(cur) >= P.MAX_BATCH_ITEMS or nbytes + n > MAX_BATCH_BYTES):
+            out.append(cur)
+            cur, nbytes = [], 0
+        cur.append(item)
+        nbytes += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def array_bytes(msg: Message) -> int:
+    """Bytes of ``msg``'s arrays."""
+    return sum(int(getattr(a, "nbytes", 0)) for a in msg.arrays)
+
+
+class BadBatch(ValueError):
+    """A batch that cannot be unpacked; the text says what is wrong."""
+
+
+def pack(items: list[Message], reply: bool = False, req: int = 0) -> Message:
+    """One BATCH message carrying ``items`` (requests, or answers with ``reply``)."""
+    entries = []
+    arrays: list[Any] = []
+    for m in items:
+        entries.append([m.cmd, m.req, m.body, len(m.arrays)])
+        arrays += m.arrays
+    return Message(
+        P.BATCH,
+        req=req,
+        reply=reply,
+        priority=max(m.priority for m in items),
+        body={"items": entries},
+        arrays=arrays,
+    )
+
+
+def unpack(msg: Message) -> list[Message]:
+    """The items of the batch ``msg`` as messages from its sender (answers if it is one).
+    Raises :class:`BadBatch` (nothing else) when the batch is malformed."""
+    items = msg.body.get("items")
+    if not isinstance(items, list) or not items:
+        raise BadBatch("field 'items' must be a non-empty list")
+    if len(items) > P.MAX_BATCH_ITEMS:
+        raise BadBatch(f"{len(items)} items, more than {P.MAX_BATCH_ITEMS}")
+    out = []
+    at = 0
+    total = len(msg.arrays)
+    for i, item in enumerate(items):
+        if not isinstance(item, list) or len(item) != 4:
+            raise BadBatch(f"item {i} must be [cmd, req, body, arrays]")
+        cmd, req, body, count = item
+        if not isinstance(cmd, str) or cmd not in P.BATCH_COMMANDS:
+            raise BadBatch(f"item {i}: command {_short(cmd)} cannot be batched")
+        if not isinstance(req, int) or isinstance(req, bool) or req <= 0:
+            raise BadBatch(f"item {i}: request id {_short(req)} must be a positive integer")
+        if not isinstance(body, dict):
+            raise BadBatch(f"item {i}: body must be a map")
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= total - at:
+            raise BadBatch(
+                f"item {i}: array count {_short(count)} does not fit the {total} arrays "
+                f"({at} taken by the items before it)"
+            )
+        arrays = msg.arrays[at : at + count]
+        at += count
+        out.append(
+            Message(
+                cmd,
+                sender=msg.sender,
+                req=req,
+                reply=msg.reply,
+                priority=msg.priority,
+                body=body,
+                arrays=arrays,
+                sent_at=msg.sent_at,
+                nbytes=sum(int(a.nbytes) for a in arrays),
+                backlogged=msg.backlogged,
+                origin=msg.origin,
+            )
+        )
+    if at != total:
+        raise BadBatch(f"the items take {at} arrays but the batch carries {total}")
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

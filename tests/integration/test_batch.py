@@ -1,0 +1,118 @@
+"""One message per server per call (ps-lite's KVPairs), on real processes: a list's small
+requests go to each server as one batch, and the server answers what is ready together as
+one message per worker. The values are those of the same calls made key by key."""
+
+from __future__ import annotations
+
+# keys split over both servers and cut into several chunks
+SMALL_PARTS = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
+
+COUNT = """
+def sent():
+    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+def recv():
+    return sum(s.msgs_recv for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+def counted(call):
+    kv.wait_outstanding()
+    m, n = sent(), recv()
+    out = call()
+    kv.wait_outstanding()
+    return out, sent() - m, recv() - n
+"""
+
+
+def test_list_calls_send_one_message_per_server_with_the_values_of_per_key_calls(cluster):
+    """Keys of every kind (whole on one server, split over both, several chunks per part):
+    each list init/push/pull/pushpull sends one message to each server; the values equal
+    those of the same rounds done with one call per key (no optimizer: a round's sum
+    replaces the value)."""
+    code = (
+        COUNT
+        + """
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+sizes = [3, 700, 3000, 2500, 1]      # 3000, 2500: two parts, 1024-element chunks
+keys = ['a', 'b', 'c', 'd', 'e']
+per = ['pa', 'pb', 'pc', 'pd', 'pe']  # the same keys, called one by one
+init = [np.arange(n, dtype=np.float32) for n in sizes]
+_, s, _ = counted(lambda: kv.init(keys, init))
+if r == 0:
+    assert s == 2, s                    # one batch per server (rank 0 stores the values)
+for k, v in zip(per, init):
+    kv.init(k, v)
+S = sum(range(1, W + 1))
+for rnd in range(3):
+    g = [np.arange(n, dtype=np.float32) * (r + 1) + rnd for n in sizes]
+    _, s, _ = counted(lambda: kv.push(keys, g))
+    assert s == 2, ('push', rnd, s)
+    for k, v in zip(per, g):
+        kv.push(k, v)
+    out = [np.zeros(n, np.float32) for n in sizes]
+    _, s, _ = counted(lambda: kv.pull(keys, out=out))
+    assert s == (2 if rnd == 0 else 0), ('pull', rnd, s)   # later: answered by the push
+    ref = [kv.pull(k) for k in per]
+    for o, f, n in zip(out, ref, sizes):
+        want = np.arange(n, dtype=np.float32) * S + W * rnd
+        assert np.array_equal(o, want) and np.array_equal(f, want), (n, o[:3], f[:3], want[:3])
+g = [np.full(n, r + 1, np.float32) for n in sizes]
+out = [np.zeros(n, np.float32) for n in sizes]
+_, s, _ = counted(lambda: kv.pushpull(keys, g, out=out))
+assert s == 2, ('pushpull', s)
+ref = [np.zeros(n, np.float32) for n in sizes]
+for k, v, o in zip(per, g, ref):
+    kv.pushpull(k, v, out=o)
+for o, f in zip(out, ref):
+    assert (o == S).all() and np.array_equal(o, f), (o[:3], f[:3])
+kv.barrier()
+print('BATCH-OK', flush=True)
+"""
+    )
+    rc, out = cluster(code, workers=2, servers=2, env=SMALL_PARTS)
+    assert rc == 0, out
+    assert out.count("BATCH-OK") == 2, out
+
+
+def test_the_server_answers_a_batch_with_one_message_per_worker(cluster):
+    """The linear-regression loop (push a list, pull it): every iteration each worker gets
+    one message from the server, also the worker whose batch came first (its answers are
+    made while the other worker's batch completes the rounds)."""
+    code = (
+        COUNT
+        + """
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+shapes = [(256, 1), (256,), (64, 256), (64,), (1, 64), (1,)]
+keys = list(range(6))
+kv.init(keys, [np.zeros(s, np.float32) for s in shapes])
+grads = [np.full(s, r + 1, np.float32) for s in shapes]
+params = [np.zeros(s, np.float32) for s in shapes]
+got = []
+for it in range(12):
+    _, s, n = counted(lambda: (kv.push(keys, grads), kv.pull(keys, out=params)))
+    got.append((s, n))
+    assert all((p == sum(range(1, W + 1))).all() for p in params)
+assert got[2:] == [(1, 1)] * 10, got
+kv.barrier()
+print('ONE-ANSWER-OK', flush=True)
+"""
+    )
+    rc, out = cluster(code, workers=2, servers=1)
+    assert rc == 0, out
+    assert out.count("ONE-ANSWER-OK") == 2, out
+
+
+def test_no_batches_with_batch_bytes_zero(cluster):
+    """HETPS_BATCH_BYTES=0: every request alone (the earlier wire behaviour)."""
+    code = (
+        COUNT
+        + """
+kv = hetps.kv.create('dist_sync')
+kv.init(list(range(4)), [np.zeros(5, np.float32)] * 4)
+_, s, n = counted(lambda: kv.push(list(range(4)), [np.ones(5, np.float32)] * 4))
+assert s == 4, s
+print('ALONE-OK', flush=True)
+"""
+    )
+    rc, out = cluster(code, workers=1, servers=1, env={"HETPS_BATCH_BYTES": "0"})
+    assert rc == 0, out
+    assert "ALONE-OK" in out, out
