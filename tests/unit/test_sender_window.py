@@ -125,3 +125,40 @@ def test_credit_of_a_timed_out_push_is_reclaimed():
             fut.wait(0)
     finally:
         s.close()
+
+
+def test_a_busy_sender_merges_waiting_requests_to_one_server():
+    """While a send is in progress, requests to the same server that queue up leave together
+    as one batch (in priority order); one to another server goes alone; nothing waits for
+    more to come."""
+    import threading as _threading
+
+    from hetps.transport.codec import Message as _Message
+
+    batches: list[tuple[int, list[int]]] = []
+    alone: list[str] = []
+    sender = Sender(
+        0, send_batch=lambda server, futs, msgs: batches.append((server, [m.req for m in msgs]))
+    )
+    gate, started = _threading.Event(), _threading.Event()
+
+    def blocking_send() -> None:
+        started.set()
+        gate.wait(10)
+
+    first = _threading.Thread(target=sender.submit, args=("a", 0, blocking_send))
+    first.start()
+    assert started.wait(10)  # the sender is busy: what comes now waits in the queue
+
+    def req(server: int, n: int, prio: int, key: str) -> None:
+        msg = _Message("push", req=n)
+        sender.submit(key, prio, lambda: alone.append(key), merge=(server, [(None, msg)]))
+
+    req(0, 1, 5, "k1")
+    req(0, 2, 3, "k2")
+    req(1, 3, 4, "k3")  # another server: not merged
+    gate.set()
+    first.join(10)
+    sender.close()
+    assert batches == [(0, [1, 2])], batches
+    assert alone == ["k3"] and sender.merged == 1
