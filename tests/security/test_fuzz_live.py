@@ -262,7 +262,11 @@ def job(tmp_path_factory):
     text = "".join(j.server_log.lines + j.sched_log.lines)
     assert "Traceback" not in text and "error handling" not in text, _tracebacks(text)
     assert not [e for e in j.errors if "server error in" in e], j.errors
-    assert refused > 20 and j.raw_sent["server"] > 20 and j.raw_sent["scheduler"] > 20
+    # hypothesis splits the strangers' sends between the two at random: both must have had
+    # some, and together many (each one was matched by a log line above)
+    sent = j.raw_sent
+    assert refused > 20 and sent["server"] >= 1 and sent["scheduler"] >= 1, (refused, sent)
+    assert sent["server"] + sent["scheduler"] > 40, sent
     assert logged >= refused, (logged, refused)
     assert grown < 64, f"the server's peak memory grew by {grown:.0f} MB"
 

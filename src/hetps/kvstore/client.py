@@ -51,9 +51,6 @@ from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.worker")
 
-#: keys up to this size (bytes) have their pull answered by the push before it (one round
-#: trip for both); bigger ones are pulled as their own requests, straight into ``out``
-PREFETCH_MAX_BYTES = 1 << 20
 
 
 class DistKVStore:
@@ -315,8 +312,8 @@ class DistKVStore:
                 arr = reduce_values(entry, f"push of key {k!r}")
                 self._check(k, meta, arr, "push")
                 if not block and self.compressor is None:  # (compression makes its own copy)
-                    arr = self._capture(meta, arr)
-                dest = self._prefetch_into(meta)
+                    arr = meta.capture(arr)
+                dest = meta.prefetch_into() if self._prefetch else None
                 pushed = self._push_one(k, meta, arr, priority, dest)
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
@@ -324,32 +321,6 @@ class DistKVStore:
                     meta.prefetch = (pushed, dest)
                 futs += pushed
         return self._finish_call(futs, block, "push")
-
-    def _capture(self, meta: KeyMeta, arr: np.ndarray) -> np.ndarray:
-        """A copy of ``arr`` that stays as it is until its push is sent: the key's staging
-        buffer when its last push was answered, else a new one (which becomes the buffer)."""
-        stage = meta.stage
-        if stage is None or not all(f.done() for f in meta.pushed):
-            stage = meta.stage = np.empty(meta.shape, meta.dtype)
-        np.copyto(stage, arr.reshape(meta.shape))
-        return stage
-
-    def _prefetch_into(self, meta: KeyMeta) -> np.ndarray | None:
-        """Where this push's answer should bring the key's value (None: a plain push).
-
-        A worker that pulls a key after pushing it gets the value with the push's answer
-        from then on; a push whose value was never pulled turns that off again. Only in
-        dist_sync, where the pull after a push sees exactly that push's round: in dist_async
-        a later pull sees the other workers' pushes made since."""
-        if not self._prefetch or meta.size * meta.dtype.itemsize > PREFETCH_MAX_BYTES:
-            return None
-        if meta.prefetch is not None:  # pushed again before pulling: no pull follows pushes
-            meta.prefetch = None
-            meta.prefetching = False
-        if not meta.prefetching:
-            return None
-        buf, meta.spare = meta.spare, None
-        return buf if buf is not None else np.empty(meta.size, meta.dtype)
 
     def _push_one(
         self,
@@ -426,7 +397,7 @@ class DistKVStore:
                 for t in targets:
                     self._check(k, meta, t, "pull")
                 if meta.prefetch is not None:  # the last push brings the value: no request
-                    f, fin = self._take_prefetch(meta, targets)
+                    f, fin = meta.take_prefetch(targets)
                 else:
                     f, fin = self._pull_one(k, meta, targets, priority)
                     # the earlier push's errors are this pull's too (it may have been refused)
@@ -447,21 +418,6 @@ class DistKVStore:
 
         handle = self._finish_call(futs, block, "pull", finish)
         return handle.wait() if block else handle
-
-    def _take_prefetch(self, meta: KeyMeta, targets: list[np.ndarray]):
-        """A pull answered by the last push: wait for its answers, copy the value out, and
-        give the buffer back for the next push."""
-        assert meta.prefetch is not None
-        futs, buf = meta.prefetch
-        meta.prefetch = None
-
-        def finish() -> None:
-            value = buf.reshape(meta.shape)
-            for t in targets:
-                t[...] = value
-            meta.spare = buf
-
-        return futs, finish
 
     def _pull_one(self, k: Any, meta: KeyMeta, targets: list[np.ndarray], priority: int):
         first = targets[0]

@@ -12,6 +12,10 @@ from hetps.cluster.requests import Future
 from hetps.kvstore.placement import Part
 from hetps.transport.codec import Message
 
+#: keys up to this size (bytes) have their pull answered by the push before it (one round
+#: trip for both); bigger ones are pulled as their own requests, straight into ``out``
+PREFETCH_MAX_BYTES = 1 << 20
+
 
 @dataclass
 class KeyMeta:
@@ -35,6 +39,47 @@ class KeyMeta:
     def size(self) -> int:
         """Number of elements."""
         return int(np.prod(self.shape, dtype=np.int64))
+
+    def capture(self, arr: np.ndarray) -> np.ndarray:
+        """A copy of ``arr`` that stays as it is until its push is sent: the key's staging
+        buffer when its last push was answered, else a new one (which becomes the buffer)."""
+        stage = self.stage
+        if stage is None or not all(f.done() for f in self.pushed):
+            stage = self.stage = np.empty(self.shape, self.dtype)
+        np.copyto(stage, arr.reshape(self.shape))
+        return stage
+
+    def prefetch_into(self) -> np.ndarray | None:
+        """Where this push's answer should bring the key's value (None: a plain push).
+
+        A worker that pulls a key after pushing it gets the value with the push's answer
+        from then on; a push whose value was never pulled turns that off again. The store
+        asks only in dist_sync, where the pull after a push sees exactly that push's round
+        (in dist_async a later pull sees the other workers' pushes made since)."""
+        if self.size * self.dtype.itemsize > PREFETCH_MAX_BYTES:
+            return None
+        if self.prefetch is not None:  # pushed again before pulling: no pull follows pushes
+            self.prefetch = None
+            self.prefetching = False
+        if not self.prefetching:
+            return None
+        buf, self.spare = self.spare, None
+        return buf if buf is not None else np.empty(self.size, self.dtype)
+
+    def take_prefetch(self, targets: list[np.ndarray]):
+        """A pull answered by the last push: its futures, and what copies the value out once
+        they are in (and gives the buffer back for the next push)."""
+        assert self.prefetch is not None
+        futs, buf = self.prefetch
+        self.prefetch = None
+
+        def finish() -> None:
+            value = buf.reshape(self.shape)
+            for t in targets:
+                t[...] = value
+            self.spare = buf
+
+        return futs, finish
 
 
 def land_into(k: Any, dest: np.ndarray, a: int, b: int):

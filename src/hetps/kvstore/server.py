@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,57 +30,12 @@ from hetps import optim
 from hetps.cluster import allow, batch
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
+from hetps.kvstore.answers import Answers
 from hetps.kvstore.compression import TwoBitCompressor
+from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
 from hetps.transport.codec import WIRE_DTYPES, Message
 
 log = logging.getLogger("hetps.server")
-
-
-class BadRequest(ValueError):
-    """A request the server refuses; the text goes back to the worker."""
-
-
-@dataclass
-class Slice:
-    """One part of one key as held by this server."""
-
-    key: Any
-    part: int
-    shape: tuple[int, ...]  # the whole key's shape (for error messages)
-    value: np.ndarray  # 1-D, this part only
-    state: Any = None
-    has_state: bool = False
-    merge: np.ndarray | None = None
-    spare: np.ndarray | None = None  # a buffer to merge the next round into
-    written: set[int] = field(default_factory=set)  # chunk offsets merged this round
-    chunk: Any = None  # chunk size of this round's pushes (all workers must agree)
-    got: dict[int, int] = field(default_factory=dict)  # worker -> elements pushed this round
-    seen: dict[int, set[int]] = field(default_factory=dict)  # worker -> chunk offsets this round
-    acks: list[Message] = field(default_factory=list)
-    deferred: list[Message] = field(default_factory=list)
-    backlog: list[Message] = field(default_factory=list)
-    inflight: list[Any] = field(default_factory=list)  # zmq trackers of zero-copy replies
-    partial: dict[int, tuple[np.ndarray, int, list[Message]]] = field(default_factory=dict)
-
-    @property
-    def skey(self) -> tuple[Any, int]:
-        """The optimizer's key for this slice."""
-        return (self.key, self.part)
-
-
-class _Pending:
-    """The tracker of an answer collected to go out later (see :meth:`KVServer._reply`):
-    not done until it was sent and ZeroMQ no longer reads its arrays."""
-
-    __slots__ = ("tracker", "sent")
-
-    def __init__(self) -> None:
-        self.tracker: Any = None
-        self.sent = False
-
-    @property
-    def done(self) -> bool:
-        return self.sent and (self.tracker is None or self.tracker.done)
 
 
 class KVServer:
@@ -98,15 +52,8 @@ class KVServer:
         # (sender, tag) -> (arrival time, whether the receive thread was behind then)
         self._forecasts: dict[tuple[int, Any], tuple[float, bool]] = {}
         self._meas: dict[tuple[int, int], list[float]] = {}  # (sender, req) -> [t0, t1, bytes]
-        # answers collected while a message is handled: destination -> [(answer, tracker)]
-        self._out: dict[int, list] | None = None
-        # answers with at most this many bytes of arrays are collected (0: none are)
-        cfg = getattr(node, "cfg", None)
-        self._batch_bytes = (
-            min(cfg.batch_bytes, batch.ITEM_BYTES_MAX)
-            if cfg is not None and hasattr(node, "send_replies")
-            else 0
-        )
+        # answers: at once, or one message per worker for what one message produced
+        self.answers = Answers(node)
 
     @property
     def num_workers(self) -> int:
@@ -119,44 +66,14 @@ class KVServer:
     def num_workers(self, value: int) -> None:
         self._fixed_workers = value
 
-    # -- answers ----------------------------------------------------------------------------
-    def _reply(
-        self, msg: Message, body: dict | None = None, arrays: list | None = None, track=False
-    ) -> Any:
-        """Answer ``msg``. While a message is handled, small answers are collected and go
-        out together when it is done: one message per worker (a batch's answers, and the
-        answers of every round it completes, to each worker that waits for one). With
-        ``track``, what comes back tells when the answer's arrays are no longer read
-        (``.done``), as a ZeroMQ tracker does."""
-        out = self._out
-        size = sum(int(a.nbytes) for a in arrays) if arrays else 0
-        if out is None or size > self._batch_bytes or msg.cmd not in P.BATCH_COMMANDS:
-            return self.node.reply(msg, body, arrays, track=track)
-        reply = Message(msg.cmd, req=msg.req, reply=True, body=body or {}, arrays=arrays or [])
-        pending = _Pending() if track else None
-        out.setdefault(msg.sender, []).append((reply, pending))
-        return pending
-
-    def _flush(self) -> None:
-        """Send the collected answers: one message per destination."""
-        out, self._out = self._out, None
-        for dest, items in (out or {}).items():
-            for group in batch.groups(items, lambda item: batch.array_bytes(item[0])):
-                pendings = [p for _, p in group if p is not None]
-                replies = [m for m, _ in group]
-                tracker = self.node.send_replies(dest, replies, track=bool(pendings))
-                for p in pendings:
-                    p.tracker, p.sent = tracker, True
-
     # -- entry point ------------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
         """Handle one request; errors are answered, never raised."""
-        if self._out is None and self._batch_bytes > 0:
-            self._out = {}
+        if self.answers.begin():
             try:
                 self._handle(msg)
             finally:
-                self._flush()
+                self.answers.flush()
         else:
             self._handle(msg)
 
@@ -191,10 +108,10 @@ class KVServer:
         except BadRequest as exc:
             self._meas.pop((msg.sender, msg.req), None)
             log.warning("server: refused %s from node %d: %s", msg.cmd, msg.sender, exc)
-            self._reply(msg, {"error": str(exc)})
+            self.answers.reply(msg, {"error": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
             log.exception("server: error in %s from node %d", msg.cmd, msg.sender)
-            self._reply(msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"})
+            self.answers.reply(msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"})
 
     def _batch(self, msg: Message) -> None:
         """Several requests in one message: each is checked and handled as if it came alone,
@@ -230,7 +147,7 @@ class KVServer:
     def _range(self, msg: Message) -> tuple[Any, int, int, int]:
         key = msg.body.get("k")
         if isinstance(key, bool) or not isinstance(key, (int, str)):
-            raise BadRequest(f"{msg.cmd}: key {_short(key)} must be an int or a str")
+            raise BadRequest(f"{msg.cmd}: key {short(key)} must be an int or a str")
         if isinstance(key, str) and len(key) > 1024:
             raise BadRequest(f"{msg.cmd}: a key of {len(key)} characters is longer than 1024")
         part = self._field(msg, "part", int)
@@ -260,7 +177,7 @@ class KVServer:
             or (dtype is not None and dtype != sl.value.dtype.name)
         ):
             raise BadRequest(
-                f"{msg.cmd} of key {key!r}: shape {_short(shape)} dtype {_short(dtype)} does "
+                f"{msg.cmd} of key {key!r}: shape {short(shape)} dtype {short(dtype)} does "
                 f"not match the key's shape {sl.shape} dtype {sl.value.dtype.name}"
             )
         if off + n > sl.value.size:
@@ -336,7 +253,7 @@ class KVServer:
             or dname.startswith(("u", "i"))
         ):
             raise BadRequest(
-                f"init of key {key!r}: bad shape {_short(shape)} or dtype {_short(dname)}"
+                f"init of key {key!r}: bad shape {short(shape)} or dtype {short(dname)}"
             )
         elems = 1
         for d in shape:
@@ -364,7 +281,7 @@ class KVServer:
         data = self._data(msg, sl, n)
         self._writable(sl)
         sl.value[off : off + n] = data
-        self._reply(msg)
+        self.answers.reply(msg)
 
     def _measure(self, msg: Message) -> None:
         """Pair a data message with its forecast: the link sample travels back in the ack."""
@@ -392,7 +309,7 @@ class KVServer:
             off, n = msg.body["off"], msg.body["n"]  # checked when the push arrived
             self._send_value(msg, sl, off, n, body)
         else:
-            self._reply(msg, body)
+            self.answers.reply(msg, body)
 
     def _send_value(self, msg: Message, sl: Slice, off: int, n: int, body: dict | None) -> None:
         """Answer ``msg`` with ``sl.value[off:off+n]``, zero-copy: the reply is tracked so the
@@ -404,7 +321,7 @@ class KVServer:
             self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=msg.sender)
         if "tag" in msg.body:  # the worker measures this reply: announce it first
             self._forecast_to(msg)
-        tracker = self._reply(msg, body, arrays=[sl.value[off : off + n]], track=True)
+        tracker = self.answers.reply(msg, body, arrays=[sl.value[off : off + n]], track=True)
         if tracker is not None:
             sl.inflight = [t for t in sl.inflight if not t.done]
             sl.inflight.append(tracker)
@@ -527,7 +444,7 @@ class KVServer:
             if sl.got and sl.got.get(info.id, 0) < sl.value.size:
                 text = self._uneven(sl)
                 for m in sl.acks + sl.deferred + sl.backlog:
-                    self._reply(m, {"error": text})
+                    self.answers.reply(m, {"error": text})
                 sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
                 sl.seen = {}
 
@@ -593,15 +510,15 @@ class KVServer:
         if size:
             self._forecast_to(msg)
         meas = self._meas.pop((msg.sender, msg.req), None)
-        self._reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
+        self.answers.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
 
     def _drop(self, msg: Message) -> None:
         items = msg.body.get("slices", [])
-        if not isinstance(items, list) or not all(_slice_key(i) for i in items):
+        if not isinstance(items, list) or not all(slice_key(i) for i in items):
             raise BadRequest("drop: field 'slices' must be a list of [key, part]")
         for item in items:
             self.slices.pop((item[0], item[1]), None)
-        self._reply(msg)
+        self.answers.reply(msg)
 
     def _writable(self, sl: Slice) -> None:
         """Before changing ``sl.value`` in place, make sure no reply still reads it."""
@@ -627,12 +544,12 @@ class KVServer:
         for sl in self.slices.values():
             sl.state, sl.has_state = None, False
         log.info("server: optimizer set to %s", type(opt).__name__)
-        self._reply(msg)
+        self.answers.reply(msg)
 
     def _get_states(self, msg: Message) -> None:
         want = msg.body.get("slices")
         if want is not None and (
-            not isinstance(want, list) or not all(_slice_key(w) for w in want)
+            not isinstance(want, list) or not all(slice_key(w) for w in want)
         ):
             raise BadRequest("get_states: field 'slices' must be a list of [key, part]")
         keys = None if want is None else {tuple(w) for w in want}
@@ -642,7 +559,7 @@ class KVServer:
             if sl.has_state and (keys is None or sk in keys)
         }
         blob = np.frombuffer(optim.dump_states(states), dtype=np.uint8)
-        self._reply(msg, arrays=[blob])
+        self.answers.reply(msg, arrays=[blob])
 
     def _set_states(self, msg: Message) -> None:
         if not self._from_worker(msg):  # unpickling runs code: only a worker's, ever
@@ -657,21 +574,4 @@ class KVServer:
             sl = self.slices.get(tuple(sk) if isinstance(sk, list) else sk)
             if sl is not None:
                 sl.state, sl.has_state = st, True
-        self._reply(msg)
-
-
-def _slice_key(item: Any) -> bool:
-    """Whether ``item`` names a slice: ``[key, part]``, key an int or str, part an int."""
-    return (
-        isinstance(item, list)
-        and len(item) == 2
-        and isinstance(item[0], (int, str))
-        and isinstance(item[1], int)
-        and not isinstance(item[1], bool)
-    )
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    """``repr`` of a value from the network, cut for a log line or an error."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
+        self.answers.reply(msg)

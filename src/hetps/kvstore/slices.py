@@ -1,0 +1,59 @@
+"""What a server holds of each key (a :class:`Slice` per part) and how it refuses a request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetps.transport.codec import Message
+
+
+class BadRequest(ValueError):
+    """A request the server refuses; the text goes back to the worker."""
+
+
+@dataclass
+class Slice:
+    """One part of one key as held by this server."""
+
+    key: Any
+    part: int
+    shape: tuple[int, ...]  # the whole key's shape (for error messages)
+    value: np.ndarray  # 1-D, this part only
+    state: Any = None
+    has_state: bool = False
+    merge: np.ndarray | None = None
+    spare: np.ndarray | None = None  # a buffer to merge the next round into
+    written: set[int] = field(default_factory=set)  # chunk offsets merged this round
+    chunk: Any = None  # chunk size of this round's pushes (all workers must agree)
+    got: dict[int, int] = field(default_factory=dict)  # worker -> elements pushed this round
+    seen: dict[int, set[int]] = field(default_factory=dict)  # worker -> chunk offsets this round
+    acks: list[Message] = field(default_factory=list)
+    deferred: list[Message] = field(default_factory=list)
+    backlog: list[Message] = field(default_factory=list)
+    inflight: list[Any] = field(default_factory=list)  # zmq trackers of zero-copy replies
+    partial: dict[int, tuple[np.ndarray, int, list[Message]]] = field(default_factory=dict)
+
+    @property
+    def skey(self) -> tuple[Any, int]:
+        """The optimizer's key for this slice."""
+        return (self.key, self.part)
+
+
+def slice_key(item: Any) -> bool:
+    """Whether ``item`` names a slice: ``[key, part]``, key an int or str, part an int."""
+    return (
+        isinstance(item, list)
+        and len(item) == 2
+        and isinstance(item[0], (int, str))
+        and isinstance(item[1], int)
+        and not isinstance(item[1], bool)
+    )
+
+
+def short(value: Any, limit: int = 80) -> str:
+    """``repr`` of a value from the network, cut for a log line or an error."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
