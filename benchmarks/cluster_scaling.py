@@ -15,12 +15,19 @@ hetps.cli launch``, 127.0.0.1, the launcher's defaults: CurveZMQ, shared memory,
 share) runs a worker script that does ``--warmup`` untimed rounds, then ``--rounds`` timed
 rounds of ``kv.push(keys, grads); kv.pull(keys, out=params)`` (``dist_sync``, no optimizer: the
 servers keep the sum of the round's pushes), checks the last pulled value (W x the gradient)
-and prints the median of its per-round times.
+and prints the median of its per-round times. A barrier separates the warm-up from the timed
+rounds.
 
 * **round ms** of a run: the mean over its workers of each worker's median round (in
   ``dist_sync`` every worker waits for the slowest, so they agree closely); over the repeats,
   the median (the JSON keeps every run and every worker).
 * **x W=1**: round ms / round ms with one worker and the same number of servers.
+* **cores busy**: the CPU time (user + system, from /proc) of every process of the run
+  (workers, servers, scheduler, the launcher; every thread) over worker 0's timed rounds,
+  divided by their wall time: close to the machine's core count means the run is CPU-bound.
+  **CPU ms/round**: that CPU time per round, the cluster's whole cost of one round whatever
+  the core count. Both are medians over the repeats; /proc counts in clock ticks (10 ms), so
+  short runs give coarse figures.
 
 The runs are interleaved: each repeat runs every (S, W), and the order flips every repeat.
 Every run has a wall-clock limit (``--timeout``); a run that passes it is stopped (the
@@ -56,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: MXNet's linear-regression example's parameters (examples/linear_regression.py).
 LINREG_SHAPES = [(256, 1), (256,), (64, 256), (64,), (1, 64), (1,)]
 
-WORKER_SCRIPT = """
+WORKER_SCRIPT = r"""
 import json, os, statistics, sys, time
 import numpy as np
 import hetps.kv
@@ -68,13 +75,42 @@ keys = list(range(len(shapes)))
 params = [np.zeros(s, np.float32) for s in shapes]
 grads = [np.full(s, 0.5, np.float32) for s in shapes]
 kv.init(keys, params)
+
+
+def cluster_cpu():  # CPU seconds (user + system) of every process of this run, by role
+    tag, by_role = ("BENCH_JOB=" + os.environ["BENCH_JOB"]).encode(), {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            if tag not in env:
+                continue
+            role = next((e[10:].decode() for e in env if e.startswith(b"DMLC_ROLE=")), "launcher")
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks = int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, ValueError, IndexError):
+            continue
+        by_role[role] = by_role.get(role, 0.0) + ticks / os.sysconf("SC_CLK_TCK")
+    return by_role
+
+
+for _ in range(cfg["warmup"]):
+    kv.push(keys, grads)
+    kv.pull(keys, out=params)
+kv.barrier()
+if kv.rank == 0:
+    cpu0, wall0 = cluster_cpu(), time.perf_counter()
 times = []
-for i in range(cfg["warmup"] + cfg["rounds"]):
+for _ in range(cfg["rounds"]):
     t = time.perf_counter()
     kv.push(keys, grads)
     kv.pull(keys, out=params)
-    if i >= cfg["warmup"]:
-        times.append(time.perf_counter() - t)
+    times.append(time.perf_counter() - t)
+if kv.rank == 0:
+    wall = time.perf_counter() - wall0
+    cpu1 = cluster_cpu()
+    cpu_by_role = {r: cpu1[r] - cpu0.get(r, 0.0) for r in cpu1}
 want = 0.5 * kv.num_workers
 ok = all(float(p.reshape(-1)[0]) == want and float(p.reshape(-1)[-1]) == want for p in params)
 res = {
@@ -85,6 +121,10 @@ res = {
     "p90_s": sorted(times)[int(0.9 * (len(times) - 1))],
     "value_ok": ok,
 }
+if kv.rank == 0:  # the whole cluster's CPU over the timed rounds (rank 0's clock)
+    res.update(
+        timed_wall_s=wall, cluster_cpu_s=sum(cpu_by_role.values()), cpu_s_by_role=cpu_by_role
+    )
 print("CLUSTER-SCALING " + json.dumps(res), flush=True)
 kv.barrier()
 if not ok:
@@ -219,6 +259,13 @@ def run_one(script: Path, workers: int, servers: int, cfg: dict, args) -> dict:
         log(f"run W={workers} S={servers} failed: {run['error']}\n" + "\n".join(run["log_tail"]))
     else:
         run["round_s"] = sum(r["median_s"] for r in results) / len(results)
+        r0 = results[0]
+        if r0.get("timed_wall_s"):
+            run["cores_busy"] = r0["cluster_cpu_s"] / r0["timed_wall_s"]
+            run["cpu_s_per_round"] = r0["cluster_cpu_s"] / cfg["rounds"]
+            run["cpu_s_per_round_by_role"] = {
+                k: v / cfg["rounds"] for k, v in r0["cpu_s_by_role"].items()
+            }
     return run
 
 
@@ -301,6 +348,9 @@ def main() -> int:
             if w == 1:
                 base = med
             growth = med / base if med is not None and base else None
+            mine = [r for r in runs if r["workers"] == w and r["servers"] == s]
+            busy = median(r.get("cores_busy") for r in mine)
+            cpu = median(r.get("cpu_s_per_round") for r in mine)
             rows.append(
                 {
                     "workers": w,
@@ -309,6 +359,8 @@ def main() -> int:
                     "round_s": med,
                     "round_s_runs": got,
                     "growth_vs_w1": growth,
+                    "cores_busy": busy,
+                    "cpu_s_per_round": cpu,
                     "cpu_bound": w + s + 1 > cores,
                 }
             )
@@ -320,10 +372,24 @@ def main() -> int:
                     fmt(med and med * 1e3, ".3f"),
                     (f"{min(ok) * 1e3:.3f}-{max(ok) * 1e3:.3f}" if ok else "-"),
                     fmt(growth, ".2f"),
+                    fmt(busy, ".2f"),
+                    fmt(cpu and cpu * 1e3, ".2f"),
                 ]
             )
     print()
-    text = print_table(["workers", "servers", "processes", "round ms", "range ms", "x W=1"], table)
+    text = print_table(
+        [
+            "workers",
+            "servers",
+            "processes",
+            "round ms",
+            "range ms",
+            "x W=1",
+            "cores busy",
+            "CPU ms/round",
+        ],
+        table,
+    )
     if cpu_bound:
         print(f"* more processes than the machine's {cores} cores: CPU-bound")
     end_load = os.getloadavg()

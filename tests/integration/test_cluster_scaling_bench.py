@@ -47,6 +47,7 @@ def test_cluster_scaling_benchmark_runs(tmp_path):
     assert [(r["workers"], r["servers"]) for r in data["rows"]] == [(1, 1), (2, 1)]
     for row in data["rows"]:
         assert row["round_s"] > 0 and row["processes"] == row["workers"] + row["servers"] + 1
+        assert "cores_busy" in row and "cpu_s_per_round" in row
     assert data["rows"][0]["growth_vs_w1"] == 1.0
     assert data["rows"][1]["growth_vs_w1"] > 0
     assert len(data["runs"]) == 2
