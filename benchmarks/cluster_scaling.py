@@ -317,8 +317,8 @@ def main() -> int:
     if cpu_bound:
         print(
             f"note: the largest run is {biggest} processes (workers + servers + scheduler) on "
-            f"{cores} cores: past {cores} processes the runs are CPU-bound and the growth "
-            f"measures CPU sharing on this machine as much as the protocol",
+            f"{cores} cores: runs with more processes than cores (marked *) are CPU-bound, "
+            f"and their growth measures CPU sharing on this machine as much as the protocol",
             flush=True,
         )
 
