@@ -62,6 +62,7 @@ def main() -> None:
         nn.Linear(1, 256), nn.ReLU(), nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 1)
     )
     params = list(model.parameters())
+    keys = list(range(len(params)))
     for i, prm in enumerate(params):
         kv.init(i, prm.data)  # rank 0's initial weights win
     for i, prm in enumerate(params):
@@ -86,10 +87,10 @@ def main() -> None:
             model.zero_grad()
             loss = loss_fn(model(xt[idx]), yt[idx])
             loss.backward()
-            for i, prm in enumerate(params):
-                kv.push(i, prm.grad, priority=-i)
-            for i, prm in enumerate(params):
-                kv.pull(i, out=prm.data, priority=-i)
+            # every key in one call: one message to each server and one back (a per-key loop
+            # works too, with a message per key)
+            kv.push(keys, [prm.grad for prm in params])
+            kv.pull(keys, out=[prm.data for prm in params])
             seen += args.batch_size
             mse_sum += loss.item()
             count += args.batch_size
