@@ -271,8 +271,9 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 field="max_message_bytes", minimum=1024, unit="bytes"),
             Var("HETPS_SHM_BYTES", "int", 32 << 20,
                 "shared-memory ring (in /dev/shm) to a peer on the same machine, opened the "
-                "first time an array of 2 MiB or more goes there; one per direction and pair, "
-                "skipped if /dev/shm lacks room (0: always TCP)",
+                "first time an array of 2 MiB or more (64 KiB with a cluster secret: the "
+                "connection is encrypted, the ring is not) goes there; one per direction and "
+                "pair, skipped if /dev/shm lacks room (0: always TCP)",
                 field="shm_bytes", minimum=0, unit="bytes", check=_shm_check,
                 bounds="0, or >= 1048576"),
             Var("HETPS_BATCH_BYTES", "int", 1 << 20,

@@ -290,3 +290,31 @@ def test_a_reply_lands_straight_in_its_requests_destination():
     finally:
         inn.close()
         out.close()
+
+
+@pytest.mark.parametrize("secret", [None, b"s" * 64], ids=["plain", "secured"])
+def test_mid_size_arrays_take_the_ring_only_when_the_connection_is_encrypted(secret):
+    """With a cluster secret every frame on the connection is encrypted, so arrays from
+    64 KiB go through the ring (after the offer, the first goes inline); without one, only
+    arrays of 2 MiB or more do. Every array arrives exact either way."""
+    rx = Van(name="rx", ring_bytes=8 * MiB, secret=secret)
+    tx = Van(name="tx", ring_bytes=8 * MiB, secret=secret)
+    try:
+        rx.admit(tx.connect(1, rx.endpoint), 5)
+        sent = [np.full(32 << 10, i, np.float32) for i in range(4)]  # 128 KiB each
+        tx.send(1, Message("push", arrays=[sent[0]]))
+        got = [rx.recv(timeout=10)]  # the offer (if any) is taken on the way
+        for a in sent[1:]:
+            tx.send(1, Message("push", arrays=[a]))
+        got += [rx.recv(timeout=10) for _ in sent[1:]]
+        for a, m in zip(sent, got, strict=True):
+            np.testing.assert_array_equal(m.arrays[0], a)
+        ring = tx._rings_out.get(1)
+        if secret is None:
+            assert ring is None  # never offered: below the plain bound
+        else:
+            assert ring is not None and ring.ready and ring.head == 3 * sent[0].nbytes
+    finally:
+        tx.close()
+        rx.close()
+    assert not _mine()
