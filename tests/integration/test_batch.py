@@ -116,3 +116,32 @@ print('ALONE-OK', flush=True)
     rc, out = cluster(code, workers=1, servers=1, env={"HETPS_BATCH_BYTES": "0"})
     assert rc == 0, out
     assert "ALONE-OK" in out, out
+
+
+def test_a_per_key_push_loop_is_coalesced(cluster):
+    """MXNet's Module style: one push call per key, then one pull per key. A push returns
+    once captured and the sender thread sends it, so the pushes queued behind a send in
+    progress leave with it in one message (over 40 steps some must have); every pull still
+    sees its round."""
+    code = """
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+shapes = [(256, 1), (256,), (64, 256), (64,), (1, 64), (1,)]
+keys = list(range(len(shapes)))
+kv.init(keys, [np.zeros(s, np.float32) for s in shapes])
+params = [np.zeros(s, np.float32) for s in shapes]
+for step in range(40):
+    for k, s in zip(keys, shapes):
+        kv.push(k, np.full(s, (r + 1) * (step + 1) + k, np.float32), priority=-k)
+    for k, p in zip(keys, params):
+        kv.pull(k, out=p, priority=-k)
+    for k, p in zip(keys, params):  # no optimizer: the round's sum replaces the value
+        want = sum((q + 1) * (step + 1) + k for q in range(W))
+        assert (p == want).all(), (step, k, p.flat[0], want)
+assert kv._sender.merged > 0, 'no push ever joined another one'
+kv.barrier()
+print('COALESCED-OK', kv._sender.merged, flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=1)
+    assert rc == 0, out
+    assert out.count("COALESCED-OK") == 2, out

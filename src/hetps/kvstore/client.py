@@ -179,7 +179,7 @@ class DistKVStore:
         return getattr(self._tl, "items", None)
 
     @contextmanager
-    def _batched(self):
+    def _batched(self, deferred: bool = False):
         """Within: the small requests of the call go to each server as one message (a batch,
         :mod:`hetps.cluster.batch`) when the block ends, each request with its own id and
         future, in order behind the earlier requests of its slices."""
@@ -192,9 +192,12 @@ class DistKVStore:
         finally:
             self._tl.items = None
             if items:
-                self._flush(items)
+                self._flush(items, deferred)
 
-    def _flush(self, items: list) -> None:
+    def _flush(self, items: list, deferred: bool = False) -> None:
+        """Send the call's collected requests, one batch per server. ``deferred`` (a push,
+        which returns at once): the sender thread sends them, so the pushes of the next
+        calls (a per-key loop) join them in one message while it is busy."""
         by_server: dict[int, list] = {}
         for item in items:
             by_server.setdefault(item[1], []).append(item)
@@ -213,6 +216,7 @@ class DistKVStore:
                     send,
                     keys=[item[0] for item in group],
                     merge=(peer, list(zip(futs, msgs, strict=True))),
+                    inline=not deferred,
                 )
 
     def _placement(self, key: Any, size: int) -> list[Part]:
@@ -306,7 +310,7 @@ class DistKVStore:
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "push")
         futs: list[Future] = []
-        with self._batched():
+        with self._batched(deferred=not block):
             for k, entry in zip(keys, entries, strict=False):
                 meta = self._meta(k, "push")
                 arr = reduce_values(entry, f"push of key {k!r}")

@@ -88,18 +88,27 @@ class Sender:
         cost: int = 0,
         keys: list | None = None,
         merge: Any = None,
+        inline: bool = True,
     ) -> None:
         """Send ``send()`` for ``key`` (or for each of ``keys``) at ``priority`` (higher
         first): at once from the calling thread when nothing waits or is being sent (no
         thread hand-off), else queued. ``cost`` > 0 (push bytes, with a window) makes it wait
         for credit too. ``merge`` (server, [(future, message), ...]): the requests it sends,
-        which may go in one message with other waiting requests to that server."""
+        which may go in one message with other waiting requests to that server. With
+        ``inline=False`` the sender thread sends it even when nothing waits, so the caller
+        returns at once and what it queues next to that server may join it."""
         cost = cost if self.window > 0 else 0
         ks = tuple(dict.fromkeys(keys)) if keys is not None else (key,)
         if self.window > 0 or self.send_batch is None:
             merge = None
         with self._cv:
-            if not self._heap and not self._busy and not self._closed and self._has_credit(cost):
+            if (
+                inline
+                and not self._heap
+                and not self._busy
+                and not self._closed
+                and self._has_credit(cost)
+            ):
                 self._busy = True
                 self._spend(cost)
                 inline = True
