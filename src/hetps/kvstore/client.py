@@ -77,6 +77,11 @@ class DistKVStore:
         self._tl = threading.local()
         self._next_slice = 0  # balance layout: the server of the next slice, round-robin
         self._closed = False
+        # push calls since the last pull, and in the run before: a run of several (a per-key
+        # loop) hands its pushes to the sender thread so that they coalesce; a lone push
+        # (push, then pull) is sent by the caller, one thread hand-off less
+        self._push_run = 0
+        self._last_push_run = 0
         # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
         self.agent = BalanceAgent(self) if self.balance else None
         # pulls answered by the push before them (dist_sync, slices that stay where they are)
@@ -310,7 +315,9 @@ class DistKVStore:
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "push")
         futs: list[Future] = []
-        with self._batched(deferred=not block):
+        self._push_run += 1
+        deferred = not block and max(self._push_run, self._last_push_run) > 1
+        with self._batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 meta = self._meta(k, "push")
                 arr = reduce_values(entry, f"push of key {k!r}")
@@ -385,6 +392,8 @@ class DistKVStore:
         """Pull keys into ``out`` (in place; a list of outs each gets the value). With no
         ``out``, blocking calls return new arrays. Non-blocking calls return a Handle."""
         self.node.check()
+        if self._push_run:
+            self._last_push_run, self._push_run = self._push_run, 0
         keys, is_list = normalize_keys(key)
         futs: list[Future] = []
         finishers = []
