@@ -243,3 +243,69 @@ def test_missing_worker_command_is_reported():
     )
     assert res.returncode == 127
     assert "cannot start /nonexistent/trainer" in res.stdout
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(x) for x in (task / "children").read_text().split()]
+    return out
+
+
+def test_no_child_outlives_a_killed_launcher(tmp_path):
+    """SIGKILL to `hetps launch` (nothing of it can run): the scheduler, the server and the
+    workers it started die with it (their parent-death signal), none is left behind."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        textwrap.dedent("""
+        import os
+        import hetps.kv
+        kv = hetps.kv.create('dist_sync')
+        kv.barrier()
+        print(f'READY {os.getpid()}', flush=True)
+        kv.node.exited.wait(600)
+    """)
+    )
+    argv = [sys.executable, "-m", "hetps.cli", "launch", "-n", "2", "-s", "1", "--"]
+    proc = subprocess.Popen(
+        [*argv, sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while sum("READY" in ln for ln in lines) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline().decode()
+            if not line:
+                break
+            lines.append(line)
+        assert sum("READY" in ln for ln in lines) == 2, "".join(lines)
+        children = _children(proc.pid)
+        assert len(children) == 4, children  # scheduler, server, 2 workers
+        proc.kill()
+        proc.wait(10)
+        assert _wait_gone(children) == [], f"orphans: {[p for p in children if _alive(p)]}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children:  # whatever the outcome, leave nothing behind
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_child_killed_by_a_signal_gives_the_shells_exit_code(cluster):
+    """A worker killed by SIGKILL: the launcher exits 137 (128 + 9), as a shell reports it,
+    not -9 (which a shell would show as 247)."""
+    code = """
+kv = hetps.kv.create('dist_sync')
+if kv.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+kv.barrier()
+"""
+    rc, out = cluster(code, workers=2, servers=1)
+    assert rc == 137, (rc, out)
+    assert "worker 1 was killed by signal 9 (code 137)" in out, out

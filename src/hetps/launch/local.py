@@ -2,8 +2,10 @@
 
 Every child runs in its own session (process group) so that it and everything it starts can be
 stopped together. Output lines are prefixed with the role and rank. The first child to exit
-non-zero stops the others, and its exit code is returned; Ctrl-C and SIGTERM stop everything.
-No child outlives the launcher.
+non-zero stops the others, and its exit code is returned as a shell reports it (128 + the
+signal for a child killed by one: 137 for SIGKILL); Ctrl-C and SIGTERM stop everything. No
+child outlives the launcher: on Linux each is started under ``setpriv --pdeathsig KILL``, so
+it dies with the launcher even when the launcher is killed with SIGKILL or its terminal closes.
 
 Threads: unless the user sets ``OMP_NUM_THREADS`` (then every process gets it unchanged), each
 process gets its share of the host's cores (:func:`thread_share`): a worker ``cores //
@@ -19,10 +21,12 @@ command line or a file; over ssh it goes through the remote shell's standard inp
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +38,22 @@ from dataclasses import dataclass, field
 from hetps.config import user_threads
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
+#: util-linux's setpriv, which sets the parent-death signal and then runs the command
+SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+
+
+def shell_code(code: int) -> int:
+    """A child's exit status as a shell reports it: 128 + N for a child killed by signal N
+    (``Popen.returncode`` is -N), else the code itself."""
+    return 128 - code if code < 0 else code
+
+
+def dies_with_launcher(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGKILL when the launcher's thread that starts it dies
+    (``PR_SET_PDEATHSIG``), however the launcher ends; unchanged where setpriv is missing."""
+    if SETPRIV is None:
+        return argv
+    return [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
 
 
 def usable_cores() -> int:
@@ -134,8 +154,11 @@ class Launcher:
             wrapped = self.spec.wrap(role, rank, argv, env)
             argv, env = wrapped[0], wrapped[1]
             stdin_data = wrapped[2] if len(wrapped) > 2 else None  # e.g. ssh: the secret
+        if shutil.which(argv[0], path=env.get("PATH")) is None:
+            # as Popen would say it, before setpriv (which would say it in the child's output)
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
         proc = subprocess.Popen(
-            argv,
+            dies_with_launcher(argv),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -233,10 +256,9 @@ class Launcher:
         deadline = time.monotonic() + spec.start_timeout
         while not self._port.wait(0.2):
             if sched.proc.poll() is not None:
-                self._log(
-                    f"the scheduler exited with code {sched.proc.returncode} before it was up"
-                )
-                return sched.proc.returncode or 1
+                code = shell_code(sched.proc.returncode)
+                self._log(f"the scheduler exited with code {code} before it was up")
+                return code or 1
             if time.monotonic() > deadline:
                 self._log(f"the scheduler did not report its port within {spec.start_timeout:g} s")
                 return 1
@@ -279,7 +301,9 @@ class Launcher:
                 if child.reader is not None:
                     child.reader.join(timeout=2)
                 if code != 0:
-                    self._log(f"{child.label} exited with code {code}; stopping the others")
+                    how = f"was killed by signal {-code}" if code < 0 else "exited"
+                    code = shell_code(code)
+                    self._log(f"{child.label} {how} (code {code}); stopping the others")
                     self._drain(remaining)
                     return code
             if remaining:
