@@ -314,3 +314,62 @@ def test_workers_started_by_hand_each_take_their_own_slowdown(tmp_path):
     }
     assert len(steps["slow"]) == len(steps["fast"]) == 6
     assert sum(steps["fast"][1:]) > sum(steps["slow"][1:]), steps  # round 1 is lockstep
+
+
+def test_a_crashed_worker_is_reported_as_crashed_to_everyone(tmp_path):
+    """Roles by hand; one worker's training images are truncated, so it crashes after joining. The
+    other worker, the server and the scheduler stop with its cause (not with "uneven rounds"
+    as if it had finished), and every one of them exits non-zero."""
+    base = dict(
+        os.environ,
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_NUM_SERVER="1",
+        DMLC_NUM_WORKER="2",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PS_HEARTBEAT_TIMEOUT="60",  # the cause must come from the crash, not a timeout
+    )
+    bad_data = tmp_path / "truncated"
+    bad_data.mkdir()
+    for f in DATA.iterdir():  # the same files, the training images cut short
+        blob = f.read_bytes()
+        (bad_data / f.name).write_bytes(blob[:4096] if f.name.startswith("train-images") else blob)
+    train = [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL]
+    train += ["-m", "sync", "-n", "mlp", "--run-name", "crash"]
+    procs: list[subprocess.Popen] = []
+
+    def start(argv: list[str], role: str, port: str) -> subprocess.Popen:
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env={**base, "DMLC_ROLE": role, "DMLC_PS_ROOT_PORT": port},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+        return procs[-1]
+
+    try:
+        sched = start([sys.executable, "-m", "hetps.cli", "scheduler"], "scheduler", "0")
+        port = str(read_port(sched.stdout))
+        server = start(train, "server", port)
+        good = start(train, "worker", port)
+        bad = start([*train, "-dd", str(bad_data)], "worker", port)
+        outs = {p.pid: p.communicate(timeout=120)[0] for p in (server, good, bad)}
+        sched_out = sched.communicate(timeout=60)[0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert bad.returncode != 0 and "ValueError" in outs[bad.pid], outs[bad.pid]
+    for who, p, out in (
+        ("good worker", good, outs[good.pid]),
+        ("server", server, outs[server.pid]),
+        ("scheduler", sched, sched_out),
+    ):
+        assert p.returncode != 0, (who, out)
+        assert "exited with an error: ValueError" in out, (who, out)
+        assert "uneven" not in out, (who, out)

@@ -149,9 +149,18 @@ def main(args: argparse.Namespace) -> int:
 
         kv = hetps.kv.create("dist_async" if args.mode == "async" else "dist_sync")
         try:
-            return train_worker(args, kv)
-        finally:
-            kv.close()
+            code = train_worker(args, kv)
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                kv.close(error=f"hetps train exited: {exc.code}")
+            raise
+        except BaseException as exc:
+            # a crash, reported as one: every other node stops with this cause (a plain
+            # close would look like a finished worker, and the others would blame the rounds)
+            kv.close(error=f"{type(exc).__name__}: {exc}")
+            raise
+        kv.close()
+        return code
     if not args.workers:
         raise SystemExit(
             "hetps train: give --workers W (and --servers S) to start a local cluster, run it "
