@@ -330,9 +330,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``hetps`` console script."""
+    """Entry point of the ``hetps`` console script. A configuration or cluster error (the
+    scheduler cannot be reached, a peer died, ...) is one line naming the cause, exit code 1,
+    not a traceback."""
+    from hetps.cluster.errors import ClusterError
+    from hetps.config import ConfigError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ClusterError, ConfigError) as exc:
+        print(f"hetps {args.cmd}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -135,6 +135,24 @@ def test_unreachable_scheduler_times_out(tmp_path):
     assert time.monotonic() - t0 < 10
 
 
+def test_a_hetps_command_reports_an_unreachable_scheduler_in_one_line():
+    """`hetps train` as a worker, with no scheduler: one line naming the cause and the fix,
+    exit code 1, no traceback."""
+    env = role_env("worker", 1, clean=True, HETPS_CONNECT_TIMEOUT=1.5)
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "train", "-m", "sync", "-n", "mlp"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith("hetps train: could not reach the scheduler at 127.0.0.1:1"), lines
+    assert "DMLC_PS_ROOT_PORT" in lines[-1], lines
+
+
 @pytest.mark.parametrize(
     "env,names",
     [
