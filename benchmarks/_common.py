@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -22,6 +23,29 @@ PINNED_THREADS = {
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
+
+
+def git_head(root: str, paths: Sequence[str] = ("src",)) -> str:
+    """The commit measured, short, with '+dirty' when ``paths`` (under ``root``) have local
+    changes; '?' when git cannot tell."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", *paths],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return (head or "?") + ("+dirty" if dirty else "")
 
 
 def median(xs: Iterable[float]) -> float | None:

@@ -60,6 +60,7 @@ sys.path.insert(0, HERE)
 from _common import (  # noqa: E402
     PINNED_THREADS,
     fmt,
+    git_head,
     machine_info,
     markdown_table,
     mean,
@@ -115,28 +116,6 @@ PRESETS = {
     # tune: the grid, 45 s each
     "tune": {"modes": ["esync", "sync", "async", "dcasgd", "local"], "budget": 45.0},
 }
-
-
-def git_head() -> str:
-    """The commit the numbers were measured on ('+dirty' with local changes under src/)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"],
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-    return head + ("+dirty" if dirty else "")
 
 
 def log(text: str) -> None:
@@ -659,7 +638,7 @@ def main() -> int:
         )
         args.figures = FIGURES_DIR if full else os.path.join(args.logdir, "figures")
     machine = machine_info()
-    machine["git"] = git_head()
+    machine["git"] = git_head(ROOT, ("src",))
     log(f"machine: {machine['cpu']}, {machine['cores']} cores, load {machine['loadavg']}")
     t_start = time.monotonic()
 

@@ -51,6 +51,7 @@ sys.path.insert(0, HERE)
 
 from _common import (  # noqa: E402
     fmt,
+    git_head,
     machine_info,
     markdown_table,
     median,
@@ -77,28 +78,6 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def git_head() -> str:
-    """The commit measured ('+dirty' with local changes under src/, examples/, benchmarks/)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src", "examples", "benchmarks"],
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-    return (head or "?") + ("+dirty" if dirty else "")
 
 
 def free_port() -> int:
@@ -316,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     info = machine_info()
     info["affinity_cores"] = n_cores
-    info["commit"] = git_head()
+    info["commit"] = git_head(ROOT, ("src", "examples", "benchmarks"))
     log(
         f"{info['cpu']}, {n_cores} cores, load {info['loadavg']}, commit {info['commit']}; "
         f"threads auto = {threads['auto']}"

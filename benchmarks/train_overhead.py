@@ -41,6 +41,7 @@ sys.path.insert(0, HERE)
 from _common import (  # noqa: E402
     PINNED_THREADS,
     fmt,
+    git_head,
     machine_info,
     markdown_table,
     median,
@@ -59,28 +60,6 @@ PRESETS = {
     "full": {"models": ["mlp", "lenet", "resnet18-v1"], "pairs": 4, "round_scale": 1.0},
     "quick": {"models": ["mlp", "lenet", "resnet18-v1"], "pairs": 2, "round_scale": 0.6},
 }
-
-
-def git_head() -> str:
-    """The commit the numbers were measured on ('+dirty' with local changes under src/)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src"],
-            cwd=ROOT,
-            text=True,
-            capture_output=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-    return head + ("+dirty" if dirty else "")
 
 
 def log(text: str) -> None:
@@ -205,7 +184,7 @@ def main() -> int:
     pairs = args.pairs or preset["pairs"]
     os.makedirs(args.logdir, exist_ok=True)
     machine = machine_info()
-    machine["git"] = git_head()
+    machine["git"] = git_head(ROOT, ("src",))
     log(f"machine: {machine['cpu']}, {machine['cores']} cores, load {machine['loadavg']}")
     t_start = time.monotonic()
 

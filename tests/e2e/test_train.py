@@ -258,10 +258,10 @@ def test_slowdown_parses_one_factor_per_worker_or_this_workers_own():
             parse_slowdown(bad, 3)
 
 
-def test_workers_started_by_hand_each_take_their_own_slowdown(tmp_path):
-    """The MXNet way, as ESync's README starts a cluster: a scheduler, a server and two
-    workers by hand, each `hetps train` with its own flags; the one given `--slowdown 8` is
-    the slow device of the ESync rounds (one local step while the other takes several)."""
+@pytest.fixture
+def by_hand():
+    """Start roles by hand, MXNet's way (1 server and 2 workers on loopback): ``start(argv,
+    role, port, **env)``; every process started is killed at the end, whatever happened."""
     base = dict(
         os.environ,
         DMLC_PS_ROOT_URI="127.0.0.1",
@@ -270,15 +270,13 @@ def test_workers_started_by_hand_each_take_their_own_slowdown(tmp_path):
         OMP_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
     )
-    train = [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL]
-    train += ["-m", "esync", "-n", "lenet", "--max-rounds", "6", "--run-name", "byhand"]
     procs: list[subprocess.Popen] = []
 
-    def start(argv: list[str], role: str, port: str) -> subprocess.Popen:
+    def start(argv: list[str], role: str, port: str, **env: str) -> subprocess.Popen:
         procs.append(
             subprocess.Popen(
                 argv,
-                env={**base, "DMLC_ROLE": role, "DMLC_PS_ROOT_PORT": port},
+                env={**base, **env, "DMLC_ROLE": role, "DMLC_PS_ROOT_PORT": port},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -287,21 +285,28 @@ def test_workers_started_by_hand_each_take_their_own_slowdown(tmp_path):
         )
         return procs[-1]
 
-    try:
-        sched = start([sys.executable, "-m", "hetps.cli", "scheduler"], "scheduler", "0")
-        port = str(read_port(sched.stdout))  # after the scheduler's plain-mode warning
-        start(train, "server", port)
-        slow = start([*train, "--slowdown", "8"], "worker", port)
-        fast = start(train, "worker", port)
-        outs = {p.pid: p.communicate(timeout=240)[0] for p in procs[1:]}
-        assert sched.wait(timeout=60) == 0
-        for p in procs:
-            assert p.returncode == 0, outs.get(p.pid)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_workers_started_by_hand_each_take_their_own_slowdown(tmp_path, by_hand):
+    """The MXNet way, as ESync's README starts a cluster: a scheduler, a server and two
+    workers by hand, each `hetps train` with its own flags; the one given `--slowdown 8` is
+    the slow device of the ESync rounds (one local step while the other takes several)."""
+    train = [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL]
+    train += ["-m", "esync", "-n", "lenet", "--max-rounds", "6", "--run-name", "byhand"]
+    sched = by_hand([sys.executable, "-m", "hetps.cli", "scheduler"], "scheduler", "0")
+    port = str(read_port(sched.stdout))  # after the scheduler's plain-mode warning
+    server = by_hand(train, "server", port)
+    slow = by_hand([*train, "--slowdown", "8"], "worker", port)
+    fast = by_hand(train, "worker", port)
+    outs = {p.pid: p.communicate(timeout=240)[0] for p in (server, slow, fast)}
+    assert sched.wait(timeout=60) == 0
+    for p in (server, slow, fast):
+        assert p.returncode == 0, outs.get(p.pid)
 
     def rank_of(p: subprocess.Popen) -> int:
         (line,) = [x for x in outs[p.pid].splitlines() if " finished " in x]
@@ -316,19 +321,10 @@ def test_workers_started_by_hand_each_take_their_own_slowdown(tmp_path):
     assert sum(steps["fast"][1:]) > sum(steps["slow"][1:]), steps  # round 1 is lockstep
 
 
-def test_a_crashed_worker_is_reported_as_crashed_to_everyone(tmp_path):
-    """Roles by hand; one worker's training images are truncated, so it crashes after joining. The
-    other worker, the server and the scheduler stop with its cause (not with "uneven rounds"
-    as if it had finished), and every one of them exits non-zero."""
-    base = dict(
-        os.environ,
-        DMLC_PS_ROOT_URI="127.0.0.1",
-        DMLC_NUM_SERVER="1",
-        DMLC_NUM_WORKER="2",
-        OMP_NUM_THREADS="1",
-        PYTHONUNBUFFERED="1",
-        PS_HEARTBEAT_TIMEOUT="60",  # the cause must come from the crash, not a timeout
-    )
+def test_a_crashed_worker_is_reported_as_crashed_to_everyone(tmp_path, by_hand):
+    """Roles by hand; one worker's training images are truncated, so it crashes after joining.
+    The other worker, the server and the scheduler stop with its cause (not with "uneven
+    rounds" as if it had finished), and every one of them exits non-zero."""
     bad_data = tmp_path / "truncated"
     bad_data.mkdir()
     for f in DATA.iterdir():  # the same files, the training images cut short
@@ -336,34 +332,14 @@ def test_a_crashed_worker_is_reported_as_crashed_to_everyone(tmp_path):
         (bad_data / f.name).write_bytes(blob[:4096] if f.name.startswith("train-images") else blob)
     train = [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL]
     train += ["-m", "sync", "-n", "mlp", "--run-name", "crash"]
-    procs: list[subprocess.Popen] = []
-
-    def start(argv: list[str], role: str, port: str) -> subprocess.Popen:
-        procs.append(
-            subprocess.Popen(
-                argv,
-                env={**base, "DMLC_ROLE": role, "DMLC_PS_ROOT_PORT": port},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        )
-        return procs[-1]
-
-    try:
-        sched = start([sys.executable, "-m", "hetps.cli", "scheduler"], "scheduler", "0")
-        port = str(read_port(sched.stdout))
-        server = start(train, "server", port)
-        good = start(train, "worker", port)
-        bad = start([*train, "-dd", str(bad_data)], "worker", port)
-        outs = {p.pid: p.communicate(timeout=120)[0] for p in (server, good, bad)}
-        sched_out = sched.communicate(timeout=60)[0]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+    slow_hb = {"PS_HEARTBEAT_TIMEOUT": "60"}  # the cause must come from the crash, not a timeout
+    sched = by_hand([sys.executable, "-m", "hetps.cli", "scheduler"], "scheduler", "0", **slow_hb)
+    port = str(read_port(sched.stdout))
+    server = by_hand(train, "server", port, **slow_hb)
+    good = by_hand(train, "worker", port, **slow_hb)
+    bad = by_hand([*train, "-dd", str(bad_data)], "worker", port, **slow_hb)
+    outs = {p.pid: p.communicate(timeout=120)[0] for p in (server, good, bad)}
+    sched_out = sched.communicate(timeout=60)[0]
     assert bad.returncode != 0 and "ValueError" in outs[bad.pid], outs[bad.pid]
     for who, p, out in (
         ("good worker", good, outs[good.pid]),
