@@ -2,7 +2,10 @@
 
 Learns f(x) = 5x + 2 with an MLP (FC 256 -> 64 -> 1) in ``dist_sync`` mode: every worker
 computes gradients on its own shard, pushes them, the servers sum them and apply SGD, and every
-worker pulls the new weights. It prints samples/sec per worker like MXNet's Speedometer.
+worker pulls the new weights. It prints samples/sec per worker like MXNet's Speedometer, logs every batch's phases (compute,
+push, wait, pull) and link bytes into ``runs/linreg-<time>/`` (docs/METRICS.md), and at the end
+rank 0 writes the run's trace (``trace.json``: open it in https://ui.perfetto.dev) and a
+timeline figure (``timeline.png``) and prints where they are. ``--log-dir none``: no logs.
 
     hetps launch -n 2 -s 1 -- python examples/linear_regression.py
     # or MXNet style, one command per role:
@@ -16,6 +19,7 @@ worker pulls the new weights. It prints samples/sec per worker like MXNet's Spee
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import numpy as np
@@ -24,6 +28,7 @@ from torch import nn
 
 import hetps.kv
 from hetps import optim
+from hetps.metrics.roundlog import RoundLog, pictures
 
 
 def main() -> None:
@@ -44,6 +49,11 @@ def main() -> None:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--frequent", type=int, default=20, help="print speed every N batches")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--log-dir",
+        default="runs",
+        help="write the run's logs, trace and timeline under DIR/linreg-<time>/ ('none': off)",
+    )
     args = p.parse_args()
 
     kv = hetps.kv.create(args.kv_store)  # under DMLC_ROLE=server/scheduler this serves and exits
@@ -76,6 +86,20 @@ def main() -> None:
         )
     )
 
+    log = None
+    if args.log_dir.lower() not in ("", "none"):
+        # one record per batch: when each phase ran, and the bytes on each link
+        log = RoundLog(
+            kv,
+            args.log_dir,
+            "linreg",
+            mode="sync",
+            network="mlp-linreg",
+            batch_size=args.batch_size,
+        )
+    phase = log.phase if log else _untimed
+    pull = log.pull if log else _untimed
+
     loss_fn = nn.MSELoss(reduction="sum")
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     for epoch in range(args.epochs):
@@ -84,13 +108,20 @@ def main() -> None:
         nbatch = len(order) // args.batch_size
         for b in range(nbatch):
             idx = torch.from_numpy(order[b * args.batch_size : (b + 1) * args.batch_size])
-            model.zero_grad()
-            loss = loss_fn(model(xt[idx]), yt[idx])
-            loss.backward()
+            with phase("compute"):
+                model.zero_grad()
+                loss = loss_fn(model(xt[idx]), yt[idx])
+                loss.backward()
             # every key in one call: one message to each server and one back (a per-key loop
             # works too, with a message per key)
-            kv.push(keys, [prm.grad for prm in params])
-            kv.pull(keys, out=[prm.data for prm in params])
+            with phase("push"):
+                kv.push(keys, [prm.grad for prm in params])
+            with pull():  # waits for every worker's push; then the new weights are copied in
+                kv.pull(keys, out=[prm.data for prm in params])
+            if log:
+                log.end_round(
+                    samples=args.batch_size, loss=loss.item() / args.batch_size, epoch=epoch
+                )
             seen += args.batch_size
             mse_sum += loss.item()
             count += args.batch_size
@@ -109,8 +140,17 @@ def main() -> None:
             )
             full = sq / len(xt)
         print(f"Worker[{rank}] Epoch[{epoch}] Train-mse={full:.6f}", flush=True)
-    kv.barrier()
+    if log:
+        log.close()
+    kv.barrier()  # after it, every worker's log is complete
     print(f"Worker[{rank}] done", flush=True)
+    if log and rank == 0:
+        pictures(log.run_dir)  # prints "trace: ..." and "figure: ..."
+
+
+@contextlib.contextmanager
+def _untimed(*_):
+    yield
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Usage::
 
     hetps summary LOGDIR [--json FILE]
     hetps plot LOGDIR [--out DIR] [--run RUN] [--window START,END] [--figure NAME ...]
+    hetps trace RUN [-o FILE]            (hetps.metrics.trace)
 
 Wiring into the ``hetps`` command: call :func:`add_parser` with the top-level subparsers (it
 registers both subcommands with ``set_defaults(func=...)``; ``func(args) -> int``), or call
@@ -126,6 +127,10 @@ def add_parser(subparsers: Any) -> None:
         help="draw only this figure (repeatable), e.g. traffic_timeline",
     )
     p.set_defaults(func=cmd_plot)
+
+    from hetps.metrics.trace import add_parser as add_trace
+
+    add_trace(subparsers)  # hetps trace RUN
 
 
 def build_parser() -> argparse.ArgumentParser:

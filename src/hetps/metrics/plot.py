@@ -55,6 +55,9 @@ from hetps.metrics.plot_training import (
 )
 
 # isort: split
+from hetps.metrics.plot_timeline import fig_phase_timeline
+
+# isort: split
 from hetps.metrics.plot_balance import (
     fig_asrit_vs_slice,
     fig_overhead,
@@ -79,6 +82,7 @@ __all__ = [
     "fig_asrit_vs_slice",
     "fig_computing_time_ratio",
     "fig_overhead",
+    "fig_phase_timeline",
     "fig_speed_per_scheme",
     "fig_srit",
     "fig_throughput",

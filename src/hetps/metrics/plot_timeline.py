@@ -1,0 +1,222 @@
+"""The phase timeline: when each worker computes, pushes, waits and pulls, round by round.
+
+``phase_timeline.png`` (``hetps plot --figure phase_timeline``; :func:`draw_phase_timeline`
+for one run) zooms onto a few consecutive rounds: a lane per worker with its phases where they
+ran (the records' ``spans``; phase sums end to end, hatched, for records without them), the
+bytes on each worker's links in the same window below, and on the right each worker's mean
+time per round in each phase over the whole run. Registered on import.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetps.metrics.plot_helpers import _title
+from hetps.metrics.plot_registry import PlotContext, figure
+from hetps.metrics.records import MetricsError, Run
+from hetps.metrics.spans import PHASES
+from hetps.metrics.trace import round_spans
+from hetps.metrics.traffic import load_traffic
+
+__all__ = ["PHASE_COLORS", "default_window", "draw_phase_timeline", "fig_phase_timeline"]
+
+PHASE_COLORS = {
+    "compute": "#4c72b0",
+    "push": "#dd8452",
+    "wait": "#b0b0b0",
+    "pull": "#55a868",
+    "eval": "#8172b3",
+}
+_WORKER_COLORS = ["#4c72b0", "#c44e52", "#55a868", "#8172b3", "#ccb974", "#64b5cd"]
+
+
+def default_window(run: Run, rounds: int = 6) -> tuple[float, float]:
+    """Seconds since the run's start covering ``rounds`` consecutive rounds of the lowest rank,
+    from the middle of its log (past the first rounds' start-up)."""
+    if not run.ranks or not run.records[run.ranks[0]]:
+        raise MetricsError(f"{run.run_dir}: no iteration was logged, so there is no timeline")
+    recs = run.records[run.ranks[0]]
+    n = max(1, min(rounds, len(recs)))
+    first = max(0, (len(recs) - n) // 2)
+    start, _, _, _ = round_spans(recs[first])
+    _, end, _, _ = round_spans(recs[first + n - 1])
+    pad = 0.04 * max(end - start, 1e-6)
+    return start - pad, end + pad
+
+
+def draw_phase_timeline(
+    run: Run,
+    path: str | Path,
+    window: tuple[float, float] | None = None,
+    rounds: int = 6,
+    ctx: PlotContext | None = None,
+) -> Path:
+    """Draw the phase timeline of ``run`` into ``path`` (PNG) and return the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    lo, hi = window if window is not None else default_window(run, rounds)
+    ranks = run.ranks
+    traffic = {k: v for k, v in load_traffic(run.run_dir).items() if k.startswith("worker")}
+    fig = Figure(figsize=(11.0, 2.2 + 0.75 * len(ranks)), dpi=120, layout="constrained")
+    FigureCanvasAgg(fig)
+    gs = fig.add_gridspec(2, 2, width_ratios=[5.0, 1.0], height_ratios=[1.25, 1.0])
+    ax = fig.add_subplot(gs[0, 0])
+    axb = fig.add_subplot(gs[1, 0], sharex=ax)
+    axm = fig.add_subplot(gs[:, 1])
+    ms = 1000.0
+    any_derived = False
+    for lane, rank in enumerate(ranks):
+        y = len(ranks) - 1 - lane
+        for rec in run.records[rank]:
+            start, end, spans, derived = round_spans(rec)
+            if end < lo or start > hi:
+                continue
+            any_derived |= derived
+            # the round: a thin outline under the phases, its number above
+            ax.broken_barh(
+                [(start * ms, (end - start) * ms)],
+                (y - 0.36, 0.72),
+                facecolors="none",
+                edgecolors="0.35",
+                lw=0.6,
+            )
+            mid = (max(start, lo) + min(end, hi)) / 2
+            ax.text(
+                mid * ms,
+                y + 0.4,
+                f"round {rec.get('iter')}",
+                ha="center",
+                va="bottom",
+                fontsize=6.5,
+                color="0.3",
+            )
+            for name, s, d in spans:
+                ax.broken_barh(
+                    [(s * ms, max(d, 1e-7) * ms)],
+                    (y - 0.3, 0.6),
+                    facecolors=PHASE_COLORS.get(name, "#937860"),
+                    hatch="//" if derived else None,
+                    lw=0,
+                )
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([run.device_label(r) for r in reversed(ranks)], fontsize=8)
+    ax.set_ylim(-0.6, len(ranks) - 0.2)
+    ax.set_xlim(lo * ms, hi * ms)
+    ax.grid(axis="x", alpha=0.25)
+    names = [p for p in PHASES if p in PHASE_COLORS]
+    ax.legend(
+        handles=[Patch(color=PHASE_COLORS[p], label=p) for p in names],
+        fontsize=7,
+        ncol=len(names),
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        frameon=False,
+    )
+    ax.tick_params(labelbottom=False)
+
+    # bytes on each worker's links in the window: sent (push) up, received (pull) down
+    width = None
+    for i, (node, buckets) in enumerate(traffic.items()):
+        c = _WORKER_COLORS[i % len(_WORKER_COLORS)]
+        t = np.array([float(b["t"]) for b in buckets])
+        dt = np.array([float(b["dt"]) for b in buckets])
+        keep = (t + dt >= lo) & (t <= hi)
+        if not keep.any():
+            continue
+        push = np.array([b["push_bytes"] for b in buckets], float)[keep] / 1e3
+        pull = np.array([b["pull_bytes"] for b in buckets], float)[keep] / 1e3
+        width = float(dt[keep][0])
+        axb.bar(
+            t[keep] * ms,
+            push,
+            width=dt[keep] * ms,
+            align="edge",
+            color=c,
+            alpha=0.75,
+            label=f"{node} push",
+            lw=0,
+        )
+        axb.bar(
+            t[keep] * ms,
+            -pull,
+            width=dt[keep] * ms,
+            align="edge",
+            color=c,
+            alpha=0.4,
+            label=f"{node} pull",
+            lw=0,
+            hatch="..",
+        )
+    axb.axhline(0, color="0.2", lw=0.6)
+    axb.set_ylabel("kB per bucket\npush ↑  pull ↓", fontsize=8)
+    axb.yaxis.set_major_formatter(_abs_formatter())
+    axb.set_xlabel("time since run start (ms)")
+    axb.grid(alpha=0.25)
+    if traffic:
+        axb.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    else:
+        axb.text(0.5, 0.5, "no traffic logs", transform=axb.transAxes, ha="center")
+
+    # whole run: mean milliseconds per round in each phase, per worker
+    labels = [f"worker {r}" for r in ranks]
+    left = np.zeros(len(ranks))
+    for p in PHASES:
+        vals = np.array(
+            [
+                np.mean([float(rec.get(f"{p}_s") or 0.0) for rec in run.records[r]]) * ms
+                for r in ranks
+            ]
+        )
+        axm.barh(range(len(ranks)), vals, left=left, color=PHASE_COLORS[p], label=p)
+        left += vals
+    for i, total in enumerate(left):
+        axm.text(total, i, f" {total:.2f}", va="center", fontsize=7)
+    axm.set_yticks(range(len(ranks)))
+    axm.set_yticklabels(labels, fontsize=8)
+    axm.invert_yaxis()
+    axm.set_xlim(0, max(float(left.max()), 1e-6) * 1.35)
+    axm.set_xlabel("ms per round (mean, whole run)", fontsize=8)
+    counts = sorted({len(run.records[r]) for r in ranks})
+    axm.set_title(f"{'/'.join(map(str, counts))} rounds per worker, whole run", fontsize=8)
+
+    n_rounds = len(run.records[ranks[0]]) if ranks else 0
+    title = _title(
+        f"When do push and pull happen inside a batch?  {run.mode} / {run.network}  "
+        f"({run.name}, {n_rounds} rounds)",
+        [run],
+    )
+    sub = "phases where they ran (from the logs' spans)"
+    if any_derived:
+        sub = "hatched: no spans logged, phase sums laid end to end (order assumed)"
+    if width:
+        sub += f"; traffic in buckets of {width * 1000:g} ms"
+    fig.suptitle(f"{title}\n{sub}", fontsize=9.5)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def _abs_formatter() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _pos: f"{abs(v):g}")
+
+
+@figure("phase_timeline")
+def fig_phase_timeline(ctx: PlotContext) -> list[Path]:
+    """The phase timeline of each chosen run (``--window`` picks the seconds)."""
+    out = []
+    runs = [r for r in ctx.timeline_runs if any(r.records.values())]
+    if not runs:
+        ctx.notes.append("phase_timeline.png: skipped, no run with iterations")
+        return []
+    for r in runs:
+        name = "phase_timeline.png" if len(runs) == 1 else f"phase_timeline_{r.name}.png"
+        out.append(draw_phase_timeline(r, ctx.out / name, window=ctx.window, ctx=ctx))
+    return out

@@ -1,0 +1,221 @@
+"""A run log for a script that drives the KVStore itself (``examples/linear_regression.py``).
+
+``hetps train`` logs its rounds on its own (:mod:`hetps.torch.worker`). A script with its own
+loop gets the same logs (docs/METRICS.md) with a :class:`RoundLog`::
+
+    log = RoundLog(kv, "runs", "linreg", mode="sync", network="mlp", batch_size=100)
+    for batch in ...:
+        with log.phase("compute"):
+            loss = ...; loss.backward()
+        with log.phase("push"):
+            kv.push(keys, grads)
+        with log.pull():                      # split into wait + pull at the answer's arrival
+            kv.pull(keys, out=weights)
+        log.end_round(samples=100, loss=float(loss), epoch=epoch)
+    log.close()                               # writes traffic-worker<rank>.jsonl
+    kv.barrier()                              # every worker's files are complete after it
+    if kv.rank == 0:
+        pictures(log.run_dir)                 # trace.json + timeline.png, printed
+
+The run directory is ``LOG_DIR/<name>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``… when taken) from
+rank 0's clock, which every worker learns through the store (one tiny key), so all workers
+write into one directory and count time from one start.
+
+``kv`` is duck-typed (``rank``, ``num_workers``, ``num_servers``, ``init``, ``pull``, and
+``node.counters``, ``node.servers()``, ``node.observe_traffic``): this layer imports no other
+hetps module.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetps.metrics.records import IterationLog, RunWriter, run_meta
+from hetps.metrics.spans import Spans
+from hetps.metrics.traffic import TrafficRecorder
+
+__all__ = ["RUN_START_KEY", "RoundLog", "pictures"]
+
+#: the store key through which rank 0's start time (and run-directory suffix) reaches everyone
+RUN_START_KEY = "__hetps_run_start"
+
+
+def _run_dir(log_dir: Path, name: str, start: float, suffix: int) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(start))
+    return log_dir / (f"{name}-{stamp}" + (f"-{suffix}" if suffix > 1 else ""))
+
+
+class RoundLog:
+    """One worker's log of a KVStore training loop: ``run.json`` (rank 0), one record per
+    round with its phase spans, and the bytes on each link to a server.
+
+    ``bucket_s`` is the traffic bucket width; the default 0.5 ms resolves the push and the
+    answer of a round of a few milliseconds."""
+
+    def __init__(
+        self,
+        kv: Any,
+        log_dir: str | os.PathLike[str],
+        name: str,
+        *,
+        mode: str = "sync",
+        network: str = "model",
+        batch_size: int = 0,
+        bucket_s: float = 0.0005,
+        **extra: Any,
+    ) -> None:
+        self.kv = kv
+        self.rank = int(kv.rank)
+        base = Path(log_dir)
+        # rank 0's clock and choice of directory win (init: rank 0's value is stored)
+        now = time.time()
+        suffix = 1
+        if self.rank == 0:
+            while (_run_dir(base, name, now, suffix) / "run.json").exists():
+                suffix += 1
+        start = np.array([now, suffix], np.float64)
+        kv.init(RUN_START_KEY, start)
+        kv.pull(RUN_START_KEY, out=start)
+        self.started_at = float(start[0])
+        self.run_dir = _run_dir(base, name, self.started_at, int(start[1]))
+        if self.rank == 0:
+            RunWriter(
+                self.run_dir,
+                run_meta(
+                    mode,
+                    network,
+                    int(kv.num_workers),
+                    int(getattr(kv, "num_servers", 0)),
+                    int(batch_size),
+                    started_at=self.started_at,
+                    **extra,
+                ),
+            )
+        self.log = IterationLog(self.run_dir, self.rank, started_at=self.started_at)
+        self.spans = Spans(self.started_at)
+        self.traffic = TrafficRecorder(
+            self.started_at,
+            bucket_s=bucket_s,
+            path=self.run_dir / f"traffic-worker{self.rank}.jsonl",
+        )
+        self._servers = {s.id: f"server{s.rank}" for s in kv.node.servers()}
+        self._lock = threading.Lock()
+        self._last_answer = 0.0  # unix time of the last message from a server
+        self._iter = 0
+        self._round_start: float | None = None
+        self._bytes0 = kv.node.counters.totals()
+        kv.node.observe_traffic(self._observe)
+
+    # -- the transport's callback (its threads) ---------------------------------------------
+    def _observe(self, direction: str, peer: Any, cmd: str, nbytes: int, ts: float) -> None:
+        label = self._servers.get(peer)
+        if label is None:  # the scheduler, another worker: not a link to a server
+            return
+        if direction == "send":
+            self.traffic.record(ts, label, "push", nbytes)  # a worker sends gradients
+        else:
+            self.traffic.record(ts, label, "pull", nbytes)  # and receives weights
+            with self._lock:
+                self._last_answer = max(self._last_answer, ts)
+
+    # -- one round --------------------------------------------------------------------------
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase ``name`` (``compute``, ``push``, ...)."""
+        t0 = time.perf_counter()
+        if self._round_start is None:
+            self._round_start = t0
+        try:
+            yield
+        finally:
+            self.spans.add(name, t0, time.perf_counter())
+
+    @contextmanager
+    def pull(self) -> Iterator[None]:
+        """Time a blocking pull: ``wait`` until the last answer from a server arrived (the
+        servers wait for every worker's push, update, and answer), then ``pull`` (the
+        weights copied out)."""
+        t0 = time.perf_counter()
+        if self._round_start is None:
+            self._round_start = t0
+        try:
+            yield
+        finally:
+            t1 = time.perf_counter()
+            with self._lock:
+                last = self._last_answer
+            arrived = self.spans.from_unix(last) if last else t0
+            if t0 < arrived < t1:
+                self.spans.add("wait", t0, arrived)
+                self.spans.add("pull", arrived, t1)
+            else:  # the answer was there before the call
+                self.spans.add("pull", t0, t1)
+
+    def end_round(self, *, samples: int, loss: float | None, epoch: int = 0, **extra: Any) -> None:
+        """Write this round's record (phase sums, spans, bytes) and start the next round."""
+        end = time.perf_counter()
+        totals = self.spans.totals()
+        sent, recv = self.kv.node.counters.totals()
+        start = self._round_start if self._round_start is not None else end
+        rec = {
+            "rank": self.rank,
+            "iter": self._iter,
+            "epoch": int(epoch),
+            "t": self.log.now(),
+            "samples": int(samples),
+            "loss": loss,
+            "local_steps": 1,
+            "compute_s": totals.get("compute", 0.0),
+            "push_s": totals.get("push", 0.0),
+            "wait_s": totals.get("wait", 0.0),
+            "pull_s": totals.get("pull", 0.0),
+            "bytes_sent": sent - self._bytes0[0],
+            "bytes_recv": recv - self._bytes0[1],
+            "srit_s": end - start,
+            "spans": self.spans.take(),
+            **extra,
+        }
+        self._bytes0 = (sent, recv)
+        self.log.write(rec)
+        self._iter += 1
+        self._round_start = None
+
+    def close(self) -> Path:
+        """Stop observing, close the log and write the traffic file; returns the run dir."""
+        self.kv.node.observe_traffic(None)
+        self.log.close()
+        self.traffic.close()
+        return self.run_dir
+
+
+def pictures(run_dir: str | os.PathLike[str], window_rounds: int = 6) -> dict[str, Path]:
+    """Write ``trace.json`` and ``timeline.png`` into ``run_dir`` and print where they are and
+    how to open them; returns ``{"trace": path, "figure": path}`` (no figure without
+    matplotlib: a line says how to get it)."""
+    from hetps.metrics.trace import write_trace
+
+    out: dict[str, Path] = {}
+    trace_path, _ = write_trace(run_dir)
+    out["trace"] = trace_path
+    print(f"trace: {trace_path}  (open in https://ui.perfetto.dev or chrome://tracing)", flush=True)
+    try:
+        from hetps.metrics.plot_timeline import draw_phase_timeline
+    except ImportError:  # pragma: no cover - matplotlib missing
+        print("figure: skipped, matplotlib missing (pip install 'hetps[plots]')", flush=True)
+        return out
+    from hetps.metrics.records import load_run
+
+    fig_path = draw_phase_timeline(
+        load_run(run_dir), Path(run_dir) / "timeline.png", rounds=window_rounds
+    )
+    out["figure"] = fig_path
+    print(f"figure: {fig_path}  (when each worker computes, pushes, waits and pulls)", flush=True)
+    return out

@@ -1,0 +1,491 @@
+"""``hetps trace RUN [-o FILE]``: a run's logs as a Chrome/Perfetto trace (trace-event JSON).
+
+Open the file in https://ui.perfetto.dev (drag it in) or chrome://tracing. The trace uses the
+JSON Object Format of the Trace Event Format (``{"traceEvents": [...], "displayTimeUnit":
+"ms"}``), with times in microseconds since the run's start:
+
+* one **process per node**: ``worker <r>`` (and ``server <r>`` where a server logged traffic),
+  named with ``M`` metadata events (``process_name``, ``process_sort_index``);
+* in a worker, one **thread per phase**: ``rounds`` holds one ``X`` slice per iteration
+  (``round N``, its record in ``args``) and ``eval`` slices; ``compute``, ``push``, ``wait`` and
+  ``pull`` hold the phases. Where a record has ``spans`` (docs/METRICS.md) the phases sit where
+  they ran; an older record without them gets its phase sums laid end to end before the
+  round's end, marked ``"derived": true``;
+* one **counter track per link** (``C`` events, ``bytes <node>↔<peer>``): push and pull bytes
+  in each traffic bucket, back to 0 at the bucket's end.
+
+:func:`validate_trace` checks an object against the format (the checks are listed there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hetps.metrics.records import MetricsError, Run, RunNotFoundError, load_run
+from hetps.metrics.spans import PHASES
+from hetps.metrics.traffic import load_traffic
+
+__all__ = [
+    "TraceFormatError",
+    "add_parser",
+    "build_trace",
+    "round_spans",
+    "cmd_trace",
+    "validate_trace",
+    "write_trace",
+]
+
+_US = 1e6
+#: the phases of the trace event format this module writes or checks
+_KNOWN_PH = set("BEXiIbneCMsftPONDRcv") | {"(", ")"}
+_META_NAMES = {
+    "process_name": ("name", str),
+    "process_labels": ("labels", str),
+    "process_sort_index": ("sort_index", int),
+    "thread_name": ("name", str),
+    "thread_sort_index": ("sort_index", int),
+}
+
+
+class TraceFormatError(MetricsError):
+    """A trace object breaks the trace event format; ``problems`` lists every finding."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(f"not a valid trace: {problems[0]}{more}")
+
+
+# -- building ---------------------------------------------------------------------------------
+def _num(x: Any, default: float = 0.0) -> float:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else default
+
+
+def round_spans(rec: dict[str, Any]) -> tuple[float, float, list[tuple[str, float, float]], bool]:
+    """(start, end, [(phase, start, dur)], derived) of one record, in seconds of run time."""
+    t = _num(rec.get("t"))
+    eval_s = _num(rec.get("eval_s"))
+    end = t - eval_s
+    raw = rec.get("spans")
+    spans: list[tuple[str, float, float]] = []
+    if isinstance(raw, list):
+        for s in raw:
+            if (
+                isinstance(s, (list, tuple))
+                and len(s) == 3
+                and isinstance(s[0], str)
+                and all(isinstance(v, (int, float)) and math.isfinite(v) for v in s[1:])
+            ):
+                spans.append((s[0], float(s[1]), max(0.0, float(s[2]))))
+    if spans:
+        start = min(s for _, s, _ in spans)
+        end = max(end, max(s + d for _, s, d in spans))
+        srit = rec.get("srit_s")
+        if isinstance(srit, (int, float)) and math.isfinite(srit):
+            start = min(start, end - float(srit))
+        return start, end, spans, False
+    # no spans: the phase sums end to end, ending at the round's end (order assumed)
+    sums = [(p, _num(rec.get(f"{p}_s"))) for p in PHASES]
+    total = sum(d for _, d in sums)
+    srit = _num(rec.get("srit_s"), total)
+    start = end - max(srit, total)
+    pos = end - total
+    for p, d in sums:
+        if d > 0:
+            spans.append((p, pos, d))
+            pos += d
+    return start, end, spans, True
+
+
+def _ts(seconds: float, origin: float) -> float:
+    """Seconds of run time -> trace microseconds (non-negative, 3 decimals: ns)."""
+    return round((seconds - origin) * _US, 3)
+
+
+def _dur(seconds: float) -> float:
+    return round(max(0.0, seconds) * _US, 3)
+
+
+def _round_args(rec: dict[str, Any]) -> dict[str, Any]:
+    keys = ("iter", "epoch", "samples", "loss", "local_steps", "bytes_sent", "bytes_recv")
+    out = {k: rec[k] for k in keys if k in rec and rec[k] is not None}
+    if rec.get("accuracy") is not None:
+        out["accuracy"] = rec["accuracy"]
+    for p in PHASES:
+        if f"{p}_s" in rec:
+            out[f"{p}_s"] = rec[f"{p}_s"]
+    return out
+
+
+def build_trace(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The trace object of one run directory (raises :class:`RunNotFoundError` when it is
+    not a run, :class:`MetricsError` when it holds no iteration or a corrupt log)."""
+    run = load_run(run_dir)
+    if not run.records or not any(run.records.values()):
+        raise MetricsError(
+            f"{run.run_dir}: no iteration was logged (no worker-<rank>.jsonl with records); "
+            "fix: trace a run that ran at least one round"
+        )
+    traffic = load_traffic(run.run_dir)
+    return _trace_of(run, traffic)
+
+
+def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    rounds: dict[int, list[tuple[dict, float, float, list, bool]]] = {}
+    times: list[float] = [0.0]
+    for rank in run.ranks:
+        rows = []
+        for rec in run.records[rank]:
+            start, end, spans, derived = round_spans(rec)
+            rows.append((rec, start, end, spans, derived))
+            times.append(start)
+        rounds[rank] = rows
+    for bs in traffic.values():
+        times.extend(_num(b.get("t")) for b in bs)
+    origin = min(times)  # traffic before the start (negative t) moves the origin back
+
+    events: list[dict[str, Any]] = []
+    pids: dict[str, int] = {}
+
+    def process(node: str, label: str) -> int:
+        if node not in pids:
+            pid = len(pids) + 1
+            pids[node] = pid
+            events.append(
+                {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}}
+            )
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "process_sort_index",
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"sort_index": pid},
+                }
+            )
+        return pids[node]
+
+    def thread(pid: int, tid: int, name: str) -> None:
+        events.append(
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_sort_index",
+                "pid": pid,
+                "tid": tid,
+                "args": {"sort_index": tid},
+            }
+        )
+
+    for rank in run.ranks:
+        label = run.device_label(rank)
+        pid = process(f"worker{rank}", f"worker {rank}" + (f": {label}" if label else ""))
+        phase_names = list(PHASES)
+        for _, _, _, spans, _ in rounds[rank]:
+            for name, _, _ in spans:
+                if name not in phase_names:
+                    phase_names.append(name)
+        tids = {name: i + 1 for i, name in enumerate(phase_names)}
+        thread(pid, 0, "rounds")
+        for name, tid in tids.items():
+            thread(pid, tid, name)
+        for rec, start, end, spans, derived in rounds[rank]:
+            args = _round_args(rec)
+            if derived:
+                args["derived"] = True
+            events.append(
+                {
+                    "ph": "X",
+                    "name": f"round {rec.get('iter')}",
+                    "cat": "round",
+                    "pid": pid,
+                    "tid": 0,
+                    "ts": _ts(start, origin),
+                    "dur": _dur(end - start),
+                    "args": args,
+                }
+            )
+            eval_s = _num(rec.get("eval_s"))
+            if eval_s > 0:
+                t = _num(rec.get("t"))
+                events.append(
+                    {
+                        "ph": "X",
+                        "name": "eval",
+                        "cat": "eval",
+                        "pid": pid,
+                        "tid": 0,
+                        "ts": _ts(max(end, t - eval_s), origin),
+                        "dur": _dur(min(eval_s, t - end) if t > end else 0.0),
+                        "args": {"accuracy": rec.get("accuracy")},
+                    }
+                )
+            for name, s, d in spans:
+                ev: dict[str, Any] = {
+                    "ph": "X",
+                    "name": name,
+                    "cat": "phase",
+                    "pid": pid,
+                    "tid": tids[name],
+                    "ts": _ts(s, origin),
+                    "dur": _dur(d),
+                    "args": {"iter": rec.get("iter")},
+                }
+                if derived:
+                    ev["args"]["derived"] = True
+                events.append(ev)
+
+    for node, buckets in traffic.items():
+        role, rank = ("worker", node[6:]) if node.startswith("worker") else ("server", node[6:])
+        pid = process(node, f"{role} {rank}")
+        by_peer: dict[str, list[dict[str, Any]]] = {}
+        for b in buckets:
+            by_peer.setdefault(str(b["peer"]), []).append(b)
+        for peer, bs in by_peer.items():
+            name = f"bytes {node}↔{peer}"
+            bs.sort(key=lambda b: _num(b["t"]))
+            for i, b in enumerate(bs):
+                t0, dt = _num(b["t"]), _num(b["dt"])
+                events.append(
+                    {
+                        "ph": "C",
+                        "name": name,
+                        "pid": pid,
+                        "tid": 0,
+                        "ts": _ts(t0, origin),
+                        "args": {
+                            "push_bytes": int(b["push_bytes"]),
+                            "pull_bytes": int(b["pull_bytes"]),
+                        },
+                    }
+                )
+                nxt = _num(bs[i + 1]["t"]) if i + 1 < len(bs) else None
+                if nxt is None or nxt > t0 + dt + 1e-9:  # the bucket ends before the next
+                    events.append(
+                        {
+                            "ph": "C",
+                            "name": name,
+                            "pid": pid,
+                            "tid": 0,
+                            "ts": _ts(t0 + dt, origin),
+                            "args": {"push_bytes": 0, "pull_bytes": 0},
+                        }
+                    )
+
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "run": str(run.run_dir),
+            "mode": run.mode,
+            "network": run.network,
+            "workers": run.workers,
+            "started_at": run.meta.get("started_at"),
+            "time_origin_s": origin,
+            "note": "ts in microseconds since the run's start (+ the origin, when traffic "
+            "came before it)",
+            "truncated": [str(p) for p in run.truncated],
+        },
+    }
+
+
+def write_trace(
+    run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Build, check and write the trace of ``run_dir`` (default ``RUN/trace.json``); returns
+    the path and the trace object."""
+    trace = build_trace(run_dir)
+    validate_trace(trace)
+    path = Path(out) if out is not None else Path(run_dir) / "trace.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(trace, separators=(",", ":"), allow_nan=False), encoding="utf-8")
+    os.replace(tmp, path)
+    return path, trace
+
+
+# -- checking ---------------------------------------------------------------------------------
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate_trace(trace: Any) -> None:
+    """Check ``trace`` against the Trace Event Format (JSON Object or Array Format); raise
+    :class:`TraceFormatError` listing every problem.
+
+    Checked: the container (``traceEvents`` a list; ``displayTimeUnit`` ``"ms"`` or ``"ns"``);
+    every event an object with a known ``ph``; ``name`` a string (every phase but ``E``);
+    ``pid``/``tid`` integers; ``ts`` a finite number >= 0 (optional for ``M``); ``cat`` a
+    string and ``args`` an object where present; ``X``: ``dur`` a finite number >= 0, and the
+    ``X`` slices of one thread nest (none starts inside another and ends after it); ``B``/``E``:
+    each ``E`` closes the thread's last open ``B`` (same name when it has one), none is left
+    open, time never goes back within a thread; ``C``: ``args`` holds numbers only; ``M``: a
+    known metadata name whose ``args`` has the right key and type (``name``/``labels`` a
+    string, ``sort_index`` an integer); ``i``/``I``: scope ``s`` in g, p, t.
+    """
+    problems: list[str] = []
+    if isinstance(trace, list):
+        events = trace
+    elif isinstance(trace, dict):
+        if "traceEvents" not in trace:
+            raise TraceFormatError(["the object has no traceEvents list"])
+        events = trace["traceEvents"]
+        if not isinstance(events, list):
+            raise TraceFormatError(["traceEvents is not a list"])
+        unit = trace.get("displayTimeUnit", "ms")
+        if unit not in ("ms", "ns"):
+            problems.append(f"displayTimeUnit must be 'ms' or 'ns', got {unit!r}")
+    else:
+        raise TraceFormatError([f"a trace is a JSON object or array, got {type(trace).__name__}"])
+
+    open_b: dict[tuple[Any, Any], list[tuple[str | None, float]]] = {}
+    last_ts: dict[tuple[Any, Any], float] = {}
+    slices: dict[tuple[Any, Any], list[tuple[float, float, int]]] = {}
+    for i, ev in enumerate(events):
+        where = f"event {i}"
+        if not isinstance(ev, dict):
+            problems.append(f"{where}: not an object")
+            continue
+        ph = ev.get("ph")
+        if not isinstance(ph, str) or ph not in _KNOWN_PH:
+            problems.append(f"{where}: ph {ph!r} is not a trace event phase")
+            continue
+        where = f"event {i} (ph {ph})"
+        if ph != "E" and not isinstance(ev.get("name"), str):
+            problems.append(f"{where}: name must be a string, got {ev.get('name')!r}")
+        if "name" in ev and not isinstance(ev["name"], str):
+            problems.append(f"{where}: name must be a string")
+        for k in ("pid", "tid"):
+            if k not in ev:
+                if not (ph == "M" and k == "tid"):
+                    problems.append(f"{where}: no {k}")
+            elif not _is_int(ev[k]):
+                problems.append(f"{where}: {k} must be an integer, got {ev[k]!r}")
+        ts = ev.get("ts")
+        if ts is None and ph != "M":
+            problems.append(f"{where}: no ts")
+        elif ts is not None and (not _is_num(ts) or ts < 0):
+            problems.append(f"{where}: ts must be a finite number >= 0, got {ts!r}")
+            ts = None
+        if "cat" in ev and not isinstance(ev["cat"], str):
+            problems.append(f"{where}: cat must be a string")
+        args = ev.get("args")
+        if "args" in ev and not isinstance(args, dict):
+            problems.append(f"{where}: args must be an object")
+            args = None
+        key = (ev.get("pid"), ev.get("tid"))
+        if ph == "X":
+            dur = ev.get("dur")
+            if not _is_num(dur) or dur < 0:
+                problems.append(f"{where}: dur must be a finite number >= 0, got {dur!r}")
+            elif ts is not None:
+                slices.setdefault(key, []).append((float(ts), float(ts) + float(dur), i))
+        elif ph in ("B", "E"):
+            if ts is not None:
+                if ts < last_ts.get(key, -math.inf):
+                    problems.append(f"{where}: ts goes back in time on pid/tid {key}")
+                last_ts[key] = ts
+            stack = open_b.setdefault(key, [])
+            if ph == "B":
+                stack.append((ev.get("name"), ts or 0.0))
+            elif not stack:
+                problems.append(f"{where}: E without an open B on pid/tid {key}")
+            else:
+                name, _ = stack.pop()
+                if "name" in ev and ev["name"] != name:
+                    problems.append(f"{where}: E {ev['name']!r} closes B {name!r}")
+        elif ph == "C":
+            if not args:
+                problems.append(f"{where}: a counter needs args with at least one series")
+            elif not all(_is_num(v) for v in args.values()):
+                problems.append(f"{where}: counter values must be finite numbers")
+        elif ph == "M":
+            spec = _META_NAMES.get(ev.get("name"))  # type: ignore[arg-type]
+            if spec is None:
+                problems.append(f"{where}: unknown metadata name {ev.get('name')!r}")
+            else:
+                k, typ = spec
+                v = (args or {}).get(k)
+                ok = _is_int(v) if typ is int else isinstance(v, typ)
+                if not ok:
+                    problems.append(f"{where}: {ev.get('name')} needs args.{k} ({typ.__name__})")
+        elif ph in ("i", "I") and ev.get("s", "t") not in ("g", "p", "t"):
+            problems.append(f"{where}: instant scope s must be g, p or t, got {ev.get('s')!r}")
+    for key, stack in open_b.items():
+        for name, _ in stack:
+            problems.append(f"B {name!r} on pid/tid {key} is never closed by an E")
+    eps = 1e-3  # ts and dur are rounded to the nanosecond
+    for key, items in slices.items():
+        items.sort(key=lambda x: (x[0], -x[1]))
+        stack: list[tuple[float, float, int]] = []
+        for s, e, i in items:
+            while stack and stack[-1][1] <= s + eps:
+                stack.pop()
+            if stack and e > stack[-1][1] + eps:
+                problems.append(
+                    f"event {i} (ph X): overlaps event {stack[-1][2]} on pid/tid {key} "
+                    "without nesting inside it"
+                )
+            stack.append((s, e, i))
+    if problems:
+        raise TraceFormatError(problems)
+
+
+# -- the command ------------------------------------------------------------------------------
+def cmd_trace(args: argparse.Namespace) -> int:
+    """``hetps trace RUN [-o FILE]``."""
+    try:
+        path, trace = write_trace(args.run, args.out)
+    except RunNotFoundError as e:
+        print(f"hetps trace: {e}", file=sys.stderr)
+        return 2
+    except MetricsError as e:
+        print(f"hetps trace: {e}", file=sys.stderr)
+        return 1
+    n = sum(1 for ev in trace["traceEvents"] if ev.get("cat") == "round")
+    for p in trace["otherData"]["truncated"]:
+        print(f"hetps trace: note: {p} ended in a torn line (the run was killed); dropped it")
+    print(f"wrote {path} ({n} rounds): open it in https://ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``trace`` on a top-level ``add_subparsers()`` object."""
+    t = subparsers.add_parser(
+        "trace",
+        help="a run's rounds, phases and link bytes as a Chrome/Perfetto trace (JSON)",
+        description="Write the trace-event JSON of one run directory (one holding run.json); "
+        "open it in https://ui.perfetto.dev or chrome://tracing.",
+    )
+    t.add_argument("run", metavar="RUN", help="a run directory (holds run.json)")
+    t.add_argument("-o", "--out", metavar="FILE", help="output file (default: RUN/trace.json)")
+    t.set_defaults(func=cmd_trace)
+
+
+def counter_totals(trace: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Bytes per counter track of a trace: ``{track name: {"push_bytes": …, "pull_bytes": …}}``
+    (the zero events that end a bucket add nothing)."""
+    out: dict[str, dict[str, int]] = {}
+    for ev in _events(trace):
+        if ev.get("ph") == "C":
+            tot = out.setdefault(ev["name"], {})
+            for k, v in ev.get("args", {}).items():
+                tot[k] = tot.get(k, 0) + int(v)
+    return out
+
+
+def _events(trace: dict[str, Any] | list) -> Iterable[dict[str, Any]]:
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
