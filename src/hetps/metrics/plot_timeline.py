@@ -95,6 +95,14 @@ def draw_phase_timeline(
                 fontsize=6.5,
                 color="0.3",
             )
+            eval_s = float(rec.get("eval_s") or 0.0)
+            if eval_s > 0:  # rank 0's test evaluation after the round
+                ax.broken_barh(
+                    [((float(rec["t"]) - eval_s) * ms, eval_s * ms)],
+                    (y - 0.3, 0.6),
+                    facecolors=PHASE_COLORS["eval"],
+                    lw=0,
+                )
             for name, s, d in spans:
                 ax.broken_barh(
                     [(s * ms, max(d, 1e-7) * ms)],
@@ -108,7 +116,7 @@ def draw_phase_timeline(
     ax.set_ylim(-0.6, len(ranks) - 0.2)
     ax.set_xlim(lo * ms, hi * ms)
     ax.grid(axis="x", alpha=0.25)
-    names = [p for p in PHASES if p in PHASE_COLORS]
+    names = [*PHASES, "eval"]
     ax.legend(
         handles=[Patch(color=PHASE_COLORS[p], label=p) for p in names],
         fontsize=7,

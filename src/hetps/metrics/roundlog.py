@@ -40,7 +40,7 @@ import numpy as np
 
 from hetps.metrics.records import IterationLog, RunWriter, run_meta
 from hetps.metrics.spans import Spans
-from hetps.metrics.traffic import TrafficRecorder
+from hetps.metrics.traffic import TrafficRecorder, worker_observer
 
 __all__ = ["RUN_START_KEY", "RoundLog", "pictures"]
 
@@ -112,19 +112,11 @@ class RoundLog:
         self._iter = 0
         self._round_start: float | None = None
         self._bytes0 = kv.node.counters.totals()
-        kv.node.observe_traffic(self._observe)
+        kv.node.observe_traffic(worker_observer(self.traffic, self._servers, self._answered))
 
-    # -- the transport's callback (its threads) ---------------------------------------------
-    def _observe(self, direction: str, peer: Any, cmd: str, nbytes: int, ts: float) -> None:
-        label = self._servers.get(peer)
-        if label is None:  # the scheduler, another worker: not a link to a server
-            return
-        if direction == "send":
-            self.traffic.record(ts, label, "push", nbytes)  # a worker sends gradients
-        else:
-            self.traffic.record(ts, label, "pull", nbytes)  # and receives weights
-            with self._lock:
-                self._last_answer = max(self._last_answer, ts)
+    def _answered(self, ts: float) -> None:  # the transport's threads
+        with self._lock:
+            self._last_answer = max(self._last_answer, ts)
 
     # -- one round --------------------------------------------------------------------------
     @contextmanager

@@ -447,10 +447,22 @@ def validate_trace(trace: Any) -> None:
 # -- the command ------------------------------------------------------------------------------
 def cmd_trace(args: argparse.Namespace) -> int:
     """``hetps trace RUN [-o FILE]``."""
+    run = Path(args.run)
+    if not run.is_dir():
+        print(f"hetps trace: {run}: no such directory; fix: give a run directory", file=sys.stderr)
+        return 2
     try:
-        path, trace = write_trace(args.run, args.out)
-    except RunNotFoundError as e:
-        print(f"hetps trace: {e}", file=sys.stderr)
+        path, trace = write_trace(run, args.out)
+    except RunNotFoundError:
+        below = [str(p.parent) for p in sorted(run.glob("**/run.json"))[:5]]
+        hint = (
+            f"it holds runs, trace one of them: hetps trace {below[0]}"
+            if below
+            else "give a directory written by hetps train or RoundLog (it holds run.json)"
+        )
+        print(
+            f"hetps trace: {run} is not a run directory (no run.json); fix: {hint}", file=sys.stderr
+        )
         return 2
     except MetricsError as e:
         print(f"hetps trace: {e}", file=sys.stderr)

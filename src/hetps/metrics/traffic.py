@@ -23,7 +23,7 @@ from typing import Any
 
 from hetps.metrics.records import MetricsError, read_jsonl
 
-__all__ = ["TrafficRecorder", "load_traffic", "TRAFFIC_KEYS"]
+__all__ = ["TrafficRecorder", "load_traffic", "worker_observer", "TRAFFIC_KEYS"]
 
 TRAFFIC_KEYS = ("t", "dt", "peer", "push_bytes", "pull_bytes")
 _TRAFFIC_FILE = re.compile(r"^traffic-(worker|server)(\d+)\.jsonl$")
@@ -117,6 +117,31 @@ class TrafficRecorder:
         with self._lock:
             self._closed = True
         return self.write() if self.path is not None else None
+
+
+def worker_observer(
+    recorder: TrafficRecorder,
+    servers: dict[Any, Any],
+    on_answer: Any = None,
+) -> Any:
+    """A worker's transport observer (``node.observe_traffic``): every message sent to a server
+    counts as push bytes, every one received from a server as pull bytes (pulled weights often
+    come back in the answer to a push), on the link labelled ``servers[node id]``; messages
+    to or from anyone else (the scheduler) are not counted. ``on_answer(ts)`` (optional) is
+    called for every message received from a server."""
+
+    def observe(direction: str, peer: Any, cmd: str, nbytes: int, ts: float) -> None:
+        label = servers.get(peer)
+        if label is None:
+            return
+        if direction == "send":
+            recorder.record(ts, label, "push", nbytes)
+        else:
+            recorder.record(ts, label, "pull", nbytes)
+            if on_answer is not None:
+                on_answer(ts)
+
+    return observe
 
 
 def load_traffic(run_dir: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:

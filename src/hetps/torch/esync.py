@@ -150,6 +150,9 @@ class ESyncTrainer:
         self.rounds = 0  #: rounds begun
         self.wait_s = 0.0  #: this round's wait for the state server's first answer
         self.push_s = 0.0  #: this round's model exchange (copies and push-pull)
+        #: (start, end) on time.perf_counter() of this round's wait and exchange (the logs' spans)
+        self.wait_span: tuple[float, float] | None = None
+        self.push_span: tuple[float, float] | None = None
         self._w_round: list[torch.Tensor] = []
         self._t_round = 0.0
         self._deadline: float | None = None
@@ -164,6 +167,7 @@ class ESyncTrainer:
         self._pending = []  # reports sent without waiting
         self.wait_s = 0.0
         self.push_s = 0.0
+        self.wait_span = self.push_span = None
         return self.rounds
 
     def step_done(self, step_s: float) -> bool:
@@ -179,7 +183,8 @@ class ESyncTrainer:
         elapsed = t0 - self._t_round
         if self._deadline is None:  # the first step of the round: wait for the answer
             ans = self._state.report(self.rounds, step_s, elapsed)
-            self.wait_s += time.perf_counter() - t0
+            self.wait_span = (t0, time.perf_counter())
+            self.wait_s += self.wait_span[1] - t0
             if "error" in ans:
                 raise RuntimeError(ans["error"])
             if ans.get("ready"):
@@ -207,7 +212,8 @@ class ESyncTrainer:
             self._bn[n].copy_(b)
         self._ctl.fill_(1.0 if stop else 0.0)
         self.kv.pushpull(self._exchange.keys, self._exchange.flats)  # the sums land in place
-        self.push_s = time.perf_counter() - t0
+        self.push_span = (t0, time.perf_counter())
+        self.push_s = self.push_span[1] - t0
         with torch.no_grad():
             for (n, p), w0 in zip(self.params, self._w_round, strict=True):
                 delta_sum = self._deltas[n].to(p.device)

@@ -68,6 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto")
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        default=None,
+        help="also write TensorBoard scalars (loss, accuracy, samples/s, step and phase times) "
+        "to DIR/RUN_NAME/worker<rank> (pip install 'hetps[tensorboard]')",
+    )
 
 
 def parse_slowdown(text: str | None, workers: int) -> list[float]:

@@ -31,13 +31,19 @@ __all__ = ["RUNNERS", "WorkerRun", "run_async", "run_esync", "run_local", "run_s
 
 
 class _Clock:
-    """Phase timers of one iteration."""
+    """Phase timers of one iteration, and where each phase ran (``spans``, when given)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spans: Any = None) -> None:
         self.phases = {"compute_s": 0.0, "push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0}
+        self.spans = spans  # hetps.metrics.spans.Spans
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, end: float | None = None) -> None:
+        """``seconds`` more of phase ``name`` (``compute_s``...), which ended at ``end``
+        (``time.perf_counter()``; default now)."""
         self.phases[name] += seconds
+        if self.spans is not None and seconds > 0:
+            end = time.perf_counter() if end is None else end
+            self.spans.add(name[:-2], end - seconds, end)
 
 
 def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
@@ -90,9 +96,9 @@ class _Progress:
 class Round:
     """One round's tallies: phase times, samples, losses, local steps, link counters."""
 
-    def __init__(self, rnd: int, kv: Any) -> None:
+    def __init__(self, rnd: int, kv: Any, spans: Any = None) -> None:
         self.rnd = rnd
-        self.clock = _Clock()
+        self.clock = _Clock(spans)
         self.t_iter = time.perf_counter()
         self.sent0, self.recv0 = kv.node.counters.totals() if kv is not None else (0, 0)
         self.samples = 0
@@ -102,9 +108,11 @@ class Round:
         self.plan: dict | None = None
         self.overhead = 0.0
 
-    def add_step(self, loss: float, compute_s: float, samples: int, epoch: int) -> None:
-        """Count one local step."""
-        self.clock.add("compute_s", compute_s)
+    def add_step(
+        self, loss: float, compute_s: float, samples: int, epoch: int, end: float | None = None
+    ) -> None:
+        """Count one local step (that ended at ``end``, ``time.perf_counter()``; default now)."""
+        self.clock.add("compute_s", compute_s, end)
         self.samples += samples
         self.losses.append(loss)
         self.local_steps += 1
@@ -151,6 +159,9 @@ class WorkerRun:
         self.steps_done = 0
         self.run_start = time.time()
         self.traffic: Any = None
+        self.spans: Any = None  # hetps.metrics.spans.Spans, from start()
+        self.step_end = 0.0  # time.perf_counter() at the end of the last one_step
+        self.tboard: Any = None  # hetps.torch.tboard.TensorBoardLog with --tensorboard
         self.log: Any = None
         self.progress: _Progress | None = None
         self._stream = self._data_stream()
@@ -159,7 +170,8 @@ class WorkerRun:
     def start(self) -> None:
         """Wait for every worker, start the clock, the traffic recorder and the logs."""
         from hetps.metrics.records import IterationLog
-        from hetps.metrics.traffic import TrafficRecorder
+        from hetps.metrics.spans import Spans
+        from hetps.metrics.traffic import TrafficRecorder, worker_observer
 
         kv = self.kv
         if kv is not None:
@@ -172,16 +184,18 @@ class WorkerRun:
         if self.writer is not None:
             self.writer.update(started_at=self.run_start)
         if kv is not None:
-            traffic = self.traffic
-
-            def observe(direction: str, peer: Any, cmd: str, nbytes: int, ts: float) -> None:
-                if direction == "send" and cmd == "push":
-                    traffic.record(ts, peer, "push", nbytes)
-                elif direction == "recv" and cmd == "pull":
-                    traffic.record(ts, peer, "pull", nbytes)
-
-            kv.node.observe_traffic(observe)
+            # every byte to a server is a push, every byte from one a pull (pulled weights
+            # often come back in a push's answer); links are labelled server<rank>
+            servers = {s.id: f"server{s.rank}" for s in kv.node.servers()}
+            kv.node.observe_traffic(worker_observer(self.traffic, servers))
+        self.spans = Spans(self.run_start)
         self.log = IterationLog(self.run_dir, self.rank)
+        if getattr(self.args, "tensorboard", None):
+            from hetps.torch.tboard import TensorBoardLog
+
+            self.tboard = TensorBoardLog(
+                self.args.tensorboard, self.run_dir.name, self.rank, self.run_start
+            )
         self.progress = _Progress(self.args.progress, self.rank, self.args.time_budget)
 
     def _data_stream(self):
@@ -222,7 +236,8 @@ class WorkerRun:
         opt.zero_grad()
         loss.backward()
         opt_step()
-        dt = time.perf_counter() - t0
+        self.step_end = time.perf_counter()
+        dt = self.step_end - t0
         real = max(dt - slept, 1e-6)
         computes.append(real)
         del computes[:-9]
@@ -252,7 +267,7 @@ class WorkerRun:
         stop = False
         while not stop:
             rnd += 1
-            r = Round(rnd, kv)
+            r = Round(rnd, kv, self.spans)
             if kv is not None and rebalance and kv.balance:
                 t0 = time.perf_counter()
                 r.plan = kv.rebalance()  # report link measurements, switch to this round's plan
@@ -262,6 +277,8 @@ class WorkerRun:
         assert self.progress is not None and self.log is not None
         self.progress.close()
         self.log.close()
+        if self.tboard is not None:
+            self.tboard.close()
         if self.traffic is not None:
             kv.node.observe_traffic(None)
             role = "worker"
@@ -294,6 +311,7 @@ class WorkerRun:
             "srit_s": dur,
             "eval_s": eval_s,
             "comm_s": phases["push_s"] + phases["pull_s"] + phases["wait_s"],
+            "spans": self.spans.take() if self.spans is not None else [],
         }
         if r.plan is not None:
             plan = r.plan
@@ -310,6 +328,8 @@ class WorkerRun:
             rec["accuracy"] = acc
         assert self.log is not None and self.progress is not None
         self.log.write(rec)
+        if self.tboard is not None:
+            self.tboard.write(rec)
         self.progress.update(r.rnd, r.samples / max(dur, 1e-9), rec["loss"], acc, rec["t"])
 
     def finish(self, rounds: int, barrier: bool = True) -> int:
@@ -366,7 +386,7 @@ def run_sync(run: WorkerRun) -> int:
         t1 = time.perf_counter()
         dopt.step()
         r.clock.add("wait_s", time.perf_counter() - t1)
-        r.add_step(loss, c, n, epoch)
+        r.add_step(loss, c, n, epoch, end=run.step_end)
         if ctl_handle is not None:
             ctl_handle.wait()
             return bool(ctl[0] > 0)
@@ -398,7 +418,7 @@ def run_async(run: WorkerRun) -> int:
         t1 = time.perf_counter()
         dopt.step()  # waits for the new weights
         r.clock.add("wait_s", time.perf_counter() - t1)
-        r.add_step(loss, c, n, epoch)
+        r.add_step(loss, c, n, epoch, end=run.step_end)
         return run.want_stop(r.rnd)  # each worker stops on its own
 
     rounds = run.loop(play, rebalance=False)
@@ -428,9 +448,9 @@ def run_esync(run: WorkerRun) -> int:
             r.add_step(loss, c, n, epoch)
             if trainer.step_done(c):  # the state server's word: aggregate now
                 break
-        r.clock.add("wait_s", trainer.wait_s)
+        r.clock.add("wait_s", trainer.wait_s, trainer.wait_span and trainer.wait_span[1])
         stop = trainer.aggregate(run.want_stop(r.rnd))
-        r.clock.add("push_s", trainer.push_s)
+        r.clock.add("push_s", trainer.push_s, trainer.push_span and trainer.push_span[1])
         return stop
 
     return run.finish(run.loop(play))
