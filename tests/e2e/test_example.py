@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -10,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_linear_regression_example_learns_through_the_launcher():
+def test_linear_regression_example_learns_through_the_launcher(tmp_path):
+    # from a scratch directory: the example's default log dir is runs/ under the cwd
     res = subprocess.run(
         [
             sys.executable,
@@ -34,6 +36,7 @@ def test_linear_regression_example_learns_through_the_launcher():
         capture_output=True,
         text=True,
         timeout=180,
+        cwd=tmp_path,
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -47,6 +50,48 @@ def test_linear_regression_example_learns_through_the_launcher():
     assert len(mses) == 3 and mses[-1] < mses[0] and mses[-1] < 0.5, mses
     # both workers hold the same model (sync training): identical training error
     assert re.findall(r"Worker\[1\] Epoch\[2\] Train-mse=([\d.]+)", out) == [f"{mses[-1]:.6f}"]
+    _check_pictures(tmp_path, out)
+
+
+def _check_pictures(cwd: Path, out: str) -> None:
+    """The run ends with its trace and timeline figure, written by rank 0 into
+    runs/linreg-<time>/ under the cwd, and says where they are and how to open them."""
+    from hetps.metrics import load_run, load_traffic
+    from hetps.metrics.trace import counter_totals, validate_trace
+
+    runs = list((cwd / "runs").glob("linreg-*"))
+    assert len(runs) == 1, out
+    run = runs[0]
+    rel = run.relative_to(cwd)
+    trace_line = re.findall(r"\[worker 0\] trace: (\S+)  \(open in https://ui.perfetto.dev", out)
+    fig_line = re.findall(r"\[worker 0\] figure: (\S+)  ", out)
+    assert trace_line == [str(rel / "trace.json")] and fig_line == [str(rel / "timeline.png")], out
+    assert "[worker 1] trace:" not in out  # rank 0 alone draws
+    assert (run / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = json.loads((run / "trace.json").read_text())
+    validate_trace(trace)
+    logs = load_run(run)
+    assert logs.records and sorted(logs.records) == [0, 1]
+    for rank, recs in logs.records.items():
+        assert len(recs) == 3 * (1500 // 100)  # 3 epochs of 15 batches
+        rounds = [
+            e for e in trace["traceEvents"] if e.get("cat") == "round" and e["pid"] == rank + 1
+        ]
+        assert len(rounds) == len(recs)
+        # the four phases of every batch, in order: compute, push, then the pull's wait and copy
+        for rec in recs:
+            assert [s[0] for s in rec["spans"]] in (
+                ["compute", "push", "wait", "pull"],
+                ["compute", "push", "pull"],  # the answer was in before the pull
+            )
+        # the answer needs every worker's push and the server's update: it is nearly never in
+        # before the pull is called
+        assert sum(len(r["spans"]) == 4 for r in recs) >= 0.9 * len(recs)
+    totals = counter_totals(trace)
+    for node, buckets in load_traffic(run).items():
+        got = totals[f"bytes {node}↔server0"]
+        assert got["push_bytes"] == sum(b["push_bytes"] for b in buckets) > 0
+        assert got["pull_bytes"] == sum(b["pull_bytes"] for b in buckets) > 0
 
 
 def test_cli_help_lists_commands():
