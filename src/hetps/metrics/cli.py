@@ -113,12 +113,12 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("logdir", metavar="LOGDIR")
     p.add_argument("--out", metavar="DIR", help="output directory (default: LOGDIR/figures)")
-    p.add_argument("--run", metavar="RUN", help="traffic timeline of this run only (dir or name)")
+    p.add_argument("--run", metavar="RUN", help="timelines of this run only (dir or name)")
     p.add_argument(
         "--window",
         type=_window,
         metavar="START,END",
-        help="traffic timeline: only these seconds since run start",
+        help="timelines (traffic, phases): only these seconds since run start",
     )
     p.add_argument(
         "--figure",

@@ -127,8 +127,10 @@ def draw_phase_timeline(
     )
     ax.tick_params(labelbottom=False)
 
-    # bytes on each worker's links in the window: sent (push) up, received (pull) down
+    # bytes on each worker's links in the window: sent (push) up, received (pull) down; each
+    # worker's bar takes its own slice of the bucket, so the workers' bars never hide each other
     width = None
+    n_nodes = max(1, len(traffic))
     for i, (node, buckets) in enumerate(traffic.items()):
         c = _WORKER_COLORS[i % len(_WORKER_COLORS)]
         t = np.array([float(b["t"]) for b in buckets])
@@ -139,27 +141,10 @@ def draw_phase_timeline(
         push = np.array([b["push_bytes"] for b in buckets], float)[keep] / 1e3
         pull = np.array([b["pull_bytes"] for b in buckets], float)[keep] / 1e3
         width = float(dt[keep][0])
-        axb.bar(
-            t[keep] * ms,
-            push,
-            width=dt[keep] * ms,
-            align="edge",
-            color=c,
-            alpha=0.75,
-            label=f"{node} push",
-            lw=0,
-        )
-        axb.bar(
-            t[keep] * ms,
-            -pull,
-            width=dt[keep] * ms,
-            align="edge",
-            color=c,
-            alpha=0.4,
-            label=f"{node} pull",
-            lw=0,
-            hatch="..",
-        )
+        x = (t[keep] + dt[keep] * i / n_nodes) * ms
+        w = dt[keep] / n_nodes * ms
+        axb.bar(x, push, width=w, align="edge", color=c, alpha=0.85, label=f"{node} push", lw=0)
+        axb.bar(x, -pull, width=w, align="edge", color=c, alpha=0.45, label=f"{node} pull", lw=0)
     axb.axhline(0, color="0.2", lw=0.6)
     axb.set_ylabel("kB per bucket\npush ↑  pull ↓", fontsize=8)
     axb.yaxis.set_major_formatter(_abs_formatter())
@@ -188,9 +173,9 @@ def draw_phase_timeline(
     axm.set_yticklabels(labels, fontsize=8)
     axm.invert_yaxis()
     axm.set_xlim(0, max(float(left.max()), 1e-6) * 1.35)
-    axm.set_xlabel("ms per round (mean, whole run)", fontsize=8)
+    axm.set_xlabel("ms per round, mean", fontsize=8)
     counts = sorted({len(run.records[r]) for r in ranks})
-    axm.set_title(f"{'/'.join(map(str, counts))} rounds per worker, whole run", fontsize=8)
+    axm.set_title(f"rounds per worker: {'/'.join(map(str, counts))}", fontsize=8)
 
     n_rounds = len(run.records[ranks[0]]) if ranks else 0
     title = _title(
