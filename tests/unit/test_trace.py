@@ -288,3 +288,20 @@ def test_cli_on_a_run_without_iterations(tmp_path, capsys):
     RunWriter(tmp_path / "run", run_meta("sync", "mlp", 2, 1, 32, started_at=START))
     assert main(["trace", str(tmp_path / "run")]) == 1
     assert "no iteration was logged" in capsys.readouterr().err
+
+
+def test_plot_draws_the_phase_timeline_of_a_run(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _write_run(tmp_path / "logs" / "run")
+    RunWriter(tmp_path / "logs" / "empty", run_meta("sync", "mlp", 2, 1, 32, started_at=START))
+    code = main(
+        ["plot", str(tmp_path / "logs"), "--run", "run", "--figure", "phase_timeline",
+         "--out", str(tmp_path / "figs")]
+    )  # fmt: skip
+    assert code == 0
+    png = tmp_path / "figs" / "phase_timeline.png"
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code = main(["plot", str(tmp_path / "logs"), "--run", "empty", "--figure", "phase_timeline"])
+    assert code == 1
+    assert "phase_timeline.png: skipped, no run with iterations" in capsys.readouterr().out
