@@ -93,7 +93,7 @@ def main() -> None:
             kv,
             args.log_dir,
             "linreg",
-            mode="sync",
+            mode="async" if "async" in args.kv_store else "sync",
             network="mlp-linreg",
             batch_size=args.batch_size,
         )

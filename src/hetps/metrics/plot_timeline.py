@@ -150,10 +150,10 @@ def draw_phase_timeline(
     axb.yaxis.set_major_formatter(_abs_formatter())
     axb.set_xlabel("time since run start (ms)")
     axb.grid(alpha=0.25)
-    if traffic:
+    if width is not None:
         axb.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
-        axb.text(0.5, 0.5, "no traffic logs", transform=axb.transAxes, ha="center")
+        axb.text(0.5, 0.5, "no traffic logged in this window", transform=axb.transAxes, ha="center")
 
     # whole run: mean milliseconds per round in each phase, per worker
     labels = [f"worker {r}" for r in ranks]

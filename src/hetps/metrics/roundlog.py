@@ -22,8 +22,8 @@ rank 0's clock, which every worker learns through the store (one tiny key), so a
 write into one directory and count time from one start.
 
 ``kv`` is duck-typed (``rank``, ``num_workers``, ``num_servers``, ``init``, ``pull``, and
-``node.counters``, ``node.servers()``, ``node.observe_traffic``): this layer imports no other
-hetps module.
+``node.counters``, ``node.servers()``, ``node.observe_traffic`` where it has a ``node``; a
+local store has none and logs no traffic): this layer imports no other hetps module.
 """
 
 from __future__ import annotations
@@ -106,13 +106,19 @@ class RoundLog:
             bucket_s=bucket_s,
             path=self.run_dir / f"traffic-worker{self.rank}.jsonl",
         )
-        self._servers = {s.id: f"server{s.rank}" for s in kv.node.servers()}
+        node = getattr(kv, "node", None)  # None: a local store, no links to watch
+        self._node = node
+        self._servers = {s.id: f"server{s.rank}" for s in node.servers()} if node else {}
         self._lock = threading.Lock()
         self._last_answer = 0.0  # unix time of the last message from a server
         self._iter = 0
         self._round_start: float | None = None
-        self._bytes0 = kv.node.counters.totals()
-        kv.node.observe_traffic(worker_observer(self.traffic, self._servers, self._answered))
+        self._bytes0 = self._totals()
+        if node is not None:
+            node.observe_traffic(worker_observer(self.traffic, self._servers, self._answered))
+
+    def _totals(self) -> tuple[int, int]:
+        return tuple(self._node.counters.totals()) if self._node is not None else (0, 0)
 
     def _answered(self, ts: float) -> None:  # the transport's threads
         with self._lock:
@@ -155,7 +161,7 @@ class RoundLog:
         """Write this round's record (phase sums, spans, bytes) and start the next round."""
         end = time.perf_counter()
         totals = self.spans.totals()
-        sent, recv = self.kv.node.counters.totals()
+        sent, recv = self._totals()
         start = self._round_start if self._round_start is not None else end
         rec = {
             "rank": self.rank,
@@ -182,7 +188,8 @@ class RoundLog:
 
     def close(self) -> Path:
         """Stop observing, close the log and write the traffic file; returns the run dir."""
-        self.kv.node.observe_traffic(None)
+        if self._node is not None:
+            self._node.observe_traffic(None)
         self.log.close()
         self.traffic.close()
         return self.run_dir
