@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--cpu", action="store_true", help="train on the CPU (default)")
     p.add_argument("-g", "--gpu", type=int, default=None, help="CUDA device index")
     p.add_argument("-ld", "--log-dir", default="runs")
+    p.add_argument(
+        "--overwrite-logs",
+        action="store_true",
+        help="delete an earlier run's logs in the same directory (default: move them to "
+        "LOGDIR/.previous/)",
+    )
     p.add_argument("--run-name", default=None, help="default: MODE-NETWORK-wW")
     p.add_argument("-e", "--eval-duration", type=int, default=10, help="evaluate every E rounds")
     p.add_argument("-dcasgd", "--use-dcasgd", type=int, default=0, choices=(0, 1))
@@ -251,7 +257,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     if rank == 0:
         writer = RunWriter(
             run_dir,
-            overwrite=True,
+            overwrite=args.overwrite_logs,
+            keep_previous=True,
             meta={
                 "mode": mode,
                 "network": args.network,
@@ -280,6 +287,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
                 ),
             },
         )
+        if writer.previous is not None:
+            print(f"hetps train: the earlier run in {run_dir} moved to {writer.previous}")
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -295,4 +304,14 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
         run_dir=run_dir,
         writer=writer,
     )
-    return RUNNERS[args.mode](run)
+    if writer is None:
+        return RUNNERS[args.mode](run)
+    try:
+        code = RUNNERS[args.mode](run)
+    except BaseException as exc:
+        # run.json says how the run ended; a cluster error names the node that failed
+        cause = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc}"
+        writer.update(ended={"status": "failed", "cause": cause[:500], "at": time.time()})
+        raise
+    writer.update(ended={"status": "completed", "at": time.time()})
+    return code
