@@ -139,6 +139,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         return 2
     _setup_logging(cfg.verbose)
     sched = make_scheduler(cfg)
+    if args.launcher_notices:
+        sched.follow_notices(sys.stdin)
     print(f"hetps scheduler port {sched.van.port}", flush=True)
     return sched.run()
 
@@ -278,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     se.set_defaults(func=cmd_secret)
 
     sc = sub.add_parser("scheduler", help="run the scheduler role by hand")
+    sc.add_argument(
+        "--launcher-notices",
+        action="store_true",
+        help="read the launcher's notices of dead nodes from stdin ('dead ROLE RANK HOW'; "
+        "hetps launch sets it)",
+    )
     sc.set_defaults(func=cmd_scheduler)
     sv = sub.add_parser("server", help="run a server role by hand")
     sv.set_defaults(func=cmd_server)

@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import queue
 import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
@@ -110,6 +112,7 @@ class Scheduler:
         self.ready = threading.Event()  # set once every node is registered
         self._pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
         self._refusals: deque[float] = deque()
+        self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
 
     def register(
         self,
@@ -148,6 +151,40 @@ class Scheduler:
         """Ask the loop to end."""
         self._stop.set()
 
+    def notice_dead(self, role: str, rank: int, how: str) -> None:
+        """The launcher saw the process of ``role`` ``rank`` end (``how``, e.g. "was killed by
+        signal 9 (code 137)"): declare it dead now instead of after the heartbeat timeout.
+        Safe from any thread; the loop acts on it within one tick."""
+        self._notices.put((role, int(rank), how))
+
+    def follow_notices(self, stream: IO[str]) -> threading.Thread:
+        """Read the launcher's notices from ``stream`` (the scheduler's stdin, a pipe only the
+        launcher holds), one per line: ``dead ROLE RANK HOW...``. Lines of another form are
+        logged and ignored; the end of the stream ends the thread."""
+
+        def read() -> None:
+            for line in stream:
+                parts = line.split(maxsplit=3)
+                if (
+                    len(parts) >= 3
+                    and parts[0] == "dead"
+                    and parts[1] in ("server", "worker")
+                    and parts[2].isdigit()
+                ):
+                    self.notice_dead(
+                        parts[1],
+                        int(parts[2]),
+                        _printable(parts[3].strip() if len(parts) > 3 else "ended"),
+                    )
+                elif line.strip():
+                    log.warning(
+                        "scheduler: ignored a launcher notice it cannot read: %r", line[:200]
+                    )
+
+        t = threading.Thread(target=read, name="hetps-launcher-notices", daemon=True)
+        t.start()
+        return t
+
     def run(self) -> int:
         """Serve until the job ends (0), a node dies or registration times out (1)."""
         if self.cfg.verbose >= 1:
@@ -157,6 +194,8 @@ class Scheduler:
         try:
             while not self._stop.is_set() and self.exit_code is None:
                 msg = self.van.recv(timeout=tick)
+                while not self._notices.empty():
+                    self._apply_notice(*self._notices.get())
                 if msg is not None:
                     try:
                         self._dispatch(msg)
@@ -457,6 +496,22 @@ class Scheduler:
                     f"stopped answering heartbeats for {now - seen:.1f} s "
                     f"(PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})",
                 )
+
+    def _apply_notice(self, role: str, rank: int, how: str) -> None:
+        nid = next((i for i, n in self.nodes.items() if n.role == role and n.rank == rank), None)
+        if nid is not None:
+            if nid not in self.finished:
+                self._declare_dead(nid, f"{how} (seen by the launcher)")
+            return
+        if self.nodes:  # every node registered, none with that rank: nothing to do
+            log.warning("scheduler: the launcher reports %s %d, which is no node here", role, rank)
+            return
+        # it died before the cluster was complete: the others would wait for it in vain
+        text = f"{role} {rank} {how} before it registered (seen by the launcher)"
+        log.error("scheduler: %s", text)
+        for p in self.pending:
+            self._send(p.origin, Message(P.REFUSED, req=p.req, reply=True, body={"error": text}))
+        self.exit_code = 1
 
     def _declare_dead(self, nid: int, reason: str) -> None:
         if nid in self.dead or nid not in self.nodes:
