@@ -293,3 +293,33 @@ except ClusterError as exc:
     (line,) = [x for x in out.splitlines() if "REFUSED" in x]
     assert "worker 1 exited (code 4) before it registered (seen by the launcher)" in line, out
     assert "[scheduler]" in out and "before it registered" in out.split("[scheduler]", 1)[1], out
+
+
+def test_a_long_handler_does_not_make_the_scheduler_look_dead(cluster):
+    """A server optimizer that takes twice the heartbeat timeout holds the server's receive
+    thread, so the scheduler's heartbeat answers wait unread meanwhile: that silence is the
+    server's own, and nobody is declared dead."""
+    code = """
+class Slow(optim.Optimizer):
+    def create_state(self, key, weight):
+        return None
+    def update(self, key, weight, grad, state):
+        time.sleep(3.0)  # the work itself: twice PS_HEARTBEAT_TIMEOUT
+        weight -= self.learning_rate * grad
+
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(4, np.float32))
+kv.set_optimizer(Slow(learning_rate=1.0))
+kv.push('w', np.ones(4, np.float32))
+assert (kv.pull('w') == -kv.num_workers).all(), kv.pull('w')
+kv.barrier()
+print('SLOW-OK', flush=True)
+"""
+    rc, out = cluster(
+        code,
+        workers=1,
+        servers=1,
+        env={"PS_HEARTBEAT_INTERVAL": "0.2", "PS_HEARTBEAT_TIMEOUT": "1.5"},
+    )
+    assert rc == 0, out
+    assert "SLOW-OK" in out and "stopped answering" not in out, out

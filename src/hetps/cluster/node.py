@@ -81,6 +81,7 @@ class Node:
         self._early: list[Message] = []
         self._early_bytes = 0
         self._last_ack = time.monotonic()
+        self._busy_since: float | None = None  # when the handler running now started
         self._recv_thread: threading.Thread | None = None
         self._hb_thread: threading.Thread | None = None
 
@@ -203,10 +204,13 @@ class Node:
                 raise
             if msg is None:
                 continue
+            self._busy_since = time.monotonic()
             try:
                 self._dispatch(msg)
             except Exception:  # a handler bug must not kill the receive loop
                 log.exception("%s: error handling %s from %d", self.role, msg.cmd, msg.sender)
+            finally:
+                self._busy_since = None
 
     def _dispatch(self, msg: Message) -> None:
         if msg.sender == UNKNOWN:
@@ -361,7 +365,10 @@ class Node:
                 self.van.send(P.SCHEDULER_ID, Message(P.HEARTBEAT))
             except PeerGone:
                 return
-            silent = time.monotonic() - self._last_ack
+            # while a handler holds the receive thread, the scheduler's answers wait unread:
+            # count its silence only up to the moment the handler started
+            busy = self._busy_since
+            silent = (busy if busy is not None else time.monotonic()) - self._last_ack
             if silent > self.cfg.heartbeat_timeout and not self.exited.is_set():
                 self.van.mark_dead(P.SCHEDULER_ID)
                 self._fail(

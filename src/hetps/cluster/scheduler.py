@@ -113,6 +113,10 @@ class Scheduler:
         self._pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
         self._refusals: deque[float] = deque()
         self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
+        # plug-in services (and their worker-finished hooks) run in order on a thread of their
+        # own, so a long one (a big plan) never holds up heartbeats, barriers or registration
+        self._service_q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._service_thread: threading.Thread | None = None
 
     def register(
         self,
@@ -150,6 +154,16 @@ class Scheduler:
     def stop(self) -> None:
         """Ask the loop to end."""
         self._stop.set()
+
+    def _serve_services(self) -> None:
+        while True:
+            job = self._service_q.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception:  # a service's bug must not stop the others
+                log.exception("scheduler: a service failed")
 
     def notice_dead(self, role: str, rank: int, how: str) -> None:
         """The launcher saw the process of ``role`` ``rank`` end (``how``, e.g. "was killed by
@@ -191,6 +205,10 @@ class Scheduler:
             log.info("scheduler listening on %s", self.van.endpoint)
         tick = max(0.05, min(0.5, (self.cfg.heartbeat_interval or 1.0) / 2))
         next_check = 0.0
+        self._service_thread = threading.Thread(
+            target=self._serve_services, name="hetps-scheduler-services", daemon=True
+        )
+        self._service_thread.start()
         try:
             while not self._stop.is_set() and self.exit_code is None:
                 msg = self.van.recv(timeout=tick)
@@ -208,6 +226,8 @@ class Scheduler:
                     next_check = now + tick
                     self._check_timeouts()
         finally:
+            self._service_q.put(None)  # what was asked before the end is still answered
+            self._service_thread.join(timeout=10)
             self.van.close()
         if self.exit_code is None:
             self.exit_code = 0
@@ -244,7 +264,8 @@ class Scheduler:
             reason = _printable(msg.body.get("reason", "left"))
             self._declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
-            self.services[cmd](self, msg)
+            handler = self.services[cmd]
+            self._service_q.put(lambda: handler(self, msg))
         else:  # a command of a service this job does not run (e.g. no load balancing)
             self._refuse_request(msg, f"this job's scheduler runs no service for {cmd!r}")
 
@@ -454,7 +475,7 @@ class Scheduler:
         for group in ("worker", "all"):  # barriers no longer wait for it
             self._maybe_release(group)
         for hook in self._on_worker_finished:
-            hook(self)
+            self._service_q.put(lambda hook=hook: hook(self))
         workers = {i for i, n in self.nodes.items() if n.role == "worker"}
         if workers <= set(self.finished):
             for nid in servers:
