@@ -281,6 +281,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "worker, travel as one message when each carries at most this many bytes of "
                 "arrays (at most 1 MiB counts; 0: every request and answer alone)",
                 field="batch_bytes", minimum=0, unit="bytes"),
+            Var("HETPS_ROUNDS_AHEAD", "int", 2,
+                "dist_sync: how many rounds of one key a worker may push before the oldest "
+                "is applied; a further push waits (MXNet's engine allows 1)",
+                field="rounds_ahead", minimum=1),
             Var("HETPS_SHAPE_MBIT", "float", 0.0,
                 "limit this node's sending rate in-process, without root (0: no limit)",
                 field="shape_mbit", minimum=0.0, unit="Mbit/s"),

@@ -82,6 +82,7 @@ class DistKVStore:
         # (push, then pull) is sent by the caller, one thread hand-off less
         self._push_run = 0
         self._last_push_run = 0
+        self._calls = 0  # push calls so far (which call made which of a key's pushes)
         # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
         self.agent = BalanceAgent(self) if self.balance else None
         # pulls answered by the push before them (dist_sync, slices that stay where they are)
@@ -316,22 +317,39 @@ class DistKVStore:
         entries = per_key(value, len(keys), is_list, "push")
         futs: list[Future] = []
         self._push_run += 1
+        self._calls += 1
         deferred = not block and max(self._push_run, self._last_push_run) > 1
         with self._batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 meta = self._meta(k, "push")
                 arr = reduce_values(entry, f"push of key {k!r}")
                 self._check(k, meta, arr, "push")
+                if self.sync:
+                    self._round_credit(meta)
                 if not block and self.compressor is None:  # (compression makes its own copy)
                     arr = meta.capture(arr)
                 dest = meta.prefetch_into() if self._prefetch else None
                 pushed = self._push_one(k, meta, arr, priority, dest)
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
+                if self.sync:
+                    meta.recent.append((self._calls, pushed))
                 if dest is not None:
                     meta.prefetch = (pushed, dest)
                 futs += pushed
         return self._finish_call(futs, block, "push")
+
+    def _round_credit(self, meta: KeyMeta) -> None:
+        """dist_sync: a worker may be ``HETPS_ROUNDS_AHEAD`` rounds of a key ahead of the
+        servers; a further push waits here until the oldest was applied (its errors are
+        reported later, as a push's are), so a fast worker never floods a server with rounds
+        it must keep. Requests of this same call are never waited for (they are not sent)."""
+        recent = meta.recent
+        while recent and all(f.done() for f in recent[0][1]):
+            recent.popleft()
+        while len(recent) >= self.cfg.rounds_ahead and recent[0][0] < self._calls:
+            for f in recent.popleft()[1]:
+                f.settle(self.timeout)
 
     def _push_one(
         self,
