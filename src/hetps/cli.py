@@ -130,7 +130,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.kvstore.roles import make_scheduler
+    from hetps.kvstore.roles import announce_metrics, make_scheduler
 
     try:
         cfg = node_config_from_env(role="scheduler")
@@ -140,7 +140,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     _setup_logging(cfg.verbose)
     sched = make_scheduler(cfg)
     print(f"hetps scheduler port {sched.van.port}", flush=True)
-    return sched.run()
+    announce_metrics(sched)
+    try:
+        return sched.run()
+    finally:
+        if sched.metrics is not None:
+            sched.metrics.close()
 
 
 def cmd_server(args: argparse.Namespace) -> int:
