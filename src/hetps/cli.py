@@ -92,6 +92,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         colocate=args.colocate,
         balance=args.balance,
         slice_elems=args.slice_size,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -256,6 +257,15 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="elements per slice for --balance (default 65536)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="serve live Prometheus metrics from the scheduler on port P (0: a free port, "
+        "printed); loopback only unless HETPS_METRICS_HOST names the scheduler's address "
+        "(docs/LIVE.md)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -324,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--margin", type=float, default=0.0, help="seconds (ESync uses 0.5)")
     st.set_defaults(func=cmd_state_server)
 
-    for name in ("hetps.netem.cli", "hetps.metrics.cli"):
+    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.metrics.top"):
         try:
             mod = __import__(name, fromlist=["add_parser"])
         except ImportError:
