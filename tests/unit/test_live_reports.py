@@ -166,3 +166,32 @@ def test_the_endpoint_binds_loopback_or_the_schedulers_own_address_only():
         node_config_from_env(_env(HETPS_METRICS_PORT="0", HETPS_METRICS_HOST="0.0.0.0"))
     with pytest.raises(ConfigError, match="HETPS_METRICS_PORT=70000 is above 65535"):
         node_config_from_env(_env(HETPS_METRICS_PORT="70000"))
+
+
+def test_train_hands_metrics_port_to_the_scheduler_not_to_its_workers(monkeypatch):
+    import sys
+
+    import hetps.launch.local as local
+    from hetps.cli import build_parser
+    from hetps.torch import train
+
+    argv = ["train", "--workers", "2", "--servers", "1", "--metrics-port", "0", "-m", "sync"]
+    seen = {}
+
+    def fake_run_cluster(spec, **kw):
+        seen["spec"], seen["kw"] = spec, kw
+        return 0
+
+    monkeypatch.setattr(local, "run_cluster", fake_run_cluster)
+    monkeypatch.setattr(sys, "argv", ["hetps", *argv])
+    args = build_parser().parse_args(argv)
+    assert train.launch_cluster(args) == 0
+    assert seen["kw"]["metrics_port"] == 0
+    assert "--metrics-port" not in seen["spec"].command
+
+
+def test_launch_refuses_a_metrics_port_that_is_no_port():
+    from hetps.launch.local import LaunchSpec, run_cluster
+
+    with pytest.raises(SystemExit, match="--metrics-port 70000: give a TCP port"):
+        run_cluster(LaunchSpec(1, 1, ["true"]), metrics_port=70000)
