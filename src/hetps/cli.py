@@ -92,6 +92,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         colocate=args.colocate,
         balance=args.balance,
         slice_elems=args.slice_size,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -130,7 +131,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.kvstore.roles import make_scheduler
+    from hetps.kvstore.roles import announce_metrics, make_scheduler
 
     try:
         cfg = node_config_from_env(role="scheduler")
@@ -142,7 +143,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     if args.launcher_notices:
         sched.follow_notices(sys.stdin)
     print(f"hetps scheduler port {sched.van.port}", flush=True)
-    return sched.run()
+    announce_metrics(sched)
+    try:
+        return sched.run()
+    finally:
+        if sched.metrics is not None:
+            sched.metrics.close()
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -253,6 +259,15 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="elements per slice for --balance (default 65536)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="serve live Prometheus metrics from the scheduler on port P (0: a free port, "
+        "printed); loopback only unless HETPS_METRICS_HOST names the scheduler's address "
+        "(docs/LIVE.md)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -327,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--margin", type=float, default=0.0, help="seconds (ESync uses 0.5)")
     st.set_defaults(func=cmd_state_server)
 
-    for name in ("hetps.netem.cli", "hetps.metrics.cli"):
+    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.metrics.top"):
         try:
             mod = __import__(name, fromlist=["add_parser"])
         except ImportError:

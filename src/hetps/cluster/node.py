@@ -71,6 +71,7 @@ class Node:
         self.van.landing_of = self.requests.landing_of
         self.info: NodeInfo | None = None
         self.nodes: dict[int, NodeInfo] = {}
+        self.metrics_interval = 0.0  # seconds between live metrics reports (0: none wanted)
         self.exited = threading.Event()
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -344,6 +345,13 @@ class Node:
             self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id])
         self.nodes, self.info = nodes, me
         self.van.my_id = me.id
+        every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
+        if (
+            isinstance(every, (int, float))
+            and not isinstance(every, bool)
+            and 0.05 <= every <= 3600
+        ):
+            self.metrics_interval = float(every)
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:

@@ -105,6 +105,11 @@ class Scheduler:
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
         self.dead: dict[int, str] = {}
+        # live metrics: a node silent longer than this (3 heartbeats) is late; heard again, it
+        # counts one recovery
+        self.late_after = 3 * cfg.heartbeat_interval if cfg.heartbeat_interval > 0 else 0.0
+        self.recoveries: dict[int, int] = {}
+        self.metrics = None  # live metrics (hetps.metrics.live.LiveMetrics) when served
         self.exit_code: int | None = None
         self.started = time.monotonic()
         self._stop = threading.Event()
@@ -251,7 +256,12 @@ class Scheduler:
                 self.reply(msg, {"error": f"the scheduler does not take {cmd!r} from a {role}"})
             return
         if info is not None and msg.sender not in self.finished:
-            self.last_seen[msg.sender] = time.monotonic()
+            now = time.monotonic()
+            gap = now - self.last_seen.get(msg.sender, now)
+            if self.late_after and gap > self.late_after and msg.sender not in self.dead:
+                self.recoveries[msg.sender] = self.recoveries.get(msg.sender, 0) + 1
+                log.warning("scheduler: %s is back after %.1f s of silence", info.describe(), gap)
+            self.last_seen[msg.sender] = now
         if cmd == P.HEARTBEAT:
             self._send(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
         elif cmd == P.ADD_NODE:
@@ -423,6 +433,8 @@ class Scheduler:
                 "out": [[i, self._pair(nid, i)] for i in peers],  # routing ids to its peers
                 "in": [[i, self._pair(i, nid)] for i in peers],  # and theirs to it
             }
+            if P.METRICS_REPORT in self.services:  # live metrics are on: workers report
+                body["metrics_s"] = self.cfg.metrics_interval
             self._send(nid, Message(P.NODES, req=p.req, reply=True, body=body))
         self.pending.clear()
         self.ready.set()

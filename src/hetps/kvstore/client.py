@@ -88,6 +88,14 @@ class DistKVStore:
         # pulls answered by the push before them (dist_sync, slices that stay where they are)
         self._prefetch = self.sync and not self.balance
         self.node.handler = self._on_message  # forecasts and push receipts
+        # live metrics (the scheduler serves them: docs/LIVE.md): latencies, rounds, link bytes
+        self.meter = None
+        if self.node.metrics_interval > 0:
+            from hetps.metrics.live import WorkerMeter
+
+            self.meter = WorkerMeter(
+                self.node.metrics_interval, self._send_metrics, self._link_bytes
+            )
         if cfg.verbose >= 1:
             log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
 
@@ -129,6 +137,8 @@ class DistKVStore:
         the same key's slice (None: no order)."""
         peer = self._server_ids[server_rank]
         msg.priority = priority
+        if self.meter is not None and msg.cmd in (P.PUSH, P.PULL):
+            callback = self.meter.timed(msg.cmd == P.PUSH, callback)
         watch = self.agent.watch(msg, server_rank, peer) if self.agent is not None else None
         cost = (
             sum(getattr(a, "nbytes", 0) for a in msg.arrays)
@@ -179,6 +189,18 @@ class DistKVStore:
         # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
         sender.submit(slice_key, priority, send, cost)
         return fut
+
+    def _send_metrics(self, body: dict) -> None:
+        self.node.send(P.SCHEDULER_ID, Message(P.METRICS_REPORT, body=body))
+
+    def _link_bytes(self) -> dict[int, tuple[int, int]]:
+        """Bytes sent to and received from each server (by rank), since the start."""
+        snap = self.node.counters.snapshot()
+        return {
+            rank: (snap[sid].bytes_sent, snap[sid].bytes_recv)
+            for rank, sid in enumerate(self._server_ids)
+            if sid in snap
+        }
 
     def _collecting(self) -> list | None:
         """The requests of the call in progress on this thread that wait to be batched."""
@@ -322,6 +344,8 @@ class DistKVStore:
         with self._batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 meta = self._meta(k, "push")
+                if self.meter is not None:
+                    self.meter.pushed(k)
                 arr = reduce_values(entry, f"push of key {k!r}")
                 self._check(k, meta, arr, "push")
                 if self.sync:
@@ -496,6 +520,8 @@ class DistKVStore:
         with self._batched():
             for k, entry, out_entry in zip(keys, entries, outs, strict=False):
                 meta = self._meta(k, "pushpull")
+                if self.meter is not None:
+                    self.meter.pushed(k)
                 arr = reduce_values(entry, f"pushpull of key {k!r}")
                 self._check(k, meta, arr, "push")
                 targets = out_arrays(out_entry, f"pushpull of key {k!r}")
@@ -608,6 +634,8 @@ class DistKVStore:
             return
         self._closed = True
         try:
+            if self.meter is not None:  # a last report: the scheduler gets the final totals
+                self.meter.close()
             if error is not None:
                 self.node.leave(error)
             elif self.node.failure is None:

@@ -519,9 +519,11 @@ def run_cluster(
     balance: str | None = None,
     slice_elems: int | None = None,
     out=None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run a launch spec, optionally on emulated links (``netem`` = a scenario file) with
-    co-located servers and a load-balance scheme. Everything the emulator made is removed at
+    co-located servers and a load-balance scheme, and live metrics served by the scheduler
+    (``metrics_port``, docs/LIVE.md). Everything the emulator made is removed at
     the end, on error and on Ctrl-C."""
     if colocate:
         spec.num_servers = spec.num_workers
@@ -530,6 +532,13 @@ def run_cluster(
         spec.env["HETPS_BALANCE"] = balance
     if slice_elems:
         spec.env["HETPS_SLICE_ELEMS"] = str(slice_elems)
+    if metrics_port is not None:
+        if not 0 <= metrics_port <= 65535:
+            raise SystemExit(
+                f"--metrics-port {metrics_port}: give a TCP port from 1 to 65535, or 0 for a "
+                "free one (printed by the scheduler)"
+            )
+        spec.env["HETPS_METRICS_PORT"] = str(metrics_port)
     if not netem:
         return Launcher(spec, out=out).run()
     from hetps.netem import Netem, load_scenario

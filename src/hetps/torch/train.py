@@ -175,6 +175,10 @@ def main(args: argparse.Namespace) -> int:
     return launch_cluster(args)
 
 
+#: flags (with a value) for the launcher alone: not on the workers' command line
+LAUNCH_ONLY = ("--workers", "--servers", "--netem", "--balance", "--slice-size", "--metrics-port")
+
+
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
     from hetps.launch.local import LaunchSpec, run_cluster
@@ -189,10 +193,10 @@ def launch_cluster(args: argparse.Namespace) -> int:
         if skip:
             skip = False
             continue
-        if a in ("--workers", "--servers", "--netem", "--balance", "--slice-size"):
+        if a in LAUNCH_ONLY:
             skip = True
             continue
-        if a.startswith(("--workers=", "--servers=", "--netem=", "--balance=", "--slice-size=")):
+        if a.startswith(tuple(f"{flag}=" for flag in LAUNCH_ONLY)):
             continue
         if a == "--colocate":
             continue
@@ -208,6 +212,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
         colocate=args.colocate,
         balance=args.balance,
         slice_elems=args.slice_size,
+        metrics_port=args.metrics_port,
     )
 
 
