@@ -92,6 +92,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         colocate=args.colocate,
         balance=args.balance,
         slice_elems=args.slice_size,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -130,7 +131,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.kvstore.roles import make_scheduler
+    from hetps.kvstore.roles import announce_metrics, make_scheduler
 
     try:
         cfg = node_config_from_env(role="scheduler")
@@ -139,8 +140,15 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         return 2
     _setup_logging(cfg.verbose)
     sched = make_scheduler(cfg)
+    if args.launcher_notices:
+        sched.follow_notices(sys.stdin)
     print(f"hetps scheduler port {sched.van.port}", flush=True)
-    return sched.run()
+    announce_metrics(sched)
+    try:
+        return sched.run()
+    finally:
+        if sched.metrics is not None:
+            sched.metrics.close()
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -251,6 +259,15 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="elements per slice for --balance (default 65536)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="serve live Prometheus metrics from the scheduler on port P (0: a free port, "
+        "printed); loopback only unless HETPS_METRICS_HOST names the scheduler's address "
+        "(docs/LIVE.md)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -278,6 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
     se.set_defaults(func=cmd_secret)
 
     sc = sub.add_parser("scheduler", help="run the scheduler role by hand")
+    sc.add_argument(
+        "--launcher-notices",
+        action="store_true",
+        help="read the launcher's notices of dead nodes from stdin ('dead ROLE RANK HOW'; "
+        "hetps launch sets it)",
+    )
     sc.set_defaults(func=cmd_scheduler)
     sv = sub.add_parser("server", help="run a server role by hand")
     sv.set_defaults(func=cmd_server)
@@ -319,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--margin", type=float, default=0.0, help="seconds (ESync uses 0.5)")
     st.set_defaults(func=cmd_state_server)
 
-    for name in ("hetps.netem.cli", "hetps.metrics.cli"):
+    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.metrics.top"):
         try:
             mod = __import__(name, fromlist=["add_parser"])
         except ImportError:

@@ -165,6 +165,17 @@ def _shm_check(size: int, values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _metrics_host_check(host: str, values: Mapping[str, Any]) -> str | None:
+    if is_loopback(host) or host == values.get("DMLC_PS_ROOT_URI"):
+        return None
+    return (
+        f"HETPS_METRICS_HOST={host!r} is neither a loopback address nor the scheduler's "
+        "DMLC_PS_ROOT_URI: set HETPS_METRICS_HOST to 127.0.0.1 (the default) or to "
+        "DMLC_PS_ROOT_URI's value to serve metrics on the scheduler's address; the endpoint "
+        "never binds every interface"
+    )
+
+
 def interface_address(name: str) -> str:
     """Return the IPv4 address of network interface ``name`` (Linux), or raise ConfigError."""
     import fcntl
@@ -281,6 +292,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "worker, travel as one message when each carries at most this many bytes of "
                 "arrays (at most 1 MiB counts; 0: every request and answer alone)",
                 field="batch_bytes", minimum=0, unit="bytes"),
+            Var("HETPS_ROUNDS_AHEAD", "int", 2,
+                "dist_sync: how many rounds of one key a worker may push before the oldest "
+                "is applied; a further push waits (MXNet's engine allows 1)",
+                field="rounds_ahead", minimum=1),
             Var("HETPS_SHAPE_MBIT", "float", 0.0,
                 "limit this node's sending rate in-process, without root (0: no limit)",
                 field="shape_mbit", minimum=0.0, unit="Mbit/s"),
@@ -381,6 +396,25 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
             Var("HETPS_COLOCATE", "flag", False,
                 "one server beside each worker (server r on worker r's node); `--colocate` "
                 "sets it", field="colocate", minimum=0),
+        ),
+    ),
+    (
+        "Live metrics (docs/LIVE.md)",
+        (
+            Var("HETPS_METRICS_PORT", "int", None,
+                "the scheduler serves Prometheus metrics over HTTP on this port (0: a free "
+                "port, printed as `hetps metrics http://HOST:PORT/metrics`); `--metrics-port` "
+                "sets it", field="metrics_port", minimum=0, maximum=65535,
+                default_text="not set (no endpoint)"),
+            Var("HETPS_METRICS_HOST", "str", "127.0.0.1",
+                "the address the metrics endpoint binds: loopback, or the scheduler's own "
+                "DMLC_PS_ROOT_URI when named here (never every interface)",
+                field="metrics_host", check=_metrics_host_check,
+                bounds="a loopback address or DMLC_PS_ROOT_URI"),
+            Var("HETPS_METRICS_INTERVAL", "float", 1.0,
+                "seconds between a worker's metrics reports to the scheduler (the scheduler "
+                "tells its workers when its endpoint is on)",
+                field="metrics_interval", minimum=0.05, maximum=3600.0, unit="seconds"),
         ),
     ),
 )

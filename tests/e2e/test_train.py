@@ -336,8 +336,9 @@ def test_a_crashed_worker_is_reported_as_crashed_to_everyone(tmp_path, by_hand):
     sched = by_hand([sys.executable, "-m", "hetps.cli", "scheduler"], "scheduler", "0", **slow_hb)
     port = str(read_port(sched.stdout))
     server = by_hand(train, "server", port, **slow_hb)
-    good = by_hand(train, "worker", port, **slow_hb)
-    bad = by_hand([*train, "-dd", str(bad_data)], "worker", port, **slow_hb)
+    # the good worker is rank 0, so it writes run.json, which must record how the run ended
+    good = by_hand(train, "worker", port, HETPS_LAUNCH_RANK="0", **slow_hb)
+    bad = by_hand([*train, "-dd", str(bad_data)], "worker", port, HETPS_LAUNCH_RANK="1", **slow_hb)
     outs = {p.pid: p.communicate(timeout=120)[0] for p in (server, good, bad)}
     sched_out = sched.communicate(timeout=60)[0]
     assert bad.returncode != 0 and "ValueError" in outs[bad.pid], outs[bad.pid]
@@ -349,3 +350,46 @@ def test_a_crashed_worker_is_reported_as_crashed_to_everyone(tmp_path, by_hand):
         assert p.returncode != 0, (who, out)
         assert "exited with an error: ValueError" in out, (who, out)
         assert "uneven" not in out, (who, out)
+    ended = json.loads((tmp_path / "crash" / "run.json").read_text())["ended"]
+    assert ended["status"] == "failed" and "worker rank 1" in ended["cause"], ended
+    assert "ValueError" in ended["cause"], ended
+
+
+def test_a_rerun_keeps_the_earlier_runs_logs(tmp_path):
+    """Re-running with the same log directory and run name moves the earlier run to
+    LOGDIR/.previous/ (summaries leave it out); --overwrite-logs deletes it instead. run.json
+    records that each run completed."""
+    args = ["-m", "local", "--max-rounds", "3", "--run-name", "again"]
+    run = tmp_path / "again"
+    _train(tmp_path, *args)
+    first = json.loads((run / "run.json").read_text())
+    first_log = (run / "worker-0.jsonl").read_text()
+    assert first["ended"]["status"] == "completed"
+    res = _train(tmp_path, *args)
+    (kept,) = (tmp_path / ".previous").iterdir()
+    assert f"moved to {kept}" in res.stdout
+    assert json.loads((kept / "run.json").read_text())["started_at"] == first["started_at"]
+    assert (kept / "worker-0.jsonl").read_text() == first_log
+    second = json.loads((run / "run.json").read_text())
+    assert second["started_at"] != first["started_at"] and second["ended"]["status"] == "completed"
+    assert len((run / "worker-0.jsonl").read_text().splitlines()) == 3  # only the new run's
+    summary = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hetps.cli",
+            "summary",
+            str(tmp_path),
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert summary.returncode == 0, summary.stderr
+    runs = json.loads((tmp_path / "s.json").read_text())["runs"]
+    assert [r["run_dir"] for r in runs] == [str(run)] and runs[0]["ended"] == "completed"
+    _train(tmp_path, *args, "--overwrite-logs")
+    assert [p.name for p in (tmp_path / ".previous").iterdir()] == [kept.name]
+    assert json.loads((run / "run.json").read_text())["started_at"] != second["started_at"]

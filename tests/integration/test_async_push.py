@@ -106,3 +106,45 @@ print('REFUSED-OK', flush=True)
     rc, out = cluster(code, workers=1, servers=1)
     assert rc == 0, out
     assert "REFUSED-OK" in out, out
+
+
+def test_a_worker_waits_instead_of_running_more_rounds_ahead(cluster, tmp_path):
+    """HETPS_ROUNDS_AHEAD=2: rank 0 pushes 4 rounds of a key before rank 1 pushed any. The
+    first two return at once; the third waits until round 1 was applied. Rank 1 starts
+    pushing only once rank 0 waits (a flag file written from inside that wait), so without
+    the credit rank 1 would see no flag, and the values still sum every round."""
+    flag = tmp_path / "waiting"
+    code = f"""
+from pathlib import Path
+from hetps.cluster.requests import Future
+flag = Path({str(flag)!r})
+kv = hetps.kv.create('dist_sync')
+r = kv.rank
+kv.init('w', np.zeros(8, np.float32))
+kv.node.barrier('worker')
+if r == 0:
+    settle = Future.settle
+    def waiting(self, timeout=None):
+        if not self.done():
+            flag.touch()                # in the credit's wait: rank 1 may go on now
+        return settle(self, timeout)
+    Future.settle = waiting
+    for i in range(4):
+        kv.push('w', np.full(8, i + 1, np.float32))
+    print('WAITED', flag.exists(), flush=True)
+else:
+    deadline = time.monotonic() + 20
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)                # polls for rank 0's flag
+    print('FLAG', flag.exists(), flush=True)
+    for i in range(4):
+        kv.push('w', np.full(8, 10 * (i + 1), np.float32))
+got = kv.pull('w')
+assert (got == 4 + 40).all(), got       # the last round: 4 from rank 0, 40 from rank 1
+kv.barrier()
+print('AHEAD-OK', flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=1, env={"HETPS_ROUNDS_AHEAD": "2"})
+    assert rc == 0, out
+    assert "WAITED True" in out and "FLAG True" in out, out
+    assert out.count("AHEAD-OK") == 2, out

@@ -186,3 +186,28 @@ def test_a_slices_pull_does_not_wait_for_the_keys_later_pushes(cluster):
         last_push = max(i for i, c in enumerate(rnd) if c == "push")
         assert rnd.index("pull") < last_push, rnd
     assert res["w"] == 16000.0  # every pull saw its round: 1 worker, the sum replaces
+
+
+def test_link_samples_stay_bounded_without_rebalance(cluster):
+    """A script that never calls rebalance() keeps only the newest MAX_SAMPLES link samples
+    (set to 40 here), and the next report still works and starts a fresh buffer."""
+    code = """
+import hetps.balance.agent as agent
+agent.MAX_SAMPLES = 40
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(40000, np.float32))
+g = np.ones(40000, np.float32)
+for _ in range(60):
+    kv.push('w', g)
+    kv.pull('w', out=g)
+kept = len(kv.agent.samples)
+assert kept == 40, kept
+kv.rebalance()
+assert len(kv.agent.samples) < 40, len(kv.agent.samples)
+kv.barrier()
+print('BOUNDED', kept, flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=2, env={"HETPS_BALANCE": "aware"})
+    assert rc == 0, out
+    assert out.count("BOUNDED 40") == 2, out
+    assert "the oldest dropped" in out, out

@@ -69,12 +69,14 @@ print('BAD-OK', flush=True)
     assert "dropped a bad message" in out
 
 
-def test_worker_killed_others_get_clear_error(cluster):
+def test_a_hung_worker_is_found_by_heartbeats(cluster):
+    """A worker that hangs (SIGSTOP: alive, so the launcher sees nothing) is found by the
+    heartbeats, and the others get a clear error naming it."""
     code = """
 kv = hetps.kv.create('dist_sync')
 kv.init('w', np.zeros(100, np.float32))
 if kv.rank == 1:
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGSTOP)
 t0 = time.time()
 try:
     kv.push('w', np.ones(100, np.float32))      # returns at once (MXNet's push) ...
@@ -241,3 +243,83 @@ except RequestError as e:
     rc, out = cluster(code, workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": "60"})
     assert rc == 0, out
     assert "DONE 0" in out and "UNEVEN-DETECTED" in out, out
+
+
+def test_the_launcher_tells_the_scheduler_of_a_death_at_once(cluster):
+    """A worker killed by SIGKILL: the launcher tells the scheduler at once, which declares it
+    dead with the launcher's cause, so the survivor fails with that cause (long before the
+    60 s heartbeat timeout and the launcher's 30 s grace)."""
+    code = """
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(4, np.float32))
+kv.barrier()
+if kv.rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    kv.barrier()
+except ClusterError as exc:
+    print(f'SURVIVOR {exc}', flush=True)
+    sys.exit(5)
+"""
+    rc, out = cluster(
+        code, workers=2, servers=1, env={"PS_HEARTBEAT_TIMEOUT": "60"}, failure_grace=30.0
+    )
+    assert rc == 137, out
+    (line,) = [x for x in out.splitlines() if "SURVIVOR" in x]
+    assert "worker rank 1" in line, out
+    assert "was killed by signal 9 (code 137) (seen by the launcher)" in line, out
+
+
+def test_a_node_that_dies_before_registering_fails_the_start_at_once(cluster):
+    """Worker 1 exits before it joins: the others are told at once (not after the 20 s
+    registration timeout) and end with the launcher's cause."""
+    code = """
+if os.environ['HETPS_LAUNCH_RANK'] == '1':
+    sys.exit(4)
+try:
+    kv = hetps.kv.create('dist_sync')
+except ClusterError as exc:
+    print(f'REFUSED {exc}', flush=True)
+    sys.exit(6)
+"""
+    rc, out = cluster(
+        code,
+        workers=2,
+        servers=1,
+        env={"PS_HEARTBEAT_TIMEOUT": "60", "HETPS_CONNECT_TIMEOUT": "60"},
+        failure_grace=30.0,
+    )
+    assert rc == 4, out
+    (line,) = [x for x in out.splitlines() if "REFUSED" in x]
+    assert "worker 1 exited (code 4) before it registered (seen by the launcher)" in line, out
+    assert "[scheduler]" in out and "before it registered" in out.split("[scheduler]", 1)[1], out
+
+
+def test_a_long_handler_does_not_make_the_scheduler_look_dead(cluster):
+    """A server optimizer that takes twice the heartbeat timeout holds the server's receive
+    thread, so the scheduler's heartbeat answers wait unread meanwhile: that silence is the
+    server's own, and nobody is declared dead."""
+    code = """
+class Slow(optim.Optimizer):
+    def create_state(self, key, weight):
+        return None
+    def update(self, key, weight, grad, state):
+        time.sleep(3.0)  # the work itself: twice PS_HEARTBEAT_TIMEOUT
+        weight -= self.learning_rate * grad
+
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(4, np.float32))
+kv.set_optimizer(Slow(learning_rate=1.0))
+kv.push('w', np.ones(4, np.float32))
+assert (kv.pull('w') == -kv.num_workers).all(), kv.pull('w')
+kv.barrier()
+print('SLOW-OK', flush=True)
+"""
+    rc, out = cluster(
+        code,
+        workers=1,
+        servers=1,
+        env={"PS_HEARTBEAT_INTERVAL": "0.2", "PS_HEARTBEAT_TIMEOUT": "1.5"},
+    )
+    assert rc == 0, out
+    assert "SLOW-OK" in out and "stopped answering" not in out, out

@@ -21,7 +21,9 @@ FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=2.0, connect_timeout=10)
 
 
 def _server_env(port: int, workers: int = 1) -> dict:
-    return role_env("server", port, workers=workers, PS_HEARTBEAT_INTERVAL=0.2, PS_HEARTBEAT_TIMEOUT=2)
+    return role_env(
+        "server", port, workers=workers, PS_HEARTBEAT_INTERVAL=0.2, PS_HEARTBEAT_TIMEOUT=2
+    )
 
 
 def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
@@ -33,9 +35,7 @@ def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
     )
     kv = None
     try:
-        kv = DistKVStore(
-            "dist_sync", loopback_config("worker", sch.van.port, **FAST)
-        )
+        kv = DistKVStore("dist_sync", loopback_config("worker", sch.van.port, **FAST))
         keys = list(range(400))  # more requests than the 256-message send queue holds
         kv.init(keys, [np.ones(8, np.float32)] * 400)
         srv.kill()
@@ -191,3 +191,45 @@ def test_standalone_state_server_survives_a_bad_endpoint():
         tx.close(0)
         rx.close(0)
         ctx.term()
+
+
+def test_a_long_service_does_not_make_anyone_look_dead():
+    """A scheduler plug-in that takes twice the heartbeat timeout (a big plan, say) runs off
+    the scheduler's loop: heartbeats are still answered, nobody is declared dead, and its
+    answer still arrives."""
+    from hetps.transport.codec import Message
+
+    sch = Scheduler(loopback_config("scheduler", **FAST))
+    started = threading.Event()
+
+    def slow(scheduler: Scheduler, msg: Message) -> None:
+        started.set()
+        time.sleep(4.0)  # the work itself: 2 x PS_HEARTBEAT_TIMEOUT
+        scheduler.reply(msg, {"done": True})
+
+    sch.register("slow_plan", slow)
+    sch.start()
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "hetps.cli", "server"],
+        env=_server_env(sch.van.port),
+        start_new_session=True,
+    )
+    kv = None
+    try:
+        kv = DistKVStore("dist_sync", loopback_config("worker", sch.van.port, **FAST))
+        kv.init("w", np.zeros(4, np.float32))
+        fut = kv.node.request(1, Message("slow_plan"))
+        assert started.wait(10)
+        reply = fut.wait(timeout=15)
+        assert reply.body == {"done": True}
+        kv.push("w", np.ones(4, np.float32))
+        assert (kv.pull("w") == 1).all()
+        assert not sch.dead and kv.node.failure is None, (sch.dead, kv.node.failure)
+        kv.close()
+        assert srv.wait(timeout=15) == 0 and sch.join(10) == 0
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+        sch.stop()
+        sch.join(5)

@@ -48,7 +48,7 @@ SERVER_CMDS = [
 ]  # fmt: skip
 SCHED_CMDS = [
     "barrier", "heartbeat", "esync_report", "balance_report", "add_node", "nodes", "exit",
-    "node_dead", "refused", "worker_done", "push",
+    "node_dead", "refused", "worker_done", "push", "metrics_report",
 ]  # fmt: skip
 
 scalars = st.one_of(
@@ -103,6 +103,23 @@ FIELDS = {
     "sizes": values,
     "samples": values,
     "items": st.one_of(st.lists(st.lists(values, max_size=5), max_size=3), values),
+    # metrics_report (the scheduler serves live metrics in this job)
+    "seq": st.one_of(st.integers(-1, 2**63), values),
+    "t": st.one_of(st.floats(allow_nan=True, allow_infinity=True), values),
+    "rounds": st.one_of(st.integers(-1, 2**63), values),
+    "round_s": values,
+    "links": st.one_of(
+        st.lists(st.lists(st.one_of(st.integers(-1, 2**63), values), max_size=4), max_size=3),
+        values,
+    ),
+    "h": st.one_of(
+        st.dictionaries(
+            st.sampled_from(["push", "pull", "round", "x"]),
+            st.lists(st.one_of(st.lists(st.integers(-1, 2**54), max_size=20), values), max_size=3),
+            max_size=3,
+        ),
+        values,
+    ),
 }
 FIELDS = {name: st.one_of(strategy, containers) for name, strategy in FIELDS.items()}
 bodies = st.fixed_dictionaries({}, optional=FIELDS)
@@ -123,6 +140,7 @@ OWN = {
     "add_node": ["role", "host", "port", "back"],
     "batch": ["items"],
     "balance_report": ["round", "sizes", "samples"],
+    "metrics_report": ["seq", "t", "rounds", "links", "h"],
 }  # fmt: skip
 
 
@@ -154,7 +172,10 @@ class Job:
     def __init__(self, tmp) -> None:
         hb = dict(PS_HEARTBEAT_INTERVAL=1, PS_HEARTBEAT_TIMEOUT=60)
         self.procs: list[subprocess.Popen] = []
-        self.sched = self._start(role_env("scheduler", clean=True, **hb))
+        # live metrics on: the scheduler takes metrics reports (fuzzed too) and this worker
+        # sends its own meanwhile
+        live = dict(HETPS_METRICS_PORT=0, HETPS_METRICS_INTERVAL=0.2)
+        self.sched = self._start(role_env("scheduler", clean=True, **hb, **live))
         self.sched_log = _Lines(self.sched.stdout)
         port = int(self.sched_log.wait(r"hetps scheduler port (\d+)").group(1))
         self.server = self._start(role_env("server", port, clean=True, **hb))
@@ -384,3 +405,20 @@ def test_the_fuzzed_job_is_checked_at_its_end(job):
     test makes sure it runs even when only one fuzz test is selected."""
     job.healthy()
     assert re.search(r"hetps scheduler port", "".join(job.sched_log.lines))
+
+
+def test_live_metrics_still_serve_sane_numbers_after_the_fuzzing(job):
+    """Fuzzed metrics reports were refused or taken within their bounds: the endpoint still
+    answers, every value is a finite number, and the job's own counts are right."""
+    import math
+    import urllib.request
+
+    from hetps.metrics.top import parse
+
+    url = job.sched_log.wait(r"hetps metrics (http://\S+)").group(1)
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        scrape = parse(resp.read().decode())
+    values = [v for series in scrape.samples.values() for v in series.values()]
+    assert values and all(math.isfinite(v) and v >= 0 for v in values)
+    assert scrape.value("hetps_nodes_registered", role="worker") == 1
+    assert scrape.value("hetps_nodes_dead") == 0

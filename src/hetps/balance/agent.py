@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +35,7 @@ log = logging.getLogger("hetps.worker")
 
 MEASURE_MIN_BYTES = 64 * 1024  # smallest message whose transfer time is used as a link sample
 SPAN_MIN_BYTES = 1024  # smallest push or pull that counts in its server's span of a round
+MAX_SAMPLES = 100_000  # link samples kept between two reports (about 15 MB)
 SPREAD_WAIT_S = 30.0  # longest a spread probe may hold the other workers at their barrier
 
 
@@ -93,7 +95,8 @@ class BalanceAgent:
         self.node = kv.node
         self.cfg = kv.cfg
         self.forecasts: dict[tuple[int, int], float] = {}  # (peer, tag) -> arrival time
-        self.samples: list[list[float]] = []
+        # bounded: a script that never calls rebalance() keeps the newest MAX_SAMPLES only
+        self.samples: deque[list[float]] = deque(maxlen=MAX_SAMPLES)
         self._stats: dict[int, list[float]] = {}  # server rank -> [bytes, t_first, t_last]
         self._stats_lock = threading.Lock()
         self._round = 0
@@ -191,7 +194,14 @@ class BalanceAgent:
         with self._stats_lock:
             stats = {str(s): [v[0], max(0.0, v[2] - v[1])] for s, v in self._stats.items()}
             self._stats = {}
-        samples, self.samples = self.samples, []
+        old, self.samples = self.samples, deque(maxlen=MAX_SAMPLES)
+        samples = list(old)
+        if len(samples) == MAX_SAMPLES:
+            log.warning(
+                "balance: %d link samples since the last report, the oldest dropped; call "
+                "kv.rebalance() once per round so the planner gets them all",
+                MAX_SAMPLES,
+            )
         body = {"round": self._round, "samples": samples, "server_times": stats}
         if self._spread_made:  # a turn of the planner's spread rotation, even if all failed
             body["spread_done"], self._spread_made = self._spread_made[:2], None

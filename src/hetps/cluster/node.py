@@ -71,6 +71,7 @@ class Node:
         self.van.landing_of = self.requests.landing_of
         self.info: NodeInfo | None = None
         self.nodes: dict[int, NodeInfo] = {}
+        self.metrics_interval = 0.0  # seconds between live metrics reports (0: none wanted)
         self.exited = threading.Event()
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -81,6 +82,7 @@ class Node:
         self._early: list[Message] = []
         self._early_bytes = 0
         self._last_ack = time.monotonic()
+        self._busy_since: float | None = None  # when the handler running now started
         self._recv_thread: threading.Thread | None = None
         self._hb_thread: threading.Thread | None = None
 
@@ -203,10 +205,13 @@ class Node:
                 raise
             if msg is None:
                 continue
+            self._busy_since = time.monotonic()
             try:
                 self._dispatch(msg)
             except Exception:  # a handler bug must not kill the receive loop
                 log.exception("%s: error handling %s from %d", self.role, msg.cmd, msg.sender)
+            finally:
+                self._busy_since = None
 
     def _dispatch(self, msg: Message) -> None:
         if msg.sender == UNKNOWN:
@@ -340,6 +345,13 @@ class Node:
             self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id])
         self.nodes, self.info = nodes, me
         self.van.my_id = me.id
+        every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
+        if (
+            isinstance(every, (int, float))
+            and not isinstance(every, bool)
+            and 0.05 <= every <= 3600
+        ):
+            self.metrics_interval = float(every)
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
@@ -361,7 +373,10 @@ class Node:
                 self.van.send(P.SCHEDULER_ID, Message(P.HEARTBEAT))
             except PeerGone:
                 return
-            silent = time.monotonic() - self._last_ack
+            # while a handler holds the receive thread, the scheduler's answers wait unread:
+            # count its silence only up to the moment the handler started
+            busy = self._busy_since
+            silent = (busy if busy is not None else time.monotonic()) - self._last_ack
             if silent > self.cfg.heartbeat_timeout and not self.exited.is_set():
                 self.van.mark_dead(P.SCHEDULER_ID)
                 self._fail(

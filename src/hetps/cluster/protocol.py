@@ -30,6 +30,7 @@ GROUPS = ("worker", "server", "all")
 # -- scheduler services (plug-ins) ---------------------------------------------------------
 ESYNC_REPORT = "esync_report"  # worker -> ESync state server: ready for the round?
 BALANCE_REPORT = "balance_report"  # worker -> load planner: measurements; answer: the plan
+METRICS_REPORT = "metrics_report"  # worker -> live metrics (HETPS_METRICS_PORT): its counters
 
 # -- data plane: worker <-> server ---------------------------------------------------------
 INIT = "init"
@@ -109,6 +110,18 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "assign": "the server of every slice, in layout order (with sizes)",
         "calibration": "these samples hold a whole new probe cycle",
         "spread_done": "[way, rank] of the spread probe this worker took part in",
+    },
+    METRICS_REPORT: {
+        "seq": "the report's number, from 1, one more each report (an old or repeated one is "
+        "refused)",
+        "t": "seconds since the worker's meter started (its own clock, increasing)",
+        "rounds": "rounds this worker began so far: the most pushes of any one key",
+        "round_s": "seconds of its last whole round (absent before the second round)",
+        "links": "[[server rank, bytes sent to it, bytes received from it], ...], totals "
+        "since the worker started, at most one row per server",
+        "h": "{push|pull|round: [counts, sum]}: what the worker's fixed-bucket histograms "
+        "gained since its last report (counts per bucket of hetps.metrics.live.BUCKETS and "
+        "one for above them; the sum of the observed seconds)",
     },
     # the planner's answer to a balance report (hetps.balance.wire)
     BALANCE_REPORT + " answer": {

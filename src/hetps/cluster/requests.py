@@ -70,6 +70,18 @@ class Future:
             self._error = exc
         self._event.set()
 
+    def _give_up(self, timeout: float | None) -> None:
+        if self._tracker is not None:  # a late reply must not land after we gave up
+            self._tracker.discard(self.req)
+        err = RequestTimeout(
+            f"{self.what}: no answer from node {self.peer} within {timeout or 0:.1f} s "
+            "(raise HETPS_REQUEST_TIMEOUT if the job is just slow)"
+        )
+        # the request is over for everyone: it counts as failed (so whatever it held, e.g. a
+        # push's send credit, is given back) and other waiters see the same error; a no-op if
+        # the answer came in just now
+        self.set_error(err)
+
     def set_error(self, error: BaseException) -> None:
         """Fail with ``error``."""
         if self._event.is_set():
@@ -77,19 +89,19 @@ class Future:
         self._error = error
         self._event.set()
 
+    def settle(self, timeout: float | None = None) -> None:
+        """Block until answered or failed, without raising its error (a later wait reports
+        it); RequestTimeout after ``timeout``, as :meth:`wait`."""
+        if not self._event.wait(timeout):
+            self._give_up(timeout)
+            if isinstance(self._error, RequestTimeout):  # (not if it came in just now)
+                self.reported = True
+                raise self._error
+
     def wait(self, timeout: float | None = None) -> Any:
         """Block until answered; raise the error if it failed, RequestTimeout after ``timeout``."""
         if not self._event.wait(timeout):
-            if self._tracker is not None:  # a late reply must not land after we gave up
-                self._tracker.discard(self.req)
-            err = RequestTimeout(
-                f"{self.what}: no answer from node {self.peer} within {timeout:.1f} s "
-                "(raise HETPS_REQUEST_TIMEOUT if the job is just slow)"
-            )
-            # the request is over for everyone: it counts as failed (so whatever it held,
-            # e.g. a push's send credit, is given back) and other waiters see the same error;
-            # a no-op if the answer came in just now
-            self.set_error(err)
+            self._give_up(timeout)
         if self._error is not None:
             self.reported = True
             raise self._error

@@ -18,12 +18,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import queue
 import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import IO
 
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
@@ -103,6 +105,11 @@ class Scheduler:
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
         self.dead: dict[int, str] = {}
+        # live metrics: a node silent longer than this (3 heartbeats) is late; heard again, it
+        # counts one recovery
+        self.late_after = 3 * cfg.heartbeat_interval if cfg.heartbeat_interval > 0 else 0.0
+        self.recoveries: dict[int, int] = {}
+        self.metrics = None  # live metrics (hetps.metrics.live.LiveMetrics) when served
         self.exit_code: int | None = None
         self.started = time.monotonic()
         self._stop = threading.Event()
@@ -110,6 +117,11 @@ class Scheduler:
         self.ready = threading.Event()  # set once every node is registered
         self._pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
         self._refusals: deque[float] = deque()
+        self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
+        # plug-in services (and their worker-finished hooks) run in order on a thread of their
+        # own, so a long one (a big plan) never holds up heartbeats, barriers or registration
+        self._service_q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._service_thread: threading.Thread | None = None
 
     def register(
         self,
@@ -148,15 +160,65 @@ class Scheduler:
         """Ask the loop to end."""
         self._stop.set()
 
+    def _serve_services(self) -> None:
+        while True:
+            job = self._service_q.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception:  # a service's bug must not stop the others
+                log.exception("scheduler: a service failed")
+
+    def notice_dead(self, role: str, rank: int, how: str) -> None:
+        """The launcher saw the process of ``role`` ``rank`` end (``how``, e.g. "was killed by
+        signal 9 (code 137)"): declare it dead now instead of after the heartbeat timeout.
+        Safe from any thread; the loop acts on it within one tick."""
+        self._notices.put((role, int(rank), how))
+
+    def follow_notices(self, stream: IO[str]) -> threading.Thread:
+        """Read the launcher's notices from ``stream`` (the scheduler's stdin, a pipe only the
+        launcher holds), one per line: ``dead ROLE RANK HOW...``. Lines of another form are
+        logged and ignored; the end of the stream ends the thread."""
+
+        def read() -> None:
+            for line in stream:
+                parts = line.split(maxsplit=3)
+                if (
+                    len(parts) >= 3
+                    and parts[0] == "dead"
+                    and parts[1] in ("server", "worker")
+                    and parts[2].isdigit()
+                ):
+                    self.notice_dead(
+                        parts[1],
+                        int(parts[2]),
+                        _printable(parts[3].strip() if len(parts) > 3 else "ended"),
+                    )
+                elif line.strip():
+                    log.warning(
+                        "scheduler: ignored a launcher notice it cannot read: %r", line[:200]
+                    )
+
+        t = threading.Thread(target=read, name="hetps-launcher-notices", daemon=True)
+        t.start()
+        return t
+
     def run(self) -> int:
         """Serve until the job ends (0), a node dies or registration times out (1)."""
         if self.cfg.verbose >= 1:
             log.info("scheduler listening on %s", self.van.endpoint)
         tick = max(0.05, min(0.5, (self.cfg.heartbeat_interval or 1.0) / 2))
         next_check = 0.0
+        self._service_thread = threading.Thread(
+            target=self._serve_services, name="hetps-scheduler-services", daemon=True
+        )
+        self._service_thread.start()
         try:
             while not self._stop.is_set() and self.exit_code is None:
                 msg = self.van.recv(timeout=tick)
+                while not self._notices.empty():
+                    self._apply_notice(*self._notices.get())
                 if msg is not None:
                     try:
                         self._dispatch(msg)
@@ -169,6 +231,8 @@ class Scheduler:
                     next_check = now + tick
                     self._check_timeouts()
         finally:
+            self._service_q.put(None)  # what was asked before the end is still answered
+            self._service_thread.join(timeout=10)
             self.van.close()
         if self.exit_code is None:
             self.exit_code = 0
@@ -192,7 +256,12 @@ class Scheduler:
                 self.reply(msg, {"error": f"the scheduler does not take {cmd!r} from a {role}"})
             return
         if info is not None and msg.sender not in self.finished:
-            self.last_seen[msg.sender] = time.monotonic()
+            now = time.monotonic()
+            gap = now - self.last_seen.get(msg.sender, now)
+            if self.late_after and gap > self.late_after and msg.sender not in self.dead:
+                self.recoveries[msg.sender] = self.recoveries.get(msg.sender, 0) + 1
+                log.warning("scheduler: %s is back after %.1f s of silence", info.describe(), gap)
+            self.last_seen[msg.sender] = now
         if cmd == P.HEARTBEAT:
             self._send(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
         elif cmd == P.ADD_NODE:
@@ -205,7 +274,8 @@ class Scheduler:
             reason = _printable(msg.body.get("reason", "left"))
             self._declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
-            self.services[cmd](self, msg)
+            handler = self.services[cmd]
+            self._service_q.put(lambda: handler(self, msg))
         else:  # a command of a service this job does not run (e.g. no load balancing)
             self._refuse_request(msg, f"this job's scheduler runs no service for {cmd!r}")
 
@@ -363,6 +433,8 @@ class Scheduler:
                 "out": [[i, self._pair(nid, i)] for i in peers],  # routing ids to its peers
                 "in": [[i, self._pair(i, nid)] for i in peers],  # and theirs to it
             }
+            if P.METRICS_REPORT in self.services:  # live metrics are on: workers report
+                body["metrics_s"] = self.cfg.metrics_interval
             self._send(nid, Message(P.NODES, req=p.req, reply=True, body=body))
         self.pending.clear()
         self.ready.set()
@@ -415,7 +487,7 @@ class Scheduler:
         for group in ("worker", "all"):  # barriers no longer wait for it
             self._maybe_release(group)
         for hook in self._on_worker_finished:
-            hook(self)
+            self._service_q.put(lambda hook=hook: hook(self))
         workers = {i for i, n in self.nodes.items() if n.role == "worker"}
         if workers <= set(self.finished):
             for nid in servers:
@@ -457,6 +529,22 @@ class Scheduler:
                     f"stopped answering heartbeats for {now - seen:.1f} s "
                     f"(PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})",
                 )
+
+    def _apply_notice(self, role: str, rank: int, how: str) -> None:
+        nid = next((i for i, n in self.nodes.items() if n.role == role and n.rank == rank), None)
+        if nid is not None:
+            if nid not in self.finished:
+                self._declare_dead(nid, f"{how} (seen by the launcher)")
+            return
+        if self.nodes:  # every node registered, none with that rank: nothing to do
+            log.warning("scheduler: the launcher reports %s %d, which is no node here", role, rank)
+            return
+        # it died before the cluster was complete: the others would wait for it in vain
+        text = f"{role} {rank} {how} before it registered (seen by the launcher)"
+        log.error("scheduler: %s", text)
+        for p in self.pending:
+            self._send(p.origin, Message(P.REFUSED, req=p.req, reply=True, body={"error": text}))
+        self.exit_code = 1
 
     def _declare_dead(self, nid: int, reason: str) -> None:
         if nid in self.dead or nid not in self.nodes:

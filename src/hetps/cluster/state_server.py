@@ -41,6 +41,7 @@ class EsyncService:
     def __init__(self, num_workers: int, margin_s: float = 0.0) -> None:
         self.policy = ReadinessPolicy(num_workers, margin_s=margin_s)
         self.started: set[int] = set()
+        self.steps_total = [0] * num_workers  # local steps reported, all rounds (live metrics)
 
     def decide(self, rank: int, rnd: int, step_s: float, elapsed_s: float, now: float) -> dict:
         """Record one local step; returns ``{"ready": bool, "round": n, "steps": k}``."""
@@ -61,6 +62,7 @@ class EsyncService:
         if rank not in self.started:
             self.policy.mark_start(rank, now - elapsed_s)
             self.started.add(rank)
+        self.steps_total[rank] += 1
         if self.policy.is_ready(rank):
             return {"ready": True, "round": rnd, "steps": self.policy.local_steps(rank)}
         ready = self.policy.report_step(rank, step_s, now)

@@ -82,11 +82,20 @@ class DistKVStore:
         # (push, then pull) is sent by the caller, one thread hand-off less
         self._push_run = 0
         self._last_push_run = 0
+        self._calls = 0  # push calls so far (which call made which of a key's pushes)
         # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
         self.agent = BalanceAgent(self) if self.balance else None
         # pulls answered by the push before them (dist_sync, slices that stay where they are)
         self._prefetch = self.sync and not self.balance
         self.node.handler = self._on_message  # forecasts and push receipts
+        # live metrics (the scheduler serves them: docs/LIVE.md): latencies, rounds, link bytes
+        self.meter = None
+        if self.node.metrics_interval > 0:
+            from hetps.metrics.live import WorkerMeter
+
+            self.meter = WorkerMeter(
+                self.node.metrics_interval, self._send_metrics, self._link_bytes
+            )
         if cfg.verbose >= 1:
             log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
 
@@ -128,6 +137,8 @@ class DistKVStore:
         the same key's slice (None: no order)."""
         peer = self._server_ids[server_rank]
         msg.priority = priority
+        if self.meter is not None and msg.cmd in (P.PUSH, P.PULL):
+            callback = self.meter.timed(msg.cmd == P.PUSH, callback)
         watch = self.agent.watch(msg, server_rank, peer) if self.agent is not None else None
         cost = (
             sum(getattr(a, "nbytes", 0) for a in msg.arrays)
@@ -178,6 +189,18 @@ class DistKVStore:
         # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
         sender.submit(slice_key, priority, send, cost)
         return fut
+
+    def _send_metrics(self, body: dict) -> None:
+        self.node.send(P.SCHEDULER_ID, Message(P.METRICS_REPORT, body=body))
+
+    def _link_bytes(self) -> dict[int, tuple[int, int]]:
+        """Bytes sent to and received from each server (by rank), since the start."""
+        snap = self.node.counters.snapshot()
+        return {
+            rank: (snap[sid].bytes_sent, snap[sid].bytes_recv)
+            for rank, sid in enumerate(self._server_ids)
+            if sid in snap
+        }
 
     def _collecting(self) -> list | None:
         """The requests of the call in progress on this thread that wait to be batched."""
@@ -316,22 +339,41 @@ class DistKVStore:
         entries = per_key(value, len(keys), is_list, "push")
         futs: list[Future] = []
         self._push_run += 1
+        self._calls += 1
         deferred = not block and max(self._push_run, self._last_push_run) > 1
         with self._batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 meta = self._meta(k, "push")
+                if self.meter is not None:
+                    self.meter.pushed(k)
                 arr = reduce_values(entry, f"push of key {k!r}")
                 self._check(k, meta, arr, "push")
+                if self.sync:
+                    self._round_credit(meta)
                 if not block and self.compressor is None:  # (compression makes its own copy)
                     arr = meta.capture(arr)
                 dest = meta.prefetch_into() if self._prefetch else None
                 pushed = self._push_one(k, meta, arr, priority, dest)
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
+                if self.sync:
+                    meta.recent.append((self._calls, pushed))
                 if dest is not None:
                     meta.prefetch = (pushed, dest)
                 futs += pushed
         return self._finish_call(futs, block, "push")
+
+    def _round_credit(self, meta: KeyMeta) -> None:
+        """dist_sync: a worker may be ``HETPS_ROUNDS_AHEAD`` rounds of a key ahead of the
+        servers; a further push waits here until the oldest was applied (its errors are
+        reported later, as a push's are), so a fast worker never floods a server with rounds
+        it must keep. Requests of this same call are never waited for (they are not sent)."""
+        recent = meta.recent
+        while recent and all(f.done() for f in recent[0][1]):
+            recent.popleft()
+        while len(recent) >= self.cfg.rounds_ahead and recent[0][0] < self._calls:
+            for f in recent.popleft()[1]:
+                f.settle(self.timeout)
 
     def _push_one(
         self,
@@ -478,6 +520,8 @@ class DistKVStore:
         with self._batched():
             for k, entry, out_entry in zip(keys, entries, outs, strict=False):
                 meta = self._meta(k, "pushpull")
+                if self.meter is not None:
+                    self.meter.pushed(k)
                 arr = reduce_values(entry, f"pushpull of key {k!r}")
                 self._check(k, meta, arr, "push")
                 targets = out_arrays(out_entry, f"pushpull of key {k!r}")
@@ -590,6 +634,8 @@ class DistKVStore:
             return
         self._closed = True
         try:
+            if self.meter is not None:  # a last report: the scheduler gets the final totals
+                self.meter.close()
             if error is not None:
                 self.node.leave(error)
             elif self.node.failure is None:

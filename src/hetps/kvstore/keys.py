@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,9 @@ class KeyMeta:
     pushed_since_pull: bool = False
     prefetch: tuple[list[Future], np.ndarray] | None = None
     spare: np.ndarray | None = None  # a prefetch buffer a finished pull gave back
+    # dist_sync credit: the requests of this key's recent pushes, with the call that made them
+    # (HETPS_ROUNDS_AHEAD of them at most; a further push waits for the oldest)
+    recent: deque[tuple[int, list[Future]]] = field(default_factory=deque)
 
     @property
     def size(self) -> int:

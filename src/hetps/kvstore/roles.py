@@ -20,11 +20,30 @@ def make_scheduler(cfg: NodeConfig) -> Scheduler:
     """The scheduler with its services plugged in: ESync's state server, and the load
     planner when network-aware balancing is on (``HETPS_BALANCE``)."""
     sched = Scheduler(cfg)
-    sched.register(P.ESYNC_REPORT, EsyncService(cfg.num_worker).as_scheduler_service())
+    esync = EsyncService(cfg.num_worker)
+    sched.register(P.ESYNC_REPORT, esync.as_scheduler_service())
+    planner = None
     if cfg.balance != "none":
         planner = Planner.from_config(cfg)
         sched.register(P.BALANCE_REPORT, planner.handle, on_worker_finished=planner.release)
+    if cfg.metrics_port is not None:  # live metrics (HETPS_METRICS_PORT, docs/LIVE.md)
+        from hetps.metrics.live import LiveMetrics
+
+        try:
+            sched.metrics = LiveMetrics(sched, planner, esync).serve(
+                cfg.metrics_port, cfg.metrics_host
+            )
+        except BaseException:
+            sched.van.close()
+            raise
+        sched.register(P.METRICS_REPORT, sched.metrics.handle)
     return sched
+
+
+def announce_metrics(sched: Scheduler) -> None:
+    """Print where the live metrics are served (a launcher shows the line), if they are."""
+    if sched.metrics is not None:
+        print(f"hetps metrics {sched.metrics.url}", flush=True)
 
 
 def run_scheduler(cfg: NodeConfig) -> int:
@@ -32,7 +51,12 @@ def run_scheduler(cfg: NodeConfig) -> int:
     sched = make_scheduler(cfg)
     if cfg.port_file:
         write_port_file(cfg.port_file, sched.van.port)
-    return sched.run()
+    announce_metrics(sched)
+    try:
+        return sched.run()
+    finally:
+        if sched.metrics is not None:
+            sched.metrics.close()
 
 
 def write_port_file(path: str, port: int) -> None:

@@ -131,6 +131,7 @@ class Launcher:
         self._port = threading.Event()
         self._port_value = 0
         self._stopping = False
+        self._scheduler: Child | None = None
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
@@ -148,7 +149,11 @@ class Launcher:
                 self.out.flush()
         child.proc.stdout.close()
 
-    def _start(self, role: str, rank: int, argv: list[str], env: dict[str, str]) -> Child:
+    def _start(
+        self, role: str, rank: int, argv: list[str], env: dict[str, str], keep_stdin: bool = False
+    ) -> Child:
+        """Start one role. ``keep_stdin``: its standard input stays an open pipe after what the
+        wrapper writes there (the scheduler's, for :meth:`_notify`)."""
         stdin_data = None
         if self.spec.wrap is not None:
             wrapped = self.spec.wrap(role, rank, argv, env)
@@ -162,14 +167,17 @@ class Launcher:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
+            stdin=subprocess.DEVNULL if stdin_data is None and not keep_stdin else subprocess.PIPE,
             start_new_session=True,
         )
         if stdin_data is not None:
             assert proc.stdin is not None
             try:
                 proc.stdin.write(stdin_data)
-                proc.stdin.close()
+                if keep_stdin:
+                    proc.stdin.flush()
+                else:
+                    proc.stdin.close()
             except BrokenPipeError:  # it died at once: its exit code tells
                 pass
         label = "scheduler" if role == "scheduler" else f"{role} {rank}"
@@ -245,14 +253,23 @@ class Launcher:
         py = sys.executable
         env = self._base_env()
         threads = self._threads(env)
-        sched_argv = spec.scheduler_command or [py, "-m", "hetps.cli", "scheduler"]
+        # hetps's own scheduler takes the launcher's notices of dead children on its stdin
+        notices = spec.scheduler_command is None
+        sched_argv = spec.scheduler_command or [
+            py,
+            "-m",
+            "hetps.cli",
+            "scheduler",
+            "--launcher-notices",
+        ]
         sched_env = {
             **env,
             **threads["scheduler"],
             "DMLC_ROLE": "scheduler",
             "DMLC_PS_ROOT_PORT": str(spec.port),
         }
-        sched = self._start("scheduler", 0, sched_argv, sched_env)
+        sched = self._start("scheduler", 0, sched_argv, sched_env, keep_stdin=notices)
+        self._scheduler = sched if notices else None
         deadline = time.monotonic() + spec.start_timeout
         while not self._port.wait(0.2):
             if sched.proc.poll() is not None:
@@ -303,6 +320,7 @@ class Launcher:
                 if code != 0:
                     how = f"was killed by signal {-code}" if code < 0 else "exited"
                     code = shell_code(code)
+                    self._notify(child, f"{how} (code {code})")
                     self._log(f"{child.label} {how} (code {code}); stopping the others")
                     self._drain(remaining)
                     return code
@@ -312,6 +330,18 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     pass
         return 0
+
+    def _notify(self, child: Child, how: str) -> None:
+        """Tell the scheduler at once that ``child`` ended, so it declares the node dead (and
+        every survivor hears the cause) now, not after the heartbeat timeout."""
+        sched = self._scheduler
+        if sched is None or child is sched or sched.proc.stdin is None:
+            return
+        try:
+            sched.proc.stdin.write(f"dead {child.role} {child.rank} {how}\n".encode())
+            sched.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):  # the scheduler is gone already
+            pass
 
     def _drain(self, remaining: list[Child]) -> None:
         """Give the survivors ``failure_grace`` seconds to exit on their own (they learn of the
@@ -489,9 +519,11 @@ def run_cluster(
     balance: str | None = None,
     slice_elems: int | None = None,
     out=None,
+    metrics_port: int | None = None,
 ) -> int:
     """Run a launch spec, optionally on emulated links (``netem`` = a scenario file) with
-    co-located servers and a load-balance scheme. Everything the emulator made is removed at
+    co-located servers and a load-balance scheme, and live metrics served by the scheduler
+    (``metrics_port``, docs/LIVE.md). Everything the emulator made is removed at
     the end, on error and on Ctrl-C."""
     if colocate:
         spec.num_servers = spec.num_workers
@@ -500,6 +532,13 @@ def run_cluster(
         spec.env["HETPS_BALANCE"] = balance
     if slice_elems:
         spec.env["HETPS_SLICE_ELEMS"] = str(slice_elems)
+    if metrics_port is not None:
+        if not 0 <= metrics_port <= 65535:
+            raise SystemExit(
+                f"--metrics-port {metrics_port}: give a TCP port from 1 to 65535, or 0 for a "
+                "free one (printed by the scheduler)"
+            )
+        spec.env["HETPS_METRICS_PORT"] = str(metrics_port)
     if not netem:
         return Launcher(spec, out=out).run()
     from hetps.netem import Netem, load_scenario

@@ -258,13 +258,45 @@ def new_run_dir(logdir: str | os.PathLike[str], mode: str, network: str) -> Path
     return cand
 
 
+PREVIOUS_DIR = ".previous"
+"""Where :class:`RunWriter` moves an earlier run that sat in the directory of a new one
+(``LOGDIR/.previous/<name>.<its start>``); :func:`find_runs` does not descend into it."""
+
+
+def keep_aside(run_dir: str | os.PathLike[str]) -> Path | None:
+    """Move the run in ``run_dir`` (its ``run.json`` and logs) to
+    ``<parent>/.previous/<name>.<YYYYmmdd-HHMMSS of its start>[-k]`` and return where it went;
+    ``None`` when ``run_dir`` holds no run."""
+    d = Path(run_dir)
+    if not (d / RUN_FILE).exists() and not any(d.glob("*.jsonl")):
+        return None
+    started = None
+    try:
+        started = float(json.loads((d / RUN_FILE).read_text())["started_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if started is None:
+        started = (d / RUN_FILE).stat().st_mtime if (d / RUN_FILE).exists() else time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+    dest_dir = d.parent / PREVIOUS_DIR
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / f"{d.name}.{stamp}"
+    k = 2
+    while dest.exists():
+        dest = dest_dir / f"{d.name}.{stamp}-{k}"
+        k += 1
+    os.rename(d, dest)
+    return dest
+
+
 class RunWriter:
     """Create a run directory and its ``run.json``.
 
     ``meta`` must hold every key of :data:`RUN_KEYS` (build it with :func:`run_meta` to get
-    defaults); extra keys are kept. An existing ``run.json`` is an error unless
-    ``overwrite=True``, which also deletes the old ``worker-*.jsonl`` and ``traffic-*.jsonl``
-    files so two runs never mix in one directory.
+    defaults); extra keys are kept. A directory that already holds a run is an error, unless
+    ``keep_previous=True``, which first moves that run to ``LOGDIR/.previous/`` (see
+    :func:`keep_aside`; :attr:`previous` says where), or ``overwrite=True``, which deletes its
+    ``worker-*.jsonl`` and ``traffic-*.jsonl`` files so two runs never mix in one directory.
     """
 
     def __init__(
@@ -272,15 +304,20 @@ class RunWriter:
         run_dir: str | os.PathLike[str],
         meta: Mapping[str, Any],
         overwrite: bool = False,
+        keep_previous: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.meta = _validate_meta(meta)
+        self.previous: Path | None = None
         path = self.run_dir / RUN_FILE
+        if keep_previous and not overwrite:
+            self.previous = keep_aside(self.run_dir)
         if path.exists():
             if not overwrite:
                 raise MetricsError(
                     f"{path} already exists; fix: log each run to a new directory "
-                    "(hetps.metrics.new_run_dir) or pass overwrite=True"
+                    "(hetps.metrics.new_run_dir), or pass keep_previous=True to move the old "
+                    "run aside or overwrite=True to delete its logs"
                 )
             for old in list(self.run_dir.glob("worker-*.jsonl")) + list(
                 self.run_dir.glob("traffic-*.jsonl")
@@ -531,13 +568,14 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
 
 def find_runs(logdir: str | os.PathLike[str]) -> list[Path]:
     """Every directory under ``logdir`` (itself included, any depth) holding a ``run.json``,
-    sorted by path. Raises :class:`FileNotFoundError` if ``logdir`` does not exist."""
+    sorted by path; runs moved aside to a ``.previous`` folder are left out (name one to read
+    it). Raises :class:`FileNotFoundError` if ``logdir`` does not exist."""
     base = Path(logdir)
     if not base.is_dir():
         raise FileNotFoundError(f"{base}: no such log directory")
     found = []
     for root, dirs, files in os.walk(base):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if d != PREVIOUS_DIR)
         if RUN_FILE in files:
             found.append(Path(root))
     return sorted(found)

@@ -168,7 +168,17 @@ def summarize_run(run: Run, thresholds: Sequence[float] = THRESHOLDS) -> dict[st
         "slice_size": run.get("slice_size"),
         "accuracy_curve": [[t, a] for t, a in curve],
         "truncated": bool(run.truncated),
+        "ended": ended_text(run.meta.get("ended")),
     }
+
+
+def ended_text(ended: Any) -> str:
+    """How a run ended, from ``run.json``'s ``ended`` (written by ``hetps train``'s rank 0)."""
+    if not isinstance(ended, dict):
+        return "unknown (no end recorded: rank 0 was killed, or the run is still going)"
+    if ended.get("status") == "completed":
+        return "completed"
+    return f"failed: {ended.get('cause', 'no cause recorded')}"
 
 
 def summarize(
@@ -254,6 +264,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             notes.append(f"slice size {s['slice_size']}")
         if s.get("truncated"):
             notes.append("log ends mid-line: the run was killed")
+        if s.get("ended") and s["ended"] != "completed":
+            notes.append(f"ended {s['ended']}")
         if notes:
             head += "  [" + "; ".join(notes) + "]"
         out.append(head)

@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--cpu", action="store_true", help="train on the CPU (default)")
     p.add_argument("-g", "--gpu", type=int, default=None, help="CUDA device index")
     p.add_argument("-ld", "--log-dir", default="runs")
+    p.add_argument(
+        "--overwrite-logs",
+        action="store_true",
+        help="delete an earlier run's logs in the same directory (default: move them to "
+        "LOGDIR/.previous/)",
+    )
     p.add_argument("--run-name", default=None, help="default: MODE-NETWORK-wW")
     p.add_argument("-e", "--eval-duration", type=int, default=10, help="evaluate every E rounds")
     p.add_argument("-dcasgd", "--use-dcasgd", type=int, default=0, choices=(0, 1))
@@ -176,6 +182,10 @@ def main(args: argparse.Namespace) -> int:
     return launch_cluster(args)
 
 
+#: flags (with a value) for the launcher alone: not on the workers' command line
+LAUNCH_ONLY = ("--workers", "--servers", "--netem", "--balance", "--slice-size", "--metrics-port")
+
+
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
     from hetps.launch.local import LaunchSpec, run_cluster
@@ -190,10 +200,10 @@ def launch_cluster(args: argparse.Namespace) -> int:
         if skip:
             skip = False
             continue
-        if a in ("--workers", "--servers", "--netem", "--balance", "--slice-size"):
+        if a in LAUNCH_ONLY:
             skip = True
             continue
-        if a.startswith(("--workers=", "--servers=", "--netem=", "--balance=", "--slice-size=")):
+        if a.startswith(tuple(f"{flag}=" for flag in LAUNCH_ONLY)):
             continue
         if a == "--colocate":
             continue
@@ -209,6 +219,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
         colocate=args.colocate,
         balance=args.balance,
         slice_elems=args.slice_size,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -258,7 +269,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     if rank == 0:
         writer = RunWriter(
             run_dir,
-            overwrite=True,
+            overwrite=args.overwrite_logs,
+            keep_previous=True,
             meta={
                 "mode": mode,
                 "network": args.network,
@@ -287,6 +299,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
                 ),
             },
         )
+        if writer.previous is not None:
+            print(f"hetps train: the earlier run in {run_dir} moved to {writer.previous}")
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -302,4 +316,14 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
         run_dir=run_dir,
         writer=writer,
     )
-    return RUNNERS[args.mode](run)
+    if writer is None:
+        return RUNNERS[args.mode](run)
+    try:
+        code = RUNNERS[args.mode](run)
+    except BaseException as exc:
+        # run.json says how the run ended; a cluster error names the node that failed
+        cause = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{exc}"
+        writer.update(ended={"status": "failed", "cause": cause[:500], "at": time.time()})
+        raise
+    writer.update(ended={"status": "completed", "at": time.time()})
+    return code

@@ -1,0 +1,626 @@
+"""Live metrics: what workers measure while a job runs, and the scheduler's Prometheus endpoint.
+
+Two halves, which meet in one message (``metrics_report``, :data:`hetps.cluster.protocol.
+BODY_FIELDS` says its fields):
+
+* :class:`WorkerMeter`, in each worker (only when the scheduler's endpoint is on: the node
+  table says so). On the hot path it does one ``perf_counter`` per push or pull request and one
+  list increment when the answer comes in (fixed buckets, :data:`BUCKETS`); a thread of its own
+  reports every ``HETPS_METRICS_INTERVAL`` seconds what the histograms gained since the last
+  report (deltas), the round count and the bytes on each of the worker's links to the servers
+  (totals, which only grow). A report is a few hundred bytes, whatever the job's size.
+* :class:`LiveMetrics`, in the scheduler: checks every report (:func:`parse_report`; a bad or
+  hostile one is refused with a log line and changes nothing), keeps the per-worker totals,
+  and serves them with prometheus_client, together with what the scheduler knows itself (nodes
+  registered, dead, late and back; the load plan's shares; ESync's local steps). Read on each
+  scrape; nothing is computed between scrapes.
+
+This module imports nothing of hetps but ``config``: the scheduler and the worker hand it
+plain callables and duck-typed objects (the scheduler's node tables, the planner, the ESync
+service). docs/LIVE.md lists every metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("hetps.metrics.live")
+
+#: upper bounds (seconds) of the latency and round-time buckets; one more bucket counts
+#: everything above the last
+BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+NBUCKETS = len(BUCKETS) + 1
+HISTOGRAMS = ("push", "pull", "round")
+
+#: bounds a report must keep (a bigger number is a broken or hostile peer's)
+MAX_COUNT = 1 << 53  # exact in a float, as Prometheus reads it
+MAX_SECONDS = 1e12
+MAX_T = 1e10
+
+
+class ReportError(ValueError):
+    """A metrics report the scheduler refuses; the message says what is wrong with it."""
+
+
+# -- the worker's side ----------------------------------------------------------------------
+class Histogram:
+    """Fixed-bucket counts and a sum, written by one thread, read by another. The reader
+    ships differences of these totals, so a read that races a write only moves an
+    observation to the next report."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * NBUCKETS
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one observation (bucket ``i`` holds values up to ``BUCKETS[i]``)."""
+        self.counts[bisect_left(BUCKETS, seconds)] += 1
+        self.sum += seconds
+
+
+class WorkerMeter:
+    """One worker's live counters, reported to the scheduler every ``interval`` seconds.
+
+    ``send(body)`` ships one report (the store sends it to the scheduler); ``links()``
+    returns ``{server rank: (bytes sent, bytes received)}`` totals. ``close()`` sends a last
+    report and stops the thread."""
+
+    def __init__(
+        self,
+        interval: float,
+        send: Callable[[dict], Any],
+        links: Callable[[], dict[int, tuple[int, int]]],
+    ) -> None:
+        self.interval = interval
+        self._send = send
+        self._links = links
+        self.hists = {name: Histogram() for name in HISTOGRAMS}
+        self._push_hist = self.hists["push"]
+        self._pull_hist = self.hists["pull"]
+        self._shipped = {name: ([0] * NBUCKETS, 0.0) for name in HISTOGRAMS}
+        self._pushes: dict[Any, int] = {}
+        self.rounds = 0
+        self.round_s: float | None = None
+        self._round_t0: float | None = None
+        self._seq = 0
+        self._t0 = time.monotonic()
+        self._lock = threading.Lock()  # one report at a time (the thread, close)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hetps-metrics", daemon=True)
+        self._thread.start()
+
+    # hot path -----------------------------------------------------------------------------
+    def timed(self, push: bool, callback: Callable[[Any], None] | None):
+        """A request's answer callback that also times the request (from now to its answer;
+        a request that fails is not counted)."""
+        hist = self._push_hist if push else self._pull_hist
+        t0 = time.perf_counter()
+        if callback is None:
+
+            def done(reply: Any) -> None:
+                hist.observe(time.perf_counter() - t0)
+
+        else:
+
+            def done(reply: Any) -> None:
+                callback(reply)
+                hist.observe(time.perf_counter() - t0)
+
+        return done
+
+    def pushed(self, key: Any) -> None:
+        """A push of ``key`` (its round's); a round begins with the first key pushed more
+        often than any before, so rounds = the most pushes of any one key, and a round's time
+        runs from one such start to the next."""
+        n = self._pushes.get(key, 0) + 1
+        self._pushes[key] = n
+        if n > self.rounds:
+            now = time.perf_counter()
+            if self._round_t0 is not None:
+                self.round_s = now - self._round_t0
+                self.hists["round"].observe(self.round_s)
+            self._round_t0 = now
+            self.rounds = n
+
+    # reporting ----------------------------------------------------------------------------
+    def report(self) -> dict:
+        """The next report's body (and it counts as shipped)."""
+        with self._lock:
+            self._seq += 1
+            body: dict[str, Any] = {
+                "seq": self._seq,
+                "t": time.monotonic() - self._t0,
+                "rounds": self.rounds,
+                "links": [[r, int(s), int(v)] for r, (s, v) in sorted(self._links().items())],
+            }
+            if self.round_s is not None:
+                body["round_s"] = self.round_s
+            gained = {}
+            for name, hist in self.hists.items():
+                counts, total = list(hist.counts), hist.sum
+                old_counts, old_total = self._shipped[name]
+                delta = [c - o for c, o in zip(counts, old_counts, strict=True)]
+                if any(delta):
+                    gained[name] = [delta, max(0.0, total - old_total)]
+                    self._shipped[name] = (counts, total)
+            if gained:
+                body["h"] = gained
+            return body
+
+    def flush(self) -> None:
+        """Send one report now."""
+        try:
+            self._send(self.report())
+        except Exception as exc:  # noqa: BLE001 - reporting never breaks the worker
+            log.debug("metrics: report not sent: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+    def close(self) -> None:
+        """Stop reporting, after a last report (so the scheduler has the final totals)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.flush()
+
+
+# -- checking a report ----------------------------------------------------------------------
+def _int(value: Any, what: str, low: int = 0, high: int = MAX_COUNT) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ReportError(f"{what} must be an integer from {low} to {high}, not {_show(value)}")
+    return value
+
+
+def _seconds(value: Any, what: str, high: float = MAX_SECONDS) -> float:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0 <= value <= high
+    ):
+        raise ReportError(
+            f"{what} must be a number of seconds from 0 to {high:g}, not {_show(value)}"
+        )
+    return float(value)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def parse_report(body: Any, num_servers: int) -> dict:
+    """A report's checked contents; raises :class:`ReportError` naming the first problem.
+    Nothing a report holds can be bigger than its bounds: at most one link row per server,
+    :data:`NBUCKETS` counts per histogram, numbers within :data:`MAX_COUNT` and
+    :data:`MAX_SECONDS`."""
+    if not isinstance(body, dict):
+        raise ReportError("the body is not a map")
+    out: dict[str, Any] = {
+        "seq": _int(body.get("seq"), "'seq'", 1),
+        "t": _seconds(body.get("t"), "'t'", MAX_T),
+        "rounds": _int(body.get("rounds"), "'rounds'"),
+        "round_s": None,
+    }
+    if "round_s" in body:
+        out["round_s"] = _seconds(body["round_s"], "'round_s'")
+    links = body.get("links", [])
+    if not isinstance(links, list) or len(links) > num_servers:
+        raise ReportError(f"'links' must be a list of at most {num_servers} rows (one per server)")
+    rows: dict[int, tuple[int, int]] = {}
+    for row in links:
+        if not isinstance(row, list) or len(row) != 3:
+            raise ReportError(
+                f"a 'links' row must be [server rank, sent, received], not {_show(row)}"
+            )
+        rank = _int(row[0], "a link's server rank", 0, num_servers - 1)
+        if rank in rows:
+            raise ReportError(f"'links' lists server {rank} twice")
+        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
+    out["links"] = rows
+    hists = body.get("h", {})
+    if not isinstance(hists, dict) or not set(hists) <= set(HISTOGRAMS):
+        raise ReportError(f"'h' must be a map with keys among {', '.join(HISTOGRAMS)}")
+    out["h"] = {}
+    for name, value in hists.items():
+        if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], list):
+            raise ReportError(f"histogram {name!r} must be [counts, sum]")
+        counts = value[0]
+        if len(counts) != NBUCKETS:
+            raise ReportError(f"histogram {name!r} must have {NBUCKETS} counts, not {len(counts)}")
+        out["h"][name] = (
+            [_int(c, f"a count of histogram {name!r}") for c in counts],
+            _seconds(value[1], f"the sum of histogram {name!r}"),
+        )
+    return out
+
+
+# -- the scheduler's side -------------------------------------------------------------------
+class WorkerTotals:
+    """What the scheduler knows of one worker, from its reports."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.t = 0.0
+        self.rounds = 0
+        self.round_s: float | None = None
+        self.links: dict[int, tuple[int, int]] = {}
+        self.rates: dict[int, tuple[float, float]] = {}  # bytes/s over the last report
+        self.hists = {name: ([0] * NBUCKETS, 0.0) for name in HISTOGRAMS}
+        self.reports = 0
+
+    def apply(self, rep: dict) -> None:
+        """Add a checked report; raises ReportError (and changes nothing) when it does not
+        follow the last one: an old or repeated number, time or totals going back."""
+        if rep["seq"] <= self.seq:
+            raise ReportError(f"report {rep['seq']} is not newer than report {self.seq}")
+        if rep["t"] < self.t:
+            raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
+        if rep["rounds"] < self.rounds:
+            raise ReportError(f"'rounds' went back from {self.rounds} to {rep['rounds']}")
+        for rank, (sent, recv) in rep["links"].items():
+            old = self.links.get(rank, (0, 0))
+            if sent < old[0] or recv < old[1]:
+                raise ReportError(f"the byte totals of the link to server {rank} went back")
+        for name, (counts, _total) in rep["h"].items():
+            have = self.hists[name][0]
+            if any(a + b > MAX_COUNT for a, b in zip(have, counts, strict=True)):
+                raise ReportError(f"histogram {name!r} would count beyond {MAX_COUNT}")
+        dt = rep["t"] - self.t
+        for rank, (sent, recv) in rep["links"].items():
+            old = self.links.get(rank, (0, 0))
+            if dt > 0:
+                self.rates[rank] = ((sent - old[0]) / dt, (recv - old[1]) / dt)
+            self.links[rank] = (sent, recv)
+        for name, (counts, total) in rep["h"].items():
+            have, have_sum = self.hists[name]
+            self.hists[name] = (
+                [a + b for a, b in zip(have, counts, strict=True)],
+                min(have_sum + total, MAX_SECONDS),
+            )
+        self.seq, self.t, self.rounds = rep["seq"], rep["t"], rep["rounds"]
+        if rep["round_s"] is not None:
+            self.round_s = rep["round_s"]
+        self.reports += 1
+
+
+class LiveMetrics:
+    """The scheduler's live metrics: the ``metrics_report`` service and the Prometheus
+    collector. ``sched`` is the :class:`~hetps.cluster.scheduler.Scheduler` (its node tables
+    are read on each scrape); ``planner`` and ``esync``, when given, the load planner and
+    ESync's state service it hosts."""
+
+    def __init__(self, sched: Any, planner: Any = None, esync: Any = None) -> None:
+        self.sched = sched
+        self.planner = planner
+        self.esync = esync
+        self.num_servers = sched.cfg.num_server
+        self.workers: dict[int, WorkerTotals] = {}
+        self.refused = 0
+        self.lock = threading.Lock()
+        self._httpd: Any = None
+        self._thread: threading.Thread | None = None
+        self.host = ""
+        self.port = 0
+
+    # the service ----------------------------------------------------------------------------
+    def handle(self, sched: Any, msg: Any) -> None:
+        """One worker's report (the scheduler's service for ``metrics_report``)."""
+        node = sched.nodes.get(msg.sender)
+        if node is None or node.role != "worker":  # the allow-list already says so
+            self._refuse(sched, msg, "node", "metrics reports come from workers")
+            return
+        try:
+            rep = parse_report(msg.body, self.num_servers)
+            with self.lock:
+                totals = self.workers.setdefault(node.rank, WorkerTotals())
+                totals.apply(rep)
+        except ReportError as exc:
+            self._refuse(sched, msg, node.describe(), str(exc))
+            return
+        if msg.req:
+            sched.reply(msg, {})
+
+    def _refuse(self, sched: Any, msg: Any, who: str, text: str) -> None:
+        with self.lock:
+            self.refused += 1
+        log.warning("scheduler: refused a metrics report from %s: %s", who, text)
+        if msg.req:
+            sched.reply(msg, {"error": f"metrics report refused: {text}"})
+
+    # the endpoint ---------------------------------------------------------------------------
+    def serve(self, port: int, host: str) -> LiveMetrics:
+        """Serve ``/metrics`` over HTTP on ``host:port`` (0: a free port; :attr:`port` says
+        which). ``host`` must be loopback or the scheduler's own address."""
+        from hetps.config import ConfigError, is_loopback
+
+        if not (is_loopback(host) or host == self.sched.cfg.root_uri):
+            raise ConfigError(
+                f"HETPS_METRICS_HOST={host!r}: the metrics endpoint binds a loopback address or "
+                f"the scheduler's address ({self.sched.cfg.root_uri}), never another"
+            )
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError:
+            raise ConfigError(
+                "HETPS_METRICS_PORT (--metrics-port) needs prometheus_client: "
+                "pip install 'hetps[metrics]'"
+            ) from None
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))
+        try:
+            self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise ConfigError(
+                f"HETPS_METRICS_PORT={port}: cannot serve metrics on {host}:{port} "
+                f"({exc.strerror or exc}); pick a free port, or 0 for any"
+            ) from None
+        self.host, self.port = host, self._httpd.server_address[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        """Where the metrics are (``http://host:port/metrics``)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving (idempotent)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
+
+    # what a scrape reads ----------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Everything one scrape shows, copied at one moment."""
+        sched = self.sched
+        with self.lock:
+            workers = {
+                r: {
+                    "rounds": w.rounds,
+                    "round_s": w.round_s,
+                    "links": dict(w.links),
+                    "rates": dict(w.rates),
+                    "hists": {n: (list(c), s) for n, (c, s) in w.hists.items()},
+                    "reports": w.reports,
+                }
+                for r, w in self.workers.items()
+            }
+            refused = self.refused
+        # the scheduler's loop changes these dicts; copies of builtin dicts with int keys are
+        # taken without a thread switch in between
+        nodes = dict(sched.nodes)
+        dead = dict(sched.dead)
+        finished = dict(sched.finished)
+        last_seen = dict(sched.last_seen)
+        recoveries = dict(getattr(sched, "recoveries", {}))
+        late_after = getattr(sched, "late_after", 0.0)
+        now = time.monotonic()
+        late = [
+            nid
+            for nid, seen in last_seen.items()
+            if late_after and now - seen > late_after and nid not in dead and nid not in finished
+        ]
+        snap: dict[str, Any] = {
+            "workers": workers,
+            "refused": refused,
+            "nodes": nodes,
+            "dead": dead,
+            "finished": finished,
+            "late": late,
+            "recoveries": recoveries,
+            "expected": {"server": sched.cfg.num_server, "worker": sched.cfg.num_worker},
+            "uptime": now - sched.started,
+            "plan": None,
+            "esync": None,
+        }
+        planner = self.planner
+        if planner is not None:
+            assignment, slices = planner.assignment, planner.slices
+            if assignment is not None and slices:
+                lengths = [s.length for s in slices]
+                total = float(sum(lengths)) or 1.0
+                shares = [0.0] * planner.S
+                for server, length in zip(assignment, lengths, strict=False):
+                    if 0 <= int(server) < planner.S:
+                        shares[int(server)] += length / total
+                snap["plan"] = {"epoch": planner.epoch, "shares": shares}
+        esync = self.esync
+        if esync is not None:
+            policy = esync.policy
+            snap["esync"] = {
+                "round": policy.round,
+                "steps": [
+                    policy.local_steps(w) if policy.round else 0 for w in range(policy.num_workers)
+                ],
+                "total": list(getattr(esync, "steps_total", [])),
+            }
+        return snap
+
+
+class _Collector:
+    """prometheus_client's view of a :class:`LiveMetrics` (built anew on each scrape)."""
+
+    def __init__(self, live: LiveMetrics) -> None:
+        self.live = live
+
+    def collect(self):  # noqa: C901 - one metric after another
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        s = self.live.snapshot()
+        nodes = s["nodes"]
+
+        g = GaugeMetricFamily("hetps_uptime_seconds", "seconds since the scheduler started")
+        g.add_metric([], s["uptime"])
+        yield g
+        g = GaugeMetricFamily(
+            "hetps_nodes_expected", "servers and workers the job waits for", labels=["role"]
+        )
+        for role, n in s["expected"].items():
+            g.add_metric([role], n)
+        yield g
+        g = GaugeMetricFamily(
+            "hetps_nodes_registered", "servers and workers registered", labels=["role"]
+        )
+        for role in ("server", "worker"):
+            g.add_metric([role], sum(1 for n in nodes.values() if n.role == role))
+        yield g
+        g = GaugeMetricFamily("hetps_nodes_dead", "nodes declared dead (the job then ends)")
+        g.add_metric([], len(s["dead"]))
+        yield g
+        g = GaugeMetricFamily(
+            "hetps_node_dead", "1 for each node declared dead", labels=["node", "role", "rank"]
+        )
+        for nid in sorted(s["dead"]):
+            n = nodes.get(nid)
+            if n is not None:
+                g.add_metric([_name(n.role, n.rank), n.role, str(n.rank)], 1)
+        yield g
+        g = GaugeMetricFamily(
+            "hetps_nodes_late",
+            "nodes silent for more than 3 heartbeat intervals now (not yet dead)",
+        )
+        g.add_metric([], len(s["late"]))
+        yield g
+        c = CounterMetricFamily(
+            "hetps_node_recoveries",
+            "times a node was heard again after more than 3 heartbeat intervals of silence",
+            labels=["node"],
+        )
+        for nid, times in sorted(s["recoveries"].items()):
+            n = nodes.get(nid)
+            if n is not None:
+                c.add_metric([_name(n.role, n.rank)], times)
+        yield c
+        g = GaugeMetricFamily("hetps_workers_finished", "workers that finished their job")
+        g.add_metric([], len(s["finished"]))
+        yield g
+
+        workers = s["workers"]
+        c = CounterMetricFamily(
+            "hetps_rounds", "rounds every worker has begun (the least of the workers' counts)"
+        )
+        c.add_metric(
+            [],
+            min((w["rounds"] for w in workers.values()), default=0)
+            if len(workers) == s["expected"]["worker"]
+            else 0,
+        )
+        yield c
+        c = CounterMetricFamily(
+            "hetps_worker_rounds", "rounds a worker has begun", labels=["worker"]
+        )
+        g = GaugeMetricFamily(
+            "hetps_round_seconds", "a worker's last whole round, in seconds", labels=["worker"]
+        )
+        for r, w in sorted(workers.items()):
+            c.add_metric([str(r)], w["rounds"])
+            if w["round_s"] is not None:
+                g.add_metric([str(r)], w["round_s"])
+        yield c
+        yield g
+        for name, metric, doc in (
+            ("round", "hetps_round_duration_seconds", "time of a worker's rounds"),
+            ("push", "hetps_push_latency_seconds", "a push request, from the call to its answer"),
+            ("pull", "hetps_pull_latency_seconds", "a pull request, from the call to its answer"),
+        ):
+            h = HistogramMetricFamily(metric, doc, labels=["worker"])
+            for r, w in sorted(workers.items()):
+                counts, total = w["hists"][name]
+                buckets, acc = [], 0
+                for bound, n in zip(BUCKETS, counts, strict=False):
+                    acc += n
+                    buckets.append((_le(bound), acc))
+                buckets.append(("+Inf", acc + counts[-1]))
+                h.add_metric([str(r)], buckets, total)
+            yield h
+        c = CounterMetricFamily(
+            "hetps_link_bytes", "bytes on a worker-server link, by direction", labels=["src", "dst"]
+        )
+        g = GaugeMetricFamily(
+            "hetps_link_bytes_per_second",
+            "bytes per second on a worker-server link over the last report interval",
+            labels=["src", "dst"],
+        )
+        for r, w in sorted(workers.items()):
+            for srv, (sent, recv) in sorted(w["links"].items()):
+                c.add_metric([_name("worker", r), _name("server", srv)], sent)
+                c.add_metric([_name("server", srv), _name("worker", r)], recv)
+            for srv, (up, down) in sorted(w["rates"].items()):
+                g.add_metric([_name("worker", r), _name("server", srv)], up)
+                g.add_metric([_name("server", srv), _name("worker", r)], down)
+        yield c
+        yield g
+        c = CounterMetricFamily(
+            "hetps_metrics_reports", "metrics reports taken, by worker", labels=["worker"]
+        )
+        for r, w in sorted(workers.items()):
+            c.add_metric([str(r)], w["reports"])
+        yield c
+        c = CounterMetricFamily(
+            "hetps_metrics_reports_refused", "metrics reports refused (malformed or out of order)"
+        )
+        c.add_metric([], s["refused"])
+        yield c
+        plan = s["plan"]
+        if plan is not None:
+            g = GaugeMetricFamily(
+                "hetps_plan_share",
+                "the load plan's share of the elements per server",
+                labels=["server"],
+            )
+            for srv, share in enumerate(plan["shares"]):
+                g.add_metric([str(srv)], share)
+            yield g
+            g = GaugeMetricFamily("hetps_plan_epoch", "plans adopted so far")
+            g.add_metric([], plan["epoch"])
+            yield g
+        es = s["esync"]
+        if es is not None:
+            g = GaugeMetricFamily("hetps_esync_round", "ESync's current round (0: none yet)")
+            g.add_metric([], es["round"])
+            yield g
+            g = GaugeMetricFamily(
+                "hetps_esync_round_local_steps",
+                "local steps a worker reported in ESync's current round",
+                labels=["worker"],
+            )
+            for w, n in enumerate(es["steps"]):
+                g.add_metric([str(w)], n)
+            yield g
+            c = CounterMetricFamily(
+                "hetps_esync_local_steps",
+                "local steps a worker reported to ESync, all rounds",
+                labels=["worker"],
+            )
+            for w, n in enumerate(es["total"]):
+                c.add_metric([str(w)], n)
+            yield c
+
+
+def _name(role: str, rank: int) -> str:
+    return f"{role}{rank}"
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))

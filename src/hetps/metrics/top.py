@@ -1,0 +1,351 @@
+"""``hetps top``: a live terminal view of a running cluster, read from the scheduler's metrics.
+
+It scrapes the Prometheus endpoint a scheduler serves with ``--metrics-port``
+(:mod:`hetps.metrics.live`) every ``--interval`` seconds and draws, with rich: rounds per
+second, every worker (rounds, its last round's time, mean push and pull latency), the
+throughput of every worker-server link, the slowest worker, the load plan's shares (with
+``--balance``) and the dead and late nodes. ``--once`` prints one frame and exits (it takes two
+scrapes one interval apart, so that it can show rates).
+
+    hetps top http://127.0.0.1:9100/metrics
+    hetps top --port 9100 --once
+
+Needs ``prometheus_client`` (its text parser) and ``rich``: ``pip install 'hetps[metrics]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+
+class TopError(RuntimeError):
+    """The endpoint cannot be read; the message says why and what to check."""
+
+
+@dataclass
+class Scrape:
+    """One scrape: every sample by metric name, as ``{labels (sorted tuple): value}``."""
+
+    at: float  # this machine's monotonic clock at the scrape
+    samples: dict[str, dict[tuple, float]] = field(default_factory=dict)
+
+    def value(self, name: str, default: float | None = None, **labels: str) -> float | None:
+        """The value of ``name`` with exactly ``labels`` (None/default when absent)."""
+        return self.samples.get(name, {}).get(tuple(sorted(labels.items())), default)
+
+    def series(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """Every sample of ``name``: (labels, value)."""
+        return [(dict(k), v) for k, v in self.samples.get(name, {}).items()]
+
+
+def parse(text: str, at: float | None = None) -> Scrape:
+    """A scrape from Prometheus' text format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scrape = Scrape(time.monotonic() if at is None else at)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            scrape.samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return scrape
+
+
+def fetch(url: str, timeout: float = 5.0) -> Scrape:
+    """Scrape ``url``; raises :class:`TopError` with the reason when it cannot."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - a user's URL
+            text = resp.read(16 << 20).decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise TopError(
+            f"cannot read {url}: {reason}. Is the job running with --metrics-port (or "
+            "HETPS_METRICS_PORT) and is this the address the scheduler printed "
+            "('hetps metrics http://...')?"
+        ) from None
+    try:
+        scrape = parse(text)
+    except ValueError as exc:
+        raise TopError(f"{url} does not serve Prometheus metrics: {exc}") from None
+    if "hetps_uptime_seconds" not in scrape.samples:
+        raise TopError(f"{url} serves metrics, but not a hetps scheduler's")
+    return scrape
+
+
+# -- what a frame shows -----------------------------------------------------------------------
+@dataclass
+class WorkerRow:
+    rank: int
+    rounds: int
+    round_s: float | None
+    push_ms: float | None  # mean push latency, milliseconds
+    pull_ms: float | None
+    rounds_per_s: float | None
+
+
+@dataclass
+class LinkRow:
+    src: str
+    dst: str
+    rate: float  # bytes/s over the workers' last report interval
+    total: float  # bytes so far
+
+
+@dataclass
+class View:
+    """What one frame of ``hetps top`` shows (computed from two scrapes, or one)."""
+
+    url: str
+    uptime: float
+    registered: dict[str, int]
+    expected: dict[str, int]
+    rounds: int
+    rounds_per_s: float | None
+    workers: list[WorkerRow]
+    links: list[LinkRow]
+    slowest: WorkerRow | None
+    plan: list[float] | None
+    plan_epoch: int | None
+    dead: list[str]
+    late: int
+    finished: int
+    esync_steps: dict[int, int]
+
+
+def _mean_ms(s: Scrape, name: str, worker: str) -> float | None:
+    count = s.value(f"{name}_count", worker=worker)
+    total = s.value(f"{name}_sum", worker=worker)
+    if not count or total is None:
+        return None
+    return 1000.0 * total / count
+
+
+def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
+    """The frame for ``cur`` (``prev``, an earlier scrape, gives the rates)."""
+    dt = None
+    if prev is not None:
+        up0, up1 = prev.value("hetps_uptime_seconds"), cur.value("hetps_uptime_seconds")
+        if up0 is not None and up1 is not None and up1 > up0:
+            dt = up1 - up0  # the scheduler's clock: the scrapes' own timing does not matter
+
+    def rate(name: str, **labels: str) -> float | None:
+        if dt is None or prev is None:
+            return None
+        a, b = prev.value(name, **labels), cur.value(name, **labels)
+        if a is None or b is None:
+            return None
+        return max(0.0, (b - a) / dt)
+
+    workers = []
+    for labels, rounds in sorted(
+        cur.series("hetps_worker_rounds_total"), key=lambda lv: int(lv[0]["worker"])
+    ):
+        w = labels["worker"]
+        workers.append(
+            WorkerRow(
+                int(w),
+                int(rounds),
+                cur.value("hetps_round_seconds", worker=w),
+                _mean_ms(cur, "hetps_push_latency_seconds", w),
+                _mean_ms(cur, "hetps_pull_latency_seconds", w),
+                rate("hetps_worker_rounds_total", worker=w),
+            )
+        )
+    links = [
+        LinkRow(lb["src"], lb["dst"], v, cur.value("hetps_link_bytes_total", 0.0, **lb) or 0.0)
+        for lb, v in cur.series("hetps_link_bytes_per_second")
+    ]
+    links.sort(key=lambda r: (r.src, r.dst))
+    # the slowest: the longest last round; a worker rounds behind the others is slower still
+    slowest = None
+    if workers:
+        slowest = max(workers, key=lambda w: (-w.rounds, w.round_s or 0.0))
+    shares = sorted(cur.series("hetps_plan_share"), key=lambda lv: int(lv[0]["server"]))
+    dead = sorted(lb["node"] for lb, v in cur.series("hetps_node_dead") if v)
+    epoch = cur.value("hetps_plan_epoch")
+    return View(
+        url=url,
+        uptime=cur.value("hetps_uptime_seconds", 0.0) or 0.0,
+        registered={lb["role"]: int(v) for lb, v in cur.series("hetps_nodes_registered")},
+        expected={lb["role"]: int(v) for lb, v in cur.series("hetps_nodes_expected")},
+        rounds=int(cur.value("hetps_rounds_total", 0.0) or 0),
+        rounds_per_s=rate("hetps_rounds_total"),
+        workers=workers,
+        links=links,
+        slowest=slowest,
+        plan=[v for _, v in shares] or None,
+        plan_epoch=int(epoch) if epoch is not None else None,
+        dead=dead,
+        late=int(cur.value("hetps_nodes_late", 0.0) or 0),
+        finished=int(cur.value("hetps_workers_finished", 0.0) or 0),
+        # ESync's local steps, when the job runs ESync (any worker reported a step)
+        esync_steps={
+            int(lb["worker"]): int(v)
+            for lb, v in cur.series("hetps_esync_local_steps_total")
+            if any(x for _, x in cur.series("hetps_esync_local_steps_total"))
+        },
+    )
+
+
+# -- drawing ----------------------------------------------------------------------------------
+def _bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _num(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None or not math.isfinite(x) else fmt.format(x)
+
+
+def render(v: View) -> Any:
+    """The frame as a rich renderable."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    nodes = ", ".join(
+        f"{v.registered.get(r, 0)}/{v.expected.get(r, 0)} {r}s" for r in ("server", "worker")
+    )
+    head = Text()
+    head.append(f"hetps top  {v.url}  up {v.uptime:.0f} s\n", style="bold")
+    head.append(f"nodes: {nodes}; finished workers: {v.finished}\n")
+    head.append(f"rounds: {v.rounds}   rounds/s: {_num(v.rounds_per_s)}\n", style="bold")
+    if v.slowest is not None:
+        head.append(
+            f"slowest worker: worker{v.slowest.rank} ({v.slowest.rounds} rounds, last round "
+            f"{_num(v.slowest.round_s, '{:.4f}')} s)\n"
+        )
+    if v.dead:
+        head.append(f"dead nodes: {', '.join(v.dead)}\n", style="bold red")
+    else:
+        head.append("dead nodes: none\n")
+    if v.late:
+        head.append(f"late nodes (silent > 3 heartbeats): {v.late}\n", style="yellow")
+
+    wt = Table(title="workers", title_justify="left", expand=False)
+    for col in ("worker", "rounds", "rounds/s", "last round s", "push ms", "pull ms"):
+        wt.add_column(col, justify="right")
+    if v.esync_steps:
+        wt.add_column("esync steps", justify="right")
+    for w in v.workers:
+        row = [
+            f"worker{w.rank}",
+            str(w.rounds),
+            _num(w.rounds_per_s),
+            _num(w.round_s, "{:.4f}"),
+            _num(w.push_ms, "{:.3f}"),
+            _num(w.pull_ms, "{:.3f}"),
+        ]
+        if v.esync_steps:
+            row.append(str(v.esync_steps.get(w.rank, 0)))
+        wt.add_row(*row)
+
+    lt = Table(title="links", title_justify="left")
+    for col, just in (("link", "left"), ("bytes/s", "right"), ("total", "right")):
+        lt.add_column(col, justify=just)
+    for link in v.links:
+        lt.add_row(f"{link.src} -> {link.dst}", _bytes(link.rate) + "/s", _bytes(link.total))
+
+    parts: list[Any] = [head, wt, lt]
+    if v.plan is not None:
+        pt = Table(title=f"plan (epoch {v.plan_epoch})", title_justify="left")
+        pt.add_column("server")
+        pt.add_column("share", justify="right")
+        for srv, share in enumerate(v.plan):
+            pt.add_row(f"server{srv}", f"{100 * share:.1f} %")
+        parts.append(pt)
+    else:
+        parts.append(Text("plan: none (load balancing is off)"))
+    return Group(*parts)
+
+
+# -- the command --------------------------------------------------------------------------------
+def endpoint(args: argparse.Namespace) -> str:
+    """The URL to scrape, from ``URL`` or ``--port``/``--host``."""
+    if args.url and args.port is not None:
+        raise SystemExit("hetps top: give a URL or --port, not both")
+    if args.url:
+        url = args.url if "://" in args.url else f"http://{args.url}"
+        if not url.startswith(("http://", "https://")):
+            raise SystemExit(f"hetps top: {args.url!r} is not an http:// URL")
+        return url if urlparse(url).path.strip("/") else url.rstrip("/") + "/metrics"
+    if args.port is None:
+        raise SystemExit(
+            "hetps top: give the scheduler's metrics URL (it prints 'hetps metrics "
+            "http://...') or --port P"
+        )
+    if not 0 < args.port < 65536:
+        raise SystemExit(f"hetps top: --port {args.port} is not a TCP port (1 to 65535)")
+    return f"http://{args.host}:{args.port}/metrics"
+
+
+def main(args: argparse.Namespace) -> int:
+    """``hetps top``."""
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        print("hetps top: needs rich: pip install 'hetps[metrics]'", file=sys.stderr)
+        return 2
+    if not args.interval > 0:
+        print(f"hetps top: --interval {args.interval} must be above 0", file=sys.stderr)
+        return 2
+    url = endpoint(args)
+    from rich.console import Console
+
+    console = Console()
+    stop = threading.Event()
+    try:
+        prev = fetch(url)
+        if args.once:
+            stop.wait(args.interval)  # a second scrape, for the rates
+            cur = fetch(url)
+            console.print(render(view(url, cur, prev)))
+            return 0
+        return _live(console, url, prev, args.interval, stop)
+    except TopError as exc:
+        print(f"hetps top: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+def _live(console: Any, url: str, prev: Scrape, interval: float, stop: threading.Event) -> int:
+    from rich.live import Live
+
+    cur = prev
+    with Live(render(view(url, cur)), console=console, refresh_per_second=4) as live:
+        while not stop.wait(interval):
+            try:
+                cur, prev = fetch(url), cur
+            except TopError:
+                live.stop()
+                console.print(f"hetps top: {url} no longer answers: the job has ended")
+                return 0
+            live.update(render(view(url, cur, prev)))
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``hetps top``."""
+    p = sub.add_parser(
+        "top",
+        help="a live terminal view of a running cluster (from its --metrics-port endpoint)",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("url", nargs="?", help="the scheduler's metrics URL (it prints it)")
+    p.add_argument("--port", type=int, default=None, help="the metrics port, instead of a URL")
+    p.add_argument("--host", default="127.0.0.1", help="with --port (default 127.0.0.1)")
+    p.add_argument(
+        "--interval", type=float, default=1.0, help="seconds between scrapes (default 1)"
+    )
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.set_defaults(func=main)
