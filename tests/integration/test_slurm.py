@@ -293,3 +293,20 @@ def test_without_srun_is_one_clear_line(tmp_path):
     assert res.returncode == 1
     lines = (res.stdout + res.stderr).strip().splitlines()
     assert len(lines) == 1 and "needs srun" in lines[0] and "module load slurm" in lines[0]
+
+
+def test_the_host_list_parser_agrees_with_scontrol(slurm):
+    from hetps.launch.slurm import expand_nodelist
+
+    # (Slurm 22.05's scontrol calls a one-bracket name with a suffix, gpu[1-2]-ib, invalid;
+    # the parser reads it anyway)
+    for nodelist in ("n[1-3]", "node[08-11,20],gpu[1-2]", "r[1-2]-n[01-02]", "a,b[7],c"):
+        res = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            env=slurm.env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert res.returncode == 0 and not res.stderr, res.stderr
+        assert expand_nodelist(nodelist) == res.stdout.split(), nodelist
