@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 
-from hetps.config import user_threads
+from hetps.config import ConfigError, route_address, user_threads
 from hetps.launch.local import (
     PORT_LINE,
     LaunchSpec,
@@ -427,14 +427,6 @@ def task_env(env: dict[str, str], args: argparse.Namespace) -> tuple[str, int, d
     return role, rank, out
 
 
-def route_address(host: str, port: int) -> str:
-    """This machine's address on the route to ``host`` (the source address the kernel picks
-    for it; a UDP connect sends nothing): the address the scheduler's peers reach us at."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, port or 9))
-        return s.getsockname()[0]
-
-
 def task_threads(role: str, env: dict[str, str]) -> int:
     """A task's ``OMP_NUM_THREADS``: :func:`thread_share` of its node's cores among the
     step's tasks on that node; a task Slurm bound to fewer CPUs than its node's allocation
@@ -469,7 +461,7 @@ def _task_main(argv: list[str]) -> int:
     procid = env.get("SLURM_PROCID", "?")
     try:
         role, _rank, child_env = task_env(env, args)
-    except SlurmError as exc:
+    except (SlurmError, ConfigError) as exc:
         print(f"hetps launch --launcher slurm: {exc}", flush=True)
         print(f"hetps-slurm-exit {procid} 2", flush=True)
         return 2
