@@ -151,7 +151,17 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         print(f"hetps scheduler: {exc}", file=sys.stderr)
         return 2
     _setup_logging(cfg.verbose)
-    sched = make_scheduler(cfg)
+    import zmq
+
+    try:
+        sched = make_scheduler(cfg)
+    except zmq.ZMQError as exc:  # the bind failed: port taken, address not ours
+        print(
+            f"hetps scheduler: cannot listen on port {cfg.root_port} (DMLC_PS_ROOT_PORT): "
+            f"{exc}; pick a free port (hetps launch --port N) or 0 for any",
+            file=sys.stderr,
+        )
+        return 1
     print(f"hetps scheduler port {sched.van.port}", flush=True)
     return sched.run()
 

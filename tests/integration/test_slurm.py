@@ -310,3 +310,35 @@ def test_the_host_list_parser_agrees_with_scontrol(slurm):
         )
         assert res.returncode == 0 and not res.stderr, res.stderr
         assert expand_nodelist(nodelist) == res.stdout.split(), nodelist
+
+
+def test_a_taken_scheduler_port_is_one_clear_error(slurm, tmp_path):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = subprocess.run(
+            [
+                "salloc",
+                "-n",
+                "3",
+                *_launch("-n", "1", "-s", "1", "--port", str(port), "--"),
+                PY,
+                "-c",
+                "import hetps.kv; hetps.kv.create('dist_sync')",
+            ],
+            env=_env(slurm, HETPS_CONNECT_TIMEOUT="3"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert re.search(
+        rf"^\[scheduler\] hetps scheduler: cannot listen on port {port} .*--port", out, re.M
+    ), out
+    assert "[launcher] scheduler exited (code 1)" in out, out
+    assert "Traceback" not in out.split("[launcher] scheduler exited")[0], out
