@@ -342,3 +342,32 @@ def test_a_taken_scheduler_port_is_one_clear_error(slurm, tmp_path):
     ), out
     assert "[launcher] scheduler exited (code 1)" in out, out
     assert "Traceback" not in out.split("[launcher] scheduler exited")[0], out
+
+
+def test_the_benchmark_runs_inside_an_allocation(slurm, tmp_path):
+    out = tmp_path / "bench.json"
+    res = subprocess.run(
+        [
+            "salloc",
+            "-n",
+            "4",
+            PY,
+            str(ROOT / "benchmarks" / "slurm_vs_local.py"),
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ],
+        env=_env(slurm),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "slurm/local:" in res.stdout, res.stdout
+    import json
+
+    data = json.loads(out.read_text())
+    assert data["repeats"] == 1 and data["local_s"] > 0 and data["slurm_s"] > 0
+    assert {r["launcher"] for r in data["runs"]} == {"local", "slurm"}
