@@ -86,6 +86,19 @@ def cmd_launch(args: argparse.Namespace) -> int:
             )
     elif args.hostfile:
         raise SystemExit("hetps launch: -H/--hostfile is for --launcher ssh")
+    if args.launcher == "slurm":
+        from hetps.launch.slurm import run_slurm
+
+        if args.netem or args.colocate:
+            raise SystemExit(
+                "hetps launch: --netem and --colocate place processes on this machine; "
+                "they do not combine with --launcher slurm (Slurm places them)"
+            )
+        if args.balance:
+            spec.env["HETPS_BALANCE"] = args.balance
+        if args.slice_size:
+            spec.env["HETPS_SLICE_ELEMS"] = str(args.slice_size)
+        return run_slurm(spec)
     return run_cluster(
         spec,
         netem=args.netem,
@@ -139,7 +152,17 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         print(f"hetps scheduler: {exc}", file=sys.stderr)
         return 2
     _setup_logging(cfg.verbose)
-    sched = make_scheduler(cfg)
+    import zmq
+
+    try:
+        sched = make_scheduler(cfg)
+    except zmq.ZMQError as exc:  # the bind failed: port taken, address not ours
+        print(
+            f"hetps scheduler: cannot listen on port {cfg.root_port} (DMLC_PS_ROOT_PORT): "
+            f"{exc}; pick a free port (hetps launch --port N) or 0 for any",
+            file=sys.stderr,
+        )
+        return 1
     if args.launcher_notices:
         sched.follow_notices(sys.stdin)
     print(f"hetps scheduler port {sched.van.port}", flush=True)
@@ -279,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     la = sub.add_parser("launch", help="start a scheduler, servers and workers running CMD")
     la.add_argument("-n", "--num-workers", type=int, required=True)
     la.add_argument("-s", "--num-servers", type=int, default=None, help="default: = workers")
-    la.add_argument("--launcher", choices=["local", "ssh"], default="local")
+    la.add_argument("--launcher", choices=["local", "ssh", "slurm"], default="local")
     la.add_argument("-H", "--hostfile", default=None)
     la.add_argument("--env", action="append", default=[], metavar="K=V")
     la.add_argument("--port", type=int, default=0, help="scheduler port (default: ephemeral)")

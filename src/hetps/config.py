@@ -199,6 +199,26 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(packed[20:24])
 
 
+def route_address(host: str, port: int = 9) -> str:
+    """This machine's IPv4 address on the route to ``host``: the source address the kernel
+    picks for it (a UDP connect sends nothing). The address a flat network (a Kubernetes
+    pod network, a Slurm or MPI cluster) reaches this machine at, as the scheduler's peers
+    see it. Raises ConfigError when ``host`` does not resolve or has no route."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port or 9))
+            return s.getsockname()[0]
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot find this node's address on the route to the scheduler "
+            f"DMLC_PS_ROOT_URI={host!r} ({exc}): set DMLC_NODE_HOST to this node's IP address "
+            "(in Kubernetes: env DMLC_NODE_HOST with valueFrom.fieldRef.fieldPath "
+            "status.podIP)"
+        ) from None
+
+
 def _derive_node_host(values: Mapping[str, Any]) -> tuple[str, str] | None:
     interface = values.get("DMLC_INTERFACE")
     if interface is not None:
@@ -208,11 +228,32 @@ def _derive_node_host(values: Mapping[str, Any]) -> tuple[str, str] | None:
         return None  # DMLC_PS_ROOT_URI's own error says what to do
     if root_uri in LOOPBACK:
         return "127.0.0.1", "derived from DMLC_PS_ROOT_URI (loopback)"
+    if values.get("DMLC_ROLE") == "scheduler":  # it is at DMLC_PS_ROOT_URI by definition
+        return root_uri, "derived from DMLC_PS_ROOT_URI (the scheduler's own address)"
+    # launchers that place every process themselves and never set DMLC_NODE_HOST (ps-lite
+    # then takes the first interface): the address on the route to the scheduler is the one
+    # its peers reach this node at
+    launcher = None
+    if values.get("DMLC_USE_KUBERNETES"):
+        launcher = "DMLC_USE_KUBERNETES=1"
+    elif values.get("DMLC_JOB_CLUSTER"):
+        launcher = f"DMLC_JOB_CLUSTER={values['DMLC_JOB_CLUSTER']}"
+    if launcher is not None:
+        address = route_address(root_uri, values.get("DMLC_PS_ROOT_PORT") or 9)
+        return address, f"derived: the route to DMLC_PS_ROOT_URI ({launcher})"
     raise ConfigError(
         "hetps cannot tell which address this node should advertise: set DMLC_NODE_HOST "
         "to this machine's IP address, or DMLC_INTERFACE to the interface to use "
         "(hetps never picks an interface silently)"
     )
+
+
+def _derive_launch_rank(values: Mapping[str, Any]) -> tuple[int, str] | None:
+    role = values.get("DMLC_ROLE")
+    name = {"worker": "DMLC_WORKER_ID", "server": "DMLC_SERVER_ID"}.get(role or "")
+    if name is not None and values.get(name) is not None:
+        return values[name], f"derived from {name}"
+    return None
 
 
 # -- the table ---------------------------------------------------------------------------------
@@ -246,6 +287,23 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
             Var("DMLC_INTERFACE", "str", None,
                 "the network interface whose IPv4 address this node advertises when "
                 "DMLC_NODE_HOST is not set", field="interface"),
+            Var("DMLC_USE_KUBERNETES", "flag", False,
+                "set to 1 by Kubeflow's MXJob in every pod: a server or worker without "
+                "DMLC_NODE_HOST/DMLC_INTERFACE advertises its address on the route to the "
+                "scheduler (the pod's IP); docs/LAUNCHERS.md",
+                field="use_kubernetes", minimum=0),
+            Var("DMLC_JOB_CLUSTER", "str", None,
+                "set by dmlc-core's tracker (local, mpi, slurm, sge, yarn): a server or worker "
+                "without DMLC_NODE_HOST/DMLC_INTERFACE advertises its address on the route to "
+                "the scheduler; docs/LAUNCHERS.md", field="job_cluster"),
+            Var("DMLC_WORKER_ID", "int", None,
+                "a worker's index, set by MXJob (Kubeflow training-operator) and dmlc-core's "
+                "kubernetes tracker: the rank it asks for unless HETPS_LAUNCH_RANK is set",
+                field="worker_id", minimum=0),
+            Var("DMLC_SERVER_ID", "int", None,
+                "a server's index, set by dmlc-core's kubernetes tracker: the rank it asks for "
+                "unless HETPS_LAUNCH_RANK is set (a worker ignores it)",
+                field="server_id", minimum=0),
             Var("PS_PORT", "int", 0, "the port this node listens on (0: a free port)",
                 field="port", minimum=0),
             Var("PS_VERBOSE", "int", 0,
@@ -351,7 +409,8 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
         (
             Var("HETPS_LAUNCH_RANK", "int", -1,
                 "the rank this node asks the scheduler for (-1: in order of arrival)",
-                field="launch_rank", minimum=-1),
+                field="launch_rank", minimum=-1, derive=_derive_launch_rank,
+                default_text="DMLC_WORKER_ID / DMLC_SERVER_ID of its role; else -1"),
             Var("HETPS_PORT_FILE", "str", None,
                 "a file the scheduler writes the port it bound to", field="port_file"),
             Var("HETPS_NETEM_SCENARIO", "str", None,
@@ -502,8 +561,8 @@ def _read(var: Var, env: Mapping[str, str]) -> Setting:
     if var.required and var.derive is None:
         problem = f"{var.name} is not set: set {var.name} to {var.expectation()}"
         return Setting(var, None, "not set", problem=problem, missing=True)
-    if var.required or var.default is None:
-        return Setting(var, None, "not set")
+    if var.required or var.default is None or var.derive is not None:
+        return Setting(var, None, "not set")  # a derived row's default comes after derive
     return Setting(var, var.default, "default")
 
 
@@ -537,6 +596,9 @@ def resolve(
             else:
                 if derived is not None:
                     s.value, s.source = derived
+                    values[var.name] = s.value
+                elif not var.required and var.default is not None:
+                    s.value, s.source = var.default, "default"
                     values[var.name] = s.value
     for var in rows:
         s = out[var.name]

@@ -1,0 +1,498 @@
+"""``hetps launch --launcher slurm``: a whole cluster as one Slurm job step.
+
+Run inside an allocation (``salloc``, ``sbatch``), the launcher makes the job's secret, picks
+the scheduler's node (the first of ``SLURM_JOB_NODELIST``) and port, and runs one
+``srun --ntasks 1+S+W`` whose tasks all start this module's task entry
+(``python -m hetps.launch.slurm task ...``). The entry reads ``SLURM_PROCID`` and becomes
+its role: task 0 the scheduler, tasks 1..S the servers, the rest the workers (each server and
+worker asks the scheduler for the rank that follows from its task id). It sets the ``DMLC_*``
+variables of its role and runs it: the scheduler and the servers as ``hetps scheduler`` /
+``hetps server``, the workers as the user's command.
+
+What the local launcher promises holds here too: output lines are prefixed with role and rank
+(from srun's ``--label``), the first task to fail gives the job its exit code (as a shell
+reports it), the others get ``failure_grace`` seconds to notice and are then stopped,
+Ctrl-C and SIGTERM stop the step, and every worker gets its share of its node's cores unless
+``OMP_NUM_THREADS`` is set. The secret reaches the tasks through srun's environment
+(``--export=ALL``), never a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from hetps.config import ConfigError, route_address, user_threads
+from hetps.launch.local import (
+    PORT_LINE,
+    LaunchSpec,
+    dies_with_launcher,
+    give_secret,
+    shell_code,
+    thread_share,
+    usable_cores,
+)
+
+#: what a task entry prints (and the launcher hides) when its role ends: ``PROCID CODE``
+EXIT_LINE = re.compile(r"^hetps-slurm-exit (\d+) (-?\d+)$")
+#: what task 0 prints first: the step to cancel if srun itself cannot stop it
+STEP_LINE = re.compile(r"^hetps-slurm-step (\S+)$")
+#: one line of ``srun --label`` output: ``TASK: text`` (the id padded to a common width)
+LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
+
+
+class SlurmError(RuntimeError):
+    """The launcher cannot run here; the message names the cause and the fix."""
+
+
+# -- host lists ------------------------------------------------------------------------------
+def expand_nodelist(nodelist: str) -> list[str]:
+    """The host names of a Slurm host list (``SLURM_JOB_NODELIST``), in order, as
+    ``scontrol show hostnames`` prints them: ``node[01-03,7],gpu[1-2]-ib`` ->
+    node01, node02, node03, node7, gpu1-ib, gpu2-ib. Zero padding is kept; a name may have
+    several bracket groups (every combination, the last group varying fastest)."""
+    hosts: list[str] = []
+    for item in _split_top(nodelist.strip(), ","):
+        if item:
+            hosts.extend(_expand_one(item, nodelist))
+    return hosts
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split on ``sep`` outside brackets."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def _expand_one(item: str, whole: str) -> list[str]:
+    m = re.search(r"\[([^\[\]]*)\]", item)
+    if m is None:
+        if "[" in item or "]" in item:
+            raise SlurmError(f"cannot read the Slurm host list {whole!r}: unbalanced brackets")
+        return [item]
+    head, tail = item[: m.start()], item[m.end() :]
+    out = []
+    for rng in m.group(1).split(","):
+        lo, sep, hi = rng.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise SlurmError(f"cannot read the Slurm host list {whole!r}: bad range {rng!r}")
+        width = len(lo)
+        start, stop = int(lo), int(hi) if sep else int(lo)
+        if stop < start:
+            raise SlurmError(f"cannot read the Slurm host list {whole!r}: range {rng!r} runs down")
+        for n in range(start, stop + 1):
+            out.extend(_expand_one(f"{head}{n:0{width}d}{tail}", whole))
+    return out
+
+
+def tasks_per_node(value: str) -> list[int]:
+    """``SLURM_STEP_TASKS_PER_NODE`` (``3(x2),1``) as one count per node: [3, 3, 1]."""
+    counts: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise SlurmError(f"cannot read the task counts {value!r} Slurm gave this step")
+        counts.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return counts
+
+
+def task_role(procid: int, num_servers: int, num_workers: int) -> tuple[str, int]:
+    """(role, rank) of Slurm task ``procid``: 0 the scheduler, 1..S servers, then workers."""
+    if procid == 0:
+        return "scheduler", 0
+    if procid <= num_servers:
+        return "server", procid - 1
+    rank = procid - 1 - num_servers
+    if rank >= num_workers:
+        raise SlurmError(
+            f"Slurm task {procid} has no role: the job has 1 scheduler, {num_servers} servers "
+            f"and {num_workers} workers ({1 + num_servers + num_workers} tasks)"
+        )
+    return "worker", rank
+
+
+def label(role: str, rank: int) -> str:
+    return "scheduler" if role == "scheduler" else f"{role} {rank}"
+
+
+# -- the launcher ----------------------------------------------------------------------------
+def check_allocation(env: dict[str, str], needed: int) -> list[str]:
+    """The allocation's hosts; raises SlurmError (cause and fix) when this is no allocation,
+    srun is missing or the allocation has too few tasks for the job."""
+    if not env.get("SLURM_JOB_ID"):
+        raise SlurmError(
+            "--launcher slurm runs inside a Slurm allocation and SLURM_JOB_ID is not set: "
+            f"run it in an sbatch script or under salloc, e.g. salloc -n {needed} hetps launch "
+            "--launcher slurm ..."
+        )
+    if shutil.which("srun", path=env.get("PATH")) is None:
+        raise SlurmError(
+            "--launcher slurm needs srun and it is not on PATH: load your site's Slurm module "
+            "(module load slurm) or install Slurm's client commands"
+        )
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise SlurmError(
+            "SLURM_JOB_NODELIST is not set although SLURM_JOB_ID is: run hetps launch in the "
+            "allocation's own shell (sbatch script or salloc), not with a copied SLURM_JOB_ID"
+        )
+    ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
+    if ntasks and ntasks.isdigit() and int(ntasks) < needed:
+        raise SlurmError(
+            f"the allocation has {ntasks} tasks (SLURM_NTASKS) and the job needs {needed} "
+            "(1 scheduler, the servers and the workers, one task each): allocate with "
+            f"-n {needed}, or pass fewer -n/-s"
+        )
+    return expand_nodelist(nodelist)
+
+
+def free_port() -> int:
+    """A port free on this host now (the scheduler's port when the launcher runs on the
+    scheduler's node, as in an sbatch script; elsewhere a port most likely free there)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_address(node: str, env: dict[str, str]) -> str:
+    """The address other nodes reach ``node`` at: its ``NodeAddr`` in Slurm (which may differ
+    from its name), else the name itself."""
+    try:
+        res = subprocess.run(
+            ["scontrol", "show", "node", "-o", node],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return node
+    m = re.search(r"\bNodeAddr=(\S+)", res.stdout) if res.returncode == 0 else None
+    return m.group(1) if m else node
+
+
+def srun_argv(spec: LaunchSpec, scheduler_node: str, root_uri: str, port: int, auto_threads: bool):
+    """The srun command line of a job (no secret on it: that travels in the environment)."""
+    ntasks = 1 + spec.num_servers + spec.num_workers
+    task = [
+        sys.executable,
+        "-m",
+        "hetps.launch.slurm",
+        "task",
+        "--servers",
+        str(spec.num_servers),
+        "--workers",
+        str(spec.num_workers),
+        "--scheduler-node",
+        scheduler_node,
+        "--root-uri",
+        root_uri,
+        "--port",
+        str(port),
+    ]
+    if auto_threads:
+        task.append("--auto-threads")
+    return [
+        "srun",
+        f"--ntasks={ntasks}",
+        "--distribution=block",  # task 0, the scheduler, on the allocation's first node
+        "--label",
+        "--export=ALL",
+        "--kill-on-bad-exit=0",  # the launcher decides, after failure_grace
+        *task,
+        "--",
+        *spec.command,
+    ]
+
+
+class SlurmLauncher:
+    """Runs a :class:`LaunchSpec` as one srun step; ``run()`` returns the job's exit code."""
+
+    def __init__(self, spec: LaunchSpec, env: dict[str, str] | None = None, out=None) -> None:
+        self.spec = spec
+        self.env = dict(os.environ if env is None else env)
+        self.out = out or sys.stdout
+        self.proc: subprocess.Popen | None = None
+        self.step: str | None = None
+        self.failed: tuple[str, int] | None = None  # (label, shell code) of the first failure
+        self._failed_event = threading.Event()
+        self._lock = threading.Lock()
+        self._labels: dict[int, str] = {}
+
+    def _log(self, text: str) -> None:
+        with self._lock:
+            self.out.write(f"[launcher] {text}\n")
+            self.out.flush()
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            m = LABELLED.match(line)
+            if m is None:  # srun's own messages
+                with self._lock:
+                    self.out.write(f"[srun] {line}\n")
+                    self.out.flush()
+                continue
+            task, text = int(m.group(1)), m.group(2)
+            name = self._labels.get(task, f"task {task}")
+            if task == 0 and PORT_LINE.search(text):
+                continue
+            step = STEP_LINE.match(text)
+            if step:
+                self.step = step.group(1)
+                continue
+            done = EXIT_LINE.match(text)
+            if done:
+                code = int(done.group(2))
+                if code != 0 and self.failed is None:
+                    self.failed = (name, code)
+                    self._failed_event.set()
+                continue
+            with self._lock:
+                self.out.write(f"[{name}] {text}\n")
+                self.out.flush()
+        self.proc.stdout.close()
+
+    def run(self) -> int:
+        old = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, _raise_interrupt)
+        try:
+            return self._run()
+        except SlurmError as exc:
+            self._log(str(exc))
+            return 1
+        except KeyboardInterrupt:
+            self._log("interrupted: stopping the job step")
+            return 130
+        finally:
+            for sig in old:
+                signal.signal(sig, signal.SIG_IGN)
+            self.stop()
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> int:
+        spec = self.spec
+        needed = 1 + spec.num_servers + spec.num_workers
+        hosts = check_allocation(self.env, needed)
+        env = {**self.env, **spec.env, "PYTHONUNBUFFERED": "1"}
+        give_secret(env)
+        scheduler_node = hosts[0]
+        root_uri = node_address(scheduler_node, env)
+        port = spec.port or free_port()
+        auto = user_threads(env=env) is None
+        for procid in range(needed):
+            self._labels[procid] = label(*task_role(procid, spec.num_servers, spec.num_workers))
+        argv = srun_argv(spec, scheduler_node, root_uri, port, auto)
+        self.proc = subprocess.Popen(
+            _dies_with_launcher_term(argv),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        reader = threading.Thread(target=self._pump, daemon=True)
+        reader.start()
+        while self.proc.poll() is None:
+            if self._failed_event.wait(0.2):
+                break
+        if self.proc.poll() is None:  # a task failed: the others get failure_grace to end
+            name, code = self.failed or ("a task", 1)
+            self._log(f"{name} exited (code {shell_code(code)}); stopping the others")
+            try:
+                self.proc.wait(timeout=spec.failure_grace)
+            except subprocess.TimeoutExpired:
+                self._log("stopping the job step")
+                self.stop()
+        self.proc.wait()
+        reader.join(timeout=5)
+        if self.failed is not None:
+            return shell_code(self.failed[1])
+        code = shell_code(self.proc.returncode)
+        if code != 0:
+            self._log(f"srun exited with code {code}")
+        return code
+
+    def stop(self) -> None:
+        """Stop the step: SIGTERM to srun (it signals every task), SIGKILL after
+        ``stop_grace``, and ``scancel`` of the step if srun had to be killed."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.spec.stop_grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(timeout=10)
+        if self.step:
+            subprocess.run(
+                ["scancel", self.step],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=30,
+            )
+
+
+def _raise_interrupt(signum, frame):  # type: ignore[no-untyped-def]
+    raise KeyboardInterrupt
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _dies_with_launcher_term(argv: list[str]) -> list[str]:
+    """srun with SIGTERM as its parent-death signal: srun forwards it to every task and ends
+    the step, where SIGKILL would leave the step to Slurm's own time-outs."""
+    wrapped = dies_with_launcher(argv)
+    if wrapped is argv:
+        return argv
+    return [wrapped[0], "--pdeathsig", "TERM", "--", *argv]
+
+
+def run_slurm(spec: LaunchSpec, out=None) -> int:
+    """Run ``spec`` as one Slurm job step in the current allocation; the job's exit code."""
+    return SlurmLauncher(spec, out=out).run()
+
+
+# -- the task entry --------------------------------------------------------------------------
+def task_env(env: dict[str, str], args: argparse.Namespace) -> tuple[str, int, dict[str, str]]:
+    """(role, rank, environment) of this Slurm task, from its ``SLURM_*`` variables."""
+    procid_s = env.get("SLURM_PROCID")
+    if procid_s is None or not procid_s.isdigit():
+        raise SlurmError(
+            "SLURM_PROCID is not set: `python -m hetps.launch.slurm task` is started by "
+            "`hetps launch --launcher slurm` through srun, not by hand"
+        )
+    ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
+    needed = 1 + args.servers + args.workers
+    if ntasks and ntasks.isdigit() and int(ntasks) != needed:
+        raise SlurmError(
+            f"this step has {ntasks} tasks (SLURM_NTASKS) and the job needs {needed}: "
+            "start it through hetps launch --launcher slurm, which asks srun for the count"
+        )
+    procid = int(procid_s)
+    role, rank = task_role(procid, args.servers, args.workers)
+    node = env.get("SLURMD_NODENAME", "")
+    if role == "scheduler" and node and node != args.scheduler_node:
+        raise SlurmError(
+            f"the scheduler (task 0) landed on {node}, not on {args.scheduler_node} where the "
+            "other tasks look for it: do not set SLURM_DISTRIBUTION to anything but block"
+        )
+    out = dict(env)
+    out.update(
+        DMLC_ROLE=role,
+        DMLC_PS_ROOT_URI=args.root_uri,
+        DMLC_PS_ROOT_PORT=str(args.port),
+        DMLC_NUM_SERVER=str(args.servers),
+        DMLC_NUM_WORKER=str(args.workers),
+        PYTHONUNBUFFERED="1",
+    )
+    if role != "scheduler":
+        out["HETPS_LAUNCH_RANK"] = str(rank)
+    if not env.get("DMLC_NODE_HOST") and not env.get("DMLC_INTERFACE"):
+        out["DMLC_NODE_HOST"] = route_address(args.root_uri, args.port)
+    if args.auto_threads:
+        out["OMP_NUM_THREADS"] = str(task_threads(role, env))
+    return role, rank, out
+
+
+def task_threads(role: str, env: dict[str, str]) -> int:
+    """A task's ``OMP_NUM_THREADS``: :func:`thread_share` of its node's cores among the
+    step's tasks on that node; a task Slurm bound to fewer CPUs than its node's allocation
+    (task/affinity, cgroups) has those CPUs to itself."""
+    cores = usable_cores()
+    on_node = env.get("SLURM_CPUS_ON_NODE", "")
+    if on_node.isdigit() and int(on_node) > cores:  # bound to its own CPUs
+        return cores if role == "worker" else 1
+    if on_node.isdigit():
+        cores = min(cores, int(on_node))
+    counts = tasks_per_node(
+        env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
+    )
+    nodeid = env.get("SLURM_NODEID", "0")
+    i = int(nodeid) if nodeid.isdigit() else 0
+    processes = counts[i] if i < len(counts) else counts[-1]
+    return thread_share(role, cores, processes)
+
+
+def _task_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m hetps.launch.slurm task")
+    p.add_argument("--servers", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--scheduler-node", required=True)
+    p.add_argument("--root-uri", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--auto-threads", action="store_true")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    env = dict(os.environ)
+    procid = env.get("SLURM_PROCID", "?")
+    try:
+        role, _rank, child_env = task_env(env, args)
+    except (SlurmError, ConfigError) as exc:
+        print(f"hetps launch --launcher slurm: {exc}", flush=True)
+        print(f"hetps-slurm-exit {procid} 2", flush=True)
+        return 2
+    if role == "scheduler" and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
+        print(f"hetps-slurm-step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}", flush=True)
+    if role in ("scheduler", "server"):
+        cmd = [sys.executable, "-m", "hetps.cli", role]
+        if role == "server":
+            child_env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))  # as the local launcher
+    else:
+        cmd = command
+    if shutil.which(cmd[0], path=child_env.get("PATH")) is None:
+        print(f"hetps launch --launcher slurm: cannot start {shlex.join(cmd)}: no such command")
+        print(f"hetps-slurm-exit {procid} 127", flush=True)
+        return 127
+    # its own process group, so that whatever the role starts ends with it (Slurm's
+    # proctrack/linuxproc loses processes that outlive their parent)
+    child = subprocess.Popen(dies_with_launcher(cmd), env=child_env, start_new_session=True)
+
+    def forward(signum, frame):  # type: ignore[no-untyped-def]
+        _signal_group(child, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    _signal_group(child, signal.SIGKILL)  # the role's leftovers
+    print(f"hetps-slurm-exit {procid} {code}", flush=True)
+    return shell_code(code)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["task"]:
+        sys.exit("usage: python -m hetps.launch.slurm task ... (started by hetps launch)")
+    sys.exit(_task_main(sys.argv[2:]))
