@@ -89,6 +89,24 @@ def run_once(argv: list[str], env: dict[str, str]) -> float:
     return wall
 
 
+HEADERS = ["launcher", "median s", "min s", "max s", "x local", "paired x local"]
+
+
+def table(times: dict[str, list[float]]) -> list[list[str]]:
+    """Rows: median, min, max, the ratio of medians to ``local`` and the median of the
+    per-repeat ratios (each run against ``local`` of the same repeat: steadier on a busy
+    machine)."""
+    local = times.get("local", [])
+    base = median(local)
+    rows = []
+    for v, ts in times.items():
+        med = median(ts)
+        ratio = med / base if base and med else None
+        paired = median(t / b for t, b in zip(ts, local, strict=False)) if local else None
+        rows.append([v, *(fmt(x, ".2f") for x in (med, min(ts), max(ts), ratio, paired))])
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--repeats", type=int, default=5)
@@ -128,22 +146,8 @@ def main() -> None:
             stop_ray(head)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    base = median(times.get("local", []))
-    rows = []
-    for v in args.variants:
-        med = median(times[v])
-        ratio = med / base if base and med else None
-        rows.append(
-            [
-                v,
-                fmt(med, ".2f"),
-                fmt(min(times[v]), ".2f"),
-                fmt(max(times[v]), ".2f"),
-                fmt(ratio, ".2f"),
-            ]
-        )
     print()
-    print_table(["launcher", "median s", "min s", "max s", "x local"], rows)
+    print_table(HEADERS, table(times))
     if args.json:
         write_json(
             args.json,
