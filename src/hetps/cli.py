@@ -54,6 +54,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
             "line, where other users can read it: leave it out (hetps launch makes one for "
             "each job) or set HETPS_SECRET_FILE to a file made by `hetps secret FILE`"
         )
+    if args.launcher == "ray":
+        from hetps.launch.ray import cli_launch
+
+        return cli_launch(args, command, servers, env)
     spec = LaunchSpec(
         num_workers=args.num_workers,
         num_servers=servers,
@@ -302,8 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
     la = sub.add_parser("launch", help="start a scheduler, servers and workers running CMD")
     la.add_argument("-n", "--num-workers", type=int, required=True)
     la.add_argument("-s", "--num-servers", type=int, default=None, help="default: = workers")
-    la.add_argument("--launcher", choices=["local", "ssh", "slurm"], default="local")
+    la.add_argument("--launcher", choices=["local", "ssh", "slurm", "ray"], default="local")
     la.add_argument("-H", "--hostfile", default=None)
+    la.add_argument(
+        "--ray-address",
+        default=None,
+        help="--launcher ray: the Ray cluster (HOST:PORT, auto, ray://...; default RAY_ADDRESS, "
+        "else a local Ray for the job; docs/RAY_K8S.md)",
+    )
+    la.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="N")
+    la.add_argument("--ray-cpus-per-server", type=float, default=1.0, metavar="N")
     la.add_argument("--env", action="append", default=[], metavar="K=V")
     la.add_argument("--port", type=int, default=0, help="scheduler port (default: ephemeral)")
     la.add_argument("--start-timeout", type=float, default=60.0)
@@ -365,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--margin", type=float, default=0.0, help="seconds (ESync uses 0.5)")
     st.set_defaults(func=cmd_state_server)
 
-    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.metrics.top"):
+    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.metrics.top", "hetps.launch.k8s"):
         try:
             mod = __import__(name, fromlist=["add_parser"])
         except ImportError:

@@ -393,6 +393,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
         "Read by hetps commands",
         (
             Var("HETPS_SSH", "str", "ssh", "the ssh program `hetps launch --launcher ssh` runs"),
+            Var("RAY_ADDRESS", "str", None,
+                "the Ray cluster `hetps launch --launcher ray` joins when --ray-address is not "
+                "given (Ray's own variable); not set: a local Ray is started for the job",
+                default_text="not set: a local Ray for the job"),
             Var("OMP_NUM_THREADS", "int", None,
                 "intra-op threads (OpenMP, torch, OpenBLAS, MKL) of each process. Not set: "
                 "`hetps launch` and `hetps train --workers` give every worker they start "

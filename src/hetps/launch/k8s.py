@@ -1,0 +1,528 @@
+"""Kubernetes manifests for a hetps job: ``hetps k8s [options] -- CMD...``.
+
+Two shapes (``--kind``):
+
+* ``jobset`` (default): one JobSet (``jobset.x-k8s.io/v1alpha2``, needs the JobSet controller)
+  with three replicated jobs, ``scheduler`` (1 pod), ``server`` (S pods) and ``worker`` (W pods),
+  each an Indexed Job. JobSet makes the headless Service itself and gives every pod the
+  hostname ``NAME-ROLE-0-INDEX`` in the subdomain ``NAME``; the JobSet succeeds when the workers
+  have (the scheduler and the servers end on their own once the workers are done) and fails,
+  without restarts, as soon as any pod does.
+* ``jobs``: plain ``batch/v1`` Jobs (Indexed; a pod's hostname is ``JOB-INDEX``) plus a
+  headless Service ``NAME`` over the job's pods: only built-in kinds.
+
+Every pod gets the ``DMLC_*`` environment a launcher gives its processes:
+``DMLC_PS_ROOT_URI`` is the scheduler pod's DNS name (published before the pod is ready, so
+nodes can connect while others still start), ``DMLC_PS_ROOT_PORT`` the fixed ``--port``,
+``DMLC_NODE_HOST`` the pod's own IP (downward API ``status.podIP``), and servers and workers ask
+for the rank of their Job completion index (``HETPS_LAUNCH_RANK`` from the pod annotation
+``batch.kubernetes.io/job-completion-index``, the source of ``JOB_COMPLETION_INDEX``), so worker
+i is the pod with index i. ``HETPS_CONNECT_TIMEOUT`` is long (pods start as their images
+arrive).
+
+The cluster secret is a Kubernetes Secret (a fresh ``secrets.token_hex(32)`` per call, under
+the key ``secret``), or one you made (``--secret-name``); each pod reads it into
+``HETPS_SECRET`` through ``secretKeyRef``, so it is in no pod spec and on no command line.
+(A mounted file would not do: Kubernetes mounts secrets as symlinks, which
+``HETPS_SECRET_FILE`` refuses to follow.)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+JOBSET_API = "jobset.x-k8s.io/v1alpha2"
+#: the annotation a Job puts on each of its pods with the pod's completion index
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+SECRET_KEY = "secret"
+ROLES = ("scheduler", "server", "worker")
+#: names hetps sets in every pod; --env may not override them
+RESERVED_ENV = (
+    "DMLC_ROLE",
+    "DMLC_PS_ROOT_URI",
+    "DMLC_PS_ROOT_PORT",
+    "DMLC_NUM_SERVER",
+    "DMLC_NUM_WORKER",
+    "DMLC_NODE_HOST",
+    "HETPS_LAUNCH_RANK",
+    "HETPS_SECRET",
+    "HETPS_SECRET_FILE",
+)
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")
+_RESOURCE_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+#: a JobSet pod's name is NAME-ROLE-0-INDEX-xxxxx and must fit 63 characters
+MAX_NAME = 40
+
+
+class ManifestError(ValueError):
+    """A bad option of ``hetps k8s``; the message names it and the fix."""
+
+
+def parse_resources(text: str, flag: str) -> dict[str, str]:
+    """``cpu=2,memory=4Gi,nvidia.com/gpu=1`` -> a dict, each quantity checked."""
+    out: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, qty = item.partition("=")
+        name, qty = name.strip(), qty.strip()
+        if not sep or not name or not qty:
+            raise ManifestError(
+                f"{flag} {text!r}: each item must look like NAME=QUANTITY, e.g. cpu=2,memory=4Gi"
+            )
+        if not _RESOURCE_NAME.match(name):
+            raise ManifestError(
+                f"{flag}: {name!r} is not a resource name (cpu, memory, nvidia.com/gpu)"
+            )
+        if not _QUANTITY.match(qty):
+            raise ManifestError(
+                f"{flag}: {name}={qty!r} is not a Kubernetes quantity: use e.g. 2, 500m, 4Gi"
+            )
+        out[name] = qty
+    return out
+
+
+def _cpu_count(qty: str) -> int | None:
+    """Whole CPUs of a cpu quantity (``2`` -> 2, ``1500m`` -> 2, ``500m`` -> 1)."""
+    m = _QUANTITY.match(qty)
+    if not m:
+        return None
+    value = float(m.group(1))
+    suffix = m.group(2) or ""
+    if suffix == "m":
+        value /= 1000
+    elif suffix:
+        return None
+    return max(1, math.ceil(value))
+
+
+@dataclass
+class K8sJob:
+    """What ``hetps k8s`` writes manifests for."""
+
+    name: str
+    image: str
+    command: list[str]
+    num_workers: int
+    num_servers: int
+    namespace: str = "default"
+    kind: str = "jobset"  # or "jobs"
+    port: int = 9091
+    env: dict[str, str] = field(default_factory=dict)
+    worker_resources: dict[str, str] = field(default_factory=dict)
+    server_resources: dict[str, str] = field(default_factory=dict)
+    scheduler_resources: dict[str, str] = field(default_factory=dict)
+    secret_name: str | None = None  # an existing Secret (key "secret"); None: make one
+    connect_timeout: float = 600.0
+    image_pull_policy: str | None = None
+    service_account: str | None = None
+    hetps: Sequence[str] = ("hetps",)  # how the image runs hetps' own commands
+
+    def check(self) -> None:
+        """Raise ManifestError naming the first bad option and its fix."""
+        if not self.image:
+            raise ManifestError("--image is required: an image with hetps and your code in it")
+        if not self.command:
+            raise ManifestError(
+                "give the worker command after --, e.g. hetps k8s -n 2 --image IMG -- "
+                "python train.py"
+            )
+        if not _DNS_LABEL.match(self.name) or len(self.name) > MAX_NAME:
+            raise ManifestError(
+                f"--name {self.name!r}: use lowercase letters, digits and '-', starting with a "
+                f"letter, at most {MAX_NAME} characters (it prefixes every object and pod name)"
+            )
+        if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
+            raise ManifestError(f"--namespace {self.namespace!r} is not a namespace name")
+        if self.kind not in ("jobset", "jobs"):
+            raise ManifestError(f"--kind {self.kind!r}: use jobset or jobs")
+        if self.num_workers < 1:
+            raise ManifestError("-n/--num-workers must be >= 1")
+        if self.num_servers < 1:
+            raise ManifestError("-s/--num-servers must be >= 1")
+        if not 1 <= self.port <= 65535:
+            raise ManifestError(f"--port {self.port}: use a TCP port from 1 to 65535")
+        if self.connect_timeout <= 0:
+            raise ManifestError("--connect-timeout must be > 0 seconds")
+        if self.secret_name is not None and not _DNS_SUBDOMAIN.match(self.secret_name):
+            raise ManifestError(f"--secret-name {self.secret_name!r} is not a Secret name")
+        for k in self.env:
+            if k in RESERVED_ENV:
+                how = (
+                    "the cluster secret goes in a Kubernetes Secret (--secret-name, or leave it "
+                    "out and hetps k8s makes one)"
+                    if k.startswith("HETPS_SECRET")
+                    else "hetps k8s sets it for every pod"
+                )
+                raise ManifestError(f"--env {k}=...: {how}")
+            if not _ENV_NAME.match(k):
+                raise ManifestError(f"--env {k!r} is not an environment variable name")
+
+    # -- names ------------------------------------------------------------------------------
+    @property
+    def subdomain(self) -> str:
+        return self.name
+
+    def job_name(self, role: str) -> str:
+        """The Job of ``role`` (JobSet: replicated job ROLE, job index 0)."""
+        return f"{self.name}-{role}-0" if self.kind == "jobset" else f"{self.name}-{role}"
+
+    def pod_host(self, role: str, index: int) -> str:
+        """The DNS name of pod ``index`` of ``role`` inside the namespace."""
+        if self.kind == "jobset":
+            return f"{self.name}-{role}-0-{index}.{self.subdomain}"
+        return f"{self.name}-{role}-{index}.{self.subdomain}"
+
+    @property
+    def scheduler_host(self) -> str:
+        return self.pod_host("scheduler", 0)
+
+    @property
+    def secret_ref(self) -> str:
+        return self.secret_name or f"{self.name}-secret"
+
+    def labels(self, role: str | None = None) -> dict[str, str]:
+        out = {"app.kubernetes.io/name": "hetps", "hetps.io/job": self.name}
+        if role:
+            out["hetps.io/role"] = role
+        return out
+
+    # -- pods -------------------------------------------------------------------------------
+    def env_for(self, role: str) -> list[dict]:
+        """The container environment of ``role``'s pods."""
+        env = [
+            {"name": "DMLC_ROLE", "value": role},
+            {"name": "DMLC_PS_ROOT_URI", "value": self.scheduler_host},
+            {"name": "DMLC_PS_ROOT_PORT", "value": str(self.port)},
+            {"name": "DMLC_NUM_SERVER", "value": str(self.num_servers)},
+            {"name": "DMLC_NUM_WORKER", "value": str(self.num_workers)},
+            {"name": "DMLC_NODE_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ]
+        if role != "scheduler":
+            env.append(
+                {
+                    "name": "HETPS_LAUNCH_RANK",
+                    "valueFrom": {
+                        "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}
+                    },
+                }
+            )
+        env.append(
+            {
+                "name": "HETPS_SECRET",
+                "valueFrom": {"secretKeyRef": {"name": self.secret_ref, "key": SECRET_KEY}},
+            }
+        )
+        env.append({"name": "HETPS_CONNECT_TIMEOUT", "value": f"{self.connect_timeout:g}"})
+        env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
+        if "OMP_NUM_THREADS" not in self.env:
+            threads = None
+            if role != "worker":
+                threads = 1
+            elif "cpu" in self.worker_resources:
+                threads = _cpu_count(self.worker_resources["cpu"])
+            if threads is not None:
+                env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
+        env += [{"name": k, "value": v} for k, v in self.env.items()]
+        return env
+
+    def container(self, role: str) -> dict:
+        if role == "worker":
+            command = list(self.command)
+        else:
+            command = [*self.hetps, role]
+        c: dict = {"name": role, "image": self.image, "command": command, "env": self.env_for(role)}
+        if self.image_pull_policy:
+            c["imagePullPolicy"] = self.image_pull_policy
+        res = {
+            "scheduler": self.scheduler_resources,
+            "server": self.server_resources,
+            "worker": self.worker_resources,
+        }[role]
+        if res:
+            c["resources"] = {"requests": dict(res), "limits": dict(res)}
+        if role == "scheduler":
+            c["ports"] = [{"name": "scheduler", "containerPort": self.port, "protocol": "TCP"}]
+        return c
+
+    def pod_template(self, role: str) -> dict:
+        spec: dict = {"restartPolicy": "Never", "containers": [self.container(role)]}
+        if self.kind == "jobs":
+            spec["subdomain"] = self.subdomain  # hostname JOB-INDEX comes with Indexed Jobs
+        if self.service_account:
+            spec["serviceAccountName"] = self.service_account
+        return {"metadata": {"labels": self.labels(role)}, "spec": spec}
+
+    def job_spec(self, role: str) -> dict:
+        n = {"scheduler": 1, "server": self.num_servers, "worker": self.num_workers}[role]
+        return {
+            "completionMode": "Indexed",
+            "completions": n,
+            "parallelism": n,
+            "backoffLimit": 0,  # a node that died cannot rejoin: the job fails with it
+            "template": self.pod_template(role),
+        }
+
+    # -- objects ----------------------------------------------------------------------------
+    def meta(self, name: str, role: str | None = None) -> dict:
+        return {"name": name, "namespace": self.namespace, "labels": self.labels(role)}
+
+    def secret_object(self, token: str) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": self.meta(self.secret_ref),
+            "type": "Opaque",
+            "data": {SECRET_KEY: base64.b64encode(token.encode()).decode()},
+        }
+
+    def jobset(self) -> dict:
+        return {
+            "apiVersion": JOBSET_API,
+            "kind": "JobSet",
+            "metadata": self.meta(self.name),
+            "spec": {
+                "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+                "failurePolicy": {"maxRestarts": 0},
+                "successPolicy": {"operator": "All", "targetReplicatedJobs": ["worker"]},
+                "replicatedJobs": [
+                    {
+                        "name": role,
+                        "replicas": 1,
+                        "template": {
+                            "metadata": {"labels": self.labels(role)},
+                            "spec": self.job_spec(role),
+                        },
+                    }
+                    for role in ROLES
+                ],
+            },
+        }
+
+    def service(self) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self.meta(self.name),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": self.labels(),
+                "ports": [
+                    {
+                        "name": "scheduler",
+                        "port": self.port,
+                        "targetPort": self.port,
+                        "protocol": "TCP",
+                    }
+                ],
+            },
+        }
+
+    def job(self, role: str) -> dict:
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": self.meta(self.job_name(role), role),
+            "spec": self.job_spec(role),
+        }
+
+    def manifests(self, token: str | None = None) -> list[dict]:
+        """Every object, in the order to apply them: the Secret (unless ``secret_name``),
+        then the JobSet, or the Service and the three Jobs. ``token``: the secret (default a
+        fresh one)."""
+        self.check()
+        objs = []
+        if self.secret_name is None:
+            objs.append(self.secret_object(token or secrets.token_hex(32)))
+        if self.kind == "jobset":
+            objs.append(self.jobset())
+        else:
+            objs.append(self.service())
+            objs += [self.job(role) for role in ROLES]
+        return objs
+
+
+# -- YAML ----------------------------------------------------------------------------------------
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]*$")
+
+
+def _scalar(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if v is None:
+        return "null"
+    return json.dumps(str(v), ensure_ascii=False)  # a JSON string is a YAML double-quoted one
+
+
+def _key(k: str) -> str:
+    return (
+        k
+        if _PLAIN_KEY.match(k) and k not in ("true", "false", "null", "yes", "no")
+        else json.dumps(k)
+    )
+
+
+def _emit(v, indent: int, lines: list[str]) -> None:
+    pad = "  " * indent
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if isinstance(x, (dict, list)) and x:
+                lines.append(f"{pad}{_key(k)}:")
+                _emit(x, indent + 1 if isinstance(x, dict) else indent, lines)
+            else:
+                lines.append(f"{pad}{_key(k)}: {_inline(x)}")
+    elif isinstance(v, list):
+        for x in v:
+            if isinstance(x, dict) and x:
+                sub: list[str] = []
+                _emit(x, indent + 1, sub)
+                first = sub[0][len(pad) + 2 :]
+                lines.append(f"{pad}- {first}")
+                lines.extend(sub[1:])
+            elif isinstance(x, list) and x:
+                raise ValueError("nested lists are not used in manifests")
+            else:
+                lines.append(f"{pad}- {_inline(x)}")
+    else:
+        lines.append(pad + _scalar(v))
+
+
+def _inline(x) -> str:
+    if isinstance(x, dict):
+        return "{}"
+    if isinstance(x, list):
+        return "[]"
+    return _scalar(x)
+
+
+def to_yaml(objs: Sequence[dict]) -> str:
+    """The objects as one multi-document YAML stream (``kubectl apply -f -`` reads it)."""
+    docs = []
+    for obj in objs:
+        lines: list[str] = []
+        _emit(obj, 0, lines)
+        docs.append("\n".join(lines) + "\n")
+    return "---\n" + "---\n".join(docs)
+
+
+def write_dir(objs: Sequence[dict], out_dir: str) -> list[str]:
+    """One file per object in ``out_dir`` (created), numbered in apply order; the Secret's
+    file is mode 0600 and never overwritten. Returns the paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for i, obj in enumerate(objs):
+        name = f"{i:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path = os.path.join(out_dir, name)
+        text = to_yaml([obj])
+        if obj["kind"] == "Secret":
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                raise ManifestError(
+                    f"{path} exists: a secret is never overwritten (a running job may use it); "
+                    "remove it or write to another directory"
+                ) from None
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        else:
+            with open(path, "w") as f:
+                f.write(text)
+        paths.append(path)
+    return paths
+
+
+# -- the command ---------------------------------------------------------------------------------
+def add_parser(sub) -> None:
+    """``hetps k8s``."""
+    k = sub.add_parser(
+        "k8s",
+        help="write Kubernetes manifests (JobSet, or Jobs + a headless Service) for a job",
+        description="Write the manifests of a hetps job: a Secret with a fresh cluster secret, "
+        "and a JobSet (--kind jobset, needs the JobSet controller) or plain Indexed Jobs plus a "
+        "headless Service (--kind jobs). Apply with: hetps k8s ... | kubectl apply -f -  "
+        "(docs/RAY_K8S.md)",
+    )
+    k.add_argument("-n", "--num-workers", type=int, required=True)
+    k.add_argument("-s", "--num-servers", type=int, default=None, help="default: = workers")
+    k.add_argument("--image", required=True, help="an image with hetps and your code in it")
+    k.add_argument("--name", default="hetps", help="prefix of every object (default hetps)")
+    k.add_argument("--namespace", default="default")
+    k.add_argument("--kind", choices=["jobset", "jobs"], default="jobset")
+    k.add_argument("--port", type=int, default=9091, help="the scheduler's port (default 9091)")
+    k.add_argument("--env", action="append", default=[], metavar="K=V")
+    k.add_argument("--worker-resources", default="", metavar="cpu=2,memory=4Gi,...")
+    k.add_argument("--server-resources", default="", metavar="cpu=1,memory=2Gi,...")
+    k.add_argument("--scheduler-resources", default="", metavar="cpu=500m,memory=512Mi")
+    k.add_argument(
+        "--secret-name",
+        default=None,
+        help="use this existing Secret (key 'secret') instead of writing a new one",
+    )
+    k.add_argument("--connect-timeout", type=float, default=600.0, metavar="S")
+    k.add_argument("--image-pull-policy", choices=["Always", "IfNotPresent", "Never"])
+    k.add_argument("--service-account", default=None)
+    k.add_argument("-o", "--out-dir", default=None, help="write one file per object here")
+    k.add_argument("command", nargs="*", help="the worker command (after --)")
+    k.set_defaults(func=cmd_k8s)
+
+
+def cmd_k8s(args) -> int:
+    import sys
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    env = {}
+    try:
+        for item in args.env:
+            if "=" not in item or item.startswith("="):
+                raise ManifestError(f"--env {item!r} must look like NAME=VALUE")
+            key, value = item.split("=", 1)
+            env[key] = value
+        job = K8sJob(
+            name=args.name,
+            image=args.image,
+            command=command,
+            num_workers=args.num_workers,
+            num_servers=args.num_servers if args.num_servers is not None else args.num_workers,
+            namespace=args.namespace,
+            kind=args.kind,
+            port=args.port,
+            env=env,
+            worker_resources=parse_resources(args.worker_resources, "--worker-resources"),
+            server_resources=parse_resources(args.server_resources, "--server-resources"),
+            scheduler_resources=parse_resources(args.scheduler_resources, "--scheduler-resources"),
+            secret_name=args.secret_name,
+            connect_timeout=args.connect_timeout,
+            image_pull_policy=args.image_pull_policy,
+            service_account=args.service_account,
+        )
+        objs = job.manifests()
+        if args.out_dir:
+            paths = write_dir(objs, args.out_dir)
+            print(
+                f"hetps k8s: wrote {len(paths)} manifests to {args.out_dir}; apply them with "
+                f"kubectl apply -f {args.out_dir}",
+                file=sys.stderr,
+            )
+        else:
+            sys.stdout.write(to_yaml(objs))
+    except ManifestError as exc:
+        print(f"hetps k8s: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,627 @@
+"""Run a hetps job on a Ray cluster: every role in a Ray actor, as a real process.
+
+``hetps launch --launcher ray [--ray-address ADDR] -n W -s S -- CMD...`` and
+:func:`run_job` start, on an existing Ray cluster (``address``, or ``RAY_ADDRESS``) or on a
+local one started for the job:
+
+* the scheduler in an actor pinned to the head node (the ``node:__internal_head__`` resource,
+  as Ray Train places its controller), using no CPU;
+* a placement group of S + W bundles with the SPREAD strategy, one per server and worker, so
+  they land on as many nodes as the cluster has (SPREAD is best effort: a one-node cluster
+  takes them all); each server and worker actor sits in its own bundle.
+
+Each actor starts its role as a subprocess in its own session (``hetps scheduler``,
+``hetps server``, or CMD for a worker) with the ``DMLC_*`` environment: the scheduler's
+address is the head node's IP and the port it reports, each node advertises its own node's IP
+(``DMLC_NODE_HOST``), and ranks follow the launch order (``HETPS_LAUNCH_RANK``). The process
+runs in the driver's working directory, which must exist on every node (as with ssh), and
+gets the driver's ``DMLC_*``, ``PS_*``, ``HETPS_*``, ``MXNET_*``, ``PYTHON*`` and
+``OMP_NUM_THREADS`` variables and every ``--env`` name on top of the actor's own environment.
+
+The job's fresh cluster secret (:func:`~hetps.launch.local.give_secret`) travels to the
+actors as an argument of their ``start`` call, inside Ray's own connections, and reaches the
+process in its environment: never on a command line. Output comes back to the driver line by
+line, prefixed with the role and rank as by the local launcher; the exit code is the first
+non-zero one (128 + N for a process killed by signal N). On a failure, Ctrl-C or SIGTERM every
+process is stopped, every actor killed and the placement group removed; a process also dies
+with its actor (parent-death signal), and the actors with the driver (Ray kills the actors of
+a driver that is gone).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hetps.config import env_value
+from hetps.launch.local import (
+    FORWARDED_PREFIXES,
+    PORT_LINE,
+    dies_with_launcher,
+    give_secret,
+    shell_code,
+    usable_cores,
+)
+
+INSTALL_HINT = (
+    "the ray launcher needs Ray: install it with pip install 'hetps[ray]' "
+    "(or pip install 'ray==2.60.0')"
+)
+#: the resource only the head node has (a tiny amount of it pins an actor there)
+HEAD_RESOURCE = "node:__internal_head__"
+#: the object store of a local Ray started for a job: hetps moves no data through it
+LOCAL_OBJECT_STORE_BYTES = 128 << 20
+
+
+def import_ray():
+    """The ``ray`` module, or SystemExit with one line saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise SystemExit(f"hetps launch: {INSTALL_HINT}") from None
+    return ray
+
+
+class RoleProcess:
+    """The body of a role's Ray actor: starts one process on its node and hands its output
+    to the driver. Its methods run in a few threads (``max_concurrency``), so ``stop`` works
+    while ``poll`` waits."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self._lines: collections.deque[str] = collections.deque()
+        self._cond = threading.Condition()
+        self._eof = False
+        # every process is started by this one thread, which lives as long as the actor: the
+        # parent-death signal fires when the *thread* that started a process ends
+        self._requests: queue.Queue = queue.Queue()
+        threading.Thread(target=self._spawn_loop, daemon=True, name="hetps-spawn").start()
+
+    def where(self) -> dict:
+        """This actor's node: its IP, id and usable cores."""
+        import ray
+
+        return {
+            "ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "cores": usable_cores(),
+            "pid": os.getpid(),
+        }
+
+    def _spawn_loop(self) -> None:
+        while True:
+            argv, env, cwd, done = self._requests.get()
+            try:
+                done.set_result(self._spawn(argv, env, cwd))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                done.set_exception(exc)
+
+    def _spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> int:
+        if not os.path.isdir(cwd):
+            raise FileNotFoundError(
+                f"the working directory {cwd} does not exist on this node: run hetps launch "
+                "from a directory every node of the Ray cluster has"
+            )
+        if shutil.which(argv[0], path=env.get("PATH")) is None:
+            raise FileNotFoundError(f"{argv[0]}: no such file or command on this node")
+        self.proc = subprocess.Popen(
+            dies_with_launcher(argv),
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._pump, daemon=True, name="hetps-pump").start()
+        return self.proc.pid
+
+    def start(self, argv: list[str], overlay: dict[str, str], cwd: str) -> int:
+        """Start ``argv`` in ``cwd`` with this process's environment plus ``overlay``;
+        returns its pid. Raises FileNotFoundError (the message says what is missing)."""
+        env = dict(os.environ)
+        env.update(overlay)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._requests.put((argv, env, cwd, done))
+        return done.result()
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            with self._cond:
+                self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self._cond.notify_all()
+        self.proc.stdout.close()
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    def poll(self, timeout: float = 0.5) -> tuple[list[str], int | None]:
+        """(the output lines since the last call, the exit status or None while it runs),
+        waiting up to ``timeout`` s for either. The status comes once every line is out."""
+        proc = self.proc
+        with self._cond:
+            self._cond.wait_for(lambda: self._lines or self._eof, timeout=timeout)
+            code = proc.poll() if proc is not None else None
+            if code is not None and not self._eof:
+                # the rest of its output; a process it started and left behind may hold the
+                # pipe open for ever, so not longer than this (as the local launcher)
+                self._cond.wait_for(lambda: self._eof, timeout=2.0)
+            lines = list(self._lines)
+            self._lines.clear()
+        return lines, code
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        """SIGTERM the process's group, SIGKILL it after ``grace`` s; returns its status."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            _killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        _killpg(proc.pid, signal.SIGKILL)  # the group may hold grandchildren
+        try:
+            return proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@dataclass
+class RayJobResult:
+    """What :func:`run_job` returns: the job's exit code (as the local launcher's), each
+    role's exit code and where each role ran."""
+
+    code: int
+    codes: dict[str, int | None] = field(default_factory=dict)  # label -> status (None: stopped)
+    nodes: dict[str, dict] = field(default_factory=dict)  # label -> {ip, node_id, cores, pid}
+
+
+@dataclass
+class _Role:
+    role: str
+    rank: int
+    actor: object
+    label: str
+    where: dict = field(default_factory=dict)
+    code: int | None = None
+    started: bool = False
+
+
+class RayLauncher:
+    """Runs one job on a Ray cluster; :meth:`run` returns a :class:`RayJobResult`."""
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        num_workers: int,
+        num_servers: int,
+        *,
+        address: str | None = None,
+        env: dict[str, str] | None = None,
+        cpus_per_worker: float = 1,
+        cpus_per_server: float = 1,
+        start_timeout: float = 60.0,
+        stop_grace: float = 5.0,
+        failure_grace: float = 15.0,
+        cwd: str | None = None,
+        init_kwargs: dict | None = None,
+        port: int = 0,
+        out=None,
+    ) -> None:
+        if num_workers < 1 or num_servers < 1:
+            raise ValueError("a job needs at least one worker and one server")
+        if not command:
+            raise ValueError("give the worker command")
+        self.command = list(command)
+        self.num_workers = num_workers
+        self.num_servers = num_servers
+        # None: RAY_ADDRESS when set, else a local Ray for the job ("local" forces one)
+        self.address = address if address is not None else env_value("RAY_ADDRESS")
+        self.env = dict(env or {})
+        self.cpus_per_worker = cpus_per_worker
+        self.cpus_per_server = cpus_per_server
+        self.start_timeout = start_timeout
+        self.stop_grace = stop_grace
+        self.failure_grace = failure_grace
+        self.cwd = cwd or os.getcwd()
+        self.init_kwargs = dict(init_kwargs or {})
+        self.port = port
+        self.out = out or sys.stdout
+        self.roles: list[_Role] = []
+        self.pg = None
+        self._ray = None
+        self._connected = False
+        self._print_lock = threading.Lock()
+
+    # -- output -----------------------------------------------------------------------------
+    def _log(self, text: str) -> None:
+        with self._print_lock:
+            self.out.write(f"[launcher] {text}\n")
+            self.out.flush()
+
+    def _print(self, role: _Role, lines: list[str]) -> None:
+        if not lines:
+            return
+        with self._print_lock:
+            for line in lines:
+                self.out.write(f"[{role.label}] {line}\n")
+            self.out.flush()
+
+    # -- run --------------------------------------------------------------------------------
+    def run(self) -> RayJobResult:
+        """Connect (or start a local Ray), run the job, clean everything up."""
+        ray = self._ray = import_ray()
+        old = {}
+        code = 1
+        try:
+            self._connect()
+            if threading.current_thread() is threading.main_thread():
+                # after ray.init, which sets its own SIGTERM handler
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    old[sig] = signal.signal(sig, _interrupt)
+            code = self._run()
+        except KeyboardInterrupt:
+            self._log("interrupted: stopping every process")
+            code = 130
+        except ray.exceptions.GetTimeoutError as exc:
+            self._log(str(exc))
+            code = 1
+        finally:
+            for sig in old:  # a second Ctrl-C must not cut the clean-up short
+                signal.signal(sig, signal.SIG_IGN)
+            try:
+                self.cleanup()
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
+        return RayJobResult(
+            code=code,
+            codes={r.label: r.code for r in self.roles},
+            nodes={r.label: r.where for r in self.roles},
+        )
+
+    def _connect(self) -> None:
+        ray = self._ray
+        kwargs = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": logging.WARNING,
+            **self.init_kwargs,
+        }
+        if self.address and self.address != "local":
+            kwargs["address"] = self.address
+        else:  # a Ray of our own, sized for the job (its CPUs are Ray's logical ones)
+            kwargs["address"] = "local"
+            kwargs.setdefault("num_cpus", max(usable_cores(), self._cpus_needed()))
+            kwargs.setdefault("object_store_memory", LOCAL_OBJECT_STORE_BYTES)
+        try:
+            ray.init(**kwargs)
+        except ConnectionError as exc:
+            raise SystemExit(
+                f"hetps launch: cannot reach the Ray cluster at {self.address or 'RAY_ADDRESS'}: "
+                f"{exc}; start one with `ray start --head` or give --ray-address HOST:PORT"
+            ) from None
+        self._connected = True
+
+    def _actor_class(self):
+        return self._ray.remote(RoleProcess)
+
+    def _cpus_needed(self) -> float:
+        return self.num_workers * self.cpus_per_worker + self.num_servers * self.cpus_per_server
+
+    def _check_resources(self) -> None:
+        """A clear error when the placement group can never fit, before waiting for it."""
+        ray = self._ray
+        total = ray.cluster_resources()
+        need = self._cpus_needed()
+        have = total.get("CPU", 0)
+        if need > have:
+            raise SystemExit(
+                f"hetps launch: the job needs {need:g} CPUs on the Ray cluster "
+                f"({self.num_workers} workers x {self.cpus_per_worker:g} + {self.num_servers} "
+                f"servers x {self.cpus_per_server:g}) and the cluster has {have:g}: add nodes, "
+                "or lower --ray-cpus-per-worker / --ray-cpus-per-server"
+            )
+        if total.get(HEAD_RESOURCE, 0) <= 0:
+            raise SystemExit(
+                "hetps launch: this Ray cluster has no head node resource "
+                f"({HEAD_RESOURCE}), so the scheduler cannot be placed on the head node"
+            )
+
+    def _run(self) -> int:
+        ray = self._ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._check_resources()
+        bundles = [{"CPU": self.cpus_per_server} for _ in range(self.num_servers)] + [
+            {"CPU": self.cpus_per_worker} for _ in range(self.num_workers)
+        ]
+        self.pg = placement_group(bundles, strategy="SPREAD", name=f"hetps-{os.getpid()}")
+        try:
+            ray.get(self.pg.ready(), timeout=self.start_timeout)
+        except ray.exceptions.GetTimeoutError:
+            self._log(
+                f"the placement group ({len(bundles)} bundles: {bundles[0]} per server, "
+                f"{bundles[-1]} per worker) was not placed within {self.start_timeout:g} s: "
+                "the cluster's free CPUs are taken by other jobs"
+            )
+            return 1
+        Actor = self._actor_class()
+        sched = Actor.options(
+            num_cpus=0, resources={HEAD_RESOURCE: 0.001}, max_concurrency=4
+        ).remote()
+        self.roles.append(_Role("scheduler", 0, sched, "scheduler"))
+        for i in range(self.num_servers + self.num_workers):
+            role, rank = ("server", i) if i < self.num_servers else ("worker", i - self.num_servers)
+            cpus = self.cpus_per_server if role == "server" else self.cpus_per_worker
+            actor = Actor.options(
+                num_cpus=cpus,
+                max_concurrency=4,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=i
+                ),
+            ).remote()
+            self.roles.append(_Role(role, rank, actor, f"{role} {rank}"))
+        wheres = ray.get([r.actor.where.remote() for r in self.roles], timeout=self.start_timeout)
+        for r, w in zip(self.roles, wheres, strict=True):
+            r.where = w
+
+        env = self._forwarded_env()
+        give_secret(env)
+        head_ip = self.roles[0].where["ip"]
+        env.update(
+            DMLC_PS_ROOT_URI=head_ip,
+            DMLC_NUM_SERVER=str(self.num_servers),
+            DMLC_NUM_WORKER=str(self.num_workers),
+            PYTHONUNBUFFERED="1",
+        )
+        py = sys.executable
+        sched_role = self.roles[0]
+        code = self._start(
+            sched_role,
+            [py, "-m", "hetps.cli", "scheduler"],
+            {
+                **env,
+                **self._threads("scheduler", sched_role),
+                "DMLC_PS_ROOT_PORT": str(self.port),
+            },
+        )
+        if code is not None:
+            return code
+        port = self._scheduler_port(sched_role)
+        if isinstance(port, tuple):  # (exit code,)
+            return port[0]
+        env["DMLC_PS_ROOT_PORT"] = str(port)
+        for r in self.roles[1:]:
+            argv = [py, "-m", "hetps.cli", "server"] if r.role == "server" else self.command
+            overlay = {
+                **env,
+                **self._threads(r.role, r),
+                "DMLC_ROLE": r.role,
+                "DMLC_NODE_HOST": r.where["ip"],
+                "HETPS_LAUNCH_RANK": str(r.rank),
+            }
+            if r.role == "server":
+                overlay.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+            code = self._start(r, argv, overlay)
+            if code is not None:
+                return code
+        return self._watch(self.roles)
+
+    def _forwarded_env(self) -> dict[str, str]:
+        env = {k: v for k, v in dict(os.environ).items() if k.startswith(FORWARDED_PREFIXES)}
+        env.update(self.env)
+        return env
+
+    def _threads(self, role: str, r: _Role) -> dict[str, str]:
+        """``OMP_NUM_THREADS`` for a role: the user's (forwarded) when set; else a worker gets
+        its actor's CPUs (at least 1), a server or the scheduler 1."""
+        if "OMP_NUM_THREADS" in self._forwarded_env():
+            return {}
+        if role != "worker":
+            return {"OMP_NUM_THREADS": "1"}
+        return {"OMP_NUM_THREADS": str(max(1, int(self.cpus_per_worker)))}
+
+    def _start(self, r: _Role, argv: list[str], overlay: dict[str, str]) -> int | None:
+        """Start a role's process; an exit code when it cannot be started, else None."""
+        ray = self._ray
+        if r.role == "scheduler":
+            overlay = {**overlay, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": r.where["ip"]}
+        try:
+            ray.get(r.actor.start.remote(argv, overlay, self.cwd), timeout=self.start_timeout)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            self._log(f"cannot start {r.label} on {r.where.get('ip', '?')}: {cause}")
+            r.code = 127
+            return 127
+        r.started = True
+        return None
+
+    def _scheduler_port(self, r: _Role) -> int | tuple[int]:
+        """The port the scheduler reports (its other lines are printed), or (exit code,)."""
+        ray = self._ray
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            lines, code = ray.get(r.actor.poll.remote(0.5), timeout=self.start_timeout)
+            port = None
+            rest = []
+            for line in lines:
+                m = PORT_LINE.search(line)
+                if m and port is None:
+                    port = int(m.group(1))
+                else:
+                    rest.append(line)
+            self._print(r, rest)
+            if port is not None:
+                return port
+            if code is not None:
+                r.code = shell_code(code)
+                self._log(f"the scheduler exited with code {r.code} before it was up")
+                return (r.code or 1,)
+        self._log(f"the scheduler did not report its port within {self.start_timeout:g} s")
+        return (1,)
+
+    def _watch(self, roles: list[_Role], deadline: float | None = None) -> int:
+        """Print every role's output until each has exited; on the first failure give the
+        others ``failure_grace`` s to exit on their own, then stop them. Returns the code."""
+        ray = self._ray
+        pending = {r.actor.poll.remote(0.5): r for r in roles if r.started and r.code is None}
+        while pending:
+            if deadline is not None and time.monotonic() > deadline:
+                return 0
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in ready:
+                r = pending.pop(ref)
+                try:
+                    lines, code = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self._log(f"{r.label}'s actor died ({type(exc).__name__}): its node is lost?")
+                    lines, code = [], 1
+                self._print(r, lines)
+                if code is None:
+                    pending[r.actor.poll.remote(0.5)] = r
+                    continue
+                r.code = shell_code(code)
+                if r.code != 0 and deadline is None:
+                    how = f"was killed by signal {-code}" if code < 0 else "exited"
+                    self._log(f"{r.label} {how} (code {r.code}); stopping the others")
+                    rest = list(pending.values())
+                    self._watch(rest, deadline=time.monotonic() + self.failure_grace)
+                    return r.code
+        return 0
+
+    def cleanup(self) -> None:
+        """Stop every process, kill every actor, remove the placement group, disconnect (a
+        local Ray started for the job stops with it). Safe to call twice."""
+        ray = self._ray
+        if ray is None or not self._connected:
+            return
+        live = [r for r in self.roles if r.started]
+        stops = [r.actor.stop.remote(self.stop_grace) for r in live]
+        for r, ref in zip(live, stops, strict=True):
+            try:
+                status = ray.get(ref, timeout=self.stop_grace + 10)
+            except Exception:  # noqa: BLE001 - the actor is gone: its process died with it
+                status = None
+            if r.code is None:
+                self._log(f"stopped {r.label}")
+                r.code = None if status is None else shell_code(status)
+        for r in self.roles:
+            try:
+                ray.kill(r.actor)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        if self.pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            try:
+                remove_placement_group(self.pg)
+            except Exception:  # noqa: BLE001 - the cluster is gone
+                pass
+            self.pg = None
+        ray.shutdown()
+        self._connected = False
+
+
+def _interrupt(signum, frame) -> None:  # type: ignore[no-untyped-def]
+    raise KeyboardInterrupt
+
+
+def run_job(
+    command: Sequence[str],
+    num_workers: int,
+    num_servers: int | None = None,
+    *,
+    address: str | None = None,
+    env: dict[str, str] | None = None,
+    cpus_per_worker: float = 1,
+    cpus_per_server: float = 1,
+    start_timeout: float = 60.0,
+    failure_grace: float = 15.0,
+    cwd: str | None = None,
+    init_kwargs: dict | None = None,
+    port: int = 0,
+    out=None,
+) -> RayJobResult:
+    """Run ``command`` as every worker of a hetps job on Ray; see the module's doc.
+
+    ``address``: a Ray cluster's address (``HOST:PORT``, ``auto``, ``ray://...``); None
+    connects to ``RAY_ADDRESS`` when it is set, else starts a local Ray for the job (with
+    ``init_kwargs``, e.g. ``num_cpus``, ``object_store_memory``) and stops it at the end.
+    ``env`` adds variables for every process. Returns a :class:`RayJobResult` whose ``code``
+    is what ``hetps launch`` exits with."""
+    launcher = RayLauncher(
+        command,
+        num_workers,
+        num_servers if num_servers is not None else num_workers,
+        address=address,
+        env=env,
+        cpus_per_worker=cpus_per_worker,
+        cpus_per_server=cpus_per_server,
+        start_timeout=start_timeout,
+        failure_grace=failure_grace,
+        cwd=cwd,
+        init_kwargs=init_kwargs,
+        port=port,
+        out=out,
+    )
+    return launcher.run()
+
+
+def cli_launch(args, command: list[str], num_servers: int, env: dict[str, str]) -> int:
+    """``hetps launch --launcher ray``: the flags that make no sense on Ray are refused."""
+    for flag, given in (
+        ("-H/--hostfile", args.hostfile),
+        ("--netem", args.netem),
+        ("--colocate", args.colocate),
+    ):
+        if given:
+            raise SystemExit(
+                f"hetps launch: {flag} does not combine with --launcher ray (Ray places the "
+                "roles: servers and workers spread over the cluster's nodes)"
+            )
+    for name, value in (
+        ("--ray-cpus-per-worker", args.ray_cpus_per_worker),
+        ("--ray-cpus-per-server", args.ray_cpus_per_server),
+    ):
+        if value <= 0:
+            raise SystemExit(f"hetps launch: {name} must be > 0 (got {value:g})")
+    import_ray()
+    if args.balance:
+        env["HETPS_BALANCE"] = args.balance
+    if args.slice_size:
+        env["HETPS_SLICE_ELEMS"] = str(args.slice_size)
+    result = run_job(
+        command,
+        args.num_workers,
+        num_servers,
+        address=args.ray_address,
+        env=env,
+        cpus_per_worker=args.ray_cpus_per_worker,
+        cpus_per_server=args.ray_cpus_per_server,
+        start_timeout=args.start_timeout,
+        port=args.port,
+    )
+    return result.code
