@@ -118,6 +118,8 @@ class LaunchSpec:
     stop_grace: float = 5.0
     # after a child fails, how long the others get to notice (and say why) before being stopped
     failure_grace: float = 15.0
+    # on Ctrl-C/SIGTERM the workers get SIGTERM first and this long to end on their own
+    worker_grace: float = 30.0
 
 
 class Launcher:
@@ -132,6 +134,7 @@ class Launcher:
         self._port_value = 0
         self._stopping = False
         self._scheduler: Child | None = None
+        self._signum: int | None = None
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
@@ -217,8 +220,11 @@ class Launcher:
             self._log(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
             return 127
         except KeyboardInterrupt:
-            self._log("interrupted: stopping every process")
-            return 130
+            signum = self._signum or signal.SIGINT
+            self._log(
+                f"{signal.Signals(signum).name}: stopping every process (the workers first)"
+            )
+            return 128 + signum
         finally:
             for sig in old:  # a second Ctrl-C must not cut the clean-up short
                 signal.signal(sig, signal.SIG_IGN)
@@ -227,6 +233,7 @@ class Launcher:
                 signal.signal(sig, handler)
 
     def _on_signal(self, signum: int, frame) -> None:  # type: ignore[no-untyped-def]
+        self._signum = signum
         raise KeyboardInterrupt
 
     def _log(self, text: str) -> None:
@@ -362,6 +369,17 @@ class Launcher:
         if self._stopping:
             return
         self._stopping = True
+        # workers first: one that takes SIGTERM as "stop after this round" (hetps train with
+        # --checkpoint-dir) needs its servers and scheduler to finish that round and save
+        workers = [c for c in self.children if c.role == "worker" and c.proc.poll() is None]
+        for c in workers:
+            _signal_group(c.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.worker_grace
+        for c in workers:
+            try:
+                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
         live = [c for c in self.children if c.proc.poll() is None]
         for c in live:
             _signal_group(c.proc, signal.SIGTERM)

@@ -327,6 +327,16 @@ class RunWriter:
         self._lock = threading.Lock()
         _write_json_atomic(path, self.meta)
 
+    @classmethod
+    def reopen(cls, run_dir: str | os.PathLike[str]) -> RunWriter:
+        """The writer of the run already in ``run_dir`` (a resumed run goes on in its log)."""
+        self = cls.__new__(cls)
+        self.run_dir = Path(run_dir)
+        self.previous = None
+        self.meta = _validate_meta(json.loads((self.run_dir / RUN_FILE).read_text()))
+        self._lock = threading.Lock()
+        return self
+
     @property
     def started_at(self) -> float:
         """The run's start (unix time); every ``t`` in the logs counts from it."""

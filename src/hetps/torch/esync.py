@@ -146,6 +146,7 @@ class ESyncTrainer:
         self._deltas = {n: self._exchange.view(f"delta:{n}") for n, _ in self.params}
         self._bn = {n: self._exchange.view(f"bn:{n}") for n, _ in self.buffers}
         self._ctl = self._exchange.view("__ctl")
+        self.ctl_total = 0.0  # the sum of the last round's control numbers
         self._state = StateClient(kv.node, state_server)
         self.rounds = 0  #: rounds begun
         self.wait_s = 0.0  #: this round's wait for the state server's first answer
@@ -202,15 +203,18 @@ class ESyncTrainer:
             raise RuntimeError(next(a["error"] for a in answers if "error" in a))
         return any(a.get("ready") for a in answers) or time.perf_counter() + step_s > self._deadline
 
-    def aggregate(self, stop: bool = False) -> bool:
+    def aggregate(self, stop: bool = False, ctl: float | None = None) -> bool:
         """End the round on every worker: push this worker's model difference (and BatchNorm
-        statistics), take the global update; returns whether any worker passed ``stop``."""
+        statistics), take the global update; returns whether any worker passed ``stop``.
+
+        ``ctl`` (instead of ``stop``): this worker's own control number, summed over the
+        workers into :attr:`ctl_total` (``hetps train`` adds its checkpoint wish to it)."""
         t0 = time.perf_counter()
         for (n, p), w0 in zip(self.params, self._w_round, strict=True):
             self._deltas[n].copy_(model_delta(p.data, w0))
         for n, b in self.buffers:
             self._bn[n].copy_(b)
-        self._ctl.fill_(1.0 if stop else 0.0)
+        self._ctl.fill_(float(ctl) if ctl is not None else 1.0 if stop else 0.0)
         self.kv.pushpull(self._exchange.keys, self._exchange.flats)  # the sums land in place
         self.push_span = (t0, time.perf_counter())
         self.push_s = self.push_span[1] - t0
@@ -220,7 +224,8 @@ class ESyncTrainer:
                 p.data.copy_(esync_update_from_sum(w0, delta_sum, self.workers, self.global_lr))
             for n, b in self.buffers:
                 b.copy_(average_from_sum(self._bn[n], self.workers))
-        return bool(self._ctl[0] > 0)
+        self.ctl_total = float(self._ctl[0])
+        return self.ctl_total > 0
 
     def round(self, step: Callable[[], Any], stop: bool | Callable[[], bool] = False) -> ESyncRound:
         """One whole round: call ``step()`` (one local step: forward, backward, optimizer

@@ -46,6 +46,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "LOGDIR/.previous/)",
     )
     p.add_argument("--run-name", default=None, help="default: MODE-NETWORK-wW")
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        metavar="D",
+        help="take consistent checkpoints into D (sync, esync, local): every "
+        "--checkpoint-every rounds, every --checkpoint-seconds, on SIGTERM and at the end",
+    )
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="K")
+    p.add_argument("--checkpoint-seconds", type=float, default=None, metavar="T")
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="D",
+        help="continue from the last complete checkpoint in D (same workers and model)",
+    )
     p.add_argument("-e", "--eval-duration", type=int, default=10, help="evaluate every E rounds")
     p.add_argument("-dcasgd", "--use-dcasgd", type=int, default=0, choices=(0, 1))
     p.add_argument("-s", "--split-by-class", action="store_true")
@@ -149,6 +164,9 @@ def run_name(args: argparse.Namespace, workers: int) -> str:
 # -- entry ------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
     """``hetps train``: one worker under a launcher, a whole local cluster, or local training."""
+    from hetps.torch.checkpointing import check_args
+
+    check_args(args)
     role = role_from_env()
     if args.mode == "local":
         return train_worker(args, kv=None)
@@ -263,10 +281,20 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     torch.manual_seed(args.seed)
     model = get_model(args.network).to(device)
     model.train()
+    resume = None
+    if args.resume:
+        from hetps.torch.checkpointing import load_state
+
+        resume = load_state(args, rank, workers)
+        model.load_state_dict(resume["model"])  # before the store's keys take its weights
 
     run_dir = Path(args.log_dir) / run_name(args, workers)
     writer = None
-    if rank == 0:
+    if rank == 0 and resume is not None and (run_dir / "run.json").exists():
+        # the run goes on in its own log: its records after the checkpoint are done again
+        writer = RunWriter.reopen(run_dir)
+        writer.update(resumed={"from": resume["path"], "round": resume["round"]}, ended=None)
+    elif rank == 0:
         writer = RunWriter(
             run_dir,
             overwrite=args.overwrite_logs,
@@ -315,6 +343,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
         test_data=(test_x, test_y),
         run_dir=run_dir,
         writer=writer,
+        resume=resume,
     )
     if writer is None:
         return RUNNERS[args.mode](run)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from hetps.torch.checkpointing import decode, encode
 
 __all__ = ["RUNNERS", "WorkerRun", "run_async", "run_esync", "run_local", "run_sync"]
 
@@ -107,6 +110,7 @@ class Round:
         self.epoch = 0
         self.plan: dict | None = None
         self.overhead = 0.0
+        self.checkpoint = False  # the workers agreed on a checkpoint after this round
 
     def add_step(
         self, loss: float, compute_s: float, samples: int, epoch: int, end: float | None = None
@@ -141,6 +145,7 @@ class WorkerRun:
         test_data: tuple[Any, Any],
         run_dir: Path,
         writer: Any,
+        resume: dict | None = None,
     ) -> None:
         self.args = args
         self.kv = kv
@@ -164,6 +169,19 @@ class WorkerRun:
         self.tboard: Any = None  # hetps.torch.tboard.TensorBoardLog with --tensorboard
         self.log: Any = None
         self.progress: _Progress | None = None
+        # checkpoints (--checkpoint-dir) and a resumed run (--resume): the round and the data
+        # position it goes on from
+        self.resume = resume
+        self.first_round = int(resume["round"]) if resume else 0
+        if resume:
+            self.steps_done = int(resume["steps_done"])
+            torch.set_rng_state(resume["torch_rng"])
+        self.ckpt: Any = None
+        self.ckpt_opt: Any = None  # the torch optimizer a checkpoint keeps (set by the mode)
+        if getattr(args, "checkpoint_dir", None):
+            from hetps.torch.checkpointing import TrainCheckpoints
+
+            self.ckpt = TrainCheckpoints(args, kv, rank)
         self._stream = self._data_stream()
 
     # -- setup ------------------------------------------------------------------------------
@@ -181,7 +199,9 @@ class WorkerRun:
             kv.barrier()
             self.run_start = time.time()
             self.traffic = TrafficRecorder(self.run_start)
-        if self.writer is not None:
+        if self.resume is not None:
+            self._resume_logs()
+        elif self.writer is not None:
             self.writer.update(started_at=self.run_start)
         if kv is not None:
             # every byte to a server is a push, every byte from one a pull (pulled weights
@@ -198,20 +218,49 @@ class WorkerRun:
             )
         self.progress = _Progress(self.args.progress, self.rank, self.args.time_budget)
 
+    def _resume_logs(self) -> None:
+        """A resumed run: times go on from the run's start, and this worker's records after
+        the checkpoint's round are dropped (those rounds are done again)."""
+        from hetps.metrics.records import RUN_FILE
+        from hetps.torch.checkpointing import cut_log
+
+        try:
+            meta = json.loads((self.run_dir / RUN_FILE).read_text())
+            self.run_start = float(meta["started_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # a new log: times count from now
+        cut_log(self.run_dir / f"worker-{self.rank}.jsonl", self.first_round)
+
+    def restore_optimizer(self, opt: Any) -> None:
+        """The mode's torch optimizer: kept by checkpoints, restored on a resume."""
+        self.ckpt_opt = opt
+        if self.resume is not None and self.resume.get("optimizer") is not None:
+            opt.load_state_dict(self.resume["optimizer"])
+
+    def checkpoint_wish(self) -> bool:
+        """Whether this worker asks for a checkpoint after the current round."""
+        return self.ckpt is not None and self.ckpt.wish()
+
     def _data_stream(self):
         from hetps.torch.data import batches
 
         args = self.args
-        for epoch in itertools.count():
-            for x, y in batches(
-                self.images,
-                self.labels,
-                self.shard,
-                args.batch_size,
-                seed=args.seed + self.rank,
-                epoch=epoch,
-                drop_last=True,
+        # a resumed run starts where its checkpoint was: the same epochs, in the same order
+        first_epoch, skip = divmod(self.steps_done, self.per_epoch)
+        for epoch in itertools.count(first_epoch):
+            for i, (x, y) in enumerate(
+                batches(
+                    self.images,
+                    self.labels,
+                    self.shard,
+                    args.batch_size,
+                    seed=args.seed + self.rank,
+                    epoch=epoch,
+                    drop_last=True,
+                )
             ):
+                if epoch == first_epoch and i < skip:
+                    continue
                 yield epoch, x, y
 
     # -- one local step ---------------------------------------------------------------------
@@ -249,7 +298,8 @@ class WorkerRun:
         shard, rounds), counting ``ahead`` more local steps than taken so far."""
         args = self.args
         return bool(
-            (args.time_budget is not None and time.time() - self.run_start >= args.time_budget)
+            (self.ckpt is not None and self.ckpt.term)  # SIGTERM: stop after this round
+            or (args.time_budget is not None and time.time() - self.run_start >= args.time_budget)
             or (
                 args.epochs is not None
                 and (self.steps_done + ahead) / self.per_epoch >= args.epochs
@@ -263,7 +313,7 @@ class WorkerRun:
         round. ``rebalance``: ask for a load-distribution plan at each round's start (when
         the store balances). Returns the number of rounds."""
         kv = self.kv
-        rnd = 0
+        rnd = self.first_round
         stop = False
         while not stop:
             rnd += 1
@@ -274,6 +324,8 @@ class WorkerRun:
                 r.overhead = time.perf_counter() - t0
             stop = play(r)
             self._log_round(r, stop)
+            if self.ckpt is not None and self.ckpt.due(rnd, r.checkpoint, stop):
+                self.ckpt.save(self, rnd, self.ckpt_opt)
         assert self.progress is not None and self.log is not None
         self.progress.close()
         self.log.close()
@@ -349,10 +401,12 @@ class WorkerRun:
 def run_local(run: WorkerRun) -> int:
     """``-m local``: plain SGD in one process."""
     opt = torch.optim.SGD(run.model.parameters(), lr=run.args.learning_rate)
+    run.restore_optimizer(opt)
     run.start()
 
     def play(r: Round) -> bool:
         r.add_step(*run.one_step(opt, opt.step))
+        r.checkpoint = run.checkpoint_wish()
         return run.want_stop(r.rnd)  # each worker stops on its own
 
     return run.finish(run.loop(play))
@@ -374,8 +428,9 @@ def run_sync(run: WorkerRun) -> int:
     run.start()
 
     def play(r: Round) -> bool:
-        # "stop after this round?" travels with the gradients, not in a round of its own
-        ctl = np.array([1.0 if run.want_stop(r.rnd, ahead=1) else 0.0], np.float32)
+        # "stop after this round?" (and "checkpoint?") travels with the gradients, not in a
+        # round of its own
+        ctl = np.array([encode(run.want_stop(r.rnd, ahead=1), run.checkpoint_wish())], np.float32)
         ctl_handle = None
         if dopt.extra_rides:
             dopt.extra.fill_(ctl[0])  # rides with the gradients, summed by step()
@@ -389,8 +444,10 @@ def run_sync(run: WorkerRun) -> int:
         r.add_step(loss, c, n, epoch, end=run.step_end)
         if ctl_handle is not None:
             ctl_handle.wait()
-            return bool(ctl[0] > 0)
-        return bool(dopt.extra[0] > 0)  # summed over the workers by dopt.step()
+            stop, r.checkpoint = decode(ctl[0])
+        else:
+            stop, r.checkpoint = decode(dopt.extra[0])  # summed over the workers by step()
+        return stop
 
     rounds = run.loop(play)
     dopt.close()
@@ -439,6 +496,7 @@ def run_esync(run: WorkerRun) -> int:
         else None
     )
     trainer = ESyncTrainer(run.model, run.kv, global_lr=args.global_lr, state_server=endpoint)
+    run.restore_optimizer(local_opt)
     run.start()
 
     def play(r: Round) -> bool:
@@ -449,7 +507,8 @@ def run_esync(run: WorkerRun) -> int:
             if trainer.step_done(c):  # the state server's word: aggregate now
                 break
         r.clock.add("wait_s", trainer.wait_s, trainer.wait_span and trainer.wait_span[1])
-        stop = trainer.aggregate(run.want_stop(r.rnd))
+        trainer.aggregate(ctl=encode(run.want_stop(r.rnd), run.checkpoint_wish()))
+        stop, r.checkpoint = decode(trainer.ctl_total)
         r.clock.add("push_s", trainer.push_s, trainer.push_span and trainer.push_span[1])
         return stop
 

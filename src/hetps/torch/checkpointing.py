@@ -1,0 +1,158 @@
+"""``hetps train --checkpoint-dir D`` and ``--resume D``: when to take a checkpoint, what each
+worker keeps in it, and how a worker starts again from one.
+
+A checkpoint is taken after a round that every worker agrees on:
+
+* every ``--checkpoint-every K`` rounds (the workers count the same rounds);
+* when ``--checkpoint-seconds T`` have passed on rank 0 since the last one, or when any worker
+  got SIGTERM (then every worker stops after that round). Such a wish travels in the round's
+  control number, which the workers already sum each round to agree on stopping:
+  :data:`CKPT_FLAG` is added for "checkpoint", 1 for "stop";
+* after the last round.
+
+Each worker keeps its model, its torch optimizer, its data position (local steps taken), its
+RNG state and the round; rank 0 also the servers' values and optimizer states
+(:mod:`hetps.kvstore.checkpoint`, which makes it consistent and atomic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hetps.kvstore import checkpoint
+
+CKPT_FLAG = 1024.0  # more than any number of workers: a sum tells both wishes apart
+MODES = ("sync", "esync", "local")
+
+
+def encode(stop: bool, ckpt: bool) -> float:
+    """One worker's control number for the round."""
+    return (1.0 if stop else 0.0) + (CKPT_FLAG if ckpt else 0.0)
+
+
+def decode(total: float) -> tuple[bool, bool]:
+    """The sum over the workers: (any worker wants to stop, any wants a checkpoint)."""
+    total = float(total)
+    return (total % CKPT_FLAG) > 0.5, total >= CKPT_FLAG - 0.5
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse what cannot work, before anything starts."""
+    for flag in ("checkpoint_dir", "resume"):
+        if getattr(args, flag, None) and args.mode not in MODES:
+            raise SystemExit(
+                f"hetps train: --{flag.replace('_', '-')} works with -m {', '.join(MODES)}: in "
+                f"-m {args.mode} every worker runs its own rounds, so there is no round the "
+                "whole cluster shares to checkpoint at"
+            )
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise SystemExit("hetps train: --checkpoint-every must be at least 1 round")
+    if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
+        raise SystemExit("hetps train: --checkpoint-seconds must be > 0")
+    if args.resume and checkpoint.latest(args.resume) is None:
+        raise SystemExit(
+            f"hetps train: --resume {args.resume}: no complete checkpoint there (a folder "
+            "ckpt-<round> with its manifest.json); check the path, or start without --resume"
+        )
+
+
+class TrainCheckpoints:
+    """One worker's checkpointing: its wishes, and saving."""
+
+    def __init__(self, args: argparse.Namespace, kv: Any, rank: int) -> None:
+        self.dir = Path(args.checkpoint_dir)
+        self.every = args.checkpoint_every
+        self.seconds = args.checkpoint_seconds
+        self.kv = kv
+        self.rank = rank
+        self.last = time.monotonic()
+        self.term = False
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        if self.term:  # a second SIGTERM: stop now
+            raise SystemExit(128 + signum)
+        self.term = True
+        print(
+            f"worker {self.rank}: SIGTERM: checkpoint after this round, then stop "
+            "(a second SIGTERM stops at once)",
+            flush=True,
+        )
+
+    def wish(self) -> bool:
+        """Whether this worker asks for a checkpoint after the current round."""
+        timed = (
+            self.rank == 0
+            and self.seconds is not None
+            and time.monotonic() - self.last >= self.seconds
+        )
+        return timed or self.term
+
+    def due(self, rnd: int, agreed: bool, stop: bool) -> bool:
+        """Whether to checkpoint after round ``rnd`` (the same answer on every worker)."""
+        return agreed or stop or (self.every is not None and rnd % self.every == 0)
+
+    def save(self, run: Any, rnd: int, opt: Any) -> Path:
+        """Every worker: checkpoint after round ``rnd``."""
+        state = {
+            "round": rnd,
+            "steps_done": run.steps_done,
+            "model": run.model.state_dict(),
+            "optimizer": opt.state_dict() if opt is not None else None,
+            "torch_rng": torch.get_rng_state(),
+        }
+        meta = {"mode": run.args.mode, "network": run.args.network}
+        if self.kv is None:
+            path = checkpoint.save_alone(self.dir, rnd, state, meta)
+        else:
+            path = checkpoint.save(self.kv, self.dir, rnd, state, meta)
+        self.last = time.monotonic()
+        if self.rank == 0:
+            print(f"checkpoint after round {rnd}: {path}", flush=True)
+        return path
+
+
+def load_state(args: argparse.Namespace, rank: int, workers: int) -> dict:
+    """This worker's state in the last complete checkpoint of ``--resume``."""
+    ck = checkpoint.latest(args.resume)
+    assert ck is not None  # check_args made sure
+    if ck.workers != workers:
+        raise SystemExit(
+            f"hetps train: --resume {args.resume}: {ck.path.name} was taken with {ck.workers} "
+            f"workers, this job has {workers}; resume with --workers {ck.workers}"
+        )
+    if ck.manifest.get("network") not in (None, args.network):
+        raise SystemExit(
+            f"hetps train: --resume {args.resume}: {ck.path.name} holds a "
+            f"{ck.manifest['network']} model, not {args.network}; pass -n {ck.manifest['network']}"
+        )
+    state = ck.state(rank)
+    state["path"] = str(ck.path)
+    return state
+
+
+def cut_log(path: Path, last_round: int) -> None:
+    """Drop the records of rounds after ``last_round`` from a worker's log (they are done
+    again after a resume), keeping the rest byte for byte."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            if int(json.loads(line)["iter"]) > last_round:
+                continue
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn last line
+        kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)

@@ -1,0 +1,183 @@
+"""Checkpoints and resume through `hetps train`: a job killed outright goes on from its last
+checkpoint and ends exactly where an undisturbed run ends; SIGTERM checkpoints and stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+DATA = Path("/usr/share/datasets/fashion-mnist")
+pytestmark = pytest.mark.skipif(
+    not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh installs it as root)"
+)
+SMALL = ["--train-limit", "2400", "--test-limit", "500", "-b", "32", "-e", "5"]
+SMALL += ["--progress", "lines"]
+
+
+def _cmd(logs: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "hetps.cli", "train", "-ld", str(logs), *SMALL, *args]
+
+
+def _env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def _run(logs: Path, *args: str) -> subprocess.CompletedProcess:
+    res = subprocess.run(_cmd(logs, *args), capture_output=True, text=True, timeout=240, env=_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+def _model(ckpt: Path, rank: int) -> dict:
+    with open(ckpt / f"worker-{rank}.pkl", "rb") as f:
+        return pickle.load(f)["model"]
+
+
+def _iters(log: Path) -> list[int]:
+    return [json.loads(line)["iter"] for line in log.read_text().splitlines()]
+
+
+def _wait_for(pred, what: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended before {what}: {proc.stdout.read()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s")
+        time.sleep(0.02)  # polls a file the job writes
+
+
+def _processes_with(tag: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if tag in (d / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_a_killed_job_resumes_and_ends_as_an_undisturbed_run(tmp_path):
+    """SSGD, 2 workers: the reference runs 30 rounds. The other run is SIGKILLed (the launcher,
+    so every process dies with it) just after its first checkpoint, then resumed with
+    --resume: it goes on from that round and its final models equal the reference's, round
+    for round in the log (each iteration once)."""
+    common = ["--workers", "2", "-m", "sync", "-n", "mlp", "--max-rounds", "30"]
+    common += ["--slowdown", "30,30", "--checkpoint-every", "3"]  # ~30 ms a round
+    ref_ck, ck = tmp_path / "ref-ck", tmp_path / "ck"
+    _run(tmp_path, *common, "--checkpoint-dir", str(ref_ck), "--run-name", "ref")
+    tag = f"--run-name={tmp_path.name}-victim"
+    victim = subprocess.Popen(
+        _cmd(tmp_path, *common, "--checkpoint-dir", str(ck), tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", victim)
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait(30)
+    finally:
+        if victim.poll() is None:
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait()
+    deadline = time.monotonic() + 15
+    while _processes_with(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the launcher's children die with it (parent-death signal)
+    assert _processes_with(tag) == [], "a process outlived the killed launcher"
+    killed_at = int((ck / "latest").read_text().split("-")[1])
+    assert 3 <= killed_at < 30, killed_at
+    res = _run(tmp_path, *common, "--checkpoint-dir", str(ck), "--resume", str(ck), tag)
+    assert "checkpoint after round 30" in res.stdout, res.stdout
+    ref, got = ref_ck / "ckpt-00000030", ck / "ckpt-00000030"
+    for rank in (0, 1):
+        a, b = _model(ref, rank), _model(got, rank)
+        for name in a:
+            assert torch.equal(a[name], b[name]), (rank, name)
+    run = tmp_path / f"{tmp_path.name}-victim"
+    for rank in (0, 1):
+        assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 31))
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["resumed"]["round"] == killed_at and meta["ended"]["status"] == "completed"
+
+
+def test_sigterm_checkpoints_after_the_round_and_stops(tmp_path):
+    """SIGTERM to `hetps train --workers 2` with --checkpoint-dir: the launcher passes it to
+    the workers first; they agree to stop after the round, checkpoint it and exit, and the
+    launcher returns 143."""
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen(
+        _cmd(tmp_path, "--workers", "2", "-m", "sync", "-n", "mlp", "--max-rounds", "100000")
+        + ["--slowdown", "10,10", "--checkpoint-dir", str(ck), "--run-name", "term"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        start_new_session=True,
+    )
+    log0 = tmp_path / "term" / "worker-0.jsonl"
+    try:
+        _wait_for(lambda: log0.exists() and len(_iters(log0)) >= 3, "three rounds", proc)
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, out
+    assert "SIGTERM: checkpoint after this round" in out, out
+    last = _iters(log0)[-1]
+    assert _iters(tmp_path / "term" / "worker-1.jsonl")[-1] == last
+    assert (ck / "latest").read_text() == f"ckpt-{last:08d}", out
+    assert json.loads((tmp_path / "term" / "run.json").read_text())["ended"]["status"] == (
+        "completed"
+    )
+
+
+def test_esync_and_local_resume_from_their_round(tmp_path):
+    """ESync (2 workers) and local training: a run of 4 rounds, then --resume to 7 goes on
+    from round 4 (rounds 5-7 logged once, the model of round 4 loaded)."""
+    for mode, extra in (("esync", ["--workers", "2"]), ("local", [])):
+        ck = tmp_path / f"{mode}-ck"
+        args = [*extra, "-m", mode, "-n", "mlp", "--checkpoint-dir", str(ck)]
+        args += ["--run-name", mode]
+        _run(tmp_path, *args, "--max-rounds", "4")
+        four = _model(ck / "ckpt-00000004", 0)
+        res = _run(tmp_path, *args, "--max-rounds", "7", "--resume", str(ck))
+        assert "checkpoint after round 7" in res.stdout, res.stdout
+        assert _iters(tmp_path / mode / "worker-0.jsonl") == list(range(1, 8))
+        seven = _model(ck / "ckpt-00000007", 0)
+        assert any(not torch.equal(four[n], seven[n]) for n in four)  # it trained on
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["-m", "async", "--workers", "2", "--checkpoint-dir", "CK"], "no round the whole"),
+        (["-m", "sync", "--workers", "2", "--resume", "CK"], "no complete checkpoint there"),
+        (
+            ["-m", "sync", "--workers", "2", "--checkpoint-dir", "CK", "--checkpoint-every", "0"],
+            "at least 1 round",
+        ),
+    ],
+)
+def test_checkpoint_flags_that_cannot_work_are_one_line(tmp_path, args, says):
+    args = [str(tmp_path / "ck") if a == "CK" else a for a in args]
+    res = subprocess.run(
+        _cmd(tmp_path, *args), capture_output=True, text=True, timeout=60, env=_env()
+    )
+    assert res.returncode != 0
+    assert says in res.stderr and "Traceback" not in res.stderr, res.stderr
