@@ -123,6 +123,16 @@ class Job:
 def job(tmp_path_factory):
     j = Job(tmp_path_factory.mktemp("live"))
     try:
+        # every test sees the job after its rounds (whichever runs first, or alone)
+        poll(
+            j.url,
+            lambda s: s.value("hetps_rounds_total") == ROUNDS
+            and all(
+                s.value("hetps_pull_latency_seconds_count", worker=str(w)) == ROUNDS
+                for w in (0, 1)
+            ),
+            "every worker's rounds and pulls",
+        )
         yield j
         code = j.finish()
         assert code == 0, "".join(j.out.lines)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 import threading
 import time
@@ -310,7 +311,13 @@ def main(args: argparse.Namespace) -> int:
             cur = fetch(url)
             console.print(render(view(url, cur, prev)))
             return 0
-        return _live(console, url, prev, args.interval, stop)
+        # Ctrl-C ends the view between two frames (an exception raised wherever the signal
+        # lands, say inside rich's refresh, could leave it hanging); the handler only sets a
+        # flag: taking a lock there could deadlock with the code it interrupted
+        interrupted: list[bool] = []
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+        return _live(console, url, prev, args.interval, interrupted)
     except TopError as exc:
         print(f"hetps top: {exc}", file=sys.stderr)
         return 1
@@ -318,12 +325,20 @@ def main(args: argparse.Namespace) -> int:
         return 0
 
 
-def _live(console: Any, url: str, prev: Scrape, interval: float, stop: threading.Event) -> int:
+def _pause(seconds: float, interrupted: list[bool]) -> bool:
+    """Sleep ``seconds`` in short steps; True as soon as Ctrl-C was pressed."""
+    end = time.monotonic() + seconds
+    while not interrupted and time.monotonic() < end:
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+    return bool(interrupted)
+
+
+def _live(console: Any, url: str, prev: Scrape, interval: float, interrupted: list[bool]) -> int:
     from rich.live import Live
 
     cur = prev
     with Live(render(view(url, cur)), console=console, refresh_per_second=4) as live:
-        while not stop.wait(interval):
+        while not _pause(interval, interrupted):
             try:
                 cur, prev = fetch(url), cur
             except TopError:
