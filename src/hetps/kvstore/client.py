@@ -44,7 +44,7 @@ from hetps.kvstore.base import (
     reduce_values,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
-from hetps.kvstore.keys import KeyMeta, LatePull, fill_targets, land_into
+from hetps.kvstore.keys import KeyMeta, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
 from hetps.kvstore.sender import Sender
 from hetps.transport.codec import Message
@@ -353,15 +353,13 @@ class DistKVStore:
                 if not block and self.compressor is None:  # (compression makes its own copy)
                     arr = meta.capture(arr)
                 dest = meta.prefetch_into() if self._prefetch else None
-                late = meta.late_pull(k) if self._prefetch and dest is None else None
-                pushed = self._push_one(k, meta, arr, priority, dest, late)
+                pushed = self._push_one(k, meta, arr, priority, dest)
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
                 if self.sync:
                     meta.recent.append((self._calls, pushed))
                 if dest is not None:
                     meta.prefetch = (pushed, dest)
-                meta.late = late
                 futs += pushed
         return self._finish_call(futs, block, "push")
 
@@ -384,11 +382,9 @@ class DistKVStore:
         arr: np.ndarray,
         priority: int,
         dest: np.ndarray | None = None,
-        late: LatePull | None = None,
     ) -> list[Future]:
         """Requests pushing ``arr``; with ``dest`` (flat, writable) each is a fused push-pull:
-        its answer carries the key's value for that range once the push took effect. With
-        ``late`` the same, but the answers go where the pull that follows says."""
+        its answer carries the key's value for that range once the push took effect."""
         flat = np.ascontiguousarray(arr).reshape(-1)
         comp = self.compressor
         if comp is not None and meta.residual is None:
@@ -407,7 +403,7 @@ class DistKVStore:
                     "shape": list(meta.shape),
                     "dtype": meta.dtype.name,
                 }
-                if dest is not None or late is not None:
+                if dest is not None:
                     body["pp"] = True
                 if comp is not None:
                     assert meta.residual is not None
@@ -415,17 +411,16 @@ class DistKVStore:
                     body["comp"] = comp.threshold
                 else:
                     payload = flat[a:b]
-                if late is not None:
-                    callback, landing = late.land(a, b), None
-                elif dest is not None:
-                    callback, landing = land_into(k, dest, a, b), dest[a:b]
-                else:
-                    callback = landing = None
-                msg = Message(P.PUSH, body=body, arrays=[payload])
-                fut = self.request(k, priority, p.server, msg, callback, landing)
-                futs.append(fut)
-                if late is not None:
-                    late.chunks.append((fut, a, b))
+                futs.append(
+                    self.request(
+                        k,
+                        priority,
+                        p.server,
+                        Message(P.PUSH, body=body, arrays=[payload]),
+                        None if dest is None else land_into(k, dest, a, b),
+                        None if dest is None else dest[a:b],
+                    )
+                )
         return futs
 
     def pull(
@@ -458,13 +453,6 @@ class DistKVStore:
                     self._check(k, meta, t, "pull")
                 if meta.prefetch is not None:  # the last push brings the value: no request
                     f, fin = meta.take_prefetch(targets)
-                elif meta.late is not None:  # the same, chunk by chunk, into the target
-                    first = targets[0]
-                    direct = first.flags.c_contiguous and first.flags.writeable
-                    dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
-                    f = meta.late.attach(dest)
-                    fin = fill_targets(meta, dest, targets, direct)
-                    meta.late = None
                 else:
                     f, fin = self._pull_one(k, meta, targets, priority)
                     # the earlier push's errors are this pull's too (it may have been refused)
@@ -546,10 +534,7 @@ class DistKVStore:
                 dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
                 pushed = self._push_one(k, meta, arr, priority, dest)
                 # a later pull sees this round: not the value an earlier push brings
-                if meta.late is not None:
-                    meta.late.drop()
-                meta.prefetch, meta.late = None, None
-                meta.pushed, meta.pushed_since_pull = pushed, False
+                meta.prefetch, meta.pushed, meta.pushed_since_pull = None, pushed, False
                 futs += pushed
                 finishers.append(fill_targets(meta, dest, targets, direct))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,65 +13,9 @@ from hetps.cluster.requests import Future
 from hetps.kvstore.placement import Part
 from hetps.transport.codec import Message
 
-#: keys up to this size (bytes) have their pull answered by the push before it into a buffer
-#: of the key's (one round trip for both); bigger ones too, chunk by chunk, but each answer
-#: lands in the pull's own target (:class:`LatePull`): no second full-size buffer per key
+#: keys up to this size (bytes) have their pull answered by the push before it (one round
+#: trip for both); bigger ones are pulled as their own requests, straight into ``out``
 PREFETCH_MAX_BYTES = 1 << 20
-
-
-class LatePull:
-    """The answers of a big key's fused push-pull, one per chunk, for the pull that follows
-    the push: the pull (:meth:`attach`) names its target once it is called. An answer that
-    came before is kept (the one copy the receive thread makes anyway) and copied in by the
-    pull; one that comes after lands straight in the target (from a shared-memory ring: the
-    future's ``landing``) or is copied there by the receive thread. So the pull of a big key
-    overlaps its push: the server answers each chunk once every worker pushed it."""
-
-    def __init__(self, key: Any) -> None:
-        self.key = key
-        self._lock = threading.Lock()
-        self._dest: np.ndarray | None = None
-        self._kept: dict[int, np.ndarray] = {}  # chunk start -> an answer that came first
-        self._dropped = False
-        self.chunks: list[tuple[Future, int, int]] = []  # (future, start, stop), flat
-
-    def land(self, a: int, b: int):
-        """The callback of the push request of ``[a, b)``."""
-
-        def land(reply: Message) -> None:
-            if not reply.arrays or reply.arrays[0].size != b - a:
-                raise ClusterError(f"push of key {self.key!r}: server sent a wrong-sized value")
-            got = reply.arrays[0].reshape(-1)
-            reply.arrays = []
-            with self._lock:
-                dest = self._dest
-                if dest is None:
-                    if not self._dropped:
-                        self._kept[a] = got
-                    return
-            if got.ctypes.data != dest[a:b].ctypes.data:  # (else the van wrote it in place)
-                dest[a:b] = got
-
-        return land
-
-    def attach(self, dest: np.ndarray) -> list[Future]:
-        """The pull's flat target: answers from now on land there; those that came already
-        are copied in. Returns the futures to wait for."""
-        with self._lock:
-            self._dest = dest
-            kept, self._kept = self._kept, {}
-            for fut, a, b in self.chunks:
-                if a not in kept and not fut.done():
-                    fut.landing = dest[a:b]
-        for a, got in kept.items():
-            dest[a : a + got.size] = got
-        return [f for f, _, _ in self.chunks]
-
-    def drop(self) -> None:
-        """No pull follows (pushed again first): keep nothing that still comes."""
-        with self._lock:
-            self._dropped = True
-            self._kept = {}
 
 
 @dataclass
@@ -91,7 +34,6 @@ class KeyMeta:
     prefetching: bool = False
     pushed_since_pull: bool = False
     prefetch: tuple[list[Future], np.ndarray] | None = None
-    late: LatePull | None = None  # the same for a key over PREFETCH_MAX_BYTES
     spare: np.ndarray | None = None  # a prefetch buffer a finished pull gave back
     # dist_sync credit: the requests of this key's recent pushes, with the call that made them
     # (HETPS_ROUNDS_AHEAD of them at most; a further push waits for the oldest)
@@ -118,23 +60,15 @@ class KeyMeta:
         from then on; a push whose value was never pulled turns that off again. The store
         asks only in dist_sync, where the pull after a push sees exactly that push's round
         (in dist_async a later pull sees the other workers' pushes made since)."""
-        if self.prefetch is not None or self.late is not None:
-            # pushed again before pulling: no pull follows pushes
-            if self.late is not None:
-                self.late.drop()
-            self.prefetch, self.late = None, None
+        if self.size * self.dtype.itemsize > PREFETCH_MAX_BYTES:
+            return None
+        if self.prefetch is not None:  # pushed again before pulling: no pull follows pushes
+            self.prefetch = None
             self.prefetching = False
-        if not self.prefetching or self.size * self.dtype.itemsize > PREFETCH_MAX_BYTES:
+        if not self.prefetching:
             return None
         buf, self.spare = self.spare, None
         return buf if buf is not None else np.empty(self.size, self.dtype)
-
-    def late_pull(self, key: Any) -> LatePull | None:
-        """For a key over PREFETCH_MAX_BYTES, after :meth:`prefetch_into` said None: where
-        this push's answers should go (None: a plain push)."""
-        if not self.prefetching or self.size * self.dtype.itemsize <= PREFETCH_MAX_BYTES:
-            return None
-        return LatePull(key)
 
     def take_prefetch(self, targets: list[np.ndarray]):
         """A pull answered by the last push: its futures, and what copies the value out once

@@ -7,11 +7,7 @@ the shapes, and the server goes on serving everyone.
 ``dist_sync``: the pushes of one round are summed in a merge buffer; when every worker has
 pushed the whole part, the optimizer is applied (or, with none set, the sum replaces the value)
 and only then are the pushes acknowledged. A pull from a worker that pushed in the unfinished
-round waits for the round, so a pull issued after a push sees that round's result. With no
-optimizer, a round completes chunk by chunk: once every worker has pushed chunk k, its sum is
-that chunk's result, so the pushes of chunk k are acknowledged (a fused push-pull answered
-with the sum) and the waiting pulls of chunk k answered at once, while later chunks are still
-arriving; the value itself is replaced when the whole part is in.
+round waits for the round, so a pull issued after a push sees that round's result.
 
 ``dist_async``: each complete push is applied at once by the optimizer and acknowledged after.
 
@@ -52,7 +48,6 @@ class KVServer:
         self.optimizer: optim.Optimizer | None = None
         self._fixed_workers: int | None = None if hasattr(node, "workers") else 1
         self.rounds = 0
-        self.early_chunks = 0  # answers sent from a complete chunk before its round completed
         self.done_workers: dict[int, str] = {}  # worker id -> description
         # (sender, tag) -> (arrival time, whether the receive thread was behind then)
         self._forecasts: dict[tuple[int, Any], tuple[float, bool]] = {}
@@ -306,32 +301,19 @@ class KVServer:
             meas.append(1.0 if late else 0.0)  # the planner drops a spread whose first was late
         self._meas[(msg.sender, msg.req)] = meas
 
-    def _ack(self, msg: Message, sl: Slice, early: bool = False) -> None:
-        """Acknowledge a push that took effect; a fused push-pull ("pp") gets the value too
-        (``early``: its chunk is complete, its round not yet: the value is in the merge)."""
+    def _ack(self, msg: Message, sl: Slice) -> None:
+        """Acknowledge a push that took effect; a fused push-pull ("pp") gets the value too."""
         meas = self._meas.pop((msg.sender, msg.req), None)
         body = {"meas": meas} if meas is not None else None
         if msg.body.get("pp") is True:
             off, n = msg.body["off"], msg.body["n"]  # checked when the push arrived
-            self._send_value(msg, sl, off, n, body, early)
+            self._send_value(msg, sl, off, n, body)
         else:
             self.answers.reply(msg, body)
 
-    def _send_value(
-        self, msg: Message, sl: Slice, off: int, n: int, body: dict | None, early: bool = False
-    ) -> None:
-        """Answer ``msg`` with ``sl.value[off:off+n]`` (``early``: with the round's sum of a
-        complete chunk, ``sl.merge[off:off+n]``, the value-to-be), zero-copy: the reply is
-        tracked so the array is not changed in place while ZeroMQ still reads it."""
-        if early:
-            assert sl.merge is not None and self.optimizer is None
-            self.early_chunks += 1
-            if "tag" in msg.body:
-                self._forecast_to(msg)
-            tracker = self.answers.reply(msg, body, arrays=[sl.merge[off : off + n]], track=True)
-            if tracker is not None:
-                sl.early.append(tracker)
-            return
+    def _send_value(self, msg: Message, sl: Slice, off: int, n: int, body: dict | None) -> None:
+        """Answer ``msg`` with ``sl.value[off:off+n]``, zero-copy: the reply is tracked so the
+        value is not changed in place while ZeroMQ still reads it."""
         if off == 0 and self.optimizer is not None:
             if not sl.has_state:  # a pull before any push: the pulled weight still counts
                 sl.state = self.optimizer.create_state(sl.skey, sl.value)
@@ -394,7 +376,6 @@ class KVServer:
                 sl.merge, sl.chunk, sl.written = data, ce, {0}
                 sl.got[worker] = n
                 sl.seen.setdefault(worker, set()).add(off)
-                sl.count[0] = 1
                 msg.arrays = []
                 sl.acks.append(msg)
                 if len(sl.got) == self.num_workers:
@@ -428,10 +409,6 @@ class KVServer:
             sl.acks.append(msg)
             if len(sl.got) == self.num_workers and all(c >= sl.value.size for c in sl.got.values()):
                 self._finish_round(sl)
-                return
-            have = sl.count[off] = sl.count.get(off, 0) + 1
-            if have == self.num_workers and self.optimizer is None:
-                self._chunk_done(sl, off, off + n)
             return
         # async: collect the chunks of one push, then apply it at once
         if n == sl.value.size:
@@ -451,34 +428,6 @@ class KVServer:
         else:
             sl.partial[worker] = (buf, count, msgs)
 
-    def _chunk_done(self, sl: Slice, a: int, b: int) -> None:
-        """Every worker pushed chunk ``[a, b)`` of this round and no optimizer is set: the
-        merge holds the chunk's result. Answer its pushes and the pulls waiting for it now,
-        before the round's other chunks are in (the round's pipelining)."""
-        acks = []
-        for m in sl.acks:
-            if m.body["off"] == a:  # (checked when the push arrived)
-                self._ack(m, sl, early=True)
-            else:
-                acks.append(m)
-        sl.acks = acks
-        waiting = []
-        for m in sl.deferred:
-            off, n = m.body["off"], m.body["n"]  # (checked when the pull arrived)
-            if a <= off and off + n <= b:
-                self._send_value(m, sl, off, n, None, early=True)
-            else:
-                waiting.append(m)
-        sl.deferred = waiting
-
-    def _complete(self, sl: Slice, off: int, n: int) -> bool:
-        """Whether ``[off, off+n)`` lies in one chunk of the open round that every worker has
-        pushed (with no optimizer: the merge holds its result)."""
-        if self.optimizer is not None or sl.merge is None or not sl.chunk:
-            return False
-        start = off - off % sl.chunk
-        return off + n <= start + sl.chunk and sl.count.get(start, 0) >= self.num_workers
-
     def _uneven(self, sl: Slice) -> str:
         who = ", ".join(self.done_workers.values())
         return (
@@ -497,7 +446,7 @@ class KVServer:
                 for m in sl.acks + sl.deferred + sl.backlog:
                     self.answers.reply(m, {"error": text})
                 sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
-                sl.seen, sl.count, sl.early = {}, {}, []
+                sl.seen = {}
 
     def _apply(self, sl: Slice, grad: np.ndarray, worker: int) -> None:
         assert self.optimizer is not None
@@ -516,19 +465,15 @@ class KVServer:
             old = sl.value
             busy = any(not t.done for t in sl.inflight)
             sl.value = merged
-            sl.inflight = sl.early  # replies of complete chunks that still read ``merged``
+            sl.inflight = []
             sl.spare = None if busy or not old.flags.writeable else old
         else:
             self._apply(sl, merged, -1)
             # gradients are never sent: reusable unless it is a received message's memory
-            # (or an early answer still reads it: none are sent with an optimizer)
-            busy = any(not t.done for t in sl.early)
-            sl.spare = merged if merged.flags.writeable and not busy else None
+            sl.spare = merged if merged.flags.writeable else None
         sl.merge = None
         sl.got = {}
         sl.seen = {}
-        sl.count = {}
-        sl.early = []
         self.rounds += 1
         acks, deferred, backlog = sl.acks, sl.deferred, sl.backlog
         sl.acks, sl.deferred, sl.backlog = [], [], []
@@ -547,8 +492,6 @@ class KVServer:
             # this worker pushed in the unfinished round: answer after the round
             if any(m.sender == worker for m in sl.backlog):
                 sl.backlog.append(msg)
-            elif self._complete(sl, off, n):  # its chunk is in: the round's value for it
-                self._send_value(msg, sl, off, n, None, early=True)
             else:
                 sl.deferred.append(msg)
             return

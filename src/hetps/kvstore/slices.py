@@ -30,10 +30,6 @@ class Slice:
     chunk: Any = None  # chunk size of this round's pushes (all workers must agree)
     got: dict[int, int] = field(default_factory=dict)  # worker -> elements pushed this round
     seen: dict[int, set[int]] = field(default_factory=dict)  # worker -> chunk offsets this round
-    # chunk offset -> workers that pushed it this round (a chunk every worker pushed is
-    # final: with no optimizer it is answered at once, before the rest of the round)
-    count: dict[int, int] = field(default_factory=dict)
-    early: list[Any] = field(default_factory=list)  # trackers of replies read from ``merge``
     acks: list[Message] = field(default_factory=list)
     deferred: list[Message] = field(default_factory=list)
     backlog: list[Message] = field(default_factory=list)
