@@ -65,7 +65,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
         env=env,
         port=args.port,
         start_timeout=args.start_timeout,
+        max_restarts=args.max_restarts,
     )
+    if args.max_restarts < 0:
+        raise SystemExit("hetps launch: --max-restarts must be >= 0")
+    if args.max_restarts and args.launcher not in ("local", "ssh"):
+        raise SystemExit(
+            f"hetps launch: --max-restarts works with --launcher local and ssh, not "
+            f"{args.launcher} (resubmit the job there; hetps train --resume goes on from its "
+            "checkpoint)"
+        )
     if args.launcher == "ssh":
         if not args.hostfile:
             raise SystemExit("hetps launch: --launcher ssh needs -H/--hostfile")
@@ -319,6 +328,14 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--env", action="append", default=[], metavar="K=V")
     la.add_argument("--port", type=int, default=0, help="scheduler port (default: ephemeral)")
     la.add_argument("--start-timeout", type=float, default=60.0)
+    la.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="when a process fails, start the whole job again, up to N times "
+        "(HETPS_RESTART=k in the new processes; hetps train resumes from --checkpoint-dir)",
+    )
     add_cluster_arguments(la)
     la.add_argument("command", nargs=argparse.REMAINDER)
     la.set_defaults(func=cmd_launch)

@@ -415,6 +415,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "the rank this node asks the scheduler for (-1: in order of arrival)",
                 field="launch_rank", minimum=-1, derive=_derive_launch_rank,
                 default_text="DMLC_WORKER_ID / DMLC_SERVER_ID of its role; else -1"),
+            Var("HETPS_RESTART", "int", 0,
+                "set by `hetps launch --max-restarts` for every process of a job it started "
+                "again: the restart's number (0: the first start); `hetps train` then resumes "
+                "from its --checkpoint-dir", field="restart", minimum=0),
             Var("HETPS_PORT_FILE", "str", None,
                 "a file the scheduler writes the port it bound to", field="port_file"),
             Var("HETPS_NETEM_SCENARIO", "str", None,

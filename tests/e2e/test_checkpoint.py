@@ -68,15 +68,43 @@ def _processes_with(tag: str) -> list[int]:
     return found
 
 
-def test_a_killed_job_resumes_and_ends_as_an_undisturbed_run(tmp_path):
+COMMON = ["--workers", "2", "-m", "sync", "-n", "mlp", "--max-rounds", "30"]
+COMMON += ["--slowdown", "30,30", "--checkpoint-every", "3"]  # ~30 ms a round
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The undisturbed run's last checkpoint (round 30)."""
+    logs = tmp_path_factory.mktemp("reference")
+    _run(logs, *COMMON, "--checkpoint-dir", str(logs / "ck"), "--run-name", "ref")
+    return logs / "ck" / "ckpt-00000030"
+
+
+def _same_models(a: Path, b: Path) -> None:
+    for rank in (0, 1):
+        ma, mb = _model(a, rank), _model(b, rank)
+        for name in ma:
+            assert torch.equal(ma[name], mb[name]), (rank, name)
+
+
+def _pid_of(tag: str, role: str, rank: int) -> int | None:
+    for pid in _processes_with(tag):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"DMLC_ROLE={role}".encode() in env and f"HETPS_LAUNCH_RANK={rank}".encode() in env:
+            return pid
+    return None
+
+
+def test_a_killed_job_resumes_and_ends_as_an_undisturbed_run(tmp_path, reference):
     """SSGD, 2 workers: the reference runs 30 rounds. The other run is SIGKILLed (the launcher,
     so every process dies with it) just after its first checkpoint, then resumed with
     --resume: it goes on from that round and its final models equal the reference's, round
     for round in the log (each iteration once)."""
-    common = ["--workers", "2", "-m", "sync", "-n", "mlp", "--max-rounds", "30"]
-    common += ["--slowdown", "30,30", "--checkpoint-every", "3"]  # ~30 ms a round
-    ref_ck, ck = tmp_path / "ref-ck", tmp_path / "ck"
-    _run(tmp_path, *common, "--checkpoint-dir", str(ref_ck), "--run-name", "ref")
+    common = COMMON
+    ck = tmp_path / "ck"
     tag = f"--run-name={tmp_path.name}-victim"
     victim = subprocess.Popen(
         _cmd(tmp_path, *common, "--checkpoint-dir", str(ck), tag),
@@ -102,16 +130,42 @@ def test_a_killed_job_resumes_and_ends_as_an_undisturbed_run(tmp_path):
     assert 3 <= killed_at < 30, killed_at
     res = _run(tmp_path, *common, "--checkpoint-dir", str(ck), "--resume", str(ck), tag)
     assert "checkpoint after round 30" in res.stdout, res.stdout
-    ref, got = ref_ck / "ckpt-00000030", ck / "ckpt-00000030"
-    for rank in (0, 1):
-        a, b = _model(ref, rank), _model(got, rank)
-        for name in a:
-            assert torch.equal(a[name], b[name]), (rank, name)
+    _same_models(reference, ck / "ckpt-00000030")
     run = tmp_path / f"{tmp_path.name}-victim"
     for rank in (0, 1):
         assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 31))
     meta = json.loads((run / "run.json").read_text())
     assert meta["resumed"]["round"] == killed_at and meta["ended"]["status"] == "completed"
+
+
+def test_max_restarts_brings_a_job_through_a_killed_worker(tmp_path, reference):
+    """--max-restarts 1: worker 1 is SIGKILLed after the first checkpoint; the launcher starts
+    the job again at once, it goes on from the checkpoint and ends with the reference's
+    models, exit code 0."""
+    ck = tmp_path / "ck"
+    tag = f"--run-name={tmp_path.name}-restart"
+    proc = subprocess.Popen(
+        _cmd(tmp_path, *COMMON, "--checkpoint-dir", str(ck), "--max-restarts", "1", tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", proc)
+        victim = _pid_of(tag, "worker", 1)
+        assert victim is not None, "no worker 1 process"
+        os.kill(victim, signal.SIGKILL)
+        out = proc.communicate(timeout=180)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "restart 1 of 1" in out and "going on from the last checkpoint" in out, out
+    assert "was killed by signal 9 (code 137)" in out, out
+    _same_models(reference, ck / "ckpt-00000030")
 
 
 def test_sigterm_checkpoints_after_the_round_and_stops(tmp_path):

@@ -309,3 +309,44 @@ kv.barrier()
     rc, out = cluster(code, workers=2, servers=1)
     assert rc == 137, (rc, out)
     assert "worker 1 was killed by signal 9 (code 137)" in out, out
+
+
+def test_max_restarts_starts_the_job_again(tmp_path):
+    """Worker 1 fails in the first start only: with --max-restarts 2 the launcher starts the
+    whole job again (HETPS_RESTART=1), which succeeds, and returns 0. A job that fails every
+    time gives up after the last restart with the failure's code."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        textwrap.dedent("""
+        import os, sys
+        import numpy as np
+        import hetps.kv
+        kv = hetps.kv.create('dist_sync')
+        kv.init('w', np.zeros(2, np.float32))
+        print('START', os.environ['HETPS_RESTART'], kv.rank, flush=True)
+        if kv.rank == 1 and (os.environ['HETPS_RESTART'] == '0' or sys.argv[1] == 'always'):
+            sys.exit(3)
+        kv.barrier()
+    """)
+    )
+    launch = [sys.executable, "-m", "hetps.cli", "launch", "-n", "2", "-s", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PS_HEARTBEAT_TIMEOUT="60")
+    res = subprocess.run(
+        [*launch, "--max-restarts", "2", "--", sys.executable, str(script), "once"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "restart 1 of 2" in res.stdout and "restart 2 of 2" not in res.stdout, res.stdout
+    assert re.search(r"\[worker 1\] START 1 1", res.stdout), res.stdout
+    res = subprocess.run(
+        [*launch, "--max-restarts", "2", "--", sys.executable, str(script), "always"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert res.stdout.count("START 2 1") == 1 and "restart 3" not in res.stdout, res.stdout

@@ -120,6 +120,9 @@ class LaunchSpec:
     failure_grace: float = 15.0
     # on Ctrl-C/SIGTERM the workers get SIGTERM first and this long to end on their own
     worker_grace: float = 30.0
+    # after a child fails, start the whole job again up to this many times (HETPS_RESTART
+    # tells the new processes which start this is)
+    max_restarts: int = 0
 
 
 class Launcher:
@@ -135,6 +138,7 @@ class Launcher:
         self._stopping = False
         self._scheduler: Child | None = None
         self._signum: int | None = None
+        self.restarts = 0  # how many times the job was started again after a failure
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
@@ -199,6 +203,7 @@ class Launcher:
                 "DMLC_NUM_SERVER": str(self.spec.num_servers),
                 "DMLC_NUM_WORKER": str(self.spec.num_workers),
                 "PYTHONUNBUFFERED": "1",
+                "HETPS_RESTART": str(self.restarts),
             }
         )
         env.setdefault(
@@ -215,7 +220,19 @@ class Launcher:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 old[sig] = signal.signal(sig, self._on_signal)
         try:
-            return self._run()
+            code = self._run()
+            while code not in (0, 127) and self.restarts < self.spec.max_restarts:
+                # a child failed: stop the rest, then start the whole job again; a job that
+                # checkpoints goes on from its last checkpoint (hetps train --checkpoint-dir)
+                self.restarts += 1
+                self.stop_all()
+                self._log(
+                    f"restart {self.restarts} of {self.spec.max_restarts}: starting the job "
+                    "again (HETPS_RESTART=" + str(self.restarts) + ")"
+                )
+                self._reset()
+                code = self._run()
+            return code
         except OSError as exc:  # e.g. the worker command does not exist
             self._log(f"cannot start {exc.filename or 'a process'}: {exc.strerror or exc}")
             return 127
@@ -231,6 +248,14 @@ class Launcher:
             self.stop_all()
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
+    def _reset(self) -> None:
+        """Forget the stopped job's processes before starting it again."""
+        self.children = []
+        self._port = threading.Event()
+        self._port_value = 0
+        self._stopping = False
+        self._scheduler = None
 
     def _on_signal(self, signum: int, frame) -> None:  # type: ignore[no-untyped-def]
         self._signum = signum

@@ -44,6 +44,22 @@ def decode(total: float) -> tuple[bool, bool]:
     return (total % CKPT_FLAG) > 0.5, total >= CKPT_FLAG - 0.5
 
 
+def resume_after_restart(args: argparse.Namespace) -> None:
+    """In a job that ``hetps launch --max-restarts`` started again (``HETPS_RESTART`` > 0),
+    go on from the last checkpoint of ``--checkpoint-dir``, if there is one."""
+    from hetps.config import env_value
+
+    restart = env_value("HETPS_RESTART") or 0
+    if restart and args.checkpoint_dir and not args.resume:
+        if checkpoint.latest(args.checkpoint_dir) is not None:
+            args.resume = args.checkpoint_dir
+            print(
+                f"hetps train: restart {restart}: going on from the last checkpoint in "
+                f"{args.checkpoint_dir}",
+                flush=True,
+            )
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Refuse what cannot work, before anything starts."""
     for flag in ("checkpoint_dir", "resume"):

@@ -54,6 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--checkpoint-every rounds, every --checkpoint-seconds, on SIGTERM and at the end",
     )
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="K")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --workers: when a process fails, start the job again (up to N times); "
+        "with --checkpoint-dir it goes on from the last checkpoint",
+    )
     p.add_argument("--checkpoint-seconds", type=float, default=None, metavar="T")
     p.add_argument(
         "--resume",
@@ -164,8 +172,9 @@ def run_name(args: argparse.Namespace, workers: int) -> str:
 # -- entry ------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
     """``hetps train``: one worker under a launcher, a whole local cluster, or local training."""
-    from hetps.torch.checkpointing import check_args
+    from hetps.torch.checkpointing import check_args, resume_after_restart
 
+    resume_after_restart(args)
     check_args(args)
     role = role_from_env()
     if args.mode == "local":
@@ -230,7 +239,14 @@ def launch_cluster(args: argparse.Namespace) -> int:
     env_value("OMP_NUM_THREADS")  # a malformed value fails here, before anything starts
     # threads: the user's OMP_NUM_THREADS reaches every process unchanged; without it the
     # launcher gives each process its share of the cores (hetps.launch.local.thread_share)
-    spec = LaunchSpec(num_workers=args.workers, num_servers=args.servers, command=cmd)
+    if args.max_restarts < 0:
+        raise SystemExit("hetps train: --max-restarts must be >= 0")
+    spec = LaunchSpec(
+        num_workers=args.workers,
+        num_servers=args.servers,
+        command=cmd,
+        max_restarts=args.max_restarts,
+    )
     return run_cluster(
         spec,
         netem=args.netem,
