@@ -245,7 +245,7 @@ class Launcher:
         finally:
             for sig in old:  # a second Ctrl-C must not cut the clean-up short
                 signal.signal(sig, signal.SIG_IGN)
-            self.stop_all()
+            self.stop_all(workers_first=self._signum is not None)
             for sig, handler in old.items():
                 signal.signal(sig, handler)
 
@@ -389,14 +389,20 @@ class Launcher:
                 self._log(f"stopping {c.label}")
         self.stop_all()
 
-    def stop_all(self) -> None:
-        """SIGTERM every child's process group, then SIGKILL what is left after the grace."""
+    def stop_all(self, workers_first: bool = False) -> None:
+        """SIGTERM every child's process group, then SIGKILL what is left after the grace.
+        ``workers_first`` (a stop asked for with Ctrl-C or SIGTERM): the workers get SIGTERM
+        first and ``worker_grace`` to end on their own, then the rest."""
         if self._stopping:
             return
         self._stopping = True
         # workers first: one that takes SIGTERM as "stop after this round" (hetps train with
         # --checkpoint-dir) needs its servers and scheduler to finish that round and save
-        workers = [c for c in self.children if c.role == "worker" and c.proc.poll() is None]
+        workers = [
+            c
+            for c in self.children
+            if workers_first and c.role == "worker" and c.proc.poll() is None
+        ]
         for c in workers:
             _signal_group(c.proc, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.worker_grace
