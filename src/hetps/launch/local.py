@@ -225,7 +225,7 @@ class Launcher:
                 # a child failed: stop the rest, then start the whole job again; a job that
                 # checkpoints goes on from its last checkpoint (hetps train --checkpoint-dir)
                 self.restarts += 1
-                self.stop_all()
+                self.stop_all(kill=True)  # the job starts again: nobody needs to say why
                 self._log(
                     f"restart {self.restarts} of {self.spec.max_restarts}: starting the job "
                     "again (HETPS_RESTART=" + str(self.restarts) + ")"
@@ -354,6 +354,8 @@ class Launcher:
                     code = shell_code(code)
                     self._notify(child, f"{how} (code {code})")
                     self._log(f"{child.label} {how} (code {code}); stopping the others")
+                    if self.restarts < self.spec.max_restarts:
+                        return code  # run() kills the rest at once and starts the job again
                     self._drain(remaining)
                     return code
             if remaining:
@@ -389,10 +391,11 @@ class Launcher:
                 self._log(f"stopping {c.label}")
         self.stop_all()
 
-    def stop_all(self, workers_first: bool = False) -> None:
+    def stop_all(self, workers_first: bool = False, kill: bool = False) -> None:
         """SIGTERM every child's process group, then SIGKILL what is left after the grace.
         ``workers_first`` (a stop asked for with Ctrl-C or SIGTERM): the workers get SIGTERM
-        first and ``worker_grace`` to end on their own, then the rest."""
+        first and ``worker_grace`` to end on their own, then the rest. ``kill``: SIGKILL at
+        once (a job about to be started again)."""
         if self._stopping:
             return
         self._stopping = True
@@ -411,7 +414,7 @@ class Launcher:
                 c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 break
-        live = [c for c in self.children if c.proc.poll() is None]
+        live = [c for c in self.children if c.proc.poll() is None and not kill]
         for c in live:
             _signal_group(c.proc, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.stop_grace

@@ -1,0 +1,317 @@
+"""Kill one process of a training job at a random moment, many times: does the job survive?
+
+    .venv/bin/python benchmarks/chaos.py [--trials 4] [--rounds 60] [--seed 1] [--json FILE]
+    .venv/bin/python benchmarks/chaos.py --trials 100 --json runs/chaos.json   # the full run
+
+The job: ``hetps train -m sync -n mlp --workers 3 --servers 2`` with ``--checkpoint-dir``
+(every 5 rounds) and ``--max-restarts 3``, on a slice of Fashion-MNIST, for ``--rounds``
+rounds. First one undisturbed run (the reference). Then each trial starts the same job and,
+at a random moment of its expected run time, sends SIGKILL to one process of a random role
+(the roles take turns, in a shuffled order): a worker, a server, the scheduler or the
+launcher itself.
+
+Per trial it records:
+
+* the outcome: ``completed`` (exit 0), ``failed`` (non-zero exit, or the launcher was the
+  one killed: then nothing is left to finish the job) or ``hung`` (no end within the limit);
+* orphans: processes of the job still alive 10 s after the launcher ended;
+* whether the final model equals the reference's to float rounding (``matches``): SSGD with
+  fixed seeds is deterministic up to the order in which a server adds three workers'
+  gradients, so a second undisturbed run gives the rounding noise (``noise_floor``, the
+  largest weight difference between the two), and a trial matches when its largest
+  difference is within 10x that (at least 1e-6). One lost or doubled step of SGD moves the
+  weights by about the learning rate times a gradient, far above it;
+* detection: from the kill to the launcher's line naming the dead process;
+* recovery: from the kill to the first round the restarted job logs;
+* the final test accuracy, against the reference's.
+
+Replicated servers and elastic workers (issue 21) are not built: a death costs a restart of
+the whole job from its last checkpoint, which is what this measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import git_head, median  # noqa: E402
+
+ROLES = ("worker", "server", "scheduler", "launcher")
+
+
+def job_cmd(logs: Path, ck: Path, rounds: int, name: str) -> list[str]:
+    return [
+        sys.executable, "-m", "hetps.cli", "train",
+        "-m", "sync", "-n", "mlp", "--workers", "3", "--servers", "2",
+        "--train-limit", "6000", "--test-limit", "1000", "-b", "32", "-e", "10",
+        "--max-rounds", str(rounds), "--slowdown", "5,5,5",
+        "--checkpoint-dir", str(ck), "--checkpoint-every", "5", "--max-restarts", "3",
+        "-ld", str(logs), "--run-name", name, "--progress", "lines",
+    ]  # fmt: skip
+
+
+def tagged(tag: str) -> list[tuple[int, dict[str, str]]]:
+    """The live processes of the job marked ``tag`` (in their environment), with it."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            raw = (d / "environ").read_bytes()
+            state = (d / "stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if f"CHAOS_TAG={tag}".encode() not in raw or state == "Z":
+            continue
+        env = dict(
+            kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv
+        )
+        found.append((int(d.name), env))
+    return found
+
+
+def final_model(ck: Path) -> dict | None:
+    import pickle
+
+    latest = ck / "latest"
+    if not latest.exists():
+        return None
+    with open(ck / latest.read_text() / "worker-0.pkl", "rb") as f:
+        return pickle.load(f)["model"]
+
+
+def final_accuracy(logs: Path, name: str) -> float | None:
+    log = logs / name / "worker-0.jsonl"
+    if not log.exists():
+        return None
+    accs = [json.loads(x).get("accuracy") for x in log.read_text().splitlines()]
+    accs = [a for a in accs if a is not None]
+    return accs[-1] if accs else None
+
+
+class Job:
+    """One run of the job, its output read line by line with arrival times."""
+
+    def __init__(self, cmd: list[str], tag: str) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CHAOS_TAG=tag)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+        self.lines: list[tuple[float, str]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def first(self, pattern: str, after: float) -> float | None:
+        for t, line in list(self.lines):
+            if t >= after and re.search(pattern, line):
+                return t
+        return None
+
+
+def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
+          expected_s: float, limit_s: float) -> dict:  # fmt: skip
+    name = f"trial{i}"
+    ck = base / f"ck-{name}"
+    tag = uuid.uuid4().hex
+    job = Job(job_cmd(base, ck, rounds, name), tag)
+    at = rng.uniform(0.15, 0.85) * expected_s
+    killed = None
+    victim = None
+    while job.proc.poll() is None and time.monotonic() - job.started < at:
+        time.sleep(0.02)  # until the chosen moment (or the job's end)
+    if job.proc.poll() is None:
+        if role == "launcher":
+            victim = job.proc.pid
+        else:
+            procs = [
+                (pid, env) for pid, env in tagged(tag) if env.get("DMLC_ROLE") == role
+            ]
+            if procs:
+                victim = rng.choice(procs)[0]
+        if victim is not None:
+            killed = time.monotonic()
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                killed = None
+    try:
+        job.proc.wait(timeout=limit_s)
+        outcome = "completed" if job.proc.returncode == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        outcome = "hung"
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        job.proc.wait()
+    job.reader.join(5)
+    deadline = time.monotonic() + 10
+    while tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)  # children die with the launcher (parent-death signal)
+    orphans = [pid for pid, _ in tagged(tag)]
+    for pid in orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    detect = recover = None
+    if killed is not None and role != "launcher":
+        t = job.first(r"\[launcher\] .*(killed by signal|exited)", killed)
+        detect = t - killed if t is not None else None
+        t = job.first(r"\[worker 0\] worker 0 iter \d+", job.first("restart 1 of", killed) or 1e18)
+        recover = t - killed if t is not None else None
+    return {
+        "trial": i,
+        "role": role,
+        "kill_at_s": round(at, 3),
+        "killed": killed is not None,
+        "outcome": outcome,
+        "exit_code": job.proc.returncode,
+        "orphans": len(orphans),
+        "detect_s": detect,
+        "recover_s": recover,
+        "ck": str(ck),
+        "name": name,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=4, help="default: one kill per role")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory(prefix="hetps-chaos-") as tmp:
+        base = Path(tmp)
+        t0 = time.monotonic()
+        ref = Job(job_cmd(base, base / "ck-ref", args.rounds, "ref"), uuid.uuid4().hex)
+        if ref.proc.wait(timeout=600) != 0:
+            ref.reader.join(5)
+            print("\n".join(x for _, x in ref.lines[-30:]))
+            raise SystemExit("chaos: the undisturbed reference run failed")
+        ref.reader.join(5)
+        expected = time.monotonic() - t0
+        ref_model = final_model(base / "ck-ref")
+        ref_acc = final_accuracy(base, "ref")
+        again = Job(job_cmd(base, base / "ck-ref2", args.rounds, "ref2"), uuid.uuid4().hex)
+        if again.proc.wait(timeout=600) != 0:
+            raise SystemExit("chaos: the second undisturbed run failed")
+        again.reader.join(5)
+        floor = max_diff(final_model(base / "ck-ref2"), ref_model)
+        tolerance = max(10 * floor, 1e-6)
+        print(
+            f"reference: {expected:.1f} s, final accuracy {ref_acc}; two undisturbed runs "
+            f"differ by at most {floor:.3g} (rounding)",
+            flush=True,
+        )
+        order: list[str] = []
+        rows = []
+        for i in range(args.trials):
+            if not order:
+                order = list(ROLES)
+                rng.shuffle(order)
+            role = order.pop()
+            row = trial(i, role, rng, base, args.rounds, expected, limit_s=max(180, 6 * expected))
+            model = final_model(Path(row.pop("ck")))
+            name = row.pop("name")
+            diff = max_diff(model, ref_model) if row["outcome"] == "completed" else None
+            row["max_abs_diff"] = diff
+            row["matches"] = diff is not None and diff <= tolerance
+            acc = final_accuracy(base, name) if row["outcome"] == "completed" else None
+            row["accuracy"] = acc
+            row["accuracy_gap"] = None if acc is None or ref_acc is None else ref_acc - acc
+            rows.append(row)
+            print(
+                f"trial {i:3d} kill {role:9s} at {row['kill_at_s']:5.1f}s: {row['outcome']:9s} "
+                f"orphans {row['orphans']} matches {row['matches']} detect "
+                f"{_s(row['detect_s'])} recover {_s(row['recover_s'])}",
+                flush=True,
+            )
+    summary = summarize(rows)
+    print()
+    print(f"{'killed':10s} {'trials':>6s} {'completed':>9s} {'failed':>6s} {'hung':>4s} "
+          f"{'orphans':>7s} {'match':>5s} {'detect med':>10s} {'recover med':>11s}")  # fmt: skip
+    for role, s in summary.items():
+        print(
+            f"{role:10s} {s['trials']:6d} {s['completed']:9d} {s['failed']:6d} {s['hung']:4d} "
+            f"{s['orphans']:7d} {s['matches']:5d} {_s(s['detect_median_s']):>10s} "
+            f"{_s(s['recover_median_s']):>11s}"
+        )
+    print(f"reference accuracy {ref_acc}; largest gap of a completed trial "
+          f"{max((r['accuracy_gap'] or 0.0) for r in rows):.4f}")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "commit": git_head(str(ROOT)),
+                    "rounds": args.rounds,
+                    "reference_s": expected,
+                    "reference_accuracy": ref_acc,
+                    "noise_floor": floor,
+                    "trials": rows,
+                    "summary": summary,
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+def max_diff(a: dict | None, b: dict | None) -> float:
+    """The largest absolute weight difference between two models (inf if one is missing)."""
+    if a is None or b is None:
+        return float("inf")
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in b)
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}s"
+
+
+def summarize(rows: list[dict]) -> dict:
+    out = {}
+    for role in ROLES + ("all",):
+        rs = [r for r in rows if role in ("all", r["role"])]
+        if not rs:
+            continue
+        out[role] = {
+            "trials": len(rs),
+            "completed": sum(r["outcome"] == "completed" for r in rs),
+            "failed": sum(r["outcome"] == "failed" for r in rs),
+            "hung": sum(r["outcome"] == "hung" for r in rs),
+            "orphans": sum(r["orphans"] for r in rs),
+            "matches": sum(bool(r["matches"]) for r in rs),
+            "detect_median_s": median(r["detect_s"] for r in rs if r["detect_s"] is not None),
+            "recover_median_s": median(
+                r["recover_s"] for r in rs if r["recover_s"] is not None
+            ),
+        }
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
