@@ -77,9 +77,7 @@ def tagged(tag: str) -> list[tuple[int, dict[str, str]]]:
             continue
         if f"CHAOS_TAG={tag}".encode() not in raw or state == "Z":
             continue
-        env = dict(
-            kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv
-        )
+        env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
         found.append((int(d.name), env))
     return found
 
@@ -148,11 +146,13 @@ def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
         if role == "launcher":
             victim = job.proc.pid
         else:
-            procs = [
-                (pid, env) for pid, env in tagged(tag) if env.get("DMLC_ROLE") == role
-            ]
-            if procs:
-                victim = rng.choice(procs)[0]
+            until = time.monotonic() + 20  # (early on the role's processes may not be up yet)
+            while victim is None and job.proc.poll() is None and time.monotonic() < until:
+                procs = [(pid, env) for pid, env in tagged(tag) if env.get("DMLC_ROLE") == role]
+                if procs:
+                    victim = rng.choice(procs)[0]
+                else:
+                    time.sleep(0.02)
         if victim is not None:
             killed = time.monotonic()
             try:
@@ -295,7 +295,7 @@ def _s(x: float | None) -> str:
 def summarize(rows: list[dict]) -> dict:
     out = {}
     for role in ROLES + ("all",):
-        rs = [r for r in rows if role in ("all", r["role"])]
+        rs = [r for r in rows if role in ("all", r["role"]) and r["killed"]]
         if not rs:
             continue
         out[role] = {
@@ -306,9 +306,7 @@ def summarize(rows: list[dict]) -> dict:
             "orphans": sum(r["orphans"] for r in rs),
             "matches": sum(bool(r["matches"]) for r in rs),
             "detect_median_s": median(r["detect_s"] for r in rs if r["detect_s"] is not None),
-            "recover_median_s": median(
-                r["recover_s"] for r in rs if r["recover_s"] is not None
-            ),
+            "recover_median_s": median(r["recover_s"] for r in rs if r["recover_s"] is not None),
         }
     return out
 

@@ -66,10 +66,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
         port=args.port,
         start_timeout=args.start_timeout,
         max_restarts=args.max_restarts,
+        elastic_min=args.elastic,
     )
+    if args.elastic and not (1 <= args.elastic <= args.num_workers):
+        raise SystemExit(
+            f"hetps launch: --elastic {args.elastic} must be between 1 and -n "
+            f"({args.num_workers})"
+        )
     if args.max_restarts < 0:
         raise SystemExit("hetps launch: --max-restarts must be >= 0")
-    if args.max_restarts and args.launcher not in ("local", "ssh"):
+    if (args.max_restarts or args.elastic) and args.launcher not in ("local", "ssh"):
         raise SystemExit(
             f"hetps launch: --max-restarts works with --launcher local and ssh, not "
             f"{args.launcher} (resubmit the job there; hetps train --resume goes on from its "
@@ -335,6 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="when a process fails, start the whole job again, up to N times "
         "(HETPS_RESTART=k in the new processes; hetps train resumes from --checkpoint-dir)",
+    )
+    la.add_argument(
+        "--elastic",
+        type=int,
+        default=0,
+        metavar="MIN",
+        help="a worker that fails is left out and the job starts again with the others, "
+        "while at least MIN remain (HETPS_ELASTIC=MIN in every process)",
     )
     add_cluster_arguments(la)
     la.add_argument("command", nargs=argparse.REMAINDER)

@@ -419,6 +419,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "set by `hetps launch --max-restarts` for every process of a job it started "
                 "again: the restart's number (0: the first start); `hetps train` then resumes "
                 "from its --checkpoint-dir", field="restart", minimum=0),
+            Var("HETPS_ELASTIC", "int", 0,
+                "`--elastic MIN`: a worker that dies is left out and the job starts again "
+                "with the others (from its checkpoint), while at least MIN remain (0: off)",
+                field="elastic", minimum=0),
             Var("HETPS_PORT_FILE", "str", None,
                 "a file the scheduler writes the port it bound to", field="port_file"),
             Var("HETPS_NETEM_SCENARIO", "str", None,

@@ -235,3 +235,43 @@ def test_checkpoint_flags_that_cannot_work_are_one_line(tmp_path, args, says):
     )
     assert res.returncode != 0
     assert says in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_elastic_goes_on_without_a_dead_worker(tmp_path):
+    """--elastic 2 with 3 workers: worker 2 is SIGKILLed after the first checkpoint; the job
+    goes on with the other 2 from that checkpoint and completes. With --elastic 3 the same
+    death ends the job with a clear error."""
+    args = ["--workers", "3", "-m", "sync", "-n", "mlp", "--max-rounds", "20"]
+    args += ["--slowdown", "30,30,30", "--checkpoint-every", "3"]
+    outs = {}
+    for minimum in ("2", "3"):
+        ck = tmp_path / f"ck{minimum}"
+        tag = f"--run-name={tmp_path.name}-elastic{minimum}"
+        proc = subprocess.Popen(
+            _cmd(tmp_path, *args, "--checkpoint-dir", str(ck), "--elastic", minimum, tag),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+            start_new_session=True,
+        )
+        try:
+            _wait_for(lambda ck=ck: (ck / "latest").exists(), "first checkpoint", proc)
+            victim = _pid_of(tag, "worker", 2)
+            assert victim is not None, "no worker 2 process"
+            os.kill(victim, signal.SIGKILL)
+            outs[minimum] = proc.communicate(timeout=180)[0]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        outs[minimum] = (proc.returncode, outs[minimum])
+    code, out = outs["2"]
+    assert code == 0, out
+    assert "elastic: going on without worker 2" in out, out
+    assert "going on with 2 workers from ckpt-" in out, out
+    final = json.loads((tmp_path / "ck2" / "ckpt-00000020" / "manifest.json").read_text())
+    assert final["workers"] == 2
+    code, out = outs["3"]
+    assert code == 137, out
+    assert "fewer than --elastic 3: the job fails" in out, out

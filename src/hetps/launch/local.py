@@ -123,6 +123,9 @@ class LaunchSpec:
     # after a child fails, start the whole job again up to this many times (HETPS_RESTART
     # tells the new processes which start this is)
     max_restarts: int = 0
+    # --elastic MIN: a worker that fails is left out and the job starts again with the others
+    # while at least MIN remain (does not use up max_restarts)
+    elastic_min: int = 0
 
 
 class Launcher:
@@ -139,6 +142,8 @@ class Launcher:
         self._scheduler: Child | None = None
         self._signum: int | None = None
         self.restarts = 0  # how many times the job was started again after a failure
+        self._failed: Child | None = None  # the child whose failure ended the last start
+        self._initial_workers = spec.num_workers
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
@@ -204,6 +209,7 @@ class Launcher:
                 "DMLC_NUM_WORKER": str(self.spec.num_workers),
                 "PYTHONUNBUFFERED": "1",
                 "HETPS_RESTART": str(self.restarts),
+                "HETPS_ELASTIC": str(self.spec.elastic_min),
             }
         )
         env.setdefault(
@@ -221,15 +227,10 @@ class Launcher:
                 old[sig] = signal.signal(sig, self._on_signal)
         try:
             code = self._run()
-            while code not in (0, 127) and self.restarts < self.spec.max_restarts:
+            while code not in (0, 127) and self._again():
                 # a child failed: stop the rest, then start the whole job again; a job that
                 # checkpoints goes on from its last checkpoint (hetps train --checkpoint-dir)
-                self.restarts += 1
                 self.stop_all(kill=True)  # the job starts again: nobody needs to say why
-                self._log(
-                    f"restart {self.restarts} of {self.spec.max_restarts}: starting the job "
-                    "again (HETPS_RESTART=" + str(self.restarts) + ")"
-                )
                 self._reset()
                 code = self._run()
             return code
@@ -248,6 +249,35 @@ class Launcher:
             self.stop_all(workers_first=self._signum is not None)
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
+    def _again(self) -> bool:
+        """After a failure: whether to start the job again, and with how many workers."""
+        spec, failed = self.spec, self._failed
+        if spec.elastic_min and failed is not None and failed.role == "worker":
+            if spec.num_workers - 1 < spec.elastic_min:
+                self._log(
+                    f"{failed.label} is gone and {spec.num_workers - 1} workers would be left, "
+                    f"fewer than --elastic {spec.elastic_min}: the job fails"
+                )
+                return False
+            spec.num_workers -= 1
+            self.restarts += 1
+            self._log(
+                f"elastic: going on without {failed.label}: starting the job again with "
+                f"{spec.num_workers} workers (HETPS_RESTART={self.restarts})"
+            )
+            return True
+        if self.restarts - self._dropped() >= spec.max_restarts:
+            return False
+        self.restarts += 1
+        self._log(
+            f"restart {self.restarts - self._dropped()} of {spec.max_restarts}: starting the "
+            f"job again (HETPS_RESTART={self.restarts})"
+        )
+        return True
+
+    def _dropped(self) -> int:
+        return self._initial_workers - self.spec.num_workers
 
     def _reset(self) -> None:
         """Forget the stopped job's processes before starting it again."""
@@ -352,9 +382,12 @@ class Launcher:
                 if code != 0:
                     how = f"was killed by signal {-code}" if code < 0 else "exited"
                     code = shell_code(code)
+                    self._failed = child
                     self._notify(child, f"{how} (code {code})")
                     self._log(f"{child.label} {how} (code {code}); stopping the others")
-                    if self.restarts < self.spec.max_restarts:
+                    if self.restarts - self._dropped() < self.spec.max_restarts or (
+                        self.spec.elastic_min and child.role == "worker"
+                    ):
                         return code  # run() kills the rest at once and starts the job again
                     self._drain(remaining)
                     return code

@@ -141,7 +141,10 @@ def load_state(args: argparse.Namespace, rank: int, workers: int) -> dict:
     """This worker's state in the last complete checkpoint of ``--resume``."""
     ck = checkpoint.latest(args.resume)
     assert ck is not None  # check_args made sure
-    if ck.workers != workers:
+    from hetps.config import env_value
+
+    elastic = bool(env_value("HETPS_ELASTIC")) and args.mode in ("sync", "esync")
+    if ck.workers != workers and not elastic:
         raise SystemExit(
             f"hetps train: --resume {args.resume}: {ck.path.name} was taken with {ck.workers} "
             f"workers, this job has {workers}; resume with --workers {ck.workers}"
@@ -151,7 +154,19 @@ def load_state(args: argparse.Namespace, rank: int, workers: int) -> dict:
             f"hetps train: --resume {args.resume}: {ck.path.name} holds a "
             f"{ck.manifest['network']} model, not {args.network}; pass -n {ck.manifest['network']}"
         )
-    state = ck.state(rank)
+    if ck.workers != workers:
+        # elastic: another number of workers. At a checkpoint every worker of sync and esync
+        # holds the same model; each takes rank 0's, and its data (a new shard) from the
+        # checkpoint's round on
+        state = ck.state(0)
+        state["steps_done"] = int(state["round"])
+        print(
+            f"hetps train: worker {rank}: going on with {workers} workers from {ck.path.name} "
+            f"(taken with {ck.workers})",
+            flush=True,
+        )
+    else:
+        state = ck.state(rank)
     state["path"] = str(ck.path)
     return state
 

@@ -62,6 +62,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --workers: when a process fails, start the job again (up to N times); "
         "with --checkpoint-dir it goes on from the last checkpoint",
     )
+    p.add_argument(
+        "--elastic",
+        type=int,
+        default=0,
+        metavar="MIN",
+        help="with --workers (sync, esync): a worker that dies is left out and the job goes "
+        "on with the others from its last checkpoint, while at least MIN remain",
+    )
     p.add_argument("--checkpoint-seconds", type=float, default=None, metavar="T")
     p.add_argument(
         "--resume",
@@ -120,6 +128,8 @@ def parse_slowdown(text: str | None, workers: int) -> list[float]:
         raise SystemExit(f"hetps train: --slowdown {text!r} must be numbers like 1,1,2,4") from None
     if len(vals) == 1 and vals[0] >= 1:
         return vals * workers
+    if env_value("HETPS_ELASTIC") and len(vals) > workers:
+        vals = vals[:workers]  # a job that went on with fewer workers: the first W factors
     if len(vals) != workers or any(v < 1 for v in vals):
         raise SystemExit(
             f"hetps train: --slowdown needs factors >= 1: one (this worker's) or {workers} "
@@ -241,11 +251,22 @@ def launch_cluster(args: argparse.Namespace) -> int:
     # launcher gives each process its share of the cores (hetps.launch.local.thread_share)
     if args.max_restarts < 0:
         raise SystemExit("hetps train: --max-restarts must be >= 0")
+    if args.elastic and not (1 <= args.elastic <= args.workers):
+        raise SystemExit(
+            f"hetps train: --elastic {args.elastic}: the smallest number of workers to go on "
+            f"with must be between 1 and --workers ({args.workers})"
+        )
+    if args.elastic and (args.mode not in ("sync", "esync") or not args.checkpoint_dir):
+        raise SystemExit(
+            "hetps train: --elastic needs -m sync or esync and --checkpoint-dir (the workers "
+            "left go on from the last checkpoint)"
+        )
     spec = LaunchSpec(
         num_workers=args.workers,
         num_servers=args.servers,
         command=cmd,
         max_restarts=args.max_restarts,
+        elastic_min=args.elastic,
     )
     return run_cluster(
         spec,
