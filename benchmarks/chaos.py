@@ -181,7 +181,10 @@ def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
     if killed is not None and role != "launcher":
         t = job.first(r"\[launcher\] .*(killed by signal|exited)", killed)
         detect = t - killed if t is not None else None
-        t = job.first(r"\[worker 0\] worker 0 iter \d+", job.first("restart 1 of", killed) or 1e18)
+        t = job.first(
+            r"\[worker 0\] worker 0 iter \d+",
+            job.first(r"restart 1 of|elastic: going on", killed) or 1e18,
+        )
         recover = t - killed if t is not None else None
     return {
         "trial": i,
