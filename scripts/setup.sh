@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for hetps: a virtualenv in .venv with hetps (editable) and every
-# extra its examples, tests and benchmarks use; Debian's Fashion-MNIST, iproute2, slurm-wlm
-# and munge when apt is there and we are root. Safe to run again: it only adds what is missing.
+# extra its examples, tests and benchmarks use; Debian's Fashion-MNIST, iproute2, slurm-wlm,
+# munge and prometheus when apt is there and we are root. Safe to run again: it only adds what
+# is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,8 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # a one-node Slurm for tests/integration/test_slurm.py (the test starts and stops its daemons)
 command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need_apt+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need_apt+=(munge)
+# a real Prometheus server scrapes a job in the live-metrics tests
+command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}") \

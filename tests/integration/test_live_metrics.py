@@ -77,7 +77,9 @@ def poll(url: str, ready, what: str, timeout: float = 60.0):
         if ready(s):
             return s
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {timeout:g} s; last scrape:\n{s.samples}")
+            raise AssertionError(
+                f"{what}: not seen within {timeout:g} s; last scrape:\n{s.samples}"
+            )
         time.sleep(0.1)  # between scrapes (the condition is what is waited for)
 
 
@@ -126,10 +128,12 @@ def job(tmp_path_factory):
         # every test sees the job after its rounds (whichever runs first, or alone)
         poll(
             j.url,
-            lambda s: s.value("hetps_rounds_total") == ROUNDS
-            and all(
-                s.value("hetps_pull_latency_seconds_count", worker=str(w)) == ROUNDS
-                for w in (0, 1)
+            lambda s: (
+                s.value("hetps_rounds_total") == ROUNDS
+                and all(
+                    s.value("hetps_pull_latency_seconds_count", worker=str(w)) == ROUNDS
+                    for w in (0, 1)
+                )
             ),
             "every worker's rounds and pulls",
         )
@@ -143,9 +147,11 @@ def job(tmp_path_factory):
 def test_the_endpoint_counts_what_the_workers_did(job):
     s = poll(
         job.url,
-        lambda s: s.value("hetps_rounds_total") == ROUNDS
-        and all(
-            s.value("hetps_pull_latency_seconds_count", worker=str(w)) == ROUNDS for w in (0, 1)
+        lambda s: (
+            s.value("hetps_rounds_total") == ROUNDS
+            and all(
+                s.value("hetps_pull_latency_seconds_count", worker=str(w)) == ROUNDS for w in (0, 1)
+            )
         ),
         "every worker's rounds and pulls",
     )
@@ -180,6 +186,68 @@ def test_the_endpoint_counts_what_the_workers_did(job):
         assert payload <= down <= 2 * payload + (256 << 10), down
         assert s.value("hetps_link_bytes_per_second", src=f"worker{w}", dst=f"server{holder}") >= 0
     assert s.value("hetps_esync_round") == ESYNC
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def test_a_real_prometheus_scrapes_the_job(job, tmp_path):
+    """A real Prometheus server (Debian's `prometheus`, started here with its own config and
+    storage) scrapes the scheduler's endpoint; its query API then gives the job's numbers."""
+    import json
+    import shutil
+    import urllib.parse
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus is not installed (scripts/setup.sh installs it as root)")
+    target = urllib.parse.urlparse(job.url)
+    (tmp_path / "prometheus.yml").write_text(
+        "global:\n  scrape_interval: 250ms\n  scrape_timeout: 200ms\n"
+        "scrape_configs:\n  - job_name: hetps\n"
+        f"    metrics_path: {target.path}\n"
+        f"    static_configs:\n      - targets: ['{target.netloc}']\n"
+    )
+    port = _free_port()
+    prom = subprocess.Popen(
+        [binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+    def query(expr: str) -> list:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                body = json.loads(resp.read())
+        except OSError:
+            return []  # not up yet
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    try:
+        deadline = time.monotonic() + 60
+        while not query("hetps_rounds_total"):
+            assert prom.poll() is None, prom.stderr.read()
+            assert time.monotonic() < deadline, "Prometheus never stored hetps_rounds_total"
+            time.sleep(0.1)  # polls Prometheus' API until its first scrape is stored
+        (rounds,) = query("hetps_rounds_total")
+        assert float(rounds["value"][1]) == ROUNDS
+        per_worker = {r["metric"]["worker"]: float(r["value"][1]) for r in query(
+            "hetps_worker_rounds_total")}  # fmt: skip
+        assert per_worker == {"0": ROUNDS, "1": ROUNDS}, per_worker
+        (up,) = query('up{job="hetps"}')
+        assert float(up["value"][1]) == 1.0
+        links = query("sum(hetps_link_bytes_total)")
+        assert links and float(links[0]["value"][1]) >= 4 * ROUNDS * ELEMS * 4 * 0.99, links
+    finally:
+        os.killpg(prom.pid, signal.SIGKILL)
+        prom.wait()
 
 
 def test_top_once_prints_one_frame(job):
@@ -229,8 +297,10 @@ def test_a_stopped_worker_turns_late_then_counts_one_recovery(job):
         os.kill(pid, signal.SIGCONT)
     s = poll(
         job.url,
-        lambda s: s.value("hetps_node_recoveries_total", node="worker1") == 1
-        and s.value("hetps_nodes_late") == 0,
+        lambda s: (
+            s.value("hetps_node_recoveries_total", node="worker1") == 1
+            and s.value("hetps_nodes_late") == 0
+        ),
         "worker 1 back",
         timeout=30,
     )
