@@ -292,6 +292,7 @@ except ClusterError as exc:
     assert rc == 4, out
     (line,) = [x for x in out.splitlines() if "REFUSED" in x]
     assert "worker 1 exited (code 4) before it registered (seen by the launcher)" in line, out
+    assert "[launcher] stopping" not in out, out  # every survivor was told, and ended itself
     assert "[scheduler]" in out and "before it registered" in out.split("[scheduler]", 1)[1], out
 
 

@@ -118,6 +118,9 @@ class Scheduler:
         self._pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
         self._refusals: deque[float] = deque()
         self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
+        self._failed_start: str | None = None  # why the start failed (a node died first)
+        self._late_refused = 0  # nodes told so
+        self._dead_before_start = 0
         # plug-in services (and their worker-finished hooks) run in order on a thread of their
         # own, so a long one (a big plan) never holds up heartbeats, barriers or registration
         self._service_q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
@@ -328,6 +331,12 @@ class Scheduler:
         want = want if isinstance(want, int) and not isinstance(want, bool) else -1
         limit = self.cfg.num_server if role == "server" else self.cfg.num_worker
         refusal = None
+        if self._failed_start is not None:
+            # a node died before the cluster was complete: every late one is told why
+            self._refuse(origin, host, port, back, msg.req, self._failed_start)
+            self._late_refused += 1
+            self._end_failed_start()
+            return
         if self.nodes or len(self.pending) >= self.expected:
             refusal = (
                 f"the cluster is already complete ({self.cfg.num_server} "
@@ -498,6 +507,10 @@ class Scheduler:
 
     def _check_timeouts(self) -> None:
         now = time.monotonic()
+        if self._failed_start is not None:
+            if now - self.started > self.cfg.connect_timeout:
+                self.exit_code = 1  # the rest never came to be told
+            return
         if not self.nodes:
             if self.pending and now - self.started > self.cfg.connect_timeout:
                 counts = {
@@ -544,7 +557,19 @@ class Scheduler:
         log.error("scheduler: %s", text)
         for p in self.pending:
             self._send(p.origin, Message(P.REFUSED, req=p.req, reply=True, body={"error": text}))
-        self.exit_code = 1
+        self._dead_before_start += 1
+        if self._failed_start is None:
+            self._failed_start = text
+            self._late_refused = len(self.pending)
+            self.pending = []
+        self._end_failed_start()
+
+    def _end_failed_start(self) -> None:
+        """A failed start ends once every node that was to come has been told (or died);
+        until then the scheduler stays up to refuse the late ones (and at most
+        HETPS_CONNECT_TIMEOUT, as any start)."""
+        if self._late_refused + self._dead_before_start >= self.expected:
+            self.exit_code = 1
 
     def _declare_dead(self, nid: int, reason: str) -> None:
         if nid in self.dead or nid not in self.nodes:
