@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -275,3 +276,18 @@ def test_elastic_goes_on_without_a_dead_worker(tmp_path):
     code, out = outs["3"]
     assert code == 137, out
     assert "fewer than --elastic 3: the job fails" in out, out
+
+
+def test_checkpoint_seconds_is_agreed_by_every_worker(tmp_path):
+    """--checkpoint-seconds (1 ms, so due after almost every round) and no --checkpoint-every:
+    rank 0's wish rides in the round's control sum, so both workers take the checkpoint after
+    the same round (a wish of rank 0 alone would leave it waiting at the checkpoint's barrier,
+    and the job would hang). Several are taken before the last round's; the two newest are
+    kept."""
+    ck = tmp_path / "ck"
+    args = ["--workers", "2", "-m", "sync", "-n", "mlp", "--max-rounds", "6"]
+    res = _run(tmp_path, *args, "--checkpoint-dir", str(ck), "--checkpoint-seconds", "0.001")
+    rounds = [int(r) for r in re.findall(r"checkpoint after round (\d+)", res.stdout)]
+    assert len(rounds) >= 3 and rounds[-1] == 6, res.stdout
+    kept = sorted(p.name for p in ck.glob("ckpt-*"))
+    assert kept == [f"ckpt-{r:08d}" for r in rounds[-2:]], (kept, rounds)
