@@ -136,24 +136,37 @@ class Node:
             target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True
         )
         self._recv_thread.start()
-        self.van.send(
-            P.SCHEDULER_ID,
-            Message(
-                P.ADD_NODE,
-                req=1,
-                body={
-                    "role": self.role,
-                    "host": self.cfg.node_host,
-                    "port": self.van.port,
-                    "back": back,
-                    "want_rank": self.cfg.launch_rank,
-                },
-            ),
-        )
         deadline = time.monotonic() + self.cfg.connect_timeout
-        refused = None
+        refused: str | None = None
+
+        def give_up() -> str | None:
+            # a refused handshake leaves no connection, so the registration could never leave
+            nonlocal refused
+            refused = refused or (watch.failure() if watch is not None else None)
+            if refused is not None:
+                return refused
+            return "no connection" if time.monotonic() > deadline else None
+
         try:
-            while not self._registered.wait(0.1) and refused is None:
+            self.van.send(
+                P.SCHEDULER_ID,
+                Message(
+                    P.ADD_NODE,
+                    req=1,
+                    body={
+                        "role": self.role,
+                        "host": self.cfg.node_host,
+                        "port": self.van.port,
+                        "back": back,
+                        "want_rank": self.cfg.launch_rank,
+                    },
+                ),
+                give_up=give_up,
+            )
+        except PeerGone:
+            pass  # refused, or the deadline passed: said below
+        try:
+            while refused is None and not self._registered.wait(0.1):
                 refused = watch.failure() if watch is not None else None
                 if time.monotonic() > deadline:
                     break

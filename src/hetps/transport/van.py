@@ -20,6 +20,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,9 +327,17 @@ class Van:
         """The peer is gone: sends to it fail at once instead of waiting on a full queue."""
         self._dead.add(peer)
 
-    def send(self, peer: Any, msg: Message, track: bool = False) -> zmq.MessageTracker | None:
+    def send(
+        self,
+        peer: Any,
+        msg: Message,
+        track: bool = False,
+        give_up: Callable[[], str | None] | None = None,
+    ) -> zmq.MessageTracker | None:
         """Send ``msg`` to ``peer``. Large arrays go zero-copy; with ``track`` the returned
-        tracker tells when ZeroMQ no longer needs the arrays' memory."""
+        tracker tells when ZeroMQ no longer needs the arrays' memory. While the message cannot
+        leave (a full queue, or no connection: a refused handshake leaves none), ``give_up()``
+        is asked between tries: a reason ends the send with :class:`PeerGone`."""
         ring = self._ring(peer, msg) if peer in self._local else None
         frames = encode(msg) if ring is None else None
         with self._peers_lock:
@@ -358,6 +367,9 @@ class Van:
                     tracker = sock.send_multipart(frames, copy=not big, track=track and big)
                     break
                 except zmq.Again:
+                    why = give_up() if give_up is not None else None
+                    if why is not None:
+                        raise PeerGone(f"{self.name}: {why}") from None
                     continue
         now = time.time()
         if isinstance(peer, int):
