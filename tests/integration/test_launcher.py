@@ -11,30 +11,9 @@ import textwrap
 import time
 from pathlib import Path
 
+from procs import alive, wait_gone
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0): look at its state
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _wait_gone(pids: list[int], timeout: float = 10) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
 
 
 def test_failure_stops_everything_including_grandchildren(cluster):
@@ -54,7 +33,7 @@ kv.node.exited.wait(60)    # rank 1 waits: it must be stopped, not left running
     assert rc == 3, out
     pids = [int(x) for m in re.findall(r"PIDS (\d+) (\d+) \d+", out) for x in m]
     assert len(pids) == 4, out
-    assert _wait_gone(pids) == [], out
+    assert wait_gone(pids) == [], out
     assert re.search(r"^\[worker 0\] PIDS", out, re.M), out
 
 
@@ -109,7 +88,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
             proc.wait()
     pids = [int(x) for ln in lines for m in re.findall(r"PIDS (\d+) (\d+)", ln) for x in m]
     assert len(pids) == 4
-    assert _wait_gone(pids) == [], "".join(lines)
+    assert wait_gone(pids) == [], "".join(lines)
 
 
 def test_mxnet_style_roles_run_the_same_script(tmp_path):
@@ -287,13 +266,13 @@ def test_no_child_outlives_a_killed_launcher(tmp_path):
         assert len(children) == 4, children  # scheduler, server, 2 workers
         proc.kill()
         proc.wait(10)
-        assert _wait_gone(children) == [], f"orphans: {[p for p in children if _alive(p)]}"
+        assert wait_gone(children) == [], f"orphans: {[p for p in children if alive(p)]}"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         for pid in children:  # whatever the outcome, leave nothing behind
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

@@ -30,6 +30,7 @@ if importlib.util.find_spec("ray") is None:
     pytest.skip("needs Ray: pip install 'hetps[ray]'", allow_module_level=True)
 
 from hetps.launch.ray import run_job  # noqa: E402 (imports ray only when it runs)
+from procs import wait_gone  # noqa: E402
 
 ray = None  # imported by the fixture once the environment has the cluster's token
 
@@ -55,24 +56,6 @@ def _group_pids(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             pids.append(int(name))
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _wait_gone(pids, timeout: float = 20.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
 
 
 class RayNode:
@@ -116,7 +99,7 @@ class RayNode:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=20)
-        return _wait_gone(_group_pids(pgid))
+        return wait_gone(_group_pids(pgid), timeout=20.0)
 
 
 @pytest.fixture(scope="module")
@@ -331,7 +314,7 @@ def test_a_failing_worker_stops_the_job_with_its_code_and_nothing_is_left(ray_cl
     pids = [int(p) for m in re.findall(r"PIDS (\d+) (\d+)", text) for p in m]
     assert len(pids) == 4, text
     actors = [w["pid"] for w in result.nodes.values()]
-    assert _wait_gone(pids + actors) == [], text
+    assert wait_gone(pids + actors, timeout=20.0) == [], text
     assert all(pg["state"] == "REMOVED" for pg in _placement_groups(address).values())
 
 
@@ -379,7 +362,7 @@ def test_ctrl_c_stops_every_process_and_actor(ray_cluster, tmp_path):
     # each worker, its child and its actor's process (the worker's parent through setpriv)
     pids = [int(x) for m in re.findall(r"PIDS (\d+) (\d+) (\d+)", text) for x in m]
     assert len(pids) == 6, text
-    assert _wait_gone(pids) == [], text
+    assert wait_gone(pids, timeout=20.0) == [], text
     assert all(pg["state"] == "REMOVED" for pg in _placement_groups(address).values())
 
 

@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import slurm_cluster  # noqa: E402
+from procs import wait_gone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -52,24 +52,6 @@ def _env(slurm, **extra) -> dict[str, str]:
 
 def _launch(*args: str) -> list[str]:
     return [PY, "-m", "hetps.cli", "launch", "--launcher", "slurm", *args]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
 
 
 def test_linear_regression_example_through_salloc(slurm):
@@ -211,7 +193,7 @@ def test_a_failing_worker_gives_its_code_and_stops_the_step(slurm, tmp_path):
     assert re.search(r"^\[launcher\] worker 0 exited \(code 3\); stopping the others$", out, re.M)
     pids = [int(p) for m in re.findall(r"PIDS (\d+) (\d+)", out) for p in m]
     assert len(pids) == 4, out
-    assert _wait_gone(pids) == [], out
+    assert wait_gone(pids, timeout=15) == [], out
 
 
 def test_ctrl_c_stops_the_step(slurm, tmp_path):
@@ -251,7 +233,7 @@ def test_ctrl_c_stops_the_step(slurm, tmp_path):
         assert proc.returncode == 130, out
         pids = [int(p) for m in re.findall(r"PIDS (\d+) (\d+)", out) for p in m]
         assert len(pids) == 4, out
-        assert _wait_gone(pids) == [], out
+        assert wait_gone(pids, timeout=15) == [], out
         steps = subprocess.run(
             ["squeue", "-s", "-h", "-j", job_id], env=env, capture_output=True, text=True
         )
