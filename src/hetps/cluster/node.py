@@ -83,6 +83,9 @@ class Node:
         self._early_bytes = 0
         self._last_ack = time.monotonic()
         self._busy_since: float | None = None  # when the handler running now started
+        # seconds handlers have held the receive thread since the scheduler was last heard
+        # from (its answers waited unread meanwhile: that silence is this node's own)
+        self._busy_s = 0.0
         self._recv_thread: threading.Thread | None = None
         self._hb_thread: threading.Thread | None = None
 
@@ -218,12 +221,13 @@ class Node:
                 raise
             if msg is None:
                 continue
-            self._busy_since = time.monotonic()
+            self._busy_since = t0 = time.monotonic()
             try:
                 self._dispatch(msg)
             except Exception:  # a handler bug must not kill the receive loop
                 log.exception("%s: error handling %s from %d", self.role, msg.cmd, msg.sender)
             finally:
+                self._busy_s += time.monotonic() - t0
                 self._busy_since = None
 
     def _dispatch(self, msg: Message) -> None:
@@ -236,6 +240,7 @@ class Node:
             return
         if msg.sender == P.SCHEDULER_ID:
             self._last_ack = time.monotonic()
+            self._busy_s = 0.0
             if self._from_scheduler(msg):
                 return
         if self.info is None:
@@ -387,9 +392,11 @@ class Node:
             except PeerGone:
                 return
             # while a handler holds the receive thread, the scheduler's answers wait unread:
-            # count its silence only up to the moment the handler started
+            # its silence counts only the time the thread was free to read them (up to the
+            # start of the handler running now, less the handlers that ran since)
             busy = self._busy_since
             silent = (busy if busy is not None else time.monotonic()) - self._last_ack
+            silent -= self._busy_s
             if silent > self.cfg.heartbeat_timeout and not self.exited.is_set():
                 self.van.mark_dead(P.SCHEDULER_ID)
                 self._fail(
