@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/chaos.py [--trials 4] [--rounds 60] [--seed 1] [--json FILE]
     .venv/bin/python benchmarks/chaos.py --trials 100 --json runs/chaos.json   # the full run
 
-The job: ``hetps train -m sync -n mlp --workers 3 --servers 2`` with ``--checkpoint-dir``
-(every 5 rounds) and ``--max-restarts 3``, on a slice of Fashion-MNIST, for ``--rounds``
-rounds. First one undisturbed run (the reference). Then each trial starts the same job and,
+The job: ``hetps train -m sync -n mlp --workers 3 --servers 2 --replicas 2`` with
+``--checkpoint-dir`` (every 5 rounds) and ``--max-restarts 3``, on a slice of Fashion-MNIST,
+for ``--rounds`` rounds (``--replicas 1``: no copies, so a server's death restarts the job
+from its checkpoint, as a worker's does). First one undisturbed run (the reference). Then each trial starts the same job and,
 at a random moment of its expected run time, sends SIGKILL to one process of a random role
 (the roles take turns, in a shuffled order): a worker, a server, the scheduler or the
 launcher itself.
@@ -22,11 +23,13 @@ Per trial it records:
   difference is within 10x that (at least 1e-6). One lost or doubled step of SGD moves the
   weights by about the learning rate times a gradient, far above it;
 * detection: from the kill to the launcher's line naming the dead process;
-* recovery: from the kill to the first round the restarted job logs;
+* recovery: from the kill to the first round worker 0 logs after the job went on: after the
+  restart, or after a server's keys were taken over by the next one (``--replicas``; the
+  worker logs a round every few rounds, so this is an upper bound there);
 * the final test accuracy, against the reference's.
 
-Replicated servers and elastic workers (issue 21) are not built: a death costs a restart of
-the whole job from its last checkpoint, which is what this measures.
+A worker's or the scheduler's death costs a restart of the whole job from its last
+checkpoint; a server's is taken over by its replica with nothing restarted.
 """
 
 from __future__ import annotations
@@ -53,10 +56,13 @@ from _common import git_head, median  # noqa: E402
 ROLES = ("worker", "server", "scheduler", "launcher")
 
 
-def job_cmd(logs: Path, ck: Path, rounds: int, name: str, elastic: int = 0) -> list[str]:
+def job_cmd(
+    logs: Path, ck: Path, rounds: int, name: str, elastic: int = 0, replicas: int = 2
+) -> list[str]:
     return [
         sys.executable, "-m", "hetps.cli", "train",
         *(["--elastic", str(elastic)] if elastic else []),
+        *(["--replicas", str(replicas)] if replicas > 1 else []),
         "-m", "sync", "-n", "mlp", "--workers", "3", "--servers", "2",
         "--train-limit", "6000", "--test-limit", "1000", "-b", "32", "-e", "10",
         "--max-rounds", str(rounds), "--slowdown", "5,5,5",
@@ -133,11 +139,12 @@ class Job:
 
 
 def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
-          expected_s: float, limit_s: float, elastic: int = 0) -> dict:  # fmt: skip
+          expected_s: float, limit_s: float, elastic: int = 0,
+          replicas: int = 2) -> dict:  # fmt: skip
     name = f"trial{i}"
     ck = base / f"ck-{name}"
     tag = uuid.uuid4().hex
-    job = Job(job_cmd(base, ck, rounds, name, elastic), tag)
+    job = Job(job_cmd(base, ck, rounds, name, elastic, replicas), tag)
     at = rng.uniform(0.15, 0.85) * expected_s
     killed = None
     victim = None
@@ -183,7 +190,7 @@ def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
         detect = t - killed if t is not None else None
         t = job.first(
             r"\[worker 0\] worker 0 iter \d+",
-            job.first(r"restart 1 of|elastic: going on", killed) or 1e18,
+            job.first(r"restart 1 of|elastic: going on|takes over its keys", killed) or 1e18,
         )
         recover = t - killed if t is not None else None
     return {
@@ -214,13 +221,24 @@ def main() -> int:
         help="run the job with --elastic MIN: a killed worker is left out (its trials then "
         "end on another model, so they are not compared with the reference's)",
     )
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=2,
+        metavar="R",
+        help="copies of every key (hetps train --replicas; 1: none, a dead server restarts "
+        "the job)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="hetps-chaos-") as tmp:
         base = Path(tmp)
         t0 = time.monotonic()
-        ref = Job(job_cmd(base, base / "ck-ref", args.rounds, "ref"), uuid.uuid4().hex)
+        ref = Job(
+            job_cmd(base, base / "ck-ref", args.rounds, "ref", replicas=args.replicas),
+            uuid.uuid4().hex,
+        )
         if ref.proc.wait(timeout=600) != 0:
             ref.reader.join(5)
             print("\n".join(x for _, x in ref.lines[-30:]))
@@ -229,7 +247,10 @@ def main() -> int:
         expected = time.monotonic() - t0
         ref_model = final_model(base / "ck-ref")
         ref_acc = final_accuracy(base, "ref")
-        again = Job(job_cmd(base, base / "ck-ref2", args.rounds, "ref2"), uuid.uuid4().hex)
+        again = Job(
+            job_cmd(base, base / "ck-ref2", args.rounds, "ref2", replicas=args.replicas),
+            uuid.uuid4().hex,
+        )
         if again.proc.wait(timeout=600) != 0:
             raise SystemExit("chaos: the second undisturbed run failed")
         again.reader.join(5)
@@ -248,7 +269,8 @@ def main() -> int:
                 rng.shuffle(order)
             role = order.pop()
             row = trial(
-                i, role, rng, base, args.rounds, expected, max(180, 6 * expected), args.elastic
+                i, role, rng, base, args.rounds, expected, max(180, 6 * expected), args.elastic,
+                args.replicas,
             )
             model = final_model(Path(row.pop("ck")))
             name = row.pop("name")
@@ -285,6 +307,8 @@ def main() -> int:
                 {
                     "commit": git_head(str(ROOT)),
                     "rounds": args.rounds,
+                    "replicas": args.replicas,
+                    "elastic": args.elastic,
                     "reference_s": expected,
                     "reference_accuracy": ref_acc,
                     "noise_floor": floor,

@@ -47,6 +47,17 @@ def cmd_launch(args: argparse.Namespace) -> int:
     servers = args.num_servers if args.num_servers is not None else args.num_workers
     if servers < 1:
         raise SystemExit("hetps launch: -s/--num-servers must be >= 1")
+    if not 1 <= args.replicas <= servers:
+        raise SystemExit(
+            f"hetps launch: --replicas {args.replicas} must be between 1 and the number of "
+            f"servers (-s {servers})"
+        )
+    if args.replicas > 1 and args.launcher not in ("local", "ssh"):
+        raise SystemExit(
+            f"hetps launch: --replicas works with --launcher local and ssh, not "
+            f"{args.launcher} (set HETPS_REPLICAS in the job's environment: the roles take "
+            "over from a dead server; only the launcher's own notice of a death is missing)"
+        )
     env = _env_pairs(args.env)
     if "HETPS_SECRET" in env:
         raise SystemExit(
@@ -67,6 +78,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         start_timeout=args.start_timeout,
         max_restarts=args.max_restarts,
         elastic_min=args.elastic,
+        replicas=args.replicas,
     )
     if args.elastic and not (1 <= args.elastic <= args.num_workers):
         raise SystemExit(
@@ -349,6 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MIN",
         help="a worker that fails is left out and the job starts again with the others, "
         "while at least MIN remain (HETPS_ELASTIC=MIN in every process)",
+    )
+    la.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="R",
+        help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server "
+        "dies the next takes over its keys and the job goes on, while fewer than R died",
     )
     add_cluster_arguments(la)
     la.add_argument("command", nargs=argparse.REMAINDER)

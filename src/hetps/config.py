@@ -354,6 +354,12 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "dist_sync: how many rounds of one key a worker may push before the oldest "
                 "is applied; a further push waits (MXNet's engine allows 1)",
                 field="rounds_ahead", minimum=1),
+            Var("HETPS_REPLICAS", "int", 1,
+                "dist_sync: copies of every key, each on its own server (read by the "
+                "scheduler); a server applies each round on the next REPLICAS-1 servers "
+                "before it acknowledges, and when it dies the next one takes over its keys "
+                "without a restart (1: no copies; at most DMLC_NUM_SERVER)",
+                field="replicas", minimum=1),
             Var("HETPS_SHAPE_MBIT", "float", 0.0,
                 "limit this node's sending rate in-process, without root (0: no limit)",
                 field="shape_mbit", minimum=0.0, unit="Mbit/s"),
@@ -638,6 +644,7 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
     if error is not None:
         raise error
     values = {v.field: settings[v.name].value for v in NODE_VARS}
+    _check_replicas(values)
     secret, values["insecure"] = security_from_env(env)
     # the scheduler listens on DMLC_PS_ROOT_URI (every interface unless it is loopback),
     # the others on their own address
@@ -649,6 +656,25 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
         role,
     )
     return NodeConfig(**values, secret=secret)
+
+
+def _check_replicas(values: dict) -> None:
+    """HETPS_REPLICAS against the settings it depends on: one error line with the fix."""
+    r = values["replicas"]
+    if r <= 1:
+        return
+    if r > values["num_server"]:
+        raise ConfigError(
+            f"HETPS_REPLICAS={r} asks for more copies of each key than there are servers "
+            f"(DMLC_NUM_SERVER={values['num_server']}): use at most {values['num_server']}, "
+            "or start more servers"
+        )
+    if values["balance"] != "none":
+        raise ConfigError(
+            f"HETPS_REPLICAS={r} with HETPS_BALANCE={values['balance']}: the network-aware "
+            "plans move slices between servers and do not move their copies yet; use one or "
+            "the other (HETPS_BALANCE=none, or HETPS_REPLICAS=1)"
+        )
 
 
 def is_loopback(host: str) -> bool:

@@ -169,6 +169,60 @@ def test_max_restarts_brings_a_job_through_a_killed_worker(tmp_path, reference):
     _same_models(reference, ck / "ckpt-00000030")
 
 
+def _pid_with_env(marker: str, role: str, rank: int) -> int | None:
+    """The process of ``role`` ``rank`` whose environment holds ``marker``."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            marker.encode() in env
+            and f"DMLC_ROLE={role}".encode() in env
+            and f"HETPS_LAUNCH_RANK={rank}".encode() in env
+        ):
+            return int(d.name)
+    return None
+
+
+def test_replicas_carry_training_through_a_killed_server(tmp_path, reference):
+    """--servers 2 --replicas 2: server 0 is SIGKILLed after the first checkpoint. Server 1
+    takes over its keys, nothing restarts (each iteration is logged once), the job exits 0
+    and its models equal the reference's (one server, nothing killed) bit for bit."""
+    ck = tmp_path / "ck"
+    marker = f"HETPS_TEST_JOB={tmp_path.name}"
+    tag = f"--run-name={tmp_path.name}-replicas"
+    proc = subprocess.Popen(
+        _cmd(tmp_path, *COMMON, "--servers", "2", "--replicas", "2", "--checkpoint-dir",
+             str(ck), tag),  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**_env(), "HETPS_TEST_JOB": tmp_path.name},
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", proc)
+        victim = _pid_with_env(marker, "server", 0)
+        assert victim is not None, "no server 0 process"
+        os.kill(victim, signal.SIGKILL)
+        out = proc.communicate(timeout=180)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "server 0 was killed by signal 9" in out and "takes over its keys" in out, out
+    assert "restart" not in out and "resum" not in out, out
+    assert out.index("takes over its keys") < out.index("checkpoint after round 30"), out
+    _same_models(reference, ck / "ckpt-00000030")
+    run = tmp_path / f"{tmp_path.name}-replicas"
+    for rank in (0, 1):
+        assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 31))
+
+
 def test_sigterm_checkpoints_after_the_round_and_stops(tmp_path):
     """SIGTERM to `hetps train --workers 2` with --checkpoint-dir: the launcher passes it to
     the workers first; they agree to stop after the round, checkpoint it and exit, and the

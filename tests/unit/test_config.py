@@ -259,3 +259,17 @@ def test_hetps_train_reads_its_role_through_config(clean_env, capsys):
         "hetps train: DMLC_ROLE='boss' is not a role: "
         "set DMLC_ROLE to one of scheduler, server, worker\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"HETPS_REPLICAS": "3"}, "HETPS_REPLICAS=3 asks for more copies of each key than"),
+        ({"HETPS_REPLICAS": "2", "HETPS_BALANCE": "aware"}, "use one or the other"),
+        ({"HETPS_REPLICAS": "0"}, "HETPS_REPLICAS"),
+    ],
+)
+def test_replicas_that_cannot_work_are_refused_with_the_fix(extra, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        node_config_from_env({**BASE, **extra})
+    assert node_config_from_env({**BASE, "HETPS_REPLICAS": "2"}).replicas == 2

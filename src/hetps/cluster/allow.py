@@ -62,12 +62,15 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "worker_done": _SCHED,
         "exit": _SCHED,
         "node_dead": _SCHED,
+        "failover": _SCHED,
+        "replicate": _S,  # a primary's copy of a round (HETPS_REPLICAS); no pickles
     },
     WORKER: {
         "forecast": _S,
         "receipt": _S,
         "exit": _SCHED,
         "node_dead": _SCHED,
+        "failover": _SCHED,
     },
 }
 

@@ -72,6 +72,14 @@ class Node:
         self.info: NodeInfo | None = None
         self.nodes: dict[int, NodeInfo] = {}
         self.metrics_interval = 0.0  # seconds between live metrics reports (0: none wanted)
+        # copies of each key (HETPS_REPLICAS, from the scheduler's node table)
+        self.replicas = 1
+        # dead servers -> the live server that took over their keys (a failover)
+        self.redirect: dict[int, int] = {}
+        # with copies: a failover re-sends the dead server's unanswered requests before any
+        # newer request leaves (per-key order)
+        self._route_lock = threading.Lock()
+        self.on_failover: Callable[[int, int], None] | None = None
         self.exited = threading.Event()
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -107,6 +115,14 @@ class Node:
     def workers(self) -> list[NodeInfo]:
         """Workers ordered by rank."""
         return sorted((n for n in self.nodes.values() if n.role == "worker"), key=lambda n: n.rank)
+
+    def live_servers(self) -> list[NodeInfo]:
+        """Servers ordered by rank, less those that died and were taken over."""
+        return [n for n in self.servers() if n.id not in self.redirect]
+
+    def route(self, peer: int) -> int:
+        """Where a request to ``peer`` goes: the server that took over, if it died."""
+        return self.redirect.get(peer, peer)
 
     def role_of(self, node_id: int) -> str | None:
         """Role of a node of this job (None for anybody else)."""
@@ -303,6 +319,9 @@ class Node:
                 self.exited.set()
                 return True
             return False
+        if cmd == P.FAILOVER:
+            self._failover(msg)
+            return True
         if cmd == P.NODE_DEAD:
             dead = msg.body.get("node")
             if isinstance(dead, list) and dead and isinstance(dead[0], int):
@@ -354,7 +373,15 @@ class Node:
         # Servers answer workers, workers talk to servers: connect before anything else is
         # handled, so no request can arrive from a peer we cannot answer.
         peer_role = "worker" if self.role == "server" else "server"
-        peers = [n for n in nodes.values() if n.role == peer_role]
+        replicas = body.get("replicas", 1)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise ValueError(f"bad replica count {replicas!r}")
+        peers = [
+            n
+            for n in nodes.values()
+            if n.role == peer_role
+            or (replicas > 1 and self.role == "server" and n.role == "server" and n.id != me.id)
+        ]
         for n in peers:
             if n.id not in out or n.id not in into:
                 raise ValueError(f"no routing ids for node {n.id}")
@@ -362,6 +389,7 @@ class Node:
             self.van.admit(into[n.id], n.id)
             self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id])
         self.nodes, self.info = nodes, me
+        self.replicas = replicas
         self.van.my_id = me.id
         every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
         if (
@@ -370,6 +398,62 @@ class Node:
             and 0.05 <= every <= 3600
         ):
             self.metrics_interval = float(every)
+
+    def _failover(self, msg: Message) -> None:
+        """A server died and ``to`` holds copies of its keys: from now on its requests go
+        there. Its unanswered ones go again, in the order they were made, before any newer
+        request leaves (pushes carry their round: a round ``to`` applied already is only
+        acknowledged); a set_optimizer counts as done (``to`` got its own); anything else
+        to it fails with the cause."""
+        dead_info, to = msg.body.get("node"), msg.body.get("to")
+        if not (isinstance(dead_info, list) and dead_info and isinstance(dead_info[0], int)):
+            log.warning("%s: dropped a failover that names no node", self.role)
+            return
+        dead = dead_info[0]
+        if (
+            self.role_of(dead) != "server"
+            or not isinstance(to, int)
+            or self.role_of(to) != "server"
+            or to == dead
+            or self.replicas <= 1
+        ):
+            log.warning("%s: dropped a failover from %r to %r", self.role, dead, to)
+            return
+        text = msg.error or f"{self.describe(dead)} died"
+        with self._route_lock:
+            self.van.mark_dead(dead)
+            for k, v in list(self.redirect.items()):
+                if v == dead:
+                    self.redirect[k] = to
+            self.redirect[dead] = to
+            again = 0
+            for fut in self.requests.retarget(dead, to):
+                sent = fut.sent
+                if sent is None:
+                    continue  # not sent yet: it leaves later, to ``to``
+                if sent.cmd in (P.PUSH, P.PULL, P.INIT):
+                    try:
+                        self.van.send(to, sent)
+                        again += 1
+                    except Exception as exc:  # noqa: BLE001 - PeerGone, a closed socket
+                        self.requests.resolve(fut.req, None, f"{self.describe(to)}: {exc}")
+                elif sent.cmd == P.SET_OPTIMIZER:
+                    self.requests.resolve(
+                        fut.req, Message(sent.cmd, req=fut.req, reply=True), sender=to
+                    )
+                else:
+                    self.requests.resolve(
+                        fut.req, None, f"{sent.cmd} to a server that died: {text}", sender=to
+                    )
+        log.warning(
+            "%s: %s; %d unanswered requests went again to %s",
+            self.role,
+            text,
+            again,
+            self.describe(to),
+        )
+        if self.on_failover is not None:
+            self.on_failover(dead, to)
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
@@ -436,6 +520,7 @@ class Node:
         the reply's first array may be written straight from a shared-memory ring. With
         ``send=False`` the request is only registered (``msg.req`` is set): send it later
         with :meth:`send_request`, e.g. from a priority queue."""
+        peer = self.redirect.get(peer, peer)
         fut = self.requests.new(peer, what or f"{msg.cmd} to {self.describe(peer)}", callback)
         if fut.done():
             return fut
@@ -448,6 +533,8 @@ class Node:
     def send_request(self, fut: Future, msg: Message, track: bool = False) -> bool:
         """Send the request ``msg`` registered as ``fut``; a send that fails fails the future
         (returns False) instead of raising."""
+        if self.replicas > 1:
+            return self._send_kept(fut.peer, [fut], [msg], track)
         try:
             self.van.send(fut.peer, msg, track=track)
             return True
@@ -462,6 +549,8 @@ class Node:
         (:mod:`hetps.cluster.batch`); a send that fails fails every future (returns False)."""
         if len(msgs) == 1:
             return self.send_request(futs[0], msgs[0])
+        if self.replicas > 1:
+            return self._send_kept(peer, futs, msgs)
         try:
             # the batch's own id is its first request's: an answer refusing the whole batch
             # fails that request (the others then time out, as if lost)
@@ -473,6 +562,30 @@ class Node:
                     fut.req, None, f"{self.describe(peer)} is not reachable: {exc}"
                 )
             return False
+
+    def _send_kept(
+        self, peer: int, futs: list[Future], msgs: list[Message], track: bool = False
+    ) -> bool:
+        """Send requests to a server that has copies (HETPS_REPLICAS), keeping each until
+        answered: if the server dies, :meth:`_failover` sends them again to the one that
+        takes over. Under the route lock, so none leaves between a failover's re-sends."""
+        with self._route_lock:
+            peer = self.redirect.get(peer, peer)
+            for fut, msg in zip(futs, msgs, strict=True):
+                fut.peer = peer  # (made before a failover: its answer comes from the heir)
+                fut.sent = msg
+            try:
+                if len(msgs) == 1:
+                    self.van.send(peer, msgs[0], track=track)
+                else:
+                    self.van.send(peer, batch.pack(msgs, req=futs[0].req))
+                return True
+            except Exception as exc:  # noqa: BLE001 - PeerGone, a closed socket
+                for fut in futs:
+                    self.requests.resolve(
+                        fut.req, None, f"{self.describe(peer)} is not reachable: {exc}"
+                    )
+                return False
 
     def send(self, peer: int, msg: Message) -> bool:
         """Send a one-way message (no reply expected); False if ``peer`` is gone."""

@@ -21,6 +21,9 @@ NODES = "nodes"  # nodes (NodeInfo.to_wire each), id: the node table, once the c
 BARRIER_DONE = "barrier_done"
 HEARTBEAT_ACK = "heartbeat_ack"
 NODE_DEAD = "node_dead"  # node, error
+# node, error, to: a server died and its keys live on (HETPS_REPLICAS): requests that were
+# going to it go to ``to`` (the next live server), which holds a copy of each of its keys
+FAILOVER = "failover"
 EXIT = "exit"
 WORKER_DONE = "worker_done"  # to servers: node, a worker finished its job
 REFUSED = "refused"  # error
@@ -44,6 +47,10 @@ PROBE = "probe"  # a probe payload for links that carry no data
 DROP = "drop"  # slices: forget slices that moved to another server
 RECEIPT = "receipt"  # req: a server got a push (credit for the worker's push window)
 BATCH = "batch"  # items: several small requests (or their answers) in one message
+# -- data plane: server -> server (HETPS_REPLICAS) -----------------------------------------
+# op ("init": a chunk of a key's first value; "round": a dist_sync round's merged pushes),
+# then the fields of that op: a primary's copy to a replica
+REPLICATE = "replicate"
 
 #: the commands a batch may carry (requests from a worker; answers from a server)
 BATCH_COMMANDS = frozenset({INIT, PUSH, PULL})
@@ -76,6 +83,9 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "comp": "2-bit compression threshold (the payload is packed 2-bit words)",
         "rcpt": "send a receipt on arrival (push-window credit)",
         "tag": "the request id its forecast carried (the push is timed)",
+        "rnd": "with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of this key: "
+        "a server that applied that round already acknowledges a resent push without "
+        "applying it again, and keeps one of a later round until its round comes",
     },
     PULL: {
         "k": "the key",
@@ -96,6 +106,18 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "(from a server) each, in order: its command (init, push or pull), its request id, its "
         "own body (the fields of that command, or of its answer), and how many of the batch's "
         "arrays are its own (they follow the previous items' arrays)",
+    },
+    REPLICATE: {
+        "op": "init (a chunk of a key's first value, with the fields of an init), round (a "
+        "dist_sync round: k, part, rnd = the rounds applied with this one, mode = grad (the "
+        "merged pushes, for the optimizer) or value (the new value, with no optimizer)); "
+        "array 0 is the data. Optimizer states need no copy: a worker sends set_optimizer "
+        "and set_states to every server",
+    },
+    FAILOVER: {
+        "node": "the server that died (NodeInfo)",
+        "error": "how it died",
+        "to": "the id of the live server that now serves its keys",
     },
     GET_STATES: {"slices": "[[key, part], ...] to read (absent: every state)"},
     DROP: {"slices": "[[key, part], ...] to forget"},

@@ -33,6 +33,8 @@ class Future:
         "_callback",
         "_tracker",
         "reported",
+        "sent",
+        "errback",
     )
 
     def __init__(self, req: int, peer: int, what: str, callback: Callable[[Any], None] | None):
@@ -49,6 +51,12 @@ class Future:
         self._tracker: RequestTracker | None = None
         # its error was raised to a caller already (a later wait_outstanding skips it)
         self.reported = False
+        # the request as sent, kept while unanswered when its server has copies
+        # (HETPS_REPLICAS): it goes again to the server that takes over if that one dies
+        self.sent: Any = None
+        # called with the error when it fails (in the failing thread), as callback is with
+        # the answer
+        self.errback: Callable[[BaseException], None] | None = None
 
     def done(self) -> bool:
         """Whether the answer (or an error) is in."""
@@ -88,6 +96,11 @@ class Future:
             return
         self._error = error
         self._event.set()
+        if self.errback is not None:
+            try:
+                self.errback(error)
+            except Exception:  # noqa: BLE001 - the failure is already recorded
+                log.exception("an error hook of %s failed", self.what)
 
     def settle(self, timeout: float | None = None) -> None:
         """Block until answered or failed, without raising its error (a later wait reports
@@ -183,6 +196,16 @@ class RequestTracker:
                 del self._pending[f.req]
         for fut in hit:
             fut.set_error(error)
+
+    def retarget(self, peer: int, to: int) -> list[Future]:
+        """Point the pending requests to ``peer`` at ``to`` (a server that took over from a
+        dead one): their answers are taken from ``to`` from now on. Returns them in the order
+        they were made."""
+        with self._lock:
+            hit = sorted((f for f in self._pending.values() if f.peer == peer), key=lambda f: f.req)
+            for f in hit:
+                f.peer = to
+        return hit
 
     @property
     def fatal(self) -> BaseException | None:

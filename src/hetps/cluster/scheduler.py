@@ -105,6 +105,10 @@ class Scheduler:
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
         self.dead: dict[int, str] = {}
+        # copies of every key (HETPS_REPLICAS): a server's death is survived while fewer than
+        # this many servers died (each key lives on that many consecutive servers)
+        self.replicas = min(cfg.replicas, cfg.num_server)
+        self.failovers: list[tuple[int, int]] = []  # (dead server, the server that took over)
         # live metrics: a node silent longer than this (3 heartbeats) is late; heard again, it
         # counts one recovery
         self.late_after = 3 * cfg.heartbeat_interval if cfg.heartbeat_interval > 0 else 0.0
@@ -435,13 +439,20 @@ class Scheduler:
                 )
         table = [n.to_wire() for n in self.nodes.values()]
         for p, nid in zip(self.pending, self.nodes, strict=False):
-            peers = [i for i, n in self.nodes.items() if n.role != p.role]
+            # workers talk to servers; with copies (HETPS_REPLICAS) servers to servers too
+            peers = [
+                i
+                for i, n in self.nodes.items()
+                if n.role != p.role or (self.replicas > 1 and p.role == "server" and i != nid)
+            ]
             body = {
                 "nodes": table,
                 "id": nid,
                 "out": [[i, self._pair(nid, i)] for i in peers],  # routing ids to its peers
                 "in": [[i, self._pair(i, nid)] for i in peers],  # and theirs to it
             }
+            if self.replicas > 1:
+                body["replicas"] = self.replicas
             if P.METRICS_REPORT in self.services:  # live metrics are on: workers report
                 body["metrics_s"] = self.cfg.metrics_interval
             self._send(nid, Message(P.NODES, req=p.req, reply=True, body=body))
@@ -575,6 +586,8 @@ class Scheduler:
         if nid in self.dead or nid not in self.nodes:
             return
         info = self.nodes[nid]
+        if self._fail_over(nid, reason):
+            return
         text = f"{info.describe()} {reason}; the job cannot continue"
         self.dead[nid] = text
         log.error("scheduler: %s", text)
@@ -584,6 +597,39 @@ class Scheduler:
                     other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text})
                 )
         self.exit_code = 1
+
+
+    def _fail_over(self, nid: int, reason: str) -> bool:
+        """A dead server whose keys live on (HETPS_REPLICAS): the next live server in rank
+        order holds a copy of each of its keys and takes them over; every node is told, and
+        the job goes on. False: nothing can take over (the job ends as without copies)."""
+        info = self.nodes[nid]
+        if self.replicas <= 1 or info.role != "server" or self.exit_code is not None:
+            return False
+        servers = sorted(
+            (n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank
+        )
+        dead_servers = sum(1 for n in servers if n.id in self.dead) + 1
+        if dead_servers >= self.replicas:  # some key may have had every copy there
+            return False
+        i = next(j for j, n in enumerate(servers) if n.id == nid)
+        heir = next(
+            (n for n in servers[i + 1 :] + servers[:i] if n.id not in self.dead), None
+        )
+        if heir is None:
+            return False
+        text = f"{info.describe()} {reason}; {heir.describe()} takes over its keys"
+        self.dead[nid] = text
+        self.last_seen.pop(nid, None)
+        self.failovers.append((nid, heir.id))
+        log.warning("scheduler: %s", text)
+        body = {"node": info.to_wire(), "error": text, "to": heir.id}
+        for other in self.nodes:
+            if other not in self.dead:
+                self._send(other, Message(P.FAILOVER, body=body))
+        for group in ("server", "all"):  # barriers no longer wait for it
+            self._maybe_release(group)
+        return True
 
 
 def _printable(value: object, limit: int = 2000) -> str:

@@ -34,7 +34,7 @@ from hetps.cluster.batch import array_bytes
 from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
-from hetps.config import NodeConfig
+from hetps.config import ConfigError, NodeConfig
 from hetps.kvstore.base import (
     Handle,
     check_dtype,
@@ -88,6 +88,16 @@ class DistKVStore:
         # pulls answered by the push before them (dist_sync, slices that stay where they are)
         self._prefetch = self.sync and not self.balance
         self.node.handler = self._on_message  # forecasts and push receipts
+        # copies of every key on several servers (HETPS_REPLICAS): pushes carry their round
+        self._copies = self.node.replicas > 1 and self.sync
+        if self.node.replicas > 1 and not self.sync:
+            text = (
+                f"{name} with HETPS_REPLICAS={self.node.replicas}: copies keep dist_sync "
+                "rounds only; use dist_sync, or HETPS_REPLICAS=1"
+            )
+            self.node.leave(text)
+            self.node.close()
+            raise ConfigError(text)
         # live metrics (the scheduler serves them: docs/LIVE.md): latencies, rounds, link bytes
         self.meter = None
         if self.node.metrics_interval > 0:
@@ -391,6 +401,8 @@ class DistKVStore:
             meta.residual = np.zeros(meta.size, dtype=np.float32)
         step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
         futs = []
+        if self.sync:
+            meta.rounds += 1
         for p in meta.parts:
             for a, b in chunks(p.start, p.stop, step):
                 body = {
@@ -405,6 +417,8 @@ class DistKVStore:
                 }
                 if dest is not None:
                     body["pp"] = True
+                if self._copies:  # a server that takes over knows a resent round by it
+                    body["rnd"] = meta.rounds - 1
                 if comp is not None:
                     assert meta.residual is not None
                     payload = comp.compress(flat[a:b], meta.residual[a:b])

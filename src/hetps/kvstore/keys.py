@@ -38,6 +38,7 @@ class KeyMeta:
     # dist_sync credit: the requests of this key's recent pushes, with the call that made them
     # (HETPS_ROUNDS_AHEAD of them at most; a further push waits for the oldest)
     recent: deque[tuple[int, list[Future]]] = field(default_factory=deque)
+    rounds: int = 0  # pushes of this key since its init (dist_sync: its rounds)
 
     @property
     def size(self) -> int:

@@ -38,6 +38,17 @@ from hetps.transport.codec import WIRE_DTYPES, Message
 log = logging.getLogger("hetps.server")
 
 
+class _Copy:
+    """A copy on its way to the replicas: who has yet to acknowledge it, and what then."""
+
+    __slots__ = ("waiting", "then", "done")
+
+    def __init__(self, waiting: set[int], then) -> None:
+        self.waiting = waiting
+        self.then = then
+        self.done = False
+
+
 class KVServer:
     """Request handler of a server node. ``node`` gives ``reply`` and the worker count."""
 
@@ -54,6 +65,10 @@ class KVServer:
         self._meas: dict[tuple[int, int], list[float]] = {}  # (sender, req) -> [t0, t1, bytes]
         # answers: at once, or one message per worker for what one message produced
         self.answers = Answers(node)
+        # HETPS_REPLICAS: copies on their way to replicas, each waiting for its acknowledgements
+        self._copies: list[_Copy] = []
+        if hasattr(node, "on_failover"):
+            node.on_failover = self._on_failover
 
     @property
     def num_workers(self) -> int:
@@ -103,6 +118,8 @@ class KVServer:
                 self._drop(msg)
             elif msg.cmd == P.WORKER_DONE:
                 self._worker_done(msg)
+            elif msg.cmd == P.REPLICATE:
+                self._copy_in(msg)
             else:
                 raise BadRequest(f"unknown command {msg.cmd!r}")
         except BadRequest as exc:
@@ -281,6 +298,11 @@ class KVServer:
         data = self._data(msg, sl, n)
         self._writable(sl)
         sl.value[off : off + n] = data
+        sl.rounds = 0  # (a worker counts a key's rounds from its init)
+        if msg.cmd == P.INIT and self._replicas():
+            body = dict(msg.body, op="init")
+            self._copy_out(body, np.array(data), lambda: self.answers.reply(msg))
+            return
         self.answers.reply(msg)
 
     def _measure(self, msg: Message) -> None:
@@ -347,10 +369,25 @@ class KVServer:
         if sl.value.size == 0:  # nothing to merge or apply: a round of nothing completes at once
             self._ack(msg, sl)
             return
+        in_order = False  # the push says it is of this very round
+        if sync and (sl.copying or "rnd" in msg.body):
+            rnd = msg.body.get("rnd", sl.rounds)
+            if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+                raise BadRequest(f"push of key {key!r}: field 'rnd' must be an integer >= 0")
+            if rnd < sl.rounds:  # a resent push of a round applied here already (a failover)
+                self._payload_fits(msg, sl, n)
+                self._ack(msg, sl)
+                return
+            if sl.copying or rnd > sl.rounds:  # its round comes later
+                self._payload_fits(msg, sl, n)
+                sl.backlog.append(msg)
+                return
+            in_order = "rnd" in msg.body
         if sync and self.done_workers:
             raise BadRequest(self._uneven(sl))
         if sync and (
-            sl.got.get(worker, 0) >= sl.value.size or any(m.sender == worker for m in sl.backlog)
+            sl.got.get(worker, 0) >= sl.value.size
+            or (not in_order and any(m.sender == worker for m in sl.backlog))
         ):
             self._payload_fits(msg, sl, n)  # kept only if it fits its part
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
@@ -474,9 +511,38 @@ class KVServer:
         sl.merge = None
         sl.got = {}
         sl.seen = {}
+        sl.rounds += 1
         self.rounds += 1
         acks, deferred, backlog = sl.acks, sl.deferred, sl.backlog
         sl.acks, sl.deferred, sl.backlog = [], [], []
+        if self._replicas():
+            # the round is acknowledged (and the slice goes on) once it exists on every
+            # replica: the replicas run the same optimizer on the same merged pushes
+            grad = self.optimizer is not None
+            body = {
+                "op": "round",
+                "k": sl.key,
+                "part": sl.part,
+                "rnd": sl.rounds,
+                "mode": "grad" if grad else "value",
+            }
+            sl.copying = True
+            self._copy_out(
+                body,
+                np.array(merged if grad else sl.value),
+                lambda: self._answer_round(sl, acks, deferred, backlog),
+            )
+            return
+        self._answer_round(sl, acks, deferred, backlog)
+
+    def _answer_round(
+        self, sl: Slice, acks: list[Message], deferred: list[Message], backlog: list[Message]
+    ) -> None:
+        """Answer a finished round: acknowledge its pushes, answer the pulls that waited for
+        it, then handle what came for the next round (and, while it was being copied, since)."""
+        if sl.copying:
+            sl.copying = False
+            backlog, sl.backlog = backlog + sl.backlog, []
         for m in acks:
             self._ack(m, sl)
         for m in deferred:
@@ -488,6 +554,9 @@ class KVServer:
         key, part, off, n = self._range(msg)
         sl = self._slice(msg, key, part, off, n)
         worker = msg.sender
+        if sl.copying:  # answered once the last round exists on every replica
+            sl.backlog.append(msg)
+            return
         if sl.got.get(worker, 0) > 0 or any(m.sender == worker for m in sl.backlog):
             # this worker pushed in the unfinished round: answer after the round
             if any(m.sender == worker for m in sl.backlog):
@@ -496,6 +565,88 @@ class KVServer:
                 sl.deferred.append(msg)
             return
         self._send_value(msg, sl, off, n, None)
+
+    # -- copies (HETPS_REPLICAS) -----------------------------------------------------------
+    def _replicas(self) -> list[int]:
+        """The servers that keep copies of what this one serves: the next REPLICAS-1 live
+        servers in rank order (the first of them takes over if this one dies)."""
+        node = self.node
+        if getattr(node, "replicas", 1) <= 1:
+            return []
+        live = node.live_servers()
+        me = next((i for i, n in enumerate(live) if n.id == node.id), None)
+        if me is None:
+            return []
+        after = live[me + 1 :] + live[:me]
+        return [n.id for n in after[: node.replicas - 1]]
+
+    def _copy_out(self, body: dict, data: np.ndarray, then) -> None:
+        """Send ``body`` with ``data`` (a copy of our own: nothing reuses it) to every
+        replica; ``then()`` runs once each acknowledged it, or died."""
+        peers = self._replicas()
+        if not peers:
+            then()
+            return
+        copy = _Copy(set(peers), then)
+        self._copies.append(copy)
+        for peer in peers:
+            fut = self.node.request(
+                peer,
+                Message(P.REPLICATE, body=body, arrays=[data]),
+                callback=lambda _reply, peer=peer: self._copied(copy, peer, None),
+                what=f"a copy of key {body.get('k')!r} to {self.node.describe(peer)}",
+            )
+            fut.errback = lambda exc, peer=peer: self._copied(copy, peer, exc)
+            if fut.done() and fut._error is not None:
+                self._copied(copy, peer, fut._error)
+
+    def _copied(self, copy: _Copy, peer: int, error: BaseException | None) -> None:
+        if error is not None and peer not in getattr(self.node, "redirect", {}):
+            log.warning("server: a replica did not take a copy: %s", error)
+        copy.waiting.discard(peer)
+        if not copy.waiting and not copy.done:
+            copy.done = True
+            self._copies.remove(copy)
+            copy.then()
+
+    def _on_failover(self, dead: int, to: int) -> None:
+        """A server died: copies waiting for it wait no more (the receive thread calls this,
+        between handlers)."""
+        for copy in list(self._copies):
+            if dead in copy.waiting:
+                self._copied(copy, dead, None)
+
+    def _copy_in(self, msg: Message) -> None:
+        """A primary's copy: the first value of a chunk of a key, or a finished round."""
+        op = msg.body.get("op")
+        if op == "init":
+            self._init(msg)
+            return
+        if op != "round":
+            raise BadRequest(f"replicate: unknown op {short(op)}")
+        key, part = msg.body.get("k"), msg.body.get("part")
+        rnd, mode = msg.body.get("rnd"), msg.body.get("mode")
+        sl = self.slices.get((key, part)) if slice_key([key, part]) else None
+        if sl is None:
+            raise BadRequest(f"replicate: no copy of key {short(key)} part {short(part)} here")
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or mode not in ("grad", "value"):
+            raise BadRequest("replicate: a round needs an integer 'rnd' and mode grad or value")
+        if len(msg.arrays) != 1 or msg.arrays[0].dtype != sl.value.dtype or (
+            msg.arrays[0].size != sl.value.size
+        ):
+            raise BadRequest(f"replicate: the round of key {key!r} does not fit its part")
+        data = msg.arrays[0].reshape(-1)
+        if rnd > sl.rounds:  # (an earlier one again is only acknowledged)
+            if mode == "grad":
+                if self.optimizer is None:
+                    raise BadRequest("replicate: a gradient round, but no optimizer is set here")
+                self._apply(sl, data, -1)
+            else:
+                self._writable(sl)
+                sl.value = np.array(data)
+            sl.rounds = rnd
+            self.rounds += 1
+        self.answers.reply(msg)
 
     def _forecast_to(self, msg: Message) -> None:
         self.node.send(msg.sender, Message(P.FORECAST, body={"tag": msg.req}))  # best effort

@@ -35,6 +35,10 @@ class Slice:
     backlog: list[Message] = field(default_factory=list)
     inflight: list[Any] = field(default_factory=list)  # zmq trackers of zero-copy replies
     partial: dict[int, tuple[np.ndarray, int, list[Message]]] = field(default_factory=dict)
+    rounds: int = 0  # dist_sync rounds applied (a resent push of an earlier one is only acked)
+    # HETPS_REPLICAS: the last round is being copied to the replicas; its answers, and every
+    # request of the slice that came since, wait for their acknowledgements
+    copying: bool = False
 
     @property
     def skey(self) -> tuple[Any, int]:

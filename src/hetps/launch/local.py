@@ -126,6 +126,9 @@ class LaunchSpec:
     # --elastic MIN: a worker that fails is left out and the job starts again with the others
     # while at least MIN remain (does not use up max_restarts)
     elastic_min: int = 0
+    # --replicas R: copies of every key on R servers (HETPS_REPLICAS); a server that dies is
+    # taken over by the next one and the job goes on, while fewer than R servers died
+    replicas: int = 1
 
 
 class Launcher:
@@ -212,6 +215,8 @@ class Launcher:
                 "HETPS_ELASTIC": str(self.spec.elastic_min),
             }
         )
+        if self.spec.replicas > 1:
+            env["HETPS_REPLICAS"] = str(self.spec.replicas)
         env.setdefault(
             "DMLC_NODE_HOST", self.spec.host if self.spec.host != "0.0.0.0" else "127.0.0.1"
         )
@@ -382,6 +387,13 @@ class Launcher:
                 if code != 0:
                     how = f"was killed by signal {-code}" if code < 0 else "exited"
                     code = shell_code(code)
+                    if self._taken_over(child, remaining):
+                        self._notify(child, f"{how} (code {code})")
+                        self._log(
+                            f"{child.label} {how} (code {code}); its keys live on the next "
+                            "server (--replicas), the job goes on"
+                        )
+                        continue
                     self._failed = child
                     self._notify(child, f"{how} (code {code})")
                     self._log(f"{child.label} {how} (code {code}); stopping the others")
@@ -397,6 +409,17 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     pass
         return 0
+
+    def _taken_over(self, child: Child, remaining: list[Child]) -> bool:
+        """Whether the job goes on without ``child``: a server, with copies of its keys on
+        another that is still running (fewer than --replicas servers died)."""
+        if child.role != "server" or self.spec.replicas <= 1 or self._scheduler is None:
+            return False
+        servers = [c for c in self.children if c.role == "server"]
+        dead = sum(1 for c in servers if c not in remaining)
+        return dead < self.spec.replicas and any(
+            c.role == "scheduler" for c in remaining
+        )
 
     def _notify(self, child: Child, how: str) -> None:
         """Tell the scheduler at once that ``child`` ended, so it declares the node dead (and

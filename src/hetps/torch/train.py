@@ -70,6 +70,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --workers (sync, esync): a worker that dies is left out and the job goes "
         "on with the others from its last checkpoint, while at least MIN remain",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="R",
+        help="with --workers (sync, esync): keep every key on R servers; a server that dies "
+        "is taken over by the next and training goes on, while fewer than R died",
+    )
     p.add_argument("--checkpoint-seconds", type=float, default=None, metavar="T")
     p.add_argument(
         "--resume",
@@ -261,12 +269,24 @@ def launch_cluster(args: argparse.Namespace) -> int:
             "hetps train: --elastic needs -m sync or esync and --checkpoint-dir (the workers "
             "left go on from the last checkpoint)"
         )
+    if not 1 <= args.replicas <= args.servers:
+        raise SystemExit(
+            f"hetps train: --replicas {args.replicas} must be between 1 and --servers "
+            f"({args.servers})"
+        )
+    if args.replicas > 1 and (args.mode not in ("sync", "esync") or args.balance not in (None, "none")
+    ):
+        raise SystemExit(
+            "hetps train: --replicas needs -m sync or esync, without --balance (copies keep "
+            "dist_sync rounds, and the balance plans do not move them)"
+        )
     spec = LaunchSpec(
         num_workers=args.workers,
         num_servers=args.servers,
         command=cmd,
         max_restarts=args.max_restarts,
         elastic_min=args.elastic,
+        replicas=args.replicas,
     )
     return run_cluster(
         spec,

@@ -1,0 +1,184 @@
+"""Replicated servers (HETPS_REPLICAS): a server killed with SIGKILL mid-round is taken over by
+the next one, the job goes on with nothing restarted, and every value ends as in a run where
+nothing died."""
+
+from __future__ import annotations
+
+import io
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PRELUDE
+from hetps.launch.local import Launcher, LaunchSpec
+
+# Two keys: a small one (batched with the other small requests) and a big one, cut into a
+# part per server (MXNET_KVSTORE_BIGARRAY_BOUND) and each part into 10 chunks
+# (HETPS_CHUNK_BYTES). SGD with momentum: the optimizer state must be on the copy too.
+# At round KILL_AT worker 0 pushes, says so, and waits until the test killed server 0;
+# worker 1 pushes that round only after the kill, so the server dies with worker 0's push
+# merged in a round it never finished: the push must go again to the server taking over.
+SCRIPT = """
+import hashlib, json
+rounds, kill_at = int(os.environ["ROUNDS"]), int(os.environ["KILL_AT"])
+flags = os.environ["FLAGS"]
+kv = hetps.kv.create("dist_sync")
+keys = ["small", "big"]
+kv.init(keys, [np.zeros(7, np.float32), np.linspace(-1, 1, 20000, dtype=np.float32)])
+kv.set_optimizer(optim.SGD(learning_rate=0.05, momentum=0.9))
+outs = [np.zeros(7, np.float32), np.zeros(20000, np.float32)]
+
+def wait_for(name):
+    while not os.path.exists(os.path.join(flags, name)):
+        time.sleep(0.01)   # polls a file the test writes
+
+for r in range(rounds):
+    if r == kill_at and kv.rank == 1:
+        wait_for("killed")
+    rng = np.random.default_rng(1000 * r + kv.rank)
+    kv.push(keys, [rng.standard_normal(7).astype(np.float32),
+                   rng.standard_normal(20000).astype(np.float32)])
+    if r == kill_at and kv.rank == 0:
+        open(os.path.join(flags, "pushed"), "w").close()
+        wait_for("killed")
+    kv.pull(keys, out=outs)
+digest = hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest()
+print(f"FINAL {kv.rank} {digest}", flush=True)
+"""
+
+ENV = {
+    "PS_HEARTBEAT_INTERVAL": "0.5",
+    "PS_HEARTBEAT_TIMEOUT": "5",
+    "HETPS_CONNECT_TIMEOUT": "20",
+    "HETPS_REQUEST_TIMEOUT": "60",
+    "OMP_NUM_THREADS": "1",
+    "MXNET_KVSTORE_BIGARRAY_BOUND": "1000",
+    "HETPS_CHUNK_BYTES": "4096",
+    "ROUNDS": "12",
+}
+
+
+def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, servers: int = 2):
+    flags = tmp_path / name
+    flags.mkdir()
+    script = tmp_path / "replicas_script.py"
+    script.write_text(PRELUDE + textwrap.dedent(SCRIPT))
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=2,
+        num_servers=servers,
+        command=[sys.executable, str(script)],
+        env={**ENV, "KILL_AT": str(kill_at), "FLAGS": str(flags)},
+        start_timeout=30.0,
+        failure_grace=5.0,
+        replicas=replicas,
+    )
+    return Launcher(spec, out=out), out, flags
+
+
+def _finals(out: str) -> dict[int, str]:
+    return {int(r): d for r, d in re.findall(r"FINAL (\d) (\w+)", out)}
+
+
+def _run_killing(tmp_path: Path, name: str, victims: list[int], replicas: int = 2):
+    """Run the job; when worker 0 has pushed round KILL_AT, SIGKILL the servers ``victims``
+    (each reaped before the next), then let the workers go on. Returns (code, output)."""
+    launcher, out, flags = _job(tmp_path, name, replicas, kill_at=5)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.setdefault("code", launcher.run()))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 90
+        while not (flags / "pushed").exists():
+            assert runner.is_alive(), out.getvalue()
+            assert time.monotonic() < deadline, "worker 0 never reached the round: " + (
+                out.getvalue()
+            )
+            time.sleep(0.02)  # polls a file the job writes
+        for rank in victims:
+            child = next(c for c in launcher.children if c.role == "server" and c.rank == rank)
+            child.proc.send_signal(signal.SIGKILL)
+            child.proc.wait(10)
+        (flags / "killed").touch()
+        runner.join(120)
+        assert not runner.is_alive(), "the job hung after the kill: " + out.getvalue()
+    finally:
+        launcher.stop_all(kill=True)
+        runner.join(30)
+    return result.get("code"), out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory) -> dict[int, str]:
+    """What each worker ends with when nothing dies (2 servers, no copies)."""
+    tmp = tmp_path_factory.mktemp("undisturbed")
+    launcher, out, _ = _job(tmp, "ref", replicas=1, kill_at=-1)
+    try:
+        code = launcher.run()
+    finally:
+        launcher.stop_all(kill=True)
+    assert code == 0, out.getvalue()
+    finals = _finals(out.getvalue())
+    assert len(finals) == 2 and finals[0] == finals[1], out.getvalue()
+    return finals
+
+
+def test_a_killed_server_is_taken_over_and_values_equal_an_undisturbed_run(
+    tmp_path, undisturbed
+):
+    code, out = _run_killing(tmp_path, "one", victims=[0])
+    assert code == 0, out
+    assert "server 0 was killed by signal 9" in out, out
+    assert "server rank 1 (node 10" in out and "takes over its keys" in out, out
+    assert re.search(r"\[worker 0\].*unanswered requests went again", out), out
+    assert "restart" not in out, out
+    assert _finals(out) == undisturbed, out
+
+
+def test_losing_every_copy_fails_the_job_with_the_cause(tmp_path):
+    """Two copies, both servers killed: nothing can take over the second; every process
+    ends, non-zero, and the workers say which server died."""
+    code, out = _run_killing(tmp_path, "both", victims=[0, 1])
+    assert code not in (0, None), out
+    assert "takes over its keys" in out, out
+    assert re.search(r"\[worker \d\].*server rank 1 .*the job cannot continue", out), out
+    assert "FINAL" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["-n", "1", "-s", "1", "--replicas", "2"], "--replicas 2 must be between 1 and"),
+        (["-n", "1", "-s", "2", "--replicas", "2", "--launcher", "ray"], "--replicas works"),
+    ],
+)
+def test_replicas_that_cannot_work_are_one_line(args, says):
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "launch", *args, "--", sys.executable, "-c", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode != 0 and says in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+
+
+def test_dist_async_with_replicas_fails_at_create(cluster):
+    code = """
+try:
+    hetps.kv.create('dist_async')
+except Exception as exc:
+    print('REFUSED', type(exc).__name__, exc, flush=True)
+    sys.exit(4)
+"""
+    rc, out = cluster(code, workers=1, servers=2, env={"HETPS_REPLICAS": "2"})
+    assert rc != 0, out
+    assert "REFUSED ConfigError dist_async with HETPS_REPLICAS=2" in out, out
+    assert "[server 0]" in out and "exited with an error: dist_async with" in out, out

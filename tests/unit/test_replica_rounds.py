@@ -1,0 +1,171 @@
+"""Server copies (HETPS_REPLICAS), message by message: two KVServers wired by hand, so the
+orders a failover makes possible are played exactly (the processes and the kill are in
+tests/integration/test_replicas.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from hetps import optim
+from hetps.kvstore.server import KVServer
+from hetps.transport.codec import Message
+
+P_ID, Q_ID, W0, W1 = 8, 10, 9, 11
+
+
+class _Wire:
+    """The nodes of two servers; a copy to the other is held until :meth:`deliver`."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple] = []  # (to, message, callback) not delivered yet
+        self.replies: dict[int, list[tuple[Message, dict | None, list]]] = {P_ID: [], Q_ID: []}
+        self.servers: dict[int, KVServer] = {}
+        self.dead: set[int] = set()
+
+    def node(self, me: int):
+        wire = self
+        roles = {P_ID: "server", Q_ID: "server", W0: "worker", W1: "worker"}
+
+        class Node:
+            id = me
+            replicas = 2
+            redirect: dict[int, int] = {}
+            on_failover = None
+
+            def role_of(self, nid):
+                return roles.get(nid)
+
+            def workers(self):
+                return [W0, W1]
+
+            def live_servers(self):
+                return [SimpleNamespace(id=i) for i in (P_ID, Q_ID) if i not in wire.dead]
+
+            def describe(self, nid):
+                return f"node {nid}"
+
+            def reply(self, msg, body=None, arrays=None, track=False):
+                wire.replies[me].append((msg, body, arrays or []))
+
+            def send(self, peer, msg):
+                return True
+
+            def request(self, peer, msg, callback=None, what=None):
+                msg.sender = me
+                fut = SimpleNamespace(errback=None, done=lambda: False, _error=None)
+                wire.held.append((peer, msg, callback))
+                return fut
+
+        return Node()
+
+    def deliver(self) -> None:
+        """Hand every held copy to its server and its answer back."""
+        held, self.held = self.held, []
+        for to, msg, callback in held:
+            before = len(self.replies[to])
+            self.servers[to].handle(msg)
+            (reply, body, _), = self.replies[to][before:]
+            assert body is None or "error" not in body, body
+            callback(reply)
+
+
+def _pair():
+    wire = _Wire()
+    for nid in (P_ID, Q_ID):
+        wire.servers[nid] = KVServer(wire.node(nid))
+    return wire, wire.servers[P_ID], wire.servers[Q_ID]
+
+
+def _init(srv: KVServer, value: np.ndarray) -> None:
+    body = {"k": "w", "part": 0, "off": 0, "n": value.size, "size": value.size,
+            "shape": [value.size], "dtype": "float32"}  # fmt: skip
+    srv.handle(Message("init", sender=W0, req=1, body=body, arrays=[value]))
+
+
+def _push(srv: KVServer, worker: int, rnd: int, grad: np.ndarray, req: int, pp=False):
+    body = {"k": "w", "part": 0, "off": 0, "n": grad.size, "sync": True, "ce": grad.size,
+            "rnd": rnd}  # fmt: skip
+    if pp:
+        body["pp"] = True
+    srv.handle(Message("push", sender=worker, req=req, body=body, arrays=[grad.copy()]))
+
+
+def _acked(wire: _Wire, nid: int) -> list[int]:
+    return [m.req for m, body, _ in wire.replies[nid] if m.cmd == "push"]
+
+
+def _set_sgd(wire: _Wire) -> None:
+    blob = np.frombuffer(optim.dumps(optim.SGD(learning_rate=0.1, momentum=0.9)), np.uint8)
+    for srv in wire.servers.values():  # a worker sends it to every server
+        srv.handle(Message("set_optimizer", sender=W0, req=2, arrays=[blob]))
+
+
+def test_a_round_is_acknowledged_only_once_its_copy_is_applied():
+    wire, p, q = _pair()
+    _set_sgd(wire)
+    _init(p, np.arange(4, dtype=np.float32))
+    assert _acked(wire, P_ID) == [] and wire.held  # the init waits for its copy
+    wire.deliver()
+    assert np.array_equal(q.slices[("w", 0)].value, np.arange(4, dtype=np.float32))
+    _push(p, W0, 0, np.ones(4, np.float32), req=10)
+    _push(p, W1, 0, np.full(4, 2.0, np.float32), req=11)
+    assert _acked(wire, P_ID) == []  # applied on p, not yet on q
+    _pull = Message("pull", sender=W0, req=12, body={"k": "w", "part": 0, "off": 0, "n": 4})
+    p.handle(_pull)  # a pull of the slice waits for the copy too
+    assert [m.req for m, _, _ in wire.replies[P_ID] if m.cmd == "pull"] == []
+    wire.deliver()
+    assert sorted(_acked(wire, P_ID)) == [10, 11]
+    assert [m.req for m, _, _ in wire.replies[P_ID] if m.cmd == "pull"] == [12]
+    sp, sq = p.slices[("w", 0)], q.slices[("w", 0)]
+    assert sp.rounds == sq.rounds == 1
+    assert np.array_equal(sp.value, sq.value)  # same optimizer, same merged pushes
+    np.testing.assert_equal(sp.state, sq.state)  # momentum too
+    assert sp.has_state and sq.has_state
+
+
+def test_after_a_failover_a_resent_applied_round_is_only_acknowledged():
+    """p applied round 0 and copied it, then died before its acknowledgements left: both
+    workers push round 0 again to q, which acknowledges without applying it twice, and a
+    fused push-pull gets the round's value."""
+    wire, p, q = _pair()
+    _set_sgd(wire)
+    _init(p, np.zeros(4, np.float32))
+    wire.deliver()
+    _push(p, W0, 0, np.ones(4, np.float32), req=10)
+    _push(p, W1, 0, np.ones(4, np.float32), req=11)
+    wire.deliver()
+    after_round = q.slices[("w", 0)].value.copy()
+    wire.dead.add(P_ID)  # p is gone; what follows goes to q
+    _push(q, W0, 0, np.ones(4, np.float32), req=20, pp=True)
+    _push(q, W1, 0, np.ones(4, np.float32), req=21)
+    assert sorted(_acked(wire, Q_ID)) == [20, 21]
+    assert np.array_equal(q.slices[("w", 0)].value, after_round)
+    assert q.slices[("w", 0)].rounds == 1
+    (_, _, arrays), = [r for r in wire.replies[Q_ID] if r[0].req == 20]
+    assert np.array_equal(arrays[0], after_round)
+    # the next round is applied as usual
+    _push(q, W0, 1, np.ones(4, np.float32), req=22)
+    _push(q, W1, 1, np.ones(4, np.float32), req=23)
+    assert q.slices[("w", 0)].rounds == 2 and not np.array_equal(
+        q.slices[("w", 0)].value, after_round
+    )
+
+
+def test_a_push_of_a_later_round_waits_for_its_round():
+    """Resent and new pushes may meet out of order at the server taking over: a push of
+    round 1 that comes before the same worker's push of round 0 is kept until round 0 is
+    applied, not merged into round 0."""
+    wire, p, q = _pair()
+    wire.dead.add(Q_ID)  # no copies to make: p alone
+    _init(p, np.zeros(2, np.float32))
+    _push(p, W0, 1, np.full(2, 10.0, np.float32), req=11)  # early
+    _push(p, W1, 0, np.full(2, 2.0, np.float32), req=12)
+    sl = p.slices[("w", 0)]
+    assert sl.rounds == 0
+    _push(p, W0, 0, np.full(2, 1.0, np.float32), req=10)  # round 0 complete: sum 3
+    assert sl.rounds == 1 and np.array_equal(sl.value, [3.0, 3.0])
+    _push(p, W1, 1, np.full(2, 20.0, np.float32), req=13)
+    assert sl.rounds == 2 and np.array_equal(sl.value, [30.0, 30.0])
+    assert sorted(_acked(wire, P_ID)) == [10, 11, 12, 13]
