@@ -5,6 +5,7 @@ nothing died."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import signal
 import subprocess
@@ -65,7 +66,7 @@ ENV = {
 }
 
 
-def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, servers: int = 2):
+def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: int = 0):
     flags = tmp_path / name
     flags.mkdir()
     script = tmp_path / "replicas_script.py"
@@ -73,12 +74,13 @@ def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, servers: int = 
     out = io.StringIO()
     spec = LaunchSpec(
         num_workers=2,
-        num_servers=servers,
+        num_servers=2,
         command=[sys.executable, str(script)],
         env={**ENV, "KILL_AT": str(kill_at), "FLAGS": str(flags)},
         start_timeout=30.0,
         failure_grace=5.0,
         replicas=replicas,
+        max_restarts=max_restarts,
     )
     return Launcher(spec, out=out), out, flags
 
@@ -87,10 +89,30 @@ def _finals(out: str) -> dict[int, str]:
     return {int(r): d for r, d in re.findall(r"FINAL (\d) (\w+)", out)}
 
 
-def _run_killing(tmp_path: Path, name: str, victims: list[int], replicas: int = 2):
+def _kill(launcher: Launcher, rank: int) -> None:
+    """SIGKILL the running server ``rank`` and reap it."""
+    child = next(
+        c
+        for c in launcher.children
+        if c.role == "server" and c.rank == rank and c.proc.poll() is None
+    )
+    child.proc.send_signal(signal.SIGKILL)
+    child.proc.wait(10)
+
+
+def _wait_output(out: io.StringIO, pattern: str, runner: threading.Thread) -> None:
+    deadline = time.monotonic() + 60
+    while not re.search(pattern, out.getvalue()):
+        assert runner.is_alive(), out.getvalue()
+        assert time.monotonic() < deadline, f"no {pattern!r} in: " + out.getvalue()
+        time.sleep(0.02)  # polls the job's output
+
+
+def _run_killing(tmp_path: Path, name: str, victims: list[int], max_restarts: int = 0, then=None):
     """Run the job; when worker 0 has pushed round KILL_AT, SIGKILL the servers ``victims``
-    (each reaped before the next), then let the workers go on. Returns (code, output)."""
-    launcher, out, flags = _job(tmp_path, name, replicas, kill_at=5)
+    (each reaped before the next), call ``then(launcher, out, runner)`` if given, and let the
+    workers go on. Returns (code, output)."""
+    launcher, out, flags = _job(tmp_path, name, 2, kill_at=5, max_restarts=max_restarts)
     result: dict = {}
     runner = threading.Thread(target=lambda: result.setdefault("code", launcher.run()))
     runner.start()
@@ -103,9 +125,9 @@ def _run_killing(tmp_path: Path, name: str, victims: list[int], replicas: int = 
             )
             time.sleep(0.02)  # polls a file the job writes
         for rank in victims:
-            child = next(c for c in launcher.children if c.role == "server" and c.rank == rank)
-            child.proc.send_signal(signal.SIGKILL)
-            child.proc.wait(10)
+            _kill(launcher, rank)
+        if then is not None:
+            then(launcher, out, runner)
         (flags / "killed").touch()
         runner.join(120)
         assert not runner.is_alive(), "the job hung after the kill: " + out.getvalue()
@@ -152,6 +174,26 @@ def test_losing_every_copy_fails_the_job_with_the_cause(tmp_path):
     assert "FINAL" not in out, out
 
 
+def test_a_restarted_server_rejoins_as_a_replica_and_takes_over_in_turn(tmp_path, undisturbed):
+    """--max-restarts 1: server 0 is killed, server 1 takes over its keys, and the launcher
+    starts server 0 again. It is admitted with its old rank (is_recovery=1) and server 1 sends
+    it a copy of everything it serves. Then server 1 is killed too: server 0 takes over every
+    key, and the values still end as in the undisturbed run."""
+
+    def then(launcher, out, runner):
+        _wait_output(out, r"\[server 1\].*server rank 0 .* holds a copy of each of the", runner)
+        _kill(launcher, 1)
+
+    code, out = _run_killing(tmp_path, "rejoin", victims=[0], max_restarts=1, then=then)
+    assert code == 0, out
+    assert "restart 1 of 1: starting server 0 again" in out, out
+    assert re.search(r"\[scheduler\].*role=server.*is_recovery=1", out), out
+    assert re.search(r"server rank 1 .*was killed by signal 9.*server rank 0 .*takes over", out), (
+        out
+    )
+    assert _finals(out) == undisturbed, out
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
@@ -182,3 +224,22 @@ except Exception as exc:
     assert rc != 0, out
     assert "REFUSED ConfigError dist_async with HETPS_REPLICAS=2" in out, out
     assert "[server 0]" in out and "exited with an error: dist_async with" in out, out
+
+
+def test_replica_cost_benchmark_runs_both_settings(tmp_path):
+    """benchmarks/replica_cost.py at a tiny size: both settings run and every size gets a
+    ratio in the JSON. No timing is asserted."""
+    out = tmp_path / "cost.json"
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "replica_cost.py"), "--repeats", "1",
+         "--rounds", "2", "--json", str(out)],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(out.read_text())
+    assert [r["size"] for r in data["rows"]] == ["4KiB", "1MiB", "16MiB"]
+    assert all(r["none_s"] > 0 and r["replicas2_s"] > 0 for r in data["rows"])

@@ -63,6 +63,7 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "exit": _SCHED,
         "node_dead": _SCHED,
         "failover": _SCHED,
+        "rejoin": _SCHED,
         "replicate": _S,  # a primary's copy of a round (HETPS_REPLICAS); no pickles
     },
     WORKER: {
@@ -71,6 +72,7 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "exit": _SCHED,
         "node_dead": _SCHED,
         "failover": _SCHED,
+        "rejoin": _SCHED,
     },
 }
 

@@ -74,12 +74,16 @@ class Node:
         self.metrics_interval = 0.0  # seconds between live metrics reports (0: none wanted)
         # copies of each key (HETPS_REPLICAS, from the scheduler's node table)
         self.replicas = 1
-        # dead servers -> the live server that took over their keys (a failover)
+        # dead servers -> the live server that took over their keys (a failover); a server
+        # admitted again stays redirected (its keys stay where they went) but is up again
         self.redirect: dict[int, int] = {}
+        self.down: set[int] = set()  # servers dead now
+        self.recovery = False  # this node was admitted again (ps-lite's is_recovery)
         # with copies: a failover re-sends the dead server's unanswered requests before any
         # newer request leaves (per-key order)
         self._route_lock = threading.Lock()
         self.on_failover: Callable[[int, int], None] | None = None
+        self.on_rejoin: Callable[[int], None] | None = None
         self.exited = threading.Event()
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -118,10 +122,13 @@ class Node:
 
     def live_servers(self) -> list[NodeInfo]:
         """Servers ordered by rank, less those that died and were taken over."""
-        return [n for n in self.servers() if n.id not in self.redirect]
+        return [n for n in self.servers() if n.id not in self.down]
 
     def route(self, peer: int) -> int:
-        """Where a request to ``peer`` goes: the server that took over, if it died."""
+        """Where a worker's request to server ``peer`` goes: the server that took over its
+        keys, if it died (a server's copies go to the replica they name)."""
+        if self.role != "worker":
+            return peer
         return self.redirect.get(peer, peer)
 
     def role_of(self, node_id: int) -> str | None:
@@ -322,6 +329,9 @@ class Node:
         if cmd == P.FAILOVER:
             self._failover(msg)
             return True
+        if cmd == P.REJOIN:
+            self._rejoin(msg)
+            return True
         if cmd == P.NODE_DEAD:
             dead = msg.body.get("node")
             if isinstance(dead, list) and dead and isinstance(dead[0], int):
@@ -382,13 +392,20 @@ class Node:
             if n.role == peer_role
             or (replicas > 1 and self.role == "server" and n.role == "server" and n.id != me.id)
         ]
+        down = {int(i) for i in body.get("down", [])}
+        redirect = {int(a): int(b) for a, b in body.get("redirect", [])}
         for n in peers:
             if n.id not in out or n.id not in into:
                 raise ValueError(f"no routing ids for node {n.id}")
         for n in peers:
+            if n.id in down:  # (admitted again, this node hears of dead servers too)
+                self.van.mark_dead(n.id)
+                continue
             self.van.admit(into[n.id], n.id)
             self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id])
         self.nodes, self.info = nodes, me
+        self.down, self.redirect = down, redirect
+        self.recovery = body.get("recovery") == 1
         self.replicas = replicas
         self.van.my_id = me.id
         every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
@@ -422,6 +439,7 @@ class Node:
         text = msg.error or f"{self.describe(dead)} died"
         with self._route_lock:
             self.van.mark_dead(dead)
+            self.down.add(dead)
             for k, v in list(self.redirect.items()):
                 if v == dead:
                     self.redirect[k] = to
@@ -454,6 +472,31 @@ class Node:
         )
         if self.on_failover is not None:
             self.on_failover(dead, to)
+
+    def _rejoin(self, msg: Message) -> None:
+        """A dead server that was taken over is back with its old id at a new address:
+        connect to it; it is a live server again (a replica: its keys stay redirected)."""
+        try:
+            info = NodeInfo.from_wire(msg.body["node"])
+            out, into = _routing_id(msg.body["out"]), _routing_id(msg.body["in"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("%s: dropped a malformed rejoin (%s)", self.role, exc)
+            return
+        old = self.nodes.get(info.id)
+        if old is None or old.role != "server" or info.role != "server" or info.id == self.id:
+            log.warning("%s: dropped a rejoin of node %r", self.role, info.id)
+            return
+        if self.role == "server" and self.replicas <= 1:
+            return
+        with self._route_lock:
+            self.nodes[info.id] = info
+            self.van.admit(into, info.id)
+            self.van.revive(info.id)
+            self.van.connect(info.id, f"{info.host}:{info.port}", routing_id=out)
+            self.down.discard(info.id)
+        log.warning("%s: %s is back (is_recovery=1)", self.role, info.describe())
+        if self.on_rejoin is not None:
+            self.on_rejoin(info.id)
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
@@ -520,7 +563,7 @@ class Node:
         the reply's first array may be written straight from a shared-memory ring. With
         ``send=False`` the request is only registered (``msg.req`` is set): send it later
         with :meth:`send_request`, e.g. from a priority queue."""
-        peer = self.redirect.get(peer, peer)
+        peer = self.route(peer)
         fut = self.requests.new(peer, what or f"{msg.cmd} to {self.describe(peer)}", callback)
         if fut.done():
             return fut
@@ -570,7 +613,7 @@ class Node:
         answered: if the server dies, :meth:`_failover` sends them again to the one that
         takes over. Under the route lock, so none leaves between a failover's re-sends."""
         with self._route_lock:
-            peer = self.redirect.get(peer, peer)
+            peer = self.route(peer)
             for fut, msg in zip(futs, msgs, strict=True):
                 fut.peer = peer  # (made before a failover: its answer comes from the heir)
                 fut.sent = msg

@@ -24,6 +24,9 @@ NODE_DEAD = "node_dead"  # node, error
 # node, error, to: a server died and its keys live on (HETPS_REPLICAS): requests that were
 # going to it go to ``to`` (the next live server), which holds a copy of each of its keys
 FAILOVER = "failover"
+# node, out, in: a dead server that was taken over is back (is_recovery): connect to it with
+# routing id ``out``, admit its connection ``in``; it is a replica again, primary of nothing
+REJOIN = "rejoin"
 EXIT = "exit"
 WORKER_DONE = "worker_done"  # to servers: node, a worker finished its job
 REFUSED = "refused"  # error
@@ -118,6 +121,11 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "node": "the server that died (NodeInfo)",
         "error": "how it died",
         "to": "the id of the live server that now serves its keys",
+    },
+    REJOIN: {
+        "node": "the server admitted again (NodeInfo: its old id and rank, a new address)",
+        "out": "the routing id to connect to it with",
+        "in": "the routing id its connection to this node uses",
     },
     GET_STATES: {"slices": "[[key, part], ...] to read (absent: every state)"},
     DROP: {"slices": "[[key, part], ...] to forget"},

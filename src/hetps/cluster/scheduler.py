@@ -109,6 +109,7 @@ class Scheduler:
         # this many servers died (each key lives on that many consecutive servers)
         self.replicas = min(cfg.replicas, cfg.num_server)
         self.failovers: list[tuple[int, int]] = []  # (dead server, the server that took over)
+        self.rejoined: dict[int, int] = {}  # server id -> times it was admitted again
         # live metrics: a node silent longer than this (3 heartbeats) is late; heard again, it
         # counts one recovery
         self.late_after = 3 * cfg.heartbeat_interval if cfg.heartbeat_interval > 0 else 0.0
@@ -341,6 +342,10 @@ class Scheduler:
             self._late_refused += 1
             self._end_failed_start()
             return
+        slot = self._rejoin_slot(role, want) if self.nodes else None
+        if slot is not None:
+            self._readmit(msg, slot, host, port, back)
+            return
         if self.nodes or len(self.pending) >= self.expected:
             refusal = (
                 f"the cluster is already complete ({self.cfg.num_server} "
@@ -404,9 +409,92 @@ class Scheduler:
         self.van.disconnect(key, linger_ms=1000)  # let the refusal leave first
 
     def _pair(self, src: int, dst: int) -> bytes:
-        """The routing id node ``src`` connects to node ``dst`` with (known to both alone)."""
-        mac = hmac.new(self._pair_key, f"{src}>{dst}".encode(), hashlib.sha256).digest()
+        """The routing id node ``src`` connects to node ``dst`` with (known to both alone; a
+        node admitted again gets new ones)."""
+        a, b = self.rejoined.get(src, 0), self.rejoined.get(dst, 0)
+        mac = hmac.new(self._pair_key, f"{src}.{a}>{dst}.{b}".encode(), hashlib.sha256).digest()
         return b"h" + mac[:15]
+
+    # -- a server admitted again (HETPS_REPLICAS) ---------------------------------------------
+    def _rejoin_slot(self, role: str, want: int) -> int | None:
+        """The id a late server registration takes: a dead server whose keys were taken over
+        (the launcher's rank wish first). None: no such server (the registration is refused)."""
+        if role != "server" or self.replicas <= 1 or self.exit_code is not None:
+            return None
+        taken = [nid for nid, _ in self.failovers if nid in self.dead]
+        for nid in taken:
+            if want < 0 or self.nodes[nid].rank == want:
+                return nid
+        return None
+
+    def _redirects(self) -> dict[int, int]:
+        """Each failed-over server -> the server that serves its keys now (chains followed)."""
+        out: dict[int, int] = {}
+        for dead, to in self.failovers:
+            for k, v in out.items():
+                if v == dead:
+                    out[k] = to
+            out[dead] = to
+        return out
+
+    def _readmit(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None:
+        """A server that died and was taken over registers again (ps-lite's ``is_recovery``):
+        it gets its old rank and id and new connections, holds no keys of its own (the server
+        that took over keeps them) and is again the replica of those before it; every node
+        connects to it, and the servers send it copies of what they serve."""
+        origin = msg.origin
+        self.rejoined[nid] = self.rejoined.get(nid, 0) + 1
+        old = self.nodes[nid]
+        try:
+            self.van.connect(origin, f"{host}:{port}", routing_id=back)
+        except PeerGone as exc:
+            log.warning("scheduler: registration with a bad address: %s", exc)
+            self.rejoined[nid] -= 1
+            return
+        self.van.disconnect(nid)
+        self.van.rename(origin, nid)
+        self.van.admit(origin, nid)
+        info = NodeInfo(nid, "server", old.rank, host, port)
+        self.nodes[nid] = info
+        del self.dead[nid]
+        self.last_seen[nid] = time.monotonic()
+        log.warning(
+            "scheduler: assign rank=%d to node role=server, ip=%s, port=%d, is_recovery=1 "
+            "(server rank %d again; its keys stay where they were taken over)",
+            nid,
+            host,
+            port,
+            old.rank,
+        )
+        live = [i for i in self.nodes if i not in self.dead and i != nid]
+        redirects = self._redirects()
+        body = {
+            "nodes": [n.to_wire() for n in self.nodes.values()],
+            "id": nid,
+            "out": [[i, self._pair(nid, i)] for i in self.nodes if i != nid],
+            "in": [[i, self._pair(i, nid)] for i in self.nodes if i != nid],
+            "replicas": self.replicas,
+            "recovery": 1,
+            "down": [i for i in self.dead if self.nodes[i].role == "server"],
+            "redirect": [[k, v] for k, v in redirects.items()],
+        }
+        if P.METRICS_REPORT in self.services:
+            body["metrics_s"] = self.cfg.metrics_interval
+        self._send(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
+        for other in live:
+            if other in self.finished:
+                continue
+            self._send(
+                other,
+                Message(
+                    P.REJOIN,
+                    body={
+                        "node": info.to_wire(),
+                        "out": self._pair(other, nid),
+                        "in": self._pair(nid, other),
+                    },
+                ),
+            )
 
     def _assign(self) -> None:
         ranks = {"server": 0, "worker": 0}

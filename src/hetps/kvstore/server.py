@@ -67,8 +67,10 @@ class KVServer:
         self.answers = Answers(node)
         # HETPS_REPLICAS: copies on their way to replicas, each waiting for its acknowledgements
         self._copies: list[_Copy] = []
+        self._optimizer_blob: bytes | None = None  # as a worker sent it (for a new replica)
         if hasattr(node, "on_failover"):
             node.on_failover = self._on_failover
+            node.on_rejoin = self._on_rejoin
 
     @property
     def num_workers(self) -> int:
@@ -299,6 +301,10 @@ class KVServer:
         self._writable(sl)
         sl.value[off : off + n] = data
         sl.rounds = 0  # (a worker counts a key's rounds from its init)
+        if msg.cmd == P.INIT:
+            sl.primary, sl.origin = True, None
+        else:
+            sl.origin = msg.sender
         if msg.cmd == P.INIT and self._replicas():
             body = dict(msg.body, op="init")
             self._copy_out(body, np.array(data), lambda: self.answers.reply(msg))
@@ -359,6 +365,7 @@ class KVServer:
             self.node.send(msg.sender, Message(P.RECEIPT, body={"req": msg.req}))
         key, part, off, n = self._range(msg)
         sl = self._slice(msg, key, part, off, n)
+        sl.primary = True  # (a copy becomes the key itself when a worker pushes it here)
         sync = self.sync if self.sync is not None else bool(msg.body.get("sync", True))
         if not sync and self.optimizer is None:
             raise BadRequest(
@@ -610,17 +617,88 @@ class KVServer:
             copy.then()
 
     def _on_failover(self, dead: int, to: int) -> None:
-        """A server died: copies waiting for it wait no more (the receive thread calls this,
-        between handlers)."""
+        """A server died (the receive thread calls this, between handlers): copies waiting
+        for it wait no more; its copies here are ours now if we took over (else the server
+        that did sends them from now on); and the replicas, which may have changed, get what
+        we serve."""
         for copy in list(self._copies):
             if dead in copy.waiting:
                 self._copied(copy, dead, None)
+        me = getattr(self.node, "id", None)
+        for sl in self.slices.values():
+            if sl.origin == dead:
+                if to == me:
+                    sl.primary, sl.origin = True, None
+                else:
+                    sl.origin = to
+        self._resync()
+
+    def _on_rejoin(self, nid: int) -> None:
+        """A server is back: it may be one of our replicas now, with nothing of ours."""
+        self._resync()
+
+    def _resync(self) -> None:
+        """Send every replica the whole of what this server serves: the optimizer, then each
+        slice's value, optimizer state and round count (op ``sync``); a replica takes them
+        in place of what it had. Rounds applied after go as usual, behind them on the same
+        connection. A replica that already had it all loses nothing."""
+        peers = self._replicas()
+        mine = [sl for sl in self.slices.values() if sl.primary]
+        if not peers or not mine:
+            return
+        for peer in peers:
+            left = [len(mine) + (self._optimizer_blob is not None)]
+
+            def taken(_reply, peer=peer, left=left) -> None:
+                left[0] -= 1
+                if left[0] == 0:
+                    log.warning(
+                        "server: %s holds a copy of each of the %d slices this server serves",
+                        self.node.describe(peer),
+                        len(mine),
+                    )
+
+            if self._optimizer_blob is not None:
+                blob = np.frombuffer(self._optimizer_blob, np.uint8)
+                self._copy_to(peer, {"op": "optimizer"}, [blob], taken)
+            for sl in mine:
+                body = {
+                    "op": "sync",
+                    "k": sl.key,
+                    "part": sl.part,
+                    "shape": list(sl.shape),
+                    "dtype": sl.value.dtype.name,
+                    "rnd": sl.rounds,
+                }
+                arrays = [np.array(sl.value)]
+                if sl.has_state:
+                    states = optim.dump_states({sl.skey: sl.state})
+                    arrays.append(np.frombuffer(states, np.uint8))
+                self._copy_to(peer, body, arrays, taken)
+
+    def _copy_to(self, peer: int, body: dict, arrays: list, callback) -> None:
+        """A copy that nothing waits for (a replica's catch-up): its failure is logged."""
+        fut = self.node.request(
+            peer,
+            Message(P.REPLICATE, body=body, arrays=arrays),
+            callback=callback,
+            what=f"a copy ({body['op']}) to {self.node.describe(peer)}",
+        )
+        fut.errback = lambda exc: log.warning("server: a replica did not take a copy: %s", exc)
+        if fut.done() and fut._error is not None:
+            fut.errback(fut._error)
 
     def _copy_in(self, msg: Message) -> None:
         """A primary's copy: the first value of a chunk of a key, or a finished round."""
         op = msg.body.get("op")
         if op == "init":
             self._init(msg)
+            return
+        if op == "optimizer":
+            self._optimizer_copy(msg)
+            return
+        if op == "sync":
+            self._sync_copy(msg)
             return
         if op != "round":
             raise BadRequest(f"replicate: unknown op {short(op)}")
@@ -646,6 +724,57 @@ class KVServer:
                 sl.value = np.array(data)
             sl.rounds = rnd
             self.rounds += 1
+        self.answers.reply(msg)
+
+    def _optimizer_copy(self, msg: Message) -> None:
+        """A primary's optimizer, for a replica that has none (one admitted again): unpickled
+        from a server of this job (an authenticated connection, see hetps.cluster.allow)."""
+        if self.optimizer is None:
+            if len(msg.arrays) != 1:
+                raise BadRequest("replicate: an optimizer copy carries one pickle")
+            try:
+                self.optimizer = optim.loads(msg.arrays[0].tobytes())
+            except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
+                raise BadRequest(f"replicate: the optimizer did not load ({exc})") from None
+            self._optimizer_blob = msg.arrays[0].tobytes()
+        self.answers.reply(msg)
+
+    def _sync_copy(self, msg: Message) -> None:
+        """A whole slice from its primary: value, round count and optimizer state."""
+        b = msg.body
+        key, part, shape, dname, rnd = b.get("k"), b.get("part"), b.get("shape"), b.get(
+            "dtype"
+        ), b.get("rnd")
+        if (
+            not slice_key([key, part])
+            or not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+            or dname not in WIRE_DTYPES
+            or not isinstance(rnd, int)
+            or isinstance(rnd, bool)
+            or len(msg.arrays) not in (1, 2)
+            or msg.arrays[0].dtype != WIRE_DTYPES[dname]
+        ):
+            raise BadRequest("replicate: a malformed slice copy")
+        sl = self.slices.get((key, part))
+        if sl is not None and sl.primary:
+            raise BadRequest(f"replicate: key {key!r} part {part} is served here, not a copy")
+        value = np.array(msg.arrays[0]).reshape(-1)
+        if sl is None or sl.value.size != value.size:
+            sl = Slice(key, part, tuple(shape), value)
+            self.slices[(key, part)] = sl
+        else:
+            self._writable(sl)
+            sl.value = value
+        if len(msg.arrays) == 2:
+            try:
+                states = optim.load_states(msg.arrays[1].tobytes())
+            except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
+                raise BadRequest(f"replicate: a state copy did not load ({exc})") from None
+            sl.state, sl.has_state = states.get((key, part)), (key, part) in states
+        else:
+            sl.state, sl.has_state = None, False
+        sl.rounds, sl.origin = rnd, msg.sender
         self.answers.reply(msg)
 
     def _forecast_to(self, msg: Message) -> None:
@@ -692,6 +821,7 @@ class KVServer:
                 "modules it imports are installed on the servers"
             ) from None
         self.optimizer = opt
+        self._optimizer_blob = msg.arrays[0].tobytes()
         for sl in self.slices.values():
             sl.state, sl.has_state = None, False
         log.info("server: optimizer set to %s", type(opt).__name__)

@@ -39,6 +39,8 @@ class Slice:
     # HETPS_REPLICAS: the last round is being copied to the replicas; its answers, and every
     # request of the slice that came since, wait for their acknowledgements
     copying: bool = False
+    primary: bool = False  # workers send it here (else it is a copy of another server's)
+    origin: int | None = None  # the server whose copy it is
 
     @property
     def skey(self) -> tuple[Any, int]:

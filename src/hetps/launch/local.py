@@ -145,6 +145,8 @@ class Launcher:
         self._scheduler: Child | None = None
         self._signum: int | None = None
         self.restarts = 0  # how many times the job was started again after a failure
+        self.respawns = 0  # servers started again alone (--replicas), out of max_restarts
+        self._server_start: dict[int, tuple[list[str], dict[str, str]]] = {}
         self._failed: Child | None = None  # the child whose failure ended the last start
         self._initial_workers = spec.num_workers
 
@@ -272,14 +274,18 @@ class Launcher:
                 f"{spec.num_workers} workers (HETPS_RESTART={self.restarts})"
             )
             return True
-        if self.restarts - self._dropped() >= spec.max_restarts:
+        if self._used() >= spec.max_restarts:
             return False
         self.restarts += 1
         self._log(
-            f"restart {self.restarts - self._dropped()} of {spec.max_restarts}: starting the "
+            f"restart {self._used()} of {spec.max_restarts}: starting the "
             f"job again (HETPS_RESTART={self.restarts})"
         )
         return True
+
+    def _used(self) -> int:
+        """Restarts used up: whole-job restarts (not elastic ones) and servers started again."""
+        return self.restarts - self._dropped() + self.respawns
 
     def _dropped(self) -> int:
         return self._initial_workers - self.spec.num_workers
@@ -353,9 +359,7 @@ class Launcher:
         # every buffer of 1 MiB and more gives them back to the system at once
         server_env = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), **env}
         for r in range(spec.num_servers):
-            self._start(
-                "server",
-                r,
+            self._server_start[r] = (
                 server_argv,
                 {
                     **server_env,
@@ -364,6 +368,7 @@ class Launcher:
                     "HETPS_LAUNCH_RANK": str(r),
                 },
             )
+            self._start("server", r, *self._server_start[r])
         for r in range(spec.num_workers):
             self._start(
                 "worker",
@@ -393,11 +398,20 @@ class Launcher:
                             f"{child.label} {how} (code {code}); its keys live on the next "
                             "server (--replicas), the job goes on"
                         )
+                        if self._used() < self.spec.max_restarts:
+                            self.respawns += 1
+                            self._log(
+                                f"restart {self._used()} of {self.spec.max_restarts}: starting "
+                                f"{child.label} again (it rejoins as a replica, is_recovery=1)"
+                            )
+                            remaining.append(
+                                self._start("server", child.rank, *self._server_start[child.rank])
+                            )
                         continue
                     self._failed = child
                     self._notify(child, f"{how} (code {code})")
                     self._log(f"{child.label} {how} (code {code}); stopping the others")
-                    if self.restarts - self._dropped() < self.spec.max_restarts or (
+                    if self._used() < self.spec.max_restarts or (
                         self.spec.elastic_min and child.role == "worker"
                     ):
                         return code  # run() kills the rest at once and starts the job again
@@ -415,9 +429,9 @@ class Launcher:
         another that is still running (fewer than --replicas servers died)."""
         if child.role != "server" or self.spec.replicas <= 1 or self._scheduler is None:
             return False
-        servers = [c for c in self.children if c.role == "server"]
-        dead = sum(1 for c in servers if c not in remaining)
-        return dead < self.spec.replicas and any(
+        ranks = {c.rank for c in self.children if c.role == "server"}
+        up = {c.rank for c in remaining if c.role == "server"}
+        return len(ranks - up) < self.spec.replicas and any(
             c.role == "scheduler" for c in remaining
         )
 

@@ -327,6 +327,10 @@ class Van:
         """The peer is gone: sends to it fail at once instead of waiting on a full queue."""
         self._dead.add(peer)
 
+    def revive(self, peer: Any) -> None:
+        """The peer is back (a new process with its id): sends to it go again."""
+        self._dead.discard(peer)
+
     def send(
         self,
         peer: Any,
