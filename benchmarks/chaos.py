@@ -205,6 +205,7 @@ def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
         "recover_s": recover,
         "ck": str(ck),
         "name": name,
+        "output": "\n".join(line for _, line in job.lines),
     }
 
 
@@ -229,6 +230,14 @@ def main() -> int:
         help="copies of every key (hetps train --replicas; 1: none, a dead server restarts "
         "the job)",
     )
+    ap.add_argument(
+        "--roles",
+        nargs="+",
+        choices=ROLES,
+        default=list(ROLES),
+        help="the roles to kill, in turns (default: all four)",
+    )
+    ap.add_argument("--keep", default=None, metavar="DIR", help="keep each trial's output here")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -265,7 +274,7 @@ def main() -> int:
         rows = []
         for i in range(args.trials):
             if not order:
-                order = list(ROLES)
+                order = list(args.roles)
                 rng.shuffle(order)
             role = order.pop()
             row = trial(
@@ -283,6 +292,11 @@ def main() -> int:
             row["accuracy"] = acc
             row["accuracy_gap"] = None if acc is None or ref_acc is None else ref_acc - acc
             rows.append(row)
+            if args.keep:
+                Path(args.keep).mkdir(parents=True, exist_ok=True)
+                Path(args.keep, f"trial{i}-{role}.log").write_text(row.pop("output") + "\n")
+            else:
+                row.pop("output")
             print(
                 f"trial {i:3d} kill {role:9s} at {row['kill_at_s']:5.1f}s: {row['outcome']:9s} "
                 f"orphans {row['orphans']} matches {row['matches']} detect "

@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 
 from hetps import __version__
 
@@ -196,6 +197,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         return 1
     if args.launcher_notices:
         sched.follow_notices(sys.stdin)
+
+        def up() -> None:  # the launcher's cue: a dead server can now be taken over
+            if sched.ready.wait():
+                print("hetps scheduler cluster up", flush=True)
+
+        threading.Thread(target=up, name="hetps-cluster-up", daemon=True).start()
     print(f"hetps scheduler port {sched.van.port}", flush=True)
     announce_metrics(sched)
     try:

@@ -243,3 +243,47 @@ def test_replica_cost_benchmark_runs_both_settings(tmp_path):
     data = json.loads(out.read_text())
     assert [r["size"] for r in data["rows"]] == ["4KiB", "1MiB", "16MiB"]
     assert all(r["none_s"] > 0 and r["replicas2_s"] > 0 for r in data["rows"])
+
+
+def test_a_server_dead_before_the_start_completed_restarts_the_job(tmp_path):
+    """Before every node registered there is nothing to take over: a server that dies then
+    fails the start, and --max-restarts starts the whole job again (not that server alone)."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        PRELUDE
+        + textwrap.dedent("""
+        kv = hetps.kv.create("dist_sync")
+        kv.init("a", np.zeros(3, np.float32))
+        kv.push("a", np.ones(3, np.float32))
+        print("VALUE", kv.pull("a").tolist(), flush=True)
+        """)
+    )
+    starts = []
+
+    def wrap(role, rank, argv, env):
+        if role == "server" and rank == 1:
+            starts.append(argv)
+            if len(starts) == 1:  # its first start dies at once, before registering
+                return [sys.executable, "-c", "import sys; sys.exit(3)"], env
+        return argv, env
+
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=2,
+        num_servers=2,
+        command=[sys.executable, str(script)],
+        env={k: v for k, v in ENV.items() if k.startswith(("PS_", "HETPS_", "OMP"))},
+        replicas=2,
+        max_restarts=1,
+        wrap=wrap,
+    )
+    launcher = Launcher(spec, out=out)
+    try:
+        code = launcher.run()
+    finally:
+        launcher.stop_all(kill=True)
+    text = out.getvalue()
+    assert code == 0, text
+    assert "restart 1 of 1: starting the job again" in text, text
+    assert "starting server 1 again" not in text and "job goes on" not in text, text
+    assert text.count("VALUE [2.0, 2.0, 2.0]") == 2, text

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from hetps.config import user_threads
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
+#: hetps's scheduler says so (with --launcher-notices) once every node has registered
+UP_LINE = "hetps scheduler cluster up"
 #: util-linux's setpriv, which sets the parent-death signal and then runs the command
 SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 
@@ -141,6 +143,7 @@ class Launcher:
         self._print_lock = threading.Lock()
         self._port = threading.Event()
         self._port_value = 0
+        self._up = threading.Event()  # every node registered (hetps's own scheduler says so)
         self._stopping = False
         self._scheduler: Child | None = None
         self._signum: int | None = None
@@ -161,6 +164,9 @@ class Launcher:
                     self._port_value = int(m.group(1))
                     self._port.set()
                     continue
+            if child.role == "scheduler" and line == UP_LINE:
+                self._up.set()
+                continue
             with self._print_lock:
                 self.out.write(f"[{child.label}] {line}\n")
                 self.out.flush()
@@ -295,6 +301,7 @@ class Launcher:
         self.children = []
         self._port = threading.Event()
         self._port_value = 0
+        self._up = threading.Event()
         self._stopping = False
         self._scheduler = None
 
@@ -427,7 +434,12 @@ class Launcher:
     def _taken_over(self, child: Child, remaining: list[Child]) -> bool:
         """Whether the job goes on without ``child``: a server, with copies of its keys on
         another that is still running (fewer than --replicas servers died)."""
-        if child.role != "server" or self.spec.replicas <= 1 or self._scheduler is None:
+        if (
+            child.role != "server"
+            or self.spec.replicas <= 1
+            or self._scheduler is None
+            or not self._up.is_set()  # before the start completed there is nothing to take over
+        ):
             return False
         ranks = {c.rank for c in self.children if c.role == "server"}
         up = {c.rank for c in remaining if c.role == "server"}
