@@ -190,7 +190,10 @@ def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
         detect = t - killed if t is not None else None
         t = job.first(
             r"\[worker 0\] worker 0 iter \d+",
-            job.first(r"restart 1 of|elastic: going on|takes over its keys", killed) or 1e18,
+            job.first(
+                r"restart 1 of|elastic: going on|takes over its keys|starting it again at", killed
+            )
+            or 1e18,
         )
         recover = t - killed if t is not None else None
     return {

@@ -187,7 +187,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     import zmq
 
     try:
-        sched = make_scheduler(cfg)
+        sched = make_scheduler(cfg, recover=args.recover)
     except zmq.ZMQError as exc:  # the bind failed: port taken, address not ours
         print(
             f"hetps scheduler: cannot listen on port {cfg.root_port} (DMLC_PS_ROOT_PORT): "
@@ -388,6 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
     se.set_defaults(func=cmd_secret)
 
     sc = sub.add_parser("scheduler", help="run the scheduler role by hand")
+    sc.add_argument(
+        "--recover",
+        action="store_true",
+        help="started again at the address of a scheduler that died: take back the running "
+        "job's nodes (they come back within PS_HEARTBEAT_TIMEOUT) instead of a new job",
+    )
     sc.add_argument(
         "--launcher-notices",
         action="store_true",

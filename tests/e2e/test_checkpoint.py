@@ -169,8 +169,8 @@ def test_max_restarts_brings_a_job_through_a_killed_worker(tmp_path, reference):
     _same_models(reference, ck / "ckpt-00000030")
 
 
-def _pid_with_env(marker: str, role: str, rank: int) -> int | None:
-    """The process of ``role`` ``rank`` whose environment holds ``marker``."""
+def _pid_with_env(marker: str, role: str, rank: int | None) -> int | None:
+    """The process of ``role`` ``rank`` (None: any) whose environment holds ``marker``."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -181,7 +181,7 @@ def _pid_with_env(marker: str, role: str, rank: int) -> int | None:
         if (
             marker.encode() in env
             and f"DMLC_ROLE={role}".encode() in env
-            and f"HETPS_LAUNCH_RANK={rank}".encode() in env
+            and (rank is None or f"HETPS_LAUNCH_RANK={rank}".encode() in env)
         ):
             return int(d.name)
     return None
@@ -219,6 +219,42 @@ def test_replicas_carry_training_through_a_killed_server(tmp_path, reference):
     assert out.index("takes over its keys") < out.index("checkpoint after round 30"), out
     _same_models(reference, ck / "ckpt-00000030")
     run = tmp_path / f"{tmp_path.name}-replicas"
+    for rank in (0, 1):
+        assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 31))
+
+
+def test_a_killed_scheduler_is_started_again_and_training_goes_on(tmp_path, reference):
+    """--max-restarts 1: the scheduler is SIGKILLed after the first checkpoint. The launcher
+    starts it again at the same port with --recover; the workers and the server come back to
+    it, nothing else restarts (each iteration is logged once), checkpoints go on (they meet at
+    barriers) and the models equal the reference's."""
+    ck = tmp_path / "ck"
+    marker = f"HETPS_TEST_JOB={tmp_path.name}"
+    tag = f"--run-name={tmp_path.name}-sched"
+    proc = subprocess.Popen(
+        _cmd(tmp_path, *COMMON, "--max-restarts", "1", "--checkpoint-dir", str(ck), tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**_env(), "HETPS_TEST_JOB": tmp_path.name},
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", proc)
+        victim = _pid_with_env(marker, "scheduler", None)
+        assert victim is not None, "no scheduler process"
+        os.kill(victim, signal.SIGKILL)
+        out = proc.communicate(timeout=180)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "starting it again at port" in out and "took back 3 nodes" in out, out
+    assert "starting the job again" not in out and "resum" not in out, out
+    assert out.index("took back 3 nodes") < out.index("checkpoint after round 30"), out
+    _same_models(reference, ck / "ckpt-00000030")
+    run = tmp_path / f"{tmp_path.name}-sched"
     for rank in (0, 1):
         assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 31))
 

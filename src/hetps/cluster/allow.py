@@ -39,6 +39,7 @@ _SCHED = frozenset({SCHEDULER})
 ALLOWED: dict[str, dict[str, frozenset[str]]] = {
     SCHEDULER: {
         "add_node": frozenset({NEWCOMER}),
+        "readmit": frozenset({NEWCOMER, SERVER, WORKER}),  # (a restarted scheduler's newcomers)
         "heartbeat": _NODES,
         "barrier": _NODES,
         "finish": _W,

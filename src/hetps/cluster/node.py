@@ -84,6 +84,11 @@ class Node:
         self._route_lock = threading.Lock()
         self.on_failover: Callable[[int, int], None] | None = None
         self.on_rejoin: Callable[[int], None] | None = None
+        self._barrier_n: dict[str, int] = {}  # barriers asked for, per group
+        self._barrier_passed: dict[str, int] = {}  # and passed (told to a restarted scheduler)
+        self._back: str | None = None  # routing id the scheduler connects back with
+        self._readmit: Future | None = None  # asking a restarted scheduler to take us back
+        self.done_workers: Callable[[], list[int]] | None = None  # (a server's handler sets it)
         self.exited = threading.Event()
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
@@ -155,6 +160,7 @@ class Node:
         # the scheduler connects back with a routing id only it learns: its messages are
         # the only ones that read as node 1
         back = new_routing_id()
+        self._back = back
         self.van.admit(back, P.SCHEDULER_ID)
         self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}", watch=True)
         watch = self.van.take_watch(P.SCHEDULER_ID)
@@ -524,6 +530,8 @@ class Node:
             busy = self._busy_since
             silent = (busy if busy is not None else time.monotonic()) - self._last_ack
             silent -= self._busy_s
+            if silent > 2 * interval and not self.exited.is_set():
+                self._ask_readmit()  # the scheduler may have been started again
             if silent > self.cfg.heartbeat_timeout and not self.exited.is_set():
                 self.van.mark_dead(P.SCHEDULER_ID)
                 self._fail(
@@ -534,6 +542,56 @@ class Node:
                     )
                 )
                 return
+
+    def _ask_readmit(self) -> None:
+        """Ask the scheduler at our scheduler's address to take this node back: a scheduler
+        started again (--recover) does once every node came back; the one we knew answers
+        at once. One request at a time."""
+        if self.info is None or (self._readmit is not None and not self._readmit.done()):
+            return
+        view = {
+            "nodes": [n.to_wire() for n in self.nodes.values()],
+            "down": sorted(self.down),
+            "redirect": [[a, b] for a, b in self.redirect.items()],
+            "done": self.done_workers() if self.done_workers is not None else [],
+            "barriers": dict(self._barrier_passed),
+            "replicas": self.replicas,
+        }
+        msg = Message(
+            P.READMIT,
+            body={
+                "id": self.info.id,
+                "role": self.role,
+                "rank": self.info.rank,
+                "host": self.cfg.node_host,
+                "port": self.van.port,
+                "back": self._back,
+                "view": view,
+            },
+        )
+        fut = self.requests.new(P.SCHEDULER_ID, "readmit", self._readmitted)
+        if fut.done():
+            return
+        msg.req = fut.req
+        self._readmit = fut
+        try:
+            self.van.send(P.SCHEDULER_ID, msg)
+        except PeerGone:
+            self.requests.discard(fut.req)
+
+    def _readmitted(self, reply: Message) -> None:
+        """A scheduler took us back: if it was started again, what we asked the one before
+        and got no answer to goes again (barriers, finish, reports), in order."""
+        self._last_ack = time.monotonic()
+        if reply.body.get("restarted") is not True:
+            return
+        log.warning("%s: the scheduler was started again and took this node back", self.role)
+        for fut in self.requests.retarget(P.SCHEDULER_ID, P.SCHEDULER_ID):
+            if fut.sent is not None and fut is not self._readmit:
+                try:
+                    self.van.send(P.SCHEDULER_ID, fut.sent)
+                except PeerGone:
+                    pass
 
     # -- requests ---------------------------------------------------------------------------
     def check(self) -> None:
@@ -578,6 +636,8 @@ class Node:
         (returns False) instead of raising."""
         if self.replicas > 1:
             return self._send_kept(fut.peer, [fut], [msg], track)
+        if fut.peer == P.SCHEDULER_ID:
+            fut.sent = msg  # a scheduler started again gets it again
         try:
             self.van.send(fut.peer, msg, track=track)
             return True
@@ -688,10 +748,15 @@ class Node:
         """Wait until every live node of ``group`` (worker, server, all) reaches this barrier."""
         timeout = self.cfg.request_timeout if timeout is None else timeout
         self.check()
+        n = self._barrier_n.get(group, 0) + 1
+        self._barrier_n[group] = n
         fut = self.request(
-            P.SCHEDULER_ID, Message(P.BARRIER, body={"group": group}), what=f"barrier({group})"
+            P.SCHEDULER_ID,
+            Message(P.BARRIER, body={"group": group, "n": n}),
+            what=f"barrier({group})",
         )
         fut.wait(timeout)
+        self._barrier_passed[group] = n
 
     def finish(self, timeout: float | None = None) -> None:
         """Tell the scheduler this worker is done (acknowledged at once; the servers stay up

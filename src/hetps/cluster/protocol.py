@@ -16,6 +16,9 @@ BARRIER = "barrier"  # group
 HEARTBEAT = "heartbeat"
 FINISH = "finish"
 LEAVE = "leave"  # reason: a node is going away because it failed
+# id, role, rank, host, port, back, view: a node of a running job asks a scheduler started
+# again at the same address (hetps scheduler --recover) to take it back
+READMIT = "readmit"
 # -- control plane: scheduler -> node ------------------------------------------------------
 NODES = "nodes"  # nodes (NodeInfo.to_wire each), id: the node table, once the cluster is up
 BARRIER_DONE = "barrier_done"
@@ -121,6 +124,15 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "node": "the server that died (NodeInfo)",
         "error": "how it died",
         "to": "the id of the live server that now serves its keys",
+    },
+    READMIT: {
+        "id, role, rank": "the node's id and rank in the running job",
+        "host, port, back": "where the scheduler connects back to it, as in add_node",
+        "view": "what the node knows of the job: nodes (the node table), down (dead servers), "
+        "redirect ([[dead, heir], ...]), done (a server: the workers that finished), "
+        "replicas",
+        "(answer)": "restarted: true from a scheduler that was started again (the node then "
+        "sends its unanswered requests to it again); absent from the scheduler it knew",
     },
     REJOIN: {
         "node": "the server admitted again (NodeInfo: its old id and rank, a new address)",

@@ -54,7 +54,9 @@ class _Pending:
 
 @dataclass
 class _Barrier:
-    arrived: dict[int, int] = field(default_factory=dict)  # node id -> request id
+    arrived: dict[int, tuple[int, int]] = field(default_factory=dict)  # node -> (request, n)
+    # node -> the highest barrier of the group it reached (its n: each node counts its own)
+    reached: dict[int, int] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -65,6 +67,7 @@ class Scheduler:
         cfg: NodeConfig,
         services: dict[str, Service] | None = None,
         bind_host: str | None = None,
+        recover: bool = False,
     ) -> None:
         self.cfg = cfg
         loopback = is_loopback(cfg.root_uri)
@@ -121,6 +124,11 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set once every node is registered
         self._pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
+        # started again at the same address (--recover): the running nodes come back with
+        # readmit, and the job goes on once they all did (or PS_HEARTBEAT_TIMEOUT passed)
+        self.recovering = recover
+        self._back: dict[int, int] = {}  # node id -> its readmit request
+        self._view: dict | None = None  # the job as the first node back described it
         self._refusals: deque[float] = deque()
         self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
         self._failed_start: str | None = None  # why the start failed (a node died first)
@@ -251,6 +259,8 @@ class Scheduler:
         cmd = msg.cmd
         info = self.nodes.get(msg.sender)
         role = info.role if info is not None else None
+        if self.recovering and info is None and cmd != P.READMIT:
+            return  # the nodes of the running job say who they are first (readmit)
         if msg.reply or not allow.permits("scheduler", role, cmd, cmd in self.services):
             who = info.describe() if info is not None else "a connection of no node of this job"
             log.warning(
@@ -272,6 +282,8 @@ class Scheduler:
             self.last_seen[msg.sender] = now
         if cmd == P.HEARTBEAT:
             self._send(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
+        elif cmd == P.READMIT:
+            self._readmit_node(msg)
         elif cmd == P.ADD_NODE:
             self._add_node(msg)
         elif cmd == P.BARRIER:
@@ -336,6 +348,13 @@ class Scheduler:
         want = want if isinstance(want, int) and not isinstance(want, bool) else -1
         limit = self.cfg.num_server if role == "server" else self.cfg.num_worker
         refusal = None
+        if self.recovering:
+            self._refuse(
+                origin, host, port, back, msg.req,
+                "the scheduler was started again and is taking back the running job's nodes; "
+                "a new node can join once it did",
+            )  # fmt: skip
+            return
         if self._failed_start is not None:
             # a node died before the cluster was complete: every late one is told why
             self._refuse(origin, host, port, back, msg.req, self._failed_start)
@@ -568,15 +587,26 @@ class Scheduler:
         if group != "all" and self.nodes[msg.sender].role != group:
             self._refuse_request(msg, f"node {msg.sender} is not in group {group!r}")
             return
-        self.barriers[group].arrived[msg.sender] = msg.req
+        bar = self.barriers[group]
+        n = msg.body.get("n")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            n = bar.reached.get(msg.sender, 0) + 1
+        bar.arrived[msg.sender] = (msg.req, n)
+        bar.reached[msg.sender] = max(n, bar.reached.get(msg.sender, 0))
         self._maybe_release(group)
 
     def _maybe_release(self, group: str) -> None:
+        """Release each node waiting at its barrier n once every live member reached n (all
+        at once, as a rule; after a restart some members may have gone past it already)."""
         bar = self.barriers[group]
-        if bar.arrived and set(bar.arrived) >= self._members(group):
-            for nid, req in bar.arrived.items():
+        if not bar.arrived:
+            return
+        members = self._members(group)
+        low = min((bar.reached.get(m, 0) for m in members), default=None)
+        for nid, (req, n) in list(bar.arrived.items()):
+            if low is None or low >= n:
                 self._send(nid, Message(P.BARRIER_DONE, req=req, reply=True))
-            self.barriers[group] = _Barrier()
+                del bar.arrived[nid]
 
     # -- shutdown and failures --------------------------------------------------------------
     def _finish(self, msg: Message) -> None:
@@ -604,8 +634,113 @@ class Scheduler:
                 log.info("all workers finished; stopping the cluster")
             self.exit_code = 0
 
+    # -- started again (--recover) -----------------------------------------------------------
+    def _readmit_node(self, msg: Message) -> None:
+        """A node of the running job asks to be taken back. From a node this scheduler knows
+        (it never died: the node only heard nothing for a while) it is answered at once."""
+        if msg.sender in self.nodes:
+            self.reply(msg)
+            return
+        b = msg.body
+        nid, role, rank = b.get("id"), b.get("role"), b.get("rank")
+        host, port, back, view = b.get("host"), b.get("port"), b.get("back"), b.get("view")
+        if not self.recovering:
+            log.warning("scheduler: refused a readmit of node %r: this scheduler did not restart", nid)
+            return
+        try:
+            if not isinstance(view, dict):
+                raise ValueError("no view of the job")
+            table = {n.id: n for n in map(NodeInfo.from_wire, view["nodes"])}
+            down = {int(i) for i in view.get("down", [])}
+            redirect = [(int(a), int(c)) for a, c in view.get("redirect", [])]
+            done = {int(i) for i in view.get("done", [])}
+            me = table[int(nid)]
+            if (
+                me.role != role
+                or me.rank != rank
+                or not isinstance(host, str)
+                or not isinstance(port, int)
+                or isinstance(port, bool)
+                or not isinstance(back, bytes)
+                or not 0 < len(back) <= 255
+            ):
+                raise ValueError("its id, role and rank do not match its table")
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("scheduler: refused a malformed readmit: %s", exc)
+            return
+        if self._view is None:
+            self._view = {"nodes": table, "down": down, "redirect": redirect, "done": set()}
+        elif set(self._view["nodes"]) != set(table):
+            log.warning("scheduler: refused a readmit of node %d: another job's table", me.id)
+            return
+        self._view["done"] |= done
+        self._view["down"] |= down
+        passed = b.get("view", {}).get("barriers", {})
+        if isinstance(passed, dict):
+            for group, n in passed.items():
+                if group in self.barriers and isinstance(n, int) and not isinstance(n, bool):
+                    bar = self.barriers[group]
+                    bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
+        try:
+            self.van.connect(msg.origin, f"{host}:{port}", routing_id=back)
+        except PeerGone as exc:
+            log.warning("scheduler: readmit with a bad address: %s", exc)
+            return
+        self.van.disconnect(me.id)
+        self.van.rename(msg.origin, me.id)
+        self.van.admit(msg.origin, me.id)
+        table[me.id] = NodeInfo(me.id, role, rank, host, port)
+        self._view["nodes"][me.id] = table[me.id]
+        self._back[me.id] = msg.req
+        if set(self._back) >= self._expected_back():
+            self._end_recovery()
+
+    def _expected_back(self) -> set[int]:
+        view = self._view or {"nodes": {}, "down": set(), "done": set()}
+        return set(view["nodes"]) - view["down"] - view["done"]
+
+    def _end_recovery(self) -> None:
+        """Every node that was to come back came (or the wait is over): the job goes on. The
+        ones that did not come are dead from now on."""
+        view = self._view
+        assert view is not None
+        self.recovering = False
+        self.nodes = dict(sorted(view["nodes"].items()))
+        now = time.monotonic()
+        for nid in view["down"]:
+            self.dead[nid] = f"{self.nodes[nid].describe()} died before the scheduler restarted"
+        self.failovers = list(view["redirect"])
+        for nid in view["done"]:
+            self.finished[nid] = 0
+        for nid in self._back:
+            self.last_seen[nid] = now
+        missing = self._expected_back() - set(self._back)
+        for nid, req in self._back.items():
+            self._send(nid, Message(P.READMIT, req=req, reply=True, body={"restarted": True}))
+        log.warning(
+            "scheduler: started again, it took back %d nodes of the running job%s",
+            len(self._back),
+            f"; {len(missing)} did not come back" if missing else "",
+        )
+        self.ready.set()
+        for nid in sorted(missing):
+            self.last_seen[nid] = now
+            self._declare_dead(nid, "did not come back to the restarted scheduler")
+
     def _check_timeouts(self) -> None:
         now = time.monotonic()
+        if self.recovering:
+            if now - self.started > max(self.cfg.heartbeat_timeout, 1.0):
+                if self._view is None:
+                    log.error(
+                        "scheduler: started again (--recover), but no node of a running job "
+                        "came back within %.0f s (PS_HEARTBEAT_TIMEOUT)",
+                        self.cfg.heartbeat_timeout,
+                    )
+                    self.exit_code = 1
+                else:
+                    self._end_recovery()
+            return
         if self._failed_start is not None:
             if now - self.started > self.cfg.connect_timeout:
                 self.exit_code = 1  # the rest never came to be told

@@ -40,6 +40,8 @@ class EsyncService:
 
     def __init__(self, num_workers: int, margin_s: float = 0.0) -> None:
         self.policy = ReadinessPolicy(num_workers, margin_s=margin_s)
+        # a scheduler started again (--recover) begins at the round the workers are in
+        self.adopt = False
         self.started: set[int] = set()
         self.steps_total = [0] * num_workers  # local steps reported, all rounds (live metrics)
 
@@ -47,6 +49,9 @@ class EsyncService:
         """Record one local step; returns ``{"ready": bool, "round": n, "steps": k}``."""
         if rank < 0 or rank >= self.policy.num_workers:
             raise ValueError(f"rank {rank} outside 0..{self.policy.num_workers - 1}")
+        if self.adopt and rnd > self.policy.round:
+            self.policy.skip_to(rnd - 1)
+        self.adopt = False
         if rnd > self.policy.round + 1:
             raise ValueError(
                 f"worker {rank} reports round {rnd}, but the state server is at round "
@@ -201,5 +206,8 @@ class StateClient:
         fut: Future = self.node.requests.new(
             P.SCHEDULER_ID if self.peer == P.SCHEDULER_ID else STANDALONE_ID, "esync report"
         )
-        self.node.van.send(self.peer, Message(REPORT, req=fut.req, body=body))
+        msg = Message(REPORT, req=fut.req, body=body)
+        if self.peer == P.SCHEDULER_ID:
+            fut.sent = msg  # a scheduler started again (--recover) gets it again
+        self.node.van.send(self.peer, msg)
         return fut

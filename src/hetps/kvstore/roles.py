@@ -16,11 +16,13 @@ from hetps.kvstore.server import KVServer
 log = logging.getLogger("hetps.roles")
 
 
-def make_scheduler(cfg: NodeConfig) -> Scheduler:
+def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
     """The scheduler with its services plugged in: ESync's state server, and the load
-    planner when network-aware balancing is on (``HETPS_BALANCE``)."""
-    sched = Scheduler(cfg)
+    planner when network-aware balancing is on (``HETPS_BALANCE``). ``recover``: it was
+    started again at the address of one that died, and takes back the running job's nodes."""
+    sched = Scheduler(cfg, recover=recover)
     esync = EsyncService(cfg.num_worker)
+    esync.adopt = recover
     sched.register(P.ESYNC_REPORT, esync.as_scheduler_service())
     planner = None
     if cfg.balance != "none":

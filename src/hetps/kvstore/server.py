@@ -71,6 +71,7 @@ class KVServer:
         if hasattr(node, "on_failover"):
             node.on_failover = self._on_failover
             node.on_rejoin = self._on_rejoin
+            node.done_workers = lambda: sorted(self.done_workers)
 
     @property
     def num_workers(self) -> int:

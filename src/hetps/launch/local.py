@@ -158,11 +158,12 @@ class Launcher:
         assert child.proc.stdout is not None
         for raw in iter(child.proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            if child.role == "scheduler" and not self._port.is_set():
+            if child.role == "scheduler":
                 m = PORT_LINE.search(line)
-                if m:
+                if m and not self._port.is_set():
                     self._port_value = int(m.group(1))
                     self._port.set()
+                if m:
                     continue
             if child.role == "scheduler" and line == UP_LINE:
                 self._up.set()
@@ -348,6 +349,7 @@ class Launcher:
             "DMLC_ROLE": "scheduler",
             "DMLC_PS_ROOT_PORT": str(spec.port),
         }
+        self._sched_start = (sched_argv, sched_env)
         sched = self._start("scheduler", 0, sched_argv, sched_env, keep_stdin=notices)
         self._scheduler = sched if notices else None
         deadline = time.monotonic() + spec.start_timeout
@@ -399,6 +401,8 @@ class Launcher:
                 if code != 0:
                     how = f"was killed by signal {-code}" if code < 0 else "exited"
                     code = shell_code(code)
+                    if self._scheduler_again(child, remaining, how, code):
+                        continue
                     if self._taken_over(child, remaining):
                         self._notify(child, f"{how} (code {code})")
                         self._log(
@@ -430,6 +434,30 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     pass
         return 0
+
+    def _scheduler_again(self, child: Child, remaining: list[Child], how: str, code: int) -> bool:
+        """A dead scheduler of a running job (hetps's own, restarts left): start it again at
+        the same address with --recover; the nodes come back to it and the job goes on."""
+        if (
+            child is not self._scheduler
+            or not how.startswith("was killed")  # (it ended the job itself: a failure)
+            or not self._up.is_set()
+            or self._used() >= self.spec.max_restarts
+            or not any(c.role == "worker" for c in remaining)
+        ):
+            return False
+        self.respawns += 1
+        self._log(
+            f"the scheduler {how} (code {code}); restart {self._used()} of "
+            f"{self.spec.max_restarts}: starting it again at port {self._port_value} "
+            "(--recover): the running nodes come back to it"
+        )
+        argv, env = self._sched_start
+        env = {**env, "DMLC_PS_ROOT_PORT": str(self._port_value)}
+        sched = self._start("scheduler", 0, [*argv, "--recover"], env, keep_stdin=True)
+        self._scheduler = sched
+        remaining.append(sched)
+        return True
 
     def _taken_over(self, child: Child, remaining: list[Child]) -> bool:
         """Whether the job goes on without ``child``: a server, with copies of its keys on

@@ -91,6 +91,11 @@ class ReadinessPolicy:
         """Number of the current round (1 after the first ``start_round``; 0 before)."""
         return self._round
 
+    def skip_to(self, rnd: int) -> None:
+        """Continue after round ``rnd`` (a state server started again mid-job): the next
+        ``start_round`` begins round ``rnd + 1``; what was known of the workers is kept."""
+        self._round = max(self._round, int(rnd))
+
     def start_round(self, now: float) -> int:
         """Begin a new round at ``now`` for every worker; returns the new round number.
 
