@@ -645,7 +645,8 @@ class Scheduler:
         nid, role, rank = b.get("id"), b.get("role"), b.get("rank")
         host, port, back, view = b.get("host"), b.get("port"), b.get("back"), b.get("view")
         if not self.recovering:
-            log.warning("scheduler: refused a readmit of node %r: this scheduler did not restart", nid)
+            # (a stranger could fill the log with these: one line at debug level)
+            log.debug("scheduler: dropped a readmit of node %r: this scheduler did not restart", nid)
             return
         try:
             if not isinstance(view, dict):

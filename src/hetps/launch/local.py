@@ -444,6 +444,8 @@ class Launcher:
             or not self._up.is_set()
             or self._used() >= self.spec.max_restarts
             or not any(c.role == "worker" for c in remaining)
+            # the balance planner's rounds of measurements are not carried over
+            or self._sched_start[1].get("HETPS_BALANCE", "none").lower() not in ("", "none")
         ):
             return False
         self.respawns += 1
