@@ -9,8 +9,9 @@ One :class:`OutRing` per directed (sender -> receiver) pair, created by the send
 ``/dev/shm``. Frames are written at increasing byte counters ``pos`` (a frame never straddles
 the end; the counter skips to the next lap instead); the message that carries them over
 ZeroMQ holds only the counters. The receiver copies each frame out when it decodes the message
-and publishes how far it has consumed (``tail``) in the ring's header, which is all the
-sender needs to reuse the space. ZeroMQ keeps one connection's messages in order, so the
+(or reads it in place until its handler is done: ``take(view=True)``, a server's pushes) and
+publishes how far it has consumed (``tail``) in the ring's header, which is all the sender
+needs to reuse the space. ZeroMQ keeps one connection's messages in order, so the
 receiver consumes frames in the order they were written.
 
 Nothing depends on the ring working: the sender offers the ring in an ordinary message and
