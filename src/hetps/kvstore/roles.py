@@ -74,6 +74,7 @@ def run_server(cfg: NodeConfig) -> int:
     node = Node(cfg)
     server = KVServer(node)
     node.handler = server.handle
+    node.van.borrow = KVServer.BORROWS  # pushes are merged straight out of the ring
     try:
         node.start()
         if cfg.verbose >= 1:

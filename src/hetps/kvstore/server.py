@@ -52,6 +52,11 @@ class _Copy:
 class KVServer:
     """Request handler of a server node. ``node`` gives ``reply`` and the worker count."""
 
+    #: commands whose arrays may be lent by the van (read straight from a shared-memory ring,
+    #: valid only while :meth:`handle` runs): a push is merged from the ring into the merge
+    #: buffer, and whatever keeps a push (the backlog) gets a copy when the van releases it
+    BORROWS = frozenset({P.PUSH})
+
     def __init__(self, node: Any, sync: bool | None = None) -> None:
         self.node = node
         self.sync = sync  # None: decided by each push's "sync" field
@@ -414,10 +419,11 @@ class KVServer:
                 raise BadRequest(
                     f"push of key {key!r}: chunk at {off} pushed twice in one round by this worker"
                 )
-            if sl.merge is None and off == 0 and n == sl.value.size:
+            if sl.merge is None and off == 0 and n == sl.value.size and msg.lease is None:
                 # the round's first push of the whole part: keep the received array itself
                 # (read-only, over the message's frame) instead of copying it; a second
-                # worker's push is added into a buffer of our own
+                # worker's push is added into a buffer of our own. Not when it is lent ring
+                # memory (the sender reuses it after this handler): then it is copied below
                 sl.merge, sl.chunk, sl.written = data, ce, {0}
                 sl.got[worker] = n
                 sl.seen.setdefault(worker, set()).add(off)
@@ -458,6 +464,7 @@ class KVServer:
         # async: collect the chunks of one push, then apply it at once
         if n == sl.value.size:
             self._apply(sl, data, worker)
+            msg.arrays = []  # applied: nothing to keep
             self._ack(msg, sl)
             return
         buf, count, msgs = sl.partial.get(worker, (np.zeros(sl.value.size, sl.value.dtype), 0, []))

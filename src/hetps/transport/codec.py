@@ -72,6 +72,10 @@ class Message:
     backlogged: bool = False
     #: set by the receiver: the ZeroMQ routing id of the connection the message came on
     origin: bytes = b""
+    #: set by the receiver (never on the wire): the shared-memory ring some of ``arrays`` are
+    #: read-only views of (``decode``'s ``borrow``); the ring keeps them until the receiver
+    #: releases the message (:meth:`hetps.transport.van.Van.release`), None when it owns them
+    lease: Any = field(default=None, repr=False, compare=False)
 
     @property
     def error(self) -> str | None:
@@ -147,6 +151,7 @@ def decode(
     rings: Any = None,
     landing_of: Any = None,
     origin: Any = None,
+    borrow: Any = (),
 ) -> Message:
     """Decode and validate ``frames`` (header first). Raises :class:`BadMessage` on bad input.
 
@@ -162,6 +167,10 @@ def decode(
     ``origin`` (the routing id the message came with). ``landing_of(req)`` may name where a
     reply's first array goes (a flat array of its dtype and size): a ring-borne array is then
     copied there, not into a new array.
+
+    A request whose command is in ``borrow`` gets its ring-borne arrays as read-only views of
+    the ring, not copies: nothing is released to the sender then, and the message's ``lease``
+    names the ring; the caller commits it once nothing reads the views any more.
     """
     if not frames:
         raise BadMessage("empty message")
@@ -218,15 +227,18 @@ def decode(
     target = None
     if placed and placed[0] >= 0 and reply is True and landing_of is not None:
         target = landing_of(req)
+    lent = ring is not None and reply is False and cmd in borrow
+    ok = False
     try:
         at = 1
         for i, item in enumerate(layout):
             parts = frames[at : at + counts[i]]
             at += counts[i]
-            arrays.append(_decode_array(i, item, parts, placed, ring, target))
+            arrays.append(_decode_array(i, item, parts, placed, ring, target, lent))
             target = None
+        ok = True
     finally:
-        if ring is not None:  # what was taken out may be overwritten now
+        if ring is not None and not (ok and lent):  # what was taken out may be overwritten
             ring.commit()
     return Message(
         cmd=cmd,
@@ -237,6 +249,7 @@ def decode(
         arrays=arrays,
         sent_at=float(sent_at),
         nbytes=total,
+        lease=ring if lent else None,
     )
 
 
@@ -286,10 +299,10 @@ def _spec(i: int, spec: Any) -> tuple[np.dtype, list[int], int, int]:
     return dt, shape, count, count * dt.itemsize
 
 
-def _decode_array(i, item, parts, placed, ring, target=None) -> np.ndarray:
+def _decode_array(i, item, parts, placed, ring, target=None, lent=False) -> np.ndarray:
     """Array ``i`` from its frames (or ring slot), checked against its spec. A ring-borne
     array is copied into ``target`` if that is a flat, writable array of its dtype and
-    element count."""
+    element count; with ``lent`` it is a read-only view of the ring."""
     dt, shape, count, expected = item
     if placed is not None and placed[i] >= 0:
         if len(_buffer(parts[0])) != 0:
@@ -306,7 +319,7 @@ def _decode_array(i, item, parts, placed, ring, target=None) -> np.ndarray:
             if fits:
                 ring.take(placed[i], expected, out=target.view(np.uint8))
                 return target.reshape(shape)
-            buf = memoryview(ring.take(placed[i], expected))
+            buf = memoryview(ring.take(placed[i], expected, view=lent))
         except ValueError as exc:
             raise BadMessage(f"array {i}: {exc}") from None
     elif len(parts) == 1:

@@ -9,8 +9,9 @@ One :class:`OutRing` per directed (sender -> receiver) pair, created by the send
 ``/dev/shm``. Frames are written at increasing byte counters ``pos`` (a frame never straddles
 the end; the counter skips to the next lap instead); the message that carries them over
 ZeroMQ holds only the counters. The receiver copies each frame out when it decodes the message
-and publishes how far it has consumed (``tail``) in the ring's header, which is all the
-sender needs to reuse the space. ZeroMQ keeps one connection's messages in order, so the
+(or reads it in place until its handler is done: ``take(view=True)``, a server's pushes) and
+publishes how far it has consumed (``tail``) in the ring's header, which is all the sender
+needs to reuse the space. ZeroMQ keeps one connection's messages in order, so the
 receiver consumes frames in the order they were written.
 
 Nothing depends on the ring working: the sender offers the ring in an ordinary message and
@@ -207,10 +208,13 @@ class InRing:
         self.owner: int | None = None  # the node id that offered it (set by the van)
         self._hdr[_OPENED] = 1
 
-    def take(self, pos: int, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    def take(
+        self, pos: int, n: int, out: np.ndarray | None = None, view: bool = False
+    ) -> np.ndarray:
         """A copy of the ``n`` bytes written at counter ``pos`` (into ``out``, ``n`` uint8,
         when given); ValueError unless that lies in the part of the ring the sender may have
-        written and this end not yet consumed."""
+        written and this end not yet consumed. With ``view``: no copy, a read-only view of
+        the ring itself, valid only until the next :meth:`commit` (the caller holds it)."""
         if self._data is None:
             raise ValueError(f"ring {self.name} is closed")
         if not (isinstance(pos, int) and 0 <= pos < (1 << 62) and isinstance(n, int) and n >= 0):
@@ -222,11 +226,19 @@ class InRing:
                 f"frame at {pos} of {n} bytes is outside the ring's unread part "
                 f"[{self.tail}, {self.tail + self.size})"
             )
+        self._taken = max(self._taken, pos + span)
+        if view:
+            out = self._data[off : off + n]
+            out.flags.writeable = False
+            return out
         if out is None:
             out = np.empty(n, np.uint8)
         out[:] = self._data[off : off + n]
-        self._taken = max(self._taken, pos + span)
         return out
+
+    def holds(self, arr: np.ndarray) -> bool:
+        """Whether ``arr`` may be (a view of) this ring's memory."""
+        return self._data is not None and np.may_share_memory(arr, self._data)
 
     def commit(self) -> None:
         """Publish that everything taken so far may be overwritten."""

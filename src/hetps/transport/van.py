@@ -204,6 +204,10 @@ class Van:
         self._unopened: dict[Any, int] = {}  # peer -> big sends since its ring was offered
         # req -> where a reply's ring-borne array may be copied (set by the node's requests)
         self.landing_of: Any = None
+        # commands whose ring-borne arrays are lent, not copied (set by their handler, which
+        # reads them before it returns): see recv and release
+        self.borrow: frozenset[str] = frozenset()
+        self._lent: Message | None = None
         self._ring_lock = threading.Lock()
 
     @property
@@ -449,7 +453,13 @@ class Van:
 
     def recv(self, timeout: float | None = None) -> Message | None:
         """Receive one message, or None after ``timeout`` seconds. Bad messages are logged and
-        dropped (never raised), so a malformed peer cannot stop the receive loop."""
+        dropped (never raised), so a malformed peer cannot stop the receive loop.
+
+        A request whose command is in :attr:`borrow` comes with its ring-borne arrays lent:
+        read-only views of the shared-memory ring, valid until the message is released
+        (:meth:`release`), at the latest when this thread calls ``recv`` again."""
+        if self._lent is not None:
+            self.release(self._lent)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait_ms = (
@@ -470,7 +480,12 @@ class Van:
             sender = self._origins.get(origin, UNKNOWN)
             try:
                 msg = decode(
-                    frames[1:], self.max_message_bytes, self._rings_in, self.landing_of, origin
+                    frames[1:],
+                    self.max_message_bytes,
+                    self._rings_in,
+                    self.landing_of,
+                    origin,
+                    self.borrow,
                 )
             except BadMessage as exc:
                 log.warning(
@@ -478,6 +493,8 @@ class Van:
                 )
                 continue
             msg.sender, msg.origin = sender, origin
+            if msg.lease is not None:
+                self._lent = msg
             if msg.cmd == RING_OFFER:
                 if sender != UNKNOWN:
                     self._open_ring(msg)
@@ -505,6 +522,18 @@ class Van:
                     msg.nbytes,
                 )
             return msg
+
+    def release(self, msg: Message) -> None:
+        """Give the ring space of ``msg``'s lent arrays back to its sender. The arrays it still
+        holds (a request kept for later) are copied first, so it owns them from now on; what
+        was read straight from the ring must not be kept past this point."""
+        ring, msg.lease = msg.lease, None
+        if self._lent is msg:
+            self._lent = None
+        if ring is None:
+            return
+        msg.arrays = [a.copy() if ring.holds(a) else a for a in msg.arrays]
+        ring.commit()
 
     def _log_refused_handshakes(self) -> None:
         from zmq.utils.monitor import recv_monitor_message
