@@ -52,6 +52,24 @@ for r in range(rounds):
     kv.pull(keys, out=outs)
 digest = hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest()
 print(f"FINAL {kv.rank} {digest}", flush=True)
+if kv.rank == 0:  # the servers' optimizer states (momentum), as save_optimizer_states has them
+    path = os.path.join(flags, "states.bin")
+    kv.save_optimizer_states(path)
+    h = hashlib.sha256()
+
+    def feed(x):
+        if isinstance(x, np.ndarray):
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, (dict, list, tuple)):
+            for k in (sorted(x, key=repr) if isinstance(x, dict) else range(len(x))):
+                h.update(repr(k).encode())
+                feed(x[k])
+        else:
+            h.update(repr(x).encode())
+
+    with open(path, "rb") as f:
+        feed(optim.load_states(f.read()))
+    print(f"FINAL 9 {h.hexdigest()}", flush=True)
 """
 
 ENV = {
@@ -66,7 +84,9 @@ ENV = {
 }
 
 
-def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: int = 0):
+def _job(
+    tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: int = 0, servers=2
+):
     flags = tmp_path / name
     flags.mkdir()
     script = tmp_path / "replicas_script.py"
@@ -74,7 +94,7 @@ def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: i
     out = io.StringIO()
     spec = LaunchSpec(
         num_workers=2,
-        num_servers=2,
+        num_servers=servers,
         command=[sys.executable, str(script)],
         env={**ENV, "KILL_AT": str(kill_at), "FLAGS": str(flags)},
         start_timeout=30.0,
@@ -86,6 +106,7 @@ def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: i
 
 
 def _finals(out: str) -> dict[int, str]:
+    """Each worker's digest of its values (and as "9", the servers' optimizer states)."""
     return {int(r): d for r, d in re.findall(r"FINAL (\d) (\w+)", out)}
 
 
@@ -108,11 +129,19 @@ def _wait_output(out: io.StringIO, pattern: str, runner: threading.Thread) -> No
         time.sleep(0.02)  # polls the job's output
 
 
-def _run_killing(tmp_path: Path, name: str, victims: list[int], max_restarts: int = 0, then=None):
-    """Run the job; when worker 0 has pushed round KILL_AT, SIGKILL the servers ``victims``
+def _run_killing(
+    tmp_path: Path,
+    name: str,
+    victims: list[int],
+    max_restarts: int = 0,
+    then=None,
+    at: int = 5,
+    servers: int = 2,
+):
+    """Run the job; when worker 0 has pushed round ``at``, SIGKILL the servers ``victims``
     (each reaped before the next), call ``then(launcher, out, runner)`` if given, and let the
     workers go on. Returns (code, output)."""
-    launcher, out, flags = _job(tmp_path, name, 2, kill_at=5, max_restarts=max_restarts)
+    launcher, out, flags = _job(tmp_path, name, 2, at, max_restarts, servers)
     result: dict = {}
     runner = threading.Thread(target=lambda: result.setdefault("code", launcher.run()))
     runner.start()
@@ -137,19 +166,41 @@ def _run_killing(tmp_path: Path, name: str, victims: list[int], max_restarts: in
     return result.get("code"), out.getvalue()
 
 
-@pytest.fixture(scope="module")
-def undisturbed(tmp_path_factory) -> dict[int, str]:
-    """What each worker ends with when nothing dies (2 servers, no copies)."""
-    tmp = tmp_path_factory.mktemp("undisturbed")
-    launcher, out, _ = _job(tmp, "ref", replicas=1, kill_at=-1)
+def _undisturbed(tmp_path_factory, servers: int) -> dict[int, str]:
+    tmp = tmp_path_factory.mktemp(f"undisturbed{servers}")
+    launcher, out, _ = _job(tmp, "ref", replicas=1, kill_at=-1, servers=servers)
     try:
         code = launcher.run()
     finally:
         launcher.stop_all(kill=True)
     assert code == 0, out.getvalue()
     finals = _finals(out.getvalue())
-    assert len(finals) == 2 and finals[0] == finals[1], out.getvalue()
+    assert len(finals) == 3 and finals[0] == finals[1], out.getvalue()
     return finals
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory) -> dict[int, str]:
+    """What each worker ends with, and the servers' optimizer states, when nothing dies
+    (2 servers, no copies)."""
+    return _undisturbed(tmp_path_factory, 2)
+
+
+def test_three_servers_a_rejoin_leaves_no_stale_copy_in_what_is_read_back(tmp_path_factory):
+    """3 servers, 2 copies: server 2 dies and server 0 takes over its keys; server 1's copies
+    move to server 0, then back to server 2 when it rejoins. Server 0 still holds the old
+    copies of server 1's keys: the optimizer states read back (save_optimizer_states) must be
+    server 1's own, each server asked once, and the values as if nothing died."""
+    reference = _undisturbed(tmp_path_factory, 3)
+
+    def then(launcher, out, runner):
+        _wait_output(out, r"\[server 1\].*server rank 2 .* holds a copy of each of the", runner)
+
+    tmp = tmp_path_factory.mktemp("three")
+    code, out = _run_killing(tmp, "three", victims=[2], max_restarts=1, then=then, servers=3)
+    assert code == 0, out
+    assert "server rank 0 (node 8" in out and "takes over its keys" in out, out
+    assert _finals(out) == reference, out
 
 
 def test_a_killed_server_is_taken_over_and_values_equal_an_undisturbed_run(
@@ -191,6 +242,15 @@ def test_a_restarted_server_rejoins_as_a_replica_and_takes_over_in_turn(tmp_path
     assert re.search(r"server rank 1 .*was killed by signal 9.*server rank 0 .*takes over", out), (
         out
     )
+    assert _finals(out) == undisturbed, out
+
+
+def test_a_server_started_again_after_the_job_ended_does_not_fail_it(tmp_path, undisturbed):
+    """Server 1 dies in the last round with --max-restarts 1: its copy takes over, the job
+    ends before the server started again could join, and that server is stopped: exit 0."""
+    code, out = _run_killing(tmp_path, "late", victims=[1], max_restarts=1, at=11)
+    assert code == 0, out
+    assert "starting server 1 again" in out, out
     assert _finals(out) == undisturbed, out
 
 

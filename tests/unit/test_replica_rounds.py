@@ -169,3 +169,26 @@ def test_a_push_of_a_later_round_waits_for_its_round():
     _push(p, W1, 1, np.full(2, 20.0, np.float32), req=13)
     assert sl.rounds == 2 and np.array_equal(sl.value, [30.0, 30.0])
     assert sorted(_acked(wire, P_ID)) == [10, 11, 12, 13]
+
+
+def test_a_late_copy_from_a_dead_primary_is_not_mixed_into_the_round_being_rebuilt():
+    """p applied round 0 and died with its copy to q still on the wire. A worker's resent
+    round-0 push reaches q (now serving the key) first, then the late copy, then the other
+    worker's resend: the round is made once, from the resent pushes, and round 1 after it."""
+    wire, p, q = _pair()
+    _init(p, np.zeros(4, np.float32))
+    wire.deliver()
+    _push(p, W0, 0, np.full(4, 1.0, np.float32), req=10)
+    _push(p, W1, 0, np.full(4, 2.0, np.float32), req=11)  # p applies round 0: the sum, 3
+    late, wire.held = wire.held, []  # its copy to q is still on the wire
+    wire.dead.add(P_ID)
+    _push(q, W0, 0, np.full(4, 1.0, np.float32), req=20)
+    wire.held = late
+    wire.deliver()  # the late copy
+    _push(q, W1, 0, np.full(4, 2.0, np.float32), req=21)
+    sl = q.slices[("w", 0)]
+    assert sl.rounds == 1 and np.array_equal(sl.value, [3.0] * 4)
+    _push(q, W1, 1, np.full(4, 20.0, np.float32), req=23)
+    _push(q, W0, 1, np.full(4, 10.0, np.float32), req=22)
+    assert sorted(_acked(wire, Q_ID)) == [20, 21, 22, 23]
+    assert sl.rounds == 2 and np.array_equal(sl.value, [30.0] * 4)

@@ -443,8 +443,9 @@ class Node:
             log.warning("%s: dropped a failover from %r to %r", self.role, dead, to)
             return
         text = msg.error or f"{self.describe(dead)} died"
+        # first: a send to it blocked on a full queue (holding the route lock) gives up
+        self.van.mark_dead(dead)
         with self._route_lock:
-            self.van.mark_dead(dead)
             self.down.add(dead)
             for k, v in list(self.redirect.items()):
                 if v == dead:
@@ -455,7 +456,7 @@ class Node:
                 sent = fut.sent
                 if sent is None:
                     continue  # not sent yet: it leaves later, to ``to``
-                if sent.cmd in (P.PUSH, P.PULL, P.INIT):
+                if sent.cmd in (P.PUSH, P.PULL, P.INIT, P.GET_STATES):  # (a read: safe again)
                     try:
                         self.van.send(to, sent)
                         again += 1

@@ -604,7 +604,7 @@ class DistKVStore:
     def save_optimizer_states(self, fname: str) -> None:
         """Write every server's optimizer state to ``fname`` (after this worker's pushes)."""
         self.wait_outstanding()
-        futs = [self.request(None, 0, s, Message(P.GET_STATES)) for s in range(self.num_servers)]
+        futs = [self.request(None, 0, s, Message(P.GET_STATES)) for s in self._serving_ranks()]
         replies = wait_all(futs, self.timeout, "save_optimizer_states")
         merged: dict = {}
         for r in replies:
@@ -613,6 +613,18 @@ class DistKVStore:
         with open(tmp, "wb") as f:
             f.write(optim.dump_states(merged))
         os.replace(tmp, fname)
+
+    def _serving_ranks(self) -> list[int]:
+        """One server rank per live server that serves keys (a dead server's requests go to
+        the one that took over: asking both would ask that one twice)."""
+        seen: set[int] = set()
+        out = []
+        for rank, sid in enumerate(self._server_ids):
+            peer = self.node.route(sid)
+            if peer not in seen:
+                seen.add(peer)
+                out.append(rank)
+        return out
 
     def load_optimizer_states(self, fname: str) -> None:
         """Load optimizer states written by :meth:`save_optimizer_states` onto the servers

@@ -383,7 +383,7 @@ class KVServer:
             self._ack(msg, sl)
             return
         in_order = False  # the push says it is of this very round
-        if sync and (sl.copying or "rnd" in msg.body):
+        if sync and (sl.copying or ("rnd" in msg.body and self._replicated)):
             rnd = msg.body.get("rnd", sl.rounds)
             if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
                 raise BadRequest(f"push of key {key!r}: field 'rnd' must be an integer >= 0")
@@ -395,7 +395,7 @@ class KVServer:
                 self._payload_fits(msg, sl, n)
                 sl.backlog.append(msg)
                 return
-            in_order = "rnd" in msg.body
+            in_order = "rnd" in msg.body and self._replicated
         if sync and self.done_workers:
             raise BadRequest(self._uneven(sl))
         if sync and (
@@ -582,6 +582,11 @@ class KVServer:
         self._send_value(msg, sl, off, n, None)
 
     # -- copies (HETPS_REPLICAS) -----------------------------------------------------------
+    @property
+    def _replicated(self) -> bool:
+        """Whether keys have copies on other servers (pushes then carry their round)."""
+        return getattr(self.node, "replicas", 1) > 1
+
     def _replicas(self) -> list[int]:
         """The servers that keep copies of what this one serves: the next REPLICAS-1 live
         servers in rank order (the first of them takes over if this one dies)."""
@@ -616,8 +621,11 @@ class KVServer:
                 self._copied(copy, peer, fut._error)
 
     def _copied(self, copy: _Copy, peer: int, error: BaseException | None) -> None:
-        if error is not None and peer not in getattr(self.node, "redirect", {}):
-            log.warning("server: a replica did not take a copy: %s", error)
+        if error is not None and peer not in getattr(self.node, "down", ()):
+            # a live replica that refused a copy (it lacked the slice, or a round): it gets
+            # the whole of what we serve again, behind which later rounds go on
+            log.warning("server: a replica did not take a copy (%s); sending it all again", error)
+            self._resync()
         copy.waiting.discard(peer)
         if not copy.waiting and not copy.done:
             copy.done = True
@@ -692,9 +700,13 @@ class KVServer:
             callback=callback,
             what=f"a copy ({body['op']}) to {self.node.describe(peer)}",
         )
-        fut.errback = lambda exc: log.warning("server: a replica did not take a copy: %s", exc)
+        def failed(exc: BaseException) -> None:
+            if peer not in getattr(self.node, "down", ()):  # (a dead one: said once, elsewhere)
+                log.warning("server: a replica did not take a copy: %s", exc)
+
+        fut.errback = failed
         if fut.done() and fut._error is not None:
-            fut.errback(fut._error)
+            failed(fut._error)
 
     def _copy_in(self, msg: Message) -> None:
         """A primary's copy: the first value of a chunk of a key, or a finished round."""
@@ -722,6 +734,17 @@ class KVServer:
         ):
             raise BadRequest(f"replicate: the round of key {key!r} does not fit its part")
         data = msg.arrays[0].reshape(-1)
+        if sl.primary:
+            # a late copy from a primary that died after we took its keys over: the round
+            # was acknowledged to nobody (we never acknowledged the copy), so every push of
+            # it comes here again and the round is made from them
+            self.answers.reply(msg)
+            return
+        if rnd > sl.rounds + 1:
+            raise BadRequest(
+                f"replicate: round {rnd} of key {key!r} part {part}, but this copy has "
+                f"{sl.rounds}: a round is missing"
+            )
         if rnd > sl.rounds:  # (an earlier one again is only acknowledged)
             if mode == "grad":
                 if self.optimizer is None:
@@ -842,10 +865,11 @@ class KVServer:
         ):
             raise BadRequest("get_states: field 'slices' must be a list of [key, part]")
         keys = None if want is None else {tuple(w) for w in want}
+        served = self._replicated  # with copies: only what this server serves (not copies)
         states = {
             sk: sl.state
             for sk, sl in self.slices.items()
-            if sl.has_state and (keys is None or sk in keys)
+            if sl.has_state and (keys is None or sk in keys) and (sl.primary or not served)
         }
         blob = np.frombuffer(optim.dump_states(states), dtype=np.uint8)
         self.answers.reply(msg, arrays=[blob])
@@ -863,4 +887,8 @@ class KVServer:
             sl = self.slices.get(tuple(sk) if isinstance(sk, list) else sk)
             if sl is not None:
                 sl.state, sl.has_state = st, True
+        if self._replicated and self.node.redirect:
+            # a server admitted again gets no set_states (its requests come here): it gets
+            # these states with the rest of what this server serves
+            self._resync()
         self.answers.reply(msg)

@@ -150,6 +150,8 @@ class Launcher:
         self.restarts = 0  # how many times the job was started again after a failure
         self.respawns = 0  # servers started again alone (--replicas), out of max_restarts
         self._server_start: dict[int, tuple[list[str], dict[str, str]]] = {}
+        self._respawned: list[Child] = []  # servers started again alone
+        self._ended_ok = False  # the scheduler ended the job, exit 0
         self._failed: Child | None = None  # the child whose failure ended the last start
         self._initial_workers = spec.num_workers
 
@@ -300,6 +302,8 @@ class Launcher:
     def _reset(self) -> None:
         """Forget the stopped job's processes before starting it again."""
         self.children = []
+        self._respawned = []
+        self._ended_ok = False
         self._port = threading.Event()
         self._port_value = 0
         self._up = threading.Event()
@@ -398,6 +402,16 @@ class Launcher:
                 remaining.remove(child)
                 if child.reader is not None:
                     child.reader.join(timeout=2)
+                if code == 0 and child is self._scheduler:
+                    # the job is over: a server started again that had not joined yet never
+                    # will (it would wait for a scheduler that is gone)
+                    self._ended_ok = True
+                    for c in remaining:
+                        if c in self._respawned and c.proc.poll() is None:
+                            _signal_group(c.proc, signal.SIGTERM)
+                if code != 0 and self._ended_ok and child in self._respawned:
+                    self._log(f"{child.label}, started again, stopped: the job is over")
+                    continue
                 if code != 0:
                     how = f"was killed by signal {-code}" if code < 0 else "exited"
                     code = shell_code(code)
@@ -415,9 +429,11 @@ class Launcher:
                                 f"restart {self._used()} of {self.spec.max_restarts}: starting "
                                 f"{child.label} again (it rejoins as a replica, is_recovery=1)"
                             )
-                            remaining.append(
-                                self._start("server", child.rank, *self._server_start[child.rank])
+                            again = self._start(
+                                "server", child.rank, *self._server_start[child.rank]
                             )
+                            self._respawned.append(again)
+                            remaining.append(again)
                         continue
                     self._failed = child
                     self._notify(child, f"{how} (code {code})")
