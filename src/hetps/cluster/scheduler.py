@@ -30,6 +30,7 @@ from typing import IO
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
+from hetps.cluster.takeover import Takeover
 from hetps.config import NodeConfig, check_exposure, is_loopback
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone, Van
@@ -59,7 +60,7 @@ class _Barrier:
     reached: dict[int, int] = field(default_factory=dict)
 
 
-class Scheduler:
+class Scheduler(Takeover):
     """Runs the scheduler role for one cluster. ``run()`` returns the process exit code."""
 
     def __init__(
@@ -434,87 +435,6 @@ class Scheduler:
         mac = hmac.new(self._pair_key, f"{src}.{a}>{dst}.{b}".encode(), hashlib.sha256).digest()
         return b"h" + mac[:15]
 
-    # -- a server admitted again (HETPS_REPLICAS) ---------------------------------------------
-    def _rejoin_slot(self, role: str, want: int) -> int | None:
-        """The id a late server registration takes: a dead server whose keys were taken over
-        (the launcher's rank wish first). None: no such server (the registration is refused)."""
-        if role != "server" or self.replicas <= 1 or self.exit_code is not None:
-            return None
-        taken = [nid for nid, _ in self.failovers if nid in self.dead]
-        for nid in taken:
-            if want < 0 or self.nodes[nid].rank == want:
-                return nid
-        return None
-
-    def _redirects(self) -> dict[int, int]:
-        """Each failed-over server -> the server that serves its keys now (chains followed)."""
-        out: dict[int, int] = {}
-        for dead, to in self.failovers:
-            for k, v in out.items():
-                if v == dead:
-                    out[k] = to
-            out[dead] = to
-        return out
-
-    def _readmit(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None:
-        """A server that died and was taken over registers again (ps-lite's ``is_recovery``):
-        it gets its old rank and id and new connections, holds no keys of its own (the server
-        that took over keeps them) and is again the replica of those before it; every node
-        connects to it, and the servers send it copies of what they serve."""
-        origin = msg.origin
-        self.rejoined[nid] = self.rejoined.get(nid, 0) + 1
-        old = self.nodes[nid]
-        try:
-            self.van.connect(origin, f"{host}:{port}", routing_id=back)
-        except PeerGone as exc:
-            log.warning("scheduler: registration with a bad address: %s", exc)
-            self.rejoined[nid] -= 1
-            return
-        self.van.disconnect(nid)
-        self.van.rename(origin, nid)
-        self.van.admit(origin, nid)
-        info = NodeInfo(nid, "server", old.rank, host, port)
-        self.nodes[nid] = info
-        del self.dead[nid]
-        self.last_seen[nid] = time.monotonic()
-        log.warning(
-            "scheduler: assign rank=%d to node role=server, ip=%s, port=%d, is_recovery=1 "
-            "(server rank %d again; its keys stay where they were taken over)",
-            nid,
-            host,
-            port,
-            old.rank,
-        )
-        live = [i for i in self.nodes if i not in self.dead and i != nid]
-        redirects = self._redirects()
-        body = {
-            "nodes": [n.to_wire() for n in self.nodes.values()],
-            "id": nid,
-            "out": [[i, self._pair(nid, i)] for i in self.nodes if i != nid],
-            "in": [[i, self._pair(i, nid)] for i in self.nodes if i != nid],
-            "replicas": self.replicas,
-            "recovery": 1,
-            "down": [i for i in self.dead if self.nodes[i].role == "server"],
-            "redirect": [[k, v] for k, v in redirects.items()],
-        }
-        if P.METRICS_REPORT in self.services:
-            body["metrics_s"] = self.cfg.metrics_interval
-        self._send(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
-        for other in live:
-            if other in self.finished:
-                continue
-            self._send(
-                other,
-                Message(
-                    P.REJOIN,
-                    body={
-                        "node": info.to_wire(),
-                        "out": self._pair(other, nid),
-                        "in": self._pair(nid, other),
-                    },
-                ),
-            )
-
     def _assign(self) -> None:
         ranks = {"server": 0, "worker": 0}
         # Ranks a launcher asked for (each distinct) win; otherwise arrival order.
@@ -634,100 +554,6 @@ class Scheduler:
                 log.info("all workers finished; stopping the cluster")
             self.exit_code = 0
 
-    # -- started again (--recover) -----------------------------------------------------------
-    def _readmit_node(self, msg: Message) -> None:
-        """A node of the running job asks to be taken back. From a node this scheduler knows
-        (it never died: the node only heard nothing for a while) it is answered at once."""
-        if msg.sender in self.nodes:
-            self.reply(msg)
-            return
-        b = msg.body
-        nid, role, rank = b.get("id"), b.get("role"), b.get("rank")
-        host, port, back, view = b.get("host"), b.get("port"), b.get("back"), b.get("view")
-        if not self.recovering:
-            # (a stranger could fill the log with these: one line at debug level)
-            log.debug("scheduler: dropped a readmit of node %r: this scheduler did not restart", nid)
-            return
-        try:
-            if not isinstance(view, dict):
-                raise ValueError("no view of the job")
-            table = {n.id: n for n in map(NodeInfo.from_wire, view["nodes"])}
-            down = {int(i) for i in view.get("down", [])}
-            redirect = [(int(a), int(c)) for a, c in view.get("redirect", [])]
-            done = {int(i) for i in view.get("done", [])}
-            me = table[int(nid)]
-            if (
-                me.role != role
-                or me.rank != rank
-                or not isinstance(host, str)
-                or not isinstance(port, int)
-                or isinstance(port, bool)
-                or not isinstance(back, bytes)
-                or not 0 < len(back) <= 255
-            ):
-                raise ValueError("its id, role and rank do not match its table")
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("scheduler: refused a malformed readmit: %s", exc)
-            return
-        if self._view is None:
-            self._view = {"nodes": table, "down": down, "redirect": redirect, "done": set()}
-        elif set(self._view["nodes"]) != set(table):
-            log.warning("scheduler: refused a readmit of node %d: another job's table", me.id)
-            return
-        self._view["done"] |= done
-        self._view["down"] |= down
-        passed = b.get("view", {}).get("barriers", {})
-        if isinstance(passed, dict):
-            for group, n in passed.items():
-                if group in self.barriers and isinstance(n, int) and not isinstance(n, bool):
-                    bar = self.barriers[group]
-                    bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
-        try:
-            self.van.connect(msg.origin, f"{host}:{port}", routing_id=back)
-        except PeerGone as exc:
-            log.warning("scheduler: readmit with a bad address: %s", exc)
-            return
-        self.van.disconnect(me.id)
-        self.van.rename(msg.origin, me.id)
-        self.van.admit(msg.origin, me.id)
-        table[me.id] = NodeInfo(me.id, role, rank, host, port)
-        self._view["nodes"][me.id] = table[me.id]
-        self._back[me.id] = msg.req
-        if set(self._back) >= self._expected_back():
-            self._end_recovery()
-
-    def _expected_back(self) -> set[int]:
-        view = self._view or {"nodes": {}, "down": set(), "done": set()}
-        return set(view["nodes"]) - view["down"] - view["done"]
-
-    def _end_recovery(self) -> None:
-        """Every node that was to come back came (or the wait is over): the job goes on. The
-        ones that did not come are dead from now on."""
-        view = self._view
-        assert view is not None
-        self.recovering = False
-        self.nodes = dict(sorted(view["nodes"].items()))
-        now = time.monotonic()
-        for nid in view["down"]:
-            self.dead[nid] = f"{self.nodes[nid].describe()} died before the scheduler restarted"
-        self.failovers = list(view["redirect"])
-        for nid in view["done"]:
-            self.finished[nid] = 0
-        for nid in self._back:
-            self.last_seen[nid] = now
-        missing = self._expected_back() - set(self._back)
-        for nid, req in self._back.items():
-            self._send(nid, Message(P.READMIT, req=req, reply=True, body={"restarted": True}))
-        log.warning(
-            "scheduler: started again, it took back %d nodes of the running job%s",
-            len(self._back),
-            f"; {len(missing)} did not come back" if missing else "",
-        )
-        self.ready.set()
-        for nid in sorted(missing):
-            self.last_seen[nid] = now
-            self._declare_dead(nid, "did not come back to the restarted scheduler")
-
     def _check_timeouts(self) -> None:
         now = time.monotonic()
         if self.recovering:
@@ -821,39 +647,6 @@ class Scheduler:
                     other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text})
                 )
         self.exit_code = 1
-
-
-    def _fail_over(self, nid: int, reason: str) -> bool:
-        """A dead server whose keys live on (HETPS_REPLICAS): the next live server in rank
-        order holds a copy of each of its keys and takes them over; every node is told, and
-        the job goes on. False: nothing can take over (the job ends as without copies)."""
-        info = self.nodes[nid]
-        if self.replicas <= 1 or info.role != "server" or self.exit_code is not None:
-            return False
-        servers = sorted(
-            (n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank
-        )
-        dead_servers = sum(1 for n in servers if n.id in self.dead) + 1
-        if dead_servers >= self.replicas:  # some key may have had every copy there
-            return False
-        i = next(j for j, n in enumerate(servers) if n.id == nid)
-        heir = next(
-            (n for n in servers[i + 1 :] + servers[:i] if n.id not in self.dead), None
-        )
-        if heir is None:
-            return False
-        text = f"{info.describe()} {reason}; {heir.describe()} takes over its keys"
-        self.dead[nid] = text
-        self.last_seen.pop(nid, None)
-        self.failovers.append((nid, heir.id))
-        log.warning("scheduler: %s", text)
-        body = {"node": info.to_wire(), "error": text, "to": heir.id}
-        for other in self.nodes:
-            if other not in self.dead:
-                self._send(other, Message(P.FAILOVER, body=body))
-        for group in ("server", "all"):  # barriers no longer wait for it
-            self._maybe_release(group)
-        return True
 
 
 def _printable(value: object, limit: int = 2000) -> str:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hetps.config import user_threads
+from hetps.launch.supervise import Supervision
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
 #: hetps's scheduler says so (with --launcher-notices) once every node has registered
@@ -133,7 +134,7 @@ class LaunchSpec:
     replicas: int = 1
 
 
-class Launcher:
+class Launcher(Supervision):
     """Runs a :class:`LaunchSpec` to completion; ``run()`` returns the job's exit code."""
 
     def __init__(self, spec: LaunchSpec, out=None) -> None:
@@ -265,39 +266,6 @@ class Launcher:
             self.stop_all(workers_first=self._signum is not None)
             for sig, handler in old.items():
                 signal.signal(sig, handler)
-
-    def _again(self) -> bool:
-        """After a failure: whether to start the job again, and with how many workers."""
-        spec, failed = self.spec, self._failed
-        if spec.elastic_min and failed is not None and failed.role == "worker":
-            if spec.num_workers - 1 < spec.elastic_min:
-                self._log(
-                    f"{failed.label} is gone and {spec.num_workers - 1} workers would be left, "
-                    f"fewer than --elastic {spec.elastic_min}: the job fails"
-                )
-                return False
-            spec.num_workers -= 1
-            self.restarts += 1
-            self._log(
-                f"elastic: going on without {failed.label}: starting the job again with "
-                f"{spec.num_workers} workers (HETPS_RESTART={self.restarts})"
-            )
-            return True
-        if self._used() >= spec.max_restarts:
-            return False
-        self.restarts += 1
-        self._log(
-            f"restart {self._used()} of {spec.max_restarts}: starting the "
-            f"job again (HETPS_RESTART={self.restarts})"
-        )
-        return True
-
-    def _used(self) -> int:
-        """Restarts used up: whole-job restarts (not elastic ones) and servers started again."""
-        return self.restarts - self._dropped() + self.respawns
-
-    def _dropped(self) -> int:
-        return self._initial_workers - self.spec.num_workers
 
     def _reset(self) -> None:
         """Forget the stopped job's processes before starting it again."""
@@ -450,60 +418,6 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     pass
         return 0
-
-    def _scheduler_again(self, child: Child, remaining: list[Child], how: str, code: int) -> bool:
-        """A dead scheduler of a running job (hetps's own, restarts left): start it again at
-        the same address with --recover; the nodes come back to it and the job goes on."""
-        if (
-            child is not self._scheduler
-            or not how.startswith("was killed")  # (it ended the job itself: a failure)
-            or not self._up.is_set()
-            or self._used() >= self.spec.max_restarts
-            or not any(c.role == "worker" for c in remaining)
-            # the balance planner's rounds of measurements are not carried over
-            or self._sched_start[1].get("HETPS_BALANCE", "none").lower() not in ("", "none")
-        ):
-            return False
-        self.respawns += 1
-        self._log(
-            f"the scheduler {how} (code {code}); restart {self._used()} of "
-            f"{self.spec.max_restarts}: starting it again at port {self._port_value} "
-            "(--recover): the running nodes come back to it"
-        )
-        argv, env = self._sched_start
-        env = {**env, "DMLC_PS_ROOT_PORT": str(self._port_value)}
-        sched = self._start("scheduler", 0, [*argv, "--recover"], env, keep_stdin=True)
-        self._scheduler = sched
-        remaining.append(sched)
-        return True
-
-    def _taken_over(self, child: Child, remaining: list[Child]) -> bool:
-        """Whether the job goes on without ``child``: a server, with copies of its keys on
-        another that is still running (fewer than --replicas servers died)."""
-        if (
-            child.role != "server"
-            or self.spec.replicas <= 1
-            or self._scheduler is None
-            or not self._up.is_set()  # before the start completed there is nothing to take over
-        ):
-            return False
-        ranks = {c.rank for c in self.children if c.role == "server"}
-        up = {c.rank for c in remaining if c.role == "server"}
-        return len(ranks - up) < self.spec.replicas and any(
-            c.role == "scheduler" for c in remaining
-        )
-
-    def _notify(self, child: Child, how: str) -> None:
-        """Tell the scheduler at once that ``child`` ended, so it declares the node dead (and
-        every survivor hears the cause) now, not after the heartbeat timeout."""
-        sched = self._scheduler
-        if sched is None or child is sched or sched.proc.stdin is None:
-            return
-        try:
-            sched.proc.stdin.write(f"dead {child.role} {child.rank} {how}\n".encode())
-            sched.proc.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):  # the scheduler is gone already
-            pass
 
     def _drain(self, remaining: list[Child]) -> None:
         """Give the survivors ``failure_grace`` seconds to exit on their own (they learn of the

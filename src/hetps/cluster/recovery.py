@@ -1,0 +1,214 @@
+"""How a node lives through the death of a peer or of the scheduler, as a part of
+:class:`hetps.cluster.node.Node`.
+
+* ``failover`` (HETPS_REPLICAS): a dead server's keys are served by the next live server;
+  requests to it are re-routed and its unanswered ones sent again, in order.
+* ``rejoin``: a dead server started again is back at a new address (a replica only).
+* ``readmit``: a scheduler started again at the same address (``--recover``) takes the
+  running nodes back; what the dead one never answered is sent again.
+
+docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hetps.cluster import batch
+from hetps.cluster import protocol as P
+from hetps.cluster.protocol import NodeInfo
+from hetps.cluster.requests import Future
+from hetps.transport.codec import Message
+from hetps.transport.van import PeerGone
+
+log = logging.getLogger("hetps.node")
+
+
+def _routing_id(value: object) -> bytes:
+    """A routing id from the scheduler's table, checked (bytes, 1-255, not starting at 0)."""
+    if not isinstance(value, bytes) or not 1 <= len(value) <= 255 or value[0] == 0:
+        raise ValueError(f"bad routing id {value!r}")
+    return value
+
+
+class Recovery:
+    """Failover, rejoin and readmit (mixed into Node, which holds what is used here)."""
+
+    role: str
+    cfg: Any
+    van: Any
+    requests: Any
+    info: NodeInfo | None
+    nodes: dict[int, NodeInfo]
+    replicas: int
+    redirect: dict[int, int]
+    down: set[int]
+    _route_lock: threading.Lock
+    on_failover: Callable[[int, int], None] | None
+    on_rejoin: Callable[[int], None] | None
+    _barrier_passed: dict[str, int]
+    _back: Any
+    _readmit: Future | None
+    done_workers: Callable[[], list[int]] | None
+    _last_ack: float
+
+    def _failover(self, msg: Message) -> None:
+        """A server died and ``to`` holds copies of its keys: from now on its requests go
+        there. Its unanswered ones go again, in the order they were made, before any newer
+        request leaves (pushes carry their round: a round ``to`` applied already is only
+        acknowledged); a set_optimizer counts as done (``to`` got its own); anything else
+        to it fails with the cause."""
+        dead_info, to = msg.body.get("node"), msg.body.get("to")
+        if not (isinstance(dead_info, list) and dead_info and isinstance(dead_info[0], int)):
+            log.warning("%s: dropped a failover that names no node", self.role)
+            return
+        dead = dead_info[0]
+        if (
+            self.role_of(dead) != "server"
+            or not isinstance(to, int)
+            or self.role_of(to) != "server"
+            or to == dead
+            or self.replicas <= 1
+        ):
+            log.warning("%s: dropped a failover from %r to %r", self.role, dead, to)
+            return
+        text = msg.error or f"{self.describe(dead)} died"
+        # first: a send to it blocked on a full queue (holding the route lock) gives up
+        self.van.mark_dead(dead)
+        with self._route_lock:
+            self.down.add(dead)
+            for k, v in list(self.redirect.items()):
+                if v == dead:
+                    self.redirect[k] = to
+            self.redirect[dead] = to
+            again = 0
+            for fut in self.requests.retarget(dead, to):
+                sent = fut.sent
+                if sent is None:
+                    continue  # not sent yet: it leaves later, to ``to``
+                if sent.cmd in (P.PUSH, P.PULL, P.INIT, P.GET_STATES):  # (a read: safe again)
+                    try:
+                        self.van.send(to, sent)
+                        again += 1
+                    except Exception as exc:  # noqa: BLE001 - PeerGone, a closed socket
+                        self.requests.resolve(fut.req, None, f"{self.describe(to)}: {exc}")
+                elif sent.cmd == P.SET_OPTIMIZER:
+                    self.requests.resolve(
+                        fut.req, Message(sent.cmd, req=fut.req, reply=True), sender=to
+                    )
+                else:
+                    self.requests.resolve(
+                        fut.req, None, f"{sent.cmd} to a server that died: {text}", sender=to
+                    )
+        log.warning(
+            "%s: %s; %d unanswered requests went again to %s",
+            self.role,
+            text,
+            again,
+            self.describe(to),
+        )
+        if self.on_failover is not None:
+            self.on_failover(dead, to)
+
+    def _rejoin(self, msg: Message) -> None:
+        """A dead server that was taken over is back with its old id at a new address:
+        connect to it; it is a live server again (a replica: its keys stay redirected)."""
+        try:
+            info = NodeInfo.from_wire(msg.body["node"])
+            out, into = _routing_id(msg.body["out"]), _routing_id(msg.body["in"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("%s: dropped a malformed rejoin (%s)", self.role, exc)
+            return
+        old = self.nodes.get(info.id)
+        if old is None or old.role != "server" or info.role != "server" or info.id == self.id:
+            log.warning("%s: dropped a rejoin of node %r", self.role, info.id)
+            return
+        if self.role == "server" and self.replicas <= 1:
+            return
+        with self._route_lock:
+            self.nodes[info.id] = info
+            self.van.admit(into, info.id)
+            self.van.revive(info.id)
+            self.van.connect(info.id, f"{info.host}:{info.port}", routing_id=out)
+            self.down.discard(info.id)
+        log.warning("%s: %s is back (is_recovery=1)", self.role, info.describe())
+        if self.on_rejoin is not None:
+            self.on_rejoin(info.id)
+
+    def _ask_readmit(self) -> None:
+        """Ask the scheduler at our scheduler's address to take this node back: a scheduler
+        started again (--recover) does once every node came back; the one we knew answers
+        at once. One request at a time."""
+        if self.info is None or (self._readmit is not None and not self._readmit.done()):
+            return
+        view = {
+            "nodes": [n.to_wire() for n in self.nodes.values()],
+            "down": sorted(self.down),
+            "redirect": [[a, b] for a, b in self.redirect.items()],
+            "done": self.done_workers() if self.done_workers is not None else [],
+            "barriers": dict(self._barrier_passed),
+            "replicas": self.replicas,
+        }
+        msg = Message(
+            P.READMIT,
+            body={
+                "id": self.info.id,
+                "role": self.role,
+                "rank": self.info.rank,
+                "host": self.cfg.node_host,
+                "port": self.van.port,
+                "back": self._back,
+                "view": view,
+            },
+        )
+        fut = self.requests.new(P.SCHEDULER_ID, "readmit", self._readmitted)
+        if fut.done():
+            return
+        msg.req = fut.req
+        self._readmit = fut
+        try:
+            self.van.send(P.SCHEDULER_ID, msg)
+        except PeerGone:
+            self.requests.discard(fut.req)
+
+    def _readmitted(self, reply: Message) -> None:
+        """A scheduler took us back: if it was started again, what we asked the one before
+        and got no answer to goes again (barriers, finish, reports), in order."""
+        self._last_ack = time.monotonic()
+        if reply.body.get("restarted") is not True:
+            return
+        log.warning("%s: the scheduler was started again and took this node back", self.role)
+        for fut in self.requests.retarget(P.SCHEDULER_ID, P.SCHEDULER_ID):
+            if fut.sent is not None and fut is not self._readmit:
+                try:
+                    self.van.send(P.SCHEDULER_ID, fut.sent)
+                except PeerGone:
+                    pass
+
+    def _send_kept(
+        self, peer: int, futs: list[Future], msgs: list[Message], track: bool = False
+    ) -> bool:
+        """Send requests to a server that has copies (HETPS_REPLICAS), keeping each until
+        answered: if the server dies, :meth:`_failover` sends them again to the one that
+        takes over. Under the route lock, so none leaves between a failover's re-sends."""
+        with self._route_lock:
+            peer = self.route(peer)
+            for fut, msg in zip(futs, msgs, strict=True):
+                fut.peer = peer  # (made before a failover: its answer comes from the heir)
+                fut.sent = msg
+            try:
+                if len(msgs) == 1:
+                    self.van.send(peer, msgs[0], track=track)
+                else:
+                    self.van.send(peer, batch.pack(msgs, req=futs[0].req))
+                return True
+            except Exception as exc:  # noqa: BLE001 - PeerGone, a closed socket
+                for fut in futs:
+                    self.requests.resolve(
+                        fut.req, None, f"{self.describe(peer)} is not reachable: {exc}"
+                    )
+                return False

@@ -1,0 +1,274 @@
+"""A server's copies of its keys on other servers (HETPS_REPLICAS), as a part of
+:class:`hetps.kvstore.server.KVServer`.
+
+The primary of a slice copies each init chunk and each applied ``dist_sync`` round to the
+next R-1 live servers (``replicate``, ops ``init`` and ``round``) and answers nothing of the
+slice until every copy is acknowledged. After a failover or a rejoin it sends its replicas the
+whole of what it serves (ops ``optimizer`` and ``sync``). The receiving side applies a round
+with the same optimizer, so values and states stay identical. docs/FAULTS.md says what a user
+sees; docs/ARCHITECTURE.md how it fits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from hetps import optim
+from hetps.cluster import protocol as P
+from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
+from hetps.transport.codec import WIRE_DTYPES, Message
+
+log = logging.getLogger("hetps.server")
+
+
+class _Copy:
+    """A copy on its way to the replicas: who has yet to acknowledge it, and what then."""
+
+    __slots__ = ("waiting", "then", "done")
+
+    def __init__(self, waiting: set[int], then) -> None:
+        self.waiting = waiting
+        self.then = then
+        self.done = False
+
+
+class Copies:
+    """The copy-keeping methods of a server (mixed into KVServer, which holds ``node``,
+    ``slices``, ``optimizer``, ``answers``, ``rounds`` and the methods used here)."""
+
+    node: Any
+    slices: dict
+    optimizer: Any
+    answers: Any
+    rounds: int
+    _copies: list
+    _optimizer_blob: bytes | None
+
+    @property
+    def _replicated(self) -> bool:
+        """Whether keys have copies on other servers (pushes then carry their round)."""
+        return getattr(self.node, "replicas", 1) > 1
+
+    def _replicas(self) -> list[int]:
+        """The servers that keep copies of what this one serves: the next REPLICAS-1 live
+        servers in rank order (the first of them takes over if this one dies)."""
+        node = self.node
+        if getattr(node, "replicas", 1) <= 1:
+            return []
+        live = node.live_servers()
+        me = next((i for i, n in enumerate(live) if n.id == node.id), None)
+        if me is None:
+            return []
+        after = live[me + 1 :] + live[:me]
+        return [n.id for n in after[: node.replicas - 1]]
+
+    def _copy_out(self, body: dict, data: np.ndarray, then) -> None:
+        """Send ``body`` with ``data`` (a copy of our own: nothing reuses it) to every
+        replica; ``then()`` runs once each acknowledged it, or died."""
+        peers = self._replicas()
+        if not peers:
+            then()
+            return
+        copy = _Copy(set(peers), then)
+        self._copies.append(copy)
+        for peer in peers:
+            fut = self.node.request(
+                peer,
+                Message(P.REPLICATE, body=body, arrays=[data]),
+                callback=lambda _reply, peer=peer: self._copied(copy, peer, None),
+                what=f"a copy of key {body.get('k')!r} to {self.node.describe(peer)}",
+            )
+            fut.errback = lambda exc, peer=peer: self._copied(copy, peer, exc)
+            if fut.done() and fut._error is not None:
+                self._copied(copy, peer, fut._error)
+
+    def _copied(self, copy: _Copy, peer: int, error: BaseException | None) -> None:
+        if error is not None and peer not in getattr(self.node, "down", ()):
+            # a live replica that refused a copy (it lacked the slice, or a round): it gets
+            # the whole of what we serve again, behind which later rounds go on
+            log.warning("server: a replica did not take a copy (%s); sending it all again", error)
+            self._resync()
+        copy.waiting.discard(peer)
+        if not copy.waiting and not copy.done:
+            copy.done = True
+            self._copies.remove(copy)
+            copy.then()
+
+    def _on_failover(self, dead: int, to: int) -> None:
+        """A server died (the receive thread calls this, between handlers): copies waiting
+        for it wait no more; its copies here are ours now if we took over (else the server
+        that did sends them from now on); and the replicas, which may have changed, get what
+        we serve."""
+        for copy in list(self._copies):
+            if dead in copy.waiting:
+                self._copied(copy, dead, None)
+        me = getattr(self.node, "id", None)
+        for sl in self.slices.values():
+            if sl.origin == dead:
+                if to == me:
+                    sl.primary, sl.origin = True, None
+                else:
+                    sl.origin = to
+        self._resync()
+
+    def _on_rejoin(self, nid: int) -> None:
+        """A server is back: it may be one of our replicas now, with nothing of ours."""
+        self._resync()
+
+    def _resync(self) -> None:
+        """Send every replica the whole of what this server serves: the optimizer, then each
+        slice's value, optimizer state and round count (op ``sync``); a replica takes them
+        in place of what it had. Rounds applied after go as usual, behind them on the same
+        connection. A replica that already had it all loses nothing."""
+        peers = self._replicas()
+        mine = [sl for sl in self.slices.values() if sl.primary]
+        if not peers or not mine:
+            return
+        for peer in peers:
+            left = [len(mine) + (self._optimizer_blob is not None)]
+
+            def taken(_reply, peer=peer, left=left) -> None:
+                left[0] -= 1
+                if left[0] == 0:
+                    log.warning(
+                        "server: %s holds a copy of each of the %d slices this server serves",
+                        self.node.describe(peer),
+                        len(mine),
+                    )
+
+            if self._optimizer_blob is not None:
+                blob = np.frombuffer(self._optimizer_blob, np.uint8)
+                self._copy_to(peer, {"op": "optimizer"}, [blob], taken)
+            for sl in mine:
+                body = {
+                    "op": "sync",
+                    "k": sl.key,
+                    "part": sl.part,
+                    "shape": list(sl.shape),
+                    "dtype": sl.value.dtype.name,
+                    "rnd": sl.rounds,
+                }
+                arrays = [np.array(sl.value)]
+                if sl.has_state:
+                    states = optim.dump_states({sl.skey: sl.state})
+                    arrays.append(np.frombuffer(states, np.uint8))
+                self._copy_to(peer, body, arrays, taken)
+
+    def _copy_to(self, peer: int, body: dict, arrays: list, callback) -> None:
+        """A copy that nothing waits for (a replica's catch-up): its failure is logged."""
+        fut = self.node.request(
+            peer,
+            Message(P.REPLICATE, body=body, arrays=arrays),
+            callback=callback,
+            what=f"a copy ({body['op']}) to {self.node.describe(peer)}",
+        )
+        def failed(exc: BaseException) -> None:
+            if peer not in getattr(self.node, "down", ()):  # (a dead one: said once, elsewhere)
+                log.warning("server: a replica did not take a copy: %s", exc)
+
+        fut.errback = failed
+        if fut.done() and fut._error is not None:
+            failed(fut._error)
+
+    def _copy_in(self, msg: Message) -> None:
+        """A primary's copy: the first value of a chunk of a key, or a finished round."""
+        op = msg.body.get("op")
+        if op == "init":
+            self._init(msg)
+            return
+        if op == "optimizer":
+            self._optimizer_copy(msg)
+            return
+        if op == "sync":
+            self._sync_copy(msg)
+            return
+        if op != "round":
+            raise BadRequest(f"replicate: unknown op {short(op)}")
+        key, part = msg.body.get("k"), msg.body.get("part")
+        rnd, mode = msg.body.get("rnd"), msg.body.get("mode")
+        sl = self.slices.get((key, part)) if slice_key([key, part]) else None
+        if sl is None:
+            raise BadRequest(f"replicate: no copy of key {short(key)} part {short(part)} here")
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or mode not in ("grad", "value"):
+            raise BadRequest("replicate: a round needs an integer 'rnd' and mode grad or value")
+        if len(msg.arrays) != 1 or msg.arrays[0].dtype != sl.value.dtype or (
+            msg.arrays[0].size != sl.value.size
+        ):
+            raise BadRequest(f"replicate: the round of key {key!r} does not fit its part")
+        data = msg.arrays[0].reshape(-1)
+        if sl.primary:
+            # a late copy from a primary that died after we took its keys over: the round
+            # was acknowledged to nobody (we never acknowledged the copy), so every push of
+            # it comes here again and the round is made from them
+            self.answers.reply(msg)
+            return
+        if rnd > sl.rounds + 1:
+            raise BadRequest(
+                f"replicate: round {rnd} of key {key!r} part {part}, but this copy has "
+                f"{sl.rounds}: a round is missing"
+            )
+        if rnd > sl.rounds:  # (an earlier one again is only acknowledged)
+            if mode == "grad":
+                if self.optimizer is None:
+                    raise BadRequest("replicate: a gradient round, but no optimizer is set here")
+                self._apply(sl, data, -1)
+            else:
+                self._writable(sl)
+                sl.value = np.array(data)
+            sl.rounds = rnd
+            self.rounds += 1
+        self.answers.reply(msg)
+
+    def _optimizer_copy(self, msg: Message) -> None:
+        """A primary's optimizer, for a replica that has none (one admitted again): unpickled
+        from a server of this job (an authenticated connection, see hetps.cluster.allow)."""
+        if self.optimizer is None:
+            if len(msg.arrays) != 1:
+                raise BadRequest("replicate: an optimizer copy carries one pickle")
+            try:
+                self.optimizer = optim.loads(msg.arrays[0].tobytes())
+            except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
+                raise BadRequest(f"replicate: the optimizer did not load ({exc})") from None
+            self._optimizer_blob = msg.arrays[0].tobytes()
+        self.answers.reply(msg)
+
+    def _sync_copy(self, msg: Message) -> None:
+        """A whole slice from its primary: value, round count and optimizer state."""
+        b = msg.body
+        key, part, shape, dname, rnd = b.get("k"), b.get("part"), b.get("shape"), b.get(
+            "dtype"
+        ), b.get("rnd")
+        if (
+            not slice_key([key, part])
+            or not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+            or dname not in WIRE_DTYPES
+            or not isinstance(rnd, int)
+            or isinstance(rnd, bool)
+            or len(msg.arrays) not in (1, 2)
+            or msg.arrays[0].dtype != WIRE_DTYPES[dname]
+        ):
+            raise BadRequest("replicate: a malformed slice copy")
+        sl = self.slices.get((key, part))
+        if sl is not None and sl.primary:
+            raise BadRequest(f"replicate: key {key!r} part {part} is served here, not a copy")
+        value = np.array(msg.arrays[0]).reshape(-1)
+        if sl is None or sl.value.size != value.size:
+            sl = Slice(key, part, tuple(shape), value)
+            self.slices[(key, part)] = sl
+        else:
+            self._writable(sl)
+            sl.value = value
+        if len(msg.arrays) == 2:
+            try:
+                states = optim.load_states(msg.arrays[1].tobytes())
+            except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
+                raise BadRequest(f"replicate: a state copy did not load ({exc})") from None
+            sl.state, sl.has_state = states.get((key, part)), (key, part) in states
+        else:
+            sl.state, sl.has_state = None, False
+        sl.rounds, sl.origin = rnd, msg.sender
+        self.answers.reply(msg)
