@@ -187,16 +187,14 @@ def _pid_with_env(marker: str, role: str, rank: int | None) -> int | None:
     return None
 
 
-def test_replicas_carry_training_through_a_killed_server(tmp_path, reference):
-    """--servers 2 --replicas 2: server 0 is SIGKILLed after the first checkpoint. Server 1
-    takes over its keys, nothing restarts (each iteration is logged once), the job exits 0
-    and its models equal the reference's (one server, nothing killed) bit for bit."""
+def _kill_one_and_go_on(tmp_path: Path, name: str, role: str, rank: int | None, *args: str):
+    """Run the COMMON job with ``args`` and checkpoints, SIGKILL ``role`` ``rank`` once the
+    first checkpoint is in, and let it end. Returns (exit code, output, checkpoint dir, run)."""
     ck = tmp_path / "ck"
     marker = f"HETPS_TEST_JOB={tmp_path.name}"
-    tag = f"--run-name={tmp_path.name}-replicas"
     proc = subprocess.Popen(
-        _cmd(tmp_path, *COMMON, "--servers", "2", "--replicas", "2", "--checkpoint-dir",
-             str(ck), tag),  # fmt: skip
+        _cmd(tmp_path, *COMMON, *args, "--checkpoint-dir", str(ck),
+             f"--run-name={tmp_path.name}-{name}"),  # fmt: skip
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -205,20 +203,29 @@ def test_replicas_carry_training_through_a_killed_server(tmp_path, reference):
     )
     try:
         _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", proc)
-        victim = _pid_with_env(marker, "server", 0)
-        assert victim is not None, "no server 0 process"
+        victim = _pid_with_env(marker, role, rank)
+        assert victim is not None, f"no {role} process"
         os.kill(victim, signal.SIGKILL)
         out = proc.communicate(timeout=180)[0]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 0, out
+    return proc.returncode, out, ck, tmp_path / f"{tmp_path.name}-{name}"
+
+
+def test_replicas_carry_training_through_a_killed_server(tmp_path, reference):
+    """--servers 2 --replicas 2: server 0 is SIGKILLed after the first checkpoint. Server 1
+    takes over its keys, nothing restarts (each iteration is logged once), the job exits 0
+    and its models equal the reference's (one server, nothing killed) bit for bit."""
+    code, out, ck, run = _kill_one_and_go_on(
+        tmp_path, "replicas", "server", 0, "--servers", "2", "--replicas", "2"
+    )
+    assert code == 0, out
     assert "server 0 was killed by signal 9" in out and "takes over its keys" in out, out
     assert "restart" not in out and "resum" not in out, out
     assert out.index("takes over its keys") < out.index("checkpoint after round 30"), out
     _same_models(reference, ck / "ckpt-00000030")
-    run = tmp_path / f"{tmp_path.name}-replicas"
     for rank in (0, 1):
         assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 31))
 
@@ -228,33 +235,14 @@ def test_a_killed_scheduler_is_started_again_and_training_goes_on(tmp_path, refe
     starts it again at the same port with --recover; the workers and the server come back to
     it, nothing else restarts (each iteration is logged once), checkpoints go on (they meet at
     barriers) and the models equal the reference's."""
-    ck = tmp_path / "ck"
-    marker = f"HETPS_TEST_JOB={tmp_path.name}"
-    tag = f"--run-name={tmp_path.name}-sched"
-    proc = subprocess.Popen(
-        _cmd(tmp_path, *COMMON, "--max-restarts", "1", "--checkpoint-dir", str(ck), tag),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**_env(), "HETPS_TEST_JOB": tmp_path.name},
-        start_new_session=True,
+    code, out, ck, run = _kill_one_and_go_on(
+        tmp_path, "sched", "scheduler", None, "--max-restarts", "1"
     )
-    try:
-        _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", proc)
-        victim = _pid_with_env(marker, "scheduler", None)
-        assert victim is not None, "no scheduler process"
-        os.kill(victim, signal.SIGKILL)
-        out = proc.communicate(timeout=180)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out
+    assert code == 0, out
     assert "starting it again at port" in out and "took back 3 nodes" in out, out
     assert "starting the job again" not in out and "resum" not in out, out
     assert out.index("took back 3 nodes") < out.index("checkpoint after round 30"), out
     _same_models(reference, ck / "ckpt-00000030")
-    run = tmp_path / f"{tmp_path.name}-sched"
     for rank in (0, 1):
         assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 31))
 
