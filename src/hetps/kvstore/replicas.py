@@ -66,7 +66,7 @@ class Copies:
         return [n.id for n in after[: node.replicas - 1]]
 
     def _copy_out(self, body: dict, data: np.ndarray, then) -> None:
-        """Send ``body`` with ``data`` (a copy of our own: nothing reuses it) to every
+        """Send ``body`` with ``data`` (not changed until every replica answered) to every
         replica; ``then()`` runs once each acknowledged it, or died."""
         peers = self._replicas()
         if not peers:

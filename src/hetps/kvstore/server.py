@@ -45,7 +45,8 @@ class KVServer(Copies):
     #: commands whose arrays may be lent by the van (read straight from a shared-memory ring,
     #: valid only while :meth:`handle` runs): a push is merged from the ring into the merge
     #: buffer, and whatever keeps a push (the backlog) gets a copy when the van releases it
-    BORROWS = frozenset({P.PUSH})
+    #: (and a primary's copy, applied or copied out at once: see kvstore/replicas.py)
+    BORROWS = frozenset({P.PUSH, P.REPLICATE})
 
     def __init__(self, node: Any, sync: bool | None = None) -> None:
         self.node = node
@@ -532,9 +533,12 @@ class KVServer(Copies):
                 "mode": "grad" if grad else "value",
             }
             sl.copying = True
+            # sent as it is, no copy: while the copy is out the slice takes no push (they
+            # wait in the backlog), so neither array changes before every replica answered,
+            # and an answer means the replica has read it all
             self._copy_out(
                 body,
-                np.array(merged if grad else sl.value),
+                merged if grad else sl.value,
                 lambda: self._answer_round(sl, acks, deferred, backlog),
             )
             return
