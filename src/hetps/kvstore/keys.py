@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,11 +40,11 @@ class KeyMeta:
     # (HETPS_ROUNDS_AHEAD of them at most; a further push waits for the oldest)
     recent: deque[tuple[int, list[Future]]] = field(default_factory=deque)
     rounds: int = 0  # pushes of this key since its init (dist_sync: its rounds)
+    #: number of elements (from ``shape``, once: every push asks for it)
+    size: int = field(init=False, default=0)
 
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+    def __post_init__(self) -> None:
+        self.size = math.prod(self.shape)
 
     def capture(self, arr: np.ndarray) -> np.ndarray:
         """A copy of ``arr`` that stays as it is until its push is sent: the key's staging
