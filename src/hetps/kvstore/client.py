@@ -47,7 +47,7 @@ from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
 from hetps.kvstore.keys import KeyMeta, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
 from hetps.kvstore.sender import Sender
-from hetps.transport.codec import Message
+from hetps.transport.codec import Message, dtype_str
 
 log = logging.getLogger("hetps.worker")
 
@@ -413,7 +413,7 @@ class DistKVStore:
                     "sync": self.sync,
                     "ce": step,
                     "shape": list(meta.shape),
-                    "dtype": meta.dtype.name,
+                    "dtype": dtype_str(meta.dtype),
                 }
                 if dest is not None:
                     body["pp"] = True
@@ -502,7 +502,7 @@ class DistKVStore:
                     "off": a - p.start,
                     "n": b - a,
                     "shape": list(meta.shape),
-                    "dtype": meta.dtype.name,
+                    "dtype": dtype_str(meta.dtype),
                 }
 
                 futs.append(

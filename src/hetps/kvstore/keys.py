@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,11 +40,11 @@ class KeyMeta:
     # (HETPS_ROUNDS_AHEAD of them at most; a further push waits for the oldest)
     recent: deque[tuple[int, list[Future]]] = field(default_factory=deque)
     rounds: int = 0  # pushes of this key since its init (dist_sync: its rounds)
+    #: number of elements (from ``shape``, once: every push asks for it)
+    size: int = field(init=False, default=0)
 
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+    def __post_init__(self) -> None:
+        self.size = math.prod(self.shape)
 
     def capture(self, arr: np.ndarray) -> np.ndarray:
         """A copy of ``arr`` that stays as it is until its push is sent: the key's staging
@@ -94,7 +95,8 @@ def land_into(k: Any, dest: np.ndarray, a: int, b: int):
         if not reply.arrays or reply.arrays[0].size != b - a:
             raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
         got = reply.arrays[0]
-        if got.ctypes.data != dest[a:b].ctypes.data:  # (else the van copied it in place)
+        # (else the van copied it in place; may_share_memory first: ctypes costs a microsecond)
+        if not np.may_share_memory(got, dest) or got.ctypes.data != dest[a:b].ctypes.data:
             dest[a:b] = got.reshape(-1)
         reply.arrays = []  # copied out: do not keep a second copy in the future
 

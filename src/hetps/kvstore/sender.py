@@ -138,7 +138,10 @@ class Sender:
             finally:
                 with self._cv:
                     self._busy = False
-                    self._cv.notify()
+                    # the sender thread waits for queued ops (and for close): with none,
+                    # waking it would cost a thread switch per request for nothing
+                    if self._heap or self._closed:
+                        self._cv.notify()
 
     def hold(self, req: int, cost: int, fut: Any) -> None:
         """Record that request ``req`` (a push of ``cost`` bytes) holds credit until

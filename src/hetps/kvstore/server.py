@@ -34,7 +34,7 @@ from hetps.kvstore.answers import Answers
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.replicas import Copies, _Copy
 from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
-from hetps.transport.codec import WIRE_DTYPES, Message
+from hetps.transport.codec import WIRE_DTYPES, Message, dtype_str
 
 log = logging.getLogger("hetps.server")
 
@@ -190,7 +190,7 @@ class KVServer(Copies):
         if (
             shape is not None
             and tuple(shape) != sl.shape
-            or (dtype is not None and dtype != sl.value.dtype.name)
+            or (dtype is not None and dtype != dtype_str(sl.value.dtype))
         ):
             raise BadRequest(
                 f"{msg.cmd} of key {key!r}: shape {short(shape)} dtype {short(dtype)} does "

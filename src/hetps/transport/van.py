@@ -52,6 +52,9 @@ FRAME_SLACK = 64 << 10
 MAX_STASHED_OFFERS = 64
 #: sender id of a message whose connection belongs to no known node
 UNKNOWN = 0
+# plain ints: pyzmq's enum members make a new enum object on every `&` (a microsecond each)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 def new_routing_id() -> bytes:
@@ -467,7 +470,7 @@ class Van:
             )
             # a message that is already waiting before we poll arrived while this thread was
             # busy elsewhere: the time we take it is later than its arrival
-            waited = bool(self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+            waited = bool(self._router.getsockopt(_EVENTS) & _POLLIN)
             events = dict(self._poller.poll(wait_ms))
             if self._monitor is not None and self._monitor in events:
                 self._log_refused_handshakes()
@@ -475,7 +478,10 @@ class Van:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            frames = self._router.recv_multipart(copy=False)
+            # recv_multipart less its getsockopt(RCVMORE) per frame: each frame says itself
+            frames = [self._router.recv(copy=False)]
+            while frames[-1].more:
+                frames.append(self._router.recv(copy=False))
             origin = frames[0].bytes
             sender = self._origins.get(origin, UNKNOWN)
             try:

@@ -1,0 +1,124 @@
+"""The codec's quick paths: the quick decode takes only what the full decode takes, and
+gives the same message; headers pack as before from any thread."""
+
+from __future__ import annotations
+
+import threading
+
+import msgpack
+import numpy as np
+import pytest
+
+from hetps.transport.codec import (
+    VERSION,
+    BadMessage,
+    Message,
+    _decode_checked,
+    _decode_plain,
+    decode,
+    encode,
+)
+
+MAX = 1 << 21
+
+
+def _same(a: Message, b: Message) -> None:
+    assert (a.cmd, a.req, a.reply, a.priority, a.body, a.sent_at, a.nbytes) == (
+        b.cmd,
+        b.req,
+        b.reply,
+        b.priority,
+        b.body,
+        b.sent_at,
+        b.nbytes,
+    )
+    assert len(a.arrays) == len(b.arrays)
+    for x, y in zip(a.arrays, b.arrays, strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+VALID = [
+    Message("push", req=7, body={"k": "w", "n": 3}, arrays=[np.arange(3, dtype=np.float32)]),
+    Message("pull", req=1, reply=True, priority=-4, body={"b": b"\x00\x01"}),
+    Message("init", req=2, arrays=[np.ones((2, 3, 4), np.float64), np.arange(5, dtype=np.int64)]),
+    Message("push", req=3, arrays=[np.ones((1, 1), np.float16), np.zeros(7, np.uint8)]),
+    Message("x", req=0, arrays=[np.zeros(0, np.float32)]),  # empty: the full decode's
+    Message("batch", req=9, body={"items": [["push", 9, {}, 1]]}, arrays=[np.ones(2, np.int32)]),
+]
+
+
+@pytest.mark.parametrize("msg", VALID, ids=[m.cmd for m in VALID])
+def test_the_quick_decode_agrees_with_the_checked_one(msg):
+    frames = encode(msg)
+    _same(decode(frames, MAX), _decode_checked(frames, MAX))
+    quick = _decode_plain(frames, MAX)
+    if all(a.size for a in msg.arrays):
+        assert quick is not None  # the common message takes the quick path
+        _same(quick, _decode_checked(frames, MAX))
+
+
+def _header(**over) -> bytes:
+    h = {"v": VERSION, "c": "push", "r": 1, "p": False, "o": 0, "t": 0.0, "b": {}}
+    h["a"] = [["float32", [4]]]
+    h.update(over)
+    return msgpack.packb(h, use_bin_type=True)
+
+
+BAD = [
+    [_header(r=True), bytes(16)],
+    [_header(o=False), bytes(16)],
+    [_header(o=1.5), bytes(16)],
+    [_header(p=1), bytes(16)],
+    [_header(t=True), bytes(16)],
+    [_header(t="now"), bytes(16)],
+    [_header(c="pu\nsh"), bytes(16)],
+    [_header(c="p" * 65), bytes(16)],
+    [_header(c=7), bytes(16)],
+    [_header(b=[1]), bytes(16)],
+    [_header(v=2), bytes(16)],
+    [_header(a=[["float32", [True, 4]]]), bytes(16)],
+    [_header(a=[["float32", [-4]]]), bytes(16)],
+    [_header(a=[[1, [4]]]), bytes(16)],
+    [_header(a=[["float32", 4]]), bytes(16)],
+    [_header(a=[["float32", [4], 0]]), bytes(16)],
+    [_header(a=[["float32", [1] * 33]]), bytes(4)],
+    [_header(a=("float32", [4])), bytes(16)],
+    [_header(), bytes(15)],
+    [_header(), bytes(17)],
+    [_header(), bytes(16), bytes(16)],
+    [_header()],
+    [_header(a=[["float32", [1 << 19]]]), bytes(1 << 21)],  # over MAX with its header
+    [_header(m=["ring", [0]]), b""],
+    [msgpack.packb([1, 2]), bytes(16)],
+    [b"\xc1", bytes(16)],
+]
+
+
+@pytest.mark.parametrize("frames", BAD, ids=range(len(BAD)))
+def test_the_quick_decode_takes_nothing_the_checked_one_refuses(frames):
+    assert _decode_plain(frames, MAX) is None
+    with pytest.raises(BadMessage):
+        decode(frames, MAX)
+
+
+def test_headers_pack_as_before_from_any_thread():
+    """A packer per thread: bytes stay bytes (bin type) and every header reads back."""
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            for j in range(300):
+                msg = Message("push", req=j + 1, body={"k": f"{i}-{j}", "raw": bytes([i, j % 256])})
+                head = msgpack.unpackb(encode(msg)[0], raw=False)
+                assert head["b"] == {"k": f"{i}-{j}", "raw": bytes([i, j % 256])}
+                assert head["r"] == j + 1 and head["c"] == "push"
+        except BaseException as exc:  # noqa: BLE001 - raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
