@@ -143,27 +143,8 @@ def test_max_restarts_brings_a_job_through_a_killed_worker(tmp_path, reference):
     """--max-restarts 1: worker 1 is SIGKILLed after the first checkpoint; the launcher starts
     the job again at once, it goes on from the checkpoint and ends with the reference's
     models, exit code 0."""
-    ck = tmp_path / "ck"
-    tag = f"--run-name={tmp_path.name}-restart"
-    proc = subprocess.Popen(
-        _cmd(tmp_path, *COMMON, "--checkpoint-dir", str(ck), "--max-restarts", "1", tag),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_env(),
-        start_new_session=True,
-    )
-    try:
-        _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", proc)
-        victim = _pid_of(tag, "worker", 1)
-        assert victim is not None, "no worker 1 process"
-        os.kill(victim, signal.SIGKILL)
-        out = proc.communicate(timeout=180)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out
+    code, out, ck, _ = _kill_one_and_go_on(tmp_path, "restart", "worker", 1, "--max-restarts", "1")
+    assert code == 0, out
     assert "restart 1 of 1" in out and "going on from the last checkpoint" in out, out
     assert "was killed by signal 9 (code 137)" in out, out
     _same_models(reference, ck / "ckpt-00000030")
