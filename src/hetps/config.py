@@ -426,8 +426,9 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "again: the restart's number (0: the first start); `hetps train` then resumes "
                 "from its --checkpoint-dir", field="restart", minimum=0),
             Var("HETPS_ELASTIC", "int", 0,
-                "`--elastic MIN`: a worker that dies is left out and the job starts again "
-                "with the others (from its checkpoint), while at least MIN remain (0: off)",
+                "`--elastic MIN`: a worker that dies is let go and the job goes on with the "
+                "others without a restart (dist_sync rounds it had not completed finish "
+                "without it), while at least MIN remain (0: off). Read by the scheduler",
                 field="elastic", minimum=0),
             Var("HETPS_PORT_FILE", "str", None,
                 "a file the scheduler writes the port it bound to", field="port_file"),
@@ -645,6 +646,12 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
         raise error
     values = {v.field: settings[v.name].value for v in NODE_VARS}
     _check_replicas(values)
+    if values["elastic"] and values["balance"] != "none":
+        raise ConfigError(
+            f"HETPS_ELASTIC={values['elastic']} with HETPS_BALANCE={values['balance']}: a "
+            "worker leaving mid-round is not handled by the network-aware plans; use one or "
+            "the other (HETPS_BALANCE=none, or HETPS_ELASTIC=0)"
+        )
     secret, values["insecure"] = security_from_env(env)
     # the scheduler listens on DMLC_PS_ROOT_URI (every interface unless it is loopback),
     # the others on their own address

@@ -85,6 +85,11 @@ class Node(Recovery):
         self._route_lock = threading.Lock()
         self.on_failover: Callable[[int, int], None] | None = None
         self.on_rejoin: Callable[[int], None] | None = None
+        # HETPS_ELASTIC (from the node table): workers that died and that the job went on
+        # without (worker_left), and who is told of it here (a server's handler)
+        self.elastic = 0
+        self.left: set[int] = set()
+        self.on_worker_left: Callable[[int], None] | None = None
         self._barrier_n: dict[str, int] = {}  # barriers asked for, per group
         self._barrier_passed: dict[str, int] = {}  # and passed (told to a restarted scheduler)
         self._back: str | None = None  # routing id the scheduler connects back with
@@ -125,6 +130,10 @@ class Node(Recovery):
     def workers(self) -> list[NodeInfo]:
         """Workers ordered by rank."""
         return sorted((n for n in self.nodes.values() if n.role == "worker"), key=lambda n: n.rank)
+
+    def live_workers(self) -> list[NodeInfo]:
+        """Workers ordered by rank, less those that died and were let go (HETPS_ELASTIC)."""
+        return [n for n in self.workers() if n.id not in self.left]
 
     def live_servers(self) -> list[NodeInfo]:
         """Servers ordered by rank, less those that died and were taken over."""
@@ -339,6 +348,9 @@ class Node(Recovery):
         if cmd == P.REJOIN:
             self._rejoin(msg)
             return True
+        if cmd == P.WORKER_LEFT:
+            self._worker_left(msg)
+            return True
         if cmd == P.NODE_DEAD:
             dead = msg.body.get("node")
             if isinstance(dead, list) and dead and isinstance(dead[0], int):
@@ -414,6 +426,8 @@ class Node(Recovery):
         self.down, self.redirect = down, redirect
         self.recovery = body.get("recovery") == 1
         self.replicas = replicas
+        elastic = body.get("elastic", 0)
+        self.elastic = elastic if isinstance(elastic, int) and not isinstance(elastic, bool) else 0
         self.van.my_id = me.id
         every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
         if (

@@ -32,6 +32,9 @@ FAILOVER = "failover"
 REJOIN = "rejoin"
 EXIT = "exit"
 WORKER_DONE = "worker_done"  # to servers: node, a worker finished its job
+# node, error, workers: a worker died and the job goes on without it (HETPS_ELASTIC): servers
+# drop what it pushed into rounds not yet complete and finish them with the others
+WORKER_LEFT = "worker_left"
 REFUSED = "refused"  # error
 
 GROUPS = ("worker", "server", "all")
@@ -124,6 +127,11 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "node": "the server that died (NodeInfo)",
         "error": "how it died",
         "to": "the id of the live server that now serves its keys",
+    },
+    WORKER_LEFT: {
+        "node": "the worker that died (NodeInfo)",
+        "error": "how it died",
+        "workers": "the ids of the workers still in the job",
     },
     READMIT: {
         "id, role, rank": "the node's id and rank in the running job",

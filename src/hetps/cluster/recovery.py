@@ -20,6 +20,7 @@ from typing import Any
 
 from hetps.cluster import batch
 from hetps.cluster import protocol as P
+from hetps.cluster.errors import NodeFailure
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future
 from hetps.transport.codec import Message
@@ -50,6 +51,8 @@ class Recovery:
     _route_lock: threading.Lock
     on_failover: Callable[[int, int], None] | None
     on_rejoin: Callable[[int], None] | None
+    on_worker_left: Callable[[int], None] | None
+    left: set[int]
     _barrier_passed: dict[str, int]
     _back: Any
     _readmit: Future | None
@@ -113,6 +116,32 @@ class Recovery:
         )
         if self.on_failover is not None:
             self.on_failover(dead, to)
+
+    def _worker_left(self, msg: Message) -> None:
+        """A worker died and the job goes on without it (HETPS_ELASTIC). If it names this
+        node (declared dead while alive, say after a long stall), this node is out: fail."""
+        info, text = msg.body.get("node"), msg.error or msg.body.get("error")
+        if not (isinstance(info, list) and info and isinstance(info[0], int)):
+            log.warning("%s: dropped a worker_left that names no node", self.role)
+            return
+        gone = info[0]
+        text = text if isinstance(text, str) else f"{self.describe(gone)} died"
+        if gone == self.id:
+            self._fail(NodeFailure(f"the scheduler let this worker go: {text}"))
+            return
+        if self.role_of(gone) != "worker" or gone in self.left:
+            return
+        self.left.add(gone)
+        if self.role == "server":
+            self.van.mark_dead(gone)  # answers to it are dropped, not queued
+        log.warning(
+            "%s: %s; the job goes on with %d workers",
+            self.role,
+            text,
+            sum(1 for n in self.nodes.values() if n.role == "worker") - len(self.left),
+        )
+        if self.on_worker_left is not None:
+            self.on_worker_left(gone)
 
     def _rejoin(self, msg: Message) -> None:
         """A dead server that was taken over is back with its old id at a new address:

@@ -113,6 +113,9 @@ class Scheduler(Takeover):
         # this many servers died (each key lives on that many consecutive servers)
         self.replicas = min(cfg.replicas, cfg.num_server)
         self.failovers: list[tuple[int, int]] = []  # (dead server, the server that took over)
+        # HETPS_ELASTIC: a dead worker leaves while at least this many workers remain
+        self.elastic = cfg.elastic
+        self.left: dict[int, str] = {}  # workers that died and were let go -> how
         self.rejoined: dict[int, int] = {}  # server id -> times it was admitted again
         # live metrics: a node silent longer than this (3 heartbeats) is late; heard again, it
         # counts one recovery
@@ -480,6 +483,8 @@ class Scheduler(Takeover):
             }
             if self.replicas > 1:
                 body["replicas"] = self.replicas
+            if self.elastic:
+                body["elastic"] = self.elastic
             if P.METRICS_REPORT in self.services:  # live metrics are on: workers report
                 body["metrics_s"] = self.cfg.metrics_interval
             self._send(nid, Message(P.NODES, req=p.req, reply=True, body=body))
@@ -546,10 +551,15 @@ class Scheduler(Takeover):
             self._maybe_release(group)
         for hook in self._on_worker_finished:
             self._service_q.put(lambda hook=hook: hook(self))
+        self._maybe_end()
+
+    def _maybe_end(self) -> None:
+        """End the job once every worker finished (or died and was let go: HETPS_ELASTIC)."""
         workers = {i for i, n in self.nodes.items() if n.role == "worker"}
-        if workers <= set(self.finished):
-            for nid in servers:
-                self._send(nid, Message(P.EXIT))
+        if self.finished and workers <= set(self.finished) | set(self.left):
+            for nid, n in self.nodes.items():
+                if n.role == "server" and nid not in self.dead:
+                    self._send(nid, Message(P.EXIT))
             if self.cfg.verbose >= 1:
                 log.info("all workers finished; stopping the cluster")
             self.exit_code = 0
@@ -638,6 +648,9 @@ class Scheduler(Takeover):
         info = self.nodes[nid]
         if self._fail_over(nid, reason):
             return
+        reason, gone = self._let_go(nid, reason)
+        if gone:
+            return
         text = f"{info.describe()} {reason}; the job cannot continue"
         self.dead[nid] = text
         log.error("scheduler: %s", text)
@@ -647,6 +660,46 @@ class Scheduler(Takeover):
                     other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text})
                 )
         self.exit_code = 1
+
+
+    def _let_go(self, nid: int, reason: str) -> tuple[str, bool]:
+        """A dead worker while at least HETPS_ELASTIC others remain: the job goes on without
+        it (returns True). Every node hears ``worker_left``; servers finish the rounds it had
+        not completed with the others, barriers and services stop waiting for it. Else the
+        reason, with why the job cannot go on, and False."""
+        info = self.nodes[nid]
+        if info.role != "worker" or not self.elastic or nid in self.finished:
+            return reason, False
+        live = sorted(
+            i
+            for i, n in self.nodes.items()
+            if n.role == "worker" and i != nid and i not in self.dead and i not in self.finished
+        )
+        if len(live) < self.elastic:
+            reason += (
+                f"; {len(live)} workers would be left, fewer than HETPS_ELASTIC={self.elastic}"
+            )
+            return reason, False
+        text = f"{info.describe()} {reason}"
+        self.dead[nid] = text
+        self.left[nid] = text
+        self.last_seen.pop(nid, None)
+        log.warning(
+            "scheduler: %s; elastic: the job goes on with %d workers (HETPS_ELASTIC=%d)",
+            text,
+            len(live),
+            self.elastic,
+        )
+        body = {"node": info.to_wire(), "error": text, "workers": live}
+        for other in self.nodes:
+            if other not in self.dead and other not in self.finished:
+                self._send(other, Message(P.WORKER_LEFT, body=body))
+        for group in ("worker", "all"):  # barriers no longer wait for it
+            self._maybe_release(group)
+        for hook in self._on_worker_finished:
+            self._service_q.put(lambda hook=hook: hook(self))
+        self._maybe_end()
+        return reason, True
 
 
 def _printable(value: object, limit: int = 2000) -> str:

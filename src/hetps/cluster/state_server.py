@@ -95,6 +95,14 @@ class EsyncService:
             log.warning("state server: %s", text)
             return {"error": text}
 
+    def forget(self, sched: Any) -> None:
+        """The scheduler's hook when a worker ends: one that died and was let go
+        (HETPS_ELASTIC) is left out of every later round's readiness."""
+        for nid in getattr(sched, "left", {}):
+            node = sched.nodes.get(nid)
+            if node is not None and 0 <= node.rank < self.policy.num_workers:
+                self.policy.remove(node.rank)
+
     def as_scheduler_service(self):
         """A callable for ``Scheduler(services={REPORT: ...})``."""
 

@@ -83,17 +83,19 @@ def save(
     tmp = root / f"ckpt-{step:08d}.tmp"
     final = root / f"ckpt-{step:08d}"
     kv.wait_outstanding()
-    if kv.rank == 0:
+    if _lead(kv):
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():  # a checkpoint of this step that a killed job left half written
             shutil.rmtree(tmp)
         tmp.mkdir()
     kv.barrier()  # every push of the round applied, the folder made
-    with open(tmp / f"worker-{kv.rank}.pkl", "wb") as f:
+    # a worker's file is named by its place among the live workers (0 .. n-1), so a job that
+    # went on without a dead worker (HETPS_ELASTIC) resumes with that many workers
+    with open(tmp / f"worker-{getattr(kv, 'live_rank', kv.rank)}.pkl", "wb") as f:
         pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
         f.flush()
         os.fsync(f.fileno())
-    if kv.rank == 0:
+    if _lead(kv):
         keys = list(kv.order)  # every key initialised, in init order
         values = kv.pull(keys) if keys else []
         index = [_key_tag(k) for k in keys]
@@ -101,11 +103,11 @@ def save(
             np.savez(f, **{f"v{i}": np.asarray(v) for i, v in enumerate(values)})
         kv.save_optimizer_states(str(tmp / STATES))
     kv.barrier()  # every worker's file written
-    if kv.rank == 0:
+    if _lead(kv):
         manifest = {
             "step": step,
             "time": time.time(),
-            "workers": kv.num_workers,
+            "workers": getattr(kv, "live_workers", kv.num_workers),
             "servers": kv.num_servers,
             "keys": index,
             **(meta or {}),
@@ -113,6 +115,11 @@ def save(
         _finish(root, tmp, final, manifest)
     kv.barrier()  # nobody goes on (or stops) before the checkpoint is complete
     return final
+
+
+def _lead(kv: Any) -> bool:
+    """Whether ``kv``'s worker does the checkpoint's shared work: the first live worker."""
+    return getattr(kv, "live_rank", kv.rank) == 0
 
 
 def save_alone(

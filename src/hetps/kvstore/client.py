@@ -77,6 +77,9 @@ class DistKVStore:
         self._tl = threading.local()
         self._next_slice = 0  # balance layout: the server of the next slice, round-robin
         self._closed = False
+        # key -> {(start, stop): workers}: ranges last received as a sum of fewer workers
+        # than the job's (a worker left: HETPS_ELASTIC); see short_rounds()
+        self._short: dict[Any, dict[tuple[int, int], int]] = {}
         # push calls since the last pull, and in the run before: a run of several (a per-key
         # loop) hands its pushes to the sender thread so that they coalesce; a lone push
         # (push, then pull) is sent by the caller, one thread hand-off less
@@ -117,8 +120,35 @@ class DistKVStore:
 
     @property
     def num_workers(self) -> int:
-        """Number of workers in the job."""
+        """Number of workers in the job (as started; see :attr:`live_workers`)."""
         return len(self.node.workers())
+
+    @property
+    def live_workers(self) -> int:
+        """Workers still in the job: fewer than :attr:`num_workers` once a worker died and
+        the job went on without it (``HETPS_ELASTIC``)."""
+        return len(self.node.live_workers())
+
+    @property
+    def live_rank(self) -> int:
+        """This worker's place among the live workers, 0 .. live_workers-1 (its data shard
+        after a worker left); :attr:`rank` stays what it was."""
+        return [n.id for n in self.node.live_workers()].index(self.node.id)
+
+    def short_rounds(self, key: Any) -> list[tuple[int, int, int]]:
+        """Ranges ``(start, stop, workers)`` of the flat value of ``key`` last received
+        (pull or pushpull) that hold the sum of fewer workers than :attr:`num_workers`: a
+        worker left in that round (``HETPS_ELASTIC``, dist_sync without a server optimizer).
+        Divide those ranges by ``workers`` instead of ``num_workers`` to average. Empty
+        while every worker takes part."""
+        marks = self._short.get(key)
+        out: list[tuple[int, int, int]] = []
+        for (a, b), w in sorted(marks.items()) if marks else ():
+            if out and out[-1][1] == a and out[-1][2] == w:  # chunks of one range: joined
+                out[-1] = (out[-1][0], b, w)
+            else:
+                out.append((a, b, w))
+        return out
 
     @property
     def timeout(self) -> float:
@@ -302,9 +332,11 @@ class DistKVStore:
 
     # -- API --------------------------------------------------------------------------------
     def init(self, key: Any, value: Any) -> None:
-        """Initialise keys; rank 0's values are stored. Returns once they are on the servers."""
+        """Initialise keys; rank 0's values are stored (the first live worker's, once rank 0
+        died and the job went on without it). Returns once they are on the servers."""
         self.node.check()
         keys, is_list = normalize_keys(key)
+        lead = self.live_rank == 0
         entries = per_key(value, len(keys), is_list, "init")
         if self.agent is not None:
             self.agent.before_init()
@@ -317,7 +349,7 @@ class DistKVStore:
                     self.order.append(k)
                 parts = self._placement(k, arr.size)
                 self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
-                if self.rank != 0:
+                if not lead:
                     continue
                 flat = np.ascontiguousarray(arr).reshape(-1)
                 step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
@@ -431,7 +463,7 @@ class DistKVStore:
                         priority,
                         p.server,
                         Message(P.PUSH, body=body, arrays=[payload]),
-                        None if dest is None else land_into(k, dest, a, b),
+                        None if dest is None else land_into(k, dest, a, b, self._short),
                         None if dest is None else dest[a:b],
                     )
                 )
@@ -511,7 +543,7 @@ class DistKVStore:
                         priority,
                         p.server,
                         Message(P.PULL, body=body),
-                        land_into(k, dest, a, b),
+                        land_into(k, dest, a, b, self._short),
                         dest[a:b],
                     )
                 )
@@ -586,7 +618,7 @@ class DistKVStore:
             raise TypeError(
                 f"set_optimizer takes a hetps.optim.Optimizer, got {type(optimizer).__name__}"
             )
-        if self.rank == 0:
+        if self.live_rank == 0:
             blob = np.frombuffer(optim.dumps(optimizer), dtype=np.uint8)
             futs = [
                 self.request(None, 0, s, Message(P.SET_OPTIMIZER, arrays=[blob]))

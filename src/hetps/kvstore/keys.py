@@ -88,12 +88,20 @@ class KeyMeta:
         return futs, finish
 
 
-def land_into(k: Any, dest: np.ndarray, a: int, b: int):
-    """The callback that copies an answer's values into ``dest[a:b]``."""
+def land_into(k: Any, dest: np.ndarray, a: int, b: int, short: dict | None = None):
+    """The callback that copies an answer's values into ``dest[a:b]``. ``short`` (key ->
+    {(a, b): workers}) records the ranges whose value sums fewer workers than the job's (a
+    worker left: HETPS_ELASTIC), as the answer says (``w``)."""
 
     def land(reply: Message) -> None:
         if not reply.arrays or reply.arrays[0].size != b - a:
             raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
+        if short is not None:
+            w = reply.body.get("w")
+            if isinstance(w, int) and not isinstance(w, bool) and w >= 1:
+                short.setdefault(k, {})[(a, b)] = w
+            elif k in short:
+                short[k].pop((a, b), None)
         got = reply.arrays[0]
         # (else the van copied it in place; may_share_memory first: ctypes costs a microsecond)
         if not np.may_share_memory(got, dest) or got.ctypes.data != dest[a:b].ctypes.data:

@@ -28,11 +28,17 @@ class LocalKVStore:
         self.type = name
         self.rank = 0
         self.num_workers = 1
+        self.live_workers = 1
+        self.live_rank = 0
         self.store: dict[Any, np.ndarray] = {}
         self.states: dict[Any, Any] = {}
         self.optimizer: optim.Optimizer | None = None
         self.compressor: TwoBitCompressor | None = None
         self.residuals: dict[Any, np.ndarray] = {}
+
+    def short_rounds(self, key: Any) -> list[tuple[int, int, int]]:
+        """Always empty: one process, no worker ever leaves."""
+        return []
 
     def _value(self, key: Any, what: str) -> np.ndarray:
         if key not in self.store:

@@ -23,7 +23,7 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
     sched = Scheduler(cfg, recover=recover)
     esync = EsyncService(cfg.num_worker)
     esync.adopt = recover
-    sched.register(P.ESYNC_REPORT, esync.as_scheduler_service())
+    sched.register(P.ESYNC_REPORT, esync.as_scheduler_service(), on_worker_finished=esync.forget)
     planner = None
     if cfg.balance != "none":
         planner = Planner.from_config(cfg)

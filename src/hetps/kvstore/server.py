@@ -68,13 +68,22 @@ class KVServer(Copies):
             node.on_failover = self._on_failover
             node.on_rejoin = self._on_rejoin
             node.done_workers = lambda: sorted(self.done_workers)
+        if hasattr(node, "on_worker_left"):
+            node.on_worker_left = self._on_worker_left
 
     @property
     def num_workers(self) -> int:
         """Workers in the job (read from the node table, so it is right from the first push)."""
         if self._fixed_workers is not None:
             return self._fixed_workers
+        if getattr(self.node, "left", None):  # (HETPS_ELASTIC) workers that died, let go
+            return len(self.node.live_workers())
         return len(self.node.workers())
+
+    @property
+    def _elastic(self) -> bool:
+        """Whether a worker may leave mid-job (HETPS_ELASTIC): rounds are kept per worker."""
+        return self._fixed_workers is None and getattr(self.node, "elastic", 0) > 0
 
     @num_workers.setter
     def num_workers(self, value: int) -> None:
@@ -344,6 +353,8 @@ class KVServer(Copies):
                 sl.state = self.optimizer.create_state(sl.skey, sl.value)
                 sl.has_state = True
             self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=msg.sender)
+        if sl.short is not None and self.optimizer is None:
+            body = {**(body or {}), "w": sl.short}  # a sum of fewer workers than the job's
         if "tag" in msg.body:  # the worker measures this reply: announce it first
             self._forecast_to(msg)
         tracker = self.answers.reply(msg, body, arrays=[sl.value[off : off + n]], track=True)
@@ -370,6 +381,8 @@ class KVServer(Copies):
                 "kv.set_optimizer(...) before the first push"
             )
         worker = msg.sender
+        if self._fixed_workers is None and worker in getattr(self.node, "left", ()):
+            raise BadRequest("push from a worker that left the job")  # (sent before it died)
         if sl.value.size == 0:  # nothing to merge or apply: a round of nothing completes at once
             self._ack(msg, sl)
             return
@@ -410,6 +423,9 @@ class KVServer(Copies):
                 raise BadRequest(
                     f"push of key {key!r}: chunk at {off} pushed twice in one round by this worker"
                 )
+            if self._elastic:
+                self._hold(msg, sl, worker, data, off, n, ce)
+                return
             if sl.merge is None and off == 0 and n == sl.value.size and msg.lease is None:
                 # the round's first push of the whole part: keep the received array itself
                 # (read-only, over the message's frame) instead of copying it; a second
@@ -470,6 +486,80 @@ class KVServer(Copies):
                 self._ack(m, sl)
         else:
             sl.partial[worker] = (buf, count, msgs)
+
+    # -- HETPS_ELASTIC: a round is kept per worker until it is complete ----------------------
+    def _hold(
+        self, msg: Message, sl: Slice, worker: int, data: np.ndarray, off: int, n: int, ce: int
+    ) -> None:
+        """Keep a push of this round apart from the others' (merged when the round is
+        complete, so a worker that dies before leaves nothing in it)."""
+        if not sl.got:
+            sl.chunk = ce
+        elif ce != sl.chunk:
+            raise BadRequest(
+                f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
+                f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
+            )
+        # the received frame is kept as it is (read-only); lent ring memory is copied
+        sl.held.setdefault(worker, []).append((off, data if msg.lease is None else data.copy()))
+        sl.got[worker] = sl.got.get(worker, 0) + n
+        sl.seen.setdefault(worker, set()).add(off)
+        msg.arrays = []
+        sl.acks.append(msg)
+        self._finish_if_complete(sl)
+
+    def _finish_if_complete(self, sl: Slice) -> None:
+        if (
+            sl.got
+            and not sl.copying
+            and len(sl.got) == self.num_workers
+            and all(c >= sl.value.size for c in sl.got.values())
+        ):
+            self._merge_held(sl)
+            self._finish_round(sl)
+
+    def _merge_held(self, sl: Slice) -> None:
+        """Sum the round's pushes in worker order. With fewer workers than the job's (some
+        left): with an optimizer the sum is scaled to the job's count, so the optimizer's
+        rescale_grad (set for it) gives the survivors' mean; without one the value is their
+        sum, and its answers say how many workers it holds (``w``)."""
+        buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
+        buf = buf if buf is not None else np.empty(sl.value.size, sl.value.dtype)
+        sl.spare = None
+        written: set[int] = set()
+        for w in sorted(sl.held):
+            for off, arr in sl.held[w]:
+                if off in written:
+                    buf[off : off + arr.size] += arr
+                else:
+                    buf[off : off + arr.size] = arr
+                    written.add(off)
+        count, job = len(sl.held), len(self.node.workers())
+        sl.held = {}
+        sl.merge, sl.written, sl.short = buf, written, None
+        if count < job:
+            if self.optimizer is None:
+                sl.short = count
+            elif buf.dtype.kind == "f":
+                buf *= job / count
+
+    def _on_worker_left(self, gone: int) -> None:
+        """A worker died and the job goes on without it (the receive thread calls this,
+        between handlers): drop what it sent that is not applied yet, and finish the rounds
+        that now have every other worker's push."""
+        for sl in list(self.slices.values()):
+            sl.backlog = [m for m in sl.backlog if m.sender != gone]
+            sl.deferred = [m for m in sl.deferred if m.sender != gone]
+            sl.partial.pop(gone, None)
+            if gone in sl.got or gone in sl.held:
+                sl.held.pop(gone, None)
+                sl.got.pop(gone, None)
+                sl.seen.pop(gone, None)
+                sl.acks = [m for m in sl.acks if m.sender != gone]
+            self._finish_if_complete(sl)
+        for table in (self._meas, self._forecasts):
+            for k in [k for k in table if k[0] == gone]:
+                del table[k]
 
     def _uneven(self, sl: Slice) -> str:
         who = ", ".join(self.done_workers.values())

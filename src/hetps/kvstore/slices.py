@@ -40,6 +40,12 @@ class Slice:
     # request of the slice that came since, wait for their acknowledgements
     copying: bool = False
     primary: bool = False  # workers send it here (else it is a copy of another server's)
+    # HETPS_ELASTIC: this round's pushes, kept apart per worker until the round is complete
+    # (a worker that dies leaves without a trace in it): worker -> [(offset, data), ...]
+    held: dict[int, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
+    # workers summed into the value by its last round, when fewer than the job's (a worker
+    # left, and there is no optimizer: the value is their sum); None: every worker
+    short: int | None = None
     origin: int | None = None  # the server whose copy it is
 
     @property

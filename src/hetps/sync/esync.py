@@ -83,6 +83,7 @@ class ReadinessPolicy:
         self._slowest: int | None = None
         self._lockstep = True
         self._slowest_end: float | None = None  # actual end of the slowest's step, once known
+        self._gone: set[int] = set()  # workers that left the job (always ready, never slowest)
 
     # -- round lifecycle ---------------------------------------------------------------------
 
@@ -105,17 +106,26 @@ class ReadinessPolicy:
         now = _check_time(now, "now")
         self._round += 1
         self._steps = [0] * self.num_workers
-        self._ready = [False] * self.num_workers
+        self._ready = [w in self._gone for w in range(self.num_workers)]
         self._start = [now] * self.num_workers
         self._last = [None] * self.num_workers
         self._slowest_end = None
-        self._lockstep = any(e is None for e in self._estimate)
-        if self._lockstep:
+        here = [w for w in range(self.num_workers) if w not in self._gone]
+        self._lockstep = any(self._estimate[w] is None for w in here)
+        if self._lockstep or not here:
             self._slowest = None
         else:
-            est = [e for e in self._estimate if e is not None]  # all known here
-            self._slowest = max(range(self.num_workers), key=lambda w: (est[w], -w))
+            est = self._estimate
+            self._slowest = max(here, key=lambda w: (est[w], -w))
         return self._round
+
+    def remove(self, worker: int) -> None:
+        """``worker`` left the job (it died; HETPS_ELASTIC): it counts as ready from now on
+        and is never the slowest again. If it was this round's slowest, the others stop at
+        the deadline it was expected to meet."""
+        w = self._check_worker(worker)
+        self._gone.add(w)
+        self._ready[w] = True
 
     def mark_start(self, worker: int, now: float) -> None:
         """Refine when ``worker`` began its local steps this round (e.g. after its pull).

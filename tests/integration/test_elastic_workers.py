@@ -1,0 +1,142 @@
+"""Elastic workers (HETPS_ELASTIC): a worker killed with SIGKILL mid-round is let go, the
+rounds it left unfinished complete with the others, and the job goes on with nothing
+restarted. Below the minimum the job fails with a clear error."""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+import textwrap
+
+from conftest import PRELUDE
+from hetps.launch.local import Launcher, LaunchSpec
+
+# Three workers, one server, keys "a" (small) and "b" (3 chunks of HETPS_CHUNK_BYTES), no
+# optimizer: each round's value is the sum of what the workers pushed, (rank + 1) * (r + 1)
+# everywhere. At round DIE_AT worker 2 pushes "a" only, makes sure the server has it (a
+# pull of "probe" behind it on the same connection), and kills itself: its "b" of that round
+# never comes. The survivors print what every round gave them, and the ranges the store
+# says hold fewer workers (short_rounds).
+SCRIPT = """
+import json
+rounds, die_at = int(os.environ["ROUNDS"]), int(os.environ["DIE_AT"])
+kv = hetps.kv.create("dist_sync")
+kv.init(["a", "b", "probe"], [np.zeros(5, np.float32), np.zeros(3000, np.float32),
+                              np.zeros(1, np.float32)])
+if os.environ.get("SGD"):
+    kv.set_optimizer(optim.SGD(learning_rate=1.0))
+outs = [np.zeros(5, np.float32), np.zeros(3000, np.float32)]
+seen = []
+for r in range(rounds):
+    mine = [np.full(5, (kv.rank + 1) * (r + 1), np.float32),
+            np.full(3000, (kv.rank + 1) * (r + 1), np.float32)]
+    if r == die_at and kv.rank == 2:
+        kv.push("a", mine[0])
+        kv.pull("probe")
+        os.kill(os.getpid(), signal.SIGKILL)
+    kv.pushpull(["a", "b"], mine, out=outs)
+    seen.append({"r": r, "a": sorted(set(outs[0].tolist())), "b": sorted(set(outs[1].tolist())),
+                 "sa": kv.short_rounds("a"), "sb": kv.short_rounds("b"),
+                 "live": kv.live_workers})
+print("SEEN", kv.rank, kv.live_rank, json.dumps(seen), flush=True)
+"""
+
+ENV = {
+    "PS_HEARTBEAT_INTERVAL": "0.5",
+    "PS_HEARTBEAT_TIMEOUT": "5",
+    "HETPS_CONNECT_TIMEOUT": "20",
+    "HETPS_REQUEST_TIMEOUT": "60",
+    "OMP_NUM_THREADS": "1",
+    "HETPS_CHUNK_BYTES": "4096",
+    "ROUNDS": "8",
+    "DIE_AT": "4",
+}
+
+
+def _run(tmp_path, elastic: int, extra: dict | None = None) -> tuple[int, str]:
+    script = tmp_path / "elastic_script.py"
+    script.write_text(PRELUDE + textwrap.dedent(SCRIPT))
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=3,
+        num_servers=1,
+        command=[sys.executable, str(script)],
+        env={**ENV, **(extra or {})},
+        start_timeout=30.0,
+        failure_grace=5.0,
+        elastic_min=elastic,
+    )
+    launcher = Launcher(spec, out=out)
+    try:
+        code = launcher.run()
+    finally:
+        launcher.stop_all(kill=True)
+    return code, out.getvalue()
+
+
+def _seen(out: str) -> dict[int, tuple[int, list[dict]]]:
+    import json
+
+    return {
+        int(rank): (int(live_rank), json.loads(seen))
+        for rank, live_rank, seen in re.findall(r"SEEN (\d) (\d) (\[.*\])", out)
+    }
+
+
+def test_a_dead_worker_is_let_go_and_the_others_finish_its_rounds(tmp_path):
+    code, out = _run(tmp_path, elastic=2)
+    assert code == 0, out
+    assert re.search(r"elastic: worker 2 .*was killed by signal 9.*with 2 workers", out), out
+    seen = _seen(out)
+    assert sorted(seen) == [0, 1], out  # worker 2 never got that far
+    assert seen[0][0] == 0 and seen[1][0] == 1  # their places among the live workers
+    die = int(ENV["DIE_AT"])
+    for _rank, (_, rounds) in seen.items():
+        assert [s["r"] for s in rounds] == list(range(int(ENV["ROUNDS"])))
+        for s in rounds:
+            r, full, two = s["r"], 6.0 * (s["r"] + 1), 3.0 * (s["r"] + 1)
+            if r < die:
+                assert s["a"] == [full] and s["b"] == [full] and s["sa"] == s["sb"] == []
+                continue
+            # "b" of the round it died in never had its push: the two others' sum, and the
+            # store says so for the whole key
+            assert s["b"] == [two] and s["sb"] == [[0, 3000, 2]], s
+            if r == die and s["a"] == [full]:
+                # its "a" came before the others' (the round completed with it): kept
+                assert s["sa"] == [], s
+            else:
+                assert s["a"] == [two] and s["sa"] == [[0, 5, 2]], s
+            if r > die:
+                assert s["live"] == 2
+    # each survivor read the same values every round
+    assert seen[0][1] == seen[1][1], out
+
+
+def test_with_a_server_optimizer_the_step_is_the_survivors_mean_at_the_jobs_scale(tmp_path):
+    """SGD with learning rate 1 and rescale_grad 1: each round subtracts the sum of the
+    pushes; after the leave, the survivors' sum scaled by 3/2 (the job's mean times 3)."""
+    code, out = _run(tmp_path, elastic=2, extra={"SGD": "1"})
+    assert code == 0, out
+    seen = _seen(out)
+    die = int(ENV["DIE_AT"])
+    for _rank, (_, rounds) in seen.items():
+        value = 0.0
+        for s in rounds:
+            r = s["r"]
+            value -= 6.0 * (r + 1) if r < die else 3.0 * (r + 1) * 3 / 2
+            assert s["b"] == [value], (r, s, out)
+            assert s["sb"] == []  # weights, not a sum: nothing to divide
+
+
+def test_below_the_minimum_the_job_fails_naming_the_worker(tmp_path):
+    code, out = _run(tmp_path, elastic=3)
+    assert code == 137, out
+    assert "fewer than --elastic 3: the job fails" in out, out
+    assert "SEEN" not in out
+    # the survivors are told which worker died and how, not "uneven rounds"
+    assert re.search(
+        r"\[worker [01]\].*NodeFailure: worker rank 2 .*was killed by signal 9.*fewer than "
+        r"HETPS_ELASTIC=3",
+        out,
+    ), out
