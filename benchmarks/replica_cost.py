@@ -1,6 +1,9 @@
-"""What copies of every key (``--replicas 2``) cost a dist_sync round, against none.
+"""What copies of every key (``--replicas 2``) cost a dist_sync round, against none; or,
+with ``--feature elastic``, what ``--elastic 1`` costs (each round kept per worker on the
+servers until it is complete, then summed).
 
     .venv/bin/python benchmarks/replica_cost.py [--repeats 5] [--rounds 100] [--json FILE]
+    .venv/bin/python benchmarks/replica_cost.py --feature elastic
 
 Each run is ``hetps launch -n 2 -s 2 [--replicas 2]`` of a loop of push-then-pull rounds of
 one key per size (4 KiB, 1 MiB, 16 MiB of float32), with an SGD optimizer on the servers (so
@@ -57,10 +60,13 @@ for n in sizes:
 """
 
 
-def run(script: Path, replicas: int, rounds: int) -> dict[int, float]:
+FLAGS = {"replicas": ["--replicas", "2"], "elastic": ["--elastic", "1"]}
+
+
+def run(script: Path, flags: list[str], rounds: int) -> dict[int, float]:
     cmd = [
         sys.executable, "-m", "hetps.cli", "launch", "-n", "2", "-s", "2",
-        "--replicas", str(replicas), "--", sys.executable, str(script), str(rounds),
+        *flags, "--", sys.executable, str(script), str(rounds),
         ",".join(str(n) for n in SIZES.values()),
     ]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -74,27 +80,34 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--feature", choices=sorted(FLAGS), default="replicas", help="what is compared with none"
+    )
     args = ap.parse_args()
+    flags = {1: [], 2: FLAGS[args.feature]}
     times: dict[int, dict[int, list[float]]] = {1: {}, 2: {}}
     with tempfile.TemporaryDirectory(prefix="hetps-replica-cost-") as tmp:
         script = Path(tmp) / "worker.py"
         script.write_text(textwrap.dedent(WORKER))
         for i in range(args.repeats):
-            for replicas in (1, 2) if i % 2 == 0 else (2, 1):
-                for n, t in run(script, replicas, args.rounds).items():
-                    times[replicas].setdefault(n, []).append(t)
+            for which in (1, 2) if i % 2 == 0 else (2, 1):
+                for n, t in run(script, flags[which], args.rounds).items():
+                    times[which].setdefault(n, []).append(t)
             print(f"repeat {i + 1} of {args.repeats} done", flush=True)
     rows = []
-    print(f"\n{'size':>6s} {'none s/round':>13s} {'replicas 2':>11s} {'ratio':>6s}")
+    label = " ".join(flags[2]).lstrip("-")
+    column = "replicas2_s" if args.feature == "replicas" else "elastic1_s"
+    print(f"\n{'size':>6s} {'none s/round':>13s} {label:>11s} {'ratio':>6s}")
     for name, n in SIZES.items():
         a, b = median(times[1][n]), median(times[2][n])
-        rows.append({"size": name, "elements": n, "none_s": a, "replicas2_s": b, "ratio": b / a})
+        rows.append({"size": name, "elements": n, "none_s": a, column: b, "ratio": b / a})
         print(f"{name:>6s} {a:13.6f} {b:11.6f} {b / a:6.2f}")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
                 {
                     "commit": git_head(str(ROOT)),
+                    "feature": args.feature,
                     "rounds": args.rounds,
                     "repeats": args.repeats,
                     "rows": rows,

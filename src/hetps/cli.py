@@ -366,8 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="MIN",
-        help="a worker that fails is left out and the job starts again with the others, "
-        "while at least MIN remain (HETPS_ELASTIC=MIN in every process)",
+        help="a worker that dies is let go and the job goes on with the others, without a "
+        "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process)",
     )
     la.add_argument(
         "--replicas",

@@ -286,6 +286,11 @@ def test_esync_and_local_resume_from_their_round(tmp_path):
             ["-m", "sync", "--workers", "2", "--checkpoint-dir", "CK", "--checkpoint-every", "0"],
             "at least 1 round",
         ),
+        (["-m", "async", "--workers", "2", "--elastic", "1"], "--elastic needs -m sync or esync"),
+        (
+            ["-m", "sync", "--workers", "2", "--elastic", "1", "--balance", "aware"],
+            "without --balance",
+        ),
     ],
 )
 def test_checkpoint_flags_that_cannot_work_are_one_line(tmp_path, args, says):
@@ -298,10 +303,11 @@ def test_checkpoint_flags_that_cannot_work_are_one_line(tmp_path, args, says):
 
 
 def test_elastic_goes_on_without_a_dead_worker(tmp_path):
-    """--elastic 2 with 3 workers: worker 2 is SIGKILLed after the first checkpoint; the job
-    goes on with the other 2 from that checkpoint and completes. With --elastic 3 the same
-    death ends the job with a clear error."""
-    args = ["--workers", "3", "-m", "sync", "-n", "mlp", "--max-rounds", "20"]
+    """--elastic 2 with 3 workers: worker 2 is SIGKILLed after the first checkpoint; the
+    other two go on at once with nothing restarted: they finish every round (each logged
+    once), split its data between them from the next epoch, and the checkpoints after it
+    hold 2 workers. With --elastic 3 the same death ends the job with a clear error."""
+    args = ["--workers", "3", "-m", "sync", "-n", "mlp", "--max-rounds", "40"]
     args += ["--slowdown", "30,30,30", "--checkpoint-every", "3"]
     outs = {}
     for minimum in ("2", "3"):
@@ -328,10 +334,21 @@ def test_elastic_goes_on_without_a_dead_worker(tmp_path):
         outs[minimum] = (proc.returncode, outs[minimum])
     code, out = outs["2"]
     assert code == 0, out
-    assert "elastic: going on without worker 2" in out, out
-    assert "going on with 2 workers from ckpt-" in out, out
-    final = json.loads((tmp_path / "ck2" / "ckpt-00000020" / "manifest.json").read_text())
+    assert "elastic: worker 2 was killed by signal 9 (code 137); the job goes on without it, " \
+        "with 2 workers" in out, out
+    assert "restart" not in out, out
+    # 2,400 examples: 25 batches of 32 per worker with 3, 37 with 2; from epoch 1 on
+    assert "worker 0: from epoch 1 on, data shard 0 of 2 (1200 examples)" in out, out
+    assert "worker 1: from epoch 1 on, data shard 1 of 2 (1200 examples)" in out, out
+    run = tmp_path / f"{tmp_path.name}-elastic2"
+    for rank in (0, 1):
+        assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 41)), out
+    final = json.loads((tmp_path / "ck2" / "ckpt-00000040" / "manifest.json").read_text())
     assert final["workers"] == 2
+    assert sorted(p.name for p in (tmp_path / "ck2" / "ckpt-00000040").glob("worker-*.pkl")) == [
+        "worker-0.pkl",
+        "worker-1.pkl",
+    ]
     code, out = outs["3"]
     assert code == 137, out
     assert "fewer than --elastic 3: the job fails" in out, out

@@ -126,8 +126,8 @@ class LaunchSpec:
     # after a child fails, start the whole job again up to this many times (HETPS_RESTART
     # tells the new processes which start this is)
     max_restarts: int = 0
-    # --elastic MIN: a worker that fails is left out and the job starts again with the others
-    # while at least MIN remain (does not use up max_restarts)
+    # --elastic MIN: a worker that dies is let go and the job goes on with the others, while
+    # at least MIN remain (HETPS_ELASTIC; does not use up max_restarts)
     elastic_min: int = 0
     # --replicas R: copies of every key on R servers (HETPS_REPLICAS); a server that dies is
     # taken over by the next one and the job goes on, while fewer than R servers died
@@ -154,7 +154,6 @@ class Launcher(Supervision):
         self._respawned: list[Child] = []  # servers started again alone
         self._ended_ok = False  # the scheduler ended the job, exit 0
         self._failed: Child | None = None  # the child whose failure ended the last start
-        self._initial_workers = spec.num_workers
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
@@ -385,6 +384,8 @@ class Launcher(Supervision):
                     code = shell_code(code)
                     if self._scheduler_again(child, remaining, how, code):
                         continue
+                    if self._let_go(child, remaining, how, code):
+                        continue
                     if self._taken_over(child, remaining):
                         self._notify(child, f"{how} (code {code})")
                         self._log(
@@ -406,9 +407,7 @@ class Launcher(Supervision):
                     self._failed = child
                     self._notify(child, f"{how} (code {code})")
                     self._log(f"{child.label} {how} (code {code}); stopping the others")
-                    if self._used() < self.spec.max_restarts or (
-                        self.spec.elastic_min and child.role == "worker"
-                    ):
+                    if self._used() < self.spec.max_restarts:
                         return code  # run() kills the rest at once and starts the job again
                     self._drain(remaining)
                     return code

@@ -1,7 +1,8 @@
 """What the launcher does when a child dies, as a part of
 :class:`hetps.launch.local.Launcher`: tell the scheduler at once, and with restarts left
-start the job again (``--max-restarts``, ``--elastic``), start a dead scheduler again at its
-port (``--recover``), or start a dead server again to rejoin (``--replicas``).
+start the job again (``--max-restarts``), go on without a dead worker (``--elastic``), start a
+dead scheduler again at its port (``--recover``), or start a dead server again to rejoin
+(``--replicas``).
 docs/FAULTS.md says what a user sees.
 """
 
@@ -21,44 +22,50 @@ class Supervision:
     respawns: int
     children: list
     _failed: Any
-    _initial_workers: int
     _scheduler: Any
     _up: Any
     _port_value: int
     _sched_start: tuple[list[str], dict[str, str]]
 
     def _again(self) -> bool:
-        """After a failure: whether to start the job again, and with how many workers."""
-        spec, failed = self.spec, self._failed
-        if spec.elastic_min and failed is not None and failed.role == "worker":
-            if spec.num_workers - 1 < spec.elastic_min:
-                self._log(
-                    f"{failed.label} is gone and {spec.num_workers - 1} workers would be left, "
-                    f"fewer than --elastic {spec.elastic_min}: the job fails"
-                )
-                return False
-            spec.num_workers -= 1
-            self.restarts += 1
-            self._log(
-                f"elastic: going on without {failed.label}: starting the job again with "
-                f"{spec.num_workers} workers (HETPS_RESTART={self.restarts})"
-            )
-            return True
-        if self._used() >= spec.max_restarts:
+        """After a failure: whether to start the job again (restarts left)."""
+        if self._used() >= self.spec.max_restarts:
             return False
         self.restarts += 1
         self._log(
-            f"restart {self._used()} of {spec.max_restarts}: starting the "
+            f"restart {self._used()} of {self.spec.max_restarts}: starting the "
             f"job again (HETPS_RESTART={self.restarts})"
         )
         return True
 
     def _used(self) -> int:
-        """Restarts used up: whole-job restarts (not elastic ones) and servers started again."""
-        return self.restarts - self._dropped() + self.respawns
+        """Restarts used up: whole-job restarts and processes started again."""
+        return self.restarts + self.respawns
 
-    def _dropped(self) -> int:
-        return self._initial_workers - self.spec.num_workers
+    def _let_go(self, child: Child, remaining: list[Child], how: str, code: int) -> bool:
+        """A dead worker of a running job with --elastic MIN: the job goes on without it
+        while at least MIN workers remain (the scheduler tells every node: its rounds finish
+        with the others)."""
+        if (
+            child.role != "worker"
+            or not self.spec.elastic_min
+            or self._scheduler is None
+            or not self._up.is_set()  # before the start completed: a failed start
+        ):
+            return False
+        left = sum(1 for c in remaining if c.role == "worker" and c.proc.poll() is None)
+        if left < self.spec.elastic_min:
+            self._log(
+                f"{child.label} {how} (code {code}) and {left} workers would be left, fewer "
+                f"than --elastic {self.spec.elastic_min}: the job fails"
+            )
+            return False
+        self._notify(child, f"{how} (code {code})")
+        self._log(
+            f"elastic: {child.label} {how} (code {code}); the job goes on without it, "
+            f"with {left} workers"
+        )
+        return True
 
     def _scheduler_again(self, child: Child, remaining: list[Child], how: str, code: int) -> bool:
         """A dead scheduler of a running job (hetps's own, restarts left): start it again at

@@ -107,7 +107,7 @@ class TrainCheckpoints:
     def wish(self) -> bool:
         """Whether this worker asks for a checkpoint after the current round."""
         timed = (
-            self.rank == 0
+            (self.kv is None or self.kv.live_rank == 0)
             and self.seconds is not None
             and time.monotonic() - self.last >= self.seconds
         )
@@ -132,7 +132,7 @@ class TrainCheckpoints:
         else:
             path = checkpoint.save(self.kv, self.dir, rnd, state, meta)
         self.last = time.monotonic()
-        if self.rank == 0:
+        if self.kv is None or self.kv.live_rank == 0:
             print(f"checkpoint after round {rnd}: {path}", flush=True)
         return path
 

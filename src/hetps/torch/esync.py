@@ -218,13 +218,18 @@ class ESyncTrainer:
         self.kv.pushpull(self._exchange.keys, self._exchange.flats)  # the sums land in place
         self.push_span = (t0, time.perf_counter())
         self.push_s = self.push_span[1] - t0
+        self.ctl_total = float(self._ctl[0])
+        # a range that sums fewer workers (one left the job: HETPS_ELASTIC) is scaled to the
+        # job's count, so dividing by it below gives those workers' mean
+        for k, flat in zip(self._exchange.keys, self._exchange.flats, strict=True):
+            for a, b, w in self.kv.short_rounds(k):
+                flat.view(-1)[a:b].mul_(self.workers / w)
         with torch.no_grad():
             for (n, p), w0 in zip(self.params, self._w_round, strict=True):
                 delta_sum = self._deltas[n].to(p.device)
                 p.data.copy_(esync_update_from_sum(w0, delta_sum, self.workers, self.global_lr))
             for n, b in self.buffers:
                 b.copy_(average_from_sum(self._bn[n], self.workers))
-        self.ctl_total = float(self._ctl[0])
         return self.ctl_total > 0
 
     def round(self, step: Callable[[], Any], stop: bool | Callable[[], bool] = False) -> ESyncRound:

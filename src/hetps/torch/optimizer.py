@@ -397,7 +397,7 @@ class DistributedOptimizer:
                     k = self.extra.numel()  # the sum over the workers, before any averaging
                     self.extra.copy_(g.recv[g.numel - k :].view_as(self.extra))
                 if self.op == "average" and W > 1:
-                    average_from_sum(g.recv, W, out=g.recv)  # SSGD's mean, in place
+                    self._mean(g, g.recv, W)  # SSGD's mean, in place
                 for n in g.names:
                     p = params[n]
                     if p.grad is None:
@@ -411,7 +411,7 @@ class DistributedOptimizer:
             if self.update_on == "worker":
                 buf = self._landing[name]
                 if self.op == "average" and W > 1:
-                    average_from_sum(buf, W, out=buf)
+                    self._mean(g, buf, W)
                 if p.grad.device == buf.device and p.grad.dtype == buf.dtype:
                     # hand the landed tensor over instead of copying it; the old gradient,
                     # which only autograd's last pass wrote, lands the next round
@@ -435,6 +435,13 @@ class DistributedOptimizer:
                     self._retune()
                 else:
                     self._mark_inline()
+
+    def _mean(self, g: Any, total: torch.Tensor, W: int) -> None:
+        """The workers' mean from their sum, in place: divided by the job's W, except where
+        the round held fewer workers (one left the job: HETPS_ELASTIC)."""
+        average_from_sum(total, W, out=total)
+        for a, b, w in self.kv.short_rounds(self._key(g)):
+            total.view(-1)[a:b].mul_(W / w)
 
     # -- groups that follow backward's pace ---------------------------------------------------
     def _ready_times(self) -> dict[str, float] | None:
@@ -470,7 +477,7 @@ class DistributedOptimizer:
         """Re-make the groups from rank 0's timings, on every worker (a collective: each
         worker calls it at the same step). Groups that did not change keep their keys."""
         ids = torch.zeros(len(self.named), dtype=torch.float64)
-        if self.kv.rank == 0:
+        if getattr(self.kv, "live_rank", self.kv.rank) == 0:
             plan = self._measured_groups()
             groups = self.groups if plan is None else self._as_groups(plan)
             if self.extra_rides and not groups[0].fused:

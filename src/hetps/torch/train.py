@@ -67,8 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="MIN",
-        help="with --workers (sync, esync): a worker that dies is left out and the job goes "
-        "on with the others from its last checkpoint, while at least MIN remain",
+        help="with --workers (sync, esync): a worker that dies is let go and the job goes on "
+        "with the others, without a restart, while at least MIN remain; the others take "
+        "its data from the next epoch",
     )
     p.add_argument(
         "--replicas",
@@ -264,10 +265,10 @@ def launch_cluster(args: argparse.Namespace) -> int:
             f"hetps train: --elastic {args.elastic}: the smallest number of workers to go on "
             f"with must be between 1 and --workers ({args.workers})"
         )
-    if args.elastic and (args.mode not in ("sync", "esync") or not args.checkpoint_dir):
+    if args.elastic and (args.mode not in ("sync", "esync") or args.balance not in (None, "none")):
         raise SystemExit(
-            "hetps train: --elastic needs -m sync or esync and --checkpoint-dir (the workers "
-            "left go on from the last checkpoint)"
+            "hetps train: --elastic needs -m sync or esync, without --balance (the rounds a "
+            "dead worker leaves are finished by the others; the balance plans do not follow)"
         )
     if not 1 <= args.replicas <= args.servers:
         raise SystemExit(

@@ -176,6 +176,7 @@ class WorkerRun:
         if resume:
             self.steps_done = int(resume["steps_done"])
             torch.set_rng_state(resume["torch_rng"])
+        self._sharded = (0, 0)  # (live workers, live rank) the shard was cut for, once re-cut
         self.ckpt: Any = None
         self.ckpt_opt: Any = None  # the torch optimizer a checkpoint keeps (set by the mode)
         if getattr(args, "checkpoint_dir", None):
@@ -237,6 +238,35 @@ class WorkerRun:
         if self.resume is not None and self.resume.get("optimizer") is not None:
             opt.load_state_dict(self.resume["optimizer"])
 
+    @property
+    def lead(self) -> bool:
+        """Whether this worker evaluates and reports for the job: rank 0, or the first live
+        worker once rank 0 died and the job went on without it (--elastic)."""
+        return self.kv is None or self.kv.live_rank == 0
+
+    def _reshard(self, epoch: int) -> None:
+        """After a worker left the job (--elastic): the live workers split the whole data
+        again, from the next epoch on (every live worker gets here at the same step)."""
+        kv = self.kv
+        if kv is None or not kv.node.left:
+            return
+        now = (kv.live_workers, kv.live_rank)
+        if now == self._sharded:
+            return
+        from hetps.torch.data import partition
+
+        args = self.args
+        self._sharded = now
+        self.shard = partition(
+            self.labels, now[0], now[1], split_by_class=args.split_by_class, seed=args.seed
+        )
+        self.per_epoch = max(1, len(self.shard) // args.batch_size)
+        print(
+            f"worker {self.rank}: from epoch {epoch} on, data shard {now[1]} of {now[0]} "
+            f"({len(self.shard)} examples): a worker left the job",
+            flush=True,
+        )
+
     def checkpoint_wish(self) -> bool:
         """Whether this worker asks for a checkpoint after the current round."""
         return self.ckpt is not None and self.ckpt.wish()
@@ -248,6 +278,7 @@ class WorkerRun:
         # a resumed run starts where its checkpoint was: the same epochs, in the same order
         first_epoch, skip = divmod(self.steps_done, self.per_epoch)
         for epoch in itertools.count(first_epoch):
+            self._reshard(epoch)
             for i, (x, y) in enumerate(
                 batches(
                     self.images,
@@ -341,7 +372,7 @@ class WorkerRun:
         args = self.args
         dur = time.perf_counter() - r.t_iter  # the round itself, without evaluation
         eval_s = 0.0
-        if self.rank == 0 and (r.rnd % max(1, args.eval_duration) == 0 or stop):
+        if self.lead and (r.rnd % max(1, args.eval_duration) == 0 or stop):
             te = time.perf_counter()
             acc = _evaluate(self.model, self.test_x, self.test_y)
             eval_s = time.perf_counter() - te
