@@ -255,7 +255,7 @@ def main() -> int:
         base = Path(tmp)
         t0 = time.monotonic()
         ref = Job(
-            job_cmd(base, base / "ck-ref", args.rounds, "ref", replicas=args.replicas),
+            job_cmd(base, base / "ck-ref", args.rounds, "ref", args.elastic, args.replicas),
             uuid.uuid4().hex,
         )
         if ref.proc.wait(timeout=600) != 0:
@@ -267,7 +267,7 @@ def main() -> int:
         ref_model = final_model(base / "ck-ref")
         ref_acc = final_accuracy(base, "ref")
         again = Job(
-            job_cmd(base, base / "ck-ref2", args.rounds, "ref2", replicas=args.replicas),
+            job_cmd(base, base / "ck-ref2", args.rounds, "ref2", args.elastic, args.replicas),
             uuid.uuid4().hex,
         )
         if again.proc.wait(timeout=600) != 0:

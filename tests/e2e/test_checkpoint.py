@@ -354,6 +354,54 @@ def test_elastic_goes_on_without_a_dead_worker(tmp_path):
     assert "fewer than --elastic 3: the job fails" in out, out
 
 
+def test_a_dead_worker_started_again_joins_the_running_job(tmp_path):
+    """--elastic 2 --max-restarts 1 with 3 workers: worker 2 is SIGKILLed after the first
+    checkpoint; the other two go on, the launcher starts it again, and it joins at a round
+    boundary with the others' model. The job completes, every later checkpoint holds 3
+    workers, and the three models are equal at the end (every worker stepped with the same
+    mean from the same weights). A checkpoint every round: the round the joiner comes in
+    after has one too, which every live worker must finish first."""
+    args = ["--workers", "3", "-m", "sync", "-n", "mlp", "--max-rounds", "60"]
+    args += ["--slowdown", "30,30,30", "--checkpoint-every", "1", "--elastic", "2"]
+    args += ["--max-restarts", "1"]
+    ck = tmp_path / "ck"
+    tag = f"--run-name={tmp_path.name}-join"
+    proc = subprocess.Popen(
+        _cmd(tmp_path, *args, "--checkpoint-dir", str(ck), tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", proc)
+        victim = _pid_of(tag, "worker", 2)
+        assert victim is not None, "no worker 2 process"
+        os.kill(victim, signal.SIGKILL)
+        out = proc.communicate(timeout=180)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "starting worker 2 again (it joins the running job at a round boundary" in out, out
+    joined = re.search(r"worker 2: joined the running job after round (\d+) \(is_recovery=1\)", out)
+    assert joined is not None, out
+    boundary = int(joined.group(1))
+    assert f"worker 0: a worker joined after round {boundary}; 3 workers" in out, out
+    assert f"worker 1: a worker joined after round {boundary}; 3 workers" in out, out
+    final = ck / "ckpt-00000060"
+    assert json.loads((final / "manifest.json").read_text())["workers"] == 3
+    models = [_model(final, r) for r in range(3)]
+    for m in models[1:]:
+        assert all(torch.equal(models[0][k], m[k]) for k in m)
+    # the joiner logs the rounds after the boundary; the others every round, once
+    run = tmp_path / f"{tmp_path.name}-join"
+    assert _iters(run / "worker-0.jsonl") == list(range(1, 61)), out
+    assert _iters(run / "worker-2.jsonl")[-(60 - boundary) :] == list(range(boundary + 1, 61))
+
+
 def test_checkpoint_seconds_is_agreed_by_every_worker(tmp_path):
     """--checkpoint-seconds (1 ms, so due after almost every round) and no --checkpoint-every:
     rank 0's wish rides in the round's control sum, so both workers take the checkpoint after

@@ -47,6 +47,9 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "esync_report": _W,  # the rank is the connection's, not the body's
         "balance_report": _W,
         "metrics_report": _W,  # counted as the connection's worker, not the body's
+        "join": _W,  # (HETPS_ELASTIC) a worker started again; self only
+        "admit": _W,
+        "entered": _W,
     },
     SERVER: {
         "init": _W,
@@ -65,6 +68,9 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "node_dead": _SCHED,
         "failover": _SCHED,
         "rejoin": _SCHED,
+        "worker_left": _SCHED,
+        "worker_back": _SCHED,
+        "enter": _W,  # (HETPS_ELASTIC) a worker that joined: count it in rounds; self only
         "replicate": _S,  # a primary's copy of a round (HETPS_REPLICAS); no pickles
     },
     WORKER: {
@@ -74,6 +80,9 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "node_dead": _SCHED,
         "failover": _SCHED,
         "rejoin": _SCHED,
+        "worker_left": _SCHED,
+        "worker_joining": _SCHED,
+        "worker_back": _SCHED,
     },
 }
 

@@ -89,6 +89,7 @@ class Node(Recovery):
         # without (worker_left), and who is told of it here (a server's handler)
         self.elastic = 0
         self.left: set[int] = set()
+        self.joining: set[int] = set()  # let-go workers started again that wait to join
         self.on_worker_left: Callable[[int], None] | None = None
         self._barrier_n: dict[str, int] = {}  # barriers asked for, per group
         self._barrier_passed: dict[str, int] = {}  # and passed (told to a restarted scheduler)
@@ -351,6 +352,9 @@ class Node(Recovery):
         if cmd == P.WORKER_LEFT:
             self._worker_left(msg)
             return True
+        if cmd in (P.WORKER_JOINING, P.WORKER_BACK):
+            self._worker_joins(msg)
+            return True
         if cmd == P.NODE_DEAD:
             dead = msg.body.get("node")
             if isinstance(dead, list) and dead and isinstance(dead[0], int):
@@ -428,6 +432,7 @@ class Node(Recovery):
         self.replicas = replicas
         elastic = body.get("elastic", 0)
         self.elastic = elastic if isinstance(elastic, int) and not isinstance(elastic, bool) else 0
+        self.left = {int(i) for i in body.get("left", [])}  # (a worker that joins again)
         self.van.my_id = me.id
         every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
         if (

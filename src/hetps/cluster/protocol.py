@@ -35,9 +35,19 @@ WORKER_DONE = "worker_done"  # to servers: node, a worker finished its job
 # node, error, workers: a worker died and the job goes on without it (HETPS_ELASTIC): servers
 # drop what it pushed into rounds not yet complete and finish them with the others
 WORKER_LEFT = "worker_left"
+# node: a let-go worker was started again and waits to join (live workers then agree on a round
+# boundary: admit); node, workers: it joined, and counts in every round from now on
+WORKER_JOINING = "worker_joining"
+WORKER_BACK = "worker_back"
 REFUSED = "refused"  # error
 
 GROUPS = ("worker", "server", "all")
+
+# -- joining a running job (HETPS_ELASTIC) ---------------------------------------------------
+JOIN = "join"  # a worker started again -> scheduler: let me in; answer: state, barriers
+ADMIT = "admit"  # a live worker at a round boundary -> scheduler (the first: array 0, state)
+ENTER = "enter"  # the joiner -> each server: count me in rounds from now on
+ENTERED = "entered"  # the joiner -> scheduler: every server counts me
 
 # -- scheduler services (plug-ins) ---------------------------------------------------------
 ESYNC_REPORT = "esync_report"  # worker -> ESync state server: ready for the round?
@@ -133,6 +143,17 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "error": "how it died",
         "workers": "the ids of the workers still in the job",
     },
+    JOIN: {"(answer)": "barriers ({group: n}: the barriers it has passed from now on), rounds "
+            "([[key, n], ...]: the rounds the first live worker pushed of each key); array 0: "
+            "the state it gave (admit)"},
+    ADMIT: {"(array 0)": "from the first live worker: the state a joiner starts from (bytes)",
+            "rounds": "from the first live worker: [[key, n], ...], the rounds it pushed",
+            "(answer)": "once every worker waiting to join is in"},
+    ENTER: {},
+    ENTERED: {},
+    WORKER_JOINING: {"node": "the worker that waits to join (NodeInfo)"},
+    WORKER_BACK: {"node": "the worker that joined (NodeInfo)",
+                  "workers": "the ids of the workers in the job now"},
     READMIT: {
         "id, role, rank": "the node's id and rank in the running job",
         "host, port, back": "where the scheduler connects back to it, as in add_node",

@@ -53,6 +53,7 @@ class Recovery:
     on_rejoin: Callable[[int], None] | None
     on_worker_left: Callable[[int], None] | None
     left: set[int]
+    joining: set[int]
     _barrier_passed: dict[str, int]
     _back: Any
     _readmit: Future | None
@@ -143,6 +144,36 @@ class Recovery:
         if self.on_worker_left is not None:
             self.on_worker_left(gone)
 
+    def _worker_joins(self, msg: Message) -> None:
+        """``worker_joining``: a let-go worker started again waits to join (the live workers
+        let it in at their next round boundary: :meth:`KVStore.admit`); ``worker_back``: it
+        joined, and counts in every round from now on."""
+        info = msg.body.get("node")
+        if not (isinstance(info, list) and info and isinstance(info[0], int)):
+            log.warning("%s: dropped a %s that names no node", self.role, msg.cmd)
+            return
+        nid = info[0]
+        if self.role_of(nid) != "worker" or nid == self.id:
+            return
+        if msg.cmd == P.WORKER_JOINING:
+            if nid in self.left:
+                self.joining.add(nid)
+            return
+        self.joining.discard(nid)
+        try:
+            self.nodes[nid] = NodeInfo.from_wire(info)  # (its new address)
+        except (TypeError, ValueError):
+            pass
+        if nid in self.left:
+            self.left.discard(nid)
+            self.van.revive(nid)
+            log.warning(
+                "%s: %s joined; the job goes on with %d workers",
+                self.role,
+                self.describe(nid),
+                sum(1 for n in self.nodes.values() if n.role == "worker") - len(self.left),
+            )
+
     def _rejoin(self, msg: Message) -> None:
         """A dead server that was taken over is back with its old id at a new address:
         connect to it; it is a live server again (a replica: its keys stay redirected)."""
@@ -153,10 +184,16 @@ class Recovery:
             log.warning("%s: dropped a malformed rejoin (%s)", self.role, exc)
             return
         old = self.nodes.get(info.id)
-        if old is None or old.role != "server" or info.role != "server" or info.id == self.id:
+        worker = info.role == "worker" and self.role == "server"  # (HETPS_ELASTIC: it joins)
+        if (
+            old is None
+            or old.role != info.role
+            or (info.role != "server" and not worker)
+            or info.id == self.id
+        ):
             log.warning("%s: dropped a rejoin of node %r", self.role, info.id)
             return
-        if self.role == "server" and self.replicas <= 1:
+        if self.role == "server" and self.replicas <= 1 and not worker:
             return
         with self._route_lock:
             self.nodes[info.id] = info
@@ -165,7 +202,7 @@ class Recovery:
             self.van.connect(info.id, f"{info.host}:{info.port}", routing_id=out)
             self.down.discard(info.id)
         log.warning("%s: %s is back (is_recovery=1)", self.role, info.describe())
-        if self.on_rejoin is not None:
+        if self.on_rejoin is not None and not worker:
             self.on_rejoin(info.id)
 
     def _ask_readmit(self) -> None:

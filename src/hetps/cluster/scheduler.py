@@ -29,6 +29,7 @@ from typing import IO
 
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
+from hetps.cluster.elastic import Elastic
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.takeover import Takeover
 from hetps.config import NodeConfig, check_exposure, is_loopback
@@ -60,7 +61,7 @@ class _Barrier:
     reached: dict[int, int] = field(default_factory=dict)
 
 
-class Scheduler(Takeover):
+class Scheduler(Takeover, Elastic):
     """Runs the scheduler role for one cluster. ``run()`` returns the process exit code."""
 
     def __init__(
@@ -116,6 +117,11 @@ class Scheduler(Takeover):
         # HETPS_ELASTIC: a dead worker leaves while at least this many workers remain
         self.elastic = cfg.elastic
         self.left: dict[int, str] = {}  # workers that died and were let go -> how
+        # a let-go worker started again that waits to join (its join request), and the live
+        # workers that reached the round boundary where it may (their admit requests)
+        self.joining: dict[int, int] = {}
+        self.admitting: dict[int, Message] = {}
+        self.entering: dict[int, dict[str, int]] = {}  # joiner -> the barriers it starts at
         self.rejoined: dict[int, int] = {}  # server id -> times it was admitted again
         # live metrics: a node silent longer than this (3 heartbeats) is late; heard again, it
         # counts one recovery
@@ -294,6 +300,8 @@ class Scheduler(Takeover):
             self._barrier(msg)
         elif cmd == P.FINISH:
             self._finish(msg)
+        elif cmd in (P.JOIN, P.ADMIT, P.ENTERED):
+            self._join_step(msg)
         elif cmd == P.LEAVE:
             reason = _printable(msg.body.get("reason", "left"))
             self._declare_dead(msg.sender, f"exited with an error: {reason}")
@@ -368,6 +376,10 @@ class Scheduler(Takeover):
         slot = self._rejoin_slot(role, want) if self.nodes else None
         if slot is not None:
             self._readmit(msg, slot, host, port, back)
+            return
+        slot = self._join_slot(role, want) if self.nodes else None
+        if slot is not None:
+            self._admit_worker(msg, slot, host, port, back)
             return
         if self.nodes or len(self.pending) >= self.expected:
             refusal = (
@@ -497,7 +509,11 @@ class Scheduler(Takeover):
 
     # -- barriers ---------------------------------------------------------------------------
     def _members(self, group: str) -> set[int]:
-        alive = {i for i in self.nodes if i not in self.dead and i not in self.finished}
+        alive = {
+            i
+            for i in self.nodes
+            if i not in self.dead and i not in self.finished and i not in self.left
+        }
         if group == "all":
             return alive
         return {i for i in alive if self.nodes[i].role == group}
@@ -541,6 +557,7 @@ class Scheduler(Takeover):
             return
         self.finished[msg.sender] = msg.req
         self.last_seen.pop(msg.sender, None)  # a finished worker no longer heartbeats
+        self.admitting.pop(msg.sender, None)
         self._send(msg.sender, Message(P.EXIT, req=msg.req, reply=True))
         servers = [
             nid for nid, n in self.nodes.items() if n.role == "server" and nid not in self.dead
@@ -551,12 +568,14 @@ class Scheduler(Takeover):
             self._maybe_release(group)
         for hook in self._on_worker_finished:
             self._service_q.put(lambda hook=hook: hook(self))
+        self._maybe_admit()
         self._maybe_end()
 
     def _maybe_end(self) -> None:
         """End the job once every worker finished (or died and was let go: HETPS_ELASTIC)."""
         workers = {i for i, n in self.nodes.items() if n.role == "worker"}
         if self.finished and workers <= set(self.finished) | set(self.left):
+            self._refuse_joiners("the job ended before this worker could join")
             for nid, n in self.nodes.items():
                 if n.role == "server" and nid not in self.dead:
                     self._send(nid, Message(P.EXIT))
@@ -660,46 +679,6 @@ class Scheduler(Takeover):
                     other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text})
                 )
         self.exit_code = 1
-
-
-    def _let_go(self, nid: int, reason: str) -> tuple[str, bool]:
-        """A dead worker while at least HETPS_ELASTIC others remain: the job goes on without
-        it (returns True). Every node hears ``worker_left``; servers finish the rounds it had
-        not completed with the others, barriers and services stop waiting for it. Else the
-        reason, with why the job cannot go on, and False."""
-        info = self.nodes[nid]
-        if info.role != "worker" or not self.elastic or nid in self.finished:
-            return reason, False
-        live = sorted(
-            i
-            for i, n in self.nodes.items()
-            if n.role == "worker" and i != nid and i not in self.dead and i not in self.finished
-        )
-        if len(live) < self.elastic:
-            reason += (
-                f"; {len(live)} workers would be left, fewer than HETPS_ELASTIC={self.elastic}"
-            )
-            return reason, False
-        text = f"{info.describe()} {reason}"
-        self.dead[nid] = text
-        self.left[nid] = text
-        self.last_seen.pop(nid, None)
-        log.warning(
-            "scheduler: %s; elastic: the job goes on with %d workers (HETPS_ELASTIC=%d)",
-            text,
-            len(live),
-            self.elastic,
-        )
-        body = {"node": info.to_wire(), "error": text, "workers": live}
-        for other in self.nodes:
-            if other not in self.dead and other not in self.finished:
-                self._send(other, Message(P.WORKER_LEFT, body=body))
-        for group in ("worker", "all"):  # barriers no longer wait for it
-            self._maybe_release(group)
-        for hook in self._on_worker_finished:
-            self._service_q.put(lambda hook=hook: hook(self))
-        self._maybe_end()
-        return reason, True
 
 
 def _printable(value: object, limit: int = 2000) -> str:

@@ -44,6 +44,7 @@ from hetps.kvstore.base import (
     reduce_values,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
+from hetps.kvstore.joining import Joining
 from hetps.kvstore.keys import KeyMeta, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
 from hetps.kvstore.sender import Sender
@@ -53,7 +54,7 @@ log = logging.getLogger("hetps.worker")
 
 
 
-class DistKVStore:
+class DistKVStore(Joining):
     """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``)."""
 
     def __init__(self, name: str, cfg: NodeConfig) -> None:

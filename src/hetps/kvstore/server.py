@@ -128,6 +128,8 @@ class KVServer(Copies):
                 self._worker_done(msg)
             elif msg.cmd == P.REPLICATE:
                 self._copy_in(msg)
+            elif msg.cmd == P.ENTER:
+                self._enter(msg)
             else:
                 raise BadRequest(f"unknown command {msg.cmd!r}")
         except BadRequest as exc:
@@ -560,6 +562,16 @@ class KVServer(Copies):
         for table in (self._meas, self._forecasts):
             for k in [k for k in table if k[0] == gone]:
                 del table[k]
+
+    def _enter(self, msg: Message) -> None:
+        """A let-go worker started again joins (HETPS_ELASTIC): it counts in every round from
+        now on. The live workers wait at a round boundary meanwhile, so no round is under way."""
+        left = getattr(self.node, "left", None)
+        if left is None or msg.sender not in left:
+            raise BadRequest("enter: only a worker that was let go and joins again enters")
+        left.discard(msg.sender)
+        self.node.van.revive(msg.sender)
+        self.answers.reply(msg, {})
 
     def _uneven(self, sl: Slice) -> str:
         who = ", ".join(self.done_workers.values())

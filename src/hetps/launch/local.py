@@ -129,6 +129,9 @@ class LaunchSpec:
     # --elastic MIN: a worker that dies is let go and the job goes on with the others, while
     # at least MIN remain (HETPS_ELASTIC; does not use up max_restarts)
     elastic_min: int = 0
+    # with --elastic and restarts left: a worker let go is started again alone and joins the
+    # running job (its script must call kv.join(): hetps train -m sync does)
+    rejoin_workers: bool = False
     # --replicas R: copies of every key on R servers (HETPS_REPLICAS); a server that dies is
     # taken over by the next one and the job goes on, while fewer than R servers died
     replicas: int = 1
@@ -151,6 +154,7 @@ class Launcher(Supervision):
         self.restarts = 0  # how many times the job was started again after a failure
         self.respawns = 0  # servers started again alone (--replicas), out of max_restarts
         self._server_start: dict[int, tuple[list[str], dict[str, str]]] = {}
+        self._worker_start: dict[int, tuple[list[str], dict[str, str]]] = {}
         self._respawned: list[Child] = []  # servers started again alone
         self._ended_ok = False  # the scheduler ended the job, exit 0
         self._failed: Child | None = None  # the child whose failure ended the last start
@@ -350,12 +354,11 @@ class Launcher(Supervision):
             )
             self._start("server", r, *self._server_start[r])
         for r in range(spec.num_workers):
-            self._start(
-                "worker",
-                r,
+            self._worker_start[r] = (
                 list(spec.command),
                 {**env, **threads["worker"], "DMLC_ROLE": "worker", "HETPS_LAUNCH_RANK": str(r)},
             )
+            self._start("worker", r, *self._worker_start[r])
         return self._watch()
 
     def _watch(self) -> int:

@@ -22,6 +22,8 @@ class Supervision:
     respawns: int
     children: list
     _failed: Any
+    _worker_start: dict
+    _respawned: list
     _scheduler: Any
     _up: Any
     _port_value: int
@@ -65,6 +67,15 @@ class Supervision:
             f"elastic: {child.label} {how} (code {code}); the job goes on without it, "
             f"with {left} workers"
         )
+        if self.spec.rejoin_workers and self._used() < self.spec.max_restarts:
+            self.respawns += 1
+            self._log(
+                f"restart {self._used()} of {self.spec.max_restarts}: starting {child.label} "
+                "again (it joins the running job at a round boundary, is_recovery=1)"
+            )
+            again = self._start("worker", child.rank, *self._worker_start[child.rank])
+            self._respawned.append(again)
+            remaining.append(again)
         return True
 
     def _scheduler_again(self, child: Child, remaining: list[Child], how: str, code: int) -> bool:

@@ -489,7 +489,13 @@ class DistributedOptimizer:
         by_id: dict[int, list[str]] = {}
         for (n, _), i in zip(self.named, ids.tolist(), strict=True):
             by_id.setdefault(int(i), []).append(n)
-        new_groups = self._as_groups(list(by_id.values()))
+        self._switch_groups(list(by_id.values()), self.kv.init)
+
+    def _switch_groups(self, names: list[list[str]], make: Any) -> None:
+        """Use the groups ``names`` from now on (each list a group's parameters); the keys of
+        new groups are made with ``make(keys, values)``. Groups that did not change keep
+        their keys."""
+        new_groups = self._as_groups(names)
         old = {tuple(g.names): g for g in self.groups}
         if [g.names for g in new_groups] == [g.names for g in self.groups]:
             self._mark_inline()
@@ -514,7 +520,28 @@ class DistributedOptimizer:
         self._group_of = {n: g for g in self.groups for n in g.names}
         self._mark_inline()
         if keys:
-            self.kv.init(keys, values)
+            make(keys, values)
+
+    # -- a worker joining a running job (--elastic) ---------------------------------------------
+    def join_state(self) -> dict:
+        """What a worker that joins needs to exchange the same keys as this one: the groups
+        (they may have been re-made), the step count, and the wrapped optimizer's state."""
+        return {
+            "groups": [list(g.names) for g in self.groups],
+            "steps": self._steps,
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+        }
+
+    def adopt(self, state: dict) -> None:
+        """Take a live worker's :meth:`join_state` (this worker joined a running job): its
+        groups, whose keys exist on the servers already, and its step count (the groups are
+        not re-made again)."""
+        self._switch_groups(state["groups"], self.kv.declare)
+        self._steps = int(state["steps"])
+        if self._steps >= self._timing_steps:
+            self._clock = None
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def _mark_inline(self) -> None:
         """Groups that are ready within ``LAUNCH_INLINE_S`` of backward's end (by this

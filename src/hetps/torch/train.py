@@ -287,6 +287,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
         command=cmd,
         max_restarts=args.max_restarts,
         elastic_min=args.elastic,
+        rejoin_workers=args.mode == "sync",
         replicas=args.replicas,
     )
     return run_cluster(
@@ -348,11 +349,17 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
 
     run_dir = Path(args.log_dir) / run_name(args, workers)
     writer = None
+    rejoining = kv is not None and kv.rejoining  # (the run's log is the others' already)
+    if rejoining and args.mode != "sync":
+        raise SystemExit(
+            f"hetps train: worker {rank} was started again, but joining a running job works "
+            f"with -m sync only (this job is -m {args.mode})"
+        )
     if rank == 0 and resume is not None and (run_dir / "run.json").exists():
         # the run goes on in its own log: its records after the checkpoint are done again
         writer = RunWriter.reopen(run_dir)
         writer.update(resumed={"from": resume["path"], "round": resume["round"]}, ended=None)
-    elif rank == 0:
+    elif rank == 0 and not rejoining:
         writer = RunWriter(
             run_dir,
             overwrite=args.overwrite_logs,

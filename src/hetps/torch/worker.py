@@ -111,6 +111,7 @@ class Round:
         self.plan: dict | None = None
         self.overhead = 0.0
         self.checkpoint = False  # the workers agreed on a checkpoint after this round
+        self.admit = False  # a worker waits to join: the workers let it in after this round
 
     def add_step(
         self, loss: float, compute_s: float, samples: int, epoch: int, end: float | None = None
@@ -176,9 +177,11 @@ class WorkerRun:
         if resume:
             self.steps_done = int(resume["steps_done"])
             torch.set_rng_state(resume["torch_rng"])
-        self._sharded = (0, 0)  # (live workers, live rank) the shard was cut for, once re-cut
+        # (workers, place among them) the shard was cut for: cut again when it changes
+        self._sharded = (kv.num_workers, kv.rank) if kv is not None else (1, 0)
         self.ckpt: Any = None
-        self.ckpt_opt: Any = None  # the torch optimizer a checkpoint keeps (set by the mode)
+        self.ckpt_opt: Any = None
+        self.dopt: Any = None  # the mode's DistributedOptimizer (sync: what a joiner adopts)  # the torch optimizer a checkpoint keeps (set by the mode)
         if getattr(args, "checkpoint_dir", None):
             from hetps.torch.checkpointing import TrainCheckpoints
 
@@ -194,7 +197,7 @@ class WorkerRun:
 
         kv = self.kv
         if kv is not None:
-            kv.init("__ctl", np.zeros(1, np.float32))
+            kv.init("__ctl", np.zeros(2, np.float32))
         self.run_start = time.time()
         if kv is not None:
             kv.barrier()
@@ -245,10 +248,10 @@ class WorkerRun:
         return self.kv is None or self.kv.live_rank == 0
 
     def _reshard(self, epoch: int) -> None:
-        """After a worker left the job (--elastic): the live workers split the whole data
-        again, from the next epoch on (every live worker gets here at the same step)."""
+        """After a worker left or joined the job (--elastic): the live workers split the
+        whole data again, from the next epoch on."""
         kv = self.kv
-        if kv is None or not kv.node.left:
+        if kv is None:
             return
         now = (kv.live_workers, kv.live_rank)
         if now == self._sharded:
@@ -263,7 +266,53 @@ class WorkerRun:
         self.per_epoch = max(1, len(self.shard) // args.batch_size)
         print(
             f"worker {self.rank}: from epoch {epoch} on, data shard {now[1]} of {now[0]} "
-            f"({len(self.shard)} examples): a worker left the job",
+            f"({len(self.shard)} examples): the job's workers changed",
+            flush=True,
+        )
+
+    # -- a worker joining the running job (--elastic) -------------------------------------------
+    def admit(self, rnd: int) -> None:
+        """Every live worker after round ``rnd``: let the workers that wait to join in; the
+        first live worker gives them its model, its data position and its optimizer's."""
+        import io
+
+        state = None
+        if self.lead:
+            buf = io.BytesIO()
+            torch.save(
+                {
+                    "round": rnd,
+                    "steps_done": self.steps_done,
+                    "model": self.model.state_dict(),
+                    "dopt": self.dopt.join_state(),
+                },
+                buf,
+            )
+            state = buf.getvalue()
+        self.kv.admit(state)
+        print(
+            f"worker {self.rank}: a worker joined after round {rnd}; "
+            f"{self.kv.live_workers} workers from round {rnd + 1}",
+            flush=True,
+        )
+
+    def join(self, dopt: Any) -> None:
+        """This worker was started again after it died (the job went on without it): wait
+        for the live workers' next round boundary and go on from there with their model."""
+        import io
+
+        blob = self.kv.join()
+        if blob is None:
+            raise RuntimeError("joined the running job, but the live workers sent no state")
+        state = torch.load(io.BytesIO(blob), map_location=self.device, weights_only=False)
+        self.model.load_state_dict(state["model"])
+        dopt.adopt(state["dopt"])
+        self.first_round = int(state["round"])
+        self.steps_done = int(state["steps_done"])
+        self._stream = self._data_stream()
+        print(
+            f"worker {self.rank}: joined the running job after round {self.first_round} "
+            f"(is_recovery=1); {self.kv.live_workers} workers",
             flush=True,
         )
 
@@ -357,6 +406,8 @@ class WorkerRun:
             self._log_round(r, stop)
             if self.ckpt is not None and self.ckpt.due(rnd, r.checkpoint, stop):
                 self.ckpt.save(self, rnd, self.ckpt_opt)
+            if r.admit and not stop:  # every collective of this round is done: the boundary
+                self.admit(rnd)
         assert self.progress is not None and self.log is not None
         self.progress.close()
         self.log.close()
@@ -448,7 +499,8 @@ def run_sync(run: WorkerRun) -> int:
     from hetps.torch.optimizer import DistributedOptimizer
 
     kv = run.kv
-    stop_flag = torch.zeros(1, dtype=torch.float32)  # summed over the workers each step
+    # summed over the workers each step: [stop and checkpoint wishes, "a worker waits to join"]
+    stop_flag = torch.zeros(2, dtype=torch.float32)
     dopt = DistributedOptimizer(
         torch.optim.SGD(run.model.parameters(), lr=run.args.learning_rate),
         run.params,
@@ -457,14 +509,19 @@ def run_sync(run: WorkerRun) -> int:
         extra=stop_flag,
     )
     run.start()
+    if kv.rejoining:  # started again after it died: in from the live workers' next boundary
+        run.join(dopt)
 
     def play(r: Round) -> bool:
-        # "stop after this round?" (and "checkpoint?") travels with the gradients, not in a
-        # round of its own
-        ctl = np.array([encode(run.want_stop(r.rnd, ahead=1), run.checkpoint_wish())], np.float32)
+        # "stop after this round?" (and "checkpoint?", and "a worker waits to join") travel
+        # with the gradients, not in a round of their own
+        ctl = np.array(
+            [encode(run.want_stop(r.rnd, ahead=1), run.checkpoint_wish()), float(kv.joining)],
+            np.float32,
+        )
         ctl_handle = None
         if dopt.extra_rides:
-            dopt.extra.fill_(ctl[0])  # rides with the gradients, summed by step()
+            dopt.extra.copy_(torch.from_numpy(ctl))  # rides with the gradients, summed
         else:
             ctl_handle = kv.pushpull("__ctl", ctl, block=False)
         loss, c, n, epoch = run.one_step(dopt, lambda: None)
@@ -475,11 +532,14 @@ def run_sync(run: WorkerRun) -> int:
         r.add_step(loss, c, n, epoch, end=run.step_end)
         if ctl_handle is not None:
             ctl_handle.wait()
-            stop, r.checkpoint = decode(ctl[0])
+            total = ctl.tolist()
         else:
-            stop, r.checkpoint = decode(dopt.extra[0])  # summed over the workers by step()
+            total = dopt.extra.tolist()  # summed over the workers by step()
+        stop, r.checkpoint = decode(total[0])
+        r.admit = total[1] > 0.5  # a worker waits to join: in after this round (and its checkpoint)
         return stop
 
+    run.dopt = dopt
     rounds = run.loop(play)
     dopt.close()
     return run.finish(rounds)

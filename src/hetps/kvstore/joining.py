@@ -1,0 +1,110 @@
+"""A worker joining a running job (HETPS_ELASTIC), as a part of
+:class:`hetps.kvstore.client.DistKVStore`.
+
+A worker that died was let go, and the job went on. Started again (``hetps train`` with
+``--max-restarts``, or by hand with its ``DMLC_*`` variables and ``HETPS_LAUNCH_RANK``), it
+registers with its old rank (``kv.rejoining``) and calls :meth:`Joining.join`; it is in no
+round until then. The live workers see ``kv.joining`` and, at a round boundary they agree on,
+each calls :meth:`Joining.admit` (the first live worker with the state the joiner starts
+from). The joiner gets that state, every server counts it from then on, and ``admit``
+returns on every live worker: the next round has one worker more.
+
+docs/FAULTS.md says what a user sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hetps.cluster import protocol as P
+from hetps.cluster.requests import wait_all
+from hetps.kvstore.base import normalize_keys, per_key, reduce_values
+from hetps.kvstore.keys import KeyMeta
+from hetps.transport.codec import Message
+
+
+class Joining:
+    """join / admit (mixed into DistKVStore, which holds what is used here)."""
+
+    node: Any
+    meta: dict[Any, KeyMeta]
+    order: list
+    timeout: float
+    live_rank: int
+    wait_outstanding: Any
+    _placement: Any
+
+    @property
+    def rejoining(self) -> bool:
+        """Whether this worker was started again after it died and the job went on without
+        it: call :meth:`join` before any round (its pushes are refused until then)."""
+        return bool(self.node.recovery) and not getattr(self, "_joined", False)
+
+    @property
+    def joining(self) -> bool:
+        """Whether a worker waits to join: the live workers let it in with :meth:`admit` at
+        a round boundary that all of them take (e.g. decided by a value summed in a round)."""
+        return bool(self.node.joining)
+
+    def admit(self, state: bytes | None = None) -> None:
+        """Let the workers that wait to join in (every live worker calls it, at the same round
+        boundary). The first live worker (``live_rank`` 0) passes ``state``: the bytes a
+        joiner starts from (its model, say); the others' ``state`` is not used. Returns once
+        they are in: from the next round on they count in every sum."""
+        self.wait_outstanding()
+        lead = self.live_rank == 0
+        arrays = [np.frombuffer(state, np.uint8)] if lead and state is not None else []
+        body = {"rounds": [[k, m.rounds] for k, m in self.meta.items()]} if lead else {}
+        fut = self.node.request(P.SCHEDULER_ID, Message(P.ADMIT, body=body, arrays=arrays))
+        fut.wait(self.timeout)
+
+    def join(self) -> bytes | None:
+        """This worker was started again (:attr:`rejoining`): wait until the live workers
+        admit it at a round boundary, then take part in every round from the next on.
+        Returns the state the first live worker gave (None if it gave none). Keys that
+        exist already are made known with :meth:`declare` (or ``init``, which sends nothing
+        from a worker other than the first)."""
+        if not self.rejoining:
+            raise RuntimeError(
+                "join: this worker is in the job's rounds already; only a worker started "
+                "again after it died and the job went on without it joins"
+            )
+        reply = self.node.request(P.SCHEDULER_ID, Message(P.JOIN)).wait(self.timeout)
+        state = bytes(reply.arrays[0].reshape(-1).view(np.uint8)) if reply.arrays else None
+        self._rounds = {
+            _key(k): int(n)
+            for k, n in reply.body.get("rounds", [])
+            if isinstance(n, int) and not isinstance(n, bool)
+        }
+        for k, meta in self.meta.items():  # (a push says which round it is of: replicas)
+            meta.rounds = self._rounds.get(k, meta.rounds)
+        # every server counts this worker from now on; the live workers wait meanwhile
+        futs = [
+            self.node.request(s.id, Message(P.ENTER)) for s in self.node.live_servers()
+        ]
+        wait_all(futs, self.timeout, "join")
+        for group, n in reply.body.get("barriers", {}).items():
+            if isinstance(n, int) and not isinstance(n, bool):
+                self.node._barrier_n[group] = self.node._barrier_passed[group] = n
+        self.node.request(P.SCHEDULER_ID, Message(P.ENTERED)).wait(self.timeout)
+        self._joined = True
+        return state
+
+    def declare(self, key: Any, value: Any) -> None:
+        """Make keys that exist on the servers already known to this worker (their shape,
+        dtype and placement), with no request and no barrier: a worker that joined a running
+        job uses it for keys the others made while it was away."""
+        keys, is_list = normalize_keys(key)
+        for k, entry in zip(keys, per_key(value, len(keys), is_list, "declare"), strict=False):
+            arr = reduce_values(entry, f"declare of key {k!r}")
+            if k not in self.meta:
+                self.order.append(k)
+            self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, self._placement(k, arr.size))
+            self.meta[k].rounds = getattr(self, "_rounds", {}).get(k, 0)
+
+
+def _key(k: Any) -> Any:
+    """A key as msgpack gives it back (a list never is one)."""
+    return tuple(k) if isinstance(k, list) else k
