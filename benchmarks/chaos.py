@@ -23,6 +23,8 @@ Per trial it records:
   difference is within 10x that (at least 1e-6). One lost or doubled step of SGD moves the
   weights by about the learning rate times a gradient, far above it;
 * detection: from the kill to the launcher's line naming the dead process;
+* rejoin: from a worker's kill to the moment it was started again and joined the running job
+  (``--elastic`` with restarts left);
 * recovery: from the kill to the first round a worker logs after the job went on: after the
   restart, after a server's keys were taken over by the next one (``--replicas``), or after
   a dead worker was let go (``--elastic``); the workers log a round every few rounds, so
@@ -202,6 +204,10 @@ def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
             or 1e18,
         )
         recover = t - killed if t is not None else None
+        t = job.first(r"joined the running job after round", killed)
+        rejoin = t - killed if t is not None else None  # a worker started again is back in
+    else:
+        rejoin = None
     return {
         "trial": i,
         "role": role,
@@ -212,6 +218,7 @@ def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
         "orphans": len(orphans),
         "detect_s": detect,
         "recover_s": recover,
+        "rejoin_s": rejoin,
         "ck": str(ck),
         "name": name,
         "output": "\n".join(line for _, line in job.lines),
@@ -310,18 +317,21 @@ def main() -> int:
             print(
                 f"trial {i:3d} kill {role:9s} at {row['kill_at_s']:5.1f}s: {row['outcome']:9s} "
                 f"orphans {row['orphans']} matches {row['matches']} detect "
-                f"{_s(row['detect_s'])} recover {_s(row['recover_s'])}",
+                f"{_s(row['detect_s'])} recover {_s(row['recover_s'])} rejoin "
+                f"{_s(row['rejoin_s'])}",
                 flush=True,
             )
     summary = summarize(rows)
     print()
     print(f"{'killed':10s} {'trials':>6s} {'completed':>9s} {'failed':>6s} {'hung':>4s} "
-          f"{'orphans':>7s} {'match':>5s} {'detect med':>10s} {'recover med':>11s}")  # fmt: skip
+          f"{'orphans':>7s} {'match':>5s} {'detect med':>10s} {'recover med':>11s} "
+          f"{'rejoined':>8s} {'rejoin med':>10s}")  # fmt: skip
     for role, s in summary.items():
         print(
             f"{role:10s} {s['trials']:6d} {s['completed']:9d} {s['failed']:6d} {s['hung']:4d} "
             f"{s['orphans']:7d} {s['matches']:5d} {_s(s['detect_median_s']):>10s} "
-            f"{_s(s['recover_median_s']):>11s}"
+            f"{_s(s['recover_median_s']):>11s} {s['rejoined']:8d} "
+            f"{_s(s['rejoin_median_s']):>10s}"
         )
     print(f"reference accuracy {ref_acc}; largest gap of a completed trial "
           f"{max((r['accuracy_gap'] or 0.0) for r in rows):.4f}")  # fmt: skip
@@ -372,6 +382,8 @@ def summarize(rows: list[dict]) -> dict:
             "compared": sum(r["matches"] is not None for r in rs),
             "detect_median_s": median(r["detect_s"] for r in rs if r["detect_s"] is not None),
             "recover_median_s": median(r["recover_s"] for r in rs if r["recover_s"] is not None),
+            "rejoined": sum(r.get("rejoin_s") is not None for r in rs),
+            "rejoin_median_s": median(r["rejoin_s"] for r in rs if r.get("rejoin_s") is not None),
         }
     return out
 
