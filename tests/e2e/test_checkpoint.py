@@ -303,10 +303,11 @@ def test_checkpoint_flags_that_cannot_work_are_one_line(tmp_path, args, says):
 
 
 def test_elastic_goes_on_without_a_dead_worker(tmp_path):
-    """--elastic 2 with 3 workers: worker 2 is SIGKILLed after the first checkpoint; the
+    """--elastic 2 with 3 workers: worker 0 is SIGKILLed after the first checkpoint; the
     other two go on at once with nothing restarted: they finish every round (each logged
-    once), split its data between them from the next epoch, and the checkpoints after it
-    hold 2 workers. With --elastic 3 the same death ends the job with a clear error."""
+    once), split its data between them from the next epoch, worker 1 leads (evaluation,
+    checkpoints, run.json) and the checkpoints after it hold 2 workers. With --elastic 3 the
+    death of worker 2 ends the job with a clear error."""
     args = ["--workers", "3", "-m", "sync", "-n", "mlp", "--max-rounds", "40"]
     args += ["--slowdown", "30,30,30", "--checkpoint-every", "3"]
     outs = {}
@@ -323,8 +324,8 @@ def test_elastic_goes_on_without_a_dead_worker(tmp_path):
         )
         try:
             _wait_for(lambda ck=ck: (ck / "latest").exists(), "first checkpoint", proc)
-            victim = _pid_of(tag, "worker", 2)
-            assert victim is not None, "no worker 2 process"
+            victim = _pid_of(tag, "worker", 0 if minimum == "2" else 2)
+            assert victim is not None, "no worker process to kill"
             os.kill(victim, signal.SIGKILL)
             outs[minimum] = proc.communicate(timeout=180)[0]
         finally:
@@ -334,15 +335,19 @@ def test_elastic_goes_on_without_a_dead_worker(tmp_path):
         outs[minimum] = (proc.returncode, outs[minimum])
     code, out = outs["2"]
     assert code == 0, out
-    assert "elastic: worker 2 was killed by signal 9 (code 137); the job goes on without it, " \
+    assert "elastic: worker 0 was killed by signal 9 (code 137); the job goes on without it, " \
         "with 2 workers" in out, out
     assert "restart" not in out, out
     # 2,400 examples: 25 batches of 32 per worker with 3, 37 with 2; from epoch 1 on
-    assert "worker 0: from epoch 1 on, data shard 0 of 2 (1200 examples)" in out, out
-    assert "worker 1: from epoch 1 on, data shard 1 of 2 (1200 examples)" in out, out
+    assert "worker 1: from epoch 1 on, data shard 0 of 2 (1200 examples)" in out, out
+    assert "worker 2: from epoch 1 on, data shard 1 of 2 (1200 examples)" in out, out
+    assert "[worker 1] checkpoint after round 40" in out, out
     run = tmp_path / f"{tmp_path.name}-elastic2"
-    for rank in (0, 1):
+    for rank in (1, 2):
         assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 41)), out
+    last = json.loads((run / "worker-1.jsonl").read_text().splitlines()[-1])
+    assert last["accuracy"] is not None, last  # worker 1 evaluates now
+    assert json.loads((run / "run.json").read_text())["ended"]["status"] == "completed"
     final = json.loads((tmp_path / "ck2" / "ckpt-00000040" / "manifest.json").read_text())
     assert final["workers"] == 2
     assert sorted(p.name for p in (tmp_path / "ck2" / "ckpt-00000040").glob("worker-*.pkl")) == [

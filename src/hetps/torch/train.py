@@ -411,7 +411,12 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
         resume=resume,
     )
     if writer is None:
-        return RUNNERS[args.mode](run)
+        code = RUNNERS[args.mode](run)
+        if rank != 0 and run.lead and (run_dir / "run.json").exists():
+            # worker 0 died and the job went on without it (--elastic): the lead says how
+            # the run ended
+            RunWriter.reopen(run_dir).update(ended={"status": "completed", "at": time.time()})
+        return code
     try:
         code = RUNNERS[args.mode](run)
     except BaseException as exc:
