@@ -9,6 +9,8 @@ import re
 import sys
 import textwrap
 
+import pytest
+
 from conftest import PRELUDE
 from hetps.launch.local import Launcher, LaunchSpec
 
@@ -142,19 +144,25 @@ def test_below_the_minimum_the_job_fails_naming_the_worker(tmp_path):
     ), out
 
 
-# Worker 2 dies at round DIE_AT as above; the launcher starts it again, it joins, and the
-# others let it in at the round boundary where all of them saw it waiting: a summed flag. The
-# first live worker gives the joiner the round to go on from and the round to stop after (10
-# rounds on; the others go on as long as it takes the joiner to start). Every worker prints
-# each round's sums; the joiner's first round is the one after the boundary.
+# Worker DIE_RANK dies at round DIE_AT as above; the launcher starts it again, it joins, and
+# the others let it in at the round boundary where all of them saw it waiting: a summed flag.
+# The first live worker gives the joiner the round to go on from and the round to stop after
+# (10 rounds on; the others go on as long as it takes the joiner to start). Every worker
+# prints each round's sums; the joiner's first round is the one after the boundary. With
+# JOINER_DIES the worker started again asks to join, gets its answer (the others wait at
+# their boundary) and dies before it is in.
 JOIN_SCRIPT = """
 import json, pickle
-die_at = int(os.environ["DIE_AT"])
+from hetps.transport.codec import Message
+die_at, die_rank = int(os.environ["DIE_AT"]), int(os.environ["DIE_RANK"])
 kv = hetps.kv.create("dist_sync")
 kv.init(["a", "probe", "flag"], [np.zeros(5, np.float32), np.zeros(1, np.float32),
                                  np.zeros(1, np.float32)])
 first, stop_at = 0, 100000  # (a bound: the test fails long before)
 if kv.rejoining:
+    if os.environ.get("JOINER_DIES"):
+        kv.node.request(1, Message("join")).wait(60)
+        os.kill(os.getpid(), signal.SIGKILL)
     state = pickle.loads(kv.join())
     first, stop_at = state["next"], state["stop_at"]
     print("JOINED", kv.rank, first, kv.live_workers, flush=True)
@@ -163,12 +171,13 @@ out, flag = np.zeros(5, np.float32), np.zeros(1, np.float32)
 r = first - 1
 while r + 1 < stop_at:
     r += 1
-    if r == die_at and kv.rank == 2 and not kv.node.recovery:
-        kv.push("a", np.full(5, 3.0 * (r + 1), np.float32))
+    mine = np.full(5, (kv.rank + 1) * (r + 1), np.float32)
+    if r == die_at and kv.rank == die_rank and not kv.node.recovery:
+        kv.push("a", mine)
         kv.pull("probe")
         os.kill(os.getpid(), signal.SIGKILL)
-    kv.pushpull(["a", "flag"], [np.full(5, (kv.rank + 1) * (r + 1), np.float32),
-                                np.array([float(kv.joining)], np.float32)], out=[out, flag])
+    kv.pushpull(["a", "flag"], [mine, np.array([float(kv.joining)], np.float32)],
+                out=[out, flag])
     seen.append([r, float(out[0]), kv.short_rounds("a"), kv.live_workers])
     if flag[0] > 0.5:
         stop_at = r + 11
@@ -178,54 +187,84 @@ print("SEEN", kv.rank, kv.live_rank, json.dumps(seen), flush=True)
 """
 
 
-def test_a_worker_started_again_joins_at_a_round_boundary(tmp_path):
-    """--elastic 2 with restarts: worker 2 dies, the others go on with 2, it is started again
-    and joins; from the round after the boundary every sum has its push again, and the job
-    completes with nothing else restarted."""
+def _join_job(tmp_path, die_rank: int, servers: int = 1, extra: dict | None = None):
     script = tmp_path / "join_script.py"
     script.write_text(PRELUDE + textwrap.dedent(JOIN_SCRIPT))
     out = io.StringIO()
     spec = LaunchSpec(
         num_workers=3,
-        num_servers=1,
+        num_servers=servers,
         command=[sys.executable, str(script)],
-        env=ENV,
+        env={**ENV, "DIE_RANK": str(die_rank), **(extra or {})},
         start_timeout=30.0,
         failure_grace=5.0,
         elastic_min=2,
         max_restarts=1,
         rejoin_workers=True,
+        replicas=servers,
     )
     launcher = Launcher(spec, out=out)
     try:
         code = launcher.run()
     finally:
         launcher.stop_all(kill=True)
-    out = out.getvalue()
+    return code, out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("die_rank", "servers"),
+    # worker 0, started again, must not act as the first worker before it is in: its init
+    # would reset the keys (with copies, their round counts, and the job would hang)
+    [(2, 1), (0, 2)],
+)
+def test_a_worker_started_again_joins_at_a_round_boundary(tmp_path, die_rank, servers):
+    """--elastic 2 with restarts: a worker dies, the others go on with 2, it is started again
+    and joins; from the round after the boundary every sum has its push again, and the job
+    completes with nothing else restarted. Second case: 2 servers with --replicas 2."""
+    code, out = _join_job(tmp_path, die_rank, servers)
     assert code == 0, out
-    assert "starting worker 2 again (it joins the running job" in out, out
-    assert re.search(r"is_recovery=1 \(worker rank 2 again", out), out
-    joined = re.search(r"JOINED 2 (\d+) 3", out)
+    assert f"starting worker {die_rank} again (it joins the running job" in out, out
+    assert re.search(rf"is_recovery=1 \(worker rank {die_rank} again", out), out
+    joined = re.search(rf"JOINED {die_rank} (\d+) 3", out)
     assert joined is not None, out
     first = int(joined.group(1))
     seen = _seen(out)
     assert sorted(seen) == [0, 1, 2], out
     die = int(ENV["DIE_AT"])
+    full, part = 6.0, 6.0 - (die_rank + 1)
     for rank, (live_rank, rounds) in seen.items():
         assert live_rank == rank
         for entry in rounds:
             r, value, short, live = entry[:4]
-            if r < die or (r == die and value == 6.0 * (r + 1)):  # (its push came in time)
-                assert value == 6.0 * (r + 1) and short == [], entry
+            if r < die or (r == die and value == full * (r + 1)):  # (its push came in time)
+                assert value == full * (r + 1) and short == [], entry
             elif r < first:
-                assert value == 3.0 * (r + 1) and short == [[0, 5, 2]], entry
+                assert value == part * (r + 1) and short == [[0, 5, 2]], entry
                 assert live == 2
             else:  # the joiner's push is in every round from the boundary on
-                assert value == 6.0 * (r + 1) and short == [] and live == 3, (rank, entry)
-        if rank < 2:
+                assert value == full * (r + 1) and short == [] and live == 3, (rank, entry)
+        if rank != die_rank:
             assert [e[0] for e in rounds] == list(range(first + 10)), out
             admitted = [e[0] for e in rounds if e[-1] == "admitted"]
             assert admitted == [first - 1], out
         else:
             assert [e[0] for e in rounds] == list(range(first, first + 10)), out
     assert die < first
+
+
+def test_a_worker_that_dies_while_it_joins_is_let_go_again(tmp_path):
+    """The worker started again dies after the others reached their boundary and before it
+    is in: they go on without it (no admit waits forever), and the job completes."""
+    code, out = _join_job(tmp_path, 2, extra={"JOINER_DIES": "1"})
+    assert code == 0, out
+    assert "before it joined; the job goes on without it" in out, out
+    seen = _seen(out)
+    assert sorted(seen) == [0, 1], out
+    die = int(ENV["DIE_AT"])
+    for _rank, (_, rounds) in seen.items():
+        admitted = [e[0] for e in rounds if e[-1] == "admitted"]
+        assert len(admitted) == 1, out
+        assert [e[0] for e in rounds] == list(range(admitted[0] + 11)), out
+        for r, value, short, live, *_ in rounds:
+            if r > die:
+                assert value == 3.0 * (r + 1) and short == [[0, 5, 2]] and live == 2

@@ -206,3 +206,29 @@ def test_esync_readiness_leaves_out_a_worker_that_left():
     assert not policy.round_complete()
     assert policy.report_step(1, 0.2, 20.2) is True
     assert policy.round_complete()
+
+
+def test_a_worker_out_of_the_rounds_cannot_init_or_set_the_optimizer_until_it_enters():
+    """A let-go worker (or one started again, before it joined) would reset a key's value
+    and round count with an init: refused. After ``enter`` it is counted again (twice is
+    harmless)."""
+    srv, node = _server()
+    node.leave(srv, W2)
+    body = {"k": "w", "part": 0, "off": 0, "n": 8, "size": 8, "shape": [8], "dtype": "float32"}
+    srv.handle(Message("init", sender=W2, req=5, body=body, arrays=[np.ones(8, np.float32)]))
+    blob = np.frombuffer(optim.dumps(optim.SGD(learning_rate=1.0)), np.uint8)
+    srv.handle(Message("set_optimizer", sender=W2, req=6, arrays=[blob]))
+    errors = [body["error"] for _, body, _ in node.replies]
+    assert len(errors) == 2 and all("not in the job's rounds" in e for e in errors), errors
+    assert np.array_equal(srv.slices[("w", 0)].value, np.zeros(8, np.float32))
+    assert srv.optimizer is None
+    node.replies.clear()
+    node.van = type("Van", (), {"revive": lambda self, peer: None})()
+    for req in (7, 8):
+        srv.handle(Message("enter", sender=W2, req=req))
+    assert [body for _, body, _ in node.replies] == [{}, {}]
+    assert W2 not in node.left
+    node.replies.clear()
+    for worker, v in ((W0, 1.0), (W1, 2.0), (W2, 3.0)):  # three workers again
+        _push(srv, worker, v, req=worker)
+    assert np.array_equal(srv.slices[("w", 0)].value, np.full(8, 6.0, np.float32))

@@ -76,8 +76,11 @@ class Elastic:
             self.joining.pop(nid, None)
             self.entering.pop(nid, None)
             self.last_seen.pop(nid, None)
-            log.warning("scheduler: %s before it joined", text)
+            log.warning("scheduler: %s before it joined; the job goes on without it", text)
+            # every node forgets it again (a server it entered already counts it)
+            self._tell_left(info, text)
             self._maybe_admit()
+            self._release_admits()
             return reason, True
         live = self._live_workers(but=nid)
         if len(live) < self.elastic:
@@ -95,10 +98,7 @@ class Elastic:
             len(live),
             self.elastic,
         )
-        body = {"node": info.to_wire(), "error": text, "workers": live}
-        for other in self.nodes:
-            if other not in self.dead and other not in self.finished:
-                self._send(other, Message(P.WORKER_LEFT, body=body))
+        self._tell_left(info, text)
         for group in ("worker", "all"):  # barriers no longer wait for it
             self._maybe_release(group)
         for hook in self._on_worker_finished:
@@ -106,6 +106,23 @@ class Elastic:
         self._maybe_admit()  # it may have been the last one the boundary waited for
         self._maybe_end()
         return reason, True
+
+    def _tell_left(self, info: NodeInfo, text: str) -> None:
+        """``worker_left`` to every live node: the workers first (a worker that leads from now
+        on should know before a server answers it a round without the dead one)."""
+        body = {"node": info.to_wire(), "error": text, "workers": self._live_workers()}
+        order = sorted(self.nodes, key=lambda i: self.nodes[i].role != "worker")
+        for other in order:
+            if other not in self.dead and other not in self.finished:
+                self._send(other, Message(P.WORKER_LEFT, body=body))
+
+    def _release_admits(self) -> None:
+        """No worker waits to join or is entering (it died): the live workers waiting at
+        their boundary go on."""
+        if not self.joining and not self.entering and self.admitting:
+            for m in self.admitting.values():
+                self.reply(m)
+            self.admitting = {}
 
     # -- a let-go worker joins again -----------------------------------------------------------
     def _join_slot(self, role: str, want: int) -> int | None:
@@ -208,7 +225,10 @@ class Elastic:
         live = self._live_workers()
         if not self.joining or not live or not all(w in self.admitting for w in live):
             return
-        lead = self.admitting[live[0]]
+        # the state of the first live worker that gave one (each decides whether it leads
+        # from its own view, which a death in the same round may not have reached yet)
+        lead = next((self.admitting[w] for w in live if self.admitting[w].arrays), None)
+        lead = lead if lead is not None else self.admitting[live[0]]
         state, rounds = lead.arrays[:1], lead.body.get("rounds", [])
         barriers = {
             group: min(self.barriers[group].reached.get(w, 0) for w in live)

@@ -130,6 +130,7 @@ class Recovery:
         if gone == self.id:
             self._fail(NodeFailure(f"the scheduler let this worker go: {text}"))
             return
+        self.joining.discard(gone)  # (started again, it died before it joined)
         if self.role_of(gone) != "worker" or gone in self.left:
             return
         self.left.add(gone)

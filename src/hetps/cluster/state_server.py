@@ -98,7 +98,7 @@ class EsyncService:
     def forget(self, sched: Any) -> None:
         """The scheduler's hook when a worker ends: one that died and was let go
         (HETPS_ELASTIC) is left out of every later round's readiness."""
-        for nid in getattr(sched, "left", {}):
+        for nid in list(getattr(sched, "left", {})):  # (the scheduler's thread changes it)
             node = sched.nodes.get(nid)
             if node is not None and 0 <= node.rank < self.policy.num_workers:
                 self.policy.remove(node.rank)

@@ -39,6 +39,8 @@ class Takeover:
     services: dict[str, Any]
     replicas: int
     failovers: list[tuple[int, int]]
+    elastic: int
+    left: dict[int, str]
     rejoined: dict[int, int]
     recovering: bool
     exit_code: int | None
@@ -108,7 +110,10 @@ class Takeover:
             "recovery": 1,
             "down": [i for i in self.dead if self.nodes[i].role == "server"],
             "redirect": [[k, v] for k, v in redirects.items()],
+            "left": list(self.left),  # (HETPS_ELASTIC) workers let go
         }
+        if self.elastic:
+            body["elastic"] = self.elastic
         if P.METRICS_REPORT in self.services:
             body["metrics_s"] = self.cfg.metrics_interval
         self._send(nid, Message(P.NODES, req=msg.req, reply=True, body=body))

@@ -133,7 +133,10 @@ class DistKVStore(Joining):
     @property
     def live_rank(self) -> int:
         """This worker's place among the live workers, 0 .. live_workers-1 (its data shard
-        after a worker left); :attr:`rank` stays what it was."""
+        after a worker left); :attr:`rank` stays what it was. -1 on a worker started again
+        that has not joined yet (:attr:`rejoining`): it leads nothing."""
+        if self.rejoining:
+            return -1
         return [n.id for n in self.node.live_workers()].index(self.node.id)
 
     def short_rounds(self, key: Any) -> list[tuple[int, int, int]]:

@@ -267,6 +267,7 @@ class KVServer(Copies):
 
     # -- commands ---------------------------------------------------------------------------
     def _init(self, msg: Message) -> None:
+        self._in_rounds(msg)
         key, part, off, n = self._range(msg)
         size = self._field(msg, "size", int)
         shape = msg.body.get("shape")
@@ -563,13 +564,22 @@ class KVServer(Copies):
             for k in [k for k in table if k[0] == gone]:
                 del table[k]
 
+    def _in_rounds(self, msg: Message) -> None:
+        """Refuse what would change the job's keys from a worker that is out of its rounds (let
+        go, or started again and not joined yet: HETPS_ELASTIC)."""
+        if self._fixed_workers is None and msg.sender in getattr(self.node, "left", ()):
+            raise BadRequest(
+                f"{msg.cmd} from a worker that is not in the job's rounds (it was let go; a "
+                "worker started again joins first: kv.join())"
+            )
+
     def _enter(self, msg: Message) -> None:
         """A let-go worker started again joins (HETPS_ELASTIC): it counts in every round from
         now on. The live workers wait at a round boundary meanwhile, so no round is under way."""
         left = getattr(self.node, "left", None)
-        if left is None or msg.sender not in left:
+        if left is None:
             raise BadRequest("enter: only a worker that was let go and joins again enters")
-        left.discard(msg.sender)
+        left.discard(msg.sender)  # (already counted: nothing to do)
         self.node.van.revive(msg.sender)
         self.answers.reply(msg, {})
 
@@ -710,6 +720,7 @@ class KVServer(Copies):
     def _set_optimizer(self, msg: Message) -> None:
         if not self._from_worker(msg):  # unpickling runs code: only a worker's, ever
             raise BadRequest("set_optimizer: only a worker of this job may set the optimizer")
+        self._in_rounds(msg)
         if len(msg.arrays) != 1:
             raise BadRequest("set_optimizer: expected one pickled optimizer")
         try:

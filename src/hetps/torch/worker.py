@@ -177,6 +177,9 @@ class WorkerRun:
         if resume:
             self.steps_done = int(resume["steps_done"])
             torch.set_rng_state(resume["torch_rng"])
+        # epochs of data this worker went through: each step adds 1 / steps of its current
+        # shard (a shard cut again when a worker leaves or joins has another length)
+        self.epochs_done = self.steps_done / self.per_epoch
         # (workers, place among them) the shard was cut for: cut again when it changes
         self._sharded = (kv.num_workers, kv.rank) if kv is not None else (1, 0)
         self.ckpt: Any = None
@@ -283,6 +286,7 @@ class WorkerRun:
                 {
                     "round": rnd,
                     "steps_done": self.steps_done,
+                    "epochs_done": self.epochs_done,
                     "model": self.model.state_dict(),
                     "dopt": self.dopt.join_state(),
                 },
@@ -309,6 +313,7 @@ class WorkerRun:
         dopt.adopt(state["dopt"])
         self.first_round = int(state["round"])
         self.steps_done = int(state["steps_done"])
+        self.epochs_done = float(state["epochs_done"])
         self._stream = self._data_stream()
         print(
             f"worker {self.rank}: joined the running job after round {self.first_round} "
@@ -371,6 +376,7 @@ class WorkerRun:
         computes.append(real)
         del computes[:-9]
         self.steps_done += 1
+        self.epochs_done += 1.0 / self.per_epoch
         return float(loss.detach()), (dt if self.slow > 1 else real), len(y), epoch
 
     def want_stop(self, rnd: int, ahead: int = 0) -> bool:
@@ -382,7 +388,7 @@ class WorkerRun:
             or (args.time_budget is not None and time.time() - self.run_start >= args.time_budget)
             or (
                 args.epochs is not None
-                and (self.steps_done + ahead) / self.per_epoch >= args.epochs
+                and self.epochs_done + ahead / self.per_epoch >= args.epochs
             )
             or (args.max_rounds is not None and rnd >= args.max_rounds)
         )
