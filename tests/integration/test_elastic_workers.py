@@ -5,6 +5,7 @@ restarted. Below the minimum the job fails with a clear error."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import sys
 import textwrap
@@ -268,3 +269,53 @@ def test_a_worker_that_dies_while_it_joins_is_let_go_again(tmp_path):
         for r, value, short, live, *_ in rounds:
             if r > die:
                 assert value == 3.0 * (r + 1) and short == [[0, 5, 2]] and live == 2
+
+
+# Worker 0 (the one that makes a checkpoint's folder and writes its shared part) dies at
+# the moment the three would checkpoint; the others checkpoint that round without it.
+CKPT_SCRIPT = """
+import json
+from hetps.kvstore import checkpoint
+kv = hetps.kv.create("dist_sync")
+kv.init("a", np.zeros(5, np.float32))
+out = np.zeros(5, np.float32)
+for r in range(4):
+    kv.pushpull("a", np.full(5, kv.rank + 1.0, np.float32), out=out)
+if kv.rank == 0:
+    os.kill(os.getpid(), signal.SIGKILL)
+path = checkpoint.save(kv, os.environ["CK"], 4, {"rank": kv.rank})
+print("SAVED", kv.rank, path, flush=True)
+"""
+
+
+def test_a_checkpoint_the_first_worker_dies_in_is_taken_by_the_others(tmp_path):
+    script = tmp_path / "ckpt_script.py"
+    script.write_text(PRELUDE + textwrap.dedent(CKPT_SCRIPT))
+    out = io.StringIO()
+    ck = tmp_path / "ck"
+    spec = LaunchSpec(
+        num_workers=3,
+        num_servers=1,
+        command=[sys.executable, str(script)],
+        env={**ENV, "CK": str(ck)},
+        start_timeout=30.0,
+        failure_grace=5.0,
+        elastic_min=2,
+    )
+    launcher = Launcher(spec, out=out)
+    try:
+        code = launcher.run()
+    finally:
+        launcher.stop_all(kill=True)
+    out = out.getvalue()
+    assert code == 0, out
+    assert sorted(re.findall(r"SAVED (\d)", out)) == ["1", "2"], out
+    final = ck / "ckpt-00000004"
+    manifest = json.loads((final / "manifest.json").read_text())
+    assert manifest["workers"] == 2, manifest
+    assert sorted(p.name for p in final.glob("*.pkl")) == ["worker-0.pkl", "worker-1.pkl"]
+    import pickle
+
+    ranks = [pickle.loads((final / f"worker-{i}.pkl").read_bytes())["rank"] for i in (0, 1)]
+    assert ranks == [1, 2]
+    assert (final / "values.npz").exists()

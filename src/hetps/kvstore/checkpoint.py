@@ -89,12 +89,15 @@ def save(
             shutil.rmtree(tmp)
         tmp.mkdir()
     kv.barrier()  # every push of the round applied, the folder made
-    # a worker's file is named by its place among the live workers (0 .. n-1), so a job that
-    # went on without a dead worker (HETPS_ELASTIC) resumes with that many workers
-    with open(tmp / f"worker-{getattr(kv, 'live_rank', kv.rank)}.pkl", "wb") as f:
+    # (unless the first worker died just now and the job went on without it: HETPS_ELASTIC)
+    tmp.mkdir(parents=True, exist_ok=True)
+    # each worker's file is named by its rank first (ranks never collide, whoever thinks it
+    # leads); the manifest's writer names them by place among the live workers below
+    with open(tmp / f"rank-{kv.rank}.pkl", "wb") as f:
         pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
         f.flush()
         os.fsync(f.fileno())
+    kv.barrier()  # every worker's file written; a death before now reached every worker
     if _lead(kv):
         keys = list(kv.order)  # every key initialised, in init order
         values = kv.pull(keys) if keys else []
@@ -102,12 +105,17 @@ def save(
         with open(tmp / VALUES, "wb") as f:
             np.savez(f, **{f"v{i}": np.asarray(v) for i, v in enumerate(values)})
         kv.save_optimizer_states(str(tmp / STATES))
-    kv.barrier()  # every worker's file written
-    if _lead(kv):
+        # worker-0.pkl .. worker-(n-1).pkl: the live workers in rank order, so a job that
+        # went on without a dead worker (HETPS_ELASTIC) resumes with that many workers
+        live = _live_ranks(kv)
+        for place, rank in enumerate(live):
+            os.replace(tmp / f"rank-{rank}.pkl", tmp / f"worker-{place}.pkl")
+        for stale in tmp.glob("rank-*.pkl"):  # a worker that died after writing its own
+            stale.unlink()
         manifest = {
             "step": step,
             "time": time.time(),
-            "workers": getattr(kv, "live_workers", kv.num_workers),
+            "workers": len(live),
             "servers": kv.num_servers,
             "keys": index,
             **(meta or {}),
@@ -115,6 +123,14 @@ def save(
         _finish(root, tmp, final, manifest)
     kv.barrier()  # nobody goes on (or stops) before the checkpoint is complete
     return final
+
+
+def _live_ranks(kv: Any) -> list[int]:
+    """The ranks of the workers in the job's rounds, in order."""
+    node = getattr(kv, "node", None)
+    if node is None or not hasattr(node, "live_workers"):
+        return list(range(kv.num_workers))
+    return [n.rank for n in node.live_workers()]
 
 
 def _lead(kv: Any) -> bool:
