@@ -64,8 +64,9 @@ class Joining:
         """This worker was started again (:attr:`rejoining`): wait until the live workers
         admit it at a round boundary, then take part in every round from the next on.
         Returns the state the first live worker gave (None if it gave none). Keys that
-        exist already are made known with :meth:`declare` (or ``init``, which sends nothing
-        from a worker other than the first)."""
+        exist already are made known with :meth:`declare`, or ``init``: until it joined, a
+        worker started again leads nothing (``live_rank`` -1), so its ``init`` sends
+        nothing."""
         if not self.rejoining:
             raise RuntimeError(
                 "join: this worker is in the job's rounds already; only a worker started "
