@@ -1,0 +1,131 @@
+"""A server's rounds when workers may leave and join (HETPS_ELASTIC), as a part of
+:class:`hetps.kvstore.server.KVServer`.
+
+Each ``dist_sync`` round is kept per worker (``Slice.held``) until it is complete, then added
+in worker order. A worker that leaves (``worker_left``) has what it pushed into unfinished
+rounds dropped, and those rounds complete with the others; a worker started again counts
+from its ``enter`` on. docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it
+fits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hetps.kvstore.slices import BadRequest, Slice
+from hetps.transport.codec import Message
+
+
+class ElasticRounds:
+    """Per-worker rounds, leaves and joins (mixed into KVServer, which holds what is used)."""
+
+    node: Any
+    slices: dict
+    optimizer: Any
+    answers: Any
+    num_workers: int
+    _fixed_workers: int | None
+    _meas: dict
+    _forecasts: dict
+    _finish_round: Any
+
+    @property
+    def _elastic(self) -> bool:
+        """Whether a worker may leave mid-job (HETPS_ELASTIC): rounds are kept per worker."""
+        return self._fixed_workers is None and getattr(self.node, "elastic", 0) > 0
+
+    # -- HETPS_ELASTIC: a round is kept per worker until it is complete ----------------------
+    def _hold(
+        self, msg: Message, sl: Slice, worker: int, data: np.ndarray, off: int, n: int, ce: int
+    ) -> None:
+        """Keep a push of this round apart from the others' (merged when the round is
+        complete, so a worker that dies before leaves nothing in it)."""
+        if not sl.got:
+            sl.chunk = ce
+        elif ce != sl.chunk:
+            raise BadRequest(
+                f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
+                f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
+            )
+        # the received frame is kept as it is (read-only); lent ring memory is copied
+        sl.held.setdefault(worker, []).append((off, data if msg.lease is None else data.copy()))
+        sl.got[worker] = sl.got.get(worker, 0) + n
+        sl.seen.setdefault(worker, set()).add(off)
+        msg.arrays = []
+        sl.acks.append(msg)
+        self._finish_if_complete(sl)
+
+    def _finish_if_complete(self, sl: Slice) -> None:
+        if (
+            sl.got
+            and not sl.copying
+            and len(sl.got) == self.num_workers
+            and all(c >= sl.value.size for c in sl.got.values())
+        ):
+            self._merge_held(sl)
+            self._finish_round(sl)
+
+    def _merge_held(self, sl: Slice) -> None:
+        """Sum the round's pushes in worker order. With fewer workers than the job's (some
+        left): with an optimizer the sum is scaled to the job's count, so the optimizer's
+        rescale_grad (set for it) gives the survivors' mean; without one the value is their
+        sum, and its answers say how many workers it holds (``w``)."""
+        buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
+        buf = buf if buf is not None else np.empty(sl.value.size, sl.value.dtype)
+        sl.spare = None
+        written: set[int] = set()
+        for w in sorted(sl.held):
+            for off, arr in sl.held[w]:
+                if off in written:
+                    buf[off : off + arr.size] += arr
+                else:
+                    buf[off : off + arr.size] = arr
+                    written.add(off)
+        count, job = len(sl.held), len(self.node.workers())
+        sl.held = {}
+        sl.merge, sl.written, sl.short = buf, written, None
+        if count < job:
+            if self.optimizer is None:
+                sl.short = count
+            elif buf.dtype.kind == "f":
+                buf *= job / count
+
+    def _on_worker_left(self, gone: int) -> None:
+        """A worker died and the job goes on without it (the receive thread calls this,
+        between handlers): drop what it sent that is not applied yet, and finish the rounds
+        that now have every other worker's push."""
+        for sl in list(self.slices.values()):
+            sl.backlog = [m for m in sl.backlog if m.sender != gone]
+            sl.deferred = [m for m in sl.deferred if m.sender != gone]
+            sl.partial.pop(gone, None)
+            if gone in sl.got or gone in sl.held:
+                sl.held.pop(gone, None)
+                sl.got.pop(gone, None)
+                sl.seen.pop(gone, None)
+                sl.acks = [m for m in sl.acks if m.sender != gone]
+            self._finish_if_complete(sl)
+        for table in (self._meas, self._forecasts):
+            for k in [k for k in table if k[0] == gone]:
+                del table[k]
+
+    def _in_rounds(self, msg: Message) -> None:
+        """Refuse what would change the job's keys from a worker that is out of its rounds (let
+        go, or started again and not joined yet: HETPS_ELASTIC)."""
+        if self._fixed_workers is None and msg.sender in getattr(self.node, "left", ()):
+            raise BadRequest(
+                f"{msg.cmd} from a worker that is not in the job's rounds (it was let go; a "
+                "worker started again joins first: kv.join())"
+            )
+
+    def _enter(self, msg: Message) -> None:
+        """A let-go worker started again joins (HETPS_ELASTIC): it counts in every round from
+        now on. The live workers wait at a round boundary meanwhile, so no round is under way."""
+        left = getattr(self.node, "left", None)
+        if left is None:
+            raise BadRequest("enter: only a worker that was let go and joins again enters")
+        left.discard(msg.sender)  # (already counted: nothing to do)
+        self.node.van.revive(msg.sender)
+        self.answers.reply(msg, {})
+
