@@ -15,13 +15,11 @@ docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
-from hetps.transport.van import PeerGone
 
 log = logging.getLogger("hetps.scheduler")
 
@@ -138,30 +136,11 @@ class Elastic:
     def _admit_worker(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None:
         """A let-go worker registers again: it gets its old rank and id and new connections
         to the servers, and stays out of the rounds until it joined (``join``)."""
-        origin = msg.origin
-        self.rejoined[nid] = self.rejoined.get(nid, 0) + 1
-        try:
-            self.van.connect(origin, f"{host}:{port}", routing_id=back)
-        except PeerGone as exc:
-            log.warning("scheduler: registration with a bad address: %s", exc)
-            self.rejoined[nid] -= 1
-            return
-        self.van.disconnect(nid)
-        self.van.rename(origin, nid)
-        self.van.admit(origin, nid)
-        old = self.nodes[nid]
-        info = NodeInfo(nid, "worker", old.rank, host, port)
-        self.nodes[nid] = info
-        del self.dead[nid]
-        self.last_seen[nid] = time.monotonic()
-        log.warning(
-            "scheduler: assign rank=%d to node role=worker, ip=%s, port=%d, is_recovery=1 "
-            "(worker rank %d again; it joins at the workers' next round boundary)",
-            nid,
-            host,
-            port,
-            old.rank,
+        info = self._take_back(
+            msg, nid, host, port, back, "it joins at the workers' next round boundary"
         )
+        if info is None:
+            return
         servers = [i for i, n in self.nodes.items() if n.role == "server"]
         body = {
             "nodes": [n.to_wire() for n in self.nodes.values()],

@@ -75,30 +75,9 @@ class Takeover:
         it gets its old rank and id and new connections, holds no keys of its own (the server
         that took over keeps them) and is again the replica of those before it; every node
         connects to it, and the servers send it copies of what they serve."""
-        origin = msg.origin
-        self.rejoined[nid] = self.rejoined.get(nid, 0) + 1
-        old = self.nodes[nid]
-        try:
-            self.van.connect(origin, f"{host}:{port}", routing_id=back)
-        except PeerGone as exc:
-            log.warning("scheduler: registration with a bad address: %s", exc)
-            self.rejoined[nid] -= 1
+        info = self._take_back(msg, nid, host, port, back, "its keys stay where they were taken over")
+        if info is None:
             return
-        self.van.disconnect(nid)
-        self.van.rename(origin, nid)
-        self.van.admit(origin, nid)
-        info = NodeInfo(nid, "server", old.rank, host, port)
-        self.nodes[nid] = info
-        del self.dead[nid]
-        self.last_seen[nid] = time.monotonic()
-        log.warning(
-            "scheduler: assign rank=%d to node role=server, ip=%s, port=%d, is_recovery=1 "
-            "(server rank %d again; its keys stay where they were taken over)",
-            nid,
-            host,
-            port,
-            old.rank,
-        )
         live = [i for i in self.nodes if i not in self.dead and i != nid]
         redirects = self._redirects()
         body = {
@@ -131,6 +110,40 @@ class Takeover:
                     },
                 ),
             )
+
+    def _take_back(
+        self, msg: Message, nid: int, host: str, port: int, back: bytes, why: str
+    ) -> NodeInfo | None:
+        """A dead node registers again (is_recovery): connect back to it at its new address
+        under its old id and rank, and count it alive. None: the address is bad."""
+        origin = msg.origin
+        self.rejoined[nid] = self.rejoined.get(nid, 0) + 1  # (new pair ids: _pair)
+        try:
+            self.van.connect(origin, f"{host}:{port}", routing_id=back)
+        except PeerGone as exc:
+            log.warning("scheduler: registration with a bad address: %s", exc)
+            self.rejoined[nid] -= 1
+            return None
+        self.van.disconnect(nid)
+        self.van.rename(origin, nid)
+        self.van.admit(origin, nid)
+        old = self.nodes[nid]
+        info = NodeInfo(nid, old.role, old.rank, host, port)
+        self.nodes[nid] = info
+        del self.dead[nid]
+        self.last_seen[nid] = time.monotonic()
+        log.warning(
+            "scheduler: assign rank=%d to node role=%s, ip=%s, port=%d, is_recovery=1 "
+            "(%s rank %d again; %s)",
+            nid,
+            old.role,
+            host,
+            port,
+            old.role,
+            old.rank,
+            why,
+        )
+        return info
 
     # -- started again (--recover) -----------------------------------------------------------
     def _readmit_node(self, msg: Message) -> None:
