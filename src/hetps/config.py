@@ -676,12 +676,6 @@ def _check_replicas(values: dict) -> None:
             f"(DMLC_NUM_SERVER={values['num_server']}): use at most {values['num_server']}, "
             "or start more servers"
         )
-    if values["balance"] != "none":
-        raise ConfigError(
-            f"HETPS_REPLICAS={r} with HETPS_BALANCE={values['balance']}: the network-aware "
-            "plans move slices between servers and do not move their copies yet; use one or "
-            "the other (HETPS_BALANCE=none, or HETPS_REPLICAS=1)"
-        )
 
 
 def is_loopback(host: str) -> bool:

@@ -265,7 +265,6 @@ def test_hetps_train_reads_its_role_through_config(clean_env, capsys):
     ("extra", "says"),
     [
         ({"HETPS_REPLICAS": "3"}, "HETPS_REPLICAS=3 asks for more copies of each key than"),
-        ({"HETPS_REPLICAS": "2", "HETPS_BALANCE": "aware"}, "use one or the other"),
         ({"HETPS_REPLICAS": "0"}, "HETPS_REPLICAS"),
         ({"HETPS_ELASTIC": "1", "HETPS_BALANCE": "aware"}, "HETPS_ELASTIC=1 with HETPS_BALANCE"),
     ],
@@ -274,3 +273,6 @@ def test_replicas_that_cannot_work_are_refused_with_the_fix(extra, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         node_config_from_env({**BASE, **extra})
     assert node_config_from_env({**BASE, "HETPS_REPLICAS": "2"}).replicas == 2
+    # the plans move a slice's copies with it
+    both = node_config_from_env({**BASE, "HETPS_REPLICAS": "2", "HETPS_BALANCE": "aware"})
+    assert (both.replicas, both.balance) == (2, "aware")

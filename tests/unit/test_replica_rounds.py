@@ -18,15 +18,16 @@ P_ID, Q_ID, W0, W1 = 8, 10, 9, 11
 class _Wire:
     """The nodes of two servers; a copy to the other is held until :meth:`deliver`."""
 
-    def __init__(self) -> None:
+    def __init__(self, ids: tuple[int, ...] = (P_ID, Q_ID)) -> None:
+        self.ids = ids  # the servers, in rank order
         self.held: list[tuple] = []  # (to, message, callback) not delivered yet
-        self.replies: dict[int, list[tuple[Message, dict | None, list]]] = {P_ID: [], Q_ID: []}
+        self.replies: dict[int, list[tuple[Message, dict | None, list]]] = {i: [] for i in ids}
         self.servers: dict[int, KVServer] = {}
         self.dead: set[int] = set()
 
     def node(self, me: int):
         wire = self
-        roles = {P_ID: "server", Q_ID: "server", W0: "worker", W1: "worker"}
+        roles = {**dict.fromkeys(self.ids, "server"), W0: "worker", W1: "worker"}
 
         class Node:
             id = me
@@ -41,7 +42,7 @@ class _Wire:
                 return [W0, W1]
 
             def live_servers(self):
-                return [SimpleNamespace(id=i) for i in (P_ID, Q_ID) if i not in wire.dead]
+                return [SimpleNamespace(id=i) for i in wire.ids if i not in wire.dead]
 
             def describe(self, nid):
                 return f"node {nid}"
@@ -192,3 +193,73 @@ def test_a_late_copy_from_a_dead_primary_is_not_mixed_into_the_round_being_rebui
     _push(q, W0, 1, np.full(4, 10.0, np.float32), req=22)
     assert sorted(_acked(wire, Q_ID)) == [20, 21, 22, 23]
     assert sl.rounds == 2 and np.array_equal(sl.value, [30.0] * 4)
+
+
+def _same_state(x, y) -> bool:
+    """Whether two optimizer states hold the same numbers (as the wire carries them)."""
+    return x is not None and optim.dump_states({0: x}) == optim.dump_states({0: y})
+
+
+def test_a_plan_that_moves_a_slice_moves_its_copies_state_and_rounds():
+    """Three servers, two copies (A's replica is B, B's is C, C's is A), as a worker's
+    migration (hetps.balance.agent) plays it: ``w`` moves A -> C and ``v`` moves A -> B after
+    two momentum rounds. Then every copy is where the new plan puts it, with the primary's
+    value, momentum and round count, and the next round is applied at once."""
+    a_id, b_id, c_id = 8, 10, 12
+    wire = _Wire((a_id, b_id, c_id))
+    for nid in wire.ids:
+        wire.servers[nid] = KVServer(wire.node(nid))
+    a, b, c = (wire.servers[i] for i in wire.ids)
+    _set_sgd(wire)
+    meta = {"shape": [4], "dtype": "float32"}
+    for req, key in enumerate(("w", "v")):
+        body = {"k": key, "part": 0, "off": 0, "n": 4, "size": 4, **meta}
+        a.handle(Message("init", sender=W0, req=req, body=body, arrays=[np.zeros(4, np.float32)]))
+    wire.deliver()
+    for rnd in range(2):
+        for key in ("w", "v"):
+            for w, g in ((W0, 1.0), (W1, 2.0 + rnd)):
+                body = {"k": key, "part": 0, "off": 0, "n": 4, "sync": True, "ce": 4, "rnd": rnd}
+                grad = np.full(4, g, np.float32)
+                a.handle(Message("push", sender=w, req=100 + rnd, body=body, arrays=[grad]))
+        wire.deliver()
+    want = {k: (a.slices[(k, 0)].value.copy(), a.slices[(k, 0)].state) for k in ("w", "v")}
+    assert b.slices[("w", 0)].origin == a_id and not b.slices[("w", 0)].primary
+    assert ("w", 0) not in c.slices
+
+    # the migration: reads on A (done), inits with the rounds so far, states, then drops
+    for to, key in ((c, "w"), (b, "v")):
+        body = {"k": key, "part": 0, "off": 0, "n": 4, "size": 4, "rnd": 2, **meta}
+        to.handle(Message("init", sender=W0, req=200, body=body, arrays=[want[key][0]]))
+        wire.deliver()  # the new primary's replica gets the value first
+        blob = np.frombuffer(optim.dump_states({(key, 0): want[key][1]}), np.uint8)
+        to.handle(Message("set_states", sender=W0, req=201, body={"move": True}, arrays=[blob]))
+        assert [m.cmd for m, _, _ in wire.replies[to.node.id][-1:]] != ["set_states"]
+        wire.deliver()  # ... and its state before the set_states is answered
+        assert wire.replies[to.node.id][-1][0].cmd == "set_states"
+    a.handle(Message("drop", sender=W0, req=202, body={"slices": [["w", 0], ["v", 0]]}))
+    wire.deliver()
+
+    # w: C serves it, A keeps the copy (A is C's replica); B's copy of A's is gone
+    # v: B serves it, C has the copy (with the momentum it never had), A has nothing
+    assert c.slices[("w", 0)].primary and not a.slices[("w", 0)].primary
+    assert a.slices[("w", 0)].origin == c_id and ("w", 0) not in b.slices
+    assert b.slices[("v", 0)].primary and c.slices[("v", 0)].origin == b_id
+    assert ("v", 0) not in a.slices
+    for srv, key in ((c, "w"), (a, "w"), (b, "v"), (c, "v")):
+        sl = srv.slices[(key, 0)]
+        assert sl.rounds == 2 and np.array_equal(sl.value, want[key][0])
+        assert _same_state(sl.state, want[key][1]), (srv.node.id, key)
+
+    # round 3 goes to the new primaries and is applied (and copied) at once
+    for to, key in ((c, "w"), (b, "v")):
+        for w, g in ((W0, 1.0), (W1, 5.0)):
+            body = {"k": key, "part": 0, "off": 0, "n": 4, "sync": True, "ce": 4, "rnd": 2}
+            grad = np.full(4, g, np.float32)
+            to.handle(Message("push", sender=w, req=300, body=body, arrays=[grad]))
+        wire.deliver()
+        assert _acked(wire, to.node.id)[-2:] == [300, 300]
+    for primary, copy, key in ((c, a, "w"), (b, c, "v")):
+        p_sl, c_sl = primary.slices[(key, 0)], copy.slices[(key, 0)]
+        assert p_sl.rounds == c_sl.rounds == 3
+        assert np.array_equal(p_sl.value, c_sl.value) and _same_state(p_sl.state, c_sl.state)

@@ -326,7 +326,8 @@ class BalanceAgent:
         for idx, ((k, j, a, b), s_old, s_new) in enumerate(
             zip(self._slices(), old, new, strict=True)
         ):
-            if s_old == s_new:
+            if self._serving(s_old) == self._serving(s_new):
+                # (one server already serves both: a dead one's keys went to the other)
                 continue
             if self.cfg.colocate and s_new < self.num_workers:
                 mine = s_new == self.rank
@@ -364,16 +365,22 @@ class BalanceAgent:
         for _s_old, s_new, items, _want, states, pulls in reads:
             for (k, j, a, b), fut in zip(items, pulls, strict=True):
                 data = np.array(fut.wait(self.timeout).arrays[0], copy=True)
-                msg = Message(P.INIT, body=dict(body(k, j, a, b), size=b - a), arrays=[data])
-                writes.append(self.kv.request(k, 0, s_new, msg))
+                # the slice's rounds so far go with it (with HETPS_REPLICAS pushes name theirs)
+                init = dict(body(k, j, a, b), size=b - a, rnd=self.kv.meta[k].rounds)
+                writes.append(self.kv.request(k, 0, s_new, Message(P.INIT, body=init, arrays=[data])))
             blob = states.wait(self.timeout).arrays[0]
             if optim.load_states(blob.tobytes()):
-                writes.append(
-                    self.kv.request(None, 0, s_new, Message(P.SET_STATES, arrays=[np.array(blob)]))
-                )
+                # ("move": with HETPS_REPLICAS the new server's replicas get the states too)
+                msg = Message(P.SET_STATES, body={"move": True}, arrays=[np.array(blob)])
+                writes.append(self.kv.request(None, 0, s_new, msg))
         wait_all(writes, self.timeout, "slice migration (write)")
         # 3. the caller drops them where they were, after a barrier
         return [(s_old, want) for s_old, _s_new, _items, want, _states, _pulls in reads]
+
+    def _serving(self, server_rank: int) -> int:
+        """The node that serves what the plan gives server ``server_rank``: the server
+        itself, or the one that took its keys over when it died (HETPS_REPLICAS)."""
+        return self.kv.node.route(self.kv._server_ids[server_rank])
 
     def _probes_used(self) -> bool:
         """Whether this store's scheme plans from capacity probes."""

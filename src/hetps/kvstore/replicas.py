@@ -185,6 +185,9 @@ class Copies:
         if op == "sync":
             self._sync_copy(msg)
             return
+        if op in ("drop", "states"):
+            self._moved_copy(msg, op)
+            return
         if op != "round":
             raise BadRequest(f"replicate: unknown op {short(op)}")
         key, part = msg.body.get("k"), msg.body.get("part")
@@ -271,4 +274,32 @@ class Copies:
         else:
             sl.state, sl.has_state = None, False
         sl.rounds, sl.origin = rnd, msg.sender
+        self.answers.reply(msg)
+
+    def _moved_copy(self, msg: Message, op: str) -> None:
+        """A plan moved slices (HETPS_BALANCE): ``drop``, the old primary's copies of them
+        go; ``states``, the new primary's optimizer states of them. Only copies of the
+        sender's are touched: a slice served here, or copied from another server, stays."""
+        def mine(key: Any) -> Slice | None:
+            sl = self.slices.get(key)
+            return sl if sl is not None and not sl.primary and sl.origin == msg.sender else None
+
+        if op == "drop":
+            items = msg.body.get("slices")
+            if not isinstance(items, list) or not all(slice_key(i) for i in items):
+                raise BadRequest("replicate: a drop needs 'slices', a list of [key, part]")
+            for item in items:
+                if mine((item[0], item[1])) is not None:
+                    del self.slices[(item[0], item[1])]
+        else:
+            if len(msg.arrays) != 1:
+                raise BadRequest("replicate: a states copy carries one pickle")
+            try:
+                states = optim.load_states(msg.arrays[0].tobytes())
+            except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
+                raise BadRequest(f"replicate: a state copy did not load ({exc})") from None
+            for sk, st in states.items():
+                sl = mine(tuple(sk) if isinstance(sk, list) else sk)
+                if sl is not None:
+                    sl.state, sl.has_state = st, True
         self.answers.reply(msg)

@@ -305,11 +305,16 @@ class KVServer(Copies, ElasticRounds):
         data = self._data(msg, sl, n)
         self._writable(sl)
         sl.value[off : off + n] = data
-        sl.rounds = 0  # (a worker counts a key's rounds from its init)
+        # a worker counts a key's rounds from its init; a slice that a plan moves here
+        # (HETPS_BALANCE) comes with the rounds it has had ('rnd')
+        rnd = msg.body.get("rnd", 0)
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            raise BadRequest(f"init of key {key!r}: field 'rnd' must be an integer >= 0")
+        sl.rounds = rnd
         if msg.cmd == P.INIT:
             sl.primary, sl.origin = True, None
-        else:
-            sl.origin = msg.sender
+        else:  # a copy, even of a slice served here until a plan moved it to the sender
+            sl.primary, sl.origin = False, msg.sender
         if msg.cmd == P.INIT and self._replicas():
             body = dict(msg.body, op="init")
             self._copy_out(body, np.array(data), lambda: self.answers.reply(msg))
@@ -609,9 +614,19 @@ class KVServer(Copies, ElasticRounds):
         items = msg.body.get("slices", [])
         if not isinstance(items, list) or not all(slice_key(i) for i in items):
             raise BadRequest("drop: field 'slices' must be a list of [key, part]")
+        if not self._replicated:
+            for item in items:
+                self.slices.pop((item[0], item[1]), None)
+            self.answers.reply(msg)
+            return
+        # HETPS_REPLICAS: a plan moved these slices away. What is served here goes (a copy
+        # of the new primary's stays), and so do the replicas' copies of what was served here
         for item in items:
-            self.slices.pop((item[0], item[1]), None)
-        self.answers.reply(msg)
+            sl = self.slices.get((item[0], item[1]))
+            if sl is not None and sl.primary:
+                del self.slices[(item[0], item[1])]
+        body = {"op": "drop", "slices": items}
+        self._copy_out(body, np.zeros(0, np.uint8), lambda: self.answers.reply(msg))
 
     def _writable(self, sl: Slice) -> None:
         """Before changing ``sl.value`` in place, make sure no reply still reads it."""
@@ -666,10 +681,19 @@ class KVServer(Copies, ElasticRounds):
             states = optim.load_states(msg.arrays[0].tobytes())
         except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
             raise BadRequest(f"set_states: {type(exc).__name__}: {exc}") from None
+        moved = []
         for sk, st in states.items():
             sl = self.slices.get(tuple(sk) if isinstance(sk, list) else sk)
             if sl is not None:
                 sl.state, sl.has_state = st, True
+                if sl.primary:
+                    moved.append(sl)
+        if self._replicated and msg.body.get("move") and moved:
+            # slices a plan moved here: their replicas get the states before the answer
+            blob = optim.dump_states({sl.skey: sl.state for sl in moved})
+            body = {"op": "states"}
+            self._copy_out(body, np.frombuffer(blob, np.uint8), lambda: self.answers.reply(msg))
+            return
         if self._replicated and self.node.redirect:
             # a server admitted again gets no set_states (its requests come here): it gets
             # these states with the rest of what this server serves

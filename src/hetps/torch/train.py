@@ -275,11 +275,9 @@ def launch_cluster(args: argparse.Namespace) -> int:
             f"hetps train: --replicas {args.replicas} must be between 1 and --servers "
             f"({args.servers})"
         )
-    if args.replicas > 1 and (args.mode not in ("sync", "esync") or args.balance not in (None, "none")
-    ):
+    if args.replicas > 1 and args.mode not in ("sync", "esync"):
         raise SystemExit(
-            "hetps train: --replicas needs -m sync or esync, without --balance (copies keep "
-            "dist_sync rounds, and the balance plans do not move them)"
+            "hetps train: --replicas needs -m sync or esync (copies keep dist_sync rounds)"
         )
     spec = LaunchSpec(
         num_workers=args.workers,
