@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pytest
 
+from hetps.cluster import protocol as P
+from hetps.cluster.protocol import NodeInfo
+from hetps.cluster.scheduler import Scheduler
+from hetps.cluster.state_server import EsyncService
 from hetps.sync.esync import ReadinessPolicy
+from hetps.transport.codec import Message
+from roles import loopback_config
 
 S0, W0, W1 = 8, 9, 11
 
@@ -66,3 +72,84 @@ def test_adding_a_worker_checks_its_id():
     for bad in (2, -1, True, "1"):
         with pytest.raises(ValueError, match="worker must be in 0..1"):
             p.add(bad)
+
+
+# -- the state service and the scheduler's hook ---------------------------------------------
+class _Sched:
+    """What EsyncService.forget reads of the scheduler."""
+
+    def __init__(self) -> None:
+        self.nodes = {
+            W0: NodeInfo(W0, "worker", 0, "127.0.0.1", 2),
+            W1: NodeInfo(W1, "worker", 1, "127.0.0.1", 3),
+        }
+        self.left: dict[int, str] = {}
+
+
+def test_the_state_service_counts_a_worker_back_from_its_next_round():
+    svc, sched = EsyncService(2), _Sched()
+    assert svc.decide(0, 1, 1.0, 1.0, 101.0)["ready"]  # round 1: lockstep
+    assert svc.decide(1, 1, 4.0, 4.0, 104.0)["ready"]
+    sched.left[W1] = "killed"
+    svc.forget(sched)  # worker 1 is let go: worker 0 alone is the slowest
+    assert svc.decide(0, 2, 1.0, 1.0, 111.0)["ready"]
+    del sched.left[W1]
+    svc.count_again(sched, sched.nodes[W1])
+    svc.count_again(sched, NodeInfo(S0, "server", 0, "127.0.0.1", 1))  # (not a worker)
+    assert svc.decide(0, 3, 1.0, 1.0, 121.0)["ready"]  # round 3: lockstep, worker 1 is in
+    assert not svc.policy.round_complete()
+    assert svc.decide(1, 3, 4.0, 4.0, 124.0)["ready"]
+    # round 4: worker 1 (4 s) is the slowest again, worker 0 steps until its deadline
+    ans = svc.decide(0, 4, 1.0, 1.0, 131.0)
+    assert ans["ready"] is False and ans["deadline_in_s"] == pytest.approx(3.0)
+
+
+@pytest.fixture
+def sched():
+    s = Scheduler(loopback_config("scheduler", num_worker=2, elastic=1))
+    s.nodes = {
+        S0: NodeInfo(S0, "server", 0, "127.0.0.1", 1),
+        W0: NodeInfo(W0, "worker", 0, "127.0.0.1", 2),
+        W1: NodeInfo(W1, "worker", 1, "127.0.0.1", 3),
+    }
+    yield s
+    s.van.close()
+
+
+def test_the_scheduler_runs_the_hook_before_the_live_workers_go_on(sched):
+    """``entered`` from the joiner: every on_worker_back hook is queued on the services'
+    thread before the joiner and the live workers at their boundary are answered, so the
+    hook runs before any report of the next round (the thread takes jobs in order)."""
+    heard = []
+    esync = EsyncService(2)
+    sched.register(
+        P.ESYNC_REPORT,
+        lambda s, m: None,
+        on_worker_back=lambda s, node: heard.append(("esync", node)) or esync.count_again(s, node),
+    )
+    sched.register(
+        "other", lambda s, m: None, on_worker_back=lambda s, n: heard.append(("other", n))
+    )
+    sent = []
+    sched._send = lambda nid, msg: sent.append((nid, msg.cmd, msg.reply, sched._service_q.qsize()))
+    esync.policy.remove(1)  # (as forget did when it was let go)
+    sched.left[W1] = "killed"
+    sched.entering[W1] = {"worker": 4, "all": 4}
+    sched.admitting[W0] = Message(P.ADMIT, sender=W0, req=7)
+    sched._join_step(Message(P.ENTERED, sender=W1, req=9))
+    replies = [(nid, cmd, queued) for nid, cmd, reply, queued in sent if reply]
+    assert replies == [(W1, P.ENTERED, 2), (W0, P.ADMIT, 2)], sent
+    assert (S0, P.WORKER_BACK, False, 2) in sent and (W0, P.WORKER_BACK, False, 2) in sent
+    assert W1 not in sched.left and not sched.admitting
+    while not sched._service_q.empty():  # the services' thread's work, here
+        sched._service_q.get()()
+    assert heard == [("esync", sched.nodes[W1]), ("other", sched.nodes[W1])]
+    esync.policy.start_round(0.0)
+    assert not esync.policy.is_ready(1)  # counted again
+
+
+def test_a_hook_for_a_command_served_already_is_refused(sched):
+    sched.register("x", lambda s, m: None)
+    with pytest.raises(ValueError, match="already has a service"):
+        sched.register("x", lambda s, m: None, on_worker_back=lambda s, n: None)
+    assert sched._on_worker_back == []
