@@ -7,12 +7,14 @@ tests/e2e/test_checkpoint.py (test_a_dead_esync_worker_started_again_joins_the_r
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.scheduler import Scheduler
 from hetps.cluster.state_server import EsyncService
 from hetps.sync.esync import ReadinessPolicy
+from hetps.torch.esync import ESyncTrainer
 from hetps.transport.codec import Message
 from roles import loopback_config
 
@@ -153,3 +155,68 @@ def test_a_hook_for_a_command_served_already_is_refused(sched):
     with pytest.raises(ValueError, match="already has a service"):
         sched.register("x", lambda s, m: None, on_worker_back=lambda s, n: None)
     assert sched._on_worker_back == []
+
+
+# -- the trainer of a joiner ------------------------------------------------------------------
+class _KV:
+    """What ESyncTrainer uses of a DistKVStore: one worker's sums are its own values."""
+
+    node = object()
+
+    def __init__(self, rejoining: bool = False) -> None:
+        self.num_workers = 1
+        self.rejoining = rejoining
+        self.joining = False
+        self.calls: list[tuple[str, list]] = []
+
+    def init(self, keys, values) -> None:
+        self.calls.append(("init", list(keys)))
+
+    def declare(self, keys, values) -> None:
+        self.calls.append(("declare", list(keys)))
+
+    def pull(self, keys, out=None) -> None:
+        self.calls.append(("pull", list(keys)))
+
+    def pushpull(self, keys, values) -> None:
+        self.calls.append(("pushpull", list(keys)))
+
+    def short_rounds(self, key) -> list:
+        return []
+
+
+def _model(width: int = 3) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(2, width)
+
+
+def test_a_joiner_makes_no_broadcast_and_declares_the_keys_that_exist():
+    live, joiner = _KV(), _KV(rejoining=True)
+    ESyncTrainer(_model(), live)
+    ESyncTrainer(_model(), joiner)
+    assert [c for c, _ in live.calls] == ["init", "pull", "init"]  # broadcast, then the keys
+    assert joiner.calls == [("declare", ["round:float32"])]
+    assert live.calls[-1] == ("init", ["round:float32"])
+
+
+def test_a_joiner_adopts_the_live_workers_round():
+    live = ESyncTrainer(_model(), _KV())
+    live.rounds = 7
+    joiner = ESyncTrainer(_model(), _KV(rejoining=True))
+    joiner.adopt(live.join_state())
+    assert joiner.rounds == 7 and joiner.begin_round() == 8
+    with pytest.raises(ValueError, match="the model .or the prefix. differs"):
+        ESyncTrainer(_model(4), _KV(rejoining=True)).adopt(live.join_state())
+    for bad in (None, {}, {"rounds": -1}, {"rounds": True}, {"rounds": "7"}):
+        with pytest.raises(ValueError, match="join_state"):
+            joiner.adopt(bad)
+
+
+def test_the_join_flag_travels_with_the_rounds_sum():
+    kv = _KV()
+    trainer = ESyncTrainer(_model(), kv)
+    for joining in (False, True, False):
+        kv.joining = joining
+        trainer.begin_round()
+        assert trainer.aggregate(ctl=0.0) is False
+        assert trainer.admit_due is joining
