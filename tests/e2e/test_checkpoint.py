@@ -409,13 +409,14 @@ def test_a_dead_worker_started_again_joins_the_running_job(tmp_path):
 
 def test_a_dead_esync_worker_started_again_joins_the_running_job(tmp_path):
     """-m esync, --elastic 1 --max-restarts 1 with 2 workers, worker 1 three times slower
-    than worker 0 (~45 and ~140 ms a step): worker 1 is SIGKILLed after the first
-    checkpoint; worker 0 goes on alone, the launcher starts worker 1 again, and it joins at a
-    round boundary with worker 0's model and ESync round. The state server counts it again
-    from the next round, which runs in lockstep (one local step each: its step time is not
-    known); after that worker 0 takes local steps while the slow one takes one. The job
+    than worker 0 (~45 and ~140 ms a step): worker 1 is SIGKILLed after the first checkpoint;
+    worker 0 goes on alone, the launcher starts worker 1 again, and it joins at a round
+    boundary with worker 0's model and ESync round. The state server counts it again: worker
+    0 takes local steps while the slow one takes one (alone, it took one a round). The job
     completes with the two models equal bit for bit (every round both take the same global
-    update from the same weights). A checkpoint every round, as in the sync test above."""
+    update from the same weights). A checkpoint every round, as in the sync test above.
+    (That the round after the boundary runs in lockstep is tests/unit/test_esync_join.py's:
+    here the joiner's first step is fast anyway, as --slowdown scales measured steps.)"""
     rounds = 120  # (alone, worker 0 takes ~70 ms a round: the joiner is in long before)
     args = ["--workers", "2", "-m", "esync", "-n", "mlp", "--max-rounds", str(rounds)]
     args += ["-e", "1000", "--slowdown", "20,60", "--checkpoint-every", "1"]
@@ -459,9 +460,8 @@ def test_a_dead_esync_worker_started_again_joins_the_running_job(tmp_path):
         rec["iter"]: rec["local_steps"]
         for rec in map(json.loads, (run / "worker-0.jsonl").read_text().splitlines())
     }
-    assert steps[boundary + 1] == 1, steps  # lockstep: the joiner's step time is not known
     # counted again: worker 0 steps until the slow joiner's step ends (alone, it took one)
-    assert max(steps[r] for r in after[1:]) >= 2, steps
+    assert max(steps[r] for r in after) >= 2, steps
 
 
 def test_checkpoint_seconds_is_agreed_by_every_worker(tmp_path):
