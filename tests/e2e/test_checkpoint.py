@@ -407,6 +407,63 @@ def test_a_dead_worker_started_again_joins_the_running_job(tmp_path):
     assert _iters(run / "worker-2.jsonl")[-(60 - boundary) :] == list(range(boundary + 1, 61))
 
 
+def test_a_dead_esync_worker_started_again_joins_the_running_job(tmp_path):
+    """-m esync, --elastic 1 --max-restarts 1 with 2 workers, worker 1 three times slower
+    than worker 0 (~45 and ~140 ms a step): worker 1 is SIGKILLed after the first checkpoint;
+    worker 0 goes on alone, the launcher starts worker 1 again, and it joins at a round
+    boundary with worker 0's model and ESync round. The state server counts it again: worker
+    0 takes local steps while the slow one takes one (alone, it took one a round). The job
+    completes with the two models equal bit for bit (every round both take the same global
+    update from the same weights). A checkpoint every round, as in the sync test above.
+    (That the round after the boundary runs in lockstep is tests/unit/test_esync_join.py's:
+    here the joiner's first step is fast anyway, as --slowdown scales measured steps.)"""
+    rounds = 120  # (alone, worker 0 takes ~70 ms a round: the joiner is in long before)
+    args = ["--workers", "2", "-m", "esync", "-n", "mlp", "--max-rounds", str(rounds)]
+    args += ["-e", "1000", "--slowdown", "20,60", "--checkpoint-every", "1"]
+    args += ["--elastic", "1", "--max-restarts", "1"]
+    ck = tmp_path / "ck"
+    tag = f"--run-name={tmp_path.name}-esync-join"
+    proc = subprocess.Popen(
+        _cmd(tmp_path, *args, "--checkpoint-dir", str(ck), tag),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: (ck / "latest").exists(), "first checkpoint", proc)
+        victim = _pid_of(tag, "worker", 1)
+        assert victim is not None, "no worker 1 process"
+        os.kill(victim, signal.SIGKILL)
+        out = proc.communicate(timeout=180)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "starting worker 1 again (it joins the running job at a round boundary" in out, out
+    joined = re.search(r"worker 1: joined the running job after round (\d+) \(is_recovery=1\)", out)
+    assert joined is not None, out
+    boundary = int(joined.group(1))
+    assert boundary < rounds - 2, out  # (rounds with both are left to look at)
+    assert f"worker 0: a worker joined after round {boundary}; 2 workers" in out, out
+    final = ck / f"ckpt-{rounds:08d}"
+    assert json.loads((final / "manifest.json").read_text())["workers"] == 2
+    models = [_model(final, r) for r in range(2)]
+    assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
+    run = tmp_path / f"{tmp_path.name}-esync-join"
+    assert _iters(run / "worker-0.jsonl") == list(range(1, rounds + 1)), out
+    after = list(range(boundary + 1, rounds + 1))
+    assert _iters(run / "worker-1.jsonl")[-len(after) :] == after, out
+    steps = {
+        rec["iter"]: rec["local_steps"]
+        for rec in map(json.loads, (run / "worker-0.jsonl").read_text().splitlines())
+    }
+    # counted again: worker 0 steps until the slow joiner's step ends (alone, it took one)
+    assert max(steps[r] for r in after) >= 2, steps
+
+
 def test_checkpoint_seconds_is_agreed_by_every_worker(tmp_path):
     """--checkpoint-seconds (1 ms, so due after almost every round) and no --checkpoint-every:
     rank 0's wish rides in the round's control sum, so both workers take the checkpoint after

@@ -6,8 +6,8 @@
 * join: a let-go worker started again registers with its old rank (is_recovery) and waits
   (``join``). The live workers hear ``worker_joining``, agree on a round boundary and each
   ``admit`` there (the first live worker with the state to start from). The joiner gets that
-  state, tells every server to count it (``enter``), says ``entered``, and the live workers go
-  on with it (``worker_back``).
+  state, tells every server to count it (``enter``), says ``entered``, the services' hooks
+  hear it (``on_worker_back``), and the live workers go on with it (``worker_back``).
 
 docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 """
@@ -44,6 +44,7 @@ class Elastic:
     entering: dict[int, dict[str, int]]
     exit_code: int | None
     _on_worker_finished: list
+    _on_worker_back: list
     _service_q: Any
 
     def _live_workers(self, but: int | None = None) -> list[int]:
@@ -228,10 +229,16 @@ class Elastic:
         self.joining = {}
 
     def _entered(self, msg: Message, barriers: dict[str, int]) -> None:
+        """Every server counts the joiner: it is in. The services hear it first (their hooks
+        are queued before any reply, so they run before a message of the next round), then
+        the joiner, the other nodes (``worker_back``), and the live workers at their
+        boundary go on."""
         nid, info = msg.sender, self.nodes[msg.sender]
         for group, n in barriers.items():
             self.barriers[group].reached[nid] = n
         del self.left[nid]
+        for hook in self._on_worker_back:
+            self._service_q.put(lambda hook=hook: hook(self, info))
         self.reply(msg)
         live = self._live_workers()
         log.warning("scheduler: %s joined; the job goes on with %d workers", info.describe(), len(live))

@@ -104,6 +104,7 @@ class Scheduler(Takeover, Elastic):
         self.van.my_id = P.SCHEDULER_ID
         self.services: dict[str, Service] = dict(services or {})
         self._on_worker_finished: list[Callable[[Scheduler], None]] = []
+        self._on_worker_back: list[Callable[[Scheduler, NodeInfo], None]] = []
         self.nodes: dict[int, NodeInfo] = {}
         self.pending: list[_Pending] = []
         self.barriers: dict[str, _Barrier] = {g: _Barrier() for g in P.GROUPS}
@@ -154,15 +155,22 @@ class Scheduler(Takeover, Elastic):
         cmd: str,
         handler: Service,
         on_worker_finished: Callable[[Scheduler], None] | None = None,
+        on_worker_back: Callable[[Scheduler, NodeInfo], None] | None = None,
     ) -> None:
         """Plug in a service: ``handler(scheduler, msg)`` gets every ``cmd`` message (and may
         answer with :meth:`reply`); ``on_worker_finished(scheduler)`` runs when a worker
-        finishes (a service that waits for every worker must stop waiting for it)."""
+        finishes or is let go (a service that waits for every worker must stop waiting for
+        it); ``on_worker_back(scheduler, node)`` when a let-go worker joined again
+        (HETPS_ELASTIC), before the live workers go on from their round boundary, so before
+        any message of theirs from the next round. Handlers and hooks run in order on one
+        thread of their own."""
         if cmd in self.services:
             raise ValueError(f"the scheduler already has a service for {cmd!r}")
         self.services[cmd] = handler
         if on_worker_finished is not None:
             self._on_worker_finished.append(on_worker_finished)
+        if on_worker_back is not None:
+            self._on_worker_back.append(on_worker_back)
 
     # -- lifecycle --------------------------------------------------------------------------
     @property

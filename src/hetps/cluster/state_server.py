@@ -103,6 +103,13 @@ class EsyncService:
             if node is not None and 0 <= node.rank < self.policy.num_workers:
                 self.policy.remove(node.rank)
 
+    def count_again(self, sched: Any, node: Any) -> None:
+        """The scheduler's hook when a let-go worker is back (it was started again and
+        joined, HETPS_ELASTIC): it counts in readiness again from the next round on, which
+        runs in lockstep (its step time is not known yet). ``node`` is its NodeInfo."""
+        if node.role == "worker" and 0 <= node.rank < self.policy.num_workers:
+            self.policy.add(node.rank)
+
     def as_scheduler_service(self):
         """A callable for ``Scheduler(services={REPORT: ...})``."""
 

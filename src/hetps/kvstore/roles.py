@@ -23,7 +23,12 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
     sched = Scheduler(cfg, recover=recover)
     esync = EsyncService(cfg.num_worker)
     esync.adopt = recover
-    sched.register(P.ESYNC_REPORT, esync.as_scheduler_service(), on_worker_finished=esync.forget)
+    sched.register(
+        P.ESYNC_REPORT,
+        esync.as_scheduler_service(),
+        on_worker_finished=esync.forget,
+        on_worker_back=esync.count_again,
+    )
     planner = None
     if cfg.balance != "none":
         planner = Planner.from_config(cfg)

@@ -22,6 +22,8 @@ The rule
   so whoever reports afterwards is ready at once (it never delays the round further).
 * Every worker takes at least one step per round. Ready is sticky within a round; a worker
   that is ready must not report another step (``ValueError``).
+* A worker that left the job (``remove``) is ready in every round and never the slowest; one
+  that is back (``add``) counts again from the next round, with no estimate.
 * When a round starts while some worker has no estimate yet (the first round, or a worker
   that joined late), that round runs in lockstep: every worker is ready after exactly one
   step, which gives everyone an estimate for the next round.
@@ -84,6 +86,7 @@ class ReadinessPolicy:
         self._lockstep = True
         self._slowest_end: float | None = None  # actual end of the slowest's step, once known
         self._gone: set[int] = set()  # workers that left the job (always ready, never slowest)
+        self._back: set[int] = set()  # workers that joined again: estimates forgotten next round
 
     # -- round lifecycle ---------------------------------------------------------------------
 
@@ -105,6 +108,9 @@ class ReadinessPolicy:
         """
         now = _check_time(now, "now")
         self._round += 1
+        for w in self._back:  # (kept until now: one may be the current round's slowest)
+            self._estimate[w] = None
+        self._back.clear()
         self._steps = [0] * self.num_workers
         self._ready = [w in self._gone for w in range(self.num_workers)]
         self._start = [now] * self.num_workers
@@ -125,6 +131,17 @@ class ReadinessPolicy:
         the deadline it was expected to meet."""
         w = self._check_worker(worker)
         self._gone.add(w)
+        self._ready[w] = True
+
+    def add(self, worker: int) -> None:
+        """``worker`` is back in the job (started again, it joined; HETPS_ELASTIC): it
+        counts again from the next ``start_round`` on, and that round runs in lockstep, as
+        its step-time estimate is forgotten then (a new process, maybe on another device).
+        In the current round it stays ready: it joined after the round began. Adding a
+        worker that never left only forgets its estimate at the next round."""
+        w = self._check_worker(worker)
+        self._gone.discard(w)
+        self._back.add(w)
         self._ready[w] = True
 
     def mark_start(self, worker: int, now: float) -> None:

@@ -31,6 +31,23 @@ Example, run under ``hetps launch -n 4 -- python train.py`` (or by hand with
         r = trainer.round(step)
         print(f"round {r.round}: {r.local_steps} local steps, loss {r.outputs[-1]:.3f}")
 
+With ``HETPS_ELASTIC`` a worker that died is let go and the others go on; started again, it
+joins at a round boundary they agree on (docs/FAULTS.md, "Elastic workers"). Before its
+first round, the joiner takes a live worker's state; after each round, the live workers
+check ``r.admit``::
+
+    trainer = hps.ESyncTrainer(model, kv)  # a joiner: no broadcast, the keys exist already
+    if kv.rejoining:
+        state = torch.load(io.BytesIO(kv.join()))  # waits for the live workers' boundary
+        model.load_state_dict(state["model"])
+        trainer.adopt(state["trainer"])
+    ...
+        r = trainer.round(step)
+        if r.admit:  # every worker sees the same: the joiner is in from the next round
+            buf = io.BytesIO()
+            torch.save({"model": model.state_dict(), "trainer": trainer.join_state()}, buf)
+            kv.admit(buf.getvalue())  # (the first live worker's bytes go to the joiner)
+
 ``round(step, stop=...)`` also ends the job together: when any worker passes ``stop=True``,
 every worker's result has ``stop`` True after that round. For finer control (your own step
 timing, as ``hetps train`` does), call :meth:`ESyncTrainer.begin_round`,
@@ -88,6 +105,9 @@ class ESyncRound:
     stop: bool = False  #: some worker asked to stop after this round
     wait_s: float = 0.0  #: seconds waiting for the state server's first answer
     push_s: float = 0.0  #: seconds exchanging the model difference
+    #: a worker waits to join the running job (HETPS_ELASTIC): every worker calls
+    #: ``kv.admit(...)`` now, before the next round (see the module's docstring)
+    admit: bool = False
 
 
 class ESyncTrainer:
@@ -128,25 +148,35 @@ class ESyncTrainer:
         self.workers = kv.num_workers
         self.params = list(model.named_parameters())
         self.buffers = [(n, b) for n, b in model.named_buffers() if b.dtype.is_floating_point]
-        # every worker starts from rank 0's weights (the CPU side of the KVStore)
+        # a worker started again after it died (HETPS_ELASTIC) joins a running job: the keys
+        # exist, and its weights come from the live workers (adopt), not from a broadcast
+        joiner = bool(getattr(kv, "rejoining", False))
         staged = [p.data.detach().cpu().clone() for _, p in self.params]
-        broadcast_cpu(kv, [f"{prefix}init:{n}" for n, _ in self.params], staged)
-        with torch.no_grad():
-            for (_, p), t in zip(self.params, staged, strict=True):
-                p.data.copy_(t)
-        # a round's model difference, BatchNorm statistics and stop flag travel as one flat
-        # key per dtype (one request per chunk instead of one per tensor), each tensor a view
+        if not joiner:  # every worker starts from rank 0's weights (the KVStore's CPU side)
+            broadcast_cpu(kv, [f"{prefix}init:{n}" for n, _ in self.params], staged)
+            with torch.no_grad():
+                for (_, p), t in zip(self.params, staged, strict=True):
+                    p.data.copy_(t)
+        # a round's model difference, BatchNorm statistics and control numbers travel as one
+        # flat key per dtype (one request per chunk instead of one per tensor), each tensor a
+        # view. The control numbers: [the caller's (stop), "a worker waits to join"]
         self._exchange = _FlatExchange(
             [(f"delta:{n}", t) for (n, _), t in zip(self.params, staged, strict=True)]
             + [(f"bn:{n}", b.detach().cpu()) for n, b in self.buffers]
-            + [("__ctl", torch.zeros(1, dtype=torch.float32))],
+            + [("__ctl", torch.zeros(2, dtype=torch.float32))],
             prefix,
         )
-        kv.init(self._exchange.keys, self._exchange.flats)
+        if joiner:
+            kv.declare(self._exchange.keys, self._exchange.flats)
+        else:
+            kv.init(self._exchange.keys, self._exchange.flats)
         self._deltas = {n: self._exchange.view(f"delta:{n}") for n, _ in self.params}
         self._bn = {n: self._exchange.view(f"bn:{n}") for n, _ in self.buffers}
         self._ctl = self._exchange.view("__ctl")
         self.ctl_total = 0.0  # the sum of the last round's control numbers
+        #: a worker waits to join (HETPS_ELASTIC), and some worker saw it in the last round:
+        #: every worker calls ``kv.admit`` now (the same answer on every worker)
+        self.admit_due = False
         self._state = StateClient(kv.node, state_server)
         self.rounds = 0  #: rounds begun
         self.wait_s = 0.0  #: this round's wait for the state server's first answer
@@ -214,11 +244,13 @@ class ESyncTrainer:
             self._deltas[n].copy_(model_delta(p.data, w0))
         for n, b in self.buffers:
             self._bn[n].copy_(b)
-        self._ctl.fill_(float(ctl) if ctl is not None else 1.0 if stop else 0.0)
+        self._ctl[0] = float(ctl) if ctl is not None else 1.0 if stop else 0.0
+        self._ctl[1] = float(self.kv.joining)
         self.kv.pushpull(self._exchange.keys, self._exchange.flats)  # the sums land in place
         self.push_span = (t0, time.perf_counter())
         self.push_s = self.push_span[1] - t0
         self.ctl_total = float(self._ctl[0])
+        self.admit_due = float(self._ctl[1]) > 0.5
         # a range that sums fewer workers (one left the job: HETPS_ELASTIC) is scaled to the
         # job's count, so dividing by it below gives those workers' mean
         for k, flat in zip(self._exchange.keys, self._exchange.flats, strict=True):
@@ -231,6 +263,36 @@ class ESyncTrainer:
             for n, b in self.buffers:
                 b.copy_(average_from_sum(self._bn[n], self.workers))
         return self.ctl_total > 0
+
+    # -- a worker joining a running job (HETPS_ELASTIC) -----------------------------------------
+    def join_state(self) -> dict:
+        """What a worker that joins the running job needs to go on in step with this one
+        (the first live worker gives it at the boundary where it is let in, with the model's
+        weights): the rounds begun, which the state server counts too, and the keys the
+        model travels in with their sizes (the joiner's must be the same)."""
+        return {"rounds": self.rounds, "keys": self._layout()}
+
+    def adopt(self, state: dict) -> None:
+        """Take a live worker's :meth:`join_state` (this worker was started again and joined
+        the running job): its next round is theirs. The model's weights come apart, from
+        the live worker's ``model.state_dict()``; load them too."""
+        rounds = state.get("rounds") if isinstance(state, dict) else None
+        if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
+            raise ValueError(
+                "ESyncTrainer.adopt takes what a live worker's ESyncTrainer.join_state() "
+                f"gave (a dict with 'rounds' >= 0), got {str(state)[:100]}"
+            )
+        if state.get("keys") != self._layout():
+            raise ValueError(
+                f"ESyncTrainer.adopt: the live workers exchange {state.get('keys')}, this "
+                f"trainer {self._layout()}: the model (or the prefix) differs"
+            )
+        self.rounds = rounds
+
+    def _layout(self) -> dict[str, int]:
+        return {
+            k: f.numel() for k, f in zip(self._exchange.keys, self._exchange.flats, strict=True)
+        }
 
     def round(self, step: Callable[[], Any], stop: bool | Callable[[], bool] = False) -> ESyncRound:
         """One whole round: call ``step()`` (one local step: forward, backward, optimizer
@@ -260,4 +322,5 @@ class ESyncTrainer:
             stop=stopped,
             wait_s=self.wait_s,
             push_s=self.push_s,
+            admit=self.admit_due,
         )

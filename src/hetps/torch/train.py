@@ -69,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MIN",
         help="with --workers (sync, esync): a worker that dies is let go and the job goes on "
         "with the others, without a restart, while at least MIN remain; the others take "
-        "its data from the next epoch",
+        "its data from the next epoch. With --max-restarts it is started again and joins "
+        "the running job at a round boundary",
     )
     p.add_argument(
         "--replicas",
@@ -285,7 +286,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
         command=cmd,
         max_restarts=args.max_restarts,
         elastic_min=args.elastic,
-        rejoin_workers=args.mode == "sync",
+        rejoin_workers=args.mode in ("sync", "esync"),
         replicas=args.replicas,
     )
     return run_cluster(
@@ -348,10 +349,10 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     run_dir = Path(args.log_dir) / run_name(args, workers)
     writer = None
     rejoining = kv is not None and kv.rejoining  # (the run's log is the others' already)
-    if rejoining and args.mode != "sync":
+    if rejoining and args.mode not in ("sync", "esync"):
         raise SystemExit(
             f"hetps train: worker {rank} was started again, but joining a running job works "
-            f"with -m sync only (this job is -m {args.mode})"
+            f"with -m sync or esync only (this job is -m {args.mode})"
         )
     if rank == 0 and resume is not None and (run_dir / "run.json").exists():
         # the run goes on in its own log: its records after the checkpoint are done again

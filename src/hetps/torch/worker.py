@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hetps.torch.checkpointing import decode, encode
+from hetps.torch.rejoin import Rejoin
 
 __all__ = ["RUNNERS", "WorkerRun", "run_async", "run_esync", "run_local", "run_sync"]
 
@@ -124,7 +125,7 @@ class Round:
         self.epoch = epoch
 
 
-class WorkerRun:
+class WorkerRun(Rejoin):
     """One worker's training run, as every mode shares it: its data stream, the timed local
     step (with the ``--slowdown`` emulation), stop conditions, and the round loop that logs.
 
@@ -183,8 +184,10 @@ class WorkerRun:
         # (workers, place among them) the shard was cut for: cut again when it changes
         self._sharded = (kv.num_workers, kv.rank) if kv is not None else (1, 0)
         self.ckpt: Any = None
-        self.ckpt_opt: Any = None
-        self.dopt: Any = None  # the mode's DistributedOptimizer (sync: what a joiner adopts)  # the torch optimizer a checkpoint keeps (set by the mode)
+        self.ckpt_opt: Any = None  # the torch optimizer a checkpoint keeps (set by the mode)
+        # the mode's distributed part, which a worker that joins adopts (join_state / adopt):
+        # sync's DistributedOptimizer, esync's ESyncTrainer (set by the mode)
+        self.shared: Any = None
         if getattr(args, "checkpoint_dir", None):
             from hetps.torch.checkpointing import TrainCheckpoints
 
@@ -270,54 +273,6 @@ class WorkerRun:
         print(
             f"worker {self.rank}: from epoch {epoch} on, data shard {now[1]} of {now[0]} "
             f"({len(self.shard)} examples): the job's workers changed",
-            flush=True,
-        )
-
-    # -- a worker joining the running job (--elastic) -------------------------------------------
-    def admit(self, rnd: int) -> None:
-        """Every live worker after round ``rnd``: let the workers that wait to join in; the
-        first live worker gives them its model, its data position and its optimizer's."""
-        import io
-
-        state = None
-        if self.lead:
-            buf = io.BytesIO()
-            torch.save(
-                {
-                    "round": rnd,
-                    "steps_done": self.steps_done,
-                    "epochs_done": self.epochs_done,
-                    "model": self.model.state_dict(),
-                    "dopt": self.dopt.join_state(),
-                },
-                buf,
-            )
-            state = buf.getvalue()
-        self.kv.admit(state)
-        print(
-            f"worker {self.rank}: a worker joined after round {rnd}; "
-            f"{self.kv.live_workers} workers from round {rnd + 1}",
-            flush=True,
-        )
-
-    def join(self, dopt: Any) -> None:
-        """This worker was started again after it died (the job went on without it): wait
-        for the live workers' next round boundary and go on from there with their model."""
-        import io
-
-        blob = self.kv.join()
-        if blob is None:
-            raise RuntimeError("joined the running job, but the live workers sent no state")
-        state = torch.load(io.BytesIO(blob), map_location=self.device, weights_only=False)
-        self.model.load_state_dict(state["model"])
-        dopt.adopt(state["dopt"])
-        self.first_round = int(state["round"])
-        self.steps_done = int(state["steps_done"])
-        self.epochs_done = float(state["epochs_done"])
-        self._stream = self._data_stream()
-        print(
-            f"worker {self.rank}: joined the running job after round {self.first_round} "
-            f"(is_recovery=1); {self.kv.live_workers} workers",
             flush=True,
         )
 
@@ -514,9 +469,10 @@ def run_sync(run: WorkerRun) -> int:
         op="average",
         extra=stop_flag,
     )
+    run.shared = dopt
     run.start()
     if kv.rejoining:  # started again after it died: in from the live workers' next boundary
-        run.join(dopt)
+        run.join()
 
     def play(r: Round) -> bool:
         # "stop after this round?" (and "checkpoint?", and "a worker waits to join") travel
@@ -545,7 +501,6 @@ def run_sync(run: WorkerRun) -> int:
         r.admit = total[1] > 0.5  # a worker waits to join: in after this round (and its checkpoint)
         return stop
 
-    run.dopt = dopt
     rounds = run.loop(play)
     dopt.close()
     return run.finish(rounds)
@@ -592,9 +547,13 @@ def run_esync(run: WorkerRun) -> int:
         if args.state_server_ip and args.state_server_port
         else None
     )
+    # (a worker started again after it died makes no broadcast: it joins below)
     trainer = ESyncTrainer(run.model, run.kv, global_lr=args.global_lr, state_server=endpoint)
     run.restore_optimizer(local_opt)
+    run.shared = trainer
     run.start()
+    if run.kv.rejoining:  # in from the live workers' next boundary, with their state
+        run.join()
 
     def play(r: Round) -> bool:
         trainer.begin_round()
@@ -606,6 +565,7 @@ def run_esync(run: WorkerRun) -> int:
         r.clock.add("wait_s", trainer.wait_s, trainer.wait_span and trainer.wait_span[1])
         trainer.aggregate(ctl=encode(run.want_stop(r.rnd), run.checkpoint_wish()))
         stop, r.checkpoint = decode(trainer.ctl_total)
+        r.admit = trainer.admit_due  # a worker waits to join: in after this round (and ckpt)
         r.clock.add("push_s", trainer.push_s, trainer.push_span and trainer.push_span[1])
         return stop
 
