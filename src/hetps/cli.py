@@ -66,6 +66,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
             "line, where other users can read it: leave it out (hetps launch makes one for "
             "each job) or set HETPS_SECRET_FILE to a file made by `hetps secret FILE`"
         )
+    if args.rejoin and not (args.elastic and args.max_restarts):
+        raise SystemExit(
+            "hetps launch: --rejoin starts a worker that was let go again, so it needs "
+            "--elastic MIN and --max-restarts N (N >= 1)"
+        )
     if args.launcher == "ray":
         from hetps.launch.ray import cli_launch
 
@@ -79,6 +84,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         start_timeout=args.start_timeout,
         max_restarts=args.max_restarts,
         elastic_min=args.elastic,
+        rejoin_workers=args.rejoin,
         replicas=args.replicas,
     )
     if args.elastic and not (1 <= args.elastic <= args.num_workers):
@@ -368,6 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MIN",
         help="a worker that dies is let go and the job goes on with the others, without a "
         "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process)",
+    )
+    la.add_argument(
+        "--rejoin",
+        action="store_true",
+        help="with --elastic and --max-restarts: a worker that was let go is started again "
+        "and joins the running job; the script handles it (kv.rejoining, kv.join(), "
+        "kv.joining, kv.admit(); docs/FAULTS.md). hetps train does this by itself",
     )
     la.add_argument(
         "--replicas",

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import subprocess
 import sys
 import textwrap
 
@@ -319,3 +321,35 @@ def test_a_checkpoint_the_first_worker_dies_in_is_taken_by_the_others(tmp_path):
     ranks = [pickle.loads((final / f"worker-{i}.pkl").read_bytes())["rank"] for i in (0, 1)]
     assert ranks == [1, 2]
     assert (final / "values.npz").exists()
+
+
+def test_hetps_launch_rejoin_starts_a_let_go_worker_again(tmp_path):
+    """``hetps launch --elastic 2 --max-restarts 1 --rejoin``: the script's worker 2 dies,
+    the launcher starts it again, and it joins the running job (the script calls
+    ``kv.join()``)."""
+    script = tmp_path / "join_script.py"
+    script.write_text(PRELUDE + textwrap.dedent(JOIN_SCRIPT))
+    launch = [sys.executable, "-m", "hetps.cli", "launch", "-n", "3", "-s", "1"]
+    res = subprocess.run(
+        [*launch, "--elastic", "2", "--max-restarts", "1", "--rejoin", "--start-timeout", "30",
+         "--", sys.executable, str(script)],
+        env={**os.environ, **ENV, "DIE_RANK": "2"},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "starting worker 2 again (it joins the running job" in out, out
+    assert re.search(r"JOINED 2 \d+ 3", out), out
+    assert sorted(_seen(out)) == [0, 1, 2], out
+    # without the flags it depends on, one line
+    res = subprocess.run(
+        [*launch, "--rejoin", "--", sys.executable, "-c", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode != 0 and "--rejoin starts a worker that was let go again, so it " \
+        "needs --elastic MIN and --max-restarts N" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
