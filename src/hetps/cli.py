@@ -71,6 +71,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
             "hetps launch: --rejoin starts a worker that was let go again, so it needs "
             "--elastic MIN and --max-restarts N (N >= 1)"
         )
+    if args.rejoin and args.balance not in (None, "none"):
+        raise SystemExit(
+            "hetps launch: --rejoin with --balance: joining a running job is not built with "
+            "the network-aware plans; leave out one of them"
+        )
     if args.launcher == "ray":
         from hetps.launch.ray import cli_launch
 

@@ -646,12 +646,6 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
         raise error
     values = {v.field: settings[v.name].value for v in NODE_VARS}
     _check_replicas(values)
-    if values["elastic"] and values["balance"] != "none":
-        raise ConfigError(
-            f"HETPS_ELASTIC={values['elastic']} with HETPS_BALANCE={values['balance']}: a "
-            "worker leaving mid-round is not handled by the network-aware plans; use one or "
-            "the other (HETPS_BALANCE=none, or HETPS_ELASTIC=0)"
-        )
     secret, values["insecure"] = security_from_env(env)
     # the scheduler listens on DMLC_PS_ROOT_URI (every interface unless it is loopback),
     # the others on their own address

@@ -287,10 +287,6 @@ def test_esync_and_local_resume_from_their_round(tmp_path):
             "at least 1 round",
         ),
         (["-m", "async", "--workers", "2", "--elastic", "1"], "--elastic needs -m sync or esync"),
-        (
-            ["-m", "sync", "--workers", "2", "--elastic", "1", "--balance", "aware"],
-            "without --balance",
-        ),
     ],
 )
 def test_checkpoint_flags_that_cannot_work_are_one_line(tmp_path, args, says):

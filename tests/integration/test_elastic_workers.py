@@ -353,3 +353,11 @@ def test_hetps_launch_rejoin_starts_a_let_go_worker_again(tmp_path):
     assert res.returncode != 0 and "--rejoin starts a worker that was let go again, so it " \
         "needs --elastic MIN and --max-restarts N" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+    res = subprocess.run(
+        [*launch, "--elastic", "2", "--max-restarts", "1", "--rejoin", "--balance", "aware",
+         "--", sys.executable, "-c", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert res.returncode != 0 and "--rejoin with --balance" in res.stderr, res.stderr

@@ -52,13 +52,45 @@ def _agent(redirect: dict[int, int]) -> tuple[BalanceAgent, _Store]:
 
 def test_a_move_between_a_dead_server_and_its_taker_sends_nothing():
     agent, kv = _agent({S0: S1})  # server 0 died; server 1 serves its keys
-    drops = agent._migrate([0, 1, 0, 2], [1, 0, 1, 2])
+    drops = agent._migrate([0, 1, 0, 2], [1, 0, 1, 2], [0])
     assert drops == [] and kv.sent == []
 
 
 def test_a_move_carries_the_slices_rounds():
     agent, kv = _agent({S0: S1})
-    drops = agent._migrate([0, 1, 0, 2], [2, 1, 0, 0])  # a/0: 0 -> 2 (read on 0's taker)
+    drops = agent._migrate([0, 1, 0, 2], [2, 1, 0, 0], [0])  # a/0: 0 -> 2 (read on 0's taker)
     inits = [(rank, body) for rank, cmd, body in kv.sent if cmd == "init"]
     assert [(r, b["k"], b["part"], b["rnd"]) for r, b in inits] == [(2, "a", 0, 3), (0, "b", 1, 3)]
     assert drops == [(0, [["a", 0]]), (2, [["b", 1]])]
+
+
+def _moved(kv: _Store) -> list[tuple[str, int]]:
+    return [(b["k"], b["part"]) for _, cmd, b in kv.sent if cmd == "init"]
+
+
+def test_the_live_workers_move_the_share_of_one_that_died():
+    """HETPS_ELASTIC: three movers deal the four moved slices round-robin (by slice index);
+    worker 2 dies before it is done, and the two left move its share (slice 2) again, dealt
+    over them; worker 0 (this one) redoes nothing it or worker 1 moved."""
+    agent, kv = _agent({})
+    old, new = [0, 0, 0, 0], [1, 1, 1, 2]
+    agent._migrate(old, new, [0, 1, 2])
+    assert _moved(kv) == [("a", 0), ("b", 1)]  # slices 0 and 3
+    kv.sent.clear()
+    agent._migrate(old, new, [0, 1], redo=([0, 1, 2], [2]))
+    assert _moved(kv) == [("b", 0)]  # slice 2 (b/0), dealt over [0, 1]: 2 % 2 = 0
+
+
+def test_joining_is_refused_under_a_plan():
+    """A worker started again cannot join under HETPS_BALANCE (it would need the plan's
+    layout): it says so before it asks the scheduler anything."""
+    import pytest
+
+    from hetps.kvstore.joining import Joining
+
+    class Store(Joining):
+        balance = True
+        node = SimpleNamespace(recovery=1, request=None)
+
+    with pytest.raises(RuntimeError, match="not built with HETPS_BALANCE"):
+        Store().join()

@@ -266,7 +266,6 @@ def test_hetps_train_reads_its_role_through_config(clean_env, capsys):
     [
         ({"HETPS_REPLICAS": "3"}, "HETPS_REPLICAS=3 asks for more copies of each key than"),
         ({"HETPS_REPLICAS": "0"}, "HETPS_REPLICAS"),
-        ({"HETPS_ELASTIC": "1", "HETPS_BALANCE": "aware"}, "HETPS_ELASTIC=1 with HETPS_BALANCE"),
     ],
 )
 def test_replicas_that_cannot_work_are_refused_with_the_fix(extra, says):

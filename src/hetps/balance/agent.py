@@ -280,11 +280,21 @@ class BalanceAgent:
         if len(new) != len(old):  # decided before keys were added: the next answer will fit
             return self.plan
         if new != old:
-            drops = self._migrate(old, new)
+            # the workers that move slices: every worker, or under HETPS_ELASTIC the live
+            # ones as the scheduler listed them at a barrier (the same list on every worker)
+            elastic = bool(getattr(self.node, "elastic", 0))
+            movers = self._movers(self.node.barrier("worker", self.timeout) if elastic else None)
+            drops = self._migrate(old, new, movers)
             # every worker's moves have landed, and every worker has finished its previous
             # round's requests (rebalance() began with wait_outstanding()): only now may the
             # old copies go, and only now may anyone push by the new plan
-            self.node.barrier("worker", self.timeout)
+            live = self._movers(self.node.barrier("worker", self.timeout))
+            while any(r not in live for r in movers):
+                # a mover died before it was done (HETPS_ELASTIC): nothing it moved was
+                # dropped yet, so the others move its share again, and wait for each other
+                gone = [r for r in movers if r not in live]
+                drops += self._migrate(old, new, live, redo=(movers, gone))
+                movers, live = live, self._movers(self.node.barrier("worker", self.timeout))
             wait_all(
                 [
                     self.kv.request(None, 0, s_old, Message(P.DROP, body={"slices": want}))
@@ -315,13 +325,36 @@ class BalanceAgent:
             meta.parts = [replace(p, server=assignment[i + j]) for j, p in enumerate(meta.parts)]
             i += len(meta.parts)
 
-    def _migrate(self, old: list[int], new: list[int]) -> list[tuple[int, list]]:
+    def _movers(self, members: list[int] | None) -> list[int]:
+        """The ranks of the workers that move slices: those of a barrier's ``members`` (node
+        ids, HETPS_ELASTIC), else every worker."""
+        if members is None:
+            return list(range(self.num_workers))
+        ranks = {n.id: n.rank for n in self.node.workers()}
+        return sorted(ranks[i] for i in members if i in ranks)
+
+    def _mover(self, idx: int, s_new: int, movers: list[int]) -> int:
+        """The worker rank that moves slice ``idx`` to server ``s_new``: with co-located
+        servers the worker beside the new server (one network hop, the init is local), if it
+        moves slices; otherwise the slices are dealt round-robin over ``movers``."""
+        if self.cfg.colocate and s_new < self.num_workers and s_new in movers:
+            return s_new
+        return movers[idx % len(movers)]
+
+    def _migrate(
+        self,
+        old: list[int],
+        new: list[int],
+        movers: list[int],
+        redo: tuple[list[int], list[int]] | None = None,
+    ) -> list[tuple[int, list]]:
         """Move re-assigned slices (value and optimizer state) from their old servers to their
-        new ones. Every worker runs this with the same plan and moves its own share of the
-        slices: with co-located servers the worker beside the new server (one network hop,
-        the init is local), otherwise slices are dealt round-robin. All of a worker's requests
-        are in flight at once: pulls and state reads, then inits and state writes. Returns the
-        drops (old server, slices) to send once every worker is done (after a barrier)."""
+        new ones. Every worker in ``movers`` runs this with the same plan and moves its own
+        share of the slices (:meth:`_mover`). ``redo`` = (the earlier movers, those of them
+        that died): only the dead ones' share, dealt over ``movers`` now. All of a worker's
+        requests are in flight at once: pulls and state reads, then inits and state writes.
+        Returns the drops (old server, slices) to send once every worker is done (after a
+        barrier)."""
         moves: dict[tuple[int, int], list[tuple[Any, int, int, int]]] = {}
         for idx, ((k, j, a, b), s_old, s_new) in enumerate(
             zip(self._slices(), old, new, strict=True)
@@ -329,11 +362,9 @@ class BalanceAgent:
             if self._serving(s_old) == self._serving(s_new):
                 # (one server already serves both: a dead one's keys went to the other)
                 continue
-            if self.cfg.colocate and s_new < self.num_workers:
-                mine = s_new == self.rank
-            else:
-                mine = idx % self.num_workers == self.rank
-            if mine:
+            if redo is not None and self._mover(idx, s_new, redo[0]) not in redo[1]:
+                continue  # (moved by a worker that lived through it)
+            if self._mover(idx, s_new, movers) == self.rank:
                 moves.setdefault((s_old, s_new), []).append((k, j, a, b))
         if not moves:
             return []

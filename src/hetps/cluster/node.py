@@ -608,8 +608,10 @@ class Node(Recovery):
             log.warning("%s: cannot answer node %d (gone)", self.role, peer)
             return None
 
-    def barrier(self, group: str = "worker", timeout: float | None = None) -> None:
-        """Wait until every live node of ``group`` (worker, server, all) reaches this barrier."""
+    def barrier(self, group: str = "worker", timeout: float | None = None) -> list[int] | None:
+        """Wait until every live node of ``group`` (worker, server, all) reaches this barrier.
+        Returns the ids of the members it waited for under HETPS_ELASTIC (the same list on
+        every node it released), else None."""
         timeout = self.cfg.request_timeout if timeout is None else timeout
         self.check()
         n = self._barrier_n.get(group, 0) + 1
@@ -619,8 +621,14 @@ class Node(Recovery):
             Message(P.BARRIER, body={"group": group, "n": n}),
             what=f"barrier({group})",
         )
-        fut.wait(timeout)
+        reply = fut.wait(timeout)
         self._barrier_passed[group] = n
+        members = reply.body.get("members") if reply is not None and reply.body else None
+        if isinstance(members, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in members
+        ):
+            return members
+        return None
 
     def finish(self, timeout: float | None = None) -> None:
         """Tell the scheduler this worker is done (acknowledged at once; the servers stay up

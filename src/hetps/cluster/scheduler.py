@@ -552,9 +552,12 @@ class Scheduler(Takeover, Elastic):
             return
         members = self._members(group)
         low = min((bar.reached.get(m, 0) for m in members), default=None)
+        # HETPS_ELASTIC: the members it waited for, the same list for every node released
+        # together (a worker's own view of who left may lag behind the scheduler's)
+        body = {"members": sorted(members)} if self.elastic else {}
         for nid, (req, n) in list(bar.arrived.items()):
             if low is None or low >= n:
-                self._send(nid, Message(P.BARRIER_DONE, req=req, reply=True))
+                self._send(nid, Message(P.BARRIER_DONE, req=req, reply=True, body=body))
                 del bar.arrived[nid]
 
     # -- shutdown and failures --------------------------------------------------------------

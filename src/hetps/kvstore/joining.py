@@ -72,6 +72,12 @@ class Joining:
                 "join: this worker is in the job's rounds already; only a worker started "
                 "again after it died and the job went on without it joins"
             )
+        if getattr(self, "balance", False):
+            raise RuntimeError(
+                "join: joining a running job is not built with HETPS_BALANCE (the joiner "
+                "would need the plan's layout of every key and the planner's rounds); the "
+                "job goes on without this worker"
+            )
         reply = self.node.request(P.SCHEDULER_ID, Message(P.JOIN)).wait(self.timeout)
         state = bytes(reply.arrays[0].reshape(-1).view(np.uint8)) if reply.arrays else None
         self._rounds = {

@@ -266,10 +266,10 @@ def launch_cluster(args: argparse.Namespace) -> int:
             f"hetps train: --elastic {args.elastic}: the smallest number of workers to go on "
             f"with must be between 1 and --workers ({args.workers})"
         )
-    if args.elastic and (args.mode not in ("sync", "esync") or args.balance not in (None, "none")):
+    if args.elastic and args.mode not in ("sync", "esync"):
         raise SystemExit(
-            "hetps train: --elastic needs -m sync or esync, without --balance (the rounds a "
-            "dead worker leaves are finished by the others; the balance plans do not follow)"
+            "hetps train: --elastic needs -m sync or esync (the rounds a dead worker leaves "
+            "are finished by the others)"
         )
     if not 1 <= args.replicas <= args.servers:
         raise SystemExit(
@@ -286,7 +286,8 @@ def launch_cluster(args: argparse.Namespace) -> int:
         command=cmd,
         max_restarts=args.max_restarts,
         elastic_min=args.elastic,
-        rejoin_workers=args.mode in ("sync", "esync"),
+        # (joining is not built with --balance: a let-go worker stays out)
+        rejoin_workers=args.mode in ("sync", "esync") and args.balance in (None, "none"),
         replicas=args.replicas,
     )
     return run_cluster(
