@@ -106,6 +106,9 @@ def test_a_worker_that_dies_under_a_plan_is_let_go_and_nothing_is_lost(tmp_path,
     assert sorted(finals) == [0, 1] and finals[0] == finals[1], out
     changed = {int(r) for r in re.findall(r"CHANGED [01] (\d+)", out)}
     assert len(changed) == 1, f"the plan never changed, or not in one round: {out}"
+    if how == "migration":  # the others moved its share again
+        again = re.findall(r"died moving slices; (\d+) of theirs move again here", out)
+        assert sum(int(n) for n in again) >= 1, out
     # "migration": it died moving slices for the plan of round `changed`, before its push
     die_at = changed.pop() if how == "migration" else 4
     ref_code, ref = _run(tmp_path, "reference", "start", die_at, balance=False)

@@ -19,20 +19,20 @@ import pytest
 from conftest import PRELUDE
 from hetps.launch.local import Launcher, LaunchSpec
 
-# Server 2 sends at 24 Mbit/s (the in-process shaper): the aware planner moves slices off
-# it to servers 0 and 1, with their momentum. One round after the first plan change, worker 0
-# pushes, says so and waits; the test kills a server; worker 1 pushes that round only after
-# the kill. Both workers see the plan change in the same round (a migration ends in a
-# barrier), so both know the round.
+# Server 0 sends at 24 Mbit/s (the in-process shaper): the aware planner moves slices off
+# it to servers 1 and 2, with their momentum. One round after the first plan change, worker 0
+# pushes, writes which of servers 1 and 2 got the larger share, and waits; the test kills
+# that server; worker 1 pushes that round only after the kill. Both workers see the plan
+# change in the same round (a migration ends in a barrier), so both know the round.
 SCRIPT = """
 import hashlib, json
 rounds, flags = int(os.environ["ROUNDS"]), os.environ["FLAGS"]
-victim = int(os.environ["VICTIM"])
+kill = os.environ["KILL"] == "1"
 kv = hetps.kv.create("dist_sync")
 kv.init("w", np.arange(12 * 32768, dtype=np.float32) / 1e5)
 kv.set_optimizer(optim.SGD(learning_rate=0.1, momentum=0.9))
 out = np.zeros(12 * 32768, np.float32)
-epochs, kill_at, shares = set(), None, None
+epochs, kill_at, shares, victim, kill_shares = set(), None, None, None, None
 
 def wait_for(name):
     while not os.path.exists(os.path.join(flags, name)):
@@ -43,20 +43,24 @@ for r in range(rounds):
     if plan is not None:
         epochs.add(plan["epoch"])
         shares = plan["shares"]
-        if kill_at is None and victim >= 0 and plan["epoch"] >= 1:
+        if kill_at is None and kill and plan["epoch"] >= 1:
             kill_at = r + 1
+            victim = 1 if shares[1] >= shares[2] else 2
+            kill_shares = list(shares)
     if r == kill_at and kv.rank == 1:
         wait_for("killed")
     rng = np.random.default_rng(1000 * r + kv.rank)
     kv.push("w", rng.standard_normal(12 * 32768).astype(np.float32))
     if r == kill_at and kv.rank == 0:
-        open(os.path.join(flags, "pushed"), "w").close()
+        with open(os.path.join(flags, "pushed.tmp"), "w") as f:
+            f.write(str(victim))
+        os.rename(os.path.join(flags, "pushed.tmp"), os.path.join(flags, "pushed"))
         wait_for("killed")
     kv.pull("w", out=out)
-if kv.rank == 0 and kill_at is None:
+if kv.rank == 0 and (kill_at is None or kill_at >= rounds):
     open(os.path.join(flags, "nokill"), "w").close()
 print(f"FINAL {kv.rank} {hashlib.sha256(out.tobytes()).hexdigest()}", flush=True)
-print("PLAN " + json.dumps({"epochs": sorted(epochs), "shares": shares, "kill_at": kill_at}),
+print("PLAN " + json.dumps({"epochs": sorted(epochs), "shares": kill_shares, "kill_at": kill_at}),
       flush=True)
 """
 
@@ -71,12 +75,12 @@ ENV = {
 }
 
 
-def _launcher(tmp: Path, victim: int, balance: bool) -> tuple[Launcher, io.StringIO, Path]:
+def _launcher(tmp: Path, balance: bool) -> tuple[Launcher, io.StringIO, Path]:
     flags = tmp / "flags"
     flags.mkdir()
     script = tmp / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(SCRIPT))
-    env = {**ENV, "FLAGS": str(flags), "VICTIM": str(victim)}
+    env = {**ENV, "FLAGS": str(flags), "KILL": "1" if balance else "0"}
     if balance:
         env["HETPS_BALANCE"] = "aware"
     spec = LaunchSpec(
@@ -105,7 +109,7 @@ def _finals(out: str) -> dict[int, str]:
 @pytest.fixture(scope="module")
 def undisturbed(tmp_path_factory) -> dict[int, str]:
     """Each worker's final values with no plan, no copies and nothing killed."""
-    launcher, out, _ = _launcher(tmp_path_factory.mktemp("ref"), -1, balance=False)
+    launcher, out, _ = _launcher(tmp_path_factory.mktemp("ref"), balance=False)
     try:
         code = launcher.run()
     finally:
@@ -116,13 +120,13 @@ def undisturbed(tmp_path_factory) -> dict[int, str]:
     return finals
 
 
-@pytest.mark.parametrize("victim", [1, 2])
-def test_a_server_that_slices_moved_to_dies_and_nothing_is_lost(tmp_path, undisturbed, victim):
-    """Server 0's replica is server 1, whose replica is server 2. Slices moved 2 -> 0 had no
-    copy on server 1: it gets value, momentum and round count from server 0 (victim 0).
-    Slices moved 2 -> 1 keep their copy on server 2, which served them until then and must
-    neither keep serving them nor drop them (victim 1)."""
-    launcher, out, flags = _launcher(tmp_path, victim, balance=True)
+def test_a_server_that_slices_moved_to_dies_and_nothing_is_lost(tmp_path, undisturbed):
+    """Server 0's replica is server 1, whose replica is server 2, whose replica is server 0.
+    Slices moved 0 -> 1 had their copy on server 1, which serves them now: server 2 gets
+    value, momentum and round count (victim 1). Slices moved 0 -> 2 keep their copy on
+    server 0, which served them until then and must neither serve them nor drop them
+    (victim 2). tests/unit/test_replica_rounds.py plays each case message by message."""
+    launcher, out, flags = _launcher(tmp_path, balance=True)
     result: dict = {}
     runner = threading.Thread(target=lambda: result.setdefault("code", launcher.run()))
     runner.start()
@@ -135,6 +139,7 @@ def test_a_server_that_slices_moved_to_dies_and_nothing_is_lost(tmp_path, undist
             assert runner.is_alive(), out.getvalue()
             assert time.monotonic() < deadline, "no round to kill in: " + out.getvalue()
             time.sleep(0.02)  # polls a file the job writes
+        victim = int((flags / "pushed").read_text())
         child = next(
             c
             for c in launcher.children
@@ -155,4 +160,5 @@ def test_a_server_that_slices_moved_to_dies_and_nothing_is_lost(tmp_path, undist
     plans = [json.loads(p) for p in re.findall(r"PLAN (\{.*\})", text)]
     assert len(plans) == 2 and plans[0] == plans[1], text
     assert max(plans[0]["epochs"]) >= 1 and plans[0]["shares"][0] < 1 / 3 - 0.1, plans
+    assert plans[0]["shares"][victim] > 1 / 3, plans  # slices moved to the server killed
     assert _finals(text) == undisturbed, text

@@ -61,7 +61,8 @@ def test_a_move_carries_the_slices_rounds():
     drops = agent._migrate([0, 1, 0, 2], [2, 1, 0, 0], [0])  # a/0: 0 -> 2 (read on 0's taker)
     inits = [(rank, body) for rank, cmd, body in kv.sent if cmd == "init"]
     assert [(r, b["k"], b["part"], b["rnd"]) for r, b in inits] == [(2, "a", 0, 3), (0, "b", 1, 3)]
-    assert drops == [(0, [["a", 0]]), (2, [["b", 1]])]
+    assert drops == [(0, [["a", 0, S2]]), (2, [["b", 1, S0]])]  # (each names its new server)
+    assert agent._drops([0, 1, 0, 2], [2, 1, 0, 0]) == drops
 
 
 def _moved(kv: _Store) -> list[tuple[str, int]]:

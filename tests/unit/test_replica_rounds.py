@@ -263,3 +263,31 @@ def test_a_plan_that_moves_a_slice_moves_its_copies_state_and_rounds():
         p_sl, c_sl = primary.slices[(key, 0)], copy.slices[(key, 0)]
         assert p_sl.rounds == c_sl.rounds == 3
         assert np.array_equal(p_sl.value, c_sl.value) and _same_state(p_sl.state, c_sl.state)
+
+
+def test_a_drop_spares_what_a_server_serves_for_the_slices_new_server():
+    """A plan moved ``w`` from B to A (A serves it, B keeps the copy), then A died and B took
+    its keys over. The drop "at B" (sent after the move, or sent to A and resent to B) names
+    A as the new server: B serves for A now, so it keeps ``w`` and tells no replica to drop
+    it. A named ``get_states`` (a plan's read) answers a copy's state too."""
+    wire, a, b = _pair()
+    _set_sgd(wire)
+    _init(a, np.arange(4, dtype=np.float32))
+    wire.deliver()
+    _push(a, W0, 0, np.ones(4, np.float32), req=10)
+    _push(a, W1, 0, np.ones(4, np.float32), req=11)
+    wire.deliver()
+    states = Message("get_states", sender=W0, req=12, body={"slices": [["w", 0]]})
+    b.handle(states)  # a copy here: its state is the primary's
+    blob = wire.replies[Q_ID][-1][2][0]
+    assert _same_state(optim.load_states(blob.tobytes())[("w", 0)], a.slices[("w", 0)].state)
+    wire.dead.add(P_ID)
+    b.node.redirect = {P_ID: Q_ID}
+    b._on_failover(P_ID, Q_ID)
+    assert b.slices[("w", 0)].primary
+    b.handle(Message("drop", sender=W0, req=13, body={"slices": [["w", 0, P_ID]]}))
+    assert ("w", 0) in b.slices and wire.replies[Q_ID][-1][0].req == 13
+    b.handle(Message("drop", sender=W0, req=14, body={"slices": [["w", 0, 99]]}))
+    assert ("w", 0) not in b.slices  # (moved elsewhere: it goes)
+    b.handle(Message("drop", sender=W0, req=15, body={"slices": [["w", 0, True]]}))
+    assert "error" in wire.replies[Q_ID][-1][1]

@@ -293,8 +293,14 @@ class BalanceAgent:
                 # a mover died before it was done (HETPS_ELASTIC): nothing it moved was
                 # dropped yet, so the others move its share again, and wait for each other
                 gone = [r for r in movers if r not in live]
-                drops += self._migrate(old, new, live, redo=(movers, gone))
+                log.warning(
+                    "balance: worker(s) %s died moving slices; %d of theirs move again here",
+                    gone,
+                    sum(len(w) for _, w in self._migrate(old, new, live, redo=(movers, gone))),
+                )
                 movers, live = live, self._movers(self.node.barrier("worker", self.timeout))
+            if elastic:  # every worker drops every moved slice: a worker may die meanwhile
+                drops = self._drops(old, new)
             wait_all(
                 [
                     self.kv.request(None, 0, s_old, Message(P.DROP, body={"slices": want}))
@@ -406,7 +412,19 @@ class BalanceAgent:
                 writes.append(self.kv.request(None, 0, s_new, msg))
         wait_all(writes, self.timeout, "slice migration (write)")
         # 3. the caller drops them where they were, after a barrier
-        return [(s_old, want) for s_old, _s_new, _items, want, _states, _pulls in reads]
+        return [
+            (s_old, [[k, j, self.kv._server_ids[s_new]] for k, j, _, _ in items])
+            for s_old, s_new, items, _want, _states, _pulls in reads
+        ]
+
+    def _drops(self, old: list[int], new: list[int]) -> list[tuple[int, list]]:
+        """Every moved slice, by the server it moved from: (old server, [[key, part, new
+        server's node id], ...])."""
+        out: dict[int, list] = {}
+        for (k, j, _, _), s_old, s_new in zip(self._slices(), old, new, strict=True):
+            if self._serving(s_old) != self._serving(s_new):
+                out.setdefault(s_old, []).append([k, j, self.kv._server_ids[s_new]])
+        return list(out.items())
 
     def _serving(self, server_rank: int) -> int:
         """The node that serves what the plan gives server ``server_rank``: the server

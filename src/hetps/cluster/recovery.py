@@ -94,7 +94,9 @@ class Recovery:
                 sent = fut.sent
                 if sent is None:
                     continue  # not sent yet: it leaves later, to ``to``
-                if sent.cmd in (P.PUSH, P.PULL, P.INIT, P.GET_STATES):  # (a read: safe again)
+                # reads, and writes that are the same when done twice (a plan's moves:
+                # states set again, a drop that the heir skips for what it serves)
+                if sent.cmd in (P.PUSH, P.PULL, P.INIT, P.GET_STATES, P.SET_STATES, P.DROP):
                     try:
                         self.van.send(to, sent)
                         again += 1

@@ -4,7 +4,9 @@
 The primary of a slice copies each init chunk and each applied ``dist_sync`` round to the
 next R-1 live servers (``replicate``, ops ``init`` and ``round``) and answers nothing of the
 slice until every copy is acknowledged. After a failover or a rejoin it sends its replicas the
-whole of what it serves (ops ``optimizer`` and ``sync``). The receiving side applies a round
+whole of what it serves (ops ``optimizer`` and ``sync``). A slice a plan moves (HETPS_BALANCE)
+takes its copies along: the new primary copies its init and its states (op ``states``), and
+the old one's ``drop`` removes its replicas' copies (op ``drop``). The receiving side applies a round
 with the same optimizer, so values and states stay identical. docs/FAULTS.md says what a user
 sees; docs/ARCHITECTURE.md how it fits.
 """
@@ -96,6 +98,32 @@ class Copies:
             copy.done = True
             self._copies.remove(copy)
             copy.then()
+
+    def _drop(self, msg: Message) -> None:
+        """Slices a plan moved away (HETPS_BALANCE), after every worker's moves landed."""
+        items = msg.body.get("slices", [])
+        if not isinstance(items, list) or not all(_drop_item(i) for i in items):
+            raise BadRequest("drop: field 'slices' must be a list of [key, part] or [key, part, to]")
+        if not self._replicated:
+            for item in items:
+                self.slices.pop((item[0], item[1]), None)
+            self.answers.reply(msg)
+            return
+        # HETPS_REPLICAS: a plan moved these slices away, to server ``to``. What is served
+        # here goes (a copy of the new primary's stays), and so do the replicas' copies of
+        # it; unless this server serves what the plan gave ``to`` (it took ``to``'s keys over,
+        # or is ``to`` itself: a server died between the move and the drop)
+        redirect = getattr(self.node, "redirect", {})
+        gone = []
+        for item in items:
+            if len(item) == 3 and redirect.get(item[2], item[2]) == self.node.id:
+                continue
+            sl = self.slices.get((item[0], item[1]))
+            if sl is not None and sl.primary:
+                del self.slices[(item[0], item[1])]
+            gone.append(item[:2])
+        body = {"op": "drop", "slices": gone}
+        self._copy_out(body, np.zeros(0, np.uint8), lambda: self.answers.reply(msg))
 
     def _on_failover(self, dead: int, to: int) -> None:
         """A server died (the receive thread calls this, between handlers): copies waiting
@@ -303,3 +331,14 @@ class Copies:
                 if sl is not None:
                     sl.state, sl.has_state = st, True
         self.answers.reply(msg)
+
+
+def _drop_item(item: Any) -> bool:
+    """Whether ``item`` names a slice to drop: ``[key, part]``, or ``[key, part, to]`` with
+    ``to`` the node id of the server it moved to."""
+    return (
+        isinstance(item, list)
+        and len(item) in (2, 3)
+        and slice_key(item[:2])
+        and (len(item) == 2 or (isinstance(item[2], int) and not isinstance(item[2], bool)))
+    )

@@ -279,6 +279,11 @@ class KVServer(Copies, ElasticRounds):
             raise BadRequest(
                 f"init of key {key!r}: bad shape {short(shape)} or dtype {short(dname)}"
             )
+        # a worker counts a key's rounds from its init; a slice that a plan moves here
+        # (HETPS_BALANCE) comes with the rounds it has had ('rnd')
+        rnd = msg.body.get("rnd", 0)
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            raise BadRequest(f"init of key {key!r}: field 'rnd' must be an integer >= 0")
         elems = 1
         for d in shape:
             elems *= d
@@ -305,11 +310,6 @@ class KVServer(Copies, ElasticRounds):
         data = self._data(msg, sl, n)
         self._writable(sl)
         sl.value[off : off + n] = data
-        # a worker counts a key's rounds from its init; a slice that a plan moves here
-        # (HETPS_BALANCE) comes with the rounds it has had ('rnd')
-        rnd = msg.body.get("rnd", 0)
-        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
-            raise BadRequest(f"init of key {key!r}: field 'rnd' must be an integer >= 0")
         sl.rounds = rnd
         if msg.cmd == P.INIT:
             sl.primary, sl.origin = True, None
@@ -610,24 +610,6 @@ class KVServer(Copies, ElasticRounds):
         meas = self._meas.pop((msg.sender, msg.req), None)
         self.answers.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
 
-    def _drop(self, msg: Message) -> None:
-        items = msg.body.get("slices", [])
-        if not isinstance(items, list) or not all(slice_key(i) for i in items):
-            raise BadRequest("drop: field 'slices' must be a list of [key, part]")
-        if not self._replicated:
-            for item in items:
-                self.slices.pop((item[0], item[1]), None)
-            self.answers.reply(msg)
-            return
-        # HETPS_REPLICAS: a plan moved these slices away. What is served here goes (a copy
-        # of the new primary's stays), and so do the replicas' copies of what was served here
-        for item in items:
-            sl = self.slices.get((item[0], item[1]))
-            if sl is not None and sl.primary:
-                del self.slices[(item[0], item[1])]
-        body = {"op": "drop", "slices": items}
-        self._copy_out(body, np.zeros(0, np.uint8), lambda: self.answers.reply(msg))
-
     def _writable(self, sl: Slice) -> None:
         """Before changing ``sl.value`` in place, make sure no reply still reads it."""
         pending = [t for t in sl.inflight if not t.done]
@@ -663,7 +645,10 @@ class KVServer(Copies, ElasticRounds):
         ):
             raise BadRequest("get_states: field 'slices' must be a list of [key, part]")
         keys = None if want is None else {tuple(w) for w in want}
-        served = self._replicated  # with copies: only what this server serves (not copies)
+        # with copies, all the states: only what this server serves (copies are on others);
+        # named slices (a plan moves them): each one held here, served or a copy, which is
+        # in step with its primary (and a server that takes over may not have heard yet)
+        served = self._replicated and keys is None
         states = {
             sk: sl.state
             for sk, sl in self.slices.items()
