@@ -63,7 +63,9 @@ ENV = {
 }
 
 
-def _run(tmp: Path, name: str, how: str, die_at: int, balance: bool) -> tuple[int, str]:
+def _run(
+    tmp: Path, name: str, how: str, die_at: int, balance: bool, replicas: int = 1
+) -> tuple[int, str]:
     script = tmp / f"{name}.py"
     script.write_text(PRELUDE + textwrap.dedent(SCRIPT))
     env = {**ENV, "HOW": how, "DIE_AT": str(die_at)}
@@ -77,6 +79,7 @@ def _run(tmp: Path, name: str, how: str, die_at: int, balance: bool) -> tuple[in
         start_timeout=30.0,
         failure_grace=5.0,
         elastic_min=2,
+        replicas=replicas,
     )
 
     def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
@@ -97,9 +100,10 @@ def _finals(out: str) -> dict[int, str]:
     return {int(r): d for r, d in re.findall(r"FINAL (\d) (\w+)", out)}
 
 
-@pytest.mark.parametrize("how", ["start", "migration"])
-def test_a_worker_that_dies_under_a_plan_is_let_go_and_nothing_is_lost(tmp_path, how):
-    code, out = _run(tmp_path, "balanced", how, 4, balance=True)
+@pytest.mark.parametrize(("how", "replicas"), [("start", 1), ("migration", 1), ("migration", 2)])
+def test_a_worker_that_dies_under_a_plan_is_let_go_and_nothing_is_lost(tmp_path, how, replicas):
+    """Third case: the servers keep two copies of every key too (HETPS_REPLICAS=2)."""
+    code, out = _run(tmp_path, "balanced", how, 4, balance=True, replicas=replicas)
     assert code == 0, out
     assert "worker 2 was killed by signal 9" in out and "goes on without it" in out, out
     finals = _finals(out)
