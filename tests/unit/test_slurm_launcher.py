@@ -12,6 +12,7 @@ from hetps.launch.slurm import (
     SlurmError,
     check_allocation,
     expand_nodelist,
+    free_port,
     srun_argv,
     task_env,
     task_role,
@@ -139,3 +140,21 @@ def test_the_srun_line_holds_no_secret_and_asks_for_every_task():
     assert argv[0] == "srun" and "--ntasks=6" in argv and "--export=ALL" in argv
     assert argv[-3:] == ["--", "python", "t.py"] and "--auto-threads" in argv
     assert not any("s" * 32 in a for a in argv)
+
+
+def test_the_scheduler_port_is_free_and_outside_the_ephemeral_range(tmp_path):
+    """srun binds its own listeners to port 0 while the scheduler has not bound its port yet;
+    a port from the ephemeral range could go to srun, and the workers would greet srun."""
+    import socket
+
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports), ports
+    for p in list(ports)[:3]:
+        with socket.socket() as s:
+            s.bind(("", p))
+    # a range with no room below it leaves the pick to the kernel
+    narrow = tmp_path / "range"
+    narrow.write_text("2000\t60999\n")
+    assert free_port(str(narrow)) >= 1
+    assert free_port(str(tmp_path / "missing")) >= 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import shlex
 import shutil
@@ -165,9 +166,32 @@ def check_allocation(env: dict[str, str], needed: int) -> list[str]:
     return expand_nodelist(nodelist)
 
 
-def free_port() -> int:
+def free_port(range_file: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
     """A port free on this host now (the scheduler's port when the launcher runs on the
-    scheduler's node, as in an sbatch script; elsewhere a port most likely free there)."""
+    scheduler's node, as in an sbatch script; elsewhere a port most likely free there).
+
+    It is drawn from below the kernel's ephemeral range. The scheduler binds it only after
+    srun has started it, and a port from the ephemeral range could be handed meanwhile to any
+    socket that binds port 0, srun's own listeners included; the workers would then greet srun.
+    Ports below that range are never handed out that way. Where the range cannot be read, or
+    leaves no room below it, the kernel picks."""
+    low = 0
+    try:
+        with open(range_file) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    floor = 10000
+    if low > floor + 1000:
+        rng = random.Random()
+        for _ in range(64):
+            port = rng.randrange(floor, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
