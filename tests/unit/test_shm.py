@@ -176,6 +176,38 @@ def test_van_moves_frames_through_the_ring_after_the_offer_and_inline_when_full(
     assert not _mine()
 
 
+def test_many_small_arrays_that_reach_the_bound_together_go_through_the_ring():
+    """A list call of many keys, each under the bound but together over it, goes through the
+    ring (not as one frame per key on the connection); a few small arrays stay inline, and so
+    does an array under the floor in a message that goes through the ring."""
+    rx, tx = Van(name="rx", ring_bytes=8 * MiB), Van(name="tx", ring_bytes=8 * MiB)
+    try:
+        rx.admit(tx.connect(1, rx.endpoint), 5)
+        n = 10_000  # 40 KB each: alone, far under the bound
+        count = RING_MIN_BYTES // (4 * n) + 1
+        tiny = np.arange(16, dtype=np.float32)  # under the floor
+        many = [np.full(n, i, np.float32) for i in range(count)] + [tiny]
+        tx.send(1, Message("push", arrays=[np.zeros(RING_MIN_BYTES // 4, np.float32)]))
+        assert rx.recv(timeout=10) is not None  # inline while the ring is offered
+        ring = tx._rings_out[1]
+        assert ring is not None and ring.ready and ring.head == 0
+        few = [np.full(n, 7, np.float32) for _ in range(3)]
+        tx.send(1, Message("push", arrays=few))
+        assert ring.head == 0  # 120 KB together: under the bound, inline
+        tx.send(1, Message("push", arrays=many))
+        assert ring.head == count * shm._span(4 * n)  # every 40 KB array; the tiny one inline
+        got_few, got_many = rx.recv(timeout=10), rx.recv(timeout=10)
+        for a, b in zip(few, got_few.arrays, strict=True):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(many, got_many.arrays, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert ring.free == ring.size  # all consumed
+    finally:
+        tx.close()
+        rx.close()
+    assert not _mine()
+
+
 def test_a_peer_on_another_address_never_gets_a_ring():
     v = Van(name="v", ring_bytes=MiB)
     try:

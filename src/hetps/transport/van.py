@@ -42,6 +42,10 @@ RING_MIN_BYTES = 2 << 20
 #: the same with a cluster secret: frames on the connection are encrypted (CurveZMQ, about
 #: 0.6 GB/s per connection here), so arrays from 64 KiB take the ring, which is not
 RING_MIN_BYTES_SECURE = 64 << 10
+#: a message whose arrays together reach the bound above sends each of them of at least this
+#: size through the ring too: a list call of 100 keys of 40 KB is 100 frames on the
+#: connection otherwise, each paying ZeroMQ's per-frame cost (and encryption when secured)
+RING_FLOOR_BYTES = 4 << 10
 #: the in-van command that offers a ring to its receiver (never reaches the application)
 RING_OFFER = "__ring_offer"
 #: big sends to a peer after which a ring it has not opened is closed (frames stay on TCP)
@@ -362,7 +366,7 @@ class Van:
             )
         with lock:
             if frames is None:  # into the ring in the order the messages leave
-                frames = encode(msg, ring, self.ring_min)
+                frames = encode(msg, ring, self._ring_floor(msg))
             big = any(
                 isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES
                 for f in frames[1:]
@@ -399,9 +403,20 @@ class Van:
             )
         return tracker if (track and big) else None
 
+    def _ring_floor(self, msg: Message) -> int | None:
+        """The smallest of ``msg``'s arrays that goes into a ring: the bound itself, or the
+        floor when the arrays reach the bound together; None when none goes."""
+        total = 0
+        for a in msg.arrays:
+            n = a.nbytes
+            if n >= self.ring_min:
+                return self.ring_min if len(msg.arrays) == 1 else RING_FLOOR_BYTES
+            total += n
+        return RING_FLOOR_BYTES if total >= self.ring_min else None
+
     def _ring(self, peer: Any, msg: Message) -> OutRing | None:
         """The open ring to ``peer`` if ``msg`` has arrays for it; offers one on first need."""
-        if not any(a.nbytes >= self.ring_min for a in msg.arrays):
+        if self._ring_floor(msg) is None:
             return None
         stale = None
         with self._ring_lock:
