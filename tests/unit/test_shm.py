@@ -208,6 +208,57 @@ def test_many_small_arrays_that_reach_the_bound_together_go_through_the_ring():
     assert not _mine()
 
 
+def test_every_answer_of_a_batch_lands_in_its_own_requests_destination():
+    """A batch of answers lands each answer's first array where its request named; the node
+    names places only for requests sent to the answering peer, and none for a body that does
+    not read as a batch."""
+    from types import SimpleNamespace
+
+    from hetps.cluster import protocol as P
+    from hetps.cluster.node import Node
+    from hetps.cluster.requests import RequestTracker
+
+    tracker = RequestTracker()
+    dest = [np.zeros(1000, np.float32) for _ in range(3)]
+    futs = [tracker.new(peer=9, what="pull") for _ in range(3)]
+    for f, d in zip(futs, dest, strict=True):
+        f.landing = d
+    other = tracker.new(peer=8, what="pull")  # sent to another server
+    other.landing = np.zeros(1000, np.float32)
+    node = SimpleNamespace(requests=tracker)
+    items = [
+        [P.PULL, futs[0].req, {}, 1],
+        [P.PUSH, futs[1].req, {}, 0],  # an answer without arrays
+        [P.PULL, futs[2].req, {}, 2],
+        [P.PULL, other.req, {}, 1],
+    ]
+    places = Node._landings(node, 9, P.BATCH, 1, {"items": items})
+    assert set(places) == {0, 1} and places[0] is dest[0] and places[1] is dest[2]
+    assert Node._landings(node, 8, P.BATCH, 1, {"items": items}) == {3: other.landing}
+    assert Node._landings(node, 9, P.BATCH, 1, {"items": "x"}) is None
+    assert Node._landings(node, 9, P.BATCH, 1, {"items": [[P.PULL, "r", {}, 1]]}) is None
+    assert Node._landings(node, 9, P.PULL, futs[2].req, {})[0] is dest[2]
+    assert Node._landings(node, 8, P.PULL, futs[2].req, {}) is None
+
+    out = shm.OutRing(1 << 20)
+    inn = shm.InRing(out.name)
+    inn.owner = b"conn"
+    try:
+        vals = [np.full(1000, i + 1, np.float32) for i in range(4)]
+        frames = encode(Message(P.BATCH, req=1, reply=True, arrays=vals), out, 64)
+        got = codec_decode(
+            frames, 1 << 30, {out.name: inn}, lambda c, r, b: places, origin=b"conn"
+        )
+        assert got.arrays[0].ctypes.data == dest[0].ctypes.data
+        assert got.arrays[1].ctypes.data == dest[2].ctypes.data
+        assert not any(np.shares_memory(got.arrays[i], d) for i in (2, 3) for d in dest)
+        for a, v in zip(got.arrays, vals, strict=True):
+            np.testing.assert_array_equal(a, v)
+    finally:
+        inn.close()
+        out.close()
+
+
 def test_a_peer_on_another_address_never_gets_a_ring():
     v = Van(name="v", ring_bytes=MiB)
     try:
@@ -299,7 +350,11 @@ def test_a_reply_lands_straight_in_its_requests_destination():
 
         inn.owner = b"conn-3"
 
-        def decode(frames, bound, rings, landing):  # noqa: F811 - on connection conn-3
+        def decode(frames, bound, rings, get):  # noqa: F811 - on connection conn-3
+            def landing(cmd, req, body):
+                target = get(req)
+                return None if target is None else {0: target}
+
             return codec_decode(frames, bound, rings, landing, origin=b"conn-3")
 
         got = decode(frames(7), 1 << 30, rings, places.get)

@@ -69,7 +69,7 @@ class Node(Recovery):
                 cfg.node_host,
             )
         self.requests = RequestTracker()
-        self.van.landing_of = self.requests.landing_of
+        self.van.landing_of = self._landings
         self.info: NodeInfo | None = None
         self.nodes: dict[int, NodeInfo] = {}
         self.metrics_interval = 0.0  # seconds between live metrics reports (0: none wanted)
@@ -310,6 +310,32 @@ class Node(Recovery):
             self.handler(msg)
         else:
             log.warning("%s: no handler for %s from %d", self.role, msg.cmd, msg.sender)
+
+    def _landings(self, sender: int, cmd: str, req: int, body: Any) -> dict[int, Any] | None:
+        """Where the ring-borne arrays of an answer from ``sender`` may land: the first array
+        of an answer (or of each answer in a batch) in the array its caller named. The body
+        is not checked yet here: whatever does not read as a batch's items lands nowhere."""
+        look = self.requests.landing_of
+        if cmd != P.BATCH:
+            target = look(req, sender)
+            return None if target is None else {0: target}
+        items = body.get("items") if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            return None
+        out: dict[int, Any] = {}
+        at = 0
+        for item in items[: P.MAX_BATCH_ITEMS]:
+            if not (isinstance(item, list) and len(item) == 4):
+                break
+            r, n = item[1], item[3]
+            if type(r) is not int or type(n) is not int or n < 0:
+                break
+            if n:
+                target = look(r, sender)
+                if target is not None:
+                    out[at] = target
+            at += n
+        return out or None
 
     def _resolve_batch(self, msg: Message) -> None:
         """Answers that came together (:mod:`hetps.cluster.batch`): each resolves its own

@@ -141,11 +141,14 @@ class RequestTracker:
             fut._tracker = self
         return fut
 
-    def landing_of(self, req: int) -> Any:
-        """Where the reply to ``req`` may land, while someone still waits for it."""
+    def landing_of(self, req: int, sender: int | None = None) -> Any:
+        """Where the reply to ``req`` may land, while someone still waits for it (from
+        ``sender`` only, when given: the peer the request went to)."""
         with self._lock:
             fut = self._pending.get(req)
-        return None if fut is None else fut.landing
+        if fut is None or (sender is not None and fut.peer != sender):
+            return None
+        return fut.landing
 
     def discard(self, req: int) -> None:
         """Forget request ``req`` (its caller stopped waiting)."""

@@ -195,9 +195,9 @@ def decode(
     through shared memory (header field ``"m"``); their bytes are copied out of the ring, and
     what was copied out is released to the sender even when the message then fails validation.
     A ring may carry only the arrays of the connection that offered it: its ``owner`` must be
-    ``origin`` (the routing id the message came with). ``landing_of(req)`` may name where a
-    reply's first array goes (a flat array of its dtype and size): a ring-borne array is then
-    copied there, not into a new array.
+    ``origin`` (the routing id the message came with). ``landing_of(cmd, req, body)`` may
+    name where a reply's arrays go (``{array index: flat array of its dtype and size}``, or
+    None): a ring-borne array is then copied there, not into a new array.
 
     A request whose command is in ``borrow`` gets its ring-borne arrays as read-only views of
     the ring, not copies: nothing is released to the sender then, and the message's ``lease``
@@ -349,9 +349,9 @@ def _decode_checked(
         )
     ring = rings[header["m"][0]] if placed else None
     arrays: list[np.ndarray] = []
-    target = None
-    if placed and placed[0] >= 0 and reply is True and landing_of is not None:
-        target = landing_of(req)
+    targets = None
+    if placed and reply is True and landing_of is not None:
+        targets = landing_of(cmd, req, body)
     lent = ring is not None and reply is False and cmd in borrow
     ok = False
     try:
@@ -359,8 +359,8 @@ def _decode_checked(
         for i, item in enumerate(layout):
             parts = frames[at : at + counts[i]]
             at += counts[i]
+            target = targets.get(i) if targets else None
             arrays.append(_decode_array(i, item, parts, placed, ring, target, lent))
-            target = None
         ok = True
     finally:
         if ring is not None and not (ok and lent):  # what was taken out may be overwritten

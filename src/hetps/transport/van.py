@@ -504,7 +504,7 @@ class Van:
                     frames[1:],
                     self.max_message_bytes,
                     self._rings_in,
-                    self.landing_of,
+                    self._landing_for(sender),
                     origin,
                     self.borrow,
                 )
@@ -543,6 +543,14 @@ class Van:
                     msg.nbytes,
                 )
             return msg
+
+    def _landing_for(self, sender: int) -> Any:
+        """The codec's ``landing_of`` for a message from ``sender``: only the node a request
+        went to may land its answer in the caller's array."""
+        landing_of = self.landing_of
+        if landing_of is None or sender == UNKNOWN:
+            return None
+        return lambda cmd, req, body: landing_of(sender, cmd, req, body)
 
     def release(self, msg: Message) -> None:
         """Give the ring space of ``msg``'s lent arrays back to its sender. The arrays it still
