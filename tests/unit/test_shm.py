@@ -232,13 +232,22 @@ def test_every_answer_of_a_batch_lands_in_its_own_requests_destination():
         [P.PULL, futs[2].req, {}, 2],
         [P.PULL, other.req, {}, 1],
     ]
-    places = Node._landings(node, 9, P.BATCH, 1, {"items": items})
+    places = Node._landings(node, 9, P.BATCH, 1, {"items": items}, 4)
     assert set(places) == {0, 1} and places[0] is dest[0] and places[1] is dest[2]
-    assert Node._landings(node, 8, P.BATCH, 1, {"items": items}) == {3: other.landing}
-    assert Node._landings(node, 9, P.BATCH, 1, {"items": "x"}) is None
-    assert Node._landings(node, 9, P.BATCH, 1, {"items": [[P.PULL, "r", {}, 1]]}) is None
-    assert Node._landings(node, 9, P.PULL, futs[2].req, {})[0] is dest[2]
-    assert Node._landings(node, 8, P.PULL, futs[2].req, {}) is None
+    assert Node._landings(node, 8, P.BATCH, 1, {"items": items}, 4) == {3: other.landing}
+    # all or nothing: a batch the node would refuse lands nothing, not its first items
+    for body, count in (
+        ({"items": "x"}, 4),
+        ({"items": [[P.PULL, "r", {}, 1]]}, 1),
+        ({"items": items + [["bad"]]}, 4),  # junk after good items
+        ({"items": items}, 5),  # counts that do not add up to the arrays
+        ({"items": items, "error": "refused"}, 4),
+        ({"items": items[:1] * (P.MAX_BATCH_ITEMS + 1)}, P.MAX_BATCH_ITEMS + 1),
+    ):
+        assert Node._landings(node, 9, P.BATCH, 1, body, count) is None, body
+    assert Node._landings(node, 9, P.PULL, futs[2].req, {}, 1)[0] is dest[2]
+    assert Node._landings(node, 8, P.PULL, futs[2].req, {}, 1) is None
+    assert Node._landings(node, 9, P.PULL, futs[2].req, {"error": "no"}, 1) is None
 
     out = shm.OutRing(1 << 20)
     inn = shm.InRing(out.name)
@@ -247,7 +256,7 @@ def test_every_answer_of_a_batch_lands_in_its_own_requests_destination():
         vals = [np.full(1000, i + 1, np.float32) for i in range(4)]
         frames = encode(Message(P.BATCH, req=1, reply=True, arrays=vals), out, 64)
         got = codec_decode(
-            frames, 1 << 30, {out.name: inn}, lambda c, r, b: places, origin=b"conn"
+            frames, 1 << 30, {out.name: inn}, lambda c, r, b, n: places, origin=b"conn"
         )
         assert got.arrays[0].ctypes.data == dest[0].ctypes.data
         assert got.arrays[1].ctypes.data == dest[2].ctypes.data
@@ -257,6 +266,38 @@ def test_every_answer_of_a_batch_lands_in_its_own_requests_destination():
     finally:
         inn.close()
         out.close()
+
+
+def test_a_caller_that_gives_up_gets_its_error_only_after_the_answer_stopped_landing():
+    """The receive thread looked up a request's place and is still copying into it when the
+    caller's wait times out: the caller gets its RequestTimeout only once the copy is over, so
+    it never reuses its array while the answer is being written there."""
+    import threading
+
+    from hetps.cluster.errors import RequestTimeout
+    from hetps.cluster.requests import RequestTracker
+
+    tracker = RequestTracker()
+    fut = tracker.new(peer=9, what="pull")
+    fut.landing = np.zeros(10, np.float32)
+    writing = {"over": False}
+    seen: list = []
+
+    def caller() -> None:
+        try:
+            fut.wait(0.01)
+        except RequestTimeout:
+            seen.append(writing["over"])
+
+    tracker.landing_guard.acquire()  # the receive thread is decoding into fut.landing
+    t = threading.Thread(target=caller)
+    t.start()
+    fut._event.wait(10)  # the caller gave up
+    t.join(1.0)  # it must still be waiting for the copy to end
+    writing["over"] = True
+    tracker.landing_guard.release()
+    t.join(10)
+    assert seen == [True]
 
 
 def test_a_peer_on_another_address_never_gets_a_ring():
@@ -351,7 +392,7 @@ def test_a_reply_lands_straight_in_its_requests_destination():
         inn.owner = b"conn-3"
 
         def decode(frames, bound, rings, get):  # noqa: F811 - on connection conn-3
-            def landing(cmd, req, body):
+            def landing(cmd, req, body, count):
                 target = get(req)
                 return None if target is None else {0: target}
 

@@ -21,7 +21,7 @@ from hetps.cluster import protocol as P
 from hetps.transport.codec import Message
 
 #: a request (or answer) with more bytes of arrays than this goes alone (HETPS_BATCH_BYTES
-#: lowers it), so big arrays still take the same-host ring (arrays of 2 MiB or more)
+#: lowers it); a batch's arrays take the same-host ring like any message's (transport/van.py)
 ITEM_BYTES_MAX = 1 << 20
 #: a batch carries at most this many bytes of arrays (more: the next batch)
 MAX_BATCH_BYTES = 8 << 20
@@ -72,32 +72,46 @@ def pack(items: list[Message], reply: bool = False, req: int = 0) -> Message:
     )
 
 
-def unpack(msg: Message) -> list[Message]:
-    """The items of the batch ``msg`` as messages from its sender (answers if it is one).
-    Raises :class:`BadBatch` (nothing else) when the batch is malformed."""
-    items = msg.body.get("items")
+def layout(body: Any, total: int) -> list[tuple[str, int, dict, int]]:
+    """The items of a batch's ``body`` as (cmd, req, body, array count), checked whole: a
+    non-empty list of at most MAX_BATCH_ITEMS items, each a batchable command with a positive
+    request id, a map body and an array count, the counts adding up to the batch's ``total``
+    arrays. Raises :class:`BadBatch` (nothing else) otherwise."""
+    items = body.get("items") if isinstance(body, dict) else None
     if not isinstance(items, list) or not items:
         raise BadBatch("field 'items' must be a non-empty list")
     if len(items) > P.MAX_BATCH_ITEMS:
         raise BadBatch(f"{len(items)} items, more than {P.MAX_BATCH_ITEMS}")
     out = []
     at = 0
-    total = len(msg.arrays)
     for i, item in enumerate(items):
         if not isinstance(item, list) or len(item) != 4:
             raise BadBatch(f"item {i} must be [cmd, req, body, arrays]")
-        cmd, req, body, count = item
+        cmd, req, sub, count = item
         if not isinstance(cmd, str) or cmd not in P.BATCH_COMMANDS:
             raise BadBatch(f"item {i}: command {_short(cmd)} cannot be batched")
         if not isinstance(req, int) or isinstance(req, bool) or req <= 0:
             raise BadBatch(f"item {i}: request id {_short(req)} must be a positive integer")
-        if not isinstance(body, dict):
+        if not isinstance(sub, dict):
             raise BadBatch(f"item {i}: body must be a map")
         if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= total - at:
             raise BadBatch(
                 f"item {i}: array count {_short(count)} does not fit the {total} arrays "
                 f"({at} taken by the items before it)"
             )
+        out.append((cmd, req, sub, count))
+        at += count
+    if at != total:
+        raise BadBatch(f"the items take {at} arrays but the batch carries {total}")
+    return out
+
+
+def unpack(msg: Message) -> list[Message]:
+    """The items of the batch ``msg`` as messages from its sender (answers if it is one).
+    Raises :class:`BadBatch` (nothing else) when the batch is malformed."""
+    out = []
+    at = 0
+    for cmd, req, body, count in layout(msg.body, len(msg.arrays)):
         arrays = msg.arrays[at : at + count]
         at += count
         out.append(
@@ -115,8 +129,6 @@ def unpack(msg: Message) -> list[Message]:
                 origin=msg.origin,
             )
         )
-    if at != total:
-        raise BadBatch(f"the items take {at} arrays but the batch carries {total}")
     return out
 
 

@@ -70,6 +70,7 @@ class Node(Recovery):
             )
         self.requests = RequestTracker()
         self.van.landing_of = self._landings
+        self.van.landing_guard = self.requests.landing_guard
         self.info: NodeInfo | None = None
         self.nodes: dict[int, NodeInfo] = {}
         self.metrics_interval = 0.0  # seconds between live metrics reports (0: none wanted)
@@ -311,25 +312,26 @@ class Node(Recovery):
         else:
             log.warning("%s: no handler for %s from %d", self.role, msg.cmd, msg.sender)
 
-    def _landings(self, sender: int, cmd: str, req: int, body: Any) -> dict[int, Any] | None:
-        """Where the ring-borne arrays of an answer from ``sender`` may land: the first array
-        of an answer (or of each answer in a batch) in the array its caller named. The body
-        is not checked yet here: whatever does not read as a batch's items lands nowhere."""
+    def _landings(
+        self, sender: int, cmd: str, req: int, body: Any, count: int
+    ) -> dict[int, Any] | None:
+        """Where the ring-borne arrays of an answer from ``sender`` (``count`` arrays) may
+        land: the first array of an answer (or of each answer in a batch) in the array its
+        caller named. All or nothing: an error answer, or a batch that would be refused
+        (:func:`batch.layout`), lands nowhere."""
+        if not isinstance(body, dict) or "error" in body:
+            return None
         look = self.requests.landing_of
         if cmd != P.BATCH:
-            target = look(req, sender)
+            target = look(req, sender) if count else None
             return None if target is None else {0: target}
-        items = body.get("items") if isinstance(body, dict) else None
-        if not isinstance(items, list):
+        try:
+            items = batch.layout(body, count)
+        except batch.BadBatch:
             return None
         out: dict[int, Any] = {}
         at = 0
-        for item in items[: P.MAX_BATCH_ITEMS]:
-            if not (isinstance(item, list) and len(item) == 4):
-                break
-            r, n = item[1], item[3]
-            if type(r) is not int or type(n) is not int or n < 0:
-                break
+        for _, r, _, n in items:
             if n:
                 target = look(r, sender)
                 if target is not None:

@@ -108,6 +108,7 @@ class Future:
         if not self._event.wait(timeout):
             self._give_up(timeout)
             if isinstance(self._error, RequestTimeout):  # (not if it came in just now)
+                self._landed()
                 self.reported = True
                 raise self._error
 
@@ -116,9 +117,17 @@ class Future:
         if not self._event.wait(timeout):
             self._give_up(timeout)
         if self._error is not None:
+            self._landed()
             self.reported = True
             raise self._error
         return self._result
+
+    def _landed(self) -> None:
+        """A failed request with a place for its answer: wait until the receive thread is
+        not writing into that place (it looked the place up before the request failed)."""
+        if self.landing is not None and self._tracker is not None:
+            with self._tracker.landing_guard:
+                pass
 
 
 class RequestTracker:
@@ -129,6 +138,10 @@ class RequestTracker:
         self._pending: dict[int, Future] = {}
         self._lock = threading.Lock()
         self._fatal: BaseException | None = None
+        # held by the receive thread while it decodes a message, the time in which it may
+        # copy answers into their requests' arrays (see landing_of): a waiter whose request
+        # failed takes it once, so nothing writes into its array after it has its error
+        self.landing_guard = threading.Lock()
 
     def new(self, peer: int, what: str, callback: Callable[[Any], None] | None = None) -> Future:
         """A new future for a request to ``peer``; fails at once if the cluster is broken."""
@@ -232,7 +245,12 @@ def wait_all(futures: list[Future], timeout: float, what: str = "request") -> li
             if remaining <= 0 and not fut.done():
                 raise RequestTimeout(f"{what}: timed out after {timeout:.1f} s")
             out.append(fut.wait(max(remaining, 0.0)))
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, RequestTimeout):  # the call is over: so are its requests
+            for fut in futures:
+                if not fut.done():
+                    fut._give_up(timeout)
+                fut._landed()
         for fut in futures:
             if fut.done():
                 fut.reported = True

@@ -6,7 +6,9 @@ Wire layout of one ZeroMQ multipart message (after the ROUTER identity frame)::
                             "p": is_reply, "o": priority, "t": send time (s, float),
                             "b": body map, "a": [[dtype, [dim, ...]], ...]}
     frame 1.. raw little-endian C-order array bytes: each entry of "a" in
-              ceil(bytes / FRAME_MAX) frames (at least one), in order
+              ceil(bytes / FRAME_MAX) frames (at least one), in order; an array sent
+              through a same-host shared-memory ring is one empty frame instead, and the
+              header's "m" ([ring name, [counter or -1 per array]]) says where it is
 
 The header carries no sender: who sent a message is the connection it came on (the van maps
 the ZeroMQ routing id to a node id, see docs/SECURITY.md). A field ``"s"`` from an older peer
@@ -15,7 +17,8 @@ frame at the socket (``ZMQ_MAXMSGSIZE``) before ZeroMQ allocates memory for it; 
 bigger than that travels in several frames and is joined (one copy) on arrival.
 
 Arrays are sent without copies (``copy=False``) and decoded with ``np.frombuffer`` over the
-received frame, so a 256 MB push is never duplicated in user space. :func:`decode` checks every
+received frame, so a 256 MB push is never duplicated in user space (a ring-borne array is
+copied out of the ring, into the place its request named where there is one, or lent). :func:`decode` checks every
 header field and every frame size against the header before anything is used, and raises
 :class:`BadMessage` (never anything else) on malformed input.
 """
@@ -195,9 +198,9 @@ def decode(
     through shared memory (header field ``"m"``); their bytes are copied out of the ring, and
     what was copied out is released to the sender even when the message then fails validation.
     A ring may carry only the arrays of the connection that offered it: its ``owner`` must be
-    ``origin`` (the routing id the message came with). ``landing_of(cmd, req, body)`` may
-    name where a reply's arrays go (``{array index: flat array of its dtype and size}``, or
-    None): a ring-borne array is then copied there, not into a new array.
+    ``origin`` (the routing id the message came with). ``landing_of(cmd, req, body, count)``
+    may name where a reply's arrays go (``{array index: flat array of its dtype and size}``,
+    or None): a ring-borne array is then copied there, not into a new array.
 
     A request whose command is in ``borrow`` gets its ring-borne arrays as read-only views of
     the ring, not copies: nothing is released to the sender then, and the message's ``lease``
@@ -350,11 +353,14 @@ def _decode_checked(
     ring = rings[header["m"][0]] if placed else None
     arrays: list[np.ndarray] = []
     targets = None
-    if placed and reply is True and landing_of is not None:
-        targets = landing_of(cmd, req, body)
     lent = ring is not None and reply is False and cmd in borrow
     ok = False
     try:
+        if placed and reply is True and landing_of is not None:
+            try:
+                targets = landing_of(cmd, req, body, len(layout))
+            except Exception:  # noqa: BLE001 - no place: the arrays are copied out as usual
+                targets = None
         at = 1
         for i, item in enumerate(layout):
             parts = frames[at : at + counts[i]]

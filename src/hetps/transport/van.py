@@ -209,8 +209,11 @@ class Van:
         self._rings_out: dict[Any, OutRing | None] = {}  # None: creating one failed
         self._rings_in: dict[str, InRing] = {}
         self._unopened: dict[Any, int] = {}  # peer -> big sends since its ring was offered
-        # req -> where a reply's ring-borne array may be copied (set by the node's requests)
+        # (sender, cmd, req, body, count) -> {array index: where a reply's ring-borne array
+        # may be copied} (set by the node), and the lock held while such arrays are written
+        # (a caller that gave up on its request takes it before it uses its array again)
         self.landing_of: Any = None
+        self.landing_guard: Any = None
         # commands whose ring-borne arrays are lent, not copied (set by their handler, which
         # reads them before it returns): see recv and release
         self.borrow: frozenset[str] = frozenset()
@@ -499,6 +502,9 @@ class Van:
                 frames.append(self._router.recv(copy=False))
             origin = frames[0].bytes
             sender = self._origins.get(origin, UNKNOWN)
+            guard = self.landing_guard
+            if guard is not None:
+                guard.acquire()
             try:
                 msg = decode(
                     frames[1:],
@@ -513,6 +519,9 @@ class Van:
                     "%s dropped a bad message from %s: %s", self.name, self._who(sender), exc
                 )
                 continue
+            finally:
+                if guard is not None:
+                    guard.release()
             msg.sender, msg.origin = sender, origin
             if msg.lease is not None:
                 self._lent = msg
@@ -550,7 +559,7 @@ class Van:
         landing_of = self.landing_of
         if landing_of is None or sender == UNKNOWN:
             return None
-        return lambda cmd, req, body: landing_of(sender, cmd, req, body)
+        return lambda cmd, req, body, count: landing_of(sender, cmd, req, body, count)
 
     def release(self, msg: Message) -> None:
         """Give the ring space of ``msg``'s lent arrays back to its sender. The arrays it still
