@@ -142,19 +142,22 @@ def test_the_srun_line_holds_no_secret_and_asks_for_every_task():
     assert not any("s" * 32 in a for a in argv)
 
 
-def test_the_scheduler_port_is_free_and_outside_the_ephemeral_range(tmp_path):
+def test_the_scheduler_port_is_free_and_outside_the_ephemeral_range(tmp_path, caplog):
     """srun binds its own listeners to port 0 while the scheduler has not bound its port yet;
     a port from the ephemeral range could go to srun, and the workers would greet srun."""
     import socket
 
-    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    ports = {free_port() for _ in range(20)}
-    assert all(1024 <= p < low for p in ports), ports
-    for p in list(ports)[:3]:
-        with socket.socket() as s:
-            s.bind(("", p))
-    # a range with no room below it leaves the pick to the kernel
-    narrow = tmp_path / "range"
-    narrow.write_text("2000\t60999\n")
-    assert free_port(str(narrow)) >= 1
-    assert free_port(str(tmp_path / "missing")) >= 1
+    ranges = tmp_path / "range"
+    for low, high in ((32768, 60999), (11000, 65535), (1024, 60000)):
+        ranges.write_text(f"{low}\t{high}\n")
+        ports = {free_port(str(ranges)) for _ in range(20)}
+        assert all(10000 <= p < low or high < p <= 65535 for p in ports), (low, high, ports)
+        for p in list(ports)[:3]:
+            with socket.socket() as s:
+                s.bind(("", p))
+    # a range with no room outside it, or none to read: the kernel picks, and a line says so
+    ranges.write_text("1024\t65535\n")
+    with caplog.at_level("WARNING", logger="hetps.launch"):
+        assert free_port(str(ranges)) >= 1
+        assert free_port(str(tmp_path / "missing")) >= 1
+    assert caplog.text.count("no free port outside the ephemeral range") == 2

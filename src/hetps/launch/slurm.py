@@ -20,6 +20,7 @@ Ctrl-C and SIGTERM stop the step, and every worker gets its share of its node's 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import re
@@ -48,6 +49,8 @@ EXIT_LINE = re.compile(r"^hetps-slurm-exit (\d+) (-?\d+)$")
 STEP_LINE = re.compile(r"^hetps-slurm-step (\S+)$")
 #: one line of ``srun --label`` output: ``TASK: text`` (the id padded to a common width)
 LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")
+
+log = logging.getLogger("hetps.launch")
 
 
 class SlurmError(RuntimeError):
@@ -170,28 +173,35 @@ def free_port(range_file: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int
     """A port free on this host now (the scheduler's port when the launcher runs on the
     scheduler's node, as in an sbatch script; elsewhere a port most likely free there).
 
-    It is drawn from below the kernel's ephemeral range. The scheduler binds it only after
-    srun has started it, and a port from the ephemeral range could be handed meanwhile to any
-    socket that binds port 0, srun's own listeners included; the workers would then greet srun.
-    Ports below that range are never handed out that way. Where the range cannot be read, or
-    leaves no room below it, the kernel picks."""
-    low = 0
+    It is drawn from outside the kernel's ephemeral range (10000 up to its start, or above its
+    end). The scheduler binds it only after srun has started it, and a port from the
+    ephemeral range could be handed meanwhile to any socket that binds port 0, srun's own
+    listeners included; the workers would then greet srun. Where the range cannot be read, or
+    leaves no room outside it, the kernel picks (said in a log line)."""
     try:
         with open(range_file) as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 0
-    floor = 10000
-    if low > floor + 1000:
+            low, high = (int(x) for x in f.read().split()[:2])
+        spans = [(a, b) for a, b in ((10000, low), (high + 1, 65536)) if b - a >= 1000]
+    except (OSError, ValueError):
+        spans = []
+    if spans:
         rng = random.Random()
+        weights = [b - a for a, b in spans]
         for _ in range(64):
-            port = rng.randrange(floor, low)
+            a, b = rng.choices(spans, weights)[0]
+            port = rng.randrange(a, b)
             with socket.socket() as s:
                 try:
                     s.bind(("", port))
                 except OSError:
                     continue
                 return port
+    log.warning(
+        "hetps launch: no free port outside the ephemeral range (%s); the scheduler's port "
+        "comes from it, and another program could take it before the scheduler binds it: "
+        "pass --port N to choose one",
+        range_file,
+    )
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
