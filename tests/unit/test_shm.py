@@ -176,6 +176,39 @@ def test_van_moves_frames_through_the_ring_after_the_offer_and_inline_when_full(
     assert not _mine()
 
 
+def test_a_full_ring_waits_for_the_receiver_to_free_room_before_going_inline():
+    """A sender whose ring is full waits (a while) for the receiver to consume, instead of
+    sending the array over the connection at once: the fourth 2 MiB array of an 8 MiB ring
+    goes through the ring once the receiver has taken the first."""
+    import threading
+
+    rx, tx = Van(name="rx", ring_bytes=8 * MiB), Van(name="tx", ring_bytes=8 * MiB)
+    tx.ring_wait_s = 60.0  # (long: the receiver below starts reading whenever it gets to)
+    try:
+        rx.admit(tx.connect(1, rx.endpoint), 5)
+        n = RING_MIN_BYTES // 4 + 1024
+        sent = [np.full(n, i, np.float32) for i in range(5)]
+        tx.send(1, Message("push", arrays=[sent[0]]))  # inline: the ring is offered
+        assert rx.recv(timeout=10) is not None
+        ring = tx._rings_out[1]
+        for a in sent[1:4]:
+            tx.send(1, Message("push", arrays=[a]))
+        assert ring.head == 3 * shm._span(4 * n) and not ring.fits([4 * n])  # full
+        late = threading.Thread(target=tx.send, args=(1, Message("push", arrays=[sent[4]])))
+        late.start()
+        got = [rx.recv(timeout=10) for _ in range(4)]  # the first one read frees room
+        late.join(30)
+        assert not late.is_alive()
+        # the fourth went through the ring too, at the start of its next lap
+        assert ring.head == ring.size + shm._span(4 * n)
+        for a, m in zip(sent[1:], got, strict=True):
+            np.testing.assert_array_equal(m.arrays[0], a)
+    finally:
+        tx.close()
+        rx.close()
+    assert not _mine()
+
+
 def test_many_small_arrays_that_reach_the_bound_together_go_through_the_ring():
     """A list call of many keys, each under the bound but together over it, goes through the
     ring (not as one frame per key on the connection); a few small arrays stay inline, and so

@@ -145,6 +145,39 @@ class OutRing:
         """Bytes the receiver has consumed up to, minus what is written: the free space."""
         return self.size - (self.head - int(self._hdr[_TAIL]))
 
+    def fits(self, sizes: list[int]) -> bool:
+        """Whether frames of ``sizes`` bytes, put in this order now, would all fit."""
+        hdr = self._hdr
+        if hdr is None:  # closed
+            return False
+        pos, tail = self.head, int(hdr[_TAIL])
+        for n in sizes:
+            span = _span(n)
+            off = pos % self.size
+            if off + span > self.size:
+                pos += self.size - off
+            if pos + span - tail > self.size:
+                return False
+            pos += span
+        return True
+
+    def wait_room(self, sizes: list[int], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for room for frames of ``sizes`` bytes (the receiver
+        consumes at memory speed, so a full ring is usually free again within a millisecond;
+        its tail is shared memory, with no wake-up to wait on: looked at every 0.1 ms).
+        False when there was none by then, or when they could never fit together."""
+        if sum(_span(n) for n in sizes) > self.size:
+            return False
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.closed:
+                return False
+            if self.fits(sizes):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0001)
+
     def put(self, frame: np.ndarray) -> int | None:
         """Copy ``frame`` (uint8, contiguous) in; its counter, or None when it does not fit."""
         n = frame.nbytes

@@ -46,6 +46,10 @@ RING_MIN_BYTES_SECURE = 64 << 10
 #: size through the ring too: a list call of 100 keys of 40 KB is 100 frames on the
 #: connection otherwise, each paying ZeroMQ's per-frame cost (and encryption when secured)
 RING_FLOOR_BYTES = 4 << 10
+#: a message whose arrays do not fit the ring's free space waits this long for room before
+#: the ones that do not fit go inline (a 4 MiB frame over an encrypted connection takes
+#: about 7 ms here; the receiver frees ring space at memory speed)
+RING_WAIT_S = 0.02
 #: the in-van command that offers a ring to its receiver (never reaches the application)
 RING_OFFER = "__ring_offer"
 #: big sends to a peer after which a ring it has not opened is closed (frames stay on TCP)
@@ -205,6 +209,7 @@ class Van:
         self.shaper = TokenBucket(shape_mbit * 1e6 / 8) if shape_mbit > 0 else None
         # shared-memory rings to peers on this machine (0 bytes: never); see transport/shm.py
         self.ring_bytes = int(ring_bytes)
+        self.ring_wait_s = RING_WAIT_S
         self._local: set[Any] = set()  # peers whose address is this machine
         self._rings_out: dict[Any, OutRing | None] = {}  # None: creating one failed
         self._rings_in: dict[str, InRing] = {}
@@ -369,7 +374,13 @@ class Van:
             )
         with lock:
             if frames is None:  # into the ring in the order the messages leave
-                frames = encode(msg, ring, self._ring_floor(msg))
+                floor = self._ring_floor(msg) or 0
+                sizes = [a.nbytes for a in msg.arrays if a.nbytes >= floor and a.nbytes]
+                if not ring.fits(sizes):
+                    # the receiver is behind: it empties the ring at memory speed, faster
+                    # than these arrays would cross the connection (encrypted, with a secret)
+                    ring.wait_room(sizes, self.ring_wait_s)
+                frames = encode(msg, ring, floor)
             big = any(
                 isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES
                 for f in frames[1:]
