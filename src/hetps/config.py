@@ -341,8 +341,8 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
             Var("HETPS_SHM_BYTES", "int", 32 << 20,
                 "shared-memory ring (in /dev/shm) to a peer on the same machine, opened the "
                 "first time an array of 2 MiB or more (64 KiB with a cluster secret: the "
-                "connection is encrypted, the ring is not), or a message whose arrays reach "
-                "that together (then each from 4 KiB), goes there; one per direction and "
+                "connection is encrypted, the ring is not), or a message whose arrays from "
+                "4 KiB reach that (or 1 MiB) together, goes there; one per direction and "
                 "pair, skipped if /dev/shm lacks room (0: always TCP)",
                 field="shm_bytes", minimum=0, unit="bytes", check=_shm_check,
                 bounds="0, or >= 1048576"),

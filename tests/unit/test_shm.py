@@ -17,7 +17,7 @@ from hetps.config import ConfigError, node_config_from_env
 from hetps.transport import shm
 from hetps.transport.codec import BadMessage, Message, decode, encode
 from hetps.transport.codec import decode as codec_decode
-from hetps.transport.van import RING_MIN_BYTES, Van
+from hetps.transport.van import RING_MANY_BYTES, RING_MIN_BYTES, Van
 
 MiB = 1 << 20
 
@@ -210,23 +210,25 @@ def test_a_full_ring_waits_for_the_receiver_to_free_room_before_going_inline():
 
 
 def test_many_small_arrays_that_reach_the_bound_together_go_through_the_ring():
-    """A list call of many keys, each under the bound but together over it, goes through the
-    ring (not as one frame per key on the connection); a few small arrays stay inline, and so
-    does an array under the floor in a message that goes through the ring."""
+    """A list call of many keys, each under the bound but together over RING_MANY_BYTES (a
+    plain van's bound, 2 MiB, is higher), goes through the ring, not as one frame per key on
+    the connection; fewer stay inline, tiny arrays count for nothing, and an array under the
+    floor stays inline in a message that goes through the ring."""
     rx, tx = Van(name="rx", ring_bytes=8 * MiB), Van(name="tx", ring_bytes=8 * MiB)
     try:
         rx.admit(tx.connect(1, rx.endpoint), 5)
         n = 10_000  # 40 KB each: alone, far under the bound
-        count = RING_MIN_BYTES // (4 * n) + 1
+        count = RING_MANY_BYTES // (4 * n) + 1
         tiny = np.arange(16, dtype=np.float32)  # under the floor
         many = [np.full(n, i, np.float32) for i in range(count)] + [tiny]
         tx.send(1, Message("push", arrays=[np.zeros(RING_MIN_BYTES // 4, np.float32)]))
         assert rx.recv(timeout=10) is not None  # inline while the ring is offered
         ring = tx._rings_out[1]
         assert ring is not None and ring.ready and ring.head == 0
-        few = [np.full(n, 7, np.float32) for _ in range(3)]
+        few = [np.full(n, 7, np.float32) for _ in range(count - 1)]
+        few += [np.arange(1000, dtype=np.float32)] * 20  # 4000 B each: under the floor
         tx.send(1, Message("push", arrays=few))
-        assert ring.head == 0  # 120 KB together: under the bound, inline
+        assert ring.head == 0  # under RING_MANY_BYTES without the tiny ones: inline
         tx.send(1, Message("push", arrays=many))
         assert ring.head == count * shm._span(4 * n)  # every 40 KB array; the tiny one inline
         got_few, got_many = rx.recv(timeout=10), rx.recv(timeout=10)
