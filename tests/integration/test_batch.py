@@ -145,3 +145,49 @@ print('COALESCED-OK', kv._sender.merged, flush=True)
     rc, out = cluster(code, workers=2, servers=1)
     assert rc == 0, out
     assert out.count("COALESCED-OK") == 2, out
+
+
+def test_list_calls_and_big_answers_go_through_the_ring_on_one_machine(cluster):
+    """Secured as `hetps launch` runs it: a list call of 30 keys of 40 KB (each under the
+    ring's 64 KiB bound, together over it) goes through the shared-memory rings both ways, and
+    so does every chunk of a 40 MB answer (10 chunks of 4 MiB; a 32 MiB ring holds 8: the
+    server waits for the worker to free room). The values are exact."""
+    code = """
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+S = sum(range(1, W + 1))
+van, server = kv.node.van, kv._server_ids[0]
+keys, n = [f'k{i}' for i in range(30)], 10000
+big, nb = 'big', 10 << 20
+kv.init(keys, [np.zeros(n, np.float32) for _ in keys])
+kv.init(big, np.zeros(nb, np.float32))
+kv.barrier()
+def sent():
+    ring = van._rings_out.get(server)
+    return ring.head if ring is not None else 0
+def taken():
+    return sum(ring.tail for ring in van._rings_in.values())
+for rnd in range(3):   # round 0 offers the rings; they carry everything from round 1
+    g = [np.full(n, (r + 1) * (rnd + 1), np.float32) for _ in keys]
+    out = [np.zeros(n, np.float32) for _ in keys]
+    h, t = sent(), taken()
+    kv.push(keys, g)
+    kv.pull(keys, out=out)
+    assert all((o == S * (rnd + 1)).all() for o in out), rnd
+    if rnd:
+        assert sent() - h >= 30 * 4 * n, ('list push', rnd, sent() - h)
+        assert taken() - t >= 30 * 4 * n, ('list answers', rnd, taken() - t)
+    v, o = np.full(nb, (r + 1) * (rnd + 1), np.float32), np.zeros(nb, np.float32)
+    h, t = sent(), taken()
+    kv.push(big, v)
+    kv.pull(big, out=o)
+    assert (o == S * (rnd + 1)).all(), rnd
+    if rnd:
+        assert sent() - h >= 4 * nb, ('big push', rnd, sent() - h)
+        assert taken() - t >= 4 * nb, ('big answer', rnd, taken() - t)
+kv.barrier()
+print('RING-OK', flush=True)
+"""
+    rc, out = cluster(code, workers=2, servers=1)
+    assert rc == 0, out
+    assert out.count("RING-OK") == 2, out
