@@ -3,7 +3,7 @@
 Every node binds one ROUTER socket to receive and connects one DEALER socket to each peer it
 sends to (ps-lite's layout). Sends are thread-safe (a lock per peer socket); receiving is done
 by one thread that calls :meth:`Van.recv`. Every byte is counted per link in
-:class:`LinkCounters`, which later layers (metrics, load balancing) read.
+:class:`~hetps.transport.counters.LinkCounters`, which later layers (metrics, load balancing) read.
 
 Identity: every DEALER connects with a routing id of its own (random, or one the scheduler
 handed out), and the ROUTER sees it on every message. The van maps routing ids to node ids
@@ -21,12 +21,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from hetps.transport.codec import FRAME_MAX, BadMessage, Message, decode, encode
+from hetps.transport.counters import LinkCounters
 from hetps.transport.security import HandshakeWatch, Keys, ZapHandler
 from hetps.transport.shaper import TokenBucket
 from hetps.transport.shm import InRing, OutRing
@@ -81,59 +81,6 @@ def is_local_host(host: str, own: str) -> bool:
         or host == "localhost"
         or (host == own and own not in ("*", "0.0.0.0"))
     )
-
-
-@dataclass
-class LinkStats:
-    """Traffic on one link (this node <-> one peer), both directions."""
-
-    bytes_sent: int = 0
-    msgs_sent: int = 0
-    bytes_recv: int = 0
-    msgs_recv: int = 0
-    first_send: float = 0.0
-    last_send: float = 0.0
-    first_recv: float = 0.0
-    last_recv: float = 0.0
-
-
-@dataclass
-class LinkCounters:
-    """Per-peer byte/message counters with timestamps; safe to read from any thread."""
-
-    links: dict[int, LinkStats] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on_send(self, peer: int, nbytes: int, now: float) -> None:
-        """Count one message of ``nbytes`` sent to ``peer``."""
-        with self.lock:
-            st = self.links.setdefault(peer, LinkStats())
-            st.bytes_sent += nbytes
-            st.msgs_sent += 1
-            st.first_send = st.first_send or now
-            st.last_send = now
-
-    def on_recv(self, peer: int, nbytes: int, now: float) -> None:
-        """Count one message of ``nbytes`` received from ``peer``."""
-        with self.lock:
-            st = self.links.setdefault(peer, LinkStats())
-            st.bytes_recv += nbytes
-            st.msgs_recv += 1
-            st.first_recv = st.first_recv or now
-            st.last_recv = now
-
-    def snapshot(self) -> dict[int, LinkStats]:
-        """A copy of every link's counters."""
-        with self.lock:
-            return {k: LinkStats(**vars(v)) for k, v in self.links.items()}
-
-    def totals(self) -> tuple[int, int]:
-        """(bytes sent, bytes received) over all links."""
-        with self.lock:
-            return (
-                sum(s.bytes_sent for s in self.links.values()),
-                sum(s.bytes_recv for s in self.links.values()),
-            )
 
 
 class PeerGone(ConnectionError):
