@@ -15,6 +15,7 @@ before it returns any item; each item is then handled exactly like a message tha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hetps.cluster import protocol as P
@@ -104,6 +105,33 @@ def layout(body: Any, total: int) -> list[tuple[str, int, dict, int]]:
     if at != total:
         raise BadBatch(f"the items take {at} arrays but the batch carries {total}")
     return out
+
+
+def landings(
+    look: Callable[[int], Any], cmd: str, req: int, body: Any, count: int
+) -> dict[int, Any] | None:
+    """Where an answer's arrays (``count`` of them) may land, ``{array index: place}``: the
+    first array of the answer to ``req`` (or of each answer in a batch) in ``look(its req)``.
+    The body is not checked yet when this is asked, so all or nothing: an error answer, or a
+    batch that :func:`layout` refuses, lands nowhere."""
+    if not isinstance(body, dict) or "error" in body:
+        return None
+    if cmd != P.BATCH:
+        target = look(req) if count else None
+        return None if target is None else {0: target}
+    try:
+        items = layout(body, count)
+    except BadBatch:
+        return None
+    out: dict[int, Any] = {}
+    at = 0
+    for _, r, _, n in items:
+        if n:
+            target = look(r)
+            if target is not None:
+                out[at] = target
+        at += n
+    return out or None
 
 
 def unpack(msg: Message) -> list[Message]:

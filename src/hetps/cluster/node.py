@@ -316,28 +316,8 @@ class Node(Recovery):
         self, sender: int, cmd: str, req: int, body: Any, count: int
     ) -> dict[int, Any] | None:
         """Where the ring-borne arrays of an answer from ``sender`` (``count`` arrays) may
-        land: the first array of an answer (or of each answer in a batch) in the array its
-        caller named. All or nothing: an error answer, or a batch that would be refused
-        (:func:`batch.layout`), lands nowhere."""
-        if not isinstance(body, dict) or "error" in body:
-            return None
-        look = self.requests.landing_of
-        if cmd != P.BATCH:
-            target = look(req, sender) if count else None
-            return None if target is None else {0: target}
-        try:
-            items = batch.layout(body, count)
-        except batch.BadBatch:
-            return None
-        out: dict[int, Any] = {}
-        at = 0
-        for _, r, _, n in items:
-            if n:
-                target = look(r, sender)
-                if target is not None:
-                    out[at] = target
-            at += n
-        return out or None
+        land: :func:`batch.landings` over this node's requests to ``sender``."""
+        return batch.landings(lambda r: self.requests.landing_of(r, sender), cmd, req, body, count)
 
     def _resolve_batch(self, msg: Message) -> None:
         """Answers that came together (:mod:`hetps.cluster.batch`): each resolves its own
