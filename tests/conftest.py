@@ -12,6 +12,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: what a test cluster runs with: a dead node seen within seconds, generous request bounds
+TEST_ENV = {
+    "PS_HEARTBEAT_INTERVAL": "0.5",
+    "PS_HEARTBEAT_TIMEOUT": "5",
+    "HETPS_CONNECT_TIMEOUT": "20",
+    "HETPS_REQUEST_TIMEOUT": "60",
+    "OMP_NUM_THREADS": "1",
+}
+
 PRELUDE = """
 import os, sys, signal, time
 import numpy as np
@@ -41,13 +50,7 @@ def run_cluster(
 
     script = tmp_path / "worker_script.py"
     script.write_text(PRELUDE + textwrap.dedent(code))
-    base_env = {
-        "PS_HEARTBEAT_INTERVAL": "0.5",
-        "PS_HEARTBEAT_TIMEOUT": "5",
-        "HETPS_CONNECT_TIMEOUT": "20",
-        "HETPS_REQUEST_TIMEOUT": "60",
-        "OMP_NUM_THREADS": "1",
-    }
+    base_env = dict(TEST_ENV)
     base_env.update(env or {})
     out = io.StringIO()
     spec = LaunchSpec(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PRELUDE
+from conftest import PRELUDE, TEST_ENV
 from hetps.launch.local import Launcher, LaunchSpec
 
 # Server 2 sends at 24 Mbit/s, so the aware planner moves slices off it after a few rounds.
@@ -53,11 +53,7 @@ print(f"FINAL {kv.rank} {hashlib.sha256(out.tobytes()).hexdigest()}", flush=True
 """
 
 ENV = {
-    "PS_HEARTBEAT_INTERVAL": "0.5",
-    "PS_HEARTBEAT_TIMEOUT": "5",
-    "HETPS_CONNECT_TIMEOUT": "20",
-    "HETPS_REQUEST_TIMEOUT": "60",
-    "OMP_NUM_THREADS": "1",
+    **TEST_ENV,
     "HETPS_SLICE_ELEMS": "32768",
     "ROUNDS": "10",
 }

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from conftest import PRELUDE
+from conftest import PRELUDE, TEST_ENV
 from hetps.launch.local import Launcher, LaunchSpec
 
 # Three workers, one server, keys "a" (small) and "b" (3 chunks of HETPS_CHUNK_BYTES), no
@@ -48,11 +48,7 @@ print("SEEN", kv.rank, kv.live_rank, json.dumps(seen), flush=True)
 """
 
 ENV = {
-    "PS_HEARTBEAT_INTERVAL": "0.5",
-    "PS_HEARTBEAT_TIMEOUT": "5",
-    "HETPS_CONNECT_TIMEOUT": "20",
-    "HETPS_REQUEST_TIMEOUT": "60",
-    "OMP_NUM_THREADS": "1",
+    **TEST_ENV,
     "HETPS_CHUNK_BYTES": "4096",
     "ROUNDS": "8",
     "DIE_AT": "4",

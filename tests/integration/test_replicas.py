@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PRELUDE
+from conftest import PRELUDE, TEST_ENV
 from hetps.launch.local import Launcher, LaunchSpec
 
 # Two keys: a small one (batched with the other small requests) and a big one, cut into a
@@ -73,11 +73,7 @@ if kv.rank == 0:  # the servers' optimizer states (momentum), as save_optimizer_
 """
 
 ENV = {
-    "PS_HEARTBEAT_INTERVAL": "0.5",
-    "PS_HEARTBEAT_TIMEOUT": "5",
-    "HETPS_CONNECT_TIMEOUT": "20",
-    "HETPS_REQUEST_TIMEOUT": "60",
-    "OMP_NUM_THREADS": "1",
+    **TEST_ENV,
     "MXNET_KVSTORE_BIGARRAY_BOUND": "1000",
     "HETPS_CHUNK_BYTES": "4096",
     "ROUNDS": "12",

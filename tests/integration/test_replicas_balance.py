@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PRELUDE
+from conftest import PRELUDE, TEST_ENV
 from hetps.launch.local import Launcher, LaunchSpec
 
 # Server 0 sends at 24 Mbit/s (the in-process shaper): the aware planner moves slices off
@@ -65,11 +65,7 @@ print("PLAN " + json.dumps({"epochs": sorted(epochs), "shares": kill_shares, "ki
 """
 
 ENV = {
-    "PS_HEARTBEAT_INTERVAL": "0.5",
-    "PS_HEARTBEAT_TIMEOUT": "5",
-    "HETPS_CONNECT_TIMEOUT": "20",
-    "HETPS_REQUEST_TIMEOUT": "60",
-    "OMP_NUM_THREADS": "1",
+    **TEST_ENV,
     "HETPS_SLICE_ELEMS": "32768",
     "ROUNDS": "12",
 }
