@@ -28,6 +28,13 @@ the server and scheduler 1; ``all`` sets ``OMP_NUM_THREADS`` = every core for ev
 what every process used before (torch's and OpenBLAS's default). MXNet runs with its own
 defaults (no thread variable set), as an MXNet user runs it.
 
+Local (``--skip-local`` leaves it out): each system also trains alone, one process with its
+store ``local`` (no scheduler, no server, no sockets), on a worker's share of the samples, at
+the threads its workers get in the distributed run (hetps: the launcher's share; MXNet: its
+own default). ``dist/local`` is then what the parameter server costs each system: a worker's
+distributed speed over its speed alone. The local columns also show where the hetps/MXNet
+ratio comes from when the compute itself is what differs (torch against MXNet's kernels).
+
 ``--max-batches M`` caps each worker at M batches per batch size by giving both systems
 min(N, M x B x workers) samples (the same data on both sides). MXNet pads a last partial batch
 (one more batch than hetps, which drops it); the speed lines are unaffected.
@@ -215,6 +222,26 @@ def run_mxnet(args, batch: int, samples: int, frequent: int) -> dict:
     return _job("mxnet", "default", batch, samples, frequent, rc, wall, lines, args)
 
 
+def run_local(args, system: str, batch: int, samples: int, frequent: int, threads: int) -> dict:
+    """One process of ``system`` with a local store on a worker's share of the samples."""
+    env = base_env()
+    share = samples // args.workers
+    if system == "hetps":
+        env["PYTHONPATH"] = os.pathsep.join(
+            [os.path.join(ROOT, "src")] + [p for p in env.get("PYTHONPATH", "").split(":") if p]
+        )
+        env["OMP_NUM_THREADS"] = str(threads)  # what the launcher gives each worker
+        argv = [sys.executable, EXAMPLE, "--kv-store", "local", "--data", "arange"]
+        argv += ["--momentum", "0", "--log-dir", "none"]
+    else:  # MXNet's own thread default, as in its distributed run
+        argv = [args.mxnet_python, MX_SCRIPT, "--kvstore", "local", "--no-shard"]
+    argv += ["--num-samples", str(share), "--batch-size", str(batch), "--epochs", "1"]
+    argv += ["--lr", f"{LR:g}", "--frequent", str(frequent)]
+    t0 = time.time()
+    rc, lines = _run_group([("worker0", argv, env)], args.job_timeout)
+    return _job(system, "local", batch, samples, frequent, rc, time.time() - t0, lines, args)
+
+
 def _job(system, variant, batch, samples, frequent, rc, wall, lines, args) -> dict:
     job = {
         "system": system,
@@ -267,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--mxnet-python", default=DEFAULT_MX_PY)
     p.add_argument("--skip-mxnet", action="store_true")
+    p.add_argument("--skip-local", action="store_true", help="no single-process baselines")
     p.add_argument("--job-timeout", type=float, default=900.0)
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", action="store_true", help="also print the tables in Markdown")
@@ -324,11 +352,19 @@ def main(argv: list[str] | None = None) -> int:
                 order.append(("hetps", v))
                 if i == 0 and not mx_reason:
                     order.append(("mxnet", "default"))
+            if not args.skip_local:
+                order.append(("hetps", "local"))
+                if not mx_reason:
+                    order.append(("mxnet", "local"))
             if rep % 2:
                 order.reverse()
             for system, variant in order:
                 log(f"repeat {rep + 1}/{args.repeats}, batch {batch}: {system} ({variant})")
-                if system == "hetps":
+                if variant == "local":
+                    job = run_local(
+                        args, system, batch, samples, frequent, threads["auto"]["worker"]
+                    )
+                elif system == "hetps":
                     job = run_hetps(args, batch, samples, frequent, variant)
                 else:
                     job = run_mxnet(args, batch, samples, frequent)
@@ -354,6 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     headers = ["batch", "repeat", f"hetps ({main_v})", "MXNet", "hetps/MXNet"]
     for v in other:
         headers += [f"hetps ({v})", f"{main_v}/{v}"]
+    local = not args.skip_local
+    if local:
+        headers += [
+            "hetps local",
+            "MXNet local",
+            "local h/M",
+            "hetps dist/local",
+            "MXNet dist/local",
+        ]
     rows, summary = [], {}
     for batch in args.batch_sizes:
         if not any(j["batch_size"] == batch for j in jobs):
@@ -375,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
             for v in other:
                 o = speed("hetps", v, batch, rep)
                 row += [fmt(o, ".0f"), fmt(ratio(h, o), ".3f")]
+            if local:
+                hl, ml = speed("hetps", "local", batch, rep), speed("mxnet", "local", batch, rep)
+                row += [fmt(hl, ".0f"), fmt(ml, ".0f"), fmt(ratio(hl, ml), ".3f")]
+                row += [fmt(ratio(h, hl), ".3f"), fmt(ratio(m, ml), ".3f")]
             rows.append(row)
         per_rep = [
             ratio(speed("hetps", main_v, batch, i), speed("mxnet", "default", batch, i))
@@ -387,6 +436,20 @@ def main(argv: list[str] | None = None) -> int:
                 speed("hetps", main_v, batch), speed("mxnet", "default", batch)
             ),
             "ratio_per_repeat": per_rep,
+            **(
+                {
+                    "hetps_local": speed("hetps", "local", batch),
+                    "mxnet_local": speed("mxnet", "local", batch),
+                    "hetps_dist_over_local": ratio(
+                        speed("hetps", main_v, batch), speed("hetps", "local", batch)
+                    ),
+                    "mxnet_dist_over_local": ratio(
+                        speed("mxnet", "default", batch), speed("mxnet", "local", batch)
+                    ),
+                }
+                if local
+                else {}
+            ),
             **{
                 f"ratio_{main_v}_over_{v}": ratio(
                     speed("hetps", main_v, batch), speed("hetps", v, batch)

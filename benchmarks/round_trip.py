@@ -1,18 +1,26 @@
-"""The cost of one small round trip: a 4-byte push+pull on hetps against a raw pyzmq echo.
+"""The cost of one small round trip: a 4-byte push+pull on hetps against MXNet 1.9.1 and a
+raw pyzmq echo.
 
     .venv/bin/python benchmarks/round_trip.py [--repeats 5] [--rounds 2000] [--json FILE]
 
-Both sides run as separate processes on 127.0.0.1, alternated run by run (A B A B):
+Every side runs as separate processes on 127.0.0.1, in turn within each repeat (the order
+rotates from repeat to repeat):
 
 * hetps: ``hetps launch -n 1 -s 1`` (1 worker, 1 server, ``dist_sync``) of a script that
   pushes a 4-byte key and pulls it into a preallocated array, ``--rounds`` times after a
   warm-up, and prints the median of its per-round times. Once the worker has pulled what it
   pushed, the push carries the value back and the pull sends nothing: one request per round.
+* MXNet: the reference peer's ``bench_mx.py`` (``../shared/peers/mxnet``) with 1 worker and
+  1 server, ``dist_sync``, one key of one float: ``kv.push(k, v); kv.pull(k, out=o);
+  o.wait_to_read()``, ``--rounds`` times after 200 warm-up rounds, the median per round. Its
+  python is ``--mxnet-python`` (default ``mxpeer-venv/bin/python`` at the repository root);
+  without it the MXNet column is skipped and the output says so.
 * raw pyzmq: a DEALER sends a 2-frame message (a small header and the same 4 bytes) to a
   ROUTER echo in another process and waits for the echo, ``--rounds`` times.
 
-Prints the medians over ``--repeats`` runs and the ratio hetps / raw (issue 20's goal: at
-most 1.5).
+Prints the medians over ``--repeats`` runs, the ratio hetps / raw (issue 20's goal: at most
+1.5), hetps / MXNet (below 1: hetps is faster) and MXNet / raw: where MXNet's own round trip
+stands against the same echo.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +39,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MX_BENCH = ROOT.parent / "shared" / "peers" / "mxnet" / "bench_mx.py"
+MX_PY = ROOT / "mxpeer-venv" / "bin" / "python"
+WARMUP = 200
 
 HETPS_SCRIPT = """
 import statistics, sys, time
@@ -112,6 +124,35 @@ def run_zmq(rounds: int, timeout: float) -> float:
             server.wait()
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_mxnet(rounds: int, timeout: float, python: Path) -> float:
+    """MXNet's 4-byte push+pull round, the median of ``rounds`` (bench_mx.py's small keys)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_json = Path(tmp) / "mx.json"
+        cmd = [
+            str(python), str(MX_BENCH), "--workers", "1", "--servers", "1",
+            "--sizes-mb", "0.000004", "--reps", "1", "--warmup", str(WARMUP),
+            "--small-keys", "1", "--small-elems", "1", "--small-reps", str(rounds),
+            "--port", str(free_port()), "--json", str(out_json), "--timeout", str(timeout),
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "PORT"}  # ps-lite reads PORT
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout + 60, env=env,
+            cwd=tmp,
+        )  # fmt: skip
+        if out.returncode != 0 or not out_json.exists():
+            raise SystemExit(f"MXNet run failed (exit {out.returncode}):\n{out.stdout}{out.stderr}")
+        small = json.loads(out_json.read_text().splitlines()[-1])["results"][0]["small"]
+    if not small["correct"]:
+        raise SystemExit(f"MXNet's round trip pulled a wrong value: {small}")
+    return float(small["median_s"])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -120,32 +161,54 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2000)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     p.add_argument("--json", type=Path)
+    p.add_argument("--mxnet-python", type=Path, default=MX_PY)
+    p.add_argument("--skip-mxnet", action="store_true")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sides = {
+        "hetps": lambda: run_hetps(args.rounds, args.timeout),
+        "zmq": lambda: run_zmq(args.rounds, args.timeout),
+    }
+    if args.skip_mxnet:
+        print("MXNet: skipped (--skip-mxnet)")
+    elif not (args.mxnet_python.exists() and MX_BENCH.exists()):
+        print(f"MXNet: skipped ({args.mxnet_python} or {MX_BENCH} is missing)")
+    else:
+        sides["mxnet"] = lambda: run_mxnet(args.rounds, args.timeout, args.mxnet_python)
+    names = list(sides)
     rows = []
     for r in range(args.repeats):
-        order = ("hetps", "zmq") if r % 2 == 0 else ("zmq", "hetps")
-        got = {}
-        for who in order:
-            got[who] = (run_hetps if who == "hetps" else run_zmq)(args.rounds, args.timeout)
+        order = names[r % len(names) :] + names[: r % len(names)]
+        got = {who: sides[who]() for who in order}
         rows.append(got)
-        print(
-            f"repeat {r + 1}: hetps {got['hetps'] * 1e6:.0f} us, raw zmq {got['zmq'] * 1e6:.0f} us, "
-            f"ratio {got['hetps'] / got['zmq']:.2f}",
-            flush=True,
-        )
-    h = statistics.median(x["hetps"] for x in rows)
-    z = statistics.median(x["zmq"] for x in rows)
-    ratios = [x["hetps"] / x["zmq"] for x in rows]
-    print(
-        f"\n4-byte push+pull (hetps, 1w/1s) {h * 1e6:.0f} us; raw pyzmq echo {z * 1e6:.0f} us; "
-        f"hetps/raw {statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] "
-        f"(goal <= 1.5)"
-    )
+        line = ", ".join(f"{who} {got[who] * 1e6:.0f} us" for who in names)
+        ratios = ", ".join(f"{a}/{b} {got[a] / got[b]:.2f}" for a, b in pairs(got))
+        print(f"repeat {r + 1}: {line}; {ratios}", flush=True)
+    med = {who: statistics.median(x[who] for x in rows) for who in names}
+    print()
+    for who, what in (("hetps", "hetps 4-byte push+pull, 1w/1s"), ("mxnet", "MXNet 1.9.1, the same"),
+                      ("zmq", "raw pyzmq echo")):  # fmt: skip
+        if who in med:
+            print(f"{what}: {med[who] * 1e6:.0f} us per round (median of {len(rows)})")
+    summary = {}
+    for a, b in pairs(med):
+        rs = [x[a] / x[b] for x in rows]
+        summary[f"{a}/{b}"] = statistics.median(rs)
+        goal = " (goal <= 1.5)" if (a, b) == ("hetps", "zmq") else ""
+        print(f"{a}/{b} {statistics.median(rs):.2f} [{min(rs):.2f}-{max(rs):.2f}]{goal}")
     if args.json:
         args.json.write_text(
-            json.dumps({"rounds": args.rounds, "runs": rows, "hetps_s": h, "zmq_s": z}, indent=1)
+            json.dumps(
+                {"rounds": args.rounds, "runs": rows, "medians_s": med, "ratios": summary},
+                indent=1,
+            )
         )
+
+
+def pairs(got: dict) -> list[tuple[str, str]]:
+    """The ratios worth printing among the sides that ran."""
+    want = [("hetps", "zmq"), ("hetps", "mxnet"), ("mxnet", "zmq")]
+    return [(a, b) for a, b in want if a in got and b in got]
 
 
 if __name__ == "__main__":
