@@ -9,6 +9,8 @@ import datetime as _dt
 import json
 import os
 import platform
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -257,3 +259,68 @@ class LineCollector:
     def tagged(self, marker: str) -> list[str]:
         """Text after ``marker`` on every line that holds it."""
         return [ln.split(marker, 1)[1].strip() for ln in self.lines if marker in ln]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_group(procs: list[tuple[str, list[str], dict[str, str]]], timeout: float) -> tuple:
+    """Start every (name, argv, env) in its own process group, prefix its output lines with
+    ``[name]``, wait for all (up to ``timeout``), stop what is left. (rc, lines)."""
+    lines: list[str] = []
+    lock = threading.Lock()
+    started: list[tuple[str, subprocess.Popen, threading.Thread]] = []
+
+    def pump(name: str, stream) -> None:
+        for raw in stream:
+            with lock:
+                lines.append(f"[{name}] {raw.rstrip()}")
+
+    rc = 0
+    try:
+        for name, argv, env in procs:
+            p = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,
+            )
+            t = threading.Thread(target=pump, args=(name, p.stdout), daemon=True)
+            t.start()
+            started.append((name, p, t))
+        deadline = time.monotonic() + timeout
+        for name, p, _ in started:
+            try:
+                code = p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                lines.append(f"[bench] {name} still running after {timeout:g} s: stopped")
+                rc = rc or 124
+                break
+            if code != 0:
+                lines.append(f"[bench] {name} exited with code {code}")
+                rc = rc or code
+                break
+    finally:
+        for _, p, _ in started:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for _, p, t in started:
+            try:
+                p.wait(timeout=15)  # hetps launch stops its own children first
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                p.wait()
+            t.join(timeout=2)
+    return rc, lines

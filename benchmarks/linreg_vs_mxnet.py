@@ -45,11 +45,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,11 +54,13 @@ sys.path.insert(0, HERE)
 
 from _common import (  # noqa: E402
     fmt,
+    free_port,
     git_head,
     machine_info,
     markdown_table,
     median,
     print_table,
+    run_group,
     write_json,
 )
 
@@ -85,12 +83,6 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env() -> dict[str, str]:
@@ -118,65 +110,6 @@ def parse_speeds(lines: list[str], warmup: int) -> dict:
     }
 
 
-def _run_group(procs: list[tuple[str, list[str], dict[str, str]]], timeout: float) -> tuple:
-    """Start every (name, argv, env) in its own process group, prefix its output lines with
-    ``[name]``, wait for all (up to ``timeout``), stop what is left. (rc, lines)."""
-    lines: list[str] = []
-    lock = threading.Lock()
-    started: list[tuple[str, subprocess.Popen, threading.Thread]] = []
-
-    def pump(name: str, stream) -> None:
-        for raw in stream:
-            with lock:
-                lines.append(f"[{name}] {raw.rstrip()}")
-
-    rc = 0
-    try:
-        for name, argv, env in procs:
-            p = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                text=True,
-                start_new_session=True,
-            )
-            t = threading.Thread(target=pump, args=(name, p.stdout), daemon=True)
-            t.start()
-            started.append((name, p, t))
-        deadline = time.monotonic() + timeout
-        for name, p, _ in started:
-            try:
-                code = p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                lines.append(f"[bench] {name} still running after {timeout:g} s: stopped")
-                rc = rc or 124
-                break
-            if code != 0:
-                lines.append(f"[bench] {name} exited with code {code}")
-                rc = rc or code
-                break
-    finally:
-        for _, p, _ in started:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for _, p, t in started:
-            try:
-                p.wait(timeout=15)  # hetps launch stops its own children first
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                p.wait()
-            t.join(timeout=2)
-    return rc, lines
-
-
 def run_hetps(args, batch: int, samples: int, frequent: int, variant: str) -> dict:
     env = base_env()
     src = os.path.join(ROOT, "src")  # the hetps of this checkout
@@ -191,7 +124,7 @@ def run_hetps(args, batch: int, samples: int, frequent: int, variant: str) -> di
     argv += ["--batch-size", str(batch), "--epochs", "1", "--lr", f"{LR:g}", "--momentum", "0"]
     argv += ["--frequent", str(frequent), "--log-dir", "none"]  # the store's speed, not the logs'
     t0 = time.time()
-    rc, lines = _run_group([("launch", argv, env)], args.job_timeout)
+    rc, lines = run_group([("launch", argv, env)], args.job_timeout)
     wall = time.time() - t0
     # the launcher prefixes its children's lines: "[launch] [worker 0] Worker[0] ..."
     lines = [ln.split("] ", 1)[1] if ln.startswith("[launch] ") else ln for ln in lines]
@@ -217,7 +150,7 @@ def run_mxnet(args, batch: int, samples: int, frequent: int) -> dict:
     names += [f"worker{i}" for i in range(args.workers)]
     procs = [(n, argv, {**env, "DMLC_ROLE": n.rstrip("0123456789")}) for n in names]
     t0 = time.time()
-    rc, lines = _run_group(procs, args.job_timeout)
+    rc, lines = run_group(procs, args.job_timeout)
     wall = time.time() - t0
     return _job("mxnet", "default", batch, samples, frequent, rc, wall, lines, args)
 
@@ -238,7 +171,7 @@ def run_local(args, system: str, batch: int, samples: int, frequent: int, thread
     argv += ["--num-samples", str(share), "--batch-size", str(batch), "--epochs", "1"]
     argv += ["--lr", f"{LR:g}", "--frequent", str(frequent)]
     t0 = time.time()
-    rc, lines = _run_group([("worker0", argv, env)], args.job_timeout)
+    rc, lines = run_group([("worker0", argv, env)], args.job_timeout)
     return _job(system, "local", batch, samples, frequent, rc, time.time() - t0, lines, args)
 
 

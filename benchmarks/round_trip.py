@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _common import free_port  # noqa: E402
+
 MX_BENCH = ROOT.parent / "shared" / "peers" / "mxnet" / "bench_mx.py"
 MX_PY = ROOT / "mxpeer-venv" / "bin" / "python"
 WARMUP = 200
@@ -122,12 +125,6 @@ def run_zmq(rounds: int, timeout: float) -> float:
         if server.poll() is None:
             server.kill()
             server.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_mxnet(rounds: int, timeout: float, python: Path) -> float:

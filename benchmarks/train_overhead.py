@@ -21,6 +21,14 @@ The first ``--warmup`` iterations and every iteration that evaluated are dropped
 median; per model the median over the runs of each kind; ratio = B / A (1.0 = no overhead;
 the goal of issue 3 is <= 1.15). The per-pair ratios show the spread. Every process runs
 with BLAS/OpenMP pinned to one thread. Nothing is slowed down (no --slowdown).
+
+MXNet 1.9.1 beside it (mlp and lenet; ``--skip-mxnet`` leaves it out): each pair also runs
+``benchmarks/_overhead_mx.py`` under MXNet's python (``--mxnet-python``, default
+``mxpeer-venv/bin/python``) on the same model (same parameter count, checked), batch, data and
+rounds, alone (no KVStore) and as 1 worker + 1 server with a ``dist_sync`` KVStore (SGD on the
+server), every process pinned to one thread too. Its step is the interval between
+``Module.fit``'s batch callbacks (the whole iteration). ``MXNet ratio`` is MXNet's own
+1w+1s / alone: what the parameter server costs MXNet on the same step.
 """
 
 from __future__ import annotations
@@ -41,11 +49,13 @@ sys.path.insert(0, HERE)
 from _common import (  # noqa: E402
     PINNED_THREADS,
     fmt,
+    free_port,
     git_head,
     machine_info,
     markdown_table,
     median,
     print_table,
+    run_group,
     write_json,
 )
 
@@ -60,6 +70,12 @@ PRESETS = {
     "full": {"models": ["mlp", "lenet", "resnet18-v1"], "pairs": 4, "round_scale": 1.0},
     "quick": {"models": ["mlp", "lenet", "resnet18-v1"], "pairs": 2, "round_scale": 0.6},
 }
+
+
+MX_SCRIPT = os.path.join(HERE, "_overhead_mx.py")
+DEFAULT_MX_PY = os.path.join(ROOT, "mxpeer-venv", "bin", "python")
+#: the models _overhead_mx.py has, with hetps's parameter counts (checked there)
+MX_MODELS = {"mlp": 269_322, "lenet": 61_706}
 
 
 def log(text: str) -> None:
@@ -154,6 +170,39 @@ def run_one(
     return res
 
 
+def run_mx(kind: str, model: str, batch: int, rounds: int, args: argparse.Namespace) -> dict:
+    """One MXNet run of ``model``: ``local`` (one process, no KVStore) or ``sync`` (scheduler,
+    server and worker processes, ``dist_sync``); the median step of the worker."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_") and k != "PORT"}
+    env.update(PINNED_THREADS, PYTHONUNBUFFERED="1")
+    argv = [args.mxnet_python, MX_SCRIPT, "--model", model, "--batch-size", str(batch)]
+    argv += ["--rounds", str(rounds), "--warmup", str(args.warmup), "--lr", "0.01"]
+    argv += ["--train-limit", str(args.train_limit), "--expect-params", str(MX_MODELS[model])]
+    if kind == "local":
+        procs = [("worker", [*argv, "--kvstore", "none"], env)]
+    else:
+        env.update(
+            DMLC_PS_ROOT_URI="127.0.0.1",
+            DMLC_PS_ROOT_PORT=str(free_port()),
+            DMLC_NODE_HOST="127.0.0.1",
+            DMLC_NUM_SERVER="1",
+            DMLC_NUM_WORKER="1",
+        )
+        procs = [
+            (role, [*argv, "--kvstore", "dist_sync"], {**env, "DMLC_ROLE": role})
+            for role in ("scheduler", "server", "worker")
+        ]
+    t0 = time.monotonic()
+    rc, lines = run_group(procs, 600)
+    found = [ln for ln in lines if ln.startswith("[worker] STEP-MEDIAN ")]
+    step = float(found[-1].split()[2]) if found and rc == 0 else None
+    log(f"mxnet {model}-{kind}: rc {rc}, step {fmt(step, '.5f')} s")
+    if step is None:
+        log("\n".join(lines[-30:]))
+    return {"kind": f"mxnet-{kind}", "model": model, "rc": rc, "step_s": step,
+            "wall_s": time.monotonic() - t0}  # fmt: skip
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     return b / a if a and b is not None else None
 
@@ -175,7 +224,16 @@ def main() -> int:
     )
     ap.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (-dd)")
     ap.add_argument("--logdir", default="/tmp/hetps-bench-overhead")
+    ap.add_argument("--mxnet-python", default=DEFAULT_MX_PY)
+    ap.add_argument("--skip-mxnet", action="store_true")
     args = ap.parse_args()
+    mx_reason = None
+    if args.skip_mxnet:
+        mx_reason = "skipped (--skip-mxnet)"
+    elif args.gpu is not None:
+        mx_reason = "not run with --gpu (its script is CPU-only)"
+    elif not os.path.exists(args.mxnet_python):
+        mx_reason = f"not run: no MXNet python at {args.mxnet_python} (see --mxnet-python)"
     preset = PRESETS["quick" if args.quick else "full"]
     models = args.models.split(",") if args.models else preset["models"]
     for m in models:
@@ -193,10 +251,15 @@ def main() -> int:
     for model in models:
         batch, rounds = MODELS[model]
         rounds = max(args.warmup + 10, int(rounds * preset["round_scale"]))
-        runs = {"local": [], "sync": []}
+        runs = {"local": [], "sync": [], "mxnet-local": [], "mxnet-sync": []}
+        with_mx = mx_reason is None and model in MX_MODELS
         for i in range(pairs):
             for kind in ("local", "sync"):  # A B A B
                 runs[kind].append(run_one(kind, model, batch, rounds, args, f"{model}-{kind}-{i}"))
+            for kind in ("local", "sync") if with_mx else ():
+                runs[f"mxnet-{kind}"].append(run_mx(kind, model, batch, rounds, args))
+        mx_loc = median(r["step_s"] for r in runs["mxnet-local"])
+        mx_syn = median(r["step_s"] for r in runs["mxnet-sync"])
         loc = {k: median(r[k] for r in runs["local"]) for k in ("srit_s", "step_s")}
         syn = {k: median(r[k] for r in runs["sync"]) for k in ("srit_s", "step_s")}
         pair_ratios = [
@@ -219,7 +282,15 @@ def main() -> int:
             if loc["srit_s"] is None or syn["srit_s"] is None
             else 1000 * (syn["srit_s"] - loc["srit_s"]),
             "goal_met": (ratio(loc["srit_s"], syn["srit_s"]) or 99) <= GOAL,
+            "mxnet_local_step_s": mx_loc,
+            "mxnet_sync_step_s": mx_syn,
+            "mxnet_ratio": ratio(mx_loc, mx_syn),
+            "mxnet_pair_ratios": [
+                ratio(a["step_s"], b["step_s"])
+                for a, b in zip(runs["mxnet-local"], runs["mxnet-sync"], strict=True)
+            ],
             "runs": runs["local"] + runs["sync"],
+            "mxnet_runs": runs["mxnet-local"] + runs["mxnet-sync"],
         }
         results.append(res)
         rows.append(
@@ -234,6 +305,10 @@ def main() -> int:
                 fmt(res["ratio_step"], ".2f"),
                 " ".join(fmt(p, ".2f") for p in pair_ratios),
                 "yes" if res["goal_met"] else "no",
+                fmt(1000 * mx_loc if mx_loc else None, ".2f"),
+                fmt(1000 * mx_syn if mx_syn else None, ".2f"),
+                fmt(res["mxnet_ratio"], ".2f"),
+                fmt(ratio(mx_syn, syn["srit_s"]), ".2f"),
             ]
         )
     headers = [
@@ -247,6 +322,10 @@ def main() -> int:
         "ratio c+w",
         "pair ratios",
         f"<= {GOAL}",
+        "MXNet local ms",
+        "MXNet 1w+1s ms",
+        "MXNet ratio",
+        "1w+1s hetps/MXNet",
     ]
     print()
     print(
@@ -254,6 +333,8 @@ def main() -> int:
         "(sync) vs local, same batch, A B A B"
     )
     print_table(headers, rows)
+    if mx_reason:
+        print(f"MXNet: {mx_reason}")
     if args.json:
         write_json(
             args.json,
@@ -261,6 +342,7 @@ def main() -> int:
                 "benchmark": "train_overhead" + (" --quick" if args.quick else ""),
                 "machine": machine,
                 "goal_ratio": GOAL,
+                "mxnet": mx_reason or f"mxnet 1.9.1 ({args.mxnet_python})",
                 "warmup": args.warmup,
                 "results": results,
                 "markdown": markdown_table(headers, rows),
@@ -268,7 +350,8 @@ def main() -> int:
             },
         )
         log(f"wrote {args.json}")
-    return 0 if all(r["rc"] == 0 for res in results for r in res["runs"]) else 1
+    runs = [r for res in results for r in res["runs"] + res["mxnet_runs"]]
+    return 0 if all(r["rc"] == 0 for r in runs) else 1
 
 
 if __name__ == "__main__":
