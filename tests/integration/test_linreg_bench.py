@@ -56,8 +56,14 @@ def test_hetps_side_runs_at_a_tiny_size_without_mxnet(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "MXNet half: not run: no MXNet python at" in res.stdout, res.stdout
     data = json.loads(out.read_text())
-    (job,) = data["jobs"]
-    assert job["system"] == "hetps" and job["rc"] == 0
-    assert set(job["lines"]) == {"0", "1"} and all(len(v) >= 5 for v in job["lines"].values())
-    assert data["summary"]["100"]["hetps"]["auto"] > 0
-    assert data["summary"]["100"]["mxnet"] is None
+    jobs = {(j["system"], j["variant"]): j for j in data["jobs"]}
+    assert set(jobs) == {("hetps", "auto"), ("hetps", "local")}, jobs
+    dist, alone = jobs["hetps", "auto"], jobs["hetps", "local"]
+    assert dist["rc"] == 0 and alone["rc"] == 0
+    assert set(dist["lines"]) == {"0", "1"} and all(len(v) >= 5 for v in dist["lines"].values())
+    # alone: one process with a local store, on a worker's share (as many batches)
+    assert set(alone["lines"]) == {"0"} and len(alone["lines"]["0"]) == len(dist["lines"]["0"])
+    summary = data["summary"]["100"]
+    assert summary["hetps"]["auto"] > 0 and summary["hetps_local"] > 0
+    assert summary["hetps_dist_over_local"] == summary["hetps"]["auto"] / summary["hetps_local"]
+    assert summary["mxnet"] is None and summary["mxnet_local"] is None
