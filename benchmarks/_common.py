@@ -269,15 +269,23 @@ def free_port() -> int:
 
 def run_group(procs: list[tuple[str, list[str], dict[str, str]]], timeout: float) -> tuple:
     """Start every (name, argv, env) in its own process group, prefix its output lines with
-    ``[name]``, wait for all (up to ``timeout``), stop what is left. (rc, lines)."""
+    ``[name]``, wait for all (up to ``timeout``), stop what is left. The first process that
+    exits with an error stops the group at once (its peers, e.g. a parameter server waiting
+    for a worker that died, would otherwise wait until the deadline). (rc, lines)."""
     lines: list[str] = []
     lock = threading.Lock()
+    ended = threading.Condition(lock)
+    codes: dict[str, int] = {}
     started: list[tuple[str, subprocess.Popen, threading.Thread]] = []
 
-    def pump(name: str, stream) -> None:
-        for raw in stream:
+    def pump(name: str, p: subprocess.Popen) -> None:
+        for raw in p.stdout:
             with lock:
                 lines.append(f"[{name}] {raw.rstrip()}")
+        code = p.wait()
+        with ended:
+            codes[name] = code
+            ended.notify_all()
 
     rc = 0
     try:
@@ -291,21 +299,29 @@ def run_group(procs: list[tuple[str, list[str], dict[str, str]]], timeout: float
                 text=True,
                 start_new_session=True,
             )
-            t = threading.Thread(target=pump, args=(name, p.stdout), daemon=True)
+            t = threading.Thread(target=pump, args=(name, p), daemon=True)
             t.start()
             started.append((name, p, t))
         deadline = time.monotonic() + timeout
-        for name, p, _ in started:
-            try:
-                code = p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                lines.append(f"[bench] {name} still running after {timeout:g} s: stopped")
-                rc = rc or 124
-                break
-            if code != 0:
-                lines.append(f"[bench] {name} exited with code {code}")
-                rc = rc or code
-                break
+        with ended:
+            while True:
+                failed = [(n, c) for n, c in codes.items() if c != 0]
+                if failed:
+                    name, code = failed[0]
+                    lines.append(f"[bench] {name} exited with code {code}")
+                    rc = code
+                    break
+                if len(codes) == len(started):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    running = [n for n, _, _ in started if n not in codes]
+                    lines.append(
+                        f"[bench] {', '.join(running)} still running after {timeout:g} s: stopped"
+                    )
+                    rc = 124
+                    break
+                ended.wait(left)
     finally:
         for _, p, _ in started:
             if p.poll() is None:

@@ -30,14 +30,14 @@ import numpy as np
 if os.environ.get("DMLC_ROLE", "worker") != "worker":
     raise SystemExit(0)  # not reached: import mxnet runs server/scheduler
 
-DATA = "/usr/share/datasets/fashion-mnist"
+DATA = "/usr/share/datasets/fashion-mnist"  # hetps.torch.data's default
 MEAN, STD = 0.2860, 0.3530  # hetps.torch.data's normalisation
 
 
-def load(limit: int):
-    with gzip.open(os.path.join(DATA, "train-images-idx3-ubyte.gz")) as f:
+def load(data_dir: str, limit: int):
+    with gzip.open(os.path.join(data_dir, "train-images-idx3-ubyte.gz")) as f:
         images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
-    with gzip.open(os.path.join(DATA, "train-labels-idx1-ubyte.gz")) as f:
+    with gzip.open(os.path.join(data_dir, "train-labels-idx1-ubyte.gz")) as f:
         labels = np.frombuffer(f.read(), np.uint8, offset=8)
     x = ((images[:limit].astype(np.float32) / 255.0) - MEAN) / STD
     return x, labels[:limit].astype(np.float32)
@@ -71,7 +71,9 @@ def model(name: str):
 
 
 class Done(Exception):
-    """Raised by the batch callback after ``--rounds`` steps: ends ``fit()`` there."""
+    """Raised by the batch callback after ``--rounds`` steps: ends ``fit()`` there. With one
+    worker (what train_overhead.py runs) nothing waits for a round this worker leaves
+    unfinished; the store's shutdown at exit ends the scheduler and the server."""
 
 
 def main() -> None:
@@ -82,12 +84,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--train-limit", type=int, default=8192)
+    ap.add_argument("--data-dir", default=DATA)
     ap.add_argument("--kvstore", default="none", help="none (no KVStore) or dist_sync")
     ap.add_argument("--expect-params", type=int, default=0)
     args = ap.parse_args()
 
+    x, y = load(args.data_dir, args.train_limit)  # before joining: a missing file fails alone
     kv = None if args.kvstore == "none" else mx.kv.create(args.kvstore)
-    x, y = load(args.train_limit)
     it = mx.io.NDArrayIter(x, y, args.batch_size, shuffle=True, last_batch_handle="discard")
     mod = mx.mod.Module(model(args.model), context=mx.cpu())
     stamps = []

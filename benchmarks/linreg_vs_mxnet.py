@@ -30,10 +30,11 @@ defaults (no thread variable set), as an MXNet user runs it.
 
 Local (``--skip-local`` leaves it out): each system also trains alone, one process with its
 store ``local`` (no scheduler, no server, no sockets), on a worker's share of the samples, at
-the threads its workers get in the distributed run (hetps: the launcher's share; MXNet: its
-own default). ``dist/local`` is then what the parameter server costs each system: a worker's
-distributed speed over its speed alone. The local columns also show where the hetps/MXNet
-ratio comes from when the compute itself is what differs (torch against MXNet's kernels).
+the threads its workers get in the distributed run (hetps: the first variant's share; MXNet:
+its own default). ``dist/local`` is then a worker's distributed speed over its speed alone:
+what the parameter server, and sharing the machine with the other worker, cost each system.
+The local columns also show where the hetps/MXNet ratio comes from when the compute itself is
+what differs (torch against MXNet's kernels).
 
 ``--max-batches M`` caps each worker at M batches per batch size by giving both systems
 min(N, M x B x workers) samples (the same data on both sides). MXNet pads a last partial batch
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"repeat {rep + 1}/{args.repeats}, batch {batch}: {system} ({variant})")
                 if variant == "local":
                     job = run_local(
-                        args, system, batch, samples, frequent, threads["auto"]["worker"]
+                        args, system, batch, samples, frequent, threads[args.variants[0]]["worker"]
                     )
                 elif system == "hetps":
                     job = run_hetps(args, batch, samples, frequent, variant)

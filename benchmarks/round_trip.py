@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import free_port  # noqa: E402
+from _common import free_port, run_group  # noqa: E402
 
 MX_BENCH = ROOT.parent / "shared" / "peers" / "mxnet" / "bench_mx.py"
 MX_PY = ROOT / "mxpeer-venv" / "bin" / "python"
@@ -83,16 +83,13 @@ def run_hetps(rounds: int, timeout: float) -> float:
         script = Path(tmp) / "rt.py"
         script.write_text(textwrap.dedent(HETPS_SCRIPT))
         cmd = [sys.executable, "-m", "hetps.cli", "launch", "-n", "1", "-s", "1", "--"]
-        out = subprocess.run(
-            [*cmd, sys.executable, str(script), str(rounds)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=ROOT,
-        )
-    match = re.search(r"ROUND-TRIP ([0-9.]+)", out.stdout + out.stderr)
-    if out.returncode != 0 or match is None:
-        raise SystemExit(f"hetps run failed (exit {out.returncode}):\n{out.stdout}{out.stderr}")
+        cmd += [sys.executable, str(script), str(rounds)]
+        # its own process group, stopped whole on a timeout (run_group)
+        rc, lines = run_group([("hetps", cmd, dict(os.environ))], timeout)
+    text = "\n".join(lines)
+    match = re.search(r"ROUND-TRIP ([0-9.]+)", text)
+    if rc != 0 or match is None:
+        raise SystemExit(f"hetps run failed (exit {rc}):\n{text}")
     return float(match.group(1))
 
 
@@ -127,6 +124,10 @@ def run_zmq(rounds: int, timeout: float) -> float:
             server.wait()
 
 
+class SideFailed(RuntimeError):
+    """A baseline's run failed; the benchmark goes on without that side."""
+
+
 def run_mxnet(rounds: int, timeout: float, python: Path) -> float:
     """MXNet's 4-byte push+pull round, the median of ``rounds`` (bench_mx.py's small keys)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,15 +139,14 @@ def run_mxnet(rounds: int, timeout: float, python: Path) -> float:
             "--port", str(free_port()), "--json", str(out_json), "--timeout", str(timeout),
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "PORT"}  # ps-lite reads PORT
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout + 60, env=env,
-            cwd=tmp,
-        )  # fmt: skip
-        if out.returncode != 0 or not out_json.exists():
-            raise SystemExit(f"MXNet run failed (exit {out.returncode}):\n{out.stdout}{out.stderr}")
+        # bench_mx.py starts its scheduler, server and worker in its own process group:
+        # run_group stops all of them on a timeout or a failure
+        rc, lines = run_group([("mxnet", cmd, env)], timeout + 60)
+        if rc != 0 or not out_json.exists():
+            raise SideFailed(f"MXNet run failed (exit {rc}):\n" + "\n".join(lines[-30:]))
         small = json.loads(out_json.read_text().splitlines()[-1])["results"][0]["small"]
     if not small["correct"]:
-        raise SystemExit(f"MXNet's round trip pulled a wrong value: {small}")
+        raise SideFailed(f"MXNet's round trip pulled a wrong value: {small}")
     return float(small["median_s"])
 
 
@@ -176,7 +176,16 @@ def main() -> None:
     rows = []
     for r in range(args.repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
-        got = {who: sides[who]() for who in order}
+        got = {}
+        for who in order:
+            try:
+                got[who] = sides[who]()
+            except SideFailed as exc:  # a baseline that fails leaves the rest of the run
+                print(f"{who}: left out from here on: {exc}", flush=True)
+        dropped = [who for who in names if who not in got]
+        if dropped:
+            names = [who for who in names if who in got]
+            rows = [{k: v for k, v in row.items() if k in got} for row in rows]
         rows.append(got)
         line = ", ".join(f"{who} {got[who] * 1e6:.0f} us" for who in names)
         ratios = ", ".join(f"{a}/{b} {got[a] / got[b]:.2f}" for a, b in pairs(got))

@@ -178,6 +178,8 @@ def run_mx(kind: str, model: str, batch: int, rounds: int, args: argparse.Namesp
     argv = [args.mxnet_python, MX_SCRIPT, "--model", model, "--batch-size", str(batch)]
     argv += ["--rounds", str(rounds), "--warmup", str(args.warmup), "--lr", "0.01"]
     argv += ["--train-limit", str(args.train_limit), "--expect-params", str(MX_MODELS[model])]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir]
     if kind == "local":
         procs = [("worker", [*argv, "--kvstore", "none"], env)]
     else:
@@ -193,9 +195,11 @@ def run_mx(kind: str, model: str, batch: int, rounds: int, args: argparse.Namesp
             for role in ("scheduler", "server", "worker")
         ]
     t0 = time.monotonic()
-    rc, lines = run_group(procs, 600)
+    rc, lines = run_group(procs, args.job_timeout)
     found = [ln for ln in lines if ln.startswith("[worker] STEP-MEDIAN ")]
     step = float(found[-1].split()[2]) if found and rc == 0 else None
+    if step is None and rc == 0:
+        rc = 1  # it ended without its figure
     log(f"mxnet {model}-{kind}: rc {rc}, step {fmt(step, '.5f')} s")
     if step is None:
         log("\n".join(lines[-30:]))
@@ -226,6 +230,7 @@ def main() -> int:
     ap.add_argument("--logdir", default="/tmp/hetps-bench-overhead")
     ap.add_argument("--mxnet-python", default=DEFAULT_MX_PY)
     ap.add_argument("--skip-mxnet", action="store_true")
+    ap.add_argument("--job-timeout", type=float, default=600.0, help="seconds per MXNet run")
     args = ap.parse_args()
     mx_reason = None
     if args.skip_mxnet:
@@ -335,6 +340,9 @@ def main() -> int:
     print_table(headers, rows)
     if mx_reason:
         print(f"MXNet: {mx_reason}")
+    elif any(m not in MX_MODELS for m in models):
+        others = ", ".join(m for m in models if m not in MX_MODELS)
+        print(f"MXNet: not run for {others} (its script has {', '.join(MX_MODELS)} only)")
     if args.json:
         write_json(
             args.json,
