@@ -314,7 +314,13 @@ def main() -> int:
                 rng.shuffle(order)
             role = order.pop()
             row = trial(
-                i, role, rng, base, args.rounds, max(180, 6 * expected), args.elastic,
+                i,
+                role,
+                rng,
+                base,
+                args.rounds,
+                max(180, 6 * expected),
+                args.elastic,
                 args.replicas,
             )
             model = final_model(Path(row.pop("ck")))

@@ -117,7 +117,9 @@ def trial(script: Path, variant: str, role: str) -> float | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=5, help="trials per role and variant")
-    ap.add_argument("--roles", nargs="+", default=["worker", "server"], choices=["worker", "server"])
+    ap.add_argument(
+        "--roles", nargs="+", default=["worker", "server"], choices=["worker", "server"]
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     results: dict[str, dict[str, list[float | None]]] = {}

@@ -74,7 +74,9 @@ def run(variant: str, rounds: int, timeout: float) -> float:
         )  # fmt: skip
     match = re.search(r"ROUND ([0-9.]+) METER (\w+)", out.stdout + out.stderr)
     if out.returncode != 0 or match is None:
-        raise SystemExit(f"{variant}: run failed (exit {out.returncode}):\n{out.stdout}{out.stderr}")
+        raise SystemExit(
+            f"{variant}: run failed (exit {out.returncode}):\n{out.stdout}{out.stderr}"
+        )
     metered = match.group(2) == "True"
     if metered != (variant != "off"):
         raise SystemExit(f"{variant}: the worker's meter is {'on' if metered else 'off'}")
@@ -96,7 +98,9 @@ def main() -> None:
     rows = []
     for v, ts in times.items():
         m = median(ts)
-        rows.append([v, f"{1e6 * m:.1f}", f"{m / base:.3f}", " ".join(f"{1e6 * t:.0f}" for t in ts)])
+        rows.append(
+            [v, f"{1e6 * m:.1f}", f"{m / base:.3f}", " ".join(f"{1e6 * t:.0f}" for t in ts)]
+        )
     print_table(["variant", "median round µs", "ratio to off", "per-run medians µs"], rows)
     print(f"commit {git_head(str(ROOT))}, {args.repeats} repeats x {args.rounds} rounds")
     if args.json:

@@ -113,7 +113,9 @@ def worker_main() -> int:
                 kv.barrier()
                 log = IterationLog(run_dir, rank)
             if dump is not None:
-                dump.write(json.dumps({"iter": it - warmup, "samples": list(kv.agent.samples)}) + "\n")
+                dump.write(
+                    json.dumps({"iter": it - warmup, "samples": list(kv.agent.samples)}) + "\n"
+                )
             t0 = time.time()
             plan = kv.rebalance()  # report link measurements, switch to this round's plan
             t1 = time.time()

@@ -94,8 +94,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     )
     if args.elastic and not (1 <= args.elastic <= args.num_workers):
         raise SystemExit(
-            f"hetps launch: --elastic {args.elastic} must be between 1 and -n "
-            f"({args.num_workers})"
+            f"hetps launch: --elastic {args.elastic} must be between 1 and -n ({args.num_workers})"
         )
     if args.max_restarts < 0:
         raise SystemExit("hetps launch: --max-restarts must be >= 0")

@@ -174,8 +174,14 @@ def _kill_one_and_go_on(tmp_path: Path, name: str, role: str, rank: int | None, 
     ck = tmp_path / "ck"
     marker = f"HETPS_TEST_JOB={tmp_path.name}"
     proc = subprocess.Popen(
-        _cmd(tmp_path, *COMMON, *args, "--checkpoint-dir", str(ck),
-             f"--run-name={tmp_path.name}-{name}"),  # fmt: skip
+        _cmd(
+            tmp_path,
+            *COMMON,
+            *args,
+            "--checkpoint-dir",
+            str(ck),
+            f"--run-name={tmp_path.name}-{name}",
+        ),  # fmt: skip
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -331,8 +337,10 @@ def test_elastic_goes_on_without_a_dead_worker(tmp_path):
         outs[minimum] = (proc.returncode, outs[minimum])
     code, out = outs["2"]
     assert code == 0, out
-    assert "elastic: worker 0 was killed by signal 9 (code 137); the job goes on without it, " \
-        "with 2 workers" in out, out
+    assert (
+        "elastic: worker 0 was killed by signal 9 (code 137); the job goes on without it, "
+        "with 2 workers" in out
+    ), out
     assert "restart" not in out, out
     # 2,400 examples: 25 batches of 32 per worker with 3, 37 with 2; from epoch 1 on
     assert "worker 1: from epoch 1 on, data shard 0 of 2 (1200 examples)" in out, out

@@ -346,8 +346,12 @@ def test_hetps_launch_rejoin_starts_a_let_go_worker_again(tmp_path):
         text=True,
         timeout=60,
     )
-    assert res.returncode != 0 and "--rejoin starts a worker that was let go again, so it " \
-        "needs --elastic MIN and --max-restarts N" in res.stderr, res.stderr
+    assert (
+        res.returncode != 0
+        and "--rejoin starts a worker that was let go again, so it "
+        "needs --elastic MIN and --max-restarts N"
+        in res.stderr
+    ), res.stderr
     assert "Traceback" not in res.stderr
     res = subprocess.run(
         [*launch, "--elastic", "2", "--max-restarts", "1", "--rejoin", "--balance", "aware",

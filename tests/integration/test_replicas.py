@@ -80,9 +80,7 @@ ENV = {
 }
 
 
-def _job(
-    tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: int = 0, servers=2
-):
+def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: int = 0, servers=2):
     flags = tmp_path / name
     flags.mkdir()
     script = tmp_path / "replicas_script.py"
@@ -199,9 +197,7 @@ def test_three_servers_a_rejoin_leaves_no_stale_copy_in_what_is_read_back(tmp_pa
     assert _finals(out) == reference, out
 
 
-def test_a_killed_server_is_taken_over_and_values_equal_an_undisturbed_run(
-    tmp_path, undisturbed
-):
+def test_a_killed_server_is_taken_over_and_values_equal_an_undisturbed_run(tmp_path, undisturbed):
     code, out = _run_killing(tmp_path, "one", victims=[0])
     assert code == 0, out
     assert "server 0 was killed by signal 9" in out, out
@@ -288,8 +284,16 @@ def test_replica_cost_benchmark_runs_both_settings(tmp_path):
     out = tmp_path / "cost.json"
     root = Path(__file__).resolve().parents[2]
     res = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "replica_cost.py"), "--repeats", "1",
-         "--rounds", "2", "--json", str(out)],  # fmt: skip
+        [
+            sys.executable,
+            str(root / "benchmarks" / "replica_cost.py"),
+            "--repeats",
+            "1",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=300,

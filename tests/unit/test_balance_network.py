@@ -173,5 +173,3 @@ def test_lower_bound_examples():
 def test_lower_bound_infeasible_worker():
     with pytest.raises(ValueError, match="rate 0"):
         lower_bound([0.0, 1.0], [1.0, 1.0], 1.0)
-
-

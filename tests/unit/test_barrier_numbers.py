@@ -25,7 +25,9 @@ def sched():
         W1: NodeInfo(W1, "worker", 1, "127.0.0.1", 3),
     }
     s.released = []
-    s._send = lambda nid, msg: s.released.append((nid, msg.req)) if msg.cmd == P.BARRIER_DONE else None
+    s._send = lambda nid, msg: (
+        s.released.append((nid, msg.req)) if msg.cmd == P.BARRIER_DONE else None
+    )
     yield s
     s.van.close()
 

@@ -144,7 +144,7 @@ def test_a_push_from_a_worker_that_left_is_refused_and_changes_nothing():
     srv, node = _server()
     node.leave(srv, W2)
     _push(srv, W2, 100.0, req=30, off=0)  # (sent before it died, arrived after the leave)
-    (msg, body, _), = node.replies
+    ((msg, body, _),) = node.replies
     assert "left the job" in body["error"]
     node.replies.clear()
     _push(srv, W0, 1.0, req=10)

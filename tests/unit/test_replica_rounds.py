@@ -67,7 +67,7 @@ class _Wire:
         for to, msg, callback in held:
             before = len(self.replies[to])
             self.servers[to].handle(msg)
-            (reply, body, _), = self.replies[to][before:]
+            ((reply, body, _),) = self.replies[to][before:]
             assert body is None or "error" not in body, body
             callback(reply)
 
@@ -144,7 +144,7 @@ def test_after_a_failover_a_resent_applied_round_is_only_acknowledged():
     assert sorted(_acked(wire, Q_ID)) == [20, 21]
     assert np.array_equal(q.slices[("w", 0)].value, after_round)
     assert q.slices[("w", 0)].rounds == 1
-    (_, _, arrays), = [r for r in wire.replies[Q_ID] if r[0].req == 20]
+    ((_, _, arrays),) = [r for r in wire.replies[Q_ID] if r[0].req == 20]
     assert np.array_equal(arrays[0], after_round)
     # the next round is applied as usual
     _push(q, W0, 1, np.ones(4, np.float32), req=22)

@@ -404,7 +404,9 @@ class BalanceAgent:
                 data = np.array(fut.wait(self.timeout).arrays[0], copy=True)
                 # the slice's rounds so far go with it (with HETPS_REPLICAS pushes name theirs)
                 init = dict(body(k, j, a, b), size=b - a, rnd=self.kv.meta[k].rounds)
-                writes.append(self.kv.request(k, 0, s_new, Message(P.INIT, body=init, arrays=[data])))
+                writes.append(
+                    self.kv.request(k, 0, s_new, Message(P.INIT, body=init, arrays=[data]))
+                )
             blob = states.wait(self.timeout).arrays[0]
             if optim.load_states(blob.tobytes()):
                 # ("move": with HETPS_REPLICAS the new server's replicas get the states too)

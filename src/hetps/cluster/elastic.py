@@ -161,7 +161,11 @@ class Elastic:
         self._send(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
         for s in servers:
             if s not in self.dead:
-                rejoin = {"node": info.to_wire(), "out": self._pair(s, nid), "in": self._pair(nid, s)}
+                rejoin = {
+                    "node": info.to_wire(),
+                    "out": self._pair(s, nid),
+                    "in": self._pair(nid, s),
+                }
                 self._send(s, Message(P.REJOIN, body=rejoin))
 
     def _join_step(self, msg: Message) -> None:
@@ -241,7 +245,9 @@ class Elastic:
             self._service_q.put(lambda hook=hook: hook(self, info))
         self.reply(msg)
         live = self._live_workers()
-        log.warning("scheduler: %s joined; the job goes on with %d workers", info.describe(), len(live))
+        log.warning(
+            "scheduler: %s joined; the job goes on with %d workers", info.describe(), len(live)
+        )
         body = {"node": info.to_wire(), "workers": live}
         for other in self.nodes:
             if other != nid and other not in self.dead and other not in self.finished:

@@ -143,17 +143,23 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "error": "how it died",
         "workers": "the ids of the workers still in the job",
     },
-    JOIN: {"(answer)": "barriers ({group: n}: the barriers it has passed from now on), rounds "
-            "([[key, n], ...]: the rounds the first live worker pushed of each key); array 0: "
-            "the state it gave (admit)"},
-    ADMIT: {"(array 0)": "from the first live worker: the state a joiner starts from (bytes)",
-            "rounds": "from the first live worker: [[key, n], ...], the rounds it pushed",
-            "(answer)": "once every worker waiting to join is in"},
+    JOIN: {
+        "(answer)": "barriers ({group: n}: the barriers it has passed from now on), rounds "
+        "([[key, n], ...]: the rounds the first live worker pushed of each key); array 0: "
+        "the state it gave (admit)"
+    },
+    ADMIT: {
+        "(array 0)": "from the first live worker: the state a joiner starts from (bytes)",
+        "rounds": "from the first live worker: [[key, n], ...], the rounds it pushed",
+        "(answer)": "once every worker waiting to join is in",
+    },
     ENTER: {},
     ENTERED: {},
     WORKER_JOINING: {"node": "the worker that waits to join (NodeInfo)"},
-    WORKER_BACK: {"node": "the worker that joined (NodeInfo)",
-                  "workers": "the ids of the workers in the job now"},
+    WORKER_BACK: {
+        "node": "the worker that joined (NodeInfo)",
+        "workers": "the ids of the workers in the job now",
+    },
     READMIT: {
         "id, role, rank": "the node's id and rank in the running job",
         "host, port, back": "where the scheduler connects back to it, as in add_node",

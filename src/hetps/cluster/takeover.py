@@ -75,7 +75,9 @@ class Takeover:
         it gets its old rank and id and new connections, holds no keys of its own (the server
         that took over keeps them) and is again the replica of those before it; every node
         connects to it, and the servers send it copies of what they serve."""
-        info = self._take_back(msg, nid, host, port, back, "its keys stay where they were taken over")
+        info = self._take_back(
+            msg, nid, host, port, back, "its keys stay where they were taken over"
+        )
         if info is None:
             return
         live = [i for i in self.nodes if i not in self.dead and i != nid]
@@ -157,7 +159,9 @@ class Takeover:
         host, port, back, view = b.get("host"), b.get("port"), b.get("back"), b.get("view")
         if not self.recovering:
             # (a stranger could fill the log with these: one line at debug level)
-            log.debug("scheduler: dropped a readmit of node %r: this scheduler did not restart", nid)
+            log.debug(
+                "scheduler: dropped a readmit of node %r: this scheduler did not restart", nid
+            )
             return
         try:
             if not isinstance(view, dict):
@@ -253,9 +257,7 @@ class Takeover:
         if dead_servers >= self.replicas:  # some key may have had every copy there
             return False
         i = next(j for j, n in enumerate(servers) if n.id == nid)
-        heir = next(
-            (n for n in servers[i + 1 :] + servers[:i] if n.id not in self.dead), None
-        )
+        heir = next((n for n in servers[i + 1 :] + servers[:i] if n.id not in self.dead), None)
         if heir is None:
             return False
         text = f"{info.describe()} {reason}; {heir.describe()} takes over its keys"

@@ -53,7 +53,6 @@ from hetps.transport.codec import Message, dtype_str
 log = logging.getLogger("hetps.worker")
 
 
-
 class DistKVStore(Joining):
     """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``)."""
 

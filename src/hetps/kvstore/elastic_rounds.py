@@ -128,4 +128,3 @@ class ElasticRounds:
         left.discard(msg.sender)  # (already counted: nothing to do)
         self.node.van.revive(msg.sender)
         self.answers.reply(msg, {})
-

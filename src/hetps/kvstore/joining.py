@@ -88,9 +88,7 @@ class Joining:
         for k, meta in self.meta.items():  # (a push says which round it is of: replicas)
             meta.rounds = self._rounds.get(k, meta.rounds)
         # every server counts this worker from now on; the live workers wait meanwhile
-        futs = [
-            self.node.request(s.id, Message(P.ENTER)) for s in self.node.live_servers()
-        ]
+        futs = [self.node.request(s.id, Message(P.ENTER)) for s in self.node.live_servers()]
         wait_all(futs, self.timeout, "join")
         for group, n in reply.body.get("barriers", {}).items():
             if isinstance(n, int) and not isinstance(n, bool):

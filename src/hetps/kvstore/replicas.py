@@ -103,7 +103,9 @@ class Copies:
         """Slices a plan moved away (HETPS_BALANCE), after every worker's moves landed."""
         items = msg.body.get("slices", [])
         if not isinstance(items, list) or not all(_drop_item(i) for i in items):
-            raise BadRequest("drop: field 'slices' must be a list of [key, part] or [key, part, to]")
+            raise BadRequest(
+                "drop: field 'slices' must be a list of [key, part] or [key, part, to]"
+            )
         if not self._replicated:
             for item in items:
                 self.slices.pop((item[0], item[1]), None)
@@ -193,6 +195,7 @@ class Copies:
             callback=callback,
             what=f"a copy ({body['op']}) to {self.node.describe(peer)}",
         )
+
         def failed(exc: BaseException) -> None:
             if peer not in getattr(self.node, "down", ()):  # (a dead one: said once, elsewhere)
                 log.warning("server: a replica did not take a copy: %s", exc)
@@ -225,8 +228,10 @@ class Copies:
             raise BadRequest(f"replicate: no copy of key {short(key)} part {short(part)} here")
         if not isinstance(rnd, int) or isinstance(rnd, bool) or mode not in ("grad", "value"):
             raise BadRequest("replicate: a round needs an integer 'rnd' and mode grad or value")
-        if len(msg.arrays) != 1 or msg.arrays[0].dtype != sl.value.dtype or (
-            msg.arrays[0].size != sl.value.size
+        if (
+            len(msg.arrays) != 1
+            or msg.arrays[0].dtype != sl.value.dtype
+            or (msg.arrays[0].size != sl.value.size)
         ):
             raise BadRequest(f"replicate: the round of key {key!r} does not fit its part")
         data = msg.arrays[0].reshape(-1)
@@ -269,9 +274,13 @@ class Copies:
     def _sync_copy(self, msg: Message) -> None:
         """A whole slice from its primary: value, round count and optimizer state."""
         b = msg.body
-        key, part, shape, dname, rnd = b.get("k"), b.get("part"), b.get("shape"), b.get(
-            "dtype"
-        ), b.get("rnd")
+        key, part, shape, dname, rnd = (
+            b.get("k"),
+            b.get("part"),
+            b.get("shape"),
+            b.get("dtype"),
+            b.get("rnd"),
+        )
         if (
             not slice_key([key, part])
             or not isinstance(shape, list)
@@ -308,6 +317,7 @@ class Copies:
         """A plan moved slices (HETPS_BALANCE): ``drop``, the old primary's copies of them
         go; ``states``, the new primary's optimizer states of them. Only copies of the
         sender's are touched: a slice served here, or copied from another server, stays."""
+
         def mine(key: Any) -> Slice | None:
             sl = self.slices.get(key)
             return sl if sl is not None and not sl.primary and sl.origin == msg.sender else None

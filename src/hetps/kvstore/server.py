@@ -134,7 +134,9 @@ class KVServer(Copies, ElasticRounds):
             self.answers.reply(msg, {"error": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the server must keep serving
             log.exception("server: error in %s from node %d", msg.cmd, msg.sender)
-            self.answers.reply(msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"})
+            self.answers.reply(
+                msg, {"error": f"server error in {msg.cmd}: {type(exc).__name__}: {exc}"}
+            )
 
     def _batch(self, msg: Message) -> None:
         """Several requests in one message: each is checked and handled as if it came alone,
@@ -640,9 +642,7 @@ class KVServer(Copies, ElasticRounds):
 
     def _get_states(self, msg: Message) -> None:
         want = msg.body.get("slices")
-        if want is not None and (
-            not isinstance(want, list) or not all(slice_key(w) for w in want)
-        ):
+        if want is not None and (not isinstance(want, list) or not all(slice_key(w) for w in want)):
             raise BadRequest("get_states: field 'slices' must be a list of [key, part]")
         keys = None if want is None else {tuple(w) for w in want}
         # with copies, all the states: only what this server serves (copies are on others);

@@ -259,9 +259,7 @@ class Launcher(Supervision):
             return 127
         except KeyboardInterrupt:
             signum = self._signum or signal.SIGINT
-            self._log(
-                f"{signal.Signals(signum).name}: stopping every process (the workers first)"
-            )
+            self._log(f"{signal.Signals(signum).name}: stopping every process (the workers first)")
             return 128 + signum
         finally:
             for sig in old:  # a second Ctrl-C must not cut the clean-up short

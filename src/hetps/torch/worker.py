@@ -342,8 +342,7 @@ class WorkerRun(Rejoin):
             (self.ckpt is not None and self.ckpt.term)  # SIGTERM: stop after this round
             or (args.time_budget is not None and time.time() - self.run_start >= args.time_budget)
             or (
-                args.epochs is not None
-                and self.epochs_done + ahead / self.per_epoch >= args.epochs
+                args.epochs is not None and self.epochs_done + ahead / self.per_epoch >= args.epochs
             )
             or (args.max_rounds is not None and rnd >= args.max_rounds)
         )
