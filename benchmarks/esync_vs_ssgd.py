@@ -39,7 +39,7 @@ run with the same flags (no training).
 plus one value beyond the edge when the best value is at an edge) with a 45 s budget and
 picks, per mode, the value that reaches 0.8 first (highest last-3 accuracy when none does;
 highest last-3 accuracy for ``local``). The chosen values are the defaults in ``LR`` below
-(docs/ESYNC_RESULTS.md lists the grid's results).
+(docs/ESYNC.md, "Learning rates", lists the grid's results).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ MODE_TITLE = {
     "local": "local (1 device)",
 }
 
-#: the learning rate each mode trains with (chosen by --tune, see docs/ESYNC_RESULTS.md);
+#: the learning rate each mode trains with (chosen by --tune, see docs/ESYNC.md);
 #: ESync: local lr (-ll), global lr (-gl) fixed at ESync's default 1.0
 LR = {"esync": 0.1, "sync": 0.1, "async": 0.1, "dcasgd": 0.05, "local": 0.05}
 GLOBAL_LR = 1.0

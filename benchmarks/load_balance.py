@@ -263,7 +263,7 @@ ROBUST_KEEP = 1.05  # keep the current slice assignment unless the new one is >5
 
 def robust_scheduler_main() -> int:
     """The stock scheduler with two changes to its planner, as an A/B of a proposed fix
-    (NOT hetps' behaviour; see docs/LOAD_BALANCE_RESULTS.md):
+    (NOT hetps' behaviour; see docs/BALANCE.md §10):
 
     1. link estimates: samples under 64 KiB are dropped, and each link gets one sample per
        round, the median of that round's samples (then the stock EWMA across rounds);
@@ -1293,7 +1293,7 @@ def main(argv: list[str] | None = None) -> int:
         default=SLICE_ELEMS,
         help=f"slice size in elements (default {SLICE_ELEMS}: the optimum of the granularity "
         "model fitted to an ASRIT-vs-slice-size sweep on this benchmark's network, "
-        "docs/LOAD_BALANCE_RESULTS.md)",
+        "docs/BALANCE.md §10.7)",
     )
     ap.add_argument("--sweep-model", default="resnet50-v1")
     ap.add_argument("--sweep-scheme", default="aware")

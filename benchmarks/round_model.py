@@ -1,7 +1,7 @@
 """A fluid model of one synchronous hetps round on per-node links: where a schedule loses
 time against the fluid lower bound, in seconds of CPU instead of minutes of namespaces.
 
-What it models (docs/LOAD_BALANCE_RESULTS.md):
+What it models (docs/BALANCE.md §10.7):
 
 - every node ``i`` has an uplink and a downlink of ``rate[i]`` bytes/s (TCP goodput);
 - co-located nodes: worker ``i`` pushes every slice whose server is not ``i`` over a push
