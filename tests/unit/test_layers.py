@@ -1,0 +1,108 @@
+"""docs/ARCHITECTURE.md's layering is the code's: every module of ``src/hetps`` belongs to a
+layer the page lists, and imports (at the top or inside a function) only its own layer and
+the layers above it, but for the one exception the page states."""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "hetps"
+#: modules that are not a layer of their own: the layer they belong to
+ALIASES = {"config_report": "config", "kv": "kvstore"}
+#: (importing module, imported layer): the exceptions docs/ARCHITECTURE.md states
+EXCEPTIONS = {("hetps.torch.train", "launch")}
+
+
+def layers() -> list[set[str]]:
+    """The layers in the page's order, top first: the first word of each unindented line of
+    its first code block (``launch/cli`` is one layer of two packages)."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    block = re.search(r"```\n(.*?)```", text, re.S).group(1)
+    return [set(m.split("/")) for m in re.findall(r"^(\S+)\s", block, re.M)]
+
+
+def rank(layer: str, order: list[set[str]]) -> int:
+    return next(i for i, names in enumerate(order) if layer in names)
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of ``hetps.x.y`` (``x``); None for the package itself."""
+    parts = module.split(".")
+    if len(parts) < 2:
+        return None
+    return ALIASES.get(parts[1], parts[1])
+
+
+@cache
+def modules() -> dict[str, Path]:
+    out = {}
+    for f in SRC.rglob("*.py"):
+        parts = list(f.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+@cache
+def imports(path: Path) -> frozenset[str]:
+    """Every hetps module a file imports, anywhere in it."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "hetps":
+                out |= {f"hetps.{a.name}" for a in node.names}
+            else:
+                out.add(node.module)
+    return frozenset(m for m in out if m == "hetps" or m.startswith("hetps."))
+
+
+def upward_imports(order: list[set[str]]) -> list[str]:
+    bad = []
+    for mod, path in modules().items():
+        here = layer_of(mod)
+        if here is None:
+            continue
+        for imp in imports(path):
+            there = layer_of(imp)
+            if imp == "hetps.__version__" or there is None or (mod, there) in EXCEPTIONS:
+                continue
+            if rank(there, order) > rank(here, order):
+                bad.append(f"{mod} ({here}) imports {imp} ({there}), a layer below it")
+    return bad
+
+
+def test_every_module_belongs_to_a_layer_the_page_lists():
+    order = layers()
+    listed = set().union(*order)
+    missing = sorted(
+        {layer_of(m) for m in modules() if layer_of(m) is not None} - listed - {"__version__"}
+    )
+    assert not missing, f"docs/ARCHITECTURE.md lists no layer for: {missing}"
+
+
+def test_no_module_imports_a_layer_below_its_own():
+    bad = upward_imports(layers())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_stated_exceptions_are_still_needed():
+    """An exception the page states that the code no longer has is a stale statement."""
+    for mod, layer in EXCEPTIONS:
+        path = modules()[mod]
+        assert any(layer_of(i) == layer for i in imports(path)), (mod, layer)
+        assert (
+            f"`{mod.split('.', 1)[1].replace('.', '/')}.py`"
+            in (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+        )
+
+
+def test_the_check_sees_an_import_from_below():
+    """The layers upside down: every import that was upward is now downward, and is found."""
+    assert upward_imports(layers()[::-1])
