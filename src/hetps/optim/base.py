@@ -2,7 +2,7 @@
 
 A server holds one shard of every key and, in both synchronous and asynchronous mode, turns
 the gradients that workers push into a new weight with an :class:`Optimizer`. The contract is
-deliberately small (DESIGN.md §3):
+deliberately small (MXNet's server-side optimizer, two methods):
 
 * :meth:`Optimizer.create_state` builds the per-key state (momentum buffers, step counts...)
   the first time the server sees a key;
