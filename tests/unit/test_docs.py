@@ -395,6 +395,43 @@ def test_every_script_and_option_a_doc_names_exists(doc):
     assert not bad, f"{_rel(doc)} names scripts or options that do not exist: {bad}"
 
 
+# --- Python names ---------------------------------------------------------------------------
+
+_DOTTED = re.compile(r"(?<![\w/.])hetps(?:\.[A-Za-z_]\w*)+(?![\w/])")
+
+
+def name_problem(name: str) -> str | None:
+    """``hetps.a.b.C``: the longest prefix that is a module of ``src/`` exists, and the next
+    part is a name it defines (def, class, assignment, import, or a lazy export's key)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        base = ROOT.joinpath("src", *parts[:i])
+        module = base.with_suffix(".py")
+        if not module.exists():
+            module = base / "__init__.py"
+        if module.exists():
+            break
+    else:
+        return f"{name}: no such module"
+    if i == len(parts):
+        return None
+    attr, text = parts[i], module.read_text()
+    defined = (
+        rf"^\s*(?:async def|def|class) {attr}\b|^\s*(?:self\.)?{attr}\s*(?::[^=\n]*)?=(?!=)"
+        rf"|^(?:from\s+\S+\s+)?import\b.*\b{attr}\b|^\s+{attr},|\"{attr}\":"
+    )
+    if re.search(defined, text, re.M):
+        return None
+    return f"{name}: {module.relative_to(ROOT)} defines no {attr}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=_rel)
+def test_every_hetps_module_and_name_a_doc_names_exists(doc):
+    names = set(_DOTTED.findall(doc.read_text()))
+    bad = sorted(b for n in names if (b := name_problem(n)))
+    assert not bad, f"{_rel(doc)} names modules or names hetps does not have: {bad}"
+
+
 # --- variables --------------------------------------------------------------------------------
 
 
@@ -440,6 +477,10 @@ def test_the_checks_find_what_is_missing():
     assert section_problems('docs/BALANCE.md, "No such section"', ROOT)
     assert section_problems("docs/BALANCE.md §42", ROOT)
     assert not section_problems("docs/BALANCE.md §7.3", ROOT)
+    assert name_problem("hetps.kvstore.nothing_here")
+    assert name_problem("hetps.torch.NoTrainer")
+    assert not name_problem("hetps.torch.ESyncTrainer")  # a lazy export
+    assert not name_problem("hetps.kvstore.roles.run_server")
     assert outside("see ../shared/peers/mxnet/bench_mx.py", ROOT / "docs" / "X.md")
     assert outside("--mx-python /work/main/mxpeer-venv/bin/python", ROOT / "README.md")
     assert outside("commit e8b95b5 on branch `pipeline`", ROOT / "README.md")
