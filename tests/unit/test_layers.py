@@ -106,3 +106,32 @@ def test_the_stated_exceptions_are_still_needed():
 def test_the_check_sees_an_import_from_below():
     """The layers upside down: every import that was upward is now downward, and is found."""
     assert upward_imports(layers()[::-1])
+
+
+def architecture() -> str:
+    return (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+
+
+def test_metrics_imports_config_only():
+    assert "(imports config only)" in architecture()
+    bad = {
+        (m, i)
+        for m in modules()
+        if m.startswith("hetps.metrics")
+        for i in imports(modules()[m])
+        if layer_of(i) not in ("metrics", "config")
+    }
+    assert not bad, bad
+
+
+def test_the_pure_balance_modules_import_nothing_of_hetps_but_each_other():
+    text = architecture()
+    assert "The pure modules of `balance` import nothing of hetps but each other" in text
+    listed = re.search(r"pure:\s+(.*?)\n\s+service:", text, re.S).group(1)
+    pure = set(re.sub(r"\([^)]*\)", "", listed).replace(",", " ").split())
+    assert {"network", "plans", "solve", "slicing", "estimate", "links", "surprise"} <= pure
+    for name in pure:
+        mod = f"hetps.balance.{name}"
+        assert mod in modules(), f"ARCHITECTURE.md lists balance.{name}, which is not a module"
+        bad = {i for i in imports(modules()[mod]) if not i.startswith("hetps.balance")}
+        assert not bad, f"{mod} imports {bad}"
