@@ -117,3 +117,33 @@ def test_a_tensor_on_a_device_nobody_stages_gets_a_clear_error():
     kv.init("w", np.zeros(4, np.float32))
     with pytest.raises(TypeError, match=r"CPU and CUDA tensors.*\.cpu\(\)"):
         kv.push("w", torch.zeros(4, device="meta"))
+
+
+def test_a_value_staged_in_one_thread_is_pushed_from_another(dev):
+    """The DistributedOptimizer's path: its hook queues the copy (stage), its launcher thread
+    pushes; the push waits for that copy, and its buffer comes back to the pool."""
+    import threading
+
+    kv = LocalKVStore()
+    kv.init("w", np.zeros(6, np.float32))
+    v = dev.array(np.arange(6, dtype=np.float32))
+    staged = devices.stage(v)
+    errors = []
+
+    def push():
+        try:
+            kv.push("w", staged)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=push)
+    t.start()
+    t.join()
+    assert not errors
+    v.write(-1.0)  # (written only once the push returned: the copy may run until then)
+    assert np.array_equal(kv.pull("w"), np.arange(6))
+    before = devices.STAGING.buffers()
+    kv.push("w", devices.stage(dev.array(np.ones(6, np.float32))))
+    assert devices.STAGING.buffers() == before  # the first stage's buffer was free again
+    with pytest.raises(ValueError, match="goes alone"):
+        kv.push("w", [devices.stage(v), v])

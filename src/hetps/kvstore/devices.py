@@ -102,9 +102,39 @@ def on_device(entry: Any) -> bool:
     """Whether an argument (a value, or a list of them) holds a device tensor."""
     if isinstance(entry, np.ndarray):
         return False
+    if isinstance(entry, Staged):
+        return True
     if isinstance(entry, (list, tuple)):
-        return any(backend_for(v) is not None for v in entry)
+        return any(isinstance(v, Staged) or backend_for(v) is not None for v in entry)
     return backend_for(entry) is not None
+
+
+class Staged:
+    """A device tensor whose copy to the host was queued already (:func:`stage`): a push of
+    it waits only for that copy. The DistributedOptimizer stages each gradient in its hook,
+    on the stream backward produced it on, and its launcher thread pushes it meanwhile."""
+
+    __slots__ = ("buffer", "event", "shape", "dtype")
+
+    def __init__(self, buffer: _Buffer, event: Any, shape: tuple[int, ...], dtype) -> None:
+        self.buffer = buffer
+        self.event = event
+        self.shape = shape
+        self.dtype = dtype
+
+
+def stage(value: Any) -> Staged:
+    """Queue the copy of a device tensor to a host buffer now, after the work the calling
+    thread's stream has queued (the tensor's producer); push, pushpull or init the result
+    later from any thread. The copy may run until that push returns: the tensor must not be
+    written before (copy it first if it may be, as the DistributedOptimizer does)."""
+    backend = backend_for(value)
+    if backend is None:
+        raise TypeError(f"stage() takes a device tensor, got {type(value).__name__}")
+    shape, dtype, device = backend.describe(value)
+    _check_dtype(dtype, "stage")
+    buf = STAGING._take(backend, device, shape, dtype, lend=False)
+    return Staged(buf, backend.to_host(value, buf.array), shape, dtype)
 
 
 class _Buffer:
@@ -133,7 +163,9 @@ class Staging:
         self._tl = threading.local()  # this thread's call: buffers lent, device copies owed
 
     # -- buffers ------------------------------------------------------------------------------
-    def _take(self, backend: Backend, device: Any, shape: tuple[int, ...], dtype) -> _Buffer:
+    def _take(
+        self, backend: Backend, device: Any, shape: tuple[int, ...], dtype, lend: bool = True
+    ) -> _Buffer:
         key = (device, tuple(shape), np.dtype(dtype).str)
         with self._lock:
             bufs = self._pool.setdefault(key, [])
@@ -146,7 +178,8 @@ class Staging:
                 bufs.append(b)
             # lent: not free until this call settles it (a future that is never done)
             b.futures = [_LENT]
-        self._lent().append(b)
+        if lend:
+            self._lent().append(b)
         return b
 
     def _lent(self) -> list[_Buffer]:
@@ -165,9 +198,15 @@ class Staging:
     def push_value(self, entry: Any, what: str) -> np.ndarray:
         """The host array a push (init, pushpull) sends for ``entry``: a device tensor, or a
         list of values summed first (device values on the first one's device)."""
+        if isinstance(entry, Staged):  # its copy is queued: wait for it alone
+            entry.buffer.backend.wait_host(entry.event)
+            self._lent().append(entry.buffer)
+            return entry.buffer.array
         values = list(entry) if isinstance(entry, (list, tuple)) else [entry]
         if not values:
             raise ValueError(f"{what}: empty list of values")
+        if any(isinstance(v, Staged) for v in values):
+            raise ValueError(f"{what}: a staged value goes alone, not in a list")
         dev = [v for v in values if backend_for(v) is not None]
         host = [v for v in values if backend_for(v) is None]
         backend = backend_for(dev[0])
@@ -205,6 +244,8 @@ class Staging:
         from hetps.kvstore.base import as_numpy
 
         values = list(entry) if isinstance(entry, (list, tuple)) else [entry]
+        if any(isinstance(v, Staged) for v in values):
+            raise ValueError(f"{what}: a staged value cannot be an out; give out= a tensor")
         dev = [v for v in values if backend_for(v) is not None]
         targets = [as_numpy(v, what) for v in values if backend_for(v) is None]
         backend = backend_for(dev[0])

@@ -64,6 +64,7 @@ from typing import Any
 import torch
 
 from hetps import optim as ps_optim
+from hetps.kvstore import devices
 from hetps.sync.rules import average_from_sum
 from hetps.torch.broadcast import exchange
 from hetps.torch.fusion import FUSION_GAP_S, FUSION_SPLIT_BYTES, _Group, plan_groups
@@ -135,9 +136,11 @@ class DistributedOptimizer:
         for name, p in self.named:
             if not p.is_contiguous():
                 raise ValueError(f"parameter {name!r} is not contiguous")
-        # parameters on an accelerator go through CPU staging buffers (the KVStore is CPU-side)
+        # what the KVStore exchanges of each parameter: the parameter itself on the CPU and on
+        # a device the KVStore stages (CUDA: reused page-locked buffers, copies on a side
+        # stream), else a CPU copy
         self._cpu = {
-            n: (p.data if p.device.type == "cpu" else p.data.detach().cpu()) for n, p in self.named
+            n: (p.data if _kv_takes(p.data) else p.data.detach().cpu()) for n, p in self.named
         }
         if fusion_bytes is None:
             fusion_bytes = int(getattr(getattr(self.kv, "cfg", None), "fusion_bytes", 0) or 0)
@@ -179,6 +182,7 @@ class DistributedOptimizer:
             and g0.fused
             and extra.dtype == self._cpu[g0.names[0]].dtype
             and extra.device.type == "cpu"
+            and self._cpu[g0.names[0]].device.type == "cpu"
             and extra.is_contiguous()
         )
         if self.extra_rides:
@@ -274,16 +278,18 @@ class DistributedOptimizer:
                 # group again while its last launch still waits: send that one first, so the
                 # launcher never reads a buffer this pass is refilling
                 self._flush()
-            grad = p.grad if p.grad.device.type == "cpu" else p.grad.detach().cpu()
+            grad = p.grad if _kv_takes(p.grad) else p.grad.detach().cpu()
             if not g.fused:
-                self._send(g, grad)
+                # (on a device, a copy first: a second backward before step() would add into
+                # p.grad while the copy to the host still reads it)
+                self._send(g, grad if grad.device.type == "cpu" else _staged(grad.clone()))
                 return
             assert g.send is not None
             g.send_of[name].copy_(grad)
             g.ready.add(name)
             if len(g.ready) == len(g.names):
                 g.ready = set()
-                self._send(g, g.send)
+                self._send(g, _staged(g.send))
 
         return hook
 
@@ -348,7 +354,7 @@ class DistributedOptimizer:
             name = g.names[0]
             out = self._landing.get(name)
             if out is None:
-                out = self._landing[name] = torch.empty_like(data)
+                out = self._landing[name] = torch.empty_like(self._cpu[name])
         else:
             out = self._cpu[g.names[0]]
         # one request per chunk: the push's answer carries the sum (or the new weights), so a
@@ -385,7 +391,7 @@ class DistributedOptimizer:
                             view.zero_()  # no gradient here: contributes nothing to the sum
                         else:
                             view.copy_(grad)
-                    self._send(g, g.send)
+                    self._send(g, _staged(g.send))
                 self._flush()
                 h = self._handles.pop(g.index)
             h.wait()
@@ -590,3 +596,14 @@ class DistributedOptimizer:
         if self._launcher is not None and self._launcher is not threading.current_thread():
             self._launcher.join(timeout=5)
         self._launcher = None
+
+
+def _kv_takes(t: torch.Tensor) -> bool:
+    """Whether the KVStore takes ``t`` as it is (a CPU tensor, or one on a device it stages)."""
+    return t.device.type == "cpu" or devices.backend_for(t) is not None
+
+
+def _staged(t: torch.Tensor) -> Any:
+    """``t`` for a push: on a device, its copy to the host starts now, on the stream that
+    produced it (backward's), and the launcher thread that pushes it waits for that alone."""
+    return t if t.device.type == "cpu" else devices.stage(t)
