@@ -13,6 +13,9 @@ Two places to update:
 * ``update_on="server"``: a :mod:`hetps.optim` optimizer runs on the servers; workers push
   gradients and pull the new weights (``dist_async`` gives ASGD, with ``optim.DCASGD``
   DC-ASGD). The wrapped torch optimizer may be None then.
+* ``update_on="sum"``: servers that only sum (BytePS's Summation Service); every worker runs
+  ``server_optimizer`` on the pulled sum itself (:mod:`hetps.torch.summation`), with the
+  weights a server-side run gives, bit for bit. The wrapped torch optimizer is None.
 
 Parameters are keyed by name in the order given (the same on every worker), and the initial
 weights are broadcast from rank 0.
@@ -107,12 +110,19 @@ class DistributedOptimizer:
     ) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
-        if update_on not in ("worker", "server"):
-            raise ValueError(f"update_on must be 'worker' or 'server', not {update_on!r}")
+        if update_on not in ("worker", "server", "sum"):
+            raise ValueError(f"update_on must be 'worker', 'server' or 'sum', not {update_on!r}")
         if update_on == "worker" and optimizer is None:
             raise ValueError("update_on='worker' needs a torch optimizer to wrap")
-        if update_on == "server" and server_optimizer is None:
-            raise ValueError("update_on='server' needs server_optimizer (a hetps.optim.Optimizer)")
+        if update_on in ("server", "sum") and server_optimizer is None:
+            raise ValueError(
+                f"update_on={update_on!r} needs server_optimizer (a hetps.optim.Optimizer)"
+            )
+        if update_on == "sum" and optimizer is not None:
+            raise ValueError(
+                "update_on='sum' runs server_optimizer on the workers: pass None as the torch "
+                "optimizer (or use update_on='worker' to step a torch optimizer)"
+            )
         if fusion_bytes is not None and fusion_bytes < 0:
             raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
         if kvstore is None or isinstance(kvstore, str):
@@ -124,6 +134,13 @@ class DistributedOptimizer:
         self.op = op
         self.update_on = update_on
         self.named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        # update_on="sum": the servers only sum, this worker runs the update
+        self._local = None
+        if update_on == "sum":
+            from hetps.torch.summation import WorkerUpdate
+
+            assert server_optimizer is not None
+            self._local = WorkerUpdate(server_optimizer, self.named)
         names = [n for n, _ in self.named]
         if len(set(names)) != len(names):
             raise ValueError("named_parameters has duplicate names")
@@ -198,7 +215,7 @@ class DistributedOptimizer:
                     for n in g.names:
                         g.send_of[n].copy_(self._cpu[n])
                 values.append(g.send)
-            elif update_on == "worker":
+            elif update_on != "server":
                 values.append(torch.zeros_like(self._cpu[g.names[0]]))
             else:
                 values.append(self._cpu[g.names[0]])
@@ -251,7 +268,7 @@ class DistributedOptimizer:
         name = g.names[0] if not g.fused else f"{g.names[0]}+{len(g.names) - 1}"
         if g.index == 0 and self.extra_rides:
             name += "+extra"
-        return self._gkey(name) if self.update_on == "worker" else self._wkey(name)
+        return self._wkey(name) if self.update_on == "server" else self._gkey(name)
 
     def broadcast_parameters(self) -> None:
         """Give every worker rank 0's parameters (an init on the servers, then a pull)."""
@@ -347,7 +364,7 @@ class DistributedOptimizer:
         prio = -self._index[g.names[0]]  # the first layers are needed first by the next forward
         if g.fused:
             out = g.recv
-        elif self.update_on == "worker":
+        elif self.update_on != "server":
             # a lone parameter's reduction lands in a buffer of its own, not in p.grad:
             # backward may still add into p.grad (gradient accumulation), and the receive
             # thread must not write into a tensor autograd is updating
@@ -402,8 +419,7 @@ class DistributedOptimizer:
                     assert self.extra is not None
                     k = self.extra.numel()  # the sum over the workers, before any averaging
                     self.extra.copy_(g.recv[g.numel - k :].view_as(self.extra))
-                if self.op == "average" and W > 1:
-                    self._mean(g, g.recv, W)  # SSGD's mean, in place
+                self._reduce(g, g.recv, W)
                 for n in g.names:
                     p = params[n]
                     if p.grad is None:
@@ -414,10 +430,9 @@ class DistributedOptimizer:
                 continue
             name = g.names[0]
             p = params[name]
-            if self.update_on == "worker":
+            if self.update_on != "server":
                 buf = self._landing[name]
-                if self.op == "average" and W > 1:
-                    self._mean(g, buf, W)
+                self._reduce(g, buf, W)
                 if p.grad.device == buf.device and p.grad.dtype == buf.dtype:
                     # hand the landed tensor over instead of copying it; the old gradient,
                     # which only autograd's last pass wrote, lands the next round
@@ -441,6 +456,15 @@ class DistributedOptimizer:
                     self._retune()
                 else:
                     self._mark_inline()
+
+    def _reduce(self, g: Any, total: torch.Tensor, W: int) -> None:
+        """What the sum becomes before the update: SSGD's mean (op="average"); under
+        update_on="sum" the sum scaled as the servers scale it (short rounds only)."""
+        if self.update_on == "sum":
+            for a, b, w in self.kv.short_rounds(self._key(g)):
+                total.view(-1)[a:b].mul_(W / w)
+        elif self.op == "average" and W > 1:
+            self._mean(g, total, W)  # in place
 
     def _mean(self, g: Any, total: torch.Tensor, W: int) -> None:
         """The workers' mean from their sum, in place: divided by the job's W, except where
@@ -536,6 +560,7 @@ class DistributedOptimizer:
             "groups": [list(g.names) for g in self.groups],
             "steps": self._steps,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "local": self._local.state_bytes() if self._local is not None else None,
         }
 
     def adopt(self, state: dict) -> None:
@@ -548,6 +573,8 @@ class DistributedOptimizer:
             self._clock = None
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+        if self._local is not None and state.get("local") is not None:
+            self._local.load_state_bytes(state["local"])
 
     def _mark_inline(self) -> None:
         """Groups that are ready within ``LAUNCH_INLINE_S`` of backward's end (by this
@@ -568,6 +595,10 @@ class DistributedOptimizer:
         if self.update_on == "worker":
             assert self.optimizer is not None
             return self.optimizer.step(closure)
+        if self._local is not None:  # the servers summed; this worker updates
+            loss = closure() if closure is not None else None
+            self._local.step(self.named)
+            return loss
         return None  # the servers applied the update; the pulled weights are in place
 
     def zero_grad(self, set_to_none: bool = True) -> None:
