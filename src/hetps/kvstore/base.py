@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hetps.cluster.requests import Future, wait_all
+from hetps.kvstore.devices import STAGING, on_device
 
 SUPPORTED_DTYPES = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
 
 
 def as_numpy(value: Any, what: str = "value") -> np.ndarray:
-    """A NumPy view of a NumPy array or CPU torch tensor (no copy when possible)."""
+    """A NumPy view of a NumPy array or CPU torch tensor (no copy when possible). Device
+    tensors go through :mod:`hetps.kvstore.devices` instead (reduce_values, out_arrays)."""
     if isinstance(value, np.ndarray):
         return value
     mod = type(value).__module__
     if mod.startswith("torch"):
         if value.device.type != "cpu":
             raise TypeError(
-                f"{what}: hetps takes CPU tensors; call .cpu() first (got {value.device})"
+                f"{what}: hetps takes CPU and CUDA tensors; move a tensor on "
+                f"{value.device} to one of them first (.cpu())"
             )
         return value.detach().numpy()
     raise TypeError(
-        f"{what} must be a numpy.ndarray or a CPU torch.Tensor (or a list of them), "
+        f"{what} must be a numpy.ndarray or a torch.Tensor (or a list of them), "
         f"got {type(value).__name__}"
     )
 
@@ -57,7 +61,11 @@ def per_key(values: Any, nkeys: int, is_list: bool, what: str) -> list[Any]:
 
 
 def reduce_values(entry: Any, what: str) -> np.ndarray:
-    """One array from an entry that is an array or a list of arrays (summed, as MXNet does)."""
+    """One array from an entry that is an array or a list of arrays (summed, as MXNet does).
+    Device tensors are copied to a staging buffer (summed on the device first): the call
+    must end with :func:`settle` (or raise inside :func:`staged_call`)."""
+    if on_device(entry):
+        return STAGING.push_value(entry, what)
     if isinstance(entry, (list, tuple)):
         if not entry:
             raise ValueError(f"{what}: empty list of values")
@@ -78,10 +86,30 @@ def reduce_values(entry: Any, what: str) -> np.ndarray:
 
 
 def out_arrays(entry: Any, what: str) -> list[np.ndarray]:
-    """The list of NumPy views an ``out`` entry names (one or several)."""
+    """The list of NumPy views an ``out`` entry names (one or several). Device tensors get a
+    host buffer whose copies to them :func:`settle`'s finisher queues."""
+    if on_device(entry):
+        return STAGING.pull_targets(entry, what)
     if isinstance(entry, (list, tuple)):
         return [as_numpy(v, what) for v in entry]
     return [as_numpy(entry, what)]
+
+
+def settle(futures: Sequence[Future]) -> Callable[[], None] | None:
+    """End a call that may have staged device tensors: their host buffers stay taken until
+    ``futures`` are answered; returns what copies pulled values to the device tensors (run
+    it once the answers landed), or None."""
+    return STAGING.settle(futures)
+
+
+@contextmanager
+def staged_call() -> Iterator[None]:
+    """Around the part of a call that stages values: if it raises, its buffers are freed."""
+    try:
+        yield
+    except BaseException:
+        STAGING.abandon()
+        raise
 
 
 def check_dtype(dtype: np.dtype, key: Any) -> None:

@@ -42,8 +42,11 @@ from hetps.kvstore.base import (
     out_arrays,
     per_key,
     reduce_values,
+    settle,
+    staged_call,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
+from hetps.kvstore.devices import on_device
 from hetps.kvstore.joining import Joining
 from hetps.kvstore.keys import KeyMeta, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
@@ -344,7 +347,7 @@ class DistKVStore(Joining):
         if self.agent is not None:
             self.agent.before_init()
         futs: list[Future] = []
-        with self._batched():
+        with staged_call(), self._batched():
             for k, entry in zip(keys, entries, strict=False):
                 arr = reduce_values(entry, f"init of key {k!r}")
                 check_dtype(arr.dtype, k)
@@ -369,6 +372,7 @@ class DistKVStore(Joining):
                         }
                         msg = Message(P.INIT, body=body, arrays=[flat[a:b]])
                         futs.append(self.request(k, 0, p.server, msg))
+        settle(futs)
         wait_all(futs, self.timeout, "init")
         self.node.barrier("worker", self.timeout)
 
@@ -386,16 +390,18 @@ class DistKVStore(Joining):
         self._push_run += 1
         self._calls += 1
         deferred = not block and max(self._push_run, self._last_push_run) > 1
-        with self._batched(deferred=deferred):
+        with staged_call(), self._batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 meta = self._meta(k, "push")
                 if self.meter is not None:
                     self.meter.pushed(k)
+                staged = on_device(entry)  # (a staging buffer is a copy held for the push)
                 arr = reduce_values(entry, f"push of key {k!r}")
                 self._check(k, meta, arr, "push")
                 if self.sync:
                     self._round_credit(meta)
-                if not block and self.compressor is None:  # (compression makes its own copy)
+                # (compression makes its own copy)
+                if not block and self.compressor is None and not staged:
                     arr = meta.capture(arr)
                 dest = meta.prefetch_into() if self._prefetch else None
                 pushed = self._push_one(k, meta, arr, priority, dest)
@@ -406,6 +412,7 @@ class DistKVStore(Joining):
                 if dest is not None:
                     meta.prefetch = (pushed, dest)
                 futs += pushed
+        settle(futs)
         return self._finish_call(futs, block, "push")
 
     def _round_credit(self, meta: KeyMeta) -> None:
@@ -490,7 +497,7 @@ class DistKVStore(Joining):
         finishers = []
         results = []
         outs = per_key(out, len(keys), is_list, "pull") if out is not None else [None] * len(keys)
-        with self._batched():
+        with staged_call(), self._batched():
             for k, entry in zip(keys, outs, strict=False):
                 meta = self._meta(k, "pull")
                 targets = (
@@ -513,9 +520,13 @@ class DistKVStore(Joining):
                 finishers.append(fin)
                 results.append(targets[0])
 
+        to_device = settle(futs)
+
         def finish() -> Any:
             for fin in finishers:
                 fin()
+            if to_device is not None:
+                to_device()
             if out is None:
                 return results if is_list else results[0]
             return None
@@ -566,7 +577,7 @@ class DistKVStore(Joining):
         outs = per_key(out, len(keys), is_list, "pushpull") if out is not None else entries
         futs: list[Future] = []
         finishers = []
-        with self._batched():
+        with staged_call(), self._batched():
             for k, entry, out_entry in zip(keys, entries, outs, strict=False):
                 meta = self._meta(k, "pushpull")
                 if self.meter is not None:
@@ -586,10 +597,13 @@ class DistKVStore(Joining):
                 meta.prefetch, meta.pushed, meta.pushed_since_pull = None, pushed, False
                 futs += pushed
                 finishers.append(fill_targets(meta, dest, targets, direct))
+        to_device = settle(futs)
 
         def finish() -> None:
             for fin in finishers:
                 fin()
+            if to_device is not None:
+                to_device()
 
         handle = self._finish_call(futs, False, "pushpull", finish)
         return handle.wait() if block else handle

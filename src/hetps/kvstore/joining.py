@@ -20,7 +20,7 @@ import numpy as np
 
 from hetps.cluster import protocol as P
 from hetps.cluster.requests import wait_all
-from hetps.kvstore.base import normalize_keys, per_key, reduce_values
+from hetps.kvstore.base import normalize_keys, per_key, reduce_values, settle, staged_call
 from hetps.kvstore.keys import KeyMeta
 from hetps.transport.codec import Message
 
@@ -102,12 +102,14 @@ class Joining:
         dtype and placement), with no request and no barrier: a worker that joined a running
         job uses it for keys the others made while it was away."""
         keys, is_list = normalize_keys(key)
-        for k, entry in zip(keys, per_key(value, len(keys), is_list, "declare"), strict=False):
-            arr = reduce_values(entry, f"declare of key {k!r}")
-            if k not in self.meta:
-                self.order.append(k)
-            self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, self._placement(k, arr.size))
-            self.meta[k].rounds = getattr(self, "_rounds", {}).get(k, 0)
+        with staged_call():
+            for k, entry in zip(keys, per_key(value, len(keys), is_list, "declare"), strict=False):
+                arr = reduce_values(entry, f"declare of key {k!r}")
+                if k not in self.meta:
+                    self.order.append(k)
+                self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, self._placement(k, arr.size))
+                self.meta[k].rounds = getattr(self, "_rounds", {}).get(k, 0)
+        settle([])
 
 
 def _key(k: Any) -> Any:

@@ -16,6 +16,8 @@ from hetps.kvstore.base import (
     out_arrays,
     per_key,
     reduce_values,
+    settle,
+    staged_call,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
 
@@ -58,15 +60,23 @@ class LocalKVStore:
     def init(self, key: Any, value: Any) -> None:
         """Store a copy of each value."""
         keys, is_list = normalize_keys(key)
-        for k, entry in zip(keys, per_key(value, len(keys), is_list, "init"), strict=False):
-            arr = reduce_values(entry, f"init of key {k!r}")
-            check_dtype(arr.dtype, k)
-            self.store[k] = np.array(arr, copy=True)
+        with staged_call():
+            for k, entry in zip(keys, per_key(value, len(keys), is_list, "init"), strict=False):
+                arr = reduce_values(entry, f"init of key {k!r}")
+                check_dtype(arr.dtype, k)
+                self.store[k] = np.array(arr, copy=True)
+        settle([])
 
     def push(self, key: Any, value: Any, priority: int = 0, block: bool = True) -> Handle:
         """Sum the values and apply them (optimizer or replace)."""
         keys, is_list = normalize_keys(key)
-        for k, entry in zip(keys, per_key(value, len(keys), is_list, "push"), strict=False):
+        with staged_call():
+            self._push(keys, per_key(value, len(keys), is_list, "push"))
+        settle([])
+        return completed()
+
+    def _push(self, keys: list, entries: list) -> None:
+        for k, entry in zip(keys, entries, strict=False):
             stored = self._value(k, "push")
             arr = reduce_values(entry, f"push of key {k!r}")
             self._check(k, stored, arr, "push")
@@ -80,7 +90,6 @@ class LocalKVStore:
                 if k not in self.states:
                     self.states[k] = self.optimizer.create_state(k, stored)
                 self.optimizer.apply_update(k, stored, np.asarray(arr), self.states[k], sender=0)
-        return completed()
 
     def pull(
         self,
@@ -94,16 +103,20 @@ class LocalKVStore:
         keys, is_list = normalize_keys(key)
         results = []
         outs = per_key(out, len(keys), is_list, "pull") if out is not None else [None] * len(keys)
-        for k, entry in zip(keys, outs, strict=False):
-            stored = self._value(k, "pull")
-            if self.optimizer is not None and k in self.states:
-                self.optimizer.on_pull(k, stored, self.states[k], sender=0)
-            if entry is None:
-                results.append(stored.copy())
-                continue
-            for t in out_arrays(entry, f"pull of key {k!r}"):
-                self._check(k, stored, t, "pull")
-                t[...] = stored
+        with staged_call():
+            for k, entry in zip(keys, outs, strict=False):
+                stored = self._value(k, "pull")
+                if self.optimizer is not None and k in self.states:
+                    self.optimizer.on_pull(k, stored, self.states[k], sender=0)
+                if entry is None:
+                    results.append(stored.copy())
+                    continue
+                for t in out_arrays(entry, f"pull of key {k!r}"):
+                    self._check(k, stored, t, "pull")
+                    t[...] = stored
+        to_device = settle([])
+        if to_device is not None:
+            to_device()
         value = None if out is not None else (results if is_list else results[0])
         return value if block else completed(value)
 

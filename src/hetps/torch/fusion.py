@@ -101,7 +101,9 @@ class _Group:
 
     def make_buffers(self, dtype: torch.dtype, like: dict[str, torch.Tensor]) -> None:
         """The flat send/receive buffers of a fused group and each member's views."""
-        self.send = torch.zeros(self.numel, dtype=dtype)
+        # on the members' device: backward's gradients are gathered there, and the KVStore
+        # stages the group to the host in one copy
+        self.send = torch.zeros(self.numel, dtype=dtype, device=like[self.names[0]].device)
         self.recv = torch.empty_like(self.send)
         self.send_of = {n: self.view(self.send, n, like[n]) for n in self.names}
         self.recv_of = {n: self.view(self.recv, n, like[n]) for n in self.names}

@@ -13,6 +13,9 @@ Two places to update:
 * ``update_on="server"``: a :mod:`hetps.optim` optimizer runs on the servers; workers push
   gradients and pull the new weights (``dist_async`` gives ASGD, with ``optim.DCASGD``
   DC-ASGD). The wrapped torch optimizer may be None then.
+* ``update_on="sum"``: servers that only sum (BytePS's Summation Service); every worker runs
+  ``server_optimizer`` on the pulled sum itself (:mod:`hetps.torch.summation`), with the
+  weights a server-side run gives, bit for bit. The wrapped torch optimizer is None.
 
 Parameters are keyed by name in the order given (the same on every worker), and the initial
 weights are broadcast from rank 0.
@@ -64,6 +67,7 @@ from typing import Any
 import torch
 
 from hetps import optim as ps_optim
+from hetps.kvstore import devices
 from hetps.sync.rules import average_from_sum
 from hetps.torch.broadcast import exchange
 from hetps.torch.fusion import FUSION_GAP_S, FUSION_SPLIT_BYTES, _Group, plan_groups
@@ -106,12 +110,19 @@ class DistributedOptimizer:
     ) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
-        if update_on not in ("worker", "server"):
-            raise ValueError(f"update_on must be 'worker' or 'server', not {update_on!r}")
+        if update_on not in ("worker", "server", "sum"):
+            raise ValueError(f"update_on must be 'worker', 'server' or 'sum', not {update_on!r}")
         if update_on == "worker" and optimizer is None:
             raise ValueError("update_on='worker' needs a torch optimizer to wrap")
-        if update_on == "server" and server_optimizer is None:
-            raise ValueError("update_on='server' needs server_optimizer (a hetps.optim.Optimizer)")
+        if update_on in ("server", "sum") and server_optimizer is None:
+            raise ValueError(
+                f"update_on={update_on!r} needs server_optimizer (a hetps.optim.Optimizer)"
+            )
+        if update_on == "sum" and optimizer is not None:
+            raise ValueError(
+                "update_on='sum' runs server_optimizer on the workers: pass None as the torch "
+                "optimizer (or use update_on='worker' to step a torch optimizer)"
+            )
         if fusion_bytes is not None and fusion_bytes < 0:
             raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
         if kvstore is None or isinstance(kvstore, str):
@@ -123,6 +134,13 @@ class DistributedOptimizer:
         self.op = op
         self.update_on = update_on
         self.named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        # update_on="sum": the servers only sum, this worker runs the update
+        self._local = None
+        if update_on == "sum":
+            from hetps.torch.summation import WorkerUpdate
+
+            assert server_optimizer is not None
+            self._local = WorkerUpdate(server_optimizer, self.named)
         names = [n for n, _ in self.named]
         if len(set(names)) != len(names):
             raise ValueError("named_parameters has duplicate names")
@@ -135,9 +153,11 @@ class DistributedOptimizer:
         for name, p in self.named:
             if not p.is_contiguous():
                 raise ValueError(f"parameter {name!r} is not contiguous")
-        # parameters on an accelerator go through CPU staging buffers (the KVStore is CPU-side)
+        # what the KVStore exchanges of each parameter: the parameter itself on the CPU and on
+        # a device the KVStore stages (CUDA: reused page-locked buffers, copies on a side
+        # stream), else a CPU copy
         self._cpu = {
-            n: (p.data if p.device.type == "cpu" else p.data.detach().cpu()) for n, p in self.named
+            n: (p.data if _kv_takes(p.data) else p.data.detach().cpu()) for n, p in self.named
         }
         if fusion_bytes is None:
             fusion_bytes = int(getattr(getattr(self.kv, "cfg", None), "fusion_bytes", 0) or 0)
@@ -179,6 +199,7 @@ class DistributedOptimizer:
             and g0.fused
             and extra.dtype == self._cpu[g0.names[0]].dtype
             and extra.device.type == "cpu"
+            and self._cpu[g0.names[0]].device.type == "cpu"
             and extra.is_contiguous()
         )
         if self.extra_rides:
@@ -194,7 +215,7 @@ class DistributedOptimizer:
                     for n in g.names:
                         g.send_of[n].copy_(self._cpu[n])
                 values.append(g.send)
-            elif update_on == "worker":
+            elif update_on != "server":
                 values.append(torch.zeros_like(self._cpu[g.names[0]]))
             else:
                 values.append(self._cpu[g.names[0]])
@@ -247,7 +268,7 @@ class DistributedOptimizer:
         name = g.names[0] if not g.fused else f"{g.names[0]}+{len(g.names) - 1}"
         if g.index == 0 and self.extra_rides:
             name += "+extra"
-        return self._gkey(name) if self.update_on == "worker" else self._wkey(name)
+        return self._wkey(name) if self.update_on == "server" else self._gkey(name)
 
     def broadcast_parameters(self) -> None:
         """Give every worker rank 0's parameters (an init on the servers, then a pull)."""
@@ -274,16 +295,18 @@ class DistributedOptimizer:
                 # group again while its last launch still waits: send that one first, so the
                 # launcher never reads a buffer this pass is refilling
                 self._flush()
-            grad = p.grad if p.grad.device.type == "cpu" else p.grad.detach().cpu()
+            grad = p.grad if _kv_takes(p.grad) else p.grad.detach().cpu()
             if not g.fused:
-                self._send(g, grad)
+                # (on a device, a copy first: a second backward before step() would add into
+                # p.grad while the copy to the host still reads it)
+                self._send(g, grad if grad.device.type == "cpu" else _staged(grad.clone()))
                 return
             assert g.send is not None
             g.send_of[name].copy_(grad)
             g.ready.add(name)
             if len(g.ready) == len(g.names):
                 g.ready = set()
-                self._send(g, g.send)
+                self._send(g, _staged(g.send))
 
         return hook
 
@@ -341,14 +364,14 @@ class DistributedOptimizer:
         prio = -self._index[g.names[0]]  # the first layers are needed first by the next forward
         if g.fused:
             out = g.recv
-        elif self.update_on == "worker":
+        elif self.update_on != "server":
             # a lone parameter's reduction lands in a buffer of its own, not in p.grad:
             # backward may still add into p.grad (gradient accumulation), and the receive
             # thread must not write into a tensor autograd is updating
             name = g.names[0]
             out = self._landing.get(name)
             if out is None:
-                out = self._landing[name] = torch.empty_like(data)
+                out = self._landing[name] = torch.empty_like(self._cpu[name])
         else:
             out = self._cpu[g.names[0]]
         # one request per chunk: the push's answer carries the sum (or the new weights), so a
@@ -385,7 +408,7 @@ class DistributedOptimizer:
                             view.zero_()  # no gradient here: contributes nothing to the sum
                         else:
                             view.copy_(grad)
-                    self._send(g, g.send)
+                    self._send(g, _staged(g.send))
                 self._flush()
                 h = self._handles.pop(g.index)
             h.wait()
@@ -396,8 +419,7 @@ class DistributedOptimizer:
                     assert self.extra is not None
                     k = self.extra.numel()  # the sum over the workers, before any averaging
                     self.extra.copy_(g.recv[g.numel - k :].view_as(self.extra))
-                if self.op == "average" and W > 1:
-                    self._mean(g, g.recv, W)  # SSGD's mean, in place
+                self._reduce(g, g.recv, W)
                 for n in g.names:
                     p = params[n]
                     if p.grad is None:
@@ -408,10 +430,9 @@ class DistributedOptimizer:
                 continue
             name = g.names[0]
             p = params[name]
-            if self.update_on == "worker":
+            if self.update_on != "server":
                 buf = self._landing[name]
-                if self.op == "average" and W > 1:
-                    self._mean(g, buf, W)
+                self._reduce(g, buf, W)
                 if p.grad.device == buf.device and p.grad.dtype == buf.dtype:
                     # hand the landed tensor over instead of copying it; the old gradient,
                     # which only autograd's last pass wrote, lands the next round
@@ -435,6 +456,15 @@ class DistributedOptimizer:
                     self._retune()
                 else:
                     self._mark_inline()
+
+    def _reduce(self, g: Any, total: torch.Tensor, W: int) -> None:
+        """What the sum becomes before the update: SSGD's mean (op="average"); under
+        update_on="sum" the sum scaled as the servers scale it (short rounds only)."""
+        if self.update_on == "sum":
+            for a, b, w in self.kv.short_rounds(self._key(g)):
+                total.view(-1)[a:b].mul_(W / w)
+        elif self.op == "average" and W > 1:
+            self._mean(g, total, W)  # in place
 
     def _mean(self, g: Any, total: torch.Tensor, W: int) -> None:
         """The workers' mean from their sum, in place: divided by the job's W, except where
@@ -530,6 +560,7 @@ class DistributedOptimizer:
             "groups": [list(g.names) for g in self.groups],
             "steps": self._steps,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "local": self._local.state_bytes() if self._local is not None else None,
         }
 
     def adopt(self, state: dict) -> None:
@@ -542,6 +573,8 @@ class DistributedOptimizer:
             self._clock = None
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
+        if self._local is not None and state.get("local") is not None:
+            self._local.load_state_bytes(state["local"])
 
     def _mark_inline(self) -> None:
         """Groups that are ready within ``LAUNCH_INLINE_S`` of backward's end (by this
@@ -562,6 +595,10 @@ class DistributedOptimizer:
         if self.update_on == "worker":
             assert self.optimizer is not None
             return self.optimizer.step(closure)
+        if self._local is not None:  # the servers summed; this worker updates
+            loss = closure() if closure is not None else None
+            self._local.step(self.named)
+            return loss
         return None  # the servers applied the update; the pulled weights are in place
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -590,3 +627,14 @@ class DistributedOptimizer:
         if self._launcher is not None and self._launcher is not threading.current_thread():
             self._launcher.join(timeout=5)
         self._launcher = None
+
+
+def _kv_takes(t: torch.Tensor) -> bool:
+    """Whether the KVStore takes ``t`` as it is (a CPU tensor, or one on a device it stages)."""
+    return t.device.type == "cpu" or devices.backend_for(t) is not None
+
+
+def _staged(t: torch.Tensor) -> Any:
+    """``t`` for a push: on a device, its copy to the host starts now, on the stream that
+    produced it (backward's), and the launcher thread that pushes it waits for that alone."""
+    return t if t.device.type == "cpu" else devices.stage(t)

@@ -1,0 +1,401 @@
+"""Tensors on an accelerator in the KVStore: host staging and the order of copies.
+
+The servers and the wire take host memory. A value on a device (a CUDA tensor) goes through a
+host buffer that is reused from call to call (page-locked on CUDA, so the copy is a DMA that
+needs no CPU):
+
+* **push, pushpull, init**: the copy to the host is queued on a side stream of the value's
+  device that first waits for the caller's stream, so it sees every kernel the caller queued
+  before the call (the gradient backward just produced) and nothing queued after it. The
+  call's thread waits for that copy alone (a push captures its values, as MXNet's does); the
+  caller's stream is never stopped. A list of values for one key is summed on the first
+  value's device before it is copied (MXNet's ``device`` stores), so one copy leaves.
+* **pull, pushpull's out**: the answer lands in a host buffer; once it is in, the copy to each
+  device tensor is queued on that device's side stream (after what the caller queued so far:
+  a forward still reading the tensor is not overwritten) and the caller's stream is made to
+  wait for it: the caller's later kernels see the pulled value, and no other work waits.
+* A host buffer is handed out again only when the requests that read it were answered and
+  the device copies that read it finished; until then a new one is made (the pool grows to
+  what the calls in flight need).
+
+Every accelerator is driven through a :class:`Backend`. :class:`CudaBackend` is torch.cuda's;
+the logic above is the same for any backend, and the tests drive it with a backend whose
+copies happen only when something waits for them, so a missing wait shows as a stale value.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class Backend(Protocol):
+    """What staging needs of an accelerator (an "event" marks the end of a queued copy)."""
+
+    def owns(self, value: Any) -> bool:
+        """Whether ``value`` is a tensor on this backend's devices."""
+
+    def describe(self, value: Any) -> tuple[tuple[int, ...], np.dtype, Any]:
+        """(shape, NumPy dtype, device) of a device tensor."""
+
+    def host_buffer(self, device: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A new host array for copies to and from ``device`` (page-locked where it can)."""
+
+    def to_host(self, value: Any, host: np.ndarray) -> Any:
+        """Queue the copy of ``value`` into ``host`` after the caller's queued work; an event."""
+
+    def to_device(self, host: np.ndarray, value: Any) -> Any:
+        """Queue the copy of ``host`` into ``value`` after the caller's queued work; an event."""
+
+    def wait_host(self, event: Any) -> None:
+        """Block this thread until ``event``'s copy is done."""
+
+    def done(self, event: Any) -> bool:
+        """Whether ``event``'s copy is done (without waiting)."""
+
+    def stream_wait(self, value: Any, event: Any) -> None:
+        """Make the caller's stream of ``value``'s device wait for ``event`` (not the host)."""
+
+    def reduce(self, values: Sequence[Any]) -> Any:
+        """A new device tensor: the sum of ``values`` (same shape and dtype), on the first's
+        device."""
+
+
+_BACKENDS: list[Backend] = []
+_LOCK = threading.Lock()
+_probed_cuda = False
+
+
+def register_backend(backend: Backend) -> None:
+    """Let the KVStore take tensors ``backend`` owns (tests register their own)."""
+    with _LOCK:
+        if backend not in _BACKENDS:
+            _BACKENDS.append(backend)
+
+
+def unregister_backend(backend: Backend) -> None:
+    """Undo :func:`register_backend`."""
+    with _LOCK:
+        if backend in _BACKENDS:
+            _BACKENDS.remove(backend)
+
+
+def backend_for(value: Any) -> Backend | None:
+    """The backend of a device tensor, or None for host values (NumPy, CPU tensors)."""
+    global _probed_cuda
+    if isinstance(value, np.ndarray):
+        return None
+    if not _probed_cuda and type(value).__module__.startswith("torch"):
+        _probed_cuda = True
+        if value.device.type == "cuda":
+            register_backend(CudaBackend())
+    for b in _BACKENDS:
+        if b.owns(value):
+            return b
+    return None
+
+
+def on_device(entry: Any) -> bool:
+    """Whether an argument (a value, or a list of them) holds a device tensor."""
+    if isinstance(entry, np.ndarray):
+        return False
+    if isinstance(entry, Staged):
+        return True
+    if isinstance(entry, (list, tuple)):
+        return any(isinstance(v, Staged) or backend_for(v) is not None for v in entry)
+    return backend_for(entry) is not None
+
+
+class Staged:
+    """A device tensor whose copy to the host was queued already (:func:`stage`): a push of
+    it waits only for that copy. The DistributedOptimizer stages each gradient in its hook,
+    on the stream backward produced it on, and its launcher thread pushes it meanwhile."""
+
+    __slots__ = ("buffer", "event", "shape", "dtype")
+
+    def __init__(self, buffer: _Buffer, event: Any, shape: tuple[int, ...], dtype) -> None:
+        self.buffer = buffer
+        self.event = event
+        self.shape = shape
+        self.dtype = dtype
+
+
+def stage(value: Any) -> Staged:
+    """Queue the copy of a device tensor to a host buffer now, after the work the calling
+    thread's stream has queued (the tensor's producer); push, pushpull or init the result
+    later from any thread. The copy may run until that push returns: the tensor must not be
+    written before (copy it first if it may be, as the DistributedOptimizer does)."""
+    backend = backend_for(value)
+    if backend is None:
+        raise TypeError(f"stage() takes a device tensor, got {type(value).__name__}")
+    shape, dtype, device = backend.describe(value)
+    _check_dtype(dtype, "stage")
+    buf = STAGING._take(backend, device, shape, dtype, lend=False)
+    return Staged(buf, backend.to_host(value, buf.array), shape, dtype)
+
+
+class _Buffer:
+    """A host buffer and what still reads it: requests in flight, a queued device copy."""
+
+    __slots__ = ("array", "backend", "event", "futures")
+
+    def __init__(self, array: np.ndarray, backend: Backend) -> None:
+        self.array = array
+        self.backend = backend
+        self.futures: list[Any] = []
+        self.event: Any = None
+
+    def free(self) -> bool:
+        if not all(f.done() for f in self.futures):
+            return False
+        return self.event is None or self.backend.done(self.event)
+
+
+class Staging:
+    """Host buffers for device tensors, reused across calls (one per process is enough)."""
+
+    def __init__(self) -> None:
+        self._pool: dict[tuple[Any, tuple[int, ...], str], list[_Buffer]] = {}
+        self._lock = threading.Lock()
+        self._tl = threading.local()  # this thread's call: buffers lent, device copies owed
+
+    # -- buffers ------------------------------------------------------------------------------
+    def _take(
+        self, backend: Backend, device: Any, shape: tuple[int, ...], dtype, lend: bool = True
+    ) -> _Buffer:
+        key = (device, tuple(shape), np.dtype(dtype).str)
+        with self._lock:
+            bufs = self._pool.setdefault(key, [])
+            for b in bufs:
+                if b.free():
+                    b.futures, b.event = [], None
+                    break
+            else:
+                b = _Buffer(backend.host_buffer(device, tuple(shape), np.dtype(dtype)), backend)
+                bufs.append(b)
+            # lent: not free until this call settles it (a future that is never done)
+            b.futures = [_LENT]
+        if lend:
+            self._lent().append(b)
+        return b
+
+    def _lent(self) -> list[_Buffer]:
+        lent = getattr(self._tl, "lent", None)
+        if lent is None:
+            lent = self._tl.lent = []
+            self._tl.owed = []
+        return lent
+
+    def buffers(self) -> int:
+        """How many host buffers the pool holds (for tests and metrics)."""
+        with self._lock:
+            return sum(len(v) for v in self._pool.values())
+
+    # -- the calls ------------------------------------------------------------------------------
+    def push_value(self, entry: Any, what: str) -> np.ndarray:
+        """The host array a push (init, pushpull) sends for ``entry``: a device tensor, or a
+        list of values summed first (device values on the first one's device)."""
+        if isinstance(entry, Staged):  # its copy is queued: wait for it alone
+            entry.buffer.backend.wait_host(entry.event)
+            self._lent().append(entry.buffer)
+            return entry.buffer.array
+        values = list(entry) if isinstance(entry, (list, tuple)) else [entry]
+        if not values:
+            raise ValueError(f"{what}: empty list of values")
+        if any(isinstance(v, Staged) for v in values):
+            raise ValueError(f"{what}: a staged value goes alone, not in a list")
+        dev = [v for v in values if backend_for(v) is not None]
+        host = [v for v in values if backend_for(v) is None]
+        backend = backend_for(dev[0])
+        assert backend is not None
+        shape, dtype, device = backend.describe(dev[0])
+        _check_dtype(dtype, what)
+        for v in dev[1:]:
+            b = backend_for(v)
+            if b is not backend:
+                raise ValueError(f"{what}: values to sum are on different kinds of device")
+            s, d, _ = b.describe(v)
+            if s != shape or d != dtype:
+                raise ValueError(f"{what}: values to sum differ: {shape} {dtype} vs {s} {d}")
+        src = dev[0] if len(dev) == 1 else backend.reduce(dev)
+        buf = self._take(backend, device, shape, dtype)
+        backend.wait_host(backend.to_host(src, buf.array))
+        if not host:
+            return buf.array
+        from hetps.kvstore.base import as_numpy
+
+        total = buf.array
+        for v in host:
+            a = as_numpy(v, what)
+            if a.shape != shape or a.dtype != dtype:
+                raise ValueError(
+                    f"{what}: values to sum differ: {shape} {dtype} vs {a.shape} {a.dtype}"
+                )
+            total += a
+        return total
+
+    def pull_targets(self, entry: Any, what: str) -> list[np.ndarray]:
+        """Host arrays to land a pull's value in for ``entry`` (an out, or a list of outs):
+        host outs as they are, and one host buffer for all the device ones, whose copies are
+        owed until :meth:`settle`'s finisher runs."""
+        from hetps.kvstore.base import as_numpy
+
+        values = list(entry) if isinstance(entry, (list, tuple)) else [entry]
+        if any(isinstance(v, Staged) for v in values):
+            raise ValueError(f"{what}: a staged value cannot be an out; give out= a tensor")
+        dev = [v for v in values if backend_for(v) is not None]
+        targets = [as_numpy(v, what) for v in values if backend_for(v) is None]
+        backend = backend_for(dev[0])
+        assert backend is not None
+        shape, dtype, device = backend.describe(dev[0])
+        _check_dtype(dtype, what)
+        for v in dev[1:]:
+            s, d, _ = backend.describe(v)
+            if s != shape or d != dtype:
+                raise ValueError(f"{what}: outs differ: {shape} {dtype} vs {s} {d}")
+        buf = self._take(backend, device, shape, dtype)
+        self._lent()
+        self._tl.owed.append((buf, dev))
+        # the device outs come last: the pull fills host outs from the first target
+        return [*targets, buf.array] if targets else [buf.array]
+
+    def settle(self, futures: Sequence[Any]) -> Callable[[], None] | None:
+        """End this thread's call: the buffers it lent stay taken until ``futures`` are
+        answered; returns what queues the owed device copies (run it once the answers
+        landed), or None when the call owes none."""
+        lent = self._lent()
+        if not lent:
+            return None
+        owed = self._tl.owed
+        self._tl.lent, self._tl.owed = [], []
+        futs = list(futures)
+        with self._lock:
+            for b in lent:
+                b.futures = futs
+        if not owed:
+            return None
+
+        def land() -> None:
+            for buf, outs in owed:
+                for out in outs:
+                    ev = buf.backend.to_device(buf.array, out)
+                    buf.backend.stream_wait(out, ev)
+                    buf.event = ev  # the buffer is free again once the last copy is done
+
+        return land
+
+    def abandon(self) -> None:
+        """Forget this thread's call (it raised before it made requests): free its buffers."""
+        lent = self._lent()
+        self._tl.lent, self._tl.owed = [], []
+        with self._lock:
+            for b in lent:
+                b.futures = []
+
+
+class _Lent:
+    """A stand-in future that is never done: the buffer is lent to a call still being made."""
+
+    @staticmethod
+    def done() -> bool:
+        return False
+
+
+_LENT = _Lent()
+
+#: the process's staging (every store of the process shares the buffers)
+STAGING = Staging()
+
+_SUPPORTED = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
+
+
+def _check_dtype(dtype: np.dtype, what: str) -> None:
+    if dtype not in _SUPPORTED:
+        raise TypeError(f"{what}: dtype {dtype} is not supported; use float16, float32 or float64")
+
+
+# -- CUDA ------------------------------------------------------------------------------------
+
+
+class CudaBackend:
+    """torch.cuda: page-locked host buffers, one side stream per device, events."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self._streams: dict[Any, Any] = {}
+        self._pinned: dict[int, Any] = {}  # a host buffer's address -> its pinned tensor
+        self._np = {
+            torch.float16: np.dtype("float16"),
+            torch.float32: np.dtype("float32"),
+            torch.float64: np.dtype("float64"),
+        }
+
+    def owns(self, value: Any) -> bool:
+        return isinstance(value, self.torch.Tensor) and value.device.type == "cuda"
+
+    def describe(self, value: Any) -> tuple[tuple[int, ...], np.dtype, Any]:
+        dtype = self._np.get(value.dtype)
+        if dtype is None:
+            raise TypeError(
+                f"dtype {value.dtype} is not supported; use float16, float32 or float64"
+            )
+        if not value.is_contiguous():
+            raise ValueError("a CUDA tensor given to the KVStore must be contiguous")
+        return tuple(value.shape), dtype, value.device
+
+    def _side(self, device: Any) -> Any:
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = self.torch.cuda.Stream(device=device)
+        return s
+
+    def host_buffer(self, device: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        dt = self.torch.from_numpy(np.empty(0, dtype)).dtype
+        t = self.torch.empty(shape, dtype=dt, pin_memory=True)
+        self._pinned[t.data_ptr()] = t  # kept for the pool's life: copies use the tensor
+        return t.numpy()
+
+    def _host(self, host: np.ndarray) -> Any:
+        t = self._pinned.get(host.ctypes.data)
+        return t if t is not None else self.torch.from_numpy(host)
+
+    def to_host(self, value: Any, host: np.ndarray) -> Any:
+        torch = self.torch
+        side = self._side(value.device)
+        side.wait_stream(torch.cuda.current_stream(value.device))
+        with torch.cuda.stream(side):
+            self._host(host).copy_(value.detach(), non_blocking=True)
+            value.record_stream(side)
+            ev = torch.cuda.Event()
+            ev.record(side)
+        return ev
+
+    def to_device(self, host: np.ndarray, value: Any) -> Any:
+        torch = self.torch
+        side = self._side(value.device)
+        side.wait_stream(torch.cuda.current_stream(value.device))
+        with torch.cuda.stream(side):
+            value.detach().copy_(self._host(host).view(value.shape), non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(side)
+        return ev
+
+    def wait_host(self, event: Any) -> None:
+        event.synchronize()
+
+    def done(self, event: Any) -> bool:
+        return bool(event.query())
+
+    def stream_wait(self, value: Any, event: Any) -> None:
+        self.torch.cuda.current_stream(value.device).wait_event(event)
+
+    def reduce(self, values: Sequence[Any]) -> Any:
+        total = values[0].detach().clone()
+        for v in values[1:]:
+            total.add_(v.detach().to(total.device, non_blocking=True))
+        return total
