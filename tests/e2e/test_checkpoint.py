@@ -132,6 +132,7 @@ def test_a_killed_job_resumes_and_ends_as_an_undisturbed_run(tmp_path, reference
     assert 3 <= killed_at < 30, killed_at
     res = _run(tmp_path, *common, "--checkpoint-dir", str(ck), "--resume", str(ck), tag)
     assert "checkpoint after round 30" in res.stdout, res.stdout
+    assert f"worker 1 finished {30 - killed_at} rounds (rounds {killed_at + 1}-30)" in res.stdout
     _same_models(reference, ck / "ckpt-00000030")
     run = tmp_path / f"{tmp_path.name}-victim"
     for rank in (0, 1):
@@ -401,6 +402,9 @@ def test_a_dead_worker_started_again_joins_the_running_job(tmp_path):
     boundary = int(joined.group(1))
     assert f"worker 0: a worker joined after round {boundary}; 3 workers" in out, out
     assert f"worker 1: a worker joined after round {boundary}; 3 workers" in out, out
+    # the joiner ran the rounds after the boundary, and says so (not all 60)
+    assert f"worker 2 finished {60 - boundary} rounds (rounds {boundary + 1}-60)" in out, out
+    assert "worker 0 finished 60 rounds (" in out, out
     final = ck / "ckpt-00000060"
     assert json.loads((final / "manifest.json").read_text())["workers"] == 3
     models = [_model(final, r) for r in range(3)]
