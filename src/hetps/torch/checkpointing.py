@@ -74,7 +74,7 @@ def chosen(args: argparse.Namespace, directory: str) -> checkpoint.Checkpoint | 
         try:
             seen[directory] = checkpoint.latest(directory)
         except checkpoint.CheckpointError as exc:
-            raise SystemExit(f"hetps train: --resume {directory}: {exc}") from None
+            raise SystemExit(f"hetps train: {exc}") from None
     return seen[directory]
 
 

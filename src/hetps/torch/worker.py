@@ -208,12 +208,12 @@ class WorkerRun(Rejoin):
         if kv is not None:
             kv.barrier()
             self.run_start = time.time()
-            self.traffic = TrafficRecorder(self.run_start)
         if self.resume is not None:
-            self._resume_logs()
+            self._resume_logs()  # (the clock goes on from the checkpoint's round)
         elif self.writer is not None:
             self.writer.update(started_at=self.run_start)
         if kv is not None:
+            self.traffic = TrafficRecorder(self.run_start)
             # every byte to a server is a push, every byte from one a pull (pulled weights
             # often come back in a push's answer); links are labelled server<rank>
             servers = {s.id: f"server{s.rank}" for s in kv.node.servers()}
