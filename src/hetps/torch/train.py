@@ -85,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--resume",
         default=None,
         metavar="D",
-        help="continue from the last complete checkpoint in D (same workers and model)",
+        help="continue from the last intact checkpoint in D (same workers and model; a "
+        "damaged one is named and skipped)",
     )
     p.add_argument("-e", "--eval-duration", type=int, default=10, help="evaluate every E rounds")
     p.add_argument("-dcasgd", "--use-dcasgd", type=int, default=0, choices=(0, 1))
