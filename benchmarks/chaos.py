@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/chaos.py [--trials 4] [--rounds 60] [--seed 1] [--json FILE]
     .venv/bin/python benchmarks/chaos.py --trials 100 --json runs/chaos.json   # the full run
+    .venv/bin/python benchmarks/chaos.py --trials 0 --corrupt 5 --rounds 30  # damaged checkpoints
 
 The job: ``hetps train -m sync -n mlp --workers 3 --servers 2 --replicas 2 --elastic 2``
 with ``--checkpoint-dir`` (every 5 rounds) and ``--max-restarts 3``, on a slice of
@@ -34,6 +35,13 @@ Per trial it records:
 * the test accuracy at the end, against the reference's: the mean of the last 5
   evaluations (one every 10 rounds, on 1,000 test images), since one evaluation moves by
   1-3 points from the next within a run.
+
+``--corrupt N`` adds N corrupt-checkpoint trials after the kill trials. Each runs the job
+to half its rounds, damages its newest checkpoint (cuts ``worker-K.pkl`` or ``values.npz``
+short, or flips a bit in it; the kinds take turns) and resumes it with ``--resume`` to the
+full rounds. Expected: the damaged file is named, the job goes on from the checkpoint before
+and completes with the reference's model. In every fifth trial the two newest checkpoints are
+damaged: the job must then fail at once, naming both.
 
 A worker's death is survived with nothing restarted (the two others go on, ``--elastic 2``),
 a server's too (its replica takes over); the scheduler is started again at its address and
@@ -244,6 +252,146 @@ def trial(i: int, role: str, rng: random.Random, base: Path, rounds: int,
     }
 
 
+# -- corrupt-checkpoint trials ---------------------------------------------------------------
+#: (how, what): cut a file short or flip a byte in it; a worker's state or the servers' values.
+#: "all": the newest and the one before it both damaged: nothing intact is left to resume from
+DAMAGES = (
+    ("truncate", "worker"),
+    ("flip", "worker"),
+    ("truncate", "values"),
+    ("flip", "values"),
+    ("truncate", "all"),
+)
+
+
+def damage_file(path: Path, how: str, rng: random.Random) -> str:
+    """Cut ``path`` short (``truncate``) or flip one byte of it (``flip``); says what."""
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        cut = rng.randrange(len(data))
+        path.write_bytes(bytes(data[:cut]))
+        return f"{path.parent.name}/{path.name} cut to {cut} of {len(data)} bytes"
+    at = rng.randrange(len(data))
+    data[at] ^= 1 << rng.randrange(8)
+    path.write_bytes(bytes(data))
+    return f"{path.parent.name}/{path.name}: a bit of byte {at} of {len(data)} flipped"
+
+
+def _wait_job(job: Job, tag: str, limit_s: float) -> tuple[str, int]:
+    """Wait for ``job`` (killed when past ``limit_s``): its outcome, and its orphans (killed)."""
+    try:
+        job.proc.wait(timeout=limit_s)
+        outcome = "completed" if job.proc.returncode == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        outcome = "hung"
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        job.proc.wait()
+    job.reader.join(5)
+    deadline = time.monotonic() + 10
+    while tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)  # children die with the launcher (parent-death signal)
+    orphans = [pid for pid, _ in tagged(tag)]
+    for pid in orphans:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return outcome, len(orphans)
+
+
+def corrupt_trial(i: int, how: str, what: str, rng: random.Random, base: Path, rounds: int,
+                  limit_s: float, elastic: int = 0,
+                  replicas: int = 2) -> dict:  # fmt: skip
+    """Run the job to about half its rounds, damage its newest checkpoint (``what``: a
+    worker's state, the servers' values, or ``all``: the one before it too), then
+    ``--resume``. Expected: it completes from the checkpoint before the newest, the damaged
+    file named in the output; with ``all`` it fails at once, every damage named."""
+    name = f"corrupt{i}"
+    ck = base / f"ck-{name}"
+    half = max(10, rounds // 10 * 5)  # (checkpoints every 5 rounds: at least two by then)
+    tag = uuid.uuid4().hex
+    first = Job(job_cmd(base, ck, half, name, elastic, replicas), tag)
+    outcome, orphans = _wait_job(first, tag, limit_s)
+    row = {"trial": i, "damage": f"{how} {what}", "first_run": outcome, "orphans": orphans}
+    folders = sorted(p for p in ck.glob("ckpt-*") if (p / "manifest.json").exists())
+    if outcome != "completed" or len(folders) < 2:
+        return {**row, "outcome": "setup failed", "output": "\n".join(x for _, x in first.lines)}
+    newest, previous = folders[-1], folders[-2]
+    workers = json.loads((newest / "manifest.json").read_text())["workers"]
+
+    def victim(folder: Path, kind: str) -> Path:
+        if kind == "values":
+            return folder / "values.npz"
+        return folder / f"worker-{rng.randrange(workers)}.pkl"
+
+    damaged = [victim(newest, what if what != "all" else rng.choice(("worker", "values")))]
+    if what == "all":
+        damaged.append(victim(previous, rng.choice(("worker", "values"))))
+    row["damaged"] = [damage_file(p, how, rng) for p in damaged]
+    tag = uuid.uuid4().hex
+    again = Job([*job_cmd(base, ck, rounds, name, elastic, replicas), "--resume", str(ck)], tag)
+    outcome, orphans = _wait_job(again, tag, limit_s)
+    out = [line for _, line in again.lines]
+    named = all(
+        any(f"{p.parent.name}" in x and f"{p.name}" in x and "damaged" in x for x in out)
+        for p in damaged
+    )
+    went_on = any(f"going on from {previous}" in x for x in out)
+    expected = "failed" if what == "all" else "completed"
+    return {
+        **row,
+        "outcome": outcome,
+        "exit_code": again.proc.returncode,
+        "expected": expected,
+        "as_expected": outcome == expected and named and (went_on or what == "all"),
+        "named": named,
+        "from_previous": went_on,
+        "orphans": row["orphans"] + orphans,
+        "output": "\n".join(out),
+    }
+
+
+def corrupt_trials(args: argparse.Namespace, base: Path, ref_model: dict | None,
+                   tolerance: float, limit_s: float) -> list[dict]:  # fmt: skip
+    """``--corrupt N`` trials, the kinds of :data:`DAMAGES` in turn; prints a line each."""
+    rng = random.Random(args.seed + 7919)  # (the kill trials draw as before)
+    rows = []
+    for i in range(args.corrupt):
+        how, what = DAMAGES[i % len(DAMAGES)]
+        row = corrupt_trial(
+            i, how, what, rng, base, args.rounds, limit_s, args.elastic, args.replicas
+        )
+        diff = None
+        if row["outcome"] == "completed":
+            diff = max_diff(final_model(base / f"ck-corrupt{i}"), ref_model)
+        row["max_abs_diff"] = diff
+        row["matches"] = diff is not None and diff <= tolerance
+        output = row.pop("output")
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            Path(args.keep, f"corrupt{i}-{how}-{what}.log").write_text(output + "\n")
+        rows.append(row)
+        print(
+            f"corrupt {i:3d} {how:8s} {what:6s}: {row['outcome']:9s} "
+            f"(expected {row.get('expected', '-')}) named {row.get('named')} from previous "
+            f"{row.get('from_previous')} matches {row['matches']} orphans {row['orphans']}; "
+            f"{'; '.join(row.get('damaged', []))}",
+            flush=True,
+        )
+    if rows:
+        ok = sum(bool(r.get("as_expected")) for r in rows)
+        print(
+            f"corrupt checkpoints: {ok} of {len(rows)} as expected (completed from the one "
+            f"before, or failed when none was intact, the damage named); "
+            f"{sum(r['outcome'] == 'hung' for r in rows)} hung, "
+            f"{sum(r['orphans'] for r in rows)} orphans, "
+            f"{sum(bool(r['matches']) for r in rows)} of "
+            f"{sum(r['outcome'] == 'completed' for r in rows)} completed equal the reference",
+            flush=True,
+        )
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=4, help="default: one kill per role")
@@ -272,6 +420,15 @@ def main() -> int:
         choices=ROLES,
         default=list(ROLES),
         help="the roles to kill, in turns (default: all four)",
+    )
+    ap.add_argument(
+        "--corrupt",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the kill trials, N corrupt-checkpoint trials: run to half the rounds, "
+        "cut short or flip a byte in the newest worker-K.pkl or values.npz (or in the two "
+        "newest), then --resume",
     )
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep each trial's output here")
     ap.add_argument("--json", default=None)
@@ -347,6 +504,7 @@ def main() -> int:
                 f"{_s(row['rejoin_s'])}",
                 flush=True,
             )
+        corrupt = corrupt_trials(args, base, ref_model, tolerance, max(180, 6 * expected))
     summary = summarize(rows)
     print()
     print(f"{'killed':10s} {'trials':>6s} {'completed':>9s} {'failed':>6s} {'hung':>4s} "
@@ -361,7 +519,7 @@ def main() -> int:
         )
     print(f"reference accuracy {ref_acc} (mean of its last {LAST_EVALS} evaluations); "
           f"largest gap of a completed trial "
-          f"{max((r['accuracy_gap'] or 0.0) for r in rows):.4f}")  # fmt: skip
+          f"{max([(r['accuracy_gap'] or 0.0) for r in rows], default=0.0):.4f}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -375,6 +533,7 @@ def main() -> int:
                     "noise_floor": floor,
                     "trials": rows,
                     "summary": summary,
+                    "corrupt_trials": corrupt,
                 },
                 indent=2,
             )

@@ -3,6 +3,7 @@ checkpoint and ends exactly where an undisturbed run ends; SIGTERM checkpoints a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -131,6 +132,7 @@ def test_a_killed_job_resumes_and_ends_as_an_undisturbed_run(tmp_path, reference
     assert 3 <= killed_at < 30, killed_at
     res = _run(tmp_path, *common, "--checkpoint-dir", str(ck), "--resume", str(ck), tag)
     assert "checkpoint after round 30" in res.stdout, res.stdout
+    assert f"worker 1 finished {30 - killed_at} rounds (rounds {killed_at + 1}-30)" in res.stdout
     _same_models(reference, ck / "ckpt-00000030")
     run = tmp_path / f"{tmp_path.name}-victim"
     for rank in (0, 1):
@@ -400,6 +402,9 @@ def test_a_dead_worker_started_again_joins_the_running_job(tmp_path):
     boundary = int(joined.group(1))
     assert f"worker 0: a worker joined after round {boundary}; 3 workers" in out, out
     assert f"worker 1: a worker joined after round {boundary}; 3 workers" in out, out
+    # the joiner ran the rounds after the boundary, and says so (not all 60)
+    assert f"worker 2 finished {60 - boundary} rounds (rounds {boundary + 1}-60)" in out, out
+    assert "worker 0 finished 60 rounds (" in out, out
     final = ck / "ckpt-00000060"
     assert json.loads((final / "manifest.json").read_text())["workers"] == 3
     models = [_model(final, r) for r in range(3)]
@@ -481,3 +486,76 @@ def test_checkpoint_seconds_is_agreed_by_every_worker(tmp_path):
     assert len(rounds) >= 3 and rounds[-1] == 6, res.stdout
     kept = sorted(p.name for p in ck.glob("ckpt-*"))
     assert kept == [f"ckpt-{r:08d}" for r in rounds[-2:]], (kept, rounds)
+
+
+def _records(log: Path) -> dict[int, dict]:
+    return {rec["iter"]: rec for rec in map(json.loads, log.read_text().splitlines())}
+
+
+def test_a_damaged_checkpoint_is_named_and_a_worker_that_cannot_load_fails_the_job(tmp_path):
+    """2 workers, 2 servers, --elastic 1. (1) The newest checkpoint's worker-1.pkl is cut
+    short: --resume names the file and why, and goes on from the checkpoint before it; each
+    round is logged once, t goes on from that round's (the time the job was down is not
+    counted) and each worker says it ran the rounds after it. (2) worker-1.pkl is replaced by
+    bytes that match their checksum but do not load: worker 1 fails before it joins, so the
+    job fails (it is not let go as a dead worker and the job does not complete without it).
+    (3) Every checkpoint damaged: one line that lists them, before anything starts."""
+    ck = tmp_path / "ck"
+    run = tmp_path / "dmg"
+    args = ["--workers", "2", "--servers", "2", "-m", "sync", "-n", "mlp", "--elastic", "1"]
+    args += ["--checkpoint-every", "3", "--checkpoint-dir", str(ck)]
+    args += ["--run-name", "dmg"]
+    _run(tmp_path, *args, "--max-rounds", "9")
+    assert json.loads((run / "run.json").read_text())["servers"] == 2
+    cut = ck / "ckpt-00000009" / "worker-1.pkl"
+    cut.write_bytes(cut.read_bytes()[:1000])
+    before = _records(run / "worker-0.jsonl")
+    res = _run(tmp_path, *args, "--max-rounds", "12", "--resume", str(ck))
+    out = res.stdout + res.stderr
+    assert "ckpt-00000009 is damaged: worker-1.pkl: 1000 bytes, the manifest says" in out, out
+    assert "going on from" in out and "ckpt-00000006, the newest intact checkpoint" in out, out
+    assert "worker 1 finished 6 rounds (rounds 7-12)" in out, out
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["resumed"]["round"] == 6 and meta["ended"]["status"] == "completed"
+    after = _records(run / "worker-0.jsonl")
+    assert sorted(after) == list(range(1, 13))
+    assert after[6]["t"] == before[6]["t"]  # kept as it was
+    # round 7 ends one round after round 6 on the run's clock: the restart is not counted
+    assert after[7]["t"] - after[6]["t"] <= after[7]["srit_s"] + after[7]["eval_s"] + 0.5, after
+
+    bad = b"not a pickle of this hetps"
+    newest = ck / "ckpt-00000012"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["worker-1.pkl"] = {
+        "bytes": len(bad),
+        "sha256": hashlib.sha256(bad).hexdigest(),
+    }
+    (newest / "worker-1.pkl").write_bytes(bad)
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    res = subprocess.run(
+        _cmd(tmp_path, *args, "--max-rounds", "15", "--resume", str(ck)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=_env(),
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    assert "worker 1 cannot load its state: " in out and "worker-1.pkl: cannot be loaded" in out
+    assert "goes on without it" not in out, out
+    ended = json.loads((run / "run.json").read_text())["ended"]
+    assert ended["status"] == "failed" and "before training" in ended["cause"], (ended, out)
+
+    (ck / "ckpt-00000009" / "values.npz").write_bytes(b"")
+    (newest / "values.npz").write_bytes((newest / "values.npz").read_bytes()[:-1])
+    res = subprocess.run(
+        _cmd(tmp_path, *args, "--max-rounds", "15", "--resume", str(ck)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert res.returncode != 0
+    assert "every checkpoint in" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert "ckpt-00000012/values.npz: " in res.stderr and "(cut short)" in res.stderr
+    assert "ckpt-00000009/values.npz: 0 bytes" in res.stderr, res.stderr

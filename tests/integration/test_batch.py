@@ -151,7 +151,8 @@ def test_list_calls_and_big_answers_go_through_the_ring_on_one_machine(cluster):
     """Secured as `hetps launch` runs it: a list call of 30 keys of 40 KB (each under the
     ring's 64 KiB bound, together over it) goes through the shared-memory rings both ways, and
     so does every chunk of a 40 MB answer (10 chunks of 4 MiB; a 32 MiB ring holds 8: the
-    server waits for the worker to free room). The values are exact."""
+    server waits for the worker to free room). The values are exact, and each key and element
+    has its own, so an answer landing in the wrong key or place fails."""
     code = """
 kv = hetps.kv.create('dist_sync')
 r, W = kv.rank, kv.num_workers
@@ -167,21 +168,27 @@ def sent():
     return ring.head if ring is not None else 0
 def taken():
     return sum(ring.tail for ring in van._rings_in.values())
+# every key and element its own value (exact in float32), so an answer written into the
+# wrong key, or at the wrong place of one, is seen
+ramp = (np.arange(n) % 97).astype(np.float32)
 for rnd in range(3):   # round 0 offers the rings; they carry everything from round 1
-    g = [np.full(n, (r + 1) * (rnd + 1), np.float32) for _ in keys]
+    g = [(r + 1) * (rnd + 1) + 1000 * i + ramp for i in range(len(keys))]
     out = [np.zeros(n, np.float32) for _ in keys]
     h, t = sent(), taken()
     kv.push(keys, g)
     kv.pull(keys, out=out)
-    assert all((o == S * (rnd + 1)).all() for o in out), rnd
+    for i, o in enumerate(out):
+        want = S * (rnd + 1) + W * (1000 * i + ramp)
+        assert (o == want).all(), ('list pull', rnd, keys[i], o[:3], want[:3])
     if rnd:
         assert sent() - h >= 30 * 4 * n, ('list push', rnd, sent() - h)
         assert taken() - t >= 30 * 4 * n, ('list answers', rnd, taken() - t)
-    v, o = np.full(nb, (r + 1) * (rnd + 1), np.float32), np.zeros(nb, np.float32)
+    bramp = (np.arange(nb) % 1009).astype(np.float32)  # a chunk at the wrong place is seen
+    v, o = (r + 1) * (rnd + 1) + bramp, np.zeros(nb, np.float32)
     h, t = sent(), taken()
     kv.push(big, v)
     kv.pull(big, out=o)
-    assert (o == S * (rnd + 1)).all(), rnd
+    assert (o == S * (rnd + 1) + W * bramp).all(), ('big pull', rnd)
     if rnd:
         assert sent() - h >= 4 * nb, ('big push', rnd, sent() - h)
         assert taken() - t >= 4 * nb, ('big answer', rnd, taken() - t)

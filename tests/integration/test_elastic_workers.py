@@ -317,6 +317,17 @@ def test_a_checkpoint_the_first_worker_dies_in_is_taken_by_the_others(tmp_path):
     ranks = [pickle.loads((final / f"worker-{i}.pkl").read_bytes())["rank"] for i in (0, 1)]
     assert ranks == [1, 2]
     assert (final / "values.npz").exists()
+    # the survivors' sums went into the manifest under their new names, none left beside
+    assert sorted(manifest["files"]) == [
+        "optimizer.states",
+        "values.npz",
+        "worker-0.pkl",
+        "worker-1.pkl",
+    ]
+    assert not list(final.glob("rank-*"))
+    from hetps.kvstore import checkpoint
+
+    checkpoint.Checkpoint(final, manifest).verify()
 
 
 def test_hetps_launch_rejoin_starts_a_let_go_worker_again(tmp_path):

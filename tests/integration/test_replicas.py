@@ -35,6 +35,23 @@ keys = ["small", "big"]
 kv.init(keys, [np.zeros(7, np.float32), np.linspace(-1, 1, 20000, dtype=np.float32)])
 kv.set_optimizer(optim.SGD(learning_rate=0.05, momentum=0.9))
 outs = [np.zeros(7, np.float32), np.zeros(20000, np.float32)]
+# the values the servers must hold after each round (every round applied once), computed
+# here with the same optimizer: a copy lost or applied twice fails the round it shows in
+ref_opt = optim.SGD(learning_rate=0.05, momentum=0.9)
+ref = [np.zeros(7, np.float32), np.linspace(-1, 1, 20000, dtype=np.float32)]
+ref_states = [ref_opt.create_state(k, v) for k, v in zip(keys, ref)]
+
+def check(r):
+    draws = [np.random.default_rng(1000 * r + w) for w in range(kv.num_workers)]
+    pushed = [[d.standard_normal(7).astype(np.float32),
+               d.standard_normal(20000).astype(np.float32)] for d in draws]
+    for i, k in enumerate(keys):
+        ref_opt.update(k, ref[i], sum(p[i] for p in pushed), ref_states[i])
+        if not np.array_equal(outs[i], ref[i]):
+            raise SystemExit(
+                f"WRONG VALUE: worker {kv.rank}, round {r}, key {k!r}: the servers' value "
+                f"is off by up to {np.abs(outs[i] - ref[i]).max():.3g} from every round "
+                "applied once (a copy lost or applied twice?)")
 
 def wait_for(name):
     while not os.path.exists(os.path.join(flags, name)):
@@ -50,6 +67,7 @@ for r in range(rounds):
         open(os.path.join(flags, "pushed"), "w").close()
         wait_for("killed")
     kv.pull(keys, out=outs)
+    check(r)
 digest = hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest()
 print(f"FINAL {kv.rank} {digest}", flush=True)
 if kv.rank == 0:  # the servers' optimizer states (momentum), as save_optimizer_states has them

@@ -32,6 +32,21 @@ kv = hetps.kv.create("dist_sync")
 kv.init("w", np.arange(12 * 32768, dtype=np.float32) / 1e5)
 kv.set_optimizer(optim.SGD(learning_rate=0.1, momentum=0.9))
 out = np.zeros(12 * 32768, np.float32)
+# the value the servers must hold after each round (every round applied once), computed here
+# with the same optimizer: a copy lost or applied twice fails the round it shows in
+ref_opt = optim.SGD(learning_rate=0.1, momentum=0.9)
+ref = np.arange(12 * 32768, dtype=np.float32) / 1e5
+ref_state = ref_opt.create_state("w", ref)
+
+def check(r):
+    pushed = [np.random.default_rng(1000 * r + w).standard_normal(12 * 32768).astype(np.float32)
+              for w in range(kv.num_workers)]
+    ref_opt.update("w", ref, sum(pushed), ref_state)
+    if not np.array_equal(out, ref):
+        raise SystemExit(
+            f"WRONG VALUE: worker {kv.rank}, round {r}: the servers' value is off by up to "
+            f"{np.abs(out - ref).max():.3g} from every round applied once (a copy lost or "
+            "applied twice?)")
 epochs, kill_at, shares, victim, kill_shares = set(), None, None, None, None
 
 def wait_for(name):
@@ -57,6 +72,7 @@ for r in range(rounds):
         os.rename(os.path.join(flags, "pushed.tmp"), os.path.join(flags, "pushed"))
         wait_for("killed")
     kv.pull("w", out=out)
+    check(r)
 if kv.rank == 0 and (kill_at is None or kill_at >= rounds):
     open(os.path.join(flags, "nokill"), "w").close()
 print(f"FINAL {kv.rank} {hashlib.sha256(out.tobytes()).hexdigest()}", flush=True)

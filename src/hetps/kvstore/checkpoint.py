@@ -6,7 +6,7 @@ Every worker calls :func:`save` at the same point of its loop (after the same ro
     from hetps.kvstore import checkpoint
     checkpoint.save(kv, "ckpt", step=rnd, state={"model": model.state_dict(), "pos": i})
 
-    ck = checkpoint.latest("ckpt")      # the last complete checkpoint, or None
+    ck = checkpoint.latest("ckpt")      # the last intact checkpoint, or None
     if ck is not None:
         kv.set_optimizer(...)           # as before the checkpoint, then:
         ck.restore(kv)                  # every key takes its saved value, the optimizer its state
@@ -19,13 +19,22 @@ everything is written into ``DIR/ckpt-<step>.tmp/`` and, once every worker has w
 file, rank 0 renames the folder to ``DIR/ckpt-<step>`` and points ``DIR/latest`` at it (itself
 written and renamed). A checkpoint folder without its ``manifest.json`` is never read.
 
+How damage is found: the manifest holds every file's size and SHA-256. :func:`latest` checks
+them, newest first: a checkpoint with a file missing, cut short or changed is logged (the file
+and why) and the one before it is used; when every one is damaged it raises
+:class:`CheckpointError`. A checkpoint written before checksums (its manifest has no
+``files``) is logged as unchecked and checked by loading every file instead: a cut file is
+found that way, a changed byte inside a pickle may not be.
+
 ``DIR`` must be one folder every worker can reach: a shared filesystem across hosts. The
 worker files are pickles: load checkpoints you (or your job) wrote, nobody else's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -36,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+log = logging.getLogger("hetps.checkpoint")
+
 MANIFEST = "manifest.json"
 VALUES = "values.npz"
 STATES = "optimizer.states"
@@ -44,6 +55,55 @@ KEEP = 2  # complete checkpoints kept; older ones are removed after a new one is
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or read; the message names the fix."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A file of a complete checkpoint is missing, cut short or changed since it was written:
+    ``path`` is the checkpoint folder, ``file`` the file's name, ``why`` what is wrong."""
+
+    def __init__(self, path: Path, file: str, why: str) -> None:
+        super().__init__(f"{path / file}: {why}")
+        self.path = path
+        self.file = file
+        self.why = why
+
+
+class _HashingWriter:
+    """A file's ``write`` that also counts and hashes what goes through (for pickle.dump)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: Any) -> int:
+        self.sha.update(data)
+        self.bytes += len(data)
+        return self.f.write(data)
+
+    def summary(self) -> dict:
+        return {"bytes": self.bytes, "sha256": self.sha.hexdigest()}
+
+
+def _digest(path: Path) -> dict:
+    """A file's size and SHA-256, as a manifest keeps them."""
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+            size += len(chunk)
+    return {"bytes": size, "sha256": sha.hexdigest()}
+
+
+def _dump_state(path: Path, state: Any) -> dict:
+    """Pickle ``state`` into ``path`` (flushed to disk); returns its size and SHA-256."""
+    with open(path, "wb") as f:
+        out = _HashingWriter(f)
+        pickle.dump(state, out, protocol=pickle.HIGHEST_PROTOCOL)
+        f.flush()
+        os.fsync(f.fileno())
+    return out.summary()
 
 
 def _key_tag(key: Any) -> list:
@@ -93,10 +153,9 @@ def save(
     tmp.mkdir(parents=True, exist_ok=True)
     # each worker's file is named by its rank first (ranks never collide, whoever thinks it
     # leads); the manifest's writer names them by place among the live workers below
-    with open(tmp / f"rank-{kv.rank}.pkl", "wb") as f:
-        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-        f.flush()
-        os.fsync(f.fileno())
+    # (its size and checksum beside it, for the manifest: the lead does not read it back)
+    summary = _dump_state(tmp / f"rank-{kv.rank}.pkl", state)
+    _write_atomic(tmp / f"rank-{kv.rank}.sum", json.dumps(summary).encode())
     kv.barrier()  # every worker's file written; a death before now reached every worker
     if _lead(kv):
         keys = list(kv.order)  # every key initialised, in init order
@@ -108,16 +167,24 @@ def save(
         # worker-0.pkl .. worker-(n-1).pkl: the live workers in rank order, so a job that
         # went on without a dead worker (HETPS_ELASTIC) resumes with that many workers
         live = _live_ranks(kv)
+        files = {}
         for place, rank in enumerate(live):
-            os.replace(tmp / f"rank-{rank}.pkl", tmp / f"worker-{place}.pkl")
-        for stale in tmp.glob("rank-*.pkl"):  # a worker that died after writing its own
+            name = f"worker-{place}.pkl"
+            files[name] = json.loads((tmp / f"rank-{rank}.sum").read_text())
+            os.replace(tmp / f"rank-{rank}.pkl", tmp / name)
+        # a worker that died after writing its own file; the sums are in the manifest now
+        for stale in [*tmp.glob("rank-*.pkl"), *tmp.glob("rank-*.sum")]:
             stale.unlink()
+        for name in (VALUES, STATES):
+            if (tmp / name).is_file():
+                files[name] = _digest(tmp / name)
         manifest = {
             "step": step,
             "time": time.time(),
             "workers": len(live),
             "servers": kv.num_servers,
             "keys": index,
+            "files": files,
             **(meta or {}),
         }
         _finish(root, tmp, final, manifest)
@@ -151,11 +218,15 @@ def save_alone(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    with open(tmp / "worker-0.pkl", "wb") as f:
-        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-        f.flush()
-        os.fsync(f.fileno())
-    manifest = {"step": step, "time": time.time(), "workers": 1, "servers": 0, "keys": []}
+    files = {"worker-0.pkl": _dump_state(tmp / "worker-0.pkl", state)}
+    manifest = {
+        "step": step,
+        "time": time.time(),
+        "workers": 1,
+        "servers": 0,
+        "keys": [],
+        "files": files,
+    }
     _finish(root, tmp, final, {**manifest, **(meta or {})})
     return final
 
@@ -191,24 +262,79 @@ class Checkpoint:
         """How many workers the job had."""
         return int(self.manifest["workers"])
 
+    @property
+    def checked(self) -> bool:
+        """Whether its manifest holds every file's checksum (written by this hetps)."""
+        return isinstance(self.manifest.get("files"), dict)
+
     def values(self) -> dict[Any, np.ndarray]:
         """Every key's value on the servers at the checkpoint."""
         out: dict[Any, np.ndarray] = {}
-        with np.load(self.path / VALUES) as z:
-            for i, (kind, key) in enumerate(self.manifest["keys"]):
-                out[int(key) if kind == "int" else str(key)] = z[f"v{i}"]
+        try:
+            with np.load(self.path / VALUES) as z:
+                for i, (kind, key) in enumerate(self.manifest["keys"]):
+                    out[int(key) if kind == "int" else str(key)] = z[f"v{i}"]
+        except Exception as exc:  # a cut or changed zip fails in many ways
+            raise DamagedCheckpoint(self.path, VALUES, _why(exc)) from exc
         return out
 
     def state(self, rank: int) -> Any:
         """What worker ``rank`` saved."""
-        f = self.path / f"worker-{int(rank)}.pkl"
+        name = f"worker-{int(rank)}.pkl"
+        f = self.path / name
         if not f.exists():
             raise CheckpointError(
                 f"{self.path} has no state of worker {rank} (the job had {self.workers} "
                 "workers); resume with the same number of workers"
             )
-        with open(f, "rb") as fh:
-            return pickle.load(fh)
+        try:
+            with open(f, "rb") as fh:
+                return pickle.load(fh)
+        except Exception as exc:  # unpickling a cut or changed file fails in many ways
+            raise DamagedCheckpoint(self.path, name, _why(exc)) from exc
+
+    def verify(self) -> None:
+        """Raise :class:`DamagedCheckpoint` (naming the file and why) when a file is missing,
+        cut short or changed since it was written: by its size and SHA-256 in the manifest,
+        or, for a checkpoint written without them, by loading every file."""
+        files = self.manifest.get("files")
+        if not self.checked:
+            self._load_everything()
+            return
+        assert isinstance(files, dict)
+        needed = [f"worker-{k}.pkl" for k in range(self.workers)]
+        if self.manifest.get("keys"):
+            needed.append(VALUES)
+        for name in needed:
+            if name not in files:
+                raise DamagedCheckpoint(self.path, name, "the manifest has no checksum of it")
+        for name, want in files.items():
+            f = self.path / name
+            if not f.is_file():
+                raise DamagedCheckpoint(self.path, name, "missing")
+            size = f.stat().st_size
+            if size != want.get("bytes"):
+                cut = "cut short" if size < want.get("bytes", 0) else "longer than written"
+                raise DamagedCheckpoint(
+                    self.path, name, f"{size} bytes, the manifest says {want.get('bytes')} ({cut})"
+                )
+            if _digest(f)["sha256"] != want.get("sha256"):
+                raise DamagedCheckpoint(
+                    self.path, name, "its SHA-256 differs from the manifest's (bytes changed)"
+                )
+
+    def _load_everything(self) -> None:
+        """The check of a checkpoint without checksums: every file must load."""
+        for k in range(self.workers):
+            self.state(k)
+        if self.manifest.get("keys"):
+            self.values()  # reading every array checks its CRC in the zip
+        states = self.path / STATES
+        if states.is_file() and states.stat().st_size > 0:
+            try:
+                _has_states(states)
+            except Exception as exc:
+                raise DamagedCheckpoint(self.path, STATES, _why(exc)) from exc
 
     def restore(self, kv: Any) -> None:
         """Every worker calls it: each key gets its saved value (``init``: rank 0's value
@@ -226,6 +352,12 @@ class Checkpoint:
         states = self.path / STATES
         if states.exists() and states.stat().st_size > 0 and _has_states(states):
             kv.load_optimizer_states(str(states))
+
+
+def _why(exc: BaseException) -> str:
+    """What loading a file raised, in one line."""
+    text = str(exc).strip().splitlines()
+    return f"cannot be loaded ({type(exc).__name__}: {text[0] if text else 'no detail'})"
 
 
 def _has_states(path: Path) -> bool:
@@ -252,7 +384,41 @@ def complete(directory: str | os.PathLike[str]) -> list[Checkpoint]:
     return found
 
 
-def latest(directory: str | os.PathLike[str]) -> Checkpoint | None:
-    """The last complete checkpoint in ``directory`` (None: there is none)."""
+def latest(directory: str | os.PathLike[str], verify: bool = True) -> Checkpoint | None:
+    """The last complete checkpoint in ``directory`` whose files are intact (None: there is
+    none). A damaged one is logged, naming the file and why, and the one before it is
+    tried; when every one is damaged, :class:`CheckpointError` lists them. ``verify=False``:
+    the last one with a manifest, unchecked."""
     found = complete(directory)
-    return found[-1] if found else None
+    if not verify:
+        return found[-1] if found else None
+    damaged: list[DamagedCheckpoint] = []
+    for ck in reversed(found):
+        if not ck.checked:
+            log.warning(
+                "checkpoint %s has no checksums (written by an older hetps): checking it by "
+                "loading every file; a changed byte inside a file may go unnoticed",
+                ck.path,
+            )
+        try:
+            ck.verify()
+        except DamagedCheckpoint as exc:
+            log.warning(
+                "checkpoint %s is damaged: %s: %s; %s",
+                ck.path,
+                exc.file,
+                exc.why,
+                "trying the one before it" if ck is not found[0] else "no older one is left",
+            )
+            damaged.append(exc)
+            continue
+        if damaged:
+            log.warning("going on from %s, the newest intact checkpoint", ck.path)
+        return ck
+    if damaged:
+        raise CheckpointError(
+            f"every checkpoint in {directory} is damaged: "
+            + "; ".join(f"{d.path.name}/{d.file}: {d.why}" for d in damaged)
+            + ". Restore them from a copy, or start again without them"
+        )
+    return None

@@ -13,6 +13,12 @@ A checkpoint is taken after a round that every worker agrees on:
 Each worker keeps its model, its torch optimizer, its data position (local steps taken), its
 RNG state and the round; rank 0 also the servers' values and optimizer states
 (:mod:`hetps.kvstore.checkpoint`, which makes it consistent and atomic).
+
+Resuming takes the last checkpoint whose files match their checksums (a damaged one is logged
+by file and skipped). A worker checks and loads its state before it joins the cluster (when it
+knows its rank: ``HETPS_LAUNCH_RANK``, which every hetps launcher sets), so a worker that
+cannot load its state fails the job's start: it is never let go as a dead worker of a
+running job (``--elastic``), which would let the job complete without it.
 """
 
 from __future__ import annotations
@@ -51,13 +57,25 @@ def resume_after_restart(args: argparse.Namespace) -> None:
 
     restart = env_value("HETPS_RESTART") or 0
     if restart and args.checkpoint_dir and not args.resume:
-        if checkpoint.latest(args.checkpoint_dir) is not None:
+        if chosen(args, args.checkpoint_dir) is not None:
             args.resume = args.checkpoint_dir
             print(
                 f"hetps train: restart {restart}: going on from the last checkpoint in "
                 f"{args.checkpoint_dir}",
                 flush=True,
             )
+
+
+def chosen(args: argparse.Namespace, directory: str) -> checkpoint.Checkpoint | None:
+    """The last intact checkpoint in ``directory`` (checked once per process: every file
+    against its checksum; a damaged one is logged and the one before it taken)."""
+    seen = args.__dict__.setdefault("_checkpoints", {})
+    if directory not in seen:
+        try:
+            seen[directory] = checkpoint.latest(directory)
+        except checkpoint.CheckpointError as exc:
+            raise SystemExit(f"hetps train: {exc}") from None
+    return seen[directory]
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -73,7 +91,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit("hetps train: --checkpoint-every must be at least 1 round")
     if args.checkpoint_seconds is not None and args.checkpoint_seconds <= 0:
         raise SystemExit("hetps train: --checkpoint-seconds must be > 0")
-    if args.resume and checkpoint.latest(args.resume) is None:
+    if args.resume and chosen(args, args.resume) is None:
         raise SystemExit(
             f"hetps train: --resume {args.resume}: no complete checkpoint there (a folder "
             "ckpt-<round> with its manifest.json); check the path, or start without --resume"
@@ -137,9 +155,11 @@ class TrainCheckpoints:
         return path
 
 
-def load_state(args: argparse.Namespace, rank: int, workers: int) -> dict:
-    """This worker's state in the last complete checkpoint of ``--resume``."""
-    ck = checkpoint.latest(args.resume)
+def _source(args: argparse.Namespace, workers: int) -> tuple[checkpoint.Checkpoint, int | None]:
+    """The checkpoint a worker of a job of ``workers`` goes on from, and whose state each
+    worker takes: None, its own; 0, rank 0's (an elastic job with another number of workers).
+    Exits with one line when the checkpoint does not fit the job."""
+    ck = chosen(args, args.resume)
     assert ck is not None  # check_args made sure
     from hetps.config import env_value
 
@@ -154,21 +174,62 @@ def load_state(args: argparse.Namespace, rank: int, workers: int) -> dict:
             f"hetps train: --resume {args.resume}: {ck.path.name} holds a "
             f"{ck.manifest['network']} model, not {args.network}; pass -n {ck.manifest['network']}"
         )
-    if ck.workers != workers:
+    return ck, (0 if ck.workers != workers else None)
+
+
+def preload_state(args: argparse.Namespace) -> None:
+    """A worker under a launcher, before it joins the cluster: check the checkpoint of
+    ``--resume`` against the job and load this worker's state, so that a worker that cannot
+    fails the start of the job (exit 1, the file named). Without ``HETPS_LAUNCH_RANK`` the
+    rank is not known yet: only the checks run, and the state is loaded after joining."""
+    from hetps.config import resolve
+
+    settings = resolve(role="worker")
+    workers, rank = settings["DMLC_NUM_WORKER"].value, settings["HETPS_LAUNCH_RANK"].value
+    if not isinstance(workers, int) or workers < 1:
+        return  # joining the cluster reports the configuration error
+    _source(args, workers)
+    if isinstance(rank, int) and 0 <= rank < workers:
+        args._preloaded = ((rank, workers), load_state(args, rank, workers))
+
+
+def load_state(args: argparse.Namespace, rank: int, workers: int) -> dict:
+    """This worker's state in the last intact checkpoint of ``--resume``."""
+    pre = getattr(args, "_preloaded", None)
+    if pre is not None and pre[0] == (rank, workers):
+        return pre[1]
+    ck, source = _source(args, workers)
+    try:
+        state = ck.state(rank if source is None else source)
+    except checkpoint.CheckpointError as exc:
+        raise SystemExit(
+            f"hetps train: worker {rank} cannot load its state: {exc}; restore the file or "
+            "resume from another checkpoint folder"
+        ) from None
+    if source is not None:
         # elastic: another number of workers. At a checkpoint every worker of sync and esync
         # holds the same model; each takes rank 0's, and its data (a new shard) from the
         # checkpoint's round on
-        state = ck.state(0)
         state["steps_done"] = int(state["round"])
         print(
             f"hetps train: worker {rank}: going on with {workers} workers from {ck.path.name} "
             f"(taken with {ck.workers})",
             flush=True,
         )
-    else:
-        state = ck.state(rank)
     state["path"] = str(ck.path)
     return state
+
+
+def last_t(path: Path) -> float:
+    """The ``t`` of the last record in a worker's log (0: none)."""
+    t = 0.0
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                t = float(json.loads(line)["t"])
+            except (ValueError, KeyError, TypeError):
+                continue
+    return t
 
 
 def cut_log(path: Path, last_round: int) -> None:

@@ -85,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--resume",
         default=None,
         metavar="D",
-        help="continue from the last complete checkpoint in D (same workers and model)",
+        help="continue from the last intact checkpoint in D (same workers and model; a "
+        "damaged one is named and skipped)",
     )
     p.add_argument("-e", "--eval-duration", type=int, default=10, help="evaluate every E rounds")
     p.add_argument("-dcasgd", "--use-dcasgd", type=int, default=0, choices=(0, 1))
@@ -207,6 +208,10 @@ def main(args: argparse.Namespace) -> int:
     if role == "worker":
         import hetps.kv
 
+        if args.resume:  # a worker that cannot load its state fails before it joins
+            from hetps.torch.checkpointing import preload_state
+
+            preload_state(args)
         kv = hetps.kv.create("dist_async" if args.mode == "async" else "dist_sync")
         try:
             code = train_worker(args, kv)
@@ -290,7 +295,8 @@ def launch_cluster(args: argparse.Namespace) -> int:
         rejoin_workers=args.mode in ("sync", "esync") and args.balance in (None, "none"),
         replicas=args.replicas,
     )
-    return run_cluster(
+    started = time.time()
+    code = run_cluster(
         spec,
         netem=args.netem,
         colocate=args.colocate,
@@ -298,6 +304,30 @@ def launch_cluster(args: argparse.Namespace) -> int:
         slice_elems=args.slice_size,
         metrics_port=args.metrics_port,
     )
+    if code != 0 and args.resume:
+        _resume_failed(args, code, started)
+    return code
+
+
+def _resume_failed(args: argparse.Namespace, code: int, started: float) -> None:
+    """A resumed job that failed before worker 0 took its run over (a worker could not load
+    its state, say): ``run.json`` still says how the earlier run ended; it says failed now."""
+    from hetps.metrics.records import RunWriter
+
+    try:
+        writer = RunWriter.reopen(Path(args.log_dir) / run_name(args, args.workers))
+        ended = writer.meta.get("ended") or {}
+        if float(ended.get("at", started)) < started:
+            writer.update(
+                ended={
+                    "status": "failed",
+                    "cause": f"the job resumed from {args.resume} failed (exit code {code}) "
+                    "before training; the launcher's output names the cause",
+                    "at": time.time(),
+                }
+            )
+    except (OSError, ValueError, TypeError):  # no run.json (or not one of hetps): nothing to say
+        pass
 
 
 # -- one worker -------------------------------------------------------------------------------
@@ -368,7 +398,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
                 "mode": mode,
                 "network": args.network,
                 "workers": workers,
-                "servers": args.servers if kv is not None else 0,
+                # (--servers is the launcher's: a worker reads the job's from its store)
+                "servers": kv.num_servers if kv is not None else 0,
                 "batch_size": args.batch_size,
                 "slowdown": parse_slowdown(args.slowdown, workers),
                 "split_by_class": bool(args.split_by_class),

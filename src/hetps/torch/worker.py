@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -163,7 +162,8 @@ class WorkerRun(Rejoin):
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.per_epoch = max(1, len(self.shard) // args.batch_size)
         self.computes: list[float] = []  # recent real compute times of one step
-        self.steps_done = 0
+        self.steps_done = 0  # the data position: local steps of the run, before a resume too
+        self.steps_here = 0  # local steps this process took
         self.run_start = time.time()
         self.traffic: Any = None
         self.spans: Any = None  # hetps.metrics.spans.Spans, from start()
@@ -208,12 +208,12 @@ class WorkerRun(Rejoin):
         if kv is not None:
             kv.barrier()
             self.run_start = time.time()
-            self.traffic = TrafficRecorder(self.run_start)
         if self.resume is not None:
-            self._resume_logs()
+            self._resume_logs()  # (the clock goes on from the checkpoint's round)
         elif self.writer is not None:
             self.writer.update(started_at=self.run_start)
         if kv is not None:
+            self.traffic = TrafficRecorder(self.run_start)
             # every byte to a server is a push, every byte from one a pull (pulled weights
             # often come back in a push's answer); links are labelled server<rank>
             servers = {s.id: f"server{s.rank}" for s in kv.node.servers()}
@@ -229,17 +229,14 @@ class WorkerRun(Rejoin):
         self.progress = _Progress(self.args.progress, self.rank, self.args.time_budget)
 
     def _resume_logs(self) -> None:
-        """A resumed run: times go on from the run's start, and this worker's records after
-        the checkpoint's round are dropped (those rounds are done again)."""
-        from hetps.metrics.records import RUN_FILE
-        from hetps.torch.checkpointing import cut_log
+        """A resumed run: this worker's records after the checkpoint's round are dropped
+        (those rounds are done again), and ``t`` goes on from the checkpoint round's: it
+        counts training, not the time the job was down."""
+        from hetps.torch.checkpointing import cut_log, last_t
 
-        try:
-            meta = json.loads((self.run_dir / RUN_FILE).read_text())
-            self.run_start = float(meta["started_at"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a new log: times count from now
-        cut_log(self.run_dir / f"worker-{self.rank}.jsonl", self.first_round)
+        log = self.run_dir / f"worker-{self.rank}.jsonl"
+        cut_log(log, self.first_round)
+        self.run_start -= last_t(log)  # (a new log: times count from now)
 
     def restore_optimizer(self, opt: Any) -> None:
         """The mode's torch optimizer: kept by checkpoints, restored on a resume."""
@@ -331,6 +328,7 @@ class WorkerRun(Rejoin):
         computes.append(real)
         del computes[:-9]
         self.steps_done += 1
+        self.steps_here += 1
         self.epochs_done += 1.0 / self.per_epoch
         return float(loss.detach()), (dt if self.slow > 1 else real), len(y), epoch
 
@@ -426,14 +424,17 @@ class WorkerRun(Rejoin):
             self.tboard.write(rec)
         self.progress.update(r.rnd, r.samples / max(dur, 1e-9), rec["loss"], acc, rec["t"])
 
-    def finish(self, rounds: int, barrier: bool = True) -> int:
-        """After the last round (and the mode's cleanup): wait for every worker (``barrier``),
-        say what was done; returns 0."""
+    def finish(self, last: int, barrier: bool = True) -> int:
+        """After the last round ``last`` (and the mode's cleanup): wait for every worker
+        (``barrier``), say what this process did; returns 0. A resumed run or a worker that
+        joined did the rounds after its checkpoint or boundary (``first_round``) only."""
         if self.kv is not None and barrier:
             self.kv.barrier()
+        ran = last - self.first_round
+        since = f" (rounds {self.first_round + 1}-{last})" if self.first_round else ""
         print(
-            f"worker {self.rank} finished {rounds} rounds ({self.steps_done} local steps) in "
-            f"{time.time() - self.run_start:.1f}s; logs in {self.run_dir}",
+            f"worker {self.rank} finished {ran} rounds{since} ({self.steps_here} local steps), "
+            f"at t={time.time() - self.run_start:.1f}s; logs in {self.run_dir}",
             flush=True,
         )
         return 0
