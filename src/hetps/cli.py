@@ -207,10 +207,18 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         return 1
     if args.launcher_notices:
         sched.follow_notices(sys.stdin)
+        said = threading.Lock()
+
+        def to_launcher(line: str) -> None:  # one whole line per write (several threads say)
+            with said:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+
+        sched.to_launcher = to_launcher
 
         def up() -> None:  # the launcher's cue: a dead server can now be taken over
             if sched.ready.wait():
-                print("hetps scheduler cluster up", flush=True)
+                to_launcher("hetps scheduler cluster up")
 
         threading.Thread(target=up, name="hetps-cluster-up", daemon=True).start()
     print(f"hetps scheduler port {sched.van.port}", flush=True)
