@@ -422,8 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument(
         "--launcher-notices",
         action="store_true",
-        help="read the launcher's notices of dead nodes from stdin ('dead ROLE RANK HOW'; "
-        "hetps launch sets it)",
+        help="read the launcher's notices of dead nodes from stdin ('dead ROLE RANK HOW'), "
+        "and tell it on stdout that this scheduler is alive, which silent nodes to stop and "
+        "whose death ended the job (hetps launch sets it)",
     )
     sc.set_defaults(func=cmd_scheduler)
     sv = sub.add_parser("server", help="run a server role by hand")
