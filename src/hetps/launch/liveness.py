@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from hetps.launch.local import Child
 
 
+#: a longer gap between two checks means the launcher itself was away (it checks 5 times a s)
+AWAY_S = 1.0
+
+
 def hang_limit(env: dict[str, str], restarts_left: bool) -> float:
     """Seconds of the scheduler's silence after which the launcher takes it for hung (0: no
     check, heartbeats are off). With restarts left, a third of the heartbeat timeout, at
@@ -57,6 +61,7 @@ class Liveness:
     _cause: tuple[str, int, str] | None
     _used: Any  # (Supervision's)
     _log: Any  # (Launcher's)
+    _checked: float | None = None  # when _stop_hung last ran
 
     def _scheduler_says(self, child: Child, text: str) -> bool:
         """A line of hetps's scheduler for the launcher: act on it (True), or False for an
@@ -85,16 +90,23 @@ class Liveness:
             child = next((c for c in remaining if c.role == role and c.rank == rank), None)
             if child is not None and child.proc.poll() is None:
                 self._kill(child, f"was declared dead by the scheduler ({reason})")
+        now = time.monotonic()
+        last, self._checked = self._checked, now
         sched = self._scheduler
         if sched is None or sched not in remaining or sched.heard is None:
             return
+        if last is not None and now - last > AWAY_S:
+            # the launcher itself did not run meanwhile (stopped with Ctrl-Z, starved): what
+            # the scheduler said may still wait unread in the pipe; silence counts from now
+            sched.heard = max(sched.heard, now)
+            return
         limit = hang_limit(self._sched_start[1], self._used() < self.spec.max_restarts)
-        silent = time.monotonic() - sched.heard
+        silent = now - sched.heard
         if limit and silent > limit and sched.proc.poll() is None:
             self._kill(
                 sched,
-                f"hung: it said nothing to the launcher for {silent:.1f} s (more than "
-                f"{limit:g} s, from PS_HEARTBEAT_INTERVAL/PS_HEARTBEAT_TIMEOUT)",
+                f"hung: it said nothing to the launcher for {silent:.2f} s (more than "
+                f"{limit:.2f} s, from PS_HEARTBEAT_INTERVAL/PS_HEARTBEAT_TIMEOUT)",
             )
 
     def _kill(self, child: Child, why: str) -> None:
