@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/chaos.py [--trials 4] [--rounds 60] [--seed 1] [--json FILE]
     .venv/bin/python benchmarks/chaos.py --trials 100 --json runs/chaos.json   # the full run
     .venv/bin/python benchmarks/chaos.py --trials 0 --corrupt 5 --rounds 30  # damaged checkpoints
+    .venv/bin/python benchmarks/chaos.py --trials 0 --hang-trials 9 --hb-timeout 4   # hangs
 
 The job: ``hetps train -m sync -n mlp --workers 3 --servers 2 --replicas 2 --elastic 2``
 with ``--checkpoint-dir`` (every 5 rounds) and ``--max-restarts 3``, on a slice of
@@ -46,6 +47,15 @@ damaged: the job must then fail at once, naming both.
 A worker's death is survived with nothing restarted (the two others go on, ``--elastic 2``),
 a server's too (its replica takes over); the scheduler is started again at its address and
 takes the running nodes back.
+
+With ``--hang-trials N``, N more trials each stop one process with SIGSTOP (a worker, a
+server or the scheduler) and either never continue it (``stop``), continue it with SIGCONT
+after 1.5 heartbeat timeouts, when it was declared dead (``stop+cont``), or after a quarter
+of one, a stall (``pause``). Each records the outcome, orphans (a stopped process left
+behind counts), whether the model matches the reference's, and ``found``: from the SIGSTOP
+to the launcher's line that it stops the hung process. ``--hb-interval``/``--hb-timeout``
+set every job's heartbeats (a hang is found after the timeout: a short one keeps the trials
+short).
 """
 
 from __future__ import annotations
@@ -135,8 +145,9 @@ def final_accuracy(logs: Path, name: str) -> float | None:
 class Job:
     """One run of the job, its output read line by line with arrival times."""
 
-    def __init__(self, cmd: list[str], tag: str) -> None:
+    def __init__(self, cmd: list[str], tag: str, extra: dict[str, str] | None = None) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CHAOS_TAG=tag)
+        env.update(extra or {})
         self.started = time.monotonic()
         self.proc = subprocess.Popen(
             cmd,
@@ -431,6 +442,7 @@ def main() -> int:
         "newest), then --resume",
     )
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep each trial's output here")
+    add_hang_args(ap)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -440,6 +452,7 @@ def main() -> int:
         ref = Job(
             job_cmd(base, base / "ck-ref", args.rounds, "ref", args.elastic, args.replicas),
             uuid.uuid4().hex,
+            heartbeat_env(args),
         )
         if ref.proc.wait(timeout=600) != 0:
             ref.reader.join(5)
@@ -452,6 +465,7 @@ def main() -> int:
         again = Job(
             job_cmd(base, base / "ck-ref2", args.rounds, "ref2", args.elastic, args.replicas),
             uuid.uuid4().hex,
+            heartbeat_env(args),
         )
         if again.proc.wait(timeout=600) != 0:
             raise SystemExit("chaos: the second undisturbed run failed")
@@ -505,6 +519,7 @@ def main() -> int:
                 flush=True,
             )
         corrupt = corrupt_trials(args, base, ref_model, tolerance, max(180, 6 * expected))
+        hang_rows = run_hangs(args, rng, base, expected, ref_model, tolerance)
     summary = summarize(rows)
     print()
     print(f"{'killed':10s} {'trials':>6s} {'completed':>9s} {'failed':>6s} {'hung':>4s} "
@@ -519,7 +534,9 @@ def main() -> int:
         )
     print(f"reference accuracy {ref_acc} (mean of its last {LAST_EVALS} evaluations); "
           f"largest gap of a completed trial "
-          f"{max([(r['accuracy_gap'] or 0.0) for r in rows], default=0.0):.4f}")  # fmt: skip
+          f"{max(((r['accuracy_gap'] or 0.0) for r in rows), default=0.0):.4f}")  # fmt: skip
+    hang_summary = summarize_hangs(hang_rows)
+    print_hangs(hang_summary)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -534,6 +551,9 @@ def main() -> int:
                     "trials": rows,
                     "summary": summary,
                     "corrupt_trials": corrupt,
+                    "heartbeat": {"interval_s": args.hb_interval, "timeout_s": args.hb_timeout},
+                    "hang_trials": hang_rows,
+                    "hang_summary": hang_summary,
                 },
                 indent=2,
             )
@@ -572,6 +592,208 @@ def summarize(rows: list[dict]) -> dict:
             "rejoin_median_s": median(r["rejoin_s"] for r in rs if r.get("rejoin_s") is not None),
         }
     return out
+
+
+# -- hang trials: SIGSTOP of one process (and SIGCONT later, or never) ------------------------
+
+#: stop: never continued; stop+cont: continued after 1.5 heartbeat timeouts (it was declared
+#: dead by then: it must not come back to fail the job); pause: continued after a quarter of
+#: the timeout (a stall, not a death: nothing may be declared dead)
+HANGS = ("stop", "stop+cont", "pause")
+HANG_ROLES = ("worker", "server", "scheduler")
+
+
+def add_hang_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--hang-trials",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the kills, N trials that SIGSTOP one process (worker, server or "
+        "scheduler, each hang of HANGS in turn: 9 cover every pair)",
+    )
+    ap.add_argument(
+        "--hb-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="PS_HEARTBEAT_INTERVAL of every job (default 1, hetps's)",
+    )
+    ap.add_argument(
+        "--hb-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="PS_HEARTBEAT_TIMEOUT of every job (default 10, hetps's): how long a hang "
+        "takes to be found",
+    )
+
+
+def heartbeat_env(args: argparse.Namespace) -> dict[str, str]:
+    return {
+        "PS_HEARTBEAT_INTERVAL": f"{args.hb_interval:g}",
+        "PS_HEARTBEAT_TIMEOUT": f"{args.hb_timeout:g}",
+    }
+
+
+def _signal(pid: int, tag: str, sig: int) -> bool:
+    """``sig`` to ``pid`` if it is still a process of the job (not a reused pid)."""
+    if pid not in {p for p, _ in tagged(tag)}:
+        return False
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def hang_trial(i: int, role: str, hang: str, rng: random.Random, base: Path, rounds: int,
+               limit_s: float, args: argparse.Namespace) -> dict:  # fmt: skip
+    """One job; at a round drawn at random, SIGSTOP one process of ``role``; ``hang`` says
+    whether and when it gets SIGCONT."""
+    name = f"hang{i}"
+    ck = base / f"ck-{name}"
+    tag = uuid.uuid4().hex
+    cmd = job_cmd(base, ck, rounds, name, args.elastic, args.replicas)
+    job = Job(cmd, tag, heartbeat_env(args))
+    at_round = rng.randint(max(1, rounds // 20), max(1, rounds * 9 // 10))
+    stopped = victim = continued = None
+    while job.proc.poll() is None and not job.reached(at_round):
+        time.sleep(0.02)  # until the chosen round (or the job's end)
+    if job.proc.poll() is None:
+        until = time.monotonic() + 20
+        while victim is None and job.proc.poll() is None and time.monotonic() < until:
+            procs = [pid for pid, env in tagged(tag) if env.get("DMLC_ROLE") == role]
+            if procs:
+                victim = rng.choice(procs)
+            else:
+                time.sleep(0.02)
+        if victim is not None and _signal(victim, tag, signal.SIGSTOP):
+            stopped = time.monotonic()
+    cont_after = {"stop": None, "stop+cont": 1.5, "pause": 0.25}[hang]
+    end = time.monotonic() + limit_s
+    while job.proc.poll() is None and time.monotonic() < end:
+        if (
+            stopped is not None
+            and cont_after is not None
+            and continued is None
+            and time.monotonic() - stopped >= cont_after * args.hb_timeout
+        ):
+            continued = _signal(victim, tag, signal.SIGCONT)  # False: gone (stopped for good)
+        time.sleep(0.05)
+    if job.proc.poll() is None:
+        outcome = "hung"
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        job.proc.wait()
+    else:
+        outcome = "completed" if job.proc.returncode == 0 else "failed"
+    job.reader.join(5)
+    deadline = time.monotonic() + 10
+    while tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)  # children die with the launcher (parent-death signal)
+    orphans = [pid for pid, _ in tagged(tag)]
+    for pid in orphans:
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    found = recover = None
+    if stopped is not None:
+        t = job.first(r"\[launcher\] .*(declared dead by the scheduler|scheduler hung)", stopped)
+        found = t - stopped if t is not None else None
+        went_on = job.first(
+            r"goes on without it|takes over its keys|starting it again at|restart 1 of", stopped
+        )
+        t = job.first(r"\[worker \d\] worker \d iter \d+", went_on or 1e18)
+        recover = t - stopped if t is not None else None
+    return {
+        "trial": i,
+        "role": role,
+        "hang": hang,
+        "stop_round": at_round,
+        "stopped": stopped is not None,
+        "continued": continued,
+        "outcome": outcome,
+        "exit_code": job.proc.returncode,
+        "orphans": len(orphans),
+        "found_s": found,
+        "recover_s": recover,
+        "ck": str(ck),
+        "name": name,
+        "output": "\n".join(line for _, line in job.lines),
+    }
+
+
+def run_hangs(args: argparse.Namespace, rng: random.Random, base: Path, expected: float,
+              ref_model: dict | None, tolerance: float) -> list[dict]:  # fmt: skip
+    """``--hang-trials`` trials, every (role, hang) pair in turn in a shuffled order."""
+    order: list[tuple[str, str]] = []
+    rows = []
+    for i in range(args.hang_trials):
+        if not order:
+            order = [(r, h) for r in HANG_ROLES for h in HANGS]
+            rng.shuffle(order)
+        role, hang = order.pop()
+        row = hang_trial(i, role, hang, rng, base, args.rounds, max(180, 6 * expected), args)
+        model = final_model(Path(row.pop("ck")))
+        row.pop("name")
+        diff = max_diff(model, ref_model) if row["outcome"] == "completed" else None
+        row["max_abs_diff"] = diff
+        row["matches"] = diff is not None and diff <= tolerance
+        if args.elastic and role == "worker" and hang != "pause":
+            row["matches"] = None  # let go from the hang on: another model
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            Path(args.keep, f"hang{i}-{role}-{hang}.log").write_text(row.pop("output") + "\n")
+        else:
+            row.pop("output")
+        rows.append(row)
+        print(
+            f"hang {i:3d} {hang:9s} {role:9s} at round {row['stop_round']:4d}: "
+            f"{row['outcome']:9s} exit {row['exit_code']} orphans {row['orphans']} "
+            f"matches {row['matches']} found {_s(row['found_s'])} "
+            f"recover {_s(row['recover_s'])}",
+            flush=True,
+        )
+    return rows
+
+
+def summarize_hangs(rows: list[dict]) -> dict:
+    out = {}
+    for hang in HANGS:
+        for role in HANG_ROLES:
+            rs = [r for r in rows if r["hang"] == hang and r["role"] == role and r["stopped"]]
+            if not rs:
+                continue
+            out[f"{hang} {role}"] = {
+                "trials": len(rs),
+                "completed": sum(r["outcome"] == "completed" for r in rs),
+                "failed": sum(r["outcome"] == "failed" for r in rs),
+                "hung": sum(r["outcome"] == "hung" for r in rs),
+                "orphans": sum(r["orphans"] for r in rs),
+                "matches": sum(bool(r["matches"]) for r in rs),
+                "compared": sum(r["matches"] is not None for r in rs),
+                "found_median_s": median(r["found_s"] for r in rs if r["found_s"] is not None),
+                "recover_median_s": median(
+                    r["recover_s"] for r in rs if r["recover_s"] is not None
+                ),
+            }
+    return out
+
+
+def print_hangs(summary: dict) -> None:
+    if not summary:
+        return
+    print()
+    print(f"{'hang':20s} {'trials':>6s} {'completed':>9s} {'failed':>6s} {'hung':>4s} "
+          f"{'orphans':>7s} {'match':>9s} {'found med':>9s} {'recover med':>11s}")  # fmt: skip
+    for key, s in summary.items():
+        print(
+            f"{key:20s} {s['trials']:6d} {s['completed']:9d} {s['failed']:6d} {s['hung']:4d} "
+            f"{s['orphans']:7d} {s['matches']:4d}/{s['compared']:<4d} "
+            f"{_s(s['found_median_s']):>9s} {_s(s['recover_median_s']):>11s}"
+        )
 
 
 if __name__ == "__main__":

@@ -207,10 +207,18 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         return 1
     if args.launcher_notices:
         sched.follow_notices(sys.stdin)
+        said = threading.Lock()
+
+        def to_launcher(line: str) -> None:  # one whole line per write (several threads say)
+            with said:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+
+        sched.to_launcher = to_launcher
 
         def up() -> None:  # the launcher's cue: a dead server can now be taken over
             if sched.ready.wait():
-                print("hetps scheduler cluster up", flush=True)
+                to_launcher("hetps scheduler cluster up")
 
         threading.Thread(target=up, name="hetps-cluster-up", daemon=True).start()
     print(f"hetps scheduler port {sched.van.port}", flush=True)
@@ -414,8 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument(
         "--launcher-notices",
         action="store_true",
-        help="read the launcher's notices of dead nodes from stdin ('dead ROLE RANK HOW'; "
-        "hetps launch sets it)",
+        help="read the launcher's notices of dead nodes from stdin ('dead ROLE RANK HOW'), "
+        "and tell it on stdout that this scheduler is alive, which silent nodes to stop and "
+        "whose death ended the job (hetps launch sets it)",
     )
     sc.set_defaults(func=cmd_scheduler)
     sv = sub.add_parser("server", help="run a server role by hand")

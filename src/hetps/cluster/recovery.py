@@ -211,8 +211,17 @@ class Recovery:
     def _ask_readmit(self) -> None:
         """Ask the scheduler at our scheduler's address to take this node back: a scheduler
         started again (--recover) does once every node came back; the one we knew answers
-        at once. One request at a time."""
-        if self.info is None or (self._readmit is not None and not self._readmit.done()):
+        at once. One request at a time, sent again while unanswered: one sent to a hung
+        scheduler is lost when the launcher stops it and starts it again."""
+        if self.info is None:
+            return
+        pending = self._readmit
+        if pending is not None and not pending.done():
+            if pending.sent is not None:
+                try:
+                    self.van.send(P.SCHEDULER_ID, pending.sent)
+                except PeerGone:
+                    pass
             return
         view = {
             "nodes": [n.to_wire() for n in self.nodes.values()],
@@ -238,6 +247,7 @@ class Recovery:
         if fut.done():
             return
         msg.req = fut.req
+        fut.sent = msg
         self._readmit = fut
         try:
             self.van.send(P.SCHEDULER_ID, msg)

@@ -30,6 +30,7 @@ from typing import IO
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
 from hetps.cluster.elastic import Elastic
+from hetps.cluster.launcher_link import LauncherLink
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.takeover import Takeover
 from hetps.config import NodeConfig, check_exposure, is_loopback
@@ -61,7 +62,7 @@ class _Barrier:
     reached: dict[int, int] = field(default_factory=dict)
 
 
-class Scheduler(Takeover, Elastic):
+class Scheduler(Takeover, Elastic, LauncherLink):
     """Runs the scheduler role for one cluster. ``run()`` returns the process exit code."""
 
     def __init__(
@@ -149,6 +150,7 @@ class Scheduler(Takeover, Elastic):
         # own, so a long one (a big plan) never holds up heartbeats, barriers or registration
         self._service_q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._service_thread: threading.Thread | None = None
+        self.to_launcher: Callable[[str], None] | None = None  # --launcher-notices: stdout
 
     def register(
         self,
@@ -264,6 +266,7 @@ class Scheduler(Takeover, Elastic):
                 if now >= next_check:
                     next_check = now + tick
                     self._check_timeouts()
+                    self._say_alive()
         finally:
             self._service_q.put(None)  # what was asked before the end is still answered
             self._service_thread.join(timeout=10)
@@ -638,7 +641,7 @@ class Scheduler(Takeover, Elastic):
                 and nid not in self.finished
                 and now - seen > self.cfg.heartbeat_timeout
             ):
-                self._declare_dead(
+                self._declare_silent(
                     nid,
                     f"stopped answering heartbeats for {now - seen:.1f} s "
                     f"(PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})",
@@ -684,6 +687,8 @@ class Scheduler(Takeover, Elastic):
         text = f"{info.describe()} {reason}; the job cannot continue"
         self.dead[nid] = text
         log.error("scheduler: %s", text)
+        if self.exit_code is None:
+            self._name_cause(nid, text)
         for other in self.nodes:
             if other not in self.dead:
                 self._send(

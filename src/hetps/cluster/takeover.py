@@ -154,6 +154,9 @@ class Takeover:
         if msg.sender in self.nodes:
             self.reply(msg)
             return
+        if self.recovering and msg.sender in self._back:  # the same node asks again
+            self._back[msg.sender] = msg.req
+            return
         b = msg.body
         nid, role, rank = b.get("id"), b.get("role"), b.get("rank")
         host, port, back, view = b.get("host"), b.get("port"), b.get("back"), b.get("view")
@@ -241,7 +244,7 @@ class Takeover:
         self.ready.set()
         for nid in sorted(missing):
             self.last_seen[nid] = now
-            self._declare_dead(nid, "did not come back to the restarted scheduler")
+            self._declare_silent(nid, "did not come back to the restarted scheduler")
 
     def _fail_over(self, nid: int, reason: str) -> bool:
         """A dead server whose keys live on (HETPS_REPLICAS): the next live server in rank

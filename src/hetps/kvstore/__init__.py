@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetps.config import ConfigError, node_config_from_env, role_from_env
+from hetps.kvstore import exits
 from hetps.kvstore.client import DistKVStore
 from hetps.kvstore.local import LocalKVStore
 
@@ -36,7 +37,8 @@ def _setup_logging(verbose: int) -> None:
 
 
 def _install_exit_hooks() -> None:
-    """Close live stores at exit; tell the scheduler at once when the script crashed."""
+    """Close live stores at exit; tell the scheduler at once when the script crashed or
+    ends with ``sys.exit`` and a failing status."""
     global _hooked
     if _hooked:
         return
@@ -49,12 +51,14 @@ def _install_exit_hooks() -> None:
         previous(tp, value, tb)
 
     sys.excepthook = excepthook
+    exits.watch()  # sys.exit(3) is a failure too, not a finished worker
 
     def close_all() -> None:
+        error = failed[0] if failed else exits.failing()
         while _live:
             kv = _live.pop()
             try:
-                kv.close(error=failed[0] if failed else None)
+                kv.close(error=error)
             except Exception as exc:  # noqa: BLE001 - at exit, report and go on
                 print(f"hetps: closing the KVStore failed: {exc}", file=sys.stderr)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import re
 import secrets
 import shlex
@@ -36,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hetps.config import user_threads
+from hetps.launch.liveness import Liveness, ended
 from hetps.launch.supervise import Supervision
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
@@ -100,6 +102,8 @@ class Child:
     proc: subprocess.Popen
     label: str
     reader: threading.Thread | None = None
+    heard: float | None = None  # (hetps's scheduler) when it last said it is alive
+    hung: str | None = None  # why the launcher stopped it with SIGKILL (it hung)
 
 
 @dataclass
@@ -137,7 +141,7 @@ class LaunchSpec:
     replicas: int = 1
 
 
-class Launcher(Supervision):
+class Launcher(Supervision, Liveness):
     """Runs a :class:`LaunchSpec` to completion; ``run()`` returns the job's exit code."""
 
     def __init__(self, spec: LaunchSpec, out=None) -> None:
@@ -158,6 +162,9 @@ class Launcher(Supervision):
         self._respawned: list[Child] = []  # servers started again alone
         self._ended_ok = False  # the scheduler ended the job, exit 0
         self._failed: Child | None = None  # the child whose failure ended the last start
+        # nodes the scheduler declared dead for their silence, to stop (role, rank, why)
+        self._declared: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
+        self._cause: tuple[str, int, str] | None = None  # whose death ended the job
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
@@ -173,6 +180,8 @@ class Launcher(Supervision):
                     continue
             if child.role == "scheduler" and line == UP_LINE:
                 self._up.set()
+                continue
+            if child.role == "scheduler" and self._scheduler_says(child, line):
                 continue
             with self._print_lock:
                 self.out.write(f"[{child.label}] {line}\n")
@@ -278,6 +287,8 @@ class Launcher(Supervision):
         self._up = threading.Event()
         self._stopping = False
         self._scheduler = None
+        self._declared = queue.SimpleQueue()
+        self._cause = None
 
     def _on_signal(self, signum: int, frame) -> None:  # type: ignore[no-untyped-def]
         self._signum = signum
@@ -363,13 +374,17 @@ class Launcher(Supervision):
         """Wait for every child; on the first failure stop the rest and return its code."""
         remaining = list(self.children)
         while remaining:
-            for child in list(remaining):
+            self._stop_hung(remaining)
+            # the processes stopped for hanging first: their hang caused what followed
+            for child in sorted(remaining, key=lambda c: c.hung is None):
                 code = child.proc.poll()
                 if code is None:
                     continue
                 remaining.remove(child)
                 if child.reader is not None:
                     child.reader.join(timeout=2)
+                if child is self._scheduler:
+                    self._stop_hung(remaining)  # what it said last (read up to its end)
                 if code == 0 and child is self._scheduler:
                     # the job is over: a server started again that had not joined yet never
                     # will (it would wait for a scheduler that is gone)
@@ -380,9 +395,10 @@ class Launcher(Supervision):
                 if code != 0 and self._ended_ok and child in self._respawned:
                     self._log(f"{child.label}, started again, stopped: the job is over")
                     continue
+                if code != 0 and self._ended_ok and child.hung:
+                    continue  # declared dead, the job went on and ended without it
                 if code != 0:
-                    how = f"was killed by signal {-code}" if code < 0 else "exited"
-                    code = shell_code(code)
+                    how, code = ended(child)
                     if self._scheduler_again(child, remaining, how, code):
                         continue
                     if self._let_go(child, remaining, how, code):
@@ -405,8 +421,11 @@ class Launcher(Supervision):
                             self._respawned.append(again)
                             remaining.append(again)
                         continue
-                    self._failed = child
                     self._notify(child, f"{how} (code {code})")
+                    # the failure that ended the job may be another's, seen later
+                    child = self._first_failure(child, remaining)
+                    how, code = ended(child)
+                    self._failed = child
                     self._log(f"{child.label} {how} (code {code}); stopping the others")
                     if self._used() < self.spec.max_restarts:
                         return code  # run() kills the rest at once and starts the job again

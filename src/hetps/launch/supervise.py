@@ -83,7 +83,8 @@ class Supervision:
         the same address with --recover; the nodes come back to it and the job goes on."""
         if (
             child is not self._scheduler
-            or not how.startswith("was killed")  # (it ended the job itself: a failure)
+            # (it ended the job itself: a failure)
+            or not (how.startswith("was killed") or child.hung)
             or not self._up.is_set()
             or self._used() >= self.spec.max_restarts
             or not any(c.role == "worker" for c in remaining)

@@ -1,0 +1,76 @@
+"""What the scheduler tells the launcher that started it, as a part of
+:class:`hetps.cluster.scheduler.Scheduler`.
+
+``hetps launch`` starts the scheduler with ``--launcher-notices`` and reads its standard
+output (the launcher alone holds that pipe). Besides the port and "cluster up" lines, the
+scheduler says there, one line each:
+
+* ``hetps scheduler alive``: once per tick of its control loop. A scheduler that stops saying
+  it (stopped, deadlocked) is hung: the launcher stops it and starts it again as a dead one.
+* ``hetps scheduler stop ROLE RANK REASON``: it declared that node dead because the node fell
+  silent (heartbeats, or no readmit after a restart). The process may still exist (stopped,
+  hung): the launcher stops it with SIGKILL, so it neither holds the job at its end nor
+  wakes up later to fail a job that went on without it.
+* ``hetps scheduler cause ROLE RANK REASON``: that node's death ended the job. The launcher
+  names it (and returns its exit code) rather than the scheduler's own exit.
+
+docs/FAULTS.md says what a user sees.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from hetps.cluster.protocol import NodeInfo
+
+log = logging.getLogger("hetps.scheduler")
+
+PREFIX = "hetps scheduler "
+ALIVE = PREFIX + "alive"
+STOP = PREFIX + "stop "
+CAUSE = PREFIX + "cause "
+
+
+def line(kind: str, info: NodeInfo, reason: str) -> str:
+    """One ``stop``/``cause`` line: ``kind`` is :data:`STOP` or :data:`CAUSE`; the reason is
+    made one printable line."""
+    text = "".join(c if c.isprintable() else "?" for c in reason[:2000])
+    return f"{kind}{info.role} {info.rank} {text}"
+
+
+def parse(text: str) -> tuple[str, str, int, str] | None:
+    """("stop" or "cause", role, rank, reason) of a scheduler's line, or None."""
+    for kind, head in (("stop", STOP), ("cause", CAUSE)):
+        if text.startswith(head):
+            parts = text[len(head) :].split(" ", 2)
+            if len(parts) >= 2 and parts[0] in ("server", "worker") and parts[1].isdigit():
+                return kind, parts[0], int(parts[1]), parts[2] if len(parts) > 2 else ""
+    return None
+
+
+class LauncherLink:
+    """The scheduler's lines to its launcher (mixed into Scheduler)."""
+
+    nodes: dict[int, NodeInfo]
+    dead: dict[int, str]
+    #: set by ``hetps scheduler --launcher-notices``: writes one line to the launcher
+    to_launcher: Callable[[str], None] | None
+    _declare_dead: Any
+
+    def _say_alive(self) -> None:
+        if self.to_launcher is not None:
+            self.to_launcher(ALIVE)
+
+    def _declare_silent(self, nid: int, reason: str) -> None:
+        """``nid`` fell silent: declare it dead, and have the launcher stop its process (it
+        may be stopped or hung, not gone)."""
+        self._declare_dead(nid, reason)
+        if nid in self.dead and self.to_launcher is not None:
+            self.to_launcher(line(STOP, self.nodes[nid], reason))
+
+    def _name_cause(self, nid: int, text: str) -> None:
+        """``nid``'s death ends the job (the first such death only counts)."""
+        if self.to_launcher is not None:
+            self.to_launcher(line(CAUSE, self.nodes[nid], text))
