@@ -56,6 +56,9 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "push": _W,
         "pull": _W,
         "batch": _W,  # init/push/pull items, each checked as if it came alone
+        "sinit": _W,  # row-sparse tables (kvstore/tables.py)
+        "spush": _W,
+        "spull": _W,
         "set_optimizer": _W,  # a pickle: only from a registered worker
         "get_states": _W,
         "set_states": _W,  # a pickle: only from a registered worker
