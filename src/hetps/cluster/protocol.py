@@ -130,6 +130,7 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "scale": "rows start uniform in [-scale, scale) (0: zeros)",
         "seed": "seed of the initial values",
         "bound": "bytes this server may hold of the table (0: no bound)",
+        "opt": "optional: the table's own optimizer, pickled (accepted from a worker only)",
         "(arrays)": "optional: row ids (int64) and their first values (rows x cols)",
     },
     SPUSH: {

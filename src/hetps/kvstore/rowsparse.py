@@ -45,6 +45,9 @@ class Table:
         server_bytes: bound on the bytes one server holds of this table, values and
             optimizer state together; reaching it is an error naming the table (None: no
             bound for a fixed table, 1 GiB for a growing one).
+        optimizer: a :mod:`hetps.optim` optimizer for this table alone (lazy: only the rows
+            a round touched change); None: the servers' optimizer (``kv.set_optimizer``), or,
+            with none, a round's per-row sums replace the rows pushed.
     """
 
     rows: int | None
@@ -54,6 +57,7 @@ class Table:
     seed: int = 0
     value: Any = None
     server_bytes: int | None = None
+    optimizer: Any = None
 
     def __post_init__(self) -> None:
         if self.rows is not None and (
@@ -170,14 +174,16 @@ def coalesce(value: Any, cols: int, dtype: np.dtype, what: str) -> tuple[np.ndar
     sparse COO tensor (rows x cols), a :class:`RowSparse`, or a pair (row ids, rows)
     (duplicate ids are summed, in the order given)."""
     if type(value).__module__.startswith("torch") and getattr(value, "is_sparse", False):
-        t = value.detach().coalesce()
+        t = value.detach().cpu()
         if t.sparse_dim() != 1:
             raise ValueError(
                 f"{what}: a sparse tensor with {t.sparse_dim()} sparse dimensions; row-sparse "
                 "gradients have one (the rows), as nn.Embedding(sparse=True) makes"
             )
-        ids = t.indices().reshape(-1).numpy().astype(np.int64, copy=False)
-        rows = t.values().numpy().reshape(ids.size, -1)
+        # uncoalesced (as autograd makes it): summed below in the order of its entries, as
+        # nn.Embedding's dense backward sums them (so a row's sum is the dense one, bit for bit)
+        ids = t._indices().reshape(-1).numpy().astype(np.int64, copy=False)
+        rows = t._values().numpy().reshape(ids.size, -1)
     elif isinstance(value, RowSparse):
         ids, rows = value.indices, value.data
     elif isinstance(value, (tuple, list)) and len(value) == 2:

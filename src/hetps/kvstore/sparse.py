@@ -132,11 +132,21 @@ class SparseKeys:
             "seed": spec.seed,
             "bound": spec.bound,
         }
+        if spec.optimizer is not None:
+            from hetps import optim
+
+            if not isinstance(spec.optimizer, optim.Optimizer):
+                raise TypeError(
+                    f"init of key {key!r}: Table(optimizer=...) takes a hetps.optim.Optimizer, "
+                    f"got {type(spec.optimizer).__name__}"
+                )
+            decl["opt"] = optim.dumps(spec.optimizer)
         futs = []
         step = max(1, chunk_elems(self.cfg.chunk_bytes, tm.dtype.itemsize) // spec.cols)
         for s in range(S):
             body = dict(decl, part=s)
             futs.append(self.request(key, 0, s, Message(P.SINIT, body=body)))
+            body = {k: v for k, v in body.items() if k != "opt"}  # (the rows: without it)
             if rows_ids is None:
                 continue
             mine = np.flatnonzero(rows_ids % S == s)

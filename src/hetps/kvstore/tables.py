@@ -60,6 +60,7 @@ class Shard:
             self.value = np.zeros((0, self.cols), self.dtype)
         self.state: Any = None
         self.has_state = False
+        self.optimizer: Any = None  # this table's own (Table(optimizer=...)), else the server's
         self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # worker -> its push
         self.acks: list[Message] = []
         self.deferred: list[Message] = []
@@ -170,7 +171,8 @@ class Tables:
     def reset_states(self) -> None:
         """A new optimizer: every table's state starts again."""
         for sh in self.shards.values():
-            sh.state, sh.has_state = None, False
+            if sh.optimizer is None:
+                sh.state, sh.has_state = None, False
 
     def nbytes(self) -> int:
         """Bytes held by every table here (values and optimizer states)."""
@@ -280,12 +282,27 @@ class Tables:
             except (MemoryError, ValueError) as exc:
                 raise BadRequest(f"sinit of key {key!r}: cannot hold the table ({exc})") from None
             self.shards[key] = sh
+        blob = b.get("opt")
+        if blob is not None:
+            if not isinstance(blob, bytes) or not self.server._from_worker(msg):
+                raise BadRequest(f"sinit of key {key!r}: a table's optimizer comes from a worker")
+            from hetps import optim
+
+            try:
+                sh.optimizer = optim.loads(blob)
+            except Exception as exc:  # noqa: BLE001 - unpickling user code can raise anything
+                raise BadRequest(
+                    f"sinit of key {key!r}: the server could not load the table's optimizer "
+                    f"({type(exc).__name__}: {exc})"
+                ) from None
+            sh.state, sh.has_state = None, False
         if msg.arrays:
             if len(msg.arrays) != 2:
                 raise BadRequest(f"sinit of key {key!r}: expected row ids and rows")
             ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), False)
             vals = self._rows(msg, sh, msg.arrays[1], ids.size)
-            sh.value[sh.local(ids, self.server.optimizer, create=True)] = vals
+            opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
+            sh.value[sh.local(ids, opt, create=True)] = vals
         self.server.answers.reply(msg)
 
     def _push(self, msg: Message) -> None:
@@ -296,7 +313,7 @@ class Tables:
         vals = self._rows(msg, sh, msg.arrays[1], ids.size)
         srv = self.server
         sync = srv.sync if srv.sync is not None else bool(msg.body.get("sync", True))
-        if not sync and srv.optimizer is None:
+        if not sync and srv.optimizer is None and sh.optimizer is None:
             raise BadRequest(
                 f"push of row-sparse key {sh.key!r} in dist_async needs a server optimizer: "
                 "call kv.set_optimizer(...) before the first push"
@@ -318,7 +335,7 @@ class Tables:
             self._finish_round(sh)
 
     def _apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None:
-        opt = self.server.optimizer
+        opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
         loc = sh.local(ids, opt, create=True)
         if opt is None:
             sh.value[loc] = grad
