@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 MODEL = """
 import torch
@@ -108,6 +109,7 @@ def test_embedding_bag_from_meta_trains(cluster):
     assert text.count("BAG-OK") == 2, text
 
 
+@pytest.mark.slow
 def test_dlrm_example_learns_from_the_ids():
     """examples/dlrm_clicks.py at a small size, through ``hetps launch``: its held-out AUC is
     well above what the dense features alone allow (0.64 on this data), so the server-held
