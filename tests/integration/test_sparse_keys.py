@@ -121,3 +121,57 @@ def test_growing_table_and_memory_bound(cluster):
     rc, out = cluster(GROWING, workers=1, servers=1)
     assert rc == 0, out
     assert "GROW-OK" in out, out
+
+
+ELASTIC = """
+from hetps.kvstore.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+kv.init('t', Table(10, 2))
+kv.init('probe', np.zeros(1, np.float32))
+for r in range(6):
+    v = (kv.rank + 1) * (r + 1)
+    if r == 3 and kv.rank < 2:           # worker 2 pushes round 3 alone, then dies
+        deadline = time.time() + 30
+        while kv.live_workers > 2 and time.time() < deadline:
+            time.sleep(0.01)             # (until the job is told it left)
+    kv.push('t', (np.array([kv.rank, 9]), np.full((2, 2), v, np.float32)))
+    if r == 3 and kv.rank == 2:
+        kv.pull('probe')                 # the server has the push (same connection, in order)
+        os.kill(os.getpid(), signal.SIGKILL)
+    got = kv.row_sparse_pull('t', row_ids=[9]).data[0, 0]
+    live = (1 + 2 + 3) if r < 3 else (1 + 2)   # its push of round 3 was dropped with it
+    assert got == live * (r + 1), (r, got)
+print('ELASTIC-OK', kv.rank, kv.live_workers, flush=True)
+"""
+
+
+def test_a_worker_leaving_finishes_the_table_rounds(tmp_path):
+    """--elastic: a worker killed after its push of a round is let go; the table's round
+    completes with the others' pushes, and the next rounds count only the survivors."""
+    import io
+    import sys
+    import textwrap
+
+    from conftest import PRELUDE, TEST_ENV
+    from hetps.launch.local import Launcher, LaunchSpec
+
+    script = tmp_path / "elastic.py"
+    script.write_text(PRELUDE + textwrap.dedent(ELASTIC))
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=3,
+        num_servers=1,
+        command=[sys.executable, str(script)],
+        env=dict(TEST_ENV),
+        start_timeout=30.0,
+        failure_grace=5.0,
+        elastic_min=2,
+    )
+    launcher = Launcher(spec, out=out)
+    try:
+        code = launcher.run()
+    finally:
+        launcher.stop_all(kill=True)
+    text = out.getvalue()
+    assert code == 0, text
+    assert text.count("ELASTIC-OK") == 2 and "ELASTIC-OK 0 2" in text, text

@@ -319,6 +319,8 @@ class Tables:
                 "call kv.set_optimizer(...) before the first push"
             )
         worker = msg.sender
+        if srv._fixed_workers is None and worker in getattr(srv.node, "left", ()):
+            raise BadRequest("spush from a worker that left the job")  # (sent before it died)
         if not sync:
             self._apply(sh, ids, vals)
             srv.answers.reply(msg)
@@ -389,6 +391,18 @@ class Tables:
             sh.deferred.append(msg)
             return
         self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])
+
+    def worker_left(self, gone: int) -> None:
+        """A worker died and the job goes on without it (HETPS_ELASTIC): drop what it sent
+        that is not applied, and finish the rounds the other workers have all pushed (the
+        survivors' sum, not rescaled)."""
+        for sh in self.shards.values():
+            sh.backlog = [m for m in sh.backlog if m.sender != gone]
+            sh.deferred = [m for m in sh.deferred if m.sender != gone]
+            if sh.pending.pop(gone, None) is not None:
+                sh.acks = [m for m in sh.acks if m.sender != gone]
+            if sh.pending and len(sh.pending) >= self.server.num_workers:
+                self._finish_round(sh)
 
     def worker_done(self, worker: int) -> None:
         """A worker finished: fail the rounds that still wait for it."""
