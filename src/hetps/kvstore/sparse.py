@@ -234,34 +234,42 @@ class SparseKeys:
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
         tm.pushed = []
-        targets = _targets(out, what)
+        targets = targets_of(out, what)
 
         def finish() -> Any:
-            result = RowSparse(uniq, rows, tm.table.shape)
-            for t in targets:
-                if isinstance(t, RowSparse):
-                    t.indices, t.data, t.shape = uniq.copy(), rows.copy(), tm.table.shape
-                    continue
-                if t.ndim == 2 and t.shape == (ids.size, cols):
-                    t[...] = rows[inv]  # a lookup: each id's row, in the order asked
-                elif t.shape == tm.table.shape:
-                    t[...] = 0
-                    t[uniq] = rows
-                else:
-                    raise ValueError(
-                        f"{what}: out of shape {t.shape}: give ({ids.size}, {cols}) (the rows "
-                        f"asked, in order) or the table's shape {tm.table.shape}, or a RowSparse"
-                    )
-            return result if out is None else None
+            return fill_out(targets, out is None, tm.table, ids, uniq, inv, rows, what)
 
         return futs, finish
+
+
+def fill_out(
+    targets: list, want: bool, table: Table, ids, uniq, inv, rows: np.ndarray, what: str
+) -> Any:
+    """Write a pull's rows into its outs (see the module's text); the RowSparse result when
+    ``want`` (no out was given)."""
+    cols = table.cols
+    for t in targets:
+        if isinstance(t, RowSparse):
+            t.indices, t.data, t.shape = uniq.copy(), rows.copy(), table.shape
+            continue
+        if t.ndim == 2 and t.shape == (ids.size, cols):
+            t[...] = rows[inv]  # a lookup: each id's row, in the order asked
+        elif t.shape == table.shape:
+            t[...] = 0
+            t[uniq] = rows
+        else:
+            raise ValueError(
+                f"{what}: out of shape {t.shape}: give ({ids.size}, {cols}) (the rows "
+                f"asked, in order) or the table's shape {table.shape}, or a RowSparse"
+            )
+    return RowSparse(uniq, rows, table.shape) if want else None
 
 
 def row_ids_of(value: Any, key: Any) -> np.ndarray:
     return row_ids(value, f"row_sparse_pull of key {key!r}")
 
 
-def _targets(out: Any, what: str) -> list[Any]:
+def targets_of(out: Any, what: str) -> list[Any]:
     if out is None:
         return []
     items = list(out) if isinstance(out, (list, tuple)) else [out]

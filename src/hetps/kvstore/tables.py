@@ -151,6 +151,21 @@ class Shard:
         return out
 
 
+def apply_rows(sh: Shard, optimizer: Any, ids: np.ndarray, grad: np.ndarray) -> None:
+    """Apply a round's per-row sums ``grad`` of (checked, distinct) ``ids`` to ``sh``: the
+    table's own optimizer, else ``optimizer``, lazily; with neither, the sums replace the
+    rows. Raises BadRequest when a growing table would pass its bound (nothing changed)."""
+    opt = sh.optimizer if sh.optimizer is not None else optimizer
+    loc = sh.local(ids, opt, create=True)
+    if opt is None:
+        sh.value[loc] = grad
+        return
+    if not sh.has_state:
+        sh.state = lazy.create_table_state(opt, sh.value.shape[0], sh.cols, sh.dtype)
+        sh.has_state = True
+    lazy.update_rows(opt, sh.skey, sh.value, loc, grad, sh.state)
+
+
 class Tables:
     """The row-sparse keys of one server (``server``: its :class:`~hetps.kvstore.server.KVServer`,
     for the optimizer, the worker count, the answers and the mode)."""
@@ -337,15 +352,7 @@ class Tables:
             self._finish_round(sh)
 
     def _apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None:
-        opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
-        loc = sh.local(ids, opt, create=True)
-        if opt is None:
-            sh.value[loc] = grad
-            return
-        if not sh.has_state:
-            sh.state = lazy.create_table_state(opt, sh.value.shape[0], sh.cols, sh.dtype)
-            sh.has_state = True
-        lazy.update_rows(opt, sh.skey, sh.value, loc, grad, sh.state)
+        apply_rows(sh, self.server.optimizer, ids, grad)
 
     def _finish_round(self, sh: Shard) -> None:
         pushes = [sh.pending[w] for w in sorted(sh.pending)]  # worker order: deterministic
