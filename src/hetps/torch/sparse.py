@@ -54,7 +54,7 @@ class SparseTables:
     """The server-held embedding tables of one model (see the module's text).
 
     Args:
-        kv: the store (``dist_sync`` or ``dist_async``; ``local`` is not supported).
+        kv: the store (``dist_sync``, ``dist_async`` or ``local``).
         model: the model whose sparse embedding modules become tables.
         optimizer: each table's server optimizer (a :mod:`hetps.optim` one; None: the servers'
             optimizer set with ``kv.set_optimizer``).
@@ -75,7 +75,7 @@ class SparseTables:
         mods = sparse_modules(model) if model is not None else []
         if mods and not hasattr(kv, "row_sparse_pull"):
             raise TypeError(
-                f"sparse embeddings need a distributed store (dist_sync or dist_async), got "
+                f"sparse embeddings need a hetps KVStore with row-sparse keys, got "
                 f"{getattr(kv, 'type', type(kv).__name__)!r}"
             )
         self.kv = kv
