@@ -175,3 +175,34 @@ def test_a_worker_leaving_finishes_the_table_rounds(tmp_path):
     text = out.getvalue()
     assert code == 0, text
     assert text.count("ELASTIC-OK") == 2 and "ELASTIC-OK 0 2" in text, text
+
+
+ASYNC = """
+from hetps.kvstore.rowsparse import Table
+kv = hetps.kv.create('dist_async')
+kv.init('t', Table(8, 2))
+try:
+    kv.push('t', ([0], np.ones((1, 2), np.float32)), block=True)
+    raise SystemExit('dist_async push without an optimizer passed')
+except RequestError as e:
+    assert 'needs a server optimizer' in str(e), e
+kv.barrier()
+kv.set_optimizer(optim.SGD(learning_rate=0.5, momentum=0.5))
+for i in range(3):                       # each worker its own rows: applied push by push
+    kv.push('t', (np.array([kv.rank, 4 + kv.rank]), np.ones((2, 2), np.float32)), block=True)
+kv.barrier()
+got = kv.row_sparse_pull('t', row_ids=np.arange(8)).asnumpy()
+v = w = 0.0
+for i in range(3):
+    v = 0.5 * v - 0.5; w += v
+for row in range(8):
+    want = w if row % 4 < kv.num_workers else 0.0
+    assert np.allclose(got[row], want), (row, got[row], want)
+print('ASYNC-OK', flush=True)
+"""
+
+
+def test_dist_async_row_sparse_pushes_apply_at_once(cluster):
+    rc, out = cluster(ASYNC, workers=2, servers=1)
+    assert rc == 0, out
+    assert out.count("ASYNC-OK") == 2, out

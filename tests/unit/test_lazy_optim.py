@@ -134,3 +134,27 @@ def test_grow_state_and_unsupported():
     assert st["mom"].shape == (5, 3)
     with pytest.raises(LazyUnsupported, match="SGD, Adam or AdaGrad"):
         create_table_state(DCASGD(), 2, 3, np.float32)
+
+
+def test_lazy_adam_is_dense_adam_where_every_row_is_touched_and_differs_where_not():
+    # the Adam check, as MXNet documents lazy_update: equal where a round touches
+    # every row; rows a round skips keep their weight (a dense step moves them by momentum)
+    rng = np.random.default_rng(5)
+    w0 = rng.standard_normal((6, 3)).astype(np.float32)
+    opt = Adam(learning_rate=0.01, wd=0.001)
+    dense_w, lazy_w = w0.copy(), w0.copy()
+    dense_st, lazy_st = opt.create_state("k", dense_w), create_table_state(opt, 6, 3, np.float32)
+    rows = np.arange(6)
+    for _ in range(3):
+        grad = rng.standard_normal((6, 3)).astype(np.float32)
+        opt.update("k", dense_w, grad, dense_st)
+        update_rows(opt, "k", lazy_w, rows, grad, lazy_st)
+    np.testing.assert_allclose(lazy_w, dense_w, rtol=1e-6, atol=1e-7)
+    grad = np.zeros((6, 3), np.float32)
+    grad[:2] = 1.0
+    before = lazy_w.copy()
+    opt.update("k", dense_w, grad, dense_st)
+    update_rows(opt, "k", lazy_w, rows[:2], grad[:2], lazy_st)
+    np.testing.assert_allclose(lazy_w[:2], dense_w[:2], rtol=1e-6, atol=1e-7)
+    assert np.array_equal(lazy_w[2:], before[2:])  # lazy: untouched rows stay
+    assert not np.allclose(dense_w[2:], before[2:], rtol=0, atol=1e-6)  # dense: they move
