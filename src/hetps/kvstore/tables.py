@@ -46,14 +46,10 @@ class Shard:
             n = max(0, (self.rows_total - part + nparts - 1) // nparts)
             self.n = n
             self._check_bound(n, 0)
-            self.value = np.zeros((n, self.cols), self.dtype)
-            if self.scale:
-                ids = np.arange(n, dtype=np.int64) * nparts + part
-                for a in range(0, n, 1 << 16):
-                    blk = ids[a : a + (1 << 16)]
-                    self.value[a : a + blk.size] = initial_rows(
-                        self.scale, self.seed, blk, self.cols, self.dtype
-                    )
+            self.value = np.zeros((n, self.cols), self.dtype)  # (pages come as rows are used)
+            # rows get their initial value when first used, not here: a table of 30M rows
+            # starts at once and holds only what is used (a byte per row for this mark)
+            self.made = np.zeros(n, bool) if self.scale else None
         else:
             self.n = 0
             self.index: dict[int, int] = {}
@@ -113,7 +109,19 @@ class Shard:
         """Local rows of ``ids`` (checked ids); for a growing table -1 where a row was never
         made, unless ``create`` (then it is made, at its initial value)."""
         if not self.growing:
-            return ids // self.nparts
+            loc = ids // self.nparts
+            if self.made is not None:
+                fresh = loc[~self.made[loc]]
+                if fresh.size:
+                    self.value[fresh] = initial_rows(
+                        self.scale,
+                        self.seed,
+                        fresh * self.nparts + self.part,
+                        self.cols,
+                        self.dtype,
+                    )
+                    self.made[fresh] = True
+            return loc
         index = self.index
         out = np.fromiter((index.get(i, -1) for i in ids.tolist()), np.int64, ids.size)
         if create:
