@@ -82,6 +82,12 @@ vals = kv.row_sparse_pull('t2', row_ids=np.arange(6)).asnumpy()
 g = W * 1.0                                          # per-row sum over the workers
 v1 = -0.5 * g; w1 = 1 + v1; v2 = 0.5 * v1 - 0.5 * g; w2 = w1 + v2
 assert np.allclose(vals[[0, 3]], w2) and np.array_equal(vals[[1, 2, 4, 5]], np.ones((4, 2))), vals
+# seeded initial rows: the same values whatever the number of servers holding them
+from hetps.kvstore.rowsparse import initial_rows
+kv.init('seeded', Table(1000, 4, scale=0.5, seed=3))
+ids = np.array([999, 0, 501, 2])
+assert np.array_equal(kv.row_sparse_pull('seeded', row_ids=ids).data,
+                      initial_rows(0.5, 3, np.sort(ids), 4, np.float32))
 kv.barrier()
 print('SPARSE-OK', r, flush=True)
 """
