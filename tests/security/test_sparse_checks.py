@@ -49,3 +49,26 @@ def test_bad_ids_and_rows_are_refused_and_change_nothing():
     srv.handle(Message("spull", sender=9, req=30, body={"k": "t", "part": 1},
                        arrays=[np.array([0], np.int64)]))  # fmt: skip
     assert "part 1, this server holds 0" in node.replies[-1][1]["error"]
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(ln for ln in f if ln.startswith("VmRSS:")).split()[1])
+
+
+def test_declaring_a_big_table_does_not_fill_the_servers_memory():
+    """A fixed table's rows take their seeded value when first used: declaring 1M x 64
+    float32 (256 MB) with random initial rows costs the server about a byte per row."""
+    node = _Node({9: "worker"})
+    srv = KVServer(node)
+    before = _rss_kb()
+    body = {**DECL, "rows": 1_000_000, "cols": 64, "scale": 0.1, "seed": 1}
+    srv.handle(Message("sinit", sender=9, req=1, body=body))
+    assert node.replies[-1][1] is None
+    srv.handle(Message("spull", sender=9, req=2, body={"k": "t", "part": 0},
+                       arrays=[np.array([5, 999_999], np.int64)]))  # fmt: skip
+    rows = node.replies[-1]
+    assert rows[1] is None
+    grown = (_rss_kb() - before) / 1024
+    assert grown < 32, f"the server's memory grew by {grown:.0f} MB"
+    assert srv.tables.shards["t"].made.sum() == 2
