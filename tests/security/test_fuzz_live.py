@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from hetps.cluster.requests import Future
 from hetps.kvstore.client import DistKVStore
+from hetps.kvstore.rowsparse import Table
 from hetps.transport.codec import WIRE_DTYPES, Message
 from roles import loopback_config, role_env
 
@@ -45,6 +46,7 @@ LIVE = settings(
 SERVER_CMDS = [
     "batch", "init", "push", "pull", "set_optimizer", "get_states", "set_states", "forecast", "probe",
     "drop", "pace", "worker_done", "exit", "node_dead", "receipt", "add_node", "nodes",
+    "sinit", "spush", "spull",
 ]  # fmt: skip
 SCHED_CMDS = [
     "barrier", "heartbeat", "esync_report", "balance_report", "add_node", "nodes", "exit",
@@ -67,7 +69,7 @@ values = st.recursive(
     ),
     max_leaves=8,
 )
-keys = st.one_of(st.sampled_from(["w", "ghost", 0, -1, "x" * 300]), values)
+keys = st.one_of(st.sampled_from(["w", "t", "ghost", 0, -1, "x" * 300]), values)
 #: containers where a scalar belongs: what slips past a check that only reads a value
 containers = st.one_of(
     st.lists(scalars, max_size=2), st.dictionaries(st.text(max_size=3), scalars, max_size=2)
@@ -78,6 +80,14 @@ FIELDS = {
     "off": st.one_of(st.integers(-2, 12), values),
     "n": st.one_of(st.integers(-2, 12), st.integers(2**31, 2**63), values),
     "size": st.one_of(st.integers(0, 12), st.integers(2**40, 2**62), values),
+    # a row-sparse table's declaration (sinit)
+    "rows": st.one_of(st.none(), st.integers(-1, 60), st.integers(2**40, 2**62), values),
+    "cols": st.one_of(st.integers(-1, 9), st.integers(2**20, 2**40), values),
+    "nparts": st.one_of(st.integers(-1, 3), values),
+    "scale": st.one_of(st.floats(allow_nan=True, allow_infinity=True), values),
+    "seed": st.one_of(st.integers(-1, 2**64 - 1), values),
+    "bound": st.one_of(st.integers(-1, 4096), values),
+    "opt": values,
     "shape": st.one_of(st.lists(st.integers(-1, 9), max_size=3), values),
     "dtype": st.one_of(st.sampled_from(sorted(WIRE_DTYPES) + ["complex64"]), values),
     "sync": values,
@@ -139,6 +149,9 @@ OWN = {
     "esync_report": ["rank", "round", "step_s", "elapsed_s"],
     "add_node": ["role", "host", "port", "back"],
     "batch": ["items"],
+    "sinit": ["k", "part", "nparts", "rows", "cols", "dtype", "scale", "seed", "bound"],
+    "spush": ["k", "part", "sync"],
+    "spull": ["k", "part"],
     "balance_report": ["round", "sizes", "samples"],
     "metrics_report": ["seq", "t", "rounds", "links", "h"],
 }  # fmt: skip
@@ -186,6 +199,7 @@ class Job:
         self.kv = DistKVStore("dist_sync", cfg)
         self.kv.init("health", np.zeros(4, np.float32))
         self.kv.init("w", np.zeros(8, np.float32))
+        self.kv.init("t", Table(50, 4, scale=0.1))  # a row-sparse key (spush, spull, sinit)
         self.sid = self.kv._server_ids[0]
         self.errors: list[str] = []  # error answers the worker got
         self.round = 0

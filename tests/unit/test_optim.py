@@ -317,7 +317,9 @@ def test_create_by_name_is_case_insensitive():
 
 
 def test_create_unknown_name_lists_known_ones():
-    with pytest.raises(ValueError, match="unknown optimizer 'rmsprop'; known optimizers: adam, "):
+    with pytest.raises(
+        ValueError, match="unknown optimizer 'rmsprop'; known optimizers: adagrad, adam, "
+    ):
         optim.create("rmsprop")
 
 

@@ -18,9 +18,10 @@ Replies are not listed: a reply is accepted only from the peer its request went 
 the scheduler sends that is not listed here goes to the node's handler, which refuses what it
 does not know. Everything else not listed is refused, with one log line per message.
 
-Unpickling: ``set_optimizer`` and ``set_states`` carry pickles, which run code when loaded.
-They are accepted only from a registered worker's connection (with a cluster secret: an
-authenticated one), and a server unpickles nothing else from the network.
+Unpickling: ``set_optimizer`` and ``set_states`` carry pickles, which run code when loaded,
+and so may ``sinit`` (a row-sparse table's own optimizer, field ``opt``). They are accepted
+only from a registered worker's connection (with a cluster secret: an authenticated one), and
+a server unpickles nothing else from the network.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "push": _W,
         "pull": _W,
         "batch": _W,  # init/push/pull items, each checked as if it came alone
+        "sinit": _W,  # row-sparse tables (kvstore/tables.py)
+        "spush": _W,
+        "spull": _W,
         "set_optimizer": _W,  # a pickle: only from a registered worker
         "get_states": _W,
         "set_states": _W,  # a pickle: only from a registered worker

@@ -66,6 +66,11 @@ PROBE = "probe"  # a probe payload for links that carry no data
 DROP = "drop"  # slices: forget slices that moved to another server
 RECEIPT = "receipt"  # req: a server got a push (credit for the worker's push window)
 BATCH = "batch"  # items: several small requests (or their answers) in one message
+# row-sparse keys (embedding tables, kvstore/sparse.py and kvstore/tables.py)
+SINIT = "sinit"  # declare a table's part on a server (and write rows of its first value)
+SPUSH = "spush"  # a round's row-sparse gradient: distinct sorted row ids, their rows
+SPULL = "spull"  # read rows by id
+SPARSE_COMMANDS = frozenset({SINIT, SPUSH, SPULL})
 # -- data plane: server -> server (HETPS_REPLICAS) -----------------------------------------
 # op ("init": a chunk of a key's first value; "round": a dist_sync round's merged pushes),
 # then the fields of that op: a primary's copy to a replica
@@ -114,6 +119,31 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "shape": "the key's shape",
         "dtype": "the key's dtype name",
         "tag": "the pull's reply is timed by the worker (a forecast goes first)",
+    },
+    SINIT: {
+        "k": "the key",
+        "part": "this server's index among the table's parts (row r lives on part r % nparts)",
+        "nparts": "parts of the table (the servers)",
+        "rows": "rows of the whole table (None: a table that grows)",
+        "cols": "columns",
+        "dtype": "the table's dtype name",
+        "scale": "rows start uniform in [-scale, scale) (0: zeros)",
+        "seed": "seed of the initial values",
+        "bound": "bytes this server may hold of the table (0: no bound)",
+        "opt": "optional: the table's own optimizer, pickled (accepted from a worker only)",
+        "(arrays)": "optional: row ids (int64) and their first values (rows x cols)",
+    },
+    SPUSH: {
+        "k": "the key",
+        "part": "the server's part of the table",
+        "sync": "true in dist_sync (rounds: every worker pushes once per round, maybe no "
+        "rows), false in dist_async",
+        "(arrays)": "sorted distinct row ids (int64) and their gradient rows (ids x cols)",
+    },
+    SPULL: {
+        "k": "the key",
+        "part": "the server's part of the table",
+        "(arrays)": "row ids (int64); the answer: their rows, in that order",
     },
     PROBE: {
         "reply_bytes": "bytes of payload in the answer",

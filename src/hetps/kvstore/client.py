@@ -51,12 +51,13 @@ from hetps.kvstore.joining import Joining
 from hetps.kvstore.keys import KeyMeta, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
 from hetps.kvstore.sender import Sender
+from hetps.kvstore.sparse import SparseKeys, is_table
 from hetps.transport.codec import Message, dtype_str
 
 log = logging.getLogger("hetps.worker")
 
 
-class DistKVStore(Joining):
+class DistKVStore(Joining, SparseKeys):
     """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``)."""
 
     def __init__(self, name: str, cfg: NodeConfig) -> None:
@@ -67,6 +68,7 @@ class DistKVStore(Joining):
         self.num_servers = len(self.node.servers())
         self._server_ids = [s.id for s in self.node.servers()]
         self.meta: dict[Any, KeyMeta] = {}
+        self._tables = {}  # row-sparse keys (kvstore/sparse.py)
         self.order: list[Any] = []  # keys in init order (the balance layout's order)
         self.compressor: TwoBitCompressor | None = None
         self._outstanding: list[Future] = []
@@ -316,6 +318,11 @@ class DistKVStore(Joining):
 
     def _meta(self, key: Any, what: str) -> KeyMeta:
         m = self.meta.get(key)
+        if m is None and key in self._tables:
+            raise TypeError(
+                f"{what} of key {key!r}: a row-sparse key; read its rows with "
+                f"kv.row_sparse_pull({key!r}, out=..., row_ids=...)"
+            )
         if m is None:
             raise KeyError(
                 f"{what}: key {key!r} was never initialised: call kv.init({key!r}, value) first"
@@ -349,6 +356,10 @@ class DistKVStore(Joining):
         futs: list[Future] = []
         with staged_call(), self._batched():
             for k, entry in zip(keys, entries, strict=False):
+                if is_table(entry):  # a row-sparse key
+                    futs += self._init_table(k, entry, lead)
+                    continue
+                self._tables.pop(k, None)
                 arr = reduce_values(entry, f"init of key {k!r}")
                 check_dtype(arr.dtype, k)
                 if k not in self.meta:
@@ -392,6 +403,9 @@ class DistKVStore(Joining):
         deferred = not block and max(self._push_run, self._last_push_run) > 1
         with staged_call(), self._batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
+                if k in self._tables:
+                    futs += self._push_table(k, entry, priority)
+                    continue
                 meta = self._meta(k, "push")
                 if self.meter is not None:
                     self.meter.pushed(k)

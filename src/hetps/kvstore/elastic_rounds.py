@@ -106,6 +106,7 @@ class ElasticRounds:
                 sl.seen.pop(gone, None)
                 sl.acks = [m for m in sl.acks if m.sender != gone]
             self._finish_if_complete(sl)
+        self.tables.worker_left(gone)  # row-sparse keys (kvstore/tables.py)
         for table in (self._meas, self._forecasts):
             for k in [k for k in table if k[0] == gone]:
                 del table[k]

@@ -20,9 +20,11 @@ from hetps.kvstore.base import (
     staged_call,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
+from hetps.kvstore.local_sparse import LocalSparse
+from hetps.kvstore.sparse import is_table
 
 
-class LocalKVStore:
+class LocalKVStore(LocalSparse):
     """Keys live in this process. A push sums its values and applies the optimizer if one is
     set (else the sum replaces the value); a pull copies the value out."""
 
@@ -37,12 +39,18 @@ class LocalKVStore:
         self.optimizer: optim.Optimizer | None = None
         self.compressor: TwoBitCompressor | None = None
         self.residuals: dict[Any, np.ndarray] = {}
+        self.tables = {}  # row-sparse keys (kvstore/local_sparse.py)
 
     def short_rounds(self, key: Any) -> list[tuple[int, int, int]]:
         """Always empty: one process, no worker ever leaves."""
         return []
 
     def _value(self, key: Any, what: str) -> np.ndarray:
+        if key in self.tables:
+            raise TypeError(
+                f"{what} of key {key!r}: a row-sparse key; read its rows with "
+                f"kv.row_sparse_pull({key!r}, out=..., row_ids=...)"
+            )
         if key not in self.store:
             raise KeyError(
                 f"{what}: key {key!r} was never initialised: call kv.init({key!r}, value) first"
@@ -62,6 +70,10 @@ class LocalKVStore:
         keys, is_list = normalize_keys(key)
         with staged_call():
             for k, entry in zip(keys, per_key(value, len(keys), is_list, "init"), strict=False):
+                if is_table(entry):
+                    self._init_table(k, entry)
+                    continue
+                self.tables.pop(k, None)
                 arr = reduce_values(entry, f"init of key {k!r}")
                 check_dtype(arr.dtype, k)
                 self.store[k] = np.array(arr, copy=True)
@@ -77,6 +89,9 @@ class LocalKVStore:
 
     def _push(self, keys: list, entries: list) -> None:
         for k, entry in zip(keys, entries, strict=False):
+            if k in self.tables:
+                self._push_table(k, entry)
+                continue
             stored = self._value(k, "push")
             arr = reduce_values(entry, f"push of key {k!r}")
             self._check(k, stored, arr, "push")

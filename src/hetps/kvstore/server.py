@@ -35,6 +35,7 @@ from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.elastic_rounds import ElasticRounds
 from hetps.kvstore.replicas import Copies, _Copy
 from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
+from hetps.kvstore.tables import Tables
 from hetps.transport.codec import WIRE_DTYPES, Message, dtype_str
 
 log = logging.getLogger("hetps.server")
@@ -53,6 +54,7 @@ class KVServer(Copies, ElasticRounds):
         self.node = node
         self.sync = sync  # None: decided by each push's "sync" field
         self.slices: dict[tuple[Any, int], Slice] = {}
+        self.tables = Tables(self)  # row-sparse keys (embedding tables)
         self.optimizer: optim.Optimizer | None = None
         self._fixed_workers: int | None = None if hasattr(node, "workers") else 1
         self.rounds = 0
@@ -106,6 +108,8 @@ class KVServer(Copies, ElasticRounds):
                 self._pull(msg)
             elif msg.cmd == P.INIT:
                 self._init(msg)
+            elif msg.cmd in P.SPARSE_COMMANDS:
+                self.tables.handle(msg)
             elif msg.cmd == P.SET_OPTIMIZER:
                 self._set_optimizer(msg)
             elif msg.cmd == P.GET_STATES:
@@ -505,6 +509,7 @@ class KVServer(Copies, ElasticRounds):
         """A worker finished: fail the sync rounds that still wait for it (uneven batch counts)."""
         info = NodeInfo.from_wire(msg.body["node"])
         self.done_workers[info.id] = info.describe()
+        self.tables.worker_done(info.id)
         for sl in self.slices.values():
             if sl.got and sl.got.get(info.id, 0) < sl.value.size:
                 text = self._uneven(sl)
@@ -637,6 +642,7 @@ class KVServer(Copies, ElasticRounds):
         self._optimizer_blob = msg.arrays[0].tobytes()
         for sl in self.slices.values():
             sl.state, sl.has_state = None, False
+        self.tables.reset_states()
         log.info("server: optimizer set to %s", type(opt).__name__)
         self.answers.reply(msg)
 

@@ -1,4 +1,4 @@
-"""Server-side optimizers: SGD, Adam and DC-ASGD behind one small contract.
+"""Server-side optimizers: SGD, Adam, AdaGrad and DC-ASGD behind one small contract.
 
 Subclass :class:`Optimizer`, implement ``create_state(key, weight)`` and
 ``update(key, weight, grad, state)`` (updating the NumPy ``weight`` in place), and hand an
@@ -7,6 +7,7 @@ instance to ``kv.set_optimizer()``; it travels to the servers by value (:func:`d
 Pure NumPy; imports no other hetps layer.
 """
 
+from hetps.optim.adagrad import AdaGrad
 from hetps.optim.adam import Adam
 from hetps.optim.base import Key, Optimizer, compute_dtype
 from hetps.optim.dcasgd import DCASGD
@@ -17,6 +18,7 @@ from hetps.optim.sgd import SGD
 __all__ = [
     "DCASGD",
     "SGD",
+    "AdaGrad",
     "Adam",
     "Key",
     "Optimizer",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from hetps.optim.adagrad import AdaGrad
 from hetps.optim.adam import Adam
 from hetps.optim.base import Optimizer
 from hetps.optim.dcasgd import DCASGD
@@ -13,7 +14,12 @@ __all__ = ["create", "register", "registered_names"]
 
 _OptimizerT = TypeVar("_OptimizerT", bound=type[Optimizer])
 
-_REGISTRY: dict[str, type[Optimizer]] = {"sgd": SGD, "adam": Adam, "dcasgd": DCASGD}
+_REGISTRY: dict[str, type[Optimizer]] = {
+    "sgd": SGD,
+    "adam": Adam,
+    "adagrad": AdaGrad,
+    "dcasgd": DCASGD,
+}
 
 
 def registered_names() -> list[str]:

@@ -71,6 +71,7 @@ from hetps.kvstore import devices
 from hetps.sync.rules import average_from_sum
 from hetps.torch.broadcast import exchange
 from hetps.torch.fusion import FUSION_GAP_S, FUSION_SPLIT_BYTES, _Group, plan_groups
+from hetps.torch.sparse import SparseTables, table_weights
 
 __all__ = ["FUSION_GAP_S", "FUSION_SPLIT_BYTES", "DistributedOptimizer", "plan_groups"]
 
@@ -107,6 +108,9 @@ class DistributedOptimizer:
         extra: torch.Tensor | None = None,
         tune_steps: int | None = None,
         background_launch: bool = True,
+        model: torch.nn.Module | None = None,
+        sparse_optimizer: ps_optim.Optimizer | None = None,
+        table_init: tuple[float, int] = (0.01, 0),
     ) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
@@ -133,7 +137,8 @@ class DistributedOptimizer:
         self.optimizer = optimizer
         self.op = op
         self.update_on = update_on
-        self.named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        skip = table_weights(model)  # nn.Embedding(sparse=True)'s: tables, not dense keys
+        self.named = [(n, p) for n, p in named_parameters if p.requires_grad and id(p) not in skip]
         # update_on="sum": the servers only sum, this worker runs the update
         self._local = None
         if update_on == "sum":
@@ -221,6 +226,7 @@ class DistributedOptimizer:
                 values.append(self._cpu[g.names[0]])
             keys.append(self._key(g))
         self.kv.init(keys, values)
+        self.tables = SparseTables.of(self, model, sparse_optimizer, table_init)
         if update_on == "server":
             self.kv.set_optimizer(server_optimizer)
         # a launch (request bookkeeping, encoding, the socket send) is ~0.2 ms of Python; a
@@ -386,6 +392,7 @@ class DistributedOptimizer:
         gradient (update on workers), so it may be clipped before :meth:`step`."""
         params = dict(self.named)
         W = self.kv.num_workers
+        self.tables.push()  # embedding tables: the batch's rows' gradients (every step)
         self._flush()
         exchanged = False  # a step without any gradient is not one of the timed steps
         for g in self.groups:

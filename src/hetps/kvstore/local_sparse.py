@@ -1,0 +1,104 @@
+"""Row-sparse keys in the single-process store (mixed into
+:class:`~hetps.kvstore.local.LocalKVStore`): the same ``Table``, ``row_sparse_pull`` and
+row-sparse pushes as the distributed store, the table held in this process (one part)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hetps import optim
+from hetps.kvstore.base import as_numpy, normalize_keys
+from hetps.kvstore.rowsparse import RowSparse, Table, coalesce
+from hetps.kvstore.slices import BadRequest
+from hetps.kvstore.sparse import TableMeta, fill_out, row_ids_of, targets_of
+from hetps.kvstore.tables import Shard, apply_rows
+
+__all__ = ["LocalSparse"]
+
+
+class LocalSparse:
+    """The row-sparse half of :class:`~hetps.kvstore.local.LocalKVStore`."""
+
+    tables: dict[Any, tuple[TableMeta, Shard]]
+    optimizer: optim.Optimizer | None
+
+    def is_row_sparse(self, key: Any) -> bool:
+        """Whether ``key`` was initialised as a row-sparse table."""
+        return key in self.tables
+
+    def table(self, key: Any) -> Table:
+        """The :class:`Table` declared for ``key``."""
+        return self.tables[key][0].table
+
+    def _init_table(self, key: Any, value: Any) -> None:
+        if isinstance(value, RowSparse):
+            spec = Table(value.shape[0], value.shape[1], value.dtype.name)
+            ids, rows = value.indices, value.data
+        else:
+            spec, ids, rows = value, None, None
+            if spec.value is not None:
+                rows = as_numpy(spec.value, f"init of key {key!r}").reshape(spec.rows, spec.cols)
+                ids = np.arange(spec.rows, dtype=np.int64)
+        tm = TableMeta(spec, 1)
+        decl = {
+            "rows": spec.rows,
+            "cols": spec.cols,
+            "dtype": spec.dtype,
+            "scale": float(spec.scale),
+            "seed": spec.seed,
+            "bound": spec.bound,
+        }
+        try:
+            sh = Shard(key, decl, 0, 1)
+        except BadRequest as exc:
+            raise ValueError(str(exc)) from None
+        sh.optimizer = spec.optimizer
+        if ids is not None:
+            tm.check_ids(key, ids, "init")
+            sh.value[sh.local(ids, None, create=True)] = rows
+        self.tables[key] = (tm, sh)
+        self.store.pop(key, None)
+
+    def _push_table(self, key: Any, value: Any) -> None:
+        tm, sh = self.tables[key]
+        what = f"push of row-sparse key {key!r}"
+        ids, rows = coalesce(value, tm.table.cols, tm.dtype, what)
+        tm.check_ids(key, ids, "push")
+        try:
+            apply_rows(sh, self.optimizer, ids, rows)
+        except BadRequest as exc:  # a growing table over its bound
+            raise ValueError(str(exc)) from None
+
+    def row_sparse_pull(
+        self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None
+    ) -> Any:
+        """MXNet's ``row_sparse_pull`` (see :mod:`hetps.kvstore.sparse`)."""
+        keys, is_list = normalize_keys(key)
+        if row_ids is None:
+            raise ValueError("row_sparse_pull needs row_ids (the rows to read)")
+        ids_list = list(row_ids) if is_list else [row_ids]
+        outs = list(out) if is_list and out is not None else [out] * len(keys)
+        if len(ids_list) != len(keys) or len(outs) != len(keys):
+            raise ValueError(f"row_sparse_pull: give one row_ids and one out per key ({len(keys)})")
+        results = []
+        for k, rid, o in zip(keys, ids_list, outs, strict=True):
+            if k not in self.tables:
+                raise KeyError(
+                    f"row_sparse_pull: key {k!r} is not a row-sparse key: call "
+                    f"kv.init({k!r}, Table(rows, cols)) first (a dense key takes kv.pull)"
+                )
+            tm, sh = self.tables[k]
+            ids = row_ids_of(rid, k)
+            tm.check_ids(k, ids, "row_sparse_pull")
+            uniq, inv = np.unique(ids, return_inverse=True)
+            what = f"row_sparse_pull of key {k!r}"
+            results.append(
+                fill_out(
+                    targets_of(o, what), o is None, tm.table, ids, uniq, inv, sh.read(uniq), what
+                )
+            )
+        if out is None:
+            return results if is_list else results[0]
+        return None

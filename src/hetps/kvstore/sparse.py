@@ -1,0 +1,286 @@
+"""Row-sparse keys on the worker side: MXNet's ``row_sparse_pull`` and row-sparse pushes
+(mixed into :class:`~hetps.kvstore.client.DistKVStore`).
+
+A key declared with :class:`~hetps.kvstore.rowsparse.Table` (``kv.init(key, Table(rows,
+cols))``) is an embedding table spread over the servers by rows (row ``r`` on server
+``r % S``). Only the rows asked for travel:
+
+* ``kv.row_sparse_pull(key, out=None, row_ids=ids)`` reads rows; ids may repeat and need not
+  be sorted. With no ``out`` it returns a :class:`~hetps.kvstore.rowsparse.RowSparse` (the
+  distinct ids, sorted, and their rows: MXNet's result). ``out`` may be a ``RowSparse``
+  (filled the same way), a dense array of ``len(row_ids)`` rows (each id's row in the order
+  asked, duplicates included: an embedding lookup), or, for a fixed table, a dense array of
+  the table's shape (the rows asked are written, every other row is zeroed, as MXNet's
+  ``out`` reads when made dense).
+* ``kv.push(key, grad)`` with a torch sparse COO tensor, a ``RowSparse`` or a pair
+  ``(row_ids, rows)``: duplicate ids are summed first; every server gets one request per
+  push (one without rows when no id of the push is its), so in ``dist_sync`` a round on each
+  server is one push from every worker, summed per row.
+
+Row-sparse keys do not take ``pull``, ``pushpull`` or 2-bit compression, and are refused
+with ``HETPS_REPLICAS`` > 1 and with network-aware balancing (their rows are not copied or
+moved).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetps.cluster import protocol as P
+from hetps.cluster.errors import ClusterError
+from hetps.cluster.requests import Future, wait_all
+from hetps.config import ConfigError
+from hetps.kvstore.base import as_numpy, normalize_keys
+from hetps.kvstore.placement import chunk_elems
+from hetps.kvstore.rowsparse import RowSparse, Table, coalesce, row_ids
+from hetps.transport.codec import Message
+
+__all__ = ["RowSparse", "SparseKeys", "Table"]
+
+
+@dataclass
+class TableMeta:
+    """What a worker knows of a row-sparse key."""
+
+    table: Table
+    nparts: int
+    dtype: np.dtype = field(init=False)
+    pushed: list[Future] = field(default_factory=list)
+    recent: deque = field(default_factory=deque)  # (call, futures) of recent pushes
+
+    def __post_init__(self) -> None:
+        self.dtype = np.dtype(self.table.dtype)
+
+    def check_ids(self, key: Any, ids: np.ndarray, what: str) -> None:
+        """Raise a ValueError naming the key and the first id out of range."""
+        if ids.size == 0:
+            return
+        rows = self.table.rows
+        bad = ids < 0 if rows is None else (ids < 0) | (ids >= rows)
+        if bad.any():
+            i = int(ids[np.argmax(bad)])
+            span = "ids must be >= 0" if rows is None else f"ids must be in [0, {rows})"
+            raise ValueError(
+                f"{what} of row-sparse key {key!r}: row id {i} is out of range ({span}"
+                f"{'' if rows is None else f' for a table of {rows} rows'})"
+            )
+
+
+def is_table(value: Any) -> bool:
+    """Whether an init value declares a row-sparse key."""
+    return isinstance(value, (Table, RowSparse))
+
+
+class SparseKeys:
+    """The row-sparse half of the worker's store (see the module's text)."""
+
+    _tables: dict[Any, TableMeta]
+
+    def table(self, key: Any) -> Table:
+        """The :class:`Table` declared for ``key`` (KeyError if it is not row-sparse)."""
+        return self._tables[key].table
+
+    def is_row_sparse(self, key: Any) -> bool:
+        """Whether ``key`` was initialised as a row-sparse table."""
+        return key in self._tables
+
+    def _init_table(self, key: Any, value: Any, lead: bool) -> list[Future]:
+        if self.node.replicas > 1:
+            raise ConfigError(
+                f"row-sparse key {key!r}: tables are not copied to replicas; run with "
+                "HETPS_REPLICAS=1 (or make the table a dense key)"
+            )
+        if self.balance:
+            raise ConfigError(
+                f"row-sparse key {key!r}: network-aware balancing moves dense slices only; run "
+                "with HETPS_BALANCE=none"
+            )
+        if isinstance(value, RowSparse):  # MXNet's kv.init(key, row_sparse_array)
+            if value.shape[0] < 0:
+                raise ValueError(f"init of key {key!r}: a RowSparse value needs a fixed shape")
+            spec = Table(value.shape[0], value.shape[1], value.dtype.name)
+            rows_ids, rows = value.indices, value.data
+        else:
+            spec = value
+            rows_ids, rows = None, None
+            if spec.value is not None:
+                rows = as_numpy(spec.value, f"init of key {key!r}").reshape(spec.rows, spec.cols)
+                if rows.dtype != np.dtype(spec.dtype):
+                    raise ValueError(
+                        f"init of key {key!r}: value of dtype {rows.dtype}, the Table says "
+                        f"{spec.dtype}"
+                    )
+                rows_ids = np.arange(spec.rows, dtype=np.int64)
+        S = self.num_servers
+        tm = self._tables[key] = TableMeta(spec, S)
+        self.meta.pop(key, None)
+        if rows_ids is not None:
+            tm.check_ids(key, rows_ids, "init")
+        if not lead:
+            return []
+        decl = {
+            "k": key,
+            "nparts": S,
+            "rows": spec.rows,
+            "cols": spec.cols,
+            "dtype": spec.dtype,
+            "scale": float(spec.scale),
+            "seed": spec.seed,
+            "bound": spec.bound,
+        }
+        if spec.optimizer is not None:
+            from hetps import optim
+
+            if not isinstance(spec.optimizer, optim.Optimizer):
+                raise TypeError(
+                    f"init of key {key!r}: Table(optimizer=...) takes a hetps.optim.Optimizer, "
+                    f"got {type(spec.optimizer).__name__}"
+                )
+            decl["opt"] = optim.dumps(spec.optimizer)
+        futs = []
+        step = max(1, chunk_elems(self.cfg.chunk_bytes, tm.dtype.itemsize) // spec.cols)
+        for s in range(S):
+            body = dict(decl, part=s)
+            futs.append(self.request(key, 0, s, Message(P.SINIT, body=body)))
+            body = {k: v for k, v in body.items() if k != "opt"}  # (the rows: without it)
+            if rows_ids is None:
+                continue
+            mine = np.flatnonzero(rows_ids % S == s)
+            for a in range(0, mine.size, step):
+                sel = mine[a : a + step]
+                arrays = [rows_ids[sel], np.ascontiguousarray(rows[sel]).reshape(-1)]
+                futs.append(self.request(key, 0, s, Message(P.SINIT, body=body, arrays=arrays)))
+        return futs
+
+    def _push_table(self, key: Any, value: Any, priority: int) -> list[Future]:
+        tm = self._tables[key]
+        what = f"push of row-sparse key {key!r}"
+        if self.compressor is not None:
+            raise ValueError(f"{what}: 2-bit compression is for dense keys")
+        ids, rows = coalesce(value, tm.table.cols, tm.dtype, what)
+        tm.check_ids(key, ids, "push")
+        if self.sync:
+            self._round_credit(tm)
+        S = tm.nparts
+        owner = ids % S if S > 1 else None
+        futs = []
+        for s in range(S):
+            sel = slice(None) if owner is None else owner == s
+            pid, prow = ids[sel].copy(), rows[sel].copy()  # captured: the caller may reuse them
+            body = {"k": key, "part": s, "sync": self.sync}
+            msg = Message(P.SPUSH, body=body, arrays=[pid, prow.reshape(-1)])
+            futs.append(self.request(key, priority, s, msg))
+        tm.pushed = futs
+        if self.sync:
+            tm.recent.append((self._calls, futs))
+        return futs
+
+    def row_sparse_pull(
+        self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None
+    ) -> Any:
+        """Read the rows ``row_ids`` of row-sparse keys (MXNet's ``row_sparse_pull``; see the
+        module's text for ``out``). A list of keys takes a list of outs and of row_ids (one
+        row_ids for every out of a key). Returns the :class:`RowSparse` results when ``out``
+        is None, else None. Sees this worker's earlier pushes of the keys."""
+        self.node.check()
+        if self._push_run:
+            self._last_push_run, self._push_run = self._push_run, 0
+        keys, is_list = normalize_keys(key)
+        if row_ids is None:
+            raise ValueError("row_sparse_pull needs row_ids (the rows to read)")
+        ids_list = list(row_ids) if is_list else [row_ids]
+        outs = list(out) if is_list and out is not None else [out] * len(keys)
+        if len(ids_list) != len(keys) or len(outs) != len(keys):
+            raise ValueError(f"row_sparse_pull: give one row_ids and one out per key ({len(keys)})")
+        futs: list[Future] = []
+        finishers = []
+        for k, rid, o in zip(keys, ids_list, outs, strict=True):
+            tm = self._tables.get(k)
+            if tm is None:
+                raise KeyError(
+                    f"row_sparse_pull: key {k!r} is not a row-sparse key: call "
+                    f"kv.init({k!r}, Table(rows, cols)) first (a dense key takes kv.pull)"
+                )
+            f, fin = self._pull_rows(k, tm, row_ids_of(rid, k), o, priority)
+            futs += f
+            finishers.append(fin)
+        self._track(futs)
+        wait_all(futs, self.timeout, "row_sparse_pull")
+        results = [fin() for fin in finishers]
+        if out is None:
+            return results if is_list else results[0]
+        return None
+
+    def _pull_rows(self, key: Any, tm: TableMeta, ids: np.ndarray, out: Any, priority: int):
+        what = f"row_sparse_pull of key {key!r}"
+        tm.check_ids(key, ids, "row_sparse_pull")
+        uniq, inv = np.unique(ids, return_inverse=True)
+        cols = tm.table.cols
+        rows = np.empty((uniq.size, cols), tm.dtype)
+        S = tm.nparts
+        owner = uniq % S if S > 1 else None
+        futs = []
+        for s in range(S):
+            sel = np.arange(uniq.size) if owner is None else np.flatnonzero(owner == s)
+            if sel.size == 0:
+                continue
+            body = {"k": key, "part": s}
+            msg = Message(P.SPULL, body=body, arrays=[uniq[sel]])
+            futs.append(self.request(key, priority, s, msg, _land_rows(key, rows, sel, cols)))
+        # the earlier push's errors are this pull's too (it may have been refused)
+        futs = [f for f in tm.pushed if not f.reported] + futs
+        tm.pushed = []
+        targets = targets_of(out, what)
+
+        def finish() -> Any:
+            return fill_out(targets, out is None, tm.table, ids, uniq, inv, rows, what)
+
+        return futs, finish
+
+
+def fill_out(
+    targets: list, want: bool, table: Table, ids, uniq, inv, rows: np.ndarray, what: str
+) -> Any:
+    """Write a pull's rows into its outs (see the module's text); the RowSparse result when
+    ``want`` (no out was given)."""
+    cols = table.cols
+    for t in targets:
+        if isinstance(t, RowSparse):
+            t.indices, t.data, t.shape = uniq.copy(), rows.copy(), table.shape
+            continue
+        if t.ndim == 2 and t.shape == (ids.size, cols):
+            t[...] = rows[inv]  # a lookup: each id's row, in the order asked
+        elif t.shape == table.shape:
+            t[...] = 0
+            t[uniq] = rows
+        else:
+            raise ValueError(
+                f"{what}: out of shape {t.shape}: give ({ids.size}, {cols}) (the rows "
+                f"asked, in order) or the table's shape {table.shape}, or a RowSparse"
+            )
+    return RowSparse(uniq, rows, table.shape) if want else None
+
+
+def row_ids_of(value: Any, key: Any) -> np.ndarray:
+    return row_ids(value, f"row_sparse_pull of key {key!r}")
+
+
+def targets_of(out: Any, what: str) -> list[Any]:
+    if out is None:
+        return []
+    items = list(out) if isinstance(out, (list, tuple)) else [out]
+    return [o if isinstance(o, RowSparse) else as_numpy(o, what) for o in items]
+
+
+def _land_rows(key: Any, rows: np.ndarray, sel: np.ndarray, cols: int):
+    def land(reply: Message) -> None:
+        if len(reply.arrays) != 1 or reply.arrays[0].size != sel.size * cols:
+            raise ClusterError(f"row_sparse_pull of key {key!r}: server sent a wrong-sized reply")
+        rows[sel] = reply.arrays[0].reshape(sel.size, cols)
+        reply.arrays = []
+
+    return land

@@ -1,0 +1,429 @@
+"""A server's parts of the row-sparse keys (embedding tables): rows by id, rounds, lazy updates.
+
+A table's rows are spread over the servers by id: row ``r`` lives on part ``r % S`` at local
+row ``r // S`` (a fixed table), or, for a table that grows (``rows=None``), at the local row
+its id was given when it was first pushed. Every request is checked before it is used: its
+ids (int64, in range, on this part, and for a push sorted and distinct) and the size and dtype
+of its rows; a bad one is answered with an error naming the key and the first bad id.
+
+``dist_sync``: every worker pushes each table once per round to every server (a push may carry
+no rows). When every live worker pushed, the pushes are summed per row in worker order, and the
+optimizer updates only the rows touched (:func:`hetps.optim.lazy.update_rows`); with no
+optimizer the sums replace those rows. Then the pushes are acknowledged and the pulls that
+waited for the round are answered. ``dist_async``: each push is applied at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hetps.cluster import protocol as P
+from hetps.kvstore.rowsparse import initial_rows
+from hetps.kvstore.slices import BadRequest, short
+from hetps.optim import lazy
+from hetps.transport.codec import WIRE_DTYPES, Message
+
+#: ids one request may carry
+MAX_IDS = 1 << 24
+
+
+class Shard:
+    """One server's part of one table."""
+
+    def __init__(self, key: Any, decl: dict, part: int, nparts: int) -> None:
+        self.key = key
+        self.decl = decl
+        self.rows_total: int | None = decl["rows"]
+        self.cols: int = decl["cols"]
+        self.dtype = WIRE_DTYPES[decl["dtype"]]
+        self.scale: float = float(decl["scale"])
+        self.seed: int = decl["seed"]
+        self.bound: int = decl["bound"]
+        self.part, self.nparts = part, nparts
+        if self.rows_total is not None:
+            n = max(0, (self.rows_total - part + nparts - 1) // nparts)
+            self.n = n
+            self._check_bound(n, 0)
+            self.value = np.zeros((n, self.cols), self.dtype)  # (pages come as rows are used)
+            # rows get their initial value when first used, not here: a table of 30M rows
+            # starts at once and holds only what is used (a byte per row for this mark)
+            self.made = np.zeros(n, bool) if self.scale else None
+        else:
+            self.n = 0
+            self.index: dict[int, int] = {}
+            self.value = np.zeros((0, self.cols), self.dtype)
+        self.state: Any = None
+        self.has_state = False
+        self.optimizer: Any = None  # this table's own (Table(optimizer=...)), else the server's
+        self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # worker -> its push
+        self.acks: list[Message] = []
+        self.deferred: list[Message] = []
+        self.backlog: list[Message] = []
+        self.rounds = 0
+
+    @property
+    def growing(self) -> bool:
+        return self.rows_total is None
+
+    @property
+    def skey(self) -> tuple[Any, int]:
+        return (self.key, self.part)
+
+    # -- memory --------------------------------------------------------------------------
+    def row_bytes(self, optimizer: Any) -> int:
+        """Bytes one row takes here: its value and its optimizer state."""
+        per = self.cols * self.dtype.itemsize
+        if optimizer is not None:
+            st = (
+                self.state
+                if self.has_state
+                else lazy.create_table_state(optimizer, 0, self.cols, self.dtype)
+            )
+            per += sum(
+                a.dtype.itemsize * a.shape[1]
+                for a in st.values()
+                if isinstance(a, np.ndarray) and a.ndim == 2
+            )
+        return per
+
+    def nbytes(self) -> int:
+        total = self.value.nbytes
+        if self.has_state:
+            total += sum(a.nbytes for a in self.state.values() if isinstance(a, np.ndarray))
+        return total
+
+    def _check_bound(self, rows: int, per: int) -> None:
+        per = per or self.cols * self.dtype.itemsize
+        if self.bound and rows * per > self.bound:
+            raise BadRequest(
+                f"row-sparse key {self.key!r}: {rows} rows here would take {rows * per} bytes "
+                f"({per} per row with the optimizer state), over the table's bound of "
+                f"{self.bound} bytes per server; raise Table(server_bytes=...), add servers, "
+                "or hash the ids into fewer rows"
+            )
+
+    # -- rows by id -----------------------------------------------------------------------
+    def local(self, ids: np.ndarray, optimizer: Any = None, create: bool = False) -> np.ndarray:
+        """Local rows of ``ids`` (checked ids); for a growing table -1 where a row was never
+        made, unless ``create`` (then it is made, at its initial value)."""
+        if not self.growing:
+            loc = ids // self.nparts
+            if self.made is not None:
+                fresh = loc[~self.made[loc]]
+                if fresh.size:
+                    self.value[fresh] = initial_rows(
+                        self.scale,
+                        self.seed,
+                        fresh * self.nparts + self.part,
+                        self.cols,
+                        self.dtype,
+                    )
+                    self.made[fresh] = True
+            return loc
+        index = self.index
+        out = np.fromiter((index.get(i, -1) for i in ids.tolist()), np.int64, ids.size)
+        if create:
+            new = ids[out < 0]
+            if new.size:
+                self._make(new, optimizer)
+                out[out < 0] = np.arange(self.n - new.size, self.n)
+        return out
+
+    def _make(self, ids: np.ndarray, optimizer: Any) -> None:
+        need = self.n + ids.size
+        self._check_bound(need, self.row_bytes(optimizer))
+        if need > self.value.shape[0]:
+            cap = max(need, 2 * self.value.shape[0], 64)
+            grown = np.zeros((cap, self.cols), self.dtype)
+            grown[: self.n] = self.value[: self.n]
+            self.value = grown
+            if self.has_state:
+                lazy.grow_state(self.state, cap)
+        self.value[self.n : need] = initial_rows(self.scale, self.seed, ids, self.cols, self.dtype)
+        for j, i in enumerate(ids.tolist()):
+            self.index[i] = self.n + j
+        self.n = need
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        """The rows of (checked) ``ids``, in that order."""
+        loc = self.local(ids)
+        if not self.growing:
+            return self.value[loc]
+        out = np.empty((ids.size, self.cols), self.dtype)
+        have = loc >= 0
+        out[have] = self.value[loc[have]]
+        if not have.all():
+            out[~have] = initial_rows(self.scale, self.seed, ids[~have], self.cols, self.dtype)
+        return out
+
+
+def apply_rows(sh: Shard, optimizer: Any, ids: np.ndarray, grad: np.ndarray) -> None:
+    """Apply a round's per-row sums ``grad`` of (checked, distinct) ``ids`` to ``sh``: the
+    table's own optimizer, else ``optimizer``, lazily; with neither, the sums replace the
+    rows. Raises BadRequest when a growing table would pass its bound (nothing changed)."""
+    opt = sh.optimizer if sh.optimizer is not None else optimizer
+    loc = sh.local(ids, opt, create=True)
+    if opt is None:
+        sh.value[loc] = grad
+        return
+    if not sh.has_state:
+        sh.state = lazy.create_table_state(opt, sh.value.shape[0], sh.cols, sh.dtype)
+        sh.has_state = True
+    lazy.update_rows(opt, sh.skey, sh.value, loc, grad, sh.state)
+
+
+class Tables:
+    """The row-sparse keys of one server (``server``: its :class:`~hetps.kvstore.server.KVServer`,
+    for the optimizer, the worker count, the answers and the mode)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.shards: dict[Any, Shard] = {}
+
+    # -- entry ---------------------------------------------------------------------------
+    def handle(self, msg: Message) -> None:
+        if msg.cmd == P.SINIT:
+            self._init(msg)
+        elif msg.cmd == P.SPUSH:
+            self._push(msg)
+        else:
+            self._pull(msg)
+
+    def reset_states(self) -> None:
+        """A new optimizer: every table's state starts again."""
+        for sh in self.shards.values():
+            if sh.optimizer is None:
+                sh.state, sh.has_state = None, False
+
+    def nbytes(self) -> int:
+        """Bytes held by every table here (values and optimizer states)."""
+        return sum(sh.nbytes() for sh in self.shards.values())
+
+    # -- checks --------------------------------------------------------------------------
+    @staticmethod
+    def _key(msg: Message) -> Any:
+        key = msg.body.get("k")
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise BadRequest(f"{msg.cmd}: key {short(key)} must be an int or a str")
+        if isinstance(key, str) and len(key) > 1024:
+            raise BadRequest(f"{msg.cmd}: a key of {len(key)} characters is longer than 1024")
+        return key
+
+    def _shard(self, msg: Message) -> Shard:
+        key = self._key(msg)
+        sh = self.shards.get(key)
+        if sh is None:
+            raise BadRequest(
+                f"{msg.cmd}: row-sparse key {key!r} was never initialised here: call "
+                f"kv.init({key!r}, Table(rows, cols)) first"
+            )
+        part = msg.body.get("part")
+        if part != sh.part:
+            raise BadRequest(
+                f"{msg.cmd} of key {key!r}: part {short(part)}, this server holds {sh.part}"
+            )
+        return sh
+
+    @staticmethod
+    def _ids(msg: Message, sh: Shard, arr: np.ndarray, sorted_distinct: bool) -> np.ndarray:
+        if arr.dtype != np.int64 or arr.ndim != 1:
+            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be a 1-D int64 array")
+        if arr.size > MAX_IDS:
+            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: {arr.size} ids, at most {MAX_IDS}")
+        if arr.size == 0:
+            return arr
+        bad = arr < 0
+        if sh.rows_total is not None:
+            bad |= arr >= sh.rows_total
+        if sh.nparts > 1:
+            bad |= arr % sh.nparts != sh.part
+        if bad.any():
+            i = int(arr[np.argmax(bad)])
+            where = (
+                f"a table of {sh.rows_total} rows takes ids in [0, {sh.rows_total})"
+                if sh.rows_total is not None and not 0 <= i < sh.rows_total
+                else "ids must be >= 0"
+                if i < 0
+                else f"it belongs to part {i % sh.nparts}, not {sh.part}"
+            )
+            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row id {i} is out of range ({where})")
+        if sorted_distinct and arr.size > 1 and not np.all(arr[1:] > arr[:-1]):
+            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
+        return arr
+
+    @staticmethod
+    def _rows(msg: Message, sh: Shard, arr: np.ndarray, n: int) -> np.ndarray:
+        if arr.dtype != sh.dtype or arr.size != n * sh.cols:
+            raise BadRequest(
+                f"{msg.cmd} of key {sh.key!r}: got {arr.size} values of {arr.dtype} for {n} rows "
+                f"of {sh.cols} {sh.dtype.name}"
+            )
+        return arr.reshape(n, sh.cols)
+
+    # -- commands ------------------------------------------------------------------------
+    def _init(self, msg: Message) -> None:
+        key = self._key(msg)
+        b = msg.body
+        rows, cols, dname = b.get("rows"), b.get("cols"), b.get("dtype")
+        part, nparts = b.get("part"), b.get("nparts")
+        scale, seed, bound = b.get("scale", 0.0), b.get("seed", 0), b.get("bound", 0)
+
+        def ok_int(v: Any, low: int) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+        if (
+            not (rows is None or ok_int(rows, 0))
+            or not ok_int(cols, 1)
+            or cols > (1 << 20)
+            or dname not in ("float16", "float32", "float64")
+            or not ok_int(nparts, 1)
+            or not ok_int(part, 0)
+            or part >= nparts
+            or not isinstance(scale, (int, float))
+            or isinstance(scale, bool)
+            or not np.isfinite(scale)
+            or not ok_int(seed, 0)
+            or not ok_int(bound, 0)
+        ):
+            raise BadRequest(f"sinit of key {key!r}: bad table declaration {short(b, 200)}")
+        if any(k == key for k, _ in self.server.slices):
+            raise BadRequest(f"sinit: key {key!r} is a dense key here; use another key")
+        decl = {
+            "rows": rows,
+            "cols": cols,
+            "dtype": dname,
+            "scale": float(scale),
+            "seed": seed,
+            "bound": bound,
+        }
+        sh = self.shards.get(key)
+        if sh is None or sh.decl != decl or (sh.part, sh.nparts) != (part, nparts):
+            try:
+                sh = Shard(key, decl, part, nparts)
+            except (MemoryError, ValueError) as exc:
+                raise BadRequest(f"sinit of key {key!r}: cannot hold the table ({exc})") from None
+            self.shards[key] = sh
+        blob = b.get("opt")
+        if blob is not None:
+            if not isinstance(blob, bytes) or not self.server._from_worker(msg):
+                raise BadRequest(f"sinit of key {key!r}: a table's optimizer comes from a worker")
+            from hetps import optim
+
+            try:
+                sh.optimizer = optim.loads(blob)
+            except Exception as exc:  # noqa: BLE001 - unpickling user code can raise anything
+                raise BadRequest(
+                    f"sinit of key {key!r}: the server could not load the table's optimizer "
+                    f"({type(exc).__name__}: {exc})"
+                ) from None
+            sh.state, sh.has_state = None, False
+        if msg.arrays:
+            if len(msg.arrays) != 2:
+                raise BadRequest(f"sinit of key {key!r}: expected row ids and rows")
+            ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), False)
+            vals = self._rows(msg, sh, msg.arrays[1], ids.size)
+            opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
+            sh.value[sh.local(ids, opt, create=True)] = vals
+        self.server.answers.reply(msg)
+
+    def _push(self, msg: Message) -> None:
+        sh = self._shard(msg)
+        if len(msg.arrays) != 2:
+            raise BadRequest(f"spush of key {sh.key!r}: expected row ids and rows")
+        ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), True)
+        vals = self._rows(msg, sh, msg.arrays[1], ids.size)
+        srv = self.server
+        sync = srv.sync if srv.sync is not None else bool(msg.body.get("sync", True))
+        if not sync and srv.optimizer is None and sh.optimizer is None:
+            raise BadRequest(
+                f"push of row-sparse key {sh.key!r} in dist_async needs a server optimizer: "
+                "call kv.set_optimizer(...) before the first push"
+            )
+        worker = msg.sender
+        if srv._fixed_workers is None and worker in getattr(srv.node, "left", ()):
+            raise BadRequest("spush from a worker that left the job")  # (sent before it died)
+        if not sync:
+            self._apply(sh, ids, vals)
+            srv.answers.reply(msg)
+            return
+        if srv.done_workers:
+            raise BadRequest(srv._uneven(sh))
+        if worker in sh.pending or any(m.sender == worker for m in sh.backlog):
+            sh.backlog.append(msg)  # this worker pushed this round already: the next one
+            return
+        sh.pending[worker] = (ids, vals)
+        msg.arrays = []
+        sh.acks.append(msg)
+        if len(sh.pending) >= srv.num_workers:
+            self._finish_round(sh)
+
+    def _apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None:
+        apply_rows(sh, self.server.optimizer, ids, grad)
+
+    def _finish_round(self, sh: Shard) -> None:
+        pushes = [sh.pending[w] for w in sorted(sh.pending)]  # worker order: deterministic
+        acks, deferred, backlog = sh.acks, sh.deferred, sh.backlog
+        sh.pending, sh.acks, sh.deferred, sh.backlog = {}, [], [], []
+        if len(pushes) == 1:
+            ids, grad = pushes[0]
+        else:
+            ids = np.unique(np.concatenate([p[0] for p in pushes]))
+            grad = np.zeros((ids.size, sh.cols), sh.dtype)
+            first = True
+            for pid, pval in pushes:
+                pos = np.searchsorted(ids, pid)
+                if first:
+                    grad[pos] = pval
+                    first = False
+                else:
+                    grad[pos] += pval
+        error = None
+        try:
+            self._apply(sh, ids, grad)
+        except BadRequest as exc:  # (a growing table over its bound) the round is dropped
+            error = str(exc)
+        sh.rounds += 1
+        answers = self.server.answers
+        for m in acks:
+            answers.reply(m, {"error": error} if error else None)
+        for m in deferred:
+            self._pull(m)
+        for m in backlog:
+            self.server.handle(m)
+
+    def _pull(self, msg: Message) -> None:
+        sh = self._shard(msg)
+        if len(msg.arrays) != 1:
+            raise BadRequest(f"spull of key {sh.key!r}: expected one array of row ids")
+        ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), False)
+        worker = msg.sender
+        if any(m.sender == worker for m in sh.backlog):
+            sh.backlog.append(msg)
+            return
+        if worker in sh.pending:  # this worker pushed in the unfinished round: after it
+            sh.deferred.append(msg)
+            return
+        self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])
+
+    def worker_left(self, gone: int) -> None:
+        """A worker died and the job goes on without it (HETPS_ELASTIC): drop what it sent
+        that is not applied, and finish the rounds the other workers have all pushed (the
+        survivors' sum, not rescaled)."""
+        for sh in self.shards.values():
+            sh.backlog = [m for m in sh.backlog if m.sender != gone]
+            sh.deferred = [m for m in sh.deferred if m.sender != gone]
+            if sh.pending.pop(gone, None) is not None:
+                sh.acks = [m for m in sh.acks if m.sender != gone]
+            if sh.pending and len(sh.pending) >= self.server.num_workers:
+                self._finish_round(sh)
+
+    def worker_done(self, worker: int) -> None:
+        """A worker finished: fail the rounds that still wait for it."""
+        for sh in self.shards.values():
+            if sh.pending and worker not in sh.pending:
+                text = self.server._uneven(sh)
+                for m in sh.acks + sh.deferred + sh.backlog:
+                    self.server.answers.reply(m, {"error": text})
+                sh.pending, sh.acks, sh.deferred, sh.backlog = {}, [], [], []

@@ -1,0 +1,150 @@
+"""Lazy updates of a row-sparse table: only the rows a round touched change.
+
+MXNet's ``lazy_update`` semantics for a row-sparse gradient: the optimizer's rule runs on the
+rows the gradient names, and every other row keeps its weight *and its state* (momentum,
+Adam's moments, AdaGrad's history) as they were. With plain SGD (no momentum) that is the
+dense update exactly; with momentum or Adam a dense update would also move the untouched
+rows (their momentum decays), which the lazy one does not.
+
+A table's state is a dict of arrays shaped like the table (rows x columns, the compute
+dtype), one row per table row, plus Adam's step count ``t`` (counted per table and round,
+as MXNet counts updates per key: a round that touched no row of this server's part still
+counts).
+
+Rules, for each touched row ``r`` with gradient row ``grad[r]`` (``rescale`` and ``clip`` as
+in the dense optimizers):
+
+* SGD: ``g = clip(rescale * grad[r]) + wd * w[r]``; no momentum: ``w[r] -= lr * g``;
+  momentum: ``mom[r] = momentum * mom[r] - lr * g; w[r] += mom[r]``.
+* Adam: ``g = clip(rescale * grad[r] + wd * w[r])``, ``mean[r] = b1 mean[r] + (1 - b1) g``,
+  ``var[r] = b2 var[r] + (1 - b2) g^2``, ``w[r] -= lr_t mean[r] / (sqrt(var[r]) + eps)``
+  with ``lr_t = lr sqrt(1 - b2^t) / (1 - b1^t)``.
+* AdaGrad: ``g = clip(rescale * grad[r])``, ``hist[r] += g^2``,
+  ``w[r] += (g / sqrt(hist[r] + eps) + wd * w[r]) * -lr`` (MXNet's sparse kernel refuses
+  ``wd != 0``; here the dense rule's weight decay applies to the touched rows).
+
+An optimizer of another class may define ``create_table_state(rows, cols, dtype)`` and
+``update_rows(key, weight, rows, grad, state)`` to serve row-sparse keys itself.
+
+Pure NumPy; imports no other hetps layer but ``hetps.optim``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from hetps.optim.adagrad import AdaGrad
+from hetps.optim.adam import Adam
+from hetps.optim.base import Optimizer
+from hetps.optim.sgd import SGD
+
+__all__ = ["LazyUnsupported", "create_table_state", "grow_state", "update_rows"]
+
+
+class LazyUnsupported(TypeError):
+    """The optimizer has no row-sparse (lazy) rule."""
+
+
+def _compute(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+
+
+def create_table_state(opt: Optimizer, rows: int, cols: int, dtype: Any) -> dict[str, Any]:
+    """The state of a table of ``rows`` x ``cols`` for ``opt`` (rows added by :func:`grow_state`)."""
+    dt = _compute(dtype)
+    if hasattr(opt, "update_rows") and hasattr(opt, "create_table_state"):
+        return opt.create_table_state(rows, cols, dt)
+    if isinstance(opt, SGD):
+        return {"mom": np.zeros((rows, cols), dt)} if opt.momentum != 0.0 else {}
+    if isinstance(opt, Adam):
+        return {"mean": np.zeros((rows, cols), dt), "var": np.zeros((rows, cols), dt), "t": 0}
+    if isinstance(opt, AdaGrad):
+        return {"history": np.zeros((rows, cols), dt)}
+    raise LazyUnsupported(
+        f"{type(opt).__name__} has no row-sparse (lazy) update: use hetps.optim.SGD, Adam or "
+        "AdaGrad for row-sparse keys, or give the optimizer create_table_state() and "
+        "update_rows()"
+    )
+
+
+def grow_state(state: dict[str, Any], rows: int) -> None:
+    """Make every per-row array of ``state`` ``rows`` long (new rows are zeros)."""
+    for name, arr in list(state.items()):
+        if isinstance(arr, np.ndarray) and arr.ndim == 2 and arr.shape[0] < rows:
+            grown = np.zeros((rows, arr.shape[1]), arr.dtype)
+            grown[: arr.shape[0]] = arr
+            state[name] = grown
+
+
+def update_rows(
+    opt: Optimizer,
+    key: Any,
+    weight: np.ndarray,
+    rows: np.ndarray,
+    grad: np.ndarray,
+    state: dict[str, Any],
+) -> None:
+    """Apply ``grad`` (len(rows) x cols) to ``weight[rows]`` (weight: the table, 2-D) in place,
+    lazily; ``rows`` are distinct local row indices (possibly none: a round that touched no
+    row here still counts for Adam's step)."""
+    if hasattr(opt, "update_rows") and hasattr(opt, "create_table_state"):
+        opt.update_rows(key, weight, rows, grad, state)
+        return
+    dt = _compute(weight.dtype)
+    if isinstance(opt, Adam):
+        state["t"] += 1
+    if rows.size == 0:
+        return
+    w = weight[rows]
+    if isinstance(opt, SGD):
+        g = opt._preprocess_grad(grad, dt)
+        if opt.wd != 0.0:
+            g += np.multiply(w, opt.wd, dtype=dt)
+        if opt.momentum == 0.0:
+            g *= -opt.learning_rate
+            weight[rows] = np.add(w, g, dtype=dt)
+            return
+        mom = state["mom"][rows]
+        mom *= opt.momentum
+        g *= opt.learning_rate
+        mom -= g
+        state["mom"][rows] = mom
+        weight[rows] = np.add(w, mom, dtype=dt)
+        return
+    if isinstance(opt, Adam):
+        t = state["t"]
+        lr_t = opt.learning_rate * math.sqrt(1.0 - opt.beta2**t) / (1.0 - opt.beta1**t)
+        g = np.multiply(grad, opt.rescale_grad, dtype=dt)
+        if opt.wd != 0.0:
+            g += np.multiply(w, opt.wd, dtype=dt)
+        clip = opt.clip_gradient
+        if clip is not None and clip > 0:
+            np.clip(g, -clip, clip, out=g)
+        mean, var = state["mean"][rows], state["var"][rows]
+        mean *= opt.beta1
+        mean += (1.0 - opt.beta1) * g
+        g *= g
+        var *= opt.beta2
+        var += (1.0 - opt.beta2) * g
+        state["mean"][rows], state["var"][rows] = mean, var
+        np.sqrt(var, out=g)
+        g += opt.epsilon
+        np.divide(mean, g, out=g)
+        g *= -lr_t
+        weight[rows] = np.add(w, g, dtype=dt)
+        return
+    if isinstance(opt, AdaGrad):
+        g = opt._preprocess_grad(grad, dt)
+        hist = state["history"][rows]
+        hist += g * g
+        state["history"][rows] = hist
+        g /= np.sqrt(hist + opt.eps)
+        if opt.wd != 0.0:
+            g += np.multiply(w, opt.wd, dtype=dt)
+        g *= -opt.learning_rate
+        weight[rows] = np.add(w, g, dtype=dt)
+        return
+    create_table_state(opt, 0, 0, weight.dtype)  # raises LazyUnsupported with the fix

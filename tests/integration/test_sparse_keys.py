@@ -1,0 +1,214 @@
+"""Row-sparse keys through real processes: MXNet's row_sparse_pull semantics, row-sparse pushes
+summed per row across workers, empty pushes, ids out of range, lazy server optimizers, tables
+that grow and their memory bound."""
+
+from __future__ import annotations
+
+SEMANTICS = """
+import torch
+from hetps.kvstore.rowsparse import RowSparse, Table
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+dense = np.arange(30, dtype=np.float32).reshape(10, 3)
+kv.init('emb', Table(10, 3, value=dense))
+assert kv.is_row_sparse('emb')
+# MXNet: out holds the distinct ids, sorted, and their rows; ids may repeat and be unsorted
+got = kv.row_sparse_pull('emb', row_ids=np.array([7, 2, 2, 7, 0]))
+assert got.indices.tolist() == [0, 2, 7], got.indices
+assert np.array_equal(got.data, dense[[0, 2, 7]])
+full = np.full((10, 3), -1, np.float32)             # dense out of the table's shape: others zeroed
+kv.row_sparse_pull('emb', out=full, row_ids=np.array([2, 2]))
+expect = np.zeros((10, 3), np.float32); expect[2] = dense[2]
+assert np.array_equal(full, expect), full
+look = torch.zeros(4, 3)                             # a smaller out: each id's row, in order
+kv.row_sparse_pull('emb', out=look, row_ids=torch.tensor([9, 1, 9, 5]))
+assert np.array_equal(look.numpy(), dense[[9, 1, 9, 5]])
+rs = RowSparse([], np.zeros((0, 3), np.float32), (10, 3))
+kv.row_sparse_pull('emb', out=rs, row_ids=[4])
+assert rs.indices.tolist() == [4] and np.array_equal(rs.asnumpy()[4], dense[4])
+try:
+    kv.pull('emb')
+    raise SystemExit('pull of a row-sparse key passed')
+except TypeError as e:
+    assert 'row_sparse_pull' in str(e), e
+
+# pushes without an optimizer: the touched rows become the workers' sum (duplicates summed first)
+kv.push('emb', (np.array([1, 1, 4 + r]), np.ones((3, 3), np.float32) * (r + 1)))
+out = kv.row_sparse_pull('emb', row_ids=np.arange(10)).asnumpy()
+assert np.array_equal(out[1], np.full(3, sum(2 * (w + 1) for w in range(W)))), out[1]
+for w in range(W):
+    assert np.array_equal(out[4 + w], np.full(3, w + 1.0)), (w, out[4 + w])
+assert np.array_equal(out[9], dense[9])              # untouched rows keep their value
+# an empty push is a worker's part of the round
+if r == 0:
+    kv.push('emb', (np.zeros(0, np.int64), np.zeros((0, 3), np.float32)))
+else:
+    kv.push('emb', torch.sparse_coo_tensor([[8, 8]], torch.ones(2, 3), (10, 3)))
+out2 = kv.row_sparse_pull('emb', row_ids=[8, 9]).data
+assert np.array_equal(out2[0], np.full(3, 2.0)), out2       # worker 1's two ones, summed
+kv.push('emb', (np.zeros(0, np.int64), np.zeros((0, 3), np.float32)))   # every worker empty
+assert np.array_equal(kv.row_sparse_pull('emb', row_ids=[9]).data[0], dense[9])
+
+# an id out of range: a clear error naming the key and the id (worker side) ...
+for bad in ([3, 10], [-1]):
+    try:
+        kv.push('emb', (np.array(bad), np.ones((len(bad), 3), np.float32)))
+        raise SystemExit('out-of-range push passed')
+    except ValueError as e:
+        assert "'emb'" in str(e) and f'row id {bad[-1]}' in str(e), e
+try:
+    kv.row_sparse_pull('emb', row_ids=[12])
+    raise SystemExit('out-of-range pull passed')
+except ValueError as e:
+    assert "'emb'" in str(e) and 'row id 12' in str(e), e
+# ... and the server checks again what a broken worker sends
+from hetps.cluster import protocol as P
+from hetps.transport.codec import Message
+m = Message(P.SPULL, body={'k': 'emb', 'part': 0}, arrays=[np.array([10 * kv.num_servers], np.int64)])
+f = kv.request('emb', 0, 0, m)
+try:
+    f.wait(30)
+    raise SystemExit('server took an out-of-range id')
+except RequestError as e:
+    assert "'emb'" in str(e) and f'row id {10 * kv.num_servers}' in str(e), e
+kv.barrier()
+
+# lazy SGD with momentum on the servers: only the rows touched move, momentum included
+kv.init('t2', Table(6, 2, value=np.ones((6, 2), np.float32)))
+kv.set_optimizer(optim.SGD(learning_rate=0.5, momentum=0.5))
+for rnd in range(2):
+    kv.push('t2', (np.array([0, 3]), np.ones((2, 2), np.float32)))
+vals = kv.row_sparse_pull('t2', row_ids=np.arange(6)).asnumpy()
+g = W * 1.0                                          # per-row sum over the workers
+v1 = -0.5 * g; w1 = 1 + v1; v2 = 0.5 * v1 - 0.5 * g; w2 = w1 + v2
+assert np.allclose(vals[[0, 3]], w2) and np.array_equal(vals[[1, 2, 4, 5]], np.ones((4, 2))), vals
+# seeded initial rows: the same values whatever the number of servers holding them
+from hetps.kvstore.rowsparse import initial_rows
+kv.init('seeded', Table(1000, 4, scale=0.5, seed=3))
+ids = np.array([999, 0, 501, 2])
+assert np.array_equal(kv.row_sparse_pull('seeded', row_ids=ids).data,
+                      initial_rows(0.5, 3, np.sort(ids), 4, np.float32))
+kv.barrier()
+print('SPARSE-OK', r, flush=True)
+"""
+
+
+def test_row_sparse_semantics(cluster):
+    rc, out = cluster(SEMANTICS, workers=2, servers=2)
+    assert rc == 0, out
+    assert out.count("SPARSE-OK") == 2, out
+
+
+GROWING = """
+from hetps.kvstore.rowsparse import Table, initial_rows
+kv = hetps.kv.create('dist_sync')
+# a table that grows: any id >= 0, rows made on first push; 4 cols float32 = 16 bytes a row,
+# bound 20 rows per server (320 bytes)
+kv.init('h', Table(None, 4, scale=0.5, seed=7, server_bytes=320))
+ids = np.array([3, 10**12 + 5, 77])
+first = kv.row_sparse_pull('h', row_ids=ids)        # never pushed: their initial values
+assert np.array_equal(first.data, initial_rows(0.5, 7, np.sort(ids), 4, np.float32))
+assert np.abs(first.data).max() <= 0.5 and first.data.std() > 0
+kv.push('h', (ids, np.ones((3, 4), np.float32)))    # no optimizer: the rows become the push
+assert np.array_equal(kv.row_sparse_pull('h', row_ids=ids).data, np.ones((3, 4)))
+kv.push('h', (np.arange(100, 117), np.zeros((17, 4), np.float32)))   # 20 rows: at the bound
+try:
+    kv.push('h', (np.array([5000]), np.zeros((1, 4), np.float32)), block=True)
+    raise SystemExit('push over the bound passed')
+except RequestError as e:
+    assert "'h'" in str(e) and 'over the table' in str(e) and '320 bytes' in str(e), e
+# the refused round changed nothing; rows made before it are still there
+assert np.array_equal(kv.row_sparse_pull('h', row_ids=[3]).data, np.ones((1, 4)))
+print('GROW-OK', flush=True)
+"""
+
+
+def test_growing_table_and_memory_bound(cluster):
+    rc, out = cluster(GROWING, workers=1, servers=1)
+    assert rc == 0, out
+    assert "GROW-OK" in out, out
+
+
+ELASTIC = """
+from hetps.kvstore.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+kv.init('t', Table(10, 2))
+kv.init('probe', np.zeros(1, np.float32))
+for r in range(6):
+    v = (kv.rank + 1) * (r + 1)
+    if r == 3 and kv.rank < 2:           # worker 2 pushes round 3 alone, then dies
+        deadline = time.time() + 30
+        while kv.live_workers > 2 and time.time() < deadline:
+            time.sleep(0.01)             # (until the job is told it left)
+    kv.push('t', (np.array([kv.rank, 9]), np.full((2, 2), v, np.float32)))
+    if r == 3 and kv.rank == 2:
+        kv.pull('probe')                 # the server has the push (same connection, in order)
+        os.kill(os.getpid(), signal.SIGKILL)
+    got = kv.row_sparse_pull('t', row_ids=[9]).data[0, 0]
+    live = (1 + 2 + 3) if r < 3 else (1 + 2)   # its push of round 3 was dropped with it
+    assert got == live * (r + 1), (r, got)
+print('ELASTIC-OK', kv.rank, kv.live_workers, flush=True)
+"""
+
+
+def test_a_worker_leaving_finishes_the_table_rounds(tmp_path):
+    """--elastic: a worker killed after its push of a round is let go; the table's round
+    completes with the others' pushes, and the next rounds count only the survivors."""
+    import io
+    import sys
+    import textwrap
+
+    from conftest import PRELUDE, TEST_ENV
+    from hetps.launch.local import Launcher, LaunchSpec
+
+    script = tmp_path / "elastic.py"
+    script.write_text(PRELUDE + textwrap.dedent(ELASTIC))
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=3,
+        num_servers=1,
+        command=[sys.executable, str(script)],
+        env=dict(TEST_ENV),
+        start_timeout=30.0,
+        failure_grace=5.0,
+        elastic_min=2,
+    )
+    launcher = Launcher(spec, out=out)
+    try:
+        code = launcher.run()
+    finally:
+        launcher.stop_all(kill=True)
+    text = out.getvalue()
+    assert code == 0, text
+    assert text.count("ELASTIC-OK") == 2 and "ELASTIC-OK 0 2" in text, text
+
+
+ASYNC = """
+from hetps.kvstore.rowsparse import Table
+kv = hetps.kv.create('dist_async')
+kv.init('t', Table(8, 2))
+try:
+    kv.push('t', ([0], np.ones((1, 2), np.float32)), block=True)
+    raise SystemExit('dist_async push without an optimizer passed')
+except RequestError as e:
+    assert 'needs a server optimizer' in str(e), e
+kv.barrier()
+kv.set_optimizer(optim.SGD(learning_rate=0.5, momentum=0.5))
+for i in range(3):                       # each worker its own rows: applied push by push
+    kv.push('t', (np.array([kv.rank, 4 + kv.rank]), np.ones((2, 2), np.float32)), block=True)
+kv.barrier()
+got = kv.row_sparse_pull('t', row_ids=np.arange(8)).asnumpy()
+v = w = 0.0
+for i in range(3):
+    v = 0.5 * v - 0.5; w += v
+for row in range(8):
+    want = w if row % 4 < kv.num_workers else 0.0
+    assert np.allclose(got[row], want), (row, got[row], want)
+print('ASYNC-OK', flush=True)
+"""
+
+
+def test_dist_async_row_sparse_pushes_apply_at_once(cluster):
+    rc, out = cluster(ASYNC, workers=2, servers=1)
+    assert rc == 0, out
+    assert out.count("ASYNC-OK") == 2, out

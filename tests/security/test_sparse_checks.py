@@ -1,0 +1,74 @@
+"""A server's row-sparse tables against a broken or hostile peer: a table's optimizer is
+unpickled only from a worker, and bad ids or rows are refused without changing the table."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetps import optim
+from hetps.kvstore.server import KVServer
+from hetps.transport.codec import Message
+
+from .test_checks import _Node
+
+DECL = {"k": "t", "part": 0, "nparts": 1, "rows": 4, "cols": 2, "dtype": "float32"}
+
+
+def test_a_tables_optimizer_is_unpickled_only_from_a_worker():
+    node = _Node({9: "worker", 8: "server", 1: "scheduler"})
+    srv = KVServer(node)
+    blob = optim.dumps(optim.SGD(learning_rate=0.5))
+    for sender in (0, 1, 8, 12345):  # nobody, the scheduler, a server, an unknown id
+        srv.handle(Message("sinit", sender=sender, req=1, body={**DECL, "opt": blob}))
+        assert "comes from a worker" in node.replies[-1][1]["error"]
+        assert srv.tables.shards["t"].optimizer is None
+    srv.handle(Message("sinit", sender=9, req=2, body={**DECL, "opt": blob}))
+    assert node.replies[-1][1] is None
+    assert isinstance(srv.tables.shards["t"].optimizer, optim.SGD)
+
+
+def test_bad_ids_and_rows_are_refused_and_change_nothing():
+    node = _Node({9: "worker"})
+    srv = KVServer(node)
+    srv.handle(Message("sinit", sender=9, req=1, body=DECL))
+    sh = srv.tables.shards["t"]
+    bad = [
+        ([np.array([4], np.int64), np.ones(2, np.float32)], "row id 4 is out of range"),
+        ([np.array([-1], np.int64), np.ones(2, np.float32)], "row id -1 is out of range"),
+        ([np.array([2, 1], np.int64), np.ones(4, np.float32)], "sorted and distinct"),
+        ([np.array([1], np.int32), np.ones(2, np.float32)], "1-D int64"),
+        ([np.array([1], np.int64), np.ones(3, np.float32)], "3 values of float32 for 1 rows"),
+        ([np.array([1], np.int64), np.ones(2, np.float64)], "of float64"),
+        ([np.array([1], np.int64)], "expected row ids and rows"),
+    ]
+    for i, (arrays, text) in enumerate(bad):
+        body = {"k": "t", "part": 0, "sync": True}
+        srv.handle(Message("spush", sender=9, req=10 + i, body=body, arrays=arrays))
+        assert text in node.replies[-1][1]["error"], (text, node.replies[-1][1])
+    assert not sh.pending and not sh.value.any()
+    srv.handle(Message("spull", sender=9, req=30, body={"k": "t", "part": 1},
+                       arrays=[np.array([0], np.int64)]))  # fmt: skip
+    assert "part 1, this server holds 0" in node.replies[-1][1]["error"]
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(ln for ln in f if ln.startswith("VmRSS:")).split()[1])
+
+
+def test_declaring_a_big_table_does_not_fill_the_servers_memory():
+    """A fixed table's rows take their seeded value when first used: declaring 1M x 64
+    float32 (256 MB) with random initial rows costs the server about a byte per row."""
+    node = _Node({9: "worker"})
+    srv = KVServer(node)
+    before = _rss_kb()
+    body = {**DECL, "rows": 1_000_000, "cols": 64, "scale": 0.1, "seed": 1}
+    srv.handle(Message("sinit", sender=9, req=1, body=body))
+    assert node.replies[-1][1] is None
+    srv.handle(Message("spull", sender=9, req=2, body={"k": "t", "part": 0},
+                       arrays=[np.array([5, 999_999], np.int64)]))  # fmt: skip
+    rows = node.replies[-1]
+    assert rows[1] is None
+    grown = (_rss_kb() - before) / 1024
+    assert grown < 32, f"the server's memory grew by {grown:.0f} MB"
+    assert srv.tables.shards["t"].made.sum() == 2
