@@ -51,6 +51,7 @@ def announce_metrics(sched: Scheduler) -> None:
     """Print where the live metrics are served (a launcher shows the line), if they are."""
     if sched.metrics is not None:
         print(f"hetps metrics {sched.metrics.url}", flush=True)
+        print(f"hetps dashboard {sched.metrics.base_url}", flush=True)
 
 
 def run_scheduler(cfg: NodeConfig) -> int:

@@ -101,6 +101,9 @@ class RoundLog:
             )
         self.log = IterationLog(self.run_dir, self.rank, started_at=self.started_at)
         self.spans = Spans(self.started_at)
+        meter = getattr(kv, "meter", None)  # the live dashboard's timeline (docs/LIVE.md)
+        if meter is not None:
+            self.spans.sink = meter.add_round
         self.traffic = TrafficRecorder(
             self.started_at,
             bucket_s=bucket_s,
@@ -192,6 +195,8 @@ class RoundLog:
             self._node.observe_traffic(None)
         self.log.close()
         self.traffic.close()
+        if self.rank == 0:  # rank 0 got through its loop: run.json says the run completed
+            RunWriter.reopen(self.run_dir).update(ended={"status": "completed", "at": time.time()})
         return self.run_dir
 
 
