@@ -37,6 +37,8 @@ from hetps.metrics.roundlog import RoundLog
 
 kv = hetps.kv.create("dist_sync")
 here = os.environ["DASH_DIR"]
+with open(os.path.join(here, f"pid{kv.rank}"), "w") as f:
+    f.write(str(os.getpid()))
 log = RoundLog(kv, os.path.join(here, "runs"), "dash", mode="sync", network="tanh", batch_size=64)
 kv.init(0, np.zeros(20000, np.float32))
 kv.init(1, np.zeros(5000, np.float32))
@@ -112,6 +114,8 @@ class Job:
         env.update(
             DASH_DIR=str(tmp),
             HETPS_METRICS_INTERVAL="0.2",
+            PS_HEARTBEAT_INTERVAL="0.2",  # late after 0.6 s of silence
+            PS_HEARTBEAT_TIMEOUT="60",
             HETPS_CONNECT_TIMEOUT="30",
             OMP_NUM_THREADS="1",
             PYTHONUNBUFFERED="1",
@@ -125,6 +129,10 @@ class Job:
         self.out = Lines(self.proc.stdout)
         self.base = self.out.wait(r"hetps dashboard (http://\S+/)", timeout=60).group(1)
         self.code: int | None = None
+
+    def signal(self, sig: int) -> None:
+        for rank in (0, 1):
+            os.kill(int((self.dir / f"pid{rank}").read_text()), sig)
 
     def state(self) -> dict:
         return get_json(self.base + "api/state")
@@ -198,6 +206,33 @@ def test_the_dashboard_shows_the_running_job(job, tmp_path):
         assert b.severe_logs() == []
         shot = b.screenshot(tmp_path / "dashboard.png")
         assert shot.stat().st_size > 20_000
+        # workers stopped: the numbers hold still, and the page shows exactly the job's
+        job.signal(signal.SIGSTOP)
+        try:
+            b.wait(
+                "return [...document.querySelectorAll('#nodes tbody tr')].filter("
+                "tr => tr.dataset.state === 'late').length === 2",
+                "both workers late on the page",
+            )
+            held = job.state()
+            assert [n["state"] for n in held["nodes"]] == ["alive", "alive", "late", "late"]
+            b.wait(f"return +document.body.dataset.uptime > {held['uptime']}", "a poll after")
+            page = b.js(READ)
+            assert page["rounds"] == held["rounds"] == job.state()["rounds"]
+            assert page["workers"] == [[w["rank"], w["rounds"]] for w in held["workers"]]
+        finally:
+            job.signal(signal.SIGCONT)
+        b.wait(
+            "return document.getElementById('events').textContent.includes("
+            "'worker1 heard from again')",
+            "the event of a worker heard again",
+        )
+        b.wait(
+            "return [...document.querySelectorAll('#nodes tbody tr')].every("
+            "tr => tr.dataset.state === 'alive')",
+            "every node alive again",
+        )
+        assert b.severe_logs() == []
     assert job.finish() == 0, "".join(job.out.lines)
 
 
