@@ -132,6 +132,19 @@ class WorkerMeter:
 
         return done
 
+    def timed_fused_pull(self, finish: Callable[[], None]) -> Callable[[], None]:
+        """A pull answered by the push before it (dist_sync): no request of its own, timed from
+        now (the pull's call) to the moment its value is copied out, once the push's answer is
+        in (``finish``, called by the pull's wait)."""
+        hist = self._pull_hist
+        t0 = time.perf_counter()
+
+        def done() -> None:
+            finish()
+            hist.observe(time.perf_counter() - t0)
+
+        return done
+
     def pushed(self, key: Any) -> None:
         """A push of ``key`` (its round's); a round begins with the first key pushed more
         often than any before, so rounds = the most pushes of any one key, and a round's time

@@ -201,9 +201,10 @@ class RoundLog:
 
 
 def pictures(run_dir: str | os.PathLike[str], window_rounds: int = 6) -> dict[str, Path]:
-    """Write ``trace.json`` and ``timeline.png`` into ``run_dir`` and print where they are and
-    how to open them; returns ``{"trace": path, "figure": path}`` (no figure without
-    matplotlib: a line says how to get it)."""
+    """Write ``trace.json``, ``timeline.png`` and ``report.html`` (``hetps report``) into
+    ``run_dir`` and print where they are and how to open them; returns ``{"trace": path,
+    "figure": path, "report": path}`` (no figure and no report without matplotlib: a line says
+    how to get it)."""
     from hetps.metrics.trace import write_trace
 
     out: dict[str, Path] = {}
@@ -222,4 +223,12 @@ def pictures(run_dir: str | os.PathLike[str], window_rounds: int = 6) -> dict[st
     )
     out["figure"] = fig_path
     print(f"figure: {fig_path}  (when each worker computes, pushes, waits and pulls)", flush=True)
+    from hetps.metrics.report import write_report
+
+    out["report"] = write_report(run_dir)
+    print(
+        f"report: {out['report']}  (one HTML file: summary, charts, timeline, configuration; "
+        "open it in a browser)",
+        flush=True,
+    )
     return out
