@@ -208,7 +208,22 @@ def test_the_endpoint_serves_the_page_its_files_the_state_and_the_metrics():
         assert w["timeline"][0]["spans"] == [["push", 1.7e9, 0.001]]
         assert [n["state"] for n in s["nodes"]] == ["alive"] * 3
         _, _, prom = _get(base + "metrics")
-        assert b"hetps_worker_rounds_total" in prom
+        from prometheus_client.parser import text_string_to_metric_families
+
+        samples = [x for f in text_string_to_metric_families(prom.decode()) for x in f.samples]
+        assert samples and {x.labels.get("job") for x in samples} == {live.job}  # every series
+        names = {x.name for x in samples}
+        assert {"hetps_worker_rounds_total", "hetps_start_time_seconds"} <= names
+        # counters and histograms say since when they count (the scheduler's start)
+        created = {x.name: x.value for x in samples if x.name.endswith("_created")}
+        assert {"hetps_worker_rounds_created", "hetps_push_latency_seconds_created"} <= set(created)
+        start = next(x.value for x in samples if x.name == "hetps_start_time_seconds")
+        assert set(created.values()) == {start} and abs(start - time.time()) < 60
+        dead = {x.labels["node"]: x.value for x in samples if x.name == "hetps_node_dead"}
+        assert dead == {"server0": 0, "worker0": 0, "worker1": 0}  # a series per node
+        gone = {"hetps_uptime_seconds", "hetps_link_bytes_per_second", "hetps_round_seconds",
+                "hetps_nodes_dead", "hetps_plan_share"}  # fmt: skip
+        assert not names & gone
         for path in ("static/../live.py", "static/x.js", "nope", "static/"):
             with pytest.raises(urllib.error.HTTPError) as err:
                 _get(base + path)

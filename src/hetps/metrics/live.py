@@ -557,6 +557,7 @@ class LiveMetrics:
             "rejoined": rejoined,
             "expected": {"server": sched.cfg.num_server, "worker": sched.cfg.num_worker},
             "uptime": now - sched.started,
+            "start_time": time.time() - (now - sched.started),
             "plan": None,
             "esync": None,
         }

@@ -15,18 +15,39 @@ class Collector:
     def __init__(self, live: Any) -> None:
         self.live = live
 
-    def collect(self):  # noqa: C901 - one metric after another
+    def collect(self):
+        """Every family, each sample labelled with the job's id (``job``)."""
+        from prometheus_client.samples import Sample
+
+        job = str(getattr(self.live, "job", "") or "")
+        snap = self.live.snapshot()
+        for family in self._families(snap):
+            samples = list(family.samples)
+            if family.type in ("counter", "histogram"):
+                # every counter and histogram counts from the scheduler's start: _created
+                end = "_total" if family.type == "counter" else "_count"
+                samples += [
+                    Sample(family.name + "_created", x.labels, snap["start_time"])
+                    for x in family.samples
+                    if x.name.endswith(end)
+                ]
+            family.samples = [x._replace(labels={"job": job, **x.labels}) for x in samples]
+            yield family
+
+    def _families(self, s: dict):  # noqa: C901 - one metric after another
         from prometheus_client.core import (
             CounterMetricFamily,
             GaugeMetricFamily,
             HistogramMetricFamily,
         )
 
-        s = self.live.snapshot()
         nodes = s["nodes"]
+        started = s["start_time"]
 
-        g = GaugeMetricFamily("hetps_uptime_seconds", "seconds since the scheduler started")
-        g.add_metric([], s["uptime"])
+        g = GaugeMetricFamily(
+            "hetps_start_time_seconds", "when the scheduler started, in seconds since the epoch"
+        )
+        g.add_metric([], started)
         yield g
         g = GaugeMetricFamily(
             "hetps_nodes_expected", "servers and workers the job waits for", labels=["role"]
@@ -40,16 +61,13 @@ class Collector:
         for role in ("server", "worker"):
             g.add_metric([role], sum(1 for n in nodes.values() if n.role == role))
         yield g
-        g = GaugeMetricFamily("hetps_nodes_dead", "nodes declared dead (the job then ends)")
-        g.add_metric([], len(s["dead"]))
-        yield g
         g = GaugeMetricFamily(
-            "hetps_node_dead", "1 for each node declared dead", labels=["node", "role", "rank"]
+            "hetps_node_dead",
+            "1 for a node declared dead, 0 for a registered node that is not",
+            labels=["node", "role", "rank"],
         )
-        for nid in sorted(s["dead"]):
-            n = nodes.get(nid)
-            if n is not None:
-                g.add_metric([_name(n.role, n.rank), n.role, str(n.rank)], 1)
+        for nid, n in sorted(nodes.items()):
+            g.add_metric([_name(n.role, n.rank), n.role, str(n.rank)], int(nid in s["dead"]))
         yield g
         g = GaugeMetricFamily(
             "hetps_nodes_late",
@@ -85,15 +103,9 @@ class Collector:
         c = CounterMetricFamily(
             "hetps_worker_rounds", "rounds a worker has begun", labels=["worker"]
         )
-        g = GaugeMetricFamily(
-            "hetps_round_seconds", "a worker's last whole round, in seconds", labels=["worker"]
-        )
         for r, w in sorted(workers.items()):
             c.add_metric([str(r)], w["rounds"])
-            if w["round_s"] is not None:
-                g.add_metric([str(r)], w["round_s"])
         yield c
-        yield g
         for name, metric, doc in (
             ("round", "hetps_round_duration_seconds", "time of a worker's rounds"),
             ("push", "hetps_push_latency_seconds", "a push request, from the call to its answer"),
@@ -112,20 +124,11 @@ class Collector:
         c = CounterMetricFamily(
             "hetps_link_bytes", "bytes on a worker-server link, by direction", labels=["src", "dst"]
         )
-        g = GaugeMetricFamily(
-            "hetps_link_bytes_per_second",
-            "bytes per second on a worker-server link over the last report interval",
-            labels=["src", "dst"],
-        )
         for r, w in sorted(workers.items()):
             for srv, (sent, recv) in sorted(w["links"].items()):
                 c.add_metric([_name("worker", r), _name("server", srv)], sent)
                 c.add_metric([_name("server", srv), _name("worker", r)], recv)
-            for srv, (up, down) in sorted(w["rates"].items()):
-                g.add_metric([_name("worker", r), _name("server", srv)], up)
-                g.add_metric([_name("server", srv), _name("worker", r)], down)
         yield c
-        yield g
         c = CounterMetricFamily(
             "hetps_metrics_reports", "metrics reports taken, by worker", labels=["worker"]
         )
@@ -140,8 +143,8 @@ class Collector:
         plan = s["plan"]
         if plan is not None:
             g = GaugeMetricFamily(
-                "hetps_plan_share",
-                "the load plan's share of the elements per server",
+                "hetps_plan_share_ratio",
+                "the load plan's share of the elements per server (0 to 1)",
                 labels=["server"],
             )
             for srv, share in enumerate(plan["shares"]):
