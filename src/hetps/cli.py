@@ -186,7 +186,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.kvstore.roles import announce_metrics, make_scheduler
+    from hetps.kvstore.roles import announce_metrics, end_metrics, make_scheduler
 
     try:
         cfg = node_config_from_env(role="scheduler")
@@ -218,8 +218,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     try:
         return sched.run()
     finally:
-        if sched.metrics is not None:
-            sched.metrics.close()
+        end_metrics(sched)
 
 
 def cmd_server(args: argparse.Namespace) -> int:

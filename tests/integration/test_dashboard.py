@@ -250,6 +250,10 @@ def test_the_report_of_the_run_opens_in_the_browser(job, tmp_path):
     # self-contained: nothing loaded from elsewhere
     assert "<script src=" not in text and "<link " not in text and 'src="http' not in text
     rounds0 = sum(1 for _ in (run / "worker-0.jsonl").open())
+    # the scheduler left the dashboard's last state in the run directory
+    final = json.loads((run / "live-final.json").read_text())
+    assert final["ended"] is True and final["rounds"] == rounds0
+    assert [n["state"] for n in final["nodes"] if n["role"] == "worker"] == ["finished"] * 2
     with Chrome(tmp_path) as b:
         b.get(out.as_uri())
         b.wait("return document.body.dataset.ready === '1'", "the report drawn")
@@ -263,5 +267,7 @@ def test_the_report_of_the_run_opens_in_the_browser(job, tmp_path):
         assert b.js("return document.querySelectorAll('.u-wrap').length") >= 3  # uPlot charts
         failures = b.js("return document.getElementById('failures').textContent")
         assert "none" in failures, failures
+        ended = b.js("return document.getElementById('live-nodes').textContent")
+        assert ended.count("finished") == 2, ended
         assert b.severe_logs() == []
         b.screenshot(tmp_path / "report.png")

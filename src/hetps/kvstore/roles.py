@@ -63,8 +63,17 @@ def run_scheduler(cfg: NodeConfig) -> int:
     try:
         return sched.run()
     finally:
-        if sched.metrics is not None:
-            sched.metrics.close()
+        end_metrics(sched)
+
+
+def end_metrics(sched: Scheduler) -> None:
+    """The job ended: save the dashboard's last state, let a last scrape read the final
+    values (docs/LIVE.md), then stop serving."""
+    if sched.metrics is not None:
+        from hetps.metrics.dashboard import finish_job
+
+        finish_job(sched.metrics)
+        sched.metrics.close()
 
 
 def write_port_file(path: str, port: int) -> None:

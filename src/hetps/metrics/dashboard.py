@@ -18,6 +18,8 @@ secret, no key name and no node address (docs/LIVE.md, "Security").
 from __future__ import annotations
 
 import json
+import logging
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,7 +28,9 @@ from typing import Any
 
 from hetps.metrics.live import BUCKETS, HISTOGRAMS
 
-__all__ = ["Events", "node_states", "serve_http", "state", "static_file"]
+log = logging.getLogger("hetps.metrics.dashboard")
+
+__all__ = ["Events", "finish_job", "node_states", "serve_http", "state", "static_file"]
 
 #: what /static/ serves: name -> (file under hetps/metrics/web, content type)
 STATIC = {
@@ -43,6 +47,30 @@ CSP = (
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 MAX_EVENTS = 200
+FINAL_FILE = "live-final.json"  # the dashboard's last state, in the run directory
+MAX_LINGER = 60.0  # seconds the endpoint waits at most, after the job, for a last scrape
+
+
+class Scrapes:
+    """When ``/metrics`` was read: the endpoint stays up after the job until one more scrape
+    came (or the gap between the last two scrapes has passed, and a second), so that
+    Prometheus reads the final values."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.gap = 0.0  # between the last two scrapes
+        self.after_end = threading.Event()
+        self.ended = False
+        self._lock = threading.Lock()
+
+    def seen(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self.times:
+                self.gap = now - self.times[-1]
+            self.times[:] = [now]
+            if self.ended:
+                self.after_end.set()
 
 
 def static_file(name: str) -> bytes:
@@ -217,7 +245,9 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/metrics":
                 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-                self._send(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+                body = generate_latest(self.registry)
+                self.live.scrapes.seen()  # before answering: the scraper has it counted
+                self._send(200, body, CONTENT_TYPE_LATEST)
             elif path in ("/", "/index.html"):
                 self._send(
                     200,
@@ -256,3 +286,50 @@ def serve_http(live: Any, host: str, port: int) -> tuple[ThreadingHTTPServer, th
     thread = threading.Thread(target=httpd.serve_forever, name="hetps-dashboard", daemon=True)
     thread.start()
     return httpd, thread
+
+
+def _write_final(live: Any, body: dict) -> str | None:
+    """Write the last state into the run directory a worker named (rank 0's first), when it
+    is a run directory on this machine (it holds run.json); the path, or None."""
+    from pathlib import Path
+
+    with live.lock:
+        runs = [w.run for _, w in sorted(live.workers.items()) if w.run]
+    for run in runs[:1]:
+        d = Path(run)
+        if not (d.is_dir() and (d / "run.json").is_file()):
+            log.info("metrics: %s is no run directory here: no %s written", run, FINAL_FILE)
+            return None
+        tmp = d / f".{FINAL_FILE}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(body, f, separators=(",", ":"))
+            os.replace(tmp, d / FINAL_FILE)
+        except OSError as exc:
+            log.warning("metrics: cannot write %s into %s: %s", FINAL_FILE, d, exc)
+            tmp.unlink(missing_ok=True)
+            return None
+        return str(d / FINAL_FILE)
+    return None
+
+
+def finish_job(live: Any, max_linger: float = MAX_LINGER) -> str | None:
+    """The job ended: leave its last state in the run directory (``live-final.json``), then
+    keep the endpoint up until a last scrape of ``/metrics`` read the final values, waiting at
+    most the gap between the last two scrapes (plus a second; never more than
+    ``max_linger``), and not at all when nobody scraped. Returns the file written, if any."""
+    try:
+        body = state(live)
+        body["ended"] = True
+        path = _write_final(live, body)
+    except Exception as exc:  # noqa: BLE001 - the job is over: never fail its end for this
+        log.warning("metrics: the last state was not saved: %s", exc)
+        path = None
+    scrapes = live.scrapes
+    with scrapes._lock:
+        scrapes.ended = True
+        wait = min(max_linger, scrapes.gap + 1.0) if scrapes.times else 0.0
+    if wait > 0:
+        scrapes.after_end.wait(wait)
+    return path

@@ -108,6 +108,9 @@ class WorkerMeter:
         self._tl: deque[list] = deque(maxlen=TL_ROUNDS)
         self._tl_links: dict[int, tuple[int, int]] = {}
         self._tl_round = 0
+        #: the run directory the worker logs into (RoundLog, hetps train): the scheduler
+        #: leaves the dashboard's last state there when the job ends
+        self.run_dir: str | None = None
         self._lock = threading.Lock()  # one report at a time (the thread, close)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hetps-metrics", daemon=True)
@@ -204,6 +207,8 @@ class WorkerMeter:
                     self._shipped[name] = (counts, total)
             if gained:
                 body["h"] = gained
+            if self.run_dir is not None:
+                body["run"] = self.run_dir
             if self._tl:
                 body["tl"] = list(self._tl)
                 self._tl.clear()
@@ -299,6 +304,11 @@ def parse_report(body: Any, num_servers: int) -> dict:
             _seconds(value[1], f"the sum of histogram {name!r}"),
         )
     out["tl"] = _parse_timeline(body.get("tl", []), num_servers)
+    run = out["run"] = body.get("run")
+    if run is not None and not (
+        isinstance(run, str) and 0 < len(run) <= 4096 and run.isprintable()
+    ):
+        raise ReportError("'run' must be a printable path of 1 to 4096 characters")
     return out
 
 
@@ -372,6 +382,7 @@ class WorkerTotals:
         self.hists = {name: ([0] * NBUCKETS, 0.0) for name in HISTOGRAMS}
         self.reports = 0
         self.timeline: deque[tuple[int, list, list]] = deque(maxlen=TL_KEEP)
+        self.run: str | None = None
 
     def apply(self, rep: dict) -> None:
         """Add a checked report; raises ReportError (and changes nothing) when it does not
@@ -407,6 +418,8 @@ class WorkerTotals:
             self.round_s = rep["round_s"]
         last = self.timeline[-1][0] if self.timeline else 0
         self.timeline.extend(r for r in rep["tl"] if r[0] > last)
+        if rep["run"] is not None:
+            self.run = rep["run"]
         self.reports += 1
 
 
@@ -428,9 +441,10 @@ class LiveMetrics:
         self._thread: threading.Thread | None = None
         self.host = ""
         self.port = 0
-        from hetps.metrics.dashboard import Events
+        from hetps.metrics.dashboard import Events, Scrapes
 
         self.events = Events()  # failures and node changes, stamped when first seen
+        self.scrapes = Scrapes()  # when /metrics was read (a last scrape after the job)
         #: this job's id on the dashboard: the scheduler's start time and 4 random hex digits
         self.job = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 

@@ -222,6 +222,7 @@ class WorkerRun(Rejoin):
         meter = getattr(kv, "meter", None)  # the live dashboard's timeline (docs/LIVE.md)
         if meter is not None:
             self.spans.sink = meter.add_round
+            meter.run_dir = str(Path(self.run_dir).resolve())
         self.log = IterationLog(self.run_dir, self.rank)
         if getattr(self.args, "tensorboard", None):
             from hetps.torch.tboard import TensorBoardLog

@@ -274,3 +274,53 @@ def test_hetps_report_names_a_directory_that_is_no_run(tmp_path, capsys):
     assert cmd_report(SimpleNamespace(run=str(run), output=None)) == 0
     assert (run / "report.html").is_file()
     assert f"report: {run / 'report.html'}" in capsys.readouterr().out
+
+
+def test_after_the_job_the_last_state_is_saved_and_a_last_scrape_reads_it(tmp_path):
+    pytest.importorskip("prometheus_client")
+    import threading
+
+    run = _run_dir(tmp_path)
+    sched = _Sched()
+    live = LiveMetrics(sched).serve(0, "127.0.0.1")
+    try:
+        body = dict(_body([_round(1)]), run=str(run))
+        live.handle(sched, SimpleNamespace(sender=2, req=0, body=body))
+        _get(live.url)
+        _get(live.url)  # a scraper watches: the endpoint will wait for its next scrape
+        sched.finished[2] = 1
+        live.scrapes.gap = 1000.0  # a scraper every 1000 s: the endpoint waits (60 s at most)
+        out = []
+        t = threading.Thread(target=lambda: out.append(dashboard.finish_job(live)))
+        t.start()
+        deadline = time.monotonic() + 30
+        while not (run / "live-final.json").exists():
+            assert time.monotonic() < deadline, "no live-final.json"
+            time.sleep(0.01)  # polls for the file finish_job writes first
+        live.scrapes.gap = 1000.0  # a scraper every 1000 s: the endpoint waits (60 s at most)
+        t.join(timeout=1.0)
+        assert t.is_alive()  # still waiting for the last scrape
+        _, _, prom = _get(live.url)  # the endpoint still answers, with the final values
+        t.join(timeout=30)
+        assert not t.is_alive() and out == [str(run / "live-final.json")]
+        assert b"hetps_workers_finished" in prom
+        final = json.loads((run / "live-final.json").read_text())
+        assert final["ended"] is True and final["finished"] == 1
+        assert [n["state"] for n in final["nodes"]] == ["alive", "finished", "alive"]
+    finally:
+        live.close()
+
+
+def test_a_run_named_by_a_worker_must_be_a_run_directory(tmp_path):
+    pytest.importorskip("prometheus_client")
+    sched = _Sched()
+    live = LiveMetrics(sched)
+    (tmp_path / "victim").mkdir()
+    for run in (str(tmp_path / "victim"), str(tmp_path / "nowhere")):
+        live.workers.clear()
+        live.handle(sched, SimpleNamespace(sender=2, req=0, body=dict(_body([]), run=run)))
+        assert dashboard.finish_job(live) is None  # nobody scraped: no wait either
+        assert not (tmp_path / "victim" / "live-final.json").exists()
+    for bad in ("", "x" * 5000, "a\x00b", 7):
+        with pytest.raises(ReportError, match="'run'"):
+            parse_report(dict(_body([]), run=bad), 1)
