@@ -45,20 +45,21 @@
       ctx.fillText(opts.empty || "no phase spans yet", left, top + rowH / 2);
       return null;
     }
-    // the window: from the latest of the workers' first shown round starts to the last span's
-    // end, so that every row is full (workers at different rounds are shown at the same time)
-    var start = -Infinity, end = -Infinity, shown = 0;
+    // the window: it ends where every worker's spans are known (the earliest of the workers'
+    // last span ends: reports arrive at different times) and starts at the latest of the
+    // workers' starts of their last `keep` rounds before that, so that every row is full
+    function first(r) { return Math.min.apply(null, r.spans.map(function (s) { return s[1]; })); }
+    function last(r) { return Math.max.apply(null, r.spans.map(function (s) { return s[1] + s[2]; })); }
+    var end = Infinity, start = -Infinity, shown = 0;
     rows.forEach(function (w) {
-      var first = Infinity;
-      w.timeline.slice(-keep).forEach(function (r) {
-        r.spans.forEach(function (s) {
-          first = Math.min(first, s[1]);
-          end = Math.max(end, s[1] + s[2]);
-        });
-      });
-      if (isFinite(first)) start = Math.max(start, first);
+      var done = w.timeline.filter(function (r) { return r.spans.length; });
+      if (done.length) end = Math.min(end, last(done[done.length - 1]));
     });
-    if (!isFinite(start)) return null;
+    rows.forEach(function (w) {
+      var before = w.timeline.filter(function (r) { return r.spans.length && first(r) < end; });
+      if (before.length) start = Math.max(start, first(before.slice(-keep)[0]));
+    });
+    if (!isFinite(start) || !isFinite(end) || end <= start) return null;
     var span = Math.max(end - start, 1e-6);
     var plotW = width - left - right;
     function x(t) { return left + (t - start) / span * plotW; }
@@ -79,7 +80,7 @@
       ctx.fillStyle = "#222";
       ctx.fillText("worker " + w.rank, 6, y + rowH / 2);
       var rounds = w.timeline.filter(function (r) {
-        return r.spans.some(function (s) { return s[1] + s[2] > start; });
+        return r.spans.length && last(r) > start && first(r) < end;
       });
       ctx.save();
       ctx.beginPath(); ctx.rect(left, 0, plotW + 1, height); ctx.clip();
@@ -87,14 +88,15 @@
         var r0 = Infinity, sent = 0, recv = 0;
         r.spans.forEach(function (s) {
           r0 = Math.min(r0, s[1]);
-          var x0 = x(Math.max(s[1], start)), x1 = x(s[1] + s[2]);
+          var x0 = x(Math.max(s[1], start)), x1 = x(Math.min(s[1] + s[2], end));
+          if (x1 <= x0 && s[2] > 0 && (s[1] >= end || s[1] + s[2] <= start)) return;
           ctx.fillStyle = COLORS[s[0]] || OTHER;
           ctx.fillRect(x0, y + 4, Math.max(1, x1 - x0), rowH - 8);
         });
         shown++;
         (r.links || []).forEach(function (l) { sent += l[1]; recv += l[2]; });
         if (r0 < start) return;
-        var next = j + 1 < rounds.length ? Math.min.apply(null, rounds[j + 1].spans.map(function (s) { return s[1]; })) : end;
+        var next = j + 1 < rounds.length ? first(rounds[j + 1]) : end;
         var room = x(next) - x(r0) - 4;
         ctx.strokeStyle = "#333";
         ctx.beginPath(); ctx.moveTo(x(r0), y); ctx.lineTo(x(r0), y + rowH + byteH - 2); ctx.stroke();
