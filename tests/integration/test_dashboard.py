@@ -77,11 +77,13 @@ COLORS = {"compute": (0x4C, 0x72, 0xB0), "push": (0xDD, 0x84, 0x52), "wait": (0x
 READ = """
 const rows = [...document.querySelectorAll('#workers tbody tr')].map(
   tr => [+tr.dataset.rank, +tr.querySelector('td.rounds').textContent]);
+const servers = [...document.querySelectorAll('#servers tbody tr')].map(
+  tr => [+tr.dataset.rank, +tr.querySelector('td.rounds').textContent]);
 const nodes = [...document.querySelectorAll('#nodes tbody tr')].map(
   tr => [tr.dataset.node, tr.dataset.state]);
 return {rounds: +document.getElementById('rounds').textContent,
         rate: +document.getElementById('rate').textContent,
-        workers: rows, nodes: nodes,
+        workers: rows, nodes: nodes, servers: servers,
         links: document.getElementById('links').textContent,
         plan: document.getElementById('plan').textContent,
         polls: +document.body.dataset.polls};
@@ -217,9 +219,19 @@ def test_the_dashboard_shows_the_running_job(job, tmp_path):
             held = job.state()
             assert [n["state"] for n in held["nodes"]] == ["alive", "alive", "late", "late"]
             b.wait(f"return +document.body.dataset.uptime > {held['uptime']}", "a poll after")
+            b.wait(  # the servers' last reports after the workers stopped are in too
+                f"return +document.body.dataset.uptime > {held['uptime'] + 0.5}", "a later poll"
+            )
+            now = job.state()
             page = b.js(READ)
-            assert page["rounds"] == held["rounds"] == job.state()["rounds"]
+            assert page["rounds"] == held["rounds"] == now["rounds"]
             assert page["workers"] == [[w["rank"], w["rounds"]] for w in held["workers"]]
+            # the servers report themselves: every round of every key slice merged, the
+            # bytes that came in from the workers
+            assert page["servers"] == [[v["rank"], v["rounds"]] for v in now["servers"]]
+            assert sorted(v["rank"] for v in now["servers"]) == [0, 1]
+            assert sum(v["rounds"] for v in now["servers"]) >= 3 * now["rounds"]  # 3 keys
+            assert all(v["bytes_in"] > 0 and v["replicas"] == 1 for v in now["servers"])
         finally:
             job.signal(signal.SIGCONT)
         b.wait(

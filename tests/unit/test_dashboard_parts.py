@@ -324,3 +324,51 @@ def test_a_run_named_by_a_worker_must_be_a_run_directory(tmp_path):
     for bad in ("", "x" * 5000, "a\x00b", 7):
         with pytest.raises(ReportError, match="'run'"):
             parse_report(dict(_body([]), run=bad), 1)
+
+
+def _server_body(seq=1, rounds=10, opt_s=0.5, links=None, **server):
+    return {"seq": seq, "t": float(seq), "links": links if links is not None else [[0, 100, 200]],
+            "server": {"rounds": rounds, "opt_s": opt_s, "replicas": 1, **server}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ({"seq": 1, "t": 1.0}, "'server' map"),
+        (_server_body(rounds=-1), "'server.rounds'"),
+        (_server_body(opt_s=float("inf")), "'server.opt_s'"),
+        (_server_body(replicas=0), "'server.replicas'"),
+        (_server_body(links=[[2, 1, 1]]), "worker rank"),
+        (_server_body(links=[[0, 1, 1], [0, 1, 1]]), "worker 0 twice"),
+        (_server_body(links=[[0, 1, 1], [1, 1, 1], [1, 2, 2]]), "at most 2"),
+        (_server_body(links=[[0, 1]]), "[worker rank, sent, received]"),
+    ],
+)
+def test_a_hostile_server_report_is_refused_with_its_reason(body, says):
+    from hetps.metrics.server_meter import parse_server_report
+
+    with pytest.raises(ReportError) as err:
+        parse_server_report(body, num_workers=2)
+    assert says in str(err.value)
+
+
+def test_servers_report_themselves_and_the_endpoint_exports_them():
+    pytest.importorskip("prometheus_client")
+    from hetps.metrics.prom import Collector
+
+    sched = _Sched()
+    live = LiveMetrics(sched)
+    srv = SimpleNamespace(sender=1, req=0, body=_server_body())
+    live.handle(sched, srv)
+    back = SimpleNamespace(sender=1, req=0, body=_server_body(seq=2, rounds=9))
+    live.handle(sched, back)  # rounds going back: refused, nothing changed
+    assert live.refused == 1 and live.servers[0].rounds == 10
+    s = dashboard.state(live)
+    assert s["servers"] == [{"rank": 0, "rounds": 10, "opt_s": 0.5, "replicas": 1, "reports": 1,
+                             "bytes_out": 100, "bytes_in": 200}]  # fmt: skip
+    text = "".join(f"{f.name} {x.labels} {x.value}\n" for f in Collector(live).collect()
+                   for x in f.samples)  # fmt: skip
+    fams = {f.name: f for f in Collector(live).collect()}
+    assert fams["hetps_server_rounds"].samples[0].value == 10, text
+    assert {x.labels["direction"]: x.value for x in fams["hetps_server_bytes"].samples
+            if x.name.endswith("_total")} == {"out": 100, "in": 200}  # fmt: skip

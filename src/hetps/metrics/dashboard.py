@@ -206,6 +206,18 @@ def state(live: Any) -> dict:
         "finished": len(snap["finished"]),
         "rounds": rounds,
         "workers": rows,
+        "servers": [
+            {
+                "rank": r,
+                "rounds": v["rounds"],
+                "opt_s": round(v["opt_s"], 6),
+                "replicas": v["replicas"],
+                "reports": v["reports"],
+                "bytes_out": sum(x[0] for x in v["links"].values()),
+                "bytes_in": sum(x[1] for x in v["links"].values()),
+            }
+            for r, v in sorted(snap.get("servers", {}).items())
+        ],  # fmt: skip
         "plan": snap["plan"],
         "esync": snap["esync"],
         "events": live.events.list(),

@@ -1,23 +1,18 @@
-"""Live metrics: what workers measure while a job runs, and the scheduler's Prometheus endpoint.
-
-Two halves, which meet in one message (``metrics_report``, :data:`hetps.cluster.protocol.
-BODY_FIELDS` says its fields):
+"""Live metrics: what workers (and servers: :mod:`hetps.metrics.server_meter`) measure while a
+job runs, and the scheduler's side of them; :mod:`hetps.metrics.prom` and
+:mod:`hetps.metrics.dashboard` serve them.
 
 * :class:`WorkerMeter`, in each worker (only when the scheduler's endpoint is on: the node
-  table says so). On the hot path it does one ``perf_counter`` per push or pull request and one
-  list increment when the answer comes in (fixed buckets, :data:`BUCKETS`); a thread of its own
-  reports every ``HETPS_METRICS_INTERVAL`` seconds what the histograms gained since the last
-  report (deltas), the round count and the bytes on each of the worker's links to the servers
-  (totals, which only grow). A report is a few hundred bytes, whatever the job's size.
+  table says so): one ``perf_counter`` per push or pull request and one list increment when
+  its answer comes in (fixed buckets, :data:`BUCKETS`); a thread of its own reports every
+  ``HETPS_METRICS_INTERVAL`` seconds what the histograms gained (deltas), the round count, the
+  bytes on each link (totals) and the last rounds' phase spans (bounded), in a few hundred bytes.
 * :class:`LiveMetrics`, in the scheduler: checks every report (:func:`parse_report`; a bad or
-  hostile one is refused with a log line and changes nothing), keeps the per-worker totals,
-  and serves them with prometheus_client, together with what the scheduler knows itself (nodes
-  registered, dead, late and back; the load plan's shares; ESync's local steps). Read on each
-  scrape; nothing is computed between scrapes.
+  hostile one is refused with a log line and changes nothing), keeps the totals, and gives one
+  snapshot of them with what the scheduler knows itself (nodes registered, dead, late, back,
+  taken over, let go; the load plan's shares; ESync's local steps) on each scrape or poll.
 
-This module imports nothing of hetps but ``config``: the scheduler and the worker hand it
-plain callables and duck-typed objects (the scheduler's node tables, the planner, the ESync
-service). docs/LIVE.md lists every metric.
+This module imports nothing of hetps but ``config``; docs/LIVE.md lists every metric.
 """
 
 from __future__ import annotations
@@ -46,13 +41,10 @@ HISTOGRAMS = ("push", "pull", "round")
 
 #: bounds a report must keep (a bigger number is a broken or hostile peer's)
 MAX_COUNT = 1 << 53  # exact in a float, as Prometheus reads it
-MAX_SECONDS = 1e12
-MAX_T = 1e10
-#: the timeline: rounds a report carries at most (the newest), spans per round, phase names
-TL_ROUNDS = 8
-TL_SPANS = 32
-TL_KEEP = 20  # rounds the scheduler keeps per worker
-TL_MAX_DUR = 3600.0
+MAX_SECONDS, MAX_T = 1e12, 1e10
+#: the timeline: rounds a report carries at most (the newest), spans per round, rounds the
+#: scheduler keeps per worker, the longest span
+TL_ROUNDS, TL_SPANS, TL_KEEP, TL_MAX_DUR = 8, 32, 20, 3600.0
 
 
 class ReportError(ValueError):
@@ -136,11 +128,9 @@ class WorkerMeter:
         return done
 
     def timed_fused_pull(self, finish: Callable[[], None]) -> Callable[[], None]:
-        """A pull answered by the push before it (dist_sync): no request of its own, timed from
-        now (the pull's call) to the moment its value is copied out, once the push's answer is
-        in (``finish``, called by the pull's wait)."""
-        hist = self._pull_hist
-        t0 = time.perf_counter()
+        """A pull answered by the push before it (dist_sync): timed from now (its call) to the
+        moment ``finish`` (its wait's) copied its value out, once the push's answer is in."""
+        hist, t0 = self._pull_hist, time.perf_counter()
 
         def done() -> None:
             finish()
@@ -435,6 +425,7 @@ class LiveMetrics:
         self.esync = esync
         self.num_servers = sched.cfg.num_server
         self.workers: dict[int, WorkerTotals] = {}
+        self.servers: dict[int, Any] = {}  # hetps.metrics.server_meter.ServerTotals
         self.refused = 0
         self.lock = threading.Lock()
         self._httpd: Any = None
@@ -452,14 +443,18 @@ class LiveMetrics:
     def handle(self, sched: Any, msg: Any) -> None:
         """One worker's report (the scheduler's service for ``metrics_report``)."""
         node = sched.nodes.get(msg.sender)
-        if node is None or node.role != "worker":  # the allow-list already says so
-            self._refuse(sched, msg, "node", "metrics reports come from workers")
+        if node is None or node.role not in ("worker", "server"):  # the allow-list says so
+            self._refuse(sched, msg, "node", "metrics reports come from workers and servers")
             return
         try:
-            rep = parse_report(msg.body, self.num_servers)
-            with self.lock:
-                totals = self.workers.setdefault(node.rank, WorkerTotals())
-                totals.apply(rep)
+            if node.role == "server":  # hetps.metrics.server_meter
+                rep = parse_server_report(msg.body, sched.cfg.num_worker)
+                with self.lock:
+                    self.servers.setdefault(node.rank, ServerTotals()).apply(rep)
+            else:
+                rep = parse_report(msg.body, self.num_servers)
+                with self.lock:
+                    self.workers.setdefault(node.rank, WorkerTotals()).apply(rep)
         except ReportError as exc:
             self._refuse(sched, msg, node.describe(), str(exc))
             return
@@ -541,6 +536,7 @@ class LiveMetrics:
                 for r, w in self.workers.items()
             }
             refused = self.refused
+            servers = {r: t.view() for r, t in self.servers.items()}
         # the scheduler's loop changes these dicts; copies of builtin dicts with int keys are
         # taken without a thread switch in between
         nodes = dict(sched.nodes)
@@ -560,6 +556,7 @@ class LiveMetrics:
         ]
         snap: dict[str, Any] = {
             "workers": workers,
+            "servers": servers,
             "refused": refused,
             "nodes": nodes,
             "dead": dead,
@@ -597,3 +594,6 @@ class LiveMetrics:
                 "total": list(getattr(esync, "steps_total", [])),
             }
         return snap
+
+
+from hetps.metrics.server_meter import ServerTotals, parse_server_report  # noqa: E402

@@ -129,6 +129,31 @@ class Collector:
                 c.add_metric([_name("worker", r), _name("server", srv)], sent)
                 c.add_metric([_name("server", srv), _name("worker", r)], recv)
         yield c
+        servers = s.get("servers", {})
+        c = CounterMetricFamily(
+            "hetps_server_rounds", "rounds a server merged (every key slice's)", labels=["server"]
+        )
+        o = CounterMetricFamily(
+            "hetps_server_optimizer_seconds",
+            "seconds a server's optimizer took",
+            labels=["server"],
+        )
+        b = CounterMetricFamily(
+            "hetps_server_bytes",
+            "bytes on a server's links to the workers, by direction (from the server's counters)",
+            labels=["server", "direction"],
+        )
+        g = GaugeMetricFamily(
+            "hetps_server_replicas", "copies of every key the job keeps (HETPS_REPLICAS)",
+            labels=["server"],
+        )  # fmt: skip
+        for r, v in sorted(servers.items()):
+            c.add_metric([str(r)], v["rounds"])
+            o.add_metric([str(r)], v["opt_s"])
+            b.add_metric([str(r), "out"], sum(x[0] for x in v["links"].values()))
+            b.add_metric([str(r), "in"], sum(x[1] for x in v["links"].values()))
+            g.add_metric([str(r)], v["replicas"])
+        yield from (c, o, b, g)
         c = CounterMetricFamily(
             "hetps_metrics_reports", "metrics reports taken, by worker", labels=["worker"]
         )

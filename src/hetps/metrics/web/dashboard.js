@@ -124,6 +124,18 @@
       return tr;
     }));
 
+    fill($("servers").tBodies[0], (s.servers || []).map(function (v) {
+      var tr = document.createElement("tr");
+      tr.dataset.rank = String(v.rank);
+      cell(tr, "server" + v.rank);
+      cell(tr, String(v.rounds), "num rounds");
+      cell(tr, v.opt_s.toFixed(3), "num");
+      cell(tr, T.human(v.bytes_out), "num");
+      cell(tr, T.human(v.bytes_in), "num");
+      cell(tr, String(v.replicas), "num");
+      return tr;
+    }));
+
     // the link matrix: workers by servers
     var servers = s.expected.server;
     var thead = $("links").tHead;
