@@ -36,7 +36,7 @@ def _exported_names() -> set[str]:
     node = SimpleNamespace(role="worker", rank=0, describe=lambda: "worker 0")
     sched = SimpleNamespace(
         cfg=SimpleNamespace(num_server=2, num_worker=1, root_uri="127.0.0.1"),
-        nodes={1: SimpleNamespace(role="server", rank=0), 2: node},
+        nodes={1: SimpleNamespace(role="server", rank=0, describe=lambda: "server 0"), 2: node},
         dead={}, finished={}, last_seen={}, started=time.monotonic(), reply=lambda *a: None,
     )  # fmt: skip
     planner = SimpleNamespace(
@@ -48,6 +48,10 @@ def _exported_names() -> set[str]:
     body = {"seq": 1, "t": 1.0, "rounds": 1, "links": [[0, 1, 1]],
             "h": {n: [[1] + [0] * 17, 0.1] for n in ("push", "pull", "round")}}  # fmt: skip
     live.handle(sched, SimpleNamespace(sender=2, req=0, body=body))
+    server = {"seq": 1, "t": 1.0, "links": [[0, 1, 1]],
+              "server": {"rounds": 1, "opt_s": 0.1, "replicas": 1}}  # fmt: skip
+    live.handle(sched, SimpleNamespace(sender=1, req=0, body=server))
+    assert live.refused == 0
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(live))
     text = generate_latest(registry).decode()
