@@ -2,8 +2,8 @@
 
 It scrapes the Prometheus endpoint a scheduler serves with ``--metrics-port``
 (:mod:`hetps.metrics.live`) every ``--interval`` seconds and draws, with rich: rounds per
-second, every worker (rounds, its last round's time, mean push and pull latency), the
-throughput of every worker-server link, the slowest worker, the load plan's shares (with
+second, every worker (rounds, its mean round over the interval, mean push and pull latency), the
+throughput of every worker-server link (rate of the byte counters), the slowest worker (under ESync the fewest local steps), the load plan's shares (with
 ``--balance``) and the dead and late nodes. ``--once`` prints one frame and exits (it takes two
 scrapes one interval apart, so that it can show rates).
 
