@@ -2,9 +2,10 @@
 
 It scrapes the Prometheus endpoint a scheduler serves with ``--metrics-port``
 (:mod:`hetps.metrics.live`) every ``--interval`` seconds and draws, with rich: rounds per
-second, every worker (rounds, its mean round over the interval, mean push and pull latency), the
-throughput of every worker-server link (rate of the byte counters), the slowest worker (under ESync the fewest local steps), the load plan's shares (with
-``--balance``) and the dead and late nodes. ``--once`` prints one frame and exits (it takes two
+second, every worker (rounds, its mean round over the interval, mean push and pull latency),
+the throughput of every worker-server link (the rate of its byte counter), the slowest worker
+(under ESync the one with the fewest local steps), the load plan's shares (with ``--balance``)
+and the dead and late nodes. ``--once`` prints one frame and exits (it takes two
 scrapes one interval apart, so that it can show rates).
 
     hetps top http://127.0.0.1:9100/metrics
