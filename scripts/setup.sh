@@ -24,6 +24,9 @@ command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need_apt+=(slurm
 command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need_apt+=(munge)
 # a real Prometheus server scrapes a job in the live-metrics tests
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+# a headless browser opens the live dashboard and the report in tests/integration/test_dashboard.py
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
         (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}") \

@@ -186,7 +186,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.kvstore.roles import announce_metrics, make_scheduler
+    from hetps.kvstore.roles import announce_metrics, end_metrics, make_scheduler
 
     try:
         cfg = node_config_from_env(role="scheduler")
@@ -226,8 +226,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     try:
         return sched.run()
     finally:
-        if sched.metrics is not None:
-            sched.metrics.close()
+        end_metrics(sched)
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -467,7 +466,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--margin", type=float, default=0.0, help="seconds (ESync uses 0.5)")
     st.set_defaults(func=cmd_state_server)
 
-    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.metrics.top", "hetps.launch.k8s"):
+    for name in (
+        "hetps.netem.cli",
+        "hetps.metrics.cli",
+        "hetps.metrics.top",
+        "hetps.metrics.report",
+        "hetps.launch.k8s",
+    ):
         try:
             mod = __import__(name, fromlist=["add_parser"])
         except ImportError:

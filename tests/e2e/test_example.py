@@ -66,6 +66,10 @@ def _check_pictures(cwd: Path, out: str) -> None:
     trace_line = re.findall(r"\[worker 0\] trace: (\S+)  \(open in https://ui.perfetto.dev", out)
     fig_line = re.findall(r"\[worker 0\] figure: (\S+)  ", out)
     assert trace_line == [str(rel / "trace.json")] and fig_line == [str(rel / "timeline.png")], out
+    report_line = re.findall(r"\[worker 0\] report: (\S+)  \(one HTML file", out)
+    assert report_line == [str(rel / "report.html")], out
+    html = (run / "report.html").read_text()
+    assert '<script type="application/json" id="report-data">' in html and "uPlot" in html
     assert "[worker 1] trace:" not in out  # rank 0 alone draws
     assert (run / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads((run / "trace.json").read_text())

@@ -110,7 +110,12 @@ def test_the_manifests_pods_run_the_example_with_their_own_env(kind):
         ):
             env = _resolve_env(container, index, objs)
             assert env["DMLC_PS_ROOT_URI"] == job.scheduler_host
-            env["DMLC_PS_ROOT_URI"] = "127.0.0.1"  # this test's DNS
+            for name, value in env.items():  # this test's DNS: the scheduler's name is here
+                if value == job.scheduler_host:
+                    env[name] = "127.0.0.1"
+            if role == "scheduler":  # the dashboard and /metrics on the scheduler's address
+                assert env["HETPS_METRICS_HOST"] == env["DMLC_PS_ROOT_URI"]
+                env["HETPS_METRICS_PORT"] = "0"  # any free port here (a pod has its own)
             assert env["HETPS_SECRET"] and len(env["HETPS_SECRET"]) == 64
             proc = subprocess.Popen(
                 container["command"],

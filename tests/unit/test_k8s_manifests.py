@@ -219,3 +219,115 @@ def test_out_dir_writes_one_file_per_object_and_the_secret_0600(capsys, tmp_path
     # a second run does not overwrite the secret a job may be using
     code, out, err = _cli(capsys, "-n", "1", "--image", "img", "-o", str(out_dir), "--", *CMD)
     assert code == 2 and "is never overwritten" in err
+
+
+def _restricted_violations(pod: dict) -> list[str]:
+    """What the "restricted" Pod Security Standard (Kubernetes 1.30) refuses in a pod spec."""
+    out = []
+    psc = pod.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(key):
+            out.append(key)
+    for v in pod.get("volumes", []):
+        allowed = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                   "persistentVolumeClaim", "projected", "secret")  # fmt: skip
+        if not any(k in v for k in allowed):
+            out.append(f"volume {v}")
+    if psc.get("runAsUser") == 0:
+        out.append("pod runAsUser 0")
+    pod_seccomp = psc.get("seccompProfile", {}).get("type")
+    for c in pod["containers"]:
+        csc = c.get("securityContext", {})
+        name = c["name"]
+        if csc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if csc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = csc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{name}: capabilities must drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: capabilities added")
+        if not csc.get("runAsNonRoot", psc.get("runAsNonRoot")):
+            out.append(f"{name}: runAsNonRoot")
+        if csc.get("runAsUser") == 0:
+            out.append(f"{name}: runAsUser 0")
+        if csc.get("seccompProfile", {}).get("type", pod_seccomp) not in (
+            "RuntimeDefault",
+            "Localhost",
+        ):
+            out.append(f"{name}: seccompProfile")
+        for p in c.get("ports", []):
+            if p.get("hostPort"):
+                out.append(f"{name}: hostPort")
+    return out
+
+
+@pytest.mark.parametrize("kind", ["jobset", "jobs"])
+def test_every_pod_passes_the_restricted_pod_security_standard(kind):
+    specs = _pod_specs(_job(kind=kind).manifests())
+    assert set(specs) == {"scheduler", "server", "worker"}
+    for role, spec in specs.items():
+        pod = spec["template"]["spec"]
+        assert _restricted_violations(pod) == [], role
+        assert pod["securityContext"]["runAsUser"] == 1000
+    # the check itself refuses what the API server would
+    pod = copy.deepcopy(specs["worker"]["template"]["spec"])
+    del pod["containers"][0]["securityContext"]
+    assert len(_restricted_violations(pod)) == 2  # escalation, capabilities
+
+
+@pytest.mark.parametrize("kind", ["jobset", "jobs"])
+def test_the_scheduler_serves_its_dashboard_with_scrape_annotations(kind):
+    objs = _job(kind=kind).manifests()
+    specs = _pod_specs(objs)
+    sched = specs["scheduler"]["template"]
+    env = _env(specs["scheduler"])
+    assert env["HETPS_METRICS_PORT"]["value"] == "9100"
+    assert env["HETPS_METRICS_HOST"]["value"] == env["DMLC_PS_ROOT_URI"]["value"]
+    assert sched["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9100",
+        "prometheus.io/path": "/metrics",
+    }  # fmt: skip
+    (container,) = sched["spec"]["containers"]
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in container["ports"]
+    for role in ("server", "worker"):
+        assert "HETPS_METRICS_PORT" not in _env(specs[role])
+        assert "annotations" not in specs[role]["template"]["metadata"]
+    if kind == "jobs":
+        (svc,) = [o for o in objs if o["kind"] == "Service"]
+        assert {p["name"] for p in svc["spec"]["ports"]} == {"scheduler", "metrics"}
+    off = _pod_specs(_job(kind=kind, metrics_port=None).manifests())
+    assert "HETPS_METRICS_PORT" not in _env(off["scheduler"])
+    assert "annotations" not in off["scheduler"]["template"]["metadata"]
+    for obj in objs:
+        check_manifest(obj)
+
+
+@pytest.mark.parametrize("kind, owner", [("jobset", "JobSet"), ("jobs", "Job")])
+def test_the_secret_gets_the_job_as_its_owner(capsys, kind, owner):
+    from kubernetes.client import V1OwnerReference
+
+    job = _job(kind=kind)
+    patch = job.owner_patch("1234-abcd")
+    (ref,) = patch["metadata"]["ownerReferences"]
+    V1OwnerReference(**{"api_version": ref["apiVersion"], "kind": ref["kind"],
+                        "name": ref["name"], "uid": ref["uid"]})  # fmt: skip
+    assert ref["kind"] == owner and ref["uid"] == "1234-abcd"
+    names = {(o["kind"], o["metadata"]["name"]) for o in job.manifests()}
+    assert (owner, ref["name"]) in names
+    # the commands hetps k8s prints put the owner's uid into the patch, in a real shell
+    get, patch_cmd = job.owner_commands()
+    assert get.startswith("uid=$(kubectl get ")
+    shown = patch_cmd.replace(
+        f"kubectl patch secret {job.secret_ref} -n ml --type merge -p", "printf %s"
+    )
+    import json
+    import subprocess
+
+    res = subprocess.run(["bash", "-c", f"uid=1234-abcd; {shown}"], capture_output=True, text=True)
+    assert json.loads(res.stdout) == patch
+    code, out, err = _cli(capsys, "-n", "1", "--image", "x", "--kind", kind, "--", "python", "t.py")
+    assert code == 0 and "make the job own its Secret" in err
+    code, out, err = _cli(capsys, "-n", "1", "--image", "x", "--secret-name", "mine", "--", "t")
+    assert code == 0 and "own its Secret" not in err  # a Secret of yours stays yours

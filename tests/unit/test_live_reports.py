@@ -118,33 +118,63 @@ def test_a_report_out_of_order_is_refused_and_changes_nothing():
 
 
 SCRAPE = """
-hetps_uptime_seconds {up}
-hetps_rounds_total {rounds}
-hetps_worker_rounds_total{{worker="0"}} {rounds}
-hetps_worker_rounds_total{{worker="1"}} {behind}
-hetps_round_seconds{{worker="0"}} 0.1
-hetps_round_seconds{{worker="1"}} 0.3
-hetps_push_latency_seconds_count{{worker="0"}} 4
-hetps_push_latency_seconds_sum{{worker="0"}} 0.008
-hetps_link_bytes_per_second{{src="worker0",dst="server0"}} 1000
-hetps_link_bytes_total{{src="worker0",dst="server0"}} 5000
-hetps_node_dead{{node="server1",role="server",rank="1"}} 1
+hetps_start_time_seconds{{job="j1"}} 1.7e9
+hetps_rounds_total{{job="j1"}} {rounds}
+hetps_worker_rounds_total{{job="j1",worker="0"}} {rounds}
+hetps_worker_rounds_total{{job="j1",worker="1"}} {behind}
+hetps_round_duration_seconds_count{{job="j1",worker="0"}} {rounds}
+hetps_round_duration_seconds_sum{{job="j1",worker="0"}} {sum0}
+hetps_round_duration_seconds_count{{job="j1",worker="1"}} {behind}
+hetps_round_duration_seconds_sum{{job="j1",worker="1"}} {sum1}
+hetps_push_latency_seconds_count{{job="j1",worker="0"}} 4
+hetps_push_latency_seconds_sum{{job="j1",worker="0"}} 0.008
+hetps_link_bytes_total{{job="j1",src="worker0",dst="server0"}} {bytes}
+hetps_node_dead{{job="j1",node="server0",role="server",rank="0"}} 0
+hetps_node_dead{{job="j1",node="server1",role="server",rank="1"}} 1
+{esync}
 """
 
 
-def test_top_takes_rates_over_the_schedulers_clock_and_names_the_slowest_worker():
-    prev = parse(SCRAPE.format(up=10, rounds=20, behind=19), at=0.0)
-    cur = parse(SCRAPE.format(up=12, rounds=30, behind=29), at=100.0)  # the scrape's own gap
+def _scrape(at, rounds, behind, sum0, sum1, nbytes, esync=""):
+    text = SCRAPE.format(
+        rounds=rounds, behind=behind, sum0=sum0, sum1=sum1, bytes=nbytes, esync=esync
+    )
+    return parse(text, at=at)
+
+
+def test_top_takes_rates_from_counters_and_names_the_slowest_worker():
+    prev = _scrape(0.0, 20, 19, 2.0, 5.7, 5000)
+    cur = _scrape(2.0, 30, 29, 3.0, 8.7, 7000)  # 2 s between the scrapes
+    assert cur.job == "j1"  # the job's id labels every series; top shows one job
     v = view("http://x/metrics", cur, prev)
     assert v.rounds == 30 and v.rounds_per_s == pytest.approx(5.0)
     assert v.workers[0].rounds_per_s == pytest.approx(5.0)
     assert v.workers[0].push_ms == pytest.approx(2.0)
+    assert v.workers[0].round_s == pytest.approx(0.1)  # the mean of the last 10 rounds
+    assert v.workers[1].round_s == pytest.approx(0.3)
     assert v.slowest is not None and v.slowest.rank == 1  # rounds behind the others
+    # bytes/s: rate() of the counter, nothing else
     assert [(r.src, r.dst, r.rate, r.total) for r in v.links] == [
-        ("worker0", "server0", 1000.0, 5000.0)
+        ("worker0", "server0", 1000.0, 7000.0)
     ]
     assert v.dead == ["server1"]
     assert view("http://x/metrics", cur).rounds_per_s is None  # one scrape: no rate
+
+
+def test_top_names_esyncs_slow_worker_by_its_local_steps():
+    """Under ESync (-m esync --slowdown 1,2) both workers take part in every round and the
+    fast one's rounds last as long or longer (it does more local steps in them): the slow
+    worker is the one with fewer steps."""
+    steps = (
+        'hetps_esync_local_steps_total{{job="j1",worker="0"}} {a}\n'
+        'hetps_esync_local_steps_total{{job="j1",worker="1"}} {b}'
+    )
+    prev = _scrape(0.0, 20, 20, 2.2, 2.0, 0, steps.format(a=40, b=20))
+    cur = _scrape(1.0, 30, 30, 3.3, 3.0, 0, steps.format(a=60, b=30))
+    v = view("http://x/metrics", cur, prev)
+    assert v.workers[0].round_s > v.workers[1].round_s  # the fast worker's longer rounds
+    assert v.slowest is not None and v.slowest.rank == 1
+    assert v.esync_steps == {0: 60, 1: 30}
 
 
 def _env(**extra):

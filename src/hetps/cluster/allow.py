@@ -47,7 +47,7 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "leave": _NODES,  # self only: the connection names the node that leaves
         "esync_report": _W,  # the rank is the connection's, not the body's
         "balance_report": _W,
-        "metrics_report": _W,  # counted as the connection's worker, not the body's
+        "metrics_report": _NODES,  # counted as the connection's node, not the body's
         "join": _W,  # (HETPS_ELASTIC) a worker started again; self only
         "admit": _W,
         "entered": _W,

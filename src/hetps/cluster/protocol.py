@@ -225,7 +225,15 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "rounds": "rounds this worker began so far: the most pushes of any one key",
         "round_s": "seconds of its last whole round (absent before the second round)",
         "links": "[[server rank, bytes sent to it, bytes received from it], ...], totals "
-        "since the worker started, at most one row per server",
+        "since the worker started, at most one row per server (a server's report: [[worker "
+        "rank, sent, received], ...], one row per worker)",
+        "tl": "the worker's last rounds since its last report (at most 8): [[round, [[phase, "
+        "unix start, seconds], ...] (at most 32), [[server rank, sent, received], ...] (the "
+        "round's bytes)], ...] (hetps.metrics.live)",
+        "run": "the run directory the worker logs into, where the scheduler leaves the "
+        "dashboard's last state (a printable path, at most 4096 characters)",
+        "server": "a server's report: {rounds: rounds merged, opt_s: seconds in the "
+        "optimizer, replicas: copies of every key} (hetps.metrics.server_meter)",
         "h": "{push|pull|round: [counts, sum]}: what the worker's fixed-bucket histograms "
         "gained since its last report (counts per bucket of hetps.metrics.live.BUCKETS and "
         "one for above them; the sum of the observed seconds)",

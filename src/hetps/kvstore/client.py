@@ -523,6 +523,8 @@ class DistKVStore(Joining, SparseKeys):
                     self._check(k, meta, t, "pull")
                 if meta.prefetch is not None:  # the last push brings the value: no request
                     f, fin = meta.take_prefetch(targets)
+                    if self.meter is not None:  # timed all the same (docs/LIVE.md)
+                        fin = self.meter.timed_fused_pull(fin)
                 else:
                     f, fin = self._pull_one(k, meta, targets, priority)
                     # the earlier push's errors are this pull's too (it may have been refused)

@@ -12,6 +12,7 @@ from hetps.cluster.scheduler import Scheduler
 from hetps.cluster.state_server import EsyncService
 from hetps.config import NodeConfig
 from hetps.kvstore.server import KVServer
+from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.roles")
 
@@ -51,6 +52,7 @@ def announce_metrics(sched: Scheduler) -> None:
     """Print where the live metrics are served (a launcher shows the line), if they are."""
     if sched.metrics is not None:
         print(f"hetps metrics {sched.metrics.url}", flush=True)
+        print(f"hetps dashboard {sched.metrics.base_url}", flush=True)
 
 
 def run_scheduler(cfg: NodeConfig) -> int:
@@ -62,8 +64,17 @@ def run_scheduler(cfg: NodeConfig) -> int:
     try:
         return sched.run()
     finally:
-        if sched.metrics is not None:
-            sched.metrics.close()
+        end_metrics(sched)
+
+
+def end_metrics(sched: Scheduler) -> None:
+    """The job ended: save the dashboard's last state, let a last scrape read the final
+    values (docs/LIVE.md), then stop serving."""
+    if sched.metrics is not None:
+        from hetps.metrics.dashboard import finish_job
+
+        finish_job(sched.metrics)
+        sched.metrics.close()
 
 
 def write_port_file(path: str, port: int) -> None:
@@ -74,18 +85,43 @@ def write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
+def server_meter(node: Node, server: KVServer):
+    """A server's live metrics reports (hetps.metrics.server_meter): rounds merged, optimizer
+    seconds, replicas, and the bytes on its links to the workers."""
+    from hetps.metrics.server_meter import ServerMeter
+
+    def stats() -> tuple:
+        snap = node.counters.snapshot()
+        links = {
+            w.rank: (snap[w.id].bytes_sent, snap[w.id].bytes_recv)
+            for w in node.workers()
+            if w.id in snap
+        }
+        return server.rounds, server.opt_s, node.replicas, links
+
+    def send(body: dict) -> None:
+        node.send(P.SCHEDULER_ID, Message(P.METRICS_REPORT, body=body))
+
+    return ServerMeter(node.metrics_interval, send, stats)
+
+
 def run_server(cfg: NodeConfig) -> int:
     """Be a KVStore server until the scheduler says the job is over; returns the exit code."""
     node = Node(cfg)
     server = KVServer(node)
     node.handler = server.handle
     node.van.borrow = KVServer.BORROWS  # pushes are merged straight out of the ring
+    meter = None
     try:
         node.start()
         if cfg.verbose >= 1:
             log.info("server rank %d is up at %s", node.rank, node.endpoint)
+        if node.metrics_interval > 0:  # the scheduler serves live metrics (docs/LIVE.md)
+            meter = server_meter(node, server)
         node.exited.wait()
     finally:
+        if meter is not None:
+            meter.close()
         node.close()
     if node.failure is not None:
         log.error("server rank %d stops: %s", node.rank, node.failure)

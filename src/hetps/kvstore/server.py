@@ -58,6 +58,7 @@ class KVServer(Copies, ElasticRounds):
         self.optimizer: optim.Optimizer | None = None
         self._fixed_workers: int | None = None if hasattr(node, "workers") else 1
         self.rounds = 0
+        self.opt_s = 0.0  # seconds in the optimizer (live metrics)
         self.done_workers: dict[int, str] = {}  # worker id -> description
         # (sender, tag) -> (arrival time, whether the receive thread was behind then)
         self._forecasts: dict[tuple[int, Any], tuple[float, bool]] = {}
@@ -524,7 +525,9 @@ class KVServer(Copies, ElasticRounds):
         if not sl.has_state:
             sl.state = self.optimizer.create_state(sl.skey, sl.value)
             sl.has_state = True
+        t0 = time.perf_counter()
         self.optimizer.apply_update(sl.skey, sl.value, grad, sl.state, sender=worker)
+        self.opt_s += time.perf_counter() - t0  # live metrics (hetps.metrics.server_meter)
 
     def _finish_round(self, sl: Slice) -> None:
         merged = sl.merge

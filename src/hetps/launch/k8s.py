@@ -127,6 +127,8 @@ class K8sJob:
     image_pull_policy: str | None = None
     service_account: str | None = None
     hetps: Sequence[str] = ("hetps",)  # how the image runs hetps' own commands
+    metrics_port: int | None = 9100  # the scheduler's dashboard and /metrics (None: off)
+    run_as_user: int = 1000  # pods run as this user (never root: "restricted" pods)
 
     def check(self) -> None:
         """Raise ManifestError naming the first bad option and its fix."""
@@ -152,6 +154,17 @@ class K8sJob:
             raise ManifestError("-s/--num-servers must be >= 1")
         if not 1 <= self.port <= 65535:
             raise ManifestError(f"--port {self.port}: use a TCP port from 1 to 65535")
+        if self.metrics_port is not None and not (
+            1 <= self.metrics_port <= 65535 and self.metrics_port != self.port
+        ):
+            raise ManifestError(
+                f"--metrics-port {self.metrics_port}: use a TCP port from 1 to 65535 other than "
+                "--port, or --no-metrics"
+            )
+        if not 1 <= self.run_as_user <= 2**31 - 1:
+            raise ManifestError(
+                f"--run-as-user {self.run_as_user}: pods run as a user other than root (1 or more)"
+            )
         if self.connect_timeout <= 0:
             raise ManifestError("--connect-timeout must be > 0 seconds")
         if self.secret_name is not None and not _DNS_SUBDOMAIN.match(self.secret_name):
@@ -224,6 +237,10 @@ class K8sJob:
             }
         )
         env.append({"name": "HETPS_CONNECT_TIMEOUT", "value": f"{self.connect_timeout:g}"})
+        if role == "scheduler" and self.metrics_port is not None:
+            # the endpoint binds the scheduler's own address (its pod's DNS name), by name
+            env.append({"name": "HETPS_METRICS_PORT", "value": str(self.metrics_port)})
+            env.append({"name": "HETPS_METRICS_HOST", "value": self.scheduler_host})
         env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
         if "OMP_NUM_THREADS" not in self.env:
             threads = None
@@ -253,15 +270,43 @@ class K8sJob:
             c["resources"] = {"requests": dict(res), "limits": dict(res)}
         if role == "scheduler":
             c["ports"] = [{"name": "scheduler", "containerPort": self.port, "protocol": "TCP"}]
+            if self.metrics_port is not None:
+                c["ports"].append(
+                    {"name": "metrics", "containerPort": self.metrics_port, "protocol": "TCP"}
+                )
+        # the "restricted" Pod Security Standard: no root, no privilege escalation, no
+        # capabilities, the runtime's default seccomp profile
+        c["securityContext"] = {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
         return c
 
     def pod_template(self, role: str) -> dict:
-        spec: dict = {"restartPolicy": "Never", "containers": [self.container(role)]}
+        spec: dict = {
+            "restartPolicy": "Never",
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": self.run_as_user,
+                "runAsGroup": self.run_as_user,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [self.container(role)],
+        }
         if self.kind == "jobs":
             spec["subdomain"] = self.subdomain  # hostname JOB-INDEX comes with Indexed Jobs
         if self.service_account:
             spec["serviceAccountName"] = self.service_account
-        return {"metadata": {"labels": self.labels(role)}, "spec": spec}
+        meta: dict = {"labels": self.labels(role)}
+        if role == "scheduler" and self.metrics_port is not None:
+            meta["annotations"] = {  # Prometheus' kubernetes_sd pod-annotation convention
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(self.metrics_port),
+                "prometheus.io/path": "/metrics",
+            }
+        return {"metadata": meta, "spec": spec}
 
     def job_spec(self, role: str) -> dict:
         n = {"scheduler": 1, "server": self.num_servers, "worker": self.num_workers}[role]
@@ -325,9 +370,51 @@ class K8sJob:
                         "targetPort": self.port,
                         "protocol": "TCP",
                     }
-                ],
+                ]
+                + (
+                    [
+                        {
+                            "name": "metrics",
+                            "port": self.metrics_port,
+                            "targetPort": self.metrics_port,
+                            "protocol": "TCP",
+                        }
+                    ]
+                    if self.metrics_port is not None
+                    else []
+                ),
             },
         }
+
+    def owner_patch(self, uid: str) -> dict:
+        """The merge patch that makes the job (the JobSet, or the scheduler's Job) own the
+        Secret, so that deleting the job deletes it: ``kubectl patch secret NAME --type merge
+        -p PATCH`` with the owner's ``metadata.uid`` (known only once it exists)."""
+        if self.kind == "jobset":
+            api, kind, name = JOBSET_API, "JobSet", self.name
+        else:
+            api, kind, name = "batch/v1", "Job", self.job_name("scheduler")
+        return {
+            "metadata": {
+                "ownerReferences": [
+                    {"apiVersion": api, "kind": kind, "name": name, "uid": uid,
+                     "blockOwnerDeletion": False, "controller": False}
+                ]
+            }
+        }  # fmt: skip
+
+    def owner_commands(self) -> list[str]:
+        """What to run after ``kubectl apply``: the Secret gets the job as its owner."""
+        kind, name = (
+            ("jobset", self.name) if self.kind == "jobset" else ("job", self.job_name("scheduler"))
+        )
+        patch = json.dumps(self.owner_patch("UID"), separators=(",", ":"))
+        patch = patch.replace('"UID"', '"\'"$uid"\'"')
+        ns = f"-n {self.namespace}"
+        return [
+            f"uid=$(kubectl get {kind} {name} {ns} -o jsonpath='{{.metadata.uid}}')",
+            f"kubectl patch secret {self.secret_ref} {ns} --type merge -p '{patch}'",
+        ]
 
     def job(self, role: str) -> dict:
         return {
@@ -476,6 +563,17 @@ def add_parser(sub) -> None:
     k.add_argument("--connect-timeout", type=float, default=600.0, metavar="S")
     k.add_argument("--image-pull-policy", choices=["Always", "IfNotPresent", "Never"])
     k.add_argument("--service-account", default=None)
+    k.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9100,
+        help="the scheduler's dashboard and Prometheus endpoint, with scrape annotations "
+        "(default 9100)",
+    )
+    k.add_argument("--no-metrics", action="store_true", help="no dashboard or metrics endpoint")
+    k.add_argument(
+        "--run-as-user", type=int, default=1000, help="the pods' user id (not root; default 1000)"
+    )
     k.add_argument("-o", "--out-dir", default=None, help="write one file per object here")
     k.add_argument("command", nargs="*", help="the worker command (after --)")
     k.set_defaults(func=cmd_k8s)
@@ -511,6 +609,8 @@ def cmd_k8s(args) -> int:
             connect_timeout=args.connect_timeout,
             image_pull_policy=args.image_pull_policy,
             service_account=args.service_account,
+            metrics_port=None if args.no_metrics else args.metrics_port,
+            run_as_user=args.run_as_user,
         )
         objs = job.manifests()
         if args.out_dir:
@@ -522,6 +622,12 @@ def cmd_k8s(args) -> int:
             )
         else:
             sys.stdout.write(to_yaml(objs))
+        if job.secret_name is None:
+            print(
+                "hetps k8s: once applied, make the job own its Secret (deleted with it):\n  "
+                + "\n  ".join(job.owner_commands()),
+                file=sys.stderr,
+            )
     except ManifestError as exc:
         print(f"hetps k8s: {exc}", file=sys.stderr)
         return 2

@@ -309,8 +309,12 @@ class RayLauncher:
             "logging_level": logging.WARNING,
             **self.init_kwargs,
         }
+        running = None if self.address else running_cluster()
         if self.address and self.address != "local":
             kwargs["address"] = self.address
+        elif running is not None:  # as ray.init() does: join the cluster `ray start` made
+            kwargs["address"] = running
+            self.address = running
         else:  # a Ray of our own, sized for the job (its CPUs are Ray's logical ones)
             kwargs["address"] = "local"
             kwargs.setdefault("num_cpus", max(usable_cores(), self._cpus_needed()))
@@ -625,3 +629,15 @@ def cli_launch(args, command: list[str], num_servers: int, env: dict[str, str]) 
         port=args.port,
     )
     return result.code
+
+
+def running_cluster() -> str | None:
+    """The address of the Ray cluster ``ray start`` runs on this machine (the one
+    ``ray.init()`` joins when given no address: Ray's ``ray_current_cluster`` file in its
+    temp dir, ``RAY_TMPDIR`` honoured), or None when there is none."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        return canonicalize_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 - no cluster to join, or a Ray without that lookup
+        return None

@@ -1,32 +1,30 @@
-"""Live metrics: what workers measure while a job runs, and the scheduler's Prometheus endpoint.
-
-Two halves, which meet in one message (``metrics_report``, :data:`hetps.cluster.protocol.
-BODY_FIELDS` says its fields):
+"""Live metrics: what workers (and servers: :mod:`hetps.metrics.server_meter`) measure while a
+job runs, and the scheduler's side of them; :mod:`hetps.metrics.prom` and
+:mod:`hetps.metrics.dashboard` serve them.
 
 * :class:`WorkerMeter`, in each worker (only when the scheduler's endpoint is on: the node
-  table says so). On the hot path it does one ``perf_counter`` per push or pull request and one
-  list increment when the answer comes in (fixed buckets, :data:`BUCKETS`); a thread of its own
-  reports every ``HETPS_METRICS_INTERVAL`` seconds what the histograms gained since the last
-  report (deltas), the round count and the bytes on each of the worker's links to the servers
-  (totals, which only grow). A report is a few hundred bytes, whatever the job's size.
+  table says so): one ``perf_counter`` per push or pull request and one list increment when
+  its answer comes in (fixed buckets, :data:`BUCKETS`); a thread of its own reports every
+  ``HETPS_METRICS_INTERVAL`` seconds what the histograms gained (deltas), the round count, the
+  bytes on each link (totals) and the last rounds' phase spans (bounded), in a few hundred bytes.
 * :class:`LiveMetrics`, in the scheduler: checks every report (:func:`parse_report`; a bad or
-  hostile one is refused with a log line and changes nothing), keeps the per-worker totals,
-  and serves them with prometheus_client, together with what the scheduler knows itself (nodes
-  registered, dead, late and back; the load plan's shares; ESync's local steps). Read on each
-  scrape; nothing is computed between scrapes.
+  hostile one is refused with a log line and changes nothing), keeps the totals, and gives one
+  snapshot of them with what the scheduler knows itself (nodes registered, dead, late, back,
+  taken over, let go; the load plan's shares; ESync's local steps) on each scrape or poll.
 
-This module imports nothing of hetps but ``config``: the scheduler and the worker hand it
-plain callables and duck-typed objects (the scheduler's node tables, the planner, the ESync
-service). docs/LIVE.md lists every metric.
+This module imports nothing of hetps but ``config``; docs/LIVE.md lists every metric.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
+import secrets
 import threading
 import time
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -43,8 +41,10 @@ HISTOGRAMS = ("push", "pull", "round")
 
 #: bounds a report must keep (a bigger number is a broken or hostile peer's)
 MAX_COUNT = 1 << 53  # exact in a float, as Prometheus reads it
-MAX_SECONDS = 1e12
-MAX_T = 1e10
+MAX_SECONDS, MAX_T = 1e12, 1e10
+#: the timeline: rounds a report carries at most (the newest), spans per round, rounds the
+#: scheduler keeps per worker, the longest span
+TL_ROUNDS, TL_SPANS, TL_KEEP, TL_MAX_DUR = 8, 32, 20, 3600.0
 
 
 class ReportError(ValueError):
@@ -95,6 +95,14 @@ class WorkerMeter:
         self._round_t0: float | None = None
         self._seq = 0
         self._t0 = time.monotonic()
+        # the timeline: the newest rounds' phase spans, not yet reported (RoundLog and hetps
+        # train hand them over through add_round), and the link totals at the last round's end
+        self._tl: deque[list] = deque(maxlen=TL_ROUNDS)
+        self._tl_links: dict[int, tuple[int, int]] = {}
+        self._tl_round = 0
+        #: the run directory the worker logs into (RoundLog, hetps train): the scheduler
+        #: leaves the dashboard's last state there when the job ends
+        self.run_dir: str | None = None
         self._lock = threading.Lock()  # one report at a time (the thread, close)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hetps-metrics", daemon=True)
@@ -119,6 +127,17 @@ class WorkerMeter:
 
         return done
 
+    def timed_fused_pull(self, finish: Callable[[], None]) -> Callable[[], None]:
+        """A pull answered by the push before it (dist_sync): timed from now (its call) to the
+        moment ``finish`` (its wait's) copied its value out, once the push's answer is in."""
+        hist, t0 = self._pull_hist, time.perf_counter()
+
+        def done() -> None:
+            finish()
+            hist.observe(time.perf_counter() - t0)
+
+        return done
+
     def pushed(self, key: Any) -> None:
         """A push of ``key`` (its round's); a round begins with the first key pushed more
         often than any before, so rounds = the most pushes of any one key, and a round's time
@@ -132,6 +151,28 @@ class WorkerMeter:
                 self.hists["round"].observe(self.round_s)
             self._round_t0 = now
             self.rounds = n
+
+    def add_round(self, spans: list[tuple[str, float, float]]) -> None:
+        """One round's phase spans, ``(phase, start, seconds)`` with ``start`` a unix time
+        (:meth:`hetps.metrics.spans.Spans.take` hands them over), and the bytes each link
+        carried since the last round's end: the next report carries them (the newest
+        :data:`TL_ROUNDS` rounds; older ones not yet reported are dropped)."""
+        try:
+            links = self._links()
+        except Exception:  # noqa: BLE001 - the timeline never breaks the worker
+            links = {}
+        rows = []
+        for rank, (sent, recv) in sorted(links.items()):
+            old = self._tl_links.get(rank, (0, 0))
+            rows.append([rank, max(0, int(sent - old[0])), max(0, int(recv - old[1]))])
+        self._tl_links = dict(links)
+        self._tl_round = max(self._tl_round + 1, self.rounds)
+        kept = [
+            [str(name), round(float(start), 6), round(max(0.0, float(dur)), 6)]
+            for name, start, dur in spans[:TL_SPANS]
+        ]
+        with self._lock:
+            self._tl.append([self._tl_round, kept, rows])
 
     # reporting ----------------------------------------------------------------------------
     def report(self) -> dict:
@@ -156,6 +197,11 @@ class WorkerMeter:
                     self._shipped[name] = (counts, total)
             if gained:
                 body["h"] = gained
+            if self.run_dir is not None:
+                body["run"] = self.run_dir
+            if self._tl:
+                body["tl"] = list(self._tl)
+                self._tl.clear()
             return body
 
     def flush(self) -> None:
@@ -247,6 +293,68 @@ def parse_report(body: Any, num_servers: int) -> dict:
             [_int(c, f"a count of histogram {name!r}") for c in counts],
             _seconds(value[1], f"the sum of histogram {name!r}"),
         )
+    out["tl"] = _parse_timeline(body.get("tl", []), num_servers)
+    run = out["run"] = body.get("run")
+    if run is not None and not (
+        isinstance(run, str) and 0 < len(run) <= 4096 and run.isprintable()
+    ):
+        raise ReportError("'run' must be a printable path of 1 to 4096 characters")
+    return out
+
+
+_PHASE = re.compile(r"[a-z][a-z_]{0,15}")
+
+
+def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
+    """The rounds of a report's ``tl``: ``[round, [[phase, start, seconds], ...], [[server,
+    sent, received], ...]]`` each, rounds increasing; at most :data:`TL_ROUNDS` rounds of
+    :data:`TL_SPANS` spans."""
+    if not isinstance(tl, list) or len(tl) > TL_ROUNDS:
+        raise ReportError(f"'tl' must be a list of at most {TL_ROUNDS} rounds")
+    out = []
+    last = 0
+    for item in tl:
+        if not isinstance(item, list) or len(item) != 3:
+            raise ReportError(f"a 'tl' round must be [round, spans, links], not {_show(item)}")
+        rnd = _int(item[0], "a 'tl' round number", 1)
+        if rnd <= last:
+            raise ReportError(f"'tl' rounds must increase ({rnd} after {last})")
+        last = rnd
+        spans, links = item[1], item[2]
+        if not isinstance(spans, list) or len(spans) > TL_SPANS:
+            raise ReportError(f"a 'tl' round holds a list of at most {TL_SPANS} spans")
+        kept = []
+        for span in spans:
+            if not isinstance(span, list) or len(span) != 3:
+                raise ReportError(f"a span must be [phase, start, seconds], not {_show(span)}")
+            if not isinstance(span[0], str) or not _PHASE.fullmatch(span[0]):
+                raise ReportError(
+                    f"a span's phase must be a lower-case name of up to 16 letters, "
+                    f"not {_show(span[0])}"
+                )
+            kept.append(
+                (
+                    span[0],
+                    _seconds(span[1], "a span's start", MAX_T),
+                    _seconds(span[2], "a span's length", TL_MAX_DUR),
+                )
+            )
+        if not isinstance(links, list) or len(links) > num_servers:
+            raise ReportError(f"a 'tl' round's links: a list of at most {num_servers} rows")
+        rows = []
+        for row in links:
+            if not isinstance(row, list) or len(row) != 3:
+                raise ReportError(
+                    f"a 'tl' link row must be [server, sent, received], not {_show(row)}"
+                )
+            rows.append(
+                (
+                    _int(row[0], "a 'tl' link's server rank", 0, num_servers - 1),
+                    _int(row[1], "a 'tl' link's bytes sent"),
+                    _int(row[2], "a 'tl' link's bytes received"),
+                )
+            )
+        out.append((rnd, kept, rows))
     return out
 
 
@@ -263,6 +371,8 @@ class WorkerTotals:
         self.rates: dict[int, tuple[float, float]] = {}  # bytes/s over the last report
         self.hists = {name: ([0] * NBUCKETS, 0.0) for name in HISTOGRAMS}
         self.reports = 0
+        self.timeline: deque[tuple[int, list, list]] = deque(maxlen=TL_KEEP)
+        self.run: str | None = None
 
     def apply(self, rep: dict) -> None:
         """Add a checked report; raises ReportError (and changes nothing) when it does not
@@ -296,6 +406,10 @@ class WorkerTotals:
         self.seq, self.t, self.rounds = rep["seq"], rep["t"], rep["rounds"]
         if rep["round_s"] is not None:
             self.round_s = rep["round_s"]
+        last = self.timeline[-1][0] if self.timeline else 0
+        self.timeline.extend(r for r in rep["tl"] if r[0] > last)
+        if rep["run"] is not None:
+            self.run = rep["run"]
         self.reports += 1
 
 
@@ -311,30 +425,42 @@ class LiveMetrics:
         self.esync = esync
         self.num_servers = sched.cfg.num_server
         self.workers: dict[int, WorkerTotals] = {}
+        self.servers: dict[int, Any] = {}  # hetps.metrics.server_meter.ServerTotals
         self.refused = 0
         self.lock = threading.Lock()
         self._httpd: Any = None
         self._thread: threading.Thread | None = None
         self.host = ""
         self.port = 0
+        from hetps.metrics.dashboard import Events, Scrapes
+
+        self.events = Events()  # failures and node changes, stamped when first seen
+        self.scrapes = Scrapes()  # when /metrics was read (a last scrape after the job)
+        #: this job's id on the dashboard: the scheduler's start time and 4 random hex digits
+        self.job = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
     # the service ----------------------------------------------------------------------------
     def handle(self, sched: Any, msg: Any) -> None:
         """One worker's report (the scheduler's service for ``metrics_report``)."""
         node = sched.nodes.get(msg.sender)
-        if node is None or node.role != "worker":  # the allow-list already says so
-            self._refuse(sched, msg, "node", "metrics reports come from workers")
+        if node is None or node.role not in ("worker", "server"):  # the allow-list says so
+            self._refuse(sched, msg, "node", "metrics reports come from workers and servers")
             return
         try:
-            rep = parse_report(msg.body, self.num_servers)
-            with self.lock:
-                totals = self.workers.setdefault(node.rank, WorkerTotals())
-                totals.apply(rep)
+            if node.role == "server":  # hetps.metrics.server_meter
+                rep = parse_server_report(msg.body, sched.cfg.num_worker)
+                with self.lock:
+                    self.servers.setdefault(node.rank, ServerTotals()).apply(rep)
+            else:
+                rep = parse_report(msg.body, self.num_servers)
+                with self.lock:
+                    self.workers.setdefault(node.rank, WorkerTotals()).apply(rep)
         except ReportError as exc:
             self._refuse(sched, msg, node.describe(), str(exc))
             return
         if msg.req:
             sched.reply(msg, {})
+        self.events.observe(self.snapshot(timeline=False))
 
     def _refuse(self, sched: Any, msg: Any, who: str, text: str) -> None:
         with self.lock:
@@ -355,16 +481,16 @@ class LiveMetrics:
                 f"the scheduler's address ({self.sched.cfg.root_uri}), never another"
             )
         try:
-            from prometheus_client import CollectorRegistry, start_http_server
+            import prometheus_client  # noqa: F401
         except ImportError:
             raise ConfigError(
                 "HETPS_METRICS_PORT (--metrics-port) needs prometheus_client: "
                 "pip install 'hetps[metrics]'"
             ) from None
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(self))
+        from hetps.metrics.dashboard import serve_http
+
         try:
-            self._httpd, self._thread = start_http_server(port, addr=host, registry=registry)
+            self._httpd, self._thread = serve_http(self, host, port)
         except OSError as exc:
             raise ConfigError(
                 f"HETPS_METRICS_PORT={port}: cannot serve metrics on {host}:{port} "
@@ -374,10 +500,15 @@ class LiveMetrics:
         return self
 
     @property
+    def base_url(self) -> str:
+        """Where the dashboard is (``http://host:port/``)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    @property
     def url(self) -> str:
         """Where the metrics are (``http://host:port/metrics``)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        return self.base_url + "metrics"
 
     def close(self) -> None:
         """Stop serving (idempotent)."""
@@ -387,8 +518,9 @@ class LiveMetrics:
             httpd.server_close()
 
     # what a scrape reads ----------------------------------------------------------------------
-    def snapshot(self) -> dict:
-        """Everything one scrape shows, copied at one moment."""
+    def snapshot(self, timeline: bool = True) -> dict:
+        """Everything one scrape shows, copied at one moment (with each worker's last rounds'
+        phase spans when ``timeline``)."""
         sched = self.sched
         with self.lock:
             workers = {
@@ -399,10 +531,12 @@ class LiveMetrics:
                     "rates": dict(w.rates),
                     "hists": {n: (list(c), s) for n, (c, s) in w.hists.items()},
                     "reports": w.reports,
+                    "timeline": list(w.timeline) if timeline else [],
                 }
                 for r, w in self.workers.items()
             }
             refused = self.refused
+            servers = {r: t.view() for r, t in self.servers.items()}
         # the scheduler's loop changes these dicts; copies of builtin dicts with int keys are
         # taken without a thread switch in between
         nodes = dict(sched.nodes)
@@ -410,6 +544,9 @@ class LiveMetrics:
         finished = dict(sched.finished)
         last_seen = dict(sched.last_seen)
         recoveries = dict(getattr(sched, "recoveries", {}))
+        failovers = list(getattr(sched, "failovers", []))
+        left = dict(getattr(sched, "left", {}))
+        rejoined = dict(getattr(sched, "rejoined", {}))
         late_after = getattr(sched, "late_after", 0.0)
         now = time.monotonic()
         late = [
@@ -419,14 +556,19 @@ class LiveMetrics:
         ]
         snap: dict[str, Any] = {
             "workers": workers,
+            "servers": servers,
             "refused": refused,
             "nodes": nodes,
             "dead": dead,
             "finished": finished,
             "late": late,
             "recoveries": recoveries,
+            "failovers": failovers,
+            "left": left,
+            "rejoined": rejoined,
             "expected": {"server": sched.cfg.num_server, "worker": sched.cfg.num_worker},
             "uptime": now - sched.started,
+            "start_time": time.time() - (now - sched.started),
             "plan": None,
             "esync": None,
         }
@@ -454,173 +596,4 @@ class LiveMetrics:
         return snap
 
 
-class _Collector:
-    """prometheus_client's view of a :class:`LiveMetrics` (built anew on each scrape)."""
-
-    def __init__(self, live: LiveMetrics) -> None:
-        self.live = live
-
-    def collect(self):  # noqa: C901 - one metric after another
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        s = self.live.snapshot()
-        nodes = s["nodes"]
-
-        g = GaugeMetricFamily("hetps_uptime_seconds", "seconds since the scheduler started")
-        g.add_metric([], s["uptime"])
-        yield g
-        g = GaugeMetricFamily(
-            "hetps_nodes_expected", "servers and workers the job waits for", labels=["role"]
-        )
-        for role, n in s["expected"].items():
-            g.add_metric([role], n)
-        yield g
-        g = GaugeMetricFamily(
-            "hetps_nodes_registered", "servers and workers registered", labels=["role"]
-        )
-        for role in ("server", "worker"):
-            g.add_metric([role], sum(1 for n in nodes.values() if n.role == role))
-        yield g
-        g = GaugeMetricFamily("hetps_nodes_dead", "nodes declared dead (the job then ends)")
-        g.add_metric([], len(s["dead"]))
-        yield g
-        g = GaugeMetricFamily(
-            "hetps_node_dead", "1 for each node declared dead", labels=["node", "role", "rank"]
-        )
-        for nid in sorted(s["dead"]):
-            n = nodes.get(nid)
-            if n is not None:
-                g.add_metric([_name(n.role, n.rank), n.role, str(n.rank)], 1)
-        yield g
-        g = GaugeMetricFamily(
-            "hetps_nodes_late",
-            "nodes silent for more than 3 heartbeat intervals now (not yet dead)",
-        )
-        g.add_metric([], len(s["late"]))
-        yield g
-        c = CounterMetricFamily(
-            "hetps_node_recoveries",
-            "times a node was heard again after more than 3 heartbeat intervals of silence",
-            labels=["node"],
-        )
-        for nid, times in sorted(s["recoveries"].items()):
-            n = nodes.get(nid)
-            if n is not None:
-                c.add_metric([_name(n.role, n.rank)], times)
-        yield c
-        g = GaugeMetricFamily("hetps_workers_finished", "workers that finished their job")
-        g.add_metric([], len(s["finished"]))
-        yield g
-
-        workers = s["workers"]
-        c = CounterMetricFamily(
-            "hetps_rounds", "rounds every worker has begun (the least of the workers' counts)"
-        )
-        c.add_metric(
-            [],
-            min((w["rounds"] for w in workers.values()), default=0)
-            if len(workers) == s["expected"]["worker"]
-            else 0,
-        )
-        yield c
-        c = CounterMetricFamily(
-            "hetps_worker_rounds", "rounds a worker has begun", labels=["worker"]
-        )
-        g = GaugeMetricFamily(
-            "hetps_round_seconds", "a worker's last whole round, in seconds", labels=["worker"]
-        )
-        for r, w in sorted(workers.items()):
-            c.add_metric([str(r)], w["rounds"])
-            if w["round_s"] is not None:
-                g.add_metric([str(r)], w["round_s"])
-        yield c
-        yield g
-        for name, metric, doc in (
-            ("round", "hetps_round_duration_seconds", "time of a worker's rounds"),
-            ("push", "hetps_push_latency_seconds", "a push request, from the call to its answer"),
-            ("pull", "hetps_pull_latency_seconds", "a pull request, from the call to its answer"),
-        ):
-            h = HistogramMetricFamily(metric, doc, labels=["worker"])
-            for r, w in sorted(workers.items()):
-                counts, total = w["hists"][name]
-                buckets, acc = [], 0
-                for bound, n in zip(BUCKETS, counts, strict=False):
-                    acc += n
-                    buckets.append((_le(bound), acc))
-                buckets.append(("+Inf", acc + counts[-1]))
-                h.add_metric([str(r)], buckets, total)
-            yield h
-        c = CounterMetricFamily(
-            "hetps_link_bytes", "bytes on a worker-server link, by direction", labels=["src", "dst"]
-        )
-        g = GaugeMetricFamily(
-            "hetps_link_bytes_per_second",
-            "bytes per second on a worker-server link over the last report interval",
-            labels=["src", "dst"],
-        )
-        for r, w in sorted(workers.items()):
-            for srv, (sent, recv) in sorted(w["links"].items()):
-                c.add_metric([_name("worker", r), _name("server", srv)], sent)
-                c.add_metric([_name("server", srv), _name("worker", r)], recv)
-            for srv, (up, down) in sorted(w["rates"].items()):
-                g.add_metric([_name("worker", r), _name("server", srv)], up)
-                g.add_metric([_name("server", srv), _name("worker", r)], down)
-        yield c
-        yield g
-        c = CounterMetricFamily(
-            "hetps_metrics_reports", "metrics reports taken, by worker", labels=["worker"]
-        )
-        for r, w in sorted(workers.items()):
-            c.add_metric([str(r)], w["reports"])
-        yield c
-        c = CounterMetricFamily(
-            "hetps_metrics_reports_refused", "metrics reports refused (malformed or out of order)"
-        )
-        c.add_metric([], s["refused"])
-        yield c
-        plan = s["plan"]
-        if plan is not None:
-            g = GaugeMetricFamily(
-                "hetps_plan_share",
-                "the load plan's share of the elements per server",
-                labels=["server"],
-            )
-            for srv, share in enumerate(plan["shares"]):
-                g.add_metric([str(srv)], share)
-            yield g
-            g = GaugeMetricFamily("hetps_plan_epoch", "plans adopted so far")
-            g.add_metric([], plan["epoch"])
-            yield g
-        es = s["esync"]
-        if es is not None:
-            g = GaugeMetricFamily("hetps_esync_round", "ESync's current round (0: none yet)")
-            g.add_metric([], es["round"])
-            yield g
-            g = GaugeMetricFamily(
-                "hetps_esync_round_local_steps",
-                "local steps a worker reported in ESync's current round",
-                labels=["worker"],
-            )
-            for w, n in enumerate(es["steps"]):
-                g.add_metric([str(w)], n)
-            yield g
-            c = CounterMetricFamily(
-                "hetps_esync_local_steps",
-                "local steps a worker reported to ESync, all rounds",
-                labels=["worker"],
-            )
-            for w, n in enumerate(es["total"]):
-                c.add_metric([str(w)], n)
-            yield c
-
-
-def _name(role: str, rank: int) -> str:
-    return f"{role}{rank}"
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))
+from hetps.metrics.server_meter import ServerTotals, parse_server_report  # noqa: E402

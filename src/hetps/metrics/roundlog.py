@@ -101,6 +101,10 @@ class RoundLog:
             )
         self.log = IterationLog(self.run_dir, self.rank, started_at=self.started_at)
         self.spans = Spans(self.started_at)
+        meter = getattr(kv, "meter", None)  # the live dashboard's timeline (docs/LIVE.md)
+        if meter is not None:
+            self.spans.sink = meter.add_round
+            meter.run_dir = str(Path(self.run_dir).resolve())
         self.traffic = TrafficRecorder(
             self.started_at,
             bucket_s=bucket_s,
@@ -192,13 +196,16 @@ class RoundLog:
             self._node.observe_traffic(None)
         self.log.close()
         self.traffic.close()
+        if self.rank == 0:  # rank 0 got through its loop: run.json says the run completed
+            RunWriter.reopen(self.run_dir).update(ended={"status": "completed", "at": time.time()})
         return self.run_dir
 
 
 def pictures(run_dir: str | os.PathLike[str], window_rounds: int = 6) -> dict[str, Path]:
-    """Write ``trace.json`` and ``timeline.png`` into ``run_dir`` and print where they are and
-    how to open them; returns ``{"trace": path, "figure": path}`` (no figure without
-    matplotlib: a line says how to get it)."""
+    """Write ``trace.json``, ``timeline.png`` and ``report.html`` (``hetps report``) into
+    ``run_dir`` and print where they are and how to open them; returns ``{"trace": path,
+    "figure": path, "report": path}`` (no figure and no report without matplotlib: a line says
+    how to get it)."""
     from hetps.metrics.trace import write_trace
 
     out: dict[str, Path] = {}
@@ -217,4 +224,12 @@ def pictures(run_dir: str | os.PathLike[str], window_rounds: int = 6) -> dict[st
     )
     out["figure"] = fig_path
     print(f"figure: {fig_path}  (when each worker computes, pushes, waits and pulls)", flush=True)
+    from hetps.metrics.report import write_report
+
+    out["report"] = write_report(run_dir)
+    print(
+        f"report: {out['report']}  (one HTML file: summary, charts, timeline, configuration; "
+        "open it in a browser)",
+        flush=True,
+    )
     return out

@@ -14,7 +14,7 @@ same clock as ``t``). ``hetps trace`` draws them; see docs/METRICS.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 __all__ = ["PHASES", "Spans"]
@@ -32,6 +32,9 @@ class Spans:
         self._run_start = float(run_start)
         self._offset = time.time() - time.perf_counter() - self._run_start
         self._spans: list[tuple[str, float, float]] = []
+        #: called by :meth:`take` with the iteration's spans as ``(phase, unix start,
+        #: seconds)``: the live dashboard's timeline (``WorkerMeter.add_round``), when set
+        self.sink: Callable[[list[tuple[str, float, float]]], None] | None = None
 
     def to_run_time(self, perf: float) -> float:
         """A ``time.perf_counter()`` value as seconds since the run's start."""
@@ -71,4 +74,7 @@ class Spans:
         precision, run time), in start order; the next iteration starts empty."""
         spans, self._spans = self._spans, []
         spans.sort(key=lambda x: x[1])
+        if self.sink is not None:
+            unix = self._offset + self._run_start
+            self.sink([(n, s + unix, e - s) for n, s, e in spans])
         return [[n, round(s + self._offset, 6), round(e - s, 6)] for n, s, e in spans]

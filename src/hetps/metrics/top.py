@@ -2,9 +2,10 @@
 
 It scrapes the Prometheus endpoint a scheduler serves with ``--metrics-port``
 (:mod:`hetps.metrics.live`) every ``--interval`` seconds and draws, with rich: rounds per
-second, every worker (rounds, its last round's time, mean push and pull latency), the
-throughput of every worker-server link, the slowest worker, the load plan's shares (with
-``--balance``) and the dead and late nodes. ``--once`` prints one frame and exits (it takes two
+second, every worker (rounds, its mean round over the interval, mean push and pull latency),
+the throughput of every worker-server link (the rate of its byte counter), the slowest worker
+(under ESync the one with the fewest local steps), the load plan's shares (with ``--balance``)
+and the dead and late nodes. ``--once`` prints one frame and exits (it takes two
 scrapes one interval apart, so that it can show rates).
 
     hetps top http://127.0.0.1:9100/metrics
@@ -38,6 +39,7 @@ class Scrape:
 
     at: float  # this machine's monotonic clock at the scrape
     samples: dict[str, dict[tuple, float]] = field(default_factory=dict)
+    job: str = ""  # the job's id (every sample's ``job`` label, left out of the keys)
 
     def value(self, name: str, default: float | None = None, **labels: str) -> float | None:
         """The value of ``name`` with exactly ``labels`` (None/default when absent)."""
@@ -55,7 +57,9 @@ def parse(text: str, at: float | None = None) -> Scrape:
     scrape = Scrape(time.monotonic() if at is None else at)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            scrape.samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+            labels = dict(s.labels)
+            scrape.job = labels.pop("job", scrape.job)
+            scrape.samples.setdefault(s.name, {})[tuple(sorted(labels.items()))] = s.value
     return scrape
 
 
@@ -75,7 +79,7 @@ def fetch(url: str, timeout: float = 5.0) -> Scrape:
         scrape = parse(text)
     except ValueError as exc:
         raise TopError(f"{url} does not serve Prometheus metrics: {exc}") from None
-    if "hetps_uptime_seconds" not in scrape.samples:
+    if "hetps_start_time_seconds" not in scrape.samples:
         raise TopError(f"{url} serves metrics, but not a hetps scheduler's")
     return scrape
 
@@ -131,10 +135,20 @@ def _mean_ms(s: Scrape, name: str, worker: str) -> float | None:
 def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
     """The frame for ``cur`` (``prev``, an earlier scrape, gives the rates)."""
     dt = None
-    if prev is not None:
-        up0, up1 = prev.value("hetps_uptime_seconds"), cur.value("hetps_uptime_seconds")
-        if up0 is not None and up1 is not None and up1 > up0:
-            dt = up1 - up0  # the scheduler's clock: the scrapes' own timing does not matter
+    if prev is not None and cur.at > prev.at:
+        dt = cur.at - prev.at
+
+    def mean_round(w: str) -> float | None:
+        """The mean round over the last interval (since the start without one)."""
+        name = "hetps_round_duration_seconds"
+        n1, s1 = cur.value(f"{name}_count", worker=w), cur.value(f"{name}_sum", worker=w)
+        n0 = prev.value(f"{name}_count", worker=w) if prev is not None else None
+        s0 = prev.value(f"{name}_sum", worker=w) if prev is not None else None
+        if n1 is None or s1 is None:
+            return None
+        if n0 is not None and s0 is not None and n1 > n0:
+            return (s1 - s0) / (n1 - n0)
+        return s1 / n1 if n1 else None
 
     def rate(name: str, **labels: str) -> float | None:
         if dt is None or prev is None:
@@ -153,27 +167,37 @@ def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
             WorkerRow(
                 int(w),
                 int(rounds),
-                cur.value("hetps_round_seconds", worker=w),
+                mean_round(w),
                 _mean_ms(cur, "hetps_push_latency_seconds", w),
                 _mean_ms(cur, "hetps_pull_latency_seconds", w),
                 rate("hetps_worker_rounds_total", worker=w),
             )
         )
     links = [
-        LinkRow(lb["src"], lb["dst"], v, cur.value("hetps_link_bytes_total", 0.0, **lb) or 0.0)
-        for lb, v in cur.series("hetps_link_bytes_per_second")
+        LinkRow(lb["src"], lb["dst"], rate("hetps_link_bytes_total", **lb) or 0.0, v)
+        for lb, v in cur.series("hetps_link_bytes_total")
     ]
     links.sort(key=lambda r: (r.src, r.dst))
-    # the slowest: the longest last round; a worker rounds behind the others is slower still
+    # ESync's local steps, when the job runs ESync (any worker reported a step)
+    steps = {
+        int(lb["worker"]): int(v)
+        for lb, v in cur.series("hetps_esync_local_steps_total")
+        if any(x for _, x in cur.series("hetps_esync_local_steps_total"))
+    }
+    # the slowest: under ESync every worker takes part in every round and a slow one does
+    # fewer local steps in it, so the fewest steps; else a worker rounds behind the others,
+    # then the longest round
     slowest = None
-    if workers:
+    if workers and steps:
+        slowest = min(workers, key=lambda w: (steps.get(w.rank, 0), w.rounds))
+    elif workers:
         slowest = max(workers, key=lambda w: (-w.rounds, w.round_s or 0.0))
-    shares = sorted(cur.series("hetps_plan_share"), key=lambda lv: int(lv[0]["server"]))
+    shares = sorted(cur.series("hetps_plan_share_ratio"), key=lambda lv: int(lv[0]["server"]))
     dead = sorted(lb["node"] for lb, v in cur.series("hetps_node_dead") if v)
     epoch = cur.value("hetps_plan_epoch")
     return View(
         url=url,
-        uptime=cur.value("hetps_uptime_seconds", 0.0) or 0.0,
+        uptime=max(0.0, time.time() - (cur.value("hetps_start_time_seconds", 0.0) or 0.0)),
         registered={lb["role"]: int(v) for lb, v in cur.series("hetps_nodes_registered")},
         expected={lb["role"]: int(v) for lb, v in cur.series("hetps_nodes_expected")},
         rounds=int(cur.value("hetps_rounds_total", 0.0) or 0),
@@ -186,12 +210,7 @@ def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
         dead=dead,
         late=int(cur.value("hetps_nodes_late", 0.0) or 0),
         finished=int(cur.value("hetps_workers_finished", 0.0) or 0),
-        # ESync's local steps, when the job runs ESync (any worker reported a step)
-        esync_steps={
-            int(lb["worker"]): int(v)
-            for lb, v in cur.series("hetps_esync_local_steps_total")
-            if any(x for _, x in cur.series("hetps_esync_local_steps_total"))
-        },
+        esync_steps=steps,
     )
 
 
@@ -222,8 +241,10 @@ def render(v: View) -> Any:
     head.append(f"rounds: {v.rounds}   rounds/s: {_num(v.rounds_per_s)}\n", style="bold")
     if v.slowest is not None:
         head.append(
-            f"slowest worker: worker{v.slowest.rank} ({v.slowest.rounds} rounds, last round "
-            f"{_num(v.slowest.round_s, '{:.4f}')} s)\n"
+            f"slowest worker: worker{v.slowest.rank} ({v.slowest.rounds} rounds, round "
+            f"{_num(v.slowest.round_s, '{:.4f}')} s"
+            + (f", {v.esync_steps.get(v.slowest.rank, 0)} ESync steps" if v.esync_steps else "")
+            + ")\n"
         )
     if v.dead:
         head.append(f"dead nodes: {', '.join(v.dead)}\n", style="bold red")
@@ -233,7 +254,7 @@ def render(v: View) -> Any:
         head.append(f"late nodes (silent > 3 heartbeats): {v.late}\n", style="yellow")
 
     wt = Table(title="workers", title_justify="left", expand=False)
-    for col in ("worker", "rounds", "rounds/s", "last round s", "push ms", "pull ms"):
+    for col in ("worker", "rounds", "rounds/s", "round s", "push ms", "pull ms"):
         wt.add_column(col, justify="right")
     if v.esync_steps:
         wt.add_column("esync steps", justify="right")

@@ -219,6 +219,10 @@ class WorkerRun(Rejoin):
             servers = {s.id: f"server{s.rank}" for s in kv.node.servers()}
             kv.node.observe_traffic(worker_observer(self.traffic, servers))
         self.spans = Spans(self.run_start)
+        meter = getattr(kv, "meter", None)  # the live dashboard's timeline (docs/LIVE.md)
+        if meter is not None:
+            self.spans.sink = meter.add_round
+            meter.run_dir = str(Path(self.run_dir).resolve())
         self.log = IterationLog(self.run_dir, self.rank)
         if getattr(self.args, "tensorboard", None):
             from hetps.torch.tboard import TensorBoardLog

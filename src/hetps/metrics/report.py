@@ -1,0 +1,214 @@
+"""``hetps report RUN``: one self-contained HTML file of a run, to mail or attach to an issue.
+
+It holds the run's summary (:func:`hetps.metrics.summary.summarize_run`), its configuration
+(``run.json``), how it ended and what went wrong (the run's end, torn logs, and the failures
+and node changes the live dashboard saw when the job ran with ``--metrics-port``:
+``live-final.json``), charts of every worker's rounds (round time, loss, bytes, the phases'
+mean times) and the timeline of a window of rounds (when each worker computed, pushed, waited
+and pulled), drawn in the browser by the chart library the dashboard uses, inlined with its
+licence; the figures already in the run directory (``*.png``) are embedded too. Nothing is
+fetched when the file is opened.
+
+    hetps report runs/linreg-20260101-120000              # writes .../report.html
+    hetps report runs/linreg-20260101-120000 -o out.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hetps.metrics.dashboard import static_file
+from hetps.metrics.records import MetricsError, Run, load_run
+from hetps.metrics.summary import summarize_run
+
+__all__ = ["add_parser", "build_report", "cmd_report", "report_data", "write_report"]
+
+#: bounds on what a report embeds (a long run's file stays small)
+MAX_POINTS = 4000  # chart points per worker (evenly thinned beyond)
+MAX_SPAN_ROUNDS = 400  # rounds with their spans per worker (the last ones)
+MAX_FIGURE_BYTES = 4 << 20  # a PNG bigger than this is named, not embedded
+FINAL_FILE = "live-final.json"  # the dashboard's last state, when the job served one
+
+
+def _thin(items: list, most: int) -> list:
+    if len(items) <= most:
+        return items
+    step = len(items) / most
+    return [items[int(i * step)] for i in range(most)] + [items[-1]]
+
+
+def _num(x: Any) -> float | None:
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return float(x) if ok else None
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (which JSON cannot hold) as None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def report_data(run: Run) -> dict[str, Any]:
+    """What the report draws, JSON-able: summary, config, per-worker series and spans."""
+    summary = summarize_run(run)
+    workers = []
+    for rank in run.ranks:
+        recs = run.records[rank]
+        series = []
+        prev_t = None
+        for rec in _thin(recs, MAX_POINTS):
+            t = _num(rec.get("t"))
+            rt = _num(rec.get("srit_s"))
+            if rt is None and t is not None and prev_t is not None:
+                rt = t - prev_t
+            prev_t = t
+            series.append(
+                [rec.get("iter"), t, rt, _num(rec.get("loss")), rec.get("bytes_sent"),
+                 rec.get("bytes_recv")]
+            )  # fmt: skip
+        phases: dict[str, float] = {}
+        for rec in recs:
+            for name in ("compute", "push", "wait", "pull"):
+                v = _num(rec.get(f"{name}_s"))
+                if v is not None:
+                    phases[name] = phases.get(name, 0.0) + v
+        timeline = [
+            {
+                "round": rec.get("iter"),
+                "spans": [s for s in rec.get("spans") or [] if isinstance(s, list) and len(s) == 3],
+                "links": [[0, int(rec.get("bytes_sent") or 0), int(rec.get("bytes_recv") or 0)]],
+            }
+            for rec in recs[-MAX_SPAN_ROUNDS:]
+        ]
+        workers.append(
+            {
+                "rank": rank,
+                "label": run.device_label(rank),
+                "rounds": len(recs),
+                "series": series,
+                "phase_ms": {k: 1000 * v / max(1, len(recs)) for k, v in phases.items()},
+                "timeline": timeline,
+            }
+        )
+    final = None
+    path = run.run_dir / FINAL_FILE
+    if path.is_file():
+        try:
+            final = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            final = {"error": f"{path.name} unreadable: {exc}"}
+    failures = []
+    if not str(summary.get("ended", "")).startswith("completed"):
+        failures.append(f"run end: {summary.get('ended')}")
+    failures += [f"{p.name}: its last line was torn (the writer was killed)" for p in run.truncated]
+    if isinstance(final, dict):
+        for ev in final.get("events") or []:
+            if isinstance(ev, dict) and ev.get("kind") == "failure":
+                failures.append(f"at {ev.get('uptime')} s: {ev.get('text')}")
+    figures = []
+    for png in sorted(run.run_dir.glob("*.png")):
+        size = png.stat().st_size
+        if size <= MAX_FIGURE_BYTES:
+            figures.append(
+                {"name": png.name, "data": base64.b64encode(png.read_bytes()).decode("ascii")}
+            )
+        else:
+            figures.append({"name": png.name, "data": None, "size": size})
+    return {
+        "run": run.name,
+        "summary": summary,
+        "config": run.meta,
+        "workers": workers,
+        "failures": failures,
+        "live": final,
+        "figures": figures,
+    }
+
+
+def _script_json(obj: Any) -> str:
+    """JSON that is safe inside a <script> element (no ``</``, no ``<!--``)."""
+    text = json.dumps(_finite(obj), allow_nan=False, default=str)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _safe_js(code: bytes) -> str:
+    return code.decode("utf-8").replace("</script", "<\\/script")
+
+
+def build_report(run_dir: str | os.PathLike[str]) -> str:
+    """The report of ``run_dir`` as one HTML document."""
+    run = load_run(run_dir)
+    data = report_data(run)
+    title = html.escape(f"hetps report: {run.name}")
+    css = (
+        static_file("vendor/uplot/uPlot.min.css") + b"\n" + static_file("dashboard.css")
+    ).decode()
+    lic = html.escape(static_file("vendor/uplot/LICENSE").decode("utf-8"))
+    return "\n".join(
+        [
+            "<!doctype html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>{title}</title>",
+            f"<style>{css}</style>",
+            "</head><body>",
+            static_file("report.html").decode("utf-8").replace("{{title}}", title),
+            f'<script type="application/json" id="report-data">{_script_json(data)}</script>',
+            f"<script>{_safe_js(static_file('vendor/uplot/uPlot.iife.min.js'))}</script>",
+            f"<script>{_safe_js(static_file('timeline.js'))}</script>",
+            f"<script>{_safe_js(static_file('report.js'))}</script>",
+            f"<!-- uPlot (vendored, MIT):\n{lic}\n-->",
+            "</body></html>",
+        ]
+    )
+
+
+def write_report(
+    run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
+) -> Path:
+    """Write the report (default: ``RUN/report.html``); returns its path."""
+    path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    text = build_report(run_dir)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``hetps report RUN [-o FILE]``."""
+    try:
+        path = write_report(args.run, args.output)
+    except MetricsError as exc:
+        print(f"hetps report: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"hetps report: cannot write the report: {exc}", file=sys.stderr)
+        return 1
+    print(f"report: {path}  (one HTML file: open it in a browser, or attach it)")
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``hetps report``."""
+    p = subparsers.add_parser(
+        "report",
+        help="write one self-contained HTML report of a run directory",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("run", help="a run directory (it holds run.json), e.g. runs/linreg-<time>")
+    p.add_argument("-o", "--output", help="where to write (default: RUN/report.html)")
+    p.set_defaults(func=cmd_report)
