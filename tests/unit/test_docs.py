@@ -298,6 +298,7 @@ def hetps_words(cmd: list[str]) -> list[str] | None:
 #: each with the f-string that prints it
 PRINTED = {
     "hetps metrics http": 'f"hetps metrics {',
+    "hetps dashboard http": 'f"hetps dashboard {',
     "hetps scheduler port ": 'f"hetps scheduler port {',
 }
 
@@ -416,6 +417,8 @@ def name_problem(name: str) -> str | None:
     if i == len(parts):
         return None
     attr, text = parts[i], module.read_text()
+    if attr in ("__file__", "__name__", "__path__", "__doc__"):  # every module has these
+        return None
     defined = (
         rf"^\s*(?:async def|def|class) {attr}\b|^\s*(?:self\.)?{attr}\s*(?::[^=\n]*)?=(?!=)"
         rf"|^(?:from\s+\S+\s+)?import\b.*\b{attr}\b|^\s+{attr},|\"{attr}\":"
