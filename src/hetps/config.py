@@ -14,8 +14,11 @@ Code elsewhere never reads ``os.environ`` for configuration; it asks this module
 from __future__ import annotations
 
 import dataclasses
+import functools
+import ipaddress
 import math
 import os
+import socket
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -673,9 +676,30 @@ def _check_replicas(values: dict) -> None:
         )
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, localhost)."""
-    return host.startswith("127.") or host in ("localhost", "::1")
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1), or a name every address
+    of which is one (``localhost``, as resolved). Decided by the address, never by how a name
+    is spelled: ``127.example.com`` is whatever it resolves to; a name that does not resolve
+    is not loopback."""
+    text = host.strip().strip("[]")
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        pass
+    if not text or text in ("*", "0.0.0.0"):
+        return False
+    try:
+        infos = socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    addrs = {info[4][0] for info in infos}
+    try:
+        return bool(addrs) and all(
+            ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in addrs
+        )
+    except ValueError:
+        return False
 
 
 def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | None, bool]:

@@ -427,3 +427,30 @@ def test_zap_refuses_a_peer_that_knows_the_public_key_but_not_the_secret(tmp_pat
     finally:
         os.killpg(sched.pid, 9)
         sched.wait()
+
+
+def test_loopback_is_decided_by_the_resolved_address_not_the_spelling():
+    from hetps.config import is_loopback
+    from hetps.transport.van import is_local_host
+
+    assert is_loopback("127.0.0.9") and is_loopback("::1") and is_loopback("localhost")
+    # a name that merely starts with "127." is whatever it resolves to (here: nothing)
+    spoof = "127.0.0.1.hetps-test.invalid"
+    assert not is_loopback(spoof) and not is_local_host(spoof, "10.0.0.1")
+    env = _clean_env(
+        DMLC_ROLE="scheduler",
+        DMLC_PS_ROOT_URI=spoof,
+        DMLC_PS_ROOT_PORT="0",
+        DMLC_NUM_SERVER="1",
+        DMLC_NUM_WORKER="1",
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "scheduler"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # refused as a routable address without a secret, never plain mode
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "without a cluster secret" in res.stderr and spoof in res.stderr

@@ -25,6 +25,7 @@ from typing import Any
 
 import zmq
 
+from hetps.config import is_loopback
 from hetps.transport.codec import FRAME_MAX, BadMessage, Message, decode, encode
 from hetps.transport.counters import LinkCounters
 from hetps.transport.security import HandshakeWatch, Keys, ZapHandler
@@ -75,12 +76,9 @@ def new_routing_id() -> bytes:
 
 
 def is_local_host(host: str, own: str) -> bool:
-    """Whether ``host`` (a peer's address) is this machine as seen from this node."""
-    return (
-        host.startswith("127.")
-        or host == "localhost"
-        or (host == own and own not in ("*", "0.0.0.0"))
-    )
+    """Whether ``host`` (a peer's address) is this machine as seen from this node: a
+    loopback address (as resolved, not as spelled) or this node's own address."""
+    return is_loopback(host) or (host == own and own not in ("*", "0.0.0.0"))
 
 
 class PeerGone(ConnectionError):
