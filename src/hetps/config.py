@@ -702,6 +702,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def private_state_dir(env: Mapping[str, str] | None = None) -> str:
+    """Where hetps keeps small private files of a user between processes (the scheduler's
+    credential key): ``$XDG_RUNTIME_DIR/hetps`` when that is a directory, else
+    ``~/.cache/hetps``."""
+    env = os.environ if env is None else env
+    runtime = (env.get("XDG_RUNTIME_DIR") or "").strip()
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "hetps")
+    return os.path.join(os.path.expanduser("~"), ".cache", "hetps")
+
+
 def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | None, bool]:
     """The cluster secret and the HETPS_INSECURE opt-out: ``(secret or None, insecure)``.
 

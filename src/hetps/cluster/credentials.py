@@ -29,6 +29,8 @@ import socket
 import stat
 from pathlib import Path
 
+from hetps.config import private_state_dir
+
 log = logging.getLogger("hetps.scheduler")
 
 KEY_BYTES = 32
@@ -36,9 +38,7 @@ KEY_BYTES = 32
 
 def key_dir() -> Path:
     """The directory of the scheduler's credential keys (created mode 0700)."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR", "").strip()
-    base = Path(runtime) if runtime and os.path.isdir(runtime) else Path.home() / ".cache"
-    return base / "hetps"
+    return Path(private_state_dir())
 
 
 def key_path(port: int) -> Path:
