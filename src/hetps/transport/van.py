@@ -30,7 +30,7 @@ from hetps.transport.codec import FRAME_MAX, BadMessage, Message, decode, encode
 from hetps.transport.counters import LinkCounters
 from hetps.transport.security import HandshakeWatch, Keys, ZapHandler
 from hetps.transport.shaper import TokenBucket
-from hetps.transport.shm import InRing, OutRing
+from hetps.transport.shm import InRing, OutRing, drop_broken
 
 log = logging.getLogger("hetps.van")
 
@@ -417,8 +417,18 @@ class Van:
             ring.close()
 
     def _open_ring(self, msg: Message) -> None:
-        """Map a ring a known peer offered; it may carry only that connection's arrays."""
+        """Map a ring a known peer offered; it may carry only that connection's arrays (an
+        offer naming a ring another connection offered is refused)."""
         name = msg.body.get("name")
+        mine = self._rings_in.get(name) if isinstance(name, str) else None
+        if mine is not None and mine.owner != msg.origin:
+            log.warning(
+                "%s refused a ring offer from node %s: ring %s is another connection's",
+                self.name,
+                msg.sender,
+                name,
+            )
+            return
         try:
             ring = InRing(name)
         except (OSError, ValueError) as exc:  # another machine, or a bad offer: stay on TCP
@@ -480,6 +490,8 @@ class Van:
                 log.warning(
                     "%s dropped a bad message from %s: %s", self.name, self._who(sender), exc
                 )
+                for name in drop_broken(self._rings_in):  # truncated by its sender
+                    log.warning("%s closed ring %s: its sender truncated it", self.name, name)
                 continue
             finally:
                 if guard is not None:
