@@ -1,0 +1,163 @@
+"""Connections to a node's ROUTER before their handshake is done: bounded, timed out, and
+their refusals logged without letting a stranger fill the disk.
+
+* **Timed out.** ZeroMQ closes a connection whose handshake (ZMTP greeting, and CURVE's
+  boxes with a secret) is not complete after :data:`HANDSHAKE_S` (``ZMQ_HANDSHAKE_IVL``).
+* **Capped.** A socket monitor on the ROUTER sees each accepted connection and each handshake
+  that ends (done or failed). With :data:`MAX_PENDING` connections mid-handshake, a newly
+  accepted one is shut down at once (``shutdown(2)`` on a duplicate of its descriptor:
+  ZeroMQ sees the end of the stream and closes it itself), so connections that never finish
+  cannot pile up until the process runs out of descriptors.
+* **Refusals counted.** Each refused handshake counts in :attr:`RefusalLog.total`; at most
+  :data:`LOG_BURST` of them are logged one line each per :data:`LOG_WINDOW_S`, and the rest
+  are summed up in one line when the window ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+import zmq
+
+log = logging.getLogger("hetps.security")
+
+#: a connection whose handshake is not done after this long is closed by ZeroMQ
+HANDSHAKE_S = 10.0
+#: connections mid-handshake a ROUTER keeps; one more is shut down as soon as it is accepted
+MAX_PENDING = 64
+#: refused handshakes logged one line each per window; the rest are counted
+LOG_BURST = 5
+LOG_WINDOW_S = 10.0
+
+_ACCEPTED = int(zmq.EVENT_ACCEPTED)
+_DONE = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_FAILED_AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL) | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+EVENTS = _ACCEPTED | _DONE | _FAILED_AUTH | _FAILED
+
+
+class RefusalLog:
+    """Log lines for refused connections, at most :data:`LOG_BURST` per window; the others
+    counted and said in one line when their window ends (at the next refusal or
+    :meth:`tick`). Thread-safe: the ZAP thread and the receive thread share one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.total = 0  # every refusal, logged or not
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+        self._logged = 0
+        self._quiet = 0  # refusals of this window not logged one by one
+
+    def refused(self, text: str, *args: object) -> None:
+        """One refusal; ``text % args`` is its line, if this window still has room."""
+        with self._lock:
+            self.total += 1
+            self._roll(time.monotonic())
+            if self._logged < LOG_BURST:
+                self._logged += 1
+                log.warning(text, *args)
+            else:
+                self._quiet += 1
+
+    def tick(self) -> None:
+        """End the window if its time is over (says what it did not log)."""
+        with self._lock:
+            self._roll(time.monotonic())
+
+    def _roll(self, now: float) -> None:
+        if now - self._start < LOG_WINDOW_S:
+            return
+        if self._quiet:
+            log.warning(
+                "%s refused %d more connections in the last %.0f s, not logged one by one "
+                "(%d refused in all)",
+                self.name,
+                self._quiet,
+                now - self._start,
+                self.total,
+            )
+        self._start, self._logged, self._quiet = now, 0, 0
+
+
+class HandshakeGuard:
+    """Times out and caps the connections of one ROUTER that are mid-handshake, and logs
+    (through ``refusals``) the handshakes refused before ZAP is asked. Made before the
+    ROUTER binds; :meth:`drain` is called by the thread that receives on it whenever
+    :attr:`monitor` is readable."""
+
+    def __init__(self, router: zmq.Socket, refusals: RefusalLog, secured: bool) -> None:
+        router.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+        self.monitor = router.get_monitor_socket(EVENTS)
+        self.refusals = refusals
+        self.secured = secured
+        self.port = 0  # the ROUTER's (set once it is bound): a shut descriptor must be one
+        self.pending = 0  # connections accepted whose handshake has not ended
+        self.shut = 0  # connections shut down for the cap
+        self._shut_unseen = 0  # of those, the ones whose failure event has not come yet
+
+    def drain(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self.monitor.poll(0):
+            try:
+                ev = recv_monitor_message(self.monitor)
+            except zmq.ZMQError:
+                return
+            event = ev["event"]
+            if event == _ACCEPTED:
+                if self.pending >= MAX_PENDING and self._shut_down(ev["value"]):
+                    self.shut += 1
+                    self._shut_unseen += 1
+                    self.refusals.refused(
+                        "%s closed a connection at once: %d others have not finished their "
+                        "handshake (at most %d wait, each for %.0f s)",
+                        self.refusals.name,
+                        self.pending,
+                        MAX_PENDING,
+                        HANDSHAKE_S,
+                    )
+                else:
+                    self.pending += 1
+            elif event == _DONE:
+                self.pending = max(0, self.pending - 1)
+            elif self._shut_unseen:  # (the end of one this guard shut down)
+                self._shut_unseen -= 1
+            else:
+                self.pending = max(0, self.pending - 1)
+                if event & _FAILED and self.secured:  # (ZAP logs its own refusals)
+                    self.refusals.refused(
+                        "%s refused a connection at its handshake: the peer does not hold "
+                        "this job's cluster secret (or speaks plain ZeroMQ, or took longer "
+                        "than %.0f s)",
+                        self.refusals.name,
+                        HANDSHAKE_S,
+                    )
+        self.refusals.tick()
+
+    def _shut_down(self, fd: int) -> bool:
+        """Shut the accepted connection ``fd`` down (never closing ZeroMQ's descriptor)."""
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return False  # gone already
+        try:
+            if sock.type != socket.SOCK_STREAM or sock.getsockname()[1] != self.port:
+                return False  # (the number was reused by something else meanwhile)
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+        finally:
+            sock.close()
+
+    def close(self, router: zmq.Socket) -> None:
+        try:
+            router.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.monitor.close(linger=0)
