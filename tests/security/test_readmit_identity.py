@@ -180,9 +180,11 @@ def test_a_second_connection_for_a_node_that_is_back_is_refused(tmp_path, monkey
 
     from hetps.cluster.credentials import Credentials
     from hetps.cluster.scheduler import Scheduler
+    from hetps.transport import handshakes
     from roles import loopback_config
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(handshakes, "LOG_WINDOW_S", 3600.0)  # one window for the whole test
     port = _free_port()
     before = Credentials(port)  # the scheduler that died: it gave node 9 its credential
     cred = before.issue(9)
@@ -211,6 +213,13 @@ def test_a_second_connection_for_a_node_that_is_back_is_refused(tmp_path, monkey
             assert time.monotonic() < deadline, caplog.text
             time.sleep(0.02)  # polls the scheduler's log
         assert list(sched._view["nodes"]) == [8, 9, 11]
+        for _ in range(20):  # guesses in a loop: each counted, a few logged
+            socks += _readmit(ctx, port, {"cred": os.urandom(32), "gen": 0})
+        while sched.creds.refusals.total < 22:
+            assert time.monotonic() < deadline + 20, caplog.text
+            time.sleep(0.02)  # polls the scheduler's count
+        lines = caplog.text.count("refused a readmit")
+        assert lines == handshakes.LOG_BURST, caplog.text
     finally:
         sched.stop()
         runner.join(10)

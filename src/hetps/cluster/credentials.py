@@ -30,6 +30,7 @@ import stat
 from pathlib import Path
 
 from hetps.config import private_state_dir
+from hetps.transport.handshakes import RefusalLog
 
 log = logging.getLogger("hetps.scheduler")
 
@@ -90,6 +91,8 @@ class Credentials:
         self.gens: dict[int, int] = {}  # node id -> its latest admission (0: registration)
         self._written = False
         self.problem: str | None = None  # why no node can be checked (--recover only)
+        # refused readmits: a few lines per window, the rest counted (a flood fills no disk)
+        self.refusals = RefusalLog("scheduler", "readmits")
         self.key: bytes | None
         if not recover:
             self.key = secrets.token_bytes(KEY_BYTES)  # written at the first credential

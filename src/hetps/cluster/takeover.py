@@ -198,11 +198,11 @@ class Takeover:
         if why is None and me.id in self._back and msg.sender != me.id:
             why = "that node is back already, on another connection"
         if why is not None:
-            log.warning(
-                "scheduler: refused a readmit as node %d (%s rank %r) from %s:%s: %s",
+            self.creds.refusals.refused(
+                "scheduler: refused a readmit as node %d (%s rank %s) from %s:%s: %s",
                 me.id,
                 _printable_text(role),
-                rank,
+                _printable_text(rank),
                 _printable_text(host),
                 port,
                 why,

@@ -45,8 +45,9 @@ class RefusalLog:
     counted and said in one line when their window ends (at the next refusal or
     :meth:`tick`). Thread-safe: the ZAP thread and the receive thread share one."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, what: str = "connections") -> None:
         self.name = name
+        self.what = what  # what is refused, for the summing-up line
         self.total = 0  # every refusal, logged or not
         self._lock = threading.Lock()
         self._start = time.monotonic()
@@ -74,10 +75,11 @@ class RefusalLog:
             return
         if self._quiet:
             log.warning(
-                "%s refused %d more connections in the last %.0f s, not logged one by one "
+                "%s refused %d more %s in the last %.0f s, not logged one by one "
                 "(%d refused in all)",
                 self.name,
                 self._quiet,
+                self.what,
                 now - self._start,
                 self.total,
             )
