@@ -47,7 +47,8 @@ def _launcher(tmp_path: Path, kill: bool) -> tuple[Launcher, io.StringIO, Path]:
     script = tmp_path / "script.py"
     script.write_text(PRELUDE + textwrap.dedent(SCRIPT))
     out = io.StringIO()
-    env = {**ENV, "PS_HEARTBEAT_TIMEOUT": "20", "HETPS_SECRET": SECRET}
+    # (a generous timeout: every node is silent from the kill until the job is taken back)
+    env = {**ENV, "PS_HEARTBEAT_TIMEOUT": "60", "HETPS_SECRET": SECRET}
     spec = LaunchSpec(
         num_workers=2,
         num_servers=1,
