@@ -54,3 +54,34 @@ def test_a_report_counts_for_its_connections_rank_only():
             s.close(0)
         ctx.term()
     assert not t.is_alive()
+
+
+def test_in_the_scheduler_a_report_counts_for_the_senders_rank():
+    """The scheduler's service (the default state server): the rank is the sending worker's
+    (its connection's node), whatever the report says; a report from no worker is refused."""
+    from hetps.cluster.protocol import NodeInfo
+    from hetps.cluster.state_server import EsyncService
+
+    svc = EsyncService(2)
+    answers = []
+
+    class Sched:  # what the service reads of the scheduler
+        nodes = {
+            9: NodeInfo(9, "worker", 0, "127.0.0.1", 1),
+            11: NodeInfo(11, "worker", 1, "127.0.0.1", 1),
+            8: NodeInfo(8, "server", 0, "127.0.0.1", 1),
+        }
+
+        def reply(self, msg, body):
+            answers.append(body)
+
+    service = svc.as_scheduler_service()
+    body = {"rank": 1, "round": 1, "step_s": 0.1, "elapsed_s": 0.1}  # worker 0 writes rank 1
+    msg = Message("esync_report", req=1, body=dict(body))
+    msg.sender = 9
+    service(Sched(), msg)
+    assert "error" not in answers[-1] and svc.steps_total == [1, 0]
+    server = Message("esync_report", req=2, body=dict(body))
+    server.sender = 8
+    service(Sched(), server)
+    assert "error" in answers[-1] and svc.steps_total == [1, 0]
