@@ -5,9 +5,14 @@ their refusals logged without letting a stranger fill the disk.
   boxes with a secret) is not complete after :data:`HANDSHAKE_S` (``ZMQ_HANDSHAKE_IVL``).
 * **Capped.** A socket monitor on the ROUTER sees each accepted connection and each handshake
   that ends (done or failed). With :data:`MAX_PENDING` connections mid-handshake, a newly
-  accepted one is shut down at once (``shutdown(2)`` on a duplicate of its descriptor:
-  ZeroMQ sees the end of the stream and closes it itself), so connections that never finish
-  cannot pile up until the process runs out of descriptors.
+  connection whose peer has not sent even ZeroMQ's greeting a second after it was accepted
+  (fewer than 64 bytes received, by the kernel's count: ``TCP_INFO``) is shut down
+  (``shutdown(2)`` on a duplicate of its descriptor: ZeroMQ sees the end of the stream and
+  closes it itself), so connections that never speak cannot pile up until the process runs
+  out of descriptors. A peer of the job sends its greeting as soon as it is connected (a
+  burst of a thousand nodes registering at once, on a loaded machine, within a fraction of
+  that second), so real nodes are not cut; an attacker who sends a greeting and then stalls
+  is bounded by the timeout.
 * **Refusals counted.** Each refused handshake counts in :attr:`RefusalLog.total`; at most
   :data:`LOG_BURST` of them are logged one line each per :data:`LOG_WINDOW_S`, and the rest
   are summed up in one line when the window ends.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 
@@ -28,7 +34,12 @@ log = logging.getLogger("hetps.security")
 #: a connection whose handshake is not done after this long is closed by ZeroMQ
 HANDSHAKE_S = 10.0
 #: connections mid-handshake a ROUTER keeps; one more is shut down as soon as it is accepted
-MAX_PENDING = 64
+MAX_PENDING = 256
+#: over the cap, a connection whose peer sent nothing for this long is shut down
+SILENT_S = 1.0
+#: bytes of ZeroMQ's greeting: a connection that sent fewer has not begun its handshake
+GREETING_BYTES = 64
+_TCPI_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in Linux's struct tcp_info
 #: refused handshakes logged one line each per window; the rest are counted
 LOG_BURST = 5
 LOG_WINDOW_S = 10.0
@@ -37,7 +48,8 @@ _ACCEPTED = int(zmq.EVENT_ACCEPTED)
 _DONE = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 _FAILED_AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL) | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-EVENTS = _ACCEPTED | _DONE | _FAILED_AUTH | _FAILED
+_GONE = int(zmq.EVENT_DISCONNECTED)
+EVENTS = _ACCEPTED | _DONE | _FAILED_AUTH | _FAILED | _GONE
 
 
 class RefusalLog:
@@ -90,7 +102,7 @@ class HandshakeGuard:
     """Times out and caps the connections of one ROUTER that are mid-handshake, and logs
     (through ``refusals``) the handshakes refused before ZAP is asked. Made before the
     ROUTER binds; :meth:`drain` is called by the thread that receives on it whenever
-    :attr:`monitor` is readable."""
+    :attr:`monitor` is readable, and :meth:`sweep` when it waited for messages in vain."""
 
     def __init__(self, router: zmq.Socket, refusals: RefusalLog, secured: bool) -> None:
         router.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
@@ -100,9 +112,10 @@ class HandshakeGuard:
         self.port = 0  # the ROUTER's (set once it is bound): a shut descriptor must be one
         self.pending = 0  # connections accepted whose handshake has not ended
         self.shut = 0  # connections shut down for the cap
-        self._shut_unseen = 0  # of those, the ones whose failure event has not come yet
+        self._young: dict[int, float] = {}  # descriptor -> when accepted (the last second)
 
     def drain(self) -> None:
+        """Read the monitor's events; then :meth:`sweep`."""
         from zmq.utils.monitor import recv_monitor_message
 
         while self.monitor.poll(0):
@@ -112,24 +125,11 @@ class HandshakeGuard:
                 return
             event = ev["event"]
             if event == _ACCEPTED:
-                if self.pending >= MAX_PENDING and self._shut_down(ev["value"]):
-                    self.shut += 1
-                    self._shut_unseen += 1
-                    self.refusals.refused(
-                        "%s closed a connection at once: %d others have not finished their "
-                        "handshake (at most %d wait, each for %.0f s)",
-                        self.refusals.name,
-                        self.pending,
-                        MAX_PENDING,
-                        HANDSHAKE_S,
-                    )
-                else:
-                    self.pending += 1
-            elif event == _DONE:
-                self.pending = max(0, self.pending - 1)
-            elif self._shut_unseen:  # (the end of one this guard shut down)
-                self._shut_unseen -= 1
-            else:
+                self.pending += 1
+                self._young[ev["value"]] = time.monotonic()
+            elif event == _GONE:
+                self._young.pop(ev["value"], None)
+            else:  # a handshake ended
                 self.pending = max(0, self.pending - 1)
                 if event & _FAILED and self.secured:  # (ZAP logs its own refusals)
                     self.refusals.refused(
@@ -139,10 +139,36 @@ class HandshakeGuard:
                         self.refusals.name,
                         HANDSHAKE_S,
                     )
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Over the cap: shut down the connections accepted at least :data:`SILENT_S` ago
+        whose peer has not sent a greeting yet. Each connection is looked at once."""
+        if not self._young:
+            self.refusals.tick()
+            return
+        now = time.monotonic()
+        over = self.pending > MAX_PENDING
+        for fd, t in list(self._young.items()):
+            if now - t < SILENT_S:
+                continue
+            del self._young[fd]
+            if over and self._shut_down(fd):
+                self.shut += 1
+                self.refusals.refused(
+                    "%s closed a connection that sent nothing for %.0f s: %d connections "
+                    "have not finished their handshake (at most %d wait, each for %.0f s)",
+                    self.refusals.name,
+                    now - t,
+                    self.pending,
+                    MAX_PENDING,
+                    HANDSHAKE_S,
+                )
         self.refusals.tick()
 
     def _shut_down(self, fd: int) -> bool:
-        """Shut the accepted connection ``fd`` down (never closing ZeroMQ's descriptor)."""
+        """Shut the accepted connection ``fd`` down if its peer has not sent a greeting yet
+        (never closing ZeroMQ's descriptor). False: it was left alone."""
         try:
             sock = socket.socket(fileno=os.dup(fd))
         except OSError:
@@ -150,6 +176,11 @@ class HandshakeGuard:
         try:
             if sock.type != socket.SOCK_STREAM or sock.getsockname()[1] != self.port:
                 return False  # (the number was reused by something else meanwhile)
+            info = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
+            if len(info) < _TCPI_BYTES_RECEIVED + 8:
+                return False  # (a kernel that does not say: never cut a peer that may speak)
+            if struct.unpack_from("Q", info, _TCPI_BYTES_RECEIVED)[0] >= GREETING_BYTES:
+                return False  # it speaks: its handshake is under way
             sock.shutdown(socket.SHUT_RDWR)
             return True
         except OSError:

@@ -466,6 +466,7 @@ class Van:
             if self._monitor in events:
                 self._guard.drain()
             if self._router not in events:
+                self._guard.sweep()  # (connections that never speak, while nothing comes)
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
