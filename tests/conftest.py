@@ -87,3 +87,15 @@ def cluster(tmp_path):
 
 def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # the schedulers of the tests keep their credential keys (cluster/credentials.py) in a
+    # directory of this run, removed at its end, not in the user's: a killed one leaves its key
+    import tempfile
+
+    config._hetps_keys = tempfile.TemporaryDirectory(prefix="hetps-test-keys-")
+    os.environ["XDG_RUNTIME_DIR"] = config._hetps_keys.name
+
+
+def pytest_unconfigure(config):
+    keys = getattr(config, "_hetps_keys", None)
+    if keys is not None:
+        keys.cleanup()

@@ -14,8 +14,11 @@ Code elsewhere never reads ``os.environ`` for configuration; it asks this module
 from __future__ import annotations
 
 import dataclasses
+import functools
+import ipaddress
 import math
 import os
+import socket
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -673,9 +676,41 @@ def _check_replicas(values: dict) -> None:
         )
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1, localhost)."""
-    return host.startswith("127.") or host in ("localhost", "::1")
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1), or a name every address
+    of which is one (``localhost``, as resolved). Decided by the address, never by how a name
+    is spelled: ``127.example.com`` is whatever it resolves to; a name that does not resolve
+    is not loopback."""
+    text = host.strip().strip("[]")
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        pass
+    if not text or text in ("*", "0.0.0.0"):
+        return False
+    try:
+        infos = socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    addrs = {info[4][0] for info in infos}
+    try:
+        return bool(addrs) and all(
+            ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in addrs
+        )
+    except ValueError:
+        return False
+
+
+def private_state_dir(env: Mapping[str, str] | None = None) -> str:
+    """Where hetps keeps small private files of a user between processes (the scheduler's
+    credential key): ``$XDG_RUNTIME_DIR/hetps`` when that is a directory, else
+    ``~/.cache/hetps``."""
+    env = os.environ if env is None else env
+    runtime = (env.get("XDG_RUNTIME_DIR") or "").strip()
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "hetps")
+    return os.path.join(os.path.expanduser("~"), ".cache", "hetps")
 
 
 def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | None, bool]:
@@ -691,6 +726,21 @@ def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | Non
     value = _raw(env, "HETPS_SECRET")
     path = _raw(env, "HETPS_SECRET_FILE")
     insecure = bool(env_value("HETPS_INSECURE", env))
+    if value is None and path is None:
+        # set but blank: a secret was meant (a file name or a value that came out empty),
+        # and it must not turn security off
+        for name in ("HETPS_SECRET_FILE", "HETPS_SECRET"):
+            if name in env:
+                what = "names no file" if name.endswith("FILE") else "holds no secret"
+                raise ConfigError(
+                    f"{name} is set but {what} (it is empty or blank): set it to "
+                    + (
+                        "a file made by `hetps secret FILE`"
+                        if name.endswith("FILE")
+                        else f"a secret of at least {MIN_SECRET_CHARS} random characters"
+                    )
+                    + f", or unset {name} to run without a cluster secret"
+                )
     if value is not None and path is not None:
         raise ConfigError(
             "HETPS_SECRET and HETPS_SECRET_FILE are both set: set only one "
@@ -699,6 +749,12 @@ def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | Non
     if path is not None:
         value = _read_secret_file(path).strip()
         source = f"HETPS_SECRET_FILE={path}"
+        if not value:  # a file was named: an empty one must not turn security off
+            raise ConfigError(
+                f"{source} is empty (or blank): it must hold the cluster secret, at least "
+                f"{MIN_SECRET_CHARS} random characters; `hetps secret FILE` writes one (to run "
+                "unauthenticated instead, unset HETPS_SECRET_FILE)"
+            )
     else:
         source = "HETPS_SECRET"
     if not value:
@@ -728,7 +784,14 @@ def _read_secret_file(path: str) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"HETPS_SECRET_FILE={path} is not a regular file")
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        if st.st_uid != os.getuid():
+            raise ConfigError(
+                f"HETPS_SECRET_FILE={path} belongs to uid {st.st_uid}, not to uid "
+                f"{os.getuid()} who runs this role: a secret file must be the role's own "
+                f"user's (copy it: cp {path} NEW && chmod 600 NEW, as uid {os.getuid()}, and "
+                "set HETPS_SECRET_FILE=NEW)"
+            )
+        if st.st_mode & 0o077:
             raise ConfigError(
                 f"HETPS_SECRET_FILE={path} is open to others (mode "
                 f"{stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}): a secret must be "

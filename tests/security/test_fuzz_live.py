@@ -9,9 +9,10 @@ processes (plain mode on loopback); this process is the job's one worker and the
 * As an outsider, over a connection of no node: random frames and valid-looking messages.
 
 After each example the worker's own push and pull of a key the fuzzer never touches must
-complete: no crash, no hang. At the end: no handler raised (no traceback, no "server error"
-answer), every message refused by the server or the scheduler was logged with its own line,
-the server's peak memory grew by a bounded amount, and both exit 0 when the job ends.
+complete: no crash, no hang. After each test (so a failure is charged to the test that caused
+it): no handler raised meanwhile (no traceback, no "server error" answer), every message
+refused by the server or the scheduler was logged with its own line, and the server's peak
+memory grew by a bounded amount. Both exit 0 when the job ends.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import msgpack
 import numpy as np
@@ -212,6 +214,7 @@ class Job:
         self.stranger_sched.setsockopt(zmq.LINGER, 0)
         self.stranger_sched.connect(f"tcp://127.0.0.1:{port}")
         self.raw_sent = {"server": 0, "scheduler": 0}
+        self.ran: set[str] = set()  # the tests that used the job (checked at their end)
 
     def _start(self, env: dict) -> subprocess.Popen:
         p = subprocess.Popen(
@@ -241,6 +244,39 @@ class Job:
         self.round += 1
         self.kv.push("health", np.full(4, self.round, np.float32))
         assert (self.kv.pull("health") == self.round).all()
+
+    def mark(self) -> tuple:
+        """Where the logs and counts stand now (see :meth:`check_since`)."""
+        return len(self.sched_log.lines), len(self.server_log.lines), len(self.errors)
+
+    def check_since(self, mark: tuple) -> None:
+        """What every test must leave behind, checked at its end (so a failure is charged to
+        the test that caused it): the worker's own round still completes; no handler raised
+        since ``mark`` (no traceback in either log, no "server error" answer); every message
+        from the stranger so far has its log line, and every error answer its "refused"
+        line; the server's peak memory grew by less than 64 MB."""
+        self.healthy()
+        unknown = r"dropped a bad message from an unknown connection|from a connection of no node"
+        for log_, to in ((self.server_log, "server"), (self.sched_log, "scheduler")):
+            seen = log_.wait_count(unknown, self.raw_sent[to])
+            assert seen >= self.raw_sent[to], (to, seen, self.raw_sent[to])
+        n_sched, n_server, n_errors = mark
+        text = "".join(self.sched_log.lines[n_sched:] + self.server_log.lines[n_server:])
+        assert "Traceback" not in text and "error handling" not in text, _tracebacks(text)
+        new_errors = self.errors[n_errors:]
+        assert not [e for e in new_errors if "server error in" in e], new_errors
+        deadline = time.monotonic() + 20
+        while self.logged_refusals(n_sched, n_server) < len(new_errors):
+            seen = self.logged_refusals(n_sched, n_server)
+            assert time.monotonic() < deadline, (seen, new_errors)
+            time.sleep(0.02)  # polls the logs' reader threads
+        grown = (_hwm_kb(self.server.pid) - self.hwm0) / 1024
+        assert grown < 64, f"the server's peak memory grew by {grown:.0f} MB"
+
+    def logged_refusals(self, n_sched: int = 0, n_server: int = 0) -> int:
+        """The "refused" lines of both logs, from line ``n_sched`` and ``n_server`` on."""
+        lines = self.server_log.lines[n_server:] + self.sched_log.lines[n_sched:]
+        return len([ln for ln in lines if "refused" in ln])
 
     def close(self) -> None:
         try:
@@ -275,35 +311,21 @@ def _hwm_kb(pid: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def the_job(tmp_path_factory):
     j = Job(tmp_path_factory.mktemp("fuzz"))
     try:
         yield j
-        # the end of the job: every check over the whole run
-        j.healthy()
-        grown = (_hwm_kb(j.server.pid) - j.hwm0) / 1024
-        n = j.raw_sent["server"]
-        j.server_log.wait_count(
-            r"dropped a bad message from an unknown connection|from a connection of no node", n
-        )
-        j.sched_log.wait_count(
-            r"dropped a bad message from an unknown connection|from a connection of no node",
-            j.raw_sent["scheduler"],
-        )
-        refused = sum(1 for e in j.errors)
-        logged = len([ln for ln in j.server_log.lines + j.sched_log.lines if "refused" in ln])
     finally:
-        j.close()
-    text = "".join(j.server_log.lines + j.sched_log.lines)
-    assert "Traceback" not in text and "error handling" not in text, _tracebacks(text)
-    assert not [e for e in j.errors if "server error in" in e], j.errors
-    # hypothesis splits the strangers' sends between the two at random: both must have had
-    # some, and together many (each one was matched by a log line above)
-    sent = j.raw_sent
-    assert refused > 20 and sent["server"] >= 1 and sent["scheduler"] >= 1, (refused, sent)
-    assert sent["server"] + sent["scheduler"] > 40, sent
-    assert logged >= refused, (logged, refused)
-    assert grown < 64, f"the server's peak memory grew by {grown:.0f} MB"
+        j.close()  # (both processes exit 0 when the job ends)
+
+
+@pytest.fixture
+def job(the_job, request):
+    """The job, checked at the end of each test that used it (:meth:`Job.check_since`)."""
+    mark = the_job.mark()
+    yield the_job
+    the_job.ran.add(request.node.originalname)
+    the_job.check_since(mark)
 
 
 @settings(LIVE, max_examples=150)
@@ -414,11 +436,20 @@ def test_fuzz_both_from_a_connection_of_no_node(job, sends):
     job.healthy()
 
 
-def test_the_fuzzed_job_is_checked_at_its_end(job):
-    """The module fixture's teardown holds the checks over the whole run (see above); this
-    test makes sure it runs even when only one fuzz test is selected."""
+def test_the_fuzzing_reached_both_and_was_answered(job):
+    """Over the whole run so far (each test was checked at its end): the stranger's sends
+    reached both processes, and the fuzzed requests drew error answers (each only if the test
+    that makes them ran)."""
     job.healthy()
     assert re.search(r"hetps scheduler port", "".join(job.sched_log.lines))
+    sent = job.raw_sent
+    if "test_fuzz_both_from_a_connection_of_no_node" in job.ran:
+        # hypothesis splits the strangers' sends between the two at random: both must have
+        # had some, and together many (each one was matched by a log line)
+        assert sent["server"] >= 1 and sent["scheduler"] >= 1, sent
+        assert sent["server"] + sent["scheduler"] > 40, sent
+    if "test_fuzz_the_servers_handlers_as_its_worker" in job.ran:
+        assert len(job.errors) > 20, job.errors
 
 
 def test_live_metrics_still_serve_sane_numbers_after_the_fuzzing(job):

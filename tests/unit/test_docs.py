@@ -127,7 +127,10 @@ def test_every_repository_path_a_doc_names_exists(doc):
     assert not bad, f"{_rel(doc)} names paths that are not in the repository: {bad}"
 
 
-_OUTSIDE = re.compile(r"(?<![\w.])shared/|/work/|/home/|~/|\bbranch `|\bon branch\b")
+#: (``~/.cache/hetps`` is where hetps keeps a scheduler's key on the user's machine)
+_OUTSIDE = re.compile(
+    r"(?<![\w.])shared/|/work/|/home/|~/(?!\.cache/hetps)|\bbranch `|\bon branch\b"
+)
 _UP = re.compile(r"(?:\.\./)+[\w./-]*")
 
 

@@ -37,6 +37,7 @@ class Elastic:
     services: dict[str, Any]
     replicas: int
     rejoined: dict[int, int]
+    creds: Any  # Credentials
     elastic: int
     left: dict[int, str]
     joining: dict[int, int]
@@ -153,6 +154,7 @@ class Elastic:
             "left": [i for i in self.left if i != nid],
             "down": [i for i in servers if i in self.dead],
             "redirect": [[k, v] for k, v in self._redirects().items()],
+            **self.creds.issue(nid),
         }
         if self.replicas > 1:
             body["replicas"] = self.replicas

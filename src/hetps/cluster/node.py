@@ -95,6 +95,9 @@ class Node(Recovery):
         self._barrier_n: dict[str, int] = {}  # barriers asked for, per group
         self._barrier_passed: dict[str, int] = {}  # and passed (told to a restarted scheduler)
         self._back: str | None = None  # routing id the scheduler connects back with
+        # what this node proves who it is with to a restarted scheduler (--recover): given
+        # by the scheduler with the node table, never sent to anybody else
+        self._cred: dict = {}
         self._readmit: Future | None = None  # asking a restarted scheduler to take us back
         self.done_workers: Callable[[], list[int]] | None = None  # (a server's handler sets it)
         self.exited = threading.Event()
@@ -441,6 +444,9 @@ class Node(Recovery):
         elastic = body.get("elastic", 0)
         self.elastic = elastic if isinstance(elastic, int) and not isinstance(elastic, bool) else 0
         self.left = {int(i) for i in body.get("left", [])}  # (a worker that joins again)
+        cred, gen = body.get("cred"), body.get("gen")
+        if isinstance(cred, bytes) and isinstance(gen, int) and not isinstance(gen, bool):
+            self._cred = {"cred": cred, "gen": gen}
         self.van.my_id = me.id
         every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
         if (

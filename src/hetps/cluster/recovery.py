@@ -56,6 +56,7 @@ class Recovery:
     joining: set[int]
     _barrier_passed: dict[str, int]
     _back: Any
+    _cred: dict
     _readmit: Future | None
     done_workers: Callable[[], list[int]] | None
     _last_ack: float
@@ -241,6 +242,7 @@ class Recovery:
                 "port": self.van.port,
                 "back": self._back,
                 "view": view,
+                **self._cred,  # the proof that it is this node (cluster/credentials.py)
             },
         )
         fut = self.requests.new(P.SCHEDULER_ID, "readmit", self._readmitted)

@@ -29,6 +29,7 @@ from typing import IO
 
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
+from hetps.cluster.credentials import Credentials
 from hetps.cluster.elastic import Elastic
 from hetps.cluster.launcher_link import LauncherLink
 from hetps.cluster.protocol import NodeInfo
@@ -141,6 +142,8 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         self.recovering = recover
         self._back: dict[int, int] = {}  # node id -> its readmit request
         self._view: dict | None = None  # the job as the first node back described it
+        # each node's credential, proven to a scheduler started again (cluster/credentials.py)
+        self.creds = Credentials(self.van.port, recover)
         self._refusals: deque[float] = deque()
         self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
         self._failed_start: str | None = None  # why the start failed (a node died first)
@@ -271,6 +274,7 @@ class Scheduler(Takeover, Elastic, LauncherLink):
             self._service_q.put(None)  # what was asked before the end is still answered
             self._service_thread.join(timeout=10)
             self.van.close()
+            self.creds.close()
         if self.exit_code is None:
             self.exit_code = 0
         return self.exit_code
@@ -503,6 +507,7 @@ class Scheduler(Takeover, Elastic, LauncherLink):
                 "id": nid,
                 "out": [[i, self._pair(nid, i)] for i in peers],  # routing ids to its peers
                 "in": [[i, self._pair(i, nid)] for i in peers],  # and theirs to it
+                **self.creds.issue(nid),  # what it proves who it is with (--recover)
             }
             if self.replicas > 1:
                 body["replicas"] = self.replicas

@@ -31,6 +31,9 @@ log = logging.getLogger("hetps.state_server")
 
 REPORT = P.ESYNC_REPORT
 STANDALONE_ID = 3  # sender id of a standalone state server (not a ps-lite role id)
+#: a standalone state server gives a worker's rank to another connection only after the one
+#: that reported it was silent this long (a worker started again)
+RANK_HOLD_S = 30.0
 # the endpoints it answers: host:port or [ipv6]:port
 _ENDPOINT = re.compile(r"[A-Za-z0-9.\-]+:\d{1,5}|\[[0-9A-Fa-f:.]+\]:\d{1,5}")
 
@@ -144,6 +147,11 @@ class StateServer:
         self._stop = threading.Event()
         self._peers: list[str] = []
         self._backs: dict[str, bytes | None] = {}
+        # the reporter's rank is its connection's: the first connection to report a rank
+        # holds it (a report's rank field is believed only then); another connection gets
+        # the rank only once the holder was silent for RANK_HOLD_S (a worker started again)
+        self._holder: dict[int, tuple[bytes, float]] = {}  # rank -> (connection, last seen)
+        self._rank_of: dict[bytes, int] = {}  # connection -> its rank
 
     @property
     def port(self) -> int:
@@ -175,12 +183,41 @@ class StateServer:
                         if ep not in self._backs:
                             self._peers.append(ep)
                         self._backs[ep] = back
-                    reply = Message(REPORT, req=msg.req, reply=True, body=self.service.handle(msg))
+                    why = self._bind_rank(msg)
+                    answer = {"error": why} if why else self.service.handle(msg)
+                    reply = Message(REPORT, req=msg.req, reply=True, body=answer)
                     self.van.send(ep, reply)
                 except PeerGone as exc:
                     log.warning("state server: cannot answer %s: %s", ep, exc)
         finally:
             self.van.close()
+
+    def _bind_rank(self, msg: Message) -> str | None:
+        """Set the report's rank to its connection's; why it is refused (None: it is not)."""
+        now = time.monotonic()
+        origin = bytes(msg.origin or b"")
+        rank = self._rank_of.get(origin)
+        if rank is None:
+            rank = msg.body.get("rank")
+            if not isinstance(rank, int) or isinstance(rank, bool):
+                return "esync report refused: no rank"
+            if not 0 <= rank < self.service.policy.num_workers:
+                return f"esync report refused: rank {rank} outside the job's workers"
+            held = self._holder.get(rank)
+            if held is not None and now - held[1] < RANK_HOLD_S:
+                log.warning(
+                    "state server: refused a report as worker %d from %s: another connection "
+                    "reports as that worker",
+                    rank,
+                    msg.body.get("ep"),
+                )
+                return f"esync report refused: worker {rank} reports on another connection"
+            if held is not None:
+                self._rank_of.pop(held[0], None)
+            self._rank_of[origin] = rank
+        self._holder[rank] = (origin, now)
+        msg.body["rank"] = rank
+        return None
 
     def stop(self) -> None:
         """End :meth:`serve`."""

@@ -26,6 +26,12 @@ from hetps.transport.van import PeerGone
 log = logging.getLogger("hetps.scheduler")
 
 
+def _printable_text(value: object, limit: int = 64) -> str:
+    """A peer's text for a log line: printable characters only, bounded."""
+    text = value if isinstance(value, str) else repr(value)
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
 class Takeover:
     """Failover, rejoin and readmit (mixed into Scheduler, which holds what is used here)."""
 
@@ -42,6 +48,7 @@ class Takeover:
     elastic: int
     left: dict[int, str]
     rejoined: dict[int, int]
+    creds: Any  # Credentials
     recovering: bool
     exit_code: int | None
     ready: threading.Event
@@ -92,6 +99,7 @@ class Takeover:
             "down": [i for i in self.dead if self.nodes[i].role == "server"],
             "redirect": [[k, v] for k, v in redirects.items()],
             "left": list(self.left),  # (HETPS_ELASTIC) workers let go
+            **self.creds.issue(nid),
         }
         if self.elastic:
             body["elastic"] = self.elastic
@@ -186,6 +194,22 @@ class Takeover:
                 raise ValueError("its id, role and rank do not match its table")
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("scheduler: refused a malformed readmit: %s", exc)
+            return
+        # the node proves who it is with the credential it got when admitted, not by what
+        # its message says; and an id that is back already stays with its connection
+        why = self.creds.check(me.id, b.get("gen"), b.get("cred"))
+        if why is None and me.id in self._back and msg.sender != me.id:
+            why = "that node is back already, on another connection"
+        if why is not None:
+            self.creds.refusals.refused(
+                "scheduler: refused a readmit as node %d (%s rank %s) from %s:%s: %s",
+                me.id,
+                _printable_text(role),
+                _printable_text(rank),
+                _printable_text(host),
+                port,
+                why,
+            )
             return
         if self._view is None:
             self._view = {"nodes": table, "down": down, "redirect": redirect, "done": set()}

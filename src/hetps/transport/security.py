@@ -15,7 +15,8 @@ A peer that does not hold the secret cannot connect:
 * a client speaking plain ZeroMQ (the NULL mechanism) is refused for the mismatch.
 
 All of this happens in libzmq's handshake, before any message of the peer is read. Each
-refused handshake the ZAP handler sees is logged (one line each).
+refused handshake the ZAP handler sees is counted and logged, a few lines per window at most
+(:class:`hetps.transport.handshakes.RefusalLog`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import hashlib
 import hmac
 import logging
 import threading
+from typing import Any
 
 import zmq
 from zmq.utils import z85
@@ -84,10 +86,16 @@ class ZapHandler:
     """ZeroMQ's authentication hook for one context: accepts CURVE clients holding the job's
     key, refuses everything else (and logs each refusal)."""
 
-    def __init__(self, ctx: zmq.Context, keys: Keys, name: str = "node") -> None:
+    def __init__(
+        self, ctx: zmq.Context, keys: Keys, name: str = "node", refusals: Any = None
+    ) -> None:
+        from hetps.transport.handshakes import RefusalLog
+
         self.keys = keys
         self.name = name
         self.refused = 0
+        # one line per refusal, rate-limited and counted (shared with the van's monitor)
+        self.refusals = refusals if refusals is not None else RefusalLog(name)
         self._sock = ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(ZAP_ENDPOINT)
@@ -101,6 +109,7 @@ class ZapHandler:
         while not self._stop.is_set():
             try:
                 if not poller.poll(100):
+                    self.refusals.tick()  # says what a flood of refusals did not log
                     continue
                 frames = self._sock.recv_multipart()
             except zmq.ZMQError:
@@ -126,10 +135,10 @@ class ZapHandler:
         if ok:
             return [b"1.0", req_id, b"200", b"OK", b"hetps", b""]
         self.refused += 1
-        log.warning(
+        self.refusals.refused(
             "%s refused a connection from %s: it does not hold this job's cluster secret",
             self.name,
-            address.decode("utf-8", "replace") or "?",
+            address.decode("ascii", "replace")[:64] or "?",
         )
         return [b"1.0", req_id, b"400", b"not this job's key", b"", b""]
 

@@ -215,7 +215,9 @@ class InRing:
         if not isinstance(name, str) or NAME_RE.match(name) is None:
             raise ValueError(f"{name!r} is not a hetps ring name")
         self.name = name
-        fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_NOFOLLOW)
+        # the file stays open: its size is checked again before every read, since a page
+        # past the end of a mapping truncated by its sender kills the reader with SIGBUS
+        self._fd = fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_NOFOLLOW)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
@@ -226,20 +228,44 @@ class InRing:
             total = st.st_size
             if total < HEADER_BYTES + ALIGN:
                 raise ValueError(f"ring {name} holds {total} bytes, too few")
+            self.total = total
             self._mm = mmap.mmap(fd, total, flags=_FLAGS)
-        finally:
+            try:
+                self._check_size()  # (truncated while it was being mapped)
+            except ValueError:
+                self._mm.close()
+                raise
+        except BaseException:
             os.close(fd)
+            raise
         self._hdr = np.frombuffer(self._mm, np.uint64, count=16)
         self.size = total - HEADER_BYTES
         if int(self._hdr[_MAGIC]) != MAGIC or int(self._hdr[_SIZE]) != self.size:
             self._hdr = None  # type: ignore[assignment]
             self._mm.close()
+            os.close(fd)
             raise ValueError(f"ring {name} has a bad header")
         self._data = np.frombuffer(self._mm, np.uint8, offset=HEADER_BYTES)
         self.tail = int(self._hdr[_TAIL])
         self._taken = self.tail
         self.owner: int | None = None  # the node id that offered it (set by the van)
+        self.broken = False  # truncated under us: refused from then on
         self._hdr[_OPENED] = 1
+
+    def _check_size(self) -> None:
+        """ValueError (and the ring is broken) if the file is no longer the size mapped."""
+        if getattr(self, "broken", False):
+            raise ValueError(f"ring {self.name} was truncated by its sender: refused")
+        try:
+            now = os.fstat(self._fd).st_size
+        except OSError as exc:
+            now = f"unknown ({exc})"
+        if now != self.total:
+            self.broken = True
+            raise ValueError(
+                f"ring {self.name} was truncated by its sender ({now} of {self.total} bytes "
+                "mapped): refused"
+            )
 
     def take(
         self, pos: int, n: int, out: np.ndarray | None = None, view: bool = False
@@ -259,6 +285,7 @@ class InRing:
                 f"frame at {pos} of {n} bytes is outside the ring's unread part "
                 f"[{self.tail}, {self.tail + self.size})"
             )
+        self._check_size()
         self._taken = max(self._taken, pos + span)
         if view:
             out = self._data[off : off + n]
@@ -275,7 +302,11 @@ class InRing:
 
     def commit(self) -> None:
         """Publish that everything taken so far may be overwritten."""
-        if self._taken > self.tail and self._hdr is not None:
+        if self._taken > self.tail and self._hdr is not None and not self.broken:
+            try:
+                self._check_size()
+            except ValueError:
+                return
             self._hdr[_TAIL] = self._taken
             self.tail = self._taken
 
@@ -285,3 +316,14 @@ class InRing:
             self._mm.close()
         except BufferError:
             pass
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def drop_broken(rings: dict[str, InRing]) -> list[str]:
+    """Close and remove the rings of ``rings`` found truncated; their names."""
+    names = [name for name, ring in rings.items() if ring.broken]
+    for name in names:
+        rings.pop(name).close()
+    return names

@@ -25,11 +25,13 @@ from typing import Any
 
 import zmq
 
+from hetps.config import is_loopback
 from hetps.transport.codec import FRAME_MAX, BadMessage, Message, decode, encode
 from hetps.transport.counters import LinkCounters
+from hetps.transport.handshakes import HandshakeGuard, RefusalLog
 from hetps.transport.security import HandshakeWatch, Keys, ZapHandler
 from hetps.transport.shaper import TokenBucket
-from hetps.transport.shm import InRing, OutRing
+from hetps.transport.shm import InRing, OutRing, drop_broken
 
 log = logging.getLogger("hetps.van")
 
@@ -75,12 +77,9 @@ def new_routing_id() -> bytes:
 
 
 def is_local_host(host: str, own: str) -> bool:
-    """Whether ``host`` (a peer's address) is this machine as seen from this node."""
-    return (
-        host.startswith("127.")
-        or host == "localhost"
-        or (host == own and own not in ("*", "0.0.0.0"))
-    )
+    """Whether ``host`` (a peer's address) is this machine as seen from this node: a
+    loopback address (as resolved, not as spelled) or this node's own address."""
+    return is_loopback(host) or (host == own and own not in ("*", "0.0.0.0"))
 
 
 class PeerGone(ConnectionError):
@@ -112,7 +111,10 @@ class Van:
         self.ctx.set(zmq.MAX_SOCKETS, self.ctx.get(zmq.SOCKET_LIMIT))
         # with a secret: CURVE on every socket, and ZAP up before anything listens
         self.keys = Keys(secret) if secret is not None else None
-        self._zap = ZapHandler(self.ctx, self.keys, name) if self.keys is not None else None
+        self.refusals = RefusalLog(name)  # refused connections: counted, a few lines logged
+        self._zap = (
+            ZapHandler(self.ctx, self.keys, name, self.refusals) if self.keys is not None else None
+        )
         self.ring_min = RING_MIN_BYTES if self.keys is None else RING_MIN_BYTES_SECURE
         self.max_message_bytes = max_message_bytes
         self.verbose = verbose
@@ -126,21 +128,19 @@ class Van:
         # no frame on the wire exceeds FRAME_MAX (the codec splits bigger arrays), so ZeroMQ
         # drops the connection of a peer announcing a bigger one before it allocates memory
         self._router.setsockopt(zmq.MAXMSGSIZE, min(max_message_bytes, FRAME_MAX) + FRAME_SLACK)
-        self._monitor: zmq.Socket | None = None
         if self.keys is not None:
             self.keys.server(self._router)
-            # handshakes refused before ZAP is asked (a peer without the job's keys, or
-            # speaking plain ZeroMQ): one log line each, from the receive thread
-            self._monitor = self._router.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            )
+        # connections mid-handshake: timed out and capped; refused ones logged, rate-limited
+        # (read by the receive thread)
+        self._guard = HandshakeGuard(self._router, self.refusals, self.keys is not None)
+        self._monitor = self._guard.monitor
         bind_host = "*" if host in ("0.0.0.0", "*") else host
         if port:
             self._router.bind(f"tcp://{bind_host}:{port}")
         else:
             self._router.bind(f"tcp://{bind_host}:*")
         endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.port = int(endpoint.rsplit(":", 1)[1])
+        self.port = self._guard.port = int(endpoint.rsplit(":", 1)[1])
         self.host = host
         self._peers: dict[Any, zmq.Socket] = {}
         self._endpoints: dict[Any, str] = {}  # peer -> host:port its DEALER connects to
@@ -151,8 +151,7 @@ class Van:
         self._stashed: list[Message] = []  # ring offers from connections not admitted yet
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
-        if self._monitor is not None:
-            self._poller.register(self._monitor, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._closed = False
         # (direction 'send'|'recv', peer, command, bytes, unix time): traffic timelines
         self.observer: Any = None
@@ -419,8 +418,18 @@ class Van:
             ring.close()
 
     def _open_ring(self, msg: Message) -> None:
-        """Map a ring a known peer offered; it may carry only that connection's arrays."""
+        """Map a ring a known peer offered; it may carry only that connection's arrays (an
+        offer naming a ring another connection offered is refused)."""
         name = msg.body.get("name")
+        mine = self._rings_in.get(name) if isinstance(name, str) else None
+        if mine is not None and mine.owner != msg.origin:
+            log.warning(
+                "%s refused a ring offer from node %s: ring %s is another connection's",
+                self.name,
+                msg.sender,
+                name,
+            )
+            return
         try:
             ring = InRing(name)
         except (OSError, ValueError) as exc:  # another machine, or a bad offer: stay on TCP
@@ -454,9 +463,10 @@ class Van:
             # busy elsewhere: the time we take it is later than its arrival
             waited = bool(self._router.getsockopt(_EVENTS) & _POLLIN)
             events = dict(self._poller.poll(wait_ms))
-            if self._monitor is not None and self._monitor in events:
-                self._log_refused_handshakes()
+            if self._monitor in events:
+                self._guard.drain()
             if self._router not in events:
+                self._guard.sweep()  # (connections that never speak, while nothing comes)
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
@@ -482,6 +492,8 @@ class Van:
                 log.warning(
                     "%s dropped a bad message from %s: %s", self.name, self._who(sender), exc
                 )
+                for name in drop_broken(self._rings_in):  # truncated by its sender
+                    log.warning("%s closed ring %s: its sender truncated it", self.name, name)
                 continue
             finally:
                 if guard is not None:
@@ -537,21 +549,6 @@ class Van:
         msg.arrays = [a.copy() if ring.holds(a) else a for a in msg.arrays]
         ring.commit()
 
-    def _log_refused_handshakes(self) -> None:
-        from zmq.utils.monitor import recv_monitor_message
-
-        assert self._monitor is not None
-        while self._monitor.poll(0):
-            try:
-                recv_monitor_message(self._monitor)
-            except zmq.ZMQError:
-                return
-            log.warning(
-                "%s refused a connection at its handshake: the peer does not hold this job's "
-                "cluster secret (or speaks plain ZeroMQ)",
-                self.name,
-            )
-
     @staticmethod
     def _who(sender: int) -> str:
         return f"node {sender}" if sender != UNKNOWN else "an unknown connection"
@@ -571,12 +568,7 @@ class Van:
         for peer, sock in peers:
             with self._locks[peer]:  # a sender notices _closed within SEND_RETRY_MS
                 sock.close(linger=0 if peer in self._dead else 2000)
-        if self._monitor is not None:
-            try:
-                self._router.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self._monitor.close(linger=0)
+        self._guard.close(self._router)
         self._router.close(linger=0)
         if self._zap is not None:
             self._zap.close()

@@ -1,0 +1,157 @@
+"""Per-node credentials: what a node proves who it is with when a restarted scheduler
+(``--recover``) takes the running job back.
+
+At registration (and at every re-admission: a server that rejoins, a worker that joins
+again) the scheduler hands each node, over that node's own connection, a credential:
+``HMAC-SHA256(K, "hetps node credential ID.GEN")``, 32 bytes, where ``K`` is a random key
+only the scheduler holds and ``GEN`` counts the node's admissions. The node keeps it in
+memory and sends it back in ``readmit``. A restarted scheduler takes a node back only as the
+node id whose credential it presents, checked against ``K``; what the message says of the
+node (its id, role, rank, table) proves nothing by itself. A process that holds the cluster
+secret but never was that node cannot compute the credential.
+
+``K`` outlives the scheduler process so that the one started again at the same address can
+check: it is kept in a file of the scheduler's own user, mode 0600, in a directory of that
+user alone (``$XDG_RUNTIME_DIR/hetps``, else ``~/.cache/hetps``), named by the host and the
+port: ``scheduler-HOST-PORT.key``. A scheduler started afresh at that port writes a new one
+(an old job's nodes cannot come back into a new job); one that ends (rather than being
+killed) removes it; ``--recover`` reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import socket
+import stat
+from pathlib import Path
+
+from hetps.config import private_state_dir
+from hetps.transport.handshakes import RefusalLog
+
+log = logging.getLogger("hetps.scheduler")
+
+KEY_BYTES = 32
+
+
+def key_dir() -> Path:
+    """The directory of the scheduler's credential keys (created mode 0700)."""
+    return Path(private_state_dir())
+
+
+def key_path(port: int) -> Path:
+    """The credential key file of a scheduler at ``port`` on this host."""
+    host = "".join(c if c.isalnum() or c in "-." else "_" for c in socket.gethostname())
+    return key_dir() / f"scheduler-{host or 'host'}-{int(port)}.key"
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.stat(path, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{path} is not a directory of this user alone (chmod 700 {path})")
+
+
+def _write_key(path: Path, key: bytes) -> None:
+    _private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, key.hex().encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _read_key(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise OSError(f"{path} is not a private file of this user")
+        text = os.read(fd, 4 * KEY_BYTES).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    key = bytes.fromhex(text)
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"{path} does not hold a {KEY_BYTES}-byte key")
+    return key
+
+
+class Credentials:
+    """The scheduler's side: issues each admitted node its credential and checks the one a
+    node presents to a restarted scheduler."""
+
+    def __init__(self, port: int, recover: bool = False) -> None:
+        self.path = key_path(port)
+        self.gens: dict[int, int] = {}  # node id -> its latest admission (0: registration)
+        self._written = False
+        self.problem: str | None = None  # why no node can be checked (--recover only)
+        # refused readmits: a few lines per window, the rest counted (a flood fills no disk)
+        self.refusals = RefusalLog("scheduler", "readmits")
+        self.key: bytes | None
+        if not recover:
+            self.key = secrets.token_bytes(KEY_BYTES)  # written at the first credential
+            return
+        try:
+            self.key = _read_key(self.path)
+            self._written = True  # (its own: removed at the end like a fresh one's)
+        except (OSError, ValueError) as exc:
+            self.key = None
+            self.problem = (
+                f"no credential key of the scheduler that died ({self.path}: {exc}); was it "
+                "started on this host, at this port, by this user? Without it no node can "
+                "prove who it is"
+            )
+            log.warning("scheduler: started again (--recover) with %s", self.problem)
+
+    def token(self, nid: int, gen: int) -> bytes:
+        assert self.key is not None
+        text = f"hetps node credential {int(nid)}.{int(gen)}".encode()
+        return hmac.new(self.key, text, hashlib.sha256).digest()
+
+    def issue(self, nid: int) -> dict:
+        """The credential of node ``nid``'s new admission, as fields of its node table."""
+        if self.key is None:  # (--recover without the key: a fresh one from now on)
+            self.key = secrets.token_bytes(KEY_BYTES)
+        if not self._written:
+            self._written = True
+            try:
+                _write_key(self.path, self.key)
+            except OSError as exc:
+                log.warning(
+                    "scheduler: cannot keep its credential key in %s (%s): a scheduler "
+                    "started again (--recover) could not take this job's nodes back",
+                    self.path,
+                    exc,
+                )
+        gen = self.gens.get(nid, -1) + 1
+        self.gens[nid] = gen
+        return {"cred": self.token(nid, gen), "gen": gen}
+
+    def check(self, nid: int, gen: object, cred: object) -> str | None:
+        """Why a readmit as node ``nid`` with this credential is refused (None: it is that
+        node). Records the admission it proves."""
+        if self.key is None:
+            return self.problem or "this scheduler has no credential key"
+        if not isinstance(cred, bytes) or not isinstance(gen, int) or isinstance(gen, bool):
+            return "it presents no credential (a node gets one when it registers)"
+        if not 0 <= gen < 1 << 32 or not hmac.compare_digest(cred, self.token(nid, gen)):
+            return "its credential is not the one this node id was given"
+        if gen < self.gens.get(nid, -1):
+            return f"its credential is of an admission (#{gen}) older than one already back"
+        self.gens[nid] = gen
+        return None
+
+    def close(self) -> None:
+        """The job is over: remove the key file (nothing can come back to it)."""
+        if self._written:
+            try:
+                if _read_key(self.path) == self.key:  # (not a newer scheduler's)
+                    os.unlink(self.path)
+            except (OSError, ValueError):
+                pass

@@ -1,0 +1,196 @@
+"""Connections to a node's ROUTER before their handshake is done: bounded, timed out, and
+their refusals logged without letting a stranger fill the disk.
+
+* **Timed out.** ZeroMQ closes a connection whose handshake (ZMTP greeting, and CURVE's
+  boxes with a secret) is not complete after :data:`HANDSHAKE_S` (``ZMQ_HANDSHAKE_IVL``).
+* **Capped.** A socket monitor on the ROUTER sees each accepted connection and each handshake
+  that ends (done or failed). With :data:`MAX_PENDING` connections mid-handshake, a newly
+  connection whose peer has not sent even ZeroMQ's greeting a second after it was accepted
+  (fewer than 64 bytes received, by the kernel's count: ``TCP_INFO``) is shut down
+  (``shutdown(2)`` on a duplicate of its descriptor: ZeroMQ sees the end of the stream and
+  closes it itself), so connections that never speak cannot pile up until the process runs
+  out of descriptors. A peer of the job sends its greeting as soon as it is connected (a
+  burst of a thousand nodes registering at once, on a loaded machine, within a fraction of
+  that second), so real nodes are not cut; an attacker who sends a greeting and then stalls
+  is bounded by the timeout.
+* **Refusals counted.** Each refused handshake counts in :attr:`RefusalLog.total`; at most
+  :data:`LOG_BURST` of them are logged one line each per :data:`LOG_WINDOW_S`, and the rest
+  are summed up in one line when the window ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+
+import zmq
+
+log = logging.getLogger("hetps.security")
+
+#: a connection whose handshake is not done after this long is closed by ZeroMQ
+HANDSHAKE_S = 10.0
+#: connections mid-handshake a ROUTER keeps; one more is shut down as soon as it is accepted
+MAX_PENDING = 256
+#: over the cap, a connection whose peer sent nothing for this long is shut down
+SILENT_S = 1.0
+#: bytes of ZeroMQ's greeting: a connection that sent fewer has not begun its handshake
+GREETING_BYTES = 64
+_TCPI_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in Linux's struct tcp_info
+#: refused handshakes logged one line each per window; the rest are counted
+LOG_BURST = 5
+LOG_WINDOW_S = 10.0
+
+_ACCEPTED = int(zmq.EVENT_ACCEPTED)
+_DONE = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_FAILED_AUTH = int(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL) | int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+_GONE = int(zmq.EVENT_DISCONNECTED)
+EVENTS = _ACCEPTED | _DONE | _FAILED_AUTH | _FAILED | _GONE
+
+
+class RefusalLog:
+    """Log lines for refused connections, at most :data:`LOG_BURST` per window; the others
+    counted and said in one line when their window ends (at the next refusal or
+    :meth:`tick`). Thread-safe: the ZAP thread and the receive thread share one."""
+
+    def __init__(self, name: str, what: str = "connections") -> None:
+        self.name = name
+        self.what = what  # what is refused, for the summing-up line
+        self.total = 0  # every refusal, logged or not
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+        self._logged = 0
+        self._quiet = 0  # refusals of this window not logged one by one
+
+    def refused(self, text: str, *args: object) -> None:
+        """One refusal; ``text % args`` is its line, if this window still has room."""
+        with self._lock:
+            self.total += 1
+            self._roll(time.monotonic())
+            if self._logged < LOG_BURST:
+                self._logged += 1
+                log.warning(text, *args)
+            else:
+                self._quiet += 1
+
+    def tick(self) -> None:
+        """End the window if its time is over (says what it did not log)."""
+        with self._lock:
+            self._roll(time.monotonic())
+
+    def _roll(self, now: float) -> None:
+        if now - self._start < LOG_WINDOW_S:
+            return
+        if self._quiet:
+            log.warning(
+                "%s refused %d more %s in the last %.0f s, not logged one by one "
+                "(%d refused in all)",
+                self.name,
+                self._quiet,
+                self.what,
+                now - self._start,
+                self.total,
+            )
+        self._start, self._logged, self._quiet = now, 0, 0
+
+
+class HandshakeGuard:
+    """Times out and caps the connections of one ROUTER that are mid-handshake, and logs
+    (through ``refusals``) the handshakes refused before ZAP is asked. Made before the
+    ROUTER binds; :meth:`drain` is called by the thread that receives on it whenever
+    :attr:`monitor` is readable, and :meth:`sweep` when it waited for messages in vain."""
+
+    def __init__(self, router: zmq.Socket, refusals: RefusalLog, secured: bool) -> None:
+        router.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+        self.monitor = router.get_monitor_socket(EVENTS)
+        self.refusals = refusals
+        self.secured = secured
+        self.port = 0  # the ROUTER's (set once it is bound): a shut descriptor must be one
+        self.pending = 0  # connections accepted whose handshake has not ended
+        self.shut = 0  # connections shut down for the cap
+        self._young: dict[int, float] = {}  # descriptor -> when accepted (the last second)
+
+    def drain(self) -> None:
+        """Read the monitor's events; then :meth:`sweep`."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        while self.monitor.poll(0):
+            try:
+                ev = recv_monitor_message(self.monitor)
+            except zmq.ZMQError:
+                return
+            event = ev["event"]
+            if event == _ACCEPTED:
+                self.pending += 1
+                self._young[ev["value"]] = time.monotonic()
+            elif event == _GONE:
+                self._young.pop(ev["value"], None)
+            else:  # a handshake ended
+                self.pending = max(0, self.pending - 1)
+                if event & _FAILED and self.secured:  # (ZAP logs its own refusals)
+                    self.refusals.refused(
+                        "%s refused a connection at its handshake: the peer does not hold "
+                        "this job's cluster secret (or speaks plain ZeroMQ, or took longer "
+                        "than %.0f s)",
+                        self.refusals.name,
+                        HANDSHAKE_S,
+                    )
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Over the cap: shut down the connections accepted at least :data:`SILENT_S` ago
+        whose peer has not sent a greeting yet. Each connection is looked at once."""
+        if not self._young:
+            self.refusals.tick()
+            return
+        now = time.monotonic()
+        over = self.pending > MAX_PENDING
+        for fd, t in list(self._young.items()):
+            if now - t < SILENT_S:
+                continue
+            del self._young[fd]
+            if over and self._shut_down(fd):
+                self.shut += 1
+                self.refusals.refused(
+                    "%s closed a connection that sent nothing for %.0f s: %d connections "
+                    "have not finished their handshake (at most %d wait, each for %.0f s)",
+                    self.refusals.name,
+                    now - t,
+                    self.pending,
+                    MAX_PENDING,
+                    HANDSHAKE_S,
+                )
+        self.refusals.tick()
+
+    def _shut_down(self, fd: int) -> bool:
+        """Shut the accepted connection ``fd`` down if its peer has not sent a greeting yet
+        (never closing ZeroMQ's descriptor). False: it was left alone."""
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return False  # gone already
+        try:
+            if sock.type != socket.SOCK_STREAM or sock.getsockname()[1] != self.port:
+                return False  # (the number was reused by something else meanwhile)
+            info = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
+            if len(info) < _TCPI_BYTES_RECEIVED + 8:
+                return False  # (a kernel that does not say: never cut a peer that may speak)
+            if struct.unpack_from("Q", info, _TCPI_BYTES_RECEIVED)[0] >= GREETING_BYTES:
+                return False  # it speaks: its handshake is under way
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+        finally:
+            sock.close()
+
+    def close(self, router: zmq.Socket) -> None:
+        try:
+            router.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.monitor.close(linger=0)

@@ -1,0 +1,88 @@
+"""Shared-memory rings offered by a peer of the job that misbehaves: an offer naming another
+connection's ring, and a ring truncated by its sender. Two vans over real sockets (and, for
+the truncation, in a child process: without the check it dies of SIGBUS)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+from hetps.transport import shm
+from hetps.transport.codec import Message
+from hetps.transport.van import RING_MIN_BYTES, RING_OFFER, Van
+
+MiB = 1 << 20
+
+
+def _mine() -> list[str]:
+    return [n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"hetps-shm-{os.getpid()}-")]
+
+
+def test_a_ring_offer_cannot_take_over_another_connections_ring(caplog):
+    rx = Van(name="rx", ring_bytes=8 * MiB)
+    tx, other = Van(name="tx", ring_bytes=8 * MiB), Van(name="other")
+    caplog.set_level(logging.WARNING, logger="hetps.van")
+    try:
+        rx.admit(tx.connect(1, rx.endpoint), 5)
+        rx.admit(other.connect(1, rx.endpoint), 7)  # another node of the job
+        n = RING_MIN_BYTES // 4 + 1024
+        tx.send(1, Message("push", arrays=[np.full(n, 1, np.float32)]))
+        first = rx.recv(timeout=10)
+        assert first is not None and first.sender == 5
+        name = tx._rings_out[1].name  # opened by rx; its name not unlinked yet
+        assert name in rx._rings_in and os.path.exists(os.path.join(shm.SHM_DIR, name))
+        other.send(1, Message(RING_OFFER, body={"name": name}))
+        other.send(1, Message("ping"))  # after its offer, on the same connection
+        ping = rx.recv(timeout=10)
+        assert ping is not None and ping.cmd == "ping" and ping.sender == 7
+        second = np.full(n, 2, np.float32)
+        tx.send(1, Message("push", arrays=[second]))  # through the ring now
+        assert tx._rings_out[1].head > 0
+        got = rx.recv(timeout=10)
+        assert got is not None and got.sender == 5, caplog.text
+        np.testing.assert_array_equal(got.arrays[0], second)
+        assert f"ring {name} is another connection's" in caplog.text
+    finally:
+        for v in (tx, other, rx):
+            v.close()
+    assert not _mine()
+
+
+TRUNCATE = """
+import logging, os, sys
+import numpy as np
+from hetps.transport import shm
+from hetps.transport.codec import Message
+from hetps.transport.van import RING_MIN_BYTES, Van
+logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(message)s")
+rx, tx = Van(name="rx", ring_bytes=8 << 20), Van(name="tx", ring_bytes=8 << 20)
+rx.admit(tx.connect(1, rx.endpoint), 5)
+n = RING_MIN_BYTES // 4 + 1024
+tx.send(1, Message("push", arrays=[np.full(n, 1, np.float32)]))
+assert rx.recv(timeout=10) is not None
+fd = os.open(os.path.join(shm.SHM_DIR, tx._rings_out[1].name), os.O_RDWR)
+tx.send(1, Message("push", arrays=[np.full(n, 2, np.float32)]))  # into the ring
+assert tx._rings_out[1].head > 0
+os.ftruncate(fd, 0)  # the sender takes the ring's pages away
+os.close(fd)
+print("GOT", rx.recv(timeout=1), flush=True)  # dropped: nothing comes
+tx.send(1, Message("ping"))
+print("THEN", rx.recv(timeout=10).cmd, flush=True)  # the receiver lives on
+tx.close()
+rx.close()
+"""
+
+
+def test_a_ring_truncated_by_its_sender_is_refused_not_a_crash(tmp_path):
+    script = tmp_path / "truncate.py"
+    script.write_text(textwrap.dedent(TRUNCATE))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, f"code {res.returncode} (SIGBUS is -7):\n{out}"
+    assert "was truncated by its sender (0 of" in out, out
+    assert "closed ring hetps-shm-" in out and "GOT None" in out and "THEN ping" in out, out

@@ -1,0 +1,87 @@
+"""A standalone ESync state server (real sockets) takes the reporter's rank from its
+connection: a worker cannot report for another worker, by writing another rank into its
+report or from a second connection."""
+
+from __future__ import annotations
+
+import threading
+
+import msgpack
+import zmq
+
+from hetps.cluster.state_server import StateServer
+from hetps.transport.codec import Message, encode
+
+
+def _report(sock, rx, ep: str, rank: int, req: int) -> dict:
+    msg = Message(
+        "esync_report",
+        req=req,
+        body={"rank": rank, "round": 1, "step_s": 0.1, "elapsed_s": 0.1, "ep": ep},
+    )
+    sock.send_multipart([bytes(f) if not isinstance(f, bytes) else f for f in encode(msg)])
+    assert rx.poll(10000), "no answer from the state server"
+    frames = rx.recv_multipart()
+    return msgpack.unpackb(frames[1], raw=False)["b"]
+
+
+def test_a_report_counts_for_its_connections_rank_only():
+    srv = StateServer(2, host="127.0.0.1")
+    stop = threading.Event()
+    t = threading.Thread(target=srv.serve, args=(stop,), daemon=True)
+    t.start()
+    ctx = zmq.Context()
+    socks = []
+    try:
+        rx = ctx.socket(zmq.ROUTER)  # where the answers come (one endpoint for both)
+        rx.bind("tcp://127.0.0.1:*")
+        ep = rx.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit("/", 1)[1]
+        worker0, other = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+        socks = [rx, worker0, other]
+        for s in (worker0, other):
+            s.connect(f"tcp://127.0.0.1:{srv.port}")
+        assert "error" not in _report(worker0, rx, ep, 0, 1)
+        # the same connection writes rank 1: it still reports as worker 0
+        assert "error" not in _report(worker0, rx, ep, 1, 2)
+        # another connection claims worker 0: refused
+        answer = _report(other, rx, ep, 0, 3)
+        assert "reports on another connection" in answer.get("error", ""), answer
+        assert srv.service.steps_total == [2, 0]
+    finally:
+        stop.set()
+        t.join(5)
+        for s in socks:
+            s.close(0)
+        ctx.term()
+    assert not t.is_alive()
+
+
+def test_in_the_scheduler_a_report_counts_for_the_senders_rank():
+    """The scheduler's service (the default state server): the rank is the sending worker's
+    (its connection's node), whatever the report says; a report from no worker is refused."""
+    from hetps.cluster.protocol import NodeInfo
+    from hetps.cluster.state_server import EsyncService
+
+    svc = EsyncService(2)
+    answers = []
+
+    class Sched:  # what the service reads of the scheduler
+        nodes = {
+            9: NodeInfo(9, "worker", 0, "127.0.0.1", 1),
+            11: NodeInfo(11, "worker", 1, "127.0.0.1", 1),
+            8: NodeInfo(8, "server", 0, "127.0.0.1", 1),
+        }
+
+        def reply(self, msg, body):
+            answers.append(body)
+
+    service = svc.as_scheduler_service()
+    body = {"rank": 1, "round": 1, "step_s": 0.1, "elapsed_s": 0.1}  # worker 0 writes rank 1
+    msg = Message("esync_report", req=1, body=dict(body))
+    msg.sender = 9
+    service(Sched(), msg)
+    assert "error" not in answers[-1] and svc.steps_total == [1, 0]
+    server = Message("esync_report", req=2, body=dict(body))
+    server.sender = 8
+    service(Sched(), server)
+    assert "error" in answers[-1] and svc.steps_total == [1, 0]
