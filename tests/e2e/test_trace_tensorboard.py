@@ -82,6 +82,11 @@ def test_tensorboard_events_hold_the_logged_values(trained):
         )
         waits = ea.Scalars("time/wait_s")
         assert [e.value for e in waits] == pytest.approx([r["wait_s"] for r in recs], rel=1e-5)
+        for phase in ("push_s", "pull_s"):
+            got = [e.value for e in ea.Scalars(f"time/{phase}")]
+            assert got == pytest.approx([r[phase] for r in recs], rel=1e-5)
+            if mode == "sync":  # gradients go out from backward's hooks: still timed
+                assert all(v > 0 for v in got), (phase, got)
         evaluated = [(r["iter"], r["accuracy"]) for r in recs if "accuracy" in r]
         if rank == 0:
             assert len(evaluated) == 3  # rounds 4, 8, 12
@@ -116,10 +121,14 @@ def test_trace_of_a_real_run_matches_its_logs(trained, tmp_path):
             for p in ("compute", "push", "wait", "pull"):
                 total = sum(e["dur"] for e in mine if e["name"] == p) / 1e6
                 assert total == pytest.approx(rec[f"{p}_s"], abs=2e-5 * (1 + len(mine)))
-        # the mode's phases are there: sync waits for the averaged gradients, ESync waits
-        # for the state server and exchanges (pushes) the model difference
+        # the mode's phases are there: sync pushes from backward's hooks, waits for the
+        # averaged gradients and places them (pull); ESync waits for the state server and
+        # exchanges (pushes) the model difference
         names = {e["name"] for e in phases}
-        assert names == ({"compute", "wait"} if mode == "sync" else {"compute", "wait", "push"})
+        want = (
+            {"compute", "push", "wait", "pull"} if mode == "sync" else {"compute", "wait", "push"}
+        )
+        assert names == want
         # the counter track of the link: the traffic log's bytes, and (push and pull) about
         # what the worker's own counters saw in its records (the scheduler's few bytes apart)
         traffic = [json.loads(x) for x in (run / f"traffic-worker{rank}.jsonl").read_text().split()]

@@ -7,6 +7,7 @@ when); :func:`plan_groups` is the pure grouping rule, :class:`_Group` a group's 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -115,3 +116,21 @@ class _Group:
     def view(self, flat: torch.Tensor, name: str, like: torch.Tensor) -> torch.Tensor:
         a, b = self.offsets[name]
         return flat[a:b].view_as(like)
+
+
+@dataclass
+class StepTiming:
+    """Where a step's communication went, for the run log (``perf_counter`` times): each
+    launch of a group (the pushes, mostly under backward), the waits for the answers, the
+    last ``synchronize`` and the last local update."""
+
+    pushes: list[tuple[float, float]] = field(default_factory=list)
+    wait_s: float = 0.0
+    sync: tuple[float, float] | None = None
+    update: tuple[float, float] | None = None
+
+    def take(self) -> StepTiming:
+        """This step's timing; the next step starts afresh."""
+        out = StepTiming(self.pushes, self.wait_s, self.sync, self.update)
+        self.pushes, self.wait_s, self.sync, self.update = [], 0.0, None, None
+        return out

@@ -70,7 +70,7 @@ from hetps import optim as ps_optim
 from hetps.kvstore import devices
 from hetps.sync.rules import average_from_sum
 from hetps.torch.broadcast import exchange
-from hetps.torch.fusion import FUSION_GAP_S, FUSION_SPLIT_BYTES, _Group, plan_groups
+from hetps.torch.fusion import FUSION_GAP_S, FUSION_SPLIT_BYTES, StepTiming, _Group, plan_groups
 from hetps.torch.sparse import SparseTables, table_weights
 
 __all__ = ["FUSION_GAP_S", "FUSION_SPLIT_BYTES", "DistributedOptimizer", "plan_groups"]
@@ -152,6 +152,7 @@ class DistributedOptimizer:
         self.prefix = prefix
         self._index = {n: i for i, n in enumerate(names)}
         self._handles: dict[int, Any] = {}  # group index -> its reduction in flight
+        self.timing = StepTiming()  # where each step's communication went (hetps train logs it)
         self._landing: dict[str, torch.Tensor] = {}  # where a lone parameter's reduction lands
         self._synced = False
         self._hooks = []
@@ -343,10 +344,12 @@ class DistributedOptimizer:
             return True
 
     def _launch_safely(self, g: _Group, data: torch.Tensor) -> None:
+        t0 = time.perf_counter()
         try:
             self._launch(g, data)
         except Exception as exc:  # raised in the training thread by synchronize()
             self._handles[g.index] = _Failed(exc)
+        self.timing.pushes.append((t0, time.perf_counter()))
 
     def _launcher_loop(self) -> None:
         while True:
@@ -392,6 +395,7 @@ class DistributedOptimizer:
         gradient (update on workers), so it may be clipped before :meth:`step`."""
         params = dict(self.named)
         W = self.kv.num_workers
+        t_sync = time.perf_counter()
         self.tables.push()  # embedding tables: the batch's rows' gradients (every step)
         self._flush()
         exchanged = False  # a step without any gradient is not one of the timed steps
@@ -418,7 +422,9 @@ class DistributedOptimizer:
                     self._send(g, _staged(g.send))
                 self._flush()
                 h = self._handles.pop(g.index)
+            t_wait = time.perf_counter()
             h.wait()
+            self.timing.wait_s += time.perf_counter() - t_wait
             exchanged = True
             if g.fused:  # (update on workers only)
                 assert g.recv is not None
@@ -451,6 +457,7 @@ class DistributedOptimizer:
         for g in self.groups:
             g.ready = set()  # a partial backward must not leave members marked for next step
         self._synced = True
+        self.timing.sync = (t_sync, time.perf_counter())
         if not exchanged:
             return
         self._steps += 1
@@ -599,14 +606,17 @@ class DistributedOptimizer:
         if not self._synced:
             self.synchronize()
         self._synced = False
+        t0 = time.perf_counter()
+        loss = None
         if self.update_on == "worker":
             assert self.optimizer is not None
-            return self.optimizer.step(closure)
-        if self._local is not None:  # the servers summed; this worker updates
+            loss = self.optimizer.step(closure)
+        elif self._local is not None:  # the servers summed; this worker updates
             loss = closure() if closure is not None else None
             self._local.step(self.named)
-            return loss
-        return None  # the servers applied the update; the pulled weights are in place
+        # (else the servers applied the update; the pulled weights are in place)
+        self.timing.update = (t0, time.perf_counter())
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear gradients (of the wrapped optimizer, or of every parameter)."""

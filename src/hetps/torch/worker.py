@@ -49,6 +49,31 @@ class _Clock:
             self.spans.add(name[:-2], end - seconds, end)
 
 
+def _account(r: Any, timing: Any, t1: float, t2: float) -> None:
+    """A DistributedOptimizer step's phases into round ``r``'s clock: each launch of a group
+    is push (most run under backward, from its hooks), the time waiting for answers is wait,
+    placing them (the mean, the copies into the gradients or weights) is pull, the local
+    update is compute. ``t1``..``t2`` is the ``step()`` call; what it spent otherwise is
+    wait."""
+    inside = 0.0
+    for a, b in timing.pushes:
+        r.clock.add("push_s", b - a, b)
+        if a >= t1:
+            inside += b - a
+    land = upd = 0.0
+    if timing.sync is not None:
+        s0, s1 = timing.sync
+        land = max(0.0, (s1 - s0) - timing.wait_s - inside)
+        r.clock.add("wait_s", timing.wait_s, s1 - land)
+        r.clock.add("pull_s", land, s1)
+    if timing.update is not None:
+        upd = timing.update[1] - timing.update[0]
+        r.clock.add("compute_s", upd, timing.update[1])
+    rest = (t2 - t1) - inside - timing.wait_s - land - upd
+    if rest > 0:
+        r.clock.add("wait_s", rest, t2)
+
+
 def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
     from hetps.torch.data import normalize
 
@@ -494,7 +519,7 @@ def run_sync(run: WorkerRun) -> int:
         # the hooks pushed during backward; step() waits for the pulls
         t1 = time.perf_counter()
         dopt.step()
-        r.clock.add("wait_s", time.perf_counter() - t1)
+        _account(r, dopt.timing.take(), t1, time.perf_counter())
         r.add_step(loss, c, n, epoch, end=run.step_end)
         if ctl_handle is not None:
             ctl_handle.wait()
@@ -530,7 +555,7 @@ def run_async(run: WorkerRun) -> int:
         loss, c, n, epoch = run.one_step(dopt, lambda: None)
         t1 = time.perf_counter()
         dopt.step()  # waits for the new weights
-        r.clock.add("wait_s", time.perf_counter() - t1)
+        _account(r, dopt.timing.take(), t1, time.perf_counter())
         r.add_step(loss, c, n, epoch, end=run.step_end)
         return run.want_stop(r.rnd)  # each worker stops on its own
 
