@@ -34,7 +34,8 @@ from hetps.kvstore.answers import Answers
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.elastic_rounds import ElasticRounds
 from hetps.kvstore.replicas import Copies, _Copy
-from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
+from hetps.kvstore.slices import BadRequest, Slice, put, short, slice_key
+from hetps.optim import kernels
 from hetps.transport.codec import WIRE_DTYPES, Message, dtype_str
 
 log = logging.getLogger("hetps.server")
@@ -235,7 +236,9 @@ class KVServer(Copies, ElasticRounds):
         role_of = getattr(self.node, "role_of", None)
         return role_of is not None and role_of(msg.sender) == "worker"
 
-    def _data(self, msg: Message, sl: Slice, n: int) -> np.ndarray:
+    def _data(self, msg: Message, sl: Slice, n: int, packed: bool = False) -> np.ndarray:
+        """The push's values, checked; a 2-bit push decoded (``packed``: its checked words,
+        which :func:`~hetps.kvstore.slices.put` decodes straight into the merge buffer)."""
         if len(msg.arrays) != 1:
             raise BadRequest(
                 f"{msg.cmd} of key {sl.key!r}: expected one array, got {len(msg.arrays)}"
@@ -255,6 +258,8 @@ class KVServer(Copies, ElasticRounds):
                     f"push of key {sl.key!r}: 2-bit payload must be {words} uint32 words for "
                     f"{n} values, got {data.size} {data.dtype}"
                 )
+            if packed:
+                return data
             return TwoBitCompressor(float(threshold)).decompress(data, n, sl.value.dtype)
         if data.dtype != sl.value.dtype or data.size != n:
             raise BadRequest(
@@ -415,7 +420,9 @@ class KVServer(Copies, ElasticRounds):
             self._payload_fits(msg, sl, n)  # kept only if it fits its part
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
             return
-        data = self._data(msg, sl, n)
+        packed = sync and not self._elastic  # a 2-bit push is decoded into the merge buffer
+        data = self._data(msg, sl, n, packed=packed)
+        comp = msg.body.get("comp") if packed else None
         ce = msg.body.get("ce")
         if not isinstance(ce, int) or isinstance(ce, bool) or ce <= 0:
             raise BadRequest(f"push of key {key!r}: field 'ce' (chunk elements) must be > 0")
@@ -433,6 +440,8 @@ class KVServer(Copies, ElasticRounds):
                 self._hold(msg, sl, worker, data, off, n, ce)
                 return
             if sl.merge is None and off == 0 and n == sl.value.size and msg.lease is None:
+                if comp is not None:
+                    data = TwoBitCompressor(float(comp)).decompress(data, n, sl.value.dtype)
                 # the round's first push of the whole part: keep the received array itself
                 # (read-only, over the message's frame) instead of copying it; a second
                 # worker's push is added into a buffer of our own. Not when it is lent ring
@@ -461,11 +470,16 @@ class KVServer(Copies, ElasticRounds):
             if off in sl.written and not sl.merge.flags.writeable:
                 buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
                 sl.spare = None
-                sl.merge = np.add(sl.merge, data, out=buf)
-            elif off in sl.written:
-                sl.merge[off : off + n] += data
+                if buf is None:
+                    buf = np.empty(sl.value.size, sl.value.dtype)
+                if comp is not None:  # the first push (the message's array) + this one
+                    np.copyto(buf, sl.merge)
+                    put(buf, data, comp, add=True)
+                else:
+                    kernels.add_into(buf, sl.merge, data)
+                sl.merge = buf
             else:
-                sl.merge[off : off + n] = data
+                put(sl.merge[off : off + n], data, comp, add=off in sl.written)
                 sl.written.add(off)
             sl.got[worker] = sl.got.get(worker, 0) + n
             sl.seen.setdefault(worker, set()).add(off)

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from hetps.kvstore.compression import TwoBitCompressor
+from hetps.optim import kernels
 from hetps.transport.codec import Message
 
 
@@ -69,3 +71,15 @@ def short(value: Any, limit: int = 80) -> str:
     """``repr`` of a value from the network, cut for a log line or an error."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def put(dst: np.ndarray, data: np.ndarray, comp: Any, add: bool) -> None:
+    """Write (with ``add``: add) a push's values into ``dst``, in one pass over each byte on
+    the kernel threads (:mod:`hetps.optim.kernels`); ``comp`` not None: ``data`` is the 2-bit
+    words of that threshold, decoded on the way, with no decoded copy."""
+    if comp is not None:
+        TwoBitCompressor(float(comp)).decompress(data, dst.size, dst.dtype, out=dst, add=add)
+    elif add:
+        kernels.add_into(dst, dst, data)
+    else:
+        np.copyto(dst, data)
