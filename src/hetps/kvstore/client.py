@@ -45,7 +45,7 @@ from hetps.kvstore.base import (
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
 from hetps.kvstore.joining import Joining
-from hetps.kvstore.keys import KeyMeta, fill_targets, land_into
+from hetps.kvstore.keys import KeyMeta, detach, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
 from hetps.kvstore.sender import Sender
 from hetps.transport.codec import Message, dtype_str
@@ -215,6 +215,8 @@ class DistKVStore(Joining):
         if fut.done():
             return fut
         if collect is not None and array_bytes(msg) <= self._batch_bytes:
+            if msg.borrowed:  # a batch may leave after the call: small, so copied now
+                detach(msg)
             collect.append((slice_key, server_rank, fut, msg))  # sent at the call's end
             return fut
 
@@ -230,7 +232,8 @@ class DistKVStore(Joining):
         # every part's rounds apart, so a part's pull needs only that part's push before it,
         # and the pulls of a big key's first slices go while its later slices are still being
         # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
-        sender.submit(slice_key, priority, send, cost)
+        own = (lambda: detach(msg)) if msg.borrowed else None
+        sender.submit(slice_key, priority, send, cost, detach=own)
         return fut
 
     def _send_metrics(self, body: dict) -> None:
@@ -395,10 +398,13 @@ class DistKVStore(Joining):
                 self._check(k, meta, arr, "push")
                 if self.sync:
                     self._round_credit(meta)
+                borrowed = False
                 if not block and self.compressor is None:  # (compression makes its own copy)
-                    arr = meta.capture(arr)
+                    borrowed = self._through_rings(meta)
+                    if not borrowed:
+                        arr = meta.capture(arr)
                 dest = meta.prefetch_into() if self._prefetch else None
-                pushed = self._push_one(k, meta, arr, priority, dest)
+                pushed = self._push_one(k, meta, arr, priority, dest, borrowed)
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
                 if self.sync:
@@ -407,6 +413,20 @@ class DistKVStore(Joining):
                     meta.prefetch = (pushed, dest)
                 futs += pushed
         return self._finish_call(futs, block, "push")
+
+    def _through_rings(self, meta: KeyMeta) -> bool:
+        """Whether a push of ``meta``'s key may send the caller's array itself instead of a
+        captured copy: every part goes to a server through an open shared-memory ring, whose
+        send copies the values into the ring before the push returns (a request that waits
+        in the send queue instead takes a copy of its own as it is queued: see
+        :meth:`request`). Not when requests are kept to be sent again (replicas) or timed
+        (network-aware balancing)."""
+        if self.agent is not None or self.node.replicas > 1:
+            return False
+        if meta.size * meta.dtype.itemsize < self.node.van.ring_min:
+            return False
+        van, route = self.node.van, self.node.route
+        return all(van.ring_open(route(self._server_ids[p.server])) for p in meta.parts)
 
     def _round_credit(self, meta: KeyMeta) -> None:
         """dist_sync: a worker may be ``HETPS_ROUNDS_AHEAD`` rounds of a key ahead of the
@@ -427,9 +447,11 @@ class DistKVStore(Joining):
         arr: np.ndarray,
         priority: int,
         dest: np.ndarray | None = None,
+        borrowed: bool = False,
     ) -> list[Future]:
         """Requests pushing ``arr``; with ``dest`` (flat, writable) each is a fused push-pull:
-        its answer carries the key's value for that range once the push took effect."""
+        its answer carries the key's value for that range once the push took effect.
+        ``borrowed``: ``arr`` is the caller's, read only while the push call runs."""
         flat = np.ascontiguousarray(arr).reshape(-1)
         comp = self.compressor
         if comp is not None and meta.residual is None:
@@ -465,7 +487,9 @@ class DistKVStore(Joining):
                         k,
                         priority,
                         p.server,
-                        Message(P.PUSH, body=body, arrays=[payload]),
+                        Message(
+                            P.PUSH, body=body, arrays=[payload], borrowed=borrowed and comp is None
+                        ),
                         None if dest is None else land_into(k, dest, a, b, self._short),
                         None if dest is None else dest[a:b],
                     )

@@ -40,6 +40,7 @@ class KeyMeta:
     # (HETPS_ROUNDS_AHEAD of them at most; a further push waits for the oldest)
     recent: deque[tuple[int, list[Future]]] = field(default_factory=deque)
     rounds: int = 0  # pushes of this key since its init (dist_sync: its rounds)
+    captures: int = 0  # pushes whose values were copied into a staging buffer (a statistic)
     #: number of elements (from ``shape``, once: every push asks for it)
     size: int = field(init=False, default=0)
 
@@ -53,6 +54,7 @@ class KeyMeta:
         if stage is None or not all(f.done() for f in self.pushed):
             stage = self.stage = np.empty(self.shape, self.dtype)
         np.copyto(stage, arr.reshape(self.shape))
+        self.captures += 1
         return stage
 
     def prefetch_into(self) -> np.ndarray | None:
@@ -122,3 +124,11 @@ def fill_targets(meta: KeyMeta, dest: np.ndarray, targets: list[np.ndarray], dir
             t[...] = first
 
     return finish
+
+
+def detach(msg: Message) -> None:
+    """Give a request that reads the caller's memory (``borrowed``: a push that did not
+    capture its values, see ``KVStore._through_rings``) copies of its own, before it is
+    kept past the push call (queued, or collected into a batch)."""
+    msg.arrays = [a.copy() for a in msg.arrays]
+    msg.borrowed = False
