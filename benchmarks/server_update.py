@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument(
-        "--threads", type=int, default=0, help="threads for both (0: the usable cores, at most 8)"
+        "--threads", type=int, default=0, help="threads for both (0: the usable cores, at most 4)"
     )
     args = ap.parse_args()
     import torch

@@ -243,3 +243,28 @@ def test_set_threads_checks_its_argument():
     with pytest.raises(ValueError, match="integer >= 0"):
         kernels.set_threads(1.5)
     assert kernels.set_threads(3) == 3 and kernels.threads() == 3
+
+
+def _update_in_child(q) -> None:
+    w = np.zeros(N, np.float32)
+    optim.SGD(learning_rate=1.0).update("k", w, np.ones(N, np.float32), None)
+    q.put(float(w.sum()))
+
+
+def test_a_forked_child_gets_threads_of_its_own():
+    import multiprocessing as mp
+
+    w = np.zeros(N, np.float32)
+    optim.SGD(learning_rate=1.0).update("k", w, np.ones(N, np.float32), None)  # pool started
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_update_in_child, args=(q,))
+    child.start()
+    try:
+        assert q.get(timeout=30) == -N  # the parent's pool threads do not exist in the child
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode == 0

@@ -25,7 +25,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["CHUNK", "MIN_PARALLEL", "add_into", "rescaled", "run", "set_threads", "threads"]
+__all__ = [
+    "CHUNK",
+    "MAX_DEFAULT_THREADS",
+    "MIN_PARALLEL",
+    "add_into",
+    "rescaled",
+    "run",
+    "set_threads",
+    "threads",
+]
 
 #: Elements per chunk: 32 Ki float32 values (128 KiB) per array, so the arrays of one chunk and
 #: their scratch buffers fit a core's L2 cache.
@@ -42,7 +51,11 @@ Body = Callable[[list, list], None]
 _lock = threading.Lock()
 _threads = 0  # 0: not chosen yet (see threads())
 _pool: ThreadPoolExecutor | None = None
+_pool_pid = 0  # the process that started the pool's threads (a forked child has none)
 _local = threading.local()
+#: the default number of threads at most: element-wise passes are bound by memory bandwidth,
+#: which a few cores already use up (and several servers may share one machine)
+MAX_DEFAULT_THREADS = 4
 
 
 def _default_threads() -> int:
@@ -50,12 +63,13 @@ def _default_threads() -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores, 8))
+    return max(1, min(cores, MAX_DEFAULT_THREADS))
 
 
 def threads() -> int:
     """How many threads :func:`run` uses for a big array (the caller's own included): the
-    last :func:`set_threads`, else the cores this process may run on, at most 8."""
+    last :func:`set_threads`, else the cores this process may run on, at most
+    :data:`MAX_DEFAULT_THREADS`."""
     global _threads
     if _threads == 0:
         _threads = _default_threads()
@@ -84,12 +98,13 @@ def set_threads(n: int | None) -> int:
 
 
 def _executor() -> ThreadPoolExecutor:
-    global _pool
+    global _pool, _pool_pid
     with _lock:
-        if _pool is None:
+        if _pool is None or _pool_pid != os.getpid():  # (after a fork: a pool of our own)
             _pool = ThreadPoolExecutor(
                 max_workers=max(1, threads() - 1), thread_name_prefix="hetps-kernel"
             )
+            _pool_pid = os.getpid()
         return _pool
 
 
