@@ -96,3 +96,38 @@ def test_a_request_queued_behind_another_takes_a_copy_as_it_is_queued():
         gate.set()
         sender.close()
     assert len(sent) == 1 and (sent[0] == np.arange(1000)).all()
+
+
+class _Done:
+    def __init__(self, done: bool) -> None:
+        self._done = done
+
+    def done(self) -> bool:
+        return self._done
+
+
+def test_chunks_that_must_wait_are_copied_into_the_keys_staging_buffer():
+    from hetps.kvstore.keys import Borrowed, KeyMeta
+
+    meta = KeyMeta((100,), np.dtype(np.float32), parts=[])
+    caller = np.arange(100, dtype=np.float32)
+    msgs = [Message("push", arrays=[caller[a:b]], borrowed=True) for a, b in ((0, 60), (60, 100))]
+    lent = Borrowed(meta)
+    lent.owner(msgs[0], 0, 60)()
+    lent.owner(msgs[1], 60, 100)()
+    stage = meta.stage
+    assert stage is not None and not np.shares_memory(stage, caller)
+    for m in msgs:
+        assert not m.borrowed and np.shares_memory(m.arrays[0], stage)
+    caller[:] = -1
+    assert (np.concatenate([m.arrays[0] for m in msgs]) == np.arange(100)).all()
+    # the next push reuses the buffer once the last one was answered, else takes a new one
+    meta.pushed = [_Done(True)]
+    m = Message("push", arrays=[caller[:10]], borrowed=True)
+    Borrowed(meta).owner(m, 0, 10)()
+    assert meta.stage is stage and np.shares_memory(m.arrays[0], stage)
+    meta.pushed = [_Done(False)]
+    m = Message("push", arrays=[caller[:10]], borrowed=True)
+    Borrowed(meta).owner(m, 0, 10)()
+    assert meta.stage is not stage and not np.shares_memory(m.arrays[0], stage)
+    assert (m.arrays[0] == -1).all()

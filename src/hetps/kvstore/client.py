@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ from hetps.kvstore.base import (
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
 from hetps.kvstore.joining import Joining
-from hetps.kvstore.keys import KeyMeta, detach, fill_targets, land_into
+from hetps.kvstore.keys import Borrowed, KeyMeta, detach, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
 from hetps.kvstore.sender import Sender
 from hetps.transport.codec import Message, dtype_str
@@ -173,11 +174,21 @@ class DistKVStore(Joining):
                 ]
 
     def request(
-        self, key: Any, priority: int, server_rank: int, msg: Message, callback=None, landing=None
+        self,
+        key: Any,
+        priority: int,
+        server_rank: int,
+        msg: Message,
+        callback=None,
+        landing=None,
+        own=None,
     ) -> Future:
         """Queue ``msg`` for server ``server_rank`` at ``priority``; the future gets the
         reply, after ``callback(reply)`` ran. ``key`` orders it behind earlier requests of
-        the same key's slice (None: no order)."""
+        the same key's slice (None: no order). A ``borrowed`` message is given its own
+        arrays by ``own()`` (default: copies) if it has to wait."""
+        if msg.borrowed and own is None:
+            own = partial(detach, msg)
         peer = self._server_ids[server_rank]
         msg.priority = priority
         if self.meter is not None and msg.cmd in (P.PUSH, P.PULL):
@@ -216,7 +227,7 @@ class DistKVStore(Joining):
             return fut
         if collect is not None and array_bytes(msg) <= self._batch_bytes:
             if msg.borrowed:  # a batch may leave after the call: small, so copied now
-                detach(msg)
+                own()
             collect.append((slice_key, server_rank, fut, msg))  # sent at the call's end
             return fut
 
@@ -232,8 +243,7 @@ class DistKVStore(Joining):
         # every part's rounds apart, so a part's pull needs only that part's push before it,
         # and the pulls of a big key's first slices go while its later slices are still being
         # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
-        own = (lambda: detach(msg)) if msg.borrowed else None
-        sender.submit(slice_key, priority, send, cost, detach=own)
+        sender.submit(slice_key, priority, send, cost, detach=own if msg.borrowed else None)
         return fut
 
     def _send_metrics(self, body: dict) -> None:
@@ -458,6 +468,7 @@ class DistKVStore(Joining):
             meta.residual = np.zeros(meta.size, dtype=np.float32)
         step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
         futs = []
+        lent = Borrowed(meta) if borrowed and comp is None else None
         if self.sync:
             meta.rounds += 1
         for p in meta.parts:
@@ -482,16 +493,16 @@ class DistKVStore(Joining):
                     body["comp"] = comp.threshold
                 else:
                     payload = flat[a:b]
+                msg = Message(P.PUSH, body=body, arrays=[payload], borrowed=lent is not None)
                 futs.append(
                     self.request(
                         k,
                         priority,
                         p.server,
-                        Message(
-                            P.PUSH, body=body, arrays=[payload], borrowed=borrowed and comp is None
-                        ),
+                        msg,
                         None if dest is None else land_into(k, dest, a, b, self._short),
                         None if dest is None else dest[a:b],
+                        None if lent is None else lent.owner(msg, a, b),
                     )
                 )
         return futs
