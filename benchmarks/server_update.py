@@ -14,7 +14,8 @@ For each case the key (float32, ``--elems`` values: 11.7M is resnet18's size) is
   ``addcmul_``, ``addcdiv_``, ``sqrt(out=)``), no checks, no temporaries, torch using the
   same number of threads;
 * whole-array NumPy: the code the optimizers ran before they worked chunk by chunk (one
-  thread, a temporary per step), for reference.
+  thread, a temporary per step), for reference; for a 2-bit push, decoding it into a new
+  array and adding that to the sum (against decoding it straight into the sum).
 
 The variants alternate round by round (A B C A B C ...), and the table gives each one's median
 and the ratio hetps / bare torch (under 1: hetps is faster). Timings on a shared machine are
@@ -134,6 +135,21 @@ def cases(n: int, torch):
             lambda: np.add(p1, p2, out=s),
         )
     )
+    # a 2-bit push added into the merge buffer: decoded straight into it, against decoding
+    # into a new array and adding that (the server's way before)
+    from hetps.kvstore.compression import TwoBitCompressor
+
+    two_bit = TwoBitCompressor(0.5)
+    words = two_bit.compress(g * 100, np.zeros(n, np.float32))
+    acc = np.zeros(n, np.float32)
+    out.append(
+        (
+            "2-bit push into the sum",
+            lambda: two_bit.decompress(words, n, out=acc, add=True),
+            None,
+            lambda: acc.__iadd__(two_bit.decompress(words, n)),
+        )
+    )
     return out
 
 
@@ -158,7 +174,8 @@ def main() -> None:
     )
     rows = []
     for name, ours, bare, whole in cases(args.elems, torch):
-        variants = [("hetps", ours), ("torch", bare)] + ([("numpy", whole)] if whole else [])
+        variants = [("hetps", ours)] + ([("torch", bare)] if bare else [])
+        variants += [("numpy", whole)] if whole else []
         times: dict[str, list[float]] = {v: [] for v, _ in variants}
         for r in range(args.warmup + args.rounds):
             for v, fn in variants:
@@ -167,14 +184,15 @@ def main() -> None:
                 dt = time.perf_counter() - t0
                 if r >= args.warmup:
                     times[v].append(dt * 1e3)
-        h, b = median(times["hetps"]), median(times["torch"])
+        h = median(times["hetps"])
+        b = median(times["torch"]) if bare else None
         w = median(times["numpy"]) if whole else None
         rows.append(
             [
                 name,
                 f"{h:.1f}",
-                f"{b:.1f}",
-                f"{h / b:.2f}",
+                "-" if b is None else f"{b:.1f}",
+                "-" if b is None else f"{h / b:.2f}",
                 "-" if w is None else f"{w:.1f}",
                 "-" if w is None else f"{w / h:.2f}",
             ]
