@@ -268,3 +268,18 @@ def test_a_forked_child_gets_threads_of_its_own():
             child.kill()
             child.join()
     assert child.exitcode == 0
+
+
+def test_sum_into_adds_in_order_in_one_pass():
+    rng = np.random.default_rng(11)
+    arrs = [rng.standard_normal(N).astype(np.float32) for _ in range(4)]
+    out = np.empty(N, np.float32)
+    kernels.sum_into(out, arrs)
+    assert out.tobytes() == (((arrs[0] + arrs[1]) + arrs[2]) + arrs[3]).tobytes()
+    kernels.sum_into(out, arrs[:1])
+    assert out.tobytes() == arrs[0].tobytes()
+    first = arrs[0].copy()
+    kernels.sum_into(first, [first, arrs[1]])  # out may be the first array
+    assert first.tobytes() == (arrs[0] + arrs[1]).tobytes()
+    with pytest.raises(ValueError, match="at least one array"):
+        kernels.sum_into(out, [])

@@ -122,3 +122,32 @@ def test_a_whole_part_2bit_push_then_others_sum_exactly():
         srv.handle(Message("push", sender=w, req=200 + i, body=body, arrays=[words[w]]))
     dec = [comp.decompress(words[w], N) for w in WORKERS]
     assert srv.slices[("w", 0)].value.tobytes() == ((dec[0] + dec[1]) + dec[2]).tobytes()
+
+
+def test_a_chunk_is_held_until_its_last_push_then_summed_in_one_pass(monkeypatch):
+    """Received (not ring-borne) chunks wait as they are until the last worker's push of the
+    same chunk; then one pass writes their sum (nothing of the chunk is written before)."""
+    srv, node = _server()
+    grads = _grads(3)
+    sums = []
+    real = kernels.sum_into
+
+    def spy(out, arrays):
+        sums.append(len(arrays))
+        return real(out, arrays)
+
+    monkeypatch.setattr(kernels, "sum_into", spy)
+    sl = srv.slices[("w", 0)]
+    _push(srv, 9, 0, grads[9][:CE], 100)
+    _push(srv, 11, 0, grads[11][:CE], 101)
+    assert len(sl.pending[0]) == 2 and 0 not in sl.written and sums == []
+    _push(srv, 13, 0, grads[13][:CE], 102)
+    assert sums == [3] and 0 in sl.written and 0 not in sl.pending
+    assert sl.merge[:CE].tobytes() == ((grads[9][:CE] + grads[11][:CE]) + grads[13][:CE]).tobytes()
+    req = iter(range(200, 1000))
+    for off in range(CE, N, CE):
+        for w in WORKERS:
+            _push(srv, w, off, grads[w][off : off + CE], next(req))
+    expect = (grads[9] + grads[11]) + grads[13]
+    assert sl.value.tobytes() == expect.tobytes() and not sl.pending
+    assert not [b for _, _, b in node.replies if b and "error" in b]

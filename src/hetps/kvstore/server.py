@@ -460,27 +460,14 @@ class KVServer(Copies, ElasticRounds):
                 buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
                 sl.merge = buf if buf is not None else np.empty(sl.value.size, sl.value.dtype)
                 sl.spare = None
-                sl.written = set()
+                sl.written, sl.pending = set(), {}
                 sl.chunk = ce
             elif ce != sl.chunk:
                 raise BadRequest(
                     f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
                     f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
                 )
-            if off in sl.written and not sl.merge.flags.writeable:
-                buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
-                sl.spare = None
-                if buf is None:
-                    buf = np.empty(sl.value.size, sl.value.dtype)
-                if comp is not None:  # the first push (the message's array) + this one
-                    np.copyto(buf, sl.merge)
-                    put(buf, data, comp, add=True)
-                else:
-                    kernels.add_into(buf, sl.merge, data)
-                sl.merge = buf
-            else:
-                put(sl.merge[off : off + n], data, comp, add=off in sl.written)
-                sl.written.add(off)
+            self._merge_chunk(sl, msg, data, comp, off, n)
             sl.got[worker] = sl.got.get(worker, 0) + n
             sl.seen.setdefault(worker, set()).add(off)
             msg.arrays = []  # merged: the ack needs only who and which request
@@ -507,6 +494,34 @@ class KVServer(Copies, ElasticRounds):
         else:
             sl.partial[worker] = (buf, count, msgs)
 
+    def _merge_chunk(
+        self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int
+    ) -> None:
+        """Add a push's chunk to the round's sum, in arrival order. A received chunk that is
+        not the last of its offset is held as it is; the last one (or one that must be read
+        now: ring memory, 2-bit words) is summed with what is held and what is merged in one
+        pass on the kernel threads, each byte of the sum written once."""
+        held = sl.pending.pop(off, [])
+        others = sum(1 for s in sl.seen.values() if off in s)
+        if others + 1 < self.num_workers and msg.lease is None and comp is None:
+            held.append(data)
+            sl.pending[off] = held
+            return
+        srcs = ([sl.merge[off : off + n]] if off in sl.written else []) + held
+        if sl.merge.flags.writeable:
+            dst = sl.merge[off : off + n]
+        else:  # the round's first push of the whole part, kept as received: sum elsewhere
+            buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
+            sl.spare = None
+            dst = sl.merge = buf if buf is not None else np.empty(sl.value.size, sl.value.dtype)
+        if comp is not None:  # decoded straight into the sum, after what came before it
+            if srcs:
+                kernels.sum_into(dst, srcs)
+            put(dst, data, comp, add=bool(srcs))
+        else:
+            kernels.sum_into(dst, [*srcs, data])
+        sl.written.add(off)
+
     def _uneven(self, sl: Slice) -> str:
         who = ", ".join(self.done_workers.values())
         return (
@@ -525,7 +540,7 @@ class KVServer(Copies, ElasticRounds):
                 for m in sl.acks + sl.deferred + sl.backlog:
                     self.answers.reply(m, {"error": text})
                 sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
-                sl.seen = {}
+                sl.seen, sl.pending = {}, {}
 
     def _apply(self, sl: Slice, grad: np.ndarray, worker: int) -> None:
         assert self.optimizer is not None
@@ -552,7 +567,7 @@ class KVServer(Copies, ElasticRounds):
             sl.spare = merged if merged.flags.writeable else None
         sl.merge = None
         sl.got = {}
-        sl.seen = {}
+        sl.seen, sl.pending = {}, {}
         sl.rounds += 1
         self.rounds += 1
         acks, deferred, backlog = sl.acks, sl.deferred, sl.backlog

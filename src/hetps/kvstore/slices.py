@@ -29,6 +29,9 @@ class Slice:
     merge: np.ndarray | None = None
     spare: np.ndarray | None = None  # a buffer to merge the next round into
     written: set[int] = field(default_factory=set)  # chunk offsets merged this round
+    # chunk offset -> this round's pushes of it held as received (not ring memory), summed
+    # with the chunk's last push in one pass (each byte of the sum written once)
+    pending: dict[int, list[np.ndarray]] = field(default_factory=dict)
     chunk: Any = None  # chunk size of this round's pushes (all workers must agree)
     got: dict[int, int] = field(default_factory=dict)  # worker -> elements pushed this round
     seen: dict[int, set[int]] = field(default_factory=dict)  # worker -> chunk offsets this round

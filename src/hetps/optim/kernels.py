@@ -33,6 +33,7 @@ __all__ = [
     "rescaled",
     "run",
     "set_threads",
+    "sum_into",
     "threads",
 ]
 
@@ -223,4 +224,24 @@ def add_into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``out = a + b`` element-wise (``out`` may be ``a``), chunked on the threads; returns
     ``out``. The arrays are 1-D of one size and dtype (as the server's merge buffers are)."""
     run(_add_body, [out, a, b])
+    return out
+
+
+def _sum_body(views: list, scratch: list) -> None:
+    out, first, *rest = views
+    if not rest:
+        np.copyto(out, first)
+        return
+    np.add(first, rest[0], out=out)
+    for r in rest[1:]:
+        np.add(out, r, out=out)
+
+
+def sum_into(out: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``out = ((a0 + a1) + a2) + ...`` element-wise in one pass over memory (each chunk
+    summed in the cache), on the threads; ``out`` may be ``a0``. The same sums, in the same
+    order, as adding the arrays one after the other. Returns ``out``."""
+    if not arrays:
+        raise ValueError("sum_into needs at least one array")
+    run(_sum_body, [out, *arrays])
     return out
