@@ -168,6 +168,11 @@ def run(
         if a.size != size:
             raise ValueError(f"arrays of {size} and {a.size} elements cannot run together")
     dtype = np.dtype(dtype)
+    if size <= CHUNK:  # one chunk: the arrays as they are (any layout), no slicing
+        shape = present[0].shape
+        whole = [b[:size].reshape(shape) for b in _scratch(scratch, dtype)]
+        body(list(arrays), whole, 0) if offset else body(list(arrays), whole)
+        return
     if not all(a.flags.c_contiguous for a in present):
         shape = present[0].shape
         whole = [np.empty(shape, dtype) for _ in range(scratch)]
