@@ -124,9 +124,10 @@ def test_a_whole_part_2bit_push_then_others_sum_exactly():
     assert srv.slices[("w", 0)].value.tobytes() == ((dec[0] + dec[1]) + dec[2]).tobytes()
 
 
-def test_a_chunk_is_held_until_its_last_push_then_summed_in_one_pass(monkeypatch):
-    """Received (not ring-borne) chunks wait as they are until the last worker's push of the
-    same chunk; then one pass writes their sum (nothing of the chunk is written before)."""
+def test_a_chunks_first_push_is_held_and_summed_with_the_next_in_one_pass(monkeypatch):
+    """A received (not ring-borne) chunk's first push waits as it is; the second is summed
+    with it in one pass (nothing of the chunk is written before), the third added to that;
+    never more than one push of a chunk is held."""
     srv, node = _server()
     grads = _grads(3)
     sums = []
@@ -139,10 +140,11 @@ def test_a_chunk_is_held_until_its_last_push_then_summed_in_one_pass(monkeypatch
     monkeypatch.setattr(kernels, "sum_into", spy)
     sl = srv.slices[("w", 0)]
     _push(srv, 9, 0, grads[9][:CE], 100)
+    assert len(sl.pending[0]) == 1 and 0 not in sl.written and sums == []
     _push(srv, 11, 0, grads[11][:CE], 101)
-    assert len(sl.pending[0]) == 2 and 0 not in sl.written and sums == []
+    assert sums == [2] and 0 in sl.written and 0 not in sl.pending
     _push(srv, 13, 0, grads[13][:CE], 102)
-    assert sums == [3] and 0 in sl.written and 0 not in sl.pending
+    assert sums == [2, 2] and not sl.pending
     assert sl.merge[:CE].tobytes() == ((grads[9][:CE] + grads[11][:CE]) + grads[13][:CE]).tobytes()
     req = iter(range(200, 1000))
     for off in range(CE, N, CE):

@@ -497,13 +497,21 @@ class KVServer(Copies, ElasticRounds):
     def _merge_chunk(
         self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int
     ) -> None:
-        """Add a push's chunk to the round's sum, in arrival order. A received chunk that is
-        not the last of its offset is held as it is; the last one (or one that must be read
-        now: ring memory, 2-bit words) is summed with what is held and what is merged in one
-        pass on the kernel threads, each byte of the sum written once."""
+        """Add a push's chunk to the round's sum, in arrival order. The first push of a chunk
+        (received, not the last of its offset) is held as it is, and the next one is summed
+        with it in one pass (not copied in, then added to); later ones are added. At most
+        one push per chunk is held, so a server never keeps more than one extra copy of a
+        part however many workers push it. A chunk that must be read now (ring memory,
+        2-bit words) is summed at once. Sums run on the kernel threads."""
         held = sl.pending.pop(off, [])
         others = sum(1 for s in sl.seen.values() if off in s)
-        if others + 1 < self.num_workers and msg.lease is None and comp is None:
+        if (
+            not held
+            and off not in sl.written
+            and others + 1 < self.num_workers
+            and msg.lease is None
+            and comp is None
+        ):
             held.append(data)
             sl.pending[off] = held
             return
