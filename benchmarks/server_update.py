@@ -2,6 +2,7 @@
 """A server's optimizer step and merge on one big key, against bare in-place torch, in one run.
 
     .venv/bin/python benchmarks/server_update.py [--elems 11700000] [--rounds 15] [--threads N]
+        [--quick]
 
 For each case the key (float32, ``--elems`` values: 11.7M is resnet18's size) is updated
 ``--rounds`` times by:
@@ -158,10 +159,13 @@ def main() -> None:
     ap.add_argument("--elems", type=int, default=11_700_000, help="float32 values in the key")
     ap.add_argument("--rounds", type=int, default=15, help="timed steps per variant")
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="1M values, 3 rounds (CI)")
     ap.add_argument(
         "--threads", type=int, default=0, help="threads for both (0: the usable cores, at most 4)"
     )
     args = ap.parse_args()
+    if args.quick:
+        args.elems, args.rounds, args.warmup = 1_000_000, 3, 1
     import torch
 
     n_threads = kernels.set_threads(args.threads)
