@@ -339,6 +339,11 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "wire chunk size: big arrays travel in pipelined chunks of at most this, so "
                 "no buffer grows with the array",
                 field="chunk_bytes", minimum=4096, unit="bytes"),
+            Var("HETPS_SERVER_THREADS", "int", 0,
+                "threads a server sums big pushes and runs the built-in optimizers on (in "
+                "cache-sized chunks, the handling thread included; the arithmetic is the same "
+                "on any number); 0: the cores the process may use, at most 4",
+                field="server_threads", minimum=0),
             Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31, "the largest message a node accepts",
                 field="max_message_bytes", minimum=1024, unit="bytes"),
             Var("HETPS_SHM_BYTES", "int", 32 << 20,

@@ -16,23 +16,33 @@ SMALL_PARTS = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
     [
         (3000, SMALL_PARTS),  # frames ZeroMQ copies
         (4_000_000, {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_SHM_BYTES": "0"}),  # zero-copy frames
+        (4_000_000, {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "3000000"}),  # rings
     ],
-    ids=["small", "zero-copy"],
+    ids=["small", "zero-copy", "rings"],
 )
 def test_push_returns_before_its_round_and_captures_the_values(cluster, n, env):
     """Rank 0 pushes while rank 1 has not: the push returns, not done, and rank 0 then
     overwrites its array. The round (released when rank 1 pushes, after a node barrier that
-    rank 0 reaches only after the overwrite) sums the values as they were when pushed."""
+    rank 0 reaches only after the overwrite) sums the values as they were when pushed.
+    Through open shared-memory rings the push copies the values into the rings as it sends
+    them (no staging copy, the chunks of 3 MB ring-borne, the last short one copied by
+    ZeroMQ); over TCP it captures them first."""
+    rings = n * 4 >= 2 << 20 and "HETPS_SHM_BYTES" not in env  # (2 MiB: the ring bound)
     code = f"""
 from hetps.kvstore.base import Handle
 kv = hetps.kv.create('dist_sync')
 r, W = kv.rank, kv.num_workers
 n = {n}
 kv.init('w', np.zeros(n, np.float32))
+kv.push('w', np.zeros(n, np.float32))   # a round first: the rings to the servers open
+kv.pull('w')
+kv.barrier()
 grad = np.full(n, r + 1, np.float32)
 if r == 0:
+    captures = kv.meta['w'].captures
     h = kv.push('w', grad)
     assert isinstance(h, Handle) and not h.done(), 'push waited for the round'
+    assert kv.meta['w'].captures == captures + {0 if rings else 1}, 'staging copies'
     grad[:] = 1000                      # after push returned: must not be what is sent
     kv.node.barrier('worker')           # only now does rank 1 push
 else:

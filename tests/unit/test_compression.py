@@ -303,3 +303,37 @@ def test_parse_compression_params_errors(params, exc, needle):
     with pytest.raises(exc) as info:
         parse_compression_params(params)
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_decompress_into_an_array_or_adding_to_it_is_bit_for_bit_a_new_array(dtype):
+    from hetps.optim import kernels
+
+    kernels.set_threads(2)
+    try:
+        c = TwoBitCompressor(0.5)
+        rng = np.random.default_rng(5)
+        # sizes around the 16-value words and the kernel's chunks and threads
+        for n in (0, 1, 15, 17, 1000, kernels.MIN_PARALLEL + 3 * kernels.CHUNK + 5):
+            packed = c.compress(rng.standard_normal(n).astype(np.float32), np.zeros(n, np.float32))
+            ref = c.decompress(packed, n, dtype)
+            out = np.full(n, 7, dtype)
+            assert c.decompress(packed, n, dtype, out=out) is out
+            assert out.tobytes() == ref.tobytes()
+            base = rng.standard_normal(n).astype(dtype)
+            expect = base + ref
+            c.decompress(packed, n, dtype, out=base, add=True)
+            assert base.tobytes() == expect.tobytes()
+    finally:
+        kernels.set_threads(0)
+
+
+def test_decompress_out_must_fit():
+    c = TwoBitCompressor(0.5)
+    packed = c.compress(np.ones(32, np.float32), np.zeros(32, np.float32))
+    with pytest.raises(ValueError, match="out must be a writeable contiguous 1-D array of 32"):
+        c.decompress(packed, 32, out=np.zeros(31, np.float32))
+    with pytest.raises(ValueError, match="out must be"):
+        c.decompress(packed, 32, out=np.zeros(32, np.float64))
+    with pytest.raises(ValueError, match="needs the array to add to"):
+        c.decompress(packed, 32, add=True)

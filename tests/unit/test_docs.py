@@ -50,7 +50,12 @@ def code_spans(text: str) -> list[str]:
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
-        if fenced or (line.startswith("    ") and not line.lstrip().startswith(("-", "|"))):
+        continued = bool(block) and block[-1].endswith("\\") and line.startswith("    ")
+        if (
+            fenced
+            or continued
+            or (line.startswith("    ") and not line.lstrip().startswith(("-", "|")))
+        ):
             block.append(line.strip())
         else:
             prose.append(line)

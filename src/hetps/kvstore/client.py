@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,7 @@ from hetps.kvstore.base import (
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
 from hetps.kvstore.devices import on_device
 from hetps.kvstore.joining import Joining
-from hetps.kvstore.keys import KeyMeta, fill_targets, land_into
+from hetps.kvstore.keys import Borrowed, KeyMeta, detach, fill_targets, land_into
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
 from hetps.kvstore.sender import Sender
 from hetps.kvstore.sparse import SparseKeys, is_table
@@ -178,11 +179,21 @@ class DistKVStore(Joining, SparseKeys):
                 ]
 
     def request(
-        self, key: Any, priority: int, server_rank: int, msg: Message, callback=None, landing=None
+        self,
+        key: Any,
+        priority: int,
+        server_rank: int,
+        msg: Message,
+        callback=None,
+        landing=None,
+        own=None,
     ) -> Future:
         """Queue ``msg`` for server ``server_rank`` at ``priority``; the future gets the
         reply, after ``callback(reply)`` ran. ``key`` orders it behind earlier requests of
-        the same key's slice (None: no order)."""
+        the same key's slice (None: no order). A ``borrowed`` message is given its own
+        arrays by ``own()`` (default: copies) if it has to wait."""
+        if msg.borrowed and own is None:
+            own = partial(detach, msg)
         peer = self._server_ids[server_rank]
         msg.priority = priority
         if self.meter is not None and msg.cmd in (P.PUSH, P.PULL):
@@ -220,6 +231,8 @@ class DistKVStore(Joining, SparseKeys):
         if fut.done():
             return fut
         if collect is not None and array_bytes(msg) <= self._batch_bytes:
+            if msg.borrowed:  # a batch may leave after the call: small, so copied now
+                own()
             collect.append((slice_key, server_rank, fut, msg))  # sent at the call's end
             return fut
 
@@ -235,7 +248,7 @@ class DistKVStore(Joining, SparseKeys):
         # every part's rounds apart, so a part's pull needs only that part's push before it,
         # and the pulls of a big key's first slices go while its later slices are still being
         # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
-        sender.submit(slice_key, priority, send, cost)
+        sender.submit(slice_key, priority, send, cost, detach=own if msg.borrowed else None)
         return fut
 
     def _send_metrics(self, body: dict) -> None:
@@ -414,11 +427,15 @@ class DistKVStore(Joining, SparseKeys):
                 self._check(k, meta, arr, "push")
                 if self.sync:
                     self._round_credit(meta)
-                # (compression makes its own copy)
+                borrowed = False
+                # (compression makes its own copy; a device tensor's staging buffer is the
+                # push's own until it is answered)
                 if not block and self.compressor is None and not staged:
-                    arr = meta.capture(arr)
+                    borrowed = self._through_rings(meta)
+                    if not borrowed:
+                        arr = meta.capture(arr)
                 dest = meta.prefetch_into() if self._prefetch else None
-                pushed = self._push_one(k, meta, arr, priority, dest)
+                pushed = self._push_one(k, meta, arr, priority, dest, borrowed)
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
                 if self.sync:
@@ -428,6 +445,20 @@ class DistKVStore(Joining, SparseKeys):
                 futs += pushed
         settle(futs)
         return self._finish_call(futs, block, "push")
+
+    def _through_rings(self, meta: KeyMeta) -> bool:
+        """Whether a push of ``meta``'s key may send the caller's array itself instead of a
+        captured copy: every part goes to a server through an open shared-memory ring, whose
+        send copies the values into the ring before the push returns (a request that waits
+        in the send queue instead takes a copy of its own as it is queued: see
+        :meth:`request`). Not when requests are kept to be sent again (replicas) or timed
+        (network-aware balancing)."""
+        if self.agent is not None or self.node.replicas > 1:
+            return False
+        if meta.size * meta.dtype.itemsize < self.node.van.ring_min:
+            return False
+        van, route = self.node.van, self.node.route
+        return all(van.ring_open(route(self._server_ids[p.server])) for p in meta.parts)
 
     def _round_credit(self, meta: KeyMeta) -> None:
         """dist_sync: a worker may be ``HETPS_ROUNDS_AHEAD`` rounds of a key ahead of the
@@ -448,15 +479,18 @@ class DistKVStore(Joining, SparseKeys):
         arr: np.ndarray,
         priority: int,
         dest: np.ndarray | None = None,
+        borrowed: bool = False,
     ) -> list[Future]:
         """Requests pushing ``arr``; with ``dest`` (flat, writable) each is a fused push-pull:
-        its answer carries the key's value for that range once the push took effect."""
+        its answer carries the key's value for that range once the push took effect.
+        ``borrowed``: ``arr`` is the caller's, read only while the push call runs."""
         flat = np.ascontiguousarray(arr).reshape(-1)
         comp = self.compressor
         if comp is not None and meta.residual is None:
             meta.residual = np.zeros(meta.size, dtype=np.float32)
         step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
         futs = []
+        lent = Borrowed(meta) if borrowed and comp is None else None
         if self.sync:
             meta.rounds += 1
         for p in meta.parts:
@@ -481,14 +515,16 @@ class DistKVStore(Joining, SparseKeys):
                     body["comp"] = comp.threshold
                 else:
                     payload = flat[a:b]
+                msg = Message(P.PUSH, body=body, arrays=[payload], borrowed=lent is not None)
                 futs.append(
                     self.request(
                         k,
                         priority,
                         p.server,
-                        Message(P.PUSH, body=body, arrays=[payload]),
+                        msg,
                         None if dest is None else land_into(k, dest, a, b, self._short),
                         None if dest is None else dest[a:b],
+                        None if lent is None else lent.owner(msg, a, b),
                     )
                 )
         return futs

@@ -19,7 +19,8 @@ bits 14-15, and so on. The code ``01`` is never produced and decodes to 0, as in
 
 All arithmetic on the residual is float32, as in MXNet (whose kernels take ``float*``).
 
-This module imports only NumPy and the standard library.
+This module imports NumPy, the standard library and :mod:`hetps.optim.kernels` (the
+threaded chunks of an in-place decode).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from hetps.optim import kernels
 
 __all__ = ["TwoBitCompressor", "parse_compression_params"]
 
@@ -159,7 +162,15 @@ class TwoBitCompressor:
             residual[...] = res.reshape(residual.shape)
         return out.view("<u4").astype(np.uint32, copy=False)
 
-    def decompress(self, packed: np.ndarray, n: int, dtype: Any = np.float32) -> np.ndarray:
+    def decompress(
+        self,
+        packed: np.ndarray,
+        n: int,
+        dtype: Any = np.float32,
+        *,
+        out: np.ndarray | None = None,
+        add: bool = False,
+    ) -> np.ndarray:
         """Decode the first ``n`` values of ``packed`` into a flat array of ``dtype``.
 
         Args:
@@ -168,9 +179,14 @@ class TwoBitCompressor:
             n: number of values to decode.
             dtype: float dtype of the result; values are ``-t``, ``0`` or ``+t`` with ``t``
                 the float32 threshold converted to ``dtype``.
+            out: decode into this contiguous 1-D array of ``n`` values of ``dtype`` (no new
+                array; chunk by chunk on the kernel threads, see :mod:`hetps.optim.kernels`)
+                instead of a new one.
+            add: with ``out``: add the decoded values to ``out`` (``out += decoded``, the
+                same sums as adding a decoded array) instead of overwriting it.
 
         Returns:
-            A new 1-D array of ``n`` elements.
+            A new 1-D array of ``n`` elements, or ``out``.
         """
         packed = np.asarray(packed)
         if packed.dtype != np.uint32:
@@ -187,12 +203,50 @@ class TwoBitCompressor:
                 f"{packed.size} packed words cannot hold {n} values (need {words} = ceil(n/16))"
             )
         raw = packed.reshape(-1)[:words].astype("<u4", copy=False).view(np.uint8)
-        # One gather through a 256-entry table: byte value -> its 4 decoded values.
-        t = self._t32.astype(dtype)
-        by_code = np.array([0, 0, -t, t], dtype=dtype)
-        byte_codes = (np.arange(256, dtype=np.uint8)[:, None] >> _PAIR_SHIFTS) & np.uint8(0b11)
-        table = by_code[byte_codes]  # shape (256, 4)
-        return np.take(table, raw, axis=0).reshape(-1)[:n]
+        table = self._table(dtype)  # byte value -> its 4 decoded values, shape (256, 4)
+        if out is None:
+            if add:
+                raise ValueError("decompress(add=True) needs the array to add to (out=)")
+            return np.take(table, raw, axis=0).reshape(-1)[:n]
+        if (
+            not isinstance(out, np.ndarray)
+            or out.dtype != dtype
+            or out.size != n
+            or out.ndim != 1
+            or not out.flags.c_contiguous
+            or not out.flags.writeable
+        ):
+            raise ValueError(
+                f"out must be a writeable contiguous 1-D array of {n} {dtype} values, got "
+                f"{getattr(out, 'shape', None)} {getattr(out, 'dtype', type(out).__name__)}"
+            )
+        # a chunk starts at a multiple of 16 values (CHUNK is): value i is in byte i // 4
+        nbytes = -(-n // 4)
+
+        def body(views: list, scratch: list, start: int) -> None:
+            (dst,) = views
+            m = dst.size
+            src = raw[start // 4 : min(nbytes, -(-(start + m) // 4))]
+            dec = scratch[0] if src.size * 4 == m else np.empty(src.size * 4, dtype)
+            np.take(table, src, axis=0, out=dec.reshape(-1, 4), mode="clip")
+            if add:
+                np.add(dst, dec[:m], out=dst)
+            else:
+                np.copyto(dst, dec[:m])
+
+        kernels.run(body, [out], scratch=1, dtype=dtype, offset=True)
+        return out
+
+    def _table(self, dtype: np.dtype) -> np.ndarray:
+        """The (256, 4) decode table for ``dtype`` (built once per dtype)."""
+        tables = self.__dict__.setdefault("_tables", {})
+        table = tables.get(dtype)
+        if table is None:
+            t = self._t32.astype(dtype)
+            by_code = np.array([0, 0, -t, t], dtype=dtype)
+            byte_codes = (np.arange(256, dtype=np.uint8)[:, None] >> _PAIR_SHIFTS) & np.uint8(3)
+            table = tables[dtype] = by_code[byte_codes]
+        return table
 
     def __repr__(self) -> str:
         return f"TwoBitCompressor(threshold={self.threshold!r})"

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from hetps.kvstore.slices import BadRequest, Slice
+from hetps.optim import kernels
 from hetps.transport.codec import Message
 
 
@@ -79,7 +80,8 @@ class ElasticRounds:
         for w in sorted(sl.held):
             for off, arr in sl.held[w]:
                 if off in written:
-                    buf[off : off + arr.size] += arr
+                    view = buf[off : off + arr.size]
+                    kernels.add_into(view, view, arr)
                 else:
                     buf[off : off + arr.size] = arr
                     written.add(off)

@@ -40,19 +40,27 @@ class KeyMeta:
     # (HETPS_ROUNDS_AHEAD of them at most; a further push waits for the oldest)
     recent: deque[tuple[int, list[Future]]] = field(default_factory=deque)
     rounds: int = 0  # pushes of this key since its init (dist_sync: its rounds)
+    captures: int = 0  # pushes whose values were copied into a staging buffer (a statistic)
     #: number of elements (from ``shape``, once: every push asks for it)
     size: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.size = math.prod(self.shape)
 
-    def capture(self, arr: np.ndarray) -> np.ndarray:
-        """A copy of ``arr`` that stays as it is until its push is sent: the key's staging
-        buffer when its last push was answered, else a new one (which becomes the buffer)."""
+    def free_stage(self) -> np.ndarray:
+        """The staging buffer a new push may fill: the key's when its last push was
+        answered, else a new one (which becomes the key's)."""
         stage = self.stage
         if stage is None or not all(f.done() for f in self.pushed):
             stage = self.stage = np.empty(self.shape, self.dtype)
+        return stage
+
+    def capture(self, arr: np.ndarray) -> np.ndarray:
+        """A copy of ``arr`` that stays as it is until its push is sent: the key's staging
+        buffer when its last push was answered, else a new one (which becomes the buffer)."""
+        stage = self.free_stage()
         np.copyto(stage, arr.reshape(self.shape))
+        self.captures += 1
         return stage
 
     def prefetch_into(self) -> np.ndarray | None:
@@ -122,3 +130,35 @@ def fill_targets(meta: KeyMeta, dest: np.ndarray, targets: list[np.ndarray], dir
             t[...] = first
 
     return finish
+
+
+class Borrowed:
+    """The chunks of one push that send the caller's array (``Message.borrowed``, see
+    ``KVStore._through_rings``): a chunk that must wait (queued behind other requests, or
+    collected into a batch) is copied into the key's staging buffer as it starts to wait,
+    the buffer taken once for the push."""
+
+    def __init__(self, meta: KeyMeta) -> None:
+        self.meta = meta
+        self.stage: np.ndarray | None = None
+
+    def owner(self, msg: Message, a: int, b: int):
+        """What gives ``msg`` (the values ``[a, b)`` of the key) a copy of its own."""
+
+        def own() -> None:
+            if self.stage is None:
+                self.stage = self.meta.free_stage().reshape(-1)
+            dst = self.stage[a:b]
+            np.copyto(dst, msg.arrays[0].reshape(-1))
+            msg.arrays = [dst]
+            msg.borrowed = False
+
+        return own
+
+
+def detach(msg: Message) -> None:
+    """Give a request that reads the caller's memory (``borrowed``: a push that did not
+    capture its values, see ``KVStore._through_rings``) copies of its own, before it is
+    kept past the push call (queued, or collected into a batch)."""
+    msg.arrays = [a.copy() for a in msg.arrays]
+    msg.borrowed = False

@@ -12,6 +12,7 @@ from hetps.cluster.scheduler import Scheduler
 from hetps.cluster.state_server import EsyncService
 from hetps.config import NodeConfig
 from hetps.kvstore.server import KVServer
+from hetps.optim import kernels
 from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.roles")
@@ -108,6 +109,7 @@ def server_meter(node: Node, server: KVServer):
 def run_server(cfg: NodeConfig) -> int:
     """Be a KVStore server until the scheduler says the job is over; returns the exit code."""
     node = Node(cfg)
+    kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
     server = KVServer(node)
     node.handler = server.handle
     node.van.borrow = KVServer.BORROWS  # pushes are merged straight out of the ring

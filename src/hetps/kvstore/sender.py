@@ -89,6 +89,7 @@ class Sender:
         keys: list | None = None,
         merge: Any = None,
         inline: bool = True,
+        detach: Any = None,
     ) -> None:
         """Send ``send()`` for ``key`` (or for each of ``keys``) at ``priority`` (higher
         first): at once from the calling thread when nothing waits or is being sent (no
@@ -96,7 +97,9 @@ class Sender:
         for credit too. ``merge`` (server, [(future, message), ...]): the requests it sends,
         which may go in one message with other waiting requests to that server. With
         ``inline=False`` the sender thread sends it even when nothing waits, so the caller
-        returns at once and what it queues next to that server may join it."""
+        returns at once and what it queues next to that server may join it. ``detach()`` is
+        called before the op is queued (not when it is sent at once): a request that reads
+        the caller's memory takes its own copy then, as it will be sent after the call."""
         cost = cost if self.window > 0 else 0
         ks = tuple(dict.fromkeys(keys)) if keys is not None else (key,)
         if self.window > 0 or self.send_batch is None:
@@ -114,6 +117,8 @@ class Sender:
                 inline = True
             else:
                 inline = False
+                if detach is not None:
+                    detach()
                 prio = -priority
                 for k in ks:
                     last = self._last_prio.get(k)

@@ -34,8 +34,9 @@ from hetps.kvstore.answers import Answers
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.elastic_rounds import ElasticRounds
 from hetps.kvstore.replicas import Copies, _Copy
-from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
+from hetps.kvstore.slices import BadRequest, Slice, put, short, slice_key
 from hetps.kvstore.tables import Tables
+from hetps.optim import kernels
 from hetps.transport.codec import WIRE_DTYPES, Message, dtype_str
 
 log = logging.getLogger("hetps.server")
@@ -240,7 +241,9 @@ class KVServer(Copies, ElasticRounds):
         role_of = getattr(self.node, "role_of", None)
         return role_of is not None and role_of(msg.sender) == "worker"
 
-    def _data(self, msg: Message, sl: Slice, n: int) -> np.ndarray:
+    def _data(self, msg: Message, sl: Slice, n: int, packed: bool = False) -> np.ndarray:
+        """The push's values, checked; a 2-bit push decoded (``packed``: its checked words,
+        which :func:`~hetps.kvstore.slices.put` decodes straight into the merge buffer)."""
         if len(msg.arrays) != 1:
             raise BadRequest(
                 f"{msg.cmd} of key {sl.key!r}: expected one array, got {len(msg.arrays)}"
@@ -260,6 +263,8 @@ class KVServer(Copies, ElasticRounds):
                     f"push of key {sl.key!r}: 2-bit payload must be {words} uint32 words for "
                     f"{n} values, got {data.size} {data.dtype}"
                 )
+            if packed:
+                return data
             return TwoBitCompressor(float(threshold)).decompress(data, n, sl.value.dtype)
         if data.dtype != sl.value.dtype or data.size != n:
             raise BadRequest(
@@ -420,7 +425,9 @@ class KVServer(Copies, ElasticRounds):
             self._payload_fits(msg, sl, n)  # kept only if it fits its part
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
             return
-        data = self._data(msg, sl, n)
+        packed = sync and not self._elastic  # a 2-bit push is decoded into the merge buffer
+        data = self._data(msg, sl, n, packed=packed)
+        comp = msg.body.get("comp") if packed else None
         ce = msg.body.get("ce")
         if not isinstance(ce, int) or isinstance(ce, bool) or ce <= 0:
             raise BadRequest(f"push of key {key!r}: field 'ce' (chunk elements) must be > 0")
@@ -438,6 +445,8 @@ class KVServer(Copies, ElasticRounds):
                 self._hold(msg, sl, worker, data, off, n, ce)
                 return
             if sl.merge is None and off == 0 and n == sl.value.size and msg.lease is None:
+                if comp is not None:
+                    data = TwoBitCompressor(float(comp)).decompress(data, n, sl.value.dtype)
                 # the round's first push of the whole part: keep the received array itself
                 # (read-only, over the message's frame) instead of copying it; a second
                 # worker's push is added into a buffer of our own. Not when it is lent ring
@@ -456,22 +465,14 @@ class KVServer(Copies, ElasticRounds):
                 buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
                 sl.merge = buf if buf is not None else np.empty(sl.value.size, sl.value.dtype)
                 sl.spare = None
-                sl.written = set()
+                sl.written, sl.pending = set(), {}
                 sl.chunk = ce
             elif ce != sl.chunk:
                 raise BadRequest(
                     f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
                     f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
                 )
-            if off in sl.written and not sl.merge.flags.writeable:
-                buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
-                sl.spare = None
-                sl.merge = np.add(sl.merge, data, out=buf)
-            elif off in sl.written:
-                sl.merge[off : off + n] += data
-            else:
-                sl.merge[off : off + n] = data
-                sl.written.add(off)
+            self._merge_chunk(sl, msg, data, comp, off, n)
             sl.got[worker] = sl.got.get(worker, 0) + n
             sl.seen.setdefault(worker, set()).add(off)
             msg.arrays = []  # merged: the ack needs only who and which request
@@ -498,6 +499,42 @@ class KVServer(Copies, ElasticRounds):
         else:
             sl.partial[worker] = (buf, count, msgs)
 
+    def _merge_chunk(
+        self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int
+    ) -> None:
+        """Add a push's chunk to the round's sum, in arrival order. The first push of a chunk
+        (received, not the last of its offset) is held as it is, and the next one is summed
+        with it in one pass (not copied in, then added to); later ones are added. At most
+        one push per chunk is held, so a server never keeps more than one extra copy of a
+        part however many workers push it. A chunk that must be read now (ring memory,
+        2-bit words) is summed at once. Sums run on the kernel threads."""
+        held = sl.pending.pop(off, [])
+        others = sum(1 for s in sl.seen.values() if off in s)
+        if (
+            not held
+            and off not in sl.written
+            and others + 1 < self.num_workers
+            and msg.lease is None
+            and comp is None
+        ):
+            held.append(data)
+            sl.pending[off] = held
+            return
+        srcs = ([sl.merge[off : off + n]] if off in sl.written else []) + held
+        if sl.merge.flags.writeable:
+            dst = sl.merge[off : off + n]
+        else:  # the round's first push of the whole part, kept as received: sum elsewhere
+            buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
+            sl.spare = None
+            dst = sl.merge = buf if buf is not None else np.empty(sl.value.size, sl.value.dtype)
+        if comp is not None:  # decoded straight into the sum, after what came before it
+            if srcs:
+                kernels.sum_into(dst, srcs)
+            put(dst, data, comp, add=bool(srcs))
+        else:
+            kernels.sum_into(dst, [*srcs, data])
+        sl.written.add(off)
+
     def _uneven(self, sl: Slice) -> str:
         who = ", ".join(self.done_workers.values())
         return (
@@ -517,7 +554,7 @@ class KVServer(Copies, ElasticRounds):
                 for m in sl.acks + sl.deferred + sl.backlog:
                     self.answers.reply(m, {"error": text})
                 sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
-                sl.seen = {}
+                sl.seen, sl.pending = {}, {}
 
     def _apply(self, sl: Slice, grad: np.ndarray, worker: int) -> None:
         assert self.optimizer is not None
@@ -546,7 +583,7 @@ class KVServer(Copies, ElasticRounds):
             sl.spare = merged if merged.flags.writeable else None
         sl.merge = None
         sl.got = {}
-        sl.seen = {}
+        sl.seen, sl.pending = {}, {}
         sl.rounds += 1
         self.rounds += 1
         acks, deferred, backlog = sl.acks, sl.deferred, sl.backlog

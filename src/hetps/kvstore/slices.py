@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from hetps.kvstore.compression import TwoBitCompressor
+from hetps.optim import kernels
 from hetps.transport.codec import Message
 
 
@@ -27,6 +29,9 @@ class Slice:
     merge: np.ndarray | None = None
     spare: np.ndarray | None = None  # a buffer to merge the next round into
     written: set[int] = field(default_factory=set)  # chunk offsets merged this round
+    # chunk offset -> this round's pushes of it held as received (not ring memory), summed
+    # with the chunk's last push in one pass (each byte of the sum written once)
+    pending: dict[int, list[np.ndarray]] = field(default_factory=dict)
     chunk: Any = None  # chunk size of this round's pushes (all workers must agree)
     got: dict[int, int] = field(default_factory=dict)  # worker -> elements pushed this round
     seen: dict[int, set[int]] = field(default_factory=dict)  # worker -> chunk offsets this round
@@ -69,3 +74,15 @@ def short(value: Any, limit: int = 80) -> str:
     """``repr`` of a value from the network, cut for a log line or an error."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def put(dst: np.ndarray, data: np.ndarray, comp: Any, add: bool) -> None:
+    """Write (with ``add``: add) a push's values into ``dst``, in one pass over each byte on
+    the kernel threads (:mod:`hetps.optim.kernels`); ``comp`` not None: ``data`` is the 2-bit
+    words of that threshold, decoded on the way, with no decoded copy."""
+    if comp is not None:
+        TwoBitCompressor(float(comp)).decompress(data, dst.size, dst.dtype, out=dst, add=add)
+    elif add:
+        kernels.add_into(dst, dst, data)
+    else:
+        np.copyto(dst, data)

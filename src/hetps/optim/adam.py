@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
 
 __all__ = ["Adam"]
@@ -71,22 +72,35 @@ class Adam(Optimizer):
         t = state["t"]
         lr_t = self.learning_rate * math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
 
-        g = np.multiply(grad, self.rescale_grad, dtype=dtype)
-        if self.wd != 0.0:
-            g += np.multiply(weight, self.wd, dtype=dtype)
-        clip = self.clip_gradient
-        if clip is not None and clip > 0:
-            np.clip(g, -clip, clip, out=g)
+        rescale, clip, wd = self.rescale_grad, self.clip_gradient, self.wd
+        clip = clip if clip is not None and clip > 0 else None
+        beta1, beta2, eps = self.beta1, self.beta2, self.epsilon
 
-        mean, var = state["mean"], state["var"]
-        mean *= self.beta1
-        mean += (1.0 - self.beta1) * g
-        g *= g
-        var *= self.beta2
-        var += (1.0 - self.beta2) * g
-        # step = -lr_t * mean / (sqrt(var) + eps), reusing g as the buffer
-        np.sqrt(var, out=g)
-        g += self.epsilon
-        np.divide(mean, g, out=g)
-        g *= -lr_t
-        np.add(weight, g, out=weight, casting="same_kind")
+        def body(views: list, scratch: list) -> None:
+            w, gr, mean, var = views
+            g, t = scratch
+            # g = clip(rescale_grad * grad + wd * weight): MXNet adds wd before clipping
+            src = kernels.rescaled(gr, rescale, None, dtype, g)
+            if wd != 0.0:
+                np.multiply(w, wd, dtype=dtype, out=t)
+                np.add(src, t, out=g)
+                src = g
+            if clip is not None:
+                np.clip(src, -clip, clip, out=g)
+                src = g
+            mean *= beta1
+            np.multiply(src, 1.0 - beta1, out=t)
+            mean += t
+            np.multiply(src, src, out=g)
+            var *= beta2
+            np.multiply(g, 1.0 - beta2, out=t)
+            var += t
+            # step = -lr_t * mean / (sqrt(var) + eps), reusing g as the buffer
+            np.sqrt(var, out=g)
+            g += eps
+            np.divide(mean, g, out=g)
+            g *= -lr_t
+            np.add(w, g, out=w, casting="same_kind")
+
+        # chunk by chunk on the kernel threads (hetps.optim.kernels): the same arithmetic
+        kernels.run(body, [weight, grad, state["mean"], state["var"]], scratch=2, dtype=dtype)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
 
 __all__ = ["DCASGD", "dcasgd_delta", "dcasgd_gradient"]
@@ -130,8 +131,6 @@ class DCASGD(Optimizer):
         """Apply worker ``sender``'s gradient, compensated against that worker's backup."""
         dtype = compute_dtype(weight)
         grad = self._check_grad(weight, grad)
-        g = self._preprocess_grad(grad, dtype)
-        w = weight.astype(dtype, copy=False)
         backup = state["backup"]
         mom = state["mom"]
         if self.momentum != 0.0 and mom is None:
@@ -139,13 +138,53 @@ class DCASGD(Optimizer):
                 f"DCASGD(momentum={self.momentum}) has no momentum buffer in this state; "
                 "it was created with momentum=0"
             )
-        step, new_mom = dcasgd_delta(
-            w, g, backup.get(sender), self.learning_rate, self.lamda, self.wd, self.momentum, mom
+        old = backup.get(sender)
+        # the new backup is written chunk by chunk right after each chunk's update: into
+        # the sender's old backup (each chunk is read before it is overwritten) or a new one
+        if old is not None and old.shape == weight.shape and old.dtype == weight.dtype:
+            new = old
+        else:
+            new = backup[sender] = np.empty_like(weight)
+        rescale, clip, wd = self.rescale_grad, self.clip_gradient, self.wd
+        clip = clip if clip is not None and clip > 0 else None
+        lr, lamda, momentum = self.learning_rate, self.lamda, self.momentum
+        compensate = old is not None and lamda != 0.0
+
+        def body(views: list, scratch: list) -> None:
+            # dcasgd_gradient and dcasgd_delta on one chunk, operation for operation
+            w, gr, bak, m, out = views
+            g, c, d = scratch
+            src = kernels.rescaled(gr, rescale, clip, dtype, g)
+            if compensate:
+                np.subtract(w, bak, dtype=dtype, out=c)
+                c *= src
+                c *= src
+                c *= lamda
+            if wd != 0.0:
+                np.multiply(w, wd, dtype=dtype, out=d)
+                np.add(src, d, out=d)
+                if compensate:
+                    d += c
+                src = d
+            elif compensate:
+                np.add(src, c, out=d)
+                src = d
+            if m is None:
+                np.multiply(src, -lr, out=d)
+                np.add(w, d, out=w, casting="same_kind")
+            else:
+                m *= momentum
+                np.multiply(src, lr, out=d)
+                m -= d
+                np.add(w, m, out=w, casting="same_kind")
+            np.copyto(out, w)
+
+        kernels.run(
+            body,
+            [weight, grad, old if compensate else None, mom if momentum != 0.0 else None, new],
+            scratch=3,
+            dtype=dtype,
         )
-        if new_mom is not None:
-            np.copyto(mom, new_mom)
-        np.add(weight, step, out=weight, casting="same_kind")
-        self._store_backup(backup, sender, weight)
 
     def on_pull(self, key: Key, weight: np.ndarray, state: dict[str, Any], sender: int) -> None:
         """Remember the weight worker ``sender`` now holds, for compensating its next push."""

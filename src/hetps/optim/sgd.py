@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
 
 __all__ = ["SGD"]
@@ -43,23 +44,38 @@ class SGD(Optimizer):
     def update(
         self, key: Key, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray] | None
     ) -> None:
-        """Apply one SGD step to ``weight`` in place."""
+        """Apply one SGD step to ``weight`` in place (chunk by chunk, on the kernel threads:
+        see :mod:`hetps.optim.kernels`; the same arithmetic as on whole arrays)."""
         dtype = compute_dtype(weight)
         grad = self._check_grad(weight, grad)
-        g = self._preprocess_grad(grad, dtype)
-        if self.wd != 0.0:
-            # g += wd * weight, computed in the compute dtype (float32 for float16 weights)
-            g += np.multiply(weight, self.wd, dtype=dtype)
-        if self.momentum == 0.0:
-            g *= -self.learning_rate
-            np.add(weight, g, out=weight, casting="same_kind")
-            return
-        if state is None:
-            raise ValueError(
-                f"SGD(momentum={self.momentum}) needs the state from create_state(); got None"
-            )
-        mom = state["mom"]
-        mom *= self.momentum
-        g *= self.learning_rate
-        mom -= g
-        np.add(weight, mom, out=weight, casting="same_kind")
+        mom = None
+        if self.momentum != 0.0:
+            if state is None:
+                raise ValueError(
+                    f"SGD(momentum={self.momentum}) needs the state from create_state(); got None"
+                )
+            mom = state["mom"]
+        rescale, clip, wd = self.rescale_grad, self.clip_gradient, self.wd
+        lr, momentum = self.learning_rate, self.momentum
+        clip = clip if clip is not None and clip > 0 else None
+
+        def body(views: list, scratch: list) -> None:
+            w, gr, m = views
+            g = scratch[0]
+            # g = clip(rescale_grad * grad) + wd * weight, in the compute dtype
+            src = kernels.rescaled(gr, rescale, clip, dtype, g)
+            if wd != 0.0:
+                t = scratch[1]
+                np.multiply(w, wd, dtype=dtype, out=t)
+                np.add(src, t, out=g)
+                src = g
+            if m is None:
+                np.multiply(src, -lr, out=g)
+                np.add(w, g, out=w, casting="same_kind")
+                return
+            m *= momentum
+            np.multiply(src, lr, out=g)
+            m -= g
+            np.add(w, m, out=w, casting="same_kind")
+
+        kernels.run(body, [weight, grad, mom], scratch=2 if wd != 0.0 else 1, dtype=dtype)

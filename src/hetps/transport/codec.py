@@ -80,6 +80,10 @@ class Message:
     #: read-only views of (``decode``'s ``borrow``); the ring keeps them until the receiver
     #: releases the message (:meth:`hetps.transport.van.Van.release`), None when it owns them
     lease: Any = field(default=None, repr=False, compare=False)
+    #: set by the sender (never on the wire): ``arrays`` are views of the caller's memory,
+    #: which may change once the send returns, so the van copies them as it sends (into a
+    #: shared-memory ring, or ZeroMQ's own buffer) and never sends them zero-copy
+    borrowed: bool = field(default=False, repr=False, compare=False)
 
     @property
     def error(self) -> str | None:

@@ -331,7 +331,9 @@ class Van:
                     # than these arrays would cross the connection (encrypted, with a secret)
                     ring.wait_room(sizes, self.ring_wait_s)
                 frames = encode(msg, ring, floor)
-            big = any(
+            # zero-copy for big frames, unless they are the caller's memory (``borrowed``:
+            # ZeroMQ would read them after this returns): then ZeroMQ copies them now
+            big = not msg.borrowed and any(
                 isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES
                 for f in frames[1:]
             )
@@ -366,6 +368,14 @@ class Van:
                 msg.nbytes,
             )
         return tracker if (track and big) else None
+
+    def ring_open(self, peer: Any) -> bool:
+        """Whether arrays to ``peer`` go through an open shared-memory ring (copied into it
+        as they are sent) from now on."""
+        if peer not in self._local:
+            return False
+        ring = self._rings_out.get(peer)
+        return ring is not None and ring.ready
 
     def _ring_floor(self, msg: Message) -> int | None:
         """The smallest of ``msg``'s arrays that goes into a ring: the bound itself, or the
