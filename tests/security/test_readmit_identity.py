@@ -18,15 +18,32 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import PRELUDE
 from hetps.launch.local import Launcher, LaunchSpec
 
-# the job of the scheduler restart test (tests/integration is no package)
-_spec = importlib.util.spec_from_file_location(
-    "_sched_restart", Path(__file__).parents[1] / "integration" / "test_scheduler_restart.py"
-)
-_restart = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_restart)
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# tests/conftest.py by its path: the module named "conftest" may be another directory's
+# (tests/netem has one) when the whole suite is collected
+_root = _load("_hetps_tests_conftest", TESTS / "conftest.py")
+PRELUDE = _root.PRELUDE
+# the job of the scheduler restart test (tests/integration is no package), which imports
+# "conftest" itself
+_saved = sys.modules.get("conftest")
+sys.modules["conftest"] = _root
+try:
+    _restart = _load("_sched_restart", TESTS / "integration" / "test_scheduler_restart.py")
+finally:
+    if _saved is not None:
+        sys.modules["conftest"] = _saved
 ENV, SCRIPT, _finals = _restart.ENV, _restart.SCRIPT, _restart._finals
 
 FORGER = Path(__file__).with_name("readmit_forger.py")
