@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import machine_info, median, print_table  # noqa: E402
+from _common import machine_info, median, print_table, write_json  # noqa: E402
 
 from hetps import optim  # noqa: E402
 from hetps.optim import kernels  # noqa: E402
@@ -163,6 +163,7 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=0, help="threads for both (0: the usable cores, at most 4)"
     )
+    ap.add_argument("--json", default=None, help="write each case's medians (ms) here")
     args = ap.parse_args()
     if args.quick:
         args.elems, args.rounds, args.warmup = 1_000_000, 3, 1
@@ -176,7 +177,7 @@ def main() -> None:
         f"(hetps kernels and torch), {info['cores']} CPUs ({info['cpu']}), load {info['loadavg'][0]:.1f}, torch {torch.__version__}, "
         f"numpy {np.__version__}"
     )
-    rows = []
+    rows, results = [], []
     for name, ours, bare, whole in cases(args.elems, torch):
         variants = [("hetps", ours)] + ([("torch", bare)] if bare else [])
         variants += [("numpy", whole)] if whole else []
@@ -191,6 +192,8 @@ def main() -> None:
         h = median(times["hetps"])
         b = median(times["torch"]) if bare else None
         w = median(times["numpy"]) if whole else None
+        results.append({"case": name, "hetps_ms": h, "torch_ms": b, "numpy_ms": w,
+                        "hetps_over_torch": None if b is None else h / b})  # fmt: skip
         rows.append(
             [
                 name,
@@ -212,6 +215,9 @@ def main() -> None:
         ],
         rows,
     )
+    if args.json:
+        payload = {"machine": info, "elems": args.elems, "threads": n_threads, "cases": results}
+        write_json(args.json, payload)
 
 
 if __name__ == "__main__":
