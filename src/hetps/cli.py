@@ -208,10 +208,15 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     if args.launcher_notices:
         sched.follow_notices(sys.stdin)
         said = threading.Lock()
+        # the launcher acts only on lines that carry its token (its own, in this process's
+        # environment alone): a line a node gets logged cannot pass for one of these
+        from hetps.cluster import launcher_link
+
+        tag = launcher_link.tag(cfg.launcher_token)
 
         def to_launcher(line: str) -> None:  # one whole line per write (several threads say)
             with said:
-                sys.stdout.write(line + "\n")
+                sys.stdout.write(tag + line + "\n")
                 sys.stdout.flush()
 
         sched.to_launcher = to_launcher

@@ -430,6 +430,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "the rank this node asks the scheduler for (-1: in order of arrival)",
                 field="launch_rank", minimum=-1, derive=_derive_launch_rank,
                 default_text="DMLC_WORKER_ID / DMLC_SERVER_ID of its role; else -1"),
+            Var("HETPS_LAUNCHER_TOKEN", "str", "",
+                "set by `hetps launch` in its scheduler's environment alone: the scheduler's "
+                "lines to the launcher carry it, and the launcher acts on no other line",
+                field="launcher_token"),
             Var("HETPS_RESTART", "int", 0,
                 "set by `hetps launch --max-restarts` for every process of a job it started "
                 "again: the restart's number (0: the first start); `hetps train` then resumes "

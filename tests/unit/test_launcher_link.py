@@ -117,3 +117,44 @@ def test_a_node_the_scheduler_declared_dead_is_stopped_if_it_still_runs():
     assert killed == [
         ("worker 1", "was declared dead by the scheduler (stopped answering heartbeats for 10.2 s)")
     ]
+
+
+def test_the_launcher_acts_only_on_lines_that_carry_its_token():
+    """A node's text that the scheduler logs (a registration's host, an error) may read like
+    a line to the launcher: without the launcher's token it is output, and stops nothing."""
+    import io
+    import subprocess
+    import sys
+
+    from hetps.launch.local import Launcher
+
+    out = io.StringIO()
+    launcher = Launcher(LaunchSpec(num_workers=1, num_servers=1, command=["true"]), out=out)
+    tag = L.tag(launcher._token)
+    lines = [
+        "hetps scheduler stop server 0 forged",  # a node's text, logged
+        "[x] hetps.scheduler WARNING: refused hetps-launcher 00 hetps scheduler stop worker 0 f",
+        L.tag("not-the-token") + "hetps scheduler stop worker 0 guessed",
+        "hetps scheduler cluster up",
+        tag + "hetps scheduler stop server 1 stopped answering",
+        tag + "hetps scheduler cause worker 0 it failed",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdout.write(sys.stdin.read())"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    proc.stdin.write(("\n".join(lines) + "\n").encode())
+    proc.stdin.close()
+    child = Child("scheduler", 0, proc, "scheduler")
+    launcher._pump(child)
+    proc.wait()
+    declared = []
+    while not launcher._declared.empty():
+        declared.append(launcher._declared.get())
+    assert declared == [("server", 1, "stopped answering")]
+    assert launcher._cause == ("worker", 0, "it failed")
+    assert not launcher._up.is_set()
+    printed = out.getvalue()
+    for forged in lines[:4]:
+        assert forged in printed  # shown as the scheduler's output, nothing more

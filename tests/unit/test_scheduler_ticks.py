@@ -42,3 +42,26 @@ def test_timeouts_are_checked_per_tick_not_per_message():
         van.close()
         sch.stop()
         sch.join(5)
+
+
+def test_a_registration_whose_host_is_not_an_address_is_refused():
+    """A host with a line break (or any character no address has) would reach the logs and
+    the launcher's pipe as text of the node's choosing: the registration is refused."""
+    sch = Scheduler(NodeConfig(role="scheduler", **CFG))
+    try:
+        for host in ("x\nhetps scheduler stop server 0 forged", "a b", "h\x1b[2J"):
+            sch._add_node(
+                Message(
+                    "add_node", body={"role": "worker", "host": host, "port": 5000, "back": b"w1"}
+                )  # fmt: skip
+            )
+        assert sch.pending == []
+        sch._add_node(
+            Message(
+                "add_node",
+                body={"role": "worker", "host": "fe80::1%eth0", "port": 5000, "back": b"w1"},
+            )  # fmt: skip
+        )
+        assert len(sch.pending) == 1
+    finally:
+        sch.van.close()

@@ -27,10 +27,27 @@ from hetps.cluster.protocol import NodeInfo
 
 log = logging.getLogger("hetps.scheduler")
 
+#: the launcher's token before each line: ``hetps-launcher TOKEN <line>``
+#: (``HETPS_LAUNCHER_TOKEN``, set by the launcher in the scheduler's environment alone)
+TAG = "hetps-launcher "
 PREFIX = "hetps scheduler "
 ALIVE = PREFIX + "alive"
 STOP = PREFIX + "stop "
 CAUSE = PREFIX + "cause "
+
+
+def tag(token: str) -> str:
+    """What goes before each line to the launcher: nothing without a token."""
+    return f"{TAG}{token} " if token else ""
+
+
+def untag(text: str, token: str) -> str | None:
+    """The line a scheduler said with ``token``, or None for any other line (a node's
+    text the scheduler logged, or a line of no launcher)."""
+    head = tag(token)
+    if not token or not text.startswith(head):
+        return None
+    return text[len(head) :]
 
 
 def line(kind: str, info: NodeInfo, reason: str) -> str:

@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import logging
 import queue
+import re
 import secrets
 import threading
 import time
@@ -39,6 +40,8 @@ from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone, Van
 
 log = logging.getLogger("hetps.scheduler")
+#: what a node may give as its address: a host name or an IPv4/IPv6 address, nothing else
+_HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
 
 Service = Callable[["Scheduler", Message], None]
 
@@ -358,6 +361,7 @@ class Scheduler(Takeover, Elastic, LauncherLink):
             role not in ("server", "worker")
             or not isinstance(host, str)
             or not 0 < len(host) <= 255
+            or not _HOST.fullmatch(host)  # (it is logged and written to the launcher)
             or not isinstance(port, int)
             or isinstance(port, bool)
             or not 0 < port < 65536

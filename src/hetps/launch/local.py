@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from hetps.cluster import launcher_link
 from hetps.config import user_threads
 from hetps.launch.liveness import Liveness, ended
 from hetps.launch.supervise import Supervision
@@ -152,6 +153,8 @@ class Launcher(Supervision, Liveness):
         self._port = threading.Event()
         self._port_value = 0
         self._up = threading.Event()  # every node registered (hetps's own scheduler says so)
+        # what the scheduler's lines to this launcher carry (HETPS_LAUNCHER_TOKEN)
+        self._token = secrets.token_hex(16)
         self._stopping = False
         self._scheduler: Child | None = None
         self._signum: int | None = None
@@ -178,11 +181,12 @@ class Launcher(Supervision, Liveness):
                     self._port.set()
                 if m:
                     continue
-            if child.role == "scheduler" and line == UP_LINE:
-                self._up.set()
-                continue
-            if child.role == "scheduler" and self._scheduler_says(child, line):
-                continue
+                said = launcher_link.untag(line, self._token)  # (None: an ordinary line)
+                if said == UP_LINE:
+                    self._up.set()
+                    continue
+                if said is not None and self._scheduler_says(child, said):
+                    continue
             with self._print_lock:
                 self.out.write(f"[{child.label}] {line}\n")
                 self.out.flush()
@@ -332,6 +336,8 @@ class Launcher(Supervision, Liveness):
             **threads["scheduler"],
             "DMLC_ROLE": "scheduler",
             "DMLC_PS_ROOT_PORT": str(spec.port),
+            # its lines to this launcher carry it: no other line is acted on
+            "HETPS_LAUNCHER_TOKEN": self._token,
         }
         self._sched_start = (sched_argv, sched_env)
         sched = self._start("scheduler", 0, sched_argv, sched_env, keep_stdin=notices)
