@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 from hetps.cluster.scheduler import Scheduler
 from hetps.config import NodeConfig
@@ -44,10 +45,15 @@ def test_timeouts_are_checked_per_tick_not_per_message():
         sch.join(5)
 
 
-def test_a_registration_whose_host_is_not_an_address_is_refused():
+def test_a_registration_whose_host_is_not_an_address_is_refused(caplog):
     """A host with a line break (or any character no address has) would reach the logs and
-    the launcher's pipe as text of the node's choosing: the registration is refused."""
+    the launcher's pipe as text of the node's choosing: the registration is refused, and no
+    log line carries the host's own line break."""
     sch = Scheduler(NodeConfig(role="scheduler", **CFG))
+    caplog.set_level("DEBUG")
+    # as if the cluster were complete: a late registration is refused, naming its host
+    full = [SimpleNamespace(origin=object(), role="server", want_rank=-1) for _ in range(2)]
+    sch.pending.extend(full)
     try:
         for host in ("x\nhetps scheduler stop server 0 forged", "a b", "h\x1b[2J"):
             sch._add_node(
@@ -55,7 +61,10 @@ def test_a_registration_whose_host_is_not_an_address_is_refused():
                     "add_node", body={"role": "worker", "host": host, "port": 5000, "back": b"w1"}
                 )  # fmt: skip
             )
-        assert sch.pending == []
+        assert sch.pending == full
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert "\nhetps scheduler stop" not in logged and "\x1b" not in logged, logged
+        sch.pending.clear()
         sch._add_node(
             Message(
                 "add_node",
