@@ -147,3 +147,57 @@ def test_a_value_staged_in_one_thread_is_pushed_from_another(dev):
     assert devices.STAGING.buffers() == before  # the first stage's buffer was free again
     with pytest.raises(ValueError, match="goes alone"):
         kv.push("w", [devices.stage(v), v])
+
+
+def _answered():
+    from hetps.cluster.requests import Future
+
+    f = Future(1, 8, "pull", None)
+    f.set_result(None)
+    return f
+
+
+def test_a_pulls_buffer_is_not_lent_again_before_its_copies_are_queued(dev):
+    """A pull's answers are in, its handle not waited for yet (the copy to the device is
+    owed): another pull of that shape gets another buffer, and each out its own value."""
+    out_a = dev.array(np.zeros(4, np.float32))
+    out_b = dev.array(np.zeros(4, np.float32))
+    (host_a,) = devices.STAGING.pull_targets(out_a, "pull a")
+    host_a[...] = 1.0  # the answer landed
+    land_a = devices.STAGING.settle([_answered()])
+    (host_b,) = devices.STAGING.pull_targets(out_b, "pull b")
+    assert host_b is not host_a
+    host_b[...] = 2.0
+    land_b = devices.STAGING.settle([_answered()])
+    land_b()
+    land_a()
+    assert np.array_equal(out_a.read(), np.full(4, 1.0))
+    assert np.array_equal(out_b.read(), np.full(4, 2.0))
+
+
+def test_a_buffer_copied_to_several_devices_waits_for_every_copy(dev):
+    outs = [dev.array(np.zeros(4, np.float32), d) for d in (0, 1)]
+    (host,) = devices.STAGING.pull_targets(outs, "pull a")
+    host[...] = 1.0
+    devices.STAGING.settle([_answered()])()
+    assert np.array_equal(outs[1].read(), np.full(4, 1.0))  # device 1's copy ran, not 0's
+    later = dev.array(np.zeros(4, np.float32), 0)
+    (host2,) = devices.STAGING.pull_targets(later, "pull b")
+    assert host2 is not host  # device 0 still reads the first buffer
+    host2[...] = 2.0
+    devices.STAGING.settle([_answered()])()
+    assert np.array_equal(outs[0].read(), np.full(4, 1.0))
+    assert np.array_equal(later.read(), np.full(4, 2.0))
+
+
+def test_a_failed_pulls_buffer_comes_back(dev):
+    from hetps.cluster.requests import Future
+
+    out = dev.array(np.zeros(4, np.float32))
+    (host,) = devices.STAGING.pull_targets(out, "pull")
+    failed = Future(1, 8, "pull", None)
+    failed.set_error(RuntimeError("the server died"))
+    devices.STAGING.settle([failed])  # its handle raises: the copies are never queued
+    (again,) = devices.STAGING.pull_targets(out, "pull")
+    assert again is host
+    devices.STAGING.abandon()

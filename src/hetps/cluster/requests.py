@@ -62,6 +62,10 @@ class Future:
         """Whether the answer (or an error) is in."""
         return self._event.is_set()
 
+    def failed(self) -> bool:
+        """Whether it ended with an error."""
+        return self._event.is_set() and self._error is not None
+
     def unreported_error(self) -> bool:
         """Whether it failed and no caller has seen the error yet."""
         return self._event.is_set() and self._error is not None and not self.reported

@@ -138,27 +138,38 @@ def stage(value: Any) -> Staged:
 
 
 class _Buffer:
-    """A host buffer and what still reads it: requests in flight, a queued device copy."""
+    """A host buffer and what still reads it: requests in flight, the copies to the devices
+    a pull owes until its finisher queued them, and those queued copies."""
 
-    __slots__ = ("array", "backend", "event", "futures")
+    __slots__ = ("array", "backend", "events", "futures", "owed")
 
     def __init__(self, array: np.ndarray, backend: Backend) -> None:
         self.array = array
         self.backend = backend
         self.futures: list[Any] = []
-        self.event: Any = None
+        self.events: list[Any] = []
+        self.owed = False  # a pull landed here and has not queued its device copies yet
 
     def free(self) -> bool:
         if not all(f.done() for f in self.futures):
             return False
-        return self.event is None or self.backend.done(self.event)
+        # a pull's copies are queued when its handle is waited for; one whose requests
+        # failed never queues them (its caller got the error)
+        if self.owed and not any(_failed(f) for f in self.futures):
+            return False
+        return all(self.backend.done(ev) for ev in self.events)
+
+
+def _failed(future: Any) -> bool:
+    failed = getattr(future, "failed", None)
+    return bool(failed()) if failed is not None else False
 
 
 class Staging:
     """Host buffers for device tensors, reused across calls (one per process is enough)."""
 
     def __init__(self) -> None:
-        self._pool: dict[tuple[Any, tuple[int, ...], str], list[_Buffer]] = {}
+        self._pool: dict[tuple[int, Any, tuple[int, ...], str], list[_Buffer]] = {}
         self._lock = threading.Lock()
         self._tl = threading.local()  # this thread's call: buffers lent, device copies owed
 
@@ -166,12 +177,12 @@ class Staging:
     def _take(
         self, backend: Backend, device: Any, shape: tuple[int, ...], dtype, lend: bool = True
     ) -> _Buffer:
-        key = (device, tuple(shape), np.dtype(dtype).str)
+        key = (id(backend), device, tuple(shape), np.dtype(dtype).str)
         with self._lock:
             bufs = self._pool.setdefault(key, [])
             for b in bufs:
                 if b.free():
-                    b.futures, b.event = [], None
+                    b.futures, b.events, b.owed = [], [], False
                     break
             else:
                 b = _Buffer(backend.host_buffer(device, tuple(shape), np.dtype(dtype)), backend)
@@ -275,17 +286,20 @@ class Staging:
         with self._lock:
             for b in lent:
                 b.futures = futs
-        if not owed:
-            return None
+            for b, _ in owed:
+                b.owed = True  # not free until land() queued its copies
 
         def land() -> None:
             for buf, outs in owed:
+                events = []
                 for out in outs:
                     ev = buf.backend.to_device(buf.array, out)
                     buf.backend.stream_wait(out, ev)
-                    buf.event = ev  # the buffer is free again once the last copy is done
+                    events.append(ev)
+                with self._lock:  # free again once every device's copy is done
+                    buf.events, buf.owed = events, False
 
-        return land
+        return land if owed else None
 
     def abandon(self) -> None:
         """Forget this thread's call (it raised before it made requests): free its buffers."""
@@ -293,7 +307,7 @@ class Staging:
         self._tl.lent, self._tl.owed = [], []
         with self._lock:
             for b in lent:
-                b.futures = []
+                b.futures, b.owed = [], False
 
 
 class _Lent:
