@@ -212,3 +212,25 @@ def test_dist_async_row_sparse_pushes_apply_at_once(cluster):
     rc, out = cluster(ASYNC, workers=2, servers=1)
     assert rc == 0, out
     assert out.count("ASYNC-OK") == 2, out
+
+
+FAILED_UPDATE = """
+from hetps.kvstore.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+kv.set_optimizer(optim.DCASGD(learning_rate=0.1))  # no lazy rule for tables
+kv.init('emb', Table(8, 2))
+try:
+    kv.push('emb', (np.array([kv.rank]), np.ones((1, 2), np.float32)), block=True)
+except (RequestError, ClusterError) as e:
+    assert 'the update of table' in str(e), e
+    print(f'UPDATE-REFUSED {kv.rank}', flush=True)
+kv.barrier()
+"""
+
+
+def test_a_table_update_that_fails_answers_every_worker(cluster):
+    """An optimizer with no lazy rule fails the round's update: every worker of the round
+    gets the error (none waits for an answer that never comes)."""
+    rc, out = cluster(FAILED_UPDATE, workers=2, servers=1, env={"HETPS_REQUEST_TIMEOUT": "20"})
+    assert rc == 0, out
+    assert "UPDATE-REFUSED 0" in out and "UPDATE-REFUSED 1" in out, out

@@ -15,6 +15,7 @@ waited for the round are answered. ``dist_async``: each push is applied at once.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,8 @@ from hetps.kvstore.rowsparse import initial_rows
 from hetps.kvstore.slices import BadRequest, short
 from hetps.optim import lazy
 from hetps.transport.codec import WIRE_DTYPES, Message
+
+log = logging.getLogger("hetps.server")
 
 #: ids one request may carry
 MAX_IDS = 1 << 24
@@ -384,12 +387,18 @@ class Tables:
             self._apply(sh, ids, grad)
         except BadRequest as exc:  # (a growing table over its bound) the round is dropped
             error = str(exc)
+        except Exception as exc:  # an optimizer with no lazy rule, a bug: every worker hears
+            log.exception("update of table %r failed", sh.key)
+            error = f"the update of table {sh.key!r} failed: {type(exc).__name__}: {exc}"
         sh.rounds += 1
         answers = self.server.answers
         for m in acks:
             answers.reply(m, {"error": error} if error else None)
-        for m in deferred:
-            self._pull(m)
+        for m in deferred:  # (each answered, whatever the others' requests held)
+            try:
+                self._pull(m)
+            except BadRequest as exc:
+                answers.reply(m, {"error": str(exc)})
         for m in backlog:
             self.server.handle(m)
 
