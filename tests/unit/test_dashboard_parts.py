@@ -372,3 +372,41 @@ def test_servers_report_themselves_and_the_endpoint_exports_them():
     assert fams["hetps_server_rounds"].samples[0].value == 10, text
     assert {x.labels["direction"]: x.value for x in fams["hetps_server_bytes"].samples
             if x.name.endswith("_total")} == {"out": 100, "in": 200}  # fmt: skip
+
+
+def test_connections_that_send_nothing_are_bounded_and_timed_out(monkeypatch):
+    """Idle connections (a slow client, or many on purpose) take at most MAX_CONNECTIONS
+    threads of the scheduler, each for at most the request timeout; a page is served
+    again once they are gone."""
+    import socket
+    import threading as th
+    import time
+
+    pytest.importorskip("prometheus_client")
+    from hetps.metrics import dashboard
+
+    monkeypatch.setattr(dashboard._Handler, "timeout", 1.0)
+    sched = _Sched()
+    live = LiveMetrics(sched).serve(0, "127.0.0.1")
+    host, port = "127.0.0.1", int(live.base_url.rstrip("/").rsplit(":", 1)[1])
+    before = th.active_count()
+    idle = []
+    try:
+        for _ in range(3 * dashboard.MAX_CONNECTIONS):
+            idle.append(socket.create_connection((host, port)))
+        deadline = time.monotonic() + 5
+        while (
+            th.active_count() < before + dashboard.MAX_CONNECTIONS and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)  # (the server's threads take the connections in turn)
+        assert th.active_count() <= before + dashboard.MAX_CONNECTIONS
+        # each held connection is closed by the server within its timeout
+        for s in idle[: dashboard.MAX_CONNECTIONS]:
+            s.settimeout(5)
+            assert s.recv(1) == b""  # closed by the server, not by us
+        code, _, page = _get(live.base_url)
+        assert code == 200 and b"<canvas" in page
+    finally:
+        for s in idle:
+            s.close()
+        live.close()

@@ -227,9 +227,44 @@ def state(live: Any) -> dict:
 
 
 # -- the server -----------------------------------------------------------------------------
+#: connections served at once (a thread each); one more is closed at once
+MAX_CONNECTIONS = 32
+#: seconds a connection has to send its request (and to take the answer)
+REQUEST_TIMEOUT_S = 10.0
+
+
+class _Bounded(ThreadingHTTPServer):
+    """At most :data:`MAX_CONNECTIONS` connections at a time, each timed out: connections
+    that send nothing cannot hold the scheduler's threads or descriptors."""
+
+    daemon_threads = True
+    request_queue_size = 64  # (the listen backlog: 5 by default)
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: this one is closed, the others go on
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "hetps"
     sys_version = ""
+    timeout = REQUEST_TIMEOUT_S
     live: Any = None
     registry: Any = None
 
@@ -288,13 +323,12 @@ def serve_http(live: Any, host: str, port: int) -> tuple[ThreadingHTTPServer, th
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(live))
     handler = type("Handler", (_Handler,), {"live": live, "registry": registry})
-    server_cls = ThreadingHTTPServer
+    server_cls: type[ThreadingHTTPServer] = _Bounded
     if ":" in host:
         import socket
 
-        server_cls = type("Server6", (ThreadingHTTPServer,), {"address_family": socket.AF_INET6})
+        server_cls = type("Server6", (_Bounded,), {"address_family": socket.AF_INET6})
     httpd = server_cls((host, port), handler)
-    httpd.daemon_threads = True
     thread = threading.Thread(target=httpd.serve_forever, name="hetps-dashboard", daemon=True)
     thread.start()
     return httpd, thread
