@@ -4,6 +4,8 @@ that grow and their memory bound."""
 
 from __future__ import annotations
 
+from conftest import PRELUDE, TEST_ENV  # (at collection: tests/conftest.py)
+
 SEMANTICS = """
 import torch
 from hetps.kvstore.rowsparse import RowSparse, Table
@@ -158,7 +160,6 @@ def test_a_worker_leaving_finishes_the_table_rounds(tmp_path):
     import sys
     import textwrap
 
-    from conftest import PRELUDE, TEST_ENV
     from hetps.launch.local import Launcher, LaunchSpec
 
     script = tmp_path / "elastic.py"

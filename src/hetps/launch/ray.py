@@ -197,6 +197,11 @@ class RayJobResult:
     nodes: dict[str, dict] = field(default_factory=dict)  # label -> {ip, node_id, cores, pid}
 
 
+#: how long the launcher waits, after the scheduler or a server exited 1, for the failure
+#: of the node that ended the job (its own exit follows that of the nodes it took down)
+CAUSE_WAIT_S = 5.0
+
+
 @dataclass
 class _Role:
     role: str
@@ -492,10 +497,16 @@ class RayLauncher:
         others ``failure_grace`` s to exit on their own, then stop them. Returns the code."""
         ray = self._ray
         pending = {r.actor.poll.remote(0.5): r for r in roles if r.started and r.code is None}
+        # the scheduler and the servers exit 1 when another node's failure ends the job: such
+        # a failure is a consequence; a worker's that follows within CAUSE_WAIT_S is the cause
+        consequence: _Role | None = None
+        until = 0.0
         while pending:
             if deadline is not None and time.monotonic() > deadline:
                 return 0
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            if consequence is not None and time.monotonic() > until:
+                return self._failed(consequence, consequence.code or 1, pending)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2 if consequence else 1.0)
             for ref in ready:
                 r = pending.pop(ref)
                 try:
@@ -509,12 +520,22 @@ class RayLauncher:
                     continue
                 r.code = shell_code(code)
                 if r.code != 0 and deadline is None:
-                    how = f"was killed by signal {-code}" if code < 0 else "exited"
-                    self._log(f"{r.label} {how} (code {r.code}); stopping the others")
-                    rest = list(pending.values())
-                    self._watch(rest, deadline=time.monotonic() + self.failure_grace)
-                    return r.code
+                    if consequence is None and r.code == 1 and r.role in ("scheduler", "server"):
+                        consequence, until = r, time.monotonic() + CAUSE_WAIT_S
+                        continue
+                    return self._failed(r, code, pending)
+        if consequence is not None:
+            return self._failed(consequence, consequence.code or 1, pending)
         return 0
+
+    def _failed(self, r: _Role, code: int, pending: dict) -> int:
+        """``r`` failed first (or caused the failure): say so, give the others
+        ``failure_grace`` s to end, and return its code."""
+        how = f"was killed by signal {-code}" if code < 0 else "exited"
+        self._log(f"{r.label} {how} (code {shell_code(code)}); stopping the others")
+        rest = list(pending.values())
+        self._watch(rest, deadline=time.monotonic() + self.failure_grace)
+        return shell_code(code)
 
     def cleanup(self) -> None:
         """Stop every process, kill every actor, remove the placement group, disconnect (a

@@ -44,6 +44,9 @@ from hetps.launch.local import (
 )
 
 #: what a task entry prints (and the launcher hides) when its role ends: ``PROCID CODE``
+#: how long a launcher waits, after the scheduler or a server exited 1, for the failure of
+#: the node that ended the job (its own exit follows that of the nodes it took down)
+CAUSE_WAIT_S = 5.0
 EXIT_LINE = re.compile(r"^hetps-slurm-exit (\d+) (-?\d+)$")
 #: what task 0 prints first: the step to cancel if srun itself cannot stop it
 STEP_LINE = re.compile(r"^hetps-slurm-step (\S+)$")
@@ -269,6 +272,10 @@ class SlurmLauncher:
         self.step: str | None = None
         self.failed: tuple[str, int] | None = None  # (label, shell code) of the first failure
         self._failed_event = threading.Event()
+        # the scheduler and the servers exit 1 when another node's failure ends the job: such
+        # a first failure is a consequence, and a worker's failure that follows names the cause
+        self._consequence = False
+        self._cause = threading.Event()
         self._lock = threading.Lock()
         self._labels: dict[int, str] = {}
 
@@ -276,6 +283,14 @@ class SlurmLauncher:
         with self._lock:
             self.out.write(f"[launcher] {text}\n")
             self.out.flush()
+
+    def _note_failure(self, name: str, code: int) -> None:
+        consequence = code == 1 and name.split(" ")[0] in ("scheduler", "server")
+        if self.failed is None or (self._consequence and not consequence):
+            self.failed, self._consequence = (name, code), consequence
+            self._failed_event.set()
+            if not consequence:
+                self._cause.set()
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -298,9 +313,8 @@ class SlurmLauncher:
             done = EXIT_LINE.match(text)
             if done:
                 code = int(done.group(2))
-                if code != 0 and self.failed is None:
-                    self.failed = (name, code)
-                    self._failed_event.set()
+                if code != 0:
+                    self._note_failure(name, code)
                 continue
             with self._lock:
                 self.out.write(f"[{name}] {text}\n")
@@ -353,6 +367,8 @@ class SlurmLauncher:
         while self.proc.poll() is None:
             if self._failed_event.wait(0.2):
                 break
+        if self._consequence:  # the scheduler or a server ended for a failure: whose?
+            self._cause.wait(min(spec.failure_grace, CAUSE_WAIT_S))
         if self.proc.poll() is None:  # a task failed: the others get failure_grace to end
             name, code = self.failed or ("a task", 1)
             self._log(f"{name} exited (code {shell_code(code)}); stopping the others")
