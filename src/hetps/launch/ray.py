@@ -498,7 +498,8 @@ class RayLauncher:
         ray = self._ray
         pending = {r.actor.poll.remote(0.5): r for r in roles if r.started and r.code is None}
         # the scheduler and the servers exit 1 when another node's failure ends the job: such
-        # a failure is a consequence; a worker's that follows within CAUSE_WAIT_S is the cause
+        # a failure may be a consequence; a worker's own code (not 1) that follows within
+        # CAUSE_WAIT_S names the cause
         consequence: _Role | None = None
         until = 0.0
         while pending:
@@ -520,8 +521,11 @@ class RayLauncher:
                     continue
                 r.code = shell_code(code)
                 if r.code != 0 and deadline is None:
-                    if consequence is None and r.code == 1 and r.role in ("scheduler", "server"):
-                        consequence, until = r, time.monotonic() + CAUSE_WAIT_S
+                    if r.code == 1 and (consequence is not None or r.role != "worker"):
+                        # (a worker's 1 may be its own error or another node's; a code of
+                        # its own, such as sys.exit(3), is the cause)
+                        if consequence is None:
+                            consequence, until = r, time.monotonic() + CAUSE_WAIT_S
                         continue
                     return self._failed(r, code, pending)
         if consequence is not None:

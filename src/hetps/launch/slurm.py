@@ -276,6 +276,7 @@ class SlurmLauncher:
         # a first failure is a consequence, and a worker's failure that follows names the cause
         self._consequence = False
         self._cause = threading.Event()
+        self._up = False  # the scheduler said its port
         self._lock = threading.Lock()
         self._labels: dict[int, str] = {}
 
@@ -285,8 +286,12 @@ class SlurmLauncher:
             self.out.flush()
 
     def _note_failure(self, name: str, code: int) -> None:
-        consequence = code == 1 and name.split(" ")[0] in ("scheduler", "server")
-        if self.failed is None or (self._consequence and not consequence):
+        # a worker's 1 may be its own error or another node's; a code of its own (such as
+        # sys.exit(3)) after the scheduler's or a server's 1 is the cause
+        role = name.split(" ")[0]
+        # (a scheduler that ends before it said its port failed itself: bind, secret)
+        consequence = code == 1 and (role == "server" or (role == "scheduler" and self._up))
+        if self.failed is None or (self._consequence and code != 1):
             self.failed, self._consequence = (name, code), consequence
             self._failed_event.set()
             if not consequence:
@@ -305,6 +310,7 @@ class SlurmLauncher:
             task, text = int(m.group(1)), m.group(2)
             name = self._labels.get(task, f"task {task}")
             if task == 0 and PORT_LINE.search(text):
+                self._up = True
                 continue
             step = STEP_LINE.match(text)
             if step:
