@@ -70,7 +70,12 @@ def _launcher(tmp_path: Path, kill: bool) -> tuple[Launcher, io.StringIO, Path]:
         num_workers=2,
         num_servers=1,
         command=[sys.executable, str(script)],
-        env={**env, "FLAGS": str(flags), "KILL": "1" if kill else "0"},
+        env={
+            **env,
+            "FLAGS": str(flags),
+            "KILL": "1" if kill else "0",
+            "HOLD": "1" if kill else "0",
+        },
         max_restarts=1 if kill else 0,
         failure_grace=5.0,
     )
@@ -125,11 +130,13 @@ def test_a_forged_readmit_during_recover_is_refused_and_the_job_goes_on(tmp_path
         stopped.proc.send_signal(signal.SIGCONT)
         stopped = None
         _wait_for(out, r"started again, it took back 3 nodes", runner)
+        # (the job holds at its end until the forger's leave was refused)
         forger.stdin.write("leave\n")
         forger.stdin.flush()
         assert forger.stdout.readline().strip() == "FORGER leave sent"
         assert forger.wait(30) == 0
         _wait_for(out, "refused leave from a connection of no node", runner)
+        (flags / "release").touch()
         runner.join(120)
         assert not runner.is_alive(), "the job hung: " + out.getvalue()
     finally:
