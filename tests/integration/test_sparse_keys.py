@@ -103,10 +103,12 @@ def test_row_sparse_semantics(cluster):
 
 GROWING = """
 from hetps.kvstore.rowsparse import Table, initial_rows
+from hetps.kvstore.tables import INDEX_ROW_BYTES
 kv = hetps.kv.create('dist_sync')
-# a table that grows: any id >= 0, rows made on first push; 4 cols float32 = 16 bytes a row,
-# bound 20 rows per server (320 bytes)
-kv.init('h', Table(None, 4, scale=0.5, seed=7, server_bytes=320))
+# a table that grows: any id >= 0, rows made on first push; 4 cols float32 = 16 bytes a row
+# and its entry in the id index; bound 20 rows per server
+bound = 20 * (16 + INDEX_ROW_BYTES)
+kv.init('h', Table(None, 4, scale=0.5, seed=7, server_bytes=bound))
 ids = np.array([3, 10**12 + 5, 77])
 first = kv.row_sparse_pull('h', row_ids=ids)        # never pushed: their initial values
 assert np.array_equal(first.data, initial_rows(0.5, 7, np.sort(ids), 4, np.float32))
@@ -118,7 +120,7 @@ try:
     kv.push('h', (np.array([5000]), np.zeros((1, 4), np.float32)), block=True)
     raise SystemExit('push over the bound passed')
 except RequestError as e:
-    assert "'h'" in str(e) and 'over the table' in str(e) and '320 bytes' in str(e), e
+    assert "'h'" in str(e) and 'over the table' in str(e) and f'{bound} bytes' in str(e), e
 # the refused round changed nothing; rows made before it are still there
 assert np.array_equal(kv.row_sparse_pull('h', row_ids=[3]).data, np.ones((1, 4)))
 print('GROW-OK', flush=True)

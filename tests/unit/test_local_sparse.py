@@ -35,9 +35,12 @@ def test_local_row_sparse_pull_push_and_lazy_sgd():
 
 def test_local_growing_table_bound():
     kv = hetps.kv.create("local")
-    kv.init("h", Table(None, 2, server_bytes=64))  # 8 bytes a row: 8 rows
+    from hetps.kvstore.tables import INDEX_ROW_BYTES
+
+    bound = 8 * (8 + INDEX_ROW_BYTES)  # a row: 8 bytes of values and its index entry
+    kv.init("h", Table(None, 2, server_bytes=bound))
     kv.push("h", (np.arange(8) * 1000, np.ones((8, 2), np.float32)))
-    with pytest.raises(ValueError, match="over the table's bound of 64 bytes"):
+    with pytest.raises(ValueError, match=f"over the table's bound of {bound} bytes"):
         kv.push("h", ([5], np.ones((1, 2), np.float32)))
 
 
@@ -65,3 +68,17 @@ def test_distributed_optimizer_tables_on_a_local_store_train_like_torch():
     table = kv.row_sparse_pull("table:emb", row_ids=np.arange(50)).asnumpy()
     np.testing.assert_allclose(table, ref.weight.detach().numpy(), rtol=1e-6, atol=1e-6)
     opt.close()
+
+
+def test_a_fixed_tables_optimizer_state_counts_toward_its_bound():
+    """100 rows of 4 float32 fit 2,000 bytes; with Adam's two state rows per row they do not:
+    the first update is refused, naming the bound, and the table stays as it was."""
+    from hetps import optim
+
+    kv = hetps.kv.create("local")
+    kv.set_optimizer(optim.Adam(learning_rate=0.1))
+    kv.init("t", Table(100, 4, server_bytes=2000))
+    before = kv.row_sparse_pull("t", row_ids=[3]).data.copy()
+    with pytest.raises(ValueError, match="over the table's bound of 2000 bytes"):
+        kv.push("t", ([3], np.ones((1, 4), np.float32)))
+    assert np.array_equal(kv.row_sparse_pull("t", row_ids=[3]).data, before)

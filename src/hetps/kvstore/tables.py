@@ -30,6 +30,9 @@ log = logging.getLogger("hetps.server")
 
 #: ids one request may carry
 MAX_IDS = 1 << 24
+#: what a growing table's id index costs per row (a Python dict entry with its int key and
+#: value), counted toward the bound
+INDEX_ROW_BYTES = 120
 
 
 class Shard:
@@ -76,8 +79,9 @@ class Shard:
 
     # -- memory --------------------------------------------------------------------------
     def row_bytes(self, optimizer: Any) -> int:
-        """Bytes one row takes here: its value and its optimizer state."""
-        per = self.cols * self.dtype.itemsize
+        """Bytes one row takes here: its value, its optimizer state and (a growing table)
+        its entry in the id index."""
+        per = self.cols * self.dtype.itemsize + (INDEX_ROW_BYTES if self.growing else 0)
         if optimizer is not None:
             st = (
                 self.state
@@ -102,7 +106,8 @@ class Shard:
         if self.bound and rows * per > self.bound:
             raise BadRequest(
                 f"row-sparse key {self.key!r}: {rows} rows here would take {rows * per} bytes "
-                f"({per} per row with the optimizer state), over the table's bound of "
+                f"({per} per row with the optimizer state"
+                f"{' and the id index' if self.growing else ''}), over the table's bound of "
                 f"{self.bound} bytes per server; raise Table(server_bytes=...), add servers, "
                 "or hash the ids into fewer rows"
             )
@@ -136,9 +141,12 @@ class Shard:
 
     def _make(self, ids: np.ndarray, optimizer: Any) -> None:
         need = self.n + ids.size
-        self._check_bound(need, self.row_bytes(optimizer))
+        per = self.row_bytes(optimizer)
+        self._check_bound(need, per)
         if need > self.value.shape[0]:
             cap = max(need, 2 * self.value.shape[0], 64)
+            if self.bound:  # the room made ahead stays within the bound too
+                cap = max(need, min(cap, self.bound // per))
             grown = np.zeros((cap, self.cols), self.dtype)
             grown[: self.n] = self.value[: self.n]
             self.value = grown
@@ -172,6 +180,8 @@ def apply_rows(sh: Shard, optimizer: Any, ids: np.ndarray, grad: np.ndarray) -> 
         sh.value[loc] = grad
         return
     if not sh.has_state:
+        # the state's rows count toward the bound: refused before anything is made
+        sh._check_bound(sh.value.shape[0], sh.row_bytes(opt))
         sh.state = lazy.create_table_state(opt, sh.value.shape[0], sh.cols, sh.dtype)
         sh.has_state = True
     lazy.update_rows(opt, sh.skey, sh.value, loc, grad, sh.state)
