@@ -130,3 +130,27 @@ def test_connections_that_never_finish_their_handshake_are_capped_and_timed_out(
             s.close()
         ctx.term()
         rx.close()
+
+
+def test_a_greeting_that_stalls_is_no_handshake_under_way(monkeypatch):
+    """Secured, over the cap: a peer that sends ZMTP's 64-byte greeting and then nothing is
+    shut down like a silent one (a node sends its CURVE HELLO with the greeting)."""
+    monkeypatch.setattr(handshakes, "MAX_PENDING", 4)
+    monkeypatch.setattr(handshakes, "SILENT_S", 0.3)
+    rx = Receiving(Van(name="rx", secret=SECRET))
+    greeting = (
+        b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"CURVE".ljust(20, b"\x00") + b"\x00" * 32
+    )
+    assert len(greeting) == 64
+    stalled = []
+    try:
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", rx.van.port))
+            s.sendall(greeting)
+            stalled.append(s)
+        _until(lambda: sum(_eof(s) for s in stalled) == 10, 5, "the stalled ones closed")
+        assert rx.van._guard.shut == 10
+    finally:
+        for s in stalled:
+            s.close()
+        rx.close()

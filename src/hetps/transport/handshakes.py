@@ -39,6 +39,9 @@ MAX_PENDING = 256
 SILENT_S = 1.0
 #: bytes of ZeroMQ's greeting: a connection that sent fewer has not begun its handshake
 GREETING_BYTES = 64
+#: ... and, secured, its CURVE HELLO (a 200-byte command): a peer that sends a greeting and
+#: stalls is no node either (a node sends both at once when it connects)
+HELLO_BYTES = 200
 _TCPI_BYTES_RECEIVED = 128  # offset of tcpi_bytes_received in Linux's struct tcp_info
 #: refused handshakes logged one line each per window; the rest are counted
 LOG_BURST = 5
@@ -179,7 +182,8 @@ class HandshakeGuard:
             info = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
             if len(info) < _TCPI_BYTES_RECEIVED + 8:
                 return False  # (a kernel that does not say: never cut a peer that may speak)
-            if struct.unpack_from("Q", info, _TCPI_BYTES_RECEIVED)[0] >= GREETING_BYTES:
+            spoken = GREETING_BYTES + (HELLO_BYTES if self.secured else 0)
+            if struct.unpack_from("Q", info, _TCPI_BYTES_RECEIVED)[0] >= spoken:
                 return False  # it speaks: its handshake is under way
             sock.shutdown(socket.SHUT_RDWR)
             return True
