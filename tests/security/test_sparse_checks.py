@@ -72,3 +72,27 @@ def test_declaring_a_big_table_does_not_fill_the_servers_memory():
     grown = (_rss_kb() - before) / 1024
     assert grown < 32, f"the server's memory grew by {grown:.0f} MB"
     assert srv.tables.shards["t"].made.sum() == 2
+
+
+def test_a_worker_far_ahead_is_refused_and_a_table_is_not_redeclared_mid_round():
+    """One worker pushes on while the other has not: its requests wait for later rounds up
+    to MAX_AHEAD, then are refused (its memory stays bounded); a sinit that would replace
+    the table while a round is open is refused, and the round still completes."""
+    from hetps.kvstore import tables
+
+    node = _Node({9: "worker", 11: "worker"})
+    srv = KVServer(node)
+    srv.handle(Message("sinit", sender=9, req=1, body=DECL))
+    sh = srv.tables.shards["t"]
+    body = {"k": "t", "part": 0, "sync": True}
+    row = [np.array([1], np.int64), np.ones(2, np.float32)]
+    for i in range(tables.MAX_AHEAD + 5):
+        srv.handle(Message("spush", sender=9, req=100 + i, body=body, arrays=list(row)))
+    assert len(sh.backlog) == tables.MAX_AHEAD
+    refused = [r for r in node.replies if r[1] and "requests ahead" in r[1].get("error", "")]
+    assert len(refused) == 4
+    srv.handle(Message("sinit", sender=11, req=2, body={**DECL, "rows": 8}))
+    assert "a round of this table is under way" in node.replies[-1][1]["error"]
+    assert srv.tables.shards["t"] is sh
+    srv.handle(Message("spush", sender=11, req=3, body=body, arrays=list(row)))
+    assert sh.rounds >= 1 and sh.value[1].tolist() == [2.0, 2.0]  # the two workers' sum

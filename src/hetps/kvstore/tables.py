@@ -30,6 +30,9 @@ log = logging.getLogger("hetps.server")
 
 #: ids one request may carry
 MAX_IDS = 1 << 24
+#: requests of one worker that may wait here for the table's later rounds (a worker is at
+#: most HETPS_ROUNDS_AHEAD rounds ahead, each a push and its pull, on every server)
+MAX_AHEAD = 64
 #: what a growing table's id index costs per row (a Python dict entry with its int key and
 #: value), counted toward the bound
 INDEX_ROW_BYTES = 120
@@ -313,6 +316,11 @@ class Tables:
         }
         sh = self.shards.get(key)
         if sh is None or sh.decl != decl or (sh.part, sh.nparts) != (part, nparts):
+            if sh is not None and (sh.pending or sh.deferred or sh.backlog):
+                raise BadRequest(
+                    f"sinit of key {key!r}: a round of this table is under way here; declare "
+                    "it again only between rounds (every worker's pushes answered)"
+                )
             try:
                 sh = Shard(key, decl, part, nparts)
             except (MemoryError, ValueError) as exc:
@@ -364,6 +372,7 @@ class Tables:
         if srv.done_workers:
             raise BadRequest(srv._uneven(sh))
         if worker in sh.pending or any(m.sender == worker for m in sh.backlog):
+            self._hold(sh, msg)
             sh.backlog.append(msg)  # this worker pushed this round already: the next one
             return
         sh.pending[worker] = (ids, vals)
@@ -374,6 +383,15 @@ class Tables:
 
     def _apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None:
         apply_rows(sh, self.server.optimizer, ids, grad)
+
+    def _hold(self, sh: Shard, msg: Message) -> None:
+        """A worker may have :data:`MAX_AHEAD` requests of a table waiting for later rounds
+        here; one more is refused (a worker that ran away would fill the server's memory)."""
+        if sum(1 for m in sh.backlog if m.sender == msg.sender) >= MAX_AHEAD:
+            raise BadRequest(
+                f"{msg.cmd} of key {sh.key!r}: this worker is {MAX_AHEAD} requests ahead of the "
+                "table's rounds here; wait for its pushes before sending more"
+            )
 
     def _finish_round(self, sh: Shard) -> None:
         pushes = [sh.pending[w] for w in sorted(sh.pending)]  # worker order: deterministic
@@ -419,6 +437,7 @@ class Tables:
         ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), False)
         worker = msg.sender
         if any(m.sender == worker for m in sh.backlog):
+            self._hold(sh, msg)
             sh.backlog.append(msg)
             return
         if worker in sh.pending:  # this worker pushed in the unfinished round: after it
