@@ -123,6 +123,13 @@ class Staged:
         self.dtype = dtype
 
 
+def release(staged: Staged) -> None:
+    """Give back the buffer of a staged value that will not be pushed (its push failed to
+    start): once its copy is done, the pool lends it again."""
+    with STAGING._lock:
+        staged.buffer.futures, staged.buffer.events = [], [staged.event]
+
+
 def stage(value: Any) -> Staged:
     """Queue the copy of a device tensor to a host buffer now, after the work the calling
     thread's stream has queued (the tensor's producer); push, pushpull or init the result

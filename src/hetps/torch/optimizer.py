@@ -349,6 +349,8 @@ class DistributedOptimizer:
             self._launch(g, data)
         except Exception as exc:  # raised in the training thread by synchronize()
             self._handles[g.index] = _Failed(exc)
+            if isinstance(data, devices.Staged):
+                devices.release(data)  # (never pushed: its buffer goes back to the pool)
         self.timing.pushes.append((t0, time.perf_counter()))
 
     def _launcher_loop(self) -> None:
