@@ -410,17 +410,3 @@ def test_connections_that_send_nothing_are_bounded_and_timed_out(monkeypatch):
         for s in idle:
             s.close()
         live.close()
-
-
-def test_refused_reports_are_logged_a_few_per_window(caplog):
-    """A node that sends bad reports on end fills no log: 5 lines per window, then a count."""
-    from hetps.metrics import refusals
-
-    sched = _Sched()
-    live = LiveMetrics(sched)
-    caplog.set_level("WARNING")
-    for _ in range(50):
-        live.handle(sched, SimpleNamespace(sender=2, req=0, body={"bad": 1}))
-    lines = [r for r in caplog.records if "refused a metrics report" in r.getMessage()]
-    assert len(lines) == refusals.BURST
-    assert live.refused == 50

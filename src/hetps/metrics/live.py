@@ -430,14 +430,14 @@ class LiveMetrics:
         self.lock = threading.Lock()
         self._httpd: Any = None
         self._thread: threading.Thread | None = None
-        self.host, self.port = "", 0
+        self.host = ""
+        self.port = 0
         from hetps.metrics.dashboard import Events, Scrapes
 
         self.events = Events()  # failures and node changes, stamped when first seen
         self.scrapes = Scrapes()  # when /metrics was read (a last scrape after the job)
         #: this job's id on the dashboard: the scheduler's start time and 4 random hex digits
         self.job = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-        self._refusals = QuietLog(log, "metrics reports")
 
     # the service ----------------------------------------------------------------------------
     def handle(self, sched: Any, msg: Any) -> None:
@@ -465,7 +465,7 @@ class LiveMetrics:
     def _refuse(self, sched: Any, msg: Any, who: str, text: str) -> None:
         with self.lock:
             self.refused += 1
-        self._refusals.warning("scheduler: refused a metrics report from %s: %s", who, text)
+        log.warning("scheduler: refused a metrics report from %s: %s", who, text)
         if msg.req:
             sched.reply(msg, {"error": f"metrics report refused: {text}"})
 
@@ -596,5 +596,4 @@ class LiveMetrics:
         return snap
 
 
-from hetps.metrics.refusals import QuietLog  # noqa: E402
 from hetps.metrics.server_meter import ServerTotals, parse_server_report  # noqa: E402
