@@ -125,12 +125,16 @@ class StepTiming:
     last ``synchronize`` and the last local update."""
 
     pushes: list[tuple[float, float]] = field(default_factory=list)
-    wait_s: float = 0.0
+    waits: list[tuple[float, float]] = field(default_factory=list)
     sync: tuple[float, float] | None = None
     update: tuple[float, float] | None = None
 
+    @property
+    def wait_s(self) -> float:
+        return sum(b - a for a, b in self.waits)
+
     def take(self) -> StepTiming:
         """This step's timing; the next step starts afresh."""
-        out = StepTiming(self.pushes, self.wait_s, self.sync, self.update)
-        self.pushes, self.wait_s, self.sync, self.update = [], 0.0, None, None
+        out = StepTiming(self.pushes, self.waits, self.sync, self.update)
+        self.pushes, self.waits, self.sync, self.update = [], [], None, None
         return out

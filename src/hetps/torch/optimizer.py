@@ -426,7 +426,7 @@ class DistributedOptimizer:
                 h = self._handles.pop(g.index)
             t_wait = time.perf_counter()
             h.wait()
-            self.timing.wait_s += time.perf_counter() - t_wait
+            self.timing.waits.append((t_wait, time.perf_counter()))
             exchanged = True
             if g.fused:  # (update on workers only)
                 assert g.recv is not None

@@ -50,28 +50,35 @@ class _Clock:
 
 
 def _account(r: Any, timing: Any, t1: float, t2: float) -> None:
-    """A DistributedOptimizer step's phases into round ``r``'s clock: each launch of a group
-    is push (most run under backward, from its hooks), the time waiting for answers is wait,
-    placing them (the mean, the copies into the gradients or weights) is pull, the local
-    update is compute. ``t1``..``t2`` is the ``step()`` call; what it spent otherwise is
-    wait."""
-    inside = 0.0
+    """A DistributedOptimizer step's phases into round ``r``'s clock, each at the times it
+    ran: every launch of a group is push (most run under backward, from its hooks), each
+    wait for answers is wait, the time ``synchronize`` spent between them placing the
+    answers (the mean, the copies into the gradients or weights) is pull, and the local
+    update is compute. The rest of the ``step()`` call (``t1``..``t2``) is wait."""
     for a, b in timing.pushes:
         r.clock.add("push_s", b - a, b)
-        if a >= t1:
-            inside += b - a
-    land = upd = 0.0
+    for a, b in timing.waits:
+        r.clock.add("wait_s", b - a, b)
+    taken = []  # parts of t1..t2 accounted for
     if timing.sync is not None:
         s0, s1 = timing.sync
-        land = max(0.0, (s1 - s0) - timing.wait_s - inside)
-        r.clock.add("wait_s", timing.wait_s, s1 - land)
-        r.clock.add("pull_s", land, s1)
+        cur = s0
+        for a, b in sorted([(a, b) for a, b in timing.pushes if a >= s0] + timing.waits):
+            if a > cur:
+                r.clock.add("pull_s", a - cur, a)
+            cur = max(cur, b)
+        if s1 > cur:
+            r.clock.add("pull_s", s1 - cur, s1)
+        taken.append((s0, s1))
     if timing.update is not None:
-        upd = timing.update[1] - timing.update[0]
-        r.clock.add("compute_s", upd, timing.update[1])
-    rest = (t2 - t1) - inside - timing.wait_s - land - upd
-    if rest > 0:
-        r.clock.add("wait_s", rest, t2)
+        u0, u1 = timing.update
+        r.clock.add("compute_s", u1 - u0, u1)
+        taken.append((u0, u1))
+    cur = t1
+    for a, b in sorted(taken) + [(t2, t2)]:
+        if a > cur:
+            r.clock.add("wait_s", a - cur, a)
+        cur = max(cur, b)
 
 
 def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
