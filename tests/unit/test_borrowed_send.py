@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -90,6 +91,13 @@ def test_a_request_queued_behind_another_takes_a_copy_as_it_is_queued():
         caller[:] = -1  # the push call has returned: the caller writes its array
         gate.set()
         t.join(10)
+        deadline = time.monotonic() + 10
+        while True:  # the sender thread sends "b" and goes idle: then "c" goes at once
+            with sender._cv:
+                if not sender._busy and not sender._heap:
+                    break
+            assert time.monotonic() < deadline, "the sender never went idle"
+            time.sleep(0.001)  # polls the sender's state
         sender.submit("c", 0, lambda: None, detach=lambda: detached.append(False))
         assert detached == [True]  # sent at once, from the caller: no copy
     finally:
