@@ -186,7 +186,7 @@ def cmd_secret(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.kvstore.roles import announce_metrics, end_metrics, make_scheduler
+    from hetps.roles import announce_metrics, end_metrics, make_scheduler
 
     try:
         cfg = node_config_from_env(role="scheduler")
@@ -237,7 +237,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     """``hetps server``: be a KVStore server (DMLC_* from the environment)."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.kvstore.roles import run_server
+    from hetps.roles import run_server
 
     try:
         cfg = node_config_from_env(role="server")
@@ -298,8 +298,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_state_server(args: argparse.Namespace) -> int:
     """``hetps state-server``: ESync's state server on its own port."""
-    from hetps.cluster.state_server import StateServer
     from hetps.config import ConfigError, check_exposure, security_from_env
+    from hetps.esync.service import StateServer
 
     try:
         secret, insecure = security_from_env()

@@ -1,5 +1,44 @@
-"""``hetps.kv``: MXNet-style entry point (``hetps.kv.create('dist_sync')``)."""
+"""``hetps.kv``: MXNet-style entry point (``hetps.kv.create('dist_sync')``), for every role.
 
-from hetps.kvstore import NAMES, DistKVStore, LocalKVStore, create
+In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler``, :func:`create` runs that role
+until the job ends and then exits the process (0 on a clean end), so a script written for
+MXNet runs unchanged in every role; a worker gets its store from :func:`hetps.kvstore.create`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from hetps import kvstore
+from hetps.config import node_config_from_env, role_from_env
+from hetps.kvstore import NAMES, DistKVStore, LocalKVStore
 
 __all__ = ["NAMES", "DistKVStore", "LocalKVStore", "create"]
+
+
+def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
+    """Create a KVStore (MXNet's ``mx.kv.create``).
+
+    For ``dist_*`` names the process joins the cluster described by ``DMLC_*`` variables.
+    Under ``DMLC_ROLE=server`` or ``scheduler`` this call does not return: it serves, then
+    exits the process.
+    """
+    if not isinstance(name, str) or name not in NAMES:
+        raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
+    role = role_from_env(env)
+    if role not in ("server", "scheduler"):
+        return kvstore.create(name, env)
+    if not name.startswith("dist"):
+        sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
+    from hetps.roles import run_scheduler, run_server
+
+    cfg = node_config_from_env(env)
+    kvstore.setup_logging(cfg.verbose)
+    code = run_scheduler(cfg) if cfg.role == "scheduler" else run_server(cfg)
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(code) if code else sys.exit(0)

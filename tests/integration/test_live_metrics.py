@@ -38,7 +38,7 @@ SCRIPT = f"""
 import os, time
 import numpy as np
 import hetps.kv
-from hetps.cluster.state_server import StateClient
+from hetps.esync.service import StateClient
 
 kv = hetps.kv.create("dist_sync")
 here = os.environ["LIVE_DIR"]

@@ -12,7 +12,7 @@ import pytest
 
 from hetps.cluster.errors import ClusterError, NodeFailure
 from hetps.cluster.scheduler import Scheduler
-from hetps.cluster.state_server import EsyncService
+from hetps.esync.service import EsyncService
 from hetps.kvstore.client import DistKVStore
 from roles import loopback_config, role_env
 
@@ -155,7 +155,7 @@ def test_esync_report_with_a_huge_round_is_refused_at_once():
 def test_standalone_state_server_survives_a_bad_endpoint():
     import zmq
 
-    from hetps.cluster.state_server import StateServer
+    from hetps.esync.service import StateServer
     from hetps.transport.codec import Message, encode
 
     srv = StateServer(1, host="127.0.0.1")

@@ -90,7 +90,8 @@ model = torch.nn.Sequential(
 flat = lambda: {k: v.clone() for k, v in model.state_dict().items()}
 torch.save(flat(), f'{out}/init-{kv.rank}.pt')
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-trainer = hps.ESyncTrainer(model, kv, global_lr=0.7)
+from hetps.esync import ESyncTrainer
+trainer = ESyncTrainer(model, kv, global_lr=0.7)
 g = torch.Generator().manual_seed(1000 + kv.rank)
 X = torch.randn(64, 6, generator=g)
 Y = (X[:, 0] > 0).long()

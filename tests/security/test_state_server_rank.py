@@ -9,7 +9,7 @@ import threading
 import msgpack
 import zmq
 
-from hetps.cluster.state_server import StateServer
+from hetps.esync.service import StateServer
 from hetps.transport.codec import Message, encode
 
 
@@ -60,7 +60,7 @@ def test_in_the_scheduler_a_report_counts_for_the_senders_rank():
     """The scheduler's service (the default state server): the rank is the sending worker's
     (its connection's node), whatever the report says; a report from no worker is refused."""
     from hetps.cluster.protocol import NodeInfo
-    from hetps.cluster.state_server import EsyncService
+    from hetps.esync.service import EsyncService
 
     svc = EsyncService(2)
     answers = []

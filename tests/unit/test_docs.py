@@ -25,7 +25,7 @@ DOCS = sorted(
     [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").glob("*.md")]
 )
 TOP_DIRS = ("src", "benchmarks", "docs", "examples", "scripts", "tests")
-#: hetps's packages: ARCHITECTURE.md names their modules as ``kvstore/roles.py``
+#: hetps's packages: ARCHITECTURE.md names their modules as ``kvstore/server.py``
 PACKAGES = tuple(
     p.name for p in (ROOT / "src" / "hetps").iterdir() if p.is_dir() and p.name[0] != "_"
 )
@@ -95,7 +95,7 @@ _PATH = re.compile(r"(?<![\w./~-])((?:" + _TOPS + r")/[\w.*<>{}/-]*[\w*>}/])(::\
 
 def repo_paths(text: str) -> list[tuple[str, str | None]]:
     """``(path, test name or None)`` for every path under a top directory of the repository,
-    and every module path under ``src/hetps`` named by its package (``kvstore/roles.py``)."""
+    and every module path under ``src/hetps`` named by its package (``kvstore/server.py``)."""
     out = []
     for m in _PATH.finditer(text):
         path = m.group(1).rstrip(".")
@@ -473,7 +473,7 @@ def test_the_checks_find_what_is_missing():
     assert path_problem("docs/NOT_A_PAGE.md", None)
     assert path_problem("tests/unit/test_docs.py", "test_not_here")
     assert not path_problem("tests/unit/test_docs.py", "test_the_checks_find_what_is_missing")
-    assert repo_paths("see `kvstore/roles.py`") == [("src/hetps/kvstore/roles.py", None)]
+    assert repo_paths("see `kvstore/server.py`") == [("src/hetps/kvstore/server.py", None)]
     assert hetps_problems("hetps trian -n 2")
     assert not hetps_problems("hetps train --servers 2 --replicas 2")
     assert hetps_problems("hetps scheduler --replicas 2")  # launch's and train's, not its own
@@ -490,8 +490,8 @@ def test_the_checks_find_what_is_missing():
     assert not section_problems("docs/BALANCE.md §7.3", ROOT)
     assert name_problem("hetps.kvstore.nothing_here")
     assert name_problem("hetps.torch.NoTrainer")
-    assert not name_problem("hetps.torch.ESyncTrainer")  # a lazy export
-    assert not name_problem("hetps.kvstore.roles.run_server")
+    assert not name_problem("hetps.esync.ESyncTrainer")  # a lazy export
+    assert not name_problem("hetps.roles.run_server")
     assert outside("see ../shared/peers/mxnet/bench_mx.py", ROOT / "docs" / "X.md")
     assert outside("--mx-python /work/main/mxpeer-venv/bin/python", ROOT / "README.md")
     assert outside("commit e8b95b5 on branch `pipeline`", ROOT / "README.md")

@@ -188,7 +188,7 @@ def test_the_workers_mean_divides_a_short_range_by_its_own_workers():
 def test_esync_readiness_leaves_out_a_worker_that_left():
     """A worker that left is ready in every round and never the slowest: the round ends
     when the others are ready, and the slowest of the others sets the deadline."""
-    from hetps.sync.esync import ReadinessPolicy
+    from hetps.esync.policy import ReadinessPolicy
 
     policy = ReadinessPolicy(3)
     policy.start_round(0.0)

@@ -12,9 +12,9 @@ import torch
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.scheduler import Scheduler
-from hetps.cluster.state_server import EsyncService
-from hetps.sync.esync import ReadinessPolicy
-from hetps.torch.esync import ESyncTrainer
+from hetps.esync.policy import ReadinessPolicy
+from hetps.esync.service import EsyncService
+from hetps.esync.trainer import ESyncTrainer
 from hetps.transport.codec import Message
 from roles import loopback_config
 

@@ -12,9 +12,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "hetps"
 #: modules that are not a layer of their own: the layer they belong to
-ALIASES = {"config_report": "config", "kv": "kvstore"}
+ALIASES = {"config_report": "config", "kv": "roles"}
 #: (importing module, imported layer): the exceptions docs/ARCHITECTURE.md states
-EXCEPTIONS = {("hetps.torch.train", "launch")}
+EXCEPTIONS = {
+    ("hetps.torch.train", "launch"),
+    ("hetps.torch.train", "roles"),
+    ("hetps.torch.worker", "esync"),
+}
 
 
 def layers() -> list[set[str]]:

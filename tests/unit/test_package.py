@@ -43,14 +43,18 @@ def test_hetps_torch_exports_the_horovod_style_api_and_its_cli_flags_need_no_tor
         "import hetps.torch as hps\n"
         "from hetps.torch.optimizer import DistributedOptimizer\n"
         "from hetps.torch.broadcast import broadcast_parameters, broadcast_optimizer_state\n"
-        "from hetps.torch.esync import ESyncTrainer\n"
+        "from hetps.esync.trainer import ESyncTrainer\n"
         "print(hps.DistributedOptimizer is DistributedOptimizer,\n"
         "      hps.broadcast_parameters is broadcast_parameters,\n"
         "      hps.broadcast_optimizer_state is broadcast_optimizer_state,\n"
-        "      hps.ESyncTrainer is ESyncTrainer, sorted(hps.__all__))\n"
+        "      'ESyncTrainer' in dir(hps), sorted(hps.__all__))\n"
+        "import hetps.esync as esync\n"
+        "print(esync.ESyncTrainer is ESyncTrainer, sorted(esync.__all__))\n"
     )
     assert out.splitlines() == [
         "False",
-        "True True True True ['DistributedOptimizer', 'ESyncRound', 'ESyncTrainer', "
-        "'broadcast_optimizer_state', 'broadcast_parameters']",
+        "True True True False ['DistributedOptimizer', 'broadcast_optimizer_state', "
+        "'broadcast_parameters']",
+        "True ['ESyncRound', 'ESyncTrainer', 'EsyncService', 'ReadinessPolicy', 'StateClient', "
+        "'StateServer', 'WorkerState']",
     ]

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetps.esync.policy import ReadinessPolicy
 from hetps.sync import (
-    ReadinessPolicy,
     average,
     average_from_sum,
     dcasgd_compensate,
@@ -424,7 +424,7 @@ def test_numpy_integer_worker_ids():
 def test_state_service_tells_a_fast_worker_its_deadline():
     """The answer carries the time left until the slowest's expected end, so the worker can
     take its later local steps without a round trip each."""
-    from hetps.cluster.state_server import EsyncService
+    from hetps.esync.service import EsyncService
 
     svc = EsyncService(2, margin_s=0.5)
     # round 1 is lockstep (no estimates yet): one step each, worker 0 takes 1 s, worker 1 4 s

@@ -11,7 +11,7 @@ can), and answers every worker with the plan and its epoch.
 
 The estimation of per-node caps lives in :mod:`hetps.balance.links`, change detection in
 :mod:`hetps.balance.surprise`; this module parses reports, releases rounds and plans. The
-role setup (:func:`hetps.kvstore.roles.make_scheduler`) plugs it into the scheduler.
+role setup (:func:`hetps.roles.make_scheduler`) plugs it into the scheduler.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One control loop handles every message in one visible dispatch (:meth:`Scheduler._dispatch`).
 Services (the ESync state server, the load planner) are plug-ins: the role setup
-(:func:`hetps.kvstore.roles.make_scheduler`) registers each with :meth:`Scheduler.register`,
+(:func:`hetps.roles.make_scheduler`) registers each with :meth:`Scheduler.register`,
 a command name and a callable ``(scheduler, msg) -> None`` that may answer with
 :meth:`Scheduler.reply`. The scheduler itself knows none of them.
 

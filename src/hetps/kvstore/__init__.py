@@ -1,16 +1,15 @@
 """The KVStore: ``create(name)`` and the stores behind it (MXNet's API).
 
 Names: ``local``, ``device`` (one process), ``dist_sync``, ``dist_async``,
-``dist_sync_device``, ``dist_async_device`` (a cluster). In a process whose ``DMLC_ROLE`` is
-``server`` or ``scheduler``, ``create`` runs that role until the job ends and then exits the
-process (0 on a clean end), so a script written for MXNet runs unchanged in every role.
+``dist_sync_device``, ``dist_async_device`` (a cluster). ``create`` here makes a worker's store;
+:func:`hetps.kv.create`, the entry point, runs a scheduler's or server's role in a process
+whose ``DMLC_ROLE`` says so, so a script written for MXNet runs unchanged in every role.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +27,7 @@ _live: list[DistKVStore] = []
 _hooked = False
 
 
-def _setup_logging(verbose: int) -> None:
+def setup_logging(verbose: int) -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=logging.INFO if verbose >= 1 else logging.WARNING,
@@ -66,28 +65,24 @@ def _install_exit_hooks() -> None:
 
 
 def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
-    """Create a KVStore (MXNet's ``mx.kv.create``).
+    """A worker's KVStore (MXNet's ``mx.kv.create``, on a worker): for ``dist_*`` names the
+    process joins the cluster described by ``DMLC_*`` variables as a worker.
 
-    For ``dist_*`` names the process joins the cluster described by ``DMLC_*`` variables.
-    Under ``DMLC_ROLE=server`` or ``scheduler`` this call does not return: it serves, then
-    exits the process.
+    :func:`hetps.kv.create` is the entry point for every role: under ``DMLC_ROLE=server`` or
+    ``scheduler`` it runs that role (:mod:`hetps.roles`) instead of making a store.
     """
     if not isinstance(name, str) or name not in NAMES:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
     role = role_from_env(env)
+    if role in ("server", "scheduler"):
+        raise ConfigError(
+            f"hetps.kvstore.create makes a worker's store, and DMLC_ROLE is {role}: "
+            "call hetps.kv.create, which runs a scheduler's or server's role"
+        )
     if not name.startswith("dist"):
-        if role in ("server", "scheduler"):
-            sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
         return LocalKVStore(name)
     cfg = node_config_from_env(env)
-    _setup_logging(cfg.verbose)
-    if cfg.role in ("server", "scheduler"):
-        from hetps.kvstore.roles import run_scheduler, run_server
-
-        code = run_scheduler(cfg) if cfg.role == "scheduler" else run_server(cfg)
-        logging.shutdown()
-        sys.stdout.flush()
-        os._exit(code) if code else sys.exit(0)
+    setup_logging(cfg.verbose)
     kv = DistKVStore(name, cfg)
     _install_exit_hooks()
     _live.append(kv)

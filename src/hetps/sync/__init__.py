@@ -1,8 +1,7 @@
-"""Training algorithms' rules as pure functions: SSGD/ASGD/DC-ASGD/ESync updates and ESync's
-readiness policy (the state server's brain). The worker loops that drive them live in
-``hetps.torch``; nothing here does I/O or reads a clock."""
+"""Training algorithms' rules as pure functions: SSGD/ASGD/DC-ASGD/ESync updates. The loops
+that drive them live in ``hetps.torch`` and ``hetps.esync`` (with ESync's readiness rule);
+nothing here does I/O or reads a clock."""
 
-from hetps.sync.esync import ReadinessPolicy, WorkerState
 from hetps.sync.rules import (
     average,
     average_from_sum,
@@ -17,8 +16,6 @@ from hetps.sync.rules import (
 )
 
 __all__ = [
-    "ReadinessPolicy",
-    "WorkerState",
     "average",
     "average_from_sum",
     "dcasgd_compensate",

@@ -1,7 +1,7 @@
 """The training algorithms' update rules as pure functions (numbers in, numbers out).
 
 These are the one definition of each rule: the running code calls them (``hetps train`` and
-:class:`hetps.torch.ESyncTrainer` for ESync, :class:`hetps.torch.DistributedOptimizer` for
+:class:`hetps.esync.ESyncTrainer` for ESync, :class:`hetps.torch.DistributedOptimizer` for
 SSGD's average, the servers' :class:`hetps.optim.DCASGD` for DC-ASGD through
 :func:`hetps.optim.dcasgd.dcasgd_delta`, which :func:`dcasgd_step` wraps, since ``optim``
 sits above ``sync`` in the layering). None of them mutates its inputs (except into an

@@ -1,5 +1,5 @@
-"""PyTorch integration: ``DistributedOptimizer``, broadcast helpers, the ESync loop, models,
-data and ``hetps train``.
+"""PyTorch integration: ``DistributedOptimizer``, broadcast helpers, models, data and
+``hetps train`` (ESync's loop is :class:`hetps.esync.ESyncTrainer`).
 
 Horovod/BytePS style::
 
@@ -11,7 +11,7 @@ Horovod/BytePS style::
     hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
     hps.broadcast_optimizer_state(opt, kv, root_rank=0)
 
-or ESync's local steps (:class:`ESyncTrainer`). The names load on first use, so importing a
+The names load on first use, so importing a
 submodule (``hetps.torch.train`` for the command line's flags) does not import torch.
 """
 
@@ -25,8 +25,6 @@ _EXPORTS = {
     "DistributedOptimizer": "hetps.torch.optimizer",
     "broadcast_parameters": "hetps.torch.broadcast",
     "broadcast_optimizer_state": "hetps.torch.broadcast",
-    "ESyncTrainer": "hetps.torch.esync",
-    "ESyncRound": "hetps.torch.esync",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -130,9 +130,9 @@ class DistributedOptimizer:
         if fusion_bytes is not None and fusion_bytes < 0:
             raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
         if kvstore is None or isinstance(kvstore, str):
-            import hetps.kv
+            import hetps.kvstore  # a worker's store (hetps.kv.create runs the other roles)
 
-            kvstore = hetps.kv.create(kvstore or "local")
+            kvstore = hetps.kvstore.create(kvstore or "local")
         self.kv = kvstore
         self.optimizer = optimizer
         self.op = op

@@ -9,7 +9,7 @@ which took no round yet and calls :meth:`Rejoin.join` first.
 The state: the model, the data position, the local optimizer's state (``-m esync``: the
 checkpoint's optimizer) and the mode's distributed part (``run.shared``: a
 :class:`~hetps.torch.optimizer.DistributedOptimizer` or an
-:class:`~hetps.torch.esync.ESyncTrainer`), by its ``join_state`` / ``adopt``.
+:class:`~hetps.esync.trainer.ESyncTrainer`), by its ``join_state`` / ``adopt``.
 """
 
 from __future__ import annotations

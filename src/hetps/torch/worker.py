@@ -4,7 +4,7 @@
 and hands a :class:`WorkerRun` to the mode's function in :data:`RUNNERS`:
 
 * :func:`run_esync`: local steps until the state server says ready, then the model
-  difference is averaged (:class:`hetps.torch.esync.ESyncTrainer`);
+  difference is averaged (:class:`hetps.esync.trainer.ESyncTrainer`);
 * :func:`run_sync`: SSGD, gradients averaged through the servers every step
   (:class:`~hetps.torch.optimizer.DistributedOptimizer`);
 * :func:`run_async`: ASGD or DC-ASGD, the servers apply each gradient as it arrives;
@@ -573,8 +573,8 @@ def run_async(run: WorkerRun) -> int:
 
 def run_esync(run: WorkerRun) -> int:
     """``-m esync``: local steps until the state server says ready, then the model
-    difference is averaged (:class:`~hetps.torch.esync.ESyncTrainer`)."""
-    from hetps.torch.esync import ESyncTrainer
+    difference is averaged (:class:`~hetps.esync.trainer.ESyncTrainer`)."""
+    from hetps.esync.trainer import ESyncTrainer
 
     args = run.args
     local_opt = torch.optim.SGD(run.model.parameters(), lr=args.local_lr)

@@ -5,7 +5,7 @@ worker's expected end), so a worker can take its further local steps without wai
 answer after each one: it keeps reporting, without waiting, and stops at the deadline or at
 the first answer that says ready, whichever comes first.
 
-The decision is :class:`hetps.sync.esync.ReadinessPolicy` (pure); this module is the service
+The decision is :class:`hetps.esync.policy.ReadinessPolicy` (pure); this module is the service
 around it. It runs inside the scheduler by default (command ``esync_report``) or standalone
 (``hetps state-server --port P``), and :class:`StateClient` is the worker's side.
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from hetps.cluster import protocol as P
 from hetps.cluster.requests import Future
-from hetps.sync.esync import ReadinessPolicy
+from hetps.esync.policy import ReadinessPolicy
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone, Van, new_routing_id
 

@@ -9,8 +9,8 @@ from hetps.balance.service import Planner
 from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
-from hetps.cluster.state_server import EsyncService
 from hetps.config import NodeConfig
+from hetps.esync.service import EsyncService
 from hetps.kvstore.server import KVServer
 from hetps.optim import kernels
 from hetps.transport.codec import Message

@@ -5,18 +5,19 @@ Heterogeneous Clusters") lets every worker take local steps while the slowest wo
 one; then all push their model difference since the round's start, the servers sum, and each
 worker sets ``w <- w_round + global_lr * sum / K`` (:mod:`hetps.sync.rules`). A state server
 (in the scheduler, or ``hetps state-server``) tells each worker after every local step
-whether to take another (:class:`hetps.sync.ReadinessPolicy`).
+whether to take another (:class:`hetps.esync.ReadinessPolicy`).
 
 Example, run under ``hetps launch -n 4 -- python train.py`` (or by hand with
 ``DMLC_ROLE=...``)::
 
-    import torch, hetps.kv, hetps.torch as hps
+    import torch, hetps.kv
+    from hetps.esync import ESyncTrainer
 
     kv = hetps.kv.create("dist_sync")
     torch.manual_seed(0)
     model = torch.nn.Linear(784, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)  # the local steps' optimizer
-    trainer = hps.ESyncTrainer(model, kv)  # every worker starts from rank 0's weights
+    trainer = ESyncTrainer(model, kv)  # every worker starts from rank 0's weights
     batches = iter(my_loader)
 
     def step():  # one local step; what it returns is collected in the round's outputs
@@ -36,7 +37,7 @@ joins at a round boundary they agree on (docs/FAULTS.md, "Elastic workers"). Bef
 first round, the joiner takes a live worker's state; after each round, the live workers
 check ``r.admit``::
 
-    trainer = hps.ESyncTrainer(model, kv)  # a joiner: no broadcast, the keys exist already
+    trainer = ESyncTrainer(model, kv)  # a joiner: no broadcast, the keys exist already
     if kv.rejoining:
         state = torch.load(io.BytesIO(kv.join()))  # waits for the live workers' boundary
         model.load_state_dict(state["model"])
@@ -135,7 +136,7 @@ class ESyncTrainer:
         state_server: str | None = None,
         prefix: str = "",
     ) -> None:
-        from hetps.cluster.state_server import StateClient
+        from hetps.esync.service import StateClient
 
         if not hasattr(kv, "node"):
             raise TypeError(

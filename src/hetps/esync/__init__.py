@@ -1,0 +1,44 @@
+"""ESync, as one wing: the readiness rule, the state service and the worker's trainer.
+
+ESync (Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in
+Heterogeneous Clusters") lets every device take local steps until the slowest has taken one;
+then all push their model difference and the servers sum.
+
+* :mod:`hetps.esync.policy`: :class:`ReadinessPolicy`, the pure rule (no I/O, no clock).
+* :mod:`hetps.esync.service`: the state server around it (:class:`EsyncService` inside the
+  scheduler, :class:`StateServer` standalone) and :class:`StateClient`, the worker's side.
+* :mod:`hetps.esync.trainer`: :class:`ESyncTrainer`, the loop for your own PyTorch script.
+
+The names load on first use, so the scheduler can use the rule without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> the submodule that defines it
+_EXPORTS = {
+    "ReadinessPolicy": "hetps.esync.policy",
+    "WorkerState": "hetps.esync.policy",
+    "EsyncService": "hetps.esync.service",
+    "StateServer": "hetps.esync.service",
+    "StateClient": "hetps.esync.service",
+    "ESyncTrainer": "hetps.esync.trainer",
+    "ESyncRound": "hetps.esync.trainer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hetps.esync' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
