@@ -48,7 +48,7 @@ class _Node:
     def leave(self, srv: KVServer, worker: int) -> None:
         """What Node does on worker_left: remember it, then tell the server."""
         self.left.add(worker)
-        srv._on_worker_left(worker)
+        srv.elastic.on_worker_left(worker)
 
 
 def _server(optimizer: optim.Optimizer | None = None) -> tuple[KVServer, _Node]:

@@ -283,7 +283,7 @@ def test_a_drop_spares_what_a_server_serves_for_the_slices_new_server():
     assert _same_state(optim.load_states(blob.tobytes())[("w", 0)], a.slices[("w", 0)].state)
     wire.dead.add(P_ID)
     b.node.redirect = {P_ID: Q_ID}
-    b._on_failover(P_ID, Q_ID)
+    b.replication.on_failover(P_ID, Q_ID)
     assert b.slices[("w", 0)].primary
     b.handle(Message("drop", sender=W0, req=13, body={"slices": [["w", 0, P_ID]]}))
     assert ("w", 0) in b.slices and wire.replies[Q_ID][-1][0].req == 13

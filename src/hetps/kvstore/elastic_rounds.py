@@ -15,30 +15,24 @@ from typing import Any
 import numpy as np
 
 from hetps.kvstore.slices import BadRequest, Slice
-from hetps.optim import kernels
 from hetps.transport.codec import Message
 
 
 class ElasticRounds:
-    """Per-worker rounds, leaves and joins (mixed into KVServer, which holds what is used)."""
+    """Per-worker rounds, leaves and joins: a part of a :class:`~hetps.kvstore.server.KVServer`
+    (``server``: its slices, answers, aggregator and round end)."""
 
-    node: Any
-    slices: dict
-    optimizer: Any
-    answers: Any
-    num_workers: int
-    _fixed_workers: int | None
-    _meas: dict
-    _forecasts: dict
-    _finish_round: Any
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.node = server.node
 
     @property
-    def _elastic(self) -> bool:
+    def active(self) -> bool:
         """Whether a worker may leave mid-job (HETPS_ELASTIC): rounds are kept per worker."""
-        return self._fixed_workers is None and getattr(self.node, "elastic", 0) > 0
+        return self.server._fixed_workers is None and getattr(self.node, "elastic", 0) > 0
 
     # -- HETPS_ELASTIC: a round is kept per worker until it is complete ----------------------
-    def _hold(
+    def hold(
         self, msg: Message, sl: Slice, worker: int, data: np.ndarray, off: int, n: int, ce: int
     ) -> None:
         """Keep a push of this round apart from the others' (merged when the round is
@@ -56,49 +50,26 @@ class ElasticRounds:
         sl.seen.setdefault(worker, set()).add(off)
         msg.arrays = []
         sl.acks.append(msg)
-        self._finish_if_complete(sl)
+        self.finish_if_complete(sl)
 
-    def _finish_if_complete(self, sl: Slice) -> None:
+    def finish_if_complete(self, sl: Slice) -> None:
+        """Finish ``sl``'s round if every worker still in the job pushed all of it."""
+        srv = self.server
         if (
             sl.got
             and not sl.copying
-            and len(sl.got) == self.num_workers
+            and len(sl.got) == srv.num_workers
             and all(c >= sl.value.size for c in sl.got.values())
         ):
-            self._merge_held(sl)
-            self._finish_round(sl)
+            srv.aggregator.merge_held(sl, len(self.node.workers()))
+            srv.finish_round(sl)
 
-    def _merge_held(self, sl: Slice) -> None:
-        """Sum the round's pushes in worker order. With fewer workers than the job's (some
-        left): with an optimizer the sum is scaled to the job's count, so the optimizer's
-        rescale_grad (set for it) gives the survivors' mean; without one the value is their
-        sum, and its answers say how many workers it holds (``w``)."""
-        buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
-        buf = buf if buf is not None else np.empty(sl.value.size, sl.value.dtype)
-        sl.spare = None
-        written: set[int] = set()
-        for w in sorted(sl.held):
-            for off, arr in sl.held[w]:
-                if off in written:
-                    view = buf[off : off + arr.size]
-                    kernels.add_into(view, view, arr)
-                else:
-                    buf[off : off + arr.size] = arr
-                    written.add(off)
-        count, job = len(sl.held), len(self.node.workers())
-        sl.held = {}
-        sl.merge, sl.written, sl.short = buf, written, None
-        if count < job:
-            if self.optimizer is None:
-                sl.short = count
-            elif buf.dtype.kind == "f":
-                buf *= job / count
-
-    def _on_worker_left(self, gone: int) -> None:
+    def on_worker_left(self, gone: int) -> None:
         """A worker died and the job goes on without it (the receive thread calls this,
         between handlers): drop what it sent that is not applied yet, and finish the rounds
         that now have every other worker's push."""
-        for sl in list(self.slices.values()):
+        srv = self.server
+        for sl in list(srv.slices.values()):
             sl.backlog = [m for m in sl.backlog if m.sender != gone]
             sl.deferred = [m for m in sl.deferred if m.sender != gone]
             sl.partial.pop(gone, None)
@@ -107,22 +78,20 @@ class ElasticRounds:
                 sl.got.pop(gone, None)
                 sl.seen.pop(gone, None)
                 sl.acks = [m for m in sl.acks if m.sender != gone]
-            self._finish_if_complete(sl)
-        self.tables.worker_left(gone)  # row-sparse keys (kvstore/tables.py)
-        for table in (self._meas, self._forecasts):
-            for k in [k for k in table if k[0] == gone]:
-                del table[k]
+            self.finish_if_complete(sl)
+        srv.tables.worker_left(gone)  # row-sparse keys (kvstore/tables.py)
+        srv.links.forget(gone)
 
-    def _in_rounds(self, msg: Message) -> None:
+    def in_rounds(self, msg: Message) -> None:
         """Refuse what would change the job's keys from a worker that is out of its rounds (let
         go, or started again and not joined yet: HETPS_ELASTIC)."""
-        if self._fixed_workers is None and msg.sender in getattr(self.node, "left", ()):
+        if self.server._fixed_workers is None and msg.sender in getattr(self.node, "left", ()):
             raise BadRequest(
                 f"{msg.cmd} from a worker that is not in the job's rounds (it was let go; a "
                 "worker started again joins first: kv.join())"
             )
 
-    def _enter(self, msg: Message) -> None:
+    def enter(self, msg: Message) -> None:
         """A let-go worker started again joins (HETPS_ELASTIC): it counts in every round from
         now on. The live workers wait at a round boundary meanwhile, so no round is under way."""
         left = getattr(self.node, "left", None)
@@ -130,4 +99,4 @@ class ElasticRounds:
             raise BadRequest("enter: only a worker that was let go and joins again enters")
         left.discard(msg.sender)  # (already counted: nothing to do)
         self.node.van.revive(msg.sender)
-        self.answers.reply(msg, {})
+        self.server.answers.reply(msg, {})

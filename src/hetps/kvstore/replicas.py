@@ -20,6 +20,7 @@ import numpy as np
 
 from hetps import optim
 from hetps.cluster import protocol as P
+from hetps.kvstore.aggregate import writable
 from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
 from hetps.transport.codec import WIRE_DTYPES, Message
 
@@ -37,24 +38,24 @@ class _Copy:
         self.done = False
 
 
-class Copies:
-    """The copy-keeping methods of a server (mixed into KVServer, which holds ``node``,
-    ``slices``, ``optimizer``, ``answers``, ``rounds`` and the methods used here)."""
+class Replication:
+    """The replication policy of a :class:`~hetps.kvstore.server.KVServer` (``server``: its
+    slices, answers, optimizer and aggregator): which servers keep copies of what it serves,
+    and the copies it sends and takes."""
 
-    node: Any
-    slices: dict
-    optimizer: Any
-    answers: Any
-    rounds: int
-    _copies: list
-    _optimizer_blob: bytes | None
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.node = server.node
+        self.slices = server.slices
+        self.answers = server.answers
+        self._copies: list[_Copy] = []  # copies on their way, each waiting for its acks
 
     @property
-    def _replicated(self) -> bool:
+    def replicated(self) -> bool:
         """Whether keys have copies on other servers (pushes then carry their round)."""
         return getattr(self.node, "replicas", 1) > 1
 
-    def _replicas(self) -> list[int]:
+    def replicas(self) -> list[int]:
         """The servers that keep copies of what this one serves: the next REPLICAS-1 live
         servers in rank order (the first of them takes over if this one dies)."""
         node = self.node
@@ -67,10 +68,10 @@ class Copies:
         after = live[me + 1 :] + live[:me]
         return [n.id for n in after[: node.replicas - 1]]
 
-    def _copy_out(self, body: dict, data: np.ndarray, then) -> None:
+    def copy_out(self, body: dict, data: np.ndarray, then) -> None:
         """Send ``body`` with ``data`` (not changed until every replica answered) to every
         replica; ``then()`` runs once each acknowledged it, or died."""
-        peers = self._replicas()
+        peers = self.replicas()
         if not peers:
             then()
             return
@@ -92,21 +93,21 @@ class Copies:
             # a live replica that refused a copy (it lacked the slice, or a round): it gets
             # the whole of what we serve again, behind which later rounds go on
             log.warning("server: a replica did not take a copy (%s); sending it all again", error)
-            self._resync()
+            self.resync()
         copy.waiting.discard(peer)
         if not copy.waiting and not copy.done:
             copy.done = True
             self._copies.remove(copy)
             copy.then()
 
-    def _drop(self, msg: Message) -> None:
+    def drop(self, msg: Message) -> None:
         """Slices a plan moved away (HETPS_BALANCE), after every worker's moves landed."""
         items = msg.body.get("slices", [])
         if not isinstance(items, list) or not all(_drop_item(i) for i in items):
             raise BadRequest(
                 "drop: field 'slices' must be a list of [key, part] or [key, part, to]"
             )
-        if not self._replicated:
+        if not self.replicated:
             for item in items:
                 self.slices.pop((item[0], item[1]), None)
             self.answers.reply(msg)
@@ -125,9 +126,9 @@ class Copies:
                 del self.slices[(item[0], item[1])]
             gone.append(item[:2])
         body = {"op": "drop", "slices": gone}
-        self._copy_out(body, np.zeros(0, np.uint8), lambda: self.answers.reply(msg))
+        self.copy_out(body, np.zeros(0, np.uint8), lambda: self.answers.reply(msg))
 
-    def _on_failover(self, dead: int, to: int) -> None:
+    def on_failover(self, dead: int, to: int) -> None:
         """A server died (the receive thread calls this, between handlers): copies waiting
         for it wait no more; its copies here are ours now if we took over (else the server
         that did sends them from now on); and the replicas, which may have changed, get what
@@ -142,23 +143,23 @@ class Copies:
                     sl.primary, sl.origin = True, None
                 else:
                     sl.origin = to
-        self._resync()
+        self.resync()
 
-    def _on_rejoin(self, nid: int) -> None:
+    def on_rejoin(self, nid: int) -> None:
         """A server is back: it may be one of our replicas now, with nothing of ours."""
-        self._resync()
+        self.resync()
 
-    def _resync(self) -> None:
+    def resync(self) -> None:
         """Send every replica the whole of what this server serves: the optimizer, then each
         slice's value, optimizer state and round count (op ``sync``); a replica takes them
         in place of what it had. Rounds applied after go as usual, behind them on the same
         connection. A replica that already had it all loses nothing."""
-        peers = self._replicas()
+        peers = self.replicas()
         mine = [sl for sl in self.slices.values() if sl.primary]
         if not peers or not mine:
             return
         for peer in peers:
-            left = [len(mine) + (self._optimizer_blob is not None)]
+            left = [len(mine) + (self.server.optimizer_blob is not None)]
 
             def taken(_reply, peer=peer, left=left) -> None:
                 left[0] -= 1
@@ -169,8 +170,8 @@ class Copies:
                         len(mine),
                     )
 
-            if self._optimizer_blob is not None:
-                blob = np.frombuffer(self._optimizer_blob, np.uint8)
+            if self.server.optimizer_blob is not None:
+                blob = np.frombuffer(self.server.optimizer_blob, np.uint8)
                 self._copy_to(peer, {"op": "optimizer"}, [blob], taken)
             for sl in mine:
                 body = {
@@ -204,11 +205,11 @@ class Copies:
         if fut.done() and fut._error is not None:
             failed(fut._error)
 
-    def _copy_in(self, msg: Message) -> None:
+    def copy_in(self, msg: Message) -> None:
         """A primary's copy: the first value of a chunk of a key, or a finished round."""
         op = msg.body.get("op")
         if op == "init":
-            self._init(msg)
+            self.server.init(msg)
             return
         if op == "optimizer":
             self._optimizer_copy(msg)
@@ -248,27 +249,27 @@ class Copies:
             )
         if rnd > sl.rounds:  # (an earlier one again is only acknowledged)
             if mode == "grad":
-                if self.optimizer is None:
+                if self.server.optimizer is None:
                     raise BadRequest("replicate: a gradient round, but no optimizer is set here")
-                self._apply(sl, data, -1)
+                self.server.aggregator.apply(sl, data, -1)
             else:
-                self._writable(sl)
+                writable(sl)
                 sl.value = np.array(data)
             sl.rounds = rnd
-            self.rounds += 1
+            self.server.rounds += 1
         self.answers.reply(msg)
 
     def _optimizer_copy(self, msg: Message) -> None:
         """A primary's optimizer, for a replica that has none (one admitted again): unpickled
         from a server of this job (an authenticated connection, see hetps.cluster.allow)."""
-        if self.optimizer is None:
+        if self.server.optimizer is None:
             if len(msg.arrays) != 1:
                 raise BadRequest("replicate: an optimizer copy carries one pickle")
             try:
-                self.optimizer = optim.loads(msg.arrays[0].tobytes())
+                self.server.optimizer = optim.loads(msg.arrays[0].tobytes())
             except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
                 raise BadRequest(f"replicate: the optimizer did not load ({exc})") from None
-            self._optimizer_blob = msg.arrays[0].tobytes()
+            self.server.optimizer_blob = msg.arrays[0].tobytes()
         self.answers.reply(msg)
 
     def _sync_copy(self, msg: Message) -> None:
@@ -300,7 +301,7 @@ class Copies:
             sl = Slice(key, part, tuple(shape), value)
             self.slices[(key, part)] = sl
         else:
-            self._writable(sl)
+            writable(sl)
             sl.value = value
         if len(msg.arrays) == 2:
             try:
