@@ -112,7 +112,7 @@ def run_server(cfg: NodeConfig) -> int:
     kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
     server = KVServer(node)
     node.handler = server.handle
-    node.van.borrow = KVServer.BORROWS  # pushes are merged straight out of the ring
+    node.lend(KVServer.BORROWS)  # pushes are merged straight out of the ring
     meter = None
     try:
         node.start()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from hetps.metrics.live import BUCKETS
+from hetps.metrics.reports import BUCKETS
 from hetps.metrics.top import parse
 from security.lines import Lines
 

@@ -25,7 +25,7 @@ class _Store:
         self.node = SimpleNamespace(route=lambda peer: redirect.get(peer, peer))
         self.cfg = SimpleNamespace(colocate=False)
         self.rank, self.num_workers, self.num_servers, self.timeout = 0, 1, 3, 5.0
-        self._server_ids = [S0, S1, S2]
+        self.server_id = [S0, S1, S2].__getitem__
         self.order = ["a", "b"]
         self.meta = {}
         for k in self.order:

@@ -15,18 +15,18 @@ from types import SimpleNamespace
 import pytest
 
 from hetps.metrics import dashboard
-from hetps.metrics.live import (
+from hetps.metrics.live import LiveMetrics
+from hetps.metrics.records import RunWriter, run_meta
+from hetps.metrics.report import build_report, cmd_report, report_data
+from hetps.metrics.reports import (
     TL_KEEP,
     TL_ROUNDS,
     TL_SPANS,
-    LiveMetrics,
     ReportError,
     WorkerMeter,
     WorkerTotals,
     parse_report,
 )
-from hetps.metrics.records import RunWriter, run_meta
-from hetps.metrics.report import build_report, cmd_report, report_data
 from hetps.metrics.spans import Spans
 
 
@@ -173,6 +173,17 @@ class _Sched:
 
     def reply(self, msg, body):
         pass
+
+    def node_info(self, nid):
+        return self.nodes.get(nid)
+
+    def membership(self):  # the scheduler's, for a job with nobody late, left or back
+        return {
+            "nodes": dict(self.nodes), "dead": dict(self.dead), "finished": dict(self.finished),
+            "last_seen": dict(self.last_seen), "recoveries": {}, "failovers": [], "left": {},
+            "rejoined": {}, "late_after": 0.0, "uptime": time.monotonic() - self.started,
+            "expected": {"server": self.cfg.num_server, "worker": self.cfg.num_worker},
+        }  # fmt: skip
 
 
 def _get(url):

@@ -223,10 +223,12 @@ def test_a_worker_out_of_the_rounds_cannot_init_or_set_the_optimizer_until_it_en
     assert np.array_equal(srv.slices[("w", 0)].value, np.zeros(8, np.float32))
     assert srv.optimizer is None
     node.replies.clear()
-    node.van = type("Van", (), {"revive": lambda self, peer: None})()
+    revived = []
+    node.revive = revived.append
     for req in (7, 8):
         srv.handle(Message("enter", sender=W2, req=req))
     assert [body for _, body, _ in node.replies] == [{}, {}]
+    assert revived == [W2, W2]  # the van takes it as alive again
     assert W2 not in node.left
     node.replies.clear()
     for worker, v in ((W0, 1.0), (W1, 2.0), (W2, 3.0)):  # three workers again

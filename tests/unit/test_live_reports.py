@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hetps.config import ConfigError, node_config_from_env
-from hetps.metrics.live import (
+from hetps.metrics.reports import (
     BUCKETS,
     NBUCKETS,
     Histogram,

@@ -34,17 +34,20 @@ def _exported_names() -> set[str]:
     from hetps.metrics.prom import Collector
 
     node = SimpleNamespace(role="worker", rank=0, describe=lambda: "worker 0")
+    nodes = {1: SimpleNamespace(role="server", rank=0, describe=lambda: "server 0"), 2: node}
+    started = time.monotonic()
     sched = SimpleNamespace(
         cfg=SimpleNamespace(num_server=2, num_worker=1, root_uri="127.0.0.1"),
-        nodes={1: SimpleNamespace(role="server", rank=0, describe=lambda: "server 0"), 2: node},
-        dead={}, finished={}, last_seen={}, started=time.monotonic(), reply=lambda *a: None,
+        node_info=nodes.get, reply=lambda *a: None,
+        membership=lambda: {
+            "nodes": nodes, "dead": {}, "finished": {}, "last_seen": {}, "recoveries": {},
+            "failovers": [], "left": {}, "rejoined": {}, "late_after": 0.0,
+            "uptime": time.monotonic() - started, "expected": {"server": 2, "worker": 1},
+        },
     )  # fmt: skip
-    planner = SimpleNamespace(
-        assignment=[0, 1], slices=[SimpleNamespace(length=3), SimpleNamespace(length=1)], S=2,
-        epoch=1,
-    )  # fmt: skip
-    policy = SimpleNamespace(round=1, num_workers=1, local_steps=lambda w: 2)
-    live = LiveMetrics(sched, planner, SimpleNamespace(policy=policy, steps_total=[2]))
+    planner = SimpleNamespace(shares=lambda: {"epoch": 1, "shares": [0.75, 0.25]})
+    esync = SimpleNamespace(progress=lambda: {"round": 1, "steps": [2], "total": [2]})
+    live = LiveMetrics(sched, planner, esync)
     body = {"seq": 1, "t": 1.0, "rounds": 1, "links": [[0, 1, 1]],
             "h": {n: [[1] + [0] * 17, 0.1] for n in ("push", "pull", "round")}}  # fmt: skip
     live.handle(sched, SimpleNamespace(sender=2, req=0, body=body))

@@ -55,7 +55,7 @@ class _Wire:
 
             def request(self, peer, msg, callback=None, what=None):
                 msg.sender = me
-                fut = SimpleNamespace(errback=None, done=lambda: False, _error=None)
+                fut = SimpleNamespace(errback=None, done=lambda: False, error=None)
                 wire.held.append((peer, msg, callback))
                 return fut
 

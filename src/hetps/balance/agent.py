@@ -415,7 +415,7 @@ class BalanceAgent:
         wait_all(writes, self.timeout, "slice migration (write)")
         # 3. the caller drops them where they were, after a barrier
         return [
-            (s_old, [[k, j, self.kv._server_ids[s_new]] for k, j, _, _ in items])
+            (s_old, [[k, j, self.kv.server_id(s_new)] for k, j, _, _ in items])
             for s_old, s_new, items, _want, _states, _pulls in reads
         ]
 
@@ -425,13 +425,13 @@ class BalanceAgent:
         out: dict[int, list] = {}
         for (k, j, _, _), s_old, s_new in zip(self._slices(), old, new, strict=True):
             if self._serving(s_old) != self._serving(s_new):
-                out.setdefault(s_old, []).append([k, j, self.kv._server_ids[s_new]])
+                out.setdefault(s_old, []).append([k, j, self.kv.server_id(s_new)])
         return list(out.items())
 
     def _serving(self, server_rank: int) -> int:
         """The node that serves what the plan gives server ``server_rank``: the server
         itself, or the one that took its keys over when it died (HETPS_REPLICAS)."""
-        return self.kv.node.route(self.kv._server_ids[server_rank])
+        return self.kv.node.route(self.kv.server_id(server_rank))
 
     def _probes_used(self) -> bool:
         """Whether this store's scheme plans from capacity probes."""

@@ -157,6 +157,20 @@ class Planner:
         np.fill_diagonal(m, np.inf)
         return m
 
+    def shares(self) -> dict | None:
+        """The current plan: its epoch and each server's share of the elements (live
+        metrics); None before the first layout."""
+        assignment, slices = self.assignment, self.slices
+        if assignment is None or not slices:
+            return None
+        lengths = [s.length for s in slices]
+        total = float(sum(lengths)) or 1.0
+        shares = [0.0] * self.S
+        for server, length in zip(assignment, lengths, strict=False):
+            if 0 <= int(server) < self.S:
+                shares[int(server)] += length / total
+        return {"epoch": self.epoch, "shares": shares}
+
     def handle(self, sched: Any, msg: Message) -> None:
         """One worker's report; answer everyone once every worker reported the round."""
         b = msg.body

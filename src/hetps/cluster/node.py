@@ -151,6 +151,24 @@ class Node(Recovery):
             return peer
         return self.redirect.get(peer, peer)
 
+    def revive(self, peer: int) -> None:
+        """Take ``peer`` as alive again (a let-go worker that joins: HETPS_ELASTIC)."""
+        self.van.revive(peer)
+
+    def lend(self, commands: frozenset[str]) -> None:
+        """Requests of these commands come with their ring-borne arrays lent (valid only
+        while the handler runs: see :meth:`hetps.transport.van.Van.recv`)."""
+        self.van.borrow = frozenset(commands)
+
+    @property
+    def ring_min(self) -> int:
+        """Arrays at least this big go through a shared-memory ring to a peer that has one."""
+        return self.van.ring_min
+
+    def ring_open(self, peer: int) -> bool:
+        """Whether requests to server ``peer`` (routed) go through an open ring."""
+        return self.van.ring_open(self.route(peer))
+
     def role_of(self, node_id: int) -> str | None:
         """Role of a node of this job (None for anybody else)."""
         if node_id == P.SCHEDULER_ID:

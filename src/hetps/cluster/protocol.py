@@ -229,13 +229,13 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "rank, sent, received], ...], one row per worker)",
         "tl": "the worker's last rounds since its last report (at most 8): [[round, [[phase, "
         "unix start, seconds], ...] (at most 32), [[server rank, sent, received], ...] (the "
-        "round's bytes)], ...] (hetps.metrics.live)",
+        "round's bytes)], ...] (hetps.metrics.reports)",
         "run": "the run directory the worker logs into, where the scheduler leaves the "
         "dashboard's last state (a printable path, at most 4096 characters)",
         "server": "a server's report: {rounds: rounds merged, opt_s: seconds in the "
         "optimizer, replicas: copies of every key} (hetps.metrics.server_meter)",
         "h": "{push|pull|round: [counts, sum]}: what the worker's fixed-bucket histograms "
-        "gained since its last report (counts per bucket of hetps.metrics.live.BUCKETS and "
+        "gained since its last report (counts per bucket of hetps.metrics.reports.BUCKETS and "
         "one for above them; the sum of the observed seconds)",
     },
     # the planner's answer to a balance report (hetps.balance.wire)

@@ -66,6 +66,11 @@ class Future:
         """Whether it ended with an error."""
         return self._event.is_set() and self._error is not None
 
+    @property
+    def error(self) -> BaseException | None:
+        """The error it ended with (None while running, or when it succeeded)."""
+        return self._error if self._event.is_set() else None
+
     def unreported_error(self) -> bool:
         """Whether it failed and no caller has seen the error yet."""
         return self._event.is_set() and self._error is not None and not self.reported

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
@@ -181,6 +181,29 @@ class Scheduler(Takeover, Elastic, LauncherLink):
             self._on_worker_back.append(on_worker_back)
 
     # -- lifecycle --------------------------------------------------------------------------
+    def node_info(self, nid: int) -> NodeInfo | None:
+        """The registered node ``nid`` (None for a connection that is no node of the job)."""
+        return self.nodes.get(nid)
+
+    def membership(self) -> dict[str, Any]:
+        """The job's members as plain values, for live metrics (read on another thread: the
+        scheduler's loop changes these dicts; copies of builtin dicts with int keys are taken
+        without a thread switch in between)."""
+        now = time.monotonic()
+        return {
+            "nodes": dict(self.nodes),
+            "dead": dict(self.dead),
+            "finished": dict(self.finished),
+            "last_seen": dict(self.last_seen),
+            "recoveries": dict(self.recoveries),
+            "failovers": list(self.failovers),
+            "left": dict(self.left),
+            "rejoined": dict(self.rejoined),
+            "late_after": self.late_after,
+            "uptime": now - self.started,
+            "expected": {"server": self.cfg.num_server, "worker": self.cfg.num_worker},
+        }
+
     @property
     def expected(self) -> int:
         """Number of servers plus workers the cluster waits for."""

@@ -82,6 +82,17 @@ class EsyncService:
             answer["deadline_in_s"] = deadline - self.policy.margin_s - now
         return answer
 
+    def progress(self) -> dict:
+        """The round, each worker's local steps in it and in all rounds (live metrics)."""
+        policy = self.policy
+        return {
+            "round": policy.round,
+            "steps": [
+                policy.local_steps(w) if policy.round else 0 for w in range(policy.num_workers)
+            ],
+            "total": list(self.steps_total),
+        }
+
     def handle(self, msg: Message) -> dict:
         """Decide on a report message; errors come back as ``{"error": text}``."""
         b = msg.body

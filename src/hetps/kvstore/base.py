@@ -10,28 +10,9 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster.requests import Future, wait_all
-from hetps.kvstore.devices import STAGING, on_device
+from hetps.kvstore.devices import STAGING, as_numpy, on_device
 
 SUPPORTED_DTYPES = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
-
-
-def as_numpy(value: Any, what: str = "value") -> np.ndarray:
-    """A NumPy view of a NumPy array or CPU torch tensor (no copy when possible). Device
-    tensors go through :mod:`hetps.kvstore.devices` instead (reduce_values, out_arrays)."""
-    if isinstance(value, np.ndarray):
-        return value
-    mod = type(value).__module__
-    if mod.startswith("torch"):
-        if value.device.type != "cpu":
-            raise TypeError(
-                f"{what}: hetps takes CPU and CUDA tensors; move a tensor on "
-                f"{value.device} to one of them first (.cpu())"
-            )
-        return value.detach().numpy()
-    raise TypeError(
-        f"{what} must be a numpy.ndarray or a torch.Tensor (or a list of them), "
-        f"got {type(value).__name__}"
-    )
 
 
 def normalize_keys(key: Any) -> tuple[list[Any], bool]:

@@ -110,7 +110,7 @@ class DistKVStore(Joining, SparseKeys):
         # live metrics (the scheduler serves them: docs/LIVE.md): latencies, rounds, link bytes
         self.meter = None
         if self.node.metrics_interval > 0:
-            from hetps.metrics.live import WorkerMeter
+            from hetps.metrics.reports import WorkerMeter
 
             self.meter = WorkerMeter(
                 self.node.metrics_interval, self._send_metrics, self._link_bytes
@@ -123,6 +123,11 @@ class DistKVStore(Joining, SparseKeys):
     def rank(self) -> int:
         """This worker's rank, 0 .. num_workers-1."""
         return self.node.rank
+
+    def server_id(self, server_rank: int) -> int:
+        """The node id of server ``server_rank`` (as registered; a plan names servers by
+        rank, requests go to node ids)."""
+        return self._server_ids[server_rank]
 
     @property
     def num_workers(self) -> int:
@@ -455,10 +460,9 @@ class DistKVStore(Joining, SparseKeys):
         (network-aware balancing)."""
         if self.agent is not None or self.node.replicas > 1:
             return False
-        if meta.size * meta.dtype.itemsize < self.node.van.ring_min:
+        if meta.size * meta.dtype.itemsize < self.node.ring_min:
             return False
-        van, route = self.node.van, self.node.route
-        return all(van.ring_open(route(self._server_ids[p.server])) for p in meta.parts)
+        return all(self.node.ring_open(self._server_ids[p.server]) for p in meta.parts)
 
     def _round_credit(self, meta: KeyMeta) -> None:
         """dist_sync: a worker may be ``HETPS_ROUNDS_AHEAD`` rounds of a key ahead of the

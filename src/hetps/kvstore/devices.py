@@ -32,6 +32,25 @@ from typing import Any, Protocol
 import numpy as np
 
 
+def as_numpy(value: Any, what: str = "value") -> np.ndarray:
+    """A NumPy view of a NumPy array or CPU torch tensor (no copy when possible). Device
+    tensors go through :class:`Staging` instead (reduce_values, out_arrays)."""
+    if isinstance(value, np.ndarray):
+        return value
+    mod = type(value).__module__
+    if mod.startswith("torch"):
+        if value.device.type != "cpu":
+            raise TypeError(
+                f"{what}: hetps takes CPU and CUDA tensors; move a tensor on "
+                f"{value.device} to one of them first (.cpu())"
+            )
+        return value.detach().numpy()
+    raise TypeError(
+        f"{what} must be a numpy.ndarray or a torch.Tensor (or a list of them), "
+        f"got {type(value).__name__}"
+    )
+
+
 class Backend(Protocol):
     """What staging needs of an accelerator (an "event" marks the end of a queued copy)."""
 
@@ -243,8 +262,6 @@ class Staging:
         backend.wait_host(backend.to_host(src, buf.array))
         if not host:
             return buf.array
-        from hetps.kvstore.base import as_numpy
-
         total = buf.array
         for v in host:
             a = as_numpy(v, what)
@@ -259,8 +276,6 @@ class Staging:
         """Host arrays to land a pull's value in for ``entry`` (an out, or a list of outs):
         host outs as they are, and one host buffer for all the device ones, whose copies are
         owed until :meth:`settle`'s finisher runs."""
-        from hetps.kvstore.base import as_numpy
-
         values = list(entry) if isinstance(entry, (list, tuple)) else [entry]
         if any(isinstance(v, Staged) for v in values):
             raise ValueError(f"{what}: a staged value cannot be an out; give out= a tensor")

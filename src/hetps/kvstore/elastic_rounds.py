@@ -98,5 +98,5 @@ class ElasticRounds:
         if left is None:
             raise BadRequest("enter: only a worker that was let go and joins again enters")
         left.discard(msg.sender)  # (already counted: nothing to do)
-        self.node.van.revive(msg.sender)
+        self.node.revive(msg.sender)
         self.server.answers.reply(msg, {})

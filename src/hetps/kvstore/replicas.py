@@ -85,8 +85,8 @@ class Replication:
                 what=f"a copy of key {body.get('k')!r} to {self.node.describe(peer)}",
             )
             fut.errback = lambda exc, peer=peer: self._copied(copy, peer, exc)
-            if fut.done() and fut._error is not None:
-                self._copied(copy, peer, fut._error)
+            if fut.error is not None:
+                self._copied(copy, peer, fut.error)
 
     def _copied(self, copy: _Copy, peer: int, error: BaseException | None) -> None:
         if error is not None and peer not in getattr(self.node, "down", ()):
@@ -202,8 +202,8 @@ class Replication:
                 log.warning("server: a replica did not take a copy: %s", exc)
 
         fut.errback = failed
-        if fut.done() and fut._error is not None:
-            failed(fut._error)
+        if fut.error is not None:
+            failed(fut.error)
 
     def copy_in(self, msg: Message) -> None:
         """A primary's copy: the first value of a chunk of a key, or a finished round."""

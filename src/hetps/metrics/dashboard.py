@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 
-from hetps.metrics.live import BUCKETS, HISTOGRAMS
+from hetps.metrics.reports import BUCKETS, HISTOGRAMS
 
 log = logging.getLogger("hetps.metrics.dashboard")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetps.metrics.live import BUCKETS
+from hetps.metrics.reports import BUCKETS
 
 
 class Collector:

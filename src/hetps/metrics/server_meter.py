@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hetps.metrics.live import MAX_T, ReportError, _int, _seconds
+from hetps.metrics.reports import MAX_T, ReportError, _int, _seconds
 
 log = logging.getLogger("hetps.metrics.server_meter")
 
