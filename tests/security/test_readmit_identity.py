@@ -230,14 +230,14 @@ def test_a_second_connection_for_a_node_that_is_back_is_refused(tmp_path, monkey
             assert time.monotonic() < deadline, caplog.text
             time.sleep(0.02)  # polls the scheduler's log
         socks += _readmit(ctx, port, cred)
-        while 9 not in sched._back:
+        while 9 not in sched.takeover.back:
             assert time.monotonic() < deadline, caplog.text
             time.sleep(0.02)  # polls the scheduler's state
         socks += _readmit(ctx, port, cred)
         while "that node is back already, on another connection" not in caplog.text:
             assert time.monotonic() < deadline, caplog.text
             time.sleep(0.02)  # polls the scheduler's log
-        assert list(sched._view["nodes"]) == [8, 9, 11]
+        assert list(sched.takeover.view["nodes"]) == [8, 9, 11]
         for _ in range(20):  # guesses in a loop: each counted, a few logged
             socks += _readmit(ctx, port, {"cred": os.urandom(32), "gen": 0})
         while sched.creds.refusals.total < 22:

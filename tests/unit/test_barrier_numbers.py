@@ -25,7 +25,7 @@ def sched():
         W1: NodeInfo(W1, "worker", 1, "127.0.0.1", 3),
     }
     s.released = []
-    s._send = lambda nid, msg: (
+    s.send_to = lambda nid, msg: (
         s.released.append((nid, msg.req)) if msg.cmd == P.BARRIER_DONE else None
     )
     yield s
@@ -33,7 +33,7 @@ def sched():
 
 
 def _arrive(s: Scheduler, nid: int, n: int, req: int) -> None:
-    s._barrier(Message(P.BARRIER, sender=nid, req=req, body={"group": "worker", "n": n}))
+    s.barriers.arrive(Message(P.BARRIER, sender=nid, req=req, body={"group": "worker", "n": n}))
 
 
 def test_everyone_at_the_same_barrier_is_released_together(sched):
@@ -48,7 +48,7 @@ def test_everyone_at_the_same_barrier_is_released_together(sched):
 def test_a_node_left_waiting_by_a_dead_scheduler_is_released_by_the_new_one(sched):
     """The old scheduler released barrier 3 to worker 0 and died before worker 1 heard: worker 1
     asks the new one again for barrier 3 while worker 0 waits at barrier 4."""
-    sched.barriers["worker"].reached[W0] = 3  # from worker 0's readmit: it passed 3
+    sched.barriers.groups["worker"].reached[W0] = 3  # from worker 0's readmit: it passed 3
     _arrive(sched, W1, 3, req=20)
     assert sched.released == [(W1, 20)]
     _arrive(sched, W0, 4, req=21)

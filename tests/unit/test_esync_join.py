@@ -133,16 +133,18 @@ def test_the_scheduler_runs_the_hook_before_the_live_workers_go_on(sched):
         "other", lambda s, m: None, on_worker_back=lambda s, n: heard.append(("other", n))
     )
     sent = []
-    sched._send = lambda nid, msg: sent.append((nid, msg.cmd, msg.reply, sched._service_q.qsize()))
+    sched.send_to = lambda nid, msg: sent.append(
+        (nid, msg.cmd, msg.reply, sched._service_q.qsize())
+    )
     esync.policy.remove(1)  # (as forget did when it was let go)
     sched.left[W1] = "killed"
-    sched.entering[W1] = {"worker": 4, "all": 4}
-    sched.admitting[W0] = Message(P.ADMIT, sender=W0, req=7)
-    sched._join_step(Message(P.ENTERED, sender=W1, req=9))
+    sched.workers_part.entering[W1] = {"worker": 4, "all": 4}
+    sched.workers_part.admitting[W0] = Message(P.ADMIT, sender=W0, req=7)
+    sched.workers_part.join_step(Message(P.ENTERED, sender=W1, req=9))
     replies = [(nid, cmd, queued) for nid, cmd, reply, queued in sent if reply]
     assert replies == [(W1, P.ENTERED, 2), (W0, P.ADMIT, 2)], sent
     assert (S0, P.WORKER_BACK, False, 2) in sent and (W0, P.WORKER_BACK, False, 2) in sent
-    assert W1 not in sched.left and not sched.admitting
+    assert W1 not in sched.left and not sched.workers_part.admitting
     while not sched._service_q.empty():  # the services' thread's work, here
         sched._service_q.get()()
     assert heard == [("esync", sched.nodes[W1]), ("other", sched.nodes[W1])]

@@ -53,24 +53,24 @@ def test_a_registration_whose_host_is_not_an_address_is_refused(caplog):
     caplog.set_level("DEBUG")
     # as if the cluster were complete: a late registration is refused, naming its host
     full = [SimpleNamespace(origin=object(), role="server", want_rank=-1) for _ in range(2)]
-    sch.pending.extend(full)
+    sch.registration.pending.extend(full)
     try:
         for host in ("x\nhetps scheduler stop server 0 forged", "a b", "h\x1b[2J"):
-            sch._add_node(
+            sch.registration.add_node(
                 Message(
                     "add_node", body={"role": "worker", "host": host, "port": 5000, "back": b"w1"}
                 )  # fmt: skip
             )
-        assert sch.pending == full
+        assert sch.registration.pending == full
         logged = "\n".join(r.getMessage() for r in caplog.records)
         assert "\nhetps scheduler stop" not in logged and "\x1b" not in logged, logged
-        sch.pending.clear()
-        sch._add_node(
+        sch.registration.pending.clear()
+        sch.registration.add_node(
             Message(
                 "add_node",
                 body={"role": "worker", "host": "fe80::1%eth0", "port": 5000, "back": b"w1"},
             )  # fmt: skip
         )
-        assert len(sch.pending) == 1
+        assert len(sch.registration.pending) == 1
     finally:
         sch.van.close()

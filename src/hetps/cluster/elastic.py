@@ -24,164 +24,148 @@ from hetps.transport.codec import Message
 log = logging.getLogger("hetps.scheduler")
 
 
-class Elastic:
+class ElasticWorkers:
     """Letting workers go and in (mixed into Scheduler, which holds what is used here)."""
 
-    cfg: Any
-    van: Any
-    nodes: dict[int, NodeInfo]
-    dead: dict[int, str]
-    finished: dict[int, int]
-    last_seen: dict[int, float]
-    barriers: dict[str, Any]
-    services: dict[str, Any]
-    replicas: int
-    rejoined: dict[int, int]
-    creds: Any  # Credentials
-    elastic: int
-    left: dict[int, str]
-    joining: dict[int, int]
-    admitting: dict[int, Message]
-    entering: dict[int, dict[str, int]]
-    exit_code: int | None
-    _on_worker_finished: list
-    _on_worker_back: list
-    _service_q: Any
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
+        # a let-go worker started again that waits to join (its join request), and the live
+        # workers that reached the round boundary where it may (their admit requests)
+        self.joining: dict[int, int] = {}
+        self.admitting: dict[int, Message] = {}
+        self.entering: dict[int, dict[str, int]] = {}  # joiner -> the barriers it starts at
 
-    def _live_workers(self, but: int | None = None) -> list[int]:
+    def live_workers(self, but: int | None = None) -> list[int]:
         """Workers in the job's rounds now: not dead, finished, let go or joining."""
         return sorted(
             i
-            for i, n in self.nodes.items()
+            for i, n in self.sched.nodes.items()
             if n.role == "worker"
             and i != but
-            and i not in self.dead
-            and i not in self.finished
-            and i not in self.left
+            and i not in self.sched.dead
+            and i not in self.sched.finished
+            and i not in self.sched.left
         )
 
     # -- a dead worker is let go -------------------------------------------------------------
-    def _let_go(self, nid: int, reason: str) -> tuple[str, bool]:
+    def let_go(self, nid: int, reason: str) -> tuple[str, bool]:
         """A dead worker while at least HETPS_ELASTIC others remain: the job goes on without
         it (returns True). Every node hears ``worker_left``; servers finish the rounds it had
         not completed with the others, barriers and services stop waiting for it. Else the
         reason, with why the job cannot go on, and False."""
-        info = self.nodes[nid]
-        if info.role != "worker" or not self.elastic or nid in self.finished:
+        info = self.sched.nodes[nid]
+        if info.role != "worker" or not self.sched.elastic or nid in self.sched.finished:
             return reason, False
         text = f"{info.describe()} {reason}"
-        if nid in self.left:  # started again, it died before it joined: still let go
-            self.dead[nid] = text
-            self.left[nid] = text
+        if nid in self.sched.left:  # started again, it died before it joined: still let go
+            self.sched.dead[nid] = text
+            self.sched.left[nid] = text
             self.joining.pop(nid, None)
             self.entering.pop(nid, None)
-            self.last_seen.pop(nid, None)
+            self.sched.last_seen.pop(nid, None)
             log.warning("scheduler: %s before it joined; the job goes on without it", text)
             # every node forgets it again (a server it entered already counts it)
-            self._tell_left(info, text)
-            self._maybe_admit()
-            self._release_admits()
+            self.tell_left(info, text)
+            self.maybe_admit()
+            self.release_admits()
             return reason, True
-        live = self._live_workers(but=nid)
-        if len(live) < self.elastic:
-            reason += (
-                f"; {len(live)} workers would be left, fewer than HETPS_ELASTIC={self.elastic}"
-            )
+        live = self.live_workers(but=nid)
+        if len(live) < self.sched.elastic:
+            reason += f"; {len(live)} workers would be left, fewer than HETPS_ELASTIC={self.sched.elastic}"
             return reason, False
-        self.dead[nid] = text
-        self.left[nid] = text
-        self.last_seen.pop(nid, None)
+        self.sched.dead[nid] = text
+        self.sched.left[nid] = text
+        self.sched.last_seen.pop(nid, None)
         self.admitting.pop(nid, None)
         log.warning(
             "scheduler: %s; elastic: the job goes on with %d workers (HETPS_ELASTIC=%d)",
             text,
             len(live),
-            self.elastic,
+            self.sched.elastic,
         )
-        self._tell_left(info, text)
+        self.tell_left(info, text)
         for group in ("worker", "all"):  # barriers no longer wait for it
-            self._maybe_release(group)
-        for hook in self._on_worker_finished:
-            self._service_q.put(lambda hook=hook: hook(self))
-        self._maybe_admit()  # it may have been the last one the boundary waited for
-        self._maybe_end()
+            self.sched.barriers.release(group)
+        self.sched.worker_finished_hooks()
+        self.maybe_admit()  # it may have been the last one the boundary waited for
+        self.sched.maybe_end()
         return reason, True
 
-    def _tell_left(self, info: NodeInfo, text: str) -> None:
+    def tell_left(self, info: NodeInfo, text: str) -> None:
         """``worker_left`` to every live node: the workers first (a worker that leads from now
         on should know before a server answers it a round without the dead one)."""
-        body = {"node": info.to_wire(), "error": text, "workers": self._live_workers()}
-        order = sorted(self.nodes, key=lambda i: self.nodes[i].role != "worker")
+        body = {"node": info.to_wire(), "error": text, "workers": self.live_workers()}
+        order = sorted(self.sched.nodes, key=lambda i: self.sched.nodes[i].role != "worker")
         for other in order:
-            if other not in self.dead and other not in self.finished:
-                self._send(other, Message(P.WORKER_LEFT, body=body))
+            if other not in self.sched.dead and other not in self.sched.finished:
+                self.sched.send_to(other, Message(P.WORKER_LEFT, body=body))
 
-    def _release_admits(self) -> None:
+    def release_admits(self) -> None:
         """No worker waits to join or is entering (it died): the live workers waiting at
         their boundary go on."""
         if not self.joining and not self.entering and self.admitting:
             for m in self.admitting.values():
-                self.reply(m)
+                self.sched.reply(m)
             self.admitting = {}
 
     # -- a let-go worker joins again -----------------------------------------------------------
-    def _join_slot(self, role: str, want: int) -> int | None:
+    def join_slot(self, role: str, want: int) -> int | None:
         """The id a late worker registration takes: a dead worker that was let go (the
         launcher's rank wish first). None: no such worker (the registration is refused)."""
-        if role != "worker" or not self.elastic or self.exit_code is not None:
+        if role != "worker" or not self.sched.elastic or self.sched.exit_code is not None:
             return None
-        for nid in sorted(self.left):
-            if nid in self.dead and (want < 0 or self.nodes[nid].rank == want):
+        for nid in sorted(self.sched.left):
+            if nid in self.sched.dead and (want < 0 or self.sched.nodes[nid].rank == want):
                 return nid
         return None
 
-    def _admit_worker(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None:
+    def admit_worker(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None:
         """A let-go worker registers again: it gets its old rank and id and new connections
         to the servers, and stays out of the rounds until it joined (``join``)."""
-        info = self._take_back(
+        info = self.sched.takeover.take_back(
             msg, nid, host, port, back, "it joins at the workers' next round boundary"
         )
         if info is None:
             return
-        servers = [i for i, n in self.nodes.items() if n.role == "server"]
+        servers = [i for i, n in self.sched.nodes.items() if n.role == "server"]
         body = {
-            "nodes": [n.to_wire() for n in self.nodes.values()],
+            "nodes": [n.to_wire() for n in self.sched.nodes.values()],
             "id": nid,
-            "out": [[i, self._pair(nid, i)] for i in servers],
-            "in": [[i, self._pair(i, nid)] for i in servers],
+            "out": [[i, self.sched.registration.pair_id(nid, i)] for i in servers],
+            "in": [[i, self.sched.registration.pair_id(i, nid)] for i in servers],
             "recovery": 1,
-            "elastic": self.elastic,
-            "left": [i for i in self.left if i != nid],
-            "down": [i for i in servers if i in self.dead],
-            "redirect": [[k, v] for k, v in self._redirects().items()],
-            **self.creds.issue(nid),
+            "elastic": self.sched.elastic,
+            "left": [i for i in self.sched.left if i != nid],
+            "down": [i for i in servers if i in self.sched.dead],
+            "redirect": [[k, v] for k, v in self.sched.takeover.redirects().items()],
+            **self.sched.creds.issue(nid),
         }
-        if self.replicas > 1:
-            body["replicas"] = self.replicas
-        if P.METRICS_REPORT in self.services:
-            body["metrics_s"] = self.cfg.metrics_interval
-        self._send(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
+        if self.sched.replicas > 1:
+            body["replicas"] = self.sched.replicas
+        if P.METRICS_REPORT in self.sched.services:
+            body["metrics_s"] = self.sched.cfg.metrics_interval
+        self.sched.send_to(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
         for s in servers:
-            if s not in self.dead:
+            if s not in self.sched.dead:
                 rejoin = {
                     "node": info.to_wire(),
-                    "out": self._pair(s, nid),
-                    "in": self._pair(nid, s),
+                    "out": self.sched.registration.pair_id(s, nid),
+                    "in": self.sched.registration.pair_id(nid, s),
                 }
-                self._send(s, Message(P.REJOIN, body=rejoin))
+                self.sched.send_to(s, Message(P.REJOIN, body=rejoin))
 
-    def _join_step(self, msg: Message) -> None:
+    def join_step(self, msg: Message) -> None:
         """``join`` (a worker started again), ``admit`` (a live worker at its round
         boundary) and ``entered`` (the joiner, counted by every server now)."""
-        nid, info = msg.sender, self.nodes[msg.sender]
+        nid, info = msg.sender, self.sched.nodes[msg.sender]
         if msg.cmd == P.JOIN:
-            if nid not in self.left or nid in self.dead or nid in self.entering:
-                self._refuse_request(
+            if nid not in self.sched.left or nid in self.sched.dead or nid in self.entering:
+                self.sched.refuse_request(
                     msg, "join: only a worker that was let go and started again joins"
                 )
                 return
             self.joining[nid] = msg.req
-            live = self._live_workers()
+            live = self.live_workers()
             log.warning(
                 "scheduler: %s waits to join; the %d workers let it in at their next round "
                 "boundary",
@@ -189,26 +173,26 @@ class Elastic:
                 len(live),
             )
             for w in live:
-                self._send(w, Message(P.WORKER_JOINING, body={"node": info.to_wire()}))
-            self._maybe_admit()
+                self.sched.send_to(w, Message(P.WORKER_JOINING, body={"node": info.to_wire()}))
+            self.maybe_admit()
         elif msg.cmd == P.ADMIT:
-            if nid in self.left or nid in self.finished:
-                self._refuse_request(msg, "admit: only a worker in the job's rounds admits")
+            if nid in self.sched.left or nid in self.sched.finished:
+                self.sched.refuse_request(msg, "admit: only a worker in the job's rounds admits")
                 return
             self.admitting[nid] = msg
-            self._maybe_admit()
+            self.maybe_admit()
         else:
             barriers = self.entering.pop(nid, None)
             if barriers is None:
-                self._refuse_request(msg, "entered: no join of this worker is under way")
+                self.sched.refuse_request(msg, "entered: no join of this worker is under way")
                 return
-            self._entered(msg, barriers)
+            self.entered(msg, barriers)
 
-    def _maybe_admit(self) -> None:
+    def maybe_admit(self) -> None:
         """Every live worker reached the boundary and a worker waits: give it the first live
         worker's state and the barrier counts it starts at; the live workers wait until it
         entered."""
-        live = self._live_workers()
+        live = self.live_workers()
         if not self.joining or not live or not all(w in self.admitting for w in live):
             return
         # the state of the first live worker that gave one (each decides whether it leads
@@ -217,12 +201,12 @@ class Elastic:
         lead = lead if lead is not None else self.admitting[live[0]]
         state, rounds = lead.arrays[:1], lead.body.get("rounds", [])
         barriers = {
-            group: min(self.barriers[group].reached.get(w, 0) for w in live)
+            group: min(self.sched.barriers.groups[group].reached.get(w, 0) for w in live)
             for group in ("worker", "all")
         }
         for nid, req in self.joining.items():
             self.entering[nid] = barriers
-            self._send(
+            self.sched.send_to(
                 nid,
                 Message(
                     P.JOIN,
@@ -234,33 +218,32 @@ class Elastic:
             )
         self.joining = {}
 
-    def _entered(self, msg: Message, barriers: dict[str, int]) -> None:
+    def entered(self, msg: Message, barriers: dict[str, int]) -> None:
         """Every server counts the joiner: it is in. The services hear it first (their hooks
         are queued before any reply, so they run before a message of the next round), then
         the joiner, the other nodes (``worker_back``), and the live workers at their
         boundary go on."""
-        nid, info = msg.sender, self.nodes[msg.sender]
+        nid, info = msg.sender, self.sched.nodes[msg.sender]
         for group, n in barriers.items():
-            self.barriers[group].reached[nid] = n
-        del self.left[nid]
-        for hook in self._on_worker_back:
-            self._service_q.put(lambda hook=hook: hook(self, info))
-        self.reply(msg)
-        live = self._live_workers()
+            self.sched.barriers.groups[group].reached[nid] = n
+        del self.sched.left[nid]
+        self.sched.worker_back_hooks(info)
+        self.sched.reply(msg)
+        live = self.live_workers()
         log.warning(
             "scheduler: %s joined; the job goes on with %d workers", info.describe(), len(live)
         )
         body = {"node": info.to_wire(), "workers": live}
-        for other in self.nodes:
-            if other != nid and other not in self.dead and other not in self.finished:
-                self._send(other, Message(P.WORKER_BACK, body=body))
+        for other in self.sched.nodes:
+            if other != nid and other not in self.sched.dead and other not in self.sched.finished:
+                self.sched.send_to(other, Message(P.WORKER_BACK, body=body))
         if not self.entering:  # every joiner is in: the live workers go on
             for m in self.admitting.values():
-                self.reply(m)
+                self.sched.reply(m)
             self.admitting = {}
 
-    def _refuse_joiners(self, text: str) -> None:
+    def refuse_joiners(self, text: str) -> None:
         """The job is over: a worker that waits to join is told so."""
         for nid, req in self.joining.items():
-            self._send(nid, Message(P.JOIN, req=req, reply=True, body={"error": text}))
+            self.sched.send_to(nid, Message(P.JOIN, req=req, reply=True, body={"error": text}))
         self.joining = {}

@@ -20,7 +20,6 @@ docs/FAULTS.md says what a user sees.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from hetps.cluster.protocol import NodeInfo
@@ -70,24 +69,21 @@ def parse(text: str) -> tuple[str, str, int, str] | None:
 class LauncherLink:
     """The scheduler's lines to its launcher (mixed into Scheduler)."""
 
-    nodes: dict[int, NodeInfo]
-    dead: dict[int, str]
-    #: set by ``hetps scheduler --launcher-notices``: writes one line to the launcher
-    to_launcher: Callable[[str], None] | None
-    _declare_dead: Any
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
 
-    def _say_alive(self) -> None:
-        if self.to_launcher is not None:
-            self.to_launcher(ALIVE)
+    def say_alive(self) -> None:
+        if self.sched.to_launcher is not None:
+            self.sched.to_launcher(ALIVE)
 
-    def _declare_silent(self, nid: int, reason: str) -> None:
+    def declare_silent(self, nid: int, reason: str) -> None:
         """``nid`` fell silent: declare it dead, and have the launcher stop its process (it
         may be stopped or hung, not gone)."""
-        self._declare_dead(nid, reason)
-        if nid in self.dead and self.to_launcher is not None:
-            self.to_launcher(line(STOP, self.nodes[nid], reason))
+        self.sched.declare_dead(nid, reason)
+        if nid in self.sched.dead and self.sched.to_launcher is not None:
+            self.sched.to_launcher(line(STOP, self.sched.nodes[nid], reason))
 
-    def _name_cause(self, nid: int, text: str) -> None:
+    def name_cause(self, nid: int, text: str) -> None:
         """``nid``'s death ends the job (the first such death only counts)."""
-        if self.to_launcher is not None:
-            self.to_launcher(line(CAUSE, self.nodes[nid], text))
+        if self.sched.to_launcher is not None:
+            self.sched.to_launcher(line(CAUSE, self.sched.nodes[nid], text))

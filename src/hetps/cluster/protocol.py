@@ -251,6 +251,12 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
 }
 
 
+def printable(value: object, limit: int = 2000) -> str:
+    """A peer's text for a log line or an answer: printable characters only, bounded."""
+    text = value if isinstance(value, str) else repr(value)
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
 def server_id(rank: int) -> int:
     """ps-lite id of server ``rank``."""
     return 8 + 2 * rank

@@ -15,58 +15,31 @@ scheduler holds, so no node can speak as another.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import queue
-import re
-import secrets
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import IO, Any
 
 from hetps.cluster import allow
 from hetps.cluster import protocol as P
+from hetps.cluster.barriers import Barriers
 from hetps.cluster.credentials import Credentials
-from hetps.cluster.elastic import Elastic
+from hetps.cluster.elastic import ElasticWorkers
 from hetps.cluster.launcher_link import LauncherLink
 from hetps.cluster.protocol import NodeInfo
+from hetps.cluster.registration import Registration
 from hetps.cluster.takeover import Takeover
 from hetps.config import NodeConfig, check_exposure, is_loopback
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone, Van
 
 log = logging.getLogger("hetps.scheduler")
-#: what a node may give as its address: a host name or an IPv4/IPv6 address, nothing else
-_HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
-
 Service = Callable[["Scheduler", Message], None]
 
-#: refusals (each opens a connection back) answered per second at most; beyond, dropped
-MAX_REFUSALS_PER_S = 32
 
-
-@dataclass
-class _Pending:
-    origin: bytes  # routing id of the connection the registration came on
-    role: str
-    host: str
-    port: int
-    req: int
-    want_rank: int = -1
-
-
-@dataclass
-class _Barrier:
-    arrived: dict[int, tuple[int, int]] = field(default_factory=dict)  # node -> (request, n)
-    # node -> the highest barrier of the group it reached (its n: each node counts its own)
-    reached: dict[int, int] = field(default_factory=dict)
-
-
-class Scheduler(Takeover, Elastic, LauncherLink):
+class Scheduler:
     """Runs the scheduler role for one cluster. ``run()`` returns the process exit code."""
 
     def __init__(
@@ -111,8 +84,6 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         self._on_worker_finished: list[Callable[[Scheduler], None]] = []
         self._on_worker_back: list[Callable[[Scheduler, NodeInfo], None]] = []
         self.nodes: dict[int, NodeInfo] = {}
-        self.pending: list[_Pending] = []
-        self.barriers: dict[str, _Barrier] = {g: _Barrier() for g in P.GROUPS}
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
         self.dead: dict[int, str] = {}
@@ -123,11 +94,6 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         # HETPS_ELASTIC: a dead worker leaves while at least this many workers remain
         self.elastic = cfg.elastic
         self.left: dict[int, str] = {}  # workers that died and were let go -> how
-        # a let-go worker started again that waits to join (its join request), and the live
-        # workers that reached the round boundary where it may (their admit requests)
-        self.joining: dict[int, int] = {}
-        self.admitting: dict[int, Message] = {}
-        self.entering: dict[int, dict[str, int]] = {}  # joiner -> the barriers it starts at
         self.rejoined: dict[int, int] = {}  # server id -> times it was admitted again
         # live metrics: a node silent longer than this (3 heartbeats) is late; heard again, it
         # counts one recovery
@@ -139,15 +105,11 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set once every node is registered
-        self._pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
         # started again at the same address (--recover): the running nodes come back with
         # readmit, and the job goes on once they all did (or PS_HEARTBEAT_TIMEOUT passed)
         self.recovering = recover
-        self._back: dict[int, int] = {}  # node id -> its readmit request
-        self._view: dict | None = None  # the job as the first node back described it
         # each node's credential, proven to a scheduler started again (cluster/credentials.py)
         self.creds = Credentials(self.van.port, recover)
-        self._refusals: deque[float] = deque()
         self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
         self._failed_start: str | None = None  # why the start failed (a node died first)
         self._late_refused = 0  # nodes told so
@@ -157,6 +119,13 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         self._service_q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._service_thread: threading.Thread | None = None
         self.to_launcher: Callable[[str], None] | None = None  # --launcher-notices: stdout
+        # the parts: a server's death (takeover, --recover's readmits), workers let go and
+        # joining again (HETPS_ELASTIC), the lines to the launcher
+        self.registration = Registration(self)
+        self.barriers = Barriers(self)
+        self.takeover = Takeover(self)
+        self.workers_part = ElasticWorkers(self)
+        self.launcher = LauncherLink(self)
 
     def register(
         self,
@@ -179,6 +148,16 @@ class Scheduler(Takeover, Elastic, LauncherLink):
             self._on_worker_finished.append(on_worker_finished)
         if on_worker_back is not None:
             self._on_worker_back.append(on_worker_back)
+
+    def worker_finished_hooks(self) -> None:
+        """A worker finished or was let go: the services' hooks run (on their thread)."""
+        for hook in self._on_worker_finished:
+            self._service_q.put(lambda hook=hook: hook(self))
+
+    def worker_back_hooks(self, info: NodeInfo) -> None:
+        """A let-go worker joined again: the services' hooks run (on their thread)."""
+        for hook in self._on_worker_back:
+            self._service_q.put(lambda hook=hook: hook(self, info))
 
     # -- lifecycle --------------------------------------------------------------------------
     def node_info(self, nid: int) -> NodeInfo | None:
@@ -258,7 +237,7 @@ class Scheduler(Takeover, Elastic, LauncherLink):
                     self.notice_dead(
                         parts[1],
                         int(parts[2]),
-                        _printable(parts[3].strip() if len(parts) > 3 else "ended"),
+                        P.printable(parts[3].strip() if len(parts) > 3 else "ended"),
                     )
                 elif line.strip():
                     log.warning(
@@ -295,7 +274,7 @@ class Scheduler(Takeover, Elastic, LauncherLink):
                 if now >= next_check:
                     next_check = now + tick
                     self._check_timeouts()
-                    self._say_alive()
+                    self.launcher.say_alive()
         finally:
             self._service_q.put(None)  # what was asked before the end is still answered
             self._service_thread.join(timeout=10)
@@ -332,27 +311,27 @@ class Scheduler(Takeover, Elastic, LauncherLink):
                 log.warning("scheduler: %s is back after %.1f s of silence", info.describe(), gap)
             self.last_seen[msg.sender] = now
         if cmd == P.HEARTBEAT:
-            self._send(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
+            self.send_to(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
         elif cmd == P.READMIT:
-            self._readmit_node(msg)
+            self.takeover.readmit_node(msg)
         elif cmd == P.ADD_NODE:
-            self._add_node(msg)
+            self.registration.add_node(msg)
         elif cmd == P.BARRIER:
-            self._barrier(msg)
+            self.barriers.arrive(msg)
         elif cmd == P.FINISH:
             self._finish(msg)
         elif cmd in (P.JOIN, P.ADMIT, P.ENTERED):
-            self._join_step(msg)
+            self.workers_part.join_step(msg)
         elif cmd == P.LEAVE:
-            reason = _printable(msg.body.get("reason", "left"))
-            self._declare_dead(msg.sender, f"exited with an error: {reason}")
+            reason = P.printable(msg.body.get("reason", "left"))
+            self.declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
             handler = self.services[cmd]
             self._service_q.put(lambda: handler(self, msg))
         else:  # a command of a service this job does not run (e.g. no load balancing)
-            self._refuse_request(msg, f"this job's scheduler runs no service for {cmd!r}")
+            self.refuse_request(msg, f"this job's scheduler runs no service for {cmd!r}")
 
-    def _refuse_request(self, msg: Message, text: str) -> None:
+    def refuse_request(self, msg: Message, text: str) -> None:
         """Answer a request with an error, and log it (one line)."""
         log.warning("scheduler: refused %s from node %d: %s", msg.cmd, msg.sender, text)
         if msg.req:
@@ -360,240 +339,20 @@ class Scheduler(Takeover, Elastic, LauncherLink):
 
     def reply(self, request: Message, body: dict | None = None, arrays: list | None = None) -> None:
         """Answer ``request`` (used by services too)."""
-        self._send(
+        self.send_to(
             request.sender,
             Message(request.cmd, req=request.req, reply=True, body=body or {}, arrays=arrays or []),
         )
 
     def send(self, node_id: int, msg: Message) -> None:
         """Send a message to a registered node (services use this for pushes of state)."""
-        self._send(node_id, msg)
+        self.send_to(node_id, msg)
 
-    def _send(self, peer: int | str, msg: Message) -> None:
+    def send_to(self, peer: int | str, msg: Message) -> None:
         try:
             self.van.send(peer, msg)
         except PeerGone:
             log.debug("scheduler: cannot reach %s for %s", peer, msg.cmd)
-
-    # -- registration -----------------------------------------------------------------------
-    def _add_node(self, msg: Message) -> None:
-        b = msg.body
-        role = b.get("role")
-        host, port, back = b.get("host"), b.get("port"), b.get("back")
-        if (
-            role not in ("server", "worker")
-            or not isinstance(host, str)
-            or not 0 < len(host) <= 255
-            or not _HOST.fullmatch(host)  # (it is logged and written to the launcher)
-            or not isinstance(port, int)
-            or isinstance(port, bool)
-            or not 0 < port < 65536
-            or not isinstance(back, bytes)
-            or not 0 < len(back) <= 255
-            or back[0] == 0
-        ):
-            log.warning("scheduler: refused a malformed registration %r", b)
-            return
-        origin = msg.origin
-        if any(p.origin == origin for p in self.pending):
-            log.warning("scheduler: refused a second registration on one connection")
-            return
-        want = b.get("want_rank", -1)
-        want = want if isinstance(want, int) and not isinstance(want, bool) else -1
-        limit = self.cfg.num_server if role == "server" else self.cfg.num_worker
-        refusal = None
-        if self.recovering:
-            self._refuse(
-                origin, host, port, back, msg.req,
-                "the scheduler was started again and is taking back the running job's nodes; "
-                "a new node can join once it did",
-            )  # fmt: skip
-            return
-        if self._failed_start is not None:
-            # a node died before the cluster was complete: every late one is told why
-            self._refuse(origin, host, port, back, msg.req, self._failed_start)
-            self._late_refused += 1
-            self._end_failed_start()
-            return
-        slot = self._rejoin_slot(role, want) if self.nodes else None
-        if slot is not None:
-            self._readmit(msg, slot, host, port, back)
-            return
-        slot = self._join_slot(role, want) if self.nodes else None
-        if slot is not None:
-            self._admit_worker(msg, slot, host, port, back)
-            return
-        if self.nodes or len(self.pending) >= self.expected:
-            refusal = (
-                f"the cluster is already complete ({self.cfg.num_server} "
-                f"servers, {self.cfg.num_worker} workers): check DMLC_NUM_SERVER/"
-                "DMLC_NUM_WORKER and that no old job uses this scheduler port"
-            )
-        elif sum(1 for p in self.pending if p.role == role) >= limit:
-            refusal = (
-                f"too many {role}s: the scheduler expects {limit} "
-                f"(DMLC_NUM_{role.upper()}={limit} on the scheduler)"
-            )
-        elif want >= limit:
-            refusal = f"{role} rank {want} (HETPS_LAUNCH_RANK) is not below {limit}"
-        elif want >= 0:
-            rival = next((p for p in self.pending if p.role == role and p.want_rank == want), None)
-            if rival is not None:
-                refusal = (
-                    f"{role} rank {want} (HETPS_LAUNCH_RANK) is already claimed by "
-                    f"{rival.host}:{rival.port}: a rank is given once; is another job using "
-                    "this scheduler port?"
-                )
-                log.error("scheduler: a second claim of %s rank %d (%s:%s)", role, want, host, port)
-        if refusal is not None:
-            self._refuse(origin, host, port, back, msg.req, refusal)
-            return
-        try:
-            self.van.connect(origin, f"{host}:{port}", routing_id=back)
-        except PeerGone as exc:
-            log.warning("scheduler: registration with a bad address: %s", exc)
-            return
-        self.pending.append(_Pending(origin, role, host, port, msg.req, want))
-        self._send(
-            origin,
-            Message(
-                P.ADD_NODE,
-                req=0,
-                reply=True,
-                body={"registered": len(self.pending), "expected": self.expected},
-            ),
-        )
-        if len(self.pending) == self.expected:
-            self._assign()
-
-    def _refuse(self, origin: bytes, host: str, port: int, back: bytes, req: int, text: str):
-        """Answer a registration with a refusal (over a connection of its own, closed after)."""
-        now = time.monotonic()
-        while self._refusals and now - self._refusals[0] > 1.0:
-            self._refusals.popleft()
-        if len(self._refusals) >= MAX_REFUSALS_PER_S:
-            log.warning("scheduler: dropped a registration (too many refusals): %s", text)
-            return
-        self._refusals.append(now)
-        log.warning("scheduler: refused a registration from %s:%s: %s", host, port, text)
-        key = ("refusal", origin)
-        try:
-            self.van.connect(key, f"{host}:{port}", routing_id=back)
-        except PeerGone as exc:
-            log.warning("scheduler: registration with a bad address: %s", exc)
-            return
-        self._send(key, Message(P.REFUSED, req=req, reply=True, body={"error": text}))
-        self.van.disconnect(key, linger_ms=1000)  # let the refusal leave first
-
-    def _pair(self, src: int, dst: int) -> bytes:
-        """The routing id node ``src`` connects to node ``dst`` with (known to both alone; a
-        node admitted again gets new ones)."""
-        a, b = self.rejoined.get(src, 0), self.rejoined.get(dst, 0)
-        mac = hmac.new(self._pair_key, f"{src}.{a}>{dst}.{b}".encode(), hashlib.sha256).digest()
-        return b"h" + mac[:15]
-
-    def _assign(self) -> None:
-        ranks = {"server": 0, "worker": 0}
-        # Ranks a launcher asked for (each distinct) win; otherwise arrival order.
-        for role in ranks:
-            wants = [p.want_rank for p in self.pending if p.role == role]
-            if sorted(wants) != list(range(len(wants))):
-                for p in self.pending:
-                    if p.role == role:
-                        p.want_rank = -1
-        order = {id(p): i for i, p in enumerate(self.pending)}
-        self.pending.sort(
-            key=lambda p: (p.role, p.want_rank if p.want_rank >= 0 else 1 << 30, order[id(p)])
-        )
-        for p in self.pending:
-            rank = ranks[p.role]
-            ranks[p.role] += 1
-            nid = P.server_id(rank) if p.role == "server" else P.worker_id(rank)
-            self.nodes[nid] = NodeInfo(nid, p.role, rank, p.host, p.port)
-            self.van.rename(p.origin, nid)
-            self.van.admit(p.origin, nid)
-            self.last_seen[nid] = time.monotonic()
-            if self.cfg.verbose >= 1:
-                log.info(
-                    "assign rank=%d to node role=%s, ip=%s, port=%d, is_recovery=0",
-                    nid,
-                    p.role,
-                    p.host,
-                    p.port,
-                )
-        table = [n.to_wire() for n in self.nodes.values()]
-        for p, nid in zip(self.pending, self.nodes, strict=False):
-            # workers talk to servers; with copies (HETPS_REPLICAS) servers to servers too
-            peers = [
-                i
-                for i, n in self.nodes.items()
-                if n.role != p.role or (self.replicas > 1 and p.role == "server" and i != nid)
-            ]
-            body = {
-                "nodes": table,
-                "id": nid,
-                "out": [[i, self._pair(nid, i)] for i in peers],  # routing ids to its peers
-                "in": [[i, self._pair(i, nid)] for i in peers],  # and theirs to it
-                **self.creds.issue(nid),  # what it proves who it is with (--recover)
-            }
-            if self.replicas > 1:
-                body["replicas"] = self.replicas
-            if self.elastic:
-                body["elastic"] = self.elastic
-            if P.METRICS_REPORT in self.services:  # live metrics are on: workers report
-                body["metrics_s"] = self.cfg.metrics_interval
-            self._send(nid, Message(P.NODES, req=p.req, reply=True, body=body))
-        self.pending.clear()
-        self.ready.set()
-        if self.cfg.verbose >= 1:
-            log.info(
-                "the %d servers and %d workers are up", self.cfg.num_server, self.cfg.num_worker
-            )
-
-    # -- barriers ---------------------------------------------------------------------------
-    def _members(self, group: str) -> set[int]:
-        alive = {
-            i
-            for i in self.nodes
-            if i not in self.dead and i not in self.finished and i not in self.left
-        }
-        if group == "all":
-            return alive
-        return {i for i in alive if self.nodes[i].role == group}
-
-    def _barrier(self, msg: Message) -> None:
-        group = msg.body.get("group")
-        if group not in P.GROUPS or msg.sender not in self.nodes:
-            self._refuse_request(
-                msg, f"bad barrier group {_printable(group, 40)!r}: use one of {P.GROUPS}"
-            )
-            return
-        if group != "all" and self.nodes[msg.sender].role != group:
-            self._refuse_request(msg, f"node {msg.sender} is not in group {group!r}")
-            return
-        bar = self.barriers[group]
-        n = msg.body.get("n")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            n = bar.reached.get(msg.sender, 0) + 1
-        bar.arrived[msg.sender] = (msg.req, n)
-        bar.reached[msg.sender] = max(n, bar.reached.get(msg.sender, 0))
-        self._maybe_release(group)
-
-    def _maybe_release(self, group: str) -> None:
-        """Release each node waiting at its barrier n once every live member reached n (all
-        at once, as a rule; after a restart some members may have gone past it already)."""
-        bar = self.barriers[group]
-        if not bar.arrived:
-            return
-        members = self._members(group)
-        low = min((bar.reached.get(m, 0) for m in members), default=None)
-        # HETPS_ELASTIC: the members it waited for, the same list for every node released
-        # together (a worker's own view of who left may lag behind the scheduler's)
-        body = {"members": sorted(members)} if self.elastic else {}
-        for nid, (req, n) in list(bar.arrived.items()):
-            if low is None or low >= n:
-                self._send(nid, Message(P.BARRIER_DONE, req=req, reply=True, body=body))
-                del bar.arrived[nid]
 
     # -- shutdown and failures --------------------------------------------------------------
     def _finish(self, msg: Message) -> None:
@@ -603,28 +362,29 @@ class Scheduler(Takeover, Elastic, LauncherLink):
             return
         self.finished[msg.sender] = msg.req
         self.last_seen.pop(msg.sender, None)  # a finished worker no longer heartbeats
-        self.admitting.pop(msg.sender, None)
-        self._send(msg.sender, Message(P.EXIT, req=msg.req, reply=True))
+        self.workers_part.admitting.pop(msg.sender, None)
+        self.send_to(msg.sender, Message(P.EXIT, req=msg.req, reply=True))
         servers = [
             nid for nid, n in self.nodes.items() if n.role == "server" and nid not in self.dead
         ]
         for nid in servers:
-            self._send(nid, Message(P.WORKER_DONE, body={"node": self.nodes[msg.sender].to_wire()}))
+            self.send_to(
+                nid, Message(P.WORKER_DONE, body={"node": self.nodes[msg.sender].to_wire()})
+            )
         for group in ("worker", "all"):  # barriers no longer wait for it
-            self._maybe_release(group)
-        for hook in self._on_worker_finished:
-            self._service_q.put(lambda hook=hook: hook(self))
-        self._maybe_admit()
-        self._maybe_end()
+            self.barriers.release(group)
+        self.worker_finished_hooks()
+        self.workers_part.maybe_admit()
+        self.maybe_end()
 
-    def _maybe_end(self) -> None:
+    def maybe_end(self) -> None:
         """End the job once every worker finished (or died and was let go: HETPS_ELASTIC)."""
         workers = {i for i, n in self.nodes.items() if n.role == "worker"}
         if self.finished and workers <= set(self.finished) | set(self.left):
-            self._refuse_joiners("the job ended before this worker could join")
+            self.workers_part.refuse_joiners("the job ended before this worker could join")
             for nid, n in self.nodes.items():
                 if n.role == "server" and nid not in self.dead:
-                    self._send(nid, Message(P.EXIT))
+                    self.send_to(nid, Message(P.EXIT))
             if self.cfg.verbose >= 1:
                 log.info("all workers finished; stopping the cluster")
             self.exit_code = 0
@@ -633,7 +393,7 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         now = time.monotonic()
         if self.recovering:
             if now - self.started > max(self.cfg.heartbeat_timeout, 1.0):
-                if self._view is None:
+                if self.takeover.view is None:
                     log.error(
                         "scheduler: started again (--recover), but no node of a running job "
                         "came back within %.0f s (PS_HEARTBEAT_TIMEOUT)",
@@ -641,16 +401,17 @@ class Scheduler(Takeover, Elastic, LauncherLink):
                     )
                     self.exit_code = 1
                 else:
-                    self._end_recovery()
+                    self.takeover.end_recovery()
             return
         if self._failed_start is not None:
             if now - self.started > self.cfg.connect_timeout:
                 self.exit_code = 1  # the rest never came to be told
             return
         if not self.nodes:
-            if self.pending and now - self.started > self.cfg.connect_timeout:
+            if self.registration.pending and now - self.started > self.cfg.connect_timeout:
                 counts = {
-                    r: sum(1 for p in self.pending if p.role == r) for r in ("server", "worker")
+                    r: sum(1 for p in self.registration.pending if p.role == r)
+                    for r in ("server", "worker")
                 }
                 text = (
                     f"only {counts['server']} of {self.cfg.num_server} servers and "
@@ -659,8 +420,8 @@ class Scheduler(Takeover, Elastic, LauncherLink):
                     "nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER"
                 )
                 log.error("scheduler: %s", text)
-                for p in self.pending:
-                    self._send(
+                for p in self.registration.pending:
+                    self.send_to(
                         p.origin, Message(P.REFUSED, req=p.req, reply=True, body={"error": text})
                     )
                 self.exit_code = 1
@@ -673,7 +434,7 @@ class Scheduler(Takeover, Elastic, LauncherLink):
                 and nid not in self.finished
                 and now - seen > self.cfg.heartbeat_timeout
             ):
-                self._declare_silent(
+                self.launcher.declare_silent(
                     nid,
                     f"stopped answering heartbeats for {now - seen:.1f} s "
                     f"(PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g})",
@@ -683,7 +444,7 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         nid = next((i for i, n in self.nodes.items() if n.role == role and n.rank == rank), None)
         if nid is not None:
             if nid not in self.finished:
-                self._declare_dead(nid, f"{how} (seen by the launcher)")
+                self.declare_dead(nid, f"{how} (seen by the launcher)")
             return
         if self.nodes:  # every node registered, none with that rank: nothing to do
             log.warning("scheduler: the launcher reports %s %d, which is no node here", role, rank)
@@ -691,13 +452,13 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         # it died before the cluster was complete: the others would wait for it in vain
         text = f"{role} {rank} {how} before it registered (seen by the launcher)"
         log.error("scheduler: %s", text)
-        for p in self.pending:
-            self._send(p.origin, Message(P.REFUSED, req=p.req, reply=True, body={"error": text}))
+        for p in self.registration.pending:
+            self.send_to(p.origin, Message(P.REFUSED, req=p.req, reply=True, body={"error": text}))
         self._dead_before_start += 1
         if self._failed_start is None:
             self._failed_start = text
-            self._late_refused = len(self.pending)
-            self.pending = []
+            self._late_refused = len(self.registration.pending)
+            self.registration.pending = []
         self._end_failed_start()
 
     def _end_failed_start(self) -> None:
@@ -707,29 +468,23 @@ class Scheduler(Takeover, Elastic, LauncherLink):
         if self._late_refused + self._dead_before_start >= self.expected:
             self.exit_code = 1
 
-    def _declare_dead(self, nid: int, reason: str) -> None:
+    def declare_dead(self, nid: int, reason: str) -> None:
         if nid in self.dead or nid not in self.nodes:
             return
         info = self.nodes[nid]
-        if self._fail_over(nid, reason):
+        if self.takeover.fail_over(nid, reason):
             return
-        reason, gone = self._let_go(nid, reason)
+        reason, gone = self.workers_part.let_go(nid, reason)
         if gone:
             return
         text = f"{info.describe()} {reason}; the job cannot continue"
         self.dead[nid] = text
         log.error("scheduler: %s", text)
         if self.exit_code is None:
-            self._name_cause(nid, text)
+            self.launcher.name_cause(nid, text)
         for other in self.nodes:
             if other not in self.dead:
-                self._send(
+                self.send_to(
                     other, Message(P.NODE_DEAD, body={"node": info.to_wire(), "error": text})
                 )
         self.exit_code = 1
-
-
-def _printable(value: object, limit: int = 2000) -> str:
-    """A node's own text for a log line: printable characters only, bounded."""
-    text = value if isinstance(value, str) else repr(value)
-    return "".join(c if c.isprintable() else "?" for c in text[:limit])

@@ -14,7 +14,6 @@ docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
@@ -26,122 +25,106 @@ from hetps.transport.van import PeerGone
 log = logging.getLogger("hetps.scheduler")
 
 
-def _printable_text(value: object, limit: int = 64) -> str:
-    """A peer's text for a log line: printable characters only, bounded."""
-    text = value if isinstance(value, str) else repr(value)
-    return "".join(c if c.isprintable() else "?" for c in text[:limit])
-
-
 class Takeover:
     """Failover, rejoin and readmit (mixed into Scheduler, which holds what is used here)."""
 
-    cfg: Any
-    van: Any
-    nodes: dict[int, NodeInfo]
-    dead: dict[int, str]
-    finished: dict[int, int]
-    last_seen: dict[int, float]
-    barriers: dict[str, Any]
-    services: dict[str, Any]
-    replicas: int
-    failovers: list[tuple[int, int]]
-    elastic: int
-    left: dict[int, str]
-    rejoined: dict[int, int]
-    creds: Any  # Credentials
-    recovering: bool
-    exit_code: int | None
-    ready: threading.Event
-    _back: dict[int, int]
-    _view: dict | None
-
     # -- a server admitted again (HETPS_REPLICAS) ---------------------------------------------
-    def _rejoin_slot(self, role: str, want: int) -> int | None:
+
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
+        self.back: dict[int, int] = {}  # node id -> its readmit request (--recover)
+        self.view: dict | None = None  # the job as the first node back described it
+
+    def rejoin_slot(self, role: str, want: int) -> int | None:
         """The id a late server registration takes: a dead server whose keys were taken over
         (the launcher's rank wish first). None: no such server (the registration is refused)."""
-        if role != "server" or self.replicas <= 1 or self.exit_code is not None:
+        if role != "server" or self.sched.replicas <= 1 or self.sched.exit_code is not None:
             return None
-        taken = [nid for nid, _ in self.failovers if nid in self.dead]
+        taken = [nid for nid, _ in self.sched.failovers if nid in self.sched.dead]
         for nid in taken:
-            if want < 0 or self.nodes[nid].rank == want:
+            if want < 0 or self.sched.nodes[nid].rank == want:
                 return nid
         return None
 
-    def _redirects(self) -> dict[int, int]:
+    def redirects(self) -> dict[int, int]:
         """Each failed-over server -> the server that serves its keys now (chains followed)."""
         out: dict[int, int] = {}
-        for dead, to in self.failovers:
+        for dead, to in self.sched.failovers:
             for k, v in out.items():
                 if v == dead:
                     out[k] = to
             out[dead] = to
         return out
 
-    def _readmit(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None:
+    def readmit(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None:
         """A server that died and was taken over registers again (ps-lite's ``is_recovery``):
         it gets its old rank and id and new connections, holds no keys of its own (the server
         that took over keeps them) and is again the replica of those before it; every node
         connects to it, and the servers send it copies of what they serve."""
-        info = self._take_back(
+        info = self.take_back(
             msg, nid, host, port, back, "its keys stay where they were taken over"
         )
         if info is None:
             return
-        live = [i for i in self.nodes if i not in self.dead and i != nid]
-        redirects = self._redirects()
+        live = [i for i in self.sched.nodes if i not in self.sched.dead and i != nid]
+        redirects = self.redirects()
         body = {
-            "nodes": [n.to_wire() for n in self.nodes.values()],
+            "nodes": [n.to_wire() for n in self.sched.nodes.values()],
             "id": nid,
-            "out": [[i, self._pair(nid, i)] for i in self.nodes if i != nid],
-            "in": [[i, self._pair(i, nid)] for i in self.nodes if i != nid],
-            "replicas": self.replicas,
+            "out": [
+                [i, self.sched.registration.pair_id(nid, i)] for i in self.sched.nodes if i != nid
+            ],
+            "in": [
+                [i, self.sched.registration.pair_id(i, nid)] for i in self.sched.nodes if i != nid
+            ],
+            "replicas": self.sched.replicas,
             "recovery": 1,
-            "down": [i for i in self.dead if self.nodes[i].role == "server"],
+            "down": [i for i in self.sched.dead if self.sched.nodes[i].role == "server"],
             "redirect": [[k, v] for k, v in redirects.items()],
-            "left": list(self.left),  # (HETPS_ELASTIC) workers let go
-            **self.creds.issue(nid),
+            "left": list(self.sched.left),  # (HETPS_ELASTIC) workers let go
+            **self.sched.creds.issue(nid),
         }
-        if self.elastic:
-            body["elastic"] = self.elastic
-        if P.METRICS_REPORT in self.services:
-            body["metrics_s"] = self.cfg.metrics_interval
-        self._send(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
+        if self.sched.elastic:
+            body["elastic"] = self.sched.elastic
+        if P.METRICS_REPORT in self.sched.services:
+            body["metrics_s"] = self.sched.cfg.metrics_interval
+        self.sched.send_to(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
         for other in live:
-            if other in self.finished:
+            if other in self.sched.finished:
                 continue
-            self._send(
+            self.sched.send_to(
                 other,
                 Message(
                     P.REJOIN,
                     body={
                         "node": info.to_wire(),
-                        "out": self._pair(other, nid),
-                        "in": self._pair(nid, other),
+                        "out": self.sched.registration.pair_id(other, nid),
+                        "in": self.sched.registration.pair_id(nid, other),
                     },
                 ),
             )
 
-    def _take_back(
+    def take_back(
         self, msg: Message, nid: int, host: str, port: int, back: bytes, why: str
     ) -> NodeInfo | None:
         """A dead node registers again (is_recovery): connect back to it at its new address
         under its old id and rank, and count it alive. None: the address is bad."""
         origin = msg.origin
-        self.rejoined[nid] = self.rejoined.get(nid, 0) + 1  # (new pair ids: _pair)
+        self.sched.rejoined[nid] = self.sched.rejoined.get(nid, 0) + 1  # (new pair ids: pair_id)
         try:
-            self.van.connect(origin, f"{host}:{port}", routing_id=back)
+            self.sched.van.connect(origin, f"{host}:{port}", routing_id=back)
         except PeerGone as exc:
             log.warning("scheduler: registration with a bad address: %s", exc)
-            self.rejoined[nid] -= 1
+            self.sched.rejoined[nid] -= 1
             return None
-        self.van.disconnect(nid)
-        self.van.rename(origin, nid)
-        self.van.admit(origin, nid)
-        old = self.nodes[nid]
+        self.sched.van.disconnect(nid)
+        self.sched.van.rename(origin, nid)
+        self.sched.van.admit(origin, nid)
+        old = self.sched.nodes[nid]
         info = NodeInfo(nid, old.role, old.rank, host, port)
-        self.nodes[nid] = info
-        del self.dead[nid]
-        self.last_seen[nid] = time.monotonic()
+        self.sched.nodes[nid] = info
+        del self.sched.dead[nid]
+        self.sched.last_seen[nid] = time.monotonic()
         log.warning(
             "scheduler: assign rank=%d to node role=%s, ip=%s, port=%d, is_recovery=1 "
             "(%s rank %d again; %s)",
@@ -156,19 +139,19 @@ class Takeover:
         return info
 
     # -- started again (--recover) -----------------------------------------------------------
-    def _readmit_node(self, msg: Message) -> None:
+    def readmit_node(self, msg: Message) -> None:
         """A node of the running job asks to be taken back. From a node this scheduler knows
         (it never died: the node only heard nothing for a while) it is answered at once."""
-        if msg.sender in self.nodes:
-            self.reply(msg)
+        if msg.sender in self.sched.nodes:
+            self.sched.reply(msg)
             return
-        if self.recovering and msg.sender in self._back:  # the same node asks again
-            self._back[msg.sender] = msg.req
+        if self.sched.recovering and msg.sender in self.back:  # the same node asks again
+            self.back[msg.sender] = msg.req
             return
         b = msg.body
         nid, role, rank = b.get("id"), b.get("role"), b.get("rank")
         host, port, back, view = b.get("host"), b.get("port"), b.get("back"), b.get("view")
-        if not self.recovering:
+        if not self.sched.recovering:
             # (a stranger could fill the log with these: one line at debug level)
             log.debug(
                 "scheduler: dropped a readmit of node %r: this scheduler did not restart", nid
@@ -197,105 +180,111 @@ class Takeover:
             return
         # the node proves who it is with the credential it got when admitted, not by what
         # its message says; and an id that is back already stays with its connection
-        why = self.creds.check(me.id, b.get("gen"), b.get("cred"))
-        if why is None and me.id in self._back and msg.sender != me.id:
+        why = self.sched.creds.check(me.id, b.get("gen"), b.get("cred"))
+        if why is None and me.id in self.back and msg.sender != me.id:
             why = "that node is back already, on another connection"
         if why is not None:
-            self.creds.refusals.refused(
+            self.sched.creds.refusals.refused(
                 "scheduler: refused a readmit as node %d (%s rank %s) from %s:%s: %s",
                 me.id,
-                _printable_text(role),
-                _printable_text(rank),
-                _printable_text(host),
+                P.printable(role, 64),
+                P.printable(rank, 64),
+                P.printable(host, 64),
                 port,
                 why,
             )
             return
-        if self._view is None:
-            self._view = {"nodes": table, "down": down, "redirect": redirect, "done": set()}
-        elif set(self._view["nodes"]) != set(table):
+        if self.view is None:
+            self.view = {"nodes": table, "down": down, "redirect": redirect, "done": set()}
+        elif set(self.view["nodes"]) != set(table):
             log.warning("scheduler: refused a readmit of node %d: another job's table", me.id)
             return
-        self._view["done"] |= done
-        self._view["down"] |= down
+        self.view["done"] |= done
+        self.view["down"] |= down
         passed = b.get("view", {}).get("barriers", {})
         if isinstance(passed, dict):
             for group, n in passed.items():
-                if group in self.barriers and isinstance(n, int) and not isinstance(n, bool):
-                    bar = self.barriers[group]
+                if group in self.sched.barriers and isinstance(n, int) and not isinstance(n, bool):
+                    bar = self.sched.barriers.groups[group]
                     bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
         try:
-            self.van.connect(msg.origin, f"{host}:{port}", routing_id=back)
+            self.sched.van.connect(msg.origin, f"{host}:{port}", routing_id=back)
         except PeerGone as exc:
             log.warning("scheduler: readmit with a bad address: %s", exc)
             return
-        self.van.disconnect(me.id)
-        self.van.rename(msg.origin, me.id)
-        self.van.admit(msg.origin, me.id)
+        self.sched.van.disconnect(me.id)
+        self.sched.van.rename(msg.origin, me.id)
+        self.sched.van.admit(msg.origin, me.id)
         table[me.id] = NodeInfo(me.id, role, rank, host, port)
-        self._view["nodes"][me.id] = table[me.id]
-        self._back[me.id] = msg.req
-        if set(self._back) >= self._expected_back():
-            self._end_recovery()
+        self.view["nodes"][me.id] = table[me.id]
+        self.back[me.id] = msg.req
+        if set(self.back) >= self.expected_back():
+            self.end_recovery()
 
-    def _expected_back(self) -> set[int]:
-        view = self._view or {"nodes": {}, "down": set(), "done": set()}
+    def expected_back(self) -> set[int]:
+        view = self.view or {"nodes": {}, "down": set(), "done": set()}
         return set(view["nodes"]) - view["down"] - view["done"]
 
-    def _end_recovery(self) -> None:
+    def end_recovery(self) -> None:
         """Every node that was to come back came (or the wait is over): the job goes on. The
         ones that did not come are dead from now on."""
-        view = self._view
+        view = self.view
         assert view is not None
-        self.recovering = False
-        self.nodes = dict(sorted(view["nodes"].items()))
+        self.sched.recovering = False
+        self.sched.nodes = dict(sorted(view["nodes"].items()))
         now = time.monotonic()
         for nid in view["down"]:
-            self.dead[nid] = f"{self.nodes[nid].describe()} died before the scheduler restarted"
-        self.failovers = list(view["redirect"])
+            self.sched.dead[nid] = (
+                f"{self.sched.nodes[nid].describe()} died before the scheduler restarted"
+            )
+        self.sched.failovers = list(view["redirect"])
         for nid in view["done"]:
-            self.finished[nid] = 0
-        for nid in self._back:
-            self.last_seen[nid] = now
-        missing = self._expected_back() - set(self._back)
-        for nid, req in self._back.items():
-            self._send(nid, Message(P.READMIT, req=req, reply=True, body={"restarted": True}))
+            self.sched.finished[nid] = 0
+        for nid in self.back:
+            self.sched.last_seen[nid] = now
+        missing = self.expected_back() - set(self.back)
+        for nid, req in self.back.items():
+            self.sched.send_to(
+                nid, Message(P.READMIT, req=req, reply=True, body={"restarted": True})
+            )
         log.warning(
             "scheduler: started again, it took back %d nodes of the running job%s",
-            len(self._back),
+            len(self.back),
             f"; {len(missing)} did not come back" if missing else "",
         )
-        self.ready.set()
+        self.sched.ready.set()
         for nid in sorted(missing):
-            self.last_seen[nid] = now
-            self._declare_silent(nid, "did not come back to the restarted scheduler")
+            self.sched.last_seen[nid] = now
+            self.sched.launcher.declare_silent(nid, "did not come back to the restarted scheduler")
 
-    def _fail_over(self, nid: int, reason: str) -> bool:
+    def fail_over(self, nid: int, reason: str) -> bool:
         """A dead server whose keys live on (HETPS_REPLICAS): the next live server in rank
         order holds a copy of each of its keys and takes them over; every node is told, and
         the job goes on. False: nothing can take over (the job ends as without copies)."""
-        info = self.nodes[nid]
-        if self.replicas <= 1 or info.role != "server" or self.exit_code is not None:
+        info = self.sched.nodes[nid]
+        if self.sched.replicas <= 1 or info.role != "server" or self.sched.exit_code is not None:
             return False
         servers = sorted(
-            (n for n in self.nodes.values() if n.role == "server"), key=lambda n: n.rank
+            (n for n in self.sched.nodes.values() if n.role == "server"), key=lambda n: n.rank
         )
-        dead_servers = sum(1 for n in servers if n.id in self.dead) + 1
-        if dead_servers >= self.replicas:  # some key may have had every copy there
+        dead_servers = sum(1 for n in servers if n.id in self.sched.dead) + 1
+        if dead_servers >= self.sched.replicas:  # some key may have had every copy there
             return False
         i = next(j for j, n in enumerate(servers) if n.id == nid)
-        heir = next((n for n in servers[i + 1 :] + servers[:i] if n.id not in self.dead), None)
+        heir = next(
+            (n for n in servers[i + 1 :] + servers[:i] if n.id not in self.sched.dead), None
+        )
         if heir is None:
             return False
         text = f"{info.describe()} {reason}; {heir.describe()} takes over its keys"
-        self.dead[nid] = text
-        self.last_seen.pop(nid, None)
-        self.failovers.append((nid, heir.id))
+        self.sched.dead[nid] = text
+        self.sched.last_seen.pop(nid, None)
+        self.sched.failovers.append((nid, heir.id))
         log.warning("scheduler: %s", text)
         body = {"node": info.to_wire(), "error": text, "to": heir.id}
-        for other in self.nodes:
-            if other not in self.dead:
-                self._send(other, Message(P.FAILOVER, body=body))
+        for other in self.sched.nodes:
+            if other not in self.sched.dead:
+                self.sched.send_to(other, Message(P.FAILOVER, body=body))
         for group in ("server", "all"):  # barriers no longer wait for it
-            self._maybe_release(group)
+            self.sched.barriers.release(group)
         return True

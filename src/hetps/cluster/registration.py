@@ -1,0 +1,224 @@
+"""The scheduler's registration part: nodes register (``add_node``), are refused with a
+reason (over a connection of their own), and once every expected node did, get their ranks,
+the node table and the routing ids of each peer pair (``assign``). Nodes that come back
+(a server admitted again, a let-go worker that joins) go to the other parts."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from hetps.cluster import protocol as P
+from hetps.cluster.protocol import NodeInfo
+from hetps.transport.codec import Message
+from hetps.transport.van import PeerGone
+
+log = logging.getLogger("hetps.scheduler")
+#: what a node may give as its address: a host name or an IPv4/IPv6 address, nothing else
+_HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
+
+#: refusals (each opens a connection back) answered per second at most; beyond, dropped
+MAX_REFUSALS_PER_S = 32
+
+
+@dataclass
+class Pending:
+    origin: bytes  # routing id of the connection the registration came on
+    role: str
+    host: str
+    port: int
+    req: int
+    want_rank: int = -1
+
+
+class Registration:
+    """Registration and ranks (a part of :class:`~hetps.cluster.scheduler.Scheduler`)."""
+
+    def __init__(self, sched: Any) -> None:
+        self.sched = sched
+        self.pending: list[Pending] = []
+        self.refusals: deque[float] = deque()
+        self.pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
+
+    def add_node(self, msg: Message) -> None:
+        b = msg.body
+        role = b.get("role")
+        host, port, back = b.get("host"), b.get("port"), b.get("back")
+        if (
+            role not in ("server", "worker")
+            or not isinstance(host, str)
+            or not 0 < len(host) <= 255
+            or not _HOST.fullmatch(host)  # (it is logged and written to the launcher)
+            or not isinstance(port, int)
+            or isinstance(port, bool)
+            or not 0 < port < 65536
+            or not isinstance(back, bytes)
+            or not 0 < len(back) <= 255
+            or back[0] == 0
+        ):
+            log.warning("scheduler: refused a malformed registration %r", b)
+            return
+        origin = msg.origin
+        if any(p.origin == origin for p in self.pending):
+            log.warning("scheduler: refused a second registration on one connection")
+            return
+        want = b.get("want_rank", -1)
+        want = want if isinstance(want, int) and not isinstance(want, bool) else -1
+        limit = self.sched.cfg.num_server if role == "server" else self.sched.cfg.num_worker
+        refusal = None
+        if self.sched.recovering:
+            self.refuse(
+                origin, host, port, back, msg.req,
+                "the scheduler was started again and is taking back the running job's nodes; "
+                "a new node can join once it did",
+            )  # fmt: skip
+            return
+        if self.sched._failed_start is not None:
+            # a node died before the cluster was complete: every late one is told why
+            self.refuse(origin, host, port, back, msg.req, self.sched._failed_start)
+            self.sched._late_refused += 1
+            self.sched._end_failed_start()
+            return
+        slot = self.sched.takeover.rejoin_slot(role, want) if self.sched.nodes else None
+        if slot is not None:
+            self.sched.takeover.readmit(msg, slot, host, port, back)
+            return
+        slot = self.sched.workers_part.join_slot(role, want) if self.sched.nodes else None
+        if slot is not None:
+            self.sched.workers_part.admit_worker(msg, slot, host, port, back)
+            return
+        if self.sched.nodes or len(self.pending) >= self.sched.expected:
+            refusal = (
+                f"the cluster is already complete ({self.sched.cfg.num_server} "
+                f"servers, {self.sched.cfg.num_worker} workers): check DMLC_NUM_SERVER/"
+                "DMLC_NUM_WORKER and that no old job uses this scheduler port"
+            )
+        elif sum(1 for p in self.pending if p.role == role) >= limit:
+            refusal = (
+                f"too many {role}s: the scheduler expects {limit} "
+                f"(DMLC_NUM_{role.upper()}={limit} on the scheduler)"
+            )
+        elif want >= limit:
+            refusal = f"{role} rank {want} (HETPS_LAUNCH_RANK) is not below {limit}"
+        elif want >= 0:
+            rival = next((p for p in self.pending if p.role == role and p.want_rank == want), None)
+            if rival is not None:
+                refusal = (
+                    f"{role} rank {want} (HETPS_LAUNCH_RANK) is already claimed by "
+                    f"{rival.host}:{rival.port}: a rank is given once; is another job using "
+                    "this scheduler port?"
+                )
+                log.error("scheduler: a second claim of %s rank %d (%s:%s)", role, want, host, port)
+        if refusal is not None:
+            self.refuse(origin, host, port, back, msg.req, refusal)
+            return
+        try:
+            self.sched.van.connect(origin, f"{host}:{port}", routing_id=back)
+        except PeerGone as exc:
+            log.warning("scheduler: registration with a bad address: %s", exc)
+            return
+        self.pending.append(Pending(origin, role, host, port, msg.req, want))
+        self.sched.send_to(
+            origin,
+            Message(
+                P.ADD_NODE,
+                req=0,
+                reply=True,
+                body={"registered": len(self.pending), "expected": self.sched.expected},
+            ),
+        )
+        if len(self.pending) == self.sched.expected:
+            self.assign()
+
+    def refuse(self, origin: bytes, host: str, port: int, back: bytes, req: int, text: str):
+        """Answer a registration with a refusal (over a connection of its own, closed after)."""
+        now = time.monotonic()
+        while self.refusals and now - self.refusals[0] > 1.0:
+            self.refusals.popleft()
+        if len(self.refusals) >= MAX_REFUSALS_PER_S:
+            log.warning("scheduler: dropped a registration (too many refusals): %s", text)
+            return
+        self.refusals.append(now)
+        log.warning("scheduler: refused a registration from %s:%s: %s", host, port, text)
+        key = ("refusal", origin)
+        try:
+            self.sched.van.connect(key, f"{host}:{port}", routing_id=back)
+        except PeerGone as exc:
+            log.warning("scheduler: registration with a bad address: %s", exc)
+            return
+        self.sched.send_to(key, Message(P.REFUSED, req=req, reply=True, body={"error": text}))
+        self.sched.van.disconnect(key, linger_ms=1000)  # let the refusal leave first
+
+    def pair_id(self, src: int, dst: int) -> bytes:
+        """The routing id node ``src`` connects to node ``dst`` with (known to both alone; a
+        node admitted again gets new ones)."""
+        a, b = self.sched.rejoined.get(src, 0), self.sched.rejoined.get(dst, 0)
+        mac = hmac.new(self.pair_key, f"{src}.{a}>{dst}.{b}".encode(), hashlib.sha256).digest()
+        return b"h" + mac[:15]
+
+    def assign(self) -> None:
+        ranks = {"server": 0, "worker": 0}
+        # Ranks a launcher asked for (each distinct) win; otherwise arrival order.
+        for role in ranks:
+            wants = [p.want_rank for p in self.pending if p.role == role]
+            if sorted(wants) != list(range(len(wants))):
+                for p in self.pending:
+                    if p.role == role:
+                        p.want_rank = -1
+        order = {id(p): i for i, p in enumerate(self.pending)}
+        self.pending.sort(
+            key=lambda p: (p.role, p.want_rank if p.want_rank >= 0 else 1 << 30, order[id(p)])
+        )
+        for p in self.pending:
+            rank = ranks[p.role]
+            ranks[p.role] += 1
+            nid = P.server_id(rank) if p.role == "server" else P.worker_id(rank)
+            self.sched.nodes[nid] = NodeInfo(nid, p.role, rank, p.host, p.port)
+            self.sched.van.rename(p.origin, nid)
+            self.sched.van.admit(p.origin, nid)
+            self.sched.last_seen[nid] = time.monotonic()
+            if self.sched.cfg.verbose >= 1:
+                log.info(
+                    "assign rank=%d to node role=%s, ip=%s, port=%d, is_recovery=0",
+                    nid,
+                    p.role,
+                    p.host,
+                    p.port,
+                )
+        table = [n.to_wire() for n in self.sched.nodes.values()]
+        for p, nid in zip(self.pending, self.sched.nodes, strict=False):
+            # workers talk to servers; with copies (HETPS_REPLICAS) servers to servers too
+            peers = [
+                i
+                for i, n in self.sched.nodes.items()
+                if n.role != p.role or (self.sched.replicas > 1 and p.role == "server" and i != nid)
+            ]
+            body = {
+                "nodes": table,
+                "id": nid,
+                "out": [[i, self.pair_id(nid, i)] for i in peers],  # routing ids to its peers
+                "in": [[i, self.pair_id(i, nid)] for i in peers],  # and theirs to it
+                **self.sched.creds.issue(nid),  # what it proves who it is with (--recover)
+            }
+            if self.sched.replicas > 1:
+                body["replicas"] = self.sched.replicas
+            if self.sched.elastic:
+                body["elastic"] = self.sched.elastic
+            if P.METRICS_REPORT in self.sched.services:  # live metrics are on: workers report
+                body["metrics_s"] = self.sched.cfg.metrics_interval
+            self.sched.send_to(nid, Message(P.NODES, req=p.req, reply=True, body=body))
+        self.pending.clear()
+        self.sched.ready.set()
+        if self.sched.cfg.verbose >= 1:
+            log.info(
+                "the %d servers and %d workers are up",
+                self.sched.cfg.num_server,
+                self.sched.cfg.num_worker,
+            )
