@@ -40,7 +40,7 @@ MAX_EARLY_MESSAGES = 4096
 MAX_EARLY_BYTES = 1 << 30
 
 
-class Node(Recovery):
+class Node:
     """One server or worker's membership in a cluster."""
 
     def __init__(self, cfg: NodeConfig, handler: Handler | None = None) -> None:
@@ -81,9 +81,10 @@ class Node(Recovery):
         self.redirect: dict[int, int] = {}
         self.down: set[int] = set()  # servers dead now
         self.recovery = False  # this node was admitted again (ps-lite's is_recovery)
+        self.faults = Recovery(self)  # failover, rejoin, readmit (cluster/recovery.py)
         # with copies: a failover re-sends the dead server's unanswered requests before any
         # newer request leaves (per-key order)
-        self._route_lock = threading.Lock()
+        self.route_lock = threading.Lock()
         self.on_failover: Callable[[int, int], None] | None = None
         self.on_rejoin: Callable[[int], None] | None = None
         # HETPS_ELASTIC (from the node table): workers that died and that the job went on
@@ -92,13 +93,12 @@ class Node(Recovery):
         self.left: set[int] = set()
         self.joining: set[int] = set()  # let-go workers started again that wait to join
         self.on_worker_left: Callable[[int], None] | None = None
-        self._barrier_n: dict[str, int] = {}  # barriers asked for, per group
-        self._barrier_passed: dict[str, int] = {}  # and passed (told to a restarted scheduler)
-        self._back: str | None = None  # routing id the scheduler connects back with
+        self.barrier_n: dict[str, int] = {}  # barriers asked for, per group
+        self.barrier_passed: dict[str, int] = {}  # and passed (told to a restarted scheduler)
+        self.back_id: str | None = None  # routing id the scheduler connects back with
         # what this node proves who it is with to a restarted scheduler (--recover): given
         # by the scheduler with the node table, never sent to anybody else
-        self._cred: dict = {}
-        self._readmit: Future | None = None  # asking a restarted scheduler to take us back
+        self.cred: dict = {}
         self.done_workers: Callable[[], list[int]] | None = None  # (a server's handler sets it)
         self.exited = threading.Event()
         self.failure: BaseException | None = None
@@ -109,7 +109,7 @@ class Node(Recovery):
         self._reg_progress: dict | None = None
         self._early: list[Message] = []
         self._early_bytes = 0
-        self._last_ack = time.monotonic()
+        self.last_ack = time.monotonic()
         self._busy_since: float | None = None  # when the handler running now started
         # seconds handlers have held the receive thread since the scheduler was last heard
         # from (its answers waited unread meanwhile: that silence is this node's own)
@@ -193,7 +193,7 @@ class Node(Recovery):
         # the scheduler connects back with a routing id only it learns: its messages are
         # the only ones that read as node 1
         back = new_routing_id()
-        self._back = back
+        self.back_id = back
         self.van.admit(back, P.SCHEDULER_ID)
         self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}", watch=True)
         watch = self.van.take_watch(P.SCHEDULER_ID)
@@ -301,7 +301,7 @@ class Node(Recovery):
             )
             return
         if msg.sender == P.SCHEDULER_ID:
-            self._last_ack = time.monotonic()
+            self.last_ack = time.monotonic()
             self._busy_s = 0.0
             if self._from_scheduler(msg):
                 return
@@ -373,22 +373,22 @@ class Node(Recovery):
                 return True
             return False
         if cmd == P.FAILOVER:
-            self._failover(msg)
+            self.faults.failover(msg)
             return True
         if cmd == P.REJOIN:
-            self._rejoin(msg)
+            self.faults.rejoin(msg)
             return True
         if cmd == P.WORKER_LEFT:
-            self._worker_left(msg)
+            self.faults.worker_left(msg)
             return True
         if cmd in (P.WORKER_JOINING, P.WORKER_BACK):
-            self._worker_joins(msg)
+            self.faults.worker_joins(msg)
             return True
         if cmd == P.NODE_DEAD:
             dead = msg.body.get("node")
             if isinstance(dead, list) and dead and isinstance(dead[0], int):
                 self.van.mark_dead(dead[0])
-            self._fail(NodeFailure(msg.error or "a peer died"))
+            self.fail(NodeFailure(msg.error or "a peer died"))
             return True
         if cmd == P.EXIT:
             self.exited.set()
@@ -464,7 +464,7 @@ class Node(Recovery):
         self.left = {int(i) for i in body.get("left", [])}  # (a worker that joins again)
         cred, gen = body.get("cred"), body.get("gen")
         if isinstance(cred, bytes) and isinstance(gen, int) and not isinstance(gen, bool):
-            self._cred = {"cred": cred, "gen": gen}
+            self.cred = {"cred": cred, "gen": gen}
         self.van.my_id = me.id
         every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
         if (
@@ -474,7 +474,7 @@ class Node(Recovery):
         ):
             self.metrics_interval = float(every)
 
-    def _fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException) -> None:
         if self.failure is None:
             self.failure = error
             log.error("%s: %s", self.role, error)
@@ -488,7 +488,7 @@ class Node(Recovery):
     # -- heartbeats -------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
         interval = self.cfg.heartbeat_interval
-        self._last_ack = time.monotonic()
+        self.last_ack = time.monotonic()
         while not self._stop.wait(interval):
             try:
                 self.van.send(P.SCHEDULER_ID, Message(P.HEARTBEAT))
@@ -498,13 +498,13 @@ class Node(Recovery):
             # its silence counts only the time the thread was free to read them (up to the
             # start of the handler running now, less the handlers that ran since)
             busy = self._busy_since
-            silent = (busy if busy is not None else time.monotonic()) - self._last_ack
+            silent = (busy if busy is not None else time.monotonic()) - self.last_ack
             silent -= self._busy_s
             if silent > 2 * interval and not self.exited.is_set():
-                self._ask_readmit()  # the scheduler may have been started again
+                self.faults.ask_readmit()  # the scheduler may have been started again
             if silent > self.cfg.heartbeat_timeout and not self.exited.is_set():
                 self.van.mark_dead(P.SCHEDULER_ID)
-                self._fail(
+                self.fail(
                     NodeFailure(
                         f"{self.describe(P.SCHEDULER_ID)} stopped answering heartbeats for "
                         f"{silent:.1f} s (PS_HEARTBEAT_TIMEOUT={self.cfg.heartbeat_timeout:g}); "
@@ -555,7 +555,7 @@ class Node(Recovery):
         """Send the request ``msg`` registered as ``fut``; a send that fails fails the future
         (returns False) instead of raising."""
         if self.replicas > 1:
-            return self._send_kept(fut.peer, [fut], [msg], track)
+            return self.faults.send_kept(fut.peer, [fut], [msg], track)
         if fut.peer == P.SCHEDULER_ID:
             fut.sent = msg  # a scheduler started again gets it again
         try:
@@ -573,7 +573,7 @@ class Node(Recovery):
         if len(msgs) == 1:
             return self.send_request(futs[0], msgs[0])
         if self.replicas > 1:
-            return self._send_kept(peer, futs, msgs)
+            return self.faults.send_kept(peer, futs, msgs)
         try:
             # the batch's own id is its first request's: an answer refusing the whole batch
             # fails that request (the others then time out, as if lost)
@@ -646,15 +646,15 @@ class Node(Recovery):
         every node it released), else None."""
         timeout = self.cfg.request_timeout if timeout is None else timeout
         self.check()
-        n = self._barrier_n.get(group, 0) + 1
-        self._barrier_n[group] = n
+        n = self.barrier_n.get(group, 0) + 1
+        self.barrier_n[group] = n
         fut = self.request(
             P.SCHEDULER_ID,
             Message(P.BARRIER, body={"group": group, "n": n}),
             what=f"barrier({group})",
         )
         reply = fut.wait(timeout)
-        self._barrier_passed[group] = n
+        self.barrier_passed[group] = n
         members = reply.body.get("members") if reply is not None and reply.body else None
         if isinstance(members, list) and all(
             isinstance(i, int) and not isinstance(i, bool) for i in members

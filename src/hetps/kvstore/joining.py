@@ -92,7 +92,7 @@ class Joining:
         wait_all(futs, self.timeout, "join")
         for group, n in reply.body.get("barriers", {}).items():
             if isinstance(n, int) and not isinstance(n, bool):
-                self.node._barrier_n[group] = self.node._barrier_passed[group] = n
+                self.node.barrier_n[group] = self.node.barrier_passed[group] = n
         self.node.request(P.SCHEDULER_ID, Message(P.ENTERED)).wait(self.timeout)
         self._joined = True
         return state
