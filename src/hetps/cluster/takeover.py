@@ -204,7 +204,11 @@ class Takeover:
         passed = b.get("view", {}).get("barriers", {})
         if isinstance(passed, dict):
             for group, n in passed.items():
-                if group in self.sched.barriers and isinstance(n, int) and not isinstance(n, bool):
+                if (
+                    group in self.sched.barriers.groups
+                    and isinstance(n, int)
+                    and not isinstance(n, bool)
+                ):
                     bar = self.sched.barriers.groups[group]
                     bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
         try:
