@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
+from hetps.kvstore import table_dump
 from hetps.kvstore.rowsparse import initial_rows
 from hetps.kvstore.slices import BadRequest, short
 from hetps.optim import lazy
@@ -57,8 +58,9 @@ class Shard:
             self._check_bound(n, 0)
             self.value = np.zeros((n, self.cols), self.dtype)  # (pages come as rows are used)
             # rows get their initial value when first used, not here: a table of 30M rows
-            # starts at once and holds only what is used (a byte per row for this mark)
-            self.made = np.zeros(n, bool) if self.scale else None
+            # starts at once and holds only what is used (a byte per row for this mark,
+            # which also tells a checkpoint the rows to keep)
+            self.made = np.zeros(n, bool)
         else:
             self.n = 0
             self.index: dict[int, int] = {}
@@ -121,9 +123,9 @@ class Shard:
         made, unless ``create`` (then it is made, at its initial value)."""
         if not self.growing:
             loc = ids // self.nparts
-            if self.made is not None:
-                fresh = loc[~self.made[loc]]
-                if fresh.size:
+            fresh = loc[~self.made[loc]]
+            if fresh.size:
+                if self.scale:
                     self.value[fresh] = initial_rows(
                         self.scale,
                         self.seed,
@@ -131,7 +133,7 @@ class Shard:
                         self.cols,
                         self.dtype,
                     )
-                    self.made[fresh] = True
+                self.made[fresh] = True
             return loc
         index = self.index
         out = np.fromiter((index.get(i, -1) for i in ids.tolist()), np.int64, ids.size)
@@ -204,8 +206,14 @@ class Tables:
             self._init(msg)
         elif msg.cmd == P.SPUSH:
             self._push(msg)
-        else:
+        elif msg.cmd == P.SPULL:
             self._pull(msg)
+        elif msg.cmd == P.SDUMP:  # a checkpoint reads the part (kvstore/table_dump.py)
+            body, arrays = table_dump.dump(self._shard(msg), msg)
+            self.server.answers.reply(msg, body, arrays=arrays)
+        else:  # P.SLOAD: a restore writes it
+            table_dump.load(self, self._shard(msg), msg)
+            self.server.answers.reply(msg)
 
     def reset_states(self) -> None:
         """A new optimizer: every table's state starts again."""
