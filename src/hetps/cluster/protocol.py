@@ -194,12 +194,15 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
     },
     JOIN: {
         "(answer)": "barriers ({group: n}: the barriers it has passed from now on), rounds "
-        "([[key, n], ...]: the rounds the first live worker pushed of each key); array 0: "
+        "([[key, n], ...]: the rounds the first live worker pushed of each key), tables (the "
+        "row-sparse keys' declarations, as admit gave them); array 0: "
         "the state it gave (admit)"
     },
     ADMIT: {
         "(array 0)": "from the first live worker: the state a joiner starts from (bytes)",
         "rounds": "from the first live worker: [[key, n], ...], the rounds it pushed",
+        "tables": "from the first live worker: [[key, {rows, cols, dtype, scale, seed, "
+        "server_bytes}], ...], the row-sparse keys' declarations",
         "(answer)": "once every worker waiting to join is in",
     },
     ENTER: {},

@@ -25,7 +25,7 @@ import numpy as np
 
 from hetps.cluster import protocol as P
 from hetps.kvstore.placement import chunk_elems
-from hetps.kvstore.rowsparse import Table
+from hetps.kvstore.rowsparse import Table, table_declaration
 from hetps.transport.codec import Message
 
 #: requests of a dump or restore in flight at once (each holds one chunk)
@@ -59,17 +59,6 @@ class _NpyWriter:
         os.fsync(self.f.fileno())
         self.f.close()
         return self.out.summary()
-
-
-def _declaration(t: Table) -> dict:
-    return {
-        "rows": t.rows,
-        "cols": t.cols,
-        "dtype": t.dtype,
-        "scale": float(t.scale),
-        "seed": t.seed,
-        "server_bytes": t.server_bytes,
-    }
 
 
 def save_tables(kv: Any, tmp: Path, key_tag: Any, hashing: Any) -> tuple[list, dict]:
@@ -126,7 +115,7 @@ def save_tables(kv: Any, tmp: Path, key_tag: Any, hashing: Any) -> tuple[list, d
         entries.append(
             {
                 "key": key_tag(key),
-                "decl": _declaration(t),
+                "decl": table_declaration(t),
                 "rows_saved": total,
                 "files": names,
                 "numbers": [info["numbers"] for info in infos],
@@ -167,7 +156,7 @@ def restore_tables(path: Path, manifest: dict, kv: Any, damaged: Any) -> None:
         e["_key"] = key
         d = e["decl"]
         if kv.is_row_sparse(key):
-            have = _declaration(kv.table(key))
+            have = table_declaration(kv.table(key))
             differ = [k for k in ("rows", "cols", "dtype", "scale", "seed") if have[k] != d[k]]
             if differ:
                 raise CheckpointError(
