@@ -138,7 +138,7 @@ def load(tables: Any, sh: Any, msg: Any) -> Any:
                 "but the servers have no optimizer: call kv.set_optimizer(...) (as before the "
                 "checkpoint) before restoring"
             )
-        fresh = Shard(sh.key, sh.decl, sh.part, sh.nparts)
+        fresh = Shard(sh.key, sh.decl, sh.part, sh.nparts, tables)
         fresh.optimizer = sh.optimizer
         if names or numbers:
             st = lazy.create_table_state(opt, fresh.value.shape[0], fresh.cols, fresh.dtype)

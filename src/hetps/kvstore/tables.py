@@ -42,8 +42,9 @@ INDEX_ROW_BYTES = 120
 class Shard:
     """One server's part of one table."""
 
-    def __init__(self, key: Any, decl: dict, part: int, nparts: int) -> None:
+    def __init__(self, key: Any, decl: dict, part: int, nparts: int, owner: Any = None) -> None:
         self.key = key
+        self.owner = owner  # the server's Tables (its cap on all tables), or None
         self.decl = decl
         self.rows_total: int | None = decl["rows"]
         self.cols: int = decl["cols"]
@@ -86,13 +87,17 @@ class Shard:
     def row_bytes(self, optimizer: Any) -> int:
         """Bytes one row takes here: its value, its optimizer state and (a growing table)
         its entry in the id index."""
-        per = self.cols * self.dtype.itemsize + (INDEX_ROW_BYTES if self.growing else 0)
+        # (a growing table's entry in its id index; a fixed table's byte of its use mark)
+        per = self.cols * self.dtype.itemsize + (INDEX_ROW_BYTES if self.growing else 1)
         if optimizer is not None:
-            st = (
-                self.state
-                if self.has_state
-                else lazy.create_table_state(optimizer, 0, self.cols, self.dtype)
-            )
+            try:
+                st = (
+                    self.state
+                    if self.has_state
+                    else lazy.create_table_state(optimizer, 0, self.cols, self.dtype)
+                )
+            except lazy.LazyUnsupported:  # (its first round says so, naming the fix)
+                return per
             per += sum(
                 a.dtype.itemsize * a.shape[1]
                 for a in st.values()
@@ -106,8 +111,16 @@ class Shard:
             total += sum(a.nbytes for a in self.state.values() if isinstance(a, np.ndarray))
         return total
 
+    def reserved(self, optimizer: Any) -> int:
+        """Bytes this part counts toward the server's cap: a fixed table's every row (each
+        may be used), a growing table's rows made."""
+        opt = self.optimizer if self.optimizer is not None else optimizer
+        return self.n * self.row_bytes(opt)
+
     def _check_bound(self, rows: int, per: int) -> None:
-        per = per or self.cols * self.dtype.itemsize
+        per = per or self.cols * self.dtype.itemsize + (0 if self.growing else 1)
+        if self.owner is not None:
+            self.owner.check_cap(self, rows * per)
         if self.bound and rows * per > self.bound:
             raise BadRequest(
                 f"row-sparse key {self.key!r}: {rows} rows here would take {rows * per} bytes "
@@ -199,6 +212,25 @@ class Tables:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.shards: dict[Any, Shard] = {}
+        #: bytes all tables here may take together (HETPS_TABLE_MAX_BYTES; 0: no cap)
+        self.cap = 0
+
+    def check_cap(self, sh: Shard, need: int) -> None:
+        """Refuse (BadRequest naming the table, the cap and the fix) when ``sh`` taking
+        ``need`` bytes would put this server's tables over :attr:`cap`."""
+        if not self.cap:
+            return
+        opt = self.server.optimizer
+        others = sum(o.reserved(opt) for k, o in self.shards.items() if k != sh.key)
+        if others + need > self.cap:
+            raise BadRequest(
+                f"row-sparse key {sh.key!r}: this server's part would take {need} bytes"
+                + (f" and its other tables take {others}" if others else "")
+                + f", over the server's cap on table memory of {self.cap} bytes "
+                "(HETPS_TABLE_MAX_BYTES); raise HETPS_TABLE_MAX_BYTES on the servers, add "
+                "servers, or make the table smaller (fewer rows or columns, a growing table "
+                "with Table(server_bytes=...))"
+            )
 
     # -- entry ---------------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
@@ -330,10 +362,12 @@ class Tables:
                     "it again only between rounds (every worker's pushes answered)"
                 )
             try:
-                sh = Shard(key, decl, part, nparts)
+                new = Shard(key, decl, part, nparts, self)
             except (MemoryError, ValueError) as exc:
                 raise BadRequest(f"sinit of key {key!r}: cannot hold the table ({exc})") from None
-            self.shards[key] = sh
+            if self.server.optimizer is not None and b.get("opt") is None:
+                new._check_bound(new.n, new.row_bytes(self.server.optimizer))
+            self.shards[key] = sh = new
         blob = b.get("opt")
         if blob is not None:
             if not isinstance(blob, bytes) or not self.server._from_worker(msg):
@@ -341,12 +375,18 @@ class Tables:
             from hetps import optim
 
             try:
-                sh.optimizer = optim.loads(blob)
+                opt = optim.loads(blob)
             except Exception as exc:  # noqa: BLE001 - unpickling user code can raise anything
                 raise BadRequest(
                     f"sinit of key {key!r}: the server could not load the table's optimizer "
                     f"({type(exc).__name__}: {exc})"
                 ) from None
+            try:
+                sh._check_bound(sh.n, sh.row_bytes(opt))  # with its state
+            except BadRequest:
+                self.shards.pop(key, None)  # (not kept half declared)
+                raise
+            sh.optimizer = opt
             sh.state, sh.has_state = None, False
         if msg.arrays:
             if len(msg.arrays) != 2:
@@ -473,3 +513,18 @@ class Tables:
                 for m in sh.acks + sh.deferred + sh.backlog:
                     self.server.answers.reply(m, {"error": text})
                 sh.pending, sh.acks, sh.deferred, sh.backlog = {}, [], [], []
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its container's limit."""
+    import os
+
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
