@@ -4,6 +4,8 @@ that grow and their memory bound."""
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import PRELUDE, TEST_ENV  # (at collection: tests/conftest.py)
 
 SEMANTICS = """
@@ -138,6 +140,9 @@ from hetps.kvstore.rowsparse import Table
 kv = hetps.kv.create('dist_sync')
 kv.init('t', Table(10, 2))
 kv.init('probe', np.zeros(1, np.float32))
+sgd, w = bool(os.environ.get('SGD')), 0.0
+if sgd:   # the servers' mean: rescale_grad 1/3 for 3 workers
+    kv.set_optimizer(optim.SGD(learning_rate=1.0, rescale_grad=1 / 3))
 for r in range(6):
     v = (kv.rank + 1) * (r + 1)
     if r == 3 and kv.rank < 2:           # worker 2 pushes round 3 alone, then dies
@@ -150,14 +155,20 @@ for r in range(6):
         os.kill(os.getpid(), signal.SIGKILL)
     got = kv.row_sparse_pull('t', row_ids=[9]).data[0, 0]
     live = (1 + 2 + 3) if r < 3 else (1 + 2)   # its push of round 3 was dropped with it
-    assert got == live * (r + 1), (r, got)
+    if sgd:   # each round moves the row by the mean of the pushes of the workers in it
+        w -= live * (r + 1) / (3 if r < 3 else 2)
+        assert abs(got - w) < 1e-4, (r, got, w)
+    else:     # no optimizer: the survivors' sum
+        assert got == live * (r + 1), (r, got)
 print('ELASTIC-OK', kv.rank, kv.live_workers, flush=True)
 """
 
 
-def test_a_worker_leaving_finishes_the_table_rounds(tmp_path):
+@pytest.mark.parametrize("sgd", [False, True])
+def test_a_worker_leaving_finishes_the_table_rounds(tmp_path, sgd):
     """--elastic: a worker killed after its push of a round is let go; the table's round
-    completes with the others' pushes, and the next rounds count only the survivors."""
+    completes with the others' pushes, and the next rounds count only the survivors (with a
+    server optimizer their sum is scaled to the job's count, so the step is their mean)."""
     import io
     import sys
     import textwrap
@@ -171,7 +182,7 @@ def test_a_worker_leaving_finishes_the_table_rounds(tmp_path):
         num_workers=3,
         num_servers=1,
         command=[sys.executable, str(script)],
-        env=dict(TEST_ENV),
+        env={**TEST_ENV, **({"SGD": "1"} if sgd else {})},
         start_timeout=30.0,
         failure_grace=5.0,
         elastic_min=2,

@@ -458,6 +458,12 @@ class Tables:
                     first = False
                 else:
                     grad[pos] += pval
+        opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
+        job = self._job_workers()
+        if opt is not None and len(pushes) < job:
+            # workers left (HETPS_ELASTIC): the sum is scaled to the job's count, as a dense
+            # key's, so the optimizer's rescale_grad (set for it) gives the survivors' mean
+            grad = grad * (job / len(pushes))
         error = None
         try:
             self._apply(sh, ids, grad)
@@ -493,10 +499,17 @@ class Tables:
             return
         self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])
 
+    def _job_workers(self) -> int:
+        """The workers of the job, those that left included."""
+        srv = self.server
+        if srv._fixed_workers is not None:
+            return srv._fixed_workers
+        return len(srv.node.workers())
+
     def worker_left(self, gone: int) -> None:
         """A worker died and the job goes on without it (HETPS_ELASTIC): drop what it sent
         that is not applied, and finish the rounds the other workers have all pushed (the
-        survivors' sum, not rescaled)."""
+        survivors' sum; with an optimizer scaled to the job's count of workers)."""
         for sh in self.shards.values():
             sh.backlog = [m for m in sh.backlog if m.sender != gone]
             sh.deferred = [m for m in sh.deferred if m.sender != gone]
