@@ -6,7 +6,13 @@ and a growing table's id index; a damaged table file is found by name."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 CODE = """
 import json
@@ -110,3 +116,30 @@ def test_a_damaged_table_file_is_named_and_the_checkpoint_before_is_used(cluster
     assert rc == 0, out
     assert f"{name}: its SHA-256 differs" in out, out
     assert _result(out) == first
+
+
+@pytest.mark.slow
+def test_the_click_example_goes_on_from_its_checkpoint_exactly(tmp_path):
+    """examples/dlrm_clicks.py through ``hetps launch`` (a DistributedOptimizer with 4
+    server-held tables under AdaGrad, MLPs under Adam): stopped after step 5 with its
+    checkpoint and started again with the same folder, it ends with the held-out scores of
+    the run that was not interrupted, bit for bit."""
+    root = Path(__file__).resolve().parents[2]
+    args = ["--rows", "1000", "--fields", "4", "--steps", "6", "--epochs", "2",
+            "--test-size", "512", "--batch-size", "64", "--checkpoint-every", "4"]  # fmt: skip
+    ck = ["--checkpoint-dir", str(tmp_path / "ck")]
+
+    def launch(*extra: str) -> str:
+        cmd = [sys.executable, "-m", "hetps.cli", "launch", "-n", "2", "-s", "2", "--",
+               sys.executable, "examples/dlrm_clicks.py", *args, *extra]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        res = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=240, env=env)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        return res.stdout
+
+    whole = re.findall(r"scores digest (\w+)", launch())
+    stopped = launch(*ck, "--stop-at", "5")
+    assert "scores digest" not in stopped and (tmp_path / "ck" / "ckpt-00000005").is_dir()
+    again = launch(*ck)
+    assert "after step 5" in again, again
+    assert whole and re.findall(r"scores digest (\w+)", again) == whole, again
