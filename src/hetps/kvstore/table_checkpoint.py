@@ -132,6 +132,8 @@ def _write_chunk(writers: dict, arrays: list, want: list, states: list) -> None:
     ids = arrays[0].reshape(-1)
     writers["ids"].write(ids)
     writers["value"].write(arrays[1])
+    if not want:  # (a server with no state yet: its rows' state is zeros)
+        arrays = arrays[:2] + [np.zeros(ids.size * c, dt) for _, dt, c in states]
     for (m, _, c), arr in zip(states, arrays[2:], strict=True):
         if arr.size != ids.size * c:
             raise RuntimeError(f"a server answered a table's dump with a wrong-sized {m!r}")

@@ -28,6 +28,8 @@ from hetps.optim import lazy
 
 #: rows one dump or load chunk may carry
 MAX_CHUNK_ROWS = 1 << 22
+#: bytes one dump answer may carry (a worker asks for HETPS_CHUNK_BYTES)
+MAX_CHUNK_BYTES = 1 << 28
 
 
 def _per_row(sh: Any) -> list[str]:
@@ -105,6 +107,14 @@ def dump(sh: Any, msg: Any) -> tuple[dict, list[np.ndarray]]:
     }
     if n == 0:
         return body, []
+    per = sh.value.itemsize * sh.cols + sum(
+        sh.state[m].itemsize * sh.state[m].shape[1] for m in names
+    )
+    if n * per > MAX_CHUNK_BYTES:
+        raise BadRequest(
+            f"sdump of key {sh.key!r}: {n} rows of {per} bytes in one answer, at most "
+            f"{MAX_CHUNK_BYTES} bytes: ask for fewer rows"
+        )
     sel = loc[off : off + n]
     arrays = [ids[off : off + n].copy(), sh.value[sel].reshape(-1)]
     arrays += [sh.state[m][sel].reshape(-1) for m in names]
