@@ -11,6 +11,11 @@ no rows). When every live worker pushed, the pushes are summed per row in worker
 optimizer updates only the rows touched (:func:`hetps.optim.lazy.update_rows`); with no
 optimizer the sums replace those rows. Then the pushes are acknowledged and the pulls that
 waited for the round are answered. ``dist_async``: each push is applied at once.
+
+Memory: each table has its own bound (``Table(server_bytes=...)``), and all of a server's
+tables together the server's cap (HETPS_TABLE_MAX_BYTES), both checked before a table is
+made, grows or gets its optimizer state. Checkpoints read and write the parts through
+``sdump`` and ``sload`` (kvstore/table_dump.py).
 """
 
 from __future__ import annotations
