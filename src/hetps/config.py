@@ -363,6 +363,13 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "dist_sync: how many rounds of one key a worker may push before the oldest "
                 "is applied; a further push waits (MXNet's engine allows 1)",
                 field="rounds_ahead", minimum=1),
+            Var("HETPS_TABLE_MAX_BYTES", "int", 0,
+                "bytes one server may hold of all its embedding tables (row-sparse keys: "
+                "values, optimizer state, id index; a fixed table counts whole, a growing "
+                "one its rows made), checked when a table is declared and as it grows; 0: "
+                "half of the server machine's memory",
+                field="table_max_bytes", minimum=0, unit="bytes",
+                default_text="0 (half the memory)"),
             Var("HETPS_REPLICAS", "int", 1,
                 "dist_sync: copies of every key, each on its own server (read by the "
                 "scheduler); a server applies each round on the next REPLICAS-1 servers "

@@ -12,6 +12,7 @@ from hetps.cluster.scheduler import Scheduler
 from hetps.config import NodeConfig
 from hetps.esync.service import EsyncService
 from hetps.kvstore.server import KVServer
+from hetps.kvstore.tables import machine_memory
 from hetps.optim import kernels
 from hetps.transport.codec import Message
 
@@ -111,6 +112,8 @@ def run_server(cfg: NodeConfig) -> int:
     node = Node(cfg)
     kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
     server = KVServer(node)
+    # HETPS_TABLE_MAX_BYTES: the embedding tables' cap (0: half of this machine's memory)
+    server.tables.cap = cfg.table_max_bytes or machine_memory() // 2
     node.handler = server.handle
     node.lend(KVServer.BORROWS)  # pushes are merged straight out of the ring
     meter = None

@@ -96,3 +96,48 @@ def test_a_worker_far_ahead_is_refused_and_a_table_is_not_redeclared_mid_round()
     assert srv.tables.shards["t"] is sh
     srv.handle(Message("spush", sender=11, req=3, body=body, arrays=list(row)))
     assert sh.rounds >= 1 and sh.value[1].tolist() == [2.0, 2.0]  # the two workers' sum
+
+
+def test_a_tables_checkpoint_load_is_checked_and_taken_from_a_worker_only():
+    """sload (a restore writing a table's rows back) from anyone but a worker, with bad ids,
+    rows or state, or with no optimizer for the state it carries, is refused and changes
+    nothing; sdump reads only the rows used, in chunks."""
+    node = _Node({9: "worker", 8: "server"})
+    answers: list = []
+    node.reply = lambda msg, body=None, arrays=None, track=False: (
+        node.replies.append((msg, body)),
+        answers.append(arrays),
+    )
+    srv = KVServer(node)
+    srv.handle(Message("sinit", sender=9, req=1, body={**DECL, "scale": 0.5}))
+    ids, one = np.array([1, 3], np.int64), np.ones(4, np.float32)
+    load = {"k": "t", "part": 0, "fresh": True, "state": ["mom"], "numbers": {}}
+    srv.handle(Message("sload", sender=8, req=2, body=load, arrays=[ids, one, one]))
+    assert "only a worker" in node.replies[-1][1]["error"]
+    srv.handle(Message("sload", sender=9, req=3, body=load, arrays=[ids, one, one]))
+    assert "set_optimizer" in node.replies[-1][1]["error"]
+    srv.optimizer = optim.SGD(learning_rate=0.1, momentum=0.9)
+    bad = [
+        ({**load, "state": ["mean"]}, [ids, one, one], "keeps ['mom']"),
+        ({**load, "numbers": {"t": True}}, [ids, one, one], "map names to numbers"),
+        (load, [np.array([3, 1], np.int64), one, one], "sorted and distinct"),
+        (load, [np.array([1, 4], np.int64), one, one], "row id 4 is out of range"),
+        (load, [ids, one, np.ones(3, np.float32)], "state 'mom': got 3 values"),
+        (load, [ids, one], "expected ids, rows and 1 state arrays"),
+    ]
+    for i, (body, arrays, text) in enumerate(bad):
+        srv.handle(Message("sload", sender=9, req=10 + i, body=body, arrays=arrays))
+        assert text in node.replies[-1][1]["error"], (text, node.replies[-1][1])
+        sh = srv.tables.shards["t"]
+        assert not sh.made.any() and not sh.has_state
+    srv.handle(Message("sload", sender=9, req=30, body=load, arrays=[ids, one, one * 2]))
+    assert node.replies[-1][1] is None
+    sh = srv.tables.shards["t"]
+    assert sh.made.tolist() == [False, True, False, True] and sh.state["mom"][[1, 3]].min() == 2
+    srv.handle(Message("sdump", sender=9, req=31, body={"k": "t", "part": 0, "n": 0}))
+    assert node.replies[-1][1]["count"] == 2 and node.replies[-1][1]["state"] == [
+        ["mom", "float32", 2]
+    ]
+    srv.handle(Message("sdump", sender=9, req=32, body={"k": "t", "part": 0, "off": 1, "n": 5}))
+    got = answers[-1]
+    assert got[0].tolist() == [3] and got[1].tolist() == [1, 1] and got[2].tolist() == [2, 2]

@@ -60,6 +60,8 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "sinit": _W,  # row-sparse tables (kvstore/tables.py)
         "spush": _W,
         "spull": _W,
+        "sdump": _W,  # a checkpoint reads a table (kvstore/table_dump.py)
+        "sload": _W,  # a restore writes it back
         "set_optimizer": _W,  # a pickle: only from a registered worker
         "get_states": _W,
         "set_states": _W,  # a pickle: only from a registered worker

@@ -200,6 +200,7 @@ class ElasticWorkers:
         lead = next((self.admitting[w] for w in live if self.admitting[w].arrays), None)
         lead = lead if lead is not None else self.admitting[live[0]]
         state, rounds = lead.arrays[:1], lead.body.get("rounds", [])
+        tables = lead.body.get("tables", [])  # the row-sparse keys' declarations
         barriers = {
             group: min(self.sched.barriers.groups[group].reached.get(w, 0) for w in live)
             for group in ("worker", "all")
@@ -212,7 +213,7 @@ class ElasticWorkers:
                     P.JOIN,
                     req=req,
                     reply=True,
-                    body={"barriers": barriers, "rounds": rounds},
+                    body={"barriers": barriers, "rounds": rounds, "tables": tables},
                     arrays=state,
                 ),
             )

@@ -70,7 +70,9 @@ BATCH = "batch"  # items: several small requests (or their answers) in one messa
 SINIT = "sinit"  # declare a table's part on a server (and write rows of its first value)
 SPUSH = "spush"  # a round's row-sparse gradient: distinct sorted row ids, their rows
 SPULL = "spull"  # read rows by id
-SPARSE_COMMANDS = frozenset({SINIT, SPUSH, SPULL})
+SDUMP = "sdump"  # a checkpoint reads a table's part: its used rows, their state (in chunks)
+SLOAD = "sload"  # a restore writes a table's part back (in chunks)
+SPARSE_COMMANDS = frozenset({SINIT, SPUSH, SPULL, SDUMP, SLOAD})
 # -- data plane: server -> server (HETPS_REPLICAS) -----------------------------------------
 # op ("init": a chunk of a key's first value; "round": a dist_sync round's merged pushes),
 # then the fields of that op: a primary's copy to a replica
@@ -145,6 +147,23 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "part": "the server's part of the table",
         "(arrays)": "row ids (int64); the answer: their rows, in that order",
     },
+    SDUMP: {
+        "k": "the key",
+        "part": "the server's part of the table",
+        "off": "the first row wanted of the part's used rows, sorted by id",
+        "n": "rows wanted (0: only the answer's body)",
+        "(answer)": "count (the part's used rows), state ([[name, dtype, columns], ...]: the "
+        "optimizer state's per-row arrays), numbers (its other entries: Adam's t), has_state; "
+        "arrays: the rows' ids, their values, each state array's rows",
+    },
+    SLOAD: {
+        "k": "the key",
+        "part": "the server's part of the table",
+        "fresh": "the part's first chunk: start it again empty, with the state's numbers",
+        "state": "names of the optimizer state's per-row arrays that follow the rows",
+        "numbers": "the optimizer state's other entries (Adam's t)",
+        "(arrays)": "sorted distinct row ids (int64), their values, each state array's rows",
+    },
     PROBE: {
         "reply_bytes": "bytes of payload in the answer",
         "spread": "one flow of a spread probe (several flows at once)",
@@ -175,12 +194,15 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
     },
     JOIN: {
         "(answer)": "barriers ({group: n}: the barriers it has passed from now on), rounds "
-        "([[key, n], ...]: the rounds the first live worker pushed of each key); array 0: "
+        "([[key, n], ...]: the rounds the first live worker pushed of each key), tables (the "
+        "row-sparse keys' declarations, as admit gave them); array 0: "
         "the state it gave (admit)"
     },
     ADMIT: {
         "(array 0)": "from the first live worker: the state a joiner starts from (bytes)",
         "rounds": "from the first live worker: [[key, n], ...], the rounds it pushed",
+        "tables": "from the first live worker: [[key, {rows, cols, dtype, scale, seed, "
+        "server_bytes}], ...], the row-sparse keys' declarations",
         "(answer)": "once every worker waiting to join is in",
     },
     ENTER: {},

@@ -45,6 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from hetps.kvstore import table_checkpoint
+
 log = logging.getLogger("hetps.checkpoint")
 
 MANIFEST = "manifest.json"
@@ -164,10 +166,11 @@ def save(
         with open(tmp / VALUES, "wb") as f:
             np.savez(f, **{f"v{i}": np.asarray(v) for i, v in enumerate(values)})
         kv.save_optimizer_states(str(tmp / STATES))
+        # the row-sparse keys (embedding tables): streamed in chunks, never whole in memory
+        tables, files = table_checkpoint.save_tables(kv, tmp, _key_tag, _HashingWriter)
         # worker-0.pkl .. worker-(n-1).pkl: the live workers in rank order, so a job that
         # went on without a dead worker (HETPS_ELASTIC) resumes with that many workers
         live = _live_ranks(kv)
-        files = {}
         for place, rank in enumerate(live):
             name = f"worker-{place}.pkl"
             files[name] = json.loads((tmp / f"rank-{rank}.sum").read_text())
@@ -184,6 +187,7 @@ def save(
             "workers": len(live),
             "servers": kv.num_servers,
             "keys": index,
+            "tables": tables,
             "files": files,
             **(meta or {}),
         }
@@ -305,6 +309,7 @@ class Checkpoint:
         needed = [f"worker-{k}.pkl" for k in range(self.workers)]
         if self.manifest.get("keys"):
             needed.append(VALUES)
+        needed += table_checkpoint.needed_files(self.manifest)
         for name in needed:
             if name not in files:
                 raise DamagedCheckpoint(self.path, name, "the manifest has no checksum of it")
@@ -339,7 +344,9 @@ class Checkpoint:
     def restore(self, kv: Any) -> None:
         """Every worker calls it: each key gets its saved value (``init``: rank 0's value
         wins), then, if the servers had an optimizer state, it is loaded (set the optimizer
-        first, as before the checkpoint)."""
+        first, as before the checkpoint); then each row-sparse key (embedding table) gets its
+        saved rows, optimizer state and id index (a table the job has not declared yet is
+        declared as the checkpoint's job had it)."""
         if kv.num_workers != self.workers:
             raise CheckpointError(
                 f"{self.path} was taken with {self.workers} workers, this job has "
@@ -352,6 +359,8 @@ class Checkpoint:
         states = self.path / STATES
         if states.exists() and states.stat().st_size > 0 and _has_states(states):
             kv.load_optimizer_states(str(states))
+        if self.manifest.get("tables"):  # after the optimizer: it is the tables' state's too
+            table_checkpoint.restore_tables(self.path, self.manifest, kv, DamagedCheckpoint)
 
 
 def _why(exc: BaseException) -> str:

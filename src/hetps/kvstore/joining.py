@@ -22,6 +22,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.requests import wait_all
 from hetps.kvstore.base import normalize_keys, per_key, reduce_values, settle, staged_call
 from hetps.kvstore.keys import KeyMeta
+from hetps.kvstore.rowsparse import Table, table_declaration
 from hetps.transport.codec import Message
 
 
@@ -35,6 +36,8 @@ class Joining:
     live_rank: int
     wait_outstanding: Any
     _placement: Any
+    _tables: dict
+    _init_table: Any
 
     @property
     def rejoining(self) -> bool:
@@ -56,7 +59,11 @@ class Joining:
         self.wait_outstanding()
         lead = self.live_rank == 0
         arrays = [np.frombuffer(state, np.uint8)] if lead and state is not None else []
-        body = {"rounds": [[k, m.rounds] for k, m in self.meta.items()]} if lead else {}
+        body = {}
+        if lead:
+            body["rounds"] = [[k, m.rounds] for k, m in self.meta.items()]
+            # the row-sparse keys: a joiner declares those it does not know (made meanwhile)
+            body["tables"] = [[k, table_declaration(tm.table)] for k, tm in self._tables.items()]
         fut = self.node.request(P.SCHEDULER_ID, Message(P.ADMIT, body=body, arrays=arrays))
         fut.wait(self.timeout)
 
@@ -87,6 +94,7 @@ class Joining:
         }
         for k, meta in self.meta.items():  # (a push says which round it is of: replicas)
             meta.rounds = self._rounds.get(k, meta.rounds)
+        self._join_tables(reply.body.get("tables", []))
         # every server counts this worker from now on; the live workers wait meanwhile
         futs = [self.node.request(s.id, Message(P.ENTER)) for s in self.node.live_servers()]
         wait_all(futs, self.timeout, "join")
@@ -96,6 +104,35 @@ class Joining:
         self.node.request(P.SCHEDULER_ID, Message(P.ENTERED)).wait(self.timeout)
         self._joined = True
         return state
+
+    def _join_tables(self, tables: Any) -> None:
+        """Declare the job's row-sparse keys as the first live worker has them (those this
+        worker declared itself must match: its pushes would land on other rows)."""
+        if not isinstance(tables, list):
+            raise RuntimeError("join: the live workers sent a bad list of tables")
+        for entry in tables:
+            try:
+                k, decl = entry
+                table = Table(**decl)
+            except (TypeError, ValueError) as exc:
+                raise RuntimeError(
+                    f"join: the live workers sent a bad table {entry!r}: {exc}"
+                ) from None
+            k = _key(k)
+            tm = self._tables.get(k)
+            if tm is None:
+                self._init_table(k, table, False)  # (sends nothing: the servers have it)
+                continue
+            mine = table_declaration(tm.table)
+            differ = [f for f in ("rows", "cols", "dtype", "scale", "seed") if mine[f] != decl[f]]
+            if differ:
+                raise RuntimeError(
+                    f"join: this worker declared table {k!r} with "
+                    + ", ".join(f"{f}={mine[f]!r}" for f in differ)
+                    + ", the running job has "
+                    + ", ".join(f"{f}={decl[f]!r}" for f in differ)
+                    + "; declare it as the job does"
+                )
 
     def declare(self, key: Any, value: Any) -> None:
         """Make keys that exist on the servers already known to this worker (their shape,

@@ -213,3 +213,16 @@ def coalesce(value: Any, cols: int, dtype: np.dtype, what: str) -> tuple[np.ndar
         np.add.at(summed, inv, rows)
         ids, rows = uniq, summed
     return ids, rows
+
+
+def table_declaration(t: Table) -> dict:
+    """What declares ``t`` on another worker (its first value and optimizer aside): the
+    keyword arguments of :class:`Table`."""
+    return {
+        "rows": t.rows,
+        "cols": t.cols,
+        "dtype": t.dtype,
+        "scale": float(t.scale),
+        "seed": t.seed,
+        "server_bytes": t.server_bytes,
+    }

@@ -11,6 +11,11 @@ no rows). When every live worker pushed, the pushes are summed per row in worker
 optimizer updates only the rows touched (:func:`hetps.optim.lazy.update_rows`); with no
 optimizer the sums replace those rows. Then the pushes are acknowledged and the pulls that
 waited for the round are answered. ``dist_async``: each push is applied at once.
+
+Memory: each table has its own bound (``Table(server_bytes=...)``), and all of a server's
+tables together the server's cap (HETPS_TABLE_MAX_BYTES), both checked before a table is
+made, grows or gets its optimizer state. Checkpoints read and write the parts through
+``sdump`` and ``sload`` (kvstore/table_dump.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
+from hetps.kvstore import table_dump
 from hetps.kvstore.rowsparse import initial_rows
 from hetps.kvstore.slices import BadRequest, short
 from hetps.optim import lazy
@@ -41,8 +47,9 @@ INDEX_ROW_BYTES = 120
 class Shard:
     """One server's part of one table."""
 
-    def __init__(self, key: Any, decl: dict, part: int, nparts: int) -> None:
+    def __init__(self, key: Any, decl: dict, part: int, nparts: int, owner: Any = None) -> None:
         self.key = key
+        self.owner = owner  # the server's Tables (its cap on all tables), or None
         self.decl = decl
         self.rows_total: int | None = decl["rows"]
         self.cols: int = decl["cols"]
@@ -57,8 +64,9 @@ class Shard:
             self._check_bound(n, 0)
             self.value = np.zeros((n, self.cols), self.dtype)  # (pages come as rows are used)
             # rows get their initial value when first used, not here: a table of 30M rows
-            # starts at once and holds only what is used (a byte per row for this mark)
-            self.made = np.zeros(n, bool) if self.scale else None
+            # starts at once and holds only what is used (a byte per row for this mark,
+            # which also tells a checkpoint the rows to keep)
+            self.made = np.zeros(n, bool)
         else:
             self.n = 0
             self.index: dict[int, int] = {}
@@ -84,13 +92,17 @@ class Shard:
     def row_bytes(self, optimizer: Any) -> int:
         """Bytes one row takes here: its value, its optimizer state and (a growing table)
         its entry in the id index."""
-        per = self.cols * self.dtype.itemsize + (INDEX_ROW_BYTES if self.growing else 0)
+        # (a growing table's entry in its id index; a fixed table's byte of its use mark)
+        per = self.cols * self.dtype.itemsize + (INDEX_ROW_BYTES if self.growing else 1)
         if optimizer is not None:
-            st = (
-                self.state
-                if self.has_state
-                else lazy.create_table_state(optimizer, 0, self.cols, self.dtype)
-            )
+            try:
+                st = (
+                    self.state
+                    if self.has_state
+                    else lazy.create_table_state(optimizer, 0, self.cols, self.dtype)
+                )
+            except lazy.LazyUnsupported:  # (its first round says so, naming the fix)
+                return per
             per += sum(
                 a.dtype.itemsize * a.shape[1]
                 for a in st.values()
@@ -104,8 +116,16 @@ class Shard:
             total += sum(a.nbytes for a in self.state.values() if isinstance(a, np.ndarray))
         return total
 
+    def reserved(self, optimizer: Any) -> int:
+        """Bytes this part counts toward the server's cap: a fixed table's every row (each
+        may be used), a growing table's rows made."""
+        opt = self.optimizer if self.optimizer is not None else optimizer
+        return self.n * self.row_bytes(opt)
+
     def _check_bound(self, rows: int, per: int) -> None:
-        per = per or self.cols * self.dtype.itemsize
+        per = per or self.cols * self.dtype.itemsize + (0 if self.growing else 1)
+        if self.owner is not None:
+            self.owner.check_cap(self, rows * per)
         if self.bound and rows * per > self.bound:
             raise BadRequest(
                 f"row-sparse key {self.key!r}: {rows} rows here would take {rows * per} bytes "
@@ -121,9 +141,9 @@ class Shard:
         made, unless ``create`` (then it is made, at its initial value)."""
         if not self.growing:
             loc = ids // self.nparts
-            if self.made is not None:
-                fresh = loc[~self.made[loc]]
-                if fresh.size:
+            fresh = loc[~self.made[loc]]
+            if fresh.size:
+                if self.scale:
                     self.value[fresh] = initial_rows(
                         self.scale,
                         self.seed,
@@ -131,7 +151,7 @@ class Shard:
                         self.cols,
                         self.dtype,
                     )
-                    self.made[fresh] = True
+                self.made[fresh] = True
             return loc
         index = self.index
         out = np.fromiter((index.get(i, -1) for i in ids.tolist()), np.int64, ids.size)
@@ -197,6 +217,25 @@ class Tables:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.shards: dict[Any, Shard] = {}
+        #: bytes all tables here may take together (HETPS_TABLE_MAX_BYTES; 0: no cap)
+        self.cap = 0
+
+    def check_cap(self, sh: Shard, need: int) -> None:
+        """Refuse (BadRequest naming the table, the cap and the fix) when ``sh`` taking
+        ``need`` bytes would put this server's tables over :attr:`cap`."""
+        if not self.cap:
+            return
+        opt = self.server.optimizer
+        others = sum(o.reserved(opt) for k, o in self.shards.items() if k != sh.key)
+        if others + need > self.cap:
+            raise BadRequest(
+                f"row-sparse key {sh.key!r}: this server's part would take {need} bytes"
+                + (f" and its other tables take {others}" if others else "")
+                + f", over the server's cap on table memory of {self.cap} bytes "
+                "(HETPS_TABLE_MAX_BYTES); raise HETPS_TABLE_MAX_BYTES on the servers, add "
+                "servers, or make the table smaller (fewer rows or columns, a growing table "
+                "with Table(server_bytes=...))"
+            )
 
     # -- entry ---------------------------------------------------------------------------
     def handle(self, msg: Message) -> None:
@@ -204,8 +243,14 @@ class Tables:
             self._init(msg)
         elif msg.cmd == P.SPUSH:
             self._push(msg)
-        else:
+        elif msg.cmd == P.SPULL:
             self._pull(msg)
+        elif msg.cmd == P.SDUMP:  # a checkpoint reads the part (kvstore/table_dump.py)
+            body, arrays = table_dump.dump(self._shard(msg), msg)
+            self.server.answers.reply(msg, body, arrays=arrays)
+        else:  # P.SLOAD: a restore writes it
+            table_dump.load(self, self._shard(msg), msg)
+            self.server.answers.reply(msg)
 
     def reset_states(self) -> None:
         """A new optimizer: every table's state starts again."""
@@ -322,10 +367,12 @@ class Tables:
                     "it again only between rounds (every worker's pushes answered)"
                 )
             try:
-                sh = Shard(key, decl, part, nparts)
+                new = Shard(key, decl, part, nparts, self)
             except (MemoryError, ValueError) as exc:
                 raise BadRequest(f"sinit of key {key!r}: cannot hold the table ({exc})") from None
-            self.shards[key] = sh
+            if self.server.optimizer is not None and b.get("opt") is None:
+                new._check_bound(new.n, new.row_bytes(self.server.optimizer))
+            self.shards[key] = sh = new
         blob = b.get("opt")
         if blob is not None:
             if not isinstance(blob, bytes) or not self.server._from_worker(msg):
@@ -333,12 +380,18 @@ class Tables:
             from hetps import optim
 
             try:
-                sh.optimizer = optim.loads(blob)
+                opt = optim.loads(blob)
             except Exception as exc:  # noqa: BLE001 - unpickling user code can raise anything
                 raise BadRequest(
                     f"sinit of key {key!r}: the server could not load the table's optimizer "
                     f"({type(exc).__name__}: {exc})"
                 ) from None
+            try:
+                sh._check_bound(sh.n, sh.row_bytes(opt))  # with its state
+            except BadRequest:
+                self.shards.pop(key, None)  # (not kept half declared)
+                raise
+            sh.optimizer = opt
             sh.state, sh.has_state = None, False
         if msg.arrays:
             if len(msg.arrays) != 2:
@@ -410,6 +463,12 @@ class Tables:
                     first = False
                 else:
                     grad[pos] += pval
+        opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
+        job = self._job_workers()
+        if opt is not None and len(pushes) < job:
+            # workers left (HETPS_ELASTIC): the sum is scaled to the job's count, as a dense
+            # key's, so the optimizer's rescale_grad (set for it) gives the survivors' mean
+            grad = grad * (job / len(pushes))
         error = None
         try:
             self._apply(sh, ids, grad)
@@ -445,10 +504,17 @@ class Tables:
             return
         self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])
 
+    def _job_workers(self) -> int:
+        """The workers of the job, those that left included."""
+        srv = self.server
+        if srv._fixed_workers is not None:
+            return srv._fixed_workers
+        return len(srv.node.workers())
+
     def worker_left(self, gone: int) -> None:
         """A worker died and the job goes on without it (HETPS_ELASTIC): drop what it sent
         that is not applied, and finish the rounds the other workers have all pushed (the
-        survivors' sum, not rescaled)."""
+        survivors' sum; with an optimizer scaled to the job's count of workers)."""
         for sh in self.shards.values():
             sh.backlog = [m for m in sh.backlog if m.sender != gone]
             sh.deferred = [m for m in sh.deferred if m.sender != gone]
@@ -465,3 +531,18 @@ class Tables:
                 for m in sh.acks + sh.deferred + sh.backlog:
                     self.server.answers.reply(m, {"error": text})
                 sh.pending, sh.acks, sh.deferred, sh.backlog = {}, [], [], []
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its container's limit."""
+    import os
+
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total
