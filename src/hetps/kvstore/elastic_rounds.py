@@ -82,10 +82,14 @@ class ElasticRounds:
         srv.tables.worker_left(gone)  # row-sparse keys (kvstore/tables.py)
         srv.links.forget(gone)
 
+    def gone(self, worker: int) -> bool:
+        """Whether ``worker`` was let go (and has not entered again)."""
+        return self.server._fixed_workers is None and worker in getattr(self.node, "left", ())
+
     def in_rounds(self, msg: Message) -> None:
         """Refuse what would change the job's keys from a worker that is out of its rounds (let
         go, or started again and not joined yet: HETPS_ELASTIC)."""
-        if self.server._fixed_workers is None and msg.sender in getattr(self.node, "left", ()):
+        if self.gone(msg.sender):
             raise BadRequest(
                 f"{msg.cmd} from a worker that is not in the job's rounds (it was let go; a "
                 "worker started again joins first: kv.join())"

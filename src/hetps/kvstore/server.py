@@ -118,6 +118,12 @@ class KVServer:
     def num_workers(self, value: int) -> None:
         self._fixed_workers = value
 
+    def job_workers(self) -> int:
+        """The workers of the job, those that left included."""
+        if self._fixed_workers is not None:
+            return self._fixed_workers
+        return len(self.node.workers())
+
     @property
     def opt_s(self) -> float:
         """Seconds spent in the optimizer (live metrics)."""
@@ -165,7 +171,7 @@ class KVServer:
         for item in items:
             self._handle(item)
 
-    def _from_worker(self, msg: Message) -> bool:
+    def from_worker(self, msg: Message) -> bool:
         """Whether ``msg`` came on the connection of a registered worker."""
         role_of = getattr(self.node, "role_of", None)
         return role_of is not None and role_of(msg.sender) == "worker"
@@ -277,7 +283,7 @@ class KVServer:
                 "kv.set_optimizer(...) before the first push"
             )
         worker = msg.sender
-        if self._fixed_workers is None and worker in getattr(self.node, "left", ()):
+        if self.elastic.gone(worker):
             raise BadRequest("push from a worker that left the job")  # (sent before it died)
         if sl.value.size == 0:  # nothing to merge or apply: a round of nothing completes at once
             self._ack(msg, sl)
@@ -297,7 +303,7 @@ class KVServer:
                 return
             in_order = "rnd" in msg.body and self.replication.replicated
         if sync and self.done_workers:
-            raise BadRequest(self._uneven(sl))
+            raise BadRequest(self.uneven(sl))
         if sync and (
             sl.got.get(worker, 0) >= sl.value.size
             or (not in_order and any(m.sender == worker for m in sl.backlog))
@@ -347,7 +353,7 @@ class KVServer:
         if len(sl.got) == self.num_workers and all(c >= sl.value.size for c in sl.got.values()):
             self.finish_round(sl)
 
-    def _uneven(self, sl: Slice) -> str:
+    def uneven(self, sl: Slice) -> str:
         who = ", ".join(self.done_workers.values())
         return (
             f"push of key {sl.key!r} can never complete: {who} already finished its job, so this "
@@ -362,7 +368,7 @@ class KVServer:
         self.tables.worker_done(info.id)
         for sl in self.slices.values():
             if sl.got and sl.got.get(info.id, 0) < sl.value.size:
-                text = self._uneven(sl)
+                text = self.uneven(sl)
                 for m in sl.acks + sl.deferred + sl.backlog:
                     self.answers.reply(m, {"error": text})
                 sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
@@ -430,7 +436,7 @@ class KVServer:
         self._send_value(msg, sl, off, n, None)
 
     def _set_optimizer(self, msg: Message) -> None:
-        if not self._from_worker(msg):  # unpickling runs code: only a worker's, ever
+        if not self.from_worker(msg):  # unpickling runs code: only a worker's, ever
             raise BadRequest("set_optimizer: only a worker of this job may set the optimizer")
         self.elastic.in_rounds(msg)
         if len(msg.arrays) != 1:
@@ -469,7 +475,7 @@ class KVServer:
         self.answers.reply(msg, arrays=[blob])
 
     def _set_states(self, msg: Message) -> None:
-        if not self._from_worker(msg):  # unpickling runs code: only a worker's, ever
+        if not self.from_worker(msg):  # unpickling runs code: only a worker's, ever
             raise BadRequest("set_states: only a worker of this job may set optimizer states")
         if len(msg.arrays) != 1:
             raise BadRequest("set_states: expected one pickled state map")

@@ -128,9 +128,9 @@ def load(tables: Any, sh: Any, msg: Any) -> Any:
     part now in place (a ``fresh`` load makes it again)."""
     from hetps.kvstore.tables import Shard
 
-    if not tables.server._from_worker(msg):
+    if not tables.server.from_worker(msg):
         raise BadRequest("sload: only a worker of this job may write a table's rows")
-    tables.server._in_rounds(msg)
+    tables.server.elastic.in_rounds(msg)
     _idle(sh, "sload")
     b = msg.body
     names, numbers = b.get("state", []), b.get("numbers", {})

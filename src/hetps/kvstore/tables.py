@@ -375,7 +375,7 @@ class Tables:
             self.shards[key] = sh = new
         blob = b.get("opt")
         if blob is not None:
-            if not isinstance(blob, bytes) or not self.server._from_worker(msg):
+            if not isinstance(blob, bytes) or not self.server.from_worker(msg):
                 raise BadRequest(f"sinit of key {key!r}: a table's optimizer comes from a worker")
             from hetps import optim
 
@@ -416,14 +416,14 @@ class Tables:
                 "call kv.set_optimizer(...) before the first push"
             )
         worker = msg.sender
-        if srv._fixed_workers is None and worker in getattr(srv.node, "left", ()):
+        if srv.elastic.gone(worker):
             raise BadRequest("spush from a worker that left the job")  # (sent before it died)
         if not sync:
             self._apply(sh, ids, vals)
             srv.answers.reply(msg)
             return
         if srv.done_workers:
-            raise BadRequest(srv._uneven(sh))
+            raise BadRequest(srv.uneven(sh))
         if worker in sh.pending or any(m.sender == worker for m in sh.backlog):
             self._hold(sh, msg)
             sh.backlog.append(msg)  # this worker pushed this round already: the next one
@@ -506,10 +506,7 @@ class Tables:
 
     def _job_workers(self) -> int:
         """The workers of the job, those that left included."""
-        srv = self.server
-        if srv._fixed_workers is not None:
-            return srv._fixed_workers
-        return len(srv.node.workers())
+        return self.server.job_workers()
 
     def worker_left(self, gone: int) -> None:
         """A worker died and the job goes on without it (HETPS_ELASTIC): drop what it sent
@@ -527,7 +524,7 @@ class Tables:
         """A worker finished: fail the rounds that still wait for it."""
         for sh in self.shards.values():
             if sh.pending and worker not in sh.pending:
-                text = self.server._uneven(sh)
+                text = self.server.uneven(sh)
                 for m in sh.acks + sh.deferred + sh.backlog:
                     self.server.answers.reply(m, {"error": text})
                 sh.pending, sh.acks, sh.deferred, sh.backlog = {}, [], [], []
