@@ -255,7 +255,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """``hetps train``."""
     from hetps.config import ConfigError
-    from hetps.torch.train import main as train_main
+    from hetps.app.train import main as train_main
 
     try:
         return train_main(args)
@@ -288,7 +288,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """``hetps models``: names and parameter counts."""
-    from hetps.torch.models import count_parameters, get_model, model_names
+    from hetps.app.models import count_parameters, get_model, model_names
 
     print(f"{'model':<14}{'parameters':>14}")
     for name in model_names():
@@ -435,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_server)
 
     tr = sub.add_parser("train", help="train on Fashion-MNIST (ESync, SSGD, ASGD, DC-ASGD, local)")
-    from hetps.torch.train import add_arguments as add_train_arguments  # torch loads lazily
+    from hetps.app.train import add_arguments as add_train_arguments  # torch loads lazily
 
     add_train_arguments(tr)
     add_cluster_arguments(tr)

@@ -142,7 +142,7 @@ def test_train_leaves_threads_to_the_launcher(monkeypatch):
     no OMP_NUM_THREADS of its own (the user's reaches the workers through the environment)."""
     import hetps.launch.local as local
     from hetps.cli import build_parser
-    from hetps.torch.train import launch_cluster
+    from hetps.app.train import launch_cluster
 
     seen = {}
 

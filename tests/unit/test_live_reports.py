@@ -203,7 +203,7 @@ def test_train_hands_metrics_port_to_the_scheduler_not_to_its_workers(monkeypatc
 
     import hetps.launch.local as local
     from hetps.cli import build_parser
-    from hetps.torch import train
+    from hetps.app import train
 
     argv = ["train", "--workers", "2", "--servers", "1", "--metrics-port", "0", "-m", "sync"]
     seen = {}

@@ -1,5 +1,5 @@
-"""PyTorch integration: ``DistributedOptimizer``, broadcast helpers, the ESync loop, models,
-data and ``hetps train``.
+"""PyTorch integration: ``DistributedOptimizer``, broadcast helpers and the ESync loop (the
+``hetps train`` app that uses them is :mod:`hetps.app`).
 
 Horovod/BytePS style::
 
@@ -11,8 +11,8 @@ Horovod/BytePS style::
     hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
     hps.broadcast_optimizer_state(opt, kv, root_rank=0)
 
-or ESync's local steps (:class:`ESyncTrainer`). The names load on first use, so importing a
-submodule (``hetps.torch.train`` for the command line's flags) does not import torch.
+or ESync's local steps (:class:`ESyncTrainer`). The names load on first use, so importing
+``hetps.torch`` does not import torch.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``hetps train``'s worker: what every mode shares (:class:`WorkerRun`) and one loop per mode.
 
-:func:`hetps.torch.train.train_worker` sets a worker up (device, data shard, model, run log)
+:func:`hetps.app.train.train_worker` sets a worker up (device, data shard, model, run log)
 and hands a :class:`WorkerRun` to the mode's function in :data:`RUNNERS`:
 
 * :func:`run_esync`: local steps until the state server says ready, then the model
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetps.torch.checkpointing import decode, encode
+from hetps.app.checkpointing import decode, encode
 from hetps.torch.rejoin import Rejoin
 
 __all__ = ["RUNNERS", "WorkerRun", "run_async", "run_esync", "run_local", "run_sync"]
@@ -82,7 +82,7 @@ def _account(r: Any, timing: Any, t1: float, t2: float) -> None:
 
 
 def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
-    from hetps.torch.data import normalize
+    from hetps.app.data import normalize
 
     model.eval()
     correct = 0
@@ -160,7 +160,7 @@ class WorkerRun(Rejoin):
     """One worker's training run, as every mode shares it: its data stream, the timed local
     step (with the ``--slowdown`` emulation), stop conditions, and the round loop that logs.
 
-    Built by :func:`hetps.torch.train.train_worker`; a mode creates its optimizers, calls
+    Built by :func:`hetps.app.train.train_worker`; a mode creates its optimizers, calls
     :meth:`start` (collective: after every worker's KVStore keys exist), then :meth:`loop`
     and :meth:`finish`.
     """
@@ -200,7 +200,7 @@ class WorkerRun(Rejoin):
         self.traffic: Any = None
         self.spans: Any = None  # hetps.metrics.spans.Spans, from start()
         self.step_end = 0.0  # time.perf_counter() at the end of the last one_step
-        self.tboard: Any = None  # hetps.torch.tboard.TensorBoardLog with --tensorboard
+        self.tboard: Any = None  # hetps.app.tboard.TensorBoardLog with --tensorboard
         self.log: Any = None
         self.progress: _Progress | None = None
         # checkpoints (--checkpoint-dir) and a resumed run (--resume): the round and the data
@@ -221,7 +221,7 @@ class WorkerRun(Rejoin):
         # sync's DistributedOptimizer, esync's ESyncTrainer (set by the mode)
         self.shared: Any = None
         if getattr(args, "checkpoint_dir", None):
-            from hetps.torch.checkpointing import TrainCheckpoints
+            from hetps.app.checkpointing import TrainCheckpoints
 
             self.ckpt = TrainCheckpoints(args, kv, rank)
         self._stream = self._data_stream()
@@ -257,7 +257,7 @@ class WorkerRun(Rejoin):
             meter.run_dir = str(Path(self.run_dir).resolve())
         self.log = IterationLog(self.run_dir, self.rank)
         if getattr(self.args, "tensorboard", None):
-            from hetps.torch.tboard import TensorBoardLog
+            from hetps.app.tboard import TensorBoardLog
 
             self.tboard = TensorBoardLog(
                 self.args.tensorboard, self.run_dir.name, self.rank, self.run_start
@@ -268,7 +268,7 @@ class WorkerRun(Rejoin):
         """A resumed run: this worker's records after the checkpoint's round are dropped
         (those rounds are done again), and ``t`` goes on from the checkpoint round's: it
         counts training, not the time the job was down."""
-        from hetps.torch.checkpointing import cut_log, last_t
+        from hetps.app.checkpointing import cut_log, last_t
 
         log = self.run_dir / f"worker-{self.rank}.jsonl"
         cut_log(log, self.first_round)
@@ -295,7 +295,7 @@ class WorkerRun(Rejoin):
         now = (kv.live_workers, kv.live_rank)
         if now == self._sharded:
             return
-        from hetps.torch.data import partition
+        from hetps.app.data import partition
 
         args = self.args
         self._sharded = now
@@ -314,7 +314,7 @@ class WorkerRun(Rejoin):
         return self.ckpt is not None and self.ckpt.wish()
 
     def _data_stream(self):
-        from hetps.torch.data import batches
+        from hetps.app.data import batches
 
         args = self.args
         # a resumed run starts where its checkpoint was: the same epochs, in the same order

@@ -193,7 +193,7 @@ def run_name(args: argparse.Namespace, workers: int) -> str:
 # -- entry ------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
     """``hetps train``: one worker under a launcher, a whole local cluster, or local training."""
-    from hetps.torch.checkpointing import check_args, resume_after_restart
+    from hetps.app.checkpointing import check_args, resume_after_restart
 
     resume_after_restart(args)
     check_args(args)
@@ -209,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
         import hetps.kv
 
         if args.resume:  # a worker that cannot load its state fails before it joins
-            from hetps.torch.checkpointing import preload_state
+            from hetps.app.checkpointing import preload_state
 
             preload_state(args)
         kv = hetps.kv.create("dist_async" if args.mode == "async" else "dist_sync")
@@ -335,13 +335,13 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     """Train as one worker (or alone, for ``-m local``); returns 0.
 
     Sets up what every mode shares (device, data shard, model, the run's log) and runs the
-    mode's loop (:mod:`hetps.torch.worker`)."""
+    mode's loop (:mod:`hetps.app.worker`)."""
     import torch
 
     from hetps.metrics.records import RunWriter
-    from hetps.torch.data import load_fashion_mnist, partition
-    from hetps.torch.models import get_model
-    from hetps.torch.worker import RUNNERS, WorkerRun
+    from hetps.app.data import load_fashion_mnist, partition
+    from hetps.app.models import get_model
+    from hetps.app.worker import RUNNERS, WorkerRun
 
     threads = env_value("OMP_NUM_THREADS")
     if threads is None:  # hetps launch sets it; alone (-m local) every core, by hand 1
@@ -372,7 +372,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     model.train()
     resume = None
     if args.resume:
-        from hetps.torch.checkpointing import load_state
+        from hetps.app.checkpointing import load_state
 
         resume = load_state(args, rank, workers)
         model.load_state_dict(resume["model"])  # before the store's keys take its weights
