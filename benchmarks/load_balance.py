@@ -821,7 +821,9 @@ def run_one(
     import numpy as np
     from _common import PINNED_THREADS, median
 
-    from hetps.launch.local import Launcher, LaunchSpec, netem_wrapper
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import Launcher
+    from hetps.launch.wrappers import netem_wrapper
     from hetps.metrics import RunWriter, load_run, run_meta
     from hetps.metrics.summary import summarize_run
     from hetps.netem import Netem, load_scenario

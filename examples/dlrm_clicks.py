@@ -25,8 +25,8 @@ from torch import nn
 
 import hetps.kv
 from hetps import optim
-from hetps.torch import DistributedOptimizer
 from hetps.app.clicks import ClickData, auc
+from hetps.torch import DistributedOptimizer
 
 
 class DLRM(nn.Module):

@@ -33,7 +33,9 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
     from hetps.config import ConfigError, env_value, user_threads
-    from hetps.launch.local import LaunchSpec, read_hostfile, run_cluster, ssh_wrapper
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import run_cluster
+    from hetps.launch.wrappers import read_hostfile, ssh_wrapper
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -254,8 +256,8 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``hetps train``."""
-    from hetps.config import ConfigError
     from hetps.app.train import main as train_main
+    from hetps.config import ConfigError
 
     try:
         return train_main(args)

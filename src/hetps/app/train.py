@@ -240,7 +240,8 @@ LAUNCH_ONLY = ("--workers", "--servers", "--netem", "--balance", "--slice-size",
 
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
-    from hetps.launch.local import LaunchSpec, run_cluster
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import run_cluster
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
     parse_devices(args, args.workers)
@@ -263,7 +264,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "hetps.cli", *cleaned]
     env_value("OMP_NUM_THREADS")  # a malformed value fails here, before anything starts
     # threads: the user's OMP_NUM_THREADS reaches every process unchanged; without it the
-    # launcher gives each process its share of the cores (hetps.launch.local.thread_share)
+    # launcher gives each process its share of the cores (hetps.launch.contract.thread_share)
     if args.max_restarts < 0:
         raise SystemExit("hetps train: --max-restarts must be >= 0")
     if args.elastic and not (1 <= args.elastic <= args.workers):
@@ -338,14 +339,14 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     mode's loop (:mod:`hetps.app.worker`)."""
     import torch
 
-    from hetps.metrics.records import RunWriter
     from hetps.app.data import load_fashion_mnist, partition
     from hetps.app.models import get_model
     from hetps.app.worker import RUNNERS, WorkerRun
+    from hetps.metrics.records import RunWriter
 
     threads = env_value("OMP_NUM_THREADS")
     if threads is None:  # hetps launch sets it; alone (-m local) every core, by hand 1
-        from hetps.launch.local import usable_cores
+        from hetps.launch.contract import usable_cores
 
         threads = usable_cores() if kv is None else 1
     torch.set_num_threads(max(1, threads))
