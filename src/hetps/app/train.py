@@ -336,12 +336,13 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     """Train as one worker (or alone, for ``-m local``); returns 0.
 
     Sets up what every mode shares (device, data shard, model, the run's log) and runs the
-    mode's loop (:mod:`hetps.app.worker`)."""
+    mode's loop (:mod:`hetps.app.modes`)."""
     import torch
 
     from hetps.app.data import load_fashion_mnist, partition
     from hetps.app.models import get_model
-    from hetps.app.worker import RUNNERS, WorkerRun
+    from hetps.app.modes import RUNNERS
+    from hetps.app.worker import WorkerRun
     from hetps.metrics.records import RunWriter
 
     threads = env_value("OMP_NUM_THREADS")
