@@ -33,7 +33,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
     from hetps.config import ConfigError, env_value, user_threads
-    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.contract import LaunchSpec, balance_env
     from hetps.launch.local import run_cluster
     from hetps.launch.wrappers import read_hostfile, ssh_wrapper
 
@@ -138,10 +138,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                 "hetps launch: --netem and --colocate place processes on this machine; "
                 "they do not combine with --launcher slurm (Slurm places them)"
             )
-        if args.balance:
-            spec.env["HETPS_BALANCE"] = args.balance
-        if args.slice_size:
-            spec.env["HETPS_SLICE_ELEMS"] = str(args.slice_size)
+        balance_env(spec.env, args.balance, args.slice_size)
         return run_slurm(spec)
     return run_cluster(
         spec,

@@ -64,6 +64,15 @@ def give_secret(env: dict[str, str]) -> None:
     env["HETPS_SECRET"] = secrets.token_hex(32)
 
 
+def balance_env(env: dict[str, str], balance: str | None, slice_elems: int | None) -> None:
+    """Tell every role the load-balance scheme (``HETPS_BALANCE``) and the slice size
+    (``HETPS_SLICE_ELEMS``) the launcher was given, where it was given them."""
+    if balance:
+        env["HETPS_BALANCE"] = balance
+    if slice_elems:
+        env["HETPS_SLICE_ELEMS"] = str(slice_elems)
+
+
 def usable_cores() -> int:
     """The CPUs this process may run on (its affinity mask, as ``taskset`` or a cgroup set
     it), which every child inherits."""

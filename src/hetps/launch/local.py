@@ -38,6 +38,7 @@ from hetps.launch.contract import (
     PORT_LINE,
     UP_LINE,
     LaunchSpec,
+    balance_env,
     give_secret,
     thread_share,
     usable_cores,
@@ -420,10 +421,7 @@ def run_cluster(
     if colocate:
         spec.num_servers = spec.num_workers
         spec.env["HETPS_COLOCATE"] = "1"
-    if balance:
-        spec.env["HETPS_BALANCE"] = balance
-    if slice_elems:
-        spec.env["HETPS_SLICE_ELEMS"] = str(slice_elems)
+    balance_env(spec.env, balance, slice_elems)
     if metrics_port is not None:
         if not 0 <= metrics_port <= 65535:
             raise SystemExit(

@@ -40,7 +40,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hetps.config import env_value
-from hetps.launch.contract import FORWARDED_PREFIXES, PORT_LINE, give_secret, usable_cores
+from hetps.launch.contract import (
+    FORWARDED_PREFIXES,
+    PORT_LINE,
+    balance_env,
+    give_secret,
+    usable_cores,
+)
 from hetps.launch.processes import raise_interrupt, shell_code
 from hetps.launch.ray_actor import RoleProcess
 
@@ -510,10 +516,7 @@ def cli_launch(args, command: list[str], num_servers: int, env: dict[str, str]) 
         if value <= 0:
             raise SystemExit(f"hetps launch: {name} must be > 0 (got {value:g})")
     import_ray()
-    if args.balance:
-        env["HETPS_BALANCE"] = args.balance
-    if args.slice_size:
-        env["HETPS_SLICE_ELEMS"] = str(args.slice_size)
+    balance_env(env, args.balance, args.slice_size)
     result = run_job(
         command,
         args.num_workers,
