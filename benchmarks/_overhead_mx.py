@@ -30,8 +30,8 @@ import numpy as np
 if os.environ.get("DMLC_ROLE", "worker") != "worker":
     raise SystemExit(0)  # not reached: import mxnet runs server/scheduler
 
-DATA = "/usr/share/datasets/fashion-mnist"  # hetps.torch.data's default
-MEAN, STD = 0.2860, 0.3530  # hetps.torch.data's normalisation
+DATA = "/usr/share/datasets/fashion-mnist"  # hetps.app.data's default
+MEAN, STD = 0.2860, 0.3530  # hetps.app.data's normalisation
 
 
 def load(data_dir: str, limit: int):

@@ -81,7 +81,8 @@ class _Out(io.TextIOBase):
 
 def trial(script: Path, variant: str, role: str) -> float | None:
     """One cluster, one kill; the seconds from the kill to the survivor's error."""
-    from hetps.launch.local import Launcher, LaunchSpec
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import Launcher
 
     spec = LaunchSpec(
         num_workers=2,

@@ -358,7 +358,8 @@ class Bench:
 
     # -- hetps --------------------------------------------------------------------------------
     def run_hetps(self, workers: int, servers: int, cfg: dict, variant: str = "secure") -> dict:
-        from hetps.launch.local import Launcher, LaunchSpec
+        from hetps.launch.contract import LaunchSpec
+        from hetps.launch.local import Launcher
 
         tag = uuid.uuid4().hex[:12]
         env = {**PINNED_THREADS, "BENCH_JOB": tag, "BENCH_CFG": json.dumps(cfg)}

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if mx_reason:
         print(f"MXNet half: {mx_reason}; hetps side only", flush=True)
 
-    from hetps.launch.local import thread_share
+    from hetps.launch.contract import thread_share
 
     n_cores = cores()
     procs = 1 + args.servers + args.workers

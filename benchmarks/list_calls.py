@@ -52,7 +52,8 @@ print('RESULT ' + json.dumps({{'rank': kv.rank, 'median_s': float(np.median(time
 
 
 def run_once(iters: int, warmup: int, env: dict[str, str]) -> tuple[float, float]:
-    from hetps.launch.local import Launcher, LaunchSpec
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import Launcher
 
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "w.py")

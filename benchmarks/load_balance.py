@@ -30,7 +30,7 @@ congestion control.
 Compute is omitted (communication only) unless --compute-s adds a fixed sleep per iteration.
 The models are scaled down (every key's element count divided by one factor per model, so the
 static scenario's lower bound is --target-s seconds); the number, order and relative sizes of
-the keys are the real ones (``hetps.torch.models.param_shapes``).
+the keys are the real ones (``hetps.app.models.param_shapes``).
 
 Each run logs in the hetps metrics format under --logdir (run.json with scheme, slice_size,
 scenario; worker-<r>.jsonl with srit_s, comm_s, overhead_s), and ``hetps plot`` draws the
@@ -462,7 +462,7 @@ def model_sizes(name: str, cache: Path) -> list[int]:
     if name not in data:
         import numpy as np
 
-        from hetps.torch.models import param_shapes
+        from hetps.app.models import param_shapes
 
         data[name] = [int(np.prod(s)) for s in param_shapes(name)]
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -821,7 +821,9 @@ def run_one(
     import numpy as np
     from _common import PINNED_THREADS, median
 
-    from hetps.launch.local import Launcher, LaunchSpec, netem_wrapper
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import Launcher
+    from hetps.launch.wrappers import netem_wrapper
     from hetps.metrics import RunWriter, load_run, run_meta
     from hetps.metrics.summary import summarize_run
     from hetps.netem import Netem, load_scenario

@@ -43,7 +43,7 @@ import numpy as np
 import hetps.kv
 from hetps import optim
 from hetps.kvstore.rowsparse import Table
-from hetps.torch.clicks import power_law_ids
+from hetps.app.clicks import power_law_ids
 
 rows, cols, batch, dense_too = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 kv = hetps.kv.create("dist_sync")

@@ -2,7 +2,7 @@
 
 Click data shaped like Criteo's (13 dense features, ``--fields`` categorical ids per sample
 drawn from a power law over ``--rows`` ids each, a click label from a hidden logistic model:
-``hetps.torch.clicks``), a bottom MLP for the dense features, one ``nn.EmbeddingBag`` table
+``hetps.app.clicks``), a bottom MLP for the dense features, one ``nn.EmbeddingBag`` table
 per field built on the meta device (``sparse=True``: the worker never holds a table, only the
 rows of its batch), their pairwise dot products (DLRM's interaction) and a top MLP. The
 ``DistributedOptimizer`` pulls each batch's rows before forward and pushes their sparse
@@ -32,9 +32,9 @@ from torch import nn
 
 import hetps.kv
 from hetps import optim
+from hetps.app.clicks import ClickData, auc
 from hetps.kvstore import checkpoint
 from hetps.torch import DistributedOptimizer
-from hetps.torch.clicks import ClickData, auc
 
 
 class DLRM(nn.Module):

@@ -46,7 +46,8 @@ def run_cluster(
     stops every process (SIGTERM then SIGKILL of each process group) even when the test fails.
     ``node_env`` adds variables for single nodes, e.g. ``{("server", 2): {...}}``.
     """
-    from hetps.launch.local import Launcher, LaunchSpec
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import Launcher
 
     script = tmp_path / "worker_script.py"
     script.write_text(PRELUDE + textwrap.dedent(code))

@@ -33,7 +33,9 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
     from hetps.config import ConfigError, env_value, user_threads
-    from hetps.launch.local import LaunchSpec, read_hostfile, run_cluster, ssh_wrapper
+    from hetps.launch.contract import LaunchSpec, balance_env
+    from hetps.launch.local import run_cluster
+    from hetps.launch.wrappers import read_hostfile, ssh_wrapper
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -136,10 +138,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                 "hetps launch: --netem and --colocate place processes on this machine; "
                 "they do not combine with --launcher slurm (Slurm places them)"
             )
-        if args.balance:
-            spec.env["HETPS_BALANCE"] = args.balance
-        if args.slice_size:
-            spec.env["HETPS_SLICE_ELEMS"] = str(args.slice_size)
+        balance_env(spec.env, args.balance, args.slice_size)
         return run_slurm(spec)
     return run_cluster(
         spec,
@@ -254,8 +253,8 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``hetps train``."""
+    from hetps.app.train import main as train_main
     from hetps.config import ConfigError
-    from hetps.torch.train import main as train_main
 
     try:
         return train_main(args)
@@ -288,7 +287,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """``hetps models``: names and parameter counts."""
-    from hetps.torch.models import count_parameters, get_model, model_names
+    from hetps.app.models import count_parameters, get_model, model_names
 
     print(f"{'model':<14}{'parameters':>14}")
     for name in model_names():
@@ -435,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_server)
 
     tr = sub.add_parser("train", help="train on Fashion-MNIST (ESync, SSGD, ASGD, DC-ASGD, local)")
-    from hetps.torch.train import add_arguments as add_train_arguments  # torch loads lazily
+    from hetps.app.train import add_arguments as add_train_arguments  # torch loads lazily
 
     add_train_arguments(tr)
     add_cluster_arguments(tr)

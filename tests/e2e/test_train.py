@@ -248,7 +248,7 @@ def test_devices_per_worker_are_used_logged_and_checked(tmp_path):
 
 
 def test_slowdown_parses_one_factor_per_worker_or_this_workers_own():
-    from hetps.torch.train import parse_slowdown
+    from hetps.app.train import parse_slowdown
 
     assert parse_slowdown(None, 3) == [1.0, 1.0, 1.0]
     assert parse_slowdown("1,2,4", 3) == [1.0, 2.0, 4.0]

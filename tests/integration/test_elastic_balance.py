@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PRELUDE, TEST_ENV
-from hetps.launch.local import Launcher, LaunchSpec
+from hetps.launch.contract import LaunchSpec
+from hetps.launch.local import Launcher
 
 # Server 2 sends at 24 Mbit/s, so the aware planner moves slices off it after a few rounds.
 # Worker 2 dies: "start", at the start of round DIE_AT, after its rebalance (the others'

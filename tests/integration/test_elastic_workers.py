@@ -15,7 +15,8 @@ import textwrap
 import pytest
 
 from conftest import PRELUDE, TEST_ENV
-from hetps.launch.local import Launcher, LaunchSpec
+from hetps.launch.contract import LaunchSpec
+from hetps.launch.local import Launcher
 
 # Three workers, one server, keys "a" (small) and "b" (3 chunks of HETPS_CHUNK_BYTES), no
 # optimizer: each round's value is the sum of what the workers pushed, (rank + 1) * (r + 1)

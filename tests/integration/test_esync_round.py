@@ -52,7 +52,7 @@ def test_esync_round_is_the_mean_model_delta_scaled_by_global_lr(cluster, tmp_pa
         "-dd", str(data), "-ld", str(tmp_path / "runs"),
     ]  # fmt: skip
     code = f"""
-import hetps.torch.models as models
+import hetps.app.models as models
 
 seen = {{'pre': []}}
 

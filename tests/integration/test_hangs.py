@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from conftest import PRELUDE, TEST_ENV
-from hetps.launch.local import Launcher, LaunchSpec
+from hetps.launch.contract import LaunchSpec
+from hetps.launch.local import Launcher
 
 #: a hung node is declared dead after 2 s of silence
 FAST = {**TEST_ENV, "PS_HEARTBEAT_INTERVAL": "0.3", "PS_HEARTBEAT_TIMEOUT": "2"}

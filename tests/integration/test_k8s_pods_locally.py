@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hetps.launch.k8s import INDEX_ANNOTATION, K8sJob
+from hetps.launch.k8s_manifests import INDEX_ANNOTATION, K8sJob
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_CMD = ["python", "examples/linear_regression.py", "--epochs", "1", "--num-samples", "2000"]

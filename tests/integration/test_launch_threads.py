@@ -14,12 +14,8 @@ import textwrap
 
 import pytest
 
-from hetps.launch.local import (
-    processes_per_host,
-    ssh_wrapper,
-    thread_share,
-    usable_cores,
-)
+from hetps.launch.contract import thread_share, usable_cores
+from hetps.launch.wrappers import processes_per_host, ssh_wrapper
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -141,8 +137,8 @@ def test_train_leaves_threads_to_the_launcher(monkeypatch):
     """`hetps train --workers W` starts its cluster through the same launcher rule: it adds
     no OMP_NUM_THREADS of its own (the user's reaches the workers through the environment)."""
     import hetps.launch.local as local
+    from hetps.app.train import launch_cluster
     from hetps.cli import build_parser
-    from hetps.torch.train import launch_cluster
 
     seen = {}
 

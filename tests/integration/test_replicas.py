@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PRELUDE, TEST_ENV
-from hetps.launch.local import Launcher, LaunchSpec
+from hetps.launch.contract import LaunchSpec
+from hetps.launch.local import Launcher
 
 # Two keys: a small one (batched with the other small requests) and a big one, cut into a
 # part per server (MXNET_KVSTORE_BIGARRAY_BOUND) and each part into 10 chunks

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PRELUDE, TEST_ENV
-from hetps.launch.local import Launcher, LaunchSpec
+from hetps.launch.contract import LaunchSpec
+from hetps.launch.local import Launcher
 
 # Server 0 sends at 24 Mbit/s (the in-process shaper): the aware planner moves slices off
 # it to servers 1 and 2, with their momentum. One round after the first plan change, worker 0

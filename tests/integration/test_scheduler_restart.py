@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import PRELUDE
-from hetps.launch.local import Launcher, LaunchSpec
+from hetps.launch.contract import LaunchSpec
+from hetps.launch.local import Launcher
 
 # Every round: push, pull, and a barrier every third round. At round 4 worker 1 says it
 # enters the barrier and waits in it at the scheduler; worker 0 says so too, then waits for

@@ -173,7 +173,8 @@ def test_a_worker_leaving_finishes_the_table_rounds(tmp_path, sgd):
     import sys
     import textwrap
 
-    from hetps.launch.local import Launcher, LaunchSpec
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import Launcher
 
     script = tmp_path / "elastic.py"
     script.write_text(PRELUDE + textwrap.dedent(ELASTIC))

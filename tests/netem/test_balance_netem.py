@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from hetps.launch.local import LaunchSpec, run_cluster
+from hetps.launch.contract import LaunchSpec
+from hetps.launch.local import run_cluster
 
 pytestmark = pytest.mark.netem
 

@@ -18,7 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from hetps.launch.local import Launcher, LaunchSpec
+from hetps.launch.contract import LaunchSpec
+from hetps.launch.local import Launcher
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from hetps.torch.data import (  # noqa: E402
+from hetps.app.data import (  # noqa: E402
     DEFAULT_DATA_DIR,
     FASHION_MNIST_MEAN,
     FASHION_MNIST_STD,

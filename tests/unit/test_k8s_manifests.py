@@ -16,7 +16,8 @@ yaml = pytest.importorskip("yaml")
 pytest.importorskip("jsonschema")
 
 from hetps.cli import main as cli_main  # noqa: E402
-from hetps.launch.k8s import INDEX_ANNOTATION, K8sJob, to_yaml  # noqa: E402
+from hetps.launch.k8s import to_yaml  # noqa: E402
+from hetps.launch.k8s_manifests import INDEX_ANNOTATION, K8sJob  # noqa: E402
 from k8s_check import ManifestInvalid, check_manifest  # noqa: E402
 
 CMD = ["python", "/app/train.py", "--epochs", "1"]

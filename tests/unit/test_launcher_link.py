@@ -9,8 +9,9 @@ import pytest
 
 from hetps.cluster import launcher_link as L
 from hetps.cluster.protocol import NodeInfo
+from hetps.launch.contract import LaunchSpec
 from hetps.launch.liveness import Liveness, hang_limit
-from hetps.launch.local import Child, LaunchSpec
+from hetps.launch.processes import Child
 
 
 def test_a_stop_line_is_one_line_and_reads_back():

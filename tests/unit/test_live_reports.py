@@ -202,8 +202,8 @@ def test_train_hands_metrics_port_to_the_scheduler_not_to_its_workers(monkeypatc
     import sys
 
     import hetps.launch.local as local
+    from hetps.app import train
     from hetps.cli import build_parser
-    from hetps.torch import train
 
     argv = ["train", "--workers", "2", "--servers", "1", "--metrics-port", "0", "-m", "sync"]
     seen = {}
@@ -221,7 +221,8 @@ def test_train_hands_metrics_port_to_the_scheduler_not_to_its_workers(monkeypatc
 
 
 def test_launch_refuses_a_metrics_port_that_is_no_port():
-    from hetps.launch.local import LaunchSpec, run_cluster
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import run_cluster
 
     with pytest.raises(SystemExit, match="--metrics-port 70000: give a TCP port"):
         run_cluster(LaunchSpec(1, 1, ["true"]), metrics_port=70000)

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hetps.torch.models import (  # noqa: E402
+from hetps.app.models import (  # noqa: E402
     count_parameters,
     get_model,
     model_names,

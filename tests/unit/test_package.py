@@ -37,7 +37,7 @@ def test_unknown_attribute_is_still_an_attribute_error():
 def test_hetps_torch_exports_the_horovod_style_api_and_its_cli_flags_need_no_torch():
     out = _run(
         "import sys\n"
-        "import hetps.torch.train, hetps.cli\n"
+        "import hetps.app.train, hetps.cli\n"
         "hetps.cli.build_parser()\n"
         "print('torch' in sys.modules)\n"
         "import hetps.torch as hps\n"

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from hetps.launch.local import LaunchSpec
+from hetps.launch.contract import LaunchSpec
 from hetps.launch.slurm import (
     SlurmError,
     check_allocation,

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from hetps.torch.tboard import TensorBoardLog, scalars_of  # noqa: E402
+from hetps.app.tboard import TensorBoardLog, scalars_of  # noqa: E402
 
 
 def test_scalars_of_a_round():

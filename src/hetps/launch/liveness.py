@@ -15,19 +15,15 @@ a user sees.
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import subprocess
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hetps.cluster import launcher_link
 from hetps.config import ConfigError, env_value
-
-if TYPE_CHECKING:
-    from hetps.launch.local import Child
-
+from hetps.launch.processes import Child, signal_group
 
 #: a longer gap between two checks means the launcher itself was away (it checks 5 times a s)
 AWAY_S = 1.0
@@ -112,7 +108,7 @@ class Liveness:
     def _kill(self, child: Child, why: str) -> None:
         child.hung = why
         self._log(f"{child.label} {why}: stopping it (SIGKILL)")
-        _kill_group(child.proc)
+        signal_group(child.proc, signal.SIGKILL)
         try:
             child.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # (a process in uninterruptible sleep)
@@ -148,13 +144,6 @@ class Liveness:
         if cause.reader is not None:
             cause.reader.join(timeout=2)
         return cause
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def ended(child: Child) -> tuple[str, int]:

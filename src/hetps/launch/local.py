@@ -24,122 +24,29 @@ from __future__ import annotations
 import errno
 import os
 import queue
-import re
 import secrets
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from hetps.cluster import launcher_link
 from hetps.config import user_threads
+from hetps.launch.contract import (
+    PORT_LINE,
+    UP_LINE,
+    LaunchSpec,
+    balance_env,
+    give_secret,
+    thread_share,
+    usable_cores,
+)
 from hetps.launch.liveness import Liveness, ended
+from hetps.launch.processes import Child, shell_code, signal_group, start_piped
 from hetps.launch.supervise import Supervision
-
-PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
-#: hetps's scheduler says so (with --launcher-notices) once every node has registered
-UP_LINE = "hetps scheduler cluster up"
-#: util-linux's setpriv, which sets the parent-death signal and then runs the command
-SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-
-
-def shell_code(code: int) -> int:
-    """A child's exit status as a shell reports it: 128 + N for a child killed by signal N
-    (``Popen.returncode`` is -N), else the code itself."""
-    return 128 - code if code < 0 else code
-
-
-def dies_with_launcher(argv: list[str]) -> list[str]:
-    """``argv`` run so that it gets SIGKILL when the launcher's thread that starts it dies
-    (``PR_SET_PDEATHSIG``), however the launcher ends; unchanged where setpriv is missing."""
-    if SETPRIV is None:
-        return argv
-    return [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
-
-
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity mask, as ``taskset`` or a cgroup set
-    it), which every child inherits."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
-def thread_share(role: str, cores: int, processes: int) -> int:
-    """Intra-op threads for one process of ``role`` on a host with ``cores`` CPUs shared by
-    ``processes`` processes of the job: a worker ``cores // processes`` (at least 1), a
-    server or the scheduler 1 (their work is message handling and element-wise sums, which
-    use one thread whatever the setting). The cores the servers and the scheduler leave are
-    spare for their I/O threads, so the job never asks for more threads than cores while it
-    has no more processes than cores."""
-    if role != "worker":
-        return 1
-    return max(1, cores // max(1, processes))
-
-
-def processes_per_host(hosts: Sequence[str], num_workers: int, num_servers: int) -> dict[str, int]:
-    """How many processes :func:`ssh_wrapper` puts on each host (by name): the scheduler on the
-    first, servers and workers round-robin."""
-    counts = {h: 0 for h in hosts}
-    counts[hosts[0]] += 1
-    for n in (num_servers, num_workers):
-        for r in range(n):
-            counts[hosts[r % len(hosts)]] += 1
-    return counts
-
-
-@dataclass
-class Child:
-    """One started process and its role."""
-
-    role: str
-    rank: int
-    proc: subprocess.Popen
-    label: str
-    reader: threading.Thread | None = None
-    heard: float | None = None  # (hetps's scheduler) when it last said it is alive
-    hung: str | None = None  # why the launcher stopped it with SIGKILL (it hung)
-
-
-@dataclass
-class LaunchSpec:
-    """What to start: W workers running ``command``, S servers, one scheduler."""
-
-    num_workers: int
-    num_servers: int
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
-    host: str = "127.0.0.1"
-    port: int = 0  # scheduler port; 0 = ephemeral, read back from the scheduler
-    server_command: list[str] | None = None  # default: hetps' own server
-    scheduler_command: list[str] | None = None
-    # (role, rank, argv, env) -> (argv, env) or (argv, env, bytes for its stdin): run a role
-    # elsewhere (ssh, a network namespace)
-    wrap: Callable[[str, int, list[str], dict[str, str]], tuple] | None = None
-    start_timeout: float = 60.0
-    stop_grace: float = 5.0
-    # after a child fails, how long the others get to notice (and say why) before being stopped
-    failure_grace: float = 15.0
-    # on Ctrl-C/SIGTERM the workers get SIGTERM first and this long to end on their own
-    worker_grace: float = 30.0
-    # after a child fails, start the whole job again up to this many times (HETPS_RESTART
-    # tells the new processes which start this is)
-    max_restarts: int = 0
-    # --elastic MIN: a worker that dies is let go and the job goes on with the others, while
-    # at least MIN remain (HETPS_ELASTIC; does not use up max_restarts)
-    elastic_min: int = 0
-    # with --elastic and restarts left: a worker let go is started again alone and joins the
-    # running job (its script must call kv.join(): hetps train -m sync does)
-    rejoin_workers: bool = False
-    # --replicas R: copies of every key on R servers (HETPS_REPLICAS); a server that dies is
-    # taken over by the next one and the job goes on, while fewer than R servers died
-    replicas: int = 1
+from hetps.launch.wrappers import netem_wrapper
 
 
 class Launcher(Supervision, Liveness):
@@ -205,13 +112,10 @@ class Launcher(Supervision, Liveness):
         if shutil.which(argv[0], path=env.get("PATH")) is None:
             # as Popen would say it, before setpriv (which would say it in the child's output)
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
-        proc = subprocess.Popen(
-            dies_with_launcher(argv),
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+        proc = start_piped(
+            argv,
+            env,
             stdin=subprocess.DEVNULL if stdin_data is None and not keep_stdin else subprocess.PIPE,
-            start_new_session=True,
         )
         if stdin_data is not None:
             assert proc.stdin is not None
@@ -397,7 +301,7 @@ class Launcher(Supervision, Liveness):
                     self._ended_ok = True
                     for c in remaining:
                         if c in self._respawned and c.proc.poll() is None:
-                            _signal_group(c.proc, signal.SIGTERM)
+                            signal_group(c.proc, signal.SIGTERM)
                 if code != 0 and self._ended_ok and child in self._respawned:
                     self._log(f"{child.label}, started again, stopped: the job is over")
                     continue
@@ -474,7 +378,7 @@ class Launcher(Supervision, Liveness):
             if workers_first and c.role == "worker" and c.proc.poll() is None
         ]
         for c in workers:
-            _signal_group(c.proc, signal.SIGTERM)
+            signal_group(c.proc, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.worker_grace
         for c in workers:
             try:
@@ -483,7 +387,7 @@ class Launcher(Supervision, Liveness):
                 break
         live = [c for c in self.children if c.proc.poll() is None and not kill]
         for c in live:
-            _signal_group(c.proc, signal.SIGTERM)
+            signal_group(c.proc, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.stop_grace
         for c in live:
             try:
@@ -492,143 +396,13 @@ class Launcher(Supervision, Liveness):
                 pass
         for c in self.children:
             # the group may hold grandchildren even when the child itself is gone
-            _signal_group(c.proc, signal.SIGKILL)
+            signal_group(c.proc, signal.SIGKILL)
             try:
                 c.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
             if c.reader is not None:
                 c.reader.join(timeout=2)
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def read_hostfile(path: str) -> list[str]:
-    """Hosts from a hostfile: one per line, ``#`` comments and blank lines ignored."""
-    try:
-        with open(path) as f:
-            hosts = [ln.split("#", 1)[0].strip() for ln in f]
-    except OSError as exc:
-        raise SystemExit(f"hetps launch: cannot read hostfile {path!r}: {exc}") from None
-    hosts = [h for h in hosts if h]
-    if not hosts:
-        raise SystemExit(f"hetps launch: hostfile {path!r} lists no hosts")
-    return hosts
-
-
-def give_secret(env: dict[str, str]) -> None:
-    """Put a fresh cluster secret in ``env`` (``HETPS_SECRET``) unless it brings its own or
-    opts out with ``HETPS_INSECURE=1`` (every process then warns that it runs unauthenticated).
-    """
-    if (env.get("HETPS_INSECURE") or "").strip() not in ("", "0"):
-        return
-    if (env.get("HETPS_SECRET") or "").strip() or (env.get("HETPS_SECRET_FILE") or "").strip():
-        return
-    env["HETPS_SECRET"] = secrets.token_hex(32)
-
-
-FORWARDED_PREFIXES = ("DMLC_", "PS_", "HETPS_", "MXNET_", "PYTHON", "OMP_NUM_THREADS")
-#: never on a remote command line (others on either host may read command lines)
-NOT_ON_COMMAND_LINE = ("HETPS_SECRET",)
-
-
-def ssh_wrapper(
-    hosts: Sequence[str],
-    extra_keys: Sequence[str] = (),
-    ssh: str = "ssh",
-    cwd: str | None = None,
-    num_workers: int = 0,
-    num_servers: int = 0,
-    auto_threads: bool = False,
-):
-    """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers and
-    workers round-robin over the hosts, each told its own address (DMLC_NODE_HOST) and the
-    forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key). The
-    cluster secret is not on the remote command line: the remote shell reads it from its
-    standard input (the launcher writes it there) into its environment.
-
-    ``auto_threads`` (the user set no ``OMP_NUM_THREADS``): each role gets its share of its own
-    host's cores (:func:`thread_share`; the remote shell counts them with ``nproc``) among the
-    processes of the job on that host (:func:`processes_per_host`, from ``num_workers`` and
-    ``num_servers``)."""
-    cwd = cwd or os.getcwd()
-    per_host = processes_per_host(hosts, num_workers, num_servers)
-
-    def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
-        host = hosts[0] if role == "scheduler" else hosts[rank % len(hosts)]
-        remote = {
-            k: v
-            for k, v in env.items()
-            if (k.startswith(FORWARDED_PREFIXES) or k in extra_keys)
-            and k not in NOT_ON_COMMAND_LINE
-        }
-        remote["DMLC_NODE_HOST"] = host
-        remote["DMLC_PS_ROOT_URI"] = hosts[0]
-        prelude = ""
-        if auto_threads:
-            remote.pop("OMP_NUM_THREADS", None)  # the local machine's share: not the host's
-            prelude, threads = _remote_threads(role, per_host.get(host, 1))
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(remote.items()))
-        if auto_threads:
-            exports += f" OMP_NUM_THREADS={threads}"
-        line = (
-            f"{prelude}cd {shlex.quote(cwd)} && env {exports} "
-            f"{' '.join(shlex.quote(a) for a in argv)}"
-        )
-        secret = env.get("HETPS_SECRET")
-        local = {k: v for k, v in env.items() if k not in NOT_ON_COMMAND_LINE}
-        argv_ssh = [ssh, "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", host]
-        if not secret:
-            return [*argv_ssh, line], local
-        line = f"IFS= read -r HETPS_SECRET && export HETPS_SECRET && {line}"
-        return [*argv_ssh, line], local, (secret + "\n").encode()
-
-    return wrap
-
-
-def _remote_threads(role: str, processes: int) -> tuple[str, str]:
-    """(shell that computes it, the value) of a role's ``OMP_NUM_THREADS`` on a remote host:
-    :func:`thread_share` with the host's ``nproc``, in POSIX shell."""
-    if role != "worker":
-        return "", str(thread_share(role, 1, processes))
-    p = max(1, processes)
-    prelude = (
-        "hetps_c=$(nproc 2>/dev/null || echo 1) && "
-        f"hetps_t=$(( hetps_c / {p} > 1 ? hetps_c / {p} : 1 )) && "
-    )
-    return prelude, "$hetps_t"
-
-
-def netem_wrapper(net, num_servers: int, colocate: bool):
-    """A ``wrap`` that runs each role inside its emulated node's network namespace.
-
-    Co-located: node r holds server r and worker r (the paper's layout). Otherwise servers take
-    nodes 0..S-1 and workers S..S+W-1. The scheduler runs on node 0. Each role advertises its
-    node's address, so traffic between nodes crosses the shaped links and a worker's traffic to
-    its co-located server stays inside the node.
-    """
-
-    def node_of(role: str, rank: int) -> int:
-        if role == "scheduler":
-            return 0
-        if role == "server" or colocate:
-            return rank
-        return num_servers + rank
-
-    def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
-        i = node_of(role, rank)
-        env = dict(env)
-        env["DMLC_NODE_HOST"] = net.node_ip(i)
-        env["DMLC_PS_ROOT_URI"] = net.node_ip(0)
-        env["HETPS_NETEM_NODE"] = str(i)
-        return net.exec_argv(i, argv), env
-
-    return wrap
 
 
 def run_cluster(
@@ -647,10 +421,7 @@ def run_cluster(
     if colocate:
         spec.num_servers = spec.num_workers
         spec.env["HETPS_COLOCATE"] = "1"
-    if balance:
-        spec.env["HETPS_BALANCE"] = balance
-    if slice_elems:
-        spec.env["HETPS_SLICE_ELEMS"] = str(slice_elems)
+    balance_env(spec.env, balance, slice_elems)
     if metrics_port is not None:
         if not 0 <= metrics_port <= 65535:
             raise SystemExit(

@@ -18,7 +18,7 @@ runs in the driver's working directory, which must exist on every node (as with 
 gets the driver's ``DMLC_*``, ``PS_*``, ``HETPS_*``, ``MXNET_*``, ``PYTHON*`` and
 ``OMP_NUM_THREADS`` variables and every ``--env`` name on top of the actor's own environment.
 
-The job's fresh cluster secret (:func:`~hetps.launch.local.give_secret`) travels to the
+The job's fresh cluster secret (:func:`~hetps.launch.contract.give_secret`) travels to the
 actors as an argument of their ``start`` call, inside Ray's own connections, and reaches the
 process in its environment: never on a command line. Output comes back to the driver line by
 line, prefixed with the role and rank as by the local launcher; the exit code is the first
@@ -30,14 +30,9 @@ a driver that is gone).
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import logging
 import os
-import queue
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -45,14 +40,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hetps.config import env_value
-from hetps.launch.local import (
+from hetps.launch.contract import (
     FORWARDED_PREFIXES,
     PORT_LINE,
-    dies_with_launcher,
+    balance_env,
     give_secret,
-    shell_code,
     usable_cores,
 )
+from hetps.launch.processes import raise_interrupt, shell_code
+from hetps.launch.ray_actor import RoleProcess
 
 INSTALL_HINT = (
     "the ray launcher needs Ray: install it with pip install 'hetps[ray]' "
@@ -71,120 +67,6 @@ def import_ray():
     except ImportError:
         raise SystemExit(f"hetps launch: {INSTALL_HINT}") from None
     return ray
-
-
-class RoleProcess:
-    """The body of a role's Ray actor: starts one process on its node and hands its output
-    to the driver. Its methods run in a few threads (``max_concurrency``), so ``stop`` works
-    while ``poll`` waits."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-        self._lines: collections.deque[str] = collections.deque()
-        self._cond = threading.Condition()
-        self._eof = False
-        # every process is started by this one thread, which lives as long as the actor: the
-        # parent-death signal fires when the *thread* that started a process ends
-        self._requests: queue.Queue = queue.Queue()
-        threading.Thread(target=self._spawn_loop, daemon=True, name="hetps-spawn").start()
-
-    def where(self) -> dict:
-        """This actor's node: its IP, id and usable cores."""
-        import ray
-
-        return {
-            "ip": ray.util.get_node_ip_address(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "cores": usable_cores(),
-            "pid": os.getpid(),
-        }
-
-    def _spawn_loop(self) -> None:
-        while True:
-            argv, env, cwd, done = self._requests.get()
-            try:
-                done.set_result(self._spawn(argv, env, cwd))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                done.set_exception(exc)
-
-    def _spawn(self, argv: list[str], env: dict[str, str], cwd: str) -> int:
-        if not os.path.isdir(cwd):
-            raise FileNotFoundError(
-                f"the working directory {cwd} does not exist on this node: run hetps launch "
-                "from a directory every node of the Ray cluster has"
-            )
-        if shutil.which(argv[0], path=env.get("PATH")) is None:
-            raise FileNotFoundError(f"{argv[0]}: no such file or command on this node")
-        self.proc = subprocess.Popen(
-            dies_with_launcher(argv),
-            env=env,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._pump, daemon=True, name="hetps-pump").start()
-        return self.proc.pid
-
-    def start(self, argv: list[str], overlay: dict[str, str], cwd: str) -> int:
-        """Start ``argv`` in ``cwd`` with this process's environment plus ``overlay``;
-        returns its pid. Raises FileNotFoundError (the message says what is missing)."""
-        env = dict(os.environ)
-        env.update(overlay)
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        self._requests.put((argv, env, cwd, done))
-        return done.result()
-
-    def _pump(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
-            with self._cond:
-                self._lines.append(raw.decode("utf-8", "replace").rstrip("\n"))
-                self._cond.notify_all()
-        self.proc.stdout.close()
-        with self._cond:
-            self._eof = True
-            self._cond.notify_all()
-
-    def poll(self, timeout: float = 0.5) -> tuple[list[str], int | None]:
-        """(the output lines since the last call, the exit status or None while it runs),
-        waiting up to ``timeout`` s for either. The status comes once every line is out."""
-        proc = self.proc
-        with self._cond:
-            self._cond.wait_for(lambda: self._lines or self._eof, timeout=timeout)
-            code = proc.poll() if proc is not None else None
-            if code is not None and not self._eof:
-                # the rest of its output; a process it started and left behind may hold the
-                # pipe open for ever, so not longer than this (as the local launcher)
-                self._cond.wait_for(lambda: self._eof, timeout=2.0)
-            lines = list(self._lines)
-            self._lines.clear()
-        return lines, code
-
-    def stop(self, grace: float = 5.0) -> int | None:
-        """SIGTERM the process's group, SIGKILL it after ``grace`` s; returns its status."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            _killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
-        _killpg(proc.pid, signal.SIGKILL)  # the group may hold grandchildren
-        try:
-            return proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
-
-
-def _killpg(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 @dataclass
@@ -284,7 +166,7 @@ class RayLauncher:
             if threading.current_thread() is threading.main_thread():
                 # after ray.init, which sets its own SIGTERM handler
                 for sig in (signal.SIGINT, signal.SIGTERM):
-                    old[sig] = signal.signal(sig, _interrupt)
+                    old[sig] = signal.signal(sig, raise_interrupt)
             code = self._run()
         except KeyboardInterrupt:
             self._log("interrupted: stopping every process")
@@ -574,10 +456,6 @@ class RayLauncher:
         self._connected = False
 
 
-def _interrupt(signum, frame) -> None:  # type: ignore[no-untyped-def]
-    raise KeyboardInterrupt
-
-
 def run_job(
     command: Sequence[str],
     num_workers: int,
@@ -638,10 +516,7 @@ def cli_launch(args, command: list[str], num_servers: int, env: dict[str, str]) 
         if value <= 0:
             raise SystemExit(f"hetps launch: {name} must be > 0 (got {value:g})")
     import_ray()
-    if args.balance:
-        env["HETPS_BALANCE"] = args.balance
-    if args.slice_size:
-        env["HETPS_SLICE_ELEMS"] = str(args.slice_size)
+    balance_env(env, args.balance, args.slice_size)
     result = run_job(
         command,
         args.num_workers,

@@ -33,14 +33,13 @@ import sys
 import threading
 
 from hetps.config import ConfigError, route_address, user_threads
-from hetps.launch.local import (
-    PORT_LINE,
-    LaunchSpec,
+from hetps.launch.contract import PORT_LINE, LaunchSpec, give_secret, thread_share, usable_cores
+from hetps.launch.processes import (
     dies_with_launcher,
-    give_secret,
+    raise_interrupt,
     shell_code,
-    thread_share,
-    usable_cores,
+    signal_group,
+    start_piped,
 )
 
 #: what a task entry prints (and the launcher hides) when its role ends: ``PROCID CODE``
@@ -331,7 +330,7 @@ class SlurmLauncher:
         old = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                old[sig] = signal.signal(sig, _raise_interrupt)
+                old[sig] = signal.signal(sig, raise_interrupt)
         try:
             return self._run()
         except SlurmError as exc:
@@ -360,14 +359,8 @@ class SlurmLauncher:
         for procid in range(needed):
             self._labels[procid] = label(*task_role(procid, spec.num_servers, spec.num_workers))
         argv = srun_argv(spec, scheduler_node, root_uri, port, auto)
-        self.proc = subprocess.Popen(
-            _dies_with_launcher_term(argv),
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # srun's parent-death signal is SIGTERM: it forwards it to every task and ends the step
+        self.proc = start_piped(argv, env, signal_name="TERM")
         reader = threading.Thread(target=self._pump, daemon=True)
         reader.start()
         while self.proc.poll() is None:
@@ -398,13 +391,13 @@ class SlurmLauncher:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        _signal_group(proc, signal.SIGTERM)
+        signal_group(proc, signal.SIGTERM)
         try:
             proc.wait(timeout=self.spec.stop_grace)
             return
         except subprocess.TimeoutExpired:
             pass
-        _signal_group(proc, signal.SIGKILL)
+        signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=10)
         if self.step:
             subprocess.run(
@@ -414,26 +407,6 @@ class SlurmLauncher:
                 stderr=subprocess.DEVNULL,
                 timeout=30,
             )
-
-
-def _raise_interrupt(signum, frame):  # type: ignore[no-untyped-def]
-    raise KeyboardInterrupt
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _dies_with_launcher_term(argv: list[str]) -> list[str]:
-    """srun with SIGTERM as its parent-death signal: srun forwards it to every task and ends
-    the step, where SIGKILL would leave the step to Slurm's own time-outs."""
-    wrapped = dies_with_launcher(argv)
-    if wrapped is argv:
-        return argv
-    return [wrapped[0], "--pdeathsig", "TERM", "--", *argv]
 
 
 def run_slurm(spec: LaunchSpec, out=None) -> int:
@@ -538,12 +511,12 @@ def _task_main(argv: list[str]) -> int:
     child = subprocess.Popen(dies_with_launcher(cmd), env=child_env, start_new_session=True)
 
     def forward(signum, frame):  # type: ignore[no-untyped-def]
-        _signal_group(child, signum)
+        signal_group(child, signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     code = child.wait()
-    _signal_group(child, signal.SIGKILL)  # the role's leftovers
+    signal_group(child, signal.SIGKILL)  # the role's leftovers
     print(f"hetps-slurm-exit {procid} {code}", flush=True)
     return shell_code(code)
 

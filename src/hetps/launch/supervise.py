@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hetps.launch.local import Child
+    from hetps.launch.processes import Child
 
 
 class Supervision:

@@ -1,6 +1,6 @@
 """A run log for a script that drives the KVStore itself (``examples/linear_regression.py``).
 
-``hetps train`` logs its rounds on its own (:mod:`hetps.torch.worker`). A script with its own
+``hetps train`` logs its rounds on its own (:mod:`hetps.app.worker`). A script with its own
 loop gets the same logs (docs/METRICS.md) with a :class:`RoundLog`::
 
     log = RoundLog(kv, "runs", "linreg", mode="sync", network="mlp", batch_size=100)

@@ -1,5 +1,5 @@
-"""PyTorch integration: ``DistributedOptimizer``, broadcast helpers, models, data and
-``hetps train`` (ESync's loop is :class:`hetps.esync.ESyncTrainer`).
+"""PyTorch integration: ``DistributedOptimizer`` and broadcast helpers (ESync's loop is
+:class:`hetps.esync.ESyncTrainer`; the ``hetps train`` app that uses them is :mod:`hetps.app`).
 
 Horovod/BytePS style::
 
@@ -11,8 +11,7 @@ Horovod/BytePS style::
     hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
     hps.broadcast_optimizer_state(opt, kv, root_rank=0)
 
-The names load on first use, so importing a
-submodule (``hetps.torch.train`` for the command line's flags) does not import torch.
+The names load on first use, so importing ``hetps.torch`` does not import torch.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ when); :func:`plan_groups` is the pure grouping rule, :class:`_Group` a group's 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,3 +139,33 @@ class StepTiming:
         out = StepTiming(self.pushes, self.waits, self.sync, self.update)
         self.pushes, self.waits, self.sync, self.update = [], [], None, None
         return out
+
+
+def ready_times(timed: list[dict[str, float]], names: list[str]) -> dict[str, float] | None:
+    """Each gradient's median ready time (seconds after the step's first one) over the timed
+    steps ``timed`` (each: name -> when its gradient was ready; the first step dropped as
+    warm-up), or None if a gradient of ``names`` was not timed in every one of them (hooks
+    bypassed, unused parameters)."""
+    steps = timed[1:] or timed
+    if not steps or any(len(t) != len(names) for t in steps):
+        return None
+    return {n: statistics.median(t[n] - min(t.values()) for t in steps) for n in names}
+
+
+def measured_groups(
+    named: list[tuple[str, torch.Tensor]], ready: dict[str, float], fusion_bytes: int
+) -> list[list[str]]:
+    """:func:`plan_groups` over the parameters in the order their gradients were ready
+    (``ready``: :func:`ready_times`), ties in backward order."""
+    back = {n: i for i, (n, _) in enumerate(reversed(named))}  # tie-break
+    params = dict(named)
+    entries = [
+        (
+            n,
+            params[n].numel() * params[n].element_size(),
+            (params[n].dtype, params[n].device),
+            ready[n],
+        )
+        for n in sorted(params, key=lambda n: (ready[n], back[n]))
+    ]
+    return plan_groups(entries, fusion_bytes)

@@ -57,9 +57,6 @@ could (a fused group of its dtype), otherwise the caller must exchange it itself
 
 from __future__ import annotations
 
-import collections
-import statistics
-import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -67,10 +64,18 @@ from typing import Any
 import torch
 
 from hetps import optim as ps_optim
-from hetps.kvstore import devices
 from hetps.sync.rules import average_from_sum
 from hetps.torch.broadcast import exchange
-from hetps.torch.fusion import FUSION_GAP_S, FUSION_SPLIT_BYTES, StepTiming, _Group, plan_groups
+from hetps.torch.fusion import (
+    FUSION_GAP_S,
+    FUSION_SPLIT_BYTES,
+    StepTiming,
+    _Group,
+    measured_groups,
+    plan_groups,
+    ready_times,
+)
+from hetps.torch.launching import GroupLauncher, kv_takes, staged
 from hetps.torch.sparse import SparseTables, table_weights
 
 __all__ = ["FUSION_GAP_S", "FUSION_SPLIT_BYTES", "DistributedOptimizer", "plan_groups"]
@@ -79,16 +84,6 @@ __all__ = ["FUSION_GAP_S", "FUSION_SPLIT_BYTES", "DistributedOptimizer", "plan_g
 TUNE_STEPS = 4
 #: a group ready this close to backward's end is sent by its hook, not the launcher thread
 LAUNCH_INLINE_S = 500e-6
-
-
-class _Failed:
-    """A launch that raised: waiting on it raises the error in the training thread."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-    def wait(self) -> None:
-        raise self.exc
 
 
 class DistributedOptimizer:
@@ -163,7 +158,7 @@ class DistributedOptimizer:
         # a device the KVStore stages (CUDA: reused page-locked buffers, copies on a side
         # stream), else a CPU copy
         self._cpu = {
-            n: (p.data if _kv_takes(p.data) else p.data.detach().cpu()) for n, p in self.named
+            n: (p.data if kv_takes(p.data) else p.data.detach().cpu()) for n, p in self.named
         }
         if fusion_bytes is None:
             fusion_bytes = int(getattr(getattr(self.kv, "cfg", None), "fusion_bytes", 0) or 0)
@@ -230,19 +225,8 @@ class DistributedOptimizer:
         self.tables = SparseTables.of(self, model, sparse_optimizer, table_init)
         if update_on == "server":
             self.kv.set_optimizer(server_optimizer)
-        # a launch (request bookkeeping, encoding, the socket send) is ~0.2 ms of Python; a
-        # launcher thread does it on the other core while backward, which runs without the
-        # GIL, goes on. synchronize() launches what is still queued itself.
-        self._todo: collections.deque = collections.deque()
-        self._todo_cv = threading.Condition()
-        self._launch_lock = threading.Lock()
-        self._closing = False
-        self._launcher: threading.Thread | None = None
-        if background_launch:
-            self._launcher = threading.Thread(
-                target=self._launcher_loop, name="hetps-launcher", daemon=True
-            )
-            self._launcher.start()
+        # a launch is ~0.2 ms of Python: a launcher thread does it while backward goes on
+        self._launches = GroupLauncher(self._launch, self._handles, self.timing, background_launch)
         for name, p in self.named:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(name)))
 
@@ -302,70 +286,27 @@ class DistributedOptimizer:
                 # group again while its last launch still waits: send that one first, so the
                 # launcher never reads a buffer this pass is refilling
                 self._flush()
-            grad = p.grad if _kv_takes(p.grad) else p.grad.detach().cpu()
+            grad = p.grad if kv_takes(p.grad) else p.grad.detach().cpu()
             if not g.fused:
                 # (on a device, a copy first: a second backward before step() would add into
                 # p.grad while the copy to the host still reads it)
-                self._send(g, grad if grad.device.type == "cpu" else _staged(grad.clone()))
+                self._send(g, grad if grad.device.type == "cpu" else staged(grad.clone()))
                 return
             assert g.send is not None
             g.send_of[name].copy_(grad)
             g.ready.add(name)
             if len(g.ready) == len(g.names):
                 g.ready = set()
-                self._send(g, _staged(g.send))
+                self._send(g, staged(g.send))
 
         return hook
 
-    # -- launching: off the training thread ---------------------------------------------------
+    # -- launching ------------------------------------------------------------------------
     def _send(self, g: _Group, data: torch.Tensor) -> None:
-        """Launch group ``g`` now, or hand it to the launcher thread (backward goes on). The
-        first parameters' group is the last one backward finishes, and once steps were timed
-        so are groups ready near its end (``g.inline``): nothing is left to overlap them
-        with, so they go from here, without waking the launcher."""
-        if self._launcher is None or g.inline:
-            with self._launch_lock:
-                self._launch_safely(g, data)
-            return
-        with self._todo_cv:
-            g.queued = True
-            self._todo.append((g, data))
-            self._todo_cv.notify()
-
-    def _launch_next(self) -> bool:
-        """Launch the oldest queued group (False: none queued). Launches never overlap."""
-        with self._launch_lock:
-            with self._todo_cv:
-                if not self._todo:
-                    return False
-                g, data = self._todo.popleft()
-                g.queued = False
-            self._launch_safely(g, data)
-            return True
-
-    def _launch_safely(self, g: _Group, data: torch.Tensor) -> None:
-        t0 = time.perf_counter()
-        try:
-            self._launch(g, data)
-        except Exception as exc:  # raised in the training thread by synchronize()
-            self._handles[g.index] = _Failed(exc)
-            if isinstance(data, devices.Staged):
-                devices.release(data)  # (never pushed: its buffer goes back to the pool)
-        self.timing.pushes.append((t0, time.perf_counter()))
-
-    def _launcher_loop(self) -> None:
-        while True:
-            with self._todo_cv:
-                while not self._todo and not self._closing:
-                    self._todo_cv.wait()
-                if self._closing:
-                    return
-            self._launch_next()
+        self._launches.send(g, data)
 
     def _flush(self) -> None:
-        """Launch what is still queued, here; return once no launch is under way."""
-        while self._launch_next():
-            pass
+        self._launches.flush()
 
     def _launch(self, g: _Group, data: torch.Tensor) -> None:
         """Send group ``g``'s gradients (``data``) and ask for its result."""
@@ -421,7 +362,7 @@ class DistributedOptimizer:
                             view.zero_()  # no gradient here: contributes nothing to the sum
                         else:
                             view.copy_(grad)
-                    self._send(g, _staged(g.send))
+                    self._send(g, staged(g.send))
                 self._flush()
                 h = self._handles.pop(g.index)
             t_wait = time.perf_counter()
@@ -494,30 +435,12 @@ class DistributedOptimizer:
         """Each gradient's median ready time (seconds after the step's first one) over the
         timed steps (the first dropped), or None if a gradient was not timed in every one of
         them (hooks bypassed, unused parameters)."""
-        steps = self._timed[1:] or self._timed
-        names = [n for n, _ in self.named]
-        if not steps or any(len(t) != len(names) for t in steps):
-            return None
-        return {n: statistics.median(t[n] - min(t.values()) for t in steps) for n in names}
+        return ready_times(self._timed, [n for n, _ in self.named])
 
     def _measured_groups(self) -> list[list[str]] | None:
         """Groups from this worker's timed steps, or None without complete timings."""
         ready = self._ready_times()
-        if ready is None:
-            return None
-        names = [n for n, _ in self.named]
-        back = {n: i for i, (n, _) in enumerate(reversed(self.named))}  # tie-break
-        params = dict(self.named)
-        entries = [
-            (
-                n,
-                params[n].numel() * params[n].element_size(),
-                (params[n].dtype, params[n].device),
-                ready[n],
-            )
-            for n in sorted(names, key=lambda n: (ready[n], back[n]))
-        ]
-        return plan_groups(entries, self.fusion_bytes)
+        return None if ready is None else measured_groups(self.named, ready, self.fusion_bytes)
 
     def _retune(self) -> None:
         """Re-make the groups from rank 0's timings, on every worker (a collective: each
@@ -640,20 +563,4 @@ class DistributedOptimizer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        with self._todo_cv:
-            self._closing = True
-            self._todo_cv.notify_all()
-        if self._launcher is not None and self._launcher is not threading.current_thread():
-            self._launcher.join(timeout=5)
-        self._launcher = None
-
-
-def _kv_takes(t: torch.Tensor) -> bool:
-    """Whether the KVStore takes ``t`` as it is (a CPU tensor, or one on a device it stages)."""
-    return t.device.type == "cpu" or devices.backend_for(t) is not None
-
-
-def _staged(t: torch.Tensor) -> Any:
-    """``t`` for a push: on a device, its copy to the host starts now, on the stream that
-    produced it (backward's), and the launcher thread that pushes it waits for that alone."""
-    return t if t.device.type == "cpu" else devices.stage(t)
+        self._launches.close()

@@ -1,5 +1,5 @@
 """``hetps train``'s side of a worker joining the running job again (``--elastic`` with
-``--max-restarts``), as a part of :class:`hetps.torch.worker.WorkerRun`.
+``--max-restarts``), as a part of :class:`hetps.app.worker.WorkerRun`.
 
 The live workers agree on a round boundary through a flag summed with a round (``-m sync``:
 with the gradients; ``-m esync``: with the model difference). After that round and its

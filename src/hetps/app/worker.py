@@ -1,24 +1,13 @@
-"""``hetps train``'s worker: what every mode shares (:class:`WorkerRun`) and one loop per mode.
-
-:func:`hetps.torch.train.train_worker` sets a worker up (device, data shard, model, run log)
-and hands a :class:`WorkerRun` to the mode's function in :data:`RUNNERS`:
-
-* :func:`run_esync`: local steps until the state server says ready, then the model
-  difference is averaged (:class:`hetps.esync.trainer.ESyncTrainer`);
-* :func:`run_sync`: SSGD, gradients averaged through the servers every step
-  (:class:`~hetps.torch.optimizer.DistributedOptimizer`);
-* :func:`run_async`: ASGD or DC-ASGD, the servers apply each gradient as it arrives;
-* :func:`run_local`: one process, no KVStore.
-
-Each runs rounds with :meth:`WorkerRun.loop`, which times them, writes one JSON line per
-round (docs/METRICS.md), evaluates on rank 0 and ends the run.
+"""``hetps train``'s worker: what every mode shares (:class:`WorkerRun`): the data stream, the
+timed local step, the stop and checkpoint wishes, the rounds (:meth:`WorkerRun.loop` times
+them, writes one JSON line per round (docs/METRICS.md), evaluates on rank 0) and the end of
+the run. The loop of each mode is in :mod:`hetps.app.modes`.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,62 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetps.torch.checkpointing import decode, encode
+from hetps.app.rounds import Progress, Round
 from hetps.torch.rejoin import Rejoin
 
-__all__ = ["RUNNERS", "WorkerRun", "run_async", "run_esync", "run_local", "run_sync"]
-
-
-class _Clock:
-    """Phase timers of one iteration, and where each phase ran (``spans``, when given)."""
-
-    def __init__(self, spans: Any = None) -> None:
-        self.phases = {"compute_s": 0.0, "push_s": 0.0, "pull_s": 0.0, "wait_s": 0.0}
-        self.spans = spans  # hetps.metrics.spans.Spans
-
-    def add(self, name: str, seconds: float, end: float | None = None) -> None:
-        """``seconds`` more of phase ``name`` (``compute_s``...), which ended at ``end``
-        (``time.perf_counter()``; default now)."""
-        self.phases[name] += seconds
-        if self.spans is not None and seconds > 0:
-            end = time.perf_counter() if end is None else end
-            self.spans.add(name[:-2], end - seconds, end)
-
-
-def _account(r: Any, timing: Any, t1: float, t2: float) -> None:
-    """A DistributedOptimizer step's phases into round ``r``'s clock, each at the times it
-    ran: every launch of a group is push (most run under backward, from its hooks), each
-    wait for answers is wait, the time ``synchronize`` spent between them placing the
-    answers (the mean, the copies into the gradients or weights) is pull, and the local
-    update is compute. The rest of the ``step()`` call (``t1``..``t2``) is wait."""
-    for a, b in timing.pushes:
-        r.clock.add("push_s", b - a, b)
-    for a, b in timing.waits:
-        r.clock.add("wait_s", b - a, b)
-    taken = []  # parts of t1..t2 accounted for
-    if timing.sync is not None:
-        s0, s1 = timing.sync
-        cur = s0
-        for a, b in sorted([(a, b) for a, b in timing.pushes if a >= s0] + timing.waits):
-            if a > cur:
-                r.clock.add("pull_s", a - cur, a)
-            cur = max(cur, b)
-        if s1 > cur:
-            r.clock.add("pull_s", s1 - cur, s1)
-        taken.append((s0, s1))
-    if timing.update is not None:
-        u0, u1 = timing.update
-        r.clock.add("compute_s", u1 - u0, u1)
-        taken.append((u0, u1))
-    cur = t1
-    for a, b in sorted(taken) + [(t2, t2)]:
-        if a > cur:
-            r.clock.add("wait_s", a - cur, a)
-        cur = max(cur, b)
+__all__ = ["WorkerRun"]
 
 
 def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
-    from hetps.torch.data import normalize
+    from hetps.app.data import normalize
 
     model.eval()
     correct = 0
@@ -96,71 +37,11 @@ def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
     return correct / max(1, len(labels))
 
 
-class _Progress:
-    """A progress bar in a terminal, plain lines otherwise."""
-
-    def __init__(self, mode: str, rank: int, total: float | None) -> None:
-        self.bar = mode == "bar" or (mode == "auto" and sys.stdout.isatty())
-        self.rank = rank
-        self.total = total
-        self.last_line = 0.0
-
-    def update(self, it: int, sps: float, loss: float, acc: float | None, elapsed: float) -> None:
-        acc_s = f"{acc:.4f}" if acc is not None else "-"
-        if self.bar:
-            frac = min(1.0, elapsed / self.total) if self.total else 0.0
-            filled = int(frac * 20)
-            sys.stdout.write(
-                f"\r[worker {self.rank}] [{'#' * filled}{'.' * (20 - filled)}] it {it} "
-                f"{sps:8.1f} samples/s loss {loss:.4f} acc {acc_s}"
-            )
-            sys.stdout.flush()
-        elif time.monotonic() - self.last_line > 2.0 or acc is not None:
-            print(
-                f"worker {self.rank} iter {it} {sps:.1f} samples/s loss {loss:.4f} acc {acc_s} "
-                f"t {elapsed:.1f}s",
-                flush=True,
-            )
-            self.last_line = time.monotonic()
-
-    def close(self) -> None:
-        if self.bar:
-            sys.stdout.write("\n")
-
-
-class Round:
-    """One round's tallies: phase times, samples, losses, local steps, link counters."""
-
-    def __init__(self, rnd: int, kv: Any, spans: Any = None) -> None:
-        self.rnd = rnd
-        self.clock = _Clock(spans)
-        self.t_iter = time.perf_counter()
-        self.sent0, self.recv0 = kv.node.counters.totals() if kv is not None else (0, 0)
-        self.samples = 0
-        self.losses: list[float] = []
-        self.local_steps = 0
-        self.epoch = 0
-        self.plan: dict | None = None
-        self.overhead = 0.0
-        self.checkpoint = False  # the workers agreed on a checkpoint after this round
-        self.admit = False  # a worker waits to join: the workers let it in after this round
-
-    def add_step(
-        self, loss: float, compute_s: float, samples: int, epoch: int, end: float | None = None
-    ) -> None:
-        """Count one local step (that ended at ``end``, ``time.perf_counter()``; default now)."""
-        self.clock.add("compute_s", compute_s, end)
-        self.samples += samples
-        self.losses.append(loss)
-        self.local_steps += 1
-        self.epoch = epoch
-
-
 class WorkerRun(Rejoin):
     """One worker's training run, as every mode shares it: its data stream, the timed local
     step (with the ``--slowdown`` emulation), stop conditions, and the round loop that logs.
 
-    Built by :func:`hetps.torch.train.train_worker`; a mode creates its optimizers, calls
+    Built by :func:`hetps.app.train.train_worker`; a mode creates its optimizers, calls
     :meth:`start` (collective: after every worker's KVStore keys exist), then :meth:`loop`
     and :meth:`finish`.
     """
@@ -200,9 +81,9 @@ class WorkerRun(Rejoin):
         self.traffic: Any = None
         self.spans: Any = None  # hetps.metrics.spans.Spans, from start()
         self.step_end = 0.0  # time.perf_counter() at the end of the last one_step
-        self.tboard: Any = None  # hetps.torch.tboard.TensorBoardLog with --tensorboard
+        self.tboard: Any = None  # hetps.app.tboard.TensorBoardLog with --tensorboard
         self.log: Any = None
-        self.progress: _Progress | None = None
+        self.progress: Progress | None = None
         # checkpoints (--checkpoint-dir) and a resumed run (--resume): the round and the data
         # position it goes on from
         self.resume = resume
@@ -221,7 +102,7 @@ class WorkerRun(Rejoin):
         # sync's DistributedOptimizer, esync's ESyncTrainer (set by the mode)
         self.shared: Any = None
         if getattr(args, "checkpoint_dir", None):
-            from hetps.torch.checkpointing import TrainCheckpoints
+            from hetps.app.checkpointing import TrainCheckpoints
 
             self.ckpt = TrainCheckpoints(args, kv, rank)
         self._stream = self._data_stream()
@@ -257,18 +138,18 @@ class WorkerRun(Rejoin):
             meter.run_dir = str(Path(self.run_dir).resolve())
         self.log = IterationLog(self.run_dir, self.rank)
         if getattr(self.args, "tensorboard", None):
-            from hetps.torch.tboard import TensorBoardLog
+            from hetps.app.tboard import TensorBoardLog
 
             self.tboard = TensorBoardLog(
                 self.args.tensorboard, self.run_dir.name, self.rank, self.run_start
             )
-        self.progress = _Progress(self.args.progress, self.rank, self.args.time_budget)
+        self.progress = Progress(self.args.progress, self.rank, self.args.time_budget)
 
     def _resume_logs(self) -> None:
         """A resumed run: this worker's records after the checkpoint's round are dropped
         (those rounds are done again), and ``t`` goes on from the checkpoint round's: it
         counts training, not the time the job was down."""
-        from hetps.torch.checkpointing import cut_log, last_t
+        from hetps.app.checkpointing import cut_log, last_t
 
         log = self.run_dir / f"worker-{self.rank}.jsonl"
         cut_log(log, self.first_round)
@@ -295,7 +176,7 @@ class WorkerRun(Rejoin):
         now = (kv.live_workers, kv.live_rank)
         if now == self._sharded:
             return
-        from hetps.torch.data import partition
+        from hetps.app.data import partition
 
         args = self.args
         self._sharded = now
@@ -314,7 +195,7 @@ class WorkerRun(Rejoin):
         return self.ckpt is not None and self.ckpt.wish()
 
     def _data_stream(self):
-        from hetps.torch.data import batches
+        from hetps.app.data import batches
 
         args = self.args
         # a resumed run starts where its checkpoint was: the same epochs, in the same order
@@ -474,143 +355,3 @@ class WorkerRun(Rejoin):
             flush=True,
         )
         return 0
-
-
-# -- the modes --------------------------------------------------------------------------------
-def run_local(run: WorkerRun) -> int:
-    """``-m local``: plain SGD in one process."""
-    opt = torch.optim.SGD(run.model.parameters(), lr=run.args.learning_rate)
-    run.restore_optimizer(opt)
-    run.start()
-
-    def play(r: Round) -> bool:
-        r.add_step(*run.one_step(opt, opt.step))
-        r.checkpoint = run.checkpoint_wish()
-        return run.want_stop(r.rnd)  # each worker stops on its own
-
-    return run.finish(run.loop(play))
-
-
-def run_sync(run: WorkerRun) -> int:
-    """``-m sync``: SSGD; the servers sum the gradients, every worker steps with the mean."""
-    from hetps.torch.optimizer import DistributedOptimizer
-
-    kv = run.kv
-    # summed over the workers each step: [stop and checkpoint wishes, "a worker waits to join"]
-    stop_flag = torch.zeros(2, dtype=torch.float32)
-    dopt = DistributedOptimizer(
-        torch.optim.SGD(run.model.parameters(), lr=run.args.learning_rate),
-        run.params,
-        kvstore=kv,
-        op="average",
-        extra=stop_flag,
-    )
-    run.shared = dopt
-    run.start()
-    if kv.rejoining:  # started again after it died: in from the live workers' next boundary
-        run.join()
-
-    def play(r: Round) -> bool:
-        # "stop after this round?" (and "checkpoint?", and "a worker waits to join") travel
-        # with the gradients, not in a round of their own
-        ctl = np.array(
-            [encode(run.want_stop(r.rnd, ahead=1), run.checkpoint_wish()), float(kv.joining)],
-            np.float32,
-        )
-        ctl_handle = None
-        if dopt.extra_rides:
-            dopt.extra.copy_(torch.from_numpy(ctl))  # rides with the gradients, summed
-        else:
-            ctl_handle = kv.pushpull("__ctl", ctl, block=False)
-        loss, c, n, epoch = run.one_step(dopt, lambda: None)
-        # the hooks pushed during backward; step() waits for the pulls
-        t1 = time.perf_counter()
-        dopt.step()
-        _account(r, dopt.timing.take(), t1, time.perf_counter())
-        r.add_step(loss, c, n, epoch, end=run.step_end)
-        if ctl_handle is not None:
-            ctl_handle.wait()
-            total = ctl.tolist()
-        else:
-            total = dopt.extra.tolist()  # summed over the workers by step()
-        stop, r.checkpoint = decode(total[0])
-        r.admit = total[1] > 0.5  # a worker waits to join: in after this round (and its checkpoint)
-        return stop
-
-    rounds = run.loop(play)
-    dopt.close()
-    return run.finish(rounds)
-
-
-def run_async(run: WorkerRun) -> int:
-    """``-m async``: ASGD (``-dcasgd 1``: DC-ASGD); the servers update on every push."""
-    from hetps import optim as ps_optim
-    from hetps.torch.optimizer import DistributedOptimizer
-
-    args = run.args
-    server_opt = (
-        ps_optim.DCASGD(learning_rate=args.learning_rate, lamda=0.04)
-        if args.use_dcasgd
-        else ps_optim.SGD(learning_rate=args.learning_rate)
-    )
-    dopt = DistributedOptimizer(
-        None, run.params, kvstore=run.kv, update_on="server", server_optimizer=server_opt
-    )
-    run.start()
-
-    def play(r: Round) -> bool:
-        loss, c, n, epoch = run.one_step(dopt, lambda: None)
-        t1 = time.perf_counter()
-        dopt.step()  # waits for the new weights
-        _account(r, dopt.timing.take(), t1, time.perf_counter())
-        r.add_step(loss, c, n, epoch, end=run.step_end)
-        return run.want_stop(r.rnd)  # each worker stops on its own
-
-    rounds = run.loop(play, rebalance=False)
-    dopt.close()
-    return run.finish(rounds, barrier=False)
-
-
-def run_esync(run: WorkerRun) -> int:
-    """``-m esync``: local steps until the state server says ready, then the model
-    difference is averaged (:class:`~hetps.esync.trainer.ESyncTrainer`)."""
-    from hetps.esync.trainer import ESyncTrainer
-
-    args = run.args
-    local_opt = torch.optim.SGD(run.model.parameters(), lr=args.local_lr)
-    endpoint = (
-        f"{args.state_server_ip}:{args.state_server_port}"
-        if args.state_server_ip and args.state_server_port
-        else None
-    )
-    # (a worker started again after it died makes no broadcast: it joins below)
-    trainer = ESyncTrainer(run.model, run.kv, global_lr=args.global_lr, state_server=endpoint)
-    run.restore_optimizer(local_opt)
-    run.shared = trainer
-    run.start()
-    if run.kv.rejoining:  # in from the live workers' next boundary, with their state
-        run.join()
-
-    def play(r: Round) -> bool:
-        trainer.begin_round()
-        while True:
-            loss, c, n, epoch = run.one_step(local_opt, local_opt.step)
-            r.add_step(loss, c, n, epoch)
-            if trainer.step_done(c):  # the state server's word: aggregate now
-                break
-        r.clock.add("wait_s", trainer.wait_s, trainer.wait_span and trainer.wait_span[1])
-        trainer.aggregate(ctl=encode(run.want_stop(r.rnd), run.checkpoint_wish()))
-        stop, r.checkpoint = decode(trainer.ctl_total)
-        r.admit = trainer.admit_due  # a worker waits to join: in after this round (and ckpt)
-        r.clock.add("push_s", trainer.push_s, trainer.push_span and trainer.push_span[1])
-        return stop
-
-    return run.finish(run.loop(play))
-
-
-RUNNERS: dict[str, Callable[[WorkerRun], int]] = {
-    "esync": run_esync,
-    "sync": run_sync,
-    "async": run_async,
-    "local": run_local,
-}

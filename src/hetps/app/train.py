@@ -193,7 +193,7 @@ def run_name(args: argparse.Namespace, workers: int) -> str:
 # -- entry ------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
     """``hetps train``: one worker under a launcher, a whole local cluster, or local training."""
-    from hetps.torch.checkpointing import check_args, resume_after_restart
+    from hetps.app.checkpointing import check_args, resume_after_restart
 
     resume_after_restart(args)
     check_args(args)
@@ -209,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
         import hetps.kv
 
         if args.resume:  # a worker that cannot load its state fails before it joins
-            from hetps.torch.checkpointing import preload_state
+            from hetps.app.checkpointing import preload_state
 
             preload_state(args)
         kv = hetps.kv.create("dist_async" if args.mode == "async" else "dist_sync")
@@ -240,7 +240,8 @@ LAUNCH_ONLY = ("--workers", "--servers", "--netem", "--balance", "--slice-size",
 
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
-    from hetps.launch.local import LaunchSpec, run_cluster
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import run_cluster
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
     parse_devices(args, args.workers)
@@ -263,7 +264,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "hetps.cli", *cleaned]
     env_value("OMP_NUM_THREADS")  # a malformed value fails here, before anything starts
     # threads: the user's OMP_NUM_THREADS reaches every process unchanged; without it the
-    # launcher gives each process its share of the cores (hetps.launch.local.thread_share)
+    # launcher gives each process its share of the cores (hetps.launch.contract.thread_share)
     if args.max_restarts < 0:
         raise SystemExit("hetps train: --max-restarts must be >= 0")
     if args.elastic and not (1 <= args.elastic <= args.workers):
@@ -335,17 +336,18 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     """Train as one worker (or alone, for ``-m local``); returns 0.
 
     Sets up what every mode shares (device, data shard, model, the run's log) and runs the
-    mode's loop (:mod:`hetps.torch.worker`)."""
+    mode's loop (:mod:`hetps.app.modes`)."""
     import torch
 
+    from hetps.app.data import load_fashion_mnist, partition
+    from hetps.app.models import get_model
+    from hetps.app.modes import RUNNERS
+    from hetps.app.worker import WorkerRun
     from hetps.metrics.records import RunWriter
-    from hetps.torch.data import load_fashion_mnist, partition
-    from hetps.torch.models import get_model
-    from hetps.torch.worker import RUNNERS, WorkerRun
 
     threads = env_value("OMP_NUM_THREADS")
     if threads is None:  # hetps launch sets it; alone (-m local) every core, by hand 1
-        from hetps.launch.local import usable_cores
+        from hetps.launch.contract import usable_cores
 
         threads = usable_cores() if kv is None else 1
     torch.set_num_threads(max(1, threads))
@@ -372,7 +374,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     model.train()
     resume = None
     if args.resume:
-        from hetps.torch.checkpointing import load_state
+        from hetps.app.checkpointing import load_state
 
         resume = load_state(args, rank, workers)
         model.load_state_dict(resume["model"])  # before the store's keys take its weights

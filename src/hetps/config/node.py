@@ -1,0 +1,89 @@
+"""How one process joins a cluster: :class:`NodeConfig`, made from the table's rows with a
+``field``, and :func:`node_config_from_env`, which parses it (every problem in one error)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from hetps.config.resolve import _join_error, resolve
+from hetps.config.rows import _KINDS, ConfigError
+from hetps.config.security import check_exposure, security_from_env
+from hetps.config.table import NODE_VARS
+
+
+def _make_node_config() -> type:
+    fields = []
+    for v in sorted(NODE_VARS, key=lambda v: not v.required):  # required ones first
+        typ = _KINDS[v.kind][0]
+        annotation = typ if v.default is not None else typ | None
+        if v.required:
+            fields.append((v.field, annotation))
+        else:
+            fields.append((v.field, annotation, dataclasses.field(default=v.default)))
+
+    # the secret is no row's field: it comes from HETPS_SECRET or HETPS_SECRET_FILE, and a
+    # repr (a log line, a traceback) never shows it
+    fields.append(("secret", bytes | None, dataclasses.field(default=None, repr=False)))
+
+    def scheduler_endpoint(self) -> str:
+        """The scheduler's ZeroMQ endpoint, ``tcp://host:port``."""
+        return f"tcp://{self.root_uri}:{self.root_port}"
+
+    doc = "How one process joins a hetps cluster; fields from the variables:\n\n" + "\n".join(
+        f"* ``{v.field}``: ``{v.name}``, {v.meaning}" for v in NODE_VARS
+    )
+    cls = dataclasses.make_dataclass(
+        "NodeConfig",
+        fields,
+        frozen=True,
+        namespace={"scheduler_endpoint": property(scheduler_endpoint), "__doc__": doc},
+    )
+    cls.__module__ = "hetps.config"  # where users import it from
+    return cls
+
+
+#: How one process joins a hetps cluster: a frozen dataclass made from the table's rows
+#: with a ``field`` (``root_uri``, ``num_server``, ``shm_bytes``, ...) plus
+#: ``scheduler_endpoint``.
+NodeConfig = _make_node_config()
+
+
+def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None = None):
+    """Parse a :class:`NodeConfig` from ``env`` (default ``os.environ``).
+
+    ``role`` overrides ``DMLC_ROLE``. Raises :class:`ConfigError` listing every missing or
+    malformed variable with the fix.
+    """
+    env = os.environ if env is None else env
+    settings = resolve(env, role, NODE_VARS)
+    error = _join_error(settings.values())
+    if error is not None:
+        raise error
+    values = {v.field: settings[v.name].value for v in NODE_VARS}
+    _check_replicas(values)
+    secret, values["insecure"] = security_from_env(env)
+    # the scheduler listens on DMLC_PS_ROOT_URI (every interface unless it is loopback),
+    # the others on their own address
+    role = values["role"]
+    check_exposure(
+        secret,
+        values["insecure"],
+        [values["root_uri"]] if role == "scheduler" else [values["root_uri"], values["node_host"]],
+        role,
+    )
+    return NodeConfig(**values, secret=secret)
+
+
+def _check_replicas(values: dict) -> None:
+    """HETPS_REPLICAS against the settings it depends on: one error line with the fix."""
+    r = values["replicas"]
+    if r <= 1:
+        return
+    if r > values["num_server"]:
+        raise ConfigError(
+            f"HETPS_REPLICAS={r} asks for more copies of each key than there are servers "
+            f"(DMLC_NUM_SERVER={values['num_server']}): use at most {values['num_server']}, "
+            "or start more servers"
+        )

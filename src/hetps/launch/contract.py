@@ -1,0 +1,94 @@
+"""What every launcher hands the roles: the scheduler's lines a launcher reads, the job's
+fresh cluster secret, the variables forwarded to a role on another host, and each process's
+share of the cores (``OMP_NUM_THREADS``); :class:`LaunchSpec`, what to start."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
+#: hetps's scheduler says so (with --launcher-notices) once every node has registered
+UP_LINE = "hetps scheduler cluster up"
+FORWARDED_PREFIXES = ("DMLC_", "PS_", "HETPS_", "MXNET_", "PYTHON", "OMP_NUM_THREADS")
+#: never on a remote command line (others on either host may read command lines)
+NOT_ON_COMMAND_LINE = ("HETPS_SECRET",)
+
+
+@dataclass
+class LaunchSpec:
+    """What to start: W workers running ``command``, S servers, one scheduler."""
+
+    num_workers: int
+    num_servers: int
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 0  # scheduler port; 0 = ephemeral, read back from the scheduler
+    server_command: list[str] | None = None  # default: hetps' own server
+    scheduler_command: list[str] | None = None
+    # (role, rank, argv, env) -> (argv, env) or (argv, env, bytes for its stdin): run a role
+    # elsewhere (ssh, a network namespace)
+    wrap: Callable[[str, int, list[str], dict[str, str]], tuple] | None = None
+    start_timeout: float = 60.0
+    stop_grace: float = 5.0
+    # after a child fails, how long the others get to notice (and say why) before being stopped
+    failure_grace: float = 15.0
+    # on Ctrl-C/SIGTERM the workers get SIGTERM first and this long to end on their own
+    worker_grace: float = 30.0
+    # after a child fails, start the whole job again up to this many times (HETPS_RESTART
+    # tells the new processes which start this is)
+    max_restarts: int = 0
+    # --elastic MIN: a worker that dies is let go and the job goes on with the others, while
+    # at least MIN remain (HETPS_ELASTIC; does not use up max_restarts)
+    elastic_min: int = 0
+    # with --elastic and restarts left: a worker let go is started again alone and joins the
+    # running job (its script must call kv.join(): hetps train -m sync does)
+    rejoin_workers: bool = False
+    # --replicas R: copies of every key on R servers (HETPS_REPLICAS); a server that dies is
+    # taken over by the next one and the job goes on, while fewer than R servers died
+    replicas: int = 1
+
+
+def give_secret(env: dict[str, str]) -> None:
+    """Put a fresh cluster secret in ``env`` (``HETPS_SECRET``) unless it brings its own or
+    opts out with ``HETPS_INSECURE=1`` (every process then warns that it runs unauthenticated).
+    """
+    if (env.get("HETPS_INSECURE") or "").strip() not in ("", "0"):
+        return
+    if (env.get("HETPS_SECRET") or "").strip() or (env.get("HETPS_SECRET_FILE") or "").strip():
+        return
+    env["HETPS_SECRET"] = secrets.token_hex(32)
+
+
+def balance_env(env: dict[str, str], balance: str | None, slice_elems: int | None) -> None:
+    """Tell every role the load-balance scheme (``HETPS_BALANCE``) and the slice size
+    (``HETPS_SLICE_ELEMS``) the launcher was given, where it was given them."""
+    if balance:
+        env["HETPS_BALANCE"] = balance
+    if slice_elems:
+        env["HETPS_SLICE_ELEMS"] = str(slice_elems)
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask, as ``taskset`` or a cgroup set
+    it), which every child inherits."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def thread_share(role: str, cores: int, processes: int) -> int:
+    """Intra-op threads for one process of ``role`` on a host with ``cores`` CPUs shared by
+    ``processes`` processes of the job: a worker ``cores // processes`` (at least 1), a
+    server or the scheduler 1 (their work is message handling and element-wise sums, which
+    use one thread whatever the setting). The cores the servers and the scheduler leave are
+    spare for their I/O threads, so the job never asks for more threads than cores while it
+    has no more processes than cores."""
+    if role != "worker":
+        return 1
+    return max(1, cores // max(1, processes))

@@ -1,0 +1,79 @@
+"""How a launcher starts and stops its processes: each in a session of its own (it and all it
+starts are one process group, signalled together), its output on one pipe, dying with the
+launcher; exit statuses as a shell reports them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+
+#: util-linux's setpriv, which sets the parent-death signal and then runs the command
+SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+
+
+@dataclass
+class Child:
+    """One started process and its role."""
+
+    role: str
+    rank: int
+    proc: subprocess.Popen
+    label: str
+    reader: threading.Thread | None = None
+    heard: float | None = None  # (hetps's scheduler) when it last said it is alive
+    hung: str | None = None  # why the launcher stopped it with SIGKILL (it hung)
+
+
+def shell_code(code: int) -> int:
+    """A child's exit status as a shell reports it: 128 + N for a child killed by signal N
+    (``Popen.returncode`` is -N), else the code itself."""
+    return 128 - code if code < 0 else code
+
+
+def dies_with_launcher(argv: list[str], signal_name: str = "KILL") -> list[str]:
+    """``argv`` run so that it gets ``SIG<signal_name>`` when the launcher's thread that
+    starts it dies (``PR_SET_PDEATHSIG``), however the launcher ends; unchanged where setpriv
+    is missing. (srun takes TERM: it forwards it to every task and ends the step, where KILL
+    would leave the step to Slurm's own time-outs.)"""
+    if SETPRIV is None:
+        return argv
+    return [SETPRIV, "--pdeathsig", signal_name, "--", *argv]
+
+
+def start_piped(
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    cwd: str | None = None,
+    stdin: int = subprocess.DEVNULL,
+    signal_name: str = "KILL",
+) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own with ``env``, its stdout and stderr on one pipe,
+    dying with the launcher (:func:`dies_with_launcher` with ``signal_name``)."""
+    return subprocess.Popen(
+        dies_with_launcher(argv, signal_name),
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=stdin,
+        start_new_session=True,
+    )
+
+
+def signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group ``proc`` leads (it and whatever it started); a group
+    that is gone is no error."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def raise_interrupt(signum, frame) -> None:  # type: ignore[no-untyped-def]
+    """A SIGINT/SIGTERM handler: stop what the launcher waits for, as Ctrl-C does."""
+    raise KeyboardInterrupt

@@ -1,0 +1,129 @@
+"""Where a role runs when not here: over ssh on the hosts of a hostfile, or in its emulated
+node's network namespace (netem). Each is a :class:`~hetps.launch.contract.LaunchSpec`
+``wrap``: (role, rank, argv, env) -> the argv and env that run it there."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+
+from hetps.launch.contract import FORWARDED_PREFIXES, NOT_ON_COMMAND_LINE, thread_share
+
+
+def read_hostfile(path: str) -> list[str]:
+    """Hosts from a hostfile: one per line, ``#`` comments and blank lines ignored."""
+    try:
+        with open(path) as f:
+            hosts = [ln.split("#", 1)[0].strip() for ln in f]
+    except OSError as exc:
+        raise SystemExit(f"hetps launch: cannot read hostfile {path!r}: {exc}") from None
+    hosts = [h for h in hosts if h]
+    if not hosts:
+        raise SystemExit(f"hetps launch: hostfile {path!r} lists no hosts")
+    return hosts
+
+
+def processes_per_host(hosts: Sequence[str], num_workers: int, num_servers: int) -> dict[str, int]:
+    """How many processes :func:`ssh_wrapper` puts on each host (by name): the scheduler on the
+    first, servers and workers round-robin."""
+    counts = {h: 0 for h in hosts}
+    counts[hosts[0]] += 1
+    for n in (num_servers, num_workers):
+        for r in range(n):
+            counts[hosts[r % len(hosts)]] += 1
+    return counts
+
+
+def ssh_wrapper(
+    hosts: Sequence[str],
+    extra_keys: Sequence[str] = (),
+    ssh: str = "ssh",
+    cwd: str | None = None,
+    num_workers: int = 0,
+    num_servers: int = 0,
+    auto_threads: bool = False,
+):
+    """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers and
+    workers round-robin over the hosts, each told its own address (DMLC_NODE_HOST) and the
+    forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key). The
+    cluster secret is not on the remote command line: the remote shell reads it from its
+    standard input (the launcher writes it there) into its environment.
+
+    ``auto_threads`` (the user set no ``OMP_NUM_THREADS``): each role gets its share of its own
+    host's cores (:func:`thread_share`; the remote shell counts them with ``nproc``) among the
+    processes of the job on that host (:func:`processes_per_host`, from ``num_workers`` and
+    ``num_servers``)."""
+    cwd = cwd or os.getcwd()
+    per_host = processes_per_host(hosts, num_workers, num_servers)
+
+    def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
+        host = hosts[0] if role == "scheduler" else hosts[rank % len(hosts)]
+        remote = {
+            k: v
+            for k, v in env.items()
+            if (k.startswith(FORWARDED_PREFIXES) or k in extra_keys)
+            and k not in NOT_ON_COMMAND_LINE
+        }
+        remote["DMLC_NODE_HOST"] = host
+        remote["DMLC_PS_ROOT_URI"] = hosts[0]
+        prelude = ""
+        if auto_threads:
+            remote.pop("OMP_NUM_THREADS", None)  # the local machine's share: not the host's
+            prelude, threads = _remote_threads(role, per_host.get(host, 1))
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(remote.items()))
+        if auto_threads:
+            exports += f" OMP_NUM_THREADS={threads}"
+        line = (
+            f"{prelude}cd {shlex.quote(cwd)} && env {exports} "
+            f"{' '.join(shlex.quote(a) for a in argv)}"
+        )
+        secret = env.get("HETPS_SECRET")
+        local = {k: v for k, v in env.items() if k not in NOT_ON_COMMAND_LINE}
+        argv_ssh = [ssh, "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", host]
+        if not secret:
+            return [*argv_ssh, line], local
+        line = f"IFS= read -r HETPS_SECRET && export HETPS_SECRET && {line}"
+        return [*argv_ssh, line], local, (secret + "\n").encode()
+
+    return wrap
+
+
+def _remote_threads(role: str, processes: int) -> tuple[str, str]:
+    """(shell that computes it, the value) of a role's ``OMP_NUM_THREADS`` on a remote host:
+    :func:`thread_share` with the host's ``nproc``, in POSIX shell."""
+    if role != "worker":
+        return "", str(thread_share(role, 1, processes))
+    p = max(1, processes)
+    prelude = (
+        "hetps_c=$(nproc 2>/dev/null || echo 1) && "
+        f"hetps_t=$(( hetps_c / {p} > 1 ? hetps_c / {p} : 1 )) && "
+    )
+    return prelude, "$hetps_t"
+
+
+def netem_wrapper(net, num_servers: int, colocate: bool):
+    """A ``wrap`` that runs each role inside its emulated node's network namespace.
+
+    Co-located: node r holds server r and worker r (the paper's layout). Otherwise servers take
+    nodes 0..S-1 and workers S..S+W-1. The scheduler runs on node 0. Each role advertises its
+    node's address, so traffic between nodes crosses the shaped links and a worker's traffic to
+    its co-located server stays inside the node.
+    """
+
+    def node_of(role: str, rank: int) -> int:
+        if role == "scheduler":
+            return 0
+        if role == "server" or colocate:
+            return rank
+        return num_servers + rank
+
+    def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
+        i = node_of(role, rank)
+        env = dict(env)
+        env["DMLC_NODE_HOST"] = net.node_ip(i)
+        env["DMLC_PS_ROOT_URI"] = net.node_ip(0)
+        env["HETPS_NETEM_NODE"] = str(i)
+        return net.exec_argv(i, argv), env
+
+    return wrap
