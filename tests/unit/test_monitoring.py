@@ -45,7 +45,7 @@ def _exported_names() -> set[str]:
             "uptime": time.monotonic() - started, "expected": {"server": 2, "worker": 1},
         },
     )  # fmt: skip
-    planner = SimpleNamespace(shares=lambda: {"epoch": 1, "shares": [0.75, 0.25]})
+    planner = SimpleNamespace(plan_shares=lambda: {"epoch": 1, "shares": [0.75, 0.25]})
     esync = SimpleNamespace(progress=lambda: {"round": 1, "steps": [2], "total": [2]})
     live = LiveMetrics(sched, planner, esync)
     body = {"seq": 1, "t": 1.0, "rounds": 1, "links": [[0, 1, 1]],

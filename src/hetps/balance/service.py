@@ -157,7 +157,7 @@ class Planner:
         np.fill_diagonal(m, np.inf)
         return m
 
-    def shares(self) -> dict | None:
+    def plan_shares(self) -> dict | None:
         """The current plan: its epoch and each server's share of the elements (live
         metrics); None before the first layout."""
         assignment, slices = self.assignment, self.slices

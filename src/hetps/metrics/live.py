@@ -168,7 +168,7 @@ class LiveMetrics:
             "expected": m["expected"],
             "uptime": m["uptime"],
             "start_time": time.time() - m["uptime"],
-            "plan": self.planner.shares() if self.planner is not None else None,
+            "plan": self.planner.plan_shares() if self.planner is not None else None,
             "esync": self.esync.progress() if self.esync is not None else None,
         }
         return snap
