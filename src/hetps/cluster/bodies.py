@@ -108,10 +108,10 @@ def decode(cmd: str, body: Any, kind: type[Chunk]) -> Any:
     try:
         return msgspec.convert(body, kind)
     except msgspec.ValidationError as exc:
-        raise BadBody(_explain(cmd, body, kind, str(exc))) from None
+        raise BadBody(explain(cmd, body, kind, str(exc))) from None
 
 
-def _explain(cmd: str, body: Any, kind: type[Chunk], text: str) -> str:
+def explain(cmd: str, body: Any, kind: type[Chunk], text: str) -> str:
     """msgspec's ``Expected `int` >= 0 - at `$.off``` as ``push of key 'w': field 'off'
     (offset of this chunk within the part): expected `int` >= 0``."""
     key = body.get("k") if isinstance(body, dict) else None

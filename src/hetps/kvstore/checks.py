@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from msgspec import ValidationError, convert
 
 from hetps.cluster import bodies
 from hetps.cluster.bodies import Chunk, Init, Push
@@ -17,14 +18,15 @@ from hetps.transport.codec import Message, dtype_str
 
 def body(msg: Message, kind: type[Chunk]) -> Any:
     """``msg``'s body as its declared type (:mod:`hetps.cluster.bodies`), checked once: a
-    message handled again (a push kept for the next round) keeps what it was decoded to."""
+    message handled again (a push kept for the next round) keeps what it was decoded to.
+    (:func:`hetps.cluster.bodies.decode`, one call less: this runs for every request.)"""
     typed = msg.typed
     if type(typed) is kind:
         return typed
     try:
-        typed = msg.typed = bodies.decode(msg.cmd, msg.body, kind)
-    except bodies.BadBody as exc:
-        raise BadRequest(str(exc)) from None
+        typed = msg.typed = convert(msg.body, kind)
+    except ValidationError as exc:
+        raise BadRequest(bodies.explain(msg.cmd, msg.body, kind, str(exc))) from None
     return typed
 
 
