@@ -100,6 +100,10 @@ _WIRE = {
     kind: {f.encode_name: f.name for f in msgspec.structs.fields(kind)} for kind in TYPES.values()
 }
 _MEANING = {kind: P.BODY_FIELDS[cmd] for cmd, kind in TYPES.items()}
+#: attribute name -> wire key, for :func:`chunk`
+_WIRE_NAME = {
+    f.name: f.encode_name for kind in TYPES.values() for f in msgspec.structs.fields(kind)
+}
 
 
 def decode(cmd: str, body: Any, kind: type[Chunk]) -> Any:
@@ -115,7 +119,8 @@ def explain(cmd: str, body: Any, kind: type[Chunk], text: str) -> str:
     """msgspec's ``Expected `int` >= 0 - at `$.off``` as ``push of key 'w': field 'off'
     (offset of this chunk within the part): expected `int` >= 0``."""
     key = body.get("k") if isinstance(body, dict) else None
-    what = f"{cmd} of key {_short(key)}" if isinstance(key, (int, str)) else cmd
+    keyed = isinstance(key, (int, str)) and not isinstance(key, bool)
+    what = f"{cmd} of key {_short(key)}" if keyed else cmd
     if text.startswith("Object contains unknown field"):
         name = text.split("`")[1]
         known = ", ".join(sorted(_WIRE[kind]))
@@ -164,8 +169,3 @@ def chunk(
         if value is not None:
             body[_WIRE_NAME[name]] = value
     return body
-
-
-_WIRE_NAME = {
-    f.name: f.encode_name for kind in TYPES.values() for f in msgspec.structs.fields(kind)
-}
