@@ -23,7 +23,9 @@ over ``--repeats`` of the time per call:
   state checks: what replacing the codec's msgpack decode would give (not what runs).
 
 The body checks alone (without the header decode) are timed too: ``hand-body`` and
-``typed-body``. Ratios are against ``hand`` (below 1: faster).
+``typed-body``; and the worker's side, building a push's body: ``hand-build`` (the map
+literal the worker wrote) and ``chunk-build`` (:func:`hetps.cluster.bodies.chunk`). Ratios
+are against the hand way (below 1: faster).
 """
 
 from __future__ import annotations
@@ -213,8 +215,55 @@ def requests() -> tuple[dict, dict[str, list[bytes]]]:
     return slices, frames
 
 
+def literal_push(k: Any, index: int, a: int, b: int, step: int, meta_shape: tuple) -> dict:
+    """The push body as the worker wrote it before :func:`hetps.cluster.bodies.chunk`."""
+    body = {
+        "k": k,
+        "part": index,
+        "off": a,
+        "n": b - a,
+        "sync": True,
+        "ce": step,
+        "shape": list(meta_shape),
+        "dtype": "float32",
+    }
+    dest, copies, comp = None, False, None
+    if dest is not None:
+        body["pp"] = True
+    if copies:
+        body["rnd"] = 0
+    if comp is not None:
+        body["comp"] = comp
+    return body
+
+
+def chunk_push(k: Any, index: int, a: int, b: int, step: int, meta_shape: tuple) -> dict:
+    """The push body as the worker builds it now."""
+    dest, copies, comp = None, False, None
+    return bodies.chunk(
+        k,
+        index,
+        a,
+        b - a,
+        meta_shape,
+        "float32",
+        sync=True,
+        chunk=step,
+        fused=True if dest is not None else None,
+        round=0 if copies else None,
+        threshold=comp,
+    )
+
+
+#: each way's baseline
+BASE = {"typed": "hand", "header": "hand", "typed-body": "hand-body", "chunk-build": "hand-build"}
+
+
 def variants(slices: dict, frames: dict) -> dict[str, Any]:
-    out = {}
+    out = {
+        "push hand-build": lambda: literal_push("w0", 0, 0, 1, 1 << 20, (1,)),
+        "push chunk-build": lambda: chunk_push("w0", 0, 0, 1, 1 << 20, (1,)),
+    }
     for cmd, hand, typed in ((P.PUSH, hand_push, typed_push), (P.PULL, hand_pull, typed_pull)):
         fr = frames[cmd]
         decoded = codec.decode(fr, MAX_BYTES)
@@ -271,7 +320,7 @@ def main() -> None:
     print(f"{'request':<8} {'way':<11} {'us/call':>8} {'p25':>7} {'p75':>7} {'/ hand':>7}")
     for name in names:
         cmd, way = name.split()
-        base = med[f"{cmd} hand-body" if way.endswith("-body") else f"{cmd} hand"]
+        base = med[f"{cmd} {BASE.get(way, way)}"]
         q = statistics.quantiles(samples[name], n=4)
         print(
             f"{cmd:<8} {way:<11} {med[name]:8.2f} {q[0]:7.2f} {q[2]:7.2f} {med[name] / base:7.2f}"

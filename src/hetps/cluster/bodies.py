@@ -100,10 +100,6 @@ _WIRE = {
     kind: {f.encode_name: f.name for f in msgspec.structs.fields(kind)} for kind in TYPES.values()
 }
 _MEANING = {kind: P.BODY_FIELDS[cmd] for cmd, kind in TYPES.items()}
-#: attribute name -> wire key, for :func:`chunk`
-_WIRE_NAME = {
-    f.name: f.encode_name for kind in TYPES.values() for f in msgspec.structs.fields(kind)
-}
 
 
 def decode(cmd: str, body: Any, kind: type[Chunk]) -> Any:
@@ -152,11 +148,19 @@ def chunk(
     count: int,
     shape: Any,
     dtype: str,
-    **fields: Any,
+    *,
+    size: int | None = None,
+    chunk: int | None = None,
+    sync: bool | None = None,
+    fused: bool | None = None,
+    round: int | None = None,
+    threshold: float | None = None,
+    receipt: bool | None = None,
 ) -> dict[str, Any]:
     """The wire body of a chunk request: the range, the key's shape and dtype, and the
-    command's own fields by their attribute names (``size``, ``round``, ``chunk``, ``sync``,
-    ``fused``, ``threshold``), those that are None left out."""
+    command's own fields by their attribute names (an init's ``size``; a push's ``chunk``,
+    ``sync``, ``fused``, ``threshold``, ``receipt``; either's ``round``), those that are None
+    left out. (Written out, not looped over: a worker builds one per chunk it sends.)"""
     body: dict[str, Any] = {
         "k": key,
         "part": part,
@@ -165,7 +169,18 @@ def chunk(
         "shape": list(shape),
         "dtype": dtype,
     }
-    for name, value in fields.items():
-        if value is not None:
-            body[_WIRE_NAME[name]] = value
+    if size is not None:
+        body["size"] = size
+    if chunk is not None:
+        body["ce"] = chunk
+    if sync is not None:
+        body["sync"] = sync
+    if fused is not None:
+        body["pp"] = fused
+    if round is not None:
+        body["rnd"] = round
+    if threshold is not None:
+        body["comp"] = threshold
+    if receipt is not None:
+        body["rcpt"] = receipt
     return body
