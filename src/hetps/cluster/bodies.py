@@ -67,8 +67,9 @@ class Pull(Chunk):
 class Push(Chunk):
     """A push of the range's values (or their 2-bit words)."""
 
-    #: elements per chunk the worker cuts parts into
-    chunk: Annotated[int, Meta(ge=1)] = field(name="ce")
+    #: elements per chunk the worker cuts parts into (every worker's push carries it; the
+    #: server needs it where it merges the push, and says so there when it is missing)
+    chunk: Annotated[int, Meta(ge=1)] | None = field(default=None, name="ce")
     #: dist_sync (rounds) or dist_async
     sync: bool = True
     #: a fused push-pull: the answer carries the value once the push took effect

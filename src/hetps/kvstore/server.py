@@ -292,6 +292,11 @@ class KVServer:
         packed = sync and not self.elastic.active  # a 2-bit push is decoded into the merge buffer
         data = checks.push_data(msg, sl, b, packed=packed)
         comp = b.threshold if packed else None
+        if ce is None:
+            raise BadRequest(
+                f"push of key {key!r}: field 'ce' (elements per chunk the worker cuts parts "
+                "into) is missing"
+            )
         if off % ce or n != min(ce, sl.value.size - off):
             raise BadRequest(
                 f"push of key {key!r}: range [{off}, {off + n}) is not a chunk of {ce} elements "
