@@ -13,7 +13,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 # torch is pinned (extra "torch") to the CPU build this kind of machine carries.
 .venv/bin/python -m pip install -q -e ".[torch,plots,balance,metrics,tensorboard,ray,k8s,dev]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import hetps, zmq, msgpack, cloudpickle, numpy, torch, scipy, pytest, prometheus_client, rich, tensorboard, ray, kubernetes" \
+.venv/bin/python -c "import hetps, zmq, msgpack, msgspec, cloudpickle, numpy, torch, scipy, pytest, prometheus_client, rich, tensorboard, ray, kubernetes" \
     || { echo "setup: the virtualenv is incomplete (see pip's output above)" >&2; exit 1; }
 
 need_apt=()

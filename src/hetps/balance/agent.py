@@ -26,6 +26,7 @@ import numpy as np
 
 from hetps import optim
 from hetps.balance.wire import unpack_plan
+from hetps.cluster import bodies
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import wait_all
@@ -377,14 +378,7 @@ class BalanceAgent:
 
         def body(k: Any, j: int, a: int, b: int) -> dict:
             meta = self.kv.meta[k]
-            return {
-                "k": k,
-                "part": j,
-                "off": 0,
-                "n": b - a,
-                "shape": list(meta.shape),
-                "dtype": meta.dtype.name,
-            }
+            return bodies.chunk(k, j, 0, b - a, meta.shape, meta.dtype.name)
 
         # 1. read every moved value and state, all requests in flight together
         reads = []
@@ -403,7 +397,10 @@ class BalanceAgent:
             for (k, j, a, b), fut in zip(items, pulls, strict=True):
                 data = np.array(fut.wait(self.timeout).arrays[0], copy=True)
                 # the slice's rounds so far go with it (with HETPS_REPLICAS pushes name theirs)
-                init = dict(body(k, j, a, b), size=b - a, rnd=self.kv.meta[k].rounds)
+                meta = self.kv.meta[k]
+                init = bodies.chunk(
+                    k, j, 0, b - a, meta.shape, meta.dtype.name, size=b - a, round=meta.rounds
+                )
                 writes.append(
                     self.kv.request(k, 0, s_new, Message(P.INIT, body=init, arrays=[data]))
                 )

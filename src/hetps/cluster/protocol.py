@@ -84,8 +84,9 @@ BATCH_COMMANDS = frozenset({INIT, PUSH, PULL})
 MAX_BATCH_ITEMS = 1024
 
 #: Every body field of the data plane, the balance report and its answer, with its meaning.
-#: The server checks types where it reads them (``kvstore.server``); this table is the one
-#: place that says what each means.
+#: The bodies of init, push and pull are declared types (:mod:`hetps.cluster.bodies`), checked
+#: once as the server takes them; the other commands' fields are checked where they are read.
+#: This table is the one place that says what each means.
 BODY_FIELDS: dict[str, dict[str, str]] = {
     INIT: {
         "k": "the key (int or str)",
@@ -94,7 +95,10 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "n": "elements in this chunk",
         "size": "elements of the whole part",
         "shape": "the key's shape",
-        "dtype": "the key's dtype name",
+        "dtype": "the key's dtype name (float16, float32 or float64)",
+        "rnd": "the rounds the part has had (a slice a plan moves comes with them; default 0)",
+        "tag": "the request id its forecast carried (the init is timed)",
+        "op": "init, in a primary's copy to a replica (a replicate message)",
     },
     PUSH: {
         "k": "the key",

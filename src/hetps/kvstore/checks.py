@@ -1,5 +1,5 @@
-"""The checks a server runs on a request before it uses it: fields, a key's range, the
-slice it names, a push's payload. Each raises :class:`~hetps.kvstore.slices.BadRequest` with
+"""The checks a server runs on a request before it uses it: its body (decoded once into its
+declared type, :mod:`hetps.cluster.bodies`), the slice it names, a push's payload. Each raises :class:`~hetps.kvstore.slices.BadRequest` with
 a text that names the key and what is wrong; the server answers it and goes on serving."""
 
 from __future__ import annotations
@@ -7,18 +7,27 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from msgspec import ValidationError, convert
 
+from hetps.cluster import bodies
+from hetps.cluster.bodies import Chunk, Init, Push
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.slices import BadRequest, Slice, short
 from hetps.transport.codec import Message, dtype_str
 
 
-def field(msg: Message, name: str, kind: type | tuple[type, ...]) -> Any:
-    """``msg.body[name]``, which must be a ``kind`` (never a bool)."""
-    value = msg.body.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise BadRequest(f"{msg.cmd}: field {name!r} missing or not {kind}")
-    return value
+def body(msg: Message, kind: type[Chunk]) -> Any:
+    """``msg``'s body as its declared type (:mod:`hetps.cluster.bodies`), checked once: a
+    message handled again (a push kept for the next round) keeps what it was decoded to.
+    (:func:`hetps.cluster.bodies.decode`, one call less: this runs for every request.)"""
+    typed = msg.typed
+    if type(typed) is kind:
+        return typed
+    try:
+        typed = msg.typed = convert(msg.body, kind)
+    except ValidationError as exc:
+        raise BadRequest(bodies.explain(msg.cmd, msg.body, kind, str(exc))) from None
+    return typed
 
 
 def tag(msg: Message) -> int:
@@ -29,24 +38,10 @@ def tag(msg: Message) -> int:
     return value
 
 
-def key_range(msg: Message) -> tuple[Any, int, int, int]:
-    """A chunk request's key, part, offset and length."""
-    key = msg.body.get("k")
-    if isinstance(key, bool) or not isinstance(key, (int, str)):
-        raise BadRequest(f"{msg.cmd}: key {short(key)} must be an int or a str")
-    if isinstance(key, str) and len(key) > 1024:
-        raise BadRequest(f"{msg.cmd}: a key of {len(key)} characters is longer than 1024")
-    part = field(msg, "part", int)
-    off = field(msg, "off", int)
-    n = field(msg, "n", int)
-    if off < 0 or n < 0:
-        raise BadRequest(f"{msg.cmd} of key {key!r}: negative offset or length")
-    return key, part, off, n
-
-
-def find_slice(slices: dict, msg: Message, key: Any, part: int, off: int, n: int) -> Slice:
+def find_slice(slices: dict, msg: Message, b: Chunk) -> Slice:
     """The slice a request names, which must hold its range (and match its shape and dtype,
     when the request states them)."""
+    key, part, off, n = b.key, b.part, b.offset, b.count
     sl = slices.get((key, part))
     if sl is None:
         if not any(k == key for k, _ in slices):
@@ -54,12 +49,7 @@ def find_slice(slices: dict, msg: Message, key: Any, part: int, off: int, n: int
                 f"key {key!r} was never initialised: call kv.init({key!r}, value) first"
             )
         raise BadRequest(f"key {key!r} has no part {part} on this server")
-    shape = msg.body.get("shape")
-    dtype = msg.body.get("dtype")
-    if shape is not None and not isinstance(shape, list):
-        raise BadRequest(f"{msg.cmd} of key {key!r}: field 'shape' must be a list")
-    if dtype is not None and not isinstance(dtype, str):
-        raise BadRequest(f"{msg.cmd} of key {key!r}: field 'dtype' must be a string")
+    shape, dtype = b.shape, b.dtype
     if (
         shape is not None
         and tuple(shape) != sl.shape
@@ -77,13 +67,13 @@ def find_slice(slices: dict, msg: Message, key: Any, part: int, off: int, n: int
     return sl
 
 
-def payload_fits(msg: Message, sl: Slice, n: int) -> None:
+def payload_fits(msg: Message, sl: Slice, b: Push) -> None:
     """Check a push's payload (count, dtype, size) against its range of ``sl`` without
     decoding it: a push is never kept unless it fits."""
     if len(msg.arrays) != 1:
         raise BadRequest(f"{msg.cmd} of key {sl.key!r}: expected one array, got {len(msg.arrays)}")
-    data = msg.arrays[0]
-    if msg.body.get("comp") is not None:
+    data, n = msg.arrays[0], b.count
+    if b.threshold is not None:
         ok = data.dtype == np.uint32 and data.size == (n + 15) // 16
     else:
         ok = data.dtype == sl.value.dtype and data.size == n
@@ -94,20 +84,14 @@ def payload_fits(msg: Message, sl: Slice, n: int) -> None:
         )
 
 
-def push_data(msg: Message, sl: Slice, n: int, packed: bool = False) -> np.ndarray:
-    """The push's values, checked; a 2-bit push decoded (``packed``: its checked words,
-    which :func:`~hetps.kvstore.slices.put` decodes straight into the merge buffer)."""
+def push_data(msg: Message, sl: Slice, b: Push | Init, packed: bool = False) -> np.ndarray:
+    """The push's (or init's) values, checked; a 2-bit push decoded (``packed``: its checked
+    words, which :func:`~hetps.kvstore.slices.put` decodes straight into the merge buffer)."""
     if len(msg.arrays) != 1:
         raise BadRequest(f"{msg.cmd} of key {sl.key!r}: expected one array, got {len(msg.arrays)}")
-    data = msg.arrays[0].reshape(-1)
-    threshold = msg.body.get("comp")
+    data, n = msg.arrays[0].reshape(-1), b.count
+    threshold = getattr(b, "threshold", None)
     if threshold is not None:
-        if (
-            not isinstance(threshold, (int, float))
-            or isinstance(threshold, bool)
-            or not 0 < threshold < float("inf")
-        ):
-            raise BadRequest(f"push of key {sl.key!r}: bad compression threshold {threshold!r}")
         words = (n + 15) // 16
         if data.dtype != np.uint32 or data.size != words:
             raise BadRequest(
@@ -116,7 +100,7 @@ def push_data(msg: Message, sl: Slice, n: int, packed: bool = False) -> np.ndarr
             )
         if packed:
             return data
-        return TwoBitCompressor(float(threshold)).decompress(data, n, sl.value.dtype)
+        return TwoBitCompressor(threshold).decompress(data, n, sl.value.dtype)
     if data.dtype != sl.value.dtype or data.size != n:
         raise BadRequest(
             f"{msg.cmd} of key {sl.key!r}: got {data.size} values of {data.dtype}, expected "

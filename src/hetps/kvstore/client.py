@@ -29,7 +29,7 @@ import numpy as np
 
 from hetps import optim
 from hetps.balance.agent import BalanceAgent
-from hetps.cluster import batch
+from hetps.cluster import batch, bodies
 from hetps.cluster import protocol as P
 from hetps.cluster.batch import array_bytes
 from hetps.cluster.errors import RequestError
@@ -390,15 +390,9 @@ class DistKVStore(Joining, SparseKeys):
                 step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
                 for p in parts:
                     for a, b in chunks(p.start, p.stop, step):
-                        body = {
-                            "k": k,
-                            "part": p.index,
-                            "off": a - p.start,
-                            "n": b - a,
-                            "size": p.size,
-                            "shape": list(arr.shape),
-                            "dtype": arr.dtype.name,
-                        }
+                        body = bodies.chunk(
+                            k, p.index, a - p.start, b - a, arr.shape, arr.dtype.name, size=p.size
+                        )
                         msg = Message(P.INIT, body=body, arrays=[flat[a:b]])
                         futs.append(self.request(k, 0, p.server, msg))
         settle(futs)
@@ -499,26 +493,25 @@ class DistKVStore(Joining, SparseKeys):
             meta.rounds += 1
         for p in meta.parts:
             for a, b in chunks(p.start, p.stop, step):
-                body = {
-                    "k": k,
-                    "part": p.index,
-                    "off": a - p.start,
-                    "n": b - a,
-                    "sync": self.sync,
-                    "ce": step,
-                    "shape": list(meta.shape),
-                    "dtype": dtype_str(meta.dtype),
-                }
-                if dest is not None:
-                    body["pp"] = True
-                if self._copies:  # a server that takes over knows a resent round by it
-                    body["rnd"] = meta.rounds - 1
                 if comp is not None:
                     assert meta.residual is not None
                     payload = comp.compress(flat[a:b], meta.residual[a:b])
-                    body["comp"] = comp.threshold
                 else:
                     payload = flat[a:b]
+                body = bodies.chunk(
+                    k,
+                    p.index,
+                    a - p.start,
+                    b - a,
+                    meta.shape,
+                    dtype_str(meta.dtype),
+                    sync=self.sync,
+                    chunk=step,
+                    fused=True if dest is not None else None,
+                    # a server that takes over knows a resent round by it
+                    round=meta.rounds - 1 if self._copies else None,
+                    threshold=comp.threshold if comp is not None else None,
+                )
                 msg = Message(P.PUSH, body=body, arrays=[payload], borrowed=lent is not None)
                 futs.append(
                     self.request(
@@ -598,15 +591,9 @@ class DistKVStore(Joining, SparseKeys):
         futs = []
         for p in meta.parts:
             for a, b in chunks(p.start, p.stop, step):
-                body = {
-                    "k": k,
-                    "part": p.index,
-                    "off": a - p.start,
-                    "n": b - a,
-                    "shape": list(meta.shape),
-                    "dtype": dtype_str(meta.dtype),
-                }
-
+                body = bodies.chunk(
+                    k, p.index, a - p.start, b - a, meta.shape, dtype_str(meta.dtype)
+                )
                 futs.append(
                     self.request(
                         k,

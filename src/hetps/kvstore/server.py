@@ -29,6 +29,7 @@ import numpy as np
 from hetps import optim
 from hetps.cluster import allow, batch
 from hetps.cluster import protocol as P
+from hetps.cluster.bodies import Init, Pull, Push
 from hetps.cluster.protocol import NodeInfo
 from hetps.kvstore import checks
 from hetps.kvstore.aggregate import Aggregator, writable
@@ -36,7 +37,7 @@ from hetps.kvstore.answers import Answers
 from hetps.kvstore.elastic_rounds import ElasticRounds
 from hetps.kvstore.linkmeter import LinkMeter
 from hetps.kvstore.replicas import Replication
-from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
+from hetps.kvstore.slices import BadRequest, Slice, slice_key
 from hetps.kvstore.tables import Tables
 from hetps.transport.codec import WIRE_DTYPES, Message
 
@@ -180,30 +181,15 @@ class KVServer:
     def init(self, msg: Message) -> None:
         """A chunk of a key's first value (or a replica's copy of one: op ``init``)."""
         self.elastic.in_rounds(msg)
-        key, part, off, n = checks.key_range(msg)
-        size = checks.field(msg, "size", int)
-        shape = msg.body.get("shape")
-        dname = msg.body.get("dtype")
-        if (
-            not isinstance(shape, list)
-            or len(shape) > 32
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-            or not isinstance(dname, str)
-            or dname not in WIRE_DTYPES
-            or dname.startswith(("u", "i"))
-        ):
-            raise BadRequest(
-                f"init of key {key!r}: bad shape {short(shape)} or dtype {short(dname)}"
-            )
-        # a worker counts a key's rounds from its init; a slice that a plan moves here
-        # (HETPS_BALANCE) comes with the rounds it has had ('rnd')
-        rnd = msg.body.get("rnd", 0)
-        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
-            raise BadRequest(f"init of key {key!r}: field 'rnd' must be an integer >= 0")
+        # every field's type and bound checked at decode; a worker counts a key's rounds from
+        # its init, and a slice that a plan moves here (HETPS_BALANCE) comes with its rounds
+        b = checks.body(msg, Init)
+        key, part, off, n, size = b.key, b.part, b.offset, b.count, b.size
+        shape, dname = b.shape, b.dtype
         elems = 1
         for d in shape:
             elems *= d
-        if size < 0 or size > elems or off + n > size:
+        if size > elems or off + n > size:
             raise BadRequest(
                 f"init of key {key!r}: a part of {size} elements with range [{off}, {off + n}) "
                 f"does not fit a key of shape {tuple(shape)}"
@@ -223,10 +209,10 @@ class KVServer:
                 ) from None
             sl = Slice(key, part, tuple(shape), value)
             self.slices[(key, part)] = sl
-        data = checks.push_data(msg, sl, n)
+        data = checks.push_data(msg, sl, b)
         writable(sl)
         sl.value[off : off + n] = data
-        sl.rounds = rnd
+        sl.rounds = b.round
         if msg.cmd == P.INIT:
             sl.primary, sl.origin = True, None
         else:  # a copy, even of a slice served here until a plan moved it to the sender
@@ -241,9 +227,9 @@ class KVServer:
         """Acknowledge a push that took effect; a fused push-pull ("pp") gets the value too."""
         meas = self.links.take(msg)
         body = {"meas": meas} if meas is not None else None
-        if msg.body.get("pp") is True:
-            off, n = msg.body["off"], msg.body["n"]  # checked when the push arrived
-            self._send_value(msg, sl, off, n, body)
+        b = checks.body(msg, Push)  # (decoded when the push arrived)
+        if b.fused:
+            self._send_value(msg, sl, b.offset, b.count, body)
         else:
             self.answers.reply(msg, body)
 
@@ -257,7 +243,7 @@ class KVServer:
             self.optimizer.on_pull(sl.skey, sl.value, sl.state, sender=msg.sender)
         if sl.short is not None and self.optimizer is None:
             body = {**(body or {}), "w": sl.short}  # a sum of fewer workers than the job's
-        if "tag" in msg.body:  # the worker measures this reply: announce it first
+        if msg.typed.tag is not None:  # the worker measures this reply: announce it first
             self.links.forecast_to(msg)
         tracker = self.answers.reply(msg, body, arrays=[sl.value[off : off + n]], track=True)
         if tracker is not None:
@@ -265,18 +251,18 @@ class KVServer:
             sl.inflight.append(tracker)
 
     def _push(self, msg: Message) -> None:
-        if "tag" in msg.body and not self.links.measured(msg):
-            checks.tag(msg)
+        arrived = msg.typed is None  # (a push kept for a later round is handled again)
+        b = checks.body(msg, Push)
+        if b.tag is not None and not self.links.measured(msg):
             self.links.measure(msg)
-        if msg.body.get("rcpt") is True and not msg.body.get("_rcpt_sent"):
+        if b.receipt and arrived:
             # arrived: the worker may send more (its push window), long before a sync round
             # completes and acknowledges the push itself
-            msg.body["_rcpt_sent"] = True  # a backlogged push is handled again later
             self.node.send(msg.sender, Message(P.RECEIPT, body={"req": msg.req}))
-        key, part, off, n = checks.key_range(msg)
-        sl = checks.find_slice(self.slices, msg, key, part, off, n)
+        key, part, off, n, ce = b.key, b.part, b.offset, b.count, b.chunk
+        sl = checks.find_slice(self.slices, msg, b)
         sl.primary = True  # (a copy becomes the key itself when a worker pushes it here)
-        sync = self.sync if self.sync is not None else bool(msg.body.get("sync", True))
+        sync = self.sync if self.sync is not None else b.sync
         if not sync and self.optimizer is None:
             raise BadRequest(
                 f"push of key {key!r} in dist_async needs a server optimizer: call "
@@ -289,34 +275,34 @@ class KVServer:
             self._ack(msg, sl)
             return
         in_order = False  # the push says it is of this very round
-        if sync and (sl.copying or ("rnd" in msg.body and self.replication.replicated)):
-            rnd = msg.body.get("rnd", sl.rounds)
-            if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
-                raise BadRequest(f"push of key {key!r}: field 'rnd' must be an integer >= 0")
+        if sync and (sl.copying or (b.round is not None and self.replication.replicated)):
+            rnd = sl.rounds if b.round is None else b.round
             if rnd < sl.rounds:  # a resent push of a round applied here already (a failover)
-                checks.payload_fits(msg, sl, n)
+                checks.payload_fits(msg, sl, b)
                 self._ack(msg, sl)
                 return
             if sl.copying or rnd > sl.rounds:  # its round comes later
-                checks.payload_fits(msg, sl, n)
+                checks.payload_fits(msg, sl, b)
                 sl.backlog.append(msg)
                 return
-            in_order = "rnd" in msg.body and self.replication.replicated
+            in_order = b.round is not None and self.replication.replicated
         if sync and self.done_workers:
             raise BadRequest(self.uneven(sl))
         if sync and (
             sl.got.get(worker, 0) >= sl.value.size
             or (not in_order and any(m.sender == worker for m in sl.backlog))
         ):
-            checks.payload_fits(msg, sl, n)  # kept only if it fits its part
+            checks.payload_fits(msg, sl, b)  # kept only if it fits its part
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
             return
         packed = sync and not self.elastic.active  # a 2-bit push is decoded into the merge buffer
-        data = checks.push_data(msg, sl, n, packed=packed)
-        comp = msg.body.get("comp") if packed else None
-        ce = msg.body.get("ce")
-        if not isinstance(ce, int) or isinstance(ce, bool) or ce <= 0:
-            raise BadRequest(f"push of key {key!r}: field 'ce' (chunk elements) must be > 0")
+        data = checks.push_data(msg, sl, b, packed=packed)
+        comp = b.threshold if packed else None
+        if ce is None:
+            raise BadRequest(
+                f"push of key {key!r}: field 'ce' (elements per chunk the worker cuts parts "
+                "into) is missing"
+            )
         if off % ce or n != min(ce, sl.value.size - off):
             raise BadRequest(
                 f"push of key {key!r}: range [{off}, {off + n}) is not a chunk of {ce} elements "
@@ -420,8 +406,8 @@ class KVServer:
             self.handle(m)
 
     def _pull(self, msg: Message) -> None:
-        key, part, off, n = checks.key_range(msg)
-        sl = checks.find_slice(self.slices, msg, key, part, off, n)
+        b = checks.body(msg, Pull)
+        sl = checks.find_slice(self.slices, msg, b)
         worker = msg.sender
         if sl.copying:  # answered once the last round exists on every replica
             sl.backlog.append(msg)
@@ -433,7 +419,7 @@ class KVServer:
             else:
                 sl.deferred.append(msg)
             return
-        self._send_value(msg, sl, off, n, None)
+        self._send_value(msg, sl, b.offset, b.count, None)
 
     def _set_optimizer(self, msg: Message) -> None:
         if not self.from_worker(msg):  # unpickling runs code: only a worker's, ever

@@ -84,6 +84,9 @@ class Message:
     #: which may change once the send returns, so the van copies them as it sends (into a
     #: shared-memory ring, or ZeroMQ's own buffer) and never sends them zero-copy
     borrowed: bool = field(default=False, repr=False, compare=False)
+    #: set by the receiver (never on the wire): ``body`` as its command's declared type once
+    #: it was checked (hetps.cluster.bodies), so a message handled again is not checked again
+    typed: Any = field(default=None, repr=False, compare=False)
 
     @property
     def error(self) -> str | None:
