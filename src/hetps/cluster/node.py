@@ -60,6 +60,7 @@ class Node(Recovery):
             chunk_bytes=cfg.chunk_bytes,
             ring_bytes=cfg.shm_bytes,
             secret=cfg.secret,
+            io_threads=cfg.io_threads,
         )
         if cfg.insecure:
             log.warning(
@@ -436,7 +437,7 @@ class Node(Recovery):
                 self.van.mark_dead(n.id)
                 continue
             self.van.admit(into[n.id], n.id)
-            self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id])
+            self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id], bulk=True)
         self.nodes, self.info = nodes, me
         self.down, self.redirect = down, redirect
         self.recovery = body.get("recovery") == 1

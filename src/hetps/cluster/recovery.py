@@ -203,7 +203,7 @@ class Recovery:
             self.nodes[info.id] = info
             self.van.admit(into, info.id)
             self.van.revive(info.id)
-            self.van.connect(info.id, f"{info.host}:{info.port}", routing_id=out)
+            self.van.connect(info.id, f"{info.host}:{info.port}", routing_id=out, bulk=True)
             self.down.discard(info.id)
         log.warning("%s: %s is back (is_recovery=1)", self.role, info.describe())
         if self.on_rejoin is not None and not worker:
