@@ -332,11 +332,18 @@ class Bulk:
         """Offer ``peer`` a fresh channel into ``van`` (whose bulk listener starts now if
         it has none yet), on the CURVE connection ``van`` just opened to it."""
         with van._ring_lock:
+            body = Bulk.of(van).offer(peer)
+        van.send(peer, Message(BULK_OFFER, body=body))
+
+    @staticmethod
+    def of(van: Any) -> Bulk:
+        """``van``'s bulk channels, its listener started on first need (a secured van only:
+        an offer may come before this node has offered its own)."""
+        with van._bulk_lock:
             if van.bulk is None:
                 van.bulk = Bulk(van.ctx, van.keys.bulk_salt, van._bind_host, van.name)
                 van._poller.register(van.bulk.rx.sock, zmq.POLLIN)
-            body = van.bulk.offer(peer)
-        van.send(peer, Message(BULK_OFFER, body=body))
+        return van.bulk
 
     def sender(self, van: Any, peer: Any, msg: Any) -> OutChannel | None:
         """The open channel to ``peer`` if ``msg`` has arrays for it, else None. Opened on

@@ -155,6 +155,7 @@ class Van:
         # with a secret, big arrays to peers without a ring travel under AES-GCM on a plain
         # connection of their own (transport/bulk.py): offered by connect(bulk=True)
         self.bulk: Bulk | None = None
+        self._bulk_lock = threading.Lock()
         self._bind_host = bind_host
         self._closed = False
         # (direction 'send'|'recv', peer, command, bytes, unix time): traffic timelines
@@ -251,9 +252,12 @@ class Van:
     def _in_van(self, msg: Message) -> None:
         """A ring or bulk channel offer, or a bulk channel's hello, from a known peer."""
         if msg.cmd == RING_OFFER:
-            open_offered(self._rings_in, msg, self.name, self.verbose)
-        elif self.bulk is not None:
-            self.bulk.on_message(msg, self._rings_in, self._ring_lock)
+            self._open_ring(msg)
+        elif self.keys is not None:
+            Bulk.of(self).on_message(msg, self._rings_in, self._ring_lock)
+
+    def _open_ring(self, msg: Message) -> None:
+        open_offered(self._rings_in, msg, self.name, self.verbose)
 
     def forget(self, routing_id: bytes) -> None:
         """The connection with ``routing_id`` belongs to no node any more."""
