@@ -261,3 +261,24 @@ def test_a_peer_without_curve_cannot_open_a_channel(pair, caplog):
         assert cid in rx.bulk.offered  # still unopened: nobody's hello was taken
     finally:
         plain.close()
+
+
+def test_a_tampered_answer_writes_nothing_into_the_callers_array(pair):
+    """An answer whose array lands in the caller's array (a pull with ``out=``) with one bit
+    flipped: nothing is written there (AES-GCM puts a frame's bytes out before its tag is
+    checked, so a landing frame is checked in a scratch first); the next answer lands exact."""
+    tx, rx = pair
+    target = np.full(N, 7, np.float32)
+    rx.landing_of = lambda sender, cmd, req, body, count: {0: target}
+    tx.through(
+        lambda i, body: [body[:50] + bytes([body[50] ^ 0x80]) + body[51:]] if i == 0 else [body]
+    )
+    rx.bulk.rx.wait_s = 1.0
+    a = np.arange(N, dtype=np.float32)
+    tx.send(2, Message("pull", req=1, reply=True, arrays=[a]))
+    assert rx.recv(timeout=3) is None
+    np.testing.assert_array_equal(target, np.full(N, 7, np.float32))
+    tx.send(2, Message("pull", req=2, reply=True, arrays=[a + 1]))
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 2 and np.shares_memory(got.arrays[0], target)
+    np.testing.assert_array_equal(target, a + 1)

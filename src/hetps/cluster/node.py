@@ -10,8 +10,7 @@ Identity: a message's sender is the connection it came on (see :mod:`hetps.clust
 The node tells the scheduler which routing id to connect back with, so only the scheduler's
 connection reads as node 1; the node table brings a routing id per peer for each direction,
 so a peer's messages read as that peer and nobody else's do. Every message is checked against
-the allow-list before it is handled.
-"""
+the allow-list before it is handled."""
 
 from __future__ import annotations
 
@@ -61,6 +60,7 @@ class Node(Recovery):
             ring_bytes=cfg.shm_bytes,
             secret=cfg.secret,
             io_threads=cfg.io_threads,
+            bulk=cfg.bulk_channels > 0,
         )
         if cfg.insecure:
             log.warning(
@@ -171,8 +171,7 @@ class Node(Recovery):
         """Register with the scheduler and wait until the whole cluster is up.
 
         Raises :class:`ClusterError` when the scheduler cannot be reached or the cluster does
-        not complete within ``HETPS_CONNECT_TIMEOUT``.
-        """
+        not complete within ``HETPS_CONNECT_TIMEOUT``."""
         # the scheduler connects back with a routing id only it learns: its messages are
         # the only ones that read as node 1
         back = new_routing_id()

@@ -168,11 +168,14 @@ class InChannel:
                     raise ValueError(f"bulk frame {pos} holds {got.nbytes} bytes, not {n}")
                 self.rx.forget(self, pos)
                 return got
+            # the caller's memory (a pull's answer landing in place) gets only checked bytes:
+            # AES-GCM writes a frame out before its tag is checked, so into a scratch first
+            landing = out is not None
             if out is None:
                 out = np.empty(n, np.uint8)
             for j in range(k):
                 lo = j * FRAME_MAX
-                self.rx.fill(self, pos + j, out[lo : min(n, lo + FRAME_MAX)])
+                self.rx.fill(self, pos + j, out[lo : min(n, lo + FRAME_MAX)], landing)
             return out
         finally:
             self.next = max(self.next, pos + k)
@@ -206,6 +209,7 @@ class BulkReceiver:
         self.channels: dict[bytes, InChannel] = {}  # channel id (the DEALER's routing id)
         self.pending_bytes = 0
         self.wait_s = BULK_WAIT_S
+        self._scratch: np.ndarray | None = None  # where a landing frame is checked first
 
     def _refuse(self, why: str, *args: object) -> None:
         self.refusals.refused("%s refused a bulk frame: " + why, self.name, *args)
@@ -283,9 +287,10 @@ class BulkReceiver:
         if got is not None:
             self.stash(*got)
 
-    def fill(self, chan: InChannel, ctr: int, dest: np.ndarray) -> None:
+    def fill(self, chan: InChannel, ctr: int, dest: np.ndarray, landing: bool = False) -> None:
         """Put frame ``ctr`` of ``chan`` into ``dest``, reading the listener (and keeping
-        other channels' frames) until it comes; ValueError when it cannot come."""
+        other channels' frames) until it comes; ValueError when it cannot come. With
+        ``landing``, ``dest`` is written only once the frame's tag checked."""
         got = chan.pending.get(ctr)
         if got is not None:
             self.forget(chan, ctr)
@@ -303,7 +308,14 @@ class BulkReceiver:
                 continue
             c, n, buf = got
             if c is chan and n == ctr:
-                if self._open(chan, ctr, buf, dest):
+                if not landing:
+                    if self._open(chan, ctr, buf, dest):
+                        return
+                    continue
+                if self._scratch is None:
+                    self._scratch = np.empty(FRAME_MAX, np.uint8)
+                if self._open(chan, ctr, buf, self._scratch[: dest.nbytes]):
+                    dest[:] = self._scratch[: dest.nbytes]
                     return
                 continue
             self.stash(c, n, buf)

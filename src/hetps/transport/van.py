@@ -102,6 +102,7 @@ class Van:
         ring_bytes: int = 0,
         secret: bytes | None = None,
         io_threads: int = 1,
+        bulk: bool = True,
     ) -> None:
         # 0: one I/O thread per 4 cores this process may use, 1 to 4
         auto = min(4, max(1, len(os.sched_getaffinity(0)) // 4))
@@ -155,6 +156,7 @@ class Van:
         # with a secret, big arrays to peers without a ring travel under AES-GCM on a plain
         # connection of their own (transport/bulk.py): offered by connect(bulk=True)
         self.bulk: Bulk | None = None
+        self.offers_bulk = bulk  # (False: connect(bulk=True) offers nothing)
         self._bulk_lock = threading.Lock()
         self._bind_host = bind_host
         self._closed = False
@@ -233,7 +235,7 @@ class Van:
         if old is not None:
             old.close(linger=0)
             self._drop_ring(peer)  # a new connection may be a new process: offer afresh
-        if bulk and self.keys is not None and peer not in self._local:
+        if bulk and self.offers_bulk and self.keys is not None and peer not in self._local:
             Bulk.offer_to(self, peer)
         if self.verbose >= 1:
             log.info("%s connected to %s at %s", self.name, peer, endpoint)
