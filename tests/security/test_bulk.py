@@ -282,3 +282,22 @@ def test_a_tampered_answer_writes_nothing_into_the_callers_array(pair):
     got = rx.recv(timeout=10)
     assert got is not None and got.req == 2 and np.shares_memory(got.arrays[0], target)
     np.testing.assert_array_equal(target, a + 1)
+
+
+def test_another_node_of_the_job_cannot_open_a_channel_offered_to_its_peer(pair, caplog):
+    """A node holding the secret (node 3) says hello with the channel rx offered node 1:
+    refused, logged, and the channel stays node 1's to open."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+    other = Van(name="other", secret=SECRET)
+    try:
+        rx.admit(other.connect(2, rx.endpoint), 3)
+        cid = next(iter(rx.bulk.offered))
+        other.send(2, Message("__bulk_hello", body={"id": cid, "k": bytes(32)}))
+        other.send(2, Message("ping"))  # after the hello, on the same connection
+        m = rx.recv(timeout=10)
+        assert m is not None and m.cmd == "ping" and m.sender == 3
+        assert cid in rx.bulk.offered and not rx.bulk.rx.channels
+        assert "refused a bulk hello from node 3: the channel was offered to node 1" in caplog.text
+    finally:
+        other.close()
