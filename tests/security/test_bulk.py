@@ -297,7 +297,29 @@ def test_another_node_of_the_job_cannot_open_a_channel_offered_to_its_peer(pair,
         other.send(2, Message("ping"))  # after the hello, on the same connection
         m = rx.recv(timeout=10)
         assert m is not None and m.cmd == "ping" and m.sender == 3
-        assert cid in rx.bulk.offered and not rx.bulk.rx.channels
+        assert cid in rx.bulk.offered and rx.bulk.rx.channels[cid].aead is None
         assert "refused a bulk hello from node 3: the channel was offered to node 1" in caplog.text
     finally:
         other.close()
+
+
+def test_frames_that_overtake_their_hello_are_kept_and_checked_at_the_hello(pair):
+    """The two connections race: a channel's first frames may reach the bulk port before the
+    hello that opens it has been read from the CURVE connection. They are held (the channel
+    id was offered), checked once the hello comes, and the message is exact."""
+    tx, rx = pair
+    a = np.arange(3 * N, dtype=np.float32)
+    tx.send(2, Message("push", req=7, arrays=[a[:N], a[N:]]))
+    cid = tx.bulk.out[2].cid
+    chan = rx.bulk.rx.channels[cid]
+    deadline = time.monotonic() + 10
+    while len(chan.early) < 2:  # the receive loop reaching the bulk port first
+        assert time.monotonic() < deadline, "the frames did not come"
+        rx.bulk.rx.poll_once()
+        rx.bulk.rx.sock.poll(10)
+    assert chan.aead is None and rx.bulk.rx.pending_bytes > 4 * N
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 7, got
+    np.testing.assert_array_equal(got.arrays[0], a[:N])
+    np.testing.assert_array_equal(got.arrays[1], a[N:])
+    assert rx.bulk.rx.refusals.total == 0 and rx.bulk.rx.pending_bytes == 0

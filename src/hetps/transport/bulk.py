@@ -151,6 +151,8 @@ class InChannel:
         self.aead: AESGCM | None = None
         self.next = 0  # counters below this were consumed or skipped: refused from now on
         self.pending: dict[int, np.ndarray] = {}  # counter -> plaintext that came early
+        # frames that came before the hello (the two connections race): checked at the hello
+        self.early: list[Any] = []
 
     def open(self, salt: bytes, ka: bytes, origin: bytes) -> None:
         self.aead = _key(salt, self.kb, ka, self.cid)
@@ -192,6 +194,8 @@ class InChannel:
     def close(self) -> None:
         for c in list(self.pending):
             self.rx.forget(self, c)
+        self.rx.pending_bytes -= sum(len(f.buffer) for f in self.early)
+        self.early.clear()
 
 
 class BulkReceiver:
@@ -230,10 +234,17 @@ class BulkReceiver:
             self._refuse("%d parts from one connection", len(parts))
             return None
         chan = self.channels.get(parts[0].bytes)
-        if chan is None or chan.aead is None:
+        if chan is None:
             self._refuse("a connection that is no peer's channel (a stranger)")
             return None
         buf = parts[1].buffer
+        if chan.aead is None:  # offered, and its hello is still on its way: kept till then
+            if self.pending_bytes + len(buf) > PENDING_MAX:
+                self._refuse("%d bytes held for headers not yet read", self.pending_bytes)
+            else:
+                chan.early.append(parts[1])
+                self.pending_bytes += len(buf)
+            return None
         if len(buf) < CTR + TAG:
             self._refuse("%d bytes from node %s's channel, too short", len(buf), chan.peer)
             return None
@@ -393,11 +404,17 @@ class Bulk:
         cid = b"c" + secrets.token_bytes(15)
         chan = InChannel(self.rx, cid, secrets.token_bytes(32), peer)
         for old in [c for c in self.offered.values() if c.peer == peer]:
-            del self.offered[old.cid]
+            self._unoffer(old)
         while len(self.offered) >= MAX_OFFERED:
-            del self.offered[next(iter(self.offered))]
+            self._unoffer(next(iter(self.offered.values())))
         self.offered[cid] = chan
+        self.rx.channels[cid] = chan  # (its frames may come before its hello)
         return {"id": cid, "k": chan.kb, "port": self.rx.port}
+
+    def _unoffer(self, chan: InChannel) -> None:
+        del self.offered[chan.cid]
+        self.rx.channels.pop(chan.cid, None)
+        chan.close()
 
     def on_offer(self, peer: Any, body: dict) -> bool:
         """Keep a peer's offer (used at the next big send to it); False if malformed."""
@@ -431,6 +448,15 @@ class Bulk:
                 self.rx.channels.pop(old.cid, None)
         rings[chan.name] = chan
         self.rx.channels[cid] = chan
+        early, chan.early = chan.early, []
+        for frame in early:  # the frames that came before the hello, checked now
+            buf = frame.buffer
+            self.rx.pending_bytes -= len(buf)
+            ctr = int.from_bytes(buf[:CTR], "big") if len(buf) >= CTR + TAG else -1
+            if ctr < 0 or ctr in chan.pending:
+                self.rx._refuse("a bad frame on node %s's channel before its hello", peer)
+            else:
+                self.rx.stash(chan, ctr, buf)
         return None
 
     def channel(self, peer: Any, host: str) -> tuple[OutChannel | None, bool]:
