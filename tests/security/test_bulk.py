@@ -323,3 +323,20 @@ def test_frames_that_overtake_their_hello_are_kept_and_checked_at_the_hello(pair
     np.testing.assert_array_equal(got.arrays[0], a[:N])
     np.testing.assert_array_equal(got.arrays[1], a[N:])
     assert rx.bulk.rx.refusals.total == 0 and rx.bulk.rx.pending_bytes == 0
+
+
+def test_a_new_offer_replaces_the_channel_at_the_next_send(pair):
+    """rx connects to tx again (as a restarted process would) and offers a new channel: tx's
+    next big send opens it and closes the old one; values exact on both."""
+    tx, rx = pair
+    first = _push(tx, 0)
+    np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], first)
+    old = tx.bulk.out[2]
+    tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)
+    _until(lambda: tx.bulk.offers[2]["id"] != old.cid, "no new offer", tx)
+    second = _push(tx, 1)
+    m = rx.recv(timeout=10)
+    assert m is not None and m.req == 1
+    np.testing.assert_array_equal(m.arrays[0], second)
+    assert tx.bulk.out[2] is not old and old.sock.closed
+    assert sum(1 for c in rx._rings_in.values() if hasattr(c, "cid")) == 1

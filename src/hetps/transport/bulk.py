@@ -380,10 +380,18 @@ class Bulk:
         if van._ring_floor(msg) is None:
             return None
         with van._ring_lock:
-            host = van._endpoints.get(peer, "").rsplit(":", 1)[0]
-            chan, new = self.channel(peer, host) if host else (None, False)
+            chan, new, stale = self.channel(peer, van._endpoints.get(peer, "").rsplit(":", 1)[0])
+        if stale is not None:
+            van._close_out(peer, stale)  # under the peer's send lock: no flush is using it
         if new:
-            van.send(peer, Message(BULK_HELLO, body={"id": chan.cid, "k": chan.ka}))
+            try:
+                van.send(peer, Message(BULK_HELLO, body={"id": chan.cid, "k": chan.ka}))
+            except BaseException:
+                with van._ring_lock:
+                    if self.out.get(peer) is chan:
+                        del self.out[peer]
+                van._close_out(peer, chan)
+                raise
             chan.ready = True
         return chan if chan is not None and chan.ready else None
 
@@ -426,9 +434,8 @@ class Bulk:
             and isinstance(body.get("port"), int)
             and 0 < body["port"] < 65536
         )
-        if ok:
+        if ok:  # (the channel it replaces is closed by the next send to the peer)
             self.offers[peer] = body
-            self.drop_out(peer)
         return ok
 
     def on_hello(self, peer: Any, origin: bytes, body: dict, rings: dict) -> str | None:
@@ -459,21 +466,18 @@ class Bulk:
                 self.rx.stash(chan, ctr, buf)
         return None
 
-    def channel(self, peer: Any, host: str) -> tuple[OutChannel | None, bool]:
-        """The channel to ``peer`` and whether it is new (its hello is still to be sent)."""
-        chan = self.out.get(peer)
-        if chan is not None:
-            return chan, False
-        offer = self.offers.get(peer)
-        if offer is None:
-            return None, False
+    def channel(self, peer: Any, host: str) -> tuple[OutChannel | None, bool, OutChannel | None]:
+        """The channel to ``peer``, whether it is new (its hello is still to be sent), and
+        the one it replaces (the peer offered a new one: a new process, or it reconnected),
+        which the caller closes once no send uses it."""
+        chan, offer = self.out.get(peer), self.offers.get(peer)
+        if chan is not None and offer is not None and chan.cid == offer["id"]:
+            return chan, False, None
+        stale = self.out.pop(peer, None)
+        if offer is None or not host:
+            return None, False, stale
         chan = self.out[peer] = OutChannel(self.ctx, self.salt, offer, host)
-        return chan, True
-
-    def drop_out(self, peer: Any) -> None:
-        chan = self.out.pop(peer, None)
-        if chan is not None:
-            chan.close()
+        return chan, True, stale
 
     def rename(self, old: Any, new: Any) -> None:
         for table in (self.offers, self.out):

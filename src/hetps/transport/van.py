@@ -313,14 +313,16 @@ class Van:
         self._drop_ring(peer)
 
     def _drop_ring(self, peer: Any) -> None:
+        chan = None
         with self._ring_lock:
             ring = self._rings_out.pop(peer, None)
             self._unopened.pop(peer, None)
             if self.bulk is not None:  # (and the bulk channel: the peer offers a new one)
                 self.bulk.offers.pop(peer, None)
-                self.bulk.drop_out(peer)
-        if ring is not None:
-            self._close_out(peer, ring)
+                chan = self.bulk.out.pop(peer, None)
+        for out in (ring, chan):
+            if out is not None:
+                self._close_out(peer, out)
 
     def mark_dead(self, peer: Any) -> None:
         """The peer is gone: sends to it fail at once instead of waiting on a full queue."""
