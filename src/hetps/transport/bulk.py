@@ -130,9 +130,9 @@ class OutChannel:
                     except zmq.Again:
                         check()
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
         self._queue.clear()
-        self.sock.close(linger=0)
+        self.sock.close(linger=linger_ms)
 
 
 class InChannel:
@@ -484,8 +484,10 @@ class Bulk:
             if old in table:
                 table[new] = table.pop(old)
 
-    def close(self) -> None:
-        for chan in self.out.values():
-            chan.close()
+    def close(self, dead: Any = ()) -> None:
+        """Close every channel: what is still queued to a live peer gets 2 s to leave, as on
+        the CURVE connections (a last answer at shutdown)."""
+        for peer, chan in self.out.items():
+            chan.close(0 if peer in dead else 2000)
         self.out.clear()
         self.rx.close()

@@ -584,7 +584,7 @@ class Van:
         self._guard.close(self._router)
         self._router.close(linger=0)
         if self.bulk is not None:
-            self.bulk.close()
+            self.bulk.close(self._dead)
         if self._zap is not None:
             self._zap.close()
         self.ctx.term()
