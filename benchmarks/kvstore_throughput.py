@@ -30,7 +30,8 @@ What it measures (every case on 127.0.0.1, BLAS/OpenMP pinned to one thread in e
   fresh cluster secret: every connection CurveZMQ-authenticated and encrypted) against plain
   (``HETPS_INSECURE=1``), both with the same-host shared-memory ring for big arrays; with
   ``secure-tcp plain-tcp`` also both with ``HETPS_SHM_BYTES=0``, so every byte crosses the
-  (encrypted or plain) TCP connection as it does between hosts. Alternated run by run with
+  (encrypted or plain) TCP connection as it does between hosts (``secure-curve``: secured over
+  TCP without the bulk channels, every byte through CurveZMQ). Alternated run by run with
   MXNet; start-up measured for each variant (the secured one includes the handshakes).
 
 Ratios: speed = MXNet round time / hetps round time (>= 1.0: hetps is faster); of raw =
@@ -81,6 +82,8 @@ VARIANTS = {
     "plain": {"HETPS_INSECURE": "1"},
     "secure-tcp": {"HETPS_SHM_BYTES": "0"},
     "plain-tcp": {"HETPS_INSECURE": "1", "HETPS_SHM_BYTES": "0"},
+    # secured over TCP with every byte on the CURVE connections (no bulk channels)
+    "secure-curve": {"HETPS_SHM_BYTES": "0", "HETPS_BULK_CHANNELS": "0"},
 }
 
 
@@ -699,7 +702,7 @@ def summarize_security(
     """The security table: per shape and size, each hetps variant's median round time, the
     encryption's cost (secured / plain, with the ring and over TCP) and MXNet's speed against
     the secured hetps. Returns (headers, rows, records)."""
-    pairs = [(a, b) for a, b in (("secure", "plain"), ("secure-tcp", "plain-tcp"))]
+    pairs = [("secure", "plain"), ("secure-tcp", "plain-tcp"), ("secure-curve", "secure-tcp")]
     pairs = [(a, b) for a, b in pairs if a in variants and b in variants]
     headers = ["shape", "case"] + [f"{v} s" for v in variants]
     headers += [f"cost {a}/{b}" for a, b in pairs] + ["MXNet s", "speed MX/secure"]

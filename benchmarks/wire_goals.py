@@ -7,7 +7,9 @@ It runs three benchmarks of this folder and judges their figures:
 
 * ``kvstore_throughput.py``, 2 workers and 2 servers, 16, 64 and 256 MB, alternated run by run:
   hetps secured over TCP (``HETPS_SHM_BYTES=0``, as between hosts), plain over TCP, secured with
-  the shared-memory rings, MXNet 1.9.1's own benchmark and a raw pyzmq echo of the same bytes.
+  the shared-memory rings, secured over TCP without the bulk channels (``HETPS_BULK_CHANNELS=0``:
+  every byte through CurveZMQ), MXNet 1.9.1's own benchmark and a raw pyzmq echo of the same
+  bytes (``--mx-python``/``--mx-bench`` say where MXNet's virtualenv and benchmark are).
   Goals: secured over TCP >= 1.0x MXNet (2 cores); secured >= 0.8 and plain >= 0.95 of the echo
   at 64 and 256 MB (16 cores); the rings' speed against MXNet at 16 and 64 MB holds (1.9-3.2x).
 * ``server_update.py``: a server's SGD-momentum and Adam step on 11.7M float32 values against
@@ -74,6 +76,12 @@ def goals_from(kv: dict | None, upd: dict | None, scale: dict | None, cores: int
         r = sec.get(mb, {})
         x = _ratio(r.get("mxnet_median_s"), r.get("median_s", {}).get("secure-tcp"))
         goal(f"secured over TCP, {mb} MB: MXNet / hetps >= 1.0", x, x is not None and x >= 1.0)
+        # what the bulk channels (AES-256-GCM) bring over every byte through CurveZMQ
+        x = _ratio(
+            r.get("median_s", {}).get("secure-curve"), r.get("median_s", {}).get("secure-tcp")
+        )
+        goal(f"secured over TCP, {mb} MB: CURVE only / bulk channels > 1.0", x,
+             x is not None and x > 1.0)  # fmt: skip
     for mb in (64, 256):
         r, t = sec.get(mb, {}), thr.get(mb, {})
         zmq = t.get("median_s", {}).get("zmq")
@@ -102,6 +110,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="A B pairs (throughput, scaling)")
     ap.add_argument("--reps", type=int, default=10, help="timed rounds per size")
     ap.add_argument("--skip-mxnet", action="store_true")
+    ap.add_argument("--mx-python", default=None, help="MXNet's python (kvstore_throughput.py's)")
+    ap.add_argument("--mx-bench", default=None, help="MXNet's bench_mx.py (the same)")
     ap.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES))
     ap.add_argument("--update-elems", type=int, default=11_700_000)
     ap.add_argument("--scaling-mb", type=float, default=45.0)
@@ -113,9 +123,12 @@ def main() -> int:
     files = {k: os.path.join(tmp, f"{k}.json") for k in ("kv", "upd", "scale")}
     kv_cmd = [os.path.join(HERE, "kvstore_throughput.py"), "--shapes", "2x2",
               "--sizes-mb", *[f"{m:g}" for m in args.sizes_mb],
-              "--variants", "secure-tcp", "plain-tcp", "secure", "--skip", "startup", "memory",
-              "growth", *(["mxnet"] if args.skip_mxnet else []), "--repeats", str(args.repeats),
-              "--reps", str(args.reps), "--json", files["kv"]]  # fmt: skip
+              "--variants", "secure-tcp", "plain-tcp", "secure", "secure-curve", "--skip",
+              "startup", "memory", "growth", *(["mxnet"] if args.skip_mxnet else []),
+              *(["--mx-python", args.mx_python] if args.mx_python else []),
+              *(["--mx-bench", args.mx_bench] if args.mx_bench else []),
+              "--repeats", str(args.repeats), "--reps", str(args.reps),
+              "--json", files["kv"]]  # fmt: skip
     upd_cmd = [os.path.join(HERE, "server_update.py"), "--elems", str(args.update_elems),
                "--json", files["upd"]]  # fmt: skip
     scale_cmd = [os.path.join(HERE, "cluster_scaling.py"), "--model-mb", f"{args.scaling_mb:g}",

@@ -46,7 +46,9 @@ print('TWOHOSTS ' + json.dumps({{
     'host': os.environ['DMLC_NODE_HOST'],
     'secured': van.keys is not None,
     'rings_out': sum(r.head for r in van._rings_out.values() if r is not None),
-    'rings_in': sum(r.tail for r in van._rings_in.values()),
+    'rings_in': sum(getattr(r, 'tail', 0) for r in van._rings_in.values()),
+    'bulk_out': sum(c.next for c in van.bulk.out.values()) if van.bulk else 0,
+    'bulk_in': sum(getattr(c, 'next', 0) for c in van._rings_in.values() if hasattr(c, 'cid')),
     'nic_tx': tx1 - tx0, 'nic_rx': rx1 - rx0,
     'van_sent': sent1 - sent0, 'van_recv': recv1 - recv0,
 }}), flush=True)
@@ -56,8 +58,9 @@ kv.barrier()
 
 def test_a_job_between_two_hosts_moves_its_bytes_over_the_interface(tmp_path):
     """1 worker on host 1, the scheduler and 1 server on host 0 (1 Gbit/s each way): every
-    pushed and pulled byte crosses host 1's eth0, encrypted (CurveZMQ: the nodes hold
-    keys), and none goes through a shared-memory ring; the values are exact."""
+    pushed and pulled byte crosses host 1's eth0, encrypted (the arrays under AES-256-GCM on
+    the bulk channels, the rest under CurveZMQ: the nodes hold keys), and none goes through
+    a shared-memory ring; the values are exact."""
     scen = tmp_path / "two.toml"
     scen.write_text('[network]\nkind = "static"\nrates_mbit = [1000, 1000]\n')
     script = tmp_path / "w.py"
@@ -81,6 +84,8 @@ def test_a_job_between_two_hosts_moves_its_bytes_over_the_interface(tmp_path):
     assert got["host"] != "127.0.0.1", got
     # nothing through shared memory: the server is on another host
     assert got["rings_out"] == 0 and got["rings_in"] == 0, got
+    # the arrays went on the bulk channels, both ways: a frame per push and per pull at least
+    assert got["bulk_out"] >= ROUNDS and got["bulk_in"] >= ROUNDS, got
     # every byte the van sent and received crossed the interface (plus TCP/IP framing)
     assert got["van_sent"] >= payload and got["van_recv"] >= payload, got
     assert got["nic_tx"] >= got["van_sent"], got

@@ -17,7 +17,8 @@ from hetps.config import ConfigError, node_config_from_env
 from hetps.transport import shm
 from hetps.transport.codec import BadMessage, Message, decode, encode
 from hetps.transport.codec import decode as codec_decode
-from hetps.transport.van import RING_MANY_BYTES, RING_MIN_BYTES, Van
+from hetps.transport.shm import RING_MANY_BYTES
+from hetps.transport.van import RING_MIN_BYTES, Van
 
 MiB = 1 << 20
 

@@ -10,8 +10,7 @@ Identity: a message's sender is the connection it came on (see :mod:`hetps.clust
 The node tells the scheduler which routing id to connect back with, so only the scheduler's
 connection reads as node 1; the node table brings a routing id per peer for each direction,
 so a peer's messages read as that peer and nobody else's do. Every message is checked against
-the allow-list before it is handled.
-"""
+the allow-list before it is handled."""
 
 from __future__ import annotations
 
@@ -60,6 +59,8 @@ class Node:
             chunk_bytes=cfg.chunk_bytes,
             ring_bytes=cfg.shm_bytes,
             secret=cfg.secret,
+            io_threads=cfg.io_threads,
+            bulk=cfg.bulk_channels > 0,
         )
         if cfg.insecure:
             log.warning(
@@ -188,8 +189,7 @@ class Node:
         """Register with the scheduler and wait until the whole cluster is up.
 
         Raises :class:`ClusterError` when the scheduler cannot be reached or the cluster does
-        not complete within ``HETPS_CONNECT_TIMEOUT``.
-        """
+        not complete within ``HETPS_CONNECT_TIMEOUT``."""
         # the scheduler connects back with a routing id only it learns: its messages are
         # the only ones that read as node 1
         back = new_routing_id()
@@ -454,7 +454,7 @@ class Node:
                 self.van.mark_dead(n.id)
                 continue
             self.van.admit(into[n.id], n.id)
-            self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id])
+            self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id], bulk=True)
         self.nodes, self.info = nodes, me
         self.down, self.redirect = down, redirect
         self.recovery = body.get("recovery") == 1

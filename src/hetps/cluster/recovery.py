@@ -186,7 +186,7 @@ class Recovery:
             self.node.nodes[info.id] = info
             self.node.van.admit(into, info.id)
             self.node.van.revive(info.id)
-            self.node.van.connect(info.id, f"{info.host}:{info.port}", routing_id=out)
+            self.node.van.connect(info.id, f"{info.host}:{info.port}", routing_id=out, bulk=True)
             self.node.down.discard(info.id)
         log.warning("%s: %s is back (is_recovery=1)", self.node.role, info.describe())
         if self.node.on_rejoin is not None and not worker:

@@ -189,6 +189,17 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "pair, skipped if /dev/shm lacks room (0: always TCP)",
                 field="shm_bytes", minimum=0, unit="bytes", check=_shm_check,
                 bounds="0, or >= 1048576"),
+            Var("HETPS_BULK_CHANNELS", "int", 1,
+                "with a cluster secret: 1 offers every peer with no shared-memory ring a bulk "
+                "channel into this node (arrays from 64 KiB on a second, plain connection, "
+                "sealed with AES-256-GCM; docs/SECURITY.md); 0: everything this node receives "
+                "comes on its CURVE connection (one port per node)",
+                field="bulk_channels", minimum=0, maximum=1),
+            Var("HETPS_IO_THREADS", "int", 0,
+                "ZeroMQ I/O threads of each server and worker (each connection is served by "
+                "one; several peers spread over them); 0: one per 4 cores the process may "
+                "use, 1 to 4",
+                field="io_threads", minimum=0),
             Var("HETPS_BATCH_BYTES", "int", 1 << 20,
                 "requests of a call to one server, and answers ready together for one "
                 "worker, travel as one message when each carries at most this many bytes of "

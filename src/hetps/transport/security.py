@@ -64,6 +64,8 @@ class Keys:
         self.secret_key = z85.encode(raw)
         self.public_key = zmq.curve_public(self.secret_key)
         self.public_raw = z85.decode(self.public_key)
+        # HKDF salt of the bulk channels' keys (transport/bulk.py): only holders of the secret
+        self.bulk_salt = hkdf_sha256(secret, _SALT, b"hetps bulk channel salt v1")
 
     def __repr__(self) -> str:  # never the secret key
         return f"Keys(public={self.public_key.decode()})"

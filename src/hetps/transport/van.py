@@ -12,11 +12,15 @@ handed out), and the ROUTER sees it on every message. The van maps routing ids t
 
 With a cluster secret every socket speaks CurveZMQ with keys derived from it, and a ZAP
 handler admits only peers holding the same secret (:mod:`hetps.transport.security`).
+Big arrays to a peer with no shared-memory ring then travel on a bulk channel: a plain
+connection of their own, each frame sealed with AES-256-GCM under keys agreed over the CURVE
+connection (:mod:`hetps.transport.bulk`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -26,12 +30,13 @@ from typing import Any
 import zmq
 
 from hetps.config import is_loopback
+from hetps.transport.bulk import BULK_HELLO, BULK_OFFER, Bulk
 from hetps.transport.codec import FRAME_MAX, BadMessage, Message, decode, encode
 from hetps.transport.counters import LinkCounters
 from hetps.transport.handshakes import HandshakeGuard, RefusalLog
 from hetps.transport.security import HandshakeWatch, Keys, ZapHandler
 from hetps.transport.shaper import TokenBucket
-from hetps.transport.shm import InRing, OutRing, drop_broken
+from hetps.transport.shm import OutRing, drop_broken, open_offered, ring_floor
 
 log = logging.getLogger("hetps.van")
 
@@ -44,14 +49,6 @@ RING_MIN_BYTES = 2 << 20
 #: the same with a cluster secret: frames on the connection are encrypted (CurveZMQ, about
 #: 0.6 GB/s per connection here), so arrays from 64 KiB take the ring, which is not
 RING_MIN_BYTES_SECURE = 64 << 10
-#: a message whose arrays together reach the bound above sends each of them of at least this
-#: size through the ring too: a list call of 100 keys of 40 KB is 100 frames on the
-#: connection otherwise, each paying ZeroMQ's per-frame cost (and encryption when secured)
-RING_FLOOR_BYTES = 4 << 10
-#: ... and so does a message whose arrays of at least the floor reach this together, where
-#: that is below the bound (plain connections): 50 arrays of 40 KB took 5.5 ms per push+pull
-#: round through the ring and 7.0 ms as frames; 10 of them measured alike either way
-RING_MANY_BYTES = 1 << 20
 #: a message whose arrays do not fit the ring's free space waits this long for room before
 #: the ones that do not fit go inline (a 4 MiB frame over an encrypted connection takes
 #: about 7 ms here; the receiver frees ring space at memory speed)
@@ -104,8 +101,12 @@ class Van:
         chunk_bytes: int = 4 << 20,
         ring_bytes: int = 0,
         secret: bytes | None = None,
+        io_threads: int = 1,
+        bulk: bool = True,
     ) -> None:
-        self.ctx = zmq.Context(io_threads=1)
+        # 0: one I/O thread per 4 cores this process may use, 1 to 4
+        auto = min(4, max(1, len(os.sched_getaffinity(0)) // 4))
+        self.ctx = zmq.Context(io_threads=int(io_threads) or auto)
         # one DEALER per peer: ZeroMQ's default of 1023 sockets per context would stop a
         # scheduler (or a server) at about a thousand peers (benchmarks/scale_sim.py)
         self.ctx.set(zmq.MAX_SOCKETS, self.ctx.get(zmq.SOCKET_LIMIT))
@@ -152,6 +153,12 @@ class Van:
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
+        # with a secret, big arrays to peers without a ring travel under AES-GCM on a plain
+        # connection of their own (transport/bulk.py): offered by connect(bulk=True)
+        self.bulk: Bulk | None = None
+        self.offers_bulk = bulk  # (False: connect(bulk=True) offers nothing)
+        self._bulk_lock = threading.Lock()
+        self._bind_host = bind_host
         self._closed = False
         # (direction 'send'|'recv', peer, command, bytes, unix time): traffic timelines
         self.observer: Any = None
@@ -162,7 +169,7 @@ class Van:
         self.ring_wait_s = RING_WAIT_S
         self._local: set[Any] = set()  # peers whose address is this machine
         self._rings_out: dict[Any, OutRing | None] = {}  # None: creating one failed
-        self._rings_in: dict[str, InRing] = {}
+        self._rings_in: dict[str, Any] = {}  # rings and bulk channels (transport/bulk.py)
         self._unopened: dict[Any, int] = {}  # peer -> big sends since its ring was offered
         # (sender, cmd, req, body, count) -> {array index: where a reply's ring-borne array
         # may be copied} (set by the node), and the lock held while such arrays are written
@@ -181,12 +188,18 @@ class Van:
         return f"{self.host}:{self.port}"
 
     def connect(
-        self, peer: Any, endpoint: str, routing_id: bytes | None = None, watch: bool = False
+        self,
+        peer: Any,
+        endpoint: str,
+        routing_id: bytes | None = None,
+        watch: bool = False,
+        bulk: bool = False,
     ) -> bytes:
         """Open a DEALER to ``endpoint`` (``host:port``) and name it ``peer``. It identifies
         itself with ``routing_id`` (default: a fresh random one), which is returned: the
         receiver knows this connection by it. With ``watch``, its handshakes are watched from
-        the start (:meth:`take_watch`)."""
+        the start (:meth:`take_watch`). With ``bulk`` (and a secret), the peer is offered a
+        bulk channel for its big arrays to this node, unless a ring serves (transport/bulk.py)."""
         rid = new_routing_id() if routing_id is None else routing_id
         if not (isinstance(rid, bytes) and 1 <= len(rid) <= 255 and rid[0] != 0):
             raise ValueError("a routing id is 1 to 255 bytes and does not start with a zero byte")
@@ -222,6 +235,8 @@ class Van:
         if old is not None:
             old.close(linger=0)
             self._drop_ring(peer)  # a new connection may be a new process: offer afresh
+        if bulk and self.offers_bulk and self.keys is not None and peer not in self._local:
+            Bulk.offer_to(self, peer)
         if self.verbose >= 1:
             log.info("%s connected to %s at %s", self.name, peer, endpoint)
         return rid
@@ -234,7 +249,17 @@ class Van:
             self._stashed = [m for m in self._stashed if m.origin != routing_id]
         for m in stashed:
             m.sender = node_id
-            self._open_ring(m)
+            self._in_van(m)
+
+    def _in_van(self, msg: Message) -> None:
+        """A ring or bulk channel offer, or a bulk channel's hello, from a known peer."""
+        if msg.cmd == RING_OFFER:
+            self._open_ring(msg)
+        elif self.keys is not None:
+            Bulk.of(self).on_message(msg, self._rings_in, self._ring_lock)
+
+    def _open_ring(self, msg: Message) -> None:
+        open_offered(self._rings_in, msg, self.name, self.verbose)
 
     def forget(self, routing_id: bytes) -> None:
         """The connection with ``routing_id`` belongs to no node any more."""
@@ -258,6 +283,8 @@ class Van:
             with self._ring_lock:
                 if old in self._rings_out:
                     self._rings_out[new] = self._rings_out.pop(old)
+                if self.bulk is not None:
+                    self.bulk.rename(old, new)
 
     @property
     def secured(self) -> bool:
@@ -286,11 +313,16 @@ class Van:
         self._drop_ring(peer)
 
     def _drop_ring(self, peer: Any) -> None:
+        chan = None
         with self._ring_lock:
             ring = self._rings_out.pop(peer, None)
             self._unopened.pop(peer, None)
-        if ring is not None:
-            self._close_out(peer, ring)
+            if self.bulk is not None:  # (and the bulk channel: the peer offers a new one)
+                self.bulk.offers.pop(peer, None)
+                chan = self.bulk.out.pop(peer, None)
+        for out in (ring, chan):
+            if out is not None:
+                self._close_out(peer, out)
 
     def mark_dead(self, peer: Any) -> None:
         """The peer is gone: sends to it fail at once instead of waiting on a full queue."""
@@ -311,7 +343,13 @@ class Van:
         tracker tells when ZeroMQ no longer needs the arrays' memory. While the message cannot
         leave (a full queue, or no connection: a refused handshake leaves none), ``give_up()``
         is asked between tries: a reason ends the send with :class:`PeerGone`."""
-        ring = self._ring(peer, msg) if peer in self._local else None
+        ring = (
+            self._ring(peer, msg)
+            if peer in self._local
+            else self.bulk.sender(self, peer, msg)
+            if self.bulk is not None and peer in self.bulk.offers
+            else None
+        )
         frames = encode(msg) if ring is None else None
         with self._peers_lock:
             sock = self._peers.get(peer)
@@ -323,10 +361,11 @@ class Van:
                 msg.nbytes if frames is not None else sum(a.nbytes for a in msg.arrays)
             )
         with lock:
-            if frames is None:  # into the ring in the order the messages leave
+            bulk = None if isinstance(ring, OutRing) else ring
+            if frames is None:  # into the ring (or channel) in the order the messages leave
                 floor = self._ring_floor(msg) or 0
                 sizes = [a.nbytes for a in msg.arrays if a.nbytes >= floor and a.nbytes]
-                if not ring.fits(sizes):
+                if bulk is None and not ring.fits(sizes):
                     # the receiver is behind: it empties the ring at memory speed, faster
                     # than these arrays would cross the connection (encrypted, with a secret)
                     ring.wait_room(sizes, self.ring_wait_s)
@@ -337,36 +376,39 @@ class Van:
                 isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES
                 for f in frames[1:]
             )
-            while True:
+
+            def check() -> None:  # between tries while a send cannot leave
                 if self._closed:
                     raise PeerGone(f"{self.name}: van is closed")
                 if peer in self._dead:
                     raise PeerGone(f"{self.name}: peer {peer} is dead")
-                try:
-                    # ZeroMQ takes a multipart message whole or not at all (HWM is checked
-                    # at the first frame), so a timed-out attempt sent nothing: retry
-                    tracker = sock.send_multipart(frames, copy=not big, track=track and big)
-                    break
-                except zmq.Again:
-                    why = give_up() if give_up is not None else None
-                    if why is not None:
-                        raise PeerGone(f"{self.name}: {why}") from None
-                    continue
+                why = give_up() if give_up is not None else None
+                if why is not None:
+                    raise PeerGone(f"{self.name}: {why}")
+
+            try:
+                while True:
+                    if self._closed or peer in self._dead:
+                        check()
+                    try:
+                        # ZeroMQ takes a multipart message whole or not at all (HWM is
+                        # checked at the first frame), so a timed-out attempt sent nothing
+                        tracker = sock.send_multipart(frames, copy=not big, track=track and big)
+                        break
+                    except zmq.Again:
+                        check()
+                if bulk is not None:
+                    bulk.flush(check)  # the header is out: its bulk frames follow it
+            finally:
+                if bulk is not None:
+                    bulk.discard()
         now = time.time()
         if isinstance(peer, int):
             self.counters.on_send(peer, msg.nbytes, now)
         if self.observer is not None:
             self.observer("send", peer, msg.cmd, msg.nbytes, now)
         if self.verbose >= 2:
-            log.info(
-                "%s -> %s: %s req=%d reply=%s %d B",
-                self.name,
-                peer,
-                msg.cmd,
-                msg.req,
-                msg.reply,
-                msg.nbytes,
-            )
+            self._trace("->", peer, msg)
         return tracker if (track and big) else None
 
     def ring_open(self, peer: Any) -> bool:
@@ -378,17 +420,8 @@ class Van:
         return ring is not None and ring.ready
 
     def _ring_floor(self, msg: Message) -> int | None:
-        """The smallest of ``msg``'s arrays that goes into a ring: the bound itself, or the
-        floor when the arrays reach the bound (or RING_MANY_BYTES) together; None when none
-        goes."""
-        total = 0
-        for a in msg.arrays:
-            n = a.nbytes
-            if n >= self.ring_min:
-                return self.ring_min if len(msg.arrays) == 1 else RING_FLOOR_BYTES
-            if n >= RING_FLOOR_BYTES:
-                total += n
-        return RING_FLOOR_BYTES if total >= min(self.ring_min, RING_MANY_BYTES) else None
+        """The smallest of ``msg``'s arrays that goes into a ring or channel (or None)."""
+        return ring_floor(msg.arrays, self.ring_min)
 
     def _ring(self, peer: Any, msg: Message) -> OutRing | None:
         """The open ring to ``peer`` if ``msg`` has arrays for it; offers one on first need."""
@@ -427,34 +460,6 @@ class Van:
         with self._locks.get(peer) or threading.Lock():
             ring.close()
 
-    def _open_ring(self, msg: Message) -> None:
-        """Map a ring a known peer offered; it may carry only that connection's arrays (an
-        offer naming a ring another connection offered is refused)."""
-        name = msg.body.get("name")
-        mine = self._rings_in.get(name) if isinstance(name, str) else None
-        if mine is not None and mine.owner != msg.origin:
-            log.warning(
-                "%s refused a ring offer from node %s: ring %s is another connection's",
-                self.name,
-                msg.sender,
-                name,
-            )
-            return
-        try:
-            ring = InRing(name)
-        except (OSError, ValueError) as exc:  # another machine, or a bad offer: stay on TCP
-            if self.verbose >= 1:
-                log.info(
-                    "%s: ring %r from node %s not opened: %s", self.name, name, msg.sender, exc
-                )
-            return
-        ring.owner = msg.origin
-        for name, old in list(self._rings_in.items()):  # the sender's previous ring, if any
-            if old.owner == msg.origin:
-                old.close()
-                del self._rings_in[name]
-        self._rings_in[ring.name] = ring
-
     def recv(self, timeout: float | None = None) -> Message | None:
         """Receive one message, or None after ``timeout`` seconds. Bad messages are logged and
         dropped (never raised), so a malformed peer cannot stop the receive loop.
@@ -476,6 +481,8 @@ class Van:
             if self._monitor in events:
                 self._guard.drain()
             if self._router not in events:
+                if self.bulk is not None and self.bulk.rx.sock in events:
+                    self.bulk.rx.poll_once()  # frames ahead of their header, or strangers'
                 self._guard.sweep()  # (connections that never speak, while nothing comes)
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
@@ -511,9 +518,9 @@ class Van:
             msg.sender, msg.origin = sender, origin
             if msg.lease is not None:
                 self._lent = msg
-            if msg.cmd == RING_OFFER:
+            if msg.cmd in (RING_OFFER, BULK_OFFER, BULK_HELLO):
                 if sender != UNKNOWN:
-                    self._open_ring(msg)
+                    self._in_van(msg)
                 else:  # perhaps a peer whose node table is on its way: keep a few
                     with self._ring_lock:
                         kept = len(self._stashed) < MAX_STASHED_OFFERS
@@ -528,15 +535,7 @@ class Van:
             if self.observer is not None:
                 self.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
             if self.verbose >= 2:
-                log.info(
-                    "%s <- %d: %s req=%d reply=%s %d B",
-                    self.name,
-                    msg.sender,
-                    msg.cmd,
-                    msg.req,
-                    msg.reply,
-                    msg.nbytes,
-                )
+                self._trace("<-", msg.sender, msg)
             return msg
 
     def _landing_for(self, sender: int) -> Any:
@@ -559,6 +558,10 @@ class Van:
         msg.arrays = [a.copy() if ring.holds(a) else a for a in msg.arrays]
         ring.commit()
 
+    def _trace(self, arrow: str, peer: Any, m: Message) -> None:
+        args = (self.name, arrow, peer, m.cmd, m.req, m.reply, m.nbytes)
+        log.info("%s %s %s: %s req=%d reply=%s %d B", *args)
+
     @staticmethod
     def _who(sender: int) -> str:
         return f"node {sender}" if sender != UNKNOWN else "an unknown connection"
@@ -580,6 +583,8 @@ class Van:
                 sock.close(linger=0 if peer in self._dead else 2000)
         self._guard.close(self._router)
         self._router.close(linger=0)
+        if self.bulk is not None:
+            self.bulk.close(self._dead)
         if self._zap is not None:
             self._zap.close()
         self.ctx.term()

@@ -1,0 +1,342 @@
+"""The bulk channels (transport/bulk.py) against an attacker on the wire and strangers at the
+bulk port: two secured vans over real sockets, the sender's bulk connection through a TCP
+relay that records every byte and can tamper with, drop or replay whole ZeroMQ frames."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from hetps.transport.codec import Message
+from hetps.transport.van import Van
+
+from .zmtp import frame_header
+
+SECRET = b"bulk-test-cluster-secret-0123456789"
+N = 300_000  # float32: 1.2 MB, one frame
+
+
+class Relay:
+    """A TCP relay to ``port``: records what the client sends, and hands each of its
+    message frames (not ZMTP commands) to ``edit(index, body) -> [bodies to forward]``."""
+
+    def __init__(self, port: int, edit=None) -> None:
+        self.target = port
+        self.edit = edit or (lambda i, body: [body])
+        self.seen = bytearray()
+        self.frames: list[bytes] = []
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.lsock.getsockname()[1]
+        self.threads: list[threading.Thread] = []
+        self.socks: list[socket.socket] = [self.lsock]
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def _accept(self) -> None:
+        try:
+            cli, _ = self.lsock.accept()
+        except OSError:
+            return
+        srv = socket.create_connection(("127.0.0.1", self.target))
+        self.socks += [cli, srv]
+        for fn, args in ((self._up, (cli, srv)), (self._down, (srv, cli))):
+            t = threading.Thread(target=fn, args=args, daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    @staticmethod
+    def _read(s: socket.socket, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = s.recv(n - len(out))
+            if not chunk:
+                raise OSError("closed")
+            out += chunk
+        return out
+
+    def _up(self, cli: socket.socket, srv: socket.socket) -> None:
+        try:
+            left = 64  # the greeting, passed on as it comes (each side waits for parts of it)
+            while left:
+                chunk = cli.recv(left)
+                if not chunk:
+                    return
+                self.seen += chunk
+                srv.sendall(chunk)
+                left -= len(chunk)
+            while True:
+                flags = self._read(cli, 1)
+                size_raw = self._read(cli, 8 if flags[0] & 0x02 else 1)
+                size = struct.unpack(">Q", size_raw)[0] if flags[0] & 0x02 else size_raw[0]
+                body = self._read(cli, size)
+                self.seen += flags + size_raw + body
+                if flags[0] & 0x04:  # a command (READY, PING): as it is
+                    srv.sendall(flags + size_raw + body)
+                    continue
+                self.frames.append(body)
+                for out in self.edit(len(self.frames) - 1, body):
+                    srv.sendall(frame_header(len(out), bool(flags[0] & 0x01)) + out)
+        except OSError:
+            pass
+
+    def _down(self, srv: socket.socket, cli: socket.socket) -> None:
+        try:
+            while True:
+                data = srv.recv(65536)
+                if not data:
+                    return
+                cli.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for s in self.socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        for t in self.threads:
+            t.join(timeout=5)
+
+
+def _until(cond, what: str, van: Van, timeout: float = 10.0) -> None:
+    """Let ``van``'s receive loop run (it takes in-van offers) until ``cond()``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        van.recv(timeout=0.02)
+
+
+@pytest.fixture
+def pair():
+    """(tx, rx): secured vans, each offered the other's bulk channel; tx is node 1, rx 2."""
+    tx, rx = Van(name="tx", secret=SECRET), Van(name="rx", secret=SECRET)
+    relays: list[Relay] = []
+    try:
+        rx.admit(tx.connect(2, rx.endpoint, bulk=True), 1)
+        tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)
+        _until(lambda: tx.bulk is not None and 2 in tx.bulk.offers, "no offer from rx", tx)
+
+        def through(edit=None) -> Relay:
+            """Send tx's bulk connection to rx through a relay."""
+            relay = Relay(tx.bulk.offers[2]["port"], edit)
+            relays.append(relay)
+            tx.bulk.offers[2]["port"] = relay.port
+            return relay
+
+        tx.through = through
+        yield tx, rx
+    finally:
+        for v in (tx, rx):
+            v.close()
+        for r in relays:
+            r.close()
+
+
+def _push(tx: Van, k: float) -> np.ndarray:
+    a = np.arange(N, dtype=np.float32) + np.float32(k)
+    tx.send(2, Message("push", req=int(k), arrays=[a]))
+    return a
+
+
+def test_bulk_bytes_on_the_wire_are_sealed_and_values_exact(pair):
+    """The array crosses the bulk connection (the relay sees all its bytes), but no run of
+    its plaintext does; the receiver gets it exact, from node 1."""
+    tx, rx = pair
+    relay = tx.through()
+    sent = [_push(tx, k) for k in range(3)]
+    for k in range(3):
+        got = rx.recv(timeout=10)
+        assert got is not None and got.sender == 1 and got.req == k
+        np.testing.assert_array_equal(got.arrays[0], sent[k])
+    assert len(relay.frames) == 3 and len(relay.seen) >= 3 * 4 * N
+    wire = bytes(relay.seen)
+    for k in range(3):
+        plain = sent[k].tobytes()
+        for at in (0, 4096, 4 * N - 64):
+            assert plain[at : at + 32] not in wire
+    assert tx.bulk.out[2].next == 3  # one counter per frame, never reused
+
+
+def test_a_tampered_frame_is_refused_and_the_node_keeps_serving(pair, caplog):
+    """One bit flipped in the second push's frame: its tag fails, the push is dropped (not
+    delivered with a wrong value), the node logs the refusal and takes the next push."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+
+    def flip(i: int, body: bytes) -> list[bytes]:
+        if i == 1:
+            body = body[:100] + bytes([body[100] ^ 0x01]) + body[101:]
+        return [body]
+
+    tx.through(flip)
+    rx.bulk.rx.wait_s = 1.0  # (the genuine frame never comes)
+    sent = [_push(tx, k) for k in range(3)]
+    got = [rx.recv(timeout=10) for _ in range(2)]
+    assert [m.req for m in got] == [0, 2], [m.req for m in got]
+    np.testing.assert_array_equal(got[0].arrays[0], sent[0])
+    np.testing.assert_array_equal(got[1].arrays[0], sent[2])
+    assert "failed its tag (forged or tampered)" in caplog.text
+    assert "dropped a bad message from node 1" in caplog.text
+    assert rx.bulk.rx.refusals.total >= 1
+
+
+def test_a_replayed_frame_is_refused(pair, caplog):
+    """The first push's frame sent again after it (same connection, valid tag): refused as a
+    replay; the next push arrives exact and nothing else is delivered."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+    tx.through(lambda i, body: [body, body] if i == 0 else [body])
+    sent = [_push(tx, k) for k in range(2)]
+    for k in range(2):
+        m = rx.recv(timeout=10)
+        assert m is not None and m.req == k
+        np.testing.assert_array_equal(m.arrays[0], sent[k])
+    assert rx.recv(timeout=0.3) is None
+    assert "was used already (a replay)" in caplog.text
+
+
+def test_a_stranger_at_the_bulk_port_is_refused(pair, caplog):
+    """Plain ZeroMQ peers without the secret send the bulk port garbage, a recorded genuine
+    frame (a replay from their own connection), and one under a made-up channel id: each
+    frame is refused and logged, and the node keeps taking its peer's pushes exactly."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+    relay = tx.through()
+    first = _push(tx, 0)
+    m = rx.recv(timeout=10)
+    np.testing.assert_array_equal(m.arrays[0], first)
+    ctx = zmq.Context()
+    strangers = []  # (kept: a socket collected is closed before its frames leave)
+    try:
+        for rid in (b"", b"c" + bytes(15), b"stranger"):
+            s = ctx.socket(zmq.DEALER)
+            strangers.append(s)
+            s.setsockopt(zmq.LINGER, 0)
+            if rid:
+                s.setsockopt(zmq.ROUTING_ID, rid)
+            s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
+            s.send(relay.frames[0])
+            s.send(b"\x00" * 64)
+        # (and one under the genuine channel id, read off the wire: ZeroMQ keeps the
+        # connection that holds it, this one's frames are never taken)
+        s = ctx.socket(zmq.DEALER)
+        strangers.append(s)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.ROUTING_ID, tx.bulk.out[2].cid)
+        s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
+        s.send(relay.frames[0])
+        _until(lambda: rx.bulk.rx.refusals.total >= 6, "strangers' frames not refused", rx)
+        second = _push(tx, 1)
+        m = rx.recv(timeout=10)
+        assert m is not None and m.req == 1
+        np.testing.assert_array_equal(m.arrays[0], second)
+    finally:
+        ctx.destroy(linger=0)
+    assert rx.recv(timeout=0.3) is None
+    assert "a connection that is no peer's channel (a stranger)" in caplog.text
+
+
+def test_a_peer_without_curve_cannot_open_a_channel(pair, caplog):
+    """A plain peer (no secret) that says hello with a channel id of rx's: its connection is
+    refused at the handshake, so the channel stays unopened and nothing is delivered."""
+    tx, rx = pair
+    plain = Van(name="plain")
+    try:
+        cid = next(iter(rx.bulk.offered))  # (rx offered tx a channel; tx has not opened it)
+        plain.connect(2, rx.endpoint)
+        plain.send(2, Message("__bulk_hello", body={"id": cid, "k": bytes(32)}))
+        plain.send(2, Message("push", arrays=[np.ones(N, np.float32)]))
+        _until(lambda: rx.refusals.total >= 1, "no handshake refused", rx)
+        assert rx.recv(timeout=0.3) is None
+        assert cid in rx.bulk.offered  # still unopened: nobody's hello was taken
+    finally:
+        plain.close()
+
+
+def test_a_tampered_answer_writes_nothing_into_the_callers_array(pair):
+    """An answer whose array lands in the caller's array (a pull with ``out=``) with one bit
+    flipped: nothing is written there (AES-GCM puts a frame's bytes out before its tag is
+    checked, so a landing frame is checked in a scratch first); the next answer lands exact."""
+    tx, rx = pair
+    target = np.full(N, 7, np.float32)
+    rx.landing_of = lambda sender, cmd, req, body, count: {0: target}
+    tx.through(
+        lambda i, body: [body[:50] + bytes([body[50] ^ 0x80]) + body[51:]] if i == 0 else [body]
+    )
+    rx.bulk.rx.wait_s = 1.0
+    a = np.arange(N, dtype=np.float32)
+    tx.send(2, Message("pull", req=1, reply=True, arrays=[a]))
+    assert rx.recv(timeout=3) is None
+    np.testing.assert_array_equal(target, np.full(N, 7, np.float32))
+    tx.send(2, Message("pull", req=2, reply=True, arrays=[a + 1]))
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 2 and np.shares_memory(got.arrays[0], target)
+    np.testing.assert_array_equal(target, a + 1)
+
+
+def test_another_node_of_the_job_cannot_open_a_channel_offered_to_its_peer(pair, caplog):
+    """A node holding the secret (node 3) says hello with the channel rx offered node 1:
+    refused, logged, and the channel stays node 1's to open."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+    other = Van(name="other", secret=SECRET)
+    try:
+        rx.admit(other.connect(2, rx.endpoint), 3)
+        cid = next(iter(rx.bulk.offered))
+        other.send(2, Message("__bulk_hello", body={"id": cid, "k": bytes(32)}))
+        other.send(2, Message("ping"))  # after the hello, on the same connection
+        m = rx.recv(timeout=10)
+        assert m is not None and m.cmd == "ping" and m.sender == 3
+        assert cid in rx.bulk.offered and rx.bulk.rx.channels[cid].aead is None
+        assert "refused a bulk hello from node 3: the channel was offered to node 1" in caplog.text
+    finally:
+        other.close()
+
+
+def test_frames_that_overtake_their_hello_are_kept_and_checked_at_the_hello(pair):
+    """The two connections race: a channel's first frames may reach the bulk port before the
+    hello that opens it has been read from the CURVE connection. They are held (the channel
+    id was offered), checked once the hello comes, and the message is exact."""
+    tx, rx = pair
+    a = np.arange(3 * N, dtype=np.float32)
+    tx.send(2, Message("push", req=7, arrays=[a[:N], a[N:]]))
+    cid = tx.bulk.out[2].cid
+    chan = rx.bulk.rx.channels[cid]
+    deadline = time.monotonic() + 10
+    while len(chan.early) < 2:  # the receive loop reaching the bulk port first
+        assert time.monotonic() < deadline, "the frames did not come"
+        rx.bulk.rx.poll_once()
+        rx.bulk.rx.sock.poll(10)
+    assert chan.aead is None and rx.bulk.rx.pending_bytes > 4 * N
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 7, got
+    np.testing.assert_array_equal(got.arrays[0], a[:N])
+    np.testing.assert_array_equal(got.arrays[1], a[N:])
+    assert rx.bulk.rx.refusals.total == 0 and rx.bulk.rx.pending_bytes == 0
+
+
+def test_a_new_offer_replaces_the_channel_at_the_next_send(pair):
+    """rx connects to tx again (as a restarted process would) and offers a new channel: tx's
+    next big send opens it and closes the old one; values exact on both."""
+    tx, rx = pair
+    first = _push(tx, 0)
+    np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], first)
+    old = tx.bulk.out[2]
+    tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)
+    _until(lambda: tx.bulk.offers[2]["id"] != old.cid, "no new offer", tx)
+    second = _push(tx, 1)
+    m = rx.recv(timeout=10)
+    assert m is not None and m.req == 1
+    np.testing.assert_array_equal(m.arrays[0], second)
+    assert tx.bulk.out[2] is not old and old.sock.closed
+    assert sum(1 for c in rx._rings_in.values() if hasattr(c, "cid")) == 1
