@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from hetps.kvstore import table_checkpoint
+from hetps.kvstore.checkpoint_errors import CheckpointError, DamagedCheckpoint
 
 log = logging.getLogger("hetps.checkpoint")
 
@@ -53,21 +54,6 @@ MANIFEST = "manifest.json"
 VALUES = "values.npz"
 STATES = "optimizer.states"
 KEEP = 2  # complete checkpoints kept; older ones are removed after a new one is complete
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or read; the message names the fix."""
-
-
-class DamagedCheckpoint(CheckpointError):
-    """A file of a complete checkpoint is missing, cut short or changed since it was written:
-    ``path`` is the checkpoint folder, ``file`` the file's name, ``why`` what is wrong."""
-
-    def __init__(self, path: Path, file: str, why: str) -> None:
-        super().__init__(f"{path / file}: {why}")
-        self.path = path
-        self.file = file
-        self.why = why
 
 
 class _HashingWriter:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
+from hetps.kvstore.checkpoint_errors import CheckpointError
 from hetps.kvstore.placement import chunk_elems
 from hetps.kvstore.rowsparse import Table, table_declaration
 from hetps.transport.codec import Message
@@ -149,7 +150,6 @@ def restore_tables(path: Path, manifest: dict, kv: Any, damaged: Any) -> None:
     """Every worker: declare the checkpoint's tables (unless declared already, then their
     declaration must match) and, on the first live worker, write their rows back."""
     from hetps import optim
-    from hetps.kvstore.checkpoint import CheckpointError
 
     tables = manifest.get("tables", [])
     for e in tables:
@@ -183,8 +183,6 @@ def restore_tables(path: Path, manifest: dict, kv: Any, damaged: Any) -> None:
 
 
 def _write_back(path: Path, e: dict, kv: Any, damaged: Any) -> None:
-    from hetps.kvstore.checkpoint import CheckpointError
-
     key = e["_key"]
     S = kv.num_servers
     arrays = {}

@@ -126,8 +126,6 @@ def dump(sh: Any, msg: Any) -> tuple[dict, list[np.ndarray]]:
 def load(tables: Any, sh: Any, msg: Any) -> Any:
     """Apply an ``sload`` to ``sh`` (``tables``: the server's :class:`Tables`); returns the
     part now in place (a ``fresh`` load makes it again)."""
-    from hetps.kvstore.tables import Shard
-
     if not tables.server.from_worker(msg):
         raise BadRequest("sload: only a worker of this job may write a table's rows")
     tables.server.elastic.in_rounds(msg)
@@ -148,7 +146,7 @@ def load(tables: Any, sh: Any, msg: Any) -> Any:
                 "but the servers have no optimizer: call kv.set_optimizer(...) (as before the "
                 "checkpoint) before restoring"
             )
-        fresh = Shard(sh.key, sh.decl, sh.part, sh.nparts, tables)
+        fresh = type(sh)(sh.key, sh.decl, sh.part, sh.nparts, tables)  # (a Shard)
         fresh.optimizer = sh.optimizer
         if names or numbers:
             st = lazy.create_table_state(opt, fresh.value.shape[0], fresh.cols, fresh.dtype)
