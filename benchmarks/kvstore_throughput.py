@@ -80,9 +80,9 @@ SHAPE_NAMES = {(1, 1): "1w/1s", (2, 1): "2w/1s", (2, 2): "2w/2s"}
 VARIANTS = {
     "secure": {},
     "plain": {"HETPS_INSECURE": "1"},
-    "secure-tcp": {"HETPS_SHM_BYTES": "0"},
+    "secure-tcp": {"HETPS_SHM_BYTES": "0", "HETPS_BULK_CHANNELS": "1"},
     "plain-tcp": {"HETPS_INSECURE": "1", "HETPS_SHM_BYTES": "0"},
-    # secured over TCP with every byte on the CURVE connections (no bulk channels)
+    # secured over TCP with every byte on the CURVE connections (no bulk channels: the default)
     "secure-curve": {"HETPS_SHM_BYTES": "0", "HETPS_BULK_CHANNELS": "0"},
 }
 

@@ -43,7 +43,10 @@ kv.barrier()
 print('JOB-OK', flush=True)
 """
     rc, out = cluster(
-        code, workers=2, servers=2, env={"HETPS_SHM_BYTES": "0", "HETPS_BIGARRAY_BOUND": "1000"}
+        code,
+        workers=2,
+        servers=2,
+        env={"HETPS_SHM_BYTES": "0", "HETPS_BIGARRAY_BOUND": "1000", "HETPS_BULK_CHANNELS": "1"},
     )
     assert rc == 0, out
     assert out.count("JOB-OK") == 2, out

@@ -119,7 +119,7 @@ def _until(cond, what: str, van: Van, timeout: float = 10.0) -> None:
 @pytest.fixture
 def pair():
     """(tx, rx): secured vans, each offered the other's bulk channel; tx is node 1, rx 2."""
-    tx, rx = Van(name="tx", secret=SECRET), Van(name="rx", secret=SECRET)
+    tx, rx = Van(name="tx", secret=SECRET, bulk=True), Van(name="rx", secret=SECRET, bulk=True)
     relays: list[Relay] = []
     try:
         rx.admit(tx.connect(2, rx.endpoint, bulk=True), 1)
@@ -289,7 +289,7 @@ def test_another_node_of_the_job_cannot_open_a_channel_offered_to_its_peer(pair,
     refused, logged, and the channel stays node 1's to open."""
     tx, rx = pair
     caplog.set_level(logging.WARNING)
-    other = Van(name="other", secret=SECRET)
+    other = Van(name="other", secret=SECRET, bulk=True)
     try:
         rx.admit(other.connect(2, rx.endpoint), 3)
         cid = next(iter(rx.bulk.offered))
@@ -340,3 +340,21 @@ def test_a_new_offer_replaces_the_channel_at_the_next_send(pair):
     np.testing.assert_array_equal(m.arrays[0], second)
     assert tx.bulk.out[2] is not old and old.sock.closed
     assert sum(1 for c in rx._rings_in.values() if hasattr(c, "cid")) == 1
+
+
+def test_by_default_a_secured_van_opens_no_bulk_port():
+    """Secure by default: the bulk port takes connections before it can tell a stranger
+    (docs/SECURITY.md, "Bulk channels"), so a van opens one only when asked
+    (HETPS_BULK_CHANNELS=1); big arrays then cross the CURVE connection, exact."""
+    tx, rx = Van(name="tx", secret=SECRET), Van(name="rx", secret=SECRET)
+    try:
+        rx.admit(tx.connect(2, rx.endpoint, bulk=True), 1)
+        tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)
+        sent = _push(tx, 0)
+        got = rx.recv(timeout=10)
+        assert got is not None and got.sender == 1
+        np.testing.assert_array_equal(got.arrays[0], sent)
+        assert tx.bulk is None and rx.bulk is None  # no channel offered, none opened
+    finally:
+        tx.close()
+        rx.close()

@@ -102,7 +102,7 @@ class Van:
         ring_bytes: int = 0,
         secret: bytes | None = None,
         io_threads: int = 1,
-        bulk: bool = True,
+        bulk: bool = False,
     ) -> None:
         # 0: one I/O thread per 4 cores this process may use, 1 to 4
         auto = min(4, max(1, len(os.sched_getaffinity(0)) // 4))
