@@ -358,3 +358,19 @@ def test_by_default_a_secured_van_opens_no_bulk_port():
     finally:
         tx.close()
         rx.close()
+
+
+def test_a_malformed_offer_is_refused_and_the_peer_keeps_its_channel(pair):
+    """An offer whose port is not a port number (a bool is an int to Python) is refused: the
+    offer in place stays, and big sends to that peer still take its channel, exact."""
+    tx, rx = pair
+    good = tx.bulk.offers[2]
+    for port in (True, 0, 70000, "4000", None):
+        bad = {"id": b"x" * 16, "k": b"k" * 32, "port": port}
+        assert tx.bulk.on_offer(2, bad) is False, port
+        assert tx.bulk.offers[2] is good
+    sent = _push(tx, 7)
+    got = rx.recv(timeout=10)
+    assert got is not None and got.sender == 1
+    np.testing.assert_array_equal(got.arrays[0], sent)
+    assert tx.bulk.out[2].next == 1  # it went on the channel the good offer opened

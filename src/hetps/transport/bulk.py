@@ -431,7 +431,7 @@ class Bulk:
             and len(body["id"]) == 16
             and isinstance(body.get("k"), bytes)
             and len(body["k"]) == 32
-            and isinstance(body.get("port"), int)
+            and type(body.get("port")) is int  # (not a bool, which is an int too)
             and 0 < body["port"] < 65536
         )
         if ok:  # (the channel it replaces is closed by the next send to the peer)
