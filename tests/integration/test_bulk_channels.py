@@ -46,7 +46,7 @@ print('JOB-OK', flush=True)
         code,
         workers=2,
         servers=2,
-        env={"HETPS_SHM_BYTES": "0", "HETPS_BIGARRAY_BOUND": "1000", "HETPS_BULK_CHANNELS": "1"},
+        env={"HETPS_SHM_BYTES": "0", "HETPS_BIGARRAY_BOUND": "1000"},
     )
     assert rc == 0, out
     assert out.count("JOB-OK") == 2, out

@@ -70,7 +70,7 @@ def test_a_job_between_two_hosts_moves_its_bytes_over_the_interface(tmp_path):
         num_workers=1,
         num_servers=1,
         command=[sys.executable, str(script)],
-        env={"PS_HEARTBEAT_TIMEOUT": "30", "OMP_NUM_THREADS": "1", "HETPS_BULK_CHANNELS": "1"},
+        env={"PS_HEARTBEAT_TIMEOUT": "30", "OMP_NUM_THREADS": "1"},
         start_timeout=60,
     )
     rc = run_cluster(spec, netem=str(scen), out=out)

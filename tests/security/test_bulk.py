@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import zmq
 
-from hetps.transport.codec import Message
+from hetps.transport import bulk as bulk_mod
+from hetps.transport.codec import FRAME_MAX, Message
 from hetps.transport.van import Van
 
-from .zmtp import frame_header
+from .zmtp import Peer, frame_header
 
 SECRET = b"bulk-test-cluster-secret-0123456789"
 N = 300_000  # float32: 1.2 MB, one frame
@@ -205,37 +206,37 @@ def test_a_replayed_frame_is_refused(pair, caplog):
     assert "was used already (a replay)" in caplog.text
 
 
-def test_a_stranger_at_the_bulk_port_is_refused(pair, caplog):
-    """Plain ZeroMQ peers without the secret send the bulk port garbage, a recorded genuine
-    frame (a replay from their own connection), and one under a made-up channel id: each
-    frame is refused and logged, and the node keeps taking its peer's pushes exactly."""
+def test_a_stranger_at_the_bulk_port_is_refused_at_the_handshake(pair, caplog):
+    """Plain ZeroMQ peers at the bulk port: with no credentials, with a made-up channel and
+    proof, and under the genuine channel id read off the wire with a made-up proof. Each is
+    refused by ZAP at the handshake (so not one of their frames is read: the frame refusals
+    stay 0), logged, and the node keeps taking its peer's pushes exactly."""
     tx, rx = pair
     caplog.set_level(logging.WARNING)
     relay = tx.through()
     first = _push(tx, 0)
     m = rx.recv(timeout=10)
     np.testing.assert_array_equal(m.arrays[0], first)
+    before = rx.refusals.total
     ctx = zmq.Context()
     strangers = []  # (kept: a socket collected is closed before its frames leave)
+    genuine = tx.bulk.out[2].cid
     try:
-        for rid in (b"", b"c" + bytes(15), b"stranger"):
+        for user, password in ((None, None), (b"c" + bytes(15), bytes(32)), (genuine, bytes(32))):
             s = ctx.socket(zmq.DEALER)
             strangers.append(s)
             s.setsockopt(zmq.LINGER, 0)
-            if rid:
-                s.setsockopt(zmq.ROUTING_ID, rid)
+            if user is not None:
+                s.setsockopt(zmq.ROUTING_ID, user)
+                s.setsockopt(zmq.PLAIN_USERNAME, user)
+                s.setsockopt(zmq.PLAIN_PASSWORD, password)
             s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
-            s.send(relay.frames[0])
-            s.send(b"\x00" * 64)
-        # (and one under the genuine channel id, read off the wire: ZeroMQ keeps the
-        # connection that holds it, this one's frames are never taken)
-        s = ctx.socket(zmq.DEALER)
-        strangers.append(s)
-        s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.ROUTING_ID, tx.bulk.out[2].cid)
-        s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
-        s.send(relay.frames[0])
-        _until(lambda: rx.bulk.rx.refusals.total >= 6, "strangers' frames not refused", rx)
+            for frame in (relay.frames[0], b"\x00" * 64):
+                try:  # (its connection is refused: its queue may be gone)
+                    s.send(frame, zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+        _until(lambda: rx.refusals.total >= before + 2, "strangers not refused by ZAP", rx)
         second = _push(tx, 1)
         m = rx.recv(timeout=10)
         assert m is not None and m.req == 1
@@ -243,7 +244,62 @@ def test_a_stranger_at_the_bulk_port_is_refused(pair, caplog):
     finally:
         ctx.destroy(linger=0)
     assert rx.recv(timeout=0.3) is None
+    assert rx.bulk.rx.refusals.total == 0  # no stranger's frame was ever read
+    assert "names no channel this node offered, or cannot prove it holds one" in caplog.text
+
+
+def test_a_strangers_big_message_is_cut_off_at_the_handshake(pair):
+    """A stranger speaking bare ZMTP (no credentials) that streams a 128 MiB multipart
+    message at the bulk port: the node closes the connection at the handshake, so the kernel
+    takes no more than its socket buffers of it (ZeroMQ would otherwise read and buffer the
+    whole message before the node could tell it is no channel's)."""
+    tx, rx = pair
+    peer = Peer("127.0.0.1", rx.bulk.rx.port)
+    part = b"\x00" * FRAME_MAX
+    sent = 0
+    try:
+        peer.sock.settimeout(10)
+        try:
+            peer.handshake()
+            for i in range(8):
+                peer.send_raw(frame_header(len(part), more=i < 7))
+                peer.send_raw(part)
+                sent += len(part)
+                rx.recv(timeout=0)  # (the node's receive loop runs as it would)
+        except OSError:
+            pass  # closed by the node
+        assert sent < 48 << 20, f"{sent >> 20} MiB of a stranger's message were taken"
+        assert peer.closed_by_peer()
+    finally:
+        peer.close()
+
+
+def test_a_job_node_cannot_send_under_another_channels_id(pair, caplog):
+    """tx proves its own channel at the handshake but names another channel's id as its
+    routing id (one rx offered a third node): its frames are refused as a stranger's, since
+    the id its handshake proved is not the one it sends under."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+    other = rx.bulk.offer(3)["id"]  # (rx's offer to a node 3, never sent)
+    own = tx.bulk.out.get(2)
+    if own is None:  # (opened at tx's first big send)
+        _push(tx, 0)
+        assert rx.recv(timeout=10) is not None
+        own = tx.bulk.out[2]
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.ROUTING_ID, other)
+        s.setsockopt(zmq.PLAIN_USERNAME, own.cid)
+        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_mod._proof(tx.bulk.offers[2]["k"], own.cid))
+        s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
+        s.send(b"\x00" * 64)
+        _until(lambda: rx.bulk.rx.refusals.total >= 1, "the frame was not refused", rx)
+    finally:
+        ctx.destroy(linger=0)
     assert "a connection that is no peer's channel (a stranger)" in caplog.text
+    assert not rx.bulk.rx.channels[other].early  # nothing kept for the channel it named
 
 
 def test_a_peer_without_curve_cannot_open_a_channel(pair, caplog):
@@ -342,10 +398,9 @@ def test_a_new_offer_replaces_the_channel_at_the_next_send(pair):
     assert sum(1 for c in rx._rings_in.values() if hasattr(c, "cid")) == 1
 
 
-def test_by_default_a_secured_van_opens_no_bulk_port():
-    """Secure by default: the bulk port takes connections before it can tell a stranger
-    (docs/SECURITY.md, "Bulk channels"), so a van opens one only when asked
-    (HETPS_BULK_CHANNELS=1); big arrays then cross the CURVE connection, exact."""
+def test_without_bulk_channels_a_secured_van_opens_no_bulk_port():
+    """HETPS_BULK_CHANNELS=0 (a van made with ``bulk=False``): no bulk port is opened and
+    big arrays cross the CURVE connection, exact."""
     tx, rx = Van(name="tx", secret=SECRET), Van(name="rx", secret=SECRET)
     try:
         rx.admit(tx.connect(2, rx.endpoint, bulk=True), 1)
@@ -374,3 +429,26 @@ def test_a_malformed_offer_is_refused_and_the_peer_keeps_its_channel(pair):
     assert got is not None and got.sender == 1
     np.testing.assert_array_equal(got.arrays[0], sent)
     assert tx.bulk.out[2].next == 1  # it went on the channel the good offer opened
+
+
+def test_one_channel_cannot_hold_more_than_its_share(pair, monkeypatch, caplog):
+    """A node of the job that sends frames no header will ever name (far ahead of its
+    messages) fills only its own channel's budget: the frames over it are refused and
+    logged, and the node's next real push still arrives exact."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(bulk_mod, "CHANNEL_PENDING_MAX", 3 << 20)  # (2 frames of N floats)
+    _push(tx, 0)
+    assert rx.recv(timeout=10) is not None
+    chan = tx.bulk.out[2]
+    for k in range(4):  # frames with no header: kept for a header that never comes
+        chan.put(np.full(N * 4, k, np.uint8))
+    chan.flush(lambda: None)
+    _until(lambda: rx.bulk.rx.refusals.total >= 2, "no frame over the budget refused", rx)
+    held = rx.bulk.rx.channels[chan.cid].held
+    assert 0 < held <= 3 << 20 and rx.bulk.rx.pending_bytes == held
+    assert "bytes of its channel's" in caplog.text
+    sent = _push(tx, 1)
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 1
+    np.testing.assert_array_equal(got.arrays[0], sent)

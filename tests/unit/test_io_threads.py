@@ -27,5 +27,5 @@ def test_io_threads_follow_the_setting_and_the_cores():
     }
     assert node_config_from_env({**base, "HETPS_IO_THREADS": "2"}).io_threads == 2
     assert node_config_from_env(base).io_threads == 0
-    assert node_config_from_env(base).bulk_channels == 0  # asked for by name
-    assert node_config_from_env({**base, "HETPS_BULK_CHANNELS": "1"}).bulk_channels == 1
+    assert node_config_from_env(base).bulk_channels == 1  # on by default (a secured job)
+    assert node_config_from_env({**base, "HETPS_BULK_CHANNELS": "0"}).bulk_channels == 0

@@ -189,13 +189,13 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "pair, skipped if /dev/shm lacks room (0: always TCP)",
                 field="shm_bytes", minimum=0, unit="bytes", check=_shm_check,
                 bounds="0, or >= 1048576"),
-            Var("HETPS_BULK_CHANNELS", "int", 0,
+            Var("HETPS_BULK_CHANNELS", "int", 1,
                 "with a cluster secret: 1 offers every peer with no shared-memory ring a bulk "
                 "channel into this node (arrays from 64 KiB on a second, plain connection, "
-                "sealed with AES-256-GCM: 1.4-1.6x faster between hosts); its port takes "
-                "connections before it can tell a stranger, who can spend the node's memory "
-                "there (docs/SECURITY.md, 'Bulk channels'), so it is asked for by name; 0: "
-                "everything this node receives comes on its CURVE connection",
+                "sealed with AES-256-GCM: 1.4-1.6x faster between hosts; a connection must "
+                "prove it holds an offered channel's key half at its handshake, see "
+                "docs/SECURITY.md, 'Bulk channels'); 0: everything this node receives comes "
+                "on its CURVE connection",
                 field="bulk_channels", minimum=0, maximum=1),
             Var("HETPS_IO_THREADS", "int", 0,
                 "ZeroMQ I/O threads of each server and worker (each connection is served by "

@@ -36,6 +36,8 @@ is dropped after :data:`BULK_WAIT_S` without one of its frames arriving.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import secrets
 import time
@@ -47,8 +49,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from hetps.transport.codec import FRAME_MAX, Message
-from hetps.transport.handshakes import RefusalLog
-from hetps.transport.security import hkdf_sha256
+from hetps.transport.handshakes import HandshakeGuard, RefusalLog
+from hetps.transport.security import BULK_DOMAIN, hkdf_sha256
 
 log = logging.getLogger("hetps.bulk")
 
@@ -63,6 +65,12 @@ CTR = 8
 BULK_WAIT_S = 20.0
 #: decrypted frames kept for messages not yet read (their header is behind), all channels
 PENDING_MAX = 1 << 30
+#: ... and of one channel: one node of the job cannot take what the others need
+CHANNEL_PENDING_MAX = PENDING_MAX // 2
+#: sealed frames of at least this size go out of buffers used again once ZeroMQ sent them
+POOL_MIN = 1 << 20
+#: such buffers a sending channel keeps (its queue holds 8 frames, the kernel a few more)
+POOL_SIZE = 12
 #: channels a node keeps offered (one per peer it connects to) before the oldest goes
 MAX_OFFERED = 4096
 _INFO = b"hetps bulk aes-256-gcm v1 "
@@ -74,6 +82,12 @@ def _nonce(counter: int) -> bytes:
 
 def _key(salt: bytes, kb: bytes, ka: bytes, cid: bytes) -> AESGCM:
     return AESGCM(hkdf_sha256(kb + ka, salt, _INFO + cid))
+
+
+def _proof(kb: bytes, cid: bytes) -> bytes:
+    """What a sender shows at the bulk port's handshake (PLAIN's password, checked by ZAP
+    before ZeroMQ reads a message): it holds the secret half of the channel it names."""
+    return hmac.new(kb, b"hetps bulk connection v1 " + cid, hashlib.sha256).digest()
 
 
 def _frames(n: int) -> int:
@@ -91,8 +105,13 @@ class OutChannel:
         self._aead = _key(salt, offer["k"], self.ka, self.cid)
         self.next = 0
         self._queue: list[tuple[int, np.ndarray]] = []
+        # sealed-frame buffers, each with the tracker of its last send (None: never sent)
+        self._pool: list[tuple[np.ndarray, Any]] = []
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, self.cid)
+        # the handshake proves this end holds the channel's key half (BulkReceiver.authorize)
+        self.sock.setsockopt(zmq.PLAIN_USERNAME, self.cid)
+        self.sock.setsockopt(zmq.PLAIN_PASSWORD, _proof(offer["k"], self.cid))
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.setsockopt(zmq.SNDHWM, 8)
         self.sock.setsockopt(zmq.SNDTIMEO, 200)
@@ -110,6 +129,20 @@ class OutChannel:
         """Forget what ``put`` queued (the message did not leave: its counters stay unused)."""
         self._queue.clear()
 
+    def _buffer(self, n: int) -> tuple[np.ndarray, int | None]:
+        """Room for a sealed frame of ``n`` bytes: a pooled buffer ZeroMQ is done with (its
+        pages are mapped already: a fresh 16 MiB one costs 4,096 page faults), or a new one;
+        and its place in the pool (None: not pooled)."""
+        if n < POOL_MIN:
+            return np.empty(n, np.uint8), None
+        for i, (buf, tracker) in enumerate(self._pool):
+            if tracker is None or tracker.done:
+                return buf[:n], i
+        if len(self._pool) < POOL_SIZE:
+            self._pool.append((np.empty(CTR + FRAME_MAX + TAG, np.uint8), None))
+            return self._pool[-1][0][:n], len(self._pool) - 1
+        return np.empty(n, np.uint8), None
+
     def flush(self, check: Any) -> None:
         """Seal and send every queued frame in counter order; ``check()`` raises to stop
         while the peer's queue stays full (a dead peer, a closed van)."""
@@ -118,17 +151,19 @@ class OutChannel:
             for j, lo in enumerate(range(0, max(1, raw.nbytes), FRAME_MAX)):
                 part = raw[lo : lo + FRAME_MAX]
                 ctr = pos + j
-                out = np.empty(CTR + part.nbytes + TAG, np.uint8)
+                out, slot = self._buffer(CTR + part.nbytes + TAG)
                 out[:CTR] = np.frombuffer(ctr.to_bytes(8, "big"), np.uint8)
                 self._aead.encrypt_into(
                     _nonce(ctr), part, self.cid + out[:CTR].tobytes(), out[CTR:]
                 )
                 while True:
                     try:
-                        self.sock.send(out, copy=False)
+                        tracker = self.sock.send(out, copy=False, track=slot is not None)
                         break
                     except zmq.Again:
                         check()
+                if slot is not None:
+                    self._pool[slot] = (self._pool[slot][0], tracker)
 
     def close(self, linger_ms: int = 0) -> None:
         self._queue.clear()
@@ -147,6 +182,9 @@ class InChannel:
         self.name = "bulk-" + cid.hex()
         self.kb = kb
         self.peer = peer  # the node it was offered to: only its connection may open it
+        self.proof = _proof(kb, cid)  # what its sender's connection shows at the handshake
+        self.user = cid.hex().encode()  # ZAP's user id of that connection, on its frames
+        self.held = 0  # bytes of this channel's frames kept for headers not yet read
         self.owner: bytes | None = None  # that connection's routing id, once opened
         self.aead: AESGCM | None = None
         self.next = 0  # counters below this were consumed or skipped: refused from now on
@@ -194,23 +232,31 @@ class InChannel:
     def close(self) -> None:
         for c in list(self.pending):
             self.rx.forget(self, c)
-        self.rx.pending_bytes -= sum(len(f.buffer) for f in self.early)
+        self.rx.release(self, sum(len(f.buffer) for f in self.early))
         self.early.clear()
 
 
 class BulkReceiver:
     """A node's bulk listener: one plain ROUTER every peer's bulk DEALER connects to."""
 
-    def __init__(self, ctx: zmq.Context, host: str, name: str) -> None:
+    def __init__(self, ctx: zmq.Context, host: str, name: str, refusals: RefusalLog) -> None:
         self.name = name
         self.refusals = RefusalLog(name, "bulk frames")
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 4)  # per connection: a stranger queues 64 MiB at most
+        self.sock.setsockopt(zmq.RCVHWM, 4)  # per connection: 64 MiB queued at most
         self.sock.setsockopt(zmq.MAXMSGSIZE, FRAME_MAX + CTR + TAG)
-        self.sock.setsockopt(zmq.HANDSHAKE_IVL, 10000)
+        # a connection is checked by the van's ZAP handler (transport/security.py) before
+        # libzmq reads one message of it: it must name an offered channel and prove it holds
+        # that channel's key half (:meth:`authorize`); handshakes are timed out and capped
+        # as at the van's own port (transport/handshakes.py)
+        self.sock.setsockopt(zmq.ZAP_DOMAIN, BULK_DOMAIN)
+        self.sock.setsockopt(zmq.PLAIN_SERVER, 1)
+        self.guard = HandshakeGuard(self.sock, refusals, secured=False)
         self.sock.bind(f"tcp://{host}:*")
-        self.port = int(self.sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+        self.port = self.guard.port = int(
+            self.sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
+        )
         self.channels: dict[bytes, InChannel] = {}  # channel id (the DEALER's routing id)
         self.pending_bytes = 0
         self.wait_s = BULK_WAIT_S
@@ -219,10 +265,38 @@ class BulkReceiver:
     def _refuse(self, why: str, *args: object) -> None:
         self.refusals.refused("%s refused a bulk frame: " + why, self.name, *args)
 
+    def authorize(self, user: bytes, password: bytes) -> bytes | None:
+        """(The ZAP thread's check of a connection.) The user id its frames will carry if
+        ``user`` is a channel this node offered or opened and ``password`` its proof."""
+        chan = self.channels.get(user)
+        if chan is None or not hmac.compare_digest(password, chan.proof):
+            return None
+        return chan.user
+
+    def hold(self, chan: InChannel, n: int, ctr: int) -> bool:
+        """Count ``n`` more bytes kept for ``chan``; False (and a refusal) over a budget."""
+        if self.pending_bytes + n > PENDING_MAX or chan.held + n > CHANNEL_PENDING_MAX:
+            self._refuse(
+                "node %s's frame %d: %d bytes of its channel's (%d of all) are held for "
+                "headers not yet read",
+                chan.peer,
+                ctr,
+                chan.held,
+                self.pending_bytes,
+            )
+            return False
+        chan.held += n
+        self.pending_bytes += n
+        return True
+
+    def release(self, chan: InChannel, n: int) -> None:
+        chan.held -= n
+        self.pending_bytes -= n
+
     def forget(self, chan: InChannel, ctr: int) -> None:
         got = chan.pending.pop(ctr, None)
         if got is not None:
-            self.pending_bytes -= got.nbytes
+            self.release(chan, got.nbytes)
 
     def read_one(self, timeout_ms: int) -> tuple[InChannel, int, memoryview] | None:
         """One authentic-looking frame (its channel, counter, sealed bytes), None if nothing
@@ -234,16 +308,14 @@ class BulkReceiver:
             self._refuse("%d parts from one connection", len(parts))
             return None
         chan = self.channels.get(parts[0].bytes)
-        if chan is None:
+        if chan is None or parts[1].get("User-Id").encode() != chan.user:
+            # (ZAP let it in for another channel: its routing id names one it has no key of)
             self._refuse("a connection that is no peer's channel (a stranger)")
             return None
         buf = parts[1].buffer
         if chan.aead is None:  # offered, and its hello is still on its way: kept till then
-            if self.pending_bytes + len(buf) > PENDING_MAX:
-                self._refuse("%d bytes held for headers not yet read", self.pending_bytes)
-            else:
+            if self.hold(chan, len(buf), -1):
                 chan.early.append(parts[1])
-                self.pending_bytes += len(buf)
             return None
         if len(buf) < CTR + TAG:
             self._refuse("%d bytes from node %s's channel, too short", len(buf), chan.peer)
@@ -280,18 +352,13 @@ class BulkReceiver:
         """Keep a frame that came before its message's header (decrypted, so a bad one is
         refused now)."""
         n = len(buf) - CTR - TAG
-        if self.pending_bytes + n > PENDING_MAX:
-            self._refuse(
-                "node %s's frame %d: %d bytes are held for headers not yet read",
-                chan.peer,
-                ctr,
-                self.pending_bytes,
-            )
+        if not self.hold(chan, n, ctr):
             return
         plain = np.empty(n, np.uint8)
         if self._open(chan, ctr, buf, plain):
             chan.pending[ctr] = plain
-            self.pending_bytes += n
+        else:
+            self.release(chan, n)
 
     def poll_once(self) -> None:
         """Read one frame that came while no header waited (stashed or refused)."""
@@ -340,6 +407,7 @@ class BulkReceiver:
                 deadline = time.monotonic() + self.wait_s
 
     def close(self) -> None:
+        self.guard.close(self.sock)
         self.sock.close(linger=0)
 
 
@@ -347,11 +415,13 @@ class Bulk:
     """A van's bulk channels: the ones it offered (receiving) and the ones offered to it
     (sending), keyed by peer."""
 
-    def __init__(self, ctx: zmq.Context, salt: bytes, host: str, name: str) -> None:
+    def __init__(
+        self, ctx: zmq.Context, salt: bytes, host: str, name: str, refusals: RefusalLog
+    ) -> None:
         self.ctx = ctx
         self.salt = salt
         self.name = name
-        self.rx = BulkReceiver(ctx, host, name)
+        self.rx = BulkReceiver(ctx, host, name, refusals)
         self.offered: dict[bytes, InChannel] = {}  # not opened yet, by channel id
         self.offers: dict[Any, dict] = {}  # peer -> its latest offer to this node
         self.out: dict[Any, OutChannel] = {}
@@ -370,8 +440,11 @@ class Bulk:
         an offer may come before this node has offered its own)."""
         with van._bulk_lock:
             if van.bulk is None:
-                van.bulk = Bulk(van.ctx, van.keys.bulk_salt, van._bind_host, van.name)
-                van._poller.register(van.bulk.rx.sock, zmq.POLLIN)
+                bulk = Bulk(van.ctx, van.keys.bulk_salt, van._bind_host, van.name, van.refusals)
+                van._zap.bulk_check = bulk.rx.authorize
+                van._poller.register(bulk.rx.sock, zmq.POLLIN)
+                van._poller.register(bulk.rx.guard.monitor, zmq.POLLIN)
+                van.bulk = bulk
         return van.bulk
 
     def sender(self, van: Any, peer: Any, msg: Any) -> OutChannel | None:
@@ -458,7 +531,7 @@ class Bulk:
         early, chan.early = chan.early, []
         for frame in early:  # the frames that came before the hello, checked now
             buf = frame.buffer
-            self.rx.pending_bytes -= len(buf)
+            self.rx.release(chan, len(buf))
             ctr = int.from_bytes(buf[:CTR], "big") if len(buf) >= CTR + TAG else -1
             if ctr < 0 or ctr in chan.pending:
                 self.rx._refuse("a bad frame on node %s's channel before its hello", peer)

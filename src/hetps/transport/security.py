@@ -34,6 +34,8 @@ log = logging.getLogger("hetps.security")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"hetps"
+#: the ZAP domain of a node's bulk listener (transport/bulk.py): PLAIN, a channel's proof
+BULK_DOMAIN = b"hetps-bulk"
 _SALT = b"hetps cluster secret"
 _INFO = b"hetps curve keypair v1"
 
@@ -98,6 +100,9 @@ class ZapHandler:
         self.refused = 0
         # one line per refusal, rate-limited and counted (shared with the van's monitor)
         self.refusals = refusals if refusals is not None else RefusalLog(name)
+        #: the bulk listener's check of a connection's PLAIN credentials (transport/bulk.py):
+        #: ``(username, password) -> user id or None``; None: no bulk listener, all refused
+        self.bulk_check: Any = None
         self._sock = ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(ZAP_ENDPOINT)
@@ -127,6 +132,8 @@ class ZapHandler:
             return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
         version, req_id, domain, address, _rid, mechanism = frames[:6]
         creds = frames[6:]
+        if domain == BULK_DOMAIN:
+            return self._answer_bulk(version, req_id, address, mechanism, creds)
         ok = (
             version == b"1.0"
             and domain == ZAP_DOMAIN
@@ -143,6 +150,27 @@ class ZapHandler:
             address.decode("ascii", "replace")[:64] or "?",
         )
         return [b"1.0", req_id, b"400", b"not this job's key", b"", b""]
+
+    def _answer_bulk(
+        self, version: bytes, req_id: bytes, address: bytes, mechanism: bytes, creds: list
+    ) -> list[bytes]:
+        """A connection to the bulk listener: it must name a channel this node offered and
+        prove it holds that channel's secret half (transport/bulk.py), before libzmq reads
+        a single message from it."""
+        check = self.bulk_check
+        user = None
+        if version == b"1.0" and mechanism == b"PLAIN" and len(creds) == 2 and check:
+            user = check(creds[0], creds[1])
+        if user is not None:
+            return [b"1.0", req_id, b"200", b"OK", user, b""]
+        self.refused += 1
+        self.refusals.refused(
+            "%s refused a connection to its bulk port from %s: it names no channel this node "
+            "offered, or cannot prove it holds one",
+            self.name,
+            address.decode("ascii", "replace")[:64] or "?",
+        )
+        return [b"1.0", req_id, b"400", b"no channel of this node", b"", b""]
 
     def close(self) -> None:
         """Stop answering (before the context is terminated)."""

@@ -480,10 +480,15 @@ class Van:
             events = dict(self._poller.poll(wait_ms))
             if self._monitor in events:
                 self._guard.drain()
+            bulk = self.bulk
+            if bulk is not None and bulk.rx.guard.monitor in events:
+                bulk.rx.guard.drain()  # (the bulk port's handshakes: capped, timed out)
             if self._router not in events:
-                if self.bulk is not None and self.bulk.rx.sock in events:
-                    self.bulk.rx.poll_once()  # frames ahead of their header, or strangers'
+                if bulk is not None and bulk.rx.sock in events:
+                    bulk.rx.poll_once()  # frames ahead of their header
                 self._guard.sweep()  # (connections that never speak, while nothing comes)
+                if bulk is not None:
+                    bulk.rx.guard.sweep()
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
