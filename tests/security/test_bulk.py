@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 
-from hetps.transport import bulk as bulk_mod
+from hetps.transport import bulk_in as bulk_mod
 from hetps.transport.codec import FRAME_MAX, Message
 from hetps.transport.van import Van
 
@@ -434,21 +434,60 @@ def test_a_malformed_offer_is_refused_and_the_peer_keeps_its_channel(pair):
 def test_one_channel_cannot_hold_more_than_its_share(pair, monkeypatch, caplog):
     """A node of the job that sends frames no header will ever name (far ahead of its
     messages) fills only its own channel's budget: the frames over it are refused and
-    logged, and the node's next real push still arrives exact."""
+    logged, and another node's push still arrives exact."""
     tx, rx = pair
     caplog.set_level(logging.WARNING)
     monkeypatch.setattr(bulk_mod, "CHANNEL_PENDING_MAX", 3 << 20)  # (2 frames of N floats)
-    _push(tx, 0)
-    assert rx.recv(timeout=10) is not None
-    chan = tx.bulk.out[2]
-    for k in range(4):  # frames with no header: kept for a header that never comes
-        chan.put(np.full(N * 4, k, np.uint8))
-    chan.flush(lambda: None)
-    _until(lambda: rx.bulk.rx.refusals.total >= 2, "no frame over the budget refused", rx)
-    held = rx.bulk.rx.channels[chan.cid].held
-    assert 0 < held <= 3 << 20 and rx.bulk.rx.pending_bytes == held
-    assert "bytes of its channel's" in caplog.text
-    sent = _push(tx, 1)
-    got = rx.recv(timeout=10)
-    assert got is not None and got.req == 1
-    np.testing.assert_array_equal(got.arrays[0], sent)
+    other = Van(name="other", secret=SECRET, bulk=True)
+    try:
+        rx.admit(other.connect(2, rx.endpoint, bulk=True), 3)
+        other.admit(rx.connect(3, other.endpoint, bulk=True), 2)
+        _until(lambda: other.bulk is not None and 2 in other.bulk.offers, "no offer", other)
+        _push(tx, 0)
+        assert rx.recv(timeout=10) is not None
+        chan = tx.bulk.out[2]
+        for k in range(4):  # frames with no header: kept for a header that never comes
+            chan.put(np.full(N * 4, k, np.uint8))
+        chan.flush(lambda: None)
+        _until(lambda: rx.bulk.rx.refusals.total >= 2, "no frame over the budget refused", rx)
+        held = rx.bulk.rx.channels[chan.cid].held
+        assert 0 < held <= 3 << 20 and rx.bulk.rx.pending_bytes == held
+        assert "bytes of its channel's" in caplog.text
+        sent = np.arange(N, dtype=np.float32) * 3
+        other.send(2, Message("push", req=9, arrays=[sent]))
+        got = rx.recv(timeout=10)
+        assert got is not None and got.req == 9 and got.sender == 3
+        np.testing.assert_array_equal(got.arrays[0], sent)
+        assert other.bulk.out[2].next == 1  # (it came on other's channel)
+    finally:
+        other.close()
+
+
+def test_a_header_whose_frames_never_come_holds_up_only_its_own_connection(pair, caplog):
+    """tx's push loses its bulk frame on the wire and tx then sends a small message: the
+    receive thread does not wait for the frame (it would, for the whole hour of its frame
+    wait, if it did). Another node's message is delivered at once; tx's later message waits
+    behind its push, in order, and comes once the push is dropped for its missing frame."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+    tx.through(lambda i, body: [] if i == 0 else [body])
+    rx.bulk.rx.wait_s = 3600.0
+    other = Van(name="other", secret=SECRET)
+    try:
+        rx.admit(other.connect(2, rx.endpoint), 3)
+        _push(tx, 1)  # (its frame is lost)
+        tx.send(2, Message("ping", req=2))
+        other.send(2, Message("ping", req=3))
+        got = rx.recv(timeout=10)
+        assert got is not None and got.sender == 3 and got.req == 3
+        assert rx.recv(timeout=0.5) is None  # tx's ping waits behind its push
+        rx.bulk.rx.wait_s = 0.2
+        got = rx.recv(timeout=10)
+        assert got is not None and got.sender == 1 and got.req == 2 and got.cmd == "ping"
+        assert "bulk frames did not come within 0.2 s of the last one" in caplog.text
+        sent = _push(tx, 4)  # the channel goes on
+        got = rx.recv(timeout=10)
+        assert got is not None and got.req == 4
+        np.testing.assert_array_equal(got.arrays[0], sent)
+    finally:
+        other.close()

@@ -114,7 +114,7 @@ def test_a_server_merging_from_the_ring_sums_exactly_while_the_ring_laps():
         lent = 0
         for r in rounds:
             send(w11, _vals(100 + r))  # completes round r; the backlog starts round r + 1
-            lent += srv_van._lent is not None
+            lent += srv_van.inbox.lent is not None
             np.testing.assert_array_equal(sl.value, _vals(r) + _vals(100 + r))
         assert lent == len(rounds)  # these pushes were read from the ring, not copied out
         assert not sl.backlog and not sl.got

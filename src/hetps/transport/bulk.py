@@ -17,7 +17,9 @@ Keys, one per direction of each pair of nodes, agreed over the authenticated CUR
    port of its bulk listener. Only A can read it.
 2. A's first big send to B sends, on its CURVE connection to B and before the message, a
    hello (:data:`BULK_HELLO`) with the channel id and 32 random bytes ``ka`` of its own, and
-   connects a plain DEALER to B's bulk port whose routing id is the channel id.
+   connects a plain DEALER to B's bulk port whose routing id is the channel id; at its
+   handshake (ZeroMQ's PLAIN, checked by B's ZAP handler before a message is read) it shows
+   the channel id and ``HMAC-SHA256(kb, channel id)``, so a stranger is refused there.
 3. Both derive ``key = HKDF-SHA256(kb || ka, salt from the cluster secret, channel id)``. B
    accepts a hello only from the connection of the node it offered the channel to, and only
    once per channel; an offer or a hello replayed from an old connection cannot be (CURVE's
@@ -27,30 +29,34 @@ Each frame on the bulk connection is ``counter (8 bytes, big-endian) || AES-GCM(
 tag (16 bytes)`` with nonce ``0^4 || counter`` and the channel id and counter as associated
 data. The sender's counter starts at 0 and only grows, so a nonce is never used twice under a
 key; the receiver refuses a counter at or below one it consumed (a replay), a frame whose
-tag does not verify (forged or tampered), a frame from a connection that is no channel's (a
-stranger), and takes for an array exactly the counters its header names (a frame cannot be
-moved to another message). Each refusal is counted and logged, a few lines per window; none
-stops the node, changes a value or blocks another peer: a message whose frames do not come
-is dropped after :data:`BULK_WAIT_S` without one of its frames arriving.
+tag does not verify (forged or tampered), a frame from a connection other than the channel's
+own, and takes for an array exactly the counters its header names (a frame cannot be moved to
+another message). Each refusal is counted and logged, a few lines per window; none stops the
+node, changes a value or blocks another peer. The receiving side, and how a message waits for
+its frames without holding up the receive thread, is in :mod:`hetps.transport.bulk_in`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import secrets
-import time
 from typing import Any
 
 import numpy as np
 import zmq
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from hetps.transport.bulk_in import (
+    CTR,
+    TAG,
+    BulkReceiver,
+    InChannel,
+    _frames,
+    _key,
+    _nonce,
+    _proof,
+)
 from hetps.transport.codec import FRAME_MAX, Message
-from hetps.transport.handshakes import HandshakeGuard, RefusalLog
-from hetps.transport.security import BULK_DOMAIN, hkdf_sha256
+from hetps.transport.handshakes import RefusalLog
 
 log = logging.getLogger("hetps.bulk")
 
@@ -58,40 +64,12 @@ log = logging.getLogger("hetps.bulk")
 BULK_OFFER = "__bulk_offer"
 #: the in-van command a sender opens an offered channel with, before its first frame
 BULK_HELLO = "__bulk_hello"
-TAG = 16
-CTR = 8
-#: a message whose next bulk frame has not come for this long (while no other peer's frame
-#: came either) is dropped
-BULK_WAIT_S = 20.0
-#: decrypted frames kept for messages not yet read (their header is behind), all channels
-PENDING_MAX = 1 << 30
-#: ... and of one channel: one node of the job cannot take what the others need
-CHANNEL_PENDING_MAX = PENDING_MAX // 2
 #: sealed frames of at least this size go out of buffers used again once ZeroMQ sent them
 POOL_MIN = 1 << 20
 #: such buffers a sending channel keeps (its queue holds 8 frames, the kernel a few more)
 POOL_SIZE = 12
 #: channels a node keeps offered (one per peer it connects to) before the oldest goes
 MAX_OFFERED = 4096
-_INFO = b"hetps bulk aes-256-gcm v1 "
-
-
-def _nonce(counter: int) -> bytes:
-    return b"\0\0\0\0" + counter.to_bytes(8, "big")
-
-
-def _key(salt: bytes, kb: bytes, ka: bytes, cid: bytes) -> AESGCM:
-    return AESGCM(hkdf_sha256(kb + ka, salt, _INFO + cid))
-
-
-def _proof(kb: bytes, cid: bytes) -> bytes:
-    """What a sender shows at the bulk port's handshake (PLAIN's password, checked by ZAP
-    before ZeroMQ reads a message): it holds the secret half of the channel it names."""
-    return hmac.new(kb, b"hetps bulk connection v1 " + cid, hashlib.sha256).digest()
-
-
-def _frames(n: int) -> int:
-    return max(1, -(-n // FRAME_MAX))
 
 
 class OutChannel:
@@ -168,247 +146,6 @@ class OutChannel:
     def close(self, linger_ms: int = 0) -> None:
         self._queue.clear()
         self.sock.close(linger=linger_ms)
-
-
-class InChannel:
-    """The receiving end of one channel, in the van's ring table under its name: the codec
-    takes an array's frames from it as it takes them from a shared-memory ring."""
-
-    broken = False  # (what drop_broken looks at in the ring table)
-
-    def __init__(self, rx: BulkReceiver, cid: bytes, kb: bytes, peer: Any) -> None:
-        self.rx = rx
-        self.cid = cid
-        self.name = "bulk-" + cid.hex()
-        self.kb = kb
-        self.peer = peer  # the node it was offered to: only its connection may open it
-        self.proof = _proof(kb, cid)  # what its sender's connection shows at the handshake
-        self.user = cid.hex().encode()  # ZAP's user id of that connection, on its frames
-        self.held = 0  # bytes of this channel's frames kept for headers not yet read
-        self.owner: bytes | None = None  # that connection's routing id, once opened
-        self.aead: AESGCM | None = None
-        self.next = 0  # counters below this were consumed or skipped: refused from now on
-        self.pending: dict[int, np.ndarray] = {}  # counter -> plaintext that came early
-        # frames that came before the hello (the two connections race): checked at the hello
-        self.early: list[Any] = []
-
-    def open(self, salt: bytes, ka: bytes, origin: bytes) -> None:
-        self.aead = _key(salt, self.kb, ka, self.cid)
-        self.owner = origin
-
-    def take(self, pos: int, n: int, out: np.ndarray | None = None, view: bool = False):
-        """The ``n`` bytes whose frames have counters from ``pos`` on (into ``out`` when
-        given); ValueError when they are refused or do not come."""
-        if not (isinstance(pos, int) and pos >= self.next and n > 0):
-            raise ValueError(f"bulk counter {pos!r} was consumed already or is bad (a replay)")
-        k = _frames(n)
-        try:
-            if k == 1 and out is None and pos in self.pending:
-                got = self.pending[pos]
-                if got.nbytes != n:
-                    raise ValueError(f"bulk frame {pos} holds {got.nbytes} bytes, not {n}")
-                self.rx.forget(self, pos)
-                return got
-            # the caller's memory (a pull's answer landing in place) gets only checked bytes:
-            # AES-GCM writes a frame out before its tag is checked, so into a scratch first
-            landing = out is not None
-            if out is None:
-                out = np.empty(n, np.uint8)
-            for j in range(k):
-                lo = j * FRAME_MAX
-                self.rx.fill(self, pos + j, out[lo : min(n, lo + FRAME_MAX)], landing)
-            return out
-        finally:
-            self.next = max(self.next, pos + k)
-            for c in [c for c in self.pending if c < self.next]:
-                self.rx.forget(self, c)
-
-    def commit(self) -> None:
-        """(Nothing to give back: a frame's bytes are the receiver's own once decrypted.)"""
-
-    def holds(self, arr: np.ndarray) -> bool:
-        return False
-
-    def close(self) -> None:
-        for c in list(self.pending):
-            self.rx.forget(self, c)
-        self.rx.release(self, sum(len(f.buffer) for f in self.early))
-        self.early.clear()
-
-
-class BulkReceiver:
-    """A node's bulk listener: one plain ROUTER every peer's bulk DEALER connects to."""
-
-    def __init__(self, ctx: zmq.Context, host: str, name: str, refusals: RefusalLog) -> None:
-        self.name = name
-        self.refusals = RefusalLog(name, "bulk frames")
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 4)  # per connection: 64 MiB queued at most
-        self.sock.setsockopt(zmq.MAXMSGSIZE, FRAME_MAX + CTR + TAG)
-        # a connection is checked by the van's ZAP handler (transport/security.py) before
-        # libzmq reads one message of it: it must name an offered channel and prove it holds
-        # that channel's key half (:meth:`authorize`); handshakes are timed out and capped
-        # as at the van's own port (transport/handshakes.py)
-        self.sock.setsockopt(zmq.ZAP_DOMAIN, BULK_DOMAIN)
-        self.sock.setsockopt(zmq.PLAIN_SERVER, 1)
-        self.guard = HandshakeGuard(self.sock, refusals, secured=False)
-        self.sock.bind(f"tcp://{host}:*")
-        self.port = self.guard.port = int(
-            self.sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
-        )
-        self.channels: dict[bytes, InChannel] = {}  # channel id (the DEALER's routing id)
-        self.pending_bytes = 0
-        self.wait_s = BULK_WAIT_S
-        self._scratch: np.ndarray | None = None  # where a landing frame is checked first
-
-    def _refuse(self, why: str, *args: object) -> None:
-        self.refusals.refused("%s refused a bulk frame: " + why, self.name, *args)
-
-    def authorize(self, user: bytes, password: bytes) -> bytes | None:
-        """(The ZAP thread's check of a connection.) The user id its frames will carry if
-        ``user`` is a channel this node offered or opened and ``password`` its proof."""
-        chan = self.channels.get(user)
-        if chan is None or not hmac.compare_digest(password, chan.proof):
-            return None
-        return chan.user
-
-    def hold(self, chan: InChannel, n: int, ctr: int) -> bool:
-        """Count ``n`` more bytes kept for ``chan``; False (and a refusal) over a budget."""
-        if self.pending_bytes + n > PENDING_MAX or chan.held + n > CHANNEL_PENDING_MAX:
-            self._refuse(
-                "node %s's frame %d: %d bytes of its channel's (%d of all) are held for "
-                "headers not yet read",
-                chan.peer,
-                ctr,
-                chan.held,
-                self.pending_bytes,
-            )
-            return False
-        chan.held += n
-        self.pending_bytes += n
-        return True
-
-    def release(self, chan: InChannel, n: int) -> None:
-        chan.held -= n
-        self.pending_bytes -= n
-
-    def forget(self, chan: InChannel, ctr: int) -> None:
-        got = chan.pending.pop(ctr, None)
-        if got is not None:
-            self.release(chan, got.nbytes)
-
-    def read_one(self, timeout_ms: int) -> tuple[InChannel, int, memoryview] | None:
-        """One authentic-looking frame (its channel, counter, sealed bytes), None if nothing
-        came in ``timeout_ms``; frames of strangers and replays are refused here."""
-        if not self.sock.poll(timeout_ms):
-            return None
-        parts = self.sock.recv_multipart(copy=False)
-        if len(parts) != 2:
-            self._refuse("%d parts from one connection", len(parts))
-            return None
-        chan = self.channels.get(parts[0].bytes)
-        if chan is None or parts[1].get("User-Id").encode() != chan.user:
-            # (ZAP let it in for another channel: its routing id names one it has no key of)
-            self._refuse("a connection that is no peer's channel (a stranger)")
-            return None
-        buf = parts[1].buffer
-        if chan.aead is None:  # offered, and its hello is still on its way: kept till then
-            if self.hold(chan, len(buf), -1):
-                chan.early.append(parts[1])
-            return None
-        if len(buf) < CTR + TAG:
-            self._refuse("%d bytes from node %s's channel, too short", len(buf), chan.peer)
-            return None
-        ctr = int.from_bytes(buf[:CTR], "big")
-        if ctr < chan.next or ctr in chan.pending:
-            self._refuse(
-                "counter %d from node %s's channel was used already (a replay)", ctr, chan.peer
-            )
-            return None
-        return chan, ctr, buf
-
-    def _open(self, chan: InChannel, ctr: int, buf: memoryview, dest: np.ndarray) -> bool:
-        """Decrypt into ``dest``; False (and a refusal) if the frame fails its tag."""
-        if len(buf) != CTR + dest.nbytes + TAG:
-            self._refuse(
-                "frame %d of node %s's channel is %d bytes, not %d",
-                ctr,
-                chan.peer,
-                len(buf),
-                CTR + dest.nbytes + TAG,
-            )
-            return False
-        try:
-            chan.aead.decrypt_into(_nonce(ctr), buf[CTR:], chan.cid + bytes(buf[:CTR]), dest)
-        except InvalidTag:
-            self._refuse(
-                "frame %d of node %s's channel failed its tag (forged or tampered)", ctr, chan.peer
-            )
-            return False
-        return True
-
-    def stash(self, chan: InChannel, ctr: int, buf: memoryview) -> None:
-        """Keep a frame that came before its message's header (decrypted, so a bad one is
-        refused now)."""
-        n = len(buf) - CTR - TAG
-        if not self.hold(chan, n, ctr):
-            return
-        plain = np.empty(n, np.uint8)
-        if self._open(chan, ctr, buf, plain):
-            chan.pending[ctr] = plain
-        else:
-            self.release(chan, n)
-
-    def poll_once(self) -> None:
-        """Read one frame that came while no header waited (stashed or refused)."""
-        got = self.read_one(0)
-        if got is not None:
-            self.stash(*got)
-
-    def fill(self, chan: InChannel, ctr: int, dest: np.ndarray, landing: bool = False) -> None:
-        """Put frame ``ctr`` of ``chan`` into ``dest``, reading the listener (and keeping
-        other channels' frames) until it comes; ValueError when it cannot come. With
-        ``landing``, ``dest`` is written only once the frame's tag checked."""
-        got = chan.pending.get(ctr)
-        if got is not None:
-            self.forget(chan, ctr)
-            if got.nbytes != dest.nbytes:
-                raise ValueError(f"bulk frame {ctr} holds {got.nbytes} bytes, not {dest.nbytes}")
-            dest[:] = got
-            return
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ValueError(
-                    f"bulk frame {ctr} did not come within {self.wait_s:.0f} s of the last frame"
-                )
-            got = self.read_one(int(left * 1000) + 1)
-            if got is None:
-                continue
-            c, n, buf = got
-            if c is chan and n == ctr:
-                if not landing:
-                    if self._open(chan, ctr, buf, dest):
-                        return
-                    continue
-                if self._scratch is None:
-                    self._scratch = np.empty(FRAME_MAX, np.uint8)
-                if self._open(chan, ctr, buf, self._scratch[: dest.nbytes]):
-                    dest[:] = self._scratch[: dest.nbytes]
-                    return
-                continue
-            kept = self.pending_bytes
-            self.stash(c, n, buf)
-            if c is chan and n > ctr:  # one connection keeps its order: ctr never left
-                raise ValueError(f"bulk frame {ctr} was skipped by its sender")
-            if self.pending_bytes > kept:  # other peers' frames flow: a slow link, not a loss
-                deadline = time.monotonic() + self.wait_s
-
-    def close(self) -> None:
-        self.guard.close(self.sock)
-        self.sock.close(linger=0)
 
 
 class Bulk:
@@ -536,7 +273,7 @@ class Bulk:
             if ctr < 0 or ctr in chan.pending:
                 self.rx._refuse("a bad frame on node %s's channel before its hello", peer)
             else:
-                self.rx.stash(chan, ctr, buf)
+                self.rx.place(chan, ctr, buf)
         return None
 
     def channel(self, peer: Any, host: str) -> tuple[OutChannel | None, bool, OutChannel | None]:

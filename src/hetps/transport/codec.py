@@ -56,6 +56,15 @@ class BadMessage(ValueError):
     """A received message failed validation; the text says which field and why."""
 
 
+class NotYet(Exception):
+    """A message whose arrays come on a bulk channel (transport/bulk_in.py) and are not all
+    here yet: the receiver keeps its frames and decodes it again once they are."""
+
+    def __init__(self, ring: Any) -> None:
+        super().__init__(f"waiting for frames of {getattr(ring, 'name', ring)}")
+        self.ring = ring
+
+
 @dataclass
 class Message:
     """One decoded message: a command, routing metadata, a small body and array payloads."""
@@ -360,8 +369,8 @@ def _decode_checked(
     ring = rings[header["m"][0]] if placed else None
     arrays: list[np.ndarray] = []
     targets = None
-    lent = ring is not None and reply is False and cmd in borrow
-    ok = False
+    lent = ring is not None and getattr(ring, "lends", True) and reply is False and cmd in borrow
+    ok = waits = False
     try:
         if placed and reply is True and landing_of is not None:
             try:
@@ -375,9 +384,12 @@ def _decode_checked(
             target = targets.get(i) if targets else None
             arrays.append(_decode_array(i, item, parts, placed, ring, target, lent))
         ok = True
+    except NotYet:
+        waits = True  # (decoded again once its frames are here: nothing is used up)
+        raise
     finally:
-        if ring is not None and not (ok and lent):  # what was taken out may be overwritten
-            ring.commit()
+        if ring is not None and not waits and not (ok and lent):  # what was taken out may
+            ring.commit()  # be overwritten
     return Message(
         cmd=cmd,
         req=req,

@@ -236,6 +236,8 @@ class OutRing:
 class InRing:
     """The receiving end of a ring named in an offer."""
 
+    lends = True  # (its arrays may be lent to a handler: see codec.decode's ``borrow``)
+
     def __init__(self, name: str, directory: str = SHM_DIR) -> None:
         if not isinstance(name, str) or NAME_RE.match(name) is None:
             raise ValueError(f"{name!r} is not a hetps ring name")

@@ -30,13 +30,14 @@ from typing import Any
 import zmq
 
 from hetps.config import is_loopback
-from hetps.transport.bulk import BULK_HELLO, BULK_OFFER, Bulk
-from hetps.transport.codec import FRAME_MAX, BadMessage, Message, decode, encode
+from hetps.transport.bulk import Bulk
+from hetps.transport.codec import FRAME_MAX, Message, encode
 from hetps.transport.counters import LinkCounters
 from hetps.transport.handshakes import HandshakeGuard, RefusalLog
+from hetps.transport.inbox import RING_OFFER, UNKNOWN, Inbox
 from hetps.transport.security import HandshakeWatch, Keys, ZapHandler
 from hetps.transport.shaper import TokenBucket
-from hetps.transport.shm import OutRing, drop_broken, open_offered, ring_floor
+from hetps.transport.shm import OutRing, open_offered, ring_floor
 
 log = logging.getLogger("hetps.van")
 
@@ -53,19 +54,10 @@ RING_MIN_BYTES_SECURE = 64 << 10
 #: the ones that do not fit go inline (a 4 MiB frame over an encrypted connection takes
 #: about 7 ms here; the receiver frees ring space at memory speed)
 RING_WAIT_S = 0.02
-#: the in-van command that offers a ring to its receiver (never reaches the application)
-RING_OFFER = "__ring_offer"
 #: big sends to a peer after which a ring it has not opened is closed (frames stay on TCP)
 RING_GIVE_UP_SENDS = 64
 #: what a frame may exceed FRAME_MAX by on the wire (CURVE's box around it)
 FRAME_SLACK = 64 << 10
-#: ring offers kept from connections not yet known (the node table is on its way)
-MAX_STASHED_OFFERS = 64
-#: sender id of a message whose connection belongs to no known node
-UNKNOWN = 0
-# plain ints: pyzmq's enum members make a new enum object on every `&` (a microsecond each)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
 
 
 def new_routing_id() -> bytes:
@@ -179,8 +171,8 @@ class Van:
         # commands whose ring-borne arrays are lent, not copied (set by their handler, which
         # reads them before it returns): see recv and release
         self.borrow: frozenset[str] = frozenset()
-        self._lent: Message | None = None
         self._ring_lock = threading.Lock()
+        self.inbox = Inbox(self)  # the receive thread's side (transport/inbox.py)
 
     @property
     def endpoint(self) -> str:
@@ -461,115 +453,16 @@ class Van:
             ring.close()
 
     def recv(self, timeout: float | None = None) -> Message | None:
-        """Receive one message, or None after ``timeout`` seconds. Bad messages are logged and
-        dropped (never raised), so a malformed peer cannot stop the receive loop.
-
-        A request whose command is in :attr:`borrow` comes with its ring-borne arrays lent:
-        read-only views of the shared-memory ring, valid until the message is released
-        (:meth:`release`), at the latest when this thread calls ``recv`` again."""
-        if self._lent is not None:
-            self.release(self._lent)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            wait_ms = (
-                None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            )
-            # a message that is already waiting before we poll arrived while this thread was
-            # busy elsewhere: the time we take it is later than its arrival
-            waited = bool(self._router.getsockopt(_EVENTS) & _POLLIN)
-            events = dict(self._poller.poll(wait_ms))
-            if self._monitor in events:
-                self._guard.drain()
-            bulk = self.bulk
-            if bulk is not None and bulk.rx.guard.monitor in events:
-                bulk.rx.guard.drain()  # (the bulk port's handshakes: capped, timed out)
-            if self._router not in events:
-                if bulk is not None and bulk.rx.sock in events:
-                    bulk.rx.poll_once()  # frames ahead of their header
-                self._guard.sweep()  # (connections that never speak, while nothing comes)
-                if bulk is not None:
-                    bulk.rx.guard.sweep()
-                if deadline is not None and time.monotonic() >= deadline:
-                    return None
-                continue
-            # recv_multipart less its getsockopt(RCVMORE) per frame: each frame says itself
-            frames = [self._router.recv(copy=False)]
-            while frames[-1].more:
-                frames.append(self._router.recv(copy=False))
-            origin = frames[0].bytes
-            sender = self._origins.get(origin, UNKNOWN)
-            guard = self.landing_guard
-            if guard is not None:
-                guard.acquire()
-            try:
-                msg = decode(
-                    frames[1:],
-                    self.max_message_bytes,
-                    self._rings_in,
-                    self._landing_for(sender),
-                    origin,
-                    self.borrow,
-                )
-            except BadMessage as exc:
-                log.warning(
-                    "%s dropped a bad message from %s: %s", self.name, self._who(sender), exc
-                )
-                for name in drop_broken(self._rings_in):  # truncated by its sender
-                    log.warning("%s closed ring %s: its sender truncated it", self.name, name)
-                continue
-            finally:
-                if guard is not None:
-                    guard.release()
-            msg.sender, msg.origin = sender, origin
-            if msg.lease is not None:
-                self._lent = msg
-            if msg.cmd in (RING_OFFER, BULK_OFFER, BULK_HELLO):
-                if sender != UNKNOWN:
-                    self._in_van(msg)
-                else:  # perhaps a peer whose node table is on its way: keep a few
-                    with self._ring_lock:
-                        kept = len(self._stashed) < MAX_STASHED_OFFERS
-                        if kept:
-                            self._stashed.append(msg)
-                    if not kept:
-                        log.warning("%s dropped a ring offer from an unknown connection", self.name)
-                continue
-            now = time.time()
-            msg.backlogged = waited
-            self.counters.on_recv(msg.sender, msg.nbytes, now)
-            if self.observer is not None:
-                self.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
-            if self.verbose >= 2:
-                self._trace("<-", msg.sender, msg)
-            return msg
-
-    def _landing_for(self, sender: int) -> Any:
-        """The codec's ``landing_of`` for a message from ``sender``: only the node a request
-        went to may land its answer in the caller's array."""
-        landing_of = self.landing_of
-        if landing_of is None or sender == UNKNOWN:
-            return None
-        return lambda cmd, req, body, count: landing_of(sender, cmd, req, body, count)
+        """Receive one message, or None after ``timeout`` seconds (:meth:`Inbox.recv`)."""
+        return self.inbox.recv(timeout)
 
     def release(self, msg: Message) -> None:
-        """Give the ring space of ``msg``'s lent arrays back to its sender. The arrays it still
-        holds (a request kept for later) are copied first, so it owns them from now on; what
-        was read straight from the ring must not be kept past this point."""
-        ring, msg.lease = msg.lease, None
-        if self._lent is msg:
-            self._lent = None
-        if ring is None:
-            return
-        msg.arrays = [a.copy() if ring.holds(a) else a for a in msg.arrays]
-        ring.commit()
+        """Give the ring space of ``msg``'s lent arrays back (:meth:`Inbox.release`)."""
+        self.inbox.release(msg)
 
     def _trace(self, arrow: str, peer: Any, m: Message) -> None:
         args = (self.name, arrow, peer, m.cmd, m.req, m.reply, m.nbytes)
         log.info("%s %s %s: %s req=%d reply=%s %d B", *args)
-
-    @staticmethod
-    def _who(sender: int) -> str:
-        return f"node {sender}" if sender != UNKNOWN else "an unknown connection"
 
     def close(self) -> None:
         """Close every socket and the context."""

@@ -1,0 +1,375 @@
+"""The receiving side of the bulk channels (transport/bulk.py): a node's bulk listener, its
+channels, and the messages that wait for their frames.
+
+A message's header comes on the CURVE connection and names the counters of its frames on a
+bulk channel; the frames come on the bulk connection, before or after it. The receive thread
+never waits for them:
+
+* a frame whose message is not being read yet is decrypted (so a bad one is refused at once)
+  and kept, within a budget (:data:`PENDING_MAX`, and :data:`CHANNEL_PENDING_MAX` for one
+  channel);
+* a header whose frames are not all here makes its arrays, says where each missing frame is
+  to land (it is decrypted straight there when it comes) and raises
+  :class:`~hetps.transport.codec.NotYet`; the van keeps the message, and every later one of
+  that connection behind it, in a :class:`Waiting` queue, and reads on. Once its frames are
+  in, the message is decoded again (its arrays are made already) and delivered, in order;
+* a message whose channel brings no frame for :data:`BULK_WAIT_S` is dropped, and so is one
+  whose frame failed its tag or was skipped by its sender.
+
+Only this node's own memory ever holds plaintext that has not passed its tag: a frame lands
+in an array the channel made, and an answer for the caller's array (``pull(out=)``) is
+copied there only once every frame checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import zmq
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from hetps.transport.codec import FRAME_MAX, NotYet
+from hetps.transport.handshakes import HandshakeGuard, RefusalLog
+from hetps.transport.security import BULK_DOMAIN, hkdf_sha256
+
+log = logging.getLogger("hetps.bulk")
+
+TAG = 16
+CTR = 8
+#: a waiting message whose channel brought no frame for this long is dropped
+BULK_WAIT_S = 20.0
+#: decrypted frames kept for messages not yet read (their header is behind), all channels
+PENDING_MAX = 1 << 30
+#: ... and of one channel: one node of the job cannot take what the others need
+CHANNEL_PENDING_MAX = PENDING_MAX // 2
+#: frames read from the bulk port at a time (the CURVE connection is read in between)
+DRAIN_MAX = 64
+_INFO = b"hetps bulk aes-256-gcm v1 "
+
+
+def _nonce(counter: int) -> bytes:
+    return b"\0\0\0\0" + counter.to_bytes(8, "big")
+
+
+def _key(salt: bytes, kb: bytes, ka: bytes, cid: bytes) -> AESGCM:
+    return AESGCM(hkdf_sha256(kb + ka, salt, _INFO + cid))
+
+
+def _proof(kb: bytes, cid: bytes) -> bytes:
+    """What a sender shows at the bulk port's handshake (PLAIN's password, checked by ZAP
+    before ZeroMQ reads a message): it holds the secret half of the channel it names."""
+    return hmac.new(kb, b"hetps bulk connection v1 " + cid, hashlib.sha256).digest()
+
+
+def _frames(n: int) -> int:
+    return max(1, -(-n // FRAME_MAX))
+
+
+class InChannel:
+    """The receiving end of one channel, in the van's ring table under its name: the codec
+    takes an array's frames from it as it takes them from a shared-memory ring."""
+
+    broken = False  # (what drop_broken looks at in the ring table)
+    lends = False  # (its arrays are the receiver's own: never lent, see codec.decode)
+
+    def __init__(self, rx: BulkReceiver, cid: bytes, kb: bytes, peer: Any) -> None:
+        self.rx = rx
+        self.cid = cid
+        self.name = "bulk-" + cid.hex()
+        self.kb = kb
+        self.peer = peer  # the node it was offered to: only its connection may open it
+        self.proof = _proof(kb, cid)  # what its sender's connection shows at the handshake
+        self.user = cid.hex().encode()  # ZAP's user id of that connection, on its frames
+        self.held = 0  # bytes of this channel's frames kept for headers not yet read
+        self.owner: bytes | None = None  # that connection's routing id, once opened
+        self.aead: AESGCM | None = None
+        self.next = 0  # counters below this were consumed or skipped: refused from now on
+        self.pending: dict[int, np.ndarray] = {}  # counter -> plaintext that came early
+        # frames that came before the hello (the two connections race): checked at the hello
+        self.early: list[Any] = []
+        # the message being decoded: first counter -> [its array, the counters still due]
+        self.made: dict[int, list] = {}
+        self.landing: dict[int, tuple[np.ndarray, set]] = {}  # due counter -> (where, its set)
+        self.placed: set[int] = set()  # counters that message took already (again: a replay)
+        self.failed: str | None = None  # why the message being decoded cannot be completed
+        self.heard = time.monotonic()  # when a frame of this channel last came
+
+    def open(self, salt: bytes, ka: bytes, origin: bytes) -> None:
+        self.aead = _key(salt, self.kb, ka, self.cid)
+        self.owner = origin
+
+    def take(self, pos: int, n: int, out: np.ndarray | None = None, view: bool = False):
+        """The ``n`` bytes whose frames have counters from ``pos`` on (into ``out`` when
+        given); ValueError when they are refused or cannot come, NotYet while they may."""
+        if not (isinstance(pos, int) and pos >= self.next and n > 0):
+            raise ValueError(f"bulk counter {pos!r} was consumed already or is bad (a replay)")
+        entry = self.made.get(pos)
+        if entry is None:
+            k = _frames(n)
+            if k == 1 and out is None and pos in self.pending:
+                entry = [self.pending[pos], set()]
+                self.rx.forget(self, pos)
+                self.placed.add(pos)
+            else:
+                arr, due = np.empty(n, np.uint8), set()
+                for j in range(k):
+                    dest = arr[j * FRAME_MAX : min(n, (j + 1) * FRAME_MAX)]
+                    got = self.pending.get(pos + j)
+                    if got is None:
+                        due.add(pos + j)
+                        self.landing[pos + j] = (dest, due)
+                    elif got.nbytes != dest.nbytes:
+                        raise ValueError(
+                            f"bulk frame {pos + j} holds {got.nbytes} bytes, not {dest.nbytes}"
+                        )
+                    else:
+                        dest[:] = got
+                        self.rx.forget(self, pos + j)
+                        self.placed.add(pos + j)
+                entry = [arr, due]
+            self.made[pos] = entry
+        if entry[1]:
+            self.rx.drain()  # (what is here already lands now)
+        if self.failed is not None:
+            raise ValueError(self.failed)
+        if entry[1]:
+            raise NotYet(self)
+        if entry[0].nbytes != n:
+            raise ValueError(f"bulk frame {pos} holds {entry[0].nbytes} bytes, not {n}")
+        if out is None:
+            return entry[0]
+        out[:] = entry[0]  # (every frame passed its tag: now the caller's array)
+        return out
+
+    def due(self) -> bool:
+        """Whether a frame the message being decoded needs is still to come."""
+        return self.failed is None and bool(self.landing)
+
+    def commit(self) -> None:
+        """The message being decoded is done (delivered, or dropped): its counters are used."""
+        for pos, (arr, _due) in self.made.items():
+            self.next = max(self.next, pos + _frames(arr.nbytes))
+        self.made.clear()
+        self.landing.clear()
+        self.placed.clear()
+        self.failed = None
+        for c in [c for c in self.pending if c < self.next]:
+            self.rx.forget(self, c)
+
+    def holds(self, arr: np.ndarray) -> bool:
+        return False
+
+    def close(self) -> None:
+        for c in list(self.pending):
+            self.rx.forget(self, c)
+        self.rx.release(self, sum(len(f.buffer) for f in self.early))
+        self.early.clear()
+        self.made.clear()
+        self.landing.clear()
+
+
+class BulkReceiver:
+    """A node's bulk listener: one plain ROUTER every peer's bulk DEALER connects to."""
+
+    def __init__(self, ctx: zmq.Context, host: str, name: str, refusals: RefusalLog) -> None:
+        self.name = name
+        self.refusals = RefusalLog(name, "bulk frames")
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 4)  # per connection: 64 MiB queued at most
+        self.sock.setsockopt(zmq.MAXMSGSIZE, FRAME_MAX + CTR + TAG)
+        # a connection is checked by the van's ZAP handler (transport/security.py) before
+        # libzmq reads one message of it: it must name an offered channel and prove it holds
+        # that channel's key half (:meth:`authorize`); handshakes are timed out and capped
+        # as at the van's own port (transport/handshakes.py)
+        self.sock.setsockopt(zmq.ZAP_DOMAIN, BULK_DOMAIN)
+        self.sock.setsockopt(zmq.PLAIN_SERVER, 1)
+        self.guard = HandshakeGuard(self.sock, refusals, secured=False)
+        self.sock.bind(f"tcp://{host}:*")
+        self.port = self.guard.port = int(
+            self.sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
+        )
+        self.channels: dict[bytes, InChannel] = {}  # channel id (the DEALER's routing id)
+        self.pending_bytes = 0
+        self.wait_s = BULK_WAIT_S
+
+    def _refuse(self, why: str, *args: object) -> None:
+        self.refusals.refused("%s refused a bulk frame: " + why, self.name, *args)
+
+    def authorize(self, user: bytes, password: bytes) -> bytes | None:
+        """(The ZAP thread's check of a connection.) The user id its frames will carry if
+        ``user`` is a channel this node offered or opened and ``password`` its proof."""
+        chan = self.channels.get(user)
+        if chan is None or not hmac.compare_digest(password, chan.proof):
+            return None
+        return chan.user
+
+    def hold(self, chan: InChannel, n: int, ctr: int) -> bool:
+        """Count ``n`` more bytes kept for ``chan``; False (and a refusal) over a budget."""
+        if self.pending_bytes + n > PENDING_MAX or chan.held + n > CHANNEL_PENDING_MAX:
+            self._refuse(
+                "node %s's frame %d: %d bytes of its channel's (%d of all) are held for "
+                "headers not yet read",
+                chan.peer,
+                ctr,
+                chan.held,
+                self.pending_bytes,
+            )
+            return False
+        chan.held += n
+        self.pending_bytes += n
+        return True
+
+    def release(self, chan: InChannel, n: int) -> None:
+        chan.held -= n
+        self.pending_bytes -= n
+
+    def forget(self, chan: InChannel, ctr: int) -> None:
+        got = chan.pending.pop(ctr, None)
+        if got is not None:
+            self.release(chan, got.nbytes)
+
+    def drain(self) -> bool:
+        """Read what the bulk port holds now (at most :data:`DRAIN_MAX` frames): each frame
+        lands where a message waits for it, or is kept, or is refused. Whether one came."""
+        came = False
+        for _ in range(DRAIN_MAX):
+            try:
+                parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            came = True
+            self._on_frame(parts)
+        return came
+
+    def _on_frame(self, parts: list) -> None:
+        if len(parts) != 2:
+            self._refuse("%d parts from one connection", len(parts))
+            return
+        chan = self.channels.get(parts[0].bytes)
+        if chan is None or parts[1].get("User-Id").encode() != chan.user:
+            # (ZAP let it in for another channel: its routing id names one it has no key of)
+            self._refuse("a connection that is no peer's channel (a stranger)")
+            return
+        buf = parts[1].buffer
+        chan.heard = time.monotonic()
+        if chan.aead is None:  # offered, and its hello is still on its way: kept till then
+            if self.hold(chan, len(buf), -1):
+                chan.early.append(parts[1])
+            return
+        if len(buf) < CTR + TAG:
+            self._refuse("%d bytes from node %s's channel, too short", len(buf), chan.peer)
+            return
+        ctr = int.from_bytes(buf[:CTR], "big")
+        if ctr < chan.next or ctr in chan.pending or ctr in chan.placed:
+            self._refuse(
+                "counter %d from node %s's channel was used already (a replay)", ctr, chan.peer
+            )
+            return
+        self.place(chan, ctr, buf)
+
+    def place(self, chan: InChannel, ctr: int, buf: memoryview) -> None:
+        """A frame that passed the connection checks: into the array waiting for it, or
+        kept for a header not yet read (decrypted, so a bad one is refused now)."""
+        spot = chan.landing.pop(ctr, None)
+        if spot is not None:
+            dest, due = spot
+            due.discard(ctr)
+            chan.placed.add(ctr)
+            if not self._open(chan, ctr, buf, dest):
+                chan.failed = f"bulk frame {ctr} was refused"
+            return
+        if chan.landing and min(chan.landing) < ctr:  # one connection keeps its order
+            chan.failed = f"bulk frame {min(chan.landing)} was skipped by its sender"
+        n = len(buf) - CTR - TAG
+        if not self.hold(chan, n, ctr):
+            return
+        plain = np.empty(n, np.uint8)
+        if self._open(chan, ctr, buf, plain):
+            chan.pending[ctr] = plain
+        else:
+            self.release(chan, n)
+
+    def _open(self, chan: InChannel, ctr: int, buf: memoryview, dest: np.ndarray) -> bool:
+        """Decrypt into ``dest``; False (and a refusal) if the frame fails its tag."""
+        if len(buf) != CTR + dest.nbytes + TAG:
+            self._refuse(
+                "frame %d of node %s's channel is %d bytes, not %d",
+                ctr,
+                chan.peer,
+                len(buf),
+                CTR + dest.nbytes + TAG,
+            )
+            return False
+        try:
+            chan.aead.decrypt_into(_nonce(ctr), buf[CTR:], chan.cid + bytes(buf[:CTR]), dest)
+        except InvalidTag:
+            self._refuse(
+                "frame %d of node %s's channel failed its tag (forged or tampered)", ctr, chan.peer
+            )
+            return False
+        return True
+
+    def poll_once(self) -> None:
+        """Read what came on the bulk port (kept, landed or refused)."""
+        self.drain()
+
+    def close(self) -> None:
+        self.guard.close(self.sock)
+        self.sock.close(linger=0)
+
+
+class Waiting:
+    """Messages that wait for their bulk frames, per connection, in the order they came: a
+    connection's later messages wait behind its first (a pull behind its push)."""
+
+    def __init__(self) -> None:
+        self.queues: dict[bytes, deque] = {}  # origin -> [(frames, sender, channel)]
+
+    def __bool__(self) -> bool:
+        return bool(self.queues)
+
+    def holds(self, origin: bytes) -> bool:
+        return origin in self.queues
+
+    def add(self, origin: bytes, frames: list, sender: Any, chan: InChannel | None) -> None:
+        self.queues.setdefault(origin, deque()).append([frames, sender, chan])
+
+    def ready(self, decode: Any, dropped: Any) -> list:
+        """The messages that can be decoded now, in order (``decode(frames, origin, sender)``
+        returns a message, None when it was bad, or raises NotYet); a head whose channel
+        said nothing for its wait is dropped (``dropped(sender, why)``)."""
+        out = []
+        for origin in list(self.queues):
+            queue = self.queues[origin]
+            while queue:
+                frames, sender, chan = queue[0]
+                if chan is not None and chan.due():
+                    quiet = time.monotonic() - chan.heard
+                    if quiet < chan.rx.wait_s:
+                        break
+                    chan.commit()  # (its counters are skipped: the message is dropped)
+                    dropped(
+                        sender,
+                        f"bulk frames did not come within {chan.rx.wait_s:g} s of the last one",
+                    )
+                    queue.popleft()
+                    continue
+                try:
+                    msg = decode(frames, origin, sender)
+                except NotYet as wait:
+                    queue[0][2] = wait.ring
+                    break
+                queue.popleft()
+                if msg is not None:
+                    out.append(msg)
+            if not queue:
+                del self.queues[origin]
+        return out

@@ -1,0 +1,185 @@
+"""The receive half of a van (:class:`Inbox`): the one thread that reads its ROUTER (and
+its bulk listener) decodes each message, hands in-van offers and hellos to the van, keeps a
+message whose bulk frames are still to come waiting with its connection's later messages
+(transport/bulk_in.py), and lends ring-borne arrays to the handlers that borrow them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import zmq
+
+from hetps.transport.bulk import BULK_HELLO, BULK_OFFER
+from hetps.transport.bulk_in import Waiting
+from hetps.transport.codec import BadMessage, Message, NotYet, decode
+from hetps.transport.shm import drop_broken
+
+log = logging.getLogger("hetps.van")
+
+#: sender id of a message whose connection belongs to no known node
+UNKNOWN = 0
+#: the in-van command that offers a ring to its receiver (never reaches the application)
+RING_OFFER = "__ring_offer"
+#: ring offers kept from connections not yet known (the node table is on its way)
+MAX_STASHED_OFFERS = 64
+# plain ints: pyzmq's enum members make a new enum object on every `&` (a microsecond each)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
+
+class Inbox:
+    """What the receive thread of ``van`` holds: messages waiting for their bulk frames,
+    messages decoded and not handed out yet, and the one message whose arrays are lent."""
+
+    def __init__(self, van: Any) -> None:
+        self.van = van
+        self.waiting = Waiting()  # messages whose bulk frames are still to come
+        self.ready: list[Message] = []  # decoded, not handed out yet (read with a waiting one)
+        self.lent: Message | None = None
+
+    def recv(self, timeout: float | None = None) -> Message | None:
+        """Receive one message, or None after ``timeout`` seconds. Bad messages are logged and
+        dropped (never raised), so a malformed peer cannot stop the receive loop.
+
+        A request whose command is in :attr:`borrow` comes with its ring-borne arrays lent:
+        read-only views of the shared-memory ring, valid until the message is released
+        (:meth:`release`), at the latest when this thread calls ``recv`` again. A message
+        whose bulk frames are not all here waits (with its connection's later messages) in
+        :attr:`waiting` while this thread reads on (transport/bulk_in.py)."""
+        van = self.van
+        if self.lent is not None:
+            self.release(self.lent)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.ready:
+                return self.ready.pop(0)
+            wait_ms = (
+                None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            )
+            if self.waiting and (wait_ms is None or wait_ms > 100):
+                wait_ms = 100  # (a waiting message's frames may stop coming: it is dropped)
+            # a message that is already waiting before we poll arrived while this thread was
+            # busy elsewhere: the time we take it is later than its arrival
+            waited = bool(van._router.getsockopt(_EVENTS) & _POLLIN)
+            events = dict(van._poller.poll(wait_ms))
+            if van._monitor in events:
+                van._guard.drain()
+            bulk = van.bulk
+            if bulk is not None:
+                if bulk.rx.guard.monitor in events:
+                    bulk.rx.guard.drain()  # (the bulk port's handshakes: capped, timed out)
+                if bulk.rx.sock in events and van._router not in events:
+                    bulk.rx.drain()  # frames: where their message waits, or kept for it
+                if self.waiting:
+                    for msg in self.waiting.ready(self.decode, self.dropped):
+                        self.deliver(msg, True)
+            if van._router not in events:
+                van._guard.sweep()  # (connections that never speak, while nothing comes)
+                if bulk is not None:
+                    bulk.rx.guard.sweep()
+                if not self.ready and deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            # recv_multipart less its getsockopt(RCVMORE) per frame: each frame says itself
+            frames = [van._router.recv(copy=False)]
+            while frames[-1].more:
+                frames.append(van._router.recv(copy=False))
+            origin = frames[0].bytes
+            sender = van._origins.get(origin, UNKNOWN)
+            if self.waiting.holds(origin):  # behind that connection's waiting message
+                self.waiting.add(origin, frames, sender, None)
+                continue
+            try:
+                msg = self.decode(frames, origin, sender)
+            except NotYet as wait:
+                self.waiting.add(origin, frames, sender, wait.ring)
+                continue
+            if msg is not None:
+                self.deliver(msg, waited)
+
+    def decode(self, frames: list, origin: bytes, sender: int) -> Message | None:
+        """A message of ``frames``, or None if it was bad (logged); NotYet: its bulk frames
+        are still to come."""
+        van = self.van
+        guard = van.landing_guard
+        if guard is not None:
+            guard.acquire()
+        try:
+            msg = decode(
+                frames[1:],
+                van.max_message_bytes,
+                van._rings_in,
+                self.landing_for(sender),
+                origin,
+                van.borrow,
+            )
+        except BadMessage as exc:
+            self.dropped(sender, str(exc))
+            for name in drop_broken(van._rings_in):  # truncated by its sender
+                log.warning("%s closed ring %s: its sender truncated it", van.name, name)
+            return None
+        finally:
+            if guard is not None:
+                guard.release()
+        msg.sender, msg.origin = sender, origin
+        return msg
+
+    def dropped(self, sender: int, why: str) -> None:
+        van = self.van
+        log.warning("%s dropped a bad message from %s: %s", van.name, self.who(sender), why)
+
+    def deliver(self, msg: Message, waited: bool) -> None:
+        """Into :attr:`ready` (or, for an in-van command, taken here)."""
+        van = self.van
+        if msg.lease is not None:
+            if self.lent is None:
+                self.lent = msg
+            else:  # (two lent at once: this one's arrays are copied out of its ring now)
+                self.release(msg)
+        if msg.cmd in (RING_OFFER, BULK_OFFER, BULK_HELLO):
+            if msg.sender != UNKNOWN:
+                van._in_van(msg)
+            else:  # perhaps a peer whose node table is on its way: keep a few
+                with van._ring_lock:
+                    kept = len(van._stashed) < MAX_STASHED_OFFERS
+                    if kept:
+                        van._stashed.append(msg)
+                if not kept:
+                    log.warning("%s dropped a ring offer from an unknown connection", van.name)
+            return
+        now = time.time()
+        msg.backlogged = waited
+        van.counters.on_recv(msg.sender, msg.nbytes, now)
+        if van.observer is not None:
+            van.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
+        if van.verbose >= 2:
+            van._trace("<-", msg.sender, msg)
+        self.ready.append(msg)
+
+    def landing_for(self, sender: int) -> Any:
+        """The codec's ``landing_of`` for a message from ``sender``: only the node a request
+        went to may land its answer in the caller's array."""
+        van = self.van
+        landing_of = van.landing_of
+        if landing_of is None or sender == UNKNOWN:
+            return None
+        return lambda cmd, req, body, count: landing_of(sender, cmd, req, body, count)
+
+    def release(self, msg: Message) -> None:
+        """Give the ring space of ``msg``'s lent arrays back to its sender. The arrays it still
+        holds (a request kept for later) are copied first, so it owns them from now on; what
+        was read straight from the ring must not be kept past this point."""
+        ring, msg.lease = msg.lease, None
+        if self.lent is msg:
+            self.lent = None
+        if ring is None:
+            return
+        msg.arrays = [a.copy() if ring.holds(a) else a for a in msg.arrays]
+        ring.commit()
+
+    @staticmethod
+    def who(sender: int) -> str:
+        return f"node {sender}" if sender != UNKNOWN else "an unknown connection"
