@@ -491,3 +491,27 @@ def test_a_header_whose_frames_never_come_holds_up_only_its_own_connection(pair,
         np.testing.assert_array_equal(got.arrays[0], sent)
     finally:
         other.close()
+
+
+def test_a_restarted_peer_s_new_channel_replaces_its_old_one(pair):
+    """Node 1 restarts (a new process, a new connection): rx offers it a fresh channel, and
+    its hello closes the one the old process had opened, so channels do not pile up."""
+    tx, rx = pair
+    _push(tx, 0)
+    assert rx.recv(timeout=10) is not None
+    old = tx.bulk.out[2].cid
+    tx.close()
+    tx2 = Van(name="tx2", secret=SECRET, bulk=True)
+    try:
+        rx.admit(tx2.connect(2, rx.endpoint, bulk=True), 1)
+        tx2.admit(rx.connect(1, tx2.endpoint, bulk=True), 2)
+        _until(lambda: tx2.bulk is not None and 2 in tx2.bulk.offers, "no offer", tx2)
+        sent = _push(tx2, 5)
+        got = rx.recv(timeout=10)
+        assert got is not None and got.req == 5
+        np.testing.assert_array_equal(got.arrays[0], sent)
+        chans = [c for c in rx._rings_in.values() if hasattr(c, "cid")]
+        assert [c.cid for c in chans] == [tx2.bulk.out[2].cid]
+        assert old not in rx.bulk.rx.channels
+    finally:
+        tx2.close()

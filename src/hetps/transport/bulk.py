@@ -258,8 +258,9 @@ class Bulk:
             return f"the channel was offered to node {chan.peer}, not to this connection's"
         del self.offered[cid]
         chan.open(self.salt, ka, origin)
-        for name, old in list(rings.items()):  # the channel it replaces
-            if isinstance(old, InChannel) and old.owner == origin:
+        for name, old in list(rings.items()):  # the channel it replaces (the same process's,
+            # or the one an earlier process of that node opened: it sends on this one now)
+            if isinstance(old, InChannel) and (old.owner == origin or old.peer == peer):
                 old.close()
                 del rings[name]
                 self.rx.channels.pop(old.cid, None)
