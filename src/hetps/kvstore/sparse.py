@@ -98,10 +98,10 @@ class SparseKeys:
         if self.balance:
             if key in self.order:  # (a dense key made a table: the planner forgets it)
                 self.order.remove(key)
-            if lead:
-                log.info(
-                    "worker: HETPS_BALANCE plans the dense keys; row-sparse key %r stays where "
-                    "its ids place it (row r on server r %% %d)",
+            if lead:  # (said once, by the worker that declares it)
+                log.warning(
+                    "worker: HETPS_BALANCE plans the dense keys only; row-sparse key %r stays "
+                    "where its row ids place it (row r on server r %% %d)",
                     key,
                     self.num_servers,
                 )
