@@ -190,6 +190,43 @@ def test_a_replica_without_the_part_refuses_a_round_and_gets_it_all_again():
     assert "no copy of table 't' part 0" in body["error"]
     p.replication._copied(p.replication._copies[0], Q_ID, RuntimeError(body["error"]))
     wire.deliver()  # the ssync
-    assert sorted(_acked(wire, P_ID)) == [10, 11]
+    assert sorted(_acked(wire, P_ID)) == [10, 11] and not _errors(wire, P_ID)
     assert np.array_equal(_rows(p, range(8)), _rows(q, range(8)))
     assert _state(p, range(8)) == _state(q, range(8))
+
+
+def test_a_replica_without_room_for_the_copy_fails_the_declaration_with_the_fix():
+    """Copies count toward a server's cap on table memory: a replica that cannot hold its
+    copy refuses it, and the worker's init is answered with the replica's error and the
+    fix, instead of a table that would have no copy."""
+    wire, p, q = _pair()
+    q.tables.cap = 50  # bytes: under the 8 rows' 72
+    _sinit(p)
+    to, msg, _ = wire.held.pop()
+    q.handle(msg)
+    refusal = wire.replies[Q_ID][-1][1]["error"]
+    assert "HETPS_TABLE_MAX_BYTES" in refusal
+    p.replication._copied(p.replication._copies[0], Q_ID, RuntimeError(refusal))
+    ((reply, body, _),) = [r for r in wire.replies[P_ID] if r[0].cmd == "sinit"]
+    assert "sinit of row-sparse key 't': a replica could not take its copy (node 10: " in (
+        body["error"]
+    ), body
+    assert "give the servers room for them (HETPS_TABLE_MAX_BYTES)" in body["error"]
+
+
+def test_a_round_a_replica_has_no_room_for_is_answered_with_the_fix():
+    """A growing table's round that would put a replica over its cap (its copies count):
+    the round's pushes are answered with the replica's refusal and the fix."""
+    wire, p, q = _pair()
+    q.tables.cap = 200  # bytes: the declaration fits, three rows with their index do not
+    _sinit(p, rows=None)
+    wire.deliver()
+    _spush(p, W0, 0, [1, 2, 3], np.ones(6), 10)
+    _spush(p, W1, 0, [1], [1.0, 1.0], 11)
+    to, msg, _ = wire.held.pop()
+    q.handle(msg)
+    refusal = wire.replies[Q_ID][-1][1]["error"]
+    p.replication._copied(p.replication._copies[0], Q_ID, RuntimeError(refusal))
+    errors = _errors(wire, P_ID)
+    assert len(errors) == 2 and sorted(_acked(wire, P_ID)) == [10, 11], errors
+    assert "the round of row-sparse key 't': a replica could not take its copy" in errors[0]

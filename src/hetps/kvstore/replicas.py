@@ -32,12 +32,13 @@ log = logging.getLogger("hetps.server")
 class _Copy:
     """A copy on its way to the replicas: who has yet to acknowledge it, and what then."""
 
-    __slots__ = ("waiting", "then", "done")
+    __slots__ = ("waiting", "then", "done", "errors")
 
-    def __init__(self, waiting: set[int], then) -> None:
+    def __init__(self, waiting: set[int], then, errors: list | None = None) -> None:
         self.waiting = waiting
         self.then = then
         self.done = False
+        self.errors = errors  # where live replicas' refusals are told (None: not kept)
 
 
 class Replication:
@@ -70,15 +71,17 @@ class Replication:
         after = live[me + 1 :] + live[:me]
         return [n.id for n in after[: node.replicas - 1]]
 
-    def copy_out(self, body: dict, data: np.ndarray | list, then) -> None:
+    def copy_out(
+        self, body: dict, data: np.ndarray | list, then, errors: list | None = None
+    ) -> None:
         """Send ``body`` with ``data`` (an array, or a list of them: not changed until every
         replica answered) to every replica; ``then()`` runs once each acknowledged it, or
-        died."""
+        died. ``errors`` gets each live replica's refusal (its server and the error)."""
         peers = self.replicas()
         if not peers:
             then()
             return
-        copy = _Copy(set(peers), then)
+        copy = _Copy(set(peers), then, errors)
         self._copies.append(copy)
         arrays = data if isinstance(data, list) else [data]
         for peer in peers:
@@ -97,6 +100,8 @@ class Replication:
             # a live replica that refused a copy (it lacked the slice, or a round): it gets
             # the whole of what we serve again, behind which later rounds go on
             log.warning("server: a replica did not take a copy (%s); sending it all again", error)
+            if copy.errors is not None:
+                copy.errors.append(f"{self.node.describe(peer)}: {error}")
             self.resync()
         copy.waiting.discard(peer)
         if not copy.waiting and not copy.done:

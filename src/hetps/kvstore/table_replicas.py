@@ -31,6 +31,8 @@ from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.server")
 
+#: the servers' cap on table memory, as its refusal names it (kvstore/tables.py)
+CAP_VAR = "HETPS_TABLE_MAX_BYTES"
 #: the ops of a REPLICATE message that carry a table's part
 TABLE_OPS = frozenset({"sinit", "sload", "sround", "ssync"})
 #: bytes of rows (values and state) one ``ssync`` chunk carries
@@ -53,8 +55,13 @@ class TableCopies:
         rep = self.server.replication
         if not rep.replicas():
             return False
-        body = dict(msg.body, op=op)
-        rep.copy_out(body, list(msg.arrays), lambda: self.server.answers.reply(msg))
+        errors: list[str] = []
+
+        def then() -> None:
+            text = _no_room(msg.cmd, msg.body.get("k"), errors, every=True)
+            self.server.answers.reply(msg, {"error": text} if text else None)
+
+        rep.copy_out(dict(msg.body, op=op), list(msg.arrays), then, errors)
         return True
 
     def by_round(self, sh: Any, msg: Message) -> bool | None:
@@ -91,7 +98,13 @@ class TableCopies:
         # while the copy is out the part takes no push or pull (they wait in its backlog), so
         # neither array changes before every replica answered
         sh.copying = True
-        rep.copy_out(body, arrays, lambda: self.tables.answer_round(sh, *answers, error))
+        errors: list[str] = []
+
+        def then() -> None:
+            full = _no_room("the round", sh.key, errors, every=False)
+            self.tables.answer_round(sh, *answers, error or full)
+
+        rep.copy_out(body, arrays, then, errors)
         return True
 
     def served(self) -> list[Any]:
@@ -167,6 +180,21 @@ class TableCopies:
             grad = self.tables._rows(msg, sh, msg.arrays[1], ids.size)
             self.tables._apply(sh, ids, grad)  # the same optimizer on the same sums
         sh.rounds = rnd
+
+
+def _no_room(what: str, key: Any, errors: list[str], every: bool) -> str | None:
+    """The error to answer a copied request with when a replica refused its copy: any
+    refusal (``every``: a declaration or a restore), or only one for want of room (a round:
+    a replica that lacks the part refuses too, and gets the whole part again)."""
+    why = next((e for e in errors if every or CAP_VAR in e), None)
+    if why is None:
+        return None
+    # (a replica over its cap: its copies of its neighbours' parts count there too)
+    return (
+        f"{what} of row-sparse key {key!r}: a replica could not take its copy ({why}); with "
+        "HETPS_REPLICAS each server also holds copies of its neighbours' parts: give the "
+        f"servers room for them ({CAP_VAR}), or run with fewer replicas"
+    )
 
 
 def _part_messages(sh: Any) -> list[tuple[dict, list[np.ndarray]]]:

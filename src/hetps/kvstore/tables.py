@@ -386,7 +386,7 @@ class Tables:
         if copy and sh is not None and sh.primary:
             raise BadRequest(f"replicate: table {key!r} part {part} is served here, not a copy")
         if sh is None or sh.decl != decl or sh.nparts != nparts:
-            if sh is not None and (sh.pending or sh.deferred or sh.backlog):
+            if sh is not None and (sh.pending or sh.deferred or sh.backlog or sh.copying):
                 raise BadRequest(
                     f"sinit of key {key!r}: a round of this table is under way here; declare "
                     "it again only between rounds (every worker's pushes answered)"
