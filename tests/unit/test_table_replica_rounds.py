@@ -208,8 +208,9 @@ def test_a_replica_without_room_for_the_copy_fails_the_declaration_with_the_fix(
     assert "HETPS_TABLE_MAX_BYTES" in refusal
     p.replication._copied(p.replication._copies[0], Q_ID, RuntimeError(refusal))
     ((reply, body, _),) = [r for r in wire.replies[P_ID] if r[0].cmd == "sinit"]
-    assert "sinit of row-sparse key 't': a replica could not take its copy (node 10: " in (
-        body["error"]
+    assert (
+        "sinit of row-sparse key 't': a replica could not take its copy (node 10: "
+        in (body["error"])
     ), body
     assert "give the servers room for them (HETPS_TABLE_MAX_BYTES)" in body["error"]
 
