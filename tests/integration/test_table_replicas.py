@@ -67,7 +67,7 @@ print(f"FINAL {kv.rank} {digest(emb, hashed)}", flush=True)
 ENV = {**TEST_ENV, "ROUNDS": "8"}
 
 
-def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: int = 0):
+def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: int = 0, servers=2):
     flags = tmp_path / name
     flags.mkdir()
     script = tmp_path / "table_replicas_script.py"
@@ -75,7 +75,7 @@ def _job(tmp_path: Path, name: str, replicas: int, kill_at: int, max_restarts: i
     out = io.StringIO()
     spec = LaunchSpec(
         num_workers=2,
-        num_servers=2,
+        num_servers=servers,
         command=[sys.executable, str(script)],
         env={**ENV, "KILL_AT": str(kill_at), "FLAGS": str(flags)},
         start_timeout=30.0,
@@ -105,10 +105,12 @@ def undisturbed(tmp_path_factory) -> list:
     return got
 
 
-def _run_killing(tmp_path: Path, name: str, max_restarts: int = 0, then=None):
-    """Run with 2 copies; when worker 0 has pushed round 4, SIGKILL server 0, call
+def _run_killing(
+    tmp_path: Path, name: str, max_restarts: int = 0, then=None, servers: int = 2, victim=0
+):
+    """Run with 2 copies; when worker 0 has pushed round 4, SIGKILL server ``victim``, call
     ``then(launcher, out, runner)`` if given, and let the workers go on."""
-    launcher, out, flags = _job(tmp_path, name, 2, 4, max_restarts)
+    launcher, out, flags = _job(tmp_path, name, 2, 4, max_restarts, servers)
     result: dict = {}
     runner = threading.Thread(target=lambda: result.setdefault("code", launcher.run()))
     runner.start()
@@ -118,7 +120,7 @@ def _run_killing(tmp_path: Path, name: str, max_restarts: int = 0, then=None):
             assert runner.is_alive(), out.getvalue()
             assert time.monotonic() < deadline, "worker 0 never pushed: " + out.getvalue()
             time.sleep(0.02)  # polls a file the job writes
-        _kill(launcher, 0)
+        _kill(launcher, victim)
         if then is not None:
             then(launcher, out, runner)
         (flags / "killed").touch()
@@ -136,6 +138,17 @@ def test_a_killed_server_is_taken_over_and_tables_equal_an_undisturbed_run(tmp_p
     assert "server 0 was killed by signal 9" in out, out
     assert "takes over its keys" in out, out
     assert re.search(r"\[worker 0\].*unanswered requests went again", out), out
+    assert _rounds(out) == undisturbed, out
+
+
+def test_three_servers_the_middle_one_killed(tmp_path, undisturbed):
+    """Three servers: server 1's parts are taken over by server 2, which then serves two
+    parts of each table (a row's value does not depend on the number of servers, so the
+    reference is the same run)."""
+    code, out = _run_killing(tmp_path, "three", servers=3, victim=1)
+    assert code == 0, out
+    assert "server 1 was killed by signal 9" in out, out
+    assert re.search(r"server rank 2 \(node \d+.*takes over its keys", out), out
     assert _rounds(out) == undisturbed, out
 
 
