@@ -8,8 +8,8 @@ whole of what it serves (ops ``optimizer`` and ``sync``). A slice a plan moves (
 takes its copies along: the new primary copies its init and its states (op ``states``), and
 the old one's ``drop`` removes its replicas' copies (op ``drop``). The receiving side applies a round
 with the same optimizer, so values and states stay identical. The row-sparse keys' parts go
-the same way (ops ``sinit``, ``sload``, ``sround``, ``ssync``: kvstore/table_replicas.py). docs/FAULTS.md says what a user
-sees; docs/ARCHITECTURE.md how it fits.
+the same way (ops ``sinit``, ``sload``, ``sround``, ``ssync``: kvstore/table_replicas.py).
+docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 """
 
 from __future__ import annotations
