@@ -58,7 +58,9 @@ class TableCopies:
         errors: list[str] = []
 
         def then() -> None:
-            text = _no_room(msg.cmd, msg.body.get("k"), errors, every=True)
+            # a declaration any replica refused fails; a load only for want of room (a
+            # replica that lacked the part gets it whole, loaded rows included)
+            text = _refused(msg.cmd, msg.body.get("k"), errors, every=op == "sinit")
             self.server.answers.reply(msg, {"error": text} if text else None)
 
         rep.copy_out(dict(msg.body, op=op), list(msg.arrays), then, errors)
@@ -101,7 +103,7 @@ class TableCopies:
         errors: list[str] = []
 
         def then() -> None:
-            full = _no_room("the round", sh.key, errors, every=False)
+            full = _refused("the round", sh.key, errors, every=False)
             self.tables.answer_round(sh, *answers, error or full)
 
         rep.copy_out(body, arrays, then, errors)
@@ -182,19 +184,21 @@ class TableCopies:
         sh.rounds = rnd
 
 
-def _no_room(what: str, key: Any, errors: list[str], every: bool) -> str | None:
+def _refused(what: str, key: Any, errors: list[str], every: bool) -> str | None:
     """The error to answer a copied request with when a replica refused its copy: any
-    refusal (``every``: a declaration or a restore), or only one for want of room (a round:
-    a replica that lacks the part refuses too, and gets the whole part again)."""
+    refusal (``every``: a declaration), or only one for want of room (a replica that lacks
+    the part refuses too, and then gets the whole part again)."""
     why = next((e for e in errors if every or CAP_VAR in e), None)
     if why is None:
         return None
-    # (a replica over its cap: its copies of its neighbours' parts count there too)
-    return (
-        f"{what} of row-sparse key {key!r}: a replica could not take its copy ({why}); with "
-        "HETPS_REPLICAS each server also holds copies of its neighbours' parts: give the "
-        f"servers room for them ({CAP_VAR}), or run with fewer replicas"
-    )
+    if CAP_VAR in why:  # (a replica over its cap: its copies of its neighbours' parts count)
+        fix = (
+            "with HETPS_REPLICAS each server also holds copies of its neighbours' parts: give "
+            f"the servers room for them ({CAP_VAR}), or run with fewer replicas"
+        )
+    else:
+        fix = "fix what it names on that server, or run with HETPS_REPLICAS=1"
+    return f"{what} of row-sparse key {key!r}: a replica could not take its copy ({why}); {fix}"
 
 
 def _part_messages(sh: Any) -> list[tuple[dict, list[np.ndarray]]]:
