@@ -87,6 +87,20 @@ def test_tables_restored_from_a_checkpoint_go_on_exactly(cluster, tmp_path):
         assert _result(out) == first, phase
 
 
+def test_tables_with_copies_checkpoint_and_restore_exactly(cluster, tmp_path):
+    """HETPS_REPLICAS=2: the same rounds, a checkpoint (read from each part's primary) and a
+    restore (each load copied to the part's replica) give every row, bit for bit, what the
+    run without copies gives."""
+    rc, out = cluster(CODE.format(ck=str(tmp_path / "a"), phase="first", stop=3), servers=2)
+    assert rc == 0, out
+    first = _result(out)
+    ck, env = str(tmp_path / "b"), {"HETPS_REPLICAS": "2"}
+    for phase in ("first", "declared"):
+        rc, out = cluster(CODE.format(ck=ck, phase=phase, stop=3), servers=2, env=env)
+        assert rc == 0, out
+        assert _result(out) == first, phase
+
+
 def test_a_table_checkpoint_loads_into_another_number_of_servers(cluster, tmp_path):
     """Taken on two servers, restored on one: the rows go to the server holding their id."""
     ck = str(tmp_path / "ck")

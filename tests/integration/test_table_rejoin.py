@@ -63,7 +63,7 @@ print("SEEN", kv.rank, json.dumps(seen), flush=True)
 DIE_AT = 3
 
 
-def _run(tmp_path, servers: int, code: str = SCRIPT) -> tuple[int, str]:
+def _run(tmp_path, servers: int, code: str = SCRIPT, replicas: int = 1) -> tuple[int, str]:
     script = tmp_path / "table_join.py"
     script.write_text(PRELUDE + textwrap.dedent(code))
     out = io.StringIO()
@@ -77,6 +77,7 @@ def _run(tmp_path, servers: int, code: str = SCRIPT) -> tuple[int, str]:
         elastic_min=2,
         max_restarts=1,
         rejoin_workers=True,
+        replicas=replicas,
     )
     launcher = Launcher(spec, out=out)
     try:
@@ -86,8 +87,11 @@ def _run(tmp_path, servers: int, code: str = SCRIPT) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def test_a_worker_started_again_joins_a_job_with_tables(tmp_path):
-    code, out = _run(tmp_path, servers=2)
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_worker_started_again_joins_a_job_with_tables(tmp_path, replicas):
+    """Second case: the tables have copies (HETPS_REPLICAS=2), so every push carries its
+    round, and the joiner counts its pushes from the round count the live workers give it."""
+    code, out = _run(tmp_path, servers=2, replicas=replicas)
     assert code == 0, out
     joined = re.search(r"JOINED 2 (\d+) 3", out)
     assert joined is not None, out

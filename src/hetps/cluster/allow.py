@@ -20,8 +20,9 @@ does not know. Everything else not listed is refused, with one log line per mess
 
 Unpickling: ``set_optimizer`` and ``set_states`` carry pickles, which run code when loaded,
 and so may ``sinit`` (a row-sparse table's own optimizer, field ``opt``). They are accepted
-only from a registered worker's connection (with a cluster secret: an authenticated one), and
-a server unpickles nothing else from the network.
+only from a registered worker's connection (with a cluster secret: an authenticated one); a
+server's copies to its replicas (``replicate``, HETPS_REPLICAS) pass them on, from a server of
+the job. A server unpickles nothing else from the network.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "worker_left": _SCHED,
         "worker_back": _SCHED,
         "enter": _W,  # (HETPS_ELASTIC) a worker that joined: count it in rounds; self only
-        "replicate": _S,  # a primary's copy of a round (HETPS_REPLICAS); no pickles
+        "replicate": _S,  # a primary's copies (HETPS_REPLICAS; docs/SECURITY.md, pickles)
     },
     WORKER: {
         "forecast": _S,

@@ -145,6 +145,9 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "sync": "true in dist_sync (rounds: every worker pushes once per round, maybe no "
         "rows), false in dist_async",
         "(arrays)": "sorted distinct row ids (int64) and their gradient rows (ids x cols)",
+        "rnd": "with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of the table: "
+        "a server that applied that round already acknowledges a resent push without applying "
+        "it again, and keeps one of a later round until its round comes",
     },
     SPULL: {
         "k": "the key",
@@ -184,7 +187,11 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "dist_sync round: k, part, rnd = the rounds applied with this one, mode = grad (the "
         "merged pushes, for the optimizer) or value (the new value, with no optimizer)); "
         "array 0 is the data. Optimizer states need no copy: a worker sends set_optimizer "
-        "and set_states to every server",
+        "and set_states to every server. A table's part (kvstore/table_replicas.py): sinit "
+        "and sload (the worker's request as it came), sround (k, part, rnd; arrays: the "
+        "round's distinct row ids and their per-row sums; dropped: the round failed on the "
+        "primary, only counted), ssync (a whole part: first its sinit fields with fresh, rnd, "
+        "state and numbers, then chunks of its used rows as an sload's)",
     },
     FAILOVER: {
         "node": "the server that died (NodeInfo)",

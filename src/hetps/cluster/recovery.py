@@ -76,8 +76,11 @@ class Recovery:
                 if sent is None:
                     continue  # not sent yet: it leaves later, to ``to``
                 # reads, and writes that are the same when done twice (a plan's moves:
-                # states set again, a drop that the heir skips for what it serves)
-                if sent.cmd in (P.PUSH, P.PULL, P.INIT, P.GET_STATES, P.SET_STATES, P.DROP):
+                # states set again, a drop that the heir skips for what it serves; a
+                # table's requests: its pushes carry their round, as a dense key's)
+                if sent.cmd in (P.PUSH, P.PULL, P.INIT, P.GET_STATES, P.SET_STATES, P.DROP) or (
+                    sent.cmd in P.SPARSE_COMMANDS
+                ):
                     try:
                         self.node.van.send(to, sent)
                         again += 1

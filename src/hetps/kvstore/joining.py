@@ -62,6 +62,7 @@ class Joining:
         body = {}
         if lead:
             body["rounds"] = [[k, m.rounds] for k, m in self.meta.items()]
+            body["rounds"] += [[k, tm.rounds] for k, tm in self._tables.items()]  # (tables')
             # the row-sparse keys: a joiner declares those it does not know (made meanwhile)
             body["tables"] = [[k, table_declaration(tm.table)] for k, tm in self._tables.items()]
         fut = self.node.request(P.SCHEDULER_ID, Message(P.ADMIT, body=body, arrays=arrays))
@@ -95,6 +96,8 @@ class Joining:
         for k, meta in self.meta.items():  # (a push says which round it is of: replicas)
             meta.rounds = self._rounds.get(k, meta.rounds)
         self._join_tables(reply.body.get("tables", []))
+        for k, tm in self._tables.items():  # (a table's push says its round too)
+            tm.rounds = self._rounds.get(k, tm.rounds)
         # every server counts this worker from now on; the live workers wait meanwhile
         futs = [self.node.request(s.id, Message(P.ENTER)) for s in self.node.live_servers()]
         wait_all(futs, self.timeout, "join")

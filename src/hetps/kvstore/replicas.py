@@ -7,8 +7,9 @@ slice until every copy is acknowledged. After a failover or a rejoin it sends it
 whole of what it serves (ops ``optimizer`` and ``sync``). A slice a plan moves (HETPS_BALANCE)
 takes its copies along: the new primary copies its init and its states (op ``states``), and
 the old one's ``drop`` removes its replicas' copies (op ``drop``). The receiving side applies a round
-with the same optimizer, so values and states stay identical. docs/FAULTS.md says what a user
-sees; docs/ARCHITECTURE.md how it fits.
+with the same optimizer, so values and states stay identical. The row-sparse keys' parts go
+the same way (ops ``sinit``, ``sload``, ``sround``, ``ssync``: kvstore/table_replicas.py).
+docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hetps import optim
 from hetps.cluster import protocol as P
 from hetps.kvstore.aggregate import writable
 from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
+from hetps.kvstore.table_replicas import TABLE_OPS
 from hetps.transport.codec import WIRE_DTYPES, Message
 
 log = logging.getLogger("hetps.server")
@@ -30,12 +32,13 @@ log = logging.getLogger("hetps.server")
 class _Copy:
     """A copy on its way to the replicas: who has yet to acknowledge it, and what then."""
 
-    __slots__ = ("waiting", "then", "done")
+    __slots__ = ("waiting", "then", "done", "errors")
 
-    def __init__(self, waiting: set[int], then) -> None:
+    def __init__(self, waiting: set[int], then, errors: list | None = None) -> None:
         self.waiting = waiting
         self.then = then
         self.done = False
+        self.errors = errors  # where live replicas' refusals are told (None: not kept)
 
 
 class Replication:
@@ -68,19 +71,23 @@ class Replication:
         after = live[me + 1 :] + live[:me]
         return [n.id for n in after[: node.replicas - 1]]
 
-    def copy_out(self, body: dict, data: np.ndarray, then) -> None:
-        """Send ``body`` with ``data`` (not changed until every replica answered) to every
-        replica; ``then()`` runs once each acknowledged it, or died."""
+    def copy_out(
+        self, body: dict, data: np.ndarray | list, then, errors: list | None = None
+    ) -> None:
+        """Send ``body`` with ``data`` (an array, or a list of them: not changed until every
+        replica answered) to every replica; ``then()`` runs once each acknowledged it, or
+        died. ``errors`` gets each live replica's refusal (its server and the error)."""
         peers = self.replicas()
         if not peers:
             then()
             return
-        copy = _Copy(set(peers), then)
+        copy = _Copy(set(peers), then, errors)
         self._copies.append(copy)
+        arrays = data if isinstance(data, list) else [data]
         for peer in peers:
             fut = self.node.request(
                 peer,
-                Message(P.REPLICATE, body=body, arrays=[data]),
+                Message(P.REPLICATE, body=body, arrays=arrays),
                 callback=lambda _reply, peer=peer: self._copied(copy, peer, None),
                 what=f"a copy of key {body.get('k')!r} to {self.node.describe(peer)}",
             )
@@ -93,6 +100,8 @@ class Replication:
             # a live replica that refused a copy (it lacked the slice, or a round): it gets
             # the whole of what we serve again, behind which later rounds go on
             log.warning("server: a replica did not take a copy (%s); sending it all again", error)
+            if copy.errors is not None:
+                copy.errors.append(f"{self.node.describe(peer)}: {error}")
             self.resync()
         copy.waiting.discard(peer)
         if not copy.waiting and not copy.done:
@@ -143,6 +152,7 @@ class Replication:
                     sl.primary, sl.origin = True, None
                 else:
                     sl.origin = to
+        self.server.tables.copies.on_failover(dead, to, me)  # (the tables' parts alike)
         self.resync()
 
     def on_rejoin(self, nid: int) -> None:
@@ -156,18 +166,23 @@ class Replication:
         connection. A replica that already had it all loses nothing."""
         peers = self.replicas()
         mine = [sl for sl in self.slices.values() if sl.primary]
-        if not peers or not mine:
+        # the row-sparse keys' parts served here, in ssync copies (kvstore/table_replicas.py)
+        parts = self.server.tables.copies.sync_messages() if peers else []
+        if not peers or not (mine or parts):
             return
+        nparts = sum(1 for body, _ in parts if body.get("fresh"))
         for peer in peers:
-            left = [len(mine) + (self.server.optimizer_blob is not None)]
+            left = [len(mine) + len(parts) + (self.server.optimizer_blob is not None)]
 
             def taken(_reply, peer=peer, left=left) -> None:
                 left[0] -= 1
                 if left[0] == 0:
                     log.warning(
-                        "server: %s holds a copy of each of the %d slices this server serves",
+                        "server: %s holds a copy of each of the %d slices and %d table parts "
+                        "this server serves",
                         self.node.describe(peer),
                         len(mine),
+                        nparts,
                     )
 
             if self.server.optimizer_blob is not None:
@@ -186,6 +201,8 @@ class Replication:
                 if sl.has_state:
                     states = optim.dump_states({sl.skey: sl.state})
                     arrays.append(np.frombuffer(states, np.uint8))
+                self._copy_to(peer, body, arrays, taken)
+            for body, arrays in parts:
                 self._copy_to(peer, body, arrays, taken)
 
     def _copy_to(self, peer: int, body: dict, arrays: list, callback) -> None:
@@ -219,6 +236,9 @@ class Replication:
             return
         if op in ("drop", "states"):
             self._moved_copy(msg, op)
+            return
+        if op in TABLE_OPS:  # a table's part (kvstore/table_replicas.py)
+            self.server.tables.copies.copy_in(msg)
             return
         if op != "round":
             raise BadRequest(f"replicate: unknown op {short(op)}")

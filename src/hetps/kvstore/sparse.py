@@ -17,13 +17,17 @@ cols))``) is an embedding table spread over the servers by rows (row ``r`` on se
   push (one without rows when no id of the push is its), so in ``dist_sync`` a round on each
   server is one push from every worker, summed per row.
 
-Row-sparse keys do not take ``pull``, ``pushpull`` or 2-bit compression, and are refused
-with ``HETPS_REPLICAS`` > 1 and with network-aware balancing (their rows are not copied or
-moved).
+Row-sparse keys do not take ``pull``, ``pushpull`` or 2-bit compression. With
+``HETPS_REPLICAS`` > 1 each part has copies on the next servers as a dense key's slice has
+(kvstore/table_replicas.py): a push carries its round (``rnd``, the worker's count of its
+earlier pushes of the table), so one sent again after a failover is not applied twice.
+Network-aware balancing (``HETPS_BALANCE``) plans the dense keys only: a table's rows stay
+where their ids place them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,13 +37,14 @@ import numpy as np
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import Future, wait_all
-from hetps.config import ConfigError
 from hetps.kvstore.base import as_numpy, normalize_keys
 from hetps.kvstore.placement import chunk_elems
 from hetps.kvstore.rowsparse import RowSparse, Table, coalesce, row_ids
 from hetps.transport.codec import Message
 
 __all__ = ["RowSparse", "SparseKeys", "Table"]
+
+log = logging.getLogger("hetps.worker")
 
 
 @dataclass
@@ -50,6 +55,7 @@ class TableMeta:
     nparts: int
     dtype: np.dtype = field(init=False)
     pushed: list[Future] = field(default_factory=list)
+    rounds: int = 0  # dist_sync pushes of the table so far (with replicas, each says its own)
     recent: deque = field(default_factory=deque)  # (call, futures) of recent pushes
 
     def __post_init__(self) -> None:
@@ -89,16 +95,16 @@ class SparseKeys:
         return key in self._tables
 
     def _init_table(self, key: Any, value: Any, lead: bool) -> list[Future]:
-        if self.node.replicas > 1:
-            raise ConfigError(
-                f"row-sparse key {key!r}: tables are not copied to replicas; run with "
-                "HETPS_REPLICAS=1 (or make the table a dense key)"
-            )
         if self.balance:
-            raise ConfigError(
-                f"row-sparse key {key!r}: network-aware balancing moves dense slices only; run "
-                "with HETPS_BALANCE=none"
-            )
+            if key in self.order:  # (a dense key made a table: the planner forgets it)
+                self.order.remove(key)
+            if lead:  # (said once, by the worker that declares it)
+                log.warning(
+                    "worker: HETPS_BALANCE plans the dense keys only; row-sparse key %r stays "
+                    "where its row ids place it (row r on server r %% %d)",
+                    key,
+                    self.num_servers,
+                )
         if isinstance(value, RowSparse):  # MXNet's kv.init(key, row_sparse_array)
             if value.shape[0] < 0:
                 raise ValueError(f"init of key {key!r}: a RowSparse value needs a fixed shape")
@@ -165,6 +171,7 @@ class SparseKeys:
         tm.check_ids(key, ids, "push")
         if self.sync:
             self._round_credit(tm)
+            tm.rounds += 1
         S = tm.nparts
         owner = ids % S if S > 1 else None
         futs = []
@@ -172,6 +179,8 @@ class SparseKeys:
             sel = slice(None) if owner is None else owner == s
             pid, prow = ids[sel].copy(), rows[sel].copy()  # captured: the caller may reuse them
             body = {"k": key, "part": s, "sync": self.sync}
+            if self._copies:  # a server that takes over knows a resent round by it
+                body["rnd"] = tm.rounds - 1
             msg = Message(P.SPUSH, body=body, arrays=[pid, prow.reshape(-1)])
             futs.append(self.request(key, priority, s, msg))
         tm.pushed = futs

@@ -32,14 +32,14 @@ MAX_CHUNK_ROWS = 1 << 22
 MAX_CHUNK_BYTES = 1 << 28
 
 
-def _per_row(sh: Any) -> list[str]:
+def per_row(sh: Any) -> list[str]:
     """The names of the state's per-row arrays, sorted."""
     if not sh.has_state:
         return []
     return sorted(n for n, a in sh.state.items() if isinstance(a, np.ndarray) and a.ndim == 2)
 
 
-def _numbers(sh: Any) -> dict[str, Any]:
+def numbers(sh: Any) -> dict[str, Any]:
     """The state's entries that are not per-row arrays (Adam's ``t``)."""
     if not sh.has_state:
         return {}
@@ -83,7 +83,7 @@ def _window(msg: Any, what: str, sh: Any) -> tuple[int, int]:
 
 
 def _idle(sh: Any, what: str) -> None:
-    if sh.pending or sh.deferred or sh.backlog:
+    if sh.pending or sh.deferred or sh.backlog or sh.copying:
         raise BadRequest(
             f"{what} of key {sh.key!r}: a round of this table is under way here; checkpoint "
             "and restore between rounds (every worker's pushes answered)"
@@ -98,11 +98,11 @@ def dump(sh: Any, msg: Any) -> tuple[dict, list[np.ndarray]]:
     if off == 0 or cached is None:
         cached = sh._dumped = used_rows(sh)
     ids, loc = cached
-    names = _per_row(sh)
+    names = per_row(sh)
     body = {
         "count": int(ids.size),
         "state": [[m, sh.state[m].dtype.name, int(sh.state[m].shape[1])] for m in names],
-        "numbers": _numbers(sh),
+        "numbers": numbers(sh),
         "has_state": bool(sh.has_state),
     }
     if n == 0:
@@ -123,13 +123,15 @@ def dump(sh: Any, msg: Any) -> tuple[dict, list[np.ndarray]]:
     return body, arrays
 
 
-def load(tables: Any, sh: Any, msg: Any) -> Any:
+def load(tables: Any, sh: Any, msg: Any, copy: bool = False) -> Any:
     """Apply an ``sload`` to ``sh`` (``tables``: the server's :class:`Tables`); returns the
-    part now in place (a ``fresh`` load makes it again)."""
-    if not tables.server.from_worker(msg):
-        raise BadRequest("sload: only a worker of this job may write a table's rows")
-    tables.server.elastic.in_rounds(msg)
-    _idle(sh, "sload")
+    part now in place (a ``fresh`` load makes it again). ``copy``: a primary's copy of its
+    part (HETPS_REPLICAS: kvstore/table_replicas.py), which a server of the job sends."""
+    if not copy:
+        if not tables.server.from_worker(msg):
+            raise BadRequest("sload: only a worker of this job may write a table's rows")
+        tables.server.elastic.in_rounds(msg)
+        _idle(sh, "sload")
     b = msg.body
     names, numbers = b.get("state", []), b.get("numbers", {})
     if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
@@ -147,7 +149,9 @@ def load(tables: Any, sh: Any, msg: Any) -> Any:
                 "checkpoint) before restoring"
             )
         fresh = type(sh)(sh.key, sh.decl, sh.part, sh.nparts, tables)  # (a Shard)
-        fresh.optimizer = sh.optimizer
+        fresh.optimizer, fresh.opt_blob = sh.optimizer, sh.opt_blob
+        # (its rounds go on: a worker's pushes carry their count with HETPS_REPLICAS)
+        fresh.rounds, fresh.primary, fresh.origin = sh.rounds, sh.primary, sh.origin
         if names or numbers:
             st = lazy.create_table_state(opt, fresh.value.shape[0], fresh.cols, fresh.dtype)
             have = sorted(m for m, a in st.items() if isinstance(a, np.ndarray) and a.ndim == 2)
@@ -163,7 +167,7 @@ def load(tables: Any, sh: Any, msg: Any) -> Any:
             st.update(numbers)
             fresh.state, fresh.has_state = st, True
         sh = fresh  # (in place once every check below passed)
-    elif sorted(names) != _per_row(sh):
+    elif sorted(names) != per_row(sh):
         raise BadRequest(
             f"sload of key {sh.key!r}: state arrays {names} differ from the first chunk's"
         )
@@ -172,7 +176,7 @@ def load(tables: Any, sh: Any, msg: Any) -> Any:
             raise BadRequest(
                 f"sload of key {sh.key!r}: expected ids, rows and {len(names)} state arrays"
             )
-        tables.shards[sh.key] = sh
+        tables.shards[sh.skey] = sh
         return sh
     ids = tables._ids(msg, sh, msg.arrays[0].reshape(-1), True)
     if ids.size > MAX_CHUNK_ROWS:
@@ -191,5 +195,5 @@ def load(tables: Any, sh: Any, msg: Any) -> Any:
     sh.value[loc] = vals
     for m, r in zip(names, rows, strict=True):
         sh.state[m][loc] = r
-    tables.shards[sh.key] = sh
+    tables.shards[sh.skey] = sh
     return sh

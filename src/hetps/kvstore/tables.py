@@ -29,6 +29,7 @@ from hetps.cluster import protocol as P
 from hetps.kvstore import table_dump
 from hetps.kvstore.rowsparse import initial_rows
 from hetps.kvstore.slices import BadRequest, short
+from hetps.kvstore.table_replicas import TableCopies
 from hetps.optim import lazy
 from hetps.transport.codec import WIRE_DTYPES, Message
 
@@ -79,6 +80,11 @@ class Shard:
         self.deferred: list[Message] = []
         self.backlog: list[Message] = []
         self.rounds = 0
+        # HETPS_REPLICAS (kvstore/table_replicas.py): served here, or a copy of ``origin``'s;
+        # a finished round's copy on its way to the replicas; the table's optimizer pickled
+        self.primary, self.origin = True, None
+        self.copying = False
+        self.opt_blob: bytes | None = None
 
     @property
     def growing(self) -> bool:
@@ -216,7 +222,8 @@ class Tables:
 
     def __init__(self, server: Any) -> None:
         self.server = server
-        self.shards: dict[Any, Shard] = {}
+        self.shards: dict[tuple[Any, int], Shard] = {}  # (key, part) -> part, served or a copy
+        self.copies = TableCopies(self)  # HETPS_REPLICAS
         #: bytes all tables here may take together (HETPS_TABLE_MAX_BYTES; 0: no cap)
         self.cap = 0
 
@@ -226,7 +233,7 @@ class Tables:
         if not self.cap:
             return
         opt = self.server.optimizer
-        others = sum(o.reserved(opt) for k, o in self.shards.items() if k != sh.key)
+        others = sum(o.reserved(opt) for k, o in self.shards.items() if k != sh.skey)
         if others + need > self.cap:
             raise BadRequest(
                 f"row-sparse key {sh.key!r}: this server's part would take {need} bytes"
@@ -248,9 +255,10 @@ class Tables:
         elif msg.cmd == P.SDUMP:  # a checkpoint reads the part (kvstore/table_dump.py)
             body, arrays = table_dump.dump(self._shard(msg), msg)
             self.server.answers.reply(msg, body, arrays=arrays)
-        else:  # P.SLOAD: a restore writes it
+        else:  # P.SLOAD: a restore writes it (and each replica its copy)
             table_dump.load(self, self._shard(msg), msg)
-            self.server.answers.reply(msg)
+            if not self.copies.send(msg, "sload"):
+                self.server.answers.reply(msg)
 
     def reset_states(self) -> None:
         """A new optimizer: every table's state starts again."""
@@ -274,17 +282,21 @@ class Tables:
 
     def _shard(self, msg: Message) -> Shard:
         key = self._key(msg)
-        sh = self.shards.get(key)
+        part = msg.body.get("part")
+        sh = self.shards.get((key, part)) if isinstance(part, int) else None
         if sh is None:
+            held = sorted(p for k, p in self.shards if k == key)
+            if held:
+                raise BadRequest(
+                    f"{msg.cmd} of key {key!r}: part {short(part)}, this server holds "
+                    + ", ".join(map(str, held))
+                )
             raise BadRequest(
                 f"{msg.cmd}: row-sparse key {key!r} was never initialised here: call "
                 f"kv.init({key!r}, Table(rows, cols)) first"
             )
-        part = msg.body.get("part")
-        if part != sh.part:
-            raise BadRequest(
-                f"{msg.cmd} of key {key!r}: part {short(part)}, this server holds {sh.part}"
-            )
+        if not sh.primary:  # a worker sends a copy's requests here: its server died
+            sh.primary, sh.origin = True, None
         return sh
 
     @staticmethod
@@ -325,6 +337,17 @@ class Tables:
 
     # -- commands ------------------------------------------------------------------------
     def _init(self, msg: Message) -> None:
+        """A worker's declaration of this server's part (with rows of its first value):
+        made here, then on every replica (HETPS_REPLICAS), then answered."""
+        sh = self.declare(msg)
+        # (a worker counts its pushes of a table from its init, as the part's rounds here)
+        sh.primary, sh.origin, sh.rounds = True, None, 0
+        if not self.copies.send(msg, "sinit"):
+            self.server.answers.reply(msg)
+
+    def declare(self, msg: Message, copy: bool = False) -> Shard:
+        """Make (or keep) the part an ``sinit`` declares and write its rows; ``copy``: a
+        primary's copy of it (from a server of the job: its optimizer pickle is taken)."""
         key = self._key(msg)
         b = msg.body
         rows, cols, dname = b.get("rows"), b.get("cols"), b.get("dtype")
@@ -359,9 +382,11 @@ class Tables:
             "seed": seed,
             "bound": bound,
         }
-        sh = self.shards.get(key)
-        if sh is None or sh.decl != decl or (sh.part, sh.nparts) != (part, nparts):
-            if sh is not None and (sh.pending or sh.deferred or sh.backlog):
+        sh = self.shards.get((key, part))
+        if copy and sh is not None and sh.primary:
+            raise BadRequest(f"replicate: table {key!r} part {part} is served here, not a copy")
+        if sh is None or sh.decl != decl or sh.nparts != nparts:
+            if sh is not None and (sh.pending or sh.deferred or sh.backlog or sh.copying):
                 raise BadRequest(
                     f"sinit of key {key!r}: a round of this table is under way here; declare "
                     "it again only between rounds (every worker's pushes answered)"
@@ -372,10 +397,10 @@ class Tables:
                 raise BadRequest(f"sinit of key {key!r}: cannot hold the table ({exc})") from None
             if self.server.optimizer is not None and b.get("opt") is None:
                 new._check_bound(new.n, new.row_bytes(self.server.optimizer))
-            self.shards[key] = sh = new
+            self.shards[(key, part)] = sh = new
         blob = b.get("opt")
         if blob is not None:
-            if not isinstance(blob, bytes) or not self.server.from_worker(msg):
+            if not isinstance(blob, bytes) or not (copy or self.server.from_worker(msg)):
                 raise BadRequest(f"sinit of key {key!r}: a table's optimizer comes from a worker")
             from hetps import optim
 
@@ -389,9 +414,9 @@ class Tables:
             try:
                 sh._check_bound(sh.n, sh.row_bytes(opt))  # with its state
             except BadRequest:
-                self.shards.pop(key, None)  # (not kept half declared)
+                self.shards.pop((key, part), None)  # (not kept half declared)
                 raise
-            sh.optimizer = opt
+            sh.optimizer, sh.opt_blob = opt, blob
             sh.state, sh.has_state = None, False
         if msg.arrays:
             if len(msg.arrays) != 2:
@@ -400,7 +425,7 @@ class Tables:
             vals = self._rows(msg, sh, msg.arrays[1], ids.size)
             opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
             sh.value[sh.local(ids, opt, create=True)] = vals
-        self.server.answers.reply(msg)
+        return sh
 
     def _push(self, msg: Message) -> None:
         sh = self._shard(msg)
@@ -422,9 +447,14 @@ class Tables:
             self._apply(sh, ids, vals)
             srv.answers.reply(msg)
             return
+        # HETPS_REPLICAS: a push carries its round: a resent one is acknowledged only, a
+        # later round's waits for it (True: done here; False: of this very round)
+        order = self.copies.by_round(sh, msg)
+        if order:
+            return
         if srv.done_workers:
             raise BadRequest(srv.uneven(sh))
-        if worker in sh.pending or any(m.sender == worker for m in sh.backlog):
+        if worker in sh.pending or (order is None and any(m.sender == worker for m in sh.backlog)):
             self._hold(sh, msg)
             sh.backlog.append(msg)  # this worker pushed this round already: the next one
             return
@@ -478,6 +508,18 @@ class Tables:
             log.exception("update of table %r failed", sh.key)
             error = f"the update of table {sh.key!r} failed: {type(exc).__name__}: {exc}"
         sh.rounds += 1
+        if self.copies.round_out(sh, ids, grad, error, acks, deferred, backlog):
+            return  # answered once every replica applied it too
+        self.answer_round(sh, acks, deferred, backlog, error)
+
+    def answer_round(
+        self, sh: Shard, acks: list, deferred: list, backlog: list, error: str | None
+    ) -> None:
+        """Acknowledge a finished round's pushes (with its error), answer the pulls that
+        waited for it, then handle what came for later rounds (and while it was copied)."""
+        if sh.copying:
+            sh.copying = False
+            backlog, sh.backlog = backlog + sh.backlog, []
         answers = self.server.answers
         for m in acks:
             answers.reply(m, {"error": error} if error else None)
@@ -495,8 +537,8 @@ class Tables:
             raise BadRequest(f"spull of key {sh.key!r}: expected one array of row ids")
         ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), False)
         worker = msg.sender
-        if any(m.sender == worker for m in sh.backlog):
-            self._hold(sh, msg)
+        if sh.copying or any(m.sender == worker for m in sh.backlog):
+            self._hold(sh, msg)  # (a round's copy is out: answered once it is applied there)
             sh.backlog.append(msg)
             return
         if worker in sh.pending:  # this worker pushed in the unfinished round: after it
