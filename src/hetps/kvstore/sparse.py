@@ -1,5 +1,5 @@
 """Row-sparse keys on the worker side: MXNet's ``row_sparse_pull`` and row-sparse pushes
-(mixed into :class:`~hetps.kvstore.client.DistKVStore`).
+(a part of :class:`~hetps.kvstore.client.DistKVStore`).
 
 A key declared with :class:`~hetps.kvstore.rowsparse.Table` (``kv.init(key, Table(rows,
 cols))``) is an embedding table spread over the servers by rows (row ``r`` on server
@@ -76,25 +76,27 @@ def is_table(value: Any) -> bool:
 
 
 class SparseKeys:
-    """The row-sparse half of the worker's store (see the module's text)."""
+    """The row-sparse half of the worker's store ``kv`` (see the module's text)."""
 
-    _tables: dict[Any, TableMeta]
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+        self.tables: dict[Any, TableMeta] = {}
 
     def table(self, key: Any) -> Table:
         """The :class:`Table` declared for ``key`` (KeyError if it is not row-sparse)."""
-        return self._tables[key].table
+        return self.tables[key].table
 
     def is_row_sparse(self, key: Any) -> bool:
         """Whether ``key`` was initialised as a row-sparse table."""
-        return key in self._tables
+        return key in self.tables
 
-    def _init_table(self, key: Any, value: Any, lead: bool) -> list[Future]:
-        if self.node.replicas > 1:
+    def init_table(self, key: Any, value: Any, lead: bool) -> list[Future]:
+        if self.kv.node.replicas > 1:
             raise ConfigError(
                 f"row-sparse key {key!r}: tables are not copied to replicas; run with "
                 "HETPS_REPLICAS=1 (or make the table a dense key)"
             )
-        if self.balance:
+        if self.kv.balance:
             raise ConfigError(
                 f"row-sparse key {key!r}: network-aware balancing moves dense slices only; run "
                 "with HETPS_BALANCE=none"
@@ -115,9 +117,9 @@ class SparseKeys:
                         f"{spec.dtype}"
                     )
                 rows_ids = np.arange(spec.rows, dtype=np.int64)
-        S = self.num_servers
-        tm = self._tables[key] = TableMeta(spec, S)
-        self.meta.pop(key, None)
+        S = self.kv.num_servers
+        tm = self.tables[key] = TableMeta(spec, S)
+        self.kv.meta.pop(key, None)
         if rows_ids is not None:
             tm.check_ids(key, rows_ids, "init")
         if not lead:
@@ -142,10 +144,10 @@ class SparseKeys:
                 )
             decl["opt"] = optim.dumps(spec.optimizer)
         futs = []
-        step = max(1, chunk_elems(self.cfg.chunk_bytes, tm.dtype.itemsize) // spec.cols)
+        step = max(1, chunk_elems(self.kv.cfg.chunk_bytes, tm.dtype.itemsize) // spec.cols)
         for s in range(S):
             body = dict(decl, part=s)
-            futs.append(self.request(key, 0, s, Message(P.SINIT, body=body)))
+            futs.append(self.kv.request(key, 0, s, Message(P.SINIT, body=body)))
             body = {k: v for k, v in body.items() if k != "opt"}  # (the rows: without it)
             if rows_ids is None:
                 continue
@@ -153,30 +155,30 @@ class SparseKeys:
             for a in range(0, mine.size, step):
                 sel = mine[a : a + step]
                 arrays = [rows_ids[sel], np.ascontiguousarray(rows[sel]).reshape(-1)]
-                futs.append(self.request(key, 0, s, Message(P.SINIT, body=body, arrays=arrays)))
+                futs.append(self.kv.request(key, 0, s, Message(P.SINIT, body=body, arrays=arrays)))
         return futs
 
-    def _push_table(self, key: Any, value: Any, priority: int) -> list[Future]:
-        tm = self._tables[key]
+    def push_table(self, key: Any, value: Any, priority: int) -> list[Future]:
+        tm = self.tables[key]
         what = f"push of row-sparse key {key!r}"
-        if self.compressor is not None:
+        if self.kv.compressor is not None:
             raise ValueError(f"{what}: 2-bit compression is for dense keys")
         ids, rows = coalesce(value, tm.table.cols, tm.dtype, what)
         tm.check_ids(key, ids, "push")
-        if self.sync:
-            self._round_credit(tm)
+        if self.kv.sync:
+            self.kv.dense.round_credit(tm)
         S = tm.nparts
         owner = ids % S if S > 1 else None
         futs = []
         for s in range(S):
             sel = slice(None) if owner is None else owner == s
             pid, prow = ids[sel].copy(), rows[sel].copy()  # captured: the caller may reuse them
-            body = {"k": key, "part": s, "sync": self.sync}
+            body = {"k": key, "part": s, "sync": self.kv.sync}
             msg = Message(P.SPUSH, body=body, arrays=[pid, prow.reshape(-1)])
-            futs.append(self.request(key, priority, s, msg))
+            futs.append(self.kv.request(key, priority, s, msg))
         tm.pushed = futs
-        if self.sync:
-            tm.recent.append((self._calls, futs))
+        if self.kv.sync:
+            tm.recent.append((self.kv._calls, futs))
         return futs
 
     def row_sparse_pull(
@@ -186,9 +188,9 @@ class SparseKeys:
         module's text for ``out``). A list of keys takes a list of outs and of row_ids (one
         row_ids for every out of a key). Returns the :class:`RowSparse` results when ``out``
         is None, else None. Sees this worker's earlier pushes of the keys."""
-        self.node.check()
-        if self._push_run:
-            self._last_push_run, self._push_run = self._push_run, 0
+        self.kv.node.check()
+        if self.kv._push_run:
+            self.kv._last_push_run, self.kv._push_run = self.kv._push_run, 0
         keys, is_list = normalize_keys(key)
         if row_ids is None:
             raise ValueError("row_sparse_pull needs row_ids (the rows to read)")
@@ -199,7 +201,7 @@ class SparseKeys:
         futs: list[Future] = []
         finishers = []
         for k, rid, o in zip(keys, ids_list, outs, strict=True):
-            tm = self._tables.get(k)
+            tm = self.tables.get(k)
             if tm is None:
                 raise KeyError(
                     f"row_sparse_pull: key {k!r} is not a row-sparse key: call "
@@ -208,8 +210,8 @@ class SparseKeys:
             f, fin = self._pull_rows(k, tm, row_ids_of(rid, k), o, priority)
             futs += f
             finishers.append(fin)
-        self._track(futs)
-        wait_all(futs, self.timeout, "row_sparse_pull")
+        self.kv.pipeline.track(futs)
+        wait_all(futs, self.kv.timeout, "row_sparse_pull")
         results = [fin() for fin in finishers]
         if out is None:
             return results if is_list else results[0]
@@ -230,7 +232,7 @@ class SparseKeys:
                 continue
             body = {"k": key, "part": s}
             msg = Message(P.SPULL, body=body, arrays=[uniq[sel]])
-            futs.append(self.request(key, priority, s, msg, _land_rows(key, rows, sel, cols)))
+            futs.append(self.kv.request(key, priority, s, msg, _land_rows(key, rows, sel, cols)))
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
         tm.pushed = []
