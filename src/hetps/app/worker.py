@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from hetps.app.rounds import Progress, Round
-from hetps.torch.rejoin import Rejoin
+from hetps.faults.rejoin import Rejoin
 
 __all__ = ["WorkerRun"]
 

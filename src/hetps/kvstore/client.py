@@ -82,7 +82,7 @@ class DistKVStore:
             0 if self.balance else min(cfg.batch_bytes, batch.ITEM_BYTES_MAX),
             cfg.request_timeout,
         )
-        self._sender = self.pipeline.sender
+        self._sender = self.pipeline.sender  # the send queue (read by tests and benchmarks)
         self.dense = DenseRequests(self)
         self.sparse = SparseKeys(self)  # row-sparse keys (kvstore/sparse.py)
         self.joins = Joining(self)  # a worker started again joins (kvstore/joining.py)
