@@ -1,4 +1,6 @@
-"""Running a process as the scheduler or a server until the job ends."""
+"""Running a process as the scheduler or a server until the job ends: the composition root,
+which builds the scheduler and each server with their parts (the fault wing
+:mod:`hetps.faults` among them) and plugs the services in."""
 
 from __future__ import annotations
 
@@ -11,6 +13,10 @@ from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
 from hetps.config import NodeConfig
 from hetps.esync.service import EsyncService
+from hetps.faults.elastic import ElasticWorkers
+from hetps.faults.elastic_rounds import ElasticRounds
+from hetps.faults.replicas import Replication
+from hetps.faults.takeover import Takeover
 from hetps.kvstore.server import KVServer
 from hetps.kvstore.tables import machine_memory
 from hetps.optim import kernels
@@ -19,11 +25,23 @@ from hetps.transport.codec import Message
 log = logging.getLogger("hetps.roles")
 
 
+def new_scheduler(cfg: NodeConfig, recover: bool = False, **kwargs) -> Scheduler:
+    """A scheduler with its fault parts (a server's death, workers let go and in) and no
+    service; ``kwargs`` go to :class:`~hetps.cluster.scheduler.Scheduler`."""
+    return Scheduler(cfg, recover=recover, takeover=Takeover, elastic=ElasticWorkers, **kwargs)
+
+
+def new_server(node: Node, sync: bool | None = None) -> KVServer:
+    """A server's request handler on ``node`` with its fault parts (copies of its keys on
+    other servers, rounds kept per worker)."""
+    return KVServer(node, sync, replication=Replication, elastic=ElasticRounds)
+
+
 def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
     """The scheduler with its services plugged in: ESync's state server, and the load
     planner when network-aware balancing is on (``HETPS_BALANCE``). ``recover``: it was
     started again at the address of one that died, and takes back the running job's nodes."""
-    sched = Scheduler(cfg, recover=recover)
+    sched = new_scheduler(cfg, recover)
     esync = EsyncService(cfg.num_worker)
     esync.adopt = recover
     sched.register(
@@ -111,7 +129,7 @@ def run_server(cfg: NodeConfig) -> int:
     """Be a KVStore server until the scheduler says the job is over; returns the exit code."""
     node = Node(cfg)
     kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
-    server = KVServer(node)
+    server = new_server(node)
     # HETPS_TABLE_MAX_BYTES: the embedding tables' cap (0: half of this machine's memory)
     server.tables.cap = cfg.table_max_bytes or machine_memory() // 2
     node.handler = server.handle

@@ -14,6 +14,7 @@ from hetps.cluster.errors import ClusterError, NodeFailure
 from hetps.cluster.scheduler import Scheduler
 from hetps.esync.service import EsyncService
 from hetps.kvstore.client import DistKVStore
+from hetps.roles import new_scheduler
 from roles import loopback_config, role_env
 
 # short heartbeats: a dead peer is noticed within 2 s
@@ -27,7 +28,7 @@ def _server_env(port: int, workers: int = 1) -> dict:
 
 
 def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
-    sch = Scheduler(loopback_config("scheduler", **FAST)).start()
+    sch = new_scheduler(loopback_config("scheduler", **FAST)).start()
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=_server_env(sch.van.port),
@@ -56,7 +57,7 @@ def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
 
 
 def test_empty_key_push_completes():
-    sch = Scheduler(loopback_config("scheduler", **FAST)).start()
+    sch = new_scheduler(loopback_config("scheduler", **FAST)).start()
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=_server_env(sch.van.port),
@@ -81,7 +82,7 @@ def test_empty_key_push_completes():
 
 
 def test_surplus_node_gets_the_refusal_not_a_timeout():
-    sch = Scheduler(loopback_config("scheduler", **FAST)).start()
+    sch = new_scheduler(loopback_config("scheduler", **FAST)).start()
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=_server_env(sch.van.port),
@@ -110,7 +111,7 @@ def test_finished_worker_is_never_declared_dead():
     """A heartbeat that leaves after `finish` must not bring a finished worker back."""
     from hetps.transport.codec import Message
 
-    sch = Scheduler(loopback_config("scheduler", **FAST, num_worker=2)).start()
+    sch = new_scheduler(loopback_config("scheduler", **FAST, num_worker=2)).start()
     srv = subprocess.Popen(
         [sys.executable, "-m", "hetps.cli", "server"],
         env=_server_env(sch.van.port, workers=2),
@@ -199,7 +200,7 @@ def test_a_long_service_does_not_make_anyone_look_dead():
     answer still arrives."""
     from hetps.transport.codec import Message
 
-    sch = Scheduler(loopback_config("scheduler", **FAST))
+    sch = new_scheduler(loopback_config("scheduler", **FAST))
     started = threading.Event()
 
     def slow(scheduler: Scheduler, msg: Message) -> None:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from hetps.cluster.errors import RequestError
-from hetps.cluster.scheduler import Scheduler
 from hetps.kvstore.client import DistKVStore
+from hetps.roles import new_scheduler
 from hetps.transport.codec import FRAME_MAX, Message
 from roles import loopback_config, role_env
 
@@ -33,7 +33,7 @@ def _hwm_kb(pid: int) -> int:
 
 
 def test_a_frame_above_the_bound_costs_the_server_no_memory(tmp_path):
-    sch = Scheduler(loopback_config("scheduler")).start()
+    sch = new_scheduler(loopback_config("scheduler")).start()
     log = open(tmp_path / "server.log", "w+")
     env = role_env("server", sch.van.port, PS_HEARTBEAT_INTERVAL=0.5)
     srv = subprocess.Popen(

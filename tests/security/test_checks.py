@@ -10,7 +10,7 @@ import pytest
 from hetps import optim
 from hetps.cluster.errors import RequestError
 from hetps.cluster.requests import RequestTracker
-from hetps.kvstore.server import KVServer
+from hetps.roles import new_server
 from hetps.transport import shm
 from hetps.transport.codec import Message
 
@@ -46,7 +46,7 @@ class _Node:
 def test_the_server_unpickles_only_a_registered_workers_pickle(tmp_path):
     """Behind the node's allow-list, the server checks again before it unpickles."""
     node = _Node({9: "worker", 8: "server", 1: "scheduler"})
-    srv = KVServer(node)
+    srv = new_server(node)
     blob = np.frombuffer(optim.dumps(optim.SGD(learning_rate=0.5)), np.uint8)
     states = np.frombuffer(optim.dump_states({}), np.uint8)
     for sender in (0, 1, 8, 12345):  # nobody, the scheduler, a server, an unknown id
@@ -89,7 +89,7 @@ def test_a_push_must_be_a_chunk_of_its_part_once_per_round():
     """Overlapping or repeated chunks would leave part of the merge buffer unwritten (and
     its old heap bytes would become the key's value): each is refused."""
     node = _Node({9: "worker", 11: "worker"})
-    srv = KVServer(node)
+    srv = new_server(node)
     body = {"k": "w", "part": 0, "size": 8, "shape": [8], "dtype": "float32"}
     srv.handle(Message("init", sender=9, req=1, body={**body, "off": 0, "n": 8},
                        arrays=[np.zeros(8, np.float32)]))  # fmt: skip

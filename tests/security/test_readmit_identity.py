@@ -205,7 +205,7 @@ def test_a_second_connection_for_a_node_that_is_back_is_refused(tmp_path, monkey
     import zmq
 
     from hetps.cluster.credentials import Credentials
-    from hetps.cluster.scheduler import Scheduler
+    from hetps.roles import new_scheduler
     from hetps.transport import handshakes
     from roles import loopback_config
 
@@ -216,7 +216,7 @@ def test_a_second_connection_for_a_node_that_is_back_is_refused(tmp_path, monkey
     cred = before.issue(9)
     assert before.path.stat().st_mode & 0o777 == 0o600 and str(tmp_path) in str(before.path)
     caplog.set_level(logging.WARNING, logger="hetps.scheduler")
-    sched = Scheduler(
+    sched = new_scheduler(
         loopback_config("scheduler", port=port, num_worker=2, heartbeat_timeout=30),
         recover=True,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetps import optim
-from hetps.kvstore.server import KVServer
+from hetps.roles import new_server
 from hetps.transport.codec import Message
 
 from .test_checks import _Node
@@ -16,7 +16,7 @@ DECL = {"k": "t", "part": 0, "nparts": 1, "rows": 4, "cols": 2, "dtype": "float3
 
 def test_a_tables_optimizer_is_unpickled_only_from_a_worker():
     node = _Node({9: "worker", 8: "server", 1: "scheduler"})
-    srv = KVServer(node)
+    srv = new_server(node)
     blob = optim.dumps(optim.SGD(learning_rate=0.5))
     for sender in (0, 1, 8, 12345):  # nobody, the scheduler, a server, an unknown id
         srv.handle(Message("sinit", sender=sender, req=1, body={**DECL, "opt": blob}))
@@ -29,7 +29,7 @@ def test_a_tables_optimizer_is_unpickled_only_from_a_worker():
 
 def test_bad_ids_and_rows_are_refused_and_change_nothing():
     node = _Node({9: "worker"})
-    srv = KVServer(node)
+    srv = new_server(node)
     srv.handle(Message("sinit", sender=9, req=1, body=DECL))
     sh = srv.tables.shards["t"]
     bad = [
@@ -60,7 +60,7 @@ def test_declaring_a_big_table_does_not_fill_the_servers_memory():
     """A fixed table's rows take their seeded value when first used: declaring 1M x 64
     float32 (256 MB) with random initial rows costs the server about a byte per row."""
     node = _Node({9: "worker"})
-    srv = KVServer(node)
+    srv = new_server(node)
     before = _rss_kb()
     body = {**DECL, "rows": 1_000_000, "cols": 64, "scale": 0.1, "seed": 1}
     srv.handle(Message("sinit", sender=9, req=1, body=body))
@@ -81,7 +81,7 @@ def test_a_worker_far_ahead_is_refused_and_a_table_is_not_redeclared_mid_round()
     from hetps.kvstore import tables
 
     node = _Node({9: "worker", 11: "worker"})
-    srv = KVServer(node)
+    srv = new_server(node)
     srv.handle(Message("sinit", sender=9, req=1, body=DECL))
     sh = srv.tables.shards["t"]
     body = {"k": "t", "part": 0, "sync": True}
@@ -108,7 +108,7 @@ def test_a_tables_checkpoint_load_is_checked_and_taken_from_a_worker_only():
         node.replies.append((msg, body)),
         answers.append(arrays),
     )
-    srv = KVServer(node)
+    srv = new_server(node)
     srv.handle(Message("sinit", sender=9, req=1, body={**DECL, "scale": 0.5}))
     ids, one = np.array([1, 3], np.int64), np.ones(4, np.float32)
     load = {"k": "t", "part": 0, "fresh": True, "state": ["mom"], "numbers": {}}

@@ -18,9 +18,8 @@ import pytest
 from hetps.cluster import bodies
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import RequestError
-from hetps.cluster.scheduler import Scheduler
 from hetps.kvstore.client import DistKVStore
-from hetps.kvstore.server import KVServer
+from hetps.roles import new_scheduler, new_server
 from hetps.transport.codec import Message, decode, encode
 from roles import loopback_config, role_env
 
@@ -57,7 +56,7 @@ class _Node:
 @pytest.mark.parametrize("what,body,says", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_a_hostile_push_body_is_refused_naming_the_field(what, body, says):
     node = _Node()
-    srv = KVServer(node)
+    srv = new_server(node)
     init = bodies.chunk("w", 0, 0, 8, (8,), "float32", size=8)
     srv.handle(Message(P.INIT, sender=9, req=1, body=init, arrays=[np.ones(8, np.float32)]))
     assert node.replies == [None]
@@ -69,7 +68,7 @@ def test_a_hostile_push_body_is_refused_naming_the_field(what, body, says):
 
 def test_an_init_is_refused_a_dtype_a_key_may_not_have():
     node = _Node()
-    srv = KVServer(node)
+    srv = new_server(node)
     body = bodies.chunk("w", 0, 0, 8, (8,), "int32", size=8)
     srv.handle(Message(P.INIT, sender=9, req=1, body=body, arrays=[np.ones(8, np.int32)]))
     error = node.replies[-1]["error"]
@@ -127,7 +126,7 @@ def test_a_push_kept_for_the_next_round_is_not_decoded_again():
     """The second push of a worker in one round waits in the backlog and is handled again
     after the round: its receipt went once, on arrival, and its body is what was checked."""
     node = _Node()
-    srv = KVServer(node)
+    srv = new_server(node)
     srv.num_workers = 2
     init = bodies.chunk("w", 0, 0, 8, (8,), "float32", size=8)
     srv.handle(Message(P.INIT, sender=9, req=1, body=init, arrays=[np.zeros(8, np.float32)]))
@@ -149,7 +148,7 @@ def test_a_push_kept_for_the_next_round_is_not_decoded_again():
 
 
 def test_a_real_server_refuses_hostile_bodies_and_goes_on_serving(tmp_path):
-    sch = Scheduler(loopback_config("scheduler")).start()
+    sch = new_scheduler(loopback_config("scheduler")).start()
     log = open(tmp_path / "server.log", "w+")
     env = role_env("server", sch.van.port, PS_HEARTBEAT_INTERVAL=0.5)
     srv = subprocess.Popen(

@@ -89,9 +89,6 @@ def test_joining_is_refused_under_a_plan():
 
     from hetps.kvstore.joining import Joining
 
-    class Store(Joining):
-        balance = True
-        node = SimpleNamespace(recovery=1, request=None)
-
+    store = SimpleNamespace(balance=True, node=SimpleNamespace(recovery=1, request=None))
     with pytest.raises(RuntimeError, match="not built with HETPS_BALANCE"):
-        Store().join()
+        Joining(store).join()

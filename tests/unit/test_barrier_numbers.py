@@ -10,6 +10,7 @@ import pytest
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.scheduler import Scheduler
+from hetps.roles import new_scheduler
 from hetps.transport.codec import Message
 from roles import loopback_config
 
@@ -18,7 +19,7 @@ W0, W1 = 9, 11
 
 @pytest.fixture
 def sched():
-    s = Scheduler(loopback_config("scheduler", num_worker=2))
+    s = new_scheduler(loopback_config("scheduler", num_worker=2))
     s.nodes = {
         8: NodeInfo(8, "server", 0, "127.0.0.1", 1),
         W0: NodeInfo(W0, "worker", 0, "127.0.0.1", 2),

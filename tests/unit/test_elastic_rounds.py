@@ -9,6 +9,7 @@ import pytest
 
 from hetps import optim
 from hetps.kvstore.server import KVServer
+from hetps.roles import new_server
 from hetps.transport.codec import Message
 
 S_ID, W0, W1, W2 = 8, 9, 11, 13
@@ -53,7 +54,7 @@ class _Node:
 
 def _server(optimizer: optim.Optimizer | None = None) -> tuple[KVServer, _Node]:
     node = _Node()
-    srv = KVServer(node)
+    srv = new_server(node)
     body = {"k": "w", "part": 0, "off": 0, "n": 8, "size": 8, "shape": [8], "dtype": "float32"}
     srv.handle(Message("init", sender=W0, req=1, body=body, arrays=[np.zeros(8, np.float32)]))
     if optimizer is not None:

@@ -11,10 +11,10 @@ import torch
 
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
-from hetps.cluster.scheduler import Scheduler
 from hetps.esync.policy import ReadinessPolicy
 from hetps.esync.service import EsyncService
 from hetps.esync.trainer import ESyncTrainer
+from hetps.roles import new_scheduler
 from hetps.transport.codec import Message
 from roles import loopback_config
 
@@ -108,7 +108,7 @@ def test_the_state_service_counts_a_worker_back_from_its_next_round():
 
 @pytest.fixture
 def sched():
-    s = Scheduler(loopback_config("scheduler", num_worker=2, elastic=1))
+    s = new_scheduler(loopback_config("scheduler", num_worker=2, elastic=1))
     s.nodes = {
         S0: NodeInfo(S0, "server", 0, "127.0.0.1", 1),
         W0: NodeInfo(W0, "worker", 0, "127.0.0.1", 2),

@@ -10,6 +10,7 @@ import numpy as np
 
 from hetps import optim
 from hetps.kvstore.server import KVServer
+from hetps.roles import new_server
 from hetps.transport.codec import Message
 
 P_ID, Q_ID, W0, W1 = 8, 10, 9, 11
@@ -75,7 +76,7 @@ class _Wire:
 def _pair():
     wire = _Wire()
     for nid in (P_ID, Q_ID):
-        wire.servers[nid] = KVServer(wire.node(nid))
+        wire.servers[nid] = new_server(wire.node(nid))
     return wire, wire.servers[P_ID], wire.servers[Q_ID]
 
 
@@ -208,7 +209,7 @@ def test_a_plan_that_moves_a_slice_moves_its_copies_state_and_rounds():
     a_id, b_id, c_id = 8, 10, 12
     wire = _Wire((a_id, b_id, c_id))
     for nid in wire.ids:
-        wire.servers[nid] = KVServer(wire.node(nid))
+        wire.servers[nid] = new_server(wire.node(nid))
     a, b, c = (wire.servers[i] for i in wire.ids)
     _set_sgd(wire)
     meta = {"shape": [4], "dtype": "float32"}

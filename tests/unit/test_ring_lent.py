@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from hetps.kvstore.server import KVServer
+from hetps.roles import new_server
 from hetps.transport import shm
 from hetps.transport.codec import Message
 from hetps.transport.van import RING_MIN_BYTES, Van
@@ -87,7 +88,7 @@ def test_a_server_merging_from_the_ring_sums_exactly_while_the_ring_laps():
     srv_van.borrow = KVServer.BORROWS
     w9, w11 = Van(name="w9", ring_bytes=8 * MiB), Van(name="w11", ring_bytes=8 * MiB)
     node = _Node()
-    srv = KVServer(node)
+    srv = new_server(node)
     try:
         srv_van.admit(w9.connect(1, srv_van.endpoint), 9)
         srv_van.admit(w11.connect(1, srv_van.endpoint), 11)

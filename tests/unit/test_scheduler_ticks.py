@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from hetps.cluster.scheduler import Scheduler
 from hetps.config import NodeConfig
+from hetps.roles import new_scheduler
 from hetps.transport.codec import Message
 from hetps.transport.van import Van
 
@@ -23,7 +23,7 @@ CFG = dict(
 
 
 def test_timeouts_are_checked_per_tick_not_per_message():
-    sch = Scheduler(NodeConfig(role="scheduler", **CFG))
+    sch = new_scheduler(NodeConfig(role="scheduler", **CFG))
     calls = []
     check = sch._check_timeouts
     sch._check_timeouts = lambda: (calls.append(1), check())[1]  # type: ignore[method-assign]
@@ -49,7 +49,7 @@ def test_a_registration_whose_host_is_not_an_address_is_refused(caplog):
     """A host with a line break (or any character no address has) would reach the logs and
     the launcher's pipe as text of the node's choosing: the registration is refused, and no
     log line carries the host's own line break."""
-    sch = Scheduler(NodeConfig(role="scheduler", **CFG))
+    sch = new_scheduler(NodeConfig(role="scheduler", **CFG))
     caplog.set_level("DEBUG")
     # as if the cluster were complete: a late registration is refused, naming its host
     full = [SimpleNamespace(origin=object(), role="server", want_rank=-1) for _ in range(2)]

@@ -11,6 +11,7 @@ from hetps.kvstore import compression
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.server import KVServer
 from hetps.optim import kernels
+from hetps.roles import new_server
 from hetps.transport.codec import Message
 
 WORKERS = (9, 11, 13)
@@ -42,7 +43,7 @@ def two_threads():
 
 def _server() -> tuple[KVServer, _Node]:
     node = _Node()
-    srv = KVServer(node)
+    srv = new_server(node)
     body = {"k": "w", "part": 0, "size": N, "shape": [N], "dtype": "float32", "off": 0, "n": N}
     srv.handle(Message("init", sender=9, req=1, body=body, arrays=[np.zeros(N, np.float32)]))
     return srv, node

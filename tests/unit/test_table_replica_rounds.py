@@ -10,6 +10,7 @@ from test_replica_rounds import P_ID, Q_ID, W0, W1, _pair, _set_sgd, _Wire
 from hetps import optim
 from hetps.kvstore import table_dump
 from hetps.kvstore.server import KVServer
+from hetps.roles import new_server
 from hetps.transport.codec import Message
 
 DECL = {"k": "t", "part": 0, "nparts": 1, "cols": 2, "dtype": "float32", "scale": 0.5,
@@ -143,7 +144,7 @@ def test_a_growing_tables_rows_and_adam_state_are_made_on_the_copy_and_resynced(
     from the primary (ssync) and can take over from it."""
     wire = _Wire((P_ID, Q_ID, 12))
     for nid in wire.ids:
-        wire.servers[nid] = KVServer(wire.node(nid))
+        wire.servers[nid] = new_server(wire.node(nid))
     p, q, r = (wire.servers[i] for i in wire.ids)
     wire.dead.add(12)
     _sinit(p, rows=None, opt=optim.Adam(learning_rate=0.1))

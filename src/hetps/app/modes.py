@@ -60,7 +60,7 @@ def run_sync(run: WorkerRun) -> int:
     run.shared = dopt
     run.start()
     if kv.rejoining:  # started again after it died: in from the live workers' next boundary
-        run.join()
+        run.rejoin.join()
 
     def play(r: Round) -> bool:
         # "stop after this round?" (and "checkpoint?", and "a worker waits to join") travel
@@ -141,7 +141,7 @@ def run_esync(run: WorkerRun) -> int:
     run.shared = trainer
     run.start()
     if run.kv.rejoining:  # in from the live workers' next boundary, with their state
-        run.join()
+        run.rejoin.join()
 
     def play(r: Round) -> bool:
         trainer.begin_round()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from hetps.app.rounds import Progress, Round
-from hetps.torch.rejoin import Rejoin
+from hetps.faults.rejoin import Rejoin
 
 __all__ = ["WorkerRun"]
 
@@ -37,7 +37,7 @@ def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
     return correct / max(1, len(labels))
 
 
-class WorkerRun(Rejoin):
+class WorkerRun:
     """One worker's training run, as every mode shares it: its data stream, the timed local
     step (with the ``--slowdown`` emulation), stop conditions, and the round loop that logs.
 
@@ -106,6 +106,8 @@ class WorkerRun(Rejoin):
 
             self.ckpt = TrainCheckpoints(args, kv, rank)
         self._stream = self._data_stream()
+        # a worker joining the running job again, and the live workers letting it in
+        self.rejoin = Rejoin(self)
 
     # -- setup ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -282,7 +284,7 @@ class WorkerRun(Rejoin):
             if self.ckpt is not None and self.ckpt.due(rnd, r.checkpoint, stop):
                 self.ckpt.save(self, rnd, self.ckpt_opt)
             if r.admit and not stop:  # every collective of this round is done: the boundary
-                self.admit(rnd)
+                self.rejoin.admit(rnd)
         assert self.progress is not None and self.log is not None
         self.progress.close()
         self.log.close()

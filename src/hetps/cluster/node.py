@@ -22,21 +22,18 @@ from typing import Any
 
 from hetps.cluster import allow, batch
 from hetps.cluster import protocol as P
-from hetps.cluster.errors import ClusterError, NodeClosed, NodeFailure
+from hetps.cluster.enrol import Enrolment
+from hetps.cluster.errors import NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
-from hetps.cluster.recovery import Recovery, _routing_id
+from hetps.cluster.recovery import Recovery
 from hetps.cluster.requests import Future, RequestTracker
 from hetps.config import NodeConfig, check_exposure
 from hetps.transport.codec import Message
-from hetps.transport.van import UNKNOWN, PeerGone, Van, new_routing_id
+from hetps.transport.van import UNKNOWN, PeerGone, Van
 
 log = logging.getLogger("hetps.node")
 
 Handler = Callable[[Message], None]
-
-#: messages kept from connections not yet known while the node table is on its way
-MAX_EARLY_MESSAGES = 4096
-MAX_EARLY_BYTES = 1 << 30
 
 
 class Node:
@@ -83,6 +80,7 @@ class Node:
         self.down: set[int] = set()  # servers dead now
         self.recovery = False  # this node was admitted again (ps-lite's is_recovery)
         self.faults = Recovery(self)  # failover, rejoin, readmit (cluster/recovery.py)
+        self.enrol = Enrolment(self)  # registration, the node table (cluster/enrol.py)
         # with copies: a failover re-sends the dead server's unanswered requests before any
         # newer request leaves (per-key order)
         self.route_lock = threading.Lock()
@@ -105,11 +103,6 @@ class Node:
         self.failure: BaseException | None = None
         self.on_failure: Callable[[BaseException], None] | None = None
         self._stop = threading.Event()
-        self._registered = threading.Event()
-        self._reg_error: str | None = None
-        self._reg_progress: dict | None = None
-        self._early: list[Message] = []
-        self._early_bytes = 0
         self.last_ack = time.monotonic()
         self._busy_since: float | None = None  # when the handler running now started
         # seconds handlers have held the receive thread since the scheduler was last heard
@@ -186,91 +179,25 @@ class Node:
 
     # -- start ------------------------------------------------------------------------------
     def start(self) -> Node:
-        """Register with the scheduler and wait until the whole cluster is up.
+        """Register with the scheduler and wait until the whole cluster is up
+        (:meth:`hetps.cluster.enrol.Enrolment.register`).
 
         Raises :class:`ClusterError` when the scheduler cannot be reached or the cluster does
         not complete within ``HETPS_CONNECT_TIMEOUT``."""
-        # the scheduler connects back with a routing id only it learns: its messages are
-        # the only ones that read as node 1
-        back = new_routing_id()
-        self.back_id = back
-        self.van.admit(back, P.SCHEDULER_ID)
-        self.van.connect(P.SCHEDULER_ID, f"{self.cfg.root_uri}:{self.cfg.root_port}", watch=True)
-        watch = self.van.take_watch(P.SCHEDULER_ID)
-        self._recv_thread = threading.Thread(
-            target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True
-        )
-        self._recv_thread.start()
-        deadline = time.monotonic() + self.cfg.connect_timeout
-        refused: str | None = None
-
-        def give_up() -> str | None:
-            # a refused handshake leaves no connection, so the registration could never leave
-            nonlocal refused
-            refused = refused or (watch.failure() if watch is not None else None)
-            if refused is not None:
-                return refused
-            return "no connection" if time.monotonic() > deadline else None
-
-        try:
-            self.van.send(
-                P.SCHEDULER_ID,
-                Message(
-                    P.ADD_NODE,
-                    req=1,
-                    body={
-                        "role": self.role,
-                        "host": self.cfg.node_host,
-                        "port": self.van.port,
-                        "back": back,
-                        "want_rank": self.cfg.launch_rank,
-                    },
-                ),
-                give_up=give_up,
-            )
-        except PeerGone:
-            pass  # refused, or the deadline passed: said below
-        try:
-            while refused is None and not self._registered.wait(0.1):
-                refused = watch.failure() if watch is not None else None
-                if time.monotonic() > deadline:
-                    break
-        finally:
-            if watch is not None:
-                watch.close()
-        if refused is not None:
-            self.van.mark_dead(P.SCHEDULER_ID)  # nothing queued for it can ever leave
-            self.close()
-            have = "this node holds a cluster secret" if self.cfg.secret else "this node has none"
-            raise ClusterError(
-                f"the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} refused the "
-                f"connection: {refused}. Every role of a job needs the same cluster secret "
-                f"({have}): set HETPS_SECRET_FILE to the job's secret file on every role "
-                "(or run them all with `hetps launch`, which hands one to each)"
-            )
-        if not self._registered.is_set():
-            self.close()
-            if self._reg_progress is None:
-                raise ClusterError(
-                    f"could not reach the scheduler at {self.cfg.root_uri}:{self.cfg.root_port} "
-                    f"within {self.cfg.connect_timeout:g} s (HETPS_CONNECT_TIMEOUT): is it running, "
-                    "and are DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT right?"
-                )
-            got = self._reg_progress
-            raise ClusterError(
-                f"the scheduler answered but the cluster did not complete within "
-                f"{self.cfg.connect_timeout:g} s: {got.get('registered')} of {got.get('expected')} "
-                "nodes registered; start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER"
-            )
-        if self._reg_error is not None:
-            self.close()
-            raise ClusterError(f"the scheduler refused this {self.role}: {self._reg_error}")
+        self.enrol.register()
         if self.cfg.heartbeat_interval > 0:
             self._hb_thread = threading.Thread(
                 target=self._heartbeat_loop, name="hetps-heartbeat", daemon=True
             )
             self._hb_thread.start()
         return self
+
+    def start_receiving(self) -> None:
+        """Start the receive thread (once the scheduler's connection is made)."""
+        self._recv_thread = threading.Thread(
+            target=self._recv_loop, name=f"hetps-{self.role}-recv", daemon=True
+        )
+        self._recv_thread.start()
 
     # -- receiving --------------------------------------------------------------------------
     def _recv_loop(self) -> None:
@@ -285,16 +212,18 @@ class Node:
                 continue
             self._busy_since = t0 = time.monotonic()
             try:
-                self._dispatch(msg)
+                self.dispatch(msg)
             except Exception:  # a handler bug must not kill the receive loop
                 log.exception("%s: error handling %s from %d", self.role, msg.cmd, msg.sender)
             finally:
                 self._busy_s += time.monotonic() - t0
                 self._busy_since = None
 
-    def _dispatch(self, msg: Message) -> None:
+    def dispatch(self, msg: Message) -> None:
+        """Handle one received message: a reply resolves its request, the scheduler's
+        control messages are handled here, anything else allowed goes to ``handler``."""
         if msg.sender == UNKNOWN:
-            if self.info is None and self._keep_early(msg):
+            if self.info is None and self.enrol.keep_early(msg):
                 return  # perhaps a peer that learned of us before we did
             log.warning(
                 "%s: dropped %s from a connection of no node of this job", self.role, msg.cmd
@@ -306,7 +235,7 @@ class Node:
             if self._from_scheduler(msg):
                 return
         if self.info is None:
-            if not self._keep_early(msg):
+            if not self.enrol.keep_early(msg):
                 log.warning("%s: dropped %s that came before the node table", self.role, msg.cmd)
             return
         if msg.reply:
@@ -365,7 +294,7 @@ class Node:
             if cmd == P.HEARTBEAT_ACK:
                 return True
             if self.info is None and cmd in allow.REGISTRATION_ANSWERS:
-                self._registration_answer(msg)
+                self.enrol.answer(msg)
                 return True
             if cmd == P.EXIT and msg.error is None:  # the answer to this worker's finish
                 self.requests.resolve(msg.req, msg, sender=P.SCHEDULER_ID)
@@ -397,82 +326,6 @@ class Node:
             self.handler(msg)  # e.g. WORKER_DONE for servers
             return True
         return False
-
-    def _registration_answer(self, msg: Message) -> None:
-        if msg.cmd == P.ADD_NODE:
-            self._reg_progress = msg.body
-        elif msg.cmd == P.REFUSED:
-            self._reg_error = msg.error or "refused"
-            self._registered.set()
-        else:  # the node table
-            try:
-                self._take_table(msg.body)
-            except (KeyError, TypeError, ValueError) as exc:
-                self._reg_error = f"the scheduler sent a malformed node table ({exc})"
-                self._registered.set()
-                return
-            self._registered.set()
-            early, self._early, self._early_bytes = self._early, [], 0
-            for m in early:  # peers that learned of us before we did
-                m.sender = self.van.node_of(m.origin)
-                self._dispatch(m)
-
-    def _keep_early(self, msg: Message) -> bool:
-        """Keep a message that came before the node table, within a bound."""
-        if len(self._early) >= MAX_EARLY_MESSAGES or self._early_bytes > MAX_EARLY_BYTES:
-            return False
-        self._early.append(msg)
-        self._early_bytes += msg.nbytes
-        return True
-
-    def _take_table(self, body: dict) -> None:
-        """The scheduler's node table: this node's id, its peers, and the routing id of each
-        direction of each connection to a peer."""
-        nodes = {n.id: n for n in map(NodeInfo.from_wire, body["nodes"])}
-        me = nodes[int(body["id"])]
-        out = {int(p): _routing_id(t) for p, t in body["out"]}
-        into = {int(p): _routing_id(t) for p, t in body["in"]}
-        # Servers answer workers, workers talk to servers: connect before anything else is
-        # handled, so no request can arrive from a peer we cannot answer.
-        peer_role = "worker" if self.role == "server" else "server"
-        replicas = body.get("replicas", 1)
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-            raise ValueError(f"bad replica count {replicas!r}")
-        peers = [
-            n
-            for n in nodes.values()
-            if n.role == peer_role
-            or (replicas > 1 and self.role == "server" and n.role == "server" and n.id != me.id)
-        ]
-        down = {int(i) for i in body.get("down", [])}
-        redirect = {int(a): int(b) for a, b in body.get("redirect", [])}
-        for n in peers:
-            if n.id not in out or n.id not in into:
-                raise ValueError(f"no routing ids for node {n.id}")
-        for n in peers:
-            if n.id in down:  # (admitted again, this node hears of dead servers too)
-                self.van.mark_dead(n.id)
-                continue
-            self.van.admit(into[n.id], n.id)
-            self.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id], bulk=True)
-        self.nodes, self.info = nodes, me
-        self.down, self.redirect = down, redirect
-        self.recovery = body.get("recovery") == 1
-        self.replicas = replicas
-        elastic = body.get("elastic", 0)
-        self.elastic = elastic if isinstance(elastic, int) and not isinstance(elastic, bool) else 0
-        self.left = {int(i) for i in body.get("left", [])}  # (a worker that joins again)
-        cred, gen = body.get("cred"), body.get("gen")
-        if isinstance(cred, bytes) and isinstance(gen, int) and not isinstance(gen, bool):
-            self.cred = {"cred": cred, "gen": gen}
-        self.van.my_id = me.id
-        every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
-        if (
-            isinstance(every, (int, float))
-            and not isinstance(every, bool)
-            and 0.05 <= every <= 3600
-        ):
-            self.metrics_interval = float(every)
 
     def fail(self, error: BaseException) -> None:
         if self.failure is None:

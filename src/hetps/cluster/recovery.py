@@ -18,6 +18,7 @@ from typing import Any
 
 from hetps.cluster import batch
 from hetps.cluster import protocol as P
+from hetps.cluster.enrol import routing_id
 from hetps.cluster.errors import NodeFailure
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future
@@ -25,13 +26,6 @@ from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone
 
 log = logging.getLogger("hetps.node")
-
-
-def _routing_id(value: object) -> bytes:
-    """A routing id from the scheduler's table, checked (bytes, 1-255, not starting at 0)."""
-    if not isinstance(value, bytes) or not 1 <= len(value) <= 255 or value[0] == 0:
-        raise ValueError(f"bad routing id {value!r}")
-    return value
 
 
 class Recovery:
@@ -169,7 +163,7 @@ class Recovery:
         connect to it; it is a live server again (a replica: its keys stay redirected)."""
         try:
             info = NodeInfo.from_wire(msg.body["node"])
-            out, into = _routing_id(msg.body["out"]), _routing_id(msg.body["in"])
+            out, into = routing_id(msg.body["out"]), routing_id(msg.body["in"])
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("%s: dropped a malformed rejoin (%s)", self.node.role, exc)
             return

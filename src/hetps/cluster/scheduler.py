@@ -26,11 +26,9 @@ from hetps.cluster import allow
 from hetps.cluster import protocol as P
 from hetps.cluster.barriers import Barriers
 from hetps.cluster.credentials import Credentials
-from hetps.cluster.elastic import ElasticWorkers
 from hetps.cluster.launcher_link import LauncherLink
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.registration import Registration
-from hetps.cluster.takeover import Takeover
 from hetps.config import NodeConfig, check_exposure, is_loopback
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone, Van
@@ -40,7 +38,10 @@ Service = Callable[["Scheduler", Message], None]
 
 
 class Scheduler:
-    """Runs the scheduler role for one cluster. ``run()`` returns the process exit code."""
+    """Runs the scheduler role for one cluster. ``run()`` returns the process exit code.
+
+    ``takeover`` and ``elastic`` make its fault parts from it (:mod:`hetps.faults`);
+    :func:`hetps.roles.new_scheduler` builds a scheduler with them."""
 
     def __init__(
         self,
@@ -48,6 +49,9 @@ class Scheduler:
         services: dict[str, Service] | None = None,
         bind_host: str | None = None,
         recover: bool = False,
+        *,
+        takeover: Callable[[Scheduler], Any],
+        elastic: Callable[[Scheduler], Any],
     ) -> None:
         self.cfg = cfg
         loopback = is_loopback(cfg.root_uri)
@@ -119,12 +123,13 @@ class Scheduler:
         self._service_q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._service_thread: threading.Thread | None = None
         self.to_launcher: Callable[[str], None] | None = None  # --launcher-notices: stdout
-        # the parts: a server's death (takeover, --recover's readmits), workers let go and
-        # joining again (HETPS_ELASTIC), the lines to the launcher
+        # the parts: registration, barriers, a server's death (takeover, --recover's
+        # readmits), workers let go and joining again (HETPS_ELASTIC), the lines to the
+        # launcher; the fault parts are the wing hetps.faults, plugged in by hetps.roles
         self.registration = Registration(self)
         self.barriers = Barriers(self)
-        self.takeover = Takeover(self)
-        self.workers_part = ElasticWorkers(self)
+        self.takeover = takeover(self)
+        self.workers_part = elastic(self)
         self.launcher = LauncherLink(self)
 
     def register(

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,7 +28,6 @@ from hetps import optim
 from hetps.balance.agent import BalanceAgent
 from hetps.cluster import batch, bodies
 from hetps.cluster import protocol as P
-from hetps.cluster.batch import array_bytes
 from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
@@ -47,19 +43,23 @@ from hetps.kvstore.base import (
     staged_call,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
+from hetps.kvstore.dense import DenseRequests
 from hetps.kvstore.devices import on_device
 from hetps.kvstore.joining import Joining
-from hetps.kvstore.keys import Borrowed, KeyMeta, detach, fill_targets, land_into
+from hetps.kvstore.keys import KeyMeta, fill_targets
+from hetps.kvstore.pipeline import Pipeline
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
-from hetps.kvstore.sender import Sender
+from hetps.kvstore.rowsparse import Table
 from hetps.kvstore.sparse import SparseKeys, is_table
-from hetps.transport.codec import Message, dtype_str
+from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.worker")
 
 
-class DistKVStore(Joining, SparseKeys):
-    """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``)."""
+class DistKVStore:
+    """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``). Its parts:
+    ``pipeline`` (every request on its way), ``dense`` (a dense key's chunk requests),
+    ``sparse`` (row-sparse keys), ``joins`` (a worker joining a running job)."""
 
     def __init__(self, name: str, cfg: NodeConfig) -> None:
         self.type = name
@@ -69,18 +69,23 @@ class DistKVStore(Joining, SparseKeys):
         self.num_servers = len(self.node.servers())
         self._server_ids = [s.id for s in self.node.servers()]
         self.meta: dict[Any, KeyMeta] = {}
-        self._tables = {}  # row-sparse keys (kvstore/sparse.py)
         self.order: list[Any] = []  # keys in init order (the balance layout's order)
         self.compressor: TwoBitCompressor | None = None
-        self._outstanding: list[Future] = []
-        self._out_lock = threading.Lock()
         self.balance = cfg.balance != "none"
-        # network-aware mode paces pushes with a credit window (see Sender)
-        self._sender = Sender(cfg.push_window if self.balance else 0, self.node.send_batch)
-        # the small requests of a call go as one message per server (not with balancing:
-        # the BalanceAgent times every message alone)
-        self._batch_bytes = 0 if self.balance else min(cfg.batch_bytes, batch.ITEM_BYTES_MAX)
-        self._tl = threading.local()
+        # network-aware mode paces pushes with a credit window (see Sender); the small
+        # requests of a call go as one message per server (not with balancing: the
+        # BalanceAgent times every message alone)
+        self.pipeline = Pipeline(
+            self.node,
+            self._server_ids,
+            cfg.push_window if self.balance else 0,
+            0 if self.balance else min(cfg.batch_bytes, batch.ITEM_BYTES_MAX),
+            cfg.request_timeout,
+        )
+        self._sender = self.pipeline.sender  # the send queue (read by tests and benchmarks)
+        self.dense = DenseRequests(self)
+        self.sparse = SparseKeys(self)  # row-sparse keys (kvstore/sparse.py)
+        self.joins = Joining(self)  # a worker started again joins (kvstore/joining.py)
         self._next_slice = 0  # balance layout: the server of the next slice, round-robin
         self._closed = False
         # key -> {(start, stop): workers}: ranges last received as a sum of fewer workers
@@ -93,10 +98,10 @@ class DistKVStore(Joining, SparseKeys):
         self._last_push_run = 0
         self._calls = 0  # push calls so far (which call made which of a key's pushes)
         # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
-        self.agent = BalanceAgent(self) if self.balance else None
+        self.agent = self.pipeline.agent = BalanceAgent(self) if self.balance else None
         # pulls answered by the push before them (dist_sync, slices that stay where they are)
         self._prefetch = self.sync and not self.balance
-        self.node.handler = self._on_message  # forecasts and push receipts
+        self.node.handler = self.pipeline.on_message  # forecasts and push receipts
         # copies of every key on several servers (HETPS_REPLICAS): pushes carry their round
         self._copies = self.node.replicas > 1 and self.sync
         if self.node.replicas > 1 and not self.sync:
@@ -112,7 +117,7 @@ class DistKVStore(Joining, SparseKeys):
         if self.node.metrics_interval > 0:
             from hetps.metrics.reports import WorkerMeter
 
-            self.meter = WorkerMeter(
+            self.meter = self.pipeline.meter = WorkerMeter(
                 self.node.metrics_interval, self._send_metrics, self._link_bytes
             )
         if cfg.verbose >= 1:
@@ -175,14 +180,6 @@ class DistKVStore(Joining, SparseKeys):
         return self.agent.plan if self.agent is not None else None
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _track(self, futs: list[Future]) -> None:
-        with self._out_lock:
-            self._outstanding.extend(futs)
-            if len(self._outstanding) > 256:  # prune now and then, not on every call
-                self._outstanding = [
-                    f for f in self._outstanding if not f.done() or f.unreported_error()
-                ]
-
     def request(
         self,
         key: Any,
@@ -193,68 +190,8 @@ class DistKVStore(Joining, SparseKeys):
         landing=None,
         own=None,
     ) -> Future:
-        """Queue ``msg`` for server ``server_rank`` at ``priority``; the future gets the
-        reply, after ``callback(reply)`` ran. ``key`` orders it behind earlier requests of
-        the same key's slice (None: no order). A ``borrowed`` message is given its own
-        arrays by ``own()`` (default: copies) if it has to wait."""
-        if msg.borrowed and own is None:
-            own = partial(detach, msg)
-        peer = self._server_ids[server_rank]
-        msg.priority = priority
-        if self.meter is not None and msg.cmd in (P.PUSH, P.PULL):
-            callback = self.meter.timed(msg.cmd == P.PUSH, callback)
-        watch = self.agent.watch(msg, server_rank, peer) if self.agent is not None else None
-        cost = (
-            sum(getattr(a, "nbytes", 0) for a in msg.arrays)
-            if msg.cmd == P.PUSH and self._sender.window > 0
-            else 0
-        )
-        if cost:
-            msg.body["rcpt"] = True  # the server confirms arrival at once: credit comes back
-        sender = self._sender
-
-        def on_reply(reply: Message) -> None:
-            if watch is not None:
-                watch.on_reply(reply)
-            if cost:
-                sender.release(reply.req)
-            if callback is not None:
-                callback(reply)
-
-        plain = watch is None and not cost
-        collect = self._collecting() if plain and msg.cmd in P.BATCH_COMMANDS else None
-        fut = self.node.request(
-            peer,
-            msg,
-            callback if plain else on_reply,
-            what=f"{msg.cmd} of key {key!r} on {self.node.describe(peer)}",
-            landing=landing,
-            send=False,
-        )
-        part = msg.body.get("part") if key is not None else None
-        slice_key = key if part is None else (key, part)
-        if fut.done():
-            return fut
-        if collect is not None and array_bytes(msg) <= self._batch_bytes:
-            if msg.borrowed:  # a batch may leave after the call: small, so copied now
-                own()
-            collect.append((slice_key, server_rank, fut, msg))  # sent at the call's end
-            return fut
-
-        def send() -> None:
-            if cost:
-                sender.hold(fut.req, cost, fut)
-            if watch is not None:
-                watch.before_send(fut.req)
-            if not self.node.send_request(fut, msg):
-                sender.release(fut.req)
-
-        # requests are kept in order per slice (a key's part), not per key: the server keeps
-        # every part's rounds apart, so a part's pull needs only that part's push before it,
-        # and the pulls of a big key's first slices go while its later slices are still being
-        # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
-        sender.submit(slice_key, priority, send, cost, detach=own if msg.borrowed else None)
-        return fut
+        """Queue ``msg`` for server ``server_rank`` (:meth:`Pipeline.request`)."""
+        return self.pipeline.request(key, priority, server_rank, msg, callback, landing, own)
 
     def _send_metrics(self, body: dict) -> None:
         self.node.send(P.SCHEDULER_ID, Message(P.METRICS_REPORT, body=body))
@@ -268,51 +205,6 @@ class DistKVStore(Joining, SparseKeys):
             if sid in snap
         }
 
-    def _collecting(self) -> list | None:
-        """The requests of the call in progress on this thread that wait to be batched."""
-        return getattr(self._tl, "items", None)
-
-    @contextmanager
-    def _batched(self, deferred: bool = False):
-        """Within: the small requests of the call go to each server as one message (a batch,
-        :mod:`hetps.cluster.batch`) when the block ends, each request with its own id and
-        future, in order behind the earlier requests of its slices."""
-        if not self._batch_bytes or self._collecting() is not None:
-            yield
-            return
-        self._tl.items = items = []
-        try:
-            yield
-        finally:
-            self._tl.items = None
-            if items:
-                self._flush(items, deferred)
-
-    def _flush(self, items: list, deferred: bool = False) -> None:
-        """Send the call's collected requests, one batch per server. ``deferred`` (a push,
-        which returns at once): the sender thread sends them, so the pushes of the next
-        calls (a per-key loop) join them in one message while it is busy."""
-        by_server: dict[int, list] = {}
-        for item in items:
-            by_server.setdefault(item[1], []).append(item)
-        for rank, mine in by_server.items():
-            peer = self._server_ids[rank]
-            for group in batch.groups(mine, lambda item: array_bytes(item[3])):
-                futs = [item[2] for item in group]
-                msgs = [item[3] for item in group]
-
-                def send(peer=peer, futs=futs, msgs=msgs) -> None:
-                    self.node.send_batch(peer, futs, msgs)
-
-                self._sender.submit(
-                    None,
-                    max(m.priority for m in msgs),
-                    send,
-                    keys=[item[0] for item in group],
-                    merge=(peer, list(zip(futs, msgs, strict=True))),
-                    inline=not deferred,
-                )
-
     def _placement(self, key: Any, size: int) -> list[Part]:
         if not self.balance:
             return parts_of(key, size, self.num_servers, self.cfg.bigarray_bound)
@@ -324,19 +216,9 @@ class DistKVStore(Joining, SparseKeys):
         self._next_slice += len(parts)
         return parts
 
-    def _on_message(self, msg: Message) -> None:
-        """Non-reply messages to a worker: forecasts of the replies it is about to receive,
-        and receipts of its pushes (credit for the push window)."""
-        if msg.cmd == P.FORECAST and self.agent is not None:
-            self.agent.on_forecast(msg)
-        elif msg.cmd == P.RECEIPT:
-            req = msg.body.get("req")
-            if isinstance(req, int):
-                self._sender.release(req)
-
     def _meta(self, key: Any, what: str) -> KeyMeta:
         m = self.meta.get(key)
-        if m is None and key in self._tables:
+        if m is None and key in self.sparse.tables:
             raise TypeError(
                 f"{what} of key {key!r}: a row-sparse key; read its rows with "
                 f"kv.row_sparse_pull({key!r}, out=..., row_ids=...)"
@@ -355,7 +237,7 @@ class DistKVStore(Joining, SparseKeys):
             )
 
     def _finish_call(self, futs: list[Future], block: bool, what: str, finish=None) -> Handle:
-        self._track(futs)
+        self.pipeline.track(futs)
         handle = Handle(futs, self.timeout, what, finish)
         if block:
             handle.wait()
@@ -372,12 +254,12 @@ class DistKVStore(Joining, SparseKeys):
         if self.agent is not None:
             self.agent.before_init()
         futs: list[Future] = []
-        with staged_call(), self._batched():
+        with staged_call(), self.pipeline.batched():
             for k, entry in zip(keys, entries, strict=False):
                 if is_table(entry):  # a row-sparse key
-                    futs += self._init_table(k, entry, lead)
+                    futs += self.sparse.init_table(k, entry, lead)
                     continue
-                self._tables.pop(k, None)
+                self.sparse.tables.pop(k, None)
                 arr = reduce_values(entry, f"init of key {k!r}")
                 check_dtype(arr.dtype, k)
                 if k not in self.meta:
@@ -413,10 +295,10 @@ class DistKVStore(Joining, SparseKeys):
         self._push_run += 1
         self._calls += 1
         deferred = not block and max(self._push_run, self._last_push_run) > 1
-        with staged_call(), self._batched(deferred=deferred):
+        with staged_call(), self.pipeline.batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
-                if k in self._tables:
-                    futs += self._push_table(k, entry, priority)
+                if k in self.sparse.tables:
+                    futs += self.sparse.push_table(k, entry, priority)
                     continue
                 meta = self._meta(k, "push")
                 if self.meter is not None:
@@ -425,16 +307,16 @@ class DistKVStore(Joining, SparseKeys):
                 arr = reduce_values(entry, f"push of key {k!r}")
                 self._check(k, meta, arr, "push")
                 if self.sync:
-                    self._round_credit(meta)
+                    self.dense.round_credit(meta)
                 borrowed = False
                 # (compression makes its own copy; a device tensor's staging buffer is the
                 # push's own until it is answered)
                 if not block and self.compressor is None and not staged:
-                    borrowed = self._through_rings(meta)
+                    borrowed = self.dense.through_rings(meta)
                     if not borrowed:
                         arr = meta.capture(arr)
                 dest = meta.prefetch_into() if self._prefetch else None
-                pushed = self._push_one(k, meta, arr, priority, dest, borrowed)
+                pushed = self.dense.push(k, meta, arr, priority, dest, borrowed)
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
                 if self.sync:
@@ -444,87 +326,6 @@ class DistKVStore(Joining, SparseKeys):
                 futs += pushed
         settle(futs)
         return self._finish_call(futs, block, "push")
-
-    def _through_rings(self, meta: KeyMeta) -> bool:
-        """Whether a push of ``meta``'s key may send the caller's array itself instead of a
-        captured copy: every part goes to a server through an open shared-memory ring, whose
-        send copies the values into the ring before the push returns (a request that waits
-        in the send queue instead takes a copy of its own as it is queued: see
-        :meth:`request`). Not when requests are kept to be sent again (replicas) or timed
-        (network-aware balancing)."""
-        if self.agent is not None or self.node.replicas > 1:
-            return False
-        if meta.size * meta.dtype.itemsize < self.node.ring_min:
-            return False
-        return all(self.node.ring_open(self._server_ids[p.server]) for p in meta.parts)
-
-    def _round_credit(self, meta: KeyMeta) -> None:
-        """dist_sync: a worker may be ``HETPS_ROUNDS_AHEAD`` rounds of a key ahead of the
-        servers; a further push waits here until the oldest was applied (its errors are
-        reported later, as a push's are), so a fast worker never floods a server with rounds
-        it must keep. Requests of this same call are never waited for (they are not sent)."""
-        recent = meta.recent
-        while recent and all(f.done() for f in recent[0][1]):
-            recent.popleft()
-        while len(recent) >= self.cfg.rounds_ahead and recent[0][0] < self._calls:
-            for f in recent.popleft()[1]:
-                f.settle(self.timeout)
-
-    def _push_one(
-        self,
-        k: Any,
-        meta: KeyMeta,
-        arr: np.ndarray,
-        priority: int,
-        dest: np.ndarray | None = None,
-        borrowed: bool = False,
-    ) -> list[Future]:
-        """Requests pushing ``arr``; with ``dest`` (flat, writable) each is a fused push-pull:
-        its answer carries the key's value for that range once the push took effect.
-        ``borrowed``: ``arr`` is the caller's, read only while the push call runs."""
-        flat = np.ascontiguousarray(arr).reshape(-1)
-        comp = self.compressor
-        if comp is not None and meta.residual is None:
-            meta.residual = np.zeros(meta.size, dtype=np.float32)
-        step = chunk_elems(self.cfg.chunk_bytes, arr.dtype.itemsize)
-        futs = []
-        lent = Borrowed(meta) if borrowed and comp is None else None
-        if self.sync:
-            meta.rounds += 1
-        for p in meta.parts:
-            for a, b in chunks(p.start, p.stop, step):
-                if comp is not None:
-                    assert meta.residual is not None
-                    payload = comp.compress(flat[a:b], meta.residual[a:b])
-                else:
-                    payload = flat[a:b]
-                body = bodies.chunk(
-                    k,
-                    p.index,
-                    a - p.start,
-                    b - a,
-                    meta.shape,
-                    dtype_str(meta.dtype),
-                    sync=self.sync,
-                    chunk=step,
-                    fused=True if dest is not None else None,
-                    # a server that takes over knows a resent round by it
-                    round=meta.rounds - 1 if self._copies else None,
-                    threshold=comp.threshold if comp is not None else None,
-                )
-                msg = Message(P.PUSH, body=body, arrays=[payload], borrowed=lent is not None)
-                futs.append(
-                    self.request(
-                        k,
-                        priority,
-                        p.server,
-                        msg,
-                        None if dest is None else land_into(k, dest, a, b, self._short),
-                        None if dest is None else dest[a:b],
-                        None if lent is None else lent.owner(msg, a, b),
-                    )
-                )
-        return futs
 
     def pull(
         self,
@@ -544,7 +345,7 @@ class DistKVStore(Joining, SparseKeys):
         finishers = []
         results = []
         outs = per_key(out, len(keys), is_list, "pull") if out is not None else [None] * len(keys)
-        with staged_call(), self._batched():
+        with staged_call(), self.pipeline.batched():
             for k, entry in zip(keys, outs, strict=False):
                 meta = self._meta(k, "pull")
                 targets = (
@@ -559,7 +360,7 @@ class DistKVStore(Joining, SparseKeys):
                     if self.meter is not None:  # timed all the same (docs/LIVE.md)
                         fin = self.meter.timed_fused_pull(fin)
                 else:
-                    f, fin = self._pull_one(k, meta, targets, priority)
+                    f, fin = self.dense.pull(k, meta, targets, priority)
                     # the earlier push's errors are this pull's too (it may have been refused)
                     f = meta.pushed + f if meta.pushed_since_pull else f
                     if meta.pushed_since_pull and self._prefetch:
@@ -583,30 +384,6 @@ class DistKVStore(Joining, SparseKeys):
         handle = self._finish_call(futs, block, "pull", finish)
         return handle.wait() if block else handle
 
-    def _pull_one(self, k: Any, meta: KeyMeta, targets: list[np.ndarray], priority: int):
-        first = targets[0]
-        direct = first.flags.c_contiguous and first.flags.writeable
-        dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
-        step = chunk_elems(self.cfg.chunk_bytes, meta.dtype.itemsize)
-        futs = []
-        for p in meta.parts:
-            for a, b in chunks(p.start, p.stop, step):
-                body = bodies.chunk(
-                    k, p.index, a - p.start, b - a, meta.shape, dtype_str(meta.dtype)
-                )
-                futs.append(
-                    self.request(
-                        k,
-                        priority,
-                        p.server,
-                        Message(P.PULL, body=body),
-                        land_into(k, dest, a, b, self._short),
-                        dest[a:b],
-                    )
-                )
-
-        return futs, fill_targets(meta, dest, targets, direct)
-
     def pushpull(
         self, key: Any, value: Any, out: Any = None, priority: int = 0, block: bool = True
     ) -> Any:
@@ -620,7 +397,7 @@ class DistKVStore(Joining, SparseKeys):
         outs = per_key(out, len(keys), is_list, "pushpull") if out is not None else entries
         futs: list[Future] = []
         finishers = []
-        with staged_call(), self._batched():
+        with staged_call(), self.pipeline.batched():
             for k, entry, out_entry in zip(keys, entries, outs, strict=False):
                 meta = self._meta(k, "pushpull")
                 if self.meter is not None:
@@ -635,7 +412,7 @@ class DistKVStore(Joining, SparseKeys):
                 # landing in the pushed array itself is safe: a range's answer comes after the
                 # server has received that range
                 dest = first.reshape(-1) if direct else np.empty(meta.size, meta.dtype)
-                pushed = self._push_one(k, meta, arr, priority, dest)
+                pushed = self.dense.push(k, meta, arr, priority, dest)
                 # a later pull sees this round: not the value an earlier push brings
                 meta.prefetch, meta.pushed, meta.pushed_since_pull = None, pushed, False
                 futs += pushed
@@ -659,10 +436,7 @@ class DistKVStore(Joining, SparseKeys):
     def wait_outstanding(self) -> None:
         """Wait for every request this worker has in flight; raise the first error no call
         has raised yet (a push's, whose call returned before its answer)."""
-        with self._out_lock:
-            futs = [f for f in self._outstanding if not f.done() or f.unreported_error()]
-            self._outstanding = []
-        wait_all(futs, self.timeout, "outstanding requests")
+        self.pipeline.wait_outstanding()
 
     def barrier(self) -> None:
         """Wait for this worker's outstanding pushes, then for every worker."""
@@ -730,6 +504,51 @@ class DistKVStore(Joining, SparseKeys):
         ]
         wait_all(futs, self.timeout, "load_optimizer_states")
 
+    # -- row-sparse keys (the part ``sparse``) ---------------------------------------------
+    def row_sparse_pull(
+        self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None
+    ) -> Any:
+        """Read the rows ``row_ids`` of row-sparse keys (MXNet's ``row_sparse_pull``):
+        :meth:`hetps.kvstore.sparse.SparseKeys.row_sparse_pull`."""
+        return self.sparse.row_sparse_pull(key, out, priority, row_ids)
+
+    def table(self, key: Any) -> Table:
+        """The :class:`~hetps.kvstore.rowsparse.Table` declared for ``key`` (KeyError if it
+        is not row-sparse)."""
+        return self.sparse.table(key)
+
+    def is_row_sparse(self, key: Any) -> bool:
+        """Whether ``key`` was initialised as a row-sparse table."""
+        return self.sparse.is_row_sparse(key)
+
+    # -- a worker joining a running job (the part ``joins``: docs/FAULTS.md) --------------
+    @property
+    def rejoining(self) -> bool:
+        """Whether this worker was started again after it died and the job went on without
+        it: call :meth:`join` before any round (its pushes are refused until then)."""
+        return self.joins.rejoining
+
+    @property
+    def joining(self) -> bool:
+        """Whether a worker waits to join: the live workers let it in with :meth:`admit` at
+        a round boundary that all of them take."""
+        return self.joins.joining
+
+    def admit(self, state: bytes | None = None) -> None:
+        """Let the workers that wait to join in (every live worker, at the same round
+        boundary): :meth:`hetps.kvstore.joining.Joining.admit`."""
+        self.joins.admit(state)
+
+    def join(self) -> bytes | None:
+        """Wait until the live workers admit this worker started again, and return the state
+        the first live worker gave: :meth:`hetps.kvstore.joining.Joining.join`."""
+        return self.joins.join()
+
+    def declare(self, key: Any, value: Any) -> None:
+        """Make keys that exist on the servers already known to this worker, with no request
+        and no barrier: :meth:`hetps.kvstore.joining.Joining.declare`."""
+        self.joins.declare(key, value)
+
     # -- network-aware load distribution ---------------------------------------------------
     def rebalance(self) -> dict | None:
         """Call at an iteration boundary (every worker, the same iterations). Reports this
@@ -763,5 +582,5 @@ class DistKVStore(Joining, SparseKeys):
                     log.debug("worker: outstanding request failed at close: %s", exc)
                 self.node.finish(self.timeout)
         finally:
-            self._sender.close()
+            self.pipeline.close()
             self.node.close()

@@ -1,5 +1,6 @@
-"""A worker joining a running job (HETPS_ELASTIC), as a part of
-:class:`hetps.kvstore.client.DistKVStore`.
+"""A worker joining a running job (HETPS_ELASTIC), a part of
+:class:`hetps.kvstore.client.DistKVStore` (which calls it through ``kv.join()``,
+``kv.admit()``, ``kv.declare()``).
 
 A worker that died was let go, and the job went on. Started again (``hetps train`` with
 ``--max-restarts``, or by hand with its ``DMLC_*`` variables and ``HETPS_LAUNCH_RANK``), it
@@ -27,46 +28,43 @@ from hetps.transport.codec import Message
 
 
 class Joining:
-    """join / admit (mixed into DistKVStore, which holds what is used here)."""
+    """join / admit of the store ``kv``."""
 
-    node: Any
-    meta: dict[Any, KeyMeta]
-    order: list
-    timeout: float
-    live_rank: int
-    wait_outstanding: Any
-    _placement: Any
-    _tables: dict
-    _init_table: Any
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+        self._joined = False
+        self._rounds: dict[Any, int] = {}  # the job's round count per key, given at the join
 
     @property
     def rejoining(self) -> bool:
         """Whether this worker was started again after it died and the job went on without
         it: call :meth:`join` before any round (its pushes are refused until then)."""
-        return bool(self.node.recovery) and not getattr(self, "_joined", False)
+        return bool(self.kv.node.recovery) and not self._joined
 
     @property
     def joining(self) -> bool:
         """Whether a worker waits to join: the live workers let it in with :meth:`admit` at
         a round boundary that all of them take (e.g. decided by a value summed in a round)."""
-        return bool(self.node.joining)
+        return bool(self.kv.node.joining)
 
     def admit(self, state: bytes | None = None) -> None:
         """Let the workers that wait to join in (every live worker calls it, at the same round
         boundary). The first live worker (``live_rank`` 0) passes ``state``: the bytes a
         joiner starts from (its model, say); the others' ``state`` is not used. Returns once
         they are in: from the next round on they count in every sum."""
-        self.wait_outstanding()
-        lead = self.live_rank == 0
+        self.kv.wait_outstanding()
+        lead = self.kv.live_rank == 0
         arrays = [np.frombuffer(state, np.uint8)] if lead and state is not None else []
         body = {}
         if lead:
-            body["rounds"] = [[k, m.rounds] for k, m in self.meta.items()]
-            body["rounds"] += [[k, tm.rounds] for k, tm in self._tables.items()]  # (tables')
+            body["rounds"] = [[k, m.rounds] for k, m in self.kv.meta.items()]
+            body["rounds"] += [[k, tm.rounds] for k, tm in self.kv.sparse.tables.items()]
             # the row-sparse keys: a joiner declares those it does not know (made meanwhile)
-            body["tables"] = [[k, table_declaration(tm.table)] for k, tm in self._tables.items()]
-        fut = self.node.request(P.SCHEDULER_ID, Message(P.ADMIT, body=body, arrays=arrays))
-        fut.wait(self.timeout)
+            body["tables"] = [
+                [k, table_declaration(tm.table)] for k, tm in self.kv.sparse.tables.items()
+            ]
+        fut = self.kv.node.request(P.SCHEDULER_ID, Message(P.ADMIT, body=body, arrays=arrays))
+        fut.wait(self.kv.timeout)
 
     def join(self) -> bytes | None:
         """This worker was started again (:attr:`rejoining`): wait until the live workers
@@ -80,31 +78,31 @@ class Joining:
                 "join: this worker is in the job's rounds already; only a worker started "
                 "again after it died and the job went on without it joins"
             )
-        if getattr(self, "balance", False):
+        if self.kv.balance:
             raise RuntimeError(
                 "join: joining a running job is not built with HETPS_BALANCE (the joiner "
                 "would need the plan's layout of every key and the planner's rounds); the "
                 "job goes on without this worker"
             )
-        reply = self.node.request(P.SCHEDULER_ID, Message(P.JOIN)).wait(self.timeout)
+        reply = self.kv.node.request(P.SCHEDULER_ID, Message(P.JOIN)).wait(self.kv.timeout)
         state = bytes(reply.arrays[0].reshape(-1).view(np.uint8)) if reply.arrays else None
         self._rounds = {
             _key(k): int(n)
             for k, n in reply.body.get("rounds", [])
             if isinstance(n, int) and not isinstance(n, bool)
         }
-        for k, meta in self.meta.items():  # (a push says which round it is of: replicas)
+        for k, meta in self.kv.meta.items():  # (a push says which round it is of: replicas)
             meta.rounds = self._rounds.get(k, meta.rounds)
         self._join_tables(reply.body.get("tables", []))
-        for k, tm in self._tables.items():  # (a table's push says its round too)
+        for k, tm in self.kv.sparse.tables.items():  # (a table's push says its round too)
             tm.rounds = self._rounds.get(k, tm.rounds)
         # every server counts this worker from now on; the live workers wait meanwhile
-        futs = [self.node.request(s.id, Message(P.ENTER)) for s in self.node.live_servers()]
-        wait_all(futs, self.timeout, "join")
+        futs = [self.kv.node.request(s.id, Message(P.ENTER)) for s in self.kv.node.live_servers()]
+        wait_all(futs, self.kv.timeout, "join")
         for group, n in reply.body.get("barriers", {}).items():
             if isinstance(n, int) and not isinstance(n, bool):
-                self.node.barrier_n[group] = self.node.barrier_passed[group] = n
-        self.node.request(P.SCHEDULER_ID, Message(P.ENTERED)).wait(self.timeout)
+                self.kv.node.barrier_n[group] = self.kv.node.barrier_passed[group] = n
+        self.kv.node.request(P.SCHEDULER_ID, Message(P.ENTERED)).wait(self.kv.timeout)
         self._joined = True
         return state
 
@@ -122,9 +120,9 @@ class Joining:
                     f"join: the live workers sent a bad table {entry!r}: {exc}"
                 ) from None
             k = _key(k)
-            tm = self._tables.get(k)
+            tm = self.kv.sparse.tables.get(k)
             if tm is None:
-                self._init_table(k, table, False)  # (sends nothing: the servers have it)
+                self.kv.sparse.init_table(k, table, False)  # (sends nothing: the servers have it)
                 continue
             mine = table_declaration(tm.table)
             differ = [f for f in ("rows", "cols", "dtype", "scale", "seed") if mine[f] != decl[f]]
@@ -145,10 +143,12 @@ class Joining:
         with staged_call():
             for k, entry in zip(keys, per_key(value, len(keys), is_list, "declare"), strict=False):
                 arr = reduce_values(entry, f"declare of key {k!r}")
-                if k not in self.meta:
-                    self.order.append(k)
-                self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, self._placement(k, arr.size))
-                self.meta[k].rounds = getattr(self, "_rounds", {}).get(k, 0)
+                if k not in self.kv.meta:
+                    self.kv.order.append(k)
+                self.kv.meta[k] = KeyMeta(
+                    tuple(arr.shape), arr.dtype, self.kv._placement(k, arr.size)
+                )
+                self.kv.meta[k].rounds = self._rounds.get(k, 0)
         settle([])
 
 

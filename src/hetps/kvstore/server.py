@@ -34,9 +34,7 @@ from hetps.cluster.protocol import NodeInfo
 from hetps.kvstore import checks
 from hetps.kvstore.aggregate import Aggregator, writable
 from hetps.kvstore.answers import Answers
-from hetps.kvstore.elastic_rounds import ElasticRounds
 from hetps.kvstore.linkmeter import LinkMeter
-from hetps.kvstore.replicas import Replication
 from hetps.kvstore.slices import BadRequest, Slice, slice_key
 from hetps.kvstore.tables import Tables
 from hetps.transport.codec import WIRE_DTYPES, Message
@@ -50,18 +48,26 @@ class KVServer:
     It is the protocol adapter of parts plugged together: each command has a handler
     (:meth:`on`, as ps-lite's ``KVServer::set_request_handle``); the round aggregator
     (:class:`~hetps.kvstore.aggregate.Aggregator`) sums and applies rounds; the replication
-    policy (:class:`~hetps.kvstore.replicas.Replication`, HETPS_REPLICAS) keeps copies on
-    other servers; :class:`~hetps.kvstore.elastic_rounds.ElasticRounds` keeps rounds per
-    worker (HETPS_ELASTIC); :class:`~hetps.kvstore.linkmeter.LinkMeter` times the links;
+    policy (``replication``, HETPS_REPLICAS) keeps copies on other servers; ``elastic`` keeps
+    rounds per worker (HETPS_ELASTIC): these two are parts of the fault wing, plugged in by
+    the composition root (:func:`hetps.roles.new_server`);
+    :class:`~hetps.kvstore.linkmeter.LinkMeter` times the links;
     :class:`~hetps.kvstore.tables.Tables` holds the row-sparse keys."""
 
     #: commands whose arrays may be lent by the van (read straight from a shared-memory ring,
     #: valid only while :meth:`handle` runs): a push is merged from the ring into the merge
     #: buffer, and whatever keeps a push (the backlog) gets a copy when the van releases it
-    #: (and a primary's copy, applied or copied out at once: see kvstore/replicas.py)
+    #: (and a primary's copy, applied or copied out at once: see faults/replicas.py)
     BORROWS = frozenset({P.PUSH, P.REPLICATE})
 
-    def __init__(self, node: Any, sync: bool | None = None) -> None:
+    def __init__(
+        self,
+        node: Any,
+        sync: bool | None = None,
+        *,
+        replication: Callable[[KVServer], Any],
+        elastic: Callable[[KVServer], Any],
+    ) -> None:
         self.node = node
         self.sync = sync  # None: decided by each push's "sync" field
         self.slices: dict[tuple[Any, int], Slice] = {}
@@ -74,8 +80,8 @@ class KVServer:
         self.answers = Answers(node)
         self.aggregator = Aggregator(lambda: self.num_workers, lambda: self.optimizer)
         self.links = LinkMeter(node)
-        self.replication = Replication(self)
-        self.elastic = ElasticRounds(self)
+        self.replication = replication(self)
+        self.elastic = elastic(self)
         self.tables = Tables(self)  # row-sparse keys (embedding tables)
         self.handlers: dict[str, Callable[[Message], None]] = {}
         for cmd, handler in (

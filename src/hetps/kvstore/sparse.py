@@ -1,5 +1,5 @@
 """Row-sparse keys on the worker side: MXNet's ``row_sparse_pull`` and row-sparse pushes
-(mixed into :class:`~hetps.kvstore.client.DistKVStore`).
+(a part of :class:`~hetps.kvstore.client.DistKVStore`).
 
 A key declared with :class:`~hetps.kvstore.rowsparse.Table` (``kv.init(key, Table(rows,
 cols))``) is an embedding table spread over the servers by rows (row ``r`` on server
@@ -82,28 +82,30 @@ def is_table(value: Any) -> bool:
 
 
 class SparseKeys:
-    """The row-sparse half of the worker's store (see the module's text)."""
+    """The row-sparse half of the worker's store ``kv`` (see the module's text)."""
 
-    _tables: dict[Any, TableMeta]
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+        self.tables: dict[Any, TableMeta] = {}
 
     def table(self, key: Any) -> Table:
         """The :class:`Table` declared for ``key`` (KeyError if it is not row-sparse)."""
-        return self._tables[key].table
+        return self.tables[key].table
 
     def is_row_sparse(self, key: Any) -> bool:
         """Whether ``key`` was initialised as a row-sparse table."""
-        return key in self._tables
+        return key in self.tables
 
-    def _init_table(self, key: Any, value: Any, lead: bool) -> list[Future]:
-        if self.balance:
-            if key in self.order:  # (a dense key made a table: the planner forgets it)
-                self.order.remove(key)
+    def init_table(self, key: Any, value: Any, lead: bool) -> list[Future]:
+        if self.kv.balance:
+            if key in self.kv.order:  # (a dense key made a table: the planner forgets it)
+                self.kv.order.remove(key)
             if lead:  # (said once, by the worker that declares it)
                 log.warning(
                     "worker: HETPS_BALANCE plans the dense keys only; row-sparse key %r stays "
                     "where its row ids place it (row r on server r %% %d)",
                     key,
-                    self.num_servers,
+                    self.kv.num_servers,
                 )
         if isinstance(value, RowSparse):  # MXNet's kv.init(key, row_sparse_array)
             if value.shape[0] < 0:
@@ -121,9 +123,9 @@ class SparseKeys:
                         f"{spec.dtype}"
                     )
                 rows_ids = np.arange(spec.rows, dtype=np.int64)
-        S = self.num_servers
-        tm = self._tables[key] = TableMeta(spec, S)
-        self.meta.pop(key, None)
+        S = self.kv.num_servers
+        tm = self.tables[key] = TableMeta(spec, S)
+        self.kv.meta.pop(key, None)
         if rows_ids is not None:
             tm.check_ids(key, rows_ids, "init")
         if not lead:
@@ -148,10 +150,10 @@ class SparseKeys:
                 )
             decl["opt"] = optim.dumps(spec.optimizer)
         futs = []
-        step = max(1, chunk_elems(self.cfg.chunk_bytes, tm.dtype.itemsize) // spec.cols)
+        step = max(1, chunk_elems(self.kv.cfg.chunk_bytes, tm.dtype.itemsize) // spec.cols)
         for s in range(S):
             body = dict(decl, part=s)
-            futs.append(self.request(key, 0, s, Message(P.SINIT, body=body)))
+            futs.append(self.kv.request(key, 0, s, Message(P.SINIT, body=body)))
             body = {k: v for k, v in body.items() if k != "opt"}  # (the rows: without it)
             if rows_ids is None:
                 continue
@@ -159,18 +161,18 @@ class SparseKeys:
             for a in range(0, mine.size, step):
                 sel = mine[a : a + step]
                 arrays = [rows_ids[sel], np.ascontiguousarray(rows[sel]).reshape(-1)]
-                futs.append(self.request(key, 0, s, Message(P.SINIT, body=body, arrays=arrays)))
+                futs.append(self.kv.request(key, 0, s, Message(P.SINIT, body=body, arrays=arrays)))
         return futs
 
-    def _push_table(self, key: Any, value: Any, priority: int) -> list[Future]:
-        tm = self._tables[key]
+    def push_table(self, key: Any, value: Any, priority: int) -> list[Future]:
+        tm = self.tables[key]
         what = f"push of row-sparse key {key!r}"
-        if self.compressor is not None:
+        if self.kv.compressor is not None:
             raise ValueError(f"{what}: 2-bit compression is for dense keys")
         ids, rows = coalesce(value, tm.table.cols, tm.dtype, what)
         tm.check_ids(key, ids, "push")
-        if self.sync:
-            self._round_credit(tm)
+        if self.kv.sync:
+            self.kv.dense.round_credit(tm)
             tm.rounds += 1
         S = tm.nparts
         owner = ids % S if S > 1 else None
@@ -178,14 +180,14 @@ class SparseKeys:
         for s in range(S):
             sel = slice(None) if owner is None else owner == s
             pid, prow = ids[sel].copy(), rows[sel].copy()  # captured: the caller may reuse them
-            body = {"k": key, "part": s, "sync": self.sync}
-            if self._copies:  # a server that takes over knows a resent round by it
+            body = {"k": key, "part": s, "sync": self.kv.sync}
+            if self.kv._copies:  # a server that takes over knows a resent round by it
                 body["rnd"] = tm.rounds - 1
             msg = Message(P.SPUSH, body=body, arrays=[pid, prow.reshape(-1)])
-            futs.append(self.request(key, priority, s, msg))
+            futs.append(self.kv.request(key, priority, s, msg))
         tm.pushed = futs
-        if self.sync:
-            tm.recent.append((self._calls, futs))
+        if self.kv.sync:
+            tm.recent.append((self.kv._calls, futs))
         return futs
 
     def row_sparse_pull(
@@ -195,9 +197,9 @@ class SparseKeys:
         module's text for ``out``). A list of keys takes a list of outs and of row_ids (one
         row_ids for every out of a key). Returns the :class:`RowSparse` results when ``out``
         is None, else None. Sees this worker's earlier pushes of the keys."""
-        self.node.check()
-        if self._push_run:
-            self._last_push_run, self._push_run = self._push_run, 0
+        self.kv.node.check()
+        if self.kv._push_run:
+            self.kv._last_push_run, self.kv._push_run = self.kv._push_run, 0
         keys, is_list = normalize_keys(key)
         if row_ids is None:
             raise ValueError("row_sparse_pull needs row_ids (the rows to read)")
@@ -208,7 +210,7 @@ class SparseKeys:
         futs: list[Future] = []
         finishers = []
         for k, rid, o in zip(keys, ids_list, outs, strict=True):
-            tm = self._tables.get(k)
+            tm = self.tables.get(k)
             if tm is None:
                 raise KeyError(
                     f"row_sparse_pull: key {k!r} is not a row-sparse key: call "
@@ -217,8 +219,8 @@ class SparseKeys:
             f, fin = self._pull_rows(k, tm, row_ids_of(rid, k), o, priority)
             futs += f
             finishers.append(fin)
-        self._track(futs)
-        wait_all(futs, self.timeout, "row_sparse_pull")
+        self.kv.pipeline.track(futs)
+        wait_all(futs, self.kv.timeout, "row_sparse_pull")
         results = [fin() for fin in finishers]
         if out is None:
             return results if is_list else results[0]
@@ -239,7 +241,7 @@ class SparseKeys:
                 continue
             body = {"k": key, "part": s}
             msg = Message(P.SPULL, body=body, arrays=[uniq[sel]])
-            futs.append(self.request(key, priority, s, msg, _land_rows(key, rows, sel, cols)))
+            futs.append(self.kv.request(key, priority, s, msg, _land_rows(key, rows, sel, cols)))
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
         tm.pushed = []

@@ -68,7 +68,10 @@ def save_tables(kv: Any, tmp: Path, key_tag: Any, hashing: Any) -> tuple[list, d
     from hetps import optim
 
     entries, files = [], {}
-    for i, (key, tm) in enumerate(getattr(kv, "_tables", {}).items()):
+    # the row-sparse keys the servers hold (a DistKVStore's part sparse); a store without
+    # that part (the single-process one) has none there
+    sparse = getattr(kv, "sparse", None)
+    for i, (key, tm) in enumerate(sparse.tables.items() if sparse is not None else ()):
         t = tm.table
         S = tm.nparts
         infos = [

@@ -1,6 +1,6 @@
 """The body of a role's Ray actor (:class:`RoleProcess`): it starts one role's process on its
 node and hands the process's output and exit status to the driver
-(:class:`hetps.launch.ray.RayLauncher`)."""
+(the launcher's RayLauncher)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import queue
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 
 from hetps.launch.contract import usable_cores
@@ -34,11 +35,12 @@ class RoleProcess:
 
     def where(self) -> dict:
         """This actor's node: its IP, id and usable cores."""
-        import ray
+        # an actor runs in Ray's worker process, which imported the Ray package before it
+        ray_pkg = sys.modules["ray"]
 
         return {
-            "ip": ray.util.get_node_ip_address(),
-            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray_pkg.util.get_node_ip_address(),
+            "node_id": ray_pkg.get_runtime_context().get_node_id(),
             "cores": usable_cores(),
             "pid": os.getpid(),
         }

@@ -26,7 +26,7 @@ log = logging.getLogger("hetps.scheduler")
 
 
 class Takeover:
-    """Failover, rejoin and readmit (mixed into Scheduler, which holds what is used here)."""
+    """Failover, rejoin and readmit (a part of Scheduler, whose tables it reads and changes)."""
 
     # -- a server admitted again (HETPS_REPLICAS) ---------------------------------------------
 

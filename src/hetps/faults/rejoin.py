@@ -1,5 +1,5 @@
 """``hetps train``'s side of a worker joining the running job again (``--elastic`` with
-``--max-restarts``), as a part of :class:`hetps.app.worker.WorkerRun`.
+``--max-restarts``), a part of :class:`hetps.app.worker.WorkerRun` (``run.rejoin``).
 
 The live workers agree on a round boundary through a flag summed with a round (``-m sync``:
 with the gradients; ``-m esync``: with the model difference). After that round and its
@@ -21,43 +21,35 @@ import torch
 
 
 class Rejoin:
-    """admit / join (mixed into WorkerRun, which holds what is used here)."""
+    """admit / join of the run ``run`` (a WorkerRun: its kv, model, optimizers, counters and
+    data stream)."""
 
-    kv: Any
-    rank: int
-    device: torch.device
-    model: torch.nn.Module
-    steps_done: int
-    epochs_done: float
-    first_round: int
-    ckpt_opt: Any
-    shared: Any
-    lead: bool
-    _stream: Any
-    _data_stream: Any
+    def __init__(self, run: Any) -> None:
+        self.run = run
 
     def admit(self, rnd: int) -> None:
         """Every live worker after round ``rnd``: let the workers that wait to join in; the
         first live worker gives them its model, its data position and its optimizers'."""
+        run = self.run
         state = None
-        if self.lead:
+        if run.lead:
             buf = io.BytesIO()
             torch.save(
                 {
                     "round": rnd,
-                    "steps_done": self.steps_done,
-                    "epochs_done": self.epochs_done,
-                    "model": self.model.state_dict(),
-                    "optimizer": self.ckpt_opt.state_dict() if self.ckpt_opt is not None else None,
-                    "shared": self.shared.join_state() if self.shared is not None else None,
+                    "steps_done": run.steps_done,
+                    "epochs_done": run.epochs_done,
+                    "model": run.model.state_dict(),
+                    "optimizer": run.ckpt_opt.state_dict() if run.ckpt_opt is not None else None,
+                    "shared": run.shared.join_state() if run.shared is not None else None,
                 },
                 buf,
             )
             state = buf.getvalue()
-        self.kv.admit(state)
+        run.kv.admit(state)
         print(
-            f"worker {self.rank}: a worker joined after round {rnd}; "
-            f"{self.kv.live_workers} workers from round {rnd + 1}",
+            f"worker {run.rank}: a worker joined after round {rnd}; "
+            f"{run.kv.live_workers} workers from round {rnd + 1}",
             flush=True,
         )
 
@@ -65,26 +57,27 @@ class Rejoin:
         """This worker was started again after it died (the job went on without it): wait
         for the live workers' next round boundary and go on from there with their model
         (call it after ``run.shared`` and the checkpoint's optimizer are set)."""
-        blob = self.kv.join()
+        run = self.run
+        blob = run.kv.join()
         if blob is None:
             raise RuntimeError("joined the running job, but the live workers sent no state")
-        state = torch.load(io.BytesIO(blob), map_location=self.device, weights_only=False)
-        self.model.load_state_dict(state["model"])
-        if (state["shared"] is None) != (self.shared is None):
+        state = torch.load(io.BytesIO(blob), map_location=run.device, weights_only=False)
+        run.model.load_state_dict(state["model"])
+        if (state["shared"] is None) != (run.shared is None):
             raise RuntimeError(
                 "joined the running job, but the live workers run another mode (their state "
                 f"{'has no' if state['shared'] is None else 'has a'} distributed part)"
             )
-        if self.shared is not None:
-            self.shared.adopt(state["shared"])
-        if self.ckpt_opt is not None and state["optimizer"] is not None:
-            self.ckpt_opt.load_state_dict(state["optimizer"])
-        self.first_round = int(state["round"])
-        self.steps_done = int(state["steps_done"])
-        self.epochs_done = float(state["epochs_done"])
-        self._stream = self._data_stream()
+        if run.shared is not None:
+            run.shared.adopt(state["shared"])
+        if run.ckpt_opt is not None and state["optimizer"] is not None:
+            run.ckpt_opt.load_state_dict(state["optimizer"])
+        run.first_round = int(state["round"])
+        run.steps_done = int(state["steps_done"])
+        run.epochs_done = float(state["epochs_done"])
+        run._stream = run._data_stream()
         print(
-            f"worker {self.rank}: joined the running job after round {self.first_round} "
-            f"(is_recovery=1); {self.kv.live_workers} workers",
+            f"worker {run.rank}: joined the running job after round {run.first_round} "
+            f"(is_recovery=1); {run.kv.live_workers} workers",
             flush=True,
         )

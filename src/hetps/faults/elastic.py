@@ -25,7 +25,7 @@ log = logging.getLogger("hetps.scheduler")
 
 
 class ElasticWorkers:
-    """Letting workers go and in (mixed into Scheduler, which holds what is used here)."""
+    """Letting workers go and in (a part of Scheduler, whose tables it reads and changes)."""
 
     def __init__(self, sched: Any) -> None:
         self.sched = sched

@@ -1,0 +1,199 @@
+"""A server's or worker's registration with the scheduler, a part of
+:class:`hetps.cluster.node.Node`: ``add_node`` with the routing id the scheduler connects
+back with, the scheduler's answers (progress, a refusal, the node table), the messages of
+peers that learned of this node before it got the table, and the table itself: this node's
+id, its peers, and the routing id of each direction of each connection to a peer."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from hetps.cluster import protocol as P
+from hetps.cluster.errors import ClusterError
+from hetps.cluster.protocol import NodeInfo
+from hetps.transport.codec import Message
+from hetps.transport.van import PeerGone, new_routing_id
+
+#: messages kept from connections not yet known while the node table is on its way
+MAX_EARLY_MESSAGES = 4096
+MAX_EARLY_BYTES = 1 << 30
+
+
+def routing_id(value: object) -> bytes:
+    """A routing id from the scheduler's table, checked (bytes, 1-255, not starting at 0)."""
+    if not isinstance(value, bytes) or not 1 <= len(value) <= 255 or value[0] == 0:
+        raise ValueError(f"bad routing id {value!r}")
+    return value
+
+
+class Enrolment:
+    """The registration of ``node`` (see the module's text)."""
+
+    def __init__(self, node: Any) -> None:
+        self.node = node
+        self._registered = threading.Event()
+        self._reg_error: str | None = None
+        self._reg_progress: dict | None = None
+        self._early: list[Message] = []
+        self._early_bytes = 0
+
+    def register(self) -> None:
+        """Register with the scheduler and wait for the node table.
+
+        Raises :class:`ClusterError` when the scheduler cannot be reached or the cluster does
+        not complete within ``HETPS_CONNECT_TIMEOUT``."""
+        node = self.node
+        # the scheduler connects back with a routing id only it learns: its messages are
+        # the only ones that read as node 1
+        back = new_routing_id()
+        node.back_id = back
+        node.van.admit(back, P.SCHEDULER_ID)
+        node.van.connect(P.SCHEDULER_ID, f"{node.cfg.root_uri}:{node.cfg.root_port}", watch=True)
+        watch = node.van.take_watch(P.SCHEDULER_ID)
+        node.start_receiving()
+        deadline = time.monotonic() + node.cfg.connect_timeout
+        refused: str | None = None
+
+        def give_up() -> str | None:
+            # a refused handshake leaves no connection, so the registration could never leave
+            nonlocal refused
+            refused = refused or (watch.failure() if watch is not None else None)
+            if refused is not None:
+                return refused
+            return "no connection" if time.monotonic() > deadline else None
+
+        try:
+            node.van.send(
+                P.SCHEDULER_ID,
+                Message(
+                    P.ADD_NODE,
+                    req=1,
+                    body={
+                        "role": node.role,
+                        "host": node.cfg.node_host,
+                        "port": node.van.port,
+                        "back": back,
+                        "want_rank": node.cfg.launch_rank,
+                    },
+                ),
+                give_up=give_up,
+            )
+        except PeerGone:
+            pass  # refused, or the deadline passed: said below
+        try:
+            while refused is None and not self._registered.wait(0.1):
+                refused = watch.failure() if watch is not None else None
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            if watch is not None:
+                watch.close()
+        if refused is not None:
+            node.van.mark_dead(P.SCHEDULER_ID)  # nothing queued for it can ever leave
+            node.close()
+            have = "this node holds a cluster secret" if node.cfg.secret else "this node has none"
+            raise ClusterError(
+                f"the scheduler at {node.cfg.root_uri}:{node.cfg.root_port} refused the "
+                f"connection: {refused}. Every role of a job needs the same cluster secret "
+                f"({have}): set HETPS_SECRET_FILE to the job's secret file on every role "
+                "(or run them all with `hetps launch`, which hands one to each)"
+            )
+        if not self._registered.is_set():
+            node.close()
+            if self._reg_progress is None:
+                raise ClusterError(
+                    f"could not reach the scheduler at {node.cfg.root_uri}:{node.cfg.root_port} "
+                    f"within {node.cfg.connect_timeout:g} s (HETPS_CONNECT_TIMEOUT): is it running, "
+                    "and are DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT right?"
+                )
+            got = self._reg_progress
+            raise ClusterError(
+                f"the scheduler answered but the cluster did not complete within "
+                f"{node.cfg.connect_timeout:g} s: {got.get('registered')} of {got.get('expected')} "
+                "nodes registered; start the missing nodes or fix DMLC_NUM_SERVER/DMLC_NUM_WORKER"
+            )
+        if self._reg_error is not None:
+            node.close()
+            raise ClusterError(f"the scheduler refused this {node.role}: {self._reg_error}")
+
+    def answer(self, msg: Message) -> None:
+        """The scheduler's answer to ``add_node``: progress, a refusal or the node table
+        (then the messages kept from peers that came before it are handled)."""
+        node = self.node
+        if msg.cmd == P.ADD_NODE:
+            self._reg_progress = msg.body
+        elif msg.cmd == P.REFUSED:
+            self._reg_error = msg.error or "refused"
+            self._registered.set()
+        else:  # the node table
+            try:
+                self.take_table(msg.body)
+            except (KeyError, TypeError, ValueError) as exc:
+                self._reg_error = f"the scheduler sent a malformed node table ({exc})"
+                self._registered.set()
+                return
+            self._registered.set()
+            early, self._early, self._early_bytes = self._early, [], 0
+            for m in early:  # peers that learned of us before we did
+                m.sender = node.van.node_of(m.origin)
+                node.dispatch(m)
+
+    def keep_early(self, msg: Message) -> bool:
+        """Keep a message that came before the node table, within a bound."""
+        if len(self._early) >= MAX_EARLY_MESSAGES or self._early_bytes > MAX_EARLY_BYTES:
+            return False
+        self._early.append(msg)
+        self._early_bytes += msg.nbytes
+        return True
+
+    def take_table(self, body: dict) -> None:
+        """The scheduler's node table: this node's id, its peers, and the routing id of each
+        direction of each connection to a peer."""
+        node = self.node
+        nodes = {n.id: n for n in map(NodeInfo.from_wire, body["nodes"])}
+        me = nodes[int(body["id"])]
+        out = {int(p): routing_id(t) for p, t in body["out"]}
+        into = {int(p): routing_id(t) for p, t in body["in"]}
+        # Servers answer workers, workers talk to servers: connect before anything else is
+        # handled, so no request can arrive from a peer we cannot answer.
+        peer_role = "worker" if node.role == "server" else "server"
+        replicas = body.get("replicas", 1)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+            raise ValueError(f"bad replica count {replicas!r}")
+        peers = [
+            n
+            for n in nodes.values()
+            if n.role == peer_role
+            or (replicas > 1 and node.role == "server" and n.role == "server" and n.id != me.id)
+        ]
+        down = {int(i) for i in body.get("down", [])}
+        redirect = {int(a): int(b) for a, b in body.get("redirect", [])}
+        for n in peers:
+            if n.id not in out or n.id not in into:
+                raise ValueError(f"no routing ids for node {n.id}")
+        for n in peers:
+            if n.id in down:  # (admitted again, this node hears of dead servers too)
+                node.van.mark_dead(n.id)
+                continue
+            node.van.admit(into[n.id], n.id)
+            node.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id], bulk=True)
+        node.nodes, node.info = nodes, me
+        node.down, node.redirect = down, redirect
+        node.recovery = body.get("recovery") == 1
+        node.replicas = replicas
+        elastic = body.get("elastic", 0)
+        node.elastic = elastic if isinstance(elastic, int) and not isinstance(elastic, bool) else 0
+        node.left = {int(i) for i in body.get("left", [])}  # (a worker that joins again)
+        cred, gen = body.get("cred"), body.get("gen")
+        if isinstance(cred, bytes) and isinstance(gen, int) and not isinstance(gen, bool):
+            node.cred = {"cred": cred, "gen": gen}
+        node.van.my_id = me.id
+        every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
+        if (
+            isinstance(every, (int, float))
+            and not isinstance(every, bool)
+            and 0.05 <= every <= 3600
+        ):
+            node.metrics_interval = float(every)

@@ -1,0 +1,192 @@
+"""The worker's request pipeline, a part of :class:`~hetps.kvstore.client.DistKVStore`: every
+request of the store leaves through it.
+
+:meth:`Pipeline.request` hands a request to the send queue (:mod:`hetps.kvstore.sender`) in
+order behind the earlier requests of its slice, times it for the live metrics and the balance
+agent, paces pushes with the credit window, and, inside :meth:`Pipeline.batched`, collects the
+small requests of one call to send them to each server as one message
+(:mod:`hetps.cluster.batch`). It also keeps the requests in flight, whose errors
+:meth:`Pipeline.wait_outstanding` raises once.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+from hetps.cluster import batch
+from hetps.cluster import protocol as P
+from hetps.cluster.batch import array_bytes
+from hetps.cluster.requests import Future, wait_all
+from hetps.kvstore.keys import detach
+from hetps.kvstore.sender import Sender
+from hetps.transport.codec import Message
+
+
+class Pipeline:
+    """The requests of one worker's store on their way to the servers (see the module's text).
+    ``meter`` (live metrics) and ``agent`` (network-aware balancing) are set by the store
+    once it made them."""
+
+    def __init__(
+        self, node: Any, server_ids: list[int], window: int, batch_bytes: int, timeout: float
+    ) -> None:
+        self.node = node
+        self.server_ids = server_ids
+        self.sender = Sender(window, node.send_batch)
+        self.batch_bytes = batch_bytes
+        self.timeout = timeout
+        self.meter: Any = None
+        self.agent: Any = None
+        self._outstanding: list[Future] = []
+        self._out_lock = threading.Lock()
+        self._tl = threading.local()
+
+    def track(self, futs: list[Future]) -> None:
+        """Keep ``futs`` until :meth:`wait_outstanding` (their errors are raised once)."""
+        with self._out_lock:
+            self._outstanding.extend(futs)
+            if len(self._outstanding) > 256:  # prune now and then, not on every call
+                self._outstanding = [
+                    f for f in self._outstanding if not f.done() or f.unreported_error()
+                ]
+
+    def wait_outstanding(self) -> None:
+        """Wait for every request in flight; raise the first error no call has raised yet."""
+        with self._out_lock:
+            futs = [f for f in self._outstanding if not f.done() or f.unreported_error()]
+            self._outstanding = []
+        wait_all(futs, self.timeout, "outstanding requests")
+
+    def request(
+        self,
+        key: Any,
+        priority: int,
+        server_rank: int,
+        msg: Message,
+        callback=None,
+        landing=None,
+        own=None,
+    ) -> Future:
+        """Queue ``msg`` for server ``server_rank`` at ``priority``; the future gets the
+        reply, after ``callback(reply)`` ran. ``key`` orders it behind earlier requests of
+        the same key's slice (None: no order). A ``borrowed`` message is given its own
+        arrays by ``own()`` (default: copies) if it has to wait."""
+        if msg.borrowed and own is None:
+            own = partial(detach, msg)
+        peer = self.server_ids[server_rank]
+        msg.priority = priority
+        if self.meter is not None and msg.cmd in (P.PUSH, P.PULL):
+            callback = self.meter.timed(msg.cmd == P.PUSH, callback)
+        watch = self.agent.watch(msg, server_rank, peer) if self.agent is not None else None
+        cost = (
+            sum(getattr(a, "nbytes", 0) for a in msg.arrays)
+            if msg.cmd == P.PUSH and self.sender.window > 0
+            else 0
+        )
+        if cost:
+            msg.body["rcpt"] = True  # the server confirms arrival at once: credit comes back
+        sender = self.sender
+
+        def on_reply(reply: Message) -> None:
+            if watch is not None:
+                watch.on_reply(reply)
+            if cost:
+                sender.release(reply.req)
+            if callback is not None:
+                callback(reply)
+
+        plain = watch is None and not cost
+        collect = self.collecting() if plain and msg.cmd in P.BATCH_COMMANDS else None
+        fut = self.node.request(
+            peer,
+            msg,
+            callback if plain else on_reply,
+            what=f"{msg.cmd} of key {key!r} on {self.node.describe(peer)}",
+            landing=landing,
+            send=False,
+        )
+        part = msg.body.get("part") if key is not None else None
+        slice_key = key if part is None else (key, part)
+        if fut.done():
+            return fut
+        if collect is not None and array_bytes(msg) <= self.batch_bytes:
+            if msg.borrowed:  # a batch may leave after the call: small, so copied now
+                own()
+            collect.append((slice_key, server_rank, fut, msg))  # sent at the call's end
+            return fut
+
+        def send() -> None:
+            if cost:
+                sender.hold(fut.req, cost, fut)
+            if watch is not None:
+                watch.before_send(fut.req)
+            if not self.node.send_request(fut, msg):
+                sender.release(fut.req)
+
+        # requests are kept in order per slice (a key's part), not per key: the server keeps
+        # every part's rounds apart, so a part's pull needs only that part's push before it,
+        # and the pulls of a big key's first slices go while its later slices are still being
+        # pushed (in key order, every slice of a 40-slice key waited for the last one's push)
+        sender.submit(slice_key, priority, send, cost, detach=own if msg.borrowed else None)
+        return fut
+
+    def collecting(self) -> list | None:
+        """The requests of the call in progress on this thread that wait to be batched."""
+        return getattr(self._tl, "items", None)
+
+    @contextmanager
+    def batched(self, deferred: bool = False):
+        """Within: the small requests of the call go to each server as one message (a batch,
+        :mod:`hetps.cluster.batch`) when the block ends, each request with its own id and
+        future, in order behind the earlier requests of its slices."""
+        if not self.batch_bytes or self.collecting() is not None:
+            yield
+            return
+        self._tl.items = items = []
+        try:
+            yield
+        finally:
+            self._tl.items = None
+            if items:
+                self.flush(items, deferred)
+
+    def flush(self, items: list, deferred: bool = False) -> None:
+        """Send the call's collected requests, one batch per server. ``deferred`` (a push,
+        which returns at once): the sender thread sends them, so the pushes of the next
+        calls (a per-key loop) join them in one message while it is busy."""
+        by_server: dict[int, list] = {}
+        for item in items:
+            by_server.setdefault(item[1], []).append(item)
+        for rank, mine in by_server.items():
+            peer = self.server_ids[rank]
+            for group in batch.groups(mine, lambda item: array_bytes(item[3])):
+                futs = [item[2] for item in group]
+                msgs = [item[3] for item in group]
+
+                def send(peer=peer, futs=futs, msgs=msgs) -> None:
+                    self.node.send_batch(peer, futs, msgs)
+
+                self.sender.submit(
+                    None,
+                    max(m.priority for m in msgs),
+                    send,
+                    keys=[item[0] for item in group],
+                    merge=(peer, list(zip(futs, msgs, strict=True))),
+                    inline=not deferred,
+                )
+
+    def on_message(self, msg: Message) -> None:
+        """Non-reply messages to a worker: forecasts of the replies it is about to receive,
+        and receipts of its pushes (credit for the push window)."""
+        if msg.cmd == P.FORECAST and self.agent is not None:
+            self.agent.on_forecast(msg)
+        elif msg.cmd == P.RECEIPT:
+            req = msg.body.get("req")
+            if isinstance(req, int):
+                self.sender.release(req)
+
+    def close(self) -> None:
+        self.sender.close()
