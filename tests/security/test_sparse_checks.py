@@ -119,7 +119,7 @@ def test_a_tables_checkpoint_load_is_checked_and_taken_from_a_worker_only():
     srv.optimizer = optim.SGD(learning_rate=0.1, momentum=0.9)
     bad = [
         ({**load, "state": ["mean"]}, [ids, one, one], "keeps ['mom']"),
-        ({**load, "numbers": {"t": True}}, [ids, one, one], "map names to numbers"),
+        ({**load, "numbers": {"t": True}}, [ids, one, one], "field 'numbers' (the optimizer"),
         (load, [np.array([3, 1], np.int64), one, one], "sorted and distinct"),
         (load, [np.array([1, 4], np.int64), one, one], "row id 4 is out of range"),
         (load, [ids, one, np.ones(3, np.float32)], "state 'mom': got 3 values"),

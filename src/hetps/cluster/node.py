@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hetps.cluster import allow, batch
+from hetps.cluster import allow, batch, commands
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError, NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
@@ -299,6 +299,13 @@ class Node:
             log.warning(
                 "%s: dropped %s from a connection of no node of this job", self.role, msg.cmd
             )
+            return
+        why = commands.decode(msg)  # the body as its command's declared type, or why not
+        if why is not None:
+            who = self.describe(msg.sender)
+            log.warning("%s: refused %s from %s: %s", self.role, msg.cmd, who, why)
+            if msg.req:
+                self.reply(msg, {"error": why})
             return
         if msg.sender == P.SCHEDULER_ID:
             self.last_ack = time.monotonic()

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from hetps.cluster import allow
+from hetps.cluster import allow, commands
 from hetps.cluster import protocol as P
 from hetps.cluster.barriers import Barriers
 from hetps.cluster.credentials import Credentials
@@ -310,6 +310,13 @@ class Scheduler:
                 self.recoveries[msg.sender] = self.recoveries.get(msg.sender, 0) + 1
                 log.warning("scheduler: %s is back after %.1f s of silence", info.describe(), gap)
             self.last_seen[msg.sender] = now
+        why = commands.decode(msg)  # the body as its command's declared type, or why not
+        if why is not None:
+            who = info.describe() if info is not None else "a connection of no node of this job"
+            log.warning("scheduler: refused %s from %s: %s", cmd, who, why)
+            if info is not None and msg.req:
+                self.reply(msg, {"error": why})
+            return
         if cmd == P.HEARTBEAT:
             self.send_to(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
         elif cmd == P.READMIT:
@@ -323,7 +330,7 @@ class Scheduler:
         elif cmd in (P.JOIN, P.ADMIT, P.ENTERED):
             self.workers_part.join_step(msg)
         elif cmd == P.LEAVE:
-            reason = P.printable(msg.body.get("reason", "left"))
+            reason = P.printable(msg.typed.reason)
             self.declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
             handler = self.services[cmd]
