@@ -360,5 +360,6 @@ def decode(msg: Any) -> str | None:
     try:
         msg.typed = msgspec.convert(msg.body, kind)
     except msgspec.ValidationError as exc:
-        return bodies.explain(msg.cmd, msg.body, kind, str(exc))
+        # (printable: the text is logged and answered, and may quote what the peer sent)
+        return P.printable(bodies.explain(msg.cmd, msg.body, kind, str(exc)))
     return None
