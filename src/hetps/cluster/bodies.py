@@ -115,6 +115,13 @@ def explain(cmd: str, body: Any, kind: Any, text: str) -> str:
     keyed = isinstance(key, (int, str)) and not isinstance(key, bool)
     what = f"{cmd} of key {_short(key)}" if keyed else cmd
     wire = _wire(kind, body)
+    inner = text.partition(" - at `$.")[2].rstrip("`")
+    if text.startswith("Object contains unknown field") and inner:  # in a map of a field
+        name, outer = text.split("`")[1], inner.split("[")[0].split(".")[0]
+        return (
+            f"{what}: field {outer!r} ({_meaning(cmd, wire, outer)}): unknown field "
+            f"{_short(name)} at {inner}"
+        )
     if text.startswith("Object contains unknown field"):
         name = text.split("`")[1]
         known = ", ".join(sorted(wire)) or "no fields"
@@ -124,11 +131,13 @@ def explain(cmd: str, body: Any, kind: Any, text: str) -> str:
         name = text.split("`")[1]
         return f"{what}: field {name!r} ({_meaning(cmd, wire, name)}) is missing"
     problem, _, where = text.partition(" - at `$")
-    name = where.rstrip("`").lstrip(".").split("[")[0].split(".")[0]
+    path = where.rstrip("`").lstrip(".")
+    name = path.split("[")[0].split(".")[0]
     if not name:
         return f"{what}: the body must be a map ({problem})"
     problem = problem[:1].lower() + problem[1:]
-    return f"{what}: field {name!r} ({_meaning(cmd, wire, name)}): {problem}"
+    at = f" at {path}" if path != name else ""
+    return f"{what}: field {name!r} ({_meaning(cmd, wire, name)}): {problem}{at}"
 
 
 def _wire(kind: Any, body: Any) -> dict[str, str]:

@@ -149,10 +149,10 @@ class MetricsReport(Body, kw_only=True):
     """A worker's or a server's counters for live metrics (the rest of their checks, bounds
     and shapes, are :func:`hetps.metrics.reports.parse_report`'s)."""
 
-    seq: int
-    t: float
-    rounds: int | None = None
-    round_s: float | None = None
+    seq: Annotated[int, Meta(ge=1)]
+    t: Seconds
+    rounds: Count | None = None
+    round_s: Seconds | None = None
     links: list[list[int]] = []
     timeline: list[Any] | None = field(default=None, name="tl")
     run: str | None = None
