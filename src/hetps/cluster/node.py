@@ -300,6 +300,9 @@ class Node:
                 "%s: dropped %s from a connection of no node of this job", self.role, msg.cmd
             )
             return
+        if msg.sender == P.SCHEDULER_ID:
+            self.last_ack = time.monotonic()
+            self._busy_s = 0.0
         why = commands.decode(msg)  # the body as its command's declared type, or why not
         if why is not None:
             who = self.describe(msg.sender)
@@ -307,11 +310,8 @@ class Node:
             if msg.req:
                 self.reply(msg, {"error": why})
             return
-        if msg.sender == P.SCHEDULER_ID:
-            self.last_ack = time.monotonic()
-            self._busy_s = 0.0
-            if self._from_scheduler(msg):
-                return
+        if msg.sender == P.SCHEDULER_ID and self._from_scheduler(msg):
+            return
         if self.info is None:
             if not self._keep_early(msg):
                 log.warning("%s: dropped %s that came before the node table", self.role, msg.cmd)
