@@ -130,13 +130,15 @@ def explain(cmd: str, body: Any, kind: Any, text: str) -> str:
     if text.startswith("Object missing required field"):
         name = text.split("`")[1]
         return f"{what}: field {name!r} ({_meaning(cmd, wire, name)}) is missing"
-    problem, _, where = text.partition(" - at `$")
-    path = where.rstrip("`").lstrip(".")
+    problem, _, where = text.partition(" - at `")
+    keyed_map = where.startswith("key` in `")  # (a map's key is wrong, not its value)
+    path = where.removeprefix("key` in `").removeprefix("$").rstrip("`").lstrip(".")
     name = path.split("[")[0].split(".")[0]
     if not name:
         return f"{what}: the body must be a map ({problem})"
     problem = problem[:1].lower() + problem[1:]
     at = f" at {path}" if path != name else ""
+    at += " (a key of the map)" if keyed_map else ""
     return f"{what}: field {name!r} ({_meaning(cmd, wire, name)}): {problem}{at}"
 
 

@@ -136,9 +136,13 @@ class BalanceReport(Body, kw_only=True):
     round: int
     #: [src, dst, bytes, t0, t1(, kind)] each
     samples: Annotated[
-        list[Annotated[list[float], Meta(min_length=5, max_length=6)]], Meta(max_length=1 << 17)
+        list[Annotated[list[Finite], Meta(min_length=5, max_length=6)]], Meta(max_length=1 << 17)
     ] = []
-    server_times: dict[str, Annotated[list[float], Meta(max_length=2)]] = {}
+    #: {server rank: [bytes, seconds]} of the last round
+    server_times: dict[
+        Annotated[str, Meta(pattern="^[0-9]{1,6}$")],
+        Annotated[list[Finite], Meta(min_length=2, max_length=2)],
+    ] = {}
     sizes: list[Count] | None = None
     assign: list[int] | None = None
     calibration: bool = False
