@@ -392,9 +392,7 @@ class Node:
             self.faults.worker_joins(msg)
             return True
         if cmd == P.NODE_DEAD:
-            dead = msg.body.get("node")
-            if isinstance(dead, list) and dead and isinstance(dead[0], int):
-                self.van.mark_dead(dead[0])
+            self.van.mark_dead(msg.typed.node[0])  # (a NodeDead: its node's id, checked)
             self.fail(NodeFailure(msg.error or "a peer died"))
             return True
         if cmd == P.EXIT:

@@ -330,9 +330,7 @@ class DistKVStore(Joining, SparseKeys):
         if msg.cmd == P.FORECAST and self.agent is not None:
             self.agent.on_forecast(msg)
         elif msg.cmd == P.RECEIPT:
-            req = msg.body.get("req")
-            if isinstance(req, int):
-                self._sender.release(req)
+            self._sender.release(msg.typed.req)  # (a Receipt: an int, checked)
 
     def _meta(self, key: Any, what: str) -> KeyMeta:
         m = self.meta.get(key)

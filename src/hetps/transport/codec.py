@@ -86,8 +86,9 @@ class Message:
     #: which may change once the send returns, so the van copies them as it sends (into a
     #: shared-memory ring, or ZeroMQ's own buffer) and never sends them zero-copy
     borrowed: bool = field(default=False, repr=False, compare=False)
-    #: set by the receiver (never on the wire): ``body`` as its command's declared type once
-    #: it was checked (hetps.cluster.bodies), so a message handled again is not checked again
+    #: set by the receiver (never on the wire): ``body`` as its command's declared type, by
+    #: the dispatch that took it (hetps.cluster.commands.decode); a message handled again
+    #: (a push kept for a later round) keeps it and is not decoded again
     typed: Any = field(default=None, repr=False, compare=False)
 
     @property
