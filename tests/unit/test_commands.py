@@ -215,3 +215,19 @@ def test_the_scheduler_refuses_a_malformed_body_before_any_handler(sched):
     assert not sched.barriers.groups["worker"].arrived  # the handler never ran
     sched._dispatch(Message(P.BARRIER, sender=9, req=6, body={"group": "worker", "n": 1}))
     assert [m.cmd for _, m in sched.sent[1:]] == [P.BARRIER_DONE]  # the node goes on
+
+
+def test_a_metrics_report_refused_at_the_dispatch_counts_as_refused(sched):
+    """The live metrics count every refused report (the dashboard shows it): one the
+    dispatch refused reaches the service's ``on_refused`` hook, not its handler."""
+    from hetps.metrics.live import LiveMetrics
+
+    live = LiveMetrics(sched)
+    handled = []
+    sched.register(P.METRICS_REPORT, lambda s, m: handled.append(m), on_refused=live.refused_body)
+    sched._dispatch(Message(P.METRICS_REPORT, sender=9, req=4, body={"seq": 0, "t": 1.0}))
+    while not sched._service_q.empty():  # (the service thread's work, run here)
+        sched._service_q.get_nowait()()
+    assert live.refused == 1 and not handled
+    (_, answer), = sched.sent  # fmt: skip
+    assert answer.error.startswith("metrics_report: field 'seq'")

@@ -83,6 +83,7 @@ class Scheduler:
         self.services: dict[str, Service] = dict(services or {})
         self._on_worker_finished: list[Callable[[Scheduler], None]] = []
         self._on_worker_back: list[Callable[[Scheduler, NodeInfo], None]] = []
+        self._on_refused: dict[str, Callable[[Scheduler, Message, str], None]] = {}
         self.nodes: dict[int, NodeInfo] = {}
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
@@ -133,14 +134,17 @@ class Scheduler:
         handler: Service,
         on_worker_finished: Callable[[Scheduler], None] | None = None,
         on_worker_back: Callable[[Scheduler, NodeInfo], None] | None = None,
+        on_refused: Callable[[Scheduler, Message, str], None] | None = None,
     ) -> None:
         """Plug in a service: ``handler(scheduler, msg)`` gets every ``cmd`` message (and may
         answer with :meth:`reply`); ``on_worker_finished(scheduler)`` runs when a worker
         finishes or is let go (a service that waits for every worker must stop waiting for
         it); ``on_worker_back(scheduler, node)`` when a let-go worker joined again
         (HETPS_ELASTIC), before the live workers go on from their round boundary, so before
-        any message of theirs from the next round. Handlers and hooks run in order on one
-        thread of their own."""
+        any message of theirs from the next round; ``on_refused(scheduler, msg, why)`` when the
+        dispatch refused a ``cmd`` whose body is not of its declared type (it was logged and
+        answered: the service counts it). Handlers and hooks run in order on one thread of
+        their own."""
         if cmd in self.services:
             raise ValueError(f"the scheduler already has a service for {cmd!r}")
         self.services[cmd] = handler
@@ -148,6 +152,8 @@ class Scheduler:
             self._on_worker_finished.append(on_worker_finished)
         if on_worker_back is not None:
             self._on_worker_back.append(on_worker_back)
+        if on_refused is not None:
+            self._on_refused[cmd] = on_refused
 
     def worker_finished_hooks(self) -> None:
         """A worker finished or was let go: the services' hooks run (on their thread)."""
@@ -316,6 +322,9 @@ class Scheduler:
             log.warning("scheduler: refused %s from %s: %s", cmd, who, why)
             if info is not None and msg.req:
                 self.reply(msg, {"error": why})
+            hook = self._on_refused.get(cmd)
+            if hook is not None:
+                self._service_q.put(lambda: hook(self, msg, why))
             return
         if cmd == P.HEARTBEAT:
             self.send_to(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
