@@ -383,4 +383,6 @@ def decode(msg: Any) -> str | None:
     except msgspec.ValidationError as exc:
         # (printable: the text is logged and answered, and may quote what the peer sent)
         return P.printable(bodies.explain(msg.cmd, msg.body, kind, str(exc)))
+    except Exception as exc:  # noqa: BLE001 - whatever a peer sent, the node goes on
+        return P.printable(f"{msg.cmd}: the body cannot be read as its type ({exc!r})")
     return None
