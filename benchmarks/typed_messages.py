@@ -1,31 +1,36 @@
-"""What a chunk request's body costs the server: declared types (msgspec) against hand checks.
+"""What taking a request costs a receiver: the header's decode and the body's declared type,
+against the path before (msgpack's decode, then checks by hand), for every command.
 
-    .venv/bin/python benchmarks/typed_messages.py [--repeats 41] [--number 5000] [--json FILE]
+    .venv/bin/python benchmarks/typed_messages.py [--repeats 21] [--number 2000] [--json FILE]
 
-Small requests are where the per-request cost shows: a push of one float32 and a pull of one,
-their header frames made by the codec from the body a worker sends
-(:func:`hetps.cluster.bodies.chunk`, with the push window's receipt asked for). Three ways
-of taking each request, alternated within every repeat (the order rotating from repeat to
-repeat), each timed over ``--number`` calls by the thread's CPU time (``--wall``: the wall
-clock; on a shared machine it also counts other processes' time); the figures are the medians
-over ``--repeats`` of the time per call:
+Every way is timed over ``--number`` calls by the thread's CPU time (``--wall``: the wall
+clock; on a shared machine it also counts other processes' time), the ways alternated within
+every repeat (the order rotating from repeat to repeat); the figures are the medians over
+``--repeats`` of the time per call. Ratios are against the way before (below 1: faster).
 
-* ``hand``: ``codec.decode`` of the frames, then the checks the server made by hand on the
-  body map before its bodies were declared types (copied below, as they were): key, part,
-  offset and count, the slice, shape and dtype, the payload, the chunk size, the receipt,
-  the round and sync fields.
-* ``typed``: ``codec.decode``, then what the server runs now: the body converted into its
-  declared type (:func:`hetps.kvstore.checks.body`: msgspec checks every type and bound in C
-  and refuses unknown fields), then the checks that need the server's state
-  (``find_slice``, ``push_data``, the chunk's alignment).
-* ``header``: msgspec decoding the header bytes itself (the body as raw bytes decoded into
-  its declared type), the arrays laid out as the codec's fast path does, then the same
-  state checks: what replacing the codec's msgpack decode would give (not what runs).
+Small chunk requests, where the per-request cost shows: a push of one float32 and a pull of
+one, their frames made by the codec from the body a worker sends (:func:`hetps.cluster.bodies.chunk`,
+the push window's receipt asked for):
 
-The body checks alone (without the header decode) are timed too: ``hand-body`` and
-``typed-body``; and the worker's side, building a push's body: ``hand-build`` (the map
-literal the worker wrote) and ``chunk-build`` (:func:`hetps.cluster.bodies.chunk`). Ratios
-are against the hand way (below 1: faster).
+* ``hand``: the header decoded as before (msgpack, then each field checked in Python: the
+  codec's quick path as it was, copied below), then the checks the server made by hand on
+  the body map before its bodies were declared types (copied below, as they were).
+* ``before``: the same header decode, then the body converted into its declared type as the
+  handler did (:func:`hetps.kvstore.checks.body`), then the checks that need the server's
+  state (``find_slice``, ``push_data``, the chunk's alignment).
+* ``now``: what runs: ``codec.decode`` (msgspec decodes the header into
+  :class:`hetps.transport.codec.Header` in C), the dispatch's decode of the body into its
+  command's type (:func:`hetps.cluster.commands.decode`), then the same state checks.
+
+The body checks alone (without the header) are timed too: ``hand-body`` and ``typed-body``;
+and the header alone: ``header-before`` (msgpack) and ``header-now`` (msgspec); and the
+worker's side, building a push's body: ``hand-build`` (the map literal the worker wrote) and
+``chunk-build`` (:func:`hetps.cluster.bodies.chunk`).
+
+Every other command: a body as its sender makes it (:data:`SAMPLES`), its frames made by
+the codec. ``before`` is the header decoded as before with the body left a map (the checks
+each handler made on it by hand are not counted: the ratio is the most the declared type can
+cost); ``now`` is ``codec.decode`` and the dispatch's decode into the command's type.
 """
 
 from __future__ import annotations
@@ -39,13 +44,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
+import msgpack
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hetps.cluster import bodies  # noqa: E402
+from hetps.cluster import bodies, commands  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
 from hetps.kvstore import checks  # noqa: E402
 from hetps.kvstore.placement import chunk_elems  # noqa: E402
@@ -158,43 +163,208 @@ def typed_pull(msg: Message, slices: dict) -> Any:
     return checks.find_slice(slices, msg, b), b.offset, b.count
 
 
-# -- msgspec decoding the header itself (not what runs) ----------------------------------------
-class Header(msgspec.Struct):
-    v: int
-    c: str
-    r: int
-    p: bool
-    b: msgspec.Raw
-    o: int = 0
-    t: float = 0.0
-    a: list[tuple[str, list[int]]] = []
-
-
-_HEADER = msgspec.msgpack.Decoder(Header)
-_BODY = {cmd: msgspec.msgpack.Decoder(kind) for cmd, kind in bodies.TYPES.items()}
-
-
-def header_decode(frames: list, check, slices: dict) -> Any:
-    h = _HEADER.decode(frames[0])
-    if h.v != codec.VERSION or len(h.a) != len(frames) - 1:
-        raise ValueError("bad header")
+# -- the codec's quick path before msgspec decoded the header (as it was) ----------------------
+def plain_msgpack(frames: list, max_bytes: int) -> Message | None:
+    head = memoryview(frames[0])
+    size = len(head)
+    if size > codec.MAX_HEADER_BYTES:
+        return None
     try:
-        typed = _BODY[h.c].decode(h.b)
-    except msgspec.ValidationError as exc:
-        raise BadRequest(str(exc)) from None
-    arrays = []
-    for (dname, shape), frame in zip(h.a, frames[1:], strict=True):
-        dt = WIRE_DTYPES[dname]
+        header = msgpack.unpackb(head, raw=False, strict_map_key=False)
+    except Exception:  # noqa: BLE001
+        return None
+    if type(header) is not dict or header.get("v") != codec.VERSION or "m" in header:
+        return None
+    get = header.get
+    cmd = get("c")
+    req = get("r")
+    reply = get("p")
+    prio = get("o", 0)
+    body = get("b", {})
+    specs = get("a", [])
+    sent_at = get("t", 0.0)
+    if (
+        type(cmd) is not str
+        or not cmd
+        or len(cmd) > 64
+        or not (cmd.isascii() and cmd.isprintable())
+        or type(req) is not int
+        or type(prio) is not int
+        or type(reply) is not bool
+        or type(body) is not dict
+        or (type(sent_at) is not float and type(sent_at) is not int)
+        or type(specs) is not list
+        or len(specs) != len(frames) - 1
+    ):
+        return None
+    layout = []
+    for spec in specs:
+        if type(spec) is not list or len(spec) != 2:
+            return None
+        dname, shape = spec
+        dt = WIRE_DTYPES.get(dname) if type(dname) is str else None
+        if dt is None or type(shape) is not list or len(shape) > codec.MAX_DIMS:
+            return None
         count = 1
         for d in shape:
+            if type(d) is not int or d < 0:
+                return None
             count *= d
-        if len(frame) != count * dt.itemsize:
-            raise ValueError("bad frame")
-        arr = np.frombuffer(frame, dtype=dt)
+        expected = count * dt.itemsize
+        if not count or expected > codec.FRAME_MAX:
+            return None
+        size += expected
+        layout.append((dt, shape, expected))
+    if size > max_bytes:
+        return None
+    arrays = []
+    for i, (dt, shape, expected) in enumerate(layout):
+        buf = memoryview(frames[i + 1])
+        if len(buf) != expected:
+            return None
+        arr = np.frombuffer(buf, dtype=dt)
         arrays.append(arr if len(shape) == 1 else arr.reshape(shape))
-    msg = Message(h.c, req=h.r, reply=h.p, priority=h.o, arrays=arrays, sent_at=h.t)
-    msg.typed = typed
-    return check(msg, slices)
+    return Message(
+        cmd=cmd,
+        req=req,
+        reply=reply,
+        priority=prio,
+        body=body,
+        arrays=arrays,
+        sent_at=float(sent_at),
+        nbytes=size,
+    )
+
+
+def before_decode(frames: list) -> Message:
+    """The codec's decode as it was (its quick path; every message here takes it)."""
+    msg = plain_msgpack(frames, MAX_BYTES)
+    assert msg is not None
+    return msg
+
+
+def now_decode(frames: list) -> Message:
+    """What a receiver runs now: the codec, then the dispatch's decode of the body."""
+    msg = codec.decode(frames, MAX_BYTES)
+    why = commands.decode(msg)
+    if why is not None:
+        raise BadRequest(why)
+    return msg
+
+
+NODE = [9, "worker", 0, "127.0.0.1", 40001]
+TABLE = {"k": "emb", "part": 0}
+_PULL = bodies.chunk("w0", 0, 0, 1, (1,), "float32")
+#: a body of every command as its sender makes it (and the arrays it carries)
+SAMPLES: dict[str, tuple[dict, list]] = {
+    P.ADD_NODE: (
+        {
+            "role": "worker",
+            "host": "127.0.0.1",
+            "port": 40001,
+            "back": b"\x01" * 16,
+            "want_rank": -1,
+        },
+        [],
+    ),
+    P.READMIT: (
+        {
+            "id": 9,
+            "role": "worker",
+            "rank": 0,
+            "host": "127.0.0.1",
+            "port": 40001,
+            "back": b"\x01" * 16,
+            "cred": b"c" * 32,
+            "gen": 0,
+            "view": {
+                "nodes": [[8, "server", 0, "127.0.0.1", 40000], NODE],
+                "down": [],
+                "redirect": [],
+                "done": [],
+                "barriers": {"worker": 3, "all": 1},
+                "replicas": 1,
+            },
+        },
+        [],
+    ),  # fmt: skip
+    P.HEARTBEAT: ({}, []),
+    P.BARRIER: ({"group": "worker", "n": 3}, []),
+    P.FINISH: ({}, []),
+    P.LEAVE: ({"reason": "RuntimeError: out of memory"}, []),
+    P.JOIN: ({}, []),
+    P.ADMIT: ({"rounds": [["w0", 3], ["w1", 3]], "tables": []}, [np.zeros(64, np.uint8)]),
+    P.ENTERED: ({}, []),
+    P.ESYNC_REPORT: (
+        {"rank": 0, "round": 3, "step_s": 0.01, "elapsed_s": 0.03, "ep": "127.0.0.1:40001"},
+        [],
+    ),
+    P.BALANCE_REPORT: (
+        {
+            "round": 3,
+            "samples": [[9, 8, 4096.0, 1.0, 1.001, 0]] * 8,
+            "server_times": {"0": [4096, 0.01]},
+        },
+        [],
+    ),
+    P.METRICS_REPORT: (
+        {"seq": 3, "t": 1.5, "rounds": 3, "links": [[0, 4096, 4096]], "round_s": 0.01},
+        [],
+    ),
+    P.INIT: (bodies.chunk("w0", 0, 0, 1, (1,), "float32", size=1), [np.ones(1, np.float32)]),
+    P.PUSH: (
+        bodies.chunk("w0", 0, 0, 1, (1,), "float32", sync=True, chunk=1 << 20, receipt=True),
+        [np.ones(1, np.float32)],
+    ),
+    P.PULL: (_PULL, []),
+    P.BATCH: ({"items": [[P.PULL, 5, _PULL, 0], [P.PULL, 6, _PULL, 0]]}, []),
+    P.SET_OPTIMIZER: ({}, [np.zeros(64, np.uint8)]),
+    P.GET_STATES: ({"slices": [["w0", 0]]}, []),
+    P.SET_STATES: ({"move": True}, [np.zeros(64, np.uint8)]),
+    P.FORECAST: ({"tag": 5}, []),
+    P.PROBE: ({"reply_bytes": 0, "spread": True, "tag": 5}, [np.zeros(64, np.uint8)]),
+    P.DROP: ({"slices": [["w0", 0, 10]]}, []),
+    P.ENTER: ({}, []),
+    P.REPLICATE: (
+        {"op": "round", "k": "w0", "part": 0, "rnd": 3, "mode": "grad"},
+        [np.ones(1, np.float32)],
+    ),
+    P.SINIT: (
+        {
+            **TABLE,
+            "nparts": 1,
+            "rows": 1000,
+            "cols": 8,
+            "dtype": "float32",
+            "scale": 0.1,
+            "seed": 0,
+            "bound": 0,
+        },
+        [],
+    ),  # fmt: skip
+    P.SPUSH: (
+        {**TABLE, "sync": True},
+        [np.arange(2, dtype=np.int64), np.ones(16, np.float32)],
+    ),
+    P.SPULL: (TABLE, [np.arange(2, dtype=np.int64)]),
+    P.SDUMP: ({**TABLE, "off": 0, "n": 512}, []),
+    P.SLOAD: (
+        {**TABLE, "fresh": True, "state": ["mom"], "numbers": {}},
+        [np.arange(2, dtype=np.int64), np.ones(16, np.float32), np.ones(16, np.float32)],
+    ),
+    P.RECEIPT: ({"req": 5}, []),
+    P.WORKER_DONE: ({"node": NODE}, []),
+    P.EXIT: ({}, []),
+    P.NODE_DEAD: ({"node": NODE, "error": "no heartbeat for 30 s"}, []),
+    P.FAILOVER: ({"node": [8, "server", 0, "127.0.0.1", 40000], "error": "died", "to": 10}, []),
+    P.REJOIN: (
+        {"node": [8, "server", 0, "127.0.0.1", 40000], "out": b"\x02" * 8, "in": b"\x03" * 8},
+        [],
+    ),
+    P.WORKER_LEFT: ({"node": NODE, "error": "died", "workers": [11, 13]}, []),
+    P.WORKER_JOINING: ({"node": NODE}, []),
+    P.WORKER_BACK: ({"node": NODE, "workers": [9, 11, 13]}, []),
+}
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -256,10 +426,18 @@ def chunk_push(k: Any, index: int, a: int, b: int, step: int, meta_shape: tuple)
 
 
 #: each way's baseline
-BASE = {"typed": "hand", "header": "hand", "typed-body": "hand-body", "chunk-build": "hand-build"}
+BASE = {
+    "hand": "hand",
+    "before": "hand",
+    "now": "before",
+    "typed-body": "hand-body",
+    "header-now": "header-before",
+    "chunk-build": "hand-build",
+}
 
 
 def variants(slices: dict, frames: dict) -> dict[str, Any]:
+    """The chunk requests' ways, then every command's ``before`` and ``now``."""
     out = {
         "push hand-build": lambda: literal_push("w0", 0, 0, 1, 1 << 20, (1,)),
         "push chunk-build": lambda: chunk_push("w0", 0, 0, 1, 1 << 20, (1,)),
@@ -271,11 +449,22 @@ def variants(slices: dict, frames: dict) -> dict[str, Any]:
         def fresh(decoded=decoded) -> Message:
             return Message(decoded.cmd, req=decoded.req, body=decoded.body, arrays=decoded.arrays)
 
-        out[f"{cmd} hand"] = lambda fr=fr, h=hand: h(codec.decode(fr, MAX_BYTES), slices)
-        out[f"{cmd} typed"] = lambda fr=fr, t=typed: t(codec.decode(fr, MAX_BYTES), slices)
-        out[f"{cmd} header"] = lambda fr=fr, t=typed: header_decode(fr, t, slices)
+        out[f"{cmd} hand"] = lambda fr=fr, h=hand: h(before_decode(fr), slices)
+        out[f"{cmd} before"] = lambda fr=fr, t=typed: t(before_decode(fr), slices)
+        out[f"{cmd} now"] = lambda fr=fr, t=typed: t(now_decode(fr), slices)
         out[f"{cmd} hand-body"] = lambda f=fresh, h=hand: h(f(), slices)
         out[f"{cmd} typed-body"] = lambda f=fresh, t=typed: t(f(), slices)
+        out[f"{cmd} header-before"] = lambda fr=fr: before_decode(fr)
+        out[f"{cmd} header-now"] = lambda fr=fr: codec.decode(fr, MAX_BYTES)
+    for cmd, (body, arrays) in SAMPLES.items():
+        if cmd in (P.PUSH, P.PULL):
+            continue
+        fr = [
+            bytes(memoryview(f))
+            for f in codec.encode(Message(cmd, req=7, body=body, arrays=list(arrays)))
+        ]
+        out[f"{cmd} before"] = lambda fr=fr: before_decode(fr)
+        out[f"{cmd} now"] = lambda fr=fr: now_decode(fr)
     return out
 
 
@@ -290,8 +479,8 @@ def timed(fn, number: int, clock=time.thread_time_ns) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=41)
-    ap.add_argument("--number", type=int, default=5000, help="calls per timing")
+    ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--number", type=int, default=2000, help="calls per timing")
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument(
         "--wall", action="store_true", help="time by the wall clock, not the thread's CPU time"
@@ -299,7 +488,9 @@ def main() -> None:
     args = ap.parse_args()
     slices, frames = requests()
     runs = variants(slices, frames)
-    for fn in runs.values():  # each gives the same answer, and warms up
+    missing = set(commands.TYPES) - set(SAMPLES)
+    assert not missing, f"no sample body of {sorted(missing)}"
+    for fn in runs.values():  # each takes its request (a refused one raises), and warms up
         fn()
     names = list(runs)
     samples: dict[str, list[float]] = {n: [] for n in names}
@@ -317,14 +508,25 @@ def main() -> None:
         f"{load0[0]:.1f} at the start, {load1[0]:.1f} at the end"
     )
     print(f"time per call ({'wall clock' if args.wall else 'CPU time of the timing thread'}):")
-    print(f"{'request':<8} {'way':<11} {'us/call':>8} {'p25':>7} {'p75':>7} {'/ hand':>7}")
+    print(f"{'command':<15} {'way':<14} {'us/call':>8} {'p25':>7} {'p75':>7} {'ratio':>6}  (vs)")
     for name in names:
         cmd, way = name.split()
-        base = med[f"{cmd} {BASE.get(way, way)}"]
+        base_way = BASE.get(way, way)
+        if f"{cmd} {base_way}" not in med:  # (every other command's before: its own base)
+            base_way = way
+        base = med[f"{cmd} {base_way}"]
         q = statistics.quantiles(samples[name], n=4)
+        vs = f"  ({base_way})" if base_way != way else ""
         print(
-            f"{cmd:<8} {way:<11} {med[name]:8.2f} {q[0]:7.2f} {q[2]:7.2f} {med[name] / base:7.2f}"
+            f"{cmd:<15} {way:<14} {med[name]:8.2f} {q[0]:7.2f} {q[2]:7.2f} "
+            f"{med[name] / base:6.2f}{vs}"
         )
+    every = [n.split()[0] for n in names if n.endswith(" now")]
+    ratios = [med[f"{c} now"] / med[f"{c} before"] for c in every]
+    print(
+        f"every command ({len(every)}), now / before: median {statistics.median(ratios):.2f}, "
+        f"from {min(ratios):.2f} to {max(ratios):.2f}"
+    )
     if args.json:
         Path(args.json).write_text(
             json.dumps({"median_us": med, "samples_us": samples, "load": [load0, load1]}, indent=1)

@@ -64,7 +64,9 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
         except BaseException:
             sched.van.close()
             raise
-        sched.register(P.METRICS_REPORT, sched.metrics.handle)
+        sched.register(
+            P.METRICS_REPORT, sched.metrics.handle, on_refused=sched.metrics.refused_body
+        )
     return sched
 
 

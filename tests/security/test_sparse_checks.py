@@ -21,17 +21,17 @@ def test_a_tables_optimizer_is_unpickled_only_from_a_worker():
     for sender in (0, 1, 8, 12345):  # nobody, the scheduler, a server, an unknown id
         srv.handle(Message("sinit", sender=sender, req=1, body={**DECL, "opt": blob}))
         assert "comes from a worker" in node.replies[-1][1]["error"]
-        assert srv.tables.shards["t"].optimizer is None
+        assert srv.tables.shards["t", 0].optimizer is None
     srv.handle(Message("sinit", sender=9, req=2, body={**DECL, "opt": blob}))
     assert node.replies[-1][1] is None
-    assert isinstance(srv.tables.shards["t"].optimizer, optim.SGD)
+    assert isinstance(srv.tables.shards["t", 0].optimizer, optim.SGD)
 
 
 def test_bad_ids_and_rows_are_refused_and_change_nothing():
     node = _Node({9: "worker"})
     srv = new_server(node)
     srv.handle(Message("sinit", sender=9, req=1, body=DECL))
-    sh = srv.tables.shards["t"]
+    sh = srv.tables.shards["t", 0]
     bad = [
         ([np.array([4], np.int64), np.ones(2, np.float32)], "row id 4 is out of range"),
         ([np.array([-1], np.int64), np.ones(2, np.float32)], "row id -1 is out of range"),
@@ -71,7 +71,7 @@ def test_declaring_a_big_table_does_not_fill_the_servers_memory():
     assert rows[1] is None
     grown = (_rss_kb() - before) / 1024
     assert grown < 32, f"the server's memory grew by {grown:.0f} MB"
-    assert srv.tables.shards["t"].made.sum() == 2
+    assert srv.tables.shards["t", 0].made.sum() == 2
 
 
 def test_a_worker_far_ahead_is_refused_and_a_table_is_not_redeclared_mid_round():
@@ -83,7 +83,7 @@ def test_a_worker_far_ahead_is_refused_and_a_table_is_not_redeclared_mid_round()
     node = _Node({9: "worker", 11: "worker"})
     srv = new_server(node)
     srv.handle(Message("sinit", sender=9, req=1, body=DECL))
-    sh = srv.tables.shards["t"]
+    sh = srv.tables.shards["t", 0]
     body = {"k": "t", "part": 0, "sync": True}
     row = [np.array([1], np.int64), np.ones(2, np.float32)]
     for i in range(tables.MAX_AHEAD + 5):
@@ -93,7 +93,7 @@ def test_a_worker_far_ahead_is_refused_and_a_table_is_not_redeclared_mid_round()
     assert len(refused) == 4
     srv.handle(Message("sinit", sender=11, req=2, body={**DECL, "rows": 8}))
     assert "a round of this table is under way" in node.replies[-1][1]["error"]
-    assert srv.tables.shards["t"] is sh
+    assert srv.tables.shards["t", 0] is sh
     srv.handle(Message("spush", sender=11, req=3, body=body, arrays=list(row)))
     assert sh.rounds >= 1 and sh.value[1].tolist() == [2.0, 2.0]  # the two workers' sum
 
@@ -119,7 +119,7 @@ def test_a_tables_checkpoint_load_is_checked_and_taken_from_a_worker_only():
     srv.optimizer = optim.SGD(learning_rate=0.1, momentum=0.9)
     bad = [
         ({**load, "state": ["mean"]}, [ids, one, one], "keeps ['mom']"),
-        ({**load, "numbers": {"t": True}}, [ids, one, one], "map names to numbers"),
+        ({**load, "numbers": {"t": True}}, [ids, one, one], "field 'numbers' (the optimizer"),
         (load, [np.array([3, 1], np.int64), one, one], "sorted and distinct"),
         (load, [np.array([1, 4], np.int64), one, one], "row id 4 is out of range"),
         (load, [ids, one, np.ones(3, np.float32)], "state 'mom': got 3 values"),
@@ -128,11 +128,11 @@ def test_a_tables_checkpoint_load_is_checked_and_taken_from_a_worker_only():
     for i, (body, arrays, text) in enumerate(bad):
         srv.handle(Message("sload", sender=9, req=10 + i, body=body, arrays=arrays))
         assert text in node.replies[-1][1]["error"], (text, node.replies[-1][1])
-        sh = srv.tables.shards["t"]
+        sh = srv.tables.shards["t", 0]
         assert not sh.made.any() and not sh.has_state
     srv.handle(Message("sload", sender=9, req=30, body=load, arrays=[ids, one, one * 2]))
     assert node.replies[-1][1] is None
-    sh = srv.tables.shards["t"]
+    sh = srv.tables.shards["t", 0]
     assert sh.made.tolist() == [False, True, False, True] and sh.state["mom"][[1, 3]].min() == 2
     srv.handle(Message("sdump", sender=9, req=31, body={"k": "t", "part": 0, "n": 0}))
     assert node.replies[-1][1]["count"] == 2 and node.replies[-1][1]["state"] == [

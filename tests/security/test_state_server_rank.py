@@ -59,6 +59,7 @@ def test_a_report_counts_for_its_connections_rank_only():
 def test_in_the_scheduler_a_report_counts_for_the_senders_rank():
     """The scheduler's service (the default state server): the rank is the sending worker's
     (its connection's node), whatever the report says; a report from no worker is refused."""
+    from hetps.cluster import commands
     from hetps.cluster.protocol import NodeInfo
     from hetps.esync.service import EsyncService
 
@@ -79,9 +80,11 @@ def test_in_the_scheduler_a_report_counts_for_the_senders_rank():
     body = {"rank": 1, "round": 1, "step_s": 0.1, "elapsed_s": 0.1}  # worker 0 writes rank 1
     msg = Message("esync_report", req=1, body=dict(body))
     msg.sender = 9
+    assert commands.decode(msg) is None  # (as the scheduler's dispatch does first)
     service(Sched(), msg)
     assert "error" not in answers[-1] and svc.steps_total == [1, 0]
     server = Message("esync_report", req=2, body=dict(body))
     server.sender = 8
+    assert commands.decode(server) is None
     service(Sched(), server)
     assert "error" in answers[-1] and svc.steps_total == [1, 0]

@@ -34,7 +34,7 @@ def sched():
 
 
 def _arrive(s: Scheduler, nid: int, n: int, req: int) -> None:
-    s.barriers.arrive(Message(P.BARRIER, sender=nid, req=req, body={"group": "worker", "n": n}))
+    s._dispatch(Message(P.BARRIER, sender=nid, req=req, body={"group": "worker", "n": n}))
 
 
 def test_everyone_at_the_same_barrier_is_released_together(sched):

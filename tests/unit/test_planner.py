@@ -58,11 +58,13 @@ class _Sched:
 
 def _report(p: Planner, sched: _Sched, rank: int, rnd: int, samples: list, **body) -> None:
     """Worker ``rank``'s balance report of round ``rnd``."""
+    from hetps.cluster import commands
     from hetps.cluster import protocol as P
     from hetps.transport.codec import Message
 
     msg = Message("balance_report", body={"round": rnd, "samples": samples, **body})
     msg.sender = P.worker_id(rank)
+    assert commands.decode(msg) is None  # (as the scheduler's dispatch does first)
     p.handle(sched, msg)
 
 

@@ -56,7 +56,7 @@ def test_a_registration_whose_host_is_not_an_address_is_refused(caplog):
     sch.registration.pending.extend(full)
     try:
         for host in ("x\nhetps scheduler stop server 0 forged", "a b", "h\x1b[2J"):
-            sch.registration.add_node(
+            sch._dispatch(
                 Message(
                     "add_node", body={"role": "worker", "host": host, "port": 5000, "back": b"w1"}
                 )  # fmt: skip
@@ -65,7 +65,7 @@ def test_a_registration_whose_host_is_not_an_address_is_refused(caplog):
         logged = "\n".join(r.getMessage() for r in caplog.records)
         assert "\nhetps scheduler stop" not in logged and "\x1b" not in logged, logged
         sch.registration.pending.clear()
-        sch.registration.add_node(
+        sch._dispatch(
             Message(
                 "add_node",
                 body={"role": "worker", "host": "fe80::1%eth0", "port": 5000, "back": b"w1"},

@@ -152,7 +152,7 @@ class BalanceAgent:
 
     def on_forecast(self, msg: Message) -> None:
         """A server announced the reply it is about to send (receive thread)."""
-        self.forecasts[(msg.sender, msg.body.get("tag"))] = time.time()
+        self.forecasts[(msg.sender, msg.typed.tag)] = time.time()  # (a Forecast: an int)
 
     def before_init(self) -> None:
         """Called by ``kv.init``: the first init probes a whole cycle first."""

@@ -173,19 +173,13 @@ class Planner:
 
     def handle(self, sched: Any, msg: Message) -> None:
         """One worker's report; answer everyone once every worker reported the round."""
-        b = msg.body
-        rnd = b.get("round")
-        if not isinstance(rnd, int):
-            sched.reply(msg, {"error": "balance report without a round number"})
-            return
-        sizes = b.get("sizes")
+        b = msg.typed  # a BalanceReport: every field's type checked by the dispatch
+        rnd = b.round
+        sizes = b.sizes
         if sizes is not None:  # the layout, first time or grown by later inits
-            if not isinstance(sizes, list) or not all(isinstance(x, int) and x >= 0 for x in sizes):
-                sched.reply(msg, {"error": "balance report: 'sizes' must be element counts"})
-                return
             slices = layout(sizes, self.slice_elems)
-            where = b.get("assign")
-            if not isinstance(where, list) or len(where) != len(slices):
+            where = b.assign
+            if where is None or len(where) != len(slices):
                 sched.reply(msg, {"error": "balance report: 'assign' must give a server per slice"})
                 return
             if self.slices is None or len(slices) != len(self.slices):
@@ -194,7 +188,7 @@ class Planner:
         if self.slices is None:
             sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
             return
-        if b.get("calibration") is True and rnd not in self._calibration_rounds:
+        if b.calibration and rnd not in self._calibration_rounds:
             # the first report of a round that re-probed a whole cycle: its readings (this
             # report's and the other workers') replace everything older
             self._calibration_rounds.add(rnd)
@@ -204,7 +198,7 @@ class Planner:
         # link's busy time would be steadier, but it reads 15-30% low on short phases after
         # an idle spell (TCP's slow start), which the median ignores.
         per_link: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
-        for item in b.get("samples", []):
+        for item in b.samples:  # (5 or 6 finite numbers each)
             try:
                 src, dst, nbytes, t0, t1 = item[:5]
                 kind = item[5] if len(item) > 5 else 0
@@ -221,7 +215,7 @@ class Planner:
                 judged = (
                     self._released + 1 >= CONTRADICT_FROM_ROUND
                     and t1 - t0 >= CONTRADICT_MIN_S
-                    and not b.get("calibration")
+                    and not b.calibration
                     and not self.detector.settling  # not right after a migration or a cycle
                 )
                 if judged and self.links.contradicts(i, j, rate):
@@ -238,16 +232,16 @@ class Planner:
             t_end = max(t1 for _, t1, _ in items)
             self.table.observe(i, j, rates[len(rates) // 2], t_end - 1.0, t_end)  # 1 s at it
         span = 0.0
-        for srank, (nbytes, secs) in (b.get("server_times") or {}).items():
-            s = int(srank)
+        for srank, (nbytes, secs) in b.server_times.items():
+            s = int(srank)  # (digits: a server's rank)
             if 0 <= s < self.S and secs > 0:
                 self.history[s].append((float(nbytes), float(secs)))
                 del self.history[s][:-20]
                 span = max(span, float(secs))
         if span > 0:  # this worker's last round: from its first request to its last answer
             self._spans.setdefault(rnd, []).append(span)
-        done = b.get("spread_done")
-        if isinstance(done, list) and len(done) == 2 and isinstance(done[1], int):
+        done = b.spread_done  # (way, rank) or None
+        if done is not None:
             self._spread_done.add(rnd)
             way, rank = done
             ends = self.workers if way == "out" else self.servers if way == "in" else []

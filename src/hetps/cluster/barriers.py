@@ -38,19 +38,16 @@ class Barriers:
         return {i for i in alive if self.sched.nodes[i].role == group}
 
     def arrive(self, msg: Message) -> None:
-        group = msg.body.get("group")
-        if group not in P.GROUPS or msg.sender not in self.sched.nodes:
-            self.sched.refuse_request(
-                msg, f"bad barrier group {P.printable(group, 40)!r}: use one of {P.GROUPS}"
-            )
+        b = msg.typed  # a Barrier: its group is one of P.GROUPS
+        group = b.group
+        if msg.sender not in self.sched.nodes:
+            self.sched.refuse_request(msg, f"node {msg.sender} is not in the job")
             return
         if group != "all" and self.sched.nodes[msg.sender].role != group:
             self.sched.refuse_request(msg, f"node {msg.sender} is not in group {group!r}")
             return
         bar = self.groups[group]
-        n = msg.body.get("n")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            n = bar.reached.get(msg.sender, 0) + 1
+        n = b.n if b.n is not None else bar.reached.get(msg.sender, 0) + 1
         bar.arrived[msg.sender] = (msg.req, n)
         bar.reached[msg.sender] = max(n, bar.reached.get(msg.sender, 0))
         self.release(group)

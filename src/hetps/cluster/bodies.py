@@ -82,8 +82,9 @@ class Push(Chunk):
     round: Count | None = field(default=None, name="rnd")
 
 
-class Init(Chunk):
-    """A chunk of a key's first value (or a replica's copy of one, ``op`` = ``init``)."""
+class Init(Chunk, tag_field="op", tag="init"):
+    """A chunk of a key's first value (or a replica's copy of one: ``op`` = ``init``, its
+    tag among the bodies of a replicate, :data:`hetps.cluster.commands.Replicate`)."""
 
     shape: Shape
     dtype: KeyDType
@@ -91,16 +92,10 @@ class Init(Chunk):
     size: Count
     #: the rounds the part has had (a slice a plan moves comes with them)
     round: Count = field(default=0, name="rnd")
-    op: Literal["init"] | None = None
 
 
 #: the declared body of each chunk command
 TYPES: dict[str, type[Chunk]] = {P.INIT: Init, P.PUSH: Push, P.PULL: Pull}
-
-_WIRE = {
-    kind: {f.encode_name: f.name for f in msgspec.structs.fields(kind)} for kind in TYPES.values()
-}
-_MEANING = {kind: P.BODY_FIELDS[cmd] for cmd, kind in TYPES.items()}
 
 
 def decode(cmd: str, body: Any, kind: type[Chunk]) -> Any:
@@ -112,29 +107,62 @@ def decode(cmd: str, body: Any, kind: type[Chunk]) -> Any:
         raise BadBody(explain(cmd, body, kind, str(exc))) from None
 
 
-def explain(cmd: str, body: Any, kind: type[Chunk], text: str) -> str:
+def explain(cmd: str, body: Any, kind: Any, text: str) -> str:
     """msgspec's ``Expected `int` >= 0 - at `$.off``` as ``push of key 'w': field 'off'
-    (offset of this chunk within the part): expected `int` >= 0``."""
+    (offset of this chunk within the part): expected `int` >= 0``. ``kind``: a Struct, or a
+    union of Structs told apart by a tag field (the one the body names is explained)."""
     key = body.get("k") if isinstance(body, dict) else None
     keyed = isinstance(key, (int, str)) and not isinstance(key, bool)
     what = f"{cmd} of key {_short(key)}" if keyed else cmd
+    wire = _wire(kind, body)
+    inner = text.partition(" - at `$.")[2].rstrip("`")
+    if text.startswith("Object contains unknown field") and inner:  # in a map of a field
+        name, outer = text.split("`")[1], inner.split("[")[0].split(".")[0]
+        return (
+            f"{what}: field {outer!r} ({_meaning(cmd, wire, outer)}): unknown field "
+            f"{_short(name)} at {inner}"
+        )
     if text.startswith("Object contains unknown field"):
         name = text.split("`")[1]
-        known = ", ".join(sorted(_WIRE[kind]))
-        return f"{what}: unknown field {_short(name)} (a {cmd} body has {known})"
+        known = ", ".join(sorted(wire)) or "no fields"
+        article = "an" if cmd[:1] in "aeiou" else "a"
+        return f"{what}: unknown field {_short(name)} ({article} {cmd} body has {known})"
     if text.startswith("Object missing required field"):
         name = text.split("`")[1]
-        return f"{what}: field {name!r} ({_meaning(kind, name)}) is missing"
-    problem, _, where = text.partition(" - at `$")
-    name = where.rstrip("`").lstrip(".").split("[")[0].split(".")[0]
+        return f"{what}: field {name!r} ({_meaning(cmd, wire, name)}) is missing"
+    problem, _, where = text.partition(" - at `")
+    keyed_map = where.startswith("key` in `")  # (a map's key is wrong, not its value)
+    path = where.removeprefix("key` in `").removeprefix("$").rstrip("`").lstrip(".")
+    name = path.split("[")[0].split(".")[0]
     if not name:
         return f"{what}: the body must be a map ({problem})"
     problem = problem[:1].lower() + problem[1:]
-    return f"{what}: field {name!r} ({_meaning(kind, name)}): {problem}"
+    at = f" at {path}" if path != name else ""
+    at += " (a key of the map)" if keyed_map else ""
+    return f"{what}: field {name!r} ({_meaning(cmd, wire, name)}): {problem}{at}"
 
 
-def _meaning(kind: type[Chunk], name: str) -> str:
-    return _MEANING[kind].get(name, _WIRE[kind].get(name, name))
+def _wire(kind: Any, body: Any) -> dict[str, str]:
+    """The wire names of ``kind``'s fields (with its tag field) -> attribute names; of the
+    member of a union that ``body``'s tag names (every member's, when it names none)."""
+    members = getattr(kind, "__args__", None) or (kind,)
+    out: dict[str, str] = {}
+    for member in members:
+        config = member.__struct_config__
+        tag = config.tag_field
+        if len(members) > 1 and isinstance(body, dict) and body.get(tag) != config.tag:
+            continue
+        if tag is not None:
+            out[tag] = tag
+        out.update({f.encode_name: f.name for f in msgspec.structs.fields(member)})
+    if not out and len(members) > 1:
+        for member in members:
+            out.update(_wire(member, None))
+    return out
+
+
+def _meaning(cmd: str, wire: dict[str, str], name: str) -> str:
+    return P.BODY_FIELDS.get(cmd, {}).get(name, wire.get(name, name))
 
 
 def _short(value: Any) -> str:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hetps.cluster import allow, batch
+from hetps.cluster import allow, batch, commands
 from hetps.cluster import protocol as P
 from hetps.cluster.enrol import Enrolment
 from hetps.cluster.errors import NodeClosed, NodeFailure
@@ -232,8 +232,15 @@ class Node:
         if msg.sender == P.SCHEDULER_ID:
             self.last_ack = time.monotonic()
             self._busy_s = 0.0
-            if self._from_scheduler(msg):
-                return
+        why = commands.decode(msg)  # the body as its command's declared type, or why not
+        if why is not None:
+            who = self.describe(msg.sender)
+            log.warning("%s: refused %s from %s: %s", self.role, msg.cmd, who, why)
+            if msg.req:
+                self.reply(msg, {"error": why})
+            return
+        if msg.sender == P.SCHEDULER_ID and self._from_scheduler(msg):
+            return
         if self.info is None:
             if not self.enrol.keep_early(msg):
                 log.warning("%s: dropped %s that came before the node table", self.role, msg.cmd)
@@ -314,9 +321,7 @@ class Node:
             self.faults.worker_joins(msg)
             return True
         if cmd == P.NODE_DEAD:
-            dead = msg.body.get("node")
-            if isinstance(dead, list) and dead and isinstance(dead[0], int):
-                self.van.mark_dead(dead[0])
+            self.van.mark_dead(msg.typed.node[0])  # (a NodeDead: its node's id, checked)
             self.fail(NodeFailure(msg.error or "a peer died"))
             return True
         if cmd == P.EXIT:

@@ -83,10 +83,9 @@ BATCH_COMMANDS = frozenset({INIT, PUSH, PULL})
 #: at most this many items in one batch
 MAX_BATCH_ITEMS = 1024
 
-#: Every body field of the data plane, the balance report and its answer, with its meaning.
-#: The bodies of init, push and pull are declared types (:mod:`hetps.cluster.bodies`), checked
-#: once as the server takes them; the other commands' fields are checked where they are read.
-#: This table is the one place that says what each means.
+#: Every command's body fields (and a few answers'), with their meanings: the one place that
+#: says what each means. Every command's body is a declared type
+#: (:data:`hetps.cluster.commands.TYPES`), checked once by the dispatch that takes it.
 BODY_FIELDS: dict[str, dict[str, str]] = {
     INIT: {
         "k": "the key (int or str)",
@@ -183,16 +182,76 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "arrays are its own (they follow the previous items' arrays)",
     },
     REPLICATE: {
-        "op": "init (a chunk of a key's first value, with the fields of an init), round (a "
-        "dist_sync round: k, part, rnd = the rounds applied with this one, mode = grad (the "
-        "merged pushes, for the optimizer) or value (the new value, with no optimizer)); "
-        "array 0 is the data. Optimizer states need no copy: a worker sends set_optimizer "
-        "and set_states to every server. A table's part (kvstore/table_replicas.py): sinit "
-        "and sload (the worker's request as it came), sround (k, part, rnd; arrays: the "
-        "round's distinct row ids and their per-row sums; dropped: the round failed on the "
-        "primary, only counted), ssync (a whole part: first its sinit fields with fresh, rnd, "
-        "state and numbers, then chunks of its used rows as an sload's)",
+        "op": "which copy: init, round, sync, optimizer, states or drop; for a table's part "
+        "(kvstore/table_replicas.py) sinit, sload, sround or ssync",
+        "(op init)": "a chunk of a key's first value, with the fields of an init; array 0 is "
+        "the data",
+        "(op round)": "a dist_sync round: k, part, rnd, mode; array 0 is the merged pushes "
+        "(grad) or the new value (value)",
+        "(op sync)": "a whole slice a replica takes in place of what it had: k, part, shape, "
+        "dtype, rnd; array 0 its value, array 1 (if any) its optimizer state, pickled",
+        "(op optimizer)": "the primary's optimizer, pickled in array 0",
+        "(op states)": "optimizer states of slices a plan moved here, pickled in array 0",
+        "(op drop)": "slices: [[key, part], ...] a plan moved away",
+        "k": "the key",
+        "part": "the part index",
+        "off": "op init: offset of this chunk within the part",
+        "n": "op init: elements in this chunk",
+        "size": "op init: elements of the whole part",
+        "tag": "op init: as an init's",
+        "rnd": "the rounds the copy has had with this one",
+        "mode": "grad (the merged pushes, for the optimizer) or value (the new value)",
+        "shape": "the key's shape",
+        "dtype": "the key's dtype name",
+        "slices": "[[key, part], ...] to forget",
+        "(op sinit, sload)": "the worker's request as it came, with its fields",
+        "(op sround)": "a table round: k, part, rnd; arrays: the round's distinct row ids and "
+        "their per-row sums; dropped: the round failed on the primary, only counted",
+        "(op ssync)": "a whole table part: first its sinit fields with fresh, rnd, state and "
+        "numbers, then chunks of its used rows as an sload's",
+        "dropped": "op sround: the round failed on the primary (it is only counted)",
+        "nparts": "ops sinit, ssync: the table's parts (its servers)",
+        "rows": "ops sinit, ssync: the table's rows (null: a growing table)",
+        "cols": "ops sinit, ssync: the table's columns",
+        "scale": "ops sinit, ssync: the initial rows' scale",
+        "seed": "ops sinit, ssync: the initial rows' seed",
+        "bound": "ops sinit, ssync: the part's byte bound per server",
+        "opt": "ops sinit, ssync: the table's own optimizer, pickled",
+        "fresh": "ops sload, ssync: the part is made again before its rows are written",
+        "state": "ops sload, ssync: the optimizer state's names, one array each after the rows",
+        "numbers": "ops sload, ssync: the optimizer state's numbers (e.g. Adam's t)",
     },
+    ADD_NODE: {
+        "role": "server or worker",
+        "host": "the host the scheduler connects back to (a name or an address)",
+        "port": "the port there (1-65535)",
+        "back": "the routing id the scheduler connects back with (1-255 bytes)",
+        "want_rank": "the rank its launcher gave it (-1: any)",
+    },
+    HEARTBEAT: {},
+    FINISH: {},
+    LEAVE: {"reason": "why the node is going away (at most 2000 characters)"},
+    BARRIER: {
+        "group": "worker, server or all",
+        "n": "the barrier's number for this node (absent: one more than its last)",
+    },
+    ESYNC_REPORT: {
+        "rank": "the worker's rank (a standalone state server believes it for a connection's "
+        "first report only; the scheduler takes the connection's)",
+        "round": "the round of the step",
+        "step_s": "seconds of the worker's last local step",
+        "elapsed_s": "seconds since the round began, on the worker",
+        "ep": "host:port the standalone state server answers to",
+        "back": "the routing id the worker knows the standalone state server by",
+    },
+    SET_OPTIMIZER: {"(array 0)": "the optimizer, pickled (accepted from a worker only)"},
+    SET_STATES: {
+        "move": "the states of slices a plan moved here (their replicas get them too)",
+        "(array 0)": "the states, pickled (accepted from a worker only)",
+    },
+    WORKER_DONE: {"node": "the worker that finished (NodeInfo)"},
+    EXIT: {},
+    NODE_DEAD: {"node": "the node that died (NodeInfo)", "error": "how it died"},
     FAILOVER: {
         "node": "the server that died (NodeInfo)",
         "error": "how it died",
@@ -224,11 +283,17 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "workers": "the ids of the workers in the job now",
     },
     READMIT: {
-        "id, role, rank": "the node's id and rank in the running job",
-        "host, port, back": "where the scheduler connects back to it, as in add_node",
+        "id": "the node's id in the running job",
+        "role": "its role (server or worker)",
+        "rank": "its rank",
+        "host": "the host the scheduler connects back to, as in add_node",
+        "port": "the port there",
+        "back": "the routing id the scheduler connects back with",
         "view": "what the node knows of the job: nodes (the node table), down (dead servers), "
         "redirect ([[dead, heir], ...]), done (a server: the workers that finished), "
-        "replicas",
+        "barriers ({group: the barriers it passed}), replicas",
+        "cred": "with a cluster secret: the credential it was admitted with",
+        "gen": "with a cluster secret: that credential's generation",
         "(answer)": "restarted: true from a scheduler that was started again (the node then "
         "sends its unanswered requests to it again); absent from the scheduler it knew",
     },
@@ -238,7 +303,7 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "in": "the routing id its connection to this node uses",
     },
     GET_STATES: {"slices": "[[key, part], ...] to read (absent: every state)"},
-    DROP: {"slices": "[[key, part], ...] to forget"},
+    DROP: {"slices": "[[key, part], ...] or [[key, part, the server it moved to], ...] to forget"},
     FORECAST: {"tag": "the request id of the data message that follows"},
     RECEIPT: {"req": "the push request that arrived"},
     BALANCE_REPORT: {

@@ -48,29 +48,16 @@ class Registration:
         self.pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
 
     def add_node(self, msg: Message) -> None:
-        b = msg.body
-        role = b.get("role")
-        host, port, back = b.get("host"), b.get("port"), b.get("back")
-        if (
-            role not in ("server", "worker")
-            or not isinstance(host, str)
-            or not 0 < len(host) <= 255
-            or not _HOST.fullmatch(host)  # (it is logged and written to the launcher)
-            or not isinstance(port, int)
-            or isinstance(port, bool)
-            or not 0 < port < 65536
-            or not isinstance(back, bytes)
-            or not 0 < len(back) <= 255
-            or back[0] == 0
-        ):
-            log.warning("scheduler: refused a malformed registration %r", b)
+        b = msg.typed  # an AddNode: every field's type and bound checked by the dispatch
+        role, host, port, back = b.role, b.host, b.port, b.back
+        if not _HOST.fullmatch(host) or back[0] == 0:  # (a host is logged and written out)
+            log.warning("scheduler: refused a malformed registration %r", msg.body)
             return
         origin = msg.origin
         if any(p.origin == origin for p in self.pending):
             log.warning("scheduler: refused a second registration on one connection")
             return
-        want = b.get("want_rank", -1)
-        want = want if isinstance(want, int) and not isinstance(want, bool) else -1
+        want = b.want_rank
         limit = self.sched.cfg.num_server if role == "server" else self.sched.cfg.num_worker
         refusal = None
         if self.sched.recovering:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from hetps.cluster import allow
+from hetps.cluster import allow, commands
 from hetps.cluster import protocol as P
 from hetps.cluster.barriers import Barriers
 from hetps.cluster.credentials import Credentials
@@ -87,6 +87,7 @@ class Scheduler:
         self.services: dict[str, Service] = dict(services or {})
         self._on_worker_finished: list[Callable[[Scheduler], None]] = []
         self._on_worker_back: list[Callable[[Scheduler, NodeInfo], None]] = []
+        self._on_refused: dict[str, Callable[[Scheduler, Message, str], None]] = {}
         self.nodes: dict[int, NodeInfo] = {}
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
@@ -138,14 +139,17 @@ class Scheduler:
         handler: Service,
         on_worker_finished: Callable[[Scheduler], None] | None = None,
         on_worker_back: Callable[[Scheduler, NodeInfo], None] | None = None,
+        on_refused: Callable[[Scheduler, Message, str], None] | None = None,
     ) -> None:
         """Plug in a service: ``handler(scheduler, msg)`` gets every ``cmd`` message (and may
         answer with :meth:`reply`); ``on_worker_finished(scheduler)`` runs when a worker
         finishes or is let go (a service that waits for every worker must stop waiting for
         it); ``on_worker_back(scheduler, node)`` when a let-go worker joined again
         (HETPS_ELASTIC), before the live workers go on from their round boundary, so before
-        any message of theirs from the next round. Handlers and hooks run in order on one
-        thread of their own."""
+        any message of theirs from the next round; ``on_refused(scheduler, msg, why)`` when the
+        dispatch refused a ``cmd`` whose body is not of its declared type (it was logged and
+        answered: the service counts it). Handlers and hooks run in order on one thread of
+        their own."""
         if cmd in self.services:
             raise ValueError(f"the scheduler already has a service for {cmd!r}")
         self.services[cmd] = handler
@@ -153,6 +157,8 @@ class Scheduler:
             self._on_worker_finished.append(on_worker_finished)
         if on_worker_back is not None:
             self._on_worker_back.append(on_worker_back)
+        if on_refused is not None:
+            self._on_refused[cmd] = on_refused
 
     def worker_finished_hooks(self) -> None:
         """A worker finished or was let go: the services' hooks run (on their thread)."""
@@ -315,6 +321,16 @@ class Scheduler:
                 self.recoveries[msg.sender] = self.recoveries.get(msg.sender, 0) + 1
                 log.warning("scheduler: %s is back after %.1f s of silence", info.describe(), gap)
             self.last_seen[msg.sender] = now
+        why = commands.decode(msg)  # the body as its command's declared type, or why not
+        if why is not None:
+            who = info.describe() if info is not None else "a connection of no node of this job"
+            log.warning("scheduler: refused %s from %s: %s", cmd, who, why)
+            if info is not None and msg.req:
+                self.reply(msg, {"error": why})
+            hook = self._on_refused.get(cmd)
+            if hook is not None:
+                self._service_q.put(lambda: hook(self, msg, why))
+            return
         if cmd == P.HEARTBEAT:
             self.send_to(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
         elif cmd == P.READMIT:
@@ -328,7 +344,7 @@ class Scheduler:
         elif cmd in (P.JOIN, P.ADMIT, P.ENTERED):
             self.workers_part.join_step(msg)
         elif cmd == P.LEAVE:
-            reason = P.printable(msg.body.get("reason", "left"))
+            reason = P.printable(msg.typed.reason)
             self.declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
             handler = self.services[cmd]

@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from hetps.cluster import commands
 from hetps.cluster import protocol as P
 from hetps.cluster.requests import Future
 from hetps.esync.policy import ReadinessPolicy
@@ -95,16 +96,12 @@ class EsyncService:
 
     def handle(self, msg: Message) -> dict:
         """Decide on a report message; errors come back as ``{"error": text}``."""
-        b = msg.body
+        b = msg.typed  # (an EsyncReport: decoded and checked by the dispatch that took it)
         try:
-            return self.decide(
-                int(b["rank"]),
-                int(b["round"]),
-                float(b["step_s"]),
-                float(b["elapsed_s"]),
-                time.monotonic(),
-            )
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            if b.rank is None:
+                raise ValueError("no rank")
+            return self.decide(b.rank, b.round, b.step_s, b.elapsed_s, time.monotonic())
+        except (TypeError, ValueError, OverflowError) as exc:
             text = f"esync report refused: {str(exc)[:200]}"
             log.warning("state server: %s", text)
             return {"error": text}
@@ -133,7 +130,7 @@ class EsyncService:
                 sched.reply(msg, {"error": "esync reports come from workers"})
                 return
             # the rank is the connection's: a worker reports only for itself
-            msg.body["rank"] = node.rank
+            msg.typed.rank = node.rank
             sched.reply(msg, self.handle(msg))
 
         return service
@@ -177,11 +174,13 @@ class StateServer:
                 msg = self.van.recv(timeout=0.2)
                 if msg is None or msg.cmd != REPORT:
                     continue
-                ep = msg.body.get("ep")
+                # the one decode point here: the body as an EsyncReport, or why not
+                why = commands.decode(msg)
+                ep = msg.typed.endpoint if why is None else msg.body.get("ep")
                 if not isinstance(ep, str) or not _ENDPOINT.fullmatch(ep):
                     log.warning("state server: report without a valid 'ep' (host:port) dropped")
                     continue
-                back = msg.body.get("back")  # the routing id the worker knows us by
+                back = msg.typed.back if why is None else msg.body.get("back")  # (how it knows us)
                 if not (isinstance(back, bytes) and 0 < len(back) <= 255 and back[0] != 0):
                     back = None
                 try:
@@ -194,7 +193,9 @@ class StateServer:
                         if ep not in self._backs:
                             self._peers.append(ep)
                         self._backs[ep] = back
-                    why = self._bind_rank(msg)
+                    if why is not None:
+                        log.warning("state server: refused a report from %s: %s", ep, why)
+                    why = why or self._bind_rank(msg)
                     answer = {"error": why} if why else self.service.handle(msg)
                     reply = Message(REPORT, req=msg.req, reply=True, body=answer)
                     self.van.send(ep, reply)
@@ -209,8 +210,8 @@ class StateServer:
         origin = bytes(msg.origin or b"")
         rank = self._rank_of.get(origin)
         if rank is None:
-            rank = msg.body.get("rank")
-            if not isinstance(rank, int) or isinstance(rank, bool):
+            rank = msg.typed.rank
+            if rank is None:
                 return "esync report refused: no rank"
             if not 0 <= rank < self.service.policy.num_workers:
                 return f"esync report refused: rank {rank} outside the job's workers"
@@ -220,14 +221,14 @@ class StateServer:
                     "state server: refused a report as worker %d from %s: another connection "
                     "reports as that worker",
                     rank,
-                    msg.body.get("ep"),
+                    msg.typed.endpoint,
                 )
                 return f"esync report refused: worker {rank} reports on another connection"
             if held is not None:
                 self._rank_of.pop(held[0], None)
             self._rank_of[origin] = rank
         self._holder[rank] = (origin, now)
-        msg.body["rank"] = rank
+        msg.typed.rank = rank
         return None
 
     def stop(self) -> None:

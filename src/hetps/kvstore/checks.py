@@ -30,14 +30,6 @@ def body(msg: Message, kind: type[Chunk]) -> Any:
     return typed
 
 
-def tag(msg: Message) -> int:
-    """A measured message's tag (its request id on the worker)."""
-    value = msg.body.get("tag")
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise BadRequest(f"{msg.cmd}: field 'tag' must be an integer")
-    return value
-
-
 def find_slice(slices: dict, msg: Message, b: Chunk) -> Slice:
     """The slice a request names, which must hold its range (and match its shape and dtype,
     when the request states them)."""

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
-from hetps.kvstore import checks
 from hetps.transport.codec import Message
 
 #: forecasts kept at most (a peer that forecasts and never sends)
@@ -29,17 +28,17 @@ class LinkMeter:
 
     def forecast(self, msg: Message) -> None:
         """A data message is on its way: note when this came."""
-        self.forecasts[(msg.sender, checks.tag(msg))] = (time.time(), msg.backlogged)
+        self.forecasts[(msg.sender, msg.typed.tag)] = (time.time(), msg.backlogged)
         if len(self.forecasts) > MAX_FORECASTS:
             self.forecasts.clear()
 
     def measure(self, msg: Message) -> None:
         """Pair a data message with its forecast: the link sample travels back in the ack."""
-        fc = self.forecasts.pop((msg.sender, msg.body.get("tag")), None)
+        fc = self.forecasts.pop((msg.sender, msg.typed.tag), None)
         if fc is None:
             return
         t0, late = fc
-        if late and msg.cmd == P.PROBE and not msg.body.get("spread"):
+        if late and msg.cmd == P.PROBE and not msg.typed.spread:
             # the forecast was taken from a queue: its stamp is late, so the gap (and the
             # rate) would be read too fast; a probe is kept only when timed on time (data
             # samples, many per round, go on: the planner takes their median and busy time;
@@ -47,7 +46,7 @@ class LinkMeter:
             # from the earliest forecast, and a late stamp only shortens one flow's span)
             return
         meas = [t0, time.time(), float(msg.nbytes)]
-        if msg.cmd == P.PROBE and msg.body.get("spread"):
+        if msg.cmd == P.PROBE and msg.typed.spread:
             meas.append(1.0 if late else 0.0)  # the planner drops a spread whose first was late
         self.samples[(msg.sender, msg.req)] = meas
 
@@ -65,11 +64,8 @@ class LinkMeter:
 
     def probe(self, msg: Message, answers: Any) -> None:
         """Answer a probe: its push side is measured here, the reply is measured by the worker."""
-        if "tag" in msg.body:
-            checks.tag(msg)
         self.measure(msg)
-        size = msg.body.get("reply_bytes", 0)
-        size = size if isinstance(size, int) and 0 <= size <= (1 << 26) else 0
+        size = msg.typed.reply_bytes  # (at most 64 MiB: its declared bound)
         if size:
             self.forecast_to(msg)
         meas = self.take(msg)

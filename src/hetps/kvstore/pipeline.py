@@ -184,9 +184,7 @@ class Pipeline:
         if msg.cmd == P.FORECAST and self.agent is not None:
             self.agent.on_forecast(msg)
         elif msg.cmd == P.RECEIPT:
-            req = msg.body.get("req")
-            if isinstance(req, int):
-                self.sender.release(req)
+            self.sender.release(msg.typed.req)  # (a Receipt: an int, checked)
 
     def close(self) -> None:
         self.sender.close()

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
-from hetps.cluster import allow, batch
+from hetps.cluster import allow, batch, commands
 from hetps.cluster import protocol as P
 from hetps.cluster.bodies import Init, Pull, Push
 from hetps.cluster.protocol import NodeInfo
@@ -35,7 +35,7 @@ from hetps.kvstore import checks
 from hetps.kvstore.aggregate import Aggregator, writable
 from hetps.kvstore.answers import Answers
 from hetps.kvstore.linkmeter import LinkMeter
-from hetps.kvstore.slices import BadRequest, Slice, slice_key
+from hetps.kvstore.slices import BadRequest, Slice
 from hetps.kvstore.tables import Tables
 from hetps.transport.codec import WIRE_DTYPES, Message
 
@@ -152,6 +152,10 @@ class KVServer:
             handler = self.handlers.get(msg.cmd)
             if handler is None:
                 raise BadRequest(f"unknown command {msg.cmd!r}")
+            # (what came through a node was decoded by its dispatch: here a batch's items)
+            why = commands.decode(msg)
+            if why is not None:
+                raise BadRequest(why)
             handler(msg)
         except BadRequest as exc:
             self.links.take(msg)
@@ -257,13 +261,14 @@ class KVServer:
             sl.inflight.append(tracker)
 
     def _push(self, msg: Message) -> None:
-        arrived = msg.typed is None  # (a push kept for a later round is handled again)
-        b = checks.body(msg, Push)
+        b = checks.body(msg, Push)  # (decoded by the dispatch, once)
         if b.tag is not None and not self.links.measured(msg):
             self.links.measure(msg)
-        if b.receipt and arrived:
+        if b.receipt:
             # arrived: the worker may send more (its push window), long before a sync round
-            # completes and acknowledges the push itself
+            # completes and acknowledges the push itself; once (a push kept for a later
+            # round is handled again, with the body it was decoded to)
+            b.receipt = False
             self.node.send(msg.sender, Message(P.RECEIPT, body={"req": msg.req}))
         key, part, off, n, ce = b.key, b.part, b.offset, b.count, b.chunk
         sl = checks.find_slice(self.slices, msg, b)
@@ -355,7 +360,7 @@ class KVServer:
 
     def _worker_done(self, msg: Message) -> None:
         """A worker finished: fail the sync rounds that still wait for it (uneven batch counts)."""
-        info = NodeInfo.from_wire(msg.body["node"])
+        info = NodeInfo.from_wire(msg.typed.node)
         self.done_workers[info.id] = info.describe()
         self.tables.worker_done(info.id)
         for sl in self.slices.values():
@@ -450,10 +455,8 @@ class KVServer:
         self.answers.reply(msg)
 
     def _get_states(self, msg: Message) -> None:
-        want = msg.body.get("slices")
-        if want is not None and (not isinstance(want, list) or not all(slice_key(w) for w in want)):
-            raise BadRequest("get_states: field 'slices' must be a list of [key, part]")
-        keys = None if want is None else {tuple(w) for w in want}
+        want = msg.typed.slices  # [(key, part), ...] or None: every state
+        keys = None if want is None else set(want)
         # with copies, all the states: only what this server serves (copies are on others);
         # named slices (a plan moves them): each one held here, served or a copy, which is
         # in step with its primary (and a server that takes over may not have heard yet)
@@ -482,7 +485,7 @@ class KVServer:
                 sl.state, sl.has_state = st, True
                 if sl.primary:
                     moved.append(sl)
-        if self.replication.replicated and msg.body.get("move") and moved:
+        if self.replication.replicated and msg.typed.move and moved:
             # slices a plan moved here: their replicas get the states before the answer
             blob = optim.dump_states({sl.skey: sl.state for sl in moved})
             body = {"op": "states"}

@@ -71,10 +71,7 @@ def used_rows(sh: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _window(msg: Any, what: str, sh: Any) -> tuple[int, int]:
-    off, n = msg.body.get("off", 0), msg.body.get("n", 0)
-    for name, v in (("off", off), ("n", n)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise BadRequest(f"{what} of key {sh.key!r}: field {name!r} must be an int >= 0")
+    off, n = msg.typed.offset, msg.typed.count  # (ints >= 0: an SDump, checked at decode)
     if n > MAX_CHUNK_ROWS:
         raise BadRequest(
             f"{what} of key {sh.key!r}: {n} rows in one chunk, at most {MAX_CHUNK_ROWS}"
@@ -132,16 +129,10 @@ def load(tables: Any, sh: Any, msg: Any, copy: bool = False) -> Any:
             raise BadRequest("sload: only a worker of this job may write a table's rows")
         tables.server.elastic.in_rounds(msg)
         _idle(sh, "sload")
-    b = msg.body
-    names, numbers = b.get("state", []), b.get("numbers", {})
-    if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
-        raise BadRequest(f"sload of key {sh.key!r}: field 'state' must be a list of names")
-    if not isinstance(numbers, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers.values()
-    ):
-        raise BadRequest(f"sload of key {sh.key!r}: field 'numbers' must map names to numbers")
+    b = msg.typed  # an SLoad (or a copy's): names and numbers of the right types, checked
+    names, numbers = b.state, b.numbers
     opt = sh.optimizer if sh.optimizer is not None else tables.server.optimizer
-    if b.get("fresh"):
+    if b.fresh:
         if (names or numbers) and opt is None:
             raise BadRequest(
                 f"sload of key {sh.key!r}: the checkpoint holds the table's optimizer state, "
@@ -172,7 +163,7 @@ def load(tables: Any, sh: Any, msg: Any, copy: bool = False) -> Any:
             f"sload of key {sh.key!r}: state arrays {names} differ from the first chunk's"
         )
     if len(msg.arrays) != 2 + len(names):
-        if msg.arrays or b.get("fresh") is not True:
+        if msg.arrays or not b.fresh:
             raise BadRequest(
                 f"sload of key {sh.key!r}: expected ids, rows and {len(names)} state arrays"
             )

@@ -273,17 +273,12 @@ class Tables:
     # -- checks --------------------------------------------------------------------------
     @staticmethod
     def _key(msg: Message) -> Any:
-        key = msg.body.get("k")
-        if isinstance(key, bool) or not isinstance(key, (int, str)):
-            raise BadRequest(f"{msg.cmd}: key {short(key)} must be an int or a str")
-        if isinstance(key, str) and len(key) > 1024:
-            raise BadRequest(f"{msg.cmd}: a key of {len(key)} characters is longer than 1024")
-        return key
+        return msg.typed.key  # (an int or a str of at most 1,024 characters: the dispatch's)
 
     def _shard(self, msg: Message) -> Shard:
         key = self._key(msg)
-        part = msg.body.get("part")
-        sh = self.shards.get((key, part)) if isinstance(part, int) else None
+        part = msg.typed.part
+        sh = self.shards.get((key, part))
         if sh is None:
             held = sorted(p for k, p in self.shards if k == key)
             if held:
@@ -349,29 +344,12 @@ class Tables:
         """Make (or keep) the part an ``sinit`` declares and write its rows; ``copy``: a
         primary's copy of it (from a server of the job: its optimizer pickle is taken)."""
         key = self._key(msg)
-        b = msg.body
-        rows, cols, dname = b.get("rows"), b.get("cols"), b.get("dtype")
-        part, nparts = b.get("part"), b.get("nparts")
-        scale, seed, bound = b.get("scale", 0.0), b.get("seed", 0), b.get("bound", 0)
-
-        def ok_int(v: Any, low: int) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-        if (
-            not (rows is None or ok_int(rows, 0))
-            or not ok_int(cols, 1)
-            or cols > (1 << 20)
-            or dname not in ("float16", "float32", "float64")
-            or not ok_int(nparts, 1)
-            or not ok_int(part, 0)
-            or part >= nparts
-            or not isinstance(scale, (int, float))
-            or isinstance(scale, bool)
-            or not np.isfinite(scale)
-            or not ok_int(seed, 0)
-            or not ok_int(bound, 0)
-        ):
-            raise BadRequest(f"sinit of key {key!r}: bad table declaration {short(b, 200)}")
+        b = msg.typed  # an SInit: every field's type and bound checked by the dispatch
+        rows, cols, dname = b.rows, b.cols, b.dtype
+        part, nparts = b.part, b.parts
+        scale, seed, bound = b.scale, b.seed, b.bound
+        if part >= nparts:
+            raise BadRequest(f"sinit of key {key!r}: part {part} of a table of {nparts} parts")
         if any(k == key for k, _ in self.server.slices):
             raise BadRequest(f"sinit: key {key!r} is a dense key here; use another key")
         decl = {
@@ -395,12 +373,12 @@ class Tables:
                 new = Shard(key, decl, part, nparts, self)
             except (MemoryError, ValueError) as exc:
                 raise BadRequest(f"sinit of key {key!r}: cannot hold the table ({exc})") from None
-            if self.server.optimizer is not None and b.get("opt") is None:
+            if self.server.optimizer is not None and b.optimizer is None:
                 new._check_bound(new.n, new.row_bytes(self.server.optimizer))
             self.shards[(key, part)] = sh = new
-        blob = b.get("opt")
+        blob = b.optimizer
         if blob is not None:
-            if not isinstance(blob, bytes) or not (copy or self.server.from_worker(msg)):
+            if not (copy or self.server.from_worker(msg)):
                 raise BadRequest(f"sinit of key {key!r}: a table's optimizer comes from a worker")
             from hetps import optim
 
@@ -434,7 +412,7 @@ class Tables:
         ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), True)
         vals = self._rows(msg, sh, msg.arrays[1], ids.size)
         srv = self.server
-        sync = srv.sync if srv.sync is not None else bool(msg.body.get("sync", True))
+        sync = srv.sync if srv.sync is not None else msg.typed.sync
         if not sync and srv.optimizer is None and sh.optimizer is None:
             raise BadRequest(
                 f"push of row-sparse key {sh.key!r} in dist_async needs a server optimizer: "

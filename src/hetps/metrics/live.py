@@ -72,6 +72,12 @@ class LiveMetrics:
             sched.reply(msg, {})
         self.events.observe(self.snapshot(timeline=False))
 
+    def refused_body(self, sched: Any, msg: Any, why: str) -> None:
+        """A report the scheduler's dispatch refused (a body not of its declared type: logged
+        and answered there): counted with the others refused."""
+        with self.lock:
+            self.refused += 1
+
     def _refuse(self, sched: Any, msg: Any, who: str, text: str) -> None:
         with self.lock:
             self.refused += 1
