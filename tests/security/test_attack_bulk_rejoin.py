@@ -1,0 +1,43 @@
+"""Attacks on a bulk channel whose sender is gone (a node that rejoins as a new process)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetps.transport.codec import Message
+from hetps.transport.van import Van
+
+from .test_bulk import N, SECRET, _push, _until, pair  # noqa: F401 - the fixture
+
+
+def test_attack_a_rejoined_nodes_old_channel_is_never_closed(pair):
+    """Node 1 holds frames for headers not yet read on its channel (up to 512 MiB is its
+    share), then dies and comes back as a new process on a new connection. Its new
+    channel's hello closes only the channels opened by the *same* connection
+    (``on_hello``: ``old.owner == origin``), so the dead process's channel stays open for
+    good: its held frames are never freed (two such channels hold the whole 1 GiB budget,
+    and then every node's early frames are refused), and its id and proof still pass the
+    bulk port's handshake."""
+    tx, rx = pair
+    _push(tx, 0)
+    assert rx.recv(timeout=10) is not None
+    old = tx.bulk.out[2]
+    old.put(np.full(N * 4, 1, np.uint8))  # a frame no header of the dead process names
+    old.flush(lambda: None)
+    old_chan = rx.bulk.rx.channels[old.cid]
+    _until(lambda: old_chan.held > 0, "the headerless frame was not kept", rx)
+    tx.close()  # node 1 dies ...
+    new = Van(name="tx2", secret=SECRET, bulk=True)  # ... and comes back
+    try:
+        rx.admit(new.connect(2, rx.endpoint, bulk=True), 1)
+        new.admit(rx.connect(1, new.endpoint, bulk=True), 2)
+        _until(lambda: new.bulk is not None and 2 in new.bulk.offers, "no offer", new)
+        sent = np.arange(N, dtype=np.float32)
+        new.send(2, Message("push", req=1, arrays=[sent]))
+        got = rx.recv(timeout=10)
+        assert got is not None and got.req == 1
+        np.testing.assert_array_equal(got.arrays[0], sent)
+        assert old.cid not in rx.bulk.rx.channels, "the dead process's channel is still open"
+        assert rx.bulk.rx.pending_bytes == 0, "its held frames are never freed"
+    finally:
+        new.close()
