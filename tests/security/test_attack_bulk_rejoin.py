@@ -41,3 +41,31 @@ def test_attack_a_rejoined_nodes_old_channel_is_never_closed(pair):
         assert rx.bulk.rx.pending_bytes == 0, "its held frames are never freed"
     finally:
         new.close()
+
+
+def test_attack_a_message_behind_a_hello_in_the_waiting_queue_is_dropped(pair):
+    """rx offers node 1 a new channel (it connected again) while node 1's push waits for
+    its frame. Node 1's hello for the new channel and its next push on it queue behind the
+    waiting push. ``Waiting.ready`` decodes the whole queue before the van applies the hello
+    (``deliver`` runs after ``ready`` returns), so the push on the new channel is decoded
+    against a channel not yet open and dropped ("arrays in ring ... never opened")."""
+    from .test_attack_bulk_wait import _gate
+
+    tx, rx = pair
+    edit = _gate({0})
+    tx.through(edit)
+    try:
+        sent0 = _push(tx, 0)  # (its frame is a moment late: it waits)
+        assert rx.recv(timeout=0.3) is None and rx.inbox.waiting
+        old = tx.bulk.offers[2]["id"]
+        tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)  # rx offers a new channel
+        _until(lambda: tx.bulk.offers[2]["id"] != old, "no new offer", tx)
+        sent1 = _push(tx, 1)  # hello, then the push, on the new channel
+        assert rx.recv(timeout=0.3) is None
+    finally:
+        edit.open.set()
+    got = [rx.recv(timeout=5), rx.recv(timeout=5)]
+    assert got[0] is not None and got[0].req == 0
+    np.testing.assert_array_equal(got[0].arrays[0], sent0)
+    assert got[1] is not None, "the push on the new channel was dropped"
+    np.testing.assert_array_equal(got[1].arrays[0], sent1)
