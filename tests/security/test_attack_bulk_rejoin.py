@@ -69,3 +69,31 @@ def test_attack_a_message_behind_a_hello_in_the_waiting_queue_is_dropped(pair):
     np.testing.assert_array_equal(got[0].arrays[0], sent0)
     assert got[1] is not None, "the push on the new channel was dropped"
     np.testing.assert_array_equal(got[1].arrays[0], sent1)
+
+
+def test_attack_a_new_offer_discards_the_frames_still_queued_on_the_old_channel(pair):
+    """rx offers node 1 a new channel (it connected again, as after a new node table) while
+    node 1's push is still leaving on the old one (its frames queued in the DEALER: a slow
+    link). Node 1's next big send closes the old channel with linger 0 (``_close_out`` ->
+    ``OutChannel.close()``), so ZeroMQ throws the queued frames away: the push that
+    ``send`` returned for is dropped at rx ("bulk frames did not come")."""
+    from .test_attack_bulk_wait import _gate
+
+    tx, rx = pair
+    edit = _gate({0})
+    tx.through(edit)
+    rx.bulk.rx.wait_s = 1.0
+    parts = [np.full(1 << 20, k, np.float32) for k in range(6)]  # 6 frames of 4 MiB
+    try:
+        tx.send(2, Message("push", req=0, arrays=parts))
+        assert rx.recv(timeout=0.3) is None
+        old = tx.bulk.offers[2]["id"]
+        tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)
+        _until(lambda: tx.bulk.offers[2]["id"] != old, "no new offer", tx)
+        _push(tx, 1)  # opens the new channel, closes the old one
+    finally:
+        edit.open.set()
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 0, "the push still queued on the old channel was lost"
+    for a, b in zip(got.arrays, parts):
+        np.testing.assert_array_equal(a, b)
