@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 
 import numpy as np
@@ -55,3 +56,36 @@ def test_attack_a_proof_read_off_the_wire_opens_more_connections(pair):
         )
     finally:
         ctx.destroy(linger=0)
+
+
+def test_attack_greeting_only_connections_escape_the_bulk_ports_cap(pair, monkeypatch):
+    """SECURITY.md: the bulk port's handshakes are "capped (256 waiting; silent ones go
+    after 1 s) as at the CURVE port". The guard is made with ``secured=False``, so a
+    connection that sent ZMTP's 64-byte greeting counts as speaking and is never shut: a
+    stranger that greets and stalls holds a descriptor for the full 10 s handshake timeout,
+    as many as it opens (400 such stayed pending, 0 shut; the CURVE port shut 271 of
+    them). The PLAIN HELLO follows the greeting at once, as CURVE's does."""
+    from hetps.transport import handshakes
+
+    from .test_handshakes import _eof
+    from .zmtp import greeting
+
+    monkeypatch.setattr(handshakes, "MAX_PENDING", 4)
+    monkeypatch.setattr(handshakes, "SILENT_S", 0.3)
+    tx, rx = pair
+    stalled = []
+    try:
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", rx.bulk.rx.port))
+            s.sendall(greeting(b"PLAIN"))
+            stalled.append(s)
+        deadline = time.monotonic() + 3  # (ten times SILENT_S; the timeout is 10 s)
+        while time.monotonic() < deadline and sum(_eof(s) for s in stalled) < 10:
+            rx.recv(timeout=0.05)
+        assert rx.bulk.rx.guard.shut == 10, (
+            f"{rx.bulk.rx.guard.pending} greeting-only connections wait, "
+            f"{rx.bulk.rx.guard.shut} shut"
+        )
+    finally:
+        for s in stalled:
+            s.close()
