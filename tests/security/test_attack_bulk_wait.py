@@ -104,3 +104,27 @@ def test_attack_messages_behind_a_waiting_one_are_held_without_bound(pair):
         len(f.buffer) for q in rx.inbox.waiting.queues.values() for e in q for f in e[0]
     )
     assert held < 16 << 20, f"{held >> 20} MiB held behind one waiting message"
+
+
+def test_attack_an_injected_frame_aborts_a_waiting_message(pair):
+    """SECURITY.md: "Only the channel's own sender can abort its message with a counter out
+    of order: an injected frame needs the channel's key." ``place`` marks the waiting
+    message failed ("skipped by its sender") on the counter alone, before the frame's tag
+    is checked: a frame made up on the wire (no key) aborts the push whose genuine frame
+    is a moment behind it."""
+    tx, rx = pair
+    edit = _gate({1})
+    relay = tx.through(edit)
+    first = _push(tx, 0)
+    np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], first)
+    try:
+        second = _push(tx, 1)  # (its frame, counter 1, is held back)
+        assert rx.recv(timeout=0.2) is None
+        forged = (7).to_bytes(8, "big") + bytes(64)  # counter 7, no key, no valid tag
+        relay.socks[2].sendall(frame_header(len(forged)) + forged)
+        assert rx.recv(timeout=0.3) is None
+    finally:
+        edit.open.set()
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 1, "a keyless injected frame aborted the push"
+    np.testing.assert_array_equal(got.arrays[0], second)
