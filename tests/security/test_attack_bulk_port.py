@@ -11,7 +11,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from hetps.transport import bulk_in as bulk_mod
 
-from .test_bulk import _push, pair  # noqa: F401 - the fixture
+from . import test_bulk
+from .test_bulk import _push
+
+pair = test_bulk.pair  # (the fixture: two secured vans, tx node 1, rx node 2)
 
 
 def test_attack_a_proof_read_off_the_wire_opens_more_connections(pair):

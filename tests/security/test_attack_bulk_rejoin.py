@@ -1,4 +1,5 @@
-"""Attacks on a bulk channel whose sender is gone (a node that rejoins as a new process)."""
+"""Attacks on a bulk channel that is replaced: a node that rejoins as a new process, or a peer
+that offers a new channel while the old one still carries a message."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import numpy as np
 from hetps.transport.codec import Message
 from hetps.transport.van import Van
 
-from .test_bulk import N, SECRET, _push, _until, pair  # noqa: F401 - the fixture
+from . import test_bulk
+from .test_bulk import SECRET, N, _push, _until
+
+pair = test_bulk.pair  # (the fixture: two secured vans, tx node 1, rx node 2)
 
 
 def test_attack_a_rejoined_nodes_old_channel_is_never_closed(pair):
@@ -95,5 +99,5 @@ def test_attack_a_new_offer_discards_the_frames_still_queued_on_the_old_channel(
         edit.open.set()
     got = rx.recv(timeout=10)
     assert got is not None and got.req == 0, "the push still queued on the old channel was lost"
-    for a, b in zip(got.arrays, parts):
+    for a, b in zip(got.arrays, parts, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -7,13 +7,14 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from hetps.transport.codec import Message
-from hetps.transport.van import Van
 
-from .test_bulk import SECRET, N, _push, pair  # noqa: F401 - the fixture
+from . import test_bulk
+from .test_bulk import _push
 from .zmtp import frame_header
+
+pair = test_bulk.pair  # (the fixture: two secured vans, tx node 1, rx node 2)
 
 
 def _gate(hold: set[int]):
@@ -28,15 +29,6 @@ def _gate(hold: set[int]):
 
     edit.open = opened
     return edit
-
-
-def _waiting(rx: Van, what: str, edit) -> None:
-    deadline = time.monotonic() + 10
-    while not rx.inbox.waiting:
-        if time.monotonic() > deadline:
-            edit.open.set()
-            raise AssertionError(what)
-        assert rx.recv(timeout=0.02) is None
 
 
 def test_attack_first_message_after_an_idle_spell_is_dropped(pair):
@@ -100,9 +92,7 @@ def test_attack_messages_behind_a_waiting_one_are_held_without_bound(pair):
         tx.send(2, Message("push", req=10 + k, arrays=[big]))
     while rx.recv(timeout=0.5) is None and rx._router.poll(0):
         pass
-    held = sum(
-        len(f.buffer) for q in rx.inbox.waiting.queues.values() for e in q for f in e[0]
-    )
+    held = sum(len(f.buffer) for q in rx.inbox.waiting.queues.values() for e in q for f in e[0])
     assert held < 16 << 20, f"{held >> 20} MiB held behind one waiting message"
 
 
