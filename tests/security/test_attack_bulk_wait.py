@@ -1,5 +1,7 @@
 """Attacks on how a message waits for its bulk frames (transport/bulk_in.py Waiting,
-transport/inbox.py): each test fails on the code it was written against and says why."""
+transport/inbox.py), each from an attacker's review: a late frame after an idle spell,
+replays that would keep a lost frame's message waiting, messages piled up behind a waiting
+one, and a keyless frame injected to abort one."""
 
 from __future__ import annotations
 

@@ -275,24 +275,20 @@ def test_a_strangers_big_message_is_cut_off_at_the_handshake(pair):
 
 
 def test_a_job_node_cannot_send_under_another_channels_id(pair, caplog):
-    """tx proves its own channel at the handshake but names another channel's id as its
-    routing id (one rx offered a third node): its frames are refused as a stranger's, since
-    the id its handshake proved is not the one it sends under."""
+    """A node proves the channel rx offered it at the handshake but names another channel's
+    id as its routing id: its frames are refused as a stranger's, since the id its
+    handshake proved is not the one it sends under."""
     tx, rx = pair
     caplog.set_level(logging.WARNING)
-    other = rx.bulk.offer(3)["id"]  # (rx's offer to a node 3, never sent)
-    own = tx.bulk.out.get(2)
-    if own is None:  # (opened at tx's first big send)
-        _push(tx, 0)
-        assert rx.recv(timeout=10) is not None
-        own = tx.bulk.out[2]
+    mine = rx.bulk.offer(3)  # (rx's offers to a node 3 and a node 4, never sent)
+    other = rx.bulk.offer(4)["id"]
     ctx = zmq.Context()
     try:
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.ROUTING_ID, other)
-        s.setsockopt(zmq.PLAIN_USERNAME, own.cid)
-        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_mod._proof(tx.bulk.offers[2]["k"], own.cid))
+        s.setsockopt(zmq.PLAIN_USERNAME, mine["id"])
+        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_mod._proof(mine["k"], mine["id"]))
         s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
         s.send(b"\x00" * 64)
         _until(lambda: rx.bulk.rx.refusals.total >= 1, "the frame was not refused", rx)

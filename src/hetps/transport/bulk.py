@@ -70,6 +70,13 @@ POOL_MIN = 1 << 20
 POOL_SIZE = 12
 #: channels a node keeps offered (one per peer it connects to) before the oldest goes
 MAX_OFFERED = 4096
+#: what ends a sending channel's one connection
+_LOST = int(
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 
 
 class OutChannel:
@@ -93,8 +100,24 @@ class OutChannel:
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.setsockopt(zmq.SNDHWM, 8)
         self.sock.setsockopt(zmq.SNDTIMEO, 200)
+        # one connection: the receiver lets a channel's proof in once (a proof read off the
+        # wire opens nothing), so a dropped connection is not made again; the channel is
+        # given up instead (:meth:`lost`) and big arrays to that peer take the CURVE one
+        self.sock.setsockopt(zmq.RECONNECT_IVL, -1)
+        self.monitor = self.sock.get_monitor_socket(_LOST)
+        self.gone = False
         self.sock.connect(f"tcp://{host}:{offer['port']}")
         self.ready = False  # set once the hello went out on the CURVE connection
+
+    def lost(self) -> bool:
+        """Whether the connection failed its handshake or dropped (for good: see above)."""
+        while not self.gone and self.monitor.poll(0):
+            try:
+                event = self.monitor.recv_multipart()[0]
+            except zmq.ZMQError:
+                break
+            self.gone = int.from_bytes(event[:2], "little") & _LOST != 0
+        return self.gone
 
     def put(self, raw: np.ndarray) -> int:
         """Reserve the counters of ``raw`` (uint8, contiguous) and return its first."""
@@ -143,8 +166,15 @@ class OutChannel:
                 if slot is not None:
                     self._pool[slot] = (self._pool[slot][0], tracker)
 
-    def close(self, linger_ms: int = 0) -> None:
+    def close(self, linger_ms: int = 5000) -> None:
+        """Close; frames still queued get ``linger_ms`` to leave (a channel replaced by a
+        new offer may still carry a message the caller was told had left)."""
         self._queue.clear()
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.monitor.close(linger=0)
         self.sock.close(linger=linger_ms)
 
 
@@ -191,6 +221,17 @@ class Bulk:
             return None
         with van._ring_lock:
             chan, new, stale = self.channel(peer, van._endpoints.get(peer, "").rsplit(":", 1)[0])
+            if chan is not None and not new and chan.lost():
+                log.warning(
+                    "%s: the bulk connection to node %s is lost; its big arrays take the CURVE "
+                    "connection until it offers a new channel",
+                    self.name,
+                    peer,
+                )
+                del self.out[peer]
+                if self.offers.get(peer, {}).get("id") == chan.cid:
+                    del self.offers[peer]
+                stale, chan = chan, None
         if stale is not None:
             van._close_out(peer, stale)  # under the peer's send lock: no flush is using it
         if new:

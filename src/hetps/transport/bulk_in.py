@@ -51,6 +51,13 @@ PENDING_MAX = 1 << 30
 CHANNEL_PENDING_MAX = PENDING_MAX // 2
 #: frames read from the bulk port at a time (the CURVE connection is read in between)
 DRAIN_MAX = 64
+#: bytes of a connection's messages held behind its message that waits for its frames
+#: (headers and small inline arrays: its big arrays come on the channel); over it, the
+#: waiting message is dropped
+WAITING_MAX = 16 << 20
+#: ZMTP's PLAIN HELLO of a channel's sender (user name 16 bytes, proof 32): a connection that
+#: sent less after its greeting has not begun its handshake (transport/handshakes.py)
+PLAIN_HELLO_BYTES = 58
 _INFO = b"hetps bulk aes-256-gcm v1 "
 
 
@@ -99,7 +106,8 @@ class InChannel:
         self.landing: dict[int, tuple[np.ndarray, set]] = {}  # due counter -> (where, its set)
         self.placed: set[int] = set()  # counters that message took already (again: a replay)
         self.failed: str | None = None  # why the message being decoded cannot be completed
-        self.heard = time.monotonic()  # when a frame of this channel last came
+        self.heard = time.monotonic()  # when a frame of this channel last passed its tag
+        self.admitted = False  # its sender's one connection passed the handshake
 
     def open(self, salt: bytes, ka: bytes, origin: bytes) -> None:
         self.aead = _key(salt, self.kb, ka, self.cid)
@@ -191,7 +199,7 @@ class BulkReceiver:
         # as at the van's own port (transport/handshakes.py)
         self.sock.setsockopt(zmq.ZAP_DOMAIN, BULK_DOMAIN)
         self.sock.setsockopt(zmq.PLAIN_SERVER, 1)
-        self.guard = HandshakeGuard(self.sock, refusals, secured=False)
+        self.guard = HandshakeGuard(self.sock, refusals, secured=False, hello=PLAIN_HELLO_BYTES)
         self.sock.bind(f"tcp://{host}:*")
         self.port = self.guard.port = int(
             self.sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
@@ -207,8 +215,9 @@ class BulkReceiver:
         """(The ZAP thread's check of a connection.) The user id its frames will carry if
         ``user`` is a channel this node offered or opened and ``password`` its proof."""
         chan = self.channels.get(user)
-        if chan is None or not hmac.compare_digest(password, chan.proof):
-            return None
+        if chan is None or chan.admitted or not hmac.compare_digest(password, chan.proof):
+            return None  # (a proof is good for one connection: one read off the wire is spent)
+        chan.admitted = True
         return chan.user
 
     def hold(self, chan: InChannel, n: int, ctr: int) -> bool:
@@ -259,7 +268,6 @@ class BulkReceiver:
             self._refuse("a connection that is no peer's channel (a stranger)")
             return
         buf = parts[1].buffer
-        chan.heard = time.monotonic()
         if chan.aead is None:  # offered, and its hello is still on its way: kept till then
             if self.hold(chan, len(buf), -1):
                 chan.early.append(parts[1])
@@ -278,24 +286,26 @@ class BulkReceiver:
     def place(self, chan: InChannel, ctr: int, buf: memoryview) -> None:
         """A frame that passed the connection checks: into the array waiting for it, or
         kept for a header not yet read (decrypted, so a bad one is refused now)."""
-        spot = chan.landing.pop(ctr, None)
+        spot = chan.landing.get(ctr)
         if spot is not None:
             dest, due = spot
-            due.discard(ctr)
-            chan.placed.add(ctr)
-            if not self._open(chan, ctr, buf, dest):
-                chan.failed = f"bulk frame {ctr} was refused"
+            if self._open(chan, ctr, buf, dest):  # (a frame without the key changes nothing)
+                due.discard(ctr)
+                chan.placed.add(ctr)
+                chan.landing.pop(ctr)
+                chan.heard = time.monotonic()
             return
-        if chan.landing and min(chan.landing) < ctr:  # one connection keeps its order
-            chan.failed = f"bulk frame {min(chan.landing)} was skipped by its sender"
         n = len(buf) - CTR - TAG
         if not self.hold(chan, n, ctr):
             return
         plain = np.empty(n, np.uint8)
-        if self._open(chan, ctr, buf, plain):
-            chan.pending[ctr] = plain
-        else:
+        if not self._open(chan, ctr, buf, plain):
             self.release(chan, n)
+            return
+        chan.heard = time.monotonic()
+        chan.pending[ctr] = plain
+        if chan.landing and min(chan.landing) < ctr:  # one connection keeps its order
+            chan.failed = f"bulk frame {min(chan.landing)} was skipped by its sender"
 
     def _open(self, chan: InChannel, ctr: int, buf: memoryview, dest: np.ndarray) -> bool:
         """Decrypt into ``dest``; False (and a refusal) if the frame fails its tag."""
@@ -328,10 +338,14 @@ class BulkReceiver:
 
 class Waiting:
     """Messages that wait for their bulk frames, per connection, in the order they came: a
-    connection's later messages wait behind its first (a pull behind its push)."""
+    connection's later messages wait behind its first (a pull behind its push). At most
+    :data:`WAITING_MAX` bytes wait behind a connection's first; its wait (:data:`BULK_WAIT_S`
+    without a frame of its channel that passed its tag) starts when it comes to the head."""
 
     def __init__(self) -> None:
-        self.queues: dict[bytes, deque] = {}  # origin -> [(frames, sender, channel)]
+        # origin -> [[frames, sender, channel, since]], and the bytes held behind each head
+        self.queues: dict[bytes, deque] = {}
+        self.held: dict[bytes, int] = {}
 
     def __bool__(self) -> bool:
         return bool(self.queues)
@@ -340,36 +354,62 @@ class Waiting:
         return origin in self.queues
 
     def add(self, origin: bytes, frames: list, sender: Any, chan: InChannel | None) -> None:
-        self.queues.setdefault(origin, deque()).append([frames, sender, chan])
+        queue = self.queues.setdefault(origin, deque())
+        if queue:
+            self.held[origin] = self.held.get(origin, 0) + sum(len(f.buffer) for f in frames)
+        queue.append([frames, sender, chan, time.monotonic()])
 
-    def ready(self, decode: Any, dropped: Any) -> list:
+    def ready(self, decode: Any, dropped: Any, stop: Any) -> list:
         """The messages that can be decoded now, in order (``decode(frames, origin, sender)``
-        returns a message, None when it was bad, or raises NotYet); a head whose channel
-        said nothing for its wait is dropped (``dropped(sender, why)``)."""
+        returns a message, None when it was bad, or raises NotYet), up to the first for which
+        ``stop(msg)`` (an in-van command, which the caller applies before the next is read);
+        a head whose wait ran out, or with too much behind it, is dropped
+        (``dropped(sender, why)``)."""
         out = []
         for origin in list(self.queues):
             queue = self.queues[origin]
             while queue:
-                frames, sender, chan = queue[0]
+                frames, sender, chan, since = queue[0]
                 if chan is not None and chan.due():
-                    quiet = time.monotonic() - chan.heard
-                    if quiet < chan.rx.wait_s:
+                    chan.rx.drain()  # (what came meanwhile first)
+                if chan is not None and chan.due():
+                    why = self._why(origin, chan, since)
+                    if why is None:
                         break
                     chan.commit()  # (its counters are skipped: the message is dropped)
-                    dropped(
-                        sender,
-                        f"bulk frames did not come within {chan.rx.wait_s:g} s of the last one",
-                    )
-                    queue.popleft()
+                    dropped(sender, why)
+                    self._pop(origin, queue)
                     continue
                 try:
                     msg = decode(frames, origin, sender)
                 except NotYet as wait:
-                    queue[0][2] = wait.ring
+                    queue[0][2], queue[0][3] = wait.ring, time.monotonic()
                     break
-                queue.popleft()
+                self._pop(origin, queue)
                 if msg is not None:
                     out.append(msg)
+                    if stop(msg):
+                        break
             if not queue:
                 del self.queues[origin]
+                self.held.pop(origin, None)
+            if out and stop(out[-1]):
+                break
         return out
+
+    def _why(self, origin: bytes, chan: InChannel, since: float) -> str | None:
+        """Why the head waits no more, or None."""
+        if self.held.get(origin, 0) > WAITING_MAX:
+            return (
+                f"{self.held[origin]} bytes of its connection's later messages wait behind it "
+                f"(at most {WAITING_MAX})"
+            )
+        quiet = time.monotonic() - max(chan.heard, since)
+        if quiet >= chan.rx.wait_s:
+            return f"bulk frames did not come within {chan.rx.wait_s:g} s of the last one"
+        return None
+
+    def _pop(self, origin: bytes, queue: deque) -> None:
+        queue.popleft()
+        if queue:  # the next head's bytes no longer wait behind one
+            self.held[origin] -= sum(len(f.buffer) for f in queue[0][0])

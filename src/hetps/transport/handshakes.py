@@ -107,11 +107,16 @@ class HandshakeGuard:
     ROUTER binds; :meth:`drain` is called by the thread that receives on it whenever
     :attr:`monitor` is readable, and :meth:`sweep` when it waited for messages in vain."""
 
-    def __init__(self, router: zmq.Socket, refusals: RefusalLog, secured: bool) -> None:
+    def __init__(
+        self, router: zmq.Socket, refusals: RefusalLog, secured: bool, hello: int | None = None
+    ) -> None:
         router.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         self.monitor = router.get_monitor_socket(EVENTS)
         self.refusals = refusals
         self.secured = secured
+        # bytes a peer sends after its greeting as it connects (CURVE's HELLO with a secret;
+        # ``hello``: another mechanism's, e.g. a bulk port's PLAIN)
+        self.hello = hello if hello is not None else HELLO_BYTES if secured else 0
         self.port = 0  # the ROUTER's (set once it is bound): a shut descriptor must be one
         self.pending = 0  # connections accepted whose handshake has not ended
         self.shut = 0  # connections shut down for the cap
@@ -182,7 +187,7 @@ class HandshakeGuard:
             info = sock.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
             if len(info) < _TCPI_BYTES_RECEIVED + 8:
                 return False  # (a kernel that does not say: never cut a peer that may speak)
-            spoken = GREETING_BYTES + (HELLO_BYTES if self.secured else 0)
+            spoken = GREETING_BYTES + self.hello
             if struct.unpack_from("Q", info, _TCPI_BYTES_RECEIVED)[0] >= spoken:
                 return False  # it speaks: its handshake is under way
             sock.shutdown(socket.SHUT_RDWR)

@@ -30,6 +30,11 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 
+def _in_van(msg: Message) -> bool:
+    """Whether ``msg`` is for the van itself (a ring or bulk offer, a bulk hello)."""
+    return msg.cmd in (RING_OFFER, BULK_OFFER, BULK_HELLO)
+
+
 class Inbox:
     """What the receive thread of ``van`` holds: messages waiting for their bulk frames,
     messages decoded and not handed out yet, and the one message whose arrays are lent."""
@@ -73,9 +78,12 @@ class Inbox:
                     bulk.rx.guard.drain()  # (the bulk port's handshakes: capped, timed out)
                 if bulk.rx.sock in events and van._router not in events:
                     bulk.rx.drain()  # frames: where their message waits, or kept for it
-                if self.waiting:
-                    for msg in self.waiting.ready(self.decode, self.dropped):
+                while self.waiting:  # (an offer or hello among them is applied before the
+                    msgs = self.waiting.ready(self.decode, self.dropped, _in_van)  # next is read)
+                    for msg in msgs:
                         self.deliver(msg, True)
+                    if not msgs or not _in_van(msgs[-1]):
+                        break
             if van._router not in events:
                 van._guard.sweep()  # (connections that never speak, while nothing comes)
                 if bulk is not None:
@@ -139,7 +147,7 @@ class Inbox:
                 self.lent = msg
             else:  # (two lent at once: this one's arrays are copied out of its ring now)
                 self.release(msg)
-        if msg.cmd in (RING_OFFER, BULK_OFFER, BULK_HELLO):
+        if _in_van(msg):
             if msg.sender != UNKNOWN:
                 van._in_van(msg)
             else:  # perhaps a peer whose node table is on its way: keep a few

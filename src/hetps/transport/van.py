@@ -374,6 +374,8 @@ class Van:
                     raise PeerGone(f"{self.name}: van is closed")
                 if peer in self._dead:
                     raise PeerGone(f"{self.name}: peer {peer} is dead")
+                if bulk is not None and bulk.lost():
+                    raise PeerGone(f"{self.name}: the bulk connection to peer {peer} was lost")
                 why = give_up() if give_up is not None else None
                 if why is not None:
                     raise PeerGone(f"{self.name}: {why}")
