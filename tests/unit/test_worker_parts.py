@@ -38,3 +38,29 @@ def test_kvstore_create_refuses_a_dist_store_without_its_fault_parts(parts, miss
 
 def test_a_local_store_needs_no_fault_parts():
     assert isinstance(hetps.kvstore.create("local", env=WORKER), hetps.kvstore.LocalKVStore)
+
+
+def test_distributed_optimizer_gives_the_store_it_makes_its_fault_parts(monkeypatch):
+    """DistributedOptimizer(kvstore="dist_sync") makes a worker's store as hetps.kv.create
+    does: with both fault parts."""
+    torch = pytest.importorskip("torch")
+    from hetps.torch import DistributedOptimizer
+
+    made = {}
+
+    class Made(Exception):
+        pass
+
+    def create(name, env=None, **parts):
+        made.update(parts, name=name)
+        raise Made  # (the store is all this test looks at)
+
+    monkeypatch.setattr(hetps.kvstore, "create", create)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(Made):
+        DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            model.named_parameters(),
+            kvstore="dist_sync",
+        )
+    assert made == {"name": "dist_sync", "recovery": Recovery, "joining": Joining}
