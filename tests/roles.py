@@ -11,6 +11,9 @@ import os
 import re
 
 from hetps.config import NodeConfig
+from hetps.faults.joining import Joining
+from hetps.faults.recovery import Recovery
+from hetps.kvstore.client import DistKVStore
 
 
 def role_env(
@@ -54,6 +57,12 @@ def loopback_config(role: str, port: int = 0, **overrides) -> NodeConfig:
     )
     fields.update(overrides)
     return NodeConfig(**fields)
+
+
+def worker_store(name: str, cfg: NodeConfig) -> DistKVStore:
+    """An in-process worker's store with its fault parts, as :func:`hetps.kv.create` makes
+    it (without the exit hooks: the test closes it)."""
+    return DistKVStore(name, cfg, recovery=Recovery, joining=Joining)
 
 
 def read_port(stream) -> int:

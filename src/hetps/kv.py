@@ -2,7 +2,8 @@
 
 In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler``, :func:`create` runs that role
 until the job ends and then exits the process (0 on a clean end), so a script written for
-MXNet runs unchanged in every role; a worker gets its store from :func:`hetps.kvstore.create`.
+MXNet runs unchanged in every role; a worker gets its store from :func:`hetps.kvstore.create`,
+with its fault parts (:mod:`hetps.faults`: its Node's recovery, the store's joining).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 from hetps import kvstore
 from hetps.config import node_config_from_env, role_from_env
+from hetps.faults.joining import Joining
+from hetps.faults.recovery import Recovery
 from hetps.kvstore import NAMES, DistKVStore, LocalKVStore
 
 __all__ = ["NAMES", "DistKVStore", "LocalKVStore", "create"]
@@ -31,7 +34,7 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
     role = role_from_env(env)
     if role not in ("server", "scheduler"):
-        return kvstore.create(name, env)
+        return kvstore.create(name, env, recovery=Recovery, joining=Joining)
     if not name.startswith("dist"):
         sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
     from hetps.roles import run_scheduler, run_server

@@ -1,6 +1,7 @@
 """Running a process as the scheduler or a server until the job ends: the composition root,
-which builds the scheduler and each server with their parts (the fault wing
-:mod:`hetps.faults` among them) and plugs the services in."""
+which builds the scheduler and each server (its Node too) with their parts (the fault wing
+:mod:`hetps.faults` among them) and plugs the services in; :func:`hetps.kv.create` gives a
+worker's store its fault parts."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from hetps.config import NodeConfig
 from hetps.esync.service import EsyncService
 from hetps.faults.elastic import ElasticWorkers
 from hetps.faults.elastic_rounds import ElasticRounds
+from hetps.faults.recovery import Recovery
 from hetps.faults.replicas import Replication
 from hetps.faults.takeover import Takeover
 from hetps.kvstore.server import KVServer
@@ -29,6 +31,13 @@ def new_scheduler(cfg: NodeConfig, recover: bool = False, **kwargs) -> Scheduler
     """A scheduler with its fault parts (a server's death, workers let go and in) and no
     service; ``kwargs`` go to :class:`~hetps.cluster.scheduler.Scheduler`."""
     return Scheduler(cfg, recover=recover, takeover=Takeover, elastic=ElasticWorkers, **kwargs)
+
+
+def new_node(cfg: NodeConfig) -> Node:
+    """A server's Node with its fault part (failover, rejoin and readmit: a node's side of a
+    death or a restart); a worker's is made by its store, with the part
+    :func:`hetps.kv.create` gives it."""
+    return Node(cfg, recovery=Recovery)
 
 
 def new_server(node: Node, sync: bool | None = None) -> KVServer:
@@ -129,7 +138,7 @@ def server_meter(node: Node, server: KVServer):
 
 def run_server(cfg: NodeConfig) -> int:
     """Be a KVStore server until the scheduler says the job is over; returns the exit code."""
-    node = Node(cfg)
+    node = new_node(cfg)
     kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
     server = new_server(node)
     # HETPS_TABLE_MAX_BYTES: the embedding tables' cap (0: half of this machine's memory)

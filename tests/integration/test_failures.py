@@ -121,7 +121,7 @@ except NodeFailure as e:
 
 
 def test_unreachable_scheduler_times_out(tmp_path):
-    from hetps.kvstore import create
+    from hetps.kv import create
 
     env = {
         "DMLC_ROLE": "worker",
@@ -173,7 +173,7 @@ def test_a_hetps_command_reports_an_unreachable_scheduler_in_one_line():
     ],
 )
 def test_create_names_missing_or_malformed_variables(env, names):
-    from hetps.kvstore import create
+    from hetps.kv import create
 
     with pytest.raises(ConfigError) as info:
         create("dist_sync", env=env)
@@ -202,7 +202,7 @@ def test_scheduler_death_is_detected(tmp_path):
             start_new_session=True,
             stderr=subprocess.PIPE,
         )
-        from hetps.kvstore import create
+        from hetps.kv import create
 
         kv = create("dist_sync", env={**env, "DMLC_ROLE": "worker"})
         kv.init(0, __import__("numpy").zeros(3, "float32"))

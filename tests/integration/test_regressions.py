@@ -13,9 +13,8 @@ import pytest
 from hetps.cluster.errors import ClusterError, NodeFailure
 from hetps.cluster.scheduler import Scheduler
 from hetps.esync.service import EsyncService
-from hetps.kvstore.client import DistKVStore
 from hetps.roles import new_scheduler
-from roles import loopback_config, role_env
+from roles import loopback_config, role_env, worker_store
 
 # short heartbeats: a dead peer is noticed within 2 s
 FAST = dict(heartbeat_interval=0.2, heartbeat_timeout=2.0, connect_timeout=10)
@@ -36,7 +35,7 @@ def test_dead_server_with_full_send_queue_does_not_hang_the_worker():
     )
     kv = None
     try:
-        kv = DistKVStore("dist_sync", loopback_config("worker", sch.van.port, **FAST))
+        kv = worker_store("dist_sync", loopback_config("worker", sch.van.port, **FAST))
         keys = list(range(400))  # more requests than the 256-message send queue holds
         kv.init(keys, [np.ones(8, np.float32)] * 400)
         srv.kill()
@@ -64,7 +63,7 @@ def test_empty_key_push_completes():
         start_new_session=True,
     )
     try:
-        kv = DistKVStore(
+        kv = worker_store(
             "dist_sync",
             loopback_config("worker", sch.van.port, **FAST, request_timeout=10),
         )
@@ -91,12 +90,12 @@ def test_surplus_node_gets_the_refusal_not_a_timeout():
     kv = None
     try:
         cfg = loopback_config("worker", sch.van.port, **FAST)
-        kv = DistKVStore("dist_sync", cfg)
+        kv = worker_store("dist_sync", cfg)
         t0 = time.monotonic()
         with pytest.raises(
             ClusterError, match="refused this worker: the cluster is already complete"
         ):
-            DistKVStore("dist_sync", cfg)
+            worker_store("dist_sync", cfg)
         assert time.monotonic() - t0 < 5
     finally:
         if kv is not None:
@@ -122,7 +121,7 @@ def test_finished_worker_is_never_declared_dead():
         wcfg = loopback_config("worker", sch.van.port, **FAST, num_worker=2)
 
         def make(i: int) -> None:
-            kvs[i] = DistKVStore("dist_sync", wcfg)
+            kvs[i] = worker_store("dist_sync", wcfg)
 
         ts = [threading.Thread(target=make, args=(i,)) for i in range(2)]
         [t.start() for t in ts]
@@ -217,7 +216,7 @@ def test_a_long_service_does_not_make_anyone_look_dead():
     )
     kv = None
     try:
-        kv = DistKVStore("dist_sync", loopback_config("worker", sch.van.port, **FAST))
+        kv = worker_store("dist_sync", loopback_config("worker", sch.van.port, **FAST))
         kv.init("w", np.zeros(4, np.float32))
         fut = kv.node.request(1, Message("slow_plan"))
         assert started.wait(10)

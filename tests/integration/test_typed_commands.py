@@ -12,10 +12,9 @@ import pytest
 
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import RequestError
-from hetps.kvstore.client import DistKVStore
 from hetps.roles import new_scheduler
 from hetps.transport.codec import Message
-from roles import loopback_config, role_env
+from roles import loopback_config, role_env, worker_store
 
 #: (to, command, body, what the error starts with)
 HOSTILE = [
@@ -45,7 +44,7 @@ def test_malformed_bodies_to_a_live_scheduler_and_server_are_refused_and_the_job
     )
     kv = None
     try:
-        kv = DistKVStore("dist_sync", loopback_config("worker", sch.van.port))
+        kv = worker_store("dist_sync", loopback_config("worker", sch.van.port))
         kv.init("w", np.full(4, 3, np.float32))
         peer = {"scheduler": P.SCHEDULER_ID, "server": kv._server_ids[0]}
         for to, cmd, body, says in HOSTILE:

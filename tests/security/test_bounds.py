@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 
 from hetps.cluster.errors import RequestError
-from hetps.kvstore.client import DistKVStore
 from hetps.roles import new_scheduler
 from hetps.transport.codec import FRAME_MAX, Message
-from roles import loopback_config, role_env
+from roles import loopback_config, role_env, worker_store
 
 from .zmtp import Peer, frame_header
 
@@ -45,7 +44,7 @@ def test_a_frame_above_the_bound_costs_the_server_no_memory(tmp_path):
     )
     kv = None
     try:
-        kv = DistKVStore("dist_sync", loopback_config("worker", sch.van.port))
+        kv = worker_store("dist_sync", loopback_config("worker", sch.van.port))
         kv.init("w", np.zeros(8, np.float32))
         info = kv.node.servers()[0]
         before = _hwm_kb(srv.pid)

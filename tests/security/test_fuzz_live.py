@@ -31,10 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetps.cluster.requests import Future
-from hetps.kvstore.client import DistKVStore
 from hetps.kvstore.rowsparse import Table
 from hetps.transport.codec import WIRE_DTYPES, Message
-from roles import loopback_config, role_env
+from roles import loopback_config, role_env, worker_store
 
 from .lines import Lines as _Lines
 
@@ -198,7 +197,7 @@ class Job:
         cfg = loopback_config(
             "worker", port, heartbeat_interval=1.0, heartbeat_timeout=60.0, connect_timeout=30
         )
-        self.kv = DistKVStore("dist_sync", cfg)
+        self.kv = worker_store("dist_sync", cfg)
         self.kv.init("health", np.zeros(4, np.float32))
         self.kv.init("w", np.zeros(8, np.float32))
         self.kv.init("t", Table(50, 4, scale=0.1))  # a row-sparse key (spush, spull, sinit)

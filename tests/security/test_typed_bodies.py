@@ -18,10 +18,9 @@ import pytest
 from hetps.cluster import bodies
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import RequestError
-from hetps.kvstore.client import DistKVStore
 from hetps.roles import new_scheduler, new_server
 from hetps.transport.codec import Message, decode, encode
-from roles import loopback_config, role_env
+from roles import loopback_config, role_env, worker_store
 
 PUSH = {"k": "w", "part": 0, "off": 0, "n": 8, "sync": True, "ce": 8}
 
@@ -160,7 +159,7 @@ def test_a_real_server_refuses_hostile_bodies_and_goes_on_serving(tmp_path):
     )
     kv = None
     try:
-        kv = DistKVStore("dist_sync", loopback_config("worker", sch.van.port))
+        kv = worker_store("dist_sync", loopback_config("worker", sch.van.port))
         kv.init("w", np.full(8, 3, np.float32))
         sid = kv._server_ids[0]
         for what, body, says in HOSTILE:

@@ -87,7 +87,7 @@ def test_joining_is_refused_under_a_plan():
     layout): it says so before it asks the scheduler anything."""
     import pytest
 
-    from hetps.kvstore.joining import Joining
+    from hetps.faults.joining import Joining
 
     store = SimpleNamespace(balance=True, node=SimpleNamespace(recovery=1, request=None))
     with pytest.raises(RuntimeError, match="not built with HETPS_BALANCE"):

@@ -25,7 +25,6 @@ from hetps.cluster import protocol as P
 from hetps.cluster.enrol import Enrolment
 from hetps.cluster.errors import NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
-from hetps.cluster.recovery import Recovery
 from hetps.cluster.requests import Future, RequestTracker
 from hetps.config import NodeConfig, check_exposure
 from hetps.transport.codec import Message
@@ -37,9 +36,17 @@ Handler = Callable[[Message], None]
 
 
 class Node:
-    """One server or worker's membership in a cluster."""
+    """One server or worker's membership in a cluster. ``recovery`` makes its fault part from
+    it (:class:`hetps.faults.recovery.Recovery`: failover, rejoin and readmit, a node's side
+    of a death or a restart); the composition root gives it (:func:`hetps.roles.new_node`)."""
 
-    def __init__(self, cfg: NodeConfig, handler: Handler | None = None) -> None:
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        handler: Handler | None = None,
+        *,
+        recovery: Callable[[Node], Any],
+    ) -> None:
         if cfg.role not in ("server", "worker"):
             raise ValueError(f"a Node is a server or a worker, not {cfg.role!r}")
         check_exposure(cfg.secret, cfg.insecure, [cfg.root_uri, cfg.node_host], cfg.role)
@@ -79,7 +86,7 @@ class Node:
         self.redirect: dict[int, int] = {}
         self.down: set[int] = set()  # servers dead now
         self.recovery = False  # this node was admitted again (ps-lite's is_recovery)
-        self.faults = Recovery(self)  # failover, rejoin, readmit (cluster/recovery.py)
+        self.faults = recovery(self)  # failover, rejoin, readmit (faults/recovery.py)
         self.enrol = Enrolment(self)  # registration, the node table (cluster/enrol.py)
         # with copies: a failover re-sends the dead server's unanswered requests before any
         # newer request leaves (per-key order)

@@ -1,9 +1,11 @@
 """The KVStore: ``create(name)`` and the stores behind it (MXNet's API).
 
 Names: ``local``, ``device`` (one process), ``dist_sync``, ``dist_async``,
-``dist_sync_device``, ``dist_async_device`` (a cluster). ``create`` here makes a worker's store;
-:func:`hetps.kv.create`, the entry point, runs a scheduler's or server's role in a process
-whose ``DMLC_ROLE`` says so, so a script written for MXNet runs unchanged in every role.
+``dist_sync_device``, ``dist_async_device`` (a cluster). ``create`` here makes a worker's store
+from the fault parts it is given (:mod:`hetps.faults`, a layer below this one);
+:func:`hetps.kv.create`, the entry point, gives them, and runs a scheduler's or server's role
+in a process whose ``DMLC_ROLE`` says so, so a script written for MXNet runs unchanged in
+every role.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hetps.config import ConfigError, node_config_from_env, role_from_env
@@ -64,12 +66,21 @@ def _install_exit_hooks() -> None:
     atexit.register(close_all)
 
 
-def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
+def create(
+    name: str = "local",
+    env: Mapping[str, str] | None = None,
+    *,
+    recovery: Callable[[Any], Any] | None = None,
+    joining: Callable[[DistKVStore], Any] | None = None,
+) -> Any:
     """A worker's KVStore (MXNet's ``mx.kv.create``, on a worker): for ``dist_*`` names the
-    process joins the cluster described by ``DMLC_*`` variables as a worker.
+    process joins the cluster described by ``DMLC_*`` variables as a worker, with the fault
+    parts it is given: ``recovery`` its Node's (:class:`hetps.faults.recovery.Recovery`) and
+    ``joining`` the store's (:class:`hetps.faults.joining.Joining`).
 
-    :func:`hetps.kv.create` is the entry point for every role: under ``DMLC_ROLE=server`` or
-    ``scheduler`` it runs that role (:mod:`hetps.roles`) instead of making a store.
+    :func:`hetps.kv.create` is the entry point for every role: it gives a worker's store
+    these parts, and under ``DMLC_ROLE=server`` or ``scheduler`` it runs that role
+    (:mod:`hetps.roles`) instead of making a store.
     """
     if not isinstance(name, str) or name not in NAMES:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
@@ -81,9 +92,16 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
         )
     if not name.startswith("dist"):
         return LocalKVStore(name)
+    missing = [n for n, part in (("recovery", recovery), ("joining", joining)) if part is None]
+    if missing:
+        raise TypeError(
+            f"hetps.kvstore.create({name!r}) makes a worker's store from the fault parts it "
+            f"is given, and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+            f"missing: call hetps.kv.create({name!r}), which gives them"
+        )
     cfg = node_config_from_env(env)
     setup_logging(cfg.verbose)
-    kv = DistKVStore(name, cfg)
+    kv = DistKVStore(name, cfg, recovery=recovery, joining=joining)
     _install_exit_hooks()
     _live.append(kv)
     return kv

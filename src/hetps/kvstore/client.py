@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,6 @@ from hetps.kvstore.base import (
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
 from hetps.kvstore.dense import DenseRequests
 from hetps.kvstore.devices import on_device
-from hetps.kvstore.joining import Joining
 from hetps.kvstore.keys import KeyMeta, fill_targets
 from hetps.kvstore.pipeline import Pipeline
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
@@ -59,13 +59,23 @@ log = logging.getLogger("hetps.worker")
 class DistKVStore:
     """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``). Its parts:
     ``pipeline`` (every request on its way), ``dense`` (a dense key's chunk requests),
-    ``sparse`` (row-sparse keys), ``joins`` (a worker joining a running job)."""
+    ``sparse`` (row-sparse keys), ``joins`` (a worker joining a running job). Its fault
+    parts come from above (:mod:`hetps.faults`), as :func:`hetps.kv.create` gives them:
+    ``recovery`` its Node's (:class:`hetps.faults.recovery.Recovery`), ``joining`` its own
+    (:class:`hetps.faults.joining.Joining`)."""
 
-    def __init__(self, name: str, cfg: NodeConfig) -> None:
+    def __init__(
+        self,
+        name: str,
+        cfg: NodeConfig,
+        *,
+        recovery: Callable[[Node], Any],
+        joining: Callable[[DistKVStore], Any],
+    ) -> None:
         self.type = name
         self.sync = name.startswith("dist_sync")
         self.cfg = cfg
-        self.node = Node(cfg).start()
+        self.node = Node(cfg, recovery=recovery).start()
         self.num_servers = len(self.node.servers())
         self._server_ids = [s.id for s in self.node.servers()]
         self.meta: dict[Any, KeyMeta] = {}
@@ -85,7 +95,7 @@ class DistKVStore:
         self._sender = self.pipeline.sender  # the send queue (read by tests and benchmarks)
         self.dense = DenseRequests(self)
         self.sparse = SparseKeys(self)  # row-sparse keys (kvstore/sparse.py)
-        self.joins = Joining(self)  # a worker started again joins (kvstore/joining.py)
+        self.joins = joining(self)  # a worker started again joins (faults/joining.py)
         self._next_slice = 0  # balance layout: the server of the next slice, round-robin
         self._closed = False
         # key -> {(start, stop): workers}: ranges last received as a sum of fewer workers
@@ -536,17 +546,17 @@ class DistKVStore:
 
     def admit(self, state: bytes | None = None) -> None:
         """Let the workers that wait to join in (every live worker, at the same round
-        boundary): :meth:`hetps.kvstore.joining.Joining.admit`."""
+        boundary): :meth:`hetps.faults.joining.Joining.admit`."""
         self.joins.admit(state)
 
     def join(self) -> bytes | None:
         """Wait until the live workers admit this worker started again, and return the state
-        the first live worker gave: :meth:`hetps.kvstore.joining.Joining.join`."""
+        the first live worker gave: :meth:`hetps.faults.joining.Joining.join`."""
         return self.joins.join()
 
     def declare(self, key: Any, value: Any) -> None:
         """Make keys that exist on the servers already known to this worker, with no request
-        and no barrier: :meth:`hetps.kvstore.joining.Joining.declare`."""
+        and no barrier: :meth:`hetps.faults.joining.Joining.declare`."""
         self.joins.declare(key, value)
 
     # -- network-aware load distribution ---------------------------------------------------

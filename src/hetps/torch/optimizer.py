@@ -126,8 +126,11 @@ class DistributedOptimizer:
             raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
         if kvstore is None or isinstance(kvstore, str):
             import hetps.kvstore  # a worker's store (hetps.kv.create runs the other roles)
+            from hetps.faults.joining import Joining
+            from hetps.faults.recovery import Recovery
 
-            kvstore = hetps.kvstore.create(kvstore or "local")
+            # with its fault parts, as hetps.kv.create gives them
+            kvstore = hetps.kvstore.create(kvstore or "local", recovery=Recovery, joining=Joining)
         self.kv = kvstore
         self.optimizer = optimizer
         self.op = op
