@@ -27,5 +27,25 @@ def test_io_threads_follow_the_setting_and_the_cores():
     }
     assert node_config_from_env({**base, "HETPS_IO_THREADS": "2"}).io_threads == 2
     assert node_config_from_env(base).io_threads == 0
-    assert node_config_from_env(base).bulk_channels == 1  # on by default (a secured job)
+    assert node_config_from_env(base).bulk_channels == -1  # on, unless balancing
     assert node_config_from_env({**base, "HETPS_BULK_CHANNELS": "0"}).bulk_channels == 0
+
+
+def test_bulk_channels_are_on_by_default_unless_a_balancer_times_the_links():
+    from hetps.config.node import bulk_channels_on
+
+    base = {
+        "DMLC_ROLE": "worker",
+        "DMLC_PS_ROOT_URI": "127.0.0.1",
+        "DMLC_PS_ROOT_PORT": "9000",
+        "DMLC_NUM_SERVER": "1",
+        "DMLC_NUM_WORKER": "1",
+    }
+    on = {
+        (): True,
+        (("HETPS_BALANCE", "optimal"),): False,
+        (("HETPS_BALANCE", "optimal"), ("HETPS_BULK_CHANNELS", "1")): True,
+        (("HETPS_BULK_CHANNELS", "0"),): False,
+    }
+    for extra, want in on.items():
+        assert bulk_channels_on(node_config_from_env({**base, **dict(extra)})) is want, extra

@@ -27,6 +27,7 @@ from hetps.cluster.errors import NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future, RequestTracker
 from hetps.config import NodeConfig, check_exposure
+from hetps.config.node import bulk_channels_on
 from hetps.transport.codec import Message
 from hetps.transport.van import UNKNOWN, PeerGone, Van
 
@@ -64,7 +65,7 @@ class Node:
             ring_bytes=cfg.shm_bytes,
             secret=cfg.secret,
             io_threads=cfg.io_threads,
-            bulk=cfg.bulk_channels > 0,
+            bulk=bulk_channels_on(cfg),
         )
         if cfg.insecure:
             log.warning(

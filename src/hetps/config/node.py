@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from hetps.config.resolve import _join_error, resolve
 from hetps.config.rows import _KINDS, ConfigError
@@ -87,3 +88,10 @@ def _check_replicas(values: dict) -> None:
             f"(DMLC_NUM_SERVER={values['num_server']}): use at most {values['num_server']}, "
             "or start more servers"
         )
+
+
+def bulk_channels_on(cfg: Any) -> bool:
+    """Whether a secured node offers bulk channels (``HETPS_BULK_CHANNELS``): 1 yes, 0 no,
+    -1 (the default) yes unless ``HETPS_BALANCE`` plans the job (the planner's link timing
+    is not yet reliable with them: docs/BALANCE.md)."""
+    return cfg.bulk_channels > 0 or (cfg.bulk_channels < 0 and cfg.balance == "none")
