@@ -67,6 +67,7 @@ class Watch:
             msg.body["tag"] = req
             if msg.cmd != P.PULL:
                 agent.node.send(self.peer, Message(P.FORECAST, body={"tag": req}))
+                msg.timed = True
 
     def on_reply(self, reply: Message) -> None:
         """Record the samples the answer carries (in the receive thread)."""
@@ -82,6 +83,8 @@ class Watch:
                     kind = 1 if not msg.body.get("spread") else 3 if meas[3:] == [1.0] else 2
                 agent.samples.append([agent.node.id, peer, meas[2], meas[0], meas[1], kind])
             t0 = agent.forecasts.pop((peer, reply.req), None)
+            if t0 is not None and reply.mark is not None:  # (from its bulk channel's mark to
+                t0, now = reply.mark[0], reply.mark[2]  # when it was whole)
             if t0 is not None and reply.arrays:  # its reply, timed here
                 agent.samples.append([peer, agent.node.id, float(reply.nbytes), t0, now])
         if self.noted:

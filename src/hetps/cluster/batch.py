@@ -70,6 +70,7 @@ def pack(items: list[Message], reply: bool = False, req: int = 0) -> Message:
         priority=max(m.priority for m in items),
         body={"items": entries},
         arrays=arrays,
+        timed=any(m.timed for m in items),
     )
 
 
@@ -155,6 +156,7 @@ def unpack(msg: Message) -> list[Message]:
                 nbytes=sum(int(a.nbytes) for a in arrays),
                 backlogged=msg.backlogged,
                 origin=msg.origin,
+                mark=msg.mark,
             )
         )
     return out

@@ -481,13 +481,20 @@ class Node:
         body: dict | None = None,
         arrays: list | None = None,
         track: bool = False,
+        timed: bool = False,
     ):
-        """Answer ``request``; returns a ZeroMQ tracker for zero-copy arrays when ``track``."""
+        """Answer ``request``; returns a ZeroMQ tracker for zero-copy arrays when ``track``
+        (``timed``: see Message.timed)."""
         try:
             return self.van.send(
                 request.sender,
                 Message(
-                    request.cmd, req=request.req, reply=True, body=body or {}, arrays=arrays or []
+                    request.cmd,
+                    req=request.req,
+                    reply=True,
+                    body=body or {},
+                    arrays=arrays or [],
+                    timed=timed,
                 ),
                 track=track,
             )

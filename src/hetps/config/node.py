@@ -91,7 +91,8 @@ def _check_replicas(values: dict) -> None:
 
 
 def bulk_channels_on(cfg: Any) -> bool:
-    """Whether a secured node offers bulk channels (``HETPS_BULK_CHANNELS``): 1 yes, 0 no,
-    -1 (the default) yes unless ``HETPS_BALANCE`` plans the job (the planner's link timing
-    is not yet reliable with them: docs/BALANCE.md)."""
-    return cfg.bulk_channels > 0 or (cfg.bulk_channels < 0 and cfg.balance == "none")
+    """Whether a secured node offers bulk channels (``HETPS_BULK_CHANNELS``: 1, the default,
+    yes; 0 no). ``HETPS_BALANCE`` times its links on them too: a timed message's arrays are
+    led by a mark on their channel (transport/bulk.py), as its forecast leads them on the
+    CURVE connection."""
+    return cfg.bulk_channels > 0

@@ -189,15 +189,15 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "pair, skipped if /dev/shm lacks room (0: always TCP)",
                 field="shm_bytes", minimum=0, unit="bytes", check=_shm_check,
                 bounds="0, or >= 1048576"),
-            Var("HETPS_BULK_CHANNELS", "int", -1,
-                "with a cluster secret: 1 offers every peer with no shared-memory ring a bulk "
+            Var("HETPS_BULK_CHANNELS", "int", 1,
+                "with a cluster secret: 1 (the default) offers every peer with no shared-memory "
+                "ring a bulk "
                 "channel into this node (arrays from 64 KiB on a second, plain connection, "
                 "sealed with AES-256-GCM: 1.75-1.8x faster between hosts; a connection must "
                 "prove it holds an offered channel's key half at its handshake, see "
                 "docs/SECURITY.md, 'Bulk channels'); 0: everything this node receives comes "
-                "on its CURVE connection; -1 (the default): 1, unless HETPS_BALANCE plans the "
-                "job (its link timing is not yet reliable with the channels: docs/BALANCE.md)",
-                field="bulk_channels", minimum=-1, maximum=1),
+                "on its CURVE connection",
+                field="bulk_channels", minimum=0, maximum=1),
             Var("HETPS_IO_THREADS", "int", 0,
                 "ZeroMQ I/O threads of each server and worker (each connection is served by "
                 "one; several peers spread over them); 0: one per 4 cores the process may "

@@ -51,16 +51,25 @@ class Answers:
         return True
 
     def reply(
-        self, msg: Message, body: dict | None = None, arrays: list | None = None, track=False
+        self,
+        msg: Message,
+        body: dict | None = None,
+        arrays: list | None = None,
+        track=False,
+        timed=False,
     ) -> Any:
         """Answer ``msg``: collected while a message is handled (small answers of the
         batchable commands), else at once. With ``track``, what comes back tells when the
-        answer's arrays are no longer read (``.done``), as a ZeroMQ tracker does."""
+        answer's arrays are no longer read (``.done``), as a ZeroMQ tracker does; ``timed``:
+        its receiver times it from a forecast sent just before (Message.timed)."""
         out = self._out
         size = sum(int(a.nbytes) for a in arrays) if arrays else 0
         if out is None or size > self._max_bytes or msg.cmd not in P.BATCH_COMMANDS:
-            return self.node.reply(msg, body, arrays, track=track)
-        answer = Message(msg.cmd, req=msg.req, reply=True, body=body or {}, arrays=arrays or [])
+            kw = {"timed": True} if timed else {}  # (only the measured answers say it)
+            return self.node.reply(msg, body, arrays, track=track, **kw)
+        answer = Message(
+            msg.cmd, req=msg.req, reply=True, body=body or {}, arrays=arrays or [], timed=timed
+        )
         pending = Pending() if track else None
         out.setdefault(msg.sender, []).append((answer, pending))
         return pending

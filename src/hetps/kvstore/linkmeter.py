@@ -38,6 +38,9 @@ class LinkMeter:
         if fc is None:
             return
         t0, late = fc
+        t1 = time.time()
+        if msg.mark is not None:  # its arrays came on a bulk channel: timed from their mark
+            t0, late, t1 = msg.mark  # (to when it was whole, by the same thread's clock)
         if late and msg.cmd == P.PROBE and not msg.typed.spread:
             # the forecast was taken from a queue: its stamp is late, so the gap (and the
             # rate) would be read too fast; a probe is kept only when timed on time (data
@@ -45,7 +48,7 @@ class LinkMeter:
             # so do a spread probe's flows, which arrive together: the planner spans them
             # from the earliest forecast, and a late stamp only shortens one flow's span)
             return
-        meas = [t0, time.time(), float(msg.nbytes)]
+        meas = [t0, t1, float(msg.nbytes)]
         if msg.cmd == P.PROBE and msg.typed.spread:
             meas.append(1.0 if late else 0.0)  # the planner drops a spread whose first was late
         self.samples[(msg.sender, msg.req)] = meas
@@ -69,7 +72,9 @@ class LinkMeter:
         if size:
             self.forecast_to(msg)
         meas = self.take(msg)
-        answers.reply(msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)])
+        answers.reply(
+            msg, {"meas": meas} if meas else {}, arrays=[np.zeros(size, np.uint8)], timed=bool(size)
+        )
 
     def forget(self, worker: int) -> None:
         """A worker left: drop what it measured."""

@@ -255,7 +255,9 @@ class KVServer:
             body = {**(body or {}), "w": sl.short}  # a sum of fewer workers than the job's
         if msg.typed.tag is not None:  # the worker measures this reply: announce it first
             self.links.forecast_to(msg)
-        tracker = self.answers.reply(msg, body, arrays=[sl.value[off : off + n]], track=True)
+        tracker = self.answers.reply(
+            msg, body, arrays=[sl.value[off : off + n]], track=True, timed=msg.typed.tag is not None
+        )
         if tracker is not None:
             sl.inflight = [t for t in sl.inflight if not t.done]
             sl.inflight.append(tracker)

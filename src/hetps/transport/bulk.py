@@ -32,7 +32,15 @@ key; the receiver refuses a counter at or below one it consumed (a replay), a fr
 tag does not verify (forged or tampered), a frame from a connection other than the channel's
 own, and takes for an array exactly the counters its header names (a frame cannot be moved to
 another message). Each refusal is counted and logged, a few lines per window; none stops the
-node, changes a value or blocks another peer. The receiving side, and how a message waits for
+node, changes a value or blocks another peer.
+
+A *timed* message (``Message.timed``: its receiver times the link with it, network-aware
+balancing) sends a mark ahead of its arrays: an empty sealed frame with a counter of its own,
+named third in the header's ``"m"`` field. The receiver stamps the mark's arrival and the
+moment the message is whole (``Message.mark``): the span its bytes took on this connection,
+where a forecast on the CURVE connection would not queue behind them. A channel keeps at
+most :data:`~hetps.transport.bulk_in.MAX_MARKS` unread marks (the oldest go); a mark that
+never comes costs the message its timing, never its values. The receiving side, and how a message waits for
 its frames without holding up the receive thread, is in :mod:`hetps.transport.bulk_in`.
 """
 
@@ -70,6 +78,7 @@ POOL_MIN = 1 << 20
 POOL_SIZE = 12
 #: channels a node keeps offered (one per peer it connects to) before the oldest goes
 MAX_OFFERED = 4096
+_EMPTY = np.empty(0, np.uint8)
 #: what ends a sending channel's one connection
 _LOST = int(
     zmq.EVENT_DISCONNECTED
@@ -125,6 +134,12 @@ class OutChannel:
         self.next += _frames(raw.nbytes)
         self._queue.append((pos, raw))
         return pos
+
+    def put_mark(self) -> int:
+        """Reserve the counter of a mark: an empty frame sent ahead of a timed message's
+        arrays, so the receiver's clock starts when they start to come (the forecast on the
+        CURVE connection does not queue behind this connection's bytes)."""
+        return self.put(_EMPTY)
 
     def discard(self) -> None:
         """Forget what ``put`` queued (the message did not leave: its counters stay unused)."""

@@ -51,6 +51,9 @@ PENDING_MAX = 1 << 30
 CHANNEL_PENDING_MAX = PENDING_MAX // 2
 #: frames read from the bulk port at a time (the CURVE connection is read in between)
 DRAIN_MAX = 64
+#: marks (the empty frames that lead a timed message's arrays) a channel keeps unread
+MAX_MARKS = 64
+_NOTHING = np.empty(0, np.uint8)
 #: bytes of a connection's messages held behind its message that waits for its frames
 #: (headers and small inline arrays: its big arrays come on the channel); over it, the
 #: waiting message is dropped
@@ -105,6 +108,9 @@ class InChannel:
         self.made: dict[int, list] = {}
         self.landing: dict[int, tuple[np.ndarray, set]] = {}  # due counter -> (where, its set)
         self.placed: set[int] = set()  # counters that message took already (again: a replay)
+        # marks (empty frames ahead of a timed message's arrays): counter -> (when, late)
+        self.marks: dict[int, tuple[float, bool]] = {}
+        self.stamped = -1  # the mark the message being decoded took
         self.failed: str | None = None  # why the message being decoded cannot be completed
         self.heard = time.monotonic()  # when a frame of this channel last passed its tag
         self.admitted = False  # its sender's one connection passed the handshake
@@ -156,6 +162,17 @@ class InChannel:
         out[:] = entry[0]  # (every frame passed its tag: now the caller's array)
         return out
 
+    def stamp(self, pos: int) -> tuple[float, bool, float] | None:
+        """For the message being decoded, whose arrays are all here now: when its mark
+        ``pos`` came, whether that stamp may be late (the receive thread was behind), and
+        now (when the message is whole); None if no such mark came (a message is never
+        refused for its timing). Both times are the receive thread's."""
+        got = self.marks.pop(pos, None) if pos >= self.next else None
+        if got is None:
+            return None
+        self.stamped = max(self.stamped, pos)
+        return got[0], got[1], time.time()
+
     def due(self) -> bool:
         """Whether a frame the message being decoded needs is still to come."""
         return self.failed is None and bool(self.landing)
@@ -164,6 +181,10 @@ class InChannel:
         """The message being decoded is done (delivered, or dropped): its counters are used."""
         for pos, (arr, _due) in self.made.items():
             self.next = max(self.next, pos + _frames(arr.nbytes))
+        self.next = max(self.next, self.stamped + 1)
+        self.stamped = -1
+        for c in [c for c in self.marks if c < self.next]:
+            del self.marks[c]
         self.made.clear()
         self.landing.clear()
         self.placed.clear()
@@ -181,6 +202,7 @@ class InChannel:
         self.early.clear()
         self.made.clear()
         self.landing.clear()
+        self.marks.clear()
 
 
 class BulkReceiver:
@@ -207,6 +229,9 @@ class BulkReceiver:
         self.channels: dict[bytes, InChannel] = {}  # channel id (the DEALER's routing id)
         self.pending_bytes = 0
         self.wait_s = BULK_WAIT_S
+        # whether the frame being placed waited behind others read just before it (a mark's
+        # stamp is then later than its arrival); frames kept for a hello waited too
+        self.late = True
 
     def _refuse(self, why: str, *args: object) -> None:
         self.refusals.refused("%s refused a bulk frame: " + why, self.name, *args)
@@ -249,13 +274,15 @@ class BulkReceiver:
         """Read what the bulk port holds now (at most :data:`DRAIN_MAX` frames): each frame
         lands where a message waits for it, or is kept, or is refused. Whether one came."""
         came = False
-        for _ in range(DRAIN_MAX):
+        for i in range(DRAIN_MAX):
             try:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             came = True
+            self.late = i > 0
             self._on_frame(parts)
+        self.late = True
         return came
 
     def _on_frame(self, parts: list) -> None:
@@ -276,7 +303,7 @@ class BulkReceiver:
             self._refuse("%d bytes from node %s's channel, too short", len(buf), chan.peer)
             return
         ctr = int.from_bytes(buf[:CTR], "big")
-        if ctr < chan.next or ctr in chan.pending or ctr in chan.placed:
+        if ctr < chan.next or ctr in chan.pending or ctr in chan.placed or ctr in chan.marks:
             self._refuse(
                 "counter %d from node %s's channel was used already (a replay)", ctr, chan.peer
             )
@@ -296,6 +323,14 @@ class BulkReceiver:
                 chan.heard = time.monotonic()
             return
         n = len(buf) - CTR - TAG
+        if n == 0:  # a mark: when it came is all it says
+            if self._open(chan, ctr, buf, _NOTHING):
+                if len(chan.marks) >= MAX_MARKS:  # (the oldest goes: a newer one is wanted)
+                    del chan.marks[min(chan.marks)]
+                    self._refuse("node %s's channel sent %d marks ahead", chan.peer, MAX_MARKS)
+                chan.marks[ctr] = (time.time(), self.late)
+                chan.heard = time.monotonic()
+            return
         if not self.hold(chan, n, ctr):
             return
         plain = np.empty(n, np.uint8)

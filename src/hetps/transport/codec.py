@@ -99,6 +99,14 @@ class Message:
     #: the dispatch that took it (hetps.cluster.commands.decode); a message handled again
     #: (a push kept for a later round) keeps it and is not decoded again
     typed: Any = field(default=None, repr=False, compare=False)
+    #: set by the sender (never on the wire): the receiver times this message's arrival from
+    #: a forecast sent just before it (network-aware balancing); when its arrays take a bulk
+    #: channel, a mark frame leads them there, so the clock starts where their bytes do
+    timed: bool = field(default=False, repr=False, compare=False)
+    #: set by the receiver (never on the wire): when a timed message's bulk mark arrived,
+    #: whether the receive thread was behind then (that stamp may be late), and when the
+    #: message was whole, both read by the receive thread; None without a mark
+    mark: tuple[float, bool, float] | None = field(default=None, repr=False, compare=False)
 
     @property
     def error(self) -> str | None:
@@ -136,12 +144,22 @@ def encode(msg: Message, ring: Any = None, min_ring_bytes: int = 0) -> list[Any]
     With a ``ring`` (a :class:`~hetps.transport.shm.OutRing` the receiver has opened), arrays
     of at least ``min_ring_bytes`` are copied into it and travel as an empty frame plus their
     ring counter in the header's ``"m"`` field: ``[ring name, [counter or -1 per array]]``.
+    A bulk channel (:class:`~hetps.transport.bulk.OutChannel`) also takes a ``timed`` message's
+    mark, an empty frame ahead of its arrays whose counter is the field's third item.
     """
     specs = []
     frames: list[Any] = [b""]
     nbytes = 0
     placed: list[int] = []
     in_ring = False
+    mark = None
+    if (
+        msg.timed
+        and ring is not None
+        and hasattr(ring, "put_mark")
+        and any(a.nbytes >= min_ring_bytes and a.nbytes for a in msg.arrays)
+    ):
+        mark = ring.put_mark()
     for arr in msg.arrays:
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
@@ -174,7 +192,7 @@ def encode(msg: Message, ring: Any = None, min_ring_bytes: int = 0) -> list[Any]
         "a": specs,
     }
     if in_ring:
-        header["m"] = [ring.name, placed]
+        header["m"] = [ring.name, placed] if mark is None else [ring.name, placed, mark]
     frames[0] = _packer().pack(header)
     msg.nbytes = nbytes + len(frames[0])
     return frames
@@ -356,7 +374,7 @@ def _decode_checked(
         raise BadMessage("field 't' (send time) must be a number")
     if not isinstance(specs, list):
         raise BadMessage("field 'a' (arrays) must be a list")
-    placed = _ring_positions(header.get("m"), len(specs), rings, origin)
+    placed, mark = _ring_positions(header.get("m"), len(specs), rings, origin)
     # every bound from the header alone, before any array is made
     layout = [_spec(i, spec) for i, spec in enumerate(specs)]
     total = len(head) + sum(expected for _, _, _, expected in layout)
@@ -376,6 +394,7 @@ def _decode_checked(
     targets = None
     lent = ring is not None and getattr(ring, "lends", True) and reply is False and cmd in borrow
     ok = waits = False
+    stamp = None
     try:
         if placed and reply is True and landing_of is not None:
             try:
@@ -388,6 +407,8 @@ def _decode_checked(
             at += counts[i]
             target = targets.get(i) if targets else None
             arrays.append(_decode_array(i, item, parts, placed, ring, target, lent))
+        if mark is not None:  # (it came ahead of the arrays on their connection)
+            stamp = ring.stamp(mark)
         ok = True
     except NotYet:
         waits = True  # (decoded again once its frames are here: nothing is used up)
@@ -405,6 +426,7 @@ def _decode_checked(
         sent_at=float(sent_at),
         nbytes=total,
         lease=ring if lent else None,
+        mark=stamp,
     )
 
 
@@ -413,13 +435,21 @@ def _frames_for(nbytes: int) -> int:
     return max(1, -(-nbytes // FRAME_MAX))
 
 
-def _ring_positions(field_m: Any, n: int, rings: Any, origin: Any) -> list[int] | None:
-    """Validate header field ``"m"``; the per-array ring counters (-1: inline), or None."""
+def _ring_positions(
+    field_m: Any, n: int, rings: Any, origin: Any
+) -> tuple[list[int] | None, int | None]:
+    """Validate header field ``"m"``; the per-array ring counters (-1: inline), or None, and
+    the counter of a bulk channel's mark (None: none)."""
     if field_m is None:
-        return None
-    if not (isinstance(field_m, list) and len(field_m) == 2 and isinstance(field_m[1], list)):
-        raise BadMessage("field 'm' (shared-memory frames) must be [ring name, [counter, ...]]")
-    name, placed = field_m
+        return None, None
+    if not (
+        isinstance(field_m, list) and len(field_m) in (2, 3) and isinstance(field_m[1], list)
+    ):
+        raise BadMessage(
+            "field 'm' (shared-memory frames) must be [ring name, [counter, ...](, mark)]"
+        )
+    name, placed = field_m[:2]
+    mark = field_m[2] if len(field_m) == 3 else None
     if len(placed) != n or not all(
         isinstance(p, int) and not isinstance(p, bool) and p >= -1 for p in placed
     ):
@@ -431,7 +461,16 @@ def _ring_positions(field_m: Any, n: int, rings: Any, origin: Any) -> list[int] 
         raise BadMessage(
             f"arrays in ring {name!r} came on a connection other than the one that offered it"
         )
-    return placed if any(p >= 0 for p in placed) else None
+    if mark is not None and not (
+        hasattr(rings[name], "stamp")
+        and isinstance(mark, int)
+        and not isinstance(mark, bool)
+        and mark >= 0
+    ):
+        raise BadMessage(f"field 'm': mark {mark!r} is not a bulk channel's counter")
+    if not any(p >= 0 for p in placed):
+        return None, None
+    return placed, mark
 
 
 def _spec(i: int, spec: Any) -> tuple[np.dtype, list[int], int, int]:
