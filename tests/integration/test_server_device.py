@@ -104,3 +104,31 @@ def test_a_server_without_cuda_says_so_at_its_start():
     assert r.returncode == 2, r.stdout + r.stderr
     assert "HETPS_SERVER_DEVICE=cuda:0 but torch sees no CUDA device" in r.stderr, r.stderr
     assert "use HETPS_SERVER_DEVICE=cpu" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_hetps_launch_puts_its_servers_on_the_device_it_is_given(tmp_path):
+    """`hetps launch --server-device` reaches the servers (hetps train's flag goes the same
+    way, through the launcher's environment)."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        "import numpy as np, hetps.kv\n"
+        "from hetps import optim\n"
+        "kv = hetps.kv.create('dist_sync')\n"
+        "kv.init('w', np.ones(4, np.float32))\n"
+        "kv.set_optimizer(optim.SGD(learning_rate=0.5))\n"
+        "kv.push('w', np.ones(4, np.float32))\n"
+        "print('PULLED', kv.pull('w').tolist(), flush=True)\n"
+    )
+    env = {**os.environ, "PS_HEARTBEAT_INTERVAL": "0.5", "PS_HEARTBEAT_TIMEOUT": "5"}
+    cmd = [sys.executable, "-m", "hetps.cli", "launch", "-n", "1", "-s", "1"]
+    r = subprocess.run(
+        [*cmd, "--server-device", "torch:cpu", "--", sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "sums and updates on cpu (HETPS_SERVER_DEVICE=torch:cpu)" in out, out
+    assert "PULLED [0.5, 0.5, 0.5, 0.5]" in out, out
