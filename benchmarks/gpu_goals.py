@@ -104,7 +104,8 @@ def server_device(device: str) -> bool:
 
 
 def served_on(logdir: str, name: str, device: str) -> bool:
-    """Whether the run ``name``'s server said it ran on ``device`` (always, for cpu)."""
+    """Whether the run ``name``'s server said it summed on ``device`` (its first round's
+    line; always, for cpu)."""
     if device == "cpu":
         return True
     try:

@@ -154,13 +154,7 @@ def run_server(cfg: NodeConfig) -> int:
         except (ImportError, RuntimeError, ValueError) as exc:
             print(f"hetps server: {exc}", file=sys.stderr, flush=True)
             return 2
-        # (said where a launcher shows it: where a job's rounds run is worth a line)
-        print(
-            f"hetps server: sums and updates on {device.device} "
-            f"(HETPS_SERVER_DEVICE={cfg.server_device})",
-            file=sys.stderr,
-            flush=True,
-        )
+        # (its first round says where it ran: hetps.kvstore.ondevice.DeviceAggregator.tell)
     node = new_node(cfg)
     kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
     server = new_server(node, device=device)

@@ -57,6 +57,9 @@ print('SERVER-DEVICE-OK', flush=True)
 """
 
 
+OPTS = {"sgd": "SGD", "adam": "Adam"}
+
+
 def run(cluster, tmp_path, device: str, opt: str) -> str:
     env = {
         "HETPS_SERVER_DEVICE": device,
@@ -73,14 +76,15 @@ def run(cluster, tmp_path, device: str, opt: str) -> str:
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 def test_a_server_on_a_device_gives_the_numpy_optimizers_weights(cluster, tmp_path, opt):
     out = run(cluster, tmp_path, "torch:cpu", opt)
-    assert "hetps server: sums and updates on cpu (HETPS_SERVER_DEVICE=torch:cpu)" in out, out
+    said = f"summing on cpu (HETPS_SERVER_DEVICE=torch:cpu), {OPTS[opt]} steps on the device"
+    assert said in out, out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 def test_a_server_on_a_gpu_gives_the_numpy_optimizers_weights(cluster, tmp_path, opt):
     out = run(cluster, tmp_path, "cuda:0", opt)
-    assert "hetps server: sums and updates on cuda:0" in out, out
+    assert f"summing on cuda:0 (HETPS_SERVER_DEVICE=cuda:0), {OPTS[opt]} steps on the device" in out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine with no CUDA device")
@@ -130,5 +134,5 @@ def test_hetps_launch_puts_its_servers_on_the_device_it_is_given(tmp_path):
     )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert "sums and updates on cpu (HETPS_SERVER_DEVICE=torch:cpu)" in out, out
+    assert "summing on cpu (HETPS_SERVER_DEVICE=torch:cpu), SGD steps on the device" in out, out
     assert "PULLED [0.5, 0.5, 0.5, 0.5]" in out, out

@@ -27,6 +27,7 @@ when the variable names a device. ``torch:cpu`` runs this same code with torch o
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +74,7 @@ def open_device(spec: str) -> Device:
             "HETPS_SERVER_DEVICE=cpu"
         ) from None
     if kind == "torch:cpu":
-        return Device(torch, torch.device("cpu"))
+        return Device(torch, torch.device("cpu"), spec)
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"HETPS_SERVER_DEVICE={spec} but torch sees no CUDA device on this server "
@@ -89,7 +90,7 @@ def open_device(spec: str) -> Device:
             f"(cuda:0 to cuda:{count - 1}): pick one of them, or cpu"
         )
     torch.cuda.set_device(index)
-    return Device(torch, torch.device("cuda", index))
+    return Device(torch, torch.device("cuda", index), spec)
 
 
 class Device:
@@ -97,9 +98,10 @@ class Device:
     goes to the device (page-locked on CUDA; before it is written again the copy that
     read it has finished), a device buffer it lands in, scratch buffers for the steps."""
 
-    def __init__(self, torch: Any, device: Any) -> None:
+    def __init__(self, torch: Any, device: Any, spec: str = "") -> None:
         self.torch = torch
         self.device = device
+        self.spec = spec or str(device)  # as HETPS_SERVER_DEVICE named it
         self.cuda = device.type == "cuda"
         self._stage: Any = None  # host bytes (pinned on CUDA)
         self._stage_np: np.ndarray | None = None
@@ -186,6 +188,27 @@ class DeviceAggregator(Aggregator):
         self.device = device
         self.torch = device.torch
         self.slots: dict[tuple[Any, int], DeviceSlot] = {}
+        self.told: set[str] = set()  # what tell() said already
+
+    def tell(self, optimizer: Any) -> None:
+        """Say once per optimizer class, where a launcher shows it, where its rounds run:
+        the line a job's log keeps of what ran on the device (gpu_goals.py checks it)."""
+        name = type(optimizer).__name__ if optimizer is not None else "none"
+        if name in self.told:
+            return
+        self.told.add(name)
+        if optimizer is None:
+            what = "no optimizer: the sum is the value"
+        elif steps.supported(optimizer):
+            what = f"{name} steps on the device"
+        else:
+            what = f"{name} steps on the host (only SGD and Adam have a device step)"
+        print(
+            f"hetps server: summing on {self.device.device} "
+            f"(HETPS_SERVER_DEVICE={self.device.spec}), {what}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def here(self, sl: Slice) -> bool:
         """Whether ``sl``'s arithmetic runs on the device (float values)."""
@@ -257,6 +280,7 @@ class DeviceAggregator(Aggregator):
         merged = sl.merge
         assert merged is not None
         optimizer = self.optimizer()
+        self.tell(optimizer)
         got = self.slot(sl)
         if optimizer is None:
             self._publish(sl, got, merged)  # the sum is the value
@@ -276,6 +300,8 @@ class DeviceAggregator(Aggregator):
     def apply(self, sl: Slice, grad: Any, worker: int) -> None:
         """One optimizer step of ``sl`` with the host gradient ``grad`` (``dist_async``)."""
         optimizer = self.optimizer()
+        if self.here(sl):
+            self.tell(optimizer)
         if not self.here(sl) or not steps.supported(optimizer):
             super().apply(sl, grad, worker)
             self.value_changed(sl)

@@ -125,7 +125,7 @@ def test_async_steps_states_out_and_in_and_an_init():
     assert dev.host_state(b)["t"] == 1
 
 
-def test_an_optimizer_without_a_device_step_runs_on_the_host():
+def test_an_optimizer_without_a_device_step_runs_on_the_host(capsys):
     opt = optim.AdaGrad(learning_rate=0.1)
     (cpu, a), (dev, b) = pair(opt)
     rng = np.random.default_rng(4)
@@ -136,6 +136,8 @@ def test_an_optimizer_without_a_device_step_runs_on_the_host():
         round_of(dev, b, grads, order)
         assert b.value.tobytes() == a.value.tobytes()
     assert dev.slots[("w", 0)].weight is None and isinstance(b.state["history"], np.ndarray)
+    said = capsys.readouterr().err
+    assert said.count("AdaGrad steps on the host (only SGD and Adam have a device step)") == 1
 
 
 def test_the_pull_buffer_is_copied_once_per_round_and_reused():
