@@ -84,6 +84,13 @@ def test_device_rounds_equal_the_numpy_servers(name, dtype):
         else:
             assert b.value.tobytes() == a.value.tobytes(), (rnd, np.abs(b.value - a.value).max())
     assert dev.slots[("w", 0)].weight is not None or opt is None  # it did run on the device
+    # the state too (a float16 weight's float32 state shows what rounding to float16 hides)
+    sa, sb = cpu.host_state(a), dev.host_state(b)
+    for name_ in sa or {}:
+        if name == "adam" or not isinstance(sa[name_], np.ndarray):
+            np.testing.assert_allclose(sb[name_], sa[name_], rtol=1e-6, atol=1e-9)
+        else:
+            assert sb[name_].tobytes() == sa[name_].tobytes(), name_
 
 
 def test_two_bit_pushes_are_decoded_on_the_host_and_summed_on_the_device():
