@@ -136,3 +136,24 @@ def test_hetps_launch_puts_its_servers_on_the_device_it_is_given(tmp_path):
     assert r.returncode == 0, out
     assert "summing on cpu (HETPS_SERVER_DEVICE=torch:cpu), SGD steps on the device" in out, out
     assert "PULLED [0.5, 0.5, 0.5, 0.5]" in out, out
+
+
+def test_hetps_train_gives_its_servers_the_device_and_its_workers_no_flag(monkeypatch):
+    """`hetps train --workers W --server-device D`: D reaches every role's environment; the
+    workers' own command line (this command again) goes without the flag."""
+    import hetps.launch.local as local
+    from hetps.app.train import launch_cluster
+    from hetps.cli import build_parser
+
+    seen = {}
+
+    def fake_run_cluster(spec, **kw):
+        seen["env"], seen["command"] = dict(spec.env), list(spec.command)
+        return 0
+
+    monkeypatch.setattr(local, "run_cluster", fake_run_cluster)
+    argv = ["train", "--workers", "2", "--servers", "1", "--server-device", "torch:cpu"]
+    monkeypatch.setattr(sys, "argv", ["hetps", *argv])
+    assert launch_cluster(build_parser().parse_args(argv)) == 0
+    assert seen["env"]["HETPS_SERVER_DEVICE"] == "torch:cpu"
+    assert "--server-device" not in seen["command"] and "torch:cpu" not in seen["command"]
