@@ -168,3 +168,20 @@ def test_device_values_are_checked_with_a_clear_error():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="torch sees no CUDA device.*use HETPS_SERVER"):
             ondevice.open_device("cuda:0")
+
+
+def test_a_key_made_again_with_another_dtype_gets_buffers_of_that_dtype():
+    """An init of another dtype makes a new Slice of the same key: the device buffers kept
+    for the old one (merge, value) are not reused for it."""
+    opt = optim.SGD(learning_rate=0.1, momentum=0.9)
+    (cpu, a), (dev, b) = pair(opt)
+    rng = np.random.default_rng(6)
+    for dtype in (np.float32, np.float64, np.float32):
+        w0 = rng.standard_normal(N).astype(dtype)
+        a, b = Slice("w", 0, (N,), w0.copy()), Slice("w", 0, (N,), w0.copy())
+        for _ in range(2):
+            grads = [rng.standard_normal(N).astype(dtype) for _ in range(W)]
+            order = orders(rng)
+            round_of(cpu, a, grads, order)
+            round_of(dev, b, grads, order)
+            assert b.value.dtype == dtype and b.value.tobytes() == a.value.tobytes()

@@ -138,9 +138,10 @@ class Device:
         np.copyto(self._stage_np[:nbytes].view(arr.dtype), arr.reshape(-1))
         dst = self._landing[:nbytes]
         dst.copy_(self._stage[:nbytes], non_blocking=self.cuda)
-        if self.cuda:
+        if self.cuda:  # (on this device's stream: the handling thread's current device may
+            # be another one, torch.cuda.set_device holds for the thread that called it)
             self._copied = self.torch.cuda.Event()
-            self._copied.record()
+            self._copied.record(self.torch.cuda.current_stream(self.device))
         return dst.view(self.dtype(arr.dtype))
 
     def new_copy(self, arr: np.ndarray) -> Any:
@@ -178,6 +179,12 @@ class DeviceSlot:
     host: Any = None  # the host tensor sl.value is a view of, when it is one of ours
     host_np: Any = None  # that view
     host_spare: Any = None  # a host tensor for the next round's value
+    grad_host: Any = None  # the round's sum copied back, for an optimizer run on the host
+
+
+def fits(buf: Any, n: int, dtype: Any) -> bool:
+    """Whether the tensor ``buf`` (or None) can be reused for ``n`` values of ``dtype``."""
+    return buf is not None and buf.numel() == n and buf.dtype == dtype
 
 
 class DeviceAggregator(Aggregator):
@@ -244,7 +251,9 @@ class DeviceAggregator(Aggregator):
         if not self.here(sl):
             return Aggregator._spare(sl)
         got = self.slot(sl)
-        buf = got.spare if got.spare is not None and got.spare.numel() == sl.value.size else None
+        buf = (
+            got.spare if fits(got.spare, sl.value.size, self.device.dtype(sl.value.dtype)) else None
+        )
         got.spare = None
         return buf if buf is not None else self.device.empty(sl.value.size, sl.value.dtype)
 
@@ -328,10 +337,12 @@ class DeviceAggregator(Aggregator):
         self.opt_s += time.perf_counter() - t0  # (the copy back included)
 
     def _host_apply(self, sl: Slice, got: DeviceSlot, grad: Any, worker: int) -> None:
-        """An optimizer with no device step: on the host, on the gradient copied back."""
-        host = self.device.host_empty(grad.numel(), grad.dtype)
-        self.device.download(grad, host)
-        super().apply(sl, host.numpy(), worker)
+        """An optimizer with no device step: on the host, on the gradient copied back (into
+        a host buffer of the slice's, reused: the optimizer reads it only while it steps)."""
+        if not fits(got.grad_host, grad.numel(), grad.dtype):
+            got.grad_host = self.device.host_empty(grad.numel(), grad.dtype)
+        self.device.download(grad, got.grad_host)
+        super().apply(sl, got.grad_host.numpy(), worker)
         got.weight_of = None
 
     def _publish(self, sl: Slice, got: DeviceSlot, src: Any) -> None:
@@ -340,7 +351,7 @@ class DeviceAggregator(Aggregator):
         round's buffer is reused unless a zero-copy reply still reads it."""
         busy = any(not t.done for t in sl.inflight)
         buf = got.host_spare
-        if buf is None or buf.numel() != src.numel():
+        if not fits(buf, src.numel(), src.dtype):
             buf = self.device.host_empty(src.numel(), src.dtype)
         got.host_spare = None
         self.device.download(src, buf)
