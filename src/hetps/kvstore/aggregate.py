@@ -4,9 +4,9 @@ slice and applies the result (the optimizer's step, or the sum as the new value)
 This is the part of :class:`~hetps.kvstore.server.KVServer` that touches every pushed byte,
 so it is where the way of summing is decided: here on the CPU, in place, on the kernel
 threads (:mod:`hetps.optim.kernels`, ``HETPS_SERVER_THREADS``); on a device with
-:class:`~hetps.kvstore.ondevice.DeviceAggregator` (``HETPS_SERVER_DEVICE``). The server hands it checked
-pushes (the protocol and its checks are the server's) and is told when a round is complete;
-what is summed, in which order and into which buffer is decided here:
+:class:`~hetps.kvstore.ondevice.DeviceAggregator` (``HETPS_SERVER_DEVICE``). The server
+hands it checked pushes (the protocol and its checks are the server's) and is told when a
+round is complete; what is summed, in which order and into which buffer is decided here:
 
 * :meth:`first_whole` keeps a round's first push of a whole part as received (no copy);
 * :meth:`add_chunk` sums a chunk, holding a first push so the next one is summed with it in
