@@ -4,10 +4,10 @@
 Each step is :mod:`hetps.optim`'s chain of element-wise operations, one torch operation for
 each NumPy one, in the same order and the same dtypes (float16 weights computed in float32),
 and every scalar rounded to the compute dtype before torch sees it, as NumPy rounds it. Adds,
-multiplies, clips (and Adam's square root and division) are correctly rounded in IEEE
-arithmetic on the CPU and on CUDA, so SGD gives the NumPy optimizer's weights bit for bit;
-Adam's are compared within float tolerance (its square root and division are the operations a
-device library may compute otherwise).
+multiplies and clips are correctly rounded in IEEE arithmetic on the CPU and on CUDA, so SGD
+gives the NumPy optimizer's weights bit for bit. Adam's agree within float rounding: its
+square root is not correctly rounded in every torch kernel (torch's vectorised CPU one differs
+from NumPy's in the last bit for some values).
 
 Only the exact classes :class:`~hetps.optim.SGD` and :class:`~hetps.optim.Adam` run here: a
 subclass may change any method, so it runs on the host like every other optimizer.
