@@ -27,6 +27,7 @@ when the variable names a device. ``torch:cpu`` runs this same code with torch o
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -120,7 +121,14 @@ class Device:
 
     def host_empty(self, n: int, dtype: Any) -> Any:
         """A host tensor the device copies into (page-locked on CUDA)."""
-        return self.torch.empty(n, dtype=dtype, pin_memory=self.cuda)
+        with self.current():
+            return self.torch.empty(n, dtype=dtype, pin_memory=self.cuda)
+
+    def current(self) -> Any:
+        """This device as the calling thread's current one (a page-locked allocation is made
+        in the current device's context; requests are handled on the node's receive thread,
+        not the one that opened the device)."""
+        return self.torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
 
     def upload(self, arr: np.ndarray) -> Any:
         """``arr`` (host, any layout) on the device: a view of the landing buffer, valid
@@ -131,7 +139,7 @@ class Device:
             self._copied = None
         if self._stage is None or self._stage.numel() < nbytes:
             size = max(nbytes, 1 << 16)
-            self._stage = self.torch.empty(size, dtype=self.torch.uint8, pin_memory=self.cuda)
+            self._stage = self.host_empty(size, self.torch.uint8)
             self._stage_np = self._stage.numpy()
             self._landing = self.torch.empty(size, dtype=self.torch.uint8, device=self.device)
         assert self._stage_np is not None
