@@ -56,15 +56,14 @@ def _server_device_check(device: str, values: Mapping[str, Any]) -> str | None:
         )
     if text == "cpu":
         return None
-    for name, value, what in (
-        ("HETPS_REPLICAS", values.get("HETPS_REPLICAS", 1), 1),
-        ("HETPS_ELASTIC", values.get("HETPS_ELASTIC", 0), 0),
+    for name, value, off, feature in (
+        ("HETPS_REPLICAS", values.get("HETPS_REPLICAS", 1), 1, "copies of keys (--replicas)"),
+        ("HETPS_ELASTIC", values.get("HETPS_ELASTIC", 0), 0, "workers let go (--elastic)"),
     ):
-        if value != what:
+        if value != off:
             return (
-                f"HETPS_SERVER_DEVICE={device} with {name}={value}: copies of keys and "
-                "workers let go are not built for servers on a device; set "
-                f"HETPS_SERVER_DEVICE=cpu or {name}={what}"
+                f"HETPS_SERVER_DEVICE={device} with {name}={value}: {feature} are not built "
+                f"for servers on a device; set HETPS_SERVER_DEVICE=cpu or {name}={off}"
             )
     return None
 
