@@ -2,6 +2,7 @@
 """GPU workers against their own local step, in one run: every figure of the GPU goals.
 
     .venv/bin/python benchmarks/gpu_goals.py [--gpu 0] [--quick] [--json FILE]
+        [--server-device cuda:0]
 
 1. The step of 1 worker + 1 server (``hetps train -m sync``, the DistributedOptimizer: each
    gradient's copy to the host starts in its hook on backward's stream) over the same step
@@ -12,8 +13,10 @@
 
 Without ``--gpu`` (or without CUDA) it runs the same measurements on the CPU and says so:
 the figures are then not the GPU goals' (the tests run it that way, small). The server
-always runs on the CPU. Each run's step comes from its JSONL log (benchmarks/
-train_overhead.py, whose ``run_one`` this reuses).
+sums and updates on the CPU unless ``--server-device cuda:N`` puts it on that GPU
+(``HETPS_SERVER_DEVICE`` in every run; each server's log line is checked, so a figure never
+comes from a server that ran elsewhere). Each run's step comes from its JSONL log
+(benchmarks/train_overhead.py, whose ``run_one`` this reuses).
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ def samples_per_s(args: argparse.Namespace, model: str, batch: int, workers: int
     with open(os.path.join(args.logdir, f"{name}.out"), "w") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                             timeout=900, check=False).returncode  # fmt: skip
+    if not served_on(args.logdir, name, args.server_device):
+        log(f"{name}: its server did not say it ran on {args.server_device} (see {name}.out)")
+        return None
     total = 0.0
     for w in range(workers):
         path = os.path.join(run_dir, f"worker-{w}.jsonl")
@@ -77,6 +83,36 @@ def samples_per_s(args: argparse.Namespace, model: str, batch: int, workers: int
         total += sps
     log(f"{name}: {workers} workers, {total:.1f} samples/s")
     return total
+
+
+def server_device(device: str) -> bool:
+    """Put every run's server on ``device`` (HETPS_SERVER_DEVICE); False, said why, when
+    this machine cannot (a GPU asked for where torch sees none)."""
+    if device.startswith("cuda"):
+        try:
+            import torch
+
+            ok = torch.cuda.is_available()
+        except ImportError:
+            ok = False
+        if not ok:
+            log(f"--server-device {device}: torch sees no CUDA device here; use cpu, or run "
+                "this on a machine with a GPU")  # fmt: skip
+            return False
+    os.environ["HETPS_SERVER_DEVICE"] = device
+    return True
+
+
+def served_on(logdir: str, name: str, device: str) -> bool:
+    """Whether the run ``name``'s server said it summed on ``device`` (its first round's
+    line; always, for cpu)."""
+    if device == "cpu":
+        return True
+    try:
+        with open(os.path.join(logdir, f"{name}.out")) as f:
+            return f"(HETPS_SERVER_DEVICE={device})" in f.read()
+    except OSError:
+        return False
 
 
 def main() -> int:
@@ -96,7 +132,14 @@ def main() -> int:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--logdir", default="/tmp/hetps-bench-gpu")
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--server-device",
+        default="cpu",
+        help="where the server sums and updates: cpu or cuda:N (HETPS_SERVER_DEVICE)",
+    )
     args = ap.parse_args()
+    if not server_device(args.server_device):
+        return 2
     device = "cpu"
     if not args.cpu:
         try:
@@ -116,6 +159,7 @@ def main() -> int:
     os.makedirs(args.logdir, exist_ok=True)
     machine = machine_info()
     machine["device"] = device
+    machine["server_device"] = args.server_device
     wanted = set(args.models.split(",")) if args.models else None
     rows, results = [], []
     for model, batch, goal in STEP_GOALS:
@@ -126,6 +170,9 @@ def main() -> int:
             for kind in ("local", "sync"):  # A B A B
                 name = f"{model}-b{batch}-{kind}-{i}"
                 runs[kind].append(run_one(kind, model, batch, rounds, args, name))
+                if kind == "sync" and not served_on(args.logdir, name, args.server_device):
+                    log(f"{name}: its server did not say it ran on {args.server_device}")
+                    return 1
         loc = median(r["srit_s"] for r in runs["local"] if r["srit_s"])
         syn = median(r["srit_s"] for r in runs["sync"] if r["srit_s"])
         rat = ratio(loc, syn)
@@ -149,7 +196,8 @@ def main() -> int:
         rows.append([f"{n} workers / 1 ({model} b{batch}, samples/s)", fmt(one, ".1f"),
                      fmt(four, ".1f"), fmt(share, ".2f"), f">= {SHARE_GOAL}",
                      "yes" if share is not None and share >= SHARE_GOAL else "no"])  # fmt: skip
-    print(f"machine: {machine['cpu']}, {machine['cores']} cores; device: {device}")
+    print(f"machine: {machine['cpu']}, {machine['cores']} cores; device: {device}; "
+          f"server on: {args.server_device}")  # fmt: skip
     print_table(["case", "local (or 1w) ", "1w+1s (or 4w)", "ratio", "goal", "met"], rows)
     if args.json:
         write_json(args.json, {"machine": machine, "results": results})

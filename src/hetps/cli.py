@@ -33,7 +33,7 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
     from hetps.config import ConfigError, env_value, user_threads
-    from hetps.launch.contract import LaunchSpec, balance_env
+    from hetps.launch.contract import LaunchSpec, balance_env, server_device_env
     from hetps.launch.local import run_cluster
     from hetps.launch.wrappers import read_hostfile, ssh_wrapper
 
@@ -62,6 +62,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             "over from a dead server; only the launcher's own notice of a death is missing)"
         )
     env = _env_pairs(args.env)
+    server_device_env(env, args.server_device)
     if "HETPS_SECRET" in env:
         raise SystemExit(
             "hetps launch: --env HETPS_SECRET=... would put the cluster secret on a command "
@@ -340,6 +341,13 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="elements per slice for --balance (default 65536)",
+    )
+    p.add_argument(
+        "--server-device",
+        default=None,
+        metavar="DEV",
+        help="where the servers sum pushes and run SGD/Adam: cpu (the default) or cuda:N, "
+        "a GPU of each server machine (HETPS_SERVER_DEVICE; docs/ESYNC.md)",
     )
     p.add_argument(
         "--metrics-port",

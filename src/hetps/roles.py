@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from functools import partial
 
 from hetps.balance.service import Planner
 from hetps.cluster import protocol as P
@@ -19,6 +21,9 @@ from hetps.faults.elastic_rounds import ElasticRounds
 from hetps.faults.recovery import Recovery
 from hetps.faults.replicas import Replication
 from hetps.faults.takeover import Takeover
+from hetps.kvstore import ondevice
+from hetps.kvstore.aggregate import Aggregator
+from hetps.kvstore.ondevice import Device, DeviceAggregator
 from hetps.kvstore.server import KVServer
 from hetps.kvstore.tables import machine_memory
 from hetps.optim import kernels
@@ -40,10 +45,14 @@ def new_node(cfg: NodeConfig) -> Node:
     return Node(cfg, recovery=Recovery)
 
 
-def new_server(node: Node, sync: bool | None = None) -> KVServer:
+def new_server(node: Node, sync: bool | None = None, device: Device | None = None) -> KVServer:
     """A server's request handler on ``node`` with its fault parts (copies of its keys on
-    other servers, rounds kept per worker)."""
-    return KVServer(node, sync, replication=Replication, elastic=ElasticRounds)
+    other servers, rounds kept per worker); with ``device`` (HETPS_SERVER_DEVICE) it sums
+    and updates there."""
+    aggregator = Aggregator if device is None else partial(DeviceAggregator, device=device)
+    return KVServer(
+        node, sync, replication=Replication, elastic=ElasticRounds, aggregator=aggregator
+    )
 
 
 def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
@@ -138,9 +147,17 @@ def server_meter(node: Node, server: KVServer):
 
 def run_server(cfg: NodeConfig) -> int:
     """Be a KVStore server until the scheduler says the job is over; returns the exit code."""
+    device = None
+    if ondevice.parse(cfg.server_device) is not None:
+        try:  # checked before anything connects: a server that cannot use it says so
+            device = ondevice.open_device(cfg.server_device)
+        except (ImportError, RuntimeError, ValueError) as exc:
+            print(f"hetps server: {exc}", file=sys.stderr, flush=True)
+            return 2
+        # (its first round says where it ran: hetps.kvstore.ondevice.DeviceAggregator.tell)
     node = new_node(cfg)
     kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
-    server = new_server(node)
+    server = new_server(node, device=device)
     # HETPS_TABLE_MAX_BYTES: the embedding tables' cap (0: half of this machine's memory)
     server.tables.cap = cfg.table_max_bytes or machine_memory() // 2
     node.handler = server.handle

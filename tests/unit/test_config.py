@@ -275,3 +275,16 @@ def test_replicas_that_cannot_work_are_refused_with_the_fix(extra, says):
     # the plans move a slice's copies with it
     both = node_config_from_env({**BASE, "HETPS_REPLICAS": "2", "HETPS_BALANCE": "aware"})
     assert (both.replicas, both.balance) == (2, "aware")
+
+
+def test_server_device_values_and_what_they_do_not_combine_with():
+    env = dict(BASE)
+    assert node_config_from_env(env).server_device == "cpu"
+    assert node_config_from_env({**env, "HETPS_SERVER_DEVICE": "cuda:1"}).server_device == "cuda:1"
+    with pytest.raises(ConfigError, match="HETPS_SERVER_DEVICE='gpu' is not a device: set it"):
+        node_config_from_env({**env, "HETPS_SERVER_DEVICE": "gpu"})
+    with pytest.raises(ConfigError, match=r"HETPS_REPLICAS=2: copies of keys \(--replicas\)"):
+        node_config_from_env({**env, "HETPS_SERVER_DEVICE": "cuda", "HETPS_REPLICAS": "2"})
+    with pytest.raises(ConfigError, match="set HETPS_SERVER_DEVICE=cpu or HETPS_ELASTIC=0"):
+        node_config_from_env({**env, "HETPS_SERVER_DEVICE": "cuda:0", "HETPS_ELASTIC": "1"})
+    node_config_from_env({**env, "HETPS_REPLICAS": "2"})  # the CPU server keeps copies

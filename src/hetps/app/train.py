@@ -235,12 +235,20 @@ def main(args: argparse.Namespace) -> int:
 
 
 #: flags (with a value) for the launcher alone: not on the workers' command line
-LAUNCH_ONLY = ("--workers", "--servers", "--netem", "--balance", "--slice-size", "--metrics-port")
+LAUNCH_ONLY = (
+    "--workers",
+    "--servers",
+    "--netem",
+    "--balance",
+    "--slice-size",
+    "--metrics-port",
+    "--server-device",
+)
 
 
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
-    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.contract import LaunchSpec, server_device_env
     from hetps.launch.local import run_cluster
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
@@ -296,6 +304,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
         rejoin_workers=args.mode in ("sync", "esync") and args.balance in (None, "none"),
         replicas=args.replicas,
     )
+    server_device_env(spec.env, args.server_device)  # (a bad value fails before anything starts)
     started = time.time()
     code = run_cluster(
         spec,

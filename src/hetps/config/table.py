@@ -46,6 +46,28 @@ def _shm_check(size: int, values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _server_device_check(device: str, values: Mapping[str, Any]) -> str | None:
+    text = device.strip().lower()
+    index = text[5:] if text.startswith("cuda:") else ""
+    if text not in ("cpu", "cuda", "torch:cpu") and not index.isdigit():
+        return (
+            f"HETPS_SERVER_DEVICE={device!r} is not a device: set it to cpu (the default), "
+            "cuda or cuda:N (N the index of a GPU on each server machine)"
+        )
+    if text == "cpu":
+        return None
+    for name, value, off, feature in (
+        ("HETPS_REPLICAS", values.get("HETPS_REPLICAS", 1), 1, "copies of keys (--replicas)"),
+        ("HETPS_ELASTIC", values.get("HETPS_ELASTIC", 0), 0, "workers let go (--elastic)"),
+    ):
+        if value != off:
+            return (
+                f"HETPS_SERVER_DEVICE={device} with {name}={value}: {feature} are not built "
+                f"for servers on a device; set HETPS_SERVER_DEVICE=cpu or {name}={off}"
+            )
+    return None
+
+
 def _metrics_host_check(host: str, values: Mapping[str, Any]) -> str | None:
     if is_loopback(host) or host == values.get("DMLC_PS_ROOT_URI"):
         return None
@@ -179,6 +201,13 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "cache-sized chunks, the handling thread included; the arithmetic is the same "
                 "on any number); 0: the cores the process may use, at most 4",
                 field="server_threads", minimum=0),
+            Var("HETPS_SERVER_DEVICE", "str", "cpu",
+                "where a server sums pushes and runs SGD and Adam: cpu (NumPy, in host "
+                "memory), or cuda / cuda:N (torch on that GPU of each server machine: the "
+                "weights and optimizer state live there, each round's value is copied back "
+                "once for the pulls; docs/ESYNC.md, 'Servers on a GPU'); `--server-device`",
+                field="server_device", check=_server_device_check,
+                bounds="cpu, cuda, cuda:N"),
             Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31, "the largest message a node accepts",
                 field="max_message_bytes", minimum=1024, unit="bytes"),
             Var("HETPS_SHM_BYTES", "int", 32 << 20,

@@ -2,10 +2,11 @@
 slice and applies the result (the optimizer's step, or the sum as the new value).
 
 This is the part of :class:`~hetps.kvstore.server.KVServer` that touches every pushed byte,
-so it is where the way of summing is decided: today on the CPU, in place, on the kernel
-threads (:mod:`hetps.optim.kernels`, ``HETPS_SERVER_THREADS``). The server hands it checked
-pushes (the protocol and its checks are the server's) and is told when a round is complete;
-what is summed, in which order and into which buffer is decided here:
+so it is where the way of summing is decided: here on the CPU, in place, on the kernel
+threads (:mod:`hetps.optim.kernels`, ``HETPS_SERVER_THREADS``); on a device with
+:class:`~hetps.kvstore.ondevice.DeviceAggregator` (``HETPS_SERVER_DEVICE``). The server
+hands it checked pushes (the protocol and its checks are the server's) and is told when a
+round is complete; what is summed, in which order and into which buffer is decided here:
 
 * :meth:`first_whole` keeps a round's first push of a whole part as received (no copy);
 * :meth:`add_chunk` sums a chunk, holding a first push so the next one is summed with it in
@@ -38,6 +39,15 @@ class Aggregator:
         self.workers = workers
         self.optimizer = optimizer
         self.opt_s = 0.0  # seconds in the optimizer (live metrics)
+
+    # -- hooks the server calls -------------------------------------------------------------
+    def value_changed(self, sl: Slice) -> None:
+        """``sl.value`` was written in place (an init): nothing to do here; an aggregator
+        that keeps a copy of it elsewhere (:mod:`hetps.kvstore.ondevice`) takes it again."""
+
+    def host_state(self, sl: Slice) -> Any:
+        """``sl``'s optimizer state as host arrays (what ``get_states`` sends): here it is."""
+        return sl.state
 
     # -- a dist_sync round ------------------------------------------------------------------
     def first_whole(

@@ -67,6 +67,7 @@ class KVServer:
         *,
         replication: Callable[[KVServer], Any],
         elastic: Callable[[KVServer], Any],
+        aggregator: Callable[..., Aggregator] = Aggregator,
     ) -> None:
         self.node = node
         self.sync = sync  # None: decided by each push's "sync" field
@@ -78,7 +79,8 @@ class KVServer:
         self.done_workers: dict[int, str] = {}  # worker id -> description
         # answers: at once, or one message per worker for what one message produced
         self.answers = Answers(node)
-        self.aggregator = Aggregator(lambda: self.num_workers, lambda: self.optimizer)
+        # (HETPS_SERVER_DEVICE: the composition root gives one that sums on a device)
+        self.aggregator = aggregator(lambda: self.num_workers, lambda: self.optimizer)
         self.links = LinkMeter(node)
         self.replication = replication(self)
         self.elastic = elastic(self)
@@ -222,6 +224,7 @@ class KVServer:
         data = checks.push_data(msg, sl, b)
         writable(sl)
         sl.value[off : off + n] = data
+        self.aggregator.value_changed(sl)
         sl.rounds = b.round
         if msg.cmd == P.INIT:
             sl.primary, sl.origin = True, None
@@ -464,7 +467,7 @@ class KVServer:
         # in step with its primary (and a server that takes over may not have heard yet)
         served = self.replication.replicated and keys is None
         states = {
-            sk: sl.state
+            sk: self.aggregator.host_state(sl)
             for sk, sl in self.slices.items()
             if sl.has_state and (keys is None or sk in keys) and (sl.primary or not served)
         }

@@ -73,6 +73,17 @@ def balance_env(env: dict[str, str], balance: str | None, slice_elems: int | Non
         env["HETPS_SLICE_ELEMS"] = str(slice_elems)
 
 
+def server_device_env(env: dict[str, str], device: str | None) -> None:
+    """``--server-device``: every role gets ``HETPS_SERVER_DEVICE`` (the servers sum and
+    update there); a value that names no device fails here, before anything starts."""
+    if device is None:
+        return
+    from hetps.config import env_value
+
+    env["HETPS_SERVER_DEVICE"] = device
+    env_value("HETPS_SERVER_DEVICE", env)  # ConfigError naming the forms it takes
+
+
 def usable_cores() -> int:
     """The CPUs this process may run on (its affinity mask, as ``taskset`` or a cgroup set
     it), which every child inherits."""

@@ -1,0 +1,370 @@
+"""A server that sums and updates on a device (``HETPS_SERVER_DEVICE=cuda:N``): the round
+aggregator of :mod:`hetps.kvstore.aggregate` with the float keys' arithmetic in torch.
+
+What lives where, for a key of float16/32/64 values:
+
+* the round's sum (the merge buffer) is a device tensor: each pushed chunk is copied from the
+  message into a reused host buffer (page-locked on CUDA), from there to the device, and
+  added there, in arrival order (the CPU server's order: the same sums);
+* with the built-in SGD or Adam (the exact classes) the weight and the optimizer state live
+  on the device and the step runs there (:mod:`hetps.kvstore.device_steps`); the new weight
+  is copied to a host buffer once per round (per update in ``dist_async``), and every pull
+  is answered from that buffer;
+* with no optimizer (summation-only servers) the sum is copied to the host once per round
+  and becomes the value;
+* any other optimizer (AdaGrad, DC-ASGD, one of your own) runs on the host as on a CPU
+  server, on the sum copied back once per round.
+
+Integer keys, the row-sparse tables (:mod:`hetps.kvstore.tables`) and the decoding of 2-bit
+pushes stay on the host (a 2-bit push is decoded there, then summed on the device). The
+optimizer states a worker reads (``get_states``, checkpoints) are copied back on request, as
+NumPy arrays: a checkpoint of a device server loads into a CPU server and back.
+
+The CPU server is not touched: :func:`hetps.roles.run_server` plugs this aggregator in only
+when the variable names a device. ``torch:cpu`` runs this same code with torch on the CPU
+(for the tests, which have no GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetps.kvstore import device_steps as steps
+from hetps.kvstore.aggregate import Aggregator
+from hetps.kvstore.compression import TwoBitCompressor
+from hetps.kvstore.slices import BadRequest, Slice
+from hetps.transport.codec import Message
+
+#: what HETPS_SERVER_DEVICE may say (the testing stand-in included)
+FORMS = "cpu, cuda, cuda:N (N a device index) or torch:cpu (the device code on the CPU, tests)"
+
+
+def parse(spec: str) -> tuple[str, int | None] | None:
+    """``spec`` as (kind, index): ("cuda", N or None), ("torch:cpu", None); None for ``cpu``
+    (the NumPy server). Raises ValueError naming the forms it takes."""
+    text = spec.strip().lower()
+    if text == "cpu":
+        return None
+    if text == "torch:cpu":
+        return ("torch:cpu", None)
+    if text == "cuda":
+        return ("cuda", None)
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return ("cuda", int(text[5:]))
+    raise ValueError(f"HETPS_SERVER_DEVICE={spec!r} is not a device: set it to one of {FORMS}")
+
+
+def open_device(spec: str) -> Device:
+    """The device ``spec`` names, checked now (at a server's start): torch must be there and,
+    for ``cuda:N``, see that device; each problem is one error naming the fix."""
+    kind, index = parse(spec) or ("cpu", None)
+    if kind == "cpu":
+        raise ValueError("HETPS_SERVER_DEVICE=cpu is the NumPy server: it needs no device")
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError(
+            f"HETPS_SERVER_DEVICE={spec} needs torch on the server machine, and it is not "
+            "installed: install torch there (pip install torch), or set "
+            "HETPS_SERVER_DEVICE=cpu"
+        ) from None
+    if kind == "torch:cpu":
+        return Device(torch, torch.device("cpu"), spec)
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"HETPS_SERVER_DEVICE={spec} but torch sees no CUDA device on this server "
+            f"(torch {torch.__version__}, torch.cuda.is_available() is False): use "
+            "HETPS_SERVER_DEVICE=cpu (or leave --server-device out), or start the servers on "
+            "a machine with a GPU and a CUDA build of torch"
+        )
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if index is None else index
+    if index >= count:
+        raise RuntimeError(
+            f"HETPS_SERVER_DEVICE={spec} but torch sees {count} CUDA device(s) here "
+            f"(cuda:0 to cuda:{count - 1}): pick one of them, or cpu"
+        )
+    torch.cuda.set_device(index)
+    return Device(torch, torch.device("cuda", index), spec)
+
+
+class Device:
+    """One torch device and the host side of its copies: a reused host buffer for what
+    goes to the device (page-locked on CUDA; before it is written again the copy that
+    read it has finished), a device buffer it lands in, scratch buffers for the steps."""
+
+    def __init__(self, torch: Any, device: Any, spec: str = "") -> None:
+        self.torch = torch
+        self.device = device
+        self.spec = spec or str(device)  # as HETPS_SERVER_DEVICE named it
+        self.cuda = device.type == "cuda"
+        self._stage: Any = None  # host bytes (pinned on CUDA)
+        self._stage_np: np.ndarray | None = None
+        self._landing: Any = None  # device bytes the staged copy lands in
+        self._copied: Any = None  # CUDA event: the last staged copy has read the host buffer
+        self._scratch: dict[Any, list] = {}
+
+    def __repr__(self) -> str:
+        return f"Device({self.device})"
+
+    def dtype(self, np_dtype: np.dtype) -> Any:
+        return getattr(self.torch, steps.FLOATS[np.dtype(np_dtype)])
+
+    def empty(self, n: int, np_dtype: np.dtype) -> Any:
+        return self.torch.empty(n, dtype=self.dtype(np_dtype), device=self.device)
+
+    def host_empty(self, n: int, dtype: Any) -> Any:
+        """A host tensor the device copies into (page-locked on CUDA)."""
+        with self.current():
+            return self.torch.empty(n, dtype=dtype, pin_memory=self.cuda)
+
+    def current(self) -> Any:
+        """This device as the calling thread's current one (a page-locked allocation is made
+        in the current device's context; requests are handled on the node's receive thread,
+        not the one that opened the device)."""
+        return self.torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
+
+    def upload(self, arr: np.ndarray) -> Any:
+        """``arr`` (host, any layout) on the device: a view of the landing buffer, valid
+        until the next upload (what reads it is queued on the same stream before that)."""
+        nbytes = arr.nbytes
+        if self._copied is not None:
+            self._copied.synchronize()  # the last copy has read the host buffer
+            self._copied = None
+        if self._stage is None or self._stage.numel() < nbytes:
+            size = max(nbytes, 1 << 16)
+            self._stage = self.host_empty(size, self.torch.uint8)
+            self._stage_np = self._stage.numpy()
+            self._landing = self.torch.empty(size, dtype=self.torch.uint8, device=self.device)
+        assert self._stage_np is not None
+        np.copyto(self._stage_np[:nbytes].view(arr.dtype), arr.reshape(-1))
+        dst = self._landing[:nbytes]
+        dst.copy_(self._stage[:nbytes], non_blocking=self.cuda)
+        if self.cuda:  # (on this device's stream: the handling thread's current device may
+            # be another one, torch.cuda.set_device holds for the thread that called it)
+            self._copied = self.torch.cuda.Event()
+            self._copied.record(self.torch.cuda.current_stream(self.device))
+        return dst.view(self.dtype(arr.dtype))
+
+    def new_copy(self, arr: np.ndarray) -> Any:
+        """A device tensor of its own holding ``arr`` (a weight or a state taken to the
+        device: not through the landing buffer, whose last upload may not be read yet)."""
+        host = self.torch.from_numpy(np.array(arr, copy=True).reshape(-1))
+        return host.to(self.device, copy=True)
+
+    def download(self, src: Any, dst: Any) -> None:
+        """``dst`` (a host tensor) = ``src``, finished when this returns."""
+        dst.copy_(src)
+        if self.cuda:
+            self.torch.cuda.current_stream(self.device).synchronize()
+
+    def scratch(self, n: int, dtype: Any, count: int) -> list:
+        """``count`` device buffers of ``n`` values of ``dtype``, reused (the steps using
+        them are queued one after the other)."""
+        have = self._scratch.get(dtype, [])
+        if len(have) < count or have[0].numel() < n:
+            size = max(n, have[0].numel() if have else 0)
+            have = [self.torch.empty(size, dtype=dtype, device=self.device) for _ in range(count)]
+            self._scratch[dtype] = have
+        return [b[:n] for b in have[:count]]
+
+
+@dataclass
+class DeviceSlot:
+    """What a device server keeps of one slice beside the Slice itself."""
+
+    weight: Any = None  # the weight on the device
+    weight_of: Any = None  # the host value it equals (None: upload it again before a step)
+    state: Any = None  # the optimizer state on the device
+    state_of: Any = None  # the host state object it was made from (or copied back into)
+    spare: Any = None  # a device buffer for the next round's sum
+    host: Any = None  # the host tensor sl.value is a view of, when it is one of ours
+    host_np: Any = None  # that view
+    host_spare: Any = None  # a host tensor for the next round's value
+    grad_host: Any = None  # the round's sum copied back, for an optimizer run on the host
+
+
+def fits(buf: Any, n: int, dtype: Any) -> bool:
+    """Whether the tensor ``buf`` (or None) can be reused for ``n`` values of ``dtype``."""
+    return buf is not None and buf.numel() == n and buf.dtype == dtype
+
+
+class DeviceAggregator(Aggregator):
+    """The round aggregator with float keys summed and updated on ``device``."""
+
+    def __init__(self, workers: Any, optimizer: Any, device: Device) -> None:
+        super().__init__(workers, optimizer)
+        self.device = device
+        self.torch = device.torch
+        self.slots: dict[tuple[Any, int], DeviceSlot] = {}
+        self.told: set[str] = set()  # what tell() said already
+
+    def tell(self, optimizer: Any) -> None:
+        """Say once per optimizer class, where a launcher shows it, where its rounds run:
+        the line a job's log keeps of what ran on the device (gpu_goals.py checks it)."""
+        name = type(optimizer).__name__ if optimizer is not None else "none"
+        if name in self.told:
+            return
+        self.told.add(name)
+        if optimizer is None:
+            what = "no optimizer: the sum is the value"
+        elif steps.supported(optimizer):
+            what = f"{name} steps on the device"
+        else:
+            what = f"{name} steps on the host (only SGD and Adam have a device step)"
+        print(
+            f"hetps server: summing on {self.device.device} "
+            f"(HETPS_SERVER_DEVICE={self.device.spec}), {what}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def here(self, sl: Slice) -> bool:
+        """Whether ``sl``'s arithmetic runs on the device (float values)."""
+        return sl.value.dtype in steps.FLOATS
+
+    def slot(self, sl: Slice) -> DeviceSlot:
+        got = self.slots.get(sl.skey)
+        if got is None:
+            got = self.slots[sl.skey] = DeviceSlot()
+        return got
+
+    # -- hooks the server calls -------------------------------------------------------------
+    def value_changed(self, sl: Slice) -> None:
+        got = self.slots.get(sl.skey)
+        if got is not None:
+            got.weight_of = None
+
+    def host_state(self, sl: Slice) -> Any:
+        got = self.slots.get(sl.skey)
+        if got is not None and got.state is not None and got.state_of is sl.state:
+            sl.state = got.state_of = steps.state_to_host(got.state)
+        return sl.state
+
+    # -- a dist_sync round ------------------------------------------------------------------
+    def first_whole(
+        self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int, ce: int
+    ) -> bool:
+        if self.here(sl):
+            return False  # every push is copied to the device at once
+        return super().first_whole(sl, msg, data, comp, off, n, ce)
+
+    def _spare(self, sl: Slice) -> Any:  # (overrides the base's static method)
+        if not self.here(sl):
+            return Aggregator._spare(sl)
+        got = self.slot(sl)
+        buf = (
+            got.spare if fits(got.spare, sl.value.size, self.device.dtype(sl.value.dtype)) else None
+        )
+        got.spare = None
+        return buf if buf is not None else self.device.empty(sl.value.size, sl.value.dtype)
+
+    def add_chunk(
+        self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int
+    ) -> None:
+        """Add a chunk to the round's sum on the device, in arrival order: the first push of
+        a chunk is copied in, the next ones added (the CPU server's sums, in its order)."""
+        if not self.here(sl):
+            super().add_chunk(sl, msg, data, comp, off, n)
+            return
+        if comp is not None:  # decoded on the host (the same values the CPU server adds)
+            data = TwoBitCompressor(float(comp)).decompress(data, n, sl.value.dtype)
+        pushed = self.device.upload(data)
+        dst = sl.merge[off : off + n]
+        if off in sl.written:
+            dst.add_(pushed)
+        else:
+            dst.copy_(pushed)
+        sl.written.add(off)
+
+    def merge_held(self, sl: Slice, job: int) -> None:
+        if self.here(sl):
+            raise BadRequest(
+                "HETPS_ELASTIC rounds are not built on a device server: set "
+                "HETPS_SERVER_DEVICE=cpu to let workers go"
+            )
+        super().merge_held(sl, job)
+
+    def finish(self, sl: Slice) -> Any:
+        if not self.here(sl):
+            return super().finish(sl)
+        merged = sl.merge
+        assert merged is not None
+        optimizer = self.optimizer()
+        self.tell(optimizer)
+        got = self.slot(sl)
+        if optimizer is None:
+            self._publish(sl, got, merged)  # the sum is the value
+            got.weight_of = None
+        elif steps.supported(optimizer):
+            self._step(sl, got, optimizer, merged)
+        else:
+            self._host_apply(sl, got, merged, -1)
+        got.spare = merged
+        sl.merge = None
+        sl.got = {}
+        sl.seen, sl.pending = {}, {}
+        sl.rounds += 1
+        return merged
+
+    # -- the update -------------------------------------------------------------------------
+    def apply(self, sl: Slice, grad: Any, worker: int) -> None:
+        """One optimizer step of ``sl`` with the host gradient ``grad`` (``dist_async``)."""
+        optimizer = self.optimizer()
+        if self.here(sl):
+            self.tell(optimizer)
+        if not self.here(sl) or not steps.supported(optimizer):
+            super().apply(sl, grad, worker)
+            self.value_changed(sl)
+            return
+        self._step(sl, self.slot(sl), optimizer, self.device.upload(np.asarray(grad)), worker)
+
+    def _step(self, sl: Slice, got: DeviceSlot, optimizer: Any, grad: Any, worker: int = -1):
+        if got.weight is None or got.weight_of is not sl.value:
+            got.weight = self.device.new_copy(sl.value)
+        if not sl.has_state:
+            sl.state = optimizer.create_state(sl.skey, sl.value)
+            sl.has_state = True
+        if got.state is None or got.state_of is not sl.state:
+            got.state = steps.state_to_device(sl.state, self.device.new_copy)
+            got.state_of = sl.state
+        t0 = time.perf_counter()
+        w = got.weight
+        scratch = self.device.scratch(
+            w.numel(), steps.compute_dtype(self.torch, w), steps.scratch_count(optimizer)
+        )
+        steps.step(self.torch, optimizer, w, grad, got.state, scratch)
+        self._publish(sl, got, w)
+        got.weight_of = sl.value
+        self.opt_s += time.perf_counter() - t0  # (the copy back included)
+
+    def _host_apply(self, sl: Slice, got: DeviceSlot, grad: Any, worker: int) -> None:
+        """An optimizer with no device step: on the host, on the gradient copied back (into
+        a host buffer of the slice's, reused: the optimizer reads it only while it steps)."""
+        if not fits(got.grad_host, grad.numel(), grad.dtype):
+            got.grad_host = self.device.host_empty(grad.numel(), grad.dtype)
+        self.device.download(grad, got.grad_host)
+        super().apply(sl, got.grad_host.numpy(), worker)
+        got.weight_of = None
+
+    def _publish(self, sl: Slice, got: DeviceSlot, src: Any) -> None:
+        """Copy ``src`` (the round's result, on the device) to a host buffer that becomes
+        ``sl.value``, which every pull is answered from until the next round. The last
+        round's buffer is reused unless a zero-copy reply still reads it."""
+        busy = any(not t.done for t in sl.inflight)
+        buf = got.host_spare
+        if not fits(buf, src.numel(), src.dtype):
+            buf = self.device.host_empty(src.numel(), src.dtype)
+        got.host_spare = None
+        self.device.download(src, buf)
+        old = got.host if got.host is not None and got.host_np is sl.value else None
+        sl.value = got.host_np = buf.numpy()
+        got.host = buf
+        sl.inflight = []
+        got.host_spare = None if busy else old
