@@ -66,6 +66,7 @@ class Node:
             secret=cfg.secret,
             io_threads=cfg.io_threads,
             bulk=bulk_channels_on(cfg),
+            keep_buffers=bool(cfg.keep_buffers),
         )
         if cfg.insecure:
             log.warning(

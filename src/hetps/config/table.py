@@ -227,6 +227,14 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "docs/SECURITY.md, 'Bulk channels'); 0: everything this node receives comes "
                 "on its CURVE connection",
                 field="bulk_channels", minimum=0, maximum=1),
+            Var("HETPS_KEEP_BUFFERS", "int", 1,
+                "1: a server's or worker's process keeps the memory of the message buffers it "
+                "freed for the next ones (glibc's malloc serves blocks up to 32 MiB from its "
+                "heap and keeps 256 MiB of freed heap; a 16 MiB frame otherwise costs 4,096 "
+                "page faults each time: 1.35-1.4x faster 16 MB rounds between hosts, see "
+                "docs/PERFORMANCE.md); its resident memory then stays at its peak. 0: malloc "
+                "as the process has it (glibc's own MALLOC_* variables also leave it so)",
+                field="keep_buffers", minimum=0, maximum=1),
             Var("HETPS_IO_THREADS", "int", 0,
                 "ZeroMQ I/O threads of each server and worker (each connection is served by "
                 "one; several peers spread over them); 0: one per 4 cores the process may "

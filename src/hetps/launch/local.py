@@ -257,10 +257,7 @@ class Launcher(Supervision, Liveness):
                 return 1
         env["DMLC_PS_ROOT_PORT"] = str(self._port_value)
         server_argv = spec.server_command or [py, "-m", "hetps.cli", "server"]
-        # servers allocate and free part-sized buffers all job long: with glibc's default
-        # (a rising mmap threshold) freed ones stay in the heap and RSS creeps up; mapping
-        # every buffer of 1 MiB and more gives them back to the system at once
-        server_env = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), **env}
+        server_env = env  # (malloc: each node sets its own, transport/heap.py)
         for r in range(spec.num_servers):
             self._server_start[r] = (
                 server_argv,

@@ -314,8 +314,6 @@ class RayLauncher:
                 "DMLC_NODE_HOST": r.where["ip"],
                 "HETPS_LAUNCH_RANK": str(r.rank),
             }
-            if r.role == "server":
-                overlay.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
             code = self._start(r, argv, overlay)
             if code is not None:
                 return code

@@ -498,8 +498,6 @@ def _task_main(argv: list[str]) -> int:
         print(f"hetps-slurm-step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}", flush=True)
     if role in ("scheduler", "server"):
         cmd = [sys.executable, "-m", "hetps.cli", role]
-        if role == "server":
-            child_env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))  # as the local launcher
     else:
         cmd = command
     if shutil.which(cmd[0], path=child_env.get("PATH")) is None:

@@ -442,9 +442,7 @@ def _ring_positions(
     the counter of a bulk channel's mark (None: none)."""
     if field_m is None:
         return None, None
-    if not (
-        isinstance(field_m, list) and len(field_m) in (2, 3) and isinstance(field_m[1], list)
-    ):
+    if not (isinstance(field_m, list) and len(field_m) in (2, 3) and isinstance(field_m[1], list)):
         raise BadMessage(
             "field 'm' (shared-memory frames) must be [ring name, [counter, ...](, mark)]"
         )

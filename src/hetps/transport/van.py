@@ -30,6 +30,7 @@ from typing import Any
 import zmq
 
 from hetps.config import is_loopback
+from hetps.transport import heap
 from hetps.transport.bulk import Bulk
 from hetps.transport.codec import FRAME_MAX, Message, encode
 from hetps.transport.counters import LinkCounters
@@ -95,7 +96,10 @@ class Van:
         secret: bytes | None = None,
         io_threads: int = 1,
         bulk: bool = False,
+        keep_buffers: bool = False,
     ) -> None:
+        if keep_buffers:  # (before ZeroMQ's I/O threads allocate: transport/heap.py)
+            heap.keep_buffers()
         # 0: one I/O thread per 4 cores this process may use, 1 to 4
         auto = min(4, max(1, len(os.sched_getaffinity(0)) // 4))
         self.ctx = zmq.Context(io_threads=int(io_threads) or auto)
