@@ -62,18 +62,19 @@ def net() -> torch.nn.Module:
     )  # fmt: skip
 
 
-def setup(overlap: bool = True):
+def setup(overlap: bool = True, update_on: str = "server", fusion_bytes: int | None = 0):
     store = LateStore()
     model = net()
     opt = DistributedOptimizer(
         None,
         model.named_parameters(),
         kvstore=store,
-        update_on="server",
-        server_optimizer=optim.SGD(learning_rate=0.1),
+        update_on=update_on,
+        server_optimizer=optim.SGD(learning_rate=0.1, momentum=0.9),
         model=model,
         overlap_forward=overlap,
         background_launch=False,
+        fusion_bytes=fusion_bytes,
     )
     seen: list[tuple[str, int, bool]] = []  # ("fwd", layer, weights were the new ones)
 
@@ -100,8 +101,10 @@ def train_step(model, opt, x) -> None:
     opt.zero_grad()
 
 
-def test_each_module_waits_for_its_own_weights_and_no_others():
-    store, model, opt, seen, x = setup()
+@pytest.mark.parametrize("update_on", ["server", "sum"])
+def test_each_module_waits_for_its_own_weights_and_no_others(update_on):
+    store, model, opt, seen, x = setup(update_on=update_on)
+    k = "weight" if update_on == "server" else "grad"  # (sum: the update runs at the wait)
     train_step(model, opt, x)
     assert not [e for e in store.events if e[0] == "land"]  # step() left every pull in flight
     store.events.clear()
@@ -110,25 +113,28 @@ def test_each_module_waits_for_its_own_weights_and_no_others():
     # the second forward: layer 0 ran before the later layers' answers landed (the overlap),
     # and each layer only once its own answers were in
     assert store.events[: fwd + 1] == [
-        ("land", "weight:0.weight"),
-        ("land", "weight:0.bias"),
+        ("land", f"{k}:0.weight"),
+        ("land", f"{k}:0.bias"),
         ("fwd", "0"),
     ], store.events
     assert store.events[fwd + 1 : fwd + 6] == [
-        ("land", "weight:2.weight"),
-        ("land", "weight:2.bias"),
+        ("land", f"{k}:2.weight"),
+        ("land", f"{k}:2.bias"),
         ("fwd", "2"),
-        ("land", "weight:4.weight"),
-        ("land", "weight:4.bias"),
+        ("land", f"{k}:4.weight"),
+        ("land", f"{k}:4.bias"),
     ], store.events
     assert seen and all(fresh for _, _, fresh in seen), seen  # no layer ran on an old weight
     opt.close()
 
 
-def test_weights_equal_training_without_overlap():
+@pytest.mark.parametrize(
+    "update_on,fusion_bytes", [("server", 0), ("sum", 0), ("sum", 1 << 20)]
+)  # (fusion: one group of every parameter)
+def test_weights_equal_training_without_overlap(update_on, fusion_bytes):
     runs = []
     for overlap in (True, False):
-        _, model, opt, _, x = setup(overlap)
+        _, model, opt, _, x = setup(overlap, update_on, fusion_bytes)
         for _ in range(4):
             train_step(model, opt, x)
         opt.synchronize()  # (reading p by hand: wait first)
@@ -202,7 +208,7 @@ def test_a_weight_read_outside_its_module_raises_in_backward():
 def test_bad_arguments_name_the_fix():
     model = net()
     kw = dict(kvstore=LateStore(), server_optimizer=optim.SGD(learning_rate=0.1))
-    with pytest.raises(ValueError, match="needs update_on='server'"):
+    with pytest.raises(ValueError, match="needs update_on='server' or 'sum'"):
         DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
             overlap_forward=True, model=model, **kw,

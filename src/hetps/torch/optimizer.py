@@ -23,8 +23,8 @@ weights are broadcast from rank 0.
 Tensor fusion (small gradients travel together, groups re-made at backward's pace) is
 described in :mod:`hetps.torch.fusion`; the launcher thread in :mod:`hetps.torch.launching`.
 
-``overlap_forward=True`` (``update_on="server"``, with ``model``): ``step()`` returns without
-waiting for the new weights; each module's forward waits for its own parameters'
+``overlap_forward=True`` (``update_on="server"`` or ``"sum"``, with ``model``): ``step()``
+returns without waiting for the pulls; each module's forward waits for its own parameters'
 (:mod:`hetps.torch.overlap` says what waits and what the user must call).
 
 ``extra``: a small tensor (e.g. a "stop after this step?" flag) that travels inside the
@@ -102,11 +102,12 @@ class DistributedOptimizer:
                 "update_on='sum' runs server_optimizer on the workers: pass None as the torch "
                 "optimizer (or use update_on='worker' to step a torch optimizer)"
             )
-        if overlap_forward and (update_on != "server" or model is None):
+        if overlap_forward and (update_on == "worker" or model is None or extra is not None):
             raise ValueError(
-                "overlap_forward=True needs update_on='server' (the pulls bring the new "
-                "weights) and model=... (its modules' forward pre-hooks wait for them); "
-                f"got update_on={update_on!r}, model={type(model).__name__}"
+                "overlap_forward=True needs update_on='server' or 'sum' (the pulls bring the "
+                "new weights, or the sum this worker updates with) and model=... (its modules' "
+                "forward pre-hooks wait for them), without extra=; got "
+                f"update_on={update_on!r}, model={type(model).__name__}, extra={extra is not None}"
             )
         if fusion_bytes is not None and fusion_bytes < 0:
             raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
@@ -382,27 +383,18 @@ class DistributedOptimizer:
         self._synced = True
         self._after_exchange(t_sync, exchanged)
 
-    def _land(self, g: _Group) -> None:
-        """The new weights of a server-updated parameter, its pull answered: into ``p.data``
-        where the KVStore could not land them there itself."""
+    def _land(self, g: _Group, have: Iterable[str] = ()) -> None:
+        """Group ``g``'s pull answered: the new weights into ``p.data`` where the KVStore could
+        not land them itself (update_on="server"); under update_on="sum" (overlap_forward) this
+        worker's update of the members ``have`` that had a gradient, with the sum."""
         name = g.names[0]
-        p = self._named_dict[name]
-        if self._cpu[name] is not p.data:
-            p.data.copy_(self._cpu[name])
-
-    def _launch_all(self) -> None:
-        """``step()`` under ``overlap_forward``: launch what is still to go and leave the pulls
-        in flight; each module's forward pre-hook waits for its own."""
-        t_sync = time.perf_counter()
-        self.tables.push()
-        self._flush()
-        exchanged = False
-        for g in self.groups:
-            h = self._take_handle(g, self._named_dict)
-            if h is not None:
-                self._overlap.add(g, h)
-                exchanged = True
-        self._after_exchange(t_sync, exchanged)
+        if self._local is not None:
+            buf = g.recv if g.fused else self._landing[name]
+            self._reduce(g, buf, self.kv.num_workers)
+            for n in have:
+                self._local.apply(n, self._named_dict[n], g.recv_of[n] if g.fused else buf)
+        elif self._cpu[name] is not self._named_dict[name].data:
+            self._named_dict[name].data.copy_(self._cpu[name])
 
     def _after_exchange(self, t_sync: float, exchanged: bool) -> None:
         """A step's reductions are launched (and waited for, unless overlapped): the step
@@ -554,9 +546,10 @@ class DistributedOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the reductions (unless :meth:`synchronize` already did), then step."""
-        if self._overlap is not None and not self._synced:
+        deferred = self._overlap is not None and not self._synced
+        if deferred:  # the next forward waits for the pulls, module by module
             self._overlap.wait_all()  # (what the last forward did not wait for)
-            self._launch_all()  # the next forward waits for the pulls, module by module
+            self._overlap.launch_all(self)
         elif not self._synced:
             self.synchronize()
         self._synced = False
@@ -567,7 +560,8 @@ class DistributedOptimizer:
             loss = self.optimizer.step(closure)
         elif self._local is not None:  # the servers summed; this worker updates
             loss = closure() if closure is not None else None
-            self._local.step(self.named)
+            if not deferred:  # (else each module's forward pre-hook updates its own)
+                self._local.step(self.named)
         # (else the servers applied the update; the pulled weights are in place)
         self.timing.update = (t0, time.perf_counter())
         return loss

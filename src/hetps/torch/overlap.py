@@ -1,9 +1,11 @@
 """The next forward pass overlaps the pulls: ``DistributedOptimizer(..., model=model,
-overlap_forward=True)`` (``update_on="server"``).
+overlap_forward=True)`` (``update_on="server"`` or ``"sum"``).
 
 Without it, ``step()`` waits for every parameter's new weights before it returns. With it,
 ``step()`` launches whatever is still to go and returns; the pulls go on while the next
-forward pass runs. A forward pre-hook on every module of ``model`` that holds parameters
+forward pass runs. Under ``update_on="sum"`` the wait also runs this worker's update of
+those parameters with the pulled sum (the same update ``step()`` runs otherwise, so the same
+weights); ``p.grad`` then keeps this worker's own gradient, not the sum. A forward pre-hook on every module of ``model`` that holds parameters
 waits for that module's own parameters (``module.parameters(recurse=False)``) before the
 module runs, and only for them: the first layers, whose answers are asked first (priority),
 run while the last layers' answers are still on their way (BytePS's "cross-barrier"). On a
@@ -45,11 +47,12 @@ from hetps.torch.fusion import _Group
 class _Pull:
     """A group's pull left in flight by ``step()``."""
 
-    __slots__ = ("group", "handle", "error")
+    __slots__ = ("group", "handle", "have", "error")
 
-    def __init__(self, group: _Group, handle: Any) -> None:
+    def __init__(self, group: _Group, handle: Any, have: list[str]) -> None:
         self.group = group
         self.handle = handle
+        self.have = have  # the members that had a gradient (update_on="sum" updates those)
         self.error: BaseException | None = None
 
 
@@ -103,10 +106,23 @@ class ForwardWaits:
         self.wait_all()
 
     # -- waiting ------------------------------------------------------------------------------
-    def add(self, g: _Group, handle: Any) -> None:
-        pull = _Pull(g, handle)
-        for name in g.names:
-            self.pending[name] = pull
+    def launch_all(self, opt: Any) -> None:
+        """``step()``: launch what optimizer ``opt`` has still to send and leave every pull in
+        flight (each module's forward waits for its own)."""
+        t_sync = time.perf_counter()
+        opt.tables.push()
+        opt._flush()
+        exchanged = False
+        params = opt._named_dict
+        for g in opt.groups:
+            have = [n for n in g.names if params[n].grad is not None]  # (before zero_grad)
+            h = opt._take_handle(g, params)
+            if h is not None:
+                pull = _Pull(g, h, have)
+                for name in g.names:
+                    self.pending[name] = pull
+                exchanged = True
+        opt._after_exchange(t_sync, exchanged)
 
     def _wait(self, pull: _Pull) -> None:
         if pull.error is not None:
@@ -114,7 +130,7 @@ class ForwardWaits:
         t0 = time.perf_counter()
         try:
             pull.handle.wait()
-            self._land(pull.group)
+            self._land(pull.group, pull.have)
         except BaseException as exc:
             pull.error = exc
             raise
