@@ -1,7 +1,7 @@
 """``overlap_forward=True`` on a real cluster (2 workers, 1 server, SGD with momentum on the
-server): the same weights, bit for bit, as the same training whose ``step()`` waits for every
-pull. Both run side by side in one job under different key prefixes. The CUDA variant skips
-without a GPU."""
+server, or on each worker with servers that only sum): the same weights, bit for bit, as the
+same training whose ``step()`` waits for every pull. Both run side by side in one job under
+different key prefixes. The CUDA variant skips without a GPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 CODE = """
 import torch
 from hetps.torch import DistributedOptimizer
-DEV = {dev!r}
+DEV, UPDATE_ON = {dev!r}, {update_on!r}
 kv = hetps.kv.create('dist_sync')
 def net():
     torch.manual_seed(0)
@@ -22,7 +22,7 @@ data = [(torch.randn(12, 8, generator=g).to(DEV), torch.randint(0, 3, (12,), gen
 runs = []
 for overlap in (False, True):
     model = net()
-    opt = DistributedOptimizer(None, model.named_parameters(), kvstore=kv, update_on='server',
+    opt = DistributedOptimizer(None, model.named_parameters(), kvstore=kv, update_on=UPDATE_ON,
                                server_optimizer=optim.SGD(learning_rate=0.1, momentum=0.9),
                                prefix=f'o{{int(overlap)}}/', model=model,
                                overlap_forward=overlap)
@@ -43,11 +43,11 @@ print('OVERLAP-OK', flush=True)
 """
 
 
-@pytest.mark.parametrize("dev", ["cpu", "cuda"])
-def test_overlapped_pulls_give_the_same_weights_as_waiting_for_them(cluster, dev):
+@pytest.mark.parametrize("dev,update_on", [("cpu", "server"), ("cpu", "sum"), ("cuda", "server")])
+def test_overlapped_pulls_give_the_same_weights_as_waiting_for_them(cluster, dev, update_on):
     torch = pytest.importorskip("torch")
     if dev == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False here)")
-    rc, out = cluster(CODE.format(dev=dev), workers=2, servers=1)
+    rc, out = cluster(CODE.format(dev=dev, update_on=update_on), workers=2, servers=1)
     assert rc == 0, out
     assert out.count("OVERLAP-OK") == 2, out
