@@ -22,6 +22,14 @@ median; per model the median over the runs of each kind; ratio = B / A (1.0 = no
 the goal of issue 3 is <= 1.15). The per-pair ratios show the spread. Every process runs
 with BLAS/OpenMP pinned to one thread. Nothing is slowed down (no --slowdown).
 
+With ``--overlap`` each pair also runs two server-update kinds (the ``-m async`` of 1 worker +
+1 server, SGD on the server; with one worker it is the same training as sync):
+
+* C = ``-m async``: ``step()`` waits for every parameter's new weights;
+* D = ``-m async --overlap-forward``: ``step()`` returns at once and each layer's forward
+  waits for its own weights (``DistributedOptimizer(overlap_forward=True)``), so the pulls of
+  the last layers travel while the first layers compute.
+
 MXNet 1.9.1 beside it (mlp and lenet; ``--skip-mxnet`` leaves it out): each pair also runs
 ``benchmarks/_overhead_mx.py`` under MXNet's python (``--mxnet-python``, default
 ``mxpeer-venv/bin/python``) on the same model (same parameter count, checked), batch, data and
@@ -116,8 +124,11 @@ def run_one(
         "--progress",
         "lines",
     ]
-    if kind == "sync":
+    if kind != "local":
         cmd += ["--workers", "1", "--servers", "1"]
+    if kind == "async-overlap":
+        cmd[cmd.index("async-overlap")] = "async"
+        cmd += ["--overlap-forward"]
     if args.gpu is not None:
         cmd += ["-g", str(args.gpu)]
     if args.data_dir:
@@ -211,6 +222,25 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return b / a if a and b is not None else None
 
 
+def overlap_figures(runs: dict) -> dict:
+    """The server-update kinds of ``--overlap``: medians and ratios to local (same run)."""
+    loc = median(r["srit_s"] for r in runs["local"])
+    wait = median(r["srit_s"] for r in runs["async"])
+    over = median(r["srit_s"] for r in runs["async-overlap"])
+    return {
+        "async_srit_s": wait,
+        "overlap_srit_s": over,
+        "ratio_async": ratio(loc, wait),
+        "ratio_overlap": ratio(loc, over),
+        "overlap_vs_async": ratio(wait, over),
+        "pair_ratios_overlap_vs_async": [
+            ratio(a["srit_s"], b["srit_s"])
+            for a, b in zip(runs["async"], runs["async-overlap"], strict=True)
+        ],
+        "runs": runs["async"] + runs["async-overlap"],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 pairs per model, shorter runs")
@@ -230,6 +260,11 @@ def main() -> int:
     ap.add_argument("--logdir", default="/tmp/hetps-bench-overhead")
     ap.add_argument("--mxnet-python", default=DEFAULT_MX_PY)
     ap.add_argument("--skip-mxnet", action="store_true")
+    ap.add_argument(
+        "--overlap",
+        action="store_true",
+        help="also run -m async with and without --overlap-forward (server-side SGD)",
+    )
     ap.add_argument("--job-timeout", type=float, default=600.0, help="seconds per MXNet run")
     args = ap.parse_args()
     mx_reason = None
@@ -257,10 +292,13 @@ def main() -> int:
         batch, rounds = MODELS[model]
         rounds = max(args.warmup + 10, int(rounds * preset["round_scale"]))
         runs = {"local": [], "sync": [], "mxnet-local": [], "mxnet-sync": []}
+        kinds = ["local", "sync"] + (["async", "async-overlap"] if args.overlap else [])
         with_mx = mx_reason is None and model in MX_MODELS
         for i in range(pairs):
-            for kind in ("local", "sync"):  # A B A B
-                runs[kind].append(run_one(kind, model, batch, rounds, args, f"{model}-{kind}-{i}"))
+            for kind in kinds:  # A B (C D) A B (C D)
+                runs.setdefault(kind, []).append(
+                    run_one(kind, model, batch, rounds, args, f"{model}-{kind}-{i}")
+                )
             for kind in ("local", "sync") if with_mx else ():
                 runs[f"mxnet-{kind}"].append(run_mx(kind, model, batch, rounds, args))
         mx_loc = median(r["step_s"] for r in runs["mxnet-local"])
@@ -295,6 +333,7 @@ def main() -> int:
                 for a, b in zip(runs["mxnet-local"], runs["mxnet-sync"], strict=True)
             ],
             "runs": runs["local"] + runs["sync"],
+            "overlap": overlap_figures(runs) if args.overlap else None,
             "mxnet_runs": runs["mxnet-local"] + runs["mxnet-sync"],
         }
         results.append(res)
@@ -338,6 +377,28 @@ def main() -> int:
         "(sync) vs local, same batch, A B A B"
     )
     print_table(headers, rows)
+    if args.overlap:
+        print()
+        print(
+            "server-side update (-m async, 1 worker + 1 server): step() waits for the pulls "
+            "vs --overlap-forward (each layer waits for its own), per-iteration medians"
+        )
+        print_table(
+            ["model", "local ms", "waits ms", "ratio", "overlap ms", "ratio", "overlap/waits"],
+            [
+                [
+                    res["model"],
+                    fmt(1000 * res["local_srit_s"] if res["local_srit_s"] else None, ".2f"),
+                    fmt(1000 * o["async_srit_s"] if o["async_srit_s"] else None, ".2f"),
+                    fmt(o["ratio_async"], ".2f"),
+                    fmt(1000 * o["overlap_srit_s"] if o["overlap_srit_s"] else None, ".2f"),
+                    fmt(o["ratio_overlap"], ".2f"),
+                    fmt(o["overlap_vs_async"], ".3f"),
+                ]
+                for res in results
+                for o in [res["overlap"]]
+            ],
+        )
     if mx_reason:
         print(f"MXNet: {mx_reason}")
     elif any(m not in MX_MODELS for m in models):
@@ -358,7 +419,11 @@ def main() -> int:
             },
         )
         log(f"wrote {args.json}")
-    runs = [r for res in results for r in res["runs"] + res["mxnet_runs"]]
+    runs = [
+        r
+        for res in results
+        for r in res["runs"] + res["mxnet_runs"] + ((res["overlap"] or {}).get("runs") or [])
+    ]
     return 0 if all(r["rc"] == 0 for r in runs) else 1
 
 

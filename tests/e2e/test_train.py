@@ -55,6 +55,8 @@ def _records(run: Path, rank: int) -> list[dict]:
         ("sync", [], "sync-mlp-w2"),
         ("async", [], "async-mlp-w2"),
         ("async", ["-dcasgd", "1"], "dcasgd-mlp-w2"),
+        # step() leaves the pulls in flight; each layer's forward (evaluation's too) waits
+        ("async", ["--overlap-forward"], "async-mlp-w2"),
     ],
 )
 def test_modes_train_and_log(tmp_path, mode, extra, name):
@@ -79,8 +81,11 @@ def test_modes_train_and_log(tmp_path, mode, extra, name):
         recs = _records(run, rank)
         assert len(recs) == 30
         for r in recs:
-            assert r["bytes_sent"] > 0 and r["bytes_recv"] > 0 and r["samples"] == 32
+            # (--overlap-forward: a round's answers may arrive in the next round)
+            late = "--overlap-forward" in extra
+            assert r["bytes_sent"] > 0 and (r["bytes_recv"] > 0 or late) and r["samples"] == 32
             assert r["compute_s"] > 0 and r["local_steps"] == 1
+        assert sum(r["bytes_recv"] for r in recs) > 0
         assert (run / f"traffic-worker{rank}.jsonl").exists()
     accs = [r["accuracy"] for r in _records(run, 0) if r.get("accuracy") is not None]
     assert len(accs) == 6 and accs[-1] > 0.5, accs  # learned something on 4800 images
@@ -196,6 +201,16 @@ def test_esync_with_standalone_state_server(tmp_path):
     finally:
         os.killpg(srv.pid, signal.SIGTERM)
         srv.wait(timeout=10)
+
+
+def test_overlap_forward_outside_async_is_refused(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), "-m", "sync",
+         "--overlap-forward", "--workers", "1", *SMALL, "--max-rounds", "2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert "--overlap-forward applies to -m async" in res.stderr, res.stderr
 
 
 def test_missing_data_dir_is_explained(tmp_path):

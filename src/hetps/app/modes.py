@@ -105,15 +105,24 @@ def run_async(run: WorkerRun) -> int:
         if args.use_dcasgd
         else ps_optim.SGD(learning_rate=args.learning_rate)
     )
+    overlap = bool(getattr(args, "overlap_forward", False))
     dopt = DistributedOptimizer(
-        None, run.params, kvstore=run.kv, update_on="server", server_optimizer=server_opt
+        None,
+        run.params,
+        kvstore=run.kv,
+        update_on="server",
+        server_optimizer=server_opt,
+        # --overlap-forward: step() leaves the pulls in flight; each layer's forward
+        # (evaluation's too) waits for its own parameters, a checkpoint's state_dict for all
+        model=run.model if overlap else None,
+        overlap_forward=overlap,
     )
     run.start()
 
     def play(r: Round) -> bool:
         loss, c, n, epoch = run.one_step(dopt, lambda: None)
         t1 = time.perf_counter()
-        dopt.step()  # waits for the new weights
+        dopt.step()  # waits for the new weights (with --overlap-forward: the next forward)
         account_step(r, dopt.timing.take(), t1, time.perf_counter())
         r.add_step(loss, c, n, epoch, end=run.step_end)
         return run.want_stop(r.rnd)  # each worker stops on its own

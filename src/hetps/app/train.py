@@ -90,6 +90,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-e", "--eval-duration", type=int, default=10, help="evaluate every E rounds")
     p.add_argument("-dcasgd", "--use-dcasgd", type=int, default=0, choices=(0, 1))
+    p.add_argument(
+        "--overlap-forward",
+        action="store_true",
+        help="-m async: step() does not wait for the new weights; each layer's forward waits "
+        "for its own (DistributedOptimizer(overlap_forward=True))",
+    )
     p.add_argument("-s", "--split-by-class", action="store_true")
     p.add_argument("-ip", "--state-server-ip", default=None)
     p.add_argument("-port", "--state-server-port", type=int, default=None)
@@ -197,6 +203,11 @@ def main(args: argparse.Namespace) -> int:
 
     resume_after_restart(args)
     check_args(args)
+    if getattr(args, "overlap_forward", False) and args.mode != "async":
+        raise SystemExit(
+            "hetps train: --overlap-forward applies to -m async (the servers update, the "
+            f"pulls bring the new weights), not to -m {args.mode}; drop it or use -m async"
+        )
     role = role_from_env()
     if args.mode == "local":
         return train_worker(args, kv=None)

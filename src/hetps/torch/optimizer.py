@@ -20,33 +20,12 @@ Two places to update:
 Parameters are keyed by name in the order given (the same on every worker), and the initial
 weights are broadcast from rank 0.
 
-Tensor fusion: every request costs the same fixed time whatever its size (a message each way,
-Python on both ends), so gradients smaller than ``fusion_bytes`` (default
-``HETPS_FUSION_BYTES``, 256 KiB) travel together: neighbouring parameters, in the order
-backward produces them, form groups of at most ``fusion_bytes``; each member's hook copies its
-gradient into the group's flat buffer and the last one to arrive sends the group as one key.
-Larger gradients go alone, without a copy. ``fusion_bytes=0`` sends every parameter alone.
-Fusion applies to ``update_on="worker"`` only (a server-side optimizer would update a group
-as one tensor). A member with no gradient this step (unused by the forward pass) adds zeros
-and keeps ``p.grad`` None; its group then goes out from :meth:`synchronize`, after backward.
-As with lone parameters, a parameter must get a gradient on every worker or on none.
+Tensor fusion (small gradients travel together, groups re-made at backward's pace) is
+described in :mod:`hetps.torch.fusion`; the launcher thread in :mod:`hetps.torch.launching`.
 
-Groups that follow backward's pace: the first groups are made from sizes alone, but what
-decides the step's exposed communication is the group that leaves last, when backward ends.
-On a synchronous store the hooks time the first ``tune_steps`` steps (default
-:data:`TUNE_STEPS`); then rank 0 re-makes the groups in the order the gradients actually came
-and also closes a group where backward pauses (the next gradient comes at least
-``FUSION_GAP_S`` later) once it holds ``FUSION_SPLIT_BYTES``, so those bytes travel during
-the pause instead of after the last gradient. LeNet is the case in point: its classifier's
-gradients (~230 KiB) are ready 0.3 ms into a 2.5 ms backward whose rest goes to the
-convolutions' 10 KiB. Every worker takes rank 0's groups (a broadcast); groups that changed
-get new keys. ``tune_steps=0`` keeps the size-only groups.
-
-Launching a group (request bookkeeping, encoding, the socket send) is ~0.2 ms of Python. With
-``background_launch`` (default) the hooks hand groups to a launcher thread that sends them
-while backward, which runs without the GIL, goes on; the first parameters' group (the last
-one backward finishes) is sent by its hook, and :meth:`synchronize` sends whatever is still
-queued. A launch that fails raises in :meth:`synchronize` / :meth:`step`.
+``overlap_forward=True`` (``update_on="server"`` or ``"sum"``, with ``model``): ``step()``
+returns without waiting for the pulls; each module's forward waits for its own parameters'
+(:mod:`hetps.torch.overlap` says what waits and what the user must call).
 
 ``extra``: a small tensor (e.g. a "stop after this step?" flag) that travels inside the
 first parameters' fused group and comes back summed over the workers after
@@ -106,6 +85,7 @@ class DistributedOptimizer:
         model: torch.nn.Module | None = None,
         sparse_optimizer: ps_optim.Optimizer | None = None,
         table_init: tuple[float, int] = (0.01, 0),
+        overlap_forward: bool = False,
     ) -> None:
         if op not in ("average", "sum"):
             raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
@@ -121,6 +101,13 @@ class DistributedOptimizer:
             raise ValueError(
                 "update_on='sum' runs server_optimizer on the workers: pass None as the torch "
                 "optimizer (or use update_on='worker' to step a torch optimizer)"
+            )
+        if overlap_forward and (update_on == "worker" or model is None or extra is not None):
+            raise ValueError(
+                "overlap_forward=True needs update_on='server' or 'sum' (the pulls bring the "
+                "new weights, or the sum this worker updates with) and model=... (its modules' "
+                "forward pre-hooks wait for them), without extra=; got "
+                f"update_on={update_on!r}, model={type(model).__name__}, extra={extra is not None}"
             )
         if fusion_bytes is not None and fusion_bytes < 0:
             raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
@@ -151,6 +138,13 @@ class DistributedOptimizer:
         self._index = {n: i for i, n in enumerate(names)}
         self._handles: dict[int, Any] = {}  # group index -> its reduction in flight
         self.timing = StepTiming()  # where each step's communication went (hetps train logs it)
+        self._named_dict = dict(self.named)
+        self._overlap = None  # pulls step() left in flight, waited for by each module
+        if overlap_forward:
+            from hetps.torch.overlap import ForwardWaits
+
+            assert model is not None
+            self._overlap = ForwardWaits(model, self.named, self._land, self.timing)
         self._landing: dict[str, torch.Tensor] = {}  # where a lone parameter's reduction lands
         self._synced = False
         self._hooks = []
@@ -266,6 +260,8 @@ class DistributedOptimizer:
 
     def broadcast_parameters(self) -> None:
         """Give every worker rank 0's parameters (an init on the servers, then a pull)."""
+        if self._overlap is not None:
+            self._overlap.wait_all()
         keys = [f"{self.prefix}init:{n}" for n, _ in self.named]
         tensors = [self._cpu[n] for n, _ in self.named]
         for (_, p), t in zip(self.named, tensors, strict=True):
@@ -281,6 +277,8 @@ class DistributedOptimizer:
         def hook(p: torch.Tensor) -> None:
             if p.grad is None:
                 return
+            if self._overlap is not None:
+                self._overlap.check_unread(name)  # (raises if a forward read a stale weight)
             if self._clock is not None:
                 self._clock[name] = time.perf_counter()
             g = self._group_of[name]  # (re-made groups replace it)
@@ -339,35 +337,17 @@ class DistributedOptimizer:
     def synchronize(self) -> None:
         """Wait for every parameter's reduction; afterwards ``p.grad`` holds the reduced
         gradient (update on workers), so it may be clipped before :meth:`step`."""
-        params = dict(self.named)
-        W = self.kv.num_workers
+        if self._overlap is not None:
+            self._overlap.wait_all()  # the pulls the last step() left in flight
+        params, W = self._named_dict, self.kv.num_workers
         t_sync = time.perf_counter()
         self.tables.push()  # embedding tables: the batch's rows' gradients (every step)
         self._flush()
         exchanged = False  # a step without any gradient is not one of the timed steps
         for g in self.groups:
-            h = self._handles.pop(g.index, None)
+            h = self._take_handle(g, params)
             if h is None:
-                # hooks did not run (grads set by hand, or members without a gradient): send now
-                have = [n for n in g.names if params[n].grad is not None]
-                if not have and not (g.index == 0 and self.extra_rides):
-                    continue
-                if not g.fused:
-                    self._make_hook(g.names[0])(params[g.names[0]])
-                else:
-                    assert g.send is not None
-                    for n in g.names:
-                        if n in g.ready:
-                            continue
-                        grad = params[n].grad
-                        view = g.send_of[n]
-                        if grad is None:
-                            view.zero_()  # no gradient here: contributes nothing to the sum
-                        else:
-                            view.copy_(grad)
-                    self._send(g, staged(g.send))
-                self._flush()
-                h = self._handles.pop(g.index)
+                continue
             t_wait = time.perf_counter()
             h.wait()
             self.timing.waits.append((t_wait, time.perf_counter()))
@@ -398,11 +378,29 @@ class DistributedOptimizer:
                     self._landing[name], p.grad = p.grad, buf
                 else:
                     p.grad.copy_(buf)
-            elif self._cpu[name] is not p.data:
-                p.data.copy_(self._cpu[name])
+            else:
+                self._land(g)
+        self._synced = True
+        self._after_exchange(t_sync, exchanged)
+
+    def _land(self, g: _Group, have: Iterable[str] = ()) -> None:
+        """Group ``g``'s pull answered: the new weights into ``p.data`` where the KVStore could
+        not land them itself (update_on="server"); under update_on="sum" (overlap_forward) this
+        worker's update of the members ``have`` that had a gradient, with the sum."""
+        name = g.names[0]
+        if self._local is not None:
+            buf = g.recv if g.fused else self._landing[name]
+            self._reduce(g, buf, self.kv.num_workers)
+            for n in have:
+                self._local.apply(n, self._named_dict[n], g.recv_of[n] if g.fused else buf)
+        elif self._cpu[name] is not self._named_dict[name].data:
+            self._named_dict[name].data.copy_(self._cpu[name])
+
+    def _after_exchange(self, t_sync: float, exchanged: bool) -> None:
+        """A step's reductions are launched (and waited for, unless overlapped): the step
+        count, and the timings that tune the groups."""
         for g in self.groups:
             g.ready = set()  # a partial backward must not leave members marked for next step
-        self._synced = True
         self.timing.sync = (t_sync, time.perf_counter())
         if not exchanged:
             return
@@ -416,6 +414,33 @@ class DistributedOptimizer:
                     self._retune()
                 else:
                     self._mark_inline()
+
+    def _take_handle(self, g: _Group, params: dict) -> Any:
+        """Group ``g``'s reduction in flight, launched now if its hooks did not launch it
+        (gradients set by hand, members without one); None if it has nothing to send."""
+        h = self._handles.pop(g.index, None)
+        if h is None:
+            # hooks did not run (grads set by hand, or members without a gradient): send now
+            have = [n for n in g.names if params[n].grad is not None]
+            if not have and not (g.index == 0 and self.extra_rides):
+                return None
+            if not g.fused:
+                self._make_hook(g.names[0])(params[g.names[0]])
+            else:
+                assert g.send is not None
+                for n in g.names:
+                    if n in g.ready:
+                        continue
+                    grad = params[n].grad
+                    view = g.send_of[n]
+                    if grad is None:
+                        view.zero_()  # no gradient here: contributes nothing to the sum
+                    else:
+                        view.copy_(grad)
+                self._send(g, staged(g.send))
+            self._flush()
+            h = self._handles.pop(g.index)
+        return h
 
     def _reduce(self, g: Any, total: torch.Tensor, W: int) -> None:
         """What the sum becomes before the update: SSGD's mean (op="average"); under
@@ -434,23 +459,13 @@ class DistributedOptimizer:
             total.view(-1)[a:b].mul_(W / w)
 
     # -- groups that follow backward's pace ---------------------------------------------------
-    def _ready_times(self) -> dict[str, float] | None:
-        """Each gradient's median ready time (seconds after the step's first one) over the
-        timed steps (the first dropped), or None if a gradient was not timed in every one of
-        them (hooks bypassed, unused parameters)."""
-        return ready_times(self._timed, [n for n, _ in self.named])
-
-    def _measured_groups(self) -> list[list[str]] | None:
-        """Groups from this worker's timed steps, or None without complete timings."""
-        ready = self._ready_times()
-        return None if ready is None else measured_groups(self.named, ready, self.fusion_bytes)
-
     def _retune(self) -> None:
         """Re-make the groups from rank 0's timings, on every worker (a collective: each
         worker calls it at the same step). Groups that did not change keep their keys."""
         ids = torch.zeros(len(self.named), dtype=torch.float64)
         if getattr(self.kv, "live_rank", self.kv.rank) == 0:
-            plan = self._measured_groups()
+            ready = ready_times(self._timed, list(self._index))  # rank 0's own timings
+            plan = ready and measured_groups(self.named, ready, self.fusion_bytes)
             groups = self.groups if plan is None else self._as_groups(plan)
             if self.extra_rides and not groups[0].fused:
                 groups = self.groups  # the extra tensor needs a fused first group: keep the old
@@ -522,7 +537,7 @@ class DistributedOptimizer:
         """Groups that are ready within ``LAUNCH_INLINE_S`` of backward's end (by this
         worker's own timings) are sent by their hook: there is too little backward left to
         overlap a launch with, and the hand-off to the launcher would only add its wake-up."""
-        ready = self._ready_times()
+        ready = ready_times(self._timed, list(self._index))
         if ready is None:
             return
         end = max(ready.values())
@@ -531,7 +546,11 @@ class DistributedOptimizer:
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the reductions (unless :meth:`synchronize` already did), then step."""
-        if not self._synced:
+        deferred = self._overlap is not None and not self._synced
+        if deferred:  # the next forward waits for the pulls, module by module
+            self._overlap.wait_all()  # (what the last forward did not wait for)
+            self._overlap.launch_all(self)
+        elif not self._synced:
             self.synchronize()
         self._synced = False
         t0 = time.perf_counter()
@@ -541,7 +560,8 @@ class DistributedOptimizer:
             loss = self.optimizer.step(closure)
         elif self._local is not None:  # the servers summed; this worker updates
             loss = closure() if closure is not None else None
-            self._local.step(self.named)
+            if not deferred:  # (else each module's forward pre-hook updates its own)
+                self._local.step(self.named)
         # (else the servers applied the update; the pulled weights are in place)
         self.timing.update = (t0, time.perf_counter())
         return loss
@@ -562,8 +582,12 @@ class DistributedOptimizer:
         return self.optimizer.param_groups if self.optimizer is not None else []
 
     def close(self) -> None:
-        """Remove the gradient hooks and stop the launcher thread."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        self._launches.close()
+        """Wait for the pulls in flight (overlap_forward); remove the hooks; stop launching."""
+        try:
+            if self._overlap is not None:
+                self._overlap.close()
+        finally:
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            self._launches.close()

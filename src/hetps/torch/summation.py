@@ -47,13 +47,16 @@ class WorkerUpdate:
     def step(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Apply each parameter's gradient (the servers' sum) to it, in place."""
         for name, p in named:
-            if p.grad is None:
-                continue
-            w = p.data.numpy()
-            state = self.states.get(name)
-            if name not in self.states:
-                state = self.states[name] = self.optimizer.create_state(name, w)
-            self.optimizer.apply_update(name, w, p.grad.detach().numpy(), state, sender=0)
+            if p.grad is not None:
+                self.apply(name, p, p.grad)
+
+    def apply(self, name: str, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """Apply one parameter's gradient ``grad`` (the servers' sum) to it, in place."""
+        w = p.data.numpy()
+        state = self.states.get(name)
+        if name not in self.states:
+            state = self.states[name] = self.optimizer.create_state(name, w)
+        self.optimizer.apply_update(name, w, grad.detach().numpy(), state, sender=0)
 
     def state_bytes(self) -> bytes:
         return ps_optim.dump_states(self.states)

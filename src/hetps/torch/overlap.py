@@ -1,0 +1,170 @@
+"""The next forward pass overlaps the pulls: ``DistributedOptimizer(..., model=model,
+overlap_forward=True)`` (``update_on="server"`` or ``"sum"``).
+
+Without it, ``step()`` waits for every parameter's new weights before it returns. With it,
+``step()`` launches whatever is still to go and returns; the pulls go on while the next
+forward pass runs. Under ``update_on="sum"`` the wait also runs this worker's update of
+those parameters with the pulled sum (the same update ``step()`` runs otherwise, so the same
+weights); ``p.grad`` then keeps this worker's own gradient, not the sum. A forward pre-hook on every module of ``model`` that holds parameters
+waits for that module's own parameters (``module.parameters(recurse=False)``) before the
+module runs, and only for them: the first layers, whose answers are asked first (priority),
+run while the last layers' answers are still on their way (BytePS's "cross-barrier"). On a
+CUDA parameter the wait is the host waiting for the answer to be in host memory; its copy to
+the device is queued on a side stream that the current stream waits for (the host does not
+wait for the copy).
+
+What waits for the outstanding pulls, so that it sees the new weights:
+
+* a module's forward (its own parameters), also under ``torch.no_grad()`` (evaluation);
+* :meth:`~hetps.torch.optimizer.DistributedOptimizer.synchronize` and the next ``step()``
+  (all of them), ``close()`` (all of them), ``broadcast_parameters()`` (all of them);
+* ``state_dict()`` and ``load_state_dict()`` of any module of ``model`` (all of them: a
+  checkpoint holds the new weights, and a loaded one is not overwritten by a late answer).
+
+What the user must do: read or write a parameter outside these (``p.data`` by hand, a
+parent module's forward that reads a child's weight directly, ``module.forward(x)`` called
+instead of ``module(x)``) only after ``opt.synchronize()``. A parameter that gets a gradient
+in the next backward although no pre-hook waited for it was read outside its module's
+forward: the backward raises ``RuntimeError`` naming it, rather than train on a weight that
+may be the old one. A pull that failed raises at every later wait point that covers its
+parameter (its weight is stale): make a new optimizer (its broadcast fetches the servers'
+weights).
+
+``zero_grad()`` does not wait: the pulls write weights, not gradients, and ``step()`` has
+launched every push (each push captured its gradient) before it returns.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from hetps.torch.fusion import _Group
+
+
+class _Pull:
+    """A group's pull left in flight by ``step()``."""
+
+    __slots__ = ("group", "handle", "have", "error")
+
+    def __init__(self, group: _Group, handle: Any, have: list[str]) -> None:
+        self.group = group
+        self.handle = handle
+        self.have = have  # the members that had a gradient (update_on="sum" updates those)
+        self.error: BaseException | None = None
+
+
+class ForwardWaits:
+    """The pulls ``step()`` left in flight, and the hooks on ``model`` that wait for them.
+
+    ``land(g)`` finishes group ``g`` once its answer is in (e.g. the copy into a parameter the
+    KVStore could not land in directly); ``timing.waits`` gets each wait's (start, end)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        named: list[tuple[str, torch.nn.Parameter]],
+        land: Any,
+        timing: Any,
+    ) -> None:
+        self._land = land
+        self._timing = timing
+        self.pending: dict[str, _Pull] = {}  # parameter name -> its group's pull in flight
+        names = {id(p): n for n, p in named}
+        owned: set[str] = set()
+        self._hooks: list[Any] = []
+        for module in model.modules():
+            own = [names[id(p)] for p in module.parameters(recurse=False) if id(p) in names]
+            if not own:
+                continue
+            owned.update(own)
+            self._hooks.append(module.register_forward_pre_hook(self._forward_hook(own)))
+            self._hooks.append(module.register_state_dict_pre_hook(self._wait_all_hook))
+            self._hooks.append(module.register_load_state_dict_pre_hook(self._wait_all_hook))
+        missing = [n for n, _ in named if n not in owned]
+        if missing:
+            raise ValueError(
+                f"overlap_forward=True: parameter(s) {missing[:3]} are not parameters of any "
+                "module of model=..., so no forward would wait for their new weights; pass the "
+                "model that owns every parameter given, or overlap_forward=False"
+            )
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _forward_hook(self, own: list[str]):
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            if self.pending:
+                for name in own:
+                    pull = self.pending.get(name)
+                    if pull is not None:
+                        self._wait(pull)
+
+        return hook
+
+    def _wait_all_hook(self, *args: Any, **kwargs: Any) -> None:
+        self.wait_all()
+
+    # -- waiting ------------------------------------------------------------------------------
+    def launch_all(self, opt: Any) -> None:
+        """``step()``: launch what optimizer ``opt`` has still to send and leave every pull in
+        flight (each module's forward waits for its own)."""
+        t_sync = time.perf_counter()
+        opt.tables.push()
+        opt._flush()
+        exchanged = False
+        params = opt._named_dict
+        for g in opt.groups:
+            have = [n for n in g.names if params[n].grad is not None]  # (before zero_grad)
+            h = opt._take_handle(g, params)
+            if h is not None:
+                pull = _Pull(g, h, have)
+                for name in g.names:
+                    self.pending[name] = pull
+                exchanged = True
+        opt._after_exchange(t_sync, exchanged)
+
+    def _wait(self, pull: _Pull) -> None:
+        if pull.error is not None:
+            raise pull.error  # a failed pull stays: its weights are stale
+        t0 = time.perf_counter()
+        try:
+            pull.handle.wait()
+            self._land(pull.group, pull.have)
+        except BaseException as exc:
+            pull.error = exc
+            raise
+        self._timing.waits.append((t0, time.perf_counter()))
+        for name in pull.group.names:
+            if self.pending.get(name) is pull:
+                del self.pending[name]
+
+    def wait_all(self) -> None:
+        """Wait for every pull in flight (first layers first); raise the first failure."""
+        seen: set[int] = set()
+        for pull in list(self.pending.values()):
+            if id(pull) not in seen:
+                seen.add(id(pull))
+                self._wait(pull)
+
+    def check_unread(self, name: str) -> None:
+        """``name`` got a gradient: a pull of it still in flight means a forward read it
+        without waiting for its new weight."""
+        if name not in self.pending:
+            return
+        raise RuntimeError(
+            f"overlap_forward=True: parameter {name!r} got a gradient, but no forward "
+            "pre-hook waited for its new weight: the forward read it outside its own "
+            "module's forward (a parent's forward using child.weight, or module.forward() "
+            "called instead of module()), so it may have used the previous weight. Call "
+            "opt.synchronize() before such a forward, or use overlap_forward=False"
+        )
+
+    def close(self) -> None:
+        """Wait for what is in flight, then remove the hooks (also if a wait raises)."""
+        try:
+            self.wait_all()
+        finally:
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
