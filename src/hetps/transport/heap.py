@@ -15,7 +15,9 @@ the next one again, already mapped. A process's resident memory then stays at it
 instead of shrinking between rounds. Arrays above 32 MiB still get their own mmap.
 
 Only glibc has ``mallopt`` with these parameters; elsewhere (musl, macOS) nothing changes.
-A process whose environment sets glibc's own malloc variables keeps them.
+A process whose environment sets any of glibc's own malloc variables (``MALLOC_*``, such as
+``MALLOC_ARENA_MAX`` set to keep memory down, or a ``glibc.malloc`` tunable) keeps malloc as
+it is.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20
 #: freed heap top kept in the process before it goes back to the kernel
 TRIM_THRESHOLD = 256 << 20
-#: environment variables by which a user sets glibc's malloc: then it is left as they say
-_USER_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+#: the prefix of glibc's environment variables by which a user sets its malloc
+#: (MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, ...): then it is left
+#: as they say
+_USER_PREFIX = "MALLOC_"
 
 _lock = threading.Lock()
 _kept = False
@@ -47,10 +51,13 @@ def keep_buffers() -> bool:
     with _lock:
         if _kept:
             return True
-        if any(v in os.environ for v in _USER_VARS) or "glibc.malloc" in os.environ.get(
-            "GLIBC_TUNABLES", ""
-        ):
-            log.debug("malloc: left as this process's environment sets it")
+        mine = [v for v in os.environ if v.startswith(_USER_PREFIX)]
+        if mine or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+            log.info(
+                "malloc left as this process's environment sets it (%s): message buffers "
+                "are not kept (HETPS_KEEP_BUFFERS)",
+                ", ".join(mine) or "GLIBC_TUNABLES",
+            )
             return False
         try:
             mallopt = ctypes.CDLL(None).mallopt
