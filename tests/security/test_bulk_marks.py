@@ -9,11 +9,13 @@ import logging
 import time
 
 import numpy as np
+import pytest
+import zmq
 
 from hetps.transport import bulk_in
 from hetps.transport.codec import Message
 
-from .test_bulk import N, pair  # noqa: F401 - the fixture
+from .test_bulk import N, _until, pair  # noqa: F401 - the fixture
 
 DELAY_S = 0.4
 
@@ -113,3 +115,78 @@ def test_a_header_naming_a_mark_that_never_came_is_delivered_untimed(pair):  # n
     got = rx.recv(timeout=10)
     assert got is not None and got.req == 1 and got.mark is None
     np.testing.assert_array_equal(got.arrays[0], sent)
+
+
+def test_empty_frames_before_the_hello_count_against_the_channels_budget(
+    pair,  # noqa: F811
+    monkeypatch,
+):
+    """A connection that proved an offered channel (its node, or one who writes into that
+    plain TCP connection) sends empty frames and never the hello: each frame kept for the
+    hello is charged what keeping it costs (at least KEEP_COST), so the channel's budget
+    bounds how many are kept. An empty frame counted by its bytes cost nothing: the list of
+    frames kept for the hello grew without end."""
+    tx, rx = pair
+    monkeypatch.setattr(bulk_in, "CHANNEL_PENDING_MAX", 1 << 20)
+    offer = rx.bulk.offer(3)  # (rx's offer to a node 3, whose hello never comes)
+    chan = rx.bulk.rx.channels[offer["id"]]
+    sent = 3000
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.ROUTING_ID, offer["id"])
+        s.setsockopt(zmq.PLAIN_USERNAME, offer["id"])
+        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_in._proof(offer["k"], offer["id"]))
+        s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
+        for _ in range(sent):
+            s.send(b"")
+        _until(
+            lambda: len(chan.early) + rx.bulk.rx.refusals.total >= sent,
+            "the frames did not come",
+            rx,
+        )
+    finally:
+        ctx.destroy(linger=0)
+    assert len(chan.early) <= (1 << 20) // bulk_in.KEEP_COST, len(chan.early)
+    assert rx.bulk.rx.refusals.total >= sent - (1 << 20) // bulk_in.KEEP_COST
+
+
+def test_a_timed_message_that_cannot_be_encoded_leaves_nothing_queued(pair):  # noqa: F811
+    """A timed message whose array has a dtype the wire does not carry is refused at the
+    send (ValueError naming the dtype) after its mark took a counter: the mark is not left
+    queued on the channel to go out with the next message's frames."""
+    tx, rx = pair
+    _timed(tx, 0, timed=False)  # (the channel opens with the first big send)
+    assert rx.recv(timeout=10) is not None
+    chan = tx.bulk.out[2]
+    bad = np.zeros(N, np.complex64)
+    with pytest.raises(ValueError, match="complex64"):
+        tx.send(2, Message("push", req=1, arrays=[bad], timed=True))
+    assert not chan._queue, chan._queue
+    sent = _timed(tx, 2)
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 2 and got.mark is not None
+    np.testing.assert_array_equal(got.arrays[0], sent)
+
+
+def test_a_mark_replayed_before_the_hello_is_refused_at_the_hello(pair, caplog):  # noqa: F811
+    """The first timed message opens the channel; its mark is sent twice on the wire and
+    both copies reach the bulk port before the hello is read: at the hello the copy is
+    refused and counted, as a replayed array frame is, and the message arrives exact."""
+    tx, rx = pair
+    caplog.set_level(logging.WARNING)
+    tx.through(lambda i, body: [body, body] if i == 0 else [body])
+    sent = _timed(tx, 0)
+    chan = rx.bulk.rx.channels[tx.bulk.out[2].cid]
+    deadline = time.monotonic() + 10
+    while len(chan.early) < 3:  # (the receive loop reaching the bulk port first)
+        assert time.monotonic() < deadline, "the frames did not come"
+        rx.bulk.rx.poll_once()
+        rx.bulk.rx.sock.poll(10)
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 0
+    np.testing.assert_array_equal(got.arrays[0], sent)
+    assert rx.bulk.rx.refusals.total == 1
+    assert "before its hello" in caplog.text

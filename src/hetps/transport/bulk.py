@@ -58,6 +58,7 @@ from hetps.transport.bulk_in import (
     TAG,
     BulkReceiver,
     InChannel,
+    _cost,
     _frames,
     _key,
     _nonce,
@@ -325,9 +326,9 @@ class Bulk:
         early, chan.early = chan.early, []
         for frame in early:  # the frames that came before the hello, checked now
             buf = frame.buffer
-            self.rx.release(chan, len(buf))
+            self.rx.release(chan, _cost(len(buf)))
             ctr = int.from_bytes(buf[:CTR], "big") if len(buf) >= CTR + TAG else -1
-            if ctr < 0 or ctr in chan.pending:
+            if ctr < 0 or ctr in chan.pending or ctr in chan.marks:  # (a replay)
                 self.rx._refuse("a bad frame on node %s's channel before its hello", peer)
             else:
                 self.rx.place(chan, ctr, buf)

@@ -51,6 +51,10 @@ PENDING_MAX = 1 << 30
 CHANNEL_PENDING_MAX = PENDING_MAX // 2
 #: frames read from the bulk port at a time (the CURVE connection is read in between)
 DRAIN_MAX = 64
+#: what a frame kept for a header (or for its channel's hello) is charged at least against
+#: those budgets: keeping one costs its Python and ZeroMQ objects whatever its bytes, so
+#: empty or tiny frames (a mark is 24 bytes) cannot be kept without end
+KEEP_COST = 1024
 #: marks (the empty frames that lead a timed message's arrays) a channel keeps unread
 MAX_MARKS = 64
 _NOTHING = np.empty(0, np.uint8)
@@ -80,6 +84,11 @@ def _proof(kb: bytes, cid: bytes) -> bytes:
 
 def _frames(n: int) -> int:
     return max(1, -(-n // FRAME_MAX))
+
+
+def _cost(n: int) -> int:
+    """What keeping a frame of ``n`` bytes is charged against the budgets."""
+    return max(n, KEEP_COST)
 
 
 class InChannel:
@@ -198,7 +207,7 @@ class InChannel:
     def close(self) -> None:
         for c in list(self.pending):
             self.rx.forget(self, c)
-        self.rx.release(self, sum(len(f.buffer) for f in self.early))
+        self.rx.release(self, sum(_cost(len(f.buffer)) for f in self.early))
         self.early.clear()
         self.made.clear()
         self.landing.clear()
@@ -268,7 +277,7 @@ class BulkReceiver:
     def forget(self, chan: InChannel, ctr: int) -> None:
         got = chan.pending.pop(ctr, None)
         if got is not None:
-            self.release(chan, got.nbytes)
+            self.release(chan, _cost(got.nbytes))
 
     def drain(self) -> bool:
         """Read what the bulk port holds now (at most :data:`DRAIN_MAX` frames): each frame
@@ -296,7 +305,7 @@ class BulkReceiver:
             return
         buf = parts[1].buffer
         if chan.aead is None:  # offered, and its hello is still on its way: kept till then
-            if self.hold(chan, len(buf), -1):
+            if self.hold(chan, _cost(len(buf)), -1):
                 chan.early.append(parts[1])
             return
         if len(buf) < CTR + TAG:
@@ -331,11 +340,11 @@ class BulkReceiver:
                 chan.marks[ctr] = (time.time(), self.late)
                 chan.heard = time.monotonic()
             return
-        if not self.hold(chan, n, ctr):
+        if not self.hold(chan, _cost(n), ctr):
             return
         plain = np.empty(n, np.uint8)
         if not self._open(chan, ctr, buf, plain):
-            self.release(chan, n)
+            self.release(chan, _cost(n))
             return
         chan.heard = time.monotonic()
         chan.pending[ctr] = plain

@@ -365,7 +365,12 @@ class Van:
                     # the receiver is behind: it empties the ring at memory speed, faster
                     # than these arrays would cross the connection (encrypted, with a secret)
                     ring.wait_room(sizes, self.ring_wait_s)
-                frames = encode(msg, ring, floor)
+                try:
+                    frames = encode(msg, ring, floor)
+                except BaseException:  # (a dtype the wire does not carry: what it put, a
+                    if bulk is not None:  # timed message's mark first, does not go out)
+                        bulk.discard()
+                    raise
             # zero-copy for big frames, unless they are the caller's memory (``borrowed``:
             # ZeroMQ would read them after this returns): then ZeroMQ copies them now
             big = not msg.borrowed and any(
