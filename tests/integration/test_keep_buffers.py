@@ -70,7 +70,10 @@ def test_a_server_keeps_its_message_buffers(tmp_path, cluster):
 def test_the_users_own_malloc_variables_are_left_alone():
     """A process whose environment sets glibc's malloc keeps it: keep_buffers changes
     nothing and says so; without them (on glibc) it sets it, once."""
-    probe = "from hetps.transport import heap; print(heap.keep_buffers(), heap.keep_buffers())"
+    probe = (
+        "from hetps.config.node import user_malloc; from hetps.transport import heap; "
+        "u = user_malloc(); print(heap.keep_buffers(u), heap.keep_buffers(u))"
+    )
     run = lambda env: subprocess.run(  # noqa: E731
         [sys.executable, "-c", probe],
         capture_output=True,

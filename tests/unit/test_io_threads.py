@@ -27,11 +27,11 @@ def test_io_threads_follow_the_setting_and_the_cores():
     }
     assert node_config_from_env({**base, "HETPS_IO_THREADS": "2"}).io_threads == 2
     assert node_config_from_env(base).io_threads == 0
-    assert node_config_from_env(base).bulk_channels == 1  # on
+    assert node_config_from_env(base).bulk_channels == -1  # on, unless balancing
     assert node_config_from_env({**base, "HETPS_BULK_CHANNELS": "0"}).bulk_channels == 0
 
 
-def test_bulk_channels_are_on_by_default_also_when_a_balancer_times_the_links():
+def test_bulk_channels_are_on_by_default_unless_a_balancer_times_the_links():
     from hetps.config.node import bulk_channels_on
 
     base = {
@@ -43,7 +43,7 @@ def test_bulk_channels_are_on_by_default_also_when_a_balancer_times_the_links():
     }
     on = {
         (): True,
-        (("HETPS_BALANCE", "optimal"),): True,
+        (("HETPS_BALANCE", "optimal"),): False,
         (("HETPS_BALANCE", "optimal"), ("HETPS_BULK_CHANNELS", "1")): True,
         (("HETPS_BULK_CHANNELS", "0"),): False,
     }

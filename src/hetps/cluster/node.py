@@ -27,7 +27,7 @@ from hetps.cluster.errors import NodeClosed, NodeFailure
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future, RequestTracker
 from hetps.config import NodeConfig, check_exposure
-from hetps.config.node import bulk_channels_on
+from hetps.config.node import bulk_channels_on, user_malloc
 from hetps.transport.codec import Message
 from hetps.transport.van import UNKNOWN, PeerGone, Van
 
@@ -67,6 +67,7 @@ class Node:
             io_threads=cfg.io_threads,
             bulk=bulk_channels_on(cfg),
             keep_buffers=bool(cfg.keep_buffers),
+            malloc_users=user_malloc(),
         )
         if cfg.insecure:
             log.warning(

@@ -90,9 +90,19 @@ def _check_replicas(values: dict) -> None:
         )
 
 
+def user_malloc(env: Mapping[str, str] | None = None) -> list[str]:
+    """The variables by which this process's environment sets glibc's malloc itself (any
+    ``MALLOC_*``: MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, ...; or a ``glibc.malloc``
+    tunable in GLIBC_TUNABLES): ``HETPS_KEEP_BUFFERS`` then leaves malloc as they say."""
+    env = os.environ if env is None else env
+    mine = sorted(v for v in env if v.startswith("MALLOC_"))
+    if "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
+        mine.append("GLIBC_TUNABLES")
+    return mine
+
+
 def bulk_channels_on(cfg: Any) -> bool:
-    """Whether a secured node offers bulk channels (``HETPS_BULK_CHANNELS``: 1, the default,
-    yes; 0 no). ``HETPS_BALANCE`` times its links on them too: a timed message's arrays are
-    led by a mark on their channel (transport/bulk.py), as its forecast leads them on the
-    CURVE connection."""
-    return cfg.bulk_channels > 0
+    """Whether a secured node offers bulk channels (``HETPS_BULK_CHANNELS``): 1 yes, 0 no,
+    -1 (the default) yes unless ``HETPS_BALANCE`` plans the job: its link readings are
+    noisier on them when the cores are busy (docs/BALANCE.md, "Measurement")."""
+    return cfg.bulk_channels > 0 or (cfg.bulk_channels < 0 and cfg.balance == "none")

@@ -218,15 +218,16 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "pair, skipped if /dev/shm lacks room (0: always TCP)",
                 field="shm_bytes", minimum=0, unit="bytes", check=_shm_check,
                 bounds="0, or >= 1048576"),
-            Var("HETPS_BULK_CHANNELS", "int", 1,
-                "with a cluster secret: 1 (the default) offers every peer with no shared-memory "
-                "ring a bulk "
+            Var("HETPS_BULK_CHANNELS", "int", -1,
+                "with a cluster secret: 1 offers every peer with no shared-memory ring a bulk "
                 "channel into this node (arrays from 64 KiB on a second, plain connection, "
                 "sealed with AES-256-GCM: 1.8-2.1x faster between hosts; a connection must "
                 "prove it holds an offered channel's key half at its handshake, see "
                 "docs/SECURITY.md, 'Bulk channels'); 0: everything this node receives comes "
-                "on its CURVE connection",
-                field="bulk_channels", minimum=0, maximum=1),
+                "on its CURVE connection; -1 (the default): 1, unless HETPS_BALANCE plans the "
+                "job (its link readings are noisier on the channels when the cores are busy: "
+                "docs/BALANCE.md)",
+                field="bulk_channels", minimum=-1, maximum=1),
             Var("HETPS_KEEP_BUFFERS", "int", 1,
                 "1: a server's or worker's process keeps the memory of the message buffers it "
                 "freed for the next ones (glibc's malloc serves blocks up to 32 MiB from its "

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 
 log = logging.getLogger("hetps.transport")
@@ -36,27 +35,23 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 << 20
 #: freed heap top kept in the process before it goes back to the kernel
 TRIM_THRESHOLD = 256 << 20
-#: the prefix of glibc's environment variables by which a user sets its malloc
-#: (MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, ...): then it is left
-#: as they say
-_USER_PREFIX = "MALLOC_"
-
 _lock = threading.Lock()
 _kept = False
 
 
-def keep_buffers() -> bool:
-    """Set this process's malloc as the module says (once); whether it is set so."""
+def keep_buffers(users: list[str] | tuple[str, ...] = ()) -> bool:
+    """Set this process's malloc as the module says (once); whether it is set so.
+    ``users``: the variables by which the process's environment sets glibc's malloc itself
+    (:func:`hetps.config.node.user_malloc`): then it is left as they say."""
     global _kept
     with _lock:
         if _kept:
             return True
-        mine = [v for v in os.environ if v.startswith(_USER_PREFIX)]
-        if mine or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        if users:
             log.info(
                 "malloc left as this process's environment sets it (%s): message buffers "
                 "are not kept (HETPS_KEEP_BUFFERS)",
-                ", ".join(mine) or "GLIBC_TUNABLES",
+                ", ".join(users),
             )
             return False
         try:

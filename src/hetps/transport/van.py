@@ -97,9 +97,10 @@ class Van:
         io_threads: int = 1,
         bulk: bool = False,
         keep_buffers: bool = False,
+        malloc_users: list[str] | tuple[str, ...] = (),
     ) -> None:
         if keep_buffers:  # (before ZeroMQ's I/O threads allocate: transport/heap.py)
-            heap.keep_buffers()
+            heap.keep_buffers(malloc_users)
         # 0: one I/O thread per 4 cores this process may use, 1 to 4
         auto = min(4, max(1, len(os.sched_getaffinity(0)) // 4))
         self.ctx = zmq.Context(io_threads=int(io_threads) or auto)
