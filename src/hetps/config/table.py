@@ -116,6 +116,12 @@ def _derive_launch_rank(values: Mapping[str, Any]) -> tuple[int, str] | None:
     return None
 
 
+def _derive_host_group(values: Mapping[str, Any]) -> tuple[int, str] | None:
+    if values.get("GROUP_RANK") is not None and values["GROUP_RANK"] >= 0:
+        return values["GROUP_RANK"], "derived from GROUP_RANK"
+    return None
+
+
 # -- the table ---------------------------------------------------------------------------------
 #: (section, rows). Rows with a ``field`` make :class:`NodeConfig`, in this order (the
 #: required ones first). Sections and rows appear in this order in docs/CONFIG.md and
@@ -324,6 +330,31 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "the rank this node asks the scheduler for (-1: in order of arrival)",
                 field="launch_rank", minimum=-1, derive=_derive_launch_rank,
                 default_text="DMLC_WORKER_ID / DMLC_SERVER_ID of its role; else -1"),
+            Var("LOCAL_RANK", "int", -1,
+                "torchrun's variable, set by every hetps launcher for a worker: its index "
+                "among the workers of its host (a script pins its GPU with it)",
+                field="local_rank", minimum=-1, default_text="not set (-1)"),
+            Var("LOCAL_WORLD_SIZE", "int", 0,
+                "torchrun's variable, set by every hetps launcher for a worker: how many "
+                "workers its host runs", field="local_world_size", minimum=0,
+                default_text="not set (0)"),
+            Var("GROUP_RANK", "int", -1,
+                "torchrun's variable, set by every hetps launcher for a worker: its host's "
+                "index (the same as HETPS_HOST_GROUP)", minimum=-1,
+                default_text="not set (-1)"),
+            Var("RANK", "int", -1,
+                "torchrun's variable, set by every hetps launcher for a worker: its launch "
+                "rank among the workers (the store's rank once registered)", minimum=-1,
+                default_text="not set (-1)"),
+            Var("WORLD_SIZE", "int", 0,
+                "torchrun's variable, set by every hetps launcher for a worker: the number of "
+                "workers (DMLC_NUM_WORKER)", minimum=0, default_text="not set (0)"),
+            Var("HETPS_HOST_GROUP", "int", -1,
+                "the host (machine) this worker runs on, numbered from 0 by the launcher; "
+                "workers with the same group share a host (torchrun's GROUP_RANK). -1: not "
+                "known (every worker a host of its own)",
+                field="host_group", minimum=-1, derive=_derive_host_group,
+                default_text="GROUP_RANK when set; else -1"),
             Var("HETPS_LAUNCHER_TOKEN", "str", "",
                 "set by `hetps launch` in its scheduler's environment alone: the scheduler's "
                 "lines to the launcher carry it, and the launcher acts on no other line",
