@@ -340,7 +340,7 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 default_text="not set (0)"),
             Var("GROUP_RANK", "int", -1,
                 "torchrun's variable, set by every hetps launcher for a worker: its host's "
-                "index (the same as HETPS_HOST_GROUP)", minimum=-1,
+                "index (the same as HETPS_HOST_GROUP)", field="group_rank", minimum=-1,
                 default_text="not set (-1)"),
             Var("RANK", "int", -1,
                 "torchrun's variable, set by every hetps launcher for a worker: its launch "
