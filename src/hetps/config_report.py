@@ -110,8 +110,10 @@ def report(env: Mapping[str, str] | None = None, role: str | None = None) -> tup
             value = shown[v.name] if s.problem is None or s.missing else f"{s.raw} (bad)"
             source = "not set (required)" if s.missing else s.source
             if v.derive is not None and s.value is None and not s.problem:
-                source = "not set (derived once DMLC_PS_ROOT_URI is set)"
+                source = f"not set ({v.default_text or 'derived from other variables'})"
             lines.append(f"{v.name:<{width}}{value:<{vwidth}}{source}")
+            for alias in v.aliases:  # a second name: listed, so a user finds the one they know
+                lines.append(f"{alias:<{width}}{'-':<{vwidth}}another name of {v.name}")
     node = [settings[v.name] for v in NODE_VARS]
     problems: list[str] = []
     if any(s.problem and not s.missing for s in node):

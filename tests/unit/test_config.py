@@ -127,7 +127,8 @@ def _config(capsys, *argv: str) -> tuple[int, dict[str, tuple[str, str]], str]:
 def test_hetps_config_lists_every_variable_without_a_cluster(clean_env, capsys):
     code, rows, err = _config(capsys)
     assert code == 0 and err == ""
-    assert list(rows) == [v.name for v in VARS]
+    assert list(rows) == [n for v in VARS for n in v.names]
+    assert rows["HETPS_BIGARRAY_BOUND"] == ("-", "another name of MXNET_KVSTORE_BIGARRAY_BOUND")
     assert rows["HETPS_CHUNK_BYTES"] == ("4194304 (4 MiB)", "default")
     assert rows["DMLC_ROLE"] == ("-", "not set (required)")
     assert rows["HETPS_NETEM_NODE"] == ("-", "not set")
