@@ -36,13 +36,16 @@ could (a fused group of its dtype), otherwise the caller must exchange it itself
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
 from hetps import optim as ps_optim
+from hetps.kvstore import devices
 from hetps.sync.rules import average_from_sum
 from hetps.torch.broadcast import exchange
 from hetps.torch.fusion import (
@@ -54,7 +57,13 @@ from hetps.torch.fusion import (
     plan_groups,
     ready_times,
 )
-from hetps.torch.launching import GroupLauncher, kv_takes, staged
+from hetps.torch.launching import (
+    GroupLauncher,
+    kv_takes,
+    refuse_graph_capture,
+    staged,
+    write_after,
+)
 from hetps.torch.sparse import SparseTables, table_weights
 
 __all__ = ["FUSION_GAP_S", "FUSION_SPLIT_BYTES", "DistributedOptimizer", "plan_groups"]
@@ -63,6 +72,12 @@ __all__ = ["FUSION_GAP_S", "FUSION_SPLIT_BYTES", "DistributedOptimizer", "plan_g
 TUNE_STEPS = 4
 #: a group ready this close to backward's end is sent by its hook, not the launcher thread
 LAUNCH_INLINE_S = 500e-6
+
+
+def _from_grad_scaler() -> bool:
+    """Whether the caller's caller is torch's AMP GradScaler (reading param_groups)."""
+    frame = sys._getframe(2)
+    return str(frame.f_globals.get("__name__", "")).startswith(("torch.amp", "torch.cuda.amp"))
 
 
 class DistributedOptimizer:
@@ -224,8 +239,15 @@ class DistributedOptimizer:
             self.kv.set_optimizer(server_optimizer)
         # a launch is ~0.2 ms of Python: a launcher thread does it while backward goes on
         self._launches = GroupLauncher(self._launch, self._handles, self.timing, background_launch)
+        # a device the KVStore stages gradients from (CUDA): its copies to the host read
+        # the gradients themselves; name -> the staged copy of a lone p.grad last queued
+        self._staging = any(devices.backend_for(p.data) is not None for _, p in self.named)
+        self._reading: dict[str, Any] = {}
+        self._skip_sync = False
         for name, p in self.named:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(name)))
+            if devices.backend_for(p.data) is not None:
+                self._hooks.append(p.register_hook(self._make_pre_hook(name, p)))
 
     def _make_groups(self, fusion_bytes: int) -> list[_Group]:
         """Groups of neighbours in backward order (the reverse of the parameters' order), each
@@ -273,34 +295,61 @@ class DistributedOptimizer:
                 p.data.copy_(t)
 
     # -- hooks ------------------------------------------------------------------------------
+    def _make_pre_hook(self, name: str, p: torch.Tensor):
+        """Before backward adds into ``p.grad`` again (gradient accumulation): the caller's
+        stream waits for the staged copy that still reads it (no copy of every gradient)."""
+
+        def pre_hook(grad: torch.Tensor) -> None:
+            st = self._reading.get(name)
+            if st is not None and p.grad is not None:
+                write_after(st, p.grad)
+
+        return pre_hook
+
     def _make_hook(self, name: str):
         def hook(p: torch.Tensor) -> None:
             if p.grad is None:
                 return
+            self._synced = False  # a new gradient: the last synchronize() is not this one's
+            if self._staging:
+                refuse_graph_capture("DistributedOptimizer's gradient hook")
             if self._overlap is not None:
                 self._overlap.check_unread(name)  # (raises if a forward read a stale weight)
             if self._clock is not None:
                 self._clock[name] = time.perf_counter()
             g = self._group_of[name]  # (re-made groups replace it)
-            if g.queued:
+            if g.queued and not self._staging:
                 # another backward pass before step() (gradient accumulation) finished this
                 # group again while its last launch still waits: send that one first, so the
-                # launcher never reads a buffer this pass is refilling
+                # launcher never reads a buffer this pass is refilling (a staged launch reads
+                # its own host buffer: the copy into it is waited for on the stream below)
                 self._flush()
             grad = p.grad if kv_takes(p.grad) else p.grad.detach().cpu()
             if not g.fused:
-                # (on a device, a copy first: a second backward before step() would add into
-                # p.grad while the copy to the host still reads it)
-                self._send(g, grad if grad.device.type == "cpu" else staged(grad.clone()))
+                # (on a device the copy to the host reads p.grad itself: a second backward
+                # before step() adds into it only after that copy, see _make_pre_hook)
+                st = staged(grad)
+                if isinstance(st, devices.Staged):
+                    self._reading[name] = st
+                self._send(g, st)
                 return
             assert g.send is not None
+            write_after(g.staged, g.send)  # the last copy of send read it (accumulation)
+            g.staged = None
             g.send_of[name].copy_(grad)
             g.ready.add(name)
             if len(g.ready) == len(g.names):
                 g.ready = set()
-                self._send(g, staged(g.send))
+                self._send_group(g)
 
         return hook
+
+    def _send_group(self, g: _Group) -> None:
+        """Send fused group ``g``'s filled send buffer (staged first on a device)."""
+        assert g.send is not None
+        st = staged(g.send)
+        g.staged = st if isinstance(st, devices.Staged) else None
+        self._send(g, st)
 
     # -- launching ------------------------------------------------------------------------
     def _send(self, g: _Group, data: torch.Tensor) -> None:
@@ -401,6 +450,7 @@ class DistributedOptimizer:
         count, and the timings that tune the groups."""
         for g in self.groups:
             g.ready = set()  # a partial backward must not leave members marked for next step
+        self._reading.clear()  # (every launch waited for its copy to the host)
         self.timing.sync = (t_sync, time.perf_counter())
         if not exchanged:
             return
@@ -428,6 +478,8 @@ class DistributedOptimizer:
                 self._make_hook(g.names[0])(params[g.names[0]])
             else:
                 assert g.send is not None
+                write_after(g.staged, g.send)
+                g.staged = None
                 for n in g.names:
                     if n in g.ready:
                         continue
@@ -437,7 +489,7 @@ class DistributedOptimizer:
                         view.zero_()  # no gradient here: contributes nothing to the sum
                     else:
                         view.copy_(grad)
-                self._send(g, staged(g.send))
+                self._send_group(g)
             self._flush()
             h = self._handles.pop(g.index)
         return h
@@ -544,8 +596,26 @@ class DistributedOptimizer:
         for g in self.groups:
             g.inline = g.index == 0 or end - max(ready[n] for n in g.names) < LAUNCH_INLINE_S
 
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within it, :meth:`step` does not synchronize: it steps on the gradients the
+        caller's :meth:`synchronize` reduced and then changed (Horovod's contract, e.g. for
+        AMP: ``opt.synchronize(); scaler.unscale_(opt); clip...; with
+        opt.skip_synchronize(): scaler.step(opt)``). A step in it without that
+        synchronize raises rather than step on this worker's own gradients."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
     def step(self, closure: Any = None) -> Any:
         """Wait for the reductions (unless :meth:`synchronize` already did), then step."""
+        if self._skip_sync and not self._synced:
+            raise RuntimeError(
+                "step() inside skip_synchronize() but the gradients were not synchronized: "
+                "call opt.synchronize() after backward and before skip_synchronize()"
+            )
         deferred = self._overlap is not None and not self._synced
         if deferred:  # the next forward waits for the pulls, module by module
             self._overlap.wait_all()  # (what the last forward did not wait for)
@@ -578,8 +648,16 @@ class DistributedOptimizer:
 
     @property
     def param_groups(self) -> list[dict]:
-        """The wrapped optimizer's parameter groups (for learning-rate schedulers)."""
-        return self.optimizer.param_groups if self.optimizer is not None else []
+        """The wrapped optimizer's parameter groups (for learning-rate schedulers). Read by
+        an AMP ``GradScaler`` (its ``unscale_``, also the one ``scaler.step`` makes) before
+        :meth:`synchronize`, it synchronizes first: the scaler then unscales the reduced
+        sum, not this worker's own gradient that the sum would replace, and finds an inf
+        or NaN of any worker, so every worker skips that step alike."""
+        if self.optimizer is None:
+            return []
+        if not self._synced and self.update_on == "worker" and _from_grad_scaler():
+            self.synchronize()
+        return self.optimizer.param_groups
 
     def close(self) -> None:
         """Wait for the pulls in flight (overlap_forward); remove the hooks; stop launching."""
