@@ -73,6 +73,8 @@ class StandInCuda:
         self.gate_threads = {"hetps-launcher"}
         self.held = threading.Event()
         self.copies = {"to_host": 0, "to_device": 0}
+        self.log: list[torch.Tensor] | None = None  # (when a list) what each copy to the host
+        # brought there, in the order the copies ran
         self.host_waits = 0
 
     # -- what is on the device --------------------------------------------------------------
@@ -269,6 +271,8 @@ class StandInCuda:
                     "(record_stream): its memory may be reused before the copy runs"
                 )
             dst.copy_((snap if snap is not None else src).reshape(dst.shape))
+            if self.log is not None:
+                self.log.append(dst.clone().reshape(-1))
             whole.copy_(self._pinned[self._addr(dst)])  # (what a later check compares with)
 
         stream.ops.append(run)

@@ -653,6 +653,13 @@ class DistributedOptimizer:
         :meth:`synchronize`, it synchronizes first: the scaler then unscales the reduced
         sum, not this worker's own gradient that the sum would replace, and finds an inf
         or NaN of any worker, so every worker skips that step alike."""
+        if self.update_on != "worker" and _from_grad_scaler():
+            raise RuntimeError(
+                f"GradScaler with update_on={self.update_on!r}: the pushed gradients are "
+                "still scaled and the servers (or this worker's summation update) step on "
+                "them before the scaler could unscale them or skip an overflow. Use "
+                "update_on='worker' with a GradScaler, or autocast to bfloat16 without one"
+            )
         if self.optimizer is None:
             return []
         if not self._synced and self.update_on == "worker" and _from_grad_scaler():
