@@ -11,12 +11,14 @@ needs no CPU):
   caller's stream is never stopped. A list of values for one key is summed on the first
   value's device before it is copied (MXNet's ``device`` stores), so one copy leaves.
 * **pull, pushpull's out**: the answer lands in a host buffer; once it is in, the copy to each
-  device tensor is queued on that device's side stream (after what the caller queued so far:
-  a forward still reading the tensor is not overwritten) and the caller's stream is made to
-  wait for it: the caller's later kernels see the pulled value, and no other work waits.
+  device tensor is queued on that device's side stream, after what the caller's stream had
+  queued when the pull was called (a forward still reading the tensor is not overwritten)
+  and not after what it queued since (the next layers' work goes on beside the copy); the
+  caller's stream is made to wait for the copy: its later kernels see the pulled value.
 * A host buffer is handed out again only when the requests that read it were answered and
-  the device copies that read it finished; until then a new one is made (the pool grows to
-  what the calls in flight need).
+  the device copies that read it finished (also when a multi-key call failed after some of
+  its requests were sent); until then a new one is made (the pool grows to what the calls in
+  flight need). The host waits for a copy with a blocking event: it sleeps, not spins.
 
 Every accelerator is driven through a :class:`Backend`. :class:`CudaBackend` is torch.cuda's;
 the logic above is the same for any backend, and the tests drive it with a backend whose

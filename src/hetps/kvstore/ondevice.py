@@ -4,8 +4,9 @@ aggregator of :mod:`hetps.kvstore.aggregate` with the float keys' arithmetic in 
 What lives where, for a key of float16/32/64 values:
 
 * the round's sum (the merge buffer) is a device tensor: each pushed chunk is copied from the
-  message into a reused host buffer (page-locked on CUDA), from there to the device, and
-  added there, in arrival order (the CPU server's order: the same sums);
+  message into one of two reused host buffers, used in turn (page-locked on CUDA: the next
+  chunk fills one while the other's copy runs), from there to the device, and added there,
+  in arrival order (the CPU server's order: the same sums);
 * with the built-in SGD or Adam (the exact classes) the weight and the optimizer state live
   on the device and the step runs there (:mod:`hetps.kvstore.device_steps`); the new weight
   is copied to a host buffer once per round (per update in ``dist_async``), and every pull

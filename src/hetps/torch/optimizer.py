@@ -23,6 +23,11 @@ weights are broadcast from rank 0.
 Tensor fusion (small gradients travel together, groups re-made at backward's pace) is
 described in :mod:`hetps.torch.fusion`; the launcher thread in :mod:`hetps.torch.launching`.
 
+AMP's ``GradScaler`` (``update_on="worker"``): ``scaler.step(opt)`` synchronizes before it
+unscales, so it unscales the reduced sum and every worker skips a step whose sum overflowed;
+or, as Horovod documents, ``opt.synchronize(); scaler.unscale_(opt); clip...; with
+opt.skip_synchronize(): scaler.step(opt)``.
+
 ``overlap_forward=True`` (``update_on="server"`` or ``"sum"``, with ``model``): ``step()``
 returns without waiting for the pulls; each module's forward waits for its own parameters'
 (:mod:`hetps.torch.overlap` says what waits and what the user must call).
