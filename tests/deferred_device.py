@@ -81,7 +81,10 @@ class DeferredBackend:
         self.run_stream(value.device)  # the side stream waits for the caller's queued work
         return Event(lambda: np.copyto(host, value.data.reshape(host.shape)))
 
-    def to_device(self, host: np.ndarray, value: DeviceArray) -> Event:
+    def mark(self, value: DeviceArray) -> None:
+        return None  # (the caller's stream runs its kernels at once: nothing to wait for)
+
+    def to_device(self, host: np.ndarray, value: DeviceArray, after: Any) -> Event:
         self.to_device_copies += 1
         return Event(lambda: np.copyto(value.data, host.reshape(value.data.shape)))
 

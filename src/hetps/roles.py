@@ -150,7 +150,7 @@ def run_server(cfg: NodeConfig) -> int:
     device = None
     if ondevice.parse(cfg.server_device) is not None:
         try:  # checked before anything connects: a server that cannot use it says so
-            device = ondevice.open_device(cfg.server_device)
+            device = ondevice.open_device(cfg.server_device, cfg.local_rank)
         except (ImportError, RuntimeError, ValueError) as exc:
             print(f"hetps server: {exc}", file=sys.stderr, flush=True)
             return 2

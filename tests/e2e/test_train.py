@@ -408,3 +408,18 @@ def test_a_rerun_keeps_the_earlier_runs_logs(tmp_path):
     _train(tmp_path, *args, "--overwrite-logs")
     assert [p.name for p in (tmp_path / ".previous").iterdir()] == [kept.name]
     assert json.loads((run / "run.json").read_text())["started_at"] != second["started_at"]
+
+
+def test_g_takes_the_gpu_of_the_workers_local_rank(tmp_path):
+    """-g N names a host's first GPU: a worker whose launcher set LOCAL_RANK=2 takes N + 2
+    (here, with no GPU, it says which one it wanted)."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("checks the error of a machine without a GPU")
+    res = subprocess.run(
+        [sys.executable, "-m", "hetps.cli", "train", "-ld", str(tmp_path), *SMALL,
+         "-m", "local", "-g", "1", "--max-rounds", "2"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "LOCAL_RANK": "2"},
+    )  # fmt: skip
+    assert res.returncode != 0, res.stdout
+    assert "-g: worker 0 wants cuda:3" in res.stderr, res.stderr

@@ -1,8 +1,13 @@
 """The device server's aggregator (HETPS_SERVER_DEVICE, hetps.kvstore.ondevice) against the
 NumPy one, driven the way KVServer drives them, on torch's CPU device (``torch:cpu``, the
-same code as on CUDA): the same rounds give the same values, SGD bit for bit."""
+same code as on CUDA) and on a stand-in of torch.cuda (tests/cuda_standin.py: the CUDA
+branch's page-locked staging, events and copies, whose misuse raises): the same rounds give
+the same values, SGD bit for bit."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,16 +22,26 @@ from hetps.kvstore.ondevice import DeviceAggregator  # noqa: E402
 from hetps.kvstore.slices import Slice  # noqa: E402
 from hetps.transport.codec import Message  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cuda_standin import StandInCuda  # noqa: E402
+
 W, N, CE = 3, 1000, 256  # workers, elements, elements per chunk (the last chunk is short)
 
 
-def pair(opt, dtype=np.float32, seed=0):
+def device(where: str) -> ondevice.Device:
+    """``torch:cpu``, or the CUDA branch on the stand-in of torch.cuda (``standin``)."""
+    if where == "standin":
+        return ondevice.Device(torch, torch.device("cpu"), "standin", driver=StandInCuda())
+    return ondevice.open_device(where)
+
+
+def pair(opt, dtype=np.float32, seed=0, where="torch:cpu"):
     """A NumPy aggregator and a device one, each with a slice of the same first value."""
     w0 = np.random.default_rng(seed).standard_normal(N).astype(dtype)
     out = []
     for agg in (
         Aggregator(lambda: W, lambda: opt),
-        DeviceAggregator(lambda: W, lambda: opt, ondevice.open_device("torch:cpu")),
+        DeviceAggregator(lambda: W, lambda: opt, device(where)),
     ):
         out.append((agg, Slice("w", 0, (N,), w0.copy())))
     return out
@@ -67,11 +82,12 @@ OPTIMIZERS = {
 }
 
 
+@pytest.mark.parametrize("where", ["torch:cpu", "standin"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_device_rounds_equal_the_numpy_servers(name, dtype):
+def test_device_rounds_equal_the_numpy_servers(name, dtype, where):
     opt = OPTIMIZERS[name]()
-    (cpu, a), (dev, b) = pair(opt, dtype)
+    (cpu, a), (dev, b) = pair(opt, dtype, where=where)
     rng = np.random.default_rng(1)
     for rnd in range(4):
         grads = [rng.standard_normal(N).astype(dtype) for _ in range(W)]
@@ -93,9 +109,10 @@ def test_device_rounds_equal_the_numpy_servers(name, dtype):
             assert sb[name_].tobytes() == sa[name_].tobytes(), name_
 
 
-def test_two_bit_pushes_are_decoded_on_the_host_and_summed_on_the_device():
+@pytest.mark.parametrize("where", ["torch:cpu", "standin"])
+def test_two_bit_pushes_are_decoded_on_the_host_and_summed_on_the_device(where):
     opt = optim.SGD(learning_rate=0.1, momentum=0.5)
-    (cpu, a), (dev, b) = pair(opt)
+    (cpu, a), (dev, b) = pair(opt, where=where)
     rng = np.random.default_rng(2)
     for _ in range(3):
         grads = [rng.standard_normal(N).astype(np.float32) for _ in range(W)]
@@ -105,11 +122,12 @@ def test_two_bit_pushes_are_decoded_on_the_host_and_summed_on_the_device():
         np.testing.assert_array_equal(b.value, a.value)
 
 
-def test_async_steps_states_out_and_in_and_an_init():
+@pytest.mark.parametrize("where", ["torch:cpu", "standin"])
+def test_async_steps_states_out_and_in_and_an_init(where):
     """dist_async applies (whole gradients), get_states' host copy, a set_states (a new
     state object is taken to the device), an init writing the value in place."""
     opt = optim.Adam(learning_rate=0.01)
-    (cpu, a), (dev, b) = pair(opt)
+    (cpu, a), (dev, b) = pair(opt, where=where)
     rng = np.random.default_rng(3)
     for _ in range(3):
         g = rng.standard_normal(N).astype(np.float32)
@@ -132,9 +150,10 @@ def test_async_steps_states_out_and_in_and_an_init():
     assert dev.host_state(b)["t"] == 1
 
 
-def test_an_optimizer_without_a_device_step_runs_on_the_host(capsys):
+@pytest.mark.parametrize("where", ["torch:cpu", "standin"])
+def test_an_optimizer_without_a_device_step_runs_on_the_host(capsys, where):
     opt = optim.AdaGrad(learning_rate=0.1)
-    (cpu, a), (dev, b) = pair(opt)
+    (cpu, a), (dev, b) = pair(opt, where=where)
     rng = np.random.default_rng(4)
     for _ in range(3):
         grads = [rng.standard_normal(N).astype(np.float32) for _ in range(W)]
@@ -185,3 +204,15 @@ def test_a_key_made_again_with_another_dtype_gets_buffers_of_that_dtype():
             round_of(cpu, a, grads, order)
             round_of(dev, b, grads, order)
             assert b.value.dtype == dtype and b.value.tobytes() == a.value.tobytes()
+
+
+def test_the_device_keeps_two_uploads_in_flight_and_waits_for_the_older():
+    """The CUDA branch's staging is double-buffered: an upload waits for the copy two
+    uploads back (whose host buffer it writes), not for the last one."""
+    d = StandInCuda()
+    dev = ondevice.Device(torch, torch.device("cpu"), "standin", driver=d)
+    got = []
+    for i in range(5):
+        got.append(dev.upload(np.full(1000, i, np.float32)).clone())
+        assert d.host_waits == max(0, i - 1), i  # the first two uploads wait for nothing
+    assert [float(t.mean()) for t in got] == [0.0, 1.0, 2.0, 3.0, 4.0]

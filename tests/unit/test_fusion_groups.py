@@ -74,7 +74,7 @@ def test_hooks_send_the_groups_near_backward_end_themselves(pause_s, head_inline
     thread; one ready near the end is sent by its hook (no wake-up to wait for)."""
     import torch
 
-    import hetps.torch.optimizer as mod
+    import hetps.torch.regroup as mod
     from hetps.kvstore.local import LocalKVStore
     from hetps.torch.optimizer import DistributedOptimizer
 

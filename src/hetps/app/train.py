@@ -37,7 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-b", "--batch-size", type=int, default=64)
     p.add_argument("-dd", "--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("-c", "--cpu", action="store_true", help="train on the CPU (default)")
-    p.add_argument("-g", "--gpu", type=int, default=None, help="CUDA device index")
+    p.add_argument(
+        "-g",
+        "--gpu",
+        type=int,
+        default=None,
+        help="CUDA device index: the first GPU of each host; a worker "
+        "a launcher started takes N + LOCAL_RANK (its index on its host), wrapping around the "
+        "host's GPUs",
+    )
     p.add_argument("-ld", "--log-dir", default="runs")
     p.add_argument(
         "--overwrite-logs",
@@ -184,6 +192,18 @@ def parse_devices(args: argparse.Namespace, workers: int) -> list[str]:
             f"in {text!r}"
         )
     return out
+
+
+def local_gpu(device: str, local_rank: int, count: int, per_host: bool) -> str:
+    """The GPU this worker takes: ``-g N`` (``per_host``) names a host's first GPU, and a
+    worker with a local rank (``LOCAL_RANK`` >= 0, set by the launchers) takes
+    N + local rank modulo the host's ``count`` GPUs (with none, N + local rank, which the
+    caller then refuses by name), so the workers of a host spread over its
+    GPUs instead of all sharing cuda:N; ``--devices`` names each worker's GPU as it is."""
+    if not per_host or local_rank < 0 or not device.startswith("cuda:"):
+        return device
+    index = int(device[5:]) + local_rank
+    return f"cuda:{index % count if count > 0 else index}"
 
 
 def stored_mode(args: argparse.Namespace) -> str:
@@ -374,7 +394,10 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
     rank = kv.rank if kv is not None else 0
     workers = kv.num_workers if kv is not None else 1
     devices = parse_devices(args, workers)
-    device = torch.device(devices[rank])
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = torch.device(
+        local_gpu(devices[rank], env_value("LOCAL_RANK"), count, per_host=not args.devices)
+    )
     if device.type == "cuda" and (
         not torch.cuda.is_available() or device.index >= torch.cuda.device_count()
     ):

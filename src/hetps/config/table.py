@@ -209,7 +209,9 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 field="server_threads", minimum=0),
             Var("HETPS_SERVER_DEVICE", "str", "cpu",
                 "where a server sums pushes and runs SGD and Adam: cpu (NumPy, in host "
-                "memory), or cuda / cuda:N (torch on that GPU of each server machine: the "
+                "memory), or cuda / cuda:N (torch on that GPU of each server machine; plain "
+                "cuda: the GPU of the server's LOCAL_RANK modulo the machine's GPUs, GPU 0 "
+                "without one: the "
                 "weights and optimizer state live there, each round's value is copied back "
                 "once for the pulls; docs/ESYNC.md, 'Servers on a GPU'); `--server-device`",
                 field="server_device", check=_server_device_check,

@@ -84,12 +84,14 @@ def settle(futures: Sequence[Future]) -> Callable[[], None] | None:
 
 
 @contextmanager
-def staged_call() -> Iterator[None]:
-    """Around the part of a call that stages values: if it raises, its buffers are freed."""
+def staged_call(futures: Sequence[Future] = ()) -> Iterator[None]:
+    """Around the part of a call that stages values, ``futures`` the list its requests are
+    added to: if it raises, its buffers come back once the requests it made were answered
+    (never while one that was sent may still read them)."""
     try:
         yield
     except BaseException:
-        STAGING.abandon()
+        STAGING.abandon(futures)
         raise
 
 

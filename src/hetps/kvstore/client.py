@@ -264,7 +264,7 @@ class DistKVStore:
         if self.agent is not None:
             self.agent.before_init()
         futs: list[Future] = []
-        with staged_call(), self.pipeline.batched():
+        with staged_call(futs), self.pipeline.batched():
             for k, entry in zip(keys, entries, strict=False):
                 if is_table(entry):  # a row-sparse key
                     futs += self.sparse.init_table(k, entry, lead)
@@ -305,7 +305,7 @@ class DistKVStore:
         self._push_run += 1
         self._calls += 1
         deferred = not block and max(self._push_run, self._last_push_run) > 1
-        with staged_call(), self.pipeline.batched(deferred=deferred):
+        with staged_call(futs), self.pipeline.batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 if k in self.sparse.tables:
                     futs += self.sparse.push_table(k, entry, priority)
@@ -355,7 +355,7 @@ class DistKVStore:
         finishers = []
         results = []
         outs = per_key(out, len(keys), is_list, "pull") if out is not None else [None] * len(keys)
-        with staged_call(), self.pipeline.batched():
+        with staged_call(futs), self.pipeline.batched():
             for k, entry in zip(keys, outs, strict=False):
                 meta = self._meta(k, "pull")
                 targets = (
@@ -407,7 +407,7 @@ class DistKVStore:
         outs = per_key(out, len(keys), is_list, "pushpull") if out is not None else entries
         futs: list[Future] = []
         finishers = []
-        with staged_call(), self.pipeline.batched():
+        with staged_call(futs), self.pipeline.batched():
             for k, entry, out_entry in zip(keys, entries, outs, strict=False):
                 meta = self._meta(k, "pushpull")
                 if self.meter is not None:

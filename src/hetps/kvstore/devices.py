@@ -11,12 +11,14 @@ needs no CPU):
   caller's stream is never stopped. A list of values for one key is summed on the first
   value's device before it is copied (MXNet's ``device`` stores), so one copy leaves.
 * **pull, pushpull's out**: the answer lands in a host buffer; once it is in, the copy to each
-  device tensor is queued on that device's side stream (after what the caller queued so far:
-  a forward still reading the tensor is not overwritten) and the caller's stream is made to
-  wait for it: the caller's later kernels see the pulled value, and no other work waits.
+  device tensor is queued on that device's side stream, after what the caller's stream had
+  queued when the pull was called (a forward still reading the tensor is not overwritten)
+  and not after what it queued since (the next layers' work goes on beside the copy); the
+  caller's stream is made to wait for the copy: its later kernels see the pulled value.
 * A host buffer is handed out again only when the requests that read it were answered and
-  the device copies that read it finished; until then a new one is made (the pool grows to
-  what the calls in flight need).
+  the device copies that read it finished (also when a multi-key call failed after some of
+  its requests were sent); until then a new one is made (the pool grows to what the calls in
+  flight need). The host waits for a copy with a blocking event: it sleeps, not spins.
 
 Every accelerator is driven through a :class:`Backend`. :class:`CudaBackend` is torch.cuda's;
 the logic above is the same for any backend, and the tests drive it with a backend whose
@@ -25,6 +27,7 @@ copies happen only when something waits for them, so a missing wait shows as a s
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -66,8 +69,13 @@ class Backend(Protocol):
     def to_host(self, value: Any, host: np.ndarray) -> Any:
         """Queue the copy of ``value`` into ``host`` after the caller's queued work; an event."""
 
-    def to_device(self, host: np.ndarray, value: Any) -> Any:
-        """Queue the copy of ``host`` into ``value`` after the caller's queued work; an event."""
+    def mark(self, value: Any) -> Any:
+        """An event after the work the caller's stream of ``value``'s device queued so far
+        (what may still read ``value`` before a pull overwrites it)."""
+
+    def to_device(self, host: np.ndarray, value: Any, after: Any) -> Any:
+        """Queue the copy of ``host`` into ``value`` once ``after`` (a :meth:`mark`) is done,
+        not after everything queued since; an event."""
 
     def wait_host(self, event: Any) -> None:
         """Block this thread until ``event``'s copy is done."""
@@ -107,14 +115,28 @@ def backend_for(value: Any) -> Backend | None:
     global _probed_cuda
     if isinstance(value, np.ndarray):
         return None
-    if not _probed_cuda and type(value).__module__.startswith("torch"):
-        _probed_cuda = True
-        if value.device.type == "cuda":
-            register_backend(CudaBackend())
+    if not _probed_cuda:
+        torch = sys.modules.get("torch")
+        # probed on the first CUDA tensor, not on the first tensor: a CPU tensor first (a
+        # broadcast staged on the host) must not turn CUDA off for the process
+        if torch is not None and isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            with _LOCK:
+                if not _probed_cuda:
+                    _BACKENDS.append(CudaBackend())
+                    _probed_cuda = True
     for b in _BACKENDS:
         if b.owns(value):
             return b
     return None
+
+
+def graph_capture() -> bool:
+    """Whether a registered backend's caller stream is capturing a CUDA graph."""
+    for b in list(_BACKENDS):
+        capturing = getattr(b, "capturing", None)
+        if capturing is not None and capturing():
+            return True
+    return False
 
 
 def on_device(entry: Any) -> bool:
@@ -291,7 +313,9 @@ class Staging:
                 raise ValueError(f"{what}: outs differ: {shape} {dtype} vs {s} {d}")
         buf = self._take(backend, device, shape, dtype)
         self._lent()
-        self._tl.owed.append((buf, dev))
+        # what each out's device queued before this call may still read the out: its copy
+        # waits for that, and not for what the caller queues after (the next layers' work)
+        self._tl.owed.append((buf, [(v, backend.mark(v)) for v in dev]))
         # the device outs come last: the pull fills host outs from the first target
         return [*targets, buf.array] if targets else [buf.array]
 
@@ -314,8 +338,8 @@ class Staging:
         def land() -> None:
             for buf, outs in owed:
                 events = []
-                for out in outs:
-                    ev = buf.backend.to_device(buf.array, out)
+                for out, after in outs:
+                    ev = buf.backend.to_device(buf.array, out, after)
                     buf.backend.stream_wait(out, ev)
                     events.append(ev)
                 with self._lock:  # free again once every device's copy is done
@@ -323,13 +347,17 @@ class Staging:
 
         return land if owed else None
 
-    def abandon(self) -> None:
-        """Forget this thread's call (it raised before it made requests): free its buffers."""
+    def abandon(self, futures: Sequence[Any] = ()) -> None:
+        """Forget this thread's call, which raised after it made the requests ``futures``
+        (a multi-key call whose later key failed: the earlier keys' requests were sent and
+        may still read their buffers). Its buffers come back once those are answered; the
+        copies to the devices it owed are never queued (the caller got the error)."""
         lent = self._lent()
         self._tl.lent, self._tl.owed = [], []
+        futs = list(futures)
         with self._lock:
             for b in lent:
-                b.futures, b.owed = [], False
+                b.futures, b.owed = futs, False
 
 
 class _Lent:
@@ -356,13 +384,84 @@ def _check_dtype(dtype: np.dtype, what: str) -> None:
 # -- CUDA ------------------------------------------------------------------------------------
 
 
-class CudaBackend:
-    """torch.cuda: page-locked host buffers, one side stream per device, events."""
+class TorchCuda:
+    """The calls :class:`CudaBackend` and the device server make of ``torch.cuda`` (the
+    tests give them a stand-in with the same contract: tests/cuda_standin.py)."""
 
     def __init__(self) -> None:
         import torch
 
         self.torch = torch
+
+    def owns(self, value: Any) -> bool:
+        """Whether ``value`` is a CUDA tensor."""
+        return isinstance(value, self.torch.Tensor) and value.device.type == "cuda"
+
+    def device_of(self, value: Any) -> Any:
+        """The device ``value`` is on."""
+        return value.device
+
+    def new_stream(self, device: Any) -> Any:
+        """A new stream on ``device``."""
+        return self.torch.cuda.Stream(device=device)
+
+    def current_stream(self, device: Any) -> Any:
+        """The calling thread's current stream on ``device``."""
+        return self.torch.cuda.current_stream(device)
+
+    def event(self, stream: Any) -> Any:
+        """An event recorded on ``stream`` now; a host that waits for it sleeps (blocking
+        sync) instead of spinning a core."""
+        ev = self.torch.cuda.Event(blocking=True)
+        ev.record(stream)
+        return ev
+
+    def copy(self, dst: Any, src: Any, stream: Any) -> None:
+        """Queue ``dst.copy_(src)`` on ``stream`` (asynchronous: one side is page-locked)."""
+        with self.torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+
+    def keep(self, tensor: Any, stream: Any) -> None:
+        """``tensor``'s memory is not reused before ``stream``'s queued work is done."""
+        tensor.record_stream(stream)
+
+    def wait_stream(self, stream: Any, other: Any) -> None:
+        """``stream``'s later work waits for what ``other`` queued so far."""
+        stream.wait_stream(other)
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        """``stream``'s later work waits for ``event``."""
+        stream.wait_event(event)
+
+    def synchronize(self, event: Any) -> None:
+        """Block the calling thread until ``event`` is done."""
+        event.synchronize()
+
+    def query(self, event: Any) -> bool:
+        """Whether ``event`` is done (without waiting)."""
+        return bool(event.query())
+
+    def pinned(self, shape: tuple[int, ...], dtype: Any, device: Any = None) -> Any:
+        """A new page-locked host tensor (made in ``device``'s context when given)."""
+        if device is None:
+            return self.torch.empty(shape, dtype=dtype, pin_memory=True)
+        with self.torch.cuda.device(device):
+            return self.torch.empty(shape, dtype=dtype, pin_memory=True)
+
+    def capturing(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph."""
+        return bool(self.torch.cuda.is_current_stream_capturing())
+
+
+class CudaBackend:
+    """CUDA tensors: page-locked host buffers, one side stream per device, events. Every
+    call to CUDA goes through ``driver`` (:class:`TorchCuda`, or the tests' stand-in)."""
+
+    def __init__(self, driver: Any = None) -> None:
+        import torch
+
+        self.torch = torch
+        self.driver = driver if driver is not None else TorchCuda()
         self._streams: dict[Any, Any] = {}
         self._pinned: dict[int, Any] = {}  # a host buffer's address -> its pinned tensor
         self._np = {
@@ -372,7 +471,7 @@ class CudaBackend:
         }
 
     def owns(self, value: Any) -> bool:
-        return isinstance(value, self.torch.Tensor) and value.device.type == "cuda"
+        return self.driver.owns(value)
 
     def describe(self, value: Any) -> tuple[tuple[int, ...], np.dtype, Any]:
         dtype = self._np.get(value.dtype)
@@ -382,53 +481,62 @@ class CudaBackend:
             )
         if not value.is_contiguous():
             raise ValueError("a CUDA tensor given to the KVStore must be contiguous")
-        return tuple(value.shape), dtype, value.device
+        return tuple(value.shape), dtype, self.driver.device_of(value)
 
     def _side(self, device: Any) -> Any:
         s = self._streams.get(device)
         if s is None:
-            s = self._streams[device] = self.torch.cuda.Stream(device=device)
+            s = self._streams[device] = self.driver.new_stream(device)
         return s
 
     def host_buffer(self, device: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         dt = self.torch.from_numpy(np.empty(0, dtype)).dtype
-        t = self.torch.empty(shape, dtype=dt, pin_memory=True)
+        t = self.driver.pinned(shape, dt)
         self._pinned[t.data_ptr()] = t  # kept for the pool's life: copies use the tensor
         return t.numpy()
 
     def _host(self, host: np.ndarray) -> Any:
         t = self._pinned.get(host.ctypes.data)
-        return t if t is not None else self.torch.from_numpy(host)
+        if t is None:  # (every buffer comes from host_buffer: a copy from pageable memory
+            # would not be asynchronous, and its event would say nothing)
+            raise RuntimeError("a host buffer given to a CUDA copy is not a staging buffer")
+        return t
 
     def to_host(self, value: Any, host: np.ndarray) -> Any:
-        torch = self.torch
-        side = self._side(value.device)
-        side.wait_stream(torch.cuda.current_stream(value.device))
-        with torch.cuda.stream(side):
-            self._host(host).copy_(value.detach(), non_blocking=True)
-            value.record_stream(side)
-            ev = torch.cuda.Event()
-            ev.record(side)
-        return ev
+        d = self.driver
+        device = d.device_of(value)
+        side = self._side(device)
+        d.wait_stream(side, d.current_stream(device))  # (the producer of value: backward)
+        d.copy(self._host(host), value.detach(), side)
+        d.keep(value, side)  # (the caller may free value before the copy ran)
+        return d.event(side)
 
-    def to_device(self, host: np.ndarray, value: Any) -> Any:
-        torch = self.torch
-        side = self._side(value.device)
-        side.wait_stream(torch.cuda.current_stream(value.device))
-        with torch.cuda.stream(side):
-            value.detach().copy_(self._host(host).view(value.shape), non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(side)
-        return ev
+    def mark(self, value: Any) -> Any:
+        d = self.driver
+        return d.event(d.current_stream(d.device_of(value)))
+
+    def to_device(self, host: np.ndarray, value: Any, after: Any) -> Any:
+        d = self.driver
+        side = self._side(d.device_of(value))
+        if after is not None:
+            d.wait_event(side, after)
+        d.copy(value.detach(), self._host(host).view(value.shape), side)
+        d.keep(value, side)
+        return d.event(side)
 
     def wait_host(self, event: Any) -> None:
-        event.synchronize()
+        self.driver.synchronize(event)
 
     def done(self, event: Any) -> bool:
-        return bool(event.query())
+        return self.driver.query(event)
 
     def stream_wait(self, value: Any, event: Any) -> None:
-        self.torch.cuda.current_stream(value.device).wait_event(event)
+        d = self.driver
+        d.wait_event(d.current_stream(d.device_of(value)), event)
+
+    def capturing(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph."""
+        return self.driver.capturing()
 
     def reduce(self, values: Sequence[Any]) -> Any:
         total = values[0].detach().clone()

@@ -4,8 +4,9 @@ aggregator of :mod:`hetps.kvstore.aggregate` with the float keys' arithmetic in 
 What lives where, for a key of float16/32/64 values:
 
 * the round's sum (the merge buffer) is a device tensor: each pushed chunk is copied from the
-  message into a reused host buffer (page-locked on CUDA), from there to the device, and
-  added there, in arrival order (the CPU server's order: the same sums);
+  message into one of two reused host buffers, used in turn (page-locked on CUDA: the next
+  chunk fills one while the other's copy runs), from there to the device, and added there,
+  in arrival order (the CPU server's order: the same sums);
 * with the built-in SGD or Adam (the exact classes) the weight and the optimizer state live
   on the device and the step runs there (:mod:`hetps.kvstore.device_steps`); the new weight
   is copied to a host buffer once per round (per update in ``dist_async``), and every pull
@@ -27,7 +28,6 @@ when the variable names a device. ``torch:cpu`` runs this same code with torch o
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -60,9 +60,20 @@ def parse(spec: str) -> tuple[str, int | None] | None:
     raise ValueError(f"HETPS_SERVER_DEVICE={spec!r} is not a device: set it to one of {FORMS}")
 
 
-def open_device(spec: str) -> Device:
+def cuda_index(spec_index: int | None, local_rank: int, count: int) -> int:
+    """The GPU a process takes: ``cuda:N`` names it; plain ``cuda`` takes the process's
+    local rank (``LOCAL_RANK``: its index among the processes its launcher started on this
+    host) modulo the host's GPUs, so the processes of one host spread over its GPUs; with no
+    local rank, GPU 0."""
+    if spec_index is not None:
+        return spec_index
+    return local_rank % count if local_rank >= 0 and count > 0 else 0
+
+
+def open_device(spec: str, local_rank: int = -1) -> Device:
     """The device ``spec`` names, checked now (at a server's start): torch must be there and,
-    for ``cuda:N``, see that device; each problem is one error naming the fix."""
+    for ``cuda:N``, see that device; each problem is one error naming the fix. Plain ``cuda``
+    picks the GPU from ``local_rank`` (:func:`cuda_index`)."""
     kind, index = parse(spec) or ("cpu", None)
     if kind == "cpu":
         raise ValueError("HETPS_SERVER_DEVICE=cpu is the NumPy server: it needs no device")
@@ -84,7 +95,7 @@ def open_device(spec: str) -> Device:
             "a machine with a GPU and a CUDA build of torch"
         )
     count = torch.cuda.device_count()
-    index = torch.cuda.current_device() if index is None else index
+    index = cuda_index(index, local_rank, count)
     if index >= count:
         raise RuntimeError(
             f"HETPS_SERVER_DEVICE={spec} but torch sees {count} CUDA device(s) here "
@@ -95,19 +106,26 @@ def open_device(spec: str) -> Device:
 
 
 class Device:
-    """One torch device and the host side of its copies: a reused host buffer for what
-    goes to the device (page-locked on CUDA; before it is written again the copy that
-    read it has finished), a device buffer it lands in, scratch buffers for the steps."""
+    """One torch device and the host side of its copies: two host buffers, used in turn, for
+    what goes to the device (page-locked on CUDA; before one is written again the copy that
+    read it has finished, while the other one's copy may still run), the device buffers
+    they land in, scratch buffers for the steps. On CUDA every call goes through ``driver``
+    (:class:`hetps.kvstore.devices.TorchCuda`, or the tests' stand-in of it)."""
 
-    def __init__(self, torch: Any, device: Any, spec: str = "") -> None:
+    def __init__(self, torch: Any, device: Any, spec: str = "", driver: Any = None) -> None:
         self.torch = torch
         self.device = device
         self.spec = spec or str(device)  # as HETPS_SERVER_DEVICE named it
-        self.cuda = device.type == "cuda"
-        self._stage: Any = None  # host bytes (pinned on CUDA)
-        self._stage_np: np.ndarray | None = None
-        self._landing: Any = None  # device bytes the staged copy lands in
-        self._copied: Any = None  # CUDA event: the last staged copy has read the host buffer
+        if driver is None and device.type == "cuda":
+            from hetps.kvstore.devices import TorchCuda
+
+            driver = TorchCuda()
+        self.gpu = driver
+        self.cuda = driver is not None
+        # the staging slots, used in turn: [host bytes (pinned), their NumPy view, device
+        # bytes the copy lands in, the event of the last copy that read the host bytes]
+        self._slots: list[list[Any]] = [[None, None, None, None], [None, None, None, None]]
+        self._turn = 0
         self._scratch: dict[Any, list] = {}
 
     def __repr__(self) -> str:
@@ -120,36 +138,40 @@ class Device:
         return self.torch.empty(n, dtype=self.dtype(np_dtype), device=self.device)
 
     def host_empty(self, n: int, dtype: Any) -> Any:
-        """A host tensor the device copies into (page-locked on CUDA)."""
-        with self.current():
-            return self.torch.empty(n, dtype=dtype, pin_memory=self.cuda)
+        """A host tensor the device copies into (page-locked on CUDA, made in this device's
+        context: requests are handled on the node's receive thread, not the one that opened
+        the device)."""
+        if self.cuda:
+            return self.gpu.pinned((n,), dtype, self.device)
+        return self.torch.empty(n, dtype=dtype)
 
-    def current(self) -> Any:
-        """This device as the calling thread's current one (a page-locked allocation is made
-        in the current device's context; requests are handled on the node's receive thread,
-        not the one that opened the device)."""
-        return self.torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
+    def _stream(self) -> Any:
+        # (this device's stream: the handling thread's current device may be another one,
+        # torch.cuda.set_device holds for the thread that called it)
+        return self.gpu.current_stream(self.device)
 
     def upload(self, arr: np.ndarray) -> Any:
-        """``arr`` (host, any layout) on the device: a view of the landing buffer, valid
-        until the next upload (what reads it is queued on the same stream before that)."""
+        """``arr`` (host, any layout) on the device: a view of a landing buffer, valid until
+        the upload after next (what reads it is queued on the same stream before that)."""
         nbytes = arr.nbytes
-        if self._copied is not None:
-            self._copied.synchronize()  # the last copy has read the host buffer
-            self._copied = None
-        if self._stage is None or self._stage.numel() < nbytes:
+        slot = self._slots[self._turn]
+        self._turn ^= 1
+        if slot[3] is not None:  # this slot's last copy has read its host bytes (the other
+            self.gpu.synchronize(slot[3])  # slot's copy may still run meanwhile)
+            slot[3] = None
+        if slot[0] is None or slot[0].numel() < nbytes:
             size = max(nbytes, 1 << 16)
-            self._stage = self.host_empty(size, self.torch.uint8)
-            self._stage_np = self._stage.numpy()
-            self._landing = self.torch.empty(size, dtype=self.torch.uint8, device=self.device)
-        assert self._stage_np is not None
-        np.copyto(self._stage_np[:nbytes].view(arr.dtype), arr.reshape(-1))
-        dst = self._landing[:nbytes]
-        dst.copy_(self._stage[:nbytes], non_blocking=self.cuda)
-        if self.cuda:  # (on this device's stream: the handling thread's current device may
-            # be another one, torch.cuda.set_device holds for the thread that called it)
-            self._copied = self.torch.cuda.Event()
-            self._copied.record(self.torch.cuda.current_stream(self.device))
+            slot[0] = self.host_empty(size, self.torch.uint8)
+            slot[1] = slot[0].numpy()
+            slot[2] = self.torch.empty(size, dtype=self.torch.uint8, device=self.device)
+        np.copyto(slot[1][:nbytes].view(arr.dtype), arr.reshape(-1))
+        dst = slot[2][:nbytes]
+        if self.cuda:
+            stream = self._stream()
+            self.gpu.copy(dst, slot[0][:nbytes], stream)
+            slot[3] = self.gpu.event(stream)
+        else:
+            dst.copy_(slot[0][:nbytes])
         return dst.view(self.dtype(arr.dtype))
 
     def new_copy(self, arr: np.ndarray) -> Any:
@@ -159,10 +181,14 @@ class Device:
         return host.to(self.device, copy=True)
 
     def download(self, src: Any, dst: Any) -> None:
-        """``dst`` (a host tensor) = ``src``, finished when this returns."""
-        dst.copy_(src)
-        if self.cuda:
-            self.torch.cuda.current_stream(self.device).synchronize()
+        """``dst`` (a host tensor, page-locked on CUDA) = ``src``, finished when this
+        returns (one copy and one wait for it, which sleeps rather than spins)."""
+        if not self.cuda:
+            dst.copy_(src)
+            return
+        stream = self._stream()
+        self.gpu.copy(dst, src, stream)
+        self.gpu.synchronize(self.gpu.event(stream))
 
     def scratch(self, n: int, dtype: Any, count: int) -> list:
         """``count`` device buffers of ``n`` values of ``dtype``, reused (the steps using

@@ -102,6 +102,7 @@ class _Group:
         "recv_of",
         "inline",
         "queued",
+        "staged",
     )
 
     def __init__(self, index: int, names: list[str], params: dict[str, torch.Tensor]) -> None:
@@ -119,6 +120,7 @@ class _Group:
         self.ready: set[str] = set()
         self.inline = index == 0  # sent by its hook, not by the launcher thread
         self.queued = False  # handed to the launcher thread, not launched yet
+        self.staged: Any = None  # the copy of send to the host last queued (a device's)
         # each member's view into send / recv, made once (slicing per step costs ~5 us each)
         self.send_of: dict[str, torch.Tensor] = {}
         self.recv_of: dict[str, torch.Tensor] = {}

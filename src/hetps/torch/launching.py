@@ -130,4 +130,28 @@ def kv_takes(t: torch.Tensor) -> bool:
 def staged(t: torch.Tensor) -> Any:
     """``t`` for a push: on a device, its copy to the host starts now, on the stream that
     produced it (backward's), and the launcher thread that pushes it waits for that alone."""
-    return t if t.device.type == "cpu" else devices.stage(t)
+    return t if devices.backend_for(t) is None else devices.stage(t)
+
+
+def write_after(st: Any, t: torch.Tensor) -> None:
+    """Before the caller's stream writes ``t`` again: make it wait for the staged copy ``st``
+    that reads ``t`` (a Staged; None or a host tensor: nothing to wait for). The stream
+    waits, not the host: the launcher thread may not have pushed ``st`` yet, and a kernel
+    queued after this waits for the copy on the device."""
+    if isinstance(st, devices.Staged):
+        backend = st.buffer.backend
+        if not backend.done(st.event):
+            backend.stream_wait(t, st.event)
+
+
+def refuse_graph_capture(what: str) -> None:
+    """Raise if the caller's stream is capturing a CUDA graph: ``what`` (a hook of hetps)
+    would be captured once and not run at replay, and it waits on events and allocates
+    page-locked memory, which a capture does not allow."""
+    if devices.graph_capture():
+        raise RuntimeError(
+            f"{what} runs while a CUDA graph is being captured: hetps's hooks wait for the "
+            "host and are not replayed with the graph. Capture only the forward and backward "
+            "of a model that hetps does not wrap, or train without CUDA graphs (the "
+            "DistributedOptimizer and overlap_forward run eagerly)"
+        )

@@ -23,6 +23,11 @@ weights are broadcast from rank 0.
 Tensor fusion (small gradients travel together, groups re-made at backward's pace) is
 described in :mod:`hetps.torch.fusion`; the launcher thread in :mod:`hetps.torch.launching`.
 
+AMP's ``GradScaler`` (``update_on="worker"``): ``scaler.step(opt)`` synchronizes before it
+unscales, so it unscales the reduced sum and every worker skips a step whose sum overflowed;
+or, as Horovod documents, ``opt.synchronize(); scaler.unscale_(opt); clip...; with
+opt.skip_synchronize(): scaler.step(opt)``.
+
 ``overlap_forward=True`` (``update_on="server"`` or ``"sum"``, with ``model``): ``step()``
 returns without waiting for the pulls; each module's forward waits for its own parameters'
 (:mod:`hetps.torch.overlap` says what waits and what the user must call).
@@ -36,13 +41,16 @@ could (a fused group of its dtype), otherwise the caller must exchange it itself
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
 from hetps import optim as ps_optim
+from hetps.kvstore import devices
 from hetps.sync.rules import average_from_sum
 from hetps.torch.broadcast import exchange
 from hetps.torch.fusion import (
@@ -50,22 +58,31 @@ from hetps.torch.fusion import (
     FUSION_SPLIT_BYTES,
     StepTiming,
     _Group,
-    measured_groups,
     plan_groups,
-    ready_times,
 )
-from hetps.torch.launching import GroupLauncher, kv_takes, staged
+from hetps.torch.launching import (
+    GroupLauncher,
+    kv_takes,
+    refuse_graph_capture,
+    staged,
+    write_after,
+)
+from hetps.torch.regroup import Regrouping
 from hetps.torch.sparse import SparseTables, table_weights
 
 __all__ = ["FUSION_GAP_S", "FUSION_SPLIT_BYTES", "DistributedOptimizer", "plan_groups"]
 
 #: steps the hooks time before the groups are re-made (the first one is not used: warm-up)
 TUNE_STEPS = 4
-#: a group ready this close to backward's end is sent by its hook, not the launcher thread
-LAUNCH_INLINE_S = 500e-6
 
 
-class DistributedOptimizer:
+def _from_grad_scaler() -> bool:
+    """Whether the caller's caller is torch's AMP GradScaler (reading param_groups)."""
+    frame = sys._getframe(2)
+    return str(frame.f_globals.get("__name__", "")).startswith(("torch.amp", "torch.cuda.amp"))
+
+
+class DistributedOptimizer(Regrouping):
     """A torch optimizer whose gradients are reduced (or applied) by a hetps KVStore."""
 
     def __init__(
@@ -224,8 +241,15 @@ class DistributedOptimizer:
             self.kv.set_optimizer(server_optimizer)
         # a launch is ~0.2 ms of Python: a launcher thread does it while backward goes on
         self._launches = GroupLauncher(self._launch, self._handles, self.timing, background_launch)
+        # a device the KVStore stages gradients from (CUDA): its copies to the host read
+        # the gradients themselves; name -> the staged copy of a lone p.grad last queued
+        self._staging = any(devices.backend_for(p.data) is not None for _, p in self.named)
+        self._reading: dict[str, Any] = {}
+        self._skip_sync = False
         for name, p in self.named:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(name)))
+            if devices.backend_for(p.data) is not None:
+                self._hooks.append(p.register_hook(self._make_pre_hook(name, p)))
 
     def _make_groups(self, fusion_bytes: int) -> list[_Group]:
         """Groups of neighbours in backward order (the reverse of the parameters' order), each
@@ -273,34 +297,61 @@ class DistributedOptimizer:
                 p.data.copy_(t)
 
     # -- hooks ------------------------------------------------------------------------------
+    def _make_pre_hook(self, name: str, p: torch.Tensor):
+        """Before backward adds into ``p.grad`` again (gradient accumulation): the caller's
+        stream waits for the staged copy that still reads it (no copy of every gradient)."""
+
+        def pre_hook(grad: torch.Tensor) -> None:
+            st = self._reading.get(name)
+            if st is not None and p.grad is not None:
+                write_after(st, p.grad)
+
+        return pre_hook
+
     def _make_hook(self, name: str):
         def hook(p: torch.Tensor) -> None:
             if p.grad is None:
                 return
+            self._synced = False  # a new gradient: the last synchronize() is not this one's
+            if self._staging:
+                refuse_graph_capture("DistributedOptimizer's gradient hook")
             if self._overlap is not None:
                 self._overlap.check_unread(name)  # (raises if a forward read a stale weight)
             if self._clock is not None:
                 self._clock[name] = time.perf_counter()
             g = self._group_of[name]  # (re-made groups replace it)
-            if g.queued:
+            if g.queued and not self._staging:
                 # another backward pass before step() (gradient accumulation) finished this
                 # group again while its last launch still waits: send that one first, so the
-                # launcher never reads a buffer this pass is refilling
+                # launcher never reads a buffer this pass is refilling (a staged launch reads
+                # its own host buffer: the copy into it is waited for on the stream below)
                 self._flush()
             grad = p.grad if kv_takes(p.grad) else p.grad.detach().cpu()
             if not g.fused:
-                # (on a device, a copy first: a second backward before step() would add into
-                # p.grad while the copy to the host still reads it)
-                self._send(g, grad if grad.device.type == "cpu" else staged(grad.clone()))
+                # (on a device the copy to the host reads p.grad itself: a second backward
+                # before step() adds into it only after that copy, see _make_pre_hook)
+                st = staged(grad)
+                if isinstance(st, devices.Staged):
+                    self._reading[name] = st
+                self._send(g, st)
                 return
             assert g.send is not None
+            write_after(g.staged, g.send)  # the last copy of send read it (accumulation)
+            g.staged = None
             g.send_of[name].copy_(grad)
             g.ready.add(name)
             if len(g.ready) == len(g.names):
                 g.ready = set()
-                self._send(g, staged(g.send))
+                self._send_group(g)
 
         return hook
+
+    def _send_group(self, g: _Group) -> None:
+        """Send fused group ``g``'s filled send buffer (staged first on a device)."""
+        assert g.send is not None
+        st = staged(g.send)
+        g.staged = st if isinstance(st, devices.Staged) else None
+        self._send(g, st)
 
     # -- launching ------------------------------------------------------------------------
     def _send(self, g: _Group, data: torch.Tensor) -> None:
@@ -401,6 +452,7 @@ class DistributedOptimizer:
         count, and the timings that tune the groups."""
         for g in self.groups:
             g.ready = set()  # a partial backward must not leave members marked for next step
+        self._reading.clear()  # (every launch waited for its copy to the host)
         self.timing.sync = (t_sync, time.perf_counter())
         if not exchanged:
             return
@@ -428,6 +480,8 @@ class DistributedOptimizer:
                 self._make_hook(g.names[0])(params[g.names[0]])
             else:
                 assert g.send is not None
+                write_after(g.staged, g.send)
+                g.staged = None
                 for n in g.names:
                     if n in g.ready:
                         continue
@@ -437,7 +491,7 @@ class DistributedOptimizer:
                         view.zero_()  # no gradient here: contributes nothing to the sum
                     else:
                         view.copy_(grad)
-                self._send(g, staged(g.send))
+                self._send_group(g)
             self._flush()
             h = self._handles.pop(g.index)
         return h
@@ -458,94 +512,26 @@ class DistributedOptimizer:
         for a, b, w in self.kv.short_rounds(self._key(g)):
             total.view(-1)[a:b].mul_(W / w)
 
-    # -- groups that follow backward's pace ---------------------------------------------------
-    def _retune(self) -> None:
-        """Re-make the groups from rank 0's timings, on every worker (a collective: each
-        worker calls it at the same step). Groups that did not change keep their keys."""
-        ids = torch.zeros(len(self.named), dtype=torch.float64)
-        if getattr(self.kv, "live_rank", self.kv.rank) == 0:
-            ready = ready_times(self._timed, list(self._index))  # rank 0's own timings
-            plan = ready and measured_groups(self.named, ready, self.fusion_bytes)
-            groups = self.groups if plan is None else self._as_groups(plan)
-            if self.extra_rides and not groups[0].fused:
-                groups = self.groups  # the extra tensor needs a fused first group: keep the old
-            for g in groups:
-                for n in g.names:
-                    ids[self._index[n]] = g.index
-        self.kv.broadcast(f"{self.prefix}fusion-groups", ids, out=ids)
-        by_id: dict[int, list[str]] = {}
-        for (n, _), i in zip(self.named, ids.tolist(), strict=True):
-            by_id.setdefault(int(i), []).append(n)
-        self._switch_groups(list(by_id.values()), self.kv.init)
-
-    def _switch_groups(self, names: list[list[str]], make: Any) -> None:
-        """Use the groups ``names`` from now on (each list a group's parameters); the keys of
-        new groups are made with ``make(keys, values)``. Groups that did not change keep
-        their keys."""
-        new_groups = self._as_groups(names)
-        old = {tuple(g.names): g for g in self.groups}
-        if [g.names for g in new_groups] == [g.names for g in self.groups]:
-            self._mark_inline()
-            return
-        keys, values = [], []
-        for i, g in enumerate(new_groups):
-            kept = old.get(tuple(g.names))
-            if kept is not None and (kept.index == 0) == (i == 0):
-                kept.index = i
-                new_groups[i] = kept
-                continue
-            if i == 0 and self.extra_rides:
-                assert self.extra is not None
-                g.numel += self.extra.numel()
-            if g.fused:
-                g.make_buffers(self._cpu[g.names[0]].dtype, self._cpu)
-                values.append(g.send)
-            else:
-                values.append(torch.zeros_like(self._cpu[g.names[0]]))
-            keys.append(self._key(g))
-        self.groups = new_groups
-        self._group_of = {n: g for g in self.groups for n in g.names}
-        self._mark_inline()
-        if keys:
-            make(keys, values)
-
-    # -- a worker joining a running job (--elastic) ---------------------------------------------
-    def join_state(self) -> dict:
-        """What a worker that joins needs to exchange the same keys as this one: the groups
-        (they may have been re-made), the step count, and the wrapped optimizer's state."""
-        return {
-            "groups": [list(g.names) for g in self.groups],
-            "steps": self._steps,
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "local": self._local.state_bytes() if self._local is not None else None,
-        }
-
-    def adopt(self, state: dict) -> None:
-        """Take a live worker's :meth:`join_state` (this worker joined a running job): its
-        groups, whose keys exist on the servers already, and its step count (the groups are
-        not re-made again)."""
-        self._switch_groups(state["groups"], self.kv.declare)
-        self._steps = int(state["steps"])
-        if self._steps >= self._timing_steps:
-            self._clock = None
-        if self.optimizer is not None and state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if self._local is not None and state.get("local") is not None:
-            self._local.load_state_bytes(state["local"])
-
-    def _mark_inline(self) -> None:
-        """Groups that are ready within ``LAUNCH_INLINE_S`` of backward's end (by this
-        worker's own timings) are sent by their hook: there is too little backward left to
-        overlap a launch with, and the hand-off to the launcher would only add its wake-up."""
-        ready = ready_times(self._timed, list(self._index))
-        if ready is None:
-            return
-        end = max(ready.values())
-        for g in self.groups:
-            g.inline = g.index == 0 or end - max(ready[n] for n in g.names) < LAUNCH_INLINE_S
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within it, :meth:`step` does not synchronize: it steps on the gradients the
+        caller's :meth:`synchronize` reduced and then changed (Horovod's contract, e.g. for
+        AMP: ``opt.synchronize(); scaler.unscale_(opt); clip...; with
+        opt.skip_synchronize(): scaler.step(opt)``). A step in it without that
+        synchronize raises rather than step on this worker's own gradients."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the reductions (unless :meth:`synchronize` already did), then step."""
+        if self._skip_sync and not self._synced:
+            raise RuntimeError(
+                "step() inside skip_synchronize() but the gradients were not synchronized: "
+                "call opt.synchronize() after backward and before skip_synchronize()"
+            )
         deferred = self._overlap is not None and not self._synced
         if deferred:  # the next forward waits for the pulls, module by module
             self._overlap.wait_all()  # (what the last forward did not wait for)
@@ -578,8 +564,23 @@ class DistributedOptimizer:
 
     @property
     def param_groups(self) -> list[dict]:
-        """The wrapped optimizer's parameter groups (for learning-rate schedulers)."""
-        return self.optimizer.param_groups if self.optimizer is not None else []
+        """The wrapped optimizer's parameter groups (for learning-rate schedulers). Read by
+        an AMP ``GradScaler`` (its ``unscale_``, also the one ``scaler.step`` makes) before
+        :meth:`synchronize`, it synchronizes first: the scaler then unscales the reduced
+        sum, not this worker's own gradient that the sum would replace, and finds an inf
+        or NaN of any worker, so every worker skips that step alike."""
+        if self.update_on != "worker" and _from_grad_scaler():
+            raise RuntimeError(
+                f"GradScaler with update_on={self.update_on!r}: the pushed gradients are "
+                "still scaled and the servers (or this worker's summation update) step on "
+                "them before the scaler could unscale them or skip an overflow. Use "
+                "update_on='worker' with a GradScaler, or autocast to bfloat16 without one"
+            )
+        if self.optimizer is None:
+            return []
+        if not self._synced and self.update_on == "worker" and _from_grad_scaler():
+            self.synchronize()
+        return self.optimizer.param_groups
 
     def close(self) -> None:
         """Wait for the pulls in flight (overlap_forward); remove the hooks; stop launching."""

@@ -30,6 +30,9 @@ may be the old one. A pull that failed raises at every later wait point that cov
 parameter (its weight is stale): make a new optimizer (its broadcast fetches the servers'
 weights).
 
+Not under CUDA graphs or ``torch.compile``: the hooks would be captured or traced once and
+not wait at replay; both are refused with an error naming the way out.
+
 ``zero_grad()`` does not wait: the pulls write weights, not gradients, and ``step()`` has
 launched every push (each push captured its gradient) before it returns.
 """
@@ -42,6 +45,15 @@ from typing import Any
 import torch
 
 from hetps.torch.fusion import _Group
+from hetps.torch.launching import refuse_graph_capture
+
+#: why a compiled model is refused
+COMPILED = (
+    "overlap_forward=True cannot run under torch.compile: its forward pre-hooks wait for the "
+    "host (a graph break in every module; fullgraph=True fails) and a compiled graph would "
+    "not wait for the new weights. Give the DistributedOptimizer the model before "
+    "torch.compile and use overlap_forward=False, or train the model uncompiled"
+)
 
 
 class _Pull:
@@ -69,6 +81,8 @@ class ForwardWaits:
         land: Any,
         timing: Any,
     ) -> None:
+        if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+            raise ValueError(COMPILED)
         self._land = land
         self._timing = timing
         self.pending: dict[str, _Pull] = {}  # parameter name -> its group's pull in flight
@@ -94,6 +108,9 @@ class ForwardWaits:
     # -- hooks --------------------------------------------------------------------------------
     def _forward_hook(self, own: list[str]):
         def hook(module: torch.nn.Module, args: Any) -> None:
+            if torch.compiler.is_compiling():
+                raise RuntimeError(COMPILED)
+            refuse_graph_capture("overlap_forward's forward pre-hook")
             if self.pending:
                 for name in own:
                     pull = self.pending.get(name)
