@@ -294,6 +294,7 @@ def test_after_the_job_the_last_state_is_saved_and_a_last_scrape_reads_it(tmp_pa
     run = _run_dir(tmp_path)
     sched = _Sched()
     live = LiveMetrics(sched).serve(0, "127.0.0.1")
+    RunWriter.reopen(run).update(live_job=live.job)  # (rank 0's WorkerMeter.bind_run)
     try:
         body = dict(_body([_round(1)]), run=str(run))
         live.handle(sched, SimpleNamespace(sender=2, req=0, body=body))
@@ -322,16 +323,30 @@ def test_after_the_job_the_last_state_is_saved_and_a_last_scrape_reads_it(tmp_pa
         live.close()
 
 
-def test_a_run_named_by_a_worker_must_be_a_run_directory(tmp_path):
+def test_a_run_named_by_a_worker_must_be_a_run_directory_of_this_job(tmp_path):
+    """A worker's report names a folder; the scheduler writes only into this job's run
+    directory (its run.json names the job), never into another run's or a plain folder."""
     pytest.importorskip("prometheus_client")
     sched = _Sched()
     live = LiveMetrics(sched)
     (tmp_path / "victim").mkdir()
-    for run in (str(tmp_path / "victim"), str(tmp_path / "nowhere")):
+    other = _run_dir(tmp_path / "other")  # another job's run: its run.json names no live_job
+    elsewhere = _run_dir(tmp_path / "elsewhere")
+    RunWriter.reopen(elsewhere).update(live_job="20260101-000000-beef")  # another job's id
+    (tmp_path / "link").symlink_to(other)
+    victims = (tmp_path / "victim", tmp_path / "nowhere", other, elsewhere, tmp_path / "link")
+    for run in victims:
         live.workers.clear()
-        live.handle(sched, SimpleNamespace(sender=2, req=0, body=dict(_body([]), run=run)))
+        live.handle(sched, SimpleNamespace(sender=2, req=0, body=dict(_body([]), run=str(run))))
         assert dashboard.finish_job(live) is None  # nobody scraped: no wait either
-        assert not (tmp_path / "victim" / "live-final.json").exists()
+    for run in victims:
+        assert not (run / "live-final.json").exists(), run
+    mine = _run_dir(tmp_path / "mine")
+    RunWriter.reopen(mine).update(live_job=live.job)
+    live.workers.clear()
+    live.handle(sched, SimpleNamespace(sender=2, req=0, body=dict(_body([]), run=str(mine))))
+    assert dashboard.finish_job(live) == str(mine / "live-final.json")
+    assert json.loads((mine / "live-final.json").read_text())["outcome"]["ok"] is True
     for bad in ("", "x" * 5000, "a\x00b", 7):
         with pytest.raises(ReportError, match="'run'"):
             parse_report(dict(_body([]), run=bad), 1)
@@ -385,39 +400,51 @@ def test_servers_report_themselves_and_the_endpoint_exports_them():
             if x.name.endswith("_total")} == {"out": 100, "in": 200}  # fmt: skip
 
 
-def test_connections_that_send_nothing_are_bounded_and_timed_out(monkeypatch):
-    """Idle connections (a slow client, or many on purpose) take at most MAX_CONNECTIONS
-    threads of the scheduler, each for at most the request timeout; a page is served
-    again once they are gone."""
+def test_a_thousand_idle_connections_never_keep_a_page_out(monkeypatch):
+    """1,000 connections that send nothing (held open by this test) cost the scheduler no
+    thread: the oldest beyond MAX_CONNECTIONS are closed to make room, every page request
+    in between and after is answered, and a connection that stays silent is closed after
+    its request timeout."""
     import socket
     import threading as th
-    import time
 
     pytest.importorskip("prometheus_client")
-    from hetps.metrics import dashboard
+    from hetps.metrics import httpserve
 
-    monkeypatch.setattr(dashboard._Handler, "timeout", 1.0)
+    monkeypatch.setattr(httpserve, "REQUEST_TIMEOUT_S", 3.0)
     sched = _Sched()
     live = LiveMetrics(sched).serve(0, "127.0.0.1")
-    host, port = "127.0.0.1", int(live.base_url.rstrip("/").rsplit(":", 1)[1])
     before = th.active_count()
-    idle = []
+    idle: list[socket.socket] = []
     try:
-        for _ in range(3 * dashboard.MAX_CONNECTIONS):
-            idle.append(socket.create_connection((host, port)))
-        deadline = time.monotonic() + 5
-        while (
-            th.active_count() < before + dashboard.MAX_CONNECTIONS and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)  # (the server's threads take the connections in turn)
-        assert th.active_count() <= before + dashboard.MAX_CONNECTIONS
-        # each held connection is closed by the server within its timeout
-        for s in idle[: dashboard.MAX_CONNECTIONS]:
-            s.settimeout(5)
-            assert s.recv(1) == b""  # closed by the server, not by us
-        code, _, page = _get(live.base_url)
-        assert code == 200 and b"<canvas" in page
+        answered = 0
+        for i in range(1000):
+            idle.append(socket.create_connection(("127.0.0.1", live.port)))
+            if i % 100 == 99:  # a page's poll between them
+                code, _, body = _get(live.base_url + "api/state")
+                answered += code == 200 and b'"workers"' in body
+        for _ in range(15):  # with all of them held
+            code, _, page = _get(live.base_url)
+            answered += code == 200 and b"<canvas" in page
+        assert answered == 25
+        # no thread per connection; the oldest were closed by the server, not by us
+        assert th.active_count() <= before + httpserve.ANSWER_THREADS
+        idle[0].settimeout(5)
+        assert idle[0].recv(1) == b""
+        assert live._httpd.evicted >= 1000 - httpserve.MAX_CONNECTIONS
+        # the newest, still silent, is closed once its request timeout has passed
+        idle[-1].settimeout(10)
+        t0 = time.monotonic()
+        assert idle[-1].recv(1) == b""
+        assert time.monotonic() - t0 > 1.0
+        # a head too big is refused with its status; another method too
+        with socket.create_connection(("127.0.0.1", live.port)) as sk:
+            sk.sendall(b"GET /" + b"x" * 9000 + b" HTTP/1.1\r\n\r\n")
+            assert sk.recv(100).startswith(b"HTTP/1.1 431")
+        with socket.create_connection(("127.0.0.1", live.port)) as sk:
+            sk.sendall(b"POST /api/state HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+            assert sk.recv(100).startswith(b"HTTP/1.1 405")
     finally:
-        for s in idle:
-            s.close()
+        for sk in idle:
+            sk.close()
         live.close()
