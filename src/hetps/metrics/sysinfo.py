@@ -31,7 +31,7 @@ MAX_GPUS = 16
 _ADDR = re.compile(
     r"\[[0-9A-Fa-f:.]+\](?::\d+)?"  # [v6]:port
     r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # v4[:port]
-    r"|\b[A-Za-z0-9][A-Za-z0-9.-]*:\d{2,5}\b"  # name:port
+    r"|\b(?:localhost|(?=[\w.-]*[A-Za-z])[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+):\d{1,5}\b"  # name:port
     r"|\b(?:tcp|ipc|inproc)://\S+"  # ZeroMQ endpoints
 )
 
