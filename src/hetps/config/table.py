@@ -451,7 +451,8 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 default_text="not set (no endpoint)"),
             Var("HETPS_METRICS_HOST", "str", "127.0.0.1",
                 "the address the metrics endpoint binds: loopback, or the scheduler's own "
-                "DMLC_PS_ROOT_URI when named here (never every interface)",
+                "DMLC_PS_ROOT_URI when named here (then loopback too, on the same port, where "
+                "kubectl port-forward connects); never every interface (0.0.0.0, ::)",
                 field="metrics_host", check=_metrics_host_check,
                 bounds="a loopback address or DMLC_PS_ROOT_URI"),
             Var("HETPS_METRICS_INTERVAL", "float", 1.0,
