@@ -27,6 +27,8 @@ __all__ = ["LOG_KEEP", "LogTail", "Sampler", "gpus", "parse_extras", "scrub"]
 LOG_KEEP, LOG_WIDTH = 20, 300
 #: GPUs a report lists at most
 MAX_GPUS = 16
+#: seconds between two samples at least (a closer one is the last one again)
+MIN_GAP_S = 0.5
 
 _ADDR = re.compile(
     r"\[[0-9A-Fa-f:.]+\](?::\d+)?"  # [v6]:port
@@ -49,6 +51,8 @@ class Sampler:
 
     def __init__(self) -> None:
         self._last: tuple[float, float] | None = None
+        self._cached: tuple[float, dict] | None = None
+        self._lock = threading.Lock()
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         try:
@@ -70,13 +74,22 @@ class Sampler:
         return (int(fields[11]) + int(fields[12])) / self._tick, rss_pages * self._page
 
     def sample(self) -> dict:
-        """``{"cpu": percent or None (first sample), "rss": bytes, "gpu": [...]}`` or, with no
-        GPU to read, ``"nogpu": why``."""
+        """``{"cpu": percent (from the second sample on), "rss": bytes, "gpu": [...]}`` or, with
+        no GPU to read, ``"nogpu": why``. Samples closer than :data:`MIN_GAP_S` (several
+        pages polling the scheduler at once) share one."""
+        now = time.monotonic()
+        with self._lock:
+            if self._cached is not None and now - self._cached[0] < MIN_GAP_S:
+                return dict(self._cached[1])
+            out = self._sample(now)
+            self._cached = (now, out)
+            return dict(out)
+
+    def _sample(self, now: float) -> dict:
         try:
             cpu_s, rss = self._cpu_rss()
         except (OSError, ValueError, IndexError):
             return {}
-        now = time.monotonic()
         out: dict[str, Any] = {"rss": int(rss)}
         if self._last is not None and now > self._last[0]:
             out["cpu"] = round(max(0.0, 100.0 * (cpu_s - self._last[1]) / (now - self._last[0])), 1)
