@@ -259,10 +259,13 @@ def test_the_page_keeps_polling_while_a_thousand_idle_connections_are_held(job, 
         b.wait("return +document.body.dataset.polls >= 2", "two polls")
         idle = []
         try:
+            errors = b.js("return document.body.dataset.errors || '0'")
             for _ in range(1000):
                 idle.append(socket.create_connection((host, int(port))))
             polls = int(b.js("return document.body.dataset.polls"))
             b.wait(f"return +document.body.dataset.polls >= {polls + 8}", "8 more polls")
+            # and not one poll failed meanwhile (the page counts them)
+            assert b.js("return document.body.dataset.errors || '0'") == errors
             assert b.js("return document.getElementById('status').className") == ""
             assert "live:" in b.js("return document.getElementById('status').textContent")
         finally:

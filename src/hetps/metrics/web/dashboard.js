@@ -6,7 +6,7 @@
   var interval = Math.max(250, 1000 * (parseFloat(params.get("interval")) || 1));
   var HISTORY = 300;
   var hist = {t: [], rate: [], links: {}};
-  var last = null, polls = 0, rateChart = null, bytesChart = null, bytesKeys = "";
+  var last = null, polls = 0, errors = 0, rateChart = null, bytesChart = null, bytesKeys = "";
   var state = null, valuesChart = null, valuesKeys = "";
 
   function $(id) { return document.getElementById(id); }
@@ -322,6 +322,8 @@
         " workers reporting; updated " + new Date(s.now * 1000).toLocaleTimeString();
       setTimeout(poll, interval);
     }).catch(function () {
+      errors++;
+      document.body.dataset.errors = String(errors);
       var st = $("status");
       st.className = "ended";
       st.textContent = last ? "the endpoint stopped answering before it said how the job ended: the last values stay shown"
