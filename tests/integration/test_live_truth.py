@@ -289,7 +289,7 @@ def test_a_stopped_worker_s_rates_are_no_data_not_its_last_values(job, browser):
             )
             assert text.startswith("no data"), text
             # worker 0 still reports: its rates are numbers (it waits for worker 1: ~0)
-            assert b.js(f"return {cell.format(0)}") not in ("none", "")
+            b.wait(f"return !['none', ''].includes({cell.format(0)})", "worker0's rates")
         finally:
             os.kill(job.pid(1), signal.SIGCONT)
         b.wait(f"return +({cell.format(1)}) > 0", "worker1's rates again")

@@ -506,7 +506,7 @@ def test_a_worker_not_heard_from_has_no_rates_and_every_address_is_scrubbed():
         live.handle(sched, SimpleNamespace(sender=sender, req=0, body=body))
     rates = {w["rank"]: w["rates"] for w in dashboard.state(live)["workers"]}
     assert rates[0] == [[0, 100.0, 50.0]] and rates[1] == [[0, 145.0, 72.5]]
-    live.workers[1].heard -= 0.7  # three report intervals without a report
+    live.workers[1].heard -= dashboard.SILENT_S + 0.1  # no report for that long
     sched.finished[2] = 1  # and worker 0 finished
     rates = {w["rank"]: w["rates"] for w in dashboard.state(live)["workers"]}
     assert rates == {0: None, 1: None}

@@ -49,6 +49,7 @@ CSP = (
 MAX_EVENTS = 200
 FINAL_FILE = "live-final.json"  # the dashboard's last state, in the run directory
 MAX_LINGER = 60.0  # seconds the endpoint waits at most, after the job, for a last scrape
+SILENT_S = 2.0  # seconds without a report at least before a worker's rates are "no data"
 
 
 class Scrapes:
@@ -174,12 +175,14 @@ def _phase_ms(w: dict, phase: str) -> float | None:
 
 def _silent(live: Any, snap: dict) -> set[int]:
     """Worker ranks not heard from: late, dead or finished nodes, or no report for three
-    report intervals. Their rates are "no data", not their last values."""
+    report intervals (:data:`SILENT_S` at least). Their rates are "no data", not their last
+    values."""
     nodes = snap["nodes"]
     gone = set(snap["late"]) | set(snap["dead"]) | set(snap["finished"])
     ranks = {nodes[nid].rank for nid in gone if nid in nodes and nodes[nid].role == "worker"}
     interval = float(getattr(live.sched.cfg, "metrics_interval", 1.0) or 1.0)
-    return ranks | {r for r, w in snap["workers"].items() if w["age"] > 3 * interval}
+    silent_s = max(3 * interval, SILENT_S)
+    return ranks | {r for r, w in snap["workers"].items() if w["age"] > silent_s}
 
 
 def _node_rows(live: Any, snap: dict) -> list[dict]:
