@@ -262,7 +262,7 @@ def state(live: Any) -> dict:
         "events": live.events.list(),
         "refused": snap["refused"],
         "buckets": list(BUCKETS),
-        "scheduler": {"sys": live.sampler.sample(), "log": list(live.tail.lines)},
+        "scheduler": {"sys": live.sampler.sample(), "log": live.tail.last()},
         "ended": live.ended is not None,
         "outcome": live.ended,  # how it ended: {ok, code, text, at}
     }

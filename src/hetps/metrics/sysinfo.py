@@ -187,28 +187,40 @@ class LogTail:
     taken before. :meth:`install` puts the tee in place; :meth:`uninstall` takes it away."""
 
     def __init__(self) -> None:
-        self.lines: deque[str] = deque(maxlen=LOG_KEEP)
+        self.raw: deque[str] = deque(maxlen=LOG_KEEP)
         self._new: deque[str] = deque(maxlen=LOG_KEEP)
         self._lock = threading.Lock()
         self._saved: tuple[Any, Any] | None = None
 
     def add(self, lines: list[str]) -> None:
-        """Keep ``lines`` (cut to :data:`LOG_WIDTH` characters, addresses replaced)."""
-        kept = [
+        """Keep ``lines`` (the newest :data:`LOG_KEEP`; cleaned when read)."""
+        lines = [line for line in lines if line and not line.isspace()]
+        with self._lock:
+            self.raw.extend(lines)
+            self._new.extend(lines)
+
+    @staticmethod
+    def _clean(lines: list[str]) -> list[str]:
+        """Blank lines dropped, each cut to :data:`LOG_WIDTH` characters, control characters
+        made spaces, addresses replaced."""
+        return [
             scrub("".join(c if c.isprintable() else " " for c in line[:LOG_WIDTH])).rstrip()
             for line in lines
             if line.strip()
         ]
-        with self._lock:
-            self.lines.extend(kept)
-            self._new.extend(kept)
 
     def take(self) -> list[str]:
         """The lines kept since the last call."""
         with self._lock:
             out = list(self._new)
             self._new.clear()
-        return out
+        return self._clean(out)
+
+    def last(self) -> list[str]:
+        """The last lines kept."""
+        with self._lock:
+            out = list(self.raw)
+        return self._clean(out)
 
     def install(self) -> LogTail:
         """Tee ``sys.stdout`` and ``sys.stderr`` (and logging's handlers that write to them)."""
