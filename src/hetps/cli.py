@@ -196,6 +196,9 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     _setup_logging(cfg.verbose)
     import zmq
 
+    # the launcher's lines go to the real stdout, never through the dashboard's copy of the
+    # scheduler's output (they carry the launcher's token)
+    launcher_out = sys.stdout
     try:
         sched = make_scheduler(cfg, recover=args.recover)
     except zmq.ZMQError as exc:  # the bind failed: port taken, address not ours
@@ -216,8 +219,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
         def to_launcher(line: str) -> None:  # one whole line per write (several threads say)
             with said:
-                sys.stdout.write(tag + line + "\n")
-                sys.stdout.flush()
+                launcher_out.write(tag + line + "\n")
+                launcher_out.flush()
 
         sched.to_launcher = to_launcher
 
@@ -228,10 +231,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         threading.Thread(target=up, name="hetps-cluster-up", daemon=True).start()
     print(f"hetps scheduler port {sched.van.port}", flush=True)
     announce_metrics(sched)
+    code = 1  # (an exception: the job failed)
     try:
-        return sched.run()
+        code = sched.run()
+        return code
     finally:
-        end_metrics(sched)
+        end_metrics(sched, code)
 
 
 def cmd_server(args: argparse.Namespace) -> int:

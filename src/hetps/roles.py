@@ -79,6 +79,7 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
             sched.metrics = LiveMetrics(sched, planner, esync).serve(
                 cfg.metrics_port, cfg.metrics_host
             )
+            sched.metrics.tail.install()  # the dashboard shows its last lines
         except BaseException:
             sched.van.close()
             raise
@@ -101,19 +102,21 @@ def run_scheduler(cfg: NodeConfig) -> int:
     if cfg.port_file:
         write_port_file(cfg.port_file, sched.van.port)
     announce_metrics(sched)
+    code = 1  # (an exception: the job failed)
     try:
-        return sched.run()
+        code = sched.run()
+        return code
     finally:
-        end_metrics(sched)
+        end_metrics(sched, code)
 
 
-def end_metrics(sched: Scheduler) -> None:
-    """The job ended: save the dashboard's last state, let a last scrape read the final
-    values (docs/LIVE.md), then stop serving."""
+def end_metrics(sched: Scheduler, code: int = 0) -> None:
+    """The job ended with exit code ``code``: save the dashboard's last state, let a page
+    and a last scrape read the final values (docs/LIVE.md), then stop serving."""
     if sched.metrics is not None:
         from hetps.metrics.dashboard import finish_job
 
-        finish_job(sched.metrics)
+        finish_job(sched.metrics, code=code)
         sched.metrics.close()
 
 

@@ -245,7 +245,12 @@ def test_the_dashboard_shows_the_running_job(job, tmp_path):
             "every node alive again",
         )
         assert b.severe_logs() == []
-    assert job.finish() == 0, "".join(job.out.lines)
+        # the job ends: the endpoint answers until the page has read how
+        assert job.finish() == 0, "".join(job.out.lines)
+        b.wait("return document.body.dataset.ended === 'ok'", "the page says: success")
+        status = b.js("return document.getElementById('status').textContent")
+        assert status == "the job ended: success: every worker finished", status
+        assert b.severe_logs() == []
 
 
 def test_the_report_of_the_run_opens_in_the_browser(job, tmp_path):

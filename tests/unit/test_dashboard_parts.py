@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import urllib.error
 import urllib.request
@@ -294,6 +295,7 @@ def test_after_the_job_the_last_state_is_saved_and_a_last_scrape_reads_it(tmp_pa
     run = _run_dir(tmp_path)
     sched = _Sched()
     live = LiveMetrics(sched).serve(0, "127.0.0.1")
+    RunWriter.reopen(run).update(live_job=live.job)  # (rank 0's WorkerMeter.bind_run)
     try:
         body = dict(_body([_round(1)]), run=str(run))
         live.handle(sched, SimpleNamespace(sender=2, req=0, body=body))
@@ -322,16 +324,30 @@ def test_after_the_job_the_last_state_is_saved_and_a_last_scrape_reads_it(tmp_pa
         live.close()
 
 
-def test_a_run_named_by_a_worker_must_be_a_run_directory(tmp_path):
+def test_a_run_named_by_a_worker_must_be_a_run_directory_of_this_job(tmp_path):
+    """A worker's report names a folder; the scheduler writes only into this job's run
+    directory (its run.json names the job), never into another run's or a plain folder."""
     pytest.importorskip("prometheus_client")
     sched = _Sched()
     live = LiveMetrics(sched)
     (tmp_path / "victim").mkdir()
-    for run in (str(tmp_path / "victim"), str(tmp_path / "nowhere")):
+    other = _run_dir(tmp_path / "other")  # another job's run: its run.json names no live_job
+    elsewhere = _run_dir(tmp_path / "elsewhere")
+    RunWriter.reopen(elsewhere).update(live_job="20260101-000000-beef")  # another job's id
+    (tmp_path / "link").symlink_to(other)
+    victims = (tmp_path / "victim", tmp_path / "nowhere", other, elsewhere, tmp_path / "link")
+    for run in victims:
         live.workers.clear()
-        live.handle(sched, SimpleNamespace(sender=2, req=0, body=dict(_body([]), run=run)))
+        live.handle(sched, SimpleNamespace(sender=2, req=0, body=dict(_body([]), run=str(run))))
         assert dashboard.finish_job(live) is None  # nobody scraped: no wait either
-        assert not (tmp_path / "victim" / "live-final.json").exists()
+    for run in victims:
+        assert not (run / "live-final.json").exists(), run
+    mine = _run_dir(tmp_path / "mine")
+    RunWriter.reopen(mine).update(live_job=live.job)
+    live.workers.clear()
+    live.handle(sched, SimpleNamespace(sender=2, req=0, body=dict(_body([]), run=str(mine))))
+    assert dashboard.finish_job(live) == str(mine / "live-final.json")
+    assert json.loads((mine / "live-final.json").read_text())["outcome"]["ok"] is True
     for bad in ("", "x" * 5000, "a\x00b", 7):
         with pytest.raises(ReportError, match="'run'"):
             parse_report(dict(_body([]), run=bad), 1)
@@ -385,39 +401,213 @@ def test_servers_report_themselves_and_the_endpoint_exports_them():
             if x.name.endswith("_total")} == {"out": 100, "in": 200}  # fmt: skip
 
 
-def test_connections_that_send_nothing_are_bounded_and_timed_out(monkeypatch):
-    """Idle connections (a slow client, or many on purpose) take at most MAX_CONNECTIONS
-    threads of the scheduler, each for at most the request timeout; a page is served
-    again once they are gone."""
+def test_a_thousand_idle_connections_never_keep_a_page_out(monkeypatch):
+    """1,000 connections that send nothing (held open by this test) cost the scheduler no
+    thread: the oldest beyond MAX_CONNECTIONS are closed to make room, every page request
+    in between and after is answered, and a connection that stays silent is closed after
+    its request timeout."""
     import socket
     import threading as th
-    import time
 
     pytest.importorskip("prometheus_client")
-    from hetps.metrics import dashboard
+    from hetps.metrics import httpserve
 
-    monkeypatch.setattr(dashboard._Handler, "timeout", 1.0)
+    monkeypatch.setattr(httpserve, "REQUEST_TIMEOUT_S", 3.0)
     sched = _Sched()
     live = LiveMetrics(sched).serve(0, "127.0.0.1")
-    host, port = "127.0.0.1", int(live.base_url.rstrip("/").rsplit(":", 1)[1])
     before = th.active_count()
-    idle = []
+    idle: list[socket.socket] = []
     try:
-        for _ in range(3 * dashboard.MAX_CONNECTIONS):
-            idle.append(socket.create_connection((host, port)))
-        deadline = time.monotonic() + 5
-        while (
-            th.active_count() < before + dashboard.MAX_CONNECTIONS and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)  # (the server's threads take the connections in turn)
-        assert th.active_count() <= before + dashboard.MAX_CONNECTIONS
-        # each held connection is closed by the server within its timeout
-        for s in idle[: dashboard.MAX_CONNECTIONS]:
-            s.settimeout(5)
-            assert s.recv(1) == b""  # closed by the server, not by us
-        code, _, page = _get(live.base_url)
-        assert code == 200 and b"<canvas" in page
+        answered = 0
+        for i in range(1000):
+            idle.append(socket.create_connection(("127.0.0.1", live.port)))
+            if i % 100 == 99:  # a page's poll between them
+                code, _, body = _get(live.base_url + "api/state")
+                answered += code == 200 and b'"workers"' in body
+        for _ in range(15):  # with all of them held
+            code, _, page = _get(live.base_url)
+            answered += code == 200 and b"<canvas" in page
+        assert answered == 25
+        # no thread per connection; the oldest were closed by the server, not by us
+        assert th.active_count() <= before + httpserve.ANSWER_THREADS
+        idle[0].settimeout(5)
+        assert idle[0].recv(1) == b""
+        assert live._httpd.evicted >= 1000 - httpserve.MAX_CONNECTIONS
+        # the newest, still silent, is closed once its request timeout has passed
+        idle[-1].settimeout(10)
+        t0 = time.monotonic()
+        assert idle[-1].recv(1) == b""
+        assert time.monotonic() - t0 > 1.0
+        # a head too big is refused with its status; another method too
+        with socket.create_connection(("127.0.0.1", live.port)) as sk:
+            sk.sendall(b"GET /" + b"x" * 9000 + b" HTTP/1.1\r\n\r\n")
+            assert sk.recv(100).startswith(b"HTTP/1.1 431")
+        with socket.create_connection(("127.0.0.1", live.port)) as sk:
+            sk.sendall(b"POST /api/state HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+            assert sk.recv(100).startswith(b"HTTP/1.1 405")
     finally:
-        for s in idle:
-            s.close()
+        for sk in idle:
+            sk.close()
         live.close()
+
+
+def test_after_a_failure_the_endpoint_waits_for_the_page_to_read_how_the_job_ended():
+    """A page polling /api/state is answered once more after the end (at most the gap
+    between its last two polls and a second): it reads ``ended`` and the failure, with no
+    node address in any text."""
+    import threading
+
+    pytest.importorskip("prometheus_client")
+    sched = _Sched()
+    live = LiveMetrics(sched).serve(0, "127.0.0.1")
+    try:
+        _get(live.base_url + "api/state")
+        _, _, first = _get(live.base_url + "api/state")  # a page polls
+        assert json.loads(first)["ended"] is False and json.loads(first)["outcome"] is None
+        sched.dead[3] = "worker rank 1 (node 3, 10.1.2.3:4242) was killed by signal 9"
+        live.pages.gap = 1000.0  # a page polling every 1000 s: the endpoint waits (60 s at most)
+        out = []
+        t = threading.Thread(target=lambda: out.append(dashboard.finish_job(live, code=1)))
+        t.start()
+        t.join(timeout=1.0)
+        assert t.is_alive()  # waiting for the page
+        _, _, body = _get(live.base_url + "api/state")
+        t.join(timeout=30)
+        assert not t.is_alive() and out == [None]  # (no run directory named)
+        s = json.loads(body)
+        assert s["ended"] is True and s["outcome"]["ok"] is False and s["outcome"]["code"] == 1
+        assert s["outcome"]["text"] == (
+            "failure (exit code 1): worker1 dead: worker rank 1 (node 3, <address>) was "
+            "killed by signal 9"
+        )
+        assert "10.1.2.3" not in body.decode()
+        assert [e["text"] for e in s["events"]][-1].startswith("worker1 dead: worker rank 1")
+        _, _, prom = _get(live.url)
+        assert b"hetps_job_failed{" in prom and b"hetps_job_ended{" in prom
+        samples = {
+            line.split("{")[0]: line.rsplit(" ", 1)[1]
+            for line in prom.decode().splitlines()
+            if line.startswith(("hetps_job_failed", "hetps_job_ended"))
+        }
+        assert samples == {"hetps_job_failed": "1.0", "hetps_job_ended": "1.0"}
+    finally:
+        live.close()
+
+
+def test_a_worker_not_heard_from_has_no_rates_and_every_address_is_scrubbed():
+    from hetps.metrics.sysinfo import scrub
+
+    sched = _Sched()
+    sched.cfg.metrics_interval = 0.2
+    live = LiveMetrics(sched)
+    for sender, links in ((2, [[0, 100, 50]]), (3, [[0, 10, 5]])):
+        live.handle(sched, SimpleNamespace(sender=sender, req=0, body=dict(_body([]), links=links)))
+        body = dict(_body([], seq=2), links=[[0, 300, 150]], t=3.0)
+        live.handle(sched, SimpleNamespace(sender=sender, req=0, body=body))
+    rates = {w["rank"]: w["rates"] for w in dashboard.state(live)["workers"]}
+    assert rates[0] == [[0, 100.0, 50.0]] and rates[1] == [[0, 145.0, 72.5]]
+    live.workers[1].heard -= dashboard.SILENT_S + 0.1  # no report for that long
+    sched.finished[2] = 1  # and worker 0 finished
+    rates = {w["rank"]: w["rates"] for w in dashboard.state(live)["workers"]}
+    assert rates == {0: None, 1: None}
+    for text, want in (
+        ("at 127.0.0.1:5000 and [::1]:80, tcp://10.0.0.1:9 or node-3.svc:9100; 10.2.3.4",
+         "at <address> and <address>, <address> or <address>; <address>"),
+        ("round 12: loss 0.5 at 12:30", "round 12: loss 0.5 at 12:30"),
+    ):  # fmt: skip
+        assert scrub(text) == want
+
+
+def test_a_report_s_machine_lines_and_values_are_checked_and_kept():
+    from hetps.metrics.reports import M_NAMES
+
+    ok = dict(
+        _body([]),
+        sys={"cpu": 12.5, "rss": 10_000_000, "nogpu": "no NVIDIA driver here"},
+        log=["worker 0 step 1 at 127.0.0.1:5000"],
+        m=[[1, {"loss": 0.5, "accuracy": 0.25}], [2, {"loss": 0.4}]],
+    )
+    rep = parse_report(ok, 1)
+    assert rep["sys"] == {"cpu": 12.5, "rss": 10_000_000, "nogpu": "no NVIDIA driver here"}
+    assert rep["log"] == ["worker 0 step 1 at <address>"]  # a node's own scrub is not trusted
+    totals = WorkerTotals()
+    totals.apply(rep)
+    assert {n: list(v) for n, v in totals.metrics.items()} == {
+        "loss": [(1, 0.5), (2, 0.4)], "accuracy": [(1, 0.25)],
+    }  # fmt: skip
+    for bad, says in (
+        ({"sys": {"cpu": -1}}, "'sys.cpu'"),
+        ({"sys": {"gpu": [[101, 1, 2]]}}, "utilisation"),
+        ({"sys": {"disk": 1}}, "'sys' must be a map"),
+        ({"log": ["x" * 301]}, "'log' line"),
+        ({"log": ["a\x1b[2Jb"]}, "'log' line"),
+        ({"log": ["x"] * 21}, "at most 20 lines"),
+        ({"m": [[1, {"loss": float("nan")}]]}, "only finite"),
+        ({"m": [[1, {"1oss": 1.0}]]}, "metric name '1oss'"),
+        ({"m": [[1, {f"v{i}": 1.0 for i in range(M_NAMES + 1)}]]}, "at most 16"),
+        ({"m": [[-1, {"loss": 1.0}]]}, "'m' step"),
+    ):
+        with pytest.raises(ReportError, match=re.escape(says)):
+            parse_report(dict(_body([]), **bad), 1)
+
+
+def test_log_metrics_reaches_the_meter_and_bad_values_are_refused():
+    from hetps.metrics import reports
+    from hetps.torch import log_metrics
+
+    sent = []
+    meter = WorkerMeter(3600, sent.append, lambda: {})
+    try:
+        assert log_metrics(loss=0.25, accuracy=1) is True
+        assert log_metrics(step=7, val_loss=0.5) is True
+        for bad, says in (
+            ({"loss": "x"}, "must be a number"),
+            ({"loss": float("inf")}, "only finite"),
+            ({"2x": 1.0}, "metric name '2x'"),
+        ):
+            with pytest.raises(ValueError, match=re.escape(says)):
+                log_metrics(**bad)
+        body = meter.report()
+        assert body["m"] == [[0, {"loss": 0.25, "accuracy": 1.0}], [7, {"val_loss": 0.5}]]
+        assert "rss" in body["sys"] and ("gpu" in body["sys"] or "nogpu" in body["sys"])
+    finally:
+        meter.close()
+    assert reports.current_meter() is None
+    assert log_metrics(loss=1.0) is False  # no meter: nothing to show it on
+    with pytest.raises(ValueError, match="must be a number"):
+        log_metrics(loss=None)  # bad input is an error with or without the endpoint
+
+
+def test_without_roundlog_each_round_s_push_and_pull_phases_reach_the_timeline():
+    meter = WorkerMeter(3600, lambda body: None, lambda: {0: (10, 20)})
+    try:
+        for _ in range(3):  # a round: push 2 keys (requests answered), then pull them
+            done = []
+            for key in ("a", "b"):  # (the store counts the push, then sends its request)
+                meter.pushed(key)
+                done.append(meter.timed(True, None))
+            for d in done:
+                d(None)
+            pulls = [meter.timed(False, None) for _ in range(2)]
+            for d in pulls:
+                d(None)
+        meter.pushed("a")  # round 4 begins: round 3 is complete
+        tl = meter.report()["tl"]
+    finally:
+        meter.close()
+    assert [r[0] for r in tl] == [1, 2, 3]
+    for _, spans, _links in tl:
+        names = [s[0] for s in spans]
+        assert names[-2:] == ["push", "pull"] and all(s[2] >= 0 for s in spans)
+        push, pull = spans[-2], spans[-1]
+        assert push[1] <= pull[1] and abs(push[1] - time.time()) < 60
+    assert [s[0] for s in tl[1][1]] == ["compute", "push", "pull"]  # between rounds: compute
+    # a RoundLog's own spans take over: the requests no longer make rounds
+    meter = WorkerMeter(3600, lambda body: None, lambda: {})
+    try:
+        meter.add_round([("compute", 1.7e9, 0.01)])
+        meter.pushed("a")
+        meter.pushed("a")
+        assert [r[1] for r in meter.report()["tl"]] == [[["compute", 1.7e9, 0.01]]]
+    finally:
+        meter.close()

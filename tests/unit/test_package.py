@@ -54,7 +54,7 @@ def test_hetps_torch_exports_the_horovod_style_api_and_its_cli_flags_need_no_tor
     assert out.splitlines() == [
         "False",
         "True True True False ['DistributedOptimizer', 'broadcast_optimizer_state', "
-        "'broadcast_parameters']",
+        "'broadcast_parameters', 'log_metrics']",
         "True ['ESyncRound', 'ESyncTrainer', 'EsyncService', 'ReadinessPolicy', 'StateClient', "
         "'StateServer', 'WorkerState']",
     ]

@@ -137,7 +137,7 @@ class WorkerRun:
         meter = getattr(kv, "meter", None)  # the live dashboard's timeline (docs/LIVE.md)
         if meter is not None:
             self.spans.sink = meter.add_round
-            meter.run_dir = str(Path(self.run_dir).resolve())
+            meter.bind_run(self.run_dir, lead=self.rank == 0)
         self.log = IterationLog(self.run_dir, self.rank)
         if getattr(self.args, "tensorboard", None):
             from hetps.app.tboard import TensorBoardLog

@@ -162,6 +162,9 @@ class MetricsReport(Body, kw_only=True):
     run: str | None = None
     server: dict[str, int | float] | None = None
     histograms: dict[str, list[Any]] | None = field(default=None, name="h")
+    values: list[Any] | None = field(default=None, name="m")
+    sys: dict[str, Any] | None = None
+    log: list[str] | None = None
 
 
 # -- worker -> server -------------------------------------------------------------------------

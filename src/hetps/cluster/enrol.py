@@ -190,6 +190,9 @@ class Enrolment:
         if isinstance(cred, bytes) and isinstance(gen, int) and not isinstance(gen, bool):
             node.cred = {"cred": cred, "gen": gen}
         node.van.my_id = me.id
+        job = body.get("metrics_job")  # (the live metrics' job id: hetps.metrics.reports)
+        if isinstance(job, str) and 0 < len(job) <= 64 and job.isprintable():
+            node.metrics_job = job
         every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
         if (
             isinstance(every, (int, float))

@@ -82,6 +82,7 @@ class Node:
         self.info: NodeInfo | None = None
         self.nodes: dict[int, NodeInfo] = {}
         self.metrics_interval = 0.0  # seconds between live metrics reports (0: none wanted)
+        self.metrics_job = ""  # the live metrics' job id (the scheduler's, in the node table)
         # copies of each key (HETPS_REPLICAS, from the scheduler's node table)
         self.replicas = 1
         # dead servers -> the live server that took over their keys (a failover); a server

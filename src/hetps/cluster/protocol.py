@@ -335,6 +335,12 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "h": "{push|pull|round: [counts, sum]}: what the worker's fixed-bucket histograms "
         "gained since its last report (counts per bucket of hetps.metrics.reports.BUCKETS and "
         "one for above them; the sum of the observed seconds)",
+        "m": "the script's own values since the last report (hetps.torch.log_metrics): "
+        "[[step, {name: number}], ...], at most 32 entries and 16 names",
+        "sys": "{cpu: percent of one core since the last report, rss: resident bytes, gpu: "
+        "[[utilisation %, memory used, memory total], ...] (NVML), or nogpu: why none}",
+        "log": "the last lines the node wrote since its last report (at most 20 of 300 "
+        "characters, addresses replaced)",
     },
     # the planner's answer to a balance report (hetps.balance.wire)
     BALANCE_REPORT + " answer": {

@@ -200,6 +200,9 @@ class Registration:
                 body["elastic"] = self.sched.elastic
             if P.METRICS_REPORT in self.sched.services:  # live metrics are on: workers report
                 body["metrics_s"] = self.sched.cfg.metrics_interval
+                # the job's id: the lead worker writes it into its run.json, the one run
+                # directory the scheduler then leaves the dashboard's last state in
+                body["metrics_job"] = getattr(self.sched.metrics, "job", "")
             self.sched.send_to(nid, Message(P.NODES, req=p.req, reply=True, body=body))
         self.pending.clear()
         self.sched.ready.set()

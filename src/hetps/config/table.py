@@ -68,9 +68,36 @@ def _server_device_check(device: str, values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def unspecified(host: str) -> bool:
+    """Whether ``host`` means every interface (``0.0.0.0``, ``::``, ``*``, empty, or a name
+    or short form such as ``0`` that resolves to one of these)."""
+    import ipaddress
+
+    text = host.strip().strip("[]")
+    if text in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(text).is_unspecified
+    except ValueError:
+        pass
+    import socket
+
+    try:  # a name (or a short form such as "0") that resolves to every interface
+        infos = socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    return any(ipaddress.ip_address(i[4][0].split("%")[0]).is_unspecified for i in infos)
+
+
 def _metrics_host_check(host: str, values: Mapping[str, Any]) -> str | None:
-    if is_loopback(host) or host == values.get("DMLC_PS_ROOT_URI"):
+    if not unspecified(host) and (is_loopback(host) or host == values.get("DMLC_PS_ROOT_URI")):
         return None
+    if unspecified(host):
+        return (
+            f"HETPS_METRICS_HOST={host!r} means every interface, and the endpoint never binds "
+            "every interface (even when DMLC_PS_ROOT_URI says so): set HETPS_METRICS_HOST to "
+            "127.0.0.1 (the default) or to the scheduler's own IP address or host name"
+        )
     return (
         f"HETPS_METRICS_HOST={host!r} is neither a loopback address nor the scheduler's "
         "DMLC_PS_ROOT_URI: set HETPS_METRICS_HOST to 127.0.0.1 (the default) or to "
@@ -426,7 +453,8 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 default_text="not set (no endpoint)"),
             Var("HETPS_METRICS_HOST", "str", "127.0.0.1",
                 "the address the metrics endpoint binds: loopback, or the scheduler's own "
-                "DMLC_PS_ROOT_URI when named here (never every interface)",
+                "DMLC_PS_ROOT_URI when named here (then loopback too, on the same port, where "
+                "kubectl port-forward connects); never every interface (0.0.0.0, ::)",
                 field="metrics_host", check=_metrics_host_check,
                 bounds="a loopback address or DMLC_PS_ROOT_URI"),
             Var("HETPS_METRICS_INTERVAL", "float", 1.0,

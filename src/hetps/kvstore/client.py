@@ -128,8 +128,9 @@ class DistKVStore:
             from hetps.metrics.reports import WorkerMeter
 
             self.meter = self.pipeline.meter = WorkerMeter(
-                self.node.metrics_interval, self._send_metrics, self._link_bytes
+                self.node.metrics_interval, self._send_metrics, self._link_bytes, own_output=True
             )
+            self.meter.job = self.node.metrics_job
         if cfg.verbose >= 1:
             log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
 

@@ -22,11 +22,11 @@ import logging
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any
 
 from hetps.metrics.reports import BUCKETS, HISTOGRAMS
+from hetps.metrics.sysinfo import scrub
 
 log = logging.getLogger("hetps.metrics.dashboard")
 
@@ -49,6 +49,7 @@ CSP = (
 MAX_EVENTS = 200
 FINAL_FILE = "live-final.json"  # the dashboard's last state, in the run directory
 MAX_LINGER = 60.0  # seconds the endpoint waits at most, after the job, for a last scrape
+SILENT_S = 2.0  # seconds without a report at least before a worker's rates are "no data"
 
 
 class Scrapes:
@@ -106,7 +107,7 @@ def node_states(snap: dict) -> list[dict]:
             state = "alive"
         rows.append(
             {"node": f"{n.role}{n.rank}", "role": n.role, "rank": n.rank, "state": state,
-             "detail": detail[:300]}
+             "detail": scrub(detail)[:300]}
         )  # fmt: skip
     return rows
 
@@ -137,7 +138,7 @@ class Events:
                     kind = "failure" if row["state"] in ("dead", "taken over", "left") else "info"
                     text = f"{name} {row['state']}" + (
                         f": {row['detail']}" if row["detail"] else ""
-                    )
+                    )  # (the detail has no address: node_states scrubbed it)
                     self._add(now, snap["uptime"], kind, text)
                 self._seen[("state", name)] = row["state"]
             for name, times in recov.items():
@@ -161,12 +162,48 @@ def _mean_ms(hist: tuple[list[int], float]) -> float | None:
     return round(1000.0 * total / n, 4) if n else None
 
 
+def _phase_ms(w: dict, phase: str) -> float | None:
+    """The last round's time in ``phase`` (its spans summed), else the mean of the requests
+    of the last report (None: neither)."""
+    if w["timeline"]:
+        _, spans, _ = w["timeline"][-1]
+        took = [d for name, _, d in spans if name == phase]
+        return round(1000.0 * sum(took), 4) if took else None
+    hist = w["last_h"].get(phase)
+    return _mean_ms(hist) if hist else None
+
+
+def _silent(live: Any, snap: dict) -> set[int]:
+    """Worker ranks not heard from: late, dead or finished nodes, or no report for three
+    report intervals (:data:`SILENT_S` at least). Their rates are "no data", not their last
+    values."""
+    nodes = snap["nodes"]
+    gone = set(snap["late"]) | set(snap["dead"]) | set(snap["finished"])
+    ranks = {nodes[nid].rank for nid in gone if nid in nodes and nodes[nid].role == "worker"}
+    interval = float(getattr(live.sched.cfg, "metrics_interval", 1.0) or 1.0)
+    silent_s = max(3 * interval, SILENT_S)
+    return ranks | {r for r, w in snap["workers"].items() if w["age"] > silent_s}
+
+
+def _node_rows(live: Any, snap: dict) -> list[dict]:
+    """The node table, with each node's CPU, memory, GPUs and last lines beside it."""
+    rows = node_states(snap)
+    own = {("worker", r): w for r, w in snap["workers"].items()}
+    own.update({("server", r): v for r, v in snap.get("servers", {}).items()})
+    for row in rows:
+        got = own.get((row["role"], row["rank"]), {})
+        row["sys"] = got.get("sys")
+        row["log"] = got.get("log", [])
+    return rows
+
+
 def state(live: Any) -> dict:
     """What ``/api/state`` answers: one snapshot of the job, JSON-able."""
     snap = live.snapshot()
     live.events.observe(snap)
     workers = snap["workers"]
     expected = snap["expected"]
+    silent = _silent(live, snap)
     rounds = (
         min((w["rounds"] for w in workers.values()), default=0)
         if len(workers) == expected["worker"]
@@ -180,12 +217,13 @@ def state(live: Any) -> dict:
                 "rounds": w["rounds"],
                 "round_s": w["round_s"],
                 "reports": w["reports"],
-                "push_ms": _mean_ms(w["hists"]["push"]),
-                "pull_ms": _mean_ms(w["hists"]["pull"]),
+                "heard_s": round(w["age"], 3),
+                "push_ms": _phase_ms(w, "push"),
+                "pull_ms": _phase_ms(w, "pull"),
                 "round_ms": _mean_ms(w["hists"]["round"]),
                 "requests": {n: sum(w["hists"][n][0]) for n in HISTOGRAMS},
                 "links": [[s, up, down] for s, (up, down) in sorted(w["links"].items())],
-                "rates": [
+                "rates": None if r in silent else [
                     [s, round(up, 1), round(down, 1)] for s, (up, down) in sorted(w["rates"].items())
                 ],
                 "timeline": [
@@ -193,6 +231,7 @@ def state(live: Any) -> dict:
                      "links": [list(row) for row in links]}
                     for rnd, spans, links in w["timeline"]
                 ],
+                "metrics": {n: [list(x) for x in v] for n, v in sorted(w["metrics"].items())},
             }
         )  # fmt: skip
     sched = live.sched
@@ -202,7 +241,7 @@ def state(live: Any) -> dict:
         "uptime": round(snap["uptime"], 4),
         "expected": expected,
         "mode": getattr(sched.cfg, "mode", None) or "",
-        "nodes": node_states(snap),
+        "nodes": _node_rows(live, snap),
         "finished": len(snap["finished"]),
         "rounds": rounds,
         "workers": rows,
@@ -223,159 +262,146 @@ def state(live: Any) -> dict:
         "events": live.events.list(),
         "refused": snap["refused"],
         "buckets": list(BUCKETS),
+        "scheduler": {"sys": live.sampler.sample(), "log": live.tail.last()},
+        "ended": live.ended is not None,
+        "outcome": live.ended,  # how it ended: {ok, code, text, at}
     }
 
 
 # -- the server -----------------------------------------------------------------------------
-#: connections served at once (a thread each); one more is closed at once
-MAX_CONNECTIONS = 32
-#: seconds a connection has to send its request (and to take the answer)
-REQUEST_TIMEOUT_S = 10.0
+def answer(live: Any, registry: Any, method: str, path: str) -> tuple[int, bytes, str, dict]:
+    """The endpoint's answer to ``method path``: (status, body, content type, headers)."""
+    path = path.split("?", 1)[0]
+    if path == "/metrics":
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+        body = generate_latest(registry)
+        live.scrapes.seen()  # before answering: the scraper has it counted
+        return 200, body, CONTENT_TYPE_LATEST, {}
+    if path in ("/", "/index.html"):
+        return (
+            200,
+            static_file("dashboard.html"),
+            "text/html; charset=utf-8",
+            {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY"},
+        )
+    if path == "/api/state":
+        body = json.dumps(state(live), separators=(",", ":")).encode()
+        live.pages.seen()  # a page has this state (the job's end waits for one, bounded)
+        return 200, body, "application/json", {}
+    if path.startswith("/static/") and path[8:] in STATIC:
+        name, ctype = STATIC[path[8:]]
+        return 200, static_file(name), ctype, {}
+    return 404, b"not found: try / or /metrics\n", "text/plain; charset=utf-8", {}
 
 
-class _Bounded(ThreadingHTTPServer):
-    """At most :data:`MAX_CONNECTIONS` connections at a time, each timed out: connections
-    that send nothing cannot hold the scheduler's threads or descriptors."""
+def serve_http(live: Any, hosts: list[str], port: int) -> Any:
+    """Start the endpoint's server on ``port`` of each of ``hosts`` (a thread of its own:
+    :class:`hetps.metrics.httpserve.HttpServer`)."""
+    from functools import partial
 
-    daemon_threads = True
-    request_queue_size = 64  # (the listen backlog: 5 by default)
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: this one is closed, the others go on
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "hetps"
-    sys_version = ""
-    timeout = REQUEST_TIMEOUT_S
-    live: Any = None
-    registry: Any = None
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
-        pass  # no line per request on the scheduler's output
-
-    def _send(self, code: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("X-Content-Type-Options", "nosniff")
-        self.send_header("Cache-Control", "no-store")
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
-        self.do_GET()
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        path = self.path.split("?", 1)[0]
-        try:
-            if path == "/metrics":
-                from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-
-                body = generate_latest(self.registry)
-                self.live.scrapes.seen()  # before answering: the scraper has it counted
-                self._send(200, body, CONTENT_TYPE_LATEST)
-            elif path in ("/", "/index.html"):
-                self._send(
-                    200,
-                    static_file("dashboard.html"),
-                    "text/html; charset=utf-8",
-                    {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY"},
-                )
-            elif path == "/api/state":
-                body = json.dumps(state(self.live), separators=(",", ":")).encode()
-                self._send(200, body, "application/json")
-            elif path.startswith("/static/") and path[8:] in STATIC:
-                name, ctype = STATIC[path[8:]]
-                self._send(200, static_file(name), ctype)
-            else:
-                self._send(404, b"not found: try / or /metrics\n", "text/plain; charset=utf-8")
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-
-def serve_http(live: Any, host: str, port: int) -> tuple[ThreadingHTTPServer, threading.Thread]:
-    """Start the endpoint's server on ``host:port`` in a daemon thread."""
     from prometheus_client import CollectorRegistry
 
+    from hetps.metrics.httpserve import serve
     from hetps.metrics.prom import Collector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(live))
-    handler = type("Handler", (_Handler,), {"live": live, "registry": registry})
-    server_cls: type[ThreadingHTTPServer] = _Bounded
-    if ":" in host:
-        import socket
-
-        server_cls = type("Server6", (_Bounded,), {"address_family": socket.AF_INET6})
-    httpd = server_cls((host, port), handler)
-    thread = threading.Thread(target=httpd.serve_forever, name="hetps-dashboard", daemon=True)
-    thread.start()
-    return httpd, thread
+    return serve(hosts, port, partial(answer, live, registry))
 
 
 def _write_final(live: Any, body: dict) -> str | None:
-    """Write the last state into the run directory a worker named (rank 0's first), when it
-    is a run directory on this machine (it holds run.json); the path, or None."""
+    """Write the last state into this job's run directory: the one rank 0 names, only when
+    its ``run.json`` names this job (``live_job``: the lead worker writes the job id the
+    scheduler gave it) and the scheduler's own user owns it. A worker's report names a
+    folder; it never makes the scheduler write into one that is not this job's run. The
+    path, or None."""
     from pathlib import Path
 
     with live.lock:
         runs = [w.run for _, w in sorted(live.workers.items()) if w.run]
-    for run in runs[:1]:
-        d = Path(run)
-        if not (d.is_dir() and (d / "run.json").is_file()):
-            log.info("metrics: %s is no run directory here: no %s written", run, FINAL_FILE)
+    if not runs:
+        return None
+    d = Path(runs[0])
+    try:
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        log.info("metrics: %s is no run directory here: no %s written", d, FINAL_FILE)
+        return None
+    try:
+        why = _not_this_job(live, dfd)
+        if why:
+            log.warning("metrics: no %s written into %s: %s", FINAL_FILE, d, why)
             return None
-        tmp = d / f".{FINAL_FILE}.{os.getpid()}.tmp"
+        tmp = f".{FINAL_FILE}.{os.getpid()}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            fd = os.open(tmp, flags, 0o644, dir_fd=dfd)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(body, f, separators=(",", ":"))
-            os.replace(tmp, d / FINAL_FILE)
+            os.replace(tmp, FINAL_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError as exc:
             log.warning("metrics: cannot write %s into %s: %s", FINAL_FILE, d, exc)
-            tmp.unlink(missing_ok=True)
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
             return None
         return str(d / FINAL_FILE)
-    return None
+    finally:
+        os.close(dfd)
 
 
-def finish_job(live: Any, max_linger: float = MAX_LINGER) -> str | None:
-    """The job ended: leave its last state in the run directory (``live-final.json``), then
-    keep the endpoint up until a last scrape of ``/metrics`` read the final values, waiting at
-    most the gap between the last two scrapes (plus a second; never more than
-    ``max_linger``), and not at all when nobody scraped. Returns the file written, if any."""
+def _not_this_job(live: Any, dfd: int) -> str:
+    """Why the open directory ``dfd`` is not this job's run directory ('' when it is)."""
+    if os.fstat(dfd).st_uid != os.getuid():
+        return "it belongs to another user"
     try:
+        fd = os.open("run.json", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+    except OSError:
+        return "it holds no run.json"
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(1 << 20)
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return "its run.json is no JSON"
+    if not isinstance(meta, dict) or meta.get("live_job") != live.job:
+        return f"its run.json does not name this job ({live.job}) as live_job"
+    return ""
+
+
+def ending(live: Any, code: int) -> dict:
+    """How the job ended: ``{"ok", "code", "text", "at"}``, the text naming what failed."""
+    if code == 0:
+        return {"ok": True, "code": 0, "text": "success: every worker finished", "at": time.time()}
+    failed = [e["text"] for e in live.events.list() if e["kind"] == "failure"]
+    why = failed[-1] if failed else "see the scheduler's last lines"
+    return {"ok": False, "code": int(code), "text": f"failure (exit code {code}): {why}"[:400],
+            "at": time.time()}  # fmt: skip
+
+
+def finish_job(live: Any, max_linger: float = MAX_LINGER, code: int = 0) -> str | None:
+    """The job ended with exit code ``code``: ``/api/state`` says how from now on
+    (``ended``), its last state goes into the run directory (``live-final.json``), then the
+    endpoint stays up until a page watching it (polling ``/api/state``) and a scraper of
+    ``/metrics`` have each read it once more, waiting at most the gap between their last two
+    reads plus a second (never more than ``max_linger``), and not at all for one that never
+    came. Returns the file written, if any."""
+    try:
+        live.events.observe(live.snapshot(timeline=False))  # the failure, before saying so
+        live.ended = ending(live, code)
         body = state(live)
-        body["ended"] = True
         path = _write_final(live, body)
     except Exception as exc:  # noqa: BLE001 - the job is over: never fail its end for this
         log.warning("metrics: the last state was not saved: %s", exc)
         path = None
-    scrapes = live.scrapes
-    with scrapes._lock:
-        scrapes.ended = True
-        wait = min(max_linger, scrapes.gap + 1.0) if scrapes.times else 0.0
-    if wait > 0:
-        scrapes.after_end.wait(wait)
+    deadline = time.monotonic() + max_linger
+    for watchers in (live.scrapes, live.pages):
+        with watchers._lock:
+            watchers.ended = True
+            wait = min(max_linger, watchers.gap + 1.0) if watchers.times else 0.0
+        wait = min(wait, deadline - time.monotonic())
+        if wait > 0:
+            watchers.after_end.wait(wait)
     return path

@@ -40,12 +40,18 @@ class LiveMetrics:
         self.servers: dict[int, Any] = {}  # hetps.metrics.server_meter.ServerTotals
         self.refused = 0
         self.lock = threading.Lock()
-        self._httpd: Any = None
-        self._thread: threading.Thread | None = None
+        self._httpd: Any = None  # hetps.metrics.httpserve.HttpServer
         self.host = ""
+        self.hosts: list[str] = []  # every address served (the host, and loopback beside it)
         self.port = 0
         self.events = Events()  # failures and node changes, stamped when first seen
         self.scrapes = Scrapes()  # when /metrics was read (a last scrape after the job)
+        self.pages = Scrapes()  # when /api/state was read (a page sees the job's end)
+        self.ended: dict | None = None  # how the job ended, once it has (finish_job)
+        from hetps.metrics.sysinfo import LogTail, Sampler
+
+        self.sampler = Sampler()  # the scheduler's own CPU and memory
+        self.tail = LogTail()  # its last lines (installed by the composition root)
         #: this job's id on the dashboard: the scheduler's start time and 4 random hex digits
         self.job = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -88,13 +94,17 @@ class LiveMetrics:
     # the endpoint ---------------------------------------------------------------------------
     def serve(self, port: int, host: str) -> LiveMetrics:
         """Serve ``/metrics`` over HTTP on ``host:port`` (0: a free port; :attr:`port` says
-        which). ``host`` must be loopback or the scheduler's own address."""
+        which). ``host`` must be loopback or the scheduler's own address, never every
+        interface; a non-loopback address is served on loopback too (the same port), where
+        ``kubectl port-forward`` connects inside a pod."""
         from hetps.config import ConfigError, is_loopback
+        from hetps.config.table import unspecified
 
-        if not (is_loopback(host) or host == self.sched.cfg.root_uri):
+        if unspecified(host) or not (is_loopback(host) or host == self.sched.cfg.root_uri):
             raise ConfigError(
                 f"HETPS_METRICS_HOST={host!r}: the metrics endpoint binds a loopback address or "
-                f"the scheduler's address ({self.sched.cfg.root_uri}), never another"
+                f"the scheduler's address ({self.sched.cfg.root_uri}), never another and never "
+                "every interface: name the scheduler's own address (its IP or host name)"
             )
         try:
             import prometheus_client  # noqa: F401
@@ -103,14 +113,17 @@ class LiveMetrics:
                 "HETPS_METRICS_PORT (--metrics-port) needs prometheus_client: "
                 "pip install 'hetps[metrics]'"
             ) from None
+        from hetps.metrics.httpserve import loopback_twin
+
+        hosts = [host] if is_loopback(host) else [host, loopback_twin(host)]
         try:
-            self._httpd, self._thread = serve_http(self, host, port)
+            self._httpd = serve_http(self, hosts, port)
         except OSError as exc:
             raise ConfigError(
-                f"HETPS_METRICS_PORT={port}: cannot serve metrics on {host}:{port} "
-                f"({exc.strerror or exc}); pick a free port, or 0 for any"
+                f"HETPS_METRICS_PORT={port}: cannot serve metrics on {' and '.join(hosts)} "
+                f"port {port} ({exc.strerror or exc}); pick a free port, or 0 for any"
             ) from None
-        self.host, self.port = host, self._httpd.server_address[1]
+        self.host, self.port, self.hosts = host, self._httpd.port, hosts
         return self
 
     @property
@@ -128,8 +141,8 @@ class LiveMetrics:
         """Stop serving (idempotent)."""
         httpd, self._httpd = self._httpd, None
         if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
+            httpd.close()
+        self.tail.uninstall()
 
     # what a scrape reads ----------------------------------------------------------------------
     def snapshot(self, timeline: bool = True) -> dict:
@@ -146,6 +159,11 @@ class LiveMetrics:
                     "hists": {n: (list(c), s) for n, (c, s) in w.hists.items()},
                     "reports": w.reports,
                     "timeline": list(w.timeline) if timeline else [],
+                    "age": time.monotonic() - w.heard,  # seconds since its last report
+                    "last_h": dict(w.last_h),
+                    "sys": w.sys,
+                    "log": list(w.log),
+                    "metrics": {n: list(v) for n, v in w.metrics.items()},
                 }
                 for r, w in self.workers.items()
             }
@@ -176,5 +194,6 @@ class LiveMetrics:
             "start_time": time.time() - m["uptime"],
             "plan": self.planner.plan_shares() if self.planner is not None else None,
             "esync": self.esync.progress() if self.esync is not None else None,
+            "ended": self.ended,
         }
         return snap

@@ -88,6 +88,16 @@ class Collector:
         g = GaugeMetricFamily("hetps_workers_finished", "workers that finished their job")
         g.add_metric([], len(s["finished"]))
         yield g
+        ended = s.get("ended")
+        g = GaugeMetricFamily(
+            "hetps_job_failed",
+            "1 once the job ended with a failing exit code, else 0 (running or succeeded)",
+        )
+        g.add_metric([], int(ended is not None and not ended["ok"]))
+        yield g
+        g = GaugeMetricFamily("hetps_job_ended", "1 once the job ended (either way), else 0")
+        g.add_metric([], int(ended is not None))
+        yield g
 
         workers = s["workers"]
         c = CounterMetricFamily(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -43,6 +44,35 @@ MAX_SECONDS, MAX_T = 1e12, 1e10
 #: the timeline: rounds a report carries at most (the newest), spans per round, rounds the
 #: scheduler keeps per worker, the longest span
 TL_ROUNDS, TL_SPANS, TL_KEEP, TL_MAX_DUR = 8, 32, 20, 3600.0
+#: a script's own values (``log_metrics``): names per worker, entries a report carries, values
+#: the scheduler keeps per name
+M_NAMES, M_ENTRIES, M_KEEP = 16, 32, 200
+_M_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,31}")
+
+_current: list = [None]  # this process' WorkerMeter (log_metrics reaches it)
+
+
+def current_meter() -> WorkerMeter | None:
+    """The live metrics meter of this process' store (None: no endpoint, or no store)."""
+    return _current[0]
+
+
+def check_values(values: dict) -> dict[str, float]:
+    """A script's metric values as ``{name: float}``; raises ValueError naming a bad one."""
+    out = {}
+    for name, value in values.items():
+        if not isinstance(name, str) or not _M_NAME.fullmatch(name):
+            raise ValueError(
+                f"metric name {name!r}: use a letter or _, then up to 31 letters, digits, _ or ."
+            )
+        if hasattr(value, "item"):  # a 0-d tensor or array
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"metric {name!r} must be a number, not {type(value).__name__}")
+        if not math.isfinite(value):
+            raise ValueError(f"metric {name!r} is {value}: only finite values are shown")
+        out[name] = float(value)
+    return out
 
 
 class ReportError(ValueError):
@@ -72,13 +102,16 @@ class WorkerMeter:
 
     ``send(body)`` ships one report (the store sends it to the scheduler); ``links()``
     returns ``{server rank: (bytes sent, bytes received)}`` totals. ``close()`` sends a last
-    report and stops the thread."""
+    report and stops the thread. With ``own_output`` the reports carry the last lines the
+    process wrote (:class:`hetps.metrics.sysinfo.LogTail`); every report carries its CPU and
+    memory, and the machine's GPUs (:class:`hetps.metrics.sysinfo.Sampler`)."""
 
     def __init__(
         self,
         interval: float,
         send: Callable[[dict], Any],
         links: Callable[[], dict[int, tuple[int, int]]],
+        own_output: bool = False,
     ) -> None:
         self.interval = interval
         self._send = send
@@ -101,10 +134,27 @@ class WorkerMeter:
         #: the run directory the worker logs into (RoundLog, hetps train): the scheduler
         #: leaves the dashboard's last state there when the job ends
         self.run_dir: str | None = None
+        self.job = ""  # the scheduler's job id (the node table's), for bind_run
+        # the rounds' phases when no RoundLog hands them over (any script): each round's first
+        # push call to its last push answer, first pull call to last pull answer, and the
+        # compute before them; [round, push0, push1, pull0, pull1, compute0]
+        self.auto = True
+        self._cur: list | None = None
+        self._answered = 0.0
+        self._unix = time.time() - time.perf_counter()
+        self._metrics: deque[list] = deque(maxlen=M_ENTRIES)  # log_metrics, not yet reported
+        self._names: set[str] = set()
+        from hetps.metrics.sysinfo import LogTail, Sampler
+
+        self.sampler = Sampler()
+        self.tail = LogTail()  # the last lines of this process' output, when ``own_output``
+        if own_output:
+            self.tail.install()
         self._lock = threading.Lock()  # one report at a time (the thread, close)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hetps-metrics", daemon=True)
         self._thread.start()
+        _current[0] = self
 
     # hot path -----------------------------------------------------------------------------
     def timed(self, push: bool, callback: Callable[[Any], None] | None):
@@ -112,16 +162,18 @@ class WorkerMeter:
         a request that fails is not counted)."""
         hist = self._push_hist if push else self._pull_hist
         t0 = time.perf_counter()
-        if callback is None:
+        rec, at = self._cur, (1 if push else 3)
+        if rec is not None and t0 < rec[at]:
+            rec[at] = t0
 
-            def done(reply: Any) -> None:
-                hist.observe(time.perf_counter() - t0)
-
-        else:
-
-            def done(reply: Any) -> None:
+        def done(reply: Any) -> None:
+            if callback is not None:
                 callback(reply)
-                hist.observe(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            hist.observe(t1 - t0)
+            self._answered = t1
+            if rec is not None and t1 > rec[at + 1]:
+                rec[at + 1] = t1
 
         return done
 
@@ -129,10 +181,17 @@ class WorkerMeter:
         """A pull answered by the push before it (dist_sync): timed from now (its call) to the
         moment ``finish`` (its wait's) copied its value out, once the push's answer is in."""
         hist, t0 = self._pull_hist, time.perf_counter()
+        rec = self._cur
+        if rec is not None and t0 < rec[3]:
+            rec[3] = t0
 
         def done() -> None:
             finish()
-            hist.observe(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            hist.observe(t1 - t0)
+            self._answered = t1
+            if rec is not None and t1 > rec[4]:
+                rec[4] = t1
 
         return done
 
@@ -149,12 +208,54 @@ class WorkerMeter:
                 self.hists["round"].observe(self.round_s)
             self._round_t0 = now
             self.rounds = n
+            self._next_round(n, now)
+
+    def _next_round(self, n: int, now: float) -> None:
+        """Round ``n`` begins: the round before goes to the timeline (when no RoundLog does)."""
+        done, self._cur = self._cur, None
+        if not self.auto:
+            return
+        if done is not None:
+            self._round_spans(done)
+        self._cur = [n, now, 0.0, math.inf, 0.0, self._answered]
+
+    def _round_spans(self, rec: list) -> None:
+        _, push0, push1, pull0, pull1, compute0 = rec
+        u = self._unix
+        spans = []
+        if 0 < compute0 < push0:
+            spans.append(("compute", compute0 + u, push0 - compute0))
+        if push1 > push0:
+            spans.append(("push", push0 + u, push1 - push0))
+        if math.isfinite(pull0) and pull1 > pull0:
+            spans.append(("pull", pull0 + u, pull1 - pull0))
+        if spans:
+            self._add_round(spans, rec[0])
+
+    def log_metrics(self, values: dict, step: int | None = None) -> None:
+        """The script's own values (loss, accuracy, ...) at ``step`` (default: the round): the
+        next report carries them. Raises ValueError for a bad name or value."""
+        checked = check_values(values)
+        if len(self._names | set(checked)) > M_NAMES:
+            raise ValueError(f"at most {M_NAMES} metric names per worker")
+        if step is None:
+            step = self.rounds
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_COUNT:
+            raise ValueError(f"step must be an integer from 0 to {MAX_COUNT}, not {step!r}")
+        self._names |= set(checked)
+        with self._lock:
+            self._metrics.append([step, checked])
 
     def add_round(self, spans: list[tuple[str, float, float]]) -> None:
         """One round's phase spans, ``(phase, start, seconds)`` with ``start`` a unix time
         (:meth:`hetps.metrics.spans.Spans.take` hands them over), and the bytes each link
         carried since the last round's end: the next report carries them (the newest
-        :data:`TL_ROUNDS` rounds; older ones not yet reported are dropped)."""
+        :data:`TL_ROUNDS` rounds; older ones not yet reported are dropped). The rounds'
+        phases are then the caller's, not timed from the requests."""
+        self.auto, self._cur = False, None
+        self._add_round(spans)
+
+    def _add_round(self, spans: list[tuple[str, float, float]], rnd: int | None = None) -> None:
         try:
             links = self._links()
         except Exception:  # noqa: BLE001 - the timeline never breaks the worker
@@ -164,13 +265,28 @@ class WorkerMeter:
             old = self._tl_links.get(rank, (0, 0))
             rows.append([rank, max(0, int(sent - old[0])), max(0, int(recv - old[1]))])
         self._tl_links = dict(links)
-        self._tl_round = max(self._tl_round + 1, self.rounds)
+        self._tl_round = max(self._tl_round + 1, self.rounds if rnd is None else rnd)
         kept = [
             [str(name), round(float(start), 6), round(max(0.0, float(dur)), 6)]
             for name, start, dur in spans[:TL_SPANS]
         ]
         with self._lock:
             self._tl.append([self._tl_round, kept, rows])
+
+    def bind_run(self, run_dir: str | os.PathLike[str], lead: bool) -> None:
+        """The run directory this worker logs into (RoundLog, hetps train). The scheduler
+        leaves the dashboard's last state there only when its ``run.json`` names this job:
+        the ``lead`` worker (rank 0, which wrote it) adds the job's id as ``live_job``."""
+        from pathlib import Path
+
+        self.run_dir = str(Path(run_dir).resolve())
+        if lead and self.job and (Path(run_dir) / "run.json").is_file():
+            from hetps.metrics.records import RunWriter
+
+            try:
+                RunWriter.reopen(run_dir).update(live_job=self.job)
+            except Exception as exc:  # noqa: BLE001 - the dashboard never breaks the run
+                log.info("metrics: run.json does not name the job: %s", exc)
 
     # reporting ----------------------------------------------------------------------------
     def report(self) -> dict:
@@ -200,7 +316,14 @@ class WorkerMeter:
             if self._tl:
                 body["tl"] = list(self._tl)
                 self._tl.clear()
-            return body
+            if self._metrics:
+                body["m"] = list(self._metrics)
+                self._metrics.clear()
+        body["sys"] = self.sampler.sample()
+        lines = self.tail.take()
+        if lines:
+            body["log"] = lines
+        return body
 
     def flush(self) -> None:
         """Send one report now."""
@@ -220,7 +343,13 @@ class WorkerMeter:
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if self.auto and self._cur is not None:  # the last round's phases
+            done, self._cur = self._cur, None
+            self._round_spans(done)
         self.flush()
+        self.tail.uninstall()
+        if _current[0] is self:
+            _current[0] = None
 
 
 # -- checking a report ----------------------------------------------------------------------
@@ -292,11 +421,32 @@ def parse_report(body: Any, num_servers: int) -> dict:
             _seconds(value[1], f"the sum of histogram {name!r}"),
         )
     out["tl"] = _parse_timeline(body.get("tl", []), num_servers)
+    from hetps.metrics.sysinfo import parse_extras
+
+    out.update(parse_extras(body))
+    out["m"] = _parse_metrics(body.get("m", []))
     run = out["run"] = body.get("run")
     if run is not None and not (
         isinstance(run, str) and 0 < len(run) <= 4096 and run.isprintable()
     ):
         raise ReportError("'run' must be a printable path of 1 to 4096 characters")
+    return out
+
+
+def _parse_metrics(entries: Any) -> list[tuple[int, dict[str, float]]]:
+    if not isinstance(entries, list) or len(entries) > M_ENTRIES:
+        raise ReportError(f"'m' must be a list of at most {M_ENTRIES} [step, values] entries")
+    out = []
+    for e in entries:
+        if not isinstance(e, list) or len(e) != 2 or not isinstance(e[1], dict):
+            raise ReportError(f"an 'm' entry must be [step, {{name: value}}], not {_show(e)}")
+        if len(e[1]) > M_NAMES:
+            raise ReportError(f"an 'm' entry holds at most {M_NAMES} values")
+        try:
+            values = check_values(e[1])
+        except ValueError as exc:
+            raise ReportError(str(exc)) from None
+        out.append((_int(e[0], "an 'm' step"), values))
     return out
 
 
@@ -371,6 +521,11 @@ class WorkerTotals:
         self.reports = 0
         self.timeline: deque[tuple[int, list, list]] = deque(maxlen=TL_KEEP)
         self.run: str | None = None
+        self.heard = time.monotonic()  # the scheduler's clock: when the last report came
+        self.last_h: dict[str, tuple[list[int], float]] = {}  # the last report's gains
+        self.sys: dict | None = None
+        self.log: deque[str] = deque(maxlen=20)
+        self.metrics: dict[str, deque[tuple[int, float]]] = {}  # name -> (step, value)
 
     def apply(self, rep: dict) -> None:
         """Add a checked report; raises ReportError (and changes nothing) when it does not
@@ -408,4 +563,13 @@ class WorkerTotals:
         self.timeline.extend(r for r in rep["tl"] if r[0] > last)
         if rep["run"] is not None:
             self.run = rep["run"]
+        for step, values in rep["m"]:
+            for name, value in values.items():
+                if name in self.metrics or len(self.metrics) < M_NAMES:
+                    self.metrics.setdefault(name, deque(maxlen=M_KEEP)).append((step, value))
+        self.last_h = rep["h"]
+        if rep["sys"] is not None:
+            self.sys = rep["sys"]
+        self.log.extend(rep["log"])
+        self.heard = time.monotonic()
         self.reports += 1

@@ -104,7 +104,7 @@ class RoundLog:
         meter = getattr(kv, "meter", None)  # the live dashboard's timeline (docs/LIVE.md)
         if meter is not None:
             self.spans.sink = meter.add_round
-            meter.run_dir = str(Path(self.run_dir).resolve())
+            meter.bind_run(self.run_dir, lead=self.rank == 0)
         self.traffic = TrafficRecorder(
             self.started_at,
             bucket_s=bucket_s,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,10 @@ class ServerMeter:
     replicas, {worker rank: (bytes sent, bytes received)})``; ``send(body)`` ships a report."""
 
     def __init__(self, interval: float, send: Callable[[dict], Any], stats: Callable[[], tuple]):
+        from hetps.metrics.sysinfo import LogTail, Sampler
+
+        self.sampler = Sampler()  # its CPU, memory, the machine's GPUs
+        self.tail = LogTail().install()  # the last lines it wrote
         self.interval = interval
         self._send = send
         self._stats = stats
@@ -42,12 +47,17 @@ class ServerMeter:
     def report(self) -> dict:
         rounds, opt_s, replicas, links = self._stats()
         self._seq += 1
-        return {
+        body = {
             "seq": self._seq,
             "t": time.monotonic() - self._t0,
             "server": {"rounds": int(rounds), "opt_s": float(opt_s), "replicas": int(replicas)},
             "links": [[r, int(s), int(v)] for r, (s, v) in sorted(links.items())],
+            "sys": self.sampler.sample(),
         }
+        lines = self.tail.take()
+        if lines:
+            body["log"] = lines
+        return body
 
     def flush(self) -> None:
         try:
@@ -64,6 +74,7 @@ class ServerMeter:
         if not self._stop.is_set():
             self._stop.set()
             self.flush()
+            self.tail.uninstall()
 
 
 def parse_server_report(body: Any, num_workers: int) -> dict:
@@ -90,6 +101,9 @@ def parse_server_report(body: Any, num_workers: int) -> dict:
             raise ReportError(f"'links' lists worker {rank} twice")
         rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
     out["links"] = rows
+    from hetps.metrics.sysinfo import parse_extras
+
+    out.update(parse_extras(body))
     return out
 
 
@@ -104,6 +118,8 @@ class ServerTotals:
         self.replicas = 1
         self.links: dict[int, tuple[int, int]] = {}
         self.reports = 0
+        self.sys: dict | None = None
+        self.log: deque[str] = deque(maxlen=20)
 
     def apply(self, rep: dict) -> None:
         """Keep a checked report; ReportError (and nothing changed) when it goes back."""
@@ -120,6 +136,9 @@ class ServerTotals:
         self.seq, self.t = rep["seq"], rep["t"]
         self.rounds, self.opt_s, self.replicas = rep["rounds"], rep["opt_s"], rep["replicas"]
         self.links.update(rep["links"])
+        if rep["sys"] is not None:
+            self.sys = rep["sys"]
+        self.log.extend(rep["log"])
         self.reports += 1
 
     def view(self) -> dict:
@@ -129,4 +148,6 @@ class ServerTotals:
             "replicas": self.replicas,
             "links": dict(self.links),
             "reports": self.reports,
+            "sys": self.sys,
+            "log": list(self.log),
         }

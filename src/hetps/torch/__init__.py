@@ -10,6 +10,7 @@ Horovod/BytePS style::
                                    model.named_parameters(), kvstore=kv)
     hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
     hps.broadcast_optimizer_state(opt, kv, root_rank=0)
+    hps.log_metrics(loss=loss, accuracy=acc)   # shown per worker on the live dashboard
 
 The names load on first use, so importing ``hetps.torch`` does not import torch.
 """
@@ -24,6 +25,7 @@ _EXPORTS = {
     "DistributedOptimizer": "hetps.torch.optimizer",
     "broadcast_parameters": "hetps.torch.broadcast",
     "broadcast_optimizer_state": "hetps.torch.broadcast",
+    "log_metrics": "hetps.torch.live",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,8 +6,8 @@
   var interval = Math.max(250, 1000 * (parseFloat(params.get("interval")) || 1));
   var HISTORY = 300;
   var hist = {t: [], rate: [], links: {}};
-  var last = null, polls = 0, rateChart = null, bytesChart = null, bytesKeys = "";
-  var state = null;
+  var last = null, polls = 0, errors = 0, rateChart = null, bytesChart = null, bytesKeys = "";
+  var state = null, valuesChart = null, valuesKeys = "";
 
   function $(id) { return document.getElementById(id); }
   function fmt(v, digits) { return v === null || v === undefined ? "-" : Number(v).toFixed(digits); }
@@ -47,7 +47,7 @@
       hist.rate.push(rate);
       var seen = {};
       s.workers.forEach(function (w) {
-        w.rates.forEach(function (r) {
+        (w.rates || []).forEach(function (r) {
           var up = "worker" + w.rank + "\u2192server" + r[0];
           var down = "server" + r[0] + "\u2192worker" + w.rank;
           seen[up] = r[1]; seen[down] = r[2];
@@ -87,6 +87,87 @@
     }
   }
 
+  function everyNode(s) {
+    var out = [{node: "scheduler", sys: s.scheduler ? s.scheduler.sys : null,
+                log: s.scheduler ? s.scheduler.log : []}];
+    return out.concat(s.nodes);
+  }
+
+  function renderMachines(s) {
+    fill($("machines").tBodies[0], everyNode(s).map(function (n) {
+      var tr = document.createElement("tr");
+      tr.dataset.node = n.node;
+      var sys = n.sys || {};
+      cell(tr, n.node);
+      cell(tr, sys.cpu === undefined ? "-" : sys.cpu.toFixed(1), "num cpu");
+      cell(tr, sys.rss === undefined ? "-" : T.human(sys.rss), "num rss");
+      var g = sys.gpu ? sys.gpu.map(function (x, i) {
+        return "gpu" + i + " " + x[0] + "% " + T.human(x[1]) + " of " + T.human(x[2]);
+      }).join("; ") : (sys.nogpu ? "none: " + sys.nogpu : "-");
+      cell(tr, g, "gpu");
+      tr.dataset.cpu = sys.cpu === undefined ? "" : String(sys.cpu);
+      tr.dataset.rss = sys.rss === undefined ? "" : String(sys.rss);
+      return tr;
+    }));
+  }
+
+  function renderLogs(s) {
+    var box = $("logs"), open = {};
+    box.querySelectorAll("details").forEach(function (d) { open[d.dataset.node] = d.open; });
+    var nodes = everyNode(s).filter(function (n) { return n.log && n.log.length; });
+    if (!nodes.length) return;
+    box.className = "";
+    box.textContent = "";
+    nodes.forEach(function (n) {
+      var d = document.createElement("details");
+      d.dataset.node = n.node;
+      d.open = n.node in open ? open[n.node] : true;
+      var sm = document.createElement("summary");
+      sm.textContent = n.node + " (" + n.log.length + " lines)";
+      var pre = document.createElement("pre");
+      pre.textContent = n.log.join("\n");
+      d.appendChild(sm);
+      d.appendChild(pre);
+      box.appendChild(d);
+    });
+  }
+
+  function renderValues(s) {
+    var names = [], steps = {};
+    s.workers.forEach(function (w) {
+      Object.keys(w.metrics || {}).forEach(function (k) {
+        var key = "worker" + w.rank + " " + k;
+        names.push([key, w.metrics[k]]);
+        w.metrics[k].forEach(function (p) { steps[p[0]] = true; });
+      });
+    });
+    var el = $("values-chart");
+    document.body.dataset.values = String(names.length);
+    if (!names.length) return;
+    var xs = Object.keys(steps).map(Number).sort(function (a, b) { return a - b; });
+    var data = [xs].concat(names.map(function (n) {
+      var at = {};
+      n[1].forEach(function (p) { at[p[0]] = p[1]; });
+      return xs.map(function (x) { return x in at ? at[x] : null; });
+    }));
+    var keys = names.map(function (n) { return n[0]; }).join("|");
+    if (keys !== valuesKeys) {
+      if (valuesChart) valuesChart.destroy();
+      var width = Math.max(300, el.clientWidth || 400);
+      el.textContent = "";
+      valuesChart = new uPlot({
+        width: width, height: 180, legend: {show: true, live: false},
+        scales: {x: {time: false}}, axes: [{label: "step"}, {size: 60}],
+        series: [{label: "step"}].concat(names.map(function (n, i) {
+          return {label: n[0], stroke: PALETTE[i % PALETTE.length], width: 1.5, spanGaps: true};
+        })),
+      }, data, el);
+      valuesKeys = keys;
+    } else {
+      valuesChart.setData(data);
+    }
+  }
+
   function render(s) {
     $("job").textContent = s.job ? "job " + s.job : "";
     $("rounds").textContent = String(s.rounds);
@@ -121,6 +202,11 @@
       cell(tr, fmt(w.push_ms, 3), "num");
       cell(tr, fmt(w.pull_ms, 3), "num");
       cell(tr, steps && w.rank < steps.length ? String(steps[w.rank]) : "-", "num");
+      var vals = Object.keys(w.metrics || {}).map(function (k) {
+        var v = w.metrics[k];
+        return k + " " + Number(v[v.length - 1][1]).toPrecision(4);
+      });
+      cell(tr, vals.length ? vals.join(", ") : "-", "values");
       return tr;
     }));
 
@@ -152,13 +238,16 @@
       cell(tr, "worker" + w.rank);
       var lastRound = w.timeline.length ? w.timeline[w.timeline.length - 1] : null;
       for (var j = 0; j < servers; j++) {
-        var rate = w.rates.filter(function (r) { return r[0] === j; })[0];
+        var rate = w.rates ? w.rates.filter(function (r) { return r[0] === j; })[0] : null;
         var tot = w.links.filter(function (r) { return r[0] === j; })[0];
         var lr = lastRound ? lastRound.links.filter(function (r) { return r[0] === j; })[0] : null;
-        var text = rate ? "\u2191" + T.human(rate[1]) + "/s \u2193" + T.human(rate[2]) + "/s" : "-";
+        var text = rate ? "\u2191" + T.human(rate[1]) + "/s \u2193" + T.human(rate[2]) + "/s"
+                        : (w.rates ? "-" : "no data");
         if (tot) text += " (" + T.human(tot[1]) + ", " + T.human(tot[2]) + ")";
         if (lr) text += "; last round \u2191" + T.human(lr[1]) + " \u2193" + T.human(lr[2]);
-        cell(tr, text);
+        var td = cell(tr, text, w.rates ? "" : "nodata");
+        td.dataset.link = "worker" + w.rank + "-server" + j;
+        td.dataset.rate = rate ? String(rate[1] + rate[2]) : (w.rates ? "" : "none");
       }
       rows.push(tr);
     });
@@ -199,9 +288,13 @@
       }));
     }
 
+    renderMachines(s);
+    renderLogs(s);
+    renderValues(s);
+
     var drawn = T.draw($("timeline"), s.workers, {
       rounds: parseInt($("keep").value, 10),
-      empty: "no phase spans yet (a script logs them with hetps.metrics.roundlog.RoundLog; hetps train does)",
+      empty: "no rounds yet: a round is drawn once it has ended",
     });
     document.body.dataset.timelineRounds = drawn ? String(drawn.rounds) : "0";
   }
@@ -218,15 +311,25 @@
       last = s;
       document.body.dataset.polls = String(polls);
       var st = $("status");
+      if (s.ended && s.outcome) {
+        st.className = s.outcome.ok ? "ok" : "failed";
+        st.textContent = "the job ended: " + s.outcome.text;
+        document.body.dataset.ended = s.outcome.ok ? "ok" : "failed";
+        return;  // nothing more will change: polling stops
+      }
       st.className = "";
       st.textContent = "live: " + s.workers.length + " of " + s.expected.worker +
         " workers reporting; updated " + new Date(s.now * 1000).toLocaleTimeString();
+      setTimeout(poll, interval);
     }).catch(function () {
+      errors++;
+      document.body.dataset.errors = String(errors);
       var st = $("status");
       st.className = "ended";
-      st.textContent = last ? "the endpoint stopped answering (the job ended?): the last values stay shown"
+      st.textContent = last ? "the endpoint stopped answering before it said how the job ended: the last values stay shown"
                             : "cannot reach the job's endpoint";
-    }).then(function () { setTimeout(poll, interval); });
+      setTimeout(poll, interval);
+    });
   }
 
   T.legend($("legend"));

@@ -1,0 +1,300 @@
+"""What a node's reports say of its machine and its output: CPU and memory of the process
+(psutil when it is installed, else ``/proc``), the machine's GPUs through NVML when the
+NVIDIA driver's library is there (or why not), and the last lines the process wrote to its
+standard output and error (:class:`LogTail`).
+
+Nothing here runs on a hot path: :class:`Sampler` is read once per report, and a line costs
+one append to a bounded deque. Lines leave with host:port pairs and IP addresses replaced
+(:func:`scrub`): the dashboard shows no node address (docs/LIVE.md, "Security").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from hetps.metrics.reports import ReportError, _int, _seconds, _show
+
+__all__ = ["LOG_KEEP", "LogTail", "Sampler", "gpus", "parse_extras", "scrub"]
+
+#: lines a node keeps (and a report carries) at most, and the longest line
+LOG_KEEP, LOG_WIDTH = 20, 300
+#: GPUs a report lists at most
+MAX_GPUS = 16
+#: seconds between two samples at least (a closer one is the last one again)
+MIN_GAP_S = 0.5
+
+_ADDR = re.compile(
+    r"\[[0-9A-Fa-f:.]+\](?::\d+)?"  # [v6]:port
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"  # v4[:port]
+    r"|\b(?:localhost|(?=[\w.-]*[A-Za-z])[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+):\d{1,5}\b"  # name:port
+    r"|\b(?:tcp|ipc|inproc)://\S+"  # ZeroMQ endpoints
+)
+
+
+def scrub(text: str) -> str:
+    """``text`` with every host:port, IP address and ZeroMQ endpoint replaced by
+    ``<address>``."""
+    return _ADDR.sub("<address>", text)
+
+
+# -- CPU and memory -------------------------------------------------------------------------
+class Sampler:
+    """The process' CPU use (percent of one core, since the last sample) and resident memory
+    (bytes); the machine's GPUs (:func:`gpus`)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None
+        self._cached: tuple[float, dict] | None = None
+        self._lock = threading.Lock()
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        try:
+            import psutil
+
+            self._proc: Any = psutil.Process()
+        except ImportError:
+            self._proc = None
+
+    def _cpu_rss(self) -> tuple[float, int]:
+        if self._proc is not None:
+            t = self._proc.cpu_times()
+            return t.user + t.system, int(self._proc.memory_info().rss)
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/self/statm", "rb") as f:
+            rss_pages = int(f.read().split()[1])
+        # fields[0] is the state (field 3): utime and stime are fields 14 and 15
+        return (int(fields[11]) + int(fields[12])) / self._tick, rss_pages * self._page
+
+    def sample(self) -> dict:
+        """``{"cpu": percent (from the second sample on), "rss": bytes, "gpu": [...]}`` or, with
+        no GPU to read, ``"nogpu": why``. Samples closer than :data:`MIN_GAP_S` (several
+        pages polling the scheduler at once) share one."""
+        now = time.monotonic()
+        with self._lock:
+            if self._cached is not None and now - self._cached[0] < MIN_GAP_S:
+                return dict(self._cached[1])
+            out = self._sample(now)
+            self._cached = (now, out)
+            return dict(out)
+
+    def _sample(self, now: float) -> dict:
+        try:
+            cpu_s, rss = self._cpu_rss()
+        except (OSError, ValueError, IndexError):
+            return {}
+        out: dict[str, Any] = {"rss": int(rss)}
+        if self._last is not None and now > self._last[0]:
+            out["cpu"] = round(max(0.0, 100.0 * (cpu_s - self._last[1]) / (now - self._last[0])), 1)
+        self._last = (now, cpu_s)
+        rows, why = gpus()
+        if rows:
+            out["gpu"] = rows
+        else:
+            out["nogpu"] = why
+        return out
+
+
+# -- GPUs through NVML ----------------------------------------------------------------------
+class _Util(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _Mem(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]  # fmt: skip
+
+
+_nvml: list = []  # [library or None, why not]
+_nvml_lock = threading.Lock()
+
+
+def _library() -> tuple[Any, str]:
+    with _nvml_lock:
+        if not _nvml:
+            try:
+                lib = ctypes.CDLL("libnvidia-ml.so.1")
+                rc = lib.nvmlInit_v2()
+                if rc != 0:
+                    _nvml[:] = [None, f"NVML did not start (error {rc})"]
+                else:
+                    _nvml[:] = [lib, ""]
+            except OSError:
+                _nvml[:] = [None, "no NVIDIA driver here (libnvidia-ml.so.1 not found)"]
+            except AttributeError:
+                _nvml[:] = [None, "libnvidia-ml.so.1 has no nvmlInit_v2"]
+        return _nvml[0], _nvml[1]
+
+
+def gpus() -> tuple[list[list], str]:
+    """The machine's GPUs as NVML sees them: ``[[utilisation %, memory used, memory total],
+    ...]`` (bytes), and why the list is empty when it is."""
+    lib, why = _library()
+    if lib is None:
+        return [], why
+    count = ctypes.c_uint(0)
+    if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+        return [], "NVML cannot count the GPUs"
+    rows = []
+    for i in range(min(count.value, MAX_GPUS)):
+        handle = ctypes.c_void_p()
+        util, mem = _Util(), _Mem()
+        if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) != 0:
+            continue
+        u = util.gpu if lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(util)) == 0 else 0
+        if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) != 0:
+            continue
+        rows.append([int(u), int(mem.used), int(mem.total)])
+    return rows, ("" if rows else "NVML lists no GPU")
+
+
+# -- the last lines of the output -----------------------------------------------------------
+class _Tee:
+    """A text stream that writes through to ``stream`` and hands whole lines to ``tail``."""
+
+    def __init__(self, stream: Any, tail: LogTail) -> None:
+        self._stream = stream
+        self._tail = tail
+        self._part = ""
+
+    def write(self, text: str) -> int:
+        n = self._stream.write(text)
+        try:
+            self._part += text
+            if "\n" in self._part:
+                *lines, self._part = self._part.split("\n")
+                self._tail.add(lines)
+            if len(self._part) > 4 * LOG_WIDTH:
+                self._part = self._part[-LOG_WIDTH:]
+        except Exception:  # noqa: BLE001 - the output itself always goes through
+            pass
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class LogTail:
+    """The last :data:`LOG_KEEP` lines the process wrote to ``sys.stdout`` and ``sys.stderr``
+    (print, logging, tracebacks), scrubbed of addresses; :meth:`take` gives the lines not
+    taken before. :meth:`install` puts the tee in place; :meth:`uninstall` takes it away."""
+
+    def __init__(self) -> None:
+        self.raw: deque[str] = deque(maxlen=LOG_KEEP)
+        self._new: deque[str] = deque(maxlen=LOG_KEEP)
+        self._lock = threading.Lock()
+        self._saved: tuple[Any, Any] | None = None
+
+    def add(self, lines: list[str]) -> None:
+        """Keep ``lines`` (the newest :data:`LOG_KEEP`; cleaned when read)."""
+        lines = [line for line in lines if line and not line.isspace()]
+        with self._lock:
+            self.raw.extend(lines)
+            self._new.extend(lines)
+
+    @staticmethod
+    def _clean(lines: list[str]) -> list[str]:
+        """Blank lines dropped, each cut to :data:`LOG_WIDTH` characters, control characters
+        made spaces, addresses replaced."""
+        return [
+            scrub("".join(c if c.isprintable() else " " for c in line[:LOG_WIDTH])).rstrip()
+            for line in lines
+            if line.strip()
+        ]
+
+    def take(self) -> list[str]:
+        """The lines kept since the last call."""
+        with self._lock:
+            out = list(self._new)
+            self._new.clear()
+        return self._clean(out)
+
+    def last(self) -> list[str]:
+        """The last lines kept."""
+        with self._lock:
+            out = list(self.raw)
+        return self._clean(out)
+
+    def install(self) -> LogTail:
+        """Tee ``sys.stdout`` and ``sys.stderr`` (and logging's handlers that write to them)."""
+        import logging
+
+        if self._saved is not None:
+            return self
+        out, err = sys.stdout, sys.stderr
+        self._saved = (out, err)
+        tee_out, tee_err = _Tee(out, self), _Tee(err, self)
+        sys.stdout, sys.stderr = tee_out, tee_err  # type: ignore[assignment]
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+            for h in getattr(logger, "handlers", []):
+                if isinstance(h, logging.StreamHandler) and h.stream in (out, err):
+                    h.setStream(tee_out if h.stream is out else tee_err)
+        return self
+
+    def uninstall(self) -> None:
+        """Put the streams back (when nothing replaced the tee since)."""
+        import logging
+
+        if self._saved is None:
+            return
+        out, err = self._saved
+        self._saved = None
+        if isinstance(sys.stdout, _Tee) and sys.stdout._tail is self:
+            sys.stdout = out
+        if isinstance(sys.stderr, _Tee) and sys.stderr._tail is self:
+            sys.stderr = err
+        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+            for h in getattr(logger, "handlers", []):
+                s = getattr(h, "stream", None)
+                if isinstance(s, _Tee) and s._tail is self:
+                    h.setStream(s._stream)
+
+
+# -- checking what a report says of them ------------------------------------------------
+def parse_extras(body: dict) -> dict:
+    """The parts of a worker's or server's report about its machine and output: ``sys``
+    (CPU %, resident bytes, GPUs or why none) and ``log`` (its last lines), checked."""
+    out: dict[str, Any] = {"sys": None, "log": []}
+    sysinfo = body.get("sys")
+    if sysinfo is not None:
+        if not isinstance(sysinfo, dict) or not set(sysinfo) <= {"cpu", "rss", "gpu", "nogpu"}:
+            raise ReportError("'sys' must be a map of cpu, rss, gpu, nogpu")
+        got: dict[str, Any] = {}
+        if "cpu" in sysinfo:
+            got["cpu"] = _seconds(sysinfo["cpu"], "'sys.cpu' (percent)", 1e5)
+        if "rss" in sysinfo:
+            got["rss"] = _int(sysinfo["rss"], "'sys.rss' (bytes)")
+        gpus = sysinfo.get("gpu", [])
+        if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
+            raise ReportError(f"'sys.gpu' must be a list of at most {MAX_GPUS} GPUs")
+        rows = []
+        for g in gpus:
+            if not isinstance(g, list) or len(g) != 3:
+                raise ReportError(f"a GPU must be [utilisation, used, total], not {_show(g)}")
+            rows.append([_int(g[0], "a GPU's utilisation", 0, 100),
+                         _int(g[1], "a GPU's memory used"), _int(g[2], "a GPU's memory")])  # fmt: skip
+        if rows:
+            got["gpu"] = rows
+        why = sysinfo.get("nogpu")
+        if why is not None:
+            if not isinstance(why, str) or len(why) > 200 or not why.isprintable():
+                raise ReportError("'sys.nogpu' must be a printable text of up to 200 characters")
+            got["nogpu"] = why
+        out["sys"] = got
+    lines = body.get("log", [])
+    if not isinstance(lines, list) or len(lines) > LOG_KEEP:
+        raise ReportError(f"'log' must be a list of at most {LOG_KEEP} lines")
+    for line in lines:
+        if not isinstance(line, str) or len(line) > LOG_WIDTH or not line.isprintable():
+            raise ReportError(
+                f"a 'log' line must be a printable text of up to {LOG_WIDTH} characters"
+            )
+    out["log"] = [scrub(line) for line in lines]  # (a node's own scrub, not trusted)
+    return out
