@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from hetps.cluster import protocol as P
@@ -76,6 +77,7 @@ class Enrolment:
                         "port": node.van.port,
                         "back": back,
                         "want_rank": node.cfg.launch_rank,
+                        "host_group": node.cfg.host_group if node.role == "worker" else -1,
                     },
                 ),
                 give_up=give_up,
@@ -153,6 +155,9 @@ class Enrolment:
         direction of each connection to a peer."""
         node = self.node
         nodes = {n.id: n for n in map(NodeInfo.from_wire, body["nodes"])}
+        for nid, group in body.get("groups", []):  # the workers' hosts (HETPS_HOST_GROUP)
+            if int(nid) in nodes and int(group) >= 0:
+                nodes[int(nid)] = replace(nodes[int(nid)], group=int(group))
         me = nodes[int(body["id"])]
         out = {int(p): routing_id(t) for p, t in body["out"]}
         into = {int(p): routing_id(t) for p, t in body["in"]}

@@ -36,6 +36,7 @@ class Pending:
     port: int
     req: int
     want_rank: int = -1
+    group: int = -1  # a worker's host group (HETPS_HOST_GROUP)
 
 
 class Registration:
@@ -111,7 +112,8 @@ class Registration:
         except PeerGone as exc:
             log.warning("scheduler: registration with a bad address: %s", exc)
             return
-        self.pending.append(Pending(origin, role, host, port, msg.req, want))
+        group = b.host_group if role == "worker" else -1
+        self.pending.append(Pending(origin, role, host, port, msg.req, want, group))
         self.sched.send_to(
             origin,
             Message(
@@ -167,7 +169,7 @@ class Registration:
             rank = ranks[p.role]
             ranks[p.role] += 1
             nid = P.server_id(rank) if p.role == "server" else P.worker_id(rank)
-            self.sched.nodes[nid] = NodeInfo(nid, p.role, rank, p.host, p.port)
+            self.sched.nodes[nid] = NodeInfo(nid, p.role, rank, p.host, p.port, p.group)
             self.sched.van.rename(p.origin, nid)
             self.sched.van.admit(p.origin, nid)
             self.sched.last_seen[nid] = time.monotonic()
@@ -180,6 +182,8 @@ class Registration:
                     p.port,
                 )
         table = [n.to_wire() for n in self.sched.nodes.values()]
+        # the workers' hosts (HETPS_HOST_GROUP), where their launchers said them
+        groups = [[i, n.group] for i, n in self.sched.nodes.items() if n.group >= 0]
         for p, nid in zip(self.pending, self.sched.nodes, strict=False):
             # workers talk to servers; with copies (HETPS_REPLICAS) servers to servers too
             peers = [
@@ -194,6 +198,8 @@ class Registration:
                 "in": [[i, self.pair_id(i, nid)] for i in peers],  # and theirs to it
                 **self.sched.creds.issue(nid),  # what it proves who it is with (--recover)
             }
+            if groups:
+                body["groups"] = groups
             if self.sched.replicas > 1:
                 body["replicas"] = self.sched.replicas
             if self.sched.elastic:
