@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+
+import msgpack
 from typing import Any
 
 from hetps.cluster import protocol as P
@@ -154,7 +156,13 @@ class Enrolment:
         """The scheduler's node table: this node's id, its peers, and the routing id of each
         direction of each connection to a peer."""
         node = self.node
-        nodes = {n.id: n for n in map(NodeInfo.from_wire, body["nodes"])}
+        listed = body["nodes"]
+        if isinstance(listed, bytes):  # (the scheduler encodes the table once for all)
+            try:
+                listed = msgpack.unpackb(listed, raw=False, strict_map_key=False)
+            except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
+                raise ValueError(f"unreadable node table: {exc}") from None
+        nodes = {n.id: n for n in map(NodeInfo.from_wire, listed)}
         for nid, group in body.get("groups", []):  # the workers' hosts (HETPS_HOST_GROUP)
             if int(nid) in nodes and int(group) >= 0:
                 nodes[int(nid)] = replace(nodes[int(nid)], group=int(group))

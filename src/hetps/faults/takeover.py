@@ -211,6 +211,7 @@ class Takeover:
                 ):
                     bar = self.sched.barriers.groups[group]
                     bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
+            self.sched.barriers.changed()
         try:
             self.sched.van.connect(msg.origin, f"{host}:{port}", routing_id=back)
         except PeerGone as exc:
