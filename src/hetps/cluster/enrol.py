@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from typing import Any
 
 import msgpack
-from typing import Any
 
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
