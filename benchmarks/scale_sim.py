@@ -51,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,6 +234,7 @@ class SimCluster:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self.unknown = 0
+        self.total: Counter[str] = Counter()  # messages received per command
         self.keep_refused: bytes | None = None
         self._thread = threading.Thread(target=self._recv_loop, daemon=True, name="sim-recv")
         self._thread.start()
@@ -266,7 +268,9 @@ class SimCluster:
                         self.unknown += 1
                     else:
                         node.got.setdefault(got.cmd, []).append(got)
-                    self._cond.notify_all()
+                        self.total[got.cmd] += 1
+            with self._cond:  # once per batch: a waiter's check costs no O(N) per message
+                self._cond.notify_all()
 
     def wait_for(self, pred: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``pred()`` (checked under the receive lock) holds, or ``timeout``."""
@@ -318,7 +322,7 @@ class SimCluster:
                 body["host_group"] = x.rank // self.per_host
             self.send(x, Message(P.ADD_NODE, req=1, body=body))
         t_sent = time.perf_counter()
-        ok = self.wait_for(lambda: self.count(P.NODES) == len(self.nodes), timeout)
+        ok = self.wait_for(lambda: self.total[P.NODES] >= len(self.nodes), timeout)
         with self._cond:
             tables = [x.got.get(P.NODES, [None])[0] for x in self.nodes]
         have = [g for g in tables if g is not None and g.body is not None]
@@ -357,15 +361,13 @@ class SimCluster:
     def barrier(self, rnd: int, timeout: float, skip: frozenset[int] = frozenset()) -> dict:
         """Every node but ``skip`` (indices) enters a barrier of group ``all``."""
         since = {x.index: len(x.got.get(P.BARRIER_DONE, ())) for x in self.nodes}
+        base = self.total[P.BARRIER_DONE]
         entering = [x for x in self.nodes if x.index not in skip]
         t_first = time.perf_counter()
         for x in entering:
             t_last_in = self.send(x, Message(P.BARRIER, req=100 + rnd, body={"group": "all"}))
 
-        def released() -> int:
-            return sum(1 for x in self.nodes if len(x.got.get(P.BARRIER_DONE, ())) > since[x.index])
-
-        ok = self.wait_for(lambda: released() == len(self.nodes), timeout)
+        ok = self.wait_for(lambda: self.total[P.BARRIER_DONE] - base >= len(self.nodes), timeout)
         with self._cond:
             got = [
                 x.got[P.BARRIER_DONE][since[x.index]]
@@ -384,6 +386,7 @@ class SimCluster:
     def heartbeats(self, sched: SchedulerProcess, interval: float, periods: int) -> dict:
         """One heartbeat per node per ``interval``, spread evenly; scheduler CPU per period."""
         self.clear(P.HEARTBEAT_ACK)
+        base = self.total[P.HEARTBEAT_ACK]
         n = len(self.nodes)
         idle0, t_idle0 = sched.cpu(), time.perf_counter()
         time.sleep(interval)
@@ -404,10 +407,7 @@ class SimCluster:
         t_end = t0 + periods * interval
         if time.perf_counter() < t_end:
             time.sleep(t_end - time.perf_counter())
-        ok = self.wait_for(
-            lambda: sum(len(x.got.get(P.HEARTBEAT_ACK, ())) for x in self.nodes) >= sent,
-            10 * interval,
-        )
+        ok = self.wait_for(lambda: self.total[P.HEARTBEAT_ACK] - base >= sent, 10 * interval)
         c1, t1 = sched.cpu(), time.perf_counter()
         with self._cond:
             acked = sum(len(x.got.get(P.HEARTBEAT_ACK, ())) for x in self.nodes)
@@ -452,6 +452,7 @@ class SimCluster:
         shares_ok = True
         for rnd in range(1, rounds + 1):
             self.clear(P.BALANCE_REPORT)
+            before = self.total[P.BALANCE_REPORT] + self.total["?"]
             base = time.time()
             c0 = sched.cpu()
             t_last = 0.0
@@ -475,10 +476,7 @@ class SimCluster:
                 t_last = self.send(w, msg)
                 out["report_bytes"].append(msg.nbytes)
             ok = self.wait_for(
-                lambda: (
-                    sum(1 for x in self.workers if x.got.get(P.BALANCE_REPORT) or x.got.get("?"))
-                    == W
-                ),
+                lambda before=before: self.total[P.BALANCE_REPORT] + self.total["?"] - before >= W,
                 timeout,
             )
             bad = self.wait_for(lambda: self.count("?", self.workers) > 0, 0)

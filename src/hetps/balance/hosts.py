@@ -18,10 +18,7 @@ import numpy as np
 
 from hetps.balance.network import Network
 
-__all__ = ["HostMap", "per_host_network", "sample_array"]
-
-#: columns of a report's sample array: src, dst (node ids), bytes, t0, t1, kind
-SAMPLE_COLUMNS = 6
+__all__ = ["HostMap", "per_host_network"]
 
 
 class HostMap:
@@ -57,25 +54,3 @@ def per_host_network(net: Network, servers: Sequence[int], hosts: HostMap, pushe
     factor = len(rows) / float(k.sum())
     up[srv], down[srv] = up[srv] * factor, down[srv] * factor
     return Network(up, down)
-
-
-def sample_array(arrays: Sequence, listed: Sequence, max_rows: int) -> np.ndarray | str:
-    """A report's link samples as one float64 array (rows src, dst, bytes, t0, t1, kind):
-    the report's array (how the balance agent sends them), or its listed samples (5 or 6
-    numbers each, kind 0 when left out). A string says what is wrong instead."""
-    if arrays:
-        a = np.asarray(arrays[0])
-        if a.dtype != np.float64 or a.ndim != 2 or a.shape[1] != SAMPLE_COLUMNS:
-            return (
-                f"balance report: samples must be a float64 array of {SAMPLE_COLUMNS} columns, "
-                f"got {a.dtype} {a.shape}"
-            )
-        if a.shape[0] > max_rows:
-            return f"balance report: {a.shape[0]} samples, more than {max_rows}"
-        return a
-    if not listed:
-        return np.zeros((0, SAMPLE_COLUMNS))
-    out = np.zeros((len(listed), SAMPLE_COLUMNS))
-    for i, item in enumerate(listed):  # (a report from a script of its own: lists)
-        out[i, : len(item)] = item[:SAMPLE_COLUMNS]
-    return out

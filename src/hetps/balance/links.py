@@ -337,7 +337,8 @@ def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> 
     out = np.zeros(n)
     if not len(group):
         return out
-    order = np.lexsort((t0, group))
+    by_start = np.argsort(t0)
+    order = by_start[np.argsort(group[by_start], kind="stable")]  # by group, then start
     g, a, b = group[order], t0[order], t1[order]
     cut = np.flatnonzero(np.diff(g)) + 1
     for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(g)], strict=True):

@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
-from hetps.balance.hosts import HostMap, per_host_network, sample_array
+from hetps.balance.hosts import HostMap, per_host_network
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear
+from hetps.balance.reports import sample_array, times_array
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
 from hetps.balance.wire import pack_plan, reply_parts
@@ -82,7 +83,7 @@ class Planner:
         self.pending: dict[int, dict[int, Message]] = {}
         # one round's samples until every worker reported it: data transfers (busy-time
         # rates) and spread flows
-        self._samples: dict[int, list[tuple[int, int, float, float, float]]] = {}
+        self._samples: dict[int, list[tuple[np.ndarray, bool]]] = {}  # (samples, calibration)
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
         # per-node caps from busy-time rates, capacity probes (a window of one permutation
@@ -112,7 +113,6 @@ class Planner:
         # a host pushes once for all its workers (host-local aggregation): its link carries
         # one worker's bytes; else each of its workers pushes the whole model
         self.one_push_per_host = False
-        self._reports = 0  # reports read so far (orders a round's samples)
         self._rows()
 
     @classmethod
@@ -202,6 +202,43 @@ class Planner:
         pushes = np.ones(self.hosts.n_hosts) if self.one_push_per_host else self.hosts.counts
         return per_host_network(net, self.servers, self.hosts, pushes)
 
+    def take_round(self, rnd: int, reports: list[tuple[np.ndarray, bool]]) -> None:
+        """Every report's samples of round ``rnd``, once every worker reported it, in one
+        pass over them all (arrays, not a loop per sample): their nodes' rows (a worker's is
+        its host's), then the few capacity probes and spread flows in report order, then the
+        data transfers (:meth:`observe_round`)."""
+        if not reports:
+            return self.observe_round([])
+        samples = np.concatenate([a for a, _ in reports])
+        seq = np.repeat(np.arange(len(reports), dtype=float), [len(a) for a, _ in reports])
+        calibration = np.repeat([c for _, c in reports], [len(a) for a, _ in reports])
+        src, dst = self.rows_of(samples[:, 0]), self.rows_of(samples[:, 1])
+        nbytes, t0, t1, kind = samples[:, 2], samples[:, 3], samples[:, 4], samples[:, 5]
+        with np.errstate(invalid="ignore"):
+            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(samples).all(1)
+        # (a worker and its co-located server, or a worker and its own host: no network)
+        ok &= src != dst
+        for r in np.flatnonzero(ok & (kind == 1)):
+            i, j, rate = int(src[r]), int(dst[r]), float(nbytes[r] / (t1[r] - t0[r]))
+            judged = (
+                self._released + 1 >= CONTRADICT_FROM_ROUND
+                and t1[r] - t0[r] >= CONTRADICT_MIN_S
+                and not calibration[r]
+                and not self.detector.settling  # not right after a migration or a cycle
+            )
+            if judged and self.links.contradicts(i, j, rate):
+                self._contradicted.add(rnd)
+            self.links.observe_probe(i, j, rate, rnd)
+        spread = ok & ((kind == 2) | (kind == 3))
+        cols = (src, dst, t0, t1, nbytes, kind)
+        flows = zip(*(c[spread] for c in cols), strict=True)
+        self._spread.setdefault(rnd, []).extend(
+            (int(i), int(j), float(a), float(b), float(n), bool(k == 3))
+            for i, j, a, b, n, k in flows
+        )
+        data = ok & (kind != 1) & (kind != 2) & (kind != 3)
+        self.observe_round([np.stack((seq, src, dst, t0, t1, nbytes))[:, data]])
+
     def observe_round(self, parts: list[np.ndarray]) -> None:
         """A whole round's data samples, once every worker reported it: the link matrix (per
         report and link the median rate of its messages, blended in report order) and the
@@ -211,11 +248,22 @@ class Planner:
             return
         seq, i, j, t0, t1, nbytes = np.concatenate(parts, axis=1)
         i, j = i.astype(np.int64), j.astype(np.int64)
+        if not seq.size or self.n_nodes > REPORT_MAX_NODES:
+            # the link matrix is for reports and plots, which get it up to REPORT_MAX_NODES
+            # rows; plans read the per-node rates (a round's median per report and link is
+            # most of a round's work at 4,096 workers)
+            return self.links.observe_arrays(i, j, t0, t1, nbytes)
         rate = nbytes / (t1 - t0)
-        order = np.lexsort((rate, j, i, seq))
-        key = np.stack([seq, i, j])[:, order]
-        cut = np.flatnonzero((np.diff(key, axis=1) != 0).any(axis=0)) + 1
+        n = self.n_nodes
+        key = (seq.astype(np.int64) * n + i) * n + j  # (report, link)
+        order = np.argsort(key, kind="stable")
+        k = key[order]
+        cut = np.flatnonzero(k[1:] != k[:-1]) + 1
         lo, hi = np.r_[0, cut], np.r_[cut, order.size]
+        if lo.size < order.size:  # a link with several samples in a report: by rate in it
+            many = np.repeat(hi - lo > 1, hi - lo)
+            sub = order[many]
+            order[many] = sub[np.lexsort((rate[sub], key[sub]))]
         mid = order[lo + (hi - lo) // 2]  # the median rate of each report's link
         t_end = np.maximum.reduceat(t1[order], lo)
         self.table.observe_rates(i[mid], j[mid], rate[mid], t_end)
@@ -284,48 +332,23 @@ class Planner:
             # report's and the other workers') replace everything older
             self._calibration_rounds.add(rnd)
             self.forget_readings()
-        # every sample of the report at once (arrays, not a loop per sample): its nodes'
-        # rows (a worker's is its host's), then the few probes and spread flows one by one
+        # the report's arrays are kept as they came and read once the round is complete, all
+        # reports together (take_round): per report no more than these checks
         samples = sample_array(msg.arrays, b.samples, MAX_REPORT_SAMPLES)
-        if isinstance(samples, str):
-            sched.reply(msg, {"error": samples})
+        times = times_array(msg.arrays, b.server_times, MAX_REPORT_SAMPLES)
+        if isinstance(samples, str) or isinstance(times, str):
+            sched.reply(msg, {"error": samples if isinstance(samples, str) else times})
             return
-        src, dst = self.rows_of(samples[:, 0]), self.rows_of(samples[:, 1])
-        nbytes, t0, t1, kind = samples[:, 2], samples[:, 3], samples[:, 4], samples[:, 5]
+        self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
+        rank, secs = times[:, 0], times[:, 2]
         with np.errstate(invalid="ignore"):
-            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(samples).all(1)
-        # (a worker and its co-located server, or a worker and its own host: no network)
-        ok &= src != dst
-        for r in np.flatnonzero(ok & (kind == 1)):
-            i, j, rate = int(src[r]), int(dst[r]), float(nbytes[r] / (t1[r] - t0[r]))
-            judged = (
-                self._released + 1 >= CONTRADICT_FROM_ROUND
-                and t1[r] - t0[r] >= CONTRADICT_MIN_S
-                and not b.calibration
-                and not self.detector.settling  # not right after a migration or a cycle
-            )
-            if judged and self.links.contradicts(i, j, rate):
-                self._contradicted.add(rnd)
-            self.links.observe_probe(i, j, rate, rnd)
-        for r in np.flatnonzero(ok & ((kind == 2) | (kind == 3))):  # a spread's flows
-            flow = (int(src[r]), int(dst[r]), float(t0[r]), float(t1[r]), float(nbytes[r]))
-            self._spread.setdefault(rnd, []).append((*flow, bool(kind[r] == 3)))
-        data = ok & (kind != 1) & (kind != 2) & (kind != 3)
-        if data.any():  # data transfers, folded in once the round is complete (release)
-            seq = np.full(int(data.sum()), float(self._reports))
-            cols = (seq, src[data], dst[data], t0[data], t1[data], nbytes[data])
-            self._samples.setdefault(rnd, []).append(np.stack(cols))
-        self._reports += 1
-        span = 0.0
-        for srank, (nbytes_s, secs) in b.server_times.items():
-            if secs > span and 0 <= int(srank) < self.S:  # (digits: a server's rank)
-                span = float(secs)
-            if self.scheme == "elastic" and 0 <= int(srank) < self.S and secs > 0:
-                s_hist = self.history[int(srank)]  # (only elastic fits these lines)
-                s_hist.append((float(nbytes_s), float(secs)))
-                del s_hist[:-20]
-        if span > 0:  # this worker's last round: from its first request to its last answer
-            self._spans.setdefault(rnd, []).append(span)
+            mine = (rank >= 0) & (rank < self.S) & (rank == np.floor(rank)) & (secs > 0)
+        if mine.any():  # this worker's last round: from its first request to its last answer
+            self._spans.setdefault(rnd, []).append(float(secs[mine].max()))
+        if self.scheme == "elastic":  # (only elastic fits a line per server)
+            for s, nbytes_s, secs_s in times[mine].tolist():
+                self.history[int(s)].append((nbytes_s, secs_s))
+                del self.history[int(s)][:-20]
         done = b.spread_done  # (way, rank) or None
         if done is not None:
             self._spread_done.add(rnd)
@@ -363,7 +386,7 @@ class Planner:
             if len(waiting) < len(live) or not all(nid in waiting for nid in live):
                 continue
             del self.pending[rnd]
-            self.observe_round(self._samples.pop(rnd, []))
+            self.take_round(rnd, self._samples.pop(rnd, []))
             done = rnd in self._spread_done
             self.links.observe_spread(self._spread.pop(rnd, []), done=done)
             for old in [r for r in self._samples if r < rnd]:
