@@ -61,8 +61,11 @@ def _launch(args: list[str], tmp_path, **extra: str) -> str:
     return res.stdout
 
 
-def _check(out: str, groups: list[int], hosts: list[str] | None = None) -> None:
-    """Each worker's variables follow ``groups`` (its host group by rank)."""
+def _check(
+    out: str, groups: list[int], hosts: list[str] | None = None, grouped: bool = True
+) -> None:
+    """Each worker's variables follow ``groups`` (its host by rank); ``grouped``: they are
+    hetps's host groups too (else HETPS_HOST_GROUP is -1: each worker a host of its own)."""
     seen = re.findall(r"HOSTVARS (\d+) (.*) table (\S+) host (\S+)$", out, re.M)
     assert len(seen) == len(groups), out
     world = len(groups)
@@ -71,11 +74,11 @@ def _check(out: str, groups: list[int], hosts: list[str] | None = None) -> None:
         rank, ws, local, lsize, group, hgroup, master_addr, master_port = values.split()
         mates = [i for i, g in enumerate(groups) if g == groups[r]]
         assert (rank, ws) == (str(r), str(world)), out
-        assert (group, hgroup) == (str(groups[r]), str(groups[r])), out
+        assert (group, hgroup) == (str(groups[r]), str(groups[r] if grouped else -1)), out
         assert (local, lsize) == (str(mates.index(r)), str(len(mates))), out
         assert (master_addr, master_port) == ("-", "-"), out  # no c10d rendezvous here
         # the registration carried every worker's group to the scheduler, whose table says it
-        assert table == ",".join(map(str, groups)), out
+        assert table == ",".join(str(g if grouped else -1) for g in groups), out
         if hosts is not None:
             assert host == hosts[r], out
     others = re.findall(r"OTHER (\w+) (\[.*\])$", out, re.M)
@@ -84,14 +87,16 @@ def _check(out: str, groups: list[int], hosts: list[str] | None = None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flags", "groups"),
+    ("flags", "groups", "grouped"),
     [
-        (["-n", "4", "-s", "1", "--nproc-per-node", "2"], [0, 0, 1, 1]),
-        (["-n", "3", "-s", "1"], [0, 0, 0]),  # one machine: one host (the default)
+        (["-n", "4", "-s", "1", "--nproc-per-node", "2"], [0, 0, 1, 1], True),
+        # the default: torchrun's variables say the one machine (LOCAL_RANK 0..2), but no
+        # host group (each worker plans and pushes alone, as without hosts)
+        (["-n", "3", "-s", "1"], [0, 0, 0], False),
     ],
 )
-def test_local_workers_get_their_host(tmp_path, flags, groups):
-    _check(_launch(flags, tmp_path), groups)
+def test_local_workers_get_their_host(tmp_path, flags, groups, grouped):
+    _check(_launch(flags, tmp_path), groups, grouped=grouped)
 
 
 def test_ssh_hostfile_slots_place_workers_and_name_their_host(tmp_path):

@@ -22,7 +22,9 @@ W = 64
 @pytest.fixture
 def sched():
     s = new_scheduler(loopback_config("scheduler", num_worker=W, num_server=4))
-    s.nodes = {P.server_id(r): NodeInfo(P.server_id(r), "server", r, "127.0.0.1", 1) for r in range(4)}
+    s.nodes = {
+        P.server_id(r): NodeInfo(P.server_id(r), "server", r, "127.0.0.1", 1) for r in range(4)
+    }
     s.nodes.update(
         {P.worker_id(r): NodeInfo(P.worker_id(r), "worker", r, "127.0.0.1", 2) for r in range(W)}
     )

@@ -57,6 +57,13 @@ class LaunchSpec:
     nproc_per_node: int = 0
     places: list[Place] | None = None
 
+    @property
+    def grouped(self) -> bool:
+        """Whether the workers' hosts are hetps's host groups (``HETPS_HOST_GROUP``): a
+        launcher that knows them (``places``) or ``--nproc-per-node``; not the local
+        launcher's default (every worker on this one machine, each a host of its own)."""
+        return self.places is not None or self.nproc_per_node > 0
+
     def worker_places(self) -> list[Place]:
         """Where each worker runs (:class:`Place`, by worker rank)."""
         if self.places is not None:
@@ -155,15 +162,17 @@ def places_per_node(num_workers: int, per_node: int) -> list[Place]:
     return places_by_host([str(r // per_node) for r in range(num_workers)])
 
 
-def host_env(rank: int, num_workers: int, place: Place) -> dict[str, str]:
-    """A worker's host contract: torchrun's variables and ``HETPS_HOST_GROUP``."""
+def host_env(rank: int, num_workers: int, place: Place, grouped: bool = True) -> dict[str, str]:
+    """A worker's host contract: torchrun's variables and ``HETPS_HOST_GROUP`` (-1 unless
+    ``grouped``: the local launcher without ``--nproc-per-node``, whose workers share the one
+    machine for torchrun's variables, but not a host for hetps: each plans and pushes alone)."""
     return {
         "RANK": str(rank),
         "WORLD_SIZE": str(num_workers),
         "LOCAL_RANK": str(place.local_rank),
         "LOCAL_WORLD_SIZE": str(place.local_size),
         "GROUP_RANK": str(place.group),
-        "HETPS_HOST_GROUP": str(place.group),
+        "HETPS_HOST_GROUP": str(place.group if grouped else -1),
     }
 
 

@@ -279,7 +279,7 @@ class Launcher(Supervision, Liveness):
                 {
                     **env,
                     **threads["worker"],
-                    **host_env(r, spec.num_workers, places[r]),
+                    **host_env(r, spec.num_workers, places[r], spec.grouped),
                     "DMLC_ROLE": "worker",
                     "HETPS_LAUNCH_RANK": str(r),
                 },
