@@ -450,6 +450,7 @@ class SimCluster:
         }
         errors: list[str] = []
         shares_ok = True
+        rows = 0
         for rnd in range(1, rounds + 1):
             self.clear(P.BALANCE_REPORT)
             before = self.total[P.BALANCE_REPORT] + self.total["?"]
@@ -507,6 +508,8 @@ class SimCluster:
                 break
             out["msg_bytes"].append(median(g.raw_bytes for g in got))
             out["msg_bytes_max"].append(max(g.raw_bytes for g in got))  # rank 0's: the matrix
+            rates = next((g.body.get("node_rates") for g in got if g.body), None) or {}
+            rows = len(rates.get("up", ()))  # (rank 0's, while the model is small)
             b = got[0].body or {}
             if "error" in b:
                 errors.append(f"round {rnd}: planner error: {b['error']}")
@@ -525,6 +528,7 @@ class SimCluster:
             "errors": errors,
             "shares_ok": shares_ok,
             "rounds": len(out["latency_s"]),
+            "rows": rows,  # rows of the link model rank 0 was told (0: not told)
             "n_slices": n_slices,
             **{k + "_all": v for k, v in out.items()},
             **{k: median(v) for k, v in out.items()},
