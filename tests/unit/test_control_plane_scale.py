@@ -94,3 +94,40 @@ def test_assign_encodes_the_table_once_and_derives_ids_in_one_call(sched, monkey
         if P.role_of(m.body["id"]) == "worker":
             assert [i for i, _ in m.body["out"]] == [P.server_id(s) for s in range(4)]
             assert m.body["out"][1][1] == reg.pair_ids([m.body["id"]], [P.server_id(1)])[0]
+
+
+def test_registration_checks_each_node_without_walking_the_others(sched, monkeypatch):
+    """The checks a registration passes (a second one on a connection, too many of a role, a
+    rank claimed twice) read indexes kept as nodes register, also after the pending list
+    was replaced from outside (a failed start)."""
+    from hetps.cluster import commands
+
+    sched.nodes = {}
+    reg = sched.registration
+    refused = []
+    monkeypatch.setattr(reg, "refuse", lambda origin, h, p, b, req, text: refused.append(text))
+    monkeypatch.setattr(sched.van, "connect", lambda *a, **k: None)
+    monkeypatch.setattr(reg, "assign", lambda: None)
+
+    def add(origin: bytes, role: str, want: int) -> None:
+        body = {
+            "role": role,
+            "host": "127.0.0.1",
+            "port": 1,
+            "back": b"b" + origin,
+            "want_rank": want,
+        }
+        msg = Message(P.ADD_NODE, req=1, body=body)
+        msg.origin = origin
+        assert commands.decode(msg) is None
+        reg.add_node(msg)
+
+    add(b"a", "worker", 0)
+    add(b"a", "worker", 1)  # the same connection again: dropped (logged), not counted
+    add(b"b", "worker", 0)
+    assert len(reg.pending) == 1 and "already claimed" in refused[-1]
+    reg.pending = list(reg.pending)  # replaced from outside: the indexes are read again
+    for r in range(1, W):
+        add(bytes([r]) + b"w", "worker", r)
+    add(b"extra", "worker", -1)
+    assert len(reg.pending) == W and "too many workers" in refused[-1]

@@ -132,6 +132,26 @@ class EstimateTable:
         self._last.flat[links] = np.fmax(self._last.flat[links], newest)
         return int(flat.size)
 
+    def observe_medians(
+        self, seq: np.ndarray, src: np.ndarray, dst: np.ndarray, rate: np.ndarray, t_end: np.ndarray
+    ) -> int:
+        """One sample per report (``seq``) and link: the median rate of that report's samples
+        of the link, ending at their latest ``t_end``, blended in report order
+        (:meth:`observe_rates`). Arrays of node indices within the table."""
+        n = self._n
+        key = (seq * n + src) * n + dst  # (report, link)
+        order = np.argsort(key, kind="stable")
+        k = key[order]
+        cut = np.flatnonzero(k[1:] != k[:-1]) + 1
+        lo, hi = np.r_[0, cut], np.r_[cut, order.size]
+        if lo.size < order.size:  # a link with several samples in a report: by rate in it
+            many = np.repeat(hi - lo > 1, hi - lo)
+            sub = order[many]
+            order[many] = sub[np.lexsort((rate[sub], key[sub]))]
+        mid = order[lo + (hi - lo) // 2]
+        last = np.maximum.reduceat(t_end[order], lo) if order.size else np.zeros(0)
+        return self.observe_rates(src[mid], dst[mid], rate[mid], last)
+
     def observe_all(self, samples: Iterable[Sample | tuple]) -> int:
         """Add samples ``(src, dst, size_bytes, t_start, t_end)`` in order; returns how many
         were used."""

@@ -18,7 +18,7 @@ import numpy as np
 
 from hetps.balance.network import Network
 
-__all__ = ["HostMap", "per_host_network"]
+__all__ = ["HostMap", "per_host_network", "row_lookup", "rows_of"]
 
 
 class HostMap:
@@ -54,3 +54,20 @@ def per_host_network(net: Network, servers: Sequence[int], hosts: HostMap, pushe
     factor = len(rows) / float(k.sum())
     up[srv], down[srv] = up[srv] * factor, down[srv] * factor
     return Network(up, down)
+
+
+def row_lookup(ids: Sequence[int], rows: Sequence[int]) -> np.ndarray:
+    """A table from node id to row of the link model (-1: no node), for :func:`rows_of`."""
+    lookup = np.full(max(ids, default=0) + 1, -1, dtype=np.int64)
+    lookup[np.asarray(ids, dtype=np.int64)] = rows
+    return lookup
+
+
+def rows_of(lookup: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The rows of an array of node ids (as floats, from a report); -1 for what names no
+    node (out of range, not a whole number, not finite)."""
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(ids) & (ids >= 0) & (ids < len(lookup)) & (ids == np.floor(ids))
+    out = np.full(len(ids), -1, dtype=np.int64)
+    out[ok] = lookup[ids[ok].astype(np.int64)]
+    return out

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
-from hetps.balance.hosts import HostMap, per_host_network
+from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear
 from hetps.balance.reports import sample_array, times_array
@@ -77,6 +77,7 @@ class Planner:
         self.n_nodes = num_workers if colocate else num_workers + num_servers
         self.table = EstimateTable(self.n_nodes, alpha=alpha)
         self.slices: list[Slice] | None = None
+        self._layout: tuple[tuple[int, ...], list[Slice]] = ((), [])  # (sizes, their slices)
         self.assignment: np.ndarray | None = None
         self.shares: np.ndarray | None = None
         self.epoch = 0
@@ -140,22 +141,12 @@ class Planner:
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """:meth:`index` of an array of node ids (as floats); -1 for what names no node."""
-        lookup = self._lookup
-        with np.errstate(invalid="ignore"):
-            ok = np.isfinite(ids) & (ids >= 0) & (ids < len(lookup)) & (ids == np.floor(ids))
-        out = np.full(len(ids), -1, dtype=np.int64)
-        out[ok] = lookup[ids[ok].astype(np.int64)]
-        return out
+        return rows_of(self._lookup, ids)
 
     def _rows(self) -> None:
         """The node id -> row table of :meth:`rows_of`."""
-        top = max(P.server_id(self.S - 1), P.worker_id(self.W - 1)) + 1
-        lookup = np.full(top, -1, dtype=np.int64)
-        for r in range(self.S):
-            lookup[P.server_id(r)] = r
-        for r in range(self.W):
-            lookup[P.worker_id(r)] = self.index(P.worker_id(r))
-        self._lookup = lookup
+        ids = [P.server_id(r) for r in range(self.S)] + [P.worker_id(r) for r in range(self.W)]
+        self._lookup = row_lookup(ids, [self.index(i) for i in ids])
 
     def use_hosts(self, groups: list[int]) -> None:
         """The workers' host groups (by rank; -1: a host of its own), before any report was
@@ -253,20 +244,7 @@ class Planner:
             # rows; plans read the per-node rates (a round's median per report and link is
             # most of a round's work at 4,096 workers)
             return self.links.observe_arrays(i, j, t0, t1, nbytes)
-        rate = nbytes / (t1 - t0)
-        n = self.n_nodes
-        key = (seq.astype(np.int64) * n + i) * n + j  # (report, link)
-        order = np.argsort(key, kind="stable")
-        k = key[order]
-        cut = np.flatnonzero(k[1:] != k[:-1]) + 1
-        lo, hi = np.r_[0, cut], np.r_[cut, order.size]
-        if lo.size < order.size:  # a link with several samples in a report: by rate in it
-            many = np.repeat(hi - lo > 1, hi - lo)
-            sub = order[many]
-            order[many] = sub[np.lexsort((rate[sub], key[sub]))]
-        mid = order[lo + (hi - lo) // 2]  # the median rate of each report's link
-        t_end = np.maximum.reduceat(t1[order], lo)
-        self.table.observe_rates(i[mid], j[mid], rate[mid], t_end)
+        self.table.observe_medians(seq.astype(np.int64), i, j, nbytes / (t1 - t0), t1)
         self.links.observe_arrays(i, j, t0, t1, nbytes)
 
     def used_links(self) -> np.ndarray:
@@ -316,7 +294,9 @@ class Planner:
         self._ensure_hosts(sched)
         sizes = b.sizes
         if sizes is not None:  # the layout, first time or grown by later inits
-            slices = layout(sizes, self.slice_elems)
+            if tuple(sizes) != self._layout[0]:  # (every worker's first report brings it)
+                self._layout = (tuple(sizes), layout(sizes, self.slice_elems))
+            slices = self._layout[1]
             where = b.assign
             if where is None or len(where) != len(slices):
                 sched.reply(msg, {"error": "balance report: 'assign' must give a server per slice"})

@@ -48,6 +48,13 @@ class Registration:
     def __init__(self, sched: Any) -> None:
         self.sched = sched
         self.pending: list[Pending] = []
+        # what the pending registrations hold, for O(1) checks of each new one (a walk of
+        # them per registration was O(N^2) a start): their connections, the count per role
+        # and the ranks claimed; read again when ``pending`` was changed from outside
+        self._origins: set[bytes] = set()
+        self._per_role: dict[str, int] = {}
+        self._claims: dict[tuple[str, int], Pending] = {}
+        self._seen: tuple[int, int] = (0, 0)
         self.refusals: deque[float] = deque()
         self.pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
         # AES-256 of one block per pair (a pseudo-random function of the pair): every pair of
@@ -61,7 +68,8 @@ class Registration:
             log.warning("scheduler: refused a malformed registration %r", msg.body)
             return
         origin = msg.origin
-        if any(p.origin == origin for p in self.pending):
+        self._index()
+        if origin in self._origins:
             log.warning("scheduler: refused a second registration on one connection")
             return
         want = b.want_rank
@@ -94,7 +102,7 @@ class Registration:
                 f"servers, {self.sched.cfg.num_worker} workers): check DMLC_NUM_SERVER/"
                 "DMLC_NUM_WORKER and that no old job uses this scheduler port"
             )
-        elif sum(1 for p in self.pending if p.role == role) >= limit:
+        elif self._per_role.get(role, 0) >= limit:
             refusal = (
                 f"too many {role}s: the scheduler expects {limit} "
                 f"(DMLC_NUM_{role.upper()}={limit} on the scheduler)"
@@ -102,7 +110,7 @@ class Registration:
         elif want >= limit:
             refusal = f"{role} rank {want} (HETPS_LAUNCH_RANK) is not below {limit}"
         elif want >= 0:
-            rival = next((p for p in self.pending if p.role == role and p.want_rank == want), None)
+            rival = self._claims.get((role, want))
             if rival is not None:
                 refusal = (
                     f"{role} rank {want} (HETPS_LAUNCH_RANK) is already claimed by "
@@ -120,6 +128,7 @@ class Registration:
             return
         group = b.host_group if role == "worker" else -1
         self.pending.append(Pending(origin, role, host, port, msg.req, want, group))
+        self._add(self.pending[-1])
         self.sched.send_to(
             origin,
             Message(
@@ -131,6 +140,21 @@ class Registration:
         )
         if len(self.pending) == self.sched.expected:
             self.assign()
+
+    def _add(self, p: Pending) -> None:
+        self._origins.add(p.origin)
+        self._per_role[p.role] = self._per_role.get(p.role, 0) + 1
+        if p.want_rank >= 0:
+            self._claims.setdefault((p.role, p.want_rank), p)
+        self._seen = (id(self.pending), len(self.pending))
+
+    def _index(self) -> None:
+        """Read the pending registrations again if they changed from outside."""
+        if self._seen != (id(self.pending), len(self.pending)):
+            self._origins, self._per_role, self._claims = set(), {}, {}
+            for p in self.pending:
+                self._add(p)
+            self._seen = (id(self.pending), len(self.pending))
 
     def refuse(self, origin: bytes, host: str, port: int, back: bytes, req: int, text: str):
         """Answer a registration with a refusal (over a connection of its own, closed after)."""
