@@ -51,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,8 +204,11 @@ class SimNode:
 class SimCluster:
     """N simulated nodes speaking the real protocol to one scheduler, in this process."""
 
-    def __init__(self, port: int, servers: int, workers: int) -> None:
+    def __init__(self, port: int, servers: int, workers: int, per_host: int = 1) -> None:
         n = servers + workers
+        # hosts of ``per_host`` workers (HETPS_HOST_GROUP r // per_host); 1: no groups, every
+        # worker a host of its own
+        self.per_host = per_host
         self.ctx = zmq.Context(io_threads=2)
         self.ctx.set(zmq.MAX_SOCKETS, n + 64)
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -230,6 +234,7 @@ class SimCluster:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self.unknown = 0
+        self.total: Counter[str] = Counter()  # messages received per command
         self.keep_refused: bytes | None = None
         self._thread = threading.Thread(target=self._recv_loop, daemon=True, name="sim-recv")
         self._thread.start()
@@ -263,7 +268,9 @@ class SimCluster:
                         self.unknown += 1
                     else:
                         node.got.setdefault(got.cmd, []).append(got)
-                    self._cond.notify_all()
+                        self.total[got.cmd] += 1
+            with self._cond:  # once per batch: a waiter's check costs no O(N) per message
+                self._cond.notify_all()
 
     def wait_for(self, pred: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``pred()`` (checked under the receive lock) holds, or ``timeout``."""
@@ -311,21 +318,34 @@ class SimCluster:
                 "back": x.back,
                 "want_rank": x.rank,
             }
+            if x.role == "worker" and self.per_host > 1:
+                body["host_group"] = x.rank // self.per_host
             self.send(x, Message(P.ADD_NODE, req=1, body=body))
         t_sent = time.perf_counter()
-        ok = self.wait_for(lambda: self.count(P.NODES) == len(self.nodes), timeout)
+        ok = self.wait_for(lambda: self.total[P.NODES] >= len(self.nodes), timeout)
         with self._cond:
             tables = [x.got.get(P.NODES, [None])[0] for x in self.nodes]
         have = [g for g in tables if g is not None and g.body is not None]
         n = len(self.nodes)
         problems = []
+        known: dict[bytes, bool] = {}  # a table (the same bytes for every node) read once
         for x, g in zip(self.nodes, tables, strict=True):
             if g is None or g.body is None:
                 continue
             x.id = int(g.body["id"])
             want = P.server_id(x.rank) if x.role == "server" else P.worker_id(x.rank)
             peers = len(self.workers) if x.role == "server" else len(self.servers)
-            if x.id != want or len(g.body["nodes"]) != n or len(g.body["out"]) != peers:
+            listed = g.body["nodes"]
+            if isinstance(listed, bytes):
+                if listed not in known:
+                    rows = msgpack.unpackb(listed, raw=False)
+                    known[listed] = len(rows) == n and all(len(r) == 5 for r in rows)
+                whole = known[listed]
+            else:
+                whole = len(listed) == n
+            groups = dict(g.body.get("groups", []))
+            grouped = self.per_host == 1 or len(groups) == len(self.workers)
+            if x.id != want or not whole or len(g.body["out"]) != peers or not grouped:
                 problems.append(x.index)
         t_last = max((g.t for g in have), default=float("nan"))
         return {
@@ -341,15 +361,13 @@ class SimCluster:
     def barrier(self, rnd: int, timeout: float, skip: frozenset[int] = frozenset()) -> dict:
         """Every node but ``skip`` (indices) enters a barrier of group ``all``."""
         since = {x.index: len(x.got.get(P.BARRIER_DONE, ())) for x in self.nodes}
+        base = self.total[P.BARRIER_DONE]
         entering = [x for x in self.nodes if x.index not in skip]
         t_first = time.perf_counter()
         for x in entering:
             t_last_in = self.send(x, Message(P.BARRIER, req=100 + rnd, body={"group": "all"}))
 
-        def released() -> int:
-            return sum(1 for x in self.nodes if len(x.got.get(P.BARRIER_DONE, ())) > since[x.index])
-
-        ok = self.wait_for(lambda: released() == len(self.nodes), timeout)
+        ok = self.wait_for(lambda: self.total[P.BARRIER_DONE] - base >= len(self.nodes), timeout)
         with self._cond:
             got = [
                 x.got[P.BARRIER_DONE][since[x.index]]
@@ -368,6 +386,7 @@ class SimCluster:
     def heartbeats(self, sched: SchedulerProcess, interval: float, periods: int) -> dict:
         """One heartbeat per node per ``interval``, spread evenly; scheduler CPU per period."""
         self.clear(P.HEARTBEAT_ACK)
+        base = self.total[P.HEARTBEAT_ACK]
         n = len(self.nodes)
         idle0, t_idle0 = sched.cpu(), time.perf_counter()
         time.sleep(interval)
@@ -388,10 +407,7 @@ class SimCluster:
         t_end = t0 + periods * interval
         if time.perf_counter() < t_end:
             time.sleep(t_end - time.perf_counter())
-        ok = self.wait_for(
-            lambda: sum(len(x.got.get(P.HEARTBEAT_ACK, ())) for x in self.nodes) >= sent,
-            10 * interval,
-        )
+        ok = self.wait_for(lambda: self.total[P.HEARTBEAT_ACK] - base >= sent, 10 * interval)
         c1, t1 = sched.cpu(), time.perf_counter()
         with self._cond:
             acked = sum(len(x.got.get(P.HEARTBEAT_ACK, ())) for x in self.nodes)
@@ -415,6 +431,12 @@ class SimCluster:
         n = len(self.nodes)
         caps = 1.25e8 * rng.choice([1.0, 0.5, 0.25, 0.1], size=(2, n), p=[0.55, 0.25, 0.15, 0.05])
         up, down = caps
+        k = self.per_host  # a host's workers share its link: each gets its share of it
+        first = np.array([x.index - x.rank % k for x in self.workers])
+        up[[x.index for x in self.workers]] = up[first] / k
+        down[[x.index for x in self.workers]] = down[first] / k
+        srv_idx = np.array([s.index for s in self.servers])
+        srv_ids = np.array([s.id for s in self.servers], dtype=float)
         part = SLICES_PER_SERVER * SLICE_ELEMS * 4  # bytes a worker pushes to each server
         W = len(self.workers)
         assign0 = [i % S for i in range(n_slices)]
@@ -428,33 +450,34 @@ class SimCluster:
         }
         errors: list[str] = []
         shares_ok = True
+        rows = 0
         for rnd in range(1, rounds + 1):
             self.clear(P.BALANCE_REPORT)
+            before = self.total[P.BALANCE_REPORT] + self.total["?"]
             base = time.time()
             c0 = sched.cpu()
             t_last = 0.0
+            stats = {
+                str(s.rank): [part * W, part * W / (down[s.index] + 1.0)] for s in self.servers
+            }
             for w in self.workers:
-                samples = []
-                for s in self.servers:
-                    push = min(up[w.index] / S, down[s.index] / W)
-                    pull = min(up[s.index] / W, down[w.index] / S)
-                    samples.append([w.id, s.id, part, base, base + part / push, 0])
-                    samples.append([s.id, w.id, part, base, base + part / pull])
-                stats = {
-                    str(s.rank): [part * W, part * W / (down[s.index] + 1.0)] for s in self.servers
-                }
-                body: dict[str, Any] = {"round": rnd, "samples": samples, "server_times": stats}
+                # a push and a pull sample per server, as one float64 array (the agent's form)
+                push = np.minimum(up[w.index] / S, down[srv_idx] / W)
+                pull = np.minimum(up[srv_idx] / W, down[w.index] / S)
+                samples = np.zeros((2 * S, 6))
+                samples[0::2, 0], samples[0::2, 1] = w.id, srv_ids
+                samples[1::2, 0], samples[1::2, 1] = srv_ids, w.id
+                samples[:, 2], samples[:, 3] = part, base
+                samples[0::2, 4], samples[1::2, 4] = base + part / push, base + part / pull
+                body: dict[str, Any] = {"round": rnd, "server_times": stats}
                 if rnd == 1:
                     body["sizes"] = [n_slices * SLICE_ELEMS]
                     body["assign"] = assign0
-                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body)
+                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=[samples])
                 t_last = self.send(w, msg)
                 out["report_bytes"].append(msg.nbytes)
             ok = self.wait_for(
-                lambda: (
-                    sum(1 for x in self.workers if x.got.get(P.BALANCE_REPORT) or x.got.get("?"))
-                    == W
-                ),
+                lambda before=before: self.total[P.BALANCE_REPORT] + self.total["?"] - before >= W,
                 timeout,
             )
             bad = self.wait_for(lambda: self.count("?", self.workers) > 0, 0)
@@ -485,6 +508,8 @@ class SimCluster:
                 break
             out["msg_bytes"].append(median(g.raw_bytes for g in got))
             out["msg_bytes_max"].append(max(g.raw_bytes for g in got))  # rank 0's: the matrix
+            rates = next((g.body.get("node_rates") for g in got if g.body), None) or {}
+            rows = len(rates.get("up", ()))  # (rank 0's, while the model is small)
             b = got[0].body or {}
             if "error" in b:
                 errors.append(f"round {rnd}: planner error: {b['error']}")
@@ -503,6 +528,7 @@ class SimCluster:
             "errors": errors,
             "shares_ok": shares_ok,
             "rounds": len(out["latency_s"]),
+            "rows": rows,  # rows of the link model rank 0 was told (0: not told)
             "n_slices": n_slices,
             **{k + "_all": v for k, v in out.items()},
             **{k: median(v) for k, v in out.items()},
@@ -512,6 +538,8 @@ class SimCluster:
 def run_cluster(
     n: int,
     servers_frac: float = 0.25,
+    per_host: int = 1,
+    per_server: int = 0,
     scheme: str = "aware",
     barriers: int = 5,
     hb_interval: float = 1.0,
@@ -522,15 +550,25 @@ def run_cluster(
     skip_barrier: frozenset[int] = frozenset(),
     phases: tuple[str, ...] = ("register", "barrier", "heartbeat", "report"),
 ) -> dict:
-    """One cluster of ``n`` simulated nodes against a real scheduler process."""
-    servers = max(1, round(n * servers_frac))
-    workers = n - servers
-    raise_fd_limit(8 * n + 256)
+    """One cluster of ``n`` simulated nodes against a real scheduler process; with
+    ``per_server`` M, ``n`` workers and n / M servers; workers in hosts of ``per_host``."""
+    if per_server:
+        workers, servers = n, max(1, n // per_server)
+    else:
+        servers = max(1, round(n * servers_frac))
+        workers = n - servers
+    raise_fd_limit(8 * (servers + workers) + 256)
     sched = SchedulerProcess(servers, workers, scheme, hb_interval)
     sim = None
-    res: dict[str, Any] = {"n": n, "servers": servers, "workers": workers, "scheme": scheme}
+    res: dict[str, Any] = {
+        "n": n,
+        "servers": servers,
+        "workers": workers,
+        "hosts": -(-workers // per_host),
+        "scheme": scheme,
+    }
     try:
-        sim = SimCluster(sched.port or 0, servers, workers)
+        sim = SimCluster(sched.port or 0, servers, workers, per_host)
         c0 = sched.cpu()
         res["register"] = reg = sim.register(timeout)
         reg["sched_cpu_s"] = sched.cpu() - c0
@@ -791,7 +829,7 @@ def report(results: dict) -> None:
             lambda x: fmt(x, ".0f"),
         ),
         (
-            "plan message to rank 0 (bytes, with the link matrix)",
+            "largest plan message (bytes: rank 0's, with the link matrix up to 128 rows)",
             lambda c: c.get("report", {}).get("msg_bytes_max"),
             lambda x: fmt(x, ".0f"),
         ),
@@ -875,6 +913,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="16,64,256,1024", help="total nodes, comma-separated")
     ap.add_argument("--quick", action="store_true", help="N=16,64, fewer repeats (CI)")
     ap.add_argument("--servers-frac", type=float, default=0.25, help="share of servers")
+    ap.add_argument(
+        "--workers-per-host",
+        type=int,
+        default=1,
+        metavar="K",
+        help="workers in hosts of K (HETPS_HOST_GROUP); 1: every worker a host of its own",
+    )
+    ap.add_argument(
+        "--workers-per-server",
+        type=int,
+        default=0,
+        metavar="M",
+        help="the sizes count workers, with one server per M of them (instead of --servers-frac)",
+    )
     ap.add_argument("--scheme", default="aware", help="HETPS_BALANCE of the scheduler")
     ap.add_argument("--barriers", type=int, default=5)
     ap.add_argument("--hb-interval", type=float, default=1.0)
@@ -912,6 +964,8 @@ def main(argv: list[str] | None = None) -> int:
             c = run_cluster(
                 n,
                 args.servers_frac,
+                args.workers_per_host,
+                args.workers_per_server,
                 args.scheme,
                 args.barriers,
                 args.hb_interval,

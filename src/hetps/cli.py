@@ -33,9 +33,9 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
     from hetps.config import ConfigError, env_value, user_threads
-    from hetps.launch.contract import LaunchSpec, balance_env, server_device_env
+    from hetps.launch.contract import LaunchSpec, balance_env, places_by_host, server_device_env
     from hetps.launch.local import run_cluster
-    from hetps.launch.wrappers import read_hostfile, ssh_wrapper
+    from hetps.launch.wrappers import read_hostfile_slots, ssh_wrapper, worker_hosts
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -79,6 +79,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
             "hetps launch: --rejoin with --balance: joining a running job is not built with "
             "the network-aware plans; leave out one of them"
         )
+    if args.nproc_per_node and args.launcher == "ray":
+        raise SystemExit(
+            "hetps launch: --nproc-per-node is for --launcher local and ssh; under Ray every "
+            "worker learns its host from the Ray node its actor runs on"
+        )
     if args.launcher == "ray":
         from hetps.launch.ray import cli_launch
 
@@ -94,7 +99,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
         elastic_min=args.elastic,
         rejoin_workers=args.rejoin,
         replicas=args.replicas,
+        nproc_per_node=args.nproc_per_node,
     )
+    if args.nproc_per_node < 0:
+        raise SystemExit("hetps launch: --nproc-per-node must be >= 1 (workers per host)")
     if args.elastic and not (1 <= args.elastic <= args.num_workers):
         raise SystemExit(
             f"hetps launch: --elastic {args.elastic} must be between 1 and -n ({args.num_workers})"
@@ -110,8 +118,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.launcher == "ssh":
         if not args.hostfile:
             raise SystemExit("hetps launch: --launcher ssh needs -H/--hostfile")
-        hosts = read_hostfile(args.hostfile)
+        slotted = read_hostfile_slots(args.hostfile)
+        hosts = [h for h, _ in slotted]
         spec.host = hosts[0]
+        workers_on = worker_hosts(slotted, spec.num_workers, args.nproc_per_node)
+        spec.places = places_by_host(workers_on)
         try:
             ssh = env_value("HETPS_SSH")
         except ConfigError as exc:
@@ -123,6 +134,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             num_workers=spec.num_workers,
             num_servers=spec.num_servers,
             auto_threads=user_threads(env) is None,  # as the launcher decides (its env + --env)
+            workers_on=workers_on,
         )
         if args.netem:
             raise SystemExit(
@@ -133,6 +145,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise SystemExit("hetps launch: -H/--hostfile is for --launcher ssh")
     if args.launcher == "slurm":
         from hetps.launch.slurm import run_slurm
+
+        if args.nproc_per_node:
+            raise SystemExit(
+                "hetps launch: --nproc-per-node is for --launcher local and ssh; under Slurm "
+                "ask the allocation for it (sbatch/salloc --ntasks-per-node): every worker "
+                "learns its host from its Slurm node"
+            )
 
         if args.netem or args.colocate:
             raise SystemExit(
@@ -376,6 +395,17 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("-s", "--num-servers", type=int, default=None, help="default: = workers")
     la.add_argument("--launcher", choices=["local", "ssh", "slurm", "ray"], default="local")
     la.add_argument("-H", "--hostfile", default=None)
+    la.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=0,
+        metavar="K",
+        help="K workers per host (consecutive launch ranks), as torchrun's: every worker gets "
+        "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and HETPS_HOST_GROUP from it. Local: groups "
+        "of K on this machine (default: all workers on the one host; with --netem, each "
+        "emulated host runs K); ssh: K per hostfile host (default: its slots=N, else "
+        "round-robin). Slurm and Ray know each worker's host by themselves",
+    )
     la.add_argument(
         "--ray-address",
         default=None,

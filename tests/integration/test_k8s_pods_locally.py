@@ -22,6 +22,15 @@ import pytest
 from hetps.launch.k8s_manifests import INDEX_ANNOTATION, K8sJob
 
 ROOT = Path(__file__).resolve().parents[2]
+HOST_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "HETPS_HOST_GROUP",
+    "MASTER_ADDR",
+)
 JOB_CMD = ["python", "examples/linear_regression.py", "--epochs", "1", "--num-samples", "2000"]
 
 
@@ -117,6 +126,13 @@ def test_the_manifests_pods_run_the_example_with_their_own_env(kind):
                 assert env["HETPS_METRICS_HOST"] == env["DMLC_PS_ROOT_URI"]
                 env["HETPS_METRICS_PORT"] = "0"  # any free port here (a pod has its own)
             assert env["HETPS_SECRET"] and len(env["HETPS_SECRET"]) == 64
+            # torchrun's variables: a worker pod is a host of one worker; other pods get none
+            host = {k: env.get(k) for k in HOST_VARS}
+            if role == "worker":
+                i = str(index)
+                assert host == dict(zip(HOST_VARS, [i, "2", "0", "1", i, i, None], strict=True))
+            else:
+                assert host == dict.fromkeys(HOST_VARS)
             proc = subprocess.Popen(
                 container["command"],
                 env={**image_env, **env},

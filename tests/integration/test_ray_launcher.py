@@ -244,6 +244,10 @@ PROBE = textwrap.dedent("""
     kv = hetps.kv.create("dist_sync")
     print("PROBE", kv.rank, os.environ["HETPS_LAUNCH_RANK"], os.environ["DMLC_NODE_HOST"],
           os.environ["DMLC_PS_ROOT_URI"], len(secret), on_cmdline, os.getcwd(), flush=True)
+    host = [os.environ.get(k, "-") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE", "GROUP_RANK", "HETPS_HOST_GROUP", "MASTER_ADDR")]
+    table = {n.rank: n.group for n in kv.node.workers()}  # as the scheduler's table says
+    print("HOSTVARS", kv.rank, *host, table[0], table[1], flush=True)
     kv.barrier()
 """)
 
@@ -278,6 +282,16 @@ def test_run_job_places_the_scheduler_on_the_head_and_spreads_the_rest(ray_clust
         assert secret_len == "64"  # a fresh secret for the job ...
         assert on_cmdline == "0"  # ... on no command line of this machine
         assert cwd == str(tmp_path)
+    # torchrun's variables: a worker's host is the Ray node its actor ran on
+    hostvars = {int(r): rest.split() for r, rest in re.findall(r"HOSTVARS (\d) (.*)$", text, re.M)}
+    assert sorted(hostvars) == [0, 1], text
+    node_of = [result.nodes[f"worker {r}"]["node_id"] for r in (0, 1)]
+    for r, (rank, world, local, lsize, group, hgroup, master, g0, g1) in hostvars.items():
+        assert (rank, world, master) == (str(r), "2", "-"), text
+        assert group == hgroup and [g0, g1][r] == group, text  # the scheduler's table agrees
+        same = node_of[0] == node_of[1]
+        assert lsize == ("2" if same else "1") and local == (str(r) if same else "0"), text
+    assert (hostvars[0][4] == hostvars[1][4]) == (node_of[0] == node_of[1]), text
     # the job's placement group is gone
     assert all(pg["state"] == "REMOVED" for pg in _placement_groups(address).values())
 

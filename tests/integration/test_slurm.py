@@ -103,6 +103,18 @@ for d in os.listdir('/proc'):
 print(f"ROLE rank={kv.rank} procid={os.environ['SLURM_PROCID']} "
       f"launch_rank={os.environ['HETPS_LAUNCH_RANK']} threads={os.environ.get('OMP_NUM_THREADS')} "
       f"secret={len(secret)} on_cmdline={seen}", flush=True)
+names = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'HETPS_HOST_GROUP',
+         'MASTER_ADDR')
+groups = ','.join(str(n.group) for n in kv.node.workers())  # the scheduler's node table
+print("HOSTVARS", kv.rank, *[os.environ.get(k, '-') for k in names], groups, flush=True)
+for d in os.listdir('/proc'):  # the job's servers and scheduler get none of them
+    try:
+        raw = open(f'/proc/{d}/environ', 'rb').read()
+    except OSError:
+        continue
+    env = dict(i.decode().split('=', 1) for i in raw.split(b'\\0') if b'=' in i)
+    if env.get('HETPS_SECRET') == secret and env.get('DMLC_ROLE') in ('server', 'scheduler'):
+        print('OTHER', env['DMLC_ROLE'], [k for k in names if k in env], flush=True)
 kv.init(0, np.zeros(5, dtype=np.float32))
 kv.push(0, np.full(5, kv.rank + 1, dtype=np.float32))
 out = np.zeros(5, dtype=np.float32)
@@ -117,8 +129,10 @@ def test_sbatch_roles_ranks_secret_and_threads(slurm, tmp_path):
     script.write_text(ROLE_SCRIPT)
     batch = tmp_path / "job.sbatch"
     batch.write_text(
-        "#!/bin/bash\n#SBATCH --ntasks=5\n"
-        f"hetps launch --launcher slurm -n 3 -s 1 -- python {script}\n"
+        # one node of 5 tasks (--ntasks-per-node): the workers share one host; a RANK
+        # left in the batch shell reaches no role
+        "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=5\n"
+        f"RANK=99 hetps launch --launcher slurm -n 3 -s 1 -- python {script}\n"
     )
     log = tmp_path / "job.out"
     res = subprocess.run(
@@ -146,6 +160,13 @@ def test_sbatch_roles_ranks_secret_and_threads(slurm, tmp_path):
         assert threads == str(max(1, min(os.cpu_count() or 1, 5) // 5)), out
     sums = re.findall(r"^\[worker \d\] SUM rank=\d \[(.*)\]$", out, re.M)
     assert sums == ["6.0, 6.0, 6.0, 6.0, 6.0"] * 3, out
+    # torchrun's variables: the three workers on the allocation's one node, local ranks in
+    # task order; the node table carries the group; no MASTER_ADDR
+    hostvars = sorted(re.findall(r"^\[worker \d\] HOSTVARS (.*)$", out, re.M))
+    assert hostvars == [f"{r} {r} 3 {r} 3 0 0 - 0,0,0" for r in range(3)], out
+    others = re.findall(r"^\[worker \d\] OTHER (\w+) (.*)$", out, re.M)
+    assert {role for role, _ in others} == {"server", "scheduler"}, out
+    assert all(found == "[]" for _, found in others), out
 
 
 def test_the_example_sbatch_script_runs(slurm, tmp_path):

@@ -86,7 +86,7 @@ class Watch:
             if t0 is not None and reply.mark is not None:  # (from its bulk channel's mark to
                 t0, now = reply.mark[0], reply.mark[2]  # when it was whole)
             if t0 is not None and reply.arrays:  # its reply, timed here
-                agent.samples.append([peer, agent.node.id, float(reply.nbytes), t0, now])
+                agent.samples.append([peer, agent.node.id, float(reply.nbytes), t0, now, 0])
         if self.noted:
             agent.note(self.server_rank, reply.nbytes, now, first=False)
 
@@ -196,7 +196,11 @@ class BalanceAgent:
             return self.plan
         probing = self._probe_round()
         with self._stats_lock:
-            stats = {str(s): [v[0], max(0.0, v[2] - v[1])] for s, v in self._stats.items()}
+            # per server: rank, bytes, seconds of the last round (one array: read in bulk)
+            times = np.array(
+                [[s, v[0], max(0.0, v[2] - v[1])] for s, v in self._stats.items()],
+                dtype=np.float64,
+            ).reshape(-1, 3)
             self._stats = {}
         old, self.samples = self.samples, deque(maxlen=MAX_SAMPLES)
         samples = list(old)
@@ -206,7 +210,10 @@ class BalanceAgent:
                 "kv.rebalance() once per round so the planner gets them all",
                 MAX_SAMPLES,
             )
-        body = {"round": self._round, "samples": samples, "server_times": stats}
+        # the samples as one float64 array (src, dst, bytes, t0, t1, kind): the planner reads
+        # every report's in bulk
+        table = np.array(samples, dtype=np.float64).reshape(-1, 6)
+        body = {"round": self._round}
         if self._spread_made:  # a turn of the planner's spread rotation, even if all failed
             body["spread_done"], self._spread_made = self._spread_made[:2], None
         fresh, self._recalibrated = self._recalibrated, False
@@ -217,7 +224,9 @@ class BalanceAgent:
             body["sizes"] = [self.kv.meta[k].size for k in self.kv.order]
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self.kv.order)
-        fut = self.node.request(1, Message(P.BALANCE_REPORT, body=body), what="balance report")
+        fut = self.node.request(
+            1, Message(P.BALANCE_REPORT, body=body, arrays=[table, times]), what="balance report"
+        )
         # this report carries a new cycle's readings, or the last probing round's probe
         news = fresh or self._probed_at == self._round - self.cfg.replan_every
         if self.plan is None or "sizes" in body or probing or news:

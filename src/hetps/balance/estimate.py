@@ -97,6 +97,61 @@ class EstimateTable:
         self._last[i, j] = float(t_end) if math.isnan(last) else max(last, float(t_end))
         return True
 
+    def observe_rates(
+        self, src: np.ndarray, dst: np.ndarray, rate: np.ndarray, t_end: np.ndarray
+    ) -> int:
+        """Add rate samples (bytes/s) as arrays, in their order: the same estimates as
+        :meth:`observe` of each in turn (a link named twice blends twice, in order), computed
+        per link in one pass. Samples outside the nodes, from a node to itself, or with a rate
+        that is not finite and positive are ignored; returns how many were used."""
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        rate, t_end = np.asarray(rate, dtype=float), np.asarray(t_end, dtype=float)
+        n, a = self._n, self._alpha
+        ok = (
+            (src >= 0) & (src < n) & (dst >= 0) & (dst < n) & (src != dst)
+            & np.isfinite(rate) & (rate > 0) & np.isfinite(t_end)
+        )  # fmt: skip
+        flat = (src * n + dst)[ok]
+        order = np.argsort(flat, kind="stable")  # each link's samples, in their order
+        flat, rate, t_end = flat[order], rate[ok][order], t_end[ok][order]
+        if not flat.size:
+            return 0
+        links, start, counts = np.unique(flat, return_index=True, return_counts=True)
+        pos = np.arange(flat.size) - np.repeat(start, counts)
+        c = np.repeat(counts, counts)
+        # after c blends of v_0..v_(c-1): (1-a)^c E + sum_k a (1-a)^(c-1-k) v_k; a link's
+        # first sample ever is taken whole (weight (1-a)^(c-1), nothing of E)
+        fresh = self._count.flat[links] == 0
+        w = a * (1.0 - a) ** (c - 1 - pos)
+        w = np.where(np.repeat(fresh, counts) & (pos == 0), (1.0 - a) ** (c - 1), w)
+        blended = np.add.reduceat(w * rate, start)
+        prior = np.where(fresh, 0.0, (1.0 - a) ** counts * np.nan_to_num(self._est.flat[links]))
+        self._est.flat[links] = prior + blended
+        self._count.flat[links] += counts
+        newest = np.maximum.reduceat(t_end, start)
+        self._last.flat[links] = np.fmax(self._last.flat[links], newest)
+        return int(flat.size)
+
+    def observe_medians(
+        self, seq: np.ndarray, src: np.ndarray, dst: np.ndarray, rate: np.ndarray, t_end: np.ndarray
+    ) -> int:
+        """One sample per report (``seq``) and link: the median rate of that report's samples
+        of the link, ending at their latest ``t_end``, blended in report order
+        (:meth:`observe_rates`). Arrays of node indices within the table."""
+        n = self._n
+        key = (seq * n + src) * n + dst  # (report, link)
+        order = np.argsort(key, kind="stable")
+        k = key[order]
+        cut = np.flatnonzero(k[1:] != k[:-1]) + 1
+        lo, hi = np.r_[0, cut], np.r_[cut, order.size]
+        if lo.size < order.size:  # a link with several samples in a report: by rate in it
+            many = np.repeat(hi - lo > 1, hi - lo)
+            sub = order[many]
+            order[many] = sub[np.lexsort((rate[sub], key[sub]))]
+        mid = order[lo + (hi - lo) // 2]
+        last = np.maximum.reduceat(t_end[order], lo) if order.size else np.zeros(0)
+        return self.observe_rates(src[mid], dst[mid], rate[mid], last)
+
     def observe_all(self, samples: Iterable[Sample | tuple]) -> int:
         """Add samples ``(src, dst, size_bytes, t_start, t_end)`` in order; returns how many
         were used."""

@@ -86,7 +86,20 @@ class LinkEstimator:
         self._last_turn[(way, node)] = self.spreads_seen
 
     def observe_nodes(self, samples: list[tuple[int, int, float, float, float]]) -> None:
-        """Update the per-node rates from one round's samples ``(src, dst, t0, t1, bytes)``.
+        """:meth:`observe_arrays` of one round's samples ``(src, dst, t0, t1, bytes)``."""
+        a = np.asarray(samples, dtype=float).reshape(-1, 5)
+        self.observe_arrays(a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), *a[:, 2:].T)
+
+    def observe_arrays(
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        t0: np.ndarray,
+        t1: np.ndarray,
+        nbytes: np.ndarray,
+    ) -> None:
+        """Update the per-node rates from one round's samples, as arrays (rows of nodes
+        ``0..n_nodes-1``; a host's workers share its row, so its rate is its link's).
 
         A node's sending rate is everything it was seen sending (its worker's pushes and its
         server's replies) over the union of those messages' transfer intervals, the time its
@@ -95,24 +108,16 @@ class LinkEstimator:
         splits it between flows from moment to moment, which is what makes per-link samples
         so noisy. The intervals come from different receivers' clocks: on one host they agree;
         across hosts NTP's few milliseconds are small against a round's transfers."""
-        by_node: tuple[dict, dict] = ({}, {})  # one pass: per sender, per receiver
-        for x in samples:
-            by_node[0].setdefault(x[0], []).append(x)
-            by_node[1].setdefault(x[1], []).append(x)
-        for k in range(self.n_nodes):
-            for est, col in ((self.up, 0), (self.down, 1)):
-                mine = by_node[col].get(k, [])
-                total = sum(x[4] for x in mine)
-                if total < NODE_MIN_BYTES:
-                    continue
-                busy = _union_length([(x[2], x[3]) for x in mine])
-                if busy <= 0:
-                    continue
-                rate = total / busy
-                old = est[k]
-                fresh = np.isnan(old) or self._replace_busy
-                est[k] = rate if fresh else old + self.node_alpha * (rate - old)
-        if samples:
+        n = self.n_nodes
+        for est, ends in ((self.up, src), (self.down, dst)):
+            total = np.bincount(ends, weights=nbytes, minlength=n)[:n]
+            busy = union_lengths(ends, t0, t1, n)
+            k = np.flatnonzero((total >= NODE_MIN_BYTES) & (busy > 0))
+            rate = total[k] / busy[k]
+            old = est[k]
+            fresh = np.isnan(old) | self._replace_busy
+            est[k] = np.where(fresh, rate, old + self.node_alpha * (rate - old))
+        if len(src):
             self._replace_busy = False
 
     def observe_probe(self, src: int, dst: int, rate: float, rnd: int = -1) -> None:
@@ -323,6 +328,25 @@ def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> flo
         rest = total - SPREAD_TAIL_MARGIN * cap * (ends[-1] - t2)
         rate = max(rate, rest / (t2 - t_start))
     return rate
+
+
+def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> np.ndarray:
+    """Per group ``0..n-1``, the total length its intervals ``[t0, t1)`` cover (overlaps
+    counted once): one sort of every interval, then per group a running maximum of the ends
+    (a loop over the groups present, not over the intervals)."""
+    out = np.zeros(n)
+    if not len(group):
+        return out
+    by_start = np.argsort(t0)
+    order = by_start[np.argsort(group[by_start], kind="stable")]  # by group, then start
+    g, a, b = group[order], t0[order], t1[order]
+    cut = np.flatnonzero(np.diff(g)) + 1
+    for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(g)], strict=True):
+        ends = np.maximum.accumulate(b[lo:hi])
+        before = np.r_[-np.inf, ends[:-1]]
+        seg = np.maximum(b[lo:hi] - np.maximum(a[lo:hi], before), 0.0)
+        out[g[lo]] = float(np.cumsum(seg)[-1])  # (summed in order, as _union_length does)
+    return out
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:

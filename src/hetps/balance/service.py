@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 
 from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
+from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear
+from hetps.balance.reports import sample_array, times_array
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
 from hetps.balance.wire import pack_plan, reply_parts
@@ -35,6 +37,12 @@ from hetps.transport.codec import Message
 log = logging.getLogger("hetps.planner")
 
 REPORT = P.BALANCE_REPORT
+#: samples one report may carry (the balance agent keeps at most 100,000 between reports)
+MAX_REPORT_SAMPLES = 1 << 17
+#: worker rank 0's answer carries the link matrix and the node rates (for reports and plots)
+#: while the link model has at most this many rows (hosts and servers): an N x N matrix to one
+#: worker every round is 8 MB at N=1,024; beyond, the answer is the plan alone (O(servers))
+REPORT_MAX_NODES = 128
 
 
 class Planner:
@@ -56,6 +64,9 @@ class Planner:
             raise ValueError("colocated servers need as many servers as workers")
         self.scheme = scheme
         self.W, self.S = num_workers, num_servers
+        # hosts: a worker's row is its host's (use_hosts); until known, each worker its own
+        self.hosts = HostMap([-1] * num_workers)
+        self._hosts_read = False
         self.colocate = colocate
         self.slice_elems = slice_elems
         self.probe_num = probe_num
@@ -66,13 +77,14 @@ class Planner:
         self.n_nodes = num_workers if colocate else num_workers + num_servers
         self.table = EstimateTable(self.n_nodes, alpha=alpha)
         self.slices: list[Slice] | None = None
+        self._layout: tuple[tuple[int, ...], list[Slice]] = ((), [])  # (sizes, their slices)
         self.assignment: np.ndarray | None = None
         self.shares: np.ndarray | None = None
         self.epoch = 0
         self.pending: dict[int, dict[int, Message]] = {}
         # one round's samples until every worker reported it: data transfers (busy-time
         # rates) and spread flows
-        self._samples: dict[int, list[tuple[int, int, float, float, float]]] = {}
+        self._samples: dict[int, list[tuple[np.ndarray, bool]]] = {}  # (samples, calibration)
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
         # per-node caps from busy-time rates, capacity probes (a window of one permutation
@@ -99,6 +111,10 @@ class Planner:
         # every report
         self._live: set[int] = set()
         self._live_at: tuple[int, int, int] | None = None
+        # a host pushes once for all its workers (host-local aggregation): its link carries
+        # one worker's bytes; else each of its workers pushes the whole model
+        self.one_push_per_host = False
+        self._rows()
 
     @classmethod
     def from_config(cls, cfg: NodeConfig) -> Planner:
@@ -115,11 +131,46 @@ class Planner:
 
     # network node index of a ps-lite id
     def index(self, node_id: int) -> int:
-        """Row/column of ``node_id`` in the link matrix."""
+        """Row/column of ``node_id`` in the link matrix (a worker's is its host's)."""
         rank = P.rank_of(node_id)
         if P.role_of(node_id) == "server":
             return rank
-        return rank if self.colocate else self.S + rank
+        if self.colocate:
+            return rank
+        return self.S + int(self.hosts.host_of_rank[rank]) if 0 <= rank < self.W else -1
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """:meth:`index` of an array of node ids (as floats); -1 for what names no node."""
+        return rows_of(self._lookup, ids)
+
+    def _rows(self) -> None:
+        """The node id -> row table of :meth:`rows_of`."""
+        ids = [P.server_id(r) for r in range(self.S)] + [P.worker_id(r) for r in range(self.W)]
+        self._lookup = row_lookup(ids, [self.index(i) for i in ids])
+
+    def use_hosts(self, groups: list[int]) -> None:
+        """The workers' host groups (by rank; -1: a host of its own), before any report was
+        read: a host's workers share one row of the link model (its link, measured from all
+        of their transfers) and are planned as one (docs/BALANCE.md, "Hosts"). Without shared
+        hosts, or with co-located servers, every worker stays a row of its own."""
+        hosts = HostMap(groups)
+        if not hosts.shared or self.colocate or len(groups) != self.W:
+            return
+        self.hosts = hosts
+        self.n_nodes = self.S + hosts.n_hosts
+        self.table = EstimateTable(self.n_nodes, alpha=self.table.alpha)
+        cycle = max(hosts.n_hosts, self.S)
+        self.links = LinkEstimator(
+            self.n_nodes, self.servers, self.workers, False, cycle, alpha=self.links.node_alpha
+        )
+        self._used = None
+        self._rows()
+
+    def _ensure_hosts(self, sched: Any) -> None:
+        """Read the workers' host groups from the scheduler's node table once it is whole
+        (:meth:`live_workers` reads them in its walk of the table)."""
+        if not self._hosts_read:
+            self.live_workers(sched)
 
     @property
     def servers(self) -> list[int]:
@@ -128,8 +179,73 @@ class Planner:
 
     @property
     def workers(self) -> list[int]:
-        """Matrix indices of the workers."""
-        return list(range(self.W)) if self.colocate else list(range(self.S, self.S + self.W))
+        """Matrix indices of the workers (of their hosts: one row per host)."""
+        if self.colocate:
+            return list(range(self.W))
+        return list(range(self.S, self.S + self.hosts.n_hosts))
+
+    def node_network(self) -> Network | None:
+        """The per-node caps measured so far, as the plan functions must see them: a host's
+        caps shared by the pushes it makes (:func:`per_host_network`); None before any."""
+        net = self.links.node_network()
+        if net is None or not self.hosts.shared:
+            return net
+        pushes = np.ones(self.hosts.n_hosts) if self.one_push_per_host else self.hosts.counts
+        return per_host_network(net, self.servers, self.hosts, pushes)
+
+    def take_round(self, rnd: int, reports: list[tuple[np.ndarray, bool]]) -> None:
+        """Every report's samples of round ``rnd``, once every worker reported it, in one
+        pass over them all (arrays, not a loop per sample): their nodes' rows (a worker's is
+        its host's), then the few capacity probes and spread flows in report order, then the
+        data transfers (:meth:`observe_round`)."""
+        if not reports:
+            return self.observe_round([])
+        samples = np.concatenate([a for a, _ in reports])
+        seq = np.repeat(np.arange(len(reports), dtype=float), [len(a) for a, _ in reports])
+        calibration = np.repeat([c for _, c in reports], [len(a) for a, _ in reports])
+        src, dst = self.rows_of(samples[:, 0]), self.rows_of(samples[:, 1])
+        nbytes, t0, t1, kind = samples[:, 2], samples[:, 3], samples[:, 4], samples[:, 5]
+        with np.errstate(invalid="ignore"):
+            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(samples).all(1)
+        # (a worker and its co-located server, or a worker and its own host: no network)
+        ok &= src != dst
+        for r in np.flatnonzero(ok & (kind == 1)):
+            i, j, rate = int(src[r]), int(dst[r]), float(nbytes[r] / (t1[r] - t0[r]))
+            judged = (
+                self._released + 1 >= CONTRADICT_FROM_ROUND
+                and t1[r] - t0[r] >= CONTRADICT_MIN_S
+                and not calibration[r]
+                and not self.detector.settling  # not right after a migration or a cycle
+            )
+            if judged and self.links.contradicts(i, j, rate):
+                self._contradicted.add(rnd)
+            self.links.observe_probe(i, j, rate, rnd)
+        spread = ok & ((kind == 2) | (kind == 3))
+        cols = (src, dst, t0, t1, nbytes, kind)
+        flows = zip(*(c[spread] for c in cols), strict=True)
+        self._spread.setdefault(rnd, []).extend(
+            (int(i), int(j), float(a), float(b), float(n), bool(k == 3))
+            for i, j, a, b, n, k in flows
+        )
+        data = ok & (kind != 1) & (kind != 2) & (kind != 3)
+        self.observe_round([np.stack((seq, src, dst, t0, t1, nbytes))[:, data]])
+
+    def observe_round(self, parts: list[np.ndarray]) -> None:
+        """A whole round's data samples, once every worker reported it: the link matrix (per
+        report and link the median rate of its messages, blended in report order) and the
+        per-node busy-time rates, in bulk."""
+        if not parts:
+            self.links.observe_arrays(*(np.zeros(0, dtype=np.int64),) * 2, *(np.zeros(0),) * 3)
+            return
+        seq, i, j, t0, t1, nbytes = np.concatenate(parts, axis=1)
+        i, j = i.astype(np.int64), j.astype(np.int64)
+        if not seq.size or self.n_nodes > REPORT_MAX_NODES:
+            # the link matrix is for reports and plots, which get it up to REPORT_MAX_NODES
+            # rows; plans read the per-node rates (a round's median per report and link is
+            # most of a round's work at 4,096 workers)
+            return self.links.observe_arrays(i, j, t0, t1, nbytes)
+        self.table.observe_medians(seq.astype(np.int64), i, j, nbytes / (t1 - t0), t1)
+        self.links.observe_arrays(i, j, t0, t1, nbytes)
 
     def used_links(self) -> np.ndarray:
         """Which ordered links carry traffic in this deployment: worker <-> server only (with
@@ -175,9 +291,12 @@ class Planner:
         """One worker's report; answer everyone once every worker reported the round."""
         b = msg.typed  # a BalanceReport: every field's type checked by the dispatch
         rnd = b.round
+        self._ensure_hosts(sched)
         sizes = b.sizes
         if sizes is not None:  # the layout, first time or grown by later inits
-            slices = layout(sizes, self.slice_elems)
+            if tuple(sizes) != self._layout[0]:  # (every worker's first report brings it)
+                self._layout = (tuple(sizes), layout(sizes, self.slice_elems))
+            slices = self._layout[1]
             where = b.assign
             if where is None or len(where) != len(slices):
                 sched.reply(msg, {"error": "balance report: 'assign' must give a server per slice"})
@@ -193,58 +312,30 @@ class Planner:
             # report's and the other workers') replace everything older
             self._calibration_rounds.add(rnd)
             self.forget_readings()
-        # the link matrix (reports, plots; plans use it only before any node rate is known):
-        # one sample per link per report, the median of its messages' rates. Bytes over the
-        # link's busy time would be steadier, but it reads 15-30% low on short phases after
-        # an idle spell (TCP's slow start), which the median ignores.
-        per_link: dict[tuple[int, int], list[tuple[float, float, float]]] = {}
-        for item in b.samples:  # (5 or 6 finite numbers each)
-            try:
-                src, dst, nbytes, t0, t1 = item[:5]
-                kind = item[5] if len(item) > 5 else 0
-                i, j = self.index(int(src)), self.index(int(dst))
-                nbytes, t0, t1 = float(nbytes), float(t0), float(t1)
-            except (TypeError, ValueError, IndexError):
-                continue
-            if not (0 <= i < self.n_nodes and 0 <= j < self.n_nodes and t1 > t0 and nbytes > 0):
-                continue
-            if i == j:  # a worker and its co-located server: never on the network
-                continue
-            if kind == 1:
-                rate = nbytes / (t1 - t0)
-                judged = (
-                    self._released + 1 >= CONTRADICT_FROM_ROUND
-                    and t1 - t0 >= CONTRADICT_MIN_S
-                    and not b.calibration
-                    and not self.detector.settling  # not right after a migration or a cycle
-                )
-                if judged and self.links.contradicts(i, j, rate):
-                    self._contradicted.add(rnd)
-                self.links.observe_probe(i, j, rate, rnd)
-            elif kind in (2, 3):  # a spread's flow (3: its forecast was stamped late)
-                self._spread.setdefault(rnd, []).append((i, j, t0, t1, nbytes, kind == 3))
-            else:
-                per_link.setdefault((i, j), []).append((t0, t1, nbytes))
-        round_samples = self._samples.setdefault(rnd, [])
-        for (i, j), items in per_link.items():
-            round_samples += [(i, j, t0, t1, n) for t0, t1, n in items]
-            rates = sorted(n / (t1 - t0) for t0, t1, n in items)
-            t_end = max(t1 for _, t1, _ in items)
-            self.table.observe(i, j, rates[len(rates) // 2], t_end - 1.0, t_end)  # 1 s at it
-        span = 0.0
-        for srank, (nbytes, secs) in b.server_times.items():
-            s = int(srank)  # (digits: a server's rank)
-            if 0 <= s < self.S and secs > 0:
-                self.history[s].append((float(nbytes), float(secs)))
-                del self.history[s][:-20]
-                span = max(span, float(secs))
-        if span > 0:  # this worker's last round: from its first request to its last answer
-            self._spans.setdefault(rnd, []).append(span)
+        # the report's arrays are kept as they came and read once the round is complete, all
+        # reports together (take_round): per report no more than these checks
+        samples = sample_array(msg.arrays, b.samples, MAX_REPORT_SAMPLES)
+        times = times_array(msg.arrays, b.server_times, MAX_REPORT_SAMPLES)
+        if isinstance(samples, str) or isinstance(times, str):
+            sched.reply(msg, {"error": samples if isinstance(samples, str) else times})
+            return
+        self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
+        rank, secs = times[:, 0], times[:, 2]
+        with np.errstate(invalid="ignore"):
+            mine = (rank >= 0) & (rank < self.S) & (rank == np.floor(rank)) & (secs > 0)
+        if mine.any():  # this worker's last round: from its first request to its last answer
+            self._spans.setdefault(rnd, []).append(float(secs[mine].max()))
+        if self.scheme == "elastic":  # (only elastic fits a line per server)
+            for s, nbytes_s, secs_s in times[mine].tolist():
+                self.history[int(s)].append((nbytes_s, secs_s))
+                del self.history[int(s)][:-20]
         done = b.spread_done  # (way, rank) or None
         if done is not None:
             self._spread_done.add(rnd)
             way, rank = done
             ends = self.workers if way == "out" else self.servers if way == "in" else []
+            if way == "out" and 0 <= rank < self.W:  # (a worker rank: its host's row)
+                rank = int(self.hosts.host_of_rank[rank])
             if 0 <= rank < len(ends):
                 self.links.spread_turn(way, ends[rank])
         self.pending.setdefault(rnd, {})[msg.sender] = msg
@@ -255,12 +346,15 @@ class Planner:
         only ever grow, so their sizes say when the set must be read again."""
         at = (len(sched.nodes), len(sched.dead), len(sched.finished))
         if at != self._live_at:
+            workers = [(nid, n) for nid, n in sched.nodes.items() if n.role == "worker"]
             self._live = {
-                nid
-                for nid, n in sched.nodes.items()
-                if n.role == "worker" and nid not in sched.dead and nid not in sched.finished
+                nid for nid, _ in workers if nid not in sched.dead and nid not in sched.finished
             }
             self._live_at = at
+            if not self._hosts_read and len(workers) == self.W:  # (the same walk)
+                self._hosts_read = True
+                groups = {P.rank_of(nid): getattr(n, "group", -1) for nid, n in workers}
+                self.use_hosts([groups.get(r, -1) for r in range(self.W)])
         return self._live
 
     def release(self, sched: Any) -> None:
@@ -272,7 +366,7 @@ class Planner:
             if len(waiting) < len(live) or not all(nid in waiting for nid in live):
                 continue
             del self.pending[rnd]
-            self.links.observe_nodes(self._samples.pop(rnd, []))
+            self.take_round(rnd, self._samples.pop(rnd, []))
             done = rnd in self._spread_done
             self.links.observe_spread(self._spread.pop(rnd, []), done=done)
             for old in [r for r in self._samples if r < rnd]:
@@ -306,7 +400,11 @@ class Planner:
             # and plots read (the link matrix, the node rates): hetps.balance.wire
             packed = pack_plan(answer)
             for m in waiting.values():
-                if P.role_of(m.sender) == "worker" and P.rank_of(m.sender) == 0:
+                if (
+                    P.role_of(m.sender) == "worker"
+                    and P.rank_of(m.sender) == 0
+                    and self.n_nodes <= REPORT_MAX_NODES
+                ):
                     extras = self.report_fields()
                     body, arrays = reply_parts(packed, extras, extras.pop("link_matrix"))
                 else:
@@ -333,7 +431,7 @@ class Planner:
 
         def predicted(assignment: np.ndarray | None):
             def fn() -> float | None:
-                net = self.links.node_network()
+                net = self.node_network()
                 if net is None or assignment is None:
                     return None
                 try:
@@ -349,10 +447,17 @@ class Planner:
 
     def spread_targets(self, live: set[int] | None = None) -> list | None:
         """The next spread probe (:meth:`LinkEstimator.spread_targets`); None when the
-        scheme does not probe."""
+        scheme does not probe. With hosts, a host's turn is its lowest-ranked worker's."""
         if self.scheme not in ("aware", "optimal"):
             return None
-        return self.links.spread_targets(live)
+        spread = self.links.spread_targets(live)
+        if spread is None or not self.hosts.shared:
+            return spread
+        way, rank, peers = spread
+        first = self.hosts.first_rank
+        if way == "out":
+            return [way, int(first[rank]), peers]
+        return [way, rank, sorted(int(first[h]) for h in peers)]
 
     def _predict(self, net: Network | None, assignment: np.ndarray) -> float | None:
         """Predicted communication time of ``assignment`` on what is known now (the link
@@ -411,7 +516,7 @@ class Planner:
             else:
                 # per-node caps only (never per-link: the model stays separable, so optimal
                 # is a closed form and aware the incremental loop, never the LP; §2.4)
-                net = self.links.node_network() or Network.from_matrix(self.link_matrix())
+                net = self.node_network() or Network.from_matrix(self.link_matrix())
                 shares = make_plan(
                     self.scheme, total, network=net, servers=self.servers, workers=self.workers
                 )

@@ -72,6 +72,7 @@ class AddNode(Body, kw_only=True):
     port: Port
     back: RoutingId
     want_rank: Annotated[int, Meta(ge=-1)] = -1
+    host_group: Annotated[int, Meta(ge=-1, lt=1 << 31)] = -1
 
 
 class View(Body, kw_only=True):

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from typing import Any
+
+import msgpack
 
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
@@ -76,6 +79,7 @@ class Enrolment:
                         "port": node.van.port,
                         "back": back,
                         "want_rank": node.cfg.launch_rank,
+                        "host_group": node.cfg.host_group if node.role == "worker" else -1,
                     },
                 ),
                 give_up=give_up,
@@ -152,7 +156,16 @@ class Enrolment:
         """The scheduler's node table: this node's id, its peers, and the routing id of each
         direction of each connection to a peer."""
         node = self.node
-        nodes = {n.id: n for n in map(NodeInfo.from_wire, body["nodes"])}
+        listed = body["nodes"]
+        if isinstance(listed, bytes):  # (the scheduler encodes the table once for all)
+            try:
+                listed = msgpack.unpackb(listed, raw=False, strict_map_key=False)
+            except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
+                raise ValueError(f"unreadable node table: {exc}") from None
+        nodes = {n.id: n for n in map(NodeInfo.from_wire, listed)}
+        for nid, group in body.get("groups", []):  # the workers' hosts (HETPS_HOST_GROUP)
+            if int(nid) in nodes and int(group) >= 0:
+                nodes[int(nid)] = replace(nodes[int(nid)], group=int(group))
         me = nodes[int(body["id"])]
         out = {int(p): routing_id(t) for p, t in body["out"]}
         into = {int(p): routing_id(t) for p, t in body["in"]}

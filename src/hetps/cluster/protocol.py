@@ -227,6 +227,8 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "port": "the port there (1-65535)",
         "back": "the routing id the scheduler connects back with (1-255 bytes)",
         "want_rank": "the rank its launcher gave it (-1: any)",
+        "host_group": "a worker's host, as its launcher numbered it (HETPS_HOST_GROUP; -1: "
+        "not known, a host of its own)",
     },
     HEARTBEAT: {},
     FINISH: {},
@@ -311,6 +313,10 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "samples": "[[src, dst, bytes, t0, t1, kind], ...] link samples (kind 1: probe, "
         "2/3: a spread's flow)",
         "server_times": "{server rank: [bytes, seconds]} of the last round",
+        "(array 0)": "the samples instead of the list: float64, one row [src, dst, bytes, t0, "
+        "t1, kind] each (how the balance agent sends them)",
+        "(array 1)": "the server times instead of the map: float64, one row [server rank, "
+        "bytes, seconds] each",
         "sizes": "element counts of the keys in init order (first report, or new keys)",
         "assign": "the server of every slice, in layout order (with sizes)",
         "calibration": "these samples hold a whole new probe cycle",
@@ -392,6 +398,7 @@ class NodeInfo:
     rank: int
     host: str
     port: int
+    group: int = -1  # a worker's host group (HETPS_HOST_GROUP); -1: not known
 
     def describe(self) -> str:
         """Human description: ``worker rank 1 (node 11, 127.0.0.1:4242)``."""
@@ -400,7 +407,8 @@ class NodeInfo:
         return f"{self.role} rank {self.rank} (node {self.id}, {self.host}:{self.port})"
 
     def to_wire(self) -> list:
-        """Compact msgpack-able form."""
+        """Compact msgpack-able form (the host group travels beside it: the node table's
+        ``groups``)."""
         return [self.id, self.role, self.rank, self.host, self.port]
 
     @classmethod

@@ -227,6 +227,7 @@ class ElasticWorkers:
         nid, info = msg.sender, self.sched.nodes[msg.sender]
         for group, n in barriers.items():
             self.sched.barriers.groups[group].reached[nid] = n
+        self.sched.barriers.changed()
         del self.sched.left[nid]
         self.sched.worker_back_hooks(info)
         self.sched.reply(msg)

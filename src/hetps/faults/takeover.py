@@ -121,7 +121,7 @@ class Takeover:
         self.sched.van.rename(origin, nid)
         self.sched.van.admit(origin, nid)
         old = self.sched.nodes[nid]
-        info = NodeInfo(nid, old.role, old.rank, host, port)
+        info = NodeInfo(nid, old.role, old.rank, host, port, old.group)
         self.sched.nodes[nid] = info
         del self.sched.dead[nid]
         self.sched.last_seen[nid] = time.monotonic()
@@ -211,6 +211,7 @@ class Takeover:
                 ):
                     bar = self.sched.barriers.groups[group]
                     bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
+            self.sched.barriers.changed()
         try:
             self.sched.van.connect(msg.origin, f"{host}:{port}", routing_id=back)
         except PeerGone as exc:
@@ -219,7 +220,8 @@ class Takeover:
         self.sched.van.disconnect(me.id)
         self.sched.van.rename(msg.origin, me.id)
         self.sched.van.admit(msg.origin, me.id)
-        table[me.id] = NodeInfo(me.id, role, rank, host, port)
+        old = table.get(me.id)
+        table[me.id] = NodeInfo(me.id, role, rank, host, port, old.group if old else -1)
         self.view["nodes"][me.id] = table[me.id]
         self.back[me.id] = msg.req
         if set(self.back) >= self.expected_back():

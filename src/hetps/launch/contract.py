@@ -51,6 +51,24 @@ class LaunchSpec:
     # --replicas R: copies of every key on R servers (HETPS_REPLICAS); a server that dies is
     # taken over by the next one and the job goes on, while fewer than R servers died
     replicas: int = 1
+    # --nproc-per-node K: the workers in hosts of K consecutive ranks (0: every worker on the
+    # one host the local launcher runs on); ``places`` (set by a launcher that knows the hosts,
+    # e.g. ssh from its hostfile) wins over it
+    nproc_per_node: int = 0
+    places: list[Place] | None = None
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the workers' hosts are hetps's host groups (``HETPS_HOST_GROUP``): a
+        launcher that knows them (``places``) or ``--nproc-per-node``; not the local
+        launcher's default (every worker on this one machine, each a host of its own)."""
+        return self.places is not None or self.nproc_per_node > 0
+
+    def worker_places(self) -> list[Place]:
+        """Where each worker runs (:class:`Place`, by worker rank)."""
+        if self.places is not None:
+            return self.places
+        return places_per_node(self.num_workers, self.nproc_per_node or self.num_workers)
 
 
 def give_secret(env: dict[str, str]) -> None:
@@ -103,3 +121,62 @@ def thread_share(role: str, cores: int, processes: int) -> int:
     if role != "worker":
         return 1
     return max(1, cores // max(1, processes))
+
+
+#: torchrun's variables, which every hetps launcher sets for a worker (and for no other role);
+#: MASTER_ADDR/MASTER_PORT are not among them: hetps has no torch.distributed rendezvous, and a
+#: script that read them would meet the scheduler's port, which speaks no c10d
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+#: what a worker's host is told by: torchrun's variables and hetps's own host group
+HOST_VARS = (*TORCHRUN_VARS, "HETPS_HOST_GROUP")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a worker runs among the job's hosts: its host's group (numbered from 0 by the
+    launcher), its index among its host's workers, and how many workers that host runs."""
+
+    group: int
+    local_rank: int
+    local_size: int
+
+
+def places_by_host(hosts: list[str]) -> list[Place]:
+    """Each worker's :class:`Place` from the host each runs on (``hosts[r]``, worker rank r):
+    groups numbered by first appearance, local ranks in rank order within a host."""
+    groups: dict[str, int] = {}
+    members: dict[str, int] = {}
+    local: list[tuple[int, int]] = []
+    for h in hosts:
+        g = groups.setdefault(h, len(groups))
+        local.append((g, members.get(h, 0)))
+        members[h] = members.get(h, 0) + 1
+    return [Place(g, lr, members[h]) for (g, lr), h in zip(local, hosts, strict=True)]
+
+
+def places_per_node(num_workers: int, per_node: int) -> list[Place]:
+    """``--nproc-per-node K``: workers in groups of K consecutive ranks, each group a host
+    (the last one smaller when K does not divide the count)."""
+    if per_node < 1:
+        raise ValueError(f"--nproc-per-node {per_node}: give 1 or more workers per host")
+    return places_by_host([str(r // per_node) for r in range(num_workers)])
+
+
+def host_env(rank: int, num_workers: int, place: Place, grouped: bool = True) -> dict[str, str]:
+    """A worker's host contract: torchrun's variables and ``HETPS_HOST_GROUP`` (-1 unless
+    ``grouped``: the local launcher without ``--nproc-per-node``, whose workers share the one
+    machine for torchrun's variables, but not a host for hetps: each plans and pushes alone)."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(num_workers),
+        "LOCAL_RANK": str(place.local_rank),
+        "LOCAL_WORLD_SIZE": str(place.local_size),
+        "GROUP_RANK": str(place.group),
+        "HETPS_HOST_GROUP": str(place.group if grouped else -1),
+    }
+
+
+def without_host_vars(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less the host contract (servers and the scheduler get none of it, even when the
+    launcher itself runs under torchrun or another launcher that set them)."""
+    return {k: v for k, v in env.items() if k not in HOST_VARS}

@@ -18,7 +18,11 @@ nodes can connect while others still start), ``DMLC_PS_ROOT_PORT`` the fixed ``-
 ``DMLC_NODE_HOST`` the pod's own IP (downward API ``status.podIP``), and servers and workers ask
 for the rank of their Job completion index (``HETPS_LAUNCH_RANK`` from the pod annotation
 ``batch.kubernetes.io/job-completion-index``, the source of ``JOB_COMPLETION_INDEX``), so worker
-i is the pod with index i. ``HETPS_CONNECT_TIMEOUT`` is long (pods start as their images
+i is the pod with index i. A worker pod is a host of its own (pods share no memory, and where
+the scheduler puts a pod is not known when the manifest is written): its worker gets torchrun's
+variables with ``RANK``, ``GROUP_RANK`` and ``HETPS_HOST_GROUP`` its completion index,
+``LOCAL_RANK`` 0, ``LOCAL_WORLD_SIZE`` 1 and ``WORLD_SIZE`` the worker count.
+``HETPS_CONNECT_TIMEOUT`` is long (pods start as their images
 arrive).
 
 The cluster secret is a Kubernetes Secret (a fresh ``secrets.token_hex(32)`` per call, under
@@ -54,6 +58,12 @@ RESERVED_ENV = (
     "HETPS_LAUNCH_RANK",
     "HETPS_SECRET",
     "HETPS_SECRET_FILE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "HETPS_HOST_GROUP",
 )
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -221,15 +231,17 @@ class K8sJob:
             {"name": "DMLC_NUM_WORKER", "value": str(self.num_workers)},
             {"name": "DMLC_NODE_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         ]
+        index = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}
         if role != "scheduler":
-            env.append(
-                {
-                    "name": "HETPS_LAUNCH_RANK",
-                    "valueFrom": {
-                        "fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}
-                    },
-                }
-            )
+            env.append({"name": "HETPS_LAUNCH_RANK", "valueFrom": index})
+        if role == "worker":  # a pod is a host of one worker (the module's text)
+            for name in ("RANK", "GROUP_RANK", "HETPS_HOST_GROUP"):
+                env.append({"name": name, "valueFrom": index})
+            env += [
+                {"name": "WORLD_SIZE", "value": str(self.num_workers)},
+                {"name": "LOCAL_RANK", "value": "0"},
+                {"name": "LOCAL_WORLD_SIZE", "value": "1"},
+            ]
         env.append(
             {
                 "name": "HETPS_SECRET",

@@ -40,8 +40,11 @@ from hetps.launch.contract import (
     LaunchSpec,
     balance_env,
     give_secret,
+    host_env,
+    places_by_host,
     thread_share,
     usable_cores,
+    without_host_vars,
 )
 from hetps.launch.liveness import Liveness, ended
 from hetps.launch.processes import Child, shell_code, signal_group, start_piped
@@ -135,8 +138,8 @@ class Launcher(Supervision, Liveness):
         return child
 
     def _base_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.spec.env)
+        env = without_host_vars(dict(os.environ))
+        env.update(without_host_vars(self.spec.env))
         env.update(
             {
                 "DMLC_PS_ROOT_URI": self.spec.host,
@@ -269,10 +272,17 @@ class Launcher(Supervision, Liveness):
                 },
             )
             self._start("server", r, *self._server_start[r])
+        places = spec.worker_places()
         for r in range(spec.num_workers):
             self._worker_start[r] = (
                 list(spec.command),
-                {**env, **threads["worker"], "DMLC_ROLE": "worker", "HETPS_LAUNCH_RANK": str(r)},
+                {
+                    **env,
+                    **threads["worker"],
+                    **host_env(r, spec.num_workers, places[r], spec.grouped),
+                    "DMLC_ROLE": "worker",
+                    "HETPS_LAUNCH_RANK": str(r),
+                },
             )
             self._start("worker", r, *self._worker_start[r])
         return self._watch()
@@ -430,12 +440,17 @@ def run_cluster(
         return Launcher(spec, out=out).run()
     from hetps.netem import Netem, load_scenario
 
-    nodes = spec.num_workers if colocate else spec.num_workers + spec.num_servers
+    # each emulated node is a host: a worker alone on its node, or --nproc-per-node K workers
+    # to a node (not with co-located servers: node r holds server r and worker r)
+    per_node = 1 if colocate else spec.nproc_per_node or 1
+    hosts = -(-spec.num_workers // per_node)
+    nodes = spec.num_workers if colocate else hosts + spec.num_servers
+    spec.places = places_by_host([str(r // per_node) for r in range(spec.num_workers)])
     scenario = load_scenario(netem, nodes=nodes)
     spec.env["HETPS_NETEM_SCENARIO"] = str(netem)
     with Netem(scenario) as net:
         spec.host = net.node_ip(0)
-        spec.wrap = netem_wrapper(net, spec.num_servers, colocate)
+        spec.wrap = netem_wrapper(net, spec.num_servers, colocate, per_node)
         if scenario.kind == "dynamic":
             net.start_dynamic()
         return Launcher(spec, out=out).run()

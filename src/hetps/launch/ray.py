@@ -45,7 +45,10 @@ from hetps.launch.contract import (
     PORT_LINE,
     balance_env,
     give_secret,
+    host_env,
+    places_by_host,
     usable_cores,
+    without_host_vars,
 )
 from hetps.launch.processes import raise_interrupt, shell_code
 from hetps.launch.ray_actor import RoleProcess
@@ -305,6 +308,9 @@ class RayLauncher:
         if isinstance(port, tuple):  # (exit code,)
             return port[0]
         env["DMLC_PS_ROOT_PORT"] = str(port)
+        # a worker's host is the Ray node its actor runs on (torchrun's variables from it)
+        workers = sorted((r for r in self.roles if r.role == "worker"), key=lambda r: r.rank)
+        places = places_by_host([str(r.where["node_id"]) for r in workers])
         for r in self.roles[1:]:
             argv = [py, "-m", "hetps.cli", "server"] if r.role == "server" else self.command
             overlay = {
@@ -314,6 +320,8 @@ class RayLauncher:
                 "DMLC_NODE_HOST": r.where["ip"],
                 "HETPS_LAUNCH_RANK": str(r.rank),
             }
+            if r.role == "worker":
+                overlay.update(host_env(r.rank, self.num_workers, places[r.rank]))
             code = self._start(r, argv, overlay)
             if code is not None:
                 return code
@@ -322,7 +330,7 @@ class RayLauncher:
     def _forwarded_env(self) -> dict[str, str]:
         env = {k: v for k, v in dict(os.environ).items() if k.startswith(FORWARDED_PREFIXES)}
         env.update(self.env)
-        return env
+        return without_host_vars(env)  # (a worker's own are set for it alone)
 
     def _threads(self, role: str, r: _Role) -> dict[str, str]:
         """``OMP_NUM_THREADS`` for a role: the user's (forwarded) when set; else a worker gets

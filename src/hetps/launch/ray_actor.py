@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from hetps.launch.contract import usable_cores
+from hetps.launch.contract import usable_cores, without_host_vars
 from hetps.launch.processes import signal_group, start_piped
 
 
@@ -68,7 +68,7 @@ class RoleProcess:
     def start(self, argv: list[str], overlay: dict[str, str], cwd: str) -> int:
         """Start ``argv`` in ``cwd`` with this process's environment plus ``overlay``;
         returns its pid. Raises FileNotFoundError (the message says what is missing)."""
-        env = dict(os.environ)
+        env = without_host_vars(dict(os.environ))  # a worker's come in its overlay
         env.update(overlay)
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._requests.put((argv, env, cwd, done))

@@ -33,7 +33,17 @@ import sys
 import threading
 
 from hetps.config import ConfigError, route_address, user_threads
-from hetps.launch.contract import PORT_LINE, LaunchSpec, give_secret, thread_share, usable_cores
+from hetps.launch.contract import (
+    HOST_VARS,
+    PORT_LINE,
+    LaunchSpec,
+    Place,
+    give_secret,
+    host_env,
+    places_by_host,
+    thread_share,
+    usable_cores,
+)
 from hetps.launch.processes import (
     dies_with_launcher,
     raise_interrupt,
@@ -134,6 +144,20 @@ def task_role(procid: int, num_servers: int, num_workers: int) -> tuple[str, int
             f"and {num_workers} workers ({1 + num_servers + num_workers} tasks)"
         )
     return "worker", rank
+
+
+def worker_places(counts: list[int], num_servers: int, num_workers: int) -> list[Place]:
+    """Each worker's host (:class:`Place`) in a step of ``counts`` tasks per node
+    (``SLURM_STEP_TASKS_PER_NODE``) laid out in blocks (``--distribution=block``: task 0 and
+    the first ones on the first node): a worker's host is its Slurm node, groups numbered over
+    the nodes that run workers, local ranks in task order."""
+    nodes: list[str] = []
+    for i, n in enumerate(counts):
+        nodes += [str(i)] * n
+    first = 1 + num_servers
+    if len(nodes) < first + num_workers:  # (a count Slurm did not give: one node holds all)
+        nodes += [nodes[-1] if nodes else "0"] * (first + num_workers - len(nodes))
+    return places_by_host(nodes[first : first + num_workers])
 
 
 def label(role: str, rank: int) -> str:
@@ -447,8 +471,16 @@ def task_env(env: dict[str, str], args: argparse.Namespace) -> tuple[str, int, d
         DMLC_NUM_WORKER=str(args.workers),
         PYTHONUNBUFFERED="1",
     )
+    for k in HOST_VARS:  # (srun exports the launcher's environment: none of these is ours)
+        out.pop(k, None)
     if role != "scheduler":
         out["HETPS_LAUNCH_RANK"] = str(rank)
+    if role == "worker":
+        counts = tasks_per_node(
+            env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
+        )
+        place = worker_places(counts, args.servers, args.workers)[rank]
+        out.update(host_env(rank, args.workers, place))
     if not env.get("DMLC_NODE_HOST") and not env.get("DMLC_INTERFACE"):
         out["DMLC_NODE_HOST"] = route_address(args.root_uri, args.port)
     if args.auto_threads:

@@ -11,27 +11,78 @@ from collections.abc import Sequence
 from hetps.launch.contract import FORWARDED_PREFIXES, NOT_ON_COMMAND_LINE, thread_share
 
 
-def read_hostfile(path: str) -> list[str]:
-    """Hosts from a hostfile: one per line, ``#`` comments and blank lines ignored."""
+def read_hostfile_slots(path: str) -> list[tuple[str, int | None]]:
+    """Hosts from a hostfile, each with its ``slots=N`` (how many workers it runs, as MPI's and
+    DeepSpeed's hostfiles say it; None where the line gives none): one host per line, ``#``
+    comments and blank lines ignored."""
     try:
         with open(path) as f:
-            hosts = [ln.split("#", 1)[0].strip() for ln in f]
+            lines = [ln.split("#", 1)[0].split() for ln in f]
     except OSError as exc:
         raise SystemExit(f"hetps launch: cannot read hostfile {path!r}: {exc}") from None
-    hosts = [h for h in hosts if h]
-    if not hosts:
+    out: list[tuple[str, int | None]] = []
+    for words in filter(None, lines):
+        slots = None
+        for w in words[1:]:
+            key, _, val = w.partition("=")
+            if key not in ("slots", "max_slots") or not val.isdigit() or int(val) < 1:
+                raise SystemExit(
+                    f"hetps launch: hostfile {path!r}: cannot read {' '.join(words)!r}: a line "
+                    "is a host, optionally followed by slots=N (N >= 1 workers on that host)"
+                )
+            if key == "slots":
+                slots = int(val)
+        out.append((words[0], slots))
+    if not out:
         raise SystemExit(f"hetps launch: hostfile {path!r} lists no hosts")
-    return hosts
+    return out
 
 
-def processes_per_host(hosts: Sequence[str], num_workers: int, num_servers: int) -> dict[str, int]:
+def read_hostfile(path: str) -> list[str]:
+    """Hosts from a hostfile (:func:`read_hostfile_slots`), their names alone."""
+    return [h for h, _ in read_hostfile_slots(path)]
+
+
+def worker_hosts(
+    hosts: Sequence[tuple[str, int | None]], num_workers: int, per_node: int = 0
+) -> list[str]:
+    """The host each worker runs on (by rank), over ssh: ``per_node`` K consecutive ranks to a
+    host (``--nproc-per-node``), else as many as each host's ``slots``, in hostfile order,
+    else round-robin over the hosts. Raises SystemExit when the hosts hold too few."""
+    names = [h for h, _ in hosts]
+    if per_node:
+        if num_workers > per_node * len(names):
+            raise SystemExit(
+                f"hetps launch: -n {num_workers} workers at --nproc-per-node {per_node} need "
+                f"{-(-num_workers // per_node)} hosts; the hostfile lists {len(names)}"
+            )
+        return [names[r // per_node] for r in range(num_workers)]
+    if all(n is not None for _, n in hosts):
+        seats = [h for h, n in hosts for _ in range(n or 0)]
+        if num_workers > len(seats):
+            raise SystemExit(
+                f"hetps launch: -n {num_workers} workers, and the hostfile's slots hold "
+                f"{len(seats)}: raise a host's slots=N or add hosts"
+            )
+        return seats[:num_workers]
+    return [names[r % len(names)] for r in range(num_workers)]
+
+
+def processes_per_host(
+    hosts: Sequence[str],
+    num_workers: int,
+    num_servers: int,
+    workers_on: Sequence[str] | None = None,
+) -> dict[str, int]:
     """How many processes :func:`ssh_wrapper` puts on each host (by name): the scheduler on the
-    first, servers and workers round-robin."""
+    first, servers round-robin, workers where ``workers_on`` says (round-robin without it)."""
     counts = {h: 0 for h in hosts}
     counts[hosts[0]] += 1
-    for n in (num_servers, num_workers):
-        for r in range(n):
-            counts[hosts[r % len(hosts)]] += 1
+    for r in range(num_servers):
+        counts[hosts[r % len(hosts)]] += 1
+    for r in range(num_workers):
+        h = workers_on[r] if workers_on is not None else hosts[r % len(hosts)]
+        counts[h] = counts.get(h, 0) + 1
     return counts
 
 
@@ -43,9 +94,11 @@ def ssh_wrapper(
     num_workers: int = 0,
     num_servers: int = 0,
     auto_threads: bool = False,
+    workers_on: Sequence[str] | None = None,
 ):
-    """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers and
-    workers round-robin over the hosts, each told its own address (DMLC_NODE_HOST) and the
+    """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers
+    round-robin over the hosts, workers where ``workers_on`` says (:func:`worker_hosts`;
+    round-robin without it), each told its own address (DMLC_NODE_HOST) and the
     forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key). The
     cluster secret is not on the remote command line: the remote shell reads it from its
     standard input (the launcher writes it there) into its environment.
@@ -55,10 +108,12 @@ def ssh_wrapper(
     processes of the job on that host (:func:`processes_per_host`, from ``num_workers`` and
     ``num_servers``)."""
     cwd = cwd or os.getcwd()
-    per_host = processes_per_host(hosts, num_workers, num_servers)
+    per_host = processes_per_host(hosts, num_workers, num_servers, workers_on)
 
     def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
         host = hosts[0] if role == "scheduler" else hosts[rank % len(hosts)]
+        if role == "worker" and workers_on is not None:
+            host = workers_on[rank]
         remote = {
             k: v
             for k, v in env.items()
@@ -102,11 +157,12 @@ def _remote_threads(role: str, processes: int) -> tuple[str, str]:
     return prelude, "$hetps_t"
 
 
-def netem_wrapper(net, num_servers: int, colocate: bool):
+def netem_wrapper(net, num_servers: int, colocate: bool, per_node: int = 1):
     """A ``wrap`` that runs each role inside its emulated node's network namespace.
 
     Co-located: node r holds server r and worker r (the paper's layout). Otherwise servers take
-    nodes 0..S-1 and workers S..S+W-1. The scheduler runs on node 0. Each role advertises its
+    nodes 0..S-1 and the workers the nodes after them, ``per_node`` consecutive ranks to a node
+    (``--nproc-per-node``: an emulated host of several workers). The scheduler runs on node 0. Each role advertises its
     node's address, so traffic between nodes crosses the shaped links and a worker's traffic to
     its co-located server stays inside the node.
     """
@@ -116,7 +172,7 @@ def netem_wrapper(net, num_servers: int, colocate: bool):
             return 0
         if role == "server" or colocate:
             return rank
-        return num_servers + rank
+        return num_servers + rank // per_node
 
     def wrap(role: str, rank: int, argv: list[str], env: dict[str, str]):
         i = node_of(role, rank)

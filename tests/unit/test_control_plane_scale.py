@@ -1,0 +1,133 @@
+"""The control plane at scale (benchmarks/scale_sim.py: 4,096 workers): what each fix keeps
+true, checked small. A barrier's arrival reads no membership (O(1); a walk of the node table
+per arrival was O(N^2) a barrier), the node table's routing ids come from one bulk call (an
+HMAC per pair took seconds) and equal the per-pair derivation the fault parts use, and the
+table every node gets is encoded once."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from hetps.cluster import protocol as P
+from hetps.cluster.protocol import NodeInfo
+from hetps.cluster.registration import Pending
+from hetps.roles import new_scheduler
+from hetps.transport.codec import Message
+from roles import loopback_config
+
+W = 64
+
+
+@pytest.fixture
+def sched():
+    s = new_scheduler(loopback_config("scheduler", num_worker=W, num_server=4))
+    s.nodes = {
+        P.server_id(r): NodeInfo(P.server_id(r), "server", r, "127.0.0.1", 1) for r in range(4)
+    }
+    s.nodes.update(
+        {P.worker_id(r): NodeInfo(P.worker_id(r), "worker", r, "127.0.0.1", 2) for r in range(W)}
+    )
+    s.sent = []
+    s.send_to = lambda nid, msg: s.sent.append((nid, msg))
+    yield s
+    s.van.close()
+
+
+def test_a_barrier_reads_its_members_once_not_per_arrival(sched, monkeypatch):
+    walks = []
+    members = sched.barriers.members
+    monkeypatch.setattr(sched.barriers, "members", lambda g: walks.append(g) or members(g))
+    for rnd in (1, 2):
+        for i, nid in enumerate(sched.nodes):
+            msg = Message(P.BARRIER, sender=nid, req=100 * rnd + i, body={"group": "all"})
+            sched._dispatch(msg)
+            released = [m for _, m in sched.sent if m.cmd == P.BARRIER_DONE]
+            # nobody is released before the last arrival, everybody at it
+            assert len(released) == (rnd - (i < len(sched.nodes) - 1)) * len(sched.nodes)
+    assert walks == ["all"]  # once: the membership did not change
+    # a worker finishes: the view is read again, and the next barrier does not wait for it
+    sched._finish(Message(P.FINISH, sender=P.worker_id(0), req=1))
+    sched.sent.clear()
+    for nid in list(sched.nodes)[:-1]:
+        if nid != P.worker_id(0):
+            sched._dispatch(Message(P.BARRIER, sender=nid, req=7, body={"group": "all"}))
+    assert not [m for _, m in sched.sent if m.cmd == P.BARRIER_DONE]
+    sched._dispatch(Message(P.BARRIER, sender=list(sched.nodes)[-1], req=7, body={"group": "all"}))
+    done = [nid for nid, m in sched.sent if m.cmd == P.BARRIER_DONE]
+    assert sorted(done) == sorted(set(sched.nodes) - {P.worker_id(0)})
+    assert walks == ["all", "worker", "all"]  # (a finish releases both groups)
+
+
+def test_routing_ids_come_in_bulk_and_match_the_per_pair_derivation(sched):
+    reg = sched.registration
+    src = [P.worker_id(r) for r in range(W) for _ in range(4)]
+    dst = [P.server_id(s) for _ in range(W) for s in range(4)]
+    ids = reg.pair_ids(src, dst)
+    assert len(set(ids)) == len(ids) == 4 * W  # one per pair and direction
+    assert all(len(t) == 16 and t[:1] == b"h" for t in ids)
+    assert ids[5] == reg.pair_id(src[5], dst[5])  # what takeover and elastic derive alone
+    assert reg.pair_id(9, 8) != reg.pair_id(8, 9)
+    sched.rejoined[8] = 1  # a server admitted again: every pair with it changes
+    assert reg.pair_id(9, 8) != ids[0] and reg.pair_ids(src[5:6], dst[5:6]) == ids[5:6]
+
+
+def test_assign_encodes_the_table_once_and_derives_ids_in_one_call(sched, monkeypatch):
+    nodes = dict(sched.nodes)
+    sched.nodes = {}
+    reg = sched.registration
+    for nid, n in nodes.items():
+        reg.pending.append(Pending(bytes([nid]), n.role, n.host, n.port, 1, n.rank))
+    sched.van.rename = sched.van.admit = lambda *a: None
+    calls = []
+    bulk = reg.pair_ids
+    monkeypatch.setattr(reg, "pair_ids", lambda s, d: calls.append(len(s)) or bulk(s, d))
+    monkeypatch.setattr(reg, "pair_id", lambda *a: pytest.fail("a routing id derived alone"))
+    reg.assign()
+    tables = [m for _, m in sched.sent if m.cmd == P.NODES]
+    assert len(tables) == W + 4 and calls == [2 * 4 * W, 2 * 4 * W]
+    packed = {id(m.body["nodes"]) for m in tables}
+    assert len(packed) == 1  # the same bytes in every answer
+    rows = msgpack.unpackb(tables[0].body["nodes"])
+    assert sorted(r[0] for r in rows) == sorted(nodes)
+    for m in tables:  # a worker's routing ids: to every server and back
+        if P.role_of(m.body["id"]) == "worker":
+            assert [i for i, _ in m.body["out"]] == [P.server_id(s) for s in range(4)]
+            assert m.body["out"][1][1] == reg.pair_ids([m.body["id"]], [P.server_id(1)])[0]
+
+
+def test_registration_checks_each_node_without_walking_the_others(sched, monkeypatch):
+    """The checks a registration passes (a second one on a connection, too many of a role, a
+    rank claimed twice) read indexes kept as nodes register, also after the pending list
+    was replaced from outside (a failed start)."""
+    from hetps.cluster import commands
+
+    sched.nodes = {}
+    reg = sched.registration
+    refused = []
+    monkeypatch.setattr(reg, "refuse", lambda origin, h, p, b, req, text: refused.append(text))
+    monkeypatch.setattr(sched.van, "connect", lambda *a, **k: None)
+    monkeypatch.setattr(reg, "assign", lambda: None)
+
+    def add(origin: bytes, role: str, want: int) -> None:
+        body = {
+            "role": role,
+            "host": "127.0.0.1",
+            "port": 1,
+            "back": b"b" + origin,
+            "want_rank": want,
+        }
+        msg = Message(P.ADD_NODE, req=1, body=body)
+        msg.origin = origin
+        assert commands.decode(msg) is None
+        reg.add_node(msg)
+
+    add(b"a", "worker", 0)
+    add(b"a", "worker", 1)  # the same connection again: dropped (logged), not counted
+    add(b"b", "worker", 0)
+    assert len(reg.pending) == 1 and "already claimed" in refused[-1]
+    reg.pending = list(reg.pending)  # replaced from outside: the indexes are read again
+    for r in range(1, W):
+        add(bytes([r]) + b"w", "worker", r)
+    add(b"extra", "worker", -1)
+    assert len(reg.pending) == W and "too many workers" in refused[-1]
