@@ -31,6 +31,7 @@ from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.registration import Registration
 from hetps.config import NodeConfig, check_exposure, is_loopback
 from hetps.transport.codec import Message
+from hetps.transport.handshakes import RefusalLog
 from hetps.transport.van import PeerGone, Van
 
 log = logging.getLogger("hetps.scheduler")
@@ -88,6 +89,9 @@ class Scheduler:
         self._on_worker_finished: list[Callable[[Scheduler], None]] = []
         self._on_worker_back: list[Callable[[Scheduler, NodeInfo], None]] = []
         self._on_refused: dict[str, Callable[[Scheduler, Message, str], None]] = {}
+        # refused messages: a few lines per window, the rest counted in one line (a forger
+        # sending without end fills no disk)
+        self.refused_msgs = RefusalLog("scheduler", "messages")
         self.nodes: dict[int, NodeInfo] = {}
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
@@ -286,6 +290,7 @@ class Scheduler:
                     next_check = now + tick
                     self._check_timeouts()
                     self.launcher.say_alive()
+                    self.refused_msgs.tick()
         finally:
             self._service_q.put(None)  # what was asked before the end is still answered
             self._service_thread.join(timeout=10)
@@ -304,7 +309,7 @@ class Scheduler:
             return  # the nodes of the running job say who they are first (readmit)
         if msg.reply or not allow.permits("scheduler", role, cmd, cmd in self.services):
             who = info.describe() if info is not None else "a connection of no node of this job"
-            log.warning(
+            self.refused_msgs.refused(
                 "scheduler: refused %s%s from %s: only %s may send it",
                 cmd,
                 " (a reply)" if msg.reply else "",
@@ -324,7 +329,7 @@ class Scheduler:
         why = commands.decode(msg)  # the body as its command's declared type, or why not
         if why is not None:
             who = info.describe() if info is not None else "a connection of no node of this job"
-            log.warning("scheduler: refused %s from %s: %s", cmd, who, why)
+            self.refused_msgs.refused("scheduler: refused %s from %s: %s", cmd, who, why)
             if info is not None and msg.req:
                 self.reply(msg, {"error": why})
             hook = self._on_refused.get(cmd)
@@ -354,7 +359,9 @@ class Scheduler:
 
     def refuse_request(self, msg: Message, text: str) -> None:
         """Answer a request with an error, and log it (one line)."""
-        log.warning("scheduler: refused %s from node %d: %s", msg.cmd, msg.sender, text)
+        self.refused_msgs.refused(
+            "scheduler: refused %s from node %d: %s", msg.cmd, msg.sender, text
+        )
         if msg.req:
             self.reply(msg, {"error": text})
 
