@@ -296,6 +296,7 @@ class Scheduler:
             self._service_thread.join(timeout=10)
             self.van.close()
             self.creds.close()
+            self.refused_msgs.flush()
         if self.exit_code is None:
             self.exit_code = 0
         return self.exit_code

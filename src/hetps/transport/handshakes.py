@@ -85,8 +85,13 @@ class RefusalLog:
         with self._lock:
             self._roll(time.monotonic())
 
-    def _roll(self, now: float) -> None:
-        if now - self._start < LOG_WINDOW_S:
+    def flush(self) -> None:
+        """Say now what this window did not log (at the end of a node's run)."""
+        with self._lock:
+            self._roll(time.monotonic(), force=True)
+
+    def _roll(self, now: float, force: bool = False) -> None:
+        if now - self._start < LOG_WINDOW_S and not force:
             return
         if self._quiet:
             log.warning(
