@@ -91,7 +91,7 @@ class Scheduler:
         self._on_refused: dict[str, Callable[[Scheduler, Message, str], None]] = {}
         # refused messages: a few lines per window, the rest counted in one line (a forger
         # sending without end fills no disk)
-        self.refused_msgs = RefusalLog("scheduler", "messages")
+        self.refused_msgs = RefusalLog("scheduler", "messages", cfg.refusal_lines)
         self.nodes: dict[int, NodeInfo] = {}
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
@@ -119,6 +119,7 @@ class Scheduler:
         self.recovering = recover
         # each node's credential, proven to a scheduler started again (cluster/credentials.py)
         self.creds = Credentials(self.van.port, recover)
+        self._table_mark: tuple = ()  # what the node table kept beside the key was made of
         self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
         self._failed_start: str | None = None  # why the start failed (a node died first)
         self._late_refused = 0  # nodes told so
@@ -283,12 +284,14 @@ class Scheduler:
                         self._dispatch(msg)
                     except Exception:  # a bad control message must not stop the scheduler
                         log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
+                    self.keep_table()
                 # once per tick, not per message: the check walks every node, so per message
                 # it cost O(N) per heartbeat, O(N^2) per heartbeat period (scale_sim.py)
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + tick
                     self._check_timeouts()
+                    self.keep_table()
                     self.launcher.say_alive()
                     self.refused_msgs.tick()
         finally:
@@ -300,6 +303,32 @@ class Scheduler:
         if self.exit_code is None:
             self.exit_code = 0
         return self.exit_code
+
+    def keep_table(self) -> None:
+        """Save the node table beside the credential key when it changed (a node assigned,
+        dead, finished, let go, back, taken over): a scheduler started again (``--recover``)
+        takes the job back from it (cluster/credentials.py)."""
+        if not self.nodes or self.recovering:
+            return
+        mark = (
+            len(self.nodes),
+            len(self.dead),
+            len(self.finished),
+            len(self.failovers),
+            len(self.left),
+            sum(self.rejoined.values()),
+        )
+        if mark == self._table_mark:
+            return
+        self._table_mark = mark
+        self.creds.keep_table(
+            {
+                "nodes": [n.to_wire() for n in self.nodes.values()],
+                "down": sorted(self.dead),
+                "redirect": [list(pair) for pair in self.failovers],
+                "done": sorted(self.finished),
+            }
+        )
 
     # -- dispatch ---------------------------------------------------------------------------
     def _dispatch(self, msg: Message) -> None:
