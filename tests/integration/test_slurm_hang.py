@@ -24,7 +24,7 @@ PY = sys.executable
 # Each round: push, pull, and a check of the pulled value against every round applied once
 # (SGD with momentum, computed here). At round 8 worker 0 stops server rank 1 with SIGSTOP.
 JOB = """
-import hashlib, os, signal
+import hashlib, os, signal, time
 import numpy as np
 import hetps.kv
 from hetps import optim
@@ -57,6 +57,8 @@ for r in range(24):
     if r == 8 and kv.rank == 0:
         pid = server_pid(1)
         os.kill(pid, signal.SIGSTOP)
+        while open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "T":
+            time.sleep(0.01)  # polls the kernel until the stop took (it is not at once)
         print(f"STOPPED {pid}", flush=True)
     kv.push("w", np.random.default_rng(100 * r + kv.rank).standard_normal(4096).astype(np.float32))
     kv.pull("w", out=out)
