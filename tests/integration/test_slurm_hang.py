@@ -99,6 +99,7 @@ def _env(slurm, **extra) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_stopped_server_is_failed_over_and_killed_when_the_job_ends(slurm, tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
