@@ -59,7 +59,7 @@ set every job's heartbeats (a hang is found after the timeout: a short one keeps
 short).
 
 ``--slurm-hang N`` runs only N hang trials under the Slurm launcher instead (a server stopped
-and never continued, the job must end and everything of it: benchmarks/chaos_slurm.py).
+and never continued, the job must end and everything of it: benchmarks/_chaos_slurm.py).
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _chaos_slurm import add_slurm_hang_args, slurm_hang_main  # noqa: E402
 from _common import git_head, median  # noqa: E402
-from chaos_slurm import add_slurm_hang_args, slurm_hang_main  # noqa: E402
 
 ROLES = ("worker", "server", "scheduler", "launcher")
 
