@@ -46,14 +46,15 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
     try:
         role = role_from_env(env)
-        if role not in ("server", "scheduler"):
-            return kvstore.create(name, env, recovery=Recovery, joining=Joining)
-        if not name.startswith("dist"):
-            sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
-        cfg = node_config_from_env(env)
+        # (the environment's variables, checked before anything starts)
+        cfg = node_config_from_env(env) if name.startswith("dist") else None
     except ConfigError as exc:
         # the message names the variable and the fix; a traceback would only bury it
         raise CreateError(f"hetps.kv.create({name!r}): {exc}") from None
+    if role not in ("server", "scheduler"):
+        return kvstore.create(name, env, recovery=Recovery, joining=Joining)
+    if cfg is None:
+        sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
     from hetps.roles import run_scheduler, run_server
 
     kvstore.setup_logging(cfg.verbose)
