@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/chaos.py --trials 100 --json runs/chaos.json   # the full run
     .venv/bin/python benchmarks/chaos.py --trials 0 --corrupt 5 --rounds 30  # damaged checkpoints
     .venv/bin/python benchmarks/chaos.py --trials 0 --hang-trials 9 --hb-timeout 4   # hangs
+    .venv/bin/python benchmarks/chaos.py --slurm-hang 3 --test-slurm --rounds 40  # Slurm hangs
 
 The job: ``hetps train -m sync -n mlp --workers 3 --servers 2 --replicas 2 --elastic 2``
 with ``--checkpoint-dir`` (every 5 rounds) and ``--max-restarts 3``, on a slice of
@@ -56,6 +57,9 @@ behind counts), whether the model matches the reference's, and ``found``: from t
 to the launcher's line that it stops the hung process. ``--hb-interval``/``--hb-timeout``
 set every job's heartbeats (a hang is found after the timeout: a short one keeps the trials
 short).
+
+``--slurm-hang N`` runs only N hang trials under the Slurm launcher instead (a server stopped
+and never continued, the job must end and everything of it: benchmarks/_chaos_slurm.py).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _chaos_slurm import add_slurm_hang_args, slurm_hang_main  # noqa: E402
 from _common import git_head, median  # noqa: E402
 
 ROLES = ("worker", "server", "scheduler", "launcher")
@@ -443,8 +448,11 @@ def main() -> int:
     )
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep each trial's output here")
     add_hang_args(ap)
+    add_slurm_hang_args(ap)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.slurm_hang:  # (hang trials under the Slurm launcher: their own section)
+        return slurm_hang_main(args)
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="hetps-chaos-") as tmp:
         base = Path(tmp)

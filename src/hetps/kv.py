@@ -15,12 +15,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetps import kvstore
-from hetps.config import node_config_from_env, role_from_env
+from hetps.config import ConfigError, node_config_from_env, role_from_env
 from hetps.faults.joining import Joining
 from hetps.faults.recovery import Recovery
 from hetps.kvstore import NAMES, DistKVStore, LocalKVStore
 
-__all__ = ["NAMES", "DistKVStore", "LocalKVStore", "create"]
+__all__ = ["NAMES", "CreateError", "DistKVStore", "LocalKVStore", "create"]
+
+
+class CreateError(ConfigError, SystemExit):
+    """:func:`create` was given a configuration that cannot work. A ``ConfigError`` to a
+    caller that catches one; uncaught, it ends the process as ``SystemExit`` does, with its
+    message (which names the variable and the fix) and status 1, not a traceback."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.code = text  # (what the interpreter prints and exits 1 with)
 
 
 def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
@@ -28,18 +38,25 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
 
     For ``dist_*`` names the process joins the cluster described by ``DMLC_*`` variables.
     Under ``DMLC_ROLE=server`` or ``scheduler`` this call does not return: it serves, then
-    exits the process.
+    exits the process. A configuration that cannot work (an empty ``HETPS_SECRET``, a bad
+    variable) raises :class:`CreateError`: uncaught, it ends the process with the message
+    that names the variable and the fix, in every role.
     """
     if not isinstance(name, str) or name not in NAMES:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
-    role = role_from_env(env)
+    try:
+        role = role_from_env(env)
+        # (the environment's variables, checked before anything starts)
+        cfg = node_config_from_env(env) if name.startswith("dist") else None
+    except ConfigError as exc:
+        # the message names the variable and the fix; a traceback would only bury it
+        raise CreateError(f"hetps.kv.create({name!r}): {exc}") from None
     if role not in ("server", "scheduler"):
         return kvstore.create(name, env, recovery=Recovery, joining=Joining)
-    if not name.startswith("dist"):
+    if cfg is None:
         sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
     from hetps.roles import run_scheduler, run_server
 
-    cfg = node_config_from_env(env)
     kvstore.setup_logging(cfg.verbose)
     code = run_scheduler(cfg) if cfg.role == "scheduler" else run_server(cfg)
     logging.shutdown()

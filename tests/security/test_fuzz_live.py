@@ -189,7 +189,9 @@ class Job:
         # live metrics on: the scheduler takes metrics reports (fuzzed too) and this worker
         # sends its own meanwhile
         live = dict(HETPS_METRICS_PORT=0, HETPS_METRICS_INTERVAL=0.2)
-        self.sched = self._start(role_env("scheduler", clean=True, **hb, **live))
+        # (every refusal its own line: the checks count them against what was sent)
+        lines = dict(HETPS_REFUSAL_LINES=0)
+        self.sched = self._start(role_env("scheduler", clean=True, **hb, **live, **lines))
         self.sched_log = _Lines(self.sched.stdout)
         port = int(self.sched_log.wait(r"hetps scheduler port (\d+)").group(1))
         self.server = self._start(role_env("server", port, clean=True, **hb))

@@ -214,6 +214,18 @@ def test_a_second_connection_for_a_node_that_is_back_is_refused(tmp_path, monkey
     port = _free_port()
     before = Credentials(port)  # the scheduler that died: it gave node 9 its credential
     cred = before.issue(9)
+    before.keep_table(  # and kept the job's node table beside its key
+        {
+            "nodes": [
+                [8, "server", 0, "127.0.0.1", 1],
+                [9, "worker", 0, "127.0.0.1", 1],
+                [11, "worker", 1, "127.0.0.1", 1],
+            ],
+            "down": [],
+            "redirect": [],
+            "done": [],
+        }
+    )
     assert before.path.stat().st_mode & 0o777 == 0o600 and str(tmp_path) in str(before.path)
     caplog.set_level(logging.WARNING, logger="hetps.scheduler")
     sched = new_scheduler(
@@ -253,3 +265,4 @@ def test_a_second_connection_for_a_node_that_is_back_is_refused(tmp_path, monkey
             s.close(linger=0)
         ctx.term()
     assert not before.path.exists()  # the job ended: its key went with it
+    assert not before.table.exists()  # and its node table

@@ -16,12 +16,19 @@ user alone (``$XDG_RUNTIME_DIR/hetps``, else ``~/.cache/hetps``), named by the h
 port: ``scheduler-HOST-PORT.key``. A scheduler started afresh at that port writes a new one
 (an old job's nodes cannot come back into a new job); one that ends (rather than being
 killed) removes it; ``--recover`` reads it.
+
+Beside the key the scheduler keeps the job's node table, ``scheduler-HOST-PORT.nodes``
+(every node's id, role, rank and address; the dead, the finished, the failovers), rewritten
+whenever it changes and signed with ``K``. A restarted scheduler takes back exactly the
+nodes of that table: a node's own view of the job (even one with a valid credential: an
+insider) cannot add a node, drop one, or declare one dead or finished.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
@@ -35,6 +42,8 @@ from hetps.transport.handshakes import RefusalLog
 log = logging.getLogger("hetps.scheduler")
 
 KEY_BYTES = 32
+#: the largest node table file read back (a job of 100,000 nodes fits)
+TABLE_MAX = 16 << 20
 
 
 def key_dir() -> Path:
@@ -55,27 +64,42 @@ def _private_dir(path: Path) -> None:
         raise OSError(f"{path} is not a directory of this user alone (chmod 700 {path})")
 
 
+def table_path(port: int) -> Path:
+    """The node table a scheduler at ``port`` keeps beside its key (what ``--recover``
+    takes the job back from)."""
+    return key_path(port).with_suffix(".nodes")
+
+
 def _write_key(path: Path, key: bytes) -> None:
+    _write_private(path, key.hex().encode())
+
+
+def _write_private(path: Path, data: bytes) -> None:
     _private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, key.hex().encode())
+        os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
 
 
-def _read_key(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+def _read_private(path: Path, limit: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
             raise OSError(f"{path} is not a private file of this user")
-        text = os.read(fd, 4 * KEY_BYTES).decode("ascii", "replace").strip()
+        data = os.read(fd, limit)
     finally:
         os.close(fd)
+    return data
+
+
+def _read_key(path: Path) -> bytes:
+    text = _read_private(path, 4 * KEY_BYTES).decode("ascii", "replace").strip()
     key = bytes.fromhex(text)
     if len(key) != KEY_BYTES:
         raise ValueError(f"{path} does not hold a {KEY_BYTES}-byte key")
@@ -88,6 +112,8 @@ class Credentials:
 
     def __init__(self, port: int, recover: bool = False) -> None:
         self.path = key_path(port)
+        self.table = table_path(port)
+        self._table_written = False
         self.gens: dict[int, int] = {}  # node id -> its latest admission (0: registration)
         self._written = False
         self.problem: str | None = None  # why no node can be checked (--recover only)
@@ -108,6 +134,45 @@ class Credentials:
                 "prove who it is"
             )
             log.warning("scheduler: started again (--recover) with %s", self.problem)
+
+    def keep_table(self, state: dict) -> None:
+        """Save the job's node table (ids, roles, ranks, addresses; the dead, the finished,
+        the failovers) beside the key, signed with it: a scheduler started again takes the
+        job back from this, never from what a node says of it."""
+        if self.key is None:
+            return
+        body = json.dumps(state, sort_keys=True, separators=(",", ":"))
+        mac = hmac.new(self.key, b"hetps node table " + body.encode(), hashlib.sha256)
+        try:
+            _write_private(self.table, (mac.hexdigest() + "\n" + body).encode())
+            self._table_written = True
+        except OSError as exc:
+            log.warning(
+                "scheduler: cannot keep the node table in %s (%s): a scheduler started "
+                "again (--recover) could not take this job's nodes back",
+                self.table,
+                exc,
+            )
+
+    def saved_table(self) -> tuple[dict | None, str | None]:
+        """The node table the scheduler that died kept (``--recover``), or None and why."""
+        if self.key is None:
+            return None, self.problem or "this scheduler has no credential key"
+        try:
+            mac, _, body = _read_private(self.table, TABLE_MAX).decode().partition("\n")
+            want = hmac.new(self.key, b"hetps node table " + body.encode(), hashlib.sha256)
+            if not hmac.compare_digest(mac, want.hexdigest()):
+                raise ValueError("it is not signed with the scheduler's key")
+            state = json.loads(body)
+            if not isinstance(state, dict) or not isinstance(state.get("nodes"), list):
+                raise ValueError("it holds no node table")
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            return None, (
+                f"no node table of the scheduler that died ({self.table}: {exc}); without it "
+                "the job's membership is unknown"
+            )
+        self._table_written = True  # (its own: removed at the end like a fresh one's)
+        return state, None
 
     def token(self, nid: int, gen: int) -> bytes:
         assert self.key is not None
@@ -148,7 +213,13 @@ class Credentials:
         return None
 
     def close(self) -> None:
-        """The job is over: remove the key file (nothing can come back to it)."""
+        """The job is over: remove the key file and the node table (nothing can come back
+        to it)."""
+        if self._table_written:
+            try:
+                os.unlink(self.table)
+            except OSError:
+                pass
         if self._written:
             try:
                 if _read_key(self.path) == self.key:  # (not a newer scheduler's)

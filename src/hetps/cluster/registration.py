@@ -9,7 +9,6 @@ import logging
 import re
 import secrets
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +26,13 @@ log = logging.getLogger("hetps.scheduler")
 #: what a node may give as its address: a host name or an IPv4/IPv6 address, nothing else
 _HOST = re.compile(r"[A-Za-z0-9._:%\[\]-]+")
 
-#: refusals (each opens a connection back) answered per second at most; beyond, dropped
-MAX_REFUSALS_PER_S = 32
+#: refusals (each opens a connection back to the host:port a registration names, which
+#: nothing proves): a burst of this many, then :data:`REFUSALS_PER_S` a second; beyond,
+#: dropped unanswered (so the scheduler never becomes a tool to connect anywhere at will)
+REFUSAL_BURST = 8
+REFUSALS_PER_S = 2.0
+#: one host:port is answered once in this many seconds at most (a late node asks once)
+REFUSAL_REPEAT_S = 10.0
 
 
 @dataclass
@@ -55,7 +59,9 @@ class Registration:
         self._per_role: dict[str, int] = {}
         self._claims: dict[tuple[str, int], Pending] = {}
         self._seen: tuple[int, int] = (0, 0)
-        self.refusals: deque[float] = deque()
+        self.tokens = float(REFUSAL_BURST)  # refusals that may be answered now
+        self.filled = time.monotonic()
+        self.answered: dict[tuple[str, int], float] = {}  # host:port -> when refused last
         self.pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
         # AES-256 of one block per pair (a pseudo-random function of the pair): every pair of
         # a big cluster in one call (N^2 HMACs took seconds at 4,096 nodes)
@@ -65,12 +71,16 @@ class Registration:
         b = msg.typed  # an AddNode: every field's type and bound checked by the dispatch
         role, host, port, back = b.role, b.host, b.port, b.back
         if not _HOST.fullmatch(host) or back[0] == 0:  # (a host is logged and written out)
-            log.warning("scheduler: refused a malformed registration %r", msg.body)
+            self.sched.refused_msgs.refused(
+                "scheduler: refused a malformed registration %r", msg.body
+            )
             return
         origin = msg.origin
         self._index()
         if origin in self._origins:
-            log.warning("scheduler: refused a second registration on one connection")
+            self.sched.refused_msgs.refused(
+                "scheduler: refused a second registration on one connection"
+            )
             return
         want = b.want_rank
         limit = self.sched.cfg.num_server if role == "server" else self.sched.cfg.num_worker
@@ -159,12 +169,21 @@ class Registration:
     def refuse(self, origin: bytes, host: str, port: int, back: bytes, req: int, text: str):
         """Answer a registration with a refusal (over a connection of its own, closed after)."""
         now = time.monotonic()
-        while self.refusals and now - self.refusals[0] > 1.0:
-            self.refusals.popleft()
-        if len(self.refusals) >= MAX_REFUSALS_PER_S:
-            log.warning("scheduler: dropped a registration (too many refusals): %s", text)
+        self.tokens = min(REFUSAL_BURST, self.tokens + (now - self.filled) * REFUSALS_PER_S)
+        self.filled = now
+        if len(self.answered) > 4 * REFUSAL_BURST:
+            self.answered = {a: t for a, t in self.answered.items() if now - t < REFUSAL_REPEAT_S}
+        last = self.answered.get((host, port))
+        if self.tokens < 1 or (last is not None and now - last < REFUSAL_REPEAT_S):
+            self.sched.refused_msgs.refused(
+                "scheduler: dropped a registration from %s:%s unanswered (too many refusals): %s",
+                host,
+                port,
+                text,
+            )
             return
-        self.refusals.append(now)
+        self.tokens -= 1
+        self.answered[(host, port)] = now
         log.warning("scheduler: refused a registration from %s:%s: %s", host, port, text)
         key = ("refusal", origin)
         try:

@@ -31,6 +31,7 @@ from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.registration import Registration
 from hetps.config import NodeConfig, check_exposure, is_loopback
 from hetps.transport.codec import Message
+from hetps.transport.handshakes import RefusalLog
 from hetps.transport.van import PeerGone, Van
 
 log = logging.getLogger("hetps.scheduler")
@@ -88,6 +89,9 @@ class Scheduler:
         self._on_worker_finished: list[Callable[[Scheduler], None]] = []
         self._on_worker_back: list[Callable[[Scheduler, NodeInfo], None]] = []
         self._on_refused: dict[str, Callable[[Scheduler, Message, str], None]] = {}
+        # refused messages: a few lines per window, the rest counted in one line (a forger
+        # sending without end fills no disk)
+        self.refused_msgs = RefusalLog("scheduler", "messages", cfg.refusal_lines)
         self.nodes: dict[int, NodeInfo] = {}
         self.last_seen: dict[int, float] = {}
         self.finished: dict[int, int] = {}
@@ -115,6 +119,7 @@ class Scheduler:
         self.recovering = recover
         # each node's credential, proven to a scheduler started again (cluster/credentials.py)
         self.creds = Credentials(self.van.port, recover)
+        self._table_mark: tuple = ()  # what the node table kept beside the key was made of
         self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
         self._failed_start: str | None = None  # why the start failed (a node died first)
         self._late_refused = 0  # nodes told so
@@ -279,21 +284,51 @@ class Scheduler:
                         self._dispatch(msg)
                     except Exception:  # a bad control message must not stop the scheduler
                         log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
+                    self.keep_table()
                 # once per tick, not per message: the check walks every node, so per message
                 # it cost O(N) per heartbeat, O(N^2) per heartbeat period (scale_sim.py)
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + tick
                     self._check_timeouts()
+                    self.keep_table()
                     self.launcher.say_alive()
+                    self.refused_msgs.tick()
         finally:
             self._service_q.put(None)  # what was asked before the end is still answered
             self._service_thread.join(timeout=10)
             self.van.close()
             self.creds.close()
+            self.refused_msgs.flush()
         if self.exit_code is None:
             self.exit_code = 0
         return self.exit_code
+
+    def keep_table(self) -> None:
+        """Save the node table beside the credential key when it changed (a node assigned,
+        dead, finished, let go, back, taken over): a scheduler started again (``--recover``)
+        takes the job back from it (cluster/credentials.py)."""
+        if not self.nodes or self.recovering:
+            return
+        mark = (
+            len(self.nodes),
+            len(self.dead),
+            len(self.finished),
+            len(self.failovers),
+            len(self.left),
+            sum(self.rejoined.values()),
+        )
+        if mark == self._table_mark:
+            return
+        self._table_mark = mark
+        self.creds.keep_table(
+            {
+                "nodes": [n.to_wire() for n in self.nodes.values()],
+                "down": sorted(self.dead),
+                "redirect": [list(pair) for pair in self.failovers],
+                "done": sorted(self.finished),
+            }
+        )
 
     # -- dispatch ---------------------------------------------------------------------------
     def _dispatch(self, msg: Message) -> None:
@@ -304,7 +339,7 @@ class Scheduler:
             return  # the nodes of the running job say who they are first (readmit)
         if msg.reply or not allow.permits("scheduler", role, cmd, cmd in self.services):
             who = info.describe() if info is not None else "a connection of no node of this job"
-            log.warning(
+            self.refused_msgs.refused(
                 "scheduler: refused %s%s from %s: only %s may send it",
                 cmd,
                 " (a reply)" if msg.reply else "",
@@ -324,7 +359,7 @@ class Scheduler:
         why = commands.decode(msg)  # the body as its command's declared type, or why not
         if why is not None:
             who = info.describe() if info is not None else "a connection of no node of this job"
-            log.warning("scheduler: refused %s from %s: %s", cmd, who, why)
+            self.refused_msgs.refused("scheduler: refused %s from %s: %s", cmd, who, why)
             if info is not None and msg.req:
                 self.reply(msg, {"error": why})
             hook = self._on_refused.get(cmd)
@@ -354,7 +389,9 @@ class Scheduler:
 
     def refuse_request(self, msg: Message, text: str) -> None:
         """Answer a request with an error, and log it (one line)."""
-        log.warning("scheduler: refused %s from node %d: %s", msg.cmd, msg.sender, text)
+        self.refused_msgs.refused(
+            "scheduler: refused %s from node %d: %s", msg.cmd, msg.sender, text
+        )
         if msg.req:
             self.reply(msg, {"error": text})
 

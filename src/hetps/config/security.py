@@ -85,8 +85,16 @@ def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | Non
 
 
 def _read_secret_file(path: str) -> str:
+    # the type first: opening a FIFO (or a device) for reading would wait for a writer,
+    # and the role would hang before it said why; O_NONBLOCK covers a swap after the check
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        st = None  # (the open below says why, with the fix)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ConfigError(_not_regular(path, st.st_mode))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_NOCTTY)
     except OSError as exc:
         raise ConfigError(
             f"HETPS_SECRET_FILE={path}: cannot open it ({exc.strerror}); make one with "
@@ -95,7 +103,7 @@ def _read_secret_file(path: str) -> str:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"HETPS_SECRET_FILE={path} is not a regular file")
+            raise ConfigError(_not_regular(path, st.st_mode))
         if st.st_uid != os.getuid():
             raise ConfigError(
                 f"HETPS_SECRET_FILE={path} belongs to uid {st.st_uid}, not to uid "
@@ -113,6 +121,22 @@ def _read_secret_file(path: str) -> str:
             return f.read(4096)
     finally:
         os.close(fd)
+
+
+def _not_regular(path: str, mode: int) -> str:
+    kinds = [
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ]
+    kind = next((text for test, text in kinds if test(mode)), "not a regular file")
+    return (
+        f"HETPS_SECRET_FILE={path} is {kind}, not a regular file: a secret file must be a "
+        f"plain file of its owner alone; `hetps secret FILE` writes one (mode 0600)"
+    )
 
 
 def check_exposure(

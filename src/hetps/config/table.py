@@ -331,6 +331,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
             Var("HETPS_INSECURE", "flag", False,
                 "run without a secret on a non-loopback address (unauthenticated, "
                 "unencrypted; warned about at every start)", field="insecure", minimum=0),
+            Var("HETPS_REFUSAL_LINES", "int", 5,
+                "messages and registrations the scheduler refuses that it logs one by one "
+                "in each 10-second window; the rest of the window's are counted in one line "
+                "(0: a line for every one)", field="refusal_lines", minimum=0),
         ),
     ),
     (

@@ -6,7 +6,8 @@
 * rejoin: a dead server registers again and is admitted with its old id (is_recovery), as a
   replica;
 * readmit: a scheduler started again at the same address (``--recover``) takes back the
-  running job's nodes, from what they say of it.
+  running job's nodes: those of the node table the scheduler that died kept beside its key
+  (cluster/credentials.py), each proving who it is with its credential.
 
 docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 """
@@ -33,7 +34,11 @@ class Takeover:
     def __init__(self, sched: Any) -> None:
         self.sched = sched
         self.back: dict[int, int] = {}  # node id -> its readmit request (--recover)
-        self.view: dict | None = None  # the job as the first node back described it
+        self.view: dict | None = None  # the job, once a node of it came back (--recover)
+        # the node table the scheduler that died kept beside its key (--recover), and why
+        # there is none: the job is taken back from it, never from what a node says
+        self.saved: dict | None = None
+        self.unsaved: str | None = None
 
     def rejoin_slot(self, role: str, want: int) -> int | None:
         """The id a late server registration takes: a dead server whose keys were taken over
@@ -157,14 +162,17 @@ class Takeover:
                 "scheduler: dropped a readmit of node %r: this scheduler did not restart", nid
             )
             return
+        saved = self.saved_view()
         try:
             if not isinstance(view, dict):
                 raise ValueError("no view of the job")
-            table = {n.id: n for n in map(NodeInfo.from_wire, view["nodes"])}
-            down = {int(i) for i in view.get("down", [])}
-            redirect = [(int(a), int(c)) for a, c in view.get("redirect", [])]
-            done = {int(i) for i in view.get("done", [])}
-            me = table[int(nid)]
+            told = {NodeInfo.from_wire(n).id for n in view["nodes"]}
+            if saved is None:
+                raise LookupError(self.unsaved)
+            table = saved["nodes"]
+            me = table.get(nid) if isinstance(nid, int) else None
+            if me is None:
+                raise LookupError(f"node {P.printable(nid, 32)} is no node of this job")
             if (
                 me.role != role
                 or me.rank != rank
@@ -174,15 +182,34 @@ class Takeover:
                 or not isinstance(back, bytes)
                 or not 0 < len(back) <= 255
             ):
-                raise ValueError("its id, role and rank do not match its table")
+                raise ValueError("its id, role and rank do not match the job's table")
+        except LookupError as exc:
+            self.sched.creds.refusals.refused("scheduler: refused a readmit: %s", exc.args[0])
+            return
         except (KeyError, TypeError, ValueError) as exc:
-            log.warning("scheduler: refused a malformed readmit: %s", exc)
+            self.sched.creds.refusals.refused("scheduler: refused a malformed readmit: %s", exc)
             return
         # the node proves who it is with the credential it got when admitted, not by what
         # its message says; and an id that is back already stays with its connection
         why = self.sched.creds.check(me.id, b.get("gen"), b.get("cred"))
         if why is None and me.id in self.back and msg.sender != me.id:
             why = "that node is back already, on another connection"
+        if why is None and told != set(table):
+            # a node of the job (its credential is good) whose view is not the job's: it is
+            # not taken back, and its view changes nothing
+            extra, lacks = sorted(told - set(table)), sorted(set(table) - told)
+            why = (
+                "its node table is not the job's the scheduler kept ("
+                + "; ".join(
+                    part
+                    for part in (
+                        f"it lists node(s) {extra[:8]} the job does not have" if extra else "",
+                        f"it lacks node(s) {lacks[:8]}" if lacks else "",
+                    )
+                    if part
+                )
+                + ")"
+            )
         if why is not None:
             self.sched.creds.refusals.refused(
                 "scheduler: refused a readmit as node %d (%s rank %s) from %s:%s: %s",
@@ -195,12 +222,12 @@ class Takeover:
             )
             return
         if self.view is None:
-            self.view = {"nodes": table, "down": down, "redirect": redirect, "done": set()}
-        elif set(self.view["nodes"]) != set(table):
-            log.warning("scheduler: refused a readmit of node %d: another job's table", me.id)
-            return
-        self.view["done"] |= done
-        self.view["down"] |= down
+            self.view = {
+                "nodes": dict(table),
+                "down": set(saved["down"]),
+                "redirect": list(saved["redirect"]),
+                "done": set(saved["done"]),
+            }
         passed = b.get("view", {}).get("barriers", {})
         if isinstance(passed, dict):
             for group, n in passed.items():
@@ -226,6 +253,26 @@ class Takeover:
         self.back[me.id] = msg.req
         if set(self.back) >= self.expected_back():
             self.end_recovery()
+
+    def saved_view(self) -> dict | None:
+        """The node table the scheduler that died kept (read once), or None (``unsaved``
+        says why)."""
+        if self.saved is None and self.unsaved is None:
+            state, self.unsaved = self.sched.creds.saved_table()
+            if state is not None:
+                try:
+                    nodes = {n.id: n for n in map(NodeInfo.from_wire, state["nodes"])}
+                    self.saved = {
+                        "nodes": nodes,
+                        "down": {int(i) for i in state.get("down", []) if int(i) in nodes},
+                        "redirect": [(int(a), int(b)) for a, b in state.get("redirect", [])],
+                        "done": {int(i) for i in state.get("done", []) if int(i) in nodes},
+                    }
+                except (KeyError, TypeError, ValueError) as exc:
+                    self.unsaved = f"the node table the scheduler kept is unreadable: {exc}"
+            if self.unsaved is not None:
+                log.error("scheduler: started again (--recover), but %s", self.unsaved)
+        return self.saved
 
     def expected_back(self) -> set[int]:
         view = self.view or {"nodes": {}, "down": set(), "done": set()}

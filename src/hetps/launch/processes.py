@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -77,3 +78,55 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
 def raise_interrupt(signum, frame) -> None:  # type: ignore[no-untyped-def]
     """A SIGINT/SIGTERM handler: stop what the launcher waits for, as Ctrl-C does."""
     raise KeyboardInterrupt
+
+
+def stopped_in_group(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` that are stopped (SIGSTOP, SIGTSTP, a
+    debugger's stop: state ``T`` or ``t`` in ``/proc/PID/stat``). A signal other than
+    SIGKILL (and SIGCONT) waits, undelivered, until such a process is continued."""
+    out = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                text = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ... (after "(comm)")
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] in ("T", "t"):
+            out.append(int(name))
+    return out
+
+
+def end_group(pgid: int, sig: int = signal.SIGTERM, grace: float | None = None) -> bool:
+    """Ask process group ``pgid`` to end with ``sig``; a group with a stopped process gets
+    SIGKILL at once (``sig`` would wait for a SIGCONT that never comes), and with ``grace``
+    a group still there that many seconds later gets SIGKILL too (from a timer thread).
+    Whether it got SIGKILL at once."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if stopped_in_group(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return True
+    if grace is not None:
+
+        def kill() -> None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+        timer = threading.Timer(grace, kill)
+        timer.daemon = True
+        timer.start()
+    return False

@@ -408,6 +408,8 @@ class RayLauncher:
                     pending[r.actor.poll.remote(0.5)] = r
                     continue
                 r.code = shell_code(code)
+                if r.role == "scheduler" and r.code == 0 and deadline is None and pending:
+                    return self._ended(pending)
                 if r.code != 0 and deadline is None:
                     if r.code == 1 and (consequence is not None or r.role != "worker"):
                         # (a worker's 1 may be its own error or another node's; a code of
@@ -418,6 +420,24 @@ class RayLauncher:
                     return self._failed(r, code, pending)
         if consequence is not None:
             return self._failed(consequence, consequence.code or 1, pending)
+        return 0
+
+    def _ended(self, pending: dict) -> int:
+        """The scheduler ended well, and the job with it: the others get ``failure_grace``
+        s to end (they were told); one still there then (hung, or stopped with SIGSTOP) is
+        named and left to :meth:`cleanup` to stop. The code: 0, or a role's failure."""
+        rest = list(pending.values())
+        self._watch(rest, deadline=time.monotonic() + self.failure_grace)
+        failed = next((x for x in rest if x.code not in (None, 0)), None)
+        if failed is not None:
+            self._log(f"{failed.label} exited (code {failed.code}) after the job ended")
+            return failed.code
+        left = [x.label for x in rest if x.code is None]
+        if left:
+            self._log(
+                f"the job ended, but {', '.join(left)} did not end with it within "
+                f"{self.failure_grace:g} s (hung or stopped): stopping it"
+            )
         return 0
 
     def _failed(self, r: _Role, code: int, pending: dict) -> int:

@@ -15,7 +15,7 @@ import sys
 import threading
 
 from hetps.launch.contract import usable_cores, without_host_vars
-from hetps.launch.processes import signal_group, start_piped
+from hetps.launch.processes import end_group, signal_group, start_piped
 
 
 class RoleProcess:
@@ -101,12 +101,12 @@ class RoleProcess:
         return lines, code
 
     def stop(self, grace: float = 5.0) -> int | None:
-        """SIGTERM the process's group, SIGKILL it after ``grace`` s; returns its status."""
+        """SIGTERM the process's group, SIGKILL it after ``grace`` s (at once when a process
+        of it is stopped: SIGTERM would wait for a SIGCONT); returns its status."""
         proc = self.proc
         if proc is None:
             return None
-        if proc.poll() is None:
-            signal_group(proc, signal.SIGTERM)
+        if proc.poll() is None and not end_group(proc.pid, signal.SIGTERM):
             try:
                 proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:

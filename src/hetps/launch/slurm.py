@@ -46,6 +46,7 @@ from hetps.launch.contract import (
 )
 from hetps.launch.processes import (
     dies_with_launcher,
+    end_group,
     raise_interrupt,
     shell_code,
     signal_group,
@@ -56,6 +57,8 @@ from hetps.launch.processes import (
 #: how long a launcher waits, after the scheduler or a server exited 1, for the failure of
 #: the node that ended the job (its own exit follows that of the nodes it took down)
 CAUSE_WAIT_S = 5.0
+#: a task's role still there this long after the signal that stops it gets SIGKILL
+TASK_KILL_S = 10.0
 EXIT_LINE = re.compile(r"^hetps-slurm-exit (\d+) (-?\d+)$")
 #: what task 0 prints first: the step to cancel if srun itself cannot stop it
 STEP_LINE = re.compile(r"^hetps-slurm-step (\S+)$")
@@ -300,6 +303,9 @@ class SlurmLauncher:
         self._consequence = False
         self._cause = threading.Event()
         self._up = False  # the scheduler said its port
+        self._exited: set[int] = set()  # the tasks that said their exit
+        self._ended = threading.Event()  # the scheduler (task 0) ended: so did the job
+        self._ending = False  # the launcher stops what outlived the job: their codes are not its
         self._lock = threading.Lock()
         self._labels: dict[int, str] = {}
 
@@ -342,8 +348,14 @@ class SlurmLauncher:
             done = EXIT_LINE.match(text)
             if done:
                 code = int(done.group(2))
-                if code != 0:
+                self._exited.add(task)
+                if self._ending:
+                    if code != 0:
+                        self._log(f"{name} was stopped (code {shell_code(code)})")
+                elif code != 0:
                     self._note_failure(name, code)
+                if task == 0:
+                    self._ended.set()
                 continue
             with self._lock:
                 self.out.write(f"[{name}] {text}\n")
@@ -387,9 +399,11 @@ class SlurmLauncher:
         self.proc = start_piped(argv, env, signal_name="TERM")
         reader = threading.Thread(target=self._pump, daemon=True)
         reader.start()
-        while self.proc.poll() is None:
+        while self.proc.poll() is None and not self._ended.is_set():
             if self._failed_event.wait(0.2):
                 break
+        if self.failed is None and self._ended.is_set() and self.proc.poll() is None:
+            self._outlived(spec.failure_grace)
         if self._consequence:  # the scheduler or a server ended for a failure: whose?
             self._cause.wait(min(spec.failure_grace, CAUSE_WAIT_S))
         if self.proc.poll() is None:  # a task failed: the others get failure_grace to end
@@ -404,10 +418,32 @@ class SlurmLauncher:
         reader.join(timeout=5)
         if self.failed is not None:
             return shell_code(self.failed[1])
+        if self._ending:  # (the job ended well; the step was stopped for what outlived it)
+            return 0
         code = shell_code(self.proc.returncode)
         if code != 0:
             self._log(f"srun exited with code {code}")
         return code
+
+    def _outlived(self, grace: float) -> None:
+        """The scheduler ended, and the job with it: the other tasks get ``grace`` seconds
+        to end (they were told); a task still there then (hung, or stopped with SIGSTOP)
+        is named and the step stopped, so no process of the job outlives it."""
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        if self.failed is not None:  # a task failed meanwhile: the failure path stops it
+            return
+        left = [name for task, name in sorted(self._labels.items()) if task not in self._exited]
+        self._ending = True
+        self._log(
+            f"the job ended, but {', '.join(left) or 'a task'} did not end with it "
+            f"within {grace:g} s (hung or stopped): stopping the job step"
+        )
+        self.stop()
 
     def stop(self) -> None:
         """Stop the step: SIGTERM to srun (it signals every task), SIGKILL after
@@ -541,7 +577,9 @@ def _task_main(argv: list[str]) -> int:
     child = subprocess.Popen(dies_with_launcher(cmd), env=child_env, start_new_session=True)
 
     def forward(signum, frame):  # type: ignore[no-untyped-def]
-        signal_group(child, signum)
+        # a stopped role (SIGSTOP) would keep the signal pending, and the step with it: it
+        # gets SIGKILL at once, and one that does not end gets it after TASK_KILL_S
+        end_group(child.pid, signum, grace=TASK_KILL_S)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from collections.abc import Sequence
 
 from hetps.launch.contract import FORWARDED_PREFIXES, NOT_ON_COMMAND_LINE, thread_share
@@ -95,10 +96,13 @@ def ssh_wrapper(
     num_servers: int = 0,
     auto_threads: bool = False,
     workers_on: Sequence[str] | None = None,
+    python: str = sys.executable,
 ):
-    """A ``wrap`` that runs each role over ssh: the scheduler on the first host, servers
-    round-robin over the hosts, workers where ``workers_on`` says (:func:`worker_hosts`;
-    round-robin without it), each told its own address (DMLC_NODE_HOST) and the
+    """A ``wrap`` that runs each role over ssh, under :mod:`hetps.launch.guard` (with
+    ``python``, which must be there on every host, as for the servers), which ends it when
+    its ssh connection goes: the scheduler on the first host, servers round-robin over the
+    hosts, workers where ``workers_on`` says (:func:`worker_hosts`; round-robin without it),
+    each told its own address (DMLC_NODE_HOST) and the
     forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key). The
     cluster secret is not on the remote command line: the remote shell reads it from its
     standard input (the launcher writes it there) into its environment.
@@ -129,9 +133,12 @@ def ssh_wrapper(
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(remote.items()))
         if auto_threads:
             exports += f" OMP_NUM_THREADS={threads}"
+        # the guard ends the role when this ssh connection goes (the launcher stopped its
+        # ssh client): a remote process must not outlive the job
+        guarded = [python, "-m", "hetps.launch.guard", "--", *argv]
         line = (
             f"{prelude}cd {shlex.quote(cwd)} && env {exports} "
-            f"{' '.join(shlex.quote(a) for a in argv)}"
+            f"{' '.join(shlex.quote(a) for a in guarded)}"
         )
         secret = env.get("HETPS_SECRET")
         local = {k: v for k, v in env.items() if k not in NOT_ON_COMMAND_LINE}

@@ -17,9 +17,10 @@ Keys, one per direction of each pair of nodes, agreed over the authenticated CUR
    port of its bulk listener. Only A can read it.
 2. A's first big send to B sends, on its CURVE connection to B and before the message, a
    hello (:data:`BULK_HELLO`) with the channel id and 32 random bytes ``ka`` of its own, and
-   connects a plain DEALER to B's bulk port whose routing id is the channel id; at its
-   handshake (ZeroMQ's PLAIN, checked by B's ZAP handler before a message is read) it shows
-   the channel id and ``HMAC-SHA256(kb, channel id)``, so a stranger is refused there.
+   connects a plain DEALER to B's bulk port; at its handshake (ZeroMQ's PLAIN, checked by
+   B's ZAP handler before a message is read) it shows the channel id and
+   ``HMAC-SHA256(kb, channel id)``, so a stranger is refused there. B knows the connection's
+   frames by the channel that handshake proved, not by a routing id the sender chose.
 3. Both derive ``key = HKDF-SHA256(kb || ka, salt from the cluster secret, channel id)``. B
    accepts a hello only from the connection of the node it offered the channel to, and only
    once per channel; an offer or a hello replayed from an old connection cannot be (CURVE's
@@ -103,7 +104,8 @@ class OutChannel:
         # sealed-frame buffers, each with the tracker of its last send (None: never sent)
         self._pool: list[tuple[np.ndarray, Any]] = []
         self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.ROUTING_ID, self.cid)
+        # (no routing id of its own: the receiver names it, and knows the channel by the
+        # handshake's proof, so a channel id someone learned names no connection)
         # the handshake proves this end holds the channel's key half (BulkReceiver.authorize)
         self.sock.setsockopt(zmq.PLAIN_USERNAME, self.cid)
         self.sock.setsockopt(zmq.PLAIN_PASSWORD, _proof(offer["k"], self.cid))

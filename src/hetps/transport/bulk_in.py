@@ -45,9 +45,13 @@ TAG = 16
 CTR = 8
 #: a waiting message whose channel brought no frame for this long is dropped
 BULK_WAIT_S = 20.0
-#: decrypted frames kept for messages not yet read (their header is behind), all channels
+#: decrypted frames kept for messages not yet read (their header is behind), all peers:
+#: each peer has its own equal share of it (so one or two nodes of the job, whatever they
+#: send, cannot take what the others need), but never less than :data:`PEER_PENDING_MIN`
 PENDING_MAX = 1 << 30
-#: ... and of one channel: one node of the job cannot take what the others need
+#: the least share of a peer (two of the biggest frames, whatever the number of peers)
+PEER_PENDING_MIN = 2 * (16 << 20)
+#: ... and what one channel may hold at most
 CHANNEL_PENDING_MAX = PENDING_MAX // 2
 #: frames read from the bulk port at a time (the CURVE connection is read in between)
 DRAIN_MAX = 64
@@ -107,7 +111,8 @@ class InChannel:
         self.proof = _proof(kb, cid)  # what its sender's connection shows at the handshake
         self.user = cid.hex().encode()  # ZAP's user id of that connection, on its frames
         self.held = 0  # bytes of this channel's frames kept for headers not yet read
-        self.owner: bytes | None = None  # that connection's routing id, once opened
+        self.owner: bytes | None = None  # the CURVE connection that opened it (its hello)
+        self.rid: bytes | None = None  # the routing id of its one bulk connection
         self.aead: AESGCM | None = None
         self.next = 0  # counters below this were consumed or skipped: refused from now on
         self.pending: dict[int, np.ndarray] = {}  # counter -> plaintext that came early
@@ -235,8 +240,12 @@ class BulkReceiver:
         self.port = self.guard.port = int(
             self.sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1]
         )
-        self.channels: dict[bytes, InChannel] = {}  # channel id (the DEALER's routing id)
+        # channel id -> its receiving end; a connection's frames are its channel's by the
+        # channel its handshake proved (ZAP's user id), never by a routing id it chose
+        self.channels: dict[bytes, InChannel] = {}
         self.pending_bytes = 0
+        self.peer_held: dict[Any, int] = {}  # bytes kept per peer (its share's use)
+        self._peers = (-1, 1)  # (len(channels) when counted, peers with a channel)
         self.wait_s = BULK_WAIT_S
         # whether the frame being placed waited behind others read just before it (a mark's
         # stamp is then later than its arrival); frames kept for a hello waited too
@@ -249,30 +258,58 @@ class BulkReceiver:
         """(The ZAP thread's check of a connection.) The user id its frames will carry if
         ``user`` is a channel this node offered or opened and ``password`` its proof."""
         chan = self.channels.get(user)
-        if chan is None or chan.admitted or not hmac.compare_digest(password, chan.proof):
-            return None  # (a proof is good for one connection: one read off the wire is spent)
+        if chan is None or not hmac.compare_digest(password, chan.proof):
+            return None
+        if chan.admitted:  # (a proof is good for one connection: one read off the wire is spent)
+            self.refusals.refused(
+                "%s refused a second connection for node %s's bulk channel %s (its channel "
+                "id and proof used again: a replay, or a copy of that node)",
+                self.name,
+                chan.peer,
+                chan.name,
+            )
+            return None
         chan.admitted = True
         return chan.user
 
+    def share(self) -> int:
+        """What one peer may keep for headers not yet read: an equal share of
+        :data:`PENDING_MAX` among the peers with a channel (at least
+        :data:`PEER_PENDING_MIN`, at most :data:`CHANNEL_PENDING_MAX`)."""
+        if self._peers[0] != len(self.channels):
+            self._peers = (len(self.channels), len({c.peer for c in self.channels.values()}))
+        per = max(PENDING_MAX // max(1, self._peers[1]), PEER_PENDING_MIN)
+        return min(per, CHANNEL_PENDING_MAX)
+
     def hold(self, chan: InChannel, n: int, ctr: int) -> bool:
-        """Count ``n`` more bytes kept for ``chan``; False (and a refusal) over a budget."""
-        if self.pending_bytes + n > PENDING_MAX or chan.held + n > CHANNEL_PENDING_MAX:
+        """Count ``n`` more bytes kept for ``chan``; False (and a refusal) over its peer's
+        share or its channel's budget."""
+        used = self.peer_held.get(chan.peer, 0)
+        share = self.share()
+        if used + n > share or chan.held + n > CHANNEL_PENDING_MAX:
             self._refuse(
-                "node %s's frame %d: %d bytes of its channel's (%d of all) are held for "
-                "headers not yet read",
+                "node %s's frame %d: %d bytes of its channel's (%d of that node's share of "
+                "%d) are held for headers not yet read",
                 chan.peer,
                 ctr,
                 chan.held,
-                self.pending_bytes,
+                used,
+                share,
             )
             return False
         chan.held += n
+        self.peer_held[chan.peer] = used + n
         self.pending_bytes += n
         return True
 
     def release(self, chan: InChannel, n: int) -> None:
         chan.held -= n
         self.pending_bytes -= n
+        left = self.peer_held.get(chan.peer, 0) - n
+        if left > 0:
+            self.peer_held[chan.peer] = left
+        else:
+            self.peer_held.pop(chan.peer, None)
 
     def forget(self, chan: InChannel, ctr: int) -> None:
         got = chan.pending.pop(ctr, None)
@@ -298,10 +335,22 @@ class BulkReceiver:
         if len(parts) != 2:
             self._refuse("%d parts from one connection", len(parts))
             return
-        chan = self.channels.get(parts[0].bytes)
-        if chan is None or parts[1].get("User-Id").encode() != chan.user:
-            # (ZAP let it in for another channel: its routing id names one it has no key of)
+        user = parts[1].get("User-Id")
+        try:
+            chan = self.channels.get(bytes.fromhex(user)) if user else None
+        except ValueError:
+            chan = None
+        if chan is None:  # (ZAP let it in for a channel closed since)
             self._refuse("a connection that is no peer's channel (a stranger)")
+            return
+        rid = parts[0].bytes
+        if chan.rid is None:
+            chan.rid = rid  # (the connection its handshake proved: one per channel)
+        elif rid != chan.rid:
+            self._refuse(
+                "a frame of node %s's channel under another routing id (a routing id reused)",
+                chan.peer,
+            )
             return
         buf = parts[1].buffer
         if chan.aead is None:  # offered, and its hello is still on its way: kept till then

@@ -60,9 +60,10 @@ class RefusalLog:
     counted and said in one line when their window ends (at the next refusal or
     :meth:`tick`). Thread-safe: the ZAP thread and the receive thread share one."""
 
-    def __init__(self, name: str, what: str = "connections") -> None:
+    def __init__(self, name: str, what: str = "connections", burst: int | None = None) -> None:
         self.name = name
         self.what = what  # what is refused, for the summing-up line
+        self.burst = burst  # lines a window (None: LOG_BURST; 0: every refusal its line)
         self.total = 0  # every refusal, logged or not
         self._lock = threading.Lock()
         self._start = time.monotonic()
@@ -74,7 +75,8 @@ class RefusalLog:
         with self._lock:
             self.total += 1
             self._roll(time.monotonic())
-            if self._logged < LOG_BURST:
+            burst = LOG_BURST if self.burst is None else self.burst
+            if burst == 0 or self._logged < burst:
                 self._logged += 1
                 log.warning(text, *args)
             else:
@@ -85,8 +87,13 @@ class RefusalLog:
         with self._lock:
             self._roll(time.monotonic())
 
-    def _roll(self, now: float) -> None:
-        if now - self._start < LOG_WINDOW_S:
+    def flush(self) -> None:
+        """Say now what this window did not log (at the end of a node's run)."""
+        with self._lock:
+            self._roll(time.monotonic(), force=True)
+
+    def _roll(self, now: float, force: bool = False) -> None:
+        if now - self._start < LOG_WINDOW_S and not force:
             return
         if self._quiet:
             log.warning(

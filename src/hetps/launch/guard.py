@@ -1,0 +1,82 @@
+"""A role's keeper on a remote host (``hetps launch --launcher ssh``):
+
+    python -m hetps.launch.guard -- COMMAND...
+
+runs the command in a process group of its own, its standard streams the guard's (the ssh
+session's), and ends that group when the ssh connection that started it goes away: the
+launcher stopped its ssh client, or lost it. Without it the remote process outlives the
+job, since killing an ssh client (no terminal) tells the remote side nothing.
+
+The connection's end shows as the session's end of the guard's standard output closing
+(``poll`` reports POLLERR or POLLHUP on it). The group then gets SIGTERM, and SIGKILL at once
+if a process of it is stopped (SIGSTOP: SIGTERM would wait for a SIGCONT), or after
+:data:`KILL_S` seconds if it does not end. SIGTERM, SIGINT and SIGHUP to the guard are
+passed on the same way. The guard exits with the command's status, as a shell reports it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+
+from hetps.launch.processes import end_group, shell_code
+
+#: seconds a group that was asked to end may take before it gets SIGKILL
+KILL_S = 5.0
+_GONE = select.POLLERR | select.POLLHUP | select.POLLNVAL
+
+
+def run(argv: list[str], watch_fd: int = 1) -> int:
+    """Run ``argv`` until it ends, or until ``watch_fd``'s reader is gone (then end it);
+    its exit status as a shell reports it."""
+    child = subprocess.Popen(argv, start_new_session=True)
+
+    def forward(signum, frame):  # type: ignore[no-untyped-def]
+        end_group(child.pid, signum, grace=KILL_S)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    watch = select.poll()
+    watch.register(watch_fd, 0)  # (POLLERR and POLLHUP are reported whatever is asked)
+    try:
+        pidfd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):  # (Linux before 5.3: the child is looked at each 0.5 s)
+        pidfd = None
+    else:
+        watch.register(pidfd, select.POLLIN)
+    try:
+        while child.poll() is None:
+            events = watch.poll(None if pidfd is not None else 500)
+            if any(fd == watch_fd and ev & _GONE for fd, ev in events):
+                end_group(child.pid, signal.SIGTERM, grace=KILL_S)
+                watch.unregister(watch_fd)
+        code = child.wait()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # what the command left behind
+    except (ProcessLookupError, PermissionError):
+        pass
+    return shell_code(code)
+
+
+def main(argv: list[str]) -> int:
+    """The entry: ``[--] COMMAND...``."""
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m hetps.launch.guard -- COMMAND...", file=sys.stderr)
+        return 2
+    try:
+        return run(argv)
+    except FileNotFoundError as exc:
+        print(f"hetps launch: cannot start {argv[0]}: {exc.strerror}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
