@@ -167,3 +167,89 @@ def test_every_key_keeps_a_copy_through_three_failures_with_restarts(tmp_path: P
     # the second failover went to the server started again, the third to server 0, back too
     assert re.search(r"server rank 0 .*killed.*server rank 1 \(node 10.*takes over", text), text
     assert re.search(r"server rank 2 .*killed.*server rank 0 \(node 8.*takes over", text), text
+
+
+# A broken replica: server 1 takes rounds and inits, but refuses every whole-slice copy
+BROKEN_REPLICA = """
+import sys
+from hetps.faults import replicas
+from hetps.kvstore.slices import BadRequest
+
+def refuse(self, msg):
+    raise BadRequest("this replica refuses every slice copy (broken on purpose)")
+
+replicas.Replication._sync_copy = refuse
+from hetps.cli import main
+sys.exit(main(["server"]))
+"""
+
+LOUD = """
+flags = os.environ["FLAGS"]
+kv = hetps.kv.create("dist_sync")
+keys = ["a", "b", "c", "d"]
+kv.init(keys, [np.zeros(4, np.float32)] * 4)
+kv.set_optimizer(optim.SGD(learning_rate=0.1))
+for r in range(40):
+    if r == 3:
+        if kv.rank == 0:
+            open(os.path.join(flags, "at3"), "w").close()
+        while not os.path.exists(os.path.join(flags, "go")):
+            time.sleep(0.01)   # polls a file the test writes
+    kv.push(keys, [np.ones(4, np.float32)] * 4)
+    kv.pull(keys, out=[np.zeros(4, np.float32) for _ in keys])
+print(f"DONE {kv.rank}", flush=True)
+"""
+
+
+def test_a_copy_refused_by_a_live_replica_fails_the_job_naming_the_key_and_servers(tmp_path):
+    """Server 2 dies, server 0 takes its keys and sends its replica, server 1, all it serves;
+    server 1 refuses the copies. Those keys have one copy left: the workers' next requests of
+    them are refused with the key and both servers named, and the job fails instead of going
+    on (or waiting) with keys a second death would lose."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(PRELUDE + textwrap.dedent(LOUD))
+
+    def wrap(role, rank, argv, env):
+        if role == "server" and rank == 1:
+            return [sys.executable, "-c", BROKEN_REPLICA], env
+        return argv, env
+
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=2,
+        num_servers=3,
+        command=[sys.executable, str(script)],
+        env={**TEST_ENV, "FLAGS": str(flags)},
+        start_timeout=30.0,
+        failure_grace=5.0,
+        replicas=2,
+        wrap=wrap,
+    )
+    launcher = Launcher(spec, out=out)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.setdefault("code", launcher.run()))
+    runner.start()
+    try:
+        while not (flags / "at3").exists():
+            assert runner.is_alive(), out.getvalue()
+            time.sleep(0.02)  # polls a file the job writes
+        at = len(out.getvalue())
+        _kill(launcher, 2)
+        _wait(out, r"server rank 0 .*takes over its keys", runner, at)
+        (flags / "go").touch()
+        runner.join(60)
+        assert not runner.is_alive(), "the job hung: " + out.getvalue()
+    finally:
+        launcher.stop_all(kill=True)
+        runner.join(30)
+    text = out.getvalue()
+    assert result.get("code") not in (0, None), text
+    assert "DONE" not in text, text
+    said = re.search(
+        r"\[worker \d\].*key '(\w)' part 0 has no working copy: server rank 0 \(node 8.* serves "
+        r"it and server rank 1 \(node 10.*, its replica, refused the copy",
+        text,
+    )
+    assert said is not None, text
