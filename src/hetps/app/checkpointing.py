@@ -72,9 +72,15 @@ def chosen(args: argparse.Namespace, directory: str) -> checkpoint.Checkpoint | 
     seen = args.__dict__.setdefault("_checkpoints", {})
     if directory not in seen:
         try:
-            seen[directory] = checkpoint.latest(directory)
+            seen[directory] = ck = checkpoint.latest(directory)
         except checkpoint.CheckpointError as exc:
             raise SystemExit(f"hetps train: {exc}") from None
+        if ck is not None:
+            print(
+                f"hetps train: the last intact checkpoint in {directory} is {ck.path.name} "
+                f"(round {ck.step})",
+                flush=True,
+            )
     return seen[directory]
 
 
