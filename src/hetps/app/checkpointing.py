@@ -121,6 +121,14 @@ class TrainCheckpoints:
     def _on_term(self, signum: int, frame: Any) -> None:  # noqa: ARG002
         if self.term:  # a second SIGTERM: stop now
             raise SystemExit(128 + signum)
+        if self.kv is not None and getattr(self.kv, "rejoining", False):
+            # started again, and not in the job's rounds yet (the job may be over: the
+            # launcher stops such a worker at its end): no round of its own to checkpoint
+            print(
+                f"worker {self.rank}: SIGTERM before it joined the running job: it stops",
+                flush=True,
+            )
+            raise SystemExit(128 + signum)
         self.term = True
         print(
             f"worker {self.rank}: SIGTERM: checkpoint after this round, then stop "
