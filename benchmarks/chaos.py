@@ -521,11 +521,17 @@ def main() -> int:
                 args.elastic,
                 args.replicas,
             )
-            model = final_model(Path(row.pop("ck")))
+            ck = Path(row.pop("ck"))
+            model = final_model(ck)
             name = row.pop("name")
             diff = max_diff(model, ref_model) if row["outcome"] == "completed" else None
             row["max_abs_diff"] = diff
             row["matches"] = diff is not None and diff <= tolerance
+            if args.elastic and row["outcome"] == "completed":
+                # deterministic (a round is added in worker order): every worker's weights,
+                # every server value and the optimizer states, bit for bit
+                row.update(same_as(ck, base / "ck-ref"))
+                row["matches"] = row["bit_for_bit"]
             if args.elastic and role == "worker":
                 row["matches"] = None  # fewer workers from the kill on: another model
             acc = final_accuracy(base, name) if row["outcome"] == "completed" else None
@@ -612,6 +618,14 @@ def multi_only(args: argparse.Namespace, rng: random.Random, base: Path) -> int:
             )
         )
     return 0 if all(r["as_expected"] for r in rows) else 1
+
+
+def same_as(ck: Path, ref: Path) -> dict:
+    """A trial's last checkpoint against the reference's, bit for bit (chaos_multi.compare):
+    ``bit_for_bit``, ``workers_equal`` of ``workers``, ``stale_values``, ``states_equal``."""
+    cmp = chaos_multi.compare(ck, ref)
+    keep = ("bit_for_bit", "workers", "workers_equal", "stale_values", "states_equal", "why")
+    return {k: cmp.get(k) for k in keep}
 
 
 def max_diff(a: dict | None, b: dict | None) -> float:
@@ -789,11 +803,15 @@ def run_hangs(args: argparse.Namespace, rng: random.Random, base: Path, expected
             rng.shuffle(order)
         role, hang = order.pop()
         row = hang_trial(i, role, hang, rng, base, args.rounds, max(180, 6 * expected), args)
-        model = final_model(Path(row.pop("ck")))
+        ck = Path(row.pop("ck"))
+        model = final_model(ck)
         row.pop("name")
         diff = max_diff(model, ref_model) if row["outcome"] == "completed" else None
         row["max_abs_diff"] = diff
         row["matches"] = diff is not None and diff <= tolerance
+        if args.elastic and row["outcome"] == "completed":
+            row.update(same_as(ck, base / "ck-ref"))  # bit for bit (see the kill trials)
+            row["matches"] = row["bit_for_bit"]
         if args.elastic and role == "worker" and hang != "pause":
             row["matches"] = None  # let go from the hang on: another model
         if args.keep:
