@@ -254,8 +254,9 @@ class Recovery:
     def heir(self, peer: int) -> int:
         """The server that answers for ``peer`` now: itself while it is alive (even one
         started again: it serves what it took over, not its old keys), its heir while it
-        is dead (a failover made between a request's routing and its send)."""
-        if peer in self.node.down:
+        is dead (a failover made between a request's routing and its send). A server's
+        requests (copies to its replicas) go where they are sent, as ``Node.route`` has it."""
+        if self.node.role == "worker" and peer in self.node.down:
             return self.node.redirect.get(peer, peer)
         return peer
 
