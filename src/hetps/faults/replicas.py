@@ -21,6 +21,7 @@ import numpy as np
 
 from hetps import optim
 from hetps.cluster import protocol as P
+from hetps.cluster.errors import RequestError
 from hetps.kvstore.aggregate import writable
 from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
 from hetps.kvstore.table_replicas import TABLE_OPS
@@ -236,7 +237,8 @@ class Replication:
         def failed(exc: BaseException) -> None:
             if peer in getattr(self.node, "down", ()):  # (a dead one: said once, elsewhere)
                 return
-            if skey is None:
+            if skey is None or not isinstance(exc, RequestError):
+                # (not a refusal: a timeout or a closed node, which its death settles)
                 log.warning("server: a replica did not take a copy: %s", exc)
                 return
             me = self.node.describe(self.node.id)
