@@ -114,27 +114,36 @@ def test_sighup_to_hetps_launch_gives_the_workers_sigterm_first_and_returns_129(
     assert "[worker 0] worker 0: SIGTERM: stopped after round" in out, out
 
 
-# A worker's checkpointing as `hetps train` sets it up, in a store that was started again
-# and has not joined the running job yet (kv.rejoining); the launcher's SIGTERM at the end.
-NOT_JOINED = """
+# A worker's checkpointing as `hetps train` sets it up: first in a worker past its last
+# round, then in one started again that has not joined the running job yet
+# (kv.rejoining); the launcher's SIGTERM at the job's end to each.
+LATE = """
 import os, signal, types
 from hetps.app.checkpointing import TrainCheckpoints
 args = types.SimpleNamespace(checkpoint_dir="ck", checkpoint_every=None, checkpoint_seconds=None)
+done = TrainCheckpoints(args, types.SimpleNamespace(rejoining=False, live_rank=0), 1)
+done.over = True
+os.kill(os.getpid(), signal.SIGTERM)
+print("PAST ITS LAST ROUND, STILL HERE", done.term, flush=True)
 kv = types.SimpleNamespace(rejoining=True, live_rank=-1)
 TrainCheckpoints(args, kv, 2)
-print("READY", flush=True)
 os.kill(os.getpid(), signal.SIGTERM)
-print("STILL HERE", flush=True)
+print("NOT JOINED, STILL HERE", flush=True)
 """
 
 
-def test_a_worker_that_has_not_joined_stops_at_sigterm_without_a_checkpoint_wish(tmp_path):
-    script = tmp_path / "not_joined.py"
-    script.write_text(textwrap.dedent(NOT_JOINED))
+def test_sigterm_after_the_last_round_or_before_joining_asks_for_no_checkpoint(tmp_path):
+    """Neither says "checkpoint after this round": the first ends as it would have, the
+    second, which has no round of its own, stops at once (143)."""
+    script = tmp_path / "late.py"
+    script.write_text(textwrap.dedent(LATE))
     res = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
-    assert res.returncode == 143, res.stdout + res.stderr
-    assert "READY" in res.stdout and "STILL HERE" not in res.stdout, res.stdout
-    assert "worker 2: SIGTERM before it joined the running job: it stops" in res.stdout
-    assert "checkpoint after this round" not in res.stdout, res.stdout
+    out = res.stdout
+    assert res.returncode == 143, out + res.stderr
+    assert "worker 1: SIGTERM after its last round: it ends" in out, out
+    assert "PAST ITS LAST ROUND, STILL HERE False" in out, out
+    assert "worker 2: SIGTERM before it joined the running job: it stops" in out, out
+    assert "NOT JOINED, STILL HERE" not in out, out
+    assert "checkpoint after this round" not in out, out

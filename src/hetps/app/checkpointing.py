@@ -115,12 +115,16 @@ class TrainCheckpoints:
         self.rank = rank
         self.last = time.monotonic()
         self.term = False
+        self.over = False  # the last round is done (the job may be over)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, signum: int, frame: Any) -> None:  # noqa: ARG002
         if self.term:  # a second SIGTERM: stop now
             raise SystemExit(128 + signum)
+        if self.over:  # (the launcher stops what is left at the job's end): it ends anyway
+            print(f"worker {self.rank}: SIGTERM after its last round: it ends", flush=True)
+            return
         if self.kv is not None and getattr(self.kv, "rejoining", False):
             # started again, and not in the job's rounds yet (the job may be over: the
             # launcher stops such a worker at its end): no round of its own to checkpoint
