@@ -5,6 +5,8 @@
     .venv/bin/python benchmarks/chaos.py --trials 0 --corrupt 5 --rounds 30  # damaged checkpoints
     .venv/bin/python benchmarks/chaos.py --trials 0 --hang-trials 9 --hb-timeout 4   # hangs
     .venv/bin/python benchmarks/chaos.py --slurm-hang 3 --test-slurm --rounds 40  # Slurm hangs
+    .venv/bin/python benchmarks/chaos.py --quick     # two server deaths in a job, 4 trials
+    .venv/bin/python benchmarks/chaos.py --trials 0 --multi 12   # 3 of each multi-fault kind
 
 The job: ``hetps train -m sync -n mlp --workers 3 --servers 2 --replicas 2 --elastic 2``
 with ``--checkpoint-dir`` (every 5 rounds) and ``--max-restarts 3``, on a slice of
@@ -49,6 +51,10 @@ A worker's death is survived with nothing restarted (the two others go on, ``--e
 a server's too (its replica takes over); the scheduler is started again at its address and
 takes the running nodes back.
 
+With ``--multi N``, N multi-fault trials in a 3-server job (benchmarks/chaos_multi.py says
+which), each compared with an undisturbed run bit for bit: every worker's weights, every
+key's value on the servers and their optimizer states. ``--quick`` runs one of each.
+
 With ``--hang-trials N``, N more trials each stop one process with SIGSTOP (a worker, a
 server or the scheduler) and either never continue it (``stop``), continue it with SIGCONT
 after 1.5 heartbeat timeouts, when it was declared dead (``stop+cont``), or after a quarter
@@ -81,6 +87,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import chaos_multi  # noqa: E402
 from _chaos_slurm import add_slurm_hang_args, slurm_hang_main  # noqa: E402
 from _common import git_head, median  # noqa: E402
 
@@ -88,16 +95,17 @@ ROLES = ("worker", "server", "scheduler", "launcher")
 
 
 def job_cmd(
-    logs: Path, ck: Path, rounds: int, name: str, elastic: int = 0, replicas: int = 2
-) -> list[str]:
+    logs: Path, ck: Path, rounds: int, name: str, elastic: int = 0, replicas: int = 2,
+    servers: int = 2, restarts: int = 3,
+) -> list[str]:  # fmt: skip
     return [
         sys.executable, "-m", "hetps.cli", "train",
         *(["--elastic", str(elastic)] if elastic else []),
         *(["--replicas", str(replicas)] if replicas > 1 else []),
-        "-m", "sync", "-n", "mlp", "--workers", "3", "--servers", "2",
+        "-m", "sync", "-n", "mlp", "--workers", "3", "--servers", str(servers),
         "--train-limit", "6000", "--test-limit", "1000", "-b", "32", "-e", "10",
         "--max-rounds", str(rounds), "--slowdown", "5,5,5",
-        "--checkpoint-dir", str(ck), "--checkpoint-every", "5", "--max-restarts", "3",
+        "--checkpoint-dir", str(ck), "--checkpoint-every", "5", "--max-restarts", str(restarts),
         "-ld", str(logs), "--run-name", name, "--progress", "lines",
     ]  # fmt: skip
 
@@ -446,6 +454,20 @@ def main() -> int:
         "cut short or flip a byte in the newest worker-K.pkl or values.npz (or in the two "
         "newest), then --resume",
     )
+    ap.add_argument(
+        "--multi",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N multi-fault trials (3 servers, two of them killed one after the other: with "
+        "and without restarts between, and a kill during a restart; benchmarks/chaos_multi.py)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the small preset: one multi-fault trial of each kind, 200 rounds, no other "
+        "trials (about 4 minutes on 2 cores)",
+    )
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep each trial's output here")
     add_hang_args(ap)
     add_slurm_hang_args(ap)
@@ -453,9 +475,14 @@ def main() -> int:
     args = ap.parse_args()
     if args.slurm_hang:  # (hang trials under the Slurm launcher: their own section)
         return slurm_hang_main(args)
+    if args.quick:
+        args.trials, args.corrupt, args.hang_trials = 0, 0, 0
+        args.multi, args.rounds = len(chaos_multi.SCENARIOS), 200
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="hetps-chaos-") as tmp:
         base = Path(tmp)
+        if not (args.trials or args.corrupt or args.hang_trials):
+            return multi_only(args, rng, base)
         t0 = time.monotonic()
         ref = Job(
             job_cmd(base, base / "ck-ref", args.rounds, "ref", args.elastic, args.replicas),
@@ -502,11 +529,17 @@ def main() -> int:
                 args.elastic,
                 args.replicas,
             )
-            model = final_model(Path(row.pop("ck")))
+            ck = Path(row.pop("ck"))
+            model = final_model(ck)
             name = row.pop("name")
             diff = max_diff(model, ref_model) if row["outcome"] == "completed" else None
             row["max_abs_diff"] = diff
             row["matches"] = diff is not None and diff <= tolerance
+            if args.elastic and row["outcome"] == "completed":
+                # deterministic (a round is added in worker order): every worker's weights,
+                # every server value and the optimizer states, bit for bit
+                row.update(same_as(ck, base / "ck-ref"))
+                row["matches"] = row["bit_for_bit"]
             if args.elastic and role == "worker":
                 row["matches"] = None  # fewer workers from the kill on: another model
             acc = final_accuracy(base, name) if row["outcome"] == "completed" else None
@@ -528,6 +561,7 @@ def main() -> int:
             )
         corrupt = corrupt_trials(args, base, ref_model, tolerance, max(180, 6 * expected))
         hang_rows = run_hangs(args, rng, base, expected, ref_model, tolerance)
+        multi_rows = chaos_multi.run_multi(sys.modules[__name__], args, rng, base)
     summary = summarize(rows)
     print()
     print(f"{'killed':10s} {'trials':>6s} {'completed':>9s} {'failed':>6s} {'hung':>4s} "
@@ -545,6 +579,8 @@ def main() -> int:
           f"{max(((r['accuracy_gap'] or 0.0) for r in rows), default=0.0):.4f}")  # fmt: skip
     hang_summary = summarize_hangs(hang_rows)
     print_hangs(hang_summary)
+    multi_summary = chaos_multi.summarize_multi(multi_rows)
+    chaos_multi.print_multi(multi_summary)
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -562,11 +598,42 @@ def main() -> int:
                     "heartbeat": {"interval_s": args.hb_interval, "timeout_s": args.hb_timeout},
                     "hang_trials": hang_rows,
                     "hang_summary": hang_summary,
+                    "multi_trials": multi_rows,
+                    "multi_summary": multi_summary,
                 },
                 indent=2,
             )
         )
     return 0
+
+
+def multi_only(args: argparse.Namespace, rng: random.Random, base: Path) -> int:
+    """Only the multi-fault trials (``--quick``, or ``--trials 0 --multi N``)."""
+    rows = chaos_multi.run_multi(sys.modules[__name__], args, rng, base)
+    summary = chaos_multi.summarize_multi(rows)
+    chaos_multi.print_multi(summary)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "commit": git_head(str(ROOT)),
+                    "rounds": args.rounds,
+                    "elastic": args.elastic,
+                    "multi_trials": rows,
+                    "multi_summary": summary,
+                },
+                indent=2,
+            )
+        )
+    return 0 if all(r["as_expected"] for r in rows) else 1
+
+
+def same_as(ck: Path, ref: Path) -> dict:
+    """A trial's last checkpoint against the reference's, bit for bit (chaos_multi.compare):
+    ``bit_for_bit``, ``workers_equal`` of ``workers``, ``stale_values``, ``states_equal``."""
+    cmp = chaos_multi.compare(ck, ref)
+    keep = ("bit_for_bit", "workers", "workers_equal", "stale_values", "states_equal", "why")
+    return {k: cmp.get(k) for k in keep}
 
 
 def max_diff(a: dict | None, b: dict | None) -> float:
@@ -744,11 +811,15 @@ def run_hangs(args: argparse.Namespace, rng: random.Random, base: Path, expected
             rng.shuffle(order)
         role, hang = order.pop()
         row = hang_trial(i, role, hang, rng, base, args.rounds, max(180, 6 * expected), args)
-        model = final_model(Path(row.pop("ck")))
+        ck = Path(row.pop("ck"))
+        model = final_model(ck)
         row.pop("name")
         diff = max_diff(model, ref_model) if row["outcome"] == "completed" else None
         row["max_abs_diff"] = diff
         row["matches"] = diff is not None and diff <= tolerance
+        if args.elastic and row["outcome"] == "completed":
+            row.update(same_as(ck, base / "ck-ref"))  # bit for bit (see the kill trials)
+            row["matches"] = row["bit_for_bit"]
         if args.elastic and role == "worker" and hang != "pause":
             row["matches"] = None  # let go from the hang on: another model
         if args.keep:

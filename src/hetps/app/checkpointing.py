@@ -72,9 +72,15 @@ def chosen(args: argparse.Namespace, directory: str) -> checkpoint.Checkpoint | 
     seen = args.__dict__.setdefault("_checkpoints", {})
     if directory not in seen:
         try:
-            seen[directory] = checkpoint.latest(directory)
+            seen[directory] = ck = checkpoint.latest(directory)
         except checkpoint.CheckpointError as exc:
             raise SystemExit(f"hetps train: {exc}") from None
+        if ck is not None:
+            print(
+                f"hetps train: the last intact checkpoint in {directory} is {ck.path.name} "
+                f"(round {ck.step})",
+                flush=True,
+            )
     return seen[directory]
 
 
@@ -109,11 +115,23 @@ class TrainCheckpoints:
         self.rank = rank
         self.last = time.monotonic()
         self.term = False
+        self.over = False  # the last round is done (the job may be over)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, signum: int, frame: Any) -> None:  # noqa: ARG002
         if self.term:  # a second SIGTERM: stop now
+            raise SystemExit(128 + signum)
+        if self.over:  # (the launcher stops what is left at the job's end): it ends anyway
+            print(f"worker {self.rank}: SIGTERM after its last round: it ends", flush=True)
+            return
+        if self.kv is not None and getattr(self.kv, "rejoining", False):
+            # started again, and not in the job's rounds yet (the job may be over: the
+            # launcher stops such a worker at its end): no round of its own to checkpoint
+            print(
+                f"worker {self.rank}: SIGTERM before it joined the running job: it stops",
+                flush=True,
+            )
             raise SystemExit(128 + signum)
         self.term = True
         print(

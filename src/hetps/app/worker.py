@@ -285,6 +285,8 @@ class WorkerRun:
                 self.ckpt.save(self, rnd, self.ckpt_opt)
             if r.admit and not stop:  # every collective of this round is done: the boundary
                 self.rejoin.admit(rnd)
+        if self.ckpt is not None:
+            self.ckpt.over = True  # a SIGTERM from now on asks for no checkpoint
         assert self.progress is not None and self.log is not None
         self.progress.close()
         self.log.close()

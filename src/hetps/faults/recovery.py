@@ -251,6 +251,15 @@ class Recovery:
                 except PeerGone:
                     pass
 
+    def heir(self, peer: int) -> int:
+        """The server that answers for ``peer`` now: itself while it is alive (even one
+        started again: it serves what it took over, not its old keys), its heir while it
+        is dead (a failover made between a request's routing and its send). A server's
+        requests (copies to its replicas) go where they are sent, as ``Node.route`` has it."""
+        if self.node.role == "worker" and peer in self.node.down:
+            return self.node.redirect.get(peer, peer)
+        return peer
+
     def send_kept(
         self, peer: int, futs: list[Future], msgs: list[Message], track: bool = False
     ) -> bool:
@@ -258,7 +267,12 @@ class Recovery:
         answered: if the server dies, :meth:`_failover` sends them again to the one that
         takes over. Under the route lock, so none leaves between a failover's re-sends."""
         with self.node.route_lock:
-            peer = self.node.route(peer)
+            # each future names the server its request goes to: routed once, when it was
+            # made (Node.request), and moved to the heir by a failover since (retarget).
+            # Routing it again would follow a second hop: a server started again after its
+            # keys were taken over may serve another dead server's keys now, and its own
+            # id still maps to the server that took its keys (a chain no request may follow)
+            peer = self.heir(futs[0].peer if futs and futs[0].peer is not None else peer)
             for fut, msg in zip(futs, msgs, strict=True):
                 fut.peer = peer  # (made before a failover: its answer comes from the heir)
                 fut.sent = msg

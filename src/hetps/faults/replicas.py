@@ -21,6 +21,7 @@ import numpy as np
 
 from hetps import optim
 from hetps.cluster import protocol as P
+from hetps.cluster.errors import RequestError
 from hetps.kvstore.aggregate import writable
 from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
 from hetps.kvstore.table_replicas import TABLE_OPS
@@ -52,6 +53,11 @@ class Replication:
         self.slices = server.slices
         self.answers = server.answers
         self._copies: list[_Copy] = []  # copies on their way, each waiting for its acks
+        # (key, part) -> why it has no working copy: a live replica refused the whole slice
+        # (it serves that slice itself, say), so the next death could lose it. Every request
+        # of such a slice is refused with this text, and the job fails, instead of going on
+        # with one copy or waiting for a round that two servers each think is theirs
+        self.broken: dict[tuple[Any, int], str] = {}
 
     @property
     def replicated(self) -> bool:
@@ -205,18 +211,45 @@ class Replication:
             for body, arrays in parts:
                 self._copy_to(peer, body, arrays, taken)
 
+    def check(self, sl: Slice) -> None:
+        """Refuse a request of a slice that has no working copy (see ``broken``)."""
+        why = self.broken.get(sl.skey)
+        if why is not None:
+            raise BadRequest(why)
+
     def _copy_to(self, peer: int, body: dict, arrays: list, callback) -> None:
-        """A copy that nothing waits for (a replica's catch-up): its failure is logged."""
+        """A copy that nothing waits for (a replica's catch-up): its failure is logged, and
+        a slice a live replica refused has no working copy (``broken``) until one takes it."""
+        skey = (body.get("k"), body.get("part")) if body.get("op") == "sync" else None
+
+        def taken(reply: Message) -> None:
+            if skey is not None:
+                self.broken.pop(skey, None)
+            callback(reply)
+
         fut = self.node.request(
             peer,
             Message(P.REPLICATE, body=body, arrays=arrays),
-            callback=callback,
+            callback=taken,
             what=f"a copy ({body['op']}) to {self.node.describe(peer)}",
         )
 
         def failed(exc: BaseException) -> None:
-            if peer not in getattr(self.node, "down", ()):  # (a dead one: said once, elsewhere)
+            if peer in getattr(self.node, "down", ()):  # (a dead one: said once, elsewhere)
+                return
+            if skey is None or not isinstance(exc, RequestError):
+                # (not a refusal: a timeout or a closed node, which its death settles)
                 log.warning("server: a replica did not take a copy: %s", exc)
+                return
+            me = self.node.describe(self.node.id)
+            why = (
+                f"key {skey[0]!r} part {skey[1]} has no working copy: {me} serves it and "
+                f"{self.node.describe(peer)}, its replica, refused the copy ({exc}); a second "
+                "death could lose it, so the job stops here"
+            )
+            if skey not in self.broken:
+                log.error("server: %s", why)
+            self.broken[skey] = why
 
         fut.errback = failed
         if fut.error is not None:

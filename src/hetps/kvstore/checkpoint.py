@@ -387,6 +387,7 @@ def latest(directory: str | os.PathLike[str], verify: bool = True) -> Checkpoint
     found = complete(directory)
     if not verify:
         return found[-1] if found else None
+    skipped = _unsealed(Path(directory), found)
     damaged: list[DamagedCheckpoint] = []
     for ck in reversed(found):
         if not ck.checked:
@@ -407,13 +408,57 @@ def latest(directory: str | os.PathLike[str], verify: bool = True) -> Checkpoint
             )
             damaged.append(exc)
             continue
-        if damaged:
+        if damaged or any(name > ck.path.name for name, _ in skipped):
             log.warning("going on from %s, the newest intact checkpoint", ck.path)
         return ck
-    if damaged:
+    if damaged or skipped:
         raise CheckpointError(
             f"every checkpoint in {directory} is damaged: "
-            + "; ".join(f"{d.path.name}/{d.file}: {d.why}" for d in damaged)
+            + "; ".join(
+                [f"{d.path.name}/{d.file}: {d.why}" for d in damaged]
+                + [f"{name}/{MANIFEST}: {why}" for name, why in skipped]
+            )
             + ". Restore them from a copy, or start again without them"
         )
     return None
+
+
+def _unsealed(root: Path, found: list[Checkpoint]) -> list[tuple[str, str]]:
+    """The checkpoint folders of ``root`` that are not complete though they should be: a
+    ``ckpt-<round>`` folder (not ``.tmp``: one is renamed only after its manifest is
+    written) whose manifest is missing or unreadable, and the folder ``latest`` names when
+    it is not a complete one. Each is logged (its name and why), newest first: a resume
+    never falls back past one in silence."""
+    if not root.is_dir():
+        return []
+    ok = {ck.path.name for ck in found}
+    try:
+        named = (root / "latest").read_text().strip()
+    except OSError:
+        named = ""
+    out: dict[str, str] = {}
+    for d in root.glob("ckpt-*"):
+        if d.name.endswith(".tmp") or d.name in ok or not d.is_dir():
+            continue
+        m = d / MANIFEST
+        if not m.is_file():
+            out[d.name] = f"{MANIFEST} is missing (deleted?)"
+            continue
+        try:
+            int(json.loads(m.read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            out[d.name] = f"{MANIFEST} cannot be read ({type(exc).__name__}: {exc})"
+    if named and named not in ok and named not in out:
+        out[named] = "the folder is not there"
+    newest = max(ok, default="")
+    for name in sorted(out, reverse=True):
+        why = out[name]
+        said = f" (the one {root / 'latest'} names)" if name == named else ""
+        log.warning(
+            "checkpoint %s%s is damaged: %s; %s",
+            root / name,
+            said,
+            why,
+            "trying the one before it" if name > newest and newest else "skipped",
+        )
+    return sorted(out.items(), reverse=True)

@@ -277,6 +277,7 @@ class KVServer:
             self.node.send(msg.sender, Message(P.RECEIPT, body={"req": msg.req}))
         key, part, off, n, ce = b.key, b.part, b.offset, b.count, b.chunk
         sl = checks.find_slice(self.slices, msg, b)
+        self.replication.check(sl)
         sl.primary = True  # (a copy becomes the key itself when a worker pushes it here)
         sync = self.sync if self.sync is not None else b.sync
         if not sync and self.optimizer is None:
@@ -424,6 +425,7 @@ class KVServer:
     def _pull(self, msg: Message) -> None:
         b = checks.body(msg, Pull)
         sl = checks.find_slice(self.slices, msg, b)
+        self.replication.check(sl)
         worker = msg.sender
         if sl.copying:  # answered once the last round exists on every replica
             sl.backlog.append(msg)

@@ -3,7 +3,7 @@
 Every child runs in its own session (process group) so that it and everything it starts can be
 stopped together. Output lines are prefixed with the role and rank. The first child to exit
 non-zero stops the others, and its exit code is returned as a shell reports it (128 + the
-signal for a child killed by one: 137 for SIGKILL); Ctrl-C and SIGTERM stop everything. No
+signal for a child killed by one: 137 for SIGKILL); Ctrl-C, SIGTERM and SIGHUP stop everything. No
 child outlives the launcher: on Linux each is started under ``setpriv --pdeathsig KILL``, so
 it dies with the launcher even when the launcher is killed with SIGKILL or its terminal closes.
 
@@ -163,7 +163,9 @@ class Launcher(Supervision, Liveness):
         """Start everything, wait for the end, stop everything. Returns the exit code."""
         old = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            # SIGHUP (the terminal or ssh session that started it closed) stops the job as
+            # SIGTERM does: the workers first, a checkpoint after their round
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old[sig] = signal.signal(sig, self._on_signal)
         try:
             code = self._run()
