@@ -65,7 +65,10 @@ class RawNode:
             assert left > 0 and self.inbox.poll(int(left * 1000)), f"no {cmd} for {self.role}"
             head = msgpack.unpackb(self.inbox.recv_multipart()[1], raw=False)
             if head["c"] == cmd:
-                return head["b"]
+                body = head["b"]
+                if isinstance(body.get("nodes"), bytes):  # the table, encoded once for all
+                    body["nodes"] = msgpack.unpackb(body["nodes"], raw=False)
+                return body
 
     def readmit(self, view: dict) -> None:
         body = {

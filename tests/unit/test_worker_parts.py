@@ -11,7 +11,14 @@ import hetps.kvstore
 from hetps.faults.joining import Joining
 from hetps.faults.recovery import Recovery
 
-WORKER = {"DMLC_ROLE": "worker"}
+WORKER = {
+    "DMLC_ROLE": "worker",
+    "DMLC_PS_ROOT_URI": "127.0.0.1",
+    "DMLC_PS_ROOT_PORT": "9000",
+    "DMLC_NUM_SERVER": "1",
+    "DMLC_NUM_WORKER": "1",
+    "HETPS_SECRET": "s" * 64,
+}
 
 
 def test_kv_create_gives_a_workers_store_its_fault_parts(monkeypatch):
