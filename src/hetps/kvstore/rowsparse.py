@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from hetps.optim.lazy import distinct_inverse
+
 __all__ = ["RowSparse", "Table", "coalesce", "initial_rows", "row_ids"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -207,8 +209,8 @@ def coalesce(value: Any, cols: int, dtype: np.dtype, what: str) -> tuple[np.ndar
         raise ValueError(f"{what}: rows of shape {rows.shape}, the table has {cols} columns")
     if rows.dtype != dtype:
         raise ValueError(f"{what}: rows of dtype {rows.dtype}, the table's is {dtype}")
-    if ids.size > 1 and not np.all(ids[1:] > ids[:-1]):  # duplicates or unsorted: sum
-        uniq, inv = np.unique(ids, return_inverse=True)
+    uniq, inv = distinct_inverse(ids)
+    if inv is not None:  # duplicates or unsorted: sum
         summed = np.zeros((uniq.size, cols), rows.dtype)
         np.add.at(summed, inv, rows)
         ids, rows = uniq, summed

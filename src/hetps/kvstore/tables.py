@@ -190,7 +190,7 @@ class Shard:
         """The rows of (checked) ``ids``, in that order."""
         loc = self.local(ids)
         if not self.growing:
-            return self.value[loc]
+            return lazy.take_rows(self.value, loc)
         out = np.empty((ids.size, self.cols), self.dtype)
         have = loc >= 0
         out[have] = self.value[loc[have]]
@@ -206,7 +206,7 @@ def apply_rows(sh: Shard, optimizer: Any, ids: np.ndarray, grad: np.ndarray) -> 
     opt = sh.optimizer if sh.optimizer is not None else optimizer
     loc = sh.local(ids, opt, create=True)
     if opt is None:
-        sh.value[loc] = grad
+        lazy.put_rows(sh.value, loc, grad)
         return
     if not sh.has_state:
         # the state's rows count toward the bound: refused before anything is made
@@ -302,12 +302,23 @@ class Tables:
             raise BadRequest(f"{msg.cmd} of key {sh.key!r}: {arr.size} ids, at most {MAX_IDS}")
         if arr.size == 0:
             return arr
-        bad = arr < 0
-        if sh.rows_total is not None:
-            bad |= arr >= sh.rows_total
+        ordered = arr.size < 2 or bool(np.all(arr[1:] > arr[:-1]))
+        if sorted_distinct and not ordered:
+            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
+        if ordered:  # (the range: its ends tell)
+            hi = sh.rows_total
+            bad_range = arr[0] < 0 or (hi is not None and arr[-1] >= hi)
+        else:
+            bad_range = True
+        bad = None
+        if bad_range:
+            bad = arr < 0
+            if sh.rows_total is not None:
+                bad |= arr >= sh.rows_total
         if sh.nparts > 1:
-            bad |= arr % sh.nparts != sh.part
-        if bad.any():
+            off = np.remainder(arr, sh.nparts) != sh.part
+            bad = off if bad is None else bad | off
+        if bad is not None and bad.any():
             i = int(arr[np.argmax(bad)])
             where = (
                 f"a table of {sh.rows_total} rows takes ids in [0, {sh.rows_total})"
@@ -317,8 +328,6 @@ class Tables:
                 else f"it belongs to part {i % sh.nparts}, not {sh.part}"
             )
             raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row id {i} is out of range ({where})")
-        if sorted_distinct and arr.size > 1 and not np.all(arr[1:] > arr[:-1]):
-            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
         return arr
 
     @staticmethod
@@ -461,16 +470,18 @@ class Tables:
         if len(pushes) == 1:
             ids, grad = pushes[0]
         else:
-            ids = np.unique(np.concatenate([p[0] for p in pushes]))
+            ids = lazy.distinct(np.concatenate([p[0] for p in pushes]))
             grad = np.zeros((ids.size, sh.cols), sh.dtype)
             first = True
             for pid, pval in pushes:
                 pos = np.searchsorted(ids, pid)
                 if first:
-                    grad[pos] = pval
+                    lazy.put_rows(grad, pos, pval)
                     first = False
                 else:
-                    grad[pos] += pval
+                    acc = lazy.take_rows(grad, pos)
+                    acc += pval
+                    lazy.put_rows(grad, pos, acc)
         opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
         job = self._job_workers()
         if opt is not None and len(pushes) < job:
