@@ -240,13 +240,15 @@ class SparseKeys:
         S = tm.nparts
         owner = uniq % S if S > 1 else None
         futs = []
+        # one request per server, split where its reply would pass HETPS_TABLE_PULL_BYTES
+        step = max(1, self.kv.cfg.table_pull_bytes // (cols * tm.dtype.itemsize))
         for s in range(S):
-            sel = np.arange(uniq.size) if owner is None else np.flatnonzero(owner == s)
-            if sel.size == 0:
-                continue
-            body = {"k": key, "part": s}
-            msg = Message(P.SPULL, body=body, arrays=[uniq[sel]])
-            futs.append(self.kv.request(key, priority, s, msg, _land_rows(key, rows, sel, cols)))
+            mine = np.arange(uniq.size) if owner is None else np.flatnonzero(owner == s)
+            for a in range(0, mine.size, step):
+                sel = mine[a : a + step]
+                msg = Message(P.SPULL, body={"k": key, "part": s}, arrays=[uniq[sel]])
+                land = _land_rows(key, rows, sel, cols)
+                futs.append(self.kv.request(key, priority, s, msg, land))
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
         tm.pushed = []

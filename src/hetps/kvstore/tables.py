@@ -43,6 +43,12 @@ MAX_AHEAD = 64
 #: what a growing table's id index costs per row (a Python dict entry with its int key and
 #: value), counted toward the bound
 INDEX_ROW_BYTES = 120
+#: what a part of a table costs before its rows (its objects, its declaration, its key's
+#: characters on top), counted toward the server's cap: an empty table is not free (about
+#: 1.1 KiB measured, and the allocator's share)
+TABLE_BYTES = 2048
+#: bytes of rows one pull may ask (HETPS_TABLE_PULL_BYTES; a server's is set at its start)
+PULL_BYTES = 16 << 20
 
 
 class Shard:
@@ -59,6 +65,7 @@ class Shard:
         self.seed: int = decl["seed"]
         self.bound: int = decl["bound"]
         self.part, self.nparts = part, nparts
+        self._per = None
         if self.rows_total is not None:
             n = max(0, (self.rows_total - part + nparts - 1) // nparts)
             self.n = n
@@ -70,6 +77,7 @@ class Shard:
             self.made = np.zeros(n, bool)
         else:
             self.n = 0
+            self._check_bound(0, 0)  # (its fixed cost)
             self.index: dict[int, int] = {}
             self.value = np.zeros((0, self.cols), self.dtype)
         self.state: Any = None
@@ -85,6 +93,7 @@ class Shard:
         self.primary, self.origin = True, None
         self.copying = False
         self.opt_blob: bytes | None = None
+        self._per: tuple | None = None  # (optimizer, has_state, row_bytes) last counted
 
     @property
     def growing(self) -> bool:
@@ -122,11 +131,20 @@ class Shard:
             total += sum(a.nbytes for a in self.state.values() if isinstance(a, np.ndarray))
         return total
 
+    def fixed_bytes(self) -> int:
+        """What this part takes whatever its rows: :data:`TABLE_BYTES` and its key."""
+        return TABLE_BYTES + len(repr(self.key))
+
     def reserved(self, optimizer: Any) -> int:
-        """Bytes this part counts toward the server's cap: a fixed table's every row (each
-        may be used), a growing table's rows made."""
+        """Bytes this part counts toward the server's cap: its fixed cost, and a fixed
+        table's every row (each may be used) or a growing table's rows made."""
+        if not self.n:
+            return self.fixed_bytes()
         opt = self.optimizer if self.optimizer is not None else optimizer
-        return self.n * self.row_bytes(opt)
+        cached = self._per
+        if cached is None or cached[0] is not opt or cached[1] != self.has_state:
+            self._per = cached = (opt, self.has_state, self.row_bytes(opt))
+        return self.fixed_bytes() + self.n * cached[2]
 
     def _check_bound(self, rows: int, per: int) -> None:
         per = per or self.cols * self.dtype.itemsize + (0 if self.growing else 1)
@@ -226,6 +244,8 @@ class Tables:
         self.copies = TableCopies(self)  # HETPS_REPLICAS
         #: bytes all tables here may take together (HETPS_TABLE_MAX_BYTES; 0: no cap)
         self.cap = 0
+        #: bytes of rows one pull may ask (HETPS_TABLE_PULL_BYTES)
+        self.pull_bound = PULL_BYTES
 
     def check_cap(self, sh: Shard, need: int) -> None:
         """Refuse (BadRequest naming the table, the cap and the fix) when ``sh`` taking
@@ -234,6 +254,7 @@ class Tables:
             return
         opt = self.server.optimizer
         others = sum(o.reserved(opt) for k, o in self.shards.items() if k != sh.skey)
+        need += sh.fixed_bytes()
         if others + need > self.cap:
             raise BadRequest(
                 f"row-sparse key {sh.key!r}: this server's part would take {need} bytes"
@@ -524,7 +545,17 @@ class Tables:
         sh = self._shard(msg)
         if len(msg.arrays) != 1:
             raise BadRequest(f"spull of key {sh.key!r}: expected one array of row ids")
-        ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), False)
+        # sorted and distinct (a worker sends each id once), so the reply's size is known
+        # from its ids before anything is built
+        ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), True)
+        row = sh.cols * sh.dtype.itemsize
+        if ids.size * row > self.pull_bound:
+            raise BadRequest(
+                f"spull of key {sh.key!r}: {ids.size} row ids ({int(ids[0])} to {int(ids[-1])}) "
+                f"of {row} bytes a row ask {ids.size * row} bytes, over the bound on one "
+                f"pull's reply of {self.pull_bound} bytes (HETPS_TABLE_PULL_BYTES); a worker "
+                "splits its pulls by it: give the workers and the servers the same value"
+            )
         worker = msg.sender
         if sh.copying or any(m.sender == worker for m in sh.backlog):
             self._hold(sh, msg)  # (a round's copy is out: answered once it is applied there)
