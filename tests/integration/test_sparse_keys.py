@@ -105,7 +105,7 @@ def test_row_sparse_semantics(cluster):
 
 GROWING = """
 from hetps.kvstore.rowsparse import Table, initial_rows
-from hetps.kvstore.tables import INDEX_ROW_BYTES, TABLE_BYTES
+from hetps.kvstore.tables import INDEX_ROW_BYTES
 kv = hetps.kv.create('dist_sync')
 # a table that grows: any id >= 0, rows made on first push; 4 cols float32 = 16 bytes a row
 # and its entry in the id index; bound 20 rows per server

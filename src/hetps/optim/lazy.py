@@ -49,6 +49,7 @@ __all__ = [
     "grow_state",
     "put_rows",
     "take_rows",
+    "update_every_row",
     "update_rows",
 ]
 
@@ -139,15 +140,17 @@ def update_rows(
     rows: np.ndarray,
     grad: np.ndarray,
     state: dict[str, Any],
+    count: bool = True,
 ) -> None:
     """Apply ``grad`` (len(rows) x cols) to ``weight[rows]`` (weight: the table, 2-D) in place,
     lazily; ``rows`` are distinct local row indices (possibly none: a round that touched no
-    row here still counts for Adam's step)."""
+    row here still counts for Adam's step; ``count`` False: a further block of the same
+    round, not counted again)."""
     if hasattr(opt, "update_rows") and hasattr(opt, "create_table_state"):
         opt.update_rows(key, weight, rows, grad, state)
         return
     dt = _compute(weight.dtype)
-    if isinstance(opt, Adam):
+    if isinstance(opt, Adam) and count:
         state["t"] += 1
     if rows.size == 0:
         return
@@ -202,3 +205,38 @@ def update_rows(
         put_rows(weight, rows, np.add(w, g, dtype=dt))
         return
     create_table_state(opt, 0, 0, weight.dtype)  # raises LazyUnsupported with the fix
+
+
+#: rows updated at once by :func:`update_every_row` (its scratch stays a few MiB)
+EVERY_ROW_BLOCK = 1 << 15
+
+
+def update_every_row(
+    opt: Optimizer,
+    key: Any,
+    weight: np.ndarray,
+    count: int,
+    rows: np.ndarray,
+    grad: np.ndarray,
+    state: dict[str, Any],
+) -> None:
+    """MXNet's ``lazy_update=False`` on a row-sparse gradient: the rule runs on every row of
+    ``weight[:count]``, the rows not in ``rows`` with a zero gradient (their momentum decays,
+    Adam's moments too, weight decay applies), block by block; the step counts once."""
+    cols = weight.shape[1]
+    if hasattr(opt, "update_rows") and hasattr(opt, "create_table_state"):
+        dense = np.zeros((count, cols), grad.dtype)
+        put_rows(dense, rows, grad)
+        opt.update_rows(key, weight, np.arange(count), dense, state)
+        return
+    if count == 0:
+        update_rows(opt, key, weight, rows, grad, state)
+        return
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    for a in range(0, count, EVERY_ROW_BLOCK):
+        b = min(count, a + EVERY_ROW_BLOCK)
+        lo, hi = np.searchsorted(ordered, [a, b])
+        block = np.zeros((b - a, cols), grad.dtype)
+        put_rows(block, ordered[lo:hi] - a, take_rows(grad, order[lo:hi]))
+        update_rows(opt, key, weight, np.arange(a, b), block, state, count=a == 0)
