@@ -228,8 +228,11 @@ def first_nonfinite(rows: np.ndarray) -> int | None:
     """The index of the first row of 2-D ``rows`` with a NaN or an infinity, or None: one
     sum tells (NaN and infinities carry through it), the rows are searched only when it is
     not finite (or a sum of finite values overflowed)."""
-    if rows.size == 0 or np.isfinite(np.add.reduce(rows, axis=None)):
+    if rows.size == 0:
         return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(rows, axis=None)):
+            return None
     bad = ~np.isfinite(rows).all(axis=1)
     return int(np.argmax(bad)) if bad.any() else None
 
