@@ -107,7 +107,10 @@ def _dense_reference(name: str, kw: dict, workers: int) -> np.ndarray:
     return w
 
 
-KW = {"sgd": dict(learning_rate=0.5, momentum=0.5, wd=0.1), "adam": dict(learning_rate=0.05, wd=0.1)}
+KW = {
+    "sgd": dict(learning_rate=0.5, momentum=0.5, wd=0.1),
+    "adam": dict(learning_rate=0.05, wd=0.1),
+}
 
 
 def test_lazy_update_false_moves_every_row_and_no_optimizer_keeps_untouched_rows(cluster):
