@@ -102,6 +102,11 @@ def distinct_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     return s[first], inv
 
 
+def _added(w: np.ndarray, g: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """``w + g`` in ``dt``: into ``w`` (a gathered copy) when it is of that dtype already."""
+    return np.add(w, g, out=w) if w.dtype == dt else np.add(w, g, dtype=dt)
+
+
 def _compute(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
 
@@ -161,14 +166,14 @@ def update_rows(
             g += np.multiply(w, opt.wd, dtype=dt)
         if opt.momentum == 0.0:
             g *= -opt.learning_rate
-            put_rows(weight, rows, np.add(w, g, dtype=dt))
+            put_rows(weight, rows, _added(w, g, dt))
             return
         mom = take_rows(state["mom"], rows)
         mom *= opt.momentum
         g *= opt.learning_rate
         mom -= g
         put_rows(state["mom"], rows, mom)
-        put_rows(weight, rows, np.add(w, mom, dtype=dt))
+        put_rows(weight, rows, _added(w, mom, dt))
         return
     if isinstance(opt, Adam):
         t = state["t"]
@@ -180,18 +185,19 @@ def update_rows(
         if clip is not None and clip > 0:
             np.clip(g, -clip, clip, out=g)
         mean, var = take_rows(state["mean"], rows), take_rows(state["var"], rows)
+        tmp = np.empty_like(g)  # (one scratch for the products: no temporary per step)
         mean *= opt.beta1
-        mean += (1.0 - opt.beta1) * g
+        mean += np.multiply(g, 1.0 - opt.beta1, out=tmp)
         g *= g
         var *= opt.beta2
-        var += (1.0 - opt.beta2) * g
+        var += np.multiply(g, 1.0 - opt.beta2, out=tmp)
         put_rows(state["mean"], rows, mean)
         put_rows(state["var"], rows, var)
         np.sqrt(var, out=g)
         g += opt.epsilon
         np.divide(mean, g, out=g)
         g *= -lr_t
-        put_rows(weight, rows, np.add(w, g, dtype=dt))
+        put_rows(weight, rows, _added(w, g, dt))
         return
     if isinstance(opt, AdaGrad):
         g = opt._preprocess_grad(grad, dt)
@@ -202,7 +208,7 @@ def update_rows(
         if opt.wd != 0.0:
             g += np.multiply(w, opt.wd, dtype=dt)
         g *= -opt.learning_rate
-        put_rows(weight, rows, np.add(w, g, dtype=dt))
+        put_rows(weight, rows, _added(w, g, dt))
         return
     create_table_state(opt, 0, 0, weight.dtype)  # raises LazyUnsupported with the fix
 
