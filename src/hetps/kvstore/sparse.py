@@ -281,7 +281,10 @@ def fill_out(
                 f"{what}: out of shape {t.shape}: give ({ids.size}, {cols}) (the rows "
                 f"asked, in order) or the table's shape {table.shape}, or a RowSparse"
             )
-    return RowSparse(uniq, rows, table.shape) if want else None
+    if not want:
+        return None
+    # (ids sorted and distinct already are the caller's array: the result gets its own)
+    return RowSparse(uniq.copy() if inv is None else uniq, rows, table.shape)
 
 
 def row_ids_of(value: Any, key: Any) -> np.ndarray:
