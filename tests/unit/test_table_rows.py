@@ -84,3 +84,39 @@ def test_first_nonfinite_names_the_first_bad_row():
     assert first_nonfinite(rows) == 2
     big = np.full((4, 2), 6e4, np.float16)  # the sum overflows, every value is finite
     assert first_nonfinite(big) is None
+
+
+def test_pulls_waiting_for_a_round_are_bounded_per_worker():
+    """A worker's pulls that wait for an unfinished round are at most MAX_AHEAD; one more is
+    refused naming the key, the others are answered when the round ends."""
+    from test_replica_rounds import P_ID, W0, W1, _Wire
+
+    from hetps.kvstore.tables import MAX_AHEAD
+    from hetps.roles import new_server
+    from hetps.transport.codec import Message
+
+    wire = _Wire(ids=(P_ID,))
+    srv = new_server(wire.node(P_ID))
+    body = {"k": "t", "part": 0, "nparts": 1, "rows": 8, "cols": 2, "dtype": "float32"}
+    body.update(scale=0.0, seed=0, bound=0)
+    srv.handle(Message("sinit", sender=W0, req=1, body=body))
+
+    def push(worker: int, req: int) -> None:
+        arrays = [np.array([1, 3], np.int64), np.ones(4, np.float32)]
+        body = {"k": "t", "part": 0, "sync": True}
+        srv.handle(Message("spush", sender=worker, req=req, body=body, arrays=arrays))
+
+    def pull(req: int) -> None:
+        arrays = [np.array([1, 2], np.int64)]
+        srv.handle(Message("spull", sender=W0, req=req, body={"k": "t", "part": 0}, arrays=arrays))
+
+    push(W0, 2)
+    for i in range(MAX_AHEAD + 1):
+        pull(100 + i)
+    errors = [b["error"] for m, b, _ in wire.replies[P_ID] if b and "error" in b]
+    assert len(errors) == 1 and "'t'" in errors[0] and "ahead" in errors[0], errors
+    push(W1, 3)
+    answered = [m.req for m, b, _ in wire.replies[P_ID] if m.cmd == "spull" and not b]
+    assert answered == list(range(100, 100 + MAX_AHEAD)), answered
+    rows = [a[0].reshape(2, 2) for m, b, a in wire.replies[P_ID] if m.cmd == "spull" and not b]
+    assert all(np.array_equal(r, [[2.0, 2.0], [0.0, 0.0]]) for r in rows)

@@ -313,7 +313,9 @@ class Tables:
     def _hold(self, sh: Shard, msg: Message) -> None:
         """A worker may have :data:`MAX_AHEAD` requests of a table waiting for later rounds
         here; one more is refused (a worker that ran away would fill the server's memory)."""
-        if sum(1 for m in sh.backlog if m.sender == msg.sender) >= MAX_AHEAD:
+        waiting = sum(1 for m in sh.backlog if m.sender == msg.sender)
+        waiting += sum(1 for m in sh.deferred if m.sender == msg.sender)
+        if waiting >= MAX_AHEAD:
             raise BadRequest(
                 f"{msg.cmd} of key {sh.key!r}: this worker is {MAX_AHEAD} requests ahead of the "
                 "table's rounds here; wait for its pushes before sending more"
@@ -397,6 +399,7 @@ class Tables:
             sh.backlog.append(msg)
             return
         if worker in sh.pending:  # this worker pushed in the unfinished round: after it
+            self._hold(sh, msg)  # (each waiting pull holds its ids, and its reply comes)
             sh.deferred.append(msg)
             return
         self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])
