@@ -222,7 +222,7 @@ def test_a_round_a_replica_has_no_room_for_is_answered_with_the_fix():
     the round's pushes are answered with the replica's refusal and the fix."""
     wire, p, q = _pair()
     # bytes: the declaration (with its fixed cost) fits, three rows with their index do not
-    q.tables.cap = TABLE_BYTES + len(repr("t")) + 200
+    q.tables.cap = TABLE_BYTES + len(repr("t")) + 100
     _sinit(p, rows=None)
     wire.deliver()
     _spush(p, W0, 0, [1, 2, 3], np.ones(6), 10)

@@ -120,3 +120,28 @@ def test_pulls_waiting_for_a_round_are_bounded_per_worker():
     assert answered == list(range(100, 100 + MAX_AHEAD)), answered
     rows = [a[0].reshape(2, 2) for m, b, a in wire.replies[P_ID] if m.cmd == "spull" and not b]
     assert all(np.array_equal(r, [[2.0, 2.0], [0.0, 0.0]]) for r in rows)
+
+
+def test_the_id_index_is_a_dict_through_its_merges(monkeypatch):
+    """A growing table's IdIndex against a dict, through many adds (the recent array merged
+    into the main one several times): every lookup, hits and misses, and its items."""
+    from hetps.kvstore import table_index
+
+    monkeypatch.setattr(table_index, "RECENT_MIN", 50)
+    rng = np.random.default_rng(3)
+    ix, ref, n = table_index.IdIndex(), {}, 0
+    for rnd in range(40):
+        fresh = [int(i) for i in rng.integers(0, 1 << 40, 37) if int(i) not in ref]
+        fresh = np.array(sorted(set(fresh)), np.int64)
+        if rnd % 2:
+            fresh = fresh[::-1].copy()  # (not sorted: the index sorts it)
+        ix.add(fresh, np.arange(n, n + fresh.size))
+        ref.update({int(i): n + j for j, i in enumerate(fresh.tolist())})
+        n += fresh.size
+        known = rng.choice(np.fromiter(ref, np.int64), 20)
+        query = np.concatenate([known, rng.integers(0, 1 << 40, 20), [-5]])
+        expect = [ref.get(int(i), -1) for i in query]
+        assert ix.lookup(query).tolist() == expect, rnd
+    assert len(ix) == len(ref) and ix._ids.size > 0  # (merged at least once)
+    ids, locs = ix.items()
+    assert ids.tolist() == sorted(ref) and locs.tolist() == [ref[i] for i in sorted(ref)]

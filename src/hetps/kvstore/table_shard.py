@@ -10,14 +10,15 @@ import numpy as np
 
 from hetps.kvstore.rowsparse import initial_rows
 from hetps.kvstore.slices import BadRequest
+from hetps.kvstore.table_index import IdIndex
 from hetps.optim import lazy
 from hetps.transport.codec import WIRE_DTYPES, Message
 
 __all__ = ["INDEX_ROW_BYTES", "TABLE_BYTES", "Shard", "apply_rows", "machine_memory"]
 
-#: what a growing table's id index costs per row (a Python dict entry with its int key and
-#: value), counted toward the bound
-INDEX_ROW_BYTES = 120
+#: what a growing table's id index costs per row, counted toward the bound: 16 bytes held
+#: (kvstore/table_index.py: its id and local row) and the copies a merge makes for a while
+INDEX_ROW_BYTES = 48
 #: what a part of a table costs before its rows (its objects, its declaration, its key's
 #: characters on top), counted toward the server's cap: an empty table is not free (about
 #: 1.1 KiB measured, and the allocator's share)
@@ -51,7 +52,7 @@ class Shard:
         else:
             self.n = 0
             self._check_bound(0, 0)  # (its fixed cost)
-            self.index: dict[int, int] = {}
+            self.index = IdIndex()
             self.value = np.zeros((0, self.cols), self.dtype)
         self.state: Any = None
         self.has_state = False
@@ -150,13 +151,12 @@ class Shard:
                     )
                 self.made[fresh] = True
             return loc
-        index = self.index
-        out = np.fromiter((index.get(i, -1) for i in ids.tolist()), np.int64, ids.size)
+        out = self.index.lookup(ids)
         if create:
-            new = ids[out < 0]
-            if new.size:
-                self._make(new, optimizer)
-                out[out < 0] = np.arange(self.n - new.size, self.n)
+            miss = out < 0
+            if miss.any():
+                self._make(lazy.distinct(ids[miss]), optimizer)
+                out[miss] = self.index.lookup(ids[miss])
         return out
 
     def make_every_row(self) -> None:
@@ -183,8 +183,7 @@ class Shard:
             if self.has_state:
                 lazy.grow_state(self.state, cap)
         self.value[self.n : need] = initial_rows(self.scale, self.seed, ids, self.cols, self.dtype)
-        for j, i in enumerate(ids.tolist()):
-            self.index[i] = self.n + j
+        self.index.add(ids, np.arange(self.n, need, dtype=np.int64))
         self.n = need
 
     def read(self, ids: np.ndarray) -> np.ndarray:
