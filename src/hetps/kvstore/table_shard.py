@@ -1,6 +1,6 @@
 """One server's part of one row-sparse table (:class:`Shard`): its rows by id, what it counts
 toward the bounds, and a round's update of its rows (:func:`apply_rows`); the server's
-requests on it are :class:`hetps.kvstore.tables.Tables`'."""
+requests on it are :class:`hetps.kvstore.tables.Tables`."""
 
 from __future__ import annotations
 
