@@ -16,8 +16,10 @@ next repeat in another order), ``--repeats`` times:
 
 * ``mxnet``: MXNet 1.9.1's ``dist_sync`` KVStore (ps-lite over ZeroMQ, its server's lazy
   updates), every role started as MXNet's ``tools/launch.py --launcher local`` does, under
-  ``--mxnet-python`` (default ``mxpeer-venv/bin/python`` at the repository root); without it
-  the MXNet column is left out and the output says so.
+  ``--mxnet-python`` (default ``mxpeer-venv/bin/python`` at the repository root), each with
+  ``OMP_NUM_THREADS`` = cores // processes (at least 1), the share ``hetps launch`` gives
+  each of its processes (unless the variable is set already); without that python the MXNet
+  column is left out and the output says so.
 * ``hetps shm``: ``hetps launch -n 2 -s 2`` as it runs by default (a fresh cluster secret:
   every connection authenticated and encrypted, the bulk arrays on shared-memory rings
   between the processes of this machine).
@@ -90,8 +92,12 @@ def run_mxnet(args, opt: str) -> tuple[int, list[str]]:
         DMLC_NUM_WORKER="2",
         PS_VERBOSE="0",
     )
-    argv = [args.mxnet_python, os.path.join(HERE, "_sparse_mx.py"), *job_args(args, opt)]
     names = ["scheduler", "server0", "server1", "worker0", "worker1"]
+    # each process the threads `hetps launch` gives each of its own (cores // processes, at
+    # least 1): MXNet's OpenMP threads on their default (every core, each process) spin
+    # against each other and the other jobs, 3-8x slower rounds on this 2-core machine
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(names))))
+    argv = [args.mxnet_python, os.path.join(HERE, "_sparse_mx.py"), *job_args(args, opt)]
     procs = [(n, argv, {**env, "DMLC_ROLE": n.rstrip("0123456789")}) for n in names]
     return run_group(procs, args.job_timeout)
 
