@@ -1,175 +1,180 @@
 #!/usr/bin/env python
-"""Row-sparse keys against the same table as a dense key, in one run (2 workers, 2 servers).
+"""Row-sparse table rounds, hetps against MXNet 1.9.1 in the same run (2 workers, 2 servers).
 
-    .venv/bin/python benchmarks/sparse_tables.py [--rows 1000000,10000000] [--json FILE]
+    .venv/bin/python benchmarks/sparse_tables.py [--rows 1000000] [--cols 16,64]
+        [--fracs 0.01,0.001] [--opts sgd,adam] [--repeats 3] [--rounds 20] [--json FILE]
 
-Each table size is one ``hetps launch -n 2 -s 2`` (dist_sync, SGD on the servers, float32,
-64 columns, tables start at zero). Every worker runs:
+A round, on each of 2 workers, ``dist_sync``: push a row-sparse gradient of its ids, then
+``row_sparse_pull`` the same ids (``--fracs``: the share of the table's rows each worker
+touches, distinct ids drawn per worker from a seeded generator; both systems get the same ids
+and rows, prepared before the timing). The servers run SGD (``sgd``) or lazy Adam (``adam``)
+on the rows touched. One job per system and optimizer holds every table (``--rows`` x each of
+``--cols``, float32) in turn; per table, 3 warm-up rounds then ``--rounds`` timed ones.
 
-* Traffic: rounds that touch 1% of the table's rows (the same distinct rows on both workers:
-  a row-sparse push of their gradients, then a ``row_sparse_pull`` of them), and, at the first
-  size only, rounds of the whole table as a dense key (a push of its dense gradient, then a pull
-  of the table). Bytes are the worker's own, counted by its transport (sent to and received
-  from the servers, headers and ids included), per round; the ratio is sparse / dense.
-* Speed: training steps of a batch of 4,096 ids from a power-law distribution (hetps'
-  click-data generator): pull the batch's rows, push their gradients (sparse); or pull the
-  whole table and push its dense gradient (dense, first size only). Samples/s = 2 workers x
-  4,096 / median step time; the ratio is sparse / dense.
-* Round time of the sparse step at each table size (it should follow the rows touched, about
-  the same at every size, not the table's size).
+Systems, alternated job by job (MXNet, hetps with shared memory, hetps without, then the
+next repeat in another order), ``--repeats`` times:
 
-Times are medians over the measured rounds; this machine is shared, so compare the ratios.
+* ``mxnet``: MXNet 1.9.1's ``dist_sync`` KVStore (ps-lite over ZeroMQ, its server's lazy
+  updates), every role started as MXNet's ``tools/launch.py --launcher local`` does, under
+  ``--mxnet-python`` (default ``mxpeer-venv/bin/python`` at the repository root), each with
+  ``OMP_NUM_THREADS`` = cores // processes (at least 1), the share ``hetps launch`` gives
+  each of its processes (unless the variable is set already); without that python the MXNet
+  column is left out and the output says so.
+* ``hetps shm``: ``hetps launch -n 2 -s 2`` as it runs by default (a fresh cluster secret:
+  every connection authenticated and encrypted, the bulk arrays on shared-memory rings
+  between the processes of this machine).
+* ``hetps tcp``: the same with ``HETPS_SHM_BYTES=0``: no rings, every array over the
+  encrypted connections and the sealed bulk channels, as between hosts.
+
+The figure of a cell is the median of every timed round of every repeat (rank 0's clock);
+the ratio is MXNet's median over hetps's (above 1: hetps is faster).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import re
-import subprocess
 import sys
-import tempfile
-import textwrap
-from pathlib import Path
+import time
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
 
-from _common import git_head  # noqa: E402
+from _common import (  # noqa: E402
+    free_port,
+    git_head,
+    machine_info,
+    markdown_table,
+    median,
+    print_table,
+    run_group,
+    write_json,
+)
 
-WORKER = """
-import statistics, sys, time
-import numpy as np
-import hetps.kv
-from hetps import optim
-from hetps.kvstore.rowsparse import Table
-from hetps.app.clicks import power_law_ids
-
-rows, cols, batch, dense_too = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
-kv = hetps.kv.create("dist_sync")
-kv.set_optimizer(optim.SGD(learning_rate=0.01))
-r = kv.rank
-
-def link_bytes():
-    return sum(a + b for a, b in kv._link_bytes().values())
-
-def rounds(fn, n, warm=2):
-    for i in range(warm):
-        fn(i)
-    kv.barrier()
-    b0, times = link_bytes(), []
-    for i in range(n):
-        t0 = time.perf_counter()
-        fn(warm + i)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), (link_bytes() - b0) / n
-
-def say(name, value):
-    if r == 0:
-        print(f"RESULT {name} {value!r}", flush=True)
-
-kv.init("emb", Table(rows, cols))
-touch = np.sort(np.random.default_rng(1).choice(rows, rows // 100, replace=False))
-g1 = np.full((touch.size, cols), 0.5, np.float32)
-
-def sparse_touch(i):
-    kv.push("emb", (touch, g1))
-    kv.row_sparse_pull("emb", row_ids=touch)
-
-t, b = rounds(sparse_touch, 5)
-say("touch_bytes", b)
-say("touch_s", t)
-
-def sparse_step(i):
-    ids = power_law_ids(np.random.default_rng([r, i]), batch, rows)
-    got = kv.row_sparse_pull("emb", row_ids=ids)         # the batch's distinct rows
-    grad = (got.indices, got.data * 0.0 + 0.25)          # stands in for backward
-    kv.push("emb", grad)
-
-t, b = rounds(sparse_step, 30)
-say("step_s", t)
-say("step_bytes", b)
-kv.barrier()
-if dense_too:
-    kv.init("dense", np.zeros((rows, cols), np.float32))
-    table = np.empty((rows, cols), np.float32)
-    grad = np.zeros((rows, cols), np.float32)
-
-    def dense_touch(i):
-        kv.push("dense", grad)
-        kv.pull("dense", out=table)
-
-    t, b = rounds(dense_touch, 3, warm=1)
-    say("dense_bytes", b)
-    say("dense_round_s", t)
-
-    def dense_step(i):
-        ids = power_law_ids(np.random.default_rng([r, i]), batch, rows)
-        kv.pull("dense", out=table)
-        rows_ = table[ids]                                 # the lookup
-        grad.fill(0)
-        np.add.at(grad, ids, rows_ * 0.0 + 0.25)
-        kv.push("dense", grad)
-
-    t, b = rounds(dense_step, 3, warm=1)
-    say("dense_step_s", t)
-kv.barrier()
-"""
+DEFAULT_MX_PY = os.path.join(ROOT, "mxpeer-venv", "bin", "python")
+RESULT = re.compile(r"RESULT (\d+) ([\d.e-]+) ([\d.,e-]+)")
+SYSTEMS = ("mxnet", "hetps shm", "hetps tcp")
 
 
-def run(script: Path, rows: int, cols: int, batch: int, dense: bool) -> dict[str, float]:
-    cmd = [
-        sys.executable, "-m", "hetps.cli", "launch", "-n", "2", "-s", "2", "--",
-        sys.executable, str(script), str(rows), str(cols), str(batch), "1" if dense else "0",
-    ]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    if res.returncode != 0:
-        raise SystemExit(f"sparse_tables: a run failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
-    return {k: float(v) for k, v in re.findall(r"RESULT (\w+) ([\d.e+-]+)", res.stdout)}
+def base_env() -> dict[str, str]:
+    """This environment without cluster variables (each job adds its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "HETPS_"))}
+    env.pop("PORT", None)  # (ps-lite would listen on it)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def job_args(args, opt: str) -> list[str]:
+    return [str(args.rows), args.cols, args.fracs, opt, str(args.rounds)]
+
+
+def run_hetps(args, opt: str, shm: bool) -> tuple[int, list[str]]:
+    env = base_env()
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(ROOT, "src")] + [p for p in env.get("PYTHONPATH", "").split(":") if p]
+    )
+    if not shm:
+        env["HETPS_SHM_BYTES"] = "0"
+    argv = [sys.executable, "-m", "hetps.cli", "launch", "-n", "2", "-s", "2", "--"]
+    argv += [sys.executable, os.path.join(HERE, "_sparse_hetps.py"), *job_args(args, opt)]
+    return run_group([("launch", argv, env)], args.job_timeout)
+
+
+def run_mxnet(args, opt: str) -> tuple[int, list[str]]:
+    env = base_env()
+    env.update(
+        DMLC_PS_ROOT_URI="127.0.0.1",
+        DMLC_PS_ROOT_PORT=str(free_port()),
+        DMLC_NODE_HOST="127.0.0.1",
+        DMLC_NUM_SERVER="2",
+        DMLC_NUM_WORKER="2",
+        PS_VERBOSE="0",
+    )
+    names = ["scheduler", "server0", "server1", "worker0", "worker1"]
+    # each process the threads `hetps launch` gives each of its own (cores // processes, at
+    # least 1): MXNet's OpenMP threads on their default (every core, each process) spin
+    # against each other and the other jobs, 3-8x slower rounds on this 2-core machine
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(names))))
+    argv = [args.mxnet_python, os.path.join(HERE, "_sparse_mx.py"), *job_args(args, opt)]
+    procs = [(n, argv, {**env, "DMLC_ROLE": n.rstrip("0123456789")}) for n in names]
+    return run_group(procs, args.job_timeout)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", default="1000000,10000000", help="table sizes, comma-separated")
-    ap.add_argument("--cols", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=4096, help="ids per batch per worker")
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--cols", default="16,64", help="table widths, comma-separated")
+    ap.add_argument("--fracs", default="0.01,0.001", help="share of rows per worker per round")
+    ap.add_argument("--opts", default="sgd,adam", help="server optimizers: sgd, adam")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=20, help="timed rounds per table and job")
+    ap.add_argument("--mxnet-python", default=DEFAULT_MX_PY)
+    ap.add_argument("--job-timeout", type=float, default=600)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    sizes = [int(x) for x in args.rows.split(",")]
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="hetps-sparse-") as tmp:
-        script = Path(tmp) / "worker.py"
-        script.write_text(textwrap.dedent(WORKER))
-        for i, rows in enumerate(sizes):
-            results[rows] = run(script, rows, args.cols, args.batch, dense=i == 0)
-            print(f"{rows} rows done", flush=True)
-    first = results[sizes[0]]
-    mb = first["dense_bytes"] / 1e6
-    print(f"\ntable {sizes[0]} x {args.cols} float32 ({sizes[0] * args.cols * 4 / 1e6:.0f} MB)")
-    print(
-        f"traffic, a round touching 1% of rows: sparse {first['touch_bytes'] / 1e6:.2f} MB, "
-        f"dense push+pull {mb:.1f} MB per worker: ratio {first['touch_bytes'] / first['dense_bytes']:.4f}"
-    )
-    sps = 2 * args.batch / first["step_s"]
-    dps = 2 * args.batch / first["dense_step_s"]
-    print(
-        f"speed, {args.batch} ids per batch per worker: sparse {sps:,.0f} samples/s "
-        f"({first['step_s'] * 1e3:.1f} ms/step), dense {dps:,.0f} samples/s "
-        f"({first['dense_step_s'] * 1e3:.0f} ms/step): ratio {sps / dps:.1f}x"
-    )
-    print("round time of the sparse step by table size:")
-    for rows in sizes:
-        res = results[rows]
-        print(
-            f"  {rows:>11,d} rows: {res['step_s'] * 1e3:6.1f} ms/step, "
-            f"{res['step_bytes'] / 1e6:.2f} MB per worker per step "
-            f"(x{res['step_s'] / first['step_s']:.2f} of the first size)"
-        )
+    have_mx = os.path.exists(args.mxnet_python)
+    if not have_mx:
+        print(f"MXNet left out: no python at {args.mxnet_python} (see --mxnet-python)")
+    # times[(opt, system, cols, frac)] = every timed round of every repeat
+    times: dict[tuple, list[float]] = {}
+    loads: list[float] = []
+    jobs = []
+    for opt in args.opts.split(","):
+        for rep in range(args.repeats):
+            order = list(SYSTEMS if have_mx else SYSTEMS[1:])
+            if rep % 2:
+                order.reverse()
+            jobs += [(opt, rep, system) for system in order]
+    for opt, rep, system in jobs:
+        t0 = time.time()
+        loads.append(os.getloadavg()[0])
+        if system == "mxnet":
+            rc, lines = run_mxnet(args, opt)
+        else:
+            rc, lines = run_hetps(args, opt, shm=system == "hetps shm")
+        found = 0
+        for ln in lines:
+            m = RESULT.search(ln)
+            if m:
+                key = (opt, system, int(m.group(1)), float(m.group(2)))
+                times.setdefault(key, []).extend(float(x) for x in m.group(3).split(","))
+                found += 1
+        print(f"{opt} repeat {rep} {system}: {time.time() - t0:.1f} s, load {loads[-1]:.1f}")
+        if rc != 0 or not found:
+            print("\n".join(lines[-40:]))
+            raise SystemExit(f"sparse_tables: the {system} job failed (exit code {rc})")
+    headers = ["optimizer", "table", "rows/worker"]
+    headers += [f"{s} ms" for s in (SYSTEMS if have_mx else SYSTEMS[1:])]
+    if have_mx:
+        headers += ["MXNet/shm", "MXNet/tcp"]
+    rows = []
+    for opt in args.opts.split(","):
+        for cols in [int(c) for c in args.cols.split(",")]:
+            for frac in [float(f) for f in args.fracs.split(",")]:
+                med = {s: median(times.get((opt, s, cols, frac), [])) for s in SYSTEMS}
+                row = [opt, f"{args.rows / 1e6:g}M x {cols}", f"{frac:.1%}"]
+                row += [f"{med[s] * 1e3:.2f}" for s in SYSTEMS if med[s] is not None]
+                if have_mx:
+                    row += [f"{med['mxnet'] / med[s]:.2f}x" for s in ("hetps shm", "hetps tcp")]
+                rows.append(row)
+    print()
+    print_table(headers, rows)
+    load = f"load average {min(loads):.1f} to {max(loads):.1f} during the jobs"
+    print(f"\n{load}; medians of {args.repeats} x {args.rounds} rounds per cell\n")
+    print(markdown_table(headers, rows))
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {"commit": git_head(str(ROOT)), "args": vars(args), "results": results}, indent=2
-            )
+        write_json(
+            args.json,
+            {
+                "commit": git_head(ROOT),
+                "machine": machine_info(),
+                "args": vars(args),
+                "loads": loads,
+                "table": [dict(zip(headers, r, strict=True)) for r in rows],
+                "times": {" ".join(map(str, k)): v for k, v in times.items()},
+            },
         )
     return 0
 

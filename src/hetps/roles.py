@@ -163,6 +163,7 @@ def run_server(cfg: NodeConfig) -> int:
     server = new_server(node, device=device)
     # HETPS_TABLE_MAX_BYTES: the embedding tables' cap (0: half of this machine's memory)
     server.tables.cap = cfg.table_max_bytes or machine_memory() // 2
+    server.tables.pull_bound = cfg.table_pull_bytes  # HETPS_TABLE_PULL_BYTES
     node.handler = server.handle
     node.lend(KVServer.BORROWS)  # pushes are merged straight out of the ring
     meter = None

@@ -253,7 +253,7 @@ def test_a_table_update_that_fails_answers_every_worker(cluster):
 
 CAP = """
 from hetps.kvstore.rowsparse import Table
-from hetps.kvstore.tables import INDEX_ROW_BYTES
+from hetps.kvstore.tables import INDEX_ROW_BYTES, TABLE_BYTES
 kv = hetps.kv.create('dist_sync')
 cap = int(os.environ['HETPS_TABLE_MAX_BYTES'])
 # 2 servers; a fixed row of 4 float32 takes 17 bytes here (with its use mark), a growing
@@ -267,7 +267,8 @@ except RequestError as e:
 kv.init('g', Table(None, 4))
 kv.push('g', (np.arange(0, 100), np.ones((100, 4), np.float32)))   # 50 rows a server
 per = 16 + INDEX_ROW_BYTES
-room = (cap - 17000) // per                          # rows of 'g' a server may hold
+fixed = 2 * TABLE_BYTES + len("'a'") + len("'g'")     # each table's part costs this too
+room = (cap - 17000 - fixed) // per                  # rows of 'g' a server may hold
 over = np.arange(100, 2 * room + 2, 2)               # server 0's ids only: one over its room
 try:
     kv.push('g', (over, np.ones((over.size, 4), np.float32)), block=True)

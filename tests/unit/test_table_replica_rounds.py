@@ -10,6 +10,7 @@ from test_replica_rounds import P_ID, Q_ID, W0, W1, _pair, _set_sgd, _Wire
 from hetps import optim
 from hetps.kvstore import table_dump
 from hetps.kvstore.server import KVServer
+from hetps.kvstore.tables import TABLE_BYTES
 from hetps.roles import new_server
 from hetps.transport.codec import Message
 
@@ -220,7 +221,8 @@ def test_a_round_a_replica_has_no_room_for_is_answered_with_the_fix():
     """A growing table's round that would put a replica over its cap (its copies count):
     the round's pushes are answered with the replica's refusal and the fix."""
     wire, p, q = _pair()
-    q.tables.cap = 200  # bytes: the declaration fits, three rows with their index do not
+    # bytes: the declaration (with its fixed cost) fits, three rows with their index do not
+    q.tables.cap = TABLE_BYTES + len(repr("t")) + 100
     _sinit(p, rows=None)
     wire.deliver()
     _spush(p, W0, 0, [1, 2, 3], np.ones(6), 10)

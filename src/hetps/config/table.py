@@ -292,6 +292,12 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "half of the server machine's memory",
                 field="table_max_bytes", minimum=0, unit="bytes",
                 default_text="0 (half the memory)"),
+            Var("HETPS_TABLE_PULL_BYTES", "int", 16 << 20,
+                "bytes of rows one row_sparse_pull request may ask of a server: a worker "
+                "splits a bigger pull into requests of at most this, a server refuses one "
+                "over it (naming the key, the ids and the bound) before it builds anything, "
+                "so a server's memory stays within HETPS_TABLE_MAX_BYTES plus this",
+                field="table_pull_bytes", minimum=4096, unit="bytes"),
             Var("HETPS_REPLICAS", "int", 1,
                 "dist_sync: copies of every key, each on its own server (read by the "
                 "scheduler); a server applies each round on the next REPLICAS-1 servers "

@@ -14,6 +14,7 @@ from hetps.kvstore.rowsparse import RowSparse, Table, coalesce
 from hetps.kvstore.slices import BadRequest
 from hetps.kvstore.sparse import TableMeta, fill_out, row_ids_of, targets_of
 from hetps.kvstore.tables import Shard, apply_rows
+from hetps.optim.lazy import distinct_inverse
 
 __all__ = ["LocalSparse"]
 
@@ -92,7 +93,7 @@ class LocalSparse:
             tm, sh = self.tables[k]
             ids = row_ids_of(rid, k)
             tm.check_ids(k, ids, "row_sparse_pull")
-            uniq, inv = np.unique(ids, return_inverse=True)
+            uniq, inv = distinct_inverse(ids)
             what = f"row_sparse_pull of key {k!r}"
             results.append(
                 fill_out(

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RowSparse", "Table", "coalesce", "initial_rows", "row_ids"]
+from hetps.optim.lazy import distinct_inverse
+
+__all__ = ["RowSparse", "Table", "coalesce", "first_nonfinite", "initial_rows", "row_ids"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -207,12 +209,32 @@ def coalesce(value: Any, cols: int, dtype: np.dtype, what: str) -> tuple[np.ndar
         raise ValueError(f"{what}: rows of shape {rows.shape}, the table has {cols} columns")
     if rows.dtype != dtype:
         raise ValueError(f"{what}: rows of dtype {rows.dtype}, the table's is {dtype}")
-    if ids.size > 1 and not np.all(ids[1:] > ids[:-1]):  # duplicates or unsorted: sum
-        uniq, inv = np.unique(ids, return_inverse=True)
+    bad = first_nonfinite(rows)
+    if bad is not None:
+        raise ValueError(
+            f"{what}: the row of id {int(ids[bad])} holds a NaN or an infinity; nothing was "
+            "sent (a non-finite row would make the table's row, and its optimizer state, "
+            "NaN for good): check the loss and the learning rate, or clip the gradients"
+        )
+    uniq, inv = distinct_inverse(ids)
+    if inv is not None:  # duplicates or unsorted: sum
         summed = np.zeros((uniq.size, cols), rows.dtype)
         np.add.at(summed, inv, rows)
         ids, rows = uniq, summed
     return ids, rows
+
+
+def first_nonfinite(rows: np.ndarray) -> int | None:
+    """The index of the first row of 2-D ``rows`` with a NaN or an infinity, or None: one
+    sum tells (NaN and infinities carry through it), the rows are searched only when it is
+    not finite (or a sum of finite values overflowed)."""
+    if rows.size == 0:
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(rows, axis=None)):
+            return None
+    bad = ~np.isfinite(rows).all(axis=1)
+    return int(np.argmax(bad)) if bad.any() else None
 
 
 def table_declaration(t: Table) -> dict:

@@ -40,6 +40,7 @@ from hetps.cluster.requests import Future, wait_all
 from hetps.kvstore.base import as_numpy, normalize_keys
 from hetps.kvstore.placement import chunk_elems
 from hetps.kvstore.rowsparse import RowSparse, Table, coalesce, row_ids
+from hetps.optim.lazy import distinct_inverse, put_rows, take_rows
 from hetps.transport.codec import Message
 
 __all__ = ["RowSparse", "SparseKeys", "Table"]
@@ -178,8 +179,12 @@ class SparseKeys:
         owner = ids % S if S > 1 else None
         futs = []
         for s in range(S):
-            sel = slice(None) if owner is None else owner == s
-            pid, prow = ids[sel].copy(), rows[sel].copy()  # captured: the caller may reuse them
+            # copies (the caller may reuse its arrays), taken by index: no per-row Python
+            if owner is None:
+                pid, prow = ids.copy(), np.array(rows, order="C")
+            else:
+                sel = np.flatnonzero(owner == s)
+                pid, prow = ids[sel], take_rows(rows, sel)
             body = {"k": key, "part": s, "sync": self.kv.sync}
             if self.kv._copies:  # a server that takes over knows a resent round by it
                 body["rnd"] = tm.rounds - 1
@@ -229,19 +234,21 @@ class SparseKeys:
     def _pull_rows(self, key: Any, tm: TableMeta, ids: np.ndarray, out: Any, priority: int):
         what = f"row_sparse_pull of key {key!r}"
         tm.check_ids(key, ids, "row_sparse_pull")
-        uniq, inv = np.unique(ids, return_inverse=True)
+        uniq, inv = distinct_inverse(ids)  # (repeated ids travel once)
         cols = tm.table.cols
         rows = np.empty((uniq.size, cols), tm.dtype)
         S = tm.nparts
         owner = uniq % S if S > 1 else None
         futs = []
+        # one request per server, split where its reply would pass HETPS_TABLE_PULL_BYTES
+        step = max(1, self.kv.cfg.table_pull_bytes // (cols * tm.dtype.itemsize))
         for s in range(S):
-            sel = np.arange(uniq.size) if owner is None else np.flatnonzero(owner == s)
-            if sel.size == 0:
-                continue
-            body = {"k": key, "part": s}
-            msg = Message(P.SPULL, body=body, arrays=[uniq[sel]])
-            futs.append(self.kv.request(key, priority, s, msg, _land_rows(key, rows, sel, cols)))
+            mine = np.arange(uniq.size) if owner is None else np.flatnonzero(owner == s)
+            for a in range(0, mine.size, step):
+                sel = mine[a : a + step]
+                msg = Message(P.SPULL, body={"k": key, "part": s}, arrays=[uniq[sel]])
+                land = _land_rows(key, rows, sel, cols)
+                futs.append(self.kv.request(key, priority, s, msg, land))
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
         tm.pushed = []
@@ -264,7 +271,8 @@ def fill_out(
             t.indices, t.data, t.shape = uniq.copy(), rows.copy(), table.shape
             continue
         if t.ndim == 2 and t.shape == (ids.size, cols):
-            t[...] = rows[inv]  # a lookup: each id's row, in the order asked
+            # a lookup: each id's row, in the order asked (inv None: ids were uniq already)
+            t[...] = rows if inv is None else take_rows(rows, inv)
         elif t.shape == table.shape:
             t[...] = 0
             t[uniq] = rows
@@ -273,7 +281,10 @@ def fill_out(
                 f"{what}: out of shape {t.shape}: give ({ids.size}, {cols}) (the rows "
                 f"asked, in order) or the table's shape {table.shape}, or a RowSparse"
             )
-    return RowSparse(uniq, rows, table.shape) if want else None
+    if not want:
+        return None
+    # (ids sorted and distinct already are the caller's array: the result gets its own)
+    return RowSparse(uniq.copy() if inv is None else uniq, rows, table.shape)
 
 
 def row_ids_of(value: Any, key: Any) -> np.ndarray:
@@ -291,7 +302,7 @@ def _land_rows(key: Any, rows: np.ndarray, sel: np.ndarray, cols: int):
     def land(reply: Message) -> None:
         if len(reply.arrays) != 1 or reply.arrays[0].size != sel.size * cols:
             raise ClusterError(f"row_sparse_pull of key {key!r}: server sent a wrong-sized reply")
-        rows[sel] = reply.arrays[0].reshape(sel.size, cols)
+        put_rows(rows, sel, reply.arrays[0])
         reply.arrays = []
 
     return land

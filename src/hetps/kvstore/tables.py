@@ -27,193 +27,40 @@ import numpy as np
 
 from hetps.cluster import protocol as P
 from hetps.kvstore import table_dump
-from hetps.kvstore.rowsparse import initial_rows
+from hetps.kvstore.rowsparse import first_nonfinite
 from hetps.kvstore.slices import BadRequest, short
 from hetps.kvstore.table_replicas import TableCopies
+from hetps.kvstore.table_shard import (  # (re-exported: they were here)
+    INDEX_ROW_BYTES,
+    TABLE_BYTES,
+    Shard,
+    apply_rows,
+    machine_memory,
+)
 from hetps.optim import lazy
-from hetps.transport.codec import WIRE_DTYPES, Message
+from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.server")
+
+__all__ = [
+    "INDEX_ROW_BYTES",
+    "MAX_AHEAD",
+    "MAX_IDS",
+    "PULL_BYTES",
+    "TABLE_BYTES",
+    "Shard",
+    "Tables",
+    "apply_rows",
+    "machine_memory",
+]
 
 #: ids one request may carry
 MAX_IDS = 1 << 24
 #: requests of one worker that may wait here for the table's later rounds (a worker is at
 #: most HETPS_ROUNDS_AHEAD rounds ahead, each a push and its pull, on every server)
 MAX_AHEAD = 64
-#: what a growing table's id index costs per row (a Python dict entry with its int key and
-#: value), counted toward the bound
-INDEX_ROW_BYTES = 120
-
-
-class Shard:
-    """One server's part of one table."""
-
-    def __init__(self, key: Any, decl: dict, part: int, nparts: int, owner: Any = None) -> None:
-        self.key = key
-        self.owner = owner  # the server's Tables (its cap on all tables), or None
-        self.decl = decl
-        self.rows_total: int | None = decl["rows"]
-        self.cols: int = decl["cols"]
-        self.dtype = WIRE_DTYPES[decl["dtype"]]
-        self.scale: float = float(decl["scale"])
-        self.seed: int = decl["seed"]
-        self.bound: int = decl["bound"]
-        self.part, self.nparts = part, nparts
-        if self.rows_total is not None:
-            n = max(0, (self.rows_total - part + nparts - 1) // nparts)
-            self.n = n
-            self._check_bound(n, 0)
-            self.value = np.zeros((n, self.cols), self.dtype)  # (pages come as rows are used)
-            # rows get their initial value when first used, not here: a table of 30M rows
-            # starts at once and holds only what is used (a byte per row for this mark,
-            # which also tells a checkpoint the rows to keep)
-            self.made = np.zeros(n, bool)
-        else:
-            self.n = 0
-            self.index: dict[int, int] = {}
-            self.value = np.zeros((0, self.cols), self.dtype)
-        self.state: Any = None
-        self.has_state = False
-        self.optimizer: Any = None  # this table's own (Table(optimizer=...)), else the server's
-        self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # worker -> its push
-        self.acks: list[Message] = []
-        self.deferred: list[Message] = []
-        self.backlog: list[Message] = []
-        self.rounds = 0
-        # HETPS_REPLICAS (kvstore/table_replicas.py): served here, or a copy of ``origin``'s;
-        # a finished round's copy on its way to the replicas; the table's optimizer pickled
-        self.primary, self.origin = True, None
-        self.copying = False
-        self.opt_blob: bytes | None = None
-
-    @property
-    def growing(self) -> bool:
-        return self.rows_total is None
-
-    @property
-    def skey(self) -> tuple[Any, int]:
-        return (self.key, self.part)
-
-    # -- memory --------------------------------------------------------------------------
-    def row_bytes(self, optimizer: Any) -> int:
-        """Bytes one row takes here: its value, its optimizer state and (a growing table)
-        its entry in the id index."""
-        # (a growing table's entry in its id index; a fixed table's byte of its use mark)
-        per = self.cols * self.dtype.itemsize + (INDEX_ROW_BYTES if self.growing else 1)
-        if optimizer is not None:
-            try:
-                st = (
-                    self.state
-                    if self.has_state
-                    else lazy.create_table_state(optimizer, 0, self.cols, self.dtype)
-                )
-            except lazy.LazyUnsupported:  # (its first round says so, naming the fix)
-                return per
-            per += sum(
-                a.dtype.itemsize * a.shape[1]
-                for a in st.values()
-                if isinstance(a, np.ndarray) and a.ndim == 2
-            )
-        return per
-
-    def nbytes(self) -> int:
-        total = self.value.nbytes
-        if self.has_state:
-            total += sum(a.nbytes for a in self.state.values() if isinstance(a, np.ndarray))
-        return total
-
-    def reserved(self, optimizer: Any) -> int:
-        """Bytes this part counts toward the server's cap: a fixed table's every row (each
-        may be used), a growing table's rows made."""
-        opt = self.optimizer if self.optimizer is not None else optimizer
-        return self.n * self.row_bytes(opt)
-
-    def _check_bound(self, rows: int, per: int) -> None:
-        per = per or self.cols * self.dtype.itemsize + (0 if self.growing else 1)
-        if self.owner is not None:
-            self.owner.check_cap(self, rows * per)
-        if self.bound and rows * per > self.bound:
-            raise BadRequest(
-                f"row-sparse key {self.key!r}: {rows} rows here would take {rows * per} bytes "
-                f"({per} per row with the optimizer state"
-                f"{' and the id index' if self.growing else ''}), over the table's bound of "
-                f"{self.bound} bytes per server; raise Table(server_bytes=...), add servers, "
-                "or hash the ids into fewer rows"
-            )
-
-    # -- rows by id -----------------------------------------------------------------------
-    def local(self, ids: np.ndarray, optimizer: Any = None, create: bool = False) -> np.ndarray:
-        """Local rows of ``ids`` (checked ids); for a growing table -1 where a row was never
-        made, unless ``create`` (then it is made, at its initial value)."""
-        if not self.growing:
-            loc = ids // self.nparts
-            fresh = loc[~self.made[loc]]
-            if fresh.size:
-                if self.scale:
-                    self.value[fresh] = initial_rows(
-                        self.scale,
-                        self.seed,
-                        fresh * self.nparts + self.part,
-                        self.cols,
-                        self.dtype,
-                    )
-                self.made[fresh] = True
-            return loc
-        index = self.index
-        out = np.fromiter((index.get(i, -1) for i in ids.tolist()), np.int64, ids.size)
-        if create:
-            new = ids[out < 0]
-            if new.size:
-                self._make(new, optimizer)
-                out[out < 0] = np.arange(self.n - new.size, self.n)
-        return out
-
-    def _make(self, ids: np.ndarray, optimizer: Any) -> None:
-        need = self.n + ids.size
-        per = self.row_bytes(optimizer)
-        self._check_bound(need, per)
-        if need > self.value.shape[0]:
-            cap = max(need, 2 * self.value.shape[0], 64)
-            if self.bound:  # the room made ahead stays within the bound too
-                cap = max(need, min(cap, self.bound // per))
-            grown = np.zeros((cap, self.cols), self.dtype)
-            grown[: self.n] = self.value[: self.n]
-            self.value = grown
-            if self.has_state:
-                lazy.grow_state(self.state, cap)
-        self.value[self.n : need] = initial_rows(self.scale, self.seed, ids, self.cols, self.dtype)
-        for j, i in enumerate(ids.tolist()):
-            self.index[i] = self.n + j
-        self.n = need
-
-    def read(self, ids: np.ndarray) -> np.ndarray:
-        """The rows of (checked) ``ids``, in that order."""
-        loc = self.local(ids)
-        if not self.growing:
-            return self.value[loc]
-        out = np.empty((ids.size, self.cols), self.dtype)
-        have = loc >= 0
-        out[have] = self.value[loc[have]]
-        if not have.all():
-            out[~have] = initial_rows(self.scale, self.seed, ids[~have], self.cols, self.dtype)
-        return out
-
-
-def apply_rows(sh: Shard, optimizer: Any, ids: np.ndarray, grad: np.ndarray) -> None:
-    """Apply a round's per-row sums ``grad`` of (checked, distinct) ``ids`` to ``sh``: the
-    table's own optimizer, else ``optimizer``, lazily; with neither, the sums replace the
-    rows. Raises BadRequest when a growing table would pass its bound (nothing changed)."""
-    opt = sh.optimizer if sh.optimizer is not None else optimizer
-    loc = sh.local(ids, opt, create=True)
-    if opt is None:
-        sh.value[loc] = grad
-        return
-    if not sh.has_state:
-        # the state's rows count toward the bound: refused before anything is made
-        sh._check_bound(sh.value.shape[0], sh.row_bytes(opt))
-        sh.state = lazy.create_table_state(opt, sh.value.shape[0], sh.cols, sh.dtype)
-        sh.has_state = True
-    lazy.update_rows(opt, sh.skey, sh.value, loc, grad, sh.state)
+#: bytes of rows one pull may ask (HETPS_TABLE_PULL_BYTES; a server's is set at its start)
+PULL_BYTES = 16 << 20
 
 
 class Tables:
@@ -226,6 +73,8 @@ class Tables:
         self.copies = TableCopies(self)  # HETPS_REPLICAS
         #: bytes all tables here may take together (HETPS_TABLE_MAX_BYTES; 0: no cap)
         self.cap = 0
+        #: bytes of rows one pull may ask (HETPS_TABLE_PULL_BYTES)
+        self.pull_bound = PULL_BYTES
 
     def check_cap(self, sh: Shard, need: int) -> None:
         """Refuse (BadRequest naming the table, the cap and the fix) when ``sh`` taking
@@ -234,6 +83,7 @@ class Tables:
             return
         opt = self.server.optimizer
         others = sum(o.reserved(opt) for k, o in self.shards.items() if k != sh.skey)
+        need += sh.fixed_bytes()
         if others + need > self.cap:
             raise BadRequest(
                 f"row-sparse key {sh.key!r}: this server's part would take {need} bytes"
@@ -302,12 +152,23 @@ class Tables:
             raise BadRequest(f"{msg.cmd} of key {sh.key!r}: {arr.size} ids, at most {MAX_IDS}")
         if arr.size == 0:
             return arr
-        bad = arr < 0
-        if sh.rows_total is not None:
-            bad |= arr >= sh.rows_total
+        ordered = arr.size < 2 or bool(np.all(arr[1:] > arr[:-1]))
+        if sorted_distinct and not ordered:
+            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
+        if ordered:  # (the range: its ends tell)
+            hi = sh.rows_total
+            bad_range = arr[0] < 0 or (hi is not None and arr[-1] >= hi)
+        else:
+            bad_range = True
+        bad = None
+        if bad_range:
+            bad = arr < 0
+            if sh.rows_total is not None:
+                bad |= arr >= sh.rows_total
         if sh.nparts > 1:
-            bad |= arr % sh.nparts != sh.part
-        if bad.any():
+            off = np.remainder(arr, sh.nparts) != sh.part
+            bad = off if bad is None else bad | off
+        if bad is not None and bad.any():
             i = int(arr[np.argmax(bad)])
             where = (
                 f"a table of {sh.rows_total} rows takes ids in [0, {sh.rows_total})"
@@ -317,8 +178,6 @@ class Tables:
                 else f"it belongs to part {i % sh.nparts}, not {sh.part}"
             )
             raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row id {i} is out of range ({where})")
-        if sorted_distinct and arr.size > 1 and not np.all(arr[1:] > arr[:-1]):
-            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
         return arr
 
     @staticmethod
@@ -411,6 +270,12 @@ class Tables:
             raise BadRequest(f"spush of key {sh.key!r}: expected row ids and rows")
         ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), True)
         vals = self._rows(msg, sh, msg.arrays[1], ids.size)
+        bad = first_nonfinite(vals)
+        if bad is not None:  # (a worker refuses them before sending: a broken peer's)
+            raise BadRequest(
+                f"spush of key {sh.key!r}: the row of id {int(ids[bad])} holds a NaN or an "
+                "infinity; refused (it would make the row NaN for good)"
+            )
         srv = self.server
         sync = srv.sync if srv.sync is not None else msg.typed.sync
         if not sync and srv.optimizer is None and sh.optimizer is None:
@@ -448,7 +313,9 @@ class Tables:
     def _hold(self, sh: Shard, msg: Message) -> None:
         """A worker may have :data:`MAX_AHEAD` requests of a table waiting for later rounds
         here; one more is refused (a worker that ran away would fill the server's memory)."""
-        if sum(1 for m in sh.backlog if m.sender == msg.sender) >= MAX_AHEAD:
+        waiting = sum(1 for m in sh.backlog if m.sender == msg.sender)
+        waiting += sum(1 for m in sh.deferred if m.sender == msg.sender)
+        if waiting >= MAX_AHEAD:
             raise BadRequest(
                 f"{msg.cmd} of key {sh.key!r}: this worker is {MAX_AHEAD} requests ahead of the "
                 "table's rounds here; wait for its pushes before sending more"
@@ -461,16 +328,18 @@ class Tables:
         if len(pushes) == 1:
             ids, grad = pushes[0]
         else:
-            ids = np.unique(np.concatenate([p[0] for p in pushes]))
+            ids = lazy.distinct(np.concatenate([p[0] for p in pushes]))
             grad = np.zeros((ids.size, sh.cols), sh.dtype)
             first = True
             for pid, pval in pushes:
                 pos = np.searchsorted(ids, pid)
                 if first:
-                    grad[pos] = pval
+                    lazy.put_rows(grad, pos, pval)
                     first = False
                 else:
-                    grad[pos] += pval
+                    acc = lazy.take_rows(grad, pos)
+                    acc += pval
+                    lazy.put_rows(grad, pos, acc)
         opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
         job = self._job_workers()
         if opt is not None and len(pushes) < job:
@@ -513,13 +382,24 @@ class Tables:
         sh = self._shard(msg)
         if len(msg.arrays) != 1:
             raise BadRequest(f"spull of key {sh.key!r}: expected one array of row ids")
-        ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), False)
+        # sorted and distinct (a worker sends each id once), so the reply's size is known
+        # from its ids before anything is built
+        ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), True)
+        row = sh.cols * sh.dtype.itemsize
+        if ids.size * row > self.pull_bound:
+            raise BadRequest(
+                f"spull of key {sh.key!r}: {ids.size} row ids ({int(ids[0])} to {int(ids[-1])}) "
+                f"of {row} bytes a row ask {ids.size * row} bytes, over the bound on one "
+                f"pull's reply of {self.pull_bound} bytes (HETPS_TABLE_PULL_BYTES); a worker "
+                "splits its pulls by it: give the workers and the servers the same value"
+            )
         worker = msg.sender
         if sh.copying or any(m.sender == worker for m in sh.backlog):
             self._hold(sh, msg)  # (a round's copy is out: answered once it is applied there)
             sh.backlog.append(msg)
             return
         if worker in sh.pending:  # this worker pushed in the unfinished round: after it
+            self._hold(sh, msg)  # (each waiting pull holds its ids, and its reply comes)
             sh.deferred.append(msg)
             return
         self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])
@@ -548,18 +428,3 @@ class Tables:
                 for m in sh.acks + sh.deferred + sh.backlog:
                     self.server.answers.reply(m, {"error": text})
                 sh.pending, sh.acks, sh.deferred, sh.backlog = {}, [], [], []
-
-
-def machine_memory() -> int:
-    """Bytes of memory this process may use: the machine's, or its container's limit."""
-    import os
-
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        if limit.isdigit():
-            total = min(total, int(limit))
-    except OSError:
-        pass
-    return total

@@ -39,7 +39,7 @@ Key = Hashable
 #: Extra keyword arguments MXNet's ``Optimizer`` accepts that have no effect on a server-side
 #: NumPy optimizer; accepted (and ignored) so that MXNet-style construction code keeps working.
 _IGNORED_MXNET_KWARGS = frozenset(
-    {"param_idx2name", "param_dict", "sym", "begin_num_update", "multi_precision", "lazy_update"}
+    {"param_idx2name", "param_dict", "sym", "begin_num_update", "multi_precision"}
 )
 
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
@@ -89,10 +89,15 @@ class Optimizer:
         wd: weight decay (L2 penalty coefficient).
         clip_gradient: if not ``None`` and ``> 0``, the rescaled gradient is clipped to
             ``[-clip_gradient, clip_gradient]``; otherwise no clipping (as in MXNet).
+        lazy_update: on row-sparse keys (embedding tables), True (the default) runs the
+            rule only on the rows a round touched; False runs it on every row of the table
+            each round, the untouched ones with a zero gradient (their momentum, moments
+            and weight decay move), as MXNet's ``lazy_update=False`` does. Dense keys are
+            updated whole either way.
         **kwargs: MXNet ``Optimizer`` arguments that have no meaning here (``param_idx2name``,
-            ``param_dict``, ``sym``, ``begin_num_update``, ``multi_precision``,
-            ``lazy_update``) are accepted and ignored; anything else is a TypeError, so a
-            misspelt hyper-parameter never passes silently.
+            ``param_dict``, ``sym``, ``begin_num_update``, ``multi_precision``) are accepted
+            and ignored; anything else is a TypeError, so a misspelt hyper-parameter never
+            passes silently.
     """
 
     def __init__(
@@ -101,8 +106,12 @@ class Optimizer:
         rescale_grad: float = 1.0,
         wd: float = 0.0,
         clip_gradient: float | None = None,
+        lazy_update: bool = True,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(lazy_update, (bool, np.bool_)):
+            raise TypeError(f"lazy_update must be True or False, got {lazy_update!r}")
+        self.lazy_update = bool(lazy_update)
         unknown = sorted(set(kwargs) - _IGNORED_MXNET_KWARGS)
         if unknown:
             if "lr_scheduler" in unknown:

@@ -41,11 +41,70 @@ from hetps.optim.adam import Adam
 from hetps.optim.base import Optimizer
 from hetps.optim.sgd import SGD
 
-__all__ = ["LazyUnsupported", "create_table_state", "grow_state", "update_rows"]
+__all__ = [
+    "LazyUnsupported",
+    "create_table_state",
+    "distinct",
+    "distinct_inverse",
+    "grow_state",
+    "put_rows",
+    "take_rows",
+    "update_every_row",
+    "update_rows",
+]
 
 
 class LazyUnsupported(TypeError):
     """The optimizer has no row-sparse (lazy) rule."""
+
+
+def take_rows(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``table[rows]`` of a 2-D table, a new array (``np.take``: 3-10x faster than fancy
+    indexing for a few thousand rows)."""
+    return np.take(table, rows, axis=0)
+
+
+def put_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """``table[rows] = values`` for distinct ``rows`` of a 2-D table, each row moved as one
+    item (``np.put`` on a row-wide view: 1.5-3x faster than fancy assignment)."""
+    if table.ndim != 2 or not table.flags.c_contiguous or table.shape[1] == 0:
+        table[rows] = values
+        return
+    values = np.ascontiguousarray(values, dtype=table.dtype).reshape(rows.size, table.shape[1])
+    item = np.dtype((np.void, table.shape[1] * table.itemsize))
+    np.put(table.view(item).reshape(-1), rows, values.view(item).reshape(-1))
+
+
+def distinct(ids: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of 1-D ``ids`` (``ids`` itself when it is so already): by
+    a sort, as ``np.unique``'s hash path is 10x slower on a few thousand int64 ids."""
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids
+    s = np.sort(ids)
+    keep = np.empty(s.size, bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def distinct_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """(sorted distinct ``ids``, where each id of ``ids`` is in it); the inverse is None when
+    ``ids`` is sorted and distinct already (it is then its own answer)."""
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids, None
+    order = np.argsort(ids, kind="stable")
+    s = ids[order]
+    first = np.empty(s.size, bool)
+    first[0] = True
+    np.not_equal(s[1:], s[:-1], out=first[1:])
+    inv = np.empty(ids.size, np.int64)
+    inv[order] = np.cumsum(first) - 1
+    return s[first], inv
+
+
+def _added(w: np.ndarray, g: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """``w + g`` in ``dt``: into ``w`` (a gathered copy) when it is of that dtype already."""
+    return np.add(w, g, out=w) if w.dtype == dt else np.add(w, g, dtype=dt)
 
 
 def _compute(dtype: np.dtype) -> np.dtype:
@@ -86,33 +145,35 @@ def update_rows(
     rows: np.ndarray,
     grad: np.ndarray,
     state: dict[str, Any],
+    count: bool = True,
 ) -> None:
     """Apply ``grad`` (len(rows) x cols) to ``weight[rows]`` (weight: the table, 2-D) in place,
     lazily; ``rows`` are distinct local row indices (possibly none: a round that touched no
-    row here still counts for Adam's step)."""
+    row here still counts for Adam's step; ``count`` False: a further block of the same
+    round, not counted again)."""
     if hasattr(opt, "update_rows") and hasattr(opt, "create_table_state"):
         opt.update_rows(key, weight, rows, grad, state)
         return
     dt = _compute(weight.dtype)
-    if isinstance(opt, Adam):
+    if isinstance(opt, Adam) and count:
         state["t"] += 1
     if rows.size == 0:
         return
-    w = weight[rows]
+    w = take_rows(weight, rows)
     if isinstance(opt, SGD):
         g = opt._preprocess_grad(grad, dt)
         if opt.wd != 0.0:
             g += np.multiply(w, opt.wd, dtype=dt)
         if opt.momentum == 0.0:
             g *= -opt.learning_rate
-            weight[rows] = np.add(w, g, dtype=dt)
+            put_rows(weight, rows, _added(w, g, dt))
             return
-        mom = state["mom"][rows]
+        mom = take_rows(state["mom"], rows)
         mom *= opt.momentum
         g *= opt.learning_rate
         mom -= g
-        state["mom"][rows] = mom
-        weight[rows] = np.add(w, mom, dtype=dt)
+        put_rows(state["mom"], rows, mom)
+        put_rows(weight, rows, _added(w, mom, dt))
         return
     if isinstance(opt, Adam):
         t = state["t"]
@@ -123,28 +184,65 @@ def update_rows(
         clip = opt.clip_gradient
         if clip is not None and clip > 0:
             np.clip(g, -clip, clip, out=g)
-        mean, var = state["mean"][rows], state["var"][rows]
+        mean, var = take_rows(state["mean"], rows), take_rows(state["var"], rows)
+        tmp = np.empty_like(g)  # (one scratch for the products: no temporary per step)
         mean *= opt.beta1
-        mean += (1.0 - opt.beta1) * g
+        mean += np.multiply(g, 1.0 - opt.beta1, out=tmp)
         g *= g
         var *= opt.beta2
-        var += (1.0 - opt.beta2) * g
-        state["mean"][rows], state["var"][rows] = mean, var
+        var += np.multiply(g, 1.0 - opt.beta2, out=tmp)
+        put_rows(state["mean"], rows, mean)
+        put_rows(state["var"], rows, var)
         np.sqrt(var, out=g)
         g += opt.epsilon
         np.divide(mean, g, out=g)
         g *= -lr_t
-        weight[rows] = np.add(w, g, dtype=dt)
+        put_rows(weight, rows, _added(w, g, dt))
         return
     if isinstance(opt, AdaGrad):
         g = opt._preprocess_grad(grad, dt)
-        hist = state["history"][rows]
+        hist = take_rows(state["history"], rows)
         hist += g * g
-        state["history"][rows] = hist
+        put_rows(state["history"], rows, hist)
         g /= np.sqrt(hist + opt.eps)
         if opt.wd != 0.0:
             g += np.multiply(w, opt.wd, dtype=dt)
         g *= -opt.learning_rate
-        weight[rows] = np.add(w, g, dtype=dt)
+        put_rows(weight, rows, _added(w, g, dt))
         return
     create_table_state(opt, 0, 0, weight.dtype)  # raises LazyUnsupported with the fix
+
+
+#: rows updated at once by :func:`update_every_row` (its scratch stays a few MiB)
+EVERY_ROW_BLOCK = 1 << 15
+
+
+def update_every_row(
+    opt: Optimizer,
+    key: Any,
+    weight: np.ndarray,
+    count: int,
+    rows: np.ndarray,
+    grad: np.ndarray,
+    state: dict[str, Any],
+) -> None:
+    """MXNet's ``lazy_update=False`` on a row-sparse gradient: the rule runs on every row of
+    ``weight[:count]``, the rows not in ``rows`` with a zero gradient (their momentum decays,
+    Adam's moments too, weight decay applies), block by block; the step counts once."""
+    cols = weight.shape[1]
+    if hasattr(opt, "update_rows") and hasattr(opt, "create_table_state"):
+        dense = np.zeros((count, cols), grad.dtype)
+        put_rows(dense, rows, grad)
+        opt.update_rows(key, weight, np.arange(count), dense, state)
+        return
+    if count == 0:
+        update_rows(opt, key, weight, rows, grad, state)
+        return
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    for a in range(0, count, EVERY_ROW_BLOCK):
+        b = min(count, a + EVERY_ROW_BLOCK)
+        lo, hi = np.searchsorted(ordered, [a, b])
+        block = np.zeros((b - a, cols), grad.dtype)
+        put_rows(block, ordered[lo:hi] - a, take_rows(grad, order[lo:hi]))
+        update_rows(opt, key, weight, np.arange(a, b), block, state, count=a == 0)

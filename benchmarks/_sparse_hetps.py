@@ -1,0 +1,60 @@
+#!/usr/bin/env python
+"""The hetps side of benchmarks/sparse_tables.py: a worker of a ``hetps launch -n 2 -s 2`` job.
+
+    hetps launch -n 2 -s 2 -- python benchmarks/_sparse_hetps.py ROWS COLS FRACS OPT ROUNDS
+
+The same rounds as ``benchmarks/_sparse_mx.py`` (the same ids and rows): ``kv.push(key, (ids,
+rows))`` then ``kv.row_sparse_pull(key, row_ids=ids)``, SGD or lazy Adam on the servers.
+Rank 0 prints ``RESULT cols frac t1,t2,...``.
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _sparse_mx import ids_for  # noqa: E402
+
+import hetps.kv  # noqa: E402
+from hetps import optim  # noqa: E402
+from hetps.kvstore.rowsparse import Table  # noqa: E402
+
+
+def main() -> None:
+    rows, cols_list = int(sys.argv[1]), [int(c) for c in sys.argv[2].split(",")]
+    fracs, opt, rounds = [float(f) for f in sys.argv[3].split(",")], sys.argv[4], int(sys.argv[5])
+    kv = hetps.kv.create("dist_sync")
+    if opt == "adam":
+        kv.set_optimizer(optim.Adam(learning_rate=0.001))
+    else:
+        kv.set_optimizer(optim.SGD(learning_rate=0.01))
+    rank, warm, sets = kv.rank, 3, 4
+    key = 0
+    for cols in cols_list:
+        for frac in fracs:
+            key += 1
+            kv.init(key, Table(rows, cols))
+            grads = []
+            for s in range(sets):
+                ids = ids_for(rows, frac, rank, s)
+                data = np.random.default_rng(s).standard_normal((ids.size, cols), np.float32)
+                grads.append((ids, data))
+            kv.barrier()
+            times = []
+            for i in range(warm + rounds):
+                ids, data = grads[i % sets]
+                t0 = time.perf_counter()
+                kv.push(key, (ids, data))
+                kv.row_sparse_pull(key, row_ids=ids)
+                if i >= warm:
+                    times.append(time.perf_counter() - t0)
+            kv.barrier()
+            if rank == 0:
+                print(f"RESULT {cols} {frac} " + ",".join(f"{t:.6f}" for t in times), flush=True)
+
+
+if __name__ == "__main__":
+    main()

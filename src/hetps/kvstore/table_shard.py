@@ -1,0 +1,238 @@
+"""One server's part of one row-sparse table (:class:`Shard`): its rows by id, what it counts
+toward the bounds, and a round's update of its rows (:func:`apply_rows`); the server's
+requests on it are :class:`hetps.kvstore.tables.Tables`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hetps.kvstore.rowsparse import initial_rows
+from hetps.kvstore.slices import BadRequest
+from hetps.kvstore.table_index import IdIndex
+from hetps.optim import lazy
+from hetps.transport.codec import WIRE_DTYPES, Message
+
+__all__ = ["INDEX_ROW_BYTES", "TABLE_BYTES", "Shard", "apply_rows", "machine_memory"]
+
+#: what a growing table's id index costs per row, counted toward the bound: 16 bytes held
+#: (kvstore/table_index.py: its id and local row) and the copies a merge makes for a while
+INDEX_ROW_BYTES = 48
+#: what a part of a table costs before its rows (its objects, its declaration, its key's
+#: characters on top), counted toward the server's cap: an empty table is not free (about
+#: 1.1 KiB measured, and the allocator's share)
+TABLE_BYTES = 2048
+
+
+class Shard:
+    """One server's part of one table."""
+
+    def __init__(self, key: Any, decl: dict, part: int, nparts: int, owner: Any = None) -> None:
+        self.key = key
+        self.owner = owner  # the server's Tables (its cap on all tables), or None
+        self.decl = decl
+        self.rows_total: int | None = decl["rows"]
+        self.cols: int = decl["cols"]
+        self.dtype = WIRE_DTYPES[decl["dtype"]]
+        self.scale: float = float(decl["scale"])
+        self.seed: int = decl["seed"]
+        self.bound: int = decl["bound"]
+        self.part, self.nparts = part, nparts
+        self._per = None
+        if self.rows_total is not None:
+            n = max(0, (self.rows_total - part + nparts - 1) // nparts)
+            self.n = n
+            self._check_bound(n, 0)
+            self.value = np.zeros((n, self.cols), self.dtype)  # (pages come as rows are used)
+            # rows get their initial value when first used, not here: a table of 30M rows
+            # starts at once and holds only what is used (a byte per row for this mark,
+            # which also tells a checkpoint the rows to keep)
+            self.made = np.zeros(n, bool)
+        else:
+            self.n = 0
+            self._check_bound(0, 0)  # (its fixed cost)
+            self.index = IdIndex()
+            self.value = np.zeros((0, self.cols), self.dtype)
+        self.state: Any = None
+        self.has_state = False
+        self.optimizer: Any = None  # this table's own (Table(optimizer=...)), else the server's
+        self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # worker -> its push
+        self.acks: list[Message] = []
+        self.deferred: list[Message] = []
+        self.backlog: list[Message] = []
+        self.rounds = 0
+        # HETPS_REPLICAS (kvstore/table_replicas.py): served here, or a copy of ``origin``'s;
+        # a finished round's copy on its way to the replicas; the table's optimizer pickled
+        self.primary, self.origin = True, None
+        self.copying = False
+        self.opt_blob: bytes | None = None
+        self._per: tuple | None = None  # (optimizer, has_state, row_bytes) last counted
+
+    @property
+    def growing(self) -> bool:
+        return self.rows_total is None
+
+    @property
+    def skey(self) -> tuple[Any, int]:
+        return (self.key, self.part)
+
+    # -- memory --------------------------------------------------------------------------
+    def row_bytes(self, optimizer: Any) -> int:
+        """Bytes one row takes here: its value, its optimizer state and (a growing table)
+        its entry in the id index."""
+        # (a growing table's entry in its id index; a fixed table's byte of its use mark)
+        per = self.cols * self.dtype.itemsize + (INDEX_ROW_BYTES if self.growing else 1)
+        if optimizer is not None:
+            try:
+                st = (
+                    self.state
+                    if self.has_state
+                    else lazy.create_table_state(optimizer, 0, self.cols, self.dtype)
+                )
+            except lazy.LazyUnsupported:  # (its first round says so, naming the fix)
+                return per
+            per += sum(
+                a.dtype.itemsize * a.shape[1]
+                for a in st.values()
+                if isinstance(a, np.ndarray) and a.ndim == 2
+            )
+        return per
+
+    def nbytes(self) -> int:
+        total = self.value.nbytes
+        if self.has_state:
+            total += sum(a.nbytes for a in self.state.values() if isinstance(a, np.ndarray))
+        return total
+
+    def fixed_bytes(self) -> int:
+        """What this part takes whatever its rows: :data:`TABLE_BYTES` and its key."""
+        return TABLE_BYTES + len(repr(self.key))
+
+    def reserved(self, optimizer: Any) -> int:
+        """Bytes this part counts toward the server's cap: its fixed cost, and a fixed
+        table's every row (each may be used) or a growing table's rows made."""
+        if not self.n:
+            return self.fixed_bytes()
+        opt = self.optimizer if self.optimizer is not None else optimizer
+        cached = self._per
+        if cached is None or cached[0] is not opt or cached[1] != self.has_state:
+            self._per = cached = (opt, self.has_state, self.row_bytes(opt))
+        return self.fixed_bytes() + self.n * cached[2]
+
+    def _check_bound(self, rows: int, per: int) -> None:
+        per = per or self.cols * self.dtype.itemsize + (0 if self.growing else 1)
+        if self.owner is not None:
+            self.owner.check_cap(self, rows * per)
+        if self.bound and rows * per > self.bound:
+            raise BadRequest(
+                f"row-sparse key {self.key!r}: {rows} rows here would take {rows * per} bytes "
+                f"({per} per row with the optimizer state"
+                f"{' and the id index' if self.growing else ''}), over the table's bound of "
+                f"{self.bound} bytes per server; raise Table(server_bytes=...), add servers, "
+                "or hash the ids into fewer rows"
+            )
+
+    # -- rows by id -----------------------------------------------------------------------
+    def local(self, ids: np.ndarray, optimizer: Any = None, create: bool = False) -> np.ndarray:
+        """Local rows of ``ids`` (checked ids); for a growing table -1 where a row was never
+        made, unless ``create`` (then it is made, at its initial value)."""
+        if not self.growing:
+            loc = ids // self.nparts
+            fresh = loc[~self.made[loc]]
+            if fresh.size:
+                if self.scale:
+                    self.value[fresh] = initial_rows(
+                        self.scale,
+                        self.seed,
+                        fresh * self.nparts + self.part,
+                        self.cols,
+                        self.dtype,
+                    )
+                self.made[fresh] = True
+            return loc
+        out = self.index.lookup(ids)
+        if create:
+            miss = out < 0
+            if miss.any():
+                self._make(lazy.distinct(ids[miss]), optimizer)
+                out[miss] = self.index.lookup(ids[miss])
+        return out
+
+    def make_every_row(self) -> None:
+        """Give every row of a fixed table not used yet its initial value."""
+        fresh = np.flatnonzero(~self.made)
+        for a in range(0, fresh.size, 1 << 16):
+            loc = fresh[a : a + (1 << 16)]
+            if self.scale:
+                ids = loc * self.nparts + self.part
+                self.value[loc] = initial_rows(self.scale, self.seed, ids, self.cols, self.dtype)
+            self.made[loc] = True
+
+    def _make(self, ids: np.ndarray, optimizer: Any) -> None:
+        need = self.n + ids.size
+        per = self.row_bytes(optimizer)
+        self._check_bound(need, per)
+        if need > self.value.shape[0]:
+            cap = max(need, 2 * self.value.shape[0], 64)
+            if self.bound:  # the room made ahead stays within the bound too
+                cap = max(need, min(cap, self.bound // per))
+            grown = np.zeros((cap, self.cols), self.dtype)
+            grown[: self.n] = self.value[: self.n]
+            self.value = grown
+            if self.has_state:
+                lazy.grow_state(self.state, cap)
+        self.value[self.n : need] = initial_rows(self.scale, self.seed, ids, self.cols, self.dtype)
+        self.index.add(ids, np.arange(self.n, need, dtype=np.int64))
+        self.n = need
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        """The rows of (checked) ``ids``, in that order."""
+        loc = self.local(ids)
+        if not self.growing:
+            return lazy.take_rows(self.value, loc)
+        out = np.empty((ids.size, self.cols), self.dtype)
+        have = loc >= 0
+        out[have] = self.value[loc[have]]
+        if not have.all():
+            out[~have] = initial_rows(self.scale, self.seed, ids[~have], self.cols, self.dtype)
+        return out
+
+
+def apply_rows(sh: Shard, optimizer: Any, ids: np.ndarray, grad: np.ndarray) -> None:
+    """Apply a round's per-row sums ``grad`` of (checked, distinct) ``ids`` to ``sh``: the
+    table's own optimizer, else ``optimizer``, lazily; with neither, the sums replace the
+    rows. Raises BadRequest when a growing table would pass its bound (nothing changed)."""
+    opt = sh.optimizer if sh.optimizer is not None else optimizer
+    loc = sh.local(ids, opt, create=True)
+    if opt is None:
+        lazy.put_rows(sh.value, loc, grad)
+        return
+    if not sh.has_state:
+        # the state's rows count toward the bound: refused before anything is made
+        sh._check_bound(sh.value.shape[0], sh.row_bytes(opt))
+        sh.state = lazy.create_table_state(opt, sh.value.shape[0], sh.cols, sh.dtype)
+        sh.has_state = True
+    if getattr(opt, "lazy_update", True):
+        lazy.update_rows(opt, sh.skey, sh.value, loc, grad, sh.state)
+        return
+    # lazy_update=False, as MXNet: every row of the part moves (a fixed table's rows not
+    # used yet are made, at their initial value, first; a growing table's are the rows made)
+    if not sh.growing:
+        sh.make_every_row()
+    lazy.update_every_row(opt, sh.skey, sh.value, sh.n, loc, grad, sh.state)
+
+
+def machine_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its container's limit."""
+    import os
+
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except OSError:
+        pass
+    return total

@@ -1,0 +1,147 @@
+"""The vectorised row paths of the tables (hetps.optim.lazy, hetps.kvstore.rowsparse): distinct
+ids by a sort, rows gathered and written, MXNet's lazy_update=False block by block, and the
+search for a non-finite row, each against the plain NumPy it replaces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetps import optim
+from hetps.kvstore.rowsparse import first_nonfinite
+from hetps.optim import lazy
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 5000])
+def test_distinct_and_its_inverse_are_np_unique(n):
+    rng = np.random.default_rng(n)
+    ids = rng.integers(0, max(1, n // 2), n).astype(np.int64)  # repeats, unsorted
+    uniq, inv = np.unique(ids, return_inverse=True)
+    assert np.array_equal(lazy.distinct(ids), uniq)
+    got, got_inv = lazy.distinct_inverse(ids)
+    assert np.array_equal(got, uniq)
+    assert np.array_equal(got[got_inv] if got_inv is not None else got, ids)
+    already = np.unique(ids)  # sorted distinct: returned as is, no inverse
+    same, none = lazy.distinct_inverse(already)
+    assert same is already and none is None and lazy.distinct(already) is already
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_take_and_put_rows_are_fancy_indexing(dtype):
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((50, 5)).astype(dtype)
+    rows = rng.choice(50, 12, replace=False)
+    assert np.array_equal(lazy.take_rows(table, rows), table[rows])
+    vals = rng.standard_normal((12, 5)).astype(np.float32)  # (cast as assignment casts)
+    expect = table.copy()
+    expect[rows] = vals
+    lazy.put_rows(table, rows, vals)
+    assert np.array_equal(table, expect)
+    view = np.zeros((50, 10), dtype)[:, ::2]  # not contiguous: fancy assignment
+    lazy.put_rows(view, rows, vals)
+    assert np.array_equal(view[rows], vals.astype(dtype))
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adagrad"])
+def test_every_row_block_by_block_is_the_dense_rule(name, monkeypatch):
+    """lazy_update=False over several blocks (the step counted once per round) equals the
+    dense optimizer on the whole table with zeros on the untouched rows."""
+    monkeypatch.setattr(lazy, "EVERY_ROW_BLOCK", 7)
+    make = {
+        "sgd": lambda: optim.SGD(learning_rate=0.1, momentum=0.9, wd=0.01),
+        "adam": lambda: optim.Adam(learning_rate=0.01, wd=0.01),
+        "adagrad": lambda: optim.AdaGrad(learning_rate=0.1),
+    }[name]
+    rng = np.random.default_rng(2)
+    w0 = rng.standard_normal((30, 4)).astype(np.float32)
+    sparse, dense = w0.copy(), w0.copy()
+    opt, ref = make(), make()
+    state = lazy.create_table_state(opt, 30, 4, np.float32)
+    dstate = ref.create_state("k", dense)
+    for rnd in range(3):
+        rows = np.sort(rng.choice(30, 5, replace=False))[::-1].copy()  # any order
+        grad = rng.standard_normal((5, 4)).astype(np.float32)
+        lazy.update_every_row(opt, "k", sparse, 30, rows, grad, state)
+        full = np.zeros((30, 4), np.float32)
+        full[rows] = grad
+        ref.update("k", dense, full, dstate)
+        assert np.allclose(sparse, dense, rtol=1e-6, atol=1e-7), (name, rnd)
+    if name == "adam":
+        assert state["t"] == 3
+    assert not np.allclose(sparse, w0)
+
+
+def test_lazy_update_must_be_a_bool():
+    assert optim.SGD().lazy_update and not optim.Adam(lazy_update=False).lazy_update
+    with pytest.raises(TypeError, match="lazy_update must be True or False"):
+        optim.SGD(lazy_update="no")
+
+
+def test_first_nonfinite_names_the_first_bad_row():
+    rows = np.ones((6, 3), np.float32)
+    assert first_nonfinite(rows) is None and first_nonfinite(rows[:0]) is None
+    rows[4, 1], rows[2, 0] = np.inf, np.nan
+    assert first_nonfinite(rows) == 2
+    big = np.full((4, 2), 6e4, np.float16)  # the sum overflows, every value is finite
+    assert first_nonfinite(big) is None
+
+
+def test_pulls_waiting_for_a_round_are_bounded_per_worker():
+    """A worker's pulls that wait for an unfinished round are at most MAX_AHEAD; one more is
+    refused naming the key, the others are answered when the round ends."""
+    from test_replica_rounds import P_ID, W0, W1, _Wire
+
+    from hetps.kvstore.tables import MAX_AHEAD
+    from hetps.roles import new_server
+    from hetps.transport.codec import Message
+
+    wire = _Wire(ids=(P_ID,))
+    srv = new_server(wire.node(P_ID))
+    body = {"k": "t", "part": 0, "nparts": 1, "rows": 8, "cols": 2, "dtype": "float32"}
+    body.update(scale=0.0, seed=0, bound=0)
+    srv.handle(Message("sinit", sender=W0, req=1, body=body))
+
+    def push(worker: int, req: int) -> None:
+        arrays = [np.array([1, 3], np.int64), np.ones(4, np.float32)]
+        body = {"k": "t", "part": 0, "sync": True}
+        srv.handle(Message("spush", sender=worker, req=req, body=body, arrays=arrays))
+
+    def pull(req: int) -> None:
+        arrays = [np.array([1, 2], np.int64)]
+        srv.handle(Message("spull", sender=W0, req=req, body={"k": "t", "part": 0}, arrays=arrays))
+
+    push(W0, 2)
+    for i in range(MAX_AHEAD + 1):
+        pull(100 + i)
+    errors = [b["error"] for m, b, _ in wire.replies[P_ID] if b and "error" in b]
+    assert len(errors) == 1 and "'t'" in errors[0] and "ahead" in errors[0], errors
+    push(W1, 3)
+    answered = [m.req for m, b, _ in wire.replies[P_ID] if m.cmd == "spull" and not b]
+    assert answered == list(range(100, 100 + MAX_AHEAD)), answered
+    rows = [a[0].reshape(2, 2) for m, b, a in wire.replies[P_ID] if m.cmd == "spull" and not b]
+    assert all(np.array_equal(r, [[2.0, 2.0], [0.0, 0.0]]) for r in rows)
+
+
+def test_the_id_index_is_a_dict_through_its_merges(monkeypatch):
+    """A growing table's IdIndex against a dict, through many adds (the recent array merged
+    into the main one several times): every lookup, hits and misses, and its items."""
+    from hetps.kvstore import table_index
+
+    monkeypatch.setattr(table_index, "RECENT_MIN", 50)
+    rng = np.random.default_rng(3)
+    ix, ref, n = table_index.IdIndex(), {}, 0
+    for rnd in range(40):
+        fresh = [int(i) for i in rng.integers(0, 1 << 40, 37) if int(i) not in ref]
+        fresh = np.array(sorted(set(fresh)), np.int64)
+        if rnd % 2:
+            fresh = fresh[::-1].copy()  # (not sorted: the index sorts it)
+        ix.add(fresh, np.arange(n, n + fresh.size))
+        ref.update({int(i): n + j for j, i in enumerate(fresh.tolist())})
+        n += fresh.size
+        known = rng.choice(np.fromiter(ref, np.int64), 20)
+        query = np.concatenate([known, rng.integers(0, 1 << 40, 20), [-5]])
+        expect = [ref.get(int(i), -1) for i in query]
+        assert ix.lookup(query).tolist() == expect, rnd
+    assert len(ix) == len(ref) and ix._ids.size > 0  # (merged at least once)
+    ids, locs = ix.items()
+    assert ids.tolist() == sorted(ref) and locs.tolist() == [ref[i] for i in sorted(ref)]
