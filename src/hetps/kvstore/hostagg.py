@@ -412,8 +412,8 @@ class HostAggregation:
             now = time.monotonic()
             if now - checked > 0.05:
                 checked = now
+                self._peers(what)  # (a dead local rank is seen here before the scheduler says)
                 kv.node.check()
-                self._peers(what)
             if now - start > kv.timeout:
                 raise ClusterError(
                     f"host aggregation: a {what} waited {kv.timeout:.0f} s for the other "
