@@ -122,3 +122,29 @@ def test_pushes_that_contradict_the_round_are_refused_and_change_nothing():
     assert len(_errors(node)) == 3
     sl = srv.slices[("w", 0)]
     assert sl.rounds == 1 and sl.value.tobytes() == _expected(x).tobytes()
+
+
+def test_a_device_server_sums_hosts_in_the_same_order():
+    """On a device server (torch's CPU device: the same code as on CUDA) the round's value
+    is the CPU server's, bit for bit."""
+    pytest.importorskip("torch")
+    from hetps.kvstore import ondevice
+    from hetps.kvstore.aggregate import Aggregator
+    from hetps.kvstore.hostrounds import merge_by_host
+    from hetps.kvstore.slices import Slice
+
+    x = _grads(3)
+    values = []
+    for agg in (
+        Aggregator(lambda: 4, lambda: None),
+        ondevice.DeviceAggregator(lambda: 4, lambda: None, ondevice.open_device("torch:cpu")),
+    ):
+        sl = Slice("w", 0, (N,), np.zeros(N, np.float32))
+        for w in (15, 9, 13, 11):  # (arrival order: not the order of the sum)
+            sl.hosts[w] = (*HOST[w], 1)
+            sl.held[w] = [(0, x[w][:600]), (600, x[w][600:])]  # two chunks each
+        merge_by_host(agg, sl)
+        agg.finish(sl)
+        values.append(np.asarray(sl.value).copy())  # (what pulls read: a host copy)
+    assert values[0].tobytes() == _expected(x).tobytes()
+    assert values[1].tobytes() == values[0].tobytes()

@@ -110,12 +110,9 @@ def merge_by_host(agg: Any, sl: Slice) -> None:
     """Sum ``sl``'s held round: each host's pushes in local-rank order, then the hosts in
     group order (``a = x0; a += x1; ...`` in the key's dtype, as a host that aggregates its
     workers sums them), into the round's merge buffer."""
-    if getattr(agg, "here", None) is not None and agg.here(sl):
-        raise BadRequest(
-            "rounds summed per host (workers with HETPS_HOST_GROUP and LOCAL_WORLD_SIZE > 1) "
-            "are not built on a device server: set HETPS_SERVER_DEVICE=cpu, or leave the "
-            "host contract unset"
-        )
+    # a device server (kvstore/ondevice.py): host sums made here, added on the device in
+    # the same order
+    device = getattr(agg, "here", None) is not None and agg.here(sl)
     buf = agg._spare(sl)
     by_host: dict[int, list[tuple[int, int]]] = {}
     for w, (group, local, _) in sl.hosts.items():
@@ -134,10 +131,13 @@ def merge_by_host(agg: Any, sl: Slice) -> None:
                 for a in arrs[1:]:
                     np.add(host_sum, a, out=host_sum)
             view = buf[off : off + host_sum.size]
-            if off in written:
+            if device:
+                up = agg.device.upload(np.ascontiguousarray(host_sum))
+                view.add_(up) if off in written else view.copy_(up)
+            elif off in written:
                 np.add(view, host_sum, out=view)
             else:
                 view[...] = host_sum
-                written.add(off)
+            written.add(off)
     sl.held, sl.hosts = {}, {}
     sl.merge, sl.written, sl.short = buf, written, None
