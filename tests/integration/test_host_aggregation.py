@@ -180,3 +180,71 @@ def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(tmp_p
         assert rec["seen"][3] in (want[3], [[12.0], [16.0]]), rec
         assert rec["seen"][:3] + rec["seen"][4:] == want[:3] + want[4:], rec
     assert set(_shm_left()) <= before
+
+
+# 2-bit compression through the host: each host's sum is compressed with the host's residual
+# (kept by the local rank that sends that part), and the servers sum the hosts' decoded sums
+# in host order; a row-sparse table goes per process (its rows summed over the four).
+COMPRESSED = """
+from hetps.kvstore.compression import TwoBitCompressor
+from hetps.kvstore.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+g, lr = kv.cfg.host_group, kv.cfg.local_rank
+n = 1_100_000                                       # split over the two servers
+kv.init('c', np.zeros(n, np.float32))
+kv.init('t', Table(8, 2))
+tables = []
+for r in range(2):
+    kv.push('t', (np.array([g, 4 + lr]), np.ones((2, 2), np.float32)))
+    rows = kv.row_sparse_pull('t', row_ids=np.arange(8)).asnumpy()
+    tables.append([rows[:2, 0].tolist(), rows[4:6, 0].tolist()])
+kv.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
+comp = TwoBitCompressor(0.5)
+res = {h: np.zeros(n, np.float32) for h in (0, 1)}
+ok = []
+for r in range(3):
+    x = {(h, l): np.random.default_rng(100 * r + 10 * h + l).uniform(-1, 1, n).astype(np.float32)
+         for h in (0, 1) for l in (0, 1)}
+    kv.push('c', x[(g, lr)])
+    out = np.empty(n, np.float32)
+    kv.pull('c', out=out)
+    want = None
+    for h in (0, 1):
+        s = x[(h, 0)].copy(); s += x[(h, 1)]
+        q = np.empty(n, np.float32)
+        half = n // 2                               # (each server's part: its own chunks)
+        for a, b in ((0, half), (half, n)):
+            words = comp.compress(s[a:b], res[h][a:b])
+            q[a:b] = comp.decompress(words, b - a, np.float32)
+        if want is None:
+            want = q
+        else:
+            want += q
+    ok.append(out.tobytes() == want.tobytes())
+print('COMPRESSED', json.dumps({'on': kv.hostagg is not None, 'ok': ok, 'tables': tables}),
+      flush=True)
+"""
+
+
+def test_compression_compresses_each_hosts_sum_and_tables_go_per_process(tmp_path):
+    rc, out = run_cluster(
+        tmp_path,
+        "import json\n" + COMPRESSED,
+        workers=4,
+        servers=2,
+        env={"HETPS_CHUNK_BYTES": str(1 << 20)},
+        node_env=HOSTS,
+    )
+    assert rc == 0, out
+    got = [
+        json.loads(line.split("COMPRESSED ", 1)[1])
+        for line in out.splitlines()
+        if "COMPRESSED " in line
+    ]
+    assert len(got) == 4, out
+    for rec in got:
+        assert rec["on"], rec
+        assert rec["ok"] == [True] * 3, rec  # exact, every round (the residuals carried)
+        # table rows become each round's sum: rows 0 and 1 by a host's two workers, rows 4
+        # and 5 by one worker of each host
+        assert rec["tables"] == [[[2.0, 2.0], [2.0, 2.0]]] * 2, rec

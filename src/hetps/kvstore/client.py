@@ -491,10 +491,8 @@ class DistKVStore:
     def set_gradient_compression(self, params: dict) -> None:
         """Turn on MXNet's 2-bit compression of pushes: ``{'type': '2bit', 'threshold': t}``."""
         self.compressor = parse_compression_params(params)
-        if self.hostagg is not None:  # (compressing the host's sum is not built)
-            log.warning("host aggregation is off with 2-bit compression: each worker pushes")
-            self.hostagg.close()
-            self.hostagg = None
+        if self.hostagg is not None:  # the host's sum is compressed, its residual the host's
+            self.hostagg.compression()
         for m in self.meta.values():
             m.residual = None
 

@@ -111,6 +111,8 @@ class HostKey:
     sent: dict[int, int] = field(default_factory=dict)  # part -> round sent
     futs: dict[int, list[Future]] = field(default_factory=dict)  # part -> its requests
     sums: dict[int, np.ndarray] = field(default_factory=dict)  # part -> the sent sum
+    # 2-bit compression: part -> the host's residual of it (kept by the part's owner)
+    residual: dict[int, np.ndarray] = field(default_factory=dict)
     fallback: bool = False  # a device tensor's key: each worker pushes its own
 
 
@@ -349,7 +351,13 @@ class HostAggregation:
         step = chunk_elems(kv.cfg.chunk_bytes, meta.dtype.itemsize)
         dest = hk.result
         futs = []
+        comp = kv.compressor  # (the host's sum is compressed, with the host's residual)
+        if comp is not None and i not in hk.residual:
+            hk.residual[i] = np.zeros(p.size, np.float32)
         for a, b in chunks(p.start, p.stop, step):
+            payload = total[a - p.start : b - p.start]
+            if comp is not None:
+                payload = comp.compress(payload, hk.residual[i][a - p.start : b - p.start])
             body = bodies.chunk(
                 key,
                 p.index,
@@ -361,8 +369,9 @@ class HostAggregation:
                 chunk=step,
                 fused=True,
                 host=(self.group, self.local, self.size),
+                threshold=comp.threshold if comp is not None else None,
             )
-            msg = Message(P.PUSH, body=body, arrays=[total[a - p.start : b - p.start]])
+            msg = Message(P.PUSH, body=body, arrays=[payload])
             land = land_into(key, dest, a, b, kv._short)
             futs.append(kv.request(key, 0, p.server, msg, land, dest[a:b]))
         hk.futs[i], hk.sent[i] = futs, t
@@ -439,6 +448,11 @@ class HostAggregation:
                 except PermissionError:
                     pass
             return
+
+    def compression(self) -> None:
+        """2-bit compression was set: every host residual starts again from zero."""
+        for hk in self.keys.values():
+            hk.residual = {}
 
     def close(self) -> None:
         """Unlink what is still named (a local rank that never opened it) and unmap."""
