@@ -55,8 +55,11 @@ for step in range(4):
     opt.step()
 sent = sum(s for s, _ in kv._link_bytes().values()) - sent0
 model_bytes = sum(p.numel() * 4 for p in model.parameters())
+# the segments' names are gone from /dev/shm once every local rank mapped them
+named = [n for n in os.listdir('/dev/shm')
+         if kv.hostagg is not None and n.startswith('hetps-host-' + kv.hostagg.job[:32])]
 print('HOSTAGG', json.dumps({'me': me, 'on': kv.hostagg is not None, 'W': kv.num_workers,
-      'sent': sent, 'model': model_bytes,
+      'sent': sent, 'model': model_bytes, 'named': named,
       'weights': [p.detach().flatten().tolist() for p in model.parameters()]}), flush=True)
 """
 
@@ -85,6 +88,7 @@ def test_two_hosts_train_to_the_flat_jobs_weights_with_one_push_per_host(tmp_pat
     for me in range(4):
         assert on[me]["on"] and not off[me]["on"]
         assert on[me]["W"] == off[me]["W"] == 4  # counts stay per process
+        assert on[me]["named"] == [], on[me]["named"]
         # bit for bit: every worker of both runs holds the same weights
         assert on[me]["weights"] == on[0]["weights"] == off[me]["weights"]
     model = on[0]["model"]

@@ -114,6 +114,7 @@ class HostKey:
     # 2-bit compression: part -> the host's residual of it (kept by the part's owner)
     residual: dict[int, np.ndarray] = field(default_factory=dict)
     fallback: bool = False  # a device tensor's key: each worker pushes its own
+    named: bool = True  # its name is still in /dev/shm (unlinked once every rank mapped it)
 
 
 # header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid and the
@@ -184,8 +185,14 @@ class HostAggregation:
             if hk is None:
                 hk = self._open(k, meta)
                 self.keys[k] = hk
-            if all(hk.head[_PID : _PID + self.size]):
-                unlink(hk.name)
+            self._unname(hk)
+
+    def _unname(self, hk: HostKey) -> None:
+        """Unlink ``hk``'s name once every local rank mapped the segment (every rank tries
+        after its open and at its pushes, so one of them sees the last pid)."""
+        if hk.named and all(hk.head[_PID : _PID + self.size]):
+            unlink(hk.name)
+            hk.named = False
 
     def _open(self, k: Any, meta: KeyMeta) -> HostKey:
         name = self._name(k, again=True)
@@ -268,6 +275,7 @@ class HostAggregation:
     def push(self, k: Any, meta: KeyMeta, arr: np.ndarray) -> None:
         """This worker's gradient of a new round of ``k`` into its slot."""
         hk = self.keys[k]
+        self._unname(hk)
         t = hk.pushed + 1
         if hk.pushed > hk.pulled:  # pushed again before pulling: its parts go now
             self._drive(hk, meta, block=True)
