@@ -197,6 +197,15 @@ g, lr = kv.cfg.host_group, kv.cfg.local_rank
 n = 1_100_000                                       # split over the two servers
 kv.init('c', np.zeros(n, np.float32))
 kv.init('t', Table(8, 2))
+kv.init('d', np.zeros(10, np.float32))
+# push(block=True), a barrier after a push, two pushes before a pull: each waits for (or
+# sends) the host's round as a worker's own push does, and none waits for ever
+kv.push('d', np.full(10, 1.0, np.float32), block=True)
+kv.push('d', np.full(10, 2.0, np.float32))
+kv.barrier()
+kv.push('d', np.full(10, 3.0, np.float32))
+kv.push('d', np.full(10, 4.0, np.float32))
+d = kv.pull('d').tolist()
 tables = []
 for r in range(2):
     kv.push('t', (np.array([g, 4 + lr]), np.ones((2, 2), np.float32)))
@@ -225,12 +234,13 @@ for r in range(3):
         else:
             want += q
     ok.append(out.tobytes() == want.tobytes())
-print('COMPRESSED', json.dumps({'on': kv.hostagg is not None, 'ok': ok, 'tables': tables}),
-      flush=True)
+print('COMPRESSED', json.dumps({'on': kv.hostagg is not None, 'ok': ok, 'tables': tables,
+      'd': d}), flush=True)
 """
 
 
 def test_compression_compresses_each_hosts_sum_and_tables_go_per_process(tmp_path):
+    """(And a blocking push, a barrier after a push, two pushes before a pull.)"""
     rc, out = run_cluster(
         tmp_path,
         "import json\n" + COMPRESSED,
@@ -248,6 +258,7 @@ def test_compression_compresses_each_hosts_sum_and_tables_go_per_process(tmp_pat
     assert len(got) == 4, out
     for rec in got:
         assert rec["on"], rec
+        assert rec["d"] == [16.0] * 10, rec  # the last round: 4 workers' 4.0
         assert rec["ok"] == [True] * 3, rec  # exact, every round (the residuals carried)
         # table rows become each round's sum: rows 0 and 1 by a host's two workers, rows 4
         # and 5 by one worker of each host

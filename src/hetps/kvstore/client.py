@@ -310,6 +310,7 @@ class DistKVStore:
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "push")
         futs: list[Future] = []
+        hosted: list = []  # keys pushed through the host (block: waited for below)
         self._push_run += 1
         self._calls += 1
         deferred = not block and max(self._push_run, self._last_push_run) > 1
@@ -326,6 +327,7 @@ class DistKVStore:
                 self._check(k, meta, arr, "push")
                 if self.hostagg is not None and self.hostagg.takes(k, bool(staged)):
                     self.hostagg.push(k, meta, arr)  # (its errors: the pull's)
+                    hosted.append(k)
                     continue
                 if self.sync:
                     self.dense.round_credit(meta)
@@ -346,6 +348,8 @@ class DistKVStore:
                     meta.prefetch = (pushed, dest)
                 futs += pushed
         settle(futs)
+        for k in hosted if block else ():  # (sent once the call's batch left)
+            self.hostagg.settle(k)
         return self._finish_call(futs, block, "push")
 
     def pull(
@@ -463,6 +467,8 @@ class DistKVStore:
     def wait_outstanding(self) -> None:
         """Wait for every request this worker has in flight; raise the first error no call
         has raised yet (a push's, whose call returned before its answer)."""
+        if self.hostagg is not None:  # (the rounds pushed through the host, applied)
+            self.hostagg.settle()
         self.pipeline.wait_outstanding()
 
     def barrier(self) -> None:

@@ -288,6 +288,22 @@ class HostAggregation:
         with self.lock:
             self._pump()
 
+    def settle(self, only: Any = None) -> None:
+        """Wait until every round this worker pushed through the host (of key ``only``, or
+        of every key) was applied by the servers, as a flat push's answer says: what
+        ``wait_outstanding``, ``barrier`` and ``push(block=True)`` wait for."""
+        for k, hk in list(self.keys.items()):
+            meta = self.kv.meta.get(k)
+            if (only is not None and k != only) or hk.fallback or meta is None:
+                continue
+            if hk.pushed <= hk.pulled:  # (its pull saw the round applied)
+                continue
+            self._drive(hk, meta, block=True)
+            res, t = self._slot(hk, "result", 0), hk.pushed
+            self.wait(
+                k, lambda hk=hk, k=k, res=res, t=t: self._results(hk, k, res, hk.parts, t), "push"
+            )
+
     def pending(self, k: Any) -> bool:
         """Whether a pull of ``k`` reads a round this worker pushed through the host."""
         hk = self.keys.get(k)
