@@ -65,9 +65,11 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
     """What the store ``kv`` does with its host: its aggregation (None: each worker pushes
     its own), and the host tag its own pushes carry (None: no host order)."""
     cfg = kv.cfg
-    known = cfg.host_group >= 0 and cfg.local_rank >= 0 and cfg.local_world_size > 1
+    # a worker whose host is known tags its pushes, so that the servers sum every round per
+    # host, also on hosts of one worker (a round of tagged and untagged pushes is refused)
+    known = cfg.host_group >= 0 and cfg.local_rank >= 0 and cfg.local_world_size >= 1
     if not (known and kv.sync) or kv.node.elastic > 0:
-        if known and kv.sync and cfg.host_aggregation:
+        if known and kv.sync and cfg.host_aggregation and cfg.local_world_size > 1:
             log.warning(
                 "host aggregation is off under HETPS_ELASTIC: each worker pushes its own "
                 "gradients (docs/HOSTS.md)"
@@ -79,7 +81,7 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
             "local rank is below the host's worker count"
         )
     tag = (cfg.host_group, cfg.local_rank, 1)
-    if not cfg.host_aggregation:
+    if not cfg.host_aggregation or cfg.local_world_size == 1:
         return None, tag
     why = None
     if cfg.secret is None:
