@@ -37,7 +37,7 @@ def _plan(monkeypatch, **kw):
         ({"size": 1}, (None, (0, 0, 1))),  # alone on its host: tagged, its own push
         ({"agg": False}, (None, (0, 0, 1))),  # HETPS_HOST_AGGREGATION=0: the same order
         ({"secret": None}, (None, (0, 0, 1))),
-        ({"balance": True}, (None, (0, 0, 1))),
+        ({"balance": True}, (None, None)),  # HETPS_BALANCE: per process, as without hosts
         ({"replicas": 2}, (None, (0, 0, 1))),
         ({"sync": False}, (None, None)),  # dist_async: per process, no rounds
         ({"elastic": 2}, (None, None)),  # --elastic: per process, as without hosts

@@ -68,11 +68,12 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
     # a worker whose host is known tags its pushes, so that the servers sum every round per
     # host, also on hosts of one worker (a round of tagged and untagged pushes is refused)
     known = cfg.host_group >= 0 and cfg.local_rank >= 0 and cfg.local_world_size >= 1
-    if not (known and kv.sync) or kv.node.elastic > 0:
+    if not (known and kv.sync) or kv.node.elastic > 0 or kv.balance:
         if known and kv.sync and cfg.host_aggregation and cfg.local_world_size > 1:
             log.warning(
-                "host aggregation is off under HETPS_ELASTIC: each worker pushes its own "
-                "gradients (docs/HOSTS.md)"
+                "host aggregation is off under %s: each worker pushes its own gradients "
+                "(docs/HOSTS.md)",
+                "HETPS_BALANCE" if kv.balance else "HETPS_ELASTIC",
             )
         return None, None
     if cfg.local_rank >= cfg.local_world_size:
@@ -86,8 +87,6 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
     why = None
     if cfg.secret is None:
         why = "the job has no cluster secret (hetps launch makes one)"
-    elif kv.balance:
-        why = "HETPS_BALANCE moves slices between servers"
     elif kv.node.replicas > 1:
         why = "HETPS_REPLICAS resends pushes to a server that takes over"
     if why is not None:
