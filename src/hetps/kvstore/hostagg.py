@@ -121,7 +121,7 @@ class HostKey:
 # header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid and the
 # round its slot holds; then per part the round summed (its slots are free again) and the
 # round whose result is in (-round: the owner's push of it failed)
-_PID, _CONTRIB = 8, 8
+_PID = 8
 
 
 class HostAggregation:
