@@ -118,8 +118,8 @@ class HostKey:
     named: bool = True  # its name is still in /dev/shm (unlinked once every rank mapped it)
 
 
-# header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid and the
-# round its slot holds; then per part the round summed (its slots are free again) and the
+# header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid, the round
+# its slot holds and its PID namespace; then per part the round summed (its slots are free again) and the
 # round whose result is in (-round: the owner's push of it failed)
 _PID = 8
 
@@ -144,7 +144,7 @@ class HostAggregation:
     # -- segments -----------------------------------------------------------------------------
     def _layout(self, meta: KeyMeta) -> tuple[int, int, int]:
         parts = len(meta.parts)
-        slots = _PID + 2 * self.size + 2 * parts
+        slots = _PID + 3 * self.size + 2 * parts
         head = (slots * 8 + 4095) // 4096 * 4096
         span = (meta.size * meta.dtype.itemsize + 63) // 64 * 64
         return head, span, head + (self.size + 1) * span
@@ -177,6 +177,7 @@ class HostAggregation:
         self.keys[k] = hk = self._view(k, name, mm, meta, head, span)
         hk.head[:3] = (MAGIC, self.size, meta.size)
         hk.head[_PID] = os.getpid()
+        hk.head[self._slot(hk, "ns", 0)] = _pid_ns()
 
     def opened(self, todo: list[tuple[Any, KeyMeta]]) -> None:
         """After ``init``'s barrier: the other local ranks open the segments local rank 0
@@ -230,6 +231,7 @@ class HostAggregation:
                 f"two workers of host group {self.group} say LOCAL_RANK={self.local} (pid "
                 f"{int(hk.head[_PID + self.local])} and {os.getpid()}): give each its own"
             )
+        hk.head[self._slot(hk, "ns", self.local)] = _pid_ns()
         hk.head[_PID + self.local] = os.getpid()
         return hk
 
@@ -252,8 +254,14 @@ class HostAggregation:
         return HostKey(name, mm, counters, slots, at(self.size), mine, k, len(meta.parts))
 
     def _slot(self, hk: HostKey, what: str, i: int) -> int:
-        base = _PID + 2 * self.size
-        return {"contrib": _PID + self.size, "summed": base, "result": base + hk.parts}[what] + i
+        base = _PID + 3 * self.size
+        first = {
+            "contrib": _PID + self.size,
+            "ns": _PID + 2 * self.size,
+            "summed": base,
+            "result": base + hk.parts,
+        }
+        return first[what] + i
 
     # -- rounds -----------------------------------------------------------------------------
     def takes(self, k: Any, device: bool) -> bool:
@@ -461,8 +469,8 @@ class HostAggregation:
         for hk in list(self.keys.values()):
             for r in range(self.size):
                 pid = int(hk.head[_PID + r])
-                if r == self.local or pid <= 0:
-                    continue
+                if r == self.local or pid <= 0 or hk.head[self._slot(hk, "ns", r)] != _pid_ns():
+                    continue  # (a pid of another PID namespace names nothing here)
                 try:
                     os.kill(pid, 0)
                 except ProcessLookupError:
@@ -484,6 +492,14 @@ class HostAggregation:
         for hk in self.keys.values():
             unlink(hk.name)
         self.keys = {}
+
+
+def _pid_ns() -> int:
+    """This process's PID namespace (its inode), 0 where it cannot be read."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def unlink(name: str) -> None:
