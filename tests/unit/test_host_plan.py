@@ -53,3 +53,35 @@ def test_which_pushes_carry_the_host_and_which_hosts_aggregate(monkeypatch, kw, 
 def test_a_local_rank_beyond_the_hosts_workers_is_a_config_error(monkeypatch):
     with pytest.raises(ConfigError, match=r"LOCAL_RANK=2 but LOCAL_WORLD_SIZE=2"):
         _plan(monkeypatch, local=2, size=2)
+
+
+def test_the_sweep_removes_only_stale_segments_of_a_dead_maker(tmp_path):
+    """A segment left by a crash before every local rank mapped it is removed by the next
+    job's sweep; a young one, one whose maker lives, a link or a FIFO planted under such a
+    name are left alone (and never read through)."""
+    import os
+    import time
+
+    import numpy as np
+
+    def name(i: int) -> str:
+        return f"hetps-host-{'a' * 32}-0-{str(i) * 24}"
+
+    def segment(i: int, pid: int, age: float) -> None:
+        head = np.zeros(hostagg._PID + 1, np.int64)
+        head[hostagg._PID] = pid
+        path = tmp_path / name(i)
+        path.write_bytes(head.tobytes())
+        os.utime(path, (time.time() - age,) * 2)
+
+    gone = 2**22 + 4321  # above the kernel's pid_max: no such process
+    segment(1, gone, 120)  # stale, its maker gone: swept
+    segment(2, gone, 1)  # young: its maker may be in another PID namespace
+    segment(3, os.getpid(), 120)  # its maker lives
+    os.symlink("/etc/hostname", tmp_path / name(4))
+    os.mkfifo(tmp_path / name(5))  # (reading it would block)
+    (tmp_path / "hetps-shm-1-x").write_bytes(b"")  # not ours
+    assert hostagg.sweep_stale(str(tmp_path)) == 1
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [name(2), name(3), name(4), name(5), "hetps-shm-1-x"]
+    )

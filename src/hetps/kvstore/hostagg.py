@@ -522,16 +522,29 @@ def sweep_stale(directory: str = SHM_DIR) -> int:
             continue
         path = os.path.join(directory, name)
         try:
-            if time.time() - os.stat(path).st_mtime < STALE_AGE_S:
-                continue
-            with open(path, "rb") as f:
-                pid = int(np.frombuffer(f.read(8 * (_PID + 1)), np.int64)[_PID])
+            # only a regular file of our own (never a link or a FIFO planted there)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    continue
+                if time.time() - st.st_mtime < STALE_AGE_S:
+                    continue
+                head = os.read(fd, 8 * (_PID + 1))
+            finally:
+                os.close(fd)
+            pid = int(np.frombuffer(head, np.int64)[_PID])
+            if pid <= 0:
+                raise ProcessLookupError
             os.kill(pid, 0)
             continue
         except ProcessLookupError:
             pass
         except (OSError, ValueError, IndexError):
             continue
-        unlink(name)
-        removed += 1
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
     return removed
