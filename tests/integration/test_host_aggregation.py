@@ -55,7 +55,9 @@ for step in range(4):
     opt.step()
 sent = sum(s for s, _ in kv._link_bytes().values()) - sent0
 model_bytes = sum(p.numel() * 4 for p in model.parameters())
-# the segments' names are gone from /dev/shm once every local rank mapped them
+# the segments' names are gone from /dev/shm once every local rank mapped them (all have,
+# once every worker is past the init that made the last one: after a barrier)
+kv.barrier()
 named = [n for n in os.listdir('/dev/shm')
          if kv.hostagg is not None and n.startswith('hetps-host-' + kv.hostagg.job[:32])]
 print('HOSTAGG', json.dumps({'me': me, 'on': kv.hostagg is not None, 'W': kv.num_workers,
