@@ -21,6 +21,10 @@ TEST_ENV = {
     "OMP_NUM_THREADS": "1",
 }
 
+#: for a test that checks what each worker itself sends (messages, rings, 2-bit words): its
+#: workers push their own even where a launcher tells them their host (docs/HOSTS.md)
+PER_PROCESS = {"HETPS_HOST_AGGREGATION": "0"}
+
 PRELUDE = """
 import os, sys, signal, time
 import numpy as np

@@ -4,6 +4,8 @@ one message per worker. The values are those of the same calls made key by key."
 
 from __future__ import annotations
 
+from conftest import PER_PROCESS
+
 # keys split over both servers and cut into several chunks
 SMALL_PARTS = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
 
@@ -67,7 +69,7 @@ kv.barrier()
 print('BATCH-OK', flush=True)
 """
     )
-    rc, out = cluster(code, workers=2, servers=2, env=SMALL_PARTS)
+    rc, out = cluster(code, workers=2, servers=2, env={**SMALL_PARTS, **PER_PROCESS})
     assert rc == 0, out
     assert out.count("BATCH-OK") == 2, out
 
@@ -96,7 +98,7 @@ kv.barrier()
 print('ONE-ANSWER-OK', flush=True)
 """
     )
-    rc, out = cluster(code, workers=2, servers=1)
+    rc, out = cluster(code, workers=2, servers=1, env=PER_PROCESS)
     assert rc == 0, out
     assert out.count("ONE-ANSWER-OK") == 2, out
 
@@ -142,7 +144,7 @@ assert kv._sender.merged > 0, 'no push ever joined another one'
 kv.barrier()
 print('COALESCED-OK', kv._sender.merged, flush=True)
 """
-    rc, out = cluster(code, workers=2, servers=1)
+    rc, out = cluster(code, workers=2, servers=1, env=PER_PROCESS)
     assert rc == 0, out
     assert out.count("COALESCED-OK") == 2, out
 
@@ -195,6 +197,6 @@ for rnd in range(3):   # round 0 offers the rings; they carry everything from ro
 kv.barrier()
 print('RING-OK', flush=True)
 """
-    rc, out = cluster(code, workers=2, servers=1)
+    rc, out = cluster(code, workers=2, servers=1, env=PER_PROCESS)
     assert rc == 0, out
     assert out.count("RING-OK") == 2, out

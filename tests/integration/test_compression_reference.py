@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from conftest import PER_PROCESS
+
 POSBITS = (0xC0, 0x30, 0x0C, 0x03)
 NEGBITS = (0x80, 0x20, 0x08, 0x02)
 THRESHOLD = 0.5
@@ -103,7 +105,7 @@ np.savez({str(tmp_path)!r} + f'/sent-{{r}}.npz', pulled=np.array(pulled),
 print('COMP-REF-OK', flush=True)
 """
     # two servers (the key splits at 1500, not a multiple of 16) and chunks of 1024 values
-    env = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
+    env = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096", **PER_PROCESS}
     rc, out = cluster(code, workers=workers, servers=2, env=env)
     assert rc == 0, out
     assert out.count("COMP-REF-OK") == workers, out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from conftest import PER_PROCESS
+
 # keys of a few thousand elements split over servers and into several chunks
 SMALL_PARTS = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
 
@@ -61,7 +63,7 @@ print('COMP-OK', flush=True)
         code,
         workers=2,
         servers=2,
-        env=SMALL_PARTS,
+        env={**SMALL_PARTS, **PER_PROCESS},
     )
     assert rc == 0, out
     assert out.count("COMP-OK") == 2, out
@@ -161,7 +163,7 @@ print('PP-SYNC-OK', flush=True)
         code,
         workers=2,
         servers=2,
-        env=SMALL_PARTS,
+        env={**SMALL_PARTS, **PER_PROCESS},
     )
     assert rc == 0, out
     assert out.count("PP-SYNC-OK") == 2, out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import PER_PROCESS
+
 SYNC = """
 kv = hetps.kv.create('dist_sync')
 r, W = kv.rank, kv.num_workers
@@ -135,6 +137,7 @@ def test_same_machine_peers_move_big_frames_through_shared_memory(cluster):
     """Workers and servers on 127.0.0.1 send big chunks through shared-memory rings (the
     worker checks its own rings were used); sums are exact over rounds that wrap a 16 MiB
     ring, and no ring name is left in /dev/shm."""
-    rc, out = cluster(RING, workers=2, servers=1, env={"HETPS_SHM_BYTES": str(16 << 20)})
+    env = {"HETPS_SHM_BYTES": str(16 << 20), **PER_PROCESS}
+    rc, out = cluster(RING, workers=2, servers=1, env=env)
     assert rc == 0, out
     assert out.count("RING-OK") == 2, out

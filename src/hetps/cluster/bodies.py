@@ -80,6 +80,8 @@ class Push(Chunk):
     receipt: bool = field(default=False, name="rcpt")
     #: with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of this key
     round: Count | None = field(default=None, name="rnd")
+    #: dist_sync with host groups known: (host group, local rank, workers it stands for)
+    host: tuple[Count, Count, Annotated[int, Meta(ge=1)]] | None = field(default=None, name="hg")
 
 
 class Init(Chunk, tag_field="op", tag="init"):
@@ -185,10 +187,11 @@ def chunk(
     round: int | None = None,
     threshold: float | None = None,
     receipt: bool | None = None,
+    host: tuple[int, int, int] | None = None,
 ) -> dict[str, Any]:
     """The wire body of a chunk request: the range, the key's shape and dtype, and the
     command's own fields by their attribute names (an init's ``size``; a push's ``chunk``,
-    ``sync``, ``fused``, ``threshold``, ``receipt``; either's ``round``), those that are None
+    ``sync``, ``fused``, ``threshold``, ``receipt``, ``host``; either's ``round``), those that are None
     left out. (Written out, not looped over: a worker builds one per chunk it sends.)"""
     body: dict[str, Any] = {
         "k": key,
@@ -212,4 +215,6 @@ def chunk(
         body["comp"] = threshold
     if receipt is not None:
         body["rcpt"] = receipt
+    if host is not None:
+        body["hg"] = list(host)
     return body

@@ -115,6 +115,9 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
         "rnd": "with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of this key: "
         "a server that applied that round already acknowledges a resent push without "
         "applying it again, and keeps one of a later round until its round comes",
+        "hg": "dist_sync with host groups known: [host group, local rank, workers]: the push "
+        "is that host's (workers > 1: the host's sum, counted for that many workers); the "
+        "server sums a round per host in local-rank order, then the hosts in group order",
     },
     PULL: {
         "k": "the key",

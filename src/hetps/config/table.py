@@ -285,6 +285,11 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "dist_sync: how many rounds of one key a worker may push before the oldest "
                 "is applied; a further push waits (MXNet's engine allows 1)",
                 field="rounds_ahead", minimum=1),
+            Var("HETPS_HOST_AGGREGATION", "flag", True,
+                "dist_sync: the workers of one host (LOCAL_WORLD_SIZE > 1, HETPS_HOST_GROUP "
+                "known) sum their gradients through shared memory and push and pull the "
+                "host's sum once (docs/HOSTS.md); 0: every worker pushes and pulls its own",
+                field="host_aggregation", minimum=0),
             Var("HETPS_TABLE_MAX_BYTES", "int", 0,
                 "bytes one server may hold of all its embedding tables (row-sparse keys: "
                 "values, optimizer state, id index; a fixed table counts whole, a growing "

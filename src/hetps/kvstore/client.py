@@ -19,7 +19,6 @@ at every :meth:`DistKVStore.rebalance`.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
 from hetps.config import ConfigError, NodeConfig
+from hetps.kvstore import hostagg, states
 from hetps.kvstore.base import (
     Handle,
     check_dtype,
@@ -122,6 +122,8 @@ class DistKVStore:
             self.node.leave(text)
             self.node.close()
             raise ConfigError(text)
+        # the host's workers sum through shared memory, push and pull once (docs/HOSTS.md)
+        self.hostagg, self.host_tag = hostagg.plan(self)
         # live metrics (the scheduler serves them: docs/LIVE.md): latencies, rounds, link bytes
         self.meter = None
         if self.node.metrics_interval > 0:
@@ -265,6 +267,7 @@ class DistKVStore:
         if self.agent is not None:
             self.agent.before_init()
         futs: list[Future] = []
+        host = []  # the host's segments of these keys (opened after the barrier)
         with staged_call(futs), self.pipeline.batched():
             for k, entry in zip(keys, entries, strict=False):
                 if is_table(entry):  # a row-sparse key
@@ -277,6 +280,9 @@ class DistKVStore:
                     self.order.append(k)
                 parts = self._placement(k, arr.size)
                 self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
+                if self.hostagg is not None:
+                    self.hostagg.create(k, self.meta[k])
+                    host.append((k, self.meta[k]))
                 if not lead:
                     continue
                 flat = np.ascontiguousarray(arr).reshape(-1)
@@ -291,6 +297,8 @@ class DistKVStore:
         settle(futs)
         wait_all(futs, self.timeout, "init")
         self.node.barrier("worker", self.timeout)
+        if host:
+            self.hostagg.opened(host)
 
     def push(self, key: Any, value: Any, priority: int = 0, block: bool = False) -> Handle:
         """Push values (a list per key is summed first); returns once they are captured, as
@@ -303,6 +311,7 @@ class DistKVStore:
         keys, is_list = normalize_keys(key)
         entries = per_key(value, len(keys), is_list, "push")
         futs: list[Future] = []
+        hosted: list = []  # keys pushed through the host (block: waited for below)
         self._push_run += 1
         self._calls += 1
         deferred = not block and max(self._push_run, self._last_push_run) > 1
@@ -317,6 +326,10 @@ class DistKVStore:
                 staged = on_device(entry)  # (a staging buffer is a copy held for the push)
                 arr = reduce_values(entry, f"push of key {k!r}")
                 self._check(k, meta, arr, "push")
+                if self.hostagg is not None and self.hostagg.takes(k, bool(staged)):
+                    self.hostagg.push(k, meta, arr)  # (its errors: the pull's)
+                    hosted.append(k)
+                    continue
                 if self.sync:
                     self.dense.round_credit(meta)
                 borrowed = False
@@ -336,6 +349,8 @@ class DistKVStore:
                     meta.prefetch = (pushed, dest)
                 futs += pushed
         settle(futs)
+        for k in hosted if block else ():  # (sent once the call's batch left)
+            self.hostagg.settle(k)
         return self._finish_call(futs, block, "push")
 
     def pull(
@@ -366,7 +381,9 @@ class DistKVStore:
                 )
                 for t in targets:
                     self._check(k, meta, t, "pull")
-                if meta.prefetch is not None:  # the last push brings the value: no request
+                if self.hostagg is not None and self.hostagg.pending(k):  # through the host
+                    f, fin = [], self.hostagg.pull(k, meta, targets)
+                elif meta.prefetch is not None:  # the last push brings the value: no request
                     f, fin = meta.take_prefetch(targets)
                     if self.meter is not None:  # timed all the same (docs/LIVE.md)
                         fin = self.meter.timed_fused_pull(fin)
@@ -418,6 +435,10 @@ class DistKVStore:
                 targets = out_arrays(out_entry, f"pushpull of key {k!r}")
                 for t in targets:
                     self._check(k, meta, t, "pull")
+                if self.hostagg is not None and self.hostagg.takes(k, on_device(entry)):
+                    self.hostagg.push(k, meta, arr)
+                    finishers.append(self.hostagg.pull(k, meta, targets))
+                    continue
                 first = targets[0]
                 direct = first.flags.c_contiguous and first.flags.writeable
                 # landing in the pushed array itself is safe: a range's answer comes after the
@@ -447,6 +468,8 @@ class DistKVStore:
     def wait_outstanding(self) -> None:
         """Wait for every request this worker has in flight; raise the first error no call
         has raised yet (a push's, whose call returned before its answer)."""
+        if self.hostagg is not None:  # (the rounds pushed through the host, applied)
+            self.hostagg.settle()
         self.pipeline.wait_outstanding()
 
     def barrier(self) -> None:
@@ -475,45 +498,19 @@ class DistKVStore:
     def set_gradient_compression(self, params: dict) -> None:
         """Turn on MXNet's 2-bit compression of pushes: ``{'type': '2bit', 'threshold': t}``."""
         self.compressor = parse_compression_params(params)
+        if self.hostagg is not None:  # the host's sum is compressed, its residual the host's
+            self.hostagg.compression()
         for m in self.meta.values():
             m.residual = None
 
     def save_optimizer_states(self, fname: str) -> None:
         """Write every server's optimizer state to ``fname`` (after this worker's pushes)."""
-        self.wait_outstanding()
-        futs = [self.request(None, 0, s, Message(P.GET_STATES)) for s in self._serving_ranks()]
-        replies = wait_all(futs, self.timeout, "save_optimizer_states")
-        merged: dict = {}
-        for r in replies:
-            merged.update(optim.load_states(r.arrays[0].tobytes()))
-        tmp = f"{fname}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(optim.dump_states(merged))
-        os.replace(tmp, fname)
-
-    def _serving_ranks(self) -> list[int]:
-        """One server rank per live server that serves keys (a dead server's requests go to
-        the one that took over: asking both would ask that one twice)."""
-        seen: set[int] = set()
-        out = []
-        for rank, sid in enumerate(self._server_ids):
-            peer = self.node.route(sid)
-            if peer not in seen:
-                seen.add(peer)
-                out.append(rank)
-        return out
+        states.save(self, fname)
 
     def load_optimizer_states(self, fname: str) -> None:
         """Load optimizer states written by :meth:`save_optimizer_states` onto the servers
         (after this worker's pushes took effect)."""
-        self.wait_outstanding()
-        with open(fname, "rb") as f:
-            blob = np.frombuffer(f.read(), dtype=np.uint8)
-        futs = [
-            self.request(None, 0, s, Message(P.SET_STATES, arrays=[blob]))
-            for s in range(self.num_servers)
-        ]
-        wait_all(futs, self.timeout, "load_optimizer_states")
+        states.load(self, fname)
 
     # -- row-sparse keys (the part ``sparse``) ---------------------------------------------
     def row_sparse_pull(
@@ -593,5 +590,7 @@ class DistKVStore:
                     log.debug("worker: outstanding request failed at close: %s", exc)
                 self.node.finish(self.timeout)
         finally:
+            if self.hostagg is not None:
+                self.hostagg.close()
             self.pipeline.close()
             self.node.close()

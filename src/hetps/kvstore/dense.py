@@ -93,6 +93,7 @@ class DenseRequests:
                     # a server that takes over knows a resent round by it
                     round=meta.rounds - 1 if kv._copies else None,
                     threshold=comp.threshold if comp is not None else None,
+                    host=kv.host_tag,
                 )
                 msg = Message(P.PUSH, body=body, arrays=[payload], borrowed=lent is not None)
                 futs.append(

@@ -34,6 +34,7 @@ from hetps.cluster.protocol import NodeInfo
 from hetps.kvstore import checks
 from hetps.kvstore.aggregate import Aggregator, writable
 from hetps.kvstore.answers import Answers
+from hetps.kvstore.hostrounds import HostRounds, mixed
 from hetps.kvstore.linkmeter import LinkMeter
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.kvstore.tables import Tables
@@ -84,6 +85,7 @@ class KVServer:
         self.links = LinkMeter(node)
         self.replication = replication(self)
         self.elastic = elastic(self)
+        self.hostrounds = HostRounds(self)  # rounds summed per host (host groups known)
         self.tables = Tables(self)  # row-sparse keys (embedding tables)
         self.handlers: dict[str, Callable[[Message], None]] = {}
         for cmd, handler in (
@@ -312,7 +314,9 @@ class KVServer:
             checks.payload_fits(msg, sl, b)  # kept only if it fits its part
             sl.backlog.append(msg)  # this worker already pushed the whole round: next round
             return
-        packed = sync and not self.elastic.active  # a 2-bit push is decoded into the merge buffer
+        # a 2-bit push is decoded into the merge buffer (not one kept apart until the round ends)
+        grouped = sync and b.host is not None and not self.elastic.active
+        packed = sync and not self.elastic.active and not grouped
         data = checks.push_data(msg, sl, b, packed=packed)
         comp = b.threshold if packed else None
         if ce is None:
@@ -333,6 +337,11 @@ class KVServer:
             if self.elastic.active:
                 self.elastic.hold(msg, sl, worker, data, off, n, ce)
                 return
+            if grouped:
+                self.hostrounds.hold(msg, sl, worker, data, off, n, ce, b.host)
+                return
+            if sl.hosts:
+                raise BadRequest(mixed(key))
             self._add_to_round(msg, sl, worker, data, comp, off, n, ce)
             return
         # async: collect the chunks of one push, then apply it at once
@@ -376,6 +385,8 @@ class KVServer:
                     self.answers.reply(m, {"error": text})
                 sl.acks, sl.deferred, sl.backlog, sl.got, sl.merge = [], [], [], {}, None
                 sl.seen, sl.pending = {}, {}
+                if sl.hosts:
+                    sl.held, sl.hosts = {}, {}
 
     def finish_round(self, sl: Slice) -> None:
         """Every worker pushed the whole part: apply the round, then answer it (once it

@@ -53,6 +53,9 @@ class Slice:
     # left, and there is no optimizer: the value is their sum); None: every worker
     short: int | None = None
     origin: int | None = None  # the server whose copy it is
+    # dist_sync with host groups known: sender -> (host group, local rank, workers) of this
+    # round's pushes, kept apart in ``held`` and summed per host (kvstore/hostrounds.py)
+    hosts: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def skey(self) -> tuple[Any, int]:

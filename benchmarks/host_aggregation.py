@@ -1,0 +1,200 @@
+"""Host-local aggregation on emulated hosts: bytes on each worker host's interface and round
+time, with the host's sum pushed once (HETPS_HOST_AGGREGATION=1) against every worker pushing
+its own (=0), in the same run (docs/HOSTS.md).
+
+Every run is a real secured hetps cluster (``hetps launch``'s launcher, a fresh secret) in
+network namespaces of ``hetps.netem`` (root): node 0 holds the scheduler and the servers,
+nodes 1..H each hold K workers (the host contract set per worker: ``HETPS_HOST_GROUP``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``), every node's link shaped to the same rate both ways.
+The workers push and pull one key of ``--mb`` MB (``dist_sync``, split over the servers)
+for ``--rounds`` rounds after one warm-up round. Reported per setting, alternated A B A B
+over ``--repeats``:
+
+- **bytes/round** of each worker host: its ``eth0`` counters (sent + received) over the
+  measured rounds, divided by the rounds, and that over one push and one pull of the model;
+- **round**: the median over rounds of the slowest worker's push + pull;
+- **bound**: the busiest link's bytes of a round, push and pull (the servers' host: H host
+  pushes in, then H pulls out with aggregation; H x K each without), over its rate, and
+  round / bound;
+- **payload**: what the host's workers' vans sent and received (the arrays and headers,
+  before TCP/IP), over one push and one pull.
+
+    .venv/bin/python benchmarks/host_aggregation.py                  # 2 hosts x 3, 300 Mbit/s
+    .venv/bin/python benchmarks/host_aggregation.py --json out.json --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import statistics
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+WORKER = """
+import json, os, time
+import numpy as np
+import hetps.kv
+
+def nic():
+    base = '/sys/class/net/eth0/statistics/'
+    return sum(int(open(base + f).read()) for f in ('tx_bytes', 'rx_bytes'))
+
+def van():
+    return sum(kv.node.van.counters.totals())
+
+n, rounds = int(os.environ['HA_ELEMS']), int(os.environ['HA_ROUNDS'])
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(n, np.float32))
+g = np.random.default_rng(kv.rank).standard_normal(n).astype(np.float32)
+out = np.empty(n, np.float32)
+kv.push('w', g); kv.pull('w', out=out)          # warm-up round
+kv.barrier()
+b0, v0 = nic(), van()
+times = []
+for r in range(rounds):
+    t0 = time.perf_counter()
+    kv.push('w', g)
+    kv.pull('w', out=out)
+    times.append(time.perf_counter() - t0)
+kv.barrier()
+b1, v1 = nic(), van()
+print('HA ' + json.dumps({'host': kv.cfg.host_group, 'local': kv.cfg.local_rank,
+      'on': kv.hostagg is not None, 'bytes': b1 - b0, 'van': v1 - v0, 'times': times}), flush=True)
+"""
+
+
+def run_once(args, agg: bool, script: Path) -> dict:
+    """One cluster on emulated hosts; its figures."""
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import Launcher
+    from hetps.netem import Netem
+
+    hosts, k = args.hosts, args.per_host
+    n = int(args.mb * 1e6) // 4
+    env = {
+        "HETPS_HOST_AGGREGATION": "1" if agg else "0",
+        "HA_ELEMS": str(n),
+        "HA_ROUNDS": str(args.rounds),
+        "PS_HEARTBEAT_TIMEOUT": "60",
+        "HETPS_REQUEST_TIMEOUT": "300",
+        "OMP_NUM_THREADS": "1",
+    }
+    out = io.StringIO()
+    with Netem([args.rate] * (hosts + 1)) as net:
+        spec = LaunchSpec(
+            num_workers=hosts * k,
+            num_servers=args.servers,
+            command=[sys.executable, str(script)],
+            env=env,
+            start_timeout=120,
+        )
+        spec.host = net.node_ip(0)
+
+        def wrap(role: str, rank: int, argv: list[str], penv: dict[str, str]):
+            node = 1 + rank // k if role == "worker" else 0
+            penv = dict(penv)
+            penv["DMLC_NODE_HOST"] = net.node_ip(node)
+            penv["DMLC_PS_ROOT_URI"] = net.node_ip(0)
+            if role == "worker":
+                penv.update(
+                    HETPS_HOST_GROUP=str(rank // k),
+                    LOCAL_RANK=str(rank % k),
+                    LOCAL_WORLD_SIZE=str(k),
+                )
+            return net.exec_argv(node, argv), penv
+
+        spec.wrap = wrap
+        rc = Launcher(spec, out=out).run()
+    text = out.getvalue()
+    if rc != 0:
+        raise SystemExit(f"the run with aggregation {'on' if agg else 'off'} failed:\n{text}")
+    recs = [json.loads(m) for m in re.findall(r"HA (\{.*\})", text)]
+    assert len(recs) == hosts * k, text
+    assert all(r["on"] == agg for r in recs), recs
+    model = n * 4
+    per_host, payload = {}, {}
+    for r in recs:
+        payload[r["host"]] = payload.get(r["host"], 0) + r["van"] / args.rounds / (2 * model)
+    for r in recs:
+        if r["local"] == 0:  # (every worker of a host reads the same interface)
+            per_host[r["host"]] = r["bytes"] / args.rounds
+    rounds = [max(r["times"][i] for r in recs) for i in range(args.rounds)]
+    senders = hosts if agg else hosts * k  # pushes into the servers' host per round
+    bound = 2 * senders * model * 8 / (args.rate * 1e6)  # its pushes in, then the pulls out
+    med = statistics.median(rounds)
+    return {
+        "aggregation": agg,
+        "host_bytes_per_round": per_host,
+        "host_bytes_over_push_pull": {h: b / (2 * model) for h, b in per_host.items()},
+        "payload_over_push_pull": payload,
+        "round_s": med,
+        "bound_s": bound,
+        "round_over_bound": med / bound,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=int, default=2, help="worker hosts")
+    p.add_argument("--per-host", type=int, default=3, help="workers per host")
+    p.add_argument("--servers", type=int, default=2, help="servers (on their own host)")
+    p.add_argument("--rate", type=float, default=300.0, help="every link's rate, Mbit/s")
+    p.add_argument("--mb", type=float, default=16.0, help="the model, MB (float32)")
+    p.add_argument("--rounds", type=int, default=5, help="measured rounds per run")
+    p.add_argument("--repeats", type=int, default=1, help="runs per setting, alternated")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="hetps-hostagg-") as tmp:
+        script = Path(tmp) / "worker.py"
+        script.write_text(textwrap.dedent(WORKER))
+        runs = []
+        for _ in range(args.repeats):
+            for agg in (True, False):
+                runs.append(run_once(args, agg, script))
+                r = runs[-1]
+                print(
+                    f"aggregation {'on ' if agg else 'off'}: round {r['round_s']:.3f} s "
+                    f"(bound {r['bound_s']:.3f} s, x{r['round_over_bound']:.2f}); bytes/round "
+                    "per host over one push + pull: "
+                    + ", ".join(f"{v:.3f}" for v in r["host_bytes_over_push_pull"].values())
+                    + " (payload "
+                    + ", ".join(f"{v:.3f}" for v in r["payload_over_push_pull"].values())
+                    + ")",
+                    flush=True,
+                )
+    on = [r for r in runs if r["aggregation"]]
+    off = [r for r in runs if not r["aggregation"]]
+    summary = {
+        "setup": vars(args),
+        "runs": runs,
+        "round_on_s": statistics.median(r["round_s"] for r in on),
+        "round_off_s": statistics.median(r["round_s"] for r in off),
+        "bytes_on_over_push_pull": max(
+            v for r in on for v in r["host_bytes_over_push_pull"].values()
+        ),
+        "bytes_off_over_push_pull": max(
+            v for r in off for v in r["host_bytes_over_push_pull"].values()
+        ),
+    }
+    summary["speedup"] = summary["round_off_s"] / summary["round_on_s"]
+    summary["on_over_bound"] = statistics.median(r["round_over_bound"] for r in on)
+    print(
+        f"\n{args.hosts} hosts x {args.per_host} workers, {args.servers} servers, "
+        f"{args.mb:g} MB, {args.rate:g} Mbit/s, secured\n"
+        f"round: on {summary['round_on_s']:.3f} s, off {summary['round_off_s']:.3f} s, "
+        f"speedup x{summary['speedup']:.2f}; on / bound x{summary['on_over_bound']:.2f}\n"
+        f"worker host bytes per round over one push + pull: on "
+        f"{summary['bytes_on_over_push_pull']:.3f}, off {summary['bytes_off_over_push_pull']:.3f}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
