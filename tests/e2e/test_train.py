@@ -163,6 +163,14 @@ def test_local_mode_and_split_by_class(tmp_path):
     assert meta["split_by_class"] is True and meta["workers"] == 1
 
 
+def test_epochs_end_after_exactly_their_steps(tmp_path):
+    # 2400 examples in batches of 24: 100 steps an epoch, so 3 epochs are 300 rounds (a float
+    # sum of 1/100 stays below 3 after 300 steps: one round too many)
+    _train(tmp_path, "-m", "local", "-n", "mlp", "-b", "24", "--epochs", "3", "-e", "100")
+    recs = _records(tmp_path / "local-mlp-w1", 0)
+    assert [r["iter"] for r in recs] == list(range(1, 301))
+
+
 def test_esync_with_standalone_state_server(tmp_path):
     # a state server of its own shares the job's cluster secret: one file for both
     secret = {"HETPS_SECRET_FILE": str(tmp_path / "job.secret")}
