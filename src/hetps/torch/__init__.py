@@ -1,7 +1,16 @@
 """PyTorch integration: ``DistributedOptimizer`` and broadcast helpers (ESync's loop is
 :class:`hetps.esync.ESyncTrainer`; the ``hetps train`` app that uses them is :mod:`hetps.app`).
 
-Horovod/BytePS style::
+Horovod's and BytePS's API, with one changed import (``import hetps.torch as hvd``)::
+
+    hvd.init()                       # dist_sync under hetps launch; a local store alone
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    avg = hvd.allreduce(torch.tensor(loss), name="avg_loss")
+
+hetps's explicit form, with a store of one's own::
 
     import hetps.kv, hetps.torch as hps
 
@@ -21,10 +30,23 @@ from typing import Any
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
-    "DistributedOptimizer": "hetps.torch.optimizer",
-    "broadcast_parameters": "hetps.torch.broadcast",
-    "broadcast_optimizer_state": "hetps.torch.broadcast",
-}
+    "DistributedOptimizer": "hetps.torch.horovod",
+    "broadcast_parameters": "hetps.torch.broadcasting",
+    "broadcast_optimizer_state": "hetps.torch.broadcasting",
+    "SyncBatchNorm": "hetps.torch.syncbn",
+    **{
+        name: "hetps.torch.process"
+        for name in ("init", "shutdown", "is_initialized", "rank", "size", "local_rank",
+                     "local_size")
+    },
+    **{
+        name: "hetps.torch.collectives"
+        for name in ("Average", "Sum", "Adasum", "Compression", "allreduce", "allreduce_",
+                     "allreduce_async", "synchronize", "poll", "allgather", "broadcast",
+                     "broadcast_", "broadcast_object", "push_pull", "push_pull_async",
+                     "push_pull_inplace")
+    },
+}  # fmt: skip
 
 __all__ = sorted(_EXPORTS)
 
