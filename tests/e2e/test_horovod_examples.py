@@ -27,7 +27,9 @@ def _launch(tmp_path: Path, script: str, *args: str) -> str:
     return out
 
 
-@pytest.mark.skipif(not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh)")
+@pytest.mark.skipif(
+    not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh --tests)"
+)
 def test_horovod_mnist_gives_the_explicit_apis_losses(tmp_path):
     args = ["--epochs", "2", "--train-samples", "1280", "--test-samples", "400",
             "--log-interval", "4"]  # fmt: skip
