@@ -17,6 +17,7 @@ Run the script under ``hetps launch`` (or any hetps launcher); every worker runs
 * ``"async"`` (ASGD): the servers update the weights with ``server_optimizer`` (a
   :mod:`hetps.optim` optimizer; by default the SGD of the module's ``torch.optim.SGD``: its
   learning rate, momentum and weight decay) on every push; workers pull them after each step.
+  The servers sum nothing there: ``reduce`` (``sync_dist=True``) is refused, saying so.
 * ``"esync"``: ESync's local steps (:class:`hetps.esync.ESyncTrainer`): each optimizer step is
   a local step; when the state server says the round is ready, the workers average their
   model differences (``global_lr``). A worker whose training ends after a step aggregates at
@@ -231,6 +232,13 @@ class PSStrategy(ParallelStrategy):
         """The mean (``"mean"``/``"avg"``, the default), sum, max or min over the workers."""
         if not isinstance(tensor, torch.Tensor):
             return tensor
+        if self.mode == "async" and self.world_size > 1:
+            raise ValueError(
+                "PSStrategy(mode='async'): the servers apply every push with the servers' "
+                "optimizer, so values are not reduced over the workers: log without "
+                "sync_dist=True (and without a monitored metric to reduce), or use "
+                "mode='sync' or 'esync'"
+            )
         op = str(getattr(reduce_op, "name", reduce_op) or "mean").lower().rsplit(".", 1)[-1]
         if op in ("mean", "avg", "average"):
             return collectives.allreduce(tensor, op=collectives.Average, kvstore=self.kv)
