@@ -17,11 +17,15 @@ Run the script under ``hetps launch`` (or any hetps launcher); every worker runs
 * ``"async"`` (ASGD): the servers update the weights with ``server_optimizer`` (a
   :mod:`hetps.optim` optimizer; by default the SGD of the module's ``torch.optim.SGD``: its
   learning rate, momentum and weight decay) on every push; workers pull them after each step.
-  The servers sum nothing there: ``reduce`` (``sync_dist=True``) is refused, saying so.
+  Their optimizer sums the collectives' keys (:class:`hetps.optim.sums.SumKeys`), so
+  ``reduce`` is exact there too.
 * ``"esync"``: ESync's local steps (:class:`hetps.esync.ESyncTrainer`): each optimizer step is
   a local step; when the state server says the round is ready, the workers average their
   model differences (``global_lr``). A worker whose training ends after a step aggregates at
-  once and ends the job for every worker after that round.
+  once and ends the job for every worker after that round. The workers take different
+  numbers of steps, so once the rounds run nothing else can wait for all of them: ``reduce``
+  (``sync_dist=True``), ``all_gather`` and ``broadcast`` are refused with the reason, and
+  ``barrier`` (Lightning's, around a checkpoint rank 0 writes) does not wait.
 
 Rank, world size and the ``DistributedSampler`` come from the job (the store's rank and worker
 count); Lightning checkpoints on rank 0; ``self.log(..., sync_dist=True)`` is reduced through
@@ -44,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ImportError("hetps.lightning needs Lightning: pip install 'hetps[lightning]'") from exc
 
 from hetps import optim as ps_optim
+from hetps.optim.sums import SumKeys
 from hetps.torch import collectives, process
 from hetps.torch.broadcasting import broadcast_parameters
 
@@ -96,6 +101,7 @@ class PSStrategy(ParallelStrategy):
         self._dist: dict[int, Any] = {}  # id(torch optimizer) -> its DistributedOptimizer
         self._esync: Any = None
         self._round_open = False
+        self._in_rounds = False  # esync: the rounds run (the workers are at different steps)
 
     # -- the job -----------------------------------------------------------------------------
     @property
@@ -172,7 +178,10 @@ class PSStrategy(ParallelStrategy):
             if self.mode == "sync":
                 dist = DistributedOptimizer(raw, params, kvstore=kv, prefix=f"lightning.{i}.")
             else:
-                server = self.server_optimizer or _sgd_on_servers(raw)
+                if len(self.optimizers) != 1:
+                    raise ValueError("PSStrategy(mode='async') takes one optimizer")
+                # the servers' optimizer, which sums the collectives' keys (reduce)
+                server = SumKeys(self.server_optimizer or _sgd_on_servers(raw))
                 dist = DistributedOptimizer(
                     None, params, kvstore=kv, update_on="server", server_optimizer=server,
                     prefix=f"lightning.{i}.",
@@ -203,6 +212,7 @@ class PSStrategy(ParallelStrategy):
 
     def _local_step(self, raw: Any, closure: Any, model: Any, **kwargs: Any) -> Any:
         esync = self._esync
+        self._in_rounds = True
         if not self._round_open:
             esync.begin_round()
             self._round_open = True
@@ -228,17 +238,19 @@ class PSStrategy(ParallelStrategy):
                     trainer.current_epoch + 1 >= max_epochs)  # fmt: skip
 
     # -- collectives through the servers ---------------------------------------------------------
+    def _lockstep(self, what: str) -> None:
+        if self._in_rounds and self.world_size > 1:
+            raise ValueError(
+                f"PSStrategy(mode='esync'): {what} waits for every worker, and ESync's workers "
+                "take different numbers of local steps: log without sync_dist=True (every "
+                "worker holds the same averaged model after each round), or use mode='sync'"
+            )
+
     def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
         """The mean (``"mean"``/``"avg"``, the default), sum, max or min over the workers."""
         if not isinstance(tensor, torch.Tensor):
             return tensor
-        if self.mode == "async" and self.world_size > 1:
-            raise ValueError(
-                "PSStrategy(mode='async'): the servers apply every push with the servers' "
-                "optimizer, so values are not reduced over the workers: log without "
-                "sync_dist=True (and without a monitored metric to reduce), or use "
-                "mode='sync' or 'esync'"
-            )
+        self._lockstep("reduce (self.log(..., sync_dist=True))")
         op = str(getattr(reduce_op, "name", reduce_op) or "mean").lower().rsplit(".", 1)[-1]
         if op in ("mean", "avg", "average"):
             return collectives.allreduce(tensor, op=collectives.Average, kvstore=self.kv)
@@ -251,19 +263,23 @@ class PSStrategy(ParallelStrategy):
 
     def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> Any:
         """Every worker's ``tensor``, stacked along a new first dimension in rank order."""
+        self._lockstep("all_gather")
         return collectives.allgather(tensor.detach().unsqueeze(0), kvstore=self.kv)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Worker ``src``'s ``obj`` on every worker."""
+        self._lockstep("broadcast")
         return collectives.broadcast_object(obj, root_rank=src, kvstore=self.kv)
 
     def barrier(self, name: str | None = None) -> None:
-        """Wait for every worker."""
-        self.kv.barrier()
+        """Wait for every worker (esync, once the rounds run: return at once)."""
+        if not self._in_rounds:
+            self.kv.barrier()
 
     def teardown(self) -> None:
         """Remove the optimizers' hooks; Lightning's teardown."""
         for dist in self._dist.values():
             dist.close()
         self._dist = {}
+        self._in_rounds = False
         super().teardown()

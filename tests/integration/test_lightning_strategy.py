@@ -36,11 +36,18 @@ class Module(L.LightningModule):
         super().__init__()
         self.net = make_model()
         self.ranks = []
+        self.refused = None
     def training_step(self, batch, i):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
-        # the mean, 0.5 (async: the servers apply pushes, sum nothing: refused there)
-        self.log("rank", float(self.global_rank), sync_dist=os.environ["MODE"] != "async")
+        # the mean, 0.5 (esync: its workers take different numbers of steps: refused)
+        esync = os.environ["MODE"] == "esync"
+        self.log("rank", float(self.global_rank), sync_dist=not esync)
+        if esync and self.trainer.global_step == 2:  # (the rounds run)
+            try:
+                self.trainer.strategy.reduce(torch.ones(1))
+            except ValueError as exc:
+                self.refused = str(exc)
         self.ranks.append(self.trainer.global_rank)
         return loss
     def configure_optimizers(self):
@@ -127,6 +134,8 @@ s = trainer.strategy
 print("RESULT " + json.dumps({
     "rank": s.global_rank, "steps": trainer.global_step,
     "rounds": s._esync.rounds if s._esync is not None else None,
+    "logged": float(trainer.callback_metrics["rank"]),
+    "refused": module.refused,
     "weights": [v.flatten().tolist() for v in module.net.state_dict().values()],
 }), flush=True)
 """
@@ -148,7 +157,10 @@ def test_esync_and_async_strategies_train_to_the_end(cluster, mode, epochs):
     if mode == "esync":
         # every worker ends after the same round, with the round's averaged weights
         assert res[0]["rounds"] == res[1]["rounds"] >= 1
+        assert "different numbers of local steps" in res[0]["refused"]
         assert res[0]["weights"] == res[1]["weights"]
         assert res[0]["steps"] == 8  # its own 2 epochs of 4 batches
     else:
         assert res[0]["steps"] == res[1]["steps"] == 4
+        # sync_dist: the mean of the ranks, through the servers (keys they sum: SumKeys)
+        assert res[0]["logged"] == res[1]["logged"] == 0.5

@@ -6,7 +6,8 @@ Every call is a collective: every worker calls it, in the same order, with the s
 does). Each travels as requests on keys of the process's store (:func:`hetps.torch.init`), or
 of the ``kvstore=`` given: a sum is a round of a ``dist_sync`` key (``hvd.{kind}:{name}:...``),
 made the first time and reused after. The servers must not have an optimizer set (one would
-apply the sum as a gradient). Tensors may live on any device and have any real dtype: they
+apply the sum as a gradient); on a ``dist_async`` store, whose servers apply every push, theirs
+must sum these keys (:class:`hetps.optim.sums.SumKeys` around it: ``PSStrategy`` sets it). Tensors may live on any device and have any real dtype: they
 travel as float16/32/64 (others as float64, exact for integers below 2**53) and come back in
 their own dtype and device.
 
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hetps.kvstore.base import completed
 from hetps.torch.broadcasting import KV_DTYPES, _check_root, _pack, _unpack, exchange
 from hetps.torch.process import store_for
 
@@ -121,6 +123,27 @@ def _sum_key(kv: Any, key: str, flat: torch.Tensor) -> None:
         _made.add((id(kv), key))
 
 
+def _async(kv: Any) -> bool:
+    return str(getattr(kv, "type", "")).startswith("dist_async")
+
+
+def _summed(kv: Any, key: str, flat: torch.Tensor, out: torch.Tensor) -> Any:
+    """Start the sum of ``flat`` over the workers into ``out``; the request (``wait()``).
+
+    ``dist_sync``: one round of ``key``. ``dist_async`` (whose servers apply each push with
+    their optimizer, which must sum these keys: :class:`hetps.optim.sums.SumKeys`): the key
+    made zero again, every worker's push added, then read once all pushed."""
+    if not _async(kv):
+        _sum_key(kv, key, flat)
+        return kv.pushpull(key, flat, out=out, block=False)
+    kv.init(key, torch.zeros_like(flat))  # (returns on every worker once it is stored)
+    kv.push(key, flat)
+    kv.barrier()  # every push applied
+    kv.pull(key, out=out)
+    kv.barrier()  # every pull done before the key is made zero again
+    return completed()
+
+
 def _op(op: str | None, average: bool | None) -> str:
     if op is None:
         op = Average if average is None or average else Sum
@@ -167,9 +190,8 @@ def allreduce_async(
     sent, ctx = compression.compress(tensor.detach() * prescale_factor)
     flat = _staged(sent, "allreduce")
     key = f"hvd.allreduce:{name}:{flat.dtype}:{flat.numel()}"
-    _sum_key(kv, key, flat)
     out = torch.empty_like(flat)
-    request = kv.pushpull(key, flat, out=out, block=False)
+    request = _summed(kv, key, flat, out)
     scale = postscale_factor / (kv.num_workers if op == Average else 1)
     like = tensor
 
@@ -266,15 +288,13 @@ def allgather(tensor: torch.Tensor, name: str | None = None, kvstore: Any = None
     row_numel = flat.numel() // max(1, tensor.shape[0])
     rest = "x".join(str(d) for d in tensor.shape[1:])
     key = f"hvd.allgather-rows:{name}:{W}:{rest}"
-    _sum_key(kv, key, rows)
-    kv.pushpull(key, rows, out=rows)
+    _summed(kv, key, rows.clone(), rows).wait()
     counts = [int(n) for n in rows.tolist()]
     start = sum(counts[:me]) * row_numel
     total = torch.full((sum(counts) * row_numel,), -0.0, dtype=flat.dtype)
     total[start : start + flat.numel()] = flat
     key = f"hvd.allgather:{name}:{flat.dtype}:{total.numel()}"
-    _sum_key(kv, key, total)
-    kv.pushpull(key, total, out=total)
+    _summed(kv, key, total.clone(), total).wait()
     shape = (sum(counts), *tensor.shape[1:])
     return total.view(shape).to(tensor.device, tensor.dtype)
 
