@@ -165,11 +165,14 @@ def test_local_mode_and_split_by_class(tmp_path):
 
 
 def test_epochs_end_after_exactly_their_steps(tmp_path):
-    # 2400 examples in batches of 24: 100 steps an epoch, so 3 epochs are 300 rounds (a float
-    # sum of 1/100 stays below 3 after 300 steps: one round too many)
-    _train(tmp_path, "-m", "local", "-n", "mlp", "-b", "24", "--epochs", "3", "-e", "100")
+    # 288 examples in batches of 96: 3 steps an epoch, so 2 epochs are 6 rounds (a float sum
+    # of 1/3 stays below 2 after 6 steps: one round too many, as 1/1000 does after 4,000)
+    _train(
+        tmp_path, "-m", "local", "-n", "mlp", "--train-limit", "288", "-b", "96",
+        "--epochs", "2", "-e", "100",
+    )  # fmt: skip
     recs = _records(tmp_path / "local-mlp-w1", 0)
-    assert [r["iter"] for r in recs] == list(range(1, 301))
+    assert [r["iter"] for r in recs] == list(range(1, 7))
 
 
 def test_esync_with_standalone_state_server(tmp_path):

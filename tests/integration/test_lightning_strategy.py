@@ -142,7 +142,10 @@ print("RESULT " + json.dumps({
 )
 
 
-@pytest.mark.parametrize("mode,epochs", [("esync", 2), ("async", 1)])
+@pytest.mark.parametrize(
+    "mode,epochs",
+    [pytest.param("esync", 2, marks=pytest.mark.slow), ("async", 1)],  # (the CI budget)
+)
 def test_esync_and_async_strategies_train_to_the_end(cluster, mode, epochs):
     # worker 1 runs twice the epochs of worker 0 in esync: worker 0's end ends the job
     rc, out = cluster(
