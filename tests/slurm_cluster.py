@@ -34,7 +34,7 @@ def why_not() -> str | None:
     if missing:
         return (
             f"Slurm is not installed ({', '.join(missing)} missing): "
-            "apt-get install slurm-wlm munge (scripts/setup.sh does it as root)"
+            "apt-get install slurm-wlm munge (scripts/setup.sh --tests does it as root)"
         )
     return None
 

@@ -19,7 +19,8 @@ import torch
 
 DATA = Path("/usr/share/datasets/fashion-mnist")
 pytestmark = pytest.mark.skipif(
-    not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh installs it as root)"
+    not DATA.exists(),
+    reason="Fashion-MNIST not installed (scripts/setup.sh --tests installs it as root)",
 )
 SMALL = ["--train-limit", "2400", "--test-limit", "500", "-b", "32", "-e", "5"]
 SMALL += ["--progress", "lines"]

@@ -14,7 +14,8 @@ import pytest
 
 DATA = Path("/usr/share/datasets/fashion-mnist")
 pytestmark = pytest.mark.skipif(
-    not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh installs it as root)"
+    not DATA.exists(),
+    reason="Fashion-MNIST not installed (scripts/setup.sh --tests installs it as root)",
 )
 
 

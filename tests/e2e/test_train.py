@@ -15,7 +15,8 @@ from roles import read_port
 
 DATA = Path("/usr/share/datasets/fashion-mnist")
 pytestmark = pytest.mark.skipif(
-    not DATA.exists(), reason="Fashion-MNIST not installed (scripts/setup.sh installs it as root)"
+    not DATA.exists(),
+    reason="Fashion-MNIST not installed (scripts/setup.sh --tests installs it as root)",
 )
 SMALL = [
     "--train-limit",
@@ -161,6 +162,17 @@ def test_local_mode_and_split_by_class(tmp_path):
     _train(tmp_path, "-m", "local", "-n", "mlp", "--max-rounds", "20", "-s")
     meta = json.loads((tmp_path / "local-mlp-w1" / "run.json").read_text())
     assert meta["split_by_class"] is True and meta["workers"] == 1
+
+
+def test_epochs_end_after_exactly_their_steps(tmp_path):
+    # 288 examples in batches of 96: 3 steps an epoch, so 2 epochs are 6 rounds (a float sum
+    # of 1/3 stays below 2 after 6 steps: one round too many, as 1/1000 does after 4,000)
+    _train(
+        tmp_path, "-m", "local", "-n", "mlp", "--train-limit", "288", "-b", "96",
+        "--epochs", "2", "-e", "100",
+    )  # fmt: skip
+    recs = _records(tmp_path / "local-mlp-w1", 0)
+    assert [r["iter"] for r in recs] == list(range(1, 7))
 
 
 def test_esync_with_standalone_state_server(tmp_path):

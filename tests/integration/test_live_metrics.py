@@ -204,7 +204,7 @@ def test_a_real_prometheus_scrapes_the_job(job, tmp_path):
 
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.skip("prometheus is not installed (scripts/setup.sh installs it as root)")
+        pytest.skip("prometheus is not installed (scripts/setup.sh --tests installs it as root)")
     target = urllib.parse.urlparse(job.url)
     (tmp_path / "prometheus.yml").write_text(
         "global:\n  scrape_interval: 250ms\n  scrape_timeout: 200ms\n"

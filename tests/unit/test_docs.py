@@ -515,3 +515,17 @@ def test_what_the_readme_says_of_slow_tests_is_true():
     assert says_none == (not marked), (
         f"README.md says {'no' if says_none else 'some'} test is marked slow; marked: {marked}"
     )
+
+
+def test_the_readme_says_what_update_on_worker_does_with_the_sum():
+    # the default op is the mean: the README must not leave the reader with a plain sum
+    import inspect
+
+    from hetps.torch.optimizer import DistributedOptimizer
+
+    default = inspect.signature(DistributedOptimizer).parameters["op"].default
+    text = " ".join((ROOT / "README.md").read_text().split())
+    said = re.search(r'`update_on="worker"` \(the default: (.*?)\), `update_on="server"`', text)
+    assert said, "README no longer describes update_on='worker'"
+    assert f'`op="{default}"`, the default' in said.group(1), said.group(1)
+    assert "divides the sum by the number of workers" in said.group(1)

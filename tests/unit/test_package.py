@@ -42,9 +42,9 @@ def test_hetps_torch_exports_the_horovod_style_api_and_its_cli_flags_need_no_tor
         "print('torch' in sys.modules)\n"
         "import hetps.torch as hps\n"
         "from hetps.torch.optimizer import DistributedOptimizer\n"
-        "from hetps.torch.broadcast import broadcast_parameters, broadcast_optimizer_state\n"
+        "from hetps.torch.broadcasting import broadcast_parameters, broadcast_optimizer_state\n"
         "from hetps.esync.trainer import ESyncTrainer\n"
-        "print(hps.DistributedOptimizer is DistributedOptimizer,\n"
+        "print(issubclass(hps.DistributedOptimizer, DistributedOptimizer),\n"
         "      hps.broadcast_parameters is broadcast_parameters,\n"
         "      hps.broadcast_optimizer_state is broadcast_optimizer_state,\n"
         "      'ESyncTrainer' in dir(hps), sorted(hps.__all__))\n"
@@ -53,8 +53,12 @@ def test_hetps_torch_exports_the_horovod_style_api_and_its_cli_flags_need_no_tor
     )
     assert out.splitlines() == [
         "False",
-        "True True True False ['DistributedOptimizer', 'broadcast_optimizer_state', "
-        "'broadcast_parameters', 'log_metrics']",
+        "True True True False ['Adasum', 'Average', 'Compression', 'DistributedOptimizer', "
+        "'Sum', 'SyncBatchNorm', 'allgather', 'allreduce', 'allreduce_', 'allreduce_async', "
+        "'broadcast', 'broadcast_', 'broadcast_object', 'broadcast_optimizer_state', "
+        "'broadcast_parameters', 'init', 'is_initialized', 'local_rank', 'local_size', 'log_metrics', "
+        "'poll', 'push_pull', 'push_pull_async', 'push_pull_inplace', 'rank', 'shutdown', 'size', "
+        "'synchronize']",
         "True ['ESyncRound', 'ESyncTrainer', 'EsyncService', 'ReadinessPolicy', 'StateClient', "
         "'StateServer', 'WorkerState']",
     ]

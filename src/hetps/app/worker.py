@@ -10,6 +10,7 @@ import argparse
 import itertools
 import time
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,9 @@ class WorkerRun:
             self.steps_done = int(resume["steps_done"])
             torch.set_rng_state(resume["torch_rng"])
         # epochs of data this worker went through: each step adds 1 / steps of its current
-        # shard (a shard cut again when a worker leaves or joins has another length)
-        self.epochs_done = self.steps_done / self.per_epoch
+        # shard (a shard cut again when a worker leaves or joins has another length), as an
+        # exact fraction: a float sum of 1/1000 a thousand times is below 1, one step too many
+        self.epochs_done = Fraction(self.steps_done, self.per_epoch)
         # (workers, place among them) the shard was cut for: cut again when it changes
         self._sharded = (kv.num_workers, kv.rank) if kv is not None else (1, 0)
         self.ckpt: Any = None
@@ -248,7 +250,7 @@ class WorkerRun:
         del computes[:-9]
         self.steps_done += 1
         self.steps_here += 1
-        self.epochs_done += 1.0 / self.per_epoch
+        self.epochs_done += Fraction(1, self.per_epoch)
         return float(loss.detach()), (dt if self.slow > 1 else real), len(y), epoch
 
     def want_stop(self, rnd: int, ahead: int = 0) -> bool:
@@ -259,7 +261,8 @@ class WorkerRun:
             (self.ckpt is not None and self.ckpt.term)  # SIGTERM: stop after this round
             or (args.time_budget is not None and time.time() - self.run_start >= args.time_budget)
             or (
-                args.epochs is not None and self.epochs_done + ahead / self.per_epoch >= args.epochs
+                args.epochs is not None
+                and self.epochs_done + Fraction(ahead, self.per_epoch) >= args.epochs
             )
             or (args.max_rounds is not None and rnd >= args.max_rounds)
         )

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 
 from hetps.sync.rules import average_from_sum, esync_update_from_sum, model_delta
-from hetps.torch.broadcast import exchange as broadcast_cpu
+from hetps.torch.broadcasting import exchange as broadcast_cpu
 
 __all__ = ["ESyncRound", "ESyncTrainer"]
 

@@ -15,6 +15,7 @@ checkpoint's optimizer) and the mode's distributed part (``run.shared``: a
 from __future__ import annotations
 
 import io
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -74,7 +75,7 @@ class Rejoin:
             run.ckpt_opt.load_state_dict(state["optimizer"])
         run.first_round = int(state["round"])
         run.steps_done = int(state["steps_done"])
-        run.epochs_done = float(state["epochs_done"])
+        run.epochs_done = Fraction(state["epochs_done"])
         run._stream = run._data_stream()
         print(
             f"worker {run.rank}: joined the running job after round {run.first_round} "

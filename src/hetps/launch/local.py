@@ -49,6 +49,7 @@ from hetps.launch.contract import (
 from hetps.launch.liveness import Liveness, ended
 from hetps.launch.processes import Child, shell_code, signal_group, start_piped
 from hetps.launch.supervise import Supervision
+from hetps.launch.tracebacks import TracebackLines
 from hetps.launch.wrappers import netem_wrapper
 
 
@@ -82,6 +83,7 @@ class Launcher(Supervision, Liveness):
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
         assert child.proc.stdout is not None
+        held = TracebackLines()  # a traceback is printed as one block, not between others
         for raw in iter(child.proc.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if child.role == "scheduler":
@@ -97,10 +99,16 @@ class Launcher(Supervision, Liveness):
                     continue
                 if said is not None and self._scheduler_says(child, said):
                     continue
-            with self._print_lock:
-                self.out.write(f"[{child.label}] {line}\n")
-                self.out.flush()
+            self._print(child, held.feed(line))
+        self._print(child, held.flush())
         child.proc.stdout.close()
+
+    def _print(self, child: Child, lines: list[str]) -> None:
+        if not lines:
+            return
+        with self._print_lock:
+            self.out.write("".join(f"[{child.label}] {line}\n" for line in lines))
+            self.out.flush()
 
     def _start(
         self, role: str, rank: int, argv: list[str], env: dict[str, str], keep_stdin: bool = False

@@ -52,7 +52,7 @@ import torch
 from hetps import optim as ps_optim
 from hetps.kvstore import devices
 from hetps.sync.rules import average_from_sum
-from hetps.torch.broadcast import exchange
+from hetps.torch.broadcasting import exchange
 from hetps.torch.fusion import (
     FUSION_GAP_S,
     FUSION_SPLIT_BYTES,
@@ -68,7 +68,7 @@ from hetps.torch.launching import (
     write_after,
 )
 from hetps.torch.regroup import Regrouping
-from hetps.torch.sparse import SparseTables, table_weights
+from hetps.torch.sparse import SparseTables, refuse_sparse, table_weights
 
 __all__ = ["FUSION_GAP_S", "FUSION_SPLIT_BYTES", "DistributedOptimizer", "plan_groups"]
 
@@ -84,6 +84,8 @@ def _from_grad_scaler() -> bool:
 
 class DistributedOptimizer(Regrouping):
     """A torch optimizer whose gradients are reduced (or applied) by a hetps KVStore."""
+
+    wire_dtype: torch.dtype | None = None  # gradients travel in it (fp16 compression); None: own
 
     def __init__(
         self,
@@ -128,13 +130,10 @@ class DistributedOptimizer(Regrouping):
             )
         if fusion_bytes is not None and fusion_bytes < 0:
             raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
-        if kvstore is None or isinstance(kvstore, str):
-            import hetps.kvstore  # a worker's store (hetps.kv.create runs the other roles)
-            from hetps.faults.joining import Joining
-            from hetps.faults.recovery import Recovery
+        if kvstore is None or isinstance(kvstore, str):  # None: the process's store
+            from hetps.torch.process import store_for  # (never a local one in a launched worker)
 
-            # with its fault parts, as hetps.kv.create gives them
-            kvstore = hetps.kvstore.create(kvstore or "local", recovery=Recovery, joining=Joining)
+            kvstore = store_for(kvstore)
         self.kv = kvstore
         self.optimizer = optimizer
         self.op = op
@@ -212,7 +211,7 @@ class DistributedOptimizer(Regrouping):
             extra is not None
             and g0 is not None
             and g0.fused
-            and extra.dtype == self._cpu[g0.names[0]].dtype
+            and extra.dtype == self._wire(g0.names[0])
             and extra.device.type == "cpu"
             and self._cpu[g0.names[0]].device.type == "cpu"
             and extra.is_contiguous()
@@ -225,13 +224,13 @@ class DistributedOptimizer(Regrouping):
         keys, values = [], []
         for g in self.groups:
             if g.fused:
-                g.make_buffers(self._cpu[g.names[0]].dtype, self._cpu)
+                g.make_buffers(self._wire(g.names[0]), self._cpu)
                 if update_on == "server":
                     for n in g.names:
                         g.send_of[n].copy_(self._cpu[n])
                 values.append(g.send)
             elif update_on != "server":
-                values.append(torch.zeros_like(self._cpu[g.names[0]]))
+                values.append(torch.zeros_like(self._cpu[g.names[0]], dtype=self._wire(g.names[0])))
             else:
                 values.append(self._cpu[g.names[0]])
             keys.append(self._key(g))
@@ -268,6 +267,9 @@ class DistributedOptimizer(Regrouping):
             (sorted(g, key=order.__getitem__) for g in groups), key=lambda g: order[g[0]]
         )
         return [_Group(i, g, params) for i, g in enumerate(groups)]
+
+    def _wire(self, name: str) -> torch.dtype:  # the dtype ``name``'s gradient travels in
+        return self.wire_dtype or self._cpu[name].dtype
 
     # -- keys -------------------------------------------------------------------------------
     def _gkey(self, name: str) -> str:
@@ -326,7 +328,9 @@ class DistributedOptimizer(Regrouping):
                 # launcher never reads a buffer this pass is refilling (a staged launch reads
                 # its own host buffer: the copy into it is waited for on the stream below)
                 self._flush()
+            refuse_sparse(name, p.grad)  # (a table's gradient: model= makes it one)
             grad = p.grad if kv_takes(p.grad) else p.grad.detach().cpu()
+            grad = grad.to(self._wire(name))  # (itself unless compressed)
             if not g.fused:
                 # (on a device the copy to the host reads p.grad itself: a second backward
                 # before step() adds into it only after that copy, see _make_pre_hook)
@@ -375,7 +379,9 @@ class DistributedOptimizer(Regrouping):
             name = g.names[0]
             out = self._landing.get(name)
             if out is None:
-                out = self._landing[name] = torch.empty_like(self._cpu[name])
+                out = self._landing[name] = torch.empty_like(
+                    self._cpu[name], dtype=self._wire(name)
+                )
         else:
             out = self._cpu[g.names[0]]
         # one request per chunk: the push's answer carries the sum (or the new weights), so a

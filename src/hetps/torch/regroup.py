@@ -63,10 +63,10 @@ class Regrouping:
                 assert self.extra is not None
                 g.numel += self.extra.numel()
             if g.fused:
-                g.make_buffers(self._cpu[g.names[0]].dtype, self._cpu)
+                g.make_buffers(self._wire(g.names[0]), self._cpu)
                 values.append(g.send)
             else:
-                values.append(torch.zeros_like(self._cpu[g.names[0]]))
+                values.append(torch.zeros_like(self._cpu[g.names[0]], dtype=self._wire(g.names[0])))
             keys.append(self._key(g))
         self.groups = new_groups
         self._group_of = {n: g for g in self.groups for n in g.names}

@@ -170,6 +170,16 @@ class SparseTables:
             self.kv.push(keys, values)
 
 
+def refuse_sparse(name: str, grad: torch.Tensor) -> None:
+    """A dense key cannot take a sparse gradient: say how to make it a table."""
+    if grad.is_sparse:
+        raise TypeError(
+            f"parameter {name!r} has a sparse gradient (nn.Embedding(sparse=True)): pass "
+            "model=model to DistributedOptimizer, so its embedding tables are held by the "
+            "servers (or make the embedding dense: sparse=False)"
+        )
+
+
 def _np_dtype(module: torch.nn.Module) -> np.dtype:
     return torch.empty(0, dtype=module.weight.dtype).numpy().dtype
 

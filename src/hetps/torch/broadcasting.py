@@ -74,6 +74,15 @@ def exchange(kv: Any, keys: list[str], tensors: list[torch.Tensor], root_rank: i
     kv.pushpull(keys, values, out=tensors)
 
 
+def _store(kv: Any, root_rank: int) -> tuple[Any, int]:
+    """Horovod's form (no store: the process's; ``root_rank`` maybe second) or hetps's."""
+    if kv is None or (isinstance(kv, int) and not isinstance(kv, bool)):
+        from hetps.torch.process import store_for
+
+        return store_for(None), (root_rank if kv is None else kv)
+    return kv, root_rank
+
+
 def _named(params: Any) -> list[tuple[str, torch.Tensor]]:
     if isinstance(params, Mapping):
         items = sorted(params.items())  # a state_dict: by name, as Horovod does
@@ -104,7 +113,7 @@ def _named(params: Any) -> list[tuple[str, torch.Tensor]]:
 
 def broadcast_parameters(
     params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-    kv: Any,
+    kv: Any = None,
     root_rank: int = 0,
     prefix: str = "",
 ) -> None:
@@ -115,7 +124,9 @@ def broadcast_parameters(
     real dtype. Keys are ``f"{prefix}bcast:{name}"``. Example::
 
         hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # the process's store
     """
+    kv, root_rank = _store(kv, root_rank)
     named = _named(params)
     root = _check_root(kv, root_rank)
     if int(getattr(kv, "num_workers", 1)) == 1 or not named:
@@ -151,7 +162,7 @@ def _unpack(values: torch.Tensor, nbytes: int) -> bytes:
 
 
 def broadcast_optimizer_state(
-    optimizer: Any, kv: Any, root_rank: int = 0, prefix: str = ""
+    optimizer: Any, kv: Any = None, root_rank: int = 0, prefix: str = ""
 ) -> None:
     """Give every worker ``root_rank``'s optimizer state: its ``state_dict()`` (per-parameter
     state such as momentum buffers and Adam's moments, and the hyperparameters of every
@@ -163,7 +174,9 @@ def broadcast_optimizer_state(
     the root's. Keys are ``f"{prefix}bcast-optim:..."``. Example::
 
         hps.broadcast_optimizer_state(opt, kv, root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)  # the process's store
     """
+    kv, root_rank = _store(kv, root_rank)
     opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer.optimizer
     root = _check_root(kv, root_rank)
     if opt is None or int(getattr(kv, "num_workers", 1)) == 1:

@@ -1,0 +1,42 @@
+"""Keep a child's traceback together in the launcher's output.
+
+The launcher prints every child's lines as they come, each under its ``[role rank]``
+prefix; two workers that fail at once would interleave their tracebacks line by line.
+:class:`TracebackLines` holds a traceback's lines from ``Traceback (most recent call last):``
+to its exception line (the first line after it that is not indented), and hands them over
+as one block, which the launcher prints at once. A traceback the child never finishes
+(it was killed, or it is longer than :data:`MAX_LINES`) is handed over as it is.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_LINES", "TracebackLines"]
+
+#: a held traceback longer than this is printed as it is (a deep recursion's)
+MAX_LINES = 4000
+_START = "Traceback (most recent call last):"
+
+
+class TracebackLines:
+    """One child's output lines in, the lines to print now out (a traceback as one list)."""
+
+    def __init__(self) -> None:
+        self._held: list[str] = []
+
+    def feed(self, line: str) -> list[str]:
+        """The lines to print after ``line`` (none while a traceback is still coming)."""
+        if not self._held:
+            if line.startswith(_START):
+                self._held.append(line)
+                return []
+            return [line]
+        self._held.append(line)
+        ends = bool(line) and not line[0].isspace() and not line.startswith(_START)
+        if ends or len(self._held) >= MAX_LINES:
+            return self.flush()
+        return []
+
+    def flush(self) -> list[str]:
+        """The lines held (the child's output ended): printed as they are."""
+        held, self._held = self._held, []
+        return held

@@ -1,0 +1,343 @@
+"""Horovod's and BytePS's tensor collectives, through the servers: ``allreduce``,
+``allgather``, ``broadcast``, ``broadcast_object`` and BytePS's ``push_pull``.
+
+Every call is a collective: every worker calls it, in the same order, with the same ``name``
+(a call without one is named by its place among this process's unnamed calls, as Horovod
+does). Each travels as requests on keys of the process's store (:func:`hetps.torch.init`), or
+of the ``kvstore=`` given: a sum is a round of a ``dist_sync`` key (``hvd.{kind}:{name}:...``),
+made the first time and reused after. The servers must not have an optimizer set (one would
+apply the sum as a gradient); on a ``dist_async`` store, whose servers apply every push, theirs
+must sum these keys (:class:`hetps.optim.sums.SumKeys` around it: ``PSStrategy`` sets it). Tensors may live on any device and have any real dtype: they
+travel as float16/32/64 (others as float64, exact for integers below 2**53) and come back in
+their own dtype and device.
+
+``allgather`` and ``broadcast`` sum each worker's part with negative zeros elsewhere, which
+leaves every value as it is (``x + -0.0 == x``), so they come back bit for bit.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import torch
+
+from hetps.kvstore.base import completed
+from hetps.torch.broadcasting import KV_DTYPES, _check_root, _pack, _unpack, exchange
+from hetps.torch.process import store_for
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "Compression",
+    "Sum",
+    "allgather",
+    "allreduce",
+    "allreduce_",
+    "allreduce_async",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "poll",
+    "push_pull",
+    "push_pull_async",
+    "push_pull_inplace",
+    "synchronize",
+]
+
+#: Horovod's reduction ops (``op=hvd.Average``); the strings ``DistributedOptimizer`` takes
+Average = "average"
+Sum = "sum"
+Adasum = "adasum"  # refused with the reason: hetps's servers sum
+
+
+class _NoneCompressor:
+    """No compression: the tensor travels as it is."""
+
+    wire_dtype = None
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The tensor to send, and what :meth:`decompress` needs."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """The received tensor, as the caller's."""
+        return tensor
+
+
+class _FP16Compressor:
+    """Floating-point tensors travel, and are summed, as float16 (half the bytes)."""
+
+    wire_dtype = torch.float16
+
+    @staticmethod
+    def compress(tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The tensor as float16 (a floating-point one), and its own dtype."""
+        if tensor.dtype.is_floating_point:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, tensor.dtype
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """The received tensor in its own dtype again."""
+        return tensor.to(ctx) if ctx is not None and tensor.dtype != ctx else tensor
+
+
+class Compression:
+    """Horovod's ``hvd.Compression``: ``none`` or ``fp16``."""
+
+    none = _NoneCompressor
+    fp16 = _FP16Compressor
+
+
+_unnamed: dict[str, int] = {}  # kind -> unnamed calls so far in this process
+_made: set[tuple[int, str]] = set()  # (id of the store, key) made already
+
+
+def _name(kind: str, name: str | None) -> str:
+    if name is not None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        return name
+    n = _unnamed.get(kind, 0)
+    _unnamed[kind] = n + 1
+    return f"noname.{n}"
+
+
+def _staged(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    """A flat CPU copy of ``tensor`` in a dtype the store carries."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} takes a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.is_complex() or tensor.is_sparse:
+        raise TypeError(f"{what}: complex and sparse tensors are not supported")
+    dtype = tensor.dtype if tensor.dtype in KV_DTYPES else torch.float64
+    return tensor.detach().to("cpu", dtype).reshape(-1).clone()
+
+
+def _sum_key(kv: Any, key: str, flat: torch.Tensor) -> None:
+    """Make the ``dist_sync`` key ``key`` (a collective, the first time) for ``flat``."""
+    if (id(kv), key) not in _made:
+        kv.init(key, torch.zeros_like(flat))
+        _made.add((id(kv), key))
+
+
+def _async(kv: Any) -> bool:
+    return str(getattr(kv, "type", "")).startswith("dist_async")
+
+
+def _summed(kv: Any, key: str, flat: torch.Tensor, out: torch.Tensor) -> Any:
+    """Start the sum of ``flat`` over the workers into ``out``; the request (``wait()``).
+
+    ``dist_sync``: one round of ``key``. ``dist_async`` (whose servers apply each push with
+    their optimizer, which must sum these keys: :class:`hetps.optim.sums.SumKeys`): the key
+    made zero again, every worker's push added, then read once all pushed."""
+    if not _async(kv):
+        _sum_key(kv, key, flat)
+        return kv.pushpull(key, flat, out=out, block=False)
+    kv.init(key, torch.zeros_like(flat))  # (returns on every worker once it is stored)
+    kv.push(key, flat)
+    kv.barrier()  # every push applied
+    kv.pull(key, out=out)
+    kv.barrier()  # every pull done before the key is made zero again
+    return completed()
+
+
+def _op(op: str | None, average: bool | None) -> str:
+    if op is None:
+        op = Average if average is None or average else Sum
+    if op == Adasum:
+        raise ValueError(
+            "op=Adasum is Horovod's adaptive summation between workers; hetps's servers sum: "
+            "use op=hvd.Average (the default) or op=hvd.Sum"
+        )
+    if op not in (Average, Sum):
+        raise ValueError(f"op must be hvd.Average or hvd.Sum, not {op!r}")
+    return op
+
+
+class Handle:
+    """A reduction in flight (:func:`allreduce_async`): :func:`synchronize` gives its result."""
+
+    def __init__(self, kv: Any, request: Any, out: torch.Tensor, finish: Any) -> None:
+        self._kv, self._request, self._out, self._finish = kv, request, out, finish
+        self._result: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        """Wait for the answer; the result (the same tensor on every later call)."""
+        if self._result is None:
+            self._request.wait()
+            self._result = self._finish(self._out)
+        return self._result
+
+
+def allreduce_async(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: Any = Compression.none,
+    op: str | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    kvstore: Any = None,
+) -> Handle:
+    """Start the sum (``op=Sum``) or mean (``op=Average``, the default) of ``tensor`` over
+    the workers; :func:`synchronize` on the handle gives it, a new tensor like ``tensor``."""
+    op = _op(op, average)
+    kv = store_for(kvstore)
+    name = _name("allreduce", name)
+    sent, ctx = compression.compress(tensor.detach() * prescale_factor)
+    flat = _staged(sent, "allreduce")
+    key = f"hvd.allreduce:{name}:{flat.dtype}:{flat.numel()}"
+    out = torch.empty_like(flat)
+    request = _summed(kv, key, flat, out)
+    scale = postscale_factor / (kv.num_workers if op == Average else 1)
+    like = tensor
+
+    def finish(total: torch.Tensor) -> torch.Tensor:
+        if scale != 1.0:
+            total.mul_(scale)
+        back = compression.decompress(total.view(sent.shape), ctx)
+        return back.to(like.device, like.dtype if ctx is None else back.dtype)
+
+    return Handle(kv, request, out, finish)
+
+
+def synchronize(handle: Handle) -> torch.Tensor:
+    """Wait for a collective started by :func:`allreduce_async`; its result."""
+    return handle.wait()
+
+
+def poll(handle: Handle) -> bool:
+    """Whether the collective behind ``handle`` is done (its result may be read at once)."""
+    request = handle._request
+    done = getattr(request, "done", None)
+    return bool(done() if callable(done) else done) if done is not None else False
+
+
+def allreduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The sum (``op=Sum``) or mean (``op=Average``, the default) of ``tensor`` over the
+    workers, a new tensor: Horovod's ``hvd.allreduce(tensor, name=...)``, e.g. to average a
+    metric. Takes :func:`allreduce_async`'s arguments."""
+    return allreduce_async(tensor, *args, **kwargs).wait()
+
+
+def allreduce_(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """:func:`allreduce` into ``tensor`` itself; returns it."""
+    with torch.no_grad():
+        tensor.copy_(allreduce(tensor, *args, **kwargs))
+    return tensor
+
+
+def push_pull_async(
+    tensor: torch.Tensor,
+    average: bool = True,
+    name: str | None = None,
+    version: int = 0,
+    priority: int = 0,
+    compression: Any = Compression.none,
+    kvstore: Any = None,
+) -> Handle:
+    """BytePS's ``push_pull_async``: the mean (or sum, ``average=False``) of ``tensor`` over
+    the workers, written into ``tensor`` by :func:`synchronize`."""
+    handle = allreduce_async(
+        tensor, average=average, name=name, compression=compression, kvstore=kvstore
+    )
+    inner = handle._finish
+
+    def into_tensor(total: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            tensor.copy_(inner(total))
+        return tensor
+
+    handle._finish = into_tensor
+    return handle
+
+
+def push_pull(
+    tensor: torch.Tensor,
+    average: bool = True,
+    name: str | None = None,
+    version: int = 0,
+    priority: int = 0,
+    compression: Any = Compression.none,
+    kvstore: Any = None,
+) -> torch.Tensor:
+    """BytePS's ``push_pull``: the mean (or sum, ``average=False``) of ``tensor`` over the
+    workers, a new tensor (``version`` and ``priority`` are accepted and not needed)."""
+    return allreduce(tensor, average=average, name=name, compression=compression, kvstore=kvstore)
+
+
+def push_pull_inplace(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """BytePS's ``push_pull_inplace``: :func:`push_pull` into ``tensor`` itself."""
+    return push_pull_async(tensor, *args, **kwargs).wait()
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None, kvstore: Any = None) -> torch.Tensor:
+    """Every worker's ``tensor`` concatenated along the first dimension, in rank order (the
+    first dimension may differ between workers, the others may not)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+        raise ValueError("allgather takes a tensor of at least one dimension")
+    kv = store_for(kvstore)
+    name = _name("allgather", name)
+    W, me = int(kv.num_workers), int(kv.rank)
+    flat = _staged(tensor, "allgather")
+    rows = torch.full((W,), -0.0, dtype=torch.float64)
+    rows[me] = float(tensor.shape[0])
+    row_numel = flat.numel() // max(1, tensor.shape[0])
+    rest = "x".join(str(d) for d in tensor.shape[1:])
+    key = f"hvd.allgather-rows:{name}:{W}:{rest}"
+    _summed(kv, key, rows.clone(), rows).wait()
+    counts = [int(n) for n in rows.tolist()]
+    start = sum(counts[:me]) * row_numel
+    total = torch.full((sum(counts) * row_numel,), -0.0, dtype=flat.dtype)
+    total[start : start + flat.numel()] = flat
+    key = f"hvd.allgather:{name}:{flat.dtype}:{total.numel()}"
+    _summed(kv, key, total.clone(), total).wait()
+    shape = (sum(counts), *tensor.shape[1:])
+    return total.view(shape).to(tensor.device, tensor.dtype)
+
+
+def broadcast(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, kvstore: Any = None
+) -> torch.Tensor:
+    """Worker ``root_rank``'s ``tensor``, on every worker (a new tensor), bit for bit."""
+    kv = store_for(kvstore)
+    root = _check_root(kv, root_rank)
+    name = _name("broadcast", name)
+    flat = _staged(tensor, "broadcast")
+    exchange(kv, [f"hvd.broadcast:{name}:{flat.dtype}:{flat.numel()}"], [flat], root)
+    kv.barrier()  # every pull is done before the root may initialise the key again
+    return flat.view(tensor.shape).to(tensor.device, tensor.dtype)
+
+
+def broadcast_(
+    tensor: torch.Tensor, root_rank: int, name: str | None = None, kvstore: Any = None
+) -> torch.Tensor:
+    """:func:`broadcast` into ``tensor`` itself; returns it."""
+    with torch.no_grad():
+        tensor.copy_(broadcast(tensor, root_rank, name, kvstore))
+    return tensor
+
+
+def broadcast_object(
+    obj: Any = None, root_rank: int = 0, name: str | None = None, kvstore: Any = None
+) -> Any:
+    """Worker ``root_rank``'s ``obj`` (any picklable object: a dict of metrics, an epoch to
+    resume from), on every worker. The root's pickle is unpickled by the others: the job's
+    workers trust each other, as they do with every value they exchange."""
+    import cloudpickle
+
+    kv = store_for(kvstore)
+    root = _check_root(kv, root_rank)
+    name = _name("broadcast_object", name)
+    mine = int(kv.rank) == root
+    blob = cloudpickle.dumps(obj) if mine else b""
+    size = torch.tensor([float(len(blob))], dtype=torch.float64)
+    exchange(kv, [f"hvd.object-bytes:{name}"], [size], root)
+    nbytes = int(size.item())
+    data = _pack(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
+    exchange(kv, [f"hvd.object:{name}"], [data], root)
+    kv.barrier()  # every pull is done before the root may initialise the keys again
+    return obj if mine else pickle.loads(_unpack(data, nbytes))

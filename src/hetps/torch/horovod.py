@@ -1,0 +1,185 @@
+"""Horovod's ``DistributedOptimizer`` signature over hetps's (:mod:`hetps.torch.optimizer`).
+
+``hetps.torch.DistributedOptimizer`` takes both forms::
+
+    hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                             compression=hvd.Compression.fp16, op=hvd.Average,
+                             gradient_predivide_factor=1.0, backward_passes_per_step=1)
+    hps.DistributedOptimizer(opt, model.named_parameters(), kvstore=kv)   # hetps's own
+
+* ``kvstore`` left out: the process's store (:func:`hetps.torch.init`, ``dist_sync`` under a
+  launched worker).
+* ``compression=Compression.fp16``: gradients travel and are summed as float16.
+* ``gradient_predivide_factor=f`` (``op=Average`` only): each worker divides its gradient by
+  ``f`` before the sum and the sum is multiplied by ``f / size()``.
+* ``backward_passes_per_step=n``: gradients accumulate locally over ``n`` backward passes and
+  travel once, after the last (a pass more before ``step()`` is refused).
+* ``synchronize()`` then ``with optimizer.skip_synchronize(): optimizer.step()``: AMP's
+  GradScaler unscales the reduced gradients in between (``scaler.unscale_(optimizer)``).
+* ``named_parameters`` left out: the wrapped optimizer's parameters, named by their place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from hetps.torch.collectives import Adasum, Average, Compression, Sum
+from hetps.torch.optimizer import DistributedOptimizer as _Base
+
+__all__ = ["DistributedOptimizer"]
+
+
+class DistributedOptimizer(_Base):
+    """hetps's ``DistributedOptimizer`` that also takes Horovod's and BytePS's arguments."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer | None,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+        kvstore: Any = None,
+        op: str = Average,
+        *,
+        compression: Any = Compression.none,
+        backward_passes_per_step: int = 1,
+        gradient_predivide_factor: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        if op == Adasum:
+            raise ValueError(
+                "op=hvd.Adasum is Horovod's adaptive summation; hetps's servers sum: use "
+                "op=hvd.Average (the default) or op=hvd.Sum"
+            )
+        wire = getattr(compression, "wire_dtype", False)
+        if wire is False:
+            raise ValueError(
+                f"compression={compression!r}: DistributedOptimizer takes "
+                "hvd.Compression.none or hvd.Compression.fp16"
+            )
+        if isinstance(backward_passes_per_step, bool) or not (
+            isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1
+        ):
+            raise ValueError(
+                f"backward_passes_per_step must be an int >= 1, not {backward_passes_per_step!r}"
+            )
+        factor = float(gradient_predivide_factor)
+        if not factor > 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, not {factor}")
+        if factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor applies to op=hvd.Average only")
+        if (wire is not None or factor != 1.0 or backward_passes_per_step > 1) and kwargs.get(
+            "update_on", "worker"
+        ) != "worker":
+            raise ValueError(
+                "compression, gradient_predivide_factor and backward_passes_per_step work on "
+                "the gradients a worker steps with: they need update_on='worker'"
+            )
+        if named_parameters is None:
+            if optimizer is None:
+                raise ValueError("named_parameters is needed without a torch optimizer")
+            named_parameters = [
+                (f"param.{i}", p)
+                for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])
+            ]
+        self.wire_dtype = wire
+        self.backward_passes_per_step = backward_passes_per_step
+        self.gradient_predivide_factor = factor
+        self._passes: dict[str, int] = {}  # name -> backward passes since its last send
+        self._skip = False
+        super().__init__(optimizer, named_parameters, kvstore, op, **kwargs)
+
+    # -- Horovod's hooks: accumulate n passes, predivide ---------------------------------------
+    def _make_hook(self, name: str):
+        send = super()._make_hook(name)
+        n, factor = self.backward_passes_per_step, self.gradient_predivide_factor
+        if n == 1 and factor == 1.0:
+            return send
+
+        def hook(p: torch.Tensor) -> None:
+            if p.grad is None:
+                return
+            done = self._passes.get(name, 0) + 1
+            if done > n:
+                raise RuntimeError(
+                    f"parameter {name!r}: more than backward_passes_per_step={n} backward "
+                    "passes before step(): raise backward_passes_per_step, or call step() "
+                    "(or synchronize()) after every n passes"
+                )
+            self._passes[name] = done
+            if done < n:
+                return  # accumulates locally
+            if factor != 1.0:
+                with torch.no_grad():
+                    p.grad.div_(factor)
+            send(p)
+
+        return hook
+
+    def synchronize(self) -> None:
+        """Wait for every parameter's reduction; ``p.grad`` then holds the reduced gradient
+        (call it before ``scaler.unscale_(optimizer)`` under AMP)."""
+        n, factor = self.backward_passes_per_step, self.gradient_predivide_factor
+        if n > 1 or factor != 1.0:
+            # a parameter short of n passes (or whose hook did not run: a gradient set by
+            # hand) is sent as it is, as Horovod does
+            for name, p in self.named:
+                if p.grad is not None and self._passes.get(name, 0) < n:
+                    with torch.no_grad():
+                        p.grad.div_(factor)
+                    super()._make_hook(name)(p)
+        self._passes.clear()
+        super().synchronize()
+        if self.gradient_predivide_factor != 1.0:
+            with torch.no_grad():
+                for _, p in self.named:
+                    if p.grad is not None:
+                        p.grad.mul_(self.gradient_predivide_factor)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside does not synchronize: :meth:`synchronize` ran before it (AMP:
+        ``synchronize()``, ``scaler.unscale_(opt)``, then ``scaler.step(opt)`` in here)."""
+        self._skip = True
+        try:
+            yield
+        finally:
+            self._skip = False
+
+    def step(self, closure: Any = None) -> Any:
+        """Wait for the reductions (unless :meth:`synchronize` ran), then step."""
+        if self._skip and not self._synced:
+            raise RuntimeError(
+                "step() inside skip_synchronize() needs optimizer.synchronize() first "
+                "(after backward, before scaler.unscale_(optimizer))"
+            )
+        return super().step(closure)
+
+    # -- what a torch optimizer also has ---------------------------------------------------
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state (for a checkpoint)."""
+        if self.optimizer is None:
+            raise ValueError("no torch optimizer is wrapped (the servers hold the state)")
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load the wrapped optimizer's state."""
+        if self.optimizer is None:
+            raise ValueError("no torch optimizer is wrapped (the servers hold the state)")
+        self.optimizer.load_state_dict(state)
+
+    @property
+    def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state (GradScaler reads it)."""
+        return self.optimizer.state if self.optimizer is not None else {}
+
+    @property
+    def defaults(self) -> dict:
+        """The wrapped optimizer's defaults."""
+        return self.optimizer.defaults if self.optimizer is not None else {}
+
+
+#: the reduction ops, for ``op=`` (re-exported by hetps.torch)
+OPS = (Average, Sum)
