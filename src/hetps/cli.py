@@ -9,7 +9,9 @@ import os
 import sys
 import threading
 
+import hetps.balance  # noqa: F401 - the load plans register (--balance, `hetps config`)
 from hetps import __version__
+from hetps.config.table import balance_schemes
 
 
 def _setup_logging(verbose: int) -> None:
@@ -356,7 +358,7 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--balance",
-        choices=["none", "average", "elastic", "aware", "optimal"],
+        choices=balance_schemes(),
         default=None,
         help="network-aware load distribution scheme",
     )

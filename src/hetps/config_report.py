@@ -36,8 +36,8 @@ def show(var: Var, value: Any) -> str:
 def _bounds(var: Var) -> str:
     if var.bounds:
         return var.bounds
-    if var.choices:
-        return ", ".join(var.choices)
+    if var.options:
+        return ", ".join(var.options)
     if var.kind == "flag":
         return "0 (off), > 0 (on)"
     if var.minimum is not None and var.maximum is not None:

@@ -3,12 +3,15 @@
 - :mod:`.network` -- the link model (:class:`Network`), the affine load model of a plan
   (:class:`LoadModel`) and predicted times (:func:`iteration_time`, :func:`server_times`).
 - :mod:`.estimate` -- forecast-then-probe samples and per-link smoothed estimates.
-- :mod:`.plans` -- ``average``, ``elastic``, ``aware``, ``optimal`` and :func:`make_plan`.
+- :mod:`.plans` -- the plans by name (:data:`PLANS`, ``@plan``): ``average``, ``elastic``,
+  ``aware``, ``optimal``; :func:`make_plan`.
 - :mod:`.solve` -- the exact min-max solvers and :func:`lower_bound`.
 - :mod:`.slicing` -- slice layout, Algorithm 2 (:func:`assign`) and the slice-size model.
 
 docs/BALANCE.md derives the model and the algorithms.
 """
+
+from hetps.config.table import use_plan_registry
 
 from .estimate import EstimateTable, ForecastMatcher, Sample, sample_rate
 from .network import (
@@ -20,6 +23,7 @@ from .network import (
 )
 from .plans import (
     PLAN_NAMES,
+    PLANS,
     average_plan,
     aware_plan,
     elastic_plan,
@@ -38,7 +42,10 @@ from .slicing import (
 )
 from .solve import greedy_round, largest_remainder, lower_bound, solve_continuous, solve_integer
 
+use_plan_registry(lambda: tuple(PLANS))  # HETPS_BALANCE's choices (config imports no balance)
+
 __all__ = [
+    "PLANS",
     "PLAN_NAMES",
     "EstimateTable",
     "ForecastMatcher",

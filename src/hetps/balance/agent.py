@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
+from hetps.balance.plans import plan_of
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import bodies
 from hetps.cluster import protocol as P
@@ -444,7 +445,7 @@ class BalanceAgent:
 
     def _probes_used(self) -> bool:
         """Whether this store's scheme plans from capacity probes."""
-        return self.cfg.probe_prob > 0 and self.cfg.balance in ("aware", "optimal")
+        return self.cfg.probe_prob > 0 and plan_of(self.cfg.balance).needs == "network"
 
     def _calibrate(self) -> None:
         """Probe one whole permutation cycle, one probe per worker between worker barriers

@@ -12,14 +12,16 @@ slice being ``total / n_slices`` units. ``make_plan(name, ...)`` selects one by 
   the longest predicted time to the one with the shortest.
 - ``optimal``: the exact min-max plan of the link model (closed form or LP), rounded to whole
   slices without giving anything away.
+Each registers by name (``@plan``) in :data:`PLANS`, which every list of plans reads
+(docs/ARCHITECTURE.md, "Adding a load plan").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -28,7 +30,9 @@ from .network import LoadModel, Network
 from .solve import LP_MAX_ENTRIES, greedy_round, solve_continuous, solve_integer
 
 __all__ = [
+    "PLANS",
     "PLAN_NAMES",
+    "Plan",
     "average_plan",
     "aware_plan",
     "elastic_plan",
@@ -36,11 +40,42 @@ __all__ = [
     "fit_linear",
     "make_plan",
     "optimal_plan",
+    "plan",
+    "plan_of",
 ]
 
-PLAN_NAMES: tuple[str, ...] = ("average", "elastic", "aware", "optimal")
-
 NetworkLike = Network | ArrayLike
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A load plan by name. ``needs`` is what ``solve`` is given (each also takes ``n_slices=``):
+    ``"nothing"`` (``solve(total, n_servers)``: equal shares, which the planner holds without
+    probe slices or hysteresis), a per-server ``"history"`` of (share, seconds) samples
+    (``solve(history, total)``) or the ``"network"`` the workers' probes measure
+    (``solve(network, total, servers, workers)``)."""
+
+    name: str
+    solve: Callable[..., np.ndarray]
+    needs: Literal["nothing", "history", "network"]  # network: probed, surprises judged
+
+
+PLANS: dict[str, Plan] = {}  # every plan by name, in registration order
+PLAN_NAMES = PLANS.keys()  # (a live view)
+
+
+def plan(name: str, *, needs: Literal["nothing", "history", "network"]) -> Callable:
+    """Register the decorated function as the plan ``name`` (see :class:`Plan`)."""
+    if name in PLANS or name == "none" or needs not in ("nothing", "history", "network"):
+        raise ValueError(f"plan {name!r} (needs {needs!r}): the name is taken or needs unknown")
+    return lambda solve: PLANS.setdefault(name, Plan(name, solve, needs)).solve
+
+
+def plan_of(name: str) -> Plan:
+    """The plan called ``name``; a ValueError lists the valid names."""
+    if name not in PLANS:
+        raise ValueError(f"unknown plan {name!r}; valid names: {', '.join(PLANS)}")
+    return PLANS[name]
 
 
 def _check_total(total: float, n_slices: int | None) -> None:
@@ -70,6 +105,7 @@ def _fix_sum(x: np.ndarray, total: float) -> np.ndarray:
     return x
 
 
+@plan("average", needs="nothing")
 def average_plan(total: float, n_servers: int, *, n_slices: int | None = None) -> np.ndarray:
     """Equal shares; with ``n_slices`` the remainder goes one slice each to the first servers."""
     _check_total(total, n_slices)
@@ -129,6 +165,7 @@ def equalise_linear(a: ArrayLike, b: ArrayLike, total: float) -> np.ndarray:
     return _fix_sum(x, float(total)) if total > 0 else x
 
 
+@plan("elastic", needs="history")
 def elastic_plan(
     history: Sequence[Sequence[tuple[float, float]]],
     total: float,
@@ -369,6 +406,7 @@ def _aware_steps_separate(
     return f
 
 
+@plan("aware", needs="network")
 def aware_plan(
     network: NetworkLike,
     total: float,
@@ -428,6 +466,7 @@ def aware_plan(
 # --------------------------------------------------------------------------- optimal
 
 
+@plan("optimal", needs="network")
 def optimal_plan(
     network: NetworkLike,
     total: float,
@@ -459,7 +498,7 @@ def optimal_plan(
     return _fix_sum(f * float(total), float(total)) if total > 0 else f * 0.0
 
 
-# --------------------------------------------------------------------------- registry
+# --------------------------------------------------------------------------- by name
 
 
 def make_plan(
@@ -473,15 +512,14 @@ def make_plan(
     n_slices: int | None = None,
     **options: Any,
 ) -> np.ndarray:
-    """Compute the plan called ``name`` (one of :data:`PLAN_NAMES`).
+    """Compute the plan called ``name`` (one of :data:`PLAN_NAMES`) with what it needs.
 
-    ``average`` needs the number of servers (from ``servers``, ``network`` or ``history``);
-    ``elastic`` needs ``history``; ``aware`` and ``optimal`` need ``network`` (a
-    :class:`Network` or a measured matrix). ``options`` go to the plan function.
+    A plan that needs ``"nothing"`` gets the number of servers (from ``servers``,
+    ``network`` or ``history``); ``"history"`` gets ``history``; ``"network"`` gets
+    ``network`` (a :class:`Network` or a measured matrix). ``options`` go to the plan function.
     """
-    if name not in PLAN_NAMES:
-        raise ValueError(f"unknown plan {name!r}; valid names: {', '.join(PLAN_NAMES)}")
-    if name == "average":
+    p = plan_of(name)
+    if p.needs == "nothing":
         if servers is not None:
             n_s = len(servers)
         elif network is not None:
@@ -489,13 +527,12 @@ def make_plan(
         elif history is not None:
             n_s = len(history)
         else:
-            raise ValueError("average needs servers, network or history to count the servers")
-        return average_plan(total, n_s, n_slices=n_slices, **options)
-    if name == "elastic":
+            raise ValueError(f"{name} needs servers, network or history to count the servers")
+        return p.solve(total, n_s, n_slices=n_slices, **options)
+    if p.needs == "history":
         if history is None:
-            raise ValueError("elastic needs history: per server, (share, seconds) samples")
-        return elastic_plan(history, total, n_slices=n_slices, **options)
+            raise ValueError(f"{name} needs history: per server, (share, seconds) samples")
+        return p.solve(history, total, n_slices=n_slices, **options)
     if network is None:
         raise ValueError(f"{name} needs network: a Network or a measured bandwidth matrix")
-    fn = aware_plan if name == "aware" else optimal_plan
-    return fn(network, total, servers, workers, n_slices=n_slices, **options)
+    return p.solve(network, total, servers, workers, n_slices=n_slices, **options)

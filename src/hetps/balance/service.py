@@ -25,7 +25,7 @@ import numpy as np
 from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
 from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
-from hetps.balance.plans import fit_linear
+from hetps.balance.plans import fit_linear, plan_of
 from hetps.balance.reports import sample_array, times_array
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
@@ -62,7 +62,7 @@ class Planner:
     ) -> None:
         if colocate and num_workers != num_servers:
             raise ValueError("colocated servers need as many servers as workers")
-        self.scheme = scheme
+        self.scheme, self.scheme_plan = scheme, plan_of(scheme)
         self.W, self.S = num_workers, num_servers
         # hosts: a worker's row is its host's (use_hosts); until known, each worker its own
         self.hosts = HostMap([-1] * num_workers)
@@ -325,7 +325,7 @@ class Planner:
             mine = (rank >= 0) & (rank < self.S) & (rank == np.floor(rank)) & (secs > 0)
         if mine.any():  # this worker's last round: from its first request to its last answer
             self._spans.setdefault(rnd, []).append(float(secs[mine].max()))
-        if self.scheme == "elastic":  # (only elastic fits a line per server)
+        if self.scheme_plan.needs == "history":  # (it fits a line per server)
             for s, nbytes_s, secs_s in times[mine].tolist():
                 self.history[int(s)].append((nbytes_s, secs_s))
                 del self.history[int(s)][:-20]
@@ -426,7 +426,7 @@ class Planner:
         """Whether the network seems to have changed under the plan, so that every worker
         should probe a whole cycle anew (:meth:`SurpriseDetector.judge`). Only the probing
         schemes are judged."""
-        if self.scheme not in ("aware", "optimal") or self.slices is None:
+        if self.scheme_plan.needs != "network" or self.slices is None:
             return False
 
         def predicted(assignment: np.ndarray | None):
@@ -448,7 +448,7 @@ class Planner:
     def spread_targets(self, live: set[int] | None = None) -> list | None:
         """The next spread probe (:meth:`LinkEstimator.spread_targets`); None when the
         scheme does not probe. With hosts, a host's turn is its lowest-ranked worker's."""
-        if self.scheme not in ("aware", "optimal"):
+        if self.scheme_plan.needs != "network":
             return None
         spread = self.links.spread_targets(live)
         if spread is None or not self.hosts.shared:
@@ -461,13 +461,13 @@ class Planner:
 
     def _predict(self, net: Network | None, assignment: np.ndarray) -> float | None:
         """Predicted communication time of ``assignment`` on what is known now (the link
-        model for aware/optimal, the fitted per-server lines for elastic)."""
+        model, or the fitted per-server lines for a plan of history)."""
         assert self.slices is not None
         lengths = np.array([s.length for s in self.slices], dtype=float)
         counts = np.bincount(np.asarray(assignment), weights=lengths, minlength=self.S)
         if net is not None:
             return float(iteration_time(net, counts, servers=self.servers, workers=self.workers))
-        if self.scheme == "elastic":
+        if self.scheme_plan.needs == "history":
             fits = [fit_linear(h) for h in self.history]
             if any(f is None for f in fits):
                 return None
@@ -505,13 +505,11 @@ class Planner:
         t0 = time.perf_counter()
         total = float(sum(s.length for s in self.slices))
         net: Network | None = None
+        needs, fixed = self.scheme_plan.needs, self.scheme_plan.needs == "nothing"
         try:
-            if self.scheme == "elastic":
-                if all(len(h) >= 2 for h in self.history):
-                    shares = make_plan("elastic", total, history=self.history)
-                else:  # not enough (size, time) points to fit yet
-                    shares = np.full(self.S, total / self.S)
-            elif self.scheme == "average":
+            if needs == "history" and all(len(h) >= 2 for h in self.history):
+                shares = make_plan(self.scheme, total, history=self.history)
+            elif needs != "network":  # equal: a fixed plan, or too few (size, time) points yet
                 shares = np.full(self.S, total / self.S)
             else:
                 # per-node caps only (never per-link: the model stays separable, so optimal
@@ -528,9 +526,9 @@ class Planner:
             self.slices,
             shares,
             previous=list(self.assignment),
-            probe_num=self.probe_num if self.scheme != "average" else 0,
+            probe_num=self.probe_num if not fixed else 0,
         )
-        if not np.array_equal(new, self.assignment) and self.scheme != "average":
+        if not np.array_equal(new, self.assignment) and not fixed:
             # Hysteresis: measurements are noisy (TCP's short-term unfairness alone spreads
             # link samples several-fold) and every change costs migrations and a barrier, so
             # a change must be predicted more than `margin` faster, in `patience` reports in

@@ -23,7 +23,6 @@ from hetps.config.resolve import Setting, env_value, resolve, role_from_env, use
 from hetps.config.rows import REQUIRED, Check, ConfigError, Derive, Var
 from hetps.config.security import check_exposure, private_state_dir, security_from_env
 from hetps.config.table import (
-    BALANCE_SCHEMES,
     BY_NAME,
     LOOPBACK,
     MIN_SECRET_CHARS,
@@ -34,7 +33,6 @@ from hetps.config.table import (
 )
 
 __all__ = [
-    "BALANCE_SCHEMES",
     "BY_NAME",
     "LOOPBACK",
     "MIN_SECRET_CHARS",

@@ -46,7 +46,7 @@ class Var:
     aliases: tuple[str, ...] = ()  # other names (read after ``name``; the first one set wins)
     minimum: float | None = None
     maximum: float | None = None
-    choices: tuple[str, ...] = ()
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...] | None] = ()  # or read when used
     noun: str = ""  # what a choice is called in errors ("a role")
     lower: bool = False  # a choice is case-insensitive
     cap: float | None = None  # values above count as this (not an error)
@@ -67,12 +67,17 @@ class Var:
     def required(self) -> bool:
         return self.default is REQUIRED
 
+    @property
+    def options(self) -> tuple[str, ...] | None:
+        """The allowed values of a choice now (None: not known in this process)."""
+        return self.choices() if callable(self.choices) else self.choices
+
     def expectation(self) -> str:
         """What the variable should be set to, as an error's fix says it."""
         if self.expect:
             return self.expect
         if self.kind == "choice":
-            return "one of " + ", ".join(self.choices)
+            return "one of " + ", ".join(self.options or ())
         what = _KINDS[self.kind][2]
         if self.kind == "flag":
             return "1 (on) or 0 (off)"
@@ -92,7 +97,7 @@ class Var:
             return raw
         if self.kind == "choice":
             value = raw.lower() if self.lower else raw
-            if value not in self.choices:
+            if self.options is not None and value not in self.options:
                 noun = self.noun or "a choice"
                 raise ConfigError(f"{name}={value!r} is not {noun}: {fix}")
             return value

@@ -4,14 +4,27 @@ others (a row's ``derive``). docs/CONFIG.md and ``hetps config`` list it in this
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hetps.config.addresses import interface_address, is_loopback, route_address
 from hetps.config.rows import REQUIRED, ConfigError, Var
 
 ROLES = ("scheduler", "server", "worker")
-BALANCE_SCHEMES = ("none", "average", "elastic", "aware", "optimal")
+_plan_names: list[Callable[[], Sequence[str]]] = []  # the plan registry's names, once loaded
+
+
+def use_plan_registry(names: Callable[[], Sequence[str]]) -> None:
+    """Read ``HETPS_BALANCE``'s plans from ``names`` (set by :mod:`hetps.balance` on import)."""
+    _plan_names[:] = [names]
+
+
+def balance_schemes() -> tuple[str, ...] | None:
+    """``HETPS_BALANCE``'s values: none and every plan; None where balance is not imported
+    (nothing there balances: the planner checks the name where it is used)."""
+    return ("none", *_plan_names[0]()) if _plan_names else None
+
+
 LOOPBACK = ("127.0.0.1", "localhost")
 #: the shortest cluster secret accepted (``hetps secret`` and ``hetps launch`` make 64)
 MIN_SECRET_CHARS = 32
@@ -433,7 +446,7 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
         (
             Var("HETPS_BALANCE", "choice", "none",
                 "the network-aware load distribution scheme (none: MXNet's hash placement)",
-                field="balance", choices=BALANCE_SCHEMES, noun="a scheme", lower=True),
+                field="balance", choices=balance_schemes, noun="a scheme", lower=True),
             Var("HETPS_SLICE_ELEMS", "int", 1 << 16, "elements per slice when balancing",
                 field="slice_elems", minimum=16, unit="elements"),
             Var("HETPS_PROBE_NUM", "int", 1,
