@@ -103,7 +103,10 @@ def test_ssh_hostfile_slots_place_workers_and_name_their_host(tmp_path):
     """--launcher ssh with a stand-in ssh that runs the remote command here: the hostfile's
     slots put two workers on the first host and one on the second (127.0.0.2: loopback too)."""
     fake = tmp_path / "fake-ssh"
-    fake.write_text('#!/bin/sh\n# args: -o X -o Y HOST COMMAND\nexec sh -c "$6"\n')
+    # (as sshd does, the remote command starts from a clean environment: what it exports)
+    fake.write_text(
+        '#!/bin/sh\n# args: -o X -o Y HOST COMMAND\nexec env -i PATH="$PATH" sh -c "$6"\n'
+    )
     fake.chmod(0o755)
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 slots=2  # runs the scheduler too\n127.0.0.2 slots=2\n")

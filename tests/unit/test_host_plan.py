@@ -19,7 +19,11 @@ def _kv(group=0, local=0, size=2, sync=True, elastic=0, agg=True, secret=b"s" * 
         host_aggregation=agg,
         secret=secret,
     )
-    node = SimpleNamespace(elastic=elastic, replicas=kw.get("replicas", 1))
+    # the job's workers by host group, as the scheduler's node table lists them
+    groups = kw.get("hosts", [0, 0, 1])
+    nodes = {9 + 2 * i: SimpleNamespace(role="worker", group=g) for i, g in enumerate(groups)}
+    nodes[8] = SimpleNamespace(role="server", group=-1)
+    node = SimpleNamespace(elastic=elastic, replicas=kw.get("replicas", 1), nodes=nodes)
     return SimpleNamespace(cfg=cfg, sync=sync, node=node, balance=kw.get("balance", False))
 
 
@@ -35,6 +39,10 @@ def _plan(monkeypatch, **kw):
         ({}, ("AGG", (0, 0, 1))),  # two workers on the host: they aggregate
         ({"group": 3, "local": 1, "size": 4}, ("AGG", (3, 1, 1))),
         ({"size": 1}, (None, (0, 0, 1))),  # alone on its host: tagged, its own push
+        # every host of one worker (a pod, a Slurm task a node): no host order to keep, the
+        # servers merge pushes as they come
+        ({"size": 1, "hosts": [0, 1, 2]}, (None, None)),
+        ({"hosts": [0, 0, -1]}, (None, None)),  # a worker of no known host: none tags
         ({"agg": False}, (None, (0, 0, 1))),  # HETPS_HOST_AGGREGATION=0: the same order
         ({"secret": None}, (None, (0, 0, 1))),
         ({"balance": True}, (None, None)),  # HETPS_BALANCE: per process, as without hosts
@@ -85,3 +93,36 @@ def test_the_sweep_removes_only_stale_segments_of_a_dead_maker(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted(
         [name(2), name(3), name(4), name(5), "hetps-shm-1-x"]
     )
+
+
+def test_a_full_shared_memory_is_an_error_naming_the_fix_not_a_bus_error(tmp_path, monkeypatch):
+    """A 1 MiB tmpfs cannot hold a 12 MiB segment: the store's init says so (and leaves no
+    name behind) instead of a worker dying of SIGBUS at its first write."""
+    import os
+    import subprocess
+
+    import numpy as np
+
+    from hetps.kvstore.keys import KeyMeta
+    from hetps.kvstore.placement import Part
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(shm)]).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        monkeypatch.setattr(hostagg, "SHM_DIR", str(shm))
+        cfg = SimpleNamespace(
+            host_group=0, local_rank=0, local_world_size=2, secret=b"s" * 32,
+            root_uri="127.0.0.1", root_port=9000, restart=0,
+        )  # fmt: skip
+        agg = hostagg.HostAggregation(SimpleNamespace(cfg=cfg))
+        n = 1 << 20  # 4 MiB of float32 a slot, 3 slots
+        meta = KeyMeta((n,), np.dtype(np.float32), [Part(8, 0, 0, n)])
+        with pytest.raises(OSError, match=r"host aggregation needs \d+ bytes of shared memory"):
+            agg.create("w", meta)
+        assert os.listdir(shm) == []
+    finally:
+        subprocess.run(["umount", "-l", str(shm)])

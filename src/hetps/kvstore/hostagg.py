@@ -37,6 +37,7 @@ import re
 import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,11 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
     # a worker whose host is known tags its pushes, so that the servers sum every round per
     # host, also on hosts of one worker (a round of tagged and untagged pushes is refused)
     known = cfg.host_group >= 0 and cfg.local_rank >= 0 and cfg.local_world_size >= 1
+    # ... but only where some host has several workers: on hosts of one worker each (a
+    # Kubernetes pod, a Slurm or Ray job of a task a node) a host's sum is its worker's push,
+    # and a server keeps merging pushes as they come instead of keeping each one for the order
+    workers = Counter(n.group for n in kv.node.nodes.values() if n.role == "worker")
+    known = known and max(workers.values(), default=0) > 1 and -1 not in workers
     if not (known and kv.sync) or kv.node.elastic > 0 or kv.balance:
         if known and kv.sync and cfg.host_aggregation and cfg.local_world_size > 1:
             log.warning(
@@ -132,7 +138,12 @@ class HostAggregation:
         self.kv = kv
         self.group, self.local, self.size = cfg.host_group, cfg.local_rank, cfg.local_world_size
         assert cfg.secret is not None
-        self.job = hmac.new(cfg.secret, b"hetps host aggregation", hashlib.sha256).hexdigest()
+        # the job: its secret, its scheduler's address and its restart (a user's own secret
+        # may serve two jobs on one host, and a job started again may meet its last names)
+        where = f"{cfg.root_uri}:{cfg.root_port}:{cfg.restart}".encode()
+        self.job = hmac.new(
+            cfg.secret, b"hetps host aggregation " + where, hashlib.sha256
+        ).hexdigest()
         self.keys: dict[Any, HostKey] = {}
         self.gens: dict[Any, int] = {}
         self.load = [0] * self.size  # bytes of parts each local rank sums
@@ -168,6 +179,15 @@ class HostAggregation:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, total)
+            try:  # reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later
+                os.posix_fallocate(fd, 0, total)
+            except OSError as exc:
+                raise OSError(
+                    exc.errno,
+                    f"host aggregation needs {total} bytes of shared memory in {SHM_DIR} for "
+                    f"key {k!r} and cannot have them ({exc.strerror}): make {SHM_DIR} larger "
+                    "(docker: --shm-size) or set HETPS_HOST_AGGREGATION=0",
+                ) from None
             mm = mmap.mmap(fd, total, flags=_FLAGS)
         except BaseException:
             os.unlink(path)

@@ -9,7 +9,12 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from hetps.launch.contract import FORWARDED_PREFIXES, NOT_ON_COMMAND_LINE, thread_share
+from hetps.launch.contract import (
+    FORWARDED_PREFIXES,
+    HOST_VARS,
+    NOT_ON_COMMAND_LINE,
+    thread_share,
+)
 
 
 def read_hostfile_slots(path: str) -> list[tuple[str, int | None]]:
@@ -121,7 +126,8 @@ def ssh_wrapper(
         remote = {
             k: v
             for k, v in env.items()
-            if (k.startswith(FORWARDED_PREFIXES) or k in extra_keys)
+            # (a worker's host contract too: torchrun's variables are not DMLC_*/HETPS_*)
+            if (k.startswith(FORWARDED_PREFIXES) or k in extra_keys or k in HOST_VARS)
             and k not in NOT_ON_COMMAND_LINE
         }
         remote["DMLC_NODE_HOST"] = host

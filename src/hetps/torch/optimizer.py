@@ -167,9 +167,8 @@ class DistributedOptimizer(Regrouping):
         for name, p in self.named:
             if not p.is_contiguous():
                 raise ValueError(f"parameter {name!r} is not contiguous")
-        # what the KVStore exchanges of each parameter: the parameter itself on the CPU and on
-        # a device the KVStore stages (CUDA: reused page-locked buffers, copies on a side
-        # stream), else a CPU copy
+        # what the KVStore exchanges of each parameter: itself on the CPU and on a device the
+        # KVStore stages (CUDA: pinned buffers, a side stream), else a CPU copy
         self._cpu = {
             n: (p.data if kv_takes(p.data) else p.data.detach().cpu()) for n, p in self.named
         }
@@ -195,8 +194,7 @@ class DistributedOptimizer(Regrouping):
             )
         self.tune_steps = tune_steps
         self._steps = 0  # synchronized steps so far
-        # steps timed: for the groups (a collective, on a synchronous store) and for which
-        # groups the hooks send themselves (each worker on its own)
+        # steps timed: for the groups (a collective) and which groups the hooks send themselves
         self._timing_steps = tune_steps or (TUNE_STEPS if background_launch else 0)
         self._clock: dict[str, float] | None = {} if self._timing_steps else None
         self._timed: list[dict[str, float]] = []  # per timed step: name -> gradient ready time
@@ -575,6 +573,8 @@ class DistributedOptimizer(Regrouping):
         :meth:`synchronize`, it synchronizes first: the scaler then unscales the reduced
         sum, not this worker's own gradient that the sum would replace, and finds an inf
         or NaN of any worker, so every worker skips that step alike."""
+        if self.tables.entries and _from_grad_scaler():
+            self.tables.refuse_scaler()
         if self.update_on != "worker" and _from_grad_scaler():
             raise RuntimeError(
                 f"GradScaler with update_on={self.update_on!r}: the pushed gradients are "

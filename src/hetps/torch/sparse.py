@@ -147,6 +147,14 @@ class SparseTables:
 
         return hook
 
+    def refuse_scaler(self) -> None:
+        """An AMP GradScaler cannot serve these tables: raise saying why and what to do."""
+        raise RuntimeError(
+            "GradScaler with server-held embedding tables (model= with sparse embeddings): "
+            "their rows' gradients go to the servers still scaled and are applied there at "
+            "once. Train the tables without a GradScaler (bfloat16 autocast), or keep them dense"
+        )
+
     def push(self) -> None:
         """Push every table's gradient of the last forward (an empty push where there is
         none), then forget the batch's rows."""
