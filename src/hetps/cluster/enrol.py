@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -188,11 +187,9 @@ class Enrolment:
                 listed = msgpack.unpackb(listed, raw=False, strict_map_key=False)
             except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
                 raise ValueError(f"unreadable node table: {exc}") from None
-        nodes = {n.id: n for n in map(NodeInfo.from_wire, listed)}
-        # the workers' hosts (HETPS_HOST_GROUP)
-        for nid, group in unpack_groups(body.get("groups", [])):
-            if nid in nodes and group >= 0:
-                nodes[nid] = replace(nodes[nid], group=group)
+        # the workers' hosts (HETPS_HOST_GROUP), read into each entry as it is made
+        groups = {i: g for i, g in unpack_groups(body.get("groups", [])) if g >= 0}
+        nodes = {n.id: n for n in (NodeInfo.from_wire(item, groups) for item in listed)}
         me = nodes[int(body["id"])]
         out = {int(p): routing_id(t) for p, t in body["out"]}
         into = {int(p): routing_id(t) for p, t in body["in"]}
