@@ -69,6 +69,7 @@ from _common import PINNED_THREADS, fmt, machine_info, median, print_table, writ
 
 from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
+from hetps.cluster.enrol import unpack_groups  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
@@ -329,6 +330,7 @@ class SimCluster:
         n = len(self.nodes)
         problems = []
         known: dict[bytes, bool] = {}  # a table (the same bytes for every node) read once
+        known_groups: dict[bytes, int] = {}  # the host groups likewise: workers listed
         for x, g in zip(self.nodes, tables, strict=True):
             if g is None or g.body is None:
                 continue
@@ -343,8 +345,14 @@ class SimCluster:
                 whole = known[listed]
             else:
                 whole = len(listed) == n
-            groups = dict(g.body.get("groups", []))
-            grouped = self.per_host == 1 or len(groups) == len(self.workers)
+            packed = g.body.get("groups", [])  # (int32 pairs, the same bytes for every node)
+            if not isinstance(packed, bytes):
+                count = len(dict(unpack_groups(packed)))
+            elif packed in known_groups:
+                count = known_groups[packed]
+            else:
+                count = known_groups[packed] = len(dict(unpack_groups(packed)))
+            grouped = self.per_host == 1 or count == len(self.workers)
             if x.id != want or not whole or len(g.body["out"]) != peers or not grouped:
                 problems.append(x.index)
         t_last = max((g.t for g in have), default=float("nan"))

@@ -131,3 +131,43 @@ def test_registration_checks_each_node_without_walking_the_others(sched, monkeyp
         add(bytes([r]) + b"w", "worker", r)
     add(b"extra", "worker", -1)
     assert len(reg.pending) == W and "too many workers" in refused[-1]
+
+
+def test_the_host_groups_travel_packed_and_every_node_reads_them(sched):
+    """The workers' host groups go out as one bytes value (int32 pairs), so a node's decode
+    of the table builds no Python list per worker (it was 2.3 ms a message at 4,096 workers),
+    and a node reads each worker's group from them; a table whose groups are not whole pairs
+    is refused as malformed, naming it."""
+    from types import SimpleNamespace
+
+    from hetps.cluster.enrol import Enrolment
+    from hetps.transport.codec import decode, encode
+
+    nodes = dict(sched.nodes)
+    sched.nodes = {}
+    reg = sched.registration
+    for nid, n in nodes.items():
+        group = n.rank // 8 if n.role == "worker" else -1
+        reg.pending.append(Pending(bytes([nid]), n.role, n.host, n.port, 1, n.rank, group))
+    sched.van.rename = sched.van.admit = lambda *a: None
+    reg.assign()
+    tables = [m for _, m in sched.sent if m.cmd == P.NODES]
+    assert len(tables) == W + 4
+    assert len({id(m.body["groups"]) for m in tables}) == 1  # packed once for all
+    for m in tables:
+        got = decode(encode(m), 1 << 30)  # as the node's van hands it over
+        assert isinstance(got.body["groups"], bytes)
+        van = SimpleNamespace(
+            admit=lambda *a: None, connect=lambda *a, **k: None, mark_dead=lambda *a: None
+        )
+        node = SimpleNamespace(role=P.role_of(got.body["id"]), van=van)
+        Enrolment(node).take_table(got.body)
+        assert node.info.id == got.body["id"]
+        assert {i: n.group for i, n in node.nodes.items()} == {
+            i: (n.rank // 8 if n.role == "worker" else -1) for i, n in nodes.items()
+        }
+    bad = dict(tables[0].body, groups=tables[0].body["groups"][:-4])  # half a pair short
+    van = SimpleNamespace(admit=lambda *a: None, connect=lambda *a, **k: None)
+    enrol = Enrolment(SimpleNamespace(role="worker", van=van))
+    enrol.answer(Message(P.NODES, req=1, reply=True, body=bad))
+    assert "malformed node table" in enrol._reg_error and "(id, group) pairs" in enrol._reg_error

@@ -415,7 +415,9 @@ class NodeInfo:
         return [self.id, self.role, self.rank, self.host, self.port]
 
     @classmethod
-    def from_wire(cls, item: list) -> NodeInfo:
-        """Inverse of :meth:`to_wire`."""
+    def from_wire(cls, item: list, groups: dict[int, int] | None = None) -> NodeInfo:
+        """Inverse of :meth:`to_wire`; ``groups`` (node id -> host group) gives its group."""
         i, role, rank, host, port = item
-        return cls(int(i), str(role), int(rank), str(host), int(port))
+        i = int(i)
+        group = groups.get(i, -1) if groups else -1
+        return cls(i, str(role), int(rank), str(host), int(port), group)

@@ -18,6 +18,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from hetps.cluster import protocol as P
+from hetps.cluster.enrol import pack_groups
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone
@@ -248,7 +249,9 @@ class Registration:
         # per answer a copy, not an encoding of N entries)
         table = msgpack.packb([n.to_wire() for n in self.sched.nodes.values()])
         # the workers' hosts (HETPS_HOST_GROUP), where their launchers said them
-        groups = [[i, n.group] for i, n in self.sched.nodes.items() if n.group >= 0]
+        # (packed once: int32 pairs, no list per worker for every node to decode)
+        pairs = [(i, n.group) for i, n in self.sched.nodes.items() if n.group >= 0]
+        groups = pack_groups(pairs) if pairs else b""
         by_role: dict[str, list[int]] = {"server": [], "worker": []}
         for i, n in self.sched.nodes.items():
             by_role[n.role].append(i)
