@@ -117,14 +117,18 @@ def test_horovod_api_through_the_servers(cluster):
     rc, out = cluster(
         API,
         workers=2,
-        node_env={("worker", 1): {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}},
+        # (as a launcher sets them: hvd.local_rank() and local_size() read them)
+        node_env={
+            ("worker", 0): {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"},
+            ("worker", 1): {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+        },
     )
     assert rc == 0, out
     res = _results(out)
     assert sorted(res) == [0, 1], out
     for r, got in res.items():
         assert got["size"] == 2
-        assert got["local"] == ([0, 1] if r == 0 else [1, 2])
+        assert got["local"] == [r, 2]
         assert got["avg"] == [1.5, 3.0, 4.5]
         assert got["sum"] == [3.0, 6.0, 9.0]
         assert got["int"] == [15]

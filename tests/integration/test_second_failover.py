@@ -159,7 +159,6 @@ def test_every_key_keeps_a_copy_through_three_failures_with_restarts(tmp_path: P
         launcher.stop_all(kill=True)
         runner.join(30)
     text = out.getvalue()
-    Path("/tmp/faults_repro/old_out.txt").write_text(text)
     assert result.get("code") == 0, text
     assert "ALL EQUAL 0" in text and "ALL EQUAL 1" in text, text
     assert "starting the job again" not in text, text  # each death was taken over live
