@@ -216,6 +216,23 @@ class Registration:
         raw = ids.tobytes()
         return [raw[k : k + 16] for k in range(0, len(raw), 16)]
 
+    def table_fields(self) -> dict[str, Any]:
+        """The fields of the job every node table carries beside its nodes, the first one
+        and those of a node taken back (a server admitted again, a worker that joins):
+        ``groups``, the workers' hosts (HETPS_HOST_GROUP) where their launchers said them,
+        packed as int32 pairs (no list per worker for every node to decode); with live
+        metrics, ``metrics_s`` and ``metrics_job``, the job's id (the lead worker writes it
+        into its run.json, the one run directory the scheduler leaves the dashboard's last
+        state in)."""
+        fields: dict[str, Any] = {}
+        pairs = [(i, n.group) for i, n in self.sched.nodes.items() if n.group >= 0]
+        if pairs:
+            fields["groups"] = pack_groups(pairs)
+        if P.METRICS_REPORT in self.sched.services:  # live metrics are on: workers report
+            fields["metrics_s"] = self.sched.cfg.metrics_interval
+            fields["metrics_job"] = getattr(self.sched.metrics, "job", "")
+        return fields
+
     def assign(self) -> None:
         ranks = {"server": 0, "worker": 0}
         # Ranks a launcher asked for (each distinct) win; otherwise arrival order.
@@ -248,10 +265,7 @@ class Registration:
         # the table, the same for every node, encoded once (msgpack bytes in every answer:
         # per answer a copy, not an encoding of N entries)
         table = msgpack.packb([n.to_wire() for n in self.sched.nodes.values()])
-        # the workers' hosts (HETPS_HOST_GROUP), where their launchers said them
-        # (packed once: int32 pairs, no list per worker for every node to decode)
-        pairs = [(i, n.group) for i, n in self.sched.nodes.items() if n.group >= 0]
-        groups = pack_groups(pairs) if pairs else b""
+        shared = self.table_fields()  # (the groups packed once for every node)
         by_role: dict[str, list[int]] = {"server": [], "worker": []}
         for i, n in self.sched.nodes.items():
             by_role[n.role].append(i)
@@ -278,17 +292,11 @@ class Registration:
                 **self.sched.creds.issue(nid),  # what it proves who it is with (--recover)
             }
             at += len(peers)
-            if groups:
-                body["groups"] = groups
+            body.update(shared)
             if self.sched.replicas > 1:
                 body["replicas"] = self.sched.replicas
             if self.sched.elastic:
                 body["elastic"] = self.sched.elastic
-            if P.METRICS_REPORT in self.sched.services:  # live metrics are on: workers report
-                body["metrics_s"] = self.sched.cfg.metrics_interval
-                # the job's id: the lead worker writes it into its run.json, the one run
-                # directory the scheduler then leaves the dashboard's last state in
-                body["metrics_job"] = getattr(self.sched.metrics, "job", "")
             self.sched.send_to(nid, Message(P.NODES, req=p.req, reply=True, body=body))
         self.pending.clear()
         self.sched.ready.set()

@@ -142,8 +142,7 @@ class ElasticWorkers:
         }
         if self.sched.replicas > 1:
             body["replicas"] = self.sched.replicas
-        if P.METRICS_REPORT in self.sched.services:
-            body["metrics_s"] = self.sched.cfg.metrics_interval
+        body.update(self.sched.registration.table_fields())  # (groups, metrics: the first's)
         self.sched.send_to(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
         for s in servers:
             if s not in self.sched.dead:

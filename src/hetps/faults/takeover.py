@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from hetps.cluster import protocol as P
+from hetps.cluster.enrol import unpack_groups
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone
@@ -91,8 +92,7 @@ class Takeover:
         }
         if self.sched.elastic:
             body["elastic"] = self.sched.elastic
-        if P.METRICS_REPORT in self.sched.services:
-            body["metrics_s"] = self.sched.cfg.metrics_interval
+        body.update(self.sched.registration.table_fields())  # (groups, metrics: the first's)
         self.sched.send_to(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
         for other in live:
             if other in self.sched.finished:
@@ -261,7 +261,11 @@ class Takeover:
             state, self.unsaved = self.sched.creds.saved_table()
             if state is not None:
                 try:
-                    nodes = {n.id: n for n in map(NodeInfo.from_wire, state["nodes"])}
+                    # the workers' host groups, kept as (id, group) pairs beside the nodes
+                    groups = {i: g for i, g in unpack_groups(state.get("groups", [])) if g >= 0}
+                    nodes = {
+                        n.id: n for n in (NodeInfo.from_wire(w, groups) for w in state["nodes"])
+                    }
                     self.saved = {
                         "nodes": nodes,
                         "down": {int(i) for i in state.get("down", []) if int(i) in nodes},
