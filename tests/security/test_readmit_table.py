@@ -2,7 +2,9 @@
 first back to the restarted scheduler and describes the job with a node table of its making
 (an extra node; a server it says is dead, a worker it says finished). The scheduler takes the
 job back from the table the scheduler that died kept beside its key: the insider is refused,
-the honest nodes are taken back, and the job goes on to its end."""
+the honest nodes are taken back with their host groups, the refused worker started again joins
+with a node table as whole as the first one (host groups, the live metrics' job), and the job
+goes on to its end."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import msgpack
 import zmq
 
 from hetps.cluster.credentials import table_path
-from hetps.roles import new_scheduler
+from hetps.cluster.enrol import unpack_groups
+from hetps.roles import make_scheduler
 from roles import loopback_config, role_env
 
 
@@ -109,14 +112,18 @@ def test_an_insiders_table_is_refused_and_the_honest_nodes_are_taken_back(
     sched = runner = None
     try:
         # the job starts: every node registers and gets its table and credential
+        # (the workers on hosts 3 and 5: HETPS_HOST_GROUP)
+        hosts = {"server": {0: -1}, "worker": {0: 3, 1: 5}}
         for n in nodes:
             n.connect(port)
             body = {"role": n.role, "host": "127.0.0.1", "port": n.port}
+            body["host_group"] = hosts[n.role][n.rank]
             n.send("add_node", {**body, "back": b"h" + os.urandom(15), "want_rank": n.rank})
         for n in nodes:
             n.table = n.answer("nodes")
         job = sorted(n.table["id"] for n in nodes)
         assert job == [8, 9, 11]
+        assert unpack_groups(server.table["groups"]) == [(9, 3), (11, 5)]
         deadline = time.monotonic() + 20
         while not table_path(port).exists():
             assert time.monotonic() < deadline and first.poll() is None
@@ -125,8 +132,10 @@ def test_an_insiders_table_is_refused_and_the_honest_nodes_are_taken_back(
         first.wait(10)
 
         caplog.set_level(logging.WARNING)
-        cfg = loopback_config("scheduler", port=port, num_worker=2, heartbeat_timeout=3, elastic=1)
-        sched = new_scheduler(cfg, recover=True)
+        cfg = loopback_config(
+            "scheduler", port=port, num_worker=2, heartbeat_timeout=3, elastic=1, metrics_port=0
+        )
+        sched = make_scheduler(cfg, recover=True)  # (with live metrics: HETPS_METRICS_PORT)
         result: dict = {}
         runner = threading.Thread(target=lambda: result.setdefault("code", sched.run()))
         runner.start()
@@ -152,6 +161,18 @@ def test_an_insiders_table_is_refused_and_the_honest_nodes_are_taken_back(
         assert sorted(sched.nodes) == job and 8 not in sched.dead and 9 not in sched.dead
         assert 11 in sched.dead and "did not come back" in sched.dead[11]
         assert not sched.finished
+        # every node keeps its host group (the table the scheduler that died kept has them)
+        assert {i: n.group for i, n in sched.nodes.items()} == {8: -1, 9: 3, 11: 5}
+        # the worker let go starts again and joins: its node table is as whole as the first
+        again = RawNode(ctx, "worker", 1)
+        nodes.append(again)
+        again.connect(port)
+        body = {"role": "worker", "host": "127.0.0.1", "port": again.port, "host_group": 5}
+        again.send("add_node", {**body, "back": b"h" + os.urandom(15), "want_rank": 1})
+        table = again.answer("nodes")
+        assert table["id"] == 11 and table["recovery"] == 1
+        assert unpack_groups(table["groups"]) == [(9, 3), (11, 5)]
+        assert table["metrics_job"] == sched.metrics.job and table["metrics_s"] > 0
         honest.send("finish", {}, req=4)
         assert honest.answer("exit") == {}
         assert server.answer("exit") == {}
@@ -164,6 +185,8 @@ def test_an_insiders_table_is_refused_and_the_honest_nodes_are_taken_back(
         if sched is not None and runner is not None:
             sched.stop()
             runner.join(10)
+        if sched is not None and sched.metrics is not None:
+            sched.metrics.close()
         for n in nodes:
             n.close()
         ctx.term()
