@@ -4,7 +4,7 @@ first back to the restarted scheduler and describes the job with a node table of
 job back from the table the scheduler that died kept beside its key: the insider is refused,
 the honest nodes are taken back with their host groups, the refused worker started again joins
 with a node table as whole as the first one (host groups, the live metrics' job), and the job
-goes on to its end."""
+goes on to its end. A server admitted again after a failover gets such a table too."""
 
 from __future__ import annotations
 
@@ -191,3 +191,47 @@ def test_an_insiders_table_is_refused_and_the_honest_nodes_are_taken_back(
             n.close()
         ctx.term()
     assert not table_path(port).exists()  # the job ended: its table went with it
+
+
+def test_a_server_admitted_again_gets_the_host_groups_and_the_metrics_job():
+    """A server that left and was taken over (HETPS_REPLICAS) registers again: its node table
+    carries the workers' host groups and the live metrics' job, as the first one did."""
+    cfg = loopback_config(
+        "scheduler", num_server=2, num_worker=2, replicas=2, heartbeat_timeout=60, metrics_port=0
+    )
+    sched = make_scheduler(cfg)
+    port = sched.van.port
+    runner = threading.Thread(target=sched.run)
+    runner.start()
+    ctx = zmq.Context()
+    nodes = [RawNode(ctx, "server", r) for r in (0, 1)] + [
+        RawNode(ctx, "worker", r) for r in (0, 1)
+    ]
+    hosts = {"server": {0: -1, 1: -1}, "worker": {0: 3, 1: 5}}
+    try:
+        for n in nodes:
+            n.connect(port)
+            body = {"role": n.role, "host": "127.0.0.1", "port": n.port, "want_rank": n.rank}
+            body["host_group"] = hosts[n.role][n.rank]
+            n.send("add_node", {**body, "back": b"h" + os.urandom(15)})
+        for n in nodes:
+            n.table = n.answer("nodes")
+        assert unpack_groups(nodes[0].table["groups"]) == [(9, 3), (11, 5)]
+        nodes[1].send("leave", {"reason": "a test stops it"}, req=0)  # server 1 (node 10)
+        assert nodes[3].answer("failover")["to"] == 8
+        again = RawNode(ctx, "server", 1)
+        nodes.append(again)
+        again.connect(port)
+        body = {"role": "server", "host": "127.0.0.1", "port": again.port, "want_rank": 1}
+        again.send("add_node", {**body, "back": b"h" + os.urandom(15), "host_group": -1})
+        table = again.answer("nodes")
+        assert table["id"] == 10 and table["recovery"] == 1
+        assert unpack_groups(table["groups"]) == [(9, 3), (11, 5)]
+        assert table["metrics_job"] == sched.metrics.job and table["metrics_s"] > 0
+    finally:
+        sched.stop()
+        runner.join(10)
+        sched.metrics.close()
+        for n in nodes:
+            n.close()
+        ctx.term()
