@@ -87,6 +87,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import chaos_hosts  # noqa: E402
 import chaos_multi  # noqa: E402
 from _chaos_slurm import add_slurm_hang_args, slurm_hang_main  # noqa: E402
 from _common import git_head, median  # noqa: E402
@@ -471,8 +472,11 @@ def main() -> int:
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep each trial's output here")
     add_hang_args(ap)
     add_slurm_hang_args(ap)
+    chaos_hosts.add_hosts_args(ap)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.hosts:  # (2 hosts of 2 workers: benchmarks/chaos_hosts.py)
+        return chaos_hosts.run(sys.modules[__name__], args)
     if args.slurm_hang:  # (hang trials under the Slurm launcher: their own section)
         return slurm_hang_main(args)
     if args.quick:
