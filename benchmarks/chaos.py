@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/chaos.py --slurm-hang 3 --test-slurm --rounds 40  # Slurm hangs
     .venv/bin/python benchmarks/chaos.py --quick     # two server deaths in a job, 4 trials
     .venv/bin/python benchmarks/chaos.py --trials 0 --multi 12   # 3 of each multi-fault kind
+    .venv/bin/python benchmarks/chaos.py --hosts 3 --rounds 200   # on 2 hosts of 2 workers
 
 The job: ``hetps train -m sync -n mlp --workers 3 --servers 2 --replicas 2 --elastic 2``
 with ``--checkpoint-dir`` (every 5 rounds) and ``--max-restarts 3``, on a slice of

@@ -188,6 +188,7 @@ def trial(chaos: Any, i: int, scenario: str, rng: random.Random, base: Path, rou
         "exit_code": job.proc.returncode,
         "orphans": orphans,
         "shm_left": len(host_segments() - before),
+        "shm_names": sorted(host_segments() - before),  # (another job's may show here too)
         "hostagg": hostagg,
         "per_process": any("host aggregation is off under HETPS_ELASTIC" in x for x in lines),
         "named": cause is not None and rank is not None and f"{role} {rank}" in cause,
