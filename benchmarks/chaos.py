@@ -473,7 +473,7 @@ def main() -> int:
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep each trial's output here")
     add_hang_args(ap)
     add_slurm_hang_args(ap)
-    chaos_hosts.add_hosts_args(ap)
+    ap.add_argument("--hosts", type=int, default=0, metavar="N", help=chaos_hosts.HELP)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.hosts:  # (2 hosts of 2 workers: benchmarks/chaos_hosts.py)

@@ -13,8 +13,9 @@ of the rounds), the scenarios in turn:
   the job left, nothing new left in /dev/shm named ``hetps-host-*``. ``hostagg`` says that
   the workers had their host's segments mapped at the kill (aggregation was on).
 * ``worker, elastic``: the same under ``--elastic 2``: the host's workers push each their
-  own (the launcher's output says so), the dead one is let go, the job completes; every
-  survivor's weights and optimizer state in the last checkpoint are equal bit for bit.
+  own (the launcher's output says so), the dead one is let go (the launcher naming it), the
+  job completes; every survivor's weights and optimizer state in the last checkpoint are
+  equal bit for bit.
 * ``server, replicas``: a server drawn at random under ``--replicas 2 --max-restarts 3``:
   its copy takes over; the job completes with the weights of every worker, every key's value
   on the servers and their optimizer states equal bit for bit to an undisturbed run of the
@@ -45,18 +46,10 @@ SCENARIOS = {
 }
 FAIL_FAST_S = 30.0  # a job that fails must end this soon after the kill (heartbeats: 10 s)
 SHM = Path("/dev/shm")
-
-
-def add_hosts_args(ap: argparse.ArgumentParser) -> None:
-    """chaos.py's ``--hosts N``."""
-    ap.add_argument(
-        "--hosts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="only N trials on 2 hosts of 2 workers (--nproc-per-node 2): a worker killed "
-        "without and with --elastic, a server with --replicas 2 (benchmarks/chaos_hosts.py)",
-    )
+HELP = (
+    "only N trials on 2 hosts of 2 workers (--nproc-per-node 2): a worker killed without and "
+    "with --elastic, a server with --replicas 2, in turn (benchmarks/chaos_hosts.py)"
+)
 
 
 def job_cmd(base: Path, name: str, rounds: int, elastic: int, replicas: int,
@@ -138,7 +131,7 @@ def verdict(row: dict[str, Any]) -> bool:
             and bool(row["hostagg"])
         )
     if row["scenario"] == "worker, elastic":
-        return bool(row["per_process"]) and bool(row.get("agree"))
+        return bool(row["named"]) and bool(row["per_process"]) and bool(row.get("agree"))
     return bool(row.get("bit_for_bit"))
 
 

@@ -105,6 +105,7 @@ def test_a_trial_is_as_expected_only_when_every_check_of_its_scenario_holds():
     # --elastic: per process (said), and the survivors agree
     assert not ch.verdict(_row("worker, elastic", per_process=False))
     assert not ch.verdict(_row("worker, elastic", agree=False))
+    assert not ch.verdict(_row("worker, elastic", named=False))
     assert not ch.verdict(_row("server, replicas", bit_for_bit=False))
 
     rows = [
