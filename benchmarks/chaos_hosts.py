@@ -229,6 +229,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def print_summary(summary: dict[str, dict[str, Any]]) -> None:
+    """The summary as a table, a row per scenario."""
     print()
     print(f"{'2 hosts x 2 workers':20s} {'trials':>6s} {'as expected':>11s} {'expected':>9s} "
           f"{'completed':>9s} {'failed':>6s} {'hung':>4s} {'orphans':>7s} {'shm left':>8s} "
