@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/chaos.py --slurm-hang 3 --test-slurm --rounds 40  # Slurm hangs
     .venv/bin/python benchmarks/chaos.py --quick     # two server deaths in a job, 4 trials
     .venv/bin/python benchmarks/chaos.py --trials 0 --multi 12   # 3 of each multi-fault kind
+    .venv/bin/python benchmarks/chaos.py --hosts 3 --rounds 200   # on 2 hosts of 2 workers
 
 The job: ``hetps train -m sync -n mlp --workers 3 --servers 2 --replicas 2 --elastic 2``
 with ``--checkpoint-dir`` (every 5 rounds) and ``--max-restarts 3``, on a slice of
@@ -87,6 +88,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import chaos_hosts  # noqa: E402
 import chaos_multi  # noqa: E402
 from _chaos_slurm import add_slurm_hang_args, slurm_hang_main  # noqa: E402
 from _common import git_head, median  # noqa: E402
@@ -471,8 +473,11 @@ def main() -> int:
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep each trial's output here")
     add_hang_args(ap)
     add_slurm_hang_args(ap)
+    ap.add_argument("--hosts", type=int, default=0, metavar="N", help=chaos_hosts.HELP)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.hosts:  # (2 hosts of 2 workers: benchmarks/chaos_hosts.py)
+        return chaos_hosts.run(sys.modules[__name__], args)
     if args.slurm_hang:  # (hang trials under the Slurm launcher: their own section)
         return slurm_hang_main(args)
     if args.quick:
