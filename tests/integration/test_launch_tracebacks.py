@@ -53,3 +53,20 @@ def test_a_traceback_is_held_until_its_exception_line():
     t.feed("Traceback (most recent call last):")
     held = [t.feed(f"  frame {i}") for i in range(MAX_LINES - 1)]
     assert held[-1] and len(held[-1]) == MAX_LINES and not any(held[:-1])
+
+
+def test_another_threads_line_inside_a_traceback_comes_after_it():
+    """A child's log record written by another thread while its main thread prints a
+    traceback (a node's receive thread saying a peer died) does not end the block early."""
+    t = TracebackLines()
+    assert t.feed("Traceback (most recent call last):") == []
+    assert t.feed('  File "x.py", line 3, in <module>') == []
+    assert t.feed("[2026-01-01 00:00:00,000] hetps.node ERROR: worker rank 1 exited") == []
+    assert t.feed("    f()") == []
+    assert t.feed("hetps.kv.CreateError: no secret") == [
+        "Traceback (most recent call last):",
+        '  File "x.py", line 3, in <module>',
+        "    f()",
+        "hetps.kv.CreateError: no secret",
+        "[2026-01-01 00:00:00,000] hetps.node ERROR: worker rank 1 exited",
+    ]
