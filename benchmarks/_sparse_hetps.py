@@ -20,7 +20,7 @@ from _sparse_mx import ids_for  # noqa: E402
 
 import hetps.kv  # noqa: E402
 from hetps import optim  # noqa: E402
-from hetps.kvstore.rowsparse import Table  # noqa: E402
+from hetps.tables.rowsparse import Table  # noqa: E402
 
 
 def main() -> None:

@@ -70,7 +70,7 @@ import os, sys, time
 import numpy as np
 import hetps.kv
 from hetps import optim
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 
 rounds = int(sys.argv[1])
 sizes = [int(x) for x in sys.argv[2].split(",")]

@@ -44,7 +44,7 @@ import numpy as np
 import hetps.kv
 from hetps import optim
 from hetps.kvstore import checkpoint
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 from hetps.app.clicks import power_law_ids
 
 mode, rows, rounds, batch, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]

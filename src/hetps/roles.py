@@ -25,8 +25,8 @@ from hetps.kvstore import ondevice
 from hetps.kvstore.aggregate import Aggregator
 from hetps.kvstore.ondevice import Device, DeviceAggregator
 from hetps.kvstore.server import KVServer
-from hetps.kvstore.tables import machine_memory
 from hetps.optim import kernels
+from hetps.tables.server import machine_memory
 from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.roles")

@@ -215,7 +215,7 @@ print('BOUNDED', kept, flush=True)
 
 TABLE_CODE = """
 import hashlib, json
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 kv = hetps.kv.create('dist_sync')
 kv.init('w', np.arange(30000, dtype=np.float32) / 1000)
 kv.init('emb', Table(300, 4, scale=0.1, seed=1))

@@ -193,7 +193,7 @@ def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(tmp_p
 # in host order; a row-sparse table goes per process (its rows summed over the four).
 COMPRESSED = """
 from hetps.kvstore.compression import TwoBitCompressor
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 kv = hetps.kv.create('dist_sync')
 g, lr = kv.cfg.host_group, kv.cfg.local_rank
 n = 1_100_000                                       # split over the two servers

@@ -10,7 +10,7 @@ from conftest import PRELUDE, TEST_ENV  # (at collection: tests/conftest.py)
 
 SEMANTICS = """
 import torch
-from hetps.kvstore.rowsparse import RowSparse, Table
+from hetps.tables.rowsparse import RowSparse, Table
 kv = hetps.kv.create('dist_sync')
 r, W = kv.rank, kv.num_workers
 dense = np.arange(30, dtype=np.float32).reshape(10, 3)
@@ -87,7 +87,7 @@ g = W * 1.0                                          # per-row sum over the work
 v1 = -0.5 * g; w1 = 1 + v1; v2 = 0.5 * v1 - 0.5 * g; w2 = w1 + v2
 assert np.allclose(vals[[0, 3]], w2) and np.array_equal(vals[[1, 2, 4, 5]], np.ones((4, 2))), vals
 # seeded initial rows: the same values whatever the number of servers holding them
-from hetps.kvstore.rowsparse import initial_rows
+from hetps.tables.rowsparse import initial_rows
 kv.init('seeded', Table(1000, 4, scale=0.5, seed=3))
 ids = np.array([999, 0, 501, 2])
 assert np.array_equal(kv.row_sparse_pull('seeded', row_ids=ids).data,
@@ -104,8 +104,8 @@ def test_row_sparse_semantics(cluster):
 
 
 GROWING = """
-from hetps.kvstore.rowsparse import Table, initial_rows
-from hetps.kvstore.tables import INDEX_ROW_BYTES
+from hetps.tables.rowsparse import Table, initial_rows
+from hetps.tables.server import INDEX_ROW_BYTES
 kv = hetps.kv.create('dist_sync')
 # a table that grows: any id >= 0, rows made on first push; 4 cols float32 = 16 bytes a row
 # and its entry in the id index; bound 20 rows per server
@@ -136,7 +136,7 @@ def test_growing_table_and_memory_bound(cluster):
 
 
 ELASTIC = """
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 kv = hetps.kv.create('dist_sync')
 kv.init('t', Table(10, 2))
 kv.init('probe', np.zeros(1, np.float32))
@@ -199,7 +199,7 @@ def test_a_worker_leaving_finishes_the_table_rounds(tmp_path, sgd):
 
 
 ASYNC = """
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 kv = hetps.kv.create('dist_async')
 kv.init('t', Table(8, 2))
 try:
@@ -230,7 +230,7 @@ def test_dist_async_row_sparse_pushes_apply_at_once(cluster):
 
 
 FAILED_UPDATE = """
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 kv = hetps.kv.create('dist_sync')
 kv.set_optimizer(optim.DCASGD(learning_rate=0.1))  # no lazy rule for tables
 kv.init('emb', Table(8, 2))
@@ -252,8 +252,8 @@ def test_a_table_update_that_fails_answers_every_worker(cluster):
 
 
 CAP = """
-from hetps.kvstore.rowsparse import Table
-from hetps.kvstore.tables import INDEX_ROW_BYTES, TABLE_BYTES
+from hetps.tables.rowsparse import Table
+from hetps.tables.server import INDEX_ROW_BYTES, TABLE_BYTES
 kv = hetps.kv.create('dist_sync')
 cap = int(os.environ['HETPS_TABLE_MAX_BYTES'])
 # 2 servers; a fixed row of 4 float32 takes 17 bytes here (with its use mark), a growing

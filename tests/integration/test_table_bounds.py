@@ -12,7 +12,7 @@ MIB = 1 << 20
 
 HOSTILE = """
 from hetps.cluster import protocol as P
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 from hetps.transport.codec import Message
 
 def server_pid():
@@ -86,8 +86,8 @@ def test_a_hostile_pull_is_refused_before_the_reply_is_built(cluster):
 
 
 DECLARATIONS = """
-from hetps.kvstore.rowsparse import Table
-from hetps.kvstore.tables import TABLE_BYTES
+from hetps.tables.rowsparse import Table
+from hetps.tables.server import TABLE_BYTES
 kv = hetps.kv.create('dist_sync')
 cap = int(os.environ['HETPS_TABLE_MAX_BYTES'])
 kv.init('t0', Table(None, 4))

@@ -17,7 +17,7 @@ import pytest
 CODE = """
 import json
 from hetps.kvstore import checkpoint
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 ck_dir, phase, stop = {ck!r}, {phase!r}, {stop}
 kv = hetps.kv.create('dist_sync')
 r = kv.rank

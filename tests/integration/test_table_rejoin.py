@@ -23,7 +23,7 @@ from hetps.launch.local import Launcher, LaunchSpec
 # agree on (a flag summed with the round).
 SCRIPT = """
 import json, pickle
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 die_at = int(os.environ["DIE_AT"])
 kv = hetps.kv.create("dist_sync")
 kv.init(["probe", "flag"], [np.zeros(1, np.float32), np.zeros(1, np.float32)])

@@ -29,7 +29,7 @@ from hetps.launch.local import Launcher
 # it never finished: the push goes again to the server taking over.
 SCRIPT = """
 import hashlib
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 rounds, kill_at = int(os.environ["ROUNDS"]), int(os.environ["KILL_AT"])
 flags = os.environ["FLAGS"]
 kv = hetps.kv.create("dist_sync")

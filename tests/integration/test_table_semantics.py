@@ -31,7 +31,7 @@ HETPS = (
     CASES
     + """
 import json
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 kv = hetps.kv.create('dist_sync')
 ones = np.ones((6, 2), np.float32)
 out = {}
@@ -135,7 +135,7 @@ def test_lazy_update_false_moves_every_row_and_no_optimizer_keeps_untouched_rows
 
 NONFINITE = """
 from hetps.cluster import protocol as P
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 from hetps.transport.codec import Message
 kv = hetps.kv.create('dist_sync')
 kv.init('t', Table(10, 3, value=np.ones((10, 3), np.float32)))

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetps.cluster.requests import Future
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 from hetps.transport.codec import WIRE_DTYPES, Message
 from roles import loopback_config, role_env, worker_store
 

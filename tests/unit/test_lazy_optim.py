@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hetps.optim import DCASGD, SGD, AdaGrad, Adam
-from hetps.optim.lazy import LazyUnsupported, create_table_state, grow_state, update_rows
+from hetps.tables.lazy import LazyUnsupported, create_table_state, grow_state, update_rows
 
 
 def table():

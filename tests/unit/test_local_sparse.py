@@ -8,7 +8,7 @@ import torch
 
 import hetps.kv
 from hetps import optim
-from hetps.kvstore.rowsparse import RowSparse, Table
+from hetps.tables.rowsparse import RowSparse, Table
 from hetps.torch import DistributedOptimizer
 
 
@@ -35,7 +35,7 @@ def test_local_row_sparse_pull_push_and_lazy_sgd():
 
 def test_local_growing_table_bound():
     kv = hetps.kv.create("local")
-    from hetps.kvstore.tables import INDEX_ROW_BYTES
+    from hetps.tables.server import INDEX_ROW_BYTES
 
     bound = 8 * (8 + INDEX_ROW_BYTES)  # a row: 8 bytes of values and its index entry
     kv.init("h", Table(None, 2, server_bytes=bound))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetps.kvstore.rowsparse import RowSparse, Table, coalesce, initial_rows, row_ids
+from hetps.tables.rowsparse import RowSparse, Table, coalesce, initial_rows, row_ids
 
 
 def embedding_grads(seed: int):

@@ -8,10 +8,10 @@ import numpy as np
 from test_replica_rounds import P_ID, Q_ID, W0, W1, _pair, _set_sgd, _Wire
 
 from hetps import optim
-from hetps.kvstore import table_dump
 from hetps.kvstore.server import KVServer
-from hetps.kvstore.tables import TABLE_BYTES
 from hetps.roles import new_server
+from hetps.tables import server_dump
+from hetps.tables.server import TABLE_BYTES
 from hetps.transport.codec import Message
 
 DECL = {"k": "t", "part": 0, "nparts": 1, "cols": 2, "dtype": "float32", "scale": 0.5,
@@ -49,8 +49,8 @@ def _state(srv: KVServer, ids) -> bytes:
     numbers (Adam's t)."""
     sh = srv.tables.shards[("t", 0)]
     loc = sh.local(np.asarray(ids, np.int64))
-    parts = [repr(table_dump.numbers(sh)).encode()]
-    parts += [sh.state[m][loc].tobytes() for m in table_dump.per_row(sh)]
+    parts = [repr(server_dump.numbers(sh)).encode()]
+    parts += [sh.state[m][loc].tobytes() for m in server_dump.per_row(sh)]
     return b"".join(parts)
 
 
@@ -81,7 +81,7 @@ def test_a_table_round_is_answered_only_once_every_copy_applied_it():
     assert p.tables.shards[("t", 0)].rounds == q.tables.shards[("t", 0)].rounds == 2
     # the copy made the rows the rounds touched (p also those the pull read: both are at
     # their seeded initial value until pushed)
-    assert table_dump.used_rows(q.tables.shards[("t", 0)])[0].tolist() == [1, 3, 5, 6]
+    assert server_dump.used_rows(q.tables.shards[("t", 0)])[0].tolist() == [1, 3, 5, 6]
     assert _state(p, range(8)) == _state(
         q, range(8)
     )  # the momentum of the rows touched, and only those

@@ -1,4 +1,4 @@
-"""The vectorised row paths of the tables (hetps.optim.lazy, hetps.kvstore.rowsparse): distinct
+"""The vectorised row paths of the tables (hetps.tables.lazy, hetps.tables.rowsparse): distinct
 ids by a sort, rows gathered and written, MXNet's lazy_update=False block by block, and the
 search for a non-finite row, each against the plain NumPy it replaces."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from hetps import optim
-from hetps.kvstore.rowsparse import first_nonfinite
-from hetps.optim import lazy
+from hetps.tables import lazy
+from hetps.tables.rowsparse import first_nonfinite
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 7, 5000])
@@ -91,8 +91,8 @@ def test_pulls_waiting_for_a_round_are_bounded_per_worker():
     refused naming the key, the others are answered when the round ends."""
     from test_replica_rounds import P_ID, W0, W1, _Wire
 
-    from hetps.kvstore.tables import MAX_AHEAD
     from hetps.roles import new_server
+    from hetps.tables.server import MAX_AHEAD
     from hetps.transport.codec import Message
 
     wire = _Wire(ids=(P_ID,))
@@ -125,11 +125,11 @@ def test_pulls_waiting_for_a_round_are_bounded_per_worker():
 def test_the_id_index_is_a_dict_through_its_merges(monkeypatch):
     """A growing table's IdIndex against a dict, through many adds (the recent array merged
     into the main one several times): every lookup, hits and misses, and its items."""
-    from hetps.kvstore import table_index
+    from hetps.tables import server_index
 
-    monkeypatch.setattr(table_index, "RECENT_MIN", 50)
+    monkeypatch.setattr(server_index, "RECENT_MIN", 50)
     rng = np.random.default_rng(3)
-    ix, ref, n = table_index.IdIndex(), {}, 0
+    ix, ref, n = server_index.IdIndex(), {}, 0
     for rnd in range(40):
         fresh = [int(i) for i in rng.integers(0, 1 << 40, 37) if int(i) not in ref]
         fresh = np.array(sorted(set(fresh)), np.int64)

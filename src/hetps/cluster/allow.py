@@ -58,10 +58,10 @@ ALLOWED: dict[str, dict[str, frozenset[str]]] = {
         "push": _W,
         "pull": _W,
         "batch": _W,  # init/push/pull items, each checked as if it came alone
-        "sinit": _W,  # row-sparse tables (kvstore/tables.py)
+        "sinit": _W,  # row-sparse tables (tables/server.py)
         "spush": _W,
         "spull": _W,
-        "sdump": _W,  # a checkpoint reads a table (kvstore/table_dump.py)
+        "sdump": _W,  # a checkpoint reads a table (tables/server_dump.py)
         "sload": _W,  # a restore writes it back
         "set_optimizer": _W,  # a pickle: only from a registered worker
         "get_states": _W,

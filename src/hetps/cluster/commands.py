@@ -276,7 +276,7 @@ class ReplicaDrop(Body, tag_field="op", tag="drop", kw_only=True):
     slices: list[SliceName]
 
 
-# a table's part (kvstore/table_replicas.py): the worker's sinit and sload as they came, a
+# a table's part (tables/server_replicas.py): the worker's sinit and sload as they came, a
 # round's distinct rows and sums, and a whole part (a header, then chunks of its used rows)
 class ReplicaSInit(SInit, tag_field="op", tag="sinit", kw_only=True):
     pass

@@ -66,7 +66,7 @@ PROBE = "probe"  # a probe payload for links that carry no data
 DROP = "drop"  # slices: forget slices that moved to another server
 RECEIPT = "receipt"  # req: a server got a push (credit for the worker's push window)
 BATCH = "batch"  # items: several small requests (or their answers) in one message
-# row-sparse keys (embedding tables, kvstore/sparse.py and kvstore/tables.py)
+# row-sparse keys (embedding tables, tables/worker.py and tables/server.py)
 SINIT = "sinit"  # declare a table's part on a server (and write rows of its first value)
 SPUSH = "spush"  # a round's row-sparse gradient: distinct sorted row ids, their rows
 SPULL = "spull"  # read rows by id
@@ -186,7 +186,7 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
     },
     REPLICATE: {
         "op": "which copy: init, round, sync, optimizer, states or drop; for a table's part "
-        "(kvstore/table_replicas.py) sinit, sload, sround or ssync",
+        "(tables/server_replicas.py) sinit, sload, sround or ssync",
         "(op init)": "a chunk of a key's first value, with the fields of an init; array 0 is "
         "the data",
         "(op round)": "a dist_sync round: k, part, rnd, mode; array 0 is the merged pushes "

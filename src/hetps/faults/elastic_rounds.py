@@ -79,7 +79,7 @@ class ElasticRounds:
                 sl.seen.pop(gone, None)
                 sl.acks = [m for m in sl.acks if m.sender != gone]
             self.finish_if_complete(sl)
-        srv.tables.worker_left(gone)  # row-sparse keys (kvstore/tables.py)
+        srv.tables.worker_left(gone)  # row-sparse keys (tables/server.py)
         srv.links.forget(gone)
 
     def gone(self, worker: int) -> bool:

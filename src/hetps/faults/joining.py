@@ -24,7 +24,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.requests import wait_all
 from hetps.kvstore.base import normalize_keys, per_key, reduce_values, settle, staged_call
 from hetps.kvstore.keys import KeyMeta
-from hetps.kvstore.rowsparse import Table, table_declaration
+from hetps.tables.rowsparse import Table, table_declaration
 from hetps.transport.codec import Message
 
 

@@ -8,7 +8,7 @@ whole of what it serves (ops ``optimizer`` and ``sync``). A slice a plan moves (
 takes its copies along: the new primary copies its init and its states (op ``states``), and
 the old one's ``drop`` removes its replicas' copies (op ``drop``). The receiving side applies a round
 with the same optimizer, so values and states stay identical. The row-sparse keys' parts go
-the same way (ops ``sinit``, ``sload``, ``sround``, ``ssync``: kvstore/table_replicas.py).
+the same way (ops ``sinit``, ``sload``, ``sround``, ``ssync``: tables/server_replicas.py).
 docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 """
 
@@ -24,7 +24,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.errors import RequestError
 from hetps.kvstore.aggregate import writable
 from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
-from hetps.kvstore.table_replicas import TABLE_OPS
+from hetps.tables.server_replicas import TABLE_OPS
 from hetps.transport.codec import WIRE_DTYPES, Message
 
 log = logging.getLogger("hetps.server")
@@ -172,7 +172,7 @@ class Replication:
         connection. A replica that already had it all loses nothing."""
         peers = self.replicas()
         mine = [sl for sl in self.slices.values() if sl.primary]
-        # the row-sparse keys' parts served here, in ssync copies (kvstore/table_replicas.py)
+        # the row-sparse keys' parts served here, in ssync copies (tables/server_replicas.py)
         parts = self.server.tables.copies.sync_messages() if peers else []
         if not peers or not (mine or parts):
             return
@@ -270,7 +270,7 @@ class Replication:
         if op in ("drop", "states"):
             self._moved_copy(msg, op)
             return
-        if op in TABLE_OPS:  # a table's part (kvstore/table_replicas.py)
+        if op in TABLE_OPS:  # a table's part (tables/server_replicas.py)
             self.server.tables.copies.copy_in(msg)
             return
         if op != "round":

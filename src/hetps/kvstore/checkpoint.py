@@ -45,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore import table_checkpoint
 from hetps.kvstore.checkpoint_errors import CheckpointError, DamagedCheckpoint
+from hetps.tables import worker_checkpoint
 
 log = logging.getLogger("hetps.checkpoint")
 
@@ -153,7 +153,7 @@ def save(
             np.savez(f, **{f"v{i}": np.asarray(v) for i, v in enumerate(values)})
         kv.save_optimizer_states(str(tmp / STATES))
         # the row-sparse keys (embedding tables): streamed in chunks, never whole in memory
-        tables, files = table_checkpoint.save_tables(kv, tmp, _key_tag, _HashingWriter)
+        tables, files = worker_checkpoint.save_tables(kv, tmp, _key_tag, _HashingWriter)
         # worker-0.pkl .. worker-(n-1).pkl: the live workers in rank order, so a job that
         # went on without a dead worker (HETPS_ELASTIC) resumes with that many workers
         live = _live_ranks(kv)
@@ -295,7 +295,7 @@ class Checkpoint:
         needed = [f"worker-{k}.pkl" for k in range(self.workers)]
         if self.manifest.get("keys"):
             needed.append(VALUES)
-        needed += table_checkpoint.needed_files(self.manifest)
+        needed += worker_checkpoint.needed_files(self.manifest)
         for name in needed:
             if name not in files:
                 raise DamagedCheckpoint(self.path, name, "the manifest has no checksum of it")
@@ -346,7 +346,7 @@ class Checkpoint:
         if states.exists() and states.stat().st_size > 0 and _has_states(states):
             kv.load_optimizer_states(str(states))
         if self.manifest.get("tables"):  # after the optimizer: it is the tables' state's too
-            table_checkpoint.restore_tables(self.path, self.manifest, kv, DamagedCheckpoint)
+            worker_checkpoint.restore_tables(self.path, self.manifest, kv, DamagedCheckpoint)
 
 
 def _why(exc: BaseException) -> str:

@@ -1,5 +1,5 @@
 """The errors of checkpoints (:mod:`hetps.kvstore.checkpoint`, and the tables' files in
-:mod:`hetps.kvstore.table_checkpoint`)."""
+:mod:`hetps.tables.worker_checkpoint`)."""
 
 from __future__ import annotations
 

@@ -49,8 +49,8 @@ from hetps.kvstore.devices import on_device
 from hetps.kvstore.keys import KeyMeta, fill_targets
 from hetps.kvstore.pipeline import Pipeline
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of
-from hetps.kvstore.rowsparse import Table
-from hetps.kvstore.sparse import SparseKeys, is_table
+from hetps.tables.rowsparse import Table
+from hetps.tables.worker import SparseKeys, is_table
 from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.worker")
@@ -94,7 +94,7 @@ class DistKVStore:
         )
         self._sender = self.pipeline.sender  # the send queue (read by tests and benchmarks)
         self.dense = DenseRequests(self)
-        self.sparse = SparseKeys(self)  # row-sparse keys (kvstore/sparse.py)
+        self.sparse = SparseKeys(self)  # row-sparse keys (tables/worker.py)
         self.joins = joining(self)  # a worker started again joins (faults/joining.py)
         self._next_slice = 0  # balance layout: the server of the next slice, round-robin
         self._closed = False
@@ -318,7 +318,7 @@ class DistKVStore:
         with staged_call(futs), self.pipeline.batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 if k in self.sparse.tables:
-                    futs += self.sparse.push_table(k, entry, priority)
+                    futs += self.sparse.push_table(k, entry, priority, self._calls, self._copies)
                     continue
                 meta = self._meta(k, "push")
                 if self.meter is not None:
@@ -517,11 +517,13 @@ class DistKVStore:
         self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None
     ) -> Any:
         """Read the rows ``row_ids`` of row-sparse keys (MXNet's ``row_sparse_pull``):
-        :meth:`hetps.kvstore.sparse.SparseKeys.row_sparse_pull`."""
+        :meth:`hetps.tables.worker.SparseKeys.row_sparse_pull`."""
+        if self._push_run:  # (a pull ends a run of pushes, as pull's)
+            self._last_push_run, self._push_run = self._push_run, 0
         return self.sparse.row_sparse_pull(key, out, priority, row_ids)
 
     def table(self, key: Any) -> Table:
-        """The :class:`~hetps.kvstore.rowsparse.Table` declared for ``key`` (KeyError if it
+        """The :class:`~hetps.tables.rowsparse.Table` declared for ``key`` (KeyError if it
         is not row-sparse)."""
         return self.sparse.table(key)
 

@@ -20,8 +20,8 @@ from hetps.kvstore.base import (
     staged_call,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
-from hetps.kvstore.local_sparse import LocalSparse
-from hetps.kvstore.sparse import is_table
+from hetps.tables.local import LocalSparse
+from hetps.tables.worker import is_table
 
 
 class LocalKVStore(LocalSparse):
@@ -39,7 +39,7 @@ class LocalKVStore(LocalSparse):
         self.optimizer: optim.Optimizer | None = None
         self.compressor: TwoBitCompressor | None = None
         self.residuals: dict[Any, np.ndarray] = {}
-        self.tables = {}  # row-sparse keys (kvstore/local_sparse.py)
+        self.tables = {}  # row-sparse keys (tables/local.py)
 
     def short_rounds(self, key: Any) -> list[tuple[int, int, int]]:
         """Always empty: one process, no worker ever leaves."""

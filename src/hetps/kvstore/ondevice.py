@@ -16,7 +16,7 @@ What lives where, for a key of float16/32/64 values:
 * any other optimizer (AdaGrad, DC-ASGD, one of your own) runs on the host as on a CPU
   server, on the sum copied back once per round.
 
-Integer keys, the row-sparse tables (:mod:`hetps.kvstore.tables`) and the decoding of 2-bit
+Integer keys, the row-sparse tables (:mod:`hetps.tables.server`) and the decoding of 2-bit
 pushes stay on the host (a 2-bit push is decoded there, then summed on the device). The
 optimizer states a worker reads (``get_states``, checkpoints) are copied back on request, as
 NumPy arrays: a checkpoint of a device server loads into a CPU server and back.

@@ -37,7 +37,7 @@ from hetps.kvstore.answers import Answers
 from hetps.kvstore.hostrounds import HostRounds, mixed
 from hetps.kvstore.linkmeter import LinkMeter
 from hetps.kvstore.slices import BadRequest, Slice
-from hetps.kvstore.tables import Tables
+from hetps.tables.server import Tables
 from hetps.transport.codec import WIRE_DTYPES, Message
 
 log = logging.getLogger("hetps.server")
@@ -53,7 +53,7 @@ class KVServer:
     rounds per worker (HETPS_ELASTIC): these two are parts of the fault wing, plugged in by
     the composition root (:func:`hetps.roles.new_server`);
     :class:`~hetps.kvstore.linkmeter.LinkMeter` times the links;
-    :class:`~hetps.kvstore.tables.Tables` holds the row-sparse keys."""
+    :class:`~hetps.tables.server.Tables` holds the row-sparse keys."""
 
     #: commands whose arrays may be lent by the van (read straight from a shared-memory ring,
     #: valid only while :meth:`handle` runs): a push is merged from the ring into the merge

@@ -2,11 +2,11 @@
 ``nn.EmbeddingBag(sparse=True)`` under :class:`~hetps.torch.optimizer.DistributedOptimizer`.
 
 Each such module of the model becomes a row-sparse key (``{prefix}table:{module name}``,
-:class:`~hetps.kvstore.rowsparse.Table`). A forward pre-hook pulls the rows of the batch
+:class:`~hetps.tables.rowsparse.Table`). A forward pre-hook pulls the rows of the batch
 (``kv.row_sparse_pull`` of its distinct ids) into a small weight of those rows only and
 renumbers the input to index it; after backward, :meth:`SparseTables.push` sends that weight's
 sparse gradient as (ids, rows), and the servers update the rows touched (a lazy optimizer:
-:mod:`hetps.optim.lazy`). The worker never holds the whole table: build the module on the
+:mod:`hetps.tables.lazy`). The worker never holds the whole table: build the module on the
 meta device (``nn.Embedding(n, d, sparse=True, device="meta")``) and its rows start from the
 table's seeded initializer; a module with a real weight sends it as the table's first value
 (rank 0's) and then lets it go.
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from hetps import optim
-from hetps.kvstore.rowsparse import Table
+from hetps.tables.rowsparse import Table
 
 __all__ = ["SparseTables", "sparse_modules", "table_optimizer", "table_weights"]
 

@@ -1,7 +1,7 @@
 """The row-sparse keys (embedding tables) in a checkpoint (:mod:`hetps.kvstore.checkpoint`).
 
 For each table the first live worker reads every server's part in chunks (``sdump``,
-kvstore/table_dump.py) and appends them to ``.npy`` files as they come, hashing what it
+tables/server_dump.py) and appends them to ``.npy`` files as they come, hashing what it
 writes, so neither the worker nor a server ever holds a whole table:
 
 * ``table-<i>.ids.npy``: the ids of the rows used so far (sorted per server). A fixed
@@ -26,7 +26,7 @@ import numpy as np
 from hetps.cluster import protocol as P
 from hetps.kvstore.checkpoint_errors import CheckpointError
 from hetps.kvstore.placement import chunk_elems
-from hetps.kvstore.rowsparse import Table, table_declaration
+from hetps.tables.rowsparse import Table, table_declaration
 from hetps.transport.codec import Message
 
 #: requests of a dump or restore in flight at once (each holds one chunk)

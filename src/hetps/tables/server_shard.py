@@ -1,6 +1,6 @@
 """One server's part of one row-sparse table (:class:`Shard`): its rows by id, what it counts
 toward the bounds, and a round's update of its rows (:func:`apply_rows`); the server's
-requests on it are :class:`hetps.kvstore.tables.Tables`."""
+requests on it are :class:`hetps.tables.server.Tables`."""
 
 from __future__ import annotations
 
@@ -8,16 +8,28 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore.rowsparse import initial_rows
 from hetps.kvstore.slices import BadRequest
-from hetps.kvstore.table_index import IdIndex
-from hetps.optim import lazy
+from hetps.tables import lazy
+from hetps.tables.rowsparse import initial_rows
+from hetps.tables.server_index import IdIndex
 from hetps.transport.codec import WIRE_DTYPES, Message
 
-__all__ = ["INDEX_ROW_BYTES", "TABLE_BYTES", "Shard", "apply_rows", "machine_memory"]
+__all__ = [
+    "INDEX_ROW_BYTES",
+    "MAX_IDS",
+    "TABLE_BYTES",
+    "Shard",
+    "apply_rows",
+    "checked_ids",
+    "checked_rows",
+    "machine_memory",
+]
+
+#: ids one request may carry
+MAX_IDS = 1 << 24
 
 #: what a growing table's id index costs per row, counted toward the bound: 16 bytes held
-#: (kvstore/table_index.py: its id and local row) and the copies a merge makes for a while
+#: (tables/server_index.py: its id and local row) and the copies a merge makes for a while
 INDEX_ROW_BYTES = 48
 #: what a part of a table costs before its rows (its objects, its declaration, its key's
 #: characters on top), counted toward the server's cap: an empty table is not free (about
@@ -62,7 +74,7 @@ class Shard:
         self.deferred: list[Message] = []
         self.backlog: list[Message] = []
         self.rounds = 0
-        # HETPS_REPLICAS (kvstore/table_replicas.py): served here, or a copy of ``origin``'s;
+        # HETPS_REPLICAS (tables/server_replicas.py): served here, or a copy of ``origin``'s;
         # a finished round's copy on its way to the replicas; the table's optimizer pickled
         self.primary, self.origin = True, None
         self.copying = False
@@ -236,3 +248,51 @@ def machine_memory() -> int:
     except OSError:
         pass
     return total
+
+
+def checked_ids(msg: Message, sh: Shard, arr: np.ndarray, sorted_distinct: bool) -> np.ndarray:
+    """``arr`` as a request's row ids of ``sh`` (1-D int64, in range, on this part; with
+    ``sorted_distinct`` sorted and distinct), else BadRequest naming the first bad id."""
+    if arr.dtype != np.int64 or arr.ndim != 1:
+        raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be a 1-D int64 array")
+    if arr.size > MAX_IDS:
+        raise BadRequest(f"{msg.cmd} of key {sh.key!r}: {arr.size} ids, at most {MAX_IDS}")
+    if arr.size == 0:
+        return arr
+    ordered = arr.size < 2 or bool(np.all(arr[1:] > arr[:-1]))
+    if sorted_distinct and not ordered:
+        raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
+    if ordered:  # (the range: its ends tell)
+        hi = sh.rows_total
+        bad_range = arr[0] < 0 or (hi is not None and arr[-1] >= hi)
+    else:
+        bad_range = True
+    bad = None
+    if bad_range:
+        bad = arr < 0
+        if sh.rows_total is not None:
+            bad |= arr >= sh.rows_total
+    if sh.nparts > 1:
+        off = np.remainder(arr, sh.nparts) != sh.part
+        bad = off if bad is None else bad | off
+    if bad is not None and bad.any():
+        i = int(arr[np.argmax(bad)])
+        where = (
+            f"a table of {sh.rows_total} rows takes ids in [0, {sh.rows_total})"
+            if sh.rows_total is not None and not 0 <= i < sh.rows_total
+            else "ids must be >= 0"
+            if i < 0
+            else f"it belongs to part {i % sh.nparts}, not {sh.part}"
+        )
+        raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row id {i} is out of range ({where})")
+    return arr
+
+
+def checked_rows(msg: Message, sh: Shard, arr: np.ndarray, n: int) -> np.ndarray:
+    """``arr`` as ``n`` rows of ``sh`` (its dtype and columns), else BadRequest."""
+    if arr.dtype != sh.dtype or arr.size != n * sh.cols:
+        raise BadRequest(
+            f"{msg.cmd} of key {sh.key!r}: got {arr.size} values of {arr.dtype} for {n} rows "
+            f"of {sh.cols} {sh.dtype.name}"
+        )
+    return arr.reshape(n, sh.cols)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hetps.optim.lazy import distinct_inverse
+from hetps.tables.lazy import distinct_inverse
 
 __all__ = ["RowSparse", "Table", "coalesce", "first_nonfinite", "initial_rows", "row_ids"]
 

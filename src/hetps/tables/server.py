@@ -8,14 +8,14 @@ of its rows; a bad one is answered with an error naming the key and the first ba
 
 ``dist_sync``: every worker pushes each table once per round to every server (a push may carry
 no rows). When every live worker pushed, the pushes are summed per row in worker order, and the
-optimizer updates only the rows touched (:func:`hetps.optim.lazy.update_rows`); with no
+optimizer updates only the rows touched (:func:`hetps.tables.lazy.update_rows`); with no
 optimizer the sums replace those rows. Then the pushes are acknowledged and the pulls that
 waited for the round are answered. ``dist_async``: each push is applied at once.
 
 Memory: each table has its own bound (``Table(server_bytes=...)``), and all of a server's
 tables together the server's cap (HETPS_TABLE_MAX_BYTES), both checked before a table is
 made, grows or gets its optimizer state. Checkpoints read and write the parts through
-``sdump`` and ``sload`` (kvstore/table_dump.py).
+``sdump`` and ``sload`` (tables/server_dump.py).
 """
 
 from __future__ import annotations
@@ -26,18 +26,20 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
-from hetps.kvstore import table_dump
-from hetps.kvstore.rowsparse import first_nonfinite
 from hetps.kvstore.slices import BadRequest, short
-from hetps.kvstore.table_replicas import TableCopies
-from hetps.kvstore.table_shard import (  # (re-exported: they were here)
+from hetps.tables import lazy, server_dump
+from hetps.tables.rowsparse import first_nonfinite
+from hetps.tables.server_replicas import TableCopies
+from hetps.tables.server_shard import (  # (re-exported: they were here)
     INDEX_ROW_BYTES,
+    MAX_IDS,
     TABLE_BYTES,
     Shard,
     apply_rows,
+    checked_ids,
+    checked_rows,
     machine_memory,
 )
-from hetps.optim import lazy
 from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.server")
@@ -54,8 +56,6 @@ __all__ = [
     "machine_memory",
 ]
 
-#: ids one request may carry
-MAX_IDS = 1 << 24
 #: requests of one worker that may wait here for the table's later rounds (a worker is at
 #: most HETPS_ROUNDS_AHEAD rounds ahead, each a push and its pull, on every server)
 MAX_AHEAD = 64
@@ -102,11 +102,11 @@ class Tables:
             self._push(msg)
         elif msg.cmd == P.SPULL:
             self._pull(msg)
-        elif msg.cmd == P.SDUMP:  # a checkpoint reads the part (kvstore/table_dump.py)
-            body, arrays = table_dump.dump(self._shard(msg), msg)
+        elif msg.cmd == P.SDUMP:  # a checkpoint reads the part (tables/server_dump.py)
+            body, arrays = server_dump.dump(self._shard(msg), msg)
             self.server.answers.reply(msg, body, arrays=arrays)
         else:  # P.SLOAD: a restore writes it (and each replica its copy)
-            table_dump.load(self, self._shard(msg), msg)
+            server_dump.load(self, self._shard(msg), msg)
             if not self.copies.send(msg, "sload"):
                 self.server.answers.reply(msg)
 
@@ -121,12 +121,8 @@ class Tables:
         return sum(sh.nbytes() for sh in self.shards.values())
 
     # -- checks --------------------------------------------------------------------------
-    @staticmethod
-    def _key(msg: Message) -> Any:
-        return msg.typed.key  # (an int or a str of at most 1,024 characters: the dispatch's)
-
     def _shard(self, msg: Message) -> Shard:
-        key = self._key(msg)
+        key = msg.typed.key  # (an int or a str of at most 1,024 characters)
         part = msg.typed.part
         sh = self.shards.get((key, part))
         if sh is None:
@@ -144,51 +140,6 @@ class Tables:
             sh.primary, sh.origin = True, None
         return sh
 
-    @staticmethod
-    def _ids(msg: Message, sh: Shard, arr: np.ndarray, sorted_distinct: bool) -> np.ndarray:
-        if arr.dtype != np.int64 or arr.ndim != 1:
-            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be a 1-D int64 array")
-        if arr.size > MAX_IDS:
-            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: {arr.size} ids, at most {MAX_IDS}")
-        if arr.size == 0:
-            return arr
-        ordered = arr.size < 2 or bool(np.all(arr[1:] > arr[:-1]))
-        if sorted_distinct and not ordered:
-            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
-        if ordered:  # (the range: its ends tell)
-            hi = sh.rows_total
-            bad_range = arr[0] < 0 or (hi is not None and arr[-1] >= hi)
-        else:
-            bad_range = True
-        bad = None
-        if bad_range:
-            bad = arr < 0
-            if sh.rows_total is not None:
-                bad |= arr >= sh.rows_total
-        if sh.nparts > 1:
-            off = np.remainder(arr, sh.nparts) != sh.part
-            bad = off if bad is None else bad | off
-        if bad is not None and bad.any():
-            i = int(arr[np.argmax(bad)])
-            where = (
-                f"a table of {sh.rows_total} rows takes ids in [0, {sh.rows_total})"
-                if sh.rows_total is not None and not 0 <= i < sh.rows_total
-                else "ids must be >= 0"
-                if i < 0
-                else f"it belongs to part {i % sh.nparts}, not {sh.part}"
-            )
-            raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row id {i} is out of range ({where})")
-        return arr
-
-    @staticmethod
-    def _rows(msg: Message, sh: Shard, arr: np.ndarray, n: int) -> np.ndarray:
-        if arr.dtype != sh.dtype or arr.size != n * sh.cols:
-            raise BadRequest(
-                f"{msg.cmd} of key {sh.key!r}: got {arr.size} values of {arr.dtype} for {n} rows "
-                f"of {sh.cols} {sh.dtype.name}"
-            )
-        return arr.reshape(n, sh.cols)
-
     # -- commands ------------------------------------------------------------------------
     def _init(self, msg: Message) -> None:
         """A worker's declaration of this server's part (with rows of its first value):
@@ -202,7 +153,7 @@ class Tables:
     def declare(self, msg: Message, copy: bool = False) -> Shard:
         """Make (or keep) the part an ``sinit`` declares and write its rows; ``copy``: a
         primary's copy of it (from a server of the job: its optimizer pickle is taken)."""
-        key = self._key(msg)
+        key = msg.typed.key  # (an int or a str of at most 1,024 characters)
         b = msg.typed  # an SInit: every field's type and bound checked by the dispatch
         rows, cols, dname = b.rows, b.cols, b.dtype
         part, nparts = b.part, b.parts
@@ -258,8 +209,8 @@ class Tables:
         if msg.arrays:
             if len(msg.arrays) != 2:
                 raise BadRequest(f"sinit of key {key!r}: expected row ids and rows")
-            ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), False)
-            vals = self._rows(msg, sh, msg.arrays[1], ids.size)
+            ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), False)
+            vals = checked_rows(msg, sh, msg.arrays[1], ids.size)
             opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
             sh.value[sh.local(ids, opt, create=True)] = vals
         return sh
@@ -268,8 +219,8 @@ class Tables:
         sh = self._shard(msg)
         if len(msg.arrays) != 2:
             raise BadRequest(f"spush of key {sh.key!r}: expected row ids and rows")
-        ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), True)
-        vals = self._rows(msg, sh, msg.arrays[1], ids.size)
+        ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), True)
+        vals = checked_rows(msg, sh, msg.arrays[1], ids.size)
         bad = first_nonfinite(vals)
         if bad is not None:  # (a worker refuses them before sending: a broken peer's)
             raise BadRequest(
@@ -287,7 +238,7 @@ class Tables:
         if srv.elastic.gone(worker):
             raise BadRequest("spush from a worker that left the job")  # (sent before it died)
         if not sync:
-            self._apply(sh, ids, vals)
+            self.apply(sh, ids, vals)
             srv.answers.reply(msg)
             return
         # HETPS_REPLICAS: a push carries its round: a resent one is acknowledged only, a
@@ -298,7 +249,7 @@ class Tables:
         if srv.done_workers:
             raise BadRequest(srv.uneven(sh))
         if worker in sh.pending or (order is None and any(m.sender == worker for m in sh.backlog)):
-            self._hold(sh, msg)
+            self.hold(sh, msg)
             sh.backlog.append(msg)  # this worker pushed this round already: the next one
             return
         sh.pending[worker] = (ids, vals)
@@ -307,10 +258,11 @@ class Tables:
         if len(sh.pending) >= srv.num_workers:
             self._finish_round(sh)
 
-    def _apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None:
+    def apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None:
+        """Apply a round's per-row sums of (checked) ``ids`` to ``sh`` (:func:`apply_rows`)."""
         apply_rows(sh, self.server.optimizer, ids, grad)
 
-    def _hold(self, sh: Shard, msg: Message) -> None:
+    def hold(self, sh: Shard, msg: Message) -> None:
         """A worker may have :data:`MAX_AHEAD` requests of a table waiting for later rounds
         here; one more is refused (a worker that ran away would fill the server's memory)."""
         waiting = sum(1 for m in sh.backlog if m.sender == msg.sender)
@@ -348,7 +300,7 @@ class Tables:
             grad = grad * (job / len(pushes))
         error = None
         try:
-            self._apply(sh, ids, grad)
+            self.apply(sh, ids, grad)
         except BadRequest as exc:  # (a growing table over its bound) the round is dropped
             error = str(exc)
         except Exception as exc:  # an optimizer with no lazy rule, a bug: every worker hears
@@ -384,7 +336,7 @@ class Tables:
             raise BadRequest(f"spull of key {sh.key!r}: expected one array of row ids")
         # sorted and distinct (a worker sends each id once), so the reply's size is known
         # from its ids before anything is built
-        ids = self._ids(msg, sh, msg.arrays[0].reshape(-1), True)
+        ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), True)
         row = sh.cols * sh.dtype.itemsize
         if ids.size * row > self.pull_bound:
             raise BadRequest(
@@ -395,11 +347,11 @@ class Tables:
             )
         worker = msg.sender
         if sh.copying or any(m.sender == worker for m in sh.backlog):
-            self._hold(sh, msg)  # (a round's copy is out: answered once it is applied there)
+            self.hold(sh, msg)  # (a round's copy is out: answered once it is applied there)
             sh.backlog.append(msg)
             return
         if worker in sh.pending:  # this worker pushed in the unfinished round: after it
-            self._hold(sh, msg)  # (each waiting pull holds its ids, and its reply comes)
+            self.hold(sh, msg)  # (each waiting pull holds its ids, and its reply comes)
             sh.deferred.append(msg)
             return
         self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])

@@ -1,12 +1,12 @@
 """Row-sparse keys on the worker side: MXNet's ``row_sparse_pull`` and row-sparse pushes
 (a part of :class:`~hetps.kvstore.client.DistKVStore`).
 
-A key declared with :class:`~hetps.kvstore.rowsparse.Table` (``kv.init(key, Table(rows,
+A key declared with :class:`~hetps.tables.rowsparse.Table` (``kv.init(key, Table(rows,
 cols))``) is an embedding table spread over the servers by rows (row ``r`` on server
 ``r % S``). Only the rows asked for travel:
 
 * ``kv.row_sparse_pull(key, out=None, row_ids=ids)`` reads rows; ids may repeat and need not
-  be sorted. With no ``out`` it returns a :class:`~hetps.kvstore.rowsparse.RowSparse` (the
+  be sorted. With no ``out`` it returns a :class:`~hetps.tables.rowsparse.RowSparse` (the
   distinct ids, sorted, and their rows: MXNet's result). ``out`` may be a ``RowSparse``
   (filled the same way), a dense array of ``len(row_ids)`` rows (each id's row in the order
   asked, duplicates included: an embedding lookup), or, for a fixed table, a dense array of
@@ -19,7 +19,7 @@ cols))``) is an embedding table spread over the servers by rows (row ``r`` on se
 
 Row-sparse keys do not take ``pull``, ``pushpull`` or 2-bit compression. With
 ``HETPS_REPLICAS`` > 1 each part has copies on the next servers as a dense key's slice has
-(kvstore/table_replicas.py): a push carries its round (``rnd``, the worker's count of its
+(tables/server_replicas.py): a push carries its round (``rnd``, the worker's count of its
 earlier pushes of the table), so one sent again after a failover is not applied twice.
 Network-aware balancing (``HETPS_BALANCE``) plans the dense keys only: a table's rows stay
 where their ids place them.
@@ -39,8 +39,8 @@ from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import Future, wait_all
 from hetps.kvstore.base import as_numpy, normalize_keys
 from hetps.kvstore.placement import chunk_elems
-from hetps.kvstore.rowsparse import RowSparse, Table, coalesce, row_ids
-from hetps.optim.lazy import distinct_inverse, put_rows, take_rows
+from hetps.tables.lazy import distinct_inverse, put_rows, take_rows
+from hetps.tables.rowsparse import RowSparse, Table, coalesce, row_ids
 from hetps.transport.codec import Message
 
 __all__ = ["RowSparse", "SparseKeys", "Table"]
@@ -165,7 +165,11 @@ class SparseKeys:
                 futs.append(self.kv.request(key, 0, s, Message(P.SINIT, body=body, arrays=arrays)))
         return futs
 
-    def push_table(self, key: Any, value: Any, priority: int) -> list[Future]:
+    def push_table(
+        self, key: Any, value: Any, priority: int, call: int, rounds: bool
+    ) -> list[Future]:
+        """Send a row-sparse push of ``key`` (``call``: the store's count of push calls;
+        ``rounds``: each push carries its round, for the replicas)."""
         tm = self.tables[key]
         what = f"push of row-sparse key {key!r}"
         if self.kv.compressor is not None:
@@ -186,13 +190,13 @@ class SparseKeys:
                 sel = np.flatnonzero(owner == s)
                 pid, prow = ids[sel], take_rows(rows, sel)
             body = {"k": key, "part": s, "sync": self.kv.sync}
-            if self.kv._copies:  # a server that takes over knows a resent round by it
+            if rounds:  # a server that takes over knows a resent round by it
                 body["rnd"] = tm.rounds - 1
             msg = Message(P.SPUSH, body=body, arrays=[pid, prow.reshape(-1)])
             futs.append(self.kv.request(key, priority, s, msg))
         tm.pushed = futs
         if self.kv.sync:
-            tm.recent.append((self.kv._calls, futs))
+            tm.recent.append((call, futs))
         return futs
 
     def row_sparse_pull(
@@ -203,33 +207,16 @@ class SparseKeys:
         row_ids for every out of a key). Returns the :class:`RowSparse` results when ``out``
         is None, else None. Sees this worker's earlier pushes of the keys."""
         self.kv.node.check()
-        if self.kv._push_run:
-            self.kv._last_push_run, self.kv._push_run = self.kv._push_run, 0
-        keys, is_list = normalize_keys(key)
-        if row_ids is None:
-            raise ValueError("row_sparse_pull needs row_ids (the rows to read)")
-        ids_list = list(row_ids) if is_list else [row_ids]
-        outs = list(out) if is_list and out is not None else [out] * len(keys)
-        if len(ids_list) != len(keys) or len(outs) != len(keys):
-            raise ValueError(f"row_sparse_pull: give one row_ids and one out per key ({len(keys)})")
         futs: list[Future] = []
         finishers = []
-        for k, rid, o in zip(keys, ids_list, outs, strict=True):
-            tm = self.tables.get(k)
-            if tm is None:
-                raise KeyError(
-                    f"row_sparse_pull: key {k!r} is not a row-sparse key: call "
-                    f"kv.init({k!r}, Table(rows, cols)) first (a dense key takes kv.pull)"
-                )
-            f, fin = self._pull_rows(k, tm, row_ids_of(rid, k), o, priority)
+        for k, rid, o in pull_args(key, out, row_ids, self.tables):
+            f, fin = self._pull_rows(k, self.tables[k], row_ids_of(rid, k), o, priority)
             futs += f
             finishers.append(fin)
         self.kv.pipeline.track(futs)
         wait_all(futs, self.kv.timeout, "row_sparse_pull")
         results = [fin() for fin in finishers]
-        if out is None:
-            return results if is_list else results[0]
-        return None
+        return pull_result(key, out, results)
 
     def _pull_rows(self, key: Any, tm: TableMeta, ids: np.ndarray, out: Any, priority: int):
         what = f"row_sparse_pull of key {key!r}"
@@ -258,6 +245,33 @@ class SparseKeys:
             return fill_out(targets, out is None, tm.table, ids, uniq, inv, rows, what)
 
         return futs, finish
+
+
+def pull_args(key: Any, out: Any, row_ids: Any, tables: Any) -> list[tuple[Any, Any, Any]]:
+    """``row_sparse_pull``'s arguments checked, as (key, its row_ids, its out) per key
+    (``tables``: the row-sparse keys declared); the errors name the fix."""
+    keys, is_list = normalize_keys(key)
+    if row_ids is None:
+        raise ValueError("row_sparse_pull needs row_ids (the rows to read)")
+    ids_list = list(row_ids) if is_list else [row_ids]
+    outs = list(out) if is_list and out is not None else [out] * len(keys)
+    if len(ids_list) != len(keys) or len(outs) != len(keys):
+        raise ValueError(f"row_sparse_pull: give one row_ids and one out per key ({len(keys)})")
+    for k in keys:
+        if k not in tables:
+            raise KeyError(
+                f"row_sparse_pull: key {k!r} is not a row-sparse key: call "
+                f"kv.init({k!r}, Table(rows, cols)) first (a dense key takes kv.pull)"
+            )
+    return list(zip(keys, ids_list, outs, strict=True))
+
+
+def pull_result(key: Any, out: Any, results: list) -> Any:
+    """What ``row_sparse_pull`` returns: the RowSparse results when no ``out`` was given
+    (a list for a list of keys), else None."""
+    if out is not None:
+        return None
+    return results if isinstance(key, (list, tuple)) else results[0]
 
 
 def fill_out(

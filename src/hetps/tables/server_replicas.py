@@ -1,5 +1,5 @@
 """Copies of the row-sparse keys on other servers (HETPS_REPLICAS), as a part of
-:class:`hetps.kvstore.tables.Tables`. The dense keys' :class:`~hetps.kvstore.replicas.Replication`
+:class:`hetps.tables.server.Tables`. The dense keys' :class:`~hetps.kvstore.replicas.Replication`
 carries them: the same replicas (the next R-1 live servers), the same copies that hold the
 answer back until every replica applied them, the same failover and resync.
 
@@ -25,13 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore import table_dump
 from hetps.kvstore.slices import BadRequest, short
+from hetps.tables import server_dump
+from hetps.tables.server_shard import checked_ids, checked_rows
 from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.server")
 
-#: the servers' cap on table memory, as its refusal names it (kvstore/tables.py)
+#: the servers' cap on table memory, as its refusal names it (tables/server.py)
 CAP_VAR = "HETPS_TABLE_MAX_BYTES"
 #: the ops of a REPLICATE message that carry a table's part
 TABLE_OPS = frozenset({"sinit", "sload", "sround", "ssync"})
@@ -77,7 +78,7 @@ class TableCopies:
         if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
             raise BadRequest(f"spush of key {sh.key!r}: field 'rnd' must be an int >= 0")
         if sh.copying or rnd > sh.rounds:  # its round comes later (or the last one's copy)
-            self.tables._hold(sh, msg)
+            self.tables.hold(sh, msg)
             sh.backlog.append(msg)
             return True
         if rnd < sh.rounds:  # a resent push of a round applied here already (a failover)
@@ -142,7 +143,7 @@ class TableCopies:
             sh.primary, sh.origin, sh.rounds = False, msg.sender, 0
         elif op == "ssync" and msg.body.get("fresh") is True:
             sh = tables.declare(msg, copy=True)  # (the header carries no rows)
-            sh = table_dump.load(tables, sh, msg, copy=True)
+            sh = server_dump.load(tables, sh, msg, copy=True)
             rnd = msg.body.get("rnd")
             if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
                 raise BadRequest("replicate: a table part's copy needs 'rnd', an int >= 0")
@@ -152,13 +153,13 @@ class TableCopies:
             if sh is not None and op == "sround":
                 self._round_in(sh, msg)
             elif sh is not None:  # sload, or an ssync chunk
-                table_dump.load(tables, sh, msg, copy=True)
+                server_dump.load(tables, sh, msg, copy=True)
         self.server.answers.reply(msg)
 
     def _copy_of(self, msg: Message) -> Any:
         """The copy a message is for; None for a late copy of a part served here now (its
         primary died and this server took it over: the resent pushes make the round)."""
-        key, part = self.tables._key(msg), msg.body.get("part")
+        key, part = msg.typed.key, msg.body.get("part")
         sh = self.tables.shards.get((key, part)) if isinstance(part, int) else None
         if sh is None:
             raise BadRequest(f"replicate: no copy of table {key!r} part {short(part)} here")
@@ -178,9 +179,9 @@ class TableCopies:
         if not msg.body.get("dropped"):
             if len(msg.arrays) != 2:
                 raise BadRequest(f"replicate: a round of table {sh.key!r} needs ids and rows")
-            ids = self.tables._ids(msg, sh, msg.arrays[0].reshape(-1), True)
-            grad = self.tables._rows(msg, sh, msg.arrays[1], ids.size)
-            self.tables._apply(sh, ids, grad)  # the same optimizer on the same sums
+            ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), True)
+            grad = checked_rows(msg, sh, msg.arrays[1], ids.size)
+            self.tables.apply(sh, ids, grad)  # the same optimizer on the same sums
         sh.rounds = rnd
 
 
@@ -204,8 +205,8 @@ def _refused(what: str, key: Any, errors: list[str], every: bool) -> str | None:
 def _part_messages(sh: Any) -> list[tuple[dict, list[np.ndarray]]]:
     """One part's ``ssync`` copies: the header (declaration, rounds, the optimizer state's
     names and numbers, the table's own optimizer), then chunks of its used rows."""
-    ids, loc = table_dump.used_rows(sh)
-    names = table_dump.per_row(sh)
+    ids, loc = server_dump.used_rows(sh)
+    names = server_dump.per_row(sh)
     head = {
         "op": "ssync",
         "k": sh.key,
@@ -215,7 +216,7 @@ def _part_messages(sh: Any) -> list[tuple[dict, list[np.ndarray]]]:
         "rnd": sh.rounds,
         "fresh": True,
         "state": names,
-        "numbers": table_dump.numbers(sh),
+        "numbers": server_dump.numbers(sh),
     }
     if sh.opt_blob is not None:
         head["opt"] = sh.opt_blob
@@ -223,7 +224,7 @@ def _part_messages(sh: Any) -> list[tuple[dict, list[np.ndarray]]]:
     per = sh.value.itemsize * sh.cols + sum(
         sh.state[m].itemsize * sh.state[m].shape[1] for m in names
     )
-    step = max(1, min(table_dump.MAX_CHUNK_ROWS, SYNC_CHUNK_BYTES // per))
+    step = max(1, min(server_dump.MAX_CHUNK_ROWS, SYNC_CHUNK_BYTES // per))
     for a in range(0, ids.size, step):
         sel = loc[a : a + step]  # (indexing copies: later rounds do not change them)
         arrays = [ids[a : a + step].copy(), sh.value[sel].reshape(-1)]

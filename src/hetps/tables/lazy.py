@@ -26,7 +26,7 @@ in the dense optimizers):
 An optimizer of another class may define ``create_table_state(rows, cols, dtype)`` and
 ``update_rows(key, weight, rows, grad, state)`` to serve row-sparse keys itself.
 
-Pure NumPy; imports no other hetps layer but ``hetps.optim``.
+Pure NumPy; of hetps it imports only ``hetps.optim``'s optimizers.
 """
 
 from __future__ import annotations

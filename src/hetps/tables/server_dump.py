@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from hetps.kvstore.slices import BadRequest
-from hetps.optim import lazy
+from hetps.tables import lazy
+from hetps.tables.server_shard import checked_ids, checked_rows
 
 #: rows one dump or load chunk may carry
 MAX_CHUNK_ROWS = 1 << 22
@@ -120,7 +121,7 @@ def dump(sh: Any, msg: Any) -> tuple[dict, list[np.ndarray]]:
 def load(tables: Any, sh: Any, msg: Any, copy: bool = False) -> Any:
     """Apply an ``sload`` to ``sh`` (``tables``: the server's :class:`Tables`); returns the
     part now in place (a ``fresh`` load makes it again). ``copy``: a primary's copy of its
-    part (HETPS_REPLICAS: kvstore/table_replicas.py), which a server of the job sends."""
+    part (HETPS_REPLICAS: tables/server_replicas.py), which a server of the job sends."""
     if not copy:
         if not tables.server.from_worker(msg):
             raise BadRequest("sload: only a worker of this job may write a table's rows")
@@ -166,10 +167,10 @@ def load(tables: Any, sh: Any, msg: Any, copy: bool = False) -> Any:
             )
         tables.shards[sh.skey] = sh
         return sh
-    ids = tables._ids(msg, sh, msg.arrays[0].reshape(-1), True)
+    ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), True)
     if ids.size > MAX_CHUNK_ROWS:
         raise BadRequest(f"sload of key {sh.key!r}: {ids.size} rows, at most {MAX_CHUNK_ROWS}")
-    vals = tables._rows(msg, sh, msg.arrays[1], ids.size)
+    vals = checked_rows(msg, sh, msg.arrays[1], ids.size)
     rows = []
     for m, arr in zip(names, msg.arrays[2:], strict=True):
         want = sh.state[m]

@@ -9,12 +9,19 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
-from hetps.kvstore.base import as_numpy, normalize_keys
-from hetps.kvstore.rowsparse import RowSparse, Table, coalesce
+from hetps.kvstore.base import as_numpy
 from hetps.kvstore.slices import BadRequest
-from hetps.kvstore.sparse import TableMeta, fill_out, row_ids_of, targets_of
-from hetps.kvstore.tables import Shard, apply_rows
-from hetps.optim.lazy import distinct_inverse
+from hetps.tables.lazy import distinct_inverse
+from hetps.tables.rowsparse import RowSparse, Table, coalesce
+from hetps.tables.server import Shard, apply_rows
+from hetps.tables.worker import (
+    TableMeta,
+    fill_out,
+    pull_args,
+    pull_result,
+    row_ids_of,
+    targets_of,
+)
 
 __all__ = ["LocalSparse"]
 
@@ -75,21 +82,9 @@ class LocalSparse:
     def row_sparse_pull(
         self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None
     ) -> Any:
-        """MXNet's ``row_sparse_pull`` (see :mod:`hetps.kvstore.sparse`)."""
-        keys, is_list = normalize_keys(key)
-        if row_ids is None:
-            raise ValueError("row_sparse_pull needs row_ids (the rows to read)")
-        ids_list = list(row_ids) if is_list else [row_ids]
-        outs = list(out) if is_list and out is not None else [out] * len(keys)
-        if len(ids_list) != len(keys) or len(outs) != len(keys):
-            raise ValueError(f"row_sparse_pull: give one row_ids and one out per key ({len(keys)})")
+        """MXNet's ``row_sparse_pull`` (see :mod:`hetps.tables.worker`)."""
         results = []
-        for k, rid, o in zip(keys, ids_list, outs, strict=True):
-            if k not in self.tables:
-                raise KeyError(
-                    f"row_sparse_pull: key {k!r} is not a row-sparse key: call "
-                    f"kv.init({k!r}, Table(rows, cols)) first (a dense key takes kv.pull)"
-                )
+        for k, rid, o in pull_args(key, out, row_ids, self.tables):
             tm, sh = self.tables[k]
             ids = row_ids_of(rid, k)
             tm.check_ids(k, ids, "row_sparse_pull")
@@ -100,6 +95,4 @@ class LocalSparse:
                     targets_of(o, what), o is None, tm.table, ids, uniq, inv, sh.read(uniq), what
                 )
             )
-        if out is None:
-            return results if is_list else results[0]
-        return None
+        return pull_result(key, out, results)
