@@ -290,3 +290,53 @@ def test_the_servers_cap_on_table_memory(cluster):
     rc, out = cluster(CAP, workers=1, servers=2, env={"HETPS_TABLE_MAX_BYTES": "30000"})
     assert rc == 0, out
     assert "CAP-OK" in out, out
+
+
+ONE_MESSAGE = """
+from hetps.cluster import protocol as P
+from hetps.tables.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+r, W, S, R = kv.rank, kv.num_workers, kv.num_servers, 30
+kv.set_optimizer(optim.SGD(learning_rate=0.25))
+start = np.arange(40 * 3, dtype=np.float32).reshape(40, 3)
+kv.init('t', Table(40, 3, value=start))
+kv.barrier()
+ref = start.copy()
+rng = np.random.default_rng(5)                     # the same draws on every worker
+def links():
+    snap = kv.node.counters.snapshot()
+    return {p: (s.msgs_sent, s.msgs_recv) for p, s in snap.items() if p != P.SCHEDULER_ID}
+before = links()
+merged = kv._sender.merged
+for rnd in range(R):
+    ids = [np.sort(rng.choice(40, 6, replace=False)) for _ in range(W)]
+    grads = [rng.standard_normal((6, 3)).astype(np.float32) for _ in range(W)]
+    kv.push('t', (ids[r], grads[r]))
+    got = kv.row_sparse_pull('t', row_ids=ids[r])
+    for w in range(W):                             # the servers' SGD on the round's sums
+        np.add.at(ref, ids[w], -0.25 * grads[w])
+    assert got.indices.tolist() == ids[r].tolist(), (rnd, got.indices)
+    assert np.allclose(got.data, ref[ids[r]], atol=1e-5), (rnd, got.data, ref[ids[r]])
+after = links()
+sent = sum(after[p][0] - before.get(p, (0, 0))[0] for p in after)
+recv = sum(after[p][1] - before.get(p, (0, 0))[1] for p in after)
+kv.barrier()
+every = kv.row_sparse_pull('t', row_ids=np.arange(40)).asnumpy()
+assert np.allclose(every, ref, atol=1e-5), np.abs(every - ref).max()
+print('ONE-MESSAGE', r, sent, recv, kv._sender.merged - merged, flush=True)
+"""
+
+
+def test_a_round_push_and_pull_travel_together(cluster):
+    """A table's push and the row_sparse_pull after it go to each server together, and each
+    server answers both together: fewer messages than a push, its answer, a pull and its
+    answer per server per round (the values: SGD's, every round, every row)."""
+    rc, out = cluster(ONE_MESSAGE, workers=2, servers=2)
+    assert rc == 0, out
+    lines = [ln.split() for ln in out.splitlines() if "ONE-MESSAGE" in ln]
+    assert len(lines) == 2, out
+    alone = 2 * 30 * 2  # a push and a pull (and their answers) per server per round, alone
+    for words in lines:
+        sent, recv, merged = (int(x) for x in words[-3:])
+        assert merged > 0 and sent <= 0.75 * alone, out
+        assert recv <= 0.75 * alone, out

@@ -5,8 +5,8 @@ A :data:`~hetps.cluster.protocol.BATCH` message's body holds ``items``: one
 ``[cmd, req, body, arrays]`` entry per request (or answer), in order; ``arrays`` is how many
 of the batch's arrays are the item's own, following the previous items' arrays. Each item
 keeps its own request id, so a worker matches every answer to its request as if it had come
-alone. Only :data:`~hetps.cluster.protocol.BATCH_COMMANDS` (init, push, pull) may be batched:
-never a pickle, never a batch in a batch.
+alone. Only :data:`~hetps.cluster.protocol.BATCH_COMMANDS` (init, push, pull, spush, spull)
+may be batched: never a pickle, never a batch in a batch.
 
 :func:`unpack` checks the whole batch (types, the item count, that the array counts add up)
 before it returns any item; each item is then handled exactly like a message that came alone

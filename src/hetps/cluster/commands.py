@@ -174,7 +174,10 @@ class Batch(Body, kw_only=True):
     items: Annotated[
         list[
             tuple[
-                Literal["init", "push", "pull"], Annotated[int, Meta(ge=1)], dict[str, Any], Count
+                Literal["init", "push", "pull", "spush", "spull"],
+                Annotated[int, Meta(ge=1)],
+                dict[str, Any],
+                Count,
             ]
         ],
         Meta(max_length=P.MAX_BATCH_ITEMS),

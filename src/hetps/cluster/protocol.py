@@ -79,7 +79,7 @@ SPARSE_COMMANDS = frozenset({SINIT, SPUSH, SPULL, SDUMP, SLOAD})
 REPLICATE = "replicate"
 
 #: the commands a batch may carry (requests from a worker; answers from a server)
-BATCH_COMMANDS = frozenset({INIT, PUSH, PULL})
+BATCH_COMMANDS = frozenset({INIT, PUSH, PULL, SPUSH, SPULL})
 #: at most this many items in one batch
 MAX_BATCH_ITEMS = 1024
 
@@ -180,7 +180,7 @@ BODY_FIELDS: dict[str, dict[str, str]] = {
     },
     BATCH: {
         "items": "[[cmd, req, body, arrays], ...]: one request (from a worker) or one answer "
-        "(from a server) each, in order: its command (init, push or pull), its request id, its "
+        "(from a server) each, in order: its command (init, push, pull, spush or spull), its request id, its "
         "own body (the fields of that command, or of its answer), and how many of the batch's "
         "arrays are its own (they follow the previous items' arrays)",
     },

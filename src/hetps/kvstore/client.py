@@ -314,7 +314,11 @@ class DistKVStore:
         hosted: list = []  # keys pushed through the host (block: waited for below)
         self._push_run += 1
         self._calls += 1
-        deferred = not block and max(self._push_run, self._last_push_run) > 1
+        # (a table's push goes from the sender thread: the row_sparse_pull that follows it
+        # joins it in one message per server)
+        deferred = not block and (
+            max(self._push_run, self._last_push_run) > 1 or self.sparse.any_of(keys)
+        )
         with staged_call(futs), self.pipeline.batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 if k in self.sparse.tables:

@@ -93,6 +93,10 @@ class SparseKeys:
         """The :class:`Table` declared for ``key`` (KeyError if it is not row-sparse)."""
         return self.tables[key].table
 
+    def any_of(self, keys: list) -> bool:
+        """Whether any of ``keys`` is a row-sparse key."""
+        return bool(self.tables) and any(k in self.tables for k in keys)
+
     def is_row_sparse(self, key: Any) -> bool:
         """Whether ``key`` was initialised as a row-sparse table."""
         return key in self.tables
@@ -209,10 +213,12 @@ class SparseKeys:
         self.kv.node.check()
         futs: list[Future] = []
         finishers = []
-        for k, rid, o in pull_args(key, out, row_ids, self.tables):
-            f, fin = self._pull_rows(k, self.tables[k], row_ids_of(rid, k), o, priority)
-            futs += f
-            finishers.append(fin)
+        # (one message per server: with the push before it, if that is still waiting)
+        with self.kv.pipeline.batched():
+            for k, rid, o in pull_args(key, out, row_ids, self.tables):
+                f, fin = self._pull_rows(k, self.tables[k], row_ids_of(rid, k), o, priority)
+                futs += f
+                finishers.append(fin)
         self.kv.pipeline.track(futs)
         wait_all(futs, self.kv.timeout, "row_sparse_pull")
         results = [fin() for fin in finishers]
