@@ -50,16 +50,8 @@ class LocalSparse:
                 rows = as_numpy(spec.value, f"init of key {key!r}").reshape(spec.rows, spec.cols)
                 ids = np.arange(spec.rows, dtype=np.int64)
         tm = TableMeta(spec, 1)
-        decl = {
-            "rows": spec.rows,
-            "cols": spec.cols,
-            "dtype": spec.dtype,
-            "scale": float(spec.scale),
-            "seed": spec.seed,
-            "bound": spec.bound,
-        }
         try:
-            sh = Shard(key, decl, 0, 1)
+            sh = Shard(key, spec.server_decl(), 0, 1)
         except BadRequest as exc:
             raise ValueError(str(exc)) from None
         sh.optimizer = spec.optimizer

@@ -105,10 +105,16 @@ class Table:
             return self.server_bytes
         return 0 if self.rows is not None else 1 << 30
 
-    def rows_on(self, part: int, nparts: int) -> int:
-        """Rows of a fixed table on server ``part`` of ``nparts``."""
-        assert self.rows is not None
-        return max(0, (self.rows - part + nparts - 1) // nparts)
+    def server_decl(self) -> dict:
+        """What a server's part is declared with (``sinit``'s fields, a Shard's ``decl``)."""
+        return {
+            "rows": self.rows,
+            "cols": self.cols,
+            "dtype": self.dtype,
+            "scale": float(self.scale),
+            "seed": self.seed,
+            "bound": self.bound,
+        }
 
 
 def initial_rows(scale: float, seed: int, ids: np.ndarray, cols: int, dtype: Any) -> np.ndarray:

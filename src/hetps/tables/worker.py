@@ -135,16 +135,7 @@ class SparseKeys:
             tm.check_ids(key, rows_ids, "init")
         if not lead:
             return []
-        decl = {
-            "k": key,
-            "nparts": S,
-            "rows": spec.rows,
-            "cols": spec.cols,
-            "dtype": spec.dtype,
-            "scale": float(spec.scale),
-            "seed": spec.seed,
-            "bound": spec.bound,
-        }
+        decl = {"k": key, "nparts": S, **spec.server_decl()}
         if spec.optimizer is not None:
             from hetps import optim
 
