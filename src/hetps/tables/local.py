@@ -65,7 +65,7 @@ class LocalSparse:
         tm, sh = self.tables[key]
         what = f"push of row-sparse key {key!r}"
         ids, rows = coalesce(value, tm.table.cols, tm.dtype, what)
-        tm.check_ids(key, ids, "push")
+        tm.check_ids(key, ids, "push", ids)
         try:
             apply_rows(sh, self.optimizer, ids, rows)
         except BadRequest as exc:  # a growing table over its bound
@@ -79,8 +79,8 @@ class LocalSparse:
         for k, rid, o in pull_args(key, out, row_ids, self.tables):
             tm, sh = self.tables[k]
             ids = row_ids_of(rid, k)
-            tm.check_ids(k, ids, "row_sparse_pull")
             uniq, inv = distinct_inverse(ids)
+            tm.check_ids(k, ids, "row_sparse_pull", uniq)
             what = f"row_sparse_pull of key {k!r}"
             results.append(
                 fill_out(

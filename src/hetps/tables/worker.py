@@ -62,11 +62,14 @@ class TableMeta:
     def __post_init__(self) -> None:
         self.dtype = np.dtype(self.table.dtype)
 
-    def check_ids(self, key: Any, ids: np.ndarray, what: str) -> None:
-        """Raise a ValueError naming the key and the first id out of range."""
+    def check_ids(self, key: Any, ids: np.ndarray, what: str, uniq: Any = None) -> None:
+        """Raise a ValueError naming the key and the first id out of range (``uniq``:
+        ``ids`` sorted and distinct, whose ends tell when every id is in range)."""
         if ids.size == 0:
             return
         rows = self.table.rows
+        if uniq is not None and uniq[0] >= 0 and (rows is None or uniq[-1] < rows):
+            return
         bad = ids < 0 if rows is None else (ids < 0) | (ids >= rows)
         if bad.any():
             i = int(ids[np.argmax(bad)])
@@ -170,7 +173,7 @@ class SparseKeys:
         if self.kv.compressor is not None:
             raise ValueError(f"{what}: 2-bit compression is for dense keys")
         ids, rows = coalesce(value, tm.table.cols, tm.dtype, what)
-        tm.check_ids(key, ids, "push")
+        tm.check_ids(key, ids, "push", ids)  # (sorted and distinct)
         if self.kv.sync:
             self.kv.dense.round_credit(tm)
             tm.rounds += 1
@@ -217,8 +220,8 @@ class SparseKeys:
 
     def _pull_rows(self, key: Any, tm: TableMeta, ids: np.ndarray, out: Any, priority: int):
         what = f"row_sparse_pull of key {key!r}"
-        tm.check_ids(key, ids, "row_sparse_pull")
         uniq, inv = distinct_inverse(ids)  # (repeated ids travel once)
+        tm.check_ids(key, ids, "row_sparse_pull", uniq)
         cols = tm.table.cols
         rows = np.empty((uniq.size, cols), tm.dtype)
         S = tm.nparts
