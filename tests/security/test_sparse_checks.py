@@ -78,7 +78,7 @@ def test_a_worker_far_ahead_is_refused_and_a_table_is_not_redeclared_mid_round()
     """One worker pushes on while the other has not: its requests wait for later rounds up
     to MAX_AHEAD, then are refused (its memory stays bounded); a sinit that would replace
     the table while a round is open is refused, and the round still completes."""
-    from hetps.kvstore import tables
+    from hetps.tables.server import MAX_AHEAD
 
     node = _Node({9: "worker", 11: "worker"})
     srv = new_server(node)
@@ -86,9 +86,9 @@ def test_a_worker_far_ahead_is_refused_and_a_table_is_not_redeclared_mid_round()
     sh = srv.tables.shards["t", 0]
     body = {"k": "t", "part": 0, "sync": True}
     row = [np.array([1], np.int64), np.ones(2, np.float32)]
-    for i in range(tables.MAX_AHEAD + 5):
+    for i in range(MAX_AHEAD + 5):
         srv.handle(Message("spush", sender=9, req=100 + i, body=body, arrays=list(row)))
-    assert len(sh.backlog) == tables.MAX_AHEAD
+    assert len(sh.backlog) == MAX_AHEAD
     refused = [r for r in node.replies if r[1] and "requests ahead" in r[1].get("error", "")]
     assert len(refused) == 4
     srv.handle(Message("sinit", sender=11, req=2, body={**DECL, "rows": 8}))
