@@ -15,15 +15,15 @@ from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
 from hetps.config import NodeConfig
+from hetps.device import aggregator as ondevice
+from hetps.device.aggregator import Device, DeviceAggregator
 from hetps.esync.service import EsyncService
 from hetps.faults.elastic import ElasticWorkers
 from hetps.faults.elastic_rounds import ElasticRounds
 from hetps.faults.recovery import Recovery
 from hetps.faults.replicas import Replication
 from hetps.faults.takeover import Takeover
-from hetps.kvstore import ondevice
 from hetps.kvstore.aggregate import Aggregator
-from hetps.kvstore.ondevice import Device, DeviceAggregator
 from hetps.kvstore.server import KVServer
 from hetps.kvstore.tables import machine_memory
 from hetps.optim import kernels
@@ -157,7 +157,7 @@ def run_server(cfg: NodeConfig) -> int:
         except (ImportError, RuntimeError, ValueError) as exc:
             print(f"hetps server: {exc}", file=sys.stderr, flush=True)
             return 2
-        # (its first round says where it ran: hetps.kvstore.ondevice.DeviceAggregator.tell)
+        # (its first round says where it ran: hetps.device.aggregator.DeviceAggregator.tell)
     node = new_node(cfg)
     kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
     server = new_server(node, device=device)

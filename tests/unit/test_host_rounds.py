@@ -128,7 +128,7 @@ def test_a_device_server_sums_hosts_in_the_same_order():
     """On a device server (torch's CPU device: the same code as on CUDA) the round's value
     is the CPU server's, bit for bit."""
     pytest.importorskip("torch")
-    from hetps.kvstore import ondevice
+    from hetps.device import aggregator as ondevice
     from hetps.kvstore.aggregate import Aggregator
     from hetps.kvstore.hostrounds import merge_by_host
     from hetps.kvstore.slices import Slice

@@ -4,7 +4,7 @@ slice and applies the result (the optimizer's step, or the sum as the new value)
 This is the part of :class:`~hetps.kvstore.server.KVServer` that touches every pushed byte,
 so it is where the way of summing is decided: here on the CPU, in place, on the kernel
 threads (:mod:`hetps.optim.kernels`, ``HETPS_SERVER_THREADS``); on a device with
-:class:`~hetps.kvstore.ondevice.DeviceAggregator` (``HETPS_SERVER_DEVICE``). The server
+:class:`~hetps.device.aggregator.DeviceAggregator` (``HETPS_SERVER_DEVICE``). The server
 hands it checked pushes (the protocol and its checks are the server's) and is told when a
 round is complete; what is summed, in which order and into which buffer is decided here:
 
@@ -43,7 +43,7 @@ class Aggregator:
     # -- hooks the server calls -------------------------------------------------------------
     def value_changed(self, sl: Slice) -> None:
         """``sl.value`` was written in place (an init): nothing to do here; an aggregator
-        that keeps a copy of it elsewhere (:mod:`hetps.kvstore.ondevice`) takes it again."""
+        that keeps a copy of it elsewhere (:mod:`hetps.device.aggregator`) takes it again."""
 
     def host_state(self, sl: Slice) -> Any:
         """``sl``'s optimizer state as host arrays (what ``get_states`` sends): here it is."""

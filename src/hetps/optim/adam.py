@@ -9,10 +9,12 @@ import numpy as np
 
 from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.registry import optimizer
 
 __all__ = ["Adam"]
 
 
+@optimizer("adam")
 class Adam(Optimizer):
     """Adam with MXNet's exact order of operations.
 
@@ -104,3 +106,40 @@ class Adam(Optimizer):
 
         # chunk by chunk on the kernel threads (hetps.optim.kernels): the same arithmetic
         kernels.run(body, [weight, grad, state["mean"], state["var"]], scratch=2, dtype=dtype)
+
+    def device_step(self, torch: Any, w: Any, grad: Any, state: dict, scratch: list) -> None:
+        """:meth:`update` on torch tensors, on a server's device: the same operations in the
+        same order and dtypes (weights within float rounding of the host step's: torch's
+        square root is not correctly rounded in every kernel)."""
+        c = kernels.torch_scalar(torch, kernels.torch_compute_dtype(torch, w))
+        state["t"] += 1
+        t_ = state["t"]
+        lr_t = self.learning_rate * math.sqrt(1.0 - self.beta2**t_) / (1.0 - self.beta1**t_)
+        clip = (
+            self.clip_gradient
+            if self.clip_gradient is not None and self.clip_gradient > 0
+            else None
+        )
+        mean, var = state["mean"], state["var"]
+        g, t = scratch
+        src = kernels.torch_rescaled(grad, self.rescale_grad, None, g, c)
+        if self.wd != 0.0:
+            t.copy_(w)
+            t.mul_(c(self.wd))
+            torch.add(src, t, out=g)
+            src = g
+        if clip is not None:
+            torch.clamp(src, c(-clip), c(clip), out=g)
+            src = g
+        mean.mul_(c(self.beta1))
+        torch.mul(src, c(1.0 - self.beta1), out=t)
+        mean.add_(t)
+        torch.mul(src, src, out=g)
+        var.mul_(c(self.beta2))
+        torch.mul(g, c(1.0 - self.beta2), out=t)
+        var.add_(t)
+        torch.sqrt(var, out=g)
+        g.add_(c(self.epsilon))
+        torch.div(mean, g, out=g)
+        g.mul_(c(-lr_t))
+        w.add_(g)

@@ -23,6 +23,7 @@ import numpy as np
 
 from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.registry import optimizer
 
 __all__ = ["DCASGD", "dcasgd_delta", "dcasgd_gradient"]
 
@@ -86,6 +87,7 @@ def dcasgd_delta(
     return new_mom, new_mom
 
 
+@optimizer("dcasgd")
 class DCASGD(Optimizer):
     """DC-ASGD with a weight backup per worker.
 

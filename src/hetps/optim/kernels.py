@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -249,4 +250,29 @@ def sum_into(out: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
     if not arrays:
         raise ValueError("sum_into needs at least one array")
     run(_sum_body, [out, *arrays])
+    return out
+
+
+# -- the same arithmetic on torch tensors, for the optimizers' device steps -------------------
+# (``torch`` is handed in: this layer imports no torch. One torch operation for each NumPy one,
+# in the same order and dtypes, each scalar rounded to the compute dtype as NumPy rounds it.)
+def torch_compute_dtype(torch: Any, weight: Any) -> Any:
+    """float32 for a float16 weight, else the weight's dtype (as base.compute_dtype)."""
+    return torch.float32 if weight.dtype == torch.float16 else weight.dtype
+
+
+def torch_scalar(torch: Any, dtype: Any) -> Callable[[float], float]:
+    """A scalar as NumPy rounds it to ``dtype`` (a Python float torch casts exactly)."""
+    np_type = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
+    return lambda x: float(np_type(x))
+
+
+def torch_rescaled(grad: Any, rescale: float, clip: float | None, out: Any, c: Callable) -> Any:
+    """:func:`rescaled` on torch tensors: ``clip(rescale * grad)`` into ``out``, or ``grad``."""
+    if rescale == 1.0 and grad.dtype == out.dtype and clip is None:
+        return grad
+    out.copy_(grad)  # (a float16 gradient widened exactly, as NumPy's dtype= casts it)
+    out.mul_(c(rescale))
+    if clip is not None:
+        out.clamp_(c(-clip), c(clip))
     return out

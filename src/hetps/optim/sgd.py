@@ -8,10 +8,12 @@ import numpy as np
 
 from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.registry import optimizer
 
 __all__ = ["SGD"]
 
 
+@optimizer("sgd")
 class SGD(Optimizer):
     """SGD with momentum and weight decay, exactly as MXNet's ``sgd_update``/``sgd_mom_update``.
 
@@ -41,6 +43,20 @@ class SGD(Optimizer):
             return None
         return {"mom": np.zeros(weight.shape, dtype=dtype)}
 
+    def scratch_buffers(self) -> int:
+        """One scratch buffer, a second for weight decay."""
+        return 2 if self.wd != 0.0 else 1
+
+    def _momentum(self, state: Any) -> Any:
+        """The momentum buffer of ``state`` (None without momentum)."""
+        if self.momentum == 0.0:
+            return None
+        if state is None:
+            raise ValueError(
+                f"SGD(momentum={self.momentum}) needs the state from create_state(); got None"
+            )
+        return state["mom"]
+
     def update(
         self, key: Key, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray] | None
     ) -> None:
@@ -48,13 +64,7 @@ class SGD(Optimizer):
         see :mod:`hetps.optim.kernels`; the same arithmetic as on whole arrays)."""
         dtype = compute_dtype(weight)
         grad = self._check_grad(weight, grad)
-        mom = None
-        if self.momentum != 0.0:
-            if state is None:
-                raise ValueError(
-                    f"SGD(momentum={self.momentum}) needs the state from create_state(); got None"
-                )
-            mom = state["mom"]
+        mom = self._momentum(state)
         rescale, clip, wd = self.rescale_grad, self.clip_gradient, self.wd
         lr, momentum = self.learning_rate, self.momentum
         clip = clip if clip is not None and clip > 0 else None
@@ -78,4 +88,28 @@ class SGD(Optimizer):
             m -= g
             np.add(w, m, out=w, casting="same_kind")
 
-        kernels.run(body, [weight, grad, mom], scratch=2 if wd != 0.0 else 1, dtype=dtype)
+        kernels.run(body, [weight, grad, mom], scratch=self.scratch_buffers(), dtype=dtype)
+
+    def device_step(self, torch: Any, w: Any, grad: Any, state: Any, scratch: list) -> None:
+        """:meth:`update` on torch tensors, on a server's device: the same operations in the
+        same order and dtypes, so the weights equal the host step's bit for bit."""
+        c = kernels.torch_scalar(torch, kernels.torch_compute_dtype(torch, w))
+        mom = self._momentum(state)
+        clip = self.clip_gradient
+        clip = clip if clip is not None and clip > 0 else None
+        g = scratch[0]
+        src = kernels.torch_rescaled(grad, self.rescale_grad, clip, g, c)
+        if self.wd != 0.0:
+            t = scratch[1]
+            t.copy_(w)
+            t.mul_(c(self.wd))
+            torch.add(src, t, out=g)
+            src = g
+        if mom is None:
+            torch.mul(src, c(-self.learning_rate), out=g)
+            w.add_(g)
+            return
+        mom.mul_(c(self.momentum))
+        torch.mul(src, c(self.learning_rate), out=g)
+        mom.sub_(g)
+        w.add_(mom)

@@ -7,8 +7,9 @@ What lives where, for a key of float16/32/64 values:
   message into one of two reused host buffers, used in turn (page-locked on CUDA: the next
   chunk fills one while the other's copy runs), from there to the device, and added there,
   in arrival order (the CPU server's order: the same sums);
-* with the built-in SGD or Adam (the exact classes) the weight and the optimizer state live
-  on the device and the step runs there (:mod:`hetps.kvstore.device_steps`); the new weight
+* with an optimizer whose own class defines ``device_step`` (SGD's and Adam's, beside their
+  host steps in :mod:`hetps.optim`) the weight and the optimizer state live on the device and
+  the step runs there; the new weight
   is copied to a host buffer once per round (per update in ``dist_async``), and every pull
   is answered from that buffer;
 * with no optimizer (summation-only servers) the sum is copied to the host once per round
@@ -35,11 +36,16 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore import device_steps as steps
 from hetps.kvstore.aggregate import Aggregator
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.slices import BadRequest, Slice
+from hetps.optim import registered
+from hetps.optim.base import device_step_of
+from hetps.optim.kernels import torch_compute_dtype
 from hetps.transport.codec import Message
+
+#: NumPy dtype -> torch dtype name, for the values a device server holds on the device
+FLOATS = {np.dtype("<f2"): "float16", np.dtype("<f4"): "float32", np.dtype("<f8"): "float64"}
 
 #: what HETPS_SERVER_DEVICE may say (the testing stand-in included)
 FORMS = "cpu, cuda, cuda:N (N a device index) or torch:cpu (the device code on the CPU, tests)"
@@ -110,14 +116,14 @@ class Device:
     what goes to the device (page-locked on CUDA; before one is written again the copy that
     read it has finished, while the other one's copy may still run), the device buffers
     they land in, scratch buffers for the steps. On CUDA every call goes through ``driver``
-    (:class:`hetps.kvstore.devices.TorchCuda`, or the tests' stand-in of it)."""
+    (:class:`hetps.device.staging.TorchCuda`, or the tests' stand-in of it)."""
 
     def __init__(self, torch: Any, device: Any, spec: str = "", driver: Any = None) -> None:
         self.torch = torch
         self.device = device
         self.spec = spec or str(device)  # as HETPS_SERVER_DEVICE named it
         if driver is None and device.type == "cuda":
-            from hetps.kvstore.devices import TorchCuda
+            from hetps.device.staging import TorchCuda
 
             driver = TorchCuda()
         self.gpu = driver
@@ -132,7 +138,7 @@ class Device:
         return f"Device({self.device})"
 
     def dtype(self, np_dtype: np.dtype) -> Any:
-        return getattr(self.torch, steps.FLOATS[np.dtype(np_dtype)])
+        return getattr(self.torch, FLOATS[np.dtype(np_dtype)])
 
     def empty(self, n: int, np_dtype: np.dtype) -> Any:
         return self.torch.empty(n, dtype=self.dtype(np_dtype), device=self.device)
@@ -240,10 +246,11 @@ class DeviceAggregator(Aggregator):
         self.told.add(name)
         if optimizer is None:
             what = "no optimizer: the sum is the value"
-        elif steps.supported(optimizer):
+        elif device_step_of(optimizer) is not None:
             what = f"{name} steps on the device"
         else:
-            what = f"{name} steps on the host (only SGD and Adam have a device step)"
+            has = [c.__name__ for c in registered().values() if device_step_of(c) is not None]
+            what = f"{name} steps on the host (only {' and '.join(has)} have a device step)"
         print(
             f"hetps server: summing on {self.device.device} "
             f"(HETPS_SERVER_DEVICE={self.device.spec}), {what}",
@@ -253,7 +260,7 @@ class DeviceAggregator(Aggregator):
 
     def here(self, sl: Slice) -> bool:
         """Whether ``sl``'s arithmetic runs on the device (float values)."""
-        return sl.value.dtype in steps.FLOATS
+        return sl.value.dtype in FLOATS
 
     def slot(self, sl: Slice) -> DeviceSlot:
         got = self.slots.get(sl.skey)
@@ -270,7 +277,7 @@ class DeviceAggregator(Aggregator):
     def host_state(self, sl: Slice) -> Any:
         got = self.slots.get(sl.skey)
         if got is not None and got.state is not None and got.state_of is sl.state:
-            sl.state = got.state_of = steps.state_to_host(got.state)
+            sl.state = got.state_of = state_to_host(got.state)
         return sl.state
 
     # -- a dist_sync round ------------------------------------------------------------------
@@ -328,7 +335,7 @@ class DeviceAggregator(Aggregator):
         if optimizer is None:
             self._publish(sl, got, merged)  # the sum is the value
             got.weight_of = None
-        elif steps.supported(optimizer):
+        elif device_step_of(optimizer) is not None:
             self._step(sl, got, optimizer, merged)
         else:
             self._host_apply(sl, got, merged, -1)
@@ -345,7 +352,7 @@ class DeviceAggregator(Aggregator):
         optimizer = self.optimizer()
         if self.here(sl):
             self.tell(optimizer)
-        if not self.here(sl) or not steps.supported(optimizer):
+        if not self.here(sl) or device_step_of(optimizer) is None:
             super().apply(sl, grad, worker)
             self.value_changed(sl)
             return
@@ -358,14 +365,14 @@ class DeviceAggregator(Aggregator):
             sl.state = optimizer.create_state(sl.skey, sl.value)
             sl.has_state = True
         if got.state is None or got.state_of is not sl.state:
-            got.state = steps.state_to_device(sl.state, self.device.new_copy)
+            got.state = state_to_device(sl.state, self.device.new_copy)
             got.state_of = sl.state
         t0 = time.perf_counter()
         w = got.weight
         scratch = self.device.scratch(
-            w.numel(), steps.compute_dtype(self.torch, w), steps.scratch_count(optimizer)
+            w.numel(), torch_compute_dtype(self.torch, w), optimizer.scratch_buffers()
         )
-        steps.step(self.torch, optimizer, w, grad, got.state, scratch)
+        optimizer.device_step(self.torch, w, grad, got.state, scratch)
         self._publish(sl, got, w)
         got.weight_of = sl.value
         self.opt_s += time.perf_counter() - t0  # (the copy back included)
@@ -394,3 +401,23 @@ class DeviceAggregator(Aggregator):
         got.host = buf
         sl.inflight = []
         got.host_spare = None if busy else old
+
+
+def state_to_device(state: Any, upload: Any) -> Any:
+    """A host optimizer state (None, or a dict of arrays and numbers) with each array made a
+    device tensor by ``upload(array)``; numbers (Adam's ``t``) kept."""
+    if state is None:
+        return None
+    if not isinstance(state, dict):
+        raise TypeError(f"a device step takes a dict state, got {type(state).__name__}")
+    return {k: upload(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
+
+
+def state_to_host(state: Any) -> Any:
+    """The device state as the host optimizer keeps it: NumPy arrays, numbers kept (what
+    get_states pickles, so a checkpoint reads the same from a CPU or a device server)."""
+    if state is None:
+        return None
+    return {
+        k: v.to("cpu", copy=True).numpy() if hasattr(v, "numpy") else v for k, v in state.items()
+    }
