@@ -15,6 +15,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
 from hetps.config import NodeConfig
+from hetps.config.table import optimizer_names
 from hetps.device import aggregator as ondevice
 from hetps.device.aggregator import Device, DeviceAggregator
 from hetps.esync.service import EsyncService
@@ -164,6 +165,7 @@ def run_server(cfg: NodeConfig) -> int:
     # HETPS_TABLE_MAX_BYTES: the embedding tables' cap (0: half of this machine's memory)
     server.tables.cap = cfg.table_max_bytes or machine_memory() // 2
     server.tables.pull_bound = cfg.table_pull_bytes  # HETPS_TABLE_PULL_BYTES
+    server.optimizers = optimizer_names(cfg.optimizers)  # what set_optimizer may send
     node.handler = server.handle
     node.lend(KVServer.BORROWS)  # pushes are merged straight out of the ring
     meter = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from hetps.config.table import use_optimizer_registry
 from hetps.optim.base import Optimizer
 
 __all__ = ["create", "optimizer", "register", "registered", "registered_names"]
@@ -35,7 +36,7 @@ def register(klass: _OptimizerT, name: str | None = None) -> _OptimizerT:
     """Register an :class:`Optimizer` subclass under ``name`` (default: its class name).
 
     Names are case-insensitive. A class registered in an importable module is one a server
-    with ``HETPS__REGISTRY`` set to names takes by name; one of a worker's ``__main__`` is
+    with ``HETPS_OPTIMIZERS`` set to names takes by name; one of a worker's ``__main__`` is
     known to that worker's :func:`create` only.
 
     Raises:
@@ -77,3 +78,6 @@ def create(name: str, **kwargs: Any) -> Optimizer:
             "(or pass an Optimizer instance / register() your own class)"
         )
     return klass(**kwargs)
+
+
+use_optimizer_registry(registered_names)  # HETPS_OPTIMIZERS' names (config imports no optim)
