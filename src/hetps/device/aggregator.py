@@ -41,7 +41,7 @@ from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.optim import registered
 from hetps.optim.base import device_step_of
-from hetps.optim.kernels import torch_compute_dtype
+from hetps.optim.kernels import TorchOps
 from hetps.transport.codec import Message
 
 #: NumPy dtype -> torch dtype name, for the values a device server holds on the device
@@ -370,7 +370,7 @@ class DeviceAggregator(Aggregator):
         t0 = time.perf_counter()
         w = got.weight
         scratch = self.device.scratch(
-            w.numel(), torch_compute_dtype(self.torch, w), optimizer.scratch_buffers()
+            w.numel(), TorchOps(self.torch, w).dtype, optimizer.scratch_buffers()
         )
         optimizer.device_step(self.torch, w, grad, got.state, scratch)
         self._publish(sl, got, w)

@@ -253,26 +253,80 @@ def sum_into(out: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
-# -- the same arithmetic on torch tensors, for the optimizers' device steps -------------------
-# (``torch`` is handed in: this layer imports no torch. One torch operation for each NumPy one,
-# in the same order and dtypes, each scalar rounded to the compute dtype as NumPy rounds it.)
-def torch_compute_dtype(torch: Any, weight: Any) -> Any:
-    """float32 for a float16 weight, else the weight's dtype (as base.compute_dtype)."""
-    return torch.float32 if weight.dtype == torch.float16 else weight.dtype
+# -- a step written once, for NumPy arrays and torch tensors ---------------------------------
+class NumpyOps:
+    """The element-wise operations a step is written in, on NumPy arrays of the compute
+    ``dtype`` (float16 weights computed in float32). :class:`TorchOps` does each one the same
+    way on torch tensors, so a step written in these runs on the host and on a device."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.dtype = dtype
+
+    def rescaled(self, grad: Any, rescale: float, clip: float | None, out: Any) -> Any:
+        """``clip(rescale * grad)`` into ``out``, or ``grad`` (see :func:`rescaled`)."""
+        return rescaled(grad, rescale, clip, self.dtype, out)
+
+    def scale(self, a: Any, s: float, out: Any) -> Any:
+        return np.multiply(a, s, dtype=self.dtype, out=out)
+
+    def add(self, a: Any, b: Any, out: Any) -> Any:
+        return np.add(a, b, out=out, casting="same_kind")  # (out may be a float16 weight)
+
+    def mul(self, a: Any, b: Any, out: Any) -> Any:
+        return np.multiply(a, b, out=out)
+
+    def div(self, a: Any, b: Any, out: Any) -> Any:
+        return np.divide(a, b, out=out)
+
+    def clip(self, a: Any, bound: float, out: Any) -> Any:
+        return np.clip(a, -bound, bound, out=out)
+
+    def sqrt(self, a: Any, out: Any) -> Any:
+        return np.sqrt(a, out=out)
+
+    def shift(self, a: Any, s: float) -> Any:
+        a += s
+        return a
 
 
-def torch_scalar(torch: Any, dtype: Any) -> Callable[[float], float]:
-    """A scalar as NumPy rounds it to ``dtype`` (a Python float torch casts exactly)."""
-    np_type = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
-    return lambda x: float(np_type(x))
+class TorchOps(NumpyOps):
+    """:class:`NumpyOps` on torch tensors (``torch`` handed in: this layer imports no torch),
+    for a step on a server's device: one torch operation for each NumPy one, in the same
+    dtypes, each scalar rounded to the compute dtype as NumPy rounds it. Adds, multiplies and
+    clips are correctly rounded on the CPU and on CUDA, so the results are NumPy's bit for
+    bit; a square root may differ in the last bit in some torch kernels."""
 
+    def __init__(self, torch: Any, weight: Any) -> None:
+        self.torch = torch
+        super().__init__(torch.float32 if weight.dtype == torch.float16 else weight.dtype)
+        self.round = {torch.float32: np.float32, torch.float64: np.float64}[self.dtype]
 
-def torch_rescaled(grad: Any, rescale: float, clip: float | None, out: Any, c: Callable) -> Any:
-    """:func:`rescaled` on torch tensors: ``clip(rescale * grad)`` into ``out``, or ``grad``."""
-    if rescale == 1.0 and grad.dtype == out.dtype and clip is None:
-        return grad
-    out.copy_(grad)  # (a float16 gradient widened exactly, as NumPy's dtype= casts it)
-    out.mul_(c(rescale))
-    if clip is not None:
-        out.clamp_(c(-clip), c(clip))
-    return out
+    def rescaled(self, grad: Any, rescale: float, clip: float | None, out: Any) -> Any:
+        if rescale == 1.0 and grad.dtype == self.dtype and clip is None:
+            return grad
+        out = self.scale(grad, rescale, out)  # (a float16 gradient widened exactly first)
+        return out if clip is None else self.clip(out, clip, out)
+
+    def scale(self, a: Any, s: float, out: Any) -> Any:
+        if a is not out:
+            out.copy_(a)
+        return out.mul_(float(self.round(s)))
+
+    def add(self, a: Any, b: Any, out: Any) -> Any:
+        return out.add_(b) if a is out else self.torch.add(a, b, out=out)
+
+    def mul(self, a: Any, b: Any, out: Any) -> Any:
+        return self.torch.mul(a, b, out=out)
+
+    def div(self, a: Any, b: Any, out: Any) -> Any:
+        return self.torch.div(a, b, out=out)
+
+    def clip(self, a: Any, bound: float, out: Any) -> Any:
+        c = float(self.round(bound))
+        return self.torch.clamp(a, -c, c, out=out)
+
+    def sqrt(self, a: Any, out: Any) -> Any:
+        return self.torch.sqrt(a, out=out)
+
+    def shift(self, a: Any, s: float) -> Any:
+        return a.add_(float(self.round(s)))

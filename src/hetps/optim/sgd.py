@@ -62,54 +62,32 @@ class SGD(Optimizer):
     ) -> None:
         """Apply one SGD step to ``weight`` in place (chunk by chunk, on the kernel threads:
         see :mod:`hetps.optim.kernels`; the same arithmetic as on whole arrays)."""
-        dtype = compute_dtype(weight)
+        ops = kernels.NumpyOps(compute_dtype(weight))
         grad = self._check_grad(weight, grad)
         mom = self._momentum(state)
-        rescale, clip, wd = self.rescale_grad, self.clip_gradient, self.wd
-        lr, momentum = self.learning_rate, self.momentum
-        clip = clip if clip is not None and clip > 0 else None
 
         def body(views: list, scratch: list) -> None:
-            w, gr, m = views
-            g = scratch[0]
-            # g = clip(rescale_grad * grad) + wd * weight, in the compute dtype
-            src = kernels.rescaled(gr, rescale, clip, dtype, g)
-            if wd != 0.0:
-                t = scratch[1]
-                np.multiply(w, wd, dtype=dtype, out=t)
-                np.add(src, t, out=g)
-                src = g
-            if m is None:
-                np.multiply(src, -lr, out=g)
-                np.add(w, g, out=w, casting="same_kind")
-                return
-            m *= momentum
-            np.multiply(src, lr, out=g)
-            m -= g
-            np.add(w, m, out=w, casting="same_kind")
+            self._step(ops, *views, scratch)
 
-        kernels.run(body, [weight, grad, mom], scratch=self.scratch_buffers(), dtype=dtype)
+        kernels.run(body, [weight, grad, mom], scratch=self.scratch_buffers(), dtype=ops.dtype)
 
     def device_step(self, torch: Any, w: Any, grad: Any, state: Any, scratch: list) -> None:
-        """:meth:`update` on torch tensors, on a server's device: the same operations in the
-        same order and dtypes, so the weights equal the host step's bit for bit."""
-        c = kernels.torch_scalar(torch, kernels.torch_compute_dtype(torch, w))
-        mom = self._momentum(state)
+        """:meth:`update` on torch tensors, on a server's device: the same step, so the
+        weights equal the host step's bit for bit."""
+        self._step(kernels.TorchOps(torch, w), w, grad, self._momentum(state), scratch)
+
+    def _step(self, ops: kernels.NumpyOps, w: Any, gr: Any, mom: Any, scratch: list) -> None:
+        """The step, written once for the host's arrays and a device's tensors (``ops``)."""
         clip = self.clip_gradient
         clip = clip if clip is not None and clip > 0 else None
         g = scratch[0]
-        src = kernels.torch_rescaled(grad, self.rescale_grad, clip, g, c)
+        # g = clip(rescale_grad * grad) + wd * weight, in the compute dtype
+        src = ops.rescaled(gr, self.rescale_grad, clip, g)
         if self.wd != 0.0:
-            t = scratch[1]
-            t.copy_(w)
-            t.mul_(c(self.wd))
-            torch.add(src, t, out=g)
-            src = g
+            src = ops.add(src, ops.scale(w, self.wd, scratch[1]), g)
         if mom is None:
-            torch.mul(src, c(-self.learning_rate), out=g)
-            w.add_(g)
+            ops.add(w, ops.scale(src, -self.learning_rate, g), w)
             return
-        mom.mul_(c(self.momentum))
-        torch.mul(src, c(self.learning_rate), out=g)
-        mom.sub_(g)
-        w.add_(mom)
+        ops.scale(mom, self.momentum, mom)  # mom = momentum * mom - learning_rate * g
+        ops.add(mom, ops.scale(src, -self.learning_rate, g), mom)
+        ops.add(w, mom, w)
