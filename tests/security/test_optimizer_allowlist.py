@@ -45,8 +45,9 @@ def test_a_server_takes_only_the_listed_optimizers(cluster, tmp_path):
     ):
         said = [line for line in out.splitlines() if f"REFUSED {name} " in line]
         assert said, (name, out)
-        assert f"the optimizer's pickle names {named}, and this server takes only dcasgd, sgd " in (
-            said[0]
+        assert (
+            f"the optimizer's pickle names {named}, and this server takes only dcasgd, sgd "
+            in (said[0])
         ), said
         assert "(HETPS_OPTIMIZERS)" in said[0]
     assert "TAKEN" not in out, out

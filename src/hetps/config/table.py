@@ -34,26 +34,24 @@ def use_optimizer_registry(names: Callable[[], Sequence[str]]) -> None:
 
 
 def optimizer_choices() -> tuple[str, ...] | None:
-    """``HETPS_OPTIMIZERS``' values: any and every registered optimizer; None where the
-    registry is not imported (nothing there loads an optimizer)."""
+    """``HETPS_OPTIMIZERS``' names: any and every registered optimizer (None: not known)."""
     return ("any", *_optimizer_names[0]()) if _optimizer_names else None
 
 
 def optimizer_names(text: str) -> frozenset[str] | None:
     """The names ``HETPS_OPTIMIZERS=text`` lets a server take; None for ``any``."""
-    names = frozenset(n.strip().lower() for n in text.split(",") if n.strip())
+    names = frozenset(n.strip().lower() for n in text.split(","))
     return None if "any" in names else names
 
 
 def _optimizers_check(text: str, values: Mapping[str, Any]) -> str | None:
-    names, known = optimizer_names(text), optimizer_choices()
-    if names is not None and not names:
-        return "HETPS_OPTIMIZERS is empty: set it to any, or to names of optimizers"
-    unknown = sorted(names - set(known)) if names is not None and known is not None else []
-    if unknown:
+    names, known = optimizer_names(text) or frozenset(), optimizer_choices()
+    wrong = sorted(n for n in names if not n or (known is not None and n not in known))
+    if wrong:
         return (
-            f"HETPS_OPTIMIZERS names {', '.join(unknown)}, not a registered optimizer: set it "
-            f"to any or a comma list of {', '.join(known[1:])}"
+            f"HETPS_OPTIMIZERS names {', '.join(map(repr, wrong))}, not a registered "
+            f"optimizer: set it to any or a comma list of "
+            f"{', '.join(known[1:]) if known else 'registered optimizers'}"
         )
     return None
 

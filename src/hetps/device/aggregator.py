@@ -277,7 +277,13 @@ class DeviceAggregator(Aggregator):
     def host_state(self, sl: Slice) -> Any:
         got = self.slots.get(sl.skey)
         if got is not None and got.state is not None and got.state_of is sl.state:
-            sl.state = got.state_of = state_to_host(got.state)
+            # as the host optimizer keeps it (what get_states pickles: a checkpoint reads the
+            # same from a CPU or a device server): NumPy arrays, numbers (Adam's t) kept
+            host = {
+                k: v.to("cpu", copy=True).numpy() if hasattr(v, "numpy") else v
+                for k, v in got.state.items()
+            }
+            sl.state = got.state_of = host
         return sl.state
 
     # -- a dist_sync round ------------------------------------------------------------------
@@ -365,7 +371,12 @@ class DeviceAggregator(Aggregator):
             sl.state = optimizer.create_state(sl.skey, sl.value)
             sl.has_state = True
         if got.state is None or got.state_of is not sl.state:
-            got.state = state_to_device(sl.state, self.device.new_copy)
+            if sl.state is not None and not isinstance(sl.state, dict):
+                raise TypeError(f"a device step takes a dict state, got {type(sl.state).__name__}")
+            up = self.device.new_copy  # each array of the state a device tensor, numbers kept
+            got.state = sl.state and {
+                k: up(v) if isinstance(v, np.ndarray) else v for k, v in sl.state.items()
+            }
             got.state_of = sl.state
         t0 = time.perf_counter()
         w = got.weight
@@ -401,23 +412,3 @@ class DeviceAggregator(Aggregator):
         got.host = buf
         sl.inflight = []
         got.host_spare = None if busy else old
-
-
-def state_to_device(state: Any, upload: Any) -> Any:
-    """A host optimizer state (None, or a dict of arrays and numbers) with each array made a
-    device tensor by ``upload(array)``; numbers (Adam's ``t``) kept."""
-    if state is None:
-        return None
-    if not isinstance(state, dict):
-        raise TypeError(f"a device step takes a dict state, got {type(state).__name__}")
-    return {k: upload(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
-
-
-def state_to_host(state: Any) -> Any:
-    """The device state as the host optimizer keeps it: NumPy arrays, numbers kept (what
-    get_states pickles, so a checkpoint reads the same from a CPU or a device server)."""
-    if state is None:
-        return None
-    return {
-        k: v.to("cpu", copy=True).numpy() if hasattr(v, "numpy") else v for k, v in state.items()
-    }

@@ -31,7 +31,6 @@ __all__ = [
     "MAX_DEFAULT_THREADS",
     "MIN_PARALLEL",
     "add_into",
-    "rescaled",
     "run",
     "set_threads",
     "sum_into",
@@ -207,20 +206,6 @@ def run(
         raise error
 
 
-def rescaled(
-    grad: np.ndarray, rescale: float, clip: float | None, dtype: np.dtype, out: np.ndarray
-) -> np.ndarray:
-    """``clip(rescale * grad)`` in ``dtype``: written into ``out`` and returned, or ``grad``
-    itself when that is the same values (``rescale`` 1, ``grad`` already in ``dtype``, no
-    ``clip``: multiplying by 1 is exact), which saves a pass. Never writes to ``grad``."""
-    if rescale == 1.0 and grad.dtype == dtype and clip is None:
-        return grad
-    np.multiply(grad, rescale, dtype=dtype, out=out)
-    if clip is not None:
-        np.clip(out, -clip, clip, out=out)
-    return out
-
-
 def _add_body(views: list, scratch: list) -> None:
     out, a, b = views
     np.add(a, b, out=out)
@@ -263,8 +248,14 @@ class NumpyOps:
         self.dtype = dtype
 
     def rescaled(self, grad: Any, rescale: float, clip: float | None, out: Any) -> Any:
-        """``clip(rescale * grad)`` into ``out``, or ``grad`` (see :func:`rescaled`)."""
-        return rescaled(grad, rescale, clip, self.dtype, out)
+        """``clip(rescale * grad)`` in the compute dtype: written into ``out`` and returned,
+        or ``grad`` itself when that is the same values (``rescale`` 1, ``grad`` already in
+        the dtype, no ``clip``: multiplying by 1 is exact), which saves a pass. Never writes
+        to ``grad``."""
+        if rescale == 1.0 and grad.dtype == self.dtype and clip is None:
+            return grad
+        out = self.scale(grad, rescale, out)  # (a float16 gradient widened exactly first)
+        return out if clip is None else self.clip(out, clip, out)
 
     def scale(self, a: Any, s: float, out: Any) -> Any:
         return np.multiply(a, s, dtype=self.dtype, out=out)
@@ -300,12 +291,6 @@ class TorchOps(NumpyOps):
         self.torch = torch
         super().__init__(torch.float32 if weight.dtype == torch.float16 else weight.dtype)
         self.round = {torch.float32: np.float32, torch.float64: np.float64}[self.dtype]
-
-    def rescaled(self, grad: Any, rescale: float, clip: float | None, out: Any) -> Any:
-        if rescale == 1.0 and grad.dtype == self.dtype and clip is None:
-            return grad
-        out = self.scale(grad, rescale, out)  # (a float16 gradient widened exactly first)
-        return out if clip is None else self.clip(out, clip, out)
 
     def scale(self, a: Any, s: float, out: Any) -> Any:
         if a is not out:
