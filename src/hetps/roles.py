@@ -17,7 +17,7 @@ from hetps.cluster.scheduler import Scheduler
 from hetps.config import NodeConfig
 from hetps.config.table import optimizer_names
 from hetps.device import aggregator as ondevice
-from hetps.device.aggregator import Device, DeviceAggregator
+from hetps.device.aggregator import Device, DeviceRounds
 from hetps.esync.service import EsyncService
 from hetps.faults.elastic import ElasticWorkers
 from hetps.faults.elastic_rounds import ElasticRounds
@@ -44,6 +44,10 @@ def new_node(cfg: NodeConfig) -> Node:
     death or a restart); a worker's is made by its store, with the part
     :func:`hetps.kv.create` gives it."""
     return Node(cfg, recovery=Recovery)
+
+
+class DeviceAggregator(DeviceRounds, Aggregator):
+    """A server's round aggregator with the float keys on a device (HETPS_SERVER_DEVICE)."""
 
 
 def new_server(node: Node, sync: bool | None = None, device: Device | None = None) -> KVServer:

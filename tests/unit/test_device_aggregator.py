@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 
 from hetps import optim  # noqa: E402
 from hetps.device import aggregator as ondevice  # noqa: E402
-from hetps.device.aggregator import DeviceAggregator  # noqa: E402
 from hetps.kvstore.aggregate import Aggregator  # noqa: E402
 from hetps.kvstore.compression import TwoBitCompressor  # noqa: E402
 from hetps.kvstore.slices import Slice  # noqa: E402
+from hetps.roles import DeviceAggregator  # noqa: E402
 from hetps.transport.codec import Message  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -36,13 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore.aggregate import Aggregator
-from hetps.kvstore.compression import TwoBitCompressor
-from hetps.kvstore.slices import BadRequest, Slice
 from hetps.optim import registered
 from hetps.optim.base import device_step_of
 from hetps.optim.kernels import TorchOps
-from hetps.transport.codec import Message
 
 #: NumPy dtype -> torch dtype name, for the values a device server holds on the device
 FLOATS = {np.dtype("<f2"): "float16", np.dtype("<f4"): "float32", np.dtype("<f8"): "float64"}
@@ -227,8 +223,11 @@ def fits(buf: Any, n: int, dtype: Any) -> bool:
     return buf is not None and buf.numel() == n and buf.dtype == dtype
 
 
-class DeviceAggregator(Aggregator):
-    """The round aggregator with float keys summed and updated on ``device``."""
+class DeviceRounds:
+    """The round aggregator's float keys summed and updated on ``device``: mixed in ahead of
+    :class:`hetps.kvstore.aggregate.Aggregator` by the composition root
+    (:class:`hetps.roles.DeviceAggregator`), whose methods it calls for every other key, so
+    this wing imports nothing of kvstore. ``sl`` is a kvstore Slice, ``msg`` a Message."""
 
     def __init__(self, workers: Any, optimizer: Any, device: Device) -> None:
         super().__init__(workers, optimizer)
@@ -258,23 +257,23 @@ class DeviceAggregator(Aggregator):
             flush=True,
         )
 
-    def here(self, sl: Slice) -> bool:
+    def here(self, sl: Any) -> bool:
         """Whether ``sl``'s arithmetic runs on the device (float values)."""
         return sl.value.dtype in FLOATS
 
-    def slot(self, sl: Slice) -> DeviceSlot:
+    def slot(self, sl: Any) -> DeviceSlot:
         got = self.slots.get(sl.skey)
         if got is None:
             got = self.slots[sl.skey] = DeviceSlot()
         return got
 
     # -- hooks the server calls -------------------------------------------------------------
-    def value_changed(self, sl: Slice) -> None:
+    def value_changed(self, sl: Any) -> None:
         got = self.slots.get(sl.skey)
         if got is not None:
             got.weight_of = None
 
-    def host_state(self, sl: Slice) -> Any:
+    def host_state(self, sl: Any) -> Any:
         got = self.slots.get(sl.skey)
         if got is not None and got.state is not None and got.state_of is sl.state:
             # as the host optimizer keeps it (what get_states pickles: a checkpoint reads the
@@ -288,15 +287,15 @@ class DeviceAggregator(Aggregator):
 
     # -- a dist_sync round ------------------------------------------------------------------
     def first_whole(
-        self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int, ce: int
+        self, sl: Any, msg: Any, data: np.ndarray, comp: Any, off: int, n: int, ce: int
     ) -> bool:
         if self.here(sl):
             return False  # every push is copied to the device at once
         return super().first_whole(sl, msg, data, comp, off, n, ce)
 
-    def _spare(self, sl: Slice) -> Any:  # (overrides the base's static method)
+    def _spare(self, sl: Any) -> Any:  # (overrides the base's static method)
         if not self.here(sl):
-            return Aggregator._spare(sl)
+            return super()._spare(sl)
         got = self.slot(sl)
         buf = (
             got.spare if fits(got.spare, sl.value.size, self.device.dtype(sl.value.dtype)) else None
@@ -304,16 +303,13 @@ class DeviceAggregator(Aggregator):
         got.spare = None
         return buf if buf is not None else self.device.empty(sl.value.size, sl.value.dtype)
 
-    def add_chunk(
-        self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int
-    ) -> None:
+    def add_chunk(self, sl: Any, msg: Any, data: np.ndarray, comp: Any, off: int, n: int) -> None:
         """Add a chunk to the round's sum on the device, in arrival order: the first push of
         a chunk is copied in, the next ones added (the CPU server's sums, in its order)."""
         if not self.here(sl):
             super().add_chunk(sl, msg, data, comp, off, n)
             return
-        if comp is not None:  # decoded on the host (the same values the CPU server adds)
-            data = TwoBitCompressor(float(comp)).decompress(data, n, sl.value.dtype)
+        data = self.decoded(sl, data, comp, n)  # on the host (the values the CPU server adds)
         pushed = self.device.upload(data)
         dst = sl.merge[off : off + n]
         if off in sl.written:
@@ -322,15 +318,15 @@ class DeviceAggregator(Aggregator):
             dst.copy_(pushed)
         sl.written.add(off)
 
-    def merge_held(self, sl: Slice, job: int) -> None:
+    def merge_held(self, sl: Any, job: int) -> None:
         if self.here(sl):
-            raise BadRequest(
+            raise self.Refused(
                 "HETPS_ELASTIC rounds are not built on a device server: set "
                 "HETPS_SERVER_DEVICE=cpu to let workers go"
             )
         super().merge_held(sl, job)
 
-    def finish(self, sl: Slice) -> Any:
+    def finish(self, sl: Any) -> Any:
         if not self.here(sl):
             return super().finish(sl)
         merged = sl.merge
@@ -353,7 +349,7 @@ class DeviceAggregator(Aggregator):
         return merged
 
     # -- the update -------------------------------------------------------------------------
-    def apply(self, sl: Slice, grad: Any, worker: int) -> None:
+    def apply(self, sl: Any, grad: Any, worker: int) -> None:
         """One optimizer step of ``sl`` with the host gradient ``grad`` (``dist_async``)."""
         optimizer = self.optimizer()
         if self.here(sl):
@@ -364,7 +360,7 @@ class DeviceAggregator(Aggregator):
             return
         self._step(sl, self.slot(sl), optimizer, self.device.upload(np.asarray(grad)), worker)
 
-    def _step(self, sl: Slice, got: DeviceSlot, optimizer: Any, grad: Any, worker: int = -1):
+    def _step(self, sl: Any, got: DeviceSlot, optimizer: Any, grad: Any, worker: int = -1):
         if got.weight is None or got.weight_of is not sl.value:
             got.weight = self.device.new_copy(sl.value)
         if not sl.has_state:
@@ -388,7 +384,7 @@ class DeviceAggregator(Aggregator):
         got.weight_of = sl.value
         self.opt_s += time.perf_counter() - t0  # (the copy back included)
 
-    def _host_apply(self, sl: Slice, got: DeviceSlot, grad: Any, worker: int) -> None:
+    def _host_apply(self, sl: Any, got: DeviceSlot, grad: Any, worker: int) -> None:
         """An optimizer with no device step: on the host, on the gradient copied back (into
         a host buffer of the slice's, reused: the optimizer reads it only while it steps)."""
         if not fits(got.grad_host, grad.numel(), grad.dtype):
@@ -397,7 +393,7 @@ class DeviceAggregator(Aggregator):
         super().apply(sl, got.grad_host.numpy(), worker)
         got.weight_of = None
 
-    def _publish(self, sl: Slice, got: DeviceSlot, src: Any) -> None:
+    def _publish(self, sl: Any, got: DeviceSlot, src: Any) -> None:
         """Copy ``src`` (the round's result, on the device) to a host buffer that becomes
         ``sl.value``, which every pull is answered from until the next round. The last
         round's buffer is reused unless a zero-copy reply still reads it."""
