@@ -9,21 +9,21 @@ What lives where, for a key of float16/32/64 values:
   in arrival order (the CPU server's order: the same sums);
 * with an optimizer whose own class defines ``device_step`` (SGD's and Adam's, beside their
   host steps in :mod:`hetps.optim`) the weight and the optimizer state live on the device and
-  the step runs there; the new weight
-  is copied to a host buffer once per round (per update in ``dist_async``), and every pull
-  is answered from that buffer;
+  the step runs there; the new weight is copied to a host buffer once per round (per update
+  in ``dist_async``), and every pull is answered from that buffer;
 * with no optimizer (summation-only servers) the sum is copied to the host once per round
   and becomes the value;
-* any other optimizer (AdaGrad, DC-ASGD, one of your own) runs on the host as on a CPU
-  server, on the sum copied back once per round.
+* any other optimizer (AdaGrad, DC-ASGD, a class without a device step of its own) runs on
+  the host as on a CPU server, on the sum copied back once per round.
 
 Integer keys, the row-sparse tables (:mod:`hetps.kvstore.tables`) and the decoding of 2-bit
 pushes stay on the host (a 2-bit push is decoded there, then summed on the device). The
 optimizer states a worker reads (``get_states``, checkpoints) are copied back on request, as
 NumPy arrays: a checkpoint of a device server loads into a CPU server and back.
 
-The CPU server is not touched: :func:`hetps.roles.run_server` plugs this aggregator in only
-when the variable names a device. ``torch:cpu`` runs this same code with torch on the CPU
+The CPU server is not touched: :func:`hetps.roles.run_server` plugs these rounds in (mixed
+into kvstore's aggregator: :class:`hetps.roles.DeviceAggregator`) only when the variable
+names a device. ``torch:cpu`` runs this same code with torch on the CPU
 (for the tests, which have no GPU).
 """
 
