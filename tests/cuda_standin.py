@@ -1,7 +1,7 @@
 """A stand-in for ``torch.cuda`` with the CUDA branch's contract, so that
-:class:`hetps.kvstore.devices.CudaBackend`, the device server's CUDA branch
-(:class:`hetps.kvstore.ondevice.Device`) and the DistributedOptimizer's hook -> stage -> launch
-path run on a machine without a GPU (it replaces :class:`hetps.kvstore.devices.TorchCuda`).
+:class:`hetps.device.staging.CudaBackend`, the device server's CUDA branch
+(:class:`hetps.device.aggregator.Device`) and the DistributedOptimizer's hook -> stage -> launch
+path run on a machine without a GPU (it replaces :class:`hetps.device.staging.TorchCuda`).
 
 "Device" tensors are CPU tensors (every float CPU tensor that is not one of its page-locked
 buffers, or the ones :meth:`StandInCuda.place` names). What a real GPU may do, it does:
@@ -56,8 +56,8 @@ class Event:
 
 
 class StandInCuda:
-    """The driver :class:`hetps.kvstore.devices.CudaBackend` and
-    :class:`hetps.kvstore.ondevice.Device` call; counts copies for the tests."""
+    """The driver :class:`hetps.device.staging.CudaBackend` and
+    :class:`hetps.device.aggregator.Device` call; counts copies for the tests."""
 
     def __init__(self, claim_all: bool = True) -> None:
         self.claim_all = claim_all

@@ -1,4 +1,4 @@
-"""A simulated accelerator for the KVStore's device staging (hetps.kvstore.devices).
+"""A simulated accelerator for the KVStore's device staging (hetps.device.staging).
 
 Its copies run as late as a real device may run them: a copy to the host runs only when a
 thread waits for its event; a copy to a device tensor runs only when the caller's stream of

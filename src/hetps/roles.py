@@ -15,15 +15,16 @@ from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
 from hetps.config import NodeConfig
+from hetps.config.table import optimizer_names
+from hetps.device import aggregator as ondevice
+from hetps.device.aggregator import Device, DeviceRounds
 from hetps.esync.service import EsyncService
 from hetps.faults.elastic import ElasticWorkers
 from hetps.faults.elastic_rounds import ElasticRounds
 from hetps.faults.recovery import Recovery
 from hetps.faults.replicas import Replication
 from hetps.faults.takeover import Takeover
-from hetps.kvstore import ondevice
 from hetps.kvstore.aggregate import Aggregator
-from hetps.kvstore.ondevice import Device, DeviceAggregator
 from hetps.kvstore.server import KVServer
 from hetps.optim import kernels
 from hetps.tables.server import machine_memory
@@ -43,6 +44,10 @@ def new_node(cfg: NodeConfig) -> Node:
     death or a restart); a worker's is made by its store, with the part
     :func:`hetps.kv.create` gives it."""
     return Node(cfg, recovery=Recovery)
+
+
+class DeviceAggregator(DeviceRounds, Aggregator):
+    """A server's round aggregator with the float keys on a device (HETPS_SERVER_DEVICE)."""
 
 
 def new_server(node: Node, sync: bool | None = None, device: Device | None = None) -> KVServer:
@@ -157,13 +162,14 @@ def run_server(cfg: NodeConfig) -> int:
         except (ImportError, RuntimeError, ValueError) as exc:
             print(f"hetps server: {exc}", file=sys.stderr, flush=True)
             return 2
-        # (its first round says where it ran: hetps.kvstore.ondevice.DeviceAggregator.tell)
+        # (its first round says where it ran: hetps.device.aggregator.DeviceAggregator.tell)
     node = new_node(cfg)
     kernels.set_threads(cfg.server_threads)  # sums and optimizer steps of big keys
     server = new_server(node, device=device)
     # HETPS_TABLE_MAX_BYTES: the embedding tables' cap (0: half of this machine's memory)
     server.tables.cap = cfg.table_max_bytes or machine_memory() // 2
     server.tables.pull_bound = cfg.table_pull_bytes  # HETPS_TABLE_PULL_BYTES
+    server.optimizers = optimizer_names(cfg.optimizers)  # what set_optimizer may send
     node.handler = server.handle
     node.lend(KVServer.BORROWS)  # pushes are merged straight out of the ring
     meter = None

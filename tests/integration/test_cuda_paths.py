@@ -18,7 +18,7 @@ needs_two = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs (torch sees 
 
 CPU_FIRST = """
 import torch
-from hetps.kvstore import devices
+from hetps.device import staging as devices
 from hetps.torch.optimizer import DistributedOptimizer
 kv = hetps.kv.create('dist_sync')
 kv.init('c', torch.zeros(4))                # a CPU tensor first (a broadcast stages on the CPU)

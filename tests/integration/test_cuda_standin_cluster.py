@@ -18,7 +18,7 @@ ACCUMULATE = f"""
 import copy, json, torch
 sys.path.insert(0, {str(TESTS)!r})
 from cuda_standin import StandInCuda
-from hetps.kvstore import devices
+from hetps.device import staging as devices
 from hetps.torch.optimizer import DistributedOptimizer
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -88,7 +88,7 @@ MULTI_KEY = f"""
 import torch
 sys.path.insert(0, {str(TESTS)!r})
 from cuda_standin import StandInCuda
-from hetps.kvstore import devices
+from hetps.device import staging as devices
 d = StandInCuda(claim_all=False)  # the tensors placed on it
 devices.register_backend(devices.CudaBackend(d))
 kv = hetps.kv.create('dist_sync')

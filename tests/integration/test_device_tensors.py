@@ -14,7 +14,7 @@ TESTS = Path(__file__).resolve().parents[1]
 SIMULATED = f"""
 sys.path.insert(0, {str(TESTS)!r})
 from deferred_device import DeferredBackend
-from hetps.kvstore import devices
+from hetps.device import staging as devices
 dev = DeferredBackend()
 devices.register_backend(dev)
 kv = hetps.kv.create('dist_sync_device')

@@ -1,4 +1,4 @@
-"""The CUDA branch without a GPU: :class:`hetps.kvstore.devices.CudaBackend`, the CUDA probe,
+"""The CUDA branch without a GPU: :class:`hetps.device.staging.CudaBackend`, the CUDA probe,
 the stream order of a pull's copy, a failed multi-key call's buffers, and the refusals of
 CUDA-graph capture and torch.compile, on a stand-in of torch.cuda whose copies run as late
 as a GPU's may and whose misuse raises (tests/cuda_standin.py)."""
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cuda_standin import Misuse, StandInCuda  # noqa: E402
-from hetps.kvstore import devices  # noqa: E402
+from hetps.device import staging as devices  # noqa: E402
 from hetps.kvstore.base import settle, staged_call  # noqa: E402
 from hetps.kvstore.local import LocalKVStore  # noqa: E402
 
@@ -221,7 +221,7 @@ def test_overlap_forward_refuses_graph_capture_and_a_compiled_model(cuda_all):
 
 def test_a_gpu_per_local_rank_for_workers_and_servers():
     from hetps.app.train import local_gpu
-    from hetps.kvstore.ondevice import cuda_index
+    from hetps.device.aggregator import cuda_index
 
     # hetps train -g N: the host's first GPU, each worker N + LOCAL_RANK around the host's GPUs
     assert [local_gpu("cuda:0", r, 4, True) for r in range(6)] == [

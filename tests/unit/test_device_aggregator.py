@@ -1,4 +1,4 @@
-"""The device server's aggregator (HETPS_SERVER_DEVICE, hetps.kvstore.ondevice) against the
+"""The device server's aggregator (HETPS_SERVER_DEVICE, hetps.device.aggregator) against the
 NumPy one, driven the way KVServer drives them, on torch's CPU device (``torch:cpu``, the
 same code as on CUDA) and on a stand-in of torch.cuda (tests/cuda_standin.py: the CUDA
 branch's page-locked staging, events and copies, whose misuse raises): the same rounds give
@@ -15,11 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hetps import optim  # noqa: E402
-from hetps.kvstore import ondevice  # noqa: E402
+from hetps.device import aggregator as ondevice  # noqa: E402
 from hetps.kvstore.aggregate import Aggregator  # noqa: E402
 from hetps.kvstore.compression import TwoBitCompressor  # noqa: E402
-from hetps.kvstore.ondevice import DeviceAggregator  # noqa: E402
 from hetps.kvstore.slices import Slice  # noqa: E402
+from hetps.roles import DeviceAggregator  # noqa: E402
 from hetps.transport.codec import Message  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -1,4 +1,4 @@
-"""Device tensors in the KVStore (hetps.kvstore.devices), on a simulated device whose copies
+"""Device tensors in the KVStore (hetps.device.staging), on a simulated device whose copies
 run as late as a real one's may: values and dtypes exact, lists over devices summed on a
 device, no stale value when a copy is still queued, host buffers reused only when free."""
 
@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deferred_device import DeferredBackend  # noqa: E402
-from hetps.kvstore import devices  # noqa: E402
+from hetps.device import staging as devices  # noqa: E402
 from hetps.kvstore.local import LocalKVStore  # noqa: E402
 
 

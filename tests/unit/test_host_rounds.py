@@ -128,16 +128,17 @@ def test_a_device_server_sums_hosts_in_the_same_order():
     """On a device server (torch's CPU device: the same code as on CUDA) the round's value
     is the CPU server's, bit for bit."""
     pytest.importorskip("torch")
-    from hetps.kvstore import ondevice
+    from hetps.device import aggregator as ondevice
     from hetps.kvstore.aggregate import Aggregator
     from hetps.kvstore.hostrounds import merge_by_host
     from hetps.kvstore.slices import Slice
+    from hetps.roles import DeviceAggregator
 
     x = _grads(3)
     values = []
     for agg in (
         Aggregator(lambda: 4, lambda: None),
-        ondevice.DeviceAggregator(lambda: 4, lambda: None, ondevice.open_device("torch:cpu")),
+        DeviceAggregator(lambda: 4, lambda: None, ondevice.open_device("torch:cpu")),
     ):
         sl = Slice("w", 0, (N,), np.zeros(N, np.float32))
         for w in (15, 9, 13, 11):  # (arrival order: not the order of the sum)

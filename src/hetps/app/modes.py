@@ -100,11 +100,9 @@ def run_async(run: WorkerRun) -> int:
     from hetps.torch.optimizer import DistributedOptimizer
 
     args = run.args
-    server_opt = (
-        ps_optim.DCASGD(learning_rate=args.learning_rate, lamda=0.04)
-        if args.use_dcasgd
-        else ps_optim.SGD(learning_rate=args.learning_rate)
-    )
+    name = "dcasgd" if args.use_dcasgd else args.server_optimizer  # (registered names)
+    extra = {"lamda": 0.04} if name == "dcasgd" else {}
+    server_opt = ps_optim.create(name, learning_rate=args.learning_rate, **extra)
     overlap = bool(getattr(args, "overlap_forward", False))
     dopt = DistributedOptimizer(
         None,

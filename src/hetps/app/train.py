@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetps import optim
 from hetps.config import env_value, role_from_env
 
 MODES = ("esync", "sync", "async", "local")
@@ -98,6 +99,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-e", "--eval-duration", type=int, default=10, help="evaluate every E rounds")
     p.add_argument("-dcasgd", "--use-dcasgd", type=int, default=0, choices=(0, 1))
+    p.add_argument(
+        "--server-optimizer",
+        default="sgd",
+        choices=optim.registered_names(),
+        help="-m async: the optimizer the servers step with (-dcasgd 1: dcasgd)",
+    )
     p.add_argument(
         "--overlap-forward",
         action="store_true",
@@ -208,7 +215,8 @@ def local_gpu(device: str, local_rank: int, count: int, per_host: bool) -> str:
 
 def stored_mode(args: argparse.Namespace) -> str:
     """The mode as logs name it (async with DC-ASGD is 'dcasgd')."""
-    return "dcasgd" if args.mode == "async" and args.use_dcasgd else args.mode
+    dcasgd = args.use_dcasgd or args.server_optimizer == "dcasgd"
+    return "dcasgd" if args.mode == "async" and dcasgd else args.mode
 
 
 def run_name(args: argparse.Namespace, workers: int) -> str:

@@ -25,6 +25,37 @@ def balance_schemes() -> tuple[str, ...] | None:
     return ("none", *_plan_names[0]()) if _plan_names else None
 
 
+_optimizer_names: list[Callable[[], Sequence[str]]] = []  # the optimizer registry's names
+
+
+def use_optimizer_registry(names: Callable[[], Sequence[str]]) -> None:
+    """Read ``HETPS_OPTIMIZERS``' names from ``names`` (set by :mod:`hetps.optim` on import)."""
+    _optimizer_names[:] = [names]
+
+
+def optimizer_choices() -> tuple[str, ...] | None:
+    """``HETPS_OPTIMIZERS``' names: any and every registered optimizer (None: not known)."""
+    return ("any", *_optimizer_names[0]()) if _optimizer_names else None
+
+
+def optimizer_names(text: str) -> frozenset[str] | None:
+    """The names ``HETPS_OPTIMIZERS=text`` lets a server take; None for ``any``."""
+    names = frozenset(n.strip().lower() for n in text.split(","))
+    return None if "any" in names else names
+
+
+def _optimizers_check(text: str, values: Mapping[str, Any]) -> str | None:
+    names, known = optimizer_names(text) or frozenset(), optimizer_choices()
+    wrong = sorted(n for n in names if not n or (known is not None and n not in known))
+    if wrong:
+        return (
+            f"HETPS_OPTIMIZERS names {', '.join(map(repr, wrong))}, not a registered "
+            f"optimizer: set it to any or a comma list of "
+            f"{', '.join(known[1:]) if known else 'registered optimizers'}"
+        )
+    return None
+
+
 LOOPBACK = ("127.0.0.1", "localhost")
 #: the shortest cluster secret accepted (``hetps secret`` and ``hetps launch`` make 64)
 MIN_SECRET_CHARS = 32
@@ -256,6 +287,12 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "once for the pulls; docs/ESYNC.md, 'Servers on a GPU'); `--server-device`",
                 field="server_device", check=_server_device_check,
                 bounds="cpu, cuda, cuda:N"),
+            Var("HETPS_OPTIMIZERS", "str", "any",
+                "the optimizers a server takes from its workers (set_optimizer): any "
+                "Optimizer subclass, its class pickled by value (unpickling runs the "
+                "worker's code), or a comma list of registered names (their classes by "
+                "reference: any other pickle is refused before it runs)",
+                field="optimizers", check=_optimizers_check, choices=optimizer_choices),
             Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31, "the largest message a node accepts",
                 field="max_message_bytes", minimum=1024, unit="bytes"),
             Var("HETPS_SHM_BYTES", "int", 32 << 20,

@@ -4,7 +4,8 @@ slice and applies the result (the optimizer's step, or the sum as the new value)
 This is the part of :class:`~hetps.kvstore.server.KVServer` that touches every pushed byte,
 so it is where the way of summing is decided: here on the CPU, in place, on the kernel
 threads (:mod:`hetps.optim.kernels`, ``HETPS_SERVER_THREADS``); on a device with
-:class:`~hetps.kvstore.ondevice.DeviceAggregator` (``HETPS_SERVER_DEVICE``). The server
+:class:`~hetps.roles.DeviceAggregator` (``HETPS_SERVER_DEVICE``; its rounds:
+:mod:`hetps.device.aggregator`). The server
 hands it checked pushes (the protocol and its checks are the server's) and is told when a
 round is complete; what is summed, in which order and into which buffer is decided here:
 
@@ -35,6 +36,9 @@ class Aggregator:
     complete with that many workers' pushes); ``optimizer()``: the server's optimizer, or
     None (then a round's sum replaces the value)."""
 
+    #: what a refused request raises (the device's rounds, which import no kvstore, too)
+    Refused = BadRequest
+
     def __init__(self, workers: Callable[[], int], optimizer: Callable[[], Any]) -> None:
         self.workers = workers
         self.optimizer = optimizer
@@ -43,7 +47,7 @@ class Aggregator:
     # -- hooks the server calls -------------------------------------------------------------
     def value_changed(self, sl: Slice) -> None:
         """``sl.value`` was written in place (an init): nothing to do here; an aggregator
-        that keeps a copy of it elsewhere (:mod:`hetps.kvstore.ondevice`) takes it again."""
+        that keeps a copy of it elsewhere (:mod:`hetps.device.aggregator`) takes it again."""
 
     def host_state(self, sl: Slice) -> Any:
         """``sl``'s optimizer state as host arrays (what ``get_states`` sends): here it is."""
@@ -59,9 +63,7 @@ class Aggregator:
         handler): then it goes through :meth:`add_chunk`. Returns whether it was kept."""
         if not (sl.merge is None and off == 0 and n == sl.value.size and msg.lease is None):
             return False
-        if comp is not None:
-            data = TwoBitCompressor(float(comp)).decompress(data, n, sl.value.dtype)
-        sl.merge, sl.chunk, sl.written = data, ce, {0}
+        sl.merge, sl.chunk, sl.written = self.decoded(sl, data, comp, n), ce, {0}
         return True
 
     def start(self, sl: Slice, ce: int) -> None:
@@ -192,6 +194,13 @@ class Aggregator:
         del sl.partial[worker]
         self.apply(sl, buf, worker)
         return msgs
+
+    @staticmethod
+    def decoded(sl: Slice, data: np.ndarray, comp: Any, n: int) -> np.ndarray:
+        """A push's ``n`` values: ``data``, or its 2-bit words decoded (``comp``: the threshold)."""
+        if comp is None:
+            return data
+        return TwoBitCompressor(float(comp)).decompress(data, n, sl.value.dtype)
 
     @staticmethod
     def _spare(sl: Slice) -> np.ndarray:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster.requests import Future, wait_all
-from hetps.kvstore.devices import STAGING, as_numpy, on_device
+from hetps.device.staging import STAGING, as_numpy, on_device
 
 SUPPORTED_DTYPES = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
 

@@ -32,6 +32,7 @@ from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
 from hetps.config import ConfigError, NodeConfig
+from hetps.device.staging import on_device
 from hetps.kvstore import hostagg, states
 from hetps.kvstore.base import (
     Handle,
@@ -45,7 +46,6 @@ from hetps.kvstore.base import (
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
 from hetps.kvstore.dense import DenseRequests
-from hetps.kvstore.devices import on_device
 from hetps.kvstore.keys import KeyMeta, fill_targets
 from hetps.kvstore.pipeline import Pipeline
 from hetps.kvstore.placement import Part, chunk_elems, chunks, parts_of

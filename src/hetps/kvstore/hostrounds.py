@@ -110,7 +110,7 @@ def merge_by_host(agg: Any, sl: Slice) -> None:
     """Sum ``sl``'s held round: each host's pushes in local-rank order, then the hosts in
     group order (``a = x0; a += x1; ...`` in the key's dtype, as a host that aggregates its
     workers sums them), into the round's merge buffer."""
-    # a device server (kvstore/ondevice.py): host sums made here, added on the device in
+    # a device server (device/aggregator.py): host sums made here, added on the device in
     # the same order
     device = getattr(agg, "here", None) is not None and agg.here(sl)
     buf = agg._spare(sl)

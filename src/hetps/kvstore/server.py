@@ -75,6 +75,7 @@ class KVServer:
         self.slices: dict[tuple[Any, int], Slice] = {}
         self.optimizer: optim.Optimizer | None = None
         self.optimizer_blob: bytes | None = None  # as a worker sent it (for a new replica)
+        self.optimizers: frozenset[str] | None = None  # HETPS_OPTIMIZERS' names (None: any)
         self._fixed_workers: int | None = None if hasattr(node, "workers") else 1
         self.rounds = 0
         self.done_workers: dict[int, str] = {}  # worker id -> description
@@ -457,7 +458,9 @@ class KVServer:
         if len(msg.arrays) != 1:
             raise BadRequest("set_optimizer: expected one pickled optimizer")
         try:
-            opt = optim.loads(msg.arrays[0].tobytes())
+            opt = optim.loads(msg.arrays[0].tobytes(), self.optimizers)
+        except PermissionError as exc:  # HETPS_OPTIMIZERS does not take it (nothing ran)
+            raise BadRequest(f"set_optimizer: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - unpickling user code can raise anything
             raise BadRequest(
                 f"set_optimizer: the server could not load the optimizer ({type(exc).__name__}: "

@@ -26,7 +26,7 @@ class Slice:
     value: np.ndarray  # 1-D, this part only
     state: Any = None
     has_state: bool = False
-    # the round's sum (a torch tensor on the device of a device server: kvstore.ondevice)
+    # the round's sum (a torch tensor on the device of a device server: device.aggregator)
     merge: np.ndarray | None = None
     spare: np.ndarray | None = None  # a buffer to merge the next round into
     written: set[int] = field(default_factory=set)  # chunk offsets merged this round

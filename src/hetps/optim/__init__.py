@@ -3,17 +3,20 @@
 Subclass :class:`Optimizer`, implement ``create_state(key, weight)`` and
 ``update(key, weight, grad, state)`` (updating the NumPy ``weight`` in place), and hand an
 instance to ``kv.set_optimizer()``; it travels to the servers by value (:func:`dumps`).
+``@optimizer("name")`` registers a class by name (:mod:`.registry`); a ``device_step``
+method is its step on a server's device (docs/ARCHITECTURE.md, "Adding a server optimizer").
 
 Pure NumPy; imports no other hetps layer.
 """
 
-from hetps.optim.adagrad import AdaGrad
-from hetps.optim.adam import Adam
+# the built-ins register themselves (@optimizer) in this order: the order they are offered in
+from hetps.optim.sgd import SGD  # isort: skip
+from hetps.optim.adam import Adam  # isort: skip
+from hetps.optim.adagrad import AdaGrad  # isort: skip
+from hetps.optim.dcasgd import DCASGD  # isort: skip
 from hetps.optim.base import Key, Optimizer, compute_dtype
-from hetps.optim.dcasgd import DCASGD
-from hetps.optim.registry import create, register, registered_names
+from hetps.optim.registry import create, optimizer, register, registered, registered_names
 from hetps.optim.serialization import dump_states, dumps, load_states, loads
-from hetps.optim.sgd import SGD
 
 __all__ = [
     "DCASGD",
@@ -28,6 +31,8 @@ __all__ = [
     "dumps",
     "load_states",
     "loads",
+    "optimizer",
     "register",
+    "registered",
     "registered_names",
 ]

@@ -7,10 +7,12 @@ from typing import Any
 import numpy as np
 
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.registry import optimizer
 
 __all__ = ["AdaGrad"]
 
 
+@optimizer("adagrad")
 class AdaGrad(Optimizer):
     """AdaGrad with MXNet's order of operations::
 

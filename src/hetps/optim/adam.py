@@ -9,10 +9,12 @@ import numpy as np
 
 from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.registry import optimizer
 
 __all__ = ["Adam"]
 
 
+@optimizer("adam")
 class Adam(Optimizer):
     """Adam with MXNet's exact order of operations.
 
@@ -65,42 +67,49 @@ class Adam(Optimizer):
         }
 
     def update(self, key: Key, weight: np.ndarray, grad: np.ndarray, state: dict[str, Any]) -> None:
-        """Apply one Adam step to ``weight`` in place and advance the key's step count."""
-        dtype = compute_dtype(weight)
+        """Apply one Adam step to ``weight`` in place and advance the key's step count
+        (chunk by chunk on the kernel threads, :mod:`hetps.optim.kernels`: the same
+        arithmetic)."""
+        ops = kernels.NumpyOps(compute_dtype(weight))
         grad = self._check_grad(weight, grad)
-        state["t"] += 1
-        t = state["t"]
-        lr_t = self.learning_rate * math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
-
-        rescale, clip, wd = self.rescale_grad, self.clip_gradient, self.wd
-        clip = clip if clip is not None and clip > 0 else None
-        beta1, beta2, eps = self.beta1, self.beta2, self.epsilon
+        lr_t = self._advance(state)
 
         def body(views: list, scratch: list) -> None:
-            w, gr, mean, var = views
-            g, t = scratch
-            # g = clip(rescale_grad * grad + wd * weight): MXNet adds wd before clipping
-            src = kernels.rescaled(gr, rescale, None, dtype, g)
-            if wd != 0.0:
-                np.multiply(w, wd, dtype=dtype, out=t)
-                np.add(src, t, out=g)
-                src = g
-            if clip is not None:
-                np.clip(src, -clip, clip, out=g)
-                src = g
-            mean *= beta1
-            np.multiply(src, 1.0 - beta1, out=t)
-            mean += t
-            np.multiply(src, src, out=g)
-            var *= beta2
-            np.multiply(g, 1.0 - beta2, out=t)
-            var += t
-            # step = -lr_t * mean / (sqrt(var) + eps), reusing g as the buffer
-            np.sqrt(var, out=g)
-            g += eps
-            np.divide(mean, g, out=g)
-            g *= -lr_t
-            np.add(w, g, out=w, casting="same_kind")
+            self._step(ops, lr_t, *views, scratch)
 
-        # chunk by chunk on the kernel threads (hetps.optim.kernels): the same arithmetic
-        kernels.run(body, [weight, grad, state["mean"], state["var"]], scratch=2, dtype=dtype)
+        arrays = [weight, grad, state["mean"], state["var"]]
+        kernels.run(body, arrays, scratch=2, dtype=ops.dtype)
+
+    def device_step(self, torch: Any, w: Any, grad: Any, state: dict, scratch: list) -> None:
+        """:meth:`update` on torch tensors, on a server's device: the same step (weights
+        within float rounding of the host's: torch's square root is not correctly rounded
+        in every kernel)."""
+        lr_t = self._advance(state)
+        self._step(kernels.TorchOps(torch, w), lr_t, w, grad, state["mean"], state["var"], scratch)
+
+    def _advance(self, state: dict[str, Any]) -> float:
+        """Count the key's step in ``state``; returns the bias-corrected learning rate."""
+        state["t"] += 1
+        t = state["t"]
+        return self.learning_rate * math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
+
+    def _step(self, ops: kernels.NumpyOps, lr_t: float, w, gr, mean, var, scratch: list) -> None:
+        """The step, written once for the host's arrays and a device's tensors (``ops``)."""
+        clip = self.clip_gradient
+        clip = clip if clip is not None and clip > 0 else None
+        g, t = scratch
+        # g = clip(rescale_grad * grad + wd * weight): MXNet adds wd before clipping
+        src = ops.rescaled(gr, self.rescale_grad, None, g)
+        if self.wd != 0.0:
+            src = ops.add(src, ops.scale(w, self.wd, t), g)
+        if clip is not None:
+            src = ops.clip(src, clip, g)
+        ops.scale(mean, self.beta1, mean)
+        ops.add(mean, ops.scale(src, 1.0 - self.beta1, t), mean)
+        ops.mul(src, src, g)
+        ops.scale(var, self.beta2, var)
+        ops.add(var, ops.scale(g, 1.0 - self.beta2, t), var)
+        # step = -lr_t * mean / (sqrt(var) + eps), reusing g as the buffer
+        ops.shift(ops.sqrt(var, g), self.epsilon)
+        ops.scale(ops.div(mean, g, g), -lr_t, g)
+        ops.add(w, g, w)

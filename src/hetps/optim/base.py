@@ -74,6 +74,15 @@ def compute_dtype(weight: np.ndarray) -> np.dtype:
     return np.dtype(np.float32) if weight.dtype == np.float16 else weight.dtype
 
 
+def device_step_of(optimizer: Any) -> Any:
+    """``optimizer``'s device step, or None. A class may define
+    ``device_step(torch, weight, grad, state, scratch)``: its update on torch tensors, which a
+    server with ``HETPS_SERVER_DEVICE`` runs on its device (:mod:`hetps.device.aggregator`).
+    Only the class's own counts: a subclass may change any method, so it steps on the host."""
+    klass = optimizer if isinstance(optimizer, type) else type(optimizer)
+    return getattr(optimizer, "device_step", None) if "device_step" in vars(klass) else None
+
+
 class Optimizer:
     """Base class of every server-side optimizer.
 
@@ -188,6 +197,11 @@ class Optimizer:
                 )
             grad = grad.reshape(weight.shape)
         return grad
+
+    def scratch_buffers(self) -> int:
+        """Scratch buffers (of the compute dtype, as long as the weight) a step needs: the
+        host step's kernels and a device step (``device_step``) get this many."""
+        return 2
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

@@ -23,6 +23,7 @@ import numpy as np
 
 from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.registry import optimizer
 
 __all__ = ["DCASGD", "dcasgd_delta", "dcasgd_gradient"]
 
@@ -86,6 +87,7 @@ def dcasgd_delta(
     return new_mom, new_mom
 
 
+@optimizer("dcasgd")
 class DCASGD(Optimizer):
     """DC-ASGD with a weight backup per worker.
 
@@ -149,12 +151,13 @@ class DCASGD(Optimizer):
         clip = clip if clip is not None and clip > 0 else None
         lr, lamda, momentum = self.learning_rate, self.lamda, self.momentum
         compensate = old is not None and lamda != 0.0
+        ops = kernels.NumpyOps(dtype)
 
         def body(views: list, scratch: list) -> None:
             # dcasgd_gradient and dcasgd_delta on one chunk, operation for operation
             w, gr, bak, m, out = views
             g, c, d = scratch
-            src = kernels.rescaled(gr, rescale, clip, dtype, g)
+            src = ops.rescaled(gr, rescale, clip, g)
             if compensate:
                 np.subtract(w, bak, dtype=dtype, out=c)
                 c *= src

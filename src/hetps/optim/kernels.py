@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,6 @@ __all__ = [
     "MAX_DEFAULT_THREADS",
     "MIN_PARALLEL",
     "add_into",
-    "rescaled",
     "run",
     "set_threads",
     "sum_into",
@@ -206,20 +206,6 @@ def run(
         raise error
 
 
-def rescaled(
-    grad: np.ndarray, rescale: float, clip: float | None, dtype: np.dtype, out: np.ndarray
-) -> np.ndarray:
-    """``clip(rescale * grad)`` in ``dtype``: written into ``out`` and returned, or ``grad``
-    itself when that is the same values (``rescale`` 1, ``grad`` already in ``dtype``, no
-    ``clip``: multiplying by 1 is exact), which saves a pass. Never writes to ``grad``."""
-    if rescale == 1.0 and grad.dtype == dtype and clip is None:
-        return grad
-    np.multiply(grad, rescale, dtype=dtype, out=out)
-    if clip is not None:
-        np.clip(out, -clip, clip, out=out)
-    return out
-
-
 def _add_body(views: list, scratch: list) -> None:
     out, a, b = views
     np.add(a, b, out=out)
@@ -250,3 +236,82 @@ def sum_into(out: np.ndarray, arrays: Sequence[np.ndarray]) -> np.ndarray:
         raise ValueError("sum_into needs at least one array")
     run(_sum_body, [out, *arrays])
     return out
+
+
+# -- a step written once, for NumPy arrays and torch tensors ---------------------------------
+class NumpyOps:
+    """The element-wise operations a step is written in, on NumPy arrays of the compute
+    ``dtype`` (float16 weights computed in float32). :class:`TorchOps` does each one the same
+    way on torch tensors, so a step written in these runs on the host and on a device."""
+
+    def __init__(self, dtype: Any) -> None:
+        self.dtype = dtype
+
+    def rescaled(self, grad: Any, rescale: float, clip: float | None, out: Any) -> Any:
+        """``clip(rescale * grad)`` in the compute dtype: written into ``out`` and returned,
+        or ``grad`` itself when that is the same values (``rescale`` 1, ``grad`` already in
+        the dtype, no ``clip``: multiplying by 1 is exact), which saves a pass. Never writes
+        to ``grad``."""
+        if rescale == 1.0 and grad.dtype == self.dtype and clip is None:
+            return grad
+        out = self.scale(grad, rescale, out)  # (a float16 gradient widened exactly first)
+        return out if clip is None else self.clip(out, clip, out)
+
+    def scale(self, a: Any, s: float, out: Any) -> Any:
+        return np.multiply(a, s, dtype=self.dtype, out=out)
+
+    def add(self, a: Any, b: Any, out: Any) -> Any:
+        return np.add(a, b, out=out, casting="same_kind")  # (out may be a float16 weight)
+
+    def mul(self, a: Any, b: Any, out: Any) -> Any:
+        return np.multiply(a, b, out=out)
+
+    def div(self, a: Any, b: Any, out: Any) -> Any:
+        return np.divide(a, b, out=out)
+
+    def clip(self, a: Any, bound: float, out: Any) -> Any:
+        return np.clip(a, -bound, bound, out=out)
+
+    def sqrt(self, a: Any, out: Any) -> Any:
+        return np.sqrt(a, out=out)
+
+    def shift(self, a: Any, s: float) -> Any:
+        a += s
+        return a
+
+
+class TorchOps(NumpyOps):
+    """:class:`NumpyOps` on torch tensors (``torch`` handed in: this layer imports no torch),
+    for a step on a server's device: one torch operation for each NumPy one, in the same
+    dtypes, each scalar rounded to the compute dtype as NumPy rounds it. Adds, multiplies and
+    clips are correctly rounded on the CPU and on CUDA, so the results are NumPy's bit for
+    bit; a square root may differ in the last bit in some torch kernels."""
+
+    def __init__(self, torch: Any, weight: Any) -> None:
+        self.torch = torch
+        super().__init__(torch.float32 if weight.dtype == torch.float16 else weight.dtype)
+        self.round = {torch.float32: np.float32, torch.float64: np.float64}[self.dtype]
+
+    def scale(self, a: Any, s: float, out: Any) -> Any:
+        if a is not out:
+            out.copy_(a)
+        return out.mul_(float(self.round(s)))
+
+    def add(self, a: Any, b: Any, out: Any) -> Any:
+        return out.add_(b) if a is out else self.torch.add(a, b, out=out)
+
+    def mul(self, a: Any, b: Any, out: Any) -> Any:
+        return self.torch.mul(a, b, out=out)
+
+    def div(self, a: Any, b: Any, out: Any) -> Any:
+        return self.torch.div(a, b, out=out)
+
+    def clip(self, a: Any, bound: float, out: Any) -> Any:
+        c = float(self.round(bound))
+        return self.torch.clamp(a, -c, c, out=out)
+
+    def sqrt(self, a: Any, out: Any) -> Any:
+        return self.torch.sqrt(a, out=out)
+
+    def shift(self, a: Any, s: float) -> Any:
+        return a.add_(float(self.round(s)))

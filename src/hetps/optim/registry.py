@@ -1,25 +1,25 @@
-"""Look optimizers up by name, as MXNet's ``mx.optimizer.create('sgd', ...)`` does."""
+"""Optimizers by name, as MXNet's ``mx.optimizer.create('sgd', ...)`` looks them up.
+
+An optimizer is declared once, where its class is defined: ``@optimizer("name")`` registers
+it, and every list of names reads the registry (``create``, ``hetps train
+--server-optimizer``, ``HETPS_OPTIMIZERS`` and ``hetps config``: the classes a server takes
+from its workers). Its device step, if it has one, is its own ``device_step`` method.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hetps.optim.adagrad import AdaGrad
-from hetps.optim.adam import Adam
+from hetps.config.table import use_optimizer_registry
 from hetps.optim.base import Optimizer
-from hetps.optim.dcasgd import DCASGD
-from hetps.optim.sgd import SGD
 
-__all__ = ["create", "register", "registered_names"]
+__all__ = ["create", "optimizer", "register", "registered", "registered_names"]
 
 _OptimizerT = TypeVar("_OptimizerT", bound=type[Optimizer])
 
-_REGISTRY: dict[str, type[Optimizer]] = {
-    "sgd": SGD,
-    "adam": Adam,
-    "adagrad": AdaGrad,
-    "dcasgd": DCASGD,
-}
+#: name -> class, in the order they were registered (the built-ins: sgd, adam, adagrad, dcasgd)
+_REGISTRY: dict[str, type[Optimizer]] = {}
 
 
 def registered_names() -> list[str]:
@@ -27,11 +27,17 @@ def registered_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def registered() -> dict[str, type[Optimizer]]:
+    """Name -> class, in the order they were registered."""
+    return dict(_REGISTRY)
+
+
 def register(klass: _OptimizerT, name: str | None = None) -> _OptimizerT:
     """Register an :class:`Optimizer` subclass under ``name`` (default: its class name).
 
-    Names are case-insensitive. Usable as a decorator. Registering only affects
-    :func:`create` in this process; optimizers reach servers by value, not by name.
+    Names are case-insensitive. A class registered in an importable module is one a server
+    with ``HETPS_OPTIMIZERS`` set to names takes by name; one of a worker's ``__main__`` is
+    known to that worker's :func:`create` only.
 
     Raises:
         TypeError: ``klass`` is not an Optimizer subclass.
@@ -48,6 +54,11 @@ def register(klass: _OptimizerT, name: str | None = None) -> _OptimizerT:
         )
     _REGISTRY[key] = klass
     return klass
+
+
+def optimizer(name: str) -> Callable[[_OptimizerT], _OptimizerT]:
+    """``@optimizer("name")``: the class decorator that registers an optimizer by ``name``."""
+    return lambda klass: register(klass, name)
 
 
 def create(name: str, **kwargs: Any) -> Optimizer:
@@ -67,3 +78,6 @@ def create(name: str, **kwargs: Any) -> Optimizer:
             "(or pass an Optimizer instance / register() your own class)"
         )
     return klass(**kwargs)
+
+
+use_optimizer_registry(registered_names)  # HETPS_OPTIMIZERS' names (config imports no optim)

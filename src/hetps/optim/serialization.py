@@ -10,12 +10,15 @@ files they trust, exactly as with MXNet's ``set_optimizer``/``load_optimizer_sta
 
 from __future__ import annotations
 
+import io
 import pickle
+from collections.abc import Collection
 from typing import Any
 
 import cloudpickle
 
 from hetps.optim.base import Optimizer
+from hetps.optim.registry import registered
 
 __all__ = ["dump_states", "dumps", "load_states", "loads"]
 
@@ -47,17 +50,44 @@ def dumps(optimizer: Optimizer) -> bytes:
     return cloudpickle.dumps(optimizer, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def loads(data: bytes) -> Optimizer:
-    """Rebuild an optimizer serialised by :func:`dumps`.
+class _Registered(pickle.Unpickler):
+    """An unpickler that builds only the registered optimizers ``names`` (by reference): a
+    class pickled by value, or any other global, is refused before any of it runs."""
+
+    def __init__(self, data: bytes, names: Collection[str]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.names = names
+        self.classes = {
+            (c.__module__, c.__qualname__): n for n, c in registered().items() if n in names
+        }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.classes:
+            return super().find_class(module, name)
+        by_value = " (a class pickled by value)" if module.startswith("cloudpickle") else ""
+        raise PermissionError(
+            f"the optimizer's pickle names {module}.{name}{by_value}, and this server takes only "
+            f"{', '.join(sorted(self.names))} (HETPS_OPTIMIZERS): add the registered name of "
+            "the optimizer to HETPS_OPTIMIZERS, or set it to any (unpickling then runs the "
+            "worker's code)"
+        )
+
+
+def loads(data: bytes, allowed: Collection[str] | None = None) -> Optimizer:
+    """Rebuild an optimizer serialised by :func:`dumps`: any one, or with ``allowed`` (names
+    of the registry, as ``HETPS_OPTIMIZERS`` lists them) only those classes, by reference.
 
     Raises:
         TypeError: ``data`` is not bytes, or does not hold a :class:`Optimizer`.
+        PermissionError: ``allowed`` does not take the pickled class; the message says how.
         ValueError: ``data`` cannot be unpickled (corrupt, or it refers to a module this
             process cannot import); the message says which.
     """
     data = _check_bytes(data, "loads()")
     try:
-        obj = pickle.loads(data)
+        obj = pickle.loads(data) if allowed is None else _Registered(data, allowed).load()
+    except PermissionError:
+        raise
     except (ModuleNotFoundError, AttributeError) as exc:
         raise ValueError(
             f"cannot rebuild the optimizer: {exc}. Its class is pickled by reference; install "

@@ -8,10 +8,12 @@ import numpy as np
 
 from hetps.optim import kernels
 from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.registry import optimizer
 
 __all__ = ["SGD"]
 
 
+@optimizer("sgd")
 class SGD(Optimizer):
     """SGD with momentum and weight decay, exactly as MXNet's ``sgd_update``/``sgd_mom_update``.
 
@@ -41,41 +43,51 @@ class SGD(Optimizer):
             return None
         return {"mom": np.zeros(weight.shape, dtype=dtype)}
 
+    def scratch_buffers(self) -> int:
+        """One scratch buffer, a second for weight decay."""
+        return 2 if self.wd != 0.0 else 1
+
+    def _momentum(self, state: Any) -> Any:
+        """The momentum buffer of ``state`` (None without momentum)."""
+        if self.momentum == 0.0:
+            return None
+        if state is None:
+            raise ValueError(
+                f"SGD(momentum={self.momentum}) needs the state from create_state(); got None"
+            )
+        return state["mom"]
+
     def update(
         self, key: Key, weight: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray] | None
     ) -> None:
         """Apply one SGD step to ``weight`` in place (chunk by chunk, on the kernel threads:
         see :mod:`hetps.optim.kernels`; the same arithmetic as on whole arrays)."""
-        dtype = compute_dtype(weight)
+        ops = kernels.NumpyOps(compute_dtype(weight))
         grad = self._check_grad(weight, grad)
-        mom = None
-        if self.momentum != 0.0:
-            if state is None:
-                raise ValueError(
-                    f"SGD(momentum={self.momentum}) needs the state from create_state(); got None"
-                )
-            mom = state["mom"]
-        rescale, clip, wd = self.rescale_grad, self.clip_gradient, self.wd
-        lr, momentum = self.learning_rate, self.momentum
-        clip = clip if clip is not None and clip > 0 else None
+        mom = self._momentum(state)
 
         def body(views: list, scratch: list) -> None:
-            w, gr, m = views
-            g = scratch[0]
-            # g = clip(rescale_grad * grad) + wd * weight, in the compute dtype
-            src = kernels.rescaled(gr, rescale, clip, dtype, g)
-            if wd != 0.0:
-                t = scratch[1]
-                np.multiply(w, wd, dtype=dtype, out=t)
-                np.add(src, t, out=g)
-                src = g
-            if m is None:
-                np.multiply(src, -lr, out=g)
-                np.add(w, g, out=w, casting="same_kind")
-                return
-            m *= momentum
-            np.multiply(src, lr, out=g)
-            m -= g
-            np.add(w, m, out=w, casting="same_kind")
+            self._step(ops, *views, scratch)
 
-        kernels.run(body, [weight, grad, mom], scratch=2 if wd != 0.0 else 1, dtype=dtype)
+        kernels.run(body, [weight, grad, mom], scratch=self.scratch_buffers(), dtype=ops.dtype)
+
+    def device_step(self, torch: Any, w: Any, grad: Any, state: Any, scratch: list) -> None:
+        """:meth:`update` on torch tensors, on a server's device: the same step, so the
+        weights equal the host step's bit for bit."""
+        self._step(kernels.TorchOps(torch, w), w, grad, self._momentum(state), scratch)
+
+    def _step(self, ops: kernels.NumpyOps, w: Any, gr: Any, mom: Any, scratch: list) -> None:
+        """The step, written once for the host's arrays and a device's tensors (``ops``)."""
+        clip = self.clip_gradient
+        clip = clip if clip is not None and clip > 0 else None
+        g = scratch[0]
+        # g = clip(rescale_grad * grad) + wd * weight, in the compute dtype
+        src = ops.rescaled(gr, self.rescale_grad, clip, g)
+        if self.wd != 0.0:
+            src = ops.add(src, ops.scale(w, self.wd, scratch[1]), g)
+        if mom is None:
+            ops.add(w, ops.scale(src, -self.learning_rate, g), w)
+            return
+        ops.scale(mom, self.momentum, mom)  # mom = momentum * mom - learning_rate * g
+        ops.add(mom, ops.scale(src, -self.learning_rate, g), mom)
+        ops.add(w, mom, w)

@@ -193,7 +193,7 @@ class Tables:
             from hetps import optim
 
             try:
-                opt = optim.loads(blob)
+                opt = optim.loads(blob, None if copy else self.server.optimizers)
             except Exception as exc:  # noqa: BLE001 - unpickling user code can raise anything
                 raise BadRequest(
                     f"sinit of key {key!r}: the server could not load the table's optimizer "

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hetps.kvstore import devices
+from hetps.device import staging
 from hetps.torch.fusion import StepTiming, _Group
 
 
@@ -99,8 +99,8 @@ class GroupLauncher:
             self._launch(g, data)
         except Exception as exc:  # raised in the training thread by synchronize()
             self._handles[g.index] = _Failed(exc)
-            if isinstance(data, devices.Staged):
-                devices.release(data)  # (never pushed: its buffer goes back to the pool)
+            if isinstance(data, staging.Staged):
+                staging.release(data)  # (never pushed: its buffer goes back to the pool)
         self._timing.pushes.append((t0, time.perf_counter()))
 
     def _loop(self) -> None:
@@ -124,13 +124,13 @@ class GroupLauncher:
 
 def kv_takes(t: torch.Tensor) -> bool:
     """Whether the KVStore takes ``t`` as it is (a CPU tensor, or one on a device it stages)."""
-    return t.device.type == "cpu" or devices.backend_for(t) is not None
+    return t.device.type == "cpu" or staging.backend_for(t) is not None
 
 
 def staged(t: torch.Tensor) -> Any:
     """``t`` for a push: on a device, its copy to the host starts now, on the stream that
     produced it (backward's), and the launcher thread that pushes it waits for that alone."""
-    return t if devices.backend_for(t) is None else devices.stage(t)
+    return t if staging.backend_for(t) is None else staging.stage(t)
 
 
 def write_after(st: Any, t: torch.Tensor) -> None:
@@ -138,7 +138,7 @@ def write_after(st: Any, t: torch.Tensor) -> None:
     that reads ``t`` (a Staged; None or a host tensor: nothing to wait for). The stream
     waits, not the host: the launcher thread may not have pushed ``st`` yet, and a kernel
     queued after this waits for the copy on the device."""
-    if isinstance(st, devices.Staged):
+    if isinstance(st, staging.Staged):
         backend = st.buffer.backend
         if not backend.done(st.event):
             backend.stream_wait(t, st.event)
@@ -148,7 +148,7 @@ def refuse_graph_capture(what: str) -> None:
     """Raise if the caller's stream is capturing a CUDA graph: ``what`` (a hook of hetps)
     would be captured once and not run at replay, and it waits on events and allocates
     page-locked memory, which a capture does not allow."""
-    if devices.graph_capture():
+    if staging.graph_capture():
         raise RuntimeError(
             f"{what} runs while a CUDA graph is being captured: hetps's hooks wait for the "
             "host and are not replayed with the graph. Capture only the forward and backward "

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from hetps import optim as ps_optim
-from hetps.kvstore import devices
+from hetps.device import staging
 from hetps.sync.rules import average_from_sum
 from hetps.torch.broadcasting import exchange
 from hetps.torch.fusion import (
@@ -240,12 +240,12 @@ class DistributedOptimizer(Regrouping):
         self._launches = GroupLauncher(self._launch, self._handles, self.timing, background_launch)
         # a device the KVStore stages gradients from (CUDA): its copies to the host read
         # the gradients themselves; name -> the staged copy of a lone p.grad last queued
-        self._staging = any(devices.backend_for(p.data) is not None for _, p in self.named)
+        self._staging = any(staging.backend_for(p.data) is not None for _, p in self.named)
         self._reading: dict[str, Any] = {}
         self._skip_sync = False
         for name, p in self.named:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(name)))
-            if devices.backend_for(p.data) is not None:
+            if staging.backend_for(p.data) is not None:
                 self._hooks.append(p.register_hook(self._make_pre_hook(name, p)))
 
     def _make_groups(self, fusion_bytes: int) -> list[_Group]:
@@ -333,7 +333,7 @@ class DistributedOptimizer(Regrouping):
                 # (on a device the copy to the host reads p.grad itself: a second backward
                 # before step() adds into it only after that copy, see _make_pre_hook)
                 st = staged(grad)
-                if isinstance(st, devices.Staged):
+                if isinstance(st, staging.Staged):
                     self._reading[name] = st
                 self._send(g, st)
                 return
@@ -352,7 +352,7 @@ class DistributedOptimizer(Regrouping):
         """Send fused group ``g``'s filled send buffer (staged first on a device)."""
         assert g.send is not None
         st = staged(g.send)
-        g.staged = st if isinstance(st, devices.Staged) else None
+        g.staged = st if isinstance(st, staging.Staged) else None
         self._send(g, st)
 
     # -- launching ------------------------------------------------------------------------

@@ -266,19 +266,8 @@ class Staging:
             raise ValueError(f"{what}: empty list of values")
         if any(isinstance(v, Staged) for v in values):
             raise ValueError(f"{what}: a staged value goes alone, not in a list")
-        dev = [v for v in values if backend_for(v) is not None]
         host = [v for v in values if backend_for(v) is None]
-        backend = backend_for(dev[0])
-        assert backend is not None
-        shape, dtype, device = backend.describe(dev[0])
-        _check_dtype(dtype, what)
-        for v in dev[1:]:
-            b = backend_for(v)
-            if b is not backend:
-                raise ValueError(f"{what}: values to sum are on different kinds of device")
-            s, d, _ = b.describe(v)
-            if s != shape or d != dtype:
-                raise ValueError(f"{what}: values to sum differ: {shape} {dtype} vs {s} {d}")
+        dev, backend, shape, dtype, device = _alike(values, what, "values to sum")
         src = dev[0] if len(dev) == 1 else backend.reduce(dev)
         buf = self._take(backend, device, shape, dtype)
         backend.wait_host(backend.to_host(src, buf.array))
@@ -301,16 +290,8 @@ class Staging:
         values = list(entry) if isinstance(entry, (list, tuple)) else [entry]
         if any(isinstance(v, Staged) for v in values):
             raise ValueError(f"{what}: a staged value cannot be an out; give out= a tensor")
-        dev = [v for v in values if backend_for(v) is not None]
         targets = [as_numpy(v, what) for v in values if backend_for(v) is None]
-        backend = backend_for(dev[0])
-        assert backend is not None
-        shape, dtype, device = backend.describe(dev[0])
-        _check_dtype(dtype, what)
-        for v in dev[1:]:
-            s, d, _ = backend.describe(v)
-            if s != shape or d != dtype:
-                raise ValueError(f"{what}: outs differ: {shape} {dtype} vs {s} {d}")
+        dev, backend, shape, dtype, device = _alike(values, what, "outs")
         buf = self._take(backend, device, shape, dtype)
         self._lent()
         # what each out's device queued before this call may still read the out: its copy
@@ -374,6 +355,23 @@ _LENT = _Lent()
 STAGING = Staging()
 
 _SUPPORTED = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
+
+
+def _alike(values: list, what: str, they: str) -> tuple:
+    """The device values of ``values`` (one at least), their backend, shape, dtype and
+    device; ValueError when they differ (``they``: what the error calls them)."""
+    dev = [v for v in values if backend_for(v) is not None]
+    backend = backend_for(dev[0])
+    assert backend is not None
+    shape, dtype, device = backend.describe(dev[0])
+    _check_dtype(dtype, what)
+    for v in dev[1:]:
+        if backend_for(v) is not backend:
+            raise ValueError(f"{what}: {they} are on different kinds of device")
+        s, d, _ = backend.describe(v)
+        if s != shape or d != dtype:
+            raise ValueError(f"{what}: {they} differ: {shape} {dtype} vs {s} {d}")
+    return dev, backend, shape, dtype, device
 
 
 def _check_dtype(dtype: np.dtype, what: str) -> None:

@@ -7,22 +7,23 @@ What lives where, for a key of float16/32/64 values:
   message into one of two reused host buffers, used in turn (page-locked on CUDA: the next
   chunk fills one while the other's copy runs), from there to the device, and added there,
   in arrival order (the CPU server's order: the same sums);
-* with the built-in SGD or Adam (the exact classes) the weight and the optimizer state live
-  on the device and the step runs there (:mod:`hetps.kvstore.device_steps`); the new weight
-  is copied to a host buffer once per round (per update in ``dist_async``), and every pull
-  is answered from that buffer;
+* with an optimizer whose own class defines ``device_step`` (SGD's and Adam's, beside their
+  host steps in :mod:`hetps.optim`) the weight and the optimizer state live on the device and
+  the step runs there; the new weight is copied to a host buffer once per round (per update
+  in ``dist_async``), and every pull is answered from that buffer;
 * with no optimizer (summation-only servers) the sum is copied to the host once per round
   and becomes the value;
-* any other optimizer (AdaGrad, DC-ASGD, one of your own) runs on the host as on a CPU
-  server, on the sum copied back once per round.
+* any other optimizer (AdaGrad, DC-ASGD, a class without a device step of its own) runs on
+  the host as on a CPU server, on the sum copied back once per round.
 
 Integer keys, the row-sparse tables (:mod:`hetps.tables.server`) and the decoding of 2-bit
 pushes stay on the host (a 2-bit push is decoded there, then summed on the device). The
 optimizer states a worker reads (``get_states``, checkpoints) are copied back on request, as
 NumPy arrays: a checkpoint of a device server loads into a CPU server and back.
 
-The CPU server is not touched: :func:`hetps.roles.run_server` plugs this aggregator in only
-when the variable names a device. ``torch:cpu`` runs this same code with torch on the CPU
+The CPU server is not touched: :func:`hetps.roles.run_server` plugs these rounds in (mixed
+into kvstore's aggregator: :class:`hetps.roles.DeviceAggregator`) only when the variable
+names a device. ``torch:cpu`` runs this same code with torch on the CPU
 (for the tests, which have no GPU).
 """
 
@@ -35,11 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore import device_steps as steps
-from hetps.kvstore.aggregate import Aggregator
-from hetps.kvstore.compression import TwoBitCompressor
-from hetps.kvstore.slices import BadRequest, Slice
-from hetps.transport.codec import Message
+from hetps.optim import registered
+from hetps.optim.base import device_step_of
+from hetps.optim.kernels import TorchOps
+
+#: NumPy dtype -> torch dtype name, for the values a device server holds on the device
+FLOATS = {np.dtype("<f2"): "float16", np.dtype("<f4"): "float32", np.dtype("<f8"): "float64"}
 
 #: what HETPS_SERVER_DEVICE may say (the testing stand-in included)
 FORMS = "cpu, cuda, cuda:N (N a device index) or torch:cpu (the device code on the CPU, tests)"
@@ -110,14 +112,14 @@ class Device:
     what goes to the device (page-locked on CUDA; before one is written again the copy that
     read it has finished, while the other one's copy may still run), the device buffers
     they land in, scratch buffers for the steps. On CUDA every call goes through ``driver``
-    (:class:`hetps.kvstore.devices.TorchCuda`, or the tests' stand-in of it)."""
+    (:class:`hetps.device.staging.TorchCuda`, or the tests' stand-in of it)."""
 
     def __init__(self, torch: Any, device: Any, spec: str = "", driver: Any = None) -> None:
         self.torch = torch
         self.device = device
         self.spec = spec or str(device)  # as HETPS_SERVER_DEVICE named it
         if driver is None and device.type == "cuda":
-            from hetps.kvstore.devices import TorchCuda
+            from hetps.device.staging import TorchCuda
 
             driver = TorchCuda()
         self.gpu = driver
@@ -132,7 +134,7 @@ class Device:
         return f"Device({self.device})"
 
     def dtype(self, np_dtype: np.dtype) -> Any:
-        return getattr(self.torch, steps.FLOATS[np.dtype(np_dtype)])
+        return getattr(self.torch, FLOATS[np.dtype(np_dtype)])
 
     def empty(self, n: int, np_dtype: np.dtype) -> Any:
         return self.torch.empty(n, dtype=self.dtype(np_dtype), device=self.device)
@@ -221,8 +223,11 @@ def fits(buf: Any, n: int, dtype: Any) -> bool:
     return buf is not None and buf.numel() == n and buf.dtype == dtype
 
 
-class DeviceAggregator(Aggregator):
-    """The round aggregator with float keys summed and updated on ``device``."""
+class DeviceRounds:
+    """The round aggregator's float keys summed and updated on ``device``: mixed in ahead of
+    :class:`hetps.kvstore.aggregate.Aggregator` by the composition root
+    (:class:`hetps.roles.DeviceAggregator`), whose methods it calls for every other key, so
+    this wing imports nothing of kvstore. ``sl`` is a kvstore Slice, ``msg`` a Message."""
 
     def __init__(self, workers: Any, optimizer: Any, device: Device) -> None:
         super().__init__(workers, optimizer)
@@ -240,10 +245,11 @@ class DeviceAggregator(Aggregator):
         self.told.add(name)
         if optimizer is None:
             what = "no optimizer: the sum is the value"
-        elif steps.supported(optimizer):
+        elif device_step_of(optimizer) is not None:
             what = f"{name} steps on the device"
         else:
-            what = f"{name} steps on the host (only SGD and Adam have a device step)"
+            has = [c.__name__ for c in registered().values() if device_step_of(c) is not None]
+            what = f"{name} steps on the host (only {' and '.join(has)} have a device step)"
         print(
             f"hetps server: summing on {self.device.device} "
             f"(HETPS_SERVER_DEVICE={self.device.spec}), {what}",
@@ -251,39 +257,45 @@ class DeviceAggregator(Aggregator):
             flush=True,
         )
 
-    def here(self, sl: Slice) -> bool:
+    def here(self, sl: Any) -> bool:
         """Whether ``sl``'s arithmetic runs on the device (float values)."""
-        return sl.value.dtype in steps.FLOATS
+        return sl.value.dtype in FLOATS
 
-    def slot(self, sl: Slice) -> DeviceSlot:
+    def slot(self, sl: Any) -> DeviceSlot:
         got = self.slots.get(sl.skey)
         if got is None:
             got = self.slots[sl.skey] = DeviceSlot()
         return got
 
     # -- hooks the server calls -------------------------------------------------------------
-    def value_changed(self, sl: Slice) -> None:
+    def value_changed(self, sl: Any) -> None:
         got = self.slots.get(sl.skey)
         if got is not None:
             got.weight_of = None
 
-    def host_state(self, sl: Slice) -> Any:
+    def host_state(self, sl: Any) -> Any:
         got = self.slots.get(sl.skey)
         if got is not None and got.state is not None and got.state_of is sl.state:
-            sl.state = got.state_of = steps.state_to_host(got.state)
+            # as the host optimizer keeps it (what get_states pickles: a checkpoint reads the
+            # same from a CPU or a device server): NumPy arrays, numbers (Adam's t) kept
+            host = {
+                k: v.to("cpu", copy=True).numpy() if hasattr(v, "numpy") else v
+                for k, v in got.state.items()
+            }
+            sl.state = got.state_of = host
         return sl.state
 
     # -- a dist_sync round ------------------------------------------------------------------
     def first_whole(
-        self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int, ce: int
+        self, sl: Any, msg: Any, data: np.ndarray, comp: Any, off: int, n: int, ce: int
     ) -> bool:
         if self.here(sl):
             return False  # every push is copied to the device at once
         return super().first_whole(sl, msg, data, comp, off, n, ce)
 
-    def _spare(self, sl: Slice) -> Any:  # (overrides the base's static method)
+    def _spare(self, sl: Any) -> Any:  # (overrides the base's static method)
         if not self.here(sl):
-            return Aggregator._spare(sl)
+            return super()._spare(sl)
         got = self.slot(sl)
         buf = (
             got.spare if fits(got.spare, sl.value.size, self.device.dtype(sl.value.dtype)) else None
@@ -291,16 +303,13 @@ class DeviceAggregator(Aggregator):
         got.spare = None
         return buf if buf is not None else self.device.empty(sl.value.size, sl.value.dtype)
 
-    def add_chunk(
-        self, sl: Slice, msg: Message, data: np.ndarray, comp: Any, off: int, n: int
-    ) -> None:
+    def add_chunk(self, sl: Any, msg: Any, data: np.ndarray, comp: Any, off: int, n: int) -> None:
         """Add a chunk to the round's sum on the device, in arrival order: the first push of
         a chunk is copied in, the next ones added (the CPU server's sums, in its order)."""
         if not self.here(sl):
             super().add_chunk(sl, msg, data, comp, off, n)
             return
-        if comp is not None:  # decoded on the host (the same values the CPU server adds)
-            data = TwoBitCompressor(float(comp)).decompress(data, n, sl.value.dtype)
+        data = self.decoded(sl, data, comp, n)  # on the host (the values the CPU server adds)
         pushed = self.device.upload(data)
         dst = sl.merge[off : off + n]
         if off in sl.written:
@@ -309,15 +318,15 @@ class DeviceAggregator(Aggregator):
             dst.copy_(pushed)
         sl.written.add(off)
 
-    def merge_held(self, sl: Slice, job: int) -> None:
+    def merge_held(self, sl: Any, job: int) -> None:
         if self.here(sl):
-            raise BadRequest(
+            raise self.Refused(
                 "HETPS_ELASTIC rounds are not built on a device server: set "
                 "HETPS_SERVER_DEVICE=cpu to let workers go"
             )
         super().merge_held(sl, job)
 
-    def finish(self, sl: Slice) -> Any:
+    def finish(self, sl: Any) -> Any:
         if not self.here(sl):
             return super().finish(sl)
         merged = sl.merge
@@ -328,7 +337,7 @@ class DeviceAggregator(Aggregator):
         if optimizer is None:
             self._publish(sl, got, merged)  # the sum is the value
             got.weight_of = None
-        elif steps.supported(optimizer):
+        elif device_step_of(optimizer) is not None:
             self._step(sl, got, optimizer, merged)
         else:
             self._host_apply(sl, got, merged, -1)
@@ -340,37 +349,42 @@ class DeviceAggregator(Aggregator):
         return merged
 
     # -- the update -------------------------------------------------------------------------
-    def apply(self, sl: Slice, grad: Any, worker: int) -> None:
+    def apply(self, sl: Any, grad: Any, worker: int) -> None:
         """One optimizer step of ``sl`` with the host gradient ``grad`` (``dist_async``)."""
         optimizer = self.optimizer()
         if self.here(sl):
             self.tell(optimizer)
-        if not self.here(sl) or not steps.supported(optimizer):
+        if not self.here(sl) or device_step_of(optimizer) is None:
             super().apply(sl, grad, worker)
             self.value_changed(sl)
             return
         self._step(sl, self.slot(sl), optimizer, self.device.upload(np.asarray(grad)), worker)
 
-    def _step(self, sl: Slice, got: DeviceSlot, optimizer: Any, grad: Any, worker: int = -1):
+    def _step(self, sl: Any, got: DeviceSlot, optimizer: Any, grad: Any, worker: int = -1):
         if got.weight is None or got.weight_of is not sl.value:
             got.weight = self.device.new_copy(sl.value)
         if not sl.has_state:
             sl.state = optimizer.create_state(sl.skey, sl.value)
             sl.has_state = True
         if got.state is None or got.state_of is not sl.state:
-            got.state = steps.state_to_device(sl.state, self.device.new_copy)
+            if sl.state is not None and not isinstance(sl.state, dict):
+                raise TypeError(f"a device step takes a dict state, got {type(sl.state).__name__}")
+            up = self.device.new_copy  # each array of the state a device tensor, numbers kept
+            got.state = sl.state and {
+                k: up(v) if isinstance(v, np.ndarray) else v for k, v in sl.state.items()
+            }
             got.state_of = sl.state
         t0 = time.perf_counter()
         w = got.weight
         scratch = self.device.scratch(
-            w.numel(), steps.compute_dtype(self.torch, w), steps.scratch_count(optimizer)
+            w.numel(), TorchOps(self.torch, w).dtype, optimizer.scratch_buffers()
         )
-        steps.step(self.torch, optimizer, w, grad, got.state, scratch)
+        optimizer.device_step(self.torch, w, grad, got.state, scratch)
         self._publish(sl, got, w)
         got.weight_of = sl.value
         self.opt_s += time.perf_counter() - t0  # (the copy back included)
 
-    def _host_apply(self, sl: Slice, got: DeviceSlot, grad: Any, worker: int) -> None:
+    def _host_apply(self, sl: Any, got: DeviceSlot, grad: Any, worker: int) -> None:
         """An optimizer with no device step: on the host, on the gradient copied back (into
         a host buffer of the slice's, reused: the optimizer reads it only while it steps)."""
         if not fits(got.grad_host, grad.numel(), grad.dtype):
@@ -379,7 +393,7 @@ class DeviceAggregator(Aggregator):
         super().apply(sl, got.grad_host.numpy(), worker)
         got.weight_of = None
 
-    def _publish(self, sl: Slice, got: DeviceSlot, src: Any) -> None:
+    def _publish(self, sl: Any, got: DeviceSlot, src: Any) -> None:
         """Copy ``src`` (the round's result, on the device) to a host buffer that becomes
         ``sl.value``, which every pull is answered from until the next round. The last
         round's buffer is reused unless a zero-copy reply still reads it."""

@@ -1,0 +1,53 @@
+"""HETPS_OPTIMIZERS: a server told which registered optimizers it takes unpickles only those
+classes, by reference. A worker's pickle that would run code on the server (a ``__reduce__``
+calling ``os.system``), a class pickled by value and a registered class not listed are each
+refused with an error naming HETPS_OPTIMIZERS, nothing of them runs, and the server goes on
+with a listed optimizer."""
+
+from __future__ import annotations
+
+SCRIPT = """
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(4, np.float32))
+
+class Forged(optim.Optimizer):     # its pickle calls os.system where it is loaded
+    def __reduce__(self):
+        return (os.system, ('touch ' + os.environ['MARKER'],))
+
+class Mine(optim.SGD):             # a class of __main__: pickled by value
+    pass
+
+for bad in (Forged(), Mine(learning_rate=1.0), optim.Adam()):
+    try:
+        kv.set_optimizer(bad)
+    except RequestError as exc:
+        print('REFUSED', type(bad).__name__, exc, flush=True)
+    else:
+        print('TAKEN', type(bad).__name__, flush=True)
+kv.set_optimizer(optim.SGD(learning_rate=0.5))
+kv.push('w', np.ones(4, np.float32))
+assert kv.pull('w').tolist() == [-0.5] * 4, kv.pull('w')
+print('ALLOWLIST-OK', flush=True)
+"""
+
+
+def test_a_server_takes_only_the_listed_optimizers(cluster, tmp_path):
+    marker = tmp_path / "ran-on-the-server"
+    env = {"HETPS_OPTIMIZERS": "sgd,dcasgd", "MARKER": str(marker)}
+    rc, out = cluster(SCRIPT, workers=1, servers=1, env=env)
+    assert rc == 0, out
+    assert "ALLOWLIST-OK" in out, out
+    assert not marker.exists(), "the forged pickle ran on the server"
+    for name, named in (
+        ("Forged", "posix.system"),
+        ("Mine", "cloudpickle.cloudpickle._make_skeleton_class (a class pickled by value)"),
+        ("Adam", "hetps.optim.adam.Adam"),
+    ):
+        said = [line for line in out.splitlines() if f"REFUSED {name} " in line]
+        assert said, (name, out)
+        assert (
+            f"the optimizer's pickle names {named}, and this server takes only dcasgd, sgd "
+            in (said[0])
+        ), said
+        assert "(HETPS_OPTIMIZERS)" in said[0]
+    assert "TAKEN" not in out, out
