@@ -465,9 +465,11 @@ class SimCluster:
             base = time.time()
             c0 = sched.cpu()
             t_last = 0.0
-            stats = {
-                str(s.rank): [part * W, part * W / (down[s.index] + 1.0)] for s in self.servers
-            }
+            # per server: rank, bytes, seconds of the last round (the agent's second array)
+            stats = np.array(
+                [[s.rank, part * W, part * W / (down[s.index] + 1.0)] for s in self.servers],
+                dtype=np.float64,
+            )
             for w in self.workers:
                 # a push and a pull sample per server, as one float64 array (the agent's form)
                 push = np.minimum(up[w.index] / S, down[srv_idx] / W)
@@ -477,11 +479,11 @@ class SimCluster:
                 samples[1::2, 0], samples[1::2, 1] = srv_ids, w.id
                 samples[:, 2], samples[:, 3] = part, base
                 samples[0::2, 4], samples[1::2, 4] = base + part / push, base + part / pull
-                body: dict[str, Any] = {"round": rnd, "server_times": stats}
+                body: dict[str, Any] = {"round": rnd}
                 if rnd == 1:
                     body["sizes"] = [n_slices * SLICE_ELEMS]
                     body["assign"] = assign0
-                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=[samples])
+                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=[samples, stats])
                 t_last = self.send(w, msg)
                 out["report_bytes"].append(msg.nbytes)
             ok = self.wait_for(

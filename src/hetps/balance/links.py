@@ -338,14 +338,19 @@ def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> 
     if not len(group):
         return out
     by_start = np.argsort(t0)
-    order = by_start[np.argsort(group[by_start], kind="stable")]  # by group, then start
+    # by group, then start (a stable sort of 16-bit keys is a radix sort: ten times faster)
+    keys = group[by_start]
+    if n <= 1 << 16 and keys.min() >= 0 and keys.max() < n:
+        keys = keys.astype(np.uint16)
+    order = by_start[np.argsort(keys, kind="stable")]
     g, a, b = group[order], t0[order], t1[order]
     cut = np.flatnonzero(np.diff(g)) + 1
-    for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(g)], strict=True):
-        ends = np.maximum.accumulate(b[lo:hi])
+    lo, hi = np.r_[0, cut], np.r_[cut, len(g)]
+    for s, e in zip(lo, hi, strict=True):
+        ends = np.maximum.accumulate(b[s:e])
         before = np.r_[-np.inf, ends[:-1]]
-        seg = np.maximum(b[lo:hi] - np.maximum(a[lo:hi], before), 0.0)
-        out[g[lo]] = float(np.cumsum(seg)[-1])  # (summed in order, as _union_length does)
+        seg = np.maximum(b[s:e] - np.maximum(a[s:e], before), 0.0)
+        out[g[s]] = float(np.cumsum(seg)[-1])
     return out
 
 
