@@ -69,7 +69,7 @@ from _common import PINNED_THREADS, fmt, machine_info, median, print_table, writ
 
 from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
-from hetps.cluster.enrol import unpack_groups  # noqa: E402
+from hetps.cluster.enrol import unpack_groups, workers_of  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
@@ -338,21 +338,34 @@ class SimCluster:
             want = P.server_id(x.rank) if x.role == "server" else P.worker_id(x.rank)
             peers = len(self.workers) if x.role == "server" else len(self.servers)
             listed = g.body["nodes"]
+            # a server's table lists every node; a worker's the servers, and it makes the
+            # workers' entries from their count and host-group runs (as enrol does)
+            rows_want = n if x.role == "server" else len(self.servers)
             if isinstance(listed, bytes):
                 if listed not in known:
                     rows = msgpack.unpackb(listed, raw=False)
-                    known[listed] = len(rows) == n and all(len(r) == 5 for r in rows)
+                    known[listed] = len(rows) == rows_want and all(len(r) == 5 for r in rows)
                 whole = known[listed]
             else:
-                whole = len(listed) == n
-            packed = g.body.get("groups", [])  # (int32 pairs, the same bytes for every node)
-            if not isinstance(packed, bytes):
-                count = len(dict(unpack_groups(packed)))
-            elif packed in known_groups:
-                count = known_groups[packed]
+                whole = len(listed) == rows_want
+            if x.role == "worker":
+                runs = g.body.get("group_runs", b"")  # (the same bytes for every worker)
+                if runs not in known_groups:
+                    made = workers_of(g.body)
+                    grouped = [w.group for w in made] == [w.rank // self.per_host for w in made]
+                    known_groups[runs] = len(made) if grouped or self.per_host == 1 else -1
+                count = known_groups[runs]
+                whole = whole and g.body.get("me", [None])[0] == want
             else:
-                count = known_groups[packed] = len(dict(unpack_groups(packed)))
-            grouped = self.per_host == 1 or count == len(self.workers)
+                packed = g.body.get("groups", [])  # (int32 pairs, the same bytes for every server)
+                if not isinstance(packed, bytes):
+                    count = len(dict(unpack_groups(packed)))
+                elif packed in known_groups:
+                    count = known_groups[packed]
+                else:
+                    count = known_groups[packed] = len(dict(unpack_groups(packed)))
+                count = len(self.workers) if self.per_host == 1 else count
+            grouped = count == len(self.workers)
             if x.id != want or not whole or len(g.body["out"]) != peers or not grouped:
                 problems.append(x.index)
         t_last = max((g.t for g in have), default=float("nan"))

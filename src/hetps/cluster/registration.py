@@ -18,7 +18,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from hetps.cluster import protocol as P
-from hetps.cluster.enrol import pack_groups
+from hetps.cluster.enrol import pack_groups, worker_fields
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone
@@ -262,10 +262,18 @@ class Registration:
                     p.host,
                     p.port,
                 )
-        # the table, the same for every node, encoded once (msgpack bytes in every answer:
-        # per answer a copy, not an encoding of N entries)
+        # the table, the same for every server, encoded once (msgpack bytes in every answer:
+        # per answer a copy, not an encoding of N entries); a worker's holds the servers'
+        # entries, the number of workers and their host groups by rank (it makes their
+        # entries itself: a worker never connects to another), its own entry beside it
         table = msgpack.packb([n.to_wire() for n in self.sched.nodes.values()])
         shared = self.table_fields()  # (the groups packed once for every node)
+        servers_only = msgpack.packb(
+            [n.to_wire() for n in self.sched.nodes.values() if n.role == "server"]
+        )
+        for_workers = {k: v for k, v in shared.items() if k != "groups"} | worker_fields(
+            self.sched.nodes
+        )
         by_role: dict[str, list[int]] = {"server": [], "worker": []}
         for i, n in self.sched.nodes.items():
             by_role[n.role].append(i)
@@ -283,8 +291,9 @@ class Registration:
         at = 0
         for p, nid in order:
             peers = peers_of[nid]
+            worker = p.role == "worker"
             body = {
-                "nodes": table,
+                "nodes": servers_only if worker else table,
                 "id": nid,
                 # routing ids to its peers, and theirs to it
                 # (pairs as tuples: msgpack writes them as the same arrays, made faster)
@@ -293,7 +302,10 @@ class Registration:
                 **self.sched.creds.issue(nid),  # what it proves who it is with (--recover)
             }
             at += len(peers)
-            body.update(shared)
+            if worker:
+                body.update(for_workers, me=self.sched.nodes[nid].to_wire())
+            else:
+                body.update(shared)
             if self.sched.replicas > 1:
                 body["replicas"] = self.sched.replicas
             if self.sched.elastic:
