@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from itertools import groupby
 from typing import Any
 
 import msgpack
@@ -56,12 +57,7 @@ def worker_fields(nodes: dict[int, NodeInfo]) -> dict[str, Any]:
     ``(group, workers)`` int32 pairs (a host's workers have consecutive ranks under every
     launcher: a pair per host, not per worker)."""
     groups = [n.group for n in sorted(nodes.values(), key=lambda n: n.rank) if n.role == "worker"]
-    runs: list[list[int]] = []
-    for g in groups:
-        if runs and runs[-1][0] == g:
-            runs[-1][1] += 1
-        else:
-            runs.append([g, 1])
+    runs = [(g, len(list(same))) for g, same in groupby(groups)]
     return {"n_workers": len(groups), "group_runs": pack_groups(runs)}
 
 
