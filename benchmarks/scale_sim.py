@@ -69,7 +69,7 @@ from _common import PINNED_THREADS, fmt, machine_info, median, print_table, writ
 
 from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
-from hetps.cluster.enrol import unpack_groups, workers_of  # noqa: E402
+from hetps.cluster.enrol import unpack_groups, unpack_routes, workers_of  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
@@ -215,6 +215,11 @@ class SimCluster:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.RCVHWM, 0)
+        # the scheduler connects back to every simulated node at once, all on this one
+        # listener: a queue of pending connections for each of them (ZeroMQ's default of 100
+        # drops the rest, whose connections come a TCP retry of 1, 3, 7... s later), where
+        # each real node listens alone
+        self.router.setsockopt(zmq.BACKLOG, n + 64)
         self.router.bind("tcp://127.0.0.1:*")
         self.my_port = int(self.router.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
         self.nodes: list[SimNode] = []
@@ -366,7 +371,12 @@ class SimCluster:
                     count = known_groups[packed] = len(dict(unpack_groups(packed)))
                 count = len(self.workers) if self.per_host == 1 else count
             grouped = count == len(self.workers)
-            if x.id != want or not whole or len(g.body["out"]) != peers or not grouped:
+            if (
+                x.id != want
+                or not whole
+                or len(unpack_routes(g.body["out"])) != peers
+                or not grouped
+            ):
                 problems.append(x.index)
         t_last = max((g.t for g in have), default=float("nan"))
         return {

@@ -75,6 +75,25 @@ def workers_of(body: dict) -> list[NodeInfo]:
     return [NodeInfo(P.worker_id(r), "worker", r, "", 0, g) for r, g in enumerate(by_rank)]
 
 
+#: a routing-id record of a node table: the peer's id (int32, little-endian), then the id
+ROUTE_BYTES = 20
+
+
+def unpack_routes(value: object) -> dict[int, bytes]:
+    """A node table's routing ids (``out``, ``in``) by peer: records of
+    :data:`ROUTE_BYTES` (the scheduler's form), or ``[peer, id]`` pairs (a node taken back)."""
+    if isinstance(value, bytes):
+        if len(value) % ROUTE_BYTES:
+            raise ValueError(f"routing ids of {len(value)} bytes are not whole records")
+        return {
+            int.from_bytes(value[k : k + 4], "little", signed=True): routing_id(
+                value[k + 4 : k + ROUTE_BYTES]
+            )
+            for k in range(0, len(value), ROUTE_BYTES)
+        }
+    return {int(p): routing_id(t) for p, t in value}  # type: ignore[attr-defined]
+
+
 def routing_id(value: object) -> bytes:
     """A routing id from the scheduler's table, checked (bytes, 1-255, not starting at 0)."""
     if not isinstance(value, bytes) or not 1 <= len(value) <= 255 or value[0] == 0:
@@ -221,8 +240,7 @@ class Enrolment:
             for n in workers_of(body):
                 nodes[n.id] = replace(n, host=mine.host, port=mine.port) if n.id == mine.id else n
         me = nodes[int(body["id"])]
-        out = {int(p): routing_id(t) for p, t in body["out"]}
-        into = {int(p): routing_id(t) for p, t in body["in"]}
+        out, into = unpack_routes(body["out"]), unpack_routes(body["in"])
         # Servers answer workers, workers talk to servers: connect before anything else is
         # handled, so no request can arrive from a peer we cannot answer.
         peer_role = "worker" if node.role == "server" else "server"
