@@ -84,7 +84,7 @@ class Planner:
         self.pending: dict[int, dict[int, Message]] = {}
         # one round's samples until every worker reported it: data transfers (busy-time
         # rates) and spread flows
-        self._samples: dict[int, list[tuple[np.ndarray, bool, np.ndarray]]] = {}  # (read_report)
+        self._samples: dict[int, list[tuple[np.ndarray, bool]]] = {}  # (samples, calibration)
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
         # per-node caps from busy-time rates, capacity probes (a window of one permutation
@@ -193,51 +193,42 @@ class Planner:
         pushes = np.ones(self.hosts.n_hosts) if self.one_push_per_host else self.hosts.counts
         return per_host_network(net, self.servers, self.hosts, pushes)
 
-    def read_report(self, samples: np.ndarray, calibration: bool) -> tuple:
-        """A report's samples as :meth:`take_round` reads them, once it arrived (off the
-        round's last report -> plans path): the rows of their nodes (a worker's is its
-        host's), those that can be read (known nodes, a positive time and size, finite; not
-        a node with itself: a worker and its co-located server, or its own host), and the
-        data transfers apart (src, dst, t0, t1, bytes; most of a report) from the few
-        capacity probes and spread flows (the same and their kind), which are read in
-        report order when the round is complete."""
+    def take_round(self, rnd: int, reports: list[tuple[np.ndarray, bool]]) -> None:
+        """Every report's samples of round ``rnd``, once every worker reported it, in one
+        pass over them all (arrays, not a loop per sample): their nodes' rows (a worker's is
+        its host's), then the few capacity probes and spread flows in report order, then the
+        data transfers (:meth:`observe_round`)."""
+        if not reports:
+            return self.observe_round([])
+        samples = np.concatenate([a for a, _ in reports])
+        seq = np.repeat(np.arange(len(reports), dtype=float), [len(a) for a, _ in reports])
+        calibration = np.repeat([c for _, c in reports], [len(a) for a, _ in reports])
         src, dst = self.rows_of(samples[:, 0]), self.rows_of(samples[:, 1])
         nbytes, t0, t1, kind = samples[:, 2], samples[:, 3], samples[:, 4], samples[:, 5]
         with np.errstate(invalid="ignore"):
             ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(samples).all(1)
+        # (a worker and its co-located server, or a worker and its own host: no network)
         ok &= src != dst
-        data = ok & (kind != 1) & (kind != 2) & (kind != 3)
-        cols = np.stack((src, dst, t0, t1, nbytes, kind))
-        return cols[:, ok & ~data], calibration, cols[:5, data]
-
-    def take_round(self, rnd: int, reports: list[tuple]) -> None:
-        """Every report of round ``rnd`` (:meth:`read_report`), once every worker reported
-        it: the few capacity probes and spread flows in report order, then the data
-        transfers of them all in one pass (:meth:`observe_round`)."""
-        if not reports:
-            return self.observe_round([])
-        for other, calibration, _ in reports:
-            for i, j, t0, t1, nbytes, kind in other.T.tolist():
-                if kind != 1:
-                    continue
-                i, j, rate = int(i), int(j), nbytes / (t1 - t0)
-                judged = (
-                    self._released + 1 >= CONTRADICT_FROM_ROUND
-                    and t1 - t0 >= CONTRADICT_MIN_S
-                    and not calibration
-                    and not self.detector.settling  # not right after a migration or a cycle
-                )
-                if judged and self.links.contradicts(i, j, rate):
-                    self._contradicted.add(rnd)
-                self.links.observe_probe(i, j, rate, rnd)
-            self._spread.setdefault(rnd, []).extend(
-                (int(i), int(j), a, b, n, k == 3)
-                for i, j, a, b, n, k in other.T.tolist()
-                if k in (2, 3)
+        for r in np.flatnonzero(ok & (kind == 1)):
+            i, j, rate = int(src[r]), int(dst[r]), float(nbytes[r] / (t1[r] - t0[r]))
+            judged = (
+                self._released + 1 >= CONTRADICT_FROM_ROUND
+                and t1[r] - t0[r] >= CONTRADICT_MIN_S
+                and not calibration[r]
+                and not self.detector.settling  # not right after a migration or a cycle
             )
-        data = np.concatenate([d for _, _, d in reports], axis=1)
-        seq = np.repeat(np.arange(len(reports), dtype=float), [d.shape[1] for _, _, d in reports])
-        self.observe_round([np.vstack((seq, data))])
+            if judged and self.links.contradicts(i, j, rate):
+                self._contradicted.add(rnd)
+            self.links.observe_probe(i, j, rate, rnd)
+        spread = ok & ((kind == 2) | (kind == 3))
+        cols = (src, dst, t0, t1, nbytes, kind)
+        flows = zip(*(c[spread] for c in cols), strict=True)
+        self._spread.setdefault(rnd, []).extend(
+            (int(i), int(j), float(a), float(b), float(n), bool(k == 3))
+            for i, j, a, b, n, k in flows
+        )
+        data = ok & (kind != 1) & (kind != 2) & (kind != 3)
+        self.observe_round([np.stack((seq, src, dst, t0, t1, nbytes))[:, data]])
 
     def observe_round(self, parts: list[np.ndarray]) -> None:
         """A whole round's data samples, once every worker reported it: the link matrix (per
@@ -328,7 +319,7 @@ class Planner:
         if isinstance(samples, str) or isinstance(times, str):
             sched.reply(msg, {"error": samples if isinstance(samples, str) else times})
             return
-        self._samples.setdefault(rnd, []).append(self.read_report(samples, bool(b.calibration)))
+        self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
         rank, secs = times[:, 0], times[:, 2]
         with np.errstate(invalid="ignore"):
             mine = (rank >= 0) & (rank < self.S) & (rank == np.floor(rank)) & (secs > 0)
