@@ -834,7 +834,7 @@ def report(results: dict) -> None:
         ("registration (s)", lambda c: c.get("register", {}).get("latency_s"), fmt),
         ("sched CPU for registration (s)", lambda c: c.get("register", {}).get("sched_cpu_s"), fmt),
         (
-            "node table (bytes/node)",
+            "node table (bytes: the median node's, a worker's)",
             lambda c: c.get("register", {}).get("table_bytes"),
             lambda x: fmt(x, ".0f"),
         ),
