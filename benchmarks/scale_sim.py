@@ -69,7 +69,7 @@ from _common import PINNED_THREADS, fmt, machine_info, median, print_table, writ
 
 from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
-from hetps.cluster.enrol import unpack_groups  # noqa: E402
+from hetps.cluster.enrol import unpack_groups, unpack_routes, workers_of  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
@@ -215,6 +215,11 @@ class SimCluster:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.RCVHWM, 0)
+        # the scheduler connects back to every simulated node at once, all on this one
+        # listener: a queue of pending connections for each of them (ZeroMQ's default of 100
+        # drops the rest, whose connections come a TCP retry of 1, 3, 7... s later), where
+        # each real node listens alone
+        self.router.setsockopt(zmq.BACKLOG, n + 64)
         self.router.bind("tcp://127.0.0.1:*")
         self.my_port = int(self.router.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
         self.nodes: list[SimNode] = []
@@ -338,22 +343,40 @@ class SimCluster:
             want = P.server_id(x.rank) if x.role == "server" else P.worker_id(x.rank)
             peers = len(self.workers) if x.role == "server" else len(self.servers)
             listed = g.body["nodes"]
+            # a server's table lists every node; a worker's the servers, and it makes the
+            # workers' entries from their count and host-group runs (as enrol does)
+            rows_want = n if x.role == "server" else len(self.servers)
             if isinstance(listed, bytes):
                 if listed not in known:
                     rows = msgpack.unpackb(listed, raw=False)
-                    known[listed] = len(rows) == n and all(len(r) == 5 for r in rows)
+                    known[listed] = len(rows) == rows_want and all(len(r) == 5 for r in rows)
                 whole = known[listed]
             else:
-                whole = len(listed) == n
-            packed = g.body.get("groups", [])  # (int32 pairs, the same bytes for every node)
-            if not isinstance(packed, bytes):
-                count = len(dict(unpack_groups(packed)))
-            elif packed in known_groups:
-                count = known_groups[packed]
+                whole = len(listed) == rows_want
+            if x.role == "worker":
+                runs = g.body.get("group_runs", b"")  # (the same bytes for every worker)
+                if runs not in known_groups:
+                    made = workers_of(g.body)
+                    grouped = [w.group for w in made] == [w.rank // self.per_host for w in made]
+                    known_groups[runs] = len(made) if grouped or self.per_host == 1 else -1
+                count = known_groups[runs]
+                whole = whole and g.body.get("me", [None])[0] == want
             else:
-                count = known_groups[packed] = len(dict(unpack_groups(packed)))
-            grouped = self.per_host == 1 or count == len(self.workers)
-            if x.id != want or not whole or len(g.body["out"]) != peers or not grouped:
+                packed = g.body.get("groups", [])  # (int32 pairs, the same bytes for every server)
+                if not isinstance(packed, bytes):
+                    count = len(dict(unpack_groups(packed)))
+                elif packed in known_groups:
+                    count = known_groups[packed]
+                else:
+                    count = known_groups[packed] = len(dict(unpack_groups(packed)))
+                count = len(self.workers) if self.per_host == 1 else count
+            grouped = count == len(self.workers)
+            if (
+                x.id != want
+                or not whole
+                or len(unpack_routes(g.body["out"])) != peers
+                or not grouped
+            ):
                 problems.append(x.index)
         t_last = max((g.t for g in have), default=float("nan"))
         return {
@@ -465,9 +488,11 @@ class SimCluster:
             base = time.time()
             c0 = sched.cpu()
             t_last = 0.0
-            stats = {
-                str(s.rank): [part * W, part * W / (down[s.index] + 1.0)] for s in self.servers
-            }
+            # per server: rank, bytes, seconds of the last round (the agent's second array)
+            stats = np.array(
+                [[s.rank, part * W, part * W / (down[s.index] + 1.0)] for s in self.servers],
+                dtype=np.float64,
+            )
             for w in self.workers:
                 # a push and a pull sample per server, as one float64 array (the agent's form)
                 push = np.minimum(up[w.index] / S, down[srv_idx] / W)
@@ -477,11 +502,11 @@ class SimCluster:
                 samples[1::2, 0], samples[1::2, 1] = srv_ids, w.id
                 samples[:, 2], samples[:, 3] = part, base
                 samples[0::2, 4], samples[1::2, 4] = base + part / push, base + part / pull
-                body: dict[str, Any] = {"round": rnd, "server_times": stats}
+                body: dict[str, Any] = {"round": rnd}
                 if rnd == 1:
                     body["sizes"] = [n_slices * SLICE_ELEMS]
                     body["assign"] = assign0
-                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=[samples])
+                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=[samples, stats])
                 t_last = self.send(w, msg)
                 out["report_bytes"].append(msg.nbytes)
             ok = self.wait_for(
@@ -809,7 +834,7 @@ def report(results: dict) -> None:
         ("registration (s)", lambda c: c.get("register", {}).get("latency_s"), fmt),
         ("sched CPU for registration (s)", lambda c: c.get("register", {}).get("sched_cpu_s"), fmt),
         (
-            "node table (bytes/node)",
+            "node table (bytes: the median node's, a worker's)",
             lambda c: c.get("register", {}).get("table_bytes"),
             lambda x: fmt(x, ".0f"),
         ),

@@ -29,8 +29,10 @@ PROBE = textwrap.dedent(f"""
     names = {ALL_VARS!r}
     mine = ' '.join(os.environ.get(k, '-') for k in names)
     table = ','.join(str(n.group) for n in kv.node.workers())
+    # (a worker's table gives the other workers no address: it never connects to them)
+    addressed = [n.rank for n in kv.node.workers() if n.host]
     print('HOSTVARS', kv.rank, mine, 'table', table, 'host', os.environ['DMLC_NODE_HOST'],
-          flush=True)
+          'addressed', addressed, flush=True)
     me = os.environ['HETPS_SECRET']
     for pid in os.listdir('/proc'):
         try:
@@ -66,11 +68,12 @@ def _check(
 ) -> None:
     """Each worker's variables follow ``groups`` (its host by rank); ``grouped``: they are
     hetps's host groups too (else HETPS_HOST_GROUP is -1: each worker a host of its own)."""
-    seen = re.findall(r"HOSTVARS (\d+) (.*) table (\S+) host (\S+)$", out, re.M)
+    seen = re.findall(r"HOSTVARS (\d+) (.*) table (\S+) host (\S+) addressed \[(\d+)\]$", out, re.M)
     assert len(seen) == len(groups), out
     world = len(groups)
-    for rank_s, values, table, host in seen:
+    for rank_s, values, table, host, addressed in seen:
         r = int(rank_s)
+        assert addressed == rank_s, out  # its own entry only: the workers' made from counts
         rank, ws, local, lsize, group, hgroup, master_addr, master_port = values.split()
         mates = [i for i, g in enumerate(groups) if g == groups[r]]
         assert (rank, ws) == (str(r), str(world)), out

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetps.balance.links import NODE_MIN_BYTES, SPREAD_NEAR, LinkEstimator, _union_length
+from hetps.balance.links import (
+    NODE_MIN_BYTES,
+    SPREAD_NEAR,
+    LinkEstimator,
+    _union_length,
+    union_lengths,
+)
 
 
 def _censored_reference(est: LinkEstimator) -> tuple[np.ndarray, np.ndarray]:
@@ -75,3 +81,16 @@ def test_observe_nodes_matches_the_per_node_filter(seed):
     up, down = _nodes_reference(samples, n)
     np.testing.assert_array_equal(est.up, up)
     np.testing.assert_array_equal(est.down, down)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_union_lengths_of_many_groups_match_the_interval_loop(seed):
+    # more groups than a byte counts (the groups are sorted as 16-bit keys), in no order
+    rng = np.random.default_rng(seed)
+    n = 700
+    group = rng.integers(0, n - 1, 5000)  # (the last group has no interval: 0)
+    t0 = 1.7e9 + rng.uniform(0, 5, group.size)
+    t1 = t0 + rng.uniform(1e-4, 0.5, group.size)
+    got = union_lengths(group, t0, t1, n)
+    want = [_union_length(list(zip(t0[group == k], t1[group == k], strict=True))) for k in range(n)]
+    np.testing.assert_array_equal(got, want)

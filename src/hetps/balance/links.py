@@ -332,20 +332,25 @@ def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> flo
 
 def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> np.ndarray:
     """Per group ``0..n-1``, the total length its intervals ``[t0, t1)`` cover (overlaps
-    counted once): one sort of every interval, then per group a running maximum of the ends
-    (a loop over the groups present, not over the intervals)."""
+    counted once): the intervals sorted by group (a stable sort of 16-bit keys is a radix
+    sort), then per group by start and a running maximum of the ends (a loop over the groups
+    present, not over the intervals; one sort per group is faster than one of them all)."""
     out = np.zeros(n)
     if not len(group):
         return out
-    by_start = np.argsort(t0)
-    order = by_start[np.argsort(group[by_start], kind="stable")]  # by group, then start
-    g, a, b = group[order], t0[order], t1[order]
+    keys = group
+    if n <= 1 << 16 and group.min() >= 0 and group.max() < n:
+        keys = group.astype(np.uint16)
+    order = np.argsort(keys, kind="stable")
+    g, a_all, b_all = group[order], t0[order], t1[order]
     cut = np.flatnonzero(np.diff(g)) + 1
-    for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(g)], strict=True):
-        ends = np.maximum.accumulate(b[lo:hi])
+    for s, e in zip(np.r_[0, cut].tolist(), np.r_[cut, len(g)].tolist(), strict=True):
+        by_start = np.argsort(a_all[s:e], kind="stable")
+        a, b = a_all[s:e][by_start], b_all[s:e][by_start]
+        ends = np.maximum.accumulate(b)
         before = np.r_[-np.inf, ends[:-1]]
-        seg = np.maximum(b[lo:hi] - np.maximum(a[lo:hi], before), 0.0)
-        out[g[lo]] = float(np.cumsum(seg)[-1])  # (summed in order, as _union_length does)
+        seg = np.maximum(b - np.maximum(a, before), 0.0)
+        out[g[s]] = float(np.cumsum(seg)[-1])  # (summed in order, as _union_length does)
     return out
 
 

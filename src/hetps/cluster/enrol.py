@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
+from itertools import groupby
 from typing import Any
 
 import msgpack
@@ -47,6 +49,49 @@ def unpack_groups(value: object) -> list[tuple[int, int]]:
     if isinstance(value, list):
         return [(int(i), int(g)) for i, g in value]
     raise ValueError(f"bad host groups {type(value).__name__}")
+
+
+def worker_fields(nodes: dict[int, NodeInfo]) -> dict[str, Any]:
+    """What a worker's node table carries instead of every worker's entry: ``n_workers``, how
+    many there are, and ``group_runs``, their host groups in rank order as runs of
+    ``(group, workers)`` int32 pairs (a host's workers have consecutive ranks under every
+    launcher: a pair per host, not per worker)."""
+    groups = [n.group for n in sorted(nodes.values(), key=lambda n: n.rank) if n.role == "worker"]
+    runs = [(g, len(list(same))) for g, same in groupby(groups)]
+    return {"n_workers": len(groups), "group_runs": pack_groups(runs)}
+
+
+def workers_of(body: dict) -> list[NodeInfo]:
+    """The workers' entries a worker's node table stands for (:func:`worker_fields`): rank,
+    id and host group each, no address (a worker never connects to another). Raises
+    ValueError when the count or the runs do not add up."""
+    count = body["n_workers"]
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 1 << 20:
+        raise ValueError(f"bad worker count {count!r}")
+    runs = unpack_groups(body.get("group_runs", b""))
+    if any(n < 1 for _, n in runs) or sum(n for _, n in runs) != count:
+        raise ValueError(f"host-group runs that do not add up to {count} workers")
+    by_rank = [g for g, n in runs for _ in range(n)]
+    return [NodeInfo(P.worker_id(r), "worker", r, "", 0, g) for r, g in enumerate(by_rank)]
+
+
+#: a routing-id record of a node table: the peer's id (int32, little-endian), then the id
+ROUTE_BYTES = 20
+
+
+def unpack_routes(value: object) -> dict[int, bytes]:
+    """A node table's routing ids (``out``, ``in``) by peer: records of
+    :data:`ROUTE_BYTES` (the scheduler's form), or ``[peer, id]`` pairs (a node taken back)."""
+    if isinstance(value, bytes):
+        if len(value) % ROUTE_BYTES:
+            raise ValueError(f"routing ids of {len(value)} bytes are not whole records")
+        return {
+            int.from_bytes(value[k : k + 4], "little", signed=True): routing_id(
+                value[k + 4 : k + ROUTE_BYTES]
+            )
+            for k in range(0, len(value), ROUTE_BYTES)
+        }
+    return {int(p): routing_id(t) for p, t in value}  # type: ignore[attr-defined]
 
 
 def routing_id(value: object) -> bytes:
@@ -190,9 +235,12 @@ class Enrolment:
         # the workers' hosts (HETPS_HOST_GROUP), read into each entry as it is made
         groups = {i: g for i, g in unpack_groups(body.get("groups", [])) if g >= 0}
         nodes = {n.id: n for n in (NodeInfo.from_wire(item, groups) for item in listed)}
+        if "n_workers" in body:  # a worker's table: the workers' entries made here, its own given
+            mine = NodeInfo.from_wire(body["me"])
+            for n in workers_of(body):
+                nodes[n.id] = replace(n, host=mine.host, port=mine.port) if n.id == mine.id else n
         me = nodes[int(body["id"])]
-        out = {int(p): routing_id(t) for p, t in body["out"]}
-        into = {int(p): routing_id(t) for p, t in body["in"]}
+        out, into = unpack_routes(body["out"]), unpack_routes(body["in"])
         # Servers answer workers, workers talk to servers: connect before anything else is
         # handled, so no request can arrive from a peer we cannot answer.
         peer_role = "worker" if node.role == "server" else "server"

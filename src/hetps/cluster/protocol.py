@@ -407,7 +407,8 @@ class NodeInfo:
         """Human description: ``worker rank 1 (node 11, 127.0.0.1:4242)``."""
         if self.role == "scheduler":
             return f"scheduler (node 1, {self.host}:{self.port})"
-        return f"{self.role} rank {self.rank} (node {self.id}, {self.host}:{self.port})"
+        where = f", {self.host}:{self.port}" if self.host else ""  # (a worker's view of another)
+        return f"{self.role} rank {self.rank} (node {self.id}{where})"
 
     def to_wire(self) -> list:
         """Compact msgpack-able form (the host group travels beside it: the node table's

@@ -18,7 +18,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from hetps.cluster import protocol as P
-from hetps.cluster.enrol import pack_groups
+from hetps.cluster.enrol import ROUTE_BYTES, pack_groups, worker_fields
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
 from hetps.transport.van import PeerGone
@@ -201,9 +201,26 @@ class Registration:
         return self.pair_ids([src], [dst])[0]
 
     def pair_ids(self, src: Sequence[int], dst: Sequence[int]) -> list[bytes]:
-        """:meth:`pair_id` of every pair ``(src[k], dst[k])``, in one AES call: the block
-        (src, its admissions, dst, its admissions) as four 32-bit numbers, encrypted under the
-        scheduler's key; the id is ``h`` and 15 bytes of it."""
+        """:meth:`pair_id` of every pair ``(src[k], dst[k])``, in one AES call."""
+        raw = self.pair_block(src, dst).tobytes()
+        return [raw[k : k + 16] for k in range(0, len(raw), 16)]
+
+    def routes(self, src: np.ndarray, dst: np.ndarray) -> tuple[bytes, bytes]:
+        """The routing ids of every pair ``(src[k], dst[k])`` as a node table carries them
+        (:func:`~hetps.cluster.enrol.unpack_routes`): records of the peer ``dst[k]`` and the
+        id, ``src[k]``'s to it (``out``) and its to ``src[k]`` (``in``), all in one buffer
+        each (no Python object per pair: a million pairs at 4,096 workers)."""
+        rec = np.empty((len(src), ROUTE_BYTES), dtype=np.uint8)
+        rec[:, :4] = np.asarray(dst, dtype="<i4").view(np.uint8).reshape(-1, 4)
+        rec[:, 4:] = self.pair_block(src, dst)
+        out = rec.tobytes()
+        rec[:, 4:] = self.pair_block(dst, src)
+        return out, rec.tobytes()
+
+    def pair_block(self, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
+        """The ids of :meth:`pair_ids` as rows of 16 bytes: the block (src, its admissions,
+        dst, its admissions) as four 32-bit numbers, encrypted under the scheduler's key; the
+        id is ``h`` and 15 bytes of it."""
         again = self.sched.rejoined
         s, d = np.asarray(src, dtype=np.uint32), np.asarray(dst, dtype=np.uint32)
         blocks = np.empty((len(s), 4), dtype="<u4")
@@ -213,8 +230,7 @@ class Registration:
         out = np.frombuffer(self._prf.update(blocks.tobytes()), dtype=np.uint8).reshape(-1, 16)
         ids = np.empty((len(s), 16), dtype=np.uint8)
         ids[:, 0], ids[:, 1:] = ord("h"), out[:, :15]
-        raw = ids.tobytes()
-        return [raw[k : k + 16] for k in range(0, len(raw), 16)]
+        return ids
 
     def table_fields(self) -> dict[str, Any]:
         """The fields of the job every node table carries beside its nodes, the first one
@@ -262,10 +278,18 @@ class Registration:
                     p.host,
                     p.port,
                 )
-        # the table, the same for every node, encoded once (msgpack bytes in every answer:
-        # per answer a copy, not an encoding of N entries)
+        # the table, the same for every server, encoded once (msgpack bytes in every answer:
+        # per answer a copy, not an encoding of N entries); a worker's holds the servers'
+        # entries, the number of workers and their host groups by rank (it makes their
+        # entries itself: a worker never connects to another), its own entry beside it
         table = msgpack.packb([n.to_wire() for n in self.sched.nodes.values()])
         shared = self.table_fields()  # (the groups packed once for every node)
+        servers_only = msgpack.packb(
+            [n.to_wire() for n in self.sched.nodes.values() if n.role == "server"]
+        )
+        for_workers = {k: v for k, v in shared.items() if k != "groups"} | worker_fields(
+            self.sched.nodes
+        )
         by_role: dict[str, list[int]] = {"server": [], "worker": []}
         for i, n in self.sched.nodes.items():
             by_role[n.role].append(i)
@@ -277,22 +301,28 @@ class Registration:
                p.role == "server" else [])
             for p, nid in order
         }  # fmt: skip
-        src = [nid for _, nid in order for _ in peers_of[nid]]
-        dst = [i for _, nid in order for i in peers_of[nid]]
-        outs, ins = self.pair_ids(src, dst), self.pair_ids(dst, src)
+        arrays = {id(v): np.asarray(v, dtype=np.int64) for v in peers_of.values()}
+        counts = [len(peers_of[nid]) for _, nid in order]
+        src = np.repeat(np.array([nid for _, nid in order], dtype=np.int64), counts)
+        dst = np.concatenate([arrays[id(peers_of[nid])] for _, nid in order] or [src])
+        outs, ins = self.routes(src, dst)
         at = 0
         for p, nid in order:
             peers = peers_of[nid]
+            worker = p.role == "worker"
             body = {
-                "nodes": table,
+                "nodes": servers_only if worker else table,
                 "id": nid,
                 # routing ids to its peers, and theirs to it
-                "out": [[i, t] for i, t in zip(peers, outs[at : at + len(peers)], strict=True)],
-                "in": [[i, t] for i, t in zip(peers, ins[at : at + len(peers)], strict=True)],
+                "out": outs[at * ROUTE_BYTES : (at + len(peers)) * ROUTE_BYTES],
+                "in": ins[at * ROUTE_BYTES : (at + len(peers)) * ROUTE_BYTES],
                 **self.sched.creds.issue(nid),  # what it proves who it is with (--recover)
             }
             at += len(peers)
-            body.update(shared)
+            if worker:
+                body.update(for_workers, me=self.sched.nodes[nid].to_wire())
+            else:
+                body.update(shared)
             if self.sched.replicas > 1:
                 body["replicas"] = self.sched.replicas
             if self.sched.elastic:

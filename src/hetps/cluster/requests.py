@@ -213,15 +213,6 @@ class RequestTracker:
         for fut in pending:
             fut.set_error(error)
 
-    def fail_peer(self, peer: int, error: BaseException) -> None:
-        """Fail the pending requests sent to ``peer``."""
-        with self._lock:
-            hit = [f for f in self._pending.values() if f.peer == peer]
-            for f in hit:
-                del self._pending[f.req]
-        for fut in hit:
-            fut.set_error(error)
-
     def retarget(self, peer: int, to: int) -> list[Future]:
         """Point the pending requests to ``peer`` at ``to`` (a server that took over from a
         dead one): their answers are taken from ``to`` from now on. Returns them in the order

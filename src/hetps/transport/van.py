@@ -59,6 +59,10 @@ RING_WAIT_S = 0.02
 RING_GIVE_UP_SENDS = 64
 #: what a frame may exceed FRAME_MAX by on the wire (CURVE's box around it)
 FRAME_SLACK = 64 << 10
+#: connections the listener queues before it accepts them (the kernel caps it at
+#: net.core.somaxconn): a scheduler that thousands of nodes reach at once. ZeroMQ's default
+#: of 100 drops the rest, which connect a TCP retry of 1, 3, 7... seconds later
+LISTEN_BACKLOG = 8192
 
 
 def new_routing_id() -> bytes:
@@ -126,6 +130,7 @@ class Van:
         # no frame on the wire exceeds FRAME_MAX (the codec splits bigger arrays), so ZeroMQ
         # drops the connection of a peer announcing a bigger one before it allocates memory
         self._router.setsockopt(zmq.MAXMSGSIZE, min(max_message_bytes, FRAME_MAX) + FRAME_SLACK)
+        self._router.setsockopt(zmq.BACKLOG, LISTEN_BACKLOG)
         if self.keys is not None:
             self.keys.server(self._router)
         # connections mid-handshake: timed out and capped; refused ones logged, rate-limited
