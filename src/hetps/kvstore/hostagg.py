@@ -18,12 +18,15 @@ byte):
   whose answer lands in the segment's result;
 * a pull waits until every part's result of its round is published and copies it out.
 
-The segment is created by local rank 0 (``O_EXCL``, mode 0600) under a name derived from
-the cluster secret, the host group and the key, opened by the others after the init's
-barrier, and unlinked as soon as every local rank mapped it (and at ``close``), so a crash
-leaves nothing behind but what the next job's sweep removes. A wait for a local rank checks
-the store's node (a dead or hung worker is declared dead by the scheduler), that the other
-local ranks' processes exist, and the request timeout; none hangs.
+A key's segment is made at its first push through the host (a key only broadcast, init and
+pull, has none), by whichever local rank comes first: made whole under a name of its own
+(``O_EXCL``, mode 0600) and linked under a name derived from the cluster secret, the host
+group and the key; the others open what is linked there. Its name is unlinked as soon as
+every local rank mapped it (and at ``close``), so a crash leaves nothing behind but what the
+next job's sweep removes. An init again of the same form keeps the segment; a one-shot key
+(an unnamed collective's) is released after its round (:meth:`HostAggregation.release`). A
+wait for a local rank checks the store's node (a dead or hung worker is declared dead by the
+scheduler), that the other local ranks' processes exist, and the request timeout; none hangs.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ log = logging.getLogger("hetps.worker")
 
 SHM_DIR = "/dev/shm"
 MAGIC = 0x47474154534F4848  # b"HHOSTAGG" little-endian
-NAME_RE = re.compile(r"^hetps-host-[0-9a-f]{32}-\d+-[0-9a-f]{24}$")
+NAME_RE = re.compile(r"^hetps-host-[0-9a-f]{32}-\d+-[0-9a-f]{24}(\.new\d+)?$")
 STALE_AGE_S = 60.0
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
@@ -120,8 +123,21 @@ class HostKey:
     sums: dict[int, np.ndarray] = field(default_factory=dict)  # part -> the sent sum
     # 2-bit compression: part -> the host's residual of it (kept by the part's owner)
     residual: dict[int, np.ndarray] = field(default_factory=dict)
-    fallback: bool = False  # a device tensor's key: each worker pushes its own
     named: bool = True  # its name is still in /dev/shm (unlinked once every rank mapped it)
+    form: tuple = ()  # the key's size, dtype and parts (an init of another form: a new one)
+
+    def drop(self) -> None:
+        """Let go of the mapping (unmapped once nothing refers to it any more)."""
+        self.head = self.result = None  # type: ignore[assignment]
+        self.slots, self.futs, self.sums, self.residual = [], {}, {}, {}
+        try:
+            self.mm.close()
+        except BufferError:  # (a view still held somewhere: unmapped when it goes)
+            pass
+
+
+def _form(meta: KeyMeta) -> tuple:
+    return (meta.size, meta.dtype.str, tuple((p.start, p.stop, p.server) for p in meta.parts))
 
 
 # header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid, the round
@@ -145,7 +161,9 @@ class HostAggregation:
             cfg.secret, b"hetps host aggregation " + where, hashlib.sha256
         ).hexdigest()
         self.keys: dict[Any, HostKey] = {}
-        self.gens: dict[Any, int] = {}
+        self.gens: dict[Any, int] = {}  # key -> its segments so far (their names differ)
+        self.known: set[Any] = set()  # dense keys initialised (a segment at their first push)
+        self.fallback: set[Any] = set()  # keys of device tensors: each worker pushes its own
         self.load = [0] * self.size  # bytes of parts each local rank sums
         self.lock = threading.RLock()
         self.noticed = False
@@ -160,74 +178,43 @@ class HostAggregation:
         span = (meta.size * meta.dtype.itemsize + 63) // 64 * 64
         return head, span, head + (self.size + 1) * span
 
-    def _name(self, k: Any, again: bool = False) -> str:
-        gen = self.gens[k] if again else self.gens.get(k, -1) + 1
-        self.gens[k] = gen
-        digest = hashlib.sha256(f"{type(k).__name__}:{k}:{gen}".encode()).hexdigest()[:24]
-        return f"hetps-host-{self.job[:32]}-{self.group}-{digest}"
+    def _name(self, k: Any) -> str:
+        digest = hashlib.sha256(f"{type(k).__name__}:{k}:{self.gens[k]}".encode()).hexdigest()
+        return f"hetps-host-{self.job[:32]}-{self.group}-{digest[:24]}"
 
     def create(self, k: Any, meta: KeyMeta) -> None:
-        """At ``init`` of a dense key, before its barrier: local rank 0 makes the segment."""
+        """At ``init`` of a dense key: its segment is made at its first push through the
+        host (a key only broadcast has none); an init again of the same shape keeps the
+        segment it has, another shape gets a new one (every local rank inits alike)."""
+        self.known.add(k)
+        old = self.keys.get(k)
+        if old is None or old.form != _form(meta):
+            self.release(k)
+
+    def release(self, k: Any) -> None:
+        """Forget key ``k``'s segment (a one-shot collective's key, done on this worker):
+        its memory goes once every local rank released it; a later push of ``k`` makes a
+        new one. Every local rank calls it at the same point of its calls."""
+        hk = self.keys.pop(k, None)
+        if k in self.gens:
+            self.gens[k] += 1
+        if hk is not None:
+            if hk.named:
+                unlink(hk.name)
+            hk.drop()
+
+    def _attach(self, k: Any, meta: KeyMeta) -> HostKey:
+        """This worker's map of key ``k``'s segment: the one another local rank made, else
+        a new one (made whole under no name, then linked: whoever links first wins)."""
+        self.gens.setdefault(k, 0)
         name = self._name(k)
-        old = self.keys.pop(k, None)
-        if old is not None:
-            unlink(old.name)
-        if self.local != 0:
-            return  # opened after the barrier (opened)
-        head, span, total = self._layout(meta)
         path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.ftruncate(fd, total)
-            try:  # reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later
-                os.posix_fallocate(fd, 0, total)
-            except OSError as exc:
-                raise OSError(
-                    exc.errno,
-                    f"host aggregation needs {total} bytes of shared memory in {SHM_DIR} for "
-                    f"key {k!r} and cannot have them ({exc.strerror}): make {SHM_DIR} larger "
-                    "(docker: --shm-size) or set HETPS_HOST_AGGREGATION=0",
-                ) from None
-            mm = mmap.mmap(fd, total, flags=_FLAGS)
-        except BaseException:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
-        self.keys[k] = hk = self._view(k, name, mm, meta, head, span)
-        hk.head[:3] = (MAGIC, self.size, meta.size)
-        hk.head[_PID] = os.getpid()
-        hk.head[self._slot(hk, "ns", 0)] = _pid_ns()
-
-    def opened(self, todo: list[tuple[Any, KeyMeta]]) -> None:
-        """After ``init``'s barrier: the other local ranks open the segments local rank 0
-        made; whoever maps one last unlinks its name."""
-        for k, meta in todo:
-            hk = self.keys.get(k)
-            if hk is None:
-                hk = self._open(k, meta)
-                self.keys[k] = hk
-            self._unname(hk)
-
-    def _unname(self, hk: HostKey) -> None:
-        """Unlink ``hk``'s name once every local rank mapped the segment (every rank tries
-        after its open and at its pushes, so one of them sees the last pid)."""
-        if hk.named and all(hk.head[_PID : _PID + self.size]):
-            unlink(hk.name)
-            hk.named = False
-
-    def _open(self, k: Any, meta: KeyMeta) -> HostKey:
-        name = self._name(k, again=True)
         head, span, total = self._layout(meta)
         where = f"host group {self.group}'s segment of key {k!r}"
         try:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
-            raise ClusterError(
-                f"{where} is missing: local rank 0 of this host did not make it; every worker "
-                "of a host must have the same HETPS_HOST_GROUP and LOCAL_WORLD_SIZE, and one "
-                "of them LOCAL_RANK=0"
-            ) from None
+            fd = self._make(k, meta, path, total)
         try:
             st = os.fstat(fd)
             if (
@@ -242,18 +229,58 @@ class HostAggregation:
             os.close(fd)
         hk = self._view(k, name, mm, meta, head, span)
         if tuple(hk.head[:3]) != (MAGIC, self.size, meta.size):
+            hk.drop()
             raise ClusterError(
                 f"{where} was made for {int(hk.head[1])} local ranks and {int(hk.head[2])} "
                 f"elements, this worker has LOCAL_WORLD_SIZE={self.size} and {meta.size}"
             )
         if hk.head[_PID + self.local] != 0:
+            hk.drop()
             raise ClusterError(
                 f"two workers of host group {self.group} say LOCAL_RANK={self.local} (pid "
                 f"{int(hk.head[_PID + self.local])} and {os.getpid()}): give each its own"
             )
         hk.head[self._slot(hk, "ns", self.local)] = _pid_ns()
         hk.head[_PID + self.local] = os.getpid()
+        self.keys[k] = hk
         return hk
+
+    def _make(self, k: Any, meta: KeyMeta, path: str, total: int) -> int:
+        """A new segment for ``path`` (its header written), or the one another local rank
+        linked there first: an open descriptor of it."""
+        tmp = f"{path}.new{os.getpid()}"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, total)
+            try:  # reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later
+                os.posix_fallocate(fd, 0, total)
+            except OSError as exc:
+                raise OSError(
+                    exc.errno,
+                    f"host aggregation needs {total} bytes of shared memory in {SHM_DIR} for "
+                    f"key {k!r} and cannot have them ({exc.strerror}): make {SHM_DIR} larger "
+                    "(docker: --shm-size) or set HETPS_HOST_AGGREGATION=0",
+                ) from None
+            os.pwrite(fd, np.array([MAGIC, self.size, meta.size], np.int64).tobytes(), 0)
+            try:
+                os.link(tmp, path)
+                return fd
+            except FileExistsError:
+                pass
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            os.unlink(tmp)
+        os.close(fd)
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+
+    def _unname(self, hk: HostKey) -> None:
+        """Unlink ``hk``'s name once every local rank mapped the segment (every rank tries
+        after it mapped it and at its pushes, so one of them sees the last pid)."""
+        if hk.named and all(hk.head[_PID : _PID + self.size]):
+            unlink(hk.name)
+            hk.named = False
 
     def _view(
         self, k: Any, name: str, mm: mmap.mmap, meta: KeyMeta, head: int, span: int
@@ -271,7 +298,9 @@ class HostAggregation:
             if owner == self.local:
                 mine.append(i)
         slots = [at(r) for r in range(self.size)]
-        return HostKey(name, mm, counters, slots, at(self.size), mine, k, len(meta.parts))
+        hk = HostKey(name, mm, counters, slots, at(self.size), mine, k, len(meta.parts))
+        hk.form = _form(meta)
+        return hk
 
     def _slot(self, hk: HostKey, what: str, i: int) -> int:
         base = _PID + 3 * self.size
@@ -287,11 +316,11 @@ class HostAggregation:
     def takes(self, k: Any, device: bool) -> bool:
         """Whether key ``k``'s rounds go through the host (a dense key; a device tensor's
         key falls back to each worker's own push, said once)."""
-        hk = self.keys.get(k)
-        if hk is None:
+        if k not in self.known or k in self.fallback:
             return False
-        if device and not hk.fallback:
-            hk.fallback = True
+        if device:
+            self.fallback.add(k)
+            self.release(k)
             if not self.noticed:
                 self.noticed = True
                 log.warning(
@@ -299,7 +328,10 @@ class HostAggregation:
                     "itself (host aggregation of device tensors is not built)",
                     k,
                 )
-        return not hk.fallback
+            return False
+        if k not in self.keys:
+            self._attach(k, self.kv.meta[k])
+        return True
 
     def push(self, k: Any, meta: KeyMeta, arr: np.ndarray) -> None:
         """This worker's gradient of a new round of ``k`` into its slot."""
@@ -323,7 +355,7 @@ class HostAggregation:
         ``wait_outstanding``, ``barrier`` and ``push(block=True)`` wait for."""
         for k, hk in list(self.keys.items()):
             meta = self.kv.meta.get(k)
-            if (only is not None and k != only) or hk.fallback or meta is None:
+            if (only is not None and k != only) or meta is None:
                 continue
             if hk.pushed <= hk.pulled:  # (its pull saw the round applied)
                 continue
@@ -336,7 +368,7 @@ class HostAggregation:
     def pending(self, k: Any) -> bool:
         """Whether a pull of ``k`` reads a round this worker pushed through the host."""
         hk = self.keys.get(k)
-        return hk is not None and not hk.fallback and hk.pushed > hk.pulled
+        return hk is not None and hk.pushed > hk.pulled
 
     def pull(self, k: Any, meta: KeyMeta, targets: list[np.ndarray]) -> Callable[[], None]:
         """What completes a pull of ``k``'s last pushed round into ``targets`` (blocks)."""
@@ -432,8 +464,6 @@ class HostAggregation:
     def _pump(self) -> None:
         """Send what is ready (every local rank's gradient in) and publish what came back."""
         for k, hk in list(self.keys.items()):
-            if hk.fallback:
-                continue
             meta = self.kv.meta.get(k)
             if meta is None:
                 continue
@@ -508,9 +538,10 @@ class HostAggregation:
             hk.residual = {}
 
     def close(self) -> None:
-        """Unlink what is still named (a local rank that never opened it) and unmap."""
+        """Unlink what is still named (a local rank that never mapped it) and unmap."""
         for hk in self.keys.values():
             unlink(hk.name)
+            hk.drop()
         self.keys = {}
 
 
@@ -522,6 +553,16 @@ def _pid_ns() -> int:
         return 0
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def unlink(name: str) -> None:
     """Remove a segment's name (already gone: nothing to do)."""
     try:
@@ -531,7 +572,8 @@ def unlink(name: str) -> None:
 
 
 def sweep_stale(directory: str = SHM_DIR) -> int:
-    """Unlink segments older than a minute whose local rank 0 (their maker) is gone."""
+    """Unlink segments older than a minute whose local ranks (their maker, their users)
+    are all gone."""
     removed = 0
     try:
         names = os.listdir(directory)
@@ -550,16 +592,12 @@ def sweep_stale(directory: str = SHM_DIR) -> int:
                     continue
                 if time.time() - st.st_mtime < STALE_AGE_S:
                     continue
-                head = os.read(fd, 8 * (_PID + 1))
+                head = np.frombuffer(os.read(fd, 4096), np.int64)
             finally:
                 os.close(fd)
-            pid = int(np.frombuffer(head, np.int64)[_PID])
-            if pid <= 0:
-                raise ProcessLookupError
-            os.kill(pid, 0)
-            continue
-        except ProcessLookupError:
-            pass
+            pids = [int(p) for p in head[_PID : _PID + int(head[1])] if p > 0]
+            if any(_alive(p) for p in pids):
+                continue
         except (OSError, ValueError, IndexError):
             continue
         try:
