@@ -36,7 +36,6 @@ import hmac
 import logging
 import mmap
 import os
-import re
 import stat
 import threading
 import time
@@ -52,17 +51,22 @@ from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import Future
 from hetps.config import ConfigError
+from hetps.kvstore.hostshm import (
+    _FLAGS,
+    _PID,
+    MAGIC,
+    SHM_DIR,
+    make,
+    sweep_stale,
+    unlink,
+)
+from hetps.kvstore.hostshm import pid_ns as _pid_ns
 from hetps.kvstore.keys import KeyMeta, land_into
 from hetps.kvstore.placement import chunk_elems, chunks
 from hetps.transport.codec import Message, dtype_str
 
 log = logging.getLogger("hetps.worker")
-
-SHM_DIR = "/dev/shm"
-MAGIC = 0x47474154534F4848  # b"HHOSTAGG" little-endian
-NAME_RE = re.compile(r"^hetps-host-[0-9a-f]{32}-\d+-[0-9a-f]{24}(\.new\d+)?$")
-STALE_AGE_S = 60.0
-_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+__all__ = ["SHM_DIR", "HostAggregation", "plan", "sweep_stale", "unlink"]
 
 
 def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
@@ -77,12 +81,11 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
     # and a server keeps merging pushes as they come instead of keeping each one for the order
     workers = Counter(n.group for n in kv.node.nodes.values() if n.role == "worker")
     known = known and max(workers.values(), default=0) > 1 and -1 not in workers
-    if not (known and kv.sync) or kv.node.elastic > 0 or kv.balance:
+    if not (known and kv.sync) or kv.balance:
         if known and kv.sync and cfg.host_aggregation and cfg.local_world_size > 1:
             log.warning(
-                "host aggregation is off under %s: each worker pushes its own gradients "
-                "(docs/HOSTS.md)",
-                "HETPS_BALANCE" if kv.balance else "HETPS_ELASTIC",
+                "host aggregation is off under HETPS_BALANCE: each worker pushes its own "
+                "gradients (docs/HOSTS.md)"
             )
         return None, None
     if cfg.local_rank >= cfg.local_world_size:
@@ -98,6 +101,8 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
         why = "the job has no cluster secret (hetps launch makes one)"
     elif kv.node.replicas > 1:
         why = "HETPS_REPLICAS resends pushes to a server that takes over"
+    elif getattr(kv.joins, "rejoining", False):
+        why = "this worker was started again and joins a host that went on without it"
     if why is not None:
         log.warning("host aggregation is off: %s; each worker pushes its own", why)
         return None, tag
@@ -125,6 +130,9 @@ class HostKey:
     residual: dict[int, np.ndarray] = field(default_factory=dict)
     named: bool = True  # its name is still in /dev/shm (unlinked once every rank mapped it)
     form: tuple = ()  # the key's size, dtype and parts (an init of another form: a new one)
+    owner: list[int] = field(default_factory=list)  # part -> the local rank that sends it
+    sizes: list[int] = field(default_factory=list)  # part -> its elements
+    rnd: dict[int, int] = field(default_factory=dict)  # round -> the key's server round
 
     def drop(self) -> None:
         """Let go of the mapping (unmapped once nothing refers to it any more)."""
@@ -138,12 +146,6 @@ class HostKey:
 
 def _form(meta: KeyMeta) -> tuple:
     return (meta.size, meta.dtype.str, tuple((p.start, p.stop, p.server) for p in meta.parts))
-
-
-# header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid, the round
-# its slot holds and its PID namespace; then per part the round summed (its slots are free again) and the
-# round whose result is in (-round: the owner's push of it failed)
-_PID = 8
 
 
 class HostAggregation:
@@ -165,6 +167,8 @@ class HostAggregation:
         self.known: set[Any] = set()  # dense keys initialised (a segment at their first push)
         self.fallback: set[Any] = set()  # keys of device tensors: each worker pushes its own
         self.load = [0] * self.size  # bytes of parts each local rank sums
+        self.dead: set[int] = set()  # local ranks let go (HETPS_ELASTIC)
+        self.elastic = kv.node.elastic > 0
         self.lock = threading.RLock()
         self.noticed = False
         if self.local == 0:
@@ -173,7 +177,7 @@ class HostAggregation:
     # -- segments -----------------------------------------------------------------------------
     def _layout(self, meta: KeyMeta) -> tuple[int, int, int]:
         parts = len(meta.parts)
-        slots = _PID + 3 * self.size + 2 * parts
+        slots = _PID + 4 * self.size + 2 * parts
         head = (slots * 8 + 4095) // 4096 * 4096
         span = (meta.size * meta.dtype.itemsize + 63) // 64 * 64
         return head, span, head + (self.size + 1) * span
@@ -214,7 +218,8 @@ class HostAggregation:
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
-            fd = self._make(k, meta, path, total)
+            header = np.array([MAGIC, self.size, meta.size], np.int64).tobytes()
+            fd = make(path, total, header, f"key {k!r}")
         try:
             st = os.fstat(fd)
             if (
@@ -241,44 +246,16 @@ class HostAggregation:
                 f"{int(hk.head[_PID + self.local])} and {os.getpid()}): give each its own"
             )
         hk.head[self._slot(hk, "ns", self.local)] = _pid_ns()
+        hk.head[self._slot(hk, "node", self.local)] = self.kv.node.id
         hk.head[_PID + self.local] = os.getpid()
         self.keys[k] = hk
         return hk
 
-    def _make(self, k: Any, meta: KeyMeta, path: str, total: int) -> int:
-        """A new segment for ``path`` (its header written), or the one another local rank
-        linked there first: an open descriptor of it."""
-        tmp = f"{path}.new{os.getpid()}"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.ftruncate(fd, total)
-            try:  # reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later
-                os.posix_fallocate(fd, 0, total)
-            except OSError as exc:
-                raise OSError(
-                    exc.errno,
-                    f"host aggregation needs {total} bytes of shared memory in {SHM_DIR} for "
-                    f"key {k!r} and cannot have them ({exc.strerror}): make {SHM_DIR} larger "
-                    "(docker: --shm-size) or set HETPS_HOST_AGGREGATION=0",
-                ) from None
-            os.pwrite(fd, np.array([MAGIC, self.size, meta.size], np.int64).tobytes(), 0)
-            try:
-                os.link(tmp, path)
-                return fd
-            except FileExistsError:
-                pass
-        except BaseException:
-            os.close(fd)
-            raise
-        finally:
-            os.unlink(tmp)
-        os.close(fd)
-        return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-
     def _unname(self, hk: HostKey) -> None:
         """Unlink ``hk``'s name once every local rank mapped the segment (every rank tries
         after it mapped it and at its pushes, so one of them sees the last pid)."""
-        if hk.named and all(hk.head[_PID : _PID + self.size]):
+        pids = hk.head[_PID : _PID + self.size]
+        if hk.named and all(pids[r] for r in range(self.size) if r not in self.dead):
             unlink(hk.name)
             hk.named = False
 
@@ -291,22 +268,58 @@ class HostAggregation:
         def at(i: int) -> np.ndarray:
             return np.frombuffer(mm, meta.dtype, n, head + i * span)
 
-        mine = []
-        for i, p in enumerate(meta.parts):  # deal the parts by bytes (the same on every rank)
-            owner = min(range(self.size), key=lambda r: (self.load[r], r))
-            self.load[owner] += p.size
-            if owner == self.local:
-                mine.append(i)
         slots = [at(r) for r in range(self.size)]
-        hk = HostKey(name, mm, counters, slots, at(self.size), mine, k, len(meta.parts))
-        hk.form = _form(meta)
+        hk = HostKey(name, mm, counters, slots, at(self.size), [], k, len(meta.parts))
+        hk.form, hk.owner = _form(meta), [-1] * len(meta.parts)
+        hk.sizes = [p.size for p in meta.parts]
+        self._deal(hk)
         return hk
 
+    def _deal(self, hk: HostKey) -> None:
+        """Deal ``hk``'s parts without a live owner over the live local ranks by bytes (the
+        same on every rank: keys in the order they were first pushed, parts in order)."""
+        live = [r for r in range(self.size) if r not in self.dead]
+        for i, size in enumerate(hk.sizes):
+            if hk.owner[i] < 0 or hk.owner[i] in self.dead:
+                hk.owner[i] = min(live, key=lambda r: (self.load[r], r))
+                self.load[hk.owner[i]] += size
+        hk.mine = [i for i, r in enumerate(hk.owner) if r == self.local]
+
+    def _left(self) -> None:
+        """HETPS_ELASTIC: the local ranks the scheduler let go are out of the host from the
+        round they did not give their gradient to; their parts are dealt to the others."""
+        left = self.kv.node.left
+        for hk in list(self.keys.values()):
+            node = self._slot(hk, "node", 0)
+            gone = {
+                r
+                for r in range(self.size)
+                if r not in self.dead and r != self.local and int(hk.head[node + r]) in left
+            }
+            if gone:
+                log.warning(
+                    "host aggregation: local ranks %s of host group %d were let go; the "
+                    "others sum their parts from the round they did not give",
+                    sorted(gone),
+                    self.group,
+                )
+                self.dead |= gone
+                for each in self.keys.values():
+                    self._deal(each)
+            return
+
+    def _members(self, hk: HostKey, t: int) -> list[int]:
+        """The local ranks whose gradients round ``t`` sums: the live ones, and one let go
+        that gave its gradient to the round before it was."""
+        contrib = self._slot(hk, "contrib", 0)
+        return [r for r in range(self.size) if r not in self.dead or hk.head[contrib + r] >= t]
+
     def _slot(self, hk: HostKey, what: str, i: int) -> int:
-        base = _PID + 3 * self.size
+        base = _PID + 4 * self.size
         first = {
             "contrib": _PID + self.size,
             "ns": _PID + 2 * self.size,
+            "node": _PID + 3 * self.size,
             "summed": base,
             "result": base + hk.parts,
         }
@@ -346,6 +359,9 @@ class HostAggregation:
         np.copyto(hk.slots[self.local], np.ascontiguousarray(arr).reshape(-1))
         hk.head[self._slot(hk, "contrib", self.local)] = t
         hk.pushed = t
+        meta.rounds += 1  # (the server's round of the key: a part sent again names it)
+        hk.rnd[t] = meta.rounds - 1
+        hk.rnd.pop(t - 8, None)
         with self.lock:
             self._pump()
 
@@ -412,7 +428,8 @@ class HostAggregation:
                 continue
 
             def ready() -> bool:
-                return bool((hk.head[contrib : contrib + self.size] >= t).all())
+                got = hk.head[contrib : contrib + self.size]
+                return all(got[r] >= t for r in range(self.size) if r not in self.dead)
 
             if not ready():
                 if not block:
@@ -428,8 +445,9 @@ class HostAggregation:
         total = hk.sums.get(i)
         if total is None or not all(f.done() for f in hk.futs.get(i, [])):
             total = hk.sums[i] = np.empty(p.size, meta.dtype)
-        np.copyto(total, hk.slots[0][p.start : p.stop])
-        for r in range(1, self.size):  # local-rank order, as the servers sum hosts' workers
+        members = self._members(hk, t)
+        np.copyto(total, hk.slots[members[0]][p.start : p.stop])
+        for r in members[1:]:  # local-rank order, as the servers sum hosts' workers
             np.add(total, hk.slots[r][p.start : p.stop], out=total)
         hk.head[self._slot(hk, "summed", i)] = t  # the slots of this part are free again
         key = hk.key
@@ -453,7 +471,9 @@ class HostAggregation:
                 sync=True,
                 chunk=step,
                 fused=True,
-                host=(self.group, self.local, self.size),
+                host=(self.group, self.local, len(members)),
+                # HETPS_ELASTIC: a part taken over from a rank let go may have been applied
+                round=hk.rnd.get(t) if self.elastic else None,
                 threshold=comp.threshold if comp is not None else None,
             )
             msg = Message(P.PUSH, body=body, arrays=[payload])
@@ -504,7 +524,10 @@ class HostAggregation:
             now = time.monotonic()
             if now - checked > 0.05:
                 checked = now
-                self._peers(what)  # (a dead local rank is seen here before the scheduler says)
+                if self.elastic:  # a local rank let go: the others take its parts over
+                    self._left()
+                else:  # (a dead local rank is seen here before the scheduler says)
+                    self._peers(what)
                 kv.node.check()
             if now - start > kv.timeout:
                 raise ClusterError(
@@ -543,66 +566,3 @@ class HostAggregation:
             unlink(hk.name)
             hk.drop()
         self.keys = {}
-
-
-def _pid_ns() -> int:
-    """This process's PID namespace (its inode), 0 where it cannot be read."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def unlink(name: str) -> None:
-    """Remove a segment's name (already gone: nothing to do)."""
-    try:
-        os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-        pass
-
-
-def sweep_stale(directory: str = SHM_DIR) -> int:
-    """Unlink segments older than a minute whose local ranks (their maker, their users)
-    are all gone."""
-    removed = 0
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return 0
-    for name in names:
-        if not NAME_RE.match(name):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            # only a regular file of our own (never a link or a FIFO planted there)
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                    continue
-                if time.time() - st.st_mtime < STALE_AGE_S:
-                    continue
-                head = np.frombuffer(os.read(fd, 4096), np.int64)
-            finally:
-                os.close(fd)
-            pids = [int(p) for p in head[_PID : _PID + int(head[1])] if p > 0]
-            if any(_alive(p) for p in pids):
-                continue
-        except (OSError, ValueError, IndexError):
-            continue
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
-    return removed
