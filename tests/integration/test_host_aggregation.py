@@ -171,9 +171,7 @@ def test_a_killed_local_worker_ends_the_job_naming_it(tmp_path):
     [((0, 1), 0.0), ((1, 1), 1.0)],
     ids=["before-its-part-went", "after-its-part-went"],
 )
-def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(
-    tmp_path, victim, pause
-):
+def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(tmp_path, victim, pause):
     """Its host's other worker takes its part over: the round it died in holds its
     gradient where it gave it to its host ('b') and not where it did not ('a'), whether or
     not the host's sum of its part had left; every survivor sees every value alike."""
