@@ -168,7 +168,7 @@ def test_a_killed_local_worker_ends_the_job_naming_it(tmp_path):
 
 @pytest.mark.parametrize(
     "victim, pause",
-    [((0, 1), 0.0), ((1, 1), 1.0)],
+    [((0, 1), 0.0), pytest.param((1, 1), 1.0, marks=pytest.mark.slow)],
     ids=["before-its-part-went", "after-its-part-went"],
 )
 def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(tmp_path, victim, pause):

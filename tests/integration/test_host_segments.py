@@ -2,7 +2,8 @@
 keys that are only initialised or broadcast from rank 0, one per key pushed through the host,
 kept when the key is initialised again in the same form and reused by every call of a named
 collective, and none left by unnamed collectives (each a one-shot key, named by a counter in
-call order as Horovod does), while every value stays the right one."""
+call order as Horovod does), while every value stays the right one, also when the local
+ranks first push their keys in different orders."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ def segments():
     return sorted(inodes)
 
 seen, values = {}, []
+# the local ranks push two keys first in different orders: who sends which part is dealt
+# at init (in init order), the same on both
+kv.init(['p', 'q'], [np.zeros(100, np.float32), np.zeros(100, np.float32)])
+for k in (['p', 'q'] if me == 0 else ['q', 'p']):
+    kv.push(k, np.full(100, me + 1.0, np.float32))
+values.append([sorted(set(kv.pull(k).tolist())) for k in 'pq'])
+seen['p q'] = segments()
 model = torch.nn.Linear(300, 20)
 for _ in range(2):
     hvd.broadcast_parameters(model.state_dict(), kv, root_rank=0)
@@ -83,15 +91,16 @@ def test_segments_per_pushed_key_reused_and_none_for_broadcasts(tmp_path):
     for rec in recs:
         assert rec["on"], out
         seen = rec["seen"]
-        assert seen["broadcast and init"] == [], seen
-        assert len(seen["named x4"]) == 1, seen
+        assert len(seen["p q"]) == 2, seen
+        assert seen["broadcast and init"] == seen["p q"], seen  # none more
+        assert len(seen["named x4"]) == 3, seen  # ('p', 'q' and 'loss')
         assert seen["unnamed x4"] == seen["named x4"], seen
-        assert len(seen["w once"]) == 2, seen
+        assert len(seen["w once"]) == 4, seen
         assert seen["w twice"] == seen["w once"], seen  # the same segment, init again
-        assert len(seen["w resized"]) == 2 and seen["w resized"] != seen["w once"], seen
+        assert len(seen["w resized"]) == 4 and seen["w resized"] != seen["w once"], seen
     # both local ranks map the same segments
     assert recs[0]["seen"] == recs[1]["seen"]
-    want = [[7.0] * 50] * 2
+    want = [[[3.0], [3.0]]] + [[7.0] * 50] * 2
     want += [[2.0 * i + 3.0] * 100 for i in range(4)]
     for i in range(4):
         want += [[2.0 * i + 3.0] * 100, [i + 0.0, i + 0.0, i + 1.0, i + 1.0]]

@@ -131,7 +131,6 @@ class HostKey:
     named: bool = True  # its name is still in /dev/shm (unlinked once every rank mapped it)
     form: tuple = ()  # the key's size, dtype and parts (an init of another form: a new one)
     owner: list[int] = field(default_factory=list)  # part -> the local rank that sends it
-    sizes: list[int] = field(default_factory=list)  # part -> its elements
     rnd: dict[int, int] = field(default_factory=dict)  # round -> the key's server round
 
     def drop(self) -> None:
@@ -164,7 +163,10 @@ class HostAggregation:
         ).hexdigest()
         self.keys: dict[Any, HostKey] = {}
         self.gens: dict[Any, int] = {}  # key -> its segments so far (their names differ)
-        self.known: set[Any] = set()  # dense keys initialised (a segment at their first push)
+        # dense keys initialised (a segment at their first push), in init order: their form
+        # and which local rank sends each part
+        self.forms: dict[Any, tuple] = {}
+        self.owners: dict[Any, list[int]] = {}
         self.fallback: set[Any] = set()  # keys of device tensors: each worker pushes its own
         self.load = [0] * self.size  # bytes of parts each local rank sums
         self.dead: set[int] = set()  # local ranks let go (HETPS_ELASTIC)
@@ -190,9 +192,12 @@ class HostAggregation:
         """At ``init`` of a dense key: its segment is made at its first push through the
         host (a key only broadcast has none); an init again of the same shape keeps the
         segment it has, another shape gets a new one (every local rank inits alike)."""
-        self.known.add(k)
+        form = _form(meta)
+        if self.forms.get(k) != form:  # (inits come in the same order on every rank)
+            self.forms[k], self.owners[k] = form, [-1] * len(meta.parts)
+            self._deal(k, [p.size for p in meta.parts])
         old = self.keys.get(k)
-        if old is None or old.form != _form(meta):
+        if old is None or old.form != form:
             self.release(k)
 
     def release(self, k: Any) -> None:
@@ -270,20 +275,19 @@ class HostAggregation:
 
         slots = [at(r) for r in range(self.size)]
         hk = HostKey(name, mm, counters, slots, at(self.size), [], k, len(meta.parts))
-        hk.form, hk.owner = _form(meta), [-1] * len(meta.parts)
-        hk.sizes = [p.size for p in meta.parts]
-        self._deal(hk)
+        hk.form, hk.owner = _form(meta), self.owners[k]
+        hk.mine = [i for i, r in enumerate(hk.owner) if r == self.local]
         return hk
 
-    def _deal(self, hk: HostKey) -> None:
-        """Deal ``hk``'s parts without a live owner over the live local ranks by bytes (the
-        same on every rank: keys in the order they were first pushed, parts in order)."""
+    def _deal(self, k: Any, sizes: list[int]) -> None:
+        """Deal key ``k``'s parts without a live owner over the live local ranks by bytes
+        (the same on every rank: keys in init order, parts in order)."""
         live = [r for r in range(self.size) if r not in self.dead]
-        for i, size in enumerate(hk.sizes):
-            if hk.owner[i] < 0 or hk.owner[i] in self.dead:
-                hk.owner[i] = min(live, key=lambda r: (self.load[r], r))
-                self.load[hk.owner[i]] += size
-        hk.mine = [i for i, r in enumerate(hk.owner) if r == self.local]
+        owner = self.owners[k]
+        for i, size in enumerate(sizes):
+            if owner[i] < 0 or owner[i] in self.dead:
+                owner[i] = min(live, key=lambda r: (self.load[r], r))
+                self.load[owner[i]] += size
 
     def _left(self) -> None:
         """HETPS_ELASTIC: the local ranks the scheduler let go are out of the host from the
@@ -304,8 +308,10 @@ class HostAggregation:
                     self.group,
                 )
                 self.dead |= gone
+                for each, form in self.forms.items():
+                    self._deal(each, [p[1] - p[0] for p in form[2]])
                 for each in self.keys.values():
-                    self._deal(each)
+                    each.mine = [i for i, r in enumerate(each.owner) if r == self.local]
             return
 
     def _members(self, hk: HostKey, t: int) -> list[int]:
@@ -329,7 +335,7 @@ class HostAggregation:
     def takes(self, k: Any, device: bool) -> bool:
         """Whether key ``k``'s rounds go through the host (a dense key; a device tensor's
         key falls back to each worker's own push, said once)."""
-        if k not in self.known or k in self.fallback:
+        if k not in self.forms or k in self.fallback:
             return False
         if device:
             self.fallback.add(k)
