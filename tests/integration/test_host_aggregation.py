@@ -112,7 +112,7 @@ import json
 kv = hetps.kv.create('dist_sync')
 g, lr = kv.cfg.host_group, kv.cfg.local_rank
 kv.init(['a', 'b'], [np.zeros(5, np.float32), np.zeros(3000, np.float32)])
-seen = []
+seen, shorts = [], []
 for r in range(6):
     mine = [np.full(5, r + 1.0, np.float32), np.full(3000, r + 1.0, np.float32)]
     if r == 3 and (g, lr) == VICTIM:
@@ -121,8 +121,9 @@ for r in range(6):
         os.kill(os.getpid(), signal.SIGKILL)
     kv.pushpull(['a', 'b'], mine, out=mine)
     seen.append([sorted(set(mine[0].tolist())), sorted(set(mine[1].tolist()))])
-print('KILLED', json.dumps({'me': 2 * g + lr, 'on': kv.hostagg is not None, 'seen': seen}),
-      flush=True)
+    shorts.append([kv.short_rounds('a'), kv.short_rounds('b')])
+print('KILLED', json.dumps({'me': 2 * g + lr, 'on': kv.hostagg is not None, 'seen': seen,
+      'shorts': shorts}), flush=True)
 """
 
 
@@ -198,6 +199,10 @@ def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(tmp_p
     for rec in recs.values():
         assert rec["on"]
         assert rec["seen"][3] == [[12.0], [16.0]], rec
+        # every survivor knows which sums hold fewer workers, whoever of its host sent them
+        # (the mean divides by them: DistributedOptimizer, short_rounds())
+        three = [[[0, 5, 3]], [[0, 3000, 3]]]
+        assert rec["shorts"] == [[[], []]] * 3 + [[three[0], []]] + [three] * 2, rec
         assert rec["seen"][:3] + rec["seen"][4:] == want[:3] + want[4:], rec
     assert set(_shm_left()) <= before
 

@@ -56,6 +56,7 @@ from hetps.kvstore.hostshm import (
     _PID,
     MAGIC,
     SHM_DIR,
+    alive,
     make,
     sweep_stale,
     unlink,
@@ -179,7 +180,7 @@ class HostAggregation:
     # -- segments -----------------------------------------------------------------------------
     def _layout(self, meta: KeyMeta) -> tuple[int, int, int]:
         parts = len(meta.parts)
-        slots = _PID + 4 * self.size + 2 * parts
+        slots = _PID + 4 * self.size + 3 * parts
         head = (slots * 8 + 4095) // 4096 * 4096
         span = (meta.size * meta.dtype.itemsize + 63) // 64 * 64
         return head, span, head + (self.size + 1) * span
@@ -328,6 +329,7 @@ class HostAggregation:
             "node": _PID + 3 * self.size,
             "summed": base,
             "result": base + hk.parts,
+            "short": base + 2 * hk.parts,
         }
         return first[what] + i
 
@@ -405,9 +407,20 @@ class HostAggregation:
             value = hk.result.reshape(meta.shape)
             for target in targets:
                 target[...] = value
+            short = self.kv._short
+            for i, p in enumerate(meta.parts):  # (as the part's owner heard it)
+                w = int(hk.head[self._slot(hk, "short", i)])
+                for a, b in chunks(p.start, p.stop, self._step(meta)):
+                    if w:
+                        short.setdefault(k, {})[(a, b)] = w
+                    elif k in short:
+                        short[k].pop((a, b), None)
             hk.pulled = t
 
         return finish
+
+    def _step(self, meta: KeyMeta) -> int:
+        return chunk_elems(self.kv.cfg.chunk_bytes, meta.dtype.itemsize)
 
     def _results(self, hk: HostKey, k: Any, res: int, parts: int, t: int) -> bool:
         got = hk.head[res : res + parts]
@@ -457,7 +470,7 @@ class HostAggregation:
             np.add(total, hk.slots[r][p.start : p.stop], out=total)
         hk.head[self._slot(hk, "summed", i)] = t  # the slots of this part are free again
         key = hk.key
-        step = chunk_elems(kv.cfg.chunk_bytes, meta.dtype.itemsize)
+        step = self._step(meta)
         dest = hk.result
         futs = []
         comp = kv.compressor  # (the host's sum is compressed, with the host's residual)
@@ -504,6 +517,12 @@ class HostAggregation:
                 if hk.head[slot] == t or hk.head[slot] == -t:
                     continue
                 failed = [f for f in futs if f.error is not None]
+                # the workers the result holds where fewer than the job's (HETPS_ELASTIC),
+                # as its answers said: every local rank's short_rounds() (0: all)
+                p = meta.parts[i]
+                first = (p.start, min(p.stop, p.start + self._step(meta)))
+                w = self.kv._short.get(k, {}).get(first, 0)
+                hk.head[self._slot(hk, "short", i)] = w
                 hk.head[slot] = -t if failed else t
                 if failed:
                     log.error("host aggregation: the push of key %r failed", k)
@@ -550,15 +569,11 @@ class HostAggregation:
                 pid = int(hk.head[_PID + r])
                 if r == self.local or pid <= 0 or hk.head[self._slot(hk, "ns", r)] != _pid_ns():
                     continue  # (a pid of another PID namespace names nothing here)
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
+                if not alive(pid):
                     raise ClusterError(
                         f"host aggregation: local rank {r} (pid {pid}) of host group "
                         f"{self.group} died during a {what}; the host's round cannot complete"
-                    ) from None
-                except PermissionError:
-                    pass
+                    )
             return
 
     def compression(self) -> None:

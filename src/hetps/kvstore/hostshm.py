@@ -19,7 +19,8 @@ STALE_AGE_S = 60.0
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 # header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid, the round
 # its slot holds, its PID namespace and its node id; then per part the round summed (its
-# slots are free again) and the round whose result is in (-round: the owner's push failed)
+# slots are free again), the round whose result is in (-round: the owner's push failed) and
+# the workers that result holds when fewer than the job's (0: all)
 _PID = 8
 
 
@@ -65,6 +66,7 @@ def pid_ns() -> int:
 
 
 def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one not ours to signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
