@@ -52,3 +52,24 @@ def test_a_flag_that_contradicts_the_env_is_refused(tmp_path):
     assert r.returncode != 0
     assert "--host-aggregation off and --env HETPS_HOST_AGGREGATION=1 disagree" in r.stderr
     assert "AGG" not in r.stdout
+
+
+def test_hetps_train_gives_every_role_the_setting_and_its_workers_no_flag(monkeypatch):
+    """`hetps train --workers W --host-aggregation off`: the variable in every role's
+    environment; the workers' own command line (this command again) goes without the flag."""
+    import hetps.launch.local as local
+    from hetps.app.train import launch_cluster
+    from hetps.cli import build_parser
+
+    seen = {}
+
+    def fake_run_cluster(spec, **kw):
+        seen["env"], seen["command"] = dict(spec.env), list(spec.command)
+        return 0
+
+    monkeypatch.setattr(local, "run_cluster", fake_run_cluster)
+    argv = ["train", "--workers", "2", "--host-aggregation", "off"]
+    monkeypatch.setattr(sys, "argv", ["hetps", *argv])
+    assert launch_cluster(build_parser().parse_args(argv)) == 0
+    assert seen["env"]["HETPS_HOST_AGGREGATION"] == "0"
+    assert "--host-aggregation" not in seen["command"] and "off" not in seen["command"]
