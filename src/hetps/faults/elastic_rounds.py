@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hetps.kvstore.hostrounds import keep
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
 
@@ -47,8 +48,6 @@ class ElasticRounds:
         complete, so a worker that dies before leaves nothing in it). ``host``: the push's
         (host group, local rank, workers it stands for): a host's sum stands for its
         workers (docs/HOSTS.md)."""
-        if host is not None:
-            sl.hosts[worker] = (int(host[0]), int(host[1]), int(host[2]))
         if not sl.got:
             sl.chunk = ce
         elif ce != sl.chunk:
@@ -56,12 +55,9 @@ class ElasticRounds:
                 f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
                 f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
             )
-        # the received frame is kept as it is (read-only); lent ring memory is copied
-        sl.held.setdefault(worker, []).append((off, data if msg.lease is None else data.copy()))
-        sl.got[worker] = sl.got.get(worker, 0) + n
-        sl.seen.setdefault(worker, set()).add(off)
-        msg.arrays = []
-        sl.acks.append(msg)
+        if host is not None:
+            sl.hosts[worker] = (int(host[0]), int(host[1]), int(host[2]))
+        keep(msg, sl, worker, data, off, n)
         self.finish_if_complete(sl)
 
     def finish_if_complete(self, sl: Slice) -> None:
