@@ -5,21 +5,25 @@
 The job: ``hetps launch -n 4 -s 2 --nproc-per-node 2 ... -- hetps train -m sync -n mlp``
 with ``--checkpoint-dir`` (every 5 rounds): workers 0, 1 are host group 0 and workers 2, 3
 host group 1, each host summing its gradients through shared memory (docs/HOSTS.md). Each
-trial kills one process with SIGKILL once a worker logged a round drawn at random (10-80%
+trial kills (or stops) one process once a worker logged a round drawn at random (10-80%
 of the rounds), the scenarios in turn:
 
 * ``worker``: a worker drawn at random, no ``--elastic``, no restarts. Expected: the job
   fails within ``FAIL_FAST_S`` of the kill, the launcher naming that worker; no process of
   the job left, nothing new left in /dev/shm named ``hetps-host-*``. ``hostagg`` says that
   the workers had their host's segments mapped at the kill (aggregation was on).
-* ``worker, elastic``: the same under ``--elastic 2``: the host's workers push each their
-  own (the launcher's output says so), the dead one is let go (the launcher naming it), the
-  job completes; every survivor's weights and optimizer state in the last checkpoint are
-  equal bit for bit.
+* ``worker, elastic``: the same under ``--elastic 2``: the dead one is let go (the launcher
+  naming it), its host's other worker takes its parts over (its log says so), the job
+  completes; every survivor's weights and optimizer state in the last checkpoint are equal
+  bit for bit.
 * ``server, replicas``: a server drawn at random under ``--replicas 2 --max-restarts 3``:
   its copy takes over; the job completes with the weights of every worker, every key's value
   on the servers and their optimizer states equal bit for bit to an undisturbed run of the
   same job (the servers add a round per host in host order, so that run is deterministic).
+* ``worker stopped`` and ``worker stopped, elastic``: the same two with SIGSTOP instead (a
+  hung worker, never continued): the scheduler declares it dead when its heartbeats stop
+  (``PS_HEARTBEAT_TIMEOUT``, 10 s), the launcher naming it; then as the kills above (the job
+  fails within ``FAIL_FAST_S``, or goes on with the others).
 """
 
 from __future__ import annotations
@@ -38,17 +42,26 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-#: name -> (--elastic, --replicas, --max-restarts, role killed, expected outcome)
+#: name -> (--elastic, --replicas, --max-restarts, role hit, expected outcome, signal)
 SCENARIOS = {
-    "worker": (0, 1, 0, "worker", "failed"),
-    "worker, elastic": (2, 1, 0, "worker", "completed"),
-    "server, replicas": (0, 2, 3, "server", "completed"),
+    "worker": (0, 1, 0, "worker", "failed", signal.SIGKILL),
+    "worker, elastic": (2, 1, 0, "worker", "completed", signal.SIGKILL),
+    "server, replicas": (0, 2, 3, "server", "completed", signal.SIGKILL),
+    "worker stopped": (0, 1, 0, "worker", "failed", signal.SIGSTOP),
+    "worker stopped, elastic": (2, 1, 0, "worker", "completed", signal.SIGSTOP),
+}
+#: what the launcher says of the process hit: killed, or (stopped) declared dead when its
+#: heartbeats stopped
+CAUSE = {
+    signal.SIGKILL: r"\[launcher\].*killed by signal",
+    signal.SIGSTOP: r"\[launcher\].*declared dead by the scheduler",
 }
 FAIL_FAST_S = 30.0  # a job that fails must end this soon after the kill (heartbeats: 10 s)
 SHM = Path("/dev/shm")
 HELP = (
     "only N trials on 2 hosts of 2 workers (--nproc-per-node 2): a worker killed without and "
-    "with --elastic, a server with --replicas 2, in turn (benchmarks/chaos_hosts.py)"
+    "with --elastic, a server with --replicas 2, a worker stopped (SIGSTOP) without and with "
+    "--elastic, in turn (benchmarks/chaos_hosts.py)"
 )
 
 
@@ -123,24 +136,24 @@ def verdict(row: dict[str, Any]) -> bool:
         return False
     if row["shm_left"]:
         return False
-    if row["scenario"] == "worker":
+    if row["scenario"] in ("worker", "worker stopped"):
         return (
             bool(row["named"])
             and row["end_after_kill_s"] is not None
             and row["end_after_kill_s"] <= FAIL_FAST_S
             and bool(row["hostagg"])
         )
-    if row["scenario"] == "worker, elastic":
-        return bool(row["named"]) and bool(row["per_process"]) and bool(row.get("agree"))
+    if row["scenario"] in ("worker, elastic", "worker stopped, elastic"):
+        return bool(row["named"]) and bool(row["taken_over"]) and bool(row.get("agree"))
     return bool(row.get("bit_for_bit"))
 
 
 def trial(chaos: Any, i: int, scenario: str, rng: random.Random, base: Path, rounds: int,
           limit_s: float, ref_ck: Path | None) -> dict[str, Any]:  # fmt: skip
-    """One job, one SIGKILL as ``scenario`` says; what came of it."""
+    """One job, one SIGKILL or SIGSTOP as ``scenario`` says; what came of it."""
     import chaos_multi
 
-    elastic, replicas, restarts, role, expected = SCENARIOS[scenario]
+    elastic, replicas, restarts, role, expected, sig = SCENARIOS[scenario]
     name = f"hosts{i}"
     tag = uuid.uuid4().hex
     before = host_segments()
@@ -158,7 +171,7 @@ def trial(chaos: Any, i: int, scenario: str, rng: random.Random, base: Path, rou
         if procs:
             pid, env = rng.choice(procs)
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
                 killed = time.monotonic()
                 victim = env
             except ProcessLookupError:
@@ -167,7 +180,7 @@ def trial(chaos: Any, i: int, scenario: str, rng: random.Random, base: Path, rou
     lines = [x for _, x in job.lines]
     end_t = job.lines[-1][0] if job.lines else time.monotonic()
     rank = victim.get("HETPS_LAUNCH_RANK") if victim else None
-    cause = next((x for x in lines if re.search(r"\[launcher\].*killed by signal", x)), None)
+    cause = next((x for x in lines if re.search(CAUSE[sig], x)), None)
     row: dict[str, Any] = {
         "trial": i,
         "scenario": scenario,
@@ -183,7 +196,8 @@ def trial(chaos: Any, i: int, scenario: str, rng: random.Random, base: Path, rou
         "shm_left": len(host_segments() - before),
         "shm_names": sorted(host_segments() - before),  # (another job's may show here too)
         "hostagg": hostagg,
-        "per_process": any("host aggregation is off under HETPS_ELASTIC" in x for x in lines),
+        # its host's other worker took its parts over (docs/HOSTS.md)
+        "taken_over": any("were let go; the others sum their parts" in x for x in lines),
         "named": cause is not None and rank is not None and f"{role} {rank}" in cause,
         "cause": cause,
         "peer_saw_it": any(
@@ -193,7 +207,7 @@ def trial(chaos: Any, i: int, scenario: str, rng: random.Random, base: Path, rou
         "output": "\n".join(lines),
     }
     ck = base / f"ck-{name}"
-    if outcome == "completed" and scenario == "worker, elastic":
+    if outcome == "completed" and SCENARIOS[scenario][:2] == (2, 1):
         row.update(survivors_agree(chaos_multi._last(ck)))
     if outcome == "completed" and scenario == "server, replicas" and ref_ck is not None:
         cmp = chaos_multi.compare(ck, ref_ck)

@@ -21,6 +21,7 @@ over ``--repeats``:
 
     .venv/bin/python benchmarks/host_aggregation.py                  # 2 hosts x 3, 300 Mbit/s
     .venv/bin/python benchmarks/host_aggregation.py --json out.json --repeats 2
+    .venv/bin/python benchmarks/host_aggregation.py --mtu 9000     # jumbo frames
 """
 
 from __future__ import annotations
@@ -68,6 +69,35 @@ print('HA ' + json.dumps({'host': kv.cfg.host_group, 'local': kv.cfg.local_rank,
 """
 
 
+def set_mtu(net, mtu: int) -> None:
+    """Every link of the emulated cluster at ``mtu`` bytes (each node's eth0, its peer on
+    the hub's bridge, the bridge), as a cluster with jumbo frames (9000) has them."""
+    import subprocess
+
+    from hetps.netem.tools import BRIDGE, NODE_IF
+
+    if mtu == 1500:
+        return
+    for i in range(net.n):
+        subprocess.run(["ip", "-n", net.hub, "link", "set", "dev", f"v{i}", "mtu", str(mtu)],
+                       check=True)  # fmt: skip
+        subprocess.run(["ip", "-n", net.node_ns(i), "link", "set", "dev", NODE_IF, "mtu",
+                        str(mtu)], check=True)  # fmt: skip
+    subprocess.run(["ip", "-n", net.hub, "link", "set", "dev", BRIDGE, "mtu", str(mtu)],
+                   check=True)  # fmt: skip
+
+
+def floor(mtu: int) -> dict:
+    """What TCP/IP over Ethernet adds to a payload at ``mtu``, as an interface counts it:
+    each full segment carries MSS = MTU - 20 (IPv4) - 32 (TCP with timestamps) bytes in a
+    frame of MTU + 14 (Ethernet header) bytes, and the other direction sends a 66-byte ACK
+    frame for every second segment (Linux's delayed ACK), or for far fewer (GRO, stretch
+    ACKs): the floor without ACKs and with one per two segments."""
+    mss = mtu - 20 - 32
+    data = (mtu + 14) / mss
+    return {"mss": mss, "no_acks": data, "ack_per_2": data + 66 / (2 * mss)}
+
+
 def run_once(args, agg: bool, script: Path) -> dict:
     """One cluster on emulated hosts; its figures."""
     from hetps.launch.contract import LaunchSpec
@@ -86,6 +116,7 @@ def run_once(args, agg: bool, script: Path) -> dict:
     }
     out = io.StringIO()
     with Netem([args.rate] * (hosts + 1)) as net:
+        set_mtu(net, args.mtu)
         spec = LaunchSpec(
             num_workers=hosts * k,
             num_servers=args.servers,
@@ -147,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mb", type=float, default=16.0, help="the model, MB (float32)")
     p.add_argument("--rounds", type=int, default=5, help="measured rounds per run")
     p.add_argument("--repeats", type=int, default=1, help="runs per setting, alternated")
+    p.add_argument("--mtu", type=int, default=1500, help="every link's MTU (9000: jumbo frames)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hetps-hostagg-") as tmp:
@@ -182,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     summary["speedup"] = summary["round_off_s"] / summary["round_on_s"]
+    summary["tcp_floor"] = floor(args.mtu)
     summary["on_over_bound"] = statistics.median(r["round_over_bound"] for r in on)
     print(
         f"\n{args.hosts} hosts x {args.per_host} workers, {args.servers} servers, "
@@ -190,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         f"speedup x{summary['speedup']:.2f}; on / bound x{summary['on_over_bound']:.2f}\n"
         f"worker host bytes per round over one push + pull: on "
         f"{summary['bytes_on_over_push_pull']:.3f}, off {summary['bytes_off_over_push_pull']:.3f}"
+        f"\nTCP/IP's floor at MTU {args.mtu} (MSS {summary['tcp_floor']['mss']}): "
+        f"{summary['tcp_floor']['no_acks']:.4f} without ACKs, "
+        f"{summary['tcp_floor']['ack_per_2']:.4f} with an ACK per two segments"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))

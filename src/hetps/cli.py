@@ -35,7 +35,13 @@ def _env_pairs(items: list[str]) -> dict[str, str]:
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
     from hetps.config import ConfigError, env_value, user_threads
-    from hetps.launch.contract import LaunchSpec, balance_env, places_by_host, server_device_env
+    from hetps.launch.contract import (
+        LaunchSpec,
+        balance_env,
+        host_aggregation_env,
+        places_by_host,
+        server_device_env,
+    )
     from hetps.launch.local import run_cluster
     from hetps.launch.wrappers import read_hostfile_slots, ssh_wrapper, worker_hosts
 
@@ -65,6 +71,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
         )
     env = _env_pairs(args.env)
     server_device_env(env, args.server_device)
+    try:
+        host_aggregation_env(env, args.host_aggregation)
+    except ValueError as exc:
+        raise SystemExit(f"hetps launch: {exc}") from None
     if "HETPS_SECRET" in env:
         raise SystemExit(
             "hetps launch: --env HETPS_SECRET=... would put the cluster secret on a command "
@@ -374,6 +384,14 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DEV",
         help="where the servers sum pushes and run SGD/Adam: cpu (the default) or cuda:N, "
         "a GPU of each server machine (HETPS_SERVER_DEVICE; docs/ESYNC.md)",
+    )
+    p.add_argument(
+        "--host-aggregation",
+        choices=["auto", "off"],
+        default=None,
+        help="auto (the default): in dist_sync the workers of a host of several sum their "
+        "gradients through shared memory and push once; off: each worker pushes its own "
+        "(HETPS_HOST_AGGREGATION; docs/HOSTS.md)",
     )
     p.add_argument(
         "--metrics-port",

@@ -80,7 +80,7 @@ def _row(scenario: str, **kw) -> dict:
         "named": True,
         "end_after_kill_s": 2.0,
         "hostagg": True,
-        "per_process": True,
+        "taken_over": True,
         "agree": True,
         "bit_for_bit": True,
     }
@@ -102,10 +102,14 @@ def test_a_trial_is_as_expected_only_when_every_check_of_its_scenario_holds():
         {"outcome": "completed"},
     ):
         assert not ch.verdict(_row("worker", **bad)), bad
-    # --elastic: per process (said), and the survivors agree
-    assert not ch.verdict(_row("worker, elastic", per_process=False))
-    assert not ch.verdict(_row("worker, elastic", agree=False))
-    assert not ch.verdict(_row("worker, elastic", named=False))
+    # --elastic: the host's other worker took its parts over (said), and the survivors agree
+    for scenario in ("worker, elastic", "worker stopped, elastic"):
+        assert not ch.verdict(_row(scenario, taken_over=False))
+        assert not ch.verdict(_row(scenario, agree=False))
+        assert not ch.verdict(_row(scenario, named=False))
+    # a stopped worker without --elastic: as a killed one, the job fails fast naming it
+    assert not ch.verdict(_row("worker stopped", end_after_kill_s=ch.FAIL_FAST_S + 1))
+    assert not ch.verdict(_row("worker stopped", named=False))
     assert not ch.verdict(_row("server, replicas", bit_for_bit=False))
 
     rows = [

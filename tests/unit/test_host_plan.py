@@ -24,7 +24,10 @@ def _kv(group=0, local=0, size=2, sync=True, elastic=0, agg=True, secret=b"s" * 
     nodes = {9 + 2 * i: SimpleNamespace(role="worker", group=g) for i, g in enumerate(groups)}
     nodes[8] = SimpleNamespace(role="server", group=-1)
     node = SimpleNamespace(elastic=elastic, replicas=kw.get("replicas", 1), nodes=nodes)
-    return SimpleNamespace(cfg=cfg, sync=sync, node=node, balance=kw.get("balance", False))
+    joins = SimpleNamespace(rejoining=kw.get("rejoining", False))
+    return SimpleNamespace(
+        cfg=cfg, sync=sync, node=node, balance=kw.get("balance", False), joins=joins
+    )
 
 
 def _plan(monkeypatch, **kw):
@@ -48,7 +51,8 @@ def _plan(monkeypatch, **kw):
         ({"balance": True}, (None, None)),  # HETPS_BALANCE: per process, as without hosts
         ({"replicas": 2}, (None, (0, 0, 1))),
         ({"sync": False}, (None, None)),  # dist_async: per process, no rounds
-        ({"elastic": 2}, (None, None)),  # --elastic: per process, as without hosts
+        ({"elastic": 2}, ("AGG", (0, 0, 1))),  # --elastic: a rank let go, the others go on
+        ({"elastic": 2, "rejoining": True}, (None, (0, 0, 1))),  # joins a host on its own
         ({"group": -1}, (None, None)),  # host not known
         ({"local": -1}, (None, None)),
         ({"size": 0}, (None, None)),
@@ -118,11 +122,14 @@ def test_a_full_shared_memory_is_an_error_naming_the_fix_not_a_bus_error(tmp_pat
             host_group=0, local_rank=0, local_world_size=2, secret=b"s" * 32,
             root_uri="127.0.0.1", root_port=9000, restart=0,
         )  # fmt: skip
-        agg = hostagg.HostAggregation(SimpleNamespace(cfg=cfg))
+        node = SimpleNamespace(elastic=0, id=9)
+        agg = hostagg.HostAggregation(SimpleNamespace(cfg=cfg, node=node, meta={}))
         n = 1 << 20  # 4 MiB of float32 a slot, 3 slots
         meta = KeyMeta((n,), np.dtype(np.float32), [Part(8, 0, 0, n)])
         with pytest.raises(OSError, match=r"host aggregation needs \d+ bytes of shared memory"):
-            agg.create("w", meta)
+            agg.create("w", meta)  # (made at its first push through the host)
+            agg.kv.meta["w"] = meta
+            agg.takes("w", False)
         assert os.listdir(shm) == []
     finally:
         subprocess.run(["umount", "-l", str(shm)])

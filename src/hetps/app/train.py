@@ -282,12 +282,13 @@ LAUNCH_ONLY = (
     "--slice-size",
     "--metrics-port",
     "--server-device",
+    "--host-aggregation",
 )
 
 
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
-    from hetps.launch.contract import LaunchSpec, server_device_env
+    from hetps.launch.contract import LaunchSpec, host_aggregation_env, server_device_env
     from hetps.launch.local import run_cluster
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
@@ -344,6 +345,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
         replicas=args.replicas,
     )
     server_device_env(spec.env, args.server_device)  # (a bad value fails before anything starts)
+    host_aggregation_env(spec.env, args.host_aggregation)
     started = time.time()
     code = run_cluster(
         spec,

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hetps.kvstore.hostrounds import keep
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
 
@@ -33,10 +34,20 @@ class ElasticRounds:
 
     # -- HETPS_ELASTIC: a round is kept per worker until it is complete ----------------------
     def hold(
-        self, msg: Message, sl: Slice, worker: int, data: np.ndarray, off: int, n: int, ce: int
+        self,
+        msg: Message,
+        sl: Slice,
+        worker: int,
+        data: np.ndarray,
+        off: int,
+        n: int,
+        ce: int,
+        host: Any = None,
     ) -> None:
         """Keep a push of this round apart from the others' (merged when the round is
-        complete, so a worker that dies before leaves nothing in it)."""
+        complete, so a worker that dies before leaves nothing in it). ``host``: the push's
+        (host group, local rank, workers it stands for): a host's sum stands for its
+        workers (docs/HOSTS.md)."""
         if not sl.got:
             sl.chunk = ce
         elif ce != sl.chunk:
@@ -44,12 +55,9 @@ class ElasticRounds:
                 f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
                 f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
             )
-        # the received frame is kept as it is (read-only); lent ring memory is copied
-        sl.held.setdefault(worker, []).append((off, data if msg.lease is None else data.copy()))
-        sl.got[worker] = sl.got.get(worker, 0) + n
-        sl.seen.setdefault(worker, set()).add(off)
-        msg.arrays = []
-        sl.acks.append(msg)
+        if host is not None:
+            sl.hosts[worker] = (int(host[0]), int(host[1]), int(host[2]))
+        keep(msg, sl, worker, data, off, n)
         self.finish_if_complete(sl)
 
     def finish_if_complete(self, sl: Slice) -> None:
@@ -58,11 +66,29 @@ class ElasticRounds:
         if (
             sl.got
             and not sl.copying
-            and len(sl.got) == srv.num_workers
+            and self._covered(sl)
             and all(c >= sl.value.size for c in sl.got.values())
         ):
             srv.aggregator.merge_held(sl, len(self.node.workers()))
             srv.finish_round(sl)
+
+    def _covered(self, sl: Slice) -> bool:
+        """Whether every live worker is in the round: pushed itself, or its host's sum (one
+        per host; two while one of a let-go sender is not dropped yet) stands for it."""
+        if not sl.hosts:
+            return len(sl.got) == self.server.num_workers
+        sums = [h[0] for h in sl.hosts.values() if h[2] > 1]
+        if len(sums) != len(set(sums)):
+            return False
+        return all(n.id in sl.got or n.group in sums for n in self.node.live_workers())
+
+    def applied(self, msg: Message, sl: Slice, rnd: int | None) -> bool:
+        """A host's part sent again by the local rank that took it over from one let go
+        (``rnd``: its round) whose round was applied already: answered with the value."""
+        if rnd is None or rnd >= sl.rounds or not self.active:
+            return False
+        self.server._ack(msg, sl)
+        return True
 
     def on_worker_left(self, gone: int) -> None:
         """A worker died and the job goes on without it (the receive thread calls this,
@@ -75,6 +101,7 @@ class ElasticRounds:
             sl.partial.pop(gone, None)
             if gone in sl.got or gone in sl.held:
                 sl.held.pop(gone, None)
+                sl.hosts.pop(gone, None)
                 sl.got.pop(gone, None)
                 sl.seen.pop(gone, None)
                 sl.acks = [m for m in sl.acks if m.sender != gone]

@@ -130,8 +130,9 @@ class Aggregator:
                 else:
                     buf[off : off + arr.size] = arr
                     written.add(off)
-        count = len(sl.held)
-        sl.held = {}
+        # (a host's sum stands for its workers: docs/HOSTS.md)
+        count = sum(h[2] for h in sl.hosts.values()) if sl.hosts else len(sl.held)
+        sl.held, sl.hosts = {}, {}
         sl.merge, sl.written, sl.short = buf, written, None
         if count < job:
             if self.optimizer() is None:

@@ -267,7 +267,6 @@ class DistKVStore:
         if self.agent is not None:
             self.agent.before_init()
         futs: list[Future] = []
-        host = []  # the host's segments of these keys (opened after the barrier)
         with staged_call(futs), self.pipeline.batched():
             for k, entry in zip(keys, entries, strict=False):
                 if is_table(entry):  # a row-sparse key
@@ -282,7 +281,6 @@ class DistKVStore:
                 self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
                 if self.hostagg is not None:
                     self.hostagg.create(k, self.meta[k])
-                    host.append((k, self.meta[k]))
                 if not lead:
                     continue
                 flat = np.ascontiguousarray(arr).reshape(-1)
@@ -297,8 +295,6 @@ class DistKVStore:
         settle(futs)
         wait_all(futs, self.timeout, "init")
         self.node.barrier("worker", self.timeout)
-        if host:
-            self.hostagg.opened(host)
 
     def push(self, key: Any, value: Any, priority: int = 0, block: bool = False) -> Handle:
         """Push values (a list per key is summed first); returns once they are captured, as

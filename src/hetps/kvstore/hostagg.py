@@ -18,12 +18,15 @@ byte):
   whose answer lands in the segment's result;
 * a pull waits until every part's result of its round is published and copies it out.
 
-The segment is created by local rank 0 (``O_EXCL``, mode 0600) under a name derived from
-the cluster secret, the host group and the key, opened by the others after the init's
-barrier, and unlinked as soon as every local rank mapped it (and at ``close``), so a crash
-leaves nothing behind but what the next job's sweep removes. A wait for a local rank checks
-the store's node (a dead or hung worker is declared dead by the scheduler), that the other
-local ranks' processes exist, and the request timeout; none hangs.
+A key's segment is made at its first push through the host (a key only broadcast, init and
+pull, has none), by whichever local rank comes first: made whole under a name of its own
+(``O_EXCL``, mode 0600) and linked under a name derived from the cluster secret, the host
+group and the key; the others open what is linked there. Its name is unlinked as soon as
+every local rank mapped it (and at ``close``), so a crash leaves nothing behind but what the
+next job's sweep removes. An init again of the same form keeps the segment; a one-shot key
+(an unnamed collective's) is released after its round (:meth:`HostAggregation.release`). A
+wait for a local rank checks the store's node (a dead or hung worker is declared dead by the
+scheduler), that the other local ranks' processes exist, and the request timeout; none hangs.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import hmac
 import logging
 import mmap
 import os
-import re
 import stat
 import threading
 import time
@@ -49,17 +51,23 @@ from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import Future
 from hetps.config import ConfigError
+from hetps.kvstore.hostshm import (
+    _FLAGS,
+    _PID,
+    MAGIC,
+    SHM_DIR,
+    alive,
+    make,
+    sweep_stale,
+    unlink,
+)
+from hetps.kvstore.hostshm import pid_ns as _pid_ns
 from hetps.kvstore.keys import KeyMeta, land_into
 from hetps.kvstore.placement import chunk_elems, chunks
 from hetps.transport.codec import Message, dtype_str
 
 log = logging.getLogger("hetps.worker")
-
-SHM_DIR = "/dev/shm"
-MAGIC = 0x47474154534F4848  # b"HHOSTAGG" little-endian
-NAME_RE = re.compile(r"^hetps-host-[0-9a-f]{32}-\d+-[0-9a-f]{24}$")
-STALE_AGE_S = 60.0
-_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+__all__ = ["SHM_DIR", "HostAggregation", "plan", "sweep_stale", "unlink"]
 
 
 def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
@@ -74,12 +82,11 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
     # and a server keeps merging pushes as they come instead of keeping each one for the order
     workers = Counter(n.group for n in kv.node.nodes.values() if n.role == "worker")
     known = known and max(workers.values(), default=0) > 1 and -1 not in workers
-    if not (known and kv.sync) or kv.node.elastic > 0 or kv.balance:
+    if not (known and kv.sync) or kv.balance:
         if known and kv.sync and cfg.host_aggregation and cfg.local_world_size > 1:
             log.warning(
-                "host aggregation is off under %s: each worker pushes its own gradients "
-                "(docs/HOSTS.md)",
-                "HETPS_BALANCE" if kv.balance else "HETPS_ELASTIC",
+                "host aggregation is off under HETPS_BALANCE: each worker pushes its own "
+                "gradients (docs/HOSTS.md)"
             )
         return None, None
     if cfg.local_rank >= cfg.local_world_size:
@@ -95,6 +102,8 @@ def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
         why = "the job has no cluster secret (hetps launch makes one)"
     elif kv.node.replicas > 1:
         why = "HETPS_REPLICAS resends pushes to a server that takes over"
+    elif getattr(kv.joins, "rejoining", False):
+        why = "this worker was started again and joins a host that went on without it"
     if why is not None:
         log.warning("host aggregation is off: %s; each worker pushes its own", why)
         return None, tag
@@ -120,14 +129,23 @@ class HostKey:
     sums: dict[int, np.ndarray] = field(default_factory=dict)  # part -> the sent sum
     # 2-bit compression: part -> the host's residual of it (kept by the part's owner)
     residual: dict[int, np.ndarray] = field(default_factory=dict)
-    fallback: bool = False  # a device tensor's key: each worker pushes its own
     named: bool = True  # its name is still in /dev/shm (unlinked once every rank mapped it)
+    form: tuple = ()  # the key's size, dtype and parts (an init of another form: a new one)
+    owner: list[int] = field(default_factory=list)  # part -> the local rank that sends it
+    rnd: dict[int, int] = field(default_factory=dict)  # round -> the key's server round
+
+    def drop(self) -> None:
+        """Let go of the mapping (unmapped once nothing refers to it any more)."""
+        self.head = self.result = None  # type: ignore[assignment]
+        self.slots, self.futs, self.sums, self.residual = [], {}, {}, {}
+        try:
+            self.mm.close()
+        except BufferError:  # (a view still held somewhere: unmapped when it goes)
+            pass
 
 
-# header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid, the round
-# its slot holds and its PID namespace; then per part the round summed (its slots are free again) and the
-# round whose result is in (-round: the owner's push of it failed)
-_PID = 8
+def _form(meta: KeyMeta) -> tuple:
+    return (meta.size, meta.dtype.str, tuple((p.start, p.stop, p.server) for p in meta.parts))
 
 
 class HostAggregation:
@@ -145,8 +163,15 @@ class HostAggregation:
             cfg.secret, b"hetps host aggregation " + where, hashlib.sha256
         ).hexdigest()
         self.keys: dict[Any, HostKey] = {}
-        self.gens: dict[Any, int] = {}
+        self.gens: dict[Any, int] = {}  # key -> its segments so far (their names differ)
+        # dense keys initialised (a segment at their first push), in init order: their form
+        # and which local rank sends each part
+        self.forms: dict[Any, tuple] = {}
+        self.owners: dict[Any, list[int]] = {}
+        self.fallback: set[Any] = set()  # keys of device tensors: each worker pushes its own
         self.load = [0] * self.size  # bytes of parts each local rank sums
+        self.dead: set[int] = set()  # local ranks let go (HETPS_ELASTIC)
+        self.elastic = kv.node.elastic > 0
         self.lock = threading.RLock()
         self.noticed = False
         if self.local == 0:
@@ -155,79 +180,52 @@ class HostAggregation:
     # -- segments -----------------------------------------------------------------------------
     def _layout(self, meta: KeyMeta) -> tuple[int, int, int]:
         parts = len(meta.parts)
-        slots = _PID + 3 * self.size + 2 * parts
+        slots = _PID + 4 * self.size + 3 * parts
         head = (slots * 8 + 4095) // 4096 * 4096
         span = (meta.size * meta.dtype.itemsize + 63) // 64 * 64
         return head, span, head + (self.size + 1) * span
 
-    def _name(self, k: Any, again: bool = False) -> str:
-        gen = self.gens[k] if again else self.gens.get(k, -1) + 1
-        self.gens[k] = gen
-        digest = hashlib.sha256(f"{type(k).__name__}:{k}:{gen}".encode()).hexdigest()[:24]
-        return f"hetps-host-{self.job[:32]}-{self.group}-{digest}"
+    def _name(self, k: Any) -> str:
+        digest = hashlib.sha256(f"{type(k).__name__}:{k}:{self.gens[k]}".encode()).hexdigest()
+        return f"hetps-host-{self.job[:32]}-{self.group}-{digest[:24]}"
 
     def create(self, k: Any, meta: KeyMeta) -> None:
-        """At ``init`` of a dense key, before its barrier: local rank 0 makes the segment."""
+        """At ``init`` of a dense key: its segment is made at its first push through the
+        host (a key only broadcast has none); an init again of the same shape keeps the
+        segment it has, another shape gets a new one (every local rank inits alike)."""
+        form = _form(meta)
+        if self.forms.get(k) != form:  # (inits come in the same order on every rank)
+            self.forms[k], self.owners[k] = form, [-1] * len(meta.parts)
+            self._deal(k, [p.size for p in meta.parts])
+        old = self.keys.get(k)
+        if old is None or old.form != form:
+            self.release(k)
+
+    def release(self, k: Any) -> None:
+        """Forget key ``k``'s segment (a one-shot collective's key, done on this worker):
+        its memory goes once every local rank released it; a later push of ``k`` makes a
+        new one. Every local rank calls it at the same point of its calls."""
+        hk = self.keys.pop(k, None)
+        if k in self.gens:
+            self.gens[k] += 1
+        if hk is not None:
+            if hk.named:
+                unlink(hk.name)
+            hk.drop()
+
+    def _attach(self, k: Any, meta: KeyMeta) -> HostKey:
+        """This worker's map of key ``k``'s segment: the one another local rank made, else
+        a new one (made whole under no name, then linked: whoever links first wins)."""
+        self.gens.setdefault(k, 0)
         name = self._name(k)
-        old = self.keys.pop(k, None)
-        if old is not None:
-            unlink(old.name)
-        if self.local != 0:
-            return  # opened after the barrier (opened)
-        head, span, total = self._layout(meta)
         path = os.path.join(SHM_DIR, name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.ftruncate(fd, total)
-            try:  # reserve the pages now: a full /dev/shm is an error here, not a SIGBUS later
-                os.posix_fallocate(fd, 0, total)
-            except OSError as exc:
-                raise OSError(
-                    exc.errno,
-                    f"host aggregation needs {total} bytes of shared memory in {SHM_DIR} for "
-                    f"key {k!r} and cannot have them ({exc.strerror}): make {SHM_DIR} larger "
-                    "(docker: --shm-size) or set HETPS_HOST_AGGREGATION=0",
-                ) from None
-            mm = mmap.mmap(fd, total, flags=_FLAGS)
-        except BaseException:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
-        self.keys[k] = hk = self._view(k, name, mm, meta, head, span)
-        hk.head[:3] = (MAGIC, self.size, meta.size)
-        hk.head[_PID] = os.getpid()
-        hk.head[self._slot(hk, "ns", 0)] = _pid_ns()
-
-    def opened(self, todo: list[tuple[Any, KeyMeta]]) -> None:
-        """After ``init``'s barrier: the other local ranks open the segments local rank 0
-        made; whoever maps one last unlinks its name."""
-        for k, meta in todo:
-            hk = self.keys.get(k)
-            if hk is None:
-                hk = self._open(k, meta)
-                self.keys[k] = hk
-            self._unname(hk)
-
-    def _unname(self, hk: HostKey) -> None:
-        """Unlink ``hk``'s name once every local rank mapped the segment (every rank tries
-        after its open and at its pushes, so one of them sees the last pid)."""
-        if hk.named and all(hk.head[_PID : _PID + self.size]):
-            unlink(hk.name)
-            hk.named = False
-
-    def _open(self, k: Any, meta: KeyMeta) -> HostKey:
-        name = self._name(k, again=True)
         head, span, total = self._layout(meta)
         where = f"host group {self.group}'s segment of key {k!r}"
         try:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_NOFOLLOW)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
-            raise ClusterError(
-                f"{where} is missing: local rank 0 of this host did not make it; every worker "
-                "of a host must have the same HETPS_HOST_GROUP and LOCAL_WORLD_SIZE, and one "
-                "of them LOCAL_RANK=0"
-            ) from None
+            header = np.array([MAGIC, self.size, meta.size], np.int64).tobytes()
+            fd = make(path, total, header, f"key {k!r}")
         try:
             st = os.fstat(fd)
             if (
@@ -242,18 +240,30 @@ class HostAggregation:
             os.close(fd)
         hk = self._view(k, name, mm, meta, head, span)
         if tuple(hk.head[:3]) != (MAGIC, self.size, meta.size):
+            hk.drop()
             raise ClusterError(
                 f"{where} was made for {int(hk.head[1])} local ranks and {int(hk.head[2])} "
                 f"elements, this worker has LOCAL_WORLD_SIZE={self.size} and {meta.size}"
             )
         if hk.head[_PID + self.local] != 0:
+            hk.drop()
             raise ClusterError(
                 f"two workers of host group {self.group} say LOCAL_RANK={self.local} (pid "
                 f"{int(hk.head[_PID + self.local])} and {os.getpid()}): give each its own"
             )
         hk.head[self._slot(hk, "ns", self.local)] = _pid_ns()
+        hk.head[self._slot(hk, "node", self.local)] = self.kv.node.id
         hk.head[_PID + self.local] = os.getpid()
+        self.keys[k] = hk
         return hk
+
+    def _unname(self, hk: HostKey) -> None:
+        """Unlink ``hk``'s name once every local rank mapped the segment (every rank tries
+        after it mapped it and at its pushes, so one of them sees the last pid)."""
+        pids = hk.head[_PID : _PID + self.size]
+        if hk.named and all(pids[r] for r in range(self.size) if r not in self.dead):
+            unlink(hk.name)
+            hk.named = False
 
     def _view(
         self, k: Any, name: str, mm: mmap.mmap, meta: KeyMeta, head: int, span: int
@@ -264,22 +274,62 @@ class HostAggregation:
         def at(i: int) -> np.ndarray:
             return np.frombuffer(mm, meta.dtype, n, head + i * span)
 
-        mine = []
-        for i, p in enumerate(meta.parts):  # deal the parts by bytes (the same on every rank)
-            owner = min(range(self.size), key=lambda r: (self.load[r], r))
-            self.load[owner] += p.size
-            if owner == self.local:
-                mine.append(i)
         slots = [at(r) for r in range(self.size)]
-        return HostKey(name, mm, counters, slots, at(self.size), mine, k, len(meta.parts))
+        hk = HostKey(name, mm, counters, slots, at(self.size), [], k, len(meta.parts))
+        hk.form, hk.owner = _form(meta), self.owners[k]
+        hk.mine = [i for i, r in enumerate(hk.owner) if r == self.local]
+        return hk
+
+    def _deal(self, k: Any, sizes: list[int]) -> None:
+        """Deal key ``k``'s parts without a live owner over the live local ranks by bytes
+        (the same on every rank: keys in init order, parts in order)."""
+        live = [r for r in range(self.size) if r not in self.dead]
+        owner = self.owners[k]
+        for i, size in enumerate(sizes):
+            if owner[i] < 0 or owner[i] in self.dead:
+                owner[i] = min(live, key=lambda r: (self.load[r], r))
+                self.load[owner[i]] += size
+
+    def _left(self) -> None:
+        """HETPS_ELASTIC: the local ranks the scheduler let go are out of the host from the
+        round they did not give their gradient to; their parts are dealt to the others."""
+        left = self.kv.node.left
+        for hk in list(self.keys.values()):
+            node = self._slot(hk, "node", 0)
+            gone = {
+                r
+                for r in range(self.size)
+                if r not in self.dead and r != self.local and int(hk.head[node + r]) in left
+            }
+            if gone:
+                log.warning(
+                    "host aggregation: local ranks %s of host group %d were let go; the "
+                    "others sum their parts from the round they did not give",
+                    sorted(gone),
+                    self.group,
+                )
+                self.dead |= gone
+                for each, form in self.forms.items():
+                    self._deal(each, [p[1] - p[0] for p in form[2]])
+                for each in self.keys.values():
+                    each.mine = [i for i, r in enumerate(each.owner) if r == self.local]
+            return
+
+    def _members(self, hk: HostKey, t: int) -> list[int]:
+        """The local ranks whose gradients round ``t`` sums: the live ones, and one let go
+        that gave its gradient to the round before it was."""
+        contrib = self._slot(hk, "contrib", 0)
+        return [r for r in range(self.size) if r not in self.dead or hk.head[contrib + r] >= t]
 
     def _slot(self, hk: HostKey, what: str, i: int) -> int:
-        base = _PID + 3 * self.size
+        base = _PID + 4 * self.size
         first = {
             "contrib": _PID + self.size,
             "ns": _PID + 2 * self.size,
+            "node": _PID + 3 * self.size,
             "summed": base,
             "result": base + hk.parts,
+            "short": base + 2 * hk.parts,
         }
         return first[what] + i
 
@@ -287,11 +337,11 @@ class HostAggregation:
     def takes(self, k: Any, device: bool) -> bool:
         """Whether key ``k``'s rounds go through the host (a dense key; a device tensor's
         key falls back to each worker's own push, said once)."""
-        hk = self.keys.get(k)
-        if hk is None:
+        if k not in self.forms or k in self.fallback:
             return False
-        if device and not hk.fallback:
-            hk.fallback = True
+        if device:
+            self.fallback.add(k)
+            self.release(k)
             if not self.noticed:
                 self.noticed = True
                 log.warning(
@@ -299,7 +349,10 @@ class HostAggregation:
                     "itself (host aggregation of device tensors is not built)",
                     k,
                 )
-        return not hk.fallback
+            return False
+        if k not in self.keys:
+            self._attach(k, self.kv.meta[k])
+        return True
 
     def push(self, k: Any, meta: KeyMeta, arr: np.ndarray) -> None:
         """This worker's gradient of a new round of ``k`` into its slot."""
@@ -314,6 +367,9 @@ class HostAggregation:
         np.copyto(hk.slots[self.local], np.ascontiguousarray(arr).reshape(-1))
         hk.head[self._slot(hk, "contrib", self.local)] = t
         hk.pushed = t
+        meta.rounds += 1  # (the server's round of the key: a part sent again names it)
+        hk.rnd[t] = meta.rounds - 1
+        hk.rnd.pop(t - 8, None)
         with self.lock:
             self._pump()
 
@@ -323,7 +379,7 @@ class HostAggregation:
         ``wait_outstanding``, ``barrier`` and ``push(block=True)`` wait for."""
         for k, hk in list(self.keys.items()):
             meta = self.kv.meta.get(k)
-            if (only is not None and k != only) or hk.fallback or meta is None:
+            if (only is not None and k != only) or meta is None:
                 continue
             if hk.pushed <= hk.pulled:  # (its pull saw the round applied)
                 continue
@@ -336,7 +392,7 @@ class HostAggregation:
     def pending(self, k: Any) -> bool:
         """Whether a pull of ``k`` reads a round this worker pushed through the host."""
         hk = self.keys.get(k)
-        return hk is not None and not hk.fallback and hk.pushed > hk.pulled
+        return hk is not None and hk.pushed > hk.pulled
 
     def pull(self, k: Any, meta: KeyMeta, targets: list[np.ndarray]) -> Callable[[], None]:
         """What completes a pull of ``k``'s last pushed round into ``targets`` (blocks)."""
@@ -351,9 +407,20 @@ class HostAggregation:
             value = hk.result.reshape(meta.shape)
             for target in targets:
                 target[...] = value
+            short = self.kv._short
+            for i, p in enumerate(meta.parts):  # (as the part's owner heard it)
+                w = int(hk.head[self._slot(hk, "short", i)])
+                for a, b in chunks(p.start, p.stop, self._step(meta)):
+                    if w:
+                        short.setdefault(k, {})[(a, b)] = w
+                    elif k in short:
+                        short[k].pop((a, b), None)
             hk.pulled = t
 
         return finish
+
+    def _step(self, meta: KeyMeta) -> int:
+        return chunk_elems(self.kv.cfg.chunk_bytes, meta.dtype.itemsize)
 
     def _results(self, hk: HostKey, k: Any, res: int, parts: int, t: int) -> bool:
         got = hk.head[res : res + parts]
@@ -380,7 +447,8 @@ class HostAggregation:
                 continue
 
             def ready() -> bool:
-                return bool((hk.head[contrib : contrib + self.size] >= t).all())
+                got = hk.head[contrib : contrib + self.size]
+                return all(got[r] >= t for r in range(self.size) if r not in self.dead)
 
             if not ready():
                 if not block:
@@ -396,12 +464,13 @@ class HostAggregation:
         total = hk.sums.get(i)
         if total is None or not all(f.done() for f in hk.futs.get(i, [])):
             total = hk.sums[i] = np.empty(p.size, meta.dtype)
-        np.copyto(total, hk.slots[0][p.start : p.stop])
-        for r in range(1, self.size):  # local-rank order, as the servers sum hosts' workers
+        members = self._members(hk, t)
+        np.copyto(total, hk.slots[members[0]][p.start : p.stop])
+        for r in members[1:]:  # local-rank order, as the servers sum hosts' workers
             np.add(total, hk.slots[r][p.start : p.stop], out=total)
         hk.head[self._slot(hk, "summed", i)] = t  # the slots of this part are free again
         key = hk.key
-        step = chunk_elems(kv.cfg.chunk_bytes, meta.dtype.itemsize)
+        step = self._step(meta)
         dest = hk.result
         futs = []
         comp = kv.compressor  # (the host's sum is compressed, with the host's residual)
@@ -421,7 +490,9 @@ class HostAggregation:
                 sync=True,
                 chunk=step,
                 fused=True,
-                host=(self.group, self.local, self.size),
+                host=(self.group, self.local, len(members)),
+                # HETPS_ELASTIC: a part taken over from a rank let go may have been applied
+                round=hk.rnd.get(t) if self.elastic else None,
                 threshold=comp.threshold if comp is not None else None,
             )
             msg = Message(P.PUSH, body=body, arrays=[payload])
@@ -432,8 +503,6 @@ class HostAggregation:
     def _pump(self) -> None:
         """Send what is ready (every local rank's gradient in) and publish what came back."""
         for k, hk in list(self.keys.items()):
-            if hk.fallback:
-                continue
             meta = self.kv.meta.get(k)
             if meta is None:
                 continue
@@ -448,6 +517,12 @@ class HostAggregation:
                 if hk.head[slot] == t or hk.head[slot] == -t:
                     continue
                 failed = [f for f in futs if f.error is not None]
+                # the workers the result holds where fewer than the job's (HETPS_ELASTIC),
+                # as its answers said: every local rank's short_rounds() (0: all)
+                p = meta.parts[i]
+                first = (p.start, min(p.stop, p.start + self._step(meta)))
+                w = self.kv._short.get(k, {}).get(first, 0)
+                hk.head[self._slot(hk, "short", i)] = w
                 hk.head[slot] = -t if failed else t
                 if failed:
                     log.error("host aggregation: the push of key %r failed", k)
@@ -474,7 +549,10 @@ class HostAggregation:
             now = time.monotonic()
             if now - checked > 0.05:
                 checked = now
-                self._peers(what)  # (a dead local rank is seen here before the scheduler says)
+                if self.elastic:  # a local rank let go: the others take its parts over
+                    self._left()
+                else:  # (a dead local rank is seen here before the scheduler says)
+                    self._peers(what)
                 kv.node.check()
             if now - start > kv.timeout:
                 raise ClusterError(
@@ -491,15 +569,11 @@ class HostAggregation:
                 pid = int(hk.head[_PID + r])
                 if r == self.local or pid <= 0 or hk.head[self._slot(hk, "ns", r)] != _pid_ns():
                     continue  # (a pid of another PID namespace names nothing here)
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
+                if not alive(pid):
                     raise ClusterError(
                         f"host aggregation: local rank {r} (pid {pid}) of host group "
                         f"{self.group} died during a {what}; the host's round cannot complete"
-                    ) from None
-                except PermissionError:
-                    pass
+                    )
             return
 
     def compression(self) -> None:
@@ -508,63 +582,8 @@ class HostAggregation:
             hk.residual = {}
 
     def close(self) -> None:
-        """Unlink what is still named (a local rank that never opened it) and unmap."""
+        """Unlink what is still named (a local rank that never mapped it) and unmap."""
         for hk in self.keys.values():
             unlink(hk.name)
+            hk.drop()
         self.keys = {}
-
-
-def _pid_ns() -> int:
-    """This process's PID namespace (its inode), 0 where it cannot be read."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def unlink(name: str) -> None:
-    """Remove a segment's name (already gone: nothing to do)."""
-    try:
-        os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-        pass
-
-
-def sweep_stale(directory: str = SHM_DIR) -> int:
-    """Unlink segments older than a minute whose local rank 0 (their maker) is gone."""
-    removed = 0
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return 0
-    for name in names:
-        if not NAME_RE.match(name):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            # only a regular file of our own (never a link or a FIFO planted there)
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                    continue
-                if time.time() - st.st_mtime < STALE_AGE_S:
-                    continue
-                head = os.read(fd, 8 * (_PID + 1))
-            finally:
-                os.close(fd)
-            pid = int(np.frombuffer(head, np.int64)[_PID])
-            if pid <= 0:
-                raise ProcessLookupError
-            os.kill(pid, 0)
-            continue
-        except ProcessLookupError:
-            pass
-        except (OSError, ValueError, IndexError):
-            continue
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
-    return removed

@@ -45,12 +45,7 @@ class HostRounds:
         if not sl.got:
             sl.chunk = ce
         sl.hosts[worker] = host
-        # the received frame is kept as it is (read-only); lent ring memory is copied
-        sl.held.setdefault(worker, []).append((off, data if msg.lease is None else data.copy()))
-        sl.got[worker] = sl.got.get(worker, 0) + n
-        sl.seen.setdefault(worker, set()).add(off)
-        msg.arrays = []
-        sl.acks.append(msg)
+        keep(msg, sl, worker, data, off, n)
         if self.complete(sl):
             merge_by_host(self.server.aggregator, sl)
             self.server.finish_round(sl)
@@ -95,6 +90,16 @@ class HostRounds:
             and sum(h[2] for h in sl.hosts.values()) == self.server.num_workers
             and all(sl.got.get(w, 0) >= sl.value.size for w in sl.hosts)
         )
+
+
+def keep(msg: Message, sl: Slice, worker: int, data: np.ndarray, off: int, n: int) -> None:
+    """Keep a checked push of ``sl``'s round apart per sender until the round is complete
+    (the received frame as it is, read-only; lent ring memory copied); answered then."""
+    sl.held.setdefault(worker, []).append((off, data if msg.lease is None else data.copy()))
+    sl.got[worker] = sl.got.get(worker, 0) + n
+    sl.seen.setdefault(worker, set()).add(off)
+    msg.arrays = []
+    sl.acks.append(msg)
 
 
 def mixed(key: Any) -> str:

@@ -306,6 +306,8 @@ class KVServer:
                 sl.backlog.append(msg)
                 return
             in_order = b.round is not None and self.replication.replicated
+        if sync and b.host is not None and self.elastic.applied(msg, sl, b.round):
+            return
         if sync and self.done_workers:
             raise BadRequest(self.uneven(sl))
         if sync and (
@@ -336,7 +338,7 @@ class KVServer:
                     f"push of key {key!r}: chunk at {off} pushed twice in one round by this worker"
                 )
             if self.elastic.active:
-                self.elastic.hold(msg, sl, worker, data, off, n, ce)
+                self.elastic.hold(msg, sl, worker, data, off, n, ce, b.host)
                 return
             if grouped:
                 self.hostrounds.hold(msg, sl, worker, data, off, n, ce, b.host)

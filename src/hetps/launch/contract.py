@@ -102,6 +102,22 @@ def server_device_env(env: dict[str, str], device: str | None) -> None:
     env_value("HETPS_SERVER_DEVICE", env)  # ConfigError naming the forms it takes
 
 
+def host_aggregation_env(env: dict[str, str], mode: str | None) -> None:
+    """``--host-aggregation {auto,off}``: every role gets ``HETPS_HOST_AGGREGATION`` (1: the
+    workers of a host of several sum before one push, docs/HOSTS.md; 0: each its own). A
+    contradicting ``--env HETPS_HOST_AGGREGATION=...`` fails here, before anything starts."""
+    if mode is None:
+        return
+    value = {"auto": "1", "off": "0"}[mode]
+    given = env.get("HETPS_HOST_AGGREGATION")
+    if given is not None and given.strip() != value:
+        raise ValueError(
+            f"--host-aggregation {mode} and --env HETPS_HOST_AGGREGATION={given} disagree: "
+            "give one of them"
+        )
+    env["HETPS_HOST_AGGREGATION"] = value
+
+
 def usable_cores() -> int:
     """The CPUs this process may run on (its affinity mask, as ``taskset`` or a cgroup set
     it), which every child inherits."""

@@ -106,6 +106,15 @@ def _name(kind: str, name: str | None) -> str:
     return f"noname.{n}"
 
 
+def _done(kv: Any, name: str | None, *keys: str) -> None:
+    """An unnamed call's keys are used once (the next unnamed call has the next number):
+    their host-local aggregation segments go (kept for a named call's, reused each time)."""
+    hostagg = getattr(kv, "hostagg", None)
+    if name is None and hostagg is not None:
+        for key in keys:
+            hostagg.release(key)
+
+
 def _staged(tensor: torch.Tensor, what: str) -> torch.Tensor:
     """A flat CPU copy of ``tensor`` in a dtype the store carries."""
     if not isinstance(tensor, torch.Tensor):
@@ -186,6 +195,7 @@ def allreduce_async(
     the workers; :func:`synchronize` on the handle gives it, a new tensor like ``tensor``."""
     op = _op(op, average)
     kv = store_for(kvstore)
+    given = name
     name = _name("allreduce", name)
     sent, ctx = compression.compress(tensor.detach() * prescale_factor)
     flat = _staged(sent, "allreduce")
@@ -196,6 +206,7 @@ def allreduce_async(
     like = tensor
 
     def finish(total: torch.Tensor) -> torch.Tensor:
+        _done(kv, given, key)
         if scale != 1.0:
             total.mul_(scale)
         back = compression.decompress(total.view(sent.shape), ctx)
@@ -280,7 +291,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None, kvstore: Any = None
     if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
         raise ValueError("allgather takes a tensor of at least one dimension")
     kv = store_for(kvstore)
-    name = _name("allgather", name)
+    given, name = name, _name("allgather", name)
     W, me = int(kv.num_workers), int(kv.rank)
     flat = _staged(tensor, "allgather")
     rows = torch.full((W,), -0.0, dtype=torch.float64)
@@ -289,12 +300,14 @@ def allgather(tensor: torch.Tensor, name: str | None = None, kvstore: Any = None
     rest = "x".join(str(d) for d in tensor.shape[1:])
     key = f"hvd.allgather-rows:{name}:{W}:{rest}"
     _summed(kv, key, rows.clone(), rows).wait()
+    _done(kv, given, key)
     counts = [int(n) for n in rows.tolist()]
     start = sum(counts[:me]) * row_numel
     total = torch.full((sum(counts) * row_numel,), -0.0, dtype=flat.dtype)
     total[start : start + flat.numel()] = flat
     key = f"hvd.allgather:{name}:{flat.dtype}:{total.numel()}"
     _summed(kv, key, total.clone(), total).wait()
+    _done(kv, given, key)
     shape = (sum(counts), *tensor.shape[1:])
     return total.view(shape).to(tensor.device, tensor.dtype)
 
@@ -305,9 +318,11 @@ def broadcast(
     """Worker ``root_rank``'s ``tensor``, on every worker (a new tensor), bit for bit."""
     kv = store_for(kvstore)
     root = _check_root(kv, root_rank)
-    name = _name("broadcast", name)
+    given, name = name, _name("broadcast", name)
     flat = _staged(tensor, "broadcast")
-    exchange(kv, [f"hvd.broadcast:{name}:{flat.dtype}:{flat.numel()}"], [flat], root)
+    key = f"hvd.broadcast:{name}:{flat.dtype}:{flat.numel()}"
+    exchange(kv, [key], [flat], root)
+    _done(kv, given, key)  # (a segment only from a root other than 0: a sum)
     kv.barrier()  # every pull is done before the root may initialise the key again
     return flat.view(tensor.shape).to(tensor.device, tensor.dtype)
 
@@ -331,7 +346,7 @@ def broadcast_object(
 
     kv = store_for(kvstore)
     root = _check_root(kv, root_rank)
-    name = _name("broadcast_object", name)
+    given, name = name, _name("broadcast_object", name)
     mine = int(kv.rank) == root
     blob = cloudpickle.dumps(obj) if mine else b""
     size = torch.tensor([float(len(blob))], dtype=torch.float64)
@@ -339,5 +354,6 @@ def broadcast_object(
     nbytes = int(size.item())
     data = _pack(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
     exchange(kv, [f"hvd.object:{name}"], [data], root)
+    _done(kv, given, f"hvd.object-bytes:{name}", f"hvd.object:{name}")
     kv.barrier()  # every pull is done before the root may initialise the keys again
     return obj if mine else pickle.loads(_unpack(data, nbytes))
