@@ -27,17 +27,17 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from hetps.netem.emulator import (
+from hetps.netem.emulator import Netem
+from hetps.netem.scenario import Scenario, ScenarioError, read_toml
+from hetps.netem.tools import (
     BRIDGE,
     DEFAULT_PREFIX,
     NODE_IF,
-    Netem,
     NetemError,
     cleanup_stale,
     find_tool,
     list_runs,
 )
-from hetps.netem.scenario import Scenario, ScenarioError, read_toml
 
 __all__ = ["add_parser", "build_parser", "main", "scenario_from_args"]
 
