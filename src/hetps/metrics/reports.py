@@ -97,14 +97,58 @@ class Histogram:
         self.sum += seconds
 
 
-class WorkerMeter:
-    """One worker's live counters, reported to the scheduler every ``interval`` seconds.
+class Reporter:
+    """A thread that sends :meth:`report` through ``send`` every ``interval`` seconds, with the
+    process' CPU, memory and GPUs (:class:`hetps.metrics.sysinfo.Sampler`) and the last lines
+    it wrote (:class:`hetps.metrics.sysinfo.LogTail`, when ``own_output``)."""
 
-    ``send(body)`` ships one report (the store sends it to the scheduler); ``links()``
-    returns ``{server rank: (bytes sent, bytes received)}`` totals. ``close()`` sends a last
-    report and stops the thread. With ``own_output`` the reports carry the last lines the
-    process wrote (:class:`hetps.metrics.sysinfo.LogTail`); every report carries its CPU and
-    memory, and the machine's GPUs (:class:`hetps.metrics.sysinfo.Sampler`)."""
+    _what = "report"  # for the log line of a report not sent
+
+    def _start_reports(
+        self, interval: float, send: Callable[[dict], Any], own_output: bool, thread: str
+    ) -> None:
+        from hetps.metrics.sysinfo import LogTail, Sampler
+
+        self.interval, self._send = interval, send
+        self.sampler, self.tail = Sampler(), LogTail()
+        if own_output:
+            self.tail.install()
+        self._seq, self._t0 = 0, time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=thread, daemon=True)
+        self._thread.start()
+
+    def report(self) -> dict:
+        """The next report's body."""
+        raise NotImplementedError
+
+    def _head(self) -> dict[str, Any]:
+        self._seq += 1
+        return {"seq": self._seq, "t": time.monotonic() - self._t0}
+
+    def _machine(self, body: dict[str, Any]) -> dict[str, Any]:
+        body["sys"] = self.sampler.sample()
+        lines = self.tail.take()
+        if lines:
+            body["log"] = lines
+        return body
+
+    def flush(self) -> None:
+        """Send one report now."""
+        try:
+            self._send(self.report())
+        except Exception as exc:  # noqa: BLE001 - reporting never breaks the worker or server
+            log.debug("metrics: %s not sent: %s", self._what, exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+
+class WorkerMeter(Reporter):
+    """One worker's live counters, reported to the scheduler every ``interval`` seconds
+    (``send(body)``, the store's); ``links()`` returns ``{server rank: (bytes sent, bytes
+    received)}`` totals. ``close()`` sends a last report and stops the thread."""
 
     def __init__(
         self,
@@ -113,8 +157,6 @@ class WorkerMeter:
         links: Callable[[], dict[int, tuple[int, int]]],
         own_output: bool = False,
     ) -> None:
-        self.interval = interval
-        self._send = send
         self._links = links
         self.hists = {name: Histogram() for name in HISTOGRAMS}
         self._push_hist = self.hists["push"]
@@ -124,8 +166,6 @@ class WorkerMeter:
         self.rounds = 0
         self.round_s: float | None = None
         self._round_t0: float | None = None
-        self._seq = 0
-        self._t0 = time.monotonic()
         # the timeline: the newest rounds' phase spans, not yet reported (RoundLog and hetps
         # train hand them over through add_round), and the link totals at the last round's end
         self._tl: deque[list] = deque(maxlen=TL_ROUNDS)
@@ -144,56 +184,49 @@ class WorkerMeter:
         self._unix = time.time() - time.perf_counter()
         self._metrics: deque[list] = deque(maxlen=M_ENTRIES)  # log_metrics, not yet reported
         self._names: set[str] = set()
-        from hetps.metrics.sysinfo import LogTail, Sampler
-
-        self.sampler = Sampler()
-        self.tail = LogTail()  # the last lines of this process' output, when ``own_output``
-        if own_output:
-            self.tail.install()
         self._lock = threading.Lock()  # one report at a time (the thread, close)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hetps-metrics", daemon=True)
-        self._thread.start()
+        self._start_reports(interval, send, own_output, "hetps-metrics")
         _current[0] = self
 
     # hot path -----------------------------------------------------------------------------
     def timed(self, push: bool, callback: Callable[[Any], None] | None):
         """A request's answer callback that also times the request (from now to its answer;
         a request that fails is not counted)."""
-        hist = self._push_hist if push else self._pull_hist
-        t0 = time.perf_counter()
-        rec, at = self._cur, (1 if push else 3)
-        if rec is not None and t0 < rec[at]:
-            rec[at] = t0
+        end = self._start_timing(1 if push else 3, self._push_hist if push else self._pull_hist)
 
         def done(reply: Any) -> None:
             if callback is not None:
                 callback(reply)
-            t1 = time.perf_counter()
-            hist.observe(t1 - t0)
-            self._answered = t1
-            if rec is not None and t1 > rec[at + 1]:
-                rec[at + 1] = t1
+            end()
 
         return done
 
     def timed_fused_pull(self, finish: Callable[[], None]) -> Callable[[], None]:
         """A pull answered by the push before it (dist_sync): timed from now (its call) to the
         moment ``finish`` (its wait's) copied its value out, once the push's answer is in."""
-        hist, t0 = self._pull_hist, time.perf_counter()
-        rec = self._cur
-        if rec is not None and t0 < rec[3]:
-            rec[3] = t0
+        end = self._start_timing(3, self._pull_hist)
 
         def done() -> None:
             finish()
+            end()
+
+        return done
+
+    def _start_timing(self, at: int, hist: Histogram) -> Callable[[], None]:
+        """Times a request from now (widening its round's phase ``at``); call the result at
+        its answer."""
+        t0, rec = time.perf_counter(), self._cur
+        if rec is not None and t0 < rec[at]:
+            rec[at] = t0
+
+        def end() -> None:
             t1 = time.perf_counter()
             hist.observe(t1 - t0)
             self._answered = t1
-            if rec is not None and t1 > rec[4]:
-                rec[4] = t1
+            if rec is not None and t1 > rec[at + 1]:
+                rec[at + 1] = t1
 
-        return done
+        return end
 
     def pushed(self, key: Any) -> None:
         """A push of ``key`` (its round's); a round begins with the first key pushed more
@@ -292,13 +325,9 @@ class WorkerMeter:
     def report(self) -> dict:
         """The next report's body (and it counts as shipped)."""
         with self._lock:
-            self._seq += 1
-            body: dict[str, Any] = {
-                "seq": self._seq,
-                "t": time.monotonic() - self._t0,
-                "rounds": self.rounds,
-                "links": [[r, int(s), int(v)] for r, (s, v) in sorted(self._links().items())],
-            }
+            body = self._head()
+            body["rounds"] = self.rounds
+            body["links"] = [[r, int(s), int(v)] for r, (s, v) in sorted(self._links().items())]
             if self.round_s is not None:
                 body["round_s"] = self.round_s
             gained = {}
@@ -319,22 +348,7 @@ class WorkerMeter:
             if self._metrics:
                 body["m"] = list(self._metrics)
                 self._metrics.clear()
-        body["sys"] = self.sampler.sample()
-        lines = self.tail.take()
-        if lines:
-            body["log"] = lines
-        return body
-
-    def flush(self) -> None:
-        """Send one report now."""
-        try:
-            self._send(self.report())
-        except Exception as exc:  # noqa: BLE001 - reporting never breaks the worker
-            log.debug("metrics: report not sent: %s", exc)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.flush()
+        return self._machine(body)
 
     def close(self) -> None:
         """Stop reporting, after a last report (so the scheduler has the final totals)."""

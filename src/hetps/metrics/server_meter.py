@@ -13,61 +13,34 @@ go forward) before it keeps it (:class:`ServerTotals`); a bad one is refused lik
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from hetps.metrics.reports import MAX_T, ReportError, _int, _seconds
+from hetps.metrics.reports import MAX_T, Reporter, ReportError, _int, _seconds
 
 log = logging.getLogger("hetps.metrics.server_meter")
 
 __all__ = ["ServerMeter", "ServerTotals", "parse_server_report"]
 
 
-class ServerMeter:
+class ServerMeter(Reporter):
     """One server's reports: ``stats()`` returns ``(rounds merged, optimizer seconds,
     replicas, {worker rank: (bytes sent, bytes received)})``; ``send(body)`` ships a report."""
 
-    def __init__(self, interval: float, send: Callable[[dict], Any], stats: Callable[[], tuple]):
-        from hetps.metrics.sysinfo import LogTail, Sampler
+    _what = "server report"
 
-        self.sampler = Sampler()  # its CPU, memory, the machine's GPUs
-        self.tail = LogTail().install()  # the last lines it wrote
-        self.interval = interval
-        self._send = send
+    def __init__(self, interval: float, send: Callable[[dict], Any], stats: Callable[[], tuple]):
         self._stats = stats
-        self._seq = 0
-        self._t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hetps-server-metrics", daemon=True)
-        self._thread.start()
+        self._start_reports(interval, send, True, "hetps-server-metrics")
 
     def report(self) -> dict:
+        """The next report's body."""
         rounds, opt_s, replicas, links = self._stats()
-        self._seq += 1
-        body = {
-            "seq": self._seq,
-            "t": time.monotonic() - self._t0,
-            "server": {"rounds": int(rounds), "opt_s": float(opt_s), "replicas": int(replicas)},
-            "links": [[r, int(s), int(v)] for r, (s, v) in sorted(links.items())],
-            "sys": self.sampler.sample(),
-        }
-        lines = self.tail.take()
-        if lines:
-            body["log"] = lines
-        return body
-
-    def flush(self) -> None:
-        try:
-            self._send(self.report())
-        except Exception as exc:  # noqa: BLE001 - reporting never breaks the server
-            log.debug("metrics: server report not sent: %s", exc)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.flush()
+        body = self._head()
+        body["server"] = {"rounds": int(rounds), "opt_s": float(opt_s), "replicas": int(replicas)}
+        body["links"] = [[r, int(s), int(v)] for r, (s, v) in sorted(links.items())]
+        return self._machine(body)
 
     def close(self) -> None:
         """A last report, then stop."""
