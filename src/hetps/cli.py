@@ -8,18 +8,14 @@ import logging
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import hetps.balance  # noqa: F401 - the load plans register (--balance, `hetps config`)
 from hetps import __version__
 from hetps.config.table import balance_schemes
 
-
-def _setup_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose >= 1 else logging.WARNING,
-        format="[%(asctime)s] %(name)s %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+if TYPE_CHECKING:
+    from hetps.config import NodeConfig
 
 
 def _env_pairs(items: list[str]) -> dict[str, str]:
@@ -36,7 +32,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
     from hetps.config import ConfigError, env_value, user_threads
     from hetps.launch.contract import LaunchSpec, balance_env, places_by_host, server_device_env
-    from hetps.launch.local import run_cluster
+    from hetps.launch.local import run_cluster_from
     from hetps.launch.wrappers import read_hostfile_slots, ssh_wrapper, worker_hosts
 
     command = list(args.command)
@@ -162,14 +158,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             )
         balance_env(spec.env, args.balance, args.slice_size)
         return run_slurm(spec)
-    return run_cluster(
-        spec,
-        netem=args.netem,
-        colocate=args.colocate,
-        balance=args.balance,
-        slice_elems=args.slice_size,
-        metrics_port=args.metrics_port,
-    )
+    return run_cluster_from(spec, args)
 
 
 def cmd_secret(args: argparse.Namespace) -> int:
@@ -204,17 +193,31 @@ def cmd_secret(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_scheduler(args: argparse.Namespace) -> int:
-    """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
+def _role_config(role: str) -> NodeConfig | None:
+    """``role``'s configuration from the environment, and logging to stderr at its verbosity;
+    None (the error printed) when the environment is malformed."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.roles import announce_metrics, end_metrics, make_scheduler
 
     try:
-        cfg = node_config_from_env(role="scheduler")
+        cfg = node_config_from_env(role=role)
     except ConfigError as exc:
-        print(f"hetps scheduler: {exc}", file=sys.stderr)
+        print(f"hetps {role}: {exc}", file=sys.stderr)
+        return None
+    logging.basicConfig(
+        level=logging.INFO if cfg.verbose >= 1 else logging.WARNING,
+        format="[%(asctime)s] %(name)s %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return cfg
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
+    from hetps.roles import announce_metrics, end_metrics, make_scheduler
+
+    cfg = _role_config("scheduler")
+    if cfg is None:
         return 2
-    _setup_logging(cfg.verbose)
     import zmq
 
     # the launcher's lines go to the real stdout, never through the dashboard's copy of the
@@ -262,15 +265,11 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
 def cmd_server(args: argparse.Namespace) -> int:
     """``hetps server``: be a KVStore server (DMLC_* from the environment)."""
-    from hetps.config import ConfigError, node_config_from_env
     from hetps.roles import run_server
 
-    try:
-        cfg = node_config_from_env(role="server")
-    except ConfigError as exc:
-        print(f"hetps server: {exc}", file=sys.stderr)
+    cfg = _role_config("server")
+    if cfg is None:
         return 2
-    _setup_logging(cfg.verbose)
     try:
         return run_server(cfg)
     except Exception as exc:  # noqa: BLE001 - a clear line instead of a traceback

@@ -280,7 +280,7 @@ LAUNCH_ONLY = (
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
     from hetps.launch.contract import LaunchSpec, server_device_env
-    from hetps.launch.local import run_cluster
+    from hetps.launch.local import run_cluster_from
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
     parse_devices(args, args.workers)
@@ -337,14 +337,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
     )
     server_device_env(spec.env, args.server_device)  # (a bad value fails before anything starts)
     started = time.time()
-    code = run_cluster(
-        spec,
-        netem=args.netem,
-        colocate=args.colocate,
-        balance=args.balance,
-        slice_elems=args.slice_size,
-        metrics_port=args.metrics_port,
-    )
+    code = run_cluster_from(spec, args)
     if code != 0 and args.resume:
         _resume_failed(args, code, started)
     return code
