@@ -197,8 +197,13 @@ def _bars_by_network(
     ylabel: str,
     base: str = "mode",
     fmt: str = "{:.3g}",
+    missing: str = "no run has the value",
 ) -> list[Path]:
-    """One bar per run: clusters by network, colours by mode (or scheme)."""
+    """One bar per run: clusters by network, colours by mode (or scheme); none, with a note
+    saying what is ``missing``, when there are no runs."""
+    if not pairs:
+        ctx.notes.append(f"{name}: skipped, {missing}")
+        return []
     pairs = _sorted_pairs(pairs, by_scheme=base == "scheme")
     runs = [r for r, _ in pairs]
     labels = _labels(runs, with_network=False, base=base)

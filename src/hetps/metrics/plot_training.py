@@ -90,9 +90,6 @@ def fig_accuracy_noniid(ctx: PlotContext) -> list[Path]:
 def fig_throughput(ctx: PlotContext) -> list[Path]:
     """Data throughput (samples/s) per mode, grouped by network."""
     pairs = [(r, s) for r, s in ctx.pairs() if s["throughput_samples_per_s"] is not None]
-    if not pairs:
-        ctx.notes.append("throughput.png: skipped, no run has iteration records")
-        return []
     return _bars_by_network(
         ctx,
         pairs,
@@ -101,6 +98,7 @@ def fig_throughput(ctx: PlotContext) -> list[Path]:
         "Data throughput",
         "samples / s",
         fmt="{:.0f}",
+        missing="no run has iteration records",
     )
 
 
