@@ -406,20 +406,7 @@ def parse_report(body: Any, num_servers: int) -> dict:
     }
     if "round_s" in body:
         out["round_s"] = _seconds(body["round_s"], "'round_s'")
-    links = body.get("links", [])
-    if not isinstance(links, list) or len(links) > num_servers:
-        raise ReportError(f"'links' must be a list of at most {num_servers} rows (one per server)")
-    rows: dict[int, tuple[int, int]] = {}
-    for row in links:
-        if not isinstance(row, list) or len(row) != 3:
-            raise ReportError(
-                f"a 'links' row must be [server rank, sent, received], not {_show(row)}"
-            )
-        rank = _int(row[0], "a link's server rank", 0, num_servers - 1)
-        if rank in rows:
-            raise ReportError(f"'links' lists server {rank} twice")
-        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
-    out["links"] = rows
+    out["links"] = parse_links(body.get("links", []), num_servers, "server")
     hists = body.get("h", {})
     if not isinstance(hists, dict) or not set(hists) <= set(HISTOGRAMS):
         raise ReportError(f"'h' must be a map with keys among {', '.join(HISTOGRAMS)}")
@@ -462,6 +449,37 @@ def _parse_metrics(entries: Any) -> list[tuple[int, dict[str, float]]]:
             raise ReportError(str(exc)) from None
         out.append((_int(e[0], "an 'm' step"), values))
     return out
+
+
+def parse_links(links: Any, count: int, peer: str) -> dict[int, tuple[int, int]]:
+    """A report's ``links``: ``[[peer rank, bytes sent, bytes received], ...]``, at most one
+    row per ``peer`` (``count`` of them)."""
+    if not isinstance(links, list) or len(links) > count:
+        raise ReportError(f"'links' must be a list of at most {count} rows (one per {peer})")
+    rows: dict[int, tuple[int, int]] = {}
+    for row in links:
+        if not isinstance(row, list) or len(row) != 3:
+            raise ReportError(
+                f"a 'links' row must be [{peer} rank, sent, received], not {_show(row)}"
+            )
+        rank = _int(row[0], f"a link's {peer} rank", 0, count - 1)
+        if rank in rows:
+            raise ReportError(f"'links' lists {peer} {rank} twice")
+        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
+    return rows
+
+
+def check_newer(rep: dict, seq: int, t: float, links: dict, peer: str) -> None:
+    """Raise ReportError unless ``rep`` follows the last report (number ``seq`` at time ``t``,
+    link totals ``links``): a newer number, no earlier time, no byte total going back."""
+    if rep["seq"] <= seq:
+        raise ReportError(f"report {rep['seq']} is not newer than report {seq}")
+    if rep["t"] < t:
+        raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
+    for rank, (sent, recv) in rep["links"].items():
+        old = links.get(rank, (0, 0))
+        if sent < old[0] or recv < old[1]:
+            raise ReportError(f"the byte totals of the link to {peer} {rank} went back")
 
 
 _PHASE = re.compile(r"[a-z][a-z_]{0,15}")
@@ -544,16 +562,9 @@ class WorkerTotals:
     def apply(self, rep: dict) -> None:
         """Add a checked report; raises ReportError (and changes nothing) when it does not
         follow the last one: an old or repeated number, time or totals going back."""
-        if rep["seq"] <= self.seq:
-            raise ReportError(f"report {rep['seq']} is not newer than report {self.seq}")
-        if rep["t"] < self.t:
-            raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
+        check_newer(rep, self.seq, self.t, self.links, "server")
         if rep["rounds"] < self.rounds:
             raise ReportError(f"'rounds' went back from {self.rounds} to {rep['rounds']}")
-        for rank, (sent, recv) in rep["links"].items():
-            old = self.links.get(rank, (0, 0))
-            if sent < old[0] or recv < old[1]:
-                raise ReportError(f"the byte totals of the link to server {rank} went back")
         for name, (counts, _total) in rep["h"].items():
             have = self.hists[name][0]
             if any(a + b > MAX_COUNT for a, b in zip(have, counts, strict=True)):

@@ -17,7 +17,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from hetps.metrics.reports import MAX_T, Reporter, ReportError, _int, _seconds
+from hetps.metrics.reports import (
+    MAX_T,
+    Reporter,
+    ReportError,
+    _int,
+    _seconds,
+    check_newer,
+    parse_links,
+)
 
 log = logging.getLogger("hetps.metrics.server_meter")
 
@@ -62,18 +70,7 @@ def parse_server_report(body: Any, num_workers: int) -> dict:
         "opt_s": _seconds(srv.get("opt_s"), "'server.opt_s'"),
         "replicas": _int(srv.get("replicas"), "'server.replicas'", 1, 1 << 16),
     }
-    links = body.get("links", [])
-    if not isinstance(links, list) or len(links) > num_workers:
-        raise ReportError(f"'links' must be a list of at most {num_workers} rows (one per worker)")
-    rows: dict[int, tuple[int, int]] = {}
-    for row in links:
-        if not isinstance(row, list) or len(row) != 3:
-            raise ReportError("a 'links' row must be [worker rank, sent, received]")
-        rank = _int(row[0], "a link's worker rank", 0, num_workers - 1)
-        if rank in rows:
-            raise ReportError(f"'links' lists worker {rank} twice")
-        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
-    out["links"] = rows
+    out["links"] = parse_links(body.get("links", []), num_workers, "worker")
     from hetps.metrics.sysinfo import parse_extras
 
     out.update(parse_extras(body))
@@ -96,16 +93,9 @@ class ServerTotals:
 
     def apply(self, rep: dict) -> None:
         """Keep a checked report; ReportError (and nothing changed) when it goes back."""
-        if rep["seq"] <= self.seq:
-            raise ReportError(f"report {rep['seq']} is not newer than report {self.seq}")
-        if rep["t"] < self.t:
-            raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
+        check_newer(rep, self.seq, self.t, self.links, "worker")
         if rep["rounds"] < self.rounds or rep["opt_s"] < self.opt_s:
             raise ReportError("the rounds or the optimizer's seconds went back")
-        for rank, (sent, recv) in rep["links"].items():
-            old = self.links.get(rank, (0, 0))
-            if sent < old[0] or recv < old[1]:
-                raise ReportError(f"the byte totals of the link to worker {rank} went back")
         self.seq, self.t = rep["seq"], rep["t"]
         self.rounds, self.opt_s, self.replicas = rep["rounds"], rep["opt_s"], rep["replicas"]
         self.links.update(rep["links"])
