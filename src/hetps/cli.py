@@ -343,46 +343,79 @@ def cmd_state_server(args: argparse.Namespace) -> int:
     return 0
 
 
+# fmt: off
+#: a table of flags: (names, add_argument's keywords) each
+Flags = tuple[tuple[tuple[str, ...], dict], ...]
+
+
+def _cluster_flags() -> Flags:
+    """The flags ``launch`` and ``train`` share: emulated links, co-location, load balance
+    (the plans' names as they are registered now)."""
+    return (
+        (("--netem",), dict(default=None, metavar="SCENARIO",
+            help="run each node in its own network namespace shaped by a scenario TOML file "
+                 "(needs root; see docs/NETEM.md)")),
+        (("--colocate",), dict(action="store_true",
+            help="one server beside each worker (servers = workers)")),
+        (("--balance",), dict(choices=balance_schemes(), default=None,
+            help="network-aware load distribution scheme")),
+        (("--slice-size",), dict(type=int, default=None,
+            help="elements per slice for --balance (default 65536)")),
+        (("--server-device",), dict(default=None, metavar="DEV",
+            help="where the servers sum pushes and run SGD/Adam: cpu (the default) or cuda:N, "
+                 "a GPU of each server machine (HETPS_SERVER_DEVICE; docs/ESYNC.md)")),
+        (("--metrics-port",), dict(type=int, default=None, metavar="P",
+            help="serve live Prometheus metrics from the scheduler on port P (0: a free port, "
+                 "printed); loopback only unless HETPS_METRICS_HOST names the scheduler's address "
+                 "(docs/LIVE.md)")),
+    )
+
+
+_LAUNCH_FLAGS: Flags = (
+    (("-n", "--num-workers"), dict(type=int, required=True)),
+    (("-s", "--num-servers"), dict(type=int, default=None, help="default: = workers")),
+    (("--launcher",), dict(choices=["local", "ssh", "slurm", "ray"], default="local")),
+    (("-H", "--hostfile"), dict(default=None)),
+    (("--nproc-per-node",), dict(type=int, default=0, metavar="K",
+        help="K workers per host (consecutive launch ranks), as torchrun's: every worker gets "
+             "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and HETPS_HOST_GROUP from it. Local: "
+             "groups of K on this machine (default: all workers on the one host; with --netem, "
+             "each emulated host runs K); ssh: K per hostfile host (default: its slots=N, else "
+             "round-robin). Slurm and Ray know each worker's host by themselves")),
+    (("--ray-address",), dict(default=None,
+        help="--launcher ray: the Ray cluster (HOST:PORT, auto, ray://...; default "
+             "RAY_ADDRESS, else a local Ray for the job; docs/RAY_K8S.md)")),
+    (("--ray-cpus-per-worker",), dict(type=float, default=1.0, metavar="N")),
+    (("--ray-cpus-per-server",), dict(type=float, default=1.0, metavar="N")),
+    (("--env",), dict(action="append", default=[], metavar="K=V")),
+    (("--port",), dict(type=int, default=0, help="scheduler port (default: ephemeral)")),
+    (("--start-timeout",), dict(type=float, default=60.0)),
+    (("--max-restarts",), dict(type=int, default=0, metavar="N",
+        help="when a process fails, start the whole job again, up to N times (HETPS_RESTART=k "
+             "in the new processes; hetps train resumes from --checkpoint-dir)")),
+    (("--elastic",), dict(type=int, default=0, metavar="MIN",
+        help="a worker that dies is let go and the job goes on with the others, without a "
+             "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process)")),
+    (("--rejoin",), dict(action="store_true",
+        help="with --elastic and --max-restarts: a worker that was let go is started again "
+             "and joins the running job; the script handles it (kv.rejoining, kv.join(), "
+             "kv.joining, kv.admit(); docs/FAULTS.md). hetps train does this by itself")),
+    (("--replicas",), dict(type=int, default=1, metavar="R",
+        help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server dies "
+             "the next takes over its keys and the job goes on, while fewer than R died")),
+)
+# fmt: on
+
+
+def add_flags(p: argparse.ArgumentParser, flags: Flags) -> None:
+    """Add each ``(names, add_argument's keywords)`` of a flag table to ``p``."""
+    for names, kw in flags:
+        p.add_argument(*names, **kw)
+
+
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by ``launch`` and ``train``: emulated links, co-location, load balance."""
-    p.add_argument(
-        "--netem",
-        default=None,
-        metavar="SCENARIO",
-        help="run each node in its own network namespace shaped by a scenario "
-        "TOML file (needs root; see docs/NETEM.md)",
-    )
-    p.add_argument(
-        "--colocate", action="store_true", help="one server beside each worker (servers = workers)"
-    )
-    p.add_argument(
-        "--balance",
-        choices=balance_schemes(),
-        default=None,
-        help="network-aware load distribution scheme",
-    )
-    p.add_argument(
-        "--slice-size",
-        type=int,
-        default=None,
-        help="elements per slice for --balance (default 65536)",
-    )
-    p.add_argument(
-        "--server-device",
-        default=None,
-        metavar="DEV",
-        help="where the servers sum pushes and run SGD/Adam: cpu (the default) or cuda:N, "
-        "a GPU of each server machine (HETPS_SERVER_DEVICE; docs/ESYNC.md)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        metavar="P",
-        help="serve live Prometheus metrics from the scheduler on port P (0: a free port, "
-        "printed); loopback only unless HETPS_METRICS_HOST names the scheduler's address "
-        "(docs/LIVE.md)",
-    )
+    add_flags(p, _cluster_flags())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -392,63 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     la = sub.add_parser("launch", help="start a scheduler, servers and workers running CMD")
-    la.add_argument("-n", "--num-workers", type=int, required=True)
-    la.add_argument("-s", "--num-servers", type=int, default=None, help="default: = workers")
-    la.add_argument("--launcher", choices=["local", "ssh", "slurm", "ray"], default="local")
-    la.add_argument("-H", "--hostfile", default=None)
-    la.add_argument(
-        "--nproc-per-node",
-        type=int,
-        default=0,
-        metavar="K",
-        help="K workers per host (consecutive launch ranks), as torchrun's: every worker gets "
-        "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and HETPS_HOST_GROUP from it. Local: groups "
-        "of K on this machine (default: all workers on the one host; with --netem, each "
-        "emulated host runs K); ssh: K per hostfile host (default: its slots=N, else "
-        "round-robin). Slurm and Ray know each worker's host by themselves",
-    )
-    la.add_argument(
-        "--ray-address",
-        default=None,
-        help="--launcher ray: the Ray cluster (HOST:PORT, auto, ray://...; default RAY_ADDRESS, "
-        "else a local Ray for the job; docs/RAY_K8S.md)",
-    )
-    la.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="N")
-    la.add_argument("--ray-cpus-per-server", type=float, default=1.0, metavar="N")
-    la.add_argument("--env", action="append", default=[], metavar="K=V")
-    la.add_argument("--port", type=int, default=0, help="scheduler port (default: ephemeral)")
-    la.add_argument("--start-timeout", type=float, default=60.0)
-    la.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="when a process fails, start the whole job again, up to N times "
-        "(HETPS_RESTART=k in the new processes; hetps train resumes from --checkpoint-dir)",
-    )
-    la.add_argument(
-        "--elastic",
-        type=int,
-        default=0,
-        metavar="MIN",
-        help="a worker that dies is let go and the job goes on with the others, without a "
-        "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process)",
-    )
-    la.add_argument(
-        "--rejoin",
-        action="store_true",
-        help="with --elastic and --max-restarts: a worker that was let go is started again "
-        "and joins the running job; the script handles it (kv.rejoining, kv.join(), "
-        "kv.joining, kv.admit(); docs/FAULTS.md). hetps train does this by itself",
-    )
-    la.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        metavar="R",
-        help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server "
-        "dies the next takes over its keys and the job goes on, while fewer than R died",
-    )
+    add_flags(la, _LAUNCH_FLAGS)
     add_cluster_arguments(la)
     la.add_argument("command", nargs=argparse.REMAINDER)
     la.set_defaults(func=cmd_launch)

@@ -18,13 +18,13 @@ from hetps import lazy_exports
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
-    name: f"hetps.esync.{module}"
-    for module, names in (
-        ("policy", "ReadinessPolicy WorkerState"),
-        ("service", "EsyncService StateServer StateClient"),
-        ("trainer", "ESyncTrainer ESyncRound"),
-    )
-    for name in names.split()
+    "ReadinessPolicy": "hetps.esync.policy",
+    "WorkerState": "hetps.esync.policy",
+    "EsyncService": "hetps.esync.service",
+    "StateServer": "hetps.esync.service",
+    "StateClient": "hetps.esync.service",
+    "ESyncTrainer": "hetps.esync.trainer",
+    "ESyncRound": "hetps.esync.trainer",
 }
 
 __all__ = sorted(_EXPORTS)
