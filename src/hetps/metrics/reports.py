@@ -469,19 +469,6 @@ def parse_links(links: Any, count: int, peer: str) -> dict[int, tuple[int, int]]
     return rows
 
 
-def check_newer(rep: dict, seq: int, t: float, links: dict, peer: str) -> None:
-    """Raise ReportError unless ``rep`` follows the last report (number ``seq`` at time ``t``,
-    link totals ``links``): a newer number, no earlier time, no byte total going back."""
-    if rep["seq"] <= seq:
-        raise ReportError(f"report {rep['seq']} is not newer than report {seq}")
-    if rep["t"] < t:
-        raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
-    for rank, (sent, recv) in rep["links"].items():
-        old = links.get(rank, (0, 0))
-        if sent < old[0] or recv < old[1]:
-            raise ReportError(f"the byte totals of the link to {peer} {rank} went back")
-
-
 _PHASE = re.compile(r"[a-z][a-z_]{0,15}")
 
 
@@ -539,30 +526,57 @@ def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
 
 
 # -- the scheduler's side -------------------------------------------------------------------
-class WorkerTotals:
+class Totals:
+    """What the scheduler knows of one node from what every report has; ``peer`` is the role
+    at the other end of the node's links."""
+
+    peer = "server"
+
+    def __init__(self) -> None:
+        self.seq, self.t, self.rounds, self.reports = 0, 0.0, 0, 0
+        self.links: dict[int, tuple[int, int]] = {}
+        self.sys: dict | None = None
+        self.log: deque[str] = deque(maxlen=20)
+
+    def _check_newer(self, rep: dict) -> None:
+        """Raise ReportError unless ``rep`` follows the last report: a newer number, no
+        earlier time, no byte total going back."""
+        if rep["seq"] <= self.seq:
+            raise ReportError(f"report {rep['seq']} is not newer than report {self.seq}")
+        if rep["t"] < self.t:
+            raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
+        for rank, (sent, recv) in rep["links"].items():
+            old = self.links.get(rank, (0, 0))
+            if sent < old[0] or recv < old[1]:
+                raise ReportError(f"the byte totals of the link to {self.peer} {rank} went back")
+
+    def _keep(self, rep: dict) -> None:
+        """Keep what every report has (after the checks)."""
+        self.seq, self.t, self.rounds = rep["seq"], rep["t"], rep["rounds"]
+        if rep["sys"] is not None:
+            self.sys = rep["sys"]
+        self.log.extend(rep["log"])
+        self.reports += 1
+
+
+class WorkerTotals(Totals):
     """What the scheduler knows of one worker, from its reports."""
 
     def __init__(self) -> None:
-        self.seq = 0
-        self.t = 0.0
-        self.rounds = 0
+        super().__init__()
         self.round_s: float | None = None
-        self.links: dict[int, tuple[int, int]] = {}
         self.rates: dict[int, tuple[float, float]] = {}  # bytes/s over the last report
         self.hists = {name: ([0] * NBUCKETS, 0.0) for name in HISTOGRAMS}
-        self.reports = 0
         self.timeline: deque[tuple[int, list, list]] = deque(maxlen=TL_KEEP)
         self.run: str | None = None
         self.heard = time.monotonic()  # the scheduler's clock: when the last report came
         self.last_h: dict[str, tuple[list[int], float]] = {}  # the last report's gains
-        self.sys: dict | None = None
-        self.log: deque[str] = deque(maxlen=20)
         self.metrics: dict[str, deque[tuple[int, float]]] = {}  # name -> (step, value)
 
     def apply(self, rep: dict) -> None:
         """Add a checked report; raises ReportError (and changes nothing) when it does not
         follow the last one: an old or repeated number, time or totals going back."""
-        check_newer(rep, self.seq, self.t, self.links, "server")
+        self._check_newer(rep)
         if rep["rounds"] < self.rounds:
             raise ReportError(f"'rounds' went back from {self.rounds} to {rep['rounds']}")
         for name, (counts, _total) in rep["h"].items():
@@ -581,7 +595,6 @@ class WorkerTotals:
                 [a + b for a, b in zip(have, counts, strict=True)],
                 min(have_sum + total, MAX_SECONDS),
             )
-        self.seq, self.t, self.rounds = rep["seq"], rep["t"], rep["rounds"]
         if rep["round_s"] is not None:
             self.round_s = rep["round_s"]
         last = self.timeline[-1][0] if self.timeline else 0
@@ -593,8 +606,5 @@ class WorkerTotals:
                 if name in self.metrics or len(self.metrics) < M_NAMES:
                     self.metrics.setdefault(name, deque(maxlen=M_KEEP)).append((step, value))
         self.last_h = rep["h"]
-        if rep["sys"] is not None:
-            self.sys = rep["sys"]
-        self.log.extend(rep["log"])
         self.heard = time.monotonic()
-        self.reports += 1
+        self._keep(rep)

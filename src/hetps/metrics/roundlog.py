@@ -139,11 +139,9 @@ class RoundLog:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time the block as phase ``name`` (``compute``, ``push``, ...)."""
-        t0 = self._start()
-        try:
+        self._start()
+        with self.spans.phase(name):
             yield
-        finally:
-            self.spans.add(name, t0, time.perf_counter())
 
     @contextmanager
     def pull(self) -> Iterator[None]:

@@ -13,7 +13,6 @@ go forward) before it keeps it (:class:`ServerTotals`); a bad one is refused lik
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +20,9 @@ from hetps.metrics.reports import (
     MAX_T,
     Reporter,
     ReportError,
+    Totals,
     _int,
     _seconds,
-    check_newer,
     parse_links,
 )
 
@@ -77,32 +76,23 @@ def parse_server_report(body: Any, num_workers: int) -> dict:
     return out
 
 
-class ServerTotals:
+class ServerTotals(Totals):
     """What the scheduler knows of one server, from its reports."""
 
+    peer = "worker"
+
     def __init__(self) -> None:
-        self.seq = 0
-        self.t = 0.0
-        self.rounds = 0
-        self.opt_s = 0.0
-        self.replicas = 1
-        self.links: dict[int, tuple[int, int]] = {}
-        self.reports = 0
-        self.sys: dict | None = None
-        self.log: deque[str] = deque(maxlen=20)
+        super().__init__()
+        self.opt_s, self.replicas = 0.0, 1
 
     def apply(self, rep: dict) -> None:
         """Keep a checked report; ReportError (and nothing changed) when it goes back."""
-        check_newer(rep, self.seq, self.t, self.links, "worker")
+        self._check_newer(rep)
         if rep["rounds"] < self.rounds or rep["opt_s"] < self.opt_s:
             raise ReportError("the rounds or the optimizer's seconds went back")
-        self.seq, self.t = rep["seq"], rep["t"]
-        self.rounds, self.opt_s, self.replicas = rep["rounds"], rep["opt_s"], rep["replicas"]
+        self.opt_s, self.replicas = rep["opt_s"], rep["replicas"]
         self.links.update(rep["links"])
-        if rep["sys"] is not None:
-            self.sys = rep["sys"]
-        self.log.extend(rep["log"])
-        self.reports += 1
+        self._keep(rep)
 
     def view(self) -> dict:
         return {
