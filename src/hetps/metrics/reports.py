@@ -1,7 +1,6 @@
 """Live metrics' reports: what workers (and servers: :mod:`hetps.metrics.server_meter`)
-measure while a job runs, and the checks the scheduler runs on them; the scheduler's side is
-:mod:`hetps.metrics.live`, and :mod:`hetps.metrics.prom` and :mod:`hetps.metrics.dashboard`
-serve it.
+measure while a job runs, and the scheduler's checks of them (its side is
+:mod:`hetps.metrics.live`, served by :mod:`hetps.metrics.prom` and :mod:`~hetps.metrics.dashboard`).
 
 * :class:`WorkerMeter`, in each worker (only when the scheduler's endpoint is on: the node
   table says so): one ``perf_counter`` per push or pull request and one list increment when
@@ -98,9 +97,8 @@ class Histogram:
 
 
 class Reporter:
-    """A thread that sends :meth:`report` through ``send`` every ``interval`` seconds, with the
-    process' CPU, memory and GPUs (:class:`hetps.metrics.sysinfo.Sampler`) and the last lines
-    it wrote (:class:`hetps.metrics.sysinfo.LogTail`, when ``own_output``)."""
+    """A thread that sends ``report()`` through ``send`` every ``interval`` seconds, with the
+    process' CPU, memory, GPUs and (``own_output``) last lines (:mod:`hetps.metrics.sysinfo`)."""
 
     _what = "report"  # for the log line of a report not sent
 
@@ -117,10 +115,6 @@ class Reporter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=thread, daemon=True)
         self._thread.start()
-
-    def report(self) -> dict:
-        """The next report's body."""
-        raise NotImplementedError
 
     def _head(self) -> dict[str, Any]:
         self._seq += 1
@@ -213,8 +207,7 @@ class WorkerMeter(Reporter):
         return done
 
     def _start_timing(self, at: int, hist: Histogram) -> Callable[[], None]:
-        """Times a request from now (widening its round's phase ``at``); call the result at
-        its answer."""
+        """Time a request from now (its round's phase ``at``); call the result at its answer."""
         t0, rec = time.perf_counter(), self._cur
         if rec is not None and t0 < rec[at]:
             rec[at] = t0
@@ -499,13 +492,8 @@ def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
                     f"a span's phase must be a lower-case name of up to 16 letters, "
                     f"not {_show(span[0])}"
                 )
-            kept.append(
-                (
-                    span[0],
-                    _seconds(span[1], "a span's start", MAX_T),
-                    _seconds(span[2], "a span's length", TL_MAX_DUR),
-                )
-            )
+            start = _seconds(span[1], "a span's start", MAX_T)
+            kept.append((span[0], start, _seconds(span[2], "a span's length", TL_MAX_DUR)))
         if not isinstance(links, list) or len(links) > num_servers:
             raise ReportError(f"a 'tl' round's links: a list of at most {num_servers} rows")
         rows = []
@@ -514,13 +502,9 @@ def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
                 raise ReportError(
                     f"a 'tl' link row must be [server, sent, received], not {_show(row)}"
                 )
-            rows.append(
-                (
-                    _int(row[0], "a 'tl' link's server rank", 0, num_servers - 1),
-                    _int(row[1], "a 'tl' link's bytes sent"),
-                    _int(row[2], "a 'tl' link's bytes received"),
-                )
-            )
+            rank = _int(row[0], "a 'tl' link's server rank", 0, num_servers - 1)
+            sent = _int(row[1], "a 'tl' link's bytes sent")
+            rows.append((rank, sent, _int(row[2], "a 'tl' link's bytes received")))
         out.append((rnd, kept, rows))
     return out
 
