@@ -240,22 +240,14 @@ def launch_cluster(args: argparse.Namespace) -> int:
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
     parse_devices(args, args.workers)
-    argv = [a for a in sys.argv[1:]]
-    # drop --workers/--servers (and their values) from the worker command line
+    # drop the launcher's flags (and their values) from the worker command line
     cleaned: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
+    given = iter(sys.argv[1:])
+    for a in given:
         if a in LAUNCH_ONLY:
-            skip = True
-            continue
-        if a.startswith(tuple(f"{flag}=" for flag in LAUNCH_ONLY)):
-            continue
-        if a == "--colocate":
-            continue
-        cleaned.append(a)
+            next(given, None)  # its value
+        elif a != "--colocate" and not a.startswith(tuple(f"{f}=" for f in LAUNCH_ONLY)):
+            cleaned.append(a)
     cmd = [sys.executable, "-m", "hetps.cli", *cleaned]
     env_value("OMP_NUM_THREADS")  # a malformed value fails here, before anything starts
     # threads: the user's OMP_NUM_THREADS reaches every process unchanged; without it the
