@@ -126,6 +126,13 @@ def _hue_colors(
     return out
 
 
+def _abs_formatter() -> Any:
+    """Tick labels without the sign (pull drawn below the axis, in positive units)."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _pos: f"{abs(v):g}")
+
+
 def _xticks(ax: Any, positions: Sequence[float], labels: Sequence[str]) -> None:
     """Tick labels, slanted when long."""
     if max((len(lab) for lab in labels), default=0) > 14:
