@@ -34,9 +34,15 @@ import numpy as np
 import torch
 
 __all__ = [
-    "CLASSES", "DEFAULT_DATA_DIR", "FASHION_MNIST_MEAN", "FASHION_MNIST_STD", "batches",
-    "load_fashion_mnist", "normalize", "partition",
-]  # fmt: skip
+    "CLASSES",
+    "DEFAULT_DATA_DIR",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_STD",
+    "batches",
+    "load_fashion_mnist",
+    "normalize",
+    "partition",
+]
 
 #: Where Debian's ``dataset-fashion-mnist`` package installs the files.
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
@@ -47,9 +53,17 @@ FASHION_MNIST_STD = 0.35302424451492254
 
 #: Class names, indexed by label.
 CLASSES: tuple[str, ...] = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
     "Ankle boot",
-)  # fmt: skip
+)
 
 _IMAGES_MAGIC = 0x00000803  # idx3, unsigned byte
 _LABELS_MAGIC = 0x00000801  # idx1, unsigned byte

@@ -228,9 +228,14 @@ def main(args: argparse.Namespace) -> int:
 
 #: flags (with a value) for the launcher alone: not on the workers' command line
 LAUNCH_ONLY = (
-    "--workers", "--servers", "--netem", "--balance", "--slice-size", "--metrics-port",
+    "--workers",
+    "--servers",
+    "--netem",
+    "--balance",
+    "--slice-size",
+    "--metrics-port",
     "--server-device",
-)  # fmt: skip
+)
 
 
 def launch_cluster(args: argparse.Namespace) -> int:

@@ -49,10 +49,22 @@ SECRET_KEY = "secret"
 ROLES = ("scheduler", "server", "worker")
 #: names hetps sets in every pod; --env may not override them
 RESERVED_ENV = (
-    "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER",
-    "DMLC_NODE_HOST", "HETPS_LAUNCH_RANK", "HETPS_SECRET", "HETPS_SECRET_FILE", "RANK",
-    "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "HETPS_HOST_GROUP",
-)  # fmt: skip
+    "DMLC_ROLE",
+    "DMLC_PS_ROOT_URI",
+    "DMLC_PS_ROOT_PORT",
+    "DMLC_NUM_SERVER",
+    "DMLC_NUM_WORKER",
+    "DMLC_NODE_HOST",
+    "HETPS_LAUNCH_RANK",
+    "HETPS_SECRET",
+    "HETPS_SECRET_FILE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "HETPS_HOST_GROUP",
+)
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$")

@@ -30,8 +30,24 @@ from hetps.metrics.summary import (
 from hetps.metrics.traffic import TrafficRecorder, load_traffic
 
 __all__ = [
-    "ITERATION_KEYS", "MODES", "RUN_KEYS", "THRESHOLDS", "IterationLog", "MetricsError", "Run",
-    "RunNotFoundError", "RunWriter", "TrafficRecorder", "find_runs", "format_summary", "load_run",
-    "load_runs", "load_traffic", "new_run_dir", "run_meta", "summarize", "summarize_run",
+    "ITERATION_KEYS",
+    "MODES",
+    "RUN_KEYS",
+    "THRESHOLDS",
+    "IterationLog",
+    "MetricsError",
+    "Run",
+    "RunNotFoundError",
+    "RunWriter",
+    "TrafficRecorder",
+    "find_runs",
+    "format_summary",
+    "load_run",
+    "load_runs",
+    "load_traffic",
+    "new_run_dir",
+    "run_meta",
+    "summarize",
+    "summarize_run",
     "validate_record",
-]  # fmt: skip
+]

@@ -21,9 +21,17 @@ MODE_COLORS = {
     "local": "#555555",
 }
 _CYCLE = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf",
-]  # fmt: skip
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
 SCHEME_COLORS = {
     "average": "#7f7f7f",
     "elastic": "#ff7f0e",

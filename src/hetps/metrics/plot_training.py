@@ -29,9 +29,13 @@ from hetps.metrics.summary import THRESHOLDS, accuracy_curve, computing_time_rat
 from hetps.metrics.traffic import load_traffic
 
 __all__ = [
-    "fig_accuracy_iid", "fig_accuracy_noniid", "fig_computing_time_ratio", "fig_throughput",
-    "fig_traffic", "fig_traffic_timeline",
-]  # fmt: skip
+    "fig_accuracy_iid",
+    "fig_accuracy_noniid",
+    "fig_computing_time_ratio",
+    "fig_throughput",
+    "fig_traffic",
+    "fig_traffic_timeline",
+]
 
 
 def _accuracy(ctx: PlotContext, non_iid: bool) -> list[Path]:

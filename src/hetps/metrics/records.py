@@ -27,25 +27,54 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "MODES", "ITERATION_KEYS", "RUN_KEYS", "MetricsError", "RunNotFoundError", "RunWriter",
-    "IterationLog", "Run", "load_run", "find_runs", "read_jsonl", "validate_record", "new_run_dir",
+    "MODES",
+    "ITERATION_KEYS",
+    "RUN_KEYS",
+    "MetricsError",
+    "RunNotFoundError",
+    "RunWriter",
+    "IterationLog",
+    "Run",
+    "load_run",
+    "find_runs",
+    "read_jsonl",
+    "validate_record",
+    "new_run_dir",
     "run_meta",
-]  # fmt: skip
+]
 
 RUN_FILE = "run.json"
 MODES = ("esync", "sync", "async", "dcasgd", "local")
 
 #: Keys every ``run.json`` has (``RunWriter`` fills the ones marked optional in the docs).
 RUN_KEYS = (
-    "mode", "network", "workers", "servers", "batch_size", "slowdown", "split_by_class",
-    "started_at", "devices",
-)  # fmt: skip
+    "mode",
+    "network",
+    "workers",
+    "servers",
+    "batch_size",
+    "slowdown",
+    "split_by_class",
+    "started_at",
+    "devices",
+)
 
 #: Keys every iteration record has; ``loss`` may be null, the rest are numbers.
 ITERATION_KEYS = (
-    "rank", "iter", "epoch", "t", "samples", "loss", "local_steps", "compute_s", "push_s", "pull_s",
-    "wait_s", "bytes_sent", "bytes_recv",
-)  # fmt: skip
+    "rank",
+    "iter",
+    "epoch",
+    "t",
+    "samples",
+    "loss",
+    "local_steps",
+    "compute_s",
+    "push_s",
+    "pull_s",
+    "wait_s",
+    "bytes_sent",
+    "bytes_recv",
+)
 _INT_KEYS = ("rank", "iter", "epoch", "samples", "local_steps", "bytes_sent", "bytes_recv")
 _NONNEG_KEYS = ("compute_s", "push_s", "pull_s", "wait_s", "samples", "bytes_sent", "bytes_recv")
 

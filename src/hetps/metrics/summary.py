@@ -22,9 +22,18 @@ from typing import Any
 from hetps.metrics.records import MetricsError, Run, find_runs, load_run
 
 __all__ = [
-    "THRESHOLDS", "accuracy_curve", "asrit", "computing_time_ratios", "wall_time", "write_json",
-    "load_runs", "summarize", "summarize_run", "format_summary", "slowdown_note",
-]  # fmt: skip
+    "THRESHOLDS",
+    "accuracy_curve",
+    "asrit",
+    "computing_time_ratios",
+    "wall_time",
+    "write_json",
+    "load_runs",
+    "summarize",
+    "summarize_run",
+    "format_summary",
+    "slowdown_note",
+]
 
 #: Accuracy levels of ``time_to_accuracy`` (keys are ``f"{a:g}"``: "0.7", "0.8", "0.85").
 THRESHOLDS = (0.7, 0.8, 0.85)

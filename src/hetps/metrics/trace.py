@@ -33,9 +33,14 @@ from hetps.metrics.spans import PHASES
 from hetps.metrics.traffic import load_traffic
 
 __all__ = [
-    "TraceFormatError", "add_parser", "build_trace", "round_spans", "cmd_trace", "validate_trace",
+    "TraceFormatError",
+    "add_parser",
+    "build_trace",
+    "round_spans",
+    "cmd_trace",
+    "validate_trace",
     "write_trace",
-]  # fmt: skip
+]
 
 _US = 1e6
 #: the phases of the trace event format this module writes or checks

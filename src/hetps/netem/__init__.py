@@ -21,7 +21,18 @@ from hetps.netem.tools import (
 )
 
 __all__ = [
-    "DEFAULT_PREFIX", "DynamicDriver", "Netem", "NetemError", "NetemPermissionError",
-    "NetemUnsupportedError", "RunInfo", "Scenario", "ScenarioError", "cleanup_stale",
-    "goodput_mbit", "list_runs", "load_scenario", "require_root",
-]  # fmt: skip
+    "DEFAULT_PREFIX",
+    "DynamicDriver",
+    "Netem",
+    "NetemError",
+    "NetemPermissionError",
+    "NetemUnsupportedError",
+    "RunInfo",
+    "Scenario",
+    "ScenarioError",
+    "cleanup_stale",
+    "goodput_mbit",
+    "list_runs",
+    "load_scenario",
+    "require_root",
+]

@@ -49,17 +49,29 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
         _toml = None  # type: ignore[assignment]
 
 __all__ = [
-    "MAX_NODES", "Scenario", "ScenarioError", "load_scenario", "read_toml",
-]  # fmt: skip
+    "MAX_NODES",
+    "Scenario",
+    "ScenarioError",
+    "load_scenario",
+    "read_toml",
+]
 
 #: Most nodes a scenario may have: one /24 subnet, addresses .1 to .250.
 MAX_NODES = 250
 
 _KINDS = ("static", "dynamic")
 _KEYS = (
-    "kind", "nodes", "rates_mbit", "lo_mbit", "hi_mbit", "seed", "period_s", "delay_ms",
-    "pair_rates_mbit", "tcp_cc",
-)  # fmt: skip
+    "kind",
+    "nodes",
+    "rates_mbit",
+    "lo_mbit",
+    "hi_mbit",
+    "seed",
+    "period_s",
+    "delay_ms",
+    "pair_rates_mbit",
+    "tcp_cc",
+)
 
 
 class ScenarioError(ValueError):

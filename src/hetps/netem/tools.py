@@ -19,10 +19,20 @@ from dataclasses import dataclass, field
 from hetps.netem import _reaper
 
 __all__ = [
-    "BRIDGE", "DEFAULT_PREFIX", "GOODPUT_FACTOR", "NODE_IF", "NetemError", "NetemPermissionError",
-    "NetemUnsupportedError", "RunInfo", "cleanup_stale", "find_tool", "goodput_mbit", "list_runs",
+    "BRIDGE",
+    "DEFAULT_PREFIX",
+    "GOODPUT_FACTOR",
+    "NODE_IF",
+    "NetemError",
+    "NetemPermissionError",
+    "NetemUnsupportedError",
+    "RunInfo",
+    "cleanup_stale",
+    "find_tool",
+    "goodput_mbit",
+    "list_runs",
     "require_root",
-]  # fmt: skip
+]
 
 log = logging.getLogger("hetps.netem")
 

@@ -42,9 +42,17 @@ from numpy.typing import ArrayLike
 from hetps.optim.dcasgd import dcasgd_delta, dcasgd_gradient
 
 __all__ = [
-    "average", "average_from_sum", "dcasgd_compensate", "dcasgd_step", "esync_global_update",
-    "esync_update_from_sum", "model_delta", "sgd_step", "ssgd_step", "sum_arrays",
-]  # fmt: skip
+    "average",
+    "average_from_sum",
+    "dcasgd_compensate",
+    "dcasgd_step",
+    "esync_global_update",
+    "esync_update_from_sum",
+    "model_delta",
+    "sgd_step",
+    "ssgd_step",
+    "sum_arrays",
+]
 
 
 def _is_tensor(a: Any) -> bool:

@@ -24,9 +24,16 @@ from typing import Any
 from hetps.config import env_value, role_from_env
 
 __all__ = [
-    "init", "is_initialized", "local_rank", "local_size", "rank", "shutdown", "size", "store",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "rank",
+    "shutdown",
+    "size",
+    "store",
     "store_for",
-]  # fmt: skip
+]
 
 
 class _Process:
