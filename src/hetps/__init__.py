@@ -15,6 +15,7 @@ no ZeroMQ).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 __version__ = "0.1.0"
@@ -31,3 +32,19 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
+
+
+def lazy_exports(
+    package: str, exports: dict[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__getattr__`` and ``__dir__`` that load each name of ``exports`` (name ->
+    defining submodule) on first use and keep it in ``namespace`` (the package's globals)."""
+
+    def getattr_(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = namespace[name] = getattr(importlib.import_module(module), name)
+        return value  # later lookups find it in the namespace
+
+    return getattr_, lambda: sorted({*namespace, *exports})

@@ -8,18 +8,14 @@ import logging
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import hetps.balance  # noqa: F401 - the load plans register (--balance, `hetps config`)
 from hetps import __version__
 from hetps.config.table import balance_schemes
 
-
-def _setup_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose >= 1 else logging.WARNING,
-        format="[%(asctime)s] %(name)s %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+if TYPE_CHECKING:
+    from hetps.config import NodeConfig
 
 
 def _env_pairs(items: list[str]) -> dict[str, str]:
@@ -42,7 +38,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         places_by_host,
         server_device_env,
     )
-    from hetps.launch.local import run_cluster
+    from hetps.launch.local import run_cluster_from
     from hetps.launch.wrappers import read_hostfile_slots, ssh_wrapper, worker_hosts
 
     command = list(args.command)
@@ -172,14 +168,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             )
         balance_env(spec.env, args.balance, args.slice_size)
         return run_slurm(spec)
-    return run_cluster(
-        spec,
-        netem=args.netem,
-        colocate=args.colocate,
-        balance=args.balance,
-        slice_elems=args.slice_size,
-        metrics_port=args.metrics_port,
-    )
+    return run_cluster_from(spec, args)
 
 
 def cmd_secret(args: argparse.Namespace) -> int:
@@ -214,17 +203,31 @@ def cmd_secret(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_scheduler(args: argparse.Namespace) -> int:
-    """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
+def _role_config(role: str) -> NodeConfig | None:
+    """``role``'s configuration from the environment, and logging to stderr at its verbosity;
+    None (the error printed) when the environment is malformed."""
     from hetps.config import ConfigError, node_config_from_env
-    from hetps.roles import announce_metrics, end_metrics, make_scheduler
 
     try:
-        cfg = node_config_from_env(role="scheduler")
+        cfg = node_config_from_env(role=role)
     except ConfigError as exc:
-        print(f"hetps scheduler: {exc}", file=sys.stderr)
+        print(f"hetps {role}: {exc}", file=sys.stderr)
+        return None
+    logging.basicConfig(
+        level=logging.INFO if cfg.verbose >= 1 else logging.WARNING,
+        format="[%(asctime)s] %(name)s %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return cfg
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
+    from hetps.roles import announce_metrics, end_metrics, make_scheduler
+
+    cfg = _role_config("scheduler")
+    if cfg is None:
         return 2
-    _setup_logging(cfg.verbose)
     import zmq
 
     # the launcher's lines go to the real stdout, never through the dashboard's copy of the
@@ -272,15 +275,11 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
 def cmd_server(args: argparse.Namespace) -> int:
     """``hetps server``: be a KVStore server (DMLC_* from the environment)."""
-    from hetps.config import ConfigError, node_config_from_env
     from hetps.roles import run_server
 
-    try:
-        cfg = node_config_from_env(role="server")
-    except ConfigError as exc:
-        print(f"hetps server: {exc}", file=sys.stderr)
+    cfg = _role_config("server")
+    if cfg is None:
         return 2
-    _setup_logging(cfg.verbose)
     try:
         return run_server(cfg)
     except Exception as exc:  # noqa: BLE001 - a clear line instead of a traceback
@@ -354,54 +353,83 @@ def cmd_state_server(args: argparse.Namespace) -> int:
     return 0
 
 
+# fmt: off
+#: a table of flags: (names, add_argument's keywords) each
+Flags = tuple[tuple[tuple[str, ...], dict], ...]
+
+
+def _cluster_flags() -> Flags:
+    """The flags ``launch`` and ``train`` share: emulated links, co-location, load balance
+    (the plans' names as they are registered now)."""
+    return (
+        (("--netem",), dict(default=None, metavar="SCENARIO",
+            help="run each node in its own network namespace shaped by a scenario TOML file "
+                 "(needs root; see docs/NETEM.md)")),
+        (("--colocate",), dict(action="store_true",
+            help="one server beside each worker (servers = workers)")),
+        (("--balance",), dict(choices=balance_schemes(), default=None,
+            help="network-aware load distribution scheme")),
+        (("--slice-size",), dict(type=int, default=None,
+            help="elements per slice for --balance (default 65536)")),
+        (("--server-device",), dict(default=None, metavar="DEV",
+            help="where the servers sum pushes and run SGD/Adam: cpu (the default) or cuda:N, "
+                 "a GPU of each server machine (HETPS_SERVER_DEVICE; docs/ESYNC.md)")),
+        (("--host-aggregation",), dict(choices=["auto", "off"], default=None,
+            help="auto (the default): in dist_sync the workers of a host of several sum their "
+                 "gradients through shared memory and push once; off: each worker pushes its own "
+                 "(HETPS_HOST_AGGREGATION; docs/HOSTS.md)")),
+        (("--metrics-port",), dict(type=int, default=None, metavar="P",
+            help="serve live Prometheus metrics from the scheduler on port P (0: a free port, "
+                 "printed); loopback only unless HETPS_METRICS_HOST names the scheduler's address "
+                 "(docs/LIVE.md)")),
+    )
+
+
+_LAUNCH_FLAGS: Flags = (
+    (("-n", "--num-workers"), dict(type=int, required=True)),
+    (("-s", "--num-servers"), dict(type=int, default=None, help="default: = workers")),
+    (("--launcher",), dict(choices=["local", "ssh", "slurm", "ray"], default="local")),
+    (("-H", "--hostfile"), dict(default=None)),
+    (("--nproc-per-node",), dict(type=int, default=0, metavar="K",
+        help="K workers per host (consecutive launch ranks), as torchrun's: every worker gets "
+             "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and HETPS_HOST_GROUP from it. Local: "
+             "groups of K on this machine (default: all workers on the one host; with --netem, "
+             "each emulated host runs K); ssh: K per hostfile host (default: its slots=N, else "
+             "round-robin). Slurm and Ray know each worker's host by themselves")),
+    (("--ray-address",), dict(default=None,
+        help="--launcher ray: the Ray cluster (HOST:PORT, auto, ray://...; default "
+             "RAY_ADDRESS, else a local Ray for the job; docs/RAY_K8S.md)")),
+    (("--ray-cpus-per-worker",), dict(type=float, default=1.0, metavar="N")),
+    (("--ray-cpus-per-server",), dict(type=float, default=1.0, metavar="N")),
+    (("--env",), dict(action="append", default=[], metavar="K=V")),
+    (("--port",), dict(type=int, default=0, help="scheduler port (default: ephemeral)")),
+    (("--start-timeout",), dict(type=float, default=60.0)),
+    (("--max-restarts",), dict(type=int, default=0, metavar="N",
+        help="when a process fails, start the whole job again, up to N times (HETPS_RESTART=k "
+             "in the new processes; hetps train resumes from --checkpoint-dir)")),
+    (("--elastic",), dict(type=int, default=0, metavar="MIN",
+        help="a worker that dies is let go and the job goes on with the others, without a "
+             "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process)")),
+    (("--rejoin",), dict(action="store_true",
+        help="with --elastic and --max-restarts: a worker that was let go is started again "
+             "and joins the running job; the script handles it (kv.rejoining, kv.join(), "
+             "kv.joining, kv.admit(); docs/FAULTS.md). hetps train does this by itself")),
+    (("--replicas",), dict(type=int, default=1, metavar="R",
+        help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server dies "
+             "the next takes over its keys and the job goes on, while fewer than R died")),
+)
+# fmt: on
+
+
+def add_flags(p: argparse.ArgumentParser, flags: Flags) -> None:
+    """Add each ``(names, add_argument's keywords)`` of a flag table to ``p``."""
+    for names, kw in flags:
+        p.add_argument(*names, **kw)
+
+
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by ``launch`` and ``train``: emulated links, co-location, load balance."""
-    p.add_argument(
-        "--netem",
-        default=None,
-        metavar="SCENARIO",
-        help="run each node in its own network namespace shaped by a scenario "
-        "TOML file (needs root; see docs/NETEM.md)",
-    )
-    p.add_argument(
-        "--colocate", action="store_true", help="one server beside each worker (servers = workers)"
-    )
-    p.add_argument(
-        "--balance",
-        choices=balance_schemes(),
-        default=None,
-        help="network-aware load distribution scheme",
-    )
-    p.add_argument(
-        "--slice-size",
-        type=int,
-        default=None,
-        help="elements per slice for --balance (default 65536)",
-    )
-    p.add_argument(
-        "--server-device",
-        default=None,
-        metavar="DEV",
-        help="where the servers sum pushes and run SGD/Adam: cpu (the default) or cuda:N, "
-        "a GPU of each server machine (HETPS_SERVER_DEVICE; docs/ESYNC.md)",
-    )
-    p.add_argument(
-        "--host-aggregation",
-        choices=["auto", "off"],
-        default=None,
-        help="auto (the default): in dist_sync the workers of a host of several sum their "
-        "gradients through shared memory and push once; off: each worker pushes its own "
-        "(HETPS_HOST_AGGREGATION; docs/HOSTS.md)",
-    )
-    p.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        metavar="P",
-        help="serve live Prometheus metrics from the scheduler on port P (0: a free port, "
-        "printed); loopback only unless HETPS_METRICS_HOST names the scheduler's address "
-        "(docs/LIVE.md)",
-    )
+    add_flags(p, _cluster_flags())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -411,63 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     la = sub.add_parser("launch", help="start a scheduler, servers and workers running CMD")
-    la.add_argument("-n", "--num-workers", type=int, required=True)
-    la.add_argument("-s", "--num-servers", type=int, default=None, help="default: = workers")
-    la.add_argument("--launcher", choices=["local", "ssh", "slurm", "ray"], default="local")
-    la.add_argument("-H", "--hostfile", default=None)
-    la.add_argument(
-        "--nproc-per-node",
-        type=int,
-        default=0,
-        metavar="K",
-        help="K workers per host (consecutive launch ranks), as torchrun's: every worker gets "
-        "LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and HETPS_HOST_GROUP from it. Local: groups "
-        "of K on this machine (default: all workers on the one host; with --netem, each "
-        "emulated host runs K); ssh: K per hostfile host (default: its slots=N, else "
-        "round-robin). Slurm and Ray know each worker's host by themselves",
-    )
-    la.add_argument(
-        "--ray-address",
-        default=None,
-        help="--launcher ray: the Ray cluster (HOST:PORT, auto, ray://...; default RAY_ADDRESS, "
-        "else a local Ray for the job; docs/RAY_K8S.md)",
-    )
-    la.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="N")
-    la.add_argument("--ray-cpus-per-server", type=float, default=1.0, metavar="N")
-    la.add_argument("--env", action="append", default=[], metavar="K=V")
-    la.add_argument("--port", type=int, default=0, help="scheduler port (default: ephemeral)")
-    la.add_argument("--start-timeout", type=float, default=60.0)
-    la.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="when a process fails, start the whole job again, up to N times "
-        "(HETPS_RESTART=k in the new processes; hetps train resumes from --checkpoint-dir)",
-    )
-    la.add_argument(
-        "--elastic",
-        type=int,
-        default=0,
-        metavar="MIN",
-        help="a worker that dies is let go and the job goes on with the others, without a "
-        "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process)",
-    )
-    la.add_argument(
-        "--rejoin",
-        action="store_true",
-        help="with --elastic and --max-restarts: a worker that was let go is started again "
-        "and joins the running job; the script handles it (kv.rejoining, kv.join(), "
-        "kv.joining, kv.admit(); docs/FAULTS.md). hetps train does this by itself",
-    )
-    la.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        metavar="R",
-        help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server "
-        "dies the next takes over its keys and the job goes on, while fewer than R died",
-    )
+    add_flags(la, _LAUNCH_FLAGS)
     add_cluster_arguments(la)
     la.add_argument("command", nargs=argparse.REMAINDER)
     la.set_defaults(func=cmd_launch)

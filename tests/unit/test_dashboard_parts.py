@@ -20,6 +20,7 @@ from hetps.metrics.live import LiveMetrics
 from hetps.metrics.records import RunWriter, run_meta
 from hetps.metrics.report import build_report, cmd_report, report_data
 from hetps.metrics.reports import (
+    NBUCKETS,
     TL_KEEP,
     TL_ROUNDS,
     TL_SPANS,
@@ -399,6 +400,75 @@ def test_servers_report_themselves_and_the_endpoint_exports_them():
     assert fams["hetps_server_rounds"].samples[0].value == 10, text
     assert {x.labels["direction"]: x.value for x in fams["hetps_server_bytes"].samples
             if x.name.endswith("_total")} == {"out": 100, "in": 200}  # fmt: skip
+
+
+def test_every_exported_family_carries_the_snapshot_s_values():
+    """Each family's samples from a snapshot with a distinct number everywhere: link bytes
+    by direction, cumulative histogram buckets, the least worker's rounds, servers, plan and
+    ESync; every sample labelled with the job."""
+    pytest.importorskip("prometheus_client")
+    from hetps.metrics.prom import Collector
+
+    node = SimpleNamespace
+    counts = [3, 0, 2] + [0] * (NBUCKETS - 4) + [1]  # 3 fast, 2 in the third bucket, 1 beyond
+    worker = {
+        "rounds": 7,
+        "reports": 4,
+        "links": {0: (11, 22), 1: (33, 44)},
+        "hists": {"round": (counts, 9.5), "push": (counts, 1.5), "pull": (counts, 2.5)},
+    }
+    snap = {
+        "start_time": 1700.5, "expected": {"server": 2, "worker": 2}, "dead": {12},
+        "nodes": {9: node(role="server", rank=0), 11: node(role="worker", rank=0),
+                  12: node(role="worker", rank=1)},
+        "late": [9], "recoveries": {11: 2, 99: 5}, "finished": [11], "ended": {"ok": False},
+        "workers": {0: worker, 1: {**worker, "rounds": 5, "reports": 6, "links": {}}},
+        "servers": {0: {"rounds": 8, "opt_s": 0.25, "replicas": 2, "links": {0: (5, 6), 1: (7, 8)}}},
+        "refused": 3, "plan": {"shares": [0.25, 0.75], "epoch": 4},
+        "esync": {"round": 6, "steps": [1, 2], "total": [10, 20]},
+    }  # fmt: skip
+    live = SimpleNamespace(job="j1", snapshot=lambda: snap)
+    got = {}
+    for family in Collector(live).collect():
+        for x in family.samples:
+            assert x.labels.pop("job") == "j1", x
+            got[(x.name, tuple(sorted(x.labels.items())))] = x.value
+    buckets = {"0.0001": 3, "0.00025": 3, "0.0005": 5, "+Inf": 6}
+    want = {
+        ("hetps_start_time_seconds", ()): 1700.5,
+        ("hetps_nodes_expected", (("role", "worker"),)): 2,
+        ("hetps_nodes_registered", (("role", "server"),)): 1,
+        ("hetps_nodes_registered", (("role", "worker"),)): 2,
+        ("hetps_node_dead", (("node", "worker1"), ("rank", "1"), ("role", "worker"))): 1,
+        ("hetps_node_dead", (("node", "worker0"), ("rank", "0"), ("role", "worker"))): 0,
+        ("hetps_nodes_late", ()): 1,
+        ("hetps_node_recoveries_total", (("node", "worker0"),)): 2,
+        ("hetps_workers_finished", ()): 1,
+        ("hetps_job_failed", ()): 1,
+        ("hetps_job_ended", ()): 1,
+        ("hetps_rounds_total", ()): 5,
+        ("hetps_worker_rounds_total", (("worker", "1"),)): 5,
+        ("hetps_link_bytes_total", (("dst", "server1"), ("src", "worker0"))): 33,
+        ("hetps_link_bytes_total", (("dst", "worker0"), ("src", "server1"))): 44,
+        ("hetps_server_rounds_total", (("server", "0"),)): 8,
+        ("hetps_server_optimizer_seconds_total", (("server", "0"),)): 0.25,
+        ("hetps_server_bytes_total", (("direction", "out"), ("server", "0"))): 12,
+        ("hetps_server_bytes_total", (("direction", "in"), ("server", "0"))): 14,
+        ("hetps_server_replicas", (("server", "0"),)): 2,
+        ("hetps_metrics_reports_total", (("worker", "1"),)): 6,
+        ("hetps_metrics_reports_refused_total", ()): 3,
+        ("hetps_plan_share_ratio", (("server", "1"),)): 0.75,
+        ("hetps_plan_epoch", ()): 4,
+        ("hetps_esync_round", ()): 6,
+        ("hetps_esync_round_local_steps", (("worker", "1"),)): 2,
+        ("hetps_esync_local_steps_total", (("worker", "1"),)): 20,
+        ("hetps_pull_latency_seconds_count", (("worker", "0"),)): 6,
+        ("hetps_pull_latency_seconds_sum", (("worker", "0"),)): 2.5,
+        **{("hetps_round_duration_seconds_bucket", (("le", le), ("worker", "1"))): n
+           for le, n in buckets.items()},
+    }  # fmt: skip
+    assert {k: got.get(k) for k in want} == want
+    assert ("hetps_node_recoveries_total", (("node", "worker99"),)) not in got  # not a node
 
 
 def test_a_thousand_idle_connections_never_keep_a_page_out(monkeypatch):

@@ -93,24 +93,13 @@ def _open(path: Path):
     return gzip.open(path, "rb") if compressed else open(path, "rb")
 
 
-def _read_exact(f, n: int) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        chunk = f.read(n - got)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
-
-
 def _read_idx(path: Path, magic: int, dims: int, limit: int | None) -> tuple[int, np.ndarray]:
     """Read one idx file: returns (N in the header, first min(N, limit) records flat)."""
     kind = "images (idx3-ubyte)" if dims == 3 else "labels (idx1-ubyte)"
     header_len = 4 * (dims + 1)
     try:
         with _open(path) as f:
-            header = _read_exact(f, header_len)
+            header = f.read(header_len)
             if len(header) < header_len:
                 raise ValueError(
                     f"{path}: truncated: header is {len(header)} bytes, an idx file of "
@@ -130,14 +119,14 @@ def _read_idx(path: Path, magic: int, dims: int, limit: int | None) -> tuple[int
             record = _ROWS * _COLS if dims == 3 else 1
             count = n if limit is None else min(n, limit)
             want = count * record
-            data = _read_exact(f, want)
+            data = f.read(want)
             if len(data) < want:
                 raise ValueError(
                     f"{path}: truncated: header announces {n} {kind.split()[0]} "
                     f"({n * record} data bytes) but the data ends after {len(data)} bytes"
                 )
             if limit is None:
-                extra = len(_read_exact(f, 1 << 20))
+                extra = len(f.read(1 << 20))
                 if extra:
                     more = "at least " if extra == 1 << 20 else ""
                     raise ValueError(

@@ -28,121 +28,82 @@ MODES = ("esync", "sync", "async", "local")
 
 
 # -- argument parsing -------------------------------------------------------------------------
+# fmt: off
+_TRAIN_FLAGS: tuple[tuple[tuple[str, ...], dict], ...] = (
+    (("-m", "--mode"), dict(choices=MODES, default="esync")),
+    (("-n", "--network"), dict(default="mlp", help="model name (hetps models lists them)")),
+    (("-l", "--learning-rate"), dict(type=float, default=0.05, help="sync/async/local lr")),
+    (("-ll", "--local-lr"), dict(type=float, default=0.05, help="ESync local step lr")),
+    (("-gl", "--global-lr"), dict(type=float, default=1.0, help="ESync global lr")),
+    (("-b", "--batch-size"), dict(type=int, default=64)),
+    (("-dd", "--data-dir"), dict(default="/usr/share/datasets/fashion-mnist")),
+    (("-c", "--cpu"), dict(action="store_true", help="train on the CPU (default)")),
+    (("-g", "--gpu"), dict(type=int, default=None,
+        help="CUDA device index: the first GPU of each host; a worker a launcher started takes N "
+             "+ LOCAL_RANK (its index on its host), wrapping around the host's GPUs")),
+    (("-ld", "--log-dir"), dict(default="runs")),
+    (("--overwrite-logs",), dict(action="store_true",
+        help="delete an earlier run's logs in the same directory (default: move them to "
+             "LOGDIR/.previous/)")),
+    (("--run-name",), dict(default=None, help="default: MODE-NETWORK-wW")),
+    (("--checkpoint-dir",), dict(default=None, metavar="D",
+        help="take consistent checkpoints into D (sync, esync, local): every --checkpoint-every "
+             "rounds, every --checkpoint-seconds, on SIGTERM and at the end")),
+    (("--checkpoint-every",), dict(type=int, default=None, metavar="K")),
+    (("--max-restarts",), dict(type=int, default=0, metavar="N",
+        help="with --workers: when a process fails, start the job again (up to N times); with "
+             "--checkpoint-dir it goes on from the last checkpoint")),
+    (("--elastic",), dict(type=int, default=0, metavar="MIN",
+        help="with --workers (sync, esync): a worker that dies is let go and the job goes on "
+             "with the others, without a restart, while at least MIN remain; the others take its "
+             "data from the next epoch. With --max-restarts it is started again and joins the "
+             "running job at a round boundary")),
+    (("--replicas",), dict(type=int, default=1, metavar="R",
+        help="with --workers (sync, esync): keep every key on R servers; a server that dies is "
+             "taken over by the next and training goes on, while fewer than R died")),
+    (("--checkpoint-seconds",), dict(type=float, default=None, metavar="T")),
+    (("--resume",), dict(default=None, metavar="D",
+        help="continue from the last intact checkpoint in D (same workers and model; a damaged "
+             "one is named and skipped)")),
+    (("-e", "--eval-duration"), dict(type=int, default=10, help="evaluate every E rounds")),
+    (("-dcasgd", "--use-dcasgd"), dict(type=int, default=0, choices=(0, 1))),
+    (("--overlap-forward",), dict(action="store_true",
+        help="-m async: step() does not wait for the new weights; each layer's forward waits for "
+             "its own (DistributedOptimizer(overlap_forward=True))")),
+    (("-s", "--split-by-class"), dict(action="store_true")),
+    (("-ip", "--state-server-ip"), dict(default=None)),
+    (("-port", "--state-server-port"), dict(type=int, default=None)),
+    (("--workers",), dict(type=int, default=None, help="start a local cluster of W workers")),
+    (("--servers",), dict(type=int, default=1)),
+    (("--slowdown",), dict(default=None,
+        help="emulated slowdown: one factor per worker (e.g. 1,1,2,4), or one factor for this "
+             "worker (every worker under --workers), e.g. 4 for a worker started by hand")),
+    (("--devices",), dict(default=None,
+        help="per-worker device, e.g. gpu:0,cpu,cpu,cpu (a real heterogeneous cluster on one "
+             "machine; instead of -g/-c)")),
+    (("--time-budget",), dict(type=float, default=None, help="stop after SECONDS")),
+    (("--epochs",), dict(type=float, default=None, help="stop after EPOCHS of rank 0's shard")),
+    (("--max-rounds",), dict(type=int, default=None)),
+    (("--train-limit",), dict(type=int, default=None, help="use the first N training images")),
+    (("--test-limit",), dict(type=int, default=2000, help="evaluate on the first N test images")),
+    (("--seed",), dict(type=int, default=0)),
+    (("--progress",), dict(choices=("auto", "bar", "lines"), default="auto")),
+    (("--tensorboard",), dict(metavar="DIR", default=None,
+        help="also write TensorBoard scalars (loss, accuracy, samples/s, step and phase times) "
+             "to DIR/RUN_NAME/worker<rank> (pip install 'hetps[tensorboard]')")),
+)
+# fmt: on
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``hetps train`` (ESync's names where ESync has them)."""
-    p.add_argument("-m", "--mode", choices=MODES, default="esync")
-    p.add_argument("-n", "--network", default="mlp", help="model name (hetps models lists them)")
-    p.add_argument("-l", "--learning-rate", type=float, default=0.05, help="sync/async/local lr")
-    p.add_argument("-ll", "--local-lr", type=float, default=0.05, help="ESync local step lr")
-    p.add_argument("-gl", "--global-lr", type=float, default=1.0, help="ESync global lr")
-    p.add_argument("-b", "--batch-size", type=int, default=64)
-    p.add_argument("-dd", "--data-dir", default="/usr/share/datasets/fashion-mnist")
-    p.add_argument("-c", "--cpu", action="store_true", help="train on the CPU (default)")
-    p.add_argument(
-        "-g",
-        "--gpu",
-        type=int,
-        default=None,
-        help="CUDA device index: the first GPU of each host; a worker "
-        "a launcher started takes N + LOCAL_RANK (its index on its host), wrapping around the "
-        "host's GPUs",
-    )
-    p.add_argument("-ld", "--log-dir", default="runs")
-    p.add_argument(
-        "--overwrite-logs",
-        action="store_true",
-        help="delete an earlier run's logs in the same directory (default: move them to "
-        "LOGDIR/.previous/)",
-    )
-    p.add_argument("--run-name", default=None, help="default: MODE-NETWORK-wW")
-    p.add_argument(
-        "--checkpoint-dir",
-        default=None,
-        metavar="D",
-        help="take consistent checkpoints into D (sync, esync, local): every "
-        "--checkpoint-every rounds, every --checkpoint-seconds, on SIGTERM and at the end",
-    )
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="K")
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="with --workers: when a process fails, start the job again (up to N times); "
-        "with --checkpoint-dir it goes on from the last checkpoint",
-    )
-    p.add_argument(
-        "--elastic",
-        type=int,
-        default=0,
-        metavar="MIN",
-        help="with --workers (sync, esync): a worker that dies is let go and the job goes on "
-        "with the others, without a restart, while at least MIN remain; the others take "
-        "its data from the next epoch. With --max-restarts it is started again and joins "
-        "the running job at a round boundary",
-    )
-    p.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        metavar="R",
-        help="with --workers (sync, esync): keep every key on R servers; a server that dies "
-        "is taken over by the next and training goes on, while fewer than R died",
-    )
-    p.add_argument("--checkpoint-seconds", type=float, default=None, metavar="T")
-    p.add_argument(
-        "--resume",
-        default=None,
-        metavar="D",
-        help="continue from the last intact checkpoint in D (same workers and model; a "
-        "damaged one is named and skipped)",
-    )
-    p.add_argument("-e", "--eval-duration", type=int, default=10, help="evaluate every E rounds")
-    p.add_argument("-dcasgd", "--use-dcasgd", type=int, default=0, choices=(0, 1))
+    for names, kw in _TRAIN_FLAGS:
+        p.add_argument(*names, **kw)
     p.add_argument(
         "--server-optimizer",
         default="sgd",
         choices=optim.registered_names(),
         help="-m async: the optimizer the servers step with (-dcasgd 1: dcasgd)",
-    )
-    p.add_argument(
-        "--overlap-forward",
-        action="store_true",
-        help="-m async: step() does not wait for the new weights; each layer's forward waits "
-        "for its own (DistributedOptimizer(overlap_forward=True))",
-    )
-    p.add_argument("-s", "--split-by-class", action="store_true")
-    p.add_argument("-ip", "--state-server-ip", default=None)
-    p.add_argument("-port", "--state-server-port", type=int, default=None)
-    p.add_argument("--workers", type=int, default=None, help="start a local cluster of W workers")
-    p.add_argument("--servers", type=int, default=1)
-    p.add_argument(
-        "--slowdown",
-        default=None,
-        help="emulated slowdown: one factor per worker (e.g. 1,1,2,4), or one factor for "
-        "this worker (every worker under --workers), e.g. 4 for a worker started by hand",
-    )
-    p.add_argument(
-        "--devices",
-        default=None,
-        help="per-worker device, e.g. gpu:0,cpu,cpu,cpu (a real heterogeneous cluster on one "
-        "machine; instead of -g/-c)",
-    )
-    p.add_argument("--time-budget", type=float, default=None, help="stop after SECONDS")
-    p.add_argument("--epochs", type=float, default=None, help="stop after EPOCHS of rank 0's shard")
-    p.add_argument("--max-rounds", type=int, default=None)
-    p.add_argument("--train-limit", type=int, default=None, help="use the first N training images")
-    p.add_argument(
-        "--test-limit", type=int, default=2000, help="evaluate on the first N test images"
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--progress", choices=("auto", "bar", "lines"), default="auto")
-    p.add_argument(
-        "--tensorboard",
-        metavar="DIR",
-        default=None,
-        help="also write TensorBoard scalars (loss, accuracy, samples/s, step and phase times) "
-        "to DIR/RUN_NAME/worker<rank> (pip install 'hetps[tensorboard]')",
     )
 
 
@@ -289,26 +250,18 @@ LAUNCH_ONLY = (
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
     from hetps.launch.contract import LaunchSpec, host_aggregation_env, server_device_env
-    from hetps.launch.local import run_cluster
+    from hetps.launch.local import run_cluster_from
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
     parse_devices(args, args.workers)
-    argv = [a for a in sys.argv[1:]]
-    # drop --workers/--servers (and their values) from the worker command line
+    # drop the launcher's flags (and their values) from the worker command line
     cleaned: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
+    given = iter(sys.argv[1:])
+    for a in given:
         if a in LAUNCH_ONLY:
-            skip = True
-            continue
-        if a.startswith(tuple(f"{flag}=" for flag in LAUNCH_ONLY)):
-            continue
-        if a == "--colocate":
-            continue
-        cleaned.append(a)
+            next(given, None)  # its value
+        elif a != "--colocate" and not a.startswith(tuple(f"{f}=" for f in LAUNCH_ONLY)):
+            cleaned.append(a)
     cmd = [sys.executable, "-m", "hetps.cli", *cleaned]
     env_value("OMP_NUM_THREADS")  # a malformed value fails here, before anything starts
     # threads: the user's OMP_NUM_THREADS reaches every process unchanged; without it the
@@ -347,14 +300,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
     server_device_env(spec.env, args.server_device)  # (a bad value fails before anything starts)
     host_aggregation_env(spec.env, args.host_aggregation)
     started = time.time()
-    code = run_cluster(
-        spec,
-        netem=args.netem,
-        colocate=args.colocate,
-        balance=args.balance,
-        slice_elems=args.slice_size,
-        metrics_port=args.metrics_port,
-    )
+    code = run_cluster_from(spec, args)
     if code != 0 and args.resume:
         _resume_failed(args, code, started)
     return code

@@ -14,8 +14,7 @@ The names load on first use, so the scheduler can use the rule without importing
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hetps import lazy_exports
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
@@ -30,15 +29,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hetps.esync' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 
-from hetps.launch.processes import end_group, shell_code
+from hetps.launch.processes import end_group, forward_signals, shell_code
 
 #: seconds a group that was asked to end may take before it gets SIGKILL
 KILL_S = 5.0
@@ -34,11 +34,7 @@ def run(argv: list[str], watch_fd: int = 1) -> int:
     its exit status as a shell reports it."""
     child = subprocess.Popen(argv, start_new_session=True)
 
-    def forward(signum, frame):  # type: ignore[no-untyped-def]
-        end_group(child.pid, signum, grace=KILL_S)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
+    forward_signals(child.pid, KILL_S)
     watch = select.poll()
     watch.register(watch_fd, 0)  # (POLLERR and POLLHUP are reported whatever is asked)
     try:

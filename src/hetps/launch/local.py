@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from hetps.cluster import launcher_link
 from hetps.config import user_threads
@@ -368,12 +369,7 @@ class Launcher(Supervision, Liveness):
     def _drain(self, remaining: list[Child]) -> None:
         """Give the survivors ``failure_grace`` seconds to exit on their own (they learn of the
         failure from the scheduler and print a clear error), then stop them."""
-        deadline = time.monotonic() + self.spec.failure_grace
-        for c in remaining:
-            try:
-                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
+        _wait_all(remaining, self.spec.failure_grace)
         for c in remaining:
             if c.proc.poll() is None:
                 self._log(f"stopping {c.label}")
@@ -396,21 +392,11 @@ class Launcher(Supervision, Liveness):
         ]
         for c in workers:
             signal_group(c.proc, signal.SIGTERM)
-        deadline = time.monotonic() + self.spec.worker_grace
-        for c in workers:
-            try:
-                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                break
+        _wait_all(workers, self.spec.worker_grace)
         live = [c for c in self.children if c.proc.poll() is None and not kill]
         for c in live:
             signal_group(c.proc, signal.SIGTERM)
-        deadline = time.monotonic() + self.spec.stop_grace
-        for c in live:
-            try:
-                c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        _wait_all(live, self.spec.stop_grace)
         for c in self.children:
             # the group may hold grandchildren even when the child itself is gone
             signal_group(c.proc, signal.SIGKILL)
@@ -420,6 +406,16 @@ class Launcher(Supervision, Liveness):
                 pass
             if c.reader is not None:
                 c.reader.join(timeout=2)
+
+
+def _wait_all(children: list[Child], grace: float) -> None:
+    """Wait until every child has exited or ``grace`` seconds have passed."""
+    deadline = time.monotonic() + grace
+    for c in children:
+        try:
+            c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
 
 
 def run_cluster(
@@ -464,3 +460,16 @@ def run_cluster(
         if scenario.kind == "dynamic":
             net.start_dynamic()
         return Launcher(spec, out=out).run()
+
+
+def run_cluster_from(spec: LaunchSpec, args: Any) -> int:
+    """:func:`run_cluster` with the flags ``hetps launch`` and ``hetps train`` share
+    (:func:`hetps.cli.add_cluster_arguments`)."""
+    return run_cluster(
+        spec,
+        netem=args.netem,
+        colocate=args.colocate,
+        balance=args.balance,
+        slice_elems=args.slice_size,
+        metrics_port=args.metrics_port,
+    )

@@ -108,25 +108,33 @@ def end_group(pgid: int, sig: int = signal.SIGTERM, grace: float | None = None) 
     SIGKILL at once (``sig`` would wait for a SIGCONT that never comes), and with ``grace``
     a group still there that many seconds later gets SIGKILL too (from a timer thread).
     Whether it got SIGKILL at once."""
+    if not _killpg(pgid, sig):
+        return False
+    if stopped_in_group(pgid):
+        _killpg(pgid, signal.SIGKILL)
+        return True
+    if grace is not None:
+        timer = threading.Timer(grace, _killpg, (pgid, signal.SIGKILL))
+        timer.daemon = True
+        timer.start()
+    return False
+
+
+def _killpg(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to group ``pgid``; False when the group is gone or not ours."""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         return False
-    if stopped_in_group(pgid):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        return True
-    if grace is not None:
+    return True
 
-        def kill() -> None:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
-        timer = threading.Timer(grace, kill)
-        timer.daemon = True
-        timer.start()
-    return False
+def forward_signals(pgid: int, grace: float) -> None:
+    """On SIGTERM, SIGINT or SIGHUP, end group ``pgid`` with that signal
+    (:func:`end_group`, SIGKILL ``grace`` seconds later)."""
+
+    def forward(signum, frame):  # type: ignore[no-untyped-def]
+        end_group(pgid, signum, grace=grace)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)

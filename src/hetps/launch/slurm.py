@@ -46,7 +46,7 @@ from hetps.launch.contract import (
 )
 from hetps.launch.processes import (
     dies_with_launcher,
-    end_group,
+    forward_signals,
     raise_interrupt,
     shell_code,
     signal_group,
@@ -575,14 +575,9 @@ def _task_main(argv: list[str]) -> int:
     # its own process group, so that whatever the role starts ends with it (Slurm's
     # proctrack/linuxproc loses processes that outlive their parent)
     child = subprocess.Popen(dies_with_launcher(cmd), env=child_env, start_new_session=True)
-
-    def forward(signum, frame):  # type: ignore[no-untyped-def]
-        # a stopped role (SIGSTOP) would keep the signal pending, and the step with it: it
-        # gets SIGKILL at once, and one that does not end gets it after TASK_KILL_S
-        end_group(child.pid, signum, grace=TASK_KILL_S)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
+    # a stopped role (SIGSTOP) would keep the signal pending, and the step with it: it gets
+    # SIGKILL at once, and one that does not end gets it after TASK_KILL_S
+    forward_signals(child.pid, TASK_KILL_S)
     code = child.wait()
     signal_group(child, signal.SIGKILL)  # the role's leftovers
     print(f"hetps-slurm-exit {procid} {code}", flush=True)

@@ -44,11 +44,6 @@ def read_hostfile_slots(path: str) -> list[tuple[str, int | None]]:
     return out
 
 
-def read_hostfile(path: str) -> list[str]:
-    """Hosts from a hostfile (:func:`read_hostfile_slots`), their names alone."""
-    return [h for h, _ in read_hostfile_slots(path)]
-
-
 def worker_hosts(
     hosts: Sequence[tuple[str, int | None]], num_workers: int, per_node: int = 0
 ) -> list[str]:

@@ -14,18 +14,7 @@ Modules: this one draws (:func:`plot`, :func:`select_run`) and re-exports the re
 ``plot_helpers`` the shared labels, colours and bars; the figures are in ``plot_training``
 and ``plot_balance``.
 
-Figures:
-
-- ``accuracy_vs_time_iid.png`` / ``accuracy_vs_time_noniid.png``: rank 0's test accuracy over
-  wall time, one curve per run (mode/network), runs split by run.json ``split_by_class``;
-- ``throughput.png``: samples/s, bars per mode grouped by network;
-- ``traffic.png``: MB/s pushed and pulled, bars per mode grouped by network;
-- ``computing_time_ratio.png``: per-device computing-time ratio, grouped by mode;
-- ``traffic_timeline.png`` (one run) or ``traffic_timeline_<run>.png`` (several): bytes/s on
-  every link over time, push and pull separately, one panel per node, iteration ends marked;
-- load balancing (drawn when the logs carry the keys): ``speed_per_scheme.png`` (``scheme``),
-  ``srit_over_iterations.png`` (``srit_s``), ``asrit_vs_slice_size.png`` (``slice_size``),
-  ``overhead.png`` (``overhead_s``).
+The figures and what each shows are listed in docs/METRICS.md.
 
 Titles say when workers were slowed down on purpose (run.json ``slowdown`` != 1).
 """

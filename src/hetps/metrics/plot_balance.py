@@ -31,9 +31,6 @@ def fig_speed_per_scheme(ctx: PlotContext) -> list[Path]:
         for r, s in ctx.pairs()
         if s["scheme"] is not None and s["speed_samples_per_min"] is not None
     ]
-    if not pairs:
-        ctx.notes.append("speed_per_scheme.png: skipped, no run records a 'scheme'")
-        return []
     return _bars_by_network(
         ctx,
         pairs,
@@ -43,6 +40,7 @@ def fig_speed_per_scheme(ctx: PlotContext) -> list[Path]:
         "samples / min",
         base="scheme",
         fmt="{:.0f}",
+        missing="no run records a 'scheme'",
     )
 
 
@@ -138,9 +136,6 @@ def fig_asrit_vs_slice(ctx: PlotContext) -> list[Path]:
 def fig_overhead(ctx: PlotContext) -> list[Path]:
     """Probing and re-planning overhead (% of run time) per run (records with ``overhead_s``)."""
     pairs = [(r, s) for r, s in ctx.pairs() if s["overhead_ratio"] is not None]
-    if not pairs:
-        ctx.notes.append("overhead.png: skipped, no record has 'overhead_s'")
-        return []
     base = "scheme" if all(s["scheme"] is not None for _, s in pairs) else "mode"
     return _bars_by_network(
         ctx,
@@ -151,4 +146,5 @@ def fig_overhead(ctx: PlotContext) -> list[Path]:
         "% of run time",
         base=base,
         fmt="{:.2f}",
+        missing="no record has 'overhead_s'",
     )

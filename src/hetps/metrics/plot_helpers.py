@@ -134,6 +134,13 @@ def _hue_colors(
     return out
 
 
+def _abs_formatter() -> Any:
+    """Tick labels without the sign (pull drawn below the axis, in positive units)."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _pos: f"{abs(v):g}")
+
+
 def _xticks(ax: Any, positions: Sequence[float], labels: Sequence[str]) -> None:
     """Tick labels, slanted when long."""
     if max((len(lab) for lab in labels), default=0) > 14:
@@ -205,8 +212,13 @@ def _bars_by_network(
     ylabel: str,
     base: str = "mode",
     fmt: str = "{:.3g}",
+    missing: str = "no run has the value",
 ) -> list[Path]:
-    """One bar per run: clusters by network, colours by mode (or scheme)."""
+    """One bar per run: clusters by network, colours by mode (or scheme); none, with a note
+    saying what is ``missing``, when there are no runs."""
+    if not pairs:
+        ctx.notes.append(f"{name}: skipped, {missing}")
+        return []
     pairs = _sorted_pairs(pairs, by_scheme=base == "scheme")
     runs = [r for r, _ in pairs]
     labels = _labels(runs, with_network=False, base=base)

@@ -10,11 +10,10 @@ time per round in each phase over the whole run. Registered on import.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from hetps.metrics.plot_helpers import _title
+from hetps.metrics.plot_helpers import _abs_formatter, _title
 from hetps.metrics.plot_registry import PlotContext, figure
 from hetps.metrics.records import MetricsError, Run
 from hetps.metrics.spans import PHASES
@@ -193,12 +192,6 @@ def draw_phase_timeline(
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png")
     return out
-
-
-def _abs_formatter() -> Any:
-    from matplotlib.ticker import FuncFormatter
-
-    return FuncFormatter(lambda v, _pos: f"{abs(v):g}")
 
 
 @figure("phase_timeline")

@@ -13,6 +13,7 @@ import numpy as np
 
 from hetps.metrics.plot_helpers import (
     _CYCLE,
+    _abs_formatter,
     _bars_by_network,
     _grouped_bars,
     _hue_colors,
@@ -94,9 +95,6 @@ def fig_accuracy_noniid(ctx: PlotContext) -> list[Path]:
 def fig_throughput(ctx: PlotContext) -> list[Path]:
     """Data throughput (samples/s) per mode, grouped by network."""
     pairs = [(r, s) for r, s in ctx.pairs() if s["throughput_samples_per_s"] is not None]
-    if not pairs:
-        ctx.notes.append("throughput.png: skipped, no run has iteration records")
-        return []
     return _bars_by_network(
         ctx,
         pairs,
@@ -105,6 +103,7 @@ def fig_throughput(ctx: PlotContext) -> list[Path]:
         "Data throughput",
         "samples / s",
         fmt="{:.0f}",
+        missing="no run has iteration records",
     )
 
 
@@ -214,8 +213,6 @@ def _slug(run: Run, base: Path | None) -> str:
 
 
 def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
-    from matplotlib.ticker import FuncFormatter
-
     traffic = load_traffic(run.run_dir)
     traffic = {k: v for k, v in traffic.items() if v}
     if not traffic:
@@ -273,7 +270,7 @@ def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
             ax.fill_between([], [], [], color=c, alpha=0.45, label=str(peer))  # legend entry
             below = top
         ax.axhline(0, color="0.2", lw=0.6)
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{abs(v):g}"))
+        ax.yaxis.set_major_formatter(_abs_formatter())
         ymax = max(float(below.max()), 1e-9)
         ax.set_ylim(-ymax * 1.12, ymax * 1.12)
         m = re.match(r"worker(\d+)$", node)

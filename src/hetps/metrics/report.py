@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hetps.metrics.dashboard import static_file
-from hetps.metrics.records import MetricsError, Run, load_run
+from hetps.metrics.records import MetricsError, Run, _plain, load_run
 from hetps.metrics.summary import summarize_run
 
 __all__ = ["add_parser", "build_report", "cmd_report", "report_data", "write_report"]
@@ -48,17 +48,6 @@ def _thin(items: list, most: int) -> list:
 def _num(x: Any) -> float | None:
     ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
     return float(x) if ok else None
-
-
-def _finite(obj: Any) -> Any:
-    """``obj`` with every non-finite float (which JSON cannot hold) as None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def report_data(run: Run) -> dict[str, Any]:
@@ -140,7 +129,7 @@ def report_data(run: Run) -> dict[str, Any]:
 
 def _script_json(obj: Any) -> str:
     """JSON that is safe inside a <script> element (no ``</``, no ``<!--``)."""
-    text = json.dumps(_finite(obj), allow_nan=False, default=str)
+    text = json.dumps(_plain(obj), allow_nan=False)  # (non-finite floats as null)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

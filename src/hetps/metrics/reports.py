@@ -1,7 +1,6 @@
 """Live metrics' reports: what workers (and servers: :mod:`hetps.metrics.server_meter`)
-measure while a job runs, and the checks the scheduler runs on them; the scheduler's side is
-:mod:`hetps.metrics.live`, and :mod:`hetps.metrics.prom` and :mod:`hetps.metrics.dashboard`
-serve it.
+measure while a job runs, and the scheduler's checks of them (its side is
+:mod:`hetps.metrics.live`, served by :mod:`hetps.metrics.prom` and :mod:`~hetps.metrics.dashboard`).
 
 * :class:`WorkerMeter`, in each worker (only when the scheduler's endpoint is on: the node
   table says so): one ``perf_counter`` per push or pull request and one list increment when
@@ -97,14 +96,53 @@ class Histogram:
         self.sum += seconds
 
 
-class WorkerMeter:
-    """One worker's live counters, reported to the scheduler every ``interval`` seconds.
+class Reporter:
+    """A thread that sends ``report()`` through ``send`` every ``interval`` seconds, with the
+    process' CPU, memory, GPUs and (``own_output``) last lines (:mod:`hetps.metrics.sysinfo`)."""
 
-    ``send(body)`` ships one report (the store sends it to the scheduler); ``links()``
-    returns ``{server rank: (bytes sent, bytes received)}`` totals. ``close()`` sends a last
-    report and stops the thread. With ``own_output`` the reports carry the last lines the
-    process wrote (:class:`hetps.metrics.sysinfo.LogTail`); every report carries its CPU and
-    memory, and the machine's GPUs (:class:`hetps.metrics.sysinfo.Sampler`)."""
+    _what = "report"  # for the log line of a report not sent
+
+    def _start_reports(
+        self, interval: float, send: Callable[[dict], Any], own_output: bool, thread: str
+    ) -> None:
+        from hetps.metrics.sysinfo import LogTail, Sampler
+
+        self.interval, self._send = interval, send
+        self.sampler, self.tail = Sampler(), LogTail()
+        if own_output:
+            self.tail.install()
+        self._seq, self._t0 = 0, time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=thread, daemon=True)
+        self._thread.start()
+
+    def _head(self) -> dict[str, Any]:
+        self._seq += 1
+        return {"seq": self._seq, "t": time.monotonic() - self._t0}
+
+    def _machine(self, body: dict[str, Any]) -> dict[str, Any]:
+        body["sys"] = self.sampler.sample()
+        lines = self.tail.take()
+        if lines:
+            body["log"] = lines
+        return body
+
+    def flush(self) -> None:
+        """Send one report now."""
+        try:
+            self._send(self.report())
+        except Exception as exc:  # noqa: BLE001 - reporting never breaks the worker or server
+            log.debug("metrics: %s not sent: %s", self._what, exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+
+class WorkerMeter(Reporter):
+    """One worker's live counters, reported to the scheduler every ``interval`` seconds
+    (``send(body)``, the store's); ``links()`` returns ``{server rank: (bytes sent, bytes
+    received)}`` totals. ``close()`` sends a last report and stops the thread."""
 
     def __init__(
         self,
@@ -113,8 +151,6 @@ class WorkerMeter:
         links: Callable[[], dict[int, tuple[int, int]]],
         own_output: bool = False,
     ) -> None:
-        self.interval = interval
-        self._send = send
         self._links = links
         self.hists = {name: Histogram() for name in HISTOGRAMS}
         self._push_hist = self.hists["push"]
@@ -124,8 +160,6 @@ class WorkerMeter:
         self.rounds = 0
         self.round_s: float | None = None
         self._round_t0: float | None = None
-        self._seq = 0
-        self._t0 = time.monotonic()
         # the timeline: the newest rounds' phase spans, not yet reported (RoundLog and hetps
         # train hand them over through add_round), and the link totals at the last round's end
         self._tl: deque[list] = deque(maxlen=TL_ROUNDS)
@@ -144,56 +178,48 @@ class WorkerMeter:
         self._unix = time.time() - time.perf_counter()
         self._metrics: deque[list] = deque(maxlen=M_ENTRIES)  # log_metrics, not yet reported
         self._names: set[str] = set()
-        from hetps.metrics.sysinfo import LogTail, Sampler
-
-        self.sampler = Sampler()
-        self.tail = LogTail()  # the last lines of this process' output, when ``own_output``
-        if own_output:
-            self.tail.install()
         self._lock = threading.Lock()  # one report at a time (the thread, close)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hetps-metrics", daemon=True)
-        self._thread.start()
+        self._start_reports(interval, send, own_output, "hetps-metrics")
         _current[0] = self
 
     # hot path -----------------------------------------------------------------------------
     def timed(self, push: bool, callback: Callable[[Any], None] | None):
         """A request's answer callback that also times the request (from now to its answer;
         a request that fails is not counted)."""
-        hist = self._push_hist if push else self._pull_hist
-        t0 = time.perf_counter()
-        rec, at = self._cur, (1 if push else 3)
-        if rec is not None and t0 < rec[at]:
-            rec[at] = t0
+        end = self._start_timing(1 if push else 3, self._push_hist if push else self._pull_hist)
 
         def done(reply: Any) -> None:
             if callback is not None:
                 callback(reply)
-            t1 = time.perf_counter()
-            hist.observe(t1 - t0)
-            self._answered = t1
-            if rec is not None and t1 > rec[at + 1]:
-                rec[at + 1] = t1
+            end()
 
         return done
 
     def timed_fused_pull(self, finish: Callable[[], None]) -> Callable[[], None]:
         """A pull answered by the push before it (dist_sync): timed from now (its call) to the
         moment ``finish`` (its wait's) copied its value out, once the push's answer is in."""
-        hist, t0 = self._pull_hist, time.perf_counter()
-        rec = self._cur
-        if rec is not None and t0 < rec[3]:
-            rec[3] = t0
+        end = self._start_timing(3, self._pull_hist)
 
         def done() -> None:
             finish()
+            end()
+
+        return done
+
+    def _start_timing(self, at: int, hist: Histogram) -> Callable[[], None]:
+        """Time a request from now (its round's phase ``at``); call the result at its answer."""
+        t0, rec = time.perf_counter(), self._cur
+        if rec is not None and t0 < rec[at]:
+            rec[at] = t0
+
+        def end() -> None:
             t1 = time.perf_counter()
             hist.observe(t1 - t0)
             self._answered = t1
-            if rec is not None and t1 > rec[4]:
-                rec[4] = t1
+            if rec is not None and t1 > rec[at + 1]:
+                rec[at + 1] = t1
 
-        return done
+        return end
 
     def pushed(self, key: Any) -> None:
         """A push of ``key`` (its round's); a round begins with the first key pushed more
@@ -292,13 +318,9 @@ class WorkerMeter:
     def report(self) -> dict:
         """The next report's body (and it counts as shipped)."""
         with self._lock:
-            self._seq += 1
-            body: dict[str, Any] = {
-                "seq": self._seq,
-                "t": time.monotonic() - self._t0,
-                "rounds": self.rounds,
-                "links": [[r, int(s), int(v)] for r, (s, v) in sorted(self._links().items())],
-            }
+            body = self._head()
+            body["rounds"] = self.rounds
+            body["links"] = [[r, int(s), int(v)] for r, (s, v) in sorted(self._links().items())]
             if self.round_s is not None:
                 body["round_s"] = self.round_s
             gained = {}
@@ -319,22 +341,7 @@ class WorkerMeter:
             if self._metrics:
                 body["m"] = list(self._metrics)
                 self._metrics.clear()
-        body["sys"] = self.sampler.sample()
-        lines = self.tail.take()
-        if lines:
-            body["log"] = lines
-        return body
-
-    def flush(self) -> None:
-        """Send one report now."""
-        try:
-            self._send(self.report())
-        except Exception as exc:  # noqa: BLE001 - reporting never breaks the worker
-            log.debug("metrics: report not sent: %s", exc)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.flush()
+        return self._machine(body)
 
     def close(self) -> None:
         """Stop reporting, after a last report (so the scheduler has the final totals)."""
@@ -392,20 +399,7 @@ def parse_report(body: Any, num_servers: int) -> dict:
     }
     if "round_s" in body:
         out["round_s"] = _seconds(body["round_s"], "'round_s'")
-    links = body.get("links", [])
-    if not isinstance(links, list) or len(links) > num_servers:
-        raise ReportError(f"'links' must be a list of at most {num_servers} rows (one per server)")
-    rows: dict[int, tuple[int, int]] = {}
-    for row in links:
-        if not isinstance(row, list) or len(row) != 3:
-            raise ReportError(
-                f"a 'links' row must be [server rank, sent, received], not {_show(row)}"
-            )
-        rank = _int(row[0], "a link's server rank", 0, num_servers - 1)
-        if rank in rows:
-            raise ReportError(f"'links' lists server {rank} twice")
-        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
-    out["links"] = rows
+    out["links"] = parse_links(body.get("links", []), num_servers, "server")
     hists = body.get("h", {})
     if not isinstance(hists, dict) or not set(hists) <= set(HISTOGRAMS):
         raise ReportError(f"'h' must be a map with keys among {', '.join(HISTOGRAMS)}")
@@ -450,6 +444,24 @@ def _parse_metrics(entries: Any) -> list[tuple[int, dict[str, float]]]:
     return out
 
 
+def parse_links(links: Any, count: int, peer: str) -> dict[int, tuple[int, int]]:
+    """A report's ``links``: ``[[peer rank, bytes sent, bytes received], ...]``, at most one
+    row per ``peer`` (``count`` of them)."""
+    if not isinstance(links, list) or len(links) > count:
+        raise ReportError(f"'links' must be a list of at most {count} rows (one per {peer})")
+    rows: dict[int, tuple[int, int]] = {}
+    for row in links:
+        if not isinstance(row, list) or len(row) != 3:
+            raise ReportError(
+                f"a 'links' row must be [{peer} rank, sent, received], not {_show(row)}"
+            )
+        rank = _int(row[0], f"a link's {peer} rank", 0, count - 1)
+        if rank in rows:
+            raise ReportError(f"'links' lists {peer} {rank} twice")
+        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
+    return rows
+
+
 _PHASE = re.compile(r"[a-z][a-z_]{0,15}")
 
 
@@ -480,13 +492,8 @@ def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
                     f"a span's phase must be a lower-case name of up to 16 letters, "
                     f"not {_show(span[0])}"
                 )
-            kept.append(
-                (
-                    span[0],
-                    _seconds(span[1], "a span's start", MAX_T),
-                    _seconds(span[2], "a span's length", TL_MAX_DUR),
-                )
-            )
+            start = _seconds(span[1], "a span's start", MAX_T)
+            kept.append((span[0], start, _seconds(span[2], "a span's length", TL_MAX_DUR)))
         if not isinstance(links, list) or len(links) > num_servers:
             raise ReportError(f"a 'tl' round's links: a list of at most {num_servers} rows")
         rows = []
@@ -495,51 +502,67 @@ def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
                 raise ReportError(
                     f"a 'tl' link row must be [server, sent, received], not {_show(row)}"
                 )
-            rows.append(
-                (
-                    _int(row[0], "a 'tl' link's server rank", 0, num_servers - 1),
-                    _int(row[1], "a 'tl' link's bytes sent"),
-                    _int(row[2], "a 'tl' link's bytes received"),
-                )
-            )
+            rank = _int(row[0], "a 'tl' link's server rank", 0, num_servers - 1)
+            sent = _int(row[1], "a 'tl' link's bytes sent")
+            rows.append((rank, sent, _int(row[2], "a 'tl' link's bytes received")))
         out.append((rnd, kept, rows))
     return out
 
 
 # -- the scheduler's side -------------------------------------------------------------------
-class WorkerTotals:
+class Totals:
+    """What the scheduler knows of one node from what every report has; ``peer`` is the role
+    at the other end of the node's links."""
+
+    peer = "server"
+
+    def __init__(self) -> None:
+        self.seq, self.t, self.rounds, self.reports = 0, 0.0, 0, 0
+        self.links: dict[int, tuple[int, int]] = {}
+        self.sys: dict | None = None
+        self.log: deque[str] = deque(maxlen=20)
+
+    def _check_newer(self, rep: dict) -> None:
+        """Raise ReportError unless ``rep`` follows the last report: a newer number, no
+        earlier time, no byte total going back."""
+        if rep["seq"] <= self.seq:
+            raise ReportError(f"report {rep['seq']} is not newer than report {self.seq}")
+        if rep["t"] < self.t:
+            raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
+        for rank, (sent, recv) in rep["links"].items():
+            old = self.links.get(rank, (0, 0))
+            if sent < old[0] or recv < old[1]:
+                raise ReportError(f"the byte totals of the link to {self.peer} {rank} went back")
+
+    def _keep(self, rep: dict) -> None:
+        """Keep what every report has (after the checks)."""
+        self.seq, self.t, self.rounds = rep["seq"], rep["t"], rep["rounds"]
+        if rep["sys"] is not None:
+            self.sys = rep["sys"]
+        self.log.extend(rep["log"])
+        self.reports += 1
+
+
+class WorkerTotals(Totals):
     """What the scheduler knows of one worker, from its reports."""
 
     def __init__(self) -> None:
-        self.seq = 0
-        self.t = 0.0
-        self.rounds = 0
+        super().__init__()
         self.round_s: float | None = None
-        self.links: dict[int, tuple[int, int]] = {}
         self.rates: dict[int, tuple[float, float]] = {}  # bytes/s over the last report
         self.hists = {name: ([0] * NBUCKETS, 0.0) for name in HISTOGRAMS}
-        self.reports = 0
         self.timeline: deque[tuple[int, list, list]] = deque(maxlen=TL_KEEP)
         self.run: str | None = None
         self.heard = time.monotonic()  # the scheduler's clock: when the last report came
         self.last_h: dict[str, tuple[list[int], float]] = {}  # the last report's gains
-        self.sys: dict | None = None
-        self.log: deque[str] = deque(maxlen=20)
         self.metrics: dict[str, deque[tuple[int, float]]] = {}  # name -> (step, value)
 
     def apply(self, rep: dict) -> None:
         """Add a checked report; raises ReportError (and changes nothing) when it does not
         follow the last one: an old or repeated number, time or totals going back."""
-        if rep["seq"] <= self.seq:
-            raise ReportError(f"report {rep['seq']} is not newer than report {self.seq}")
-        if rep["t"] < self.t:
-            raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
+        self._check_newer(rep)
         if rep["rounds"] < self.rounds:
             raise ReportError(f"'rounds' went back from {self.rounds} to {rep['rounds']}")
-        for rank, (sent, recv) in rep["links"].items():
-            old = self.links.get(rank, (0, 0))
-            if sent < old[0] or recv < old[1]:
-                raise ReportError(f"the byte totals of the link to server {rank} went back")
         for name, (counts, _total) in rep["h"].items():
             have = self.hists[name][0]
             if any(a + b > MAX_COUNT for a, b in zip(have, counts, strict=True)):
@@ -556,7 +579,6 @@ class WorkerTotals:
                 [a + b for a, b in zip(have, counts, strict=True)],
                 min(have_sum + total, MAX_SECONDS),
             )
-        self.seq, self.t, self.rounds = rep["seq"], rep["t"], rep["rounds"]
         if rep["round_s"] is not None:
             self.round_s = rep["round_s"]
         last = self.timeline[-1][0] if self.timeline else 0
@@ -568,8 +590,5 @@ class WorkerTotals:
                 if name in self.metrics or len(self.metrics) < M_NAMES:
                     self.metrics.setdefault(name, deque(maxlen=M_KEEP)).append((step, value))
         self.last_h = rep["h"]
-        if rep["sys"] is not None:
-            self.sys = rep["sys"]
-        self.log.extend(rep["log"])
         self.heard = time.monotonic()
-        self.reports += 1
+        self._keep(rep)

@@ -129,25 +129,26 @@ class RoundLog:
             self._last_answer = max(self._last_answer, ts)
 
     # -- one round --------------------------------------------------------------------------
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Time the block as phase ``name`` (``compute``, ``push``, ...)."""
+    def _start(self) -> float:
+        """Now, which begins the round if nothing did yet."""
         t0 = time.perf_counter()
         if self._round_start is None:
             self._round_start = t0
-        try:
+        return t0
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase ``name`` (``compute``, ``push``, ...)."""
+        self._start()
+        with self.spans.phase(name):
             yield
-        finally:
-            self.spans.add(name, t0, time.perf_counter())
 
     @contextmanager
     def pull(self) -> Iterator[None]:
         """Time a blocking pull: ``wait`` until the last answer from a server arrived (the
         servers wait for every worker's push, update, and answer), then ``pull`` (the
         weights copied out)."""
-        t0 = time.perf_counter()
-        if self._round_start is None:
-            self._round_start = t0
+        t0 = self._start()
         try:
             yield
         finally:

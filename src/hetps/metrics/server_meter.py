@@ -13,61 +13,41 @@ go forward) before it keeps it (:class:`ServerTotals`); a bad one is refused lik
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from hetps.metrics.reports import MAX_T, ReportError, _int, _seconds
+from hetps.metrics.reports import (
+    MAX_T,
+    Reporter,
+    ReportError,
+    Totals,
+    _int,
+    _seconds,
+    parse_links,
+)
 
 log = logging.getLogger("hetps.metrics.server_meter")
 
 __all__ = ["ServerMeter", "ServerTotals", "parse_server_report"]
 
 
-class ServerMeter:
+class ServerMeter(Reporter):
     """One server's reports: ``stats()`` returns ``(rounds merged, optimizer seconds,
     replicas, {worker rank: (bytes sent, bytes received)})``; ``send(body)`` ships a report."""
 
-    def __init__(self, interval: float, send: Callable[[dict], Any], stats: Callable[[], tuple]):
-        from hetps.metrics.sysinfo import LogTail, Sampler
+    _what = "server report"
 
-        self.sampler = Sampler()  # its CPU, memory, the machine's GPUs
-        self.tail = LogTail().install()  # the last lines it wrote
-        self.interval = interval
-        self._send = send
+    def __init__(self, interval: float, send: Callable[[dict], Any], stats: Callable[[], tuple]):
         self._stats = stats
-        self._seq = 0
-        self._t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hetps-server-metrics", daemon=True)
-        self._thread.start()
+        self._start_reports(interval, send, True, "hetps-server-metrics")
 
     def report(self) -> dict:
+        """The next report's body."""
         rounds, opt_s, replicas, links = self._stats()
-        self._seq += 1
-        body = {
-            "seq": self._seq,
-            "t": time.monotonic() - self._t0,
-            "server": {"rounds": int(rounds), "opt_s": float(opt_s), "replicas": int(replicas)},
-            "links": [[r, int(s), int(v)] for r, (s, v) in sorted(links.items())],
-            "sys": self.sampler.sample(),
-        }
-        lines = self.tail.take()
-        if lines:
-            body["log"] = lines
-        return body
-
-    def flush(self) -> None:
-        try:
-            self._send(self.report())
-        except Exception as exc:  # noqa: BLE001 - reporting never breaks the server
-            log.debug("metrics: server report not sent: %s", exc)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.flush()
+        body = self._head()
+        body["server"] = {"rounds": int(rounds), "opt_s": float(opt_s), "replicas": int(replicas)}
+        body["links"] = [[r, int(s), int(v)] for r, (s, v) in sorted(links.items())]
+        return self._machine(body)
 
     def close(self) -> None:
         """A last report, then stop."""
@@ -89,57 +69,30 @@ def parse_server_report(body: Any, num_workers: int) -> dict:
         "opt_s": _seconds(srv.get("opt_s"), "'server.opt_s'"),
         "replicas": _int(srv.get("replicas"), "'server.replicas'", 1, 1 << 16),
     }
-    links = body.get("links", [])
-    if not isinstance(links, list) or len(links) > num_workers:
-        raise ReportError(f"'links' must be a list of at most {num_workers} rows (one per worker)")
-    rows: dict[int, tuple[int, int]] = {}
-    for row in links:
-        if not isinstance(row, list) or len(row) != 3:
-            raise ReportError("a 'links' row must be [worker rank, sent, received]")
-        rank = _int(row[0], "a link's worker rank", 0, num_workers - 1)
-        if rank in rows:
-            raise ReportError(f"'links' lists worker {rank} twice")
-        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
-    out["links"] = rows
+    out["links"] = parse_links(body.get("links", []), num_workers, "worker")
     from hetps.metrics.sysinfo import parse_extras
 
     out.update(parse_extras(body))
     return out
 
 
-class ServerTotals:
+class ServerTotals(Totals):
     """What the scheduler knows of one server, from its reports."""
 
+    peer = "worker"
+
     def __init__(self) -> None:
-        self.seq = 0
-        self.t = 0.0
-        self.rounds = 0
-        self.opt_s = 0.0
-        self.replicas = 1
-        self.links: dict[int, tuple[int, int]] = {}
-        self.reports = 0
-        self.sys: dict | None = None
-        self.log: deque[str] = deque(maxlen=20)
+        super().__init__()
+        self.opt_s, self.replicas = 0.0, 1
 
     def apply(self, rep: dict) -> None:
         """Keep a checked report; ReportError (and nothing changed) when it goes back."""
-        if rep["seq"] <= self.seq:
-            raise ReportError(f"report {rep['seq']} is not newer than report {self.seq}")
-        if rep["t"] < self.t:
-            raise ReportError(f"its time {rep['t']:.3f} s is before the last report's")
+        self._check_newer(rep)
         if rep["rounds"] < self.rounds or rep["opt_s"] < self.opt_s:
             raise ReportError("the rounds or the optimizer's seconds went back")
-        for rank, (sent, recv) in rep["links"].items():
-            old = self.links.get(rank, (0, 0))
-            if sent < old[0] or recv < old[1]:
-                raise ReportError(f"the byte totals of the link to worker {rank} went back")
-        self.seq, self.t = rep["seq"], rep["t"]
-        self.rounds, self.opt_s, self.replicas = rep["rounds"], rep["opt_s"], rep["replicas"]
+        self.opt_s, self.replicas = rep["opt_s"], rep["replicas"]
         self.links.update(rep["links"])
-        if rep["sys"] is not None:
-            self.sys = rep["sys"]
-        self.log.extend(rep["log"])
-        self.reports += 1
+        self._keep(rep)
 
     def view(self) -> dict:
         return {

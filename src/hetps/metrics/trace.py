@@ -154,37 +154,20 @@ def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, A
     events: list[dict[str, Any]] = []
     pids: dict[str, int] = {}
 
+    def add(ph: str, name: str, pid: int, tid: int, args: dict, **more: Any) -> None:
+        """One event; ``more`` (cat, ts, dur) in the format's order, between name and args."""
+        cat = {"cat": more.pop("cat")} if "cat" in more else {}
+        events.append({"ph": ph, "name": name, **cat, "pid": pid, "tid": tid, **more, "args": args})
+
+    def named(what: str, pid: int, tid: int, label: str) -> None:
+        add("M", f"{what}_name", pid, tid, {"name": label})
+        add("M", f"{what}_sort_index", pid, tid, {"sort_index": tid if what == "thread" else pid})
+
     def process(node: str, label: str) -> int:
         if node not in pids:
-            pid = len(pids) + 1
-            pids[node] = pid
-            events.append(
-                {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": label}}
-            )
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "process_sort_index",
-                    "pid": pid,
-                    "tid": 0,
-                    "args": {"sort_index": pid},
-                }
-            )
+            pids[node] = len(pids) + 1
+            named("process", pids[node], 0, label)
         return pids[node]
-
-    def thread(pid: int, tid: int, name: str) -> None:
-        events.append(
-            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
-        )
-        events.append(
-            {
-                "ph": "M",
-                "name": "thread_sort_index",
-                "pid": pid,
-                "tid": tid,
-                "args": {"sort_index": tid},
-            }
-        )
 
     for rank in run.ranks:
         label = run.device_label(rank)
@@ -195,54 +178,23 @@ def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, A
                 if name not in phase_names:
                     phase_names.append(name)
         tids = {name: i + 1 for i, name in enumerate(phase_names)}
-        thread(pid, 0, "rounds")
+        named("thread", pid, 0, "rounds")
         for name, tid in tids.items():
-            thread(pid, tid, name)
+            named("thread", pid, tid, name)
+        derived_arg = {"derived": True}
         for rec, start, end, spans, derived in rounds[rank]:
-            args = _round_args(rec)
-            if derived:
-                args["derived"] = True
-            events.append(
-                {
-                    "ph": "X",
-                    "name": f"round {rec.get('iter')}",
-                    "cat": "round",
-                    "pid": pid,
-                    "tid": 0,
-                    "ts": _ts(start, origin),
-                    "dur": _dur(end - start),
-                    "args": args,
-                }
-            )
+            extra = derived_arg if derived else {}
+            add("X", f"round {rec.get('iter')}", pid, 0, {**_round_args(rec), **extra},
+                cat="round", ts=_ts(start, origin), dur=_dur(end - start))  # fmt: skip
             eval_s = _num(rec.get("eval_s"))
             if eval_s > 0:
                 t = _num(rec.get("t"))
-                events.append(
-                    {
-                        "ph": "X",
-                        "name": "eval",
-                        "cat": "eval",
-                        "pid": pid,
-                        "tid": 0,
-                        "ts": _ts(max(end, t - eval_s), origin),
-                        "dur": _dur(min(eval_s, t - end) if t > end else 0.0),
-                        "args": {"accuracy": rec.get("accuracy")},
-                    }
-                )
+                add("X", "eval", pid, 0, {"accuracy": rec.get("accuracy")}, cat="eval",
+                    ts=_ts(max(end, t - eval_s), origin),
+                    dur=_dur(min(eval_s, t - end) if t > end else 0.0))  # fmt: skip
             for name, s, d in spans:
-                ev: dict[str, Any] = {
-                    "ph": "X",
-                    "name": name,
-                    "cat": "phase",
-                    "pid": pid,
-                    "tid": tids[name],
-                    "ts": _ts(s, origin),
-                    "dur": _dur(d),
-                    "args": {"iter": rec.get("iter")},
-                }
-                if derived:
-                    ev["args"]["derived"] = True
-                events.append(ev)
+                add("X", name, pid, tids[name], {"iter": rec.get("iter"), **extra},
+                    cat="phase", ts=_ts(s, origin), dur=_dur(d))  # fmt: skip
 
     for node, buckets in traffic.items():
         role, rank = ("worker", node[6:]) if node.startswith("worker") else ("server", node[6:])
@@ -255,30 +207,17 @@ def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, A
             bs.sort(key=lambda b: _num(b["t"]))
             for i, b in enumerate(bs):
                 t0, dt = _num(b["t"]), _num(b["dt"])
-                events.append(
-                    {
-                        "ph": "C",
-                        "name": name,
-                        "pid": pid,
-                        "tid": 0,
-                        "ts": _ts(t0, origin),
-                        "args": {
-                            "push_bytes": int(b["push_bytes"]),
-                            "pull_bytes": int(b["pull_bytes"]),
-                        },
-                    }
-                )
+                sent = {"push_bytes": int(b["push_bytes"]), "pull_bytes": int(b["pull_bytes"])}
+                add("C", name, pid, 0, sent, ts=_ts(t0, origin))
                 nxt = _num(bs[i + 1]["t"]) if i + 1 < len(bs) else None
                 if nxt is None or nxt > t0 + dt + 1e-9:  # the bucket ends before the next
-                    events.append(
-                        {
-                            "ph": "C",
-                            "name": name,
-                            "pid": pid,
-                            "tid": 0,
-                            "ts": _ts(t0 + dt, origin),
-                            "args": {"push_bytes": 0, "pull_bytes": 0},
-                        }
+                    add(
+                        "C",
+                        name,
+                        pid,
+                        0,
+                        {"push_bytes": 0, "pull_bytes": 0},
+                        ts=_ts(t0 + dt, origin),
                     )
 
     return {

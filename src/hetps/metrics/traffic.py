@@ -17,7 +17,6 @@ import math
 import os
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +68,6 @@ class TrafficRecorder:
             if b is None:
                 b = self._buckets[key] = [0, 0]
             b[k] += nbytes
-
-    def record_now(self, peer: Any, kind: str, nbytes: int) -> None:
-        """:meth:`record` at the current time."""
-        self.record(time.time(), peer, kind, nbytes)
 
     def buckets(self) -> list[dict[str, Any]]:
         """The buckets so far as records, sorted by time then peer."""

@@ -5,10 +5,11 @@ namespaces and applies the rates with ``tc``; ``DynamicDriver`` re-applies them 
 See docs/NETEM.md.
 """
 
-from hetps.netem.emulator import (
+from hetps.netem.dynamic import DynamicDriver
+from hetps.netem.emulator import Netem
+from hetps.netem.scenario import Scenario, ScenarioError, load_scenario
+from hetps.netem.tools import (
     DEFAULT_PREFIX,
-    DynamicDriver,
-    Netem,
     NetemError,
     NetemPermissionError,
     NetemUnsupportedError,
@@ -18,7 +19,6 @@ from hetps.netem.emulator import (
     list_runs,
     require_root,
 )
-from hetps.netem.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -27,17 +27,17 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from hetps.netem.emulator import (
+from hetps.netem.emulator import Netem
+from hetps.netem.scenario import Scenario, ScenarioError, read_toml
+from hetps.netem.tools import (
     BRIDGE,
     DEFAULT_PREFIX,
     NODE_IF,
-    Netem,
     NetemError,
     cleanup_stale,
     find_tool,
     list_runs,
 )
-from hetps.netem.scenario import Scenario, ScenarioError, read_toml
 
 __all__ = ["add_parser", "build_parser", "main", "scenario_from_args"]
 
@@ -114,14 +114,10 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         if getattr(args, flag) is not None:
             data[key] = getattr(args, flag)
             data.pop("rates_mbit", None)
-    if args.seed is not None:
-        data["seed"] = args.seed
-    if args.period is not None:
-        data["period_s"] = args.period
-    if args.delay_ms is not None:
-        data["delay_ms"] = args.delay_ms
-    if args.tcp_cc is not None:
-        data["tcp_cc"] = args.tcp_cc
+    for flag, key in (("seed", "seed"), ("period", "period_s"), ("delay_ms", "delay_ms"),
+                      ("tcp_cc", "tcp_cc")):  # fmt: skip
+        if getattr(args, flag) is not None:
+            data[key] = getattr(args, flag)
     if args.kind is not None:
         data["kind"] = args.kind
     elif "kind" not in data:

@@ -38,57 +38,25 @@ from typing import Any
 from hetps.netem import _reaper
 from hetps.netem.dynamic import DynamicDriver
 from hetps.netem.scenario import Scenario
-from hetps.netem.tools import (
+from hetps.netem.tools import (  # noqa: F401 - re-exported
     _CLASSIFY,
     _TCP_CC_FILE,
     BRIDGE,
-    BURST_S,
     DEFAULT_PREFIX,
     FRAME,
     GOODPUT_FACTOR,
     NODE_IF,
-    QUEUE_MAX_BYTES,
-    QUEUE_MIN_FRAMES,
-    QUEUE_S,
     NetemError,
     NetemPermissionError,
     NetemUnsupportedError,
-    RunInfo,
     _bits,
     _pick_subnet,
     _read_sysctl,
     _run,
     _tbf_params,
-    cleanup_stale,
     find_tool,
-    goodput_mbit,
-    list_runs,
     require_root,
 )
-
-# DynamicDriver (netem/dynamic.py) and the host helpers (netem/tools.py) are re-exported here.
-__all__ = [
-    "BRIDGE",
-    "BURST_S",
-    "DEFAULT_PREFIX",
-    "FRAME",
-    "GOODPUT_FACTOR",
-    "NODE_IF",
-    "QUEUE_MAX_BYTES",
-    "QUEUE_MIN_FRAMES",
-    "QUEUE_S",
-    "DynamicDriver",
-    "Netem",
-    "NetemError",
-    "NetemPermissionError",
-    "NetemUnsupportedError",
-    "RunInfo",
-    "cleanup_stale",
-    "find_tool",
-    "goodput_mbit",
-    "list_runs",
-    "require_root",
-]
 
 log = logging.getLogger("hetps.netem")
 

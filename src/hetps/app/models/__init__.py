@@ -34,10 +34,6 @@ MobileNets the native 28x28 images and resizes the images to 224x224 for AlexNet
     and the final 8x8 average pool becomes a global average pool. No auxiliary classifier (as
     Gluon's ``Inception3``).
 
-Cost on a 2-core CPU (torch 2.13, 2 threads), forward + backward of a batch of 32: lenet
-2 ms, mobilenet-v1/v2 and resnet18-v1 under 0.1 s, resnet50-v1/v2 about 0.2 s, alexnet about
-0.25 s, inception-v3 about 0.5 s.
-
 Initialisation follows ESync (``init.Xavier()``: Glorot-uniform weights, zero biases,
 BatchNorm weight 1 and bias 0); seed with ``torch.manual_seed`` for identical replicas.
 BatchNorm uses PyTorch's momentum 0.1 (Gluon's momentum 0.9 is the same average);
