@@ -56,8 +56,9 @@ def imports(path: Path) -> frozenset[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "hetps":
-                out |= {f"hetps.{a.name}" for a in node.names}
+            if node.module == "hetps":  # a submodule, or a name the package itself defines
+                names = (f"hetps.{a.name}" for a in node.names)
+                out |= {m if m in modules() else "hetps" for m in names}
             else:
                 out.add(node.module)
     return frozenset(m for m in out if m == "hetps" or m.startswith("hetps."))
