@@ -59,8 +59,9 @@ class Declared:
     kind: Any
     #: receiving role -> the roles that may send it (as a request or a notice)
     to: dict[str, frozenset[str]]
-    #: the answer's type (None: its request reads it as it is)
+    #: the answer's type (None: its request reads it as it is), and its command (None: ``cmd``)
     reply: Any = None
+    answer: str | None = None
     #: meanings of this command's own (beside its type's ``doc``)
     doc: dict[str, str] = dfield(default_factory=dict)
 
@@ -70,14 +71,20 @@ DECLARED: dict[str, Declared] = {}
 
 
 def command(
-    cmd: str, kind: Any = None, *, reply: Any = None, doc: dict[str, str] | None = None, **to: Any
+    cmd: str,
+    kind: Any = None,
+    *,
+    reply: Any = None,
+    answer: str | None = None,
+    doc: dict[str, str] | None = None,
+    **to: Any,
 ) -> Any:
     """Declare ``cmd``: its body's type ``kind`` (or decorate the type), the type of its
-    answer, meanings of its own, and per receiving role (``scheduler=``, ``server=``,
-    ``worker=``) the roles that may send it."""
+    answer (and the answer's command, when not ``cmd``), meanings of its own, and per
+    receiving role (``scheduler=``, ``server=``, ``worker=``) the roles that may send it."""
 
     def declare(kind: Any) -> Any:
-        DECLARED[cmd] = Declared(kind, to, reply, doc or {})
+        DECLARED[cmd] = Declared(kind, to, reply, answer, doc or {})
         return kind
 
     return declare if kind is None else declare(kind)

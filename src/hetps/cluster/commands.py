@@ -154,7 +154,7 @@ class BarrierAnswer(Body, kw_only=True):
     members: list[NodeId] | None = None
 
 
-@command(P.BARRIER, reply=BarrierAnswer, scheduler=NODES)
+@command(P.BARRIER, reply=BarrierAnswer, answer=P.BARRIER_DONE, scheduler=NODES)
 class Barrier(Body, kw_only=True):
     doc = {
         "group": "worker, server or all",
@@ -595,7 +595,7 @@ class WorkerBack(NodeNotice, kw_only=True):
 #: every command's declared body (a request or a notice)
 TYPES: dict[str, Any] = {cmd: d.kind for cmd, d in DECLARED.items()}
 #: the declared answers (other answers are read by their request as they are)
-REPLIES: dict[str, Any] = {cmd: d.reply for cmd, d in DECLARED.items() if d.reply is not None}
+REPLIES: dict[str, Any] = {d.answer or c: d.reply for c, d in DECLARED.items() if d.reply}
 
 
 #: a command whose body is one of several types told apart by a tag field: the tag field and

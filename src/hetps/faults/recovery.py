@@ -150,10 +150,10 @@ class Recovery:
     def rejoin(self, msg: Message) -> None:
         """A dead server that was taken over is back with its old id at a new address:
         connect to it; it is a live server again (a replica: its keys stay redirected)."""
+        info, b = NodeInfo.from_wire(msg.typed.node), msg.typed  # (a Rejoin)
         try:
-            info = NodeInfo.from_wire(msg.body["node"])
-            out, into = routing_id(msg.body["out"]), routing_id(msg.body["in"])
-        except (KeyError, TypeError, ValueError) as exc:
+            out, into = routing_id(b.outbound), routing_id(b.inbound)
+        except ValueError as exc:  # (a routing id starting with a zero byte)
             log.warning("%s: dropped a malformed rejoin (%s)", self.node.role, exc)
             return
         old = self.node.nodes.get(info.id)
