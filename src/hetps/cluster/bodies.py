@@ -21,6 +21,8 @@ does the range fit its part, does the payload match) is checked by the handlers
 
 from __future__ import annotations
 
+import inspect
+import re
 import sys
 from dataclasses import dataclass
 from dataclasses import field as dfield
@@ -92,15 +94,36 @@ def command(
 
 def meanings(cmd: str, kind: Any = None) -> dict[str, str]:
     """What each wire key of ``cmd``'s body (of ``kind``: its answer's, say) means: the
-    ``doc`` of its type and their bases, and the command's own."""
+    lines ````key``: meaning`` of the docstrings of its type and their bases, and the
+    command's own."""
     declared = DECLARED.get(cmd)
     kind = kind if kind is not None else declared.kind if declared else None
     out: dict[str, str] = {}
     for member in getattr(kind, "__args__", None) or ((kind,) if kind else ()):
         for base in reversed(member.__mro__):
-            out.update(vars(base).get("doc", {}))
+            out.update(_fields_doc(base))
     out.update(declared.doc if declared else {})
     return out
+
+
+def _fields_doc(cls: type) -> dict[str, str]:
+    """The ````key``: meaning`` lines of ``cls``'s own docstring (each goes on to the next
+    such line or a blank one)."""
+    out: dict[str, str] = {}
+    last = None
+    for line in inspect.cleandoc(vars(cls).get("__doc__") or "").splitlines():
+        entry = _ENTRY.match(line)
+        if entry is not None:
+            last = entry[1]
+            out[last] = entry[2]
+        elif last is not None and line.strip():
+            out[last] += " " + line.strip()
+        else:
+            last = None
+    return out
+
+
+_ENTRY = re.compile(r"``([^`]+)``: (.*)")
 
 
 class BadBody(ValueError):
@@ -112,17 +135,16 @@ class Body(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class Chunk(Body, kw_only=True):
-    """What every chunk request carries: a range of one part of one key."""
+    """What every chunk request carries: a range of one part of one key.
 
-    doc = {
-        "k": "the key",
-        "part": "the part index",
-        "off": "offset of this chunk within the part, in elements",
-        "n": "elements in this chunk",
-        "shape": "the key's shape (checked against the server's)",
-        "dtype": "the key's dtype name",
-        "tag": "the request id its forecast carried (the transfer is timed)",
-    }
+    ``k``: the key
+    ``part``: the part index
+    ``off``: offset of this chunk within the part, in elements
+    ``n``: elements in this chunk
+    ``shape``: the key's shape (checked against the server's)
+    ``dtype``: the key's dtype name
+    ``tag``: the request id its forecast carried (the transfer is timed)"""
+
     key: Key = field(name="k")
     part: Count
     offset: Count = field(name="off")
@@ -139,21 +161,20 @@ class Pull(Chunk, kw_only=True):
 
 @command(P.PUSH, server=W)
 class Push(Chunk, kw_only=True):
-    """A push of the range's values (or their 2-bit words)."""
+    """A push of the range's values (or their 2-bit words).
 
-    doc = {
-        "ce": "elements per chunk the worker cuts parts into",
-        "sync": "true in dist_sync (rounds), false in dist_async",
-        "pp": "a fused push-pull: answer with the value once the push took effect",
-        "comp": "2-bit compression threshold (the payload is packed 2-bit words)",
-        "rcpt": "send a receipt on arrival (push-window credit)",
-        "rnd": "with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of this key: "
-        "a server that applied that round already acknowledges a resent push without "
-        "applying it again, and keeps one of a later round until its round comes",
-        "hg": "dist_sync with host groups known: [host group, local rank, workers]: the push "
-        "is that host's (workers > 1: the host's sum, counted for that many workers); the "
-        "server sums a round per host in local-rank order, then the hosts in group order",
-    }
+    ``ce``: elements per chunk the worker cuts parts into
+    ``sync``: true in dist_sync (rounds), false in dist_async
+    ``pp``: a fused push-pull: answer with the value once the push took effect
+    ``comp``: 2-bit compression threshold (the payload is packed 2-bit words)
+    ``rcpt``: send a receipt on arrival (push-window credit)
+    ``rnd``: with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of this key: a server
+        that applied that round already acknowledges a resent push without applying it again, and
+        keeps one of a later round until its round comes
+    ``hg``: dist_sync with host groups known: [host group, local rank, workers]: the push is that
+        host's (workers > 1: the host's sum, counted for that many workers); the server sums a round
+        per host in local-rank order, then the hosts in group order"""
+
     #: (every worker's push carries it; the server says so where it needs it and it is missing)
     chunk: Annotated[int, Meta(ge=1)] | None = field(default=None, name="ce")
     sync: bool = True
@@ -166,15 +187,14 @@ class Push(Chunk, kw_only=True):
 
 @command(P.INIT, server=W)
 class Init(Chunk, tag_field="op", tag="init", kw_only=True):
-    """A chunk of a key's first value (or a replica's copy of one: ``op`` = ``init``, its
-    tag among the bodies of a replicate, :data:`hetps.cluster.commands.Replicate`)."""
+    """A chunk of a key's first value (or a replica's copy of one: ``op`` = ``init``, its tag among
+    the bodies of a replicate, :data:`hetps.cluster.commands.Replicate`).
 
-    doc = {
-        "dtype": "the key's dtype name (float16, float32 or float64)",
-        "size": "elements of the whole part",
-        "rnd": "the rounds the part has had (a slice a plan moves comes with them; default 0)",
-        "op": "init, in a primary's copy to a replica (a replicate message)",
-    }
+    ``dtype``: the key's dtype name (float16, float32 or float64)
+    ``size``: elements of the whole part
+    ``rnd``: the rounds the part has had (a slice a plan moves comes with them; default 0)
+    ``op``: init, in a primary's copy to a replica (a replicate message)"""
+
     shape: Shape
     dtype: KeyDType
     size: Count
@@ -249,7 +269,8 @@ def _wire(kind: Any, body: Any) -> dict[str, str]:
 
 
 def _meaning(cmd: str, wire: dict[str, str], name: str, kind: Any = None) -> str:
-    return meanings(cmd, kind).get(name, wire.get(name, name))
+    # (a field of one of several types: what it means in that one, else in the command)
+    return meanings(cmd, kind).get(name) or meanings(cmd).get(name, wire.get(name, name))
 
 
 def _short(value: Any) -> str:

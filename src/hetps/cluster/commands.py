@@ -78,17 +78,16 @@ command(P.SET_OPTIMIZER, Empty, server=W, doc={"(array 0)": "the optimizer, pick
 # -- node -> scheduler ------------------------------------------------------------------------
 @command(P.ADD_NODE, scheduler=frozenset({P.NEWCOMER}))
 class AddNode(Body, kw_only=True):
-    """A node registers: where the scheduler connects back to it, and the rank it wants."""
+    """A node registers: where the scheduler connects back to it, and the rank it wants.
 
-    doc = {
-        "role": "server or worker",
-        "host": "the host the scheduler connects back to (a name or an address)",
-        "port": "the port there (1-65535)",
-        "back": "the routing id the scheduler connects back with (1-255 bytes)",
-        "want_rank": "the rank its launcher gave it (-1: any)",
-        "host_group": "a worker's host, as its launcher numbered it (HETPS_HOST_GROUP; -1: "
-        "not known, a host of its own)",
-    }
+    ``role``: server or worker
+    ``host``: the host the scheduler connects back to (a name or an address)
+    ``port``: the port there (1-65535)
+    ``back``: the routing id the scheduler connects back with (1-255 bytes)
+    ``want_rank``: the rank its launcher gave it (-1: any)
+    ``host_group``: a worker's host, as its launcher numbered it (HETPS_HOST_GROUP; -1: not known, a
+        host of its own)"""
+
     role: Literal["server", "worker"]
     host: Host
     port: Port
@@ -109,29 +108,29 @@ class View(Body, kw_only=True):
 
 
 class ReadmitAnswer(Body, kw_only=True):
-    doc = {"restarted": "true from a scheduler that was started again (the node then sends "
-           "its unanswered requests to it again); absent from the scheduler it knew"}  # fmt: skip
+    """``restarted``: true from a scheduler that was started again (the node then sends its
+    unanswered requests to it again); absent from the scheduler it knew"""
+
     restarted: bool = False
 
 
 @command(P.READMIT, reply=ReadmitAnswer, scheduler=frozenset({P.NEWCOMER, P.SERVER, P.WORKER}))
 class Readmit(Body, kw_only=True):
     """A node of a running job asks a scheduler started again to take it back (the senders: a
-    restarted scheduler's newcomers)."""
+    restarted scheduler's newcomers).
 
-    doc = {
-        "id": "the node's id in the running job",
-        "role": "its role (server or worker)",
-        "rank": "its rank",
-        "host": "the host the scheduler connects back to, as in add_node",
-        "port": "the port there",
-        "back": "the routing id the scheduler connects back with",
-        "view": "what the node knows of the job: nodes (the node table), down (dead servers), "
-        "redirect ([[dead, heir], ...]), done (a server: the workers that finished), "
-        "barriers ({group: the barriers it passed}), replicas",
-        "cred": "with a cluster secret: the credential it was admitted with",
-        "gen": "with a cluster secret: that credential's generation",
-    }
+    ``id``: the node's id in the running job
+    ``role``: its role (server or worker)
+    ``rank``: its rank
+    ``host``: the host the scheduler connects back to, as in add_node
+    ``port``: the port there
+    ``back``: the routing id the scheduler connects back with
+    ``view``: what the node knows of the job: nodes (the node table), down (dead servers), redirect
+        ([[dead, heir], ...]), done (a server: the workers that finished), barriers ({group: the
+        barriers it passed}), replicas
+    ``cred``: with a cluster secret: the credential it was admitted with
+    ``gen``: with a cluster secret: that credential's generation"""
+
     node_id: NodeId = field(name="id")
     role: Literal["server", "worker"]
     rank: Count
@@ -145,32 +144,32 @@ class Readmit(Body, kw_only=True):
 
 @command(P.LEAVE, scheduler=NODES)  # self only: the connection names the node that leaves
 class Leave(Body, kw_only=True):
-    doc = {"reason": "why the node is going away (at most 2000 characters)"}
+    """``reason``: why the node is going away (at most 2000 characters)"""
+
     reason: Annotated[str, Meta(max_length=2000)] = "left"
 
 
 class BarrierAnswer(Body, kw_only=True):
-    doc = {"members": "HETPS_ELASTIC: the ids of the group's live members"}
+    """``members``: HETPS_ELASTIC: the ids of the group's live members"""
+
     members: list[NodeId] | None = None
 
 
 @command(P.BARRIER, reply=BarrierAnswer, answer=P.BARRIER_DONE, scheduler=NODES)
 class Barrier(Body, kw_only=True):
-    doc = {
-        "group": "worker, server or all",
-        "n": "the barrier's number for this node (absent: one more than its last)",
-    }
+    """``group``: worker, server or all
+    ``n``: the barrier's number for this node (absent: one more than its last)"""
+
     group: Literal["worker", "server", "all"]
     n: Annotated[int, Meta(ge=1)] | None = None
 
 
 class JoinAnswer(Body, kw_only=True):
-    doc = {
-        "barriers": "{group: n}: the barriers it has passed from now on",
-        "rounds": "[[key, n], ...]: the rounds the first live worker pushed of each key",
-        "tables": "the row-sparse keys' declarations, as admit gave them",
-        "(array 0)": "the state it gave (admit)",
-    }
+    """``barriers``: {group: n}: the barriers it has passed from now on
+    ``rounds``: [[key, n], ...]: the rounds the first live worker pushed of each key
+    ``tables``: the row-sparse keys' declarations, as admit gave them
+    ``(array 0)``: the state it gave (admit)"""
+
     barriers: dict[str, Count] = {}
     rounds: list[tuple[Key, Count]] = []
     tables: list[tuple[Key, dict[str, Any]]] = []
@@ -182,32 +181,30 @@ command(P.JOIN, Empty, reply=JoinAnswer, scheduler=W)
 
 @command(P.ADMIT, scheduler=W)
 class Admit(Body, kw_only=True):
-    """A live worker at its round boundary (the first also gives what a joiner starts from;
-    the answer comes once every worker waiting to join is in)."""
+    """A live worker at its round boundary (the first also gives what a joiner starts from; the
+    answer comes once every worker waiting to join is in).
 
-    doc = {
-        "(array 0)": "from the first live worker: the state a joiner starts from (bytes)",
-        "rounds": "from the first live worker: [[key, n], ...], the rounds it pushed",
-        "tables": "from the first live worker: [[key, {rows, cols, dtype, scale, seed, "
-        "server_bytes}], ...], the row-sparse keys' declarations",
-    }
+    ``(array 0)``: from the first live worker: the state a joiner starts from (bytes)
+    ``rounds``: from the first live worker: [[key, n], ...], the rounds it pushed
+    ``tables``: from the first live worker: [[key, {rows, cols, dtype, scale, seed, server_bytes}],
+        ...], the row-sparse keys' declarations"""
+
     rounds: list[tuple[Key, Count]] = []
     tables: list[tuple[Key, dict[str, Any]]] = []
 
 
 @command(P.ESYNC_REPORT, scheduler=W)  # the rank is the connection's, not the body's
 class EsyncReport(Body, kw_only=True):
-    """A worker's local step, for the ESync state server."""
+    """A worker's local step, for the ESync state server.
 
-    doc = {
-        "rank": "the worker's rank (a standalone state server believes it for a connection's "
-        "first report only; the scheduler takes the connection's)",
-        "round": "the round of the step",
-        "step_s": "seconds of the worker's last local step",
-        "elapsed_s": "seconds since the round began, on the worker",
-        "ep": "host:port the standalone state server answers to",
-        "back": "the routing id the worker knows the standalone state server by",
-    }
+    ``rank``: the worker's rank (a standalone state server believes it for a connection's first
+        report only; the scheduler takes the connection's)
+    ``round``: the round of the step
+    ``step_s``: seconds of the worker's last local step
+    ``elapsed_s``: seconds since the round began, on the worker
+    ``ep``: host:port the standalone state server answers to
+    ``back``: the routing id the worker knows the standalone state server by"""
+
     rank: int | None = None
     round: Count
     step_s: Seconds
@@ -218,22 +215,21 @@ class EsyncReport(Body, kw_only=True):
 
 @command(P.BALANCE_REPORT, scheduler=W)
 class BalanceReport(Body, kw_only=True):
-    """A worker's measurements for the load planner (its answer: :mod:`hetps.balance.wire`)."""
+    """A worker's measurements for the load planner (its answer: :mod:`hetps.balance.wire`).
 
-    doc = {
-        "round": "the worker's rebalance() count",
-        "samples": "[[src, dst, bytes, t0, t1, kind], ...] link samples (kind 1: probe, "
-        "2/3: a spread's flow)",
-        "server_times": "{server rank: [bytes, seconds]} of the last round",
-        "(array 0)": "the samples instead of the list: float64, one row [src, dst, bytes, t0, "
-        "t1, kind] each (how the balance agent sends them)",
-        "(array 1)": "the server times instead of the map: float64, one row [server rank, "
-        "bytes, seconds] each",
-        "sizes": "element counts of the keys in init order (first report, or new keys)",
-        "assign": "the server of every slice, in layout order (with sizes)",
-        "calibration": "these samples hold a whole new probe cycle",
-        "spread_done": "[way, rank] of the spread probe this worker took part in",
-    }
+    ``round``: the worker's rebalance() count
+    ``samples``: [[src, dst, bytes, t0, t1, kind], ...] link samples (kind 1: probe, 2/3: a spread's
+        flow)
+    ``server_times``: {server rank: [bytes, seconds]} of the last round
+    ``(array 0)``: the samples instead of the list: float64, one row [src, dst, bytes, t0, t1, kind]
+        each (how the balance agent sends them)
+    ``(array 1)``: the server times instead of the map: float64, one row [server rank, bytes,
+        seconds] each
+    ``sizes``: element counts of the keys in init order (first report, or new keys)
+    ``assign``: the server of every slice, in layout order (with sizes)
+    ``calibration``: these samples hold a whole new probe cycle
+    ``spread_done``: [way, rank] of the spread probe this worker took part in"""
+
     round: int
     samples: Annotated[
         list[Annotated[list[Finite], Meta(min_length=5, max_length=6)]], Meta(max_length=1 << 17)
@@ -250,35 +246,33 @@ class BalanceReport(Body, kw_only=True):
 
 @command(P.METRICS_REPORT, scheduler=NODES)  # counted as the connection's node, not the body's
 class MetricsReport(Body, kw_only=True):
-    """A worker's or a server's counters for live metrics (the rest of their checks, bounds
-    and shapes, are :func:`hetps.metrics.reports.parse_report`'s)."""
+    """A worker's or a server's counters for live metrics (the rest of their checks, bounds and
+    shapes, are :func:`hetps.metrics.reports.parse_report`'s).
 
-    doc = {
-        "seq": "the report's number, from 1, one more each report (an old or repeated one is "
-        "refused)",
-        "t": "seconds since the worker's meter started (its own clock, increasing)",
-        "rounds": "rounds this worker began so far: the most pushes of any one key",
-        "round_s": "seconds of its last whole round (absent before the second round)",
-        "links": "[[server rank, bytes sent to it, bytes received from it], ...], totals "
-        "since the worker started, at most one row per server (a server's report: [[worker "
-        "rank, sent, received], ...], one row per worker)",
-        "tl": "the worker's last rounds since its last report (at most 8): [[round, [[phase, "
-        "unix start, seconds], ...] (at most 32), [[server rank, sent, received], ...] (the "
-        "round's bytes)], ...] (hetps.metrics.reports)",
-        "run": "the run directory the worker logs into, where the scheduler leaves the "
-        "dashboard's last state (a printable path, at most 4096 characters)",
-        "server": "a server's report: {rounds: rounds merged, opt_s: seconds in the "
-        "optimizer, replicas: copies of every key} (hetps.metrics.server_meter)",
-        "h": "{push|pull|round: [counts, sum]}: what the worker's fixed-bucket histograms "
-        "gained since its last report (counts per bucket of hetps.metrics.reports.BUCKETS and "
-        "one for above them; the sum of the observed seconds)",
-        "m": "the script's own values since the last report (hetps.torch.log_metrics): "
-        "[[step, {name: number}], ...], at most 32 entries and 16 names",
-        "sys": "{cpu: percent of one core since the last report, rss: resident bytes, gpu: "
-        "[[utilisation %, memory used, memory total], ...] (NVML), or nogpu: why none}",
-        "log": "the last lines the node wrote since its last report (at most 20 of 300 "
-        "characters, addresses replaced)",
-    }
+    ``seq``: the report's number, from 1, one more each report (an old or repeated one is refused)
+    ``t``: seconds since the worker's meter started (its own clock, increasing)
+    ``rounds``: rounds this worker began so far: the most pushes of any one key
+    ``round_s``: seconds of its last whole round (absent before the second round)
+    ``links``: [[server rank, bytes sent to it, bytes received from it], ...], totals since the
+        worker started, at most one row per server (a server's report: [[worker rank, sent,
+        received], ...], one row per worker)
+    ``tl``: the worker's last rounds since its last report (at most 8): [[round, [[phase, unix
+        start, seconds], ...] (at most 32), [[server rank, sent, received], ...] (the round's
+        bytes)], ...] (hetps.metrics.reports)
+    ``run``: the run directory the worker logs into, where the scheduler leaves the dashboard's last
+        state (a printable path, at most 4096 characters)
+    ``server``: a server's report: {rounds: rounds merged, opt_s: seconds in the optimizer,
+        replicas: copies of every key} (hetps.metrics.server_meter)
+    ``h``: {push|pull|round: [counts, sum]}: what the worker's fixed-bucket histograms gained since
+        its last report (counts per bucket of hetps.metrics.reports.BUCKETS and one for above them;
+        the sum of the observed seconds)
+    ``m``: the script's own values since the last report (hetps.torch.log_metrics): [[step, {name:
+        number}], ...], at most 32 entries and 16 names
+    ``sys``: {cpu: percent of one core since the last report, rss: resident bytes, gpu:
+        [[utilisation %, memory used, memory total], ...] (NVML), or nogpu: why none}
+    ``log``: the last lines the node wrote since its last report (at most 20 of 300 characters,
+        addresses replaced)"""
+
     seq: Annotated[int, Meta(ge=1)]
     t: Seconds
     rounds: Count | None = None
@@ -296,12 +290,11 @@ class MetricsReport(Body, kw_only=True):
 # -- worker -> server -------------------------------------------------------------------------
 @command(P.BATCH, server=W)  # init/push/pull items, each checked as if it came alone
 class Batch(Body, kw_only=True):
-    doc = {
-        "items": "[[cmd, req, body, arrays], ...]: one request (from a worker) or one answer "
-        "(from a server) each, in order: its command (init, push or pull), its request id, its "
-        "own body (the fields of that command, or of its answer), and how many of the batch's "
-        "arrays are its own (they follow the previous items' arrays)",
-    }
+    """``items``: [[cmd, req, body, arrays], ...]: one request (from a worker) or one answer (from a
+    server) each, in order: its command (init, push or pull), its request id, its own body (the
+    fields of that command, or of its answer), and how many of the batch's arrays are its own
+    (they follow the previous items' arrays)"""
+
     items: Annotated[
         list[
             tuple[
@@ -314,32 +307,32 @@ class Batch(Body, kw_only=True):
 
 @command(P.GET_STATES, server=W)
 class GetStates(Body, kw_only=True):
-    doc = {"slices": "[[key, part], ...] to read (absent: every state)"}
+    """``slices``: [[key, part], ...] to read (absent: every state)"""
+
     slices: list[SliceName] | None = None
 
 
 @command(P.SET_STATES, server=W)  # a pickle: only from a registered worker
 class SetStates(Body, kw_only=True):
-    doc = {
-        "move": "the states of slices a plan moved here (their replicas get them too)",
-        "(array 0)": "the states, pickled (accepted from a worker only)",
-    }
+    """``move``: the states of slices a plan moved here (their replicas get them too)
+    ``(array 0)``: the states, pickled (accepted from a worker only)"""
+
     move: bool = False
 
 
 @command(P.FORECAST, server=W, worker=S)
 class Forecast(Body, kw_only=True):
-    doc = {"tag": "the request id of the data message that follows"}
+    """``tag``: the request id of the data message that follows"""
+
     tag: int
 
 
 @command(P.PROBE, server=W)
 class Probe(Body, kw_only=True):
-    doc = {
-        "reply_bytes": "bytes of payload in the answer",
-        "spread": "one flow of a spread probe (several flows at once)",
-        "tag": "the request id its forecast carried",
-    }
+    """``reply_bytes``: bytes of payload in the answer
+    ``spread``: one flow of a spread probe (several flows at once)
+    ``tag``: the request id its forecast carried"""
+
     reply_bytes: Annotated[int, Meta(ge=0, le=1 << 26)] = 0
     spread: bool = False
     tag: int | None = None
@@ -347,39 +340,39 @@ class Probe(Body, kw_only=True):
 
 @command(P.DROP, server=W)
 class Drop(Body, kw_only=True):
-    doc = {"slices": "[[key, part], ...] or [[key, part, the server it moved to], ...] to forget"}
+    """``slices``: [[key, part], ...] or [[key, part, the server it moved to], ...] to forget"""
+
     slices: list[Annotated[list[Key], Meta(min_length=2, max_length=3)]] = []
 
 
 @command(P.RECEIPT, worker=S)
 class Receipt(Body, kw_only=True):
-    doc = {"req": "the push request that arrived"}
+    """``req``: the push request that arrived"""
+
     req: Req
 
 
 # -- row-sparse keys (tables) -----------------------------------------------------------------
 class TablePart(Body, kw_only=True):
-    doc = {
-        "k": "the key",
-        "part": "the server's part of the table (row r lives on part r % nparts)",
-    }
+    """``k``: the key
+    ``part``: the server's part of the table (row r lives on part r % nparts)"""
+
     key: Key = field(name="k")
     part: Count
 
 
 @command(P.SINIT, server=W)  # (a pickle in opt: only from a registered worker)
 class SInit(TablePart, kw_only=True):
-    doc = {
-        "nparts": "parts of the table (the servers)",
-        "rows": "rows of the whole table (None: a table that grows)",
-        "cols": "columns",
-        "dtype": "the table's dtype name",
-        "scale": "rows start uniform in [-scale, scale) (0: zeros)",
-        "seed": "seed of the initial values",
-        "bound": "bytes this server may hold of the table (0: no bound)",
-        "opt": "optional: the table's own optimizer, pickled (accepted from a worker only)",
-        "(arrays)": "optional: row ids (int64) and their first values (rows x cols)",
-    }
+    """``nparts``: parts of the table (the servers)
+    ``rows``: rows of the whole table (None: a table that grows)
+    ``cols``: columns
+    ``dtype``: the table's dtype name
+    ``scale``: rows start uniform in [-scale, scale) (0: zeros)
+    ``seed``: seed of the initial values
+    ``bound``: bytes this server may hold of the table (0: no bound)
+    ``opt``: optional: the table's own optimizer, pickled (accepted from a worker only)
+    ``(arrays)``: optional: row ids (int64) and their first values (rows x cols)"""
+
     parts: Annotated[int, Meta(ge=1)] = field(name="nparts")
     rows: Count | None
     cols: Annotated[int, Meta(ge=1, le=1 << 20)]
@@ -392,44 +385,41 @@ class SInit(TablePart, kw_only=True):
 
 @command(P.SPUSH, server=W)
 class SPush(TablePart, kw_only=True):
-    doc = {
-        "sync": "true in dist_sync (rounds: every worker pushes once per round, maybe no "
-        "rows), false in dist_async",
-        "(arrays)": "sorted distinct row ids (int64) and their gradient rows (ids x cols)",
-        "rnd": "with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of the table: "
-        "a server that applied that round already acknowledges a resent push without applying "
-        "it again, and keeps one of a later round until its round comes",
-    }
+    """``sync``: true in dist_sync (rounds: every worker pushes once per round, maybe no rows),
+        false in dist_async
+    ``(arrays)``: sorted distinct row ids (int64) and their gradient rows (ids x cols)
+    ``rnd``: with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of the table: a
+        server that applied that round already acknowledges a resent push without applying it again,
+        and keeps one of a later round until its round comes"""
+
     sync: bool = True
     round: Count | None = field(default=None, name="rnd")
 
 
 @command(P.SPULL, server=W)
 class SPull(TablePart, kw_only=True):
-    doc = {"(arrays)": "row ids (int64); the answer: their rows, in that order"}
+    """``(arrays)``: row ids (int64); the answer: their rows, in that order"""
 
 
 @command(P.SDUMP, server=W)  # a checkpoint reads a table (tables' dump)
 class SDump(TablePart, kw_only=True):
-    doc = {
-        "off": "the first row wanted of the part's used rows, sorted by id",
-        "n": "rows wanted (0: only the answer's body)",
-        "(answer)": "count (the part's used rows), state ([[name, dtype, columns], ...]: the "
-        "optimizer state's per-row arrays), numbers (its other entries: Adam's t), has_state; "
-        "arrays: the rows' ids, their values, each state array's rows",
-    }
+    """``off``: the first row wanted of the part's used rows, sorted by id
+    ``n``: rows wanted (0: only the answer's body)
+    ``(answer)``: count (the part's used rows), state ([[name, dtype, columns], ...]: the optimizer
+        state's per-row arrays), numbers (its other entries: Adam's t), has_state; arrays: the rows'
+        ids, their values, each state array's rows"""
+
     offset: Count = field(default=0, name="off")
     count: Count = field(default=0, name="n")
 
 
 @command(P.SLOAD, server=W)  # a restore writes it back
 class SLoad(TablePart, kw_only=True):
-    doc = {
-        "fresh": "the part's first chunk: start it again empty, with the state's numbers",
-        "state": "names of the optimizer state's per-row arrays that follow the rows",
-        "numbers": "the optimizer state's other entries (Adam's t)",
-        "(arrays)": "sorted distinct row ids (int64), their values, each state array's rows",
-    }
+    """``fresh``: the part's first chunk: start it again empty, with the state's numbers
+    ``state``: names of the optimizer state's per-row arrays that follow the rows
+    ``numbers``: the optimizer state's other entries (Adam's t)
+    ``(arrays)``: sorted distinct row ids (int64), their values, each state array's rows"""
+
     fresh: bool = False
     state: list[Annotated[str, Meta(max_length=64)]] = []
     numbers: dict[str, int | float] = {}
@@ -437,13 +427,12 @@ class SLoad(TablePart, kw_only=True):
 
 # -- server -> server (HETPS_REPLICAS): op names which copy ---------------------------------
 class ReplicaRound(Body, tag_field="op", tag="round", kw_only=True):
-    doc = {
-        "k": "the key",
-        "part": "the part index",
-        "rnd": "the rounds the copy has had with this one",
-        "mode": "grad (the merged pushes, for the optimizer) or value (the new value)",
-        "(array 0)": "the merged pushes (grad) or the new value (value)",
-    }
+    """``k``: the key
+    ``part``: the part index
+    ``rnd``: the rounds the copy has had with this one
+    ``mode``: grad (the merged pushes, for the optimizer) or value (the new value)
+    ``(array 0)``: the merged pushes (grad) or the new value (value)"""
+
     key: Key = field(name="k")
     part: Count
     round: Count = field(name="rnd")
@@ -451,15 +440,14 @@ class ReplicaRound(Body, tag_field="op", tag="round", kw_only=True):
 
 
 class ReplicaSync(Body, tag_field="op", tag="sync", kw_only=True):
-    doc = {
-        "k": "the key",
-        "part": "the part index",
-        "shape": "the key's shape",
-        "dtype": "the key's dtype name",
-        "rnd": "the rounds the copy has had with this one",
-        "(arrays)": "a whole slice a replica takes in place of what it had: array 0 its "
-        "value, array 1 (if any) its optimizer state, pickled",
-    }
+    """``k``: the key
+    ``part``: the part index
+    ``shape``: the key's shape
+    ``dtype``: the key's dtype name
+    ``rnd``: the rounds the copy has had with this one
+    ``(arrays)``: a whole slice a replica takes in place of what it had: array 0 its value, array 1
+        (if any) its optimizer state, pickled"""
+
     key: Key = field(name="k")
     part: Count
     shape: Shape
@@ -468,15 +456,16 @@ class ReplicaSync(Body, tag_field="op", tag="sync", kw_only=True):
 
 
 class ReplicaOptimizer(Body, tag_field="op", tag="optimizer", kw_only=True):
-    doc = {"(array 0)": "the primary's optimizer, pickled"}
+    """``(array 0)``: the primary's optimizer, pickled"""
 
 
 class ReplicaStates(Body, tag_field="op", tag="states", kw_only=True):
-    doc = {"(array 0)": "optimizer states of slices a plan moved here, pickled"}
+    """``(array 0)``: optimizer states of slices a plan moved here, pickled"""
 
 
 class ReplicaDrop(Body, tag_field="op", tag="drop", kw_only=True):
-    doc = {"slices": "[[key, part], ...] a plan moved away, to forget"}
+    """``slices``: [[key, part], ...] a plan moved away, to forget"""
+
     slices: list[SliceName]
 
 
@@ -491,13 +480,12 @@ class ReplicaSLoad(SLoad, tag_field="op", tag="sload", kw_only=True):
 
 
 class ReplicaSRound(Body, tag_field="op", tag="sround", kw_only=True):
-    doc = {
-        "k": "the key",
-        "part": "the server's part of the table",
-        "rnd": "the rounds the copy has had with this one",
-        "dropped": "the round failed on the primary (it is only counted)",
-        "(arrays)": "the round's distinct row ids and their per-row sums",
-    }
+    """``k``: the key
+    ``part``: the server's part of the table
+    ``rnd``: the rounds the copy has had with this one
+    ``dropped``: the round failed on the primary (it is only counted)
+    ``(arrays)``: the round's distinct row ids and their per-row sums"""
+
     key: Key = field(name="k")
     part: Count
     round: Count = field(name="rnd")
@@ -505,10 +493,11 @@ class ReplicaSRound(Body, tag_field="op", tag="sround", kw_only=True):
 
 
 class ReplicaSSync(SLoad, tag_field="op", tag="ssync", kw_only=True):
-    """A whole table part: first its sinit fields with fresh, rnd, state and numbers (the
-    header), then chunks of its used rows as an sload's."""
+    """A whole table part: first its sinit fields (their meanings are a sinit's) with fresh,
+    rnd, state and numbers (the header), then chunks of its used rows as an sload's.
 
-    doc = {**SInit.doc, "rnd": "the rounds the copy has had with this one"}
+    ``rnd``: the rounds the copy has had with this one"""
+
     parts: Annotated[int, Meta(ge=1)] | None = field(default=None, name="nparts")
     rows: Count | None = None
     cols: Annotated[int, Meta(ge=1, le=1 << 20)] | None = None
@@ -540,7 +529,8 @@ command(P.REPLICATE, Replicate, server=S, doc={"op": _op + "sload, sround or ssy
 
 # -- scheduler -> nodes -----------------------------------------------------------------------
 class NodeNotice(Body, kw_only=True):
-    doc = {"node": "the node it is about (NodeInfo)"}
+    """``node``: the node it is about (NodeInfo)"""
+
     node: NodeWire
 
 
@@ -550,45 +540,43 @@ command(P.WORKER_JOINING, NodeNotice, worker=SCHED, doc={"node": "the worker tha
 
 @command(P.NODE_DEAD, server=SCHED, worker=SCHED)
 class NodeDead(NodeNotice, kw_only=True):
-    doc = {"node": "the node that died (NodeInfo)", "error": "how it died"}
+    """``node``: the node that died (NodeInfo)
+    ``error``: how it died"""
+
     error: Text = ""
 
 
 @command(P.FAILOVER, server=SCHED, worker=SCHED)
 class Failover(NodeDead, kw_only=True):
-    doc = {
-        "node": "the server that died (NodeInfo)",
-        "to": "the id of the live server that now serves its keys",
-    }
+    """``node``: the server that died (NodeInfo)
+    ``to``: the id of the live server that now serves its keys"""
+
     to: NodeId
 
 
 @command(P.REJOIN, server=SCHED, worker=SCHED)
 class Rejoin(NodeNotice, kw_only=True):
-    doc = {
-        "node": "the server admitted again (NodeInfo: its old id and rank, a new address)",
-        "out": "the routing id to connect to it with",
-        "in": "the routing id its connection to this node uses",
-    }
+    """``node``: the server admitted again (NodeInfo: its old id and rank, a new address)
+    ``out``: the routing id to connect to it with
+    ``in``: the routing id its connection to this node uses"""
+
     outbound: RoutingId = field(name="out")
     inbound: RoutingId = field(name="in")
 
 
 @command(P.WORKER_LEFT, server=SCHED, worker=SCHED)
 class WorkerLeft(NodeDead, kw_only=True):
-    doc = {
-        "node": "the worker that died (NodeInfo)",
-        "workers": "the ids of the workers still in the job",
-    }
+    """``node``: the worker that died (NodeInfo)
+    ``workers``: the ids of the workers still in the job"""
+
     workers: list[NodeId]
 
 
 @command(P.WORKER_BACK, server=SCHED, worker=SCHED)
 class WorkerBack(NodeNotice, kw_only=True):
-    doc = {
-        "node": "the worker that joined (NodeInfo)",
-        "workers": "the ids of the workers in the job now",
-    }
+    """``node``: the worker that joined (NodeInfo)
+    ``workers``: the ids of the workers in the job now"""
+
     workers: list[NodeId] = []
 
 
