@@ -264,3 +264,11 @@ def test_declared_answers_decode_into_their_types_and_others_stay_as_they_are():
     assert commands.decode(error) is None and error.typed is None
     pull = Message(P.PULL, req=1, reply=True, body={"w": 2})  # no declared answer
     assert commands.decode(pull) is None and pull.typed is None
+
+
+def test_a_command_is_declared_once_and_taken_by_a_named_role():
+    with pytest.raises(ValueError, match="'push' is declared twice"):
+        bodies.command(P.PUSH, bodies.Push, server=bodies.W)
+    with pytest.raises(ValueError, match=r"scheduler=, server= or worker= \(got \['servr'\]\)"):
+        bodies.command("zz", bodies.Push, servr=bodies.W)
+    assert "zz" not in bodies.DECLARED and bodies.DECLARED[P.PUSH].kind is bodies.Push

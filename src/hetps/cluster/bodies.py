@@ -64,7 +64,7 @@ class Declared:
     #: the answer's type (None: its request reads it as it is), and its command (None: ``cmd``)
     reply: Any = None
     answer: str | None = None
-    #: meanings of this command's own (beside its type's ``doc``)
+    #: meanings of this command's own (beside those of its type's docstring)
     doc: dict[str, str] = dfield(default_factory=dict)
 
 
@@ -84,6 +84,13 @@ def command(
     """Declare ``cmd``: its body's type ``kind`` (or decorate the type), the type of its
     answer (and the answer's command, when not ``cmd``), meanings of its own, and per
     receiving role (``scheduler=``, ``server=``, ``worker=``) the roles that may send it."""
+    if cmd in DECLARED:
+        raise ValueError(f"command {cmd!r} is declared twice: declare each command once")
+    if not to or set(to) - {P.SCHEDULER, P.SERVER, P.WORKER}:
+        raise ValueError(
+            f"command {cmd!r}: name who takes it as scheduler=, server= or worker= "
+            f"(got {sorted(to) or 'none'})"
+        )
 
     def declare(kind: Any) -> Any:
         DECLARED[cmd] = Declared(kind, to, reply, answer, doc or {})
