@@ -306,20 +306,20 @@ def chunk(
     command's own fields by their attribute names (an init's ``size``; a push's ``chunk``,
     ``sync``, ``fused``, ``threshold``, ``receipt``, ``host``; either's ``round``), those
     that are None left out."""
-    body = {
+    body: dict[str, Any] = {
         "k": key,
         "part": part,
         "off": offset,
         "n": count,
         "shape": list(shape),
         "dtype": dtype,
-        "size": size,
-        "ce": chunk,
-        "sync": sync,
-        "pp": fused,
-        "rnd": round,
-        "comp": threshold,
-        "rcpt": receipt,
-        "hg": host and list(host),
     }
-    return {k: v for k, v in body.items() if v is not None}
+    own = (size, chunk, sync, fused, round, threshold, receipt, host and list(host))
+    for name, value in zip(_OWN, own, strict=False):  # (8 and 8; strict costs 0.2 us)
+        if value is not None:
+            body[name] = value
+    return body
+
+
+#: the wire keys of :func:`chunk`'s own fields, in the order of its arguments
+_OWN = ("size", "ce", "sync", "pp", "rnd", "comp", "rcpt", "hg")
