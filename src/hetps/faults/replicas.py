@@ -323,24 +323,9 @@ class Replication:
 
     def _sync_copy(self, msg: Message) -> None:
         """A whole slice from its primary: value, round count and optimizer state."""
-        b = msg.body
-        key, part, shape, dname, rnd = (
-            b.get("k"),
-            b.get("part"),
-            b.get("shape"),
-            b.get("dtype"),
-            b.get("rnd"),
-        )
-        if (
-            not slice_key([key, part])
-            or not isinstance(shape, list)
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-            or dname not in WIRE_DTYPES
-            or not isinstance(rnd, int)
-            or isinstance(rnd, bool)
-            or len(msg.arrays) not in (1, 2)
-            or msg.arrays[0].dtype != WIRE_DTYPES[dname]
-        ):
+        b = msg.typed  # (a ReplicaSync: its fields' types and bounds checked)
+        key, part, shape, rnd = b.key, b.part, b.shape, b.round
+        if len(msg.arrays) not in (1, 2) or msg.arrays[0].dtype != WIRE_DTYPES[b.dtype]:
             raise BadRequest("replicate: a malformed slice copy")
         sl = self.slices.get((key, part))
         if sl is not None and sl.primary:
