@@ -1,4 +1,5 @@
-"""Every command declared once, and the chunk requests' bodies (init, push, pull).
+"""Every command declared once, and the data plane's requests: a key's chunks (init, push,
+pull) and a table's parts (sinit, spush, spull, sdump, sload).
 
 A command's body travels as a msgpack map in the message header (:mod:`hetps.transport.codec`)
 under short wire keys (``k``, ``part``, ``off``, ``n``, ``ce``, ``pp``, ...). Its type is a
@@ -45,6 +46,8 @@ DTypeName = Annotated[str, Meta(max_length=16)]
 KeyDType = Literal["float16", "float32", "float64"]
 #: a 2-bit compression threshold: positive and finite
 Threshold = Annotated[float, Meta(gt=0, le=sys.float_info.max)]
+#: a finite number
+Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
 
 #: who may send a command (see :mod:`hetps.cluster.allow`)
 NODES = frozenset({P.SERVER, P.WORKER})
@@ -210,6 +213,79 @@ class Init(Chunk, tag_field="op", tag="init", kw_only=True):
 
 #: the declared body of each chunk command
 TYPES: dict[str, type[Chunk]] = {P.INIT: Init, P.PUSH: Push, P.PULL: Pull}
+
+
+# -- row-sparse keys (tables) -----------------------------------------------------------------
+class TablePart(Body, kw_only=True):
+    """``k``: the key
+    ``part``: the server's part of the table (row r lives on part r % nparts)"""
+
+    key: Key = field(name="k")
+    part: Count
+
+
+@command(P.SINIT, server=W)  # (a pickle in opt: only from a registered worker)
+class SInit(TablePart, kw_only=True):
+    """``nparts``: parts of the table (the servers)
+    ``rows``: rows of the whole table (None: a table that grows)
+    ``cols``: columns
+    ``dtype``: the table's dtype name
+    ``scale``: rows start uniform in [-scale, scale) (0: zeros)
+    ``seed``: seed of the initial values
+    ``bound``: bytes this server may hold of the table (0: no bound)
+    ``opt``: optional: the table's own optimizer, pickled (accepted from a worker only)
+    ``(arrays)``: optional: row ids (int64) and their first values (rows x cols)"""
+
+    parts: Annotated[int, Meta(ge=1)] = field(name="nparts")
+    rows: Count | None
+    cols: Annotated[int, Meta(ge=1, le=1 << 20)]
+    dtype: KeyDType
+    scale: Finite = 0.0
+    seed: Count = 0
+    bound: Count = 0
+    optimizer: bytes | None = field(default=None, name="opt")
+
+
+@command(P.SPUSH, server=W)
+class SPush(TablePart, kw_only=True):
+    """``sync``: true in dist_sync (rounds: every worker pushes once per round, maybe no rows),
+        false in dist_async
+    ``(arrays)``: sorted distinct row ids (int64) and their gradient rows (ids x cols)
+    ``rnd``: with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of the table: a
+        server that applied that round already acknowledges a resent push without applying it again,
+        and keeps one of a later round until its round comes"""
+
+    sync: bool = True
+    round: Count | None = field(default=None, name="rnd")
+
+
+@command(P.SPULL, server=W)
+class SPull(TablePart, kw_only=True):
+    """``(arrays)``: row ids (int64); the answer: their rows, in that order"""
+
+
+@command(P.SDUMP, server=W)  # a checkpoint reads a table (tables' dump)
+class SDump(TablePart, kw_only=True):
+    """``off``: the first row wanted of the part's used rows, sorted by id
+    ``n``: rows wanted (0: only the answer's body)
+    ``(answer)``: count (the part's used rows), state ([[name, dtype, columns], ...]: the optimizer
+        state's per-row arrays), numbers (its other entries: Adam's t), has_state; arrays: the rows'
+        ids, their values, each state array's rows"""
+
+    offset: Count = field(default=0, name="off")
+    count: Count = field(default=0, name="n")
+
+
+@command(P.SLOAD, server=W)  # a restore writes it back
+class SLoad(TablePart, kw_only=True):
+    """``fresh``: the part's first chunk: start it again empty, with the state's numbers
+    ``state``: names of the optimizer state's per-row arrays that follow the rows
+    ``numbers``: the optimizer state's other entries (Adam's t)
+    ``(arrays)``: sorted distinct row ids (int64), their values, each state array's rows"""
+
+    fresh: bool = False
+    state: list[Annotated[str, Meta(max_length=64)]] = []
+    numbers: dict[str, int | float] = {}
 
 
 def decode(cmd: str, body: Any, kind: type[Chunk]) -> Any:

@@ -1,4 +1,4 @@
-"""Every command but the chunk requests, declared once (:func:`hetps.cluster.bodies.command`:
+"""Every command but the data plane's requests, declared once (:func:`hetps.cluster.bodies.command`:
 its body's type, the meaning of each field, who may send it to whom, its answer's type), and
 the one place a body is checked against its type.
 
@@ -28,10 +28,13 @@ from hetps.cluster.bodies import (
     SCHED,
     Body,
     Count,
+    Finite,
     Key,
     KeyDType,
     S,
     Shape,
+    SInit,
+    SLoad,
     W,
     command,
 )
@@ -55,7 +58,6 @@ Host = Annotated[str, Meta(min_length=1, max_length=255)]
 Port = Annotated[int, Meta(gt=0, lt=65536)]
 #: seconds or another finite non-negative number
 Seconds = Annotated[float, Meta(ge=0, le=sys.float_info.max)]
-Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
 #: a slice: [key, part]
 SliceName = tuple[Key, Count]
 #: a request id
@@ -350,79 +352,6 @@ class Receipt(Body, kw_only=True):
     """``req``: the push request that arrived"""
 
     req: Req
-
-
-# -- row-sparse keys (tables) -----------------------------------------------------------------
-class TablePart(Body, kw_only=True):
-    """``k``: the key
-    ``part``: the server's part of the table (row r lives on part r % nparts)"""
-
-    key: Key = field(name="k")
-    part: Count
-
-
-@command(P.SINIT, server=W)  # (a pickle in opt: only from a registered worker)
-class SInit(TablePart, kw_only=True):
-    """``nparts``: parts of the table (the servers)
-    ``rows``: rows of the whole table (None: a table that grows)
-    ``cols``: columns
-    ``dtype``: the table's dtype name
-    ``scale``: rows start uniform in [-scale, scale) (0: zeros)
-    ``seed``: seed of the initial values
-    ``bound``: bytes this server may hold of the table (0: no bound)
-    ``opt``: optional: the table's own optimizer, pickled (accepted from a worker only)
-    ``(arrays)``: optional: row ids (int64) and their first values (rows x cols)"""
-
-    parts: Annotated[int, Meta(ge=1)] = field(name="nparts")
-    rows: Count | None
-    cols: Annotated[int, Meta(ge=1, le=1 << 20)]
-    dtype: KeyDType
-    scale: Finite = 0.0
-    seed: Count = 0
-    bound: Count = 0
-    optimizer: bytes | None = field(default=None, name="opt")
-
-
-@command(P.SPUSH, server=W)
-class SPush(TablePart, kw_only=True):
-    """``sync``: true in dist_sync (rounds: every worker pushes once per round, maybe no rows),
-        false in dist_async
-    ``(arrays)``: sorted distinct row ids (int64) and their gradient rows (ids x cols)
-    ``rnd``: with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of the table: a
-        server that applied that round already acknowledges a resent push without applying it again,
-        and keeps one of a later round until its round comes"""
-
-    sync: bool = True
-    round: Count | None = field(default=None, name="rnd")
-
-
-@command(P.SPULL, server=W)
-class SPull(TablePart, kw_only=True):
-    """``(arrays)``: row ids (int64); the answer: their rows, in that order"""
-
-
-@command(P.SDUMP, server=W)  # a checkpoint reads a table (tables' dump)
-class SDump(TablePart, kw_only=True):
-    """``off``: the first row wanted of the part's used rows, sorted by id
-    ``n``: rows wanted (0: only the answer's body)
-    ``(answer)``: count (the part's used rows), state ([[name, dtype, columns], ...]: the optimizer
-        state's per-row arrays), numbers (its other entries: Adam's t), has_state; arrays: the rows'
-        ids, their values, each state array's rows"""
-
-    offset: Count = field(default=0, name="off")
-    count: Count = field(default=0, name="n")
-
-
-@command(P.SLOAD, server=W)  # a restore writes it back
-class SLoad(TablePart, kw_only=True):
-    """``fresh``: the part's first chunk: start it again empty, with the state's numbers
-    ``state``: names of the optimizer state's per-row arrays that follow the rows
-    ``numbers``: the optimizer state's other entries (Adam's t)
-    ``(arrays)``: sorted distinct row ids (int64), their values, each state array's rows"""
-
-    fresh: bool = False
-    state: list[Annotated[str, Meta(max_length=64)]] = []
-    numbers: dict[str, int | float] = {}
 
 
 # -- server -> server (HETPS_REPLICAS): op names which copy ---------------------------------
