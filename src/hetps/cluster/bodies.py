@@ -391,7 +391,7 @@ def chunk(
         "dtype": dtype,
     }
     own = (size, chunk, sync, fused, round, threshold, receipt, host and list(host))
-    for name, value in zip(_OWN, own, strict=False):  # (8 and 8; strict costs 0.2 us)
+    for name, value in zip(_OWN, own):  # noqa: B905 - 8 and 8 (strict= costs 0.15 us)
         if value is not None:
             body[name] = value
     return body
