@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetps.cluster import bodies, commands
+from hetps.cluster import allow, bodies, commands
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.roles import new_scheduler
@@ -97,7 +97,7 @@ def test_the_senders_body_decodes_unchanged_through_the_codec(cmd):
 def test_every_declared_field_is_documented_in_the_protocol():
     for cmd, kind in commands.TYPES.items():
         wire = set(bodies._wire(kind, None))
-        assert wire <= set(P.BODY_FIELDS[cmd]), (cmd, wire - set(P.BODY_FIELDS[cmd]))
+        assert wire <= set(bodies.meanings(cmd)), (cmd, wire - set(bodies.meanings(cmd)))
 
 
 def test_readable_names_read_the_wire_keys():
@@ -231,3 +231,44 @@ def test_a_metrics_report_refused_at_the_dispatch_counts_as_refused(sched):
     assert live.refused == 1 and not handled
     (_, answer), = sched.sent  # fmt: skip
     assert answer.error.startswith("metrics_report: field 'seq'")
+
+
+def test_who_may_send_a_command_is_read_from_its_one_declaration():
+    for receiver, row in allow.ALLOWED.items():
+        assert row == {c: d.to[receiver] for c, d in bodies.DECLARED.items() if receiver in d.to}
+    assert all(d.to for d in bodies.DECLARED.values())  # each is taken by some role
+    assert allow.permits("server", "worker", P.PUSH) and not allow.permits(
+        "server", "server", P.PUSH
+    )
+    assert allow.permits("worker", "server", P.FORECAST) and not allow.permits(
+        "worker", "worker", P.FORECAST
+    )
+    assert allow.permits("scheduler", None, P.ADD_NODE) and not allow.permits(
+        "scheduler", None, P.BARRIER
+    )
+    assert allow.senders("scheduler", P.READMIT) == "a server or a worker or an unregistered node"
+    assert not allow.permits("server", "worker", "pace")  # (no declaration: nobody sends it)
+
+
+def test_declared_answers_decode_into_their_types_and_others_stay_as_they_are():
+    body = {"barriers": {"worker": 3}, "rounds": [["w", 2]], "tables": [["t", {"rows": 4}]]}
+    join = Message(P.JOIN, req=1, reply=True, body=body)
+    assert commands.decode(join) is None
+    assert (join.typed.barriers, join.typed.rounds, join.typed.tables) == (
+        {"worker": 3}, [("w", 2)], [("t", {"rows": 4})])  # fmt: skip
+    why = commands.decode(Message(P.JOIN, req=1, reply=True, body={"rounds": [["w", -1]]}))
+    assert why.startswith("join: field 'rounds' ([[key, n], ...]: the rounds the first live")
+    old = Message(P.READMIT, req=1, reply=True, body={})  # (the scheduler it knew)
+    assert commands.decode(old) is None and old.typed.restarted is False
+    error = Message(P.READMIT, req=1, reply=True, body={"error": "no"})  # read as an error
+    assert commands.decode(error) is None and error.typed is None
+    pull = Message(P.PULL, req=1, reply=True, body={"w": 2})  # no declared answer
+    assert commands.decode(pull) is None and pull.typed is None
+
+
+def test_a_command_is_declared_once_and_taken_by_a_named_role():
+    with pytest.raises(ValueError, match="'push' is declared twice"):
+        bodies.command(P.PUSH, bodies.Push, server=bodies.W)
+    with pytest.raises(ValueError, match=r"scheduler=, server= or worker= \(got \['servr'\]\)"):
+        bodies.command("zz", bodies.Push, servr=bodies.W)
+    assert "zz" not in bodies.DECLARED and bodies.DECLARED[P.PUSH].kind is bodies.Push

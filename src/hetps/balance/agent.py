@@ -65,7 +65,7 @@ class Watch:
             nbytes = sum(getattr(a, "nbytes", 0) for a in msg.arrays)
             agent.note(self.server_rank, nbytes, time.time(), first=True)
         if self.measure:
-            msg.body["tag"] = req
+            msg.body = {**msg.body, "tag": req}  # (a new body: the one made is never changed)
             if msg.cmd != P.PULL:
                 agent.node.send(self.peer, Message(P.FORECAST, body={"tag": req}))
                 msg.timed = True

@@ -1,7 +1,8 @@
 """Who may send what: the per-command allow-list every receiver checks before handling.
 
 A message's sender is the connection it came on (the van maps ZeroMQ routing ids to node ids;
-no header field names a sender), so each row below is checked against the real sender's role:
+no header field names a sender), so each command's declared senders
+(:func:`hetps.cluster.bodies.command`) are checked against the real sender's role:
 
 * ``scheduler``: node 1, whose connection a node learns when it registers (the routing id it
   asked the scheduler to use);
@@ -27,77 +28,22 @@ the job. A server unpickles nothing else from the network.
 
 from __future__ import annotations
 
-SCHEDULER = "scheduler"
-SERVER = "server"
-WORKER = "worker"
-NEWCOMER = "newcomer"  # a connection that belongs to no registered node
+from hetps.cluster.bodies import DECLARED, NODES
+from hetps.cluster.commands import TYPES  # noqa: F401 - (every command declared)
+from hetps.cluster.protocol import NEWCOMER, SCHEDULER, SERVER, WORKER
 
-_NODES = frozenset({SERVER, WORKER})
-_W = frozenset({WORKER})
-_S = frozenset({SERVER})
-_SCHED = frozenset({SCHEDULER})
-
-#: receiving role -> command -> the roles that may send it (as a request or a notice)
+#: receiving role -> command -> the roles that may send it (as a request or a notice), as
+#: each command's declaration says (:func:`hetps.cluster.bodies.command`)
 ALLOWED: dict[str, dict[str, frozenset[str]]] = {
-    SCHEDULER: {
-        "add_node": frozenset({NEWCOMER}),
-        "readmit": frozenset({NEWCOMER, SERVER, WORKER}),  # (a restarted scheduler's newcomers)
-        "heartbeat": _NODES,
-        "barrier": _NODES,
-        "finish": _W,
-        "leave": _NODES,  # self only: the connection names the node that leaves
-        "esync_report": _W,  # the rank is the connection's, not the body's
-        "balance_report": _W,
-        "metrics_report": _NODES,  # counted as the connection's node, not the body's
-        "join": _W,  # (HETPS_ELASTIC) a worker started again; self only
-        "admit": _W,
-        "entered": _W,
-    },
-    SERVER: {
-        "init": _W,
-        "push": _W,
-        "pull": _W,
-        "batch": _W,  # init/push/pull items, each checked as if it came alone
-        "sinit": _W,  # row-sparse tables (tables/server.py)
-        "spush": _W,
-        "spull": _W,
-        "sdump": _W,  # a checkpoint reads a table (tables/server_dump.py)
-        "sload": _W,  # a restore writes it back
-        "set_optimizer": _W,  # a pickle: only from a registered worker
-        "get_states": _W,
-        "set_states": _W,  # a pickle: only from a registered worker
-        "forecast": _W,
-        "probe": _W,
-        "drop": _W,
-        "pace": _W,
-        "worker_done": _SCHED,
-        "exit": _SCHED,
-        "node_dead": _SCHED,
-        "failover": _SCHED,
-        "rejoin": _SCHED,
-        "worker_left": _SCHED,
-        "worker_back": _SCHED,
-        "enter": _W,  # (HETPS_ELASTIC) a worker that joined: count it in rounds; self only
-        "replicate": _S,  # a primary's copies (HETPS_REPLICAS; docs/SECURITY.md, pickles)
-    },
-    WORKER: {
-        "forecast": _S,
-        "receipt": _S,
-        "exit": _SCHED,
-        "node_dead": _SCHED,
-        "failover": _SCHED,
-        "rejoin": _SCHED,
-        "worker_left": _SCHED,
-        "worker_joining": _SCHED,
-        "worker_back": _SCHED,
-    },
+    role: {cmd: d.to[role] for cmd, d in DECLARED.items() if role in d.to}
+    for role in (SCHEDULER, SERVER, WORKER)
 }
 
 #: answers only the scheduler gives while a node registers
 REGISTRATION_ANSWERS = frozenset({"nodes", "refused", "add_node"})
 
-#: senders of a scheduler service (a plug-in command) that the table does not list
-SERVICE_DEFAULT = _NODES
+#: senders of a scheduler service (a plug-in command) that no declaration names
+SERVICE_DEFAULT = NODES
 
 
 def permits(receiver: str, sender: str | None, cmd: str, service: bool = False) -> bool:

@@ -1,20 +1,15 @@
-"""The declared body of every command a scheduler, a server, a worker or a state server
-takes, and the one place a body is checked against it.
-
-Each command's body travels as a msgpack map under short wire keys (their meanings are in
-:data:`hetps.cluster.protocol.BODY_FIELDS`); here each is a :class:`msgspec.Struct` with
-readable attribute names mapped onto those keys (``field(name=...)``), so the wire is
-unchanged and old and new nodes understand each other. The chunk requests' types (init,
-push, pull) are in :mod:`hetps.cluster.bodies`; :data:`TYPES` names every command's.
+"""Every command but the data plane's requests, declared once (:func:`hetps.cluster.bodies.command`:
+its body's type, the meaning of each field, who may send it to whom, its answer's type), and
+the one place a body is checked against its type.
 
 :func:`decode` is the decode point: each receiver's dispatch (the scheduler's, a node's, a
 server's for the items of a batch, the standalone state server's) calls it for every request
-before a handler runs. It converts the body into the command's type (msgspec checks every
-type and bound in C, and refuses a field the command does not know), keeps it on the message
-(``msg.typed``), and returns why a body is refused: a text naming the command and the field.
-Replies are not decoded here (each is read by the request that waits for it); a command with
-no type here is one no receiver handles, which the dispatch refuses as today. What needs the
-receiver's state (does the key exist, is the node known) is checked by the handlers.
+and for every answer of a declared type before a handler or a waiting request reads it. It
+converts the body into the command's type (msgspec checks every type and bound in C, and
+refuses a field the command does not know), keeps it on the message (``msg.typed``), and
+returns why a body is refused: a text naming the command and the field. A command with no
+type here is one no receiver handles, which the dispatch refuses. What needs the receiver's
+state (does the key exist, is the node known) is checked by the handlers.
 """
 
 from __future__ import annotations
@@ -23,11 +18,26 @@ import sys
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta, Struct, field
+from msgspec import Meta, field
 
 from hetps.cluster import bodies
 from hetps.cluster import protocol as P
-from hetps.cluster.bodies import Count, Key, KeyDType, Shape
+from hetps.cluster.bodies import (
+    DECLARED,
+    NODES,
+    SCHED,
+    Body,
+    Count,
+    Finite,
+    Key,
+    KeyDType,
+    S,
+    Shape,
+    SInit,
+    SLoad,
+    W,
+    command,
+)
 
 #: a node id (the scheduler 1, servers 8 + 2r, workers 9 + 2r)
 NodeId = Annotated[int, Meta(ge=0, lt=1 << 31)]
@@ -48,24 +58,37 @@ Host = Annotated[str, Meta(min_length=1, max_length=255)]
 Port = Annotated[int, Meta(gt=0, lt=65536)]
 #: seconds or another finite non-negative number
 Seconds = Annotated[float, Meta(ge=0, le=sys.float_info.max)]
-Finite = Annotated[float, Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
 #: a slice: [key, part]
 SliceName = tuple[Key, Count]
 #: a request id
 Req = int
 
 
-class Body(Struct, kw_only=True, forbid_unknown_fields=True):
-    """A command's body (each subclass says ``kw_only`` again: msgspec does not inherit it)."""
-
-
 class Empty(Body, kw_only=True):
-    """No fields (heartbeat, finish, join, entered, enter, exit, set_optimizer)."""
+    """No fields."""
+
+
+command(P.HEARTBEAT, Empty, scheduler=NODES)
+command(P.FINISH, Empty, scheduler=W)
+command(P.ENTERED, Empty, scheduler=W)
+command(P.ENTER, Empty, server=W)
+command(P.EXIT, Empty, server=SCHED, worker=SCHED)
+# a pickle: only from a registered worker
+command(P.SET_OPTIMIZER, Empty, server=W, doc={"(array 0)": "the optimizer, pickled"})
 
 
 # -- node -> scheduler ------------------------------------------------------------------------
+@command(P.ADD_NODE, scheduler=frozenset({P.NEWCOMER}))
 class AddNode(Body, kw_only=True):
-    """A node registers: where the scheduler connects back to it, and the rank it wants."""
+    """A node registers: where the scheduler connects back to it, and the rank it wants.
+
+    ``role``: server or worker
+    ``host``: the host the scheduler connects back to (a name or an address)
+    ``port``: the port there (1-65535)
+    ``back``: the routing id the scheduler connects back with (1-255 bytes)
+    ``want_rank``: the rank its launcher gave it (-1: any)
+    ``host_group``: a worker's host, as its launcher numbered it (HETPS_HOST_GROUP; -1: not known, a
+        host of its own)"""
 
     role: Literal["server", "worker"]
     host: Host
@@ -86,8 +109,29 @@ class View(Body, kw_only=True):
     replicas: Annotated[int, Meta(ge=1)] = 1
 
 
+class ReadmitAnswer(Body, kw_only=True):
+    """``restarted``: true from a scheduler that was started again (the node then sends its
+    unanswered requests to it again); absent from the scheduler it knew"""
+
+    restarted: bool = False
+
+
+@command(P.READMIT, reply=ReadmitAnswer, scheduler=frozenset({P.NEWCOMER, P.SERVER, P.WORKER}))
 class Readmit(Body, kw_only=True):
-    """A node of a running job asks a scheduler started again to take it back."""
+    """A node of a running job asks a scheduler started again to take it back (the senders: a
+    restarted scheduler's newcomers).
+
+    ``id``: the node's id in the running job
+    ``role``: its role (server or worker)
+    ``rank``: its rank
+    ``host``: the host the scheduler connects back to, as in add_node
+    ``port``: the port there
+    ``back``: the routing id the scheduler connects back with
+    ``view``: what the node knows of the job: nodes (the node table), down (dead servers), redirect
+        ([[dead, heir], ...]), done (a server: the workers that finished), barriers ({group: the
+        barriers it passed}), replicas
+    ``cred``: with a cluster secret: the credential it was admitted with
+    ``gen``: with a cluster secret: that credential's generation"""
 
     node_id: NodeId = field(name="id")
     role: Literal["server", "worker"]
@@ -96,33 +140,73 @@ class Readmit(Body, kw_only=True):
     port: Port
     back: RoutingId
     view: View
-    #: the credential it was admitted with (cluster/credentials.py), with a cluster secret
     credential: bytes | None = field(default=None, name="cred")
     generation: Count | None = field(default=None, name="gen")
 
 
+@command(P.LEAVE, scheduler=NODES)  # self only: the connection names the node that leaves
 class Leave(Body, kw_only=True):
+    """``reason``: why the node is going away (at most 2000 characters)"""
+
     reason: Annotated[str, Meta(max_length=2000)] = "left"
 
 
+class BarrierAnswer(Body, kw_only=True):
+    """``members``: HETPS_ELASTIC: the ids of the group's live members"""
+
+    members: list[NodeId] | None = None
+
+
+@command(P.BARRIER, reply=BarrierAnswer, answer=P.BARRIER_DONE, scheduler=NODES)
 class Barrier(Body, kw_only=True):
+    """``group``: worker, server or all
+    ``n``: the barrier's number for this node (absent: one more than its last)"""
+
     group: Literal["worker", "server", "all"]
-    #: the barrier's number for this node (absent: one more than its last)
     n: Annotated[int, Meta(ge=1)] | None = None
 
 
+class JoinAnswer(Body, kw_only=True):
+    """``barriers``: {group: n}: the barriers it has passed from now on
+    ``rounds``: [[key, n], ...]: the rounds the first live worker pushed of each key
+    ``tables``: the row-sparse keys' declarations, as admit gave them
+    ``(array 0)``: the state it gave (admit)"""
+
+    barriers: dict[str, Count] = {}
+    rounds: list[tuple[Key, Count]] = []
+    tables: list[tuple[Key, dict[str, Any]]] = []
+
+
+# (HETPS_ELASTIC) a worker started again asks to join; self only
+command(P.JOIN, Empty, reply=JoinAnswer, scheduler=W)
+
+
+@command(P.ADMIT, scheduler=W)
 class Admit(Body, kw_only=True):
-    """A live worker at its round boundary (the first also gives what a joiner starts from)."""
+    """A live worker at its round boundary (the first also gives what a joiner starts from; the
+    answer comes once every worker waiting to join is in).
+
+    ``(array 0)``: from the first live worker: the state a joiner starts from (bytes)
+    ``rounds``: from the first live worker: [[key, n], ...], the rounds it pushed
+    ``tables``: from the first live worker: [[key, {rows, cols, dtype, scale, seed, server_bytes}],
+        ...], the row-sparse keys' declarations"""
 
     rounds: list[tuple[Key, Count]] = []
     tables: list[tuple[Key, dict[str, Any]]] = []
 
 
+@command(P.ESYNC_REPORT, scheduler=W)  # the rank is the connection's, not the body's
 class EsyncReport(Body, kw_only=True):
-    """A worker's local step, for the ESync state server."""
+    """A worker's local step, for the ESync state server.
 
-    #: believed by a standalone state server for a connection's first report only; the
-    #: scheduler's service takes the connection's rank
+    ``rank``: the worker's rank (a standalone state server believes it for a connection's first
+        report only; the scheduler takes the connection's)
+    ``round``: the round of the step
+    ``step_s``: seconds of the worker's last local step
+    ``elapsed_s``: seconds since the round began, on the worker
+    ``ep``: host:port the standalone state server answers to
+    ``back``: the routing id the worker knows the standalone state server by"""
+
     rank: int | None = None
     round: Count
     step_s: Seconds
@@ -131,15 +215,27 @@ class EsyncReport(Body, kw_only=True):
     back: RoutingId | None = None
 
 
+@command(P.BALANCE_REPORT, scheduler=W)
 class BalanceReport(Body, kw_only=True):
-    """A worker's measurements for the load planner."""
+    """A worker's measurements for the load planner (its answer: :mod:`hetps.balance.wire`).
+
+    ``round``: the worker's rebalance() count
+    ``samples``: [[src, dst, bytes, t0, t1, kind], ...] link samples (kind 1: probe, 2/3: a spread's
+        flow)
+    ``server_times``: {server rank: [bytes, seconds]} of the last round
+    ``(array 0)``: the samples instead of the list: float64, one row [src, dst, bytes, t0, t1, kind]
+        each (how the balance agent sends them)
+    ``(array 1)``: the server times instead of the map: float64, one row [server rank, bytes,
+        seconds] each
+    ``sizes``: element counts of the keys in init order (first report, or new keys)
+    ``assign``: the server of every slice, in layout order (with sizes)
+    ``calibration``: these samples hold a whole new probe cycle
+    ``spread_done``: [way, rank] of the spread probe this worker took part in"""
 
     round: int
-    #: [src, dst, bytes, t0, t1(, kind)] each
     samples: Annotated[
         list[Annotated[list[Finite], Meta(min_length=5, max_length=6)]], Meta(max_length=1 << 17)
     ] = []
-    #: {server rank: [bytes, seconds]} of the last round
     server_times: dict[
         Annotated[str, Meta(pattern="^[0-9]{1,6}$")],
         Annotated[list[Finite], Meta(min_length=2, max_length=2)],
@@ -150,9 +246,34 @@ class BalanceReport(Body, kw_only=True):
     spread_done: tuple[str, int] | None = None
 
 
+@command(P.METRICS_REPORT, scheduler=NODES)  # counted as the connection's node, not the body's
 class MetricsReport(Body, kw_only=True):
-    """A worker's or a server's counters for live metrics (the rest of their checks, bounds
-    and shapes, are :func:`hetps.metrics.reports.parse_report`'s)."""
+    """A worker's or a server's counters for live metrics (the rest of their checks, bounds and
+    shapes, are :func:`hetps.metrics.reports.parse_report`'s).
+
+    ``seq``: the report's number, from 1, one more each report (an old or repeated one is refused)
+    ``t``: seconds since the worker's meter started (its own clock, increasing)
+    ``rounds``: rounds this worker began so far: the most pushes of any one key
+    ``round_s``: seconds of its last whole round (absent before the second round)
+    ``links``: [[server rank, bytes sent to it, bytes received from it], ...], totals since the
+        worker started, at most one row per server (a server's report: [[worker rank, sent,
+        received], ...], one row per worker)
+    ``tl``: the worker's last rounds since its last report (at most 8): [[round, [[phase, unix
+        start, seconds], ...] (at most 32), [[server rank, sent, received], ...] (the round's
+        bytes)], ...] (hetps.metrics.reports)
+    ``run``: the run directory the worker logs into, where the scheduler leaves the dashboard's last
+        state (a printable path, at most 4096 characters)
+    ``server``: a server's report: {rounds: rounds merged, opt_s: seconds in the optimizer,
+        replicas: copies of every key} (hetps.metrics.server_meter)
+    ``h``: {push|pull|round: [counts, sum]}: what the worker's fixed-bucket histograms gained since
+        its last report (counts per bucket of hetps.metrics.reports.BUCKETS and one for above them;
+        the sum of the observed seconds)
+    ``m``: the script's own values since the last report (hetps.torch.log_metrics): [[step, {name:
+        number}], ...], at most 32 entries and 16 names
+    ``sys``: {cpu: percent of one core since the last report, rss: resident bytes, gpu:
+        [[utilisation %, memory used, memory total], ...] (NVML), or nogpu: why none}
+    ``log``: the last lines the node wrote since its last report (at most 20 of 300 characters,
+        addresses replaced)"""
 
     seq: Annotated[int, Meta(ge=1)]
     t: Seconds
@@ -169,8 +290,13 @@ class MetricsReport(Body, kw_only=True):
 
 
 # -- worker -> server -------------------------------------------------------------------------
+@command(P.BATCH, server=W)  # init/push/pull items, each checked as if it came alone
 class Batch(Body, kw_only=True):
-    #: [command, request id, body, arrays] each (each item's body is then decoded as its own)
+    """``items``: [[cmd, req, body, arrays], ...]: one request (from a worker) or one answer (from a
+    server) each, in order: its command (init, push, pull, spush or spull), its request id, its own body (the
+    fields of that command, or of its answer), and how many of the batch's arrays are its own
+    (they follow the previous items' arrays)"""
+
     items: Annotated[
         list[
             tuple[
@@ -184,75 +310,61 @@ class Batch(Body, kw_only=True):
     ]
 
 
+@command(P.GET_STATES, server=W)
 class GetStates(Body, kw_only=True):
+    """``slices``: [[key, part], ...] to read (absent: every state)"""
+
     slices: list[SliceName] | None = None
 
 
+@command(P.SET_STATES, server=W)  # a pickle: only from a registered worker
 class SetStates(Body, kw_only=True):
-    #: a plan moved these slices here: their replicas get the states too
+    """``move``: the states of slices a plan moved here (their replicas get them too)
+    ``(array 0)``: the states, pickled (accepted from a worker only)"""
+
     move: bool = False
 
 
+@command(P.FORECAST, server=W, worker=S)
 class Forecast(Body, kw_only=True):
+    """``tag``: the request id of the data message that follows"""
+
     tag: int
 
 
+@command(P.PROBE, server=W)
 class Probe(Body, kw_only=True):
+    """``reply_bytes``: bytes of payload in the answer
+    ``spread``: one flow of a spread probe (several flows at once)
+    ``tag``: the request id its forecast carried"""
+
     reply_bytes: Annotated[int, Meta(ge=0, le=1 << 26)] = 0
     spread: bool = False
     tag: int | None = None
 
 
+@command(P.DROP, server=W)
 class Drop(Body, kw_only=True):
-    #: [key, part] or [key, part, the server it moved to] each
+    """``slices``: [[key, part], ...] or [[key, part, the server it moved to], ...] to forget"""
+
     slices: list[Annotated[list[Key], Meta(min_length=2, max_length=3)]] = []
 
 
+@command(P.RECEIPT, worker=S)
 class Receipt(Body, kw_only=True):
+    """``req``: the push request that arrived"""
+
     req: Req
-
-
-# -- row-sparse keys (tables) -----------------------------------------------------------------
-class TablePart(Body, kw_only=True):
-    key: Key = field(name="k")
-    part: Count
-
-
-class SInit(TablePart, kw_only=True):
-    parts: Annotated[int, Meta(ge=1)] = field(name="nparts")
-    rows: Count | None
-    cols: Annotated[int, Meta(ge=1, le=1 << 20)]
-    dtype: KeyDType
-    scale: Finite = 0.0
-    seed: Count = 0
-    bound: Count = 0
-    #: the table's own optimizer, pickled (from a worker only)
-    optimizer: bytes | None = field(default=None, name="opt")
-
-
-class SPush(TablePart, kw_only=True):
-    sync: bool = True
-    #: HETPS_REPLICAS > 1: the worker's count of its earlier pushes of the table
-    round: Count | None = field(default=None, name="rnd")
-
-
-class SPull(TablePart, kw_only=True):
-    pass
-
-
-class SDump(TablePart, kw_only=True):
-    offset: Count = field(default=0, name="off")
-    count: Count = field(default=0, name="n")
-
-
-class SLoad(TablePart, kw_only=True):
-    fresh: bool = False
-    state: list[Annotated[str, Meta(max_length=64)]] = []
-    numbers: dict[str, int | float] = {}
 
 
 # -- server -> server (HETPS_REPLICAS): op names which copy ---------------------------------
 class ReplicaRound(Body, tag_field="op", tag="round", kw_only=True):
+    """``k``: the key
+    ``part``: the part index
+    ``rnd``: the rounds the copy has had with this one
+    ``mode``: grad (the merged pushes, for the optimizer) or value (the new value)
+    ``(array 0)``: the merged pushes (grad) or the new value (value)"""
+
     key: Key = field(name="k")
     part: Count
     round: Count = field(name="rnd")
@@ -260,6 +372,14 @@ class ReplicaRound(Body, tag_field="op", tag="round", kw_only=True):
 
 
 class ReplicaSync(Body, tag_field="op", tag="sync", kw_only=True):
+    """``k``: the key
+    ``part``: the part index
+    ``shape``: the key's shape
+    ``dtype``: the key's dtype name
+    ``rnd``: the rounds the copy has had with this one
+    ``(arrays)``: a whole slice a replica takes in place of what it had: array 0 its value, array 1
+        (if any) its optimizer state, pickled"""
+
     key: Key = field(name="k")
     part: Count
     shape: Shape
@@ -268,14 +388,16 @@ class ReplicaSync(Body, tag_field="op", tag="sync", kw_only=True):
 
 
 class ReplicaOptimizer(Body, tag_field="op", tag="optimizer", kw_only=True):
-    pass
+    """``(array 0)``: the primary's optimizer, pickled"""
 
 
 class ReplicaStates(Body, tag_field="op", tag="states", kw_only=True):
-    pass
+    """``(array 0)``: optimizer states of slices a plan moved here, pickled"""
 
 
 class ReplicaDrop(Body, tag_field="op", tag="drop", kw_only=True):
+    """``slices``: [[key, part], ...] a plan moved away, to forget"""
+
     slices: list[SliceName]
 
 
@@ -290,15 +412,24 @@ class ReplicaSLoad(SLoad, tag_field="op", tag="sload", kw_only=True):
 
 
 class ReplicaSRound(Body, tag_field="op", tag="sround", kw_only=True):
+    """``k``: the key
+    ``part``: the server's part of the table
+    ``rnd``: the rounds the copy has had with this one
+    ``dropped``: the round failed on the primary (it is only counted)
+    ``(arrays)``: the round's distinct row ids and their per-row sums"""
+
     key: Key = field(name="k")
     part: Count
     round: Count = field(name="rnd")
-    #: the round failed on the primary: only counted
     dropped: bool = False
 
 
 class ReplicaSSync(SLoad, tag_field="op", tag="ssync", kw_only=True):
-    #: the header (fresh) carries the part's declaration and rounds; a chunk has none
+    """A whole table part: first its sinit fields (their meanings are a sinit's) with fresh,
+    rnd, state and numbers (the header), then chunks of its used rows as an sload's.
+
+    ``rnd``: the rounds the copy has had with this one"""
+
     parts: Annotated[int, Meta(ge=1)] | None = field(default=None, name="nparts")
     rows: Count | None = None
     cols: Annotated[int, Meta(ge=1, le=1 << 20)] | None = None
@@ -323,81 +454,68 @@ Replicate = (
     | ReplicaSRound
     | ReplicaSSync
 )
+# a primary's copies (HETPS_REPLICAS; docs/SECURITY.md, pickles)
+_op = "which copy: init, round, sync, optimizer, states or drop; for a table's part sinit, "
+command(P.REPLICATE, Replicate, server=S, doc={"op": _op + "sload, sround or ssync"})
 
 
 # -- scheduler -> nodes -----------------------------------------------------------------------
 class NodeNotice(Body, kw_only=True):
+    """``node``: the node it is about (NodeInfo)"""
+
     node: NodeWire
 
 
+command(P.WORKER_DONE, NodeNotice, server=SCHED, doc={"node": "the worker that finished"})
+command(P.WORKER_JOINING, NodeNotice, worker=SCHED, doc={"node": "the worker that waits to join"})
+
+
+@command(P.NODE_DEAD, server=SCHED, worker=SCHED)
 class NodeDead(NodeNotice, kw_only=True):
+    """``node``: the node that died (NodeInfo)
+    ``error``: how it died"""
+
     error: Text = ""
 
 
-class Failover(NodeNotice, kw_only=True):
-    error: Text = ""
-    #: the live server that serves the dead one's keys now
+@command(P.FAILOVER, server=SCHED, worker=SCHED)
+class Failover(NodeDead, kw_only=True):
+    """``node``: the server that died (NodeInfo)
+    ``to``: the id of the live server that now serves its keys"""
+
     to: NodeId
 
 
+@command(P.REJOIN, server=SCHED, worker=SCHED)
 class Rejoin(NodeNotice, kw_only=True):
-    #: the routing id to connect to it with, and the one its connection to this node uses
+    """``node``: the server admitted again (NodeInfo: its old id and rank, a new address)
+    ``out``: the routing id to connect to it with
+    ``in``: the routing id its connection to this node uses"""
+
     outbound: RoutingId = field(name="out")
     inbound: RoutingId = field(name="in")
 
 
-class WorkerLeft(NodeNotice, kw_only=True):
-    error: Text = ""
+@command(P.WORKER_LEFT, server=SCHED, worker=SCHED)
+class WorkerLeft(NodeDead, kw_only=True):
+    """``node``: the worker that died (NodeInfo)
+    ``workers``: the ids of the workers still in the job"""
+
     workers: list[NodeId]
 
 
+@command(P.WORKER_BACK, server=SCHED, worker=SCHED)
 class WorkerBack(NodeNotice, kw_only=True):
+    """``node``: the worker that joined (NodeInfo)
+    ``workers``: the ids of the workers in the job now"""
+
     workers: list[NodeId] = []
 
 
-#: every command's declared body (a request or a notice; replies are read by their request)
-TYPES: dict[str, Any] = {
-    # to the scheduler
-    P.ADD_NODE: AddNode,
-    P.READMIT: Readmit,
-    P.HEARTBEAT: Empty,
-    P.BARRIER: Barrier,
-    P.FINISH: Empty,
-    P.LEAVE: Leave,
-    P.JOIN: Empty,
-    P.ADMIT: Admit,
-    P.ENTERED: Empty,
-    P.ESYNC_REPORT: EsyncReport,
-    P.BALANCE_REPORT: BalanceReport,
-    P.METRICS_REPORT: MetricsReport,
-    # to a server
-    **bodies.TYPES,
-    P.BATCH: Batch,
-    P.SET_OPTIMIZER: Empty,
-    P.GET_STATES: GetStates,
-    P.SET_STATES: SetStates,
-    P.FORECAST: Forecast,
-    P.PROBE: Probe,
-    P.DROP: Drop,
-    P.ENTER: Empty,
-    P.REPLICATE: Replicate,
-    P.SINIT: SInit,
-    P.SPUSH: SPush,
-    P.SPULL: SPull,
-    P.SDUMP: SDump,
-    P.SLOAD: SLoad,
-    # to a worker
-    P.RECEIPT: Receipt,
-    # from the scheduler to nodes
-    P.WORKER_DONE: NodeNotice,
-    P.EXIT: Empty,
-    P.NODE_DEAD: NodeDead,
-    P.FAILOVER: Failover,
-    P.REJOIN: Rejoin,
-    P.WORKER_LEFT: WorkerLeft,
-    P.WORKER_JOINING: NodeNotice,
-    P.WORKER_BACK: WorkerBack,
-}
+#: every command's declared body (a request or a notice)
+TYPES: dict[str, Any] = {cmd: d.kind for cmd, d in DECLARED.items()}
+#: the declared answers (other answers are read by their request as they are)
+REPLIES: dict[str, Any] = {d.answer or c: d.reply for c, d in DECLARED.items() if d.reply}
 
 
 #: a command whose body is one of several types told apart by a tag field: the tag field and
@@ -413,14 +531,14 @@ _TAGGED: dict[str, tuple[str, dict[Any, Any]]] = {
 
 
 def decode(msg: Any) -> str | None:
-    """``msg``'s body as its command's declared type, kept on ``msg.typed``; the text that
-    refuses it (naming the command and the field), or None. A reply, a message decoded
-    already and a command no receiver handles (its dispatch refuses it) are left as they
-    are."""
-    if msg.reply or msg.typed is not None:
+    """``msg``'s body as its command's (or its answer's) declared type, kept on
+    ``msg.typed``; the text that refuses it (naming the command and the field), or None. A
+    message decoded already, an error answer, an answer of no declared type and a command
+    no receiver handles (its dispatch refuses it) are left as they are."""
+    if msg.typed is not None:
         return None
-    kind = TYPES.get(msg.cmd)
-    if kind is None:
+    kind = REPLIES.get(msg.cmd) if msg.reply else TYPES.get(msg.cmd)
+    if kind is None or msg.reply and msg.error is not None:
         return None
     tagged = _TAGGED.get(msg.cmd)
     if tagged is not None:  # (an unknown tag: the union says what is wrong)

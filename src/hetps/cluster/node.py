@@ -244,7 +244,7 @@ class Node:
             self.last_ack = time.monotonic()
             self._busy_s = 0.0
         why = commands.decode(msg)  # the body as its command's declared type, or why not
-        if why is not None:
+        if why is not None and not msg.reply:  # (a bad answer fails its request, below)
             who = self.describe(msg.sender)
             log.warning("%s: refused %s from %s: %s", self.role, msg.cmd, who, why)
             if msg.req:
@@ -260,7 +260,7 @@ class Node:
             if msg.cmd == P.BATCH and msg.error is None:
                 self._resolve_batch(msg)
                 return
-            self.requests.resolve(msg.req, msg, msg.error, sender=msg.sender)
+            self.requests.resolve(msg.req, msg, msg.error or why, sender=msg.sender)
             return
         sender_role = self.role_of(msg.sender)
         if not allow.permits(self.role, sender_role, msg.cmd):
@@ -531,12 +531,7 @@ class Node:
         )
         reply = fut.wait(timeout)
         self.barrier_passed[group] = n
-        members = reply.body.get("members") if reply is not None and reply.body else None
-        if isinstance(members, list) and all(
-            isinstance(i, int) and not isinstance(i, bool) for i in members
-        ):
-            return members
-        return None
+        return reply.typed.members if reply is not None and reply.typed is not None else None
 
     def finish(self, timeout: float | None = None) -> None:
         """Tell the scheduler this worker is done (acknowledged at once; the servers stay up

@@ -198,8 +198,8 @@ class ElasticWorkers:
         # from its own view, which a death in the same round may not have reached yet)
         lead = next((self.admitting[w] for w in live if self.admitting[w].arrays), None)
         lead = lead if lead is not None else self.admitting[live[0]]
-        state, rounds = lead.arrays[:1], lead.body.get("rounds", [])
-        tables = lead.body.get("tables", [])  # the row-sparse keys' declarations
+        state, rounds = lead.arrays[:1], lead.typed.rounds
+        tables = lead.typed.tables  # the row-sparse keys' declarations
         barriers = {
             group: min(self.sched.barriers.groups[group].reached.get(w, 0) for w in live)
             for group in ("worker", "all")

@@ -87,22 +87,18 @@ class Joining:
             )
         reply = self.kv.node.request(P.SCHEDULER_ID, Message(P.JOIN)).wait(self.kv.timeout)
         state = bytes(reply.arrays[0].reshape(-1).view(np.uint8)) if reply.arrays else None
-        self._rounds = {
-            _key(k): int(n)
-            for k, n in reply.body.get("rounds", [])
-            if isinstance(n, int) and not isinstance(n, bool)
-        }
+        answer = reply.typed  # (a JoinAnswer, checked)
+        self._rounds = {_key(k): n for k, n in answer.rounds}
         for k, meta in self.kv.meta.items():  # (a push says which round it is of: replicas)
             meta.rounds = self._rounds.get(k, meta.rounds)
-        self._join_tables(reply.body.get("tables", []))
+        self._join_tables(answer.tables)
         for k, tm in self.kv.sparse.tables.items():  # (a table's push says its round too)
             tm.rounds = self._rounds.get(k, tm.rounds)
         # every server counts this worker from now on; the live workers wait meanwhile
         futs = [self.kv.node.request(s.id, Message(P.ENTER)) for s in self.kv.node.live_servers()]
         wait_all(futs, self.kv.timeout, "join")
-        for group, n in reply.body.get("barriers", {}).items():
-            if isinstance(n, int) and not isinstance(n, bool):
-                self.kv.node.barrier_n[group] = self.kv.node.barrier_passed[group] = n
+        for group, n in answer.barriers.items():
+            self.kv.node.barrier_n[group] = self.kv.node.barrier_passed[group] = n
         self.kv.node.request(P.SCHEDULER_ID, Message(P.ENTERED)).wait(self.kv.timeout)
         self._joined = True
         return state
@@ -110,8 +106,6 @@ class Joining:
     def _join_tables(self, tables: Any) -> None:
         """Declare the job's row-sparse keys as the first live worker has them (those this
         worker declared itself must match: its pushes would land on other rows)."""
-        if not isinstance(tables, list):
-            raise RuntimeError("join: the live workers sent a bad list of tables")
         for entry in tables:
             try:
                 k, decl = entry

@@ -42,21 +42,16 @@ class Recovery:
         request leaves (pushes carry their round: a round ``to`` applied already is only
         acknowledged); a set_optimizer counts as done (``to`` got its own); anything else
         to it fails with the cause."""
-        dead_info, to = msg.body.get("node"), msg.body.get("to")
-        if not (isinstance(dead_info, list) and dead_info and isinstance(dead_info[0], int)):
-            log.warning("%s: dropped a failover that names no node", self.node.role)
-            return
-        dead = dead_info[0]
+        dead, to = msg.typed.node[0], msg.typed.to  # (a Failover: node ids, checked)
         if (
             self.node.role_of(dead) != "server"
-            or not isinstance(to, int)
             or self.node.role_of(to) != "server"
             or to == dead
             or self.node.replicas <= 1
         ):
             log.warning("%s: dropped a failover from %r to %r", self.node.role, dead, to)
             return
-        text = msg.error or f"{self.node.describe(dead)} died"
+        text = msg.typed.error or f"{self.node.describe(dead)} died"
         # first: a send to it blocked on a full queue (holding the route lock) gives up
         self.node.van.mark_dead(dead)
         with self.node.route_lock:
@@ -104,12 +99,8 @@ class Recovery:
     def worker_left(self, msg: Message) -> None:
         """A worker died and the job goes on without it (HETPS_ELASTIC). If it names this
         node (declared dead while alive, say after a long stall), this node is out: fail."""
-        info, text = msg.body.get("node"), msg.error or msg.body.get("error")
-        if not (isinstance(info, list) and info and isinstance(info[0], int)):
-            log.warning("%s: dropped a worker_left that names no node", self.node.role)
-            return
-        gone = info[0]
-        text = text if isinstance(text, str) else f"{self.node.describe(gone)} died"
+        gone = msg.typed.node[0]  # (a WorkerLeft)
+        text = msg.typed.error or f"{self.node.describe(gone)} died"
         if gone == self.node.id:
             self.node.fail(NodeFailure(f"the scheduler let this worker go: {text}"))
             return
@@ -132,10 +123,7 @@ class Recovery:
         """``worker_joining``: a let-go worker started again waits to join (the live workers
         let it in at their next round boundary: :meth:`KVStore.admit`); ``worker_back``: it
         joined, and counts in every round from now on."""
-        info = msg.body.get("node")
-        if not (isinstance(info, list) and info and isinstance(info[0], int)):
-            log.warning("%s: dropped a %s that names no node", self.node.role, msg.cmd)
-            return
+        info = msg.typed.node  # (a NodeNotice or a WorkerBack)
         nid = info[0]
         if self.node.role_of(nid) != "worker" or nid == self.node.id:
             return
@@ -162,10 +150,10 @@ class Recovery:
     def rejoin(self, msg: Message) -> None:
         """A dead server that was taken over is back with its old id at a new address:
         connect to it; it is a live server again (a replica: its keys stay redirected)."""
+        info, b = NodeInfo.from_wire(msg.typed.node), msg.typed  # (a Rejoin)
         try:
-            info = NodeInfo.from_wire(msg.body["node"])
-            out, into = routing_id(msg.body["out"]), routing_id(msg.body["in"])
-        except (KeyError, TypeError, ValueError) as exc:
+            out, into = routing_id(b.outbound), routing_id(b.inbound)
+        except ValueError as exc:  # (a routing id starting with a zero byte)
             log.warning("%s: dropped a malformed rejoin (%s)", self.node.role, exc)
             return
         old = self.node.nodes.get(info.id)
@@ -241,7 +229,7 @@ class Recovery:
         """A scheduler took us back: if it was started again, what we asked the one before
         and got no answer to goes again (barriers, finish, reports), in order."""
         self.node.last_ack = time.monotonic()
-        if reply.body.get("restarted") is not True:
+        if not reply.typed.restarted:  # (a ReadmitAnswer)
             return
         log.warning("%s: the scheduler was started again and took this node back", self.node.role)
         for fut in self.node.requests.retarget(P.SCHEDULER_ID, P.SCHEDULER_ID):

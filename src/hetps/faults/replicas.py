@@ -117,8 +117,8 @@ class Replication:
 
     def drop(self, msg: Message) -> None:
         """Slices a plan moved away (HETPS_BALANCE), after every worker's moves landed."""
-        items = msg.body.get("slices", [])
-        if not isinstance(items, list) or not all(_drop_item(i) for i in items):
+        items = msg.typed.slices
+        if not all(_drop_item(i) for i in items):
             raise BadRequest(
                 "drop: field 'slices' must be a list of [key, part] or [key, part, to]"
             )
@@ -257,7 +257,7 @@ class Replication:
 
     def copy_in(self, msg: Message) -> None:
         """A primary's copy: the first value of a chunk of a key, or a finished round."""
-        op = msg.body.get("op")
+        op = type(msg.typed).__struct_config__.tag  # (a member of commands.Replicate)
         if op == "init":
             self.server.init(msg)
             return
@@ -273,15 +273,11 @@ class Replication:
         if op in TABLE_OPS:  # a table's part (tables/server_replicas.py)
             self.server.tables.copies.copy_in(msg)
             return
-        if op != "round":
-            raise BadRequest(f"replicate: unknown op {short(op)}")
-        key, part = msg.body.get("k"), msg.body.get("part")
-        rnd, mode = msg.body.get("rnd"), msg.body.get("mode")
-        sl = self.slices.get((key, part)) if slice_key([key, part]) else None
+        b = msg.typed  # (op round: a ReplicaRound)
+        key, part, rnd, mode = b.key, b.part, b.round, b.mode
+        sl = self.slices.get((key, part))
         if sl is None:
             raise BadRequest(f"replicate: no copy of key {short(key)} part {short(part)} here")
-        if not isinstance(rnd, int) or isinstance(rnd, bool) or mode not in ("grad", "value"):
-            raise BadRequest("replicate: a round needs an integer 'rnd' and mode grad or value")
         if (
             len(msg.arrays) != 1
             or msg.arrays[0].dtype != sl.value.dtype
@@ -327,24 +323,9 @@ class Replication:
 
     def _sync_copy(self, msg: Message) -> None:
         """A whole slice from its primary: value, round count and optimizer state."""
-        b = msg.body
-        key, part, shape, dname, rnd = (
-            b.get("k"),
-            b.get("part"),
-            b.get("shape"),
-            b.get("dtype"),
-            b.get("rnd"),
-        )
-        if (
-            not slice_key([key, part])
-            or not isinstance(shape, list)
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-            or dname not in WIRE_DTYPES
-            or not isinstance(rnd, int)
-            or isinstance(rnd, bool)
-            or len(msg.arrays) not in (1, 2)
-            or msg.arrays[0].dtype != WIRE_DTYPES[dname]
-        ):
+        b = msg.typed  # (a ReplicaSync: its fields' types and bounds checked)
+        key, part, shape, rnd = b.key, b.part, b.shape, b.round
+        if len(msg.arrays) not in (1, 2) or msg.arrays[0].dtype != WIRE_DTYPES[b.dtype]:
             raise BadRequest("replicate: a malformed slice copy")
         sl = self.slices.get((key, part))
         if sl is not None and sl.primary:
@@ -377,10 +358,7 @@ class Replication:
             return sl if sl is not None and not sl.primary and sl.origin == msg.sender else None
 
         if op == "drop":
-            items = msg.body.get("slices")
-            if not isinstance(items, list) or not all(slice_key(i) for i in items):
-                raise BadRequest("replicate: a drop needs 'slices', a list of [key, part]")
-            for item in items:
+            for item in msg.typed.slices:  # (a ReplicaDrop: [key, part] each)
                 if mine((item[0], item[1])) is not None:
                     del self.slices[(item[0], item[1])]
         else:

@@ -153,9 +153,8 @@ class Takeover:
         if self.sched.recovering and msg.sender in self.back:  # the same node asks again
             self.back[msg.sender] = msg.req
             return
-        b = msg.body
-        nid, role, rank = b.get("id"), b.get("role"), b.get("rank")
-        host, port, back, view = b.get("host"), b.get("port"), b.get("back"), b.get("view")
+        b = msg.typed  # (a Readmit: every field's type and bound checked at decode)
+        nid, role, rank, host, port, back = b.node_id, b.role, b.rank, b.host, b.port, b.back
         if not self.sched.recovering:
             # (a stranger could fill the log with these: one line at debug level)
             log.debug(
@@ -164,24 +163,14 @@ class Takeover:
             return
         saved = self.saved_view()
         try:
-            if not isinstance(view, dict):
-                raise ValueError("no view of the job")
-            told = {NodeInfo.from_wire(n).id for n in view["nodes"]}
+            told = {n[0] for n in b.view.nodes}
             if saved is None:
                 raise LookupError(self.unsaved)
             table = saved["nodes"]
-            me = table.get(nid) if isinstance(nid, int) else None
+            me = table.get(nid)
             if me is None:
                 raise LookupError(f"node {P.printable(nid, 32)} is no node of this job")
-            if (
-                me.role != role
-                or me.rank != rank
-                or not isinstance(host, str)
-                or not isinstance(port, int)
-                or isinstance(port, bool)
-                or not isinstance(back, bytes)
-                or not 0 < len(back) <= 255
-            ):
+            if me.role != role or me.rank != rank:
                 raise ValueError("its id, role and rank do not match the job's table")
         except LookupError as exc:
             self.sched.creds.refusals.refused("scheduler: refused a readmit: %s", exc.args[0])
@@ -191,7 +180,7 @@ class Takeover:
             return
         # the node proves who it is with the credential it got when admitted, not by what
         # its message says; and an id that is back already stays with its connection
-        why = self.sched.creds.check(me.id, b.get("gen"), b.get("cred"))
+        why = self.sched.creds.check(me.id, b.generation, b.credential)
         if why is None and me.id in self.back and msg.sender != me.id:
             why = "that node is back already, on another connection"
         if why is None and told != set(table):
@@ -228,14 +217,9 @@ class Takeover:
                 "redirect": list(saved["redirect"]),
                 "done": set(saved["done"]),
             }
-        passed = b.get("view", {}).get("barriers", {})
-        if isinstance(passed, dict):
-            for group, n in passed.items():
-                if (
-                    group in self.sched.barriers.groups
-                    and isinstance(n, int)
-                    and not isinstance(n, bool)
-                ):
+        if b.view.barriers:
+            for group, n in b.view.barriers.items():
+                if group in self.sched.barriers.groups:
                     bar = self.sched.barriers.groups[group]
                     bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
             self.sched.barriers.changed()

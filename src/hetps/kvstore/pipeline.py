@@ -87,7 +87,7 @@ class Pipeline:
             else 0
         )
         if cost:
-            msg.body["rcpt"] = True  # the server confirms arrival at once: credit comes back
+            msg.body = {**msg.body, "rcpt": True}  # confirmed on arrival: credit comes back
         sender = self.sender
 
         def on_reply(reply: Message) -> None:

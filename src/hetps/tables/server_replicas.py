@@ -61,7 +61,7 @@ class TableCopies:
         def then() -> None:
             # a declaration any replica refused fails; a load only for want of room (a
             # replica that lacked the part gets it whole, loaded rows included)
-            text = _refused(msg.cmd, msg.body.get("k"), errors, every=op == "sinit")
+            text = _refused(msg.cmd, msg.typed.key, errors, every=op == "sinit")
             self.server.answers.reply(msg, {"error": text} if text else None)
 
         rep.copy_out(dict(msg.body, op=op), list(msg.arrays), then, errors)
@@ -72,11 +72,9 @@ class TableCopies:
         (acknowledged, or kept for its round), False when it is of this very round, None when
         it carries none (no replicas). (The same round's push twice is kept for the next
         round, as without replicas, and there found applied: acknowledged only.)"""
-        rnd = msg.body.get("rnd")
+        rnd = msg.typed.round  # (an SPush's: None or an int >= 0)
         if rnd is None or not self.server.replication.replicated:
             return None
-        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
-            raise BadRequest(f"spush of key {sh.key!r}: field 'rnd' must be an int >= 0")
         if sh.copying or rnd > sh.rounds:  # its round comes later (or the last one's copy)
             self.tables.hold(sh, msg)
             sh.backlog.append(msg)
@@ -136,18 +134,17 @@ class TableCopies:
     # -- the replica's side --------------------------------------------------------------
     def copy_in(self, msg: Message) -> None:
         """A primary's copy of a table's part (ops :data:`TABLE_OPS`)."""
-        op = msg.body.get("op")
+        op, b = type(msg.typed).__struct_config__.tag, msg.typed  # (a member of Replicate)
         tables = self.tables
         if op == "sinit":
             sh = tables.declare(msg, copy=True)
             sh.primary, sh.origin, sh.rounds = False, msg.sender, 0
-        elif op == "ssync" and msg.body.get("fresh") is True:
+        elif op == "ssync" and b.fresh:
             sh = tables.declare(msg, copy=True)  # (the header carries no rows)
             sh = server_dump.load(tables, sh, msg, copy=True)
-            rnd = msg.body.get("rnd")
-            if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 0:
+            if b.round is None:
                 raise BadRequest("replicate: a table part's copy needs 'rnd', an int >= 0")
-            sh.rounds, sh.primary, sh.origin = rnd, False, msg.sender
+            sh.rounds, sh.primary, sh.origin = b.round, False, msg.sender
         else:
             sh = self._copy_of(msg)
             if sh is not None and op == "sround":
@@ -159,16 +156,14 @@ class TableCopies:
     def _copy_of(self, msg: Message) -> Any:
         """The copy a message is for; None for a late copy of a part served here now (its
         primary died and this server took it over: the resent pushes make the round)."""
-        key, part = msg.typed.key, msg.body.get("part")
-        sh = self.tables.shards.get((key, part)) if isinstance(part, int) else None
+        key, part = msg.typed.key, msg.typed.part
+        sh = self.tables.shards.get((key, part))
         if sh is None:
             raise BadRequest(f"replicate: no copy of table {key!r} part {short(part)} here")
         return None if sh.primary else sh
 
     def _round_in(self, sh: Any, msg: Message) -> None:
-        rnd = msg.body.get("rnd")
-        if not isinstance(rnd, int) or isinstance(rnd, bool):
-            raise BadRequest("replicate: a table round needs an integer 'rnd'")
+        rnd = msg.typed.round  # (a ReplicaSRound's: an int >= 0)
         if rnd > sh.rounds + 1:
             raise BadRequest(
                 f"replicate: round {rnd} of table {sh.key!r} part {sh.part}, but this copy "
@@ -176,7 +171,7 @@ class TableCopies:
             )
         if rnd <= sh.rounds:  # (an earlier one again is only acknowledged)
             return
-        if not msg.body.get("dropped"):
+        if not msg.typed.dropped:
             if len(msg.arrays) != 2:
                 raise BadRequest(f"replicate: a round of table {sh.key!r} needs ids and rows")
             ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), True)
