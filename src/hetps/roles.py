@@ -10,7 +10,9 @@ import os
 import sys
 from functools import partial
 
+from hetps.balance.agent import BalanceAgent
 from hetps.balance.service import Planner
+from hetps.cluster import batch
 from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
@@ -18,12 +20,15 @@ from hetps.config import NodeConfig
 from hetps.esync.service import EsyncService
 from hetps.faults.elastic import ElasticWorkers
 from hetps.faults.elastic_rounds import ElasticRounds
+from hetps.faults.joining import Joining
 from hetps.faults.recovery import Recovery
 from hetps.faults.replicas import Replication
 from hetps.faults.takeover import Takeover
 from hetps.kvstore import ondevice
 from hetps.kvstore.aggregate import Aggregator
+from hetps.kvstore.client import DistKVStore
 from hetps.kvstore.ondevice import Device, DeviceAggregator
+from hetps.kvstore.pipeline import Pipeline
 from hetps.kvstore.server import KVServer
 from hetps.kvstore.tables import machine_memory
 from hetps.optim import kernels
@@ -39,10 +44,41 @@ def new_scheduler(cfg: NodeConfig, recover: bool = False, **kwargs) -> Scheduler
 
 
 def new_node(cfg: NodeConfig) -> Node:
-    """A server's Node with its fault part (failover, rejoin and readmit: a node's side of a
-    death or a restart); a worker's is made by its store, with the part
-    :func:`hetps.kv.create` gives it."""
+    """A server's or a worker's Node with its fault part (failover, rejoin and readmit: a
+    node's side of a death or a restart)."""
     return Node(cfg, recovery=Recovery)
+
+
+def new_worker_store(name: str, cfg: NodeConfig) -> DistKVStore:
+    """A worker's ``dist_*`` store (``hetps.kv.create`` on a worker): its Node (started: it
+    registers), its pipeline, its fault part (joining), and, as ``cfg`` asks, the balance
+    agent (HETPS_BALANCE) and the live metrics meter (the scheduler serves them)."""
+    node = new_node(cfg).start()
+    balance = cfg.balance != "none"
+    # network-aware mode paces pushes with a credit window (see Sender); the small requests
+    # of a call go as one message per server (not with balancing: the BalanceAgent times
+    # every message alone)
+    pipeline = Pipeline(
+        node,
+        [s.id for s in node.servers()],
+        cfg.push_window if balance else 0,
+        0 if balance else min(cfg.batch_bytes, batch.ITEM_BYTES_MAX),
+        cfg.request_timeout,
+    )
+    try:
+        kv = DistKVStore(name, cfg, node=node, pipeline=pipeline, joining=Joining)
+    except BaseException:
+        pipeline.close()
+        node.close()
+        raise
+    meter = None
+    if node.metrics_interval > 0:  # latencies, rounds, link bytes (docs/LIVE.md)
+        from hetps.metrics.reports import WorkerMeter
+
+        meter = WorkerMeter(node.metrics_interval, kv.send_metrics, kv.link_bytes, own_output=True)
+        meter.job = node.metrics_job
+    kv.plug(agent=BalanceAgent(kv) if balance else None, meter=meter)
+    return kv
 
 
 def new_server(node: Node, sync: bool | None = None, device: Device | None = None) -> KVServer:

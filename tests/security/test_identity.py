@@ -37,7 +37,7 @@ kv = hetps.kv.create('dist_sync')
 kv.init('w', np.zeros(8, np.float32))
 kv.init('keep', np.ones(4, np.float32))
 node = kv.node
-sid = kv._server_ids[0]
+sid = kv.server_ids[0]
 if kv.rank == 0:
     targets = {
         "scheduler": f"{node.cfg.root_uri}:{node.cfg.root_port}",

@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
-from hetps.balance.agent import BalanceAgent
-from hetps.cluster import batch, bodies
+from hetps.cluster import bodies
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
@@ -60,38 +59,32 @@ class DistKVStore:
     """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``). Its parts:
     ``pipeline`` (every request on its way), ``dense`` (a dense key's chunk requests),
     ``sparse`` (row-sparse keys), ``joins`` (a worker joining a running job). Its fault
-    parts come from above (:mod:`hetps.faults`), as :func:`hetps.kv.create` gives them:
-    ``recovery`` its Node's (:class:`hetps.faults.recovery.Recovery`), ``joining`` its own
-    (:class:`hetps.faults.joining.Joining`)."""
+    parts come from above (:mod:`hetps.faults`): its Node's recovery and its own
+    ``joining`` (:class:`hetps.faults.joining.Joining`). The composition root
+    (:func:`hetps.roles.new_worker_store`) builds the Node, the pipeline, the fault part,
+    the balance agent and the meter, and hands them in."""
 
     def __init__(
         self,
         name: str,
         cfg: NodeConfig,
         *,
-        recovery: Callable[[Node], Any],
+        node: Node,
+        pipeline: Pipeline,
         joining: Callable[[DistKVStore], Any],
     ) -> None:
         self.type = name
         self.sync = name.startswith("dist_sync")
         self.cfg = cfg
-        self.node = Node(cfg, recovery=recovery).start()
+        self.node = node
         self.num_servers = len(self.node.servers())
-        self._server_ids = [s.id for s in self.node.servers()]
+        #: the servers' node ids by rank (a plan names servers by rank, requests go to ids)
+        self.server_ids = [s.id for s in self.node.servers()]
         self.meta: dict[Any, KeyMeta] = {}
         self.order: list[Any] = []  # keys in init order (the balance layout's order)
         self.compressor: TwoBitCompressor | None = None
         self.balance = cfg.balance != "none"
-        # network-aware mode paces pushes with a credit window (see Sender); the small
-        # requests of a call go as one message per server (not with balancing: the
-        # BalanceAgent times every message alone)
-        self.pipeline = Pipeline(
-            self.node,
-            self._server_ids,
-            cfg.push_window if self.balance else 0,
-            0 if self.balance else min(cfg.batch_bytes, batch.ITEM_BYTES_MAX),
-            cfg.request_timeout,
-        )
+        self.pipeline = pipeline
         self._sender = self.pipeline.sender  # the send queue (read by tests and benchmarks)
         self.dense = DenseRequests(self)
         self.sparse = SparseKeys(self)  # row-sparse keys (kvstore/sparse.py)
@@ -107,8 +100,10 @@ class DistKVStore:
         self._push_run = 0
         self._last_push_run = 0
         self._calls = 0  # push calls so far (which call made which of a key's pushes)
-        # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
-        self.agent = self.pipeline.agent = BalanceAgent(self) if self.balance else None
+        # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans;
+        # and live metrics (docs/LIVE.md): both plugged in by the composition root (plug)
+        self.agent: Any = None
+        self.meter: Any = None
         # pulls answered by the push before them (dist_sync, slices that stay where they are)
         self._prefetch = self.sync and not self.balance
         self.node.handler = self.pipeline.on_message  # forecasts and push receipts
@@ -124,15 +119,6 @@ class DistKVStore:
             raise ConfigError(text)
         # the host's workers sum through shared memory, push and pull once (docs/HOSTS.md)
         self.hostagg, self.host_tag = hostagg.plan(self)
-        # live metrics (the scheduler serves them: docs/LIVE.md): latencies, rounds, link bytes
-        self.meter = None
-        if self.node.metrics_interval > 0:
-            from hetps.metrics.reports import WorkerMeter
-
-            self.meter = self.pipeline.meter = WorkerMeter(
-                self.node.metrics_interval, self._send_metrics, self._link_bytes, own_output=True
-            )
-            self.meter.job = self.node.metrics_job
         if cfg.verbose >= 1:
             log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
 
@@ -145,7 +131,7 @@ class DistKVStore:
     def server_id(self, server_rank: int) -> int:
         """The node id of server ``server_rank`` (as registered; a plan names servers by
         rank, requests go to node ids)."""
-        return self._server_ids[server_rank]
+        return self.server_ids[server_rank]
 
     @property
     def num_workers(self) -> int:
@@ -206,15 +192,23 @@ class DistKVStore:
         """Queue ``msg`` for server ``server_rank`` (:meth:`Pipeline.request`)."""
         return self.pipeline.request(key, priority, server_rank, msg, callback, landing, own)
 
-    def _send_metrics(self, body: dict) -> None:
+    def plug(self, agent: Any = None, meter: Any = None) -> None:
+        """Take the balance agent (HETPS_BALANCE) and the live metrics meter that the
+        composition root made for this store (:func:`hetps.roles.new_worker_store`); the
+        pipeline times and reports through them too."""
+        self.agent = self.pipeline.agent = agent
+        self.meter = self.pipeline.meter = meter
+
+    def send_metrics(self, body: dict) -> None:
+        """Send a live metrics report to the scheduler (the meter's way out)."""
         self.node.send(P.SCHEDULER_ID, Message(P.METRICS_REPORT, body=body))
 
-    def _link_bytes(self) -> dict[int, tuple[int, int]]:
+    def link_bytes(self) -> dict[int, tuple[int, int]]:
         """Bytes sent to and received from each server (by rank), since the start."""
         snap = self.node.counters.snapshot()
         return {
             rank: (snap[sid].bytes_sent, snap[sid].bytes_recv)
-            for rank, sid in enumerate(self._server_ids)
+            for rank, sid in enumerate(self.server_ids)
             if sid in snap
         }
 
@@ -569,6 +563,11 @@ class DistKVStore:
         return self.agent.rebalance()
 
     # -- shutdown ---------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._closed
+
     def close(self, error: str | None = None) -> None:
         """Finish this worker: wait for its requests, tell the scheduler, close the sockets.
 

@@ -36,7 +36,7 @@ class DenseRequests:
             return False
         if meta.size * meta.dtype.itemsize < kv.node.ring_min:
             return False
-        return all(kv.node.ring_open(kv._server_ids[p.server]) for p in meta.parts)
+        return all(kv.node.ring_open(kv.server_ids[p.server]) for p in meta.parts)
 
     def round_credit(self, meta: KeyMeta) -> None:
         """dist_sync: a worker may be ``HETPS_ROUNDS_AHEAD`` rounds of a key ahead of the
