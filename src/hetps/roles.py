@@ -117,7 +117,7 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
             )
             sched.metrics.tail.install()  # the dashboard shows its last lines
         except BaseException:
-            sched.van.close()
+            sched.close_unrun()
             raise
         sched.register(
             P.METRICS_REPORT, sched.metrics.handle, on_refused=sched.metrics.refused_body
@@ -136,7 +136,7 @@ def run_scheduler(cfg: NodeConfig) -> int:
     """Be the scheduler until the job ends; returns the exit code (0 = clean)."""
     sched = make_scheduler(cfg)
     if cfg.port_file:
-        write_port_file(cfg.port_file, sched.van.port)
+        write_port_file(cfg.port_file, sched.port)
     announce_metrics(sched)
     code = 1  # (an exception: the job failed)
     try:

@@ -10,10 +10,9 @@ fits.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
 
@@ -22,14 +21,14 @@ class ElasticRounds:
     """Per-worker rounds, leaves and joins: a part of a :class:`~hetps.kvstore.server.KVServer`
     (``server``: its slices, answers, aggregator and round end)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: ServerPort) -> None:
         self.server = server
         self.node = server.node
 
     @property
     def active(self) -> bool:
         """Whether a worker may leave mid-job (HETPS_ELASTIC): rounds are kept per worker."""
-        return self.server._fixed_workers is None and getattr(self.node, "elastic", 0) > 0
+        return not self.server.workers_fixed and getattr(self.node, "elastic", 0) > 0
 
     # -- HETPS_ELASTIC: a round is kept per worker until it is complete ----------------------
     def hold(
@@ -84,7 +83,7 @@ class ElasticRounds:
 
     def gone(self, worker: int) -> bool:
         """Whether ``worker`` was let go (and has not entered again)."""
-        return self.server._fixed_workers is None and worker in getattr(self.node, "left", ())
+        return not self.server.workers_fixed and worker in getattr(self.node, "left", ())
 
     def in_rounds(self, msg: Message) -> None:
         """Refuse what would change the job's keys from a worker that is out of its rounds (let

@@ -24,6 +24,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.requests import wait_all
 from hetps.kvstore.base import normalize_keys, per_key, reduce_values, settle, staged_call
 from hetps.kvstore.keys import KeyMeta
+from hetps.kvstore.ports import StorePort
 from hetps.kvstore.rowsparse import Table, table_declaration
 from hetps.transport.codec import Message
 
@@ -31,7 +32,7 @@ from hetps.transport.codec import Message
 class Joining:
     """join / admit of the store ``kv``."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: StorePort) -> None:
         self.kv = kv
         self._joined = False
         self._rounds: dict[Any, int] = {}  # the job's round count per key, given at the join
@@ -147,7 +148,7 @@ class Joining:
                 if k not in self.kv.meta:
                     self.kv.order.append(k)
                 self.kv.meta[k] = KeyMeta(
-                    tuple(arr.shape), arr.dtype, self.kv._placement(k, arr.size)
+                    tuple(arr.shape), arr.dtype, self.kv.placement(k, arr.size)
                 )
                 self.kv.meta[k].rounds = self._rounds.get(k, 0)
         settle([])

@@ -93,13 +93,13 @@ class DistKVStore:
         self._closed = False
         # key -> {(start, stop): workers}: ranges last received as a sum of fewer workers
         # than the job's (a worker left: HETPS_ELASTIC); see short_rounds()
-        self._short: dict[Any, dict[tuple[int, int], int]] = {}
+        self.short_marks: dict[Any, dict[tuple[int, int], int]] = {}
         # push calls since the last pull, and in the run before: a run of several (a per-key
         # loop) hands its pushes to the sender thread so that they coalesce; a lone push
         # (push, then pull) is sent by the caller, one thread hand-off less
         self._push_run = 0
         self._last_push_run = 0
-        self._calls = 0  # push calls so far (which call made which of a key's pushes)
+        self.calls = 0  # push calls so far (which call made which of a key's pushes)
         # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans;
         # and live metrics (docs/LIVE.md): both plugged in by the composition root (plug)
         self.agent: Any = None
@@ -108,7 +108,7 @@ class DistKVStore:
         self._prefetch = self.sync and not self.balance
         self.node.handler = self.pipeline.on_message  # forecasts and push receipts
         # copies of every key on several servers (HETPS_REPLICAS): pushes carry their round
-        self._copies = self.node.replicas > 1 and self.sync
+        self.copies = self.node.replicas > 1 and self.sync
         if self.node.replicas > 1 and not self.sync:
             text = (
                 f"{name} with HETPS_REPLICAS={self.node.replicas}: copies keep dist_sync "
@@ -159,7 +159,7 @@ class DistKVStore:
         worker left in that round (``HETPS_ELASTIC``, dist_sync without a server optimizer).
         Divide those ranges by ``workers`` instead of ``num_workers`` to average. Empty
         while every worker takes part."""
-        marks = self._short.get(key)
+        marks = self.short_marks.get(key)
         out: list[tuple[int, int, int]] = []
         for (a, b), w in sorted(marks.items()) if marks else ():
             if out and out[-1][1] == a and out[-1][2] == w:  # chunks of one range: joined
@@ -212,7 +212,9 @@ class DistKVStore:
             if sid in snap
         }
 
-    def _placement(self, key: Any, size: int) -> list[Part]:
+    def placement(self, key: Any, size: int) -> list[Part]:
+        """Where the parts of a new key of ``size`` elements go (by the balance layout's
+        round-robin of slices when balancing is on)."""
         if not self.balance:
             return parts_of(key, size, self.num_servers, self.cfg.bigarray_bound)
         x = self.cfg.slice_elems
@@ -272,7 +274,7 @@ class DistKVStore:
                 check_dtype(arr.dtype, k)
                 if k not in self.meta:
                     self.order.append(k)
-                parts = self._placement(k, arr.size)
+                parts = self.placement(k, arr.size)
                 self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
                 if self.hostagg is not None:
                     self.hostagg.create(k, self.meta[k])
@@ -307,7 +309,7 @@ class DistKVStore:
         futs: list[Future] = []
         hosted: list = []  # keys pushed through the host (block: waited for below)
         self._push_run += 1
-        self._calls += 1
+        self.calls += 1
         deferred = not block and max(self._push_run, self._last_push_run) > 1
         with staged_call(futs), self.pipeline.batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
@@ -338,7 +340,7 @@ class DistKVStore:
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
                 if self.sync:
-                    meta.recent.append((self._calls, pushed))
+                    meta.recent.append((self.calls, pushed))
                 if dest is not None:
                     meta.prefetch = (pushed, dest)
                 futs += pushed

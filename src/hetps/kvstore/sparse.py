@@ -186,13 +186,13 @@ class SparseKeys:
                 sel = np.flatnonzero(owner == s)
                 pid, prow = ids[sel], take_rows(rows, sel)
             body = {"k": key, "part": s, "sync": self.kv.sync}
-            if self.kv._copies:  # a server that takes over knows a resent round by it
+            if self.kv.copies:  # a server that takes over knows a resent round by it
                 body["rnd"] = tm.rounds - 1
             msg = Message(P.SPUSH, body=body, arrays=[pid, prow.reshape(-1)])
             futs.append(self.kv.request(key, priority, s, msg))
         tm.pushed = futs
         if self.kv.sync:
-            tm.recent.append((self.kv._calls, futs))
+            tm.recent.append((self.kv.calls, futs))
         return futs
 
     def row_sparse_pull(
