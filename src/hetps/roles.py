@@ -16,7 +16,7 @@ from hetps.cluster import batch
 from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
-from hetps.config import NodeConfig
+from hetps.config import ConfigError, NodeConfig
 from hetps.esync.service import EsyncService
 from hetps.faults.elastic import ElasticWorkers
 from hetps.faults.elastic_rounds import ElasticRounds
@@ -54,6 +54,14 @@ def new_worker_store(name: str, cfg: NodeConfig) -> DistKVStore:
     registers), its pipeline, its fault part (joining), and, as ``cfg`` asks, the balance
     agent (HETPS_BALANCE) and the live metrics meter (the scheduler serves them)."""
     node = new_node(cfg).start()
+    if node.replicas > 1 and not name.startswith("dist_sync"):
+        text = (
+            f"{name} with HETPS_REPLICAS={node.replicas}: copies keep dist_sync rounds only; "
+            "use dist_sync, or HETPS_REPLICAS=1"
+        )
+        node.leave(text)
+        node.close()
+        raise ConfigError(text)
     balance = cfg.balance != "none"
     # network-aware mode paces pushes with a credit window (see Sender); the small requests
     # of a call go as one message per server (not with balancing: the BalanceAgent times

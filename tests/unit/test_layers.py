@@ -141,3 +141,30 @@ def test_the_pure_balance_modules_import_nothing_of_hetps_but_each_other():
         assert mod in modules(), f"ARCHITECTURE.md lists balance.{name}, which is not a module"
         bad = {i for i in imports(modules()[mod]) if not i.startswith("hetps.balance")}
         assert not bad, f"{mod} imports {bad}"
+
+
+def test_the_kvstore_imports_nothing_of_metrics():
+    """The composition root (roles) makes a worker's meter and plugs it into the store: no
+    module of kvstore imports metrics, at the top or inside a function."""
+    assert "kvstore imports nothing of `metrics`" in architecture()
+    bad = {
+        (m, i)
+        for m in modules()
+        if m.startswith("hetps.kvstore")
+        for i in imports(modules()[m])
+        if layer_of(i) == "metrics"
+    }
+    assert not bad, bad
+
+
+def test_no_part_reaches_through_a_host_to_its_van():
+    """A part talks to its peers through the port it is given (PeerLinks), never through
+    another object's van (``node.van.``, ``sched.van.``), outside the transport layer."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for mod, path in modules().items()
+        if layer_of(mod) != "transport"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\b(node|sched)\.van\.", line)
+    ]
+    assert not bad, bad

@@ -76,7 +76,7 @@ class Rejoin:
         run.first_round = int(state["round"])
         run.steps_done = int(state["steps_done"])
         run.epochs_done = Fraction(state["epochs_done"])
-        run._stream = run._data_stream()
+        run.restart_data()
         print(
             f"worker {run.rank}: joined the running job after round {run.first_round} "
             f"(is_recovery=1); {run.kv.live_workers} workers",

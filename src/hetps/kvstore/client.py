@@ -30,7 +30,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
-from hetps.config import ConfigError, NodeConfig
+from hetps.config import NodeConfig
 from hetps.kvstore import hostagg, states
 from hetps.kvstore.base import (
     Handle,
@@ -109,14 +109,6 @@ class DistKVStore:
         self.node.handler = self.pipeline.on_message  # forecasts and push receipts
         # copies of every key on several servers (HETPS_REPLICAS): pushes carry their round
         self.copies = self.node.replicas > 1 and self.sync
-        if self.node.replicas > 1 and not self.sync:
-            text = (
-                f"{name} with HETPS_REPLICAS={self.node.replicas}: copies keep dist_sync "
-                "rounds only; use dist_sync, or HETPS_REPLICAS=1"
-            )
-            self.node.leave(text)
-            self.node.close()
-            raise ConfigError(text)
         # the host's workers sum through shared memory, push and pull once (docs/HOSTS.md)
         self.hostagg, self.host_tag = hostagg.plan(self)
         if cfg.verbose >= 1:
@@ -191,6 +183,12 @@ class DistKVStore:
     ) -> Future:
         """Queue ``msg`` for server ``server_rank`` (:meth:`Pipeline.request`)."""
         return self.pipeline.request(key, priority, server_rank, msg, callback, landing, own)
+
+    def end_push_run(self) -> None:
+        """A pull ends a run of push calls (how long it was decides whether the next run's
+        pushes go through the sender thread, to coalesce)."""
+        if self._push_run:
+            self._last_push_run, self._push_run = self._push_run, 0
 
     def plug(self, agent: Any = None, meter: Any = None) -> None:
         """Take the balance agent (HETPS_BALANCE) and the live metrics meter that the
@@ -360,8 +358,7 @@ class DistKVStore:
         """Pull keys into ``out`` (in place; a list of outs each gets the value). With no
         ``out``, blocking calls return new arrays. Non-blocking calls return a Handle."""
         self.node.check()
-        if self._push_run:
-            self._last_push_run, self._push_run = self._push_run, 0
+        self.end_push_run()
         keys, is_list = normalize_keys(key)
         futs: list[Future] = []
         finishers = []

@@ -203,8 +203,7 @@ class SparseKeys:
         row_ids for every out of a key). Returns the :class:`RowSparse` results when ``out``
         is None, else None. Sees this worker's earlier pushes of the keys."""
         self.kv.node.check()
-        if self.kv._push_run:
-            self.kv._last_push_run, self.kv._push_run = self.kv._push_run, 0
+        self.kv.end_push_run()
         keys, is_list = normalize_keys(key)
         if row_ids is None:
             raise ValueError("row_sparse_pull needs row_ids (the rows to read)")
