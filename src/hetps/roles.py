@@ -1,7 +1,7 @@
-"""Running a process as the scheduler or a server until the job ends: the composition root,
-which builds the scheduler and each server (its Node too) with their parts (the fault wing
-:mod:`hetps.faults` among them) and plugs the services in; :func:`hetps.kv.create` gives a
-worker's store its fault parts."""
+"""The composition root: it builds the scheduler, each server and each worker's store (their
+Nodes too) with their parts (the fault wing :mod:`hetps.faults` among them) and meters, and
+plugs the services in; it runs a process as the scheduler or a server until the job ends.
+:func:`hetps.kv.create` makes a worker's store through :func:`new_worker_store`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A worker joining a running job (HETPS_ELASTIC), a part of
 :class:`hetps.kvstore.client.DistKVStore` (which calls it through ``kv.join()``,
 ``kv.admit()``, ``kv.declare()``) and takes as an argument (``joining=Joining``, given by
-:func:`hetps.kv.create`).
+:func:`hetps.roles.new_worker_store`).
 
 A worker that died was let go, and the job went on. Started again (``hetps train`` with
 ``--max-restarts``, or by hand with its ``DMLC_*`` variables and ``HETPS_LAUNCH_RANK``), it

@@ -1,6 +1,6 @@
 """How a node lives through the death of a peer or of the scheduler, as a part of
 :class:`hetps.cluster.node.Node`, which takes it as an argument (``Node(cfg,
-recovery=Recovery)``: :func:`hetps.roles.new_node`, and for a worker :func:`hetps.kv.create`).
+recovery=Recovery)``: :func:`hetps.roles.new_node`), with the node's links to its peers.
 
 * ``failover`` (HETPS_REPLICAS): a dead server's keys are served by the next live server;
   requests to it are re-routed and its unanswered ones sent again, in order.

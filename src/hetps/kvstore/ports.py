@@ -9,6 +9,7 @@ dense requests, :mod:`hetps.kvstore.dense`, and its fault part,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from hetps import optim
@@ -45,6 +46,8 @@ class StorePort(Protocol):
     agent: Any
     sparse: Any
     host_tag: Any
+    #: queue a request for a server (:meth:`DistKVStore.request`)
+    request: Callable[..., Future]
 
     @property
     def live_rank(self) -> int:
@@ -53,19 +56,6 @@ class StorePort(Protocol):
 
     def placement(self, key: Any, size: int) -> list[Part]:
         """Where the parts of a new key go."""
-        ...
-
-    def request(
-        self,
-        key: Any,
-        priority: int,
-        server_rank: int,
-        msg: Message,
-        callback: Any = None,
-        landing: Any = None,
-        own: Any = None,
-    ) -> Future:
-        """Queue a request for server ``server_rank``."""
         ...
 
     def wait_outstanding(self) -> None:
