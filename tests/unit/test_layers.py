@@ -168,3 +168,28 @@ def test_no_part_reaches_through_a_host_to_its_van():
         if re.search(r"\b(node|sched)\.van\.", line)
     ]
     assert not bad, bad
+
+
+#: the names a part calls its host by
+HOSTS = {"node", "sched", "server", "kv", "run", "links"}
+
+
+def test_no_part_takes_its_host_typed_any():
+    """A part of the fault wing, of the cluster's hosts or of the store takes the port of its
+    family (cluster/ports.py, kvstore/ports.py, transport/links.py), never a host typed Any."""
+    bad = []
+    for mod, path in modules().items():
+        if layer_of(mod) not in ("faults", "cluster") and mod not in (
+            "hetps.kvstore.dense",
+            "hetps.kvstore.pipeline",
+            "hetps.esync.service",
+        ):
+            continue
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                for a in fn.args.args:
+                    if a.arg in HOSTS and (
+                        a.annotation is None or ast.unparse(a.annotation) == "Any"
+                    ):
+                        bad.append(f"{mod}:{fn.lineno} {a.arg}")
+    assert not bad, bad

@@ -23,6 +23,7 @@ from typing import Any
 
 from hetps.cluster import commands
 from hetps.cluster import protocol as P
+from hetps.cluster.node import Node
 from hetps.cluster.requests import Future
 from hetps.esync.policy import ReadinessPolicy
 from hetps.transport.codec import Message
@@ -240,7 +241,7 @@ class StateServer:
 class StateClient:
     """A worker's link to the state server (the scheduler, or a standalone one)."""
 
-    def __init__(self, node: Any, endpoint: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, node: Node, endpoint: str | None = None, timeout: float = 60.0) -> None:
         self.node = node
         self.timeout = timeout
         self.peer: Any = P.SCHEDULER_ID

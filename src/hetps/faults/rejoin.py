@@ -16,16 +16,36 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+
+class RunPort(Protocol):
+    """What :class:`Rejoin` uses of its run (a :class:`hetps.app.worker.WorkerRun`)."""
+
+    kv: Any  # the worker's store
+    model: torch.nn.Module
+    device: Any
+    rank: int
+    lead: bool
+    #: the mode's distributed part, and the checkpoint's optimizer (``-m esync``)
+    shared: Any
+    ckpt_opt: Any
+    first_round: int
+    steps_done: int
+    epochs_done: Fraction
+
+    def restart_data(self) -> None:
+        """Read the data again from where :attr:`epochs_done` says."""
+        ...
 
 
 class Rejoin:
     """admit / join of the run ``run`` (a WorkerRun: its kv, model, optimizers, counters and
     data stream)."""
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: RunPort) -> None:
         self.run = run
 
     def admit(self, rnd: int) -> None:
