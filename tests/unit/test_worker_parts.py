@@ -43,6 +43,7 @@ def capture_parts(monkeypatch) -> dict:
             return []
 
         send_batch = close = servers
+        replicas = 1
 
     def store(name, cfg, *, node, pipeline, joining):
         made.update(name=name, joining=joining)

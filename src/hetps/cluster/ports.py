@@ -52,34 +52,21 @@ class MemberPort(Protocol):
     on_rejoin: Callable[[int], None] | None
     on_worker_left: Callable[[int], None] | None
 
+    #: this node's id
     @property
-    def id(self) -> int:
-        """This node's id."""
-        ...
-
-    def role_of(self, node_id: int) -> str | None:
-        """The role of a node of the table (None: no such node)."""
-        ...
-
-    def describe(self, node_id: int) -> str:
-        """A node as a message names it."""
-        ...
-
-    def start_receiving(self) -> None:
-        """Start the receive thread."""
-        ...
-
-    def dispatch(self, msg: Message) -> None:
-        """Handle a message as if it came now."""
-        ...
-
-    def fail(self, error: BaseException) -> None:
-        """This node cannot go on: fail every request, stop."""
-        ...
-
-    def close(self) -> None:
-        """Stop the threads, close the sockets."""
-        ...
+    def id(self) -> int: ...
+    #: the role of a node of the table (None: no such node)
+    def role_of(self, node_id: int) -> str | None: ...
+    #: a node as a message names it
+    def describe(self, node_id: int) -> str: ...
+    #: start the receive thread
+    def start_receiving(self) -> None: ...
+    #: handle a message as if it came now
+    def dispatch(self, msg: Message) -> None: ...
+    #: this node cannot go on: fail every request, stop
+    def fail(self, error: BaseException) -> None: ...
+    #: stop the threads, close the sockets
+    def close(self) -> None: ...
 
 
 class JobPort(Protocol):
@@ -114,39 +101,24 @@ class JobPort(Protocol):
     creds: Any
     refused_msgs: Any
 
+    #: servers plus workers the job waits for
     @property
-    def expected(self) -> int:
-        """Servers plus workers the job waits for."""
-        ...
-
-    def send_to(self, peer: int | str, msg: Message) -> None:
-        """Send to a node (or a connection not yet named)."""
-        ...
-
-    def reply(self, request: Message, body: dict | None = None, arrays: list | None = None) -> None:
-        """Answer a request."""
-        ...
-
-    def refuse_request(self, msg: Message, text: str) -> None:
-        """Refuse a request, saying why."""
-        ...
-
-    def declare_dead(self, nid: int, reason: str) -> None:
-        """A node died."""
-        ...
-
-    def maybe_end(self) -> None:
-        """End the job if every worker finished."""
-        ...
-
-    def refused_late(self) -> None:
-        """A node that came after a failed start was told why."""
-        ...
-
-    def worker_finished_hooks(self) -> None:
-        """Tell the services a worker finished."""
-        ...
-
-    def worker_back_hooks(self, info: NodeInfo) -> None:
-        """Tell the services a worker came back."""
-        ...
+    def expected(self) -> int: ...
+    #: send to a node (or a connection not yet named)
+    def send_to(self, peer: int | str, msg: Message) -> None: ...
+    #: answer a request
+    def reply(
+        self, request: Message, body: dict | None = None, arrays: list | None = None
+    ) -> None: ...
+    #: refuse a request, saying why
+    def refuse_request(self, msg: Message, text: str) -> None: ...
+    #: a node died
+    def declare_dead(self, nid: int, reason: str) -> None: ...
+    #: end the job if every worker finished
+    def maybe_end(self) -> None: ...
+    #: a node that came after a failed start was told why
+    def refused_late(self) -> None: ...
+    #: tell the services a worker finished
+    def worker_finished_hooks(self) -> None: ...
+    #: tell the services a worker came back
+    def worker_back_hooks(self, info: NodeInfo) -> None: ...

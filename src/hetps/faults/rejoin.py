@@ -36,9 +36,8 @@ class RunPort(Protocol):
     steps_done: int
     epochs_done: Fraction
 
-    def restart_data(self) -> None:
-        """Read the data again from where :attr:`epochs_done` says."""
-        ...
+    #: read the data again from where :attr:`epochs_done` says
+    def restart_data(self) -> None: ...
 
 
 class Rejoin:

@@ -49,18 +49,13 @@ class StorePort(Protocol):
     #: queue a request for a server (:meth:`DistKVStore.request`)
     request: Callable[..., Future]
 
+    #: this worker's place among the live workers
     @property
-    def live_rank(self) -> int:
-        """This worker's place among the live workers."""
-        ...
-
-    def placement(self, key: Any, size: int) -> list[Part]:
-        """Where the parts of a new key go."""
-        ...
-
-    def wait_outstanding(self) -> None:
-        """Wait for every request in flight."""
-        ...
+    def live_rank(self) -> int: ...
+    #: where the parts of a new key go
+    def placement(self, key: Any, size: int) -> list[Part]: ...
+    #: wait for every request in flight
+    def wait_outstanding(self) -> None: ...
 
 
 class ServerPort(Protocol):
@@ -78,20 +73,13 @@ class ServerPort(Protocol):
     optimizer_blob: bytes | None
     rounds: int
 
+    #: the workers a round waits for
     @property
-    def num_workers(self) -> int:
-        """The workers a round waits for."""
-        ...
-
+    def num_workers(self) -> int: ...
+    #: whether the worker count was set by hand (no worker leaves or joins)
     @property
-    def workers_fixed(self) -> bool:
-        """Whether the worker count was set by hand (no worker leaves or joins)."""
-        ...
-
-    def init(self, msg: Message) -> None:
-        """Handle an ``init`` request."""
-        ...
-
-    def finish_round(self, sl: Slice) -> None:
-        """A slice's round is complete: merge, update, answer."""
-        ...
+    def workers_fixed(self) -> bool: ...
+    #: handle an ``init`` request
+    def init(self, msg: Message) -> None: ...
+    #: a slice's round is complete: merge, update, answer
+    def finish_round(self, sl: Slice) -> None: ...

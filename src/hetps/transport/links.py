@@ -21,16 +21,13 @@ class PeerLinks(Protocol):
     #: this process's node id once the scheduler gave it (0 before)
     my_id: int
 
+    #: the port this process receives on
     @property
-    def port(self) -> int:
-        """The port this process receives on."""
-        ...
-
+    def port(self) -> int: ...
+    #: ``host:port`` this process receives on
     @property
-    def endpoint(self) -> str:
-        """``host:port`` this process receives on."""
-        ...
-
+    def endpoint(self) -> str: ...
+    #: open a connection to ``endpoint`` named ``peer``; returns its routing id
     def connect(
         self,
         peer: Any,
@@ -38,44 +35,26 @@ class PeerLinks(Protocol):
         routing_id: bytes | None = None,
         watch: bool = False,
         bulk: bool = False,
-    ) -> bytes:
-        """Open a connection to ``endpoint`` named ``peer``; returns its routing id."""
-        ...
-
-    def disconnect(self, peer: Any, linger_ms: int = 0) -> None:
-        """Close the connection to ``peer``."""
-        ...
-
-    def admit(self, routing_id: bytes, node_id: int) -> None:
-        """Messages that come on ``routing_id`` read as sent by ``node_id``."""
-        ...
-
-    def rename(self, old: Any, new: Any) -> None:
-        """The connection named ``old`` is named ``new`` from now on."""
-        ...
-
-    def node_of(self, routing_id: bytes) -> int:
-        """The node a routing id was admitted as."""
-        ...
-
-    def take_watch(self, peer: Any) -> HandshakeWatch | None:
-        """The watch of the handshakes of a connection opened with ``watch=True``."""
-        ...
-
-    def mark_dead(self, peer: Any) -> None:
-        """``peer`` died: sends to it fail at once instead of queueing."""
-        ...
-
-    def revive(self, peer: Any) -> None:
-        """``peer`` is alive again (it came back)."""
-        ...
-
+    ) -> bytes: ...
+    #: close the connection to ``peer``
+    def disconnect(self, peer: Any, linger_ms: int = 0) -> None: ...
+    #: messages that come on ``routing_id`` read as sent by ``node_id``
+    def admit(self, routing_id: bytes, node_id: int) -> None: ...
+    #: the connection named ``old`` is named ``new`` from now on
+    def rename(self, old: Any, new: Any) -> None: ...
+    #: the node a routing id was admitted as
+    def node_of(self, routing_id: bytes) -> int: ...
+    #: the watch of the handshakes of a connection opened with ``watch=True``
+    def take_watch(self, peer: Any) -> HandshakeWatch | None: ...
+    #: ``peer`` died: sends to it fail at once instead of queueing
+    def mark_dead(self, peer: Any) -> None: ...
+    #: ``peer`` is alive again (it came back)
+    def revive(self, peer: Any) -> None: ...
+    #: send ``msg`` to ``peer`` (raises :class:`~hetps.transport.van.PeerGone`)
     def send(
         self,
         peer: Any,
         msg: Message,
         track: bool = False,
         give_up: Callable[[], str | None] | None = None,
-    ) -> Any:
-        """Send ``msg`` to ``peer`` (raises :class:`~hetps.transport.van.PeerGone`)."""
-        ...
+    ) -> Any: ...
