@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from hetps.metrics.reports import MAX_T, ReportError, _int, _seconds
+from hetps.metrics.bounds import MAX_T, ReportError, checked_int, checked_seconds
 
 log = logging.getLogger("hetps.metrics.server_meter")
 
@@ -83,11 +83,11 @@ def parse_server_report(body: Any, num_workers: int) -> dict:
         raise ReportError("a server's report is a map with a 'server' map")
     srv = body["server"]
     out = {
-        "seq": _int(body.get("seq"), "'seq'", 1),
-        "t": _seconds(body.get("t"), "'t'", MAX_T),
-        "rounds": _int(srv.get("rounds"), "'server.rounds'"),
-        "opt_s": _seconds(srv.get("opt_s"), "'server.opt_s'"),
-        "replicas": _int(srv.get("replicas"), "'server.replicas'", 1, 1 << 16),
+        "seq": checked_int(body.get("seq"), "'seq'", 1),
+        "t": checked_seconds(body.get("t"), "'t'", MAX_T),
+        "rounds": checked_int(srv.get("rounds"), "'server.rounds'"),
+        "opt_s": checked_seconds(srv.get("opt_s"), "'server.opt_s'"),
+        "replicas": checked_int(srv.get("replicas"), "'server.replicas'", 1, 1 << 16),
     }
     links = body.get("links", [])
     if not isinstance(links, list) or len(links) > num_workers:
@@ -96,10 +96,13 @@ def parse_server_report(body: Any, num_workers: int) -> dict:
     for row in links:
         if not isinstance(row, list) or len(row) != 3:
             raise ReportError("a 'links' row must be [worker rank, sent, received]")
-        rank = _int(row[0], "a link's worker rank", 0, num_workers - 1)
+        rank = checked_int(row[0], "a link's worker rank", 0, num_workers - 1)
         if rank in rows:
             raise ReportError(f"'links' lists worker {rank} twice")
-        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
+        rows[rank] = (
+            checked_int(row[1], "a link's bytes sent"),
+            checked_int(row[2], "a link's bytes received"),
+        )
     out["links"] = rows
     from hetps.metrics.sysinfo import parse_extras
 
