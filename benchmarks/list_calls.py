@@ -33,7 +33,7 @@ kv.init(keys, [np.zeros(s, np.float32) for s in SHAPES])
 grads = [np.full(s, kv.rank + 1, np.float32) for s in SHAPES]
 params = [np.zeros(s, np.float32) for s in SHAPES]
 def sent():
-    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv.server_ids)
 times = []
 for it in range({warmup} + {iters}):
     if it == {warmup}:

@@ -11,9 +11,8 @@ import os
 import re
 
 from hetps.config import NodeConfig
-from hetps.faults.joining import Joining
-from hetps.faults.recovery import Recovery
 from hetps.kvstore.client import DistKVStore
+from hetps.roles import new_worker_store
 
 
 def role_env(
@@ -62,7 +61,7 @@ def loopback_config(role: str, port: int = 0, **overrides) -> NodeConfig:
 def worker_store(name: str, cfg: NodeConfig) -> DistKVStore:
     """An in-process worker's store with its fault parts, as :func:`hetps.kv.create` makes
     it (without the exit hooks: the test closes it)."""
-    return DistKVStore(name, cfg, recovery=Recovery, joining=Joining)
+    return new_worker_store(name, cfg)
 
 
 def read_port(stream) -> int:

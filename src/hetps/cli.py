@@ -263,7 +263,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
                 to_launcher("hetps scheduler cluster up")
 
         threading.Thread(target=up, name="hetps-cluster-up", daemon=True).start()
-    print(f"hetps scheduler port {sched.van.port}", flush=True)
+    print(f"hetps scheduler port {sched.port}", flush=True)
     announce_metrics(sched)
     code = 1  # (an exception: the job failed)
     try:

@@ -3,7 +3,7 @@
 In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler``, :func:`create` runs that role
 until the job ends and then exits the process (0 on a clean end), so a script written for
 MXNet runs unchanged in every role; a worker gets its store from :func:`hetps.kvstore.create`,
-with its fault parts (:mod:`hetps.faults`: its Node's recovery, the store's joining).
+built by the composition root (:func:`hetps.roles.new_worker_store`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 
 from hetps import kvstore
 from hetps.config import ConfigError, node_config_from_env, role_from_env
-from hetps.faults.joining import Joining
-from hetps.faults.recovery import Recovery
 from hetps.kvstore import NAMES, DistKVStore, LocalKVStore
 
 __all__ = ["NAMES", "CreateError", "DistKVStore", "LocalKVStore", "create"]
@@ -51,14 +49,15 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
     except ConfigError as exc:
         # the message names the variable and the fix; a traceback would only bury it
         raise CreateError(f"hetps.kv.create({name!r}): {exc}") from None
+    from hetps import roles
+
     if role not in ("server", "scheduler"):
-        return kvstore.create(name, env, recovery=Recovery, joining=Joining)
+        return kvstore.create(name, env, build=roles.new_worker_store)
     if cfg is None:
         sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
-    from hetps.roles import run_scheduler, run_server
 
     kvstore.setup_logging(cfg.verbose)
-    code = run_scheduler(cfg) if cfg.role == "scheduler" else run_server(cfg)
+    code = roles.run_scheduler(cfg) if cfg.role == "scheduler" else roles.run_server(cfg)
     logging.shutdown()
     sys.stdout.flush()
     os._exit(code) if code else sys.exit(0)

@@ -1,7 +1,7 @@
-"""Running a process as the scheduler or a server until the job ends: the composition root,
-which builds the scheduler and each server (its Node too) with their parts (the fault wing
-:mod:`hetps.faults` among them) and plugs the services in; :func:`hetps.kv.create` gives a
-worker's store its fault parts."""
+"""The composition root: it builds the scheduler, each server and each worker's store (their
+Nodes too) with their parts (the fault wing :mod:`hetps.faults` among them) and meters, and
+plugs the services in; it runs a process as the scheduler or a server until the job ends.
+:func:`hetps.kv.create` makes a worker's store through :func:`new_worker_store`."""
 
 from __future__ import annotations
 
@@ -10,21 +10,26 @@ import os
 import sys
 from functools import partial
 
+from hetps.balance.agent import BalanceAgent
 from hetps.balance.service import Planner
+from hetps.cluster import batch
 from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
 from hetps.cluster.scheduler import Scheduler
-from hetps.config import NodeConfig
+from hetps.config import ConfigError, NodeConfig
 from hetps.config.table import optimizer_names
 from hetps.device import aggregator as ondevice
 from hetps.device.aggregator import Device, DeviceRounds
 from hetps.esync.service import EsyncService
 from hetps.faults.elastic import ElasticWorkers
 from hetps.faults.elastic_rounds import ElasticRounds
+from hetps.faults.joining import Joining
 from hetps.faults.recovery import Recovery
 from hetps.faults.replicas import Replication
 from hetps.faults.takeover import Takeover
 from hetps.kvstore.aggregate import Aggregator
+from hetps.kvstore.client import DistKVStore
+from hetps.kvstore.pipeline import Pipeline
 from hetps.kvstore.server import KVServer
 from hetps.optim import kernels
 from hetps.tables.server import machine_memory
@@ -40,10 +45,49 @@ def new_scheduler(cfg: NodeConfig, recover: bool = False, **kwargs) -> Scheduler
 
 
 def new_node(cfg: NodeConfig) -> Node:
-    """A server's Node with its fault part (failover, rejoin and readmit: a node's side of a
-    death or a restart); a worker's is made by its store, with the part
-    :func:`hetps.kv.create` gives it."""
+    """A server's or a worker's Node with its fault part (failover, rejoin and readmit: a
+    node's side of a death or a restart)."""
     return Node(cfg, recovery=Recovery)
+
+
+def new_worker_store(name: str, cfg: NodeConfig) -> DistKVStore:
+    """A worker's ``dist_*`` store (``hetps.kv.create`` on a worker): its Node (started: it
+    registers), its pipeline, its fault part (joining), and, as ``cfg`` asks, the balance
+    agent (HETPS_BALANCE) and the live metrics meter (the scheduler serves them)."""
+    node = new_node(cfg).start()
+    if node.replicas > 1 and not name.startswith("dist_sync"):
+        text = (
+            f"{name} with HETPS_REPLICAS={node.replicas}: copies keep dist_sync rounds only; "
+            "use dist_sync, or HETPS_REPLICAS=1"
+        )
+        node.leave(text)
+        node.close()
+        raise ConfigError(text)
+    balance = cfg.balance != "none"
+    # network-aware mode paces pushes with a credit window (see Sender); the small requests
+    # of a call go as one message per server (not with balancing: the BalanceAgent times
+    # every message alone)
+    pipeline = Pipeline(
+        node,
+        [s.id for s in node.servers()],
+        cfg.push_window if balance else 0,
+        0 if balance else min(cfg.batch_bytes, batch.ITEM_BYTES_MAX),
+        cfg.request_timeout,
+    )
+    try:
+        kv = DistKVStore(name, cfg, node=node, pipeline=pipeline, joining=Joining)
+    except BaseException:
+        pipeline.close()
+        node.close()
+        raise
+    meter = None
+    if node.metrics_interval > 0:  # latencies, rounds, link bytes (docs/LIVE.md)
+        from hetps.metrics.reports import WorkerMeter
+
+        meter = WorkerMeter(node.metrics_interval, kv.send_metrics, kv.link_bytes, own_output=True)
+        meter.job = node.metrics_job
+    kv.plug(agent=BalanceAgent(kv) if balance else None, meter=meter)
+    return kv
 
 
 class DeviceAggregator(DeviceRounds, Aggregator):
@@ -86,7 +130,7 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
             )
             sched.metrics.tail.install()  # the dashboard shows its last lines
         except BaseException:
-            sched.van.close()
+            sched.close_unrun()
             raise
         sched.register(
             P.METRICS_REPORT, sched.metrics.handle, on_refused=sched.metrics.refused_body
@@ -105,7 +149,7 @@ def run_scheduler(cfg: NodeConfig) -> int:
     """Be the scheduler until the job ends; returns the exit code (0 = clean)."""
     sched = make_scheduler(cfg)
     if cfg.port_file:
-        write_port_file(cfg.port_file, sched.van.port)
+        write_port_file(cfg.port_file, sched.port)
     announce_metrics(sched)
     code = 1  # (an exception: the job failed)
     try:

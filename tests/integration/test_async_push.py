@@ -68,7 +68,7 @@ r, W = kv.rank, kv.num_workers
 n = 3000
 kv.init('w', np.zeros(n, np.float32))
 def sent():
-    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv.server_ids)
 pulls = []  # no optimizer: a round's sum replaces the value
 for rnd in range(4):
     g = np.arange(n, dtype=np.float32) * (r + 1) + rnd

@@ -11,9 +11,9 @@ SMALL_PARTS = {"HETPS_BIGARRAY_BOUND": "1000", "HETPS_CHUNK_BYTES": "4096"}
 
 COUNT = """
 def sent():
-    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv.server_ids)
 def recv():
-    return sum(s.msgs_recv for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+    return sum(s.msgs_recv for p, s in kv.node.van.counters.links.items() if p in kv.server_ids)
 def counted(call):
     kv.wait_outstanding()
     m, n = sent(), recv()
@@ -159,7 +159,7 @@ def test_list_calls_and_big_answers_go_through_the_ring_on_one_machine(cluster):
 kv = hetps.kv.create('dist_sync')
 r, W = kv.rank, kv.num_workers
 S = sum(range(1, W + 1))
-van, server = kv.node.van, kv._server_ids[0]
+van, server = kv.node.van, kv.server_ids[0]
 keys, n = [f'k{i}' for i in range(30)], 10000
 big, nb = 'big', 10 << 20
 kv.init(keys, [np.zeros(n, np.float32) for _ in keys])

@@ -33,7 +33,7 @@ except KeyError as e:
     assert 'never initialised' in str(e), e
 # the same mistakes sent raw to the server (bypassing the client's checks) are refused there
 from hetps.transport.codec import Message
-sid = kv._server_ids[0]
+sid = kv.server_ids[0]
 fut = kv.node.request(sid, Message('push', body={'k': 'w', 'part': 0, 'off': 0, 'n': 30,
                                                  'sync': True}, arrays=[np.zeros(30, np.float32)]))
 try:

@@ -190,7 +190,7 @@ def test_two_open_stores_are_refused_with_the_fix(monkeypatch):
     from hetps.torch import process
 
     class Open:
-        _closed = False
+        closed = False
 
     monkeypatch.setattr(hetps.kvstore, "_live", [Open(), Open()])
     monkeypatch.setattr(process, "_state", process._Process())

@@ -47,13 +47,13 @@ opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
 gen = torch.Generator().manual_seed(1)
 X = torch.randn(4, 32, 64, generator=gen)   # 4 steps, global batch 32
 Y = torch.randint(0, 10, (4, 32), generator=gen)
-sent0 = sum(s for s, _ in kv._link_bytes().values())
+sent0 = sum(s for s, _ in kv.link_bytes().values())
 for step in range(4):
     x, y = X[step, me * 8:(me + 1) * 8], Y[step, me * 8:(me + 1) * 8]
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
-sent = sum(s for s, _ in kv._link_bytes().values()) - sent0
+sent = sum(s for s, _ in kv.link_bytes().values()) - sent0
 model_bytes = sum(p.numel() * 4 for p in model.parameters())
 # the segments' names are gone from /dev/shm once every local rank mapped them (all have,
 # once every worker is past the init that made the last one: after a barrier)

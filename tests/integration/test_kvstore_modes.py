@@ -151,7 +151,7 @@ h.wait()
 assert (outs[0] == 2 * W).all() and (outs[1] == 2 * W).all(), outs
 # message count: a pushpull sends as many requests as a push alone
 def sent():
-    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv._server_ids)
+    return sum(s.msgs_sent for p, s in kv.node.van.counters.links.items() if p in kv.server_ids)
 kv.barrier()
 m0 = sent(); kv.push('g', grad, block=True); m1 = sent(); kv.pushpull('g', grad); m2 = sent()
 kv.pull('g'); m3 = sent()

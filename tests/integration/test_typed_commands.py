@@ -46,7 +46,7 @@ def test_malformed_bodies_to_a_live_scheduler_and_server_are_refused_and_the_job
     try:
         kv = worker_store("dist_sync", loopback_config("worker", sch.van.port))
         kv.init("w", np.full(4, 3, np.float32))
-        peer = {"scheduler": P.SCHEDULER_ID, "server": kv._server_ids[0]}
+        peer = {"scheduler": P.SCHEDULER_ID, "server": kv.server_ids[0]}
         for to, cmd, body, says in HOSTILE:
             with pytest.raises(RequestError) as err:
                 kv.node.request(peer[to], Message(cmd, body=body)).wait(10)

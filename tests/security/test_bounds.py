@@ -67,7 +67,7 @@ def test_a_frame_above_the_bound_costs_the_server_no_memory(tmp_path):
         assert grown_mb < 8, f"the server's peak memory rose by {grown_mb:.0f} MB"
         assert streamed < 64 << 20, "the whole 64 MiB went in"
         # within the frame bound: a push bigger than its key's part is refused and logged
-        sid = kv._server_ids[0]
+        sid = kv.server_ids[0]
         body = {"k": "w", "part": 0, "off": 0, "n": 8, "sync": True}
         fut = kv.node.request(sid, Message("push", body=body, arrays=[np.ones(16, np.float32)]))
         with pytest.raises(RequestError, match="got 16 values"):

@@ -203,7 +203,7 @@ class Job:
         self.kv.init("health", np.zeros(4, np.float32))
         self.kv.init("w", np.zeros(8, np.float32))
         self.kv.init("t", Table(50, 4, scale=0.1))  # a row-sparse key (spush, spull, sinit)
-        self.sid = self.kv._server_ids[0]
+        self.sid = self.kv.server_ids[0]
         self.errors: list[str] = []  # error answers the worker got
         self.round = 0
         self.hwm0 = _hwm_kb(self.server.pid)

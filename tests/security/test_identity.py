@@ -37,7 +37,7 @@ kv = hetps.kv.create('dist_sync')
 kv.init('w', np.zeros(8, np.float32))
 kv.init('keep', np.ones(4, np.float32))
 node = kv.node
-sid = kv._server_ids[0]
+sid = kv.server_ids[0]
 # each worker's address, for the outsider to try (a worker's node table names no other's)
 where = os.path.join(os.path.dirname(MARKER), 'worker-{}.addr')
 with open(where.format(kv.rank), 'w') as f:

@@ -161,7 +161,7 @@ def test_a_real_server_refuses_hostile_bodies_and_goes_on_serving(tmp_path):
     try:
         kv = worker_store("dist_sync", loopback_config("worker", sch.van.port))
         kv.init("w", np.full(8, 3, np.float32))
-        sid = kv._server_ids[0]
+        sid = kv.server_ids[0]
         for what, body, says in HOSTILE:
             msg = Message(P.PUSH, body=body, arrays=[np.ones(8, np.float32)])
             with pytest.raises(RequestError, match="^push") as err:

@@ -183,14 +183,14 @@ def test_the_host_groups_travel_packed_and_every_node_reads_them(sched):
             admit=lambda *a: None, connect=lambda *a, **k: None, mark_dead=lambda *a: None
         )
         node = SimpleNamespace(role=P.role_of(got.body["id"]), van=van)
-        Enrolment(node).take_table(got.body)
+        Enrolment(node, van).take_table(got.body)
         assert node.info.id == got.body["id"]
         assert {i: n.group for i, n in node.nodes.items()} == {
             i: (n.rank // 8 if n.role == "worker" else -1) for i, n in nodes.items()
         }
     bad = dict(tables[0].body, groups=tables[0].body["groups"][:-4])  # half a pair short
     van = SimpleNamespace(admit=lambda *a: None, connect=lambda *a, **k: None)
-    enrol = Enrolment(SimpleNamespace(role="worker", van=van))
+    enrol = Enrolment(SimpleNamespace(role="worker", van=van), van)
     enrol.answer(Message(P.NODES, req=1, reply=True, body=bad))
     assert "malformed node table" in enrol._reg_error and "(id, group) pairs" in enrol._reg_error
     worker_table = next(m for m in tables if P.role_of(m.body["id"]) == "worker")

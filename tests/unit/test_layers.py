@@ -142,3 +142,55 @@ def test_the_pure_balance_modules_import_nothing_of_hetps_but_each_other():
         assert mod in modules(), f"ARCHITECTURE.md lists balance.{name}, which is not a module"
         bad = {i for i in imports(modules()[mod]) if not i.startswith("hetps.balance")}
         assert not bad, f"{mod} imports {bad}"
+
+
+def test_the_kvstore_imports_nothing_of_metrics():
+    """The composition root (roles) makes a worker's meter and plugs it into the store: no
+    module of kvstore imports metrics, at the top or inside a function."""
+    assert "kvstore imports nothing of `metrics`" in architecture()
+    bad = {
+        (m, i)
+        for m in modules()
+        if m.startswith("hetps.kvstore")
+        for i in imports(modules()[m])
+        if layer_of(i) == "metrics"
+    }
+    assert not bad, bad
+
+
+def test_no_part_reaches_through_a_host_to_its_van():
+    """A part talks to its peers through the port it is given (PeerLinks), never through
+    another object's van (``node.van.``, ``sched.van.``), outside the transport layer."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for mod, path in modules().items()
+        if layer_of(mod) != "transport"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\b(node|sched)\.van\.", line)
+    ]
+    assert not bad, bad
+
+
+#: the names a part calls its host by
+HOSTS = {"node", "sched", "server", "kv", "run", "links"}
+
+
+def test_no_part_takes_its_host_typed_any():
+    """A part of the fault wing, of the cluster's hosts or of the store takes the port of its
+    family (cluster/ports.py, kvstore/ports.py, transport/links.py), never a host typed Any."""
+    bad = []
+    for mod, path in modules().items():
+        if layer_of(mod) not in ("faults", "cluster") and mod not in (
+            "hetps.kvstore.dense",
+            "hetps.kvstore.pipeline",
+            "hetps.esync.service",
+        ):
+            continue
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                for a in fn.args.args:
+                    if a.arg in HOSTS and (
+                        a.annotation is None or ast.unparse(a.annotation) == "Any"
+                    ):
+                        bad.append(f"{mod}:{fn.lineno} {a.arg}")
+    assert not bad, bad

@@ -1,6 +1,7 @@
-"""A worker's fault parts come from above: ``hetps.kv.create`` gives its store the Node's
-recovery and the store's joining (:mod:`hetps.faults`), and ``hetps.kvstore.create`` makes no
-distributed store without them."""
+"""A worker's store is built by the composition root: ``hetps.kv.create`` hands
+``hetps.kvstore.create`` the builder (:func:`hetps.roles.new_worker_store`), which gives the
+Node its recovery and the store its joining (:mod:`hetps.faults`); ``hetps.kvstore.create``
+makes no distributed store without it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 import hetps.kv
 import hetps.kvstore
+import hetps.roles
 from hetps.faults.joining import Joining
 from hetps.faults.recovery import Recovery
 
@@ -21,25 +23,47 @@ WORKER = {
 }
 
 
+class Made(Exception):
+    pass
+
+
+def capture_parts(monkeypatch) -> dict:
+    """Make the composition root's Node and DistKVStore record what they are given (and
+    stop there: the parts are all these tests look at)."""
+    made: dict = {}
+
+    class Node:
+        def __init__(self, cfg, *, recovery):
+            made["recovery"] = recovery
+
+        def start(self):
+            return self
+
+        def servers(self):
+            return []
+
+        send_batch = close = servers
+        replicas = 1
+
+    def store(name, cfg, *, node, pipeline, joining):
+        made.update(name=name, joining=joining)
+        raise Made
+
+    monkeypatch.setattr(hetps.roles, "Node", Node)
+    monkeypatch.setattr(hetps.roles, "DistKVStore", store)
+    return made
+
+
 def test_kv_create_gives_a_workers_store_its_fault_parts(monkeypatch):
-    made = {}
-
-    def create(name, env=None, **parts):
-        made.update(parts, name=name)
-        return "store"
-
-    monkeypatch.setattr(hetps.kvstore, "create", create)
-    assert hetps.kv.create("dist_sync", env=WORKER) == "store"
+    made = capture_parts(monkeypatch)
+    with pytest.raises(Made):
+        hetps.kv.create("dist_sync", env=WORKER)
     assert made == {"name": "dist_sync", "recovery": Recovery, "joining": Joining}
 
 
-@pytest.mark.parametrize(
-    "parts, missing",
-    [({}, "recovery and joining are missing"), ({"recovery": Recovery}, "joining is missing")],
-)
-def test_kvstore_create_refuses_a_dist_store_without_its_fault_parts(parts, missing):
-    with pytest.raises(TypeError, match=missing) as info:
-        hetps.kvstore.create("dist_sync", env=WORKER, **parts)
+def test_kvstore_create_refuses_a_dist_store_without_its_builder():
+    with pytest.raises(TypeError, match="no builder was given") as info:
+        hetps.kvstore.create("dist_sync", env=WORKER)
     assert "call hetps.kv.create('dist_sync')" in str(info.value)
 
 
@@ -53,16 +77,9 @@ def test_distributed_optimizer_gives_the_store_it_makes_its_fault_parts(monkeypa
     torch = pytest.importorskip("torch")
     from hetps.torch import DistributedOptimizer
 
-    made = {}
-
-    class Made(Exception):
-        pass
-
-    def create(name, env=None, **parts):
-        made.update(parts, name=name)
-        raise Made  # (the store is all this test looks at)
-
-    monkeypatch.setattr(hetps.kvstore, "create", create)
+    made = capture_parts(monkeypatch)
+    for k, v in WORKER.items():
+        monkeypatch.setenv(k, v)
     model = torch.nn.Linear(2, 1)
     with pytest.raises(Made):
         DistributedOptimizer(

@@ -198,6 +198,10 @@ class WorkerRun:
         """Whether this worker asks for a checkpoint after the current round."""
         return self.ckpt is not None and self.ckpt.wish()
 
+    def restart_data(self) -> None:
+        """Read the data again from where :attr:`epochs_done` says (a worker that joined)."""
+        self._stream = self._data_stream()
+
     def _data_stream(self):
         from hetps.app.data import batches
 

@@ -19,8 +19,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,7 +31,9 @@ from hetps.balance.wire import unpack_plan
 from hetps.cluster import bodies
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
-from hetps.cluster.requests import wait_all
+from hetps.cluster.node import Node
+from hetps.cluster.requests import Future, wait_all
+from hetps.config import NodeConfig
 from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.worker")
@@ -92,10 +95,35 @@ class Watch:
             agent.note(self.server_rank, reply.nbytes, now, first=False)
 
 
+class StoreLink(Protocol):
+    """What the agent uses of its store (a :class:`hetps.kvstore.client.DistKVStore`)."""
+
+    cfg: NodeConfig
+    node: Node
+    meta: dict[Any, Any]  # each key's KeyMeta: its parts and where they are
+    order: list[Any]
+    num_servers: int
+    timeout: float
+
+    #: its rank, and the job's workers
+    @property
+    def rank(self) -> int: ...
+    @property
+    def num_workers(self) -> int: ...
+
+    #: queue a request for a server (:meth:`DistKVStore.request`)
+    request: Callable[..., Future]
+
+    #: the node id of a server by rank
+    def server_id(self, server_rank: int) -> int: ...
+    #: wait for every request in flight
+    def wait_outstanding(self) -> None: ...
+
+
 class BalanceAgent:
     """A worker's balance agent, bound to its store ``kv``."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: StoreLink) -> None:
         self.kv = kv
         self.node = kv.node
         self.cfg = kv.cfg

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from hetps.cluster import protocol as P
+from hetps.cluster.ports import JobPort
 from hetps.transport.codec import Message
 
 
@@ -35,7 +35,7 @@ class Barrier:
 class Barriers:
     """The barriers of every group (a part of :class:`~hetps.cluster.scheduler.Scheduler`)."""
 
-    def __init__(self, sched: Any) -> None:
+    def __init__(self, sched: JobPort) -> None:
         self.sched = sched
         self.groups: dict[str, Barrier] = {g: Barrier() for g in P.GROUPS}
         self._version = 0  # bumped by changed()

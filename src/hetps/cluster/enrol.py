@@ -17,8 +17,10 @@ import numpy as np
 
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
+from hetps.cluster.ports import MemberPort
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
+from hetps.transport.links import PeerLinks
 from hetps.transport.van import PeerGone, new_routing_id
 
 #: messages kept from connections not yet known while the node table is on its way
@@ -104,8 +106,9 @@ def routing_id(value: object) -> bytes:
 class Enrolment:
     """The registration of ``node`` (see the module's text)."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: MemberPort, links: PeerLinks) -> None:
         self.node = node
+        self.links = links  # the node's connections to its peers
         self._registered = threading.Event()
         self._reg_error: str | None = None
         self._reg_progress: dict | None = None
@@ -122,9 +125,9 @@ class Enrolment:
         # the only ones that read as node 1
         back = new_routing_id()
         node.back_id = back
-        node.van.admit(back, P.SCHEDULER_ID)
-        node.van.connect(P.SCHEDULER_ID, f"{node.cfg.root_uri}:{node.cfg.root_port}", watch=True)
-        watch = node.van.take_watch(P.SCHEDULER_ID)
+        self.links.admit(back, P.SCHEDULER_ID)
+        self.links.connect(P.SCHEDULER_ID, f"{node.cfg.root_uri}:{node.cfg.root_port}", watch=True)
+        watch = self.links.take_watch(P.SCHEDULER_ID)
         node.start_receiving()
         deadline = time.monotonic() + node.cfg.connect_timeout
         refused: str | None = None
@@ -138,7 +141,7 @@ class Enrolment:
             return "no connection" if time.monotonic() > deadline else None
 
         try:
-            node.van.send(
+            self.links.send(
                 P.SCHEDULER_ID,
                 Message(
                     P.ADD_NODE,
@@ -146,7 +149,7 @@ class Enrolment:
                     body={
                         "role": node.role,
                         "host": node.cfg.node_host,
-                        "port": node.van.port,
+                        "port": self.links.port,
                         "back": back,
                         "want_rank": node.cfg.launch_rank,
                         "host_group": node.cfg.host_group if node.role == "worker" else -1,
@@ -165,7 +168,7 @@ class Enrolment:
             if watch is not None:
                 watch.close()
         if refused is not None:
-            node.van.mark_dead(P.SCHEDULER_ID)  # nothing queued for it can ever leave
+            self.links.mark_dead(P.SCHEDULER_ID)  # nothing queued for it can ever leave
             node.close()
             have = "this node holds a cluster secret" if node.cfg.secret else "this node has none"
             raise ClusterError(
@@ -211,7 +214,7 @@ class Enrolment:
             self._registered.set()
             early, self._early, self._early_bytes = self._early, [], 0
             for m in early:  # peers that learned of us before we did
-                m.sender = node.van.node_of(m.origin)
+                m.sender = self.links.node_of(m.origin)
                 node.dispatch(m)
 
     def keep_early(self, msg: Message) -> bool:
@@ -260,10 +263,10 @@ class Enrolment:
                 raise ValueError(f"no routing ids for node {n.id}")
         for n in peers:
             if n.id in down:  # (admitted again, this node hears of dead servers too)
-                node.van.mark_dead(n.id)
+                self.links.mark_dead(n.id)
                 continue
-            node.van.admit(into[n.id], n.id)
-            node.van.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id], bulk=True)
+            self.links.admit(into[n.id], n.id)
+            self.links.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id], bulk=True)
         node.nodes, node.info = nodes, me
         node.down, node.redirect = down, redirect
         node.recovery = body.get("recovery") == 1
@@ -274,7 +277,7 @@ class Enrolment:
         cred, gen = body.get("cred"), body.get("gen")
         if isinstance(cred, bytes) and isinstance(gen, int) and not isinstance(gen, bool):
             node.cred = {"cred": cred, "gen": gen}
-        node.van.my_id = me.id
+        self.links.my_id = me.id
         job = body.get("metrics_job")  # (the live metrics' job id: hetps.metrics.reports)
         if isinstance(job, str) and 0 < len(job) <= 64 and job.isprintable():
             node.metrics_job = job

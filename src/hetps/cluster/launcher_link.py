@@ -20,8 +20,8 @@ docs/FAULTS.md says what a user sees.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from hetps.cluster.ports import JobPort
 from hetps.cluster.protocol import NodeInfo
 
 log = logging.getLogger("hetps.scheduler")
@@ -69,7 +69,7 @@ def parse(text: str) -> tuple[str, str, int, str] | None:
 class LauncherLink:
     """The scheduler's lines to its launcher (mixed into Scheduler)."""
 
-    def __init__(self, sched: Any) -> None:
+    def __init__(self, sched: JobPort) -> None:
         self.sched = sched
 
     def say_alive(self) -> None:

@@ -29,6 +29,7 @@ from hetps.cluster.requests import Future, RequestTracker
 from hetps.config import NodeConfig, check_exposure
 from hetps.config.node import bulk_channels_on, user_malloc
 from hetps.transport.codec import Message
+from hetps.transport.links import PeerLinks
 from hetps.transport.van import UNKNOWN, PeerGone, Van
 
 log = logging.getLogger("hetps.node")
@@ -46,7 +47,7 @@ class Node:
         cfg: NodeConfig,
         handler: Handler | None = None,
         *,
-        recovery: Callable[[Node], Any],
+        recovery: Callable[[Node, PeerLinks], Any],
     ) -> None:
         if cfg.role not in ("server", "worker"):
             raise ValueError(f"a Node is a server or a worker, not {cfg.role!r}")
@@ -90,8 +91,8 @@ class Node:
         self.redirect: dict[int, int] = {}
         self.down: set[int] = set()  # servers dead now
         self.recovery = False  # this node was admitted again (ps-lite's is_recovery)
-        self.faults = recovery(self)  # failover, rejoin, readmit (faults/recovery.py)
-        self.enrol = Enrolment(self)  # registration, the node table (cluster/enrol.py)
+        self.faults = recovery(self, self.van)  # failover, rejoin, readmit (faults/recovery.py)
+        self.enrol = Enrolment(self, self.van)  # registration, the node table (cluster/enrol.py)
         # with copies: a failover re-sends the dead server's unanswered requests before any
         # newer request leaves (per-key order)
         self.route_lock = threading.Lock()
@@ -468,6 +469,12 @@ class Node:
     def endpoint(self) -> str:
         """The address this node receives on."""
         return self.van.endpoint
+
+    @property
+    def links(self) -> PeerLinks:
+        """This node's connections to its peers: the port a part that talks to a peer of
+        its own (ESync's state client) is given, instead of the van behind it."""
+        return self.van
 
     @property
     def counters(self) -> Any:

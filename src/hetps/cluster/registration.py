@@ -19,8 +19,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from hetps.cluster import protocol as P
 from hetps.cluster.enrol import ROUTE_BYTES, pack_groups, worker_fields
+from hetps.cluster.ports import JobPort
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
+from hetps.transport.links import PeerLinks
 from hetps.transport.van import PeerGone
 
 log = logging.getLogger("hetps.scheduler")
@@ -50,8 +52,9 @@ class Pending:
 class Registration:
     """Registration and ranks (a part of :class:`~hetps.cluster.scheduler.Scheduler`)."""
 
-    def __init__(self, sched: Any) -> None:
+    def __init__(self, sched: JobPort, links: PeerLinks) -> None:
         self.sched = sched
+        self.links = links  # the scheduler's connections to the nodes
         self.pending: list[Pending] = []
         # what the pending registrations hold, for O(1) checks of each new one (a walk of
         # them per registration was O(N^2) a start): their connections, the count per role
@@ -93,11 +96,10 @@ class Registration:
                 "a new node can join once it did",
             )  # fmt: skip
             return
-        if self.sched._failed_start is not None:
+        if self.sched.failed_start is not None:
             # a node died before the cluster was complete: every late one is told why
-            self.refuse(origin, host, port, back, msg.req, self.sched._failed_start)
-            self.sched._late_refused += 1
-            self.sched._end_failed_start()
+            self.refuse(origin, host, port, back, msg.req, self.sched.failed_start)
+            self.sched.refused_late()
             return
         slot = self.sched.takeover.rejoin_slot(role, want) if self.sched.nodes else None
         if slot is not None:
@@ -133,7 +135,7 @@ class Registration:
             self.refuse(origin, host, port, back, msg.req, refusal)
             return
         try:
-            self.sched.van.connect(origin, f"{host}:{port}", routing_id=back)
+            self.links.connect(origin, f"{host}:{port}", routing_id=back)
         except PeerGone as exc:
             log.warning("scheduler: registration with a bad address: %s", exc)
             return
@@ -188,12 +190,12 @@ class Registration:
         log.warning("scheduler: refused a registration from %s:%s: %s", host, port, text)
         key = ("refusal", origin)
         try:
-            self.sched.van.connect(key, f"{host}:{port}", routing_id=back)
+            self.links.connect(key, f"{host}:{port}", routing_id=back)
         except PeerGone as exc:
             log.warning("scheduler: registration with a bad address: %s", exc)
             return
         self.sched.send_to(key, Message(P.REFUSED, req=req, reply=True, body={"error": text}))
-        self.sched.van.disconnect(key, linger_ms=1000)  # let the refusal leave first
+        self.links.disconnect(key, linger_ms=1000)  # let the refusal leave first
 
     def pair_id(self, src: int, dst: int) -> bytes:
         """The routing id node ``src`` connects to node ``dst`` with (known to both alone; a
@@ -267,8 +269,8 @@ class Registration:
             ranks[p.role] += 1
             nid = P.server_id(rank) if p.role == "server" else P.worker_id(rank)
             self.sched.nodes[nid] = NodeInfo(nid, p.role, rank, p.host, p.port, p.group)
-            self.sched.van.rename(p.origin, nid)
-            self.sched.van.admit(p.origin, nid)
+            self.links.rename(p.origin, nid)
+            self.links.admit(p.origin, nid)
             self.sched.last_seen[nid] = time.monotonic()
             if self.sched.cfg.verbose >= 1:
                 log.info(

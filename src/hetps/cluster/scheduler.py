@@ -32,6 +32,7 @@ from hetps.cluster.registration import Registration
 from hetps.config import NodeConfig, check_exposure, is_loopback
 from hetps.transport.codec import Message
 from hetps.transport.handshakes import RefusalLog
+from hetps.transport.links import PeerLinks
 from hetps.transport.van import PeerGone, Van
 
 log = logging.getLogger("hetps.scheduler")
@@ -51,7 +52,7 @@ class Scheduler:
         bind_host: str | None = None,
         recover: bool = False,
         *,
-        takeover: Callable[[Scheduler], Any],
+        takeover: Callable[[Scheduler, PeerLinks], Any],
         elastic: Callable[[Scheduler], Any],
     ) -> None:
         self.cfg = cfg
@@ -121,7 +122,8 @@ class Scheduler:
         self.creds = Credentials(self.van.port, recover)
         self._table_mark: tuple = ()  # what the node table kept beside the key was made of
         self._notices: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
-        self._failed_start: str | None = None  # why the start failed (a node died first)
+        #: why the start failed (a node died before the cluster was complete), or None
+        self.failed_start: str | None = None
         self._late_refused = 0  # nodes told so
         self._dead_before_start = 0
         # plug-in services (and their worker-finished hooks) run in order on a thread of their
@@ -132,9 +134,9 @@ class Scheduler:
         # the parts: registration, barriers, a server's death (takeover, --recover's
         # readmits), workers let go and joining again (HETPS_ELASTIC), the lines to the
         # launcher; the fault parts are the wing hetps.faults, plugged in by hetps.roles
-        self.registration = Registration(self)
+        self.registration = Registration(self, self.van)
         self.barriers = Barriers(self)
-        self.takeover = takeover(self)
+        self.takeover = takeover(self, self.van)
         self.workers_part = elastic(self)
         self.launcher = LauncherLink(self)
 
@@ -203,6 +205,16 @@ class Scheduler:
     def expected(self) -> int:
         """Number of servers plus workers the cluster waits for."""
         return self.cfg.num_server + self.cfg.num_worker
+
+    @property
+    def port(self) -> int:
+        """The port the scheduler receives on (what a launcher reads)."""
+        return self.van.port
+
+    def close_unrun(self) -> None:
+        """Close the sockets of a scheduler that will not run (its services failed to start);
+        :meth:`run` closes them itself when it ends."""
+        self.van.close()
 
     def start(self) -> Scheduler:
         """Run the loop in a background thread (for in-process clusters and tests)."""
@@ -464,7 +476,7 @@ class Scheduler:
                 else:
                     self.takeover.end_recovery()
             return
-        if self._failed_start is not None:
+        if self.failed_start is not None:
             if now - self.started > self.cfg.connect_timeout:
                 self.exit_code = 1  # the rest never came to be told
             return
@@ -516,10 +528,15 @@ class Scheduler:
         for p in self.registration.pending:
             self.send_to(p.origin, Message(P.REFUSED, req=p.req, reply=True, body={"error": text}))
         self._dead_before_start += 1
-        if self._failed_start is None:
-            self._failed_start = text
+        if self.failed_start is None:
+            self.failed_start = text
             self._late_refused = len(self.registration.pending)
             self.registration.pending = []
+        self._end_failed_start()
+
+    def refused_late(self) -> None:
+        """A node that came after a failed start was told why (:attr:`failed_start`)."""
+        self._late_refused += 1
         self._end_failed_start()
 
     def _end_failed_start(self) -> None:

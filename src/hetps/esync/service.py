@@ -23,9 +23,11 @@ from typing import Any
 
 from hetps.cluster import commands
 from hetps.cluster import protocol as P
+from hetps.cluster.node import Node
 from hetps.cluster.requests import Future
 from hetps.esync.policy import ReadinessPolicy
 from hetps.transport.codec import Message
+from hetps.transport.links import PeerLinks
 from hetps.transport.van import PeerGone, Van, new_routing_id
 
 log = logging.getLogger("hetps.state_server")
@@ -239,18 +241,23 @@ class StateServer:
 class StateClient:
     """A worker's link to the state server (the scheduler, or a standalone one)."""
 
-    def __init__(self, node: Any, endpoint: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, node: Node, endpoint: str | None = None, timeout: float = 60.0) -> None:
         self.node = node
         self.timeout = timeout
         self.peer: Any = P.SCHEDULER_ID
         self._back: bytes | None = None
         if endpoint is not None:
             self.peer = "state-server"
-            node.van.connect(self.peer, endpoint)
+            self.links.connect(self.peer, endpoint)
             # the state server answers over a connection of its own, with a routing id only
             # it learns (in each report): its answers read as STANDALONE_ID, nobody else's do
             self._back = new_routing_id()
-            node.van.admit(self._back, STANDALONE_ID)
+            self.links.admit(self._back, STANDALONE_ID)
+
+    @property
+    def links(self) -> PeerLinks:
+        """The worker node's connections (the port :attr:`Node.links` hands out)."""
+        return self.node.links
 
     def report(self, rnd: int, step_s: float, elapsed_s: float) -> dict:
         """Report one local step; returns the state server's answer."""
@@ -263,7 +270,7 @@ class StateClient:
             "round": rnd,
             "step_s": step_s,
             "elapsed_s": elapsed_s,
-            "ep": self.node.van.endpoint,
+            "ep": self.links.endpoint,
         }
         if self._back is not None:
             body["back"] = self._back
@@ -273,5 +280,5 @@ class StateClient:
         msg = Message(REPORT, req=fut.req, body=body)
         if self.peer == P.SCHEDULER_ID:
             fut.sent = msg  # a scheduler started again (--recover) gets it again
-        self.node.van.send(self.peer, msg)
+        self.links.send(self.peer, msg)
         return fut

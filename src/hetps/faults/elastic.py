@@ -15,9 +15,9 @@ docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from hetps.cluster import protocol as P
+from hetps.cluster.ports import JobPort
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
 
@@ -27,7 +27,7 @@ log = logging.getLogger("hetps.scheduler")
 class ElasticWorkers:
     """Letting workers go and in (a part of Scheduler, whose tables it reads and changes)."""
 
-    def __init__(self, sched: Any) -> None:
+    def __init__(self, sched: JobPort) -> None:
         self.sched = sched
         # a let-go worker started again that waits to join (its join request), and the live
         # workers that reached the round boundary where it may (their admit requests)

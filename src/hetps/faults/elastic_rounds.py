@@ -10,11 +10,12 @@ fits.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
 from hetps.kvstore.hostrounds import keep
+from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
 
@@ -23,14 +24,14 @@ class ElasticRounds:
     """Per-worker rounds, leaves and joins: a part of a :class:`~hetps.kvstore.server.KVServer`
     (``server``: its slices, answers, aggregator and round end)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: ServerPort) -> None:
         self.server = server
         self.node = server.node
 
     @property
     def active(self) -> bool:
         """Whether a worker may leave mid-job (HETPS_ELASTIC): rounds are kept per worker."""
-        return self.server._fixed_workers is None and getattr(self.node, "elastic", 0) > 0
+        return not self.server.workers_fixed and getattr(self.node, "elastic", 0) > 0
 
     # -- HETPS_ELASTIC: a round is kept per worker until it is complete ----------------------
     def hold(
@@ -42,7 +43,7 @@ class ElasticRounds:
         off: int,
         n: int,
         ce: int,
-        host: Any = None,
+        host: Sequence[int] | None = None,
     ) -> None:
         """Keep a push of this round apart from the others' (merged when the round is
         complete, so a worker that dies before leaves nothing in it). ``host``: the push's
@@ -111,7 +112,7 @@ class ElasticRounds:
 
     def gone(self, worker: int) -> bool:
         """Whether ``worker`` was let go (and has not entered again)."""
-        return self.server._fixed_workers is None and worker in getattr(self.node, "left", ())
+        return not self.server.workers_fixed and worker in getattr(self.node, "left", ())
 
     def in_rounds(self, msg: Message) -> None:
         """Refuse what would change the job's keys from a worker that is out of its rounds (let

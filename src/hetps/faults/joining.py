@@ -1,7 +1,7 @@
 """A worker joining a running job (HETPS_ELASTIC), a part of
 :class:`hetps.kvstore.client.DistKVStore` (which calls it through ``kv.join()``,
 ``kv.admit()``, ``kv.declare()``) and takes as an argument (``joining=Joining``, given by
-:func:`hetps.kv.create`).
+:func:`hetps.roles.new_worker_store`).
 
 A worker that died was let go, and the job went on. Started again (``hetps train`` with
 ``--max-restarts``, or by hand with its ``DMLC_*`` variables and ``HETPS_LAUNCH_RANK``), it
@@ -24,6 +24,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.requests import wait_all
 from hetps.kvstore.base import normalize_keys, per_key, reduce_values, settle, staged_call
 from hetps.kvstore.keys import KeyMeta
+from hetps.kvstore.ports import StorePort
 from hetps.tables.rowsparse import Table, table_declaration
 from hetps.transport.codec import Message
 
@@ -31,7 +32,7 @@ from hetps.transport.codec import Message
 class Joining:
     """join / admit of the store ``kv``."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: StorePort) -> None:
         self.kv = kv
         self._joined = False
         self._rounds: dict[Any, int] = {}  # the job's round count per key, given at the join
@@ -141,7 +142,7 @@ class Joining:
                 if k not in self.kv.meta:
                     self.kv.order.append(k)
                 self.kv.meta[k] = KeyMeta(
-                    tuple(arr.shape), arr.dtype, self.kv._placement(k, arr.size)
+                    tuple(arr.shape), arr.dtype, self.kv.placement(k, arr.size)
                 )
                 self.kv.meta[k].rounds = self._rounds.get(k, 0)
         settle([])

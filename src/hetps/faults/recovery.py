@@ -1,6 +1,6 @@
 """How a node lives through the death of a peer or of the scheduler, as a part of
 :class:`hetps.cluster.node.Node`, which takes it as an argument (``Node(cfg,
-recovery=Recovery)``: :func:`hetps.roles.new_node`, and for a worker :func:`hetps.kv.create`).
+recovery=Recovery)``: :func:`hetps.roles.new_node`), with the node's links to its peers.
 
 * ``failover`` (HETPS_REPLICAS): a dead server's keys are served by the next live server;
   requests to it are re-routed and its unanswered ones sent again, in order.
@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from hetps.cluster import batch
 from hetps.cluster import protocol as P
 from hetps.cluster.enrol import routing_id
 from hetps.cluster.errors import NodeFailure
+from hetps.cluster.ports import MemberPort
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future
 from hetps.transport.codec import Message
+from hetps.transport.links import PeerLinks
 from hetps.transport.van import PeerGone
 
 log = logging.getLogger("hetps.node")
@@ -32,8 +33,9 @@ log = logging.getLogger("hetps.node")
 class Recovery:
     """Failover, rejoin and readmit (a part of Node: ``node``, whose tables it reads and changes)."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: MemberPort, links: PeerLinks) -> None:
         self.node = node
+        self.links = links  # the node's connections to its peers
         self.readmit: Future | None = None  # asking a restarted scheduler to take us back
 
     def failover(self, msg: Message) -> None:
@@ -53,7 +55,7 @@ class Recovery:
             return
         text = msg.typed.error or f"{self.node.describe(dead)} died"
         # first: a send to it blocked on a full queue (holding the route lock) gives up
-        self.node.van.mark_dead(dead)
+        self.links.mark_dead(dead)
         with self.node.route_lock:
             self.node.down.add(dead)
             for k, v in list(self.node.redirect.items()):
@@ -72,7 +74,7 @@ class Recovery:
                     sent.cmd in P.SPARSE_COMMANDS
                 ):
                     try:
-                        self.node.van.send(to, sent)
+                        self.links.send(to, sent)
                         again += 1
                     except Exception as exc:  # noqa: BLE001 - PeerGone, a closed socket
                         self.node.requests.resolve(
@@ -109,7 +111,7 @@ class Recovery:
             return
         self.node.left.add(gone)
         if self.node.role == "server":
-            self.node.van.mark_dead(gone)  # answers to it are dropped, not queued
+            self.links.mark_dead(gone)  # answers to it are dropped, not queued
         log.warning(
             "%s: %s; the job goes on with %d workers",
             self.node.role,
@@ -138,7 +140,7 @@ class Recovery:
             pass
         if nid in self.node.left:
             self.node.left.discard(nid)
-            self.node.van.revive(nid)
+            self.links.revive(nid)
             log.warning(
                 "%s: %s joined; the job goes on with %d workers",
                 self.node.role,
@@ -170,9 +172,9 @@ class Recovery:
             return
         with self.node.route_lock:
             self.node.nodes[info.id] = info
-            self.node.van.admit(into, info.id)
-            self.node.van.revive(info.id)
-            self.node.van.connect(info.id, f"{info.host}:{info.port}", routing_id=out, bulk=True)
+            self.links.admit(into, info.id)
+            self.links.revive(info.id)
+            self.links.connect(info.id, f"{info.host}:{info.port}", routing_id=out, bulk=True)
             self.node.down.discard(info.id)
         log.warning("%s: %s is back (is_recovery=1)", self.node.role, info.describe())
         if self.node.on_rejoin is not None and not worker:
@@ -189,7 +191,7 @@ class Recovery:
         if pending is not None and not pending.done():
             if pending.sent is not None:
                 try:
-                    self.node.van.send(P.SCHEDULER_ID, pending.sent)
+                    self.links.send(P.SCHEDULER_ID, pending.sent)
                 except PeerGone:
                     pass
             return
@@ -208,7 +210,7 @@ class Recovery:
                 "role": self.node.role,
                 "rank": self.node.info.rank,
                 "host": self.node.cfg.node_host,
-                "port": self.node.van.port,
+                "port": self.links.port,
                 "back": self.node.back_id,
                 "view": view,
                 **self.node.cred,  # the proof that it is this node (cluster/credentials.py)
@@ -221,7 +223,7 @@ class Recovery:
         fut.sent = msg
         self.readmit = fut
         try:
-            self.node.van.send(P.SCHEDULER_ID, msg)
+            self.links.send(P.SCHEDULER_ID, msg)
         except PeerGone:
             self.node.requests.discard(fut.req)
 
@@ -235,7 +237,7 @@ class Recovery:
         for fut in self.node.requests.retarget(P.SCHEDULER_ID, P.SCHEDULER_ID):
             if fut.sent is not None and fut is not self.readmit:
                 try:
-                    self.node.van.send(P.SCHEDULER_ID, fut.sent)
+                    self.links.send(P.SCHEDULER_ID, fut.sent)
                 except PeerGone:
                     pass
 
@@ -266,9 +268,9 @@ class Recovery:
                 fut.sent = msg
             try:
                 if len(msgs) == 1:
-                    self.node.van.send(peer, msgs[0], track=track)
+                    self.links.send(peer, msgs[0], track=track)
                 else:
-                    self.node.van.send(peer, batch.pack(msgs, req=futs[0].req))
+                    self.links.send(peer, batch.pack(msgs, req=futs[0].req))
                 return True
             except Exception as exc:  # noqa: BLE001 - PeerGone, a closed socket
                 for fut in futs:

@@ -16,16 +16,35 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+
+class RunPort(Protocol):
+    """What :class:`Rejoin` uses of its run (a :class:`hetps.app.worker.WorkerRun`)."""
+
+    kv: Any  # the worker's store
+    model: torch.nn.Module
+    device: Any
+    rank: int
+    lead: bool
+    #: the mode's distributed part, and the checkpoint's optimizer (``-m esync``)
+    shared: Any
+    ckpt_opt: Any
+    first_round: int
+    steps_done: int
+    epochs_done: Fraction
+
+    #: read the data again from where :attr:`epochs_done` says
+    def restart_data(self) -> None: ...
 
 
 class Rejoin:
     """admit / join of the run ``run`` (a WorkerRun: its kv, model, optimizers, counters and
     data stream)."""
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: RunPort) -> None:
         self.run = run
 
     def admit(self, rnd: int) -> None:
@@ -76,7 +95,7 @@ class Rejoin:
         run.first_round = int(state["round"])
         run.steps_done = int(state["steps_done"])
         run.epochs_done = Fraction(state["epochs_done"])
-        run._stream = run._data_stream()
+        run.restart_data()
         print(
             f"worker {run.rank}: joined the running job after round {run.first_round} "
             f"(is_recovery=1); {run.kv.live_workers} workers",

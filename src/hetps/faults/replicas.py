@@ -23,6 +23,7 @@ from hetps import optim
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import RequestError
 from hetps.kvstore.aggregate import writable
+from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice, short, slice_key
 from hetps.tables.server_replicas import TABLE_OPS
 from hetps.transport.codec import WIRE_DTYPES, Message
@@ -47,7 +48,7 @@ class Replication:
     slices, answers, optimizer and aggregator): which servers keep copies of what it serves,
     and the copies it sends and takes."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: ServerPort) -> None:
         self.server = server
         self.node = server.node
         self.slices = server.slices

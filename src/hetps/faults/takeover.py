@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from hetps.cluster import protocol as P
 from hetps.cluster.enrol import unpack_groups
+from hetps.cluster.ports import JobPort
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
+from hetps.transport.links import PeerLinks
 from hetps.transport.van import PeerGone
 
 log = logging.getLogger("hetps.scheduler")
@@ -32,8 +33,9 @@ class Takeover:
 
     # -- a server admitted again (HETPS_REPLICAS) ---------------------------------------------
 
-    def __init__(self, sched: Any) -> None:
+    def __init__(self, sched: JobPort, links: PeerLinks) -> None:
         self.sched = sched
+        self.links = links  # the scheduler's connections to the nodes
         self.back: dict[int, int] = {}  # node id -> its readmit request (--recover)
         self.view: dict | None = None  # the job, once a node of it came back (--recover)
         # the node table the scheduler that died kept beside its key (--recover), and why
@@ -117,14 +119,14 @@ class Takeover:
         origin = msg.origin
         self.sched.rejoined[nid] = self.sched.rejoined.get(nid, 0) + 1  # (new pair ids: pair_id)
         try:
-            self.sched.van.connect(origin, f"{host}:{port}", routing_id=back)
+            self.links.connect(origin, f"{host}:{port}", routing_id=back)
         except PeerGone as exc:
             log.warning("scheduler: registration with a bad address: %s", exc)
             self.sched.rejoined[nid] -= 1
             return None
-        self.sched.van.disconnect(nid)
-        self.sched.van.rename(origin, nid)
-        self.sched.van.admit(origin, nid)
+        self.links.disconnect(nid)
+        self.links.rename(origin, nid)
+        self.links.admit(origin, nid)
         old = self.sched.nodes[nid]
         info = NodeInfo(nid, old.role, old.rank, host, port, old.group)
         self.sched.nodes[nid] = info
@@ -224,13 +226,13 @@ class Takeover:
                     bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
             self.sched.barriers.changed()
         try:
-            self.sched.van.connect(msg.origin, f"{host}:{port}", routing_id=back)
+            self.links.connect(msg.origin, f"{host}:{port}", routing_id=back)
         except PeerGone as exc:
             log.warning("scheduler: readmit with a bad address: %s", exc)
             return
-        self.sched.van.disconnect(me.id)
-        self.sched.van.rename(msg.origin, me.id)
-        self.sched.van.admit(msg.origin, me.id)
+        self.links.disconnect(me.id)
+        self.links.rename(msg.origin, me.id)
+        self.links.admit(msg.origin, me.id)
         old = table.get(me.id)
         table[me.id] = NodeInfo(me.id, role, rank, host, port, old.group if old else -1)
         self.view["nodes"][me.id] = table[me.id]

@@ -2,8 +2,8 @@
 
 Names: ``local``, ``device`` (one process), ``dist_sync``, ``dist_async``,
 ``dist_sync_device``, ``dist_async_device`` (a cluster). ``create`` here makes a worker's store
-from the fault parts it is given (:mod:`hetps.faults`, a layer below this one);
-:func:`hetps.kv.create`, the entry point, gives them, and runs a scheduler's or server's role
+with the builder it is given (the composition root's, a layer below this one);
+:func:`hetps.kv.create`, the entry point, gives it, and runs a scheduler's or server's role
 in a process whose ``DMLC_ROLE`` says so, so a script written for MXNet runs unchanged in
 every role.
 """
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hetps.config import ConfigError, node_config_from_env, role_from_env
+from hetps.config import ConfigError, NodeConfig, node_config_from_env, role_from_env
 from hetps.kvstore import exits
 from hetps.kvstore.client import DistKVStore
 from hetps.kvstore.local import LocalKVStore
@@ -27,6 +27,11 @@ __all__ = ["NAMES", "DistKVStore", "LocalKVStore", "create", "ConfigError"]
 
 _live: list[DistKVStore] = []
 _hooked = False
+
+
+def live() -> list[DistKVStore]:
+    """The ``dist_*`` stores :func:`create` made in this process that are still open."""
+    return [kv for kv in _live if not kv.closed]
 
 
 def setup_logging(verbose: int) -> None:
@@ -70,17 +75,16 @@ def create(
     name: str = "local",
     env: Mapping[str, str] | None = None,
     *,
-    recovery: Callable[[Any], Any] | None = None,
-    joining: Callable[[DistKVStore], Any] | None = None,
+    build: Callable[[str, NodeConfig], DistKVStore] | None = None,
 ) -> Any:
     """A worker's KVStore (MXNet's ``mx.kv.create``, on a worker): for ``dist_*`` names the
-    process joins the cluster described by ``DMLC_*`` variables as a worker, with the fault
-    parts it is given: ``recovery`` its Node's (:class:`hetps.faults.recovery.Recovery`) and
-    ``joining`` the store's (:class:`hetps.faults.joining.Joining`).
+    process joins the cluster described by ``DMLC_*`` variables as a worker, in the store
+    that ``build`` makes of the name and the configuration: the composition root's
+    :func:`hetps.roles.new_worker_store`, which builds its Node, its parts and its meter.
 
-    :func:`hetps.kv.create` is the entry point for every role: it gives a worker's store
-    these parts, and under ``DMLC_ROLE=server`` or ``scheduler`` it runs that role
-    (:mod:`hetps.roles`) instead of making a store.
+    :func:`hetps.kv.create` is the entry point for every role: it gives ``build``, and
+    under ``DMLC_ROLE=server`` or ``scheduler`` it runs that role (:mod:`hetps.roles`)
+    instead of making a store.
     """
     if not isinstance(name, str) or name not in NAMES:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
@@ -92,16 +96,15 @@ def create(
         )
     if not name.startswith("dist"):
         return LocalKVStore(name)
-    missing = [n for n, part in (("recovery", recovery), ("joining", joining)) if part is None]
-    if missing:
+    if build is None:
         raise TypeError(
-            f"hetps.kvstore.create({name!r}) makes a worker's store from the fault parts it "
-            f"is given, and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-            f"missing: call hetps.kv.create({name!r}), which gives them"
+            f"hetps.kvstore.create({name!r}) makes a worker's store with the parts the "
+            "composition root builds (its Node, fault parts, balance agent, meter), and no "
+            f"builder was given: call hetps.kv.create({name!r}), which gives it"
         )
     cfg = node_config_from_env(env)
     setup_logging(cfg.verbose)
-    kv = DistKVStore(name, cfg, recovery=recovery, joining=joining)
+    kv = build(name, cfg)
     _install_exit_hooks()
     _live.append(kv)
     return kv

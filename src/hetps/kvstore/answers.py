@@ -8,6 +8,7 @@ from typing import Any
 
 from hetps.cluster import batch
 from hetps.cluster import protocol as P
+from hetps.cluster.node import Node
 from hetps.transport.codec import Message
 
 
@@ -31,7 +32,7 @@ class Answers:
     collecting, ``send_replies`` (several answers to one destination in one message) and
     ``cfg.batch_bytes``; without them every answer goes at once."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         # answers collected while a message is handled: destination -> [(answer, pending)]
         self._out: dict[int, list] | None = None

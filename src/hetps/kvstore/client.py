@@ -25,13 +25,12 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
-from hetps.balance.agent import BalanceAgent
-from hetps.cluster import batch, bodies
+from hetps.cluster import bodies
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
-from hetps.config import ConfigError, NodeConfig
+from hetps.config import NodeConfig
 from hetps.device.staging import on_device
 from hetps.kvstore import hostagg, states
 from hetps.kvstore.base import (
@@ -60,38 +59,32 @@ class DistKVStore:
     """A worker's handle on the distributed KVStore (MXNet's ``KVStoreDist``). Its parts:
     ``pipeline`` (every request on its way), ``dense`` (a dense key's chunk requests),
     ``sparse`` (row-sparse keys), ``joins`` (a worker joining a running job). Its fault
-    parts come from above (:mod:`hetps.faults`), as :func:`hetps.kv.create` gives them:
-    ``recovery`` its Node's (:class:`hetps.faults.recovery.Recovery`), ``joining`` its own
-    (:class:`hetps.faults.joining.Joining`)."""
+    parts come from above (:mod:`hetps.faults`): its Node's recovery and its own
+    ``joining`` (:class:`hetps.faults.joining.Joining`). The composition root
+    (:func:`hetps.roles.new_worker_store`) builds the Node, the pipeline, the fault part,
+    the balance agent and the meter, and hands them in."""
 
     def __init__(
         self,
         name: str,
         cfg: NodeConfig,
         *,
-        recovery: Callable[[Node], Any],
+        node: Node,
+        pipeline: Pipeline,
         joining: Callable[[DistKVStore], Any],
     ) -> None:
         self.type = name
         self.sync = name.startswith("dist_sync")
         self.cfg = cfg
-        self.node = Node(cfg, recovery=recovery).start()
+        self.node = node
         self.num_servers = len(self.node.servers())
-        self._server_ids = [s.id for s in self.node.servers()]
+        #: the servers' node ids by rank (a plan names servers by rank, requests go to ids)
+        self.server_ids = [s.id for s in self.node.servers()]
         self.meta: dict[Any, KeyMeta] = {}
         self.order: list[Any] = []  # keys in init order (the balance layout's order)
         self.compressor: TwoBitCompressor | None = None
         self.balance = cfg.balance != "none"
-        # network-aware mode paces pushes with a credit window (see Sender); the small
-        # requests of a call go as one message per server (not with balancing: the
-        # BalanceAgent times every message alone)
-        self.pipeline = Pipeline(
-            self.node,
-            self._server_ids,
-            cfg.push_window if self.balance else 0,
-            0 if self.balance else min(cfg.batch_bytes, batch.ITEM_BYTES_MAX),
-            cfg.request_timeout,
-        )
+        self.pipeline = pipeline
         self._sender = self.pipeline.sender  # the send queue (read by tests and benchmarks)
         self.dense = DenseRequests(self)
         self.sparse = SparseKeys(self)  # row-sparse keys (tables/worker.py)
@@ -100,39 +93,24 @@ class DistKVStore:
         self._closed = False
         # key -> {(start, stop): workers}: ranges last received as a sum of fewer workers
         # than the job's (a worker left: HETPS_ELASTIC); see short_rounds()
-        self._short: dict[Any, dict[tuple[int, int], int]] = {}
+        self.short_marks: dict[Any, dict[tuple[int, int], int]] = {}
         # push calls since the last pull, and in the run before: a run of several (a per-key
         # loop) hands its pushes to the sender thread so that they coalesce; a lone push
         # (push, then pull) is sent by the caller, one thread hand-off less
         self._push_run = 0
         self._last_push_run = 0
-        self._calls = 0  # push calls so far (which call made which of a key's pushes)
-        # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans
-        self.agent = self.pipeline.agent = BalanceAgent(self) if self.balance else None
+        self.calls = 0  # push calls so far (which call made which of a key's pushes)
+        # network-aware load distribution (HETPS_BALANCE): slices, measurements, plans;
+        # and live metrics (docs/LIVE.md): both plugged in by the composition root (plug)
+        self.agent: Any = None
+        self.meter: Any = None
         # pulls answered by the push before them (dist_sync, slices that stay where they are)
         self._prefetch = self.sync and not self.balance
         self.node.handler = self.pipeline.on_message  # forecasts and push receipts
         # copies of every key on several servers (HETPS_REPLICAS): pushes carry their round
-        self._copies = self.node.replicas > 1 and self.sync
-        if self.node.replicas > 1 and not self.sync:
-            text = (
-                f"{name} with HETPS_REPLICAS={self.node.replicas}: copies keep dist_sync "
-                "rounds only; use dist_sync, or HETPS_REPLICAS=1"
-            )
-            self.node.leave(text)
-            self.node.close()
-            raise ConfigError(text)
+        self.copies = self.node.replicas > 1 and self.sync
         # the host's workers sum through shared memory, push and pull once (docs/HOSTS.md)
         self.hostagg, self.host_tag = hostagg.plan(self)
-        # live metrics (the scheduler serves them: docs/LIVE.md): latencies, rounds, link bytes
-        self.meter = None
-        if self.node.metrics_interval > 0:
-            from hetps.metrics.reports import WorkerMeter
-
-            self.meter = self.pipeline.meter = WorkerMeter(
-                self.node.metrics_interval, self._send_metrics, self._link_bytes, own_output=True
-            )
-            self.meter.job = self.node.metrics_job
         if cfg.verbose >= 1:
             log.info("worker rank %d of %d is up (%s)", self.rank, self.num_workers, name)
 
@@ -145,7 +123,7 @@ class DistKVStore:
     def server_id(self, server_rank: int) -> int:
         """The node id of server ``server_rank`` (as registered; a plan names servers by
         rank, requests go to node ids)."""
-        return self._server_ids[server_rank]
+        return self.server_ids[server_rank]
 
     @property
     def num_workers(self) -> int:
@@ -173,7 +151,7 @@ class DistKVStore:
         worker left in that round (``HETPS_ELASTIC``, dist_sync without a server optimizer).
         Divide those ranges by ``workers`` instead of ``num_workers`` to average. Empty
         while every worker takes part."""
-        marks = self._short.get(key)
+        marks = self.short_marks.get(key)
         out: list[tuple[int, int, int]] = []
         for (a, b), w in sorted(marks.items()) if marks else ():
             if out and out[-1][1] == a and out[-1][2] == w:  # chunks of one range: joined
@@ -206,19 +184,35 @@ class DistKVStore:
         """Queue ``msg`` for server ``server_rank`` (:meth:`Pipeline.request`)."""
         return self.pipeline.request(key, priority, server_rank, msg, callback, landing, own)
 
-    def _send_metrics(self, body: dict) -> None:
+    def end_push_run(self) -> None:
+        """A pull ends a run of push calls (how long it was decides whether the next run's
+        pushes go through the sender thread, to coalesce)."""
+        if self._push_run:
+            self._last_push_run, self._push_run = self._push_run, 0
+
+    def plug(self, agent: Any = None, meter: Any = None) -> None:
+        """Take the balance agent (HETPS_BALANCE) and the live metrics meter that the
+        composition root made for this store (:func:`hetps.roles.new_worker_store`); the
+        pipeline times and reports through them too."""
+        self.agent = self.pipeline.agent = agent
+        self.meter = self.pipeline.meter = meter
+
+    def send_metrics(self, body: dict) -> None:
+        """Send a live metrics report to the scheduler (the meter's way out)."""
         self.node.send(P.SCHEDULER_ID, Message(P.METRICS_REPORT, body=body))
 
-    def _link_bytes(self) -> dict[int, tuple[int, int]]:
+    def link_bytes(self) -> dict[int, tuple[int, int]]:
         """Bytes sent to and received from each server (by rank), since the start."""
         snap = self.node.counters.snapshot()
         return {
             rank: (snap[sid].bytes_sent, snap[sid].bytes_recv)
-            for rank, sid in enumerate(self._server_ids)
+            for rank, sid in enumerate(self.server_ids)
             if sid in snap
         }
 
-    def _placement(self, key: Any, size: int) -> list[Part]:
+    def placement(self, key: Any, size: int) -> list[Part]:
+        """Where the parts of a new key of ``size`` elements go (by the balance layout's
+        round-robin of slices when balancing is on)."""
         if not self.balance:
             return parts_of(key, size, self.num_servers, self.cfg.bigarray_bound)
         x = self.cfg.slice_elems
@@ -277,7 +271,7 @@ class DistKVStore:
                 check_dtype(arr.dtype, k)
                 if k not in self.meta:
                     self.order.append(k)
-                parts = self._placement(k, arr.size)
+                parts = self.placement(k, arr.size)
                 self.meta[k] = KeyMeta(tuple(arr.shape), arr.dtype, parts)
                 if self.hostagg is not None:
                     self.hostagg.create(k, self.meta[k])
@@ -309,7 +303,7 @@ class DistKVStore:
         futs: list[Future] = []
         hosted: list = []  # keys pushed through the host (block: waited for below)
         self._push_run += 1
-        self._calls += 1
+        self.calls += 1
         # (a table's push goes from the sender thread: the row_sparse_pull that follows it
         # joins it in one message per server)
         deferred = not block and (
@@ -318,7 +312,7 @@ class DistKVStore:
         with staged_call(futs), self.pipeline.batched(deferred=deferred):
             for k, entry in zip(keys, entries, strict=False):
                 if k in self.sparse.tables:
-                    futs += self.sparse.push_table(k, entry, priority, self._calls, self._copies)
+                    futs += self.sparse.push_table(k, entry, priority, self.calls, self.copies)
                     continue
                 meta = self._meta(k, "push")
                 if self.meter is not None:
@@ -344,7 +338,7 @@ class DistKVStore:
                 meta.pushed = pushed
                 meta.pushed_since_pull = True
                 if self.sync:
-                    meta.recent.append((self._calls, pushed))
+                    meta.recent.append((self.calls, pushed))
                 if dest is not None:
                     meta.prefetch = (pushed, dest)
                 futs += pushed
@@ -364,8 +358,7 @@ class DistKVStore:
         """Pull keys into ``out`` (in place; a list of outs each gets the value). With no
         ``out``, blocking calls return new arrays. Non-blocking calls return a Handle."""
         self.node.check()
-        if self._push_run:
-            self._last_push_run, self._push_run = self._push_run, 0
+        self.end_push_run()
         keys, is_list = normalize_keys(key)
         futs: list[Future] = []
         finishers = []
@@ -518,8 +511,7 @@ class DistKVStore:
     ) -> Any:
         """Read the rows ``row_ids`` of row-sparse keys (MXNet's ``row_sparse_pull``):
         :meth:`hetps.tables.worker.SparseKeys.row_sparse_pull`."""
-        if self._push_run:  # (a pull ends a run of pushes, as pull's)
-            self._last_push_run, self._push_run = self._push_run, 0
+        self.end_push_run()  # (a pull ends a run of pushes, as pull's)
         return self.sparse.row_sparse_pull(key, out, priority, row_ids)
 
     def table(self, key: Any) -> Table:
@@ -571,6 +563,11 @@ class DistKVStore:
         return self.agent.rebalance()
 
     # -- shutdown ---------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._closed
+
     def close(self, error: str | None = None) -> None:
         """Finish this worker: wait for its requests, tell the scheduler, close the sockets.
 

@@ -14,6 +14,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.requests import Future
 from hetps.kvstore.keys import Borrowed, KeyMeta, fill_targets, land_into
 from hetps.kvstore.placement import chunk_elems, chunks
+from hetps.kvstore.ports import StorePort
 from hetps.transport.codec import Message, dtype_str
 
 
@@ -21,7 +22,7 @@ class DenseRequests:
     """Builds and queues the chunk requests of dense keys for the store ``kv`` (which holds
     the compressor, the round counters and the request pipeline)."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: StorePort) -> None:
         self.kv = kv
 
     def through_rings(self, meta: KeyMeta) -> bool:
@@ -36,7 +37,7 @@ class DenseRequests:
             return False
         if meta.size * meta.dtype.itemsize < kv.node.ring_min:
             return False
-        return all(kv.node.ring_open(kv._server_ids[p.server]) for p in meta.parts)
+        return all(kv.node.ring_open(kv.server_ids[p.server]) for p in meta.parts)
 
     def round_credit(self, meta: KeyMeta) -> None:
         """dist_sync: a worker may be ``HETPS_ROUNDS_AHEAD`` rounds of a key ahead of the
@@ -47,7 +48,7 @@ class DenseRequests:
         recent = meta.recent
         while recent and all(f.done() for f in recent[0][1]):
             recent.popleft()
-        while len(recent) >= kv.cfg.rounds_ahead and recent[0][0] < kv._calls:
+        while len(recent) >= kv.cfg.rounds_ahead and recent[0][0] < kv.calls:
             for f in recent.popleft()[1]:
                 f.settle(kv.timeout)
 
@@ -91,7 +92,7 @@ class DenseRequests:
                     chunk=step,
                     fused=True if dest is not None else None,
                     # a server that takes over knows a resent round by it
-                    round=meta.rounds - 1 if kv._copies else None,
+                    round=meta.rounds - 1 if kv.copies else None,
                     threshold=comp.threshold if comp is not None else None,
                     host=kv.host_tag,
                 )
@@ -102,7 +103,7 @@ class DenseRequests:
                         priority,
                         p.server,
                         msg,
-                        None if dest is None else land_into(k, dest, a, b, kv._short),
+                        None if dest is None else land_into(k, dest, a, b, kv.short_marks),
                         None if dest is None else dest[a:b],
                         None if lent is None else lent.owner(msg, a, b),
                     )
@@ -128,7 +129,7 @@ class DenseRequests:
                         priority,
                         p.server,
                         Message(P.PULL, body=body),
-                        land_into(k, dest, a, b, kv._short),
+                        land_into(k, dest, a, b, kv.short_marks),
                         dest[a:b],
                     )
                 )

@@ -496,7 +496,7 @@ class HostAggregation:
                 threshold=comp.threshold if comp is not None else None,
             )
             msg = Message(P.PUSH, body=body, arrays=[payload])
-            land = land_into(key, dest, a, b, kv._short)
+            land = land_into(key, dest, a, b, kv.short_marks)
             futs.append(kv.request(key, 0, p.server, msg, land, dest[a:b]))
         hk.futs[i], hk.sent[i] = futs, t
 

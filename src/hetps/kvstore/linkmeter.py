@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
+from hetps.cluster.node import Node
 from hetps.transport.codec import Message
 
 #: forecasts kept at most (a peer that forecasts and never sends)
@@ -20,7 +21,7 @@ MAX_FORECASTS = 65536
 class LinkMeter:
     """Forecasts received and samples not yet answered, per sender."""
 
-    def __init__(self, node: Any) -> None:
+    def __init__(self, node: Node) -> None:
         self.node = node
         # (sender, tag) -> (arrival time, whether the receive thread was behind then)
         self.forecasts: dict[tuple[int, Any], tuple[float, bool]] = {}

@@ -19,6 +19,7 @@ from typing import Any
 from hetps.cluster import batch
 from hetps.cluster import protocol as P
 from hetps.cluster.batch import array_bytes
+from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
 from hetps.kvstore.keys import detach
 from hetps.kvstore.sender import Sender
@@ -31,7 +32,7 @@ class Pipeline:
     once it made them."""
 
     def __init__(
-        self, node: Any, server_ids: list[int], window: int, batch_bytes: int, timeout: float
+        self, node: Node, server_ids: list[int], window: int, batch_bytes: int, timeout: float
     ) -> None:
         self.node = node
         self.server_ids = server_ids

@@ -130,6 +130,11 @@ class KVServer:
     def num_workers(self, value: int) -> None:
         self._fixed_workers = value
 
+    @property
+    def workers_fixed(self) -> bool:
+        """Whether the worker count was set by hand (no node table): none leaves or joins."""
+        return self._fixed_workers is not None
+
     def job_workers(self) -> int:
         """The workers of the job, those that left included."""
         if self._fixed_workers is not None:

@@ -34,7 +34,7 @@ def serving_ranks(kv: Any) -> list[int]:
     the one that took over: asking both would ask that one twice)."""
     seen: set[int] = set()
     out = []
-    for rank, sid in enumerate(kv._server_ids):
+    for rank, sid in enumerate(kv.server_ids):
         peer = kv.node.route(sid)
         if peer not in seen:
             seen.add(peer)

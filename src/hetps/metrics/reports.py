@@ -26,6 +26,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from hetps.metrics.bounds import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    MAX_T,
+    ReportError,
+    checked_int,
+    checked_seconds,
+    show,
+)
+
 log = logging.getLogger("hetps.metrics.live")  # (the service's name: one logger for both)
 
 #: upper bounds (seconds) of the latency and round-time buckets; one more bucket counts
@@ -38,8 +48,6 @@ NBUCKETS = len(BUCKETS) + 1
 HISTOGRAMS = ("push", "pull", "round")
 
 #: bounds a report must keep (a bigger number is a broken or hostile peer's)
-MAX_COUNT = 1 << 53  # exact in a float, as Prometheus reads it
-MAX_SECONDS, MAX_T = 1e12, 1e10
 #: the timeline: rounds a report carries at most (the newest), spans per round, rounds the
 #: scheduler keeps per worker, the longest span
 TL_ROUNDS, TL_SPANS, TL_KEEP, TL_MAX_DUR = 8, 32, 20, 3600.0
@@ -72,10 +80,6 @@ def check_values(values: dict) -> dict[str, float]:
             raise ValueError(f"metric {name!r} is {value}: only finite values are shown")
         out[name] = float(value)
     return out
-
-
-class ReportError(ValueError):
-    """A metrics report the scheduler refuses; the message says what is wrong with it."""
 
 
 # -- the worker's side ----------------------------------------------------------------------
@@ -360,30 +364,6 @@ class WorkerMeter(Reporter):
 
 
 # -- checking a report ----------------------------------------------------------------------
-def _int(value: Any, what: str, low: int = 0, high: int = MAX_COUNT) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ReportError(f"{what} must be an integer from {low} to {high}, not {_show(value)}")
-    return value
-
-
-def _seconds(value: Any, what: str, high: float = MAX_SECONDS) -> float:
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or not 0 <= value <= high
-    ):
-        raise ReportError(
-            f"{what} must be a number of seconds from 0 to {high:g}, not {_show(value)}"
-        )
-    return float(value)
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def parse_report(body: Any, num_servers: int) -> dict:
     """A report's checked contents; raises :class:`ReportError` naming the first problem.
     Nothing a report holds can be bigger than its bounds: at most one link row per server,
@@ -392,13 +372,13 @@ def parse_report(body: Any, num_servers: int) -> dict:
     if not isinstance(body, dict):
         raise ReportError("the body is not a map")
     out: dict[str, Any] = {
-        "seq": _int(body.get("seq"), "'seq'", 1),
-        "t": _seconds(body.get("t"), "'t'", MAX_T),
-        "rounds": _int(body.get("rounds"), "'rounds'"),
+        "seq": checked_int(body.get("seq"), "'seq'", 1),
+        "t": checked_seconds(body.get("t"), "'t'", MAX_T),
+        "rounds": checked_int(body.get("rounds"), "'rounds'"),
         "round_s": None,
     }
     if "round_s" in body:
-        out["round_s"] = _seconds(body["round_s"], "'round_s'")
+        out["round_s"] = checked_seconds(body["round_s"], "'round_s'")
     out["links"] = parse_links(body.get("links", []), num_servers, "server")
     hists = body.get("h", {})
     if not isinstance(hists, dict) or not set(hists) <= set(HISTOGRAMS):
@@ -411,8 +391,8 @@ def parse_report(body: Any, num_servers: int) -> dict:
         if len(counts) != NBUCKETS:
             raise ReportError(f"histogram {name!r} must have {NBUCKETS} counts, not {len(counts)}")
         out["h"][name] = (
-            [_int(c, f"a count of histogram {name!r}") for c in counts],
-            _seconds(value[1], f"the sum of histogram {name!r}"),
+            [checked_int(c, f"a count of histogram {name!r}") for c in counts],
+            checked_seconds(value[1], f"the sum of histogram {name!r}"),
         )
     out["tl"] = _parse_timeline(body.get("tl", []), num_servers)
     from hetps.metrics.sysinfo import parse_extras
@@ -433,14 +413,14 @@ def _parse_metrics(entries: Any) -> list[tuple[int, dict[str, float]]]:
     out = []
     for e in entries:
         if not isinstance(e, list) or len(e) != 2 or not isinstance(e[1], dict):
-            raise ReportError(f"an 'm' entry must be [step, {{name: value}}], not {_show(e)}")
+            raise ReportError(f"an 'm' entry must be [step, {{name: value}}], not {show(e)}")
         if len(e[1]) > M_NAMES:
             raise ReportError(f"an 'm' entry holds at most {M_NAMES} values")
         try:
             values = check_values(e[1])
         except ValueError as exc:
             raise ReportError(str(exc)) from None
-        out.append((_int(e[0], "an 'm' step"), values))
+        out.append((checked_int(e[0], "an 'm' step"), values))
     return out
 
 
@@ -453,12 +433,15 @@ def parse_links(links: Any, count: int, peer: str) -> dict[int, tuple[int, int]]
     for row in links:
         if not isinstance(row, list) or len(row) != 3:
             raise ReportError(
-                f"a 'links' row must be [{peer} rank, sent, received], not {_show(row)}"
+                f"a 'links' row must be [{peer} rank, sent, received], not {show(row)}"
             )
-        rank = _int(row[0], f"a link's {peer} rank", 0, count - 1)
+        rank = checked_int(row[0], f"a link's {peer} rank", 0, count - 1)
         if rank in rows:
             raise ReportError(f"'links' lists {peer} {rank} twice")
-        rows[rank] = (_int(row[1], "a link's bytes sent"), _int(row[2], "a link's bytes received"))
+        rows[rank] = (
+            checked_int(row[1], "a link's bytes sent"),
+            checked_int(row[2], "a link's bytes received"),
+        )
     return rows
 
 
@@ -475,8 +458,8 @@ def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
     last = 0
     for item in tl:
         if not isinstance(item, list) or len(item) != 3:
-            raise ReportError(f"a 'tl' round must be [round, spans, links], not {_show(item)}")
-        rnd = _int(item[0], "a 'tl' round number", 1)
+            raise ReportError(f"a 'tl' round must be [round, spans, links], not {show(item)}")
+        rnd = checked_int(item[0], "a 'tl' round number", 1)
         if rnd <= last:
             raise ReportError(f"'tl' rounds must increase ({rnd} after {last})")
         last = rnd
@@ -486,25 +469,25 @@ def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
         kept = []
         for span in spans:
             if not isinstance(span, list) or len(span) != 3:
-                raise ReportError(f"a span must be [phase, start, seconds], not {_show(span)}")
+                raise ReportError(f"a span must be [phase, start, seconds], not {show(span)}")
             if not isinstance(span[0], str) or not _PHASE.fullmatch(span[0]):
                 raise ReportError(
                     f"a span's phase must be a lower-case name of up to 16 letters, "
-                    f"not {_show(span[0])}"
+                    f"not {show(span[0])}"
                 )
-            start = _seconds(span[1], "a span's start", MAX_T)
-            kept.append((span[0], start, _seconds(span[2], "a span's length", TL_MAX_DUR)))
+            start = checked_seconds(span[1], "a span's start", MAX_T)
+            kept.append((span[0], start, checked_seconds(span[2], "a span's length", TL_MAX_DUR)))
         if not isinstance(links, list) or len(links) > num_servers:
             raise ReportError(f"a 'tl' round's links: a list of at most {num_servers} rows")
         rows = []
         for row in links:
             if not isinstance(row, list) or len(row) != 3:
                 raise ReportError(
-                    f"a 'tl' link row must be [server, sent, received], not {_show(row)}"
+                    f"a 'tl' link row must be [server, sent, received], not {show(row)}"
                 )
-            rank = _int(row[0], "a 'tl' link's server rank", 0, num_servers - 1)
-            sent = _int(row[1], "a 'tl' link's bytes sent")
-            rows.append((rank, sent, _int(row[2], "a 'tl' link's bytes received")))
+            rank = checked_int(row[0], "a 'tl' link's server rank", 0, num_servers - 1)
+            sent = checked_int(row[1], "a 'tl' link's bytes sent")
+            rows.append((rank, sent, checked_int(row[2], "a 'tl' link's bytes received")))
         out.append((rnd, kept, rows))
     return out
 

@@ -16,15 +16,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from hetps.metrics.reports import (
-    MAX_T,
-    Reporter,
-    ReportError,
-    Totals,
-    _int,
-    _seconds,
-    parse_links,
-)
+from hetps.metrics.bounds import MAX_T, ReportError, checked_int, checked_seconds
+from hetps.metrics.reports import Reporter, Totals, parse_links
 
 log = logging.getLogger("hetps.metrics.server_meter")
 
@@ -63,11 +56,11 @@ def parse_server_report(body: Any, num_workers: int) -> dict:
         raise ReportError("a server's report is a map with a 'server' map")
     srv = body["server"]
     out = {
-        "seq": _int(body.get("seq"), "'seq'", 1),
-        "t": _seconds(body.get("t"), "'t'", MAX_T),
-        "rounds": _int(srv.get("rounds"), "'server.rounds'"),
-        "opt_s": _seconds(srv.get("opt_s"), "'server.opt_s'"),
-        "replicas": _int(srv.get("replicas"), "'server.replicas'", 1, 1 << 16),
+        "seq": checked_int(body.get("seq"), "'seq'", 1),
+        "t": checked_seconds(body.get("t"), "'t'", MAX_T),
+        "rounds": checked_int(srv.get("rounds"), "'server.rounds'"),
+        "opt_s": checked_seconds(srv.get("opt_s"), "'server.opt_s'"),
+        "replicas": checked_int(srv.get("replicas"), "'server.replicas'", 1, 1 << 16),
     }
     out["links"] = parse_links(body.get("links", []), num_workers, "worker")
     from hetps.metrics.sysinfo import parse_extras

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Any
 
-from hetps.metrics.reports import ReportError, _int, _seconds, _show
+from hetps.metrics.bounds import ReportError, checked_int, checked_seconds, show
 
 __all__ = ["LOG_KEEP", "LogTail", "Sampler", "gpus", "parse_extras", "scrub"]
 
@@ -268,18 +268,18 @@ def parse_extras(body: dict) -> dict:
             raise ReportError("'sys' must be a map of cpu, rss, gpu, nogpu")
         got: dict[str, Any] = {}
         if "cpu" in sysinfo:
-            got["cpu"] = _seconds(sysinfo["cpu"], "'sys.cpu' (percent)", 1e5)
+            got["cpu"] = checked_seconds(sysinfo["cpu"], "'sys.cpu' (percent)", 1e5)
         if "rss" in sysinfo:
-            got["rss"] = _int(sysinfo["rss"], "'sys.rss' (bytes)")
+            got["rss"] = checked_int(sysinfo["rss"], "'sys.rss' (bytes)")
         gpus = sysinfo.get("gpu", [])
         if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
             raise ReportError(f"'sys.gpu' must be a list of at most {MAX_GPUS} GPUs")
         rows = []
         for g in gpus:
             if not isinstance(g, list) or len(g) != 3:
-                raise ReportError(f"a GPU must be [utilisation, used, total], not {_show(g)}")
-            rows.append([_int(g[0], "a GPU's utilisation", 0, 100),
-                         _int(g[1], "a GPU's memory used"), _int(g[2], "a GPU's memory")])  # fmt: skip
+                raise ReportError(f"a GPU must be [utilisation, used, total], not {show(g)}")
+            rows.append([checked_int(g[0], "a GPU's utilisation", 0, 100),
+                         checked_int(g[1], "a GPU's memory used"), checked_int(g[2], "a GPU's memory")])  # fmt: skip
         if rows:
             got["gpu"] = rows
         why = sysinfo.get("nogpu")

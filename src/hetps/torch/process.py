@@ -52,16 +52,14 @@ def _live_dist_stores() -> list[Any]:
     """The ``dist_*`` stores ``hetps.kv.create`` made in this process that are still open."""
     import hetps.kvstore
 
-    return [kv for kv in hetps.kvstore._live if not getattr(kv, "_closed", False)]
+    return hetps.kvstore.live()
 
 
 def _make_store(name: str) -> Any:
-    """A worker's store with its fault parts, as ``hetps.kv.create`` gives them."""
-    import hetps.kvstore
-    from hetps.faults.joining import Joining
-    from hetps.faults.recovery import Recovery
+    """A worker's store, as ``hetps.kv.create`` (the composition root) builds it."""
+    import hetps
 
-    return hetps.kvstore.create(name, recovery=Recovery, joining=Joining)
+    return hetps.kv.create(name)
 
 
 def init(kvstore: Any = None) -> None:
@@ -164,11 +162,7 @@ def shutdown() -> None:
     kv = _state.kv
     if kv is None:
         return
-    _state.kv = None
-    import hetps.kvstore
-
-    if kv in hetps.kvstore._live:
-        hetps.kvstore._live.remove(kv)
+    _state.kv = None  # (closed, it is no store of hetps.kvstore.live any more)
     if hasattr(kv, "node"):  # a dist store: the process leaves its job
         _state.ended = True
     kv.close()

@@ -1,0 +1,85 @@
+"""The ports of the KVStore's hosts: what a part may use of the worker's store or of the
+server it belongs to, named here once, so that a part takes its port and not the whole host.
+
+:class:`StorePort` is what a :class:`~hetps.kvstore.client.DistKVStore`'s parts use (its
+dense requests, :mod:`hetps.kvstore.dense`, and its fault part,
+:mod:`hetps.faults.joining`); :class:`ServerPort` what a
+:class:`~hetps.kvstore.server.KVServer`'s fault parts use (:mod:`hetps.faults.replicas`,
+:mod:`hetps.faults.elastic_rounds`). The store and the server are each one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from hetps import optim
+from hetps.cluster.node import Node
+from hetps.cluster.requests import Future
+from hetps.config import NodeConfig
+from hetps.kvstore.compression import TwoBitCompressor
+from hetps.kvstore.keys import KeyMeta
+from hetps.kvstore.placement import Part
+from hetps.kvstore.slices import Slice
+from hetps.transport.codec import Message
+
+
+class StorePort(Protocol):
+    """What a worker store's parts use of it: its Node, its keys and their rounds, where a
+    key's parts go, and its way to the servers."""
+
+    cfg: NodeConfig
+    node: Node
+    sync: bool
+    balance: bool
+    timeout: float
+    #: the servers' node ids by rank; what this worker knows of each key, in init order
+    server_ids: list[int]
+    meta: dict[Any, KeyMeta]
+    order: list[Any]
+    #: push calls so far; whether a push carries its round (HETPS_REPLICAS)
+    calls: int
+    copies: bool
+    #: per key, the ranges last received as a sum of fewer workers than the job's
+    short_marks: dict[Any, dict[tuple[int, int], int]]
+    compressor: TwoBitCompressor | None
+    #: the balance agent (HETPS_BALANCE), the row-sparse keys, this worker's host tag
+    agent: Any
+    sparse: Any
+    host_tag: Any
+    #: queue a request for a server (:meth:`DistKVStore.request`)
+    request: Callable[..., Future]
+
+    #: this worker's place among the live workers
+    @property
+    def live_rank(self) -> int: ...
+    #: where the parts of a new key go
+    def placement(self, key: Any, size: int) -> list[Part]: ...
+    #: wait for every request in flight
+    def wait_outstanding(self) -> None: ...
+
+
+class ServerPort(Protocol):
+    """What a server's fault parts use of it: its Node, slices, answers, aggregator,
+    optimizer and tables, and its way to end a round."""
+
+    node: Node
+    slices: dict[tuple[Any, int], Slice]
+    answers: Any
+    aggregator: Any
+    links: Any
+    tables: Any
+    optimizer: optim.Optimizer | None
+    #: the optimizer as a worker sent it (for a new replica)
+    optimizer_blob: bytes | None
+    rounds: int
+
+    #: the workers a round waits for
+    @property
+    def num_workers(self) -> int: ...
+    #: whether the worker count was set by hand (no worker leaves or joins)
+    @property
+    def workers_fixed(self) -> bool: ...
+    #: handle an ``init`` request
+    def init(self, msg: Message) -> None: ...
+    #: a slice's round is complete: merge, update, answer
+    def finish_round(self, sl: Slice) -> None: ...
