@@ -172,7 +172,7 @@ class PSStrategy(ParallelStrategy):
             return
         named = list(module.named_parameters())
         for i, opt in enumerate(self.optimizers):
-            raw = opt._optimizer if isinstance(opt, LightningOptimizer) else opt
+            raw = opt.optimizer if isinstance(opt, LightningOptimizer) else opt
             mine = {id(p) for g in raw.param_groups for p in g["params"]}
             params = [(n, p) for n, p in named if id(p) in mine]
             if self.mode == "sync":

@@ -281,7 +281,7 @@ def test_user_subclass_contract_and_default_hooks():
         def update(self, key, weight, grad, state):
             state["n"] += 1
             calls.append(key)
-            weight -= self.learning_rate * np.sign(self._preprocess_grad(grad))
+            weight -= self.learning_rate * np.sign(self.preprocess_grad(grad))
 
     opt = Signum(learning_rate=0.5, rescale_grad=-1.0)
     w = f64([1.0, 1.0])
@@ -302,7 +302,7 @@ def test_base_class_methods_are_abstract():
 def test_preprocess_grad_rescales_then_clips_into_a_new_array():
     opt = Optimizer(rescale_grad=2.0, clip_gradient=1.5)
     grad = np.array([0.5, 1.0, -3.0], np.float16)
-    out = opt._preprocess_grad(grad)
+    out = opt.preprocess_grad(grad)
     assert out.dtype == np.float32
     assert out.tolist() == [1.0, 1.5, -1.5]
     assert grad.tolist() == [0.5, 1.0, -3.0]
@@ -347,7 +347,7 @@ def test_dumps_loads_a_class_defined_in_a_function():
             return None
 
         def update(self, key, weight, grad, state):
-            weight -= 0.5 * self.learning_rate * self._preprocess_grad(grad)
+            weight -= 0.5 * self.learning_rate * self.preprocess_grad(grad)
 
     data = optim.dumps(HalfStep(learning_rate=0.2, rescale_grad=2.0))
     assert isinstance(data, bytes)

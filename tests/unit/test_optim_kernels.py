@@ -27,7 +27,7 @@ def two_threads():
 # -- the whole-array code the optimizers ran before (the reference) -------------------------
 def ref_sgd(opt, weight, grad, state):
     dtype = optim.compute_dtype(weight)
-    g = opt._preprocess_grad(grad, dtype)
+    g = opt.preprocess_grad(grad, dtype)
     if opt.wd != 0.0:
         g += np.multiply(weight, opt.wd, dtype=dtype)
     if opt.momentum == 0.0:
@@ -69,7 +69,7 @@ def ref_adam(opt, weight, grad, state):
 
 def ref_dcasgd(opt, weight, grad, state, sender):
     dtype = optim.compute_dtype(weight)
-    g = opt._preprocess_grad(grad, dtype)
+    g = opt.preprocess_grad(grad, dtype)
     w = weight.astype(dtype, copy=False)
     backup, mom = state["backup"], state["mom"]
     step, new_mom = dcasgd_delta(

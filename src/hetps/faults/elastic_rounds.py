@@ -88,7 +88,7 @@ class ElasticRounds:
         (``rnd``: its round) whose round was applied already: answered with the value."""
         if rnd is None or rnd >= sl.rounds or not self.active:
             return False
-        self.server._ack(msg, sl)
+        self.server.ack(msg, sl)
         return True
 
     def on_worker_left(self, gone: int) -> None:

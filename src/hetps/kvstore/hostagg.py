@@ -407,7 +407,7 @@ class HostAggregation:
             value = hk.result.reshape(meta.shape)
             for target in targets:
                 target[...] = value
-            short = self.kv._short
+            short = self.kv.short_marks
             for i, p in enumerate(meta.parts):  # (as the part's owner heard it)
                 w = int(hk.head[self._slot(hk, "short", i)])
                 for a, b in chunks(p.start, p.stop, self._step(meta)):
@@ -521,7 +521,7 @@ class HostAggregation:
                 # as its answers said: every local rank's short_rounds() (0: all)
                 p = meta.parts[i]
                 first = (p.start, min(p.stop, p.start + self._step(meta)))
-                w = self.kv._short.get(k, {}).get(first, 0)
+                w = self.kv.short_marks.get(k, {}).get(first, 0)
                 hk.head[self._slot(hk, "short", i)] = w
                 hk.head[slot] = -t if failed else t
                 if failed:

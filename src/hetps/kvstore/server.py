@@ -244,7 +244,7 @@ class KVServer:
             return
         self.answers.reply(msg)
 
-    def _ack(self, msg: Message, sl: Slice) -> None:
+    def ack(self, msg: Message, sl: Slice) -> None:
         """Acknowledge a push that took effect; a fused push-pull ("pp") gets the value too."""
         meas = self.links.take(msg)
         body = {"meas": meas} if meas is not None else None
@@ -297,14 +297,14 @@ class KVServer:
         if self.elastic.gone(worker):
             raise BadRequest("push from a worker that left the job")  # (sent before it died)
         if sl.value.size == 0:  # nothing to merge or apply: a round of nothing completes at once
-            self._ack(msg, sl)
+            self.ack(msg, sl)
             return
         in_order = False  # the push says it is of this very round
         if sync and (sl.copying or (b.round is not None and self.replication.replicated)):
             rnd = sl.rounds if b.round is None else b.round
             if rnd < sl.rounds:  # a resent push of a round applied here already (a failover)
                 checks.payload_fits(msg, sl, b)
-                self._ack(msg, sl)
+                self.ack(msg, sl)
                 return
             if sl.copying or rnd > sl.rounds:  # its round comes later
                 checks.payload_fits(msg, sl, b)
@@ -354,7 +354,7 @@ class KVServer:
             return
         # async: collect the chunks of one push, then apply it at once
         for m in self.aggregator.collect(sl, worker, data, off, msg):
-            self._ack(m, sl)
+            self.ack(m, sl)
 
     def _add_to_round(
         self, msg: Message, sl: Slice, worker: int, data: Any, comp: Any, off: int, n: int, ce: int
@@ -435,7 +435,7 @@ class KVServer:
             sl.copying = False
             backlog, sl.backlog = backlog + sl.backlog, []
         for m in acks:
-            self._ack(m, sl)
+            self.ack(m, sl)
         for m in deferred:
             self._pull(m)
         for m in backlog:

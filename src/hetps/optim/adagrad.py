@@ -41,7 +41,7 @@ class AdaGrad(Optimizer):
         """Apply one AdaGrad step to ``weight`` in place."""
         dtype = compute_dtype(weight)
         grad = self._check_grad(weight, grad)
-        g = self._preprocess_grad(grad, dtype)
+        g = self.preprocess_grad(grad, dtype)
         history = state["history"]
         history += g * g
         g /= np.sqrt(history + self.eps)

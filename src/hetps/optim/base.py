@@ -170,7 +170,7 @@ class Optimizer:
         """
 
     # ------------------------------------------------------------------- helpers
-    def _preprocess_grad(self, grad: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    def preprocess_grad(self, grad: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
         """Return a new array ``clip(rescale_grad * grad)`` in ``dtype``.
 
         ``dtype`` defaults to the gradient's float dtype, with float16 (and non-float input)

@@ -161,7 +161,7 @@ def update_rows(
         return
     w = take_rows(weight, rows)
     if isinstance(opt, SGD):
-        g = opt._preprocess_grad(grad, dt)
+        g = opt.preprocess_grad(grad, dt)
         if opt.wd != 0.0:
             g += np.multiply(w, opt.wd, dtype=dt)
         if opt.momentum == 0.0:
@@ -200,7 +200,7 @@ def update_rows(
         put_rows(weight, rows, _added(w, g, dt))
         return
     if isinstance(opt, AdaGrad):
-        g = opt._preprocess_grad(grad, dt)
+        g = opt.preprocess_grad(grad, dt)
         hist = take_rows(state["history"], rows)
         hist += g * g
         put_rows(state["history"], rows, hist)

@@ -154,7 +154,7 @@ class DistributedOptimizer(Regrouping):
         self._index = {n: i for i, n in enumerate(names)}
         self._handles: dict[int, Any] = {}  # group index -> its reduction in flight
         self.timing = StepTiming()  # where each step's communication went (hetps train logs it)
-        self._named_dict = dict(self.named)
+        self.named_params = dict(self.named)
         self._overlap = None  # pulls step() left in flight, waited for by each module
         if overlap_forward:
             from hetps.torch.overlap import ForwardWaits
@@ -249,8 +249,7 @@ class DistributedOptimizer(Regrouping):
                 self._hooks.append(p.register_hook(self._make_pre_hook(name, p)))
 
     def _make_groups(self, fusion_bytes: int) -> list[_Group]:
-        """Groups of neighbours in backward order (the reverse of the parameters' order), each
-        of one dtype and device and at most ``fusion_bytes``; big parameters alone."""
+        """Neighbours in backward order, of one dtype and device, ≤ ``fusion_bytes`` each."""
         entries = [
             (n, p.numel() * p.element_size(), (p.dtype, p.device), None)
             for n, p in reversed(self.named)
@@ -325,7 +324,7 @@ class DistributedOptimizer(Regrouping):
                 # group again while its last launch still waits: send that one first, so the
                 # launcher never reads a buffer this pass is refilling (a staged launch reads
                 # its own host buffer: the copy into it is waited for on the stream below)
-                self._flush()
+                self.flush_launches()
             refuse_sparse(name, p.grad)  # (a table's gradient: model= makes it one)
             grad = p.grad if kv_takes(p.grad) else p.grad.detach().cpu()
             grad = grad.to(self._wire(name))  # (itself unless compressed)
@@ -359,7 +358,8 @@ class DistributedOptimizer(Regrouping):
     def _send(self, g: _Group, data: torch.Tensor) -> None:
         self._launches.send(g, data)
 
-    def _flush(self) -> None:
+    def flush_launches(self) -> None:
+        """Send the launches queued so far."""
         self._launches.flush()
 
     def _launch(self, g: _Group, data: torch.Tensor) -> None:
@@ -394,13 +394,13 @@ class DistributedOptimizer(Regrouping):
         gradient (update on workers), so it may be clipped before :meth:`step`."""
         if self._overlap is not None:
             self._overlap.wait_all()  # the pulls the last step() left in flight
-        params, W = self._named_dict, self.kv.num_workers
+        params, W = self.named_params, self.kv.num_workers
         t_sync = time.perf_counter()
         self.tables.push()  # embedding tables: the batch's rows' gradients (every step)
-        self._flush()
+        self.flush_launches()
         exchanged = False  # a step without any gradient is not one of the timed steps
         for g in self.groups:
-            h = self._take_handle(g, params)
+            h = self.take_handle(g, params)
             if h is None:
                 continue
             t_wait = time.perf_counter()
@@ -436,7 +436,7 @@ class DistributedOptimizer(Regrouping):
             else:
                 self._land(g)
         self._synced = True
-        self._after_exchange(t_sync, exchanged)
+        self.after_exchange(t_sync, exchanged)
 
     def _land(self, g: _Group, have: Iterable[str] = ()) -> None:
         """Group ``g``'s pull answered: the new weights into ``p.data`` where the KVStore could
@@ -447,11 +447,11 @@ class DistributedOptimizer(Regrouping):
             buf = g.recv if g.fused else self._landing[name]
             self._reduce(g, buf, self.kv.num_workers)
             for n in have:
-                self._local.apply(n, self._named_dict[n], g.recv_of[n] if g.fused else buf)
-        elif self._cpu[name] is not self._named_dict[name].data:
-            self._named_dict[name].data.copy_(self._cpu[name])
+                self._local.apply(n, self.named_params[n], g.recv_of[n] if g.fused else buf)
+        elif self._cpu[name] is not self.named_params[name].data:
+            self.named_params[name].data.copy_(self._cpu[name])
 
-    def _after_exchange(self, t_sync: float, exchanged: bool) -> None:
+    def after_exchange(self, t_sync: float, exchanged: bool) -> None:
         """A step's reductions are launched (and waited for, unless overlapped): the step
         count, and the timings that tune the groups."""
         for g in self.groups:
@@ -471,7 +471,7 @@ class DistributedOptimizer(Regrouping):
                 else:
                     self._mark_inline()
 
-    def _take_handle(self, g: _Group, params: dict) -> Any:
+    def take_handle(self, g: _Group, params: dict) -> Any:
         """Group ``g``'s reduction in flight, launched now if its hooks did not launch it
         (gradients set by hand, members without one); None if it has nothing to send."""
         h = self._handles.pop(g.index, None)
@@ -496,7 +496,7 @@ class DistributedOptimizer(Regrouping):
                     else:
                         view.copy_(grad)
                 self._send_group(g)
-            self._flush()
+            self.flush_launches()
             h = self._handles.pop(g.index)
         return h
 

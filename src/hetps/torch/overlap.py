@@ -128,18 +128,18 @@ class ForwardWaits:
         flight (each module's forward waits for its own)."""
         t_sync = time.perf_counter()
         opt.tables.push()
-        opt._flush()
+        opt.flush_launches()
         exchanged = False
-        params = opt._named_dict
+        params = opt.named_params
         for g in opt.groups:
             have = [n for n in g.names if params[n].grad is not None]  # (before zero_grad)
-            h = opt._take_handle(g, params)
+            h = opt.take_handle(g, params)
             if h is not None:
                 pull = _Pull(g, h, have)
                 for name in g.names:
                     self.pending[name] = pull
                 exchanged = True
-        opt._after_exchange(t_sync, exchanged)
+        opt.after_exchange(t_sync, exchanged)
 
     def _wait(self, pull: _Pull) -> None:
         if pull.error is not None:
