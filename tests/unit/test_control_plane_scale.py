@@ -195,11 +195,11 @@ def test_the_host_groups_travel_packed_and_every_node_reads_them(sched):
     assert "malformed node table" in enrol._reg_error and "(id, group) pairs" in enrol._reg_error
     worker_table = next(m for m in tables if P.role_of(m.body["id"]) == "worker")
     bad = dict(worker_table.body, n_workers=worker_table.body["n_workers"] + 1)
-    enrol = Enrolment(SimpleNamespace(role="worker", van=van))
+    enrol = Enrolment(SimpleNamespace(role="worker", van=van), van)
     enrol.answer(Message(P.NODES, req=1, reply=True, body=bad))
     assert "malformed node table" in enrol._reg_error and "do not add up" in enrol._reg_error
     bad = dict(worker_table.body, out=worker_table.body["out"][:-1])  # a record a byte short
-    enrol = Enrolment(SimpleNamespace(role="worker", van=van))
+    enrol = Enrolment(SimpleNamespace(role="worker", van=van), van)
     enrol.answer(Message(P.NODES, req=1, reply=True, body=bad))
     assert "malformed node table" in enrol._reg_error and "whole records" in enrol._reg_error
 
