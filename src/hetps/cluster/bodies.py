@@ -399,3 +399,8 @@ def chunk(
 
 #: the wire keys of :func:`chunk`'s own fields, in the order of its arguments
 _OWN = ("size", "ce", "sync", "pp", "rnd", "comp", "rcpt", "hg")
+
+
+def chunk_elems(chunk_bytes: int, itemsize: int) -> int:
+    """Elements per chunk: a multiple of 16 (so 2-bit packed words never straddle chunks)."""
+    return max(16, (chunk_bytes // itemsize) // 16 * 16)

@@ -8,6 +8,7 @@ Node ids follow ps-lite: the scheduler is 1, server rank r is ``8 + 2r``, worker
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 SCHEDULER_ID = 1
 
@@ -149,3 +150,20 @@ class NodeInfo:
         i = int(i)
         group = groups.get(i, -1) if groups else -1
         return cls(i, str(role), int(rank), str(host), int(port), group)
+
+
+def normalize_keys(key: Any) -> tuple[list[Any], bool]:
+    """(list of keys, whether the caller passed a list)."""
+    if isinstance(key, (list, tuple)):
+        keys = list(key)
+        for k in keys:
+            check_key(k)
+        return keys, True
+    check_key(key)
+    return [key], False
+
+
+def check_key(key: Any) -> None:
+    """Raise TypeError unless ``key`` is an int or a str."""
+    if isinstance(key, bool) or not isinstance(key, (int, str)):
+        raise TypeError(f"a key must be an int or a str, got {type(key).__name__} {key!r}")

@@ -9,27 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from hetps.cluster.protocol import check_key, normalize_keys  # noqa: F401 (the stores name them here)
 from hetps.cluster.requests import Future, wait_all
 from hetps.device.staging import STAGING, as_numpy, on_device
 
 SUPPORTED_DTYPES = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
-
-
-def normalize_keys(key: Any) -> tuple[list[Any], bool]:
-    """(list of keys, whether the caller passed a list)."""
-    if isinstance(key, (list, tuple)):
-        keys = list(key)
-        for k in keys:
-            check_key(k)
-        return keys, True
-    check_key(key)
-    return [key], False
-
-
-def check_key(key: Any) -> None:
-    """Raise TypeError unless ``key`` is an int or a str."""
-    if isinstance(key, bool) or not isinstance(key, (int, str)):
-        raise TypeError(f"a key must be an int or a str, got {type(key).__name__} {key!r}")
 
 
 def per_key(values: Any, nkeys: int, is_list: bool, what: str) -> list[Any]:

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore.checkpoint_errors import CheckpointError, DamagedCheckpoint
+from hetps.cluster.errors import CheckpointError, DamagedCheckpoint
 from hetps.tables import worker_checkpoint
 
 log = logging.getLogger("hetps.checkpoint")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
+from hetps.cluster.bodies import chunk_elems  # noqa: F401 (the stores name it here)
+
 Key = int | str
 
 
@@ -56,12 +58,6 @@ def parts_of(key: Key, size: int, num_servers: int, bigarray_bound: int) -> list
         return [Part(server_of(key, num_servers), 0, 0, size)]
     bounds = [i * size // num_servers for i in range(num_servers + 1)]
     return [Part(i, i, bounds[i], bounds[i + 1]) for i in range(num_servers)]
-
-
-def chunk_elems(chunk_bytes: int, itemsize: int) -> int:
-    """Elements per chunk: a multiple of 16 (so 2-bit packed words never straddle chunks)."""
-    n = max(16, (chunk_bytes // itemsize) // 16 * 16)
-    return n
 
 
 def chunks(start: int, stop: int, step: int) -> list[tuple[int, int]]:

@@ -7,13 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from hetps.cluster.errors import BadRequest, short  # noqa: F401 (the server's parts name them here)
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.optim import kernels
 from hetps.transport.codec import Message
-
-
-class BadRequest(ValueError):
-    """A request the server refuses; the text goes back to the worker."""
 
 
 @dataclass
@@ -72,12 +69,6 @@ def slice_key(item: Any) -> bool:
         and isinstance(item[1], int)
         and not isinstance(item[1], bool)
     )
-
-
-def short(value: Any, limit: int = 80) -> str:
-    """``repr`` of a value from the network, cut for a log line or an error."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def put(dst: np.ndarray, data: np.ndarray, comp: Any, add: bool) -> None:

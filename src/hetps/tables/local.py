@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from hetps import optim
-from hetps.kvstore.base import as_numpy
-from hetps.kvstore.slices import BadRequest
+from hetps.cluster.errors import BadRequest
+from hetps.device.staging import as_numpy
 from hetps.tables.lazy import distinct_inverse
 from hetps.tables.rowsparse import RowSparse, Table, coalesce
 from hetps.tables.server import Shard, apply_rows

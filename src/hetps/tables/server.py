@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
-from hetps.kvstore.slices import BadRequest, short
+from hetps.cluster.errors import BadRequest, short
 from hetps.tables import lazy, server_dump
 from hetps.tables.rowsparse import first_nonfinite
 from hetps.tables.server_replicas import TableCopies

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore.slices import BadRequest
+from hetps.cluster.errors import BadRequest
 from hetps.tables import lazy
 from hetps.tables.server_shard import checked_ids, checked_rows
 

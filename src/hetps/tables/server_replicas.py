@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore.slices import BadRequest, short
+from hetps.cluster.errors import BadRequest, short
 from hetps.tables import server_dump
 from hetps.tables.server_shard import checked_ids, checked_rows
 from hetps.transport.codec import Message

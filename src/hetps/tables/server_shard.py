@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hetps.kvstore.slices import BadRequest
+from hetps.cluster.errors import BadRequest
 from hetps.tables import lazy
 from hetps.tables.rowsparse import initial_rows
 from hetps.tables.server_index import IdIndex

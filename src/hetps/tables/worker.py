@@ -35,10 +35,11 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
+from hetps.cluster.bodies import chunk_elems
 from hetps.cluster.errors import ClusterError
+from hetps.cluster.protocol import normalize_keys
 from hetps.cluster.requests import Future, wait_all
-from hetps.kvstore.base import as_numpy, normalize_keys
-from hetps.kvstore.placement import chunk_elems
+from hetps.device.staging import as_numpy
 from hetps.tables.lazy import distinct_inverse, put_rows, take_rows
 from hetps.tables.rowsparse import RowSparse, Table, coalesce, row_ids
 from hetps.transport.codec import Message

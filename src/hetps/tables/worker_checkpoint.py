@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from hetps.cluster import protocol as P
-from hetps.kvstore.checkpoint_errors import CheckpointError
-from hetps.kvstore.placement import chunk_elems
+from hetps.cluster.bodies import chunk_elems
+from hetps.cluster.errors import CheckpointError
 from hetps.tables.rowsparse import Table, table_declaration
 from hetps.transport.codec import Message
 
