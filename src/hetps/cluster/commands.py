@@ -58,6 +58,8 @@ Host = Annotated[str, Meta(min_length=1, max_length=255)]
 Port = Annotated[int, Meta(gt=0, lt=65536)]
 #: seconds or another finite non-negative number
 Seconds = Annotated[float, Meta(ge=0, le=sys.float_info.max)]
+#: the live metrics' job id (printable ASCII)
+JobId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[ -~]*$")]
 #: a slice: [key, part]
 SliceName = tuple[Key, Count]
 #: a request id
@@ -77,8 +79,50 @@ command(P.EXIT, Empty, server=SCHED, worker=SCHED)
 command(P.SET_OPTIMIZER, Empty, server=W, doc={"(array 0)": "the optimizer, pickled"})
 
 
+class NodeTable(Body, kw_only=True):
+    """The scheduler's answer to add_node (or to a readmit or a worker's registering again).
+
+    ``nodes``: the node table: [[id, role, rank, host, port], ...], msgpack-encoded once for all
+    ``id``: this node's id
+    ``out``: routing ids of its connections to its peers (records of a peer id and an id, or pairs)
+    ``in``: routing ids of their connections to it
+    ``me``: a worker's own entry (its table lists the servers only)
+    ``n_workers``: a worker's table: how many workers there are
+    ``group_runs``: a worker's table: the workers' host groups by rank, as int32 (group, workers) runs
+    ``groups``: the host groups (HETPS_HOST_GROUP) as int32 (node id, group) pairs
+    ``replicas``: copies of every key (HETPS_REPLICAS)
+    ``recovery``: 1: the node is taken back into a running job
+    ``down``: the dead servers
+    ``redirect``: [[dead, heir], ...]: who took over whom
+    ``left``: the workers let go (HETPS_ELASTIC)
+    ``elastic``: HETPS_ELASTIC's bound (0: off)
+    ``cred``: the credential the node proves who it is with (to a scheduler started again)
+    ``gen``: that credential's generation
+    ``metrics_job``: the live metrics' job id (printable, at most 64 characters)
+    ``metrics_s``: seconds between live metrics reports (0.05 to 3600)"""
+
+    nodes: bytes | list[NodeWire]
+    node_id: NodeId = field(name="id")
+    out: bytes | list[tuple[NodeId, RoutingId]]
+    into: bytes | list[tuple[NodeId, RoutingId]] = field(name="in")
+    me: NodeWire | None = None
+    n_workers: Annotated[int, Meta(ge=0, le=1 << 20)] | None = None
+    group_runs: bytes | list[tuple[int, int]] = b""
+    groups: bytes | list[tuple[int, int]] = b""
+    replicas: Annotated[int, Meta(ge=1)] = 1
+    recovery: int = 0
+    down: list[NodeId] = []
+    redirect: list[tuple[NodeId, NodeId]] = []
+    left: list[NodeId] = []
+    elastic: Count = 0
+    credential: bytes | None = field(default=None, name="cred")
+    generation: Count | None = field(default=None, name="gen")
+    metrics_job: JobId | None = None
+    metrics_s: Annotated[float, Meta(ge=0.05, le=3600)] | None = None
+
+
 # -- node -> scheduler ------------------------------------------------------------------------
-@command(P.ADD_NODE, scheduler=frozenset({P.NEWCOMER}))
+@command(P.ADD_NODE, reply=NodeTable, answer=P.NODES, scheduler=frozenset({P.NEWCOMER}))
 class AddNode(Body, kw_only=True):
     """A node registers: where the scheduler connects back to it, and the rank it wants.
 

@@ -42,10 +42,12 @@ class StorePort(Protocol):
     #: per key, the ranges last received as a sum of fewer workers than the job's
     short_marks: dict[Any, dict[tuple[int, int], int]]
     compressor: TwoBitCompressor | None
-    #: the balance agent (HETPS_BALANCE), the row-sparse keys, this worker's host tag
+    #: the balance agent (HETPS_BALANCE), the row-sparse keys, this worker's host tag, its
+    #: joining part (faults/joining.py)
     agent: Any
     sparse: Any
     host_tag: Any
+    joins: Any
     #: queue a request for a server (:meth:`DistKVStore.request`)
     request: Callable[..., Future]
 
