@@ -80,26 +80,17 @@ command(P.SET_OPTIMIZER, Empty, server=W, doc={"(array 0)": "the optimizer, pick
 
 
 class NodeTable(Body, kw_only=True):
-    """The scheduler's answer to add_node (or to a readmit or a worker's registering again).
+    """The scheduler's answer to add_node: the node table (:mod:`hetps.cluster.enrol`).
 
-    ``nodes``: the node table: [[id, role, rank, host, port], ...], msgpack-encoded once for all
-    ``id``: this node's id
-    ``out``: routing ids of its connections to its peers (records of a peer id and an id, or pairs)
-    ``in``: routing ids of their connections to it
-    ``me``: a worker's own entry (its table lists the servers only)
-    ``n_workers``: a worker's table: how many workers there are
-    ``group_runs``: a worker's table: the workers' host groups by rank, as int32 (group, workers) runs
-    ``groups``: the host groups (HETPS_HOST_GROUP) as int32 (node id, group) pairs
-    ``replicas``: copies of every key (HETPS_REPLICAS)
-    ``recovery``: 1: the node is taken back into a running job
-    ``down``: the dead servers
-    ``redirect``: [[dead, heir], ...]: who took over whom
-    ``left``: the workers let go (HETPS_ELASTIC)
-    ``elastic``: HETPS_ELASTIC's bound (0: off)
-    ``cred``: the credential the node proves who it is with (to a scheduler started again)
-    ``gen``: that credential's generation
-    ``metrics_job``: the live metrics' job id (printable, at most 64 characters)
-    ``metrics_s``: seconds between live metrics reports (0.05 to 3600)"""
+    ``nodes``: [[id, role, rank, host, port], ...] (msgpack-encoded once for all); ``me``: a
+        worker's own entry (its table lists the servers); ``id``: this node's id
+    ``out``, ``in``: the routing ids of its connections to its peers, and of theirs to it
+    ``n_workers``, ``group_runs``: a worker's table: the workers, their host groups in rank order
+    ``groups``: the host groups (HETPS_HOST_GROUP); ``replicas``: HETPS_REPLICAS
+    ``recovery``: 1: taken back into a running job, with ``down`` (dead servers), ``redirect``
+        ([[dead, heir], ...]), ``left`` (workers let go) and ``elastic`` (HETPS_ELASTIC)
+    ``cred``, ``gen``: the credential it proves who it is with, and its generation
+    ``metrics_job``, ``metrics_s``: the live metrics' job id and seconds between reports"""
 
     nodes: bytes | list[NodeWire]
     node_id: NodeId = field(name="id")

@@ -42,8 +42,7 @@ class HostRounds:
     ) -> None:
         """Keep a push of this round apart (summed once the round stands for every worker);
         a push that contradicts the round's others is refused and changes nothing."""
-        host = (int(host[0]), int(host[1]), int(host[2]))
-        self.check(sl, worker, host, ce)
+        self.check(sl, worker, host, ce)  # (host: ints, checked by its type: bodies.Push)
         if not sl.got:
             sl.chunk = ce
         sl.hosts[worker] = host

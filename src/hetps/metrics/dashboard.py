@@ -23,13 +23,10 @@ import os
 import threading
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hetps.metrics.reports import BUCKETS, HISTOGRAMS
 from hetps.metrics.sysinfo import scrub
-
-if TYPE_CHECKING:  # (live.py serves the dashboard)
-    from hetps.metrics.live import LiveMetrics
 
 log = logging.getLogger("hetps.metrics.dashboard")
 
@@ -188,7 +185,7 @@ def _silent(live: Any, snap: dict) -> set[int]:
     return ranks | {r for r, w in snap["workers"].items() if w["age"] > silent_s}
 
 
-def _node_rows(live: LiveMetrics, snap: dict) -> list[dict]:
+def _node_rows(live: Any, snap: dict) -> list[dict]:
     """The node table, with each node's CPU, memory, GPUs and last lines beside it."""
     rows = node_states(snap)
     own = {("worker", r): w for r, w in snap["workers"].items()}
@@ -298,7 +295,7 @@ def answer(live: Any, registry: Any, method: str, path: str) -> tuple[int, bytes
     return 404, b"not found: try / or /metrics\n", "text/plain; charset=utf-8", {}
 
 
-def serve_http(live: LiveMetrics, hosts: list[str], port: int) -> Any:
+def serve_http(live: Any, hosts: list[str], port: int) -> Any:
     """Start the endpoint's server on ``port`` of each of ``hosts`` (a thread of its own:
     :class:`hetps.metrics.httpserve.HttpServer`)."""
     from functools import partial

@@ -107,8 +107,7 @@ def _name(kind: str, name: str | None) -> str:
 
 
 class SumStore(Protocol):
-    """What a collective uses of its store (``type``, ``init``, ``push``, ``pull``,
-    ``pushpull``, ``barrier``; its ``hostagg`` when it has one)."""
+    """What a collective uses of its store (and its ``hostagg``, when it has one)."""
 
     type: str
 
