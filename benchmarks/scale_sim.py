@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import numpy as np
 import zmq
 
@@ -69,6 +70,7 @@ from _common import PINNED_THREADS, fmt, machine_info, median, print_table, writ
 
 from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
+from hetps.cluster.commands import NodeTable  # noqa: E402
 from hetps.cluster.enrol import unpack_groups, unpack_routes, workers_of  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
@@ -356,7 +358,7 @@ class SimCluster:
             if x.role == "worker":
                 runs = g.body.get("group_runs", b"")  # (the same bytes for every worker)
                 if runs not in known_groups:
-                    made = workers_of(g.body)
+                    made = workers_of(msgspec.convert(g.body, NodeTable))
                     grouped = [w.group for w in made] == [w.rank // self.per_host for w in made]
                     known_groups[runs] = len(made) if grouped or self.per_host == 1 else -1
                 count = known_groups[runs]

@@ -20,6 +20,19 @@ from hetps.transport.codec import Message
 from roles import loopback_config, role_env, worker_store
 
 
+def _server(sch, tmp_path):
+    """A server process of ``sch``'s job, and its log file."""
+    log = open(tmp_path / "server.log", "w+")
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "hetps.cli", "server"],
+        env=role_env("server", sch.van.port, PS_HEARTBEAT_INTERVAL=0.5),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return srv, log
+
+
 def test_a_malformed_barrier_answer_fails_the_barrier_and_the_worker_goes_on(tmp_path):
     sch = new_scheduler(loopback_config("scheduler")).start()
     send_to, armed = sch.send_to, []
@@ -31,14 +44,7 @@ def test_a_malformed_barrier_answer_fails_the_barrier_and_the_worker_goes_on(tmp
         send_to(peer, msg)
 
     sch.send_to = forge
-    log = open(tmp_path / "server.log", "w+")
-    srv = subprocess.Popen(
-        [sys.executable, "-m", "hetps.cli", "server"],
-        env=role_env("server", sch.van.port, PS_HEARTBEAT_INTERVAL=0.5),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    srv, log = _server(sch, tmp_path)
     kv = None
     try:
         kv = worker_store("dist_sync", loopback_config("worker", sch.van.port))
@@ -69,6 +75,38 @@ def test_a_malformed_barrier_answer_fails_the_barrier_and_the_worker_goes_on(tmp
         if srv.poll() is None:
             srv.kill()
             srv.wait()
+        sch.stop()
+        sch.join(5)
+        log.close()
+
+
+def test_a_malformed_node_table_fails_the_registration_naming_the_field(tmp_path):
+    """The scheduler's node table is a declared answer (NodeTable): a worker that gets one whose
+    replica count is 0 refuses it at once, naming the field, and joins nothing."""
+    from hetps.cluster.errors import ClusterError
+
+    sch = new_scheduler(loopback_config("scheduler")).start()
+    send_to = sch.send_to
+
+    def forge(peer, msg: Message) -> None:
+        if msg.cmd == P.NODES and P.role_of(peer) == "worker":
+            msg = Message(msg.cmd, req=msg.req, reply=True, body={**msg.body, "replicas": 0})
+        send_to(peer, msg)
+
+    sch.send_to = forge
+    srv, log = _server(sch, tmp_path)
+    kv = None
+    try:
+        with pytest.raises(ClusterError) as err:
+            kv = worker_store("dist_sync", loopback_config("worker", sch.van.port))
+        text = str(err.value)
+        assert "malformed node table" in text and "field 'replicas'" in text, text
+        assert "expected `int` >= 1" in text, text
+    finally:
+        if kv is not None:  # (a table taken after all)
+            kv.close()
+        srv.kill()
+        srv.wait()
         sch.stop()
         sch.join(5)
         log.close()

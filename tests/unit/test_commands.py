@@ -272,3 +272,32 @@ def test_a_command_is_declared_once_and_taken_by_a_named_role():
     with pytest.raises(ValueError, match=r"scheduler=, server= or worker= \(got \['servr'\]\)"):
         bodies.command("zz", bodies.Push, servr=bodies.W)
     assert "zz" not in bodies.DECLARED and bodies.DECLARED[P.PUSH].kind is bodies.Push
+
+
+def test_the_node_table_is_a_declared_answer_whose_type_makes_its_checks():
+    """The scheduler's node table (add_node's answer) decodes into NodeTable; a count, a
+    replica number, a metrics period or a job id out of bounds is refused by its type, naming
+    the field, and a node that gets one fails its registration with that text."""
+    from types import SimpleNamespace
+
+    from hetps.cluster.enrol import Enrolment
+
+    table = {"nodes": [NODE], "id": 9, "out": b"", "in": b"", "replicas": 2, "metrics_s": 0.5}
+    msg = Message(P.NODES, req=1, reply=True, body=table)
+    assert commands.decode(msg) is None
+    assert (msg.typed.node_id, msg.typed.replicas, msg.typed.metrics_s) == (9, 2, 0.5)
+    for name, value in [
+        ("replicas", 0),
+        ("n_workers", -1),
+        ("metrics_s", 0.001),
+        ("metrics_job", "a\nb"),
+        ("elastic", -1),
+        ("gen", -1),
+    ]:
+        bad = Message(P.NODES, req=1, reply=True, body={**table, name: value})
+        why = commands.decode(bad)
+        assert why is not None and f"field {name!r}" in why and bad.typed is None, (name, why)
+        links = SimpleNamespace()
+        enrol = Enrolment(SimpleNamespace(role="worker"), links)
+        enrol.answer(Message(P.NODES, req=1, reply=True, body={**table, name: value}))
+        assert "malformed node table" in enrol._reg_error and f"field {name!r}" in enrol._reg_error

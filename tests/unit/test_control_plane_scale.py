@@ -7,9 +7,11 @@ table every node gets is encoded once."""
 from __future__ import annotations
 
 import msgpack
+import msgspec
 import pytest
 
 from hetps.cluster import protocol as P
+from hetps.cluster.commands import NodeTable
 from hetps.cluster.enrol import unpack_groups, unpack_routes, workers_of
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.registration import Pending
@@ -101,7 +103,7 @@ def test_assign_encodes_the_table_once_and_derives_ids_in_one_call(sched, monkey
     # host groups, as a worker makes them (no worker's address: none connects to another)
     rows = msgpack.unpackb(by_role["worker"][0].body["nodes"])
     assert sorted(r[0] for r in rows) == [P.server_id(s) for s in range(4)]
-    made = workers_of(by_role["worker"][0].body)
+    made = workers_of(msgspec.convert(by_role["worker"][0].body, NodeTable))
     assert [(n.id, n.rank, n.group) for n in made] == [
         (i, n.rank, n.rank // 3) for i, n in nodes.items() if n.role == "worker"
     ]
@@ -183,7 +185,7 @@ def test_the_host_groups_travel_packed_and_every_node_reads_them(sched):
             admit=lambda *a: None, connect=lambda *a, **k: None, mark_dead=lambda *a: None
         )
         node = SimpleNamespace(role=P.role_of(got.body["id"]), van=van)
-        Enrolment(node, van).take_table(got.body)
+        Enrolment(node, van).take_table(msgspec.convert(got.body, NodeTable))
         assert node.info.id == got.body["id"]
         assert {i: n.group for i, n in node.nodes.items()} == {
             i: (n.rank // 8 if n.role == "worker" else -1) for i, n in nodes.items()

@@ -58,6 +58,8 @@ Host = Annotated[str, Meta(min_length=1, max_length=255)]
 Port = Annotated[int, Meta(gt=0, lt=65536)]
 #: seconds or another finite non-negative number
 Seconds = Annotated[float, Meta(ge=0, le=sys.float_info.max)]
+#: the live metrics' job id (printable ASCII)
+JobId = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[ -~]*$")]
 #: a slice: [key, part]
 SliceName = tuple[Key, Count]
 #: a request id
@@ -77,8 +79,41 @@ command(P.EXIT, Empty, server=SCHED, worker=SCHED)
 command(P.SET_OPTIMIZER, Empty, server=W, doc={"(array 0)": "the optimizer, pickled"})
 
 
+class NodeTable(Body, kw_only=True):
+    """The scheduler's answer to add_node: the node table (:mod:`hetps.cluster.enrol`).
+
+    ``nodes``: [[id, role, rank, host, port], ...] (msgpack-encoded once for all); ``me``: a
+        worker's own entry (its table lists the servers); ``id``: this node's id
+    ``out``, ``in``: the routing ids of its connections to its peers, and of theirs to it
+    ``n_workers``, ``group_runs``: a worker's table: the workers, their host groups in rank order
+    ``groups``: the host groups (HETPS_HOST_GROUP); ``replicas``: HETPS_REPLICAS
+    ``recovery``: 1: taken back into a running job, with ``down`` (dead servers), ``redirect``
+        ([[dead, heir], ...]), ``left`` (workers let go) and ``elastic`` (HETPS_ELASTIC)
+    ``cred``, ``gen``: the credential it proves who it is with, and its generation
+    ``metrics_job``, ``metrics_s``: the live metrics' job id and seconds between reports"""
+
+    nodes: bytes | list[NodeWire]
+    node_id: NodeId = field(name="id")
+    out: bytes | list[tuple[NodeId, RoutingId]]
+    into: bytes | list[tuple[NodeId, RoutingId]] = field(name="in")
+    me: NodeWire | None = None
+    n_workers: Annotated[int, Meta(ge=0, le=1 << 20)] | None = None
+    group_runs: bytes | list[tuple[int, int]] = b""
+    groups: bytes | list[tuple[int, int]] = b""
+    replicas: Annotated[int, Meta(ge=1)] = 1
+    recovery: int = 0
+    down: list[NodeId] = []
+    redirect: list[tuple[NodeId, NodeId]] = []
+    left: list[NodeId] = []
+    elastic: Count = 0
+    credential: bytes | None = field(default=None, name="cred")
+    generation: Count | None = field(default=None, name="gen")
+    metrics_job: JobId | None = None
+    metrics_s: Annotated[float, Meta(ge=0.05, le=3600)] | None = None
+
+
 # -- node -> scheduler ------------------------------------------------------------------------
-@command(P.ADD_NODE, scheduler=frozenset({P.NEWCOMER}))
+@command(P.ADD_NODE, reply=NodeTable, answer=P.NODES, scheduler=frozenset({P.NEWCOMER}))
 class AddNode(Body, kw_only=True):
     """A node registers: where the scheduler connects back to it, and the rank it wants.
 

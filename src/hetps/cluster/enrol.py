@@ -12,10 +12,12 @@ from dataclasses import replace
 from itertools import groupby
 from typing import Any
 
-import msgpack
+import msgspec
 import numpy as np
 
+from hetps.cluster import commands
 from hetps.cluster import protocol as P
+from hetps.cluster.commands import NodeTable, NodeWire
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.ports import MemberPort
 from hetps.cluster.protocol import NodeInfo
@@ -63,14 +65,12 @@ def worker_fields(nodes: dict[int, NodeInfo]) -> dict[str, Any]:
     return {"n_workers": len(groups), "group_runs": pack_groups(runs)}
 
 
-def workers_of(body: dict) -> list[NodeInfo]:
+def workers_of(table: NodeTable) -> list[NodeInfo]:
     """The workers' entries a worker's node table stands for (:func:`worker_fields`): rank,
     id and host group each, no address (a worker never connects to another). Raises
-    ValueError when the count or the runs do not add up."""
-    count = body["n_workers"]
-    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 1 << 20:
-        raise ValueError(f"bad worker count {count!r}")
-    runs = unpack_groups(body.get("group_runs", b""))
+    ValueError when the runs do not add up to the count."""
+    count = table.n_workers
+    runs = unpack_groups(table.group_runs)
     if any(n < 1 for _, n in runs) or sum(n for _, n in runs) != count:
         raise ValueError(f"host-group runs that do not add up to {count} workers")
     by_rank = [g for g, n in runs for _ in range(n)]
@@ -204,9 +204,12 @@ class Enrolment:
         elif msg.cmd == P.REFUSED:
             self._reg_error = msg.error or "refused"
             self._registered.set()
-        else:  # the node table
+        else:  # the node table (its type checked by the dispatch: commands.NodeTable)
             try:
-                self.take_table(msg.body)
+                why = commands.decode(msg)  # (done by the dispatch: again, its refusal)
+                if why is not None:
+                    raise ValueError(why)
+                self.take_table(msg.typed)
             except (KeyError, TypeError, ValueError) as exc:
                 self._reg_error = f"the scheduler sent a malformed node table ({exc})"
                 self._registered.set()
@@ -225,39 +228,36 @@ class Enrolment:
         self._early_bytes += msg.nbytes
         return True
 
-    def take_table(self, body: dict) -> None:
+    def take_table(self, table: NodeTable) -> None:
         """The scheduler's node table: this node's id, its peers, and the routing id of each
         direction of each connection to a peer."""
         node = self.node
-        listed = body["nodes"]
+        listed = table.nodes
         if isinstance(listed, bytes):  # (the scheduler encodes the table once for all)
             try:
-                listed = msgpack.unpackb(listed, raw=False, strict_map_key=False)
-            except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
+                listed = msgspec.msgpack.decode(listed, type=list[NodeWire])
+            except msgspec.DecodeError as exc:
                 raise ValueError(f"unreadable node table: {exc}") from None
         # the workers' hosts (HETPS_HOST_GROUP), read into each entry as it is made
-        groups = {i: g for i, g in unpack_groups(body.get("groups", [])) if g >= 0}
+        groups = {i: g for i, g in unpack_groups(table.groups) if g >= 0}
         nodes = {n.id: n for n in (NodeInfo.from_wire(item, groups) for item in listed)}
-        if "n_workers" in body:  # a worker's table: the workers' entries made here, its own given
-            mine = NodeInfo.from_wire(body["me"])
-            for n in workers_of(body):
+        if table.n_workers is not None:  # a worker's table: the workers' entries made here
+            mine = NodeInfo.from_wire(table.me)
+            for n in workers_of(table):
                 nodes[n.id] = replace(n, host=mine.host, port=mine.port) if n.id == mine.id else n
-        me = nodes[int(body["id"])]
-        out, into = unpack_routes(body["out"]), unpack_routes(body["in"])
+        me = nodes[table.node_id]
+        out, into = unpack_routes(table.out), unpack_routes(table.into)
         # Servers answer workers, workers talk to servers: connect before anything else is
         # handled, so no request can arrive from a peer we cannot answer.
         peer_role = "worker" if node.role == "server" else "server"
-        replicas = body.get("replicas", 1)
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-            raise ValueError(f"bad replica count {replicas!r}")
+        replicas = table.replicas
         peers = [
             n
             for n in nodes.values()
             if n.role == peer_role
             or (replicas > 1 and node.role == "server" and n.role == "server" and n.id != me.id)
         ]
-        down = {int(i) for i in body.get("down", [])}
-        redirect = {int(a): int(b) for a, b in body.get("redirect", [])}
+        down, redirect = set(table.down), dict(table.redirect)
         for n in peers:
             if n.id not in out or n.id not in into:
                 raise ValueError(f"no routing ids for node {n.id}")
@@ -269,22 +269,14 @@ class Enrolment:
             self.links.connect(n.id, f"{n.host}:{n.port}", routing_id=out[n.id], bulk=True)
         node.nodes, node.info = nodes, me
         node.down, node.redirect = down, redirect
-        node.recovery = body.get("recovery") == 1
+        node.recovery = table.recovery == 1
         node.replicas = replicas
-        elastic = body.get("elastic", 0)
-        node.elastic = elastic if isinstance(elastic, int) and not isinstance(elastic, bool) else 0
-        node.left = {int(i) for i in body.get("left", [])}  # (a worker that joins again)
-        cred, gen = body.get("cred"), body.get("gen")
-        if isinstance(cred, bytes) and isinstance(gen, int) and not isinstance(gen, bool):
-            node.cred = {"cred": cred, "gen": gen}
+        node.elastic = table.elastic
+        node.left = set(table.left)  # (a worker that joins again)
+        if table.credential is not None and table.generation is not None:
+            node.cred = {"cred": table.credential, "gen": table.generation}
         self.links.my_id = me.id
-        job = body.get("metrics_job")  # (the live metrics' job id: hetps.metrics.reports)
-        if isinstance(job, str) and 0 < len(job) <= 64 and job.isprintable():
-            node.metrics_job = job
-        every = body.get("metrics_s")  # the scheduler serves live metrics: report to it
-        if (
-            isinstance(every, (int, float))
-            and not isinstance(every, bool)
-            and 0.05 <= every <= 3600
-        ):
-            node.metrics_interval = float(every)
+        if table.metrics_job is not None:  # (the live metrics' job id: hetps.metrics.reports)
+            node.metrics_job = table.metrics_job
+        if table.metrics_s is not None:  # the scheduler serves live metrics: report to it
+            node.metrics_interval = table.metrics_s

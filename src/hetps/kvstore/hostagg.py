@@ -64,13 +64,14 @@ from hetps.kvstore.hostshm import (
 from hetps.kvstore.hostshm import pid_ns as _pid_ns
 from hetps.kvstore.keys import KeyMeta, land_into
 from hetps.kvstore.placement import chunk_elems, chunks
+from hetps.kvstore.ports import StorePort
 from hetps.transport.codec import Message, dtype_str
 
 log = logging.getLogger("hetps.worker")
 __all__ = ["SHM_DIR", "HostAggregation", "plan", "sweep_stale", "unlink"]
 
 
-def plan(kv: Any) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
+def plan(kv: StorePort) -> tuple[HostAggregation | None, tuple[int, int, int] | None]:
     """What the store ``kv`` does with its host: its aggregation (None: each worker pushes
     its own), and the host tag its own pushes carry (None: no host order)."""
     cfg = kv.cfg
@@ -151,7 +152,7 @@ def _form(meta: KeyMeta) -> tuple:
 class HostAggregation:
     """The host's aggregation for the store ``kv`` (``kv.hostagg``)."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: StorePort) -> None:
         cfg = kv.cfg
         self.kv = kv
         self.group, self.local, self.size = cfg.host_group, cfg.local_rank, cfg.local_world_size

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from hetps.kvstore.aggregate import Aggregator
+from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
 
@@ -24,7 +26,7 @@ class HostRounds:
     """Rounds summed per host: a part of a :class:`~hetps.kvstore.server.KVServer`
     (``server``: its worker count, aggregator and round end)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: ServerPort) -> None:
         self.server = server
 
     def hold(
@@ -40,8 +42,7 @@ class HostRounds:
     ) -> None:
         """Keep a push of this round apart (summed once the round stands for every worker);
         a push that contradicts the round's others is refused and changes nothing."""
-        host = (int(host[0]), int(host[1]), int(host[2]))
-        self.check(sl, worker, host, ce)
+        self.check(sl, worker, host, ce)  # (host: ints, checked by its type: bodies.Push)
         if not sl.got:
             sl.chunk = ce
         sl.hosts[worker] = host
@@ -111,7 +112,7 @@ def mixed(key: Any) -> str:
     )
 
 
-def merge_by_host(agg: Any, sl: Slice) -> None:
+def merge_by_host(agg: Aggregator, sl: Slice) -> None:
     """Sum ``sl``'s held round: each host's pushes in local-rank order, then the hosts in
     group order (``a = x0; a += x1; ...`` in the key's dtype, as a host that aggregates its
     workers sums them), into the round's merge buffer."""

@@ -2,10 +2,10 @@
 server it belongs to, named here once, so that a part takes its port and not the whole host.
 
 :class:`StorePort` is what a :class:`~hetps.kvstore.client.DistKVStore`'s parts use (its
-dense requests, :mod:`hetps.kvstore.dense`, and its fault part,
-:mod:`hetps.faults.joining`); :class:`ServerPort` what a
-:class:`~hetps.kvstore.server.KVServer`'s fault parts use (:mod:`hetps.faults.replicas`,
-:mod:`hetps.faults.elastic_rounds`). The store and the server are each one."""
+dense requests, :mod:`hetps.kvstore.dense`, its host aggregation, :mod:`hetps.kvstore.hostagg`,
+and its fault part, :mod:`hetps.faults.joining`); :class:`ServerPort` what a
+:class:`~hetps.kvstore.server.KVServer`'s parts use (:mod:`hetps.kvstore.hostrounds`,
+:mod:`hetps.faults.replicas`, :mod:`hetps.faults.elastic_rounds`). The store and the server are each one."""
 
 from __future__ import annotations
 
@@ -42,10 +42,12 @@ class StorePort(Protocol):
     #: per key, the ranges last received as a sum of fewer workers than the job's
     short_marks: dict[Any, dict[tuple[int, int], int]]
     compressor: TwoBitCompressor | None
-    #: the balance agent (HETPS_BALANCE), the row-sparse keys, this worker's host tag
+    #: the balance agent (HETPS_BALANCE), the row-sparse keys, this worker's host tag, its
+    #: joining part (faults/joining.py)
     agent: Any
     sparse: Any
     host_tag: Any
+    joins: Any
     #: queue a request for a server (:meth:`DistKVStore.request`)
     request: Callable[..., Future]
 

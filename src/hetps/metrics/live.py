@@ -16,13 +16,25 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
+from hetps.config import NodeConfig
 from hetps.metrics.dashboard import Events, Scrapes, serve_http
 from hetps.metrics.reports import ReportError, WorkerTotals, parse_report
 from hetps.metrics.server_meter import ServerTotals, parse_server_report
 
 log = logging.getLogger("hetps.metrics.live")
+
+
+class SchedulerView(Protocol):
+    """What live metrics use of the scheduler: its settings, its node table (a report's
+    sender), its members as plain values, and its way of answering."""
+
+    cfg: NodeConfig
+
+    def node_info(self, nid: int) -> Any: ...
+    def membership(self) -> dict[str, Any]: ...
+    def reply(self, request: Any, body: dict | None = None, arrays: list | None = None) -> None: ...
 
 
 class LiveMetrics:
@@ -31,7 +43,7 @@ class LiveMetrics:
     are read on each scrape); ``planner`` and ``esync``, when given, the load planner and
     ESync's state service it hosts."""
 
-    def __init__(self, sched: Any, planner: Any = None, esync: Any = None) -> None:
+    def __init__(self, sched: SchedulerView, planner: Any = None, esync: Any = None) -> None:
         self.sched = sched
         self.planner = planner
         self.esync = esync
@@ -56,7 +68,7 @@ class LiveMetrics:
         self.job = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
     # the service ----------------------------------------------------------------------------
-    def handle(self, sched: Any, msg: Any) -> None:
+    def handle(self, sched: SchedulerView, msg: Any) -> None:
         """One worker's report (the scheduler's service for ``metrics_report``)."""
         node = sched.node_info(msg.sender)
         if node is None or node.role not in ("worker", "server"):  # the allow-list says so
@@ -78,13 +90,13 @@ class LiveMetrics:
             sched.reply(msg, {})
         self.events.observe(self.snapshot(timeline=False))
 
-    def refused_body(self, sched: Any, msg: Any, why: str) -> None:
+    def refused_body(self, sched: SchedulerView, msg: Any, why: str) -> None:
         """A report the scheduler's dispatch refused (a body not of its declared type: logged
         and answered there): counted with the others refused."""
         with self.lock:
             self.refused += 1
 
-    def _refuse(self, sched: Any, msg: Any, who: str, text: str) -> None:
+    def _refuse(self, sched: SchedulerView, msg: Any, who: str, text: str) -> None:
         with self.lock:
             self.refused += 1
         log.warning("scheduler: refused a metrics report from %s: %s", who, text)

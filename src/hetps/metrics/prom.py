@@ -5,15 +5,18 @@ every metric."""
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetps.metrics.reports import BUCKETS
+
+if TYPE_CHECKING:  # (live.py builds the collector)
+    from hetps.metrics.live import LiveMetrics
 
 
 class Collector:
     """prometheus_client's view of a :class:`LiveMetrics` (built anew on each scrape)."""
 
-    def __init__(self, live: Any) -> None:
+    def __init__(self, live: LiveMetrics) -> None:
         self.live = live
 
     def collect(self):

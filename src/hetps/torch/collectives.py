@@ -18,7 +18,7 @@ leaves every value as it is (``x + -0.0 == x``), so they come back bit for bit.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -106,7 +106,19 @@ def _name(kind: str, name: str | None) -> str:
     return f"noname.{n}"
 
 
-def _done(kv: Any, name: str | None, *keys: str) -> None:
+class SumStore(Protocol):
+    """What a collective uses of its store (and its ``hostagg``, when it has one)."""
+
+    type: str
+
+    def init(self, key: Any, value: Any) -> None: ...
+    def push(self, key: Any, value: Any, *args: Any, **kw: Any) -> Any: ...
+    def pull(self, key: Any, *args: Any, **kw: Any) -> Any: ...
+    def pushpull(self, key: Any, value: Any, *args: Any, **kw: Any) -> Any: ...
+    def barrier(self) -> None: ...
+
+
+def _done(kv: SumStore, name: str | None, *keys: str) -> None:
     """An unnamed call's keys are used once (the next unnamed call has the next number):
     their host-local aggregation segments go (kept for a named call's, reused each time)."""
     hostagg = getattr(kv, "hostagg", None)
@@ -125,18 +137,18 @@ def _staged(tensor: torch.Tensor, what: str) -> torch.Tensor:
     return tensor.detach().to("cpu", dtype).reshape(-1).clone()
 
 
-def _sum_key(kv: Any, key: str, flat: torch.Tensor) -> None:
+def _sum_key(kv: SumStore, key: str, flat: torch.Tensor) -> None:
     """Make the ``dist_sync`` key ``key`` (a collective, the first time) for ``flat``."""
     if (id(kv), key) not in _made:
         kv.init(key, torch.zeros_like(flat))
         _made.add((id(kv), key))
 
 
-def _async(kv: Any) -> bool:
+def _async(kv: SumStore) -> bool:
     return str(getattr(kv, "type", "")).startswith("dist_async")
 
 
-def _summed(kv: Any, key: str, flat: torch.Tensor, out: torch.Tensor) -> Any:
+def _summed(kv: SumStore, key: str, flat: torch.Tensor, out: torch.Tensor) -> Any:
     """Start the sum of ``flat`` over the workers into ``out``; the request (``wait()``).
 
     ``dist_sync``: one round of ``key``. ``dist_async`` (whose servers apply each push with
@@ -169,7 +181,7 @@ def _op(op: str | None, average: bool | None) -> str:
 class Handle:
     """A reduction in flight (:func:`allreduce_async`): :func:`synchronize` gives its result."""
 
-    def __init__(self, kv: Any, request: Any, out: torch.Tensor, finish: Any) -> None:
+    def __init__(self, kv: SumStore, request: Any, out: torch.Tensor, finish: Any) -> None:
         self._kv, self._request, self._out, self._finish = kv, request, out, finish
         self._result: torch.Tensor | None = None
 
