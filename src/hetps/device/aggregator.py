@@ -293,9 +293,9 @@ class DeviceRounds:
             return False  # every push is copied to the device at once
         return super().first_whole(sl, msg, data, comp, off, n, ce)
 
-    def _spare(self, sl: Any) -> Any:  # (overrides the base's static method)
+    def take_spare(self, sl: Any) -> Any:  # (overrides the base's static method)
         if not self.here(sl):
-            return super()._spare(sl)
+            return super().take_spare(sl)
         got = self.slot(sl)
         buf = (
             got.spare if fits(got.spare, sl.value.size, self.device.dtype(sl.value.dtype)) else None

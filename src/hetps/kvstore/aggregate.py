@@ -71,7 +71,7 @@ class Aggregator:
         if sl.merge is None:
             # reuse last round's buffer; the first contribution to each chunk is copied,
             # later ones added, so the buffer is never zero-filled
-            sl.merge = self._spare(sl)
+            sl.merge = self.take_spare(sl)
             sl.written, sl.pending = set(), {}
             sl.chunk = ce
         elif ce != sl.chunk:
@@ -105,7 +105,7 @@ class Aggregator:
         if sl.merge.flags.writeable:
             dst = sl.merge[off : off + n]
         else:  # the round's first push of the whole part, kept as received: sum elsewhere
-            dst = sl.merge = self._spare(sl)
+            dst = sl.merge = self.take_spare(sl)
         if comp is not None:  # decoded straight into the sum, after what came before it
             if srcs:
                 kernels.sum_into(dst, srcs)
@@ -120,7 +120,7 @@ class Aggregator:
         the job's count, so the optimizer's rescale_grad (set for it) gives the survivors'
         mean; without one the value is their sum, and its answers say how many workers it
         holds (``w``)."""
-        buf = self._spare(sl)
+        buf = self.take_spare(sl)
         written: set[int] = set()
         for w in sorted(sl.held):
             for off, arr in sl.held[w]:
@@ -204,7 +204,7 @@ class Aggregator:
         return TwoBitCompressor(float(comp)).decompress(data, n, sl.value.dtype)
 
     @staticmethod
-    def _spare(sl: Slice) -> np.ndarray:
+    def take_spare(sl: Slice) -> np.ndarray:
         """Last round's buffer if it fits, else a new one (never zero-filled)."""
         buf = sl.spare if sl.spare is not None and sl.spare.size == sl.value.size else None
         sl.spare = None

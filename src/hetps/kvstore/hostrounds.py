@@ -119,7 +119,7 @@ def merge_by_host(agg: Aggregator, sl: Slice) -> None:
     # a device server (device/aggregator.py): host sums made here, added on the device in
     # the same order
     device = getattr(agg, "here", None) is not None and agg.here(sl)
-    buf = agg._spare(sl)
+    buf = agg.take_spare(sl)
     by_host: dict[int, list[tuple[int, int]]] = {}
     for w, (group, local, _) in sl.hosts.items():
         by_host.setdefault(group, []).append((local, w))
