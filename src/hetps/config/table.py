@@ -291,7 +291,8 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "the optimizers a server takes from its workers (set_optimizer): any "
                 "Optimizer subclass, its class pickled by value (unpickling runs the "
                 "worker's code), or a comma list of registered names (their classes by "
-                "reference: any other pickle is refused before it runs)",
+                "reference, and from load_optimizer_states NumPy arrays and numbers only: any "
+                "other pickle is refused before it runs)",
                 field="optimizers", check=_optimizers_check, choices=optimizer_choices),
             Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31, "the largest message a node accepts",
                 field="max_message_bytes", minimum=1024, unit="bytes"),
