@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import hetps.optim  # noqa: F401 - the optimizers register (HETPS_OPTIMIZERS), as in `hetps`
 from hetps import config_report
 from hetps.cli import main as cli_main
 from hetps.config import BY_NAME, VARS, ConfigError, env_value, node_config_from_env
