@@ -33,6 +33,8 @@ for r in range(10):
     rng = np.random.default_rng(100 * r + kv.rank)
     kv.push("w", rng.standard_normal(50).astype(np.float32))
     kv.pull("w", out=out)
+    if r == 2 and kv.rank == int(os.environ.get("LEAVE", "-1")):
+        os.kill(os.getpid(), signal.SIGKILL)   # (--elastic: let go, the job goes on)
     if r % 3 == 1:
         if kill and r == 4:
             open(os.path.join(flags, f"at-{kv.rank}"), "w").close()
@@ -56,19 +58,21 @@ ENV = {
 }
 
 
-def _launcher(tmp_path: Path, name: str, kill: bool, max_restarts: int):
+def _launcher(tmp_path: Path, name: str, kill: bool, max_restarts: int, elastic: bool = False):
+    """The job; with ``elastic`` a third worker (rank 2) dies at round 2 and is let go."""
     flags = tmp_path / name
     flags.mkdir()
     script = tmp_path / "sched_script.py"
     script.write_text(PRELUDE + textwrap.dedent(SCRIPT))
     out = io.StringIO()
     spec = LaunchSpec(
-        num_workers=2,
+        num_workers=3 if elastic else 2,
         num_servers=1,
         command=[sys.executable, str(script)],
-        env={**ENV, "FLAGS": str(flags), "KILL": "1" if kill else "0"},
+        env={**ENV, "FLAGS": str(flags), "KILL": "1" if kill else "0", "LEAVE": "2"},
         max_restarts=max_restarts,
         failure_grace=5.0,
+        elastic_min=2 if elastic else 0,
     )
     return Launcher(spec, out=out), out, flags
 
@@ -77,8 +81,8 @@ def _finals(text: str) -> dict[int, str]:
     return {int(r): d for r, d in re.findall(r"FINAL (\d) (\w+)", text)}
 
 
-def _run(tmp_path: Path, max_restarts: int) -> tuple[int | None, str]:
-    launcher, out, flags = _launcher(tmp_path, "killed", kill=True, max_restarts=max_restarts)
+def _run(tmp_path: Path, max_restarts: int, elastic: bool = False) -> tuple[int | None, str]:
+    launcher, out, flags = _launcher(tmp_path, "killed", True, max_restarts, elastic)
     result: dict = {}
     runner = threading.Thread(target=lambda: result.setdefault("code", launcher.run()))
     runner.start()
@@ -127,3 +131,20 @@ def test_without_restarts_a_killed_scheduler_ends_the_job(tmp_path):
     code, out = _run(tmp_path, max_restarts=0)
     assert code == 137, out
     assert "starting it again" not in out and "FINAL" not in out, out
+
+
+def test_a_scheduler_started_again_ends_a_job_that_let_a_worker_go(tmp_path):
+    """--elastic: worker 2 died and was let go before the scheduler was killed. The one
+    started again knows it was let go: the job ends when the two others finish (it waited
+    for worker 2 for ever), with their values those of the same job left undisturbed."""
+    launcher, out, _ = _launcher(tmp_path, "ref", kill=False, max_restarts=0, elastic=True)
+    try:
+        assert launcher.run() == 0, out.getvalue()
+    finally:
+        launcher.stop_all(kill=True)
+    ref = _finals(out.getvalue())
+    assert sorted(ref) == [0, 1] and len(set(ref.values())) == 1, out.getvalue()
+    code, text = _run(tmp_path, max_restarts=1, elastic=True)
+    assert code == 0, text
+    assert re.search(r"\[scheduler\].*started again, it took back 3 nodes", text), text
+    assert _finals(text) == ref, text

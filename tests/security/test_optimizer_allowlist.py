@@ -51,3 +51,54 @@ def test_a_server_takes_only_the_listed_optimizers(cluster, tmp_path):
         ), said
         assert "(HETPS_OPTIMIZERS)" in said[0]
     assert "TAKEN" not in out, out
+
+
+STATES = """
+import pickle
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(4, np.float32))
+kv.set_optimizer(optim.SGD(learning_rate=0.5, momentum=0.9))
+
+class Forged:                      # a state whose pickle calls os.system where it is loaded
+    def __reduce__(self):
+        return (os.system, ('touch ' + os.environ['MARKER'],))
+
+forged = os.environ['MARKER'] + '.states'
+with open(forged, 'wb') as f:
+    f.write(pickle.dumps({'format': 'hetps-optimizer-states', 'version': 1,
+                          'states': {('w', 0): Forged()}}))
+try:
+    kv.load_optimizer_states(forged)
+except RequestError as exc:
+    print('REFUSED', exc, flush=True)
+else:
+    print('TAKEN', flush=True)
+kv.push('w', np.ones(4, np.float32))
+kv.pull('w')
+saved, again = forged + '.1', forged + '.2'
+kv.save_optimizer_states(saved)    # the states a server wrote are taken back
+kv.push('w', np.ones(4, np.float32))
+kv.pull('w')
+kv.load_optimizer_states(saved)
+kv.save_optimizer_states(again)
+a, b = (optim.load_states(open(p, 'rb').read()) for p in (saved, again))
+assert a.keys() == b.keys() and a, (a, b)
+for k in a:
+    assert a[k]['mom'].tolist() == b[k]['mom'].tolist() != [0.0] * 4, (k, a[k], b[k])
+print('STATES-OK', flush=True)
+"""
+
+
+def test_a_server_that_takes_only_listed_optimizers_loads_no_code_from_states(cluster, tmp_path):
+    """load_optimizer_states sends a worker's pickle too: under HETPS_OPTIMIZERS=names the
+    server builds NumPy arrays and numbers from it, nothing else (nothing of it runs)."""
+    marker = tmp_path / "ran-on-the-server"
+    env = {"HETPS_OPTIMIZERS": "sgd", "MARKER": str(marker)}
+    rc, out = cluster(STATES, workers=1, servers=1, env=env)
+    assert not marker.exists(), "the forged states' pickle ran on the server"
+    assert rc == 0, out
+    said = [line for line in out.splitlines() if "REFUSED " in line]
+    assert said, out
+    assert "set_states: the optimizer states' pickle names posix.system" in said[0], said
+    assert "(HETPS_OPTIMIZERS)" in said[0], said
+    assert "STATES-OK" in out and "TAKEN" not in out, out

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import hetps.optim  # noqa: F401 - the optimizers register (HETPS_OPTIMIZERS), as in `hetps`
 from hetps import config_report
 from hetps.cli import main as cli_main
 from hetps.config import BY_NAME, VARS, ConfigError, env_value, node_config_from_env
@@ -289,3 +290,13 @@ def test_server_device_values_and_what_they_do_not_combine_with():
     with pytest.raises(ConfigError, match="set HETPS_SERVER_DEVICE=cpu or HETPS_ELASTIC=0"):
         node_config_from_env({**env, "HETPS_SERVER_DEVICE": "cuda:0", "HETPS_ELASTIC": "1"})
     node_config_from_env({**env, "HETPS_REPLICAS": "2"})  # the CPU server keeps copies
+
+
+def test_a_host_group_past_the_node_tables_bound_is_refused_by_name():
+    """A node table carries host groups as int32 and the scheduler drops an add_node past
+    that (its worker waited HETPS_CONNECT_TIMEOUT for nothing): the variable is refused."""
+    worker = BASE
+    assert node_config_from_env({**worker, "HETPS_HOST_GROUP": str((1 << 31) - 1)}).host_group
+    for name in ("HETPS_HOST_GROUP", "GROUP_RANK"):
+        with pytest.raises(ConfigError, match=rf"{name}=2147483648 is .*set {name} to"):
+            node_config_from_env({**worker, name: str(1 << 31)})

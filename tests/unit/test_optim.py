@@ -464,6 +464,24 @@ def test_dcasgd_and_empty_states_round_trip():
     assert optim.load_states(optim.dump_states({})) == {}
 
 
+def test_states_under_an_allow_list_build_arrays_and_numbers_only():
+    """With HETPS_OPTIMIZERS' names a state map gives back every NumPy array (strided,
+    Fortran-ordered, float16), scalar and container; any other global is refused unbuilt."""
+    strided = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    states = {
+        ("w", 0): {"mom": np.asfortranarray(np.ones((2, 3))), "t": np.int64(3), "s": strided},
+        1: (np.float16([1.5]), [np.float32(2.0), None], "x"),
+    }
+    loaded = optim.load_states(optim.dump_states(states), allowed={"sgd"})
+    assert loaded[("w", 0)]["t"] == 3 and loaded[1][1][0] == 2.0 and loaded[1][2] == "x"
+    np.testing.assert_array_equal(loaded[("w", 0)]["s"], strided)
+    np.testing.assert_array_equal(loaded[("w", 0)]["mom"], np.ones((2, 3)))
+    assert loaded[1][0].dtype == np.float16 and loaded[1][0][0] == 1.5
+    for other in (Adam(), Path("x")):  # an optimizer, any other class
+        with pytest.raises(PermissionError, match=r"states' pickle names .*\(HETPS_OPTIMIZERS\)"):
+            optim.load_states(optim.dump_states({0: other}), allowed={"sgd", "adam"})
+
+
 def test_load_states_rejects_foreign_bytes():
     with pytest.raises(ValueError, match="not hetps optimizer states"):
         optim.load_states(pickle.dumps({0: np.zeros(2)}))

@@ -339,6 +339,7 @@ class Scheduler:
                 "down": sorted(self.dead),
                 "redirect": [list(pair) for pair in self.failovers],
                 "done": sorted(self.finished),
+                "left": sorted(self.left),  # (HETPS_ELASTIC) the job ends without them
                 # the workers' host groups (HETPS_HOST_GROUP): a restarted scheduler's
                 # balancing and host-local sums see the job's hosts, not a host per worker
                 "groups": [[i, n.group] for i, n in self.nodes.items() if n.group >= 0],

@@ -57,6 +57,8 @@ def _optimizers_check(text: str, values: Mapping[str, Any]) -> str | None:
 
 
 LOOPBACK = ("127.0.0.1", "localhost")
+#: the largest host group a node table carries (int32)
+MAX_GROUP = (1 << 31) - 1
 #: the shortest cluster secret accepted (``hetps secret`` and ``hetps launch`` make 64)
 MIN_SECRET_CHARS = 32
 
@@ -291,7 +293,8 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "the optimizers a server takes from its workers (set_optimizer): any "
                 "Optimizer subclass, its class pickled by value (unpickling runs the "
                 "worker's code), or a comma list of registered names (their classes by "
-                "reference: any other pickle is refused before it runs)",
+                "reference, and from load_optimizer_states NumPy arrays and numbers only: any "
+                "other pickle is refused before it runs)",
                 field="optimizers", check=_optimizers_check, choices=optimizer_choices),
             Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31, "the largest message a node accepts",
                 field="max_message_bytes", minimum=1024, unit="bytes"),
@@ -435,6 +438,7 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
             Var("GROUP_RANK", "int", -1,
                 "torchrun's variable, set by every hetps launcher for a worker: its host's "
                 "index (the same as HETPS_HOST_GROUP)", field="group_rank", minimum=-1,
+                maximum=MAX_GROUP,
                 default_text="not set (-1)"),
             Var("RANK", "int", -1,
                 "torchrun's variable, set by every hetps launcher for a worker: its launch "
@@ -447,7 +451,7 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "the host (machine) this worker runs on, numbered from 0 by the launcher; "
                 "workers with the same group share a host (torchrun's GROUP_RANK). -1: not "
                 "known (every worker a host of its own)",
-                field="host_group", minimum=-1, derive=_derive_host_group,
+                field="host_group", minimum=-1, maximum=MAX_GROUP, derive=_derive_host_group,
                 default_text="GROUP_RANK when set; else -1"),
             Var("HETPS_LAUNCHER_TOKEN", "str", "",
                 "set by `hetps launch` in its scheduler's environment alone: the scheduler's "

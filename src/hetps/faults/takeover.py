@@ -218,6 +218,7 @@ class Takeover:
                 "down": set(saved["down"]),
                 "redirect": list(saved["redirect"]),
                 "done": set(saved["done"]),
+                "left": set(saved["left"]),
             }
         if b.view.barriers:
             for group, n in b.view.barriers.items():
@@ -257,6 +258,7 @@ class Takeover:
                         "down": {int(i) for i in state.get("down", []) if int(i) in nodes},
                         "redirect": [(int(a), int(b)) for a, b in state.get("redirect", [])],
                         "done": {int(i) for i in state.get("done", []) if int(i) in nodes},
+                        "left": {int(i) for i in state.get("left", []) if int(i) in nodes},
                     }
                 except (KeyError, TypeError, ValueError) as exc:
                     self.unsaved = f"the node table the scheduler kept is unreadable: {exc}"
@@ -283,6 +285,8 @@ class Takeover:
         self.sched.failovers = list(view["redirect"])
         for nid in view["done"]:
             self.sched.finished[nid] = 0
+        for nid in view["left"]:  # (HETPS_ELASTIC) let go: the job does not wait for them
+            self.sched.left[nid] = f"{self.sched.nodes[nid].describe()} was let go"
         for nid in self.back:
             self.sched.last_seen[nid] = now
         missing = self.expected_back() - set(self.back)

@@ -503,7 +503,9 @@ class KVServer:
         if len(msg.arrays) != 1:
             raise BadRequest("set_states: expected one pickled state map")
         try:
-            states = optim.load_states(msg.arrays[0].tobytes())
+            states = optim.load_states(msg.arrays[0].tobytes(), self.optimizers)
+        except PermissionError as exc:  # HETPS_OPTIMIZERS: arrays only (nothing ran)
+            raise BadRequest(f"set_states: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
             raise BadRequest(f"set_states: {type(exc).__name__}: {exc}") from None
         moved = []

@@ -50,26 +50,46 @@ def dumps(optimizer: Optimizer) -> bytes:
     return cloudpickle.dumps(optimizer, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-class _Registered(pickle.Unpickler):
-    """An unpickler that builds only the registered optimizers ``names`` (by reference): a
-    class pickled by value, or any other global, is refused before any of it runs."""
+#: what a state map's pickle may build under HETPS_OPTIMIZERS=names: NumPy arrays, their
+#: dtypes and scalars (NumPy 1 and 2 module names), besides plain containers and numbers
+_STATE_GLOBALS = {
+    (f"numpy.{core}.{mod}", name)
+    for core in ("core", "_core")
+    for mod, name in (
+        ("numeric", "_frombuffer"),
+        ("multiarray", "_reconstruct"),
+        ("multiarray", "scalar"),
+    )
+} | {("numpy", "dtype"), ("numpy", "ndarray")}
 
-    def __init__(self, data: bytes, names: Collection[str]) -> None:
+
+class _Registered(pickle.Unpickler):
+    """An unpickler that builds only the registered optimizers ``names`` (by reference), or
+    with ``states`` a state map's NumPy arrays: a class pickled by value, or any other
+    global, is refused before any of it runs."""
+
+    def __init__(self, data: bytes, names: Collection[str], states: bool = False) -> None:
         super().__init__(io.BytesIO(data))
-        self.names = names
-        self.classes = {
-            (c.__module__, c.__qualname__): n for n, c in registered().items() if n in names
-        }
+        self.names, self.states = names, states
+        self.classes = (
+            _STATE_GLOBALS
+            if states
+            else {(c.__module__, c.__qualname__) for n, c in registered().items() if n in names}
+        )
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.classes:
             return super().find_class(module, name)
         by_value = " (a class pickled by value)" if module.startswith("cloudpickle") else ""
+        what, fix = (
+            ("optimizer states'", "states hold NumPy arrays and numbers only here")
+            if self.states
+            else ("optimizer's", "add the registered name of the optimizer to HETPS_OPTIMIZERS")
+        )
         raise PermissionError(
-            f"the optimizer's pickle names {module}.{name}{by_value}, and this server takes only "
-            f"{', '.join(sorted(self.names))} (HETPS_OPTIMIZERS): add the registered name of "
-            "the optimizer to HETPS_OPTIMIZERS, or set it to any (unpickling then runs the "
-            "worker's code)"
+            f"the {what} pickle names {module}.{name}{by_value}, and this server takes only "
+            f"{', '.join(sorted(self.names))} (HETPS_OPTIMIZERS): {fix}, or set it to any "
+            "(unpickling then runs the worker's code)"
         )
 
 
@@ -122,17 +142,21 @@ def dump_states(states: dict[Any, Any]) -> bytes:
     return cloudpickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def load_states(data: bytes) -> dict[Any, Any]:
-    """Rebuild the states dict written by :func:`dump_states`.
+def load_states(data: bytes, allowed: Collection[str] | None = None) -> dict[Any, Any]:
+    """Rebuild the states dict written by :func:`dump_states`: any, or with ``allowed`` (a
+    server's ``HETPS_OPTIMIZERS`` names) only NumPy arrays, numbers and containers.
 
     Raises:
         TypeError: ``data`` is not bytes.
+        PermissionError: with ``allowed``, the pickle names another global (nothing ran).
         ValueError: ``data`` is corrupt or was not written by :func:`dump_states` (for
             example an MXNet ``.states`` file, which holds MXNet NDArrays).
     """
     data = _check_bytes(data, "load_states()")
     try:
-        payload = pickle.loads(data)
+        payload = pickle.loads(data) if allowed is None else _Registered(data, allowed, True).load()
+    except PermissionError:
+        raise
     except Exception as exc:
         raise ValueError(
             f"cannot unpickle optimizer states ({type(exc).__name__}: {exc}); "
