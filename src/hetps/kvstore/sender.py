@@ -3,7 +3,9 @@
 Among the requests waiting to be sent the highest priority goes first, but a request never
 overtakes an earlier one of the same key (or slice), so per-key order is preserved. A request
 is sent from the caller's thread when nothing waits (no thread hand-off); otherwise the
-sender thread sends it.
+sender thread sends it, or, for a caller that will wait for its answer anyway (a batch of
+pulls, :meth:`Sender.drain`), the caller sends it with what waits before it while the sender
+thread is idle.
 
 Batches: an op may carry requests to one server (``merge``: the server and its
 ``[(future, message), ...]``) that go as one message; it then counts as a request of each of
@@ -90,6 +92,7 @@ class Sender:
         merge: Any = None,
         inline: bool = True,
         detach: Any = None,
+        later: bool = False,
     ) -> None:
         """Send ``send()`` for ``key`` (or for each of ``keys``) at ``priority`` (higher
         first): at once from the calling thread when nothing waits or is being sent (no
@@ -97,7 +100,9 @@ class Sender:
         for credit too. ``merge`` (server, [(future, message), ...]): the requests it sends,
         which may go in one message with other waiting requests to that server. With
         ``inline=False`` the sender thread sends it even when nothing waits, so the caller
-        returns at once and what it queues next to that server may join it. ``detach()`` is
+        returns at once and what it queues next to that server may join it. With ``later``
+        (and no window) an op that cannot go at once is queued without waking the sender
+        thread: the caller sends it, with what waits before it, by :meth:`drain`. ``detach()`` is
         called before the op is queued (not when it is sent at once): a request that reads
         the caller's memory takes its own copy then, as it will be sent after the call."""
         cost = cost if self.window > 0 else 0
@@ -136,7 +141,8 @@ class Sender:
                 if self.window > 0 and cost == 0 and first:
                     heapq.heappush(self._free, op)
                 heapq.heappush(self._heap, op)
-                self._cv.notify()
+                if not (later and self.window == 0):
+                    self._cv.notify()
         if inline:
             try:
                 send()
@@ -239,14 +245,55 @@ class Sender:
             self.merged += len(taken)
         return taken
 
+    def drain(self) -> None:
+        """Send the queued ops from the calling thread while the sender thread is idle (no
+        thread hand-off: a pull queued behind a push sends both, in one message per server
+        where they merge); with a window, or when a send is under way, the thread sends them."""
+        while True:
+            with self._cv:
+                item = None
+                if not self._busy and not self._closed and self.window == 0:
+                    item = self._take()
+                if item is None:
+                    if self._heap:
+                        self._cv.notify()
+                    return
+            self._send_op(*item)
+
+    def _take(self) -> tuple[_Op, list[_Op]] | None:
+        """The next op that may go now and the waiting ops that go in its message (lock
+        held); the sender is then busy until :meth:`_send_op` ends."""
+        op = self._pick()
+        if op is None:
+            return None
+        self._busy = True
+        return op, self._companions(op) if op.merge is not None and self._heap else []
+
+    def _send_op(self, op: _Op, more: list[_Op]) -> None:
+        try:
+            if more:
+                futs, msgs = [], []
+                for o in [op, *more]:
+                    for fut, msg in o.merge[1]:
+                        futs.append(fut)
+                        msgs.append(msg)
+                self.send_batch(op.merge[0], futs, msgs)
+            else:
+                op.send()
+        except Exception:  # reported through the op's future
+            log.exception("worker: send failed")
+        finally:
+            with self._cv:  # (the thread loops on; a drain wakes it when it leaves ops)
+                self._busy = False
+
     def _loop(self) -> None:
         while True:
             with self._cv:
-                op = None
+                item = None
                 while not self._closed or self._heap:
                     if self._heap and not self._busy:
-                        op = self._pick()
-                        if op is not None:
+                        item = self._take()
+                        if item is not None:
                             break
                         self._reap()  # waiting for credit: was any lost to a failure?
                         top = self._pop_live(self._heap)
@@ -259,26 +306,9 @@ class Sender:
                         break
                     else:
                         self._cv.wait()
-                if op is None:
+                if item is None:
                     return
-                self._busy = True
-                more = self._companions(op) if op.merge is not None and self._heap else []
-            try:
-                if more:
-                    futs, msgs = [], []
-                    for o in [op, *more]:
-                        for fut, msg in o.merge[1]:
-                            futs.append(fut)
-                            msgs.append(msg)
-                    self.send_batch(op.merge[0], futs, msgs)
-                else:
-                    op.send()
-            except Exception:  # reported through the op's future
-                log.exception("worker: send failed")
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
+            self._send_op(*item)
 
     def close(self) -> None:
         """Send what is queued, then stop."""
