@@ -28,6 +28,25 @@ class Rec:
             return list(self.sent)
 
 
+def count_notifies(monkeypatch) -> list[int]:
+    """The wake-ups of the sender thread by this (the calling) thread, from now on (the
+    Conditions made after this call count them)."""
+    notified: list[int] = []
+    me = threading.get_ident()
+
+    class Counting(threading.Condition):
+        def notify(self, n: int = 1) -> None:
+            if threading.get_ident() == me:
+                notified.append(n)
+            super().notify(n)
+
+        def notify_all(self) -> None:
+            self.notify(len(self._waiters))
+
+    monkeypatch.setattr(threading, "Condition", Counting)
+    return notified
+
+
 def test_pushes_wait_for_credit_pulls_do_not():
     s = Sender(window=100)
     r = Rec()
@@ -169,20 +188,8 @@ def test_a_busy_sender_merges_waiting_requests_to_one_server():
 def test_an_inline_send_does_not_wake_the_sender_thread(monkeypatch):
     """A request sent from the caller (nothing waits) must not wake the sender thread: that
     thread switch cost every small round trip about 5% (it only has queued ops to send)."""
-    notified = []
-    me = threading.get_ident()
-
-    class Counting(threading.Condition):
-        def notify(self, n: int = 1) -> None:
-            if threading.get_ident() == me:
-                notified.append(n)
-            super().notify(n)
-
-        def notify_all(self) -> None:
-            self.notify(len(self._waiters))
-
     rec = Rec()  # (its own Condition is not counted)
-    monkeypatch.setattr(threading, "Condition", Counting)
+    notified = count_notifies(monkeypatch)
     s = Sender()
     try:
         for i in range(50):
@@ -216,19 +223,8 @@ def test_a_caller_that_drains_sends_what_waits_in_one_message(monkeypatch):
     thread hand-off), in order, merged per server."""
     from hetps.transport.codec import Message as _Message
 
-    notified = []
+    notified = count_notifies(monkeypatch)
     me = threading.get_ident()
-
-    class Counting(threading.Condition):
-        def notify(self, n: int = 1) -> None:
-            if threading.get_ident() == me:
-                notified.append(n)
-            super().notify(n)
-
-        def notify_all(self) -> None:
-            self.notify(len(self._waiters))
-
-    monkeypatch.setattr(threading, "Condition", Counting)
     batches: list[tuple[int, list[int], int]] = []
     sender = Sender(
         0,

@@ -3,9 +3,7 @@
 Among the requests waiting to be sent the highest priority goes first, but a request never
 overtakes an earlier one of the same key (or slice), so per-key order is preserved. A request
 is sent from the caller's thread when nothing waits (no thread hand-off); otherwise the
-sender thread sends it, or, for a caller that will wait for its answer anyway (a batch of
-pulls, :meth:`Sender.drain`), the caller sends it with what waits before it while the sender
-thread is idle.
+sender thread sends it (or a caller that waits for its answers, :meth:`Sender.drain`).
 
 Batches: an op may carry requests to one server (``merge``: the server and its
 ``[(future, message), ...]``) that go as one message; it then counts as a request of each of
@@ -78,10 +76,6 @@ class Sender:
             return True
         return self._inflight == 0 or self._inflight + cost <= self.window
 
-    def _spend(self, cost: int) -> None:
-        """A push of ``cost`` bytes goes now (lock held): take its credit."""
-        self._inflight += cost
-
     def submit(
         self,
         key: Any,
@@ -118,7 +112,7 @@ class Sender:
                 and self._has_credit(cost)
             ):
                 self._busy = True
-                self._spend(cost)
+                self._inflight += cost  # (a push goes now: its credit is taken)
                 inline = True
             else:
                 inline = False
@@ -183,8 +177,8 @@ class Sender:
             self._sent.discard(heapq.heappop(heap).seq)
         return heap[0] if heap else None
 
-    def _pick(self) -> _Op | None:
-        """The next op that may go now (called with the lock held)."""
+    def _take(self) -> tuple[_Op, list[_Op]] | None:
+        """The next op that may go and the ops merged into it (lock held); busy till sent."""
         top = self._pop_live(self._heap)
         if top is None:
             return None
@@ -199,8 +193,9 @@ class Sender:
         if self.window > 0 and (op is not top or op.cost == 0):
             self._sent.add(op.seq)
         self._dequeue(op)
-        self._spend(op.cost)
-        return op
+        self._inflight += op.cost
+        self._busy = True
+        return op, self._companions(op) if op.merge is not None and self._heap else []
 
     def _dequeue(self, op: _Op) -> None:
         """``op`` leaves its keys' queues (lock held); their next ops move up."""
@@ -246,9 +241,8 @@ class Sender:
         return taken
 
     def drain(self) -> None:
-        """Send the queued ops from the calling thread while the sender thread is idle (no
-        thread hand-off: a pull queued behind a push sends both, in one message per server
-        where they merge); with a window, or when a send is under way, the thread sends them."""
+        """The calling thread sends the queued ops while the sender thread is idle and there
+        is no window (no hand-off: a pull sends the push queued before it, merged)."""
         while True:
             with self._cv:
                 item = None
@@ -260,24 +254,11 @@ class Sender:
                     return
             self._send_op(*item)
 
-    def _take(self) -> tuple[_Op, list[_Op]] | None:
-        """The next op that may go now and the waiting ops that go in its message (lock
-        held); the sender is then busy until :meth:`_send_op` ends."""
-        op = self._pick()
-        if op is None:
-            return None
-        self._busy = True
-        return op, self._companions(op) if op.merge is not None and self._heap else []
-
     def _send_op(self, op: _Op, more: list[_Op]) -> None:
         try:
             if more:
-                futs, msgs = [], []
-                for o in [op, *more]:
-                    for fut, msg in o.merge[1]:
-                        futs.append(fut)
-                        msgs.append(msg)
-                self.send_batch(op.merge[0], futs, msgs)
+                pairs = [pair for o in (op, *more) for pair in o.merge[1]]
+                self.send_batch(op.merge[0], [f for f, _ in pairs], [m for _, m in pairs])
             else:
                 op.send()
         except Exception:  # reported through the op's future
