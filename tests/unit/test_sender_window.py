@@ -28,6 +28,25 @@ class Rec:
             return list(self.sent)
 
 
+def count_notifies(monkeypatch) -> list[int]:
+    """The wake-ups of the sender thread by this (the calling) thread, from now on (the
+    Conditions made after this call count them)."""
+    notified: list[int] = []
+    me = threading.get_ident()
+
+    class Counting(threading.Condition):
+        def notify(self, n: int = 1) -> None:
+            if threading.get_ident() == me:
+                notified.append(n)
+            super().notify(n)
+
+        def notify_all(self) -> None:
+            self.notify(len(self._waiters))
+
+    monkeypatch.setattr(threading, "Condition", Counting)
+    return notified
+
+
 def test_pushes_wait_for_credit_pulls_do_not():
     s = Sender(window=100)
     r = Rec()
@@ -169,20 +188,8 @@ def test_a_busy_sender_merges_waiting_requests_to_one_server():
 def test_an_inline_send_does_not_wake_the_sender_thread(monkeypatch):
     """A request sent from the caller (nothing waits) must not wake the sender thread: that
     thread switch cost every small round trip about 5% (it only has queued ops to send)."""
-    notified = []
-    me = threading.get_ident()
-
-    class Counting(threading.Condition):
-        def notify(self, n: int = 1) -> None:
-            if threading.get_ident() == me:
-                notified.append(n)
-            super().notify(n)
-
-        def notify_all(self) -> None:
-            self.notify(len(self._waiters))
-
     rec = Rec()  # (its own Condition is not counted)
-    monkeypatch.setattr(threading, "Condition", Counting)
+    notified = count_notifies(monkeypatch)
     s = Sender()
     try:
         for i in range(50):
@@ -208,3 +215,37 @@ def test_a_key_counts_its_elements_once(monkeypatch):
         assert meta.size == 12
         meta.prefetch_into()
     assert calls == []
+
+
+def test_a_caller_that_drains_sends_what_waits_in_one_message(monkeypatch):
+    """Requests queued with ``later`` do not wake the sender thread; the caller's drain()
+    sends them itself (a table's pull with the push before it: one message per server, no
+    thread hand-off), in order, merged per server."""
+    from hetps.transport.codec import Message as _Message
+
+    notified = count_notifies(monkeypatch)
+    me = threading.get_ident()
+    batches: list[tuple[int, list[int], int]] = []
+    sender = Sender(
+        0,
+        send_batch=lambda server, futs, msgs: batches.append(
+            (server, [m.req for m in msgs], threading.get_ident())
+        ),
+    )
+    try:
+
+        def req(server: int, n: int, key: str, inline: bool) -> None:
+            msg = _Message("push", req=n)
+            merge = (server, [(None, msg)])
+            sender.submit(key, 0, None, merge=merge, inline=inline, later=True)
+
+        req(0, 1, "push0", inline=False)  # a deferred push: queued
+        req(1, 2, "push1", inline=False)
+        req(0, 3, "pull0", inline=True)  # the pulls behind them: queued too
+        req(1, 4, "pull1", inline=True)
+        assert batches == [] and notified == []
+        sender.drain()
+        assert batches == [(0, [1, 3], me), (1, [2, 4], me)], batches
+        assert notified == [] and sender.merged == 2
+    finally:
+        sender.close()

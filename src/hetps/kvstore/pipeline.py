@@ -157,7 +157,9 @@ class Pipeline:
     def flush(self, items: list, deferred: bool = False) -> None:
         """Send the call's collected requests, one batch per server. ``deferred`` (a push,
         which returns at once): the sender thread sends them, so the pushes of the next
-        calls (a per-key loop) join them in one message while it is busy."""
+        calls (a per-key loop) join them in one message while it is busy; else this thread
+        sends them, with the requests waiting before them when the sender thread is idle
+        (a table's pull joins the push before it)."""
         by_server: dict[int, list] = {}
         for item in items:
             by_server.setdefault(item[1], []).append(item)
@@ -177,7 +179,10 @@ class Pipeline:
                     keys=[item[0] for item in group],
                     merge=(peer, list(zip(futs, msgs, strict=True))),
                     inline=not deferred,
+                    later=not deferred,
                 )
+        if not deferred:  # (this thread sends what waits: no hand-off to the sender thread)
+            self.sender.drain()
 
     def on_message(self, msg: Message) -> None:
         """Non-reply messages to a worker: forecasts of the replies it is about to receive,

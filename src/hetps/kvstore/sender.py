@@ -3,7 +3,7 @@
 Among the requests waiting to be sent the highest priority goes first, but a request never
 overtakes an earlier one of the same key (or slice), so per-key order is preserved. A request
 is sent from the caller's thread when nothing waits (no thread hand-off); otherwise the
-sender thread sends it.
+sender thread sends it (or a caller that waits for its answers, :meth:`Sender.drain`).
 
 Batches: an op may carry requests to one server (``merge``: the server and its
 ``[(future, message), ...]``) that go as one message; it then counts as a request of each of
@@ -76,10 +76,6 @@ class Sender:
             return True
         return self._inflight == 0 or self._inflight + cost <= self.window
 
-    def _spend(self, cost: int) -> None:
-        """A push of ``cost`` bytes goes now (lock held): take its credit."""
-        self._inflight += cost
-
     def submit(
         self,
         key: Any,
@@ -90,6 +86,7 @@ class Sender:
         merge: Any = None,
         inline: bool = True,
         detach: Any = None,
+        later: bool = False,
     ) -> None:
         """Send ``send()`` for ``key`` (or for each of ``keys``) at ``priority`` (higher
         first): at once from the calling thread when nothing waits or is being sent (no
@@ -97,7 +94,9 @@ class Sender:
         for credit too. ``merge`` (server, [(future, message), ...]): the requests it sends,
         which may go in one message with other waiting requests to that server. With
         ``inline=False`` the sender thread sends it even when nothing waits, so the caller
-        returns at once and what it queues next to that server may join it. ``detach()`` is
+        returns at once and what it queues next to that server may join it. With ``later``
+        (and no window) an op that cannot go at once is queued without waking the sender
+        thread: the caller sends it, with what waits before it, by :meth:`drain`. ``detach()`` is
         called before the op is queued (not when it is sent at once): a request that reads
         the caller's memory takes its own copy then, as it will be sent after the call."""
         cost = cost if self.window > 0 else 0
@@ -113,7 +112,7 @@ class Sender:
                 and self._has_credit(cost)
             ):
                 self._busy = True
-                self._spend(cost)
+                self._inflight += cost  # (a push goes now: its credit is taken)
                 inline = True
             else:
                 inline = False
@@ -136,7 +135,8 @@ class Sender:
                 if self.window > 0 and cost == 0 and first:
                     heapq.heappush(self._free, op)
                 heapq.heappush(self._heap, op)
-                self._cv.notify()
+                if not (later and self.window == 0):
+                    self._cv.notify()
         if inline:
             try:
                 send()
@@ -177,8 +177,8 @@ class Sender:
             self._sent.discard(heapq.heappop(heap).seq)
         return heap[0] if heap else None
 
-    def _pick(self) -> _Op | None:
-        """The next op that may go now (called with the lock held)."""
+    def _take(self) -> tuple[_Op, list[_Op]] | None:
+        """The next op that may go and the ops merged into it (lock held); busy till sent."""
         top = self._pop_live(self._heap)
         if top is None:
             return None
@@ -193,8 +193,9 @@ class Sender:
         if self.window > 0 and (op is not top or op.cost == 0):
             self._sent.add(op.seq)
         self._dequeue(op)
-        self._spend(op.cost)
-        return op
+        self._inflight += op.cost
+        self._busy = True
+        return op, self._companions(op) if op.merge is not None and self._heap else []
 
     def _dequeue(self, op: _Op) -> None:
         """``op`` leaves its keys' queues (lock held); their next ops move up."""
@@ -239,14 +240,41 @@ class Sender:
             self.merged += len(taken)
         return taken
 
+    def drain(self) -> None:
+        """The calling thread sends the queued ops while the sender thread is idle and there
+        is no window (no hand-off: a pull sends the push queued before it, merged)."""
+        while True:
+            with self._cv:
+                item = None
+                if not self._busy and not self._closed and self.window == 0:
+                    item = self._take()
+                if item is None:
+                    if self._heap:
+                        self._cv.notify()
+                    return
+            self._send_op(*item)
+
+    def _send_op(self, op: _Op, more: list[_Op]) -> None:
+        try:
+            if more:
+                pairs = [pair for o in (op, *more) for pair in o.merge[1]]
+                self.send_batch(op.merge[0], [f for f, _ in pairs], [m for _, m in pairs])
+            else:
+                op.send()
+        except Exception:  # reported through the op's future
+            log.exception("worker: send failed")
+        finally:
+            with self._cv:  # (the thread loops on; a drain wakes it when it leaves ops)
+                self._busy = False
+
     def _loop(self) -> None:
         while True:
             with self._cv:
-                op = None
+                item = None
                 while not self._closed or self._heap:
                     if self._heap and not self._busy:
-                        op = self._pick()
-                        if op is not None:
+                        item = self._take()
+                        if item is not None:
                             break
                         self._reap()  # waiting for credit: was any lost to a failure?
                         top = self._pop_live(self._heap)
@@ -259,26 +287,9 @@ class Sender:
                         break
                     else:
                         self._cv.wait()
-                if op is None:
+                if item is None:
                     return
-                self._busy = True
-                more = self._companions(op) if op.merge is not None and self._heap else []
-            try:
-                if more:
-                    futs, msgs = [], []
-                    for o in [op, *more]:
-                        for fut, msg in o.merge[1]:
-                            futs.append(fut)
-                            msgs.append(msg)
-                    self.send_batch(op.merge[0], futs, msgs)
-                else:
-                    op.send()
-            except Exception:  # reported through the op's future
-                log.exception("worker: send failed")
-            finally:
-                with self._cv:
-                    self._busy = False
-                    self._cv.notify_all()
+            self._send_op(*item)
 
     def close(self) -> None:
         """Send what is queued, then stop."""
