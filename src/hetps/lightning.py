@@ -192,7 +192,7 @@ class PSStrategy(ParallelStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         """One step: sync, the workers' mean gradient then the step; async, the gradient to
         the servers and their weights back; esync, a local step (and the round's end)."""
-        raw = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+        raw = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
         model = model or self.lightning_module
         if self.mode == "esync":
             return self._local_step(raw, closure, model, **kwargs)
