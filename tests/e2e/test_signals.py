@@ -23,6 +23,32 @@ def _iters(log: Path) -> list[int]:
     return [json.loads(line)["iter"] for line in log.read_text().splitlines()]
 
 
+def _hup_when(cmd: list[str], ready, seconds: float, what: str) -> tuple[int, str]:
+    """Start ``cmd`` in a session of its own, send it SIGHUP once ``ready()`` holds (within
+    ``seconds``, else fail saying ``what``): its exit code and output. Killed whatever happens."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + seconds
+        while not ready():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)  # polls a file the job writes
+        proc.send_signal(signal.SIGHUP)
+        out = proc.communicate(timeout=60)[0]
+        return proc.returncode, out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.mark.slow  # (about 20 s: the launcher's part is in the default run, below)
 @pytest.mark.skipif(not DATA.exists(), reason="Fashion-MNIST not installed")
 def test_sighup_to_the_launcher_checkpoints_after_the_round_and_stops(tmp_path):
@@ -34,28 +60,11 @@ def test_sighup_to_the_launcher_checkpoints_after_the_round_and_stops(tmp_path):
     cmd += ["--progress", "lines", "--workers", "2", "-m", "sync", "-n", "mlp"]
     cmd += ["--max-rounds", "100000", "--slowdown", "10,10", "--checkpoint-dir", str(ck)]
     cmd += ["--run-name", "hup"]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
-        start_new_session=True,
-    )
     log0 = tmp_path / "hup" / "worker-0.jsonl"
-    try:
-        deadline = time.monotonic() + 120
-        while not (log0.exists() and len(_iters(log0)) >= 3):
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "no three rounds within 120 s"
-            time.sleep(0.02)  # polls a file the job writes
-        proc.send_signal(signal.SIGHUP)
-        out = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 129, out
+    code, out = _hup_when(
+        cmd, lambda: log0.exists() and len(_iters(log0)) >= 3, 120, "no three rounds within 120 s"
+    )
+    assert code == 129, out
     assert "[launcher] SIGHUP: stopping every process (the workers first)" in out, out
     assert "SIGTERM: checkpoint after this round" in out, out
     last = _iters(log0)[-1]
@@ -88,28 +97,10 @@ print(f"worker {kv.rank}: SIGTERM: stopped after round {r}", flush=True)
 def test_sighup_to_hetps_launch_gives_the_workers_sigterm_first_and_returns_129(tmp_path):
     script = tmp_path / "rounds.py"
     script.write_text(textwrap.dedent(ROUNDS))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hetps.cli", "launch", "-n", "1", "-s", "1", "--"]
-        + [sys.executable, str(script), str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"),
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "up0").exists():
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "the worker never started"
-            time.sleep(0.02)  # polls a file the job writes
-        proc.send_signal(signal.SIGHUP)
-        out = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 129, out
+    cmd = [sys.executable, "-m", "hetps.cli", "launch", "-n", "1", "-s", "1", "--"]
+    cmd += [sys.executable, str(script), str(tmp_path)]
+    code, out = _hup_when(cmd, (tmp_path / "up0").exists, 60, "the worker never started")
+    assert code == 129, out
     assert "[launcher] SIGHUP: stopping every process (the workers first)" in out, out
     assert "[worker 0] worker 0: SIGTERM: stopped after round" in out, out
 
