@@ -102,3 +102,41 @@ def test_a_server_that_takes_only_listed_optimizers_loads_no_code_from_states(cl
     assert "set_states: the optimizer states' pickle names posix.system" in said[0], said
     assert "(HETPS_OPTIMIZERS)" in said[0], said
     assert "STATES-OK" in out and "TAKEN" not in out, out
+
+
+DEFAULT = """
+kv = hetps.kv.create('dist_sync')
+kv.init('w', np.zeros(4, np.float32))
+
+class Mine(optim.SGD):             # a class of __main__: pickled by value
+    pass
+
+try:
+    kv.set_optimizer(Mine(learning_rate=1.0))
+except RequestError as exc:
+    print('REFUSED', exc, flush=True)
+else:
+    print('TAKEN Mine', flush=True)
+kv.set_optimizer(optim.Adam(learning_rate=0.5))   # registered: taken by reference
+kv.push('w', np.ones(4, np.float32))
+assert np.allclose(kv.pull('w'), -0.5, atol=1e-3), kv.pull('w')
+print('DEFAULT-OK', flush=True)
+"""
+
+
+def test_by_default_a_server_takes_only_registered_optimizers(cluster, monkeypatch):
+    """With no HETPS_OPTIMIZERS a server takes every registered optimizer and refuses a
+    class of the worker's script, naming the class, the variable and both fixes."""
+    monkeypatch.delenv("HETPS_OPTIMIZERS", raising=False)
+    rc, out = cluster(DEFAULT, workers=1, servers=1)
+    assert rc == 0, out
+    assert "DEFAULT-OK" in out and "TAKEN" not in out, out
+    said = [line for line in out.splitlines() if "REFUSED " in line]
+    assert said, out
+    assert "set_optimizer: __main__.Mine is refused: " in said[0], said
+    assert (
+        "takes only adagrad, adam, dcasgd, sgd (HETPS_OPTIMIZERS=registered, the default)"
+        in (said[0])
+    ), said
+    assert 'register its class with @optimizer("name")' in said[0], said
+    assert "or set HETPS_OPTIMIZERS=any on the servers" in said[0], said

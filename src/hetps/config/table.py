@@ -34,12 +34,14 @@ def use_optimizer_registry(names: Callable[[], Sequence[str]]) -> None:
 
 
 def optimizer_choices() -> tuple[str, ...] | None:
-    """``HETPS_OPTIMIZERS``' names: any and every registered optimizer (None: not known)."""
-    return ("any", *_optimizer_names[0]()) if _optimizer_names else None
+    """``HETPS_OPTIMIZERS``' values: any, registered and every registered optimizer's name
+    (None: the registry is not loaded)."""
+    return ("any", "registered", *_optimizer_names[0]()) if _optimizer_names else None
 
 
 def optimizer_names(text: str) -> frozenset[str] | None:
-    """The names ``HETPS_OPTIMIZERS=text`` lets a server take; None for ``any``."""
+    """The names ``HETPS_OPTIMIZERS=text`` lets a server take; None for ``any`` (a set
+    holding ``registered`` takes every class registered in the server's process)."""
     names = frozenset(n.strip().lower() for n in text.split(","))
     return None if "any" in names else names
 
@@ -50,8 +52,8 @@ def _optimizers_check(text: str, values: Mapping[str, Any]) -> str | None:
     if wrong:
         return (
             f"HETPS_OPTIMIZERS names {', '.join(map(repr, wrong))}, not a registered "
-            f"optimizer: set it to any or a comma list of "
-            f"{', '.join(known[1:]) if known else 'registered optimizers'}"
+            f"optimizer: set it to registered (the default), any, or a comma list of "
+            f"{', '.join(known[2:]) if known else 'registered optimizers'}"
         )
     return None
 
@@ -289,12 +291,13 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "once for the pulls; docs/ESYNC.md, 'Servers on a GPU'); `--server-device`",
                 field="server_device", check=_server_device_check,
                 bounds="cpu, cuda, cuda:N"),
-            Var("HETPS_OPTIMIZERS", "str", "any",
-                "the optimizers a server takes from its workers (set_optimizer): any "
-                "Optimizer subclass, its class pickled by value (unpickling runs the "
-                "worker's code), or a comma list of registered names (their classes by "
-                "reference, and from load_optimizer_states NumPy arrays and numbers only: any "
-                "other pickle is refused before it runs)",
+            Var("HETPS_OPTIMIZERS", "str", "registered",
+                "the optimizers a server takes from its workers (set_optimizer): registered "
+                "(every class registered with @optimizer(\"name\") in the server's process), "
+                "or a comma list of registered names: their classes by reference, and from "
+                "load_optimizer_states NumPy arrays and numbers only (any other pickle is "
+                "refused before it runs); any: any Optimizer subclass, its class pickled by "
+                "value (unpickling runs the worker's code)",
                 field="optimizers", check=_optimizers_check, choices=optimizer_choices),
             Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31, "the largest message a node accepts",
                 field="max_message_bytes", minimum=1024, unit="bytes"),

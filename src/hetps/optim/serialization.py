@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 from collections.abc import Collection
 from typing import Any
 
 import cloudpickle
 
 from hetps.optim.base import Optimizer
-from hetps.optim.registry import registered
+from hetps.optim.registry import registered, registered_names
 
 __all__ = ["dump_states", "dumps", "load_states", "loads"]
 
@@ -63,33 +64,56 @@ _STATE_GLOBALS = {
 } | {("numpy", "dtype"), ("numpy", "ndarray")}
 
 
+def _class_by_value(data: bytes) -> str:
+    """The module and name of the class a cloudpickle builds by value (read from its
+    opcodes, nothing run), or "" where the pickle does not say."""
+    try:
+        strings = [a for _, a, _ in pickletools.genops(data) if isinstance(a, str)]
+        at = strings.index("_make_skeleton_class") + 3  # then builtins.type, then the name
+        module = strings[strings.index("__module__", at) + 1]
+        return f"{module}.{strings[at]}"
+    except (ValueError, IndexError):  # not a class by value, or a pickle cut short
+        return ""
+
+
 class _Registered(pickle.Unpickler):
-    """An unpickler that builds only the registered optimizers ``names`` (by reference), or
-    with ``states`` a state map's NumPy arrays: a class pickled by value, or any other
-    global, is refused before any of it runs."""
+    """An unpickler that builds only the registered optimizers ``names`` (by reference; the
+    name ``registered`` stands for every one), or with ``states`` a state map's NumPy
+    arrays: a class pickled by value, or any other global, is refused before any of it runs."""
 
     def __init__(self, data: bytes, names: Collection[str], states: bool = False) -> None:
         super().__init__(io.BytesIO(data))
-        self.names, self.states = names, states
+        self.data, self.states = data, states
+        every = "registered" in names
+        self.names = registered_names() if every else sorted(names)
         self.classes = (
             _STATE_GLOBALS
             if states
-            else {(c.__module__, c.__qualname__) for n, c in registered().items() if n in names}
+            else {
+                (c.__module__, c.__qualname__) for n, c in registered().items() if n in self.names
+            }
         )
+        self.setting = "HETPS_OPTIMIZERS=registered, the default" if every else "HETPS_OPTIMIZERS"
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.classes:
             return super().find_class(module, name)
+        cls = _class_by_value(self.data) if module.startswith("cloudpickle") else ""
         by_value = " (a class pickled by value)" if module.startswith("cloudpickle") else ""
         what, fix = (
             ("optimizer states'", "states hold NumPy arrays and numbers only here")
             if self.states
-            else ("optimizer's", "add the registered name of the optimizer to HETPS_OPTIMIZERS")
+            else (
+                "optimizer's",
+                'register its class with @optimizer("name") in a module the servers import'
+                + ("" if self.setting != "HETPS_OPTIMIZERS" else " and add that name to it"),
+            )
         )
         raise PermissionError(
-            f"the {what} pickle names {module}.{name}{by_value}, and this server takes only "
-            f"{', '.join(sorted(self.names))} (HETPS_OPTIMIZERS): {fix}, or set it to any "
-            "(unpickling then runs the worker's code)"
+            f"{cls + ' is refused: ' if cls else ''}the {what} pickle names "
+            f"{module}.{name}{by_value}, and this server takes only "
+            f"{', '.join(self.names)} ({self.setting}): {fix}, or set HETPS_OPTIMIZERS=any "
+            "on the servers (unpickling then runs the worker's code)"
         )
 
 
