@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from types import FrameType
 from typing import Any
 
 from hetps import kvstore
@@ -49,15 +50,44 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
     except ConfigError as exc:
         # the message names the variable and the fix; a traceback would only bury it
         raise CreateError(f"hetps.kv.create({name!r}): {exc}") from None
-    from hetps import roles
-
     if role not in ("server", "scheduler"):
-        return kvstore.create(name, env, build=roles.new_worker_store)
+        return _worker_store(name, env, sys._getframe(1))
     if cfg is None:
         sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
+
+    from hetps import roles
 
     kvstore.setup_logging(cfg.verbose)
     code = roles.run_scheduler(cfg) if cfg.role == "scheduler" else roles.run_server(cfg)
     logging.shutdown()
     sys.stdout.flush()
     os._exit(code) if code else sys.exit(0)
+
+
+#: the dist store this process made, its arguments and where it was asked for (one worker
+#: per process: ps-lite's Postoffice, which MXNet's stores share, is one node too)
+_made: list[tuple[Any, str, dict[str, str] | None, str]] = []
+
+
+def _worker_store(name: str, env: Mapping[str, str] | None, caller: FrameType | None) -> Any:
+    """A worker's store: a new one, or for a dist name asked for again with the same
+    arguments the one still open; other arguments are refused, naming the first call."""
+    from hetps import roles
+
+    if not name.startswith("dist"):
+        return kvstore.create(name, env)
+    args = None if env is None else dict(env)
+    if _made and not _made[0][0].closed:
+        kv, first, first_env, where = _made[0]
+        if (first, first_env) == (name, args):
+            return kv
+        raise CreateError(
+            f"hetps.kv.create({name!r}): this process is already a worker of the job, with "
+            f"the store hetps.kv.create({first!r}{'' if first_env is None else ', env=...'}) "
+            f"made at {where}; a process joins a job once: use that store (pass it on, or "
+            "call hetps.kv.create again with the same arguments, which gives it back)"
+        )
+    where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else "?"
+    kv = kvstore.create(name, env, build=roles.new_worker_store)
+    _made[:] = [(kv, name, args, where)]
+    return kv
