@@ -120,9 +120,9 @@ def test_a_taken_name_or_unknown_needs_is_refused(calls):
     assert list(PLANS) == ["average", "elastic", "aware", "optimal", NAME]
 
 
-def test_config_without_the_registry_imports_no_balance():
-    """A process that never imports hetps.balance reads HETPS_BALANCE without judging it
-    (nothing there balances); once the registry is loaded, a wrong name is refused."""
+def test_config_loads_the_registry_it_checks_against():
+    """A process that never imported hetps.balance judges HETPS_BALANCE as every other does:
+    config loads the registry by name when it checks a set value, and refuses a wrong name."""
     code = (
         "import sys\n"
         "from hetps.config import node_config_from_env as read, ConfigError\n"
@@ -138,5 +138,5 @@ def test_config_without_the_registry_imports_no_balance():
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     ).stdout.splitlines()
-    assert out[:2] == ["aware False", "aware"]
+    assert out[:2] == ["aware True", "aware"]
     assert "HETPS_BALANCE='awre' is not a scheme: set HETPS_BALANCE to one of none, av" in out[-1]

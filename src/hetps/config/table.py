@@ -4,6 +4,7 @@ others (a row's ``derive``). docs/CONFIG.md and ``hetps config`` list it in this
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,15 +15,23 @@ ROLES = ("scheduler", "server", "worker")
 _plan_names: list[Callable[[], Sequence[str]]] = []  # the plan registry's names, once loaded
 
 
+def _registry(names: list[Callable[[], Sequence[str]]], module: str) -> tuple[str, ...]:
+    """The names a registry lists: config's code imports nothing below it, so where
+    ``module`` (whose import hands config its names) is not loaded yet, config loads it by
+    name: a value is checked the same way wherever config is read."""
+    if not names:
+        importlib.import_module(module)
+    return tuple(names[0]())
+
+
 def use_plan_registry(names: Callable[[], Sequence[str]]) -> None:
     """Read ``HETPS_BALANCE``'s plans from ``names`` (set by :mod:`hetps.balance` on import)."""
     _plan_names[:] = [names]
 
 
-def balance_schemes() -> tuple[str, ...] | None:
-    """``HETPS_BALANCE``'s values: none and every plan; None where balance is not imported
-    (nothing there balances: the planner checks the name where it is used)."""
-    return ("none", *_plan_names[0]()) if _plan_names else None
+def balance_schemes() -> tuple[str, ...]:
+    """``HETPS_BALANCE``'s values: none and every registered plan."""
+    return ("none", *_registry(_plan_names, "hetps.balance"))
 
 
 _optimizer_names: list[Callable[[], Sequence[str]]] = []  # the optimizer registry's names
@@ -33,10 +42,9 @@ def use_optimizer_registry(names: Callable[[], Sequence[str]]) -> None:
     _optimizer_names[:] = [names]
 
 
-def optimizer_choices() -> tuple[str, ...] | None:
-    """``HETPS_OPTIMIZERS``' values: any, registered and every registered optimizer's name
-    (None: the registry is not loaded)."""
-    return ("any", "registered", *_optimizer_names[0]()) if _optimizer_names else None
+def optimizer_choices() -> tuple[str, ...]:
+    """``HETPS_OPTIMIZERS``' values: any, registered and every registered optimizer's name."""
+    return ("any", "registered", *_registry(_optimizer_names, "hetps.optim"))
 
 
 def optimizer_names(text: str) -> frozenset[str] | None:
@@ -48,12 +56,12 @@ def optimizer_names(text: str) -> frozenset[str] | None:
 
 def _optimizers_check(text: str, values: Mapping[str, Any]) -> str | None:
     names, known = optimizer_names(text) or frozenset(), optimizer_choices()
-    wrong = sorted(n for n in names if not n or (known is not None and n not in known))
+    wrong = sorted(n for n in names if n not in known)
     if wrong:
         return (
             f"HETPS_OPTIMIZERS names {', '.join(map(repr, wrong))}, not a registered "
             f"optimizer: set it to registered (the default), any, or a comma list of "
-            f"{', '.join(known[2:]) if known else 'registered optimizers'}"
+            f"{', '.join(known[2:])}"
         )
     return None
 
