@@ -96,7 +96,11 @@ _TRAIN_FLAGS: tuple[tuple[tuple[str, ...], dict], ...] = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``hetps train`` (ESync's names where ESync has them)."""
+    """The flags of ``hetps train`` (ESync's names where ESync has them), each by its whole
+    name: the launcher strips its own flags from the workers' command line by name, so an
+    abbreviation (``--work 2``) would be taken by the launcher and passed on to the workers
+    too; argparse refuses it instead (``unrecognized arguments: --work``)."""
+    p.allow_abbrev = False
     for names, kw in _TRAIN_FLAGS:
         p.add_argument(*names, **kw)
     p.add_argument(
