@@ -184,6 +184,8 @@ while r + 1 < stop_at:
         kv.admit(pickle.dumps({"next": r + 1, "stop_at": stop_at}))
         seen[-1].append("admitted")
 print("SEEN", kv.rank, kv.live_rank, json.dumps(seen), flush=True)
+groups = sorted([n.rank, n.group] for n in kv.node.nodes.values() if n.role == "worker")
+print("GROUPS", kv.rank, json.dumps(groups), flush=True)
 """
 
 
@@ -203,6 +205,12 @@ def _join_job(tmp_path, die_rank: int, servers: int = 1, extra: dict | None = No
         rejoin_workers=True,
         replicas=servers,
     )
+
+    def host_group(role: str, rank: int, argv: list[str], env: dict[str, str]):
+        # each worker a host of its own, numbered 10 + rank (a started-again one too)
+        return argv, {**env, "HETPS_HOST_GROUP": str(10 + rank)} if role == "worker" else env
+
+    spec.wrap = host_group
     launcher = Launcher(spec, out=out)
     try:
         code = launcher.run()
@@ -250,6 +258,11 @@ def test_a_worker_started_again_joins_at_a_round_boundary(tmp_path, die_rank, se
         else:
             assert [e[0] for e in rounds] == list(range(first, first + 10)), out
     assert die < first
+    # every worker's node table, the joiner's and the others', keeps each worker's host group
+    groups = re.findall(r"GROUPS (\d) (.*)", out)
+    assert sorted(int(rank) for rank, _ in groups) == [0, 1, 2], out
+    for rank, listed in groups:
+        assert json.loads(listed) == [[0, 10], [1, 11], [2, 12]], (rank, listed)
 
 
 def test_a_worker_that_dies_while_it_joins_is_let_go_again(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from hetps.cluster import batch
 from hetps.cluster import protocol as P
@@ -134,8 +135,9 @@ class Recovery:
                 self.node.joining.add(nid)
             return
         self.node.joining.discard(nid)
-        try:
-            self.node.nodes[nid] = NodeInfo.from_wire(info)  # (its new address)
+        old = self.node.nodes.get(nid)
+        try:  # its new address; its host group is the one it had (a notice carries none)
+            self.node.nodes[nid] = NodeInfo.from_wire(info, {nid: old.group} if old else None)
         except (TypeError, ValueError):
             pass
         if nid in self.node.left:
@@ -171,7 +173,7 @@ class Recovery:
         if self.node.role == "server" and self.node.replicas <= 1 and not worker:
             return
         with self.node.route_lock:
-            self.node.nodes[info.id] = info
+            self.node.nodes[info.id] = replace(info, group=old.group)  # (a rejoin carries none)
             self.links.admit(into, info.id)
             self.links.revive(info.id)
             self.links.connect(info.id, f"{info.host}:{info.port}", routing_id=out, bulk=True)
