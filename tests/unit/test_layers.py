@@ -177,6 +177,7 @@ HOSTS = {"node", "sched", "server", "kv", "run", "links", "live", "agg"}
 EVERY_FUNCTION = {
     "hetps.kvstore.hostagg",
     "hetps.kvstore.hostrounds",
+    "hetps.metrics.dashboard",
     "hetps.metrics.live",
     "hetps.metrics.prom",
     "hetps.torch.collectives",
