@@ -17,11 +17,37 @@ import math
 from typing import Any
 
 import msgpack
+import msgspec
 import numpy as np
+from msgspec import UNSET, UnsetType
 
 from hetps.transport.codec import Message
 
-__all__ = ["pack_plan", "reply_parts", "unpack_plan"]
+__all__ = ["Answer", "Plan", "pack_plan", "reply_parts", "unpack_plan"]
+
+
+class Plan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The plan every worker gets (:meth:`hetps.balance.service.Planner.plan`, packed once;
+    docs/BALANCE.md, "The answer", says what each field means)."""
+
+    epoch: int
+    assign: list[int]
+    shares: list[float]
+    plan_s: float
+    kept: int
+    surprise: float | None = None
+    recalibrations: int
+    recalibrate: bool | UnsetType = UNSET
+    spread: list[Any] | UnsetType = UNSET
+
+
+class Answer(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The reply to ``balance_report``: the packed :class:`Plan`, for worker rank 0 also
+    ``node_rates`` (the per-node caps and where they come from), or an ``error``."""
+
+    plan: bytes | UnsetType = UNSET
+    node_rates: dict[str, list[Any]] | UnsetType = UNSET
+    error: str | UnsetType = UNSET
 
 
 def pack_plan(plan: dict) -> bytes:
@@ -46,19 +72,18 @@ def _listed_matrix(m: np.ndarray) -> list[list[float | None]]:
 
 
 def unpack_plan(msg: Message) -> dict:
-    """The planner's answer in ``msg`` as one dict (``{"error": ...}`` when it is one or
-    cannot be read)."""
-    body = msg.body
-    packed = body.get("plan")
-    if not isinstance(packed, bytes):
-        return dict(body)  # an error answer
+    """The planner's answer in ``msg``, decoded into its declared types (:class:`Answer`,
+    :class:`Plan`), as one dict of the plan's fields that are set, with rank 0's report
+    fields; ``{"error": ...}`` when it is an error answer or does not fit those types."""
     try:
-        plan = msgpack.unpackb(packed, raw=False, strict_map_key=False)
-    except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds
+        answer = msgspec.convert(msg.body, Answer, builtin_types=(bytes,))
+        if answer.error is not UNSET or answer.plan is UNSET:
+            return {"error": answer.error if answer.error is not UNSET else "an answer of no plan"}
+        plan = msgspec.to_builtins(msgspec.msgpack.decode(answer.plan, type=Plan))
+    except msgspec.MsgspecError as exc:
         return {"error": f"unreadable plan: {exc}"}
-    if not isinstance(plan, dict):
-        return {"error": "unreadable plan: not a map"}
-    plan.update((k, v) for k, v in body.items() if k != "plan")
+    if answer.node_rates is not UNSET:
+        plan["node_rates"] = answer.node_rates
     if msg.arrays:
         m = np.asarray(msg.arrays[0], dtype=float)
         if m.ndim == 2:

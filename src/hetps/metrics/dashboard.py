@@ -29,7 +29,7 @@ from hetps.metrics.reports import BUCKETS, HISTOGRAMS
 from hetps.metrics.sysinfo import scrub
 
 if TYPE_CHECKING:  # (live.py imports this module: the type is for checkers only)
-    from hetps.metrics.live import LiveMetrics
+    from hetps.metrics.live import LiveMetrics as Live
 
 log = logging.getLogger("hetps.metrics.dashboard")
 
@@ -176,7 +176,7 @@ def _phase_ms(w: dict, phase: str) -> float | None:
     return _mean_ms(hist) if hist else None
 
 
-def _silent(live: LiveMetrics, snap: dict) -> set[int]:
+def _silent(live: Live, snap: dict) -> set[int]:
     """Worker ranks not heard from: late, dead or finished nodes, or no report for three
     report intervals (:data:`SILENT_S` at least). Their rates are "no data", not their last
     values."""
@@ -188,7 +188,7 @@ def _silent(live: LiveMetrics, snap: dict) -> set[int]:
     return ranks | {r for r, w in snap["workers"].items() if w["age"] > silent_s}
 
 
-def _node_rows(live: LiveMetrics, snap: dict) -> list[dict]:
+def _node_rows(live: Live, snap: dict) -> list[dict]:
     """The node table, with each node's CPU, memory, GPUs and last lines beside it."""
     rows = node_states(snap)
     own = {("worker", r): w for r, w in snap["workers"].items()}
@@ -200,7 +200,7 @@ def _node_rows(live: LiveMetrics, snap: dict) -> list[dict]:
     return rows
 
 
-def state(live: LiveMetrics) -> dict:
+def state(live: Live) -> dict:
     """What ``/api/state`` answers: one snapshot of the job, JSON-able."""
     snap = live.snapshot()
     live.events.observe(snap)
@@ -272,9 +272,7 @@ def state(live: LiveMetrics) -> dict:
 
 
 # -- the server -----------------------------------------------------------------------------
-def answer(
-    live: LiveMetrics, registry: Any, method: str, path: str
-) -> tuple[int, bytes, str, dict]:
+def answer(live: Live, registry: Any, method: str, path: str) -> tuple[int, bytes, str, dict]:
     """The endpoint's answer to ``method path``: (status, body, content type, headers)."""
     path = path.split("?", 1)[0]
     if path == "/metrics":
@@ -300,7 +298,7 @@ def answer(
     return 404, b"not found: try / or /metrics\n", "text/plain; charset=utf-8", {}
 
 
-def serve_http(live: LiveMetrics, hosts: list[str], port: int) -> Any:
+def serve_http(live: Live, hosts: list[str], port: int) -> Any:
     """Start the endpoint's server on ``port`` of each of ``hosts`` (a thread of its own:
     :class:`hetps.metrics.httpserve.HttpServer`)."""
     from functools import partial
@@ -315,7 +313,7 @@ def serve_http(live: LiveMetrics, hosts: list[str], port: int) -> Any:
     return serve(hosts, port, partial(answer, live, registry))
 
 
-def _write_final(live: LiveMetrics, body: dict) -> str | None:
+def _write_final(live: Live, body: dict) -> str | None:
     """Write the last state into this job's run directory: the one rank 0 names, only when
     its ``run.json`` names this job (``live_job``: the lead worker writes the job id the
     scheduler gave it) and the scheduler's own user owns it. A worker's report names a
@@ -357,7 +355,7 @@ def _write_final(live: LiveMetrics, body: dict) -> str | None:
         os.close(dfd)
 
 
-def _not_this_job(live: LiveMetrics, dfd: int) -> str:
+def _not_this_job(live: Live, dfd: int) -> str:
     """Why the open directory ``dfd`` is not this job's run directory ('' when it is)."""
     if os.fstat(dfd).st_uid != os.getuid():
         return "it belongs to another user"
@@ -376,7 +374,7 @@ def _not_this_job(live: LiveMetrics, dfd: int) -> str:
     return ""
 
 
-def ending(live: LiveMetrics, code: int) -> dict:
+def ending(live: Live, code: int) -> dict:
     """How the job ended: ``{"ok", "code", "text", "at"}``, the text naming what failed."""
     if code == 0:
         return {"ok": True, "code": 0, "text": "success: every worker finished", "at": time.time()}
@@ -386,7 +384,7 @@ def ending(live: LiveMetrics, code: int) -> dict:
             "at": time.time()}  # fmt: skip
 
 
-def finish_job(live: LiveMetrics, max_linger: float = MAX_LINGER, code: int = 0) -> str | None:
+def finish_job(live: Live, max_linger: float = MAX_LINGER, code: int = 0) -> str | None:
     """The job ended with exit code ``code``: ``/api/state`` says how from now on
     (``ended``), its last state goes into the run directory (``live-final.json``), then the
     endpoint stays up until a page watching it (polling ``/api/state``) and a scraper of
