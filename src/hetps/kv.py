@@ -51,7 +51,7 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
         # the message names the variable and the fix; a traceback would only bury it
         raise CreateError(f"hetps.kv.create({name!r}): {exc}") from None
     if role not in ("server", "scheduler"):
-        return _worker_store(name, env, sys._getframe(1))
+        return _worker_store(name, env, cfg, sys._getframe(1))
     if cfg is None:
         sys.exit(0)  # nothing to serve for a local store; MXNet's servers idle out the same
 
@@ -64,30 +64,29 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
     os._exit(code) if code else sys.exit(0)
 
 
-#: the dist store this process made, its arguments and where it was asked for (one worker
-#: per process: ps-lite's Postoffice, which MXNet's stores share, is one node too)
-_made: list[tuple[Any, str, dict[str, str] | None, str]] = []
+#: where the stores hetps.kv.create made were asked for (id of the store -> file:line)
+_asked_at: dict[int, str] = {}
 
 
-def _worker_store(name: str, env: Mapping[str, str] | None, caller: FrameType | None) -> Any:
-    """A worker's store: a new one, or for a dist name asked for again with the same
-    arguments the one still open; other arguments are refused, naming the first call."""
+def _worker_store(name: str, env: Mapping[str, str] | None, cfg: Any, at: FrameType) -> Any:
+    """A worker's store: a new one, or for a dist name and configuration asked for again the
+    one still open (one worker per process, as ps-lite's one Postoffice under MXNet's
+    stores); another name or configuration is refused, naming the first call's place."""
     from hetps import roles
 
-    if not name.startswith("dist"):
-        return kvstore.create(name, env)
-    args = None if env is None else dict(env)
-    if _made and not _made[0][0].closed:
-        kv, first, first_env, where = _made[0]
-        if (first, first_env) == (name, args):
+    open_ = kvstore.live() if cfg is not None else []
+    if open_:
+        kv = open_[0]
+        if (kv.type, kv.cfg) == (name, cfg):
             return kv
         raise CreateError(
             f"hetps.kv.create({name!r}): this process is already a worker of the job, with "
-            f"the store hetps.kv.create({first!r}{'' if first_env is None else ', env=...'}) "
-            f"made at {where}; a process joins a job once: use that store (pass it on, or "
-            "call hetps.kv.create again with the same arguments, which gives it back)"
+            f"the store hetps.kv.create({kv.type!r}) made at {_asked_at.get(id(kv), '?')}; "
+            "a process joins a job once, so another name or configuration is refused: use "
+            "that store (pass it on, or call hetps.kv.create again with the same arguments, "
+            "which gives it back)"
         )
-    where = f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller is not None else "?"
     kv = kvstore.create(name, env, build=roles.new_worker_store)
-    _made[:] = [(kv, name, args, where)]
+    if cfg is not None:
+        _asked_at[id(kv)] = f"{at.f_code.co_filename}:{at.f_lineno}"
     return kv
