@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetps.kvstore.hostrounds import keep
+from hetps.kvstore.hostrounds import check_chunks, keep
 from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
@@ -49,16 +49,10 @@ class ElasticRounds:
         complete, so a worker that dies before leaves nothing in it). ``host``: the push's
         (host group, local rank, workers it stands for): a host's sum stands for its
         workers (docs/HOSTS.md)."""
-        if not sl.got:
-            sl.chunk = ce
-        elif ce != sl.chunk:
-            raise BadRequest(
-                f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
-                f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
-            )
+        check_chunks(sl, ce)
         if host is not None:
             sl.hosts[worker] = (int(host[0]), int(host[1]), int(host[2]))
-        keep(msg, sl, worker, data, off, n)
+        keep(msg, sl, worker, data, off, n, ce)
         self.finish_if_complete(sl)
 
     def finish_if_complete(self, sl: Slice) -> None:
