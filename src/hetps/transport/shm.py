@@ -37,6 +37,7 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -86,38 +87,43 @@ def _span(n: int) -> int:
 
 def sweep_stale(directory: str = SHM_DIR) -> int:
     """Unlink ring files whose creating process no longer exists; returns how many."""
+    return sweep(directory, _SWEPT_RE, lambda path, m: not alive(int(m.group(1))))
+
+
+def sweep(directory: str, pattern: re.Pattern, gone: Callable[[str, re.Match], bool]) -> int:
+    """Unlink the files of ``directory`` named by ``pattern`` that are older than a minute
+    and whose users are ``gone(path, match)`` (an OSError there: kept); how many went.
+
+    A name lives only until its users opened it: an older one is left over, but a young one
+    may belong to a process this one cannot see (another PID namespace sharing /dev/shm)."""
     removed = 0
     try:
         names = os.listdir(directory)
     except OSError:
         return 0
     for name in names:
-        m = _SWEPT_RE.match(name)
-        if m is None:
-            continue
+        m = pattern.match(name)
         path = os.path.join(directory, name)
         try:
-            # a name lives only until its receiver opens it (milliseconds): one that is
-            # older is left over, but a young one may belong to a creator this process
-            # cannot see (another PID namespace sharing /dev/shm)
-            if time.time() - os.stat(path).st_mtime < STALE_AGE_S:
+            if m is None or time.time() - os.lstat(path).st_mtime < STALE_AGE_S:
                 continue
-        except OSError:
+            if gone(path, m):
+                os.unlink(path)
+                removed += 1
+        except (OSError, ValueError, IndexError):
             continue
-        pid = int(m.group(1))
-        try:
-            os.kill(pid, 0)
-            continue  # alive (or not ours to signal: leave it)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
     return removed
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one not ours to signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 class OutRing:
