@@ -150,6 +150,11 @@ def run_scheduler(cfg: NodeConfig) -> int:
     sched = make_scheduler(cfg)
     if cfg.port_file:
         write_port_file(cfg.port_file, sched.port)
+    return serve_scheduler(sched)
+
+
+def serve_scheduler(sched: Scheduler) -> int:
+    """Run a made scheduler (its dashboard announced, its last state saved); the exit code."""
     announce_metrics(sched)
     code = 1  # (an exception: the job failed)
     try:
