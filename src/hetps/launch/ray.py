@@ -1,31 +1,11 @@
 """Run a hetps job on a Ray cluster: every role in a Ray actor, as a real process.
 
-``hetps launch --launcher ray [--ray-address ADDR] -n W -s S -- CMD...`` and
-:func:`run_job` start, on an existing Ray cluster (``address``, or ``RAY_ADDRESS``) or on a
-local one started for the job:
-
-* the scheduler in an actor pinned to the head node (the ``node:__internal_head__`` resource,
-  as Ray Train places its controller), using no CPU;
-* a placement group of S + W bundles with the SPREAD strategy, one per server and worker, so
-  they land on as many nodes as the cluster has (SPREAD is best effort: a one-node cluster
-  takes them all); each server and worker actor sits in its own bundle.
-
-Each actor starts its role as a subprocess in its own session (``hetps scheduler``,
-``hetps server``, or CMD for a worker) with the ``DMLC_*`` environment: the scheduler's
-address is the head node's IP and the port it reports, each node advertises its own node's IP
-(``DMLC_NODE_HOST``), and ranks follow the launch order (``HETPS_LAUNCH_RANK``). The process
-runs in the driver's working directory, which must exist on every node (as with ssh), and
-gets the driver's ``DMLC_*``, ``PS_*``, ``HETPS_*``, ``MXNET_*``, ``PYTHON*`` and
-``OMP_NUM_THREADS`` variables and every ``--env`` name on top of the actor's own environment.
-
-The job's fresh cluster secret (:func:`~hetps.launch.contract.give_secret`) travels to the
-actors as an argument of their ``start`` call, inside Ray's own connections, and reaches the
-process in its environment: never on a command line. Output comes back to the driver line by
-line, prefixed with the role and rank as by the local launcher; the exit code is the first
-non-zero one (128 + N for a process killed by signal N). On a failure, Ctrl-C or SIGTERM every
-process is stopped, every actor killed and the placement group removed; a process also dies
-with its actor (parent-death signal), and the actors with the driver (Ray kills the actors of
-a driver that is gone).
+``hetps launch --launcher ray [--ray-address ADDR] -n W -s S -- CMD...`` and :func:`run_job`
+start, on an existing Ray cluster or a local one, the scheduler in an actor pinned to the
+head node and each server and worker in its own bundle of one SPREAD placement group. Each
+actor runs its role as a subprocess in its own session with the ``DMLC_*`` environment; the
+job's fresh secret travels as an argument of the actor's ``start`` call, never on a command
+line. docs/RAY_K8S.md, "What it does", has the placement, environment, output and clean-up.
 """
 
 from __future__ import annotations
