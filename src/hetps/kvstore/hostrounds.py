@@ -29,22 +29,8 @@ class HostRounds:
     def __init__(self, server: ServerPort) -> None:
         self.server = server
 
-    def hold(
-        self,
-        msg: Message,
-        sl: Slice,
-        worker: int,
-        data: np.ndarray,
-        off: int,
-        n: int,
-        ce: int,
-        host: tuple[int, int, int],
-    ) -> None:
-        """Keep a push of this round apart (summed once the round stands for every worker);
-        a push that contradicts the round's others is refused and changes nothing."""
-        self.check(sl, worker, host, ce)  # (host: ints, checked by its type: bodies.Push)
-        sl.hosts[worker] = host
-        keep(msg, sl, worker, data, off, n, ce)
+    def finish_if_complete(self, sl: Slice) -> None:
+        """Sum and finish ``sl``'s round once its pushes stand for every worker."""
         if self.complete(sl):
             merge_by_host(self.server.aggregator, sl)
             self.server.finish_round(sl)
