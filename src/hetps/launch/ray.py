@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hetps.config import env_value
 from hetps.launch.contract import (
@@ -463,44 +464,17 @@ class RayLauncher:
 
 
 def run_job(
-    command: Sequence[str],
-    num_workers: int,
-    num_servers: int | None = None,
-    *,
-    address: str | None = None,
-    env: dict[str, str] | None = None,
-    cpus_per_worker: float = 1,
-    cpus_per_server: float = 1,
-    start_timeout: float = 60.0,
-    failure_grace: float = 15.0,
-    cwd: str | None = None,
-    init_kwargs: dict | None = None,
-    port: int = 0,
-    out=None,
+    command: Sequence[str], num_workers: int, num_servers: int | None = None, **options: Any
 ) -> RayJobResult:
-    """Run ``command`` as every worker of a hetps job on Ray; see the module's doc.
-
-    ``address``: a Ray cluster's address (``HOST:PORT``, ``auto``, ``ray://...``); None
-    connects to ``RAY_ADDRESS`` when it is set, else starts a local Ray for the job (with
-    ``init_kwargs``, e.g. ``num_cpus``, ``object_store_memory``) and stops it at the end.
-    ``env`` adds variables for every process. Returns a :class:`RayJobResult` whose ``code``
+    """Run ``command`` as every worker of a hetps job on Ray (``num_servers``: default one
+    per worker); see the module's doc. ``options`` are :class:`RayLauncher`'s keywords:
+    ``address``, a Ray cluster's (``HOST:PORT``, ``auto``, ``ray://...``; None: the one
+    ``RAY_ADDRESS`` names, else a local Ray started with ``init_kwargs`` and stopped at the
+    end), ``env`` (added for every process), ``cpus_per_worker``, ``cpus_per_server``,
+    ``start_timeout``, ``failure_grace``, ``cwd``, ``port``, ``out``. The result's ``code``
     is what ``hetps launch`` exits with."""
-    launcher = RayLauncher(
-        command,
-        num_workers,
-        num_servers if num_servers is not None else num_workers,
-        address=address,
-        env=env,
-        cpus_per_worker=cpus_per_worker,
-        cpus_per_server=cpus_per_server,
-        start_timeout=start_timeout,
-        failure_grace=failure_grace,
-        cwd=cwd,
-        init_kwargs=init_kwargs,
-        port=port,
-        out=out,
-    )
-    return launcher.run()
+    servers = num_servers if num_servers is not None else num_workers
+    return RayLauncher(command, num_workers, servers, **options).run()
 
 
 def cli_launch(args, command: list[str], num_servers: int, env: dict[str, str]) -> int:
