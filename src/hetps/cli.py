@@ -223,7 +223,7 @@ def _role_config(role: str) -> NodeConfig | None:
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
     """``hetps scheduler``: be the scheduler (DMLC_* from the environment)."""
-    from hetps.roles import announce_metrics, end_metrics, make_scheduler
+    from hetps.roles import make_scheduler, serve_scheduler
 
     cfg = _role_config("scheduler")
     if cfg is None:
@@ -264,13 +264,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 
         threading.Thread(target=up, name="hetps-cluster-up", daemon=True).start()
     print(f"hetps scheduler port {sched.port}", flush=True)
-    announce_metrics(sched)
-    code = 1  # (an exception: the job failed)
-    try:
-        code = sched.run()
-        return code
-    finally:
-        end_metrics(sched, code)
+    return serve_scheduler(sched)
 
 
 def cmd_server(args: argparse.Namespace) -> int:

@@ -51,22 +51,11 @@ from hetps import optim as ps_optim
 from hetps.optim.sums import SumKeys
 from hetps.torch import collectives, process
 from hetps.torch.broadcasting import broadcast_parameters
+from hetps.torch.sparse import servers_sgd
 
 __all__ = ["PSStrategy"]
 
 MODES = ("sync", "async", "esync")
-
-
-def _sgd_on_servers(opt: torch.optim.Optimizer) -> ps_optim.Optimizer:
-    """The servers' SGD for a ``torch.optim.SGD`` of one parameter group (async mode)."""
-    if not isinstance(opt, torch.optim.SGD) or len(opt.param_groups) != 1:
-        raise ValueError(
-            "PSStrategy(mode='async') updates on the servers: pass server_optimizer= (a "
-            "hetps.optim optimizer) unless configure_optimizers gives one torch.optim.SGD "
-            "with one parameter group"
-        )
-    g = opt.param_groups[0]
-    return ps_optim.SGD(learning_rate=g["lr"], momentum=g["momentum"], wd=g["weight_decay"])
 
 
 class PSStrategy(ParallelStrategy):
@@ -181,7 +170,12 @@ class PSStrategy(ParallelStrategy):
                 if len(self.optimizers) != 1:
                     raise ValueError("PSStrategy(mode='async') takes one optimizer")
                 # the servers' optimizer, which sums the collectives' keys (reduce)
-                server = SumKeys(self.server_optimizer or _sgd_on_servers(raw))
+                server = SumKeys(
+                    self.server_optimizer
+                    or servers_sgd(
+                        raw, "PSStrategy(mode='async') updates on the servers", "server_optimizer"
+                    )
+                )
                 dist = DistributedOptimizer(
                     None, params, kvstore=kv, update_on="server", server_optimizer=server,
                     prefix=f"lightning.{i}.",

@@ -138,35 +138,31 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
     return sched
 
 
-def announce_metrics(sched: Scheduler) -> None:
-    """Print where the live metrics are served (a launcher shows the line), if they are."""
-    if sched.metrics is not None:
-        print(f"hetps metrics {sched.metrics.url}", flush=True)
-        print(f"hetps dashboard {sched.metrics.base_url}", flush=True)
-
-
 def run_scheduler(cfg: NodeConfig) -> int:
     """Be the scheduler until the job ends; returns the exit code (0 = clean)."""
     sched = make_scheduler(cfg)
     if cfg.port_file:
         write_port_file(cfg.port_file, sched.port)
-    announce_metrics(sched)
+    return serve_scheduler(sched)
+
+
+def serve_scheduler(sched: Scheduler) -> int:
+    """Run a made scheduler until the job ends; the exit code (0 = clean). Where live metrics
+    are served, it prints their addresses first (a launcher shows them) and at the end saves
+    the dashboard's last state and lets a page and a last scrape read it (docs/LIVE.md)."""
+    if sched.metrics is not None:
+        print(f"hetps metrics {sched.metrics.url}", flush=True)
+        print(f"hetps dashboard {sched.metrics.base_url}", flush=True)
     code = 1  # (an exception: the job failed)
     try:
         code = sched.run()
         return code
     finally:
-        end_metrics(sched, code)
+        if sched.metrics is not None:
+            from hetps.metrics.dashboard import finish_job
 
-
-def end_metrics(sched: Scheduler, code: int = 0) -> None:
-    """The job ended with exit code ``code``: save the dashboard's last state, let a page
-    and a last scrape read the final values (docs/LIVE.md), then stop serving."""
-    if sched.metrics is not None:
-        from hetps.metrics.dashboard import finish_job
-
-        finish_job(sched.metrics, code=code)
-        sched.metrics.close()
+            finish_job(sched.metrics, code=code)
+            sched.metrics.close()
 
 
 def write_port_file(path: str, port: int) -> None:

@@ -1,24 +1,12 @@
 """``hetps train --checkpoint-dir D`` and ``--resume D``: when to take a checkpoint, what each
-worker keeps in it, and how a worker starts again from one.
+worker keeps in it, and how a worker starts again from one (docs/FAULTS.md, "Checkpoints and
+resume").
 
-A checkpoint is taken after a round that every worker agrees on:
-
-* every ``--checkpoint-every K`` rounds (the workers count the same rounds);
-* when ``--checkpoint-seconds T`` have passed on rank 0 since the last one, or when any worker
-  got SIGTERM (then every worker stops after that round). Such a wish travels in the round's
-  control number, which the workers already sum each round to agree on stopping:
-  :data:`CKPT_FLAG` is added for "checkpoint", 1 for "stop";
-* after the last round.
-
-Each worker keeps its model, its torch optimizer, its data position (local steps taken), its
-RNG state and the round; rank 0 also the servers' values and optimizer states
-(:mod:`hetps.kvstore.checkpoint`, which makes it consistent and atomic).
-
-Resuming takes the last checkpoint whose files match their checksums (a damaged one is logged
-by file and skipped). A worker checks and loads its state before it joins the cluster (when it
-knows its rank: ``HETPS_LAUNCH_RANK``, which every hetps launcher sets), so a worker that
-cannot load its state fails the job's start: it is never let go as a dead worker of a
-running job (``--elastic``), which would let the job complete without it.
+A wish to checkpoint (every ``--checkpoint-every K`` rounds, ``--checkpoint-seconds T`` on
+rank 0, SIGTERM) travels in the round's control number the workers already sum:
+:data:`CKPT_FLAG` for "checkpoint", 1 for "stop". A worker checks and loads its state before
+it joins the cluster, so one that cannot load it fails the job's start rather than being let
+go as a dead worker of a running job (``--elastic``).
 """
 
 from __future__ import annotations

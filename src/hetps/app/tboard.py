@@ -1,22 +1,9 @@
 """``hetps train --tensorboard DIR``: the training curves as TensorBoard scalars, live.
 
-Every worker writes its own TensorBoard run, ``DIR/<run name>/worker<rank>/``, so that
-``tensorboard --logdir DIR`` draws one line per worker in every chart (and several jobs side by
-side). The step axis is the worker's round (``iter`` in its ``worker-<rank>.jsonl``); the wall
-time of each point is the round's end, so TensorBoard's *relative* axis is seconds since the run
-started. Tags (values straight from the round's log record, docs/METRICS.md):
-
-====================  =====================================================================
-``train/loss``        mean training loss of the round
-``eval/accuracy``     test accuracy (rank 0, the rounds it evaluates on: every ``-e`` rounds)
-``speed/samples_per_s``  samples of the round / the round's time (``srit_s``)
-``time/step_s``       the round's time / its local steps: one local step of this worker
-``time/round_s``      the round's time (``srit_s``)
-``time/compute_s`` …  the round's phases: ``compute_s``, ``push_s``, ``wait_s``, ``pull_s``
-====================  =====================================================================
-
-Events are flushed every ``flush_secs`` (10 s) and at the end, so a running job shows up live.
-Needs the ``tensorboard`` package (``pip install 'hetps[tensorboard]'``).
+Every worker writes its own run, ``DIR/<run name>/worker<rank>/`` (one line per worker in
+every chart); the step is the worker's round, a point's wall time the round's end. The tags
+and the log fields they come from are docs/METRICS.md's "TensorBoard" table. Events are
+flushed every ``flush_secs`` and at the end; needs ``pip install 'hetps[tensorboard]'``.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Per-node credentials: what a node proves who it is with when a restarted scheduler
-(``--recover``) takes the running job back.
+(``--recover``) takes the running job back (docs/SECURITY.md, "A scheduler started again").
 
-At registration (and at every re-admission: a server that rejoins, a worker that joins
-again) the scheduler hands each node, over that node's own connection, a credential:
-``HMAC-SHA256(K, "hetps node credential ID.GEN")``, 32 bytes, where ``K`` is a random key
-only the scheduler holds and ``GEN`` counts the node's admissions. The node keeps it in
-memory and sends it back in ``readmit``. A restarted scheduler takes a node back only as the
-node id whose credential it presents, checked against ``K``; what the message says of the
-node (its id, role, rank, table) proves nothing by itself. A process that holds the cluster
-secret but never was that node cannot compute the credential.
-
-``K`` outlives the scheduler process so that the one started again at the same address can
-check: it is kept in a file of the scheduler's own user, mode 0600, in a directory of that
-user alone (``$XDG_RUNTIME_DIR/hetps``, else ``~/.cache/hetps``), named by the host and the
-port: ``scheduler-HOST-PORT.key``. A scheduler started afresh at that port writes a new one
-(an old job's nodes cannot come back into a new job); one that ends (rather than being
-killed) removes it; ``--recover`` reads it.
-
-Beside the key the scheduler keeps the job's node table, ``scheduler-HOST-PORT.nodes``
-(every node's id, role, rank and address; the dead, the finished, the failovers), rewritten
-whenever it changes and signed with ``K``. A restarted scheduler takes back exactly the
-nodes of that table: a node's own view of the job (even one with a valid credential: an
-insider) cannot add a node, drop one, or declare one dead or finished.
+At each admission the scheduler hands a node, over its own connection,
+``HMAC-SHA256(K, "hetps node credential ID.GEN")``; a restarted scheduler takes a node back
+only as the id whose credential it presents. ``K`` and the job's node table (signed with
+``K``) outlive the scheduler in 0600 files of its user (``scheduler-HOST-PORT.key`` and
+``.nodes``); a node's own view of the job cannot add, drop or kill a node.
 """
 
 from __future__ import annotations

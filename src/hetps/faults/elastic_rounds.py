@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
-from hetps.kvstore.hostrounds import keep
+from hetps.kvstore.hostrounds import check_chunks
 from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
@@ -34,32 +32,11 @@ class ElasticRounds:
         return not self.server.workers_fixed and getattr(self.node, "elastic", 0) > 0
 
     # -- HETPS_ELASTIC: a round is kept per worker until it is complete ----------------------
-    def hold(
-        self,
-        msg: Message,
-        sl: Slice,
-        worker: int,
-        data: np.ndarray,
-        off: int,
-        n: int,
-        ce: int,
-        host: Sequence[int] | None = None,
-    ) -> None:
-        """Keep a push of this round apart from the others' (merged when the round is
-        complete, so a worker that dies before leaves nothing in it). ``host``: the push's
-        (host group, local rank, workers it stands for): a host's sum stands for its
-        workers (docs/HOSTS.md)."""
-        if not sl.got:
-            sl.chunk = ce
-        elif ce != sl.chunk:
-            raise BadRequest(
-                f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
-                f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
-            )
-        if host is not None:
-            sl.hosts[worker] = (int(host[0]), int(host[1]), int(host[2]))
-        keep(msg, sl, worker, data, off, n)
-        self.finish_if_complete(sl)
+    def check(self, sl: Slice, worker: int, host: Sequence[int] | None, ce: int) -> None:
+        """Refuse a push whose chunks differ from its round's others' (a round is kept per
+        worker, merged once complete: a worker that dies before leaves nothing in it; a
+        host's sum, ``host``, stands for its workers: docs/HOSTS.md)."""
+        check_chunks(sl, ce)
 
     def finish_if_complete(self, sl: Slice) -> None:
         """Finish ``sl``'s round if every worker still in the job pushed all of it."""

@@ -25,7 +25,7 @@ from hetps.cluster.requests import wait_all
 from hetps.kvstore.base import normalize_keys, per_key, reduce_values, settle, staged_call
 from hetps.kvstore.keys import KeyMeta
 from hetps.kvstore.ports import StorePort
-from hetps.tables.rowsparse import Table, table_declaration
+from hetps.tables.rowsparse import Table, declaration_differs, table_declaration
 from hetps.transport.codec import Message
 
 
@@ -120,15 +120,11 @@ class Joining:
             if tm is None:
                 self.kv.sparse.init_table(k, table, False)  # (sends nothing: the servers have it)
                 continue
-            mine = table_declaration(tm.table)
-            differ = [f for f in ("rows", "cols", "dtype", "scale", "seed") if mine[f] != decl[f]]
+            differ = declaration_differs(table_declaration(tm.table), decl, "the running job has")
             if differ:
                 raise RuntimeError(
-                    f"join: this worker declared table {k!r} with "
-                    + ", ".join(f"{f}={mine[f]!r}" for f in differ)
-                    + ", the running job has "
-                    + ", ".join(f"{f}={decl[f]!r}" for f in differ)
-                    + "; declare it as the job does"
+                    f"join: this worker declared table {k!r} with {differ}; declare it as the "
+                    "job does"
                 )
 
     def declare(self, key: Any, value: Any) -> None:

@@ -67,6 +67,22 @@ def settle(futures: Sequence[Future]) -> Callable[[], None] | None:
     return STAGING.settle(futures)
 
 
+def settle_after(
+    futures: Sequence[Future], finishers: Sequence[Callable[[], None]] = ()
+) -> Callable[[], None]:
+    """:func:`settle` ``futures``; returns what runs ``finishers`` and then the copies to the
+    device tensors (run it once the answers landed)."""
+    to_device = settle(futures)
+
+    def finish() -> None:
+        for fin in finishers:
+            fin()
+        if to_device is not None:
+            to_device()
+
+    return finish
+
+
 @contextmanager
 def staged_call(futures: Sequence[Future] = ()) -> Iterator[None]:
     """Around the part of a call that stages values, ``futures`` the list its requests are

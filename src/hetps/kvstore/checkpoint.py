@@ -12,22 +12,11 @@ Every worker calls :func:`save` at the same point of its loop (after the same ro
         ck.restore(kv)                  # every key takes its saved value, the optimizer its state
         state = ck.state(kv.rank)       # what this worker saved
 
-How it is consistent: each worker waits for its pushes and meets the others at a barrier (the
-scheduler's), so every push of the round has been applied and none of the next has been sent;
-rank 0 then reads every key's value and every server's optimizer state. How it is atomic:
-everything is written into ``DIR/ckpt-<step>.tmp/`` and, once every worker has written its own
-file, rank 0 renames the folder to ``DIR/ckpt-<step>`` and points ``DIR/latest`` at it (itself
-written and renamed). A checkpoint folder without its ``manifest.json`` is never read.
-
-How damage is found: the manifest holds every file's size and SHA-256. :func:`latest` checks
-them, newest first: a checkpoint with a file missing, cut short or changed is logged (the file
-and why) and the one before it is used; when every one is damaged it raises
-:class:`CheckpointError`. A checkpoint written before checksums (its manifest has no
-``files``) is logged as unchecked and checked by loading every file instead: a cut file is
-found that way, a changed byte inside a pickle may not be.
-
-``DIR`` must be one folder every worker can reach: a shared filesystem across hosts. The
-worker files are pickles: load checkpoints you (or your job) wrote, nobody else's.
+Consistent: the workers wait for their pushes and meet at a barrier before rank 0 reads the
+servers. Atomic: everything goes into ``DIR/ckpt-<step>.tmp/``, renamed once every worker's
+file is written, its ``manifest.json`` (each file's size and SHA-256) last; :func:`latest`
+skips a damaged one, naming the file and why (docs/FAULTS.md, "Checkpoints and resume").
+``DIR`` is one folder every worker reaches; the worker files are pickles: load only your own.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from hetps.kvstore.base import (
     per_key,
     reduce_values,
     settle,
+    settle_after,
     staged_call,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
@@ -85,6 +86,7 @@ class DistKVStore:
         self.compressor: TwoBitCompressor | None = None
         self.balance = cfg.balance != "none"
         self.pipeline = pipeline
+        self.request = pipeline.request  # queue a request for a server by rank
         self._sender = self.pipeline.sender  # the send queue (read by tests and benchmarks)
         self.dense = DenseRequests(self)
         self.sparse = SparseKeys(self)  # row-sparse keys (tables/worker.py)
@@ -171,19 +173,6 @@ class DistKVStore:
         return self.agent.plan if self.agent is not None else None
 
     # -- plumbing ---------------------------------------------------------------------------
-    def request(
-        self,
-        key: Any,
-        priority: int,
-        server_rank: int,
-        msg: Message,
-        callback=None,
-        landing=None,
-        own=None,
-    ) -> Future:
-        """Queue ``msg`` for server ``server_rank`` (:meth:`Pipeline.request`)."""
-        return self.pipeline.request(key, priority, server_rank, msg, callback, landing, own)
-
     def end_push_run(self) -> None:
         """A pull ends a run of push calls (how long it was decides whether the next run's
         pushes go through the sender thread, to coalesce)."""
@@ -347,14 +336,7 @@ class DistKVStore:
             self.hostagg.settle(k)
         return self._finish_call(futs, block, "push")
 
-    def pull(
-        self,
-        key: Any,
-        out: Any = None,
-        priority: int = 0,
-        block: bool = True,
-        ignore_sparse: bool = True,
-    ) -> Any:
+    def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True) -> Any:
         """Pull keys into ``out`` (in place; a list of outs each gets the value). With no
         ``out``, blocking calls return new arrays. Non-blocking calls return a Handle."""
         self.node.check()
@@ -391,13 +373,10 @@ class DistKVStore:
                 finishers.append(fin)
                 results.append(targets[0])
 
-        to_device = settle(futs)
+        done = settle_after(futs, finishers)
 
         def finish() -> Any:
-            for fin in finishers:
-                fin()
-            if to_device is not None:
-                to_device()
+            done()
             if out is None:
                 return results if is_list else results[0]
             return None
@@ -442,14 +421,7 @@ class DistKVStore:
                 meta.prefetch, meta.pushed, meta.pushed_since_pull = None, pushed, False
                 futs += pushed
                 finishers.append(fill_targets(meta, dest, targets, direct))
-        to_device = settle(futs)
-
-        def finish() -> None:
-            for fin in finishers:
-                fin()
-            if to_device is not None:
-                to_device()
-
+        finish = settle_after(futs, finishers)
         handle = self._finish_call(futs, False, "pushpull", finish)
         return handle.wait() if block else handle
 

@@ -29,24 +29,8 @@ class HostRounds:
     def __init__(self, server: ServerPort) -> None:
         self.server = server
 
-    def hold(
-        self,
-        msg: Message,
-        sl: Slice,
-        worker: int,
-        data: np.ndarray,
-        off: int,
-        n: int,
-        ce: int,
-        host: tuple[int, int, int],
-    ) -> None:
-        """Keep a push of this round apart (summed once the round stands for every worker);
-        a push that contradicts the round's others is refused and changes nothing."""
-        self.check(sl, worker, host, ce)  # (host: ints, checked by its type: bodies.Push)
-        if not sl.got:
-            sl.chunk = ce
-        sl.hosts[worker] = host
-        keep(msg, sl, worker, data, off, n)
+    def finish_if_complete(self, sl: Slice) -> None:
+        """Sum and finish ``sl``'s round once its pushes stand for every worker."""
         if self.complete(sl):
             merge_by_host(self.server.aggregator, sl)
             self.server.finish_round(sl)
@@ -57,11 +41,7 @@ class HostRounds:
         workers than the job has."""
         key = sl.key
         jobs = self.server.num_workers
-        if sl.got and ce != sl.chunk:
-            raise BadRequest(
-                f"push of key {key!r}: chunks of {ce} elements, but this round's other "
-                f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
-            )
+        check_chunks(sl, ce)
         if any(w not in sl.hosts for w in sl.got):
             raise BadRequest(mixed(key))
         had = sl.hosts.get(worker)
@@ -93,9 +73,21 @@ class HostRounds:
         )
 
 
-def keep(msg: Message, sl: Slice, worker: int, data: np.ndarray, off: int, n: int) -> None:
-    """Keep a checked push of ``sl``'s round apart per sender until the round is complete
-    (the received frame as it is, read-only; lent ring memory copied); answered then."""
+def check_chunks(sl: Slice, ce: int) -> None:
+    """Refuse a push whose chunks (``ce`` elements) differ from its round's other pushes'."""
+    if sl.got and ce != sl.chunk:
+        raise BadRequest(
+            f"push of key {sl.key!r}: chunks of {ce} elements, but this round's other "
+            f"pushes use {sl.chunk}; set the same HETPS_CHUNK_BYTES on every worker"
+        )
+
+
+def keep(msg: Message, sl: Slice, worker: int, data: np.ndarray, off: int, n: int, ce: int) -> None:
+    """Keep a checked push of ``sl``'s round (chunks of ``ce`` elements) apart per sender
+    until the round is complete (the received frame as it is, read-only; lent ring memory
+    copied); answered then."""
+    if not sl.got:
+        sl.chunk = ce
     sl.held.setdefault(worker, []).append((off, data if msg.lease is None else data.copy()))
     sl.got[worker] = sl.got.get(worker, 0) + n
     sl.seen.setdefault(worker, set()).add(off)

@@ -8,14 +8,14 @@ import mmap
 import os
 import re
 import stat
-import time
 
 import numpy as np
+
+from hetps.transport.shm import alive, sweep
 
 SHM_DIR = "/dev/shm"
 MAGIC = 0x47474154534F4848  # b"HHOSTAGG" little-endian
 NAME_RE = re.compile(r"^hetps-host-[0-9a-f]{32}-\d+-[0-9a-f]{24}(\.new\d+)?$")
-STALE_AGE_S = 60.0
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 # header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid, the round
 # its slot holds, its PID namespace and its node id; then per part the round summed (its
@@ -65,17 +65,6 @@ def pid_ns() -> int:
         return 0
 
 
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (one not ours to signal counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def unlink(name: str) -> None:
     """Remove a segment's name (already gone: nothing to do)."""
     try:
@@ -87,36 +76,19 @@ def unlink(name: str) -> None:
 def sweep_stale(directory: str = SHM_DIR) -> int:
     """Unlink segments older than a minute whose local ranks (their maker, their users)
     are all gone."""
-    removed = 0
+    return sweep(directory, NAME_RE, _gone)
+
+
+def _gone(path: str, _: re.Match) -> bool:
+    """Whether every local rank that uses the segment at ``path`` is gone (only a regular
+    file of our own counts: never a link or a FIFO planted there)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        names = os.listdir(directory)
-    except OSError:
-        return 0
-    for name in names:
-        if not NAME_RE.match(name):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            # only a regular file of our own (never a link or a FIFO planted there)
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                    continue
-                if time.time() - st.st_mtime < STALE_AGE_S:
-                    continue
-                head = np.frombuffer(os.read(fd, 4096), np.int64)
-            finally:
-                os.close(fd)
-            ranks = max(1, min(int(head[1]), len(head) - _PID))  # (a torn header: its maker)
-            pids = [int(p) for p in head[_PID : _PID + ranks] if p > 0]
-            if any(alive(p) for p in pids):
-                continue
-        except (OSError, ValueError, IndexError):
-            continue
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
-    return removed
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        head = np.frombuffer(os.read(fd, 4096), np.int64)
+    finally:
+        os.close(fd)
+    ranks = max(1, min(int(head[1]), len(head) - _PID))  # (a torn header: its maker)
+    return not any(alive(int(p)) for p in head[_PID : _PID + ranks] if p > 0)

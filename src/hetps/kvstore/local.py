@@ -17,6 +17,7 @@ from hetps.kvstore.base import (
     per_key,
     reduce_values,
     settle,
+    settle_after,
     staged_call,
 )
 from hetps.kvstore.compression import TwoBitCompressor, parse_compression_params
@@ -106,14 +107,7 @@ class LocalKVStore(LocalSparse):
                     self.states[k] = self.optimizer.create_state(k, stored)
                 self.optimizer.apply_update(k, stored, np.asarray(arr), self.states[k], sender=0)
 
-    def pull(
-        self,
-        key: Any,
-        out: Any = None,
-        priority: int = 0,
-        block: bool = True,
-        ignore_sparse: bool = True,
-    ) -> Any:
+    def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True) -> Any:
         """Copy values into ``out`` (or return copies)."""
         keys, is_list = normalize_keys(key)
         results = []
@@ -129,9 +123,7 @@ class LocalKVStore(LocalSparse):
                 for t in out_arrays(entry, f"pull of key {k!r}"):
                     self._check(k, stored, t, "pull")
                     t[...] = stored
-        to_device = settle([])
-        if to_device is not None:
-            to_device()
+        settle_after([])()
         value = None if out is not None else (results if is_list else results[0])
         return value if block else completed(value)
 

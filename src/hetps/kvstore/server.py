@@ -34,7 +34,7 @@ from hetps.cluster.protocol import NodeInfo
 from hetps.kvstore import checks
 from hetps.kvstore.aggregate import Aggregator, writable
 from hetps.kvstore.answers import Answers
-from hetps.kvstore.hostrounds import HostRounds, mixed
+from hetps.kvstore.hostrounds import HostRounds, keep, mixed
 from hetps.kvstore.linkmeter import LinkMeter
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.tables.server import Tables
@@ -342,11 +342,13 @@ class KVServer:
                 raise BadRequest(
                     f"push of key {key!r}: chunk at {off} pushed twice in one round by this worker"
                 )
-            if self.elastic.active:
-                self.elastic.hold(msg, sl, worker, data, off, n, ce, b.host)
-                return
-            if grouped:
-                self.hostrounds.hold(msg, sl, worker, data, off, n, ce, b.host)
+            if self.elastic.active or grouped:  # kept per sender until the round is whole
+                rounds = self.elastic if self.elastic.active else self.hostrounds
+                rounds.check(sl, worker, b.host, ce)  # (refused: the round is unchanged)
+                if b.host is not None:
+                    sl.hosts[worker] = b.host
+                keep(msg, sl, worker, data, off, n, ce)
+                rounds.finish_if_complete(sl)
                 return
             if sl.hosts:
                 raise BadRequest(mixed(key))

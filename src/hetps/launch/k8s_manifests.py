@@ -1,35 +1,13 @@
 """Kubernetes manifests for a hetps job (:class:`K8sJob`), as ``hetps k8s`` writes them
-(:mod:`hetps.launch.k8s`).
+(:mod:`hetps.launch.k8s`); docs/RAY_K8S.md says what each object holds and why.
 
-Two shapes (``--kind``):
-
-* ``jobset`` (default): one JobSet (``jobset.x-k8s.io/v1alpha2``, needs the JobSet controller)
-  with three replicated jobs, ``scheduler`` (1 pod), ``server`` (S pods) and ``worker`` (W pods),
-  each an Indexed Job. JobSet makes the headless Service itself and gives every pod the
-  hostname ``NAME-ROLE-0-INDEX`` in the subdomain ``NAME``; the JobSet succeeds when the workers
-  have (the scheduler and the servers end on their own once the workers are done) and fails,
-  without restarts, as soon as any pod does.
-* ``jobs``: plain ``batch/v1`` Jobs (Indexed; a pod's hostname is ``JOB-INDEX``) plus a
-  headless Service ``NAME`` over the job's pods: only built-in kinds.
-
-Every pod gets the ``DMLC_*`` environment a launcher gives its processes:
-``DMLC_PS_ROOT_URI`` is the scheduler pod's DNS name (published before the pod is ready, so
-nodes can connect while others still start), ``DMLC_PS_ROOT_PORT`` the fixed ``--port``,
-``DMLC_NODE_HOST`` the pod's own IP (downward API ``status.podIP``), and servers and workers ask
-for the rank of their Job completion index (``HETPS_LAUNCH_RANK`` from the pod annotation
-``batch.kubernetes.io/job-completion-index``, the source of ``JOB_COMPLETION_INDEX``), so worker
-i is the pod with index i. A worker pod is a host of its own (pods share no memory, and where
-the scheduler puts a pod is not known when the manifest is written): its worker gets torchrun's
-variables with ``RANK``, ``GROUP_RANK`` and ``HETPS_HOST_GROUP`` its completion index,
-``LOCAL_RANK`` 0, ``LOCAL_WORLD_SIZE`` 1 and ``WORLD_SIZE`` the worker count.
-``HETPS_CONNECT_TIMEOUT`` is long (pods start as their images
-arrive).
-
-The cluster secret is a Kubernetes Secret (a fresh ``secrets.token_hex(32)`` per call, under
-the key ``secret``), or one you made (``--secret-name``); each pod reads it into
-``HETPS_SECRET`` through ``secretKeyRef``, so it is in no pod spec and on no command line.
-(A mounted file would not do: Kubernetes mounts secrets as symlinks, which
-``HETPS_SECRET_FILE`` refuses to follow.)
+``--kind jobset`` (default): one JobSet of three Indexed jobs (scheduler, servers, workers);
+``--kind jobs``: plain ``batch/v1`` Indexed Jobs plus a headless Service. Every pod gets the
+``DMLC_*`` environment a launcher gives (the root URI is the scheduler pod's DNS name, a rank
+its Job completion index); a worker pod is a host of its own (torchrun's variables with
+``LOCAL_WORLD_SIZE`` 1). The cluster secret is a Kubernetes Secret read into
+``HETPS_SECRET`` through ``secretKeyRef`` (a mounted file would be a symlink, which
+``HETPS_SECRET_FILE`` refuses).
 """
 
 from __future__ import annotations

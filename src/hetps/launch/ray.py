@@ -1,31 +1,11 @@
 """Run a hetps job on a Ray cluster: every role in a Ray actor, as a real process.
 
-``hetps launch --launcher ray [--ray-address ADDR] -n W -s S -- CMD...`` and
-:func:`run_job` start, on an existing Ray cluster (``address``, or ``RAY_ADDRESS``) or on a
-local one started for the job:
-
-* the scheduler in an actor pinned to the head node (the ``node:__internal_head__`` resource,
-  as Ray Train places its controller), using no CPU;
-* a placement group of S + W bundles with the SPREAD strategy, one per server and worker, so
-  they land on as many nodes as the cluster has (SPREAD is best effort: a one-node cluster
-  takes them all); each server and worker actor sits in its own bundle.
-
-Each actor starts its role as a subprocess in its own session (``hetps scheduler``,
-``hetps server``, or CMD for a worker) with the ``DMLC_*`` environment: the scheduler's
-address is the head node's IP and the port it reports, each node advertises its own node's IP
-(``DMLC_NODE_HOST``), and ranks follow the launch order (``HETPS_LAUNCH_RANK``). The process
-runs in the driver's working directory, which must exist on every node (as with ssh), and
-gets the driver's ``DMLC_*``, ``PS_*``, ``HETPS_*``, ``MXNET_*``, ``PYTHON*`` and
-``OMP_NUM_THREADS`` variables and every ``--env`` name on top of the actor's own environment.
-
-The job's fresh cluster secret (:func:`~hetps.launch.contract.give_secret`) travels to the
-actors as an argument of their ``start`` call, inside Ray's own connections, and reaches the
-process in its environment: never on a command line. Output comes back to the driver line by
-line, prefixed with the role and rank as by the local launcher; the exit code is the first
-non-zero one (128 + N for a process killed by signal N). On a failure, Ctrl-C or SIGTERM every
-process is stopped, every actor killed and the placement group removed; a process also dies
-with its actor (parent-death signal), and the actors with the driver (Ray kills the actors of
-a driver that is gone).
+``hetps launch --launcher ray [--ray-address ADDR] -n W -s S -- CMD...`` and :func:`run_job`
+start, on an existing Ray cluster or a local one, the scheduler in an actor pinned to the
+head node and each server and worker in its own bundle of one SPREAD placement group. Each
+actor runs its role as a subprocess in its own session with the ``DMLC_*`` environment; the
+job's fresh secret travels as an argument of the actor's ``start`` call, never on a command
+line. docs/RAY_K8S.md, "What it does", has the placement, environment, output and clean-up.
 """
 
 from __future__ import annotations
@@ -38,6 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hetps.config import env_value
 from hetps.launch.contract import (
@@ -483,44 +464,17 @@ class RayLauncher:
 
 
 def run_job(
-    command: Sequence[str],
-    num_workers: int,
-    num_servers: int | None = None,
-    *,
-    address: str | None = None,
-    env: dict[str, str] | None = None,
-    cpus_per_worker: float = 1,
-    cpus_per_server: float = 1,
-    start_timeout: float = 60.0,
-    failure_grace: float = 15.0,
-    cwd: str | None = None,
-    init_kwargs: dict | None = None,
-    port: int = 0,
-    out=None,
+    command: Sequence[str], num_workers: int, num_servers: int | None = None, **options: Any
 ) -> RayJobResult:
-    """Run ``command`` as every worker of a hetps job on Ray; see the module's doc.
-
-    ``address``: a Ray cluster's address (``HOST:PORT``, ``auto``, ``ray://...``); None
-    connects to ``RAY_ADDRESS`` when it is set, else starts a local Ray for the job (with
-    ``init_kwargs``, e.g. ``num_cpus``, ``object_store_memory``) and stops it at the end.
-    ``env`` adds variables for every process. Returns a :class:`RayJobResult` whose ``code``
+    """Run ``command`` as every worker of a hetps job on Ray (``num_servers``: default one
+    per worker); see the module's doc. ``options`` are :class:`RayLauncher`'s keywords:
+    ``address``, a Ray cluster's (``HOST:PORT``, ``auto``, ``ray://...``; None: the one
+    ``RAY_ADDRESS`` names, else a local Ray started with ``init_kwargs`` and stopped at the
+    end), ``env`` (added for every process), ``cpus_per_worker``, ``cpus_per_server``,
+    ``start_timeout``, ``failure_grace``, ``cwd``, ``port``, ``out``. The result's ``code``
     is what ``hetps launch`` exits with."""
-    launcher = RayLauncher(
-        command,
-        num_workers,
-        num_servers if num_servers is not None else num_workers,
-        address=address,
-        env=env,
-        cpus_per_worker=cpus_per_worker,
-        cpus_per_server=cpus_per_server,
-        start_timeout=start_timeout,
-        failure_grace=failure_grace,
-        cwd=cwd,
-        init_kwargs=init_kwargs,
-        port=port,
-        out=out,
-    )
-    return launcher.run()
+    servers = num_servers if num_servers is not None else num_workers
+    return RayLauncher(command, num_workers, servers, **options).run()
 
 
 def cli_launch(args, command: list[str], num_servers: int, env: dict[str, str]) -> int:

@@ -1,22 +1,11 @@
 """Figures of a log directory as PNG files (``hetps plot LOGDIR [--out DIR]``).
 
-matplotlib is imported only when a figure is drawn (``pip install 'hetps[plots]'``), and only
-through its object API with the Agg canvas: no pyplot, no global backend switch, safe to call
-from a notebook or a thread.
-
-Every figure is a function ``fn(ctx: PlotContext) -> list[Path]`` registered in
-:data:`FIGURES` with :func:`figure`; it returns the files it wrote, or ``[]`` after adding a
-note to ``ctx.notes`` saying why it was skipped. New figures (the load-balance ones are the
-model) are one decorated function each.
-
-Modules: this one draws (:func:`plot`, :func:`select_run`) and re-exports the rest;
-``plot_registry`` holds :data:`FIGURES`, :func:`figure` and :class:`PlotContext`;
-``plot_helpers`` the shared labels, colours and bars; the figures are in ``plot_training``
-and ``plot_balance``.
-
-The figures and what each shows are listed in docs/METRICS.md.
-
-Titles say when workers were slowed down on purpose (run.json ``slowdown`` != 1).
+matplotlib is imported only when a figure is drawn (``pip install 'hetps[plots]'``), through
+its object API with the Agg canvas (no pyplot, no global backend). A figure is a function
+``fn(ctx: PlotContext) -> list[Path]`` registered with :func:`figure` in :data:`FIGURES`
+(``plot_registry``); it returns the files it wrote, or ``[]`` with a note in ``ctx.notes``.
+This module draws (:func:`plot`, :func:`select_run`) and re-exports the rest; docs/METRICS.md
+lists the figures.
 """
 
 from __future__ import annotations

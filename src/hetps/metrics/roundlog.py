@@ -1,29 +1,11 @@
-"""A run log for a script that drives the KVStore itself (``examples/linear_regression.py``).
+"""A run log for a script that drives the KVStore itself (``examples/linear_regression.py``):
+:class:`RoundLog` gives it the logs ``hetps train`` writes (docs/METRICS.md has the example).
 
-``hetps train`` logs its rounds on its own (:mod:`hetps.app.worker`). A script with its own
-loop gets the same logs (docs/METRICS.md) with a :class:`RoundLog`::
-
-    log = RoundLog(kv, "runs", "linreg", mode="sync", network="mlp", batch_size=100)
-    for batch in ...:
-        with log.phase("compute"):
-            loss = ...; loss.backward()
-        with log.phase("push"):
-            kv.push(keys, grads)
-        with log.pull():                      # split into wait + pull at the answer's arrival
-            kv.pull(keys, out=weights)
-        log.end_round(samples=100, loss=float(loss), epoch=epoch)
-    log.close()                               # writes traffic-worker<rank>.jsonl
-    kv.barrier()                              # every worker's files are complete after it
-    if kv.rank == 0:
-        pictures(log.run_dir)                 # trace.json + timeline.png, printed
-
-The run directory is ``LOG_DIR/<name>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``… when taken) from
-rank 0's clock, which every worker learns through the store (one tiny key), so all workers
-write into one directory and count time from one start.
-
-``kv`` is duck-typed (``rank``, ``num_workers``, ``num_servers``, ``init``, ``pull``, and
-``node.counters``, ``node.servers()``, ``node.observe_traffic`` where it has a ``node``; a
-local store has none and logs no traffic): this layer imports no other hetps module.
+The run directory is ``LOG_DIR/<name>-<YYYYmmdd-HHMMSS>`` from rank 0's clock, which every
+worker learns through the store (one tiny key). ``kv`` is duck-typed (``rank``,
+``num_workers``, ``num_servers``, ``init``, ``pull``, and ``node.counters``,
+``node.servers()``, ``node.observe_traffic`` where it has a ``node``; a local store logs no
+traffic): this layer imports no other hetps module.
 """
 
 from __future__ import annotations

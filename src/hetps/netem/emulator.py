@@ -1,23 +1,11 @@
-"""Kernel network emulator: namespaces + veth + bridge + ``tc`` shaping.
+"""Kernel network emulator: namespaces + veth + bridge + ``tc`` shaping (docs/NETEM.md has
+the topology and how rates are applied).
 
-Topology (see docs/NETEM.md)::
-
-    ns <run>-n0            ns <run>-hub              ns <run>-n1
-    eth0 10.77.0.1 ──veth── v0 ┐                ┌ v1 ──veth── eth0 10.77.0.2
-    (egress: node 0 sends)     ├─ br0 (bridge) ─┤    (egress of v1: node 1 receives)
-                               ...
-
-Each node's *sending* rate is shaped on its own ``eth0`` (egress), its *receiving* rate on the
-bridge-side veth ``v<i>`` in the hub namespace (the egress toward the node). Both are token
-bucket filters (TBF: within 0.1% of the rate's TCP goodput here, where HTB strayed by up to
-8% at low rates); per-destination caps add an HTB classifier (u32 filters on the destination
-address) under the node's TBF with one TBF per destination; an optional one-way delay is a
-netem qdisc under each egress leaf.
-
-Nothing is created in the caller's (root) namespace. Everything is removed by
-:meth:`Netem.close`, which runs on ``__exit__``, on any error during setup, on SIGINT/SIGTERM
-(when ``handle_signals=True``), ``atexit``, and — if the owning process is SIGKILLed — by a
-small reaper process that notices its pipe closing.
+A node's sending rate is a TBF on its own ``eth0``, its receiving rate a TBF on the bridge-side
+veth ``v<i>`` in the hub namespace; per-destination caps add an HTB classifier under the
+node's TBF, a one-way delay a netem qdisc under each leaf. Nothing is made in the caller's
+namespace, and :meth:`Netem.close` removes everything: on ``__exit__``, a setup error,
+SIGINT/SIGTERM (``handle_signals=True``), ``atexit``, or, after a SIGKILL, by the reaper.
 """
 
 from __future__ import annotations

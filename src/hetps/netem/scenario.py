@@ -1,33 +1,9 @@
 """Network scenarios for the emulator: who gets how much bandwidth, and when.
 
-A scenario is plain data (no sockets, no ``tc``): it is parsed from a small TOML file or a
-dict, validated with errors that name the key and the fix, and answers one question,
-:meth:`Scenario.rates_at` — the sending/receiving rate of every node (Mbit/s) in a given
-epoch. Epochs are ``period_s`` long for dynamic scenarios; a static scenario has the same
-rates in every epoch.
-
-Example file::
-
-    [network]
-    kind = "dynamic"      # or "static"
-    nodes = 8
-    lo_mbit = 20          # rates drawn uniformly from [lo_mbit, hi_mbit] per node ...
-    hi_mbit = 200
-    seed = 7              # ... deterministically from (seed, epoch)
-    period_s = 300        # dynamic: rates re-drawn every period
-    delay_ms = 5          # optional one-way delay (needs the kernel's sch_netem)
-    tcp_cc = "reno"       # optional TCP congestion control inside every node (default: the
-                          # host's; see docs/NETEM.md, "TCP congestion control")
-
-or, with given rates::
-
-    [network]
-    kind = "static"
-    rates_mbit = [20, 80, 80, 200]
-    pair_rates_mbit = [[0, 10, 20, 20], [80, 0, 80, 80], [80, 80, 0, 80], [5, 200, 200, 0]]
-
-A dynamic scenario may also list its epochs explicitly: ``rates_mbit = [[20, 80], [80, 20]]``
-(one list per epoch, cycled).
+A scenario is plain data (no sockets, no ``tc``): parsed from a TOML file's ``[network]``
+table or a dict (docs/NETEM.md, "Usage", lists the keys), validated with errors that name the
+key and the fix, and answers :meth:`Scenario.rates_at`: every node's sending and receiving
+rate (Mbit/s) in an epoch (``period_s`` long when dynamic; a static one is the same always).
 """
 
 from __future__ import annotations

@@ -254,3 +254,16 @@ def table_declaration(t: Table) -> dict:
         "seed": t.seed,
         "server_bytes": t.server_bytes,
     }
+
+
+def declaration_differs(mine: dict, theirs: dict, whose: str) -> str | None:
+    """Where two :func:`table_declaration` differ (``rows``, ``cols``, ``dtype``, ``scale``,
+    ``seed``), said as "mine ..., ``whose`` has ..."; None when they agree."""
+    differ = [f for f in ("rows", "cols", "dtype", "scale", "seed") if mine[f] != theirs[f]]
+    if not differ:
+        return None
+    return (
+        ", ".join(f"{f}={mine[f]!r}" for f in differ)
+        + f", {whose} "
+        + ", ".join(f"{f}={theirs[f]!r}" for f in differ)
+    )

@@ -26,7 +26,7 @@ import numpy as np
 from hetps.cluster import protocol as P
 from hetps.cluster.bodies import chunk_elems
 from hetps.cluster.errors import CheckpointError
-from hetps.tables.rowsparse import Table, table_declaration
+from hetps.tables.rowsparse import Table, declaration_differs, table_declaration
 from hetps.transport.codec import Message
 
 #: requests of a dump or restore in flight at once (each holds one chunk)
@@ -161,15 +161,11 @@ def restore_tables(path: Path, manifest: dict, kv: Any, damaged: Any) -> None:
         e["_key"] = key
         d = e["decl"]
         if kv.is_row_sparse(key):
-            have = table_declaration(kv.table(key))
-            differ = [k for k in ("rows", "cols", "dtype", "scale", "seed") if have[k] != d[k]]
+            differ = declaration_differs(d, table_declaration(kv.table(key)), "this job has")
             if differ:
                 raise CheckpointError(
-                    f"{path}: table {key!r} was declared with "
-                    + ", ".join(f"{k}={d[k]!r}" for k in differ)
-                    + " at the checkpoint, this job has "
-                    + ", ".join(f"{k}={have[k]!r}" for k in differ)
-                    + "; declare it as the checkpoint's job did"
+                    f"{path}: table {key!r} was declared at the checkpoint with {differ}; "
+                    "declare it as the checkpoint's job did"
                 )
             continue
         opt = None

@@ -253,20 +253,23 @@ def allreduce_(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     return tensor
 
 
-def push_pull_async(
-    tensor: torch.Tensor,
+def byteps_args(
     average: bool = True,
     name: str | None = None,
     version: int = 0,
     priority: int = 0,
     compression: Any = Compression.none,
     kvstore: Any = None,
-) -> Handle:
+) -> dict[str, Any]:
+    """BytePS's arguments of a push_pull as :func:`allreduce_async` takes them (``version``
+    and ``priority`` are accepted and not needed)."""
+    return {"average": average, "name": name, "compression": compression, "kvstore": kvstore}
+
+
+def push_pull_async(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:
     """BytePS's ``push_pull_async``: the mean (or sum, ``average=False``) of ``tensor`` over
-    the workers, written into ``tensor`` by :func:`synchronize`."""
-    handle = allreduce_async(
-        tensor, average=average, name=name, compression=compression, kvstore=kvstore
-    )
+    the workers, written into ``tensor`` by :func:`synchronize` (:func:`byteps_args`)."""
+    handle = allreduce_async(tensor, **byteps_args(*args, **kwargs))
     inner = handle._finish
 
     def into_tensor(total: torch.Tensor) -> torch.Tensor:
@@ -278,18 +281,10 @@ def push_pull_async(
     return handle
 
 
-def push_pull(
-    tensor: torch.Tensor,
-    average: bool = True,
-    name: str | None = None,
-    version: int = 0,
-    priority: int = 0,
-    compression: Any = Compression.none,
-    kvstore: Any = None,
-) -> torch.Tensor:
+def push_pull(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """BytePS's ``push_pull``: the mean (or sum, ``average=False``) of ``tensor`` over the
-    workers, a new tensor (``version`` and ``priority`` are accepted and not needed)."""
-    return allreduce(tensor, average=average, name=name, compression=compression, kvstore=kvstore)
+    workers, a new tensor (:func:`byteps_args`)."""
+    return allreduce(tensor, **byteps_args(*args, **kwargs))
 
 
 def push_pull_inplace(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

@@ -21,13 +21,12 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from hetps.torch.collectives import Adasum, Average, Compression, Sum
+from hetps.torch.collectives import Adasum, Average, Compression
 from hetps.torch.optimizer import DistributedOptimizer as _Base
 
 __all__ = ["DistributedOptimizer"]
@@ -88,7 +87,6 @@ class DistributedOptimizer(_Base):
         self.backward_passes_per_step = backward_passes_per_step
         self.gradient_predivide_factor = factor
         self._passes: dict[str, int] = {}  # name -> backward passes since its last send
-        self._skip = False
         super().__init__(optimizer, named_parameters, kvstore, op, **kwargs)
 
     # -- Horovod's hooks: accumulate n passes, predivide ---------------------------------------
@@ -138,25 +136,6 @@ class DistributedOptimizer(_Base):
                     if p.grad is not None:
                         p.grad.mul_(self.gradient_predivide_factor)
 
-    @contextlib.contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """``step()`` inside does not synchronize: :meth:`synchronize` ran before it (AMP:
-        ``synchronize()``, ``scaler.unscale_(opt)``, then ``scaler.step(opt)`` in here)."""
-        self._skip = True
-        try:
-            yield
-        finally:
-            self._skip = False
-
-    def step(self, closure: Any = None) -> Any:
-        """Wait for the reductions (unless :meth:`synchronize` ran), then step."""
-        if self._skip and not self._synced:
-            raise RuntimeError(
-                "step() inside skip_synchronize() needs optimizer.synchronize() first "
-                "(after backward, before scaler.unscale_(optimizer))"
-            )
-        return super().step(closure)
-
     # -- what a torch optimizer also has ---------------------------------------------------
     def state_dict(self) -> dict:
         """The wrapped optimizer's state (for a checkpoint)."""
@@ -179,7 +158,3 @@ class DistributedOptimizer(_Base):
     def defaults(self) -> dict:
         """The wrapped optimizer's defaults."""
         return self.optimizer.defaults if self.optimizer is not None else {}
-
-
-#: the reduction ops, for ``op=`` (re-exported by hetps.torch)
-OPS = (Average, Sum)

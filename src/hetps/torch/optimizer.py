@@ -1,42 +1,16 @@
 """``DistributedOptimizer``: wrap a torch optimizer so gradients go through the KVStore.
 
 The Horovod/BytePS contract: a post-accumulate-grad hook on every parameter starts a
-non-blocking push (and the matching pull) as soon as that parameter's gradient is ready, while
-backward is still running; ``step()`` waits for them and applies the result;
-``synchronize()`` does the waiting alone, so gradients can be clipped before ``step()``.
+non-blocking push (and the matching pull) as soon as its gradient is ready, while backward
+runs; ``step()`` waits for them and applies the result; ``synchronize()`` does the waiting
+alone (to clip, or for AMP with :meth:`~DistributedOptimizer.skip_synchronize`). Where the
+update runs (``update_on`` ``"worker"``, ``"server"`` or ``"sum"``) is README.md's
+"Training"; parameters are keyed by name in the order given, rank 0's weights broadcast.
+Tensor fusion is :mod:`hetps.torch.fusion`, ``overlap_forward`` :mod:`hetps.torch.overlap`.
 
-Two places to update:
-
-* ``update_on="worker"`` (default): servers sum the gradients (``dist_sync`` with no server
-  optimizer), every worker pulls the sum, divides by the number of workers for
-  ``op="average"`` and steps the wrapped optimizer locally (SSGD).
-* ``update_on="server"``: a :mod:`hetps.optim` optimizer runs on the servers; workers push
-  gradients and pull the new weights (``dist_async`` gives ASGD, with ``optim.DCASGD``
-  DC-ASGD). The wrapped torch optimizer may be None then.
-* ``update_on="sum"``: servers that only sum (BytePS's Summation Service); every worker runs
-  ``server_optimizer`` on the pulled sum itself (:mod:`hetps.torch.summation`), with the
-  weights a server-side run gives, bit for bit. The wrapped torch optimizer is None.
-
-Parameters are keyed by name in the order given (the same on every worker), and the initial
-weights are broadcast from rank 0.
-
-Tensor fusion (small gradients travel together, groups re-made at backward's pace) is
-described in :mod:`hetps.torch.fusion`; the launcher thread in :mod:`hetps.torch.launching`.
-
-AMP's ``GradScaler`` (``update_on="worker"``): ``scaler.step(opt)`` synchronizes before it
-unscales, so it unscales the reduced sum and every worker skips a step whose sum overflowed;
-or, as Horovod documents, ``opt.synchronize(); scaler.unscale_(opt); clip...; with
-opt.skip_synchronize(): scaler.step(opt)``.
-
-``overlap_forward=True`` (``update_on="server"`` or ``"sum"``, with ``model``): ``step()``
-returns without waiting for the pulls; each module's forward waits for its own parameters'
-(:mod:`hetps.torch.overlap` says what waits and what the user must call).
-
-``extra``: a small tensor (e.g. a "stop after this step?" flag) that travels inside the
-first parameters' fused group and comes back summed over the workers after
-:meth:`synchronize`, so it costs no request of its own. Set it before backward (the group
-may leave from a hook); ``extra_rides`` says whether it
-could (a fused group of its dtype), otherwise the caller must exchange it itself.
+``extra``: a small tensor (e.g. a "stop after this step?" flag) that rides inside the first
+parameters' fused group and comes back summed after :meth:`synchronize`, at no request of
+its own; set it before backward (``extra_rides`` says whether it could ride).
 """
 
 from __future__ import annotations

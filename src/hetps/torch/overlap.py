@@ -1,40 +1,16 @@
 """The next forward pass overlaps the pulls: ``DistributedOptimizer(..., model=model,
-overlap_forward=True)`` (``update_on="server"`` or ``"sum"``).
+overlap_forward=True)`` (``update_on="server"`` or ``"sum"``; README.md says what a user sees).
 
-Without it, ``step()`` waits for every parameter's new weights before it returns. With it,
-``step()`` launches whatever is still to go and returns; the pulls go on while the next
-forward pass runs. Under ``update_on="sum"`` the wait also runs this worker's update of
-those parameters with the pulled sum (the same update ``step()`` runs otherwise, so the same
-weights); ``p.grad`` then keeps this worker's own gradient, not the sum. A forward pre-hook on every module of ``model`` that holds parameters
-waits for that module's own parameters (``module.parameters(recurse=False)``) before the
-module runs, and only for them: the first layers, whose answers are asked first (priority),
-run while the last layers' answers are still on their way (BytePS's "cross-barrier"). On a
-CUDA parameter the wait is the host waiting for the answer to be in host memory; its copy to
-the device is queued on a side stream that the current stream waits for (the host does not
-wait for the copy).
-
-What waits for the outstanding pulls, so that it sees the new weights:
-
-* a module's forward (its own parameters), also under ``torch.no_grad()`` (evaluation);
-* :meth:`~hetps.torch.optimizer.DistributedOptimizer.synchronize` and the next ``step()``
-  (all of them), ``close()`` (all of them), ``broadcast_parameters()`` (all of them);
-* ``state_dict()`` and ``load_state_dict()`` of any module of ``model`` (all of them: a
-  checkpoint holds the new weights, and a loaded one is not overwritten by a late answer).
-
-What the user must do: read or write a parameter outside these (``p.data`` by hand, a
-parent module's forward that reads a child's weight directly, ``module.forward(x)`` called
-instead of ``module(x)``) only after ``opt.synchronize()``. A parameter that gets a gradient
-in the next backward although no pre-hook waited for it was read outside its module's
-forward: the backward raises ``RuntimeError`` naming it, rather than train on a weight that
-may be the old one. A pull that failed raises at every later wait point that covers its
-parameter (its weight is stale): make a new optimizer (its broadcast fetches the servers'
-weights).
-
-Not under CUDA graphs or ``torch.compile``: the hooks would be captured or traced once and
-not wait at replay; both are refused with an error naming the way out.
-
-``zero_grad()`` does not wait: the pulls write weights, not gradients, and ``step()`` has
-launched every push (each push captured its gradient) before it returns.
+``step()`` launches what is still to go and returns; a forward pre-hook on every module that
+holds parameters waits for that module's own parameters only (BytePS's "cross-barrier"); on
+CUDA the copy to the device is ordered on a side stream, not waited for. Under ``"sum"`` the
+wait also runs this worker's update with the pulled sum. ``synchronize()``, the next
+``step()``, ``close()``, ``broadcast_parameters()`` and any module's ``state_dict()`` /
+``load_state_dict()`` wait for all of them. A parameter read outside its module's forward
+(``p.data`` by hand, a parent reading a child's weight) needs ``opt.synchronize()`` first; a
+gradient of one no hook waited for raises in the backward, naming it, and a failed pull
+raises at every later wait that covers it. CUDA graphs and ``torch.compile`` are refused
+(their hooks would not wait at replay); ``zero_grad()`` does not wait.
 """
 
 from __future__ import annotations

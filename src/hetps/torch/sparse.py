@@ -194,19 +194,30 @@ def _np_dtype(module: torch.nn.Module) -> np.dtype:
 
 def table_optimizer(optimizer: Any, kv: Any, op: str) -> optim.Optimizer:
     """The servers' lazy rule for the embedding tables when the dense parameters step on the
-    workers: the wrapped ``torch.optim.SGD``'s learning rate, momentum and weight decay
-    (averaged over the workers with ``op="average"``). Other torch optimizers need an explicit
+    workers: the wrapped ``torch.optim.SGD``'s (:func:`servers_sgd`), averaged over the
+    workers with ``op="average"``. Other torch optimizers need an explicit
     ``sparse_optimizer``."""
-    if not isinstance(optimizer, torch.optim.SGD) or len(optimizer.param_groups) != 1:
-        raise ValueError(
-            "embedding tables are updated on the servers: pass sparse_optimizer= (a "
-            "hetps.optim SGD, Adam or AdaGrad) unless the wrapped optimizer is a "
-            "torch.optim.SGD with one parameter group"
-        )
-    g = optimizer.param_groups[0]
-    if g.get("nesterov") or g.get("dampening"):
-        raise ValueError("sparse_optimizer: give one explicitly for nesterov or dampening")
     W = kv.num_workers if op == "average" else 1
+    return servers_sgd(
+        optimizer, "embedding tables are updated on the servers", "sparse_optimizer", 1 / W
+    )
+
+
+def servers_sgd(opt: Any, what: str, arg: str, rescale_grad: float = 1.0) -> optim.SGD:
+    """The servers' SGD with the learning rate, momentum and weight decay of ``opt``, a
+    ``torch.optim.SGD`` of one parameter group; anything else is refused, naming ``arg``
+    (the argument that gives the servers' optimizer) as the fix after ``what``."""
+    if not isinstance(opt, torch.optim.SGD) or len(opt.param_groups) != 1:
+        raise ValueError(
+            f"{what}: pass {arg}= (a hetps.optim optimizer) unless "
+            "the torch optimizer is one torch.optim.SGD with one parameter group"
+        )
+    g = opt.param_groups[0]
+    if g.get("nesterov") or g.get("dampening"):
+        raise ValueError(f"{arg}: give one explicitly for nesterov or dampening")
     return optim.SGD(
-        learning_rate=g["lr"], momentum=g["momentum"], wd=g["weight_decay"], rescale_grad=1 / W
+        learning_rate=g["lr"],
+        momentum=g["momentum"],
+        wd=g["weight_decay"],
+        rescale_grad=rescale_grad,
     )

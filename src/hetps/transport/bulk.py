@@ -1,48 +1,12 @@
 """Bulk channels: big array frames between secured nodes under AES-256-GCM on a plain connection.
 
-CurveZMQ encrypts every frame inside libzmq's I/O thread with xsalsa20-poly1305, about
-0.6 GB/s per connection on this project's machines: a 256 MB push spent most of its time
-there. With a cluster secret, a node therefore moves arrays of at least 64 KiB to a peer that
-is not on this machine (or has no shared-memory ring) over a second, plain ZeroMQ connection,
-each frame sealed with AES-256-GCM (OpenSSL through ``cryptography``: hardware AES, several
-GB/s per core, and it releases the GIL). The message itself (its header, with the commands,
-ids and array shapes) still goes over the CURVE connection, in order with everything else,
-and names the counters of its frames on the bulk connection, as a message names the places of
-its arrays in a shared-memory ring (transport/shm.py, codec's header field ``"m"``).
-
-Keys, one per direction of each pair of nodes, agreed over the authenticated CURVE connection:
-
-1. A receiver B, when it connects to a peer A, sends over that CURVE connection an offer
-   (:data:`BULK_OFFER`): a fresh random channel id (16 bytes), 32 random bytes ``kb`` and the
-   port of its bulk listener. Only A can read it.
-2. A's first big send to B sends, on its CURVE connection to B and before the message, a
-   hello (:data:`BULK_HELLO`) with the channel id and 32 random bytes ``ka`` of its own, and
-   connects a plain DEALER to B's bulk port; at its handshake (ZeroMQ's PLAIN, checked by
-   B's ZAP handler before a message is read) it shows the channel id and
-   ``HMAC-SHA256(kb, channel id)``, so a stranger is refused there. B knows the connection's
-   frames by the channel that handshake proved, not by a routing id the sender chose.
-3. Both derive ``key = HKDF-SHA256(kb || ka, salt from the cluster secret, channel id)``. B
-   accepts a hello only from the connection of the node it offered the channel to, and only
-   once per channel; an offer or a hello replayed from an old connection cannot be (CURVE's
-   boxes are bound to their session), and a fresh ``ka`` and ``kb`` make every key new.
-
-Each frame on the bulk connection is ``counter (8 bytes, big-endian) || AES-GCM(plaintext) ||
-tag (16 bytes)`` with nonce ``0^4 || counter`` and the channel id and counter as associated
-data. The sender's counter starts at 0 and only grows, so a nonce is never used twice under a
-key; the receiver refuses a counter at or below one it consumed (a replay), a frame whose
-tag does not verify (forged or tampered), a frame from a connection other than the channel's
-own, and takes for an array exactly the counters its header names (a frame cannot be moved to
-another message). Each refusal is counted and logged, a few lines per window; none stops the
-node, changes a value or blocks another peer.
-
-A *timed* message (``Message.timed``: its receiver times the link with it, network-aware
-balancing) sends a mark ahead of its arrays: an empty sealed frame with a counter of its own,
-named third in the header's ``"m"`` field. The receiver stamps the mark's arrival and the
-moment the message is whole (``Message.mark``): the span its bytes took on this connection,
-where a forecast on the CURVE connection would not queue behind them. A channel keeps at
-most :data:`~hetps.transport.bulk_in.MAX_MARKS` unread marks (the oldest go); a mark that
-never comes costs the message its timing, never its values. The receiving side, and how a message waits for
-its frames without holding up the receive thread, is in :mod:`hetps.transport.bulk_in`.
+With a cluster secret, arrays of at least 64 KiB to a peer without a shared-memory ring
+travel on a second, plain ZeroMQ connection, each frame ``counter || AES-GCM(plaintext) ||
+tag`` under a key per direction agreed over the CURVE connection (an offer, then a hello);
+the message's header stays on the CURVE connection and names its frames' counters, as it
+names ring places (codec's header field ``"m"``). A timed message sends a mark (an empty
+sealed frame) ahead of its arrays. docs/SECURITY.md, "Bulk channels", has the keys, the
+handshake and what is refused; the receiving side is :mod:`hetps.transport.bulk_in`.
 """
 
 from __future__ import annotations

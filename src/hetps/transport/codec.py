@@ -223,6 +223,7 @@ def decode(
     landing_of: Any = None,
     origin: Any = None,
     borrow: Any = (),
+    quick: bool = True,
 ) -> Message:
     """Decode and validate ``frames`` (header first). Raises :class:`BadMessage` on bad input.
 
@@ -241,104 +242,13 @@ def decode(
 
     A request whose command is in ``borrow`` gets its ring-borne arrays as read-only views of
     the ring, not copies: nothing is released to the sender then, and the message's ``lease``
-    names the ring; the caller commits it once nothing reads the views any more.
+    names the ring; the caller commits it once nothing reads the views any more. ``quick``
+    False: every message takes the full path, checked field by field (the tests compare).
     """
-    msg = _decode_plain(frames, max_bytes)
-    if msg is not None:
-        return msg
-    return _decode_checked(frames, max_bytes, rings, landing_of, origin, borrow)
-
-
-class Header(msgspec.Struct):
-    """The header as the common message's decode reads it: msgspec decodes the msgpack map
-    into these types in C (an int is never a bool, a field of the wrong type fails), faster
-    than msgpack's decode and a check of each field in Python (benchmarks/typed_messages.py).
-    Fields it does not name are ignored, as ``"s"`` from an older peer."""
-
-    v: int
-    c: str
-    r: int
-    p: bool
-    o: int = 0
-    t: float = 0.0
-    b: dict[str, Any] = {}
-    a: list[tuple[str, Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_DIMS)]]] = []
-    m: Any = None
-
-
-_HEADER = msgspec.msgpack.Decoder(Header)
-
-
-def _decode_plain(frames: list[Any], max_bytes: int) -> Message | None:
-    """The common message, quickly: the same checks as :func:`_decode_checked`, written for
-    speed (the header's types checked by msgspec, :class:`Header`), for a message with
-    nothing in a ring and every array non-empty in one frame. None for anything else, valid
-    or not: the full decode then takes it (and says what is wrong with it). Every check is
-    made on the header alone before an array is made, as there."""
-    if not frames:
-        return None
-    head = _buffer(frames[0])
-    size = len(head)
-    if size > MAX_HEADER_BYTES:
-        return None
-    try:
-        header = _HEADER.decode(head)
-    except Exception:  # noqa: BLE001 - the full decode says what is wrong
-        return None
-    cmd = header.c
-    specs = header.a
-    if (
-        header.v != VERSION
-        or header.m is not None
-        or not cmd
-        or len(cmd) > 64
-        or not (cmd.isascii() and cmd.isprintable())
-        or len(specs) != len(frames) - 1
-    ):
-        return None
-    layout = []
-    for dname, shape in specs:
-        dt = WIRE_DTYPES.get(dname)
-        if dt is None:
-            return None
-        count = 1
-        for d in shape:
-            count *= d
-        expected = count * dt.itemsize
-        if not count or expected > FRAME_MAX:
-            return None
-        size += expected
-        layout.append((dt, shape, expected))
-    if size > max_bytes:
-        return None
-    arrays = []
-    for i, (dt, shape, expected) in enumerate(layout):
-        buf = _buffer(frames[i + 1])
-        if len(buf) != expected:
-            return None
-        arr = np.frombuffer(buf, dtype=dt)
-        arrays.append(arr if len(shape) == 1 else arr.reshape(shape))
-    return Message(
-        cmd=cmd,
-        req=header.r,
-        reply=header.p,
-        priority=header.o,
-        body=header.b,
-        arrays=arrays,
-        sent_at=header.t,
-        nbytes=size,
-    )
-
-
-def _decode_checked(
-    frames: list[Any],
-    max_bytes: int,
-    rings: Any = None,
-    landing_of: Any = None,
-    origin: Any = None,
-    borrow: Any = (),
-) -> Message:
-    """:func:`decode` of any message, checked field by field (raises :class:`BadMessage`)."""
+    if quick:  # the common message, quickly (_decode_plain); anything else checked below
+        msg = _decode_plain(frames, max_bytes)
+        if msg is not None:
+            return msg
     if not frames:
         raise BadMessage("empty message")
     head = _buffer(frames[0])
@@ -427,6 +337,87 @@ def _decode_checked(
         nbytes=total,
         lease=ring if lent else None,
         mark=stamp,
+    )
+
+
+class Header(msgspec.Struct):
+    """The header as the common message's decode reads it: msgspec decodes the msgpack map
+    into these types in C (an int is never a bool, a field of the wrong type fails), faster
+    than msgpack's decode and a check of each field in Python (benchmarks/typed_messages.py).
+    Fields it does not name are ignored, as ``"s"`` from an older peer."""
+
+    v: int
+    c: str
+    r: int
+    p: bool
+    o: int = 0
+    t: float = 0.0
+    b: dict[str, Any] = {}
+    a: list[tuple[str, Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_DIMS)]]] = []
+    m: Any = None
+
+
+_HEADER = msgspec.msgpack.Decoder(Header)
+
+
+def _decode_plain(frames: list[Any], max_bytes: int) -> Message | None:
+    """The common message, quickly: the same checks as :func:`decode`'s full path, written for
+    speed (the header's types checked by msgspec, :class:`Header`), for a message with
+    nothing in a ring and every array non-empty in one frame. None for anything else, valid
+    or not: the full decode then takes it (and says what is wrong with it). Every check is
+    made on the header alone before an array is made, as there."""
+    if not frames:
+        return None
+    head = _buffer(frames[0])
+    size = len(head)
+    if size > MAX_HEADER_BYTES:
+        return None
+    try:
+        header = _HEADER.decode(head)
+    except Exception:  # noqa: BLE001 - the full decode says what is wrong
+        return None
+    cmd = header.c
+    specs = header.a
+    if (
+        header.v != VERSION
+        or header.m is not None
+        or not cmd
+        or len(cmd) > 64
+        or not (cmd.isascii() and cmd.isprintable())
+        or len(specs) != len(frames) - 1
+    ):
+        return None
+    layout = []
+    for dname, shape in specs:
+        dt = WIRE_DTYPES.get(dname)
+        if dt is None:
+            return None
+        count = 1
+        for d in shape:
+            count *= d
+        expected = count * dt.itemsize
+        if not count or expected > FRAME_MAX:
+            return None
+        size += expected
+        layout.append((dt, shape, expected))
+    if size > max_bytes:
+        return None
+    arrays = []
+    for i, (dt, shape, expected) in enumerate(layout):
+        buf = _buffer(frames[i + 1])
+        if len(buf) != expected:
+            return None
+        arr = np.frombuffer(buf, dtype=dt)
+        arrays.append(arr if len(shape) == 1 else arr.reshape(shape))
+    return Message(
+        cmd=cmd,
+        req=header.r,
+        reply=header.p,
+        priority=header.o,
+        body=header.b,
+        arrays=arrays,
+        sent_at=header.t,
+        nbytes=size,
     )
 
 

@@ -1,23 +1,11 @@
 """glibc's malloc set for message buffers (``HETPS_KEEP_BUFFERS``).
 
-A node allocates a buffer for every big frame it receives (ZeroMQ's I/O thread, one per
-message; the bulk channels and the codec, one per array) and frees it when the message is
-handled. glibc serves blocks of more than its mmap threshold (128 KiB at first) with a fresh
-mmap, returned to the kernel on free, and trims the heap's free top back to the kernel: so a
-16 MiB frame costs 4,096 page faults, each clearing a page, every time one comes. On this
-project's 2-core machines that was a third of a secured 16 MB round's CPU (perf, a 2-worker
-2-server round with shared memory off), more than the cipher's.
-
-:func:`keep_buffers` raises the mmap threshold to glibc's largest (32 MiB on 64-bit: every
-bulk frame and ZeroMQ frame, at most 16 MiB, comes from the heap) and keeps up to
-:data:`TRIM_THRESHOLD` of freed heap top in the process. The pages a round used are used by
-the next one again, already mapped. A process's resident memory then stays at its peak
-instead of shrinking between rounds. Arrays above 32 MiB still get their own mmap.
-
-Only glibc has ``mallopt`` with these parameters; elsewhere (musl, macOS) nothing changes.
-A process whose environment sets any of glibc's own malloc variables (``MALLOC_*``, such as
-``MALLOC_ARENA_MAX`` set to keep memory down, or a ``glibc.malloc`` tunable) keeps malloc as
-it is.
+glibc serves a block above its mmap threshold (128 KiB at first) with a fresh mmap, so each
+16 MiB frame received costs 4,096 page faults. :func:`keep_buffers` raises the threshold to
+32 MiB and keeps up to :data:`TRIM_THRESHOLD` of freed heap, so a round reuses the pages of
+the one before (resident memory stays at its peak; docs/PERFORMANCE.md has the gain). Only
+glibc changes, and not in a process whose environment sets glibc's own ``MALLOC_*`` or
+``glibc.malloc`` tunables.
 """
 
 from __future__ import annotations

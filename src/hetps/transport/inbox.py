@@ -160,7 +160,7 @@ class Inbox:
             return
         now = time.time()
         msg.backlogged = waited
-        van.counters.on_recv(msg.sender, msg.nbytes, now)
+        van.counters.count(msg.sender, msg.nbytes, sent=False)
         if van.observer is not None:
             van.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
         if van.verbose >= 2:

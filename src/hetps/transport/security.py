@@ -1,22 +1,12 @@
 """CurveZMQ for a cluster that holds a secret: keys, the ZAP handler, handshake monitoring.
 
-One CURVE keypair per job, derived from the cluster secret with HKDF-SHA256 (RFC 5869): the
-32 output bytes are the CURVE secret key, its public key follows (``zmq.curve_public``). Every
-holder of the secret derives the same pair, so every node is both a CURVE server (its ROUTER)
-and a CURVE client (its DEALERs) with it, and nothing about the keys is ever sent.
-
-A peer that does not hold the secret cannot connect:
-
-* it does not know the server's public key, which a client needs to open the handshake (the
-  server cannot read its HELLO);
-* the ZAP handler (:class:`ZapHandler`, bound in the van's context before the ROUTER listens)
-  accepts only the job's own public key as the client's, so a client must also prove it holds
-  the job's secret key (CURVE's INITIATE box);
-* a client speaking plain ZeroMQ (the NULL mechanism) is refused for the mismatch.
-
-All of this happens in libzmq's handshake, before any message of the peer is read. Each
-refused handshake the ZAP handler sees is counted and logged, a few lines per window at most
-(:class:`hetps.transport.handshakes.RefusalLog`).
+One CURVE keypair per job, derived from the secret with HKDF-SHA256 (every holder derives the
+same; nothing about the keys is sent): every node is a CURVE server (its ROUTER) and client
+(its DEALERs) with it, and the ZAP handler (:class:`ZapHandler`) accepts only the job's own
+public key as a client's. A peer without the secret fails inside libzmq's handshake, before
+any message of it is read; each refusal is counted and logged a few lines per window
+(:class:`hetps.transport.handshakes.RefusalLog`). docs/SECURITY.md, "Authenticated,
+encrypted connections", has the derivation and what each peer sees.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """Shared-memory rings: big array frames between two processes on one machine.
 
-Over TCP loopback a 4 MiB frame is copied four times on its way (into the kernel and out,
-on both sides, plus ZeroMQ's own buffer) and costs ~5x a plain ``memcpy`` of the same bytes
-(see docs/ARCHITECTURE.md, "Same-machine peers"). BytePS moves the gradients of co-located
-processes through shared memory for this reason; so does hetps.
-
-One :class:`OutRing` per directed (sender -> receiver) pair, created by the sender under
-``/dev/shm``. Frames are written at increasing byte counters ``pos`` (a frame never straddles
-the end; the counter skips to the next lap instead); the message that carries them over
-ZeroMQ holds only the counters. The receiver copies each frame out when it decodes the message
-(or reads it in place until its handler is done: ``take(view=True)``, a server's pushes) and
-publishes how far it has consumed (``tail``) in the ring's header, which is all the sender
-needs to reuse the space. ZeroMQ keeps one connection's messages in order, so the
-receiver consumes frames in the order they were written.
-
-Nothing depends on the ring working: the sender offers the ring in an ordinary message and
-keeps sending frames inline until the receiver has marked the ring open in its header (a
-receiver on another machine never does), and any frame that does not fit because the ring
-is full also goes inline. The name is unlinked as soon as the receiver opened it, so a
-crash afterwards leaves nothing in ``/dev/shm``; names of creators that died before that are
-swept when the next ring is made.
-
-Who may use a ring: the file is created ``O_EXCL`` with mode 0600 under a name holding 128
-random bits (nobody can guess it or create it first), and it is offered only over the
-connection to the receiver, which opens only a regular file of its own user with no access
-for anybody else (``O_NOFOLLOW``: never a link planted in ``/dev/shm``), offered by a peer it
-knows (transport/van.py), and accepts its frames only from that same connection.
+One :class:`OutRing` per directed (sender -> receiver) pair, made by the sender under
+``/dev/shm``; frames are written at increasing byte counters (a frame never straddles the
+end), the message over ZeroMQ holds only the counters, and the receiver publishes how far it
+consumed (``tail``) in the ring's header. Nothing depends on the ring: frames go inline until
+the receiver marked it open, and whenever it is full. docs/ARCHITECTURE.md, "Same-machine
+peers", has the design; docs/SECURITY.md who may use a ring (``O_EXCL``, mode 0600, 128
+random bits, offered and read on one connection only, ``O_NOFOLLOW``).
 """
 
 from __future__ import annotations
@@ -37,6 +18,7 @@ import re
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -86,38 +68,43 @@ def _span(n: int) -> int:
 
 def sweep_stale(directory: str = SHM_DIR) -> int:
     """Unlink ring files whose creating process no longer exists; returns how many."""
+    return sweep(directory, _SWEPT_RE, lambda path, m: not alive(int(m.group(1))))
+
+
+def sweep(directory: str, pattern: re.Pattern, gone: Callable[[str, re.Match], bool]) -> int:
+    """Unlink the files of ``directory`` named by ``pattern`` that are older than a minute
+    and whose users are ``gone(path, match)`` (an OSError there: kept); how many went.
+
+    A name lives only until its users opened it: an older one is left over, but a young one
+    may belong to a process this one cannot see (another PID namespace sharing /dev/shm)."""
     removed = 0
     try:
         names = os.listdir(directory)
     except OSError:
         return 0
     for name in names:
-        m = _SWEPT_RE.match(name)
-        if m is None:
-            continue
+        m = pattern.match(name)
         path = os.path.join(directory, name)
         try:
-            # a name lives only until its receiver opens it (milliseconds): one that is
-            # older is left over, but a young one may belong to a creator this process
-            # cannot see (another PID namespace sharing /dev/shm)
-            if time.time() - os.stat(path).st_mtime < STALE_AGE_S:
+            if m is None or time.time() - os.lstat(path).st_mtime < STALE_AGE_S:
                 continue
-        except OSError:
+            if gone(path, m):
+                os.unlink(path)
+                removed += 1
+        except (OSError, ValueError, IndexError):
             continue
-        pid = int(m.group(1))
-        try:
-            os.kill(pid, 0)
-            continue  # alive (or not ours to signal: leave it)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
     return removed
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one not ours to signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 class OutRing:

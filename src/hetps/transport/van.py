@@ -413,7 +413,7 @@ class Van:
                     bulk.discard()
         now = time.time()
         if isinstance(peer, int):
-            self.counters.on_send(peer, msg.nbytes, now)
+            self.counters.count(peer, msg.nbytes, sent=True)
         if self.observer is not None:
             self.observer("send", peer, msg.cmd, msg.nbytes, now)
         if self.verbose >= 2:
