@@ -17,6 +17,7 @@ def test_local_semantics():
     out = [np.zeros(3, np.float32), np.zeros(3, np.float32)]
     kv.pull(1, out=out)
     assert (out[0] == 3).all() and (out[1] == 3).all()
+    kv.pull(1, out=out[0], ignore_sparse=False)  # MXNet's signature
     kv.set_optimizer(optim.SGD(learning_rate=0.5))
     kv.pushpull("b", np.ones((2, 2)), out=(o := np.zeros((2, 2))))
     assert (o == -0.5).all()
@@ -47,3 +48,14 @@ def test_local_compression_and_states(tmp_path):
     kv2 = hetps.kv.create("local")
     kv2.load_optimizer_states(str(tmp_path / "s"))
     assert set(kv2.states) == {0}
+
+
+def test_pull_takes_mxnets_arguments():
+    """A script written for MXNet passes ``ignore_sparse``; both stores take it."""
+    import inspect
+
+    from hetps.kvstore.client import DistKVStore
+    from hetps.kvstore.local import LocalKVStore
+
+    for store in (DistKVStore, LocalKVStore):
+        assert "ignore_sparse" in inspect.signature(store.pull).parameters, store

@@ -336,9 +336,17 @@ class DistKVStore:
             self.hostagg.settle(k)
         return self._finish_call(futs, block, "push")
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True) -> Any:
+    def pull(
+        self,
+        key: Any,
+        out: Any = None,
+        priority: int = 0,
+        block: bool = True,
+        ignore_sparse: bool = True,
+    ) -> Any:
         """Pull keys into ``out`` (in place; a list of outs each gets the value). With no
-        ``out``, blocking calls return new arrays. Non-blocking calls return a Handle."""
+        ``out``, blocking calls return new arrays. Non-blocking calls return a Handle.
+        ``ignore_sparse`` is MXNet's and taken as it is (tables answer ``row_sparse_pull``)."""
         self.node.check()
         self.end_push_run()
         keys, is_list = normalize_keys(key)

@@ -107,7 +107,14 @@ class LocalKVStore(LocalSparse):
                     self.states[k] = self.optimizer.create_state(k, stored)
                 self.optimizer.apply_update(k, stored, np.asarray(arr), self.states[k], sender=0)
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0, block: bool = True) -> Any:
+    def pull(
+        self,
+        key: Any,
+        out: Any = None,
+        priority: int = 0,
+        block: bool = True,
+        ignore_sparse: bool = True,
+    ) -> Any:
         """Copy values into ``out`` (or return copies)."""
         keys, is_list = normalize_keys(key)
         results = []
