@@ -158,36 +158,3 @@ def test_lazy_adam_is_dense_adam_where_every_row_is_touched_and_differs_where_no
     np.testing.assert_allclose(lazy_w[:2], dense_w[:2], rtol=1e-6, atol=1e-7)
     assert np.array_equal(lazy_w[2:], before[2:])  # lazy: untouched rows stay
     assert not np.allclose(dense_w[2:], before[2:], rtol=0, atol=1e-6)  # dense: they move
-
-
-@pytest.mark.parametrize(
-    "opt",
-    [
-        Adam(learning_rate=0.01, wd=0.02, rescale_grad=2.0, clip_gradient=1.5),
-        AdaGrad(learning_rate=0.1, rescale_grad=0.5, clip_gradient=0.8),
-    ],
-)
-def test_a_round_of_many_rows_updated_block_by_block_is_the_whole_update(monkeypatch, opt):
-    """Adam and AdaGrad update a round's rows block by block (UPDATE_BLOCK_BYTES): every
-    weight and state value is the one-pass update's, bit for bit, and Adam's step counts
-    once per round, over rounds."""
-    from hetps.tables import lazy
-
-    rng = np.random.default_rng(9)
-    w0 = rng.standard_normal((400, 8)).astype(np.float32)
-    rounds = [
-        (np.sort(rng.choice(400, 150, replace=False)), rng.standard_normal((150, 8)))
-        for _ in range(3)
-    ]
-    got = []
-    for block_bytes in (1 << 40, 7 * 8 * 4):  # one pass; blocks of 7 rows (the last short)
-        monkeypatch.setattr(lazy, "UPDATE_BLOCK_BYTES", block_bytes)
-        w = w0.copy()
-        st = create_table_state(opt, 400, 8, np.float32)
-        for rows, grad in rounds:
-            update_rows(opt, "k", w, rows, grad.astype(np.float32), st)
-        got.append((w, st))
-    (w1, st1), (w2, st2) = got
-    assert np.array_equal(w1, w2) and not np.array_equal(w1, w0)
-    for k, v in st1.items():
-        assert np.array_equal(v, st2[k]) if isinstance(v, np.ndarray) else v == st2[k] == 3

@@ -54,11 +54,6 @@ __all__ = [
 ]
 
 
-#: bytes of rows :func:`update_rows` updates at once with Adam or AdaGrad (their several
-#: temporaries of that size stay in the cache)
-UPDATE_BLOCK_BYTES = 128 << 10
-
-
 class LazyUnsupported(TypeError):
     """The optimizer has no row-sparse (lazy) rule."""
 
@@ -163,14 +158,6 @@ def update_rows(
     if isinstance(opt, Adam) and count:
         state["t"] += 1
     if rows.size == 0:
-        return
-    block = max(1, UPDATE_BLOCK_BYTES // (weight.shape[1] * dt.itemsize))
-    if rows.size > block and isinstance(opt, (Adam, AdaGrad)):
-        # block by block (the same values): their temporaries stay in the cache and the
-        # allocator's reused memory, 2-6x faster than whole rounds of thousands of rows
-        for a in range(0, rows.size, block):
-            b = a + block
-            update_rows(opt, key, weight, rows[a:b], grad[a:b], state, count=False)
         return
     w = take_rows(weight, rows)
     if isinstance(opt, SGD):
