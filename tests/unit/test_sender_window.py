@@ -270,7 +270,7 @@ def test_a_parked_request_waits_for_a_drain_and_wakes_no_thread(monkeypatch):
     from hetps.kvstore import sender as sender_mod
     from hetps.transport.codec import Message as _Message
 
-    monkeypatch.setattr(sender_mod, "PARK_S", 0.5)  # (long: the test drains well before it)
+    monkeypatch.setattr(sender_mod, "PARK_S", 5.0)  # (long: the test drains well before it)
     monkeypatch.setattr(sender_mod, "IDLE_S", 60.0)
     notified = count_notifies(monkeypatch)
     me = threading.get_ident()
