@@ -340,3 +340,37 @@ def test_a_round_push_and_pull_travel_together(cluster):
         sent, recv, merged = (int(x) for x in words[-3:])
         assert merged > 0 and sent <= 0.75 * alone, out
         assert recv <= 0.75 * alone, out
+
+
+LONE_PUSH = """
+from hetps import optim
+from hetps.tables.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+r, W = kv.rank, kv.num_workers
+kv.set_optimizer(optim.SGD(learning_rate=0.5))
+kv.init('t', Table(20, 2))
+kv.barrier()
+ref = np.zeros((20, 2), np.float32)
+rng = np.random.default_rng(7)                     # the same draws on every worker
+for rnd in range(3):                               # pushes with no pull after them: parked,
+    ids = [np.sort(rng.choice(20, 4, replace=False)) for _ in range(W)]
+    grads = [rng.standard_normal((4, 2)).astype(np.float32) for _ in range(W)]
+    kv.push('t', (ids[r], grads[r])).wait()        # nothing drains: the sender thread sends
+    for w in range(W):
+        np.add.at(ref, ids[w], -0.5 * grads[w])
+every = kv.row_sparse_pull('t', row_ids=np.arange(20)).data
+assert np.allclose(every, ref, atol=1e-6), np.abs(every - ref).max()
+print('LONE-PUSH', r, every.tolist(), flush=True)
+"""
+
+
+def test_a_table_push_with_no_pull_after_it_still_leaves(cluster):
+    """A table's push waits for the pull after it to carry it; with none, the worker's
+    sender thread sends it (else every worker's round waits forever): every row of the
+    table, on both workers, is the servers' SGD over the 3 rounds of lone pushes."""
+    rc, out = cluster(LONE_PUSH, workers=2, servers=2, env={"HETPS_REQUEST_TIMEOUT": "20"})
+    assert rc == 0, out
+    rows = [
+        ln.split("LONE-PUSH ")[1].split(" ", 1)[1] for ln in out.splitlines() if "LONE-PUSH" in ln
+    ]
+    assert len(rows) == 2 and rows[0] == rows[1], out

@@ -249,3 +249,67 @@ def test_a_caller_that_drains_sends_what_waits_in_one_message(monkeypatch):
         assert notified == [] and sender.merged == 2
     finally:
         sender.close()
+
+
+def looks(sender: Sender, untimed: bool) -> bool:
+    """Whether the sender thread went to its untimed sleep (``untimed``) or out of it within
+    5 s (lock held; it is given up while waiting)."""
+    for _ in range(500):
+        if sender._untimed == untimed:
+            return True
+        sender._cv.wait(0.01)
+    return False
+
+
+def test_a_parked_request_waits_for_a_drain_and_wakes_no_thread(monkeypatch):
+    """A parked op (a table's push) does not wake the sender thread while it looks every
+    PARK_S; the caller's drain sends it merged with its own request, and the sender thread,
+    waking on its own meanwhile, sends nothing of it."""
+    import time as _time
+
+    from hetps.kvstore import sender as sender_mod
+    from hetps.transport.codec import Message as _Message
+
+    monkeypatch.setattr(sender_mod, "PARK_S", 5.0)  # (long: the test drains well before it)
+    monkeypatch.setattr(sender_mod, "IDLE_S", 60.0)
+    notified = count_notifies(monkeypatch)
+    me = threading.get_ident()
+    batches: list[tuple[list[int], int]] = []
+    sender = Sender(
+        0, lambda server, futs, msgs: batches.append(([m.req for m in msgs], threading.get_ident()))
+    )
+    try:
+        with sender._cv:  # parks came just now: the thread looks every PARK_S, not woken
+            sender._last_park = _time.monotonic()
+            sender._cv.notify()
+            assert looks(sender, untimed=False)
+        notified.clear()
+        msg = _Message("spush", req=1)
+        sender.submit("t", 0, None, merge=(0, [(None, msg)]), inline=False, park=True)
+        sender.submit("t2", 0, None, merge=(0, [(None, _Message("spull", req=2))]), later=True)
+        assert batches == [] and notified == []
+        sender.drain()
+        assert batches == [([1, 2], me)] and notified == []
+    finally:
+        sender.close()
+
+
+def test_a_parked_request_nobody_drains_leaves_within_park_s():
+    """With no drain after it, the sender thread sends a parked op once PARK_S passed, also
+    from its untimed sleep (the park wakes it then)."""
+    from hetps.transport.codec import Message as _Message
+
+    rec = Rec()
+    sender = Sender(0, send_batch=lambda server, futs, msgs: None)
+    try:
+        for n in range(3):
+            if n == 2:
+                sender._last_park -= 10  # (long since the last park: it sleeps untimed)
+                with sender._cv:
+                    assert looks(sender, untimed=True)
+            msg = _Message("spush", req=n)
+            merge = (0, [(None, msg)])
+            sender.submit(f"t{n}", 0, rec.op(f"b{n}"), merge=merge, inline=False, park=True)
+            assert rec.wait_for(n + 1)[-1] == f"b{n}"
+    finally:
+        sender.close()

@@ -293,12 +293,11 @@ class DistKVStore:
         hosted: list = []  # keys pushed through the host (block: waited for below)
         self._push_run += 1
         self.calls += 1
-        # (a table's push goes from the sender thread: the row_sparse_pull that follows it
-        # joins it in one message per server)
-        deferred = not block and (
-            max(self._push_run, self._last_push_run) > 1 or self.sparse.any_of(keys)
-        )
-        with staged_call(futs), self.pipeline.batched(deferred=deferred):
+        # (a table's push is parked: the row_sparse_pull that follows it sends it, merged in
+        # one message per server, or the sender thread does if no pull comes soon)
+        park = not block and self.sparse.any_of(keys)
+        deferred = park or (not block and max(self._push_run, self._last_push_run) > 1)
+        with staged_call(futs), self.pipeline.batched(deferred=deferred, park=park):
             for k, entry in zip(keys, entries, strict=False):
                 if k in self.sparse.tables:
                     futs += self.sparse.push_table(k, entry, priority, self.calls, self.copies)

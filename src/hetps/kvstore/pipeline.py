@@ -56,6 +56,7 @@ class Pipeline:
 
     def wait_outstanding(self) -> None:
         """Wait for every request in flight; raise the first error no call has raised yet."""
+        self.sender.drain()  # (parked requests go now, not after PARK_S)
         with self._out_lock:
             futs = [f for f in self._outstanding if not f.done() or f.unreported_error()]
             self._outstanding = []
@@ -139,10 +140,11 @@ class Pipeline:
         return getattr(self._tl, "items", None)
 
     @contextmanager
-    def batched(self, deferred: bool = False):
+    def batched(self, deferred: bool = False, park: bool = False):
         """Within: the small requests of the call go to each server as one message (a batch,
         :mod:`hetps.cluster.batch`) when the block ends, each request with its own id and
-        future, in order behind the earlier requests of its slices."""
+        future, in order behind the earlier requests of its slices (``deferred`` and
+        ``park``: as :meth:`flush`'s)."""
         if not self.batch_bytes or self.collecting() is not None:
             yield
             return
@@ -152,14 +154,16 @@ class Pipeline:
         finally:
             self._tl.items = None
             if items:
-                self.flush(items, deferred)
+                self.flush(items, deferred, park)
 
-    def flush(self, items: list, deferred: bool = False) -> None:
+    def flush(self, items: list, deferred: bool = False, park: bool = False) -> None:
         """Send the call's collected requests, one batch per server. ``deferred`` (a push,
         which returns at once): the sender thread sends them, so the pushes of the next
         calls (a per-key loop) join them in one message while it is busy; else this thread
         sends them, with the requests waiting before them when the sender thread is idle
-        (a table's pull joins the push before it)."""
+        (a table's pull joins the push before it). ``park`` (deferred, a table's push): they
+        wait for the next call's drain (its pull), the sender thread sends them only if none
+        came within :data:`~hetps.kvstore.sender.PARK_S`."""
         by_server: dict[int, list] = {}
         for item in items:
             by_server.setdefault(item[1], []).append(item)
@@ -180,6 +184,7 @@ class Pipeline:
                     merge=(peer, list(zip(futs, msgs, strict=True))),
                     inline=not deferred,
                     later=not deferred,
+                    park=deferred and park,
                 )
         if not deferred:  # (this thread sends what waits: no hand-off to the sender thread)
             self.sender.drain()

@@ -10,6 +10,12 @@ Batches: an op may carry requests to one server (``merge``: the server and its
 their slices. When the sender thread sends such an op (requests were waiting: the sender was
 busy), the other waiting ops of requests to that server that are first in line for each of
 their slices go in the same message (never a send held back to wait for more).
+
+Parked ops (``park``: a table's push, which the ``row_sparse_pull`` after it sends merged
+with its own requests, by :meth:`Sender.drain`) are queued without waking the sender
+thread; if no caller drains them within :data:`PARK_S` the sender thread sends them itself
+(while parks come, it looks every :data:`PARK_S`; it sleeps untimed, and a park wakes it,
+after :data:`IDLE_S` without one).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +32,11 @@ from hetps.cluster import protocol as P
 from hetps.cluster.batch import MAX_BATCH_BYTES, array_bytes
 
 log = logging.getLogger("hetps.worker")
+
+#: seconds a parked op waits for a caller's drain before the sender thread sends it
+PARK_S = 0.002
+#: seconds without a park after which the sender thread stops looking every PARK_S
+IDLE_S = 1.0
 
 
 @dataclass(order=True)
@@ -35,6 +47,7 @@ class _Op:
     send: Any = field(compare=False)
     cost: int = field(default=0, compare=False)  # bytes of push credit it needs
     merge: Any = field(default=None, compare=False)  # (server, [(future, message), ...])
+    parked: bool = field(default=False, compare=False)  # waits for a drain, PARK_S at most
 
 
 class Sender:
@@ -68,6 +81,10 @@ class Sender:
         self.merged = 0  # ops that went along with another (a statistic, for tests)
         self._inflight = 0
         self._credit: dict[int, tuple[int, Any]] = {}  # req -> (bytes, future)
+        self._parked = 0  # parked ops queued
+        self._park_due = 0.0  # when the oldest of them is sent by the sender thread
+        self._last_park = -IDLE_S  # when the last op was parked (monotonic)
+        self._untimed = False  # the sender thread sleeps until woken
         self._thread = threading.Thread(target=self._loop, name="hetps-sender", daemon=True)
         self._thread.start()
 
@@ -87,6 +104,7 @@ class Sender:
         inline: bool = True,
         detach: Any = None,
         later: bool = False,
+        park: bool = False,
     ) -> None:
         """Send ``send()`` for ``key`` (or for each of ``keys``) at ``priority`` (higher
         first): at once from the calling thread when nothing waits or is being sent (no
@@ -98,8 +116,11 @@ class Sender:
         (and no window) an op that cannot go at once is queued without waking the sender
         thread: the caller sends it, with what waits before it, by :meth:`drain`. ``detach()`` is
         called before the op is queued (not when it is sent at once): a request that reads
-        the caller's memory takes its own copy then, as it will be sent after the call."""
+        the caller's memory takes its own copy then, as it will be sent after the call.
+        ``park`` (no window; implies ``later``): nobody may drain it soon, so the sender
+        thread sends it after :data:`PARK_S` if no caller drained it by then."""
         cost = cost if self.window > 0 else 0
+        park = park and self.window == 0
         ks = tuple(dict.fromkeys(keys)) if keys is not None else (key,)
         if self.window > 0 or self.send_batch is None:
             merge = None
@@ -135,7 +156,16 @@ class Sender:
                 if self.window > 0 and cost == 0 and first:
                     heapq.heappush(self._free, op)
                 heapq.heappush(self._heap, op)
-                if not (later and self.window == 0):
+                if park:
+                    now = time.monotonic()
+                    op.parked = True
+                    if not self._parked:
+                        self._park_due = now + PARK_S
+                    self._parked += 1
+                    self._last_park = now
+                    if self._untimed:  # (it looks every PARK_S while parks come)
+                        self._cv.notify()
+                elif not (later and self.window == 0):
                     self._cv.notify()
         if inline:
             try:
@@ -199,6 +229,8 @@ class Sender:
 
     def _dequeue(self, op: _Op) -> None:
         """``op`` leaves its keys' queues (lock held); their next ops move up."""
+        if op.parked:
+            self._parked -= 1
         for k in op.keys:
             queue = self._first[k]
             queue.remove(op)
@@ -273,6 +305,11 @@ class Sender:
                 item = None
                 while not self._closed or self._heap:
                     if self._heap and not self._busy:
+                        if self._parked == len(self._heap) and not self._closed:
+                            left = self._park_due - time.monotonic()  # a drain may take them
+                            if left > 0:
+                                self._cv.wait(left)
+                                continue
                         item = self._take()
                         if item is not None:
                             break
@@ -285,8 +322,12 @@ class Sender:
                         self._cv.wait(0.05)
                     elif not self._heap and self._closed:
                         break
+                    elif time.monotonic() - self._last_park < IDLE_S:
+                        self._cv.wait(PARK_S)  # (parks come: a park does not wake it)
                     else:
+                        self._untimed = True
                         self._cv.wait()
+                        self._untimed = False
                 if item is None:
                     return
             self._send_op(*item)
