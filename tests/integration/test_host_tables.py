@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
-
 from conftest import run_cluster
 
 #: two hosts (groups 0, 1) of two workers; worker launch rank r is local rank r % 2
@@ -82,7 +80,9 @@ print('TABLES', json.dumps({'me': me, 'on': kv.hostagg is not None and 't' in
 
 
 def _records(out: str, tag: str) -> dict[int, dict]:
-    got = [json.loads(line.split(tag + " ", 1)[1]) for line in out.splitlines() if tag + " " in line]
+    got = [
+        json.loads(line.split(tag + " ", 1)[1]) for line in out.splitlines() if tag + " " in line
+    ]
     return {r["me"]: r for r in got}
 
 
