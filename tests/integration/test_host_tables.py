@@ -123,3 +123,80 @@ def test_merged_per_host_the_rows_equal_the_flat_jobs_and_a_host_sends_one_copy(
             assert want <= flat <= 1.05 * want, (host, r, flat, want)
             assert merged < 0.7 * flat, (host, r, merged, flat)
     assert _shm_left() <= before
+
+
+# Worker VICTIM (host group, local rank) kills itself before its push of round 2.
+KILL = """
+import json
+from hetps.tables.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+g, lr = kv.cfg.host_group, kv.cfg.local_rank
+me = 2 * g + lr
+kv.init('t', Table(8, 2))
+seen = []
+for r in range(5):
+    if r == 2 and (g, lr) == VICTIM:
+        os.kill(os.getpid(), signal.SIGKILL)
+    kv.push('t', (np.array([0, 4 + me]), np.full((2, 2), r + 1.0, np.float32)))
+    seen.append(kv.row_sparse_pull('t', row_ids=np.arange(8)).asnumpy()[:, 0].tolist())
+print('KILLED', json.dumps({'me': me, 'seen': seen}), flush=True)
+"""
+
+
+def _launch(tmp_path, elastic: int, victim: tuple[int, int]) -> tuple[int, str]:
+    import io
+    import sys
+    import textwrap
+
+    from conftest import PRELUDE, TEST_ENV
+    from hetps.launch.contract import LaunchSpec
+    from hetps.launch.local import Launcher
+
+    script = tmp_path / "kill_tables.py"
+    script.write_text(PRELUDE + f"VICTIM = {victim!r}\n" + textwrap.dedent(KILL))
+    out = io.StringIO()
+    spec = LaunchSpec(
+        num_workers=4,
+        num_servers=2,
+        command=[sys.executable, str(script)],
+        env=dict(TEST_ENV),
+        start_timeout=30.0,
+        failure_grace=5.0,
+        elastic_min=elastic,
+    )
+    spec.wrap = lambda role, rank, argv, env: (argv, {**env, **HOSTS.get((role, rank), {})})
+    launcher = Launcher(spec, out=out)
+    try:
+        code = launcher.run()
+    finally:
+        launcher.stop_all(kill=True)
+    return code, out.getvalue()
+
+
+def test_a_killed_local_worker_ends_the_job_naming_it(tmp_path):
+    before = _shm_left()
+    code, out = _launch(tmp_path, elastic=0, victim=(0, 1))
+    assert code == 137, out
+    assert "KILLED" not in out, out
+    # its host's other worker saw it die itself (waiting for its table push), and said which
+    assert "local rank 1 (pid " in out and " of host group 0 died" in out, out
+    assert _shm_left() <= before
+
+
+def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(tmp_path):
+    """Under --elastic the tables go per process (said once); every survivor reads every
+    row of every round: a row's round sum of the workers that pushed it."""
+    before = _shm_left()
+    code, out = _launch(tmp_path, elastic=3, victim=(1, 0))
+    assert code == 0, out
+    assert "row-sparse keys go per process under HETPS_ELASTIC" in out, out
+    recs = _records(out, "KILLED")
+    assert sorted(recs) == [0, 1, 3], out
+    for r in range(5):
+        live = [0, 1, 2, 3] if r < 2 else [0, 1, 3]
+        want = [len(live) * (r + 1.0), 0.0, 0.0, 0.0] + [
+            r + 1.0 if w in live else 2.0 for w in range(4)
+        ]
+        for me, rec in recs.items():
+            assert rec["seen"][r] == want, (me, r, rec["seen"][r], want)
+    assert _shm_left() <= before

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,7 @@ import numpy as np
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import Future
-from hetps.kvstore.hostshm import _PID, MAGIC, SHM_DIR, make, unlink
+from hetps.kvstore.hostshm import _PID, MAGIC, SHM_DIR, alive, make, unlink
 from hetps.kvstore.keys import KeyMeta
 from hetps.kvstore.placement import Part
 from hetps.tables.lazy import distinct, put_rows, sum_rows, take_rows
@@ -91,7 +92,10 @@ class HostTables:
             return
         S = tm.nparts
         w = max(1, (tm.table.rows or S) // S)  # (each server's share of rows: its load)
-        meta = KeyMeta((0,), np.dtype(tm.dtype), [Part(s, s, 0, w) for s in range(S)])
+        # a part per server, then one of no size per local rank: its "summed" counter is
+        # the last pull whose rows that local rank copied out
+        parts = [Part(s, s, 0, w) for s in range(S)] + [Part(0, 0, 0, 0)] * agg.size
+        meta = KeyMeta((0,), np.dtype(tm.dtype), parts)
         ht = self.tables[k] = HostTable(k, meta, tm)
         agg.release(ht.hkey)
         agg.create(ht.hkey, meta)
@@ -131,7 +135,9 @@ class HostTables:
                     if got.size == 0 or not (got[pos] == uniq[sel]).all():
                         raise ClusterError(f"host aggregation: table {k!r}: rows missing")
                     put_rows(rows, sel, take_rows(grows, pos))
-            self._clean(ht, self.agg.keys[ht.hkey])
+            hk = self.agg.keys[ht.hkey]
+            hk.head[self._read_slot(hk, ht, self.agg.local)] = e
+            self._clean(ht, hk)
 
         return finish
 
@@ -175,7 +181,10 @@ class HostTables:
                     self.agg.wait(ht.hkey, lambda s=s: s not in ht.asked, "row_sparse_pull")
 
     def _mine(self, ht: HostTable) -> list[int]:
-        return list(self.agg.keys[ht.hkey].mine)
+        return [s for s in self.agg.keys[ht.hkey].mine if s < ht.tm.nparts]
+
+    def _read_slot(self, hk: Any, ht: HostTable, r: int) -> int:
+        return self.agg._slot(hk, "summed", ht.tm.nparts + r)
 
     def _step(self, ht: HostTable, s: int, block: bool) -> bool:
         """Part ``s``'s next event: a pull's answer published, or the next event handled
@@ -305,11 +314,12 @@ class HostTables:
         agg = self.agg
         summed = agg._slot(hk, "summed", 0)
         handled = int(hk.head[summed : summed + ht.tm.nparts].min())
-        contrib = agg._slot(hk, "contrib", 0)
-        live = [int(hk.head[contrib + r]) for r in range(agg.size) if r not in agg.dead]
+        read = min(
+            int(hk.head[self._read_slot(hk, ht, r)]) for r in range(agg.size) if r not in agg.dead
+        )
         keep = []
         for name, e, kind in ht.files:
-            if (e <= handled) if kind != "rows" else (e < min(live)):
+            if e <= (handled if kind != "rows" else read):
                 unlink(name)
             else:
                 keep.append((name, e, kind))
@@ -321,8 +331,32 @@ class HostTables:
         ht.files = []
 
     def close(self) -> None:
-        """Unlink every file this worker still has."""
+        """Unlink this worker's files once the other live local ranks read them (a few
+        seconds at most), and those a dead local rank left of the last events."""
+        agg = self.agg
         for ht in self.tables.values():
+            hk = agg.keys.get(ht.hkey)
+            if hk is not None:
+                contrib = agg._slot(hk, "contrib", 0)
+                pids = [int(p) for p in hk.head[_PID : _PID + agg.size]]
+                end = time.monotonic() + 5.0
+                while time.monotonic() < end and any(
+                    e > hk.head[self._read_slot(hk, ht, r)] and pids[r] > 0 and alive(pids[r])
+                    for _, e, kind in ht.files
+                    if kind == "rows"
+                    for r in range(agg.size)
+                    if r != agg.local
+                ):
+                    time.sleep(0.005)
+                gone = [r for r in range(agg.size) if pids[r] <= 0 or not alive(pids[r])]
+                last = max(ht.events, int(hk.head[contrib : contrib + agg.size].max()))
+                for e in range(max(1, last - 3), last + 1):
+                    for r in gone:
+                        unlink(self._name(ht, "push", e, r))
+                        unlink(self._name(ht, "pull", e, r))
+                    for s in range(ht.tm.nparts):  # (the rows of a dead rank's parts)
+                        if hk.owner[s] in gone:
+                            unlink(self._name(ht, "rows", e, s))
             self._forget(ht)
 
 
