@@ -85,7 +85,7 @@ else:
         kv.pull('w', out=out)
         unit.append(2 * 4 * n)
 
-step(-1)                                         # warm-up round
+step(rounds)                                     # warm-up round
 kv.barrier()
 b0, v0, unit = nic(), van(), []
 times = []
@@ -192,6 +192,8 @@ def run_once(args, agg: bool, script: Path) -> dict:
     rounds = [max(r["times"][i] for r in recs) for i in range(args.rounds)]
     senders = hosts if agg else hosts * k  # pushes into the servers' host per round
     bound = 2 * senders * model * 8 / (args.rate * 1e6)  # its pushes in, then the pulls out
+    if args.table is not None:  # (a table's: what every worker's van moved, over the rate)
+        bound = sum(r["van"] for r in recs) / args.rounds * 8 / (args.rate * 1e6)
     med = statistics.median(rounds)
     return {
         "aggregation": agg,
@@ -257,7 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     summary["on_over_bound"] = statistics.median(r["round_over_bound"] for r in on)
     print(
         f"\n{args.hosts} hosts x {args.per_host} workers, {args.servers} servers, "
-        f"{args.mb:g} MB, {args.rate:g} Mbit/s, secured\n"
+        + (
+            f"{args.mb:g} MB"
+            if args.table is None
+            else f"a table of {args.table} columns, "
+            f"{args.ids} ids a worker, {args.share:g} of them its host's"
+        )
+        + f", {args.rate:g} Mbit/s, secured\n"
         f"round: on {summary['round_on_s']:.3f} s, off {summary['round_off_s']:.3f} s, "
         f"speedup x{summary['speedup']:.2f}; on / bound x{summary['on_over_bound']:.2f}\n"
         f"worker host bytes per round over one push + pull: on "
