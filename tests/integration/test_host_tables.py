@@ -59,13 +59,18 @@ for rnd in range(5):
     rows = kv.row_sparse_pull('t', row_ids=ids_of(rnd + 1, me))
     sent.append(sum(s for s, _ in kv.link_bytes().values()) - before)
     pulled.append(rows.data.tobytes().hex())
+# a round whose pull only local rank 0 makes (an evaluation), the others at the barrier
+ids = ids_of(5, me)
+kv.push('t', (ids, grad_of(5, me, ids.size)))
+if lr == 0:
+    pulled.append(kv.row_sparse_pull('t', row_ids=np.arange(R)).data.tobytes().hex())
 kv.barrier()
 table = kv.row_sparse_pull('t', row_ids=np.arange(R)).data     # the servers' rows
 ref = None
 if me == 0:  # the rounds in NumPy (any order of the sums: close, not bitwise)
     from hetps.tables.rowsparse import initial_rows
     w = initial_rows(0.5, 3, np.arange(R), C, np.float32).astype(np.float64)
-    for rnd in range(5):
+    for rnd in range(6):
         for who in range(4):
             ids = ids_of(rnd, who)
             np.add.at(w, ids, -0.1 * grad_of(rnd, who, ids.size))

@@ -164,6 +164,14 @@ class HostTables:
                     while self._step(ht, s, block=False):
                         pass
 
+    def skip(self) -> None:
+        """At a barrier: an empty pull for every table whose last event is a push, so that
+        a pull only some local ranks make after it (rank 0's evaluation) is the host's
+        with the others' asking nothing, and every local rank's events stay the same."""
+        for k, ht in list(self.tables.items()):
+            if self.pending(k):
+                self._event(ht, "pull", np.empty(0, np.int64), np.empty((0, ht.tm.table.cols)))
+
     def settle(self) -> None:
         """Send every event this worker made of its parts and wait for their answers
         (``barrier``, ``wait_outstanding``)."""
@@ -279,7 +287,15 @@ class HostTables:
         """A local rank's published ids and rows (of server ``part`` only, if >= 0)."""
         cols, dtype = ht.tm.table.cols, ht.tm.dtype
         where = f"host group {self.agg.group}'s file {name} of table {ht.key!r}"
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise ClusterError(
+                f"host aggregation: the local ranks of host group {self.agg.group} made "
+                f"different calls of table {ht.key!r} at one point (a push and a "
+                "row_sparse_pull): every worker of a host makes the same calls of a table; "
+                "a pull only some make goes after a kv.barrier() or a pull of them all"
+            ) from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
