@@ -99,7 +99,8 @@ def test_merged_per_host_the_rows_equal_the_flat_jobs_and_a_host_sends_one_copy(
     before = _shm_left()
     runs = {}
     for agg in ("1", "0"):
-        env = {"HETPS_HOST_AGGREGATION": agg}
+        # (a pull's reply bound of 512 rows: a host's union of ids is asked in several)
+        env = {"HETPS_HOST_AGGREGATION": agg, "HETPS_TABLE_PULL_BYTES": str(16 << 10)}
         rc, out = run_cluster(tmp_path, ROUNDS, workers=4, servers=2, env=env, node_env=HOSTS)
         assert rc == 0, out
         runs[agg] = _records(out, "TABLES")
