@@ -16,8 +16,10 @@ parts are, and the owner of a part:
   (the reply bound split as a worker's own), and publishes the rows in a file each local
   rank copies its own rows out of.
 
-A file goes once every local rank read it (a push's once every owner marked the event in
-the counters; a pull's rows once every local rank made a later event), and at ``close``.
+A pull goes through the host when it follows a push (else per process); a local rank at a
+barrier after a push makes an empty pull, so a pull only some make (an evaluation) goes
+too. A file goes once every local rank read it (a push's once every owner marked the event
+in the counters; a pull's rows once every local rank marked it copied), and at ``close``.
 Under ``HETPS_ELASTIC`` the tables go per process (said once): a local rank let go in a
 round would take its host's merged push with it. A dead local rank ends the waits as for
 dense keys (:meth:`HostAggregation.wait`).
@@ -42,6 +44,7 @@ from hetps.kvstore.hostshm import _PID, MAGIC, SHM_DIR, alive, make, unlink
 from hetps.kvstore.keys import KeyMeta
 from hetps.kvstore.placement import Part
 from hetps.tables.lazy import distinct, put_rows, sum_rows, take_rows
+from hetps.tables.worker import _land_rows
 from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.worker")
@@ -124,8 +127,7 @@ class HostTables:
         S = ht.tm.nparts
 
         def finish() -> None:
-            self._drive(ht, e)
-            self.agg.wait(ht.hkey, lambda: self._results(ht, e), "row_sparse_pull")
+            self._answered(ht, e)
             owner = uniq % S
             for s in range(S):
                 sel = np.flatnonzero(owner == s)
@@ -135,11 +137,20 @@ class HostTables:
                     if got.size == 0 or not (got[pos] == uniq[sel]).all():
                         raise ClusterError(f"host aggregation: table {k!r}: rows missing")
                     put_rows(rows, sel, take_rows(grows, pos))
-            hk = self.agg.keys[ht.hkey]
-            hk.head[self._read_slot(hk, ht, self.agg.local)] = e
-            self._clean(ht, hk)
+            self._copied(ht, e)
 
         return finish
+
+    def _answered(self, ht: HostTable, e: int) -> None:
+        """Wait until every part's rows of pull ``e`` are published (its errors raised)."""
+        self._drive(ht, e)
+        self.agg.wait(ht.hkey, lambda: self._results(ht, e), "row_sparse_pull")
+
+    def _copied(self, ht: HostTable, e: int) -> None:
+        """This rank has its rows of pull ``e``: the owners may remove them."""
+        hk = self.agg.keys[ht.hkey]
+        hk.head[self._read_slot(hk, ht, self.agg.local)] = e
+        self._clean(ht, hk)
 
     def _event(self, ht: HostTable, kind: str, ids: np.ndarray, rows: np.ndarray) -> int:
         agg = self.agg
@@ -177,7 +188,11 @@ class HostTables:
         (``barrier``, ``wait_outstanding``)."""
         for ht in list(self.tables.values()):
             if ht.hkey in self.agg.keys:
-                self._drive(ht, ht.events)
+                e = ht.events
+                if ht.kinds.get(e) == "pull":  # (a barrier's empty pull: its errors)
+                    self._answered(ht, e)
+                    self._copied(ht, e)
+                self._drive(ht, e)
                 for futs in ht.futs.values():
                     for f in futs:
                         f.settle(self.agg.kv.timeout)
@@ -385,6 +400,4 @@ def _asks(key: Any, s: int, ids: np.ndarray, bound: int, cols: int, tm: Any):
 
 
 def _land(key: Any, rows: np.ndarray, sel: np.ndarray) -> Any:
-    from hetps.tables.worker import _land_rows
-
     return _land_rows(key, rows, sel, rows.shape[1])
