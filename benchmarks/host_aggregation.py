@@ -22,6 +22,11 @@ over ``--repeats``:
     .venv/bin/python benchmarks/host_aggregation.py                  # 2 hosts x 3, 300 Mbit/s
     .venv/bin/python benchmarks/host_aggregation.py --json out.json --repeats 2
     .venv/bin/python benchmarks/host_aggregation.py --mtu 9000     # jumbo frames
+    .venv/bin/python benchmarks/host_aggregation.py --table 64     # a row-sparse table
+
+``--table C``: a table of ``--rows`` x C float32 instead of the key: each worker pushes and
+pulls ``--ids`` distinct ids a round, ``--share`` of them its host's common ids and the rest
+its own; "one push + one pull" is then the host's merged ids and rows, each way.
 """
 
 from __future__ import annotations
@@ -50,22 +55,49 @@ def van():
 
 n, rounds = int(os.environ['HA_ELEMS']), int(os.environ['HA_ROUNDS'])
 kv = hetps.kv.create('dist_sync')
-kv.init('w', np.zeros(n, np.float32))
-g = np.random.default_rng(kv.rank).standard_normal(n).astype(np.float32)
-out = np.empty(n, np.float32)
-kv.push('w', g); kv.pull('w', out=out)          # warm-up round
+h, k = kv.cfg.host_group, kv.cfg.local_world_size
+unit = []  # a round's one push + one pull of the host: the model's, or its merged ids'
+if os.environ.get('HA_TABLE'):
+    from hetps.tables.rowsparse import Table
+    rows, cols, share = os.environ['HA_TABLE'].split(',')
+    rows, cols, share = int(rows), int(cols), float(share)
+    kv.init('t', Table(rows, cols))
+
+    def ids_of(r, local):  # the host's share of a worker's n ids, the rest its own
+        mine = int(share * n)
+        common = np.random.default_rng([r, h]).choice(rows, mine, replace=False)
+        own = np.random.default_rng([r, h, local + 1]).choice(rows, n - mine, replace=False)
+        return np.unique(np.concatenate([common, own]))
+
+    def step(r):
+        ids = ids_of(r, kv.cfg.local_rank)
+        kv.push('t', (ids, np.ones((ids.size, cols), np.float32)))
+        kv.row_sparse_pull('t', row_ids=ids)
+        union = np.unique(np.concatenate([ids_of(r, lr) for lr in range(k)]))
+        unit.append(2 * union.size * (8 + 4 * cols))  # ids and rows, each way
+else:
+    kv.init('w', np.zeros(n, np.float32))
+    g = np.random.default_rng(kv.rank).standard_normal(n).astype(np.float32)
+    out = np.empty(n, np.float32)
+
+    def step(r):
+        kv.push('w', g)
+        kv.pull('w', out=out)
+        unit.append(2 * 4 * n)
+
+step(rounds)                                     # warm-up round
 kv.barrier()
-b0, v0 = nic(), van()
+b0, v0, unit = nic(), van(), []
 times = []
 for r in range(rounds):
     t0 = time.perf_counter()
-    kv.push('w', g)
-    kv.pull('w', out=out)
+    step(r)
     times.append(time.perf_counter() - t0)
 kv.barrier()
 b1, v1 = nic(), van()
-print('HA ' + json.dumps({'host': kv.cfg.host_group, 'local': kv.cfg.local_rank,
-      'on': kv.hostagg is not None, 'bytes': b1 - b0, 'van': v1 - v0, 'times': times}), flush=True)
+print('HA ' + json.dumps({'host': h, 'local': kv.cfg.local_rank,
+      'on': kv.hostagg is not None, 'bytes': b1 - b0, 'van': v1 - v0, 'times': times,
+      'unit': sum(unit) / len(unit)}), flush=True)
 """
 
 
@@ -105,7 +137,7 @@ def run_once(args, agg: bool, script: Path) -> dict:
     from hetps.netem import Netem
 
     hosts, k = args.hosts, args.per_host
-    n = int(args.mb * 1e6) // 4
+    n = int(args.mb * 1e6) // 4 if args.table is None else args.ids
     env = {
         "HETPS_HOST_AGGREGATION": "1" if agg else "0",
         "HA_ELEMS": str(n),
@@ -114,6 +146,8 @@ def run_once(args, agg: bool, script: Path) -> dict:
         "HETPS_REQUEST_TIMEOUT": "300",
         "OMP_NUM_THREADS": "1",
     }
+    if args.table is not None:  # a table of --table columns, --ids ids per worker a round
+        env["HA_TABLE"] = f"{args.rows},{args.table},{args.share}"
     out = io.StringIO()
     with Netem([args.rate] * (hosts + 1)) as net:
         set_mtu(net, args.mtu)
@@ -147,21 +181,24 @@ def run_once(args, agg: bool, script: Path) -> dict:
     recs = [json.loads(m) for m in re.findall(r"HA (\{.*\})", text)]
     assert len(recs) == hosts * k, text
     assert all(r["on"] == agg for r in recs), recs
-    model = n * 4
+    model = recs[0]["unit"] / 2  # (a table's: its host's merged push, ids and rows)
     per_host, payload = {}, {}
     for r in recs:
-        payload[r["host"]] = payload.get(r["host"], 0) + r["van"] / args.rounds / (2 * model)
+        unit = r["unit"]
+        payload[r["host"]] = payload.get(r["host"], 0) + r["van"] / args.rounds / unit
     for r in recs:
         if r["local"] == 0:  # (every worker of a host reads the same interface)
-            per_host[r["host"]] = r["bytes"] / args.rounds
+            per_host[r["host"]] = (r["bytes"] / args.rounds, r["unit"])
     rounds = [max(r["times"][i] for r in recs) for i in range(args.rounds)]
     senders = hosts if agg else hosts * k  # pushes into the servers' host per round
     bound = 2 * senders * model * 8 / (args.rate * 1e6)  # its pushes in, then the pulls out
+    if args.table is not None:  # (a table's: what every worker's van moved, over the rate)
+        bound = sum(r["van"] for r in recs) / args.rounds * 8 / (args.rate * 1e6)
     med = statistics.median(rounds)
     return {
         "aggregation": agg,
-        "host_bytes_per_round": per_host,
-        "host_bytes_over_push_pull": {h: b / (2 * model) for h, b in per_host.items()},
+        "host_bytes_per_round": {h: b for h, (b, _) in per_host.items()},
+        "host_bytes_over_push_pull": {h: b / u for h, (b, u) in per_host.items()},
         "payload_over_push_pull": payload,
         "round_s": med,
         "bound_s": bound,
@@ -180,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="runs per setting, alternated")
     p.add_argument("--mtu", type=int, default=1500, help="every link's MTU (9000: jumbo frames)")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--table", type=int, help="a row-sparse table of this many columns instead")
+    p.add_argument("--rows", type=int, default=1_000_000, help="the table's rows")
+    p.add_argument("--ids", type=int, default=20_000, help="ids a worker pushes and pulls")
+    p.add_argument("--share", type=float, default=0.5, help="of them, the host's common ids")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hetps-hostagg-") as tmp:
         script = Path(tmp) / "worker.py"
@@ -218,7 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     summary["on_over_bound"] = statistics.median(r["round_over_bound"] for r in on)
     print(
         f"\n{args.hosts} hosts x {args.per_host} workers, {args.servers} servers, "
-        f"{args.mb:g} MB, {args.rate:g} Mbit/s, secured\n"
+        + (
+            f"{args.mb:g} MB"
+            if args.table is None
+            else f"a table of {args.table} columns, "
+            f"{args.ids} ids a worker, {args.share:g} of them its host's"
+        )
+        + f", {args.rate:g} Mbit/s, secured\n"
         f"round: on {summary['round_on_s']:.3f} s, off {summary['round_off_s']:.3f} s, "
         f"speedup x{summary['speedup']:.2f}; on / bound x{summary['on_over_bound']:.2f}\n"
         f"worker host bytes per round over one push + pull: on "

@@ -253,10 +253,12 @@ class SPush(TablePart, kw_only=True):
     ``(arrays)``: sorted distinct row ids (int64) and their gradient rows (ids x cols)
     ``rnd``: with HETPS_REPLICAS > 1, the worker's count of its earlier pushes of the table: a
         server that applied that round already acknowledges a resent push without applying it again,
-        and keeps one of a later round until its round comes"""
+        and keeps one of a later round until its round comes
+    ``hg``: as a dense push's (a host's merged ids and rows, summed in local-rank order)"""
 
     sync: bool = True
     round: Count | None = field(default=None, name="rnd")
+    host: tuple[Count, Count, Annotated[int, Meta(ge=1)]] | None = field(default=None, name="hg")
 
 
 @command(P.SPULL, server=W)

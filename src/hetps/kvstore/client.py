@@ -446,6 +446,8 @@ class DistKVStore:
 
     def barrier(self) -> None:
         """Wait for this worker's outstanding pushes, then for every worker."""
+        if self.hostagg is not None:  # (a table's pull only some local ranks make: theirs)
+            self.hostagg.tables.skip()
         self.wait_outstanding()
         self.node.barrier("worker", self.timeout)
 

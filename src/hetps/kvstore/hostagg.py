@@ -51,6 +51,7 @@ from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import Future
 from hetps.config import ConfigError
+from hetps.kvstore.hostagg_tables import HostTables
 from hetps.kvstore.hostshm import (
     _FLAGS,
     _PID,
@@ -175,6 +176,7 @@ class HostAggregation:
         self.elastic = kv.node.elastic > 0
         self.lock = threading.RLock()
         self.noticed = False
+        self.tables = HostTables(self)  # the row-sparse keys' rounds
         if self.local == 0:
             sweep_stale()
 
@@ -378,6 +380,8 @@ class HostAggregation:
         """Wait until every round this worker pushed through the host (of key ``only``, or
         of every key) was applied by the servers, as a flat push's answer says: what
         ``wait_outstanding``, ``barrier`` and ``push(block=True)`` wait for."""
+        if only is None:
+            self.tables.settle()
         for k, hk in list(self.keys.items()):
             meta = self.kv.meta.get(k)
             if (only is not None and k != only) or meta is None:
@@ -545,6 +549,7 @@ class HostAggregation:
         while True:
             with self.lock:
                 self._pump()
+                self.tables.pump()
             if ready():
                 return
             now = time.monotonic()
@@ -584,6 +589,7 @@ class HostAggregation:
 
     def close(self) -> None:
         """Unlink what is still named (a local rank that never mapped it) and unmap."""
+        self.tables.close()
         for hk in self.keys.values():
             unlink(hk.name)
             hk.drop()

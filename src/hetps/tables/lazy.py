@@ -102,6 +102,28 @@ def distinct_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     return s[first], inv
 
 
+def sum_rows(
+    pushes: list[tuple[np.ndarray, np.ndarray]], cols: int, dtype: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """A round's per-row sum of ``pushes`` (each sorted distinct ids and their rows), in the
+    order given: the union of their ids, sorted, and per id ``s = x_first; s += x_next ...``
+    over the pushes that hold it. Servers and hosts (host-local aggregation) sum with it, so
+    a host's sum is bit for bit the one a server makes of the host's workers' pushes."""
+    if len(pushes) == 1:
+        return pushes[0][0], pushes[0][1].reshape(-1, cols)
+    ids = distinct(np.concatenate([p[0] for p in pushes]))
+    grad = np.zeros((ids.size, cols), dtype)
+    for i, (pid, pval) in enumerate(pushes):
+        pos = np.searchsorted(ids, pid)
+        if i == 0:
+            put_rows(grad, pos, pval)
+        else:
+            acc = take_rows(grad, pos)
+            acc += pval.reshape(-1, cols)
+            put_rows(grad, pos, acc)
+    return ids, grad
+
+
 def _added(w: np.ndarray, g: np.ndarray, dt: np.dtype) -> np.ndarray:
     """``w + g`` in ``dt``: into ``w`` (a gathered copy) when it is of that dtype already."""
     return np.add(w, g, out=w) if w.dtype == dt else np.add(w, g, dtype=dt)

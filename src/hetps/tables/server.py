@@ -252,11 +252,36 @@ class Tables:
             self.hold(sh, msg)
             sh.backlog.append(msg)  # this worker pushed this round already: the next one
             return
-        sh.pending[worker] = (ids, vals)
+        host = msg.typed.host
+        self._check_host(sh, worker, host)
+        sh.pending[worker] = (ids, vals, host)
         msg.arrays = []
         sh.acks.append(msg)
-        if len(sh.pending) >= srv.num_workers:
+        if _standing(sh) >= srv.num_workers:
             self._finish_round(sh)
+
+    def _check_host(self, sh: Shard, worker: int, host: Any) -> None:
+        """Refuse a push whose host tag does not fit the round's other pushes (tagged and
+        untagged mixed, a (host group, local rank) twice, more workers than the job's)."""
+        tags = [h for w, (_, _, h) in sh.pending.items() if w != worker]
+        what = f"spush of key {sh.key!r}"
+        if any((h is None) != (host is None) for h in tags):
+            raise BadRequest(
+                f"{what}: a round of pushes with and without their host group (hg); give "
+                "every worker its HETPS_HOST_GROUP, LOCAL_RANK and LOCAL_WORLD_SIZE, or none"
+            )
+        if host is None:
+            return
+        if any(h[:2] == host[:2] for h in tags):
+            raise BadRequest(
+                f"{what}: two workers say they are local rank {host[1]} of host group "
+                f"{host[0]}; give each worker of a host its own LOCAL_RANK"
+            )
+        if host[2] + sum(h[2] for h in tags) > self.server.num_workers:
+            raise BadRequest(
+                f"{what}: its round's pushes stand for more workers than the job's "
+                f"{self.server.num_workers}; a host's LOCAL_WORLD_SIZE counts its workers"
+            )
 
     def apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None:
         """Apply a round's per-row sums of (checked) ``ids`` to ``sh`` (:func:`apply_rows`)."""
@@ -274,30 +299,24 @@ class Tables:
             )
 
     def _finish_round(self, sh: Shard) -> None:
-        pushes = [sh.pending[w] for w in sorted(sh.pending)]  # worker order: deterministic
+        # a deterministic order: worker order, or, with host groups known, each host's
+        # pushes in local-rank order, then the hosts' sums in host-group order (a host that
+        # summed its workers itself pushed that very sum: docs/HOSTS.md)
+        pending, standing = sh.pending, _standing(sh)
         acks, deferred, backlog = sh.acks, sh.deferred, sh.backlog
         sh.pending, sh.acks, sh.deferred, sh.backlog = {}, [], [], []
-        if len(pushes) == 1:
-            ids, grad = pushes[0]
-        else:
-            ids = lazy.distinct(np.concatenate([p[0] for p in pushes]))
-            grad = np.zeros((ids.size, sh.cols), sh.dtype)
-            first = True
-            for pid, pval in pushes:
-                pos = np.searchsorted(ids, pid)
-                if first:
-                    lazy.put_rows(grad, pos, pval)
-                    first = False
-                else:
-                    acc = lazy.take_rows(grad, pos)
-                    acc += pval
-                    lazy.put_rows(grad, pos, acc)
+        hosts: dict[Any, list] = {}
+        for w in sorted(pending, key=lambda w: pending[w][2] or (w,)):
+            ids, vals, host = pending[w]
+            hosts.setdefault(w if host is None else host[0], []).append((ids, vals))
+        sums = [lazy.sum_rows(h, sh.cols, sh.dtype) for h in hosts.values()]
+        ids, grad = lazy.sum_rows(sums, sh.cols, sh.dtype)
         opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
         job = self._job_workers()
-        if opt is not None and len(pushes) < job:
+        if opt is not None and standing < job:
             # workers left (HETPS_ELASTIC): the sum is scaled to the job's count, as a dense
             # key's, so the optimizer's rescale_grad (set for it) gives the survivors' mean
-            grad = grad * (job / len(pushes))
+            grad = grad * (job / standing)
         error = None
         try:
             self.apply(sh, ids, grad)
@@ -369,7 +388,7 @@ class Tables:
             sh.deferred = [m for m in sh.deferred if m.sender != gone]
             if sh.pending.pop(gone, None) is not None:
                 sh.acks = [m for m in sh.acks if m.sender != gone]
-            if sh.pending and len(sh.pending) >= self.server.num_workers:
+            if sh.pending and _standing(sh) >= self.server.num_workers:
                 self._finish_round(sh)
 
     def worker_done(self, worker: int) -> None:
@@ -380,3 +399,8 @@ class Tables:
                 for m in sh.acks + sh.deferred + sh.backlog:
                     self.server.answers.reply(m, {"error": text})
                 sh.pending, sh.acks, sh.deferred, sh.backlog = {}, [], [], []
+
+
+def _standing(sh: Shard) -> int:
+    """The workers the round's pushes so far stand for (a host's sum: its workers)."""
+    return sum(1 if h is None else h[2] for _, _, h in sh.pending.values())

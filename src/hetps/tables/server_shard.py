@@ -69,7 +69,7 @@ class Shard:
         self.state: Any = None
         self.has_state = False
         self.optimizer: Any = None  # this table's own (Table(optimizer=...)), else the server's
-        self.pending: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # worker -> its push
+        self.pending: dict[int, tuple] = {}  # worker -> its push: ids, rows, host tag
         self.acks: list[Message] = []
         self.deferred: list[Message] = []
         self.backlog: list[Message] = []

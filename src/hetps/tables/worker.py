@@ -135,6 +135,8 @@ class SparseKeys:
         S = self.kv.num_servers
         tm = self.tables[key] = TableMeta(spec, S)
         self.kv.meta.pop(key, None)
+        if self.kv.hostagg is not None:  # (its rounds merged per host: docs/HOSTS.md)
+            self.kv.hostagg.tables.declare(key, tm)
         if rows_ids is not None:
             tm.check_ids(key, rows_ids, "init")
         if not lead:
@@ -178,6 +180,9 @@ class SparseKeys:
         if self.kv.sync:
             self.kv.dense.round_credit(tm)
             tm.rounds += 1
+        host = self.kv.hostagg
+        if host is not None and host.tables.push(key, ids, rows):
+            return []  # (its errors: the pull's, wait_outstanding's)
         S = tm.nparts
         owner = ids % S if S > 1 else None
         futs = []
@@ -191,6 +196,8 @@ class SparseKeys:
             body = {"k": key, "part": s, "sync": self.kv.sync}
             if rounds:  # a server that takes over knows a resent round by it
                 body["rnd"] = tm.rounds - 1
+            if self.kv.sync and self.kv.host_tag is not None:  # (summed per host)
+                body["hg"] = list(self.kv.host_tag)
             msg = Message(P.SPUSH, body=body, arrays=[pid, prow.reshape(-1)])
             futs.append(self.kv.request(key, priority, s, msg))
         tm.pushed = futs
@@ -225,6 +232,16 @@ class SparseKeys:
         tm.check_ids(key, ids, "row_sparse_pull", uniq)
         cols = tm.table.cols
         rows = np.empty((uniq.size, cols), tm.dtype)
+        targets = targets_of(out, what)
+        host = self.kv.hostagg
+        if host is not None and host.tables.pending(key):  # the host's union, pulled once
+            wait = host.tables.pull(key, uniq, rows)
+
+            def through_host() -> Any:
+                wait()
+                return fill_out(targets, out is None, tm.table, ids, uniq, inv, rows, what)
+
+            return [], through_host
         S = tm.nparts
         owner = uniq % S if S > 1 else None
         futs = []
@@ -240,7 +257,6 @@ class SparseKeys:
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
         tm.pushed = []
-        targets = targets_of(out, what)
 
         def finish() -> Any:
             return fill_out(targets, out is None, tm.table, ids, uniq, inv, rows, what)
