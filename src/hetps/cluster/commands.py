@@ -195,10 +195,13 @@ class BarrierAnswer(Body, kw_only=True):
 @command(P.BARRIER, reply=BarrierAnswer, answer=P.BARRIER_DONE, scheduler=NODES)
 class Barrier(Body, kw_only=True):
     """``group``: worker, server or all
-    ``n``: the barrier's number for this node (absent: one more than its last)"""
+    ``n``: the barrier's number for this node (absent: one more than its last)
+    ``host``: a host's leader: the workers of its host it arrives for (itself among them or
+    not), all at ``n``; one answer releases them (cluster/hostlead.py)"""
 
     group: Literal["worker", "server", "all"]
     n: Annotated[int, Meta(ge=1)] | None = None
+    host: Annotated[list[NodeId], Meta(max_length=4096)] | None = None
 
 
 class JoinAnswer(Body, kw_only=True):
