@@ -191,6 +191,7 @@ class Got:
     raw_bytes: int
     body: dict | None  # None: the codec refused it (``error`` says why)
     error: str | None = None
+    local: bool = False  # passed on by its host's leader, not from the scheduler
 
 
 @dataclass
@@ -207,11 +208,17 @@ class SimNode:
 class SimCluster:
     """N simulated nodes speaking the real protocol to one scheduler, in this process."""
 
-    def __init__(self, port: int, servers: int, workers: int, per_host: int = 1) -> None:
+    def __init__(
+        self, port: int, servers: int, workers: int, per_host: int = 1, host_control: bool = True
+    ) -> None:
         n = servers + workers
         # hosts of ``per_host`` workers (HETPS_HOST_GROUP r // per_host); 1: no groups, every
         # worker a host of its own
         self.per_host = per_host
+        # a host's workers arrive at a barrier through its leader (HETPS_HOST_CONTROL):
+        # leader node index -> the host's other workers, to whom it passes the release on
+        self.host_control = host_control and per_host > 1
+        self.followers: dict[int, list[SimNode]] = {}
         self.ctx = zmq.Context(io_threads=2)
         self.ctx.set(zmq.MAX_SOCKETS, n + 64)
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -239,6 +246,12 @@ class SimCluster:
             self.by_back[node.back] = node
         self.servers = [x for x in self.nodes if x.role == "server"]
         self.workers = [x for x in self.nodes if x.role == "worker"]
+        if self.host_control:
+            for x in self.workers:
+                if x.rank % per_host:
+                    self.followers[x.index - x.rank % per_host].append(x)
+                else:
+                    self.followers[x.index] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self.unknown = 0
@@ -277,8 +290,19 @@ class SimCluster:
                     else:
                         node.got.setdefault(got.cmd, []).append(got)
                         self.total[got.cmd] += 1
+                        if got.cmd == P.BARRIER_DONE and node.index in self.followers:
+                            self._pass_on(node, got)
             with self._cond:  # once per batch: a waiter's check costs no O(N) per message
                 self._cond.notify_all()
+
+    def _pass_on(self, leader: SimNode, got: Got) -> None:
+        """A host's leader passes its host's release on to the host's other workers, as
+        cluster/hostlead.py does (there: a frame on each one's local socket; here: each gets
+        it when the leader has read it)."""
+        for x in self.followers[leader.index]:
+            mine = Got(time.perf_counter(), got.cmd, got.req, got.reply, 0, got.body, local=True)
+            x.got.setdefault(got.cmd, []).append(mine)
+            self.total[got.cmd] += 1
 
     def wait_for(self, pred: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``pred()`` (checked under the receive lock) holds, or ``timeout``."""
@@ -398,7 +422,13 @@ class SimCluster:
         entering = [x for x in self.nodes if x.index not in skip]
         t_first = time.perf_counter()
         for x in entering:
-            t_last_in = self.send(x, Message(P.BARRIER, req=100 + rnd, body={"group": "all"}))
+            body: dict[str, Any] = {"group": "all", "n": rnd + 1}
+            if x.index in self.followers:  # a host's leader: one arrival for its host
+                host = [x, *self.followers[x.index]]
+                body["host"] = [y.id for y in host if y.index not in skip]
+            elif self.host_control and x.role == "worker":
+                continue  # handed to its leader (a local hand-off, not the scheduler's)
+            t_last_in = self.send(x, Message(P.BARRIER, req=100 + rnd, body=body))
 
         ok = self.wait_for(lambda: self.total[P.BARRIER_DONE] - base >= len(self.nodes), timeout)
         with self._cond:
@@ -412,6 +442,7 @@ class SimCluster:
         return {
             "ok": ok and not wrong,
             "released": len(got),
+            "answers": sum(1 for g in got if not g.local),  # the scheduler's messages
             "latency_s": t_out - t_last_in,
             "from_first_s": t_out - t_first,
         }
@@ -584,6 +615,7 @@ def run_cluster(
     seed: int = 0,
     skip_barrier: frozenset[int] = frozenset(),
     phases: tuple[str, ...] = ("register", "barrier", "heartbeat", "report"),
+    host_control: bool = True,
 ) -> dict:
     """One cluster of ``n`` simulated nodes against a real scheduler process; with
     ``per_server`` M, ``n`` workers and n / M servers; workers in hosts of ``per_host``."""
@@ -601,9 +633,10 @@ def run_cluster(
         "workers": workers,
         "hosts": -(-workers // per_host),
         "scheme": scheme,
+        "host_control": host_control and per_host > 1,
     }
     try:
-        sim = SimCluster(sched.port or 0, servers, workers, per_host)
+        sim = SimCluster(sched.port or 0, servers, workers, per_host, host_control)
         c0 = sched.cpu()
         res["register"] = reg = sim.register(timeout)
         reg["sched_cpu_s"] = sched.cpu() - c0
@@ -614,6 +647,7 @@ def run_cluster(
             res["barrier"] = {
                 "ok": all(b["ok"] for b in bars),
                 "released": min(b["released"] for b in bars),
+                "answers": max(b["answers"] for b in bars),
                 "latency_s": median(b["latency_s"] for b in bars),
                 "from_first_s": median(b["from_first_s"] for b in bars),
                 "latency_all_s": [b["latency_s"] for b in bars],
@@ -962,6 +996,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="M",
         help="the sizes count workers, with one server per M of them (instead of --servers-frac)",
     )
+    ap.add_argument(
+        "--per-process-control",
+        action="store_true",
+        help="every worker sends its own barrier arrival (HETPS_HOST_CONTROL=0), not its host's "
+        "leader one for the host",
+    )
     ap.add_argument("--scheme", default="aware", help="HETPS_BALANCE of the scheduler")
     ap.add_argument("--barriers", type=int, default=5)
     ap.add_argument("--hb-interval", type=float, default=1.0)
@@ -1008,6 +1048,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.rounds,
                 args.timeout,
                 args.seed,
+                host_control=not args.per_process_control,
             )
             c["wall_s"] = time.perf_counter() - t0
             results["clusters"].append(c)
