@@ -4,7 +4,9 @@ host's leader killed mid-job leaves no worker hanging: the others fail naming it
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -13,9 +15,11 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
 
-from hetps.roles import new_scheduler
+from hetps.cluster import protocol as P
+from hetps.roles import make_scheduler
 from procs import wait_gone
 from roles import loopback_config, role_env
 
@@ -23,7 +27,15 @@ WORKERS, PER_HOST, BARRIERS = 4, 2, 4
 
 SCRIPT = textwrap.dedent("""
     import signal, sys, hetps.kv
+    import numpy as np
     kv = hetps.kv.create('dist_sync')
+    if kv.balance:  # rounds of pushes and pulls, each with a link report
+        kv.init('w', np.zeros(6000, np.float32))
+        for step in range(int(sys.argv[1])):
+            kv.rebalance()
+            kv.push('w', np.arange(6000, dtype=np.float32) * (kv.rank + 1))
+            w = kv.pull('w')
+        print('VALUES', kv.rank, w.tolist(), flush=True)
     for i in range(int(sys.argv[1])):
         kv.barrier()
     print('PASSED', kv.rank, flush=True)
@@ -44,10 +56,13 @@ class Job:
         cfg = loopback_config(
             "scheduler",
             num_worker=WORKERS,
+            num_server=2,
             secret=secret.encode(),
             heartbeat_timeout=4.0,
+            balance=env.get("HETPS_BALANCE", "none"),
+            slice_elems=1000,
         )
-        self.sched = new_scheduler(cfg)
+        self.sched = make_scheduler(cfg)
         self.arrivals: list[tuple[int, int, list[int]]] = []  # (sender, n, ids it arrives for)
         arrive = self.sched.barriers.arrive
 
@@ -58,12 +73,28 @@ class Job:
             arrive(msg)
 
         self.sched.barriers.arrive = counted
+        self.reports: list[tuple[int, int, list[int]]] = []  # (sender, round, ids)
+        if P.BALANCE_REPORT in self.sched.services:
+            plan = self.sched.services[P.BALANCE_REPORT]
+
+            def report(sched, msg):
+                self.reports.append((msg.sender, msg.typed.round, msg.typed.host or [msg.sender]))
+                plan(sched, msg)
+
+            self.sched.services[P.BALANCE_REPORT] = report
         self.thread = threading.Thread(target=self.sched.run, daemon=True)
         self.thread.start()
         port = self.sched.van.port
         script = tmp_path / "job.py"
         script.write_text(SCRIPT)
-        common = dict(servers=1, workers=WORKERS, clean=True, HETPS_SECRET=secret, **env)
+        common = dict(
+            servers=2,
+            workers=WORKERS,
+            HETPS_SLICE_ELEMS=1000,
+            clean=True,
+            HETPS_SECRET=secret,
+            **env,
+        )
         self.procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "hetps.cli", "server"],
@@ -71,6 +102,7 @@ class Job:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+            for _ in range(2)
         ]
         for r in range(WORKERS):
             wenv = role_env(
@@ -92,7 +124,7 @@ class Job:
                     text=True,
                 )
             )
-        self.workers = self.procs[1:]
+        self.workers = self.procs[2:]
 
     def close(self) -> None:
         for p in self.procs:
@@ -160,3 +192,23 @@ def test_the_leader_killed_mid_job_fails_the_others_naming_it(job):
         assert p.returncode != 0, out
         assert "AFTER" not in out, out
         assert "worker rank 0" in out, out
+
+
+def test_link_reports_are_one_per_host_and_every_value_is_the_jobs(job):
+    rounds = 4
+    j = job(rounds, HETPS_BALANCE="aware")
+    outs = _finish(j)
+    assert all(p.returncode == 0 for p in j.workers), outs
+    # every worker pulled the sum of the four workers' pushes, every element
+    want = (np.arange(6000, dtype=np.float32) * (1 + 2 + 3 + 4)).tolist()
+    for out in outs:
+        values = json.loads(re.search(r"VALUES \d+ (\[.*\])", out).group(1))
+        assert values == want, out
+    ranks = {nid: info.rank for nid, info in j.sched.nodes.items() if info.role == "worker"}
+    by_round: dict[int, list[list[int]]] = {}
+    for sender, rnd, ids in j.reports:
+        by_round.setdefault(rnd, []).append(sorted(ranks[i] for i in ids))
+        assert ranks[sender] == min(ranks[i] for i in ids), j.reports  # from its leader
+    assert sorted(by_round) == list(range(1, rounds + 1)), j.reports
+    for rnd in range(2, rounds + 1):  # (the first may come before a worker connected)
+        assert sorted(by_round[rnd]) == [[0, 1], [2, 3]], (rnd, j.reports)

@@ -268,7 +268,10 @@ class BalanceReport(Body, kw_only=True):
     ``sizes``: element counts of the keys in init order (first report, or new keys)
     ``assign``: the server of every slice, in layout order (with sizes)
     ``calibration``: these samples hold a whole new probe cycle
-    ``spread_done``: [way, rank] of the spread probe this worker took part in"""
+    ``spread_done``: [way, rank] of the spread probe this worker took part in
+    ``host``: a host's leader: the workers of its host it reports for, whose arrays follow each
+        other in the two arrays, ``host_rows`` [[samples, server times], ...] rows of each
+        (cluster/hostlead.py)"""
 
     round: int
     samples: Annotated[
@@ -282,6 +285,8 @@ class BalanceReport(Body, kw_only=True):
     assign: list[int] | None = None
     calibration: bool = False
     spread_done: tuple[str, int] | None = None
+    host: Annotated[list[NodeId], Meta(max_length=4096)] | None = None
+    host_rows: Annotated[list[tuple[Count, Count]], Meta(max_length=4096)] | None = None
 
 
 @command(P.METRICS_REPORT, scheduler=NODES)  # counted as the connection's node, not the body's

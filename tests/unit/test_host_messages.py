@@ -1,11 +1,14 @@
-"""The scheduler's side of one arrival per host: a host's leader arrives for its host's
+"""The scheduler's side of one message per host: a host's leader arrives for its host's
 workers (``host``), is answered once for them, a worker that then arrives itself (its leader
-gone) is counted once, and an arrival for a worker of another host is refused."""
+gone) is counted once, and an arrival for a worker of another host is refused; a host's link
+report is read per worker, in bulk."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from hetps.balance.reports import host_ids, spans
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.roles import new_scheduler
@@ -59,3 +62,22 @@ def test_an_arrival_for_a_worker_of_another_host_is_refused(sched):
     assert [(nid, req) for nid, _, req, _ in sched.sent] == [(W0, 5)]
     assert "no host 0" in sched.sent[0][3]
     assert sched.barriers.groups["worker"].reached == {}
+
+
+def test_a_hosts_report_is_read_per_worker_in_bulk():
+    nodes = {
+        W0: NodeInfo(W0, "worker", 0, "", 0, group=0),
+        W1: NodeInfo(W1, "worker", 1, "", 0, group=0),
+    }
+    nodes[W2] = NodeInfo(W2, "worker", 2, "", 0, group=1)
+    # worker 0: two server times (0.5 s, 0.25 s), worker 1: one (0.75 s) and one naming no server
+    times = np.array([[0, 1e6, 0.5], [1, 1e6, 0.25], [1, 1e6, 0.75], [9, 1e6, 3.0]])
+    samples = np.zeros((5, 6))
+    ids = host_ids(nodes, W0, [W0, W1], [[3, 2], [2, 2]], [samples, times])
+    assert ids == [W0, W1]
+    mine, worked = spans(times, [[3, 2], [2, 2]], servers=2)
+    assert mine.tolist() == [True, True, True, False] and worked == [0.5, 0.75]
+    assert spans(times[:2], None, servers=2)[1] == [0.5]  # a worker's own report: one span
+    assert host_ids(nodes, W0, None, None, [samples, times]) == [W0]
+    assert "of no host 0" in host_ids(nodes, W0, [W0, W2], [[3, 2], [2, 2]], [samples, times])
+    assert "do not add up" in host_ids(nodes, W0, [W0, W1], [[3, 2], [2, 1]], [samples, times])
