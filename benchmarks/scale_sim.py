@@ -80,6 +80,7 @@ PLAN_GOAL_S = 0.01 * ITERATION_S  # an Aware re-plan under 1% of a 1 s iteration
 SLICE_ELEMS = 1 << 16  # HETPS_SLICE_ELEMS' default: 256 KiB float32 slices
 SLICES_PER_SERVER = 4  # the simulated model: this many slices per server
 RECV_MAX_BYTES = 1 << 31  # what a worker accepts (HETPS_MAX_MESSAGE_BYTES' default)
+PASSED_ON = (P.BARRIER_DONE, P.BALANCE_REPORT)  # what a host's leader passes on to its host
 
 
 def raise_fd_limit(need: int) -> tuple[int, int]:
@@ -290,7 +291,7 @@ class SimCluster:
                     else:
                         node.got.setdefault(got.cmd, []).append(got)
                         self.total[got.cmd] += 1
-                        if got.cmd == P.BARRIER_DONE and node.index in self.followers:
+                        if got.cmd in PASSED_ON and node.index in self.followers:
                             self._pass_on(node, got)
             with self._cond:  # once per batch: a waiter's check costs no O(N) per message
                 self._cond.notify_all()
@@ -300,7 +301,8 @@ class SimCluster:
         cluster/hostlead.py does (there: a frame on each one's local socket; here: each gets
         it when the leader has read it)."""
         for x in self.followers[leader.index]:
-            mine = Got(time.perf_counter(), got.cmd, got.req, got.reply, 0, got.body, local=True)
+            t = time.perf_counter()
+            mine = Got(t, got.cmd, got.req, got.reply, got.raw_bytes, got.body, local=True)
             x.got.setdefault(got.cmd, []).append(mine)
             self.total[got.cmd] += 1
 
@@ -511,6 +513,7 @@ class SimCluster:
             "msg_bytes_max": [],
             "report_bytes": [],
             "cpu_s": [],
+            "answers": [],  # the scheduler's plan messages (one per host: its leader's)
         }
         errors: list[str] = []
         shares_ok = True
@@ -526,6 +529,7 @@ class SimCluster:
                 [[s.rank, part * W, part * W / (down[s.index] + 1.0)] for s in self.servers],
                 dtype=np.float64,
             )
+            host: list[np.ndarray] = []
             for w in self.workers:
                 # a push and a pull sample per server, as one float64 array (the agent's form)
                 push = np.minimum(up[w.index] / S, down[srv_idx] / W)
@@ -539,7 +543,17 @@ class SimCluster:
                 if rnd == 1:
                     body["sizes"] = [n_slices * SLICE_ELEMS]
                     body["assign"] = assign0
-                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=[samples, stats])
+                host.append(samples)
+                if self.host_control and (w.rank + 1) % k and w.rank + 1 < W:
+                    continue  # handed to its host's leader (a local hand-off)
+                arrays = [samples, stats]
+                if self.host_control:  # the leader: one report for its host (hostlead.py)
+                    ids = [self.workers[w.rank - i].id for i in range(len(host) - 1, -1, -1)]
+                    body.update(host=ids, host_rows=[[2 * S, S]] * len(host))
+                    arrays = [np.concatenate(host), np.concatenate([stats] * len(host))]
+                    w = self.workers[w.rank - len(host) + 1]  # (sent by the host's lowest)
+                host = []
+                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays)
                 t_last = self.send(w, msg)
                 out["report_bytes"].append(msg.nbytes)
             ok = self.wait_for(
@@ -572,6 +586,7 @@ class SimCluster:
             if not ok or bad:
                 errors.append(f"round {rnd}: {len(got)} of {W} workers got a plan")
                 break
+            out["answers"].append(sum(1 for g in got if not g.local))
             out["msg_bytes"].append(median(g.raw_bytes for g in got))
             out["msg_bytes_max"].append(max(g.raw_bytes for g in got))  # rank 0's: the matrix
             rates = next((g.body.get("node_rates") for g in got if g.body), None) or {}
