@@ -270,8 +270,8 @@ class BalanceReport(Body, kw_only=True):
     ``calibration``: these samples hold a whole new probe cycle
     ``spread_done``: [way, rank] of the spread probe this worker took part in
     ``host``: a host's leader: the workers of its host it reports for, whose arrays follow each
-        other in the two arrays, ``host_rows`` [[samples, server times], ...] rows of each
-        (cluster/hostlead.py)"""
+        other in the two arrays (cluster/hostlead.py)
+    ``host_rows``: with ``host``: [[samples, server times], ...] rows of each of them"""
 
     round: int
     samples: Annotated[
