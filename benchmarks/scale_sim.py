@@ -23,6 +23,13 @@ the node's own routing id (so the scheduler holds N connections, as with real no
   plan, the planner's own time per plan (``plan_s`` of the answer), the plan message's
   size, and the scheduler's CPU per round.
 
+With hosts of several workers (``--workers-per-host``), a host's barrier arrival and link
+report go through its leader, as cluster/hostlead.py does (``HETPS_HOST_CONTROL``): the host's
+lowest worker sends one arrival (``host``: the host's workers) and one report (the host's
+workers' arrays joined, ``host_rows``), and passes the one answer on to the host's other
+workers, who hold it once the leader read it (the local hand-off itself is not simulated).
+``--per-process-control``: every worker sends its own.
+
 Part 2 (plans): every plan function of :mod:`hetps.balance` (average, elastic, aware,
 optimal) timed directly for S = N/4 servers and W = N - S workers, on a heterogeneous
 network of per-node caps (what the planner builds), plus per-link caps: ``optimal-link`` and
@@ -918,7 +925,7 @@ def report(results: dict) -> None:
             lambda x: fmt(x, ".0f"),
         ),
         (
-            "report message (bytes/worker)",
+            "report message (bytes: a worker's, or its host's leader's for the host)",
             lambda c: c.get("report", {}).get("report_bytes"),
             lambda x: fmt(x, ".0f"),
         ),
