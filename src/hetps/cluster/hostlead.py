@@ -119,7 +119,11 @@ class HostLead:
             return None
         if not cfg.host_control or len(cls._host(node, me.group)) < 2:
             return None
-        return cls(node)
+        try:
+            return cls(node)
+        except OSError as exc:  # (its name taken: another process of this job's worker)
+            log.warning("worker: sends its own barrier arrivals and reports: %s", exc)
+            return None
 
     @staticmethod
     def _host(node: Node, group: int) -> list[int]:
@@ -143,7 +147,11 @@ class HostLead:
         self.up: socket.socket | None = None
         self.up_id = 0
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(_name(self.secret, self.group, self.me))
+        try:
+            self.listener.bind(_name(self.secret, self.group, self.me))
+        except OSError:
+            self.listener.close()
+            raise
         self.listener.listen(64)
         self._stop = threading.Event()
         self.sel = selectors.DefaultSelector()
