@@ -29,6 +29,8 @@ SCRIPT = textwrap.dedent("""
     import signal, sys, hetps.kv
     import numpy as np
     kv = hetps.kv.create('dist_sync')
+    if len(sys.argv) > 2:  # (a barrier of its own: the barriers below count from 2)
+        kv.init('v', np.zeros(6000, np.float32))
     if kv.balance:  # rounds of pushes and pulls, each with a link report
         kv.init('w', np.zeros(6000, np.float32))
         for step in range(int(sys.argv[1])):
@@ -44,6 +46,9 @@ SCRIPT = textwrap.dedent("""
             signal.pause()
         kv.barrier()
         print('AFTER', kv.rank, flush=True)
+        kv.push('v', np.full(6000, kv.rank + 1, np.float32))  # (elastic: they go on)
+        print('VALUES', kv.rank, kv.pull('v').tolist(), flush=True)
+        kv.barrier()
     kv.close()
 """)
 
@@ -60,6 +65,7 @@ class Job:
             secret=secret.encode(),
             heartbeat_timeout=4.0,
             balance=env.get("HETPS_BALANCE", "none"),
+            elastic=int(env.get("HETPS_ELASTIC", 0)),
             slice_elems=1000,
         )
         self.sched = make_scheduler(cfg)
@@ -173,20 +179,26 @@ def test_a_barrier_is_one_arrival_per_host(job):
     assert leaders == {0, 2}, j.arrivals
 
 
-def test_the_leader_killed_mid_job_fails_the_others_naming_it(job):
-    j = job(2, "then-kill")
-    for p in j.workers:  # every worker passed its barriers; 1 to 3 wait at the next
+def _killed_waiting(j: Job) -> None:
+    """Kill worker 0 (host 0's leader) while the others wait at barrier 4 (init's, two, then
+    the one worker 0 never reaches)."""
+    for p in j.workers:  # every worker passed its barriers; 1 to 3 go to the next
         assert p.stdout is not None
         line = p.stdout.readline()
         while line and "PASSED" not in line:
             line = p.stdout.readline()
         assert "PASSED" in line
-    # host 1's leader sent its host's arrival at barrier 3 (worker 1's waits at worker 0)
+    # host 1's leader sent its host's arrival at barrier 4 (worker 1's waits at worker 0)
     deadline = time.monotonic() + 30
-    while not any(n == 3 and len(ids) == 2 for _, n, ids in j.arrivals):
+    while not any(n == 4 and len(ids) == 2 for _, n, ids in j.arrivals):
         assert time.monotonic() < deadline, j.arrivals
         time.sleep(0.05)  # between looks at what the scheduler received
     os.kill(j.workers[0].pid, signal.SIGKILL)
+
+
+def test_the_leader_killed_mid_job_fails_the_others_naming_it(job):
+    j = job(2, "then-kill")
+    _killed_waiting(j)
     outs = _finish(j, timeout=90)  # a hang fails here
     for p, out in zip(j.workers[1:], outs[1:], strict=True):
         assert p.returncode != 0, out
@@ -212,3 +224,19 @@ def test_link_reports_are_one_per_host_and_every_value_is_the_jobs(job):
     assert sorted(by_round) == list(range(1, rounds + 1)), j.reports
     for rnd in range(2, rounds + 1):  # (the first may come before a worker connected)
         assert sorted(by_round[rnd]) == [[0, 1], [2, 3]], (rnd, j.reports)
+
+
+def test_the_leader_killed_under_elastic_leaves_the_others_going_on(job):
+    """--elastic: worker 0 is let go, the others pass the barrier its host waited at, push
+    and pull a round without it (every element the survivors' sum on each of them), and the
+    next barrier comes from host 0's next worker and host 1's leader."""
+    j = job(2, "then-kill", HETPS_ELASTIC="2", HETPS_HOST_AGGREGATION="0")
+    _killed_waiting(j)
+    outs = _finish(j, timeout=90)  # a hang fails here
+    for p, out in zip(j.workers[1:], outs[1:], strict=True):
+        assert p.returncode == 0, out
+        values = json.loads(re.search(r"VALUES \d+ (\[.*\])", out).group(1))
+        assert values == [2.0 + 3.0 + 4.0] * 6000, out
+    ranks = {nid: info.rank for nid, info in j.sched.nodes.items() if info.role == "worker"}
+    last = sorted(sorted(ranks[i] for i in ids) for _, n, ids in j.arrivals if n == 5)
+    assert last == [[1], [2, 3]], j.arrivals
