@@ -23,6 +23,13 @@ the node's own routing id (so the scheduler holds N connections, as with real no
   plan, the planner's own time per plan (``plan_s`` of the answer), the plan message's
   size, and the scheduler's CPU per round.
 
+With hosts of several workers (``--workers-per-host``), a host's barrier arrival and link
+report go through its leader, as cluster/hostlead.py does (``HETPS_HOST_CONTROL``): the host's
+lowest worker sends one arrival (``host``: the host's workers) and one report (the host's
+workers' arrays joined, ``host_rows``), and passes the one answer on to the host's other
+workers, who hold it once the leader read it (the local hand-off itself is not simulated).
+``--per-process-control``: every worker sends its own.
+
 Part 2 (plans): every plan function of :mod:`hetps.balance` (average, elastic, aware,
 optimal) timed directly for S = N/4 servers and W = N - S workers, on a heterogeneous
 network of per-node caps (what the planner builds), plus per-link caps: ``optimal-link`` and
@@ -80,6 +87,7 @@ PLAN_GOAL_S = 0.01 * ITERATION_S  # an Aware re-plan under 1% of a 1 s iteration
 SLICE_ELEMS = 1 << 16  # HETPS_SLICE_ELEMS' default: 256 KiB float32 slices
 SLICES_PER_SERVER = 4  # the simulated model: this many slices per server
 RECV_MAX_BYTES = 1 << 31  # what a worker accepts (HETPS_MAX_MESSAGE_BYTES' default)
+PASSED_ON = (P.BARRIER_DONE, P.BALANCE_REPORT)  # what a host's leader passes on to its host
 
 
 def raise_fd_limit(need: int) -> tuple[int, int]:
@@ -191,6 +199,7 @@ class Got:
     raw_bytes: int
     body: dict | None  # None: the codec refused it (``error`` says why)
     error: str | None = None
+    local: bool = False  # passed on by its host's leader, not from the scheduler
 
 
 @dataclass
@@ -207,11 +216,17 @@ class SimNode:
 class SimCluster:
     """N simulated nodes speaking the real protocol to one scheduler, in this process."""
 
-    def __init__(self, port: int, servers: int, workers: int, per_host: int = 1) -> None:
+    def __init__(
+        self, port: int, servers: int, workers: int, per_host: int = 1, host_control: bool = True
+    ) -> None:
         n = servers + workers
         # hosts of ``per_host`` workers (HETPS_HOST_GROUP r // per_host); 1: no groups, every
         # worker a host of its own
         self.per_host = per_host
+        # a host's workers arrive at a barrier through its leader (HETPS_HOST_CONTROL):
+        # leader node index -> the host's other workers, to whom it passes the release on
+        self.host_control = host_control and per_host > 1
+        self.followers: dict[int, list[SimNode]] = {}
         self.ctx = zmq.Context(io_threads=2)
         self.ctx.set(zmq.MAX_SOCKETS, n + 64)
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -239,6 +254,12 @@ class SimCluster:
             self.by_back[node.back] = node
         self.servers = [x for x in self.nodes if x.role == "server"]
         self.workers = [x for x in self.nodes if x.role == "worker"]
+        if self.host_control:
+            for x in self.workers:
+                if x.rank % per_host:
+                    self.followers[x.index - x.rank % per_host].append(x)
+                else:
+                    self.followers[x.index] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self.unknown = 0
@@ -277,8 +298,20 @@ class SimCluster:
                     else:
                         node.got.setdefault(got.cmd, []).append(got)
                         self.total[got.cmd] += 1
+                        if got.cmd in PASSED_ON and node.index in self.followers:
+                            self._pass_on(node, got)
             with self._cond:  # once per batch: a waiter's check costs no O(N) per message
                 self._cond.notify_all()
+
+    def _pass_on(self, leader: SimNode, got: Got) -> None:
+        """A host's leader passes its host's release on to the host's other workers, as
+        cluster/hostlead.py does (there: a frame on each one's local socket; here: each gets
+        it when the leader has read it)."""
+        for x in self.followers[leader.index]:
+            t = time.perf_counter()
+            mine = Got(t, got.cmd, got.req, got.reply, got.raw_bytes, got.body, local=True)
+            x.got.setdefault(got.cmd, []).append(mine)
+            self.total[got.cmd] += 1
 
     def wait_for(self, pred: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``pred()`` (checked under the receive lock) holds, or ``timeout``."""
@@ -398,7 +431,13 @@ class SimCluster:
         entering = [x for x in self.nodes if x.index not in skip]
         t_first = time.perf_counter()
         for x in entering:
-            t_last_in = self.send(x, Message(P.BARRIER, req=100 + rnd, body={"group": "all"}))
+            body: dict[str, Any] = {"group": "all", "n": rnd + 1}
+            if x.index in self.followers:  # a host's leader: one arrival for its host
+                host = [x, *self.followers[x.index]]
+                body["host"] = [y.id for y in host if y.index not in skip]
+            elif self.host_control and x.role == "worker":
+                continue  # handed to its leader (a local hand-off, not the scheduler's)
+            t_last_in = self.send(x, Message(P.BARRIER, req=100 + rnd, body=body))
 
         ok = self.wait_for(lambda: self.total[P.BARRIER_DONE] - base >= len(self.nodes), timeout)
         with self._cond:
@@ -412,6 +451,7 @@ class SimCluster:
         return {
             "ok": ok and not wrong,
             "released": len(got),
+            "answers": sum(1 for g in got if not g.local),  # the scheduler's messages
             "latency_s": t_out - t_last_in,
             "from_first_s": t_out - t_first,
         }
@@ -480,6 +520,7 @@ class SimCluster:
             "msg_bytes_max": [],
             "report_bytes": [],
             "cpu_s": [],
+            "answers": [],  # the scheduler's plan messages (one per host: its leader's)
         }
         errors: list[str] = []
         shares_ok = True
@@ -495,6 +536,7 @@ class SimCluster:
                 [[s.rank, part * W, part * W / (down[s.index] + 1.0)] for s in self.servers],
                 dtype=np.float64,
             )
+            host: list[np.ndarray] = []
             for w in self.workers:
                 # a push and a pull sample per server, as one float64 array (the agent's form)
                 push = np.minimum(up[w.index] / S, down[srv_idx] / W)
@@ -508,7 +550,17 @@ class SimCluster:
                 if rnd == 1:
                     body["sizes"] = [n_slices * SLICE_ELEMS]
                     body["assign"] = assign0
-                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=[samples, stats])
+                host.append(samples)
+                if self.host_control and (w.rank + 1) % k and w.rank + 1 < W:
+                    continue  # handed to its host's leader (a local hand-off)
+                arrays = [samples, stats]
+                if self.host_control:  # the leader: one report for its host (hostlead.py)
+                    ids = [self.workers[w.rank - i].id for i in range(len(host) - 1, -1, -1)]
+                    body.update(host=ids, host_rows=[[2 * S, S]] * len(host))
+                    arrays = [np.concatenate(host), np.concatenate([stats] * len(host))]
+                    w = self.workers[w.rank - len(host) + 1]  # (sent by the host's lowest)
+                host = []
+                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays)
                 t_last = self.send(w, msg)
                 out["report_bytes"].append(msg.nbytes)
             ok = self.wait_for(
@@ -541,6 +593,7 @@ class SimCluster:
             if not ok or bad:
                 errors.append(f"round {rnd}: {len(got)} of {W} workers got a plan")
                 break
+            out["answers"].append(sum(1 for g in got if not g.local))
             out["msg_bytes"].append(median(g.raw_bytes for g in got))
             out["msg_bytes_max"].append(max(g.raw_bytes for g in got))  # rank 0's: the matrix
             rates = next((g.body.get("node_rates") for g in got if g.body), None) or {}
@@ -584,6 +637,7 @@ def run_cluster(
     seed: int = 0,
     skip_barrier: frozenset[int] = frozenset(),
     phases: tuple[str, ...] = ("register", "barrier", "heartbeat", "report"),
+    host_control: bool = True,
 ) -> dict:
     """One cluster of ``n`` simulated nodes against a real scheduler process; with
     ``per_server`` M, ``n`` workers and n / M servers; workers in hosts of ``per_host``."""
@@ -601,9 +655,10 @@ def run_cluster(
         "workers": workers,
         "hosts": -(-workers // per_host),
         "scheme": scheme,
+        "host_control": host_control and per_host > 1,
     }
     try:
-        sim = SimCluster(sched.port or 0, servers, workers, per_host)
+        sim = SimCluster(sched.port or 0, servers, workers, per_host, host_control)
         c0 = sched.cpu()
         res["register"] = reg = sim.register(timeout)
         reg["sched_cpu_s"] = sched.cpu() - c0
@@ -614,6 +669,7 @@ def run_cluster(
             res["barrier"] = {
                 "ok": all(b["ok"] for b in bars),
                 "released": min(b["released"] for b in bars),
+                "answers": max(b["answers"] for b in bars),
                 "latency_s": median(b["latency_s"] for b in bars),
                 "from_first_s": median(b["from_first_s"] for b in bars),
                 "latency_all_s": [b["latency_s"] for b in bars],
@@ -869,7 +925,7 @@ def report(results: dict) -> None:
             lambda x: fmt(x, ".0f"),
         ),
         (
-            "report message (bytes/worker)",
+            "report message (bytes: a worker's, or its host's leader's for the host)",
             lambda c: c.get("report", {}).get("report_bytes"),
             lambda x: fmt(x, ".0f"),
         ),
@@ -962,6 +1018,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="M",
         help="the sizes count workers, with one server per M of them (instead of --servers-frac)",
     )
+    ap.add_argument(
+        "--per-process-control",
+        action="store_true",
+        help="every worker sends its own barrier arrival (HETPS_HOST_CONTROL=0), not its host's "
+        "leader one for the host",
+    )
     ap.add_argument("--scheme", default="aware", help="HETPS_BALANCE of the scheduler")
     ap.add_argument("--barriers", type=int, default=5)
     ap.add_argument("--hb-interval", type=float, default=1.0)
@@ -1008,6 +1070,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.rounds,
                 args.timeout,
                 args.seed,
+                host_control=not args.per_process_control,
             )
             c["wall_s"] = time.perf_counter() - t0
             results["clusters"].append(c)

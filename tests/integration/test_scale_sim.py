@@ -48,15 +48,19 @@ def test_a_node_that_skips_the_barrier_leaves_everyone_waiting():
 
 def test_hosts_register_with_their_groups_and_are_planned_per_host():
     """32 workers in hosts of 4 (8 hosts), 4 servers: every table carries the workers' groups,
-    and rank 0's answer (small enough to carry the node rates) has one row per host and
+    a barrier and a link report round are one message and one answer per host (its
+    leader's), and rank 0's answer (small enough to carry the node rates) has one row per host and
     server, 12, not one per worker (36): the real scheduler plans per (host, server)."""
     res = sim.run_cluster(
         32, per_host=4, per_server=8, barriers=1, hb_interval=0.25, hb_periods=1, rounds=2,
         timeout=30.0,
     )  # fmt: skip
-    reg, rep = res["register"], res["report"]
+    reg, rep, bar = res["register"], res["report"], res["barrier"]
     assert res["servers"] == 4 and res["workers"] == 32 and res["hosts"] == 8
     assert reg["ok"] and reg["bad_tables"] == [], reg
+    # a barrier: every node released, by one answer per host and per server
+    assert bar["ok"] and bar["released"] == 36 and bar["answers"] == 8 + 4, bar
     assert rep["ok"], rep["errors"]
     assert rep["rows"] == 12, rep
+    assert rep["answers"] == 8, rep  # a report round: one report and one plan per host
     assert rep["msg_bytes_max"] < 256 * 1024

@@ -253,9 +253,12 @@ class BalanceAgent:
             body["sizes"] = [self.kv.meta[k].size for k in self.kv.order]
             body["assign"] = self._current_assignment()
             self._reported_keys = len(self.kv.order)
-        fut = self.node.request(
-            1, Message(P.BALANCE_REPORT, body=body, arrays=[table, times]), what="balance report"
-        )
+        msg = Message(P.BALANCE_REPORT, body=body, arrays=[table, times])
+        lead = getattr(self.node, "hostlead", None)  # the host's one report (cluster/hostlead.py)
+        if lead is not None:
+            fut = lead.report(self._round, msg)
+        else:
+            fut = self.node.request(1, msg, what="balance report")
         # this report carries a new cycle's readings, or the last probing round's probe
         news = fresh or self._probed_at == self._round - self.cfg.replan_every
         if self.plan is None or "sizes" in body or probing or news:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["SAMPLE_COLUMNS", "sample_array", "times_array"]
+__all__ = ["SAMPLE_COLUMNS", "host_ids", "listed", "sample_array", "spans", "times_array"]
 
 #: columns of a report's sample array: src, dst (node ids), bytes, t0, t1, kind
 SAMPLE_COLUMNS = 6
@@ -51,3 +51,43 @@ def times_array(
     for i, (rank, (nbytes, secs)) in enumerate(listed.items()):
         out[i] = (int(rank), nbytes, secs)
     return out
+
+
+def host_ids(
+    nodes: Mapping, sender: int, host: Sequence[int] | None, rows: Sequence | None, arrays
+) -> list[int] | str:
+    """The workers a report stands for: its sender, or the workers a host's leader names
+    (``host``: all of its host group, each once, ``rows`` giving each one's rows of the two
+    arrays); a string says what is wrong instead."""
+    if host is None:
+        return [sender]
+    group = getattr(nodes.get(sender), "group", -1)
+    bad = [i for i in host if getattr(nodes.get(i), "group", -1) != group or group < 0]
+    if bad or len(set(host)) != len(host):
+        return f"balance report: a host's report names nodes {bad or list(host)} of no host {group}"
+    counts = np.asarray(rows or [], dtype=np.int64).reshape(-1, 2)
+    have = [len(a) for a in arrays[:2]]
+    if len(counts) != len(host) or len(have) != 2 or counts.sum(axis=0).tolist() != have:
+        return f"balance report: 'host_rows' {counts.tolist()} do not add up to the arrays' {have} rows"
+    return list(host)
+
+
+def spans(
+    times: np.ndarray, host_rows: Sequence | None, servers: int
+) -> tuple[np.ndarray, list[float]]:
+    """A report's server times that name a server (mask), and each worker's last round: the
+    longest of its times (a host's report: one per worker, by ``host_rows``), read in bulk."""
+    rank, secs = times[:, 0], times[:, 2]
+    with np.errstate(invalid="ignore"):
+        mine = (rank >= 0) & (rank < servers) & (rank == np.floor(rank)) & (secs > 0)
+    counts = np.asarray([r[1] for r in host_rows] if host_rows else [len(times)], np.int64)
+    starts = (np.cumsum(counts) - counts)[counts > 0]
+    if not len(starts):
+        return mine, []
+    longest = np.maximum.reduceat(np.where(mine, secs, -1.0), starts)
+    return mine, [float(x) for x in longest if x > 0]
+
+
+def listed(values: np.ndarray) -> list[float | None]:
+    """A JSON-ready list: NaN (unknown) becomes None."""
+    return [float(x) if np.isfinite(x) else None for x in values]

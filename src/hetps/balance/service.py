@@ -26,7 +26,8 @@ from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_t
 from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
-from hetps.balance.reports import sample_array, times_array
+from hetps.balance.reports import host_ids, sample_array, spans, times_array
+from hetps.balance.reports import listed as _listed
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
 from hetps.balance.wire import pack_plan, reply_parts
@@ -82,6 +83,9 @@ class Planner:
         self.shares: np.ndarray | None = None
         self.epoch = 0
         self.pending: dict[int, dict[int, Message]] = {}
+        # each worker's last round answered, and the last plan (a report sent again gets it)
+        self._done: dict[int, int] = {}
+        self._last = b""
         # one round's samples until every worker reported it: data transfers (busy-time
         # rates) and spread flows
         self._samples: dict[int, list[tuple[np.ndarray, bool]]] = {}  # (samples, calibration)
@@ -314,17 +318,21 @@ class Planner:
             self.forget_readings()
         # the report's arrays are kept as they came and read once the round is complete, all
         # reports together (take_round): per report no more than these checks
-        samples = sample_array(msg.arrays, b.samples, MAX_REPORT_SAMPLES)
-        times = times_array(msg.arrays, b.server_times, MAX_REPORT_SAMPLES)
-        if isinstance(samples, str) or isinstance(times, str):
-            sched.reply(msg, {"error": samples if isinstance(samples, str) else times})
+        most = MAX_REPORT_SAMPLES * len(b.host or [0])  # (a host's: its workers' together)
+        samples = sample_array(msg.arrays, b.samples, most)
+        times = times_array(msg.arrays, b.server_times, most)
+        # a host's leader reports for its host's workers, in bulk: the ids it stands for
+        ids = host_ids(sched.nodes, msg.sender, b.host, b.host_rows, msg.arrays)
+        why = next((x for x in (samples, times, ids) if isinstance(x, str)), None)
+        if why is not None:
+            sched.reply(msg, {"error": why})
+            return
+        if all(self._done.get(i, 0) >= rnd for i in ids):  # sent again: its leader died
+            sched.reply(msg, *reply_parts(self._last))
             return
         self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
-        rank, secs = times[:, 0], times[:, 2]
-        with np.errstate(invalid="ignore"):
-            mine = (rank >= 0) & (rank < self.S) & (rank == np.floor(rank)) & (secs > 0)
-        if mine.any():  # this worker's last round: from its first request to its last answer
-            self._spans.setdefault(rnd, []).append(float(secs[mine].max()))
+        mine, worked = spans(times, b.host_rows, self.S)  # each worker's last round
+        self._spans.setdefault(rnd, []).extend(worked)
         if self.scheme_plan.needs == "history":  # (it fits a line per server)
             for s, nbytes_s, secs_s in times[mine].tolist():
                 self.history[int(s)].append((nbytes_s, secs_s))
@@ -338,7 +346,7 @@ class Planner:
                 rank = int(self.hosts.host_of_rank[rank])
             if 0 <= rank < len(ends):
                 self.links.spread_turn(way, ends[rank])
-        self.pending.setdefault(rnd, {})[msg.sender] = msg
+        self.pending.setdefault(rnd, {}).update(dict.fromkeys(ids, msg))
         self.release(sched)
 
     def live_workers(self, sched: Any) -> set[int]:
@@ -398,13 +406,11 @@ class Planner:
                 answer = {**answer, "spread": spread}
             # the same plan for every worker, encoded once; rank 0 also gets what reports
             # and plots read (the link matrix, the node rates): hetps.balance.wire
-            packed = pack_plan(answer)
-            for m in waiting.values():
-                if (
-                    P.role_of(m.sender) == "worker"
-                    and P.rank_of(m.sender) == 0
-                    and self.n_nodes <= REPORT_MAX_NODES
-                ):
+            packed = self._last = pack_plan(answer)
+            self._done.update(dict.fromkeys(waiting, rnd))
+            for m in {id(m): m for m in waiting.values()}.values():  # (a host's: once)
+                rank0 = P.worker_id(0) in (m.typed.host or [m.sender])
+                if rank0 and self.n_nodes <= REPORT_MAX_NODES:
                     extras = self.report_fields()
                     body, arrays = reply_parts(packed, extras, extras.pop("link_matrix"))
                 else:
@@ -591,8 +597,3 @@ class Planner:
                 ],
             },
         }
-
-
-def _listed(values: np.ndarray) -> list[float | None]:
-    """A JSON-ready list: NaN (unknown) becomes None."""
-    return [float(x) if np.isfinite(x) else None for x in values]

@@ -22,7 +22,8 @@ from hetps.transport.codec import Message
 
 @dataclass
 class Barrier:
-    arrived: dict[int, tuple[int, int]] = field(default_factory=dict)  # node -> (request, n)
+    # node -> (request, n, the node to answer: itself or its host's leader)
+    arrived: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     # node -> the highest barrier of the group it reached (its n: each node counts its own)
     reached: dict[int, int] = field(default_factory=dict)
     # the view: the live members, how many of them reached each n, the lowest such n
@@ -80,29 +81,42 @@ class Barriers:
     def arrive(self, msg: Message) -> None:
         b = msg.typed  # a Barrier: its group is one of P.GROUPS
         group = b.group
-        if msg.sender not in self.sched.nodes:
+        nodes = self.sched.nodes
+        if msg.sender not in nodes:
             self.sched.refuse_request(msg, f"node {msg.sender} is not in the job")
             return
-        if group != "all" and self.sched.nodes[msg.sender].role != group:
+        if group != "all" and nodes[msg.sender].role != group:
             self.sched.refuse_request(msg, f"node {msg.sender} is not in group {group!r}")
             return
+        ids = [msg.sender] if b.host is None else b.host
+        if b.host is not None:  # a host's leader arrives for its host's workers
+            host = nodes[msg.sender].group
+            bad = [i for i in ids if i not in nodes or nodes[i].group != host or host < 0]
+            if bad or b.n is None or len(set(ids)) != len(ids):
+                self.sched.refuse_request(
+                    msg, f"a host's arrival names nodes {bad or ids} of no host {host} or no n"
+                )
+                return
         bar = self._view(group)
-        old = bar.reached.get(msg.sender, 0)
-        n = b.n if b.n is not None else old + 1
-        bar.arrived[msg.sender] = (msg.req, n)
-        new = max(n, old)
-        bar.reached[msg.sender] = new
         before = bar.low
-        if msg.sender in bar.members and new != old:
-            bar.counts[old] -= 1
-            if not bar.counts[old]:
-                del bar.counts[old]
-            bar.counts[new] += 1
-            bar.low = min(bar.counts)  # (a few distinct values: the members' barriers)
+        n = b.n
+        for nid in ids:
+            old = bar.reached.get(nid, 0)
+            n = b.n if b.n is not None else old + 1
+            # answered: the node itself, or its host's leader once for all it arrived for
+            bar.arrived[nid] = (msg.req, n, msg.sender)
+            new = max(n, old)  # (counted once: arrived through its leader, then itself)
+            bar.reached[nid] = new
+            if nid in bar.members and new != old:
+                bar.counts[old] -= 1
+                if not bar.counts[old]:
+                    del bar.counts[old]
+                bar.counts[new] += 1
+        bar.low = min(bar.counts) if bar.counts else None  # (a few values: the members' n)
         if bar.low != before:
             self._send_released(group, bar)
         elif bar.low is None or bar.low >= n:
-            self._send_released(group, bar, only=msg.sender)
+            self._send_released(group, bar, only=ids)
 
     def release(self, group: str) -> None:
         """Release each node waiting at its barrier n once every live member reached n (all
@@ -111,16 +125,20 @@ class Barriers:
         self.changed()
         self._send_released(group, self._view(group))
 
-    def _send_released(self, group: str, bar: Barrier, only: int | None = None) -> None:
+    def _send_released(self, group: str, bar: Barrier, only: list[int] | None = None) -> None:
         if not bar.arrived:
             return
         low = bar.low
         # HETPS_ELASTIC: the members it waited for, the same list for every node released
         # together (a worker's own view of who left may lag behind the scheduler's)
         body = {"members": sorted(bar.members)} if self.sched.elastic else {}
-        waiting = [only] if only is not None else list(bar.arrived)
+        waiting = only if only is not None else list(bar.arrived)
+        told = set()  # (leader, request): one answer for the nodes a host's leader arrived for
         for nid in waiting:
-            req, n = bar.arrived[nid]
+            req, n, via = bar.arrived[nid]
             if low is None or low >= n:
-                self.sched.send_to(nid, Message(P.BARRIER_DONE, req=req, reply=True, body=body))
+                if (via, req) not in told:
+                    told.add((via, req))
+                    msg = Message(P.BARRIER_DONE, req=req, reply=True, body=body)
+                    self.sched.send_to(via, msg)
                 del bar.arrived[nid]

@@ -195,10 +195,13 @@ class BarrierAnswer(Body, kw_only=True):
 @command(P.BARRIER, reply=BarrierAnswer, answer=P.BARRIER_DONE, scheduler=NODES)
 class Barrier(Body, kw_only=True):
     """``group``: worker, server or all
-    ``n``: the barrier's number for this node (absent: one more than its last)"""
+    ``n``: the barrier's number for this node (absent: one more than its last)
+    ``host``: a host's leader: the workers of its host it arrives for (itself among them or
+    not), all at ``n``; one answer releases them (cluster/hostlead.py)"""
 
     group: Literal["worker", "server", "all"]
     n: Annotated[int, Meta(ge=1)] | None = None
+    host: Annotated[list[NodeId], Meta(max_length=4096)] | None = None
 
 
 class JoinAnswer(Body, kw_only=True):
@@ -265,7 +268,10 @@ class BalanceReport(Body, kw_only=True):
     ``sizes``: element counts of the keys in init order (first report, or new keys)
     ``assign``: the server of every slice, in layout order (with sizes)
     ``calibration``: these samples hold a whole new probe cycle
-    ``spread_done``: [way, rank] of the spread probe this worker took part in"""
+    ``spread_done``: [way, rank] of the spread probe this worker took part in
+    ``host``: a host's leader: the workers of its host it reports for, whose arrays follow each
+        other in the two arrays (cluster/hostlead.py)
+    ``host_rows``: with ``host``: [[samples, server times], ...] rows of each of them"""
 
     round: int
     samples: Annotated[
@@ -279,6 +285,8 @@ class BalanceReport(Body, kw_only=True):
     assign: list[int] | None = None
     calibration: bool = False
     spread_done: tuple[str, int] | None = None
+    host: Annotated[list[NodeId], Meta(max_length=4096)] | None = None
+    host_rows: Annotated[list[tuple[Count, Count]], Meta(max_length=4096)] | None = None
 
 
 @command(P.METRICS_REPORT, scheduler=NODES)  # counted as the connection's node, not the body's

@@ -24,6 +24,7 @@ from hetps.cluster import allow, batch, commands
 from hetps.cluster import protocol as P
 from hetps.cluster.enrol import Enrolment
 from hetps.cluster.errors import NodeClosed, NodeFailure
+from hetps.cluster.hostlead import HostLead
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future, RequestTracker
 from hetps.config import NodeConfig, check_exposure
@@ -106,6 +107,7 @@ class Node:
         self.on_worker_left: Callable[[int], None] | None = None
         self.barrier_n: dict[str, int] = {}  # barriers asked for, per group
         self.barrier_passed: dict[str, int] = {}  # and passed (told to a restarted scheduler)
+        self.hostlead: HostLead | None = None  # a host's one arrival (cluster/hostlead.py)
         self.back_id: str | None = None  # routing id the scheduler connects back with
         # what this node proves who it is with to a restarted scheduler (--recover): given
         # by the scheduler with the node table, never sent to anybody else
@@ -197,6 +199,8 @@ class Node:
         Raises :class:`ClusterError` when the scheduler cannot be reached or the cluster does
         not complete within ``HETPS_CONNECT_TIMEOUT``."""
         self.enrol.register()
+        if not self.recovery:  # (one admitted again sends its own)
+            self.hostlead = HostLead.plan(self)
         if self.cfg.heartbeat_interval > 0:
             self._hb_thread = threading.Thread(
                 target=self._heartbeat_loop, name="hetps-heartbeat", daemon=True
@@ -531,6 +535,11 @@ class Node:
         self.check()
         n = self.barrier_n.get(group, 0) + 1
         self.barrier_n[group] = n
+        if self.hostlead is not None:
+            relayed, members = self.hostlead.barrier(group, n, timeout)
+            if relayed:
+                self.barrier_passed[group] = n
+                return members
         fut = self.request(
             P.SCHEDULER_ID,
             Message(P.BARRIER, body={"group": group, "n": n}),
@@ -560,6 +569,8 @@ class Node:
         if self._stop.is_set():
             return
         self._stop.set()
+        if self.hostlead is not None:
+            self.hostlead.close()
         me = threading.current_thread()
         for t in (self._recv_thread, self._hb_thread):
             if t is not None and t is not me:

@@ -354,6 +354,11 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "known) sum their gradients through shared memory and push and pull the "
                 "host's sum once (docs/HOSTS.md); 0: every worker pushes and pulls its own",
                 field="host_aggregation", minimum=0),
+            Var("HETPS_HOST_CONTROL", "flag", True,
+                "the workers of one host (HETPS_HOST_GROUP known, more than one worker, a "
+                "cluster secret) hand their barrier arrivals to the host's lowest live worker, "
+                "which sends one for the host (docs/HOSTS.md); 0: every worker sends its own",
+                field="host_control", minimum=0),
             Var("HETPS_TABLE_MAX_BYTES", "int", 0,
                 "bytes one server may hold of all its embedding tables (row-sparse keys: "
                 "values, optimizer state, id index; a fixed table counts whole, a growing "

@@ -1,0 +1,411 @@
+"""One control message per host, a part of a worker's :class:`~hetps.cluster.node.Node`: the
+workers of one host hand their barrier arrivals and their link reports to the host's leader
+(its lowest live worker), which sends ONE message naming them all (``host``) and passes the
+scheduler's one answer on (BytePS's local stage, for the control plane; docs/HOSTS.md).
+
+On where the host is known and safe: a worker with a host group of more than one worker, a
+cluster secret, ``HETPS_HOST_CONTROL`` on. The channel is a Unix socket in the abstract
+namespace, named from the cluster secret, the host group and the leader's node id: the kernel
+removes it with its process (a SIGKILL leaves nothing in /dev/shm), a peer's death is an EOF
+at once (no polling of a mailbox), and the peer's uid is checked (``SO_PEERCRED``). Every
+worker listens, so the next lowest takes over when the leader is let go. The leader sends a
+round (a barrier's n, a report's round) once every connected local worker reached it (or was
+sent at it already); a follower whose leader is gone (EOF, let go, a refused or failed relay)
+sends its own, which the scheduler counts once (a node's barrier is the highest it reached, a
+report is kept per worker and a late one of a round already planned is answered at once)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import numpy as np
+
+from hetps.cluster import protocol as P
+from hetps.cluster.requests import RequestTimeout
+from hetps.transport.codec import Message
+
+if TYPE_CHECKING:
+    from hetps.cluster.node import Node
+
+log = logging.getLogger("hetps.worker")
+_LEN = struct.Struct("<I")
+_MAX_FRAME = 1 << 26  # a report's samples (the balance agent keeps at most 100,000: 4.8 MB)
+_TICK = 0.2  # how often a wait looks at the node's failure and the let-go workers
+REPORT = "r"  # the kind of a link report; a barrier's is "b:" and its group
+
+
+def _name(secret: bytes, group: int, leader: int) -> bytes:
+    tag = hmac.new(secret, f"hostlead:{group}:{leader}".encode(), hashlib.sha256).hexdigest()
+    return b"\0hetps-lead-" + tag[:32].encode()
+
+
+def _send(sock: socket.socket, body: dict) -> None:
+    data = msgpack.packb(body, use_bin_type=True)
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def _recv(sock: socket.socket) -> dict | None:
+    """One frame (None: the peer closed or sent garbage)."""
+    try:
+        head = sock.recv(_LEN.size, socket.MSG_WAITALL)
+        if len(head) < _LEN.size:
+            return None
+        (size,) = _LEN.unpack(head)
+        data = sock.recv(size, socket.MSG_WAITALL) if size <= _MAX_FRAME else b""
+        if len(data) != size or not size:
+            return None
+        body = msgpack.unpackb(data, raw=False)
+        return body if isinstance(body, dict) else None
+    except (OSError, ValueError, msgpack.UnpackException):
+        return None
+
+
+def _same_user(sock: socket.socket) -> bool:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] == os.geteuid()
+
+
+def _rows(data: Any, cols: int) -> np.ndarray:
+    return np.frombuffer(data if isinstance(data, bytes) else b"", np.float64).reshape(-1, cols)
+
+
+class Slot:
+    """One wait of this worker: its answer (None: not relayed, send it directly)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.answer: Any = None
+
+    def set(self, answer: Any) -> None:
+        if not self.event.is_set():
+            self.answer = answer
+            self.event.set()
+
+
+class Relayed:
+    """A link report handed to the host's leader: :meth:`wait` gives the scheduler's answer as
+    a node's request would, or sends the report directly when the leader did not relay it."""
+
+    def __init__(self, lead: HostLead, slot: Slot, msg: Message, leader: int) -> None:
+        self.lead, self.slot, self.msg, self.leader = lead, slot, msg, leader
+
+    def wait(self, timeout: float | None = None) -> Message:
+        """The answer (a reply to ``balance_report``)."""
+        timeout = self.lead.node.cfg.request_timeout if timeout is None else timeout
+        answer = self.lead.wait(self.slot, timeout, "balance report", self.leader)
+        if answer is None:
+            return self.lead.node.request(P.SCHEDULER_ID, self.msg).wait(timeout)
+        return answer
+
+
+class HostLead:
+    """A worker's side of its host's one control message (leader and follower)."""
+
+    @classmethod
+    def plan(cls, node: Node) -> HostLead | None:
+        """The host part of worker ``node``, or None: it sends its own."""
+        cfg, me = node.cfg, node.info
+        if me is None or me.role != "worker" or me.group < 0 or cfg.secret is None:
+            return None
+        if not cfg.host_control or len(cls._host(node, me.group)) < 2:
+            return None
+        try:
+            return cls(node)
+        except OSError as exc:  # (its name taken: another process of this job's worker)
+            log.warning("worker: sends its own barrier arrivals and reports: %s", exc)
+            return None
+
+    @staticmethod
+    def _host(node: Node, group: int) -> list[int]:
+        return sorted(n.id for n in node.nodes.values() if n.role == "worker" and n.group == group)
+
+    def __init__(self, node: Node) -> None:
+        assert node.info is not None and node.cfg.secret is not None
+        self.node = node
+        self.me = node.info.id
+        self.group = node.info.group
+        self.secret = node.cfg.secret
+        self.lock = threading.RLock()  # (a relay's failure may be answered at once)
+        # leader: followers' connections; per kind, what waits (node -> (n, what it sent))
+        # and the last n sent of each node
+        self.conns: dict[int, socket.socket] = {}
+        self.pending: dict[str, dict[int, tuple[int, Any]]] = {}
+        self.sent: dict[str, dict[int, int]] = {}
+        # this worker's own waits: (kind, n) -> Slot
+        self.slots: dict[tuple[str, int], Slot] = {}
+        # follower: the connection to the leader it hands its messages to
+        self.up: socket.socket | None = None
+        self.up_id = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(_name(self.secret, self.group, self.me))
+        except OSError:
+            self.listener.close()
+            raise
+        self.listener.listen(64)
+        self._stop = threading.Event()
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ)
+        self.thread = threading.Thread(target=self._serve, name="hetps-hostlead", daemon=True)
+        self.thread.start()
+
+    def leader(self) -> int:
+        """The host's lowest live worker."""
+        gone = self.node.left
+        return min(i for i in self._host(self.node, self.group) if i not in gone or i == self.me)
+
+    # -- a worker's side --------------------------------------------------------------------
+    def barrier(self, group: str, n: int, timeout: float) -> tuple[bool, Any]:
+        """Arrive at barrier ``n`` of ``group`` through the host; (False, None): it was not
+        relayed, send it directly; (True, members) once released."""
+        lead, slot = self._hand(f"b:{group}", n, None)
+        answer = self.wait(slot, timeout, f"barrier({group})", lead)
+        return (False, None) if answer is None else (True, answer[0])
+
+    def report(self, rnd: int, msg: Message) -> Relayed:
+        """Hand link report ``msg`` of round ``rnd`` to the host's leader."""
+        samples, times = (np.ascontiguousarray(a, np.float64) for a in msg.arrays[:2])
+        what = {"b": msg.body, "s": samples.tobytes(), "t": times.tobytes()}
+        lead, slot = self._hand(REPORT, rnd, what)
+        return Relayed(self, slot, msg, lead)
+
+    def _hand(self, kind: str, n: int, what: Any) -> tuple[int, Slot]:
+        lead, slot = self.leader(), Slot()
+        with self.lock:
+            self.slots[(kind, n)] = slot
+            if lead == self.me:
+                self.pending.setdefault(kind, {})[self.me] = (n, what)
+                self._pump(kind)
+                return lead, slot
+        if self.up is None or self.up_id != lead:
+            self._drop_up()
+            self._connect(lead)
+        try:
+            if self.up is None:
+                raise OSError("no leader")
+            _send(self.up, {"k": kind, "n": n, "w": what})
+        except OSError:
+            self._drop_up()
+            with self.lock:
+                self.slots.pop((kind, n), None)
+            slot.set(None)
+        return lead, slot
+
+    def wait(self, slot: Slot, timeout: float, what: str, lead: int) -> Any:
+        """``slot``'s answer (None: send it directly); raises the node's failure, or
+        RequestTimeout after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not slot.event.wait(_TICK):
+            self.node.check()
+            if lead != self.me and lead in self.node.left:  # let go (HETPS_ELASTIC)
+                self._drop_up()
+                return None
+            if time.monotonic() > deadline:
+                raise RequestTimeout(
+                    f"{what} through the host's leader: no answer within {timeout:.1f} s "
+                    "(raise HETPS_REQUEST_TIMEOUT if the job is just slow)"
+                )
+        return slot.answer
+
+    def _connect(self, lead: int) -> None:
+        """A connection to ``lead`` (it listens from its start, which may still run) and
+        the thread that reads its answers."""
+        until = time.monotonic() + 5.0
+        while self.up is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(_name(self.secret, self.group, lead))
+                if not _same_user(sock):
+                    log.warning("host leader %d's socket belongs to another user: not used", lead)
+                    sock.close()
+                    return
+                _send(sock, {"id": self.me})
+            except OSError:
+                sock.close()
+                if time.monotonic() > until or lead in self.node.left:
+                    return
+                self.node.check()
+                time.sleep(0.05)  # a retry of the connection, not a wait for another's state
+                continue
+            self.up, self.up_id = sock, lead
+            threading.Thread(target=self._read_up, args=(sock,), daemon=True).start()
+
+    def _read_up(self, sock: socket.socket) -> None:
+        """The leader's answers to this follower, each to its slot; at the end (the leader
+        gone) every slot still open is told to send directly."""
+        while True:
+            body = _recv(sock)
+            if body is None:
+                break
+            with self.lock:
+                slot = self.slots.pop((str(body.get("k")), body.get("n")), None)  # type: ignore[arg-type]
+            if slot is not None:
+                answer: Any = (body.get("a"),)  # a barrier's: (members,)
+                if body.get("k") == REPORT and isinstance(body.get("a"), dict):
+                    answer = Message(P.BALANCE_REPORT, reply=True, body=body["a"])
+                slot.set(answer if body.get("ok") else None)
+        with self.lock:
+            if self.up is sock:
+                self.up = None
+            for key in list(self.slots):
+                self.slots.pop(key).set(None)
+        sock.close()
+
+    def _drop_up(self) -> None:
+        if self.up is not None:
+            try:
+                self.up.shutdown(socket.SHUT_RDWR)  # (its reader ends and closes it)
+            except OSError:
+                pass
+        self.up = None
+
+    # -- the leader's relay -----------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                events = self.sel.select(_TICK)
+            except (OSError, ValueError):
+                return
+            for key, _ in events:
+                if key.fileobj is self.listener:
+                    self._accept()
+                else:
+                    self._read(key.data, key.fileobj)  # type: ignore[arg-type]
+            with self.lock:  # a worker let go may be the last one waited for
+                for kind in list(self.pending):
+                    self._pump(kind)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        sock.settimeout(5.0)  # a peer that sends half a frame is dropped, not waited for
+        hello = _recv(sock) if _same_user(sock) else None
+        nid = hello.get("id") if hello else None
+        if nid not in self._host(self.node, self.group) or nid == self.me:
+            log.warning("host leader: refused a local connection that is no worker of its host")
+            sock.close()
+            return
+        with self.lock:
+            self._close(nid)
+            self.conns[nid] = sock
+            self.sel.register(sock, selectors.EVENT_READ, nid)
+
+    def _read(self, nid: int, sock: socket.socket) -> None:
+        body = _recv(sock) or {}
+        kind, n = body.get("k"), body.get("n")
+        ok = kind == REPORT or kind in [f"b:{g}" for g in P.GROUPS]
+        with self.lock:
+            if not ok or not isinstance(n, int) or n < 1:
+                self._close(nid)  # gone (EOF) or broken: it sends its own from now on
+                for k in list(self.pending):
+                    self._pump(k)
+                return
+            self.pending.setdefault(kind, {})[nid] = (n, body.get("w"))
+            self._pump(kind)
+
+    def _close(self, nid: int) -> None:
+        sock = self.conns.pop(nid, None)
+        if sock is not None:
+            self.sel.unregister(sock)
+            sock.close()
+        for waiting in self.pending.values():
+            waiting.pop(nid, None)
+
+    def _pump(self, kind: str) -> None:
+        """Send ``kind``'s messages at n once every local worker is at n or was sent there
+        (under the lock)."""
+        waiting = self.pending.get(kind)
+        if not waiting:
+            return
+        sent = self.sent.setdefault(kind, {})
+        expected = [i for i in (self.me, *self.conns) if i not in self.node.left]
+        for n in sorted({m for m, _ in waiting.values()}):
+            if all(waiting.get(i, (0,))[0] == n or sent.get(i, 0) >= n for i in expected):
+                batch = {i: w for i, (m, w) in waiting.items() if m == n}
+                for i in batch:
+                    del waiting[i]
+                    sent[i] = n
+                self._relay(kind, n, batch)
+
+    def _relay(self, kind: str, n: int, batch: dict[int, Any]) -> None:
+        ids = sorted(batch)
+        if kind == REPORT:
+            msg = self._merged(n, ids, batch)
+        else:
+            msg = Message(P.BARRIER, body={"group": kind[2:], "n": n, "host": ids})
+        told: list[bool] = []
+
+        def answer(ok: bool, reply: Any) -> None:
+            with self.lock:
+                if not told:
+                    told.append(True)
+                    self._answer(kind, n, ids, ok, reply)
+
+        fut = self.node.request(P.SCHEDULER_ID, msg, callback=lambda r: answer(True, r))
+        fut.errback = lambda _e: answer(False, None)
+        if fut.done() and fut.error is not None:
+            answer(False, None)
+
+    def _merged(self, rnd: int, ids: list[int], batch: dict[int, Any]) -> Message:
+        """The host's one report: every worker's samples and times in one array each, the
+        rows of each worker (``host_rows``), the layout and the flags of the first that has
+        them (every worker reports the same ones)."""
+        bodies = [batch[i].get("b") or {} for i in ids]
+        samples = [_rows(batch[i].get("s"), 6) for i in ids]
+        times = [_rows(batch[i].get("t"), 3) for i in ids]
+        body: dict[str, Any] = {
+            "round": rnd,
+            "host": ids,
+            "host_rows": [[len(s), len(t)] for s, t in zip(samples, times, strict=True)],
+        }
+        for field in ("sizes", "assign", "calibration", "spread_done"):
+            body[field] = next((b[field] for b in bodies if b.get(field)), None)
+        arrays = [np.concatenate(samples), np.concatenate(times)]
+        return Message(P.BALANCE_REPORT, body={k: v for k, v in body.items() if v is not None},
+                       arrays=arrays)  # fmt: skip
+
+    def _answer(self, kind: str, n: int, ids: list[int], ok: bool, reply: Any) -> None:
+        """The scheduler's answer (``ok``) or a relay's failure, to each of its workers."""
+        if kind == REPORT:
+            local = {"plan": reply.body.get("plan")} if ok else None
+            if ok and not isinstance(local["plan"], bytes):
+                local = dict(reply.body)  # an error answer
+        else:
+            local = getattr(getattr(reply, "typed", None), "members", None)
+            reply = (local,)
+        with self.lock:
+            for nid in ids:
+                if nid == self.me:
+                    slot = self.slots.pop((kind, n), None)
+                    if slot is not None:
+                        slot.set(reply if ok else None)
+                    continue
+                sock = self.conns.get(nid)
+                try:
+                    if sock is not None:
+                        _send(sock, {"k": kind, "n": n, "ok": ok, "a": local})
+                except OSError:
+                    self._close(nid)
+
+    def close(self) -> None:
+        """Stop relaying; the followers see the EOF and send their own."""
+        self._stop.set()
+        self.thread.join(timeout=2)
+        with self.lock:
+            for nid in list(self.conns):
+                self._close(nid)
+            self._drop_up()
+            self.sel.close()
+            self.listener.close()

@@ -1,0 +1,242 @@
+"""One barrier arrival per host (cluster/hostlead.py): 2 hosts of 2 worker processes and a
+server process against a real scheduler (in this process, to count what it receives); the
+host's leader killed mid-job leaves no worker hanging: the others fail naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hetps.cluster import protocol as P
+from hetps.roles import make_scheduler
+from procs import wait_gone
+from roles import loopback_config, role_env
+
+WORKERS, PER_HOST, BARRIERS = 4, 2, 4
+
+SCRIPT = textwrap.dedent("""
+    import signal, sys, hetps.kv
+    import numpy as np
+    kv = hetps.kv.create('dist_sync')
+    if len(sys.argv) > 2:  # (a barrier of its own: the barriers below count from 2)
+        kv.init('v', np.zeros(6000, np.float32))
+    if kv.balance:  # rounds of pushes and pulls, each with a link report
+        kv.init('w', np.zeros(6000, np.float32))
+        for step in range(int(sys.argv[1])):
+            kv.rebalance()
+            kv.push('w', np.arange(6000, dtype=np.float32) * (kv.rank + 1))
+            w = kv.pull('w')
+        print('VALUES', kv.rank, w.tolist(), flush=True)
+    for i in range(int(sys.argv[1])):
+        kv.barrier()
+    print('PASSED', kv.rank, flush=True)
+    if len(sys.argv) > 2:  # worker 0 waits here to be killed; the others at the next barrier
+        if kv.rank == 0:
+            signal.pause()
+        kv.barrier()
+        print('AFTER', kv.rank, flush=True)
+        kv.push('v', np.full(6000, kv.rank + 1, np.float32))  # (elastic: they go on)
+        print('VALUES', kv.rank, kv.pull('v').tolist(), flush=True)
+        kv.barrier()
+    kv.close()
+""")
+
+
+class Job:
+    """A scheduler in this process (its host arrivals recorded) and the roles as processes."""
+
+    def __init__(self, tmp_path, barriers: int, *script_args: str, **env: str) -> None:
+        secret = secrets.token_hex(32)
+        cfg = loopback_config(
+            "scheduler",
+            num_worker=WORKERS,
+            num_server=2,
+            secret=secret.encode(),
+            heartbeat_timeout=4.0,
+            balance=env.get("HETPS_BALANCE", "none"),
+            elastic=int(env.get("HETPS_ELASTIC", 0)),
+            slice_elems=1000,
+        )
+        self.sched = make_scheduler(cfg)
+        self.arrivals: list[tuple[int, int, list[int]]] = []  # (sender, n, ids it arrives for)
+        arrive = self.sched.barriers.arrive
+
+        def counted(msg):
+            b = msg.typed
+            if b.group == "worker":
+                self.arrivals.append((msg.sender, b.n, b.host or [msg.sender]))
+            arrive(msg)
+
+        self.sched.barriers.arrive = counted
+        self.reports: list[tuple[int, int, list[int]]] = []  # (sender, round, ids)
+        if P.BALANCE_REPORT in self.sched.services:
+            plan = self.sched.services[P.BALANCE_REPORT]
+
+            def report(sched, msg):
+                self.reports.append((msg.sender, msg.typed.round, msg.typed.host or [msg.sender]))
+                plan(sched, msg)
+
+            self.sched.services[P.BALANCE_REPORT] = report
+        self.thread = threading.Thread(target=self.sched.run, daemon=True)
+        self.thread.start()
+        port = self.sched.van.port
+        script = tmp_path / "job.py"
+        script.write_text(SCRIPT)
+        common = dict(
+            servers=2,
+            workers=WORKERS,
+            HETPS_SLICE_ELEMS=1000,
+            clean=True,
+            HETPS_SECRET=secret,
+            **env,
+        )
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "hetps.cli", "server"],
+                env=role_env("server", port, **common),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for _ in range(2)
+        ]
+        for r in range(WORKERS):
+            wenv = role_env(
+                "worker",
+                port,
+                **common,
+                HETPS_LAUNCH_RANK=r,
+                HETPS_HOST_GROUP=r // PER_HOST,
+                LOCAL_RANK=r % PER_HOST,
+                LOCAL_WORLD_SIZE=PER_HOST,
+                PS_HEARTBEAT_TIMEOUT=4,
+            )
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), str(barriers), *script_args],
+                    env=wenv,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+        self.workers = self.procs[2:]
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+            if p.stdout is not None:
+                p.stdout.close()
+        self.sched._stop.set()
+        self.thread.join(10)
+        assert not wait_gone([p.pid for p in self.procs])
+
+
+@pytest.fixture
+def job(tmp_path):
+    made: list[Job] = []
+    yield lambda *a, **kw: made.append(Job(tmp_path, *a, **kw)) or made[-1]
+    for j in made:
+        j.close()
+
+
+def _finish(j: Job, timeout: float = 120) -> list[str]:
+    outs = []
+    for p in j.workers:
+        out, _ = p.communicate(timeout=timeout)
+        outs.append(out)
+    return outs
+
+
+def test_a_barrier_is_one_arrival_per_host(job):
+    j = job(BARRIERS)
+    outs = _finish(j)
+    assert all(p.returncode == 0 for p in j.workers), outs
+    assert sorted(int(o.split("PASSED")[1].split()[0]) for o in outs) == list(range(WORKERS))
+    # every worker barrier the workers called, as the scheduler received it: from the first
+    # barrier on that every local worker reached through its leader, one message per host
+    ranks = {nid: info.rank for nid, info in j.sched.nodes.items() if info.role == "worker"}
+    by_n: dict[int, list[list[int]]] = {}
+    for _sender, n, ids in j.arrivals:
+        by_n.setdefault(n, []).append(sorted(ranks[i] for i in ids))
+    assert sorted(by_n) == list(range(1, BARRIERS + 1)), j.arrivals
+    for n in range(2, BARRIERS + 1):  # (the first may come before a worker connected)
+        assert sorted(by_n[n]) == [[0, 1], [2, 3]], (n, j.arrivals)
+    # and each message came from its host's leader (its lowest worker)
+    leaders = {ranks[s] for s, n, _ in j.arrivals if n >= 2}
+    assert leaders == {0, 2}, j.arrivals
+
+
+def _killed_waiting(j: Job) -> None:
+    """Kill worker 0 (host 0's leader) while the others wait at barrier 4 (init's, two, then
+    the one worker 0 never reaches)."""
+    for p in j.workers:  # every worker passed its barriers; 1 to 3 go to the next
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        while line and "PASSED" not in line:
+            line = p.stdout.readline()
+        assert "PASSED" in line
+    # host 1's leader sent its host's arrival at barrier 4 (worker 1's waits at worker 0)
+    deadline = time.monotonic() + 30
+    while not any(n == 4 and len(ids) == 2 for _, n, ids in j.arrivals):
+        assert time.monotonic() < deadline, j.arrivals
+        time.sleep(0.05)  # between looks at what the scheduler received
+    os.kill(j.workers[0].pid, signal.SIGKILL)
+
+
+def test_the_leader_killed_mid_job_fails_the_others_naming_it(job):
+    j = job(2, "then-kill")
+    _killed_waiting(j)
+    outs = _finish(j, timeout=90)  # a hang fails here
+    for p, out in zip(j.workers[1:], outs[1:], strict=True):
+        assert p.returncode != 0, out
+        assert "AFTER" not in out, out
+        assert "worker rank 0" in out, out
+
+
+def test_link_reports_are_one_per_host_and_every_value_is_the_jobs(job):
+    rounds = 4
+    j = job(rounds, HETPS_BALANCE="aware")
+    outs = _finish(j)
+    assert all(p.returncode == 0 for p in j.workers), outs
+    # every worker pulled the sum of the four workers' pushes, every element
+    want = (np.arange(6000, dtype=np.float32) * (1 + 2 + 3 + 4)).tolist()
+    for out in outs:
+        values = json.loads(re.search(r"VALUES \d+ (\[.*\])", out).group(1))
+        assert values == want, out
+    ranks = {nid: info.rank for nid, info in j.sched.nodes.items() if info.role == "worker"}
+    by_round: dict[int, list[list[int]]] = {}
+    for sender, rnd, ids in j.reports:
+        by_round.setdefault(rnd, []).append(sorted(ranks[i] for i in ids))
+        assert ranks[sender] == min(ranks[i] for i in ids), j.reports  # from its leader
+    assert sorted(by_round) == list(range(1, rounds + 1)), j.reports
+    for rnd in range(2, rounds + 1):  # (the first may come before a worker connected)
+        assert sorted(by_round[rnd]) == [[0, 1], [2, 3]], (rnd, j.reports)
+
+
+def test_the_leader_killed_under_elastic_leaves_the_others_going_on(job):
+    """--elastic: worker 0 is let go, the others pass the barrier its host waited at, push
+    and pull a round without it (every element the survivors' sum on each of them), and the
+    next barrier comes from host 0's next worker and host 1's leader."""
+    j = job(2, "then-kill", HETPS_ELASTIC="2", HETPS_HOST_AGGREGATION="0")
+    _killed_waiting(j)
+    outs = _finish(j, timeout=90)  # a hang fails here
+    for p, out in zip(j.workers[1:], outs[1:], strict=True):
+        assert p.returncode == 0, out
+        values = json.loads(re.search(r"VALUES \d+ (\[.*\])", out).group(1))
+        assert values == [2.0 + 3.0 + 4.0] * 6000, out
+    ranks = {nid: info.rank for nid, info in j.sched.nodes.items() if info.role == "worker"}
+    last = sorted(sorted(ranks[i] for i in ids) for _, n, ids in j.arrivals if n == 5)
+    assert last == [[1], [2, 3]], j.arrivals
