@@ -75,6 +75,15 @@ def _same_user(sock: socket.socket) -> bool:
     return struct.unpack("3i", creds)[1] == os.geteuid()
 
 
+def _whole(what: Any) -> bool:
+    """Whether a follower's link report is one the leader can merge (a map body, whole rows
+    of samples and times), else the follower is dropped and sends its own."""
+    if not isinstance(what, dict) or not isinstance(what.get("b") or {}, dict):
+        return False
+    s, t = what.get("s"), what.get("t")
+    return isinstance(s, bytes) and isinstance(t, bytes) and not len(s) % 48 and not len(t) % 24
+
+
 def _rows(data: Any, cols: int) -> np.ndarray:
     return np.frombuffer(data if isinstance(data, bytes) else b"", np.float64).reshape(-1, cols)
 
@@ -305,7 +314,7 @@ class HostLead:
     def _read(self, nid: int, sock: socket.socket) -> None:
         body = _recv(sock) or {}
         kind, n = body.get("k"), body.get("n")
-        ok = kind == REPORT or kind in [f"b:{g}" for g in P.GROUPS]
+        ok = (kind == REPORT and _whole(body.get("w"))) or kind in [f"b:{g}" for g in P.GROUPS]
         with self.lock:
             if not ok or not isinstance(n, int) or n < 1:
                 self._close(nid)  # gone (EOF) or broken: it sends its own from now on

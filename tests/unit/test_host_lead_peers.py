@@ -1,0 +1,116 @@
+"""A host's leader (cluster/hostlead.py) against a broken follower on its real abstract Unix
+socket: a link report whose arrays are not whole rows, or whose body is no map, drops that
+follower only; the leader's own report goes on (all its values) and a well-formed follower
+is relayed after it, in either order of arrival."""
+
+from __future__ import annotations
+
+import socket
+import time
+import types
+
+import numpy as np
+import pytest
+
+from hetps.cluster import hostlead as H
+from hetps.cluster import protocol as P
+from hetps.cluster.requests import Future
+from hetps.transport.codec import Message
+
+LEADER, FOLLOWER = 9, 11
+SECRET = b"k" * 32
+
+
+class _Node:
+    """What HostLead uses of a worker's Node; the scheduler's requests are recorded."""
+
+    def __init__(self) -> None:
+        self.cfg = types.SimpleNamespace(secret=SECRET, host_control=True, request_timeout=5.0)
+        self.info = P.NodeInfo(LEADER, "worker", 0, "", 0, 0)
+        self.nodes = {i: P.NodeInfo(i, "worker", r, "", 0, 0) for r, i in enumerate((9, 11))}
+        self.left: set[int] = set()
+        self.sent: list[Message] = []
+
+    def check(self) -> None:
+        pass
+
+    def request(self, to: int, msg: Message, callback=None) -> Future:
+        self.sent.append(msg)
+        return Future(len(self.sent), to, msg.cmd, callback)
+
+
+def _follower() -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5.0)
+    sock.connect(H._name(SECRET, 0, LEADER))
+    H._send(sock, {"id": FOLLOWER})
+    return sock
+
+
+def _report(rnd: int, seed: int) -> Message:
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal((3, 6)), rng.standard_normal((2, 3))]
+    return Message(P.BALANCE_REPORT, body={"round": rnd}, arrays=arrays)
+
+
+def _wait_for(cond, what: str) -> None:
+    end = time.monotonic() + 5.0
+    while not cond():
+        assert time.monotonic() < end, what
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def lead():
+    node = _Node()
+    hl = H.HostLead(node)
+    yield hl
+    hl.close()
+
+
+BROKEN = [
+    {"b": {}, "s": b"abc", "t": b""},  # samples not whole float64 rows
+    {"b": {}, "s": b"", "t": bytes(16)},  # times not whole rows of three
+    {"b": 5, "s": b"", "t": b""},  # a body that is no map
+    7,  # no report at all
+]
+
+
+@pytest.mark.parametrize("first", ["follower", "leader"])
+@pytest.mark.parametrize("what", BROKEN, ids=["samples", "times", "body", "int"])
+def test_a_broken_report_drops_that_follower_and_the_host_goes_on(lead, first, what):
+    node = lead.node
+    bad = _follower()
+    _wait_for(lambda: FOLLOWER in lead.conns, "the follower was not accepted")
+    mine = _report(1, 0)
+    if first == "follower":
+        H._send(bad, {"k": H.REPORT, "n": 1, "w": what})
+        assert bad.recv(1) == b""  # dropped: EOF
+        lead.report(1, mine)
+    else:
+        lead.report(1, mine)
+        H._send(bad, {"k": H.REPORT, "n": 1, "w": what})
+        assert bad.recv(1) == b""
+    bad.close()
+    _wait_for(lambda: node.sent, "the leader's own report was never sent")
+    (sent,) = node.sent
+    assert sent.body["host"] == [LEADER]
+    for got, want in zip(sent.arrays, mine.arrays, strict=True):
+        np.testing.assert_array_equal(got, want)
+    # a well-formed follower after it is relayed with the leader, every value in order
+    good = _follower()
+    _wait_for(lambda: FOLLOWER in lead.conns, "the next follower was not accepted")
+    theirs = _report(2, 1)
+    what2 = {"b": {}, "s": theirs.arrays[0].tobytes(), "t": theirs.arrays[1].tobytes()}
+    H._send(good, {"k": H.REPORT, "n": 2, "w": what2})
+    mine2 = _report(2, 2)
+    lead.report(2, mine2)
+    _wait_for(lambda: len(node.sent) == 2, "the host's report of round 2 was never sent")
+    assert lead.thread.is_alive()
+    merged = node.sent[1]
+    assert merged.body["host"] == [LEADER, FOLLOWER]
+    assert merged.body["host_rows"] == [[3, 2], [3, 2]]
+    for i in range(2):
+        want = np.concatenate([mine2.arrays[i], theirs.arrays[i]])
+        np.testing.assert_array_equal(merged.arrays[i], want)
+    good.close()
