@@ -99,3 +99,46 @@ def test_a_table_push_naming_another_host_is_refused():
     want[ids] = rows
     got = srv.tables.shards[("t", 0)].read(np.arange(ROWS, dtype=np.int64))
     assert got.tobytes() == want.tobytes()
+
+
+class _ElasticNode(_Node):
+    """The same job under HETPS_ELASTIC: a host's sum covers the live workers of its host."""
+
+    id, elastic, replicas = 8, 2, 1
+    on_failover = on_rejoin = on_worker_left = None
+    left: set[int] = set()
+
+    def workers(self) -> list:
+        return list(self.nodes.values())
+
+    def live_workers(self) -> list:
+        return self.workers()
+
+    def describe(self, nid: int) -> str:
+        return f"node {nid}"
+
+    def send(self, peer, msg) -> bool:
+        return True
+
+
+def test_an_elastic_push_naming_another_host_covers_nobody():
+    node = _ElasticNode()
+    srv = new_server(node)
+    body = {"k": "w", "part": 0, "size": N, "shape": [N], "dtype": "float32", "off": 0, "n": N}
+    srv.handle(Message("init", sender=9, req=1, body=body, arrays=[np.zeros(N, np.float32)]))
+    rng = np.random.default_rng(2)
+    x = {h: rng.standard_normal(N).astype(np.float32) for h in (0, 1)}
+
+    def push(worker, arr, hg):
+        body = {"k": "w", "part": 0, "off": 0, "n": N, "sync": True, "ce": N, "hg": list(hg)}
+        srv.handle(Message("push", sender=worker, req=next(_req), body=body, arrays=[arr]))
+
+    push(11, x[0], (1, 0, 2))  # a worker of host 0 says its push is host 1's sum
+    push(9, x[0], (0, 0, 2))
+    errors = _errors(node)
+    assert len(errors) == 1 and "registered with host group 0" in errors[0], errors
+    assert srv.slices[("w", 0)].rounds == 0  # host 1 is not covered by it
+    push(13, x[1], (1, 0, 2))
+    sl = srv.slices[("w", 0)]
+    assert len(_errors(node)) == 1
+    assert sl.rounds == 1 and sl.value.tobytes() == (x[0] + x[1]).tobytes()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetps.kvstore.hostrounds import check_chunks
+from hetps.kvstore.hostrounds import check_chunks, check_sender
 from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
@@ -37,6 +37,8 @@ class ElasticRounds:
         worker, merged once complete: a worker that dies before leaves nothing in it; a
         host's sum, ``host``, stands for its workers: docs/HOSTS.md)."""
         check_chunks(sl, ce)
+        if host is not None:
+            check_sender(self.server.node, worker, host, f"push of key {sl.key!r}")
 
     def finish_if_complete(self, sl: Slice) -> None:
         """Finish ``sl``'s round if every worker still in the job pushed all of it."""
