@@ -296,6 +296,7 @@ class HostTables:
         data = np.ascontiguousarray(rows, ht.tm.dtype)
         blob = b"".join((head.tobytes(), ids.astype(np.int64).tobytes(), data.tobytes()))
         blob += b"\0" * (-len(blob) % 8)
+        unlink(name)  # (a name is one event's: a file there is a crashed run's, or planted)
         os.close(make(os.path.join(SHM_DIR, name), len(blob), blob, f"table {ht.key!r}"))
 
     def _read(self, ht: HostTable, name: str, part: int = -1) -> tuple[np.ndarray, np.ndarray]:
@@ -311,6 +312,8 @@ class HostTables:
                 "row_sparse_pull): every worker of a host makes the same calls of a table; "
                 "a pull only some make goes after a kv.barrier() or a pull of them all"
             ) from None
+        except OSError as exc:  # (a link planted there: ELOOP)
+            raise ClusterError(f"{where} is not a private file: refused ({exc.strerror})") from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
