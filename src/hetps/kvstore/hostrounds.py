@@ -79,7 +79,7 @@ def check_sender(node: Any, worker: int, host: Any, what: str) -> None:
     with, or more workers than that host group has (a host's push stands for its own)."""
     nodes = getattr(node, "nodes", None)  # (None: a server without the job's node table)
     info = nodes.get(worker) if nodes is not None else None
-    if info is None or info.group < 0:  # (its host not known here: a worker that joined)
+    if info is None or info.group < 0:  # (its host not known here)
         return
     if host[0] != info.group:
         raise BadRequest(
