@@ -42,17 +42,24 @@ def _errors(node) -> list[str]:
     return [b["error"] for _, _, b in node.replies if b and "error" in b]
 
 
-def test_a_dense_push_naming_another_host_is_refused():
-    node = _Node()
+def _dense(node):
+    """A server with dense key ``w`` and a push of it tagged ``hg`` from a worker."""
     srv = new_server(node)
     body = {"k": "w", "part": 0, "size": N, "shape": [N], "dtype": "float32", "off": 0, "n": N}
     srv.handle(Message("init", sender=9, req=1, body=body, arrays=[np.zeros(N, np.float32)]))
-    rng = np.random.default_rng(0)
-    x = {h: rng.standard_normal(N).astype(np.float32) for h in (0, 1)}
 
     def push(worker, arr, hg):
         body = {"k": "w", "part": 0, "off": 0, "n": N, "sync": True, "ce": N, "hg": list(hg)}
         srv.handle(Message("push", sender=worker, req=next(_req), body=body, arrays=[arr]))
+
+    return srv, push
+
+
+def test_a_dense_push_naming_another_host_is_refused():
+    node = _Node()
+    srv, push = _dense(node)
+    rng = np.random.default_rng(0)
+    x = {h: rng.standard_normal(N).astype(np.float32) for h in (0, 1)}
 
     push(9, x[0], (0, 0, 2))  # host 0's sum
     push(11, x[0], (1, 0, 2))  # a worker of host 0 names host 1
@@ -123,15 +130,9 @@ class _ElasticNode(_Node):
 
 def test_an_elastic_push_naming_another_host_covers_nobody():
     node = _ElasticNode()
-    srv = new_server(node)
-    body = {"k": "w", "part": 0, "size": N, "shape": [N], "dtype": "float32", "off": 0, "n": N}
-    srv.handle(Message("init", sender=9, req=1, body=body, arrays=[np.zeros(N, np.float32)]))
+    srv, push = _dense(node)
     rng = np.random.default_rng(2)
     x = {h: rng.standard_normal(N).astype(np.float32) for h in (0, 1)}
-
-    def push(worker, arr, hg):
-        body = {"k": "w", "part": 0, "off": 0, "n": N, "sync": True, "ce": N, "hg": list(hg)}
-        srv.handle(Message("push", sender=worker, req=next(_req), body=body, arrays=[arr]))
 
     push(11, x[0], (1, 0, 2))  # a worker of host 0 says its push is host 1's sum
     push(9, x[0], (0, 0, 2))
