@@ -10,8 +10,8 @@ timeline figure (``timeline.png``) and prints where they are. ``--log-dir none``
     hetps launch -n 2 -s 1 -- python examples/linear_regression.py
     # or MXNet style, one command per role:
     DMLC_ROLE=scheduler ... python examples/linear_regression.py   (and server, worker)
-    # MXNet's own example's data, batch size and optimizer (../shared/peers/mxnet/linreg_mx.py:
-    # X = arange(1000, step=0.001), batch 16384, plain SGD at 1e-9):
+    # MXNet's own linear regression example's data, batch size and optimizer
+    # (X = arange(1000, step=0.001), batch 16384, plain SGD at 1e-9):
     hetps launch -n 2 -s 1 -- python examples/linear_regression.py --data arange \
         --num-samples 1000000 --batch-size 16384 --lr 1e-9 --momentum 0 --epochs 1
 """
