@@ -120,6 +120,19 @@ else:
 kv.set_optimizer(optim.Adam(learning_rate=0.5))   # registered: taken by reference
 kv.push('w', np.ones(4, np.float32))
 assert np.allclose(kv.pull('w'), -0.5, atol=1e-3), kv.pull('w')
+from hetps.optim.sums import SumKeys               # hetps' wrapper: taken, its inner checked
+try:
+    kv.set_optimizer(SumKeys(Mine(learning_rate=1.0)))
+except RequestError as exc:
+    print('WRAPPED-REFUSED', exc, flush=True)
+else:
+    print('TAKEN wrapped Mine', flush=True)
+kv.set_optimizer(SumKeys(optim.SGD(learning_rate=1.0)))
+kv.init('hvd.n', np.zeros(2, np.float32))
+kv.push('hvd.n', np.full(2, 3, np.float32))
+kv.push('w', np.ones(4, np.float32))
+assert kv.pull('hvd.n').tolist() == [3, 3], kv.pull('hvd.n')
+assert np.allclose(kv.pull('w'), -1.5, atol=1e-3), kv.pull('w')
 print('DEFAULT-OK', flush=True)
 """
 
@@ -140,3 +153,5 @@ def test_by_default_a_server_takes_only_registered_optimizers(cluster, monkeypat
     ), said
     assert 'register its class with @optimizer("name")' in said[0], said
     assert "or set HETPS_OPTIMIZERS=any on the servers" in said[0], said
+    wrapped = [line for line in out.splitlines() if "WRAPPED-REFUSED " in line]
+    assert wrapped and "__main__.Mine is refused: " in wrapped[0], out

@@ -20,6 +20,7 @@ import cloudpickle
 
 from hetps.optim.base import Optimizer
 from hetps.optim.registry import registered, registered_names
+from hetps.optim.sums import SumKeys
 
 __all__ = ["dump_states", "dumps", "load_states", "loads"]
 
@@ -64,6 +65,10 @@ _STATE_GLOBALS = {
 } | {("numpy", "dtype"), ("numpy", "ndarray")}
 
 
+#: hetps' own wrappers of an optimizer, taken under any list (what they wrap is checked too)
+_WRAPPERS = {(SumKeys.__module__, SumKeys.__qualname__)}
+
+
 def _class_by_value(data: bytes) -> str:
     """The module and name of the class a cloudpickle builds by value (read from its
     opcodes, nothing run), or "" where the pickle does not say."""
@@ -89,9 +94,8 @@ class _Registered(pickle.Unpickler):
         self.classes = (
             _STATE_GLOBALS
             if states
-            else {
-                (c.__module__, c.__qualname__) for n, c in registered().items() if n in self.names
-            }
+            else _WRAPPERS
+            | {(c.__module__, c.__qualname__) for n, c in registered().items() if n in self.names}
         )
         self.setting = "HETPS_OPTIMIZERS=registered, the default" if every else "HETPS_OPTIMIZERS"
 
