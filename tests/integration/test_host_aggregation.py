@@ -127,6 +127,10 @@ print('KILLED', json.dumps({'me': 2 * g + lr, 'on': kv.hostagg is not None, 'see
 """
 
 
+#: a hang of the host's wait fails after HETPS_REQUEST_TIMEOUT; a key of 3000 elements is split
+FAST = {"MXNET_KVSTORE_BIGARRAY_BOUND": "1000", "HETPS_REQUEST_TIMEOUT": "20"}
+
+
 def _launch(
     tmp_path,
     elastic: int,
@@ -241,8 +245,7 @@ print('FIRST', json.dumps({'me': me, 'on': kv.hostagg is not None, 'parts': len(
 
 def test_with_elastic_a_key_first_pushed_after_a_local_worker_was_let_go(tmp_path):
     before = set(_shm_left())
-    env = {"MXNET_KVSTORE_BIGARRAY_BOUND": "1000", "HETPS_REQUEST_TIMEOUT": "20"}
-    code, out = _launch(tmp_path, elastic=3, victim=(0, 0), code=FIRST, servers=2, env=env)
+    code, out = _launch(tmp_path, elastic=3, victim=(0, 0), code=FIRST, servers=2, env=FAST)
     assert code == 0, out  # (a hang: the host's wait fails after HETPS_REQUEST_TIMEOUT)
     recs = [json.loads(line.split("FIRST ", 1)[1]) for line in out.splitlines() if "FIRST " in line]
     assert sorted(r["me"] for r in recs) == [1, 2, 3], out
@@ -254,6 +257,45 @@ def test_with_elastic_a_key_first_pushed_after_a_local_worker_was_let_go(tmp_pat
         assert rec["stored"] == [x + 3.0 for x in base], rec["me"]
         assert rec["rows"] == rows, rec
     assert set(_shm_left()) <= before
+
+
+# ESync's rounds through the host: VICTIM is killed after the broadcast and the keys' init,
+# before its first round; each worker's local steps add me + 1 to the weights once a round
+ESYNC = """
+import json, torch
+from hetps.esync import ESyncTrainer
+kv = hetps.kv.create('dist_sync')
+g, lr = kv.cfg.host_group, kv.cfg.local_rank
+me = 2 * g + lr
+model = torch.nn.Linear(4, 1, bias=False)
+torch.nn.init.zeros_(model.weight)
+trainer = ESyncTrainer(model, kv)
+if (g, lr) == VICTIM:
+    os.kill(os.getpid(), signal.SIGKILL)
+seen, added = [], []
+
+def step():
+    if not added:
+        with torch.no_grad():
+            model.weight.add_(me + 1.0)
+        added.append(1)
+    return 0.0
+
+for r in range(2):
+    added.clear()
+    trainer.round(step)
+    seen.append(model.weight.flatten().tolist())
+print('ESYNC', json.dumps({'me': me, 'on': kv.hostagg is not None, 'seen': seen}), flush=True)
+"""
+
+
+def test_with_elastic_esync_rounds_go_on_after_a_local_worker_died_before_the_first(tmp_path):
+    code, out = _launch(tmp_path, elastic=3, victim=(0, 0), code=ESYNC, servers=2, env=FAST)
+    assert code == 0, out
+    recs = [json.loads(line.split("ESYNC ", 1)[1]) for line in out.splitlines() if "ESYNC " in line]
+    assert sorted(r["me"] for r in recs) == [1, 2, 3], out
+    for rec in recs:  # each round: the survivors' mean difference, (2 + 3 + 4) / 3
+        assert rec["on"] and rec["seen"] == [[3.0] * 4, [6.0] * 4], rec
 
 
 # 2-bit compression through the host: each host's sum is compressed with the host's residual
