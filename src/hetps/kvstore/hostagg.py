@@ -306,12 +306,9 @@ class HostAggregation:
         gone = {r for r, i, ids in out if i in node.left or (i not in live and live <= ids)}
         gone.discard(self.local)
         if gone:
-            why = "the others sum their parts from the round they did not give"
+            msg = "host aggregation: local ranks %s of host group %d were let go; the others "
             log.warning(
-                "host aggregation: local ranks %s of host group %d were let go; %s",
-                sorted(gone),
-                self.group,
-                why,
+                msg + "sum their parts from the round they did not give", sorted(gone), self.group
             )
             self.dead |= gone
             for each, form in self.forms.items():
