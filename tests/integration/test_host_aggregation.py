@@ -127,18 +127,28 @@ print('KILLED', json.dumps({'me': 2 * g + lr, 'on': kv.hostagg is not None, 'see
 """
 
 
+#: a hang of the host's wait fails after HETPS_REQUEST_TIMEOUT; a key of 3000 elements is split
+FAST = {"MXNET_KVSTORE_BIGARRAY_BOUND": "1000", "HETPS_REQUEST_TIMEOUT": "20"}
+
+
 def _launch(
-    tmp_path, elastic: int, victim: tuple[int, int] = (0, 1), pause: float = 0.0
+    tmp_path,
+    elastic: int,
+    victim: tuple[int, int] = (0, 1),
+    pause: float = 0.0,
+    code: str = KILL,
+    servers: int = 1,
+    env: dict[str, str] | None = None,
 ) -> tuple[int, str]:
     script = tmp_path / "kill_script.py"
     setup = f"VICTIM, PAUSE = {victim!r}, {pause!r}\n"
-    script.write_text(PRELUDE + setup + textwrap.dedent(KILL))
+    script.write_text(PRELUDE + setup + textwrap.dedent(code))
     out = io.StringIO()
     spec = LaunchSpec(
         num_workers=4,
-        num_servers=1,
+        num_servers=servers,
         command=[sys.executable, str(script)],
-        env=dict(TEST_ENV),
+        env={**TEST_ENV, **(env or {})},
         start_timeout=30.0,
         failure_grace=5.0,
         elastic_min=elastic,
@@ -205,6 +215,87 @@ def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(tmp_p
         assert rec["shorts"] == [[[], []]] * 3 + [[three[0], []]] + [three] * 2, rec
         assert rec["seen"][:3] + rec["seen"][4:] == want[:3] + want[4:], rec
     assert set(_shm_left()) <= before
+
+
+# VICTIM (host group 0, local rank 0: its host's leader) is killed before any push: a key and
+# a table first pushed after it was let go go through its host without it, its part of the
+# key (one of two servers') summed and sent by its host's other worker
+FIRST = """
+import json
+from hetps.tables.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+g, lr = kv.cfg.host_group, kv.cfg.local_rank
+me = 2 * g + lr
+kv.init(['v', 't'], [np.zeros(3000, np.float32), Table(8, 2)])
+kv.barrier()
+if (g, lr) == VICTIM:
+    os.kill(os.getpid(), signal.SIGKILL)
+got = []
+for r in range(2):
+    kv.push('v', np.arange(3000, dtype=np.float32) * (me + 1) + r)
+    got.append(kv.pull('v').tolist())
+kv.barrier()
+stored = kv.pull('v').tolist()  # (nothing pushed since: the servers' values)
+kv.push('t', (np.array([g, 4 + lr]), np.full((2, 2), me + 1.0, np.float32)))
+rows = kv.row_sparse_pull('t', row_ids=np.arange(8)).asnumpy().tolist()
+print('FIRST', json.dumps({'me': me, 'on': kv.hostagg is not None, 'parts': len(kv.meta['v'].parts),
+      'got': got, 'stored': stored, 'rows': rows}), flush=True)
+"""
+
+
+def test_with_elastic_a_key_first_pushed_after_a_local_worker_was_let_go(tmp_path):
+    before = set(_shm_left())
+    code, out = _launch(tmp_path, elastic=3, victim=(0, 0), code=FIRST, servers=2, env=FAST)
+    assert code == 0, out  # (a hang: the host's wait fails after HETPS_REQUEST_TIMEOUT)
+    recs = [json.loads(line.split("FIRST ", 1)[1]) for line in out.splitlines() if "FIRST " in line]
+    assert sorted(r["me"] for r in recs) == [1, 2, 3], out
+    base = [9.0 * i for i in range(3000)]  # workers 1, 2, 3 push i * (me + 1) + round
+    rows = [[2.0] * 2, [7.0] * 2, [0.0] * 2, [0.0] * 2, [3.0] * 2, [6.0] * 2] + [[0.0] * 2] * 2
+    for rec in recs:
+        assert rec["on"] and rec["parts"] == 2, rec["me"]
+        assert rec["got"] == [[x + 3.0 * r for x in base] for r in range(2)], rec["me"]
+        assert rec["stored"] == [x + 3.0 for x in base], rec["me"]
+        assert rec["rows"] == rows, rec
+    assert set(_shm_left()) <= before
+
+
+# ESync's rounds through the host: VICTIM is killed after the broadcast and the keys' init,
+# before its first round; each worker's local steps add me + 1 to the weights once a round
+ESYNC = """
+import json, torch
+from hetps.esync import ESyncTrainer
+kv = hetps.kv.create('dist_sync')
+g, lr = kv.cfg.host_group, kv.cfg.local_rank
+me = 2 * g + lr
+model = torch.nn.Linear(4, 1, bias=False)
+torch.nn.init.zeros_(model.weight)
+trainer = ESyncTrainer(model, kv)
+if (g, lr) == VICTIM:
+    os.kill(os.getpid(), signal.SIGKILL)
+seen, added = [], []
+
+def step():
+    if not added:
+        with torch.no_grad():
+            model.weight.add_(me + 1.0)
+        added.append(1)
+    return 0.0
+
+for r in range(2):
+    added.clear()
+    trainer.round(step)
+    seen.append(model.weight.flatten().tolist())
+print('ESYNC', json.dumps({'me': me, 'on': kv.hostagg is not None, 'seen': seen}), flush=True)
+"""
+
+
+def test_with_elastic_esync_rounds_go_on_after_a_local_worker_died_before_the_first(tmp_path):
+    code, out = _launch(tmp_path, elastic=3, victim=(0, 0), code=ESYNC, servers=2, env=FAST)
+    assert code == 0, out
+    recs = [json.loads(line.split("ESYNC ", 1)[1]) for line in out.splitlines() if "ESYNC " in line]
+    assert sorted(r["me"] for r in recs) == [1, 2, 3], out
+    for rec in recs:  # each round: the survivors' mean difference, (2 + 3 + 4) / 3
+        assert rec["on"] and rec["seen"] == [[3.0] * 4, [6.0] * 4], rec
 
 
 # 2-bit compression through the host: each host's sum is compressed with the host's residual

@@ -230,7 +230,7 @@ def test_the_leader_killed_under_elastic_leaves_the_others_going_on(job):
     """--elastic: worker 0 is let go, the others pass the barrier its host waited at, push
     and pull a round without it (every element the survivors' sum on each of them), and the
     next barrier comes from host 0's next worker and host 1's leader."""
-    j = job(2, "then-kill", HETPS_ELASTIC="2", HETPS_HOST_AGGREGATION="0")
+    j = job(2, "then-kill", HETPS_ELASTIC="2")
     _killed_waiting(j)
     outs = _finish(j, timeout=90)  # a hang fails here
     for p, out in zip(j.workers[1:], outs[1:], strict=True):

@@ -295,28 +295,26 @@ class HostAggregation:
 
     def _left(self) -> None:
         """HETPS_ELASTIC: the local ranks the scheduler let go are out of the host from the
-        round they did not give their gradient to; their parts are dealt to the others."""
-        left = self.kv.node.left
-        for hk in list(self.keys.values()):
-            node = self._slot(hk, "node", 0)
-            gone = {
-                r
-                for r in range(self.size)
-                if r not in self.dead and r != self.local and int(hk.head[node + r]) in left
-            }
-            if gone:
-                log.warning(
-                    "host aggregation: local ranks %s of host group %d were let go; the "
-                    "others sum their parts from the round they did not give",
-                    sorted(gone),
-                    self.group,
-                )
-                self.dead |= gone
-                for each, form in self.forms.items():
-                    self._deal(each, [p[1] - p[0] for p in form[2]])
-                for each in self.keys.values():
-                    each.mine = [i for i, r in enumerate(each.owner) if r == self.local]
-            return
+        round they did not give their gradient to; their parts are dealt to the others. A
+        rank is known by the node id it wrote in a segment; in one it never mapped (a key
+        first pushed after it was let go) it is out once every live worker of the host is in."""
+        node, n = self.kv.node, self.size
+        live = {w.id for w in node.live_workers() if w.group == self.group}
+        rows = [hk.head[self._slot(hk, "node", 0) :][:n].tolist() for hk in self.keys.values()]
+        live -= {ids[r] for ids in rows for r in self.dead}  # (one started again pushes its own)
+        out = [(r, ids[r], set(ids)) for ids in rows for r in range(n) if r not in self.dead]
+        gone = {r for r, i, ids in out if i in node.left or (i not in live and live <= ids)}
+        gone.discard(self.local)
+        if gone:
+            msg = "host aggregation: local ranks %s of host group %d were let go; the others "
+            log.warning(
+                msg + "sum their parts from the round they did not give", sorted(gone), self.group
+            )
+            self.dead |= gone
+            for each, form in self.forms.items():
+                self._deal(each, [p[1] - p[0] for p in form[2]])
+            for each in self.keys.values():
+                each.mine = [i for i, r in enumerate(each.owner) if r == self.local]
 
     def _members(self, hk: HostKey, t: int) -> list[int]:
         """The local ranks whose gradients round ``t`` sums: the live ones, and one let go
