@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
+from hetps.balance.reports import merge_host
 from hetps.cluster import protocol as P
 from hetps.cluster.requests import RequestTimeout
 from hetps.transport.codec import Message
@@ -359,20 +360,23 @@ class HostLead:
             answer(False, None)
 
     def _merged(self, rnd: int, ids: list[int], batch: dict[int, Any]) -> Message:
-        """The host's one report: every worker's samples and times in one array each, the
-        rows of each worker (``host_rows``), the layout and the flags of the first that has
-        them (every worker reports the same ones)."""
+        """The host's one report: its workers' samples merged per (host, server) pair
+        (:func:`~hetps.balance.reports.merge_host`: the first worker's rows in
+        ``host_rows``), their times in one array, the rows of each worker (``host_rows``),
+        the layout and the flags of the first that has them (every worker reports the same
+        ones)."""
         bodies = [batch[i].get("b") or {} for i in ids]
         samples = [_rows(batch[i].get("s"), 6) for i in ids]
         times = [_rows(batch[i].get("t"), 3) for i in ids]
-        body: dict[str, Any] = {
-            "round": rnd,
-            "host": ids,
-            "host_rows": [[len(s), len(t)] for s, t in zip(samples, times, strict=True)],
-        }
+        rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
+        joined = np.concatenate(samples)
+        if not self.node.cfg.colocate:  # (colocated: every worker is a row of its own)
+            joined = merge_host(joined, ids)  # the host's, merged per (host, server) pair
+            rows = [[len(joined) if i == 0 else 0, r[1]] for i, r in enumerate(rows)]
+        body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
         for field in ("sizes", "assign", "calibration", "spread_done"):
             body[field] = next((b[field] for b in bodies if b.get(field)), None)
-        arrays = [np.concatenate(samples), np.concatenate(times)]
+        arrays = [joined, np.concatenate(times)]
         return Message(P.BALANCE_REPORT, body={k: v for k, v in body.items() if v is not None},
                        arrays=arrays)  # fmt: skip
 
