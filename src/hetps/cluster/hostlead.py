@@ -361,10 +361,9 @@ class HostLead:
 
     def _merged(self, rnd: int, ids: list[int], batch: dict[int, Any]) -> Message:
         """The host's one report: its workers' samples merged per (host, server) pair
-        (:func:`~hetps.balance.reports.merge_host`: the first worker's rows in
-        ``host_rows``), their times in one array, the rows of each worker (``host_rows``),
-        the layout and the flags of the first that has them (every worker reports the same
-        ones)."""
+        (:func:`~hetps.balance.reports.merge_host`), their times in one array, the rows of
+        each worker (``host_rows``: the merged samples all the first's), the layout and the
+        flags of the first that has them (every worker reports the same ones)."""
         bodies = [batch[i].get("b") or {} for i in ids]
         samples = [_rows(batch[i].get("s"), 6) for i in ids]
         times = [_rows(batch[i].get("t"), 3) for i in ids]
