@@ -77,11 +77,11 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from _common import PINNED_THREADS, fmt, machine_info, median, print_table, write_json  # noqa: E402
 
-from hetps.balance.reports import merge_host  # noqa: E402
 from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
 from hetps.cluster.commands import NodeTable  # noqa: E402
 from hetps.cluster.enrol import unpack_groups, unpack_routes, workers_of  # noqa: E402
+from hetps.cluster.hostlead import merge_host  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")

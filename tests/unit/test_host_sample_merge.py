@@ -1,4 +1,4 @@
-"""A host's link samples merged by its leader (balance/reports.py ``merge_host``) before they
+"""A host's link samples merged by its leader (cluster/hostlead.py ``merge_host``) before they
 reach the planner: every node's bytes and busy time, so every node rate and every plan, are
 those of the host's workers' own samples; probes and spread flows pass unchanged."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetps.balance.reports import merge_host
 from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import commands
 from hetps.cluster import protocol as P
+from hetps.cluster.hostlead import merge_host
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
 
