@@ -26,9 +26,11 @@ the node's own routing id (so the scheduler holds N connections, as with real no
 With hosts of several workers (``--workers-per-host``), a host's barrier arrival and link
 report go through its leader, as cluster/hostlead.py does (``HETPS_HOST_CONTROL``): the host's
 lowest worker sends one arrival (``host``: the host's workers) and one report (the host's
-workers' arrays joined, ``host_rows``), and passes the one answer on to the host's other
+workers' samples merged per (host, server) pair by the leader's own function, their times
+joined, ``host_rows``), and passes the one answer on to the host's other
 workers, who hold it once the leader read it (the local hand-off itself is not simulated).
-``--per-process-control``: every worker sends its own.
+``--per-process-control``: every worker sends its own; ``--unmerged``: a leader sends its
+workers' samples as they are.
 
 Part 2 (plans): every plan function of :mod:`hetps.balance` (average, elastic, aware,
 optimal) timed directly for S = N/4 servers and W = N - S workers, on a heterogeneous
@@ -79,6 +81,7 @@ from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
 from hetps.cluster.commands import NodeTable  # noqa: E402
 from hetps.cluster.enrol import unpack_groups, unpack_routes, workers_of  # noqa: E402
+from hetps.cluster.hostlead import merge_host  # noqa: E402
 from hetps.transport.codec import BadMessage, Message, decode, encode  # noqa: E402
 
 PORT_LINE = re.compile(r"hetps scheduler port (\d+)")
@@ -217,7 +220,13 @@ class SimCluster:
     """N simulated nodes speaking the real protocol to one scheduler, in this process."""
 
     def __init__(
-        self, port: int, servers: int, workers: int, per_host: int = 1, host_control: bool = True
+        self,
+        port: int,
+        servers: int,
+        workers: int,
+        per_host: int = 1,
+        host_control: bool = True,
+        merge: bool = True,
     ) -> None:
         n = servers + workers
         # hosts of ``per_host`` workers (HETPS_HOST_GROUP r // per_host); 1: no groups, every
@@ -226,6 +235,7 @@ class SimCluster:
         # a host's workers arrive at a barrier through its leader (HETPS_HOST_CONTROL):
         # leader node index -> the host's other workers, to whom it passes the release on
         self.host_control = host_control and per_host > 1
+        self.merge = merge  # a leader merges its host's samples per (host, server) pair
         self.followers: dict[int, list[SimNode]] = {}
         self.ctx = zmq.Context(io_threads=2)
         self.ctx.set(zmq.MAX_SOCKETS, n + 64)
@@ -556,8 +566,13 @@ class SimCluster:
                 arrays = [samples, stats]
                 if self.host_control:  # the leader: one report for its host (hostlead.py)
                     ids = [self.workers[w.rank - i].id for i in range(len(host) - 1, -1, -1)]
-                    body.update(host=ids, host_rows=[[2 * S, S]] * len(host))
-                    arrays = [np.concatenate(host), np.concatenate([stats] * len(host))]
+                    merged = np.concatenate(host)
+                    rows = [[2 * S, S]] * len(host)
+                    if self.merge:  # (as the leader merges: cluster/hostlead.py)
+                        merged = merge_host(merged, ids)
+                        rows = [[len(merged), S]] + [[0, S]] * (len(host) - 1)
+                    body.update(host=ids, host_rows=rows)
+                    arrays = [merged, np.concatenate([stats] * len(host))]
                     w = self.workers[w.rank - len(host) + 1]  # (sent by the host's lowest)
                 host = []
                 msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays)
@@ -638,6 +653,7 @@ def run_cluster(
     skip_barrier: frozenset[int] = frozenset(),
     phases: tuple[str, ...] = ("register", "barrier", "heartbeat", "report"),
     host_control: bool = True,
+    merge: bool = True,
 ) -> dict:
     """One cluster of ``n`` simulated nodes against a real scheduler process; with
     ``per_server`` M, ``n`` workers and n / M servers; workers in hosts of ``per_host``."""
@@ -656,9 +672,10 @@ def run_cluster(
         "hosts": -(-workers // per_host),
         "scheme": scheme,
         "host_control": host_control and per_host > 1,
+        "merge": merge,
     }
     try:
-        sim = SimCluster(sched.port or 0, servers, workers, per_host, host_control)
+        sim = SimCluster(sched.port or 0, servers, workers, per_host, host_control, merge)
         c0 = sched.cpu()
         res["register"] = reg = sim.register(timeout)
         reg["sched_cpu_s"] = sched.cpu() - c0
@@ -1024,6 +1041,12 @@ def main(argv: list[str] | None = None) -> int:
         help="every worker sends its own barrier arrival (HETPS_HOST_CONTROL=0), not its host's "
         "leader one for the host",
     )
+    ap.add_argument(
+        "--unmerged",
+        action="store_true",
+        help="a host's leader sends its workers' samples as they are, not merged per "
+        "(host, server) pair",
+    )
     ap.add_argument("--scheme", default="aware", help="HETPS_BALANCE of the scheduler")
     ap.add_argument("--barriers", type=int, default=5)
     ap.add_argument("--hb-interval", type=float, default=1.0)
@@ -1071,6 +1094,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.timeout,
                 args.seed,
                 host_control=not args.per_process_control,
+                merge=not args.unmerged,
             )
             c["wall_s"] = time.perf_counter() - t0
             results["clusters"].append(c)

@@ -4,6 +4,7 @@ host's leader killed mid-job leaves no worker hanging: the others fail naming it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,18 +27,18 @@ from roles import loopback_config, role_env
 WORKERS, PER_HOST, BARRIERS = 4, 2, 4
 
 SCRIPT = textwrap.dedent("""
-    import signal, sys, hetps.kv
+    import hashlib, signal, sys, hetps.kv
     import numpy as np
     kv = hetps.kv.create('dist_sync')
     if len(sys.argv) > 2:  # (a barrier of its own: the barriers below count from 2)
         kv.init('v', np.zeros(6000, np.float32))
     if kv.balance:  # rounds of pushes and pulls, each with a link report
-        kv.init('w', np.zeros(6000, np.float32))
+        kv.init('w', np.zeros(40000, np.float32))  # (a push a link sample: 64 KB a server)
         for step in range(int(sys.argv[1])):
             kv.rebalance()
-            kv.push('w', np.arange(6000, dtype=np.float32) * (kv.rank + 1))
+            kv.push('w', np.arange(40000, dtype=np.float32) * (kv.rank + 1))
             w = kv.pull('w')
-        print('VALUES', kv.rank, w.tolist(), flush=True)
+        print('DIGEST', kv.rank, hashlib.sha256(w.tobytes()).hexdigest(), flush=True)  # every element
     for i in range(int(sys.argv[1])):
         kv.barrier()
     print('PASSED', kv.rank, flush=True)
@@ -58,6 +59,7 @@ class Job:
 
     def __init__(self, tmp_path, barriers: int, *script_args: str, **env: str) -> None:
         secret = secrets.token_hex(32)
+        slice_elems = int(env.pop("HETPS_SLICE_ELEMS", 1000))
         cfg = loopback_config(
             "scheduler",
             num_worker=WORKERS,
@@ -66,7 +68,7 @@ class Job:
             heartbeat_timeout=4.0,
             balance=env.get("HETPS_BALANCE", "none"),
             elastic=int(env.get("HETPS_ELASTIC", 0)),
-            slice_elems=1000,
+            slice_elems=slice_elems,
         )
         self.sched = make_scheduler(cfg)
         self.arrivals: list[tuple[int, int, list[int]]] = []  # (sender, n, ids it arrives for)
@@ -80,11 +82,13 @@ class Job:
 
         self.sched.barriers.arrive = counted
         self.reports: list[tuple[int, int, list[int]]] = []  # (sender, round, ids)
+        self.samples: list[np.ndarray] = []  # each report's link samples, as received
         if P.BALANCE_REPORT in self.sched.services:
             plan = self.sched.services[P.BALANCE_REPORT]
 
             def report(sched, msg):
                 self.reports.append((msg.sender, msg.typed.round, msg.typed.host or [msg.sender]))
+                self.samples.append(np.array(msg.arrays[0]) if msg.arrays else np.zeros((0, 6)))
                 plan(sched, msg)
 
             self.sched.services[P.BALANCE_REPORT] = report
@@ -96,7 +100,7 @@ class Job:
         common = dict(
             servers=2,
             workers=WORKERS,
-            HETPS_SLICE_ELEMS=1000,
+            HETPS_SLICE_ELEMS=slice_elems,
             clean=True,
             HETPS_SECRET=secret,
             **env,
@@ -208,14 +212,14 @@ def test_the_leader_killed_mid_job_fails_the_others_naming_it(job):
 
 def test_link_reports_are_one_per_host_and_every_value_is_the_jobs(job):
     rounds = 4
-    j = job(rounds, HETPS_BALANCE="aware")
+    j = job(rounds, HETPS_BALANCE="aware", HETPS_SLICE_ELEMS="20000")  # (a 80 KB push: sampled)
     outs = _finish(j)
     assert all(p.returncode == 0 for p in j.workers), outs
     # every worker pulled the sum of the four workers' pushes, every element
-    want = (np.arange(6000, dtype=np.float32) * (1 + 2 + 3 + 4)).tolist()
+    want = np.arange(40000, dtype=np.float32) * (1 + 2 + 3 + 4)
     for out in outs:
-        values = json.loads(re.search(r"VALUES \d+ (\[.*\])", out).group(1))
-        assert values == want, out
+        digest = re.search(r"DIGEST \d+ ([0-9a-f]{64})", out).group(1)
+        assert digest == hashlib.sha256(want.tobytes()).hexdigest(), out
     ranks = {nid: info.rank for nid, info in j.sched.nodes.items() if info.role == "worker"}
     by_round: dict[int, list[list[int]]] = {}
     for sender, rnd, ids in j.reports:
@@ -224,6 +228,22 @@ def test_link_reports_are_one_per_host_and_every_value_is_the_jobs(job):
     assert sorted(by_round) == list(range(1, rounds + 1)), j.reports
     for rnd in range(2, rounds + 1):  # (the first may come before a worker connected)
         assert sorted(by_round[rnd]) == [[0, 1], [2, 3]], (rnd, j.reports)
+    # a host's samples came merged by its leader: its workers named by the leader, and the
+    # transfers of each (host, server) pair apart (the planner reads one row per transfer)
+    merged = 0
+    for (sender, _rnd, ids), samples in zip(j.reports, j.samples, strict=True):
+        data = samples[(samples[:, 5] == 0) & (samples[:, 2] > 0) & (samples[:, 4] > samples[:, 3])]
+        if len(ids) < 2 or not len(data):
+            continue
+        merged += 1
+        ends = data[:, :2]
+        assert not np.isin(ends, [i for i in ids if i != sender]).any(), data
+        assert np.isin(ends, [sender]).any(axis=1).all(), data
+        for pair in {tuple(x) for x in ends.tolist()}:
+            rows = data[(ends == pair).all(axis=1)]
+            rows = rows[np.argsort(rows[:, 3])]
+            assert (rows[1:, 3] > rows[:-1, 4]).all(), rows
+    assert merged >= 2 * (rounds - 1), j.reports
 
 
 def test_the_leader_killed_under_elastic_leaves_the_others_going_on(job):

@@ -271,7 +271,8 @@ class BalanceReport(Body, kw_only=True):
     ``spread_done``: [way, rank] of the spread probe this worker took part in
     ``host``: a host's leader: the workers of its host it reports for, whose arrays follow each
         other in the two arrays (cluster/hostlead.py)
-    ``host_rows``: with ``host``: [[samples, server times], ...] rows of each of them"""
+    ``host_rows``: with ``host``: [[samples, server times], ...] rows of each of them (samples
+        merged per (host, server) pair by the leader: all the first's)"""
 
     round: int
     samples: Annotated[

@@ -25,6 +25,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -86,6 +87,39 @@ def _whole(what: Any) -> bool:
 
 def _rows(data: Any, cols: int) -> np.ndarray:
     return np.frombuffer(data if isinstance(data, bytes) else b"", np.float64).reshape(-1, cols)
+
+
+def merge_host(samples: np.ndarray, host: Sequence[int]) -> np.ndarray:
+    """A host's data samples merged per (src, dst, kind) before its leader sends them, the
+    host's workers named by ``host[0]`` (the planner gives them one row: their link): each
+    pair's overlapping or touching transfers become one row (their bytes summed, the first
+    start, the last end). Every node's bytes and busy-time union, all the planner's node
+    rates read, stay exact; a pair's per-message rates (the small link matrix of reports and
+    plots) become the rates of its merged transfers. Probes, spread flows and rows the
+    planner drops pass unchanged, in their order."""
+    t0, t1, nbytes, kind = samples[:, 3], samples[:, 4], samples[:, 2], samples[:, 5]
+    with np.errstate(invalid="ignore"):
+        data = (t1 > t0) & (nbytes > 0) & np.isfinite(samples).all(1) & ~np.isin(kind, (1, 2, 3))
+    d = samples[data].copy()
+    if not len(d) or not len(host):
+        return samples
+    for col in (0, 1):
+        d[np.isin(d[:, col], np.asarray(host, dtype=np.float64)), col] = host[0]
+    d = d[np.lexsort((d[:, 3], d[:, 5], d[:, 1], d[:, 0]))]
+    first = np.r_[True, (np.diff(d[:, [0, 1, 5]], axis=0) != 0).any(1)]
+    # a new transfer where a pair's start is past every earlier end of the pair: a running
+    # maximum of the ends per pair, on the ranks of the times (exact; groups kept apart)
+    times = np.unique(np.r_[d[:, 3], d[:, 4]])
+    span = len(times) + 1
+    group = np.cumsum(first) * span
+    ends = np.maximum.accumulate(group + np.searchsorted(times, d[:, 4]))
+    start = group + np.searchsorted(times, d[:, 3])
+    new = first | (start > np.r_[-1, ends[:-1]])
+    at = np.flatnonzero(new)
+    out = d[at]
+    out[:, 2] = np.add.reduceat(d[:, 2], at)
+    out[:, 4] = np.maximum.reduceat(d[:, 4], at)
+    return np.concatenate([out, samples[~data]])
 
 
 class Slot:
@@ -368,20 +402,22 @@ class HostLead:
             answer(False, None)
 
     def _merged(self, rnd: int, ids: list[int], batch: dict[int, Any]) -> Message:
-        """The host's one report: every worker's samples and times in one array each, the
-        rows of each worker (``host_rows``), the layout and the flags of the first that has
-        them (every worker reports the same ones)."""
+        """The host's one report: its workers' samples merged per (host, server) pair
+        (:func:`merge_host`), their times in one array, the rows of
+        each worker (``host_rows``: the merged samples all the first's), the layout and the
+        flags of the first that has them (every worker reports the same ones)."""
         bodies = [batch[i].get("b") or {} for i in ids]
         samples = [_rows(batch[i].get("s"), 6) for i in ids]
         times = [_rows(batch[i].get("t"), 3) for i in ids]
-        body: dict[str, Any] = {
-            "round": rnd,
-            "host": ids,
-            "host_rows": [[len(s), len(t)] for s, t in zip(samples, times, strict=True)],
-        }
+        rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
+        joined = np.concatenate(samples)
+        if not self.node.cfg.colocate:  # (colocated: every worker is a row of its own)
+            joined = merge_host(joined, ids)  # the host's, merged per (host, server) pair
+            rows = [[len(joined) if i == 0 else 0, r[1]] for i, r in enumerate(rows)]
+        body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
         for field in ("sizes", "assign", "calibration", "spread_done"):
             body[field] = next((b[field] for b in bodies if b.get(field)), None)
-        arrays = [np.concatenate(samples), np.concatenate(times)]
+        arrays = [joined, np.concatenate(times)]
         return Message(P.BALANCE_REPORT, body={k: v for k, v in body.items() if v is not None},
                        arrays=arrays)  # fmt: skip
 
