@@ -25,7 +25,9 @@ class _Node:
     """What HostLead uses of a worker's Node; the scheduler's requests are recorded."""
 
     def __init__(self) -> None:
-        self.cfg = types.SimpleNamespace(secret=SECRET, host_control=True, request_timeout=5.0)
+        # colocate: rows go as they are (the merge per host has its own test)
+        cfg = {"host_control": True, "request_timeout": 5.0, "colocate": True}
+        self.cfg = types.SimpleNamespace(secret=SECRET, **cfg)
         self.info = P.NodeInfo(LEADER, "worker", 0, "", 0, 0)
         self.nodes = {i: P.NodeInfo(i, "worker", r, "", 0, 0) for r, i in enumerate((9, 11))}
         self.left: set[int] = set()
