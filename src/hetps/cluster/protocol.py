@@ -7,8 +7,11 @@ Node ids follow ps-lite: the scheduler is 1, server rank r is ``8 + 2r``, worker
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from hetps.cluster.errors import BadRequest
 
 SCHEDULER_ID = 1
 
@@ -167,3 +170,23 @@ def check_key(key: Any) -> None:
     """Raise TypeError unless ``key`` is an int or a str."""
     if isinstance(key, bool) or not isinstance(key, (int, str)):
         raise TypeError(f"a key must be an int or a str, got {type(key).__name__} {key!r}")
+
+
+def check_sender(nodes: Mapping[int, NodeInfo] | None, worker: int, host: Any, what: str) -> None:
+    """Refuse a push whose host tag names another host group than its sender registered
+    with, or more workers than that host group has (a host's push stands for its own).
+    ``nodes``: the job's node table (None: a server without it checks nothing)."""
+    info = nodes.get(worker) if nodes is not None else None
+    if info is None or info.group < 0:  # (its host not known here)
+        return
+    if host[0] != info.group:
+        raise BadRequest(
+            f"{what}: its host tag names host group {host[0]} but its sender registered with "
+            f"host group {info.group}; a worker pushes for its own host (HETPS_HOST_GROUP)"
+        )
+    have = sum(1 for n in nodes.values() if n.role == "worker" and n.group == info.group)
+    if host[2] > have:
+        raise BadRequest(
+            f"{what}: it stands for {host[2]} workers but host group {info.group} has "
+            f"{have}; LOCAL_WORLD_SIZE must be the number of workers the host really runs"
+        )

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hetps.kvstore.hostrounds import check_chunks, check_sender
+from hetps.cluster.protocol import check_sender
+from hetps.kvstore.hostrounds import check_chunks
 from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.transport.codec import Message
@@ -38,7 +39,9 @@ class ElasticRounds:
         host's sum, ``host``, stands for its workers: docs/HOSTS.md)."""
         check_chunks(sl, ce)
         if host is not None:
-            check_sender(self.server.node, worker, host, f"push of key {sl.key!r}")
+            check_sender(
+                getattr(self.server.node, "nodes", None), worker, host, f"push of key {sl.key!r}"
+            )
 
     def finish_if_complete(self, sl: Slice) -> None:
         """Finish ``sl``'s round if every worker still in the job pushed all of it."""

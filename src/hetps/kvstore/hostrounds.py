@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from hetps.cluster.protocol import check_sender
 from hetps.kvstore.aggregate import Aggregator
 from hetps.kvstore.ports import ServerPort
 from hetps.kvstore.slices import BadRequest, Slice
@@ -42,7 +43,7 @@ class HostRounds:
         key = sl.key
         jobs = self.server.num_workers
         check_chunks(sl, ce)
-        check_sender(self.server.node, worker, host, f"push of key {key!r}")
+        check_sender(getattr(self.server.node, "nodes", None), worker, host, f"push of key {key!r}")
         if any(w not in sl.hosts for w in sl.got):
             raise BadRequest(mixed(key))
         had = sl.hosts.get(worker)
@@ -71,26 +72,6 @@ class HostRounds:
             not sl.copying
             and sum(h[2] for h in sl.hosts.values()) == self.server.num_workers
             and all(sl.got.get(w, 0) >= sl.value.size for w in sl.hosts)
-        )
-
-
-def check_sender(node: Any, worker: int, host: Any, what: str) -> None:
-    """Refuse a push whose host tag names another host group than its sender registered
-    with, or more workers than that host group has (a host's push stands for its own)."""
-    nodes = getattr(node, "nodes", None)  # (None: a server without the job's node table)
-    info = nodes.get(worker) if nodes is not None else None
-    if info is None or info.group < 0:  # (its host not known here)
-        return
-    if host[0] != info.group:
-        raise BadRequest(
-            f"{what}: its host tag names host group {host[0]} but its sender registered with "
-            f"host group {info.group}; a worker pushes for its own host (HETPS_HOST_GROUP)"
-        )
-    have = sum(1 for n in nodes.values() if n.role == "worker" and n.group == info.group)
-    if host[2] > have:
-        raise BadRequest(
-            f"{what}: it stands for {host[2]} workers but host group {info.group} has "
-            f"{have}; LOCAL_WORLD_SIZE must be the number of workers the host really runs"
         )
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import BadRequest, short
-from hetps.kvstore.hostrounds import check_sender
+from hetps.cluster.protocol import check_sender
 from hetps.tables import lazy, server_dump
 from hetps.tables.rowsparse import first_nonfinite
 from hetps.tables.server_replicas import TableCopies
@@ -273,7 +273,7 @@ class Tables:
             )
         if host is None:
             return
-        check_sender(self.server.node, worker, host, what)
+        check_sender(getattr(self.server.node, "nodes", None), worker, host, what)
         if any(h[:2] == host[:2] for h in tags):
             raise BadRequest(
                 f"{what}: two workers say they are local rank {host[1]} of host group "
