@@ -332,9 +332,11 @@ def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> flo
 
 def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> np.ndarray:
     """Per group ``0..n-1``, the total length its intervals ``[t0, t1)`` cover (overlaps
-    counted once): the intervals sorted by group (a stable sort of 16-bit keys is a radix
-    sort), then per group by start and a running maximum of the ends (a loop over the groups
-    present, not over the intervals; one sort per group is faster than one of them all)."""
+    counted once), for all groups at once: the intervals sorted by group (a stable sort of
+    16-bit keys is a radix sort), laid out one row per group (groups of like sizes together,
+    padded to their largest by empty intervals at +inf), each row sorted by start, a running
+    maximum of the ends along the rows, and each row's covered pieces summed in order, as
+    :func:`_union_length` sums them (padding adds exact zeros)."""
     out = np.zeros(n)
     if not len(group):
         return out
@@ -342,15 +344,23 @@ def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> 
     if n <= 1 << 16 and group.min() >= 0 and group.max() < n:
         keys = group.astype(np.uint16)
     order = np.argsort(keys, kind="stable")
-    g, a_all, b_all = group[order], t0[order], t1[order]
-    cut = np.flatnonzero(np.diff(g)) + 1
-    for s, e in zip(np.r_[0, cut].tolist(), np.r_[cut, len(g)].tolist(), strict=True):
-        by_start = np.argsort(a_all[s:e], kind="stable")
-        a, b = a_all[s:e][by_start], b_all[s:e][by_start]
-        ends = np.maximum.accumulate(b)
-        before = np.r_[-np.inf, ends[:-1]]
-        seg = np.maximum(b - np.maximum(a, before), 0.0)
-        out[g[s]] = float(np.cumsum(seg)[-1])  # (summed in order, as _union_length does)
+    g = group[order]
+    a, b = np.r_[t0[order], np.inf], np.r_[t1[order], -np.inf]  # (the padding, at the end)
+    first = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
+    sizes = np.diff(np.r_[first, len(g)])
+    bucket = np.ceil(np.log2(sizes)).astype(np.int64)  # (a row at most twice its length)
+    for k in np.unique(bucket).tolist():
+        sel = np.flatnonzero(bucket == k)
+        size, start = sizes[sel], first[sel]
+        col = np.arange(int(size.max()))
+        idx = np.where(col < size[:, None], start[:, None] + col, len(g))
+        by = np.argsort(a[idx], axis=1, kind="stable")
+        idx = np.take_along_axis(idx, by, axis=1)
+        lo, hi = a[idx], b[idx]
+        seg = hi.copy()
+        seg[:, 0] -= lo[:, 0]
+        seg[:, 1:] -= np.maximum(lo[:, 1:], np.maximum.accumulate(hi, axis=1)[:, :-1])
+        out[g[start]] = np.cumsum(np.maximum(seg, 0.0), axis=1)[:, -1]
     return out
 
 
