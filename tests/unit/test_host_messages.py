@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetps.balance.reports import host_ids, spans
+from hetps.balance.reports import host_ids, named, spans
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.roles import new_scheduler
@@ -75,9 +75,13 @@ def test_a_hosts_report_is_read_per_worker_in_bulk():
     samples = np.zeros((5, 6))
     ids = host_ids(nodes, W0, [W0, W1], [[3, 2], [2, 2]], [samples, times])
     assert ids == [W0, W1]
-    mine, worked = spans(times, [[3, 2], [2, 2]], servers=2)
+    mine, worked = named(times, servers=2), spans([(times, [[3, 2], [2, 2]])], servers=2)
     assert mine.tolist() == [True, True, True, False] and worked == [0.5, 0.75]
-    assert spans(times[:2], None, servers=2)[1] == [0.5]  # a worker's own report: one span
+    assert spans([(times[:2], None)], servers=2) == [0.5]  # a worker's own report: one span
+    # a round's reports read together: each report's spans, in report order
+    both = [(times[2:], None), (times, [[3, 2], [2, 2]]), (times[:0], None), (times[3:], None)]
+    both.append((times[1:2], None))  # (an empty report, one naming no server: no span)
+    assert spans(both, servers=2) == [0.75, 0.5, 0.75, 0.25]
     assert host_ids(nodes, W0, None, None, [samples, times]) == [W0]
     assert "of no host 0" in host_ids(nodes, W0, [W0, W2], [[3, 2], [2, 2]], [samples, times])
     assert "do not add up" in host_ids(nodes, W0, [W0, W1], [[3, 2], [2, 1]], [samples, times])

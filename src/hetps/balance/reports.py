@@ -72,20 +72,31 @@ def host_ids(
     return list(host)
 
 
-def spans(
-    times: np.ndarray, host_rows: Sequence | None, servers: int
-) -> tuple[np.ndarray, list[float]]:
-    """A report's server times that name a server (mask), and each worker's last round: the
-    longest of its times (a host's report: one per worker, by ``host_rows``), read in bulk."""
+def named(times: np.ndarray, servers: int) -> np.ndarray:
+    """Which of a report's server times ``(rank, bytes, seconds)`` name a server (mask)."""
     rank, secs = times[:, 0], times[:, 2]
     with np.errstate(invalid="ignore"):
-        mine = (rank >= 0) & (rank < servers) & (rank == np.floor(rank)) & (secs > 0)
-    counts = np.asarray([r[1] for r in host_rows] if host_rows else [len(times)], np.int64)
+        return (rank >= 0) & (rank < servers) & (rank == np.floor(rank)) & (secs > 0)
+
+
+def spans(reports: Sequence[tuple[np.ndarray, Sequence | None]], servers: int) -> list[float]:
+    """Each worker's last round, from a whole round's reports ``(times, host_rows)`` in one
+    pass: the longest of its times that name a server (a host's report holds one run of
+    rows per worker, by ``host_rows``), in report order."""
+    if not reports:
+        return []
+    times = np.concatenate([t for t, _ in reports])
+    counts = np.concatenate(
+        [
+            np.asarray(rows, np.int64).reshape(-1, 2)[:, 1] if rows else [len(t)]
+            for t, rows in reports
+        ]
+    ).astype(np.int64)
     starts = (np.cumsum(counts) - counts)[counts > 0]
     if not len(starts):
-        return mine, []
-    longest = np.maximum.reduceat(np.where(mine, secs, -1.0), starts)
-    return mine, [float(x) for x in longest if x > 0]
+        return []
+    longest = np.maximum.reduceat(np.where(named(times, servers), times[:, 2], -1.0), starts)
+    return longest[longest > 0].tolist()
 
 
 def listed(values: np.ndarray) -> list[float | None]:

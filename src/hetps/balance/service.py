@@ -26,7 +26,7 @@ from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_t
 from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
-from hetps.balance.reports import host_ids, sample_array, spans, times_array
+from hetps.balance.reports import host_ids, named, sample_array, spans, times_array
 from hetps.balance.reports import listed as _listed
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
@@ -102,7 +102,7 @@ class Planner:
         # change detection (docs/BALANCE.md §7.3): per round, every worker's communication
         # span, judged against the plan's prediction
         self.detector = SurpriseDetector()
-        self._spans: dict[int, list[float]] = {}
+        self._spans: dict[int, list[tuple[np.ndarray, Any]]] = {}  # a round's times, per report
         self._before: np.ndarray | None = None  # the assignment before the last change
         self._released = 0  # rounds answered so far (reports, whatever HETPS_REPLAN_EVERY)
         self._calibration_rounds: set[int] = set()  # rounds whose reports bring a new cycle
@@ -331,10 +331,9 @@ class Planner:
             sched.reply(msg, *reply_parts(self._last))
             return
         self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
-        mine, worked = spans(times, b.host_rows, self.S)  # each worker's last round
-        self._spans.setdefault(rnd, []).extend(worked)
+        self._spans.setdefault(rnd, []).append((times, b.host_rows if b.host else None))  # (spans)
         if self.scheme_plan.needs == "history":  # (it fits a line per server)
-            for s, nbytes_s, secs_s in times[mine].tolist():
+            for s, nbytes_s, secs_s in times[named(times, self.S)].tolist():
                 self.history[int(s)].append((nbytes_s, secs_s))
                 del self.history[int(s)][:-20]
         done = b.spread_done  # (way, rank) or None
@@ -383,7 +382,8 @@ class Planner:
                 del self._spread[old]
             self._released += 1
             contradicted = rnd in self._contradicted
-            recal = self.surprised(rnd, self._spans.pop(rnd, []), contradicted=contradicted)
+            worked = spans(self._spans.pop(rnd, []), self.S)
+            recal = self.surprised(rnd, worked, contradicted=contradicted)
             self._contradicted = {r for r in self._contradicted if r > rnd}
             for old in [r for r in self._spans if r < rnd]:
                 del self._spans[old]
