@@ -399,7 +399,7 @@ class Planner:
                     sched.reply(m, answer)
                 continue
             answer = self.plan()
-            spread = self.spread_targets(live={self.index(n) for n in live})
+            spread = self.spread_targets(live=set(self.rows_of(np.fromiter(live, float)).tolist()))
             if recal:
                 answer = {**answer, "recalibrate": True}
             elif spread is not None:
