@@ -332,11 +332,10 @@ def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> flo
 
 def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> np.ndarray:
     """Per group ``0..n-1``, the total length its intervals ``[t0, t1)`` cover (overlaps
-    counted once), for all groups at once: the intervals sorted by group (a stable sort of
-    16-bit keys is a radix sort), laid out one row per group (groups of like sizes together,
-    padded to their largest by empty intervals at +inf), each row sorted by start, a running
-    maximum of the ends along the rows, and each row's covered pieces summed in order, as
-    :func:`_union_length` sums them (padding adds exact zeros)."""
+    counted once), all groups at once: the intervals sorted by group (a stable sort of 16-bit
+    keys is a radix sort), one row per group (groups of like sizes together, padded by empty
+    intervals at +inf), each row sorted by start, a running maximum of the ends along it, and
+    its covered pieces summed in order as :func:`_union_length` sums them (pads add 0.0)."""
     out = np.zeros(n)
     if not len(group):
         return out
@@ -350,17 +349,14 @@ def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> 
     sizes = np.diff(np.r_[first, len(g)])
     bucket = np.ceil(np.log2(sizes)).astype(np.int64)  # (a row at most twice its length)
     for k in np.unique(bucket).tolist():
-        sel = np.flatnonzero(bucket == k)
-        size, start = sizes[sel], first[sel]
+        size, start = sizes[bucket == k], first[bucket == k]
         col = np.arange(int(size.max()))
         idx = np.where(col < size[:, None], start[:, None] + col, len(g))
-        by = np.argsort(a[idx], axis=1, kind="stable")
-        idx = np.take_along_axis(idx, by, axis=1)
+        idx = np.take_along_axis(idx, np.argsort(a[idx], axis=1, kind="stable"), axis=1)
         lo, hi = a[idx], b[idx]
-        seg = hi.copy()
-        seg[:, 0] -= lo[:, 0]
-        seg[:, 1:] -= np.maximum(lo[:, 1:], np.maximum.accumulate(hi, axis=1)[:, :-1])
-        out[g[start]] = np.cumsum(np.maximum(seg, 0.0), axis=1)[:, -1]
+        before = np.c_[np.full(len(idx), -np.inf), np.maximum.accumulate(hi, axis=1)[:, :-1]]
+        seg = np.maximum(hi - np.maximum(lo, before), 0.0)
+        out[g[start]] = np.cumsum(seg, axis=1)[:, -1]
     return out
 
 

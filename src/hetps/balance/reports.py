@@ -83,15 +83,8 @@ def spans(reports: Sequence[tuple[np.ndarray, Sequence | None]], servers: int) -
     """Each worker's last round, from a whole round's reports ``(times, host_rows)`` in one
     pass: the longest of its times that name a server (a host's report holds one run of
     rows per worker, by ``host_rows``), in report order."""
-    if not reports:
-        return []
-    times = np.concatenate([t for t, _ in reports])
-    counts = np.concatenate(
-        [
-            np.asarray(rows, np.int64).reshape(-1, 2)[:, 1] if rows else [len(t)]
-            for t, rows in reports
-        ]
-    ).astype(np.int64)
+    times = np.concatenate([t for t, _ in reports] or [np.zeros((0, 3))])
+    counts = np.asarray([r[1] for t, rows in reports for r in rows or [(0, len(t))]], np.int64)
     starts = (np.cumsum(counts) - counts)[counts > 0]
     if not len(starts):
         return []
