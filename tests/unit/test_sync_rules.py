@@ -439,3 +439,13 @@ def test_state_service_tells_a_fast_worker_its_deadline():
     assert ans["ready"] is True and "deadline_in_s" not in ans
     # a report that arrives after the slowest finished is ready at once
     assert svc.decide(0, 2, 1.0, 2.0, 114.2)["ready"] is True
+
+
+def test_a_report_of_round_0_is_refused_and_the_service_goes_on():
+    """Round 0 is before any round: a report of it is refused (it crashed the service)."""
+    from hetps.esync.service import EsyncService
+
+    svc = EsyncService(2)
+    with pytest.raises(ValueError, match="rounds start at 1"):
+        svc.decide(0, 0, 1.0, 1.0, 100.0)
+    assert svc.decide(0, 1, 1.0, 1.0, 101.0)["ready"]

@@ -55,6 +55,8 @@ class EsyncService:
         """Record one local step; returns ``{"ready": bool, "round": n, "steps": k}``."""
         if rank < 0 or rank >= self.policy.num_workers:
             raise ValueError(f"rank {rank} outside 0..{self.policy.num_workers - 1}")
+        if rnd < 1:
+            raise ValueError(f"worker {rank} reports round {rnd}: rounds start at 1")
         if self.adopt and rnd > self.policy.round:
             self.policy.skip_to(rnd - 1)
         self.adopt = False
