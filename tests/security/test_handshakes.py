@@ -155,3 +155,25 @@ def test_a_greeting_that_stalls_is_no_handshake_under_way(monkeypatch):
         for s in stalled:
             s.close()
         rx.close()
+
+
+def test_a_silent_connection_that_grew_old_under_the_cap_is_cut_once_it_is_exceeded(monkeypatch):
+    """The cap is exceeded after a silent connection passed SILENT_S (its peers came later, or
+    the monitor told of them late): it is cut with them, not left until the timeout."""
+    monkeypatch.setattr(handshakes, "MAX_PENDING", 4)
+    monkeypatch.setattr(handshakes, "HANDSHAKE_S", 8.0)
+    monkeypatch.setattr(handshakes, "SILENT_S", 0.3)
+    rx = Receiving(Van(name="rx"))
+    silent = [socket.create_connection(("127.0.0.1", rx.van.port))]
+    try:
+        _until(lambda: rx.van._guard.pending == 1, 6, "the first connection accepted")
+        t0 = time.monotonic()  # it grows past SILENT_S under the cap (swept meanwhile)
+        _until(lambda: time.monotonic() - t0 > 3 * handshakes.SILENT_S, 5, "SILENT_S")
+        assert not _eof(silent[0])  # under the cap nothing is cut
+        silent += [socket.create_connection(("127.0.0.1", rx.van.port)) for _ in range(5)]
+        _until(lambda: sum(_eof(s) for s in silent) == 6, 6, "the six silent ones closed")
+        assert rx.van._guard.shut == 6
+    finally:
+        for s in silent:
+            s.close()
+        rx.close()

@@ -141,6 +141,7 @@ class HandshakeGuard:
             event = ev["event"]
             if event == _ACCEPTED:
                 self.pending += 1
+                self._young.pop(ev["value"], None)  # (a number used again goes last)
                 self._young[ev["value"]] = time.monotonic()
             elif event == _GONE:
                 self._young.pop(ev["value"], None)
@@ -158,17 +159,24 @@ class HandshakeGuard:
 
     def sweep(self) -> None:
         """Over the cap: shut down the connections accepted at least :data:`SILENT_S` ago
-        whose peer has not sent a greeting yet. Each connection is looked at once."""
-        if not self._young:
+        whose peer has not sent a greeting yet. Each is looked at once while over the cap;
+        under it, one waits (until the handshake timeout would end it anyway), so one that
+        grew old before the monitor reported the connections after it is still cut."""
+        young = self._young
+        now = time.monotonic()
+        while young:  # (in order of acceptance: the oldest first)
+            fd, t = next(iter(young.items()))
+            if now - t < HANDSHAKE_S:
+                break
+            del young[fd]
+        if not young or self.pending <= MAX_PENDING:
             self.refusals.tick()
             return
-        now = time.monotonic()
-        over = self.pending > MAX_PENDING
-        for fd, t in list(self._young.items()):
+        for fd, t in list(young.items()):
             if now - t < SILENT_S:
-                continue
-            del self._young[fd]
-            if over and self._shut_down(fd):
+                break
+            del young[fd]
+            if self._shut_down(fd):
                 self.shut += 1
                 self.refusals.refused(
                     "%s closed a connection that sent nothing for %.0f s: %d connections "
