@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from conftest import run_cluster
+from conftest import PRELUDE, TEST_ENV, run_cluster
 
 #: two hosts (groups 0, 1) of two workers; worker launch rank r is local rank r % 2
 HOSTS = {
@@ -154,7 +154,6 @@ def _launch(tmp_path, elastic: int, victim: tuple[int, int]) -> tuple[int, str]:
     import sys
     import textwrap
 
-    from conftest import PRELUDE, TEST_ENV
     from hetps.launch.contract import LaunchSpec
     from hetps.launch.local import Launcher
 
