@@ -111,17 +111,19 @@ def test_connections_that_never_finish_their_handshake_are_capped_and_timed_out(
         d.connect(f"tcp://127.0.0.1:{rx.van.port}")
         d.send_multipart([bytes(f) for f in encode(Message("early"))])
         _until(lambda: any(m.cmd == "early" for m in rx.got), 10, "the node's first message")
-        # over the cap, the silent ones go after SILENT_S, long before the handshake timeout
-        # (all of them: each is looked at once, when the cap is exceeded; ``shut`` counts
-        # only those, so one closed by the timeout instead fails the next line)
-        _until(lambda: sum(_eof(s) for s in silent) == 10, 6, "the silent ones closed")
-        assert rx.van._guard.shut == 10
+        # over the cap, the silent ones go after SILENT_S, long before the handshake timeout:
+        # at least all but MAX_PENDING of them (one that grows old only once those are cut,
+        # and the cap is no longer exceeded, waits for the timeout, as within the cap)
+        _until(lambda: sum(_eof(s) for s in silent) >= 6, 6, "the silent ones over the cap")
+        _until(lambda: sum(_eof(s) for s in silent) == 10, 14, "the silent ones closed")
+        cut = rx.van._guard.shut
+        assert 6 <= cut <= 10, cut
         assert any(m.cmd == "early" for m in rx.got)
         # within the cap nothing is shut down: silent connections end at the timeout
         few = [socket.create_connection(("127.0.0.1", rx.van.port)) for _ in range(3)]
         silent += few
         _until(lambda: all(_eof(s) for s in few), 14, "the timeout")
-        assert rx.van._guard.shut == 10  # (none of them by the cap)
+        assert rx.van._guard.shut == cut  # (none of them by the cap)
         # the node's connection is still there and heard
         d.send_multipart([bytes(f) for f in encode(Message("hello"))])
         _until(lambda: any(m.cmd == "hello" for m in rx.got), 10, "the node's message")
