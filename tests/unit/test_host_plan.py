@@ -129,7 +129,7 @@ def test_a_full_shared_memory_is_an_error_naming_the_fix_not_a_bus_error(tmp_pat
         with pytest.raises(OSError, match=r"host aggregation needs \d+ bytes of shared memory"):
             agg.create("w", meta)  # (made at its first push through the host)
             agg.kv.meta["w"] = meta
-            agg.takes("w", False)
+            agg.takes("w")
         assert os.listdir(shm) == []
     finally:
         subprocess.run(["umount", "-l", str(shm)])

@@ -248,10 +248,11 @@ class Staging:
             self._tl.owed = []
         return lent
 
-    def buffers(self) -> int:
-        """How many host buffers the pool holds (for tests and metrics)."""
+    def buffers(self, taken: bool = False) -> int:
+        """How many host buffers the pool holds (``taken``: of them, those a call or a copy
+        still holds), for tests and metrics."""
         with self._lock:
-            return sum(len(v) for v in self._pool.values())
+            return sum(not taken or not b.free() for v in self._pool.values() for b in v)
 
     # -- the calls ------------------------------------------------------------------------------
     def push_value(self, entry: Any, what: str) -> np.ndarray:
@@ -300,10 +301,11 @@ class Staging:
         # the device outs come last: the pull fills host outs from the first target
         return [*targets, buf.array] if targets else [buf.array]
 
-    def settle(self, futures: Sequence[Any]) -> Callable[[], None] | None:
+    def settle(self, futures: Sequence[Any]) -> Callable[..., None] | None:
         """End this thread's call: the buffers it lent stay taken until ``futures`` are
         answered; returns what queues the owed device copies (run it once the answers
-        landed), or None when the call owes none."""
+        landed; ``land(False)`` gives their buffers back uncopied), or None when the call
+        owes none."""
         lent = self._lent()
         if not lent:
             return None
@@ -316,10 +318,10 @@ class Staging:
             for b, _ in owed:
                 b.owed = True  # not free until land() queued its copies
 
-        def land() -> None:
+        def land(copy: bool = True) -> None:
             for buf, outs in owed:
                 events = []
-                for out, after in outs:
+                for out, after in outs if copy else ():  # (not copied: the caller got an error)
                     ev = buf.backend.to_device(buf.array, out, after)
                     buf.backend.stream_wait(out, ev)
                     events.append(ev)

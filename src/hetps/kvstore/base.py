@@ -60,7 +60,7 @@ def out_arrays(entry: Any, what: str) -> list[np.ndarray]:
     return [as_numpy(entry, what)]
 
 
-def settle(futures: Sequence[Future]) -> Callable[[], None] | None:
+def settle(futures: Sequence[Future]) -> Callable[..., None] | None:
     """End a call that may have staged device tensors: their host buffers stay taken until
     ``futures`` are answered; returns what copies pulled values to the device tensors (run
     it once the answers landed), or None."""
@@ -75,8 +75,13 @@ def settle_after(
     to_device = settle(futures)
 
     def finish() -> None:
-        for fin in finishers:
-            fin()
+        try:
+            for fin in finishers:
+                fin()
+        except BaseException:  # (a host round's error: its pull's buffers come back)
+            if to_device is not None:
+                to_device(False)
+            raise
         if to_device is not None:
             to_device()
 

@@ -308,7 +308,7 @@ class DistKVStore:
                 staged = on_device(entry)  # (a staging buffer is a copy held for the push)
                 arr = reduce_values(entry, f"push of key {k!r}")
                 self._check(k, meta, arr, "push")
-                if self.hostagg is not None and self.hostagg.takes(k, bool(staged)):
+                if self.hostagg is not None and self.hostagg.takes(k):
                     self.hostagg.push(k, meta, arr)  # (its errors: the pull's)
                     hosted.append(k)
                     continue
@@ -414,7 +414,7 @@ class DistKVStore:
                 targets = out_arrays(out_entry, f"pushpull of key {k!r}")
                 for t in targets:
                     self._check(k, meta, t, "pull")
-                if self.hostagg is not None and self.hostagg.takes(k, on_device(entry)):
+                if self.hostagg is not None and self.hostagg.takes(k):
                     self.hostagg.push(k, meta, arr)
                     finishers.append(self.hostagg.pull(k, meta, targets))
                     continue

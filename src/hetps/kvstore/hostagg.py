@@ -170,12 +170,10 @@ class HostAggregation:
         # and which local rank sends each part
         self.forms: dict[Any, tuple] = {}
         self.owners: dict[Any, list[int]] = {}
-        self.fallback: set[Any] = set()  # keys of device tensors: each worker pushes its own
         self.load = [0] * self.size  # bytes of parts each local rank sums
         self.dead: set[int] = set()  # local ranks let go (HETPS_ELASTIC)
         self.elastic = kv.node.elastic > 0
         self.lock = threading.RLock()
-        self.noticed = False
         self.tables = HostTables(self)  # the row-sparse keys' rounds
         if self.local == 0:
             sweep_stale()
@@ -335,21 +333,11 @@ class HostAggregation:
         return first[what] + i
 
     # -- rounds -----------------------------------------------------------------------------
-    def takes(self, k: Any, device: bool) -> bool:
+    def takes(self, k: Any) -> bool:
         """Whether key ``k``'s rounds go through the host (a dense key; a device tensor's
-        key falls back to each worker's own push, said once)."""
-        if k not in self.forms or k in self.fallback:
-            return False
-        if device:
-            self.fallback.add(k)
-            self.release(k)
-            if not self.noticed:
-                self.noticed = True
-                log.warning(
-                    "host aggregation: key %r holds device tensors, which each worker pushes "
-                    "itself (host aggregation of device tensors is not built)",
-                    k,
-                )
+        too: its push is the host array the call staged, its pull lands in the call's host
+        buffer, which the call's finisher copies to the device)."""
+        if k not in self.forms:
             return False
         if k not in self.keys:
             self._attach(k, self.kv.meta[k])
