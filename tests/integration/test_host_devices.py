@@ -85,7 +85,7 @@ devices.unregister_backend(dev)
 """
 
 OPTIMIZER = f"""
-import torch
+import copy, torch
 sys.path.insert(0, {str(TESTS)!r})
 from cuda_standin import StandInCuda
 from hetps.torch.optimizer import DistributedOptimizer
@@ -97,6 +97,8 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
                             torch.nn.Linear(256, 10)).float()
 opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                            model.named_parameters(), kvstore=kv, op='average')
+ref = copy.deepcopy(model)  # trained here on the whole batch: what the job's mean gives
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
 gen = torch.Generator().manual_seed(1)
 X = torch.randn(3, 32, 64, generator=gen)   # 3 steps, global batch 32
 Y = torch.randint(0, 10, (3, 32), generator=gen)
@@ -106,10 +108,14 @@ for step in range(3):
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
+    ref_opt.zero_grad()
+    torch.nn.functional.cross_entropy(ref(X[step]), Y[step]).backward()
+    ref_opt.step()
 osent = sent() - sent0
 kv.barrier()
 weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
-optimizer = {{'sent': osent, 'model': 4 * weights.size, 'weights': digest(weights),
+diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))
+optimizer = {{'diff': diff, 'sent': osent, 'model': 4 * weights.size, 'weights': digest(weights),
               'taken': devices.STAGING.buffers(taken=True), 'copies': d.copies['to_host']}}
 opt.close()
 """
@@ -176,6 +182,7 @@ def test_device_tensors_and_the_optimizer_equal_the_flat_job(tmp_path):
         for rec in run.values():
             assert rec["optimizer"]["taken"] == 0, rec
             assert rec["optimizer"]["copies"] > 0, rec  # the gradients were staged
+            assert rec["optimizer"]["diff"] < 1e-5, rec  # local training's weights
             assert rec["optimizer"]["weights"] == on[0]["optimizer"]["weights"], rec
     assert on[0]["deferred"]["digests"] == off[0]["deferred"]["digests"]
     for what, pushes in (("deferred", 6), ("optimizer", 3)):
@@ -184,7 +191,7 @@ def test_device_tensors_and_the_optimizer_equal_the_flat_job(tmp_path):
 
 
 CUDA = """
-import torch
+import copy, torch
 n = 1 << 20
 kv.init('w', torch.zeros(n, device='cuda'))
 out = torch.empty(n, device='cuda')
@@ -214,6 +221,8 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
                             torch.nn.Linear(256, 10)).cuda()
 opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                            model.named_parameters(), kvstore=kv, op='average')
+ref = copy.deepcopy(model)  # trained here on the whole batch: what the job's mean gives
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
 gen = torch.Generator().manual_seed(1)
 X, Y = torch.randn(3, 32, 64, generator=gen), torch.randint(0, 10, (3, 32), generator=gen)
 sent0 = sent()
@@ -222,11 +231,15 @@ for step in range(3):
     opt.zero_grad()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
+    ref_opt.zero_grad()
+    torch.nn.functional.cross_entropy(ref(X[step].cuda()), Y[step].cuda()).backward()
+    ref_opt.step()
 osent = sent() - sent0
 torch.cuda.synchronize()
 kv.barrier()
 weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
-optimizer = {'sent': osent, 'model': 4 * weights.size, 'weights': digest(weights),
+diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))
+optimizer = {'diff': diff, 'sent': osent, 'model': 4 * weights.size, 'weights': digest(weights),
              'taken': devices.STAGING.buffers(taken=True)}
 opt.close()
 """
@@ -251,6 +264,7 @@ def test_cuda_tensors_go_through_the_host_exactly(tmp_path):
             assert rec["deferred"]["taken"] == rec["optimizer"]["taken"] == 0, rec
             assert rec["deferred"]["digests"] == off[0]["deferred"]["digests"], rec
             assert rec["optimizer"]["weights"] == off[0]["optimizer"]["weights"], rec
+            assert rec["optimizer"]["diff"] < 1e-5, rec  # local training's weights
     for what, pushes in (("deferred", 6), ("optimizer", 3)):
         _one_push_per_host(on, what, pushes)
         _one_push_per_host(off, what, pushes, hosts=False)
