@@ -211,3 +211,24 @@ def test_a_staged_value_that_is_never_pushed_gives_its_buffer_back(dev):
     again = devices.stage(v)
     assert again.buffer is staged.buffer
     devices.release(again)
+
+
+def test_a_pull_whose_finisher_fails_gives_its_buffer_back_uncopied(dev):
+    """A pull through the host (docs/HOSTS.md) has no requests of its own: its error is its
+    finisher's. The copies to the devices are never queued, and its buffer comes back."""
+    from hetps.kvstore.base import settle_after
+
+    out = dev.array(np.full(4, 7.0, np.float32))
+    (host,) = devices.STAGING.pull_targets(out, "pull")
+
+    def fails() -> None:
+        host[...] = 1.0  # (some of it landed)
+        raise RuntimeError("local rank 1 died")
+
+    with pytest.raises(RuntimeError, match="local rank 1 died"):
+        settle_after([], [fails])()
+    assert dev.to_device_copies == 0
+    (again,) = devices.STAGING.pull_targets(out, "pull")
+    assert again is host
+    devices.STAGING.abandon()
+    assert np.array_equal(out.read(), np.full(4, 7.0))
