@@ -84,24 +84,31 @@ deferred = {{'sent': dsent, 'model': 4 * n, 'digests': digests,
 devices.unregister_backend(dev)
 """
 
-OPTIMIZER = f"""
-import copy, torch
+#: the stand-in of torch.cuda: every float tensor of this process is on its device
+STANDIN = f"""
+import torch
 sys.path.insert(0, {str(TESTS)!r})
 from cuda_standin import StandInCuda
-from hetps.torch.optimizer import DistributedOptimizer
 torch.set_num_threads(1)
-d = StandInCuda()  # every float tensor of this process is on its device
+d = StandInCuda()
 devices.register_backend(devices.CudaBackend(d))
+DEV, copies = 'cpu', lambda: d.copies['to_host']
+"""
+
+#: DistributedOptimizer on device DEV, and the same model trained here on the whole batch
+OPTIMIZER = """
+import copy, torch
+from hetps.torch.optimizer import DistributedOptimizer
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
-                            torch.nn.Linear(256, 10)).float()
+                            torch.nn.Linear(256, 10)).to(DEV)
 opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                            model.named_parameters(), kvstore=kv, op='average')
-ref = copy.deepcopy(model)  # trained here on the whole batch: what the job's mean gives
+ref = copy.deepcopy(model)  # what the job's mean of the workers' gradients gives
 ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
 gen = torch.Generator().manual_seed(1)
-X = torch.randn(3, 32, 64, generator=gen)   # 3 steps, global batch 32
-Y = torch.randint(0, 10, (3, 32), generator=gen)
+X = torch.randn(3, 32, 64, generator=gen).to(DEV)   # 3 steps, global batch 32
+Y = torch.randint(0, 10, (3, 32), generator=gen).to(DEV)
 sent0 = sent()
 for step in range(3):
     x, y = X[step, me * 8:(me + 1) * 8], Y[step, me * 8:(me + 1) * 8]
@@ -113,10 +120,10 @@ for step in range(3):
     ref_opt.step()
 osent = sent() - sent0
 kv.barrier()
-weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
 diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))
-optimizer = {{'diff': diff, 'sent': osent, 'model': 4 * weights.size, 'weights': digest(weights),
-              'taken': devices.STAGING.buffers(taken=True), 'copies': d.copies['to_host']}}
+optimizer = {'diff': diff, 'sent': osent, 'model': 4 * weights.size, 'weights': digest(weights),
+             'taken': devices.STAGING.buffers(taken=True), 'copies': copies()}
 opt.close()
 """
 
@@ -175,7 +182,7 @@ def test_device_tensors_and_the_optimizer_equal_the_flat_job(tmp_path):
     on a side stream), with the host's sum pushed once and with every worker pushing its
     own: the same values bit for bit on every worker of both jobs."""
     pytest.importorskip("torch")
-    code = COMMON + DEFERRED + OPTIMIZER + REPORT
+    code = COMMON + DEFERRED + STANDIN + OPTIMIZER + REPORT
     on, off = _run(tmp_path, code, "1"), _run(tmp_path, code, "0")
     for run in (on, off):
         _check_deferred(run)
@@ -191,7 +198,7 @@ def test_device_tensors_and_the_optimizer_equal_the_flat_job(tmp_path):
 
 
 CUDA = """
-import copy, torch
+import torch
 n = 1 << 20
 kv.init('w', torch.zeros(n, device='cuda'))
 out = torch.empty(n, device='cuda')
@@ -215,33 +222,7 @@ torch.cuda.synchronize()
 kv.barrier()
 deferred = {'sent': dsent, 'model': 4 * n, 'digests': digests,
             'taken': devices.STAGING.buffers(taken=True)}
-from hetps.torch.optimizer import DistributedOptimizer
-torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(),
-                            torch.nn.Linear(256, 10)).cuda()
-opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                           model.named_parameters(), kvstore=kv, op='average')
-ref = copy.deepcopy(model)  # trained here on the whole batch: what the job's mean gives
-ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-gen = torch.Generator().manual_seed(1)
-X, Y = torch.randn(3, 32, 64, generator=gen), torch.randint(0, 10, (3, 32), generator=gen)
-sent0 = sent()
-for step in range(3):
-    x, y = X[step, me * 8:(me + 1) * 8].cuda(), Y[step, me * 8:(me + 1) * 8].cuda()
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-    ref_opt.zero_grad()
-    torch.nn.functional.cross_entropy(ref(X[step].cuda()), Y[step].cuda()).backward()
-    ref_opt.step()
-osent = sent() - sent0
-torch.cuda.synchronize()
-kv.barrier()
-weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
-diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), ref.parameters()))
-optimizer = {'diff': diff, 'sent': osent, 'model': 4 * weights.size, 'weights': digest(weights),
-             'taken': devices.STAGING.buffers(taken=True)}
-opt.close()
+DEV, copies = 'cuda', lambda: None
 """
 
 
@@ -256,8 +237,8 @@ def test_cuda_tensors_go_through_the_host_exactly(tmp_path):
     if not _cuda():
         pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False here)")
     on, off = (
-        _run(tmp_path, COMMON + CUDA + REPORT, "1"),
-        _run(tmp_path, COMMON + CUDA + REPORT, "0"),
+        _run(tmp_path, COMMON + CUDA + OPTIMIZER + REPORT, "1"),
+        _run(tmp_path, COMMON + CUDA + OPTIMIZER + REPORT, "0"),
     )
     for run in (on, off):
         for rec in run.values():
