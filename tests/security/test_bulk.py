@@ -129,9 +129,9 @@ def pair():
 
         def through(edit=None) -> Relay:
             """Send tx's bulk connection to rx through a relay."""
-            relay = Relay(tx.bulk.offers[2]["port"], edit)
+            relay = Relay(tx.bulk.offers[2].port, edit)
             relays.append(relay)
-            tx.bulk.offers[2]["port"] = relay.port
+            tx.bulk.offers[2].port = relay.port
             return relay
 
         tx.through = through
@@ -387,7 +387,7 @@ def test_a_new_offer_replaces_the_channel_at_the_next_send(pair):
     np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], first)
     old = tx.bulk.out[2]
     tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)
-    _until(lambda: tx.bulk.offers[2]["id"] != old.cid, "no new offer", tx)
+    _until(lambda: tx.bulk.offers[2].cid != old.cid, "no new offer", tx)
     second = _push(tx, 1)
     m = rx.recv(timeout=10)
     assert m is not None and m.req == 1

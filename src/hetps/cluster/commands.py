@@ -18,7 +18,7 @@ import sys
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta, field
+from msgspec import UNSET, Meta, UnsetType, field
 
 from hetps.cluster import bodies
 from hetps.cluster import protocol as P
@@ -253,7 +253,18 @@ class EsyncReport(Body, kw_only=True):
     back: RoutingId | None = None
 
 
-@command(P.BALANCE_REPORT, scheduler=W)
+class BalanceAnswer(Body, kw_only=True):
+    """The load planner's answer (:mod:`hetps.balance.wire`).
+
+    ``plan``: the plan every worker gets, msgpack-packed once (:class:`hetps.balance.wire.Plan`)
+    ``node_rates``: worker rank 0's: the per-node caps and where they come from
+    ``(array 0)``: worker rank 0's: the estimated link matrix (float64, N x N)"""
+
+    plan: bytes | UnsetType = UNSET
+    node_rates: dict[str, list[Any]] | UnsetType = UNSET
+
+
+@command(P.BALANCE_REPORT, reply=BalanceAnswer, scheduler=W)
 class BalanceReport(Body, kw_only=True):
     """A worker's measurements for the load planner (its answer: :mod:`hetps.balance.wire`).
 
@@ -574,6 +585,10 @@ _TAGGED: dict[str, tuple[str, dict[Any, Any]]] = {
 }
 
 
+#: bytes come as bytes (not also as base64 text, msgspec's default for a field of bytes)
+_BYTES = (bytes,)
+
+
 def decode(msg: Any) -> str | None:
     """``msg``'s body as its command's (or its answer's) declared type, kept on
     ``msg.typed``; the text that refuses it (naming the command and the field), or None. A
@@ -590,7 +605,7 @@ def decode(msg: Any) -> str | None:
         tag = msg.body.get(field_name) if isinstance(msg.body, dict) else None
         kind = members.get(tag, kind) if isinstance(tag, str) else kind
     try:
-        msg.typed = msgspec.convert(msg.body, kind)
+        msg.typed = msgspec.convert(msg.body, kind, builtin_types=_BYTES)
     except msgspec.ValidationError as exc:
         # (printable: the text is logged and answered, and may quote what the peer sent)
         return P.printable(bodies.explain(msg.cmd, msg.body, kind, str(exc)))
