@@ -513,3 +513,26 @@ def test_a_restarted_peer_s_new_channel_replaces_its_old_one(pair):
         assert old not in rx.bulk.rx.channels
     finally:
         tx2.close()
+
+
+def test_a_malformed_hello_is_refused_and_its_channel_stays_offered(pair):
+    """A hello that is no BulkHello (an id or key share of the wrong length, an unknown
+    field, no map) opens nothing: the channel stays offered, and the sender's own hello
+    opens it at its first big send, exact."""
+    tx, rx = pair
+    (cid,) = [c for c, chan in rx.bulk.offered.items() if chan.peer == 1]
+    ka = b"a" * 32
+    for bad in (
+        {"id": cid[:15], "k": ka},
+        {"id": cid, "k": ka[:31]},
+        {"id": cid, "k": ka, "x": 1},
+        5,
+    ):
+        why = rx.bulk.on_hello(1, b"o", bad, {})
+        assert why == "it names no channel this node offered (or is malformed)", bad
+        assert cid in rx.bulk.offered
+    sent = _push(tx, 3)
+    got = rx.recv(timeout=10)
+    assert got is not None and got.sender == 1
+    np.testing.assert_array_equal(got.arrays[0], sent)
+    assert cid not in rx.bulk.offered and tx.bulk.out[2].next == 1

@@ -88,3 +88,42 @@ def test_in_the_scheduler_a_report_counts_for_the_senders_rank():
     assert commands.decode(server) is None
     service(Sched(), server)
     assert "error" in answers[-1] and svc.steps_total == [1, 0]
+
+
+def test_a_malformed_report_is_refused_at_the_address_it_gives():
+    """A report that is no EsyncReport (a negative round, an unknown field) is not counted,
+    and its refusal, naming the field, goes back to the ``ep`` it gives; a good report of the
+    same connection after it still counts."""
+    srv = StateServer(1, host="127.0.0.1")
+    stop = threading.Event()
+    t = threading.Thread(target=srv.serve, args=(stop,), daemon=True)
+    t.start()
+    ctx = zmq.Context()
+    socks = []
+    try:
+        rx = ctx.socket(zmq.ROUTER)
+        rx.bind("tcp://127.0.0.1:*")
+        ep = rx.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit("/", 1)[1]
+        worker = ctx.socket(zmq.DEALER)
+        socks = [rx, worker]
+        worker.connect(f"tcp://127.0.0.1:{srv.port}")
+        good = {"rank": 0, "round": 1, "step_s": 0.1, "elapsed_s": 0.1, "ep": ep}
+        for req, (bad, says) in enumerate(
+            [({**good, "round": -1}, "field 'round'"), ({**good, "x": 1}, "unknown field 'x'")],
+            start=1,
+        ):
+            msg = Message("esync_report", req=req, body=bad)
+            worker.send_multipart([bytes(f) for f in encode(msg)])
+            assert rx.poll(10000), "a refused report got no answer at its ep"
+            answer = msgpack.unpackb(rx.recv_multipart()[1], raw=False)["b"]
+            assert says in answer.get("error", ""), answer
+        assert srv.service.steps_total == [0]
+        assert "error" not in _report(worker, rx, ep, 0, 3)
+        assert srv.service.steps_total == [1]
+    finally:
+        stop.set()
+        t.join(5)
+        for s in socks:
+            s.close(0)
+        ctx.term()
+    assert not t.is_alive()

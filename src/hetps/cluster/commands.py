@@ -345,7 +345,6 @@ class MetricsReport(Body, kw_only=True):
 
 
 # -- worker -> server -------------------------------------------------------------------------
-@command(P.BATCH, server=W)  # init/push/pull items, each checked as if it came alone
 class Batch(Body, kw_only=True):
     """``items``: [[cmd, req, body, arrays], ...]: one request (from a worker) or one answer (from a
     server) each, in order: its command (init, push, pull, spush or spull), its request id, its own body (the
@@ -361,8 +360,11 @@ class Batch(Body, kw_only=True):
                 Count,
             ]
         ],
-        Meta(max_length=P.MAX_BATCH_ITEMS),
+        Meta(min_length=1, max_length=P.MAX_BATCH_ITEMS),
     ]
+
+
+command(P.BATCH, Batch, reply=Batch, server=W)  # init/push/pull items, each checked as if alone
 
 
 @command(P.GET_STATES, server=W)
@@ -585,10 +587,6 @@ _TAGGED: dict[str, tuple[str, dict[Any, Any]]] = {
 }
 
 
-#: bytes come as bytes (not also as base64 text, msgspec's default for a field of bytes)
-_BYTES = (bytes,)
-
-
 def decode(msg: Any) -> str | None:
     """``msg``'s body as its command's (or its answer's) declared type, kept on
     ``msg.typed``; the text that refuses it (naming the command and the field), or None. A
@@ -605,7 +603,7 @@ def decode(msg: Any) -> str | None:
         tag = msg.body.get(field_name) if isinstance(msg.body, dict) else None
         kind = members.get(tag, kind) if isinstance(tag, str) else kind
     try:
-        msg.typed = msgspec.convert(msg.body, kind, builtin_types=_BYTES)
+        msg.typed = msgspec.convert(msg.body, kind, builtin_types=(bytes,))  # (not base64 text)
     except msgspec.ValidationError as exc:
         # (printable: the text is logged and answered, and may quote what the peer sent)
         return P.printable(bodies.explain(msg.cmd, msg.body, kind, str(exc)))

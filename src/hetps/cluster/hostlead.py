@@ -52,37 +52,28 @@ def _name(secret: bytes, group: int, leader: int) -> bytes:
     return b"\0hetps-lead-" + tag[:32].encode()
 
 
-# -- the frames of the host's channel, each declared once ------------------------------------
+# -- the frames of the host's channel: a follower's Hello (its node id), then its arrivals
+# (Hand: kind, REPORT or "b:" and a barrier's group; n, its round or number; w, a report's
+# body, samples and times); the leader's answers (Told: kind, n, ok: the scheduler answered,
+# a: a barrier's live members or the planner's answer)
 class Hello(msgspec.Struct, forbid_unknown_fields=True):
-    """A follower's first frame: ``id``: its node id (a worker of the leader's host)."""
-
     id: NodeId
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):
-    """A follower's link report: ``b``: its body, ``s``: its samples (float64 rows of 6),
-    ``t``: its server times (float64 rows of 3)."""
-
     b: dict[str, Any]
-    s: Annotated[bytes, Meta(max_length=_MAX_FRAME)]
-    t: Annotated[bytes, Meta(max_length=_MAX_FRAME)]
+    s: bytes  # float64 rows of 6
+    t: bytes  # float64 rows of 3
 
 
 class Hand(msgspec.Struct, forbid_unknown_fields=True):
-    """A follower's arrival: ``k``: :data:`REPORT` or ``b:`` and a barrier's group, ``n``: the
-    round or the barrier's number, ``w``: a report's :class:`Report`."""
-
     k: Annotated[str, Meta(max_length=16)]
     n: Annotated[int, Meta(ge=1)]
     w: Report | None = None
 
 
 class Told(msgspec.Struct, forbid_unknown_fields=True):
-    """The leader's answer to a follower's :class:`Hand` (``k``, ``n``): ``ok``: the scheduler
-    answered (else the follower sends its own), ``a``: a barrier's live members (or None), or
-    the planner's answer (a report's)."""
-
-    k: Annotated[str, Meta(max_length=16)]
+    k: str
     n: int
     ok: bool
     a: BalanceAnswer | list[NodeId] | None = None
@@ -115,12 +106,6 @@ def _recv(sock: socket.socket, kind: type) -> Any:
 def _same_user(sock: socket.socket) -> bool:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1] == os.geteuid()
-
-
-def _whole(what: Report | None) -> bool:
-    """Whether a follower's link report is one the leader can merge (whole rows of samples
-    and times), else the follower is dropped and sends its own."""
-    return what is not None and not len(what.s) % 48 and not len(what.t) % 24
 
 
 def _rows(data: bytes, cols: int) -> np.ndarray:
@@ -386,7 +371,10 @@ class HostLead:
     def _read(self, nid: int, sock: socket.socket) -> None:
         hand = _recv(sock, Hand)
         kind = hand.k if hand is not None else None
-        ok = (kind == REPORT and _whole(hand.w)) or kind in [f"b:{g}" for g in P.GROUPS]
+        w = hand.w if hand is not None else None  # (a report: whole rows, else it sends its own)
+        ok = (kind == REPORT and w is not None and not len(w.s) % 48 and not len(w.t) % 24) or (
+            kind in [f"b:{g}" for g in P.GROUPS]
+        )
         with self.lock:
             if hand is None or not ok:
                 self._close(nid)  # gone (EOF) or broken: it sends its own from now on

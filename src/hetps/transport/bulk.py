@@ -50,22 +50,20 @@ _EMPTY = np.empty(0, np.uint8)
 
 
 class BulkHello(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A sender opens an offered channel: ``id``: the channel (16 bytes), ``k``: its key share
-    (32 bytes)."""
+    """A sender opens an offered channel: its ``id`` and its key share ``k``."""
 
     cid: Annotated[bytes, Meta(min_length=16, max_length=16)] = field(name="id")
     key: Annotated[bytes, Meta(min_length=32, max_length=32)] = field(name="k")
 
 
 class BulkOffer(BulkHello, kw_only=True):
-    """A receiver offers a channel: its id and key share, and ``port``: its bulk listener."""
+    """A receiver offers a channel: its ``id``, key share ``k`` and bulk listener's ``port``."""
 
     port: Annotated[int, Meta(gt=0, lt=65536)]
 
 
 def _typed(body: Any, kind: type[BulkHello]) -> Any:
-    """``body`` as a ``kind``, or None when it is not one (msgspec checks every field)."""
-    try:
+    try:  # (None: not a ``kind``)
         return msgspec.convert(body, kind)
     except msgspec.ValidationError:
         return None
@@ -295,10 +293,10 @@ class Bulk:
         """Open the channel a hello names (a :class:`BulkHello`, decoded here); why it was
         refused, or None."""
         hello = _typed(body, BulkHello)
-        chan = self.offered.get(hello.cid) if hello is not None else None
+        cid, ka = (hello.cid, hello.key) if hello is not None else (None, None)
+        chan = self.offered.get(cid)
         if chan is None:
             return "it names no channel this node offered (or is malformed)"
-        cid, ka = hello.cid, hello.key
         if chan.peer != peer:
             return f"the channel was offered to node {chan.peer}, not to this connection's"
         del self.offered[cid]
