@@ -177,10 +177,15 @@ class DataAnswer(Body, kw_only=True):
     workers: Annotated[int, Meta(ge=1)] | None = field(default=None, name="w")
 
 
+_NO_NEWS = DataAnswer()
+
+
 def answer(reply: Any) -> DataAnswer:
     """``reply`` (a server's answer to a push, a pull or a probe) as a :class:`DataAnswer`,
     decoded on its first read and kept on ``reply.typed``; one that is not (or an answer
     made here, of no body) reads as an empty one: nothing measured, every worker summed."""
+    if not reply.body:  # (most answers: nothing to decode)
+        return _NO_NEWS
     if not isinstance(reply.typed, DataAnswer):
         try:
             reply.typed = msgspec.convert(reply.body, DataAnswer)
