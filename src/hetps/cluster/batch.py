@@ -16,13 +16,13 @@ before it returns any item; each item is then handled exactly like a message tha
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from hetps.cluster import protocol as P
-from hetps.cluster.bodies import explain
-from hetps.cluster.commands import Batch
+from hetps.cluster.bodies import Body, Count, W, command, explain
 from hetps.transport.codec import Message
 
 #: a request (or answer) with more bytes of arrays than this goes alone (HETPS_BATCH_BYTES
@@ -54,6 +54,28 @@ def groups(items: list[Any], size: Any) -> list[list[Any]]:
 def array_bytes(msg: Message) -> int:
     """Bytes of ``msg``'s arrays."""
     return sum(int(getattr(a, "nbytes", 0)) for a in msg.arrays)
+
+
+class Batch(Body, kw_only=True):
+    """``items``: [[cmd, req, body, arrays], ...]: one request (from a worker) or one answer (from a
+    server) each, in order: its command (init, push, pull, spush or spull), its request id, its own body (the
+    fields of that command, or of its answer), and how many of the batch's arrays are its own
+    (they follow the previous items' arrays)"""
+
+    items: Annotated[
+        list[
+            tuple[
+                Literal["init", "push", "pull", "spush", "spull"],
+                Annotated[int, Meta(ge=1)],
+                dict[str, Any],
+                Count,
+            ]
+        ],
+        Meta(min_length=1, max_length=P.MAX_BATCH_ITEMS),
+    ]
+
+
+command(P.BATCH, Batch, reply=Batch, server=W)  # (a request's, an answer's)
 
 
 class BadBatch(ValueError):

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
-from hetps.cluster import bodies
+from hetps.cluster import batch, bodies  # noqa: F401 - (batch declares its command)
 from hetps.cluster import protocol as P
 from hetps.cluster.bodies import (
     DECLARED,
@@ -345,28 +345,6 @@ class MetricsReport(Body, kw_only=True):
 
 
 # -- worker -> server -------------------------------------------------------------------------
-class Batch(Body, kw_only=True):
-    """``items``: [[cmd, req, body, arrays], ...]: one request (from a worker) or one answer (from a
-    server) each, in order: its command (init, push, pull, spush or spull), its request id, its own body (the
-    fields of that command, or of its answer), and how many of the batch's arrays are its own
-    (they follow the previous items' arrays)"""
-
-    items: Annotated[
-        list[
-            tuple[
-                Literal["init", "push", "pull", "spush", "spull"],
-                Annotated[int, Meta(ge=1)],
-                dict[str, Any],
-                Count,
-            ]
-        ],
-        Meta(min_length=1, max_length=P.MAX_BATCH_ITEMS),
-    ]
-
-
-command(P.BATCH, Batch, reply=Batch, server=W)  # init/push/pull items, each checked as if alone
-
-
 @command(P.GET_STATES, server=W)
 class GetStates(Body, kw_only=True):
     """``slices``: [[key, part], ...] to read (absent: every state)"""
