@@ -61,9 +61,9 @@ def test_attack_a_message_behind_a_hello_in_the_waiting_queue_is_dropped(pair):
     try:
         sent0 = _push(tx, 0)  # (its frame is a moment late: it waits)
         assert rx.recv(timeout=0.3) is None and rx.inbox.waiting
-        old = tx.bulk.offers[2]["id"]
+        old = tx.bulk.offers[2].cid
         tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)  # rx offers a new channel
-        _until(lambda: tx.bulk.offers[2]["id"] != old, "no new offer", tx)
+        _until(lambda: tx.bulk.offers[2].cid != old, "no new offer", tx)
         sent1 = _push(tx, 1)  # hello, then the push, on the new channel
         assert rx.recv(timeout=0.3) is None
     finally:
@@ -91,9 +91,9 @@ def test_attack_a_new_offer_discards_the_frames_still_queued_on_the_old_channel(
     try:
         tx.send(2, Message("push", req=0, arrays=parts))
         assert rx.recv(timeout=0.3) is None
-        old = tx.bulk.offers[2]["id"]
+        old = tx.bulk.offers[2].cid
         tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)
-        _until(lambda: tx.bulk.offers[2]["id"] != old, "no new offer", tx)
+        _until(lambda: tx.bulk.offers[2].cid != old, "no new offer", tx)
         _push(tx, 1)  # opens the new channel, closes the old one
     finally:
         edit.open.set()

@@ -129,9 +129,9 @@ def pair():
 
         def through(edit=None) -> Relay:
             """Send tx's bulk connection to rx through a relay."""
-            relay = Relay(tx.bulk.offers[2]["port"], edit)
+            relay = Relay(tx.bulk.offers[2].port, edit)
             relays.append(relay)
-            tx.bulk.offers[2]["port"] = relay.port
+            tx.bulk.offers[2].port = relay.port
             return relay
 
         tx.through = through
@@ -387,7 +387,7 @@ def test_a_new_offer_replaces_the_channel_at_the_next_send(pair):
     np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], first)
     old = tx.bulk.out[2]
     tx.admit(rx.connect(1, tx.endpoint, bulk=True), 2)
-    _until(lambda: tx.bulk.offers[2]["id"] != old.cid, "no new offer", tx)
+    _until(lambda: tx.bulk.offers[2].cid != old.cid, "no new offer", tx)
     second = _push(tx, 1)
     m = rx.recv(timeout=10)
     assert m is not None and m.req == 1
@@ -513,3 +513,26 @@ def test_a_restarted_peer_s_new_channel_replaces_its_old_one(pair):
         assert old not in rx.bulk.rx.channels
     finally:
         tx2.close()
+
+
+def test_a_malformed_hello_is_refused_and_its_channel_stays_offered(pair):
+    """A hello that is no BulkHello (an id or key share of the wrong length, an unknown
+    field, no map) opens nothing: the channel stays offered, and the sender's own hello
+    opens it at its first big send, exact."""
+    tx, rx = pair
+    (cid,) = [c for c, chan in rx.bulk.offered.items() if chan.peer == 1]
+    ka = b"a" * 32
+    for bad in (
+        {"id": cid[:15], "k": ka},
+        {"id": cid, "k": ka[:31]},
+        {"id": cid, "k": ka, "x": 1},
+        5,
+    ):
+        why = rx.bulk.on_hello(1, b"o", bad, {})
+        assert why == "it names no channel this node offered (or is malformed)", bad
+        assert cid in rx.bulk.offered
+    sent = _push(tx, 3)
+    got = rx.recv(timeout=10)
+    assert got is not None and got.sender == 1
+    np.testing.assert_array_equal(got.arrays[0], sent)
+    assert cid not in rx.bulk.offered and tx.bulk.out[2].next == 1

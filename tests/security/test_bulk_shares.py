@@ -88,7 +88,7 @@ def test_an_insider_that_learned_a_channel_id_cannot_take_the_channel(pair, capl
     try:
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
-        s.setsockopt(zmq.ROUTING_ID, theirs["id"])
+        s.setsockopt(zmq.ROUTING_ID, theirs.cid)
         s.setsockopt(zmq.PLAIN_USERNAME, mine["id"])
         s.setsockopt(zmq.PLAIN_PASSWORD, bulk_in._proof(mine["k"], mine["id"]))
         s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
@@ -102,8 +102,8 @@ def test_an_insider_that_learned_a_channel_id_cannot_take_the_channel(pair, capl
             np.testing.assert_array_equal(got.arrays[0], sent)
         replay = ctx.socket(zmq.DEALER)
         replay.setsockopt(zmq.LINGER, 0)
-        replay.setsockopt(zmq.PLAIN_USERNAME, theirs["id"])
-        replay.setsockopt(zmq.PLAIN_PASSWORD, bulk_in._proof(theirs["k"], theirs["id"]))
+        replay.setsockopt(zmq.PLAIN_USERNAME, theirs.cid)
+        replay.setsockopt(zmq.PLAIN_PASSWORD, bulk_in._proof(theirs.key, theirs.cid))
         replay.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
         _until(
             lambda: "refused a second connection for node 1's bulk channel" in caplog.text,
@@ -112,4 +112,4 @@ def test_an_insider_that_learned_a_channel_id_cannot_take_the_channel(pair, capl
         )
     finally:
         ctx.destroy(linger=0)
-    assert not rx.bulk.rx.channels[theirs["id"]].early
+    assert not rx.bulk.rx.channels[theirs.cid].early

@@ -53,6 +53,39 @@ def test_a_ring_offer_cannot_take_over_another_connections_ring(caplog):
     assert not _mine()
 
 
+def test_a_malformed_ring_offer_is_refused_naming_its_field(caplog):
+    """A ring offer that is no RingOffer (a name that is no text, an unknown field) is
+    refused with a warning that says what is wrong; the peer's next message still arrives
+    and the ring in place still carries the arrays, exact."""
+    rx = Van(name="rx", ring_bytes=8 * MiB)
+    tx = Van(name="tx", ring_bytes=8 * MiB)
+    caplog.set_level(logging.WARNING, logger="hetps.shm")
+    try:
+        rx.admit(tx.connect(1, rx.endpoint), 5)
+        n = RING_MIN_BYTES // 4 + 1024
+        tx.send(1, Message("push", arrays=[np.full(n, 1, np.float32)]))
+        assert rx.recv(timeout=10) is not None
+        rings = dict(rx._rings_in)
+        for bad, says in [({"name": 7}, "Expected `str`, got `int` - at `$.name`"),
+                          ({"name": "x", "y": 1}, "Object contains unknown field `y`")]:  # fmt: skip
+            tx.send(1, Message(RING_OFFER, body=bad))
+            tx.send(1, Message("ping"))
+            ping = rx.recv(timeout=10)
+            assert ping is not None and ping.cmd == "ping" and ping.sender == 5
+            assert f"refused a ring offer from node 5: {says}" in caplog.text
+        assert rx._rings_in == rings
+        second = np.full(n, 2, np.float32)
+        tx.send(1, Message("push", arrays=[second]))
+        assert tx._rings_out[1].head > 0
+        got = rx.recv(timeout=10)
+        assert got is not None and got.sender == 5
+        np.testing.assert_array_equal(got.arrays[0], second)
+    finally:
+        for v in (tx, rx):
+            v.close()
+    assert not _mine()
+
+
 TRUNCATE = """
 import logging, os, sys
 import numpy as np

@@ -4,6 +4,7 @@ report or from a second connection."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import msgpack
@@ -23,6 +24,35 @@ def _report(sock, rx, ep: str, rank: int, req: int) -> dict:
     assert rx.poll(10000), "no answer from the state server"
     frames = rx.recv_multipart()
     return msgpack.unpackb(frames[1], raw=False)["b"]
+
+
+@contextlib.contextmanager
+def _serving(workers: int, dealers: int):
+    """A state server of ``workers`` on its own thread; (server, the ROUTER its answers come
+    to, that ROUTER's host:port, ``dealers`` DEALERs connected to the server). All of it is
+    closed at the end, and its thread must have ended."""
+    srv = StateServer(workers, host="127.0.0.1")
+    stop = threading.Event()
+    t = threading.Thread(target=srv.serve, args=(stop,), daemon=True)
+    t.start()
+    ctx = zmq.Context()
+    socks = []
+    try:
+        rx = ctx.socket(zmq.ROUTER)  # where the answers come (one endpoint for all)
+        socks.append(rx)
+        rx.bind("tcp://127.0.0.1:*")
+        ep = rx.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit("/", 1)[1]
+        for _ in range(dealers):
+            socks.append(ctx.socket(zmq.DEALER))
+            socks[-1].connect(f"tcp://127.0.0.1:{srv.port}")
+        yield srv, rx, ep, socks[1:]
+    finally:
+        stop.set()
+        t.join(5)
+        for s in socks:
+            s.close(0)
+        ctx.term()
+    assert not t.is_alive()
 
 
 def test_a_report_counts_for_its_connections_rank_only():
@@ -88,3 +118,23 @@ def test_in_the_scheduler_a_report_counts_for_the_senders_rank():
     assert commands.decode(server) is None
     service(Sched(), server)
     assert "error" in answers[-1] and svc.steps_total == [1, 0]
+
+
+def test_a_malformed_report_is_refused_at_the_address_it_gives():
+    """A report that is no EsyncReport (a negative round, an unknown field) is not counted,
+    and its refusal, naming the field, goes back to the ``ep`` it gives; a good report of the
+    same connection after it still counts."""
+    with _serving(1, 1) as (srv, rx, ep, (worker,)):
+        good = {"rank": 0, "round": 1, "step_s": 0.1, "elapsed_s": 0.1, "ep": ep}
+        for req, (bad, says) in enumerate(
+            [({**good, "round": -1}, "field 'round'"), ({**good, "x": 1}, "unknown field 'x'")],
+            start=1,
+        ):
+            msg = Message("esync_report", req=req, body=bad)
+            worker.send_multipart([bytes(f) for f in encode(msg)])
+            assert rx.poll(10000), "a refused report got no answer at its ep"
+            answer = msgpack.unpackb(rx.recv_multipart()[1], raw=False)["b"]
+            assert says in answer.get("error", ""), answer
+        assert srv.service.steps_total == [0]
+        assert "error" not in _report(worker, rx, ep, 0, 3)
+        assert srv.service.steps_total == [1]

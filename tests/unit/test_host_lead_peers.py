@@ -116,3 +116,21 @@ def test_a_broken_report_drops_that_follower_and_the_host_goes_on(lead, first, w
         want = np.concatenate([mine2.arrays[i], theirs.arrays[i]])
         np.testing.assert_array_equal(merged.arrays[i], want)
     good.close()
+
+
+def test_a_hello_that_is_no_worker_id_is_refused(lead):
+    """A local connection whose first frame is no Hello (the id as text, an unknown field,
+    no map) is closed and never counted as a follower; a good one after it is."""
+    for hello in ({"id": str(FOLLOWER)}, {"id": FOLLOWER, "x": 1}, [FOLLOWER]):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(5.0)
+        try:
+            sock.connect(H._name(SECRET, 0, LEADER))
+            H._send(sock, hello)
+            assert sock.recv(1) == b"", hello  # closed
+        finally:
+            sock.close()
+        assert FOLLOWER not in lead.conns
+    good = _follower()
+    _wait_for(lambda: FOLLOWER in lead.conns, "a good follower was not accepted")
+    good.close()

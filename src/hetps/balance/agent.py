@@ -78,8 +78,8 @@ class Watch:
         agent, msg, peer = self.agent, self.msg, self.peer
         now = time.time()
         if self.measure:
-            meas = reply.body.get("meas")
-            if isinstance(meas, list) and len(meas) in (3, 4):  # our push, timed by the server
+            meas = bodies.answer(reply).meas
+            if meas is not None:  # our push, timed by the server
                 # 1: a capacity probe, alone on its link; 2: one flow of a spread probe,
                 # 3: the same, its forecast stamped late (its receive thread was busy)
                 kind = 0
@@ -279,11 +279,11 @@ class BalanceAgent:
             self._pending_plan = fut
         if answer is None:  # the second report: nothing decided since the first one
             return self.plan
-        body = unpack_plan(answer.wait(self.timeout))  # rank 0: with the link matrix
+        got = unpack_plan(answer.wait(self.timeout))  # the plan (rank 0: with the link matrix)
         before = self._current_assignment()
-        adopted = self._adopt(body)
+        adopted = self._adopt(got)
         moved = self._current_assignment() != before
-        recalibrate, self._recal_due = self._recal_due or body.get("recalibrate"), False
+        recalibrate, self._recal_due = self._recal_due or got.get("recalibrate"), False
         if recalibrate and self._probes_used():
             # the planner saw a round far slower than its plan predicted, or a probe far off
             # its link's caps: the network changed under it (docs/BALANCE.md §7.3). Every
@@ -298,7 +298,7 @@ class BalanceAgent:
                 # fresh, and a probe now would ride connections rank 0's init has widened)
                 self._probe()
                 self._probed_at = self._round
-            spread = body.get("spread")
+            spread = got.get("spread")
             # A spread's flows share one node's link, and TCP already splits it unevenly
             # (planner.spread_rate); no flow should start with a wider window than the
             # others. Not in round 1: rank 0's connections still have the wide windows of

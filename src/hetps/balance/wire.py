@@ -21,6 +21,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET, UnsetType
 
+from hetps.cluster.commands import BalanceAnswer as Answer
 from hetps.transport.codec import Message
 
 __all__ = ["Answer", "Plan", "pack_plan", "reply_parts", "unpack_plan"]
@@ -39,15 +40,6 @@ class Plan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     recalibrations: int
     recalibrate: bool | UnsetType = UNSET
     spread: list[Any] | UnsetType = UNSET
-
-
-class Answer(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The reply to ``balance_report``: the packed :class:`Plan`, for worker rank 0 also
-    ``node_rates`` (the per-node caps and where they come from), or an ``error``."""
-
-    plan: bytes | UnsetType = UNSET
-    node_rates: dict[str, list[Any]] | UnsetType = UNSET
-    error: str | UnsetType = UNSET
 
 
 def pack_plan(plan: dict) -> bytes:
@@ -75,10 +67,16 @@ def unpack_plan(msg: Message) -> dict:
     """The planner's answer in ``msg``, decoded into its declared types (:class:`Answer`,
     :class:`Plan`), as one dict of the plan's fields that are set, with rank 0's report
     fields; ``{"error": ...}`` when it is an error answer or does not fit those types."""
-    try:
-        answer = msgspec.convert(msg.body, Answer, builtin_types=(bytes,))
-        if answer.error is not UNSET or answer.plan is UNSET:
-            return {"error": answer.error if answer.error is not UNSET else "an answer of no plan"}
+    if msg.error is not None:
+        return {"error": msg.error}
+    try:  # (decoded by the node's dispatch; a host leader's relay is decoded here)
+        answer = (
+            msg.typed
+            if isinstance(msg.typed, Answer)
+            else msgspec.convert(msg.body, Answer, builtin_types=(bytes,))
+        )
+        if answer.plan is UNSET:
+            return {"error": "an answer of no plan"}
         plan = msgspec.to_builtins(msgspec.msgpack.decode(answer.plan, type=Plan))
     except msgspec.MsgspecError as exc:
         return {"error": f"unreadable plan: {exc}"}

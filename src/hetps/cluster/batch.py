@@ -16,9 +16,13 @@ before it returns any item; each item is then handled exactly like a message tha
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
 
 from hetps.cluster import protocol as P
+from hetps.cluster.bodies import Body, Count, W, command, explain
 from hetps.transport.codec import Message
 
 #: a request (or answer) with more bytes of arrays than this goes alone (HETPS_BATCH_BYTES
@@ -52,6 +56,28 @@ def array_bytes(msg: Message) -> int:
     return sum(int(getattr(a, "nbytes", 0)) for a in msg.arrays)
 
 
+class Batch(Body, kw_only=True):
+    """``items``: [[cmd, req, body, arrays], ...]: one request (from a worker) or one answer (from a
+    server) each, in order: its command (init, push, pull, spush or spull), its request id, its own body (the
+    fields of that command, or of its answer), and how many of the batch's arrays are its own
+    (they follow the previous items' arrays)"""
+
+    items: Annotated[
+        list[
+            tuple[
+                Literal["init", "push", "pull", "spush", "spull"],
+                Annotated[int, Meta(ge=1)],
+                dict[str, Any],
+                Count,
+            ]
+        ],
+        Meta(min_length=1, max_length=P.MAX_BATCH_ITEMS),
+    ]
+
+
+command(P.BATCH, Batch, reply=Batch, server=W)  # (a request's, an answer's)
+
+
 class BadBatch(ValueError):
     """A batch that cannot be unpacked; the text says what is wrong."""
 
@@ -75,37 +101,19 @@ def pack(items: list[Message], reply: bool = False, req: int = 0) -> Message:
 
 
 def layout(body: Any, total: int) -> list[tuple[str, int, dict, int]]:
-    """The items of a batch's ``body`` as (cmd, req, body, array count), checked whole: a
-    non-empty list of at most MAX_BATCH_ITEMS items, each a batchable command with a positive
-    request id, a map body and an array count, the counts adding up to the batch's ``total``
-    arrays. Raises :class:`BadBatch` (nothing else) otherwise."""
-    items = body.get("items") if isinstance(body, dict) else None
-    if not isinstance(items, list) or not items:
-        raise BadBatch("field 'items' must be a non-empty list")
-    if len(items) > P.MAX_BATCH_ITEMS:
-        raise BadBatch(f"{len(items)} items, more than {P.MAX_BATCH_ITEMS}")
-    out = []
-    at = 0
-    for i, item in enumerate(items):
-        if not isinstance(item, list) or len(item) != 4:
-            raise BadBatch(f"item {i} must be [cmd, req, body, arrays]")
-        cmd, req, sub, count = item
-        if not isinstance(cmd, str) or cmd not in P.BATCH_COMMANDS:
-            raise BadBatch(f"item {i}: command {_short(cmd)} cannot be batched")
-        if not isinstance(req, int) or isinstance(req, bool) or req <= 0:
-            raise BadBatch(f"item {i}: request id {_short(req)} must be a positive integer")
-        if not isinstance(sub, dict):
-            raise BadBatch(f"item {i}: body must be a map")
-        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= total - at:
-            raise BadBatch(
-                f"item {i}: array count {_short(count)} does not fit the {total} arrays "
-                f"({at} taken by the items before it)"
-            )
-        out.append((cmd, req, sub, count))
-        at += count
-    if at != total:
-        raise BadBatch(f"the items take {at} arrays but the batch carries {total}")
-    return out
+    """The items of a batch's ``body`` (a :class:`~hetps.cluster.commands.Batch`, or the map
+    that came) as (cmd, req, body, array count), checked whole: its declared type (at most
+    MAX_BATCH_ITEMS items, each a batchable command, a positive request id, a map body and an
+    array count) and the counts adding up to the batch's ``total`` arrays. Raises
+    :class:`BadBatch` (nothing else) otherwise."""
+    try:
+        items = (body if isinstance(body, Batch) else msgspec.convert(body, Batch)).items
+    except msgspec.ValidationError as exc:
+        raise BadBatch(explain(P.BATCH, body, Batch, str(exc)).removeprefix("batch: ")) from None
+    taken = sum(item[3] for item in items)
+    if taken != total:
+        raise BadBatch(f"the items take {taken} arrays but the batch carries {total}")
+    return items
 
 
 def landings(
@@ -140,7 +148,7 @@ def unpack(msg: Message) -> list[Message]:
     Raises :class:`BadBatch` (nothing else) when the batch is malformed."""
     out = []
     at = 0
-    for cmd, req, body, count in layout(msg.body, len(msg.arrays)):
+    for cmd, req, body, count in layout(msg.typed or msg.body, len(msg.arrays)):
         arrays = msg.arrays[at : at + count]
         at += count
         out.append(

@@ -134,6 +134,8 @@ def _fields_doc(cls: type) -> dict[str, str]:
 
 
 _ENTRY = re.compile(r"``([^`]+)``: (.*)")
+#: msgspec's text for a list over its bound
+_MORE = re.compile(r"expected `array` of length <= (\d+)")
 
 
 class BadBody(ValueError):
@@ -162,6 +164,34 @@ class Chunk(Body, kw_only=True):
     shape: Shape | None = None
     dtype: DTypeName | None = None
     tag: int | None = None
+
+
+class DataAnswer(Body, kw_only=True):
+    """A server's answer to a push, a pull or a probe (its arrays: a pull's values).
+
+    ``meas``: [start, end, bytes] of a timed request's arrival, as the server measured it (a
+        fourth entry, 1: its start was stamped late)
+    ``w``: a pull's value sums this many workers' pushes, fewer than the job's (a worker left)"""
+
+    meas: Annotated[list[Finite], Meta(min_length=3, max_length=4)] | None = None
+    workers: Annotated[int, Meta(ge=1)] | None = field(default=None, name="w")
+
+
+_NO_NEWS = DataAnswer()
+
+
+def answer(reply: Any) -> DataAnswer:
+    """``reply`` (a server's answer to a push, a pull or a probe) as a :class:`DataAnswer`,
+    decoded on its first read and kept on ``reply.typed``; one that is not (or an answer
+    made here, of no body) reads as an empty one: nothing measured, every worker summed."""
+    if not reply.body:  # (most answers: nothing to decode)
+        return _NO_NEWS
+    if not isinstance(reply.typed, DataAnswer):
+        try:
+            reply.typed = msgspec.convert(reply.body, DataAnswer)
+        except msgspec.ValidationError:
+            reply.typed = DataAnswer()
+    return reply.typed
 
 
 @command(P.PULL, server=W)
@@ -328,7 +358,7 @@ def explain(cmd: str, body: Any, kind: Any, text: str) -> str:
     name = path.split("[")[0].split(".")[0]
     if not name:
         return f"{what}: the body must be a map ({problem})"
-    problem = problem[:1].lower() + problem[1:]
+    problem = _MORE.sub(r"more than \1 entries", problem[:1].lower() + problem[1:])
     at = f" at {path}" if path != name else ""
     at += " (a key of the map)" if keyed_map else ""
     return f"{what}: field {name!r} ({_meaning(cmd, wire, name, kind)}): {problem}{at}"

@@ -18,9 +18,9 @@ import sys
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta, field
+from msgspec import UNSET, Meta, UnsetType, field
 
-from hetps.cluster import bodies
+from hetps.cluster import batch, bodies  # noqa: F401 - (batch declares its command)
 from hetps.cluster import protocol as P
 from hetps.cluster.bodies import (
     DECLARED,
@@ -253,7 +253,18 @@ class EsyncReport(Body, kw_only=True):
     back: RoutingId | None = None
 
 
-@command(P.BALANCE_REPORT, scheduler=W)
+class BalanceAnswer(Body, kw_only=True):
+    """The load planner's answer (:mod:`hetps.balance.wire`).
+
+    ``plan``: the plan every worker gets, msgpack-packed once (:class:`hetps.balance.wire.Plan`)
+    ``node_rates``: worker rank 0's: the per-node caps and where they come from
+    ``(array 0)``: worker rank 0's: the estimated link matrix (float64, N x N)"""
+
+    plan: bytes | UnsetType = UNSET
+    node_rates: dict[str, list[Any]] | UnsetType = UNSET
+
+
+@command(P.BALANCE_REPORT, reply=BalanceAnswer, scheduler=W)
 class BalanceReport(Body, kw_only=True):
     """A worker's measurements for the load planner (its answer: :mod:`hetps.balance.wire`).
 
@@ -334,26 +345,6 @@ class MetricsReport(Body, kw_only=True):
 
 
 # -- worker -> server -------------------------------------------------------------------------
-@command(P.BATCH, server=W)  # init/push/pull items, each checked as if it came alone
-class Batch(Body, kw_only=True):
-    """``items``: [[cmd, req, body, arrays], ...]: one request (from a worker) or one answer (from a
-    server) each, in order: its command (init, push, pull, spush or spull), its request id, its own body (the
-    fields of that command, or of its answer), and how many of the batch's arrays are its own
-    (they follow the previous items' arrays)"""
-
-    items: Annotated[
-        list[
-            tuple[
-                Literal["init", "push", "pull", "spush", "spull"],
-                Annotated[int, Meta(ge=1)],
-                dict[str, Any],
-                Count,
-            ]
-        ],
-        Meta(max_length=P.MAX_BATCH_ITEMS),
-    ]
-
-
 @command(P.GET_STATES, server=W)
 class GetStates(Body, kw_only=True):
     """``slices``: [[key, part], ...] to read (absent: every state)"""
@@ -590,7 +581,7 @@ def decode(msg: Any) -> str | None:
         tag = msg.body.get(field_name) if isinstance(msg.body, dict) else None
         kind = members.get(tag, kind) if isinstance(tag, str) else kind
     try:
-        msg.typed = msgspec.convert(msg.body, kind)
+        msg.typed = msgspec.convert(msg.body, kind, builtin_types=(bytes,))  # (not base64 text)
     except msgspec.ValidationError as exc:
         # (printable: the text is logged and answered, and may quote what the peer sent)
         return P.printable(bodies.explain(msg.cmd, msg.body, kind, str(exc)))

@@ -26,12 +26,14 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import msgpack
+import msgspec
 import numpy as np
+from msgspec import Meta
 
 from hetps.cluster import protocol as P
+from hetps.cluster.commands import BalanceAnswer, NodeId
 from hetps.cluster.requests import RequestTimeout
 from hetps.transport.codec import Message
 
@@ -50,13 +52,44 @@ def _name(secret: bytes, group: int, leader: int) -> bytes:
     return b"\0hetps-lead-" + tag[:32].encode()
 
 
-def _send(sock: socket.socket, body: dict) -> None:
-    data = msgpack.packb(body, use_bin_type=True)
+# -- the frames of the host's channel: a follower's Hello (its node id), then its arrivals
+# (Hand: kind, REPORT or "b:" and a barrier's group; n, its round or number; w, a report's
+# body, samples and times); the leader's answers (Told: kind, n, ok: the scheduler answered,
+# a: a barrier's live members or the planner's answer)
+class Hello(msgspec.Struct, forbid_unknown_fields=True):
+    id: NodeId
+
+
+class Report(msgspec.Struct, forbid_unknown_fields=True):
+    b: dict[str, Any]
+    s: bytes  # float64 rows of 6
+    t: bytes  # float64 rows of 3
+
+
+class Hand(msgspec.Struct, forbid_unknown_fields=True):
+    k: Annotated[str, Meta(max_length=16)]
+    n: Annotated[int, Meta(ge=1)]
+    w: Report | None = None
+
+
+class Told(msgspec.Struct, forbid_unknown_fields=True):
+    k: str
+    n: int
+    ok: bool
+    a: BalanceAnswer | list[NodeId] | None = None
+
+
+_DECODERS = {kind: msgspec.msgpack.Decoder(kind) for kind in (Hello, Hand, Told)}
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _send(sock: socket.socket, frame: Any) -> None:
+    data = _ENCODER.encode(frame)
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-def _recv(sock: socket.socket) -> dict | None:
-    """One frame (None: the peer closed or sent garbage)."""
+def _recv(sock: socket.socket, kind: type) -> Any:
+    """One frame, a ``kind`` (None: the peer closed or sent what is not one)."""
     try:
         head = sock.recv(_LEN.size, socket.MSG_WAITALL)
         if len(head) < _LEN.size:
@@ -65,9 +98,8 @@ def _recv(sock: socket.socket) -> dict | None:
         data = sock.recv(size, socket.MSG_WAITALL) if size <= _MAX_FRAME else b""
         if len(data) != size or not size:
             return None
-        body = msgpack.unpackb(data, raw=False)
-        return body if isinstance(body, dict) else None
-    except (OSError, ValueError, msgpack.UnpackException):
+        return _DECODERS[kind].decode(data)
+    except (OSError, ValueError, msgspec.DecodeError):
         return None
 
 
@@ -76,17 +108,8 @@ def _same_user(sock: socket.socket) -> bool:
     return struct.unpack("3i", creds)[1] == os.geteuid()
 
 
-def _whole(what: Any) -> bool:
-    """Whether a follower's link report is one the leader can merge (a map body, whole rows
-    of samples and times), else the follower is dropped and sends its own."""
-    if not isinstance(what, dict) or not isinstance(what.get("b") or {}, dict):
-        return False
-    s, t = what.get("s"), what.get("t")
-    return isinstance(s, bytes) and isinstance(t, bytes) and not len(s) % 48 and not len(t) % 24
-
-
-def _rows(data: Any, cols: int) -> np.ndarray:
-    return np.frombuffer(data if isinstance(data, bytes) else b"", np.float64).reshape(-1, cols)
+def _rows(data: bytes, cols: int) -> np.ndarray:
+    return np.frombuffer(data, np.float64).reshape(-1, cols)
 
 
 def merge_host(samples: np.ndarray, host: Sequence[int]) -> np.ndarray:
@@ -218,7 +241,7 @@ class HostLead:
     def report(self, rnd: int, msg: Message) -> Relayed:
         """Hand link report ``msg`` of round ``rnd`` to the host's leader."""
         samples, times = (np.ascontiguousarray(a, np.float64) for a in msg.arrays[:2])
-        what = {"b": msg.body, "s": samples.tobytes(), "t": times.tobytes()}
+        what = Report(msg.body, samples.tobytes(), times.tobytes())
         lead, slot = self._hand(REPORT, rnd, what)
         return Relayed(self, slot, msg, lead)
 
@@ -236,7 +259,7 @@ class HostLead:
         try:
             if self.up is None:
                 raise OSError("no leader")
-            _send(self.up, {"k": kind, "n": n, "w": what})
+            _send(self.up, Hand(kind, n, what))
         except OSError:
             self._drop_up()
             with self.lock:
@@ -272,7 +295,7 @@ class HostLead:
                     log.warning("host leader %d's socket belongs to another user: not used", lead)
                     sock.close()
                     return
-                _send(sock, {"id": self.me})
+                _send(sock, Hello(self.me))
             except OSError:
                 sock.close()
                 if time.monotonic() > until or lead in self.node.left:
@@ -287,16 +310,16 @@ class HostLead:
         """The leader's answers to this follower, each to its slot; at the end (the leader
         gone) every slot still open is told to send directly."""
         while True:
-            body = _recv(sock)
-            if body is None:
+            told = _recv(sock, Told)
+            if told is None:
                 break
             with self.lock:
-                slot = self.slots.pop((str(body.get("k")), body.get("n")), None)  # type: ignore[arg-type]
+                slot = self.slots.pop((told.k, told.n), None)
             if slot is not None:
-                answer: Any = (body.get("a"),)  # a barrier's: (members,)
-                if body.get("k") == REPORT and isinstance(body.get("a"), dict):
-                    answer = Message(P.BALANCE_REPORT, reply=True, body=body["a"])
-                slot.set(answer if body.get("ok") else None)
+                answer: Any = (told.a,)  # a barrier's: (members,)
+                if told.k == REPORT and isinstance(told.a, BalanceAnswer):
+                    answer = Message(P.BALANCE_REPORT, reply=True, typed=told.a)
+                slot.set(answer if told.ok else None)
         with self.lock:
             if self.up is sock:
                 self.up = None
@@ -334,8 +357,8 @@ class HostLead:
         except OSError:
             return
         sock.settimeout(5.0)  # a peer that sends half a frame is dropped, not waited for
-        hello = _recv(sock) if _same_user(sock) else None
-        nid = hello.get("id") if hello else None
+        hello = _recv(sock, Hello) if _same_user(sock) else None
+        nid = hello.id if hello is not None else None
         if nid not in self._host(self.node, self.group) or nid == self.me:
             log.warning("host leader: refused a local connection that is no worker of its host")
             sock.close()
@@ -346,17 +369,20 @@ class HostLead:
             self.sel.register(sock, selectors.EVENT_READ, nid)
 
     def _read(self, nid: int, sock: socket.socket) -> None:
-        body = _recv(sock) or {}
-        kind, n = body.get("k"), body.get("n")
-        ok = (kind == REPORT and _whole(body.get("w"))) or kind in [f"b:{g}" for g in P.GROUPS]
+        hand = _recv(sock, Hand)
+        kind = hand.k if hand is not None else None
+        w = hand.w if hand is not None else None  # (a report: whole rows, else it sends its own)
+        ok = (kind == REPORT and w is not None and not len(w.s) % 48 and not len(w.t) % 24) or (
+            kind in [f"b:{g}" for g in P.GROUPS]
+        )
         with self.lock:
-            if not ok or not isinstance(n, int) or n < 1:
+            if hand is None or not ok:
                 self._close(nid)  # gone (EOF) or broken: it sends its own from now on
                 for k in list(self.pending):
                     self._pump(k)
                 return
-            self.pending.setdefault(kind, {})[nid] = (n, body.get("w"))
-            self._pump(kind)
+            self.pending.setdefault(hand.k, {})[nid] = (hand.n, hand.w)
+            self._pump(hand.k)
 
     def _close(self, nid: int) -> None:
         sock = self.conns.pop(nid, None)
@@ -406,9 +432,9 @@ class HostLead:
         (:func:`merge_host`), their times in one array, the rows of
         each worker (``host_rows``: the merged samples all the first's), the layout and the
         flags of the first that has them (every worker reports the same ones)."""
-        bodies = [batch[i].get("b") or {} for i in ids]
-        samples = [_rows(batch[i].get("s"), 6) for i in ids]
-        times = [_rows(batch[i].get("t"), 3) for i in ids]
+        bodies = [batch[i].b for i in ids]
+        samples = [_rows(batch[i].s, 6) for i in ids]
+        times = [_rows(batch[i].t, 3) for i in ids]
         rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
         joined = np.concatenate(samples)
         if not self.node.cfg.colocate:  # (colocated: every worker is a row of its own)
@@ -423,10 +449,8 @@ class HostLead:
 
     def _answer(self, kind: str, n: int, ids: list[int], ok: bool, reply: Any) -> None:
         """The scheduler's answer (``ok``) or a relay's failure, to each of its workers."""
-        if kind == REPORT:
-            local = {"plan": reply.body.get("plan")} if ok else None
-            if ok and not isinstance(local["plan"], bytes):
-                local = dict(reply.body)  # an error answer
+        if kind == REPORT:  # (a BalanceAnswer, decoded by the dispatch; None: an error answer)
+            local = BalanceAnswer(plan=getattr(reply.typed, "plan", msgspec.UNSET)) if ok else None
         else:
             local = getattr(getattr(reply, "typed", None), "members", None)
             reply = (local,)
@@ -440,7 +464,7 @@ class HostLead:
                 sock = self.conns.get(nid)
                 try:
                     if sock is not None:
-                        _send(sock, {"k": kind, "n": n, "ok": ok, "a": local})
+                        _send(sock, Told(kind, n, ok, local))
                 except OSError:
                     self._close(nid)
 

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any
 
+import msgspec
+
 from hetps.cluster import commands
 from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
@@ -140,6 +142,11 @@ class EsyncService:
         return service
 
 
+class _Where(msgspec.Struct):  # where a refused report says to answer (its other fields unread)
+    endpoint: Any = msgspec.field(default=None, name="ep")
+    back: Any = None
+
+
 class StateServer:
     """A standalone state server on its own port (``hetps state-server``)."""
 
@@ -180,11 +187,14 @@ class StateServer:
                     continue
                 # the one decode point here: the body as an EsyncReport, or why not
                 why = commands.decode(msg)
-                ep = msg.typed.endpoint if why is None else msg.body.get("ep")
+                try:  # (refused: where it says to answer)
+                    where = msg.typed if why is None else msgspec.convert(msg.body, _Where)
+                except msgspec.ValidationError:  # (no map)
+                    where = _Where()
+                ep, back = where.endpoint, where.back  # (back: how it knows us)
                 if not isinstance(ep, str) or not _ENDPOINT.fullmatch(ep):
                     log.warning("state server: report without a valid 'ep' (host:port) dropped")
                     continue
-                back = msg.typed.back if why is None else msg.body.get("back")  # (how it knows us)
                 if not (isinstance(back, bytes) and 0 < len(back) <= 255 and back[0] != 0):
                     back = None
                 try:

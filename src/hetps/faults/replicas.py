@@ -96,7 +96,7 @@ class Replication:
                 peer,
                 Message(P.REPLICATE, body=body, arrays=arrays),
                 callback=lambda _reply, peer=peer: self._copied(copy, peer, None),
-                what=f"a copy of key {body.get('k')!r} to {self.node.describe(peer)}",
+                what=f"{_about(body)} to {self.node.describe(peer)}",
             )
             fut.errback = lambda exc, peer=peer: self._copied(copy, peer, exc)
             if fut.error is not None:
@@ -177,7 +177,7 @@ class Replication:
         parts = self.server.tables.copies.sync_messages() if peers else []
         if not peers or not (mine or parts):
             return
-        nparts = sum(1 for body, _ in parts if body.get("fresh"))
+        nparts = len({(b["k"], b["part"]) for b, _ in parts})  # (ssync copies: each has both)
         for peer in peers:
             left = [len(mine) + len(parts) + (self.server.optimizer_blob is not None)]
 
@@ -221,7 +221,7 @@ class Replication:
     def _copy_to(self, peer: int, body: dict, arrays: list, callback) -> None:
         """A copy that nothing waits for (a replica's catch-up): its failure is logged, and
         a slice a live replica refused has no working copy (``broken``) until one takes it."""
-        skey = (body.get("k"), body.get("part")) if body.get("op") == "sync" else None
+        skey = (body["k"], body["part"]) if body["op"] == "sync" else None
 
         def taken(reply: Message) -> None:
             if skey is not None:
@@ -232,7 +232,7 @@ class Replication:
             peer,
             Message(P.REPLICATE, body=body, arrays=arrays),
             callback=taken,
-            what=f"a copy ({body['op']}) to {self.node.describe(peer)}",
+            what=f"{_about(body)} to {self.node.describe(peer)}",
         )
 
         def failed(exc: BaseException) -> None:
@@ -385,3 +385,8 @@ def _drop_item(item: Any) -> bool:
         and slice_key(item[:2])
         and (len(item) == 2 or (isinstance(item[2], int) and not isinstance(item[2], bool)))
     )
+
+
+def _about(body: dict) -> str:
+    """A copy this server built, for its request's error text: its op, and its key if it has one."""
+    return f"a copy ({body['op']})" + (f" of key {body['k']!r}" if "k" in body else "")

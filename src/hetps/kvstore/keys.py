@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from hetps.cluster import bodies
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import Future
 from hetps.kvstore.placement import Part
@@ -105,8 +106,8 @@ def land_into(k: Any, dest: np.ndarray, a: int, b: int, short: dict | None = Non
         if not reply.arrays or reply.arrays[0].size != b - a:
             raise ClusterError(f"pull of key {k!r}: server sent a wrong-sized reply")
         if short is not None:
-            w = reply.body.get("w")
-            if isinstance(w, int) and not isinstance(w, bool) and w >= 1:
+            w = bodies.answer(reply).workers
+            if w is not None:
                 short.setdefault(k, {})[(a, b)] = w
             elif k in short:
                 short[k].pop((a, b), None)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 import zmq
+from msgspec import Meta, field
 
 from hetps.transport.bulk_in import (
     CTR,
@@ -45,6 +47,28 @@ POOL_SIZE = 12
 #: channels a node keeps offered (one per peer it connects to) before the oldest goes
 MAX_OFFERED = 4096
 _EMPTY = np.empty(0, np.uint8)
+
+
+class BulkHello(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A sender opens an offered channel: its ``id`` and its key share ``k``."""
+
+    cid: Annotated[bytes, Meta(min_length=16, max_length=16)] = field(name="id")
+    key: Annotated[bytes, Meta(min_length=32, max_length=32)] = field(name="k")
+
+
+class BulkOffer(BulkHello, kw_only=True):
+    """A receiver offers a channel: its ``id``, key share ``k`` and bulk listener's ``port``."""
+
+    port: Annotated[int, Meta(gt=0, lt=65536)]
+
+
+def _typed(body: Any, kind: type[BulkHello]) -> Any:
+    try:  # (None: not a ``kind``)
+        return msgspec.convert(body, kind)
+    except msgspec.ValidationError:
+        return None
+
+
 #: what ends a sending channel's one connection
 _LOST = int(
     zmq.EVENT_DISCONNECTED
@@ -58,11 +82,11 @@ class OutChannel:
     """The sending end of one channel: counters for the arrays of a message (``put``, while
     the codec encodes it), then their frames sealed and sent (``flush``) after its header."""
 
-    def __init__(self, ctx: zmq.Context, salt: bytes, offer: dict, host: str) -> None:
-        self.cid = offer["id"]
+    def __init__(self, ctx: zmq.Context, salt: bytes, offer: BulkOffer, host: str) -> None:
+        self.cid = offer.cid
         self.name = "bulk-" + self.cid.hex()
         self.ka = secrets.token_bytes(32)
-        self._aead = _key(salt, offer["k"], self.ka, self.cid)
+        self._aead = _key(salt, offer.key, self.ka, self.cid)
         self.next = 0
         self._queue: list[tuple[int, np.ndarray]] = []
         # sealed-frame buffers, each with the tracker of its last send (None: never sent)
@@ -72,7 +96,7 @@ class OutChannel:
         # handshake's proof, so a channel id someone learned names no connection)
         # the handshake proves this end holds the channel's key half (BulkReceiver.authorize)
         self.sock.setsockopt(zmq.PLAIN_USERNAME, self.cid)
-        self.sock.setsockopt(zmq.PLAIN_PASSWORD, _proof(offer["k"], self.cid))
+        self.sock.setsockopt(zmq.PLAIN_PASSWORD, _proof(offer.key, self.cid))
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.setsockopt(zmq.SNDHWM, 8)
         self.sock.setsockopt(zmq.SNDTIMEO, 200)
@@ -82,7 +106,7 @@ class OutChannel:
         self.sock.setsockopt(zmq.RECONNECT_IVL, -1)
         self.monitor = self.sock.get_monitor_socket(_LOST)
         self.gone = False
-        self.sock.connect(f"tcp://{host}:{offer['port']}")
+        self.sock.connect(f"tcp://{host}:{offer.port}")
         self.ready = False  # set once the hello went out on the CURVE connection
 
     def lost(self) -> bool:
@@ -172,7 +196,7 @@ class Bulk:
         self.name = name
         self.rx = BulkReceiver(ctx, host, name, refusals)
         self.offered: dict[bytes, InChannel] = {}  # not opened yet, by channel id
-        self.offers: dict[Any, dict] = {}  # peer -> its latest offer to this node
+        self.offers: dict[Any, BulkOffer] = {}  # peer -> its latest offer to this node
         self.out: dict[Any, OutChannel] = {}
 
     @staticmethod
@@ -211,7 +235,7 @@ class Bulk:
                     peer,
                 )
                 del self.out[peer]
-                if self.offers.get(peer, {}).get("id") == chan.cid:
+                if getattr(self.offers.get(peer), "cid", None) == chan.cid:
                     del self.offers[peer]
                 stale, chan = chan, None
         if stale is not None:
@@ -257,25 +281,21 @@ class Bulk:
         self.rx.channels.pop(chan.cid, None)
         chan.close()
 
-    def on_offer(self, peer: Any, body: dict) -> bool:
-        """Keep a peer's offer (used at the next big send to it); False if malformed."""
-        ok = (
-            isinstance(body.get("id"), bytes)
-            and len(body["id"]) == 16
-            and isinstance(body.get("k"), bytes)
-            and len(body["k"]) == 32
-            and type(body.get("port")) is int  # (not a bool, which is an int too)
-            and 0 < body["port"] < 65536
-        )
-        if ok:  # (the channel it replaces is closed by the next send to the peer)
-            self.offers[peer] = body
-        return ok
+    def on_offer(self, peer: Any, body: Any) -> bool:
+        """Keep a peer's offer (used at the next big send to it); False if it is no
+        :class:`BulkOffer` (decoded here, the one place it is read)."""
+        offer = _typed(body, BulkOffer)
+        if offer is not None:  # (the channel it replaces is closed by the next send to the peer)
+            self.offers[peer] = offer
+        return offer is not None
 
-    def on_hello(self, peer: Any, origin: bytes, body: dict, rings: dict) -> str | None:
-        """Open the channel a hello names; why it was refused, or None."""
-        cid, ka = body.get("id"), body.get("k")
-        chan = self.offered.get(cid) if isinstance(cid, bytes) else None
-        if chan is None or not isinstance(ka, bytes) or len(ka) != 32:
+    def on_hello(self, peer: Any, origin: bytes, body: Any, rings: dict) -> str | None:
+        """Open the channel a hello names (a :class:`BulkHello`, decoded here); why it was
+        refused, or None."""
+        hello = _typed(body, BulkHello)
+        cid, ka = (hello.cid, hello.key) if hello is not None else (None, None)
+        chan = self.offered.get(cid)
+        if chan is None:
             return "it names no channel this node offered (or is malformed)"
         if chan.peer != peer:
             return f"the channel was offered to node {chan.peer}, not to this connection's"
@@ -305,7 +325,7 @@ class Bulk:
         the one it replaces (the peer offered a new one: a new process, or it reconnected),
         which the caller closes once no send uses it."""
         chan, offer = self.out.get(peer), self.offers.get(peer)
-        if chan is not None and offer is not None and chan.cid == offer["id"]:
+        if chan is not None and offer is not None and chan.cid == offer.cid:
             return chan, False, None
         stale = self.out.pop(peer, None)
         if offer is None or not host:

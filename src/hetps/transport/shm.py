@@ -19,8 +19,9 @@ import secrets
 import stat
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 
 log = logging.getLogger("hetps.shm")
@@ -335,11 +336,21 @@ class InRing:
             self._fd = -1
 
 
+class RingOffer(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of a ring offer: ``name``: the ring's file under /dev/shm."""
+
+    name: Annotated[str, msgspec.Meta(max_length=255)]
+
+
 def open_offered(rings: dict, msg: Any, name: str, verbose: int = 0) -> None:
     """Map the ring a known peer offered in ``msg`` into ``rings``; it may carry only that
     connection's arrays (an offer naming a ring another connection offered is refused)."""
-    ring_name = msg.body.get("name")
-    mine = rings.get(ring_name) if isinstance(ring_name, str) else None
+    try:  # (a RingOffer: a name of at most 255 characters; InRing checks it further)
+        ring_name = msgspec.convert(msg.body, RingOffer).name
+    except msgspec.ValidationError as exc:
+        log.warning("%s refused a ring offer from node %s: %s", name, msg.sender, exc)
+        return
+    mine = rings.get(ring_name)
     if mine is not None and mine.owner != msg.origin:
         log.warning(
             "%s refused a ring offer from node %s: ring %s is another connection's",
