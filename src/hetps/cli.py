@@ -13,19 +13,10 @@ from typing import TYPE_CHECKING
 import hetps.balance  # noqa: F401 - the load plans register (--balance, `hetps config`)
 from hetps import __version__
 from hetps.config.table import balance_schemes
+from hetps.launch.contract import Flags, add_flags, after_dashes, env_pairs
 
 if TYPE_CHECKING:
     from hetps.config import NodeConfig
-
-
-def _env_pairs(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        if "=" not in item or item.startswith("="):
-            raise SystemExit(f"hetps: --env {item!r} must look like NAME=VALUE")
-        k, v = item.split("=", 1)
-        env[k] = v
-    return env
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -34,6 +25,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from hetps.launch.contract import (
         LaunchSpec,
         balance_env,
+        check_recovery,
         host_aggregation_env,
         places_by_host,
         server_device_env,
@@ -41,9 +33,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from hetps.launch.local import run_cluster_from
     from hetps.launch.wrappers import read_hostfile_slots, ssh_wrapper, worker_hosts
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = after_dashes(args.command)
     if not command:
         raise SystemExit(
             "hetps launch: give the worker command after --, e.g. "
@@ -54,20 +44,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
     servers = args.num_servers if args.num_servers is not None else args.num_workers
     if servers < 1:
         raise SystemExit("hetps launch: -s/--num-servers must be >= 1")
-    if not 1 <= args.replicas <= servers:
-        raise SystemExit(
-            f"hetps launch: --replicas {args.replicas} must be between 1 and the number of "
-            f"servers (-s {servers})"
-        )
+    check_recovery(
+        "hetps launch",
+        f"-n {args.num_workers}",
+        f"-s {servers}",
+        args.replicas,
+        args.elastic,
+        args.max_restarts,
+    )
     if args.replicas > 1 and args.launcher not in ("local", "ssh"):
         raise SystemExit(
             f"hetps launch: --replicas works with --launcher local and ssh, not "
             f"{args.launcher} (set HETPS_REPLICAS in the job's environment: the roles take "
             "over from a dead server; only the launcher's own notice of a death is missing)"
         )
-    env = _env_pairs(args.env)
-    server_device_env(env, args.server_device)
     try:
+        env = env_pairs(args.env)
+        server_device_env(env, args.server_device)
         host_aggregation_env(env, args.host_aggregation)
     except ValueError as exc:
         raise SystemExit(f"hetps launch: {exc}") from None
@@ -111,12 +104,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     )
     if args.nproc_per_node < 0:
         raise SystemExit("hetps launch: --nproc-per-node must be >= 1 (workers per host)")
-    if args.elastic and not (1 <= args.elastic <= args.num_workers):
-        raise SystemExit(
-            f"hetps launch: --elastic {args.elastic} must be between 1 and -n ({args.num_workers})"
-        )
-    if args.max_restarts < 0:
-        raise SystemExit("hetps launch: --max-restarts must be >= 0")
     if (args.max_restarts or args.elastic) and args.launcher not in ("local", "ssh"):
         raise SystemExit(
             f"hetps launch: --max-restarts works with --launcher local and ssh, not "
@@ -348,10 +335,6 @@ def cmd_state_server(args: argparse.Namespace) -> int:
 
 
 # fmt: off
-#: a table of flags: (names, add_argument's keywords) each
-Flags = tuple[tuple[tuple[str, ...], dict], ...]
-
-
 def _cluster_flags() -> Flags:
     """The flags ``launch`` and ``train`` share: emulated links, co-location, load balance
     (the plans' names as they are registered now)."""
@@ -413,12 +396,6 @@ _LAUNCH_FLAGS: Flags = (
              "the next takes over its keys and the job goes on, while fewer than R died")),
 )
 # fmt: on
-
-
-def add_flags(p: argparse.ArgumentParser, flags: Flags) -> None:
-    """Add each ``(names, add_argument's keywords)`` of a flag table to ``p``."""
-    for names, kw in flags:
-        p.add_argument(*names, **kw)
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:

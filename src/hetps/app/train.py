@@ -253,7 +253,12 @@ LAUNCH_ONLY = (
 
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
-    from hetps.launch.contract import LaunchSpec, host_aggregation_env, server_device_env
+    from hetps.launch.contract import (
+        LaunchSpec,
+        check_recovery,
+        host_aggregation_env,
+        server_device_env,
+    )
     from hetps.launch.local import run_cluster_from
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
@@ -270,22 +275,18 @@ def launch_cluster(args: argparse.Namespace) -> int:
     env_value("OMP_NUM_THREADS")  # a malformed value fails here, before anything starts
     # threads: the user's OMP_NUM_THREADS reaches every process unchanged; without it the
     # launcher gives each process its share of the cores (hetps.launch.contract.thread_share)
-    if args.max_restarts < 0:
-        raise SystemExit("hetps train: --max-restarts must be >= 0")
-    if args.elastic and not (1 <= args.elastic <= args.workers):
-        raise SystemExit(
-            f"hetps train: --elastic {args.elastic}: the smallest number of workers to go on "
-            f"with must be between 1 and --workers ({args.workers})"
-        )
+    check_recovery(
+        "hetps train",
+        f"--workers {args.workers}",
+        f"--servers {args.servers}",
+        args.replicas,
+        args.elastic,
+        args.max_restarts,
+    )
     if args.elastic and args.mode not in ("sync", "esync"):
         raise SystemExit(
             "hetps train: --elastic needs -m sync or esync (the rounds a dead worker leaves "
             "are finished by the others)"
-        )
-    if not 1 <= args.replicas <= args.servers:
-        raise SystemExit(
-            f"hetps train: --replicas {args.replicas} must be between 1 and --servers "
-            f"({args.servers})"
         )
     if args.replicas > 1 and args.mode not in ("sync", "esync"):
         raise SystemExit(

@@ -4,6 +4,7 @@ share of the cores (``OMP_NUM_THREADS``); :class:`LaunchSpec`, what to start."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import secrets
@@ -69,6 +70,51 @@ class LaunchSpec:
         if self.places is not None:
             return self.places
         return places_per_node(self.num_workers, self.nproc_per_node or self.num_workers)
+
+
+#: a table of flags: (names, add_argument's keywords) each
+Flags = tuple[tuple[tuple[str, ...], dict], ...]
+
+
+def add_flags(p: argparse.ArgumentParser, flags: Flags) -> None:
+    """Add each ``(names, add_argument's keywords)`` of a flag table to ``p``."""
+    for names, kw in flags:
+        p.add_argument(*names, **kw)
+
+
+def env_pairs(items: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` items as a mapping; ValueError names an item of another form."""
+    env = {}
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise ValueError(f"--env {item!r} must look like NAME=VALUE")
+        k, v = item.split("=", 1)
+        env[k] = v
+    return env
+
+
+def after_dashes(argv: list[str]) -> list[str]:
+    """The command given after ``--`` (argparse's REMAINDER keeps the ``--``)."""
+    return argv[1:] if argv[:1] == ["--"] else list(argv)
+
+
+def check_recovery(
+    prog: str, workers: str, servers: str, replicas: int, elastic: int, max_restarts: int
+) -> None:
+    """Refuse, naming the flag, ``--replicas``, ``--elastic`` and ``--max-restarts`` values a
+    job of ``workers`` and ``servers`` (each a flag and its value, e.g. ``-n 4``) cannot take."""
+    n_workers, n_servers = int(workers.split()[-1]), int(servers.split()[-1])
+    if not 1 <= replicas <= n_servers:
+        raise SystemExit(
+            f"{prog}: --replicas {replicas} must be between 1 and the number of servers ({servers})"
+        )
+    if elastic and not 1 <= elastic <= n_workers:
+        raise SystemExit(
+            f"{prog}: --elastic {elastic}: the smallest number of workers to go on with must "
+            f"be between 1 and the number of workers ({workers})"
+        )
+    if max_restarts < 0:
+        raise SystemExit(f"{prog}: --max-restarts must be >= 0")
 
 
 def give_secret(env: dict[str, str]) -> None:
