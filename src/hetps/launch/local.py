@@ -48,38 +48,28 @@ from hetps.launch.contract import (
     without_host_vars,
 )
 from hetps.launch.liveness import Liveness, ended
-from hetps.launch.processes import Child, shell_code, signal_group, start_piped
+from hetps.launch.processes import Child, Output, shell_code, signal_group, start_piped
 from hetps.launch.supervise import Supervision
 from hetps.launch.tracebacks import TracebackLines
 from hetps.launch.wrappers import netem_wrapper
 
 
-class Launcher(Supervision, Liveness):
+class Launcher(Supervision, Liveness, Output):
     """Runs a :class:`LaunchSpec` to completion; ``run()`` returns the job's exit code."""
 
     def __init__(self, spec: LaunchSpec, out=None) -> None:
         self.spec = spec
         self.out = out or sys.stdout
-        self.children: list[Child] = []
         self._print_lock = threading.Lock()
-        self._port = threading.Event()
-        self._port_value = 0
-        self._up = threading.Event()  # every node registered (hetps's own scheduler says so)
         # what the scheduler's lines to this launcher carry (HETPS_LAUNCHER_TOKEN)
         self._token = secrets.token_hex(16)
-        self._stopping = False
-        self._scheduler: Child | None = None
         self._signum: int | None = None
         self.restarts = 0  # how many times the job was started again after a failure
         self.respawns = 0  # servers started again alone (--replicas), out of max_restarts
         self._server_start: dict[int, tuple[list[str], dict[str, str]]] = {}
         self._worker_start: dict[int, tuple[list[str], dict[str, str]]] = {}
-        self._respawned: list[Child] = []  # servers started again alone
-        self._ended_ok = False  # the scheduler ended the job, exit 0
         self._failed: Child | None = None  # the child whose failure ended the last start
-        # nodes the scheduler declared dead for their silence, to stop (role, rank, why)
-        self._declared: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
-        self._cause: tuple[str, int, str] | None = None  # whose death ended the job
+        self._reset()
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
@@ -103,13 +93,6 @@ class Launcher(Supervision, Liveness):
             self._print(child, held.feed(line))
         self._print(child, held.flush())
         child.proc.stdout.close()
-
-    def _print(self, child: Child, lines: list[str]) -> None:
-        if not lines:
-            return
-        with self._print_lock:
-            self.out.write("".join(f"[{child.label}] {line}\n" for line in lines))
-            self.out.flush()
 
     def _start(
         self, role: str, rank: int, argv: list[str], env: dict[str, str], keep_stdin: bool = False
@@ -200,26 +183,22 @@ class Launcher(Supervision, Liveness):
                 signal.signal(sig, handler)
 
     def _reset(self) -> None:
-        """Forget the stopped job's processes before starting it again."""
-        self.children = []
-        self._respawned = []
-        self._ended_ok = False
+        """A start's state (the first, or again with the stopped job's processes forgotten)."""
+        self.children: list[Child] = []
+        self._respawned: list[Child] = []  # servers started again alone
+        self._ended_ok = False  # the scheduler ended the job, exit 0
         self._port = threading.Event()
         self._port_value = 0
-        self._up = threading.Event()
+        self._up = threading.Event()  # every node registered (hetps's own scheduler says so)
         self._stopping = False
-        self._scheduler = None
-        self._declared = queue.SimpleQueue()
-        self._cause = None
+        self._scheduler: Child | None = None
+        # nodes the scheduler declared dead for their silence, to stop (role, rank, why)
+        self._declared: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
+        self._cause: tuple[str, int, str] | None = None  # whose death ended the job
 
     def _on_signal(self, signum: int, frame) -> None:  # type: ignore[no-untyped-def]
         self._signum = signum
         raise KeyboardInterrupt
-
-    def _log(self, text: str) -> None:
-        with self._print_lock:
-            self.out.write(f"[launcher] {text}\n")
-            self.out.flush()
 
     def _threads(self, env: dict[str, str]) -> dict[str, dict[str, str]]:
         """The thread variable each role gets: nothing when the environment sets

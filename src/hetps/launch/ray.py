@@ -31,7 +31,7 @@ from hetps.launch.contract import (
     usable_cores,
     without_host_vars,
 )
-from hetps.launch.processes import raise_interrupt, shell_code
+from hetps.launch.processes import Output, raise_interrupt, shell_code
 from hetps.launch.ray_actor import RoleProcess
 
 INSTALL_HINT = (
@@ -79,7 +79,7 @@ class _Role:
     started: bool = False
 
 
-class RayLauncher:
+class RayLauncher(Output):
     """Runs one job on a Ray cluster; :meth:`run` returns a :class:`RayJobResult`."""
 
     def __init__(
@@ -124,20 +124,6 @@ class RayLauncher:
         self._ray = None
         self._connected = False
         self._print_lock = threading.Lock()
-
-    # -- output -----------------------------------------------------------------------------
-    def _log(self, text: str) -> None:
-        with self._print_lock:
-            self.out.write(f"[launcher] {text}\n")
-            self.out.flush()
-
-    def _print(self, role: _Role, lines: list[str]) -> None:
-        if not lines:
-            return
-        with self._print_lock:
-            for line in lines:
-                self.out.write(f"[{role.label}] {line}\n")
-            self.out.flush()
 
     # -- run --------------------------------------------------------------------------------
     def run(self) -> RayJobResult:

@@ -45,6 +45,7 @@ from hetps.launch.contract import (
     usable_cores,
 )
 from hetps.launch.processes import (
+    Output,
     dies_with_launcher,
     forward_signals,
     raise_interrupt,
@@ -287,7 +288,7 @@ def srun_argv(spec: LaunchSpec, scheduler_node: str, root_uri: str, port: int, a
     ]
 
 
-class SlurmLauncher:
+class SlurmLauncher(Output):
     """Runs a :class:`LaunchSpec` as one srun step; ``run()`` returns the job's exit code."""
 
     def __init__(self, spec: LaunchSpec, env: dict[str, str] | None = None, out=None) -> None:
@@ -306,13 +307,8 @@ class SlurmLauncher:
         self._exited: set[int] = set()  # the tasks that said their exit
         self._ended = threading.Event()  # the scheduler (task 0) ended: so did the job
         self._ending = False  # the launcher stops what outlived the job: their codes are not its
-        self._lock = threading.Lock()
+        self._print_lock = threading.Lock()
         self._labels: dict[int, str] = {}
-
-    def _log(self, text: str) -> None:
-        with self._lock:
-            self.out.write(f"[launcher] {text}\n")
-            self.out.flush()
 
     def _note_failure(self, name: str, code: int) -> None:
         # a worker's 1 may be its own error or another node's; a code of its own (such as
@@ -332,9 +328,7 @@ class SlurmLauncher:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             m = LABELLED.match(line)
             if m is None:  # srun's own messages
-                with self._lock:
-                    self.out.write(f"[srun] {line}\n")
-                    self.out.flush()
+                self._say("srun", [line])
                 continue
             task, text = int(m.group(1)), m.group(2)
             name = self._labels.get(task, f"task {task}")
@@ -357,9 +351,7 @@ class SlurmLauncher:
                 if task == 0:
                     self._ended.set()
                 continue
-            with self._lock:
-                self.out.write(f"[{name}] {text}\n")
-                self.out.flush()
+            self._say(name, [text])
         self.proc.stdout.close()
 
     def run(self) -> int:
