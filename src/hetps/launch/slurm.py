@@ -38,6 +38,7 @@ from hetps.launch.contract import (
     PORT_LINE,
     LaunchSpec,
     Place,
+    after_dashes,
     give_secret,
     host_env,
     places_by_host,
@@ -133,6 +134,13 @@ def tasks_per_node(value: str) -> list[int]:
             raise SlurmError(f"cannot read the task counts {value!r} Slurm gave this step")
         counts.extend([int(m.group(1))] * int(m.group(2) or 1))
     return counts
+
+
+def step_counts(env: dict[str, str]) -> list[int]:
+    """The step's tasks on each node (:func:`tasks_per_node` of what Slurm set)."""
+    return tasks_per_node(
+        env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
+    )
 
 
 def task_role(procid: int, num_servers: int, num_workers: int) -> tuple[str, int]:
@@ -504,10 +512,7 @@ def task_env(env: dict[str, str], args: argparse.Namespace) -> tuple[str, int, d
     if role != "scheduler":
         out["HETPS_LAUNCH_RANK"] = str(rank)
     if role == "worker":
-        counts = tasks_per_node(
-            env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
-        )
-        place = worker_places(counts, args.servers, args.workers)[rank]
+        place = worker_places(step_counts(env), args.servers, args.workers)[rank]
         out.update(host_env(rank, args.workers, place))
     if not env.get("DMLC_NODE_HOST") and not env.get("DMLC_INTERFACE"):
         out["DMLC_NODE_HOST"] = route_address(args.root_uri, args.port)
@@ -526,9 +531,7 @@ def task_threads(role: str, env: dict[str, str]) -> int:
         return cores if role == "worker" else 1
     if on_node.isdigit():
         cores = min(cores, int(on_node))
-    counts = tasks_per_node(
-        env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
-    )
+    counts = step_counts(env)
     nodeid = env.get("SLURM_NODEID", "0")
     i = int(nodeid) if nodeid.isdigit() else 0
     processes = counts[i] if i < len(counts) else counts[-1]
@@ -545,7 +548,7 @@ def _task_main(argv: list[str]) -> int:
     p.add_argument("--auto-threads", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = after_dashes(args.command)
     env = dict(os.environ)
     procid = env.get("SLURM_PROCID", "?")
     try:
