@@ -19,6 +19,24 @@ if TYPE_CHECKING:
     from hetps.config import NodeConfig
 
 
+# fmt: off
+#: what only some launchers take: (flag, whether it is given, those launchers, why)
+_LAUNCHERS_OF = (
+    ("--replicas", lambda a: a.replicas > 1, ("local", "ssh"),
+     "elsewhere set HETPS_REPLICAS in the job's environment: the roles take over from a dead "
+     "server; only the launcher's own notice of a death is missing"),
+    ("--max-restarts", lambda a: a.max_restarts or a.elastic, ("local", "ssh"),
+     "elsewhere resubmit the job; hetps train --resume goes on from its checkpoint"),
+    ("--nproc-per-node", lambda a: a.nproc_per_node, ("local", "ssh"),
+     "Slurm and Ray tell every worker its host: under Slurm ask the allocation for K tasks "
+     "per node, sbatch/salloc --ntasks-per-node"),
+    ("-H/--hostfile", lambda a: a.hostfile, ("ssh",), "the hosts it lists are ssh's"),
+    ("--netem", lambda a: a.netem, ("local",), "it emulates a cluster on this machine"),
+    ("--colocate", lambda a: a.colocate, ("local", "ssh"), "Slurm and Ray place the roles"),
+)
+# fmt: on
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     """``hetps launch``: start a cluster and run CMD as every worker."""
     from hetps.config import ConfigError, env_value, user_threads
@@ -52,12 +70,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         args.elastic,
         args.max_restarts,
     )
-    if args.replicas > 1 and args.launcher not in ("local", "ssh"):
-        raise SystemExit(
-            f"hetps launch: --replicas works with --launcher local and ssh, not "
-            f"{args.launcher} (set HETPS_REPLICAS in the job's environment: the roles take "
-            "over from a dead server; only the launcher's own notice of a death is missing)"
-        )
+    for flag, given, launchers, why in _LAUNCHERS_OF:
+        if given(args) and args.launcher not in launchers:
+            raise SystemExit(
+                f"hetps launch: {flag} does not combine with --launcher {args.launcher}: "
+                f"{flag} works with --launcher {' and '.join(launchers)} ({why})"
+            )
     try:
         env = env_pairs(args.env)
         server_device_env(env, args.server_device)
@@ -80,11 +98,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
             "hetps launch: --rejoin with --balance: joining a running job is not built with "
             "the network-aware plans; leave out one of them"
         )
-    if args.nproc_per_node and args.launcher == "ray":
-        raise SystemExit(
-            "hetps launch: --nproc-per-node is for --launcher local and ssh; under Ray every "
-            "worker learns its host from the Ray node its actor runs on"
-        )
     if args.launcher == "ray":
         from hetps.launch.ray import cli_launch
 
@@ -104,12 +117,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     )
     if args.nproc_per_node < 0:
         raise SystemExit("hetps launch: --nproc-per-node must be >= 1 (workers per host)")
-    if (args.max_restarts or args.elastic) and args.launcher not in ("local", "ssh"):
-        raise SystemExit(
-            f"hetps launch: --max-restarts works with --launcher local and ssh, not "
-            f"{args.launcher} (resubmit the job there; hetps train --resume goes on from its "
-            "checkpoint)"
-        )
     if args.launcher == "ssh":
         if not args.hostfile:
             raise SystemExit("hetps launch: --launcher ssh needs -H/--hostfile")
@@ -131,28 +138,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
             auto_threads=user_threads(env) is None,  # as the launcher decides (its env + --env)
             workers_on=workers_on,
         )
-        if args.netem:
-            raise SystemExit(
-                "hetps launch: --netem emulates a cluster on this machine; "
-                "it does not combine with --launcher ssh"
-            )
-    elif args.hostfile:
-        raise SystemExit("hetps launch: -H/--hostfile is for --launcher ssh")
     if args.launcher == "slurm":
         from hetps.launch.slurm import run_slurm
 
-        if args.nproc_per_node:
-            raise SystemExit(
-                "hetps launch: --nproc-per-node is for --launcher local and ssh; under Slurm "
-                "ask the allocation for it (sbatch/salloc --ntasks-per-node): every worker "
-                "learns its host from its Slurm node"
-            )
-
-        if args.netem or args.colocate:
-            raise SystemExit(
-                "hetps launch: --netem and --colocate place processes on this machine; "
-                "they do not combine with --launcher slurm (Slurm places them)"
-            )
         balance_env(spec.env, args.balance, args.slice_size)
         return run_slurm(spec)
     return run_cluster_from(spec, args)
