@@ -324,9 +324,22 @@ def cmd_state_server(args: argparse.Namespace) -> int:
 
 # fmt: off
 def _cluster_flags() -> Flags:
-    """The flags ``launch`` and ``train`` share: emulated links, co-location, load balance
-    (the plans' names as they are registered now)."""
+    """The flags ``launch`` and ``train`` share: surviving failures, emulated links,
+    co-location, load balance (the plans' names as they are registered now)."""
     return (
+        (("--max-restarts",), dict(type=int, default=0, metavar="N",
+            help="when a process fails, start the whole job again, up to N times (HETPS_RESTART=k "
+                 "in the new processes; hetps train goes on from its last --checkpoint-dir "
+                 "checkpoint)")),
+        (("--elastic",), dict(type=int, default=0, metavar="MIN",
+            help="a worker that dies is let go and the job goes on with the others, without a "
+                 "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process; hetps "
+                 "train: -m sync or esync, the others take its data from the next epoch, and with "
+                 "--max-restarts it is started again and joins at a round boundary)")),
+        (("--replicas",), dict(type=int, default=1, metavar="R",
+            help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server dies "
+                 "the next takes over its keys and the job goes on, while fewer than R died "
+                 "(hetps train: -m sync or esync)")),
         (("--netem",), dict(default=None, metavar="SCENARIO",
             help="run each node in its own network namespace shaped by a scenario TOML file "
                  "(needs root; see docs/NETEM.md)")),
@@ -369,19 +382,10 @@ _LAUNCH_FLAGS: Flags = (
     (("--env",), dict(action="append", default=[], metavar="K=V")),
     (("--port",), dict(type=int, default=0, help="scheduler port (default: ephemeral)")),
     (("--start-timeout",), dict(type=float, default=60.0)),
-    (("--max-restarts",), dict(type=int, default=0, metavar="N",
-        help="when a process fails, start the whole job again, up to N times (HETPS_RESTART=k "
-             "in the new processes; hetps train resumes from --checkpoint-dir)")),
-    (("--elastic",), dict(type=int, default=0, metavar="MIN",
-        help="a worker that dies is let go and the job goes on with the others, without a "
-             "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process)")),
     (("--rejoin",), dict(action="store_true",
         help="with --elastic and --max-restarts: a worker that was let go is started again "
              "and joins the running job; the script handles it (kv.rejoining, kv.join(), "
              "kv.joining, kv.admit(); docs/FAULTS.md). hetps train does this by itself")),
-    (("--replicas",), dict(type=int, default=1, metavar="R",
-        help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server dies "
-             "the next takes over its keys and the job goes on, while fewer than R died")),
 )
 # fmt: on
 

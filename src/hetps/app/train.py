@@ -23,13 +23,14 @@ from typing import Any
 
 from hetps import optim
 from hetps.config import env_value, role_from_env
+from hetps.launch.contract import Flags, add_flags
 
 MODES = ("esync", "sync", "async", "local")
 
 
 # -- argument parsing -------------------------------------------------------------------------
 # fmt: off
-_TRAIN_FLAGS: tuple[tuple[tuple[str, ...], dict], ...] = (
+_TRAIN_FLAGS: Flags = (
     (("-m", "--mode"), dict(choices=MODES, default="esync")),
     (("-n", "--network"), dict(default="mlp", help="model name (hetps models lists them)")),
     (("-l", "--learning-rate"), dict(type=float, default=0.05, help="sync/async/local lr")),
@@ -50,17 +51,6 @@ _TRAIN_FLAGS: tuple[tuple[tuple[str, ...], dict], ...] = (
         help="take consistent checkpoints into D (sync, esync, local): every --checkpoint-every "
              "rounds, every --checkpoint-seconds, on SIGTERM and at the end")),
     (("--checkpoint-every",), dict(type=int, default=None, metavar="K")),
-    (("--max-restarts",), dict(type=int, default=0, metavar="N",
-        help="with --workers: when a process fails, start the job again (up to N times); with "
-             "--checkpoint-dir it goes on from the last checkpoint")),
-    (("--elastic",), dict(type=int, default=0, metavar="MIN",
-        help="with --workers (sync, esync): a worker that dies is let go and the job goes on "
-             "with the others, without a restart, while at least MIN remain; the others take its "
-             "data from the next epoch. With --max-restarts it is started again and joins the "
-             "running job at a round boundary")),
-    (("--replicas",), dict(type=int, default=1, metavar="R",
-        help="with --workers (sync, esync): keep every key on R servers; a server that dies is "
-             "taken over by the next and training goes on, while fewer than R died")),
     (("--checkpoint-seconds",), dict(type=float, default=None, metavar="T")),
     (("--resume",), dict(default=None, metavar="D",
         help="continue from the last intact checkpoint in D (same workers and model; a damaged "
@@ -101,8 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     abbreviation (``--work 2``) would be taken by the launcher and passed on to the workers
     too; argparse refuses it instead (``unrecognized arguments: --work``)."""
     p.allow_abbrev = False
-    for names, kw in _TRAIN_FLAGS:
-        p.add_argument(*names, **kw)
+    add_flags(p, _TRAIN_FLAGS)
     p.add_argument(
         "--server-optimizer",
         default="sgd",
