@@ -238,6 +238,33 @@ def host_env(rank: int, num_workers: int, place: Place, grouped: bool = True) ->
     }
 
 
+def role_env(
+    role: str,
+    rank: int,
+    num_servers: int,
+    num_workers: int,
+    root: tuple[str, int],
+    place: Place | None = None,
+    grouped: bool = True,
+) -> dict[str, str]:
+    """What every launcher tells one role: ps-lite's ``DMLC_*`` (its role, the scheduler's
+    address ``root``, the job's size), its launch rank (not the scheduler's) and, for a
+    worker at ``place``, its host (:func:`host_env`)."""
+    env = {
+        "DMLC_ROLE": role,
+        "DMLC_PS_ROOT_URI": root[0],
+        "DMLC_PS_ROOT_PORT": str(root[1]),
+        "DMLC_NUM_SERVER": str(num_servers),
+        "DMLC_NUM_WORKER": str(num_workers),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if role != "scheduler":
+        env["HETPS_LAUNCH_RANK"] = str(rank)
+    if role == "worker" and place is not None:
+        env.update(host_env(rank, num_workers, place, grouped))
+    return env
+
+
 def without_host_vars(env: dict[str, str]) -> dict[str, str]:
     """``env`` less the host contract (servers and the scheduler get none of it, even when the
     launcher itself runs under torchrun or another launcher that set them)."""

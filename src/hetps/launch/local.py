@@ -39,10 +39,11 @@ from hetps.launch.contract import (
     PORT_LINE,
     UP_LINE,
     LaunchSpec,
+    Place,
     balance_env,
     give_secret,
-    host_env,
     places_by_host,
+    role_env,
     thread_share,
     usable_cores,
     without_host_vars,
@@ -132,16 +133,7 @@ class Launcher(Supervision, Liveness, Output):
     def _base_env(self) -> dict[str, str]:
         env = without_host_vars(dict(os.environ))
         env.update(without_host_vars(self.spec.env))
-        env.update(
-            {
-                "DMLC_PS_ROOT_URI": self.spec.host,
-                "DMLC_NUM_SERVER": str(self.spec.num_servers),
-                "DMLC_NUM_WORKER": str(self.spec.num_workers),
-                "PYTHONUNBUFFERED": "1",
-                "HETPS_RESTART": str(self.restarts),
-                "HETPS_ELASTIC": str(self.spec.elastic_min),
-            }
-        )
+        env.update(HETPS_RESTART=str(self.restarts), HETPS_ELASTIC=str(self.spec.elastic_min))
         if self.spec.replicas > 1:
             env["HETPS_REPLICAS"] = str(self.spec.replicas)
         env.setdefault(
@@ -149,6 +141,14 @@ class Launcher(Supervision, Liveness, Output):
         )
         give_secret(env)
         return env
+
+    def _role_env(
+        self, role: str, rank: int, port: int, place: Place | None = None
+    ) -> dict[str, str]:
+        """:func:`role_env` of this job (the scheduler at ``spec.host``:``port``)."""
+        spec = self.spec
+        root = (spec.host, port)
+        return role_env(role, rank, spec.num_servers, spec.num_workers, root, place, spec.grouped)
 
     # -- run --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -231,8 +231,7 @@ class Launcher(Supervision, Liveness, Output):
         sched_env = {
             **env,
             **threads["scheduler"],
-            "DMLC_ROLE": "scheduler",
-            "DMLC_PS_ROOT_PORT": str(spec.port),
+            **self._role_env("scheduler", 0, spec.port),
             # its lines to this launcher carry it: no other line is acted on
             "HETPS_LAUNCHER_TOKEN": self._token,
         }
@@ -248,32 +247,20 @@ class Launcher(Supervision, Liveness, Output):
             if time.monotonic() > deadline:
                 self._log(f"the scheduler did not report its port within {spec.start_timeout:g} s")
                 return 1
-        env["DMLC_PS_ROOT_PORT"] = str(self._port_value)
         server_argv = spec.server_command or [py, "-m", "hetps.cli", "server"]
-        server_env = env  # (malloc: each node sets its own, transport/heap.py)
+        port = self._port_value  # (malloc: each node sets its own, transport/heap.py)
         for r in range(spec.num_servers):
-            self._server_start[r] = (
-                server_argv,
-                {
-                    **server_env,
-                    **threads["server"],
-                    "DMLC_ROLE": "server",
-                    "HETPS_LAUNCH_RANK": str(r),
-                },
-            )
+            server_env = {**env, **threads["server"], **self._role_env("server", r, port)}
+            self._server_start[r] = (server_argv, server_env)
             self._start("server", r, *self._server_start[r])
         places = spec.worker_places()
         for r in range(spec.num_workers):
-            self._worker_start[r] = (
-                list(spec.command),
-                {
-                    **env,
-                    **threads["worker"],
-                    **host_env(r, spec.num_workers, places[r], spec.grouped),
-                    "DMLC_ROLE": "worker",
-                    "HETPS_LAUNCH_RANK": str(r),
-                },
-            )
+            worker_env = {
+                **env,
+                **threads["worker"],
+                **self._role_env("worker", r, port, places[r]),
+            }
+            self._worker_start[r] = (list(spec.command), worker_env)
             self._start("worker", r, *self._worker_start[r])
         return self._watch()
 

@@ -26,8 +26,8 @@ from hetps.launch.contract import (
     PORT_LINE,
     balance_env,
     give_secret,
-    host_env,
     places_by_host,
+    role_env,
     usable_cores,
     without_host_vars,
 )
@@ -252,44 +252,33 @@ class RayLauncher(Output):
         env = self._forwarded_env()
         give_secret(env)
         head_ip = self.roles[0].where["ip"]
-        env.update(
-            DMLC_PS_ROOT_URI=head_ip,
-            DMLC_NUM_SERVER=str(self.num_servers),
-            DMLC_NUM_WORKER=str(self.num_workers),
-            PYTHONUNBUFFERED="1",
-        )
+        # a worker's host is the Ray node its actor runs on (torchrun's variables from it)
+        workers = sorted((r for r in self.roles if r.role == "worker"), key=lambda r: r.rank)
+        places = places_by_host([str(r.where["node_id"]) for r in workers])
+
+        def overlay(r: _Role, port: int) -> dict[str, str]:
+            place = places[r.rank] if r.role == "worker" else None
+            job = (self.num_servers, self.num_workers, (head_ip, port), place)
+            return {
+                **env,
+                **self._threads(r.role, r),
+                **role_env(r.role, r.rank, *job),
+                "DMLC_NODE_HOST": r.where["ip"],
+            }
+
         py = sys.executable
         sched_role = self.roles[0]
         code = self._start(
-            sched_role,
-            [py, "-m", "hetps.cli", "scheduler"],
-            {
-                **env,
-                **self._threads("scheduler", sched_role),
-                "DMLC_PS_ROOT_PORT": str(self.port),
-            },
+            sched_role, [py, "-m", "hetps.cli", "scheduler"], overlay(sched_role, self.port)
         )
         if code is not None:
             return code
         port = self._scheduler_port(sched_role)
         if isinstance(port, tuple):  # (exit code,)
             return port[0]
-        env["DMLC_PS_ROOT_PORT"] = str(port)
-        # a worker's host is the Ray node its actor runs on (torchrun's variables from it)
-        workers = sorted((r for r in self.roles if r.role == "worker"), key=lambda r: r.rank)
-        places = places_by_host([str(r.where["node_id"]) for r in workers])
         for r in self.roles[1:]:
             argv = [py, "-m", "hetps.cli", "server"] if r.role == "server" else self.command
-            overlay = {
-                **env,
-                **self._threads(r.role, r),
-                "DMLC_ROLE": r.role,
-                "DMLC_NODE_HOST": r.where["ip"],
-                "HETPS_LAUNCH_RANK": str(r.rank),
-            }
-            if r.role == "worker":
-                overlay.update(host_env(r.rank, self.num_workers, places[r.rank]))
-            code = self._start(r, argv, overlay)
+            code = self._start(r, argv, overlay(r, port))
             if code is not None:
                 return code
         return self._watch(self.roles)
@@ -311,8 +300,6 @@ class RayLauncher(Output):
     def _start(self, r: _Role, argv: list[str], overlay: dict[str, str]) -> int | None:
         """Start a role's process; an exit code when it cannot be started, else None."""
         ray = self._ray
-        if r.role == "scheduler":
-            overlay = {**overlay, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": r.where["ip"]}
         try:
             ray.get(r.actor.start.remote(argv, overlay, self.cwd), timeout=self.start_timeout)
         except ray.exceptions.RayTaskError as exc:

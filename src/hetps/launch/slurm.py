@@ -34,16 +34,16 @@ import threading
 
 from hetps.config import ConfigError, route_address, user_threads
 from hetps.launch.contract import (
-    HOST_VARS,
     PORT_LINE,
     LaunchSpec,
     Place,
     after_dashes,
     give_secret,
-    host_env,
     places_by_host,
+    role_env,
     thread_share,
     usable_cores,
+    without_host_vars,
 )
 from hetps.launch.processes import (
     Output,
@@ -498,22 +498,12 @@ def task_env(env: dict[str, str], args: argparse.Namespace) -> tuple[str, int, d
             f"the scheduler (task 0) landed on {node}, not on {args.scheduler_node} where the "
             "other tasks look for it: do not set SLURM_DISTRIBUTION to anything but block"
         )
-    out = dict(env)
-    out.update(
-        DMLC_ROLE=role,
-        DMLC_PS_ROOT_URI=args.root_uri,
-        DMLC_PS_ROOT_PORT=str(args.port),
-        DMLC_NUM_SERVER=str(args.servers),
-        DMLC_NUM_WORKER=str(args.workers),
-        PYTHONUNBUFFERED="1",
-    )
-    for k in HOST_VARS:  # (srun exports the launcher's environment: none of these is ours)
-        out.pop(k, None)
-    if role != "scheduler":
-        out["HETPS_LAUNCH_RANK"] = str(rank)
+    # (srun exports the launcher's environment: none of the host variables is this task's)
+    out = without_host_vars(env)
+    place = None
     if role == "worker":
         place = worker_places(step_counts(env), args.servers, args.workers)[rank]
-        out.update(host_env(rank, args.workers, place))
+    out.update(role_env(role, rank, args.servers, args.workers, (args.root_uri, args.port), place))
     if not env.get("DMLC_NODE_HOST") and not env.get("DMLC_INTERFACE"):
         out["DMLC_NODE_HOST"] = route_address(args.root_uri, args.port)
     if args.auto_threads:
