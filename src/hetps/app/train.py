@@ -356,7 +356,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
             f"hetps train: {flag}: worker {rank} wants {device}, but this machine has "
             f"{torch.cuda.device_count()} CUDA device(s); train on the CPU instead (cpu)"
         )
-    slow = parse_slowdown(args.slowdown, workers)[rank]
+    slowdown = parse_slowdown(args.slowdown, workers)
+    slow = slowdown[rank]
     mode = stored_mode(args)
 
     images, labels = load_fashion_mnist(args.data_dir, train=True, limit=args.train_limit)
@@ -396,14 +397,12 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
                 # (--servers is the launcher's: a worker reads the job's from its store)
                 "servers": kv.num_servers if kv is not None else 0,
                 "batch_size": args.batch_size,
-                "slowdown": parse_slowdown(args.slowdown, workers),
+                "slowdown": slowdown,
                 "split_by_class": bool(args.split_by_class),
                 "started_at": time.time(),
                 "devices": {
                     str(r): f"worker{r} ({d}" + (f", slowdown x{s:g})" if s != 1 else ")")
-                    for r, (s, d) in enumerate(
-                        zip(parse_slowdown(args.slowdown, workers), devices, strict=True)
-                    )
+                    for r, (s, d) in enumerate(zip(slowdown, devices, strict=True))
                 },
                 "learning_rate": args.learning_rate,
                 "local_lr": args.local_lr,
@@ -413,9 +412,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
                 if kv is not None and kv.cfg.balance != "none"
                 else None,
                 "scenario": env_value("HETPS_NETEM_SCENARIO"),
-                "emulated_heterogeneity": any(
-                    s != 1 for s in parse_slowdown(args.slowdown, workers)
-                ),
+                "emulated_heterogeneity": any(s != 1 for s in slowdown),
             },
         )
         if writer.previous is not None:
