@@ -33,6 +33,7 @@ import sys
 import threading
 
 from hetps.config import ConfigError, route_address, user_threads
+from hetps.launch import contract
 from hetps.launch.contract import (
     PORT_LINE,
     LaunchSpec,
@@ -41,7 +42,6 @@ from hetps.launch.contract import (
     give_secret,
     places_by_host,
     role_env,
-    thread_share,
     usable_cores,
     without_host_vars,
 )
@@ -512,7 +512,7 @@ def task_env(env: dict[str, str], args: argparse.Namespace) -> tuple[str, int, d
 
 
 def task_threads(role: str, env: dict[str, str]) -> int:
-    """A task's ``OMP_NUM_THREADS``: :func:`thread_share` of its node's cores among the
+    """A task's ``OMP_NUM_THREADS``: :func:`~hetps.launch.contract.thread_share` of its node's cores among the
     step's tasks on that node; a task Slurm bound to fewer CPUs than its node's allocation
     (task/affinity, cgroups) has those CPUs to itself."""
     cores = usable_cores()
@@ -525,7 +525,7 @@ def task_threads(role: str, env: dict[str, str]) -> int:
     nodeid = env.get("SLURM_NODEID", "0")
     i = int(nodeid) if nodeid.isdigit() else 0
     processes = counts[i] if i < len(counts) else counts[-1]
-    return thread_share(role, cores, processes)
+    return contract.thread_share(role, cores, processes)
 
 
 def _task_main(argv: list[str]) -> int:
