@@ -93,10 +93,7 @@ def start_piped(
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
     """Send ``sig`` to the process group ``proc`` leads (it and whatever it started); a group
     that is gone is no error."""
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _killpg(proc.pid, sig)
 
 
 def raise_interrupt(signum, frame) -> None:  # type: ignore[no-untyped-def]
