@@ -35,16 +35,18 @@ def __dir__() -> list[str]:
 
 
 def lazy_exports(
-    package: str, exports: dict[str, str], namespace: dict[str, Any]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """A package's ``__getattr__`` and ``__dir__`` that load each name of ``exports`` (name ->
-    defining submodule) on first use and keep it in ``namespace`` (the package's globals)."""
+    package: str, exports: dict[str, tuple[str, ...]], namespace: dict[str, Any]
+) -> tuple[list[str], Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's ``__all__``, ``__getattr__`` and ``__dir__`` for ``exports`` (defining
+    submodule -> its public names): each name loads on first use and is kept in ``namespace``
+    (the package's globals)."""
+    where = {name: module for module, names in exports.items() for name in names}
 
     def getattr_(name: str) -> Any:
-        module = exports.get(name)
+        module = where.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = namespace[name] = getattr(importlib.import_module(module), name)
         return value  # later lookups find it in the namespace
 
-    return getattr_, lambda: sorted({*namespace, *exports})
+    return sorted(where), getattr_, lambda: sorted({*namespace, *where})

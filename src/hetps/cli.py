@@ -13,19 +13,28 @@ from typing import TYPE_CHECKING
 import hetps.balance  # noqa: F401 - the load plans register (--balance, `hetps config`)
 from hetps import __version__
 from hetps.config.table import balance_schemes
+from hetps.launch.contract import Flags, add_flags, after_dashes, env_pairs
 
 if TYPE_CHECKING:
     from hetps.config import NodeConfig
 
 
-def _env_pairs(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        if "=" not in item or item.startswith("="):
-            raise SystemExit(f"hetps: --env {item!r} must look like NAME=VALUE")
-        k, v = item.split("=", 1)
-        env[k] = v
-    return env
+# fmt: off
+#: what only some launchers take: (flag, whether it is given, those launchers, why)
+_LAUNCHERS_OF = (
+    ("--replicas", lambda a: a.replicas > 1, ("local", "ssh"),
+     "elsewhere set HETPS_REPLICAS in the job's environment: the roles take over from a dead "
+     "server; only the launcher's own notice of a death is missing"),
+    ("--max-restarts", lambda a: a.max_restarts or a.elastic, ("local", "ssh"),
+     "elsewhere resubmit the job; hetps train --resume goes on from its checkpoint"),
+    ("--nproc-per-node", lambda a: a.nproc_per_node, ("local", "ssh"),
+     "Slurm and Ray tell every worker its host: under Slurm ask the allocation for K tasks "
+     "per node, sbatch/salloc --ntasks-per-node"),
+    ("-H/--hostfile", lambda a: a.hostfile, ("ssh",), "the hosts it lists are ssh's"),
+    ("--netem", lambda a: a.netem, ("local",), "it emulates a cluster on this machine"),
+    ("--colocate", lambda a: a.colocate, ("local", "ssh"), "Slurm and Ray place the roles"),
+)
+# fmt: on
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -34,6 +43,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from hetps.launch.contract import (
         LaunchSpec,
         balance_env,
+        check_recovery,
         host_aggregation_env,
         places_by_host,
         server_device_env,
@@ -41,9 +51,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from hetps.launch.local import run_cluster_from
     from hetps.launch.wrappers import read_hostfile_slots, ssh_wrapper, worker_hosts
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = after_dashes(args.command)
     if not command:
         raise SystemExit(
             "hetps launch: give the worker command after --, e.g. "
@@ -54,20 +62,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
     servers = args.num_servers if args.num_servers is not None else args.num_workers
     if servers < 1:
         raise SystemExit("hetps launch: -s/--num-servers must be >= 1")
-    if not 1 <= args.replicas <= servers:
-        raise SystemExit(
-            f"hetps launch: --replicas {args.replicas} must be between 1 and the number of "
-            f"servers (-s {servers})"
-        )
-    if args.replicas > 1 and args.launcher not in ("local", "ssh"):
-        raise SystemExit(
-            f"hetps launch: --replicas works with --launcher local and ssh, not "
-            f"{args.launcher} (set HETPS_REPLICAS in the job's environment: the roles take "
-            "over from a dead server; only the launcher's own notice of a death is missing)"
-        )
-    env = _env_pairs(args.env)
-    server_device_env(env, args.server_device)
+    check_recovery(
+        "hetps launch",
+        f"-n {args.num_workers}",
+        f"-s {servers}",
+        args.replicas,
+        args.elastic,
+        args.max_restarts,
+    )
+    for flag, given, launchers, why in _LAUNCHERS_OF:
+        if given(args) and args.launcher not in launchers:
+            raise SystemExit(
+                f"hetps launch: {flag} does not combine with --launcher {args.launcher}: "
+                f"{flag} works with --launcher {' and '.join(launchers)} ({why})"
+            )
     try:
+        env = env_pairs(args.env)
+        server_device_env(env, args.server_device)
         host_aggregation_env(env, args.host_aggregation)
     except ValueError as exc:
         raise SystemExit(f"hetps launch: {exc}") from None
@@ -86,11 +97,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise SystemExit(
             "hetps launch: --rejoin with --balance: joining a running job is not built with "
             "the network-aware plans; leave out one of them"
-        )
-    if args.nproc_per_node and args.launcher == "ray":
-        raise SystemExit(
-            "hetps launch: --nproc-per-node is for --launcher local and ssh; under Ray every "
-            "worker learns its host from the Ray node its actor runs on"
         )
     if args.launcher == "ray":
         from hetps.launch.ray import cli_launch
@@ -111,18 +117,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
     )
     if args.nproc_per_node < 0:
         raise SystemExit("hetps launch: --nproc-per-node must be >= 1 (workers per host)")
-    if args.elastic and not (1 <= args.elastic <= args.num_workers):
-        raise SystemExit(
-            f"hetps launch: --elastic {args.elastic} must be between 1 and -n ({args.num_workers})"
-        )
-    if args.max_restarts < 0:
-        raise SystemExit("hetps launch: --max-restarts must be >= 0")
-    if (args.max_restarts or args.elastic) and args.launcher not in ("local", "ssh"):
-        raise SystemExit(
-            f"hetps launch: --max-restarts works with --launcher local and ssh, not "
-            f"{args.launcher} (resubmit the job there; hetps train --resume goes on from its "
-            "checkpoint)"
-        )
     if args.launcher == "ssh":
         if not args.hostfile:
             raise SystemExit("hetps launch: --launcher ssh needs -H/--hostfile")
@@ -144,28 +138,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
             auto_threads=user_threads(env) is None,  # as the launcher decides (its env + --env)
             workers_on=workers_on,
         )
-        if args.netem:
-            raise SystemExit(
-                "hetps launch: --netem emulates a cluster on this machine; "
-                "it does not combine with --launcher ssh"
-            )
-    elif args.hostfile:
-        raise SystemExit("hetps launch: -H/--hostfile is for --launcher ssh")
     if args.launcher == "slurm":
         from hetps.launch.slurm import run_slurm
 
-        if args.nproc_per_node:
-            raise SystemExit(
-                "hetps launch: --nproc-per-node is for --launcher local and ssh; under Slurm "
-                "ask the allocation for it (sbatch/salloc --ntasks-per-node): every worker "
-                "learns its host from its Slurm node"
-            )
-
-        if args.netem or args.colocate:
-            raise SystemExit(
-                "hetps launch: --netem and --colocate place processes on this machine; "
-                "they do not combine with --launcher slurm (Slurm places them)"
-            )
         balance_env(spec.env, args.balance, args.slice_size)
         return run_slurm(spec)
     return run_cluster_from(spec, args)
@@ -348,14 +323,23 @@ def cmd_state_server(args: argparse.Namespace) -> int:
 
 
 # fmt: off
-#: a table of flags: (names, add_argument's keywords) each
-Flags = tuple[tuple[tuple[str, ...], dict], ...]
-
-
 def _cluster_flags() -> Flags:
-    """The flags ``launch`` and ``train`` share: emulated links, co-location, load balance
-    (the plans' names as they are registered now)."""
+    """The flags ``launch`` and ``train`` share: surviving failures, emulated links,
+    co-location, load balance (the plans' names as they are registered now)."""
     return (
+        (("--max-restarts",), dict(type=int, default=0, metavar="N",
+            help="when a process fails, start the whole job again, up to N times (HETPS_RESTART=k "
+                 "in the new processes; hetps train goes on from its last --checkpoint-dir "
+                 "checkpoint)")),
+        (("--elastic",), dict(type=int, default=0, metavar="MIN",
+            help="a worker that dies is let go and the job goes on with the others, without a "
+                 "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process; hetps "
+                 "train: -m sync or esync, the others take its data from the next epoch, and with "
+                 "--max-restarts it is started again and joins at a round boundary)")),
+        (("--replicas",), dict(type=int, default=1, metavar="R",
+            help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server dies "
+                 "the next takes over its keys and the job goes on, while fewer than R died "
+                 "(hetps train: -m sync or esync)")),
         (("--netem",), dict(default=None, metavar="SCENARIO",
             help="run each node in its own network namespace shaped by a scenario TOML file "
                  "(needs root; see docs/NETEM.md)")),
@@ -398,27 +382,12 @@ _LAUNCH_FLAGS: Flags = (
     (("--env",), dict(action="append", default=[], metavar="K=V")),
     (("--port",), dict(type=int, default=0, help="scheduler port (default: ephemeral)")),
     (("--start-timeout",), dict(type=float, default=60.0)),
-    (("--max-restarts",), dict(type=int, default=0, metavar="N",
-        help="when a process fails, start the whole job again, up to N times (HETPS_RESTART=k "
-             "in the new processes; hetps train resumes from --checkpoint-dir)")),
-    (("--elastic",), dict(type=int, default=0, metavar="MIN",
-        help="a worker that dies is let go and the job goes on with the others, without a "
-             "restart, while at least MIN remain (HETPS_ELASTIC=MIN in every process)")),
     (("--rejoin",), dict(action="store_true",
         help="with --elastic and --max-restarts: a worker that was let go is started again "
              "and joins the running job; the script handles it (kv.rejoining, kv.join(), "
              "kv.joining, kv.admit(); docs/FAULTS.md). hetps train does this by itself")),
-    (("--replicas",), dict(type=int, default=1, metavar="R",
-        help="dist_sync: keep every key on R servers (HETPS_REPLICAS=R); when a server dies "
-             "the next takes over its keys and the job goes on, while fewer than R died")),
 )
 # fmt: on
-
-
-def add_flags(p: argparse.ArgumentParser, flags: Flags) -> None:
-    """Add each ``(names, add_argument's keywords)`` of a flag table to ``p``."""
-    for names, kw in flags:
-        p.add_argument(*names, **kw)
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:

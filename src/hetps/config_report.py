@@ -38,13 +38,7 @@ def _bounds(var: Var) -> str:
         return var.bounds
     if var.options:
         return ", ".join(var.options)
-    if var.kind == "flag":
-        return "0 (off), > 0 (on)"
-    if var.minimum is not None and var.maximum is not None:
-        return f"{var.minimum} to {var.maximum}"
-    if var.minimum is not None:
-        return f">= {var.minimum}"
-    return ""
+    return "0 (off), > 0 (on)" if var.kind == "flag" else var.span()
 
 
 def _type(var: Var) -> str:

@@ -71,18 +71,9 @@ class ClickData:
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve (Mann-Whitney, ties counted half)."""
     labels = np.asarray(labels).astype(bool)
-    order = np.argsort(scores, kind="mergesort")
-    s = np.asarray(scores)[order]
-    ranks = np.empty(len(s))
-    i = 0
-    while i < len(s):  # average ranks of ties
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[i : j + 1] = (i + j) / 2 + 1
-        i = j + 1
-    r = np.empty(len(s))
-    r[order] = ranks
+    # each score's rank (from 1), tied scores the mean of their ranks
+    _, tie, count = np.unique(scores, return_inverse=True, return_counts=True)
+    r = (np.cumsum(count) - (count - 1) / 2)[tie.reshape(-1)]
     pos, neg = labels.sum(), (~labels).sum()
     if pos == 0 or neg == 0:
         raise ValueError("auc: needs both positive and negative labels")

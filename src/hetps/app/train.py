@@ -23,13 +23,14 @@ from typing import Any
 
 from hetps import optim
 from hetps.config import env_value, role_from_env
+from hetps.launch.contract import Flags, add_flags
 
 MODES = ("esync", "sync", "async", "local")
 
 
 # -- argument parsing -------------------------------------------------------------------------
 # fmt: off
-_TRAIN_FLAGS: tuple[tuple[tuple[str, ...], dict], ...] = (
+_TRAIN_FLAGS: Flags = (
     (("-m", "--mode"), dict(choices=MODES, default="esync")),
     (("-n", "--network"), dict(default="mlp", help="model name (hetps models lists them)")),
     (("-l", "--learning-rate"), dict(type=float, default=0.05, help="sync/async/local lr")),
@@ -50,17 +51,6 @@ _TRAIN_FLAGS: tuple[tuple[tuple[str, ...], dict], ...] = (
         help="take consistent checkpoints into D (sync, esync, local): every --checkpoint-every "
              "rounds, every --checkpoint-seconds, on SIGTERM and at the end")),
     (("--checkpoint-every",), dict(type=int, default=None, metavar="K")),
-    (("--max-restarts",), dict(type=int, default=0, metavar="N",
-        help="with --workers: when a process fails, start the job again (up to N times); with "
-             "--checkpoint-dir it goes on from the last checkpoint")),
-    (("--elastic",), dict(type=int, default=0, metavar="MIN",
-        help="with --workers (sync, esync): a worker that dies is let go and the job goes on "
-             "with the others, without a restart, while at least MIN remain; the others take its "
-             "data from the next epoch. With --max-restarts it is started again and joins the "
-             "running job at a round boundary")),
-    (("--replicas",), dict(type=int, default=1, metavar="R",
-        help="with --workers (sync, esync): keep every key on R servers; a server that dies is "
-             "taken over by the next and training goes on, while fewer than R died")),
     (("--checkpoint-seconds",), dict(type=float, default=None, metavar="T")),
     (("--resume",), dict(default=None, metavar="D",
         help="continue from the last intact checkpoint in D (same workers and model; a damaged "
@@ -101,8 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     abbreviation (``--work 2``) would be taken by the launcher and passed on to the workers
     too; argparse refuses it instead (``unrecognized arguments: --work``)."""
     p.allow_abbrev = False
-    for names, kw in _TRAIN_FLAGS:
-        p.add_argument(*names, **kw)
+    add_flags(p, _TRAIN_FLAGS)
     p.add_argument(
         "--server-optimizer",
         default="sgd",
@@ -253,7 +242,12 @@ LAUNCH_ONLY = (
 
 def launch_cluster(args: argparse.Namespace) -> int:
     """Start scheduler, servers and W workers running this same command as workers."""
-    from hetps.launch.contract import LaunchSpec, host_aggregation_env, server_device_env
+    from hetps.launch.contract import (
+        LaunchSpec,
+        check_recovery,
+        host_aggregation_env,
+        server_device_env,
+    )
     from hetps.launch.local import run_cluster_from
 
     parse_slowdown(args.slowdown, args.workers)  # fail early
@@ -270,22 +264,18 @@ def launch_cluster(args: argparse.Namespace) -> int:
     env_value("OMP_NUM_THREADS")  # a malformed value fails here, before anything starts
     # threads: the user's OMP_NUM_THREADS reaches every process unchanged; without it the
     # launcher gives each process its share of the cores (hetps.launch.contract.thread_share)
-    if args.max_restarts < 0:
-        raise SystemExit("hetps train: --max-restarts must be >= 0")
-    if args.elastic and not (1 <= args.elastic <= args.workers):
-        raise SystemExit(
-            f"hetps train: --elastic {args.elastic}: the smallest number of workers to go on "
-            f"with must be between 1 and --workers ({args.workers})"
-        )
+    check_recovery(
+        "hetps train",
+        f"--workers {args.workers}",
+        f"--servers {args.servers}",
+        args.replicas,
+        args.elastic,
+        args.max_restarts,
+    )
     if args.elastic and args.mode not in ("sync", "esync"):
         raise SystemExit(
             "hetps train: --elastic needs -m sync or esync (the rounds a dead worker leaves "
             "are finished by the others)"
-        )
-    if not 1 <= args.replicas <= args.servers:
-        raise SystemExit(
-            f"hetps train: --replicas {args.replicas} must be between 1 and --servers "
-            f"({args.servers})"
         )
     if args.replicas > 1 and args.mode not in ("sync", "esync"):
         raise SystemExit(
@@ -366,7 +356,8 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
             f"hetps train: {flag}: worker {rank} wants {device}, but this machine has "
             f"{torch.cuda.device_count()} CUDA device(s); train on the CPU instead (cpu)"
         )
-    slow = parse_slowdown(args.slowdown, workers)[rank]
+    slowdown = parse_slowdown(args.slowdown, workers)
+    slow = slowdown[rank]
     mode = stored_mode(args)
 
     images, labels = load_fashion_mnist(args.data_dir, train=True, limit=args.train_limit)
@@ -406,14 +397,12 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
                 # (--servers is the launcher's: a worker reads the job's from its store)
                 "servers": kv.num_servers if kv is not None else 0,
                 "batch_size": args.batch_size,
-                "slowdown": parse_slowdown(args.slowdown, workers),
+                "slowdown": slowdown,
                 "split_by_class": bool(args.split_by_class),
                 "started_at": time.time(),
                 "devices": {
                     str(r): f"worker{r} ({d}" + (f", slowdown x{s:g})" if s != 1 else ")")
-                    for r, (s, d) in enumerate(
-                        zip(parse_slowdown(args.slowdown, workers), devices, strict=True)
-                    )
+                    for r, (s, d) in enumerate(zip(slowdown, devices, strict=True))
                 },
                 "learning_rate": args.learning_rate,
                 "local_lr": args.local_lr,
@@ -423,9 +412,7 @@ def train_worker(args: argparse.Namespace, kv: Any) -> int:
                 if kv is not None and kv.cfg.balance != "none"
                 else None,
                 "scenario": env_value("HETPS_NETEM_SCENARIO"),
-                "emulated_heterogeneity": any(
-                    s != 1 for s in parse_slowdown(args.slowdown, workers)
-                ),
+                "emulated_heterogeneity": any(s != 1 for s in slowdown),
             },
         )
         if writer.previous is not None:

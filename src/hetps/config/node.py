@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetps.config.resolve import _join_error, resolve
-from hetps.config.rows import _KINDS, ConfigError
+from hetps.config.rows import _KINDS
 from hetps.config.security import check_exposure, security_from_env
 from hetps.config.table import NODE_VARS
 
@@ -63,7 +63,6 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
     if error is not None:
         raise error
     values = {v.field: settings[v.name].value for v in NODE_VARS}
-    _check_replicas(values)
     secret, values["insecure"] = security_from_env(env)
     # the scheduler listens on DMLC_PS_ROOT_URI (every interface unless it is loopback),
     # the others on their own address
@@ -75,19 +74,6 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
         role,
     )
     return NodeConfig(**values, secret=secret)
-
-
-def _check_replicas(values: dict) -> None:
-    """HETPS_REPLICAS against the settings it depends on: one error line with the fix."""
-    r = values["replicas"]
-    if r <= 1:
-        return
-    if r > values["num_server"]:
-        raise ConfigError(
-            f"HETPS_REPLICAS={r} asks for more copies of each key than there are servers "
-            f"(DMLC_NUM_SERVER={values['num_server']}): use at most {values['num_server']}, "
-            "or start more servers"
-        )
 
 
 def user_malloc(env: Mapping[str, str] | None = None) -> list[str]:

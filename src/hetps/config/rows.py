@@ -78,14 +78,15 @@ class Var:
             return self.expect
         if self.kind == "choice":
             return "one of " + ", ".join(self.options or ())
-        what = _KINDS[self.kind][2]
         if self.kind == "flag":
             return "1 (on) or 0 (off)"
+        return f"{_KINDS[self.kind][2]} {self.span()}".rstrip()
+
+    def span(self) -> str:
+        """The bounds of a number: ``from MIN to MAX``, ``>= MIN`` or nothing."""
         if self.minimum is not None and self.maximum is not None:
-            return f"{what} from {self.minimum} to {self.maximum}"
-        if self.minimum is not None:
-            return f"{what} >= {self.minimum}"
-        return what
+            return f"from {self.minimum} to {self.maximum}"
+        return f">= {self.minimum}" if self.minimum is not None else ""
 
     def parse(self, raw: str, name: str | None = None) -> Any:
         """The value of ``raw`` (stripped, non-empty) given as ``name`` (default: the row's

@@ -93,6 +93,16 @@ def _heartbeat_check(timeout: float, values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _replicas_check(copies: int, values: Mapping[str, Any]) -> str | None:
+    servers = values.get("DMLC_NUM_SERVER")
+    if copies > 1 and servers is not None and copies > servers:
+        return (
+            f"HETPS_REPLICAS={copies} asks for more copies of each key than there are servers "
+            f"(DMLC_NUM_SERVER={servers}): use at most {servers}, or start more servers"
+        )
+    return None
+
+
 def _shm_check(size: int, values: Mapping[str, Any]) -> str | None:
     if 0 < size < (1 << 20):
         return (
@@ -377,7 +387,7 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "scheduler); a server applies each round on the next REPLICAS-1 servers "
                 "before it acknowledges, and when it dies the next one takes over its keys "
                 "without a restart (1: no copies; at most DMLC_NUM_SERVER)",
-                field="replicas", minimum=1),
+                field="replicas", minimum=1, check=_replicas_check),
             Var("HETPS_SHAPE_MBIT", "float", 0.0,
                 "limit this node's sending rate in-process, without root (0: no limit)",
                 field="shape_mbit", minimum=0.0, unit="Mbit/s"),

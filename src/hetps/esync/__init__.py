@@ -16,17 +16,12 @@ from __future__ import annotations
 
 from hetps import lazy_exports
 
-#: public name -> the submodule that defines it
-_EXPORTS = {
-    "ReadinessPolicy": "hetps.esync.policy",
-    "WorkerState": "hetps.esync.policy",
-    "EsyncService": "hetps.esync.service",
-    "StateServer": "hetps.esync.service",
-    "StateClient": "hetps.esync.service",
-    "ESyncTrainer": "hetps.esync.trainer",
-    "ESyncRound": "hetps.esync.trainer",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {  # submodule -> the public names it defines
+        "hetps.esync.policy": ("ReadinessPolicy", "WorkerState"),
+        "hetps.esync.service": ("EsyncService", "StateServer", "StateClient"),
+        "hetps.esync.trainer": ("ESyncTrainer", "ESyncRound"),
+    },
+    globals(),
+)

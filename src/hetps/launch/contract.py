@@ -4,6 +4,7 @@ share of the cores (``OMP_NUM_THREADS``); :class:`LaunchSpec`, what to start."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import secrets
@@ -69,6 +70,51 @@ class LaunchSpec:
         if self.places is not None:
             return self.places
         return places_per_node(self.num_workers, self.nproc_per_node or self.num_workers)
+
+
+#: a table of flags: (names, add_argument's keywords) each
+Flags = tuple[tuple[tuple[str, ...], dict], ...]
+
+
+def add_flags(p: argparse.ArgumentParser, flags: Flags) -> None:
+    """Add each ``(names, add_argument's keywords)`` of a flag table to ``p``."""
+    for names, kw in flags:
+        p.add_argument(*names, **kw)
+
+
+def env_pairs(items: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` items as a mapping; ValueError names an item of another form."""
+    env = {}
+    for item in items:
+        if "=" not in item or item.startswith("="):
+            raise ValueError(f"--env {item!r} must look like NAME=VALUE")
+        k, v = item.split("=", 1)
+        env[k] = v
+    return env
+
+
+def after_dashes(argv: list[str]) -> list[str]:
+    """The command given after ``--`` (argparse's REMAINDER keeps the ``--``)."""
+    return argv[1:] if argv[:1] == ["--"] else list(argv)
+
+
+def check_recovery(
+    prog: str, workers: str, servers: str, replicas: int, elastic: int, max_restarts: int
+) -> None:
+    """Refuse, naming the flag, ``--replicas``, ``--elastic`` and ``--max-restarts`` values a
+    job of ``workers`` and ``servers`` (each a flag and its value, e.g. ``-n 4``) cannot take."""
+    n_workers, n_servers = int(workers.split()[-1]), int(servers.split()[-1])
+    if not 1 <= replicas <= n_servers:
+        raise SystemExit(
+            f"{prog}: --replicas {replicas} must be between 1 and the number of servers ({servers})"
+        )
+    if elastic and not 1 <= elastic <= n_workers:
+        raise SystemExit(
+            f"{prog}: --elastic {elastic}: the smallest number of workers to go on with must "
+            f"be between 1 and the number of workers ({workers})"
+        )
+    if max_restarts < 0:
+        raise SystemExit(f"{prog}: --max-restarts must be >= 0")
 
 
 def give_secret(env: dict[str, str]) -> None:
@@ -190,6 +236,33 @@ def host_env(rank: int, num_workers: int, place: Place, grouped: bool = True) ->
         "GROUP_RANK": str(place.group),
         "HETPS_HOST_GROUP": str(place.group if grouped else -1),
     }
+
+
+def role_env(
+    role: str,
+    rank: int,
+    num_servers: int,
+    num_workers: int,
+    root: tuple[str, int],
+    place: Place | None = None,
+    grouped: bool = True,
+) -> dict[str, str]:
+    """What every launcher tells one role: ps-lite's ``DMLC_*`` (its role, the scheduler's
+    address ``root``, the job's size), its launch rank (not the scheduler's) and, for a
+    worker at ``place``, its host (:func:`host_env`)."""
+    env = {
+        "DMLC_ROLE": role,
+        "DMLC_PS_ROOT_URI": root[0],
+        "DMLC_PS_ROOT_PORT": str(root[1]),
+        "DMLC_NUM_SERVER": str(num_servers),
+        "DMLC_NUM_WORKER": str(num_workers),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if role != "scheduler":
+        env["HETPS_LAUNCH_RANK"] = str(rank)
+    if role == "worker" and place is not None:
+        env.update(host_env(rank, num_workers, place, grouped))
+    return env
 
 
 def without_host_vars(env: dict[str, str]) -> dict[str, str]:

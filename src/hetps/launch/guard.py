@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 
+from hetps.launch.contract import after_dashes
 from hetps.launch.processes import end_group, forward_signals, shell_code
 
 #: seconds a group that was asked to end may take before it gets SIGKILL
@@ -62,8 +63,7 @@ def run(argv: list[str], watch_fd: int = 1) -> int:
 
 def main(argv: list[str]) -> int:
     """The entry: ``[--] COMMAND...``."""
-    if argv[:1] == ["--"]:
-        argv = argv[1:]
+    argv = after_dashes(argv)
     if not argv:
         print("usage: python -m hetps.launch.guard -- COMMAND...", file=sys.stderr)
         return 2

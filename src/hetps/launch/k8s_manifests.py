@@ -20,6 +20,8 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hetps.launch.contract import HOST_VARS
+
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 #: the annotation a Job puts on each of its pods with the pod's completion index
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -36,12 +38,7 @@ RESERVED_ENV = (
     "HETPS_LAUNCH_RANK",
     "HETPS_SECRET",
     "HETPS_SECRET_FILE",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "HETPS_HOST_GROUP",
+    *HOST_VARS,
 )
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")

@@ -39,47 +39,38 @@ from hetps.launch.contract import (
     PORT_LINE,
     UP_LINE,
     LaunchSpec,
+    Place,
     balance_env,
     give_secret,
-    host_env,
     places_by_host,
+    role_env,
     thread_share,
     usable_cores,
     without_host_vars,
 )
 from hetps.launch.liveness import Liveness, ended
-from hetps.launch.processes import Child, shell_code, signal_group, start_piped
+from hetps.launch.processes import Child, Output, shell_code, signal_group, start_piped
 from hetps.launch.supervise import Supervision
 from hetps.launch.tracebacks import TracebackLines
 from hetps.launch.wrappers import netem_wrapper
 
 
-class Launcher(Supervision, Liveness):
+class Launcher(Supervision, Liveness, Output):
     """Runs a :class:`LaunchSpec` to completion; ``run()`` returns the job's exit code."""
 
     def __init__(self, spec: LaunchSpec, out=None) -> None:
         self.spec = spec
         self.out = out or sys.stdout
-        self.children: list[Child] = []
         self._print_lock = threading.Lock()
-        self._port = threading.Event()
-        self._port_value = 0
-        self._up = threading.Event()  # every node registered (hetps's own scheduler says so)
         # what the scheduler's lines to this launcher carry (HETPS_LAUNCHER_TOKEN)
         self._token = secrets.token_hex(16)
-        self._stopping = False
-        self._scheduler: Child | None = None
         self._signum: int | None = None
         self.restarts = 0  # how many times the job was started again after a failure
         self.respawns = 0  # servers started again alone (--replicas), out of max_restarts
         self._server_start: dict[int, tuple[list[str], dict[str, str]]] = {}
         self._worker_start: dict[int, tuple[list[str], dict[str, str]]] = {}
-        self._respawned: list[Child] = []  # servers started again alone
-        self._ended_ok = False  # the scheduler ended the job, exit 0
         self._failed: Child | None = None  # the child whose failure ended the last start
-        # nodes the scheduler declared dead for their silence, to stop (role, rank, why)
-        self._declared: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
-        self._cause: tuple[str, int, str] | None = None  # whose death ended the job
+        self._reset()
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, child: Child) -> None:
@@ -103,13 +94,6 @@ class Launcher(Supervision, Liveness):
             self._print(child, held.feed(line))
         self._print(child, held.flush())
         child.proc.stdout.close()
-
-    def _print(self, child: Child, lines: list[str]) -> None:
-        if not lines:
-            return
-        with self._print_lock:
-            self.out.write("".join(f"[{child.label}] {line}\n" for line in lines))
-            self.out.flush()
 
     def _start(
         self, role: str, rank: int, argv: list[str], env: dict[str, str], keep_stdin: bool = False
@@ -149,16 +133,7 @@ class Launcher(Supervision, Liveness):
     def _base_env(self) -> dict[str, str]:
         env = without_host_vars(dict(os.environ))
         env.update(without_host_vars(self.spec.env))
-        env.update(
-            {
-                "DMLC_PS_ROOT_URI": self.spec.host,
-                "DMLC_NUM_SERVER": str(self.spec.num_servers),
-                "DMLC_NUM_WORKER": str(self.spec.num_workers),
-                "PYTHONUNBUFFERED": "1",
-                "HETPS_RESTART": str(self.restarts),
-                "HETPS_ELASTIC": str(self.spec.elastic_min),
-            }
-        )
+        env.update(HETPS_RESTART=str(self.restarts), HETPS_ELASTIC=str(self.spec.elastic_min))
         if self.spec.replicas > 1:
             env["HETPS_REPLICAS"] = str(self.spec.replicas)
         env.setdefault(
@@ -166,6 +141,14 @@ class Launcher(Supervision, Liveness):
         )
         give_secret(env)
         return env
+
+    def _role_env(
+        self, role: str, rank: int, port: int, place: Place | None = None
+    ) -> dict[str, str]:
+        """:func:`role_env` of this job (the scheduler at ``spec.host``:``port``)."""
+        spec = self.spec
+        root = (spec.host, port)
+        return role_env(role, rank, spec.num_servers, spec.num_workers, root, place, spec.grouped)
 
     # -- run --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -200,26 +183,22 @@ class Launcher(Supervision, Liveness):
                 signal.signal(sig, handler)
 
     def _reset(self) -> None:
-        """Forget the stopped job's processes before starting it again."""
-        self.children = []
-        self._respawned = []
-        self._ended_ok = False
+        """A start's state (the first, or again with the stopped job's processes forgotten)."""
+        self.children: list[Child] = []
+        self._respawned: list[Child] = []  # servers started again alone
+        self._ended_ok = False  # the scheduler ended the job, exit 0
         self._port = threading.Event()
         self._port_value = 0
-        self._up = threading.Event()
+        self._up = threading.Event()  # every node registered (hetps's own scheduler says so)
         self._stopping = False
-        self._scheduler = None
-        self._declared = queue.SimpleQueue()
-        self._cause = None
+        self._scheduler: Child | None = None
+        # nodes the scheduler declared dead for their silence, to stop (role, rank, why)
+        self._declared: queue.SimpleQueue[tuple[str, int, str]] = queue.SimpleQueue()
+        self._cause: tuple[str, int, str] | None = None  # whose death ended the job
 
     def _on_signal(self, signum: int, frame) -> None:  # type: ignore[no-untyped-def]
         self._signum = signum
         raise KeyboardInterrupt
-
-    def _log(self, text: str) -> None:
-        with self._print_lock:
-            self.out.write(f"[launcher] {text}\n")
-            self.out.flush()
 
     def _threads(self, env: dict[str, str]) -> dict[str, dict[str, str]]:
         """The thread variable each role gets: nothing when the environment sets
@@ -252,8 +231,7 @@ class Launcher(Supervision, Liveness):
         sched_env = {
             **env,
             **threads["scheduler"],
-            "DMLC_ROLE": "scheduler",
-            "DMLC_PS_ROOT_PORT": str(spec.port),
+            **self._role_env("scheduler", 0, spec.port),
             # its lines to this launcher carry it: no other line is acted on
             "HETPS_LAUNCHER_TOKEN": self._token,
         }
@@ -269,32 +247,20 @@ class Launcher(Supervision, Liveness):
             if time.monotonic() > deadline:
                 self._log(f"the scheduler did not report its port within {spec.start_timeout:g} s")
                 return 1
-        env["DMLC_PS_ROOT_PORT"] = str(self._port_value)
         server_argv = spec.server_command or [py, "-m", "hetps.cli", "server"]
-        server_env = env  # (malloc: each node sets its own, transport/heap.py)
+        port = self._port_value  # (malloc: each node sets its own, transport/heap.py)
         for r in range(spec.num_servers):
-            self._server_start[r] = (
-                server_argv,
-                {
-                    **server_env,
-                    **threads["server"],
-                    "DMLC_ROLE": "server",
-                    "HETPS_LAUNCH_RANK": str(r),
-                },
-            )
+            server_env = {**env, **threads["server"], **self._role_env("server", r, port)}
+            self._server_start[r] = (server_argv, server_env)
             self._start("server", r, *self._server_start[r])
         places = spec.worker_places()
         for r in range(spec.num_workers):
-            self._worker_start[r] = (
-                list(spec.command),
-                {
-                    **env,
-                    **threads["worker"],
-                    **host_env(r, spec.num_workers, places[r], spec.grouped),
-                    "DMLC_ROLE": "worker",
-                    "HETPS_LAUNCH_RANK": str(r),
-                },
-            )
+            worker_env = {
+                **env,
+                **threads["worker"],
+                **self._role_env("worker", r, port, places[r]),
+            }
+            self._worker_start[r] = (list(spec.command), worker_env)
             self._start("worker", r, *self._worker_start[r])
         return self._watch()
 

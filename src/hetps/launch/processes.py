@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 #: util-linux's setpriv, which sets the parent-death signal and then runs the command
 SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
@@ -27,6 +28,29 @@ class Child:
     reader: threading.Thread | None = None
     heard: float | None = None  # (hetps's scheduler) when it last said it is alive
     hung: str | None = None  # why the launcher stopped it with SIGKILL (it hung)
+
+
+class Output:
+    """A launcher's output (``out``): its own lines and each process's, under the name of
+    who said them, whole lines from any thread (``_print_lock``)."""
+
+    out: Any
+    _print_lock: threading.Lock
+
+    def _log(self, text: str) -> None:
+        """A line of the launcher's own."""
+        self._say("launcher", [text])
+
+    def _print(self, child: Any, lines: list[str]) -> None:
+        """Lines ``child`` (anything with a ``label``: a :class:`Child`, a Ray role) said."""
+        self._say(child.label, lines)
+
+    def _say(self, who: str, lines: list[str]) -> None:
+        if not lines:
+            return
+        with self._print_lock:
+            self.out.write("".join(f"[{who}] {line}\n" for line in lines))
+            self.out.flush()
 
 
 def shell_code(code: int) -> int:
@@ -69,10 +93,7 @@ def start_piped(
 def signal_group(proc: subprocess.Popen, sig: int) -> None:
     """Send ``sig`` to the process group ``proc`` leads (it and whatever it started); a group
     that is gone is no error."""
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _killpg(proc.pid, sig)
 
 
 def raise_interrupt(signum, frame) -> None:  # type: ignore[no-untyped-def]

@@ -26,12 +26,12 @@ from hetps.launch.contract import (
     PORT_LINE,
     balance_env,
     give_secret,
-    host_env,
     places_by_host,
+    role_env,
     usable_cores,
     without_host_vars,
 )
-from hetps.launch.processes import raise_interrupt, shell_code
+from hetps.launch.processes import Output, raise_interrupt, shell_code
 from hetps.launch.ray_actor import RoleProcess
 
 INSTALL_HINT = (
@@ -79,7 +79,7 @@ class _Role:
     started: bool = False
 
 
-class RayLauncher:
+class RayLauncher(Output):
     """Runs one job on a Ray cluster; :meth:`run` returns a :class:`RayJobResult`."""
 
     def __init__(
@@ -124,20 +124,6 @@ class RayLauncher:
         self._ray = None
         self._connected = False
         self._print_lock = threading.Lock()
-
-    # -- output -----------------------------------------------------------------------------
-    def _log(self, text: str) -> None:
-        with self._print_lock:
-            self.out.write(f"[launcher] {text}\n")
-            self.out.flush()
-
-    def _print(self, role: _Role, lines: list[str]) -> None:
-        if not lines:
-            return
-        with self._print_lock:
-            for line in lines:
-                self.out.write(f"[{role.label}] {line}\n")
-            self.out.flush()
 
     # -- run --------------------------------------------------------------------------------
     def run(self) -> RayJobResult:
@@ -266,44 +252,33 @@ class RayLauncher:
         env = self._forwarded_env()
         give_secret(env)
         head_ip = self.roles[0].where["ip"]
-        env.update(
-            DMLC_PS_ROOT_URI=head_ip,
-            DMLC_NUM_SERVER=str(self.num_servers),
-            DMLC_NUM_WORKER=str(self.num_workers),
-            PYTHONUNBUFFERED="1",
-        )
+        # a worker's host is the Ray node its actor runs on (torchrun's variables from it)
+        workers = sorted((r for r in self.roles if r.role == "worker"), key=lambda r: r.rank)
+        places = places_by_host([str(r.where["node_id"]) for r in workers])
+
+        def overlay(r: _Role, port: int) -> dict[str, str]:
+            place = places[r.rank] if r.role == "worker" else None
+            job = (self.num_servers, self.num_workers, (head_ip, port), place)
+            return {
+                **env,
+                **self._threads(r.role, r),
+                **role_env(r.role, r.rank, *job),
+                "DMLC_NODE_HOST": r.where["ip"],
+            }
+
         py = sys.executable
         sched_role = self.roles[0]
         code = self._start(
-            sched_role,
-            [py, "-m", "hetps.cli", "scheduler"],
-            {
-                **env,
-                **self._threads("scheduler", sched_role),
-                "DMLC_PS_ROOT_PORT": str(self.port),
-            },
+            sched_role, [py, "-m", "hetps.cli", "scheduler"], overlay(sched_role, self.port)
         )
         if code is not None:
             return code
         port = self._scheduler_port(sched_role)
         if isinstance(port, tuple):  # (exit code,)
             return port[0]
-        env["DMLC_PS_ROOT_PORT"] = str(port)
-        # a worker's host is the Ray node its actor runs on (torchrun's variables from it)
-        workers = sorted((r for r in self.roles if r.role == "worker"), key=lambda r: r.rank)
-        places = places_by_host([str(r.where["node_id"]) for r in workers])
         for r in self.roles[1:]:
             argv = [py, "-m", "hetps.cli", "server"] if r.role == "server" else self.command
-            overlay = {
-                **env,
-                **self._threads(r.role, r),
-                "DMLC_ROLE": r.role,
-                "DMLC_NODE_HOST": r.where["ip"],
-                "HETPS_LAUNCH_RANK": str(r.rank),
-            }
-            if r.role == "worker":
-                overlay.update(host_env(r.rank, self.num_workers, places[r.rank]))
-            code = self._start(r, argv, overlay)
+            code = self._start(r, argv, overlay(r, port))
             if code is not None:
                 return code
         return self._watch(self.roles)
@@ -325,8 +300,6 @@ class RayLauncher:
     def _start(self, r: _Role, argv: list[str], overlay: dict[str, str]) -> int | None:
         """Start a role's process; an exit code when it cannot be started, else None."""
         ray = self._ray
-        if r.role == "scheduler":
-            overlay = {**overlay, "DMLC_ROLE": "scheduler", "DMLC_NODE_HOST": r.where["ip"]}
         try:
             ray.get(r.actor.start.remote(argv, overlay, self.cwd), timeout=self.start_timeout)
         except ray.exceptions.RayTaskError as exc:
@@ -478,17 +451,7 @@ def run_job(
 
 
 def cli_launch(args, command: list[str], num_servers: int, env: dict[str, str]) -> int:
-    """``hetps launch --launcher ray``: the flags that make no sense on Ray are refused."""
-    for flag, given in (
-        ("-H/--hostfile", args.hostfile),
-        ("--netem", args.netem),
-        ("--colocate", args.colocate),
-    ):
-        if given:
-            raise SystemExit(
-                f"hetps launch: {flag} does not combine with --launcher ray (Ray places the "
-                "roles: servers and workers spread over the cluster's nodes)"
-            )
+    """``hetps launch --launcher ray`` (the flags Ray takes: ``hetps launch`` refused others)."""
     for name, value in (
         ("--ray-cpus-per-worker", args.ray_cpus_per_worker),
         ("--ray-cpus-per-server", args.ray_cpus_per_server),

@@ -33,18 +33,20 @@ import sys
 import threading
 
 from hetps.config import ConfigError, route_address, user_threads
+from hetps.launch import contract
 from hetps.launch.contract import (
-    HOST_VARS,
     PORT_LINE,
     LaunchSpec,
     Place,
+    after_dashes,
     give_secret,
-    host_env,
     places_by_host,
-    thread_share,
+    role_env,
     usable_cores,
+    without_host_vars,
 )
 from hetps.launch.processes import (
+    Output,
     dies_with_launcher,
     forward_signals,
     raise_interrupt,
@@ -132,6 +134,13 @@ def tasks_per_node(value: str) -> list[int]:
             raise SlurmError(f"cannot read the task counts {value!r} Slurm gave this step")
         counts.extend([int(m.group(1))] * int(m.group(2) or 1))
     return counts
+
+
+def step_counts(env: dict[str, str]) -> list[int]:
+    """The step's tasks on each node (:func:`tasks_per_node` of what Slurm set)."""
+    return tasks_per_node(
+        env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
+    )
 
 
 def task_role(procid: int, num_servers: int, num_workers: int) -> tuple[str, int]:
@@ -287,7 +296,7 @@ def srun_argv(spec: LaunchSpec, scheduler_node: str, root_uri: str, port: int, a
     ]
 
 
-class SlurmLauncher:
+class SlurmLauncher(Output):
     """Runs a :class:`LaunchSpec` as one srun step; ``run()`` returns the job's exit code."""
 
     def __init__(self, spec: LaunchSpec, env: dict[str, str] | None = None, out=None) -> None:
@@ -306,13 +315,8 @@ class SlurmLauncher:
         self._exited: set[int] = set()  # the tasks that said their exit
         self._ended = threading.Event()  # the scheduler (task 0) ended: so did the job
         self._ending = False  # the launcher stops what outlived the job: their codes are not its
-        self._lock = threading.Lock()
+        self._print_lock = threading.Lock()
         self._labels: dict[int, str] = {}
-
-    def _log(self, text: str) -> None:
-        with self._lock:
-            self.out.write(f"[launcher] {text}\n")
-            self.out.flush()
 
     def _note_failure(self, name: str, code: int) -> None:
         # a worker's 1 may be its own error or another node's; a code of its own (such as
@@ -332,9 +336,7 @@ class SlurmLauncher:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             m = LABELLED.match(line)
             if m is None:  # srun's own messages
-                with self._lock:
-                    self.out.write(f"[srun] {line}\n")
-                    self.out.flush()
+                self._say("srun", [line])
                 continue
             task, text = int(m.group(1)), m.group(2)
             name = self._labels.get(task, f"task {task}")
@@ -357,9 +359,7 @@ class SlurmLauncher:
                 if task == 0:
                     self._ended.set()
                 continue
-            with self._lock:
-                self.out.write(f"[{name}] {text}\n")
-                self.out.flush()
+            self._say(name, [text])
         self.proc.stdout.close()
 
     def run(self) -> int:
@@ -498,25 +498,12 @@ def task_env(env: dict[str, str], args: argparse.Namespace) -> tuple[str, int, d
             f"the scheduler (task 0) landed on {node}, not on {args.scheduler_node} where the "
             "other tasks look for it: do not set SLURM_DISTRIBUTION to anything but block"
         )
-    out = dict(env)
-    out.update(
-        DMLC_ROLE=role,
-        DMLC_PS_ROOT_URI=args.root_uri,
-        DMLC_PS_ROOT_PORT=str(args.port),
-        DMLC_NUM_SERVER=str(args.servers),
-        DMLC_NUM_WORKER=str(args.workers),
-        PYTHONUNBUFFERED="1",
-    )
-    for k in HOST_VARS:  # (srun exports the launcher's environment: none of these is ours)
-        out.pop(k, None)
-    if role != "scheduler":
-        out["HETPS_LAUNCH_RANK"] = str(rank)
+    # (srun exports the launcher's environment: none of the host variables is this task's)
+    out = without_host_vars(env)
+    place = None
     if role == "worker":
-        counts = tasks_per_node(
-            env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
-        )
-        place = worker_places(counts, args.servers, args.workers)[rank]
-        out.update(host_env(rank, args.workers, place))
+        place = worker_places(step_counts(env), args.servers, args.workers)[rank]
+    out.update(role_env(role, rank, args.servers, args.workers, (args.root_uri, args.port), place))
     if not env.get("DMLC_NODE_HOST") and not env.get("DMLC_INTERFACE"):
         out["DMLC_NODE_HOST"] = route_address(args.root_uri, args.port)
     if args.auto_threads:
@@ -525,7 +512,7 @@ def task_env(env: dict[str, str], args: argparse.Namespace) -> tuple[str, int, d
 
 
 def task_threads(role: str, env: dict[str, str]) -> int:
-    """A task's ``OMP_NUM_THREADS``: :func:`thread_share` of its node's cores among the
+    """A task's ``OMP_NUM_THREADS``: :func:`~hetps.launch.contract.thread_share` of its node's cores among the
     step's tasks on that node; a task Slurm bound to fewer CPUs than its node's allocation
     (task/affinity, cgroups) has those CPUs to itself."""
     cores = usable_cores()
@@ -534,13 +521,11 @@ def task_threads(role: str, env: dict[str, str]) -> int:
         return cores if role == "worker" else 1
     if on_node.isdigit():
         cores = min(cores, int(on_node))
-    counts = tasks_per_node(
-        env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1"
-    )
+    counts = step_counts(env)
     nodeid = env.get("SLURM_NODEID", "0")
     i = int(nodeid) if nodeid.isdigit() else 0
     processes = counts[i] if i < len(counts) else counts[-1]
-    return thread_share(role, cores, processes)
+    return contract.thread_share(role, cores, processes)
 
 
 def _task_main(argv: list[str]) -> int:
@@ -553,7 +538,7 @@ def _task_main(argv: list[str]) -> int:
     p.add_argument("--auto-threads", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = after_dashes(args.command)
     env = dict(os.environ)
     procid = env.get("SLURM_PROCID", "?")
     try:

@@ -48,8 +48,6 @@ node inside its namespace, with HETPS_NETEM_NODE, HETPS_NETEM_IP, HETPS_NETEM_NO
 HETPS_NETEM_IPS set. Without CMD the network stays up until Ctrl-C.
 Subcommands: 'hetps netem show' lists live runs, 'hetps netem cleanup' removes stale ones."""
 
-_TERM_GRACE_S = 5.0
-
 
 def build_parser(prog: str = "hetps netem") -> argparse.ArgumentParser:
     """The parser for the part of the command line before ``--``."""
@@ -205,21 +203,8 @@ def _run_nodes(net: Netem, cmd: list[str]) -> int:
         if code != 0:
             print(f"hetps netem: node {i} exited with {code}; stopping the others", file=sys.stderr)
             rc = code if code > 0 else 128 - code
-            _stop(procs)
-            break
+            break  # (leaving the Netem block stops them: SIGTERM, SIGKILL after 2 s)
     return rc
-
-
-def _stop(procs: list[subprocess.Popen[Any]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=_TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=_TERM_GRACE_S)
 
 
 def _show(prefix: str) -> int:

@@ -306,11 +306,7 @@ class Netem:
             f"link set {BRIDGE} up",
             "link set lo up",
         ]
-        _run(
-            [self._ip, "-n", self.hub, "-batch", "-"],
-            input="\n".join(hub_cmds) + "\n",
-            what="creating the bridge",
-        )
+        self._batch(self._ip, self.hub, hub_cmds, "creating the bridge")
         plen = self._subnet.prefixlen
         for i, ns in enumerate(self.namespaces):
             self._netns_add(ns)
@@ -320,11 +316,7 @@ class Netem:
                 f"link set v{i} master {BRIDGE}",
                 f"link set v{i} up",
             ]
-            _run(
-                [self._ip, "-n", self.hub, "-batch", "-"],
-                input="\n".join(hub_cmds) + "\n",
-                what=f"creating veth of node {i}",
-            )
+            self._batch(self._ip, self.hub, hub_cmds, f"creating veth of node {i}")
             node_cmds = [
                 "link set lo up",
                 f"link set dev {NODE_IF} addrgenmode none",
@@ -336,11 +328,12 @@ class Netem:
                 f"addr add {self.node_ip(i)}/{plen} dev {NODE_IF}",
                 f"link set {NODE_IF} up",
             ]
-            _run(
-                [self._ip, "-n", ns, "-batch", "-"],
-                input="\n".join(node_cmds) + "\n",
-                what=f"configuring node {i}",
-            )
+            self._batch(self._ip, ns, node_cmds, f"configuring node {i}")
+
+    @staticmethod
+    def _batch(tool: str, ns: str, cmds: list[str], what: str) -> None:
+        """Run ``cmds`` as one ``ip``/``tc`` batch inside namespace ``ns``."""
+        _run([tool, "-n", ns, "-batch", "-"], input="\n".join(cmds) + "\n", what=what)
 
     def _set_tcp_cc(self) -> None:
         """Set the scenario's TCP congestion control inside every node's namespace."""
@@ -383,17 +376,9 @@ class Netem:
         hub_cmds: list[str] = []
         for i in range(self.n):
             node_cmds = self._egress_cmds(i, rates[i], pair[i] if pair else None, delay[i], change)
-            _run(
-                [self._tc, "-n", self.node_ns(i), "-batch", "-"],
-                input="\n".join(node_cmds) + "\n",
-                what=f"shaping node {i} egress",
-            )
+            self._batch(self._tc, self.node_ns(i), node_cmds, f"shaping node {i} egress")
             hub_cmds += self._ingress_cmds(i, rates[i], change)
-        _run(
-            [self._tc, "-n", self.hub, "-batch", "-"],
-            input="\n".join(hub_cmds) + "\n",
-            what="shaping ingress",
-        )
+        self._batch(self._tc, self.hub, hub_cmds, "shaping ingress")
 
     def _egress_cmds(
         self, i: int, rate: float, pair_row: Sequence[float] | None, delay_ms: float, change: bool

@@ -28,40 +28,23 @@ from __future__ import annotations
 
 from hetps import lazy_exports
 
-#: public name -> the submodule that defines it
-_EXPORTS = {
-    "DistributedOptimizer": "hetps.torch.horovod",
-    "broadcast_parameters": "hetps.torch.broadcasting",
-    "broadcast_optimizer_state": "hetps.torch.broadcasting",
-    "SyncBatchNorm": "hetps.torch.syncbn",
-    "log_metrics": "hetps.torch.live",
-    # the process's store (Horovod's hvd.init() and friends)
-    "init": "hetps.torch.process",
-    "shutdown": "hetps.torch.process",
-    "is_initialized": "hetps.torch.process",
-    "rank": "hetps.torch.process",
-    "size": "hetps.torch.process",
-    "local_rank": "hetps.torch.process",
-    "local_size": "hetps.torch.process",
-    # collectives through the servers
-    "Average": "hetps.torch.collectives",
-    "Sum": "hetps.torch.collectives",
-    "Adasum": "hetps.torch.collectives",
-    "Compression": "hetps.torch.collectives",
-    "allreduce": "hetps.torch.collectives",
-    "allreduce_": "hetps.torch.collectives",
-    "allreduce_async": "hetps.torch.collectives",
-    "synchronize": "hetps.torch.collectives",
-    "poll": "hetps.torch.collectives",
-    "allgather": "hetps.torch.collectives",
-    "broadcast": "hetps.torch.collectives",
-    "broadcast_": "hetps.torch.collectives",
-    "broadcast_object": "hetps.torch.collectives",
-    "push_pull": "hetps.torch.collectives",
-    "push_pull_async": "hetps.torch.collectives",
-    "push_pull_inplace": "hetps.torch.collectives",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+# fmt: off
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {  # submodule -> the public names it defines
+        "hetps.torch.horovod": ("DistributedOptimizer",),
+        "hetps.torch.broadcasting": ("broadcast_parameters", "broadcast_optimizer_state"),
+        "hetps.torch.syncbn": ("SyncBatchNorm",),
+        "hetps.torch.live": ("log_metrics",),
+        # the process's store (Horovod's hvd.init() and friends)
+        "hetps.torch.process": (
+            "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size"),
+        # collectives through the servers
+        "hetps.torch.collectives": (
+            "Average", "Sum", "Adasum", "Compression", "allreduce", "allreduce_",
+            "allreduce_async", "synchronize", "poll", "allgather", "broadcast", "broadcast_",
+            "broadcast_object", "push_pull", "push_pull_async", "push_pull_inplace"),
+    },
+    globals(),
+)
+# fmt: on
