@@ -411,7 +411,7 @@ _DOTTED = re.compile(r"(?<![\w/.])hetps(?:\.[A-Za-z_]\w*)+(?![\w/])")
 
 def name_problem(name: str) -> str | None:
     """``hetps.a.b.C``: the longest prefix that is a module of ``src/`` exists, and the next
-    part is a name it defines (def, class, assignment, import, or a lazy export's key)."""
+    part is a name it defines (def, class, assignment, import, or a name of a lazy export)."""
     parts = name.split(".")
     for i in range(len(parts), 0, -1):
         base = ROOT.joinpath("src", *parts[:i])
@@ -429,7 +429,7 @@ def name_problem(name: str) -> str | None:
         return None
     defined = (
         rf"^\s*(?:async def|def|class) {attr}\b|^\s*(?:self\.)?{attr}\s*(?::[^=\n]*)?=(?!=)"
-        rf"|^(?:from\s+\S+\s+)?import\b.*\b{attr}\b|^\s+{attr},|\"{attr}\":"
+        rf"|^(?:from\s+\S+\s+)?import\b.*\b{attr}\b|^\s+{attr},|\"{attr}\"[:,)]"
     )
     if re.search(defined, text, re.M):
         return None
