@@ -19,14 +19,11 @@ import time
 from collections import deque
 from typing import Any
 
-from hetps.metrics.bounds import ReportError, checked_int, checked_seconds, show
+import msgspec
 
-__all__ = ["LOG_KEEP", "LogTail", "Sampler", "gpus", "parse_extras", "scrub"]
+from hetps.metrics.bounds import LOG_KEEP, LOG_WIDTH, MAX_GPUS, Report, names, printable
 
-#: lines a node keeps (and a report carries) at most, and the longest line
-LOG_KEEP, LOG_WIDTH = 20, 300
-#: GPUs a report lists at most
-MAX_GPUS = 16
+__all__ = ["LOG_KEEP", "LOG_WIDTH", "LogTail", "Sampler", "extras", "gpus", "scrub"]
 #: seconds between two samples at least (a closer one is the last one again)
 MIN_GAP_S = 0.5
 
@@ -257,44 +254,14 @@ class LogTail:
                     h.setStream(s._stream)
 
 
-# -- checking what a report says of them ------------------------------------------------
-def parse_extras(body: dict) -> dict:
-    """The parts of a worker's or server's report about its machine and output: ``sys``
-    (CPU %, resident bytes, GPUs or why none) and ``log`` (its last lines), checked."""
-    out: dict[str, Any] = {"sys": None, "log": []}
-    sysinfo = body.get("sys")
-    if sysinfo is not None:
-        if not isinstance(sysinfo, dict) or not set(sysinfo) <= {"cpu", "rss", "gpu", "nogpu"}:
-            raise ReportError("'sys' must be a map of cpu, rss, gpu, nogpu")
-        got: dict[str, Any] = {}
-        if "cpu" in sysinfo:
-            got["cpu"] = checked_seconds(sysinfo["cpu"], "'sys.cpu' (percent)", 1e5)
-        if "rss" in sysinfo:
-            got["rss"] = checked_int(sysinfo["rss"], "'sys.rss' (bytes)")
-        gpus = sysinfo.get("gpu", [])
-        if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
-            raise ReportError(f"'sys.gpu' must be a list of at most {MAX_GPUS} GPUs")
-        rows = []
-        for g in gpus:
-            if not isinstance(g, list) or len(g) != 3:
-                raise ReportError(f"a GPU must be [utilisation, used, total], not {show(g)}")
-            rows.append([checked_int(g[0], "a GPU's utilisation", 0, 100),
-                         checked_int(g[1], "a GPU's memory used"), checked_int(g[2], "a GPU's memory")])  # fmt: skip
-        if rows:
-            got["gpu"] = rows
-        why = sysinfo.get("nogpu")
-        if why is not None:
-            if not isinstance(why, str) or len(why) > 200 or not why.isprintable():
-                raise ReportError("'sys.nogpu' must be a printable text of up to 200 characters")
-            got["nogpu"] = why
-        out["sys"] = got
-    lines = body.get("log", [])
-    if not isinstance(lines, list) or len(lines) > LOG_KEEP:
-        raise ReportError(f"'log' must be a list of at most {LOG_KEEP} lines")
-    for line in lines:
-        if not isinstance(line, str) or len(line) > LOG_WIDTH or not line.isprintable():
-            raise ReportError(
-                f"a 'log' line must be a printable text of up to {LOG_WIDTH} characters"
-            )
-    out["log"] = [scrub(line) for line in lines]  # (a node's own scrub, not trusted)
-    return out
+# -- what a report says of them ------------------------------------------------------------
+def extras(rep: Report) -> dict:
+    """The parts of a worker's or server's decoded report about its machine and output:
+    ``sys`` (CPU %, resident bytes, GPUs or why none) and ``log`` (its last lines, printable,
+    addresses replaced: a node's own scrub is not trusted)."""
+    named = names("", 0)
+    printable(rep.sys.nogpu if rep.sys else None, named["$.sys.nogpu"])
+    for line in rep.log:
+        printable(line, named["$.log[]"])
+    sysinfo = msgspec.to_builtins(rep.sys) if rep.sys is not None else None
+    return {"sys": sysinfo, "log": [scrub(line) for line in rep.log]}
