@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetps.metrics.plot_helpers import _abs_formatter, _title
-from hetps.metrics.plot_registry import PlotContext, figure
+from hetps.metrics.plot_helpers import PlotContext, _abs_formatter, _title, figure
 from hetps.metrics.records import MetricsError, Run
 from hetps.metrics.spans import PHASES
 from hetps.metrics.trace import round_spans
