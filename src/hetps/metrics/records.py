@@ -124,10 +124,19 @@ def _dump(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` (its folder made if need be) through a file beside it, so a
+    reader sees the old file or the new one, never part of it; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+    return path
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hetps.metrics.dashboard import static_file
-from hetps.metrics.records import MetricsError, Run, _plain, load_run
+from hetps.metrics.records import MetricsError, Run, _plain, load_run, write_atomic
 from hetps.metrics.summary import summarize_run
 
 __all__ = ["add_parser", "build_report", "cmd_report", "report_data", "write_report"]
@@ -168,12 +168,9 @@ def write_report(
     run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
 ) -> Path:
     """Write the report (default: ``RUN/report.html``); returns its path."""
-    path = Path(out) if out is not None else Path(run_dir) / "report.html"
-    text = build_report(run_dir)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(
+        out if out is not None else Path(run_dir) / "report.html", build_report(run_dir)
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:

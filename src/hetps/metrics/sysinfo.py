@@ -1,7 +1,7 @@
 """What a node's reports say of its machine and its output: CPU and memory of the process
-(psutil when it is installed, else ``/proc``), the machine's GPUs through NVML when the
-NVIDIA driver's library is there (or why not), and the last lines the process wrote to its
-standard output and error (:class:`LogTail`).
+(its CPU time and ``/proc``), the machine's GPUs through NVML when the NVIDIA driver's library
+is there (or why not), and the last lines the process wrote to its standard output and error
+(:class:`LogTail`).
 
 Nothing here runs on a hot path: :class:`Sampler` is read once per report, and a line costs
 one append to a bounded deque. Lines leave with host:port pairs and IP addresses replaced
@@ -50,25 +50,12 @@ class Sampler:
         self._last: tuple[float, float] | None = None
         self._cached: tuple[float, dict] | None = None
         self._lock = threading.Lock()
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        try:
-            import psutil
-
-            self._proc: Any = psutil.Process()
-        except ImportError:
-            self._proc = None
 
     def _cpu_rss(self) -> tuple[float, int]:
-        if self._proc is not None:
-            t = self._proc.cpu_times()
-            return t.user + t.system, int(self._proc.memory_info().rss)
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        """The process' CPU seconds (every thread's) and resident bytes (``/proc``)."""
         with open("/proc/self/statm", "rb") as f:
-            rss_pages = int(f.read().split()[1])
-        # fields[0] is the state (field 3): utime and stime are fields 14 and 15
-        return (int(fields[11]) + int(fields[12])) / self._tick, rss_pages * self._page
+            return time.process_time(), int(f.read().split()[1]) * self._page
 
     def sample(self) -> dict:
         """``{"cpu": percent (from the second sample on), "rss": bytes, "gpu": [...]}`` or, with

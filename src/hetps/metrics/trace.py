@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetps.metrics.records import MetricsError, Run, RunNotFoundError, load_run
+from hetps.metrics.records import MetricsError, Run, RunNotFoundError, load_run, write_atomic
 from hetps.metrics.spans import PHASES
 from hetps.metrics.traffic import load_traffic
 
@@ -220,12 +220,8 @@ def write_trace(
     """Build and write the trace of ``run_dir`` (default ``RUN/trace.json``); returns
     the path and the trace object."""
     trace = build_trace(run_dir)
-    path = Path(out) if out is not None else Path(run_dir) / "trace.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(trace, separators=(",", ":"), allow_nan=False), encoding="utf-8")
-    os.replace(tmp, path)
-    return path, trace
+    text = json.dumps(trace, separators=(",", ":"), allow_nan=False)
+    return write_atomic(out if out is not None else Path(run_dir) / "trace.json", text), trace
 
 
 # -- the command ------------------------------------------------------------------------------
