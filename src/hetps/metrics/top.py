@@ -368,20 +368,3 @@ def _live(console: Any, url: str, prev: Scrape, interval: float, interrupted: li
                 return 0
             live.update(render(view(url, cur, prev)))
     return 0
-
-
-def add_parser(sub: Any) -> None:
-    """Register ``hetps top``."""
-    p = sub.add_parser(
-        "top",
-        help="a live terminal view of a running cluster (from its --metrics-port endpoint)",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("url", nargs="?", help="the scheduler's metrics URL (it prints it)")
-    p.add_argument("--port", type=int, default=None, help="the metrics port, instead of a URL")
-    p.add_argument("--host", default="127.0.0.1", help="with --port (default 127.0.0.1)")
-    p.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between scrapes (default 1)"
-    )
-    p.add_argument("--once", action="store_true", help="print one frame and exit")
-    p.set_defaults(func=main)

@@ -30,7 +30,6 @@ from hetps.metrics.spans import PHASES
 from hetps.metrics.traffic import load_traffic
 
 __all__ = [
-    "add_parser",
     "build_trace",
     "round_spans",
     "cmd_trace",
@@ -252,16 +251,3 @@ def cmd_trace(args: argparse.Namespace) -> int:
         print(f"hetps trace: note: {p} ended in a torn line (the run was killed); dropped it")
     print(f"wrote {path} ({n} rounds): open it in https://ui.perfetto.dev or chrome://tracing")
     return 0
-
-
-def add_parser(subparsers: Any) -> None:
-    """Register ``trace`` on a top-level ``add_subparsers()`` object."""
-    t = subparsers.add_parser(
-        "trace",
-        help="a run's rounds, phases and link bytes as a Chrome/Perfetto trace (JSON)",
-        description="Write the trace-event JSON of one run directory (one holding run.json); "
-        "open it in https://ui.perfetto.dev or chrome://tracing.",
-    )
-    t.add_argument("run", metavar="RUN", help="a run directory (holds run.json)")
-    t.add_argument("-o", "--out", metavar="FILE", help="output file (default: RUN/trace.json)")
-    t.set_defaults(func=cmd_trace)
