@@ -107,12 +107,9 @@ class ServerTotals(Totals):
         self._keep(rep)
 
     def view(self) -> dict:
-        return {
-            "rounds": self.rounds,
-            "opt_s": self.opt_s,
-            "replicas": self.replicas,
+        """What a scrape shows of the server (copies)."""
+        kept = ("rounds", "opt_s", "replicas", "reports", "sys")
+        return {k: getattr(self, k) for k in kept} | {
             "links": dict(self.links),
-            "reports": self.reports,
-            "sys": self.sys,
             "log": list(self.log),
         }
