@@ -8,6 +8,8 @@ bars."""
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +59,19 @@ class PlotContext:
         fig.savefig(path, format="png", bbox_inches="tight")
         return path
 
+    def per_run(
+        self, stem: str, runs: list[Run], draw: Callable[[Run, str], Path | None], missing: str
+    ) -> list[Path]:
+        """``draw(run, file name)`` for each of ``runs``: ``<stem>.png`` for one run,
+        ``<stem>_<its path below the runs' common folder>.png`` each for more; the files
+        drawn (none, with a note saying what is ``missing``, without runs)."""
+        if not runs:
+            self.notes.append(f"{stem}.png: skipped, {missing}")
+            return []
+        base = os.path.commonpath([r.run_dir.resolve() for r in runs]) if len(runs) > 1 else ""
+        names = [f"{stem}_{_slug(r, Path(base))}.png" if base else f"{stem}.png" for r in runs]
+        return [p for r, n in zip(runs, names, strict=True) if (p := draw(r, n)) is not None]
+
     def pairs(self) -> list[tuple[Run, dict[str, Any]]]:
         """``[(run, summary)]`` in order."""
         return list(zip(self.runs, self.summaries, strict=True))
@@ -75,6 +90,16 @@ def figure(name: str) -> Callable[[FigureFn], FigureFn]:
         return fn
 
     return deco
+
+
+def _slug(run: Run, base: Path) -> str:
+    """``run``'s path below ``base`` as a file name's part."""
+    try:
+        rel = run.run_dir.resolve().relative_to(base)
+    except ValueError:
+        rel = Path(run.name)
+    text = str(rel) if str(rel) not in ("", ".") else run.name
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
 
 
 MODE_ORDER = ("local", "sync", "async", "dcasgd", "esync")

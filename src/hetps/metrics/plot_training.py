@@ -4,8 +4,8 @@ timeline of single runs. Registered on import, in this order."""
 
 from __future__ import annotations
 
-import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -165,15 +165,6 @@ def fig_computing_time_ratio(ctx: PlotContext) -> list[Path]:
     return [ctx.save(fig, "computing_time_ratio.png")]
 
 
-def _slug(run: Run, base: Path | None) -> str:
-    try:
-        rel = run.run_dir.resolve().relative_to(base.resolve()) if base else Path(run.name)
-    except ValueError:
-        rel = Path(run.name)
-    text = str(rel) if str(rel) not in ("", ".") else run.name
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
-
-
 def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
     traffic = load_traffic(run.run_dir)
     traffic = {k: v for k, v in traffic.items() if v}
@@ -265,21 +256,4 @@ def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
 @figure("traffic_timeline")
 def fig_traffic_timeline(ctx: PlotContext) -> list[Path]:
     """Bytes/s on every link over time (push and pull), one file per chosen run."""
-    runs = ctx.timeline_runs
-    if not runs:
-        ctx.notes.append("traffic_timeline.png: skipped, no runs")
-        return []
-    base = (
-        Path(os.path.commonpath([str(r.run_dir.resolve()) for r in runs]))
-        if len(runs) > 1
-        else None
-    )
-    out = []
-    for r in runs:
-        name = (
-            "traffic_timeline.png" if len(runs) == 1 else f"traffic_timeline_{_slug(r, base)}.png"
-        )
-        p = _timeline(ctx, r, name)
-        if p is not None:
-            out.append(p)
-    return out
+    return ctx.per_run("traffic_timeline", ctx.timeline_runs, partial(_timeline, ctx), "no runs")
