@@ -259,11 +259,14 @@ def new_run_dir(logdir: str | os.PathLike[str], mode: str, network: str) -> Path
     base = Path(logdir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{mode}-{network}-{stamp}")
-    cand = base / safe
-    k = 2
+    return _unused(base / safe)
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or the first of ``path-2``, ``path-3``, ... that does not exist."""
+    k, cand = 2, path
     while cand.exists():
-        cand = base / f"{safe}-{k}"
-        k += 1
+        cand, k = path.with_name(f"{path.name}-{k}"), k + 1
     return cand
 
 
@@ -289,11 +292,7 @@ def keep_aside(run_dir: str | os.PathLike[str]) -> Path | None:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
     dest_dir = d.parent / PREVIOUS_DIR
     dest_dir.mkdir(parents=True, exist_ok=True)
-    dest = dest_dir / f"{d.name}.{stamp}"
-    k = 2
-    while dest.exists():
-        dest = dest_dir / f"{d.name}.{stamp}-{k}"
-        k += 1
+    dest = _unused(dest_dir / f"{d.name}.{stamp}")
     os.rename(d, dest)
     return dest
 

@@ -174,7 +174,7 @@ class LogTail:
         self.raw: deque[str] = deque(maxlen=LOG_KEEP)
         self._new: deque[str] = deque(maxlen=LOG_KEEP)
         self._lock = threading.Lock()
-        self._saved: tuple[Any, Any] | None = None
+        self._saved: tuple[Any, Any, _Tee, _Tee] | None = None
 
     def add(self, lines: list[str]) -> None:
         """Keep ``lines`` (the newest :data:`LOG_KEEP`; cleaned when read)."""
@@ -208,37 +208,31 @@ class LogTail:
 
     def install(self) -> LogTail:
         """Tee ``sys.stdout`` and ``sys.stderr`` (and logging's handlers that write to them)."""
-        import logging
-
-        if self._saved is not None:
-            return self
-        out, err = sys.stdout, sys.stderr
-        self._saved = (out, err)
-        tee_out, tee_err = _Tee(out, self), _Tee(err, self)
-        sys.stdout, sys.stderr = tee_out, tee_err  # type: ignore[assignment]
-        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
-            for h in getattr(logger, "handlers", []):
-                if isinstance(h, logging.StreamHandler) and h.stream in (out, err):
-                    h.setStream(tee_out if h.stream is out else tee_err)
+        if self._saved is None:
+            out, err = sys.stdout, sys.stderr
+            self._saved = (out, err, _Tee(out, self), _Tee(err, self))
+            self._swap({id(out): self._saved[2], id(err): self._saved[3]})
         return self
 
     def uninstall(self) -> None:
-        """Put the streams back (when nothing replaced the tee since)."""
+        """Put the streams back (where nothing replaced the tee since)."""
+        if self._saved is not None:
+            out, err, tee_out, tee_err = self._saved
+            self._saved = None
+            self._swap({id(tee_out): out, id(tee_err): err})
+
+    @staticmethod
+    def _swap(swap: dict[int, Any]) -> None:
+        """``sys.stdout``, ``sys.stderr`` and each of logging's handlers that writes to a
+        stream of ``swap`` (by its id) write to the stream it maps to instead."""
         import logging
 
-        if self._saved is None:
-            return
-        out, err = self._saved
-        self._saved = None
-        if isinstance(sys.stdout, _Tee) and sys.stdout._tail is self:
-            sys.stdout = out
-        if isinstance(sys.stderr, _Tee) and sys.stderr._tail is self:
-            sys.stderr = err
+        sys.stdout = swap.get(id(sys.stdout), sys.stdout)
+        sys.stderr = swap.get(id(sys.stderr), sys.stderr)
         for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
             for h in getattr(logger, "handlers", []):
-                s = getattr(h, "stream", None)
-                if isinstance(s, _Tee) and s._tail is self:
-                    h.setStream(s._stream)
+                if isinstance(h, logging.StreamHandler) and id(h.stream) in swap:
+                    h.setStream(swap[id(h.stream)])
 
 
 # -- what a report says of them ------------------------------------------------------------

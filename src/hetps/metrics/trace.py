@@ -187,14 +187,7 @@ def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, A
                 add("C", name, pid, 0, sent, ts=_ts(t0, origin))
                 nxt = _num(bs[i + 1]["t"]) if i + 1 < len(bs) else None
                 if nxt is None or nxt > t0 + dt + 1e-9:  # the bucket ends before the next
-                    add(
-                        "C",
-                        name,
-                        pid,
-                        0,
-                        {"push_bytes": 0, "pull_bytes": 0},
-                        ts=_ts(t0 + dt, origin),
-                    )
+                    add("C", name, pid, 0, dict.fromkeys(sent, 0), ts=_ts(t0 + dt, origin))
 
     return {
         "traceEvents": events,
