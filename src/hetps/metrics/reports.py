@@ -42,7 +42,7 @@ from hetps.metrics.bounds import (
     names,
     printable,
 )
-from hetps.metrics.sysinfo import extras
+from hetps.metrics.sysinfo import LogTail, Sampler, extras
 
 log = logging.getLogger("hetps.metrics.live")  # (the service's name: one logger for both)
 
@@ -117,8 +117,6 @@ class Reporter:
     def _start_reports(
         self, interval: float, send: Callable[[dict], Any], own_output: bool, thread: str
     ) -> None:
-        from hetps.metrics.sysinfo import LogTail, Sampler
-
         self.interval, self._send = interval, send
         self.sampler, self.tail = Sampler(), LogTail()
         if own_output:
