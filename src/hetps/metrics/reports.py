@@ -148,6 +148,20 @@ class Reporter:
         while not self._stop.wait(self.interval):
             self.flush()
 
+    def close(self) -> None:
+        """Stop reporting, after a last report (so the scheduler has the final totals)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._last()
+        self.flush()
+        self.tail.uninstall()
+
+    def _last(self) -> None:
+        """What to do before the last report (nothing here)."""
+
 
 class WorkerMeter(Reporter):
     """One worker's live counters, reported to the scheduler every ``interval`` seconds
@@ -353,18 +367,11 @@ class WorkerMeter(Reporter):
                 self._metrics.clear()
         return self._machine(body)
 
-    def close(self) -> None:
-        """Stop reporting, after a last report (so the scheduler has the final totals)."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        if self.auto and self._cur is not None:  # the last round's phases
+    def _last(self) -> None:
+        """Before the last report: the last round's phases; this meter is no longer current."""
+        if self.auto and self._cur is not None:
             done, self._cur = self._cur, None
             self._round_spans(done)
-        self.flush()
-        self.tail.uninstall()
         if _current[0] is self:
             _current[0] = None
 

@@ -46,13 +46,6 @@ class ServerMeter(Reporter):
         body["links"] = [[r, int(s), int(v)] for r, (s, v) in sorted(links.items())]
         return self._machine(body)
 
-    def close(self) -> None:
-        """A last report, then stop."""
-        if not self._stop.is_set():
-            self._stop.set()
-            self.flush()
-            self.tail.uninstall()
-
 
 class ServerPart(msgspec.Struct):
     """What a server's report says of the server itself."""
