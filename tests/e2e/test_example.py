@@ -57,7 +57,7 @@ def _check_pictures(cwd: Path, out: str) -> None:
     """The run ends with its trace and timeline figure, written by rank 0 into
     runs/linreg-<time>/ under the cwd, and says where they are and how to open them."""
     from hetps.metrics import load_run, load_traffic
-    from hetps.metrics.trace import counter_totals, validate_trace
+    from tracecheck import counter_totals, validate_trace
 
     runs = list((cwd / "runs").glob("linreg-*"))
     assert len(runs) == 1, out

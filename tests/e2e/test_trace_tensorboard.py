@@ -98,7 +98,7 @@ def test_tensorboard_events_hold_the_logged_values(trained):
 
 
 def test_trace_of_a_real_run_matches_its_logs(trained, tmp_path):
-    from hetps.metrics.trace import counter_totals, validate_trace
+    from tracecheck import counter_totals, validate_trace
 
     mode, run, _ = trained
     out = tmp_path / "trace.json"

@@ -1,5 +1,5 @@
-"""A node's machine as its reports show it: the process' CPU and resident memory (psutil when
-installed, else /proc), and the machine's GPUs through NVML (skipped, saying why, where the
+"""A node's machine as its reports show it: the process' CPU and resident memory (its CPU
+time and /proc), and the machine's GPUs through NVML (skipped, saying why, where the
 NVIDIA driver's library is not there)."""
 
 from __future__ import annotations

@@ -12,12 +12,8 @@ import pytest
 from hetps.metrics import RunWriter, TrafficRecorder, run_meta
 from hetps.metrics.cli import main
 from hetps.metrics.spans import Spans
-from hetps.metrics.trace import (
-    TraceFormatError,
-    build_trace,
-    counter_totals,
-    validate_trace,
-)
+from hetps.metrics.trace import build_trace
+from tracecheck import TraceFormatError, counter_totals, validate_trace
 
 START = 7000.0
 

@@ -1,13 +1,16 @@
-"""``hetps summary`` and ``hetps plot``: read a LOGDIR of runs, print/write summaries, draw PNGs.
+"""The metrics commands: ``hetps summary`` and ``hetps plot`` read a LOGDIR of runs, print or
+write summaries, draw PNGs; ``trace``, ``report`` and ``top`` are registered here too.
 
 Usage::
 
     hetps summary LOGDIR [--json FILE]
     hetps plot LOGDIR [--out DIR] [--run RUN] [--window START,END] [--figure NAME ...]
     hetps trace RUN [-o FILE]            (hetps.metrics.trace)
+    hetps report RUN [-o FILE]           (hetps.metrics.report)
+    hetps top [URL | --port P] [--once]  (hetps.metrics.top)
 
 Wiring into the ``hetps`` command: call :func:`add_parser` with the top-level subparsers (it
-registers both subcommands with ``set_defaults(func=...)``; ``func(args) -> int``), or call
+registers every subcommand with ``set_defaults(func=...)``; ``func(args) -> int``), or call
 :func:`main` with an argv that starts with ``summary`` or ``plot``.
 """
 
@@ -95,42 +98,69 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``summary`` and ``plot`` on a top-level ``add_subparsers()`` object; each sets
-    ``func`` so the caller runs ``sys.exit(args.func(args))``."""
-    s = subparsers.add_parser(
-        "summary",
-        help="time to accuracy, throughput, traffic, computing-time ratio, ASRIT per run",
-        description="Summarize every run (directory with run.json) under LOGDIR.",
-    )
-    s.add_argument("logdir", metavar="LOGDIR")
-    s.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
-    s.set_defaults(func=cmd_summary)
+    """Register ``summary``, ``plot``, ``trace``, ``report`` and ``top`` on a top-level
+    ``add_subparsers()`` object; each sets ``func`` so the caller runs
+    ``sys.exit(args.func(args))``."""
+    from hetps.metrics import report, top, trace
 
-    p = subparsers.add_parser(
-        "plot",
-        help="draw accuracy, throughput, traffic and timeline figures (PNG)",
-        description="Draw the figures of the runs under LOGDIR as PNG files.",
-    )
-    p.add_argument("logdir", metavar="LOGDIR")
-    p.add_argument("--out", metavar="DIR", help="output directory (default: LOGDIR/figures)")
-    p.add_argument("--run", metavar="RUN", help="timelines of this run only (dir or name)")
-    p.add_argument(
-        "--window",
-        type=_window,
-        metavar="START,END",
-        help="timelines (traffic, phases): only these seconds since run start",
-    )
-    p.add_argument(
-        "--figure",
-        action="append",
-        metavar="NAME",
-        help="draw only this figure (repeatable), e.g. traffic_timeline",
-    )
-    p.set_defaults(func=cmd_plot)
-
-    from hetps.metrics.trace import add_parser as add_trace
-
-    add_trace(subparsers)  # hetps trace RUN
+    window = dict(type=_window, metavar="START,END")
+    run_dir = "a run directory (it holds run.json), e.g. runs/linreg-<time>"
+    # name: (help, description, func, [(flags, add_argument's keywords), ...])
+    commands: dict[str, tuple[str, str | None, Any, list[tuple[tuple[str, ...], dict]]]] = {
+        "summary": (
+            "time to accuracy, throughput, traffic, computing-time ratio, ASRIT per run",
+            "Summarize every run (directory with run.json) under LOGDIR.",
+            cmd_summary,
+            [(("logdir",), dict(metavar="LOGDIR")),
+             (("--json",), dict(metavar="FILE", help="also write the summary as JSON"))],
+        ),
+        "plot": (
+            "draw accuracy, throughput, traffic and timeline figures (PNG)",
+            "Draw the figures of the runs under LOGDIR as PNG files.",
+            cmd_plot,
+            [(("logdir",), dict(metavar="LOGDIR")),
+             (("--out",), dict(metavar="DIR", help="output directory (default: LOGDIR/figures)")),
+             (("--run",), dict(metavar="RUN", help="timelines of this run only (dir or name)")),
+             (("--window",), dict(window, help="timelines (traffic, phases): only these seconds since run start")),
+             (("--figure",), dict(action="append", metavar="NAME",
+                                  help="draw only this figure (repeatable), e.g. traffic_timeline"))],
+        ),
+        "trace": (
+            "a run's rounds, phases and link bytes as a Chrome/Perfetto trace (JSON)",
+            "Write the trace-event JSON of one run directory (one holding run.json); open it "
+            "in https://ui.perfetto.dev or chrome://tracing.",
+            trace.cmd_trace,
+            [(("run",), dict(metavar="RUN", help=run_dir)),
+             (("-o", "--out"), dict(metavar="FILE", help="output file (default: RUN/trace.json)"))],
+        ),
+        "report": (
+            "write one self-contained HTML report of a run directory",
+            report.__doc__,
+            report.cmd_report,
+            [(("run",), dict(help=run_dir)),
+             (("-o", "--output"), dict(help="where to write (default: RUN/report.html)"))],
+        ),
+        "top": (
+            "a live terminal view of a running cluster (from its --metrics-port endpoint)",
+            (top.__doc__ or "").split("\n\n")[0],
+            top.main,
+            [(("url",), dict(nargs="?", help="the scheduler's metrics URL (it prints it)")),
+             (("--port",), dict(type=int, default=None, help="the metrics port, instead of a URL")),
+             (("--host",), dict(default="127.0.0.1", help="with --port (default 127.0.0.1)")),
+             (("--interval",), dict(type=float, default=1.0, help="seconds between scrapes (default 1)")),
+             (("--once",), dict(action="store_true", help="print one frame and exit"))],
+        ),
+    }  # fmt: skip
+    for name, (help_, description, func, arguments) in commands.items():
+        p = subparsers.add_parser(
+            name,
+            help=help_,
+            description=description,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        for flags, kw in arguments:
+            p.add_argument(*flags, **kw)
+        p.set_defaults(func=func)
 
 
 def build_parser() -> argparse.ArgumentParser:

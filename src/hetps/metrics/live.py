@@ -189,23 +189,15 @@ class LiveMetrics:
             for nid, seen in m["last_seen"].items()
             if late_after and now - seen > late_after and nid not in dead and nid not in finished
         ]
-        snap: dict[str, Any] = {
+        kept = ("nodes", "dead", "finished", "recoveries", "failovers", "left", "rejoined")
+        return {
+            **{k: m[k] for k in (*kept, "expected", "uptime")},
             "workers": workers,
             "servers": servers,
             "refused": refused,
-            "nodes": m["nodes"],
-            "dead": dead,
-            "finished": finished,
             "late": late,
-            "recoveries": m["recoveries"],
-            "failovers": m["failovers"],
-            "left": m["left"],
-            "rejoined": m["rejoined"],
-            "expected": m["expected"],
-            "uptime": m["uptime"],
             "start_time": time.time() - m["uptime"],
             "plan": self.planner.plan_shares() if self.planner is not None else None,
             "esync": self.esync.progress() if self.esync is not None else None,
             "ended": self.ended,
         }
-        return snap

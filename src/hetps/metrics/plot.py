@@ -3,9 +3,8 @@
 matplotlib is imported only when a figure is drawn (``pip install 'hetps[plots]'``), through
 its object API with the Agg canvas (no pyplot, no global backend). A figure is a function
 ``fn(ctx: PlotContext) -> list[Path]`` registered with :func:`figure` in :data:`FIGURES`
-(``plot_registry``); it returns the files it wrote, or ``[]`` with a note in ``ctx.notes``.
-This module draws (:func:`plot`, :func:`select_run`) and re-exports the rest; docs/METRICS.md
-lists the figures.
+(``plot_helpers``); it returns the files it wrote, or ``[]`` with a note in ``ctx.notes``.
+This module draws (:func:`plot`, :func:`select_run`); docs/METRICS.md lists the figures.
 """
 
 from __future__ import annotations
@@ -15,58 +14,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetps.metrics.plot_helpers import MODE_COLORS, MODE_ORDER, SCHEME_COLORS
-from hetps.metrics.plot_registry import FIGURES, FigureFn, PlotContext, figure
+from hetps.metrics.plot_helpers import FIGURES, PlotContext
 from hetps.metrics.records import MetricsError, Run
 from hetps.metrics.summary import load_runs, summarize_run
 
 # Importing the figure modules registers their figures, in the drawing order: the training
-# figures first, then the load-balancing ones.
+# figures, the phase timeline, then the load-balancing ones.
 # isort: split
-from hetps.metrics.plot_training import (
-    fig_accuracy_iid,
-    fig_accuracy_noniid,
-    fig_computing_time_ratio,
-    fig_throughput,
-    fig_traffic,
-    fig_traffic_timeline,
-)
+from hetps.metrics import plot_training, plot_timeline, plot_balance  # noqa: F401, I001
 
-# isort: split
-from hetps.metrics.plot_timeline import fig_phase_timeline
-
-# isort: split
-from hetps.metrics.plot_balance import (
-    fig_asrit_vs_slice,
-    fig_overhead,
-    fig_speed_per_scheme,
-    fig_srit,
-)
-
-__all__ = [
-    "FIGURES",
-    "PlotContext",
-    "PlotResult",
-    "figure",
-    "plot",
-    "select_run",
-    # re-exported from the modules above
-    "MODE_COLORS",
-    "MODE_ORDER",
-    "SCHEME_COLORS",
-    "FigureFn",
-    "fig_accuracy_iid",
-    "fig_accuracy_noniid",
-    "fig_asrit_vs_slice",
-    "fig_computing_time_ratio",
-    "fig_overhead",
-    "fig_phase_timeline",
-    "fig_speed_per_scheme",
-    "fig_srit",
-    "fig_throughput",
-    "fig_traffic",
-    "fig_traffic_timeline",
-]
+__all__ = ["PlotResult", "plot", "select_run"]
 
 
 @dataclass

@@ -11,14 +11,16 @@ import numpy as np
 
 from hetps.metrics.plot_helpers import (
     SCHEME_COLORS,
+    PlotContext,
     _bars_by_network,
+    _colors_by,
     _hue_colors,
     _labels,
     _mode_key,
     _scheme_key,
     _title,
+    figure,
 )
-from hetps.metrics.plot_registry import PlotContext, figure
 
 __all__ = ["fig_asrit_vs_slice", "fig_overhead", "fig_speed_per_scheme", "fig_srit"]
 
@@ -77,11 +79,7 @@ def fig_srit(ctx: PlotContext) -> list[Path]:
     for ax, net in zip(axes, networks, strict=True):
         sub = [(r, pts) for r, pts in series if r.network == net]
         labels = _labels([r for r, _ in sub], with_network=False, base=base)
-        if base == "scheme":
-            keys = [str(r.get("scheme")) for r, _ in sub]
-            colors = _hue_colors(labels, keys, SCHEME_COLORS)
-        else:
-            colors = _hue_colors(labels, [r.mode for r, _ in sub])
+        colors = _colors_by([r for r, _ in sub], labels, base)
         for (_r, pts), lab in zip(sub, labels, strict=True):
             x, y = zip(*pts, strict=True)
             ax.plot(x, y, color=colors[lab], lw=1.0, label=lab)

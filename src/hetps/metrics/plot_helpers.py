@@ -1,16 +1,106 @@
-"""Drawing helpers shared by the figure modules: palettes, run labels, titles (with the
-emulated-heterogeneity note), colour shades, tick labels and grouped bars."""
+"""The figure registry and the drawing helpers the figure modules share.
+
+:data:`FIGURES` holds the figure functions by name, each registered with :func:`figure` when
+its module (:mod:`hetps.metrics.plot_training`, ``plot_timeline``, ``plot_balance``) is
+imported, in the drawing order; each gets a :class:`PlotContext`. The helpers: palettes, run
+labels, titles (with the emulated-heterogeneity note), colour shades, tick labels and grouped
+bars."""
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetps.metrics.plot_registry import PlotContext
 from hetps.metrics.records import Run
 
-__all__ = ["MODE_COLORS", "MODE_ORDER", "SCHEME_COLORS"]
+__all__ = [
+    "FIGURES",
+    "MODE_COLORS",
+    "MODE_ORDER",
+    "SCHEME_COLORS",
+    "FigureFn",
+    "PlotContext",
+    "figure",
+]
+
+_DPI = 120
+
+
+@dataclass
+class PlotContext:
+    """What a figure function gets: the runs (with their summaries, same order), the output
+    directory, the runs chosen for per-run figures, an optional time window, and a list for
+    notes about skipped figures."""
+
+    runs: list[Run]
+    summaries: list[dict[str, Any]]
+    out: Path
+    timeline_runs: list[Run]
+    window: tuple[float, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def new_figure(self, width: float = 8.0, height: float = 4.8) -> Any:
+        """A fresh matplotlib ``Figure`` on an Agg canvas."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+        FigureCanvasAgg(fig)
+        return fig
+
+    def save(self, fig: Any, name: str) -> Path:
+        """Save ``fig`` as ``out/name`` (PNG) and return the path."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / name
+        fig.savefig(path, format="png", bbox_inches="tight")
+        return path
+
+    def per_run(
+        self, stem: str, runs: list[Run], draw: Callable[[Run, str], Path | None], missing: str
+    ) -> list[Path]:
+        """``draw(run, file name)`` for each of ``runs``: ``<stem>.png`` for one run,
+        ``<stem>_<its path below the runs' common folder>.png`` each for more; the files
+        drawn (none, with a note saying what is ``missing``, without runs)."""
+        if not runs:
+            self.notes.append(f"{stem}.png: skipped, {missing}")
+            return []
+        base = os.path.commonpath([r.run_dir.resolve() for r in runs]) if len(runs) > 1 else ""
+        names = [f"{stem}_{_slug(r, Path(base))}.png" if base else f"{stem}.png" for r in runs]
+        return [p for r, n in zip(runs, names, strict=True) if (p := draw(r, n)) is not None]
+
+    def pairs(self) -> list[tuple[Run, dict[str, Any]]]:
+        """``[(run, summary)]`` in order."""
+        return list(zip(self.runs, self.summaries, strict=True))
+
+
+FigureFn = Callable[[PlotContext], list[Path]]
+#: Figure functions by name, in drawing order (register with :func:`figure`).
+FIGURES: dict[str, FigureFn] = {}
+
+
+def figure(name: str) -> Callable[[FigureFn], FigureFn]:
+    """Decorator registering a figure function under ``name`` in :data:`FIGURES`."""
+
+    def deco(fn: FigureFn) -> FigureFn:
+        FIGURES[name] = fn
+        return fn
+
+    return deco
+
+
+def _slug(run: Run, base: Path) -> str:
+    """``run``'s path below ``base`` as a file name's part."""
+    try:
+        rel = run.run_dir.resolve().relative_to(base)
+    except ValueError:
+        rel = Path(run.name)
+    text = str(rel) if str(rel) not in ("", ".") else run.name
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
+
 
 MODE_ORDER = ("local", "sync", "async", "dcasgd", "esync")
 MODE_COLORS = {
@@ -203,10 +293,17 @@ def _sorted_pairs(
     return sorted(pairs, key=key)
 
 
+def _colors_by(runs: Sequence[Run], labels: Sequence[str], base: str) -> dict[str, Any]:
+    """A colour per label of ``runs``: its run's mode's, or its scheme's (``base``)."""
+    if base == "scheme":
+        return _hue_colors(labels, [str(r.get("scheme")) for r in runs], SCHEME_COLORS)
+    return _hue_colors(labels, [r.mode for r in runs])
+
+
 def _bars_by_network(
     ctx: PlotContext,
     pairs: list[tuple[Run, dict[str, Any]]],
-    value: Callable[[dict[str, Any]], float | None],
+    value: Callable[[dict[str, Any]], float | None] | dict[str, Callable],
     name: str,
     title: str,
     ylabel: str,
@@ -214,8 +311,9 @@ def _bars_by_network(
     fmt: str = "{:.3g}",
     missing: str = "no run has the value",
 ) -> list[Path]:
-    """One bar per run: clusters by network, colours by mode (or scheme); none, with a note
-    saying what is ``missing``, when there are no runs."""
+    """One bar per run: clusters by network, colours by mode (or scheme); ``value`` a
+    function of a run's summary, or ``{panel title: function}`` for panels side by side.
+    None, with a note saying what is ``missing``, when there are no runs."""
     if not pairs:
         ctx.notes.append(f"{name}: skipped, {missing}")
         return []
@@ -224,17 +322,16 @@ def _bars_by_network(
     labels = _labels(runs, with_network=False, base=base)
     groups = list(dict.fromkeys(r.network for r in runs))
     hues = list(dict.fromkeys(labels))
-    values = {(r.network, lab): value(s) for (r, s), lab in zip(pairs, labels, strict=True)}
-    if base == "scheme":
-        key = {lab: str(r.get("scheme")) for r, lab in zip(runs, labels, strict=True)}
-        colors = _hue_colors(hues, [key[h] for h in hues], SCHEME_COLORS)
-    else:
-        key = {lab: r.mode for r, lab in zip(runs, labels, strict=True)}
-        colors = _hue_colors(hues, [key[h] for h in hues])
-    fig = ctx.new_figure(min(16.0, max(6.0, 2.0 + 0.45 * len(pairs))), 4.6)
-    ax = fig.subplots()
-    _grouped_bars(ax, groups, hues, values, colors, fmt)
-    ax.set_ylabel(ylabel)
-    ax.set_title(_title(title, runs), fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    colors = _colors_by(runs, labels, base)
+    panels = value if isinstance(value, dict) else {"": value}
+    width = min(16.0, max(6.0, 2.0 + 0.45 * len(pairs))) * (1 + 0.5 * (len(panels) - 1))
+    fig = ctx.new_figure(width, 4.6)
+    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, (sub, fn) in zip(axes, panels.items(), strict=True):
+        values = {(r.network, lab): fn(s) for (r, s), lab in zip(pairs, labels, strict=True)}
+        _grouped_bars(ax, groups, hues, values, colors, fmt)
+        ax.set_title(sub, fontsize=9)
+    axes[0].set_ylabel(ylabel)
+    axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(_title(title, runs), fontsize=10)
     return [ctx.save(fig, name)]

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetps.metrics.plot_helpers import _abs_formatter, _title
-from hetps.metrics.plot_registry import PlotContext, figure
+from hetps.metrics.plot_helpers import PlotContext, _abs_formatter, _title, figure
 from hetps.metrics.records import MetricsError, Run
 from hetps.metrics.spans import PHASES
 from hetps.metrics.trace import round_spans
@@ -51,7 +50,6 @@ def draw_phase_timeline(
     path: str | Path,
     window: tuple[float, float] | None = None,
     rounds: int = 6,
-    ctx: PlotContext | None = None,
 ) -> Path:
     """Draw the phase timeline of ``run`` into ``path`` (PNG) and return the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -197,12 +195,9 @@ def draw_phase_timeline(
 @figure("phase_timeline")
 def fig_phase_timeline(ctx: PlotContext) -> list[Path]:
     """The phase timeline of each chosen run (``--window`` picks the seconds)."""
-    out = []
     runs = [r for r in ctx.timeline_runs if any(r.records.values())]
-    if not runs:
-        ctx.notes.append("phase_timeline.png: skipped, no run with iterations")
-        return []
-    for r in runs:
-        name = "phase_timeline.png" if len(runs) == 1 else f"phase_timeline_{r.name}.png"
-        out.append(draw_phase_timeline(r, ctx.out / name, window=ctx.window, ctx=ctx))
-    return out
+
+    def draw(run: Run, name: str) -> Path:
+        return draw_phase_timeline(run, ctx.out / name, window=ctx.window)
+
+    return ctx.per_run("phase_timeline", runs, draw, "no run with iterations")

@@ -4,8 +4,8 @@ timeline of single runs. Registered on import, in this order."""
 
 from __future__ import annotations
 
-import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import numpy as np
 
 from hetps.metrics.plot_helpers import (
     _CYCLE,
+    PlotContext,
     _abs_formatter,
     _bars_by_network,
     _grouped_bars,
@@ -21,9 +22,8 @@ from hetps.metrics.plot_helpers import (
     _mode_key,
     _sorted_pairs,
     _title,
-    _xticks,
+    figure,
 )
-from hetps.metrics.plot_registry import PlotContext, figure
 from hetps.metrics.records import Run
 from hetps.metrics.summary import THRESHOLDS, accuracy_curve, computing_time_ratios
 from hetps.metrics.traffic import load_traffic
@@ -110,106 +110,59 @@ def fig_throughput(ctx: PlotContext) -> list[Path]:
 @figure("traffic")
 def fig_traffic(ctx: PlotContext) -> list[Path]:
     """Traffic load (MB/s pushed and pulled by all workers) per mode, grouped by network."""
-    pairs = _sorted_pairs(
-        [(r, s) for r, s in ctx.pairs() if s["traffic_mb_per_s"]["push"] is not None]
+    pairs = [(r, s) for r, s in ctx.pairs() if s["traffic_mb_per_s"]["push"] is not None]
+    return _bars_by_network(
+        ctx,
+        pairs,
+        {
+            "push (workers → servers)": lambda s: s["traffic_mb_per_s"]["push"],
+            "pull (servers → workers)": lambda s: s["traffic_mb_per_s"]["pull"],
+        },
+        "traffic.png",
+        "Traffic load",
+        "MB / s (all workers)",
+        missing="no run has iteration records",
     )
-    if not pairs:
-        ctx.notes.append("traffic.png: skipped, no run has iteration records")
-        return []
-    runs = [r for r, _ in pairs]
-    labels = _labels(runs, with_network=False)
-    groups = list(dict.fromkeys(r.network for r in runs))
-    hues = list(dict.fromkeys(labels))
-    modes = {lab: r.mode for r, lab in zip(runs, labels, strict=True)}
-    colors = _hue_colors(hues, [modes[h] for h in hues])
-    fig = ctx.new_figure(min(18.0, max(9.0, 2.5 + 0.9 * len(pairs))), 4.6)
-    axes = fig.subplots(1, 2, sharey=True)
-    for ax, kind in zip(axes, ("push", "pull"), strict=True):
-        vals = {
-            (r.network, lab): s["traffic_mb_per_s"][kind]
-            for (r, s), lab in zip(pairs, labels, strict=True)
-        }
-        _grouped_bars(ax, groups, hues, vals, colors, "{:.3g}")
-        ax.set_title(
-            f"{kind} (workers → servers)" if kind == "push" else f"{kind} (servers → workers)",
-            fontsize=9,
-        )
-    axes[0].set_ylabel("MB / s (all workers)")
-    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(_title("Traffic load", runs), fontsize=10)
-    return [ctx.save(fig, "traffic.png")]
 
 
 @figure("computing_time_ratio")
 def fig_computing_time_ratio(ctx: PlotContext) -> list[Path]:
-    """Computing-time ratio per device, bars per device grouped by mode; a panel per network."""
+    """Computing-time ratio per device, bars per device grouped by run; a panel per network."""
     pairs = _sorted_pairs([(r, s) for r, s in ctx.pairs() if s["computing_time_ratio"]])
     if not pairs:
         ctx.notes.append("computing_time_ratio.png: skipped, no run has iteration records")
         return []
     networks = list(dict.fromkeys(r.network for r, _ in pairs))
     ranks = sorted({rank for r, _ in pairs for rank in r.ranks})
-    # A legend label per rank: the device label if every run agrees, else "worker<r>".
-    rank_label = {}
+    # a legend label per rank: the device label if every run agrees, else "worker<r>"
+    hue = {}
     for rank in ranks:
         labs = {r.device_label(rank) for r, _ in pairs if rank in r.records}
-        rank_label[rank] = labs.pop() if len(labs) == 1 else f"worker{rank}"
-    colors = {rank: _CYCLE[i % len(_CYCLE)] for i, rank in enumerate(ranks)}
+        lab = labs.pop() if len(labs) == 1 else f"worker{rank}"
+        hue[rank] = lab if lab not in hue.values() else f"{lab} [rank {rank}]"
+    colors = {hue[rank]: _CYCLE[i % len(_CYCLE)] for i, rank in enumerate(ranks)}
     nbars = [
         sum(len(computing_time_ratios(r)) + 1 for r, _ in pairs if r.network == net)
         for net in networks
     ]
     fig = ctx.new_figure(min(20.0, max(7.0, 2.5 + 0.3 * sum(nbars))), 5.0)
-    axes = np.atleast_1d(
-        fig.subplots(
-            1, len(networks), sharey=True, squeeze=False, gridspec_kw={"width_ratios": nbars}
-        )[0]
-    )
-    top = 1.0
-    rot = 90 if sum(nbars) > 20 else 0
+    axes = fig.subplots(1, len(networks), sharey=True, squeeze=False, width_ratios=nbars)[0]
     for ax, net in zip(axes, networks, strict=True):
-        sub = [(r, s) for r, s in pairs if r.network == net]
-        labels = _labels([r for r, _ in sub], with_network=False)
-        x = 0.0
-        centers = []
-        for r, _s in sub:
-            ratios = computing_time_ratios(r)
-            start = x
-            for rank in ranks:
-                if rank not in ratios:
-                    continue
-                y = ratios[rank]
-                top = max(top, y)
-                bar = ax.bar([x], [y], 0.9, color=colors[rank], label=rank_label[rank])
-                ax.bar_label(bar, labels=[f"{y:.2f}"], fontsize=6, padding=1, rotation=rot)
-                x += 1.0
-            centers.append((start + x - 1.0) / 2 if x > start else start)
-            x += 1.0
-        _xticks(ax, centers, labels)
+        runs = [r for r, _ in pairs if r.network == net]
+        labels = _labels(runs, with_network=False)
+        values = {
+            (lab, hue[rank]): ratio
+            for r, lab in zip(runs, labels, strict=True)
+            for rank, ratio in computing_time_ratios(r).items()
+        }
+        _grouped_bars(ax, labels, list(colors), values, colors, "{:.2f}")
         ax.set_title(net, fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
-    axes[0].set_ylim(0, top * 1.12)
     axes[0].set_ylabel("computing time / wall time")
-    handles: list[Any] = []
-    labs: list[str] = []
-    for ax in axes:
-        for hh, ll in zip(*ax.get_legend_handles_labels(), strict=True):
-            if ll not in labs:
-                handles.append(hh)
-                labs.append(ll)
-    axes[-1].legend(handles, labs, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels(), strict=True)}
+    axes[-1].legend(legend.values(), legend.keys(), fontsize=7, loc="upper left",
+                    bbox_to_anchor=(1.01, 1.0))  # fmt: skip
     fig.suptitle(_title("Computing-time ratio per device", [r for r, _ in pairs]), fontsize=10)
     return [ctx.save(fig, "computing_time_ratio.png")]
-
-
-def _slug(run: Run, base: Path | None) -> str:
-    try:
-        rel = run.run_dir.resolve().relative_to(base.resolve()) if base else Path(run.name)
-    except ValueError:
-        rel = Path(run.name)
-    text = str(rel) if str(rel) not in ("", ".") else run.name
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
 
 
 def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
@@ -303,21 +256,4 @@ def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
 @figure("traffic_timeline")
 def fig_traffic_timeline(ctx: PlotContext) -> list[Path]:
     """Bytes/s on every link over time (push and pull), one file per chosen run."""
-    runs = ctx.timeline_runs
-    if not runs:
-        ctx.notes.append("traffic_timeline.png: skipped, no runs")
-        return []
-    base = (
-        Path(os.path.commonpath([str(r.run_dir.resolve()) for r in runs]))
-        if len(runs) > 1
-        else None
-    )
-    out = []
-    for r in runs:
-        name = (
-            "traffic_timeline.png" if len(runs) == 1 else f"traffic_timeline_{_slug(r, base)}.png"
-        )
-        p = _timeline(ctx, r, name)
-        if p is not None:
-            out.append(p)
-    return out
+    return ctx.per_run("traffic_timeline", ctx.timeline_runs, partial(_timeline, ctx), "no runs")

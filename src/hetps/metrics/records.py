@@ -124,10 +124,19 @@ def _dump(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False)
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` (its folder made if need be) through a file beside it, so a
+    reader sees the old file or the new one, never part of it; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+    return path
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:
@@ -250,11 +259,14 @@ def new_run_dir(logdir: str | os.PathLike[str], mode: str, network: str) -> Path
     base = Path(logdir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{mode}-{network}-{stamp}")
-    cand = base / safe
-    k = 2
+    return _unused(base / safe)
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or the first of ``path-2``, ``path-3``, ... that does not exist."""
+    k, cand = 2, path
     while cand.exists():
-        cand = base / f"{safe}-{k}"
-        k += 1
+        cand, k = path.with_name(f"{path.name}-{k}"), k + 1
     return cand
 
 
@@ -280,11 +292,7 @@ def keep_aside(run_dir: str | os.PathLike[str]) -> Path | None:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
     dest_dir = d.parent / PREVIOUS_DIR
     dest_dir.mkdir(parents=True, exist_ok=True)
-    dest = dest_dir / f"{d.name}.{stamp}"
-    k = 2
-    while dest.exists():
-        dest = dest_dir / f"{d.name}.{stamp}-{k}"
-        k += 1
+    dest = _unused(dest_dir / f"{d.name}.{stamp}")
     os.rename(d, dest)
     return dest
 

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from hetps.metrics.dashboard import static_file
-from hetps.metrics.records import MetricsError, Run, _plain, load_run
+from hetps.metrics.records import MetricsError, Run, _plain, load_run, write_atomic
 from hetps.metrics.summary import summarize_run
 
-__all__ = ["add_parser", "build_report", "cmd_report", "report_data", "write_report"]
+__all__ = ["build_report", "cmd_report", "report_data", "write_report"]
 
 #: bounds on what a report embeds (a long run's file stays small)
 MAX_POINTS = 4000  # chart points per worker (evenly thinned beyond)
@@ -168,12 +168,9 @@ def write_report(
     run_dir: str | os.PathLike[str], out: str | os.PathLike[str] | None = None
 ) -> Path:
     """Write the report (default: ``RUN/report.html``); returns its path."""
-    path = Path(out) if out is not None else Path(run_dir) / "report.html"
-    text = build_report(run_dir)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(
+        out if out is not None else Path(run_dir) / "report.html", build_report(run_dir)
+    )
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -188,16 +185,3 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 1
     print(f"report: {path}  (one HTML file: open it in a browser, or attach it)")
     return 0
-
-
-def add_parser(subparsers: Any) -> None:
-    """Register ``hetps report``."""
-    p = subparsers.add_parser(
-        "report",
-        help="write one self-contained HTML report of a run directory",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("run", help="a run directory (it holds run.json), e.g. runs/linreg-<time>")
-    p.add_argument("-o", "--output", help="where to write (default: RUN/report.html)")
-    p.set_defaults(func=cmd_report)

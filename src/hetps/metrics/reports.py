@@ -24,17 +24,25 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta
 
 from hetps.metrics.bounds import (
     MAX_COUNT,
     MAX_SECONDS,
-    MAX_T,
+    Count,
+    Link,
+    Report,
     ReportError,
-    checked_int,
-    checked_seconds,
-    show,
+    Seconds,
+    Time,
+    decode,
+    links,
+    names,
+    printable,
 )
+from hetps.metrics.sysinfo import LogTail, Sampler, extras
 
 log = logging.getLogger("hetps.metrics.live")  # (the service's name: one logger for both)
 
@@ -109,8 +117,6 @@ class Reporter:
     def _start_reports(
         self, interval: float, send: Callable[[dict], Any], own_output: bool, thread: str
     ) -> None:
-        from hetps.metrics.sysinfo import LogTail, Sampler
-
         self.interval, self._send = interval, send
         self.sampler, self.tail = Sampler(), LogTail()
         if own_output:
@@ -141,6 +147,20 @@ class Reporter:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.flush()
+
+    def close(self) -> None:
+        """Stop reporting, after a last report (so the scheduler has the final totals)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._last()
+        self.flush()
+        self.tail.uninstall()
+
+    def _last(self) -> None:
+        """What to do before the last report (nothing here)."""
 
 
 class WorkerMeter(Reporter):
@@ -347,149 +367,102 @@ class WorkerMeter(Reporter):
                 self._metrics.clear()
         return self._machine(body)
 
-    def close(self) -> None:
-        """Stop reporting, after a last report (so the scheduler has the final totals)."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        if self.auto and self._cur is not None:  # the last round's phases
+    def _last(self) -> None:
+        """Before the last report: the last round's phases; this meter is no longer current."""
+        if self.auto and self._cur is not None:
             done, self._cur = self._cur, None
             self._round_spans(done)
-        self.flush()
-        self.tail.uninstall()
         if _current[0] is self:
             _current[0] = None
 
 
 # -- checking a report ----------------------------------------------------------------------
+_Phase = Annotated[str, Meta(pattern="^[a-z][a-z_]{0,15}$")]
+#: a round of the timeline: [round, [[phase, unix start, seconds], ...], [[server, sent,
+#: received], ...]]
+_Round = tuple[
+    Annotated[int, Meta(ge=1, le=MAX_COUNT)],
+    Annotated[
+        list[tuple[_Phase, Time, Annotated[float, Meta(ge=0, le=TL_MAX_DUR)]]],
+        Meta(max_length=TL_SPANS),
+    ],
+    list[Link],
+]
+
+
+class WorkerReport(Report, kw_only=True):
+    """A worker's report (cluster.commands.MetricsReport lists its fields)."""
+
+    rounds: Count
+    round_s: Seconds | None = None
+    h: dict[
+        Literal["push", "pull", "round"],
+        tuple[Annotated[list[Count], Meta(min_length=NBUCKETS, max_length=NBUCKETS)], Seconds],
+    ] = {}
+    tl: Annotated[list[_Round], Meta(max_length=TL_ROUNDS)] = []
+    run: Annotated[str, Meta(min_length=1, max_length=4096)] | None = None
+    m: Annotated[
+        list[tuple[Count, Annotated[dict[str, float], Meta(max_length=M_NAMES)]]],
+        Meta(max_length=M_ENTRIES),
+    ] = []
+
+
+_NAMES = {
+    "$.h": f"'h' must be a map with keys among {', '.join(HISTOGRAMS)}",
+    "$.h[]": "a histogram [counts, sum]",
+    "$.h[][0]": f"a histogram's counts (it must have {NBUCKETS} counts)",
+    "$.h[][0][]": "a count of a histogram",
+    "$.h[][1]": "the sum of a histogram",
+    "$.tl": f"'tl' must be a list of at most {TL_ROUNDS} rounds",
+    "$.tl[]": "a 'tl' round [round, spans, links]",
+    "$.tl[][0]": "a 'tl' round number",
+    "$.tl[][1]": f"a 'tl' round holds a list of at most {TL_SPANS} spans",
+    "$.tl[][1][]": "a span [phase, start, seconds]",
+    "$.tl[][1][][0]": "a span's phase (a lower-case name of up to 16 letters)",
+    "$.tl[][1][][1]": "a span's start",
+    "$.tl[][1][][2]": "a span's length",
+    "$.tl[][2][]": "a 'tl' link row [server, sent, received]",
+    "$.tl[][2][][0]": "a 'tl' link's server rank",
+    "$.tl[][2][][1]": "a 'tl' link's bytes sent",
+    "$.tl[][2][][2]": "a 'tl' link's bytes received",
+    "$.run": "'run' must be a printable path of 1 to 4096 characters",
+    "$.m": f"'m' must be a list of at most {M_ENTRIES} [step, values] entries",
+    "$.m[]": "an 'm' entry [step, {name: value}]",
+    "$.m[][0]": "an 'm' step",
+    "$.m[][1]": f"an 'm' entry holds at most {M_NAMES} values",
+}
+
+
 def parse_report(body: Any, num_servers: int) -> dict:
     """A report's checked contents; raises :class:`ReportError` naming the first problem.
-    Nothing a report holds can be bigger than its bounds: at most one link row per server,
-    :data:`NBUCKETS` counts per histogram, numbers within :data:`MAX_COUNT` and
-    :data:`MAX_SECONDS`."""
-    if not isinstance(body, dict):
-        raise ReportError("the body is not a map")
-    out: dict[str, Any] = {
-        "seq": checked_int(body.get("seq"), "'seq'", 1),
-        "t": checked_seconds(body.get("t"), "'t'", MAX_T),
-        "rounds": checked_int(body.get("rounds"), "'rounds'"),
-        "round_s": None,
-    }
-    if "round_s" in body:
-        out["round_s"] = checked_seconds(body["round_s"], "'round_s'")
-    out["links"] = parse_links(body.get("links", []), num_servers, "server")
-    hists = body.get("h", {})
-    if not isinstance(hists, dict) or not set(hists) <= set(HISTOGRAMS):
-        raise ReportError(f"'h' must be a map with keys among {', '.join(HISTOGRAMS)}")
-    out["h"] = {}
-    for name, value in hists.items():
-        if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], list):
-            raise ReportError(f"histogram {name!r} must be [counts, sum]")
-        counts = value[0]
-        if len(counts) != NBUCKETS:
-            raise ReportError(f"histogram {name!r} must have {NBUCKETS} counts, not {len(counts)}")
-        out["h"][name] = (
-            [checked_int(c, f"a count of histogram {name!r}") for c in counts],
-            checked_seconds(value[1], f"the sum of histogram {name!r}"),
-        )
-    out["tl"] = _parse_timeline(body.get("tl", []), num_servers)
-    from hetps.metrics.sysinfo import parse_extras
-
-    out.update(parse_extras(body))
-    out["m"] = _parse_metrics(body.get("m", []))
-    run = out["run"] = body.get("run")
-    if run is not None and not (
-        isinstance(run, str) and 0 < len(run) <= 4096 and run.isprintable()
-    ):
-        raise ReportError("'run' must be a printable path of 1 to 4096 characters")
-    return out
-
-
-def _parse_metrics(entries: Any) -> list[tuple[int, dict[str, float]]]:
-    if not isinstance(entries, list) or len(entries) > M_ENTRIES:
-        raise ReportError(f"'m' must be a list of at most {M_ENTRIES} [step, values] entries")
-    out = []
-    for e in entries:
-        if not isinstance(e, list) or len(e) != 2 or not isinstance(e[1], dict):
-            raise ReportError(f"an 'm' entry must be [step, {{name: value}}], not {show(e)}")
-        if len(e[1]) > M_NAMES:
-            raise ReportError(f"an 'm' entry holds at most {M_NAMES} values")
-        try:
-            values = check_values(e[1])
-        except ValueError as exc:
-            raise ReportError(str(exc)) from None
-        out.append((checked_int(e[0], "an 'm' step"), values))
-    return out
-
-
-def parse_links(links: Any, count: int, peer: str) -> dict[int, tuple[int, int]]:
-    """A report's ``links``: ``[[peer rank, bytes sent, bytes received], ...]``, at most one
-    row per ``peer`` (``count`` of them)."""
-    if not isinstance(links, list) or len(links) > count:
-        raise ReportError(f"'links' must be a list of at most {count} rows (one per {peer})")
-    rows: dict[int, tuple[int, int]] = {}
-    for row in links:
-        if not isinstance(row, list) or len(row) != 3:
-            raise ReportError(
-                f"a 'links' row must be [{peer} rank, sent, received], not {show(row)}"
-            )
-        rank = checked_int(row[0], f"a link's {peer} rank", 0, count - 1)
-        if rank in rows:
-            raise ReportError(f"'links' lists {peer} {rank} twice")
-        rows[rank] = (
-            checked_int(row[1], "a link's bytes sent"),
-            checked_int(row[2], "a link's bytes received"),
-        )
-    return rows
-
-
-_PHASE = re.compile(r"[a-z][a-z_]{0,15}")
-
-
-def _parse_timeline(tl: Any, num_servers: int) -> list[tuple[int, list, list]]:
-    """The rounds of a report's ``tl``: ``[round, [[phase, start, seconds], ...], [[server,
-    sent, received], ...]]`` each, rounds increasing; at most :data:`TL_ROUNDS` rounds of
-    :data:`TL_SPANS` spans."""
-    if not isinstance(tl, list) or len(tl) > TL_ROUNDS:
-        raise ReportError(f"'tl' must be a list of at most {TL_ROUNDS} rounds")
-    out = []
-    last = 0
-    for item in tl:
-        if not isinstance(item, list) or len(item) != 3:
-            raise ReportError(f"a 'tl' round must be [round, spans, links], not {show(item)}")
-        rnd = checked_int(item[0], "a 'tl' round number", 1)
+    Nothing a report holds can be bigger than its bounds (:class:`WorkerReport`): at most
+    one link row per server, :data:`NBUCKETS` counts per histogram, numbers within
+    :data:`MAX_COUNT` and :data:`MAX_SECONDS`."""
+    rep = decode(body, WorkerReport, names("server", num_servers) | _NAMES)
+    printable(rep.run, _NAMES["$.run"])
+    last, tl = 0, []
+    for rnd, spans, rows in rep.tl:
         if rnd <= last:
             raise ReportError(f"'tl' rounds must increase ({rnd} after {last})")
         last = rnd
-        spans, links = item[1], item[2]
-        if not isinstance(spans, list) or len(spans) > TL_SPANS:
-            raise ReportError(f"a 'tl' round holds a list of at most {TL_SPANS} spans")
-        kept = []
-        for span in spans:
-            if not isinstance(span, list) or len(span) != 3:
-                raise ReportError(f"a span must be [phase, start, seconds], not {show(span)}")
-            if not isinstance(span[0], str) or not _PHASE.fullmatch(span[0]):
-                raise ReportError(
-                    f"a span's phase must be a lower-case name of up to 16 letters, "
-                    f"not {show(span[0])}"
-                )
-            start = checked_seconds(span[1], "a span's start", MAX_T)
-            kept.append((span[0], start, checked_seconds(span[2], "a span's length", TL_MAX_DUR)))
-        if not isinstance(links, list) or len(links) > num_servers:
-            raise ReportError(f"a 'tl' round's links: a list of at most {num_servers} rows")
-        rows = []
-        for row in links:
-            if not isinstance(row, list) or len(row) != 3:
-                raise ReportError(
-                    f"a 'tl' link row must be [server, sent, received], not {show(row)}"
-                )
-            rank = checked_int(row[0], "a 'tl' link's server rank", 0, num_servers - 1)
-            sent = checked_int(row[1], "a 'tl' link's bytes sent")
-            rows.append((rank, sent, checked_int(row[2], "a 'tl' link's bytes received")))
-        out.append((rnd, kept, rows))
-    return out
+        got = links(rows, num_servers, "server", "in a 'tl' round, ")
+        tl.append((rnd, spans, [(r, s, v) for r, (s, v) in got.items()]))
+    try:
+        values = [(step, check_values(v)) for step, v in rep.m]
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
+    return {
+        "seq": rep.seq,
+        "t": rep.t,
+        "rounds": rep.rounds,
+        "round_s": rep.round_s,
+        "links": links(rep.links, num_servers, "server"),
+        "h": rep.h,
+        "tl": tl,
+        "m": values,
+        "run": rep.run,
+        **extras(rep),
+    }
 
 
 # -- the scheduler's side -------------------------------------------------------------------

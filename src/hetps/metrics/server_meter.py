@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from hetps.metrics.bounds import MAX_T, ReportError, checked_int, checked_seconds
-from hetps.metrics.reports import Reporter, Totals, parse_links
+import msgspec
+from msgspec import Meta
+
+from hetps.metrics.bounds import Count, Report, ReportError, Seconds, decode, links, names
+from hetps.metrics.reports import Reporter, Totals
+from hetps.metrics.sysinfo import extras
 
 log = logging.getLogger("hetps.metrics.server_meter")
 
@@ -42,31 +46,39 @@ class ServerMeter(Reporter):
         body["links"] = [[r, int(s), int(v)] for r, (s, v) in sorted(links.items())]
         return self._machine(body)
 
-    def close(self) -> None:
-        """A last report, then stop."""
-        if not self._stop.is_set():
-            self._stop.set()
-            self.flush()
-            self.tail.uninstall()
+
+class ServerPart(msgspec.Struct):
+    """What a server's report says of the server itself."""
+
+    rounds: Count
+    opt_s: Seconds
+    replicas: Annotated[int, Meta(ge=1, le=1 << 16)]
+
+
+class ServerReport(Report, kw_only=True):
+    """A server's report (cluster.commands.MetricsReport lists its fields)."""
+
+    server: ServerPart
+
+
+_NAMES = {"$.server": "a server's report has a 'server' map"} | {
+    f"$.server.{k}": f"'server.{k}'" for k in ("rounds", "opt_s", "replicas")
+}
 
 
 def parse_server_report(body: Any, num_workers: int) -> dict:
     """A server's report, checked; raises :class:`ReportError` naming the first problem."""
-    if not isinstance(body, dict) or not isinstance(body.get("server"), dict):
-        raise ReportError("a server's report is a map with a 'server' map")
-    srv = body["server"]
-    out = {
-        "seq": checked_int(body.get("seq"), "'seq'", 1),
-        "t": checked_seconds(body.get("t"), "'t'", MAX_T),
-        "rounds": checked_int(srv.get("rounds"), "'server.rounds'"),
-        "opt_s": checked_seconds(srv.get("opt_s"), "'server.opt_s'"),
-        "replicas": checked_int(srv.get("replicas"), "'server.replicas'", 1, 1 << 16),
+    rep = decode(body, ServerReport, names("worker", num_workers) | _NAMES)
+    srv = rep.server
+    return {
+        "seq": rep.seq,
+        "t": rep.t,
+        "rounds": srv.rounds,
+        "opt_s": srv.opt_s,
+        "replicas": srv.replicas,
+        "links": links(rep.links, num_workers, "worker"),
+        **extras(rep),
     }
-    out["links"] = parse_links(body.get("links", []), num_workers, "worker")
-    from hetps.metrics.sysinfo import parse_extras
-
-    out.update(parse_extras(body))
-    return out
 
 
 class ServerTotals(Totals):
@@ -88,12 +100,9 @@ class ServerTotals(Totals):
         self._keep(rep)
 
     def view(self) -> dict:
-        return {
-            "rounds": self.rounds,
-            "opt_s": self.opt_s,
-            "replicas": self.replicas,
+        """What a scrape shows of the server (copies)."""
+        kept = ("rounds", "opt_s", "replicas", "reports", "sys")
+        return {k: getattr(self, k) for k in kept} | {
             "links": dict(self.links),
-            "reports": self.reports,
-            "sys": self.sys,
             "log": list(self.log),
         }

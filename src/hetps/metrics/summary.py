@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hetps.metrics.records import MetricsError, Run, find_runs, load_run
+from hetps.metrics.records import MetricsError, Run, find_runs, load_run, write_atomic
 
 __all__ = [
     "THRESHOLDS",
@@ -285,8 +285,4 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def write_json(summary: dict[str, Any], path: str | os.PathLike[str]) -> Path:
     """Write ``summary`` as indented JSON (standard JSON: no NaN) and return the path."""
-    p = Path(path)
-    if p.parent != Path(""):
-        p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    return p
+    return write_atomic(path, json.dumps(summary, indent=2, allow_nan=False) + "\n")

@@ -1,7 +1,7 @@
 """What a node's reports say of its machine and its output: CPU and memory of the process
-(psutil when it is installed, else ``/proc``), the machine's GPUs through NVML when the
-NVIDIA driver's library is there (or why not), and the last lines the process wrote to its
-standard output and error (:class:`LogTail`).
+(its CPU time and ``/proc``), the machine's GPUs through NVML when the NVIDIA driver's library
+is there (or why not), and the last lines the process wrote to its standard output and error
+(:class:`LogTail`).
 
 Nothing here runs on a hot path: :class:`Sampler` is read once per report, and a line costs
 one append to a bounded deque. Lines leave with host:port pairs and IP addresses replaced
@@ -19,14 +19,11 @@ import time
 from collections import deque
 from typing import Any
 
-from hetps.metrics.bounds import ReportError, checked_int, checked_seconds, show
+import msgspec
 
-__all__ = ["LOG_KEEP", "LogTail", "Sampler", "gpus", "parse_extras", "scrub"]
+from hetps.metrics.bounds import LOG_KEEP, LOG_WIDTH, MAX_GPUS, Report, names, printable
 
-#: lines a node keeps (and a report carries) at most, and the longest line
-LOG_KEEP, LOG_WIDTH = 20, 300
-#: GPUs a report lists at most
-MAX_GPUS = 16
+__all__ = ["LOG_KEEP", "LOG_WIDTH", "LogTail", "Sampler", "extras", "gpus", "scrub"]
 #: seconds between two samples at least (a closer one is the last one again)
 MIN_GAP_S = 0.5
 
@@ -53,25 +50,12 @@ class Sampler:
         self._last: tuple[float, float] | None = None
         self._cached: tuple[float, dict] | None = None
         self._lock = threading.Lock()
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        try:
-            import psutil
-
-            self._proc: Any = psutil.Process()
-        except ImportError:
-            self._proc = None
 
     def _cpu_rss(self) -> tuple[float, int]:
-        if self._proc is not None:
-            t = self._proc.cpu_times()
-            return t.user + t.system, int(self._proc.memory_info().rss)
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        """The process' CPU seconds (every thread's) and resident bytes (``/proc``)."""
         with open("/proc/self/statm", "rb") as f:
-            rss_pages = int(f.read().split()[1])
-        # fields[0] is the state (field 3): utime and stime are fields 14 and 15
-        return (int(fields[11]) + int(fields[12])) / self._tick, rss_pages * self._page
+            return time.process_time(), int(f.read().split()[1]) * self._page
 
     def sample(self) -> dict:
         """``{"cpu": percent (from the second sample on), "rss": bytes, "gpu": [...]}`` or, with
@@ -190,7 +174,7 @@ class LogTail:
         self.raw: deque[str] = deque(maxlen=LOG_KEEP)
         self._new: deque[str] = deque(maxlen=LOG_KEEP)
         self._lock = threading.Lock()
-        self._saved: tuple[Any, Any] | None = None
+        self._saved: tuple[Any, Any, _Tee, _Tee] | None = None
 
     def add(self, lines: list[str]) -> None:
         """Keep ``lines`` (the newest :data:`LOG_KEEP`; cleaned when read)."""
@@ -224,77 +208,41 @@ class LogTail:
 
     def install(self) -> LogTail:
         """Tee ``sys.stdout`` and ``sys.stderr`` (and logging's handlers that write to them)."""
-        import logging
-
-        if self._saved is not None:
-            return self
-        out, err = sys.stdout, sys.stderr
-        self._saved = (out, err)
-        tee_out, tee_err = _Tee(out, self), _Tee(err, self)
-        sys.stdout, sys.stderr = tee_out, tee_err  # type: ignore[assignment]
-        for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
-            for h in getattr(logger, "handlers", []):
-                if isinstance(h, logging.StreamHandler) and h.stream in (out, err):
-                    h.setStream(tee_out if h.stream is out else tee_err)
+        if self._saved is None:
+            out, err = sys.stdout, sys.stderr
+            self._saved = (out, err, _Tee(out, self), _Tee(err, self))
+            self._swap({id(out): self._saved[2], id(err): self._saved[3]})
         return self
 
     def uninstall(self) -> None:
-        """Put the streams back (when nothing replaced the tee since)."""
+        """Put the streams back (where nothing replaced the tee since)."""
+        if self._saved is not None:
+            out, err, tee_out, tee_err = self._saved
+            self._saved = None
+            self._swap({id(tee_out): out, id(tee_err): err})
+
+    @staticmethod
+    def _swap(swap: dict[int, Any]) -> None:
+        """``sys.stdout``, ``sys.stderr`` and each of logging's handlers that writes to a
+        stream of ``swap`` (by its id) write to the stream it maps to instead."""
         import logging
 
-        if self._saved is None:
-            return
-        out, err = self._saved
-        self._saved = None
-        if isinstance(sys.stdout, _Tee) and sys.stdout._tail is self:
-            sys.stdout = out
-        if isinstance(sys.stderr, _Tee) and sys.stderr._tail is self:
-            sys.stderr = err
+        sys.stdout = swap.get(id(sys.stdout), sys.stdout)
+        sys.stderr = swap.get(id(sys.stderr), sys.stderr)
         for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
             for h in getattr(logger, "handlers", []):
-                s = getattr(h, "stream", None)
-                if isinstance(s, _Tee) and s._tail is self:
-                    h.setStream(s._stream)
+                if isinstance(h, logging.StreamHandler) and id(h.stream) in swap:
+                    h.setStream(swap[id(h.stream)])
 
 
-# -- checking what a report says of them ------------------------------------------------
-def parse_extras(body: dict) -> dict:
-    """The parts of a worker's or server's report about its machine and output: ``sys``
-    (CPU %, resident bytes, GPUs or why none) and ``log`` (its last lines), checked."""
-    out: dict[str, Any] = {"sys": None, "log": []}
-    sysinfo = body.get("sys")
-    if sysinfo is not None:
-        if not isinstance(sysinfo, dict) or not set(sysinfo) <= {"cpu", "rss", "gpu", "nogpu"}:
-            raise ReportError("'sys' must be a map of cpu, rss, gpu, nogpu")
-        got: dict[str, Any] = {}
-        if "cpu" in sysinfo:
-            got["cpu"] = checked_seconds(sysinfo["cpu"], "'sys.cpu' (percent)", 1e5)
-        if "rss" in sysinfo:
-            got["rss"] = checked_int(sysinfo["rss"], "'sys.rss' (bytes)")
-        gpus = sysinfo.get("gpu", [])
-        if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
-            raise ReportError(f"'sys.gpu' must be a list of at most {MAX_GPUS} GPUs")
-        rows = []
-        for g in gpus:
-            if not isinstance(g, list) or len(g) != 3:
-                raise ReportError(f"a GPU must be [utilisation, used, total], not {show(g)}")
-            rows.append([checked_int(g[0], "a GPU's utilisation", 0, 100),
-                         checked_int(g[1], "a GPU's memory used"), checked_int(g[2], "a GPU's memory")])  # fmt: skip
-        if rows:
-            got["gpu"] = rows
-        why = sysinfo.get("nogpu")
-        if why is not None:
-            if not isinstance(why, str) or len(why) > 200 or not why.isprintable():
-                raise ReportError("'sys.nogpu' must be a printable text of up to 200 characters")
-            got["nogpu"] = why
-        out["sys"] = got
-    lines = body.get("log", [])
-    if not isinstance(lines, list) or len(lines) > LOG_KEEP:
-        raise ReportError(f"'log' must be a list of at most {LOG_KEEP} lines")
-    for line in lines:
-        if not isinstance(line, str) or len(line) > LOG_WIDTH or not line.isprintable():
-            raise ReportError(
-                f"a 'log' line must be a printable text of up to {LOG_WIDTH} characters"
-            )
-    out["log"] = [scrub(line) for line in lines]  # (a node's own scrub, not trusted)
-    return out
+# -- what a report says of them ------------------------------------------------------------
+def extras(rep: Report) -> dict:
+    """The parts of a worker's or server's decoded report about its machine and output:
+    ``sys`` (CPU %, resident bytes, GPUs or why none) and ``log`` (its last lines, printable,
+    addresses replaced: a node's own scrub is not trusted)."""
+    named = names("", 0)
+    printable(rep.sys.nogpu if rep.sys else None, named["$.sys.nogpu"])
+    for line in rep.log:
+        printable(line, named["$.log[]"])
+    sysinfo = msgspec.to_builtins(rep.sys) if rep.sys is not None else None
+    return {"sys": sysinfo, "log": [scrub(line) for line in rep.log]}

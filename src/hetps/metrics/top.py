@@ -229,7 +229,6 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
 def render(v: View) -> Any:
     """The frame as a rich renderable."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     nodes = ", ".join(
@@ -253,41 +252,37 @@ def render(v: View) -> Any:
     if v.late:
         head.append(f"late nodes (silent > 3 heartbeats): {v.late}\n", style="yellow")
 
-    wt = Table(title="workers", title_justify="left", expand=False)
-    for col in ("worker", "rounds", "rounds/s", "round s", "push ms", "pull ms"):
-        wt.add_column(col, justify="right")
-    if v.esync_steps:
-        wt.add_column("esync steps", justify="right")
-    for w in v.workers:
-        row = [
-            f"worker{w.rank}",
-            str(w.rounds),
-            _num(w.rounds_per_s),
-            _num(w.round_s, "{:.4f}"),
-            _num(w.push_ms, "{:.3f}"),
-            _num(w.pull_ms, "{:.3f}"),
-        ]
-        if v.esync_steps:
-            row.append(str(v.esync_steps.get(w.rank, 0)))
-        wt.add_row(*row)
-
-    lt = Table(title="links", title_justify="left")
-    for col, just in (("link", "left"), ("bytes/s", "right"), ("total", "right")):
-        lt.add_column(col, justify=just)
-    for link in v.links:
-        lt.add_row(f"{link.src} -> {link.dst}", _bytes(link.rate) + "/s", _bytes(link.total))
-
-    parts: list[Any] = [head, wt, lt]
+    steps = ["esync steps"] if v.esync_steps else []
+    workers = [
+        [f"worker{w.rank}", str(w.rounds), _num(w.rounds_per_s), _num(w.round_s, "{:.4f}"),
+         _num(w.push_ms, "{:.3f}"), _num(w.pull_ms, "{:.3f}")]
+        + ([str(v.esync_steps.get(w.rank, 0))] if steps else [])
+        for w in v.workers
+    ]  # fmt: skip
+    cols = ["worker", "rounds", "rounds/s", "round s", "push ms", "pull ms", *steps]
+    links = [[f"{x.src} -> {x.dst}", _bytes(x.rate) + "/s", _bytes(x.total)] for x in v.links]
+    plan = Text("plan: none (load balancing is off)")
     if v.plan is not None:
-        pt = Table(title=f"plan (epoch {v.plan_epoch})", title_justify="left")
-        pt.add_column("server")
-        pt.add_column("share", justify="right")
-        for srv, share in enumerate(v.plan):
-            pt.add_row(f"server{srv}", f"{100 * share:.1f} %")
-        parts.append(pt)
-    else:
-        parts.append(Text("plan: none (load balancing is off)"))
-    return Group(*parts)
+        shares = [[f"server{srv}", f"{100 * share:.1f} %"] for srv, share in enumerate(v.plan)]
+        plan = _table(f"plan (epoch {v.plan_epoch})", ["server", "share"], shares)
+    return Group(
+        head,
+        _table("workers", cols, workers, "right"),
+        _table("links", ["link", "bytes/s", "total"], links),
+        plan,
+    )
+
+
+def _table(title: str, cols: list[str], rows: list[list[str]], first: str = "left") -> Any:
+    """A rich table: the first column justified ``first``, the others right."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for i, col in enumerate(cols):
+        table.add_column(col, justify=first if i == 0 else "right")  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -368,20 +363,3 @@ def _live(console: Any, url: str, prev: Scrape, interval: float, interrupted: li
                 return 0
             live.update(render(view(url, cur, prev)))
     return 0
-
-
-def add_parser(sub: Any) -> None:
-    """Register ``hetps top``."""
-    p = sub.add_parser(
-        "top",
-        help="a live terminal view of a running cluster (from its --metrics-port endpoint)",
-        description=__doc__.split("\n\n")[0],
-    )
-    p.add_argument("url", nargs="?", help="the scheduler's metrics URL (it prints it)")
-    p.add_argument("--port", type=int, default=None, help="the metrics port, instead of a URL")
-    p.add_argument("--host", default="127.0.0.1", help="with --port (default 127.0.0.1)")
-    p.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between scrapes (default 1)"
-    )
-    p.add_argument("--once", action="store_true", help="print one frame and exit")
-    p.set_defaults(func=main)

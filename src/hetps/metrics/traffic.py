@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hetps.metrics.records import MetricsError, read_jsonl
+from hetps.metrics.records import MetricsError, read_jsonl, write_atomic
 
 __all__ = ["TrafficRecorder", "load_traffic", "worker_observer", "TRAFFIC_KEYS"]
 
@@ -99,13 +99,8 @@ class TrafficRecorder:
         target = Path(path) if path is not None else self.path
         if target is None:
             raise MetricsError("TrafficRecorder.write: no path given and none set at construction")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for b in self.buckets():
-                fh.write(json.dumps(b, separators=(",", ":")) + "\n")
-        os.replace(tmp, target)
-        return target
+        lines = (json.dumps(b, separators=(",", ":")) + "\n" for b in self.buckets())
+        return write_atomic(target, "".join(lines))
 
     def close(self) -> Path | None:
         """Stop recording and write to the constructor's ``path`` if one was given."""
