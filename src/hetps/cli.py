@@ -468,19 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--margin", type=float, default=0.0, help="seconds (ESync uses 0.5)")
     st.set_defaults(func=cmd_state_server)
 
-    for name in (
-        "hetps.netem.cli",
-        "hetps.metrics.cli",
-        "hetps.metrics.top",
-        "hetps.metrics.report",
-        "hetps.launch.k8s",
-    ):
-        try:
-            mod = __import__(name, fromlist=["add_parser"])
-        except ImportError:
-            continue
-        if hasattr(mod, "add_parser"):
-            mod.add_parser(sub)
+    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.launch.k8s"):
+        __import__(name, fromlist=["add_parser"]).add_parser(sub)
     return p
 
 
