@@ -109,6 +109,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of process ``pid``'s live threads, from the scheduler's own nanosecond
+    accounting (``schedstat``, not clock ticks), by part: ``main`` (the scheduler's loop:
+    receive, decode, dispatch), ``zmq`` (ZeroMQ's I/O threads), ``other`` (the services'
+    thread, where the planner runs, and the rest); ``all`` is their sum."""
+    out = {"main": 0.0, "zmq": 0.0, "other": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # (a thread that just ended)
+            continue
+        part = "main" if int(tid) == pid else "zmq" if comm.startswith("ZMQbg") else "other"
+        out[part] += ns / 1e9
+    out["all"] = sum(out.values())
+    return out
+
+
 # --------------------------------------------------------------------------- the scheduler
 
 
@@ -175,6 +195,9 @@ class SchedulerProcess:
 
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
+
+    def threads_cpu(self) -> dict[str, float]:
+        return thread_cpu(self.proc.pid)
 
     def stop(self) -> None:
         """Terminate the scheduler (SIGTERM, then SIGKILL); safe to call twice."""
@@ -530,6 +553,7 @@ class SimCluster:
             "msg_bytes_max": [],
             "report_bytes": [],
             "cpu_s": [],
+            **{f"cpu_{part}_s": [] for part in ("all", "main", "zmq", "other")},
             "answers": [],  # the scheduler's plan messages (one per host: its leader's)
         }
         errors: list[str] = []
@@ -539,7 +563,7 @@ class SimCluster:
             self.clear(P.BALANCE_REPORT)
             before = self.total[P.BALANCE_REPORT] + self.total["?"]
             base = time.time()
-            c0 = sched.cpu()
+            c0, th0 = sched.cpu(), sched.threads_cpu()
             t_last = 0.0
             # per server: rank, bytes, seconds of the last round (the agent's second array)
             stats = np.array(
@@ -589,6 +613,9 @@ class SimCluster:
                 ]
                 refused = [x.got["?"][-1] for x in self.workers if x.got.get("?")]
             out["cpu_s"].append(sched.cpu() - c0)
+            th1 = sched.threads_cpu()
+            for which, secs in th1.items():
+                out[f"cpu_{which}_s"].append(secs - th0[which])
             if ok:  # every worker got its answer, decodable or not
                 out["latency_s"].append(max(g.t for g in got + refused) - t_last)
             if refused:
@@ -931,6 +958,14 @@ def report(results: dict) -> None:
         ),
         ("planner plan() (ms)", lambda c: c.get("report", {}).get("plan_s"), _ms),
         ("sched CPU per report round (s)", lambda c: c.get("report", {}).get("cpu_s"), fmt),
+        *(
+            (
+                f"  the same, by thread (ms): {part}",
+                lambda c, part=part: c.get("report", {}).get(f"cpu_{part}_s"),
+                _ms,
+            )
+            for part in ("all", "main", "zmq", "other")
+        ),
         (
             "plan message (bytes/worker)",
             lambda c: c.get("report", {}).get("msg_bytes"),
