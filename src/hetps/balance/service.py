@@ -201,19 +201,21 @@ class Planner:
         """Every report's samples of round ``rnd``, once every worker reported it, in one
         pass over them all (arrays, not a loop per sample): their nodes' rows (a worker's is
         its host's), then the few capacity probes and spread flows in report order, then the
-        data transfers (:meth:`observe_round`)."""
+        data transfers (:meth:`observe_round`). The reports' rows are read as one array of
+        columns (one copy of them all, each column contiguous)."""
         if not reports:
             return self.observe_round([])
-        samples = np.concatenate([a for a, _ in reports])
-        seq = np.repeat(np.arange(len(reports), dtype=float), [len(a) for a, _ in reports])
-        calibration = np.repeat([c for _, c in reports], [len(a) for a, _ in reports])
-        src, dst = self.rows_of(samples[:, 0]), self.rows_of(samples[:, 1])
-        nbytes, t0, t1, kind = samples[:, 2], samples[:, 3], samples[:, 4], samples[:, 5]
+        lengths = [len(a) for a, _ in reports]
+        cols = np.concatenate([a.T for a, _ in reports], axis=1)
+        calibration = np.repeat([c for _, c in reports], lengths)
+        src, dst = self.rows_of(cols[0]), self.rows_of(cols[1])
+        nbytes, t0, t1, kind = cols[2], cols[3], cols[4], cols[5]
         with np.errstate(invalid="ignore"):
-            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(samples).all(1)
+            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(cols).all(0)
         # (a worker and its co-located server, or a worker and its own host: no network)
         ok &= src != dst
-        for r in np.flatnonzero(ok & (kind == 1)):
+        probe, spread = kind == 1, (kind == 2) | (kind == 3)
+        for r in np.flatnonzero(ok & probe):
             i, j, rate = int(src[r]), int(dst[r]), float(nbytes[r] / (t1[r] - t0[r]))
             judged = (
                 self._released + 1 >= CONTRADICT_FROM_ROUND
@@ -224,24 +226,24 @@ class Planner:
             if judged and self.links.contradicts(i, j, rate):
                 self._contradicted.add(rnd)
             self.links.observe_probe(i, j, rate, rnd)
-        spread = ok & ((kind == 2) | (kind == 3))
-        cols = (src, dst, t0, t1, nbytes, kind)
-        flows = zip(*(c[spread] for c in cols), strict=True)
+        flows = zip(*(c[ok & spread] for c in (src, dst, t0, t1, nbytes, kind)), strict=True)
         self._spread.setdefault(rnd, []).extend(
             (int(i), int(j), float(a), float(b), float(n), bool(k == 3))
             for i, j, a, b, n, k in flows
         )
-        data = ok & (kind != 1) & (kind != 2) & (kind != 3)
-        self.observe_round([np.stack((seq, src, dst, t0, t1, nbytes))[:, data]])
+        data = ok & ~probe & ~spread
+        seq = np.repeat(np.arange(len(reports), dtype=float), lengths)
+        self.observe_round([seq, src, dst, t0, t1, nbytes], data)
 
-    def observe_round(self, parts: list[np.ndarray]) -> None:
-        """A whole round's data samples, once every worker reported it: the link matrix (per
-        report and link the median rate of its messages, blended in report order) and the
-        per-node busy-time rates, in bulk."""
-        if not parts:
+    def observe_round(self, cols: list[np.ndarray], data: np.ndarray | None = None) -> None:
+        """A whole round's data samples, once every worker reported it, as the columns
+        (report, src, dst, t0, t1, bytes) of the rows ``data`` selects (all without it): the
+        link matrix (per report and link the median rate of its messages, blended in report
+        order) and the per-node busy-time rates, in bulk."""
+        if not cols or not len(cols[0]):
             self.links.observe_arrays(*(np.zeros(0, dtype=np.int64),) * 2, *(np.zeros(0),) * 3)
             return
-        seq, i, j, t0, t1, nbytes = np.concatenate(parts, axis=1)
+        seq, i, j, t0, t1, nbytes = (c if data is None else c[data] for c in cols)
         i, j = i.astype(np.int64), j.astype(np.int64)
         if not seq.size or self.n_nodes > REPORT_MAX_NODES:
             # the link matrix is for reports and plots, which get it up to REPORT_MAX_NODES
