@@ -190,11 +190,14 @@ class LinkEstimator:
             for hist in (self._probe_up, self._probe_down)
         )  # type: ignore[return-value]
 
-    def censored(self) -> tuple[np.ndarray, np.ndarray]:
+    def censored(
+        self, single: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Which nodes' sending (receiving) cap the single-flow probes may not show in full:
         those whose fastest probe comes within 15% of the fastest peer at the other end,
-        so that every reading of them may have been the peer's limit, not theirs."""
-        up, down = self.single()
+        so that every reading of them may have been the peer's limit, not theirs.
+        ``single``: :meth:`single`, when the caller has it."""
+        up, down = self.single() if single is None else single
         out = []
         for mine, other, ends in ((up, down, self.servers), (down, up, self.workers)):
             # per node k, the fastest finite peer j != k: the fastest end, or for that end
@@ -264,12 +267,14 @@ class LinkEstimator:
         late by a receive thread that was behind) never gets here: the server drops it. A
         censored node (:meth:`censored`) also takes its latest spread reading if larger."""
         caps = []
+        single = self.single()
+        censored = self.censored(single)  # (read once: each is a pass over every node)
+        spreads = (
+            self._spread_best(self._spread_up, self._spread_turns(censored[0])),
+            self._spread_best(self._spread_down, self._spread_turns(censored[1])),
+        )
         for busy, probe, spread, cen in zip(
-            (self.up, self.down),
-            self.single(),
-            (self.spread_up, self.spread_down),
-            self.censored(),
-            strict=True,
+            (self.up, self.down), single, spreads, censored, strict=True
         ):
             # a spread reading counts while the node is still censored: once its single-flow
             # probes read clearly below its peers, they are its cap (it got slower)
