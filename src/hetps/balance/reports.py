@@ -65,10 +65,14 @@ def host_ids(
     bad = [i for i in host if getattr(nodes.get(i), "group", -1) != group or group < 0]
     if bad or len(set(host)) != len(host):
         return f"balance report: a host's report names nodes {bad or list(host)} of no host {group}"
-    counts = np.asarray(rows or [], dtype=np.int64).reshape(-1, 2)
+    rows = rows or []  # (pairs of counts: the body's declared type)
     have = [len(a) for a in arrays[:2]]
-    if len(counts) != len(host) or len(have) != 2 or counts.sum(axis=0).tolist() != have:
-        return f"balance report: 'host_rows' {counts.tolist()} do not add up to the arrays' {have} rows"
+    if (
+        len(rows) != len(host)
+        or len(have) != 2
+        or [sum(r[0] for r in rows), sum(r[1] for r in rows)] != have
+    ):
+        return f"balance report: 'host_rows' {[list(r) for r in rows]} do not add up to the arrays' {have} rows"
     return list(host)
 
 
