@@ -77,6 +77,8 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from _common import PINNED_THREADS, fmt, machine_info, median, print_table, write_json  # noqa: E402
 
+from hetps.balance.plans import PLANS  # noqa: E402
+from hetps.balance.reports import longest_named  # noqa: E402
 from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
 from hetps.cluster.commands import NodeTable  # noqa: E402
@@ -143,6 +145,7 @@ class SchedulerProcess:
         heartbeat_s: float = 1.0,
         extra_env: dict[str, str] | None = None,
     ) -> None:
+        self.scheme = scheme
         env = {
             **os.environ,
             **PINNED_THREADS,
@@ -592,11 +595,14 @@ class SimCluster:
                     ids = [self.workers[w.rank - i].id for i in range(len(host) - 1, -1, -1)]
                     merged = np.concatenate(host)
                     rows = [[2 * S, S]] * len(host)
+                    times = [stats] * len(host)
                     if self.merge:  # (as the leader merges: cluster/hostlead.py)
                         merged = merge_host(merged, ids)
-                        rows = [[len(merged), S]] + [[0, S]] * (len(host) - 1)
+                        if PLANS[sched.scheme].needs != "history":  # (each one's longest)
+                            times = [longest_named(t, S) for t in times]
+                        rows = [[len(merged) if i == 0 else 0, len(t)] for i, t in enumerate(times)]
                     body.update(host=ids, host_rows=rows)
-                    arrays = [merged, np.concatenate([stats] * len(host))]
+                    arrays = [merged, np.concatenate(times)]
                     w = self.workers[w.rank - len(host) + 1]  # (sent by the host's lowest)
                 host = []
                 msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays)
