@@ -232,25 +232,27 @@ class Planner:
             for i, j, a, b, n, k in flows
         )
         data = ok & ~probe & ~spread
-        seq = np.repeat(np.arange(len(reports), dtype=float), lengths)
+        seq = np.repeat(np.arange(len(reports), dtype=np.int64), lengths)
         self.observe_round([seq, src, dst, t0, t1, nbytes], data)
 
     def observe_round(self, cols: list[np.ndarray], data: np.ndarray | None = None) -> None:
         """A whole round's data samples, once every worker reported it, as the columns
-        (report, src, dst, t0, t1, bytes) of the rows ``data`` selects (all without it): the
-        link matrix (per report and link the median rate of its messages, blended in report
-        order) and the per-node busy-time rates, in bulk."""
+        (report, src, dst, t0, t1, bytes; nodes' rows as integers) of the rows ``data``
+        selects (all without it): the link matrix (per report and link the median rate of
+        its messages, blended in report order) and the per-node busy-time rates, in bulk."""
         if not cols or not len(cols[0]):
             self.links.observe_arrays(*(np.zeros(0, dtype=np.int64),) * 2, *(np.zeros(0),) * 3)
             return
-        seq, i, j, t0, t1, nbytes = (c if data is None else c[data] for c in cols)
-        i, j = i.astype(np.int64), j.astype(np.int64)
+        if data is not None and not data.all():  # (the rows' indices: one pass of the mask)
+            rows = np.flatnonzero(data)
+            cols = [c[rows] for c in cols]
+        seq, i, j, t0, t1, nbytes = cols
         if not seq.size or self.n_nodes > REPORT_MAX_NODES:
             # the link matrix is for reports and plots, which get it up to REPORT_MAX_NODES
             # rows; plans read the per-node rates (a round's median per report and link is
             # most of a round's work at 4,096 workers)
             return self.links.observe_arrays(i, j, t0, t1, nbytes)
-        self.table.observe_medians(seq.astype(np.int64), i, j, nbytes / (t1 - t0), t1)
+        self.table.observe_medians(seq, i, j, nbytes / (t1 - t0), t1)
         self.links.observe_arrays(i, j, t0, t1, nbytes)
 
     def used_links(self) -> np.ndarray:
