@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
+from hetps.balance.estimate import link_matrix, used_links
 from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
@@ -76,7 +77,8 @@ class Planner:
         self.kept = 0  # plans computed but not adopted (not enough predicted gain)
         self._streak = 0  # consecutive reports whose new plan beat the margin
         self.n_nodes = num_workers if colocate else num_workers + num_servers
-        self.table = EstimateTable(self.n_nodes, alpha=alpha)
+        self._alpha = alpha
+        self._table: EstimateTable | None = None  # (made when first read: table)
         self.slices: list[Slice] | None = None
         self._layout: tuple[tuple[int, ...], list[Slice]] = ((), [])  # (sizes, their slices)
         self.assignment: np.ndarray | None = None
@@ -133,6 +135,15 @@ class Planner:
             margin=cfg.replan_margin,
         )
 
+    @property
+    def table(self) -> EstimateTable:
+        """The per-link estimates (the link matrix of reports and plots), made when first read:
+        N x N arrays (430 MB at 4,224 rows) that beyond REPORT_MAX_NODES rows only a plan
+        before any node was measured reads."""
+        if self._table is None:
+            self._table = EstimateTable(self.n_nodes, alpha=self._alpha)
+        return self._table
+
     # network node index of a ps-lite id
     def index(self, node_id: int) -> int:
         """Row/column of ``node_id`` in the link matrix (a worker's is its host's)."""
@@ -162,7 +173,7 @@ class Planner:
             return
         self.hosts = hosts
         self.n_nodes = self.S + hosts.n_hosts
-        self.table = EstimateTable(self.n_nodes, alpha=self.table.alpha)
+        self._table = None
         cycle = max(hosts.n_hosts, self.S)
         self.links = LinkEstimator(
             self.n_nodes, self.servers, self.workers, False, cycle, alpha=self.links.node_alpha
@@ -256,30 +267,15 @@ class Planner:
         self.links.observe_arrays(i, j, t0, t1, nbytes)
 
     def used_links(self) -> np.ndarray:
-        """Which ordered links carry traffic in this deployment: worker <-> server only (with
-        co-located nodes that is every pair of different nodes). Read-only."""
+        """Which ordered links carry traffic here (:func:`used_links`). Read-only."""
         if self._used is None:
-            used = np.zeros((self.n_nodes, self.n_nodes), dtype=bool)
-            srv, wrk = np.array(self.servers), np.array(self.workers)
-            used[np.ix_(srv, wrk)] = True
-            used[np.ix_(wrk, srv)] = True
-            np.fill_diagonal(used, False)
-            used.setflags(write=False)
-            self._used = used
+            self._used = used_links(self.n_nodes, self.servers, self.workers)
         return self._used
 
     def link_matrix(self) -> np.ndarray:
-        """Estimated bytes/s per link. Links that carry no traffic here (server to server,
-        worker to worker) are 0: they add no capacity to a node. Used links that were never
-        measured take the median of the measured ones."""
-        m = self.table.matrix().astype(float)
-        used = self.used_links()
-        known = m[used & np.isfinite(m)]
-        fill = float(np.median(known)) if known.size else 1e9
-        m[used & ~np.isfinite(m)] = fill
-        m[~used] = 0.0
-        np.fill_diagonal(m, np.inf)
-        return m
+        """Estimated bytes/s per link (:func:`link_matrix`: unused links 0, used links never
+        measured the median of the measured ones)."""
+        return link_matrix(self.table.matrix(), self.used_links())
 
     def plan_shares(self) -> dict | None:
         """The current plan: its epoch and each server's share of the elements (live
