@@ -111,6 +111,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_mb(pid: int) -> float:
+    """The peak resident memory of process ``pid`` (``VmHWM``), in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    return kb / 1024
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of process ``pid``'s live threads, from the scheduler's own nanosecond
     accounting (``schedstat``, not clock ticks), by part: ``main`` (the scheduler's loop:
@@ -730,6 +737,7 @@ def run_cluster(
             res["heartbeat"] = sim.heartbeats(sched, hb_interval, hb_periods)
         if "report" in phases:
             res["report"] = sim.reports(sched, rounds, timeout, seed)
+        res["sched_peak_mb"] = peak_mb(sched.pid)
     finally:
         res["scheduler_alive"] = sched.proc.poll() is None
         res["scheduler_log"] = [ln for ln in sched.lines if "port" not in ln][-10:]
@@ -940,6 +948,7 @@ def report(results: dict) -> None:
     rows = []
     metrics: list[tuple[str, Callable[[dict], float | None], Callable]] = [
         ("registration (s)", lambda c: c.get("register", {}).get("latency_s"), fmt),
+        ("scheduler peak memory (MB)", lambda c: c.get("sched_peak_mb"), lambda x: fmt(x, ".0f")),
         ("sched CPU for registration (s)", lambda c: c.get("register", {}).get("sched_cpu_s"), fmt),
         (
             "node table (bytes: the median node's, a worker's)",
