@@ -190,9 +190,7 @@ class LinkEstimator:
             for hist in (self._probe_up, self._probe_down)
         )  # type: ignore[return-value]
 
-    def censored(
-        self, single: tuple[np.ndarray, np.ndarray] | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def censored(self, single: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Which nodes' sending (receiving) cap the single-flow probes may not show in full:
         those whose fastest probe comes within 15% of the fastest peer at the other end,
         so that every reading of them may have been the peer's limit, not theirs.
@@ -366,11 +364,9 @@ def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> 
 
 
 def _by_start(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's intervals ``(lo, hi)`` sorted by start, equal starts in their order (what a
-    stable sort gives): rows already in order stay; the others take the quick sort (several
-    times faster on floats), and a stable sort where it may have put two intervals of one
-    start and different ends out of their order. (Sorts the rows of ``lo`` and ``hi`` in
-    place.)"""
+    """The rows of ``(lo, hi)`` sorted by start in place, ties in their order (as a stable sort):
+    rows in order stay, the others take the quick sort, and the stable one where two of one
+    start and different ends may have changed places."""
     with np.errstate(invalid="ignore"):
         todo = np.flatnonzero(~(lo[:, 1:] >= lo[:, :-1]).all(axis=1))
     if not len(todo):

@@ -9,15 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = [
-    "SAMPLE_COLUMNS",
-    "host_ids",
-    "listed",
-    "longest_named",
-    "sample_array",
-    "spans",
-    "times_array",
-]
+__all__ = ["SAMPLE_COLUMNS", "host_ids", "listed", "sample_array", "spans", "times_array"]
 
 #: columns of a report's sample array: src, dst (node ids), bytes, t0, t1, kind
 SAMPLE_COLUMNS = 6
@@ -93,9 +85,8 @@ def named(times: np.ndarray, servers: int) -> np.ndarray:
 
 def longest_named(times: np.ndarray, servers: int) -> np.ndarray:
     """A worker's server times ``(rank, bytes, seconds)`` as :func:`spans` reads them: its
-    longest that names a server (one row; none when no row does). A host's leader sends its
-    workers' so unless the plan fits a line per server (cluster/hostlead.py): a host's report
-    then carries a row per worker, not one per (worker, server), and every span is the same."""
+    longest that names a server, one row or none (what a host's leader sends unless the plan
+    fits a line per server: cluster/hostlead.py)."""
     secs = np.where(named(times, servers), times[:, 2], -1.0)
     if not len(secs) or secs.max() <= 0:
         return times[:0]
