@@ -26,11 +26,12 @@ the node's own routing id (so the scheduler holds N connections, as with real no
 With hosts of several workers (``--workers-per-host``), a host's barrier arrival and link
 report go through its leader, as cluster/hostlead.py does (``HETPS_HOST_CONTROL``): the host's
 lowest worker sends one arrival (``host``: the host's workers) and one report (the host's
-workers' samples merged per (host, server) pair by the leader's own function, their times
-joined, ``host_rows``), and passes the one answer on to the host's other
+workers' samples merged per (host, server) pair and each worker's longest server time, by the
+leader's own functions, ``host_rows``), and passes the one answer on to the host's other
 workers, who hold it once the leader read it (the local hand-off itself is not simulated).
 ``--per-process-control``: every worker sends its own; ``--unmerged``: a leader sends its
-workers' samples as they are.
+workers' samples and times as they are. The scheduler's CPU per report round is also given
+per thread (``schedstat``): its main loop, ZeroMQ's I/O threads, the rest (the services').
 
 Part 2 (plans): every plan function of :mod:`hetps.balance` (average, elastic, aware,
 optimal) timed directly for S = N/4 servers and W = N - S workers, on a heterogeneous
@@ -1094,8 +1095,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--unmerged",
         action="store_true",
-        help="a host's leader sends its workers' samples as they are, not merged per "
-        "(host, server) pair",
+        help="a host's leader sends its workers' samples and server times as they are, not "
+        "merged per (host, server) pair and each worker's longest",
     )
     ap.add_argument("--scheme", default="aware", help="HETPS_BALANCE of the scheduler")
     ap.add_argument("--barriers", type=int, default=5)
