@@ -26,11 +26,12 @@ the node's own routing id (so the scheduler holds N connections, as with real no
 With hosts of several workers (``--workers-per-host``), a host's barrier arrival and link
 report go through its leader, as cluster/hostlead.py does (``HETPS_HOST_CONTROL``): the host's
 lowest worker sends one arrival (``host``: the host's workers) and one report (the host's
-workers' samples merged per (host, server) pair by the leader's own function, their times
-joined, ``host_rows``), and passes the one answer on to the host's other
+workers' samples merged per (host, server) pair and each worker's longest server time, by the
+leader's own functions, ``host_rows``), and passes the one answer on to the host's other
 workers, who hold it once the leader read it (the local hand-off itself is not simulated).
 ``--per-process-control``: every worker sends its own; ``--unmerged``: a leader sends its
-workers' samples as they are.
+workers' samples and times as they are. The scheduler's CPU per report round is also given
+per thread (``schedstat``): its main loop, ZeroMQ's I/O threads, the rest (the services').
 
 Part 2 (plans): every plan function of :mod:`hetps.balance` (average, elastic, aware,
 optimal) timed directly for S = N/4 servers and W = N - S workers, on a heterogeneous
@@ -77,6 +78,8 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 from _common import PINNED_THREADS, fmt, machine_info, median, print_table, write_json  # noqa: E402
 
+from hetps.balance.plans import PLANS  # noqa: E402
+from hetps.balance.reports import longest_named  # noqa: E402
 from hetps.balance.wire import unpack_plan  # noqa: E402
 from hetps.cluster import protocol as P  # noqa: E402
 from hetps.cluster.commands import NodeTable  # noqa: E402
@@ -109,6 +112,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_mb(pid: int) -> float:
+    """The peak resident memory of process ``pid`` (``VmHWM``), in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    return kb / 1024
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of process ``pid``'s live threads, from the scheduler's own nanosecond
+    accounting (``schedstat``, not clock ticks), by part: ``main`` (the scheduler's loop:
+    receive, decode, dispatch), ``zmq`` (ZeroMQ's I/O threads), ``other`` (the services'
+    thread, where the planner runs, and the rest); ``all`` is their sum."""
+    out = {"main": 0.0, "zmq": 0.0, "other": 0.0}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # (a thread that just ended)
+            continue
+        part = "main" if int(tid) == pid else "zmq" if comm.startswith("ZMQbg") else "other"
+        out[part] += ns / 1e9
+    out["all"] = sum(out.values())
+    return out
+
+
 # --------------------------------------------------------------------------- the scheduler
 
 
@@ -123,6 +153,7 @@ class SchedulerProcess:
         heartbeat_s: float = 1.0,
         extra_env: dict[str, str] | None = None,
     ) -> None:
+        self.scheme = scheme
         env = {
             **os.environ,
             **PINNED_THREADS,
@@ -175,6 +206,9 @@ class SchedulerProcess:
 
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
+
+    def threads_cpu(self) -> dict[str, float]:
+        return thread_cpu(self.proc.pid)
 
     def stop(self) -> None:
         """Terminate the scheduler (SIGTERM, then SIGKILL); safe to call twice."""
@@ -530,6 +564,7 @@ class SimCluster:
             "msg_bytes_max": [],
             "report_bytes": [],
             "cpu_s": [],
+            **{f"cpu_{part}_s": [] for part in ("all", "main", "zmq", "other")},
             "answers": [],  # the scheduler's plan messages (one per host: its leader's)
         }
         errors: list[str] = []
@@ -539,7 +574,7 @@ class SimCluster:
             self.clear(P.BALANCE_REPORT)
             before = self.total[P.BALANCE_REPORT] + self.total["?"]
             base = time.time()
-            c0 = sched.cpu()
+            c0, th0 = sched.cpu(), sched.threads_cpu()
             t_last = 0.0
             # per server: rank, bytes, seconds of the last round (the agent's second array)
             stats = np.array(
@@ -568,11 +603,14 @@ class SimCluster:
                     ids = [self.workers[w.rank - i].id for i in range(len(host) - 1, -1, -1)]
                     merged = np.concatenate(host)
                     rows = [[2 * S, S]] * len(host)
+                    times = [stats] * len(host)
                     if self.merge:  # (as the leader merges: cluster/hostlead.py)
                         merged = merge_host(merged, ids)
-                        rows = [[len(merged), S]] + [[0, S]] * (len(host) - 1)
+                        if PLANS[sched.scheme].needs != "history":  # (each one's longest)
+                            times = [longest_named(t, S) for t in times]
+                        rows = [[len(merged) if i == 0 else 0, len(t)] for i, t in enumerate(times)]
                     body.update(host=ids, host_rows=rows)
-                    arrays = [merged, np.concatenate([stats] * len(host))]
+                    arrays = [merged, np.concatenate(times)]
                     w = self.workers[w.rank - len(host) + 1]  # (sent by the host's lowest)
                 host = []
                 msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays)
@@ -589,6 +627,9 @@ class SimCluster:
                 ]
                 refused = [x.got["?"][-1] for x in self.workers if x.got.get("?")]
             out["cpu_s"].append(sched.cpu() - c0)
+            th1 = sched.threads_cpu()
+            for which, secs in th1.items():
+                out[f"cpu_{which}_s"].append(secs - th0[which])
             if ok:  # every worker got its answer, decodable or not
                 out["latency_s"].append(max(g.t for g in got + refused) - t_last)
             if refused:
@@ -697,6 +738,7 @@ def run_cluster(
             res["heartbeat"] = sim.heartbeats(sched, hb_interval, hb_periods)
         if "report" in phases:
             res["report"] = sim.reports(sched, rounds, timeout, seed)
+        res["sched_peak_mb"] = peak_mb(sched.pid)
     finally:
         res["scheduler_alive"] = sched.proc.poll() is None
         res["scheduler_log"] = [ln for ln in sched.lines if "port" not in ln][-10:]
@@ -907,6 +949,7 @@ def report(results: dict) -> None:
     rows = []
     metrics: list[tuple[str, Callable[[dict], float | None], Callable]] = [
         ("registration (s)", lambda c: c.get("register", {}).get("latency_s"), fmt),
+        ("scheduler peak memory (MB)", lambda c: c.get("sched_peak_mb"), lambda x: fmt(x, ".0f")),
         ("sched CPU for registration (s)", lambda c: c.get("register", {}).get("sched_cpu_s"), fmt),
         (
             "node table (bytes: the median node's, a worker's)",
@@ -931,6 +974,14 @@ def report(results: dict) -> None:
         ),
         ("planner plan() (ms)", lambda c: c.get("report", {}).get("plan_s"), _ms),
         ("sched CPU per report round (s)", lambda c: c.get("report", {}).get("cpu_s"), fmt),
+        *(
+            (
+                f"  the same, by thread (ms): {part}",
+                lambda c, part=part: c.get("report", {}).get(f"cpu_{part}_s"),
+                _ms,
+            )
+            for part in ("all", "main", "zmq", "other")
+        ),
         (
             "plan message (bytes/worker)",
             lambda c: c.get("report", {}).get("msg_bytes"),
@@ -1044,8 +1095,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--unmerged",
         action="store_true",
-        help="a host's leader sends its workers' samples as they are, not merged per "
-        "(host, server) pair",
+        help="a host's leader sends its workers' samples and server times as they are, not "
+        "merged per (host, server) pair and each worker's longest",
     )
     ap.add_argument("--scheme", default="aware", help="HETPS_BALANCE of the scheduler")
     ap.add_argument("--barriers", type=int, default=5)

@@ -83,12 +83,15 @@ class Job:
         self.sched.barriers.arrive = counted
         self.reports: list[tuple[int, int, list[int]]] = []  # (sender, round, ids)
         self.samples: list[np.ndarray] = []  # each report's link samples, as received
+        self.times: list[tuple[np.ndarray, list]] = []  # its server times and host_rows
         if P.BALANCE_REPORT in self.sched.services:
             plan = self.sched.services[P.BALANCE_REPORT]
 
             def report(sched, msg):
                 self.reports.append((msg.sender, msg.typed.round, msg.typed.host or [msg.sender]))
                 self.samples.append(np.array(msg.arrays[0]) if msg.arrays else np.zeros((0, 6)))
+                times = np.array(msg.arrays[1]) if len(msg.arrays) > 1 else np.zeros((0, 3))
+                self.times.append((times, list(msg.typed.host_rows or [])))
                 plan(sched, msg)
 
             self.sched.services[P.BALANCE_REPORT] = report
@@ -244,6 +247,16 @@ def test_link_reports_are_one_per_host_and_every_value_is_the_jobs(job):
             rows = rows[np.argsort(rows[:, 3])]
             assert (rows[1:, 3] > rows[:-1, 4]).all(), rows
     assert merged >= 2 * (rounds - 1), j.reports
+    # and its workers' server times as the planner reads them (aware fits no line per
+    # server): each worker's longest, one row that names a server, not one per server
+    longest = 0
+    for (_sender, _rnd, ids), (times, rows) in zip(j.reports, j.times, strict=True):
+        if len(ids) < 2:
+            continue
+        assert all(r[1] <= 1 for r in rows), (rows, times)
+        assert set(times[:, 0].tolist()) <= {0.0, 1.0} and (times[:, 2] > 0).all(), times
+        longest += len(times)
+    assert longest >= 4 * (rounds - 2), j.times
 
 
 def test_the_leader_killed_under_elastic_leaves_the_others_going_on(job):

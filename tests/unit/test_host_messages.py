@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetps.balance.reports import host_ids, named, spans
+from hetps.balance.reports import host_ids, longest_named, named, spans
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
 from hetps.roles import new_scheduler
@@ -85,3 +85,19 @@ def test_a_hosts_report_is_read_per_worker_in_bulk():
     assert host_ids(nodes, W0, None, None, [samples, times]) == [W0]
     assert "of no host 0" in host_ids(nodes, W0, [W0, W2], [[3, 2], [2, 2]], [samples, times])
     assert "do not add up" in host_ids(nodes, W0, [W0, W1], [[3, 2], [2, 1]], [samples, times])
+
+
+def test_each_workers_longest_time_gives_the_spans_of_all_its_times():
+    # what a host's leader sends of its workers' server times when the plan fits no line per
+    # server: the spans the planner reads are those of every time, value for value
+    rng = np.random.default_rng(5)
+    reports = []
+    for _ in range(40):
+        n = int(rng.integers(0, 6))
+        times = np.c_[rng.integers(-1, 4, n), rng.uniform(0, 1e6, n), rng.uniform(-0.1, 1, n)]
+        times[rng.random(n) < 0.1, 2] = np.nan  # (and ranks 3 and -1: no server of three)
+        reports.append((times, None))
+    short = [(longest_named(t, servers=3), None) for t, _ in reports]
+    assert all(len(t) <= 1 for t, _ in short)
+    assert spans(short, servers=3) == spans(reports, servers=3)
+    assert len(spans(reports, servers=3)) > 20  # (most workers have a span)

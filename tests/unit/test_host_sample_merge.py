@@ -4,6 +4,8 @@ those of the host's workers' own samples; probes and spread flows pass unchanged
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import commands
 from hetps.cluster import protocol as P
-from hetps.cluster.hostlead import merge_host
+from hetps.cluster.hostlead import HostLead, merge_host
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
 
@@ -137,3 +139,23 @@ def test_a_planner_fed_merged_reports_plans_as_with_each_workers_samples():
     assert spread1 == spread0
     for a, b in zip(single1, single0, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("balance", ["aware", "elastic"])
+def test_a_hosts_report_carries_each_workers_longest_time_unless_the_plan_fits_lines(balance):
+    # the leader's report (HostLead._merged) of two workers' server times: aware reads only
+    # each one's longest that names a server (rank 5 names none of 2); elastic fits a line per
+    # server from all of them
+    times = {9: [[0, 1e6, 0.2], [1, 2e6, 0.5], [5, 1e6, 9.0]], 11: [[0, 3e6, 0.3], [1, 1e6, 0.1]]}
+    batch = {
+        i: {"s": b"", "t": np.array(t, dtype=np.float64).tobytes(), "b": {"round": 2}}
+        for i, t in times.items()
+    }
+    cfg = SimpleNamespace(colocate=False, balance=balance, num_server=2)
+    msg = HostLead._merged(SimpleNamespace(node=SimpleNamespace(cfg=cfg)), 2, [9, 11], batch)
+    if balance == "aware":
+        assert msg.arrays[1].tolist() == [[1, 2e6, 0.5], [0, 3e6, 0.3]]
+        assert msg.body["host_rows"] == [[0, 1], [0, 1]]
+    else:
+        assert msg.arrays[1].tolist() == times[9] + times[11]
+        assert msg.body["host_rows"] == [[0, 3], [0, 2]]

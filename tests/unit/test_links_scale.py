@@ -94,3 +94,29 @@ def test_union_lengths_of_many_groups_match_the_interval_loop(seed):
     got = union_lengths(group, t0, t1, n)
     want = [_union_length(list(zip(t0[group == k], t1[group == k], strict=True))) for k in range(n)]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_union_lengths_keep_equal_starts_in_their_order(seed):
+    # starts from a few values (ties of different ends, summed in the order they came, as a
+    # stable sort by start orders them: near 0 their sums round by order), rows already in
+    # order, and intervals repeated
+    rng = np.random.default_rng(seed)
+    n = 300
+    group = rng.integers(0, n, 6000)
+    t0 = rng.choice([0.0, 0.1, 0.25], group.size)
+    t1 = t0 + rng.uniform(1e-4, 0.5, group.size)
+    lined = group < 20  # (these groups' intervals come in order of start)
+    t0[lined] = np.arange(lined.sum()) * 1e-3
+    t1[lined] = t0[lined] + 0.5
+    twice = np.flatnonzero(group >= n - 20)
+    group, t0, t1 = (np.r_[v, v[twice]] for v in (group, t0, t1))
+    got = union_lengths(group, t0, t1, n)
+    want = []
+    for k in range(n):
+        total, end = 0.0, -np.inf
+        for a, b in sorted(zip(t0[group == k], t1[group == k], strict=True), key=lambda iv: iv[0]):
+            total += max(b - max(a, end), 0.0)
+            end = max(end, b)
+        want.append(total)
+    np.testing.assert_array_equal(got, want)

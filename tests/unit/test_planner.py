@@ -626,3 +626,13 @@ def test_the_live_workers_are_read_once_per_change_of_the_node_table():
     sched.finished.add(P.worker_id(39))
     p.release(sched)
     assert len(sched.answers) == 40 + 39 and _CountingNodes.walks == 2
+
+
+def test_the_per_link_table_is_made_only_when_read():
+    # a worker per row at 4,096 workers is three 4,224 x 4,224 arrays (430 MB) that a planner
+    # of more than REPORT_MAX_NODES rows plans without: none until something reads it
+    p = Planner("aware", 4096, 128, False, slice_elems=1024)
+    assert p._table is None
+    p.use_hosts([r // 8 for r in range(4096)])  # (512 hosts: 640 rows)
+    assert p._table is None and p.n_nodes == 640
+    assert p.table.n_nodes == 640 and p.table is p.table

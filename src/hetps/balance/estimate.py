@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["EstimateTable", "ForecastMatcher", "Sample", "sample_rate"]
+__all__ = ["EstimateTable", "ForecastMatcher", "Sample", "link_matrix", "sample_rate", "used_links"]
 
 
 class Sample(NamedTuple):
@@ -233,3 +233,28 @@ class ForecastMatcher:
         if t0 is None:
             return None
         return Sample(int(src), self.node, float(size_bytes), t0, float(t_arrival))
+
+
+def used_links(n_nodes: int, servers: list[int], workers: list[int]) -> np.ndarray:
+    """Which ordered links of ``n_nodes`` carry traffic: worker <-> server only (with
+    co-located nodes that is every pair of different nodes). Read-only."""
+    used = np.zeros((n_nodes, n_nodes), dtype=bool)
+    srv, wrk = np.array(servers), np.array(workers)
+    used[np.ix_(srv, wrk)] = True
+    used[np.ix_(wrk, srv)] = True
+    np.fill_diagonal(used, False)
+    used.setflags(write=False)
+    return used
+
+
+def link_matrix(estimates: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Estimated bytes/s per link from per-link ``estimates`` (NaN: not measured). Links
+    that carry no traffic (not ``used``: server to server, worker to worker) are 0: they add
+    no capacity to a node. Used links never measured take the median of the measured ones."""
+    m = estimates.astype(float)
+    known = m[used & np.isfinite(m)]
+    fill = float(np.median(known)) if known.size else 1e9
+    m[used & ~np.isfinite(m)] = fill
+    m[~used] = 0.0
+    np.fill_diagonal(m, np.inf)
+    return m

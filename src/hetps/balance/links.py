@@ -190,11 +190,12 @@ class LinkEstimator:
             for hist in (self._probe_up, self._probe_down)
         )  # type: ignore[return-value]
 
-    def censored(self) -> tuple[np.ndarray, np.ndarray]:
+    def censored(self, single: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Which nodes' sending (receiving) cap the single-flow probes may not show in full:
         those whose fastest probe comes within 15% of the fastest peer at the other end,
-        so that every reading of them may have been the peer's limit, not theirs."""
-        up, down = self.single()
+        so that every reading of them may have been the peer's limit, not theirs.
+        ``single``: :meth:`single`, when the caller has it."""
+        up, down = self.single() if single is None else single
         out = []
         for mine, other, ends in ((up, down, self.servers), (down, up, self.workers)):
             # per node k, the fastest finite peer j != k: the fastest end, or for that end
@@ -264,12 +265,14 @@ class LinkEstimator:
         late by a receive thread that was behind) never gets here: the server drops it. A
         censored node (:meth:`censored`) also takes its latest spread reading if larger."""
         caps = []
+        single = self.single()
+        censored = self.censored(single)  # (read once: each is a pass over every node)
+        spreads = (
+            self._spread_best(self._spread_up, self._spread_turns(censored[0])),
+            self._spread_best(self._spread_down, self._spread_turns(censored[1])),
+        )
         for busy, probe, spread, cen in zip(
-            (self.up, self.down),
-            self.single(),
-            (self.spread_up, self.spread_down),
-            self.censored(),
-            strict=True,
+            (self.up, self.down), single, spreads, censored, strict=True
         ):
             # a spread reading counts while the node is still censored: once its single-flow
             # probes read clearly below its peers, they are its cap (it got slower)
@@ -334,8 +337,9 @@ def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> 
     """Per group ``0..n-1``, the total length its intervals ``[t0, t1)`` cover (overlaps
     counted once), all groups at once: the intervals sorted by group (a stable sort of 16-bit
     keys is a radix sort), one row per group (groups of like sizes together, padded by empty
-    intervals at +inf), each row sorted by start, a running maximum of the ends along it, and
-    its covered pieces summed in order as :func:`_union_length` sums them (pads add 0.0)."""
+    intervals at +inf), each row sorted by start (ties in their order: :func:`_by_start`), a
+    running maximum of the ends along it, and its covered pieces summed in order as
+    :func:`_union_length` sums them (pads add 0.0)."""
     out = np.zeros(n)
     if not len(group):
         return out
@@ -352,12 +356,32 @@ def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> 
         size, start = sizes[bucket == k], first[bucket == k]
         col = np.arange(int(size.max()))
         idx = np.where(col < size[:, None], start[:, None] + col, len(g))
-        idx = np.take_along_axis(idx, np.argsort(a[idx], axis=1, kind="stable"), axis=1)
-        lo, hi = a[idx], b[idx]
+        lo, hi = _by_start(a[idx], b[idx])
         before = np.c_[np.full(len(idx), -np.inf), np.maximum.accumulate(hi, axis=1)[:, :-1]]
         seg = np.maximum(hi - np.maximum(lo, before), 0.0)
         out[g[start]] = np.cumsum(seg, axis=1)[:, -1]
     return out
+
+
+def _by_start(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``(lo, hi)`` sorted by start in place, ties in their order (as a stable sort):
+    rows in order stay, the others take the quick sort, and the stable one where two of one
+    start and different ends may have changed places."""
+    with np.errstate(invalid="ignore"):
+        todo = np.flatnonzero(~(lo[:, 1:] >= lo[:, :-1]).all(axis=1))
+    if not len(todo):
+        return lo, hi
+    x, y = lo[todo], hi[todo]
+    order = np.argsort(x, axis=1)
+    s_lo, s_hi = np.take_along_axis(x, order, axis=1), np.take_along_axis(y, order, axis=1)
+    ties = ((s_lo[:, 1:] == s_lo[:, :-1]) & (s_hi[:, 1:] != s_hi[:, :-1])).any(axis=1)
+    ties |= np.isnan(s_lo[:, -1])  # (NaN starts: equal to nothing, sorted last)
+    if ties.any():
+        order = np.argsort(x[ties], axis=1, kind="stable")
+        s_lo[ties] = np.take_along_axis(x[ties], order, axis=1)
+        s_hi[ties] = np.take_along_axis(y[ties], order, axis=1)
+    lo[todo], hi[todo] = s_lo, s_hi
+    return lo, hi
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:

@@ -65,10 +65,14 @@ def host_ids(
     bad = [i for i in host if getattr(nodes.get(i), "group", -1) != group or group < 0]
     if bad or len(set(host)) != len(host):
         return f"balance report: a host's report names nodes {bad or list(host)} of no host {group}"
-    counts = np.asarray(rows or [], dtype=np.int64).reshape(-1, 2)
+    rows = rows or []  # (pairs of counts: the body's declared type)
     have = [len(a) for a in arrays[:2]]
-    if len(counts) != len(host) or len(have) != 2 or counts.sum(axis=0).tolist() != have:
-        return f"balance report: 'host_rows' {counts.tolist()} do not add up to the arrays' {have} rows"
+    if (
+        len(rows) != len(host)
+        or len(have) != 2
+        or [sum(r[0] for r in rows), sum(r[1] for r in rows)] != have
+    ):
+        return f"balance report: 'host_rows' {[list(r) for r in rows]} do not add up to the arrays' {have} rows"
     return list(host)
 
 
@@ -77,6 +81,17 @@ def named(times: np.ndarray, servers: int) -> np.ndarray:
     rank, secs = times[:, 0], times[:, 2]
     with np.errstate(invalid="ignore"):
         return (rank >= 0) & (rank < servers) & (rank == np.floor(rank)) & (secs > 0)
+
+
+def longest_named(times: np.ndarray, servers: int) -> np.ndarray:
+    """A worker's server times ``(rank, bytes, seconds)`` as :func:`spans` reads them: its
+    longest that names a server, one row or none (what a host's leader sends unless the plan
+    fits a line per server: cluster/hostlead.py)."""
+    secs = np.where(named(times, servers), times[:, 2], -1.0)
+    if not len(secs) or secs.max() <= 0:
+        return times[:0]
+    k = int(np.argmax(secs))
+    return times[k : k + 1]
 
 
 def spans(reports: Sequence[tuple[np.ndarray, Sequence | None]], servers: int) -> list[float]:

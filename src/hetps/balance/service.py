@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
+from hetps.balance.estimate import link_matrix, used_links
 from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
@@ -76,7 +77,8 @@ class Planner:
         self.kept = 0  # plans computed but not adopted (not enough predicted gain)
         self._streak = 0  # consecutive reports whose new plan beat the margin
         self.n_nodes = num_workers if colocate else num_workers + num_servers
-        self.table = EstimateTable(self.n_nodes, alpha=alpha)
+        self._alpha = alpha
+        self._table: EstimateTable | None = None  # (made when first read: table)
         self.slices: list[Slice] | None = None
         self._layout: tuple[tuple[int, ...], list[Slice]] = ((), [])  # (sizes, their slices)
         self.assignment: np.ndarray | None = None
@@ -133,6 +135,15 @@ class Planner:
             margin=cfg.replan_margin,
         )
 
+    @property
+    def table(self) -> EstimateTable:
+        """The per-link estimates (the link matrix of reports and plots), made when first read:
+        N x N arrays (430 MB at 4,224 rows) that beyond REPORT_MAX_NODES rows only a plan
+        before any node was measured reads."""
+        if self._table is None:
+            self._table = EstimateTable(self.n_nodes, alpha=self._alpha)
+        return self._table
+
     # network node index of a ps-lite id
     def index(self, node_id: int) -> int:
         """Row/column of ``node_id`` in the link matrix (a worker's is its host's)."""
@@ -162,7 +173,7 @@ class Planner:
             return
         self.hosts = hosts
         self.n_nodes = self.S + hosts.n_hosts
-        self.table = EstimateTable(self.n_nodes, alpha=self.table.alpha)
+        self._table = None
         cycle = max(hosts.n_hosts, self.S)
         self.links = LinkEstimator(
             self.n_nodes, self.servers, self.workers, False, cycle, alpha=self.links.node_alpha
@@ -201,19 +212,21 @@ class Planner:
         """Every report's samples of round ``rnd``, once every worker reported it, in one
         pass over them all (arrays, not a loop per sample): their nodes' rows (a worker's is
         its host's), then the few capacity probes and spread flows in report order, then the
-        data transfers (:meth:`observe_round`)."""
+        data transfers (:meth:`observe_round`). The reports' rows are read as one array of
+        columns (one copy of them all, each column contiguous)."""
         if not reports:
             return self.observe_round([])
-        samples = np.concatenate([a for a, _ in reports])
-        seq = np.repeat(np.arange(len(reports), dtype=float), [len(a) for a, _ in reports])
-        calibration = np.repeat([c for _, c in reports], [len(a) for a, _ in reports])
-        src, dst = self.rows_of(samples[:, 0]), self.rows_of(samples[:, 1])
-        nbytes, t0, t1, kind = samples[:, 2], samples[:, 3], samples[:, 4], samples[:, 5]
+        lengths = [len(a) for a, _ in reports]
+        cols = np.concatenate([a.T for a, _ in reports], axis=1)
+        calibration = np.repeat([c for _, c in reports], lengths)
+        src, dst = self.rows_of(cols[0]), self.rows_of(cols[1])
+        nbytes, t0, t1, kind = cols[2], cols[3], cols[4], cols[5]
         with np.errstate(invalid="ignore"):
-            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(samples).all(1)
+            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(cols).all(0)
         # (a worker and its co-located server, or a worker and its own host: no network)
         ok &= src != dst
-        for r in np.flatnonzero(ok & (kind == 1)):
+        probe, spread = kind == 1, (kind == 2) | (kind == 3)
+        for r in np.flatnonzero(ok & probe):
             i, j, rate = int(src[r]), int(dst[r]), float(nbytes[r] / (t1[r] - t0[r]))
             judged = (
                 self._released + 1 >= CONTRADICT_FROM_ROUND
@@ -224,58 +237,45 @@ class Planner:
             if judged and self.links.contradicts(i, j, rate):
                 self._contradicted.add(rnd)
             self.links.observe_probe(i, j, rate, rnd)
-        spread = ok & ((kind == 2) | (kind == 3))
-        cols = (src, dst, t0, t1, nbytes, kind)
-        flows = zip(*(c[spread] for c in cols), strict=True)
+        flows = zip(*(c[ok & spread] for c in (src, dst, t0, t1, nbytes, kind)), strict=True)
         self._spread.setdefault(rnd, []).extend(
             (int(i), int(j), float(a), float(b), float(n), bool(k == 3))
             for i, j, a, b, n, k in flows
         )
-        data = ok & (kind != 1) & (kind != 2) & (kind != 3)
-        self.observe_round([np.stack((seq, src, dst, t0, t1, nbytes))[:, data]])
+        data = ok & ~probe & ~spread
+        seq = np.repeat(np.arange(len(reports), dtype=np.int64), lengths)
+        self.observe_round([seq, src, dst, t0, t1, nbytes], data)
 
-    def observe_round(self, parts: list[np.ndarray]) -> None:
-        """A whole round's data samples, once every worker reported it: the link matrix (per
-        report and link the median rate of its messages, blended in report order) and the
-        per-node busy-time rates, in bulk."""
-        if not parts:
+    def observe_round(self, cols: list[np.ndarray], data: np.ndarray | None = None) -> None:
+        """A whole round's data samples, once every worker reported it, as the columns
+        (report, src, dst, t0, t1, bytes; nodes' rows as integers) of the rows ``data``
+        selects (all without it): the link matrix (per report and link the median rate of
+        its messages, blended in report order) and the per-node busy-time rates, in bulk."""
+        if not cols or not len(cols[0]):
             self.links.observe_arrays(*(np.zeros(0, dtype=np.int64),) * 2, *(np.zeros(0),) * 3)
             return
-        seq, i, j, t0, t1, nbytes = np.concatenate(parts, axis=1)
-        i, j = i.astype(np.int64), j.astype(np.int64)
+        if data is not None and not data.all():  # (the rows' indices: one pass of the mask)
+            rows = np.flatnonzero(data)
+            cols = [c[rows] for c in cols]
+        seq, i, j, t0, t1, nbytes = cols
         if not seq.size or self.n_nodes > REPORT_MAX_NODES:
             # the link matrix is for reports and plots, which get it up to REPORT_MAX_NODES
             # rows; plans read the per-node rates (a round's median per report and link is
             # most of a round's work at 4,096 workers)
             return self.links.observe_arrays(i, j, t0, t1, nbytes)
-        self.table.observe_medians(seq.astype(np.int64), i, j, nbytes / (t1 - t0), t1)
+        self.table.observe_medians(seq, i, j, nbytes / (t1 - t0), t1)
         self.links.observe_arrays(i, j, t0, t1, nbytes)
 
     def used_links(self) -> np.ndarray:
-        """Which ordered links carry traffic in this deployment: worker <-> server only (with
-        co-located nodes that is every pair of different nodes). Read-only."""
+        """Which ordered links carry traffic here (:func:`used_links`). Read-only."""
         if self._used is None:
-            used = np.zeros((self.n_nodes, self.n_nodes), dtype=bool)
-            srv, wrk = np.array(self.servers), np.array(self.workers)
-            used[np.ix_(srv, wrk)] = True
-            used[np.ix_(wrk, srv)] = True
-            np.fill_diagonal(used, False)
-            used.setflags(write=False)
-            self._used = used
+            self._used = used_links(self.n_nodes, self.servers, self.workers)
         return self._used
 
     def link_matrix(self) -> np.ndarray:
-        """Estimated bytes/s per link. Links that carry no traffic here (server to server,
-        worker to worker) are 0: they add no capacity to a node. Used links that were never
-        measured take the median of the measured ones."""
-        m = self.table.matrix().astype(float)
-        used = self.used_links()
-        known = m[used & np.isfinite(m)]
-        fill = float(np.median(known)) if known.size else 1e9
-        m[used & ~np.isfinite(m)] = fill
-        m[~used] = 0.0
-        np.fill_diagonal(m, np.inf)
-        return m
+        """Estimated bytes/s per link (:func:`link_matrix`: unused links 0, used links never
+        measured the median of the measured ones)."""
+        return link_matrix(self.table.matrix(), self.used_links())
 
     def plan_shares(self) -> dict | None:
         """The current plan: its epoch and each server's share of the elements (live

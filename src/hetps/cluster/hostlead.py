@@ -32,6 +32,8 @@ import msgspec
 import numpy as np
 from msgspec import Meta
 
+from hetps.balance.plans import PLANS
+from hetps.balance.reports import longest_named
 from hetps.cluster import protocol as P
 from hetps.cluster.commands import BalanceAnswer, NodeId
 from hetps.cluster.requests import RequestTimeout
@@ -429,17 +431,21 @@ class HostLead:
 
     def _merged(self, rnd: int, ids: list[int], batch: dict[int, Any]) -> Message:
         """The host's one report: its workers' samples merged per (host, server) pair
-        (:func:`merge_host`), their times in one array, the rows of
+        (:func:`merge_host`), their times in one array (with those: each worker's longest,
+        all that the planner reads of them unless its plan fits a line per server), the rows of
         each worker (``host_rows``: the merged samples all the first's), the layout and the
         flags of the first that has them (every worker reports the same ones)."""
         bodies = [batch[i].b for i in ids]
         samples = [_rows(batch[i].s, 6) for i in ids]
         times = [_rows(batch[i].t, 3) for i in ids]
-        rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
         joined = np.concatenate(samples)
         if not self.node.cfg.colocate:  # (colocated: every worker is a row of its own)
             joined = merge_host(joined, ids)  # the host's, merged per (host, server) pair
-            rows = [[len(joined) if i == 0 else 0, r[1]] for i, r in enumerate(rows)]
+            samples = [joined] + [joined[:0]] * (len(ids) - 1)
+            # (a plan that fits no line per server reads only each worker's longest time)
+            if getattr(PLANS.get(self.node.cfg.balance), "needs", "history") != "history":
+                times = [longest_named(t, self.node.cfg.num_server) for t in times]
+        rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
         body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
         for field in ("sizes", "assign", "calibration", "spread_done"):
             body[field] = next((b[field] for b in bodies if b.get(field)), None)
