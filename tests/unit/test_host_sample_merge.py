@@ -13,7 +13,7 @@ from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import commands
 from hetps.cluster import protocol as P
-from hetps.cluster.hostlead import HostLead, merge_host
+from hetps.cluster.hostlead import HostLead, Report, merge_host
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
 
@@ -148,7 +148,7 @@ def test_a_hosts_report_carries_each_workers_longest_time_unless_the_plan_fits_l
     # server from all of them
     times = {9: [[0, 1e6, 0.2], [1, 2e6, 0.5], [5, 1e6, 9.0]], 11: [[0, 3e6, 0.3], [1, 1e6, 0.1]]}
     batch = {
-        i: {"s": b"", "t": np.array(t, dtype=np.float64).tobytes(), "b": {"round": 2}}
+        i: Report(s=b"", t=np.array(t, dtype=np.float64).tobytes(), b={"round": 2})
         for i, t in times.items()
     }
     cfg = SimpleNamespace(colocate=False, balance=balance, num_server=2)
