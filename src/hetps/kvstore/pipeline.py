@@ -114,8 +114,9 @@ class Pipeline:
         slice_key = key if part is None else (key, part)
         if fut.done():
             return fut
-        # (a table's push goes with the pull after it whatever its size: one message)
-        if collect is not None and (array_bytes(msg) <= self.batch_bytes or msg.cmd == P.SPUSH):
+        # (a table's push and the pull after it go together whatever their size)
+        table = msg.cmd in (P.SPUSH, P.SPULL)
+        if collect is not None and (table or array_bytes(msg) <= self.batch_bytes):
             if msg.borrowed:  # a batch may leave after the call: small, so copied now
                 own()
             collect.append((slice_key, server_rank, fut, msg))  # sent at the call's end

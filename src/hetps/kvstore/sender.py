@@ -12,10 +12,11 @@ busy), the other waiting ops of requests to that server that are first in line f
 their slices go in the same message (never a send held back to wait for more).
 
 Parked ops (``park``: a table's push, which the ``row_sparse_pull`` after it sends merged
-with its own requests, by :meth:`Sender.drain`) are queued without waking the sender
-thread; if no caller drains them within :data:`PARK_S` the sender thread sends them itself
-(while parks come, it looks every :data:`PARK_S`; it sleeps untimed, and a park wakes it,
-after :data:`IDLE_S` without one).
+with its own requests, by :meth:`Sender.drain`) wait for a caller's drain; if none drains
+them within :data:`PARK_S` the sender thread sends them itself. While parks come closer than
+:data:`IDLE_S` it looks every :data:`PARK_S` and a park does not wake it; after a longer
+gap it sleeps untimed and the next park wakes it (a round of push then pull: two wake-ups,
+the park's and its due time's, however long the round).
 """
 
 from __future__ import annotations
