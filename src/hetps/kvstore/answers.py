@@ -65,9 +65,7 @@ class Answers:
         its receiver times it from a forecast sent just before (Message.timed)."""
         out = self._out
         size = sum(int(a.nbytes) for a in arrays) if arrays else 0
-        # (a table's rows go with the round's other answers whatever their size: the push's
-        # ack and the pull's rows in one message; a reply is bounded by HETPS_TABLE_PULL_BYTES)
-        big = size > self._max_bytes and msg.cmd != P.SPULL
+        big = size > self._max_bytes and msg.cmd != P.SPULL  # (a table's rows: any size)
         if out is None or big or msg.cmd not in P.BATCH_COMMANDS:
             kw = {"timed": True} if timed else {}  # (only the measured answers say it)
             return self.node.reply(msg, body, arrays, track=track, **kw)

@@ -114,8 +114,7 @@ class Pipeline:
         slice_key = key if part is None else (key, part)
         if fut.done():
             return fut
-        # (a table's push and the pull after it go together whatever their size)
-        table = msg.cmd in (P.SPUSH, P.SPULL)
+        table = msg.cmd in (P.SPUSH, P.SPULL)  # (a table's push and pull: any size)
         if collect is not None and (table or array_bytes(msg) <= self.batch_bytes):
             if msg.borrowed:  # a batch may leave after the call: small, so copied now
                 own()

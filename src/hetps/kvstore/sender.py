@@ -12,11 +12,9 @@ busy), the other waiting ops of requests to that server that are first in line f
 their slices go in the same message (never a send held back to wait for more).
 
 Parked ops (``park``: a table's push, which the ``row_sparse_pull`` after it sends merged
-with its own requests, by :meth:`Sender.drain`) wait for a caller's drain; if none drains
-them within :data:`PARK_S` the sender thread sends them itself. While parks come closer than
-:data:`IDLE_S` it looks every :data:`PARK_S` and a park does not wake it; after a longer
-gap it sleeps untimed and the next park wakes it (a round of push then pull: two wake-ups,
-the park's and its due time's, however long the round).
+with its own requests, by :meth:`Sender.drain`) wait for a caller's drain, or PARK_S: then
+the sender thread sends them (while parks come less than :data:`IDLE_S` apart it looks every
+:data:`PARK_S`, unwoken; else it sleeps untimed and a park wakes it).
 """
 
 from __future__ import annotations
@@ -36,11 +34,8 @@ log = logging.getLogger("hetps.worker")
 
 #: seconds a parked op waits for a caller's drain before the sender thread sends it
 PARK_S = 0.002
-#: seconds without a park after which the sender thread stops looking every PARK_S: parks
-#: closer than this (many pushes in a row) are seen by its looks without a wake-up each; a
-#: park after a longer gap (a round of push, then pull) wakes it, as looking every PARK_S
-#: through a round of 40 ms on a busy machine costs 20 wake-ups against 2
-IDLE_S = PARK_S
+#: seconds without a park after which the sender thread stops looking every PARK_S
+IDLE_S = PARK_S  # (a round of push then pull: two wake-ups, not one per PARK_S)
 
 
 @dataclass(order=True)
