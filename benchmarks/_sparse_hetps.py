@@ -5,7 +5,8 @@
 
 The same rounds as ``benchmarks/_sparse_mx.py`` (the same ids and rows): ``kv.push(key, (ids,
 rows))`` then ``kv.row_sparse_pull(key, row_ids=ids)``, SGD or lazy Adam on the servers.
-Rank 0 prints ``RESULT cols frac t1,t2,...``.
+Rank 0 prints ``RESULT cols frac t1,t2,...`` and ``CPU cols frac s``: its process's CPU
+seconds (all threads) per timed round.
 """
 
 import os
@@ -44,16 +45,19 @@ def main() -> None:
                 grads.append((ids, data))
             kv.barrier()
             times = []
+            cpu = 0.0  # (this worker process's CPU time, all its threads, in timed rounds)
             for i in range(warm + rounds):
                 ids, data = grads[i % sets]
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 kv.push(key, (ids, data))
                 kv.row_sparse_pull(key, row_ids=ids)
                 if i >= warm:
                     times.append(time.perf_counter() - t0)
+                    cpu += time.process_time() - c0
             kv.barrier()
             if rank == 0:
                 print(f"RESULT {cols} {frac} " + ",".join(f"{t:.6f}" for t in times), flush=True)
+                print(f"CPU {cols} {frac} {cpu / rounds:.6f}", flush=True)
 
 
 if __name__ == "__main__":

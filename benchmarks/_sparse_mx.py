@@ -9,7 +9,8 @@ of rows (``FRACS``, comma-separated): a round is ``kv.push(key, grad)`` of a row
 gradient of its ids, then ``kv.row_sparse_pull(key, out=rsp, row_ids=ids)``, waited for. The
 ids (distinct, sorted, drawn per worker and round from a seeded generator, prepared before the
 timing) and the rows are the ones the hetps side uses. Rank 0 prints ``RESULT cols frac
-t1,t2,...`` (seconds per round after 3 warm-up rounds).
+t1,t2,...`` (seconds per round after 3 warm-up rounds) and ``CPU cols frac s``: its process's
+CPU seconds (all threads, MXNet's engine and ps-lite's included) per timed round.
 """
 
 import os
@@ -57,16 +58,19 @@ def main():
             mx.nd.waitall()
             kv._barrier()
             times = []
+            cpu = 0.0  # (this worker process's CPU time, all its threads, in timed rounds)
             for i in range(warm + rounds):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 kv.push(key, grads[i % sets])
                 kv.row_sparse_pull(key, out=out, row_ids=rids[i % sets])
                 out.wait_to_read()
                 if i >= warm:
                     times.append(time.perf_counter() - t0)
+                    cpu += time.process_time() - c0
             kv._barrier()
             if rank == 0:
                 print(f"RESULT {cols} {frac} " + ",".join(f"{t:.6f}" for t in times), flush=True)
+                print(f"CPU {cols} {frac} {cpu / rounds:.6f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,10 @@ next repeat in another order), ``--repeats`` times:
   encrypted connections and the sealed bulk channels, as between hosts.
 
 The figure of a cell is the median of every timed round of every repeat (rank 0's clock);
-the ratio is MXNet's median over hetps's (above 1: hetps is faster).
+the ratio is MXNet's median over hetps's (above 1: hetps is faster). ``worker CPU ms``: the
+CPU time rank 0's worker process (all its threads) spent per timed round, the median of the
+repeats, per system (MXNet / hetps shm / hetps tcp): a figure the load of the machine moves
+much less than the clock's.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from _common import (  # noqa: E402
 
 DEFAULT_MX_PY = os.path.join(ROOT, "mxpeer-venv", "bin", "python")
 RESULT = re.compile(r"RESULT (\d+) ([\d.e-]+) ([\d.,e-]+)")
+CPU = re.compile(r"CPU (\d+) ([\d.e-]+) ([\d.e-]+)")
 SYSTEMS = ("mxnet", "hetps shm", "hetps tcp")
 
 
@@ -119,6 +123,7 @@ def main() -> int:
         print(f"MXNet left out: no python at {args.mxnet_python} (see --mxnet-python)")
     # times[(opt, system, cols, frac)] = every timed round of every repeat
     times: dict[tuple, list[float]] = {}
+    cpu: dict[tuple, list[float]] = {}  # the same keys: rank 0's CPU seconds per round, per job
     loads: list[float] = []
     jobs = []
     for opt in args.opts.split(","):
@@ -141,6 +146,10 @@ def main() -> int:
                 key = (opt, system, int(m.group(1)), float(m.group(2)))
                 times.setdefault(key, []).extend(float(x) for x in m.group(3).split(","))
                 found += 1
+            m = CPU.search(ln)
+            if m:
+                key = (opt, system, int(m.group(1)), float(m.group(2)))
+                cpu.setdefault(key, []).append(float(m.group(3)))
         print(f"{opt} repeat {rep} {system}: {time.time() - t0:.1f} s, load {loads[-1]:.1f}")
         if rc != 0 or not found:
             print("\n".join(lines[-40:]))
@@ -149,6 +158,7 @@ def main() -> int:
     headers += [f"{s} ms" for s in (SYSTEMS if have_mx else SYSTEMS[1:])]
     if have_mx:
         headers += ["MXNet/shm", "MXNet/tcp"]
+    headers.append("worker CPU ms")
     rows = []
     for opt in args.opts.split(","):
         for cols in [int(c) for c in args.cols.split(",")]:
@@ -158,6 +168,8 @@ def main() -> int:
                 row += [f"{med[s] * 1e3:.2f}" for s in SYSTEMS if med[s] is not None]
                 if have_mx:
                     row += [f"{med['mxnet'] / med[s]:.2f}x" for s in ("hetps shm", "hetps tcp")]
+                used = [median(cpu.get((opt, s, cols, frac), [])) for s in SYSTEMS]
+                row.append(" / ".join(f"{u * 1e3:.2f}" for u in used if u is not None))
                 rows.append(row)
     print()
     print_table(headers, rows)
@@ -174,6 +186,7 @@ def main() -> int:
                 "loads": loads,
                 "table": [dict(zip(headers, r, strict=True)) for r in rows],
                 "times": {" ".join(map(str, k)): v for k, v in times.items()},
+                "cpu": {" ".join(map(str, k)): v for k, v in cpu.items()},
             },
         )
     return 0

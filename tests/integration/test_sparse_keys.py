@@ -342,6 +342,21 @@ def test_a_round_push_and_pull_travel_together(cluster):
         assert recv <= 0.75 * alone, out
 
 
+def test_a_round_push_and_pull_travel_together_whatever_their_size(cluster):
+    """The same with every array over HETPS_BATCH_BYTES (the rows of a wide table): the push
+    still waits for the pull and goes with it, and the server answers the push and the
+    pull's rows in one message, as on a small table."""
+    rc, out = cluster(ONE_MESSAGE, workers=2, servers=2, env={"HETPS_BATCH_BYTES": "16"})
+    assert rc == 0, out
+    lines = [ln.split() for ln in out.splitlines() if "ONE-MESSAGE" in ln]
+    assert len(lines) == 2, out
+    alone = 2 * 30 * 2
+    for words in lines:
+        sent, recv, merged = (int(x) for x in words[-3:])
+        assert merged > 0 and sent <= 0.75 * alone, out
+        assert recv <= 0.75 * alone, out
+
+
 LONE_PUSH = """
 from hetps import optim
 from hetps.tables.rowsparse import Table

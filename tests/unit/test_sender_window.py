@@ -313,3 +313,41 @@ def test_a_parked_request_nobody_drains_leaves_within_park_s():
             assert rec.wait_for(n + 1)[-1] == f"b{n}"
     finally:
         sender.close()
+
+
+def test_a_park_after_a_pause_wakes_the_thread_which_does_not_look_through_the_pause(
+    monkeypatch,
+):
+    """Rounds of a park and its drain with pauses between them (a training step's compute):
+    the sender thread wakes a few times per round (the park's wake-up, its due time), not
+    every PARK_S through the pause, and sends nothing itself (every park was drained)."""
+    waits: list[int] = []
+
+    class Counting(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            if threading.current_thread().name == "hetps-sender":
+                waits.append(1)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(threading, "Condition", Counting)
+    from hetps.transport.codec import Message as _Message
+
+    me = threading.get_ident()
+    batches: list[int] = []
+    sender = Sender(0, lambda server, futs, msgs: None)
+    pause = threading.Event()
+
+    def send() -> None:
+        batches.append(threading.get_ident())
+
+    try:
+        for n in range(3):
+            msg = _Message("spush", req=n)
+            sender.submit(f"t{n}", 0, send, merge=(0, [(None, msg)]), inline=False, park=True)
+            sender.drain()
+            pause.wait(0.1)  # (the pause itself is what is looked at: no parks in it)
+        assert batches == [me] * 3, batches
+        # looking every PARK_S (2 ms) through the pauses would be about 150 wake-ups
+        assert len(waits) <= 30, len(waits)
+    finally:
+        sender.close()

@@ -353,7 +353,8 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
             Var("HETPS_BATCH_BYTES", "int", 1 << 20,
                 "requests of a call to one server, and answers ready together for one "
                 "worker, travel as one message when each carries at most this many bytes of "
-                "arrays (at most 1 MiB counts; 0: every request and answer alone)",
+                "arrays (at most 1 MiB counts; a table's push and pull and their answers go "
+                "whatever their size; 0: every request and answer alone)",
                 field="batch_bytes", minimum=0, unit="bytes"),
             Var("HETPS_ROUNDS_AHEAD", "int", 2,
                 "dist_sync: how many rounds of one key a worker may push before the oldest "

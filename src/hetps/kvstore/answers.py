@@ -65,7 +65,8 @@ class Answers:
         its receiver times it from a forecast sent just before (Message.timed)."""
         out = self._out
         size = sum(int(a.nbytes) for a in arrays) if arrays else 0
-        if out is None or size > self._max_bytes or msg.cmd not in P.BATCH_COMMANDS:
+        big = size > self._max_bytes and msg.cmd != P.SPULL  # (a table's rows: any size)
+        if out is None or big or msg.cmd not in P.BATCH_COMMANDS:
             kw = {"timed": True} if timed else {}  # (only the measured answers say it)
             return self.node.reply(msg, body, arrays, track=track, **kw)
         answer = Message(

@@ -114,7 +114,8 @@ class Pipeline:
         slice_key = key if part is None else (key, part)
         if fut.done():
             return fut
-        if collect is not None and array_bytes(msg) <= self.batch_bytes:
+        table = msg.cmd in (P.SPUSH, P.SPULL)  # (a table's push and pull: any size)
+        if collect is not None and (table or array_bytes(msg) <= self.batch_bytes):
             if msg.borrowed:  # a batch may leave after the call: small, so copied now
                 own()
             collect.append((slice_key, server_rank, fut, msg))  # sent at the call's end

@@ -12,10 +12,9 @@ busy), the other waiting ops of requests to that server that are first in line f
 their slices go in the same message (never a send held back to wait for more).
 
 Parked ops (``park``: a table's push, which the ``row_sparse_pull`` after it sends merged
-with its own requests, by :meth:`Sender.drain`) are queued without waking the sender
-thread; if no caller drains them within :data:`PARK_S` the sender thread sends them itself
-(while parks come, it looks every :data:`PARK_S`; it sleeps untimed, and a park wakes it,
-after :data:`IDLE_S` without one).
+with its own requests, by :meth:`Sender.drain`) wait for a caller's drain, or PARK_S: then
+the sender thread sends them (while parks come less than :data:`IDLE_S` apart it looks every
+:data:`PARK_S`, unwoken; else it sleeps untimed and a park wakes it).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ log = logging.getLogger("hetps.worker")
 #: seconds a parked op waits for a caller's drain before the sender thread sends it
 PARK_S = 0.002
 #: seconds without a park after which the sender thread stops looking every PARK_S
-IDLE_S = 1.0
+IDLE_S = PARK_S  # (a round of push then pull: two wake-ups, not one per PARK_S)
 
 
 @dataclass(order=True)

@@ -75,12 +75,13 @@ def put_rows(table: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
     np.put(table.view(item).reshape(-1), rows, values.view(item).reshape(-1))
 
 
-def distinct(ids: np.ndarray) -> np.ndarray:
+def distinct(ids: np.ndarray, runs: bool = False) -> np.ndarray:
     """The sorted distinct values of 1-D ``ids`` (``ids`` itself when it is so already): by
-    a sort, as ``np.unique``'s hash path is 10x slower on a few thousand int64 ids."""
+    a sort, as ``np.unique``'s hash path is 10x slower on a few thousand int64 ids; ``runs``:
+    sorted runs end to end (a round's pushes), merged by the stable sort (4x faster)."""
     if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids
-    s = np.sort(ids)
+    s = np.sort(ids, kind="stable" if runs else None)
     keep = np.empty(s.size, bool)
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
@@ -111,7 +112,7 @@ def sum_rows(
     a host's sum is bit for bit the one a server makes of the host's workers' pushes."""
     if len(pushes) == 1:
         return pushes[0][0], pushes[0][1].reshape(-1, cols)
-    ids = distinct(np.concatenate([p[0] for p in pushes]))
+    ids = distinct(np.concatenate([p[0] for p in pushes]), runs=True)
     grad = np.zeros((ids.size, cols), dtype)
     for i, (pid, pval) in enumerate(pushes):
         pos = np.searchsorted(ids, pid)

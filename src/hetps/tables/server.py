@@ -314,7 +314,7 @@ class Tables:
         sums = [lazy.sum_rows(h, sh.cols, sh.dtype) for h in hosts.values()]
         ids, grad = lazy.sum_rows(sums, sh.cols, sh.dtype)
         opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
-        job = self._job_workers()
+        job = self.server.job_workers()  # (those that left included)
         if opt is not None and standing < job:
             # workers left (HETPS_ELASTIC): the sum is scaled to the job's count, as a dense
             # key's, so the optimizer's rescale_grad (set for it) gives the survivors' mean
@@ -376,10 +376,6 @@ class Tables:
             sh.deferred.append(msg)
             return
         self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])
-
-    def _job_workers(self) -> int:
-        """The workers of the job, those that left included."""
-        return self.server.job_workers()
 
     def worker_left(self, gone: int) -> None:
         """A worker died and the job goes on without it (HETPS_ELASTIC): drop what it sent
