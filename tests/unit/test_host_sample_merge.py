@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hetps.balance.reports import times_shrink
 from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import commands
@@ -151,8 +152,9 @@ def test_a_hosts_report_carries_each_workers_longest_time_unless_the_plan_fits_l
         i: Report(s=b"", t=np.array(t, dtype=np.float64).tobytes(), b={"round": 2})
         for i, t in times.items()
     }
-    cfg = SimpleNamespace(colocate=False, balance=balance, num_server=2)
-    msg = HostLead._merged(SimpleNamespace(node=SimpleNamespace(cfg=cfg)), 2, [9, 11], batch)
+    cfg = SimpleNamespace(colocate=False)
+    lead = SimpleNamespace(node=SimpleNamespace(cfg=cfg), shrink_times=times_shrink(balance, 2))
+    msg = HostLead._merged(lead, 2, [9, 11], batch)
     if balance == "aware":
         assert msg.arrays[1].tolist() == [[1, 2e6, 0.5], [0, 3e6, 0.3]]
         assert msg.body["host_rows"] == [[0, 1], [0, 1]]

@@ -27,6 +27,7 @@ import numpy as np
 
 from hetps import optim
 from hetps.balance.plans import plan_of
+from hetps.balance.reports import times_shrink
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import bodies
 from hetps.cluster import protocol as P
@@ -256,6 +257,7 @@ class BalanceAgent:
         msg = Message(P.BALANCE_REPORT, body=body, arrays=[table, times])
         lead = getattr(self.node, "hostlead", None)  # the host's one report (cluster/hostlead.py)
         if lead is not None:
+            lead.shrink_times = times_shrink(self.node.cfg.balance, self.node.cfg.num_server)
             fut = lead.report(self._round, msg)
         else:
             fut = self.node.request(1, msg, what="balance report")

@@ -5,9 +5,11 @@ float64 arrays (the report's arrays 0 and 1); a report may also list them in its
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
+from hetps.balance.plans import PLANS
 
 __all__ = ["SAMPLE_COLUMNS", "host_ids", "listed", "sample_array", "spans", "times_array"]
 
@@ -92,6 +94,15 @@ def longest_named(times: np.ndarray, servers: int) -> np.ndarray:
         return times[:0]
     k = int(np.argmax(secs))
     return times[k : k + 1]
+
+
+def times_shrink(balance: str, servers: int) -> Callable[[np.ndarray], np.ndarray] | None:
+    """What a host's leader keeps of each worker's server times under plan ``balance``: each
+    worker's longest that names a server (:func:`longest_named`), unless the plan fits a line
+    per server from all of them (None: keep all)."""
+    if getattr(PLANS.get(balance), "needs", "history") == "history":
+        return None
+    return lambda times: longest_named(times, servers)
 
 
 def spans(reports: Sequence[tuple[np.ndarray, Sequence | None]], servers: int) -> list[float]:

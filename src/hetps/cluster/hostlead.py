@@ -25,15 +25,13 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import numpy as np
 from msgspec import Meta
 
-from hetps.balance.plans import PLANS
-from hetps.balance.reports import longest_named
 from hetps.cluster import protocol as P
 from hetps.cluster.commands import BalanceAnswer, NodeId
 from hetps.cluster.requests import RequestTimeout
@@ -211,6 +209,9 @@ class HostLead:
         self.sent: dict[str, dict[int, int]] = {}
         # this worker's own waits: (kind, n) -> Slot
         self.slots: dict[tuple[str, int], Slot] = {}
+        # what a leader keeps of each worker's server times (set by the balance agent, which
+        # knows what its plan reads; None: all of them)
+        self.shrink_times: Callable[[np.ndarray], np.ndarray] | None = None
         # follower: the connection to the leader it hands its messages to
         self.up: socket.socket | None = None
         self.up_id = 0
@@ -442,9 +443,8 @@ class HostLead:
         if not self.node.cfg.colocate:  # (colocated: every worker is a row of its own)
             joined = merge_host(joined, ids)  # the host's, merged per (host, server) pair
             samples = [joined] + [joined[:0]] * (len(ids) - 1)
-            # (a plan that fits no line per server reads only each worker's longest time)
-            if getattr(PLANS.get(self.node.cfg.balance), "needs", "history") != "history":
-                times = [longest_named(t, self.node.cfg.num_server) for t in times]
+            if self.shrink_times is not None:
+                times = [self.shrink_times(t) for t in times]
         rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
         body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
         for field in ("sizes", "assign", "calibration", "spread_done"):
