@@ -78,7 +78,6 @@ class Registration:
         # server and a worker under the server's own key (server_key), which its first table
         # carries instead of an id per worker
         self._prf = pair_cipher(self.pair_key)
-        self._server_prfs: dict[tuple[int, int], Any] = {}
 
     def add_node(self, msg: Message) -> None:
         b = msg.typed  # an AddNode: every field's type and bound checked by the dispatch
@@ -252,17 +251,11 @@ class Registration:
         ids = np.empty((len(s), 16), dtype=np.uint8)
         for rows in np.split(order, cuts) if len(s) else []:
             o = int(owner[rows[0]])
-            prf = self._prf if o < 0 else self._server_prf(o)
+            prf = self._prf if o < 0 else pair_cipher(self.server_key(o))
             sa = s_again[rows] if s_again.ndim else 0
             da = d_again[rows] if d_again.ndim else 0
             ids[rows] = pair_rows(prf, s[rows], sa, d[rows], da)
         return ids
-
-    def _server_prf(self, server: int) -> Any:
-        at = (server, self.sched.rejoined.get(server, 0))
-        if at not in self._server_prfs:
-            self._server_prfs[at] = pair_cipher(self.server_key(server))
-        return self._server_prfs[at]
 
     def table_fields(self) -> dict[str, Any]:
         """The fields of the job every node table carries beside its nodes, the first one
