@@ -275,5 +275,15 @@ def test_a_servers_table_at_4096_workers_is_compact_and_gives_every_routing_id()
             w = P.worker_id(workers - 1)
             assert unpack_routes(tables[w].body["out"])[s] == admitted[w]
             assert unpack_routes(tables[w].body["in"])[s] == connected[w][1]
+        # a server's table whose addresses do not add up is refused, naming it
+        body = tables[P.server_id(0)].body
+        van = SimpleNamespace(admit=lambda *a: None, connect=lambda *a, **k: None)
+        for bad, why in [
+            ({"ports": body["ports"][:-2]}, "worker addresses that do not add up to 4096"),
+            ({"hosts": body["hosts"][:-1]}, "host index beyond the 511 hosts"),
+        ]:
+            enrol = Enrolment(SimpleNamespace(role="server", van=van), van)
+            enrol.answer(Message(P.NODES, req=1, reply=True, body={**body, **bad}))
+            assert "malformed node table" in enrol._reg_error and why in enrol._reg_error
     finally:
         sch.van.close()
