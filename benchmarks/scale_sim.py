@@ -422,9 +422,13 @@ class SimCluster:
             want = P.server_id(x.rank) if x.role == "server" else P.worker_id(x.rank)
             peers = len(self.workers) if x.role == "server" else len(self.servers)
             listed = g.body["nodes"]
-            # a server's table lists every node; a worker's the servers, and it makes the
-            # workers' entries from their count and host-group runs (as enrol does)
-            rows_want = n if x.role == "server" else len(self.servers)
+            # a table lists the servers, and a node makes the workers' entries from their
+            # count and host-group runs (as enrol does), a server their addresses too, and
+            # its routing ids with them from its key
+            compact = x.role == "worker" or "key" in g.body
+            rows_want = len(self.servers) if compact else n
+            if not compact:  # (a full table, as an older scheduler sent a server)
+                peers = len(self.workers)
             if isinstance(listed, bytes):
                 if listed not in known:
                     rows = msgpack.unpackb(listed, raw=False)
@@ -432,14 +436,17 @@ class SimCluster:
                 whole = known[listed]
             else:
                 whole = len(listed) == rows_want
-            if x.role == "worker":
-                runs = g.body.get("group_runs", b"")  # (the same bytes for every worker)
+            if compact:
+                runs = g.body.get("group_runs", b"")  # (the same bytes for every node)
                 if runs not in known_groups:
                     made = workers_of(msgspec.convert(g.body, NodeTable))
                     grouped = [w.group for w in made] == [w.rank // self.per_host for w in made]
                     known_groups[runs] = len(made) if grouped or self.per_host == 1 else -1
                 count = known_groups[runs]
-                whole = whole and g.body.get("me", [None])[0] == want
+                if x.role == "worker":
+                    whole = whole and g.body.get("me", [None])[0] == want
+                else:
+                    peers = len(self.servers) - 1 if g.body.get("replicas", 1) > 1 else 0
             else:
                 packed = g.body.get("groups", [])  # (int32 pairs, the same bytes for every server)
                 if not isinstance(packed, bytes):
@@ -465,6 +472,11 @@ class SimCluster:
             "latency_s": t_last - t0,
             "send_s": t_sent - t0,
             "table_bytes": median(g.raw_bytes for g in have),
+            "table_bytes_server": median(
+                g.raw_bytes
+                for x, g in zip(self.nodes, tables, strict=True)
+                if x.role == "server" and g is not None and g.body is not None
+            ),
             "table_bytes_total": sum(g.raw_bytes for g in have),
         }
 
@@ -954,6 +966,11 @@ def report(results: dict) -> None:
         (
             "node table (bytes: the median node's, a worker's)",
             lambda c: c.get("register", {}).get("table_bytes"),
+            lambda x: fmt(x, ".0f"),
+        ),
+        (
+            "node table per server (bytes: the median server's)",
+            lambda c: c.get("register", {}).get("table_bytes_server"),
             lambda x: fmt(x, ".0f"),
         ),
         ("barrier, last in -> all out (ms)", lambda c: c.get("barrier", {}).get("latency_s"), _ms),

@@ -18,10 +18,12 @@ import threading
 import time
 
 import msgpack
+import msgspec
 import zmq
 
+from hetps.cluster.commands import NodeTable
 from hetps.cluster.credentials import table_path
-from hetps.cluster.enrol import unpack_groups
+from hetps.cluster.enrol import pack_groups, unpack_groups, workers_of
 from hetps.roles import make_scheduler
 from roles import loopback_config, role_env
 
@@ -71,6 +73,10 @@ class RawNode:
                 body = head["b"]
                 if isinstance(body.get("nodes"), bytes):  # the table, encoded once for all
                     body["nodes"] = msgpack.unpackb(body["nodes"], raw=False)
+                if body.get("ports"):  # a server's first table: the workers as it makes them
+                    made = workers_of(msgspec.convert(body, NodeTable))
+                    body["nodes"] += [n.to_wire() for n in made]
+                    body["groups"] = pack_groups([(n.id, n.group) for n in made])
                 return body
 
     def readmit(self, view: dict) -> None:

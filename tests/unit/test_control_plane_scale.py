@@ -89,7 +89,8 @@ def test_assign_encodes_the_table_once_and_derives_ids_in_one_call(sched, monkey
     monkeypatch.setattr(reg, "pair_id", lambda *a: pytest.fail("a routing id derived alone"))
     reg.assign()
     tables = [m for _, m in sched.sent if m.cmd == P.NODES]
-    assert len(tables) == W + 4 and calls == [2 * 4 * W, 2 * 4 * W]
+    # (the workers' ids with every server; a server derives its own from its key)
+    assert len(tables) == W + 4 and calls == [4 * W, 4 * W]
     by_role = {
         role: [m for m in tables if P.role_of(m.body["id"]) == role]
         for role in ("server", "worker")
@@ -97,7 +98,8 @@ def test_assign_encodes_the_table_once_and_derives_ids_in_one_call(sched, monkey
     for got in by_role.values():
         assert len({id(m.body["nodes"]) for m in got}) == 1  # the same bytes in every answer
         assert len({id(m.body.get("group_runs")) for m in got}) == 1
-    rows = msgpack.unpackb(by_role["server"][0].body["nodes"])
+    server = msgspec.convert(by_role["server"][0].body, NodeTable)
+    rows = msgpack.unpackb(server.nodes) + [n.to_wire() for n in workers_of(server)]
     assert sorted(r[0] for r in rows) == sorted(nodes)
     # a worker's table: the servers' entries, and the workers' made from their count and
     # host groups, as a worker makes them (no worker's address: none connects to another)
@@ -175,7 +177,7 @@ def test_the_host_groups_travel_packed_and_every_node_reads_them(sched):
     assert len(tables) == W + 4
     # packed once for all: every server's table the (id, group) pairs, every worker's the
     # runs of groups in rank order
-    field = {"server": "groups", "worker": "group_runs"}
+    field = {"server": "group_runs", "worker": "group_runs"}
     for role, key in field.items():
         assert len({id(m.body[key]) for m in tables if P.role_of(m.body["id"]) == role}) == 1
     for m in tables:
@@ -190,7 +192,7 @@ def test_the_host_groups_travel_packed_and_every_node_reads_them(sched):
         assert {i: n.group for i, n in node.nodes.items()} == {
             i: (n.rank // 8 if n.role == "worker" else -1) for i, n in nodes.items()
         }
-    bad = dict(tables[0].body, groups=tables[0].body["groups"][:-4])  # half a pair short
+    bad = dict(tables[0].body, group_runs=tables[0].body["group_runs"][:-4])  # half a pair
     van = SimpleNamespace(admit=lambda *a: None, connect=lambda *a, **k: None)
     enrol = Enrolment(SimpleNamespace(role="worker", van=van), van)
     enrol.answer(Message(P.NODES, req=1, reply=True, body=bad))
@@ -213,3 +215,75 @@ def test_the_scheduler_queues_thousands_of_connections_at_once(sched):
     import zmq
 
     assert sched.van._router.getsockopt(zmq.BACKLOG) >= 4096
+
+
+def test_a_servers_table_at_4096_workers_is_compact_and_gives_every_routing_id():
+    """A server's node table at 4,096 workers in 512 hosts (128 servers) holds the servers'
+    entries, the workers' count, host groups and host names as runs, a port per worker and
+    the server's own key, not an entry and two routing ids per worker (310 KB): it stays under
+    a bound, and the server makes from it every worker's entry and routing ids equal to the
+    per-pair derivation the scheduler's other parts use (the ids a full table carried)."""
+    from types import SimpleNamespace
+
+    from hetps.cluster.enrol import Enrolment
+    from hetps.transport.codec import decode, encode
+
+    workers, servers, per_host = 4096, 128, 8
+    sch = new_scheduler(loopback_config("scheduler", num_worker=workers, num_server=servers))
+    try:
+        sch.sent = []
+        sch.send_to = lambda nid, msg: sch.sent.append((nid, msg))
+        sch.van.rename = sch.van.admit = lambda *a: None
+        reg = sch.registration
+        for r in range(servers):
+            origin = b"s" + r.to_bytes(2, "big")
+            reg.pending.append(Pending(origin, "server", f"10.1.0.{r % 250}", 9000 + r, 1, r))
+        for r in range(workers):
+            host, group = f"10.0.{r // per_host // 250}.{r // per_host % 250}", r // per_host
+            origin = b"w" + r.to_bytes(2, "big")
+            reg.pending.append(Pending(origin, "worker", host, 20000 + r, 1, r, group))
+        want = {i: n for i, n in enumerate(reg.pending)}
+        reg.assign()
+        tables = {nid: m for nid, m in sch.sent if m.cmd == P.NODES}
+        for s in (P.server_id(0), P.server_id(servers - 1)):
+            wire = encode(tables[s])
+            assert sum(len(f) for f in wire) < 32 * 1024  # a full table: about 310 KB
+            got = decode(wire, 1 << 30)
+            admitted, connected = {}, {}
+            van = SimpleNamespace(
+                admit=lambda rid, nid, got=admitted: got.__setitem__(nid, rid),
+                connect=lambda nid, addr, routing_id, bulk, got=connected: got.__setitem__(
+                    nid, (addr, routing_id)
+                ),
+                mark_dead=lambda *a: pytest.fail("no node is down"),
+            )
+            node = SimpleNamespace(role="server", van=van)
+            Enrolment(node, van).take_table(msgspec.convert(got.body, NodeTable))
+            assert node.info.id == s and len(node.nodes) == workers + servers
+            ws = [P.worker_id(r) for r in range(workers)]
+            assert [(node.nodes[w].host, node.nodes[w].port, node.nodes[w].group) for w in ws] == [
+                (want[servers + r].host, want[servers + r].port, r // per_host)
+                for r in range(workers)
+            ]
+            # every id: the server's to each worker, and each worker's to it
+            assert [connected[w] for w in ws] == [
+                (f"{node.nodes[w].host}:{node.nodes[w].port}", t)
+                for w, t in zip(ws, reg.pair_ids([s] * workers, ws), strict=True)
+            ]
+            assert [admitted[w] for w in ws] == reg.pair_ids(ws, [s] * workers)
+            # and the worker's table says the same ids
+            w = P.worker_id(workers - 1)
+            assert unpack_routes(tables[w].body["out"])[s] == admitted[w]
+            assert unpack_routes(tables[w].body["in"])[s] == connected[w][1]
+        # a server's table whose addresses do not add up is refused, naming it
+        body = tables[P.server_id(0)].body
+        van = SimpleNamespace(admit=lambda *a: None, connect=lambda *a, **k: None)
+        for bad, why in [
+            ({"ports": body["ports"][:-2]}, "worker addresses that do not add up to 4096"),
+            ({"hosts": body["hosts"][:-1]}, "host index beyond the 511 hosts"),
+        ]:
+            enrol = Enrolment(SimpleNamespace(role="server", van=van), van)
+            enrol.answer(Message(P.NODES, req=1, reply=True, body={**body, **bad}))
+            assert "malformed node table" in enrol._reg_error and why in enrol._reg_error
+    finally:
+        sch.van.close()

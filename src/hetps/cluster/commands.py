@@ -85,7 +85,9 @@ class NodeTable(Body, kw_only=True):
     ``nodes``: [[id, role, rank, host, port], ...] (msgpack-encoded once for all); ``me``: a
         worker's own entry (its table lists the servers); ``id``: this node's id
     ``out``, ``in``: the routing ids of its connections to its peers, and of theirs to it
-    ``n_workers``, ``group_runs``: a worker's table: the workers, their host groups in rank order
+    ``n_workers``, ``group_runs``: the workers, their host groups in rank order (the first table)
+    ``hosts``, ``host_runs``, ``ports``: a server's first table: the workers' addresses, and
+        ``key``, the server's own key its routing ids with them are derived from
     ``groups``: the host groups (HETPS_HOST_GROUP); ``replicas``: HETPS_REPLICAS
     ``recovery``: 1: taken back into a running job, with ``down`` (dead servers), ``redirect``
         ([[dead, heir], ...]), ``left`` (workers let go) and ``elastic`` (HETPS_ELASTIC)
@@ -99,6 +101,12 @@ class NodeTable(Body, kw_only=True):
     me: NodeWire | None = None
     n_workers: Annotated[int, Meta(ge=0, le=1 << 20)] | None = None
     group_runs: bytes | list[tuple[int, int]] = b""
+    hosts: Annotated[list[Host], Meta(max_length=1 << 20)] = []
+    host_runs: bytes = b""
+    ports: bytes = b""
+    route_key: Annotated[bytes, Meta(min_length=32, max_length=32)] | None = field(
+        default=None, name="key"
+    )
     groups: bytes | list[tuple[int, int]] = b""
     replicas: Annotated[int, Meta(ge=1)] = 1
     recovery: int = 0

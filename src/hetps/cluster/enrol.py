@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from hetps.cluster import commands
 from hetps.cluster import protocol as P
@@ -65,6 +66,24 @@ def worker_fields(nodes: dict[int, NodeInfo]) -> dict[str, Any]:
     return {"n_workers": len(groups), "group_runs": pack_groups(runs)}
 
 
+def server_fields(nodes: dict[int, NodeInfo]) -> dict[str, Any]:
+    """A server's node table instead of every worker's entry: :func:`worker_fields` and each
+    worker's address, which a server connects to: ``hosts``, the distinct host names,
+    ``host_runs``, ``(host index, workers)`` int32 pairs in rank order, and ``ports``, one
+    little-endian uint16 per worker in rank order (a port is the one thing a server needs per
+    worker: 2 bytes)."""
+    workers = sorted((n for n in nodes.values() if n.role == "worker"), key=lambda n: n.rank)
+    hosts: dict[str, int] = {}
+    index = [hosts.setdefault(n.host, len(hosts)) for n in workers]
+    runs = [(h, len(list(same))) for h, same in groupby(index)]
+    ports = np.asarray([n.port for n in workers], dtype="<u2").tobytes()
+    return worker_fields(nodes) | {
+        "hosts": list(hosts),
+        "host_runs": pack_groups(runs),
+        "ports": ports,
+    }
+
+
 def workers_of(table: NodeTable) -> list[NodeInfo]:
     """The workers' entries a worker's node table stands for (:func:`worker_fields`): rank,
     id and host group each, no address (a worker never connects to another). Raises
@@ -74,7 +93,50 @@ def workers_of(table: NodeTable) -> list[NodeInfo]:
     if any(n < 1 for _, n in runs) or sum(n for _, n in runs) != count:
         raise ValueError(f"host-group runs that do not add up to {count} workers")
     by_rank = [g for g, n in runs for _ in range(n)]
-    return [NodeInfo(P.worker_id(r), "worker", r, "", 0, g) for r, g in enumerate(by_rank)]
+    addrs = [("", 0)] * count
+    if table.ports:  # a server's table: every worker's address (server_fields)
+        ports = np.frombuffer(table.ports, dtype="<u2") if len(table.ports) == 2 * count else None
+        runs = unpack_groups(table.host_runs)
+        if ports is None or any(n < 1 for _, n in runs) or sum(n for _, n in runs) != count:
+            raise ValueError(f"worker addresses that do not add up to {count} workers")
+        if any(not 0 <= h < len(table.hosts) for h, _ in runs):
+            raise ValueError(f"a worker's host index beyond the {len(table.hosts)} hosts")
+        hosts = [table.hosts[h] for h, n in runs for _ in range(n)]
+        addrs = list(zip(hosts, ports.tolist(), strict=True))
+    return [
+        NodeInfo(P.worker_id(r), "worker", r, h, p, g)
+        for r, (g, (h, p)) in enumerate(zip(by_rank, addrs, strict=True))
+    ]
+
+
+def pair_cipher(key: bytes) -> Any:
+    """The pseudo-random function routing ids come from: AES-256 under ``key``, one block per
+    pair (every pair of a big cluster in one call)."""
+    return Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+
+
+def pair_rows(prf: Any, src: Any, src_again: Any, dst: Any, dst_again: Any) -> np.ndarray:
+    """The routing ids of the pairs ``(src[k], dst[k])`` as rows of 16 bytes: the block (src,
+    its admissions, dst, its admissions) as four 32-bit numbers, encrypted by ``prf``
+    (:func:`pair_cipher`); the id is ``h`` and 15 bytes of it."""
+    blocks = np.empty((len(src), 4), dtype="<u4")
+    blocks[:, 0], blocks[:, 1], blocks[:, 2], blocks[:, 3] = src, src_again, dst, dst_again
+    out = np.frombuffer(prf.update(blocks.tobytes()), dtype=np.uint8).reshape(-1, 16)
+    ids = np.empty((len(src), 16), dtype=np.uint8)
+    ids[:, 0], ids[:, 1:] = ord("h"), out[:, :15]
+    return ids
+
+
+def derive_routes(key: bytes, me: int, peers: list[int]) -> tuple[dict, dict]:
+    """A server's routing ids to the workers of its first table and theirs to it, derived
+    from its own key (the scheduler's ``key``) as the scheduler derives them: (out, in)."""
+    prf, mine = pair_cipher(key), np.full(len(peers), me)
+    out = pair_rows(prf, mine, 0, peers, 0).tobytes()
+    into = pair_rows(prf, peers, 0, mine, 0).tobytes()
+    return (
+        {p: out[16 * k : 16 * k + 16] for k, p in enumerate(peers)},
+        {p: into[16 * k : 16 * k + 16] for k, p in enumerate(peers)},
+    )
 
 
 #: a routing-id record of a node table: the peer's id (int32, little-endian), then the id
@@ -241,12 +303,18 @@ class Enrolment:
         # the workers' hosts (HETPS_HOST_GROUP), read into each entry as it is made
         groups = {i: g for i, g in unpack_groups(table.groups) if g >= 0}
         nodes = {n.id: n for n in (NodeInfo.from_wire(item, groups) for item in listed)}
-        if table.n_workers is not None:  # a worker's table: the workers' entries made here
-            mine = NodeInfo.from_wire(table.me)
+        if table.n_workers is not None:  # the workers' entries made here (a worker's own
+            mine = NodeInfo.from_wire(table.me) if table.me is not None else None  # beside)
             for n in workers_of(table):
-                nodes[n.id] = replace(n, host=mine.host, port=mine.port) if n.id == mine.id else n
+                own = mine is not None and n.id == mine.id
+                nodes[n.id] = replace(n, host=mine.host, port=mine.port) if own else n
         me = nodes[table.node_id]
         out, into = unpack_routes(table.out), unpack_routes(table.into)
+        if table.route_key is not None:  # a server's: its ids with the workers derived here
+            workers = [n.id for n in nodes.values() if n.role == "worker" and n.id not in out]
+            more_out, more_in = derive_routes(table.route_key, me.id, workers)
+            out.update(more_out)
+            into.update(more_in)
         # Servers answer workers, workers talk to servers: connect before anything else is
         # handled, so no request can arrive from a peer we cannot answer.
         peer_role = "worker" if node.role == "server" else "server"

@@ -15,10 +15,16 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from hetps.cluster import protocol as P
-from hetps.cluster.enrol import ROUTE_BYTES, pack_groups, worker_fields
+from hetps.cluster.enrol import (
+    ROUTE_BYTES,
+    pack_groups,
+    pair_cipher,
+    pair_rows,
+    server_fields,
+    worker_fields,
+)
 from hetps.cluster.ports import JobPort
 from hetps.cluster.protocol import NodeInfo
 from hetps.transport.codec import Message
@@ -68,8 +74,10 @@ class Registration:
         self.answered: dict[tuple[str, int], float] = {}  # host:port -> when refused last
         self.pair_key = secrets.token_bytes(32)  # derives the routing id of each peer pair
         # AES-256 of one block per pair (a pseudo-random function of the pair): every pair of
-        # a big cluster in one call (N^2 HMACs took seconds at 4,096 nodes)
-        self._prf = Cipher(algorithms.AES(self.pair_key), modes.ECB()).encryptor()
+        # a big cluster in one call (N^2 HMACs took seconds at 4,096 nodes); a pair of a
+        # server and a worker under the server's own key (server_key), which its first table
+        # carries instead of an id per worker
+        self._prf = pair_cipher(self.pair_key)
 
     def add_node(self, msg: Message) -> None:
         b = msg.typed  # an AddNode: every field's type and bound checked by the dispatch
@@ -219,19 +227,34 @@ class Registration:
         rec[:, 4:] = self.pair_block(dst, src)
         return out, rec.tobytes()
 
+    def server_key(self, server: int) -> bytes:
+        """Server ``server``'s own key, which the ids of its pairs with workers come from: the
+        blocks (2^32 - 1, server, its admissions, 0 and 1) under the scheduler's key (no pair's
+        block starts so: a node id is below 2^31). It derives no other node's ids, and a
+        server admitted again gets a new one."""
+        again = self.sched.rejoined.get(server, 0)
+        blocks = np.array([[0xFFFFFFFF, server, again, half] for half in (0, 1)], dtype="<u4")
+        return self._prf.update(blocks.tobytes())
+
     def pair_block(self, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
-        """The ids of :meth:`pair_ids` as rows of 16 bytes: the block (src, its admissions,
-        dst, its admissions) as four 32-bit numbers, encrypted under the scheduler's key; the
-        id is ``h`` and 15 bytes of it."""
+        """The ids of :meth:`pair_ids` as rows of 16 bytes (:func:`~hetps.cluster.enrol.pair_rows`):
+        those of a server and a worker under the server's key, the others under the
+        scheduler's; one AES call per key."""
         again = self.sched.rejoined
-        s, d = np.asarray(src, dtype=np.uint32), np.asarray(dst, dtype=np.uint32)
-        blocks = np.empty((len(s), 4), dtype="<u4")
-        blocks[:, 0], blocks[:, 2] = s, d
-        blocks[:, 1] = [again.get(int(i), 0) for i in s] if again else 0
-        blocks[:, 3] = [again.get(int(i), 0) for i in d] if again else 0
-        out = np.frombuffer(self._prf.update(blocks.tobytes()), dtype=np.uint8).reshape(-1, 16)
+        s, d = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        s_again = np.array([again.get(int(i), 0) for i in s] if again else 0)
+        d_again = np.array([again.get(int(i), 0) for i in d] if again else 0)
+        s_srv, d_srv = (s >= 8) & (s % 2 == 0), (d >= 8) & (d % 2 == 0)
+        owner = np.where(s_srv & ~d_srv, s, np.where(d_srv & ~s_srv, d, -1))
+        order = np.argsort(owner, kind="stable")
+        cuts = np.flatnonzero(np.diff(owner[order])) + 1
         ids = np.empty((len(s), 16), dtype=np.uint8)
-        ids[:, 0], ids[:, 1:] = ord("h"), out[:, :15]
+        for rows in np.split(order, cuts) if len(s) else []:
+            o = int(owner[rows[0]])
+            prf = self._prf if o < 0 else pair_cipher(self.server_key(o))
+            sa = s_again[rows] if s_again.ndim else 0
+            da = d_again[rows] if d_again.ndim else 0
+            ids[rows] = pair_rows(prf, s[rows], sa, d[rows], da)
         return ids
 
     def table_fields(self) -> dict[str, Any]:
@@ -280,27 +303,27 @@ class Registration:
                     p.host,
                     p.port,
                 )
-        # the table, the same for every server, encoded once (msgpack bytes in every answer:
-        # per answer a copy, not an encoding of N entries); a worker's holds the servers'
-        # entries, the number of workers and their host groups by rank (it makes their
-        # entries itself: a worker never connects to another), its own entry beside it
-        table = msgpack.packb([n.to_wire() for n in self.sched.nodes.values()])
-        shared = self.table_fields()  # (the groups packed once for every node)
+        # the table, encoded once (msgpack bytes in every answer: per answer a copy, not an
+        # encoding of N entries), O(servers + hosts): the servers' entries, the number of
+        # workers and their host groups by rank (each node makes their entries itself); a
+        # worker's own entry beside it (a worker never connects to another), a server's
+        # the workers' addresses (2 bytes a worker) and its own key, which it derives its
+        # routing ids with every worker from, as the scheduler does (no id per worker)
         servers_only = msgpack.packb(
             [n.to_wire() for n in self.sched.nodes.values() if n.role == "server"]
         )
-        for_workers = {k: v for k, v in shared.items() if k != "groups"} | worker_fields(
-            self.sched.nodes
-        )
+        shared = {k: v for k, v in self.table_fields().items() if k != "groups"}
+        for_workers = shared | worker_fields(self.sched.nodes)
+        for_servers = shared | server_fields(self.sched.nodes)
         by_role: dict[str, list[int]] = {"server": [], "worker": []}
         for i, n in self.sched.nodes.items():
             by_role[n.role].append(i)
         order = list(zip(self.pending, self.sched.nodes, strict=False))
-        # workers talk to servers; with copies (HETPS_REPLICAS) servers to servers too
+        # workers talk to servers; with copies (HETPS_REPLICAS) servers to servers too (a
+        # server's ids with workers: its key)
         peers_of = {
-            nid: by_role["server" if p.role == "worker" else "worker"]
-            + ([i for i in by_role["server"] if i != nid] if self.sched.replicas > 1 and
-               p.role == "server" else [])
+            nid: by_role["server"] if p.role == "worker" else
+            [i for i in by_role["server"] if i != nid] if self.sched.replicas > 1 else []
             for p, nid in order
         }  # fmt: skip
         arrays = {id(v): np.asarray(v, dtype=np.int64) for v in peers_of.values()}
@@ -313,7 +336,7 @@ class Registration:
             peers = peers_of[nid]
             worker = p.role == "worker"
             body = {
-                "nodes": servers_only if worker else table,
+                "nodes": servers_only,
                 "id": nid,
                 # routing ids to its peers, and theirs to it
                 "out": outs[at * ROUTE_BYTES : (at + len(peers)) * ROUTE_BYTES],
@@ -324,7 +347,7 @@ class Registration:
             if worker:
                 body.update(for_workers, me=self.sched.nodes[nid].to_wire())
             else:
-                body.update(shared)
+                body.update(for_servers, key=self.server_key(nid))
             if self.sched.replicas > 1:
                 body["replicas"] = self.sched.replicas
             if self.sched.elastic:
