@@ -315,7 +315,7 @@ class Bulk:
             self.rx.release(chan, _cost(len(buf)))
             ctr = int.from_bytes(buf[:CTR], "big") if len(buf) >= CTR + TAG else -1
             if ctr < 0 or ctr in chan.pending or ctr in chan.marks:  # (a replay)
-                self.rx._refuse("a bad frame on node %s's channel before its hello", peer)
+                self.rx.refuse("a bad frame on node %s's channel before its hello", peer)
             else:
                 self.rx.place(chan, ctr, buf)
         return None
