@@ -33,7 +33,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from hetps.kvstore.placement import Part
 from hetps.tables.lazy import distinct, put_rows, sum_rows, take_rows
 from hetps.tables.worker import _land_rows
 from hetps.transport.codec import Message
+
+if TYPE_CHECKING:
+    from hetps.kvstore.hostagg import HostAggregation
 
 log = logging.getLogger("hetps.worker")
 _HEAD = 16  # int64 words before a file's ids: magic, 1, ids, cols, event, rows, [_PID] pid
@@ -74,7 +77,7 @@ class HostTable:
 class HostTables:
     """The tables of a host's aggregation ``agg`` (``agg.tables``)."""
 
-    def __init__(self, agg: Any) -> None:
+    def __init__(self, agg: HostAggregation) -> None:
         self.agg = agg
         self.tables: dict[Any, HostTable] = {}
         self.noticed = False

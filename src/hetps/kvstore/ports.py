@@ -20,6 +20,7 @@ from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.keys import KeyMeta
 from hetps.kvstore.placement import Part
 from hetps.kvstore.slices import Slice
+from hetps.tables.server import Tables
 from hetps.transport.codec import Message
 
 
@@ -69,7 +70,7 @@ class ServerPort(Protocol):
     answers: Any
     aggregator: Any
     links: Any
-    tables: Any
+    tables: Tables
     optimizer: optim.Optimizer | None
     #: the optimizer as a worker sent it (for a new replica)
     optimizer_blob: bytes | None
