@@ -215,9 +215,8 @@ class DeviceSlot:
     state: Any = None  # the optimizer state on the device
     state_of: Any = None  # the host state object it was made from (or copied back into)
     spare: Any = None  # a device buffer for the next round's sum
-    host: torch.Tensor | None = (
-        None  # the host tensor sl.value is a view of, when it is one of ours
-    )
+    #: the host tensor sl.value is a view of, when it is one of ours
+    host: torch.Tensor | None = None
     host_np: Any = None  # that view
     host_spare: Any = None  # a host tensor for the next round's value
     grad_host: Any = None  # the round's sum copied back, for an optimizer run on the host
