@@ -88,9 +88,10 @@ def test_a_port_names_only_what_its_hosts_have(port, hosts):
         assert not missing, f"{port.__name__} names what {host.__name__} lacks: {missing}"
 
 
-def test_a_real_server_and_its_tables_pass_their_ports():
+def test_real_hosts_pass_their_ports():
     """A server as roles builds it (on a node that only answers) is what its tables and fault
-    parts take it as; its tables are what a shard takes as its owner."""
+    parts take it as; its tables are what a shard takes as its owner; a local store is what a
+    round log and the collectives take."""
 
     class _Node:
         def reply(self, msg, body=None, arrays=None, track=False):  # pragma: no cover
@@ -102,6 +103,8 @@ def test_a_real_server_and_its_tables_pass_their_ports():
         (ServerPort, srv),
         (Replies, srv.answers),
         (CapHolder, srv.tables),
+        (LoggedStore, LocalKVStore()),
+        (SumStore, LocalKVStore()),
     ]:
         assert isinstance(obj, runtime_checkable(port)), f"{type(obj).__name__} vs {port}"
 
