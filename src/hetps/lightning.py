@@ -199,7 +199,7 @@ class PSStrategy(ParallelStrategy):
         def synced() -> Any:
             result = closure()  # forward and backward: the hooks push while it runs
             dist.synchronize()  # p.grad is the workers' mean (before Lightning clips it)
-            dist._synced = False  # (the wrapped optimizer steps here, not dist.step())
+            dist.synced = False  # (the wrapped optimizer steps here, not dist.step())
             return result
 
         return self.precision_plugin.optimizer_step(raw, model=model, closure=synced, **kwargs)

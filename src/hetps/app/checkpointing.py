@@ -17,11 +17,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetps.kvstore import checkpoint
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 CKPT_FLAG = 1024.0  # more than any number of workers: a sum tells both wishes apart
 MODES = ("sync", "esync", "local")
@@ -95,7 +98,7 @@ def check_args(args: argparse.Namespace) -> None:
 class TrainCheckpoints:
     """One worker's checkpointing: its wishes, and saving."""
 
-    def __init__(self, args: argparse.Namespace, kv: Any, rank: int) -> None:
+    def __init__(self, args: argparse.Namespace, kv: KVStore, rank: int) -> None:
         self.dir = Path(args.checkpoint_dir)
         self.every = args.checkpoint_every
         self.seconds = args.checkpoint_seconds

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 
 class Clock:
@@ -92,7 +95,7 @@ class Progress:
 class Round:
     """One round's tallies: phase times, samples, losses, local steps, link counters."""
 
-    def __init__(self, rnd: int, kv: Any, spans: Any = None) -> None:
+    def __init__(self, rnd: int, kv: KVStore, spans: Any = None) -> None:
         self.rnd = rnd
         self.clock = Clock(spans)
         self.t_iter = time.perf_counter()

@@ -19,11 +19,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hetps import optim
 from hetps.config import env_value, role_from_env
 from hetps.launch.contract import Flags, add_flags
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 MODES = ("esync", "sync", "async", "local")
 
@@ -322,7 +325,7 @@ def _resume_failed(args: argparse.Namespace, code: int, started: float) -> None:
 
 
 # -- one worker -------------------------------------------------------------------------------
-def train_worker(args: argparse.Namespace, kv: Any) -> int:
+def train_worker(args: argparse.Namespace, kv: KVStore) -> int:
     """Train as one worker (or alone, for ``-m local``); returns 0.
 
     Sets up what every mode shares (device, data shard, model, the run's log) and runs the

@@ -12,13 +12,16 @@ import time
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from hetps.app.rounds import Progress, Round
 from hetps.faults.rejoin import Rejoin
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 __all__ = ["WorkerRun"]
 
@@ -50,7 +53,7 @@ class WorkerRun:
     def __init__(
         self,
         args: argparse.Namespace,
-        kv: Any,
+        kv: KVStore,
         *,
         rank: int,
         device: torch.device,

@@ -33,6 +33,7 @@ from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
 from hetps.balance.wire import pack_plan, reply_parts
 from hetps.cluster import protocol as P
+from hetps.cluster.ports import JobPort
 from hetps.config import NodeConfig
 from hetps.transport.codec import Message
 
@@ -181,9 +182,8 @@ class Planner:
         self._used = None
         self._rows()
 
-    def _ensure_hosts(self, sched: Any) -> None:
-        """Read the workers' host groups from the scheduler's node table once it is whole
-        (:meth:`live_workers` reads them in its walk of the table)."""
+    def _ensure_hosts(self, sched: JobPort) -> None:
+        """Read the workers' host groups once the node table is whole (:meth:`live_workers`)."""
         if not self._hosts_read:
             self.live_workers(sched)
 
@@ -291,7 +291,7 @@ class Planner:
                 shares[int(server)] += length / total
         return {"epoch": self.epoch, "shares": shares}
 
-    def handle(self, sched: Any, msg: Message) -> None:
+    def handle(self, sched: JobPort, msg: Message) -> None:
         """One worker's report; answer everyone once every worker reported the round."""
         b = msg.typed  # a BalanceReport: every field's type checked by the dispatch
         rnd = b.round
@@ -348,7 +348,7 @@ class Planner:
         self.pending.setdefault(rnd, {}).update(dict.fromkeys(ids, msg))
         self.release(sched)
 
-    def live_workers(self, sched: Any) -> set[int]:
+    def live_workers(self, sched: JobPort) -> set[int]:
         """The scheduler's live, unfinished workers. Its node table, dead and finished nodes
         only ever grow, so their sizes say when the set must be read again."""
         at = (len(sched.nodes), len(sched.dead), len(sched.finished))
@@ -364,7 +364,7 @@ class Planner:
                 self.use_hosts([groups.get(r, -1) for r in range(self.W)])
         return self._live
 
-    def release(self, sched: Any) -> None:
+    def release(self, sched: JobPort) -> None:
         """Answer every round that every live, unfinished worker has reported (also called
         when a worker finishes, so the others never wait for it)."""
         live = self.live_workers(sched)

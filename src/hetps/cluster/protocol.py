@@ -7,7 +7,7 @@ Node ids follow ps-lite: the scheduler is 1, server rank r is ``8 + 2r``, worker
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,7 +172,9 @@ def check_key(key: Any) -> None:
         raise TypeError(f"a key must be an int or a str, got {type(key).__name__} {key!r}")
 
 
-def check_sender(nodes: Mapping[int, NodeInfo] | None, worker: int, host: Any, what: str) -> None:
+def check_sender(
+    nodes: Mapping[int, NodeInfo] | None, worker: int, host: Sequence[int], what: str
+) -> None:
     """Refuse a push whose host tag names another host group than its sender registered
     with, or more workers than that host group has (a host's push stands for its own).
     ``nodes``: the job's node table (None: a server without it checks nothing)."""

@@ -32,13 +32,16 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hetps.optim import registered
 from hetps.optim.base import device_step_of
 from hetps.optim.kernels import TorchOps
+
+if TYPE_CHECKING:
+    import torch
 
 #: NumPy dtype -> torch dtype name, for the values a device server holds on the device
 FLOATS = {np.dtype("<f2"): "float16", np.dtype("<f4"): "float32", np.dtype("<f8"): "float64"}
@@ -212,7 +215,8 @@ class DeviceSlot:
     state: Any = None  # the optimizer state on the device
     state_of: Any = None  # the host state object it was made from (or copied back into)
     spare: Any = None  # a device buffer for the next round's sum
-    host: Any = None  # the host tensor sl.value is a view of, when it is one of ours
+    #: the host tensor sl.value is a view of, when it is one of ours
+    host: torch.Tensor | None = None
     host_np: Any = None  # that view
     host_spare: Any = None  # a host tensor for the next round's value
     grad_host: Any = None  # the round's sum copied back, for an optimizer run on the host

@@ -26,6 +26,8 @@ import msgspec
 from hetps.cluster import commands
 from hetps.cluster import protocol as P
 from hetps.cluster.node import Node
+from hetps.cluster.ports import JobPort
+from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import Future
 from hetps.esync.policy import ReadinessPolicy
 from hetps.transport.codec import Message
@@ -112,7 +114,7 @@ class EsyncService:
             log.warning("state server: %s", text)
             return {"error": text}
 
-    def forget(self, sched: Any) -> None:
+    def forget(self, sched: JobPort) -> None:
         """The scheduler's hook when a worker ends: one that died and was let go
         (HETPS_ELASTIC) is left out of every later round's readiness."""
         for nid in list(getattr(sched, "left", {})):  # (the scheduler's thread changes it)
@@ -120,7 +122,7 @@ class EsyncService:
             if node is not None and 0 <= node.rank < self.policy.num_workers:
                 self.policy.remove(node.rank)
 
-    def count_again(self, sched: Any, node: Any) -> None:
+    def count_again(self, sched: JobPort, node: NodeInfo) -> None:
         """The scheduler's hook when a let-go worker is back (it was started again and
         joined, HETPS_ELASTIC): it counts in readiness again from the next round on, which
         runs in lockstep (its step time is not known yet). ``node`` is its NodeInfo."""
@@ -130,7 +132,7 @@ class EsyncService:
     def as_scheduler_service(self):
         """A callable for ``Scheduler(services={REPORT: ...})``."""
 
-        def service(sched: Any, msg: Message) -> None:
+        def service(sched: JobPort, msg: Message) -> None:
             node = sched.nodes.get(msg.sender)
             if node is None or node.role != "worker":
                 sched.reply(msg, {"error": "esync reports come from workers"})

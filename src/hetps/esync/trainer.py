@@ -60,12 +60,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetps.sync.rules import average_from_sum, esync_update_from_sum, model_delta
 from hetps.torch.broadcasting import exchange as broadcast_cpu
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 __all__ = ["ESyncRound", "ESyncTrainer"]
 
@@ -131,7 +134,7 @@ class ESyncTrainer:
     def __init__(
         self,
         model: torch.nn.Module,
-        kv: Any,
+        kv: KVStore,
         global_lr: float = 1.0,
         state_server: str | None = None,
         prefix: str = "",

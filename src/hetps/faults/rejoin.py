@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from hetps.kvstore.client import DistKVStore
 
 
 class RunPort(Protocol):
     """What :class:`Rejoin` uses of its run (a :class:`hetps.app.worker.WorkerRun`)."""
 
-    kv: Any  # the worker's store
+    kv: DistKVStore  # the worker's store
     model: torch.nn.Module
     device: Any
     rank: int

@@ -21,9 +21,12 @@ from hetps.kvstore import exits
 from hetps.kvstore.client import DistKVStore
 from hetps.kvstore.local import LocalKVStore
 
+#: a worker's store, in one process or in a cluster (what :func:`create` returns)
+KVStore = DistKVStore | LocalKVStore
+
 NAMES = ("local", "device", "dist_sync", "dist_async", "dist_sync_device", "dist_async_device")
 
-__all__ = ["NAMES", "DistKVStore", "LocalKVStore", "create", "ConfigError"]
+__all__ = ["NAMES", "DistKVStore", "KVStore", "LocalKVStore", "create", "ConfigError"]
 
 _live: list[DistKVStore] = []
 _hooked = False

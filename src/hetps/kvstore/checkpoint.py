@@ -30,12 +30,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hetps.cluster.errors import CheckpointError, DamagedCheckpoint
 from hetps.tables import worker_checkpoint
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 log = logging.getLogger("hetps.checkpoint")
 
@@ -107,7 +110,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save(
-    kv: Any,
+    kv: KVStore,
     directory: str | os.PathLike[str],
     step: int,
     state: Any = None,
@@ -171,7 +174,7 @@ def save(
     return final
 
 
-def _live_ranks(kv: Any) -> list[int]:
+def _live_ranks(kv: KVStore) -> list[int]:
     """The ranks of the workers in the job's rounds, in order."""
     node = getattr(kv, "node", None)
     if node is None or not hasattr(node, "live_workers"):
@@ -179,7 +182,7 @@ def _live_ranks(kv: Any) -> list[int]:
     return [n.rank for n in node.live_workers()]
 
 
-def _lead(kv: Any) -> bool:
+def _lead(kv: KVStore) -> bool:
     """Whether ``kv``'s worker does the checkpoint's shared work: the first live worker."""
     return getattr(kv, "live_rank", kv.rank) == 0
 
@@ -316,7 +319,7 @@ class Checkpoint:
             except Exception as exc:
                 raise DamagedCheckpoint(self.path, STATES, _why(exc)) from exc
 
-    def restore(self, kv: Any) -> None:
+    def restore(self, kv: KVStore) -> None:
         """Every worker calls it: each key gets its saved value (``init``: rank 0's value
         wins), then, if the servers had an optimizer state, it is loaded (set the optimizer
         first, as before the checkpoint); then each row-sparse key (embedding table) gets its

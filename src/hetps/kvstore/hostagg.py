@@ -214,7 +214,7 @@ class HostAggregation:
                 unlink(hk.name)
             hk.drop()
 
-    def _attach(self, k: Any, meta: KeyMeta) -> HostKey:
+    def attach(self, k: Any, meta: KeyMeta) -> HostKey:
         """This worker's map of key ``k``'s segment: the one another local rank made, else
         a new one (made whole under no name, then linked: whoever links first wins)."""
         self.gens.setdefault(k, 0)
@@ -252,13 +252,13 @@ class HostAggregation:
                 f"two workers of host group {self.group} say LOCAL_RANK={self.local} (pid "
                 f"{int(hk.head[_PID + self.local])} and {os.getpid()}): give each its own"
             )
-        hk.head[self._slot(hk, "ns", self.local)] = _pid_ns()
-        hk.head[self._slot(hk, "node", self.local)] = self.kv.node.id
+        hk.head[self.slot(hk, "ns", self.local)] = _pid_ns()
+        hk.head[self.slot(hk, "node", self.local)] = self.kv.node.id
         hk.head[_PID + self.local] = os.getpid()
         self.keys[k] = hk
         return hk
 
-    def _unname(self, hk: HostKey) -> None:
+    def unname(self, hk: HostKey) -> None:
         """Unlink ``hk``'s name once every local rank mapped the segment (every rank tries
         after it mapped it and at its pushes, so one of them sees the last pid)."""
         pids = hk.head[_PID : _PID + self.size]
@@ -298,7 +298,7 @@ class HostAggregation:
         first pushed after it was let go) it is out once every live worker of the host is in."""
         node, n = self.kv.node, self.size
         live = {w.id for w in node.live_workers() if w.group == self.group}
-        rows = [hk.head[self._slot(hk, "node", 0) :][:n].tolist() for hk in self.keys.values()]
+        rows = [hk.head[self.slot(hk, "node", 0) :][:n].tolist() for hk in self.keys.values()]
         live -= {ids[r] for ids in rows for r in self.dead}  # (one started again pushes its own)
         out = [(r, ids[r], set(ids)) for ids in rows for r in range(n) if r not in self.dead]
         gone = {r for r, i, ids in out if i in node.left or (i not in live and live <= ids)}
@@ -314,13 +314,14 @@ class HostAggregation:
             for each in self.keys.values():
                 each.mine = [i for i, r in enumerate(each.owner) if r == self.local]
 
-    def _members(self, hk: HostKey, t: int) -> list[int]:
+    def members(self, hk: HostKey, t: int) -> list[int]:
         """The local ranks whose gradients round ``t`` sums: the live ones, and one let go
         that gave its gradient to the round before it was."""
-        contrib = self._slot(hk, "contrib", 0)
+        contrib = self.slot(hk, "contrib", 0)
         return [r for r in range(self.size) if r not in self.dead or hk.head[contrib + r] >= t]
 
-    def _slot(self, hk: HostKey, what: str, i: int) -> int:
+    def slot(self, hk: HostKey, what: str, i: int) -> int:
+        """Where in ``hk``'s header word ``what`` of member (or part) ``i`` is."""
         base = _PID + 4 * self.size
         first = {
             "contrib": _PID + self.size,
@@ -340,21 +341,21 @@ class HostAggregation:
         if k not in self.forms:
             return False
         if k not in self.keys:
-            self._attach(k, self.kv.meta[k])
+            self.attach(k, self.kv.meta[k])
         return True
 
     def push(self, k: Any, meta: KeyMeta, arr: np.ndarray) -> None:
         """This worker's gradient of a new round of ``k`` into its slot."""
         hk = self.keys[k]
-        self._unname(hk)
+        self.unname(hk)
         t = hk.pushed + 1
         if hk.pushed > hk.pulled:  # pushed again before pulling: its parts go now
             self._drive(hk, meta, block=True)
-        summed = self._slot(hk, "summed", 0)
+        summed = self.slot(hk, "summed", 0)
         parts = len(meta.parts)
         self.wait(k, lambda: bool((hk.head[summed : summed + parts] >= t - 1).all()), "push")
         np.copyto(hk.slots[self.local], np.ascontiguousarray(arr).reshape(-1))
-        hk.head[self._slot(hk, "contrib", self.local)] = t
+        hk.head[self.slot(hk, "contrib", self.local)] = t
         hk.pushed = t
         meta.rounds += 1  # (the server's round of the key: a part sent again names it)
         hk.rnd[t] = meta.rounds - 1
@@ -375,7 +376,7 @@ class HostAggregation:
             if hk.pushed <= hk.pulled:  # (its pull saw the round applied)
                 continue
             self._drive(hk, meta, block=True)
-            res, t = self._slot(hk, "result", 0), hk.pushed
+            res, t = self.slot(hk, "result", 0), hk.pushed
             self.wait(
                 k, lambda hk=hk, k=k, res=res, t=t: self._results(hk, k, res, hk.parts, t), "push"
             )
@@ -392,7 +393,7 @@ class HostAggregation:
 
         def finish() -> None:
             self._drive(hk, meta, block=True)
-            res = self._slot(hk, "result", 0)
+            res = self.slot(hk, "result", 0)
             parts = len(meta.parts)
             self.wait(k, lambda: self._results(hk, k, res, parts, t), "pull")
             value = hk.result.reshape(meta.shape)
@@ -400,7 +401,7 @@ class HostAggregation:
                 target[...] = value
             short = self.kv.short_marks
             for i, p in enumerate(meta.parts):  # (as the part's owner heard it)
-                w = int(hk.head[self._slot(hk, "short", i)])
+                w = int(hk.head[self.slot(hk, "short", i)])
                 for a, b in chunks(p.start, p.stop, self._step(meta)):
                     if w:
                         short.setdefault(k, {})[(a, b)] = w
@@ -432,7 +433,7 @@ class HostAggregation:
         """Sum and send this rank's parts of the key's last pushed round: waiting for the
         other local ranks' gradients (``block``), or only if they are all in."""
         t = hk.pushed
-        contrib = self._slot(hk, "contrib", 0)
+        contrib = self.slot(hk, "contrib", 0)
         for i in hk.mine:
             if hk.sent.get(i, 0) >= t:
                 continue
@@ -455,11 +456,11 @@ class HostAggregation:
         total = hk.sums.get(i)
         if total is None or not all(f.done() for f in hk.futs.get(i, [])):
             total = hk.sums[i] = np.empty(p.size, meta.dtype)
-        members = self._members(hk, t)
+        members = self.members(hk, t)
         np.copyto(total, hk.slots[members[0]][p.start : p.stop])
         for r in members[1:]:  # local-rank order, as the servers sum hosts' workers
             np.add(total, hk.slots[r][p.start : p.stop], out=total)
-        hk.head[self._slot(hk, "summed", i)] = t  # the slots of this part are free again
+        hk.head[self.slot(hk, "summed", i)] = t  # the slots of this part are free again
         key = hk.key
         step = self._step(meta)
         dest = hk.result
@@ -503,7 +504,7 @@ class HostAggregation:
                 futs = hk.futs.get(i)
                 if not futs or not all(f.done() for f in futs):
                     continue
-                slot = self._slot(hk, "result", i)
+                slot = self.slot(hk, "result", i)
                 t = hk.sent[i]
                 if hk.head[slot] == t or hk.head[slot] == -t:
                     continue
@@ -513,7 +514,7 @@ class HostAggregation:
                 p = meta.parts[i]
                 first = (p.start, min(p.stop, p.start + self._step(meta)))
                 w = self.kv.short_marks.get(k, {}).get(first, 0)
-                hk.head[self._slot(hk, "short", i)] = w
+                hk.head[self.slot(hk, "short", i)] = w
                 hk.head[slot] = -t if failed else t
                 if failed:
                     log.error("host aggregation: the push of key %r failed", k)
@@ -559,7 +560,7 @@ class HostAggregation:
         for hk in list(self.keys.values()):
             for r in range(self.size):
                 pid = int(hk.head[_PID + r])
-                if r == self.local or pid <= 0 or hk.head[self._slot(hk, "ns", r)] != _pid_ns():
+                if r == self.local or pid <= 0 or hk.head[self.slot(hk, "ns", r)] != _pid_ns():
                     continue  # (a pid of another PID namespace names nothing here)
                 if not alive(pid):
                     raise ClusterError(

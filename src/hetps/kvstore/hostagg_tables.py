@@ -33,7 +33,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from hetps.kvstore.placement import Part
 from hetps.tables.lazy import distinct, put_rows, sum_rows, take_rows
 from hetps.tables.worker import _land_rows
 from hetps.transport.codec import Message
+
+if TYPE_CHECKING:
+    from hetps.kvstore.hostagg import HostAggregation
 
 log = logging.getLogger("hetps.worker")
 _HEAD = 16  # int64 words before a file's ids: magic, 1, ids, cols, event, rows, [_PID] pid
@@ -74,7 +77,7 @@ class HostTable:
 class HostTables:
     """The tables of a host's aggregation ``agg`` (``agg.tables``)."""
 
-    def __init__(self, agg: Any) -> None:
+    def __init__(self, agg: HostAggregation) -> None:
         self.agg = agg
         self.tables: dict[Any, HostTable] = {}
         self.noticed = False
@@ -154,15 +157,15 @@ class HostTables:
 
     def _event(self, ht: HostTable, kind: str, ids: np.ndarray, rows: np.ndarray) -> int:
         agg = self.agg
-        hk = agg.keys.get(ht.hkey) or agg._attach(ht.hkey, ht.meta)
-        agg._unname(hk)
+        hk = agg.keys.get(ht.hkey) or agg.attach(ht.hkey, ht.meta)
+        agg.unname(hk)
         self._clean(ht, hk)
         e = ht.events + 1
         name = self._name(ht, kind, e, agg.local)
         self._write(ht, name, e, ids, rows)
         ht.files.append((name, e, kind))
         ht.kinds[e], ht.events = kind, e
-        hk.head[agg._slot(hk, "contrib", agg.local)] = e
+        hk.head[agg.slot(hk, "contrib", agg.local)] = e
         with agg.lock:
             self.pump()
         return e
@@ -207,7 +210,7 @@ class HostTables:
         return [s for s in self.agg.keys[ht.hkey].mine if s < ht.tm.nparts]
 
     def _read_slot(self, hk: Any, ht: HostTable, r: int) -> int:
-        return self.agg._slot(hk, "summed", ht.tm.nparts + r)
+        return self.agg.slot(hk, "summed", ht.tm.nparts + r)
 
     def _step(self, ht: HostTable, s: int, block: bool) -> bool:
         """Part ``s``'s next event: a pull's answer published, or the next event handled
@@ -226,12 +229,12 @@ class HostTables:
                 name = self._name(ht, "rows", e, s)
                 self._write(ht, name, e, ids, rows)
                 ht.files.append((name, e, "rows"))
-            hk.head[agg._slot(hk, "result", s)] = -e if failed else e
+            hk.head[agg.slot(hk, "result", s)] = -e if failed else e
             return True
         e = ht.done.get(s, 0) + 1
         if e > ht.events:
             return False
-        contrib = agg._slot(hk, "contrib", 0)
+        contrib = agg.slot(hk, "contrib", 0)
 
         def ready() -> bool:
             got = hk.head[contrib : contrib + agg.size]
@@ -243,7 +246,7 @@ class HostTables:
             agg.wait(ht.hkey, ready, "row_sparse_pull" if ht.kinds[e] == "pull" else "push")
             if ht.done.get(s, 0) >= e:  # (the wait's own pump handled it)
                 return True
-        members = agg._members(hk, e)
+        members = agg.members(hk, e)
         got = [self._read(ht, self._name(ht, ht.kinds[e], e, r), s) for r in members]
         tm, kv = ht.tm, agg.kv
         if ht.kinds[e] == "push":
@@ -263,13 +266,13 @@ class HostTables:
             for sel, msg in _asks(ht.key, s, ids, kv.cfg.table_pull_bytes, rows.shape[1], tm):
                 futs.append(kv.request(ht.key, 0, s, msg, _land(ht.key, rows, sel)))
             ht.asked[s] = (e, futs, ids, rows)
-        hk.head[agg._slot(hk, "summed", s)] = e  # (its files are read)
+        hk.head[agg.slot(hk, "summed", s)] = e  # (its files are read)
         ht.done[s] = e
         return True
 
     def _results(self, ht: HostTable, e: int) -> bool:
         hk = self.agg.keys[ht.hkey]
-        res = self.agg._slot(hk, "result", 0)
+        res = self.agg.slot(hk, "result", 0)
         got = hk.head[res : res + ht.tm.nparts]
         for s in range(ht.tm.nparts):
             if got[s] == -e:
@@ -346,7 +349,7 @@ class HostTables:
     def _clean(self, ht: HostTable, hk: Any) -> None:
         """Unlink this rank's files every local rank has read."""
         agg = self.agg
-        summed = agg._slot(hk, "summed", 0)
+        summed = agg.slot(hk, "summed", 0)
         handled = int(hk.head[summed : summed + ht.tm.nparts].min())
         read = min(
             int(hk.head[self._read_slot(hk, ht, r)]) for r in range(agg.size) if r not in agg.dead
@@ -371,7 +374,7 @@ class HostTables:
         for ht in self.tables.values():
             hk = agg.keys.get(ht.hkey)
             if hk is not None:
-                contrib = agg._slot(hk, "contrib", 0)
+                contrib = agg.slot(hk, "contrib", 0)
                 pids = [int(p) for p in hk.head[_PID : _PID + agg.size]]
                 end = time.monotonic() + 5.0
                 while time.monotonic() < end and any(

@@ -9,47 +9,36 @@ and its fault part, :mod:`hetps.faults.joining`); :class:`ServerPort` what a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from hetps import optim
 from hetps.cluster.node import Node
-from hetps.cluster.requests import Future
-from hetps.config import NodeConfig
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.keys import KeyMeta
 from hetps.kvstore.placement import Part
 from hetps.kvstore.slices import Slice
+from hetps.tables.server import Tables
+from hetps.tables.worker import TableStore
 from hetps.transport.codec import Message
 
 
-class StorePort(Protocol):
-    """What a worker store's parts use of it: its Node, its keys and their rounds, where a
-    key's parts go, and its way to the servers."""
+class StorePort(TableStore, Protocol):
+    """What a worker store's parts use of it: what its tables use (its Node, mode, keys and
+    way to the servers), the keys' rounds, and where a key's parts go."""
 
-    cfg: NodeConfig
-    node: Node
-    sync: bool
-    balance: bool
-    timeout: float
-    #: the servers' node ids by rank; what this worker knows of each key, in init order
-    server_ids: list[int]
     meta: dict[Any, KeyMeta]
-    order: list[Any]
+    compressor: TwoBitCompressor | None
+    #: the servers' node ids by rank
+    server_ids: list[int]
     #: push calls so far; whether a push carries its round (HETPS_REPLICAS)
     calls: int
     copies: bool
     #: per key, the ranges last received as a sum of fewer workers than the job's
     short_marks: dict[Any, dict[tuple[int, int], int]]
-    compressor: TwoBitCompressor | None
-    #: the balance agent (HETPS_BALANCE), the row-sparse keys, this worker's host tag, its
-    #: joining part (faults/joining.py)
+    #: the balance agent (HETPS_BALANCE), the row-sparse keys, its joining part
     agent: Any
     sparse: Any
-    host_tag: Any
     joins: Any
-    #: queue a request for a server (:meth:`DistKVStore.request`)
-    request: Callable[..., Future]
 
     #: this worker's place among the live workers
     @property
@@ -69,7 +58,7 @@ class ServerPort(Protocol):
     answers: Any
     aggregator: Any
     links: Any
-    tables: Any
+    tables: Tables
     optimizer: optim.Optimizer | None
     #: the optimizer as a worker sent it (for a new replica)
     optimizer_blob: bytes | None

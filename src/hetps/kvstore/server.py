@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from hetps.kvstore.linkmeter import LinkMeter
 from hetps.kvstore.slices import BadRequest, Slice
 from hetps.tables.server import Tables
 from hetps.transport.codec import WIRE_DTYPES, Message
+
+if TYPE_CHECKING:
+    from hetps.cluster.node import Node
 
 log = logging.getLogger("hetps.server")
 
@@ -63,7 +66,7 @@ class KVServer:
 
     def __init__(
         self,
-        node: Any,
+        node: Node,
         sync: bool | None = None,
         *,
         replication: Callable[[KVServer], Any],

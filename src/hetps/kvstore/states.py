@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,8 +14,11 @@ from hetps.cluster import protocol as P
 from hetps.cluster.requests import wait_all
 from hetps.transport.codec import Message
 
+if TYPE_CHECKING:
+    from hetps.kvstore.client import DistKVStore
 
-def save(kv: Any, fname: str) -> None:
+
+def save(kv: DistKVStore, fname: str) -> None:
     """Write every server's optimizer state to ``fname`` (after ``kv``'s pushes)."""
     kv.wait_outstanding()
     futs = [kv.request(None, 0, s, Message(P.GET_STATES)) for s in serving_ranks(kv)]
@@ -29,7 +32,7 @@ def save(kv: Any, fname: str) -> None:
     os.replace(tmp, fname)
 
 
-def serving_ranks(kv: Any) -> list[int]:
+def serving_ranks(kv: DistKVStore) -> list[int]:
     """One server rank per live server that serves keys (a dead server's requests go to
     the one that took over: asking both would ask that one twice)."""
     seen: set[int] = set()
@@ -42,7 +45,7 @@ def serving_ranks(kv: Any) -> list[int]:
     return out
 
 
-def load(kv: Any, fname: str) -> None:
+def load(kv: DistKVStore, fname: str) -> None:
     """Load optimizer states written by :func:`save` onto the servers (after ``kv``'s
     pushes took effect)."""
     kv.wait_outstanding()

@@ -76,6 +76,12 @@ class Scrapes:
             if self.ended:
                 self.after_end.set()
 
+    def end(self, most: float) -> float:
+        """Mark the job ended; how long to wait for one more scrape (at most ``most``)."""
+        with self._lock:
+            self.ended = True
+            return min(most, self.gap + 1.0) if self.times else 0.0
+
 
 def static_file(name: str) -> bytes:
     """A file of the package's ``web`` folder (the page, its script, the chart library)."""
@@ -401,9 +407,7 @@ def finish_job(live: Live, max_linger: float = MAX_LINGER, code: int = 0) -> str
         path = None
     deadline = time.monotonic() + max_linger
     for watchers in (live.scrapes, live.pages):
-        with watchers._lock:
-            watchers.ended = True
-            wait = min(max_linger, watchers.gap + 1.0) if watchers.times else 0.0
+        wait = watchers.end(max_linger)
         wait = min(wait, deadline - time.monotonic())
         if wait > 0:
             watchers.after_end.wait(wait)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -35,6 +35,18 @@ def _run_dir(log_dir: Path, name: str, start: float, suffix: int) -> Path:
     return log_dir / (f"{name}-{stamp}" + (f"-{suffix}" if suffix > 1 else ""))
 
 
+class LoggedStore(Protocol):
+    """What a round log uses of its store: the worker's rank, the job's size, and a key to
+    agree on the run's start through."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def num_workers(self) -> int: ...
+    def init(self, key: Any, value: Any) -> None: ...
+    def pull(self, key: Any, out: Any = None, priority: int = 0) -> Any: ...
+
+
 class RoundLog:
     """One worker's log of a KVStore training loop: ``run.json`` (rank 0), one record per
     round with its phase spans, and the bytes on each link to a server.
@@ -44,7 +56,7 @@ class RoundLog:
 
     def __init__(
         self,
-        kv: Any,
+        kv: LoggedStore,
         log_dir: str | os.PathLike[str],
         name: str,
         *,

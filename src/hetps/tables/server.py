@@ -21,10 +21,12 @@ made, grows or gets its optimizer state. Checkpoints read and write the parts th
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
+from hetps import optim
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import BadRequest, short
 from hetps.cluster.protocol import check_sender
@@ -64,11 +66,39 @@ MAX_AHEAD = 64
 PULL_BYTES = 16 << 20
 
 
+class Replies(Protocol):
+    """What the tables use of a server's answers: a reply to a request."""
+
+    def reply(self, msg: Message, body: dict | None = None, arrays: list | None = None) -> None: ...
+
+
+class TableServer(Protocol):
+    """What a server's tables use of it (a :class:`~hetps.kvstore.server.KVServer`): its node,
+    mode, optimizer, workers, answers and fault parts, and its dense keys' requests."""
+
+    node: object  # (its node table, ``nodes``, when it has one)
+    sync: bool | None
+    slices: Mapping[tuple[Any, int], Any]
+    optimizer: optim.Optimizer | None
+    optimizers: frozenset[str] | None
+    done_workers: dict[int, str]
+    answers: Replies
+    replication: Any
+    elastic: Any
+
+    @property
+    def num_workers(self) -> int: ...
+    def job_workers(self) -> int: ...
+    def from_worker(self, msg: Message) -> bool: ...
+    def handle(self, msg: Message) -> None: ...
+    def uneven(self, sl: Any) -> str: ...
+
+
 class Tables:
     """The row-sparse keys of one server (``server``: its :class:`~hetps.kvstore.server.KVServer`,
     for the optimizer, the worker count, the answers and the mode)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: TableServer) -> None:
         self.server = server
         self.shards: dict[tuple[Any, int], Shard] = {}  # (key, part) -> part, served or a copy
         self.copies = TableCopies(self)  # HETPS_REPLICAS
@@ -185,7 +215,7 @@ class Tables:
             except (MemoryError, ValueError) as exc:
                 raise BadRequest(f"sinit of key {key!r}: cannot hold the table ({exc})") from None
             if self.server.optimizer is not None and b.optimizer is None:
-                new._check_bound(new.n, new.row_bytes(self.server.optimizer))
+                new.check_bound(new.n, new.row_bytes(self.server.optimizer))
             self.shards[(key, part)] = sh = new
         blob = b.optimizer
         if blob is not None:
@@ -201,7 +231,7 @@ class Tables:
                     f"({type(exc).__name__}: {exc})"
                 ) from None
             try:
-                sh._check_bound(sh.n, sh.row_bytes(opt))  # with its state
+                sh.check_bound(sh.n, sh.row_bytes(opt))  # with its state
             except BadRequest:
                 self.shards.pop((key, part), None)  # (not kept half declared)
                 raise
@@ -261,7 +291,7 @@ class Tables:
         if _standing(sh) >= srv.num_workers:
             self._finish_round(sh)
 
-    def _check_host(self, sh: Shard, worker: int, host: Any) -> None:
+    def _check_host(self, sh: Shard, worker: int, host: Sequence[int] | None) -> None:
         """Refuse a push whose host tag does not fit the round's other pushes (tagged and
         untagged mixed, a (host group, local rank) twice, more workers than the job's)."""
         tags = [h for w, (_, _, h) in sh.pending.items() if w != worker]

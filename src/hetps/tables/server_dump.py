@@ -19,13 +19,16 @@ of the job only, between the table's rounds; every array is checked before anyth
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hetps.cluster.errors import BadRequest
 from hetps.tables import lazy
 from hetps.tables.server_shard import checked_ids, checked_rows
+
+if TYPE_CHECKING:
+    from hetps.tables.server import Tables
 
 #: rows one dump or load chunk may carry
 MAX_CHUNK_ROWS = 1 << 22
@@ -89,9 +92,9 @@ def dump(sh: Any, msg: Any) -> tuple[dict, list[np.ndarray]]:
     """The answer to an ``sdump`` of ``sh``: (body, arrays)."""
     off, n = _window(msg, "sdump", sh)
     _idle(sh, "sdump")
-    cached = getattr(sh, "_dumped", None)
+    cached = sh.dumped
     if off == 0 or cached is None:
-        cached = sh._dumped = used_rows(sh)
+        cached = sh.dumped = used_rows(sh)
     ids, loc = cached
     names = per_row(sh)
     body = {
@@ -114,11 +117,11 @@ def dump(sh: Any, msg: Any) -> tuple[dict, list[np.ndarray]]:
     arrays = [ids[off : off + n].copy(), sh.value[sel].reshape(-1)]
     arrays += [sh.state[m][sel].reshape(-1) for m in names]
     if off + n >= ids.size:
-        sh._dumped = None  # the last chunk: let the list go
+        sh.dumped = None  # the last chunk: let the list go
     return body, arrays
 
 
-def load(tables: Any, sh: Any, msg: Any, copy: bool = False) -> Any:
+def load(tables: Tables, sh: Any, msg: Any, copy: bool = False) -> Any:
     """Apply an ``sload`` to ``sh`` (``tables``: the server's :class:`Tables`); returns the
     part now in place (a ``fresh`` load makes it again). ``copy``: a primary's copy of its
     part (HETPS_REPLICAS: tables/server_replicas.py), which a server of the job sends."""
@@ -152,7 +155,7 @@ def load(tables: Any, sh: Any, msg: Any, copy: bool = False) -> Any:
                     f"{type(opt).__name__} keeps {have + scalars}: set the optimizer the job "
                     "had when the checkpoint was taken"
                 )
-            fresh._check_bound(fresh.value.shape[0], fresh.row_bytes(opt))
+            fresh.check_bound(fresh.value.shape[0], fresh.row_bytes(opt))
             st.update(numbers)
             fresh.state, fresh.has_state = st, True
         sh = fresh  # (in place once every check below passed)

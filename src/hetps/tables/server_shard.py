@@ -4,7 +4,7 @@ requests on it are :class:`hetps.tables.server.Tables`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -37,12 +37,21 @@ INDEX_ROW_BYTES = 48
 TABLE_BYTES = 2048
 
 
+class CapHolder(Protocol):
+    """What a shard uses of the server's tables: their cap on all tables' bytes."""
+
+    def check_cap(self, sh: Shard, need: int) -> None: ...
+
+
 class Shard:
     """One server's part of one table."""
 
-    def __init__(self, key: Any, decl: dict, part: int, nparts: int, owner: Any = None) -> None:
+    def __init__(
+        self, key: Any, decl: dict, part: int, nparts: int, owner: CapHolder | None = None
+    ) -> None:
         self.key = key
         self.owner = owner  # the server's Tables (its cap on all tables), or None
+        self.dumped: Any = None  # (ids, rows) of an sdump in progress (tables/server_dump.py)
         self.decl = decl
         self.rows_total: int | None = decl["rows"]
         self.cols: int = decl["cols"]
@@ -55,7 +64,7 @@ class Shard:
         if self.rows_total is not None:
             n = max(0, (self.rows_total - part + nparts - 1) // nparts)
             self.n = n
-            self._check_bound(n, 0)
+            self.check_bound(n, 0)
             self.value = np.zeros((n, self.cols), self.dtype)  # (pages come as rows are used)
             # rows get their initial value when first used, not here: a table of 30M rows
             # starts at once and holds only what is used (a byte per row for this mark,
@@ -63,7 +72,7 @@ class Shard:
             self.made = np.zeros(n, bool)
         else:
             self.n = 0
-            self._check_bound(0, 0)  # (its fixed cost)
+            self.check_bound(0, 0)  # (its fixed cost)
             self.index = IdIndex()
             self.value = np.zeros((0, self.cols), self.dtype)
         self.state: Any = None
@@ -132,7 +141,9 @@ class Shard:
             self._per = cached = (opt, self.has_state, self.row_bytes(opt))
         return self.fixed_bytes() + self.n * cached[2]
 
-    def _check_bound(self, rows: int, per: int) -> None:
+    def check_bound(self, rows: int, per: int) -> None:
+        """Refuse ``rows`` rows of ``per`` bytes (0: a row's own) over the table's bound or
+        the server's cap."""
         per = per or self.cols * self.dtype.itemsize + (0 if self.growing else 1)
         if self.owner is not None:
             self.owner.check_cap(self, rows * per)
@@ -184,7 +195,7 @@ class Shard:
     def _make(self, ids: np.ndarray, optimizer: Any) -> None:
         need = self.n + ids.size
         per = self.row_bytes(optimizer)
-        self._check_bound(need, per)
+        self.check_bound(need, per)
         if need > self.value.shape[0]:
             cap = max(need, 2 * self.value.shape[0], 64)
             if self.bound:  # the room made ahead stays within the bound too
@@ -222,7 +233,7 @@ def apply_rows(sh: Shard, optimizer: Any, ids: np.ndarray, grad: np.ndarray) -> 
         return
     if not sh.has_state:
         # the state's rows count toward the bound: refused before anything is made
-        sh._check_bound(sh.value.shape[0], sh.row_bytes(opt))
+        sh.check_bound(sh.value.shape[0], sh.row_bytes(opt))
         sh.state = lazy.create_table_state(opt, sh.value.shape[0], sh.cols, sh.dtype)
         sh.has_state = True
     if getattr(opt, "lazy_update", True):

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -44,7 +45,11 @@ from hetps.tables.lazy import distinct_inverse, put_rows, take_rows
 from hetps.tables.rowsparse import RowSparse, Table, coalesce, row_ids
 from hetps.transport.codec import Message
 
-__all__ = ["RowSparse", "SparseKeys", "Table"]
+if TYPE_CHECKING:
+    from hetps.cluster.node import Node
+    from hetps.config import NodeConfig
+
+__all__ = ["RowSparse", "SparseKeys", "Table", "TableStore"]
 
 log = logging.getLogger("hetps.worker")
 
@@ -86,10 +91,40 @@ def is_table(value: Any) -> bool:
     return isinstance(value, (Table, RowSparse))
 
 
+class TableStore(Protocol):
+    """What the row-sparse keys and their checkpoints use of the worker's store (a
+    :class:`~hetps.kvstore.client.DistKVStore`): its node, mode, dense keys and parts, and
+    its way to the servers."""
+
+    cfg: NodeConfig
+    node: Node
+    sync: bool
+    balance: bool
+    timeout: float
+    num_servers: int
+    meta: dict[Any, Any]
+    order: list[Any]
+    compressor: Any
+    #: its dense requests (kvstore/dense.py), host aggregation, host tag and send queue
+    dense: Any
+    hostagg: Any
+    host_tag: Any
+    pipeline: Any
+    #: queue a request for a server by rank
+    request: Callable[..., Future]
+
+    @property
+    def rank(self) -> int: ...
+    def barrier(self) -> None: ...
+    def init(self, key: Any, value: Any) -> None: ...
+    def is_row_sparse(self, key: Any) -> bool: ...
+    def table(self, key: Any) -> Table: ...
+
+
 class SparseKeys:
     """The row-sparse half of the worker's store ``kv`` (see the module's text)."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: TableStore) -> None:
         self.kv = kv
         self.tables: dict[Any, TableMeta] = {}
 

@@ -19,7 +19,7 @@ the server that holds its id now (the number of servers may differ).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,11 +29,14 @@ from hetps.cluster.errors import CheckpointError
 from hetps.tables.rowsparse import Table, declaration_differs, table_declaration
 from hetps.transport.codec import Message
 
+if TYPE_CHECKING:
+    from hetps.tables.worker import TableStore
+
 #: requests of a dump or restore in flight at once (each holds one chunk)
 IN_FLIGHT = 4
 
 
-def _chunk_rows(kv: Any, cols: int, itemsize: int) -> int:
+def _chunk_rows(kv: TableStore, cols: int, itemsize: int) -> int:
     return max(1, chunk_elems(kv.cfg.chunk_bytes, itemsize) // cols)
 
 
@@ -62,7 +65,7 @@ class _NpyWriter:
         return self.out.summary()
 
 
-def save_tables(kv: Any, tmp: Path, key_tag: Any, hashing: Any) -> tuple[list, dict]:
+def save_tables(kv: TableStore, tmp: Path, key_tag: Any, hashing: Any) -> tuple[list, dict]:
     """Write every table of ``kv`` into ``tmp`` (the first live worker, between rounds);
     returns the manifest's ``tables`` entries and the files' sizes and checksums."""
     from hetps import optim
@@ -149,7 +152,7 @@ def needed_files(manifest: dict) -> list[str]:
     return [name for e in manifest.get("tables", []) for name in e["files"].values()]
 
 
-def restore_tables(path: Path, manifest: dict, kv: Any, damaged: Any) -> None:
+def restore_tables(path: Path, manifest: dict, kv: TableStore, damaged: Any) -> None:
     """Every worker: declare the checkpoint's tables (unless declared already, then their
     declaration must match) and, on the first live worker, write their rows back."""
     from hetps import optim
@@ -181,7 +184,7 @@ def restore_tables(path: Path, manifest: dict, kv: Any, damaged: Any) -> None:
     kv.barrier()  # every table written back before anyone pushes
 
 
-def _write_back(path: Path, e: dict, kv: Any, damaged: Any) -> None:
+def _write_back(path: Path, e: dict, kv: TableStore, damaged: Any) -> None:
     key = e["_key"]
     S = kv.num_servers
     arrays = {}

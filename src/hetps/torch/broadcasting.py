@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -39,7 +42,7 @@ __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
 KV_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
-def _check_root(kv: Any, root_rank: int) -> int:
+def _check_root(kv: KVStore, root_rank: int) -> int:
     workers = int(getattr(kv, "num_workers", 1))
     if isinstance(root_rank, bool) or not isinstance(root_rank, int):
         raise TypeError(f"root_rank must be an int, got {root_rank!r}")
@@ -59,7 +62,7 @@ def _check_root(kv: Any, root_rank: int) -> int:
     return root_rank
 
 
-def exchange(kv: Any, keys: list[str], tensors: list[torch.Tensor], root_rank: int = 0) -> None:
+def exchange(kv: KVStore, keys: list[str], tensors: list[torch.Tensor], root_rank: int = 0) -> None:
     """Overwrite CPU ``tensors`` (float16/32/64, contiguous) with ``root_rank``'s values, on
     every worker; the keys are (re)initialised. The transport under the helpers below and
     under ``DistributedOptimizer``'s and ESync's start (rank 0's weights for everyone)."""
@@ -74,7 +77,7 @@ def exchange(kv: Any, keys: list[str], tensors: list[torch.Tensor], root_rank: i
     kv.pushpull(keys, values, out=tensors)
 
 
-def _store(kv: Any, root_rank: int) -> tuple[Any, int]:
+def _store(kv: KVStore | int | None, root_rank: int) -> tuple[KVStore, int]:
     """Horovod's form (no store: the process's; ``root_rank`` maybe second) or hetps's."""
     if kv is None or (isinstance(kv, int) and not isinstance(kv, bool)):
         from hetps.torch.process import store_for
@@ -113,7 +116,7 @@ def _named(params: Any) -> list[tuple[str, torch.Tensor]]:
 
 def broadcast_parameters(
     params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-    kv: Any = None,
+    kv: KVStore | int | None = None,
     root_rank: int = 0,
     prefix: str = "",
 ) -> None:
@@ -162,7 +165,7 @@ def _unpack(values: torch.Tensor, nbytes: int) -> bytes:
 
 
 def broadcast_optimizer_state(
-    optimizer: Any, kv: Any = None, root_rank: int = 0, prefix: str = ""
+    optimizer: Any, kv: KVStore | int | None = None, root_rank: int = 0, prefix: str = ""
 ) -> None:
     """Give every worker ``root_rank``'s optimizer state: its ``state_dict()`` (per-parameter
     state such as momentum buffers and Adam's moments, and the hyperparameters of every

@@ -136,7 +136,7 @@ class DistributedOptimizer(Regrouping):
             assert model is not None
             self._overlap = ForwardWaits(model, self.named, self._land, self.timing)
         self._landing: dict[str, torch.Tensor] = {}  # where a lone parameter's reduction lands
-        self._synced = False
+        self.synced = False  # synchronize() ran for this gradient (a strategy may reset it)
         self._hooks = []
         for name, p in self.named:
             if not p.is_contiguous():
@@ -285,7 +285,7 @@ class DistributedOptimizer(Regrouping):
         def hook(p: torch.Tensor) -> None:
             if p.grad is None:
                 return
-            self._synced = False  # a new gradient: the last synchronize() is not this one's
+            self.synced = False  # a new gradient: the last synchronize() is not this one's
             if self._staging:
                 refuse_graph_capture("DistributedOptimizer's gradient hook")
             if self._overlap is not None:
@@ -409,7 +409,7 @@ class DistributedOptimizer(Regrouping):
                     p.grad.copy_(buf)
             else:
                 self._land(g)
-        self._synced = True
+        self.synced = True
         self.after_exchange(t_sync, exchanged)
 
     def _land(self, g: _Group, have: Iterable[str] = ()) -> None:
@@ -505,18 +505,18 @@ class DistributedOptimizer(Regrouping):
 
     def step(self, closure: Any = None) -> Any:
         """Wait for the reductions (unless :meth:`synchronize` already did), then step."""
-        if self._skip_sync and not self._synced:
+        if self._skip_sync and not self.synced:
             raise RuntimeError(
                 "step() inside skip_synchronize() but the gradients were not synchronized: "
                 "call opt.synchronize() after backward and before skip_synchronize()"
             )
-        deferred = self._overlap is not None and not self._synced
+        deferred = self._overlap is not None and not self.synced
         if deferred:  # the next forward waits for the pulls, module by module
             self._overlap.wait_all()  # (what the last forward did not wait for)
             self._overlap.launch_all(self)
-        elif not self._synced:
+        elif not self.synced:
             self.synchronize()
-        self._synced = False
+        self.synced = False
         t0 = time.perf_counter()
         loss = None
         if self.update_on == "worker":
@@ -558,7 +558,7 @@ class DistributedOptimizer(Regrouping):
             )
         if self.optimizer is None:
             return []
-        if not self._synced and self.update_on == "worker" and _from_grad_scaler():
+        if not self.synced and self.update_on == "worker" and _from_grad_scaler():
             self.synchronize()
         return self.optimizer.param_groups
 

@@ -19,9 +19,12 @@ its place on the host is the only one there.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetps.config import env_value, role_from_env
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 __all__ = [
     "init",
@@ -39,7 +42,7 @@ __all__ = [
 class _Process:
     """What :func:`init` made: the store, whether this process owns it, the host fields."""
 
-    kv: Any = None
+    kv: KVStore | None = None
     ended = False  # shutdown() ran: the worker left its job
     local_rank = 0
     local_size = 1

@@ -5,11 +5,14 @@ groups, the step count, the optimizer's state). A part of
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetps.torch.fusion import measured_groups, ready_times
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 #: a group ready this close to backward's end is sent by its hook, not the launcher thread
 LAUNCH_INLINE_S = 500e-6
@@ -21,7 +24,7 @@ class Regrouping:
 
     named: list
     groups: list
-    kv: Any
+    kv: KVStore
 
     # -- groups that follow backward's pace ---------------------------------------------------
     def _retune(self) -> None:

@@ -17,13 +17,16 @@ table (with no rows when a module was not used), so a dist_sync round always com
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from hetps import optim
 from hetps.tables.rowsparse import Table
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 __all__ = ["SparseTables", "sparse_modules", "table_optimizer", "table_weights"]
 
@@ -65,7 +68,7 @@ class SparseTables:
 
     def __init__(
         self,
-        kv: Any,
+        kv: KVStore,
         model: torch.nn.Module | None,
         optimizer: Any = None,
         prefix: str = "",
@@ -192,7 +195,7 @@ def _np_dtype(module: torch.nn.Module) -> np.dtype:
     return torch.empty(0, dtype=module.weight.dtype).numpy().dtype
 
 
-def table_optimizer(optimizer: Any, kv: Any, op: str) -> optim.Optimizer:
+def table_optimizer(optimizer: Any, kv: KVStore, op: str) -> optim.Optimizer:
     """The servers' lazy rule for the embedding tables when the dense parameters step on the
     workers: the wrapped ``torch.optim.SGD``'s (:func:`servers_sgd`), averaged over the
     workers with ``op="average"``. Other torch optimizers need an explicit

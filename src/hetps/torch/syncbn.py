@@ -15,11 +15,14 @@ layers are numbered by construction, and that number names their keys.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetps.torch.process import store_for
+
+if TYPE_CHECKING:
+    from hetps.kvstore import KVStore
 
 __all__ = ["SyncBatchNorm"]
 
@@ -30,7 +33,7 @@ class _SumOverWorkers(torch.autograd.Function):
     """The sum of a flat tensor over the workers; its gradient is summed the same way."""
 
     @staticmethod
-    def forward(ctx: Any, flat: torch.Tensor, kv: Any, key: str) -> torch.Tensor:
+    def forward(ctx: Any, flat: torch.Tensor, kv: KVStore, key: str) -> torch.Tensor:
         ctx.kv, ctx.key = kv, key
         out = flat.detach().to("cpu", torch.float64).contiguous()
         kv.pushpull(f"{key}:fwd", out, out=out)
@@ -58,7 +61,7 @@ class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
         self.number = next(_numbers)  # names this layer's keys: the same on every worker
-        self._kv: Any = None
+        self._kv: KVStore | None = None
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:

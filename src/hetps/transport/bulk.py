@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 import numpy as np
@@ -33,6 +33,9 @@ from hetps.transport.bulk_in import (
 )
 from hetps.transport.codec import FRAME_MAX, Message
 from hetps.transport.handshakes import RefusalLog
+
+if TYPE_CHECKING:
+    from hetps.transport.van import Van
 
 log = logging.getLogger("hetps.bulk")
 
@@ -200,7 +203,7 @@ class Bulk:
         self.out: dict[Any, OutChannel] = {}
 
     @staticmethod
-    def offer_to(van: Any, peer: Any) -> None:
+    def offer_to(van: Van, peer: Any) -> None:
         """Offer ``peer`` a fresh channel into ``van`` (whose bulk listener starts now if
         it has none yet), on the CURVE connection ``van`` just opened to it."""
         with van._ring_lock:
@@ -208,7 +211,7 @@ class Bulk:
         van.send(peer, Message(BULK_OFFER, body=body))
 
     @staticmethod
-    def of(van: Any) -> Bulk:
+    def of(van: Van) -> Bulk:
         """``van``'s bulk channels, its listener started on first need (a secured van only:
         an offer may come before this node has offered its own)."""
         with van._bulk_lock:
@@ -220,7 +223,7 @@ class Bulk:
                 van.bulk = bulk
         return van.bulk
 
-    def sender(self, van: Any, peer: Any, msg: Any) -> OutChannel | None:
+    def sender(self, van: Van, peer: Any, msg: Any) -> OutChannel | None:
         """The open channel to ``peer`` if ``msg`` has arrays for it, else None. Opened on
         first need: its hello goes ahead of the message on the CURVE connection."""
         if van._ring_floor(msg) is None:
@@ -315,7 +318,7 @@ class Bulk:
             self.rx.release(chan, _cost(len(buf)))
             ctr = int.from_bytes(buf[:CTR], "big") if len(buf) >= CTR + TAG else -1
             if ctr < 0 or ctr in chan.pending or ctr in chan.marks:  # (a replay)
-                self.rx._refuse("a bad frame on node %s's channel before its hello", peer)
+                self.rx.refuse("a bad frame on node %s's channel before its hello", peer)
             else:
                 self.rx.place(chan, ctr, buf)
         return None

@@ -251,7 +251,8 @@ class BulkReceiver:
         # stamp is then later than its arrival); frames kept for a hello waited too
         self.late = True
 
-    def _refuse(self, why: str, *args: object) -> None:
+    def refuse(self, why: str, *args: object) -> None:
+        """Log (rate-limited) that a frame was refused and why."""
         self.refusals.refused("%s refused a bulk frame: " + why, self.name, *args)
 
     def authorize(self, user: bytes, password: bytes) -> bytes | None:
@@ -287,7 +288,7 @@ class BulkReceiver:
         used = self.peer_held.get(chan.peer, 0)
         share = self.share()
         if used + n > share or chan.held + n > CHANNEL_PENDING_MAX:
-            self._refuse(
+            self.refuse(
                 "node %s's frame %d: %d bytes of its channel's (%d of that node's share of "
                 "%d) are held for headers not yet read",
                 chan.peer,
@@ -333,7 +334,7 @@ class BulkReceiver:
 
     def _on_frame(self, parts: list) -> None:
         if len(parts) != 2:
-            self._refuse("%d parts from one connection", len(parts))
+            self.refuse("%d parts from one connection", len(parts))
             return
         user = parts[1].get("User-Id")
         try:
@@ -341,13 +342,13 @@ class BulkReceiver:
         except ValueError:
             chan = None
         if chan is None:  # (ZAP let it in for a channel closed since)
-            self._refuse("a connection that is no peer's channel (a stranger)")
+            self.refuse("a connection that is no peer's channel (a stranger)")
             return
         rid = parts[0].bytes
         if chan.rid is None:
             chan.rid = rid  # (the connection its handshake proved: one per channel)
         elif rid != chan.rid:
-            self._refuse(
+            self.refuse(
                 "a frame of node %s's channel under another routing id (a routing id reused)",
                 chan.peer,
             )
@@ -358,11 +359,11 @@ class BulkReceiver:
                 chan.early.append(parts[1])
             return
         if len(buf) < CTR + TAG:
-            self._refuse("%d bytes from node %s's channel, too short", len(buf), chan.peer)
+            self.refuse("%d bytes from node %s's channel, too short", len(buf), chan.peer)
             return
         ctr = int.from_bytes(buf[:CTR], "big")
         if ctr < chan.next or ctr in chan.pending or ctr in chan.placed or ctr in chan.marks:
-            self._refuse(
+            self.refuse(
                 "counter %d from node %s's channel was used already (a replay)", ctr, chan.peer
             )
             return
@@ -385,7 +386,7 @@ class BulkReceiver:
             if self._open(chan, ctr, buf, _NOTHING):
                 if len(chan.marks) >= MAX_MARKS:  # (the oldest goes: a newer one is wanted)
                     del chan.marks[min(chan.marks)]
-                    self._refuse("node %s's channel sent %d marks ahead", chan.peer, MAX_MARKS)
+                    self.refuse("node %s's channel sent %d marks ahead", chan.peer, MAX_MARKS)
                 chan.marks[ctr] = (time.time(), self.late)
                 chan.heard = time.monotonic()
             return
@@ -403,7 +404,7 @@ class BulkReceiver:
     def _open(self, chan: InChannel, ctr: int, buf: memoryview, dest: np.ndarray) -> bool:
         """Decrypt into ``dest``; False (and a refusal) if the frame fails its tag."""
         if len(buf) != CTR + dest.nbytes + TAG:
-            self._refuse(
+            self.refuse(
                 "frame %d of node %s's channel is %d bytes, not %d",
                 ctr,
                 chan.peer,
@@ -414,7 +415,7 @@ class BulkReceiver:
         try:
             chan.aead.decrypt_into(_nonce(ctr), buf[CTR:], chan.cid + bytes(buf[:CTR]), dest)
         except InvalidTag:
-            self._refuse(
+            self.refuse(
                 "frame %d of node %s's channel failed its tag (forged or tampered)", ctr, chan.peer
             )
             return False

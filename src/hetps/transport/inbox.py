@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -16,6 +16,9 @@ from hetps.transport.bulk import BULK_HELLO, BULK_OFFER
 from hetps.transport.bulk_in import Waiting
 from hetps.transport.codec import BadMessage, Message, NotYet, decode
 from hetps.transport.shm import drop_broken
+
+if TYPE_CHECKING:
+    from hetps.transport.van import Van
 
 log = logging.getLogger("hetps.van")
 
@@ -39,7 +42,7 @@ class Inbox:
     """What the receive thread of ``van`` holds: messages waiting for their bulk frames,
     messages decoded and not handed out yet, and the one message whose arrays are lent."""
 
-    def __init__(self, van: Any) -> None:
+    def __init__(self, van: Van) -> None:
         self.van = van
         self.waiting = Waiting()  # messages whose bulk frames are still to come
         self.ready: list[Message] = []  # decoded, not handed out yet (read with a waiting one)

@@ -1,0 +1,131 @@
+"""Ports, not hosts (docs/ARCHITECTURE.md): every port a part takes names only what its real
+host has, a real host built here passes ``isinstance`` against its ports, and no part takes
+its host typed ``Any``."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from functools import cache
+from pathlib import Path
+from typing import runtime_checkable
+
+import pytest
+
+from hetps.app.worker import WorkerRun
+from hetps.balance.agent import StoreLink
+from hetps.cluster.node import Node
+from hetps.cluster.ports import JobPort, MemberPort
+from hetps.cluster.scheduler import Scheduler
+from hetps.faults.rejoin import RunPort
+from hetps.kvstore.answers import Answers
+from hetps.kvstore.client import DistKVStore
+from hetps.kvstore.local import LocalKVStore
+from hetps.kvstore.ports import ServerPort, StorePort
+from hetps.kvstore.server import KVServer
+from hetps.metrics.live import SchedulerView
+from hetps.metrics.roundlog import LoggedStore
+from hetps.roles import new_server
+from hetps.tables.server import Replies, Tables, TableServer
+from hetps.tables.server_shard import CapHolder
+from hetps.tables.worker import TableStore
+from hetps.torch.collectives import SumStore
+from hetps.transport.links import PeerLinks
+from hetps.transport.van import Van
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "hetps"
+
+#: each port and the real hosts that are handed to the parts that take it
+PORTS = [
+    (MemberPort, [Node]),
+    (JobPort, [Scheduler]),
+    (SchedulerView, [Scheduler]),
+    (PeerLinks, [Van]),
+    (StorePort, [DistKVStore]),
+    (ServerPort, [KVServer]),
+    (StoreLink, [DistKVStore]),
+    (TableStore, [DistKVStore]),
+    (TableServer, [KVServer]),
+    (Replies, [Answers]),
+    (CapHolder, [Tables]),
+    (LoggedStore, [DistKVStore, LocalKVStore]),
+    (SumStore, [DistKVStore, LocalKVStore]),
+    (RunPort, [WorkerRun]),
+]
+
+#: parameter and attribute names that hold a host (a store, node, scheduler, server, ...)
+HOSTS = {"node", "sched", "host", "server", "owner", "kv", "store", "parent", "van", "agg"}
+
+
+def port_names(port: type) -> set[str]:
+    """What a port names: its annotated attributes, methods and properties."""
+    names = set(port.__dict__.get("__annotations__", {}))
+    names |= {n for n, v in port.__dict__.items() if callable(v) or isinstance(v, property)}
+    return {n for n in names if not n.startswith("_")}
+
+
+@cache
+def host_names(cls: type) -> frozenset[str]:
+    """What a host class has: its class's names, and every ``self.x`` its methods set."""
+    names = set(dir(cls))
+    for klass in cls.__mro__[:-1]:
+        tree = ast.parse(inspect.getsource(klass))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+            ):
+                names.add(node.attr)
+    return frozenset(names)
+
+
+@pytest.mark.parametrize(("port", "hosts"), PORTS, ids=[p.__name__ for p, _ in PORTS])
+def test_a_port_names_only_what_its_hosts_have(port, hosts):
+    for host in hosts:
+        missing = sorted(port_names(port) - host_names(host))
+        assert not missing, f"{port.__name__} names what {host.__name__} lacks: {missing}"
+
+
+def test_real_hosts_pass_their_ports():
+    """A server as roles builds it (on a node that only answers) is what its tables and fault
+    parts take it as; its tables are what a shard takes as its owner; a local store is what a
+    round log and the collectives take."""
+
+    class _Node:
+        def reply(self, msg, body=None, arrays=None, track=False):  # pragma: no cover
+            pass
+
+    srv = new_server(_Node())
+    for port, obj in [
+        (TableServer, srv),
+        (ServerPort, srv),
+        (Replies, srv.answers),
+        (CapHolder, srv.tables),
+        (LoggedStore, LocalKVStore()),
+        (SumStore, LocalKVStore()),
+    ]:
+        assert isinstance(obj, runtime_checkable(port)), f"{type(obj).__name__} vs {port}"
+
+
+def test_no_part_takes_its_host_typed_any():
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text()
+        if "Any" not in text:
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.arg):
+                name, ann = node.arg, node.annotation
+            elif isinstance(node, ast.AnnAssign):
+                target = node.target
+                name = (
+                    target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+                )
+                ann = node.annotation
+            else:
+                continue
+            if name.lstrip("_") in HOSTS and isinstance(ann, ast.Name) and ann.id == "Any":
+                bad.append(f"{path.relative_to(SRC)}:{node.lineno} {name}: Any")
+    assert not bad, "hosts typed Any (give the part a port):\n" + "\n".join(bad)
