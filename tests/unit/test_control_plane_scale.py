@@ -281,6 +281,8 @@ def test_a_servers_table_at_4096_workers_is_compact_and_gives_every_routing_id()
         for bad, why in [
             ({"ports": body["ports"][:-2]}, "worker addresses that do not add up to 4096"),
             ({"hosts": body["hosts"][:-1]}, "host index beyond the 511 hosts"),
+            ({"ports": b""}, "worker addresses that do not add up to 4096"),  # none at all
+            ({"ports": b"\0\0" + body["ports"][2:]}, "port 0 (ports are 1-65535)"),  # a port 0
         ]:
             enrol = Enrolment(SimpleNamespace(role="server", van=van), van)
             enrol.answer(Message(P.NODES, req=1, reply=True, body={**body, **bad}))

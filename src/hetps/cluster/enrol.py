@@ -94,11 +94,13 @@ def workers_of(table: NodeTable) -> list[NodeInfo]:
         raise ValueError(f"host-group runs that do not add up to {count} workers")
     by_rank = [g for g, n in runs for _ in range(n)]
     addrs = [("", 0)] * count
-    if table.ports:  # a server's table: every worker's address (server_fields)
+    if table.ports or table.route_key is not None:  # a server's: every worker's address
         ports = np.frombuffer(table.ports, dtype="<u2") if len(table.ports) == 2 * count else None
         runs = unpack_groups(table.host_runs)
         if ports is None or any(n < 1 for _, n in runs) or sum(n for _, n in runs) != count:
             raise ValueError(f"worker addresses that do not add up to {count} workers")
+        if 0 in ports:
+            raise ValueError("a worker's port 0 (ports are 1-65535)")
         if any(not 0 <= h < len(table.hosts) for h, _ in runs):
             raise ValueError(f"a worker's host index beyond the {len(table.hosts)} hosts")
         hosts = [table.hosts[h] for h, n in runs for _ in range(n)]
