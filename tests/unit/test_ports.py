@@ -20,6 +20,8 @@ from hetps.cluster.scheduler import Scheduler
 from hetps.faults.rejoin import RunPort
 from hetps.kvstore.answers import Answers
 from hetps.kvstore.client import DistKVStore
+from hetps.kvstore.hostagg import HostAggregation
+from hetps.kvstore.hostagg_tables import AggHost
 from hetps.kvstore.local import LocalKVStore
 from hetps.kvstore.ports import ServerPort, StorePort
 from hetps.kvstore.server import KVServer
@@ -51,6 +53,7 @@ PORTS = [
     (LoggedStore, [DistKVStore, LocalKVStore]),
     (SumStore, [DistKVStore, LocalKVStore]),
     (RunPort, [WorkerRun]),
+    (AggHost, [HostAggregation]),
 ]
 
 #: parameter and attribute names that hold a host (a store, node, scheduler, server, ...)
