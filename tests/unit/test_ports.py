@@ -29,9 +29,11 @@ from hetps.metrics.live import SchedulerView
 from hetps.metrics.roundlog import LoggedStore
 from hetps.roles import new_server
 from hetps.tables.server import Replies, Tables, TableServer
-from hetps.tables.server_shard import CapHolder
+from hetps.tables.server_shard import CapHolder, TablesPort
 from hetps.tables.worker import TableStore
 from hetps.torch.collectives import SumStore
+from hetps.transport.bulk import BulkVan
+from hetps.transport.inbox import InboxVan
 from hetps.transport.links import PeerLinks
 from hetps.transport.van import Van
 
@@ -54,6 +56,9 @@ PORTS = [
     (SumStore, [DistKVStore, LocalKVStore]),
     (RunPort, [WorkerRun]),
     (AggHost, [HostAggregation]),
+    (BulkVan, [Van]),
+    (InboxVan, [Van]),
+    (TablesPort, [Tables]),
 ]
 
 #: parameter and attribute names that hold a host (a store, node, scheduler, server, ...)
@@ -106,6 +111,7 @@ def test_real_hosts_pass_their_ports():
         (ServerPort, srv),
         (Replies, srv.answers),
         (CapHolder, srv.tables),
+        (TablesPort, srv.tables),
         (LoggedStore, LocalKVStore()),
         (SumStore, LocalKVStore()),
     ]:
