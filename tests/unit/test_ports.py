@@ -14,6 +14,7 @@ import pytest
 
 from hetps.app.worker import WorkerRun
 from hetps.balance.agent import StoreLink
+from hetps.cluster.hostlead import LeadNode
 from hetps.cluster.node import Node
 from hetps.cluster.ports import JobPort, MemberPort
 from hetps.cluster.scheduler import Scheduler
@@ -25,7 +26,9 @@ from hetps.kvstore.hostagg_tables import AggHost
 from hetps.kvstore.local import LocalKVStore
 from hetps.kvstore.ports import ServerPort, StorePort
 from hetps.kvstore.server import KVServer
-from hetps.metrics.live import SchedulerView
+from hetps.metrics.dashboard import Live
+from hetps.metrics.live import LiveMetrics, SchedulerView
+from hetps.metrics.prom import Snapshots
 from hetps.metrics.roundlog import LoggedStore
 from hetps.roles import new_server
 from hetps.tables.server import Replies, Tables, TableServer
@@ -59,6 +62,9 @@ PORTS = [
     (BulkVan, [Van]),
     (InboxVan, [Van]),
     (TablesPort, [Tables]),
+    (LeadNode, [Node]),
+    (Live, [LiveMetrics]),
+    (Snapshots, [LiveMetrics]),
 ]
 
 #: parameter and attribute names that hold a host (a store, node, scheduler, server, ...)
