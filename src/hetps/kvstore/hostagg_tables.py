@@ -79,14 +79,16 @@ class AggHost(Protocol):
     segments (``HostKey``) and the ways to make, map, read and wait on them."""
 
     kv: StorePort
+    #: its host group, local rank and local ranks; its job's name for its files
     group: int
     local: int
     size: int
     job: str
+    #: local ranks let go (HETPS_ELASTIC); its keys' segments (``HostKey``), their generations
+    elastic: bool
+    dead: set[int]
     keys: dict[Any, Any]
     gens: dict[Any, int]
-    dead: set[int]
-    elastic: bool
     lock: Any
 
     def create(self, k: Any, meta: KeyMeta) -> None: ...
