@@ -48,6 +48,14 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def absolute(path: Path, level: int, module: str | None) -> str:
+    """The module ``from <level dots><module> import ...`` in ``path`` names."""
+    if level == 0:
+        return module or ""
+    package = list(path.relative_to(SRC.parent).parent.parts)
+    return ".".join(package[: len(package) - level + 1] + ([module] if module else []))
+
+
 @cache
 def imports(path: Path) -> frozenset[str]:
     """Every hetps module a file imports, anywhere in it."""
@@ -55,12 +63,11 @@ def imports(path: Path) -> frozenset[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == "hetps":  # a submodule, or a name the package itself defines
-                names = (f"hetps.{a.name}" for a in node.names)
-                out |= {m if m in modules() else "hetps" for m in names}
-            else:
-                out.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            # ``from pkg import sub`` imports the submodule, ``from pkg import name`` the package
+            base = absolute(path, node.level, node.module)
+            names = (f"{base}.{a.name}" for a in node.names)
+            out |= {m if m in modules() else base for m in names}
     return frozenset(m for m in out if m == "hetps" or m.startswith("hetps."))
 
 
@@ -205,3 +212,57 @@ def test_no_part_takes_its_host_typed_any():
                     ):
                         bad.append(f"{mod}:{fn.lineno} {a.arg}")
     assert not bad, bad
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of two or more modules that import each other, directly or through a chain
+    (the strongly connected components of the import graph, Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Which modules of src each module imports (at the top, inside a function or under
+    ``TYPE_CHECKING``); ``from pkg import sub`` is an arrow to ``pkg.sub``."""
+    return {m: {i for i in imports(p) if i in modules() and i != m} for m, p in modules().items()}
+
+
+def test_no_two_modules_import_each_other():
+    """Imports run one way: a part names what it uses of its host by a port, and what two
+    files share lives in the one they both import (docs/ARCHITECTURE.md)."""
+    found = circles(import_graph())
+    assert not found, "modules that import each other:\n" + "\n".join(
+        " <-> ".join(c) for c in found
+    )
+
+
+def test_the_check_sees_a_circle_through_a_chain():
+    """config.table imports nothing of hetps; an arrow from it to the van (which reaches it
+    through a chain) makes a circle the check finds."""
+    graph = import_graph()
+    assert not any("hetps.config.table" in c for c in circles(graph))
+    assert "hetps.config.table" not in graph["hetps.transport.van"]  # (a chain, not a pair)
+    graph["hetps.config.table"] = graph["hetps.config.table"] | {"hetps.transport.van"}
+    assert any({"hetps.config.table", "hetps.transport.van"} <= set(c) for c in circles(graph))

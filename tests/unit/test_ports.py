@@ -14,22 +14,29 @@ import pytest
 
 from hetps.app.worker import WorkerRun
 from hetps.balance.agent import StoreLink
+from hetps.cluster.hostlead import LeadNode
 from hetps.cluster.node import Node
 from hetps.cluster.ports import JobPort, MemberPort
 from hetps.cluster.scheduler import Scheduler
 from hetps.faults.rejoin import RunPort
 from hetps.kvstore.answers import Answers
 from hetps.kvstore.client import DistKVStore
+from hetps.kvstore.hostagg import HostAggregation
+from hetps.kvstore.hostagg_tables import AggHost
 from hetps.kvstore.local import LocalKVStore
 from hetps.kvstore.ports import ServerPort, StorePort
 from hetps.kvstore.server import KVServer
-from hetps.metrics.live import SchedulerView
+from hetps.metrics.dashboard import Live
+from hetps.metrics.live import LiveMetrics, SchedulerView
+from hetps.metrics.prom import Snapshots
 from hetps.metrics.roundlog import LoggedStore
 from hetps.roles import new_server
 from hetps.tables.server import Replies, Tables, TableServer
-from hetps.tables.server_shard import CapHolder
+from hetps.tables.server_shard import CapHolder, TablesPort
 from hetps.tables.worker import TableStore
 from hetps.torch.collectives import SumStore
+from hetps.transport.bulk import BulkVan
+from hetps.transport.inbox import InboxVan
 from hetps.transport.links import PeerLinks
 from hetps.transport.van import Van
 
@@ -51,6 +58,13 @@ PORTS = [
     (LoggedStore, [DistKVStore, LocalKVStore]),
     (SumStore, [DistKVStore, LocalKVStore]),
     (RunPort, [WorkerRun]),
+    (AggHost, [HostAggregation]),
+    (BulkVan, [Van]),
+    (InboxVan, [Van]),
+    (TablesPort, [Tables]),
+    (LeadNode, [Node]),
+    (Live, [LiveMetrics]),
+    (Snapshots, [LiveMetrics]),
 ]
 
 #: parameter and attribute names that hold a host (a store, node, scheduler, server, ...)
@@ -103,6 +117,7 @@ def test_real_hosts_pass_their_ports():
         (ServerPort, srv),
         (Replies, srv.answers),
         (CapHolder, srv.tables),
+        (TablesPort, srv.tables),
         (LoggedStore, LocalKVStore()),
         (SumStore, LocalKVStore()),
     ]:

@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import msgspec
 import numpy as np
@@ -34,11 +34,20 @@ from msgspec import Meta
 
 from hetps.cluster import protocol as P
 from hetps.cluster.commands import BalanceAnswer, NodeId
-from hetps.cluster.requests import RequestTimeout
+from hetps.cluster.ports import MemberPort
+from hetps.cluster.requests import Future, RequestTimeout
 from hetps.transport.codec import Message
 
-if TYPE_CHECKING:
-    from hetps.cluster.node import Node
+
+class LeadNode(MemberPort, Protocol):
+    """What a host's lead uses of its worker's :class:`~hetps.cluster.node.Node`: what a
+    Node's parts use, its requests to the scheduler and its check that it may go on."""
+
+    def check(self) -> None: ...
+    def request(
+        self, peer: int, msg: Message, callback: Callable[[Message], None] | None = None
+    ) -> Future: ...
+
 
 log = logging.getLogger("hetps.worker")
 _LEN = struct.Struct("<I")
@@ -178,7 +187,7 @@ class HostLead:
     """A worker's side of its host's one control message (leader and follower)."""
 
     @classmethod
-    def plan(cls, node: Node) -> HostLead | None:
+    def plan(cls, node: LeadNode) -> HostLead | None:
         """The host part of worker ``node``, or None: it sends its own."""
         cfg, me = node.cfg, node.info
         if me is None or me.role != "worker" or me.group < 0 or cfg.secret is None:
@@ -192,10 +201,10 @@ class HostLead:
             return None
 
     @staticmethod
-    def _host(node: Node, group: int) -> list[int]:
+    def _host(node: LeadNode, group: int) -> list[int]:
         return sorted(n.id for n in node.nodes.values() if n.role == "worker" and n.group == group)
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: LeadNode) -> None:
         assert node.info is not None and node.cfg.secret is not None
         self.node = node
         self.me = node.info.id

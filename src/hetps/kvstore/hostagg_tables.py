@@ -32,8 +32,9 @@ import logging
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,12 +44,10 @@ from hetps.cluster.requests import Future
 from hetps.kvstore.hostshm import _PID, MAGIC, SHM_DIR, alive, make, unlink
 from hetps.kvstore.keys import KeyMeta
 from hetps.kvstore.placement import Part
+from hetps.kvstore.ports import StorePort
 from hetps.tables.lazy import distinct, put_rows, sum_rows, take_rows
 from hetps.tables.worker import _land_rows
 from hetps.transport.codec import Message
-
-if TYPE_CHECKING:
-    from hetps.kvstore.hostagg import HostAggregation
 
 log = logging.getLogger("hetps.worker")
 _HEAD = 16  # int64 words before a file's ids: magic, 1, ids, cols, event, rows, [_PID] pid
@@ -74,10 +73,37 @@ class HostTable:
         return ("table", self.key)
 
 
+class AggHost(Protocol):
+    """What the tables use of their host's aggregation (a
+    :class:`~hetps.kvstore.hostagg.HostAggregation`): its store, place on the host, key
+    segments (``HostKey``) and the ways to make, map, read and wait on them."""
+
+    kv: StorePort
+    #: its host group, local rank and local ranks; its job's name for its files
+    group: int
+    local: int
+    size: int
+    job: str
+    #: local ranks let go (HETPS_ELASTIC); its keys' segments (``HostKey``), their generations
+    elastic: bool
+    dead: set[int]
+    keys: dict[Any, Any]
+    gens: dict[Any, int]
+    lock: Any
+
+    def create(self, k: Any, meta: KeyMeta) -> None: ...
+    def release(self, k: Any) -> None: ...
+    def attach(self, k: Any, meta: KeyMeta) -> Any: ...
+    def unname(self, hk: Any) -> None: ...
+    def members(self, hk: Any, t: int) -> list[int]: ...
+    def slot(self, hk: Any, what: str, i: int) -> int: ...
+    def wait(self, k: Any, ready: Callable[[], bool], what: str) -> None: ...
+
+
 class HostTables:
     """The tables of a host's aggregation ``agg`` (``agg.tables``)."""
 
-    def __init__(self, agg: HostAggregation) -> None:
+    def __init__(self, agg: AggHost) -> None:
         self.agg = agg
         self.tables: dict[Any, HostTable] = {}
         self.noticed = False

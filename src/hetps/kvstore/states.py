@@ -1,24 +1,21 @@
 """Saving and loading the servers' optimizer states, for
 :class:`~hetps.kvstore.client.DistKVStore` (MXNet's ``save_optimizer_states`` and
-``load_optimizer_states``)."""
+``load_optimizer_states``), which it takes as its port, :class:`~hetps.kvstore.ports.StorePort`."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hetps import optim
 from hetps.cluster import protocol as P
 from hetps.cluster.requests import wait_all
+from hetps.kvstore.ports import StorePort
 from hetps.transport.codec import Message
 
-if TYPE_CHECKING:
-    from hetps.kvstore.client import DistKVStore
 
-
-def save(kv: DistKVStore, fname: str) -> None:
+def save(kv: StorePort, fname: str) -> None:
     """Write every server's optimizer state to ``fname`` (after ``kv``'s pushes)."""
     kv.wait_outstanding()
     futs = [kv.request(None, 0, s, Message(P.GET_STATES)) for s in serving_ranks(kv)]
@@ -32,7 +29,7 @@ def save(kv: DistKVStore, fname: str) -> None:
     os.replace(tmp, fname)
 
 
-def serving_ranks(kv: DistKVStore) -> list[int]:
+def serving_ranks(kv: StorePort) -> list[int]:
     """One server rank per live server that serves keys (a dead server's requests go to
     the one that took over: asking both would ask that one twice)."""
     seen: set[int] = set()
@@ -45,7 +42,7 @@ def serving_ranks(kv: DistKVStore) -> list[int]:
     return out
 
 
-def load(kv: DistKVStore, fname: str) -> None:
+def load(kv: StorePort, fname: str) -> None:
     """Load optimizer states written by :func:`save` onto the servers (after ``kv``'s
     pushes took effect)."""
     kv.wait_outstanding()

@@ -23,13 +23,12 @@ import os
 import threading
 import time
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from hetps.metrics.reports import BUCKETS, HISTOGRAMS
-from hetps.metrics.sysinfo import scrub
-
-if TYPE_CHECKING:  # (live.py imports this module: the type is for checkers only)
-    from hetps.metrics.live import LiveMetrics as Live
+from hetps.config import NodeConfig
+from hetps.metrics.prom import Snapshots
+from hetps.metrics.reports import BUCKETS, HISTOGRAMS, WorkerTotals
+from hetps.metrics.sysinfo import LogTail, Sampler, scrub
 
 log = logging.getLogger("hetps.metrics.dashboard")
 
@@ -81,6 +80,33 @@ class Scrapes:
         with self._lock:
             self.ended = True
             return min(most, self.gap + 1.0) if self.times else 0.0
+
+
+class SchedulerView(Protocol):
+    """What live metrics use of the scheduler: its settings, its node table (a report's
+    sender), its members as plain values, and its way of answering."""
+
+    cfg: NodeConfig
+
+    def node_info(self, nid: int) -> Any: ...
+    def membership(self) -> dict[str, Any]: ...
+    def reply(self, request: Any, body: dict | None = None, arrays: list | None = None) -> None: ...
+
+
+class Live(Snapshots, Protocol):
+    """What the dashboard uses of the job's :class:`~hetps.metrics.live.LiveMetrics`: its
+    scheduler, job id, events, watchers, workers' totals, own samples and how it ended."""
+
+    sched: SchedulerView
+    job: str
+    events: Events
+    scrapes: Scrapes
+    pages: Scrapes
+    workers: dict[int, WorkerTotals]
+    lock: Any
+    sampler: Sampler
+    tail: LogTail
+    ended: dict | None
 
 
 def static_file(name: str) -> bytes:

@@ -16,25 +16,13 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, Protocol
+from typing import Any
 
-from hetps.config import NodeConfig
-from hetps.metrics.dashboard import Events, Scrapes, serve_http
+from hetps.metrics.dashboard import Events, SchedulerView, Scrapes, serve_http
 from hetps.metrics.reports import ReportError, WorkerTotals, parse_report
 from hetps.metrics.server_meter import ServerTotals, parse_server_report
 
 log = logging.getLogger("hetps.metrics.live")
-
-
-class SchedulerView(Protocol):
-    """What live metrics use of the scheduler: its settings, its node table (a report's
-    sender), its members as plain values, and its way of answering."""
-
-    cfg: NodeConfig
-
-    def node_info(self, nid: int) -> Any: ...
-    def membership(self) -> dict[str, Any]: ...
-    def reply(self, request: Any, body: dict | None = None, arrays: list | None = None) -> None: ...
 
 
 class LiveMetrics:

@@ -5,18 +5,21 @@ every metric."""
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hetps.metrics.reports import BUCKETS
 
-if TYPE_CHECKING:  # (live.py builds the collector)
-    from hetps.metrics.live import LiveMetrics
+
+class Snapshots(Protocol):
+    """What the collector uses of the job's :class:`~hetps.metrics.live.LiveMetrics`."""
+
+    def snapshot(self, timeline: bool = True) -> dict: ...
 
 
 class Collector:
     """prometheus_client's view of a :class:`LiveMetrics` (built anew on each scrape)."""
 
-    def __init__(self, live: LiveMetrics) -> None:
+    def __init__(self, live: Snapshots) -> None:
         self.live = live
 
     def collect(self):

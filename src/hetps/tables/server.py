@@ -21,12 +21,11 @@ made, grows or gets its optimizer state. Checkpoints read and write the parts th
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from hetps import optim
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import BadRequest, short
 from hetps.cluster.protocol import check_sender
@@ -37,7 +36,9 @@ from hetps.tables.server_shard import (  # (re-exported: they were here)
     INDEX_ROW_BYTES,
     MAX_IDS,
     TABLE_BYTES,
+    Replies,
     Shard,
+    TableServer,
     apply_rows,
     checked_ids,
     checked_rows,
@@ -53,7 +54,9 @@ __all__ = [
     "MAX_IDS",
     "PULL_BYTES",
     "TABLE_BYTES",
+    "Replies",
     "Shard",
+    "TableServer",
     "Tables",
     "apply_rows",
     "machine_memory",
@@ -64,34 +67,6 @@ __all__ = [
 MAX_AHEAD = 64
 #: bytes of rows one pull may ask (HETPS_TABLE_PULL_BYTES; a server's is set at its start)
 PULL_BYTES = 16 << 20
-
-
-class Replies(Protocol):
-    """What the tables use of a server's answers: a reply to a request."""
-
-    def reply(self, msg: Message, body: dict | None = None, arrays: list | None = None) -> None: ...
-
-
-class TableServer(Protocol):
-    """What a server's tables use of it (a :class:`~hetps.kvstore.server.KVServer`): its node,
-    mode, optimizer, workers, answers and fault parts, and its dense keys' requests."""
-
-    node: object  # (its node table, ``nodes``, when it has one)
-    sync: bool | None
-    slices: Mapping[tuple[Any, int], Any]
-    optimizer: optim.Optimizer | None
-    optimizers: frozenset[str] | None
-    done_workers: dict[int, str]
-    answers: Replies
-    replication: Any
-    elastic: Any
-
-    @property
-    def num_workers(self) -> int: ...
-    def job_workers(self) -> int: ...
-    def from_worker(self, msg: Message) -> bool: ...
-    def handle(self, msg: Message) -> None: ...
-    def uneven(self, sl: Any) -> str: ...
 
 
 class Tables:

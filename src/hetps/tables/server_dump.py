@@ -19,16 +19,13 @@ of the job only, between the table's rounds; every array is checked before anyth
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hetps.cluster.errors import BadRequest
 from hetps.tables import lazy
-from hetps.tables.server_shard import checked_ids, checked_rows
-
-if TYPE_CHECKING:
-    from hetps.tables.server import Tables
+from hetps.tables.server_shard import TablesPort, checked_ids, checked_rows
 
 #: rows one dump or load chunk may carry
 MAX_CHUNK_ROWS = 1 << 22
@@ -121,7 +118,7 @@ def dump(sh: Any, msg: Any) -> tuple[dict, list[np.ndarray]]:
     return body, arrays
 
 
-def load(tables: Tables, sh: Any, msg: Any, copy: bool = False) -> Any:
+def load(tables: TablesPort, sh: Any, msg: Any, copy: bool = False) -> Any:
     """Apply an ``sload`` to ``sh`` (``tables``: the server's :class:`Tables`); returns the
     part now in place (a ``fresh`` load makes it again). ``copy``: a primary's copy of its
     part (HETPS_REPLICAS: tables/server_replicas.py), which a server of the job sends."""

@@ -21,17 +21,14 @@ docs/FAULTS.md says what a user sees.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hetps.cluster.errors import BadRequest, short
 from hetps.tables import server_dump
-from hetps.tables.server_shard import checked_ids, checked_rows
+from hetps.tables.server_shard import TablesPort, checked_ids, checked_rows
 from hetps.transport.codec import Message
-
-if TYPE_CHECKING:
-    from hetps.tables.server import Tables
 
 log = logging.getLogger("hetps.server")
 
@@ -48,7 +45,7 @@ DECL_FIELDS = ("rows", "cols", "dtype", "scale", "seed", "bound")
 class TableCopies:
     """The copies of a server's table parts (``tables``: its :class:`Tables`)."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: TablesPort) -> None:
         self.tables = tables
         self.server = tables.server
 

@@ -4,10 +4,12 @@ requests on it are :class:`hetps.tables.server.Tables`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
+from hetps import optim
 from hetps.cluster.errors import BadRequest
 from hetps.tables import lazy
 from hetps.tables.rowsparse import initial_rows
@@ -18,7 +20,10 @@ __all__ = [
     "INDEX_ROW_BYTES",
     "MAX_IDS",
     "TABLE_BYTES",
+    "Replies",
     "Shard",
+    "TableServer",
+    "TablesPort",
     "apply_rows",
     "checked_ids",
     "checked_rows",
@@ -41,6 +46,50 @@ class CapHolder(Protocol):
     """What a shard uses of the server's tables: their cap on all tables' bytes."""
 
     def check_cap(self, sh: Shard, need: int) -> None: ...
+
+
+class Replies(Protocol):
+    """What the tables use of a server's answers: a reply to a request."""
+
+    def reply(self, msg: Message, body: dict | None = None, arrays: list | None = None) -> None: ...
+
+
+class TableServer(Protocol):
+    """What a server's tables use of it (a :class:`~hetps.kvstore.server.KVServer`): its node,
+    mode, optimizer, workers, answers and fault parts, and its dense keys' requests."""
+
+    node: object  # (its node table, ``nodes``, when it has one)
+    sync: bool | None
+    slices: Mapping[tuple[Any, int], Any]
+    optimizer: optim.Optimizer | None
+    optimizers: frozenset[str] | None
+    done_workers: dict[int, str]
+    answers: Replies
+    replication: Any
+    elastic: Any
+
+    @property
+    def num_workers(self) -> int: ...
+    def job_workers(self) -> int: ...
+    def from_worker(self, msg: Message) -> bool: ...
+    def handle(self, msg: Message) -> None: ...
+    def uneven(self, sl: Any) -> str: ...
+
+
+class TablesPort(CapHolder, Protocol):
+    """What a server's table parts (its dumps and loads, tables/server_dump.py, and its
+    copies, tables/server_replicas.py) use of its :class:`~hetps.tables.server.Tables`:
+    its server and parts, and its ways to declare, update, hold and answer."""
+
+    server: TableServer
+    shards: dict[tuple[Any, int], Shard]
+
+    def declare(self, msg: Message, copy: bool = False) -> Shard: ...
+    def apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None: ...
+    def hold(self, sh: Shard, msg: Message) -> None: ...
+    def answer_round(
+        self, sh: Shard, acks: list, deferred: list, backlog: list, error: str | None
+    ) -> None: ...
 
 
 class Shard:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import msgspec
 import numpy as np
@@ -33,9 +33,6 @@ from hetps.transport.bulk_in import (
 )
 from hetps.transport.codec import FRAME_MAX, Message
 from hetps.transport.handshakes import RefusalLog
-
-if TYPE_CHECKING:
-    from hetps.transport.van import Van
 
 log = logging.getLogger("hetps.bulk")
 
@@ -187,6 +184,28 @@ class OutChannel:
         self.sock.close(linger=linger_ms)
 
 
+class BulkVan(Protocol):
+    """What the bulk channels use of their van (a :class:`~hetps.transport.van.Van`): its
+    context, keys, sockets' poller and ZAP handler, its locks and peers' addresses, and its
+    ways to send and to close a sending ring."""
+
+    ctx: zmq.Context
+    keys: Any
+    name: str
+    refusals: RefusalLog
+    bulk: Bulk | None
+    _zap: Any
+    _poller: zmq.Poller
+    _bulk_lock: Any
+    _ring_lock: Any
+    _bind_host: str
+    _endpoints: dict[Any, str]
+
+    def send(self, peer: Any, msg: Message) -> Any: ...
+    def _ring_floor(self, msg: Message) -> int | None: ...
+    def _close_out(self, peer: Any, ring: Any) -> None: ...
+
+
 class Bulk:
     """A van's bulk channels: the ones it offered (receiving) and the ones offered to it
     (sending), keyed by peer."""
@@ -203,7 +222,7 @@ class Bulk:
         self.out: dict[Any, OutChannel] = {}
 
     @staticmethod
-    def offer_to(van: Van, peer: Any) -> None:
+    def offer_to(van: BulkVan, peer: Any) -> None:
         """Offer ``peer`` a fresh channel into ``van`` (whose bulk listener starts now if
         it has none yet), on the CURVE connection ``van`` just opened to it."""
         with van._ring_lock:
@@ -211,7 +230,7 @@ class Bulk:
         van.send(peer, Message(BULK_OFFER, body=body))
 
     @staticmethod
-    def of(van: Van) -> Bulk:
+    def of(van: BulkVan) -> Bulk:
         """``van``'s bulk channels, its listener started on first need (a secured van only:
         an offer may come before this node has offered its own)."""
         with van._bulk_lock:
@@ -223,7 +242,7 @@ class Bulk:
                 van.bulk = bulk
         return van.bulk
 
-    def sender(self, van: Van, peer: Any, msg: Any) -> OutChannel | None:
+    def sender(self, van: BulkVan, peer: Any, msg: Any) -> OutChannel | None:
         """The open channel to ``peer`` if ``msg`` has arrays for it, else None. Opened on
         first need: its hello goes ahead of the message on the CURVE connection."""
         if van._ring_floor(msg) is None:

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq
 
-from hetps.transport.bulk import BULK_HELLO, BULK_OFFER
+from hetps.transport.bulk import BULK_HELLO, BULK_OFFER, Bulk
 from hetps.transport.bulk_in import Waiting
 from hetps.transport.codec import BadMessage, Message, NotYet, decode
 from hetps.transport.shm import drop_broken
-
-if TYPE_CHECKING:
-    from hetps.transport.van import Van
 
 log = logging.getLogger("hetps.van")
 
@@ -38,11 +35,38 @@ def _in_van(msg: Message) -> bool:
     return msg.cmd in (RING_OFFER, BULK_OFFER, BULK_HELLO)
 
 
+class InboxVan(Protocol):
+    """What the inbox uses of its van (a :class:`~hetps.transport.van.Van`): its ROUTER,
+    poller, handshake guard and bulk channels, what it knows of its connections and rings,
+    where arrays land, its counters and observer, and its way to take an in-van offer."""
+
+    name: str
+    verbose: int
+    max_message_bytes: int
+    bulk: Bulk | None
+    counters: Any
+    observer: Any
+    borrow: frozenset[str]
+    landing_of: Any
+    landing_guard: Any
+    _router: zmq.Socket
+    _poller: zmq.Poller
+    _monitor: Any
+    _guard: Any
+    _origins: dict[bytes, int]
+    _rings_in: dict[str, Any]
+    _stashed: list[Message]
+    _ring_lock: Any
+
+    def _in_van(self, msg: Message) -> None: ...
+    def _trace(self, arrow: str, peer: Any, m: Message) -> None: ...
+
+
 class Inbox:
     """What the receive thread of ``van`` holds: messages waiting for their bulk frames,
     messages decoded and not handed out yet, and the one message whose arrays are lent."""
 
-    def __init__(self, van: Van) -> None:
+    def __init__(self, van: InboxVan) -> None:
         self.van = van
         self.waiting = Waiting()  # messages whose bulk frames are still to come
         self.ready: list[Message] = []  # decoded, not handed out yet (read with a waiting one)
