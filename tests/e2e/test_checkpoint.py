@@ -142,6 +142,7 @@ def test_a_killed_job_resumes_and_ends_as_an_undisturbed_run(tmp_path, reference
     assert meta["resumed"]["round"] == killed_at and meta["ended"]["status"] == "completed"
 
 
+@pytest.mark.slow  # (default run: integration/test_launcher.py)
 def test_max_restarts_brings_a_job_through_a_killed_worker(tmp_path, reference):
     """--max-restarts 1: worker 1 is SIGKILLed after the first checkpoint; the launcher starts
     the job again at once, it goes on from the checkpoint and ends with the reference's
@@ -204,6 +205,7 @@ def _kill_one_and_go_on(tmp_path: Path, name: str, role: str, rank: int | None, 
     return proc.returncode, out, ck, tmp_path / f"{tmp_path.name}-{name}"
 
 
+@pytest.mark.slow  # (default run: integration/test_replicas.py)
 def test_replicas_carry_training_through_a_killed_server(tmp_path, reference):
     """--servers 2 --replicas 2: server 0 is SIGKILLed after the first checkpoint. Server 1
     takes over its keys, nothing restarts (each iteration is logged once), the job exits 0
@@ -220,6 +222,7 @@ def test_replicas_carry_training_through_a_killed_server(tmp_path, reference):
         assert _iters(run / f"worker-{rank}.jsonl") == list(range(1, 31))
 
 
+@pytest.mark.slow  # (default run: integration/test_scheduler_restart.py)
 def test_a_killed_scheduler_is_started_again_and_training_goes_on(tmp_path, reference):
     """--max-restarts 1: the scheduler is SIGKILLed after the first checkpoint. The launcher
     starts it again at the same port with --recover; the workers and the server come back to
@@ -307,6 +310,7 @@ def test_checkpoint_flags_that_cannot_work_are_one_line(tmp_path, args, says):
     assert says in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.slow  # (default run: integration/test_elastic_workers.py)
 def test_elastic_goes_on_without_a_dead_worker(tmp_path):
     """--elastic 2 with 3 workers: worker 0 is SIGKILLed after the first checkpoint; the
     other two go on at once with nothing restarted: they finish every round (each logged
@@ -366,6 +370,7 @@ def test_elastic_goes_on_without_a_dead_worker(tmp_path):
     assert "fewer than --elastic 3: the job fails" in out, out
 
 
+@pytest.mark.slow  # (default run: integration/test_elastic_workers.py)
 def test_a_dead_worker_started_again_joins_the_running_job(tmp_path):
     """--elastic 2 --max-restarts 1 with 3 workers: worker 2 is SIGKILLed after the first
     checkpoint; the other two go on, the launcher starts it again, and it joins at a round

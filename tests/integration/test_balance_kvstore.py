@@ -77,7 +77,10 @@ print('RESULT ' + json.dumps({'w': float(w.astype(np.float64).sum()), 'w0': floa
 """
 
 
-@pytest.mark.parametrize("scheme", ["aware", "optimal"])
+@pytest.mark.parametrize(
+    "scheme",
+    ["aware", pytest.param("optimal", marks=pytest.mark.slow)],  # (the same path)
+)
 def test_slow_server_loses_share_and_nothing_is_lost(cluster, scheme):
     """Server 2 sends at 24 Mbit/s (the in-process shaper), the others unshaped: the planner
     must learn that from the pull replies, move slices off server 2 (a migration with

@@ -123,7 +123,7 @@ print('ASYNC-DOPT-OK', flush=True)
     assert out.count("ASYNC-DOPT-OK") == 2
 
 
-@pytest.mark.parametrize("fusion", ["0", "262144"])
+@pytest.mark.parametrize("fusion", [pytest.param("0", marks=pytest.mark.slow), "262144"])
 def test_parameter_without_gradient_is_left_alone(cluster, fusion):
     """A parameter the forward pass does not use keeps p.grad None and is not moved by
     momentum or weight decay, alone or inside a fused group (where it adds zeros)."""

@@ -97,7 +97,10 @@ def _finals(out: str) -> dict[int, str]:
     return {int(r): d for r, d in re.findall(r"FINAL (\d) (\w+)", out)}
 
 
-@pytest.mark.parametrize(("how", "replicas"), [("start", 1), ("migration", 1), ("migration", 2)])
+@pytest.mark.parametrize(
+    ("how", "replicas"),
+    [("start", 1), ("migration", 1), pytest.param("migration", 2, marks=pytest.mark.slow)],
+)
 def test_a_worker_that_dies_under_a_plan_is_let_go_and_nothing_is_lost(tmp_path, how, replicas):
     """Third case: the servers keep two copies of every key too (HETPS_REPLICAS=2)."""
     code, out = _run(tmp_path, "balanced", how, 4, balance=True, replicas=replicas)

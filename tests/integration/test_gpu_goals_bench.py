@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # (a benchmark run; the refusal below is the default run's)
 @pytest.mark.timeout(300)
 def test_gpu_goals_measures_every_case_and_its_ratio(tmp_path):
     out = tmp_path / "goals.json"
