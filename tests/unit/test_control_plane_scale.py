@@ -75,6 +75,20 @@ def test_routing_ids_come_in_bulk_and_match_the_per_pair_derivation(sched):
     assert reg.pair_id(9, 8) != ids[0] and reg.pair_ids(src[5:6], dst[5:6]) == ids[5:6]
 
 
+def test_a_node_admitted_again_gets_every_peers_ids_in_two_calls(sched, monkeypatch):
+    # (takeover and elastic: a server taken back at 4,096 workers needs 2 x 4,099 ids)
+    reg, nid = sched.registration, P.server_id(1)
+    others = [i for i in sched.nodes if i != nid]
+    want_out = [[i, reg.pair_id(nid, i)] for i in others]
+    want_in = [[i, reg.pair_id(i, nid)] for i in others]
+    calls = []
+    bulk = reg.pair_block
+    monkeypatch.setattr(reg, "pair_block", lambda s, d: calls.append(len(s)) or bulk(s, d))
+    assert reg.pairs_with(nid, others) == (want_out, want_in)
+    assert calls == [len(others), len(others)]
+    assert reg.pairs_with(nid, []) == ([], [])
+
+
 def test_assign_encodes_the_table_once_and_derives_ids_in_one_call(sched, monkeypatch):
     nodes = dict(sched.nodes)
     sched.nodes = {}

@@ -215,6 +215,17 @@ class Registration:
         raw = self.pair_block(src, dst).tobytes()
         return [raw[k : k + 16] for k in range(0, len(raw), 16)]
 
+    def pairs_with(self, nid: int, others: Sequence[int]) -> tuple[list, list]:
+        """``[[i, id], ...]`` of node ``nid``'s routing ids to each of ``others`` (``out``) and
+        of theirs to it (``in``), in two AES calls (a node admitted again: every peer's)."""
+        others = list(others)
+        if not others:
+            return [], []
+        outs = self.pair_ids([nid] * len(others), others)
+        ins = self.pair_ids(others, [nid] * len(others))
+        pairs = [[list(p) for p in zip(others, ids, strict=True)] for ids in (outs, ins)]
+        return pairs[0], pairs[1]
+
     def routes(self, src: np.ndarray, dst: np.ndarray) -> tuple[bytes, bytes]:
         """The routing ids of every pair ``(src[k], dst[k])`` as a node table carries them
         (:func:`~hetps.cluster.enrol.unpack_routes`): records of the peer ``dst[k]`` and the

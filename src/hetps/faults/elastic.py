@@ -128,11 +128,12 @@ class ElasticWorkers:
         if info is None:
             return
         servers = [i for i, n in self.sched.nodes.items() if n.role == "server"]
+        out, in_ = self.sched.registration.pairs_with(nid, servers)
         body = {
             "nodes": [n.to_wire() for n in self.sched.nodes.values()],
             "id": nid,
-            "out": [[i, self.sched.registration.pair_id(nid, i)] for i in servers],
-            "in": [[i, self.sched.registration.pair_id(i, nid)] for i in servers],
+            "out": out,
+            "in": in_,
             "recovery": 1,
             "elastic": self.sched.elastic,
             "left": [i for i in self.sched.left if i != nid],
@@ -144,13 +145,10 @@ class ElasticWorkers:
             body["replicas"] = self.sched.replicas
         body.update(self.sched.registration.table_fields())  # (groups, metrics: the first's)
         self.sched.send_to(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
+        theirs, mine = dict(in_), dict(out)  # (a server's id to nid is nid's "in" from it)
         for s in servers:
             if s not in self.sched.dead:
-                rejoin = {
-                    "node": info.to_wire(),
-                    "out": self.sched.registration.pair_id(s, nid),
-                    "in": self.sched.registration.pair_id(nid, s),
-                }
+                rejoin = {"node": info.to_wire(), "out": theirs[s], "in": mine[s]}
                 self.sched.send_to(s, Message(P.REJOIN, body=rejoin))
 
     def join_step(self, msg: Message) -> None:

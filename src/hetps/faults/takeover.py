@@ -76,15 +76,14 @@ class Takeover:
             return
         live = [i for i in self.sched.nodes if i not in self.sched.dead and i != nid]
         redirects = self.redirects()
+        out, in_ = self.sched.registration.pairs_with(
+            nid, [i for i in self.sched.nodes if i != nid]
+        )
         body = {
             "nodes": [n.to_wire() for n in self.sched.nodes.values()],
             "id": nid,
-            "out": [
-                [i, self.sched.registration.pair_id(nid, i)] for i in self.sched.nodes if i != nid
-            ],
-            "in": [
-                [i, self.sched.registration.pair_id(i, nid)] for i in self.sched.nodes if i != nid
-            ],
+            "out": out,
+            "in": in_,
             "replicas": self.sched.replicas,
             "recovery": 1,
             "down": [i for i in self.sched.dead if self.sched.nodes[i].role == "server"],
@@ -96,20 +95,12 @@ class Takeover:
             body["elastic"] = self.sched.elastic
         body.update(self.sched.registration.table_fields())  # (groups, metrics: the first's)
         self.sched.send_to(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
+        theirs, mine = dict(in_), dict(out)  # (a peer's id to nid is nid's "in" from it)
         for other in live:
             if other in self.sched.finished:
                 continue
-            self.sched.send_to(
-                other,
-                Message(
-                    P.REJOIN,
-                    body={
-                        "node": info.to_wire(),
-                        "out": self.sched.registration.pair_id(other, nid),
-                        "in": self.sched.registration.pair_id(nid, other),
-                    },
-                ),
-            )
+            body = {"node": info.to_wire(), "out": theirs[other], "in": mine[other]}
+            self.sched.send_to(other, Message(P.REJOIN, body=body))
 
     def take_back(
         self, msg: Message, nid: int, host: str, port: int, back: bytes, why: str
