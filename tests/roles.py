@@ -14,6 +14,16 @@ from hetps.config import NodeConfig
 from hetps.kvstore.client import DistKVStore
 from hetps.roles import new_worker_store
 
+#: two hosts (groups 0, 1) of two workers; worker launch rank r is local rank r % 2
+HOSTS = {
+    ("worker", r): {
+        "HETPS_HOST_GROUP": str(r // 2),
+        "LOCAL_RANK": str(r % 2),
+        "LOCAL_WORLD_SIZE": "2",
+    }
+    for r in range(4)
+}
+
 
 def role_env(
     role: str, port: int = 0, *, servers: int = 1, workers: int = 1, clean: bool = False, **extra

@@ -19,18 +19,10 @@ import pytest
 from conftest import PRELUDE, TEST_ENV, run_cluster
 from hetps.launch.contract import LaunchSpec
 from hetps.launch.local import Launcher
+from roles import HOSTS
 
 pytest.importorskip("torch")
 
-#: two hosts (groups 0, 1) of two workers; worker launch rank r is local rank r % 2
-HOSTS = {
-    ("worker", r): {
-        "HETPS_HOST_GROUP": str(r // 2),
-        "LOCAL_RANK": str(r % 2),
-        "LOCAL_WORLD_SIZE": "2",
-    }
-    for r in range(4)
-}
 
 TRAIN = """
 import json, torch

@@ -13,18 +13,10 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cluster
+from roles import HOSTS
 
 TESTS = Path(__file__).resolve().parents[1]
 
-#: two hosts (groups 0, 1) of two workers; worker launch rank r is local rank r % 2
-HOSTS = {
-    ("worker", r): {
-        "HETPS_HOST_GROUP": str(r // 2),
-        "LOCAL_RANK": str(r % 2),
-        "LOCAL_WORLD_SIZE": "2",
-    }
-    for r in range(4)
-}
 #: a key of 30,000 elements is split over both servers: each local rank sends a part
 SPLIT = {"MXNET_KVSTORE_BIGARRAY_BOUND": "1000"}
 

@@ -11,16 +11,7 @@ import json
 import os
 
 from conftest import PRELUDE, TEST_ENV, run_cluster
-
-#: two hosts (groups 0, 1) of two workers; worker launch rank r is local rank r % 2
-HOSTS = {
-    ("worker", r): {
-        "HETPS_HOST_GROUP": str(r // 2),
-        "LOCAL_RANK": str(r % 2),
-        "LOCAL_WORLD_SIZE": "2",
-    }
-    for r in range(4)
-}
+from roles import HOSTS
 
 #: each worker's ids of a round: the host's two workers share half of theirs, and the hosts
 #: share some; rows are random float32, so another order of a sum changes its bits
