@@ -31,7 +31,7 @@ def test_attack_a_proof_read_off_the_wire_opens_more_connections(pair):
     sent = _push(tx, 0)
     np.testing.assert_array_equal(rx.recv(timeout=10).arrays[0], sent)
     cid = tx.bulk.out[2].cid  # what the observer read off the wire:
-    proof = bulk_mod._proof(tx.bulk.offers[2].key, cid)  # (the PLAIN password, in clear)
+    proof = bulk_mod.proof_of(tx.bulk.offers[2].key, cid)  # (the PLAIN password, in clear)
     ctx = zmq.Context()
     try:
         s = ctx.socket(zmq.DEALER)

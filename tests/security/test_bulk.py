@@ -289,7 +289,7 @@ def test_a_job_node_cannot_send_under_another_channels_id(pair, caplog):
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.ROUTING_ID, other)
         s.setsockopt(zmq.PLAIN_USERNAME, mine["id"])
-        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_mod._proof(mine["k"], mine["id"]))
+        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_mod.proof_of(mine["k"], mine["id"]))
         s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
         s.send(b"\x00" * 64)
         own = rx.bulk.rx.channels[mine["id"]]

@@ -138,7 +138,7 @@ def test_empty_frames_before_the_hello_count_against_the_channels_budget(
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.ROUTING_ID, offer["id"])
         s.setsockopt(zmq.PLAIN_USERNAME, offer["id"])
-        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_in._proof(offer["k"], offer["id"]))
+        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_in.proof_of(offer["k"], offer["id"]))
         s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
         for _ in range(sent):
             s.send(b"")

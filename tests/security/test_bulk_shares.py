@@ -90,7 +90,7 @@ def test_an_insider_that_learned_a_channel_id_cannot_take_the_channel(pair, capl
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.ROUTING_ID, theirs.cid)
         s.setsockopt(zmq.PLAIN_USERNAME, mine["id"])
-        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_in._proof(mine["k"], mine["id"]))
+        s.setsockopt(zmq.PLAIN_PASSWORD, bulk_in.proof_of(mine["k"], mine["id"]))
         s.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
         s.send(b"\x00" * 64)
         own = rx.bulk.rx.channels[mine["id"]]
@@ -103,7 +103,7 @@ def test_an_insider_that_learned_a_channel_id_cannot_take_the_channel(pair, capl
         replay = ctx.socket(zmq.DEALER)
         replay.setsockopt(zmq.LINGER, 0)
         replay.setsockopt(zmq.PLAIN_USERNAME, theirs.cid)
-        replay.setsockopt(zmq.PLAIN_PASSWORD, bulk_in._proof(theirs.key, theirs.cid))
+        replay.setsockopt(zmq.PLAIN_PASSWORD, bulk_in.proof_of(theirs.key, theirs.cid))
         replay.connect(f"tcp://127.0.0.1:{rx.bulk.rx.port}")
         _until(
             lambda: "refused a second connection for node 1's bulk channel" in caplog.text,

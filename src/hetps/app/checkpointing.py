@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 CKPT_FLAG = 1024.0  # more than any number of workers: a sum tells both wishes apart
 MODES = ("sync", "esync", "local")
+#: a worker's state loaded before it joined: ((rank, workers), state)
+Preloaded = tuple[tuple[int, int], dict]
 
 
 def encode(stop: bool, ckpt: bool) -> float:
@@ -186,25 +188,29 @@ def _source(args: argparse.Namespace, workers: int) -> tuple[checkpoint.Checkpoi
     return ck, (0 if ck.workers != workers else None)
 
 
-def preload_state(args: argparse.Namespace) -> None:
+def preload_state(args: argparse.Namespace) -> Preloaded | None:
     """A worker under a launcher, before it joins the cluster: check the checkpoint of
     ``--resume`` against the job and load this worker's state, so that a worker that cannot
-    fails the start of the job (exit 1, the file named). Without ``HETPS_LAUNCH_RANK`` the
-    rank is not known yet: only the checks run, and the state is loaded after joining."""
+    fails the start of the job (exit 1, the file named); handed to :func:`load_state`. Without
+    ``HETPS_LAUNCH_RANK`` the rank is not known yet: only the checks run (None), and the
+    state is loaded after joining."""
     from hetps.config import resolve
 
     settings = resolve(role="worker")
     workers, rank = settings["DMLC_NUM_WORKER"].value, settings["HETPS_LAUNCH_RANK"].value
     if not isinstance(workers, int) or workers < 1:
-        return  # joining the cluster reports the configuration error
+        return None  # joining the cluster reports the configuration error
     _source(args, workers)
     if isinstance(rank, int) and 0 <= rank < workers:
-        args._preloaded = ((rank, workers), load_state(args, rank, workers))
+        return (rank, workers), load_state(args, rank, workers)
+    return None
 
 
-def load_state(args: argparse.Namespace, rank: int, workers: int) -> dict:
-    """This worker's state in the last intact checkpoint of ``--resume``."""
-    pre = getattr(args, "_preloaded", None)
+def load_state(
+    args: argparse.Namespace, rank: int, workers: int, pre: Preloaded | None = None
+) -> dict:
+    """This worker's state in the last intact checkpoint of ``--resume`` (``pre``'s, where
+    :func:`preload_state` loaded it for this rank of this many workers)."""
     if pre is not None and pre[0] == (rank, workers):
         return pre[1]
     ck, source = _source(args, workers)

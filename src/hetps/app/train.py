@@ -26,6 +26,7 @@ from hetps.config import env_value, role_from_env
 from hetps.launch.contract import Flags, add_flags
 
 if TYPE_CHECKING:
+    from hetps.app.checkpointing import Preloaded
     from hetps.kvstore import KVStore
 
 MODES = ("esync", "sync", "async", "local")
@@ -204,13 +205,14 @@ def main(args: argparse.Namespace) -> int:
     if role == "worker":
         import hetps.kv
 
+        pre = None
         if args.resume:  # a worker that cannot load its state fails before it joins
             from hetps.app.checkpointing import preload_state
 
-            preload_state(args)
+            pre = preload_state(args)
         kv = hetps.kv.create("dist_async" if args.mode == "async" else "dist_sync")
         try:
-            code = train_worker(args, kv)
+            code = train_worker(args, kv, pre)
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 kv.close(error=f"hetps train exited: {exc.code}")
@@ -325,7 +327,7 @@ def _resume_failed(args: argparse.Namespace, code: int, started: float) -> None:
 
 
 # -- one worker -------------------------------------------------------------------------------
-def train_worker(args: argparse.Namespace, kv: KVStore) -> int:
+def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = None) -> int:
     """Train as one worker (or alone, for ``-m local``); returns 0.
 
     Sets up what every mode shares (device, data shard, model, the run's log) and runs the
@@ -373,7 +375,7 @@ def train_worker(args: argparse.Namespace, kv: KVStore) -> int:
     if args.resume:
         from hetps.app.checkpointing import load_state
 
-        resume = load_state(args, rank, workers)
+        resume = load_state(args, rank, workers, pre)
         model.load_state_dict(resume["model"])  # before the store's keys take its weights
 
     run_dir = Path(args.log_dir) / run_name(args, workers)

@@ -134,7 +134,7 @@ class Joining:
         keys, is_list = normalize_keys(key)
         with staged_call():
             for k, entry in zip(keys, per_key(value, len(keys), is_list, "declare"), strict=False):
-                arr = reduce_values(entry, f"declare of key {k!r}")
+                arr, _ = reduce_values(entry, f"declare of key {k!r}")
                 if k not in self.kv.meta:
                     self.kv.order.append(k)
                 self.kv.meta[k] = KeyMeta(

@@ -25,12 +25,13 @@ def per_key(values: Any, nkeys: int, is_list: bool, what: str) -> list[Any]:
     return list(values)
 
 
-def reduce_values(entry: Any, what: str) -> np.ndarray:
-    """One array from an entry that is an array or a list of arrays (summed, as MXNet does).
-    Device tensors are copied to a staging buffer (summed on the device first): the call
-    must end with :func:`settle` (or raise inside :func:`staged_call`)."""
+def reduce_values(entry: Any, what: str) -> tuple[np.ndarray, bool]:
+    """One array from an entry that is an array or a list of arrays (summed, as MXNet does),
+    and whether it is a staging buffer: device tensors are copied to one (summed on the device
+    first), a copy held for the push, and the call must end with :func:`settle` (or raise
+    inside :func:`staged_call`)."""
     if on_device(entry):
-        return STAGING.push_value(entry, what)
+        return STAGING.push_value(entry, what), True
     if isinstance(entry, (list, tuple)):
         if not entry:
             raise ValueError(f"{what}: empty list of values")
@@ -42,12 +43,21 @@ def reduce_values(entry: Any, what: str) -> np.ndarray:
                     f"{what}: values to sum differ: {first.shape} {first.dtype} vs {a.shape} {a.dtype}"
                 )
         if len(arrays) == 1:
-            return first
+            return first, False
         total = arrays[0].copy()
         for a in arrays[1:]:
             total += a
-        return total
-    return as_numpy(entry, what)
+        return total, False
+    return as_numpy(entry, what), False
+
+
+def check_like(key: Any, like: Any, arr: np.ndarray, what: str) -> None:
+    """Raise unless ``arr`` has the shape and dtype of ``like`` (the key's value or meta)."""
+    if arr.shape != like.shape or arr.dtype != like.dtype:
+        raise ValueError(
+            f"{what} of key {key!r}: shape {arr.shape} dtype {arr.dtype} does not match the "
+            f"key's shape {like.shape} dtype {like.dtype}"
+        )
 
 
 def out_arrays(entry: Any, what: str) -> list[np.ndarray]:

@@ -31,11 +31,11 @@ from hetps.cluster.errors import RequestError
 from hetps.cluster.node import Node
 from hetps.cluster.requests import Future, wait_all
 from hetps.config import NodeConfig
-from hetps.device.staging import on_device
 from hetps.kvstore import hostagg, states
 from hetps.kvstore.base import (
     Handle,
     check_dtype,
+    check_like,
     normalize_keys,
     out_arrays,
     per_key,
@@ -225,13 +225,6 @@ class DistKVStore:
             )
         return m
 
-    def _check(self, key: Any, meta: KeyMeta, arr: np.ndarray, what: str) -> None:
-        if arr.shape != meta.shape or arr.dtype != meta.dtype:
-            raise ValueError(
-                f"{what} of key {key!r}: shape {arr.shape} dtype {arr.dtype} does not match the "
-                f"key's shape {meta.shape} dtype {meta.dtype}"
-            )
-
     def _finish_call(self, futs: list[Future], block: bool, what: str, finish=None) -> Handle:
         self.pipeline.track(futs)
         handle = Handle(futs, self.timeout, what, finish)
@@ -256,7 +249,7 @@ class DistKVStore:
                     futs += self.sparse.init_table(k, entry, lead)
                     continue
                 self.sparse.tables.pop(k, None)
-                arr = reduce_values(entry, f"init of key {k!r}")
+                arr, _ = reduce_values(entry, f"init of key {k!r}")
                 check_dtype(arr.dtype, k)
                 if k not in self.meta:
                     self.order.append(k)
@@ -305,9 +298,8 @@ class DistKVStore:
                 meta = self._meta(k, "push")
                 if self.meter is not None:
                     self.meter.pushed(k)
-                staged = on_device(entry)  # (a staging buffer is a copy held for the push)
-                arr = reduce_values(entry, f"push of key {k!r}")
-                self._check(k, meta, arr, "push")
+                arr, staged = reduce_values(entry, f"push of key {k!r}")
+                check_like(k, meta, arr, "push")
                 if self.hostagg is not None and self.hostagg.takes(k):
                     self.hostagg.push(k, meta, arr)  # (its errors: the pull's)
                     hosted.append(k)
@@ -362,7 +354,7 @@ class DistKVStore:
                     else [np.empty(meta.shape, meta.dtype)]
                 )
                 for t in targets:
-                    self._check(k, meta, t, "pull")
+                    check_like(k, meta, t, "pull")
                 if self.hostagg is not None and self.hostagg.pending(k):  # through the host
                     f, fin = [], self.hostagg.pull(k, meta, targets)
                 elif meta.prefetch is not None:  # the last push brings the value: no request
@@ -409,11 +401,11 @@ class DistKVStore:
                 meta = self._meta(k, "pushpull")
                 if self.meter is not None:
                     self.meter.pushed(k)
-                arr = reduce_values(entry, f"pushpull of key {k!r}")
-                self._check(k, meta, arr, "push")
+                arr, _ = reduce_values(entry, f"pushpull of key {k!r}")
+                check_like(k, meta, arr, "push")
                 targets = out_arrays(out_entry, f"pushpull of key {k!r}")
                 for t in targets:
-                    self._check(k, meta, t, "pull")
+                    check_like(k, meta, t, "pull")
                 if self.hostagg is not None and self.hostagg.takes(k):
                     self.hostagg.push(k, meta, arr)
                     finishers.append(self.hostagg.pull(k, meta, targets))

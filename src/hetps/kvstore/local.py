@@ -11,6 +11,7 @@ from hetps import optim
 from hetps.kvstore.base import (
     Handle,
     check_dtype,
+    check_like,
     completed,
     normalize_keys,
     out_arrays,
@@ -58,14 +59,6 @@ class LocalKVStore(LocalSparse):
             )
         return self.store[key]
 
-    @staticmethod
-    def _check(key: Any, stored: np.ndarray, arr: np.ndarray, what: str) -> None:
-        if arr.shape != stored.shape or arr.dtype != stored.dtype:
-            raise ValueError(
-                f"{what} of key {key!r}: shape {arr.shape} dtype {arr.dtype} does not match the "
-                f"key's shape {stored.shape} dtype {stored.dtype}"
-            )
-
     def init(self, key: Any, value: Any) -> None:
         """Store a copy of each value."""
         keys, is_list = normalize_keys(key)
@@ -75,7 +68,7 @@ class LocalKVStore(LocalSparse):
                     self._init_table(k, entry)
                     continue
                 self.tables.pop(k, None)
-                arr = reduce_values(entry, f"init of key {k!r}")
+                arr, _ = reduce_values(entry, f"init of key {k!r}")
                 check_dtype(arr.dtype, k)
                 self.store[k] = np.array(arr, copy=True)
         settle([])
@@ -94,8 +87,8 @@ class LocalKVStore(LocalSparse):
                 self._push_table(k, entry)
                 continue
             stored = self._value(k, "push")
-            arr = reduce_values(entry, f"push of key {k!r}")
-            self._check(k, stored, arr, "push")
+            arr, _ = reduce_values(entry, f"push of key {k!r}")
+            check_like(k, stored, arr, "push")
             if self.compressor is not None:
                 res = self.residuals.setdefault(k, np.zeros(arr.size, np.float32))
                 packed = self.compressor.compress(np.ascontiguousarray(arr).reshape(-1), res)
@@ -128,7 +121,7 @@ class LocalKVStore(LocalSparse):
                     results.append(stored.copy())
                     continue
                 for t in out_arrays(entry, f"pull of key {k!r}"):
-                    self._check(k, stored, t, "pull")
+                    check_like(k, stored, t, "pull")
                     t[...] = stored
         settle_after([])()
         value = None if out is not None else (results if is_list else results[0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from typing import Annotated, Any, Protocol
 
 import msgspec
@@ -25,14 +26,15 @@ from hetps.transport.bulk_in import (
     TAG,
     BulkReceiver,
     InChannel,
-    _cost,
-    _frames,
-    _key,
-    _nonce,
-    _proof,
+    channel_key,
+    frame_cost,
+    frame_count,
+    nonce_of,
+    proof_of,
 )
 from hetps.transport.codec import FRAME_MAX, Message
 from hetps.transport.handshakes import RefusalLog
+from hetps.transport.shm import ring_floor
 
 log = logging.getLogger("hetps.bulk")
 
@@ -86,7 +88,7 @@ class OutChannel:
         self.cid = offer.cid
         self.name = "bulk-" + self.cid.hex()
         self.ka = secrets.token_bytes(32)
-        self._aead = _key(salt, offer.key, self.ka, self.cid)
+        self._aead = channel_key(salt, offer.key, self.ka, self.cid)
         self.next = 0
         self._queue: list[tuple[int, np.ndarray]] = []
         # sealed-frame buffers, each with the tracker of its last send (None: never sent)
@@ -96,7 +98,7 @@ class OutChannel:
         # handshake's proof, so a channel id someone learned names no connection)
         # the handshake proves this end holds the channel's key half (BulkReceiver.authorize)
         self.sock.setsockopt(zmq.PLAIN_USERNAME, self.cid)
-        self.sock.setsockopt(zmq.PLAIN_PASSWORD, _proof(offer.key, self.cid))
+        self.sock.setsockopt(zmq.PLAIN_PASSWORD, proof_of(offer.key, self.cid))
         self.sock.setsockopt(zmq.LINGER, 2000)
         self.sock.setsockopt(zmq.SNDHWM, 8)
         self.sock.setsockopt(zmq.SNDTIMEO, 200)
@@ -122,7 +124,7 @@ class OutChannel:
     def put(self, raw: np.ndarray) -> int:
         """Reserve the counters of ``raw`` (uint8, contiguous) and return its first."""
         pos = self.next
-        self.next += _frames(raw.nbytes)
+        self.next += frame_count(raw.nbytes)
         self._queue.append((pos, raw))
         return pos
 
@@ -161,7 +163,7 @@ class OutChannel:
                 out, slot = self._buffer(CTR + part.nbytes + TAG)
                 out[:CTR] = np.frombuffer(ctr.to_bytes(8, "big"), np.uint8)
                 self._aead.encrypt_into(
-                    _nonce(ctr), part, self.cid + out[:CTR].tobytes(), out[CTR:]
+                    nonce_of(ctr), part, self.cid + out[:CTR].tobytes(), out[CTR:]
                 )
                 while True:
                     try:
@@ -185,25 +187,15 @@ class OutChannel:
 
 
 class BulkVan(Protocol):
-    """What the bulk channels use of their van (a :class:`~hetps.transport.van.Van`): its
-    context, keys, sockets' poller and ZAP handler, its locks and peers' addresses, and its
-    ways to send and to close a sending ring."""
+    """What the bulk channels use of their van (a :class:`~hetps.transport.van.Van`) when it
+    sends: the smallest array that leaves its connection, its peers' addresses, and its ways
+    to send and to close a sending ring or channel."""
 
-    ctx: zmq.Context
-    keys: Any
-    name: str
-    refusals: RefusalLog
-    bulk: Bulk | None
-    _zap: Any
-    _poller: zmq.Poller
-    _bulk_lock: Any
-    _ring_lock: Any
-    _bind_host: str
-    _endpoints: dict[Any, str]
+    ring_min: int
 
     def send(self, peer: Any, msg: Message) -> Any: ...
-    def _ring_floor(self, msg: Message) -> int | None: ...
-    def _close_out(self, peer: Any, ring: Any) -> None: ...
+    def host_of(self, peer: Any) -> str: ...
+    def close_out(self, peer: Any, ring: Any) -> None: ...
 
 
 class Bulk:
@@ -211,44 +203,30 @@ class Bulk:
     (sending), keyed by peer."""
 
     def __init__(
-        self, ctx: zmq.Context, salt: bytes, host: str, name: str, refusals: RefusalLog
+        self,
+        ctx: zmq.Context,
+        salt: bytes,
+        host: str,
+        name: str,
+        refusals: RefusalLog,
+        lock: threading.Lock,
     ) -> None:
         self.ctx = ctx
         self.salt = salt
         self.name = name
+        self.lock = lock  # the van's, held while channels are offered, opened or dropped
         self.rx = BulkReceiver(ctx, host, name, refusals)
         self.offered: dict[bytes, InChannel] = {}  # not opened yet, by channel id
         self.offers: dict[Any, BulkOffer] = {}  # peer -> its latest offer to this node
         self.out: dict[Any, OutChannel] = {}
 
-    @staticmethod
-    def offer_to(van: BulkVan, peer: Any) -> None:
-        """Offer ``peer`` a fresh channel into ``van`` (whose bulk listener starts now if
-        it has none yet), on the CURVE connection ``van`` just opened to it."""
-        with van._ring_lock:
-            body = Bulk.of(van).offer(peer)
-        van.send(peer, Message(BULK_OFFER, body=body))
-
-    @staticmethod
-    def of(van: BulkVan) -> Bulk:
-        """``van``'s bulk channels, its listener started on first need (a secured van only:
-        an offer may come before this node has offered its own)."""
-        with van._bulk_lock:
-            if van.bulk is None:
-                bulk = Bulk(van.ctx, van.keys.bulk_salt, van._bind_host, van.name, van.refusals)
-                van._zap.bulk_check = bulk.rx.authorize
-                van._poller.register(bulk.rx.sock, zmq.POLLIN)
-                van._poller.register(bulk.rx.guard.monitor, zmq.POLLIN)
-                van.bulk = bulk
-        return van.bulk
-
     def sender(self, van: BulkVan, peer: Any, msg: Any) -> OutChannel | None:
         """The open channel to ``peer`` if ``msg`` has arrays for it, else None. Opened on
         first need: its hello goes ahead of the message on the CURVE connection."""
-        if van._ring_floor(msg) is None:
+        if ring_floor(msg.arrays, van.ring_min) is None:
             return None
-        with van._ring_lock:
-            chan, new, stale = self.channel(peer, van._endpoints.get(peer, "").rsplit(":", 1)[0])
+        with self.lock:
+            chan, new, stale = self.channel(peer, van.host_of(peer))
             if chan is not None and not new and chan.lost():
                 log.warning(
                     "%s: the bulk connection to node %s is lost; its big arrays take the CURVE "
@@ -261,23 +239,23 @@ class Bulk:
                     del self.offers[peer]
                 stale, chan = chan, None
         if stale is not None:
-            van._close_out(peer, stale)  # under the peer's send lock: no flush is using it
+            van.close_out(peer, stale)  # under the peer's send lock: no flush is using it
         if new:
             try:
                 van.send(peer, Message(BULK_HELLO, body={"id": chan.cid, "k": chan.ka}))
             except BaseException:
-                with van._ring_lock:
+                with self.lock:
                     if self.out.get(peer) is chan:
                         del self.out[peer]
-                van._close_out(peer, chan)
+                van.close_out(peer, chan)
                 raise
             chan.ready = True
         return chan if chan is not None and chan.ready else None
 
-    def on_message(self, msg: Any, rings: dict, lock: Any) -> None:
+    def on_message(self, msg: Any, rings: dict) -> None:
         """An offer or a hello from a known peer's CURVE connection (refusals are logged)."""
         if msg.cmd == BULK_OFFER:
-            with lock:
+            with self.lock:
                 ok = self.on_offer(msg.sender, msg.body)
             if not ok:
                 log.warning("%s refused a bad bulk offer from node %s", self.name, msg.sender)
@@ -334,7 +312,7 @@ class Bulk:
         early, chan.early = chan.early, []
         for frame in early:  # the frames that came before the hello, checked now
             buf = frame.buffer
-            self.rx.release(chan, _cost(len(buf)))
+            self.rx.release(chan, frame_cost(len(buf)))
             ctr = int.from_bytes(buf[:CTR], "big") if len(buf) >= CTR + TAG else -1
             if ctr < 0 or ctr in chan.pending or ctr in chan.marks:  # (a replay)
                 self.rx.refuse("a bad frame on node %s's channel before its hello", peer)

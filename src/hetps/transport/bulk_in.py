@@ -72,25 +72,28 @@ PLAIN_HELLO_BYTES = 58
 _INFO = b"hetps bulk aes-256-gcm v1 "
 
 
-def _nonce(counter: int) -> bytes:
+def nonce_of(counter: int) -> bytes:
+    """The AES-GCM nonce of a channel's frame ``counter``."""
     return b"\0\0\0\0" + counter.to_bytes(8, "big")
 
 
-def _key(salt: bytes, kb: bytes, ka: bytes, cid: bytes) -> AESGCM:
+def channel_key(salt: bytes, kb: bytes, ka: bytes, cid: bytes) -> AESGCM:
+    """A channel's key in one direction, from both key shares, the salt and its id."""
     return AESGCM(hkdf_sha256(kb + ka, salt, _INFO + cid))
 
 
-def _proof(kb: bytes, cid: bytes) -> bytes:
+def proof_of(kb: bytes, cid: bytes) -> bytes:
     """What a sender shows at the bulk port's handshake (PLAIN's password, checked by ZAP
     before ZeroMQ reads a message): it holds the secret half of the channel it names."""
     return hmac.new(kb, b"hetps bulk connection v1 " + cid, hashlib.sha256).digest()
 
 
-def _frames(n: int) -> int:
+def frame_count(n: int) -> int:
+    """The frames (counters) an array of ``n`` bytes takes."""
     return max(1, -(-n // FRAME_MAX))
 
 
-def _cost(n: int) -> int:
+def frame_cost(n: int) -> int:
     """What keeping a frame of ``n`` bytes is charged against the budgets."""
     return max(n, KEEP_COST)
 
@@ -108,7 +111,7 @@ class InChannel:
         self.name = "bulk-" + cid.hex()
         self.kb = kb
         self.peer = peer  # the node it was offered to: only its connection may open it
-        self.proof = _proof(kb, cid)  # what its sender's connection shows at the handshake
+        self.proof = proof_of(kb, cid)  # what its sender's connection shows at the handshake
         self.user = cid.hex().encode()  # ZAP's user id of that connection, on its frames
         self.held = 0  # bytes of this channel's frames kept for headers not yet read
         self.owner: bytes | None = None  # the CURVE connection that opened it (its hello)
@@ -130,7 +133,7 @@ class InChannel:
         self.admitted = False  # its sender's one connection passed the handshake
 
     def open(self, salt: bytes, ka: bytes, origin: bytes) -> None:
-        self.aead = _key(salt, self.kb, ka, self.cid)
+        self.aead = channel_key(salt, self.kb, ka, self.cid)
         self.owner = origin
 
     def take(self, pos: int, n: int, out: np.ndarray | None = None, view: bool = False):
@@ -140,7 +143,7 @@ class InChannel:
             raise ValueError(f"bulk counter {pos!r} was consumed already or is bad (a replay)")
         entry = self.made.get(pos)
         if entry is None:
-            k = _frames(n)
+            k = frame_count(n)
             if k == 1 and out is None and pos in self.pending:
                 entry = [self.pending[pos], set()]
                 self.rx.forget(self, pos)
@@ -194,7 +197,7 @@ class InChannel:
     def commit(self) -> None:
         """The message being decoded is done (delivered, or dropped): its counters are used."""
         for pos, (arr, _due) in self.made.items():
-            self.next = max(self.next, pos + _frames(arr.nbytes))
+            self.next = max(self.next, pos + frame_count(arr.nbytes))
         self.next = max(self.next, self.stamped + 1)
         self.stamped = -1
         for c in [c for c in self.marks if c < self.next]:
@@ -212,7 +215,7 @@ class InChannel:
     def close(self) -> None:
         for c in list(self.pending):
             self.rx.forget(self, c)
-        self.rx.release(self, sum(_cost(len(f.buffer)) for f in self.early))
+        self.rx.release(self, sum(frame_cost(len(f.buffer)) for f in self.early))
         self.early.clear()
         self.made.clear()
         self.landing.clear()
@@ -315,7 +318,7 @@ class BulkReceiver:
     def forget(self, chan: InChannel, ctr: int) -> None:
         got = chan.pending.pop(ctr, None)
         if got is not None:
-            self.release(chan, _cost(got.nbytes))
+            self.release(chan, frame_cost(got.nbytes))
 
     def drain(self) -> bool:
         """Read what the bulk port holds now (at most :data:`DRAIN_MAX` frames): each frame
@@ -355,7 +358,7 @@ class BulkReceiver:
             return
         buf = parts[1].buffer
         if chan.aead is None:  # offered, and its hello is still on its way: kept till then
-            if self.hold(chan, _cost(len(buf)), -1):
+            if self.hold(chan, frame_cost(len(buf)), -1):
                 chan.early.append(parts[1])
             return
         if len(buf) < CTR + TAG:
@@ -390,11 +393,11 @@ class BulkReceiver:
                 chan.marks[ctr] = (time.time(), self.late)
                 chan.heard = time.monotonic()
             return
-        if not self.hold(chan, _cost(n), ctr):
+        if not self.hold(chan, frame_cost(n), ctr):
             return
         plain = np.empty(n, np.uint8)
         if not self._open(chan, ctr, buf, plain):
-            self.release(chan, _cost(n))
+            self.release(chan, frame_cost(n))
             return
         chan.heard = time.monotonic()
         chan.pending[ctr] = plain
@@ -413,7 +416,7 @@ class BulkReceiver:
             )
             return False
         try:
-            chan.aead.decrypt_into(_nonce(ctr), buf[CTR:], chan.cid + bytes(buf[:CTR]), dest)
+            chan.aead.decrypt_into(nonce_of(ctr), buf[CTR:], chan.cid + bytes(buf[:CTR]), dest)
         except InvalidTag:
             self.refuse(
                 "frame %d of node %s's channel failed its tag (forged or tampered)", ctr, chan.peer

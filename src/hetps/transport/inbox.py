@@ -7,7 +7,9 @@ message whose bulk frames are still to come waiting with its connection's later 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import zmq
@@ -15,6 +17,8 @@ import zmq
 from hetps.transport.bulk import BULK_HELLO, BULK_OFFER, Bulk
 from hetps.transport.bulk_in import Waiting
 from hetps.transport.codec import BadMessage, Message, NotYet, decode
+from hetps.transport.counters import LinkCounters
+from hetps.transport.handshakes import HandshakeGuard
 from hetps.transport.shm import drop_broken
 
 log = logging.getLogger("hetps.van")
@@ -36,38 +40,43 @@ def _in_van(msg: Message) -> bool:
 
 
 class InboxVan(Protocol):
-    """What the inbox uses of its van (a :class:`~hetps.transport.van.Van`): its ROUTER,
-    poller, handshake guard and bulk channels, what it knows of its connections and rings,
-    where arrays land, its counters and observer, and its way to take an in-van offer."""
+    """What the inbox uses of its van (a :class:`~hetps.transport.van.Van`): its name and
+    limits, its bulk channels, where arrays land and who borrows them, its counters and
+    observer, which node a connection is, and its ways to take an in-van message and to trace."""
 
     name: str
     verbose: int
     max_message_bytes: int
     bulk: Bulk | None
-    counters: Any
-    observer: Any
+    counters: LinkCounters
+    observer: Callable[[str, Any, str, int, float], None] | None
     borrow: frozenset[str]
-    landing_of: Any
-    landing_guard: Any
-    _router: zmq.Socket
-    _poller: zmq.Poller
-    _monitor: Any
-    _guard: Any
-    _origins: dict[bytes, int]
-    _rings_in: dict[str, Any]
-    _stashed: list[Message]
-    _ring_lock: Any
+    landing_of: Callable[..., Any] | None
+    landing_guard: threading.Lock | None
 
-    def _in_van(self, msg: Message) -> None: ...
-    def _trace(self, arrow: str, peer: Any, m: Message) -> None: ...
+    def node_of(self, routing_id: bytes) -> int: ...
+    def take(self, msg: Message) -> None: ...
+    def trace(self, arrow: str, peer: Any, m: Message) -> None: ...
 
 
 class Inbox:
-    """What the receive thread of ``van`` holds: messages waiting for their bulk frames,
-    messages decoded and not handed out yet, and the one message whose arrays are lent."""
+    """What the receive thread of ``van`` holds: the van's ROUTER, its handshake guard, its
+    poller and the rings (and bulk channels) arrays come in through, handed by the van;
+    messages waiting for their bulk frames, messages decoded and not handed out yet, the one
+    message whose arrays are lent, and in-van offers from connections not admitted yet."""
 
-    def __init__(self, van: InboxVan) -> None:
+    def __init__(
+        self,
+        van: InboxVan,
+        router: zmq.Socket,
+        guard: HandshakeGuard,
+        poller: zmq.Poller,
+        rings: dict[str, Any],
+    ) -> None:
         self.van = van
+        self.router, self.guard, self.poller, self.rings = router, guard, poller, rings
+        self.stashed: list[Message] = []  # offers from connections not admitted yet
+        self.stash_lock = threading.Lock()
         self.waiting = Waiting()  # messages whose bulk frames are still to come
         self.ready: list[Message] = []  # decoded, not handed out yet (read with a waiting one)
         self.lent: Message | None = None
@@ -95,15 +104,15 @@ class Inbox:
                 wait_ms = 100  # (a waiting message's frames may stop coming: it is dropped)
             # a message that is already waiting before we poll arrived while this thread was
             # busy elsewhere: the time we take it is later than its arrival
-            waited = bool(van._router.getsockopt(_EVENTS) & _POLLIN)
-            events = dict(van._poller.poll(wait_ms))
-            if van._monitor in events:
-                van._guard.drain()
+            waited = bool(self.router.getsockopt(_EVENTS) & _POLLIN)
+            events = dict(self.poller.poll(wait_ms))
+            if self.guard.monitor in events:
+                self.guard.drain()
             bulk = van.bulk
             if bulk is not None:
                 if bulk.rx.guard.monitor in events:
                     bulk.rx.guard.drain()  # (the bulk port's handshakes: capped, timed out)
-                if bulk.rx.sock in events and van._router not in events:
+                if bulk.rx.sock in events and self.router not in events:
                     bulk.rx.drain()  # frames: where their message waits, or kept for it
                 while self.waiting:  # (an offer or hello among them is applied before the
                     msgs = self.waiting.ready(self.decode, self.dropped, _in_van)  # next is read)
@@ -111,19 +120,19 @@ class Inbox:
                         self.deliver(msg, True)
                     if not msgs or not _in_van(msgs[-1]):
                         break
-            if van._router not in events:
-                van._guard.sweep()  # (connections that never speak, while nothing comes)
+            if self.router not in events:
+                self.guard.sweep()  # (connections that never speak, while nothing comes)
                 if bulk is not None:
                     bulk.rx.guard.sweep()
                 if not self.ready and deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
             # recv_multipart less its getsockopt(RCVMORE) per frame: each frame says itself
-            frames = [van._router.recv(copy=False)]
+            frames = [self.router.recv(copy=False)]
             while frames[-1].more:
-                frames.append(van._router.recv(copy=False))
+                frames.append(self.router.recv(copy=False))
             origin = frames[0].bytes
-            sender = van._origins.get(origin, UNKNOWN)
+            sender = van.node_of(origin)
             if self.waiting.holds(origin):  # behind that connection's waiting message
                 self.waiting.add(origin, frames, sender, None)
                 continue
@@ -146,14 +155,14 @@ class Inbox:
             msg = decode(
                 frames[1:],
                 van.max_message_bytes,
-                van._rings_in,
+                self.rings,
                 self.landing_for(sender),
                 origin,
                 van.borrow,
             )
         except BadMessage as exc:
             self.dropped(sender, str(exc))
-            for name in drop_broken(van._rings_in):  # truncated by its sender
+            for name in drop_broken(self.rings):  # truncated by its sender
                 log.warning("%s closed ring %s: its sender truncated it", van.name, name)
             return None
         finally:
@@ -176,12 +185,12 @@ class Inbox:
                 self.release(msg)
         if _in_van(msg):
             if msg.sender != UNKNOWN:
-                van._in_van(msg)
+                van.take(msg)
             else:  # perhaps a peer whose node table is on its way: keep a few
-                with van._ring_lock:
-                    kept = len(van._stashed) < MAX_STASHED_OFFERS
+                with self.stash_lock:
+                    kept = len(self.stashed) < MAX_STASHED_OFFERS
                     if kept:
-                        van._stashed.append(msg)
+                        self.stashed.append(msg)
                 if not kept:
                     log.warning("%s dropped a ring offer from an unknown connection", van.name)
             return
@@ -191,7 +200,7 @@ class Inbox:
         if van.observer is not None:
             van.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
         if van.verbose >= 2:
-            van._trace("<-", msg.sender, msg)
+            van.trace("<-", msg.sender, msg)
         self.ready.append(msg)
 
     def landing_for(self, sender: int) -> Any:
@@ -214,6 +223,13 @@ class Inbox:
             return
         msg.arrays = [a.copy() if ring.holds(a) else a for a in msg.arrays]
         ring.commit()
+
+    def unstash(self, origin: bytes) -> list[Message]:
+        """The offers kept from the connection ``origin``, which belongs to a node now."""
+        with self.stash_lock:
+            mine = [m for m in self.stashed if m.origin == origin]
+            self.stashed = [m for m in self.stashed if m.origin != origin]
+        return mine
 
     @staticmethod
     def who(sender: int) -> str:

@@ -184,8 +184,8 @@ class HandshakeWatch:
 
     def __init__(self, sock: zmq.Socket, lock: threading.Lock | None = None) -> None:
         self._owner = sock
-        self._lock = lock or threading.Lock()  # the lock senders on ``sock`` hold
-        with self._lock:
+        self.lock = lock or threading.Lock()  # the lock senders on ``sock`` hold
+        with self.lock:
             self._mon = sock.get_monitor_socket(HANDSHAKE_EVENTS)
         self.succeeded = False
 
@@ -209,7 +209,7 @@ class HandshakeWatch:
         return failed
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             try:
                 self._owner.disable_monitor()
             except zmq.ZMQError:

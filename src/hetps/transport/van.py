@@ -31,7 +31,7 @@ import zmq
 
 from hetps.config import is_loopback
 from hetps.transport import heap
-from hetps.transport.bulk import Bulk
+from hetps.transport.bulk import BULK_OFFER, Bulk, OutChannel
 from hetps.transport.codec import FRAME_MAX, Message, encode
 from hetps.transport.counters import LinkCounters
 from hetps.transport.handshakes import HandshakeGuard, RefusalLog
@@ -151,7 +151,6 @@ class Van:
         self._peers_lock = threading.Lock()
         self._watches: dict[Any, HandshakeWatch] = {}
         self._origins: dict[bytes, int] = {}  # routing id of an incoming connection -> node
-        self._stashed: list[Message] = []  # ring offers from connections not admitted yet
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
@@ -182,7 +181,8 @@ class Van:
         # reads them before it returns): see recv and release
         self.borrow: frozenset[str] = frozenset()
         self._ring_lock = threading.Lock()
-        self.inbox = Inbox(self)  # the receive thread's side (transport/inbox.py)
+        # the receive thread's side (transport/inbox.py)
+        self.inbox = Inbox(self, self._router, self._guard, self._poller, self._rings_in)
 
     @property
     def endpoint(self) -> str:
@@ -230,7 +230,7 @@ class Van:
             self._endpoints[peer] = endpoint
             lock = self._locks.setdefault(peer, threading.Lock())
             if watcher is not None:
-                watcher._lock = lock  # from now on others may send on the socket
+                watcher.lock = lock  # from now on others may send on the socket
                 self._watches[peer] = watcher
             if self.ring_bytes > 0 and is_local_host(endpoint.rsplit(":", 1)[0], self.host):
                 self._local.add(peer)
@@ -238,7 +238,9 @@ class Van:
             old.close(linger=0)
             self._drop_ring(peer)  # a new connection may be a new process: offer afresh
         if bulk and self.offers_bulk and self.keys is not None and peer not in self._local:
-            Bulk.offer_to(self, peer)
+            with self._ring_lock:  # (a fresh channel into this van, its listener started now)
+                body = self._bulk().offer(peer)
+            self.send(peer, Message(BULK_OFFER, body=body))
         if self.verbose >= 1:
             log.info("%s connected to %s at %s", self.name, peer, endpoint)
         return rid
@@ -246,19 +248,29 @@ class Van:
     def admit(self, routing_id: bytes, node_id: int) -> None:
         """Messages on the connection with ``routing_id`` come from node ``node_id``."""
         self._origins[bytes(routing_id)] = node_id
-        with self._ring_lock:
-            stashed = [m for m in self._stashed if m.origin == routing_id]
-            self._stashed = [m for m in self._stashed if m.origin != routing_id]
-        for m in stashed:
+        for m in self.inbox.unstash(bytes(routing_id)):
             m.sender = node_id
-            self._in_van(m)
+            self.take(m)
 
-    def _in_van(self, msg: Message) -> None:
+    def take(self, msg: Message) -> None:
         """A ring or bulk channel offer, or a bulk channel's hello, from a known peer."""
         if msg.cmd == RING_OFFER:
             self._open_ring(msg)
         elif self.keys is not None:
-            Bulk.of(self).on_message(msg, self._rings_in, self._ring_lock)
+            self._bulk().on_message(msg, self._rings_in)
+
+    def _bulk(self) -> Bulk:
+        """The bulk channels, their listener started on first need (a secured van only: an
+        offer may come before this node has offered its own)."""
+        with self._bulk_lock:
+            if self.bulk is None:
+                salt, lock = self.keys.bulk_salt, self._ring_lock
+                bulk = Bulk(self.ctx, salt, self._bind_host, self.name, self.refusals, lock)
+                self._zap.bulk_check = bulk.rx.authorize
+                self._poller.register(bulk.rx.sock, zmq.POLLIN)
+                self._poller.register(bulk.rx.guard.monitor, zmq.POLLIN)
+                self.bulk = bulk
+        return self.bulk
 
     def _open_ring(self, msg: Message) -> None:
         open_offered(self._rings_in, msg, self.name, self.verbose)
@@ -266,6 +278,10 @@ class Van:
     def forget(self, routing_id: bytes) -> None:
         """The connection with ``routing_id`` belongs to no node any more."""
         self._origins.pop(bytes(routing_id), None)
+
+    def host_of(self, peer: Any) -> str:
+        """The address ``peer``'s listener is at ('' if there is no connection to it)."""
+        return self._endpoints.get(peer, "").rsplit(":", 1)[0]
 
     def node_of(self, routing_id: bytes) -> int:
         """The node a connection belongs to (:data:`UNKNOWN` if none)."""
@@ -324,7 +340,7 @@ class Van:
                 chan = self.bulk.out.pop(peer, None)
         for out in (ring, chan):
             if out is not None:
-                self._close_out(peer, out)
+                self.close_out(peer, out)
 
     def mark_dead(self, peer: Any) -> None:
         """The peer is gone: sends to it fail at once instead of waiting on a full queue."""
@@ -417,7 +433,7 @@ class Van:
         if self.observer is not None:
             self.observer("send", peer, msg.cmd, msg.nbytes, now)
         if self.verbose >= 2:
-            self._trace("->", peer, msg)
+            self.trace("->", peer, msg)
         return tracker if (track and big) else None
 
     def ring_open(self, peer: Any) -> bool:
@@ -459,13 +475,13 @@ class Van:
                 self._rings_out[peer] = ring
         if stale is not None:
             log.info("%s: peer %s never opened its ring; frames go over TCP", self.name, peer)
-            self._close_out(peer, stale)
+            self.close_out(peer, stale)
         elif ring is not None:  # frames go inline until the receiver has opened it
             self.send(peer, Message(RING_OFFER, body={"name": ring.name}))
         return None
 
-    def _close_out(self, peer: Any, ring: OutRing) -> None:
-        """Close a sending ring while no send to ``peer`` is writing into it."""
+    def close_out(self, peer: Any, ring: OutRing | OutChannel) -> None:
+        """Close a sending ring (or bulk channel) while no send to ``peer`` writes into it."""
         with self._locks.get(peer) or threading.Lock():
             ring.close()
 
@@ -477,7 +493,8 @@ class Van:
         """Give the ring space of ``msg``'s lent arrays back (:meth:`Inbox.release`)."""
         self.inbox.release(msg)
 
-    def _trace(self, arrow: str, peer: Any, m: Message) -> None:
+    def trace(self, arrow: str, peer: Any, m: Message) -> None:
+        """Log a message sent (``->``) to or received (``<-``) from ``peer``."""
         args = (self.name, arrow, peer, m.cmd, m.req, m.reply, m.nbytes)
         log.info("%s %s %s: %s req=%d reply=%s %d B", *args)
 
