@@ -271,7 +271,7 @@ def test_the_report_is_one_file_with_the_run_s_data_and_the_chart_library(tmp_pa
     assert "<script>alert(1)" not in text  # a run's own text cannot end the data script
     assert text.count("<script") == 4  # the data, uPlot, the timeline, the report's code
     assert "uPlot" in text and "Permission is hereby granted" in text  # inlined, licence too
-    data = report_data(__import__("hetps.metrics.records", fromlist=["load_run"]).load_run(run))
+    data = report_data(__import__("hetps.metrics.runs", fromlist=["load_run"]).load_run(run))
     assert [w["rounds"] for w in data["workers"]] == [30, 30]
     assert data["workers"][0]["phase_ms"]["compute"] == pytest.approx(4.0)
     assert data["workers"][0]["series"][0][3] is None  # NaN loss: JSON holds no NaN

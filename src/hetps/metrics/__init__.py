@@ -11,15 +11,13 @@ from hetps.metrics.records import (
     RUN_KEYS,
     IterationLog,
     MetricsError,
-    Run,
     RunNotFoundError,
     RunWriter,
-    find_runs,
-    load_run,
     new_run_dir,
     run_meta,
     validate_record,
 )
+from hetps.metrics.runs import Run, find_runs, load_run
 from hetps.metrics.summary import (
     THRESHOLDS,
     format_summary,

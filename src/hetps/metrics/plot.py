@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetps.metrics.plot_helpers import FIGURES, PlotContext
-from hetps.metrics.records import MetricsError, Run
+from hetps.metrics.records import MetricsError
+from hetps.metrics.runs import Run
 from hetps.metrics.summary import load_runs, summarize_run
 
 # Importing the figure modules registers their figures, in the drawing order: the training

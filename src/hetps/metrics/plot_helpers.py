@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetps.metrics.records import Run
+from hetps.metrics.runs import Run
 
 __all__ = [
     "FIGURES",

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from hetps.metrics.plot_helpers import PlotContext, _abs_formatter, _title, figure
-from hetps.metrics.records import MetricsError, Run
+from hetps.metrics.records import MetricsError
+from hetps.metrics.runs import Run
 from hetps.metrics.spans import PHASES
 from hetps.metrics.trace import round_spans
 from hetps.metrics.traffic import load_traffic

@@ -24,7 +24,7 @@ from hetps.metrics.plot_helpers import (
     _title,
     figure,
 )
-from hetps.metrics.records import Run
+from hetps.metrics.runs import Run
 from hetps.metrics.summary import THRESHOLDS, accuracy_curve, computing_time_ratios
 from hetps.metrics.traffic import load_traffic
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from hetps.metrics.dashboard import static_file
-from hetps.metrics.records import MetricsError, Run, _plain, load_run, write_atomic
+from hetps.metrics.records import MetricsError, _plain, write_atomic
+from hetps.metrics.runs import Run, load_run
 from hetps.metrics.summary import summarize_run
 
 __all__ = ["build_report", "cmd_report", "report_data", "write_report"]

@@ -212,7 +212,7 @@ def pictures(run_dir: str | os.PathLike[str], window_rounds: int = 6) -> dict[st
     except ImportError:  # pragma: no cover - matplotlib missing
         print("figure: skipped, matplotlib missing (pip install 'hetps[plots]')", flush=True)
         return out
-    from hetps.metrics.records import load_run
+    from hetps.metrics.runs import load_run
 
     fig_path = draw_phase_timeline(
         load_run(run_dir), Path(run_dir) / "timeline.png", rounds=window_rounds

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hetps.metrics.records import MetricsError, Run, find_runs, load_run, write_atomic
+from hetps.metrics.records import MetricsError, write_atomic
+from hetps.metrics.runs import Run, find_runs, load_run
 
 __all__ = [
     "THRESHOLDS",

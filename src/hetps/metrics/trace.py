@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetps.metrics.records import MetricsError, Run, RunNotFoundError, load_run, write_atomic
+from hetps.metrics.records import MetricsError, RunNotFoundError, write_atomic
+from hetps.metrics.runs import Run, load_run
 from hetps.metrics.spans import PHASES
 from hetps.metrics.traffic import load_traffic
 
