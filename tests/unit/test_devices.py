@@ -206,11 +206,11 @@ def test_a_failed_pulls_buffer_comes_back(dev):
 def test_a_staged_value_that_is_never_pushed_gives_its_buffer_back(dev):
     v = dev.array(np.zeros(5, np.float32))
     staged = devices.stage(v)
-    devices.release(staged)  # (its push never started)
+    devices.STAGING.release(staged)  # (its push never started)
     dev.wait_host(staged.event)  # its copy finished
     again = devices.stage(v)
     assert again.buffer is staged.buffer
-    devices.release(again)
+    devices.STAGING.release(again)
 
 
 def test_a_pull_whose_finisher_fails_gives_its_buffer_back_uncopied(dev):

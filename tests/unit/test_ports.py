@@ -144,3 +144,42 @@ def test_no_part_takes_its_host_typed_any():
             if name.lstrip("_") in HOSTS and isinstance(ann, ast.Name) and ann.id == "Any":
                 bad.append(f"{path.relative_to(SRC)}:{node.lineno} {name}: Any")
     assert not bad, "hosts typed Any (give the part a port):\n" + "\n".join(bad)
+
+
+#: private names of other libraries' objects that their documented API has us read
+FOREIGN = {"_getframe", "_exit", "_replace", "_indices", "_values", "_dynamo", "_BatchNorm"}
+
+
+def private_reads(tree: ast.AST) -> list[ast.Attribute]:
+    """Every ``obj._name`` in ``tree`` where ``obj`` is not ``self``, ``cls`` or ``super()``."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and node.attr not in FOREIGN
+        and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        and not (isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super")
+    ]
+
+
+def test_no_module_reads_another_objects_private_names():
+    """A part asks its port (or the object's public names); it never reads ``other._name``,
+    and a port names no private member of its host."""
+    bad = [
+        f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}"
+        for path in sorted(SRC.rglob("*.py"))
+        for node in private_reads(ast.parse(path.read_text()))
+    ]
+    for port, _ in PORTS:
+        for node in ast.parse(inspect.getsource(port)).body[0].body:
+            name = getattr(getattr(node, "target", None), "id", getattr(node, "name", ""))
+            if name[:1] == "_" and name[:2] != "__":
+                bad.append(f"{port.__name__} names {name}")
+    assert not bad, "reads of another object's private names (give it a port):\n" + "\n".join(bad)
+
+
+def test_the_private_read_check_sees_one():
+    tree = ast.parse("def f(van, self):\n    self._ok = van._router\n    super()._fine()\n")
+    assert [ast.unparse(n) for n in private_reads(tree)] == ["van._router"]

@@ -37,7 +37,14 @@ class Future:
         "errback",
     )
 
-    def __init__(self, req: int, peer: int, what: str, callback: Callable[[Any], None] | None):
+    def __init__(
+        self,
+        req: int,
+        peer: int,
+        what: str,
+        callback: Callable[[Any], None] | None,
+        tracker: RequestTracker | None = None,
+    ):
         self.req = req
         self.peer = peer
         self.what = what
@@ -48,7 +55,7 @@ class Future:
         self._result: Any = None
         self._error: BaseException | None = None
         self._callback = callback
-        self._tracker: RequestTracker | None = None
+        self._tracker = tracker  # (None: a future no tracker keeps)
         # its error was raised to a caller already (a later wait_outstanding skips it)
         self.reported = False
         # the request as sent, kept while unanswered when its server has copies
@@ -87,7 +94,8 @@ class Future:
             self._error = exc
         self._event.set()
 
-    def _give_up(self, timeout: float | None) -> None:
+    def give_up(self, timeout: float | None) -> None:
+        """Fail with :class:`RequestTimeout`: no answer came within ``timeout`` seconds."""
         if self._tracker is not None:  # a late reply must not land after we gave up
             self._tracker.discard(self.req)
         err = RequestTimeout(
@@ -115,23 +123,23 @@ class Future:
         """Block until answered or failed, without raising its error (a later wait reports
         it); RequestTimeout after ``timeout``, as :meth:`wait`."""
         if not self._event.wait(timeout):
-            self._give_up(timeout)
+            self.give_up(timeout)
             if isinstance(self._error, RequestTimeout):  # (not if it came in just now)
-                self._landed()
+                self.landed()
                 self.reported = True
                 raise self._error
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until answered; raise the error if it failed, RequestTimeout after ``timeout``."""
         if not self._event.wait(timeout):
-            self._give_up(timeout)
+            self.give_up(timeout)
         if self._error is not None:
-            self._landed()
+            self.landed()
             self.reported = True
             raise self._error
         return self._result
 
-    def _landed(self) -> None:
+    def landed(self) -> None:
         """A failed request with a place for its answer: wait until the receive thread is
         not writing into that place (it looked the place up before the request failed)."""
         if self.landing is not None and self._tracker is not None:
@@ -154,13 +162,12 @@ class RequestTracker:
 
     def new(self, peer: int, what: str, callback: Callable[[Any], None] | None = None) -> Future:
         """A new future for a request to ``peer``; fails at once if the cluster is broken."""
-        fut = Future(next(self._ids), peer, what, callback)
+        fut = Future(next(self._ids), peer, what, callback, self)
         with self._lock:
             if self._fatal is not None:
                 fut.set_error(self._fatal)
                 return fut
             self._pending[fut.req] = fut
-            fut._tracker = self
         return fut
 
     def landing_of(self, req: int, sender: int | None = None) -> Any:
@@ -249,8 +256,8 @@ def wait_all(futures: list[Future], timeout: float, what: str = "request") -> li
         if isinstance(exc, RequestTimeout):  # the call is over: so are its requests
             for fut in futures:
                 if not fut.done():
-                    fut._give_up(timeout)
-                fut._landed()
+                    fut.give_up(timeout)
+                fut.landed()
         for fut in futures:
             if fut.done():
                 fut.reported = True

@@ -164,13 +164,6 @@ class Staged:
         self.dtype = dtype
 
 
-def release(staged: Staged) -> None:
-    """Give back the buffer of a staged value that will not be pushed (its push failed to
-    start): once its copy is done, the pool lends it again."""
-    with STAGING._lock:
-        staged.buffer.futures, staged.buffer.events = [], [staged.event]
-
-
 def stage(value: Any) -> Staged:
     """Queue the copy of a device tensor to a host buffer now, after the work the calling
     thread's stream has queued (the tensor's producer); push, pushpull or init the result
@@ -181,7 +174,7 @@ def stage(value: Any) -> Staged:
         raise TypeError(f"stage() takes a device tensor, got {type(value).__name__}")
     shape, dtype, device = backend.describe(value)
     _check_dtype(dtype, "stage")
-    buf = STAGING._take(backend, device, shape, dtype, lend=False)
+    buf = STAGING.take(backend, device, shape, dtype, lend=False)
     return Staged(buf, backend.to_host(value, buf.array), shape, dtype)
 
 
@@ -222,9 +215,11 @@ class Staging:
         self._tl = threading.local()  # this thread's call: buffers lent, device copies owed
 
     # -- buffers ------------------------------------------------------------------------------
-    def _take(
+    def take(
         self, backend: Backend, device: Any, shape: tuple[int, ...], dtype, lend: bool = True
     ) -> _Buffer:
+        """A free pooled host buffer of this shape for ``device`` (or a new one); ``lend``:
+        this thread's call holds it until it settles."""
         key = (id(backend), device, tuple(shape), np.dtype(dtype).str)
         with self._lock:
             bufs = self._pool.setdefault(key, [])
@@ -248,6 +243,12 @@ class Staging:
             self._tl.owed = []
         return lent
 
+    def release(self, staged: Staged) -> None:
+        """Give back the buffer of a staged value that will not be pushed (its push failed
+        to start): once its copy is done, the pool lends it again."""
+        with self._lock:
+            staged.buffer.futures, staged.buffer.events = [], [staged.event]
+
     def buffers(self, taken: bool = False) -> int:
         """How many host buffers the pool holds (``taken``: of them, those a call or a copy
         still holds), for tests and metrics."""
@@ -270,7 +271,7 @@ class Staging:
         host = [v for v in values if backend_for(v) is None]
         dev, backend, shape, dtype, device = _alike(values, what, "values to sum")
         src = dev[0] if len(dev) == 1 else backend.reduce(dev)
-        buf = self._take(backend, device, shape, dtype)
+        buf = self.take(backend, device, shape, dtype)
         backend.wait_host(backend.to_host(src, buf.array))
         if not host:
             return buf.array
@@ -293,7 +294,7 @@ class Staging:
             raise ValueError(f"{what}: a staged value cannot be an out; give out= a tensor")
         targets = [as_numpy(v, what) for v in values if backend_for(v) is None]
         dev, backend, shape, dtype, device = _alike(values, what, "outs")
-        buf = self._take(backend, device, shape, dtype)
+        buf = self.take(backend, device, shape, dtype)
         self._lent()
         # what each out's device queued before this call may still read the out: its copy
         # waits for that, and not for what the caller queues after (the next layers' work)

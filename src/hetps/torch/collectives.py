@@ -179,17 +179,18 @@ def _op(op: str | None, average: bool | None) -> str:
 
 
 class Handle:
-    """A reduction in flight (:func:`allreduce_async`): :func:`synchronize` gives its result."""
+    """A reduction in flight (:func:`allreduce_async`): its ``request``, and the ``finish``
+    that makes its result of the answer, which :func:`synchronize` gives."""
 
     def __init__(self, kv: SumStore, request: Any, out: torch.Tensor, finish: Any) -> None:
-        self._kv, self._request, self._out, self._finish = kv, request, out, finish
+        self._kv, self.request, self._out, self.finish = kv, request, out, finish
         self._result: torch.Tensor | None = None
 
     def wait(self) -> torch.Tensor:
         """Wait for the answer; the result (the same tensor on every later call)."""
         if self._result is None:
-            self._request.wait()
-            self._result = self._finish(self._out)
+            self.request.wait()
+            self._result = self.finish(self._out)
         return self._result
 
 
@@ -234,7 +235,7 @@ def synchronize(handle: Handle) -> torch.Tensor:
 
 def poll(handle: Handle) -> bool:
     """Whether the collective behind ``handle`` is done (its result may be read at once)."""
-    request = handle._request
+    request = handle.request
     done = getattr(request, "done", None)
     return bool(done() if callable(done) else done) if done is not None else False
 
@@ -270,14 +271,14 @@ def push_pull_async(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Handle:
     """BytePS's ``push_pull_async``: the mean (or sum, ``average=False``) of ``tensor`` over
     the workers, written into ``tensor`` by :func:`synchronize` (:func:`byteps_args`)."""
     handle = allreduce_async(tensor, **byteps_args(*args, **kwargs))
-    inner = handle._finish
+    inner = handle.finish
 
     def into_tensor(total: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             tensor.copy_(inner(total))
         return tensor
 
-    handle._finish = into_tensor
+    handle.finish = into_tensor
     return handle
 
 

@@ -100,7 +100,7 @@ class GroupLauncher:
         except Exception as exc:  # raised in the training thread by synchronize()
             self._handles[g.index] = _Failed(exc)
             if isinstance(data, staging.Staged):
-                staging.release(data)  # (never pushed: its buffer goes back to the pool)
+                staging.STAGING.release(data)  # (never pushed: its buffer goes back to the pool)
         self._timing.pushes.append((t0, time.perf_counter()))
 
     def _loop(self) -> None:
