@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from hetps.cluster.credentials import Credentials
 from hetps.cluster.protocol import NodeInfo
 from hetps.cluster.requests import RequestTracker
 from hetps.config import NodeConfig
 from hetps.transport.codec import Message
+from hetps.transport.handshakes import RefusalLog
+
+if TYPE_CHECKING:
+    from hetps.metrics.live import LiveMetrics
 
 
 class MemberPort(Protocol):
@@ -89,8 +94,8 @@ class JobPort(Protocol):
     ready: threading.Event
     exit_code: int | None
     failed_start: str | None
-    services: dict[str, Any]
-    metrics: Any
+    services: dict[str, Callable[[Any, Message], None]]
+    metrics: LiveMetrics | None
     to_launcher: Callable[[str], None] | None
     #: the other parts (each names what it offers)
     registration: Any
@@ -98,8 +103,8 @@ class JobPort(Protocol):
     takeover: Any
     workers_part: Any
     launcher: Any
-    creds: Any
-    refused_msgs: Any
+    creds: Credentials
+    refused_msgs: RefusalLog
 
     #: servers plus workers the job waits for
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -24,17 +24,24 @@ if TYPE_CHECKING:
     from hetps.kvstore.client import DistKVStore
 
 
+class Shared(Protocol):
+    """A mode's distributed part, as a joiner takes its state over (``run.shared``)."""
+
+    def join_state(self) -> dict: ...
+    def adopt(self, state: dict) -> None: ...
+
+
 class RunPort(Protocol):
     """What :class:`Rejoin` uses of its run (a :class:`hetps.app.worker.WorkerRun`)."""
 
     kv: DistKVStore  # the worker's store
     model: torch.nn.Module
-    device: Any
+    device: torch.device
     rank: int
     lead: bool
     #: the mode's distributed part, and the checkpoint's optimizer (``-m esync``)
-    shared: Any
-    ckpt_opt: Any
+    shared: Shared | None
+    ckpt_opt: torch.optim.Optimizer | None
     first_round: int
     steps_done: int
     epochs_done: Fraction

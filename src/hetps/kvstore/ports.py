@@ -9,17 +9,23 @@ and its fault part, :mod:`hetps.faults.joining`); :class:`ServerPort` what a
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hetps import optim
 from hetps.cluster.node import Node
+from hetps.kvstore.aggregate import Aggregator
+from hetps.kvstore.answers import Answers
 from hetps.kvstore.compression import TwoBitCompressor
 from hetps.kvstore.keys import KeyMeta
+from hetps.kvstore.linkmeter import LinkMeter
 from hetps.kvstore.placement import Part
 from hetps.kvstore.slices import Slice
 from hetps.tables.server import Tables
-from hetps.tables.worker import TableStore
+from hetps.tables.worker import SparseKeys, TableStore
 from hetps.transport.codec import Message
+
+if TYPE_CHECKING:
+    from hetps.balance.agent import BalanceAgent
 
 
 class StorePort(TableStore, Protocol):
@@ -36,8 +42,8 @@ class StorePort(TableStore, Protocol):
     #: per key, the ranges last received as a sum of fewer workers than the job's
     short_marks: dict[Any, dict[tuple[int, int], int]]
     #: the balance agent (HETPS_BALANCE), the row-sparse keys, its joining part
-    agent: Any
-    sparse: Any
+    agent: BalanceAgent | None
+    sparse: SparseKeys
     joins: Any
 
     #: this worker's place among the live workers
@@ -55,9 +61,9 @@ class ServerPort(Protocol):
 
     node: Node
     slices: dict[tuple[Any, int], Slice]
-    answers: Any
-    aggregator: Any
-    links: Any
+    answers: Answers
+    aggregator: Aggregator
+    links: LinkMeter
     tables: Tables
     optimizer: optim.Optimizer | None
     #: the optimizer as a worker sent it (for a new replica)

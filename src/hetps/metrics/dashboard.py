@@ -103,7 +103,7 @@ class Live(Snapshots, Protocol):
     scrapes: Scrapes
     pages: Scrapes
     workers: dict[int, WorkerTotals]
-    lock: Any
+    lock: threading.Lock
     sampler: Sampler
     tail: LogTail
     ended: dict | None
