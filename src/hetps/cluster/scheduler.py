@@ -304,23 +304,11 @@ class Scheduler:
         self._service_thread.start()
         try:
             while not self._stop.is_set() and self.exit_code is None:
-                # what one turn read off the socket (a round's host reports come together),
-                # dispatched in order; their services' work goes to that thread as one job
-                msgs = self.van.recv_many(timeout=tick)
+                msgs = self.van.recv_many(timeout=tick)  # (a round's host reports, together)
                 while not self._notices.empty():
                     self._apply_notice(*self._notices.get())
                 if msgs:
-                    self._jobs = []
-                    for msg in msgs:
-                        try:
-                            self._dispatch(msg)
-                        except Exception:  # a bad control message must not stop the scheduler
-                            log.exception(
-                                "scheduler: error handling %s from %d", msg.cmd, msg.sender
-                            )
-                    jobs, self._jobs = self._jobs, None
-                    if jobs:
-                        self._service_q.put(jobs[0] if len(jobs) == 1 else partial(_each, jobs))
+                    self.dispatch_all(msgs)
                     self.keep_table()
                 # once per tick, not per message: the check walks every node, so per message
                 # it cost O(N) per heartbeat, O(N^2) per heartbeat period (scale_sim.py)
@@ -340,6 +328,21 @@ class Scheduler:
         if self.exit_code is None:
             self.exit_code = 0
         return self.exit_code
+
+    def dispatch_all(self, msgs: list[Message]) -> None:
+        """Dispatch ``msgs`` in order; the services' work they ask for goes to that thread
+        as one job (one wake-up for a round's reports), which runs each in turn."""
+        self._jobs = []
+        try:
+            for msg in msgs:
+                try:
+                    self._dispatch(msg)
+                except Exception:  # a bad control message must not stop the scheduler
+                    log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
+        finally:
+            jobs, self._jobs = self._jobs, None
+            if jobs:
+                self._service_q.put(jobs[0] if len(jobs) == 1 else partial(_each, jobs))
 
     def keep_table(self) -> None:
         """Save the node table beside the credential key when it changed (a node assigned,
