@@ -20,7 +20,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import IO, Any
 
 from hetps.cluster import allow, commands
@@ -38,15 +37,6 @@ from hetps.transport.van import PeerGone, Van
 
 log = logging.getLogger("hetps.scheduler")
 Service = Callable[["Scheduler", Message], None]
-
-
-def _each(jobs: list[Callable[[], None]]) -> None:
-    """Run the services' ``jobs`` in order; one's failure (logged) stops none of the others."""
-    for job in jobs:
-        try:
-            job()
-        except Exception:  # a service's bug must not stop the others
-            log.exception("scheduler: a service failed")
 
 
 class Scheduler:
@@ -140,7 +130,6 @@ class Scheduler:
         # own, so a long one (a big plan) never holds up heartbeats, barriers or registration
         self._service_q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._service_thread: threading.Thread | None = None
-        self._jobs: list[Callable[[], None]] | None = None  # (a batch being dispatched)
         self.to_launcher: Callable[[str], None] | None = None  # --launcher-notices: stdout
         # the parts: registration, barriers, a server's death (takeover, --recover's
         # readmits), workers let go and joining again (HETPS_ELASTIC), the lines to the
@@ -181,12 +170,12 @@ class Scheduler:
     def worker_finished_hooks(self) -> None:
         """A worker finished or was let go: the services' hooks run (on their thread)."""
         for hook in self._on_worker_finished:
-            self._enqueue(lambda hook=hook: hook(self))
+            self._service_q.put(lambda hook=hook: hook(self))
 
     def worker_back_hooks(self, info: NodeInfo) -> None:
         """A let-go worker joined again: the services' hooks run (on their thread)."""
         for hook in self._on_worker_back:
-            self._enqueue(lambda hook=hook: hook(self, info))
+            self._service_q.put(lambda hook=hook: hook(self, info))
 
     # -- lifecycle --------------------------------------------------------------------------
     def node_info(self, nid: int) -> NodeInfo | None:
@@ -243,20 +232,15 @@ class Scheduler:
         """Ask the loop to end."""
         self._stop.set()
 
-    def _enqueue(self, job: Callable[[], None]) -> None:
-        """Queue ``job`` for the services' thread, in order: with the jobs of the messages
-        the loop is dispatching, if it is (one wake-up of that thread for them all)."""
-        if self._jobs is not None:
-            self._jobs.append(job)
-        else:
-            self._service_q.put(job)
-
     def _serve_services(self) -> None:
         while True:
             job = self._service_q.get()
             if job is None:
                 return
-            _each([job])
+            try:
+                job()
+            except Exception:  # a service's bug must not stop the others
+                log.exception("scheduler: a service failed")
 
     def notice_dead(self, role: str, rank: int, how: str) -> None:
         """The launcher saw the process of ``role`` ``rank`` end (``how``, e.g. "was killed by
@@ -304,11 +288,16 @@ class Scheduler:
         self._service_thread.start()
         try:
             while not self._stop.is_set() and self.exit_code is None:
-                msgs = self.van.recv_many(timeout=tick)  # (a round's host reports, together)
+                # what one turn read off the socket (a round's host reports come together)
+                msgs = self.van.inbox.recv_many(timeout=tick)
                 while not self._notices.empty():
                     self._apply_notice(*self._notices.get())
+                for msg in msgs:
+                    try:
+                        self._dispatch(msg)
+                    except Exception:  # a bad control message must not stop the scheduler
+                        log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
                 if msgs:
-                    self.dispatch_all(msgs)
                     self.keep_table()
                 # once per tick, not per message: the check walks every node, so per message
                 # it cost O(N) per heartbeat, O(N^2) per heartbeat period (scale_sim.py)
@@ -328,21 +317,6 @@ class Scheduler:
         if self.exit_code is None:
             self.exit_code = 0
         return self.exit_code
-
-    def dispatch_all(self, msgs: list[Message]) -> None:
-        """Dispatch ``msgs`` in order; the services' work they ask for goes to that thread
-        as one job (one wake-up for a round's reports), which runs each in turn."""
-        self._jobs = []
-        try:
-            for msg in msgs:
-                try:
-                    self._dispatch(msg)
-                except Exception:  # a bad control message must not stop the scheduler
-                    log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
-        finally:
-            jobs, self._jobs = self._jobs, None
-            if jobs:
-                self._service_q.put(jobs[0] if len(jobs) == 1 else partial(_each, jobs))
 
     def keep_table(self) -> None:
         """Save the node table beside the credential key when it changed (a node assigned,
@@ -408,7 +382,7 @@ class Scheduler:
                 self.reply(msg, {"error": why})
             hook = self._on_refused.get(cmd)
             if hook is not None:
-                self._enqueue(lambda: hook(self, msg, why))
+                self._service_q.put(lambda: hook(self, msg, why))
             return
         if cmd == P.HEARTBEAT:
             self.send_to(msg.sender, Message(P.HEARTBEAT_ACK, req=msg.req, reply=True))
@@ -427,7 +401,7 @@ class Scheduler:
             self.declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
             handler = self.services[cmd]
-            self._enqueue(lambda: handler(self, msg))
+            self._service_q.put(lambda: handler(self, msg))
         else:  # a command of a service this job does not run (e.g. no load balancing)
             self.refuse_request(msg, f"this job's scheduler runs no service for {cmd!r}")
 

@@ -473,10 +473,6 @@ class Van:
         """Receive one message, or None after ``timeout`` seconds (:meth:`Inbox.recv`)."""
         return self.inbox.recv(timeout)
 
-    def recv_many(self, timeout: float | None = None) -> list[Message]:
-        """The messages one turn of the receive loop read (:meth:`Inbox.recv_many`)."""
-        return self.inbox.recv_many(timeout)
-
     def release(self, msg: Message) -> None:
         """Give the ring space of ``msg``'s lent arrays back (:meth:`Inbox.release`)."""
         self.inbox.release(msg)
