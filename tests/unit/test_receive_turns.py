@@ -32,7 +32,8 @@ def test_a_turn_reads_what_many_peers_queued_each_in_its_order():
                 msg = Message("report", req=k, body={"k": k}, arrays=[np.full(4, p * 10.0 + k)])
                 s.send_multipart(encode(msg))
         for s in socks:
-            s.close()  # (lingers until its messages are out of this process)
+            s.close()
+        ctx.term()  # (returns once every message is out of the senders' queues)
         got, turns = [], 0
         while len(got) < peers * each:
             batch = rx.inbox.recv_many(timeout=10)
@@ -48,7 +49,10 @@ def test_a_turn_reads_what_many_peers_queued_each_in_its_order():
                 np.testing.assert_array_equal(m.arrays[0], np.full(4, p * 10.0 + k))
         assert turns < peers  # not a poll per message: the socket is read while it has more
     finally:
-        ctx.term()
+        for s in socks:
+            s.close(linger=0)
+        if not ctx.closed:
+            ctx.term()
         rx.close()
 
 
