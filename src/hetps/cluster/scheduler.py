@@ -288,14 +288,16 @@ class Scheduler:
         self._service_thread.start()
         try:
             while not self._stop.is_set() and self.exit_code is None:
-                msg = self.van.recv(timeout=tick)
+                # what one turn read off the socket (a round's host reports come together)
+                msgs = self.van.inbox.recv_many(timeout=tick)
                 while not self._notices.empty():
                     self._apply_notice(*self._notices.get())
-                if msg is not None:
+                for msg in msgs:
                     try:
                         self._dispatch(msg)
                     except Exception:  # a bad control message must not stop the scheduler
                         log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
+                if msgs:
                     self.keep_table()
                 # once per tick, not per message: the check walks every node, so per message
                 # it cost O(N) per heartbeat, O(N^2) per heartbeat period (scale_sim.py)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,6 +30,9 @@ UNKNOWN = 0
 RING_OFFER = "__ring_offer"
 #: ring offers kept from connections not yet known (the node table is on its way)
 MAX_STASHED_OFFERS = 64
+#: messages one turn of the receive loop reads off its socket while more are queued, without
+#: polling again (a scheduler's 512 host reports of a round come together)
+DRAIN_MOST = 64
 # plain ints: pyzmq's enum members make a new enum object on every `&` (a microsecond each)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
@@ -78,7 +82,7 @@ class Inbox:
         self.stashed: list[Message] = []  # offers from connections not admitted yet
         self.stash_lock = threading.Lock()
         self.waiting = Waiting()  # messages whose bulk frames are still to come
-        self.ready: list[Message] = []  # decoded, not handed out yet (read with a waiting one)
+        self.ready: deque[Message] = deque()  # decoded, not handed out yet
         self.lent: Message | None = None
 
     def recv(self, timeout: float | None = None) -> Message | None:
@@ -91,12 +95,13 @@ class Inbox:
         whose bulk frames are not all here waits (with its connection's later messages) in
         :attr:`waiting` while this thread reads on (transport/bulk_in.py)."""
         van = self.van
-        if self.lent is not None:
-            self.release(self.lent)
+        lent = self.lent
+        if lent is not None and not any(m is lent for m in self.ready):  # (handed out)
+            self.release(lent)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self.ready:
-                return self.ready.pop(0)
+                return self.ready.popleft()
             wait_ms = (
                 None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             )
@@ -127,22 +132,48 @@ class Inbox:
                 if not self.ready and deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
+            self.drain(waited)
+
+    def drain(self, waited: bool) -> None:
+        """Read the messages queued on the ROUTER, one at least, into :attr:`ready`: up to
+        :data:`DRAIN_MOST` without polling again, and no further than a message whose arrays
+        are lent or one that waits for its bulk frames."""
+        van = self.van
+        router = self.router
+        for _ in range(DRAIN_MOST):
             # recv_multipart less its getsockopt(RCVMORE) per frame: each frame says itself
-            frames = [self.router.recv(copy=False)]
+            frames = [router.recv(copy=False)]
             while frames[-1].more:
-                frames.append(self.router.recv(copy=False))
+                frames.append(router.recv(copy=False))
             origin = frames[0].bytes
             sender = van.node_of(origin)
             if self.waiting.holds(origin):  # behind that connection's waiting message
                 self.waiting.add(origin, frames, sender, None)
-                continue
+                return
             try:
                 msg = self.decode(frames, origin, sender)
             except NotYet as wait:
                 self.waiting.add(origin, frames, sender, wait.ring)
-                continue
+                return
             if msg is not None:
                 self.deliver(msg, waited)
+                if msg.lease is not None:
+                    return
+            if not router.getsockopt(_EVENTS) & _POLLIN:
+                return
+            waited = True  # (queued while this thread read the one before)
+
+    def recv_many(self, timeout: float | None = None) -> list[Message]:
+        """Every message received by one turn of :meth:`recv` (empty after ``timeout``
+        seconds): the first, and those read with it off the socket. Only the last may have
+        lent arrays (it is released at the next call)."""
+        first = self.recv(timeout)
+        if first is None:
+            return []
+        out = [first]
+        while self.ready and out[-1].lease is None:
+            out.append(self.ready.popleft())
+        return out
 
     def decode(self, frames: list, origin: bytes, sender: int) -> Message | None:
         """A message of ``frames``, or None if it was bad (logged); NotYet: its bulk frames
