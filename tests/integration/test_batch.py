@@ -200,3 +200,32 @@ print('RING-OK', flush=True)
     rc, out = cluster(code, workers=2, servers=1, env=PER_PROCESS)
     assert rc == 0, out
     assert out.count("RING-OK") == 2, out
+
+
+def test_batches_are_cut_at_the_message_bound_and_one_over_it_fails_naming_it(cluster):
+    """HETPS_MAX_MESSAGE_BYTES far below a batch's 8 MiB: a list call's requests, and the
+    server's answers, go in as many messages as the bound needs (every value exact); a value
+    that alone exceeds it fails at once with an error naming the variable, not a timeout."""
+    code = """
+kv = hetps.kv.create('dist_sync')
+n = 16384  # 64 KB a key, 1.5 MB a call: six times the bound
+keys = [f'k{i}' for i in range(24)]
+kv.init(keys, [np.zeros(n, np.float32) for _ in keys])
+kv.push(keys, [np.arange(n, dtype=np.float32) * (kv.rank + 1) + i for i in range(24)])
+out = [np.zeros(n, np.float32) for _ in keys]
+kv.pull(keys, out=out)
+S = sum(range(1, kv.num_workers + 1))
+for i, o in enumerate(out):
+    assert np.array_equal(o, np.arange(n, dtype=np.float32) * S + i * kv.num_workers), i
+try:
+    kv.init('big', np.zeros(1 << 17, np.float32))  # 512 KB in one request
+except RequestError as exc:
+    print('REFUSED', exc, flush=True)
+kv.barrier()
+print('BOUND-OK', flush=True)
+"""
+    env = {"HETPS_MAX_MESSAGE_BYTES": str(256 << 10), "HETPS_REQUEST_TIMEOUT": "20"}
+    rc, out = cluster(code, workers=2, servers=1, env={**env, **PER_PROCESS})
+    assert rc == 0, out
+    assert out.count("BOUND-OK") == 2, out
+    assert "REFUSED" in out and "exceeds HETPS_MAX_MESSAGE_BYTES=262144" in out, out
