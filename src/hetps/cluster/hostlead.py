@@ -16,6 +16,7 @@ report is kept per worker and a late one of a round already planned is answered 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -157,8 +158,7 @@ def merge_host(samples: np.ndarray, host: Sequence[int]) -> np.ndarray:
 
 
 class _Peer:
-    """A local connection the leader reads when it is readable: what came of its next frame,
-    and its worker's id once its Hello came."""
+    """A local connection: what came of its next frame, its worker's id once it said it."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -230,6 +230,7 @@ class HostLead:
         self.pending: dict[str, dict[int, tuple[int, Any]]] = {}
         self.sent: dict[str, dict[int, int]] = {}
         self.mine: dict[str, int] = {}  # per kind, the last n this worker handed
+        self.warned: set[int | None] = set()  # followers dropped with a warning already
         # this worker's own waits: (kind, n) -> Slot
         self.slots: dict[tuple[str, int], Slot] = {}
         # what a leader keeps of each worker's server times (set by the balance agent, which
@@ -398,9 +399,7 @@ class HostLead:
             log.warning("host leader: refused a local connection of another user")
             sock.close()
             return
-        # read only when readable (a frame gathers in its buffer); an answer that does not
-        # go within _SEND_S drops the follower: the leader waits on no follower
-        sock.settimeout(_SEND_S)
+        sock.settimeout(_SEND_S)  # (read when readable; an answer not taken drops it)
         self.sel.register(sock, selectors.EVENT_READ, _Peer(sock))
 
     def _read(self, peer: _Peer) -> None:
@@ -444,8 +443,7 @@ class HostLead:
         return True
 
     def _take(self, peer: _Peer, frame: bytes) -> bool:
-        """One hand of follower ``peer``: relayed with the host's others, or the follower
-        dropped (a frame that is no hand, or a round that is not the host's current or next)."""
+        """One hand of follower ``peer``: relayed with the host's others, or it is dropped."""
         try:
             hand = _DECODERS[Hand].decode(frame)
         except (ValueError, msgspec.DecodeError) as exc:
@@ -466,9 +464,8 @@ class HostLead:
 
     def _off_round(self, kind: str, nid: Any, n: int) -> str | None:
         """Why round ``n`` of ``kind`` from follower ``nid`` is not the host's current or next
-        (None: it is): this worker's own round (while it waits there, only it), else the next
-        (and the current for a follower not yet sent there). A follower ahead or behind would
-        hold the others' rounds until they time out (under the lock)."""
+        (None: it is): this worker's own while it waits there, else the next (and the current
+        for a follower not yet sent there); another would hold the host's rounds (locked)."""
         mine = self.mine.get(kind, 0)
         if self.me in self.pending.get(kind, {}):
             allowed = [mine]
@@ -483,9 +480,11 @@ class HostLead:
 
     def _drop(self, peer: _Peer, why: str | None) -> bool:
         """Close ``peer`` (``why``: logged, naming it); it sends its own from now on."""
-        if why is not None:
+        if why is not None:  # (a follower dropped again, reconnecting each round: quieter)
             who = f"worker {peer.nid}" if peer.nid is not None else "a local connection"
-            log.warning("host leader %d: dropped %s, which sent %s", self.me, who, why)
+            level = logging.DEBUG if peer.nid in self.warned else logging.WARNING
+            log.log(level, "host leader %d: dropped %s, which sent %s", self.me, who, why)
+            self.warned.add(peer.nid)
         with self.lock:
             if peer.nid is not None and self.conns.get(peer.nid) is peer.sock:
                 self._close(peer.nid)
@@ -496,10 +495,8 @@ class HostLead:
         return False
 
     def _unregister(self, sock: socket.socket) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(sock)
-        except (KeyError, ValueError):
-            pass
         sock.close()
 
     def _close(self, nid: int) -> None:
