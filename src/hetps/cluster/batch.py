@@ -61,9 +61,11 @@ def array_bytes(msg: Message) -> int:
 
 def wire_bytes(msg: Message) -> int:
     """The bytes ``msg`` counts against its receiver's ``HETPS_MAX_MESSAGE_BYTES``: its
-    header (with room for a ring's field) and its arrays."""
-    head = encode(Message(msg.cmd, req=msg.req, reply=msg.reply, body=msg.body))[0]
-    return len(head) + 16 * len(msg.arrays) + 256 + array_bytes(msg)
+    header (with room for a ring's field) and its arrays (not copied to encode it)."""
+    nbytes = msg.nbytes
+    head = encode(msg)[0]
+    msg.nbytes = nbytes
+    return len(head) + 64 + 9 * len(msg.arrays) + array_bytes(msg)
 
 
 def fitting(msgs: list[Message], limit: int, reply: bool = False) -> list[list[Message]]:
