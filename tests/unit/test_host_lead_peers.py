@@ -169,21 +169,19 @@ def _hello(nid: int) -> socket.socket:
     return sock
 
 
-def _good_hand(good: socket.socket) -> Message:
-    """The well-formed follower's round-1 report, handed to the leader."""
-    theirs = _report(1, 1)
+def _hands(lead, good: socket.socket) -> tuple[Message, Message, H.Relayed]:
+    """The well-formed follower's round-1 report, handed to the leader, and the leader's."""
+    theirs, mine = _report(1, 1), _report(1, 2)
     what = {"b": {}, "s": theirs.arrays[0].tobytes(), "t": theirs.arrays[1].tobytes()}
     H._send(good, {"k": H.REPORT, "n": 1, "w": what})
-    return theirs
+    return theirs, mine, lead.report(1, mine)
 
 
-def _the_others_go_on(lead, hostile: socket.socket, good: socket.socket, theirs=None) -> None:
+def _the_others_go_on(lead, hostile: socket.socket, good: socket.socket, hands) -> None:
     """The leader's and the good follower's round-1 reports go as one, every value theirs;
     the scheduler's answer reaches the good follower; the hostile one is dropped (EOF)."""
     node = lead.node
-    theirs = _good_hand(good) if theirs is None else theirs
-    mine = _report(1, 2)
-    relayed = lead.report(1, mine)
+    theirs, mine, relayed = hands
     assert hostile.recv(1) == b""  # dropped
     _wait_for(lambda: node.sent, "the host's report was never sent")
     (sent,) = node.sent
@@ -209,35 +207,37 @@ def test_half_a_frame_drops_that_follower_and_the_others_go_on(lead3, monkeypatc
     try:
         _wait_for(lambda: {FOLLOWER, OTHER} <= set(lead3.conns), "followers not accepted")
         hostile.sendall(H._LEN.pack(1000) + bytes(10))  # 10 bytes of a 1,000-byte frame
-        theirs = _good_hand(good)
+        hands = _hands(lead3, good)
         _wait_for(lambda: OTHER in lead3.pending.get(H.REPORT, {}), "the good hand was not read")
         assert FOLLOWER in lead3.conns  # (read while the hostile frame is still unfinished)
         monkeypatch.setattr(H, "_FRAME_S", 0.0)  # its deadline is past
-        _the_others_go_on(lead3, hostile, good, theirs)
+        _the_others_go_on(lead3, hostile, good, hands)
     finally:
         hostile.close()
         good.close()
     assert f"dropped worker {FOLLOWER}, which sent part of a frame" in caplog.text
 
 
-@pytest.mark.parametrize("first", ["follower", "leader"])
+@pytest.mark.parametrize("when", ["first", "while-the-host-waits"])
 @pytest.mark.parametrize("rnd", [2, 10**15], ids=["next-but-one", "huge"])
-def test_a_round_that_is_not_the_hosts_drops_that_follower(lead3, rnd, first, caplog):
+def test_a_round_that_is_not_the_hosts_drops_that_follower(lead3, rnd, when, caplog):
     """A follower's hand at a round that is neither the host's current nor its next (ahead
-    by one, or a huge number) is refused, naming it and the round; the others go on."""
+    by one, or a huge number), before the others' or while the host waits for it at round 1,
+    is refused, naming it and the round; the others go on."""
     hostile, good = _hello(FOLLOWER), _hello(OTHER)
     try:
         _wait_for(lambda: {FOLLOWER, OTHER} <= set(lead3.conns), "followers not accepted")
         bad = _report(rnd, 3)
         what = {"b": {}, "s": bad.arrays[0].tobytes(), "t": bad.arrays[1].tobytes()}
-        if first == "follower":
+        if when == "first":
             H._send(hostile, {"k": H.REPORT, "n": rnd, "w": what})
             _wait_for(lambda: FOLLOWER not in lead3.conns, "the hostile follower was kept")
+            hands = _hands(lead3, good)
         else:
-            H._send(hostile, {"k": "b:worker", "n": 1})  # (a barrier's round: its own kind)
-            _wait_for(lambda: "b:worker" in lead3.pending, "the barrier hand was not taken")
+            hands = _hands(lead3, good)
+            _wait_for(lambda: OTHER in lead3.pending.get(H.REPORT, {}), "no good hand read")
             H._send(hostile, {"k": H.REPORT, "n": rnd, "w": what})
-        _the_others_go_on(lead3, hostile, good)
+        _the_others_go_on(lead3, hostile, good, hands)
     finally:
         hostile.close()
         good.close()
