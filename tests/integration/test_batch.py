@@ -204,27 +204,39 @@ print('RING-OK', flush=True)
 
 def test_batches_are_cut_at_the_message_bound_and_one_over_it_fails_naming_it(cluster):
     """HETPS_MAX_MESSAGE_BYTES far below a batch's 8 MiB: a list call's requests, and the
-    server's answers, go in as many messages as the bound needs (every value exact); a value
-    that alone exceeds it fails at once with an error naming the variable, not a timeout."""
+    server's answers, go in as many messages as the bound needs (every value exact); a table
+    push that alone exceeds it fails at once with an error naming the variable, not a
+    timeout, and the table is as it was."""
     code = """
+from hetps.tables.rowsparse import Table
 kv = hetps.kv.create('dist_sync')
 n = 16384  # 64 KB a key, 1.5 MB a call: six times the bound
 keys = [f'k{i}' for i in range(24)]
-kv.init(keys, [np.zeros(n, np.float32) for _ in keys])
+kv.init(keys + ['t'], [np.zeros(n, np.float32) for _ in keys] + [Table(1000, 128)])
 kv.push(keys, [np.arange(n, dtype=np.float32) * (kv.rank + 1) + i for i in range(24)])
 out = [np.zeros(n, np.float32) for _ in keys]
 kv.pull(keys, out=out)
 S = sum(range(1, kv.num_workers + 1))
 for i, o in enumerate(out):
     assert np.array_equal(o, np.arange(n, dtype=np.float32) * S + i * kv.num_workers), i
-try:
-    kv.init('big', np.zeros(1 << 17, np.float32))  # 512 KB in one request
-except RequestError as exc:
-    print('REFUSED', exc, flush=True)
+if kv.rank == 0:
+    try:  # 600 rows of 512 bytes in one request
+        kv.push('t', (np.arange(600), np.ones((600, 128), np.float32)))
+        kv.wait_outstanding()
+    except RequestError as exc:
+        print('REFUSED', exc, flush=True)
+kv.barrier()
+rows = kv.row_sparse_pull('t', row_ids=np.arange(600)).data
+assert not rows.any(), 'the refused push changed the table'
 kv.barrier()
 print('BOUND-OK', flush=True)
 """
-    env = {"HETPS_MAX_MESSAGE_BYTES": str(256 << 10), "HETPS_REQUEST_TIMEOUT": "20"}
+    env = {
+        "HETPS_MAX_MESSAGE_BYTES": str(256 << 10),
+        "HETPS_CHUNK_BYTES": str(128 << 10),
+        "HETPS_TABLE_PULL_BYTES": str(128 << 10),
+        "HETPS_REQUEST_TIMEOUT": "20",
+    }
     rc, out = cluster(code, workers=2, servers=1, env={**env, **PER_PROCESS})
     assert rc == 0, out
     assert out.count("BOUND-OK") == 2, out

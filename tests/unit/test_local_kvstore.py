@@ -69,6 +69,10 @@ def test_pull_takes_mxnets_arguments():
         ({"HETPS_BALANCE": "bogus"}, r"HETPS_BALANCE='bogus'.*one of none, average, elastic"),
         ({"HETPS_BATCH_BYTES": "-1"}, r"HETPS_BATCH_BYTES=-1 is below 0"),
         ({"PS_VERBOSE": "loud"}, r"PS_VERBOSE='loud' is not an integer"),
+        (  # (below what one message may carry: a table pull's rows)
+            {"HETPS_MAX_MESSAGE_BYTES": str(8 << 20)},
+            r"HETPS_MAX_MESSAGE_BYTES=8388608 is below.*HETPS_TABLE_PULL_BYTES=16777216",
+        ),
     ],
 )
 def test_a_local_store_refuses_a_bad_setting_as_a_node_does(env, named):
