@@ -427,7 +427,9 @@ class Node:
 
     def send_request(self, fut: Future, msg: Message, track: bool = False) -> bool:
         """Send the request ``msg`` registered as ``fut``; a send that fails fails the future
-        (returns False) instead of raising."""
+        (returns False) instead of raising, as does one over HETPS_MAX_MESSAGE_BYTES, at once."""
+        if (why := batch.over(msg, self.cfg.max_message_bytes)) is not None:
+            return self.requests.resolve(fut.req, None, why) and False
         if self.replicas > 1:
             return self.faults.send_kept(fut.peer, [fut], [msg], track)
         if fut.peer == P.SCHEDULER_ID:
@@ -443,8 +445,8 @@ class Node:
 
     def send_batch(self, peer: int, futs: list[Future], msgs: list[Message]) -> bool:
         """Send the requests ``msgs`` (registered as ``futs``) to ``peer`` in one message, or
-        several within HETPS_MAX_MESSAGE_BYTES (:mod:`hetps.cluster.batch`; one alone over it
-        fails at once); a send that fails fails every future of it (returns False)."""
+        several within HETPS_MAX_MESSAGE_BYTES (:mod:`hetps.cluster.batch`); a send that
+        fails fails every future of it (returns False)."""
         runs, at, ok = batch.fitting(msgs, self.cfg.max_message_bytes), 0, True
         if len(runs) > 1:  # (each fits)
             for run in runs:
@@ -452,9 +454,6 @@ class Node:
                 at += len(run)
             return ok
         if len(msgs) == 1:
-            why = batch.over(msgs[0], self.cfg.max_message_bytes)
-            if why is not None:
-                return self.requests.resolve(futs[0].req, None, why) and False
             return self.send_request(futs[0], msgs[0])
         if self.replicas > 1:
             return self.faults.send_kept(peer, futs, msgs)
