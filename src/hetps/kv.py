@@ -16,7 +16,7 @@ from types import FrameType
 from typing import Any
 
 from hetps import kvstore
-from hetps.config import ConfigError, node_config_from_env, role_from_env
+from hetps.config import ConfigError, check_node_env, node_config_from_env, role_from_env
 from hetps.kvstore import NAMES, DistKVStore, LocalKVStore
 
 __all__ = ["NAMES", "CreateError", "DistKVStore", "LocalKVStore", "create"]
@@ -45,8 +45,8 @@ def create(name: str = "local", env: Mapping[str, str] | None = None) -> Any:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
     try:
         role = role_from_env(env)
-        # (the environment's variables, checked before anything starts)
-        cfg = node_config_from_env(env) if name.startswith("dist") else None
+        # (the environment's variables, checked before anything starts; a local store's too)
+        cfg = node_config_from_env(env) if name.startswith("dist") else check_node_env(env)
     except ConfigError as exc:
         # the message names the variable and the fix; a traceback would only bury it
         raise CreateError(f"hetps.kv.create({name!r}): {exc}") from None

@@ -200,3 +200,48 @@ print('RING-OK', flush=True)
     rc, out = cluster(code, workers=2, servers=1, env=PER_PROCESS)
     assert rc == 0, out
     assert out.count("RING-OK") == 2, out
+
+
+def test_batches_are_cut_at_the_message_bound_and_one_over_it_fails_naming_it(cluster):
+    """HETPS_MAX_MESSAGE_BYTES far below a batch's 8 MiB: a list call's requests, and the
+    server's answers, go in as many messages as the bound needs (every value exact); a table
+    push that alone exceeds it, in a batch or sent alone, fails at once with an error naming
+    the variable, not a timeout, and the table is as it was."""
+    code = """
+from hetps.tables.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+n = 16384  # 64 KB a key, 1.5 MB a call: six times the bound
+keys = [f'k{i}' for i in range(24)]
+kv.init(keys + ['t'], [np.zeros(n, np.float32) for _ in keys] + [Table(1000, 128)])
+kv.push(keys, [np.arange(n, dtype=np.float32) * (kv.rank + 1) + i for i in range(24)])
+out = [np.zeros(n, np.float32) for _ in keys]
+kv.pull(keys, out=out)
+S = sum(range(1, kv.num_workers + 1))
+for i, o in enumerate(out):
+    assert np.array_equal(o, np.arange(n, dtype=np.float32) * S + i * kv.num_workers), i
+for rank in range(kv.num_workers):  # (rank 1 sends every request alone: no batches)
+    if kv.rank == rank:
+        try:  # 600 rows of 512 bytes in one request
+            kv.push('t', (np.arange(600), np.ones((600, 128), np.float32)))
+            kv.wait_outstanding()
+        except RequestError as exc:
+            print('REFUSED', rank, exc, flush=True)
+    kv.barrier()
+rows = kv.row_sparse_pull('t', row_ids=np.arange(600)).data
+assert not rows.any(), 'the refused push changed the table'
+kv.barrier()
+print('BOUND-OK', flush=True)
+"""
+    env = {
+        "HETPS_MAX_MESSAGE_BYTES": str(256 << 10),
+        "HETPS_CHUNK_BYTES": str(128 << 10),
+        "HETPS_TABLE_PULL_BYTES": str(128 << 10),
+        "HETPS_REQUEST_TIMEOUT": "20",
+    }
+    alone = {("worker", 1): {"HETPS_BATCH_BYTES": "0"}}
+    rc, out = cluster(code, workers=2, servers=1, env={**env, **PER_PROCESS}, node_env=alone)
+    assert rc == 0, out
+    assert out.count("BOUND-OK") == 2, out
+    for rank in (0, 1):
+        assert f"REFUSED {rank} a spush of" in out, out
+    assert out.count("exceeds HETPS_MAX_MESSAGE_BYTES=262144") >= 2, out

@@ -77,6 +77,9 @@ class RawNode:
                     made = workers_of(msgspec.convert(body, NodeTable))
                     body["nodes"] += [n.to_wire() for n in made]
                     body["groups"] = pack_groups([(n.id, n.group) for n in made])
+                elif body.get("n_workers"):  # a worker's: the workers' host groups as runs
+                    made = workers_of(msgspec.convert(body, NodeTable))
+                    body["groups"] = pack_groups([(n.id, n.group) for n in made])
                 return body
 
     def readmit(self, view: dict) -> None:

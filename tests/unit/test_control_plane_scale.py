@@ -303,3 +303,88 @@ def test_a_servers_table_at_4096_workers_is_compact_and_gives_every_routing_id()
             assert "malformed node table" in enrol._reg_error and why in enrol._reg_error
     finally:
         sch.van.close()
+
+
+def test_a_server_taken_back_and_a_worker_that_joins_get_compact_tables():
+    """At 4,096 workers in 512 hosts (128 servers, HETPS_REPLICAS, HETPS_ELASTIC) a worker let
+    go that joins again, then a server taken over that registers again, each get a node table
+    as compact as a first one (an explicit one: an entry and two ids per node, about 310 KB
+    for the server): each makes from it every node's entry and its routing ids with each peer,
+    equal to the per-pair derivation, and each peer is told the same ids (its REJOIN); the
+    joined worker's ids, which the server's key alone does not give, are listed."""
+    from types import SimpleNamespace
+
+    from hetps.cluster.enrol import Enrolment
+    from hetps.transport.codec import decode, encode
+
+    workers, servers, per_host = 4096, 128, 8
+    cfg = loopback_config(
+        "scheduler", num_worker=workers, num_server=servers, replicas=2, elastic=1
+    )
+    sch = new_scheduler(cfg)
+    try:
+        sch.sent = []
+        sch.send_to = lambda nid, msg: sch.sent.append((nid, msg))
+        stub = lambda *a, **k: None  # noqa: E731 - the scheduler's links: not tested here
+        sch.van.rename = sch.van.admit = sch.van.connect = sch.van.disconnect = stub
+        reg = sch.registration
+        for r in range(servers):
+            reg.pending.append(Pending(b"s%d" % r, "server", "10.1.0.1", 9000 + r, 1, r))
+        for r in range(workers):
+            host, group = f"10.0.{r // per_host // 250}.{r // per_host % 250}", r // per_host
+            reg.pending.append(Pending(b"w%d" % r, "worker", host, 20000 + r, 1, r, group))
+        reg.assign()
+        ws = [P.worker_id(r) for r in range(workers)]
+        ss = [P.server_id(r) for r in range(servers)]
+        joiner, back = ws[5], ss[3]
+
+        def taken(nid: int, port: int, again) -> tuple[dict, dict, SimpleNamespace, dict]:
+            sch.sent.clear()
+            msg = Message(P.ADD_NODE, req=7)
+            msg.origin = b"again"
+            again(msg, nid, "10.9.9.9", port, b"h" + bytes(15))
+            (table,) = [m for to, m in sch.sent if m.cmd == P.NODES and to == nid]
+            wire = encode(table)
+            assert sum(len(f) for f in wire) < 32 * 1024
+            admitted, connected = {}, {}
+            van = SimpleNamespace(
+                admit=lambda rid, i: admitted.__setitem__(i, rid),
+                connect=lambda i, addr, routing_id, bulk: connected.__setitem__(i, routing_id),
+                mark_dead=lambda *a: None,
+            )
+            node = SimpleNamespace(role=P.role_of(nid), van=van)
+            Enrolment(node, van).take_table(msgspec.convert(decode(wire, 1 << 30).body, NodeTable))
+            told = {to: m.body for to, m in sch.sent if m.cmd == P.REJOIN}
+            return admitted, connected, node, told
+
+        # the worker let go joins again: its ids with every server, and theirs to it
+        sch.dead[joiner] = sch.left[joiner] = "a test let it go"
+        admitted, connected, node, told = taken(joiner, 30000, sch.workers_part.admit_worker)
+        assert node.info.id == joiner and len(node.nodes) == workers + servers
+        assert [node.nodes[w].group for w in ws] == [r // per_host for r in range(workers)]
+        assert [connected[s] for s in ss] == reg.pair_ids([joiner] * servers, ss)
+        assert [admitted[s] for s in ss] == reg.pair_ids(ss, [joiner] * servers)
+        assert [(told[s]["out"], told[s]["in"]) for s in ss] == [
+            (admitted[s], connected[s]) for s in ss
+        ]
+        # a server taken over registers again: every worker's entry and ids made from its
+        # table (the joined worker's listed), every peer told the same ids
+        sch.dead[back] = "a test stopped it"
+        sch.failovers.append((back, ss[4]))
+        admitted, connected, node, told = taken(back, 9100, sch.takeover.readmit)
+        assert node.info.id == back and len(node.nodes) == workers + servers
+        assert [(node.nodes[w].host, node.nodes[w].port, node.nodes[w].group) for w in ws] == [
+            ("10.9.9.9" if w == joiner else f"10.0.{r // 8 // 250}.{r // 8 % 250}",
+             30000 if w == joiner else 20000 + r, r // per_host)
+            for r, w in enumerate(ws)
+        ]  # fmt: skip
+        peers = [i for i in ss if i != back] + ws
+        assert [connected[i] for i in peers] == reg.pair_ids([back] * len(peers), peers)
+        assert [admitted[i] for i in peers] == reg.pair_ids(peers, [back] * len(peers))
+        assert [(told[i]["out"], told[i]["in"]) for i in peers] == [
+            (admitted[i], connected[i]) for i in peers
+        ]
+        listed = unpack_routes(next(m for _, m in sch.sent if m.cmd == P.NODES).body["out"])
+        assert joiner in listed and ws[6] not in listed
+    finally:
+        sch.van.close()

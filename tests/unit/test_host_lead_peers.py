@@ -26,7 +26,7 @@ class _Node:
 
     def __init__(self) -> None:
         # colocate: rows go as they are (the merge per host has its own test)
-        cfg = {"host_control": True, "request_timeout": 5.0, "colocate": True}
+        cfg = {"host_control": True, "request_timeout": 5.0, "colocate": True, "replan_every": 1}
         self.cfg = types.SimpleNamespace(secret=SECRET, **cfg)
         self.info = P.NodeInfo(LEADER, "worker", 0, "", 0, 0)
         self.nodes = {i: P.NodeInfo(i, "worker", r, "", 0, 0) for r, i in enumerate((9, 11))}
@@ -134,3 +134,111 @@ def test_a_hello_that_is_no_worker_id_is_refused(lead):
     good = _follower()
     _wait_for(lambda: FOLLOWER in lead.conns, "a good follower was not accepted")
     good.close()
+
+
+# -- a hostile follower: it must not hold the host's other workers ---------------------------
+OTHER = 13
+
+
+class _Host3(_Node):
+    """Three workers on the host (9 leads; 11 hostile, 13 well-formed); the scheduler's
+    requests are kept so that a test answers them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes[OTHER] = P.NodeInfo(OTHER, "worker", 2, "", 0, 0)
+        self.futures: list[Future] = []
+
+    def request(self, to: int, msg: Message, callback=None) -> Future:
+        self.futures.append(super().request(to, msg, callback))
+        return self.futures[-1]
+
+
+@pytest.fixture
+def lead3():
+    hl = H.HostLead(_Host3())
+    yield hl
+    hl.close()
+
+
+def _hello(nid: int) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5.0)
+    sock.connect(H._name(SECRET, 0, LEADER))
+    H._send(sock, {"id": nid})
+    return sock
+
+
+def _hands(lead, good: socket.socket) -> tuple[Message, Message, H.Relayed]:
+    """The well-formed follower's round-1 report, handed to the leader, and the leader's."""
+    theirs, mine = _report(1, 1), _report(1, 2)
+    what = {"b": {}, "s": theirs.arrays[0].tobytes(), "t": theirs.arrays[1].tobytes()}
+    H._send(good, {"k": H.REPORT, "n": 1, "w": what})
+    return theirs, mine, lead.report(1, mine)
+
+
+def _the_others_go_on(lead, hostile: socket.socket, good: socket.socket, hands) -> None:
+    """The leader's and the good follower's round-1 reports go as one, every value theirs;
+    the scheduler's answer reaches the good follower; the hostile one is dropped (EOF)."""
+    node = lead.node
+    theirs, mine, relayed = hands
+    assert hostile.recv(1) == b""  # dropped
+    _wait_for(lambda: node.sent, "the host's report was never sent")
+    (sent,) = node.sent
+    assert sent.body["host"] == [LEADER, OTHER]
+    for i in range(2):
+        want = np.concatenate([mine.arrays[i], theirs.arrays[i]])
+        np.testing.assert_array_equal(sent.arrays[i], want)
+    plan = b"the packed plan"
+    node.futures[0].set_result(
+        Message(P.BALANCE_REPORT, reply=True, typed=H.BalanceAnswer(plan=plan))
+    )
+    told = H._recv(good, H.Told)
+    assert (told.k, told.n, told.ok, told.a.plan) == (H.REPORT, 1, True, plan)
+    assert relayed.wait(5.0).typed.plan == plan
+    assert lead.thread.is_alive()
+
+
+def test_half_a_frame_drops_that_follower_and_the_others_go_on(lead3, monkeypatch, caplog):
+    """A follower that sends part of a frame and stops holds no one: the leader reads the
+    others meanwhile, and drops it once its frame is not whole within the deadline."""
+    monkeypatch.setattr(H, "_FRAME_S", 60.0)
+    hostile, good = _hello(FOLLOWER), _hello(OTHER)
+    try:
+        _wait_for(lambda: {FOLLOWER, OTHER} <= set(lead3.conns), "followers not accepted")
+        hostile.sendall(H._LEN.pack(1000) + bytes(10))  # 10 bytes of a 1,000-byte frame
+        hands = _hands(lead3, good)
+        _wait_for(lambda: OTHER in lead3.pending.get(H.REPORT, {}), "the good hand was not read")
+        assert FOLLOWER in lead3.conns  # (read while the hostile frame is still unfinished)
+        monkeypatch.setattr(H, "_FRAME_S", 0.0)  # its deadline is past
+        _the_others_go_on(lead3, hostile, good, hands)
+    finally:
+        hostile.close()
+        good.close()
+    assert f"dropped worker {FOLLOWER}, which sent part of a frame" in caplog.text
+
+
+@pytest.mark.parametrize("when", ["first", "while-the-host-waits"])
+@pytest.mark.parametrize("rnd", [2, 10**15], ids=["next-but-one", "huge"])
+def test_a_round_that_is_not_the_hosts_drops_that_follower(lead3, rnd, when, caplog):
+    """A follower's hand at a round that is neither the host's current nor its next (ahead
+    by one, or a huge number), before the others' or while the host waits for it at round 1,
+    is refused, naming it and the round; the others go on."""
+    hostile, good = _hello(FOLLOWER), _hello(OTHER)
+    try:
+        _wait_for(lambda: {FOLLOWER, OTHER} <= set(lead3.conns), "followers not accepted")
+        bad = _report(rnd, 3)
+        what = {"b": {}, "s": bad.arrays[0].tobytes(), "t": bad.arrays[1].tobytes()}
+        if when == "first":
+            H._send(hostile, {"k": H.REPORT, "n": rnd, "w": what})
+            _wait_for(lambda: FOLLOWER not in lead3.conns, "the hostile follower was kept")
+            hands = _hands(lead3, good)
+        else:
+            hands = _hands(lead3, good)
+            _wait_for(lambda: OTHER in lead3.pending.get(H.REPORT, {}), "no good hand read")
+            H._send(hostile, {"k": H.REPORT, "n": rnd, "w": what})
+        _the_others_go_on(lead3, hostile, good, hands)
+    finally:
+        hostile.close()
+        good.close()
+    assert f"dropped worker {FOLLOWER}, which sent round {rnd} of 'r'" in caplog.text

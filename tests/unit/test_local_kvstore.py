@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import hetps.config
 import hetps.kv
+import hetps.kvstore
 from hetps import optim
 
 
@@ -59,3 +61,25 @@ def test_pull_takes_mxnets_arguments():
 
     for store in (DistKVStore, LocalKVStore):
         assert "ignore_sparse" in inspect.signature(store.pull).parameters, store
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"HETPS_BALANCE": "bogus"}, r"HETPS_BALANCE='bogus'.*one of none, average, elastic"),
+        ({"HETPS_BATCH_BYTES": "-1"}, r"HETPS_BATCH_BYTES=-1 is below 0"),
+        ({"PS_VERBOSE": "loud"}, r"PS_VERBOSE='loud' is not an integer"),
+        (  # (below what one message may carry: a table pull's rows)
+            {"HETPS_MAX_MESSAGE_BYTES": str(8 << 20)},
+            r"HETPS_MAX_MESSAGE_BYTES=8388608 is below.*HETPS_TABLE_PULL_BYTES=16777216",
+        ),
+    ],
+)
+def test_a_local_store_refuses_a_bad_setting_as_a_node_does(env, named):
+    """A local store checks the variables a node reads: the error names the variable, the
+    value and what to set it to, from either entry point; the same setting done right is
+    taken."""
+    for create in (hetps.kv.create, hetps.kvstore.create):
+        with pytest.raises(hetps.config.ConfigError, match=named):
+            create("local", env=env)
+    assert hetps.kv.create("local", env={"HETPS_BALANCE": "aware"}).type == "local"

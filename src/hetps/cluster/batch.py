@@ -15,6 +15,7 @@ before it returns any item; each item is then handled exactly like a message tha
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -23,7 +24,9 @@ from msgspec import Meta
 
 from hetps.cluster import protocol as P
 from hetps.cluster.bodies import Body, Count, W, command, explain
-from hetps.transport.codec import Message
+from hetps.transport.codec import MAX_HEADER_BYTES, Message, encode
+
+log = logging.getLogger("hetps.batch")
 
 #: a request (or answer) with more bytes of arrays than this goes alone (HETPS_BATCH_BYTES
 #: lowers it); a batch's arrays take the same-host ring like any message's (transport/van.py)
@@ -54,6 +57,68 @@ def groups(items: list[Any], size: Any) -> list[list[Any]]:
 def array_bytes(msg: Message) -> int:
     """Bytes of ``msg``'s arrays."""
     return sum(int(getattr(a, "nbytes", 0)) for a in msg.arrays)
+
+
+def wire_bytes(msg: Message) -> int:
+    """The bytes ``msg`` counts against its receiver's ``HETPS_MAX_MESSAGE_BYTES``: its
+    header (with room for a ring's field) and its arrays (not copied to encode it)."""
+    nbytes = msg.nbytes
+    head = encode(msg)[0]
+    msg.nbytes = nbytes
+    return len(head) + 64 + 9 * len(msg.arrays) + array_bytes(msg)
+
+
+def fitting(msgs: list[Message], limit: int, reply: bool = False) -> list[list[Message]]:
+    """``msgs`` in order, in runs that each :func:`pack` into a message of at most ``limit``
+    bytes (:func:`wire_bytes`; a receiver drops a bigger one): one run while the arrays leave
+    room for the largest header, else runs halved until each fits. A run of one may still
+    exceed it (:func:`over` says why)."""
+    if sum(map(array_bytes, msgs)) + MAX_HEADER_BYTES <= limit:
+        return [msgs]
+    out: list[list[Message]] = []
+    todo = [msgs]
+    while todo:
+        run = todo.pop()
+        if len(run) > 1 and wire_bytes(pack(run, reply)) > limit:
+            todo += [run[len(run) // 2 :], run[: len(run) // 2]]
+        else:
+            out.append(run)
+    return out
+
+
+def answers(replies: list[Message], limit: int) -> list[Message]:
+    """The messages that carry the answers ``replies`` to one worker, each within ``limit``
+    bytes (:func:`fitting`): batches, lone answers, and an error answer in place of one that
+    alone would exceed it (logged)."""
+    out = []
+    for run in fitting(replies, limit, reply=True):
+        if len(run) == 1 and (why := over(run[0], limit)) is not None:
+            log.warning("%s (answered with this error)", why)
+            run = [Message(run[0].cmd, req=run[0].req, reply=True, body={"error": why})]
+        out.append(run[0] if len(run) == 1 else pack(run, reply=True))
+    return out
+
+
+class Trackers:
+    """The trackers of several sends as one: done once each is (None: nothing to wait on)."""
+
+    def __init__(self, trackers: list[Any]) -> None:
+        self.trackers = trackers
+
+    @property
+    def done(self) -> bool:
+        """Whether no send still reads its arrays."""
+        return all(t is None or t.done for t in self.trackers)
+
+
+def over(msg: Message, limit: int) -> str | None:
+    """Why ``msg`` cannot go to a receiver whose bound is ``limit`` (None: it can)."""
+    if array_bytes(msg) + MAX_HEADER_BYTES <= limit or (size := wire_bytes(msg)) <= limit:
+        return None
+    return (
+        f"a {msg.cmd} of {size} bytes exceeds HETPS_MAX_MESSAGE_BYTES={limit}, the largest "
+        "message a node accepts: raise it on every node"
+    )
 
 
 class Batch(Body, kw_only=True):

@@ -16,6 +16,7 @@ report is kept per worker and a late one of a round already planned is answered 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -53,6 +54,8 @@ log = logging.getLogger("hetps.worker")
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 26  # a report's samples (the balance agent keeps at most 100,000: 4.8 MB)
 _TICK = 0.2  # how often a wait looks at the node's failure and the let-go workers
+_SEND_S = 1.0  # an answer a follower does not take within this drops it
+_FRAME_S = 5.0  # a frame begun and not whole within this drops its follower
 REPORT = "r"  # the kind of a link report; a barrier's is "b:" and its group
 
 
@@ -154,6 +157,16 @@ def merge_host(samples: np.ndarray, host: Sequence[int]) -> np.ndarray:
     return np.concatenate([out, samples[~data]])
 
 
+class _Peer:
+    """A local connection: what came of its next frame, its worker's id once it said it."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+        self.nid: int | None = None
+        self.since = 0.0  # when its buffered part of a frame began
+
+
 class Slot:
     """One wait of this worker: its answer (None: not relayed, send it directly)."""
 
@@ -216,6 +229,8 @@ class HostLead:
         self.conns: dict[int, socket.socket] = {}
         self.pending: dict[str, dict[int, tuple[int, Any]]] = {}
         self.sent: dict[str, dict[int, int]] = {}
+        self.mine: dict[str, int] = {}  # per kind, the last n this worker handed
+        self.warned: set[int | None] = set()  # followers dropped with a warning already
         # this worker's own waits: (kind, n) -> Slot
         self.slots: dict[tuple[str, int], Slot] = {}
         # what a leader keeps of each worker's server times (set by the balance agent, which
@@ -261,8 +276,16 @@ class HostLead:
         lead, slot = self.leader(), Slot()
         with self.lock:
             self.slots[(kind, n)] = slot
+            self.mine[kind] = n
             if lead == self.me:
-                self.pending.setdefault(kind, {})[self.me] = (n, what)
+                waiting = self.pending.setdefault(kind, {})
+                for nid in [i for i, (m, _) in waiting.items() if m != n and i != self.me]:
+                    log.warning(  # (a follower at another round would hold this one)
+                        "host leader %d: dropped worker %d, which waits at round %d of %r, "
+                        "not this worker's %d", self.me, nid, waiting[nid][0], kind, n
+                    )  # fmt: skip
+                    self._close(nid)
+                waiting[self.me] = (n, what)
                 self._pump(kind)
                 return lead, slot
         if self.up is None or self.up_id != lead:
@@ -358,8 +381,12 @@ class HostLead:
                 if key.fileobj is self.listener:
                     self._accept()
                 else:
-                    self._read(key.data, key.fileobj)  # type: ignore[arg-type]
+                    self._read(key.data)
+            late = time.monotonic() - _FRAME_S
             with self.lock:  # a worker let go may be the last one waited for
+                for key in list(self.sel.get_map().values()):
+                    if isinstance(key.data, _Peer) and key.data.buf and key.data.since < late:
+                        self._drop(key.data, f"part of a frame, not whole within {_FRAME_S:g} s")
                 for kind in list(self.pending):
                     self._pump(kind)
 
@@ -368,39 +395,114 @@ class HostLead:
             sock, _ = self.listener.accept()
         except OSError:
             return
-        sock.settimeout(5.0)  # a peer that sends half a frame is dropped, not waited for
-        hello = _recv(sock, Hello) if _same_user(sock) else None
-        nid = hello.id if hello is not None else None
-        if nid not in self._host(self.node, self.group) or nid == self.me:
-            log.warning("host leader: refused a local connection that is no worker of its host")
+        if not _same_user(sock):
+            log.warning("host leader: refused a local connection of another user")
             sock.close()
             return
+        sock.settimeout(_SEND_S)  # (read when readable; an answer not taken drops it)
+        self.sel.register(sock, selectors.EVENT_READ, _Peer(sock))
+
+    def _read(self, peer: _Peer) -> None:
+        """What ``peer`` sent since: each whole frame taken (its Hello, then its hands); a
+        half frame waits in its buffer, and the other followers go on meanwhile."""
+        try:
+            data = peer.sock.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:  # gone: it sends its own from now on
+            self._drop(peer, None)
+            return
+        if not peer.buf:
+            peer.since = time.monotonic()
+        peer.buf += data
+        while len(peer.buf) >= _LEN.size:
+            (size,) = _LEN.unpack_from(peer.buf)
+            if not 0 < size <= _MAX_FRAME:
+                self._drop(peer, f"a frame of {size} bytes (at most {_MAX_FRAME})")
+                return
+            if len(peer.buf) < _LEN.size + size:
+                return
+            frame = bytes(peer.buf[_LEN.size : _LEN.size + size])
+            del peer.buf[: _LEN.size + size]
+            if not (self._hello(peer, frame) if peer.nid is None else self._take(peer, frame)):
+                return
+            peer.since = time.monotonic()
+
+    def _hello(self, peer: _Peer, frame: bytes) -> bool:
+        try:
+            nid = _DECODERS[Hello].decode(frame).id
+        except (ValueError, msgspec.DecodeError):
+            nid = None
+        if nid not in self._host(self.node, self.group) or nid == self.me:
+            self._drop(peer, "its first frame names no other worker of this host")
+            return False
         with self.lock:
             self._close(nid)
-            self.conns[nid] = sock
-            self.sel.register(sock, selectors.EVENT_READ, nid)
+            peer.nid = nid
+            self.conns[nid] = peer.sock
+        return True
 
-    def _read(self, nid: int, sock: socket.socket) -> None:
-        hand = _recv(sock, Hand)
-        kind = hand.k if hand is not None else None
-        w = hand.w if hand is not None else None  # (a report: whole rows, else it sends its own)
-        ok = (kind == REPORT and w is not None and not len(w.s) % 48 and not len(w.t) % 24) or (
-            kind in [f"b:{g}" for g in P.GROUPS]
+    def _take(self, peer: _Peer, frame: bytes) -> bool:
+        """One hand of follower ``peer``: relayed with the host's others, or it is dropped."""
+        try:
+            hand = _DECODERS[Hand].decode(frame)
+        except (ValueError, msgspec.DecodeError) as exc:
+            return self._drop(peer, f"a frame that is no hand ({exc})")
+        w = hand.w  # (a report: whole rows, else it sends its own)
+        ok = (hand.k == REPORT and w is not None and not len(w.s) % 48 and not len(w.t) % 24) or (
+            hand.k in [f"b:{g}" for g in P.GROUPS]
         )
+        if not ok:
+            return self._drop(peer, f"a hand of kind {hand.k!r} that is no barrier or report")
         with self.lock:
-            if hand is None or not ok:
-                self._close(nid)  # gone (EOF) or broken: it sends its own from now on
+            wrong = self._off_round(hand.k, peer.nid, hand.n)
+            if wrong is None:
+                self.pending.setdefault(hand.k, {})[peer.nid] = (hand.n, hand.w)
+                self._pump(hand.k)
+                return True
+        return self._drop(peer, wrong)
+
+    def _off_round(self, kind: str, nid: Any, n: int) -> str | None:
+        """Why round ``n`` of ``kind`` from follower ``nid`` is not the host's current or next
+        (None: it is): this worker's own while it waits there, else the next (and the current
+        for a follower not yet sent there); another would hold the host's rounds (locked)."""
+        mine = self.mine.get(kind, 0)
+        if self.me in self.pending.get(kind, {}):
+            allowed = [mine]
+        else:
+            step = self.node.cfg.replan_every if kind == REPORT else 1
+            allowed = [mine + step if mine else 1]
+            if self.sent.get(kind, {}).get(nid, 0) < mine:
+                allowed.insert(0, mine)
+        if n in allowed:
+            return None
+        return f"round {n} of {kind!r}, not the current or next ({' or '.join(map(str, allowed))})"
+
+    def _drop(self, peer: _Peer, why: str | None) -> bool:
+        """Close ``peer`` (``why``: logged, naming it); it sends its own from now on."""
+        if why is not None:  # (a follower dropped again, reconnecting each round: quieter)
+            who = f"worker {peer.nid}" if peer.nid is not None else "a local connection"
+            level = logging.DEBUG if peer.nid in self.warned else logging.WARNING
+            log.log(level, "host leader %d: dropped %s, which sent %s", self.me, who, why)
+            self.warned.add(peer.nid)
+        with self.lock:
+            if peer.nid is not None and self.conns.get(peer.nid) is peer.sock:
+                self._close(peer.nid)
                 for k in list(self.pending):
                     self._pump(k)
-                return
-            self.pending.setdefault(hand.k, {})[nid] = (hand.n, hand.w)
-            self._pump(hand.k)
+            else:
+                self._unregister(peer.sock)
+        return False
+
+    def _unregister(self, sock: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(sock)
+        sock.close()
 
     def _close(self, nid: int) -> None:
         sock = self.conns.pop(nid, None)
         if sock is not None:
-            self.sel.unregister(sock)
-            sock.close()
+            self._unregister(sock)
         for waiting in self.pending.values():
             waiting.pop(nid, None)
 
@@ -480,7 +582,9 @@ class HostLead:
                 try:
                     if sock is not None:
                         _send(sock, Told(kind, n, ok, local))
-                except OSError:
+                except OSError as exc:
+                    log.warning("host leader %d: dropped worker %d: an answer did not go (%s)",
+                                self.me, nid, exc)  # fmt: skip
                     self._close(nid)
 
     def close(self) -> None:

@@ -427,7 +427,9 @@ class Node:
 
     def send_request(self, fut: Future, msg: Message, track: bool = False) -> bool:
         """Send the request ``msg`` registered as ``fut``; a send that fails fails the future
-        (returns False) instead of raising."""
+        (returns False) instead of raising, as does one over HETPS_MAX_MESSAGE_BYTES, at once."""
+        if (why := batch.over(msg, self.cfg.max_message_bytes)) is not None:
+            return self.requests.resolve(fut.req, None, why) and False
         if self.replicas > 1:
             return self.faults.send_kept(fut.peer, [fut], [msg], track)
         if fut.peer == P.SCHEDULER_ID:
@@ -442,8 +444,15 @@ class Node:
             return False
 
     def send_batch(self, peer: int, futs: list[Future], msgs: list[Message]) -> bool:
-        """Send the requests ``msgs`` (registered as ``futs``) to ``peer`` in one message
-        (:mod:`hetps.cluster.batch`); a send that fails fails every future (returns False)."""
+        """Send the requests ``msgs`` (registered as ``futs``) to ``peer`` in one message, or
+        several within HETPS_MAX_MESSAGE_BYTES (:mod:`hetps.cluster.batch`); a send that
+        fails fails every future of it (returns False)."""
+        runs, at, ok = batch.fitting(msgs, self.cfg.max_message_bytes), 0, True
+        if len(runs) > 1:  # (each fits)
+            for run in runs:
+                ok = self.send_batch(peer, futs[at : at + len(run)], run) and ok
+                at += len(run)
+            return ok
         if len(msgs) == 1:
             return self.send_request(futs[0], msgs[0])
         if self.replicas > 1:
@@ -517,15 +526,17 @@ class Node:
             return None
 
     def send_replies(self, peer: int, replies: list[Message], track: bool = False):
-        """Send the answers ``replies`` to ``peer`` in one message (a batch when there are
-        several, :mod:`hetps.cluster.batch`); returns a ZeroMQ tracker for zero-copy
-        arrays when ``track``."""
-        msg = replies[0] if len(replies) == 1 else batch.pack(replies, reply=True)
-        try:
-            return self.van.send(peer, msg, track=track)
-        except PeerGone:
-            log.warning("%s: cannot answer node %d (gone)", self.role, peer)
-            return None
+        """Send the answers ``replies`` to ``peer`` in one message, or several within
+        HETPS_MAX_MESSAGE_BYTES (:func:`hetps.cluster.batch.answers`); returns a tracker of
+        their zero-copy arrays when ``track``."""
+        sent = []
+        for msg in batch.answers(replies, self.cfg.max_message_bytes):
+            try:
+                sent.append(self.van.send(peer, msg, track=track))
+            except PeerGone:
+                log.warning("%s: cannot answer node %d (gone)", self.role, peer)
+                return None
+        return sent[0] if len(sent) == 1 else batch.Trackers(sent)
 
     def barrier(self, group: str = "worker", timeout: float | None = None) -> list[int] | None:
         """Wait until every live node of ``group`` (worker, server, all) reaches this barrier.

@@ -265,8 +265,36 @@ class Registration:
             prf = self._prf if o < 0 else pair_cipher(self.server_key(o))
             sa = s_again[rows] if s_again.ndim else 0
             da = d_again[rows] if d_again.ndim else 0
+            if o >= 0:  # (a server's admissions are in its key: its side of the block is 0)
+                sa, da = np.where(s[rows] == o, 0, sa), np.where(d[rows] == o, 0, da)
             ids[rows] = pair_rows(prf, s[rows], sa, d[rows], da)
         return ids
+
+    def taken_back(self, nid: int) -> tuple[dict[str, Any], dict, dict]:
+        """The node table of node ``nid`` taken back (a server admitted again after a
+        failover, a worker that joins), as compact as a first one (:meth:`assign`): the
+        servers' entries and the workers' as runs (a server's: their addresses and its new
+        key, which it derives its ids with the workers from), the ids it cannot derive listed
+        (with the servers, with workers admitted again). Also ``nid``'s ids to each peer it
+        talks to and theirs to it (``out``, ``in``: what each is told of it)."""
+        nodes = self.sched.nodes
+        server = nodes[nid].role == "server"
+        peers = [i for i, n in nodes.items() if i != nid and (server or n.role == "server")]
+        out, into = self.pairs_with(nid, peers)
+        listed = {i for i in peers if nodes[i].role == "server" or self.sched.rejoined.get(i)}
+        body = {
+            "nodes": msgpack.packb([n.to_wire() for n in nodes.values() if n.role == "server"]),
+            "id": nid,
+            "out": [p for p in out if p[0] in listed],
+            "in": [p for p in into if p[0] in listed],
+            **{k: v for k, v in self.table_fields().items() if k != "groups"},
+            **self.sched.creds.issue(nid),
+        }
+        if server:
+            body.update(server_fields(nodes), key=self.server_key(nid))
+        else:
+            body.update(worker_fields(nodes), me=nodes[nid].to_wire())
+        return body, dict(out), dict(into)
 
     def table_fields(self) -> dict[str, Any]:
         """The fields of the job every node table carries beside its nodes, the first one

@@ -18,7 +18,7 @@ secret) and :mod:`~hetps.config.addresses` (interfaces, routes, loopback).
 from __future__ import annotations
 
 from hetps.config.addresses import interface_address, is_loopback, route_address
-from hetps.config.node import NodeConfig, node_config_from_env
+from hetps.config.node import NodeConfig, check_node_env, node_config_from_env
 from hetps.config.resolve import Setting, env_value, resolve, role_from_env, user_threads
 from hetps.config.rows import REQUIRED, Check, ConfigError, Derive, Var
 from hetps.config.security import check_exposure, private_state_dir, security_from_env
@@ -48,6 +48,7 @@ __all__ = [
     "Setting",
     "Var",
     "check_exposure",
+    "check_node_env",
     "env_value",
     "interface_address",
     "is_loopback",

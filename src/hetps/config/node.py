@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetps.config.resolve import _join_error, resolve
-from hetps.config.rows import _KINDS
+from hetps.config.rows import _KINDS, ConfigError
 from hetps.config.security import check_exposure, security_from_env
 from hetps.config.table import NODE_VARS
 
@@ -74,6 +74,17 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
         role,
     )
     return NodeConfig(**values, secret=secret)
+
+
+def check_node_env(env: Mapping[str, str] | None = None) -> None:
+    """Check the node variables ``env`` (default ``os.environ``) sets as
+    :func:`node_config_from_env` does, without asking for those only a cluster needs (a local
+    store's: a bad value is refused there too, not ignored). Raises :class:`ConfigError`
+    listing every malformed variable with the fix."""
+    settings = resolve(os.environ if env is None else env, None, NODE_VARS)
+    problems = [s.problem for s in settings.values() if s.problem and not s.missing]
+    if problems:
+        raise ConfigError("\n  ".join(["hetps cannot use this configuration:", *problems]))
 
 
 def user_malloc(env: Mapping[str, str] | None = None) -> list[str]:

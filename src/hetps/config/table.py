@@ -112,6 +112,20 @@ def _shm_check(size: int, values: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _message_check(size: int, values: Mapping[str, Any]) -> str | None:
+    chunk = values.get("HETPS_CHUNK_BYTES", 4 << 20)
+    rows = values.get("HETPS_TABLE_PULL_BYTES", 16 << 20)
+    need = max(chunk, rows) + (64 << 10)
+    if size < need:
+        return (
+            f"HETPS_MAX_MESSAGE_BYTES={size} is below the {need} bytes one message may carry "
+            f"(a chunk of HETPS_CHUNK_BYTES={chunk} or a table pull's rows of "
+            f"HETPS_TABLE_PULL_BYTES={rows}, and its header): set it to at least {need} on "
+            "every node, or lower those"
+        )
+    return None
+
+
 def _server_device_check(device: str, values: Mapping[str, Any]) -> str | None:
     text = device.strip().lower()
     index = text[5:] if text.startswith("cuda:") else ""
@@ -317,8 +331,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "refused before it runs); any: any Optimizer subclass, its class pickled by "
                 "value (unpickling runs the worker's code)",
                 field="optimizers", check=_optimizers_check, choices=optimizer_choices),
-            Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31, "the largest message a node accepts",
-                field="max_message_bytes", minimum=1024, unit="bytes"),
+            Var("HETPS_MAX_MESSAGE_BYTES", "int", 1 << 31,
+                "the largest message a node accepts (batches of small requests are cut to fit)",
+                field="max_message_bytes", minimum=1024, unit="bytes", check=_message_check,
+                bounds=">= 64 KiB over HETPS_CHUNK_BYTES and HETPS_TABLE_PULL_BYTES"),
             Var("HETPS_SHM_BYTES", "int", 32 << 20,
                 "shared-memory ring (in /dev/shm) to a peer on the same machine, opened the "
                 "first time an array of 2 MiB or more (64 KiB with a cluster secret: the "

@@ -128,24 +128,17 @@ class ElasticWorkers:
         if info is None:
             return
         servers = [i for i, n in self.sched.nodes.items() if n.role == "server"]
-        out, in_ = self.sched.registration.pairs_with(nid, servers)
-        body = {
-            "nodes": [n.to_wire() for n in self.sched.nodes.values()],
-            "id": nid,
-            "out": out,
-            "in": in_,
-            "recovery": 1,
-            "elastic": self.sched.elastic,
-            "left": [i for i in self.sched.left if i != nid],
-            "down": [i for i in servers if i in self.sched.dead],
-            "redirect": [[k, v] for k, v in self.sched.takeover.redirects().items()],
-            **self.sched.creds.issue(nid),
-        }
+        body, mine, theirs = self.sched.registration.taken_back(nid)  # (its ids, the servers')
+        body.update(
+            recovery=1,
+            elastic=self.sched.elastic,
+            left=[i for i in self.sched.left if i != nid],
+            down=[i for i in servers if i in self.sched.dead],
+            redirect=[[k, v] for k, v in self.sched.takeover.redirects().items()],
+        )
         if self.sched.replicas > 1:
             body["replicas"] = self.sched.replicas
-        body.update(self.sched.registration.table_fields())  # (groups, metrics: the first's)
         self.sched.send_to(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
-        theirs, mine = dict(in_), dict(out)  # (a server's id to nid is nid's "in" from it)
         for s in servers:
             if s not in self.sched.dead:
                 rejoin = {"node": info.to_wire(), "out": theirs[s], "in": mine[s]}

@@ -76,26 +76,17 @@ class Takeover:
             return
         live = [i for i in self.sched.nodes if i not in self.sched.dead and i != nid]
         redirects = self.redirects()
-        out, in_ = self.sched.registration.pairs_with(
-            nid, [i for i in self.sched.nodes if i != nid]
+        body, mine, theirs = self.sched.registration.taken_back(nid)  # (its ids, the peers')
+        body.update(
+            replicas=self.sched.replicas,
+            recovery=1,
+            down=[i for i in self.sched.dead if self.sched.nodes[i].role == "server"],
+            redirect=[[k, v] for k, v in redirects.items()],
+            left=list(self.sched.left),  # (HETPS_ELASTIC) workers let go
         )
-        body = {
-            "nodes": [n.to_wire() for n in self.sched.nodes.values()],
-            "id": nid,
-            "out": out,
-            "in": in_,
-            "replicas": self.sched.replicas,
-            "recovery": 1,
-            "down": [i for i in self.sched.dead if self.sched.nodes[i].role == "server"],
-            "redirect": [[k, v] for k, v in redirects.items()],
-            "left": list(self.sched.left),  # (HETPS_ELASTIC) workers let go
-            **self.sched.creds.issue(nid),
-        }
         if self.sched.elastic:
             body["elastic"] = self.sched.elastic
-        body.update(self.sched.registration.table_fields())  # (groups, metrics: the first's)
         self.sched.send_to(nid, Message(P.NODES, req=msg.req, reply=True, body=body))
-        theirs, mine = dict(in_), dict(out)  # (a peer's id to nid is nid's "in" from it)
         for other in live:
             if other in self.sched.finished:
                 continue

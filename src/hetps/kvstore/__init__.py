@@ -16,7 +16,13 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hetps.config import ConfigError, NodeConfig, node_config_from_env, role_from_env
+from hetps.config import (
+    ConfigError,
+    NodeConfig,
+    check_node_env,
+    node_config_from_env,
+    role_from_env,
+)
 from hetps.kvstore import exits
 from hetps.kvstore.client import DistKVStore
 from hetps.kvstore.local import LocalKVStore
@@ -98,6 +104,7 @@ def create(
             "call hetps.kv.create, which runs a scheduler's or server's role"
         )
     if not name.startswith("dist"):
+        check_node_env(env)  # (a bad value is refused here too, as a cluster's node does)
         return LocalKVStore(name)
     if build is None:
         raise TypeError(
