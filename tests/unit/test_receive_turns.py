@@ -77,3 +77,64 @@ def test_a_lent_message_read_behind_another_is_still_lent_when_handed_out():
     finally:
         tx.close()
         rx.close()
+
+
+def test_a_message_read_before_its_connection_is_admitted_takes_its_sender_when_handed_out():
+    """A node table (from the scheduler) and a worker's first requests can be read in one turn:
+    the requests' connection is admitted only when the table is handled, after they were read,
+    and they must not reach the handler as from no node of the job."""
+    rx = Van(name="rx")
+    ctx = zmq.Context()
+    admitter, newcomer = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    try:
+        for s, rid in ((admitter, b"sched"), (newcomer, b"new")):
+            s.setsockopt(zmq.LINGER, 5000)
+            s.setsockopt(zmq.ROUTING_ID, rid)
+            s.connect(f"tcp://{rx.endpoint}")
+        rx.admit(b"sched", 1)
+        admitter.send_multipart(encode(Message("table", body={"admit": 9})))
+        admitter.close()
+        for k in range(3):
+            newcomer.send_multipart(encode(Message("init", req=k)))
+        newcomer.close()
+        ctx.term()  # (every message queued at rx before it reads)
+        table = rx.recv(timeout=10)
+        assert table.cmd == "table" and table.sender == 1
+        rx.admit(b"new", table.body["admit"])  # what handling the table does
+        got = [rx.recv(timeout=10) for _ in range(3)]
+        assert [(m.cmd, m.req, m.sender) for m in got] == [("init", k, 9) for k in range(3)]
+        assert rx.inbox.recv_many(timeout=0.05) == []
+    finally:
+        for s in (admitter, newcomer):
+            s.close(linger=0)
+        if not ctx.closed:
+            ctx.term()
+        rx.close()
+
+
+def test_a_turn_ends_at_a_message_from_an_unknown_connection():
+    """The scheduler hands out one turn's messages together: one from a connection it does not
+    know yet (a registration) ends the turn, so the messages behind it take its sender."""
+    rx = Van(name="rx")
+    ctx = zmq.Context()
+    newcomer = ctx.socket(zmq.DEALER)
+    try:
+        newcomer.setsockopt(zmq.LINGER, 5000)
+        newcomer.setsockopt(zmq.ROUTING_ID, b"new")
+        newcomer.connect(f"tcp://{rx.endpoint}")
+        for k in range(3):
+            newcomer.send_multipart(encode(Message("register", req=k)))
+        newcomer.close()
+        ctx.term()
+        first = rx.inbox.recv_many(timeout=10)
+        assert [(m.req, m.sender) for m in first] == [(0, 0)]
+        rx.admit(b"new", 7)  # what handling the registration does
+        rest = []
+        while len(rest) < 2:
+            rest += rx.inbox.recv_many(timeout=10)
+        assert [(m.req, m.sender) for m in rest] == [(1, 7), (2, 7)]
+    finally:
+        newcomer.close(linger=0)
+        if not ctx.closed:
+            ctx.term()
+        rx.close()

@@ -101,7 +101,7 @@ class Inbox:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self.ready:
-                return self.ready.popleft()
+                return self.next_ready()
             wait_ms = (
                 None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             )
@@ -171,9 +171,18 @@ class Inbox:
         if first is None:
             return []
         out = [first]
-        while self.ready and out[-1].lease is None:
-            out.append(self.ready.popleft())
+        while self.ready and out[-1].lease is None and out[-1].sender != UNKNOWN:
+            out.append(self.next_ready())  # (one from an unknown connection may admit it)
         return out
+
+    def next_ready(self) -> Message:
+        """The first message of :attr:`ready`. One read with others from a connection not
+        known then takes its sender now: the message handed out before it may have admitted
+        that connection (a node table, a registration, a takeover)."""
+        msg = self.ready.popleft()
+        if msg.sender == UNKNOWN:
+            msg.sender = self.van.node_of(msg.origin)
+        return msg
 
     def decode(self, frames: list, origin: bytes, sender: int) -> Message | None:
         """A message of ``frames``, or None if it was bad (logged); NotYet: its bulk frames
