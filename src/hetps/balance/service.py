@@ -311,6 +311,8 @@ class Planner:
         if self.slices is None:
             sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
             return
+        if b.one_push:  # its host pushes once for its workers: one push per host on its link
+            self.one_push_per_host = True
         if b.calibration and rnd not in self._calibration_rounds:
             # the first report of a round that re-probed a whole cycle: its readings (this
             # report's and the other workers') replace everything older

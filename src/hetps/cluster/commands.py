@@ -288,6 +288,7 @@ class BalanceReport(Body, kw_only=True):
     ``assign``: the server of every slice, in layout order (with sizes)
     ``calibration``: these samples hold a whole new probe cycle
     ``spread_done``: [way, rank] of the spread probe this worker took part in
+    ``one_push``: this worker's host pushes once for its workers (host-local aggregation)
     ``host``: a host's leader: the workers of its host it reports for, whose arrays follow each
         other in the two arrays (cluster/hostlead.py)
     ``host_rows``: with ``host``: [[samples, server times], ...] rows of each of them (samples
@@ -304,6 +305,7 @@ class BalanceReport(Body, kw_only=True):
     sizes: list[Count] | None = None
     assign: list[int] | None = None
     calibration: bool = False
+    one_push: bool = False
     spread_done: tuple[str, int] | None = None
     host: Annotated[list[NodeId], Meta(max_length=4096)] | None = None
     host_rows: Annotated[list[tuple[Count, Count]], Meta(max_length=4096)] | None = None

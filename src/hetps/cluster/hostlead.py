@@ -456,7 +456,7 @@ class HostLead:
                 times = [self.shrink_times(t) for t in times]
         rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
         body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
-        for field in ("sizes", "assign", "calibration", "spread_done"):
+        for field in ("sizes", "assign", "calibration", "spread_done", "one_push"):
             body[field] = next((b[field] for b in bodies if b.get(field)), None)
         arrays = [joined, np.concatenate(times)]
         return Message(P.BALANCE_REPORT, body={k: v for k, v in body.items() if v is not None},
