@@ -282,8 +282,7 @@ class BalanceReport(Body, kw_only=True):
     ``server_times``: {server rank: [bytes, seconds]} of the last round
     ``(array 0)``: the samples instead of the list: float64, one row [src, dst, bytes, t0, t1, kind]
         each (how the balance agent sends them)
-    ``(array 1)``: the server times instead of the map: float64, one row [server rank, bytes,
-        seconds] each
+    ``(array 1)``: the server times instead of the map: float64, rows [server rank, bytes, seconds]
     ``sizes``: element counts of the keys in init order (first report, or new keys)
     ``assign``: the server of every slice, in layout order (with sizes)
     ``calibration``: these samples hold a whole new probe cycle
