@@ -262,8 +262,7 @@ class HostLead:
         with self.lock:
             self.slots[(kind, n)] = slot
             if lead == self.me:
-                self.pending.setdefault(kind, {})[self.me] = (n, what)
-                self._pump(kind)
+                self._arrive(kind, self.me, n, what)
                 return lead, slot
         if self.up is None or self.up_id != lead:
             self._drop_up()
@@ -393,8 +392,7 @@ class HostLead:
                 for k in list(self.pending):
                     self._pump(k)
                 return
-            self.pending.setdefault(hand.k, {})[nid] = (hand.n, hand.w)
-            self._pump(hand.k)
+            self._arrive(hand.k, nid, hand.n, hand.w)
 
     def _close(self, nid: int) -> None:
         sock = self.conns.pop(nid, None)
@@ -403,6 +401,18 @@ class HostLead:
             sock.close()
         for waiting in self.pending.values():
             waiting.pop(nid, None)
+
+    def _arrive(self, kind: str, nid: int, n: int, what: Any) -> None:
+        """Worker ``nid`` is at ``n`` of ``kind`` (under the lock). A report it left waiting
+        at an earlier round (pipelined: it went on before a local worker's report of that
+        round was read here) goes now on its own, not overwritten and lost."""
+        waiting = self.pending.setdefault(kind, {})
+        old = waiting.pop(nid, None)
+        if old is not None and old[0] < n:
+            self.sent.setdefault(kind, {})[nid] = old[0]
+            self._relay(kind, old[0], {nid: old[1]})
+        waiting[nid] = (n, what)
+        self._pump(kind)
 
     def _pump(self, kind: str) -> None:
         """Send ``kind``'s messages at n once every local worker is at n or was sent there
