@@ -13,6 +13,7 @@ the same sum in the same order).
 
     .venv/bin/python benchmarks/host_train.py                 # ~3 minutes on 2 cores
     .venv/bin/python benchmarks/host_train.py --rounds 600 --json out.json
+    .venv/bin/python benchmarks/host_train.py --balance aware   # every run planned by aware
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def run_one(base: Path, name: str, flags: list[str], args: argparse.Namespace) -
     py = sys.executable
     run = name.replace(", ", "-")
     cmd = [
-        py, "-m", "hetps.cli", "launch", "-n", "4", "-s", "2", *flags, "--",
+        py, "-m", "hetps.cli", "launch", "-n", "4", "-s", "2", *flags,
+        *(["--balance", args.balance] if args.balance else []), "--",
         py, "-m", "hetps.cli", "train", "-m", "sync", "-n", "mlp",
         "--train-limit", str(args.train_limit), "--test-limit", str(args.test_limit),
         "-b", "32", "-e", str(args.eval_every), "--max-rounds", str(args.rounds),
@@ -54,6 +56,7 @@ def run_one(base: Path, name: str, flags: list[str], args: argparse.Namespace) -
         "accuracy": evals[-1] if evals else None,
         "evaluations": evals,
         "losses": [r["loss"] for r in recs if "loss" in r],
+        "plan_epochs": len({r["plan_epoch"] for r in recs if "plan_epoch" in r}),
     }
 
 
@@ -65,15 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=50, help="rounds between evaluations")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--balance", help="a load plan for every run (hetps launch --balance)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="hetps-host-train-") as tmp:
         runs = {name: run_one(Path(tmp), name, flags, args) for name, flags in RUNS.items()}
     same = runs["hosts"]["losses"] == runs["hosts, off"]["losses"]
-    print(f"hetps train -m sync -n mlp, 4 workers, 2 servers, {args.rounds} rounds, batch 32")
+    plan = f", --balance {args.balance}" if args.balance else ""
+    print(f"hetps train -m sync -n mlp{plan}, 4 workers, 2 servers, {args.rounds} rounds, batch 32")
     print(f"{'run':12s} {'accuracy':>9s}  evaluations")
     for name, r in runs.items():
         evals = " ".join(f"{a:.4f}" for a in r["evaluations"])
-        print(f"{name:12s} {r['accuracy']:9.4f}  {evals}")
+        plans = f"  ({r['plan_epochs']} plans)" if args.balance else ""
+        print(f"{name:12s} {r['accuracy']:9.4f}  {evals}{plans}")
     gap = abs(runs["hosts"]["accuracy"] - runs["flat"]["accuracy"])
     print(f"hosts vs flat: {gap:.4f} apart; hosts and hosts-off losses bit for bit: {same}")
     if args.json:

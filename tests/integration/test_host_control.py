@@ -86,6 +86,7 @@ class Job:
         self.times: list[tuple[np.ndarray, list]] = []  # its server times and host_rows
         if P.BALANCE_REPORT in self.sched.services:
             plan = self.sched.services[P.BALANCE_REPORT]
+            self.planner = plan.__self__  # (the scheduler's Planner)
 
             def report(sched, msg):
                 self.reports.append((msg.sender, msg.typed.round, msg.typed.host or [msg.sender]))
@@ -257,6 +258,8 @@ def test_link_reports_are_one_per_host_and_every_value_is_the_jobs(job):
         assert set(times[:, 0].tolist()) <= {0.0, 1.0} and (times[:, 2] > 0).all(), times
         longest += len(times)
     assert longest >= 4 * (rounds - 2), j.times
+    # the hosts sum their workers' pushes and push once: their leaders' reports say so
+    assert j.planner.one_push_per_host
 
 
 def test_the_leader_killed_under_elastic_leaves_the_others_going_on(job):

@@ -35,7 +35,7 @@ class _Sched:
         self.answers.append(unpack_plan(Message(msg.cmd, body=body, arrays=arrays or [])))
 
 
-def _round(p: Planner, sched: _Sched, rnd: int, link: list[float]) -> None:
+def _round(p: Planner, sched: _Sched, rnd: int, link: list[float], **flags: bool) -> None:
     """Every worker pushes PART to each server and pulls it back, all at once; worker r's
     host link is ``link[r]`` bytes/s, split evenly between that host's workers and servers."""
     groups = [n.group for n in sched.nodes.values()]
@@ -47,7 +47,7 @@ def _round(p: Planner, sched: _Sched, rnd: int, link: list[float]) -> None:
             t = PART / share
             rows.append([node.id, P.server_id(s), PART, 100.0, 100.0 + t, 0])
             rows.append([P.server_id(s), node.id, PART, 100.0, 100.0 + t, 0])
-        body = {"round": rnd}
+        body = {"round": rnd, **flags}
         if rnd == 1:
             body.update(sizes=[8 * 1024], assign=[i % S for i in range(8)])
         times = np.array([[s, PART * W, 0.1] for s in range(S)])
@@ -97,6 +97,23 @@ def test_the_plan_functions_see_a_hosts_pushes():
     assert iteration_time(ones, shares, servers=[0, 1], workers=[2, 3]) == pytest.approx(
         max(total / 30.0, 2 * 60.0 / 10.0, 2 * 40.0 / 9.0)
     )
+
+
+def test_reports_of_aggregating_hosts_plan_one_push_per_host():
+    """Workers whose host sums their gradients and pushes once (host-local aggregation) say so
+    in their reports: the plan functions then see each host's link carry one push."""
+    got = {}
+    for flag in (False, True):
+        p = Planner("aware", W, S, False, slice_elems=1024)
+        _round(p, _Sched([0, 0, 0, 1]), 1, [90e6, 90e6, 90e6, 30e6], one_push=flag)
+        hosts, net = p.hosts, p.links.node_network()
+        assert p.one_push_per_host is flag
+        got[flag] = p.node_network()
+        pushes = np.ones(2) if flag else hosts.counts
+        want = per_host_network(net, p.servers, hosts, pushes)
+        assert got[flag].up == pytest.approx(want.up) and got[flag].down == pytest.approx(want.down)
+    # the 3-worker host's caps: its link's, not a third of it
+    assert got[True].up[S] == pytest.approx(3 * got[False].up[S])
 
 
 def test_a_spread_names_a_worker_of_the_host():

@@ -48,7 +48,7 @@ def _plan(monkeypatch, **kw):
         ({"hosts": [0, 0, -1]}, (None, None)),  # a worker of no known host: none tags
         ({"agg": False}, (None, (0, 0, 1))),  # HETPS_HOST_AGGREGATION=0: the same order
         ({"secret": None}, (None, (0, 0, 1))),
-        ({"balance": True}, (None, None)),  # HETPS_BALANCE: per process, as without hosts
+        ({"balance": True}, ("AGG", (0, 0, 1))),  # HETPS_BALANCE: the host sums, by the plan
         ({"replicas": 2}, (None, (0, 0, 1))),
         ({"sync": False}, (None, None)),  # dist_async: per process, no rounds
         ({"elastic": 2}, ("AGG", (0, 0, 1))),  # --elastic: a rank let go, the others go on

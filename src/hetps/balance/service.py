@@ -118,8 +118,7 @@ class Planner:
         # every report
         self._live: set[int] = set()
         self._live_at: tuple[int, int, int] | None = None
-        # a host pushes once for all its workers (host-local aggregation): its link carries
-        # one worker's bytes; else each of its workers pushes the whole model
+        # a host pushes once for its workers (host-local aggregation, as its reports say)
         self.one_push_per_host = False
         self._rows()
 
@@ -311,6 +310,7 @@ class Planner:
         if self.slices is None:
             sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
             return
+        self.one_push_per_host |= b.one_push  # (its host pushes once for its workers)
         if b.calibration and rnd not in self._calibration_rounds:
             # the first report of a round that re-probed a whole cycle: its readings (this
             # report's and the other workers') replace everything older

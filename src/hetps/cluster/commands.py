@@ -282,12 +282,12 @@ class BalanceReport(Body, kw_only=True):
     ``server_times``: {server rank: [bytes, seconds]} of the last round
     ``(array 0)``: the samples instead of the list: float64, one row [src, dst, bytes, t0, t1, kind]
         each (how the balance agent sends them)
-    ``(array 1)``: the server times instead of the map: float64, one row [server rank, bytes,
-        seconds] each
+    ``(array 1)``: the server times instead of the map: float64, rows [server rank, bytes, seconds]
     ``sizes``: element counts of the keys in init order (first report, or new keys)
     ``assign``: the server of every slice, in layout order (with sizes)
     ``calibration``: these samples hold a whole new probe cycle
     ``spread_done``: [way, rank] of the spread probe this worker took part in
+    ``one_push``: this worker's host pushes once for its workers (host-local aggregation)
     ``host``: a host's leader: the workers of its host it reports for, whose arrays follow each
         other in the two arrays (cluster/hostlead.py)
     ``host_rows``: with ``host``: [[samples, server times], ...] rows of each of them (samples
@@ -304,6 +304,7 @@ class BalanceReport(Body, kw_only=True):
     sizes: list[Count] | None = None
     assign: list[int] | None = None
     calibration: bool = False
+    one_push: bool = False
     spread_done: tuple[str, int] | None = None
     host: Annotated[list[NodeId], Meta(max_length=4096)] | None = None
     host_rows: Annotated[list[tuple[Count, Count]], Meta(max_length=4096)] | None = None

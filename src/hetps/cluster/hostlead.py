@@ -26,7 +26,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
 import msgspec
@@ -35,6 +35,7 @@ from msgspec import Meta
 
 from hetps.cluster import protocol as P
 from hetps.cluster.commands import BalanceAnswer, NodeId
+from hetps.cluster.hostmerge import merge_host
 from hetps.cluster.ports import MemberPort
 from hetps.cluster.requests import Future, RequestTimeout
 from hetps.transport.codec import Message
@@ -122,39 +123,6 @@ def _same_user(sock: socket.socket) -> bool:
 
 def _rows(data: bytes, cols: int) -> np.ndarray:
     return np.frombuffer(data, np.float64).reshape(-1, cols)
-
-
-def merge_host(samples: np.ndarray, host: Sequence[int]) -> np.ndarray:
-    """A host's data samples merged per (src, dst, kind) before its leader sends them, the
-    host's workers named by ``host[0]`` (the planner gives them one row: their link): each
-    pair's overlapping or touching transfers become one row (their bytes summed, the first
-    start, the last end). Every node's bytes and busy-time union, all the planner's node
-    rates read, stay exact; a pair's per-message rates (the small link matrix of reports and
-    plots) become the rates of its merged transfers. Probes, spread flows and rows the
-    planner drops pass unchanged, in their order."""
-    t0, t1, nbytes, kind = samples[:, 3], samples[:, 4], samples[:, 2], samples[:, 5]
-    with np.errstate(invalid="ignore"):
-        data = (t1 > t0) & (nbytes > 0) & np.isfinite(samples).all(1) & ~np.isin(kind, (1, 2, 3))
-    d = samples[data].copy()
-    if not len(d) or not len(host):
-        return samples
-    for col in (0, 1):
-        d[np.isin(d[:, col], np.asarray(host, dtype=np.float64)), col] = host[0]
-    d = d[np.lexsort((d[:, 3], d[:, 5], d[:, 1], d[:, 0]))]
-    first = np.r_[True, (np.diff(d[:, [0, 1, 5]], axis=0) != 0).any(1)]
-    # a new transfer where a pair's start is past every earlier end of the pair: a running
-    # maximum of the ends per pair, on the ranks of the times (exact; groups kept apart)
-    times = np.unique(np.r_[d[:, 3], d[:, 4]])
-    span = len(times) + 1
-    group = np.cumsum(first) * span
-    ends = np.maximum.accumulate(group + np.searchsorted(times, d[:, 4]))
-    start = group + np.searchsorted(times, d[:, 3])
-    new = first | (start > np.r_[-1, ends[:-1]])
-    at = np.flatnonzero(new)
-    out = d[at]
-    out[:, 2] = np.add.reduceat(d[:, 2], at)
-    out[:, 4] = np.maximum.reduceat(d[:, 4], at)
-    return np.concatenate([out, samples[~data]])
 
 
 class _Peer:
@@ -278,15 +246,7 @@ class HostLead:
             self.slots[(kind, n)] = slot
             self.mine[kind] = n
             if lead == self.me:
-                waiting = self.pending.setdefault(kind, {})
-                for nid in [i for i, (m, _) in waiting.items() if m != n and i != self.me]:
-                    log.warning(  # (a follower at another round would hold this one)
-                        "host leader %d: dropped worker %d, which waits at round %d of %r, "
-                        "not this worker's %d", self.me, nid, waiting[nid][0], kind, n
-                    )  # fmt: skip
-                    self._close(nid)
-                waiting[self.me] = (n, what)
-                self._pump(kind)
+                self._arrive(kind, self.me, n, what)
                 return lead, slot
         if self.up is None or self.up_id != lead:
             self._drop_up()
@@ -457,23 +417,31 @@ class HostLead:
         with self.lock:
             wrong = self._off_round(hand.k, peer.nid, hand.n)
             if wrong is None:
-                self.pending.setdefault(hand.k, {})[peer.nid] = (hand.n, hand.w)
-                self._pump(hand.k)
+                self._arrive(hand.k, peer.nid, hand.n, hand.w)
                 return True
         return self._drop(peer, wrong)
 
     def _off_round(self, kind: str, nid: Any, n: int) -> str | None:
-        """Why round ``n`` of ``kind`` from follower ``nid`` is not the host's current or next
-        (None: it is): this worker's own while it waits there, else the next (and the current
-        for a follower not yet sent there); another would hold the host's rounds (locked)."""
-        mine = self.mine.get(kind, 0)
-        if self.me in self.pending.get(kind, {}):
-            allowed = [mine]
+        """Why round ``n`` of ``kind`` from follower ``nid`` is not one the host awaits from it
+        (None: it is), under the lock. A follower holding a hand here goes on to its next
+        (pipelined: that one is relayed on its own, :meth:`_arrive`). Else: this worker's own
+        round while it waits there, or the next; and any earlier one not yet sent for it (this
+        worker went on: it is relayed once the host's others are there or past it). Another
+        round would hold the host's rounds, or never come."""
+        step = self.node.cfg.replan_every if kind == REPORT else 1
+        held = self.pending.get(kind, {}).get(nid)
+        if held is not None:
+            allowed = [held[0] + step]
         else:
-            step = self.node.cfg.replan_every if kind == REPORT else 1
-            allowed = [mine + step if mine else 1]
-            if self.sent.get(kind, {}).get(nid, 0) < mine:
-                allowed.insert(0, mine)
+            mine, sent = self.mine.get(kind, 0), self.sent.get(kind, {}).get(nid, 0)
+            if self.me in self.pending.get(kind, {}):
+                allowed = [mine]
+            else:
+                allowed = [mine + step if mine else 1]
+                if sent < mine:
+                    allowed.insert(0, mine)
+            if sent < n < allowed[0]:
+                return None
         if n in allowed:
             return None
         return f"round {n} of {kind!r}, not the current or next ({' or '.join(map(str, allowed))})"
@@ -505,6 +473,18 @@ class HostLead:
             self._unregister(sock)
         for waiting in self.pending.values():
             waiting.pop(nid, None)
+
+    def _arrive(self, kind: str, nid: int, n: int, what: Any) -> None:
+        """Worker ``nid`` is at ``n`` of ``kind`` (under the lock). A report it left waiting
+        at an earlier round (pipelined: it went on before a local worker's report of that
+        round was read here) goes now on its own, not overwritten and lost."""
+        waiting = self.pending.setdefault(kind, {})
+        old = waiting.pop(nid, None)
+        if old is not None and old[0] < n:
+            self.sent.setdefault(kind, {})[nid] = old[0]
+            self._relay(kind, old[0], {nid: old[1]})
+        waiting[nid] = (n, what)
+        self._pump(kind)
 
     def _pump(self, kind: str) -> None:
         """Send ``kind``'s messages at n once every local worker is at n or was sent there
@@ -558,7 +538,7 @@ class HostLead:
                 times = [self.shrink_times(t) for t in times]
         rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
         body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
-        for field in ("sizes", "assign", "calibration", "spread_done"):
+        for field in ("sizes", "assign", "calibration", "spread_done", "one_push"):
             body[field] = next((b[field] for b in bodies if b.get(field)), None)
         arrays = [joined, np.concatenate(times)]
         return Message(P.BALANCE_REPORT, body={k: v for k, v in body.items() if v is not None},

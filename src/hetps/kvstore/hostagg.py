@@ -84,12 +84,7 @@ def plan(kv: StorePort) -> tuple[HostAggregation | None, tuple[int, int, int] | 
     # and a server keeps merging pushes as they come instead of keeping each one for the order
     workers = Counter(n.group for n in kv.node.nodes.values() if n.role == "worker")
     known = known and max(workers.values(), default=0) > 1 and -1 not in workers
-    if not (known and kv.sync) or kv.balance:
-        if known and kv.sync and cfg.host_aggregation and cfg.local_world_size > 1:
-            log.warning(
-                "host aggregation is off under HETPS_BALANCE: each worker pushes its own "
-                "gradients (docs/HOSTS.md)"
-            )
+    if not (known and kv.sync):
         return None, None
     if cfg.local_rank >= cfg.local_world_size:
         raise ConfigError(
@@ -147,7 +142,8 @@ class HostKey:
 
 
 def _form(meta: KeyMeta) -> tuple:
-    return (meta.size, meta.dtype.str, tuple((p.start, p.stop, p.server) for p in meta.parts))
+    # (not the parts' servers: a plan of HETPS_BALANCE moves them, the segment stays)
+    return (meta.size, meta.dtype.str, tuple((p.start, p.stop) for p in meta.parts))
 
 
 class HostAggregation:
