@@ -11,6 +11,7 @@ import time
 import types
 
 import numpy as np
+import pytest
 
 from hetps.cluster import hostlead as H
 from hetps.cluster import protocol as P
@@ -53,7 +54,8 @@ def _report(rnd: int, seed: int) -> Message:
     return Message(P.BALANCE_REPORT, body={"round": rnd}, arrays=arrays)
 
 
-def test_a_report_left_waiting_when_its_worker_went_on_is_still_relayed():
+@pytest.mark.parametrize("ahead", ["leader", "follower"])
+def test_a_report_left_waiting_when_its_worker_went_on_is_still_relayed(ahead, caplog):
     node = _Node()
     lead = H.HostLead(node)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -62,15 +64,27 @@ def test_a_report_left_waiting_when_its_worker_went_on_is_still_relayed():
         sock.connect(H._name(SECRET, 0, LEADER))
         H._send(sock, {"id": FOLLOWER})
         _wait_for(lambda: FOLLOWER in lead.conns, "the follower was not accepted")
-        # the leader reports rounds 1 and 2 before its follower's report of round 1 is read
+        # one worker reports rounds 1 and 2 before the other's report of round 1 is read
         mine = {rnd: _report(rnd, rnd) for rnd in (1, 2)}
-        lead.report(1, mine[1])
-        lead.report(2, mine[2])
         theirs = {rnd: _report(rnd, 10 + rnd) for rnd in (1, 2)}
-        for rnd in (1, 2):
-            w = theirs[rnd].arrays
-            H._send(sock, {"k": H.REPORT, "n": rnd, "w": {"b": {}, "s": w[0].tobytes(),
-                                                           "t": w[1].tobytes()}})  # fmt: skip
+
+        def leader_reports() -> None:
+            lead.report(1, mine[1])
+            lead.report(2, mine[2])
+
+        def follower_reports() -> None:
+            for rnd in (1, 2):
+                w = theirs[rnd].arrays
+                H._send(sock, {"k": H.REPORT, "n": rnd, "w": {"b": {}, "s": w[0].tobytes(),
+                                                               "t": w[1].tobytes()}})  # fmt: skip
+            _wait_for(lambda: lead.sent.get(H.REPORT, {}).get(FOLLOWER, 0) >= 1,
+                      "the follower's round 1 was not relayed when it went on")  # fmt: skip
+
+        first, then = (leader_reports, follower_reports)
+        if ahead == "follower":
+            first, then = then, first
+        first()
+        then()
         got: dict[tuple[int, int], list[np.ndarray]] = {}
 
         def every_report() -> bool:
@@ -86,6 +100,7 @@ def test_a_report_left_waiting_when_its_worker_went_on_is_still_relayed():
         while not every_report() and time.monotonic() < end:
             time.sleep(0.01)  # (the leader's thread reads the follower's reports)
         assert sorted(got) == [(LEADER, 1), (LEADER, 2), (FOLLOWER, 1), (FOLLOWER, 2)]
+        assert "dropped" not in caplog.text  # (a follower going on is no off-round one)
         # every worker's report of every round, with its own values
         for (nid, rnd), rows in got.items():
             want = (mine if nid == LEADER else theirs)[rnd].arrays
