@@ -360,15 +360,16 @@ def test_parks_in_short_rounds_keep_the_thread_looking_unwoken(monkeypatch):
     from hetps.kvstore import sender as sender_mod
     from hetps.transport.codec import Message as _Message
 
-    monkeypatch.setattr(sender_mod, "PARK_S", 0.03)
-    monkeypatch.setattr(sender_mod, "IDLE_S", 0.03)
-    monkeypatch.setattr(sender_mod, "BUSY_S", 0.6)
+    for name, seconds in (("PARK_S", 0.03), ("IDLE_S", 0.03), ("BUSY_S", 0.6)):
+        monkeypatch.setattr(sender_mod, name, seconds)
     notified = count_notifies(monkeypatch)
     me = threading.get_ident()
     batches: list[tuple[list[int], int]] = []
-    sender = Sender(
-        0, lambda server, futs, msgs: batches.append(([m.req for m in msgs], threading.get_ident()))
-    )
+
+    def record(server: int, futs: list, msgs: list) -> None:
+        batches.append(([m.req for m in msgs], threading.get_ident()))
+
+    sender = Sender(0, record)
 
     def round_(n: int) -> None:
         push = (0, [(None, _Message("spush", req=2 * n))])
