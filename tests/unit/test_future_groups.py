@@ -88,7 +88,7 @@ def test_an_end_is_recorded_once_and_every_waiter_wakes():
     for t in waiters:
         t.join(5)
     assert seen == ["value"] * 4
-    assert fut.done() and not fut.failed() and fut.wait(0) == "value"
+    assert fut.done() and fut.error is None and fut.wait(0) == "value"
 
 
 def test_a_timeout_waits_for_an_answer_being_landed():

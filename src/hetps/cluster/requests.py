@@ -21,14 +21,14 @@ log = logging.getLogger("hetps.requests")
 
 #: taken for an instant when a future ends or a group starts waiting on it (never blocks long)
 _ENDING = threading.Lock()
-#: the longest a lock's ``acquire`` may be asked to wait
-_FOREVER = threading.TIMEOUT_MAX
 
 
 def _block(gate: Any, timeout: float | None) -> bool:
     """Wait until ``gate`` (a lock a future releases when it ends) is released, ``timeout``
     seconds at most (None: for ever); leaves it released for the next waiter."""
-    if not gate.acquire(True, -1 if timeout is None else min(max(timeout, 0.0), _FOREVER)):
+    if not gate.acquire(
+        True, -1 if timeout is None else min(max(timeout, 0.0), threading.TIMEOUT_MAX)
+    ):
         return False
     gate.release()
     return True
@@ -103,10 +103,6 @@ class Future:
     def done(self) -> bool:
         """Whether the answer (or an error) is in."""
         return self._done
-
-    def failed(self) -> bool:
-        """Whether it ended with an error."""
-        return self._done and self._error is not None
 
     @property
     def error(self) -> BaseException | None:
@@ -284,11 +280,6 @@ class RequestTracker:
                 f.peer = to
         return hit
 
-    @property
-    def fatal(self) -> BaseException | None:
-        """The error that broke the cluster, if any."""
-        return self._fatal
-
     def pending(self) -> int:
         """Number of unanswered requests."""
         with self._lock:
@@ -311,7 +302,7 @@ def wait_all(futures: list[Future], timeout: float, what: str = "request") -> li
                     else:
                         fut._groups.append(group)
         if group.left:  # (its one waiter: the gate is taken, never given back)
-            group.gate.acquire(True, min(max(timeout, 0.0), _FOREVER))
+            group.gate.acquire(True, min(max(timeout, 0.0), threading.TIMEOUT_MAX))
     out = []
     try:
         for fut in futures:
