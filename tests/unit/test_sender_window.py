@@ -351,3 +351,48 @@ def test_a_park_after_a_pause_wakes_the_thread_which_does_not_look_through_the_p
         assert len(waits) <= 30, len(waits)
     finally:
         sender.close()
+
+
+def test_parks_in_short_rounds_keep_the_thread_looking_unwoken(monkeypatch):
+    """Rounds shorter than BUSY_S (parks less than BUSY_S apart, each drained): the sender
+    thread looks every PARK_S instead of sleeping untimed, so a park wakes no thread; once
+    parks stop for BUSY_S it sleeps untimed again (and the next park wakes it)."""
+    from hetps.kvstore import sender as sender_mod
+    from hetps.transport.codec import Message as _Message
+
+    for name, seconds in (("PARK_S", 0.03), ("IDLE_S", 0.03), ("BUSY_S", 0.6)):
+        monkeypatch.setattr(sender_mod, name, seconds)
+    notified = count_notifies(monkeypatch)
+    me = threading.get_ident()
+    batches: list[tuple[list[int], int]] = []
+
+    def record(server: int, futs: list, msgs: list) -> None:
+        batches.append(([m.req for m in msgs], threading.get_ident()))
+
+    sender = Sender(0, record)
+
+    def round_(n: int) -> None:
+        push = (0, [(None, _Message("spush", req=2 * n))])
+        sender.submit(f"t{n}", 0, None, merge=push, inline=False, park=True)
+        pull = (0, [(None, _Message("spull", req=2 * n + 1))])
+        sender.submit(f"u{n}", 0, None, merge=pull, later=True)
+        sender.drain()
+
+    pause = threading.Event()  # (the time between rounds, longer than IDLE_S: a step's compute)
+    try:
+        with sender._cv:
+            assert looks(sender, untimed=True)
+        round_(0)  # (the first park wakes the untimed thread)
+        pause.wait(0.15)
+        round_(1)  # parks 0.15 s apart: under BUSY_S
+        pause.wait(0.15)
+        notified.clear()
+        round_(2)
+        assert notified == []  # looking every PARK_S: the park woke nobody
+        assert batches == [([2 * n, 2 * n + 1], me) for n in range(3)]
+        with sender._cv:  # no park for BUSY_S: untimed again
+            assert looks(sender, untimed=True)
+        round_(3)
+        assert notified == [1]
+    finally:
+        sender.close()

@@ -328,7 +328,9 @@ def test_a_caller_that_gives_up_gets_its_error_only_after_the_answer_stopped_lan
     tracker.landing_guard.acquire()  # the receive thread is decoding into fut.landing
     t = threading.Thread(target=caller)
     t.start()
-    fut._event.wait(10)  # the caller gave up
+    from hetps.cluster.requests import _block
+
+    _block(fut._gate, 10)  # the caller gave up
     t.join(1.0)  # it must still be waiting for the copy to end
     writing["over"] = True
     tracker.landing_guard.release()

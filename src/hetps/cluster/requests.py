@@ -19,15 +19,53 @@ from hetps.cluster.errors import ClusterError, RequestError, RequestTimeout
 log = logging.getLogger("hetps.requests")
 
 
+#: taken for an instant when a future ends or a group starts waiting on it (never blocks long)
+_ENDING = threading.Lock()
+
+
+def _block(gate: Any, timeout: float | None) -> bool:
+    """Wait until ``gate`` (a lock a future releases when it ends) is released, ``timeout``
+    seconds at most (None: for ever); leaves it released for the next waiter."""
+    if not gate.acquire(
+        True, -1 if timeout is None else min(max(timeout, 0.0), threading.TIMEOUT_MAX)
+    ):
+        return False
+    gate.release()
+    return True
+
+
+class _Group:
+    """One wake-up for the waiter of many futures (:func:`wait_all`): its gate opens when the
+    last of them ends, or the first fails."""
+
+    __slots__ = ("left", "gate")
+
+    def __init__(self) -> None:
+        self.left = 0
+        self.gate = threading.Lock()
+        self.gate.acquire()
+
+    def ended(self, failed: bool) -> None:
+        """One of its futures ended (``_ENDING`` held)."""
+        self.left -= 1
+        if (self.left == 0 or failed) and self.gate.locked():
+            self.gate.release()
+
+
 class Future:
-    """The pending answer to one request."""
+    """The pending answer to one request. Its waiters block on a lock it releases when it
+    ends (one C call each way, no :class:`threading.Event` per request); :func:`wait_all`
+    waits for a whole call's futures with one wake-up."""
 
     __slots__ = (
         "req",
         "peer",
         "what",
         "landing",
-        "_event",
+        "_done",
+        "_ending",
+        "_gate",
+        "_groups",
         "_result",
         "_error",
         "_callback",
@@ -51,7 +89,11 @@ class Future:
         # where the reply's first array may be written straight from a shared-memory ring
         # (flat, contiguous, writable; its callback then finds it in place)
         self.landing: Any = None
-        self._event = threading.Event()
+        self._done = False
+        self._ending = False  # an answer or an error is being recorded (one wins)
+        self._gate = threading.Lock()  # released when it ends
+        self._gate.acquire()
+        self._groups: list[_Group] | None = None  # wait_all calls waiting for it
         self._result: Any = None
         self._error: BaseException | None = None
         self._callback = callback
@@ -65,26 +107,50 @@ class Future:
         # the answer
         self.errback: Callable[[BaseException], None] | None = None
 
+    def join(self, group: _Group) -> bool:
+        """Wake ``group`` too when this ends (False: it has ended; under ``_ENDING``)."""
+        if self._done:
+            return False
+        if self._groups is None:
+            self._groups = [group]
+        else:
+            self._groups.append(group)
+        return True
+
     def done(self) -> bool:
         """Whether the answer (or an error) is in."""
-        return self._event.is_set()
-
-    def failed(self) -> bool:
-        """Whether it ended with an error."""
-        return self._event.is_set() and self._error is not None
+        return self._done
 
     @property
     def error(self) -> BaseException | None:
         """The error it ended with (None while running, or when it succeeded)."""
-        return self._error if self._event.is_set() else None
+        return self._error if self._done else None
 
     def unreported_error(self) -> bool:
         """Whether it failed and no caller has seen the error yet."""
-        return self._event.is_set() and self._error is not None and not self.reported
+        return self._done and self._error is not None and not self.reported
+
+    def _claim(self) -> bool:
+        """Whether this thread records its end (the first answer or error to come)."""
+        with _ENDING:
+            if self._ending:
+                return False
+            self._ending = True
+            return True
+
+    def _end(self) -> None:
+        """It ended (result or error recorded): wake its waiters and their groups."""
+        with _ENDING:
+            self._done = True
+            groups, self._groups = self._groups, None
+            failed = self._error is not None
+            for g in groups or ():
+                g.ended(failed)
+        self._gate.release()
 
     def set_result(self, value: Any) -> None:
         """Resolve with ``value`` (runs the callback first, in the caller's thread)."""
-        if self._event.is_set():
+        if self._ending or not self._claim():
             return
         try:
             if self._callback is not None:
@@ -92,7 +158,7 @@ class Future:
             self._result = value
         except BaseException as exc:  # noqa: BLE001 - reported to the waiter
             self._error = exc
-        self._event.set()
+        self._end()
 
     def give_up(self, timeout: float | None) -> None:
         """Fail with :class:`RequestTimeout`: no answer came within ``timeout`` seconds."""
@@ -103,16 +169,17 @@ class Future:
             "(raise HETPS_REQUEST_TIMEOUT if the job is just slow)"
         )
         # the request is over for everyone: it counts as failed (so whatever it held, e.g. a
-        # push's send credit, is given back) and other waiters see the same error; a no-op if
-        # the answer came in just now
+        # push's send credit, is given back) and other waiters see the same error; if the
+        # answer came in just now, its callback is let finish
         self.set_error(err)
+        _block(self._gate, None)
 
     def set_error(self, error: BaseException) -> None:
         """Fail with ``error``."""
-        if self._event.is_set():
+        if self._ending or not self._claim():
             return
         self._error = error
-        self._event.set()
+        self._end()
         if self.errback is not None:
             try:
                 self.errback(error)
@@ -122,7 +189,7 @@ class Future:
     def settle(self, timeout: float | None = None) -> None:
         """Block until answered or failed, without raising its error (a later wait reports
         it); RequestTimeout after ``timeout``, as :meth:`wait`."""
-        if not self._event.wait(timeout):
+        if not self._done and not _block(self._gate, timeout):
             self.give_up(timeout)
             if isinstance(self._error, RequestTimeout):  # (not if it came in just now)
                 self.landed()
@@ -131,7 +198,7 @@ class Future:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until answered; raise the error if it failed, RequestTimeout after ``timeout``."""
-        if not self._event.wait(timeout):
+        if not self._done and not _block(self._gate, timeout):
             self.give_up(timeout)
         if self._error is not None:
             self.landed()
@@ -230,11 +297,6 @@ class RequestTracker:
                 f.peer = to
         return hit
 
-    @property
-    def fatal(self) -> BaseException | None:
-        """The error that broke the cluster, if any."""
-        return self._fatal
-
     def pending(self) -> int:
         """Number of unanswered requests."""
         with self._lock:
@@ -243,8 +305,15 @@ class RequestTracker:
 
 def wait_all(futures: list[Future], timeout: float, what: str = "request") -> list[Any]:
     """Wait for every future within one overall ``timeout``; the first error is raised (and
-    counts as reported for every future of the call that failed by then)."""
+    counts as reported for every future of the call that failed by then). The waiting thread
+    wakes once: when the last future ends, or one fails."""
     deadline = time.monotonic() + timeout
+    if len(futures) > 1:
+        group = _Group()
+        with _ENDING:
+            group.left = sum(fut.join(group) for fut in futures)
+        if group.left:  # (its one waiter: the gate is taken, never given back)
+            group.gate.acquire(True, min(max(timeout, 0.0), threading.TIMEOUT_MAX))
     out = []
     try:
         for fut in futures:

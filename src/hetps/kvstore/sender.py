@@ -13,8 +13,9 @@ their slices go in the same message (never a send held back to wait for more).
 
 Parked ops (``park``: a table's push, which the ``row_sparse_pull`` after it sends merged
 with its own requests, by :meth:`Sender.drain`) wait for a caller's drain, or PARK_S: then
-the sender thread sends them (while parks come less than :data:`IDLE_S` apart it looks every
-:data:`PARK_S`, unwoken; else it sleeps untimed and a park wakes it).
+the sender thread sends them (while parks come less than :data:`IDLE_S` apart, or rounds
+come less than :data:`BUSY_S` apart, it looks every :data:`PARK_S`, unwoken; else it sleeps
+untimed and a park wakes it).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ log = logging.getLogger("hetps.worker")
 PARK_S = 0.002
 #: seconds without a park after which the sender thread stops looking every PARK_S
 IDLE_S = PARK_S  # (a round of push then pull: two wake-ups, not one per PARK_S)
+#: parks less than this apart (short rounds): the sender thread looks every PARK_S, unwoken,
+#: until parks stop coming for this long (one wake-up per PARK_S: fewer than two per round)
+BUSY_S = 2 * PARK_S
 
 
 @dataclass(order=True)
@@ -83,6 +87,7 @@ class Sender:
         self._parked = 0  # parked ops queued
         self._park_due = 0.0  # when the oldest of them is sent by the sender thread
         self._last_park = -IDLE_S  # when the last op was parked (monotonic)
+        self._gap = IDLE_S + BUSY_S  # the time between the last two parks
         self._untimed = False  # the sender thread sleeps until woken
         self._thread = threading.Thread(target=self._loop, name="hetps-sender", daemon=True)
         self._thread.start()
@@ -161,7 +166,7 @@ class Sender:
                     if not self._parked:
                         self._park_due = now + PARK_S
                     self._parked += 1
-                    self._last_park = now
+                    self._gap, self._last_park = now - self._last_park, now
                     if self._untimed:  # (it looks every PARK_S while parks come)
                         self._cv.notify()
                 elif not (later and self.window == 0):
@@ -321,7 +326,7 @@ class Sender:
                         self._cv.wait(0.05)
                     elif not self._heap and self._closed:
                         break
-                    elif time.monotonic() - self._last_park < IDLE_S:
+                    elif time.monotonic() - self._last_park < self._looking():
                         self._cv.wait(PARK_S)  # (parks come: a park does not wake it)
                     else:
                         self._untimed = True
@@ -330,6 +335,10 @@ class Sender:
                 if item is None:
                     return
             self._send_op(*item)
+
+    def _looking(self) -> float:
+        """How long after a park the sender thread looks every PARK_S (lock held)."""
+        return max(IDLE_S, BUSY_S) if self._gap < BUSY_S else IDLE_S
 
     def close(self) -> None:
         """Send what is queued, then stop."""
