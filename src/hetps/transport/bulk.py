@@ -202,7 +202,7 @@ class BulkVan(Protocol):
     _endpoints: dict[Any, str]
 
     def send(self, peer: Any, msg: Message) -> Any: ...
-    def _ring_floor(self, msg: Message) -> int | None: ...
+    def _bulk_floor(self, msg: Message) -> int | None: ...
     def _close_out(self, peer: Any, ring: Any) -> None: ...
 
 
@@ -245,7 +245,7 @@ class Bulk:
     def sender(self, van: BulkVan, peer: Any, msg: Any) -> OutChannel | None:
         """The open channel to ``peer`` if ``msg`` has arrays for it, else None. Opened on
         first need: its hello goes ahead of the message on the CURVE connection."""
-        if van._ring_floor(msg) is None:
+        if van._bulk_floor(msg) is None:
             return None
         with van._ring_lock:
             chan, new, stale = self.channel(peer, van._endpoints.get(peer, "").rsplit(":", 1)[0])
