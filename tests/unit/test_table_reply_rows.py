@@ -73,7 +73,9 @@ def test_a_reply_of_the_wrong_size_is_refused_not_landed(rings):
     out, inn = rings
     inn.owner = b"c"
     table = np.ones((50, COLS), np.float32)
-    frames = encode(Message("spull", req=4, reply=True, arrays=[Rows(table, np.arange(5))]), out, 64)
+    frames = encode(
+        Message("spull", req=4, reply=True, arrays=[Rows(table, np.arange(5))]), out, 64
+    )
     dest = np.zeros((8, COLS), np.float32)
     land = _land_rows("t", dest, np.arange(4), COLS)  # four rows asked, five came
     reply = _decode(frames, inn, land)

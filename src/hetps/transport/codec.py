@@ -246,6 +246,14 @@ class Rows:
                 self.done(self)
         return dest.reshape(-1)
 
+    def reshape(self, *shape: Any) -> np.ndarray:
+        """The rows gathered (as an array of their own), reshaped."""
+        return self.gather().reshape(*shape)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        got = self.gather()
+        return got if dtype is None else got.astype(dtype)
+
 
 _local = threading.local()
 
