@@ -79,7 +79,7 @@ def distinct(ids: np.ndarray, runs: bool = False) -> np.ndarray:
     """The sorted distinct values of 1-D ``ids`` (``ids`` itself when it is so already): by
     a sort, as ``np.unique``'s hash path is 10x slower on a few thousand int64 ids; ``runs``:
     sorted runs end to end (a round's pushes), merged by the stable sort (4x faster)."""
-    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+    if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
         return ids
     s = np.sort(ids, kind="stable" if runs else None)
     keep = np.empty(s.size, bool)
@@ -91,7 +91,7 @@ def distinct(ids: np.ndarray, runs: bool = False) -> np.ndarray:
 def distinct_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(sorted distinct ``ids``, where each id of ``ids`` is in it); the inverse is None when
     ``ids`` is sorted and distinct already (it is then its own answer)."""
-    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+    if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
         return ids, None
     order = np.argsort(ids, kind="stable")
     s = ids[order]

@@ -347,7 +347,7 @@ def checked_ids(msg: Message, sh: Shard, arr: np.ndarray, sorted_distinct: bool)
         raise BadRequest(f"{msg.cmd} of key {sh.key!r}: {arr.size} ids, at most {MAX_IDS}")
     if arr.size == 0:
         return arr
-    ordered = arr.size < 2 or bool(np.all(arr[1:] > arr[:-1]))
+    ordered = arr.size < 2 or bool((arr[1:] > arr[:-1]).all())
     if sorted_distinct and not ordered:
         raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
     if ordered:  # (the range: its ends tell)
