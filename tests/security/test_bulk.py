@@ -16,7 +16,7 @@ import zmq
 
 from hetps.transport import bulk_in as bulk_mod
 from hetps.transport.codec import FRAME_MAX, Message
-from hetps.transport.van import Van
+from hetps.transport.van import BULK_MIN_BYTES, Van
 
 from .zmtp import Peer, frame_header
 
@@ -536,3 +536,24 @@ def test_a_malformed_hello_is_refused_and_its_channel_stays_offered(pair):
     assert got is not None and got.sender == 1
     np.testing.assert_array_equal(got.arrays[0], sent)
     assert cid not in rx.bulk.offered and tx.bulk.out[2].next == 1
+
+
+def test_arrays_under_the_bulk_bound_stay_on_the_curve_connection(pair):
+    """Below BULK_MIN_BYTES (a table round's rows between hosts, 128-320 KiB) an array
+    crosses on the CURVE connection, where the channel's second connection cost more; from
+    the bound on it takes the channel. Both arrive exact."""
+    tx, rx = pair
+
+    def frames() -> int:
+        return sum(c.next for c in tx.bulk.out.values())
+
+    mid = np.arange(BULK_MIN_BYTES // 8, dtype=np.float32)  # half the bound
+    big = np.arange(BULK_MIN_BYTES // 4, dtype=np.float32)  # the bound
+    tx.send(2, Message("push", req=1, arrays=[mid]))
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 1 and frames() == 0
+    np.testing.assert_array_equal(got.arrays[0], mid)
+    tx.send(2, Message("push", req=2, arrays=[big]))
+    got = rx.recv(timeout=10)
+    assert got is not None and got.req == 2 and frames() == 1
+    np.testing.assert_array_equal(got.arrays[0], big)

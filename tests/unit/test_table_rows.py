@@ -145,3 +145,23 @@ def test_the_id_index_is_a_dict_through_its_merges(monkeypatch):
     assert len(ix) == len(ref) and ix._ids.size > 0  # (merged at least once)
     ids, locs = ix.items()
     assert ids.tolist() == sorted(ref) and locs.tolist() == [ref[i] for i in sorted(ref)]
+
+
+def test_a_rounds_sum_adds_each_rows_pushes_in_order():
+    """sum_rows against a loop per id: rows pushed by several workers (overlapping ids, some
+    in one push only) are summed in push order, s = x_first; s += x_next, bit for bit."""
+    from hetps.tables.lazy import sum_rows
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        pushes = []
+        for _w in range(int(rng.integers(2, 5))):
+            ids = np.sort(rng.choice(40, int(rng.integers(0, 30)), replace=False)).astype(np.int64)
+            pushes.append((ids, rng.standard_normal((ids.size, 3)).astype(np.float32).reshape(-1)))
+        ids, rows = sum_rows(pushes, 3, np.float32)
+        want: dict[int, np.ndarray] = {}
+        for pid, pval in pushes:
+            for i, r in zip(pid.tolist(), pval.reshape(-1, 3), strict=True):
+                want[i] = r.copy() if i not in want else want[i] + r
+        assert ids.tolist() == sorted(want)
+        assert rows.tobytes() == np.array([want[i] for i in sorted(want)], np.float32).tobytes()

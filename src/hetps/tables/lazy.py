@@ -79,7 +79,7 @@ def distinct(ids: np.ndarray, runs: bool = False) -> np.ndarray:
     """The sorted distinct values of 1-D ``ids`` (``ids`` itself when it is so already): by
     a sort, as ``np.unique``'s hash path is 10x slower on a few thousand int64 ids; ``runs``:
     sorted runs end to end (a round's pushes), merged by the stable sort (4x faster)."""
-    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+    if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
         return ids
     s = np.sort(ids, kind="stable" if runs else None)
     keep = np.empty(s.size, bool)
@@ -91,7 +91,7 @@ def distinct(ids: np.ndarray, runs: bool = False) -> np.ndarray:
 def distinct_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """(sorted distinct ``ids``, where each id of ``ids`` is in it); the inverse is None when
     ``ids`` is sorted and distinct already (it is then its own answer)."""
-    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+    if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
         return ids, None
     order = np.argsort(ids, kind="stable")
     s = ids[order]
@@ -109,19 +109,29 @@ def sum_rows(
     """A round's per-row sum of ``pushes`` (each sorted distinct ids and their rows), in the
     order given: the union of their ids, sorted, and per id ``s = x_first; s += x_next ...``
     over the pushes that hold it. Servers and hosts (host-local aggregation) sum with it, so
-    a host's sum is bit for bit the one a server makes of the host's workers' pushes."""
+    a host's sum is bit for bit the one a server makes of the host's workers' pushes.
+
+    One stable sort of the ids places every push's rows (no search per push); each push's
+    rows are written whole, and only the rows an earlier push holds too are added."""
     if len(pushes) == 1:
         return pushes[0][0], pushes[0][1].reshape(-1, cols)
-    ids = distinct(np.concatenate([p[0] for p in pushes]), runs=True)
-    grad = np.zeros((ids.size, cols), dtype)
-    for i, (pid, pval) in enumerate(pushes):
-        pos = np.searchsorted(ids, pid)
-        if i == 0:
-            put_rows(grad, pos, pval)
-        else:
-            acc = take_rows(grad, pos)
-            acc += pval.reshape(-1, cols)
-            put_rows(grad, pos, acc)
+    ids, inv = distinct_inverse(np.concatenate([p[0] for p in pushes]))
+    if inv is None:  # (their ids in order end to end, none twice: each push's rows follow)
+        inv = np.arange(ids.size)
+    grad = np.empty((ids.size, cols), dtype)
+    seen = np.zeros(ids.size, bool)
+    at = 0
+    for pid, pval in pushes:
+        pos = inv[at : at + pid.size]
+        at += pid.size
+        vals = pval.reshape(-1, cols)
+        again = np.flatnonzero(seen[pos])  # (rows an earlier push holds: kept, then added)
+        kept = take_rows(grad, pos[again]) if again.size else None
+        put_rows(grad, pos, vals)
+        if kept is not None:
+            kept += take_rows(vals, again)
+            put_rows(grad, pos[again], kept)
+        seen[pos] = True
     return ids, grad
 
 

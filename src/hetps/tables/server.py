@@ -218,6 +218,7 @@ class Tables:
             ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), False)
             vals = checked_rows(msg, sh, msg.arrays[1], ids.size)
             opt = sh.optimizer if sh.optimizer is not None else self.server.optimizer
+            sh.settle()
             sh.value[sh.local(ids, opt, create=True)] = vals
         return sh
 
@@ -380,7 +381,7 @@ class Tables:
             self.hold(sh, msg)  # (each waiting pull holds its ids, and its reply comes)
             sh.deferred.append(msg)
             return
-        self.server.answers.reply(msg, arrays=[sh.read(ids).reshape(-1)])
+        self.server.answers.reply(msg, arrays=[sh.reply_rows(ids)])
 
     def worker_left(self, gone: int) -> None:
         """A worker died and the job goes on without it (HETPS_ELASTIC): drop what it sent

@@ -180,6 +180,7 @@ def load(tables: TablesPort, sh: Any, msg: Any, copy: bool = False) -> Any:
                 f"for {ids.size} rows of {want.shape[1]} {want.dtype.name}"
             )
         rows.append(arr.reshape(ids.size, want.shape[1]))
+    sh.settle()
     loc = sh.local(ids, opt, create=True)  # (a growing table: its bound is checked here)
     sh.value[loc] = vals
     for m, r in zip(names, rows, strict=True):

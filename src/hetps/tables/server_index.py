@@ -62,7 +62,7 @@ class IdIndex:
             return
         ids = np.asarray(ids, np.int64)
         locs = np.asarray(locs, np.int64)
-        if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+        if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
             order = np.argsort(ids, kind="stable")
             ids, locs = ids[order], locs[order]
         self._rids, self._rlocs = _merged(self._rids, self._rlocs, ids, locs)

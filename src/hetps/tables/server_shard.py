@@ -14,7 +14,7 @@ from hetps.cluster.errors import BadRequest
 from hetps.tables import lazy
 from hetps.tables.rowsparse import initial_rows
 from hetps.tables.server_index import IdIndex
-from hetps.transport.codec import WIRE_DTYPES, Message
+from hetps.transport.codec import WIRE_DTYPES, Message, Rows
 
 __all__ = [
     "INDEX_ROW_BYTES",
@@ -137,6 +137,7 @@ class Shard:
         self.primary, self.origin = True, None
         self.copying = False
         self.opt_blob: bytes | None = None
+        self.lent: list[Rows] = []  # replies' rows gathered as they leave (reply_rows)
         self._per: tuple | None = None  # (optimizer, has_state, row_bytes) last counted
 
     @property
@@ -213,6 +214,8 @@ class Shard:
             loc = ids // self.nparts
             fresh = loc[~self.made[loc]]
             if fresh.size:
+                if self.lent:
+                    self.settle()
                 if self.scale:
                     self.value[fresh] = initial_rows(
                         self.scale,
@@ -258,6 +261,29 @@ class Shard:
         self.index.add(ids, np.arange(self.n, need, dtype=np.int64))
         self.n = need
 
+    def reply_rows(self, ids: np.ndarray) -> Any:
+        """The rows of (checked) ``ids`` for a reply: gathered as it leaves, straight into
+        its shared-memory ring's slot where it takes one (a fixed table's; :class:`Rows`).
+        Until then the table is read-only, and :meth:`settle` (before any write) gathers
+        them first."""
+        if self.growing:
+            return self.read(ids).reshape(-1)
+        rows = Rows(self.value, self.local(ids), self._gathered)
+        self.lent.append(rows)
+        self.value.flags.writeable = False  # (a write that did not settle fails loudly)
+        return rows
+
+    def _gathered(self, rows: Rows) -> None:
+        self.lent.remove(rows)
+        if not self.lent:
+            self.value.flags.writeable = True
+
+    def settle(self) -> None:
+        """Gather the replies' rows not sent yet: the table may change now."""
+        for rows in list(self.lent):
+            rows.gather()
+        self.value.flags.writeable = True
+
     def read(self, ids: np.ndarray) -> np.ndarray:
         """The rows of (checked) ``ids``, in that order."""
         loc = self.local(ids)
@@ -276,6 +302,8 @@ def apply_rows(sh: Shard, optimizer: Any, ids: np.ndarray, grad: np.ndarray) -> 
     table's own optimizer, else ``optimizer``, lazily; with neither, the sums replace the
     rows. Raises BadRequest when a growing table would pass its bound (nothing changed)."""
     opt = sh.optimizer if sh.optimizer is not None else optimizer
+    if sh.lent:
+        sh.settle()
     loc = sh.local(ids, opt, create=True)
     if opt is None:
         lazy.put_rows(sh.value, loc, grad)
@@ -319,7 +347,7 @@ def checked_ids(msg: Message, sh: Shard, arr: np.ndarray, sorted_distinct: bool)
         raise BadRequest(f"{msg.cmd} of key {sh.key!r}: {arr.size} ids, at most {MAX_IDS}")
     if arr.size == 0:
         return arr
-    ordered = arr.size < 2 or bool(np.all(arr[1:] > arr[:-1]))
+    ordered = arr.size < 2 or bool((arr[1:] > arr[:-1]).all())
     if sorted_distinct and not ordered:
         raise BadRequest(f"{msg.cmd} of key {sh.key!r}: row ids must be sorted and distinct")
     if ordered:  # (the range: its ends tell)

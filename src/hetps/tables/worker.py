@@ -288,7 +288,7 @@ class SparseKeys:
                 sel = mine[a : a + step]
                 msg = Message(P.SPULL, body={"k": key, "part": s}, arrays=[uniq[sel]])
                 land = _land_rows(key, rows, sel, cols)
-                futs.append(self.kv.request(key, priority, s, msg, land))
+                futs.append(self.kv.request(key, priority, s, msg, land, land))
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
         tm.pushed = []
@@ -364,11 +364,36 @@ def targets_of(out: Any, what: str) -> list[Any]:
     return [o if isinstance(o, RowSparse) else as_numpy(o, what) for o in items]
 
 
-def _land_rows(key: Any, rows: np.ndarray, sel: np.ndarray, cols: int):
-    def land(reply: Message) -> None:
-        if len(reply.arrays) != 1 or reply.arrays[0].size != sel.size * cols:
-            raise ClusterError(f"row_sparse_pull of key {key!r}: server sent a wrong-sized reply")
-        put_rows(rows, sel, reply.arrays[0])
-        reply.arrays = []
+def _land_rows(key: Any, rows: np.ndarray, sel: np.ndarray, cols: int) -> _Landing:
+    """The callback of a pull's request (and its landing: :class:`_Landing`)."""
+    return _Landing(key, rows, sel)
 
-    return land
+
+class _Landing:
+    """Where a pull's reply goes: its rows to ``rows[sel]``, straight from the shared-memory
+    ring or bulk channel they came in (:meth:`land`, as the reply is decoded: one copy), else
+    from the reply's array when it is handled (the request's callback)."""
+
+    __slots__ = ("key", "rows", "sel", "mark")
+
+    def __init__(self, key: Any, rows: np.ndarray, sel: np.ndarray) -> None:
+        self.key, self.rows, self.sel = key, rows, sel
+        self.mark = np.empty(0, rows.dtype)  # (what a reply that landed holds instead)
+
+    def land(self, view: np.ndarray) -> np.ndarray:
+        """Copy the reply's rows out of ``view`` (the ring's memory); a reply of the wrong
+        size or dtype is copied as it is, for the callback to refuse."""
+        if view.dtype != self.rows.dtype or view.size != self.sel.size * self.rows.shape[1]:
+            return view.copy()
+        put_rows(self.rows, self.sel, view)
+        return self.mark
+
+    def __call__(self, reply: Message) -> None:
+        got = reply.arrays[0] if len(reply.arrays) == 1 else None
+        if got is not self.mark:
+            if got is None or got.size != self.sel.size * self.rows.shape[1]:
+                raise ClusterError(
+                    f"row_sparse_pull of key {self.key!r}: server sent a wrong-sized reply"
+                )
+            put_rows(self.rows, self.sel, got)
+        reply.arrays = []

@@ -34,7 +34,6 @@ from hetps.transport.bulk_in import (
 )
 from hetps.transport.codec import FRAME_MAX, Message
 from hetps.transport.handshakes import RefusalLog
-from hetps.transport.shm import ring_floor
 
 log = logging.getLogger("hetps.bulk")
 
@@ -191,9 +190,8 @@ class BulkVan(Protocol):
     sends: the smallest array that leaves its connection, its peers' addresses, and its ways
     to send and to close a sending ring or channel."""
 
-    ring_min: int
-
     def send(self, peer: Any, msg: Message) -> Any: ...
+    def bulk_floor(self, msg: Message) -> int | None: ...
     def host_of(self, peer: Any) -> str: ...
     def close_out(self, peer: Any, ring: Any) -> None: ...
 
@@ -223,7 +221,7 @@ class Bulk:
     def sender(self, van: BulkVan, peer: Any, msg: Any) -> OutChannel | None:
         """The open channel to ``peer`` if ``msg`` has arrays for it, else None. Opened on
         first need: its hello goes ahead of the message on the CURVE connection."""
-        if ring_floor(msg.arrays, van.ring_min) is None:
+        if van.bulk_floor(msg) is None:
             return None
         with self.lock:
             chan, new, stale = self.channel(peer, van.host_of(peer))

@@ -161,6 +161,18 @@ def encode(msg: Message, ring: Any = None, min_ring_bytes: int = 0) -> list[Any]
     ):
         mark = ring.put_mark()
     for arr in msg.arrays:
+        if isinstance(arr, Rows):  # gathered straight into the ring, else into one array
+            big = arr.nbytes >= min_ring_bytes and arr.nbytes
+            got = ring.slot(arr.nbytes) if big and _slots(ring) else None
+            if got is not None:
+                arr.gather(got[1])
+                specs.append([_NAME_OF[arr.dtype], [arr.size]])
+                placed.append(got[0])
+                in_ring = True
+                frames.append(b"")
+                nbytes += arr.nbytes
+                continue
+            arr = arr.gather()
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         name = _NAME_OF.get(arr.dtype)
@@ -196,6 +208,51 @@ def encode(msg: Message, ring: Any = None, min_ring_bytes: int = 0) -> list[Any]
     frames[0] = _packer().pack(header)
     msg.nbytes = nbytes + len(frames[0])
     return frames
+
+
+def _slots(ring: Any) -> bool:
+    return ring is not None and hasattr(ring, "slot")
+
+
+class Rows:
+    """Rows of a 2-D table to send as one flat array, gathered only as the message leaves:
+    straight into a shared-memory ring's slot (one copy), or into one array for the wire.
+    ``done(self)`` runs once they are gathered: the table may change from then on."""
+
+    __slots__ = ("table", "rows", "dtype", "size", "shape", "nbytes", "done", "_got")
+
+    def __init__(self, table: np.ndarray, rows: np.ndarray, done: Any = None) -> None:
+        self.table, self.rows, self.done = table, rows, done
+        self.dtype = table.dtype
+        self.size = rows.size * table.shape[1]
+        self.shape = (self.size,)
+        self.nbytes = self.size * table.itemsize
+        self._got: np.ndarray | None = None
+
+    def gather(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The rows, flat: into ``out`` (``nbytes`` uint8) when given, else a new array."""
+        got = self._got
+        if out is None and got is not None:
+            return got
+        cols = self.table.shape[1]
+        dest = None if out is None else out.view(self.dtype).reshape(self.rows.size, cols)
+        if got is not None:
+            dest[...] = got.reshape(self.rows.size, cols)  # type: ignore[index]
+        else:  # ('clip': the rows are checked; 'raise' would gather into a buffer first)
+            dest = np.take(self.table, self.rows, axis=0, out=dest, mode="clip")
+            if out is None:
+                self._got = dest.reshape(-1)
+            if self.done is not None:
+                self.done(self)
+        return dest.reshape(-1)
+
+    def reshape(self, *shape: Any) -> np.ndarray:
+        """The rows gathered (as an array of their own), reshaped."""
+        return self.gather().reshape(*shape)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        got = self.gather()
+        return got if dtype is None else got.astype(dtype)
 
 
 _local = threading.local()
@@ -238,7 +295,9 @@ def decode(
     A ring may carry only the arrays of the connection that offered it: its ``owner`` must be
     ``origin`` (the routing id the message came with). ``landing_of(cmd, req, body, count)``
     may name where a reply's arrays go (``{array index: flat array of its dtype and size}``,
-    or None): a ring-borne array is then copied there, not into a new array.
+    or None, or an object whose ``land(view)`` copies the array where it belongs and
+    returns what the message holds instead): a ring-borne array is then copied there, not
+    into a new array.
 
     A request whose command is in ``borrow`` gets its ring-borne arrays as read-only views of
     the ring, not copies: nothing is released to the sender then, and the message's ``lease``
@@ -485,7 +544,9 @@ def _spec(i: int, spec: Any) -> tuple[np.dtype, list[int], int, int]:
 def _decode_array(i, item, parts, placed, ring, target=None, lent=False) -> np.ndarray:
     """Array ``i`` from its frames (or ring slot), checked against its spec. A ring-borne
     array is copied into ``target`` if that is a flat, writable array of its dtype and
-    element count; with ``lent`` it is a read-only view of the ring."""
+    element count, or given to ``target.land(view)`` (a read-only view of the ring, valid
+    only during the call), whose return is the array; with ``lent`` it is a read-only view
+    of the ring."""
     dt, shape, count, expected = item
     if placed is not None and placed[i] >= 0:
         if len(_buffer(parts[0])) != 0:
@@ -502,6 +563,9 @@ def _decode_array(i, item, parts, placed, ring, target=None, lent=False) -> np.n
             if fits:
                 ring.take(placed[i], expected, out=target.view(np.uint8))
                 return target.reshape(shape)
+            if count and hasattr(target, "land"):  # (it copies what it takes: one copy)
+                view = np.frombuffer(ring.take(placed[i], expected, view=True), dt)
+                return target.land(view.reshape(shape))
             buf = memoryview(ring.take(placed[i], expected, view=lent))
         except ValueError as exc:
             raise BadMessage(f"array {i}: {exc}") from None

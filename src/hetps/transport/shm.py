@@ -193,7 +193,16 @@ class OutRing:
 
     def put(self, frame: np.ndarray) -> int | None:
         """Copy ``frame`` (uint8, contiguous) in; its counter, or None when it does not fit."""
-        n = frame.nbytes
+        got = self.slot(frame.nbytes)
+        if got is None:
+            return None
+        got[1][:] = frame
+        return got[0]
+
+    def slot(self, n: int) -> tuple[int, np.ndarray] | None:
+        """Room for a frame of ``n`` bytes, taken now: its counter and the ring's memory to
+        write it into (``n`` uint8, 64-byte aligned) before the message naming the counter
+        leaves; None when it does not fit."""
         span = _span(n)
         if span > self.size or self.closed:
             return None
@@ -204,9 +213,8 @@ class OutRing:
             off = 0
         if pos + span - int(self._hdr[_TAIL]) > self.size:
             return None
-        self._data[off : off + n] = frame
         self.head = pos + span
-        return pos
+        return pos, self._data[off : off + n]
 
     def close(self) -> None:
         """Unlink the name (if still there) and unmap."""
