@@ -311,7 +311,7 @@ def wait_all(futures: list[Future], timeout: float, what: str = "request") -> li
     if len(futures) > 1:
         group = _Group()
         with _ENDING:
-            group.left = sum(fut.join(group) for fut in futures)
+            group.left = sum(fut.join(group) for fut in futures if not fut.done())
         if group.left:  # (its one waiter: the gate is taken, never given back)
             group.gate.acquire(True, min(max(timeout, 0.0), threading.TIMEOUT_MAX))
     out = []

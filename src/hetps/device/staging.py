@@ -202,8 +202,7 @@ class _Buffer:
 
 
 def _failed(future: Any) -> bool:
-    failed = getattr(future, "failed", None)
-    return bool(failed()) if failed is not None else False
+    return getattr(future, "error", None) is not None  # (a Future's: None unless it failed)
 
 
 class Staging:
