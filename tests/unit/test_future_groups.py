@@ -123,3 +123,20 @@ def test_a_group_that_times_out_gives_up_its_futures():
     with pytest.raises(RequestTimeout):
         wait_all(futs, 0.05, "pull")
     assert all(f.done() and f.reported for f in futs) and tracker.pending() == 0
+
+
+def test_a_failure_of_a_later_future_ends_the_call_at_once():
+    """The last future fails while the first is still out (a server that refused, another
+    that is slow or dead): the call raises that error at once, not a timeout of the first."""
+    tracker = RequestTracker()
+    futs = [tracker.new(peer=3, what=f"pull {i}") for i in range(3)]
+    thread, out = _waiting(futs)
+    try:
+        assert tracker.resolve(futs[2].req, None, "no such row", sender=3)
+        thread.join(5)
+        assert not thread.is_alive()
+        assert isinstance(out[0], RequestError) and "no such row" in str(out[0])
+        assert futs[2].reported and not futs[0].done() and not futs[1].done()
+    finally:
+        tracker.fail_all(RequestError("test over"))
+        thread.join(5)

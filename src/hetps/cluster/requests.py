@@ -316,6 +316,9 @@ def wait_all(futures: list[Future], timeout: float, what: str = "request") -> li
             group.gate.acquire(True, min(max(timeout, 0.0), threading.TIMEOUT_MAX))
     out = []
     try:
+        for fut in futures:  # (a failure ends the call at once, whichever future it was)
+            if fut.error is not None:
+                fut.wait(0)
         for fut in futures:
             remaining = deadline - time.monotonic()
             if remaining <= 0 and not fut.done():
