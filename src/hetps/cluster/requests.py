@@ -308,19 +308,16 @@ def wait_all(futures: list[Future], timeout: float, what: str = "request") -> li
     counts as reported for every future of the call that failed by then). The waiting thread
     wakes once: when the last future ends, or one fails."""
     deadline = time.monotonic() + timeout
-    slept = False
+    group = _Group()
     if len(futures) > 1:
-        group = _Group()
         with _ENDING:
             group.left = sum(fut.join(group) for fut in futures if not fut.done())
         if group.left:  # (its one waiter: the gate is taken, never given back)
-            slept = True
             group.gate.acquire(True, min(max(timeout, 0.0), threading.TIMEOUT_MAX))
     out = []
-    try:
-        for fut in futures if slept else ():  # (woken by a failure, perhaps a later one's:
-            if fut.error is not None:  # it ends the call at once)
-                fut.wait(0)
+    try:  # (woken by a failure, perhaps a later future's: it ends the call at once)
+        if group.left and (bad := next((f for f in futures if f.error is not None), None)):
+            bad.wait(0)
         for fut in futures:
             remaining = deadline - time.monotonic()
             if remaining <= 0 and not fut.done():
