@@ -109,3 +109,28 @@ def test_a_report_left_waiting_when_its_worker_went_on_is_still_relayed(ahead, c
     finally:
         sock.close()
         lead.close()
+
+
+def test_a_follower_cannot_run_rounds_ahead_without_bound(caplog):
+    """A follower that goes on round after round while this worker reports none is kept
+    AHEAD rounds past it (a synchronous job's workers are a round or two apart), then dropped,
+    naming the round: the leader does not relay a stream of future rounds for it."""
+    node = _Node()
+    lead = H.HostLead(node)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(5.0)
+        sock.connect(H._name(SECRET, 0, LEADER))
+        H._send(sock, {"id": FOLLOWER})
+        _wait_for(lambda: FOLLOWER in lead.conns, "the follower was not accepted")
+        for rnd in range(1, H.AHEAD + 3):
+            w = _report(rnd, rnd).arrays
+            H._send(sock, {"k": H.REPORT, "n": rnd, "w": {"b": {}, "s": w[0].tobytes(),
+                                                           "t": w[1].tobytes()}})  # fmt: skip
+        _wait_for(lambda: FOLLOWER not in lead.conns, "a follower running ahead was kept")
+        assert f"dropped worker {FOLLOWER}, which sent round {H.AHEAD + 1} of 'r'" in caplog.text
+        # the rounds it had before: relayed on their own as it went on, the last one dropped
+        assert [m.body["round"] for m in node.sent] == list(range(1, H.AHEAD))
+    finally:
+        sock.close()
+        lead.close()

@@ -58,6 +58,7 @@ _TICK = 0.2  # how often a wait looks at the node's failure and the let-go worke
 _SEND_S = 1.0  # an answer a follower does not take within this drops it
 _FRAME_S = 5.0  # a frame begun and not whole within this drops its follower
 REPORT = "r"  # the kind of a link report; a barrier's is "b:" and its group
+AHEAD = 3  # a follower's rounds past this worker's own the leader keeps (sync: a round or two)
 
 
 def _name(secret: bytes, group: int, leader: int) -> bytes:
@@ -429,11 +430,11 @@ class HostLead:
         worker went on: it is relayed once the host's others are there or past it). Another
         round would hold the host's rounds, or never come."""
         step = self.node.cfg.replan_every if kind == REPORT else 1
-        held = self.pending.get(kind, {}).get(nid)
-        if held is not None:
-            allowed = [held[0] + step]
+        held, mine = self.pending.get(kind, {}).get(nid), self.mine.get(kind, 0)
+        if held is not None:  # (at most AHEAD rounds past this worker's: each is kept)
+            allowed = [held[0] + step] if held[0] + step <= mine + AHEAD * step else []
         else:
-            mine, sent = self.mine.get(kind, 0), self.sent.get(kind, {}).get(nid, 0)
+            sent = self.sent.get(kind, {}).get(nid, 0)
             if self.me in self.pending.get(kind, {}):
                 allowed = [mine]
             else:
@@ -444,7 +445,8 @@ class HostLead:
                 return None
         if n in allowed:
             return None
-        return f"round {n} of {kind!r}, not the current or next ({' or '.join(map(str, allowed))})"
+        want = " or ".join(map(str, allowed)) or f"none past {mine + AHEAD * step} yet"
+        return f"round {n} of {kind!r}, not the current or next ({want})"
 
     def _drop(self, peer: _Peer, why: str | None) -> bool:
         """Close ``peer`` (``why``: logged, naming it); it sends its own from now on."""
