@@ -23,6 +23,12 @@ the node's own routing id (so the scheduler holds N connections, as with real no
   plan, the planner's own time per plan (``plan_s`` of the answer), the plan message's
   size, and the scheduler's CPU per round.
 
+A node has a message when it was read off the socket plus the time its own decode took (as a
+real node, which decodes only its own): the messages are read as they are queued and decoded
+after, so no node's figure holds the other nodes' decodes. The simulating process's objects
+are left out of the interpreter's full collections after registration and before each report
+round (``gc.freeze``): with every node's state in one process a collection took 30-80 ms.
+
 With hosts of several workers (``--workers-per-host``), a host's barrier arrival and link
 report go through its leader, as cluster/hostlead.py does (``HETPS_HOST_CONTROL``): the host's
 lowest worker sends one arrival (``host``: the host's workers) and one report (the host's
