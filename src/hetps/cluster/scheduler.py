@@ -287,7 +287,9 @@ class Scheduler:
             target=self._serve_services, name="hetps-scheduler-services", daemon=True
         )
         self._service_thread.start()
-        frozen = False
+        # (a scheduler of its own process only: one in another's, start(), leaves that
+        # process's collections alone)
+        frozen = threading.current_thread() is not threading.main_thread()
         try:
             while not self._stop.is_set() and self.exit_code is None:
                 # what one turn read off the socket (a round's host reports come together)
