@@ -636,3 +636,37 @@ def test_the_per_link_table_is_made_only_when_read():
     p.use_hosts([r // 8 for r in range(4096)])  # (512 hosts: 640 rows)
     assert p._table is None and p.n_nodes == 640
     assert p.table.n_nodes == 640 and p.table is p.table
+
+
+def test_rounds_released_together_each_plan_on_its_own_rounds_caps():
+    """A release reads the caps once per round (its prediction and its plan share them):
+    two rounds answered in one release (the worker they waited for finished) get the plans
+    of the same rounds answered one at a time, the second on the second round's caps."""
+    from hetps.cluster import protocol as P
+
+    def rates(fast: int) -> list:  # each worker's push to every server; ``fast`` is 20x
+        rows = []
+        for w in range(2):
+            for s in range(3):
+                secs = 0.05 if s == fast else 1.0
+                rows.append([P.worker_id(w), P.server_id(s), MB, 10.0 * w, 10.0 * w + secs, 0])
+        return rows
+
+    runs = []
+    for together in (False, True):
+        p = Planner("aware", 3, 3, colocate=False, slice_elems=100, margin=0.0, patience=1)
+        p.slices = layout([12000], 100)
+        p.assignment = np.array([0, 1, 2] * 40, dtype=np.int64)
+        sched = _Sched(3)
+        if not together:
+            sched.finished.add(P.worker_id(2))  # (each round answered as it completes)
+        for rnd, fast in ((1, 0), (2, 2)):
+            for w in range(2):
+                _report(p, sched, w, rnd, rates(fast))
+        if together:
+            assert sched.answers == []  # both rounds wait for worker 2
+            sched.finished.add(P.worker_id(2))
+            p.release(sched)
+        runs.append([{k: v for k, v in a.items() if k != "plan_s"} for a in sched.answers])
+    assert runs[0] == runs[1] and len(runs[0]) == 4
+    assert runs[0][0]["shares"] != runs[0][2]["shares"]  # (the caps changed between them)

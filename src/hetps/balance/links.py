@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetps.balance.network import Network
+from hetps.balance.reports import listed
 
 NODE_MIN_BYTES = 256 * 1024  # a node's round must carry this much to measure its rate
 SPREAD_NEAR = 0.85  # a node probing within this fraction of its fastest peer may be censored
@@ -278,6 +279,23 @@ class LinkEstimator:
             # probes read clearly below its peers, they are its cap (it got slower)
             caps.append(np.fmax(np.fmax(busy, probe), np.where(cen, spread, np.nan)))
         return caps[0], caps[1]
+
+    def node_rates(self) -> dict:
+        """The per-node caps and what they come from (single-flow probes, fresh spreads, the
+        data's busy time), JSON-ready, with the latest probes, for reports and plots."""
+        up, down = self.capacity()
+        single = self.single()
+        return {
+            "up": listed(up),
+            "down": listed(down),
+            "probe_up": listed(single[0]),
+            "probe_down": listed(single[1]),
+            "spread_up": listed(self.spread_up),
+            "spread_down": listed(self.spread_down),
+            "busy_up": listed(self.up),
+            "busy_down": listed(self.down),
+            "last_probes": [[i, j, r, n] for (i, j), (r, n) in sorted(self.last_probes.items())],
+        }
 
     def node_network(self) -> Network | None:
         """The network of per-node caps measured so far (unmeasured nodes take the median

@@ -28,7 +28,6 @@ from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
 from hetps.balance.reports import host_ids, named, sample_array, spans, times_array
-from hetps.balance.reports import listed as _listed
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
 from hetps.balance.wire import pack_plan, reply_parts
@@ -118,6 +117,8 @@ class Planner:
         # every report
         self._live: set[int] = set()
         self._live_at: tuple[int, int, int] | None = None
+        self._live_rows: set[int] = set()  # (their rows of the link model)
+        self._net_memo: list | None = None  # within a round's release: its caps, read once
         # a host pushes once for its workers (host-local aggregation, as its reports say)
         self.one_push_per_host = False
         self._rows()
@@ -200,12 +201,18 @@ class Planner:
 
     def node_network(self) -> Network | None:
         """The per-node caps measured so far, as the plan functions must see them: a host's
-        caps shared by the pushes it makes (:func:`per_host_network`); None before any."""
+        caps shared by the pushes it makes (:func:`per_host_network`); None before any.
+        Read once in a round's release (its prediction and its plan read the same caps)."""
+        memo = self._net_memo
+        if memo:
+            return memo[0]
         net = self.links.node_network()
-        if net is None or not self.hosts.shared:
-            return net
-        pushes = np.ones(self.hosts.n_hosts) if self.one_push_per_host else self.hosts.counts
-        return per_host_network(net, self.servers, self.hosts, pushes)
+        if net is not None and self.hosts.shared:
+            pushes = np.ones(self.hosts.n_hosts) if self.one_push_per_host else self.hosts.counts
+            net = per_host_network(net, self.servers, self.hosts, pushes)
+        if memo is not None:
+            memo.append(net)
+        return net
 
     def take_round(self, rnd: int, reports: list[tuple[np.ndarray, bool]]) -> None:
         """Every report's samples of round ``rnd``, once every worker reported it, in one
@@ -362,11 +369,13 @@ class Planner:
                 self._hosts_read = True
                 groups = {P.rank_of(nid): getattr(n, "group", -1) for nid, n in workers}
                 self.use_hosts([groups.get(r, -1) for r in range(self.W)])
+            self._live_rows = set(self.rows_of(np.fromiter(self._live, float)).tolist())
         return self._live
 
     def release(self, sched: JobPort) -> None:
         """Answer every round that every live, unfinished worker has reported (also called
         when a worker finishes, so the others never wait for it)."""
+        self._net_memo = None
         live = self.live_workers(sched)
         for rnd in sorted(self.pending):
             waiting = self.pending[rnd]
@@ -376,17 +385,15 @@ class Planner:
             self.take_round(rnd, self._samples.pop(rnd, []))
             done = rnd in self._spread_done
             self.links.observe_spread(self._spread.pop(rnd, []), done=done)
-            for old in [r for r in self._samples if r < rnd]:
-                del self._samples[old]
-            for old in [r for r in self._spread if r < rnd]:
-                del self._spread[old]
+            for kept in (self._samples, self._spread, self._spans):  # (older rounds)
+                for old in [r for r in kept if r < rnd]:
+                    del kept[old]
             self._released += 1
+            self._net_memo = []  # (the caps are the round's from here: node_network)
             contradicted = rnd in self._contradicted
             worked = spans(self._spans.pop(rnd, []), self.S)
             recal = self.surprised(rnd, worked, contradicted=contradicted)
             self._contradicted = {r for r in self._contradicted if r > rnd}
-            for old in [r for r in self._spans if r < rnd]:
-                del self._spans[old]
             self._calibration_rounds = {r for r in self._calibration_rounds if r >= rnd}
             self._spread_done = {r for r in self._spread_done if r > rnd}
             if not self.slices:
@@ -399,7 +406,7 @@ class Planner:
                     sched.reply(m, answer)
                 continue
             answer = self.plan()
-            spread = self.spread_targets(live=set(self.rows_of(np.fromiter(live, float)).tolist()))
+            spread = self.spread_targets(live=self._live_rows)
             if recal:
                 answer = {**answer, "recalibrate": True}
             elif spread is not None:
@@ -416,6 +423,7 @@ class Planner:
                 else:
                     body, arrays = reply_parts(packed)
                 sched.reply(m, body, arrays)
+        self._net_memo = None
 
     def forget_readings(self) -> None:
         """Drop the probe and spread readings: a new cycle of probes is arriving because the
@@ -578,22 +586,4 @@ class Planner:
         """What reports and plots read, beside the plan (worker rank 0's answer only):
         ``link_matrix`` (estimated bytes/s per link, an N x N array, ``inf`` on the diagonal)
         and ``node_rates`` (the per-node caps and where they come from)."""
-        up, down = self.links.capacity()
-        single = self.links.single()
-        return {
-            "link_matrix": self.link_matrix(),
-            "node_rates": {
-                "up": _listed(up),
-                "down": _listed(down),
-                # what the caps come from, for reports: single-flow probes and fresh spreads
-                "probe_up": _listed(single[0]),
-                "probe_down": _listed(single[1]),
-                "spread_up": _listed(self.links.spread_up),
-                "spread_down": _listed(self.links.spread_down),
-                "busy_up": _listed(self.links.up),
-                "busy_down": _listed(self.links.down),
-                "last_probes": [
-                    [i, j, r, n] for (i, j), (r, n) in sorted(self.links.last_probes.items())
-                ],
-            },
-        }
+        return {"link_matrix": self.link_matrix(), "node_rates": self.links.node_rates()}
