@@ -253,13 +253,6 @@ def greedy_round(
     return _greedy_fill(k, n, cost)
 
 
-def _separable_server_times(model: LoadModel, n: int) -> Callable[[np.ndarray], np.ndarray]:
-    def st(k: np.ndarray) -> np.ndarray:
-        return model.server_times(k / n)
-
-    return st
-
-
 def _local_search(model: LoadModel, k: np.ndarray, n: int, rounds: int | None = None) -> np.ndarray:
     """Move single slices while that lowers the predicted iteration time."""
     k = k.copy()
@@ -346,7 +339,7 @@ def solve_integer(
     if model.A.shape[0] == 0 or model.scale == 0:
         return largest_remainder(np.ones(model.n_servers), n)
     if model.separable:
-        return greedy_round(f, n, _separable_server_times(model, n))
+        return greedy_round(f, n, lambda k: model.server_times(k / n))
     if too_big_for_lp(model, lp_max_entries):
         return largest_remainder(f, n)
     t_cont = model.time(f)

@@ -54,10 +54,6 @@ def table_path(port: int) -> Path:
     return key_path(port).with_suffix(".nodes")
 
 
-def _write_key(path: Path, key: bytes) -> None:
-    _write_private(path, key.hex().encode())
-
-
 def _write_private(path: Path, data: bytes) -> None:
     _private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
@@ -170,7 +166,7 @@ class Credentials:
         if not self._written:
             self._written = True
             try:
-                _write_key(self.path, self.key)
+                _write_private(self.path, self.key.hex().encode())
             except OSError as exc:
                 log.warning(
                     "scheduler: cannot keep its credential key in %s (%s): a scheduler "

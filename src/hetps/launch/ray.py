@@ -185,9 +185,6 @@ class RayLauncher(Output):
             ) from None
         self._connected = True
 
-    def _actor_class(self):
-        return self._ray.remote(RoleProcess)
-
     def _cpus_needed(self) -> float:
         return self.num_workers * self.cpus_per_worker + self.num_servers * self.cpus_per_server
 
@@ -229,7 +226,7 @@ class RayLauncher(Output):
                 "the cluster's free CPUs are taken by other jobs"
             )
             return 1
-        Actor = self._actor_class()
+        Actor = self._ray.remote(RoleProcess)
         sched = Actor.options(
             num_cpus=0, resources={HEAD_RESOURCE: 0.001}, max_concurrency=4
         ).remote()

@@ -98,10 +98,6 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _dump(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
-
-
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` (its folder made if need be) through a file beside it, so a
     reader sees the old file or the new one, never part of it; returns the path."""
@@ -182,14 +178,12 @@ def run_meta(
     meta["slowdown"] = slowdown
     meta["started_at"] = time.time() if started_at is None else started_at
     if devices is None:
-        devices = {r: _default_label(r, s) for r, s in enumerate(slowdown)}
+        devices = {
+            r: f"worker{r}" if float(s) == 1 else f"worker{r} (slowdown x{float(s):g})"
+            for r, s in enumerate(slowdown)
+        }
     meta["devices"] = devices
     return validate_meta(meta)
-
-
-def _default_label(rank: int, slowdown: float) -> str:
-    s = float(slowdown)
-    return f"worker{rank}" if s == 1 else f"worker{rank} (slowdown x{s:g})"
 
 
 def validate_meta(meta: Mapping[str, Any], where: str = "run.json") -> dict[str, Any]:
@@ -397,7 +391,7 @@ class IterationLog:
             raise MetricsError(
                 f"{self.path}: record has rank {rec['rank']} but this is worker {self.rank}'s log"
             )
-        line = _dump(rec) + "\n"
+        line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
         with self._lock:
             if self._fh is None:
                 raise MetricsError(f"{self.path}: write after close()")

@@ -144,17 +144,13 @@ def _sum_key(kv: SumStore, key: str, flat: torch.Tensor) -> None:
         _made.add((id(kv), key))
 
 
-def _async(kv: SumStore) -> bool:
-    return str(getattr(kv, "type", "")).startswith("dist_async")
-
-
 def _summed(kv: SumStore, key: str, flat: torch.Tensor, out: torch.Tensor) -> Any:
     """Start the sum of ``flat`` over the workers into ``out``; the request (``wait()``).
 
     ``dist_sync``: one round of ``key``. ``dist_async`` (whose servers apply each push with
     their optimizer, which must sum these keys: :class:`hetps.optim.sums.SumKeys`): the key
     made zero again, every worker's push added, then read once all pushed."""
-    if not _async(kv):
+    if not str(getattr(kv, "type", "")).startswith("dist_async"):
         _sum_key(kv, key, flat)
         return kv.pushpull(key, flat, out=out, block=False)
     kv.init(key, torch.zeros_like(flat))  # (returns on every worker once it is stored)
