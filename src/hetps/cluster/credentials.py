@@ -41,13 +41,6 @@ def key_path(port: int) -> Path:
     return key_dir() / f"scheduler-{host or 'host'}-{int(port)}.key"
 
 
-def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.stat(path, follow_symlinks=False)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise OSError(f"{path} is not a directory of this user alone (chmod 700 {path})")
-
-
 def table_path(port: int) -> Path:
     """The node table a scheduler at ``port`` keeps beside its key (what ``--recover``
     takes the job back from)."""
@@ -55,7 +48,10 @@ def table_path(port: int) -> Path:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    _private_dir(path.parent)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.stat(path.parent, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{path.parent} is not a directory of this user alone (chmod 700 it)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
