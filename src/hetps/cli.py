@@ -4,6 +4,7 @@ them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -315,10 +316,8 @@ def cmd_state_server(args: argparse.Namespace) -> int:
         args.workers, host=args.host, port=args.port, margin_s=args.margin, secret=secret
     )
     print(f"hetps state-server port {srv.port}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         srv.serve()
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

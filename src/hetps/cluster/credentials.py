@@ -10,6 +10,7 @@ only as the id whose credential it presents. ``K`` and the job's node table (sig
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -192,10 +193,8 @@ class Credentials:
         """The job is over: remove the key file and the node table (nothing can come back
         to it)."""
         if self._table_written:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.table)
-            except OSError:
-                pass
         if self._written:
             try:
                 if _read_key(self.path) == self.key:  # (not a newer scheduler's)

@@ -13,6 +13,7 @@ the training loop fails at the first iteration and not at plotting time; the rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -256,10 +257,8 @@ def keep_aside(run_dir: str | os.PathLike[str]) -> Path | None:
     if not (d / RUN_FILE).exists() and not any(d.glob("*.jsonl")):
         return None
     started = None
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         started = float(json.loads((d / RUN_FILE).read_text())["started_at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     if started is None:
         started = (d / RUN_FILE).stat().st_mtime if (d / RUN_FILE).exists() else time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))

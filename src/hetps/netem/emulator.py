@@ -11,6 +11,7 @@ SIGINT/SIGTERM (``handle_signals=True``), ``atexit``, or, after a SIGKILL, by th
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import logging
 import os
@@ -410,10 +411,8 @@ class Netem:
     def _stop_procs(self) -> None:
         procs = [p for p in self._procs if p.poll() is None]
         for p in procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 p.terminate()
-            except ProcessLookupError:
-                pass
         for p in procs:
             try:
                 p.wait(timeout=2.0)
