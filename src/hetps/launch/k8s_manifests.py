@@ -241,10 +241,7 @@ class K8sJob:
         return env
 
     def container(self, role: str) -> dict:
-        if role == "worker":
-            command = list(self.command)
-        else:
-            command = [*self.hetps, role]
+        command = list(self.command) if role == "worker" else [*self.hetps, role]
         c: dict = {"name": role, "image": self.image, "command": command, "env": self.env_for(role)}
         if self.image_pull_policy:
             c["imagePullPolicy"] = self.image_pull_policy

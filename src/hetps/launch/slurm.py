@@ -519,10 +519,7 @@ def _task_main(argv: list[str]) -> int:
         return 2
     if role == "scheduler" and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
         print(f"hetps-slurm-step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}", flush=True)
-    if role in ("scheduler", "server"):
-        cmd = [sys.executable, "-m", "hetps.cli", role]
-    else:
-        cmd = command
+    cmd = [sys.executable, "-m", "hetps.cli", role] if role in ("scheduler", "server") else command
     if shutil.which(cmd[0], path=child_env.get("PATH")) is None:
         print(f"hetps launch --launcher slurm: cannot start {shlex.join(cmd)}: no such command")
         print(f"hetps-slurm-exit {procid} 127", flush=True)

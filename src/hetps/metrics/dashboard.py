@@ -120,7 +120,7 @@ def node_states(snap: dict) -> list[dict]:
     """One row per registered node: ``{"node", "role", "rank", "state", "detail"}``, state one
     of alive, late, finished, dead, taken over, left, rejoined."""
     nodes, dead = snap["nodes"], snap["dead"]
-    taken = {d: to for d, to in snap.get("failovers", [])}
+    taken = dict(snap.get("failovers", []))
     left = snap.get("left", {})
     rejoined = snap.get("rejoined", {})
     rows = []

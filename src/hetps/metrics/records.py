@@ -429,11 +429,10 @@ def validate_record(record: Mapping[str, Any], where: str = "record") -> dict[st
             continue
         if not _is_number(v):
             raise MetricsError(f"{where}: {k} must be a number, got {v!r}")
-        if k in _INT_KEYS:
-            if isinstance(v, float):
-                if not v.is_integer():
-                    raise MetricsError(f"{where}: {k} must be an integer, got {v!r}")
-                rec[k] = int(v)
+        if k in _INT_KEYS and isinstance(v, float):
+            if not v.is_integer():
+                raise MetricsError(f"{where}: {k} must be an integer, got {v!r}")
+            rec[k] = int(v)
         if k in _NONNEG_KEYS and v < 0:
             raise MetricsError(f"{where}: {k} must be >= 0, got {v!r}")
     acc = rec.get("accuracy")

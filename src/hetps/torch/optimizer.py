@@ -229,7 +229,7 @@ class DistributedOptimizer(Regrouping):
 
     def _as_groups(self, groups: list[list[str]]) -> list[_Group]:
         """``_Group``s keyed in the parameters' own order, members in that order."""
-        params = {n: p for n, p in self.named}
+        params = dict(self.named)
         order = self._index
         groups = sorted(
             (sorted(g, key=order.__getitem__) for g in groups), key=lambda g: order[g[0]]
