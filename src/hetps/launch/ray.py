@@ -31,7 +31,7 @@ from hetps.launch.contract import (
     usable_cores,
     without_host_vars,
 )
-from hetps.launch.processes import Output, raise_interrupt, shell_code
+from hetps.launch.processes import CAUSE_WAIT_S, Output, raise_interrupt, shell_code
 from hetps.launch.ray_actor import RoleProcess
 
 INSTALL_HINT = (
@@ -61,11 +61,6 @@ class RayJobResult:
     code: int
     codes: dict[str, int | None] = field(default_factory=dict)  # label -> status (None: stopped)
     nodes: dict[str, dict] = field(default_factory=dict)  # label -> {ip, node_id, cores, pid}
-
-
-#: how long the launcher waits, after the scheduler or a server exited 1, for the failure
-#: of the node that ended the job (its own exit follows that of the nodes it took down)
-CAUSE_WAIT_S = 5.0
 
 
 @dataclass

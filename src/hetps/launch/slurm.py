@@ -46,6 +46,7 @@ from hetps.launch.contract import (
     without_host_vars,
 )
 from hetps.launch.processes import (
+    CAUSE_WAIT_S,
     Output,
     dies_with_launcher,
     forward_signals,
@@ -55,9 +56,6 @@ from hetps.launch.processes import (
     start_piped,
 )
 
-#: how long a launcher waits, after the scheduler or a server exited 1, for the failure of
-#: the node that ended the job (its own exit follows that of the nodes it took down)
-CAUSE_WAIT_S = 5.0
 #: a task's role still there this long after the signal that stops it gets SIGKILL
 TASK_KILL_S = 10.0
 #: what a task entry prints (and the launcher hides) when its role ends: ``PROCID CODE``
