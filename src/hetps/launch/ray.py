@@ -285,9 +285,8 @@ class RayLauncher(Output):
         its actor's CPUs (at least 1), a server or the scheduler 1."""
         if "OMP_NUM_THREADS" in self._forwarded_env():
             return {}
-        if role != "worker":
-            return {"OMP_NUM_THREADS": "1"}
-        return {"OMP_NUM_THREADS": str(max(1, int(self.cpus_per_worker)))}
+        threads = max(1, int(self.cpus_per_worker)) if role == "worker" else 1
+        return {"OMP_NUM_THREADS": str(threads)}
 
     def _start(self, r: _Role, argv: list[str], overlay: dict[str, str]) -> int | None:
         """Start a role's process; an exit code when it cannot be started, else None."""
