@@ -4,11 +4,12 @@ them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import hetps.balance  # noqa: F401 - the load plans register (--balance, `hetps config`)
 from hetps import __version__
@@ -315,10 +316,8 @@ def cmd_state_server(args: argparse.Namespace) -> int:
         args.workers, host=args.host, port=args.port, margin_s=args.margin, secret=secret
     )
     print(f"hetps state-server port {srv.port}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         srv.serve()
-    except KeyboardInterrupt:
-        pass
     return 0
 
 
@@ -390,6 +389,52 @@ _LAUNCH_FLAGS: Flags = (
 # fmt: on
 
 
+def _train_arguments(p: argparse.ArgumentParser) -> None:
+    from hetps.app.train import add_arguments  # (torch loads lazily)
+
+    add_arguments(p)
+    add_cluster_arguments(p)
+
+
+# fmt: off
+#: the other commands: name -> (help, description, function, flags)
+_COMMANDS: dict[str, tuple[str, str | None, Any, Any]] = {
+    "secret": ("write a new cluster secret file (mode 0600) for roles started by hand", None,
+               cmd_secret, ((("file",), dict(help="where to write it (never overwritten)")),)),
+    "scheduler": ("run the scheduler role by hand", None, cmd_scheduler, (
+        (("--recover",), dict(action="store_true",
+            help="started again at the address of a scheduler that died: take back the running "
+                 "job's nodes (they come back within PS_HEARTBEAT_TIMEOUT) instead of a new job")),
+        (("--launcher-notices",), dict(action="store_true",
+            help="read the launcher's notices of dead nodes from stdin ('dead ROLE RANK HOW'), "
+                 "and tell it on stdout that this scheduler is alive, which silent nodes to stop "
+                 "and whose death ended the job (hetps launch sets it)")),
+    )),
+    "server": ("run a server role by hand", None, cmd_server, ()),
+    "train": ("train on Fashion-MNIST (ESync, SSGD, ASGD, DC-ASGD, local)", None, cmd_train,
+              _train_arguments),
+    "config": (
+        "list every configuration variable with its value and where it came from",
+        "List every environment variable hetps reads, with its value in this environment and "
+        "its source (default, environment, derived). A malformed value gets the error a node "
+        "would print, and exit status 2. Needs no cluster.",
+        cmd_config, (
+            (("--role",), dict(choices=["scheduler", "server", "worker"], default=None,
+                help="resolve as this role would (as `hetps scheduler`/`hetps server` do)")),
+            (("--markdown",), dict(action="store_true",
+                help="print the reference table instead (docs/CONFIG.md is this output)")),
+        )),
+    "models": ("list the models with their parameter counts", None, cmd_models, ()),
+    "state-server": ("run ESync's state server standalone", None, cmd_state_server, (
+        (("--port",), dict(type=int, default=0)),
+        (("--host",), dict(default="0.0.0.0")),
+        (("-w", "--workers"), dict(type=int, required=True)),
+        (("--margin",), dict(type=float, default=0.0, help="seconds (ESync uses 0.5)")),
+    )),
+}
+# fmt: on
+
+
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by ``launch`` and ``train``: emulated links, co-location, load balance."""
     add_flags(p, _cluster_flags())
@@ -407,67 +452,13 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("command", nargs=argparse.REMAINDER)
     la.set_defaults(func=cmd_launch)
 
-    se = sub.add_parser(
-        "secret", help="write a new cluster secret file (mode 0600) for roles started by hand"
-    )
-    se.add_argument("file", help="where to write it (never overwritten)")
-    se.set_defaults(func=cmd_secret)
-
-    sc = sub.add_parser("scheduler", help="run the scheduler role by hand")
-    sc.add_argument(
-        "--recover",
-        action="store_true",
-        help="started again at the address of a scheduler that died: take back the running "
-        "job's nodes (they come back within PS_HEARTBEAT_TIMEOUT) instead of a new job",
-    )
-    sc.add_argument(
-        "--launcher-notices",
-        action="store_true",
-        help="read the launcher's notices of dead nodes from stdin ('dead ROLE RANK HOW'), "
-        "and tell it on stdout that this scheduler is alive, which silent nodes to stop and "
-        "whose death ended the job (hetps launch sets it)",
-    )
-    sc.set_defaults(func=cmd_scheduler)
-    sv = sub.add_parser("server", help="run a server role by hand")
-    sv.set_defaults(func=cmd_server)
-
-    tr = sub.add_parser("train", help="train on Fashion-MNIST (ESync, SSGD, ASGD, DC-ASGD, local)")
-    from hetps.app.train import add_arguments as add_train_arguments  # torch loads lazily
-
-    add_train_arguments(tr)
-    add_cluster_arguments(tr)
-    tr.set_defaults(func=cmd_train)
-
-    co = sub.add_parser(
-        "config",
-        help="list every configuration variable with its value and where it came from",
-        description="List every environment variable hetps reads, with its value in this "
-        "environment and its source (default, environment, derived). A malformed value gets "
-        "the error a node would print, and exit status 2. Needs no cluster.",
-    )
-    co.add_argument(
-        "--role",
-        choices=["scheduler", "server", "worker"],
-        default=None,
-        help="resolve as this role would (as `hetps scheduler`/`hetps server` do)",
-    )
-    co.add_argument(
-        "--markdown",
-        action="store_true",
-        help="print the reference table instead (docs/CONFIG.md is this output)",
-    )
-    co.set_defaults(func=cmd_config)
-
-    mo = sub.add_parser("models", help="list the models with their parameter counts")
-    mo.set_defaults(func=cmd_models)
-
-    st = sub.add_parser("state-server", help="run ESync's state server standalone")
-    st.add_argument("--port", type=int, default=0)
-    st.add_argument("--host", default="0.0.0.0")
-    st.add_argument("-w", "--workers", type=int, required=True)
-    st.add_argument("--margin", type=float, default=0.0, help="seconds (ESync uses 0.5)")
-    st.set_defaults(func=cmd_state_server)
-
+    for name, (help_, description, func, flags) in _COMMANDS.items():
+        cp = sub.add_parser(name, help=help_, description=description)
+        if callable(flags):  # (a function that adds them)
+            flags(cp)
+        else:
+            add_flags(cp, flags)
+        cp.set_defaults(func=func)
     for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.launch.k8s"):
         __import__(name, fromlist=["add_parser"]).add_parser(sub)
     return p

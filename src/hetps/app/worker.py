@@ -129,7 +129,14 @@ class WorkerRun:
             kv.barrier()
             self.run_start = time.time()
         if self.resume is not None:
-            self._resume_logs()  # (the clock goes on from the checkpoint's round)
+            # this worker's records after the checkpoint's round go (those rounds are done
+            # again), and t goes on from that round's: it counts training, not the time the
+            # job was down (a new log: times count from now)
+            from hetps.app.checkpointing import cut_log, last_t
+
+            log = self.run_dir / f"worker-{self.rank}.jsonl"
+            cut_log(log, self.first_round)
+            self.run_start -= last_t(log)
         elif self.writer is not None:
             self.writer.update(started_at=self.run_start)
         if kv is not None:
@@ -151,16 +158,6 @@ class WorkerRun:
                 self.args.tensorboard, self.run_dir.name, self.rank, self.run_start
             )
         self.progress = Progress(self.args.progress, self.rank, self.args.time_budget)
-
-    def _resume_logs(self) -> None:
-        """A resumed run: this worker's records after the checkpoint's round are dropped
-        (those rounds are done again), and ``t`` goes on from the checkpoint round's: it
-        counts training, not the time the job was down."""
-        from hetps.app.checkpointing import cut_log, last_t
-
-        log = self.run_dir / f"worker-{self.rank}.jsonl"
-        cut_log(log, self.first_round)
-        self.run_start -= last_t(log)  # (a new log: times count from now)
 
     def restore_optimizer(self, opt: Any) -> None:
         """The mode's torch optimizer: kept by checkpoints, restored on a resume."""

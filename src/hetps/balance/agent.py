@@ -358,7 +358,11 @@ class BalanceAgent:
                 self.timeout,
                 "slice migration (drop)",
             )
-            self._apply_assignment(new)
+            i = 0
+            for k in self.kv.order:
+                meta = self.kv.meta[k]
+                meta.parts = [replace(p, server=new[i + j]) for j, p in enumerate(meta.parts)]
+                i += len(meta.parts)
         self.plan = plan
         return plan
 
@@ -372,13 +376,6 @@ class BalanceAgent:
 
     def _current_assignment(self) -> list[int]:
         return [p.server for k in self.kv.order for p in self.kv.meta[k].parts]
-
-    def _apply_assignment(self, assignment: list[int]) -> None:
-        i = 0
-        for k in self.kv.order:
-            meta = self.kv.meta[k]
-            meta.parts = [replace(p, server=assignment[i + j]) for j, p in enumerate(meta.parts)]
-            i += len(meta.parts)
 
     def _movers(self, members: list[int] | None) -> list[int]:
         """The ranks of the workers that move slices: those of a barrier's ``members`` (node
@@ -495,7 +492,10 @@ class BalanceAgent:
 
     def _probe_cycle(self) -> None:
         """One probe per peer for every worker, each probe between worker barriers."""
-        n = self._calibration_probes()
+        # one permutation cycle: afterwards every node has probed each peer once (so the first
+        # plans do not rest on a single probe per node, which reads the slower of its two ends)
+        S, W = self.num_servers, self.num_workers
+        n = S - 1 if self.cfg.colocate else max(W, S)
         for _ in range(n):
             self.node.barrier("worker", self.timeout)  # each probe has its links to itself
             self._probe()
@@ -513,13 +513,6 @@ class BalanceAgent:
             return True
         base = max(1, round(1.0 / self.cfg.probe_prob))
         return (self._round - 1) % base == 0
-
-    def _calibration_probes(self) -> int:
-        """Probes of one permutation cycle: afterwards every node has probed each peer once
-        (so the first plans do not rest on a single probe per node, which reads the slower
-        of its two ends)."""
-        S, W = self.num_servers, self.num_workers
-        return S - 1 if self.cfg.colocate else max(W, S)
 
     def _probe(self) -> None:
         """A capacity probe: every worker sends one probe to one server, the servers chosen

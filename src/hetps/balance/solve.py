@@ -220,17 +220,6 @@ def largest_remainder(fractions: ArrayLike, n: int) -> np.ndarray:
     return k
 
 
-def _greedy_fill(k: np.ndarray, n: int, cost: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Add slices one at a time to the server whose time after the addition is least.
-
-    ``cost(k)`` returns every server's time if it received one more slice.
-    """
-    k = k.copy()
-    while k.sum() < n:
-        k[int(np.argmin(cost(k)))] += 1
-    return k
-
-
 def greedy_round(
     fractions: ArrayLike, n: int, server_time: Callable[[np.ndarray], np.ndarray]
 ) -> np.ndarray:
@@ -246,18 +235,9 @@ def greedy_round(
     while k.sum() > n:  # only from float noise: take back from the most rounded-up server
         k[int(np.argmin(np.where(k > 0, q - k, np.inf)))] -= 1
     eye = np.eye(k.size, dtype=np.int64)
-
-    def cost(kk: np.ndarray) -> np.ndarray:
-        return np.array([server_time(kk + eye[s])[s] for s in range(kk.size)])
-
-    return _greedy_fill(k, n, cost)
-
-
-def _separable_server_times(model: LoadModel, n: int) -> Callable[[np.ndarray], np.ndarray]:
-    def st(k: np.ndarray) -> np.ndarray:
-        return model.server_times(k / n)
-
-    return st
+    while k.sum() < n:  # one slice at a time to the server whose time after it is least
+        k[int(np.argmin([server_time(k + eye[s])[s] for s in range(k.size)]))] += 1
+    return k
 
 
 def _local_search(model: LoadModel, k: np.ndarray, n: int, rounds: int | None = None) -> np.ndarray:
@@ -346,7 +326,7 @@ def solve_integer(
     if model.A.shape[0] == 0 or model.scale == 0:
         return largest_remainder(np.ones(model.n_servers), n)
     if model.separable:
-        return greedy_round(f, n, _separable_server_times(model, n))
+        return greedy_round(f, n, lambda k: model.server_times(k / n))
     if too_big_for_lp(model, lp_max_entries):
         return largest_remainder(f, n)
     t_cont = model.time(f)

@@ -59,10 +59,6 @@ def reply_parts(
     return body, arrays
 
 
-def _listed_matrix(m: np.ndarray) -> list[list[float | None]]:
-    return [[x if math.isfinite(x) else None for x in row] for row in m.tolist()]
-
-
 def unpack_plan(msg: Message) -> dict:
     """The planner's answer in ``msg``, decoded into its declared types (:class:`Answer`,
     :class:`Plan`), as one dict of the plan's fields that are set, with rank 0's report
@@ -85,5 +81,5 @@ def unpack_plan(msg: Message) -> dict:
     if msg.arrays:
         m = np.asarray(msg.arrays[0], dtype=float)
         if m.ndim == 2:
-            plan["link_matrix"] = _listed_matrix(m)
+            plan["link_matrix"] = [[x if math.isfinite(x) else None for x in r] for r in m.tolist()]
     return plan

@@ -57,20 +57,11 @@ class Barriers:
         """A part wrote ``reached`` or the membership itself: every view is read again."""
         self._version += 1
 
-    def _at(self) -> tuple:
-        s = self.sched
-        return (
-            self._version,
-            len(s.nodes),
-            len(s.dead),
-            len(s.finished),
-            len(s.left),
-            sum(s.rejoined.values()),
-        )
-
     def _view(self, group: str) -> Barrier:
         bar = self.groups[group]
-        at = self._at()
+        s = self.sched
+        at = (self._version, len(s.nodes), len(s.dead), len(s.finished), len(s.left))
+        at += (sum(s.rejoined.values()),)
         if bar.view_at != at:
             bar.members = self.members(group)
             bar.counts = Counter(bar.reached.get(m, 0) for m in bar.members)

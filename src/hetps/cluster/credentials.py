@@ -10,6 +10,7 @@ only as the id whose credential it presents. ``K`` and the job's node table (sig
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -41,25 +42,17 @@ def key_path(port: int) -> Path:
     return key_dir() / f"scheduler-{host or 'host'}-{int(port)}.key"
 
 
-def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.stat(path, follow_symlinks=False)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise OSError(f"{path} is not a directory of this user alone (chmod 700 {path})")
-
-
 def table_path(port: int) -> Path:
     """The node table a scheduler at ``port`` keeps beside its key (what ``--recover``
     takes the job back from)."""
     return key_path(port).with_suffix(".nodes")
 
 
-def _write_key(path: Path, key: bytes) -> None:
-    _write_private(path, key.hex().encode())
-
-
 def _write_private(path: Path, data: bytes) -> None:
-    _private_dir(path.parent)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.stat(path.parent, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{path.parent} is not a directory of this user alone (chmod 700 it)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -170,7 +163,7 @@ class Credentials:
         if not self._written:
             self._written = True
             try:
-                _write_key(self.path, self.key)
+                _write_private(self.path, self.key.hex().encode())
             except OSError as exc:
                 log.warning(
                     "scheduler: cannot keep its credential key in %s (%s): a scheduler "
@@ -200,10 +193,8 @@ class Credentials:
         """The job is over: remove the key file and the node table (nothing can come back
         to it)."""
         if self._table_written:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(self.table)
-            except OSError:
-                pass
         if self._written:
             try:
                 if _read_key(self.path) == self.key:  # (not a newer scheduler's)

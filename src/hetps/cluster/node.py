@@ -14,6 +14,7 @@ the allow-list before it is handled."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -570,10 +571,8 @@ class Node:
 
     def leave(self, reason: str) -> None:
         """Tell the scheduler this node is failing, so the others learn it at once."""
-        try:
+        with contextlib.suppress(PeerGone):
             self.van.send(P.SCHEDULER_ID, Message(P.LEAVE, body={"reason": reason[:2000]}))
-        except PeerGone:
-            pass
 
     def close(self) -> None:
         """Stop the threads and close the sockets (idempotent)."""

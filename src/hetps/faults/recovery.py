@@ -13,6 +13,7 @@ docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -192,10 +193,8 @@ class Recovery:
         pending = self.readmit
         if pending is not None and not pending.done():
             if pending.sent is not None:
-                try:
+                with contextlib.suppress(PeerGone):
                     self.links.send(P.SCHEDULER_ID, pending.sent)
-                except PeerGone:
-                    pass
             return
         view = {
             "nodes": [n.to_wire() for n in self.node.nodes.values()],
@@ -238,10 +237,8 @@ class Recovery:
         log.warning("%s: the scheduler was started again and took this node back", self.node.role)
         for fut in self.node.requests.retarget(P.SCHEDULER_ID, P.SCHEDULER_ID):
             if fut.sent is not None and fut is not self.readmit:
-                try:
+                with contextlib.suppress(PeerGone):
                     self.links.send(P.SCHEDULER_ID, fut.sent)
-                except PeerGone:
-                    pass
 
     def heir(self, peer: int) -> int:
         """The server that answers for ``peer`` now: itself while it is alive (even one

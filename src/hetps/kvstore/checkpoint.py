@@ -148,7 +148,11 @@ def save(
         tables, files = worker_checkpoint.save_tables(kv, tmp, _key_tag, _HashingWriter)
         # worker-0.pkl .. worker-(n-1).pkl: the live workers in rank order, so a job that
         # went on without a dead worker (HETPS_ELASTIC) resumes with that many workers
-        live = _live_ranks(kv)
+        node = getattr(kv, "node", None)
+        if node is None or not hasattr(node, "live_workers"):
+            live = list(range(kv.num_workers))
+        else:
+            live = [n.rank for n in node.live_workers()]
         for place, rank in enumerate(live):
             name = f"worker-{place}.pkl"
             files[name] = json.loads((tmp / f"rank-{rank}.sum").read_text())
@@ -172,14 +176,6 @@ def save(
         _finish(root, tmp, final, manifest)
     kv.barrier()  # nobody goes on (or stops) before the checkpoint is complete
     return final
-
-
-def _live_ranks(kv: KVStore) -> list[int]:
-    """The ranks of the workers in the job's rounds, in order."""
-    node = getattr(kv, "node", None)
-    if node is None or not hasattr(node, "live_workers"):
-        return list(range(kv.num_workers))
-    return [n.rank for n in node.live_workers()]
 
 
 def _lead(kv: KVStore) -> bool:

@@ -4,6 +4,7 @@ crash left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -67,10 +68,8 @@ def pid_ns() -> int:
 
 def unlink(name: str) -> None:
     """Remove a segment's name (already gone: nothing to do)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-        pass
 
 
 def sweep_stale(directory: str = SHM_DIR) -> int:

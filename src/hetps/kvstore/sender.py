@@ -199,12 +199,6 @@ class Sender:
                 self._inflight -= item[0]
                 self._cv.notify_all()
 
-    def _reap(self) -> None:
-        """Credit of requests that ended without a receipt (errors, a peer gone)."""
-        for req, (_cost, fut) in list(self._credit.items()):
-            if fut is not None and fut.done():
-                self._inflight -= self._credit.pop(req)[0]
-
     def _pop_live(self, heap: list[_Op]) -> _Op | None:
         """Drop entries of ``heap`` that were sent from the other heap; the top live one."""
         while heap and heap[0].seq in self._sent:
@@ -317,7 +311,11 @@ class Sender:
                         item = self._take()
                         if item is not None:
                             break
-                        self._reap()  # waiting for credit: was any lost to a failure?
+                        # waiting for credit: requests that ended without a receipt (errors,
+                        # a peer gone) give theirs back
+                        for req, (_cost, fut) in list(self._credit.items()):
+                            if fut is not None and fut.done():
+                                self._inflight -= self._credit.pop(req)[0]
                         top = self._pop_live(self._heap)
                         if top is None or self._has_credit(top.cost):
                             continue

@@ -189,6 +189,12 @@ class K8sJob:
     def secret_ref(self) -> str:
         return self.secret_name or f"{self.name}-secret"
 
+    @property
+    def ports(self) -> list[tuple[str, int]]:
+        """The scheduler's ports, by name (its own, and the metrics endpoint's unless off)."""
+        metrics = [] if self.metrics_port is None else [("metrics", self.metrics_port)]
+        return [("scheduler", self.port), *metrics]
+
     def labels(self, role: str | None = None) -> dict[str, str]:
         out = {"app.kubernetes.io/name": "hetps", "hetps.io/job": self.name}
         if role:
@@ -241,10 +247,7 @@ class K8sJob:
         return env
 
     def container(self, role: str) -> dict:
-        if role == "worker":
-            command = list(self.command)
-        else:
-            command = [*self.hetps, role]
+        command = list(self.command) if role == "worker" else [*self.hetps, role]
         c: dict = {"name": role, "image": self.image, "command": command, "env": self.env_for(role)}
         if self.image_pull_policy:
             c["imagePullPolicy"] = self.image_pull_policy
@@ -256,11 +259,7 @@ class K8sJob:
         if res:
             c["resources"] = {"requests": dict(res), "limits": dict(res)}
         if role == "scheduler":
-            c["ports"] = [{"name": "scheduler", "containerPort": self.port, "protocol": "TCP"}]
-            if self.metrics_port is not None:
-                c["ports"].append(
-                    {"name": "metrics", "containerPort": self.metrics_port, "protocol": "TCP"}
-                )
+            c["ports"] = [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in self.ports]
         # the "restricted" Pod Security Standard: no root, no privilege escalation, no
         # capabilities, the runtime's default seccomp profile
         c["securityContext"] = {
@@ -351,25 +350,9 @@ class K8sJob:
                 "publishNotReadyAddresses": True,
                 "selector": self.labels(),
                 "ports": [
-                    {
-                        "name": "scheduler",
-                        "port": self.port,
-                        "targetPort": self.port,
-                        "protocol": "TCP",
-                    }
-                ]
-                + (
-                    [
-                        {
-                            "name": "metrics",
-                            "port": self.metrics_port,
-                            "targetPort": self.metrics_port,
-                            "protocol": "TCP",
-                        }
-                    ]
-                    if self.metrics_port is not None
-                    else []
-                ),
+                    {"name": n, "port": p, "targetPort": p, "protocol": "TCP"}
+                    for n, p in self.ports
+                ],
             },
         }
 

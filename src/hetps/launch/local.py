@@ -21,6 +21,7 @@ command line or a file; over ssh it goes through the remote shell's standard inp
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import queue
@@ -326,10 +327,8 @@ class Launcher(Supervision, Liveness, Output):
                     self._drain(remaining)
                     return code
             if remaining:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     remaining[0].proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
         return 0
 
     def _drain(self, remaining: list[Child]) -> None:
@@ -366,10 +365,8 @@ class Launcher(Supervision, Liveness, Output):
         for c in self.children:
             # the group may hold grandchildren even when the child itself is gone
             signal_group(c.proc, signal.SIGKILL)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 c.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
             if c.reader is not None:
                 c.reader.join(timeout=2)
 

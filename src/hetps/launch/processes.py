@@ -13,6 +13,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+#: how long a launcher waits, after the scheduler or a server exited 1, for the failure of
+#: the node that ended the job (its own exit follows that of the nodes it took down)
+CAUSE_WAIT_S = 5.0
 #: util-linux's setpriv, which sets the parent-death signal and then runs the command
 SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 

@@ -31,7 +31,7 @@ from hetps.launch.contract import (
     usable_cores,
     without_host_vars,
 )
-from hetps.launch.processes import Output, raise_interrupt, shell_code
+from hetps.launch.processes import CAUSE_WAIT_S, Output, raise_interrupt, shell_code
 from hetps.launch.ray_actor import RoleProcess
 
 INSTALL_HINT = (
@@ -61,11 +61,6 @@ class RayJobResult:
     code: int
     codes: dict[str, int | None] = field(default_factory=dict)  # label -> status (None: stopped)
     nodes: dict[str, dict] = field(default_factory=dict)  # label -> {ip, node_id, cores, pid}
-
-
-#: how long the launcher waits, after the scheduler or a server exited 1, for the failure
-#: of the node that ended the job (its own exit follows that of the nodes it took down)
-CAUSE_WAIT_S = 5.0
 
 
 @dataclass
@@ -185,9 +180,6 @@ class RayLauncher(Output):
             ) from None
         self._connected = True
 
-    def _actor_class(self):
-        return self._ray.remote(RoleProcess)
-
     def _cpus_needed(self) -> float:
         return self.num_workers * self.cpus_per_worker + self.num_servers * self.cpus_per_server
 
@@ -229,7 +221,7 @@ class RayLauncher(Output):
                 "the cluster's free CPUs are taken by other jobs"
             )
             return 1
-        Actor = self._actor_class()
+        Actor = self._ray.remote(RoleProcess)
         sched = Actor.options(
             num_cpus=0, resources={HEAD_RESOURCE: 0.001}, max_concurrency=4
         ).remote()
@@ -293,9 +285,8 @@ class RayLauncher(Output):
         its actor's CPUs (at least 1), a server or the scheduler 1."""
         if "OMP_NUM_THREADS" in self._forwarded_env():
             return {}
-        if role != "worker":
-            return {"OMP_NUM_THREADS": "1"}
-        return {"OMP_NUM_THREADS": str(max(1, int(self.cpus_per_worker)))}
+        threads = max(1, int(self.cpus_per_worker)) if role == "worker" else 1
+        return {"OMP_NUM_THREADS": str(threads)}
 
     def _start(self, r: _Role, argv: list[str], overlay: dict[str, str]) -> int | None:
         """Start a role's process; an exit code when it cannot be started, else None."""

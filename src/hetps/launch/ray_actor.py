@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import os
 import queue
 import shutil
@@ -107,10 +108,8 @@ class RoleProcess:
         if proc is None:
             return None
         if proc.poll() is None and not end_group(proc.pid, signal.SIGTERM):
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                pass
         signal_group(proc, signal.SIGKILL)  # the group may hold grandchildren
         try:
             return proc.wait(timeout=5)

@@ -46,6 +46,7 @@ from hetps.launch.contract import (
     without_host_vars,
 )
 from hetps.launch.processes import (
+    CAUSE_WAIT_S,
     Output,
     dies_with_launcher,
     forward_signals,
@@ -55,12 +56,9 @@ from hetps.launch.processes import (
     start_piped,
 )
 
-#: what a task entry prints (and the launcher hides) when its role ends: ``PROCID CODE``
-#: how long a launcher waits, after the scheduler or a server exited 1, for the failure of
-#: the node that ended the job (its own exit follows that of the nodes it took down)
-CAUSE_WAIT_S = 5.0
 #: a task's role still there this long after the signal that stops it gets SIGKILL
 TASK_KILL_S = 10.0
+#: what a task entry prints (and the launcher hides) when its role ends: ``PROCID CODE``
 EXIT_LINE = re.compile(r"^hetps-slurm-exit (\d+) (-?\d+)$")
 #: what task 0 prints first: the step to cancel if srun itself cannot stop it
 STEP_LINE = re.compile(r"^hetps-slurm-step (\S+)$")
@@ -81,27 +79,10 @@ def expand_nodelist(nodelist: str) -> list[str]:
     node01, node02, node03, node7, gpu1-ib, gpu2-ib. Zero padding is kept; a name may have
     several bracket groups (every combination, the last group varying fastest)."""
     hosts: list[str] = []
-    for item in _split_top(nodelist.strip(), ","):
+    for item in re.split(r",(?![^\[]*\])", nodelist.strip()):  # (commas outside brackets)
         if item:
             hosts.extend(_expand_one(item, nodelist))
     return hosts
-
-
-def _split_top(text: str, sep: str) -> list[str]:
-    """Split on ``sep`` outside brackets."""
-    parts, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == sep and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts
 
 
 def _expand_one(item: str, whole: str) -> list[str]:
@@ -265,22 +246,9 @@ def node_address(node: str, env: dict[str, str]) -> str:
 def srun_argv(spec: LaunchSpec, scheduler_node: str, root_uri: str, port: int, auto_threads: bool):
     """The srun command line of a job (no secret on it: that travels in the environment)."""
     ntasks = 1 + spec.num_servers + spec.num_workers
-    task = [
-        sys.executable,
-        "-m",
-        "hetps.launch.slurm",
-        "task",
-        "--servers",
-        str(spec.num_servers),
-        "--workers",
-        str(spec.num_workers),
-        "--scheduler-node",
-        scheduler_node,
-        "--root-uri",
-        root_uri,
-        "--port",
-        str(port),
-    ]
+    task = [sys.executable, "-m", "hetps.launch.slurm", "task"]
+    task += [f"--servers={spec.num_servers}", f"--workers={spec.num_workers}"]
+    task += [f"--scheduler-node={scheduler_node}", f"--root-uri={root_uri}", f"--port={port}"]
     if auto_threads:
         task.append("--auto-threads")
     return [
@@ -549,10 +517,7 @@ def _task_main(argv: list[str]) -> int:
         return 2
     if role == "scheduler" and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
         print(f"hetps-slurm-step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}", flush=True)
-    if role in ("scheduler", "server"):
-        cmd = [sys.executable, "-m", "hetps.cli", role]
-    else:
-        cmd = command
+    cmd = [sys.executable, "-m", "hetps.cli", role] if role in ("scheduler", "server") else command
     if shutil.which(cmd[0], path=child_env.get("PATH")) is None:
         print(f"hetps launch --launcher slurm: cannot start {shlex.join(cmd)}: no such command")
         print(f"hetps-slurm-exit {procid} 127", flush=True)

@@ -77,7 +77,7 @@ def processes_per_host(
 ) -> dict[str, int]:
     """How many processes :func:`ssh_wrapper` puts on each host (by name): the scheduler on the
     first, servers round-robin, workers where ``workers_on`` says (round-robin without it)."""
-    counts = {h: 0 for h in hosts}
+    counts = dict.fromkeys(hosts, 0)
     counts[hosts[0]] += 1
     for r in range(num_servers):
         counts[hosts[r % len(hosts)]] += 1

@@ -96,13 +96,10 @@ def decode(body: Any, kind: type[T], named: dict[str, str]) -> T:
         missing = _MISSING.search(problem)
         if missing:
             path += "." + missing.group(1)
-        what = next((w for k, w in named.items() if _pattern(k).fullmatch(path)), repr(path[2:]))
+        # a names() key as a pattern of paths: [] stands for any index or map key
+        keys = ((re.escape(k).replace(r"\[\]", r"\[[^\]]*\]"), w) for k, w in named.items())
+        what = next((w for k, w in keys if re.fullmatch(k, path)), repr(path[2:]))
         raise ReportError(f"{what}: {problem}") from None
-
-
-def _pattern(key: str) -> re.Pattern[str]:
-    """A :func:`names` key as a pattern of paths: ``[]`` stands for any index or map key."""
-    return re.compile(re.escape(key).replace(r"\[\]", r"\[[^\]]*\]"))
 
 
 def links(rows: list[Link], count: int, peer: str, what: str = "") -> dict[int, tuple[int, int]]:

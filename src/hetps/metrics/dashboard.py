@@ -17,6 +17,7 @@ secret, no key name and no node address (docs/LIVE.md, "Security").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -119,7 +120,7 @@ def node_states(snap: dict) -> list[dict]:
     """One row per registered node: ``{"node", "role", "rank", "state", "detail"}``, state one
     of alive, late, finished, dead, taken over, left, rejoined."""
     nodes, dead = snap["nodes"], snap["dead"]
-    taken = {d: to for d, to in snap.get("failovers", [])}
+    taken = dict(snap.get("failovers", []))
     left = snap.get("left", {})
     rejoined = snap.get("rejoined", {})
     rows = []
@@ -377,10 +378,8 @@ def _write_final(live: Live, body: dict) -> str | None:
             os.replace(tmp, FINAL_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
         except OSError as exc:
             log.warning("metrics: cannot write %s into %s: %s", FINAL_FILE, d, exc)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
             return None
         return str(d / FINAL_FILE)
     finally:

@@ -15,6 +15,7 @@ the loop from accepting.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -128,10 +129,8 @@ class HttpServer:
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
         if method != "HEAD":
             writer.write(body)
-        try:
+        with contextlib.suppress(asyncio.TimeoutError, ConnectionError, OSError):
             await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT_S)
-        except (asyncio.TimeoutError, ConnectionError, OSError):
-            pass
 
     def _make_room(self) -> None:
         """Close the oldest connections still waiting for their request while the open ones

@@ -231,14 +231,6 @@ def _abs_formatter() -> Any:
     return FuncFormatter(lambda v, _pos: f"{abs(v):g}")
 
 
-def _xticks(ax: Any, positions: Sequence[float], labels: Sequence[str]) -> None:
-    """Tick labels, slanted when long."""
-    if max((len(lab) for lab in labels), default=0) > 14:
-        ax.set_xticks(positions, labels, fontsize=7, rotation=20, ha="right")
-    else:
-        ax.set_xticks(positions, labels, fontsize=8)
-
-
 def _grouped_bars(
     ax: Any,
     groups: Sequence[str],
@@ -271,7 +263,10 @@ def _grouped_bars(
             x += 1.0
         centers.append((start + x - 1.0) / 2 if present else start)
         x += 0.8  # gap between clusters
-    _xticks(ax, centers, list(groups))
+    if max((len(lab) for lab in groups), default=0) > 14:  # long labels slanted
+        ax.set_xticks(centers, list(groups), fontsize=7, rotation=20, ha="right")
+    else:
+        ax.set_xticks(centers, list(groups), fontsize=8)
     ax.margins(y=0.12)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)

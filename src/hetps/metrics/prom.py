@@ -95,7 +95,7 @@ class Collector:
             for r, w in sorted(workers.items()):
                 counts, total = w["hists"][name]
                 acc = list(itertools.accumulate(counts))
-                buckets = [(_le(b), n) for b, n in zip(BUCKETS, acc, strict=False)]
+                buckets = [(repr(float(b)), n) for b, n in zip(BUCKETS, acc, strict=False)]
                 h.add_metric([str(r)], [*buckets, ("+Inf", acc[-1])], total)
             yield h
         yield fam(C, "hetps_link_bytes", "bytes on a worker-server link, by direction",
@@ -141,7 +141,3 @@ class Collector:
 
 def _name(role: str, rank: int) -> str:
     return f"{role}{rank}"
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))

@@ -13,6 +13,7 @@ the training loop fails at the first iteration and not at plotting time; the rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -98,10 +99,6 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _dump(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
-
-
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` (its folder made if need be) through a file beside it, so a
     reader sees the old file or the new one, never part of it; returns the path."""
@@ -182,14 +179,12 @@ def run_meta(
     meta["slowdown"] = slowdown
     meta["started_at"] = time.time() if started_at is None else started_at
     if devices is None:
-        devices = {r: _default_label(r, s) for r, s in enumerate(slowdown)}
+        devices = {
+            r: f"worker{r}" if float(s) == 1 else f"worker{r} (slowdown x{float(s):g})"
+            for r, s in enumerate(slowdown)
+        }
     meta["devices"] = devices
     return validate_meta(meta)
-
-
-def _default_label(rank: int, slowdown: float) -> str:
-    s = float(slowdown)
-    return f"worker{rank}" if s == 1 else f"worker{rank} (slowdown x{s:g})"
 
 
 def validate_meta(meta: Mapping[str, Any], where: str = "run.json") -> dict[str, Any]:
@@ -262,10 +257,8 @@ def keep_aside(run_dir: str | os.PathLike[str]) -> Path | None:
     if not (d / RUN_FILE).exists() and not any(d.glob("*.jsonl")):
         return None
     started = None
-    try:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         started = float(json.loads((d / RUN_FILE).read_text())["started_at"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
     if started is None:
         started = (d / RUN_FILE).stat().st_mtime if (d / RUN_FILE).exists() else time.time()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
@@ -397,7 +390,7 @@ class IterationLog:
             raise MetricsError(
                 f"{self.path}: record has rank {rec['rank']} but this is worker {self.rank}'s log"
             )
-        line = _dump(rec) + "\n"
+        line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
         with self._lock:
             if self._fh is None:
                 raise MetricsError(f"{self.path}: write after close()")
@@ -436,11 +429,10 @@ def validate_record(record: Mapping[str, Any], where: str = "record") -> dict[st
             continue
         if not _is_number(v):
             raise MetricsError(f"{where}: {k} must be a number, got {v!r}")
-        if k in _INT_KEYS:
-            if isinstance(v, float):
-                if not v.is_integer():
-                    raise MetricsError(f"{where}: {k} must be an integer, got {v!r}")
-                rec[k] = int(v)
+        if k in _INT_KEYS and isinstance(v, float):
+            if not v.is_integer():
+                raise MetricsError(f"{where}: {k} must be an integer, got {v!r}")
+            rec[k] = int(v)
         if k in _NONNEG_KEYS and v < 0:
             raise MetricsError(f"{where}: {k} must be >= 0, got {v!r}")
     acc = rec.get("accuracy")

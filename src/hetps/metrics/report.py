@@ -128,12 +128,6 @@ def report_data(run: Run) -> dict[str, Any]:
     }
 
 
-def _script_json(obj: Any) -> str:
-    """JSON that is safe inside a <script> element (no ``</``, no ``<!--``)."""
-    text = json.dumps(_plain(obj), allow_nan=False)  # (non-finite floats as null)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
 def _safe_js(code: bytes) -> str:
     return code.decode("utf-8").replace("</script", "<\\/script")
 
@@ -141,7 +135,9 @@ def _safe_js(code: bytes) -> str:
 def build_report(run_dir: str | os.PathLike[str]) -> str:
     """The report of ``run_dir`` as one HTML document."""
     run = load_run(run_dir)
-    data = report_data(run)
+    # JSON safe inside a <script> element (no </, no <!--; non-finite floats as null)
+    data = json.dumps(_plain(report_data(run)), allow_nan=False)
+    data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     title = html.escape(f"hetps report: {run.name}")
     css = (
         static_file("vendor/uplot/uPlot.min.css") + b"\n" + static_file("dashboard.css")
@@ -155,7 +151,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
             f"<style>{css}</style>",
             "</head><body>",
             static_file("report.html").decode("utf-8").replace("{{title}}", title),
-            f'<script type="application/json" id="report-data">{_script_json(data)}</script>',
+            f'<script type="application/json" id="report-data">{data}</script>',
             f"<script>{_safe_js(static_file('vendor/uplot/uPlot.iife.min.js'))}</script>",
             f"<script>{_safe_js(static_file('timeline.js'))}</script>",
             f"<script>{_safe_js(static_file('report.js'))}</script>",

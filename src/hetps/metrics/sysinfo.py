@@ -52,11 +52,6 @@ class Sampler:
         self._lock = threading.Lock()
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
-    def _cpu_rss(self) -> tuple[float, int]:
-        """The process' CPU seconds (every thread's) and resident bytes (``/proc``)."""
-        with open("/proc/self/statm", "rb") as f:
-            return time.process_time(), int(f.read().split()[1]) * self._page
-
     def sample(self) -> dict:
         """``{"cpu": percent (from the second sample on), "rss": bytes, "gpu": [...]}`` or, with
         no GPU to read, ``"nogpu": why``. Samples closer than :data:`MIN_GAP_S` (several
@@ -71,7 +66,8 @@ class Sampler:
 
     def _sample(self, now: float) -> dict:
         try:
-            cpu_s, rss = self._cpu_rss()
+            with open("/proc/self/statm", "rb") as f:  # (every thread's CPU seconds)
+                cpu_s, rss = time.process_time(), int(f.read().split()[1]) * self._page
         except (OSError, ValueError, IndexError):
             return {}
         out: dict[str, Any] = {"rss": int(rss)}

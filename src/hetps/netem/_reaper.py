@@ -11,6 +11,7 @@ in C code, the OOM killer) the pipe is closed by the kernel, the reaper reads EO
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -64,10 +65,8 @@ def pid_alive(pid: int) -> bool:
 def kill_pids(pids: list[int], deadline_s: float = 2.0) -> None:
     """SIGKILL ``pids`` and wait (bounded) until they are gone."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     end = time.monotonic() + deadline_s
     for pid in pids:
         while pid_alive(pid) and time.monotonic() < end:

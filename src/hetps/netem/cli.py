@@ -108,14 +108,13 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         data["rates_mbit"] = rates
         data.pop("lo_mbit", None)
         data.pop("hi_mbit", None)
-    for flag, key in (("lo", "lo_mbit"), ("hi", "hi_mbit")):
-        if getattr(args, flag) is not None:
-            data[key] = getattr(args, flag)
-            data.pop("rates_mbit", None)
-    for flag, key in (("seed", "seed"), ("period", "period_s"), ("delay_ms", "delay_ms"),
+    for flag, key in (("lo", "lo_mbit"), ("hi", "hi_mbit"), ("seed", "seed"),
+                      ("period", "period_s"), ("delay_ms", "delay_ms"),
                       ("tcp_cc", "tcp_cc")):  # fmt: skip
         if getattr(args, flag) is not None:
             data[key] = getattr(args, flag)
+            if key.endswith("_mbit"):  # drawn rates instead of given ones
+                data.pop("rates_mbit", None)
     if args.kind is not None:
         data["kind"] = args.kind
     elif "kind" not in data:

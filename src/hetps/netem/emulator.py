@@ -11,6 +11,7 @@ SIGINT/SIGTERM (``handle_signals=True``), ``atexit``, or, after a SIGKILL, by th
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import logging
 import os
@@ -340,23 +341,9 @@ class Netem:
         cc = self.scenario.tcp_cc
         if not cc:
             return
-        for i, ns in enumerate(self.namespaces):
-            r = subprocess.run(
-                [
-                    self._ip,
-                    "netns",
-                    "exec",
-                    ns,
-                    "sh",
-                    "-c",
-                    f'echo "$1" > {_TCP_CC_FILE}',
-                    "sh",
-                    cc,
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+        for i in range(self.n):
+            argv = self.exec_argv(i, ["sh", "-c", f'echo "$1" > {_TCP_CC_FILE}', "sh", cc])
+            r = subprocess.run(argv, capture_output=True, text=True)
             if r.returncode != 0:
                 allowed = _read_sysctl("tcp_allowed_congestion_control")
                 available = _read_sysctl("tcp_available_congestion_control")
@@ -377,7 +364,11 @@ class Netem:
         for i in range(self.n):
             node_cmds = self._egress_cmds(i, rates[i], pair[i] if pair else None, delay[i], change)
             self._batch(self._tc, self.node_ns(i), node_cmds, f"shaping node {i} egress")
-            hub_cmds += self._ingress_cmds(i, rates[i], change)
+            # node i's ingress: a TBF on the bridge-side veth v<i> (its egress toward node i)
+            verb = "change" if change else "add"
+            hub_cmds.append(
+                f"qdisc {verb} dev v{i} root handle 1: tbf {_tbf_params(_bits(rates[i]))}"
+            )
         self._batch(self._tc, self.hub, hub_cmds, "shaping ingress")
 
     def _egress_cmds(
@@ -417,18 +408,11 @@ class Netem:
                 cmds.append(f"qdisc add dev {dev} parent {h}:1 handle {0x1000 + j:x}: {netem}")
         return cmds
 
-    def _ingress_cmds(self, i: int, rate: float, change: bool) -> list[str]:
-        """Node ingress: a TBF on the bridge-side veth ``v<i>`` (its egress toward node i)."""
-        verb = "change" if change else "add"
-        return [f"qdisc {verb} dev v{i} root handle 1: tbf {_tbf_params(_bits(rate))}"]
-
     def _stop_procs(self) -> None:
         procs = [p for p in self._procs if p.poll() is None]
         for p in procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 p.terminate()
-            except ProcessLookupError:
-                pass
         for p in procs:
             try:
                 p.wait(timeout=2.0)

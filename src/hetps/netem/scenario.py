@@ -12,7 +12,7 @@ import math
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +36,6 @@ __all__ = [
 MAX_NODES = 250
 
 _KINDS = ("static", "dynamic")
-_KEYS = (
-    "kind",
-    "nodes",
-    "rates_mbit",
-    "lo_mbit",
-    "hi_mbit",
-    "seed",
-    "period_s",
-    "delay_ms",
-    "pair_rates_mbit",
-    "tcp_cc",
-)
 
 
 class ScenarioError(ValueError):
@@ -131,11 +119,12 @@ class Scenario:
                 raise ScenarioError("netem scenario: [network] must be a table")
         else:
             net = data
-        unknown = sorted(set(net) - set(_KEYS))
+        keys = [f.name for f in fields(cls)]  # (a key of the file is a field of its own)
+        unknown = sorted(set(net) - set(keys))
         if unknown:
             raise ScenarioError(
                 f"netem scenario: [network] unknown key(s) {unknown}; "
-                f"fix: use only {', '.join(_KEYS)}"
+                f"fix: use only {', '.join(keys)}"
             )
 
         kind = net.get("kind")

@@ -7,6 +7,7 @@ Everything here works without a :class:`~hetps.netem.emulator.Netem`; the emulat
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -189,10 +190,8 @@ def _pick_subnet(ip: str) -> ipaddress.IPv4Network:
         out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
         for tok in out.split():
             if tok[:1].isdigit() and ("/" in tok or tok.count(".") == 3):
-                try:
+                with contextlib.suppress(ValueError):
                     used.append(ipaddress.IPv4Network(tok, strict=False))
-                except ValueError:
-                    pass
     for base in ("10.77", "172.30", "192.168"):
         for k in range(256):
             cand = ipaddress.IPv4Network(f"{base}.{k}.0/24")

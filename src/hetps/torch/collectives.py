@@ -137,25 +137,16 @@ def _staged(tensor: torch.Tensor, what: str) -> torch.Tensor:
     return tensor.detach().to("cpu", dtype).reshape(-1).clone()
 
 
-def _sum_key(kv: SumStore, key: str, flat: torch.Tensor) -> None:
-    """Make the ``dist_sync`` key ``key`` (a collective, the first time) for ``flat``."""
-    if (id(kv), key) not in _made:
-        kv.init(key, torch.zeros_like(flat))
-        _made.add((id(kv), key))
-
-
-def _async(kv: SumStore) -> bool:
-    return str(getattr(kv, "type", "")).startswith("dist_async")
-
-
 def _summed(kv: SumStore, key: str, flat: torch.Tensor, out: torch.Tensor) -> Any:
     """Start the sum of ``flat`` over the workers into ``out``; the request (``wait()``).
 
     ``dist_sync``: one round of ``key``. ``dist_async`` (whose servers apply each push with
     their optimizer, which must sum these keys: :class:`hetps.optim.sums.SumKeys`): the key
     made zero again, every worker's push added, then read once all pushed."""
-    if not _async(kv):
-        _sum_key(kv, key, flat)
+    if not str(getattr(kv, "type", "")).startswith("dist_async"):
+        if (id(kv), key) not in _made:  # (made the first time: a collective)
+            kv.init(key, torch.zeros_like(flat))
+            _made.add((id(kv), key))
         return kv.pushpull(key, flat, out=out, block=False)
     kv.init(key, torch.zeros_like(flat))  # (returns on every worker once it is stored)
     kv.push(key, flat)

@@ -172,7 +172,12 @@ class DistributedOptimizer(Regrouping):
         self._timing_steps = tune_steps or (TUNE_STEPS if background_launch else 0)
         self._clock: dict[str, float] | None = {} if self._timing_steps else None
         self._timed: list[dict[str, float]] = []  # per timed step: name -> gradient ready time
-        self.groups = self._make_groups(fusion_bytes)
+        # neighbours in backward order, of one dtype and device, <= fusion_bytes each
+        entries = [
+            (n, p.numel() * p.element_size(), (p.dtype, p.device), None)
+            for n, p in reversed(self.named)
+        ]
+        self.groups = self._as_groups(plan_groups(entries, fusion_bytes))
         self._group_of = {n: g for g in self.groups for n in g.names}
         # a small tensor that rides, summed over the workers, in the group of the first
         # parameters (the last one backward finishes): e.g. a stop flag, without a request
@@ -222,17 +227,9 @@ class DistributedOptimizer(Regrouping):
             if staging.backend_for(p.data) is not None:
                 self._hooks.append(p.register_hook(self._make_pre_hook(name, p)))
 
-    def _make_groups(self, fusion_bytes: int) -> list[_Group]:
-        """Neighbours in backward order, of one dtype and device, ≤ ``fusion_bytes`` each."""
-        entries = [
-            (n, p.numel() * p.element_size(), (p.dtype, p.device), None)
-            for n, p in reversed(self.named)
-        ]
-        return self._as_groups(plan_groups(entries, fusion_bytes))
-
     def _as_groups(self, groups: list[list[str]]) -> list[_Group]:
         """``_Group``s keyed in the parameters' own order, members in that order."""
-        params = {n: p for n, p in self.named}
+        params = dict(self.named)
         order = self._index
         groups = sorted(
             (sorted(g, key=order.__getitem__) for g in groups), key=lambda g: order[g[0]]

@@ -51,13 +51,6 @@ class _Process:
 _state = _Process()
 
 
-def _live_dist_stores() -> list[Any]:
-    """The ``dist_*`` stores ``hetps.kv.create`` made in this process that are still open."""
-    import hetps.kvstore
-
-    return hetps.kvstore.live()
-
-
 def _make_store(name: str) -> Any:
     """A worker's store, as ``hetps.kv.create`` (the composition root) builds it."""
     import hetps
@@ -86,7 +79,9 @@ def init(kvstore: Any = None) -> None:
             "job once: start the script again to train again"
         )
     if kvstore is None:
-        live = _live_dist_stores()
+        import hetps.kvstore
+
+        live = hetps.kvstore.live()  # the dist_* stores made here, still open
         if len(live) > 1:
             raise ValueError(
                 f"{len(live)} hetps KVStores are open in this process: pass the one to use, "
