@@ -101,6 +101,8 @@ def test_rules_against_reference_over_rounds(kind, opt):
     [
         ("sgd", lambda: SGD(learning_rate=0.1, momentum=0.9, wd=0.01, clip_gradient=0.4)),
         ("sgd", lambda: SGD(learning_rate=0.1, momentum=0.0, wd=0.01)),
+        ("sgd", lambda: SGD(learning_rate=0.1, momentum=0.9)),  # (these two: the gradient
+        ("sgd", lambda: SGD(learning_rate=0.1)),  # scaled by the rate in one pass)
         ("adam", lambda: Adam(learning_rate=0.01)),  # (its gradient used as given, uncopied)
         ("adam", lambda: Adam(learning_rate=0.01, wd=0.02, rescale_grad=2.0, clip_gradient=1.5)),
         ("adagrad", lambda: AdaGrad(learning_rate=0.1, wd=0.01, rescale_grad=0.5)),

@@ -215,18 +215,27 @@ def update_rows(
         rule(opt, weight, rows[a : a + step], grad[a : a + step], state, dt)
 
 
+def _as_given(opt: Any) -> bool:
+    """Whether ``opt`` takes ``grad`` as it is: no rescale, weight decay or clipping."""
+    clip = opt.clip_gradient
+    return opt.rescale_grad == 1.0 and opt.wd == 0.0 and (clip is None or clip <= 0)
+
+
 def _sgd(opt: Any, weight: np.ndarray, rows: np.ndarray, grad: np.ndarray, state: dict, dt: Any):
     w = take_rows(weight, rows)
-    g = opt.preprocess_grad(grad, dt)
-    if opt.wd != 0.0:
-        g += np.multiply(w, opt.wd, dtype=dt)
+    lr = float(opt.learning_rate) * (1.0 if opt.momentum != 0.0 else -1.0)
+    if _as_given(opt):
+        g = np.multiply(grad, lr, dtype=dt)  # (rescaled by 1 and by the rate in one pass)
+    else:
+        g = opt.preprocess_grad(grad, dt)
+        if opt.wd != 0.0:
+            g += np.multiply(w, opt.wd, dtype=dt)
+        g *= lr
     if opt.momentum == 0.0:
-        g *= -opt.learning_rate
         put_rows(weight, rows, _added(w, g, dt))
         return
     mom = take_rows(state["mom"], rows)
     mom *= opt.momentum
-    g *= opt.learning_rate
     mom -= g
     put_rows(state["mom"], rows, mom)
     put_rows(weight, rows, _added(w, mom, dt))
@@ -236,15 +245,14 @@ def _adam(opt: Any, weight: np.ndarray, rows: np.ndarray, grad: np.ndarray, stat
     t = state["t"]
     lr_t = opt.learning_rate * math.sqrt(1.0 - opt.beta2**t) / (1.0 - opt.beta1**t)
     w = take_rows(weight, rows)
-    clip = opt.clip_gradient
-    clip = clip if clip is not None and clip > 0 else None
-    if opt.rescale_grad == 1.0 and opt.wd == 0.0 and clip is None and grad.dtype == dt:
+    if _as_given(opt) and grad.dtype == dt:
         g = grad  # (read only below: the rule needs no copy of it)
     else:
         g = np.multiply(grad, opt.rescale_grad, dtype=dt)
         if opt.wd != 0.0:
             g += np.multiply(w, opt.wd, dtype=dt)
-        if clip is not None:
+        clip = opt.clip_gradient
+        if clip is not None and clip > 0:
             np.clip(g, -clip, clip, out=g)
     mean, var = take_rows(state["mean"], rows), take_rows(state["var"], rows)
     tmp = np.empty(g.shape, dt)  # (the one scratch: no temporary per pass)
