@@ -200,15 +200,12 @@ def update_rows(
         state["t"] += 1
     if rows.size == 0:
         return
-    if isinstance(opt, SGD):
-        rule = _sgd
-    elif isinstance(opt, Adam):
-        rule = _adam
-    elif isinstance(opt, AdaGrad):
-        rule = _adagrad
-    else:
+    rule = next(
+        (r for c, r in ((SGD, _sgd), (Adam, _adam), (AdaGrad, _adagrad)) if isinstance(opt, c)),
+        None,
+    )
+    if rule is None:
         create_table_state(opt, 0, 0, weight.dtype)  # raises LazyUnsupported with the fix
-        return
     grad = grad.reshape(rows.size, -1)
     step = max(1, ROW_BLOCK_BYTES // max(1, grad.shape[1] * dt.itemsize))
     for a in range(0, rows.size, step):
