@@ -206,7 +206,7 @@ def update_rows(
     )
     if rule is None:
         create_table_state(opt, 0, 0, weight.dtype)  # raises LazyUnsupported with the fix
-    grad = grad.reshape(rows.size, -1)
+    grad = grad.reshape(rows.size, weight.shape[1])
     step = max(1, ROW_BLOCK_BYTES // max(1, grad.shape[1] * dt.itemsize))
     for a in range(0, rows.size, step):
         rule(opt, weight, rows[a : a + step], grad[a : a + step], state, dt)
