@@ -39,6 +39,7 @@ import numpy as np
 from hetps.optim.adagrad import AdaGrad
 from hetps.optim.adam import Adam
 from hetps.optim.base import Optimizer
+from hetps.optim.kernels import NumpyOps
 from hetps.optim.sgd import SGD
 
 __all__ = [
@@ -212,60 +213,26 @@ def update_rows(
         rule(opt, weight, rows[a : a + step], grad[a : a + step], state, dt)
 
 
-def _as_given(opt: Any) -> bool:
-    """Whether ``opt`` takes ``grad`` as it is: no rescale, weight decay or clipping."""
-    clip = opt.clip_gradient
-    return opt.rescale_grad == 1.0 and opt.wd == 0.0 and (clip is None or clip <= 0)
-
-
 def _sgd(opt: Any, weight: np.ndarray, rows: np.ndarray, grad: np.ndarray, state: dict, dt: Any):
+    """The dense step's arithmetic (:meth:`SGD._step`) on the gathered rows."""
     w = take_rows(weight, rows)
-    lr = float(opt.learning_rate) * (1.0 if opt.momentum != 0.0 else -1.0)
-    if _as_given(opt):
-        g = np.multiply(grad, lr, dtype=dt)  # (rescaled by 1 and by the rate in one pass)
-    else:
-        g = opt.preprocess_grad(grad, dt)
-        if opt.wd != 0.0:
-            g += np.multiply(w, opt.wd, dtype=dt)
-        g *= lr
-    if opt.momentum == 0.0:
-        put_rows(weight, rows, _added(w, g, dt))
-        return
-    mom = take_rows(state["mom"], rows)
-    mom *= opt.momentum
-    mom -= g
-    put_rows(state["mom"], rows, mom)
-    put_rows(weight, rows, _added(w, mom, dt))
+    mom = take_rows(state["mom"], rows) if opt.momentum != 0.0 else None
+    opt._step(NumpyOps(dt), w, grad, mom, [np.empty(grad.shape, dt) for _ in range(2)])
+    if mom is not None:
+        put_rows(state["mom"], rows, mom)
+    put_rows(weight, rows, w)
 
 
 def _adam(opt: Any, weight: np.ndarray, rows: np.ndarray, grad: np.ndarray, state: dict, dt):
+    """The dense step's arithmetic (:meth:`Adam._step`) on the gathered rows."""
     t = state["t"]
     lr_t = opt.learning_rate * math.sqrt(1.0 - opt.beta2**t) / (1.0 - opt.beta1**t)
     w = take_rows(weight, rows)
-    if _as_given(opt) and grad.dtype == dt:
-        g = grad  # (read only below: the rule needs no copy of it)
-    else:
-        g = np.multiply(grad, opt.rescale_grad, dtype=dt)
-        if opt.wd != 0.0:
-            g += np.multiply(w, opt.wd, dtype=dt)
-        clip = opt.clip_gradient
-        if clip is not None and clip > 0:
-            np.clip(g, -clip, clip, out=g)
     mean, var = take_rows(state["mean"], rows), take_rows(state["var"], rows)
-    tmp = np.empty(g.shape, dt)  # (the one scratch: no temporary per pass)
-    mean *= opt.beta1
-    mean += np.multiply(g, 1.0 - opt.beta1, out=tmp)
-    np.multiply(g, g, out=tmp)
-    tmp *= 1.0 - opt.beta2
-    var *= opt.beta2
-    var += tmp
+    opt._step(NumpyOps(dt), lr_t, w, grad, mean, var, [np.empty(grad.shape, dt) for _ in range(2)])
     put_rows(state["mean"], rows, mean)
     put_rows(state["var"], rows, var)
-    np.sqrt(var, out=tmp)
-    tmp += opt.epsilon
-    np.divide(mean, tmp, out=tmp)
-    tmp *= -lr_t
-    put_rows(weight, rows, _added(w, tmp, dt))
+    put_rows(weight, rows, w)
 
 
 def _adagrad(opt: Any, weight: np.ndarray, rows: np.ndarray, grad: np.ndarray, state: dict, dt):
