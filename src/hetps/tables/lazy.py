@@ -26,7 +26,8 @@ in the dense optimizers):
 An optimizer of another class may define ``create_table_state(rows, cols, dtype)`` and
 ``update_rows(key, weight, rows, grad, state)`` to serve row-sparse keys itself.
 
-Pure NumPy; of hetps it imports only ``hetps.optim`` (its optimizers, whose dense steps the rules run).
+Pure NumPy; of hetps it imports only ``hetps.optim`` (its optimizers, whose dense steps the
+rules run).
 """
 
 from __future__ import annotations
