@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hetps.optim import DCASGD, SGD, AdaGrad, Adam
+from hetps.tables import lazy
 from hetps.tables.lazy import LazyUnsupported, create_table_state, grow_state, update_rows
 
 
@@ -92,6 +93,53 @@ def test_rules_against_reference_over_rounds(kind, opt):
             assert np.array_equal(st[k][untouched], v[untouched])  # ...and states unchanged
     if kind == "adam":
         assert st["t"] == 5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(
+    "kind,make",
+    [
+        ("sgd", lambda: SGD(learning_rate=0.1, momentum=0.9, wd=0.01, clip_gradient=0.4)),
+        ("sgd", lambda: SGD(learning_rate=0.1, momentum=0.0, wd=0.01)),
+        ("sgd", lambda: SGD(learning_rate=0.1, momentum=0.9)),  # (these two: the gradient
+        ("sgd", lambda: SGD(learning_rate=0.1)),  # scaled by the rate in one pass)
+        ("adam", lambda: Adam(learning_rate=0.01)),  # (its gradient used as given, uncopied)
+        ("adam", lambda: Adam(learning_rate=0.01, wd=0.02, rescale_grad=2.0, clip_gradient=1.5)),
+        ("adagrad", lambda: AdaGrad(learning_rate=0.1, wd=0.01, rescale_grad=0.5)),
+    ],
+)
+def test_rules_in_blocks_of_rows_equal_one_block_bit_for_bit(monkeypatch, kind, make, dtype):
+    # update_rows runs its rule a block of rows at a time: 12 rows in blocks of 5, 5 and 2 give
+    # every row what one block gives it, to the bit, and MXNet's rule; the gradient is unchanged
+    rng = np.random.default_rng(5)
+    w0 = rng.standard_normal((50, 8)).astype(dtype)
+    rounds = [
+        (np.sort(rng.choice(50, size=12, replace=False)), rng.standard_normal((12, 8)))
+        for _ in range(4)
+    ]
+    out = {}
+    for block in (5, 1 << 20):
+        monkeypatch.setattr(lazy, "ROW_BLOCK_BYTES", block * 8 * lazy._compute(dtype).itemsize)
+        opt, w = make(), w0.copy()
+        st = create_table_state(opt, 50, 8, dtype)
+        ref_w = w.astype(np.float64)
+        ref_st = {k: v.astype(np.float64) for k, v in st.items() if isinstance(v, np.ndarray)}
+        if kind == "sgd":
+            ref_st.setdefault("mom", np.zeros((50, 8)))  # (momentum 0: none kept)
+        for t, (rows, g64) in enumerate(rounds, 1):
+            grad = g64.astype(dtype)
+            update_rows(opt, "k", w, rows, grad, st)
+            assert np.array_equal(grad, g64.astype(dtype))
+            ref_w, ref_st = reference(kind, opt, ref_w, ref_st, rows, grad, t)
+            if dtype == np.float32:
+                np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=2e-6)
+                for k in st.keys() & ref_st.keys():
+                    np.testing.assert_allclose(st[k], ref_st[k], rtol=2e-5, atol=2e-6)
+        out[block] = (w, st)
+    (w5, st5), (w1, st1) = out.values()
+    assert w5.tobytes() == w1.tobytes()
+    for k, v in st1.items():
+        assert np.asarray(st5[k]).tobytes() == np.asarray(v).tobytes(), k
 
 
 def test_adam_counts_rounds_that_touched_no_row_here():
