@@ -75,7 +75,7 @@ class Adam(Optimizer):
         lr_t = self._advance(state)
 
         def body(views: list, scratch: list) -> None:
-            self._step(ops, lr_t, *views, scratch)
+            self.rule(ops, lr_t, *views, scratch)
 
         arrays = [weight, grad, state["mean"], state["var"]]
         kernels.run(body, arrays, scratch=2, dtype=ops.dtype)
@@ -85,7 +85,7 @@ class Adam(Optimizer):
         within float rounding of the host's: torch's square root is not correctly rounded
         in every kernel)."""
         lr_t = self._advance(state)
-        self._step(kernels.TorchOps(torch, w), lr_t, w, grad, state["mean"], state["var"], scratch)
+        self.rule(kernels.TorchOps(torch, w), lr_t, w, grad, state["mean"], state["var"], scratch)
 
     def _advance(self, state: dict[str, Any]) -> float:
         """Count the key's step in ``state``; returns the bias-corrected learning rate."""
@@ -93,7 +93,7 @@ class Adam(Optimizer):
         t = state["t"]
         return self.learning_rate * math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
 
-    def _step(self, ops: kernels.NumpyOps, lr_t: float, w, gr, mean, var, scratch: list) -> None:
+    def rule(self, ops: kernels.NumpyOps, lr_t: float, w, gr, mean, var, scratch: list) -> None:
         """The step, written once for the host's arrays and a device's tensors (``ops``)."""
         clip = self.clip_gradient
         clip = clip if clip is not None and clip > 0 else None

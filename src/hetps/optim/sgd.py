@@ -67,16 +67,16 @@ class SGD(Optimizer):
         mom = self._momentum(state)
 
         def body(views: list, scratch: list) -> None:
-            self._step(ops, *views, scratch)
+            self.rule(ops, *views, scratch)
 
         kernels.run(body, [weight, grad, mom], scratch=self.scratch_buffers(), dtype=ops.dtype)
 
     def device_step(self, torch: Any, w: Any, grad: Any, state: Any, scratch: list) -> None:
         """:meth:`update` on torch tensors, on a server's device: the same step, so the
         weights equal the host step's bit for bit."""
-        self._step(kernels.TorchOps(torch, w), w, grad, self._momentum(state), scratch)
+        self.rule(kernels.TorchOps(torch, w), w, grad, self._momentum(state), scratch)
 
-    def _step(self, ops: kernels.NumpyOps, w: Any, gr: Any, mom: Any, scratch: list) -> None:
+    def rule(self, ops: kernels.NumpyOps, w: Any, gr: Any, mom: Any, scratch: list) -> None:
         """The step, written once for the host's arrays and a device's tensors (``ops``)."""
         clip = self.clip_gradient
         clip = clip if clip is not None and clip > 0 else None

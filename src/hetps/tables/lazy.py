@@ -215,22 +215,22 @@ def update_rows(
 
 
 def _sgd(opt: Any, weight: np.ndarray, rows: np.ndarray, grad: np.ndarray, state: dict, dt: Any):
-    """The dense step's arithmetic (:meth:`SGD._step`) on the gathered rows."""
+    """The dense step's arithmetic (:meth:`SGD.rule`) on the gathered rows."""
     w = take_rows(weight, rows)
     mom = take_rows(state["mom"], rows) if opt.momentum != 0.0 else None
-    opt._step(NumpyOps(dt), w, grad, mom, [np.empty(grad.shape, dt) for _ in range(2)])
+    opt.rule(NumpyOps(dt), w, grad, mom, [np.empty(grad.shape, dt) for _ in range(2)])
     if mom is not None:
         put_rows(state["mom"], rows, mom)
     put_rows(weight, rows, w)
 
 
 def _adam(opt: Any, weight: np.ndarray, rows: np.ndarray, grad: np.ndarray, state: dict, dt):
-    """The dense step's arithmetic (:meth:`Adam._step`) on the gathered rows."""
+    """The dense step's arithmetic (:meth:`Adam.rule`) on the gathered rows."""
     t = state["t"]
     lr_t = opt.learning_rate * math.sqrt(1.0 - opt.beta2**t) / (1.0 - opt.beta1**t)
     w = take_rows(weight, rows)
     mean, var = take_rows(state["mean"], rows), take_rows(state["var"], rows)
-    opt._step(NumpyOps(dt), lr_t, w, grad, mean, var, [np.empty(grad.shape, dt) for _ in range(2)])
+    opt.rule(NumpyOps(dt), lr_t, w, grad, mean, var, [np.empty(grad.shape, dt) for _ in range(2)])
     put_rows(state["mean"], rows, mean)
     put_rows(state["var"], rows, var)
     put_rows(weight, rows, w)
