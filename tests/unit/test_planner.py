@@ -670,3 +670,23 @@ def test_rounds_released_together_each_plan_on_its_own_rounds_caps():
         runs.append([{k: v for k, v in a.items() if k != "plan_s"} for a in sched.answers])
     assert runs[0] == runs[1] and len(runs[0]) == 4
     assert runs[0][0]["shares"] != runs[0][2]["shares"]  # (the caps changed between them)
+
+
+def test_a_worker_sending_rounds_far_ahead_is_refused_past_the_bound():
+    """Each round a worker reports is kept until every worker reported it: a worker sending
+    round after round ahead of the others is refused past MAX_WAITING_ROUNDS (the error names
+    the round), and the rounds every worker reports are still answered."""
+    from hetps.balance.service import MAX_WAITING_ROUNDS
+    from hetps.cluster import protocol as P
+
+    p, sched = _big_round(2, 2)
+    answered = len(sched.answers)
+    for rnd in range(2, 2 + MAX_WAITING_ROUNDS + 3):  # worker 0 alone, far ahead
+        _report(p, sched, 0, rnd, [])
+    assert len(p.pending) == MAX_WAITING_ROUNDS  # (each kept, until the bound)
+    refused = [b for b, _ in sched.raw[answered:] if "error" in b]
+    assert len(refused) == 3
+    assert f"round {2 + MAX_WAITING_ROUNDS}:" in refused[0]["error"]
+    _report(p, sched, 1, 2, [])  # round 2, reported by both: answered to both
+    assert sorted(sched.to[-2:]) == [P.worker_id(0), P.worker_id(1)]
+    assert "error" not in sched.raw[-1][0]

@@ -45,6 +45,10 @@ MAX_REPORT_SAMPLES = 1 << 17
 #: while the link model has at most this many rows (hosts and servers): an N x N matrix to one
 #: worker every round is 8 MB at N=1,024; beyond, the answer is the plan alone (O(servers))
 REPORT_MAX_NODES = 128
+#: rounds whose reports wait for other workers at once: a synchronous job's workers are a
+#: round or two apart (each waits for a round's plan one round later); more is a worker (or a
+#: host's leader for it) sending rounds far ahead, each kept until every worker reports it
+MAX_WAITING_ROUNDS = 16
 
 
 class Planner:
@@ -336,6 +340,10 @@ class Planner:
             return
         if all(self._done.get(i, 0) >= rnd for i in ids):  # sent again: its leader died
             sched.reply(msg, *reply_parts(self._last))
+            return
+        if rnd not in self.pending and len(self.pending) >= MAX_WAITING_ROUNDS:
+            why = f"balance report of round {rnd}: {len(self.pending)} rounds already wait for "
+            sched.reply(msg, {"error": why + "other workers' reports (a worker runs far ahead)"})
             return
         self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
         self._spans.setdefault(rnd, []).append((times, b.host_rows if b.host else None))  # (spans)
