@@ -6,25 +6,38 @@ from __future__ import annotations
 
 import ast
 import inspect
+import textwrap
 from functools import cache
 from pathlib import Path
-from typing import runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pytest
 
 from hetps.app.worker import WorkerRun
-from hetps.balance.agent import StoreLink
+from hetps.balance.agent import Layout, StoreLink
+from hetps.cluster import ports as cp
+from hetps.cluster.barriers import Barrier, Barriers
 from hetps.cluster.hostlead import LeadNode
+from hetps.cluster.launcher_link import LauncherLink
 from hetps.cluster.node import Node
 from hetps.cluster.ports import JobPort, MemberPort
+from hetps.cluster.registration import Registration
 from hetps.cluster.scheduler import Scheduler
+from hetps.faults.elastic import ElasticWorkers
+from hetps.faults.elastic_rounds import ElasticRounds
+from hetps.faults.joining import Joining
 from hetps.faults.rejoin import RunPort
+from hetps.faults.replicas import Replication
+from hetps.faults.takeover import Takeover
 from hetps.kvstore.answers import Answers
 from hetps.kvstore.client import DistKVStore
-from hetps.kvstore.hostagg import HostAggregation
-from hetps.kvstore.hostagg_tables import AggHost
+from hetps.kvstore.dense import DenseRequests
+from hetps.kvstore.hostagg import HostAggregation, HostKey
+from hetps.kvstore.hostagg_tables import AggHost, HostTables, Segment
+from hetps.kvstore.keys import KeyMeta
 from hetps.kvstore.local import LocalKVStore
-from hetps.kvstore.ports import ServerPort, StorePort
+from hetps.kvstore.pipeline import Pipeline
+from hetps.kvstore.ports import Rejoin, ServerPort, StorePort
 from hetps.kvstore.server import KVServer
 from hetps.metrics.dashboard import Live
 from hetps.metrics.live import LiveMetrics, SchedulerView
@@ -32,8 +45,8 @@ from hetps.metrics.prom import Snapshots
 from hetps.metrics.roundlog import LoggedStore
 from hetps.roles import new_server
 from hetps.tables.server import Replies, Tables, TableServer
-from hetps.tables.server_shard import CapHolder, TablesPort
-from hetps.tables.worker import TableStore
+from hetps.tables.server_shard import CapHolder, Copies, Rounds, TablesPort
+from hetps.tables.worker import DenseRounds, HostRows, SendQueue, TableStore, ThroughHost
 from hetps.torch.collectives import SumStore
 from hetps.transport.bulk import BulkVan
 from hetps.transport.inbox import InboxVan
@@ -65,6 +78,22 @@ PORTS = [
     (LeadNode, [Node]),
     (Live, [LiveMetrics]),
     (Snapshots, [LiveMetrics]),
+    # the ports of a host's parts, as a port names them
+    (cp.RegistrationPart, [Registration]),
+    (cp.BarriersPart, [Barriers]),
+    (cp.Reached, [Barrier]),
+    (cp.TakeoverPart, [Takeover]),
+    (cp.WorkersPart, [ElasticWorkers]),
+    (cp.LauncherPart, [LauncherLink]),
+    (Rejoin, [Joining]),
+    (DenseRounds, [DenseRequests]),
+    (ThroughHost, [HostAggregation]),
+    (HostRows, [HostTables]),
+    (SendQueue, [Pipeline]),
+    (Copies, [Replication]),
+    (Rounds, [ElasticRounds]),
+    (Segment, [HostKey]),
+    (Layout, [KeyMeta]),
 ]
 
 #: parameter and attribute names that hold a host (a store, node, scheduler, server, ...)
@@ -80,9 +109,11 @@ def port_names(port: type) -> set[str]:
 
 @cache
 def host_names(cls: type) -> frozenset[str]:
-    """What a host class has: its class's names, and every ``self.x`` its methods set."""
+    """What a host class has: its class's names and fields, and every ``self.x`` its methods
+    set."""
     names = set(dir(cls))
     for klass in cls.__mro__[:-1]:
+        names |= set(klass.__dict__.get("__annotations__", {}))
         tree = ast.parse(inspect.getsource(klass))
         for node in ast.walk(tree):
             if (
@@ -144,6 +175,40 @@ def test_no_part_takes_its_host_typed_any():
             if name.lstrip("_") in HOSTS and isinstance(ann, ast.Name) and ann.id == "Any":
                 bad.append(f"{path.relative_to(SRC)}:{node.lineno} {name}: Any")
     assert not bad, "hosts typed Any (give the part a port):\n" + "\n".join(bad)
+
+
+def any_members(port: type) -> list[str]:
+    """The members of a port (its annotated attributes and properties) typed ``Any``, or
+    holding ``Any`` (``dict[Any, Any]``): a port names each member's real type or port."""
+    bad = []
+    for node in ast.parse(textwrap.dedent(inspect.getsource(port))).body[0].body:
+        if isinstance(node, ast.AnnAssign):
+            name, ann = ast.unparse(node.target), node.annotation
+        elif isinstance(node, ast.FunctionDef) and any(
+            ast.unparse(d) == "property" for d in node.decorator_list
+        ):
+            name, ann = node.name, node.returns
+        else:
+            continue
+        if any(isinstance(n, ast.Name) and n.id == "Any" for n in ast.walk(ann)):
+            bad.append(f"{port.__name__}.{name}: {ast.unparse(ann)}")
+    return bad
+
+
+def test_no_port_member_is_typed_any():
+    bad = [m for port, _ in PORTS for m in any_members(port)]
+    assert not bad, "port members typed Any (name the real class or a port):\n" + "\n".join(bad)
+
+
+def test_the_any_member_check_sees_one():
+    class _Port(Protocol):
+        ok: dict[str, int]
+        bad: dict[Any, int]
+
+        @property
+        def worse(self) -> Any: ...
+
+    assert any_members(_Port) == ["_Port.bad: dict[Any, int]", "_Port.worse: Any"]
 
 
 #: private names of other libraries' objects that their documented API has us read

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -96,13 +96,23 @@ class Watch:
             agent.note(self.server_rank, reply.nbytes, now, first=False)
 
 
+class Layout(Protocol):
+    """A key's layout as the agent reads and moves it (a ``kvstore.keys.KeyMeta``)."""
+
+    size: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    rounds: int
+    parts: list  # its slices (``kvstore.placement.Part``): the agent re-places them
+
+
 class StoreLink(Protocol):
     """What the agent uses of its store (a :class:`hetps.kvstore.client.DistKVStore`)."""
 
     cfg: NodeConfig
     node: Node
-    meta: dict[Any, Any]  # each key's KeyMeta: its parts and where they are
-    order: list[Any]
+    meta: dict[Hashable, Layout]  # each key's parts and where they are
+    order: list[Hashable]
     num_servers: int
     timeout: float
 

@@ -74,6 +74,53 @@ class MemberPort(Protocol):
     def close(self) -> None: ...
 
 
+class RegistrationPart(Protocol):
+    """A scheduler's registration (cluster/registration.py) as its fault parts use it."""
+
+    #: a node taken back: its registration body, its own ids and its peers'
+    def taken_back(self, nid: int) -> tuple[dict[str, Any], dict, dict]: ...
+
+
+class Reached(Protocol):
+    """A group's barrier as the fault parts use it: the highest barrier each node reached."""
+
+    reached: dict[int, int]
+
+
+class BarriersPart(Protocol):
+    """A scheduler's barriers (cluster/barriers.py): each group's, read again when changed."""
+
+    groups: dict[str, Reached]
+
+    def changed(self) -> None: ...
+    def release(self, group: str) -> None: ...
+
+
+class TakeoverPart(Protocol):
+    """A scheduler's server takeover (hetps.faults.takeover) as registration and the
+    elastic part use it: who may come back, and taking them back."""
+
+    def rejoin_slot(self, role: str, want: int) -> int | None: ...
+    def readmit(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None: ...
+    def take_back(
+        self, msg: Message, nid: int, host: str, port: int, back: bytes, why: str
+    ) -> NodeInfo | None: ...
+    def redirects(self) -> dict[int, int]: ...
+
+
+class WorkersPart(Protocol):
+    """A scheduler's elastic workers (hetps.faults.elastic) as registration uses it."""
+
+    def join_slot(self, role: str, want: int) -> int | None: ...
+    def admit_worker(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None: ...
+
+
+class LauncherPart(Protocol):
+    """A scheduler's launcher link (cluster/launcher_link.py) as the takeover uses it."""
+
+    def declare_silent(self, nid: int, reason: str) -> None: ...
+
+
 class JobPort(Protocol):
     """What the Scheduler's parts use of it: the job's table, its other parts, and its
     ways of answering."""
@@ -94,15 +141,15 @@ class JobPort(Protocol):
     ready: threading.Event
     exit_code: int | None
     failed_start: str | None
-    services: dict[str, Callable[[Any, Message], None]]
+    services: dict[str, Callable[[JobPort, Message], None]]
     metrics: LiveMetrics | None
     to_launcher: Callable[[str], None] | None
     #: the other parts (each names what it offers)
-    registration: Any
-    barriers: Any
-    takeover: Any
-    workers_part: Any
-    launcher: Any
+    registration: RegistrationPart
+    barriers: BarriersPart
+    takeover: TakeoverPart
+    workers_part: WorkersPart
+    launcher: LauncherPart
     creds: Credentials
     refused_msgs: RefusalLog
 

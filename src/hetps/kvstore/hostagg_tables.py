@@ -31,8 +31,9 @@ import hashlib
 import logging
 import os
 import stat
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,6 +74,15 @@ class HostTable:
         return ("table", self.key)
 
 
+class Segment(Protocol):
+    """A key's segment (``hostagg.HostKey``) as the tables read it: its counters, the parts
+    this local rank sends and each part's sender."""
+
+    head: np.ndarray
+    mine: list[int]
+    owner: list[int]
+
+
 class AggHost(Protocol):
     """What the tables use of their host's aggregation (a
     :class:`~hetps.kvstore.hostagg.HostAggregation`): its store, place on the host, key
@@ -87,13 +97,13 @@ class AggHost(Protocol):
     #: local ranks let go (HETPS_ELASTIC); its keys' segments (``HostKey``), their generations
     elastic: bool
     dead: set[int]
-    keys: dict[Any, Any]
-    gens: dict[Any, int]
-    lock: Any
+    keys: dict[Hashable, Segment]
+    gens: dict[Hashable, int]
+    lock: threading.RLock
 
     def create(self, k: Any, meta: KeyMeta) -> None: ...
     def release(self, k: Any) -> None: ...
-    def attach(self, k: Any, meta: KeyMeta) -> Any: ...
+    def attach(self, k: Any, meta: KeyMeta) -> Segment: ...
     def unname(self, hk: Any) -> None: ...
     def members(self, hk: Any, t: int) -> list[int]: ...
     def slot(self, hk: Any, what: str, i: int) -> int: ...

@@ -9,6 +9,7 @@ and its fault part, :mod:`hetps.faults.joining`); :class:`ServerPort` what a
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hetps import optim
@@ -28,11 +29,18 @@ if TYPE_CHECKING:
     from hetps.balance.agent import BalanceAgent
 
 
+class Rejoin(Protocol):
+    """A store's joining part (hetps.faults.joining) as its host aggregation reads it."""
+
+    @property
+    def rejoining(self) -> bool: ...
+
+
 class StorePort(TableStore, Protocol):
     """What a worker store's parts use of it: what its tables use (its Node, mode, keys and
     way to the servers), the keys' rounds, and where a key's parts go."""
 
-    meta: dict[Any, KeyMeta]
+    meta: dict[Hashable, KeyMeta]
     compressor: TwoBitCompressor | None
     #: the servers' node ids by rank
     server_ids: list[int]
@@ -40,11 +48,11 @@ class StorePort(TableStore, Protocol):
     calls: int
     copies: bool
     #: per key, the ranges last received as a sum of fewer workers than the job's
-    short_marks: dict[Any, dict[tuple[int, int], int]]
+    short_marks: dict[Hashable, dict[tuple[int, int], int]]
     #: the balance agent (HETPS_BALANCE), the row-sparse keys, its joining part
     agent: BalanceAgent | None
     sparse: SparseKeys
-    joins: Any
+    joins: Rejoin
 
     #: this worker's place among the live workers
     @property
@@ -60,7 +68,7 @@ class ServerPort(Protocol):
     optimizer and tables, and its way to end a round."""
 
     node: Node
-    slices: dict[tuple[Any, int], Slice]
+    slices: dict[tuple[Hashable, int], Slice]
     answers: Answers
     aggregator: Aggregator
     links: LinkMeter

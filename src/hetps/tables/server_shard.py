@@ -4,7 +4,7 @@ requests on it are :class:`hetps.tables.server.Tables`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -54,19 +54,38 @@ class Replies(Protocol):
     def reply(self, msg: Message, body: dict | None = None, arrays: list | None = None) -> None: ...
 
 
+class Copies(Protocol):
+    """A server's replication (hetps.faults.replicas) as its tables use it."""
+
+    @property
+    def replicated(self) -> bool: ...
+    def replicas(self) -> list[int]: ...
+    def copy_out(
+        self, body: dict, data: list, then: Callable[[], None], errors: list | None = None
+    ) -> None: ...
+
+
+class Rounds(Protocol):
+    """A server's elastic rounds (hetps.faults.elastic_rounds): workers let go, and a
+    request's rounds."""
+
+    def gone(self, worker: int) -> bool: ...
+    def in_rounds(self, msg: Message) -> None: ...
+
+
 class TableServer(Protocol):
     """What a server's tables use of it (a :class:`~hetps.kvstore.server.KVServer`): its node,
     mode, optimizer, workers, answers and fault parts, and its dense keys' requests."""
 
     node: object  # (its node table, ``nodes``, when it has one)
     sync: bool | None
-    slices: Mapping[tuple[Any, int], Any]
+    slices: Mapping[tuple[Hashable, int], object]  # (its dense keys)
     optimizer: optim.Optimizer | None
     optimizers: frozenset[str] | None
     done_workers: dict[int, str]
     answers: Replies
-    replication: Any
-    elastic: Any
+    replication: Copies
+    elastic: Rounds
 
     @property
     def num_workers(self) -> int: ...
@@ -82,7 +101,7 @@ class TablesPort(CapHolder, Protocol):
     its server and parts, and its ways to declare, update, hold and answer."""
 
     server: TableServer
-    shards: dict[tuple[Any, int], Shard]
+    shards: dict[tuple[Hashable, int], Shard]
 
     def declare(self, msg: Message, copy: bool = False) -> Shard: ...
     def apply(self, sh: Shard, ids: np.ndarray, grad: np.ndarray) -> None: ...

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -91,6 +92,35 @@ def is_table(value: Any) -> bool:
     return isinstance(value, (Table, RowSparse))
 
 
+class HostRows(Protocol):
+    """A host aggregation's tables (kvstore/hostagg_tables.py) as the row-sparse keys use
+    them: declare a table, merge a push, pull the host's union of ids."""
+
+    def declare(self, k: Any, tm: TableMeta) -> None: ...
+    def push(self, k: Any, ids: np.ndarray, rows: np.ndarray) -> bool: ...
+    def pending(self, k: Any) -> bool: ...
+    def pull(self, k: Any, uniq: np.ndarray, rows: np.ndarray) -> Callable[[], None]: ...
+
+
+class ThroughHost(Protocol):
+    """A store's host aggregation (kvstore/hostagg.py): its tables."""
+
+    tables: HostRows
+
+
+class DenseRounds(Protocol):
+    """A store's dense requests (kvstore/dense.py): a sync round's credit."""
+
+    def round_credit(self, meta: TableMeta) -> None: ...
+
+
+class SendQueue(Protocol):
+    """A store's send queue (kvstore/pipeline.py): one message per server, and its futures."""
+
+    def batched(self) -> AbstractContextManager[None]: ...
+    def track(self, futs: list[Future]) -> None: ...
+
+
 class TableStore(Protocol):
     """What the row-sparse keys and their checkpoints use of the worker's store (a
     :class:`~hetps.kvstore.client.DistKVStore`): its node, mode, dense keys and parts, and
@@ -102,14 +132,14 @@ class TableStore(Protocol):
     balance: bool
     timeout: float
     num_servers: int
-    meta: dict[Any, Any]
-    order: list[Any]
-    compressor: Any
+    meta: dict[Hashable, object]
+    order: list[Hashable]
+    compressor: object | None
     #: its dense requests (kvstore/dense.py), host aggregation, host tag and send queue
-    dense: Any
-    hostagg: Any
-    host_tag: Any
-    pipeline: Any
+    dense: DenseRounds
+    hostagg: ThroughHost | None
+    host_tag: tuple[int, int, int] | None
+    pipeline: SendQueue
     #: queue a request for a server by rank
     request: Callable[..., Future]
 

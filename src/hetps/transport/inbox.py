@@ -53,9 +53,9 @@ class InboxVan(Protocol):
     max_message_bytes: int
     bulk: Bulk | None
     counters: LinkCounters
-    observer: Callable[[str, Any, str, int, float], None] | None
+    observer: Callable[[str, int | str, str, int, float], None] | None
     borrow: frozenset[str]
-    landing_of: Callable[..., Any] | None
+    landing_of: Callable[[int, str, int, object, int], dict[int, object] | None] | None
     landing_guard: threading.Lock | None
 
     def node_of(self, routing_id: bytes) -> int: ...
