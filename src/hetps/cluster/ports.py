@@ -77,7 +77,6 @@ class MemberPort(Protocol):
 class RegistrationPart(Protocol):
     """A scheduler's registration (cluster/registration.py) as its fault parts use it."""
 
-    #: a node taken back: its registration body, its own ids and its peers'
     def taken_back(self, nid: int) -> tuple[dict[str, Any], dict, dict]: ...
 
 
@@ -97,8 +96,7 @@ class BarriersPart(Protocol):
 
 
 class TakeoverPart(Protocol):
-    """A scheduler's server takeover (hetps.faults.takeover) as registration and the
-    elastic part use it: who may come back, and taking them back."""
+    """A scheduler's takeover (hetps.faults.takeover): who may come back, taking them back."""
 
     def rejoin_slot(self, role: str, want: int) -> int | None: ...
     def readmit(self, msg: Message, nid: int, host: str, port: int, back: bytes) -> None: ...

@@ -75,8 +75,7 @@ class HostTable:
 
 
 class Segment(Protocol):
-    """A key's segment (``hostagg.HostKey``) as the tables read it: its counters, the parts
-    this local rank sends and each part's sender."""
+    """A key's segment (``hostagg.HostKey``): counters, parts this rank sends, their senders."""
 
     head: np.ndarray
     mine: list[int]

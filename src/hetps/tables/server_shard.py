@@ -66,8 +66,7 @@ class Copies(Protocol):
 
 
 class Rounds(Protocol):
-    """A server's elastic rounds (hetps.faults.elastic_rounds): workers let go, and a
-    request's rounds."""
+    """A server's elastic rounds (hetps.faults.elastic_rounds): workers let go, rounds."""
 
     def gone(self, worker: int) -> bool: ...
     def in_rounds(self, msg: Message) -> None: ...

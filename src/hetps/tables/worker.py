@@ -93,8 +93,7 @@ def is_table(value: Any) -> bool:
 
 
 class HostRows(Protocol):
-    """A host aggregation's tables (kvstore/hostagg_tables.py) as the row-sparse keys use
-    them: declare a table, merge a push, pull the host's union of ids."""
+    """A host aggregation's tables (kvstore/hostagg_tables.py), as the row-sparse keys use them."""
 
     def declare(self, k: Any, tm: TableMeta) -> None: ...
     def push(self, k: Any, ids: np.ndarray, rows: np.ndarray) -> bool: ...
