@@ -121,8 +121,7 @@ class _Peer:
         self.since = 0.0  # when its buffered part of a frame began
 
     def frames(self, data: bytes) -> list[bytes]:
-        """The whole frames of what is buffered and ``data``; a half frame waits in the buffer
-        (:meth:`stalled`). ValueError: a frame's length is out of bounds."""
+        """The whole frames of the buffer and ``data`` (a half one stays); ValueError: a bad size."""
         if not self.buf:
             self.since = time.monotonic()
         self.buf += data
@@ -264,7 +263,10 @@ class HostLead:
             if self.up is None:
                 raise OSError("no leader")
             _send(self.up, Hand(kind, n, what))
-        except OSError:
+        except OSError as exc:
+            if isinstance(exc, TimeoutError):  # (a stalled leader)
+                log.warning("worker %d: dropped host leader %d, which did not take a hand within "
+                            "%g s; sends its own", self.me, lead, _FRAME_S)  # fmt: skip
             self._drop_up()
             with self.lock:
                 self.slots.pop((kind, n), None)
@@ -351,10 +353,8 @@ class HostLead:
 
     def _drop_up(self) -> None:
         if self.up is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.up.shutdown(socket.SHUT_RDWR)  # (its reader ends and closes it)
-            except OSError:
-                pass
         self.up = None
 
     # -- the leader's relay -----------------------------------------------------------------
