@@ -14,6 +14,7 @@ import numpy as np
 
 from hetps.transport import shm
 from hetps.transport.codec import Message
+from hetps.transport.inbox import MAX_STASHED_OFFERS
 from hetps.transport.van import RING_MIN_BYTES, RING_OFFER, Van
 
 MiB = 1 << 20
@@ -82,6 +83,44 @@ def test_a_malformed_ring_offer_is_refused_naming_its_field(caplog):
         np.testing.assert_array_equal(got.arrays[0], second)
     finally:
         for v in (tx, rx):
+            v.close()
+    assert not _mine()
+
+
+def test_offers_of_connections_never_admitted_do_not_crowd_out_an_honest_early_offer(caplog):
+    """A full stash of ring offers from a connection that is never admitted (its node table
+    never comes) gives way: a peer whose offer comes before its admission still gets its
+    ring once admitted, every array exact; the stale offers never open a ring."""
+    rx = Van(name="rx", ring_bytes=8 * MiB)
+    stale, tx = Van(name="stale"), Van(name="tx", ring_bytes=8 * MiB)
+    caplog.set_level(logging.WARNING, logger="hetps.van")
+    try:
+        stale.connect(1, rx.endpoint)  # never admitted
+        for i in range(MAX_STASHED_OFFERS):
+            stale.send(1, Message(RING_OFFER, body={"name": f"hetps-shm-stale-{i}"}))
+        stale.send(1, Message("ping"))  # after its offers, on the same connection
+        ping = rx.recv(timeout=10)
+        assert ping is not None and ping.cmd == "ping" and ping.sender == 0
+        assert len(rx.inbox.stashed) == MAX_STASHED_OFFERS  # full
+        rid = tx.connect(1, rx.endpoint)
+        n = RING_MIN_BYTES // 4 + 1024
+        first = np.full(n, 1, np.float32)
+        tx.send(1, Message("push", arrays=[first]))  # inline; its ring offered before it
+        got = rx.recv(timeout=10)
+        assert got is not None and got.sender == 0  # not admitted yet
+        np.testing.assert_array_equal(got.arrays[0], first)
+        rx.admit(rid, 5)  # its node table came: the offer kept is applied
+        assert tx._rings_out[1].name in rx._rings_in, caplog.text
+        second = np.full(n, 2, np.float32)
+        tx.send(1, Message("push", arrays=[second]))
+        assert tx._rings_out[1].head > 0  # through the ring
+        got = rx.recv(timeout=10)
+        assert got is not None and got.sender == 5
+        np.testing.assert_array_equal(got.arrays[0], second)
+        assert not any("stale" in name for name in rx._rings_in)
+        assert "dropped the oldest offer of an unknown connection" in caplog.text
+    finally:
+        for v in (tx, stale, rx):
             v.close()
     assert not _mine()
 

@@ -1,11 +1,13 @@
 """A host's leader (cluster/hostlead.py) against a broken follower on its real abstract Unix
 socket: a link report whose arrays are not whole rows, or whose body is no map, drops that
 follower only; the leader's own report goes on (all its values) and a well-formed follower
-is relayed after it, in either order of arrival."""
+is relayed after it, in either order of arrival. And a follower against a broken leader: half
+an answer, or what is no answer, and it sends its own."""
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import types
 
@@ -49,9 +51,14 @@ def _follower() -> socket.socket:
     return sock
 
 
-def _report(rnd: int, seed: int) -> Message:
+def _frame(sock: socket.socket) -> bytes:
+    (size,) = H._LEN.unpack(sock.recv(H._LEN.size, socket.MSG_WAITALL))
+    return sock.recv(size, socket.MSG_WAITALL)
+
+
+def _report(rnd: int, seed: int, rows: int = 3) -> Message:
     rng = np.random.default_rng(seed)
-    arrays = [rng.standard_normal((3, 6)), rng.standard_normal((2, 3))]
+    arrays = [rng.standard_normal((rows, 6)), rng.standard_normal((2, 3))]
     return Message(P.BALANCE_REPORT, body={"round": rnd}, arrays=arrays)
 
 
@@ -193,7 +200,7 @@ def _the_others_go_on(lead, hostile: socket.socket, good: socket.socket, hands) 
     node.futures[0].set_result(
         Message(P.BALANCE_REPORT, reply=True, typed=H.BalanceAnswer(plan=plan))
     )
-    told = H._recv(good, H.Told)
+    told = H._DECODERS[H.Told].decode(_frame(good))
     assert (told.k, told.n, told.ok, told.a.plan) == (H.REPORT, 1, True, plan)
     assert relayed.wait(5.0).typed.plan == plan
     assert lead.thread.is_alive()
@@ -242,3 +249,75 @@ def test_a_round_that_is_not_the_hosts_drops_that_follower(lead3, rnd, when, cap
         hostile.close()
         good.close()
     assert f"dropped worker {FOLLOWER}, which sent round {rnd} of 'r'" in caplog.text
+
+
+# -- a hostile leader: its follower must not wait on it past the deadline -------------------
+class _Follower(_Host3):
+    def __init__(self) -> None:
+        super().__init__()
+        self.info = self.nodes[FOLLOWER]
+
+
+DROPS = {
+    "half-a-frame": "part of a frame, not whole within 0.3 s",
+    "no-answer": "what is no answer",
+    "never-reads": "did not take a hand within 0.3 s",
+}
+
+
+@pytest.mark.parametrize("answer", list(DROPS))
+def test_a_stalled_or_broken_leader_is_dropped_and_the_follower_sends_its_own(
+    monkeypatch, caplog, answer
+):
+    """A fake leader on the real socket takes the follower's report and answers half a frame
+    (then nothing), or a frame that is no answer, or never reads the report (2.4 MB, more than
+    the socket holds): the follower drops it, naming it, and sends its own report to the
+    scheduler, every value its own; the scheduler's answer is its."""
+    monkeypatch.setattr(H, "_FRAME_S", 0.3)
+    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fake.settimeout(5.0)
+    fake.bind(H._name(SECRET, 0, LEADER))
+    fake.listen(1)
+    node = _Follower()
+    lead = H.HostLead(node)
+    conn = None
+    try:
+        rows = 50_000 if answer == "never-reads" else 3
+        mine = _report(1, 4, rows)
+        got: list[Message] = []
+        waits = threading.Thread(
+            target=lambda: got.append(lead.report(1, mine).wait(5.0)), daemon=True
+        )
+        waits.start()  # (its hand to a leader that never reads waits in the thread)
+        conn, _ = fake.accept()
+        conn.settimeout(5.0)
+        assert H._DECODERS[H.Hello].decode(_frame(conn)).id == FOLLOWER
+        if answer != "never-reads":
+            hand = H._DECODERS[H.Hand].decode(_frame(conn))
+            assert (hand.k, hand.n) == (H.REPORT, 1)
+        if answer == "half-a-frame":
+            conn.sendall(H._LEN.pack(1000) + bytes(10))  # 10 bytes of a 1,000-byte frame
+        elif answer == "no-answer":
+            conn.sendall(H._LEN.pack(3) + b"abc")
+        _wait_for(lambda: node.sent, "the follower never sent its own report")
+        (sent,) = node.sent
+        assert sent is mine and sent.body == {"round": 1}
+        for a, b in zip(sent.arrays, _report(1, 4, rows).arrays, strict=True):
+            np.testing.assert_array_equal(a, b)
+        plan = b"the packed plan"
+        node.futures[0].set_result(
+            Message(P.BALANCE_REPORT, reply=True, typed=H.BalanceAnswer(plan=plan))
+        )
+        waits.join(5.0)
+        assert got and got[0].typed.plan == plan
+        while conn.recv(1 << 20):  # (what it sent of a hand not taken)
+            pass
+        # the follower closed its connection (EOF)
+        assert lead.up is None
+    finally:
+        lead.close()
+        for sock in (conn, fake):
+            if sock is not None:
+                sock.close()
+    assert f"worker {FOLLOWER}: dropped host leader {LEADER}, which " in caplog.text
+    assert DROPS[answer] in caplog.text

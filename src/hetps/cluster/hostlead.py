@@ -10,9 +10,9 @@ removes it with its process (a SIGKILL leaves nothing in /dev/shm), a peer's dea
 at once (no polling of a mailbox), and the peer's uid is checked (``SO_PEERCRED``). Every
 worker listens, so the next lowest takes over when the leader is let go. The leader sends a
 round (a barrier's n, a report's round) once every connected local worker reached it (or was
-sent at it already); a follower whose leader is gone (EOF, let go, a refused or failed relay)
-sends its own, which the scheduler counts once (a node's barrier is the highest it reached, a
-report is kept per worker and a late one of a round already planned is answered at once)."""
+sent at it already); a follower whose leader is gone (EOF, let go, a refused or failed relay,
+half an answer past 5 s) sends its own, which the scheduler counts once (a node's barrier is
+the highest it reached, a report is kept per worker, a late one of a planned round answered)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 26  # a report's samples (the balance agent keeps at most 100,000: 4.8 MB)
 _TICK = 0.2  # how often a wait looks at the node's failure and the let-go workers
 _SEND_S = 1.0  # an answer a follower does not take within this drops it
-_FRAME_S = 5.0  # a frame begun and not whole within this drops its follower
+_FRAME_S = 5.0  # a frame begun and not whole within this drops its sender (leader or follower)
 REPORT = "r"  # the kind of a link report; a barrier's is "b:" and its group
 AHEAD = 3  # a follower's rounds past this worker's own the leader keeps (sync: a round or two)
 
@@ -102,21 +102,6 @@ def _send(sock: socket.socket, frame: Any) -> None:
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-def _recv(sock: socket.socket, kind: type) -> Any:
-    """One frame, a ``kind`` (None: the peer closed or sent what is not one)."""
-    try:
-        head = sock.recv(_LEN.size, socket.MSG_WAITALL)
-        if len(head) < _LEN.size:
-            return None
-        (size,) = _LEN.unpack(head)
-        data = sock.recv(size, socket.MSG_WAITALL) if size <= _MAX_FRAME else b""
-        if len(data) != size or not size:
-            return None
-        return _DECODERS[kind].decode(data)
-    except (OSError, ValueError, msgspec.DecodeError):
-        return None
-
-
 def _same_user(sock: socket.socket) -> bool:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1] == os.geteuid()
@@ -134,6 +119,28 @@ class _Peer:
         self.buf = bytearray()
         self.nid: int | None = None
         self.since = 0.0  # when its buffered part of a frame began
+
+    def frames(self, data: bytes) -> list[bytes]:
+        """The whole frames of the buffer and ``data`` (a half one stays); ValueError: a bad size."""
+        if not self.buf:
+            self.since = time.monotonic()
+        self.buf += data
+        out = []
+        while len(self.buf) >= _LEN.size:
+            (size,) = _LEN.unpack_from(self.buf)
+            if not 0 < size <= _MAX_FRAME:
+                raise ValueError(f"a frame of {size} bytes (at most {_MAX_FRAME})")
+            if len(self.buf) < _LEN.size + size:
+                break
+            out.append(bytes(self.buf[_LEN.size : _LEN.size + size]))
+            del self.buf[: _LEN.size + size]
+            self.since = time.monotonic()
+        return out
+
+    def stalled(self) -> str | None:
+        """Why to drop it if a frame begun is not whole within :data:`_FRAME_S` (else None)."""
+        late = self.buf and time.monotonic() - self.since > _FRAME_S
+        return f"part of a frame, not whole within {_FRAME_S:g} s" if late else None
 
 
 class Slot:
@@ -256,7 +263,10 @@ class HostLead:
             if self.up is None:
                 raise OSError("no leader")
             _send(self.up, Hand(kind, n, what))
-        except OSError:
+        except OSError as exc:
+            if isinstance(exc, TimeoutError):  # (a stalled leader)
+                log.warning("worker %d: dropped host leader %d, which did not take a hand within "
+                            "%g s; sends its own", self.me, lead, _FRAME_S)  # fmt: skip
             self._drop_up()
             with self.lock:
                 self.slots.pop((kind, n), None)
@@ -285,6 +295,7 @@ class HostLead:
         until = time.monotonic() + 5.0
         while self.up is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(_FRAME_S)  # (a hand not taken, or half an answer, drops the leader)
             try:
                 sock.connect(_name(self.secret, self.group, lead))
                 if not _same_user(sock):
@@ -300,22 +311,30 @@ class HostLead:
                 time.sleep(0.05)  # a retry of the connection, not a wait for another's state
                 continue
             self.up, self.up_id = sock, lead
-            threading.Thread(target=self._read_up, args=(sock,), daemon=True).start()
+            threading.Thread(target=self._read_up, args=(sock, lead), daemon=True).start()
 
-    def _read_up(self, sock: socket.socket) -> None:
+    def _read_up(self, sock: socket.socket, lead: int) -> None:
         """The leader's answers to this follower, each to its slot; at the end (the leader
-        gone) every slot still open is told to send directly."""
-        while True:
-            told = _recv(sock, Told)
-            if told is None:
+        gone, or dropped: what is no answer, or half a frame not whole within :data:`_FRAME_S`)
+        every slot still open is told to send directly."""
+        up, why = _Peer(sock), None
+        while why is None:
+            try:
+                data = sock.recv(1 << 20)
+                if not data:
+                    break  # the leader is gone
+                for told in map(_DECODERS[Told].decode, up.frames(data)):
+                    self._told(told)
+            except TimeoutError:
+                pass  # (nothing came: the host's others are not there yet)
+            except OSError:
                 break
-            with self.lock:
-                slot = self.slots.pop((told.k, told.n), None)
-            if slot is not None:
-                answer: Any = (told.a,)  # a barrier's: (members,)
-                if told.k == REPORT and isinstance(told.a, BalanceAnswer):
-                    answer = Message(P.BALANCE_REPORT, reply=True, typed=told.a)
-                slot.set(answer if told.ok else None)
+            except (ValueError, msgspec.DecodeError) as exc:
+                why = f"what is no answer ({exc})"
+            why = why or up.stalled()
+        if why is not None:
+            log.warning("worker %d: dropped host leader %d, which sent %s; sends its own",
+                        self.me, lead, why)  # fmt: skip
         with self.lock:
             if self.up is sock:
                 self.up = None
@@ -323,12 +342,19 @@ class HostLead:
                 self.slots.pop(key).set(None)
         sock.close()
 
+    def _told(self, told: Told) -> None:
+        with self.lock:
+            slot = self.slots.pop((told.k, told.n), None)
+        if slot is not None:
+            answer: Any = (told.a,)  # a barrier's: (members,)
+            if told.k == REPORT and isinstance(told.a, BalanceAnswer):
+                answer = Message(P.BALANCE_REPORT, reply=True, typed=told.a)
+            slot.set(answer if told.ok else None)
+
     def _drop_up(self) -> None:
         if self.up is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.up.shutdown(socket.SHUT_RDWR)  # (its reader ends and closes it)
-            except OSError:
-                pass
         self.up = None
 
     # -- the leader's relay -----------------------------------------------------------------
@@ -343,11 +369,10 @@ class HostLead:
                     self._accept()
                 else:
                     self._read(key.data)
-            late = time.monotonic() - _FRAME_S
             with self.lock:  # a worker let go may be the last one waited for
                 for key in list(self.sel.get_map().values()):
-                    if isinstance(key.data, _Peer) and key.data.buf and key.data.since < late:
-                        self._drop(key.data, f"part of a frame, not whole within {_FRAME_S:g} s")
+                    if isinstance(key.data, _Peer) and (why := key.data.stalled()):
+                        self._drop(key.data, why)
                 for kind in list(self.pending):
                     self._pump(kind)
 
@@ -373,21 +398,14 @@ class HostLead:
         if not data:  # gone: it sends its own from now on
             self._drop(peer, None)
             return
-        if not peer.buf:
-            peer.since = time.monotonic()
-        peer.buf += data
-        while len(peer.buf) >= _LEN.size:
-            (size,) = _LEN.unpack_from(peer.buf)
-            if not 0 < size <= _MAX_FRAME:
-                self._drop(peer, f"a frame of {size} bytes (at most {_MAX_FRAME})")
-                return
-            if len(peer.buf) < _LEN.size + size:
-                return
-            frame = bytes(peer.buf[_LEN.size : _LEN.size + size])
-            del peer.buf[: _LEN.size + size]
+        try:
+            frames = peer.frames(data)
+        except ValueError as exc:
+            self._drop(peer, str(exc))
+            return
+        for frame in frames:
             if not (self._hello(peer, frame) if peer.nid is None else self._take(peer, frame)):
                 return
-            peer.since = time.monotonic()
 
     def _hello(self, peer: _Peer, frame: bytes) -> bool:
         try:

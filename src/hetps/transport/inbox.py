@@ -28,7 +28,8 @@ log = logging.getLogger("hetps.van")
 UNKNOWN = 0
 #: the in-van command that offers a ring to its receiver (never reaches the application)
 RING_OFFER = "__ring_offer"
-#: ring offers kept from connections not yet known (the node table is on its way)
+#: in-van offers kept from connections not known yet (the node table is on its way); when full,
+#: the oldest goes (likeliest one never admitted; an age limit would guess a table's delay)
 MAX_STASHED_OFFERS = 64
 #: messages one turn of the receive loop reads off its socket while more are queued, without
 #: polling again (a scheduler's 512 host reports of a round come together)
@@ -79,7 +80,7 @@ class Inbox:
     ) -> None:
         self.van = van
         self.router, self.guard, self.poller, self.rings = router, guard, poller, rings
-        self.stashed: list[Message] = []  # offers from connections not admitted yet
+        self.stashed: deque[Message] = deque(maxlen=MAX_STASHED_OFFERS)  # (not admitted yet)
         self.stash_lock = threading.Lock()
         self.waiting = Waiting()  # messages whose bulk frames are still to come
         self.ready: deque[Message] = deque()  # decoded, not handed out yet
@@ -228,11 +229,10 @@ class Inbox:
                 van.take(msg)
             else:  # perhaps a peer whose node table is on its way: keep a few
                 with self.stash_lock:
-                    kept = len(self.stashed) < MAX_STASHED_OFFERS
-                    if kept:
-                        self.stashed.append(msg)
-                if not kept:
-                    log.warning("%s dropped a ring offer from an unknown connection", van.name)
+                    full = len(self.stashed) == MAX_STASHED_OFFERS
+                    self.stashed.append(msg)  # (full: the oldest goes)
+                if full:
+                    log.warning("%s dropped the oldest offer of an unknown connection", van.name)
             return
         now = time.time()
         msg.backlogged = waited
@@ -268,7 +268,8 @@ class Inbox:
         """The offers kept from the connection ``origin``, which belongs to a node now."""
         with self.stash_lock:
             mine = [m for m in self.stashed if m.origin == origin]
-            self.stashed = [m for m in self.stashed if m.origin != origin]
+            others = (m for m in self.stashed if m.origin != origin)
+            self.stashed = deque(others, MAX_STASHED_OFFERS)
         return mine
 
     @staticmethod
