@@ -11,7 +11,9 @@ cols))``) is an embedding table spread over the servers by rows (row ``r`` on se
   (filled the same way), a dense array of ``len(row_ids)`` rows (each id's row in the order
   asked, duplicates included: an embedding lookup), or, for a fixed table, a dense array of
   the table's shape (the rows asked are written, every other row is zeroed, as MXNet's
-  ``out`` reads when made dense).
+  ``out`` reads when made dense). The rows come into such a dense ``out`` straight from the
+  ring or channel they arrive by (distinct ids, or the table's shape): a pull that fails
+  may leave it part written.
 * ``kv.push(key, grad)`` with a torch sparse COO tensor, a ``RowSparse`` or a pair
   ``(row_ids, rows)``: duplicate ids are summed first; every server gets one request per
   push (one without rows when no id of the push is its), so in ``dist_sync`` a round on each
