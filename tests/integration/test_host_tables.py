@@ -196,3 +196,48 @@ def test_with_elastic_a_killed_local_worker_is_let_go_and_the_others_go_on(tmp_p
         for me, rec in recs.items():
             assert rec["seen"][r] == want, (me, r, rec["seen"][r], want)
     assert _shm_left() <= before
+
+
+#: one host of two workers: the host's merged pull of ~250 KiB per server comes back through
+#: the shared-memory rings and its rows land straight from them (every value checked)
+RING = """
+from hetps.kvstore import hostagg_tables as hat
+from hetps.tables import worker as tw
+from hetps.tables.rowsparse import Table, initial_rows
+hosts, landed, make, land = set(), [0], hat._land, tw._Landing.land
+def made(*a):  # (a host's pull's landing)
+    got = make(*a)
+    hosts.add(id(got))
+    return got
+def counted(self, view):  # (its reply rows copied straight out of the ring)
+    landed[0] += id(self) in hosts
+    return land(self, view)
+hat._land, tw._Landing.land = made, counted
+kv = hetps.kv.create('dist_sync')
+R, C = 4096, 64
+kv.init('t', Table(R, C, scale=0.5, seed=3))
+kv.set_optimizer(optim.SGD(learning_rate=0.5))
+kv.barrier()
+rng = np.random.default_rng(2)  # the same draws on both workers
+ref = initial_rows(0.5, 3, np.arange(R), C, np.float32)
+for rnd in range(3):  # (the rings open on the first rounds)
+    ids = [np.sort(rng.choice(R, 1500, replace=False)) for _ in range(2)]
+    grads = [rng.standard_normal((1500, C)).astype(np.float32) for _ in range(2)]
+    kv.push('t', (ids[kv.rank], grads[kv.rank]))
+    got = kv.row_sparse_pull('t', row_ids=ids[kv.rank])
+    for w in range(2):
+        np.add.at(ref, ids[w], -0.5 * grads[w])
+    assert got.indices.tolist() == ids[kv.rank].tolist()
+    want = ref[ids[kv.rank]]
+    assert np.allclose(got.data, want, atol=1e-5), np.abs(got.data - want).max()
+assert kv.hostagg is not None and 't' in kv.hostagg.tables.tables
+print('HOST-RING', kv.cfg.local_rank, landed[0], flush=True)
+"""
+
+
+def test_a_hosts_merged_pull_lands_from_the_rings(tmp_path):
+    rc, out = run_cluster(tmp_path, RING, workers=2, servers=2, node_env=HOSTS)
+    assert rc == 0, out
+    got = [line.split("HOST-RING ")[1].split() for line in out.splitlines() if "HOST-RING " in line]
+    assert sorted(lr for lr, _ in got) == ["0", "1"], out
+    assert sum(int(n) for _, n in got) >= 2, out  # (one reply per server, at least)

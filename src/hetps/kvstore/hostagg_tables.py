@@ -299,7 +299,8 @@ class HostTables:
             rows = np.empty((ids.size, tm.table.cols), tm.dtype)
             futs = [f for f in ht.futs.pop(s, []) if not f.reported]  # (the push's errors)
             for sel, msg in _asks(ht.key, s, ids, kv.cfg.table_pull_bytes, rows.shape[1], tm):
-                futs.append(kv.request(ht.key, 0, s, msg, _land(ht.key, rows, sel)))
+                land = _land(ht.key, rows, sel)  # (out of the ring as the reply is decoded)
+                futs.append(kv.request(ht.key, 0, s, msg, land, land))
             ht.asked[s] = (e, futs, ids, rows)
         hk.head[agg.slot(hk, "summed", s)] = e  # (its files are read)
         ht.done[s] = e

@@ -181,6 +181,14 @@ def coalesce(value: Any, cols: int, dtype: np.dtype, what: str) -> tuple[np.ndar
     """A row-sparse gradient as (sorted distinct int64 ids, their summed rows): from a torch
     sparse COO tensor (rows x cols), a :class:`RowSparse`, or a pair (row ids, rows)
     (duplicate ids are summed, in the order given)."""
+    return coalesce_owned(value, cols, dtype, what)[:2]
+
+
+def coalesce_owned(
+    value: Any, cols: int, dtype: np.dtype, what: str
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """:func:`coalesce`'s (ids, rows) and whether both are new arrays of its own (summed:
+    the ids repeated or were not sorted), not the caller's memory."""
     if type(value).__module__.startswith("torch") and getattr(value, "is_sparse", False):
         t = value.detach().cpu()
         if t.sparse_dim() != 1:
@@ -226,8 +234,8 @@ def coalesce(value: Any, cols: int, dtype: np.dtype, what: str) -> tuple[np.ndar
     if inv is not None:  # duplicates or unsorted: sum
         summed = np.zeros((uniq.size, cols), rows.dtype)
         np.add.at(summed, inv, rows)
-        ids, rows = uniq, summed
-    return ids, rows
+        return uniq, summed, True
+    return ids, rows, False
 
 
 def first_nonfinite(rows: np.ndarray) -> int | None:

@@ -11,7 +11,9 @@ cols))``) is an embedding table spread over the servers by rows (row ``r`` on se
   (filled the same way), a dense array of ``len(row_ids)`` rows (each id's row in the order
   asked, duplicates included: an embedding lookup), or, for a fixed table, a dense array of
   the table's shape (the rows asked are written, every other row is zeroed, as MXNet's
-  ``out`` reads when made dense).
+  ``out`` reads when made dense). The rows come into such a dense ``out`` straight from the
+  ring or channel they arrive by (distinct ids, or the table's shape): a pull that fails
+  may leave it part written.
 * ``kv.push(key, grad)`` with a torch sparse COO tensor, a ``RowSparse`` or a pair
   ``(row_ids, rows)``: duplicate ids are summed first; every server gets one request per
   push (one without rows when no id of the push is its), so in ``dist_sync`` a round on each
@@ -43,8 +45,8 @@ from hetps.cluster.protocol import normalize_keys
 from hetps.cluster.requests import Future, wait_all
 from hetps.device.staging import as_numpy
 from hetps.tables.lazy import distinct_inverse, put_rows, take_rows
-from hetps.tables.rowsparse import RowSparse, Table, coalesce, row_ids
-from hetps.transport.codec import Message
+from hetps.tables.rowsparse import RowSparse, Table, coalesce_owned, row_ids
+from hetps.transport.codec import Message, Rows
 
 if TYPE_CHECKING:
     from hetps.cluster.node import Node
@@ -239,7 +241,7 @@ class SparseKeys:
         what = f"push of row-sparse key {key!r}"
         if self.kv.compressor is not None:
             raise ValueError(f"{what}: 2-bit compression is for dense keys")
-        ids, rows = coalesce(value, tm.table.cols, tm.dtype, what)
+        ids, rows, owned = coalesce_owned(value, tm.table.cols, tm.dtype, what)
         tm.check_ids(key, ids, "push", ids)  # (sorted and distinct)
         if self.kv.sync:
             self.kv.dense.round_credit(tm)
@@ -251,18 +253,22 @@ class SparseKeys:
         owner = ids % S if S > 1 else None
         futs = []
         for s in range(S):
-            # copies (the caller may reuse its arrays), taken by index: no per-row Python
+            # the caller's rows are copied now (it may reuse its arrays: the push is sent
+            # later), by index, no per-row Python; rows summed here are the push's own: sent
+            # as they are, or gathered per server only as they leave (into the ring: one copy)
             if owner is None:
-                pid, prow = ids.copy(), np.array(rows, order="C")
+                pid, prow = (ids, rows) if owned else (ids.copy(), np.array(rows, order="C"))
+                flat: Any = prow.reshape(-1)
             else:
                 sel = np.flatnonzero(owner == s)
-                pid, prow = ids[sel], take_rows(rows, sel)
+                pid = ids[sel]
+                flat = Rows(rows, sel) if owned else take_rows(rows, sel).reshape(-1)
             body = {"k": key, "part": s, "sync": self.kv.sync}
             if rounds:  # a server that takes over knows a resent round by it
                 body["rnd"] = tm.rounds - 1
             if self.kv.sync and self.kv.host_tag is not None:  # (summed per host)
                 body["hg"] = list(self.kv.host_tag)
-            msg = Message(P.SPUSH, body=body, arrays=[pid, prow.reshape(-1)])
+            msg = Message(P.SPUSH, body=body, arrays=[pid, flat])
             futs.append(self.kv.request(key, priority, s, msg))
         tm.pushed = futs
         if self.kv.sync:
@@ -295,10 +301,16 @@ class SparseKeys:
         uniq, inv = distinct_inverse(ids)  # (repeated ids travel once)
         tm.check_ids(key, ids, "row_sparse_pull", uniq)
         cols = tm.table.cols
-        rows = np.empty((uniq.size, cols), tm.dtype)
         targets = targets_of(out, what)
         host = self.kv.hostagg
-        if host is not None and host.tables.pending(key):  # the host's union, pulled once
+        hosted = host is not None and host.tables.pending(key)
+        direct = None if hosted else landing_in(targets, tm, ids, uniq, inv)
+        if direct is not None:  # the rows land in ``out`` itself (one copy)
+            rows, at = direct
+            targets = []
+        else:
+            rows, at = np.empty((uniq.size, cols), tm.dtype), None
+        if hosted:  # the host's union, pulled once
             wait = host.tables.pull(key, uniq, rows)
 
             def through_host() -> Any:
@@ -316,7 +328,7 @@ class SparseKeys:
             for a in range(0, mine.size, step):
                 sel = mine[a : a + step]
                 msg = Message(P.SPULL, body={"k": key, "part": s}, arrays=[uniq[sel]])
-                land = _land_rows(key, rows, sel, cols)
+                land = _land_rows(key, rows, sel if at is None else at[sel], cols)
                 futs.append(self.kv.request(key, priority, s, msg, land, land))
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
@@ -361,9 +373,11 @@ def fill_out(
     """Write a pull's rows into its outs (see the module's text); the RowSparse result when
     ``want`` (no out was given)."""
     cols = table.cols
+    lone = len(targets) == 1 and not want  # (then ``rows``, the pull's own, become its data)
     for t in targets:
         if isinstance(t, RowSparse):
-            t.indices, t.data, t.shape = uniq.copy(), rows.copy(), table.shape
+            own = uniq if lone and inv is not None else uniq.copy()  # (inv None: the ids')
+            t.indices, t.data, t.shape = own, rows if lone else rows.copy(), table.shape
             continue
         if t.ndim == 2 and t.shape == (ids.size, cols):
             # a lookup: each id's row, in the order asked (inv None: ids were uniq already)
@@ -380,6 +394,32 @@ def fill_out(
         return None
     # (ids sorted and distinct already are the caller's array: the result gets its own)
     return RowSparse(uniq.copy() if inv is None else uniq, rows, table.shape)
+
+
+def landing_in(
+    targets: list, tm: TableMeta, ids: np.ndarray, uniq: np.ndarray, inv: Any
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """Where a pull's reply rows may land straight in its one dense ``out`` (C-contiguous,
+    of the table's dtype): ``(out, at)``, the reply's row ``u`` (of ``uniq``) going to
+    ``out[at[u]]`` (``at`` None: to ``out[u]``). A lookup of distinct ids (sorted or not) or
+    a fixed table's shape (zeroed first); None otherwise (the rows land in a buffer of their
+    own, :func:`fill_out` copies them). A pull that fails then may leave ``out`` part written."""
+    if len(targets) != 1 or isinstance(targets[0], RowSparse):
+        return None
+    t = targets[0]
+    if t.dtype != tm.dtype or not t.flags.c_contiguous or not t.flags.writeable:
+        return None
+    cols = tm.table.cols
+    if t.shape == (ids.size, cols) and uniq.size == ids.size:
+        if inv is None:
+            return t, None
+        at = np.empty(ids.size, np.int64)  # (distinct ids, unsorted: where each one was asked)
+        at[inv] = np.arange(ids.size)
+        return t, at
+    if t.shape == tm.table.shape and t.shape != (ids.size, cols):
+        t[...] = 0
+        return t, uniq
+    return None
 
 
 def row_ids_of(value: Any, key: Any) -> np.ndarray:
