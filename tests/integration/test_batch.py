@@ -152,8 +152,9 @@ print('COALESCED-OK', kv._sender.merged, flush=True)
 def test_list_calls_and_big_answers_go_through_the_ring_on_one_machine(cluster):
     """Secured as `hetps launch` runs it: a list call of 30 keys of 40 KB (each under the
     ring's 64 KiB bound, together over it) goes through the shared-memory rings both ways, and
-    so does every chunk of a 40 MB answer (10 chunks of 4 MiB; a 32 MiB ring holds 8: the
-    server waits for the worker to free room). The values are exact, and each key and element
+    so do the chunks of a 40 MB answer (10 chunks of 4 MiB; a 32 MiB ring holds 8: the
+    server waits for the worker to free room, and on a busy machine a chunk that waited
+    RING_WAIT_S goes inline). The values are exact, and each key and element
     has its own, so an answer landing in the wrong key or place fails."""
     code = """
 kv = hetps.kv.create('dist_sync')
@@ -191,9 +192,10 @@ for rnd in range(3):   # round 0 offers the rings; they carry everything from ro
     kv.push(big, v)
     kv.pull(big, out=o)
     assert (o == S * (rnd + 1) + W * bramp).all(), ('big pull', rnd)
-    if rnd:
-        assert sent() - h >= 4 * nb, ('big push', rnd, sent() - h)
-        assert taken() - t >= 4 * nb, ('big answer', rnd, taken() - t)
+    if rnd:  # (at least the chunks that fit without waiting: on a busy machine a chunk
+        # that waited RING_WAIT_S for room goes inline, by design)
+        assert sent() - h >= 6 * (4 << 20), ('big push', rnd, sent() - h)
+        assert taken() - t >= 6 * (4 << 20), ('big answer', rnd, taken() - t)
 kv.barrier()
 print('RING-OK', flush=True)
 """
