@@ -2,7 +2,8 @@
 socket: a link report whose arrays are not whole rows, or whose body is no map, drops that
 follower only; the leader's own report goes on (all its values) and a well-formed follower
 is relayed after it, in either order of arrival. And a follower against a broken leader: half
-an answer, or what is no answer, and it sends its own."""
+an answer, or what is no answer, and it sends its own. And rounds: a report left waiting when
+its worker went on is relayed; a follower far ahead is dropped."""
 
 from __future__ import annotations
 
@@ -62,6 +63,12 @@ def _report(rnd: int, seed: int, rows: int = 3) -> Message:
     return Message(P.BALANCE_REPORT, body={"round": rnd}, arrays=arrays)
 
 
+def _send_report(sock: socket.socket, rnd: int, msg: Message) -> None:
+    """A follower's hand of its link report ``msg`` of round ``rnd`` to its leader."""
+    what = {"b": {}, "s": msg.arrays[0].tobytes(), "t": msg.arrays[1].tobytes()}
+    H._send(sock, {"k": H.REPORT, "n": rnd, "w": what})
+
+
 def _wait_for(cond, what: str) -> None:
     end = time.monotonic() + 5.0
     while not cond():
@@ -110,8 +117,7 @@ def test_a_broken_report_drops_that_follower_and_the_host_goes_on(lead, first, w
     good = _follower()
     _wait_for(lambda: FOLLOWER in lead.conns, "the next follower was not accepted")
     theirs = _report(2, 1)
-    what2 = {"b": {}, "s": theirs.arrays[0].tobytes(), "t": theirs.arrays[1].tobytes()}
-    H._send(good, {"k": H.REPORT, "n": 2, "w": what2})
+    _send_report(good, 2, theirs)
     mine2 = _report(2, 2)
     lead.report(2, mine2)
     _wait_for(lambda: len(node.sent) == 2, "the host's report of round 2 was never sent")
@@ -179,8 +185,7 @@ def _hello(nid: int) -> socket.socket:
 def _hands(lead, good: socket.socket) -> tuple[Message, Message, H.Relayed]:
     """The well-formed follower's round-1 report, handed to the leader, and the leader's."""
     theirs, mine = _report(1, 1), _report(1, 2)
-    what = {"b": {}, "s": theirs.arrays[0].tobytes(), "t": theirs.arrays[1].tobytes()}
-    H._send(good, {"k": H.REPORT, "n": 1, "w": what})
+    _send_report(good, 1, theirs)
     return theirs, mine, lead.report(1, mine)
 
 
@@ -321,3 +326,69 @@ def test_a_stalled_or_broken_leader_is_dropped_and_the_follower_sends_its_own(
                 sock.close()
     assert f"worker {FOLLOWER}: dropped host leader {LEADER}, which " in caplog.text
     assert DROPS[answer] in caplog.text
+
+
+# -- rounds: a host's reports are pipelined (a worker waits for a round's answer one round
+# later), so a worker may go on to its next round before another's report of the last one was
+# read. The report it left waiting goes on its own then, not overwritten by the next: lost,
+# the scheduler would never answer that round and every worker of the job would wait for it.
+
+
+@pytest.mark.parametrize("ahead", ["leader", "follower"])
+def test_a_report_left_waiting_when_its_worker_went_on_is_still_relayed(lead, ahead, caplog):
+    node, sock = lead.node, _follower()
+    _wait_for(lambda: FOLLOWER in lead.conns, "the follower was not accepted")
+    # one worker reports rounds 1 and 2 before the other's report of round 1 is read
+    mine = {rnd: _report(rnd, rnd) for rnd in (1, 2)}
+    theirs = {rnd: _report(rnd, 10 + rnd) for rnd in (1, 2)}
+
+    def leader_reports() -> None:
+        lead.report(1, mine[1])
+        lead.report(2, mine[2])
+
+    def follower_reports() -> None:
+        for rnd in (1, 2):
+            _send_report(sock, rnd, theirs[rnd])
+        _wait_for(lambda: lead.sent.get(H.REPORT, {}).get(FOLLOWER, 0) >= 1,
+                  "the follower's round 1 was not relayed when it went on")  # fmt: skip
+
+    for step in (leader_reports, follower_reports)[:: 1 if ahead == "leader" else -1]:
+        step()
+    got: dict[tuple[int, int], list[np.ndarray]] = {}
+
+    def every_report() -> bool:
+        for msg in list(node.sent):
+            at = np.cumsum([0, *(s for s, _ in msg.body["host_rows"])])
+            tt = np.cumsum([0, *(t for _, t in msg.body["host_rows"])])
+            for j, nid in enumerate(msg.body["host"]):
+                rows = [msg.arrays[0][at[j] : at[j + 1]], msg.arrays[1][tt[j] : tt[j + 1]]]
+                got[(nid, msg.body["round"])] = rows
+        return len(got) == 4
+
+    try:
+        _wait_for(every_report, "not every report of every round was relayed")
+    finally:
+        sock.close()
+    assert sorted(got) == [(LEADER, 1), (LEADER, 2), (FOLLOWER, 1), (FOLLOWER, 2)]
+    assert "dropped" not in caplog.text  # (a follower going on is no off-round one)
+    for (nid, rnd), rows in got.items():  # every worker's report of every round, its values
+        want = (mine if nid == LEADER else theirs)[rnd].arrays
+        for a, b in zip(rows, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_follower_cannot_run_rounds_ahead_without_bound(lead, caplog):
+    """A follower that goes on round after round while this worker reports none is kept
+    AHEAD rounds past it (a synchronous job's workers are a round or two apart), then dropped,
+    naming the round: the leader does not relay a stream of future rounds for it."""
+    sock = _follower()
+    try:
+        _wait_for(lambda: FOLLOWER in lead.conns, "the follower was not accepted")
+        for rnd in range(1, H.AHEAD + 3):
+            _send_report(sock, rnd, _report(rnd, rnd))
+        _wait_for(lambda: FOLLOWER not in lead.conns, "a follower running ahead was kept")
+    finally:
+        sock.close()
+    assert f"dropped worker {FOLLOWER}, which sent round {H.AHEAD + 1} of 'r'" in caplog.text
+    # the rounds it had before: relayed on their own as it went on, the last one dropped
+    assert [m.body["round"] for m in lead.node.sent] == list(range(1, H.AHEAD))
