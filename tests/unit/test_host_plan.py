@@ -80,8 +80,8 @@ def test_the_sweep_removes_only_stale_segments_of_a_dead_maker(tmp_path):
         return f"hetps-host-{'a' * 32}-0-{str(i) * 24}"
 
     def segment(i: int, pid: int, age: float) -> None:
-        head = np.zeros(hostagg._PID + 1, np.int64)
-        head[hostagg._PID] = pid
+        head = np.zeros(hostagg.PID_SLOT + 1, np.int64)
+        head[hostagg.PID_SLOT] = pid
         path = tmp_path / name(i)
         path.write_bytes(head.tobytes())
         os.utime(path, (time.time() - age,) * 2)

@@ -11,7 +11,7 @@ import pytest
 from hetps import optim
 from hetps.cluster.errors import ClusterError
 from hetps.tables.server_shard import Shard, apply_rows
-from hetps.tables.worker import _land_rows
+from hetps.tables.worker import land_rows
 from hetps.transport import shm
 from hetps.transport.codec import Message, Rows, decode, encode
 
@@ -45,7 +45,7 @@ def test_reply_rows_go_into_the_ring_slot_and_out_of_it_into_the_pulls_rows(ring
     assert msg.arrays[0]._got is None  # straight into its slot: no array of its own first
     dest = np.full((10, COLS), -1, np.float32)
     sel = np.array([9, 0, 4, 2, 6, 1], np.int64)  # where each reply row goes
-    land = _land_rows("t", dest, sel, COLS)
+    land = land_rows("t", dest, sel, COLS)
     reply = _decode(frames, inn, land)
     assert reply.arrays[0] is land.mark  # (copied out of the ring already)
     land(reply)
@@ -63,7 +63,7 @@ def test_reply_rows_without_a_ring_are_one_array_and_land_when_handled(rings):
     frames = encode(Message("spull", req=3, reply=True, arrays=[Rows(table, loc, gathered.append)]))
     assert len(gathered) == 1 and len(frames[1]) == 3 * COLS * 4
     dest = np.zeros((3, COLS), np.float32)
-    land = _land_rows("t", dest, np.arange(3), COLS)
+    land = land_rows("t", dest, np.arange(3), COLS)
     reply = _decode(frames, inn, land)
     land(reply)
     np.testing.assert_array_equal(dest, table[loc])
@@ -77,7 +77,7 @@ def test_a_reply_of_the_wrong_size_is_refused_not_landed(rings):
         Message("spull", req=4, reply=True, arrays=[Rows(table, np.arange(5))]), out, 64
     )
     dest = np.zeros((8, COLS), np.float32)
-    land = _land_rows("t", dest, np.arange(4), COLS)  # four rows asked, five came
+    land = land_rows("t", dest, np.arange(4), COLS)  # four rows asked, five came
     reply = _decode(frames, inn, land)
     with pytest.raises(ClusterError, match="wrong-sized reply"):
         land(reply)

@@ -53,9 +53,9 @@ from hetps.cluster.requests import Future
 from hetps.config import ConfigError
 from hetps.kvstore.hostagg_tables import HostTables
 from hetps.kvstore.hostshm import (
-    _FLAGS,
-    _PID,
+    FLAGS,
     MAGIC,
+    PID_SLOT,
     SHM_DIR,
     alive,
     make,
@@ -177,7 +177,7 @@ class HostAggregation:
     # -- segments -----------------------------------------------------------------------------
     def _layout(self, meta: KeyMeta) -> tuple[int, int, int]:
         parts = len(meta.parts)
-        slots = _PID + 4 * self.size + 3 * parts
+        slots = PID_SLOT + 4 * self.size + 3 * parts
         head = (slots * 8 + 4095) // 4096 * 4096
         span = (meta.size * meta.dtype.itemsize + 63) // 64 * 64
         return head, span, head + (self.size + 1) * span
@@ -232,7 +232,7 @@ class HostAggregation:
                 or st.st_size != total
             ):
                 raise ClusterError(f"{where} is not a private file of {total} bytes: refused")
-            mm = mmap.mmap(fd, total, flags=_FLAGS)
+            mm = mmap.mmap(fd, total, flags=FLAGS)
         finally:
             os.close(fd)
         hk = self._view(k, name, mm, meta, head, span)
@@ -242,22 +242,22 @@ class HostAggregation:
                 f"{where} was made for {int(hk.head[1])} local ranks and {int(hk.head[2])} "
                 f"elements, this worker has LOCAL_WORLD_SIZE={self.size} and {meta.size}"
             )
-        if hk.head[_PID + self.local] != 0:
+        if hk.head[PID_SLOT + self.local] != 0:
             hk.drop()
             raise ClusterError(
                 f"two workers of host group {self.group} say LOCAL_RANK={self.local} (pid "
-                f"{int(hk.head[_PID + self.local])} and {os.getpid()}): give each its own"
+                f"{int(hk.head[PID_SLOT + self.local])} and {os.getpid()}): give each its own"
             )
         hk.head[self.slot(hk, "ns", self.local)] = _pid_ns()
         hk.head[self.slot(hk, "node", self.local)] = self.kv.node.id
-        hk.head[_PID + self.local] = os.getpid()
+        hk.head[PID_SLOT + self.local] = os.getpid()
         self.keys[k] = hk
         return hk
 
     def unname(self, hk: HostKey) -> None:
         """Unlink ``hk``'s name once every local rank mapped the segment (every rank tries
         after it mapped it and at its pushes, so one of them sees the last pid)."""
-        pids = hk.head[_PID : _PID + self.size]
+        pids = hk.head[PID_SLOT : PID_SLOT + self.size]
         if hk.named and all(pids[r] for r in range(self.size) if r not in self.dead):
             unlink(hk.name)
             hk.named = False
@@ -318,11 +318,11 @@ class HostAggregation:
 
     def slot(self, hk: HostKey, what: str, i: int) -> int:
         """Where in ``hk``'s header word ``what`` of member (or part) ``i`` is."""
-        base = _PID + 4 * self.size
+        base = PID_SLOT + 4 * self.size
         first = {
-            "contrib": _PID + self.size,
-            "ns": _PID + 2 * self.size,
-            "node": _PID + 3 * self.size,
+            "contrib": PID_SLOT + self.size,
+            "ns": PID_SLOT + 2 * self.size,
+            "node": PID_SLOT + 3 * self.size,
             "summed": base,
             "result": base + hk.parts,
             "short": base + 2 * hk.parts,
@@ -555,7 +555,7 @@ class HostAggregation:
     def _peers(self, what: str) -> None:
         for hk in list(self.keys.values()):
             for r in range(self.size):
-                pid = int(hk.head[_PID + r])
+                pid = int(hk.head[PID_SLOT + r])
                 if r == self.local or pid <= 0 or hk.head[self.slot(hk, "ns", r)] != _pid_ns():
                     continue  # (a pid of another PID namespace names nothing here)
                 if not alive(pid):

@@ -42,16 +42,16 @@ import numpy as np
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.requests import Future
-from hetps.kvstore.hostshm import _PID, MAGIC, SHM_DIR, alive, make, unlink
+from hetps.kvstore.hostshm import MAGIC, PID_SLOT, SHM_DIR, alive, make, unlink
 from hetps.kvstore.keys import KeyMeta
 from hetps.kvstore.placement import Part
 from hetps.kvstore.ports import StorePort
 from hetps.tables.lazy import distinct, put_rows, sum_rows, take_rows
-from hetps.tables.worker import _land_rows
+from hetps.tables.worker import land_rows
 from hetps.transport.codec import Message
 
 log = logging.getLogger("hetps.worker")
-_HEAD = 16  # int64 words before a file's ids: magic, 1, ids, cols, event, rows, [_PID] pid
+_HEAD = 16  # int64 words before a file's ids: magic, 1, ids, cols, event, rows, [PID_SLOT] pid
 
 
 @dataclass
@@ -331,7 +331,7 @@ class HostTables:
     def _write(self, ht: HostTable, name: str, e: int, ids: np.ndarray, rows: np.ndarray) -> None:
         head = np.zeros(_HEAD, np.int64)
         head[:6] = (MAGIC, 1, ids.size, ht.tm.table.cols, e, rows.shape[0])
-        head[_PID] = os.getpid()  # (a crash's file is swept as a segment is)
+        head[PID_SLOT] = os.getpid()  # (a crash's file is swept as a segment is)
         data = np.ascontiguousarray(rows, ht.tm.dtype)
         blob = b"".join((head.tobytes(), ids.astype(np.int64).tobytes(), data.tobytes()))
         blob += b"\0" * (-len(blob) % 8)
@@ -411,7 +411,7 @@ class HostTables:
             hk = agg.keys.get(ht.hkey)
             if hk is not None:
                 contrib = agg.slot(hk, "contrib", 0)
-                pids = [int(p) for p in hk.head[_PID : _PID + agg.size]]
+                pids = [int(p) for p in hk.head[PID_SLOT : PID_SLOT + agg.size]]
                 end = time.monotonic() + 5.0
                 while time.monotonic() < end and any(
                     e > hk.head[self._read_slot(hk, ht, r)] and pids[r] > 0 and alive(pids[r])
@@ -442,4 +442,4 @@ def _asks(key: Any, s: int, ids: np.ndarray, bound: int, cols: int, tm: Any):
 
 
 def _land(key: Any, rows: np.ndarray, sel: np.ndarray) -> Any:
-    return _land_rows(key, rows, sel, rows.shape[1])
+    return land_rows(key, rows, sel, rows.shape[1])

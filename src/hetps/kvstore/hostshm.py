@@ -17,12 +17,12 @@ from hetps.transport.shm import alive, sweep
 SHM_DIR = "/dev/shm"
 MAGIC = 0x47474154534F4848  # b"HHOSTAGG" little-endian
 NAME_RE = re.compile(r"^hetps-host-[0-9a-f]{32}-\d+-[0-9a-f]{24}(\.new\d+)?$")
-_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 # header slots: 0 magic, 1 local ranks, 2 elements; then per local rank its pid, the round
 # its slot holds, its PID namespace and its node id; then per part the round summed (its
 # slots are free again), the round whose result is in (-round: the owner's push failed) and
 # the workers that result holds when fewer than the job's (0: all)
-_PID = 8
+PID_SLOT = 8
 
 
 def make(path: str, total: int, header: bytes, what: str) -> int:
@@ -89,5 +89,5 @@ def _gone(path: str, _: re.Match) -> bool:
         head = np.frombuffer(os.read(fd, 4096), np.int64)
     finally:
         os.close(fd)
-    ranks = max(1, min(int(head[1]), len(head) - _PID))  # (a torn header: its maker)
-    return not any(alive(int(p)) for p in head[_PID : _PID + ranks] if p > 0)
+    ranks = max(1, min(int(head[1]), len(head) - PID_SLOT))  # (a torn header: its maker)
+    return not any(alive(int(p)) for p in head[PID_SLOT : PID_SLOT + ranks] if p > 0)

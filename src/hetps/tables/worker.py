@@ -328,7 +328,7 @@ class SparseKeys:
             for a in range(0, mine.size, step):
                 sel = mine[a : a + step]
                 msg = Message(P.SPULL, body={"k": key, "part": s}, arrays=[uniq[sel]])
-                land = _land_rows(key, rows, sel if at is None else at[sel], cols)
+                land = land_rows(key, rows, sel if at is None else at[sel], cols)
                 futs.append(self.kv.request(key, priority, s, msg, land, land))
         # the earlier push's errors are this pull's too (it may have been refused)
         futs = [f for f in tm.pushed if not f.reported] + futs
@@ -433,7 +433,7 @@ def targets_of(out: Any, what: str) -> list[Any]:
     return [o if isinstance(o, RowSparse) else as_numpy(o, what) for o in items]
 
 
-def _land_rows(key: Any, rows: np.ndarray, sel: np.ndarray, cols: int) -> _Landing:
+def land_rows(key: Any, rows: np.ndarray, sel: np.ndarray, cols: int) -> _Landing:
     """The callback of a pull's request (and its landing: :class:`_Landing`)."""
     return _Landing(key, rows, sel)
 
