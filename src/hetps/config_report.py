@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetps.config import NODE_VARS, SECTIONS, VARS, Var, resolve
-from hetps.config.resolve import _join_error
-from hetps.config.rows import _KINDS
+from hetps.config.resolve import join_error
+from hetps.config.rows import KINDS
 
 
 def _size(n: int) -> str:
@@ -42,7 +42,7 @@ def _bounds(var: Var) -> str:
 
 
 def _type(var: Var) -> str:
-    text = _KINDS[var.kind][1]
+    text = KINDS[var.kind][1]
     return f"{text} ({var.unit})" if var.unit else text
 
 
@@ -111,6 +111,6 @@ def report(env: Mapping[str, str] | None = None, role: str | None = None) -> tup
     node = [settings[v.name] for v in NODE_VARS]
     problems: list[str] = []
     if any(s.problem and not s.missing for s in node):
-        problems.append(str(_join_error(node)))
+        problems.append(str(join_error(node)))
     problems += [settings[v.name].problem for v in VARS if not v.field and settings[v.name].problem]
     return "\n".join(lines), problems

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from netem_helpers import OUR_DEVICES, ip_tool, namespaces_with, root_links, skip_reason
 
-from hetps.netem import _reaper
+from hetps.netem import reap
 
 
 @pytest.fixture(autouse=True)
@@ -31,6 +31,6 @@ def no_leftovers() -> Iterator[None]:
     new_devices = sorted(n for n in root_links() - before if OUR_DEVICES.match(n))
     if left:
         for run_id in {n.rsplit("-", 1)[0] for n in left}:
-            _reaper.remove_run(ip_tool(), run_id)
+            reap.remove_run(ip_tool(), run_id)
     assert not left, f"namespaces left behind: {left}"
     assert not new_devices, f"emulator devices in the root namespace: {new_devices}"

@@ -15,7 +15,7 @@ try:
 except ModuleNotFoundError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(SRC))
 
-from hetps.netem import _reaper  # noqa: E402
+from hetps.netem import reap  # noqa: E402
 from hetps.netem.emulator import find_tool  # noqa: E402
 
 #: Devices the emulator creates; none of them may ever show up in the root namespace.
@@ -57,7 +57,7 @@ def ip_tool() -> str:
 
 def namespaces_with(prefix: str) -> list[str]:
     """Live namespace names starting with ``prefix``."""
-    return [n for n in _reaper.list_namespaces(ip_tool()) if n.startswith(prefix)]
+    return [n for n in reap.list_namespaces(ip_tool()) if n.startswith(prefix)]
 
 
 def root_links() -> set[str]:

@@ -229,13 +229,25 @@ def private_reads(tree: ast.AST) -> list[ast.Attribute]:
     ]
 
 
+def private_imports(tree: ast.AST) -> list[ast.ImportFrom]:
+    """Every ``from module import _name`` in ``tree`` (another module's private name)."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.module != "__future__"
+        and any(a.name.startswith("_") and not a.name.startswith("__") for a in node.names)
+    ]
+
+
 def test_no_module_reads_another_objects_private_names():
-    """A part asks its port (or the object's public names); it never reads ``other._name``,
-    and a port names no private member of its host."""
+    """A part asks its port (or the object's public names); it never reads ``other._name``
+    nor imports another module's ``_name``, and a port names no private member of its host."""
     bad = [
         f"{path.relative_to(SRC)}:{node.lineno} {ast.unparse(node)}"
         for path in sorted(SRC.rglob("*.py"))
-        for node in private_reads(ast.parse(path.read_text()))
+        for find in (private_reads, private_imports)
+        for node in find(ast.parse(path.read_text()))
     ]
     for port, _ in PORTS:
         for node in ast.parse(inspect.getsource(port)).body[0].body:
@@ -248,3 +260,11 @@ def test_no_module_reads_another_objects_private_names():
 def test_the_private_read_check_sees_one():
     tree = ast.parse("def f(van, self):\n    self._ok = van._router\n    super()._fine()\n")
     assert [ast.unparse(n) for n in private_reads(tree)] == ["van._router"]
+
+
+def test_the_private_import_check_sees_one():
+    tree = ast.parse("from a import b, _c\nfrom d import __version__\nfrom e import _f as g\n")
+    assert [ast.unparse(n) for n in private_imports(tree)] == [
+        "from a import b, _c",
+        "from e import _f as g",
+    ]

@@ -8,8 +8,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from hetps.config.resolve import _join_error, resolve
-from hetps.config.rows import _KINDS, ConfigError
+from hetps.config.resolve import join_error, resolve
+from hetps.config.rows import KINDS, ConfigError
 from hetps.config.security import check_exposure, security_from_env
 from hetps.config.table import NODE_VARS
 
@@ -17,7 +17,7 @@ from hetps.config.table import NODE_VARS
 def _make_node_config() -> type:
     fields = []
     for v in sorted(NODE_VARS, key=lambda v: not v.required):  # required ones first
-        typ = _KINDS[v.kind][0]
+        typ = KINDS[v.kind][0]
         annotation = typ if v.default is not None else typ | None
         if v.required:
             fields.append((v.field, annotation))
@@ -59,7 +59,7 @@ def node_config_from_env(env: Mapping[str, str] | None = None, role: str | None 
     """
     env = os.environ if env is None else env
     settings = resolve(env, role, NODE_VARS)
-    error = _join_error(settings.values())
+    error = join_error(settings.values())
     if error is not None:
         raise error
     values = {v.field: settings[v.name].value for v in NODE_VARS}

@@ -25,7 +25,7 @@ class Setting:
     missing: bool = False  # a required variable that is not set
 
 
-def _raw(env: Mapping[str, str], name: str) -> str | None:
+def env_raw(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name)
     if value is None or value.strip() == "":
         return None
@@ -36,7 +36,7 @@ def _read(var: Var, env: Mapping[str, str]) -> Setting:
     """Parse one row on its own (no derivation, no cross-variable check)."""
     found: Setting | None = None
     for name in var.names:  # the first name set wins; a malformed one is an error anyway
-        raw = _raw(env, name)
+        raw = env_raw(env, name)
         if raw is None:
             continue
         source = "environment" if name == var.name else f"environment ({name})"
@@ -98,7 +98,7 @@ def resolve(
     return out
 
 
-def _join_error(settings: Iterable[Setting]) -> ConfigError | None:
+def join_error(settings: Iterable[Setting]) -> ConfigError | None:
     problems = [s.problem for s in settings if s.problem]
     if not problems:
         return None
@@ -122,7 +122,7 @@ def user_threads(extra: Mapping[str, str] | None = None, env: Mapping[str, str] 
     unchanged), from ``extra`` (e.g. ``--env`` pairs) or else ``env`` (default
     ``os.environ``); None when neither sets it (a launcher then picks each process's share)."""
     for source in (extra or {}, os.environ if env is None else env):
-        raw = _raw(source, "OMP_NUM_THREADS")
+        raw = env_raw(source, "OMP_NUM_THREADS")
         if raw is not None:
             return raw
     return None

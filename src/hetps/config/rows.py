@@ -25,7 +25,7 @@ Derive = Callable[[Mapping[str, Any]], "tuple[Any, str] | None"]
 
 REQUIRED: Any = dataclasses.MISSING  # a row's default when the variable must be set
 
-_KINDS = {  # kind -> (Python type, how the docs say it, what an error asks for)
+KINDS = {  # kind -> (Python type, how the docs say it, what an error asks for)
     "int": (int, "integer", "an integer"),
     "float": (float, "number", "a number"),
     "str": (str, "string", "a string"),
@@ -80,7 +80,7 @@ class Var:
             return "one of " + ", ".join(self.options or ())
         if self.kind == "flag":
             return "1 (on) or 0 (off)"
-        return f"{_KINDS[self.kind][2]} {self.span()}".rstrip()
+        return f"{KINDS[self.kind][2]} {self.span()}".rstrip()
 
     def span(self) -> str:
         """The bounds of a number: ``from MIN to MAX``, ``>= MIN`` or nothing."""

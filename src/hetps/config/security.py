@@ -9,7 +9,7 @@ import stat
 from collections.abc import Mapping
 
 from hetps.config.addresses import is_loopback
-from hetps.config.resolve import _raw, env_value
+from hetps.config.resolve import env_raw, env_value
 from hetps.config.rows import ConfigError
 from hetps.config.table import MIN_SECRET_CHARS
 
@@ -35,8 +35,8 @@ def security_from_env(env: Mapping[str, str] | None = None) -> tuple[bytes | Non
     or when ``HETPS_INSECURE=1`` comes with a secret.
     """
     env = os.environ if env is None else env
-    value = _raw(env, "HETPS_SECRET")
-    path = _raw(env, "HETPS_SECRET_FILE")
+    value = env_raw(env, "HETPS_SECRET")
+    path = env_raw(env, "HETPS_SECRET_FILE")
     insecure = bool(env_value("HETPS_INSECURE", env))
     if value is None and path is None:
         # set but blank: a secret was meant (a file name or a value that came out empty),

@@ -12,14 +12,14 @@ import numpy as np
 from hetps.metrics.plot_helpers import (
     SCHEME_COLORS,
     PlotContext,
-    _bars_by_network,
-    _colors_by,
-    _hue_colors,
-    _labels,
-    _mode_key,
-    _scheme_key,
-    _title,
+    bars_by_network,
+    colors_by,
     figure,
+    figure_title,
+    hue_colors,
+    mode_key,
+    run_labels,
+    scheme_key,
 )
 
 __all__ = ["fig_asrit_vs_slice", "fig_overhead", "fig_speed_per_scheme", "fig_srit"]
@@ -33,7 +33,7 @@ def fig_speed_per_scheme(ctx: PlotContext) -> list[Path]:
         for r, s in ctx.pairs()
         if s["scheme"] is not None and s["speed_samples_per_min"] is not None
     ]
-    return _bars_by_network(
+    return bars_by_network(
         ctx,
         pairs,
         lambda s: s["speed_samples_per_min"],
@@ -68,7 +68,7 @@ def fig_srit(ctx: PlotContext) -> list[Path]:
     base = "scheme" if all(r.get("scheme") is not None for r in runs) else "mode"
     series.sort(
         key=lambda rp: (
-            _scheme_key(rp[0].get("scheme")) if base == "scheme" else _mode_key(rp[0].mode),
+            scheme_key(rp[0].get("scheme")) if base == "scheme" else mode_key(rp[0].mode),
             str(rp[0].run_dir),
         )
     )
@@ -78,8 +78,8 @@ def fig_srit(ctx: PlotContext) -> list[Path]:
     ymax = max(y for _, pts in series for _, y in pts) or 1.0
     for ax, net in zip(axes, networks, strict=True):
         sub = [(r, pts) for r, pts in series if r.network == net]
-        labels = _labels([r for r, _ in sub], with_network=False, base=base)
-        colors = _colors_by([r for r, _ in sub], labels, base)
+        labels = run_labels([r for r, _ in sub], with_network=False, base=base)
+        colors = colors_by([r for r, _ in sub], labels, base)
         for (_r, pts), lab in zip(sub, labels, strict=True):
             x, y = zip(*pts, strict=True)
             ax.plot(x, y, color=colors[lab], lw=1.0, label=lab)
@@ -92,7 +92,7 @@ def fig_srit(ctx: PlotContext) -> list[Path]:
     base_title = "Single-round iteration time"
     if scen:
         base_title += f" ({', '.join(sorted(scen))} network)"
-    fig.suptitle(_title(base_title, runs), fontsize=10)
+    fig.suptitle(figure_title(base_title, runs), fontsize=10)
     return [ctx.save(fig, "srit_over_iterations.png")]
 
 
@@ -113,7 +113,7 @@ def fig_asrit_vs_slice(ctx: PlotContext) -> list[Path]:
         ctx.notes.append("asrit_vs_slice_size.png: skipped, no run records a 'slice_size'")
         return []
     keys = sorted(pts)
-    colors = _hue_colors(keys, [scheme_of[k] for k in keys], SCHEME_COLORS)
+    colors = hue_colors(keys, [scheme_of[k] for k in keys], SCHEME_COLORS)
     fig = ctx.new_figure(7.5, 4.6)
     ax = fig.subplots()
     for key in keys:
@@ -126,7 +126,9 @@ def fig_asrit_vs_slice(ctx: PlotContext) -> list[Path]:
     ax.set_ylim(0, 1.12 * max(y for p in pts.values() for _, y in p) or 1.0)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    ax.set_title(_title("Average single-round iteration time vs slice size", used), fontsize=10)
+    ax.set_title(
+        figure_title("Average single-round iteration time vs slice size", used), fontsize=10
+    )
     return [ctx.save(fig, "asrit_vs_slice_size.png")]
 
 
@@ -135,7 +137,7 @@ def fig_overhead(ctx: PlotContext) -> list[Path]:
     """Probing and re-planning overhead (% of run time) per run (records with ``overhead_s``)."""
     pairs = [(r, s) for r, s in ctx.pairs() if s["overhead_ratio"] is not None]
     base = "scheme" if all(s["scheme"] is not None for _, s in pairs) else "mode"
-    return _bars_by_network(
+    return bars_by_network(
         ctx,
         pairs,
         lambda s: 100.0 * s["overhead_ratio"],

@@ -110,7 +110,7 @@ MODE_COLORS = {
     "dcasgd": "#9467bd",
     "local": "#555555",
 }
-_CYCLE = [
+CYCLE = [
     "#1f77b4",
     "#ff7f0e",
     "#2ca02c",
@@ -138,7 +138,7 @@ def _slowdown_text(run: Run) -> str:
     return ",".join(f"{s:g}" for s in run.slowdown)
 
 
-def _title(base: str, runs: Sequence[Run]) -> str:
+def figure_title(base: str, runs: Sequence[Run]) -> str:
     """``base`` plus "(emulated heterogeneity: --slowdown …)" when any run was slowed down."""
     het = [r for r in runs if r.heterogeneous]
     if not het:
@@ -150,11 +150,11 @@ def _title(base: str, runs: Sequence[Run]) -> str:
     return f"{base}\n({note})"
 
 
-def _mode_key(mode: str) -> int:
+def mode_key(mode: str) -> int:
     return MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER)
 
 
-def _labels(runs: Sequence[Run], with_network: bool, base: str = "mode") -> list[str]:
+def run_labels(runs: Sequence[Run], with_network: bool, base: str = "mode") -> list[str]:
     """One unique label per run: its mode (or scheme) plus whatever differs between the runs."""
     varying = []
     checks: list[tuple[str, Callable[[Run], Any]]] = [
@@ -205,14 +205,14 @@ def _shade(color: str, k: int) -> tuple[float, float, float]:
     return (r * (1 - f), g * (1 - f), b * (1 - f))
 
 
-def _hue_colors(
+def hue_colors(
     hues: Sequence[str], keys: Sequence[str], palette: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A colour per hue: the colour of its key (mode or scheme) in ``palette`` (default
     :data:`MODE_COLORS`; unknown keys take the next free colour), in lighter/darker shades
     for further hues with the same key."""
     palette = dict(MODE_COLORS if palette is None else palette)
-    free = [c for c in _CYCLE if c not in palette.values()] or _CYCLE
+    free = [c for c in CYCLE if c not in palette.values()] or CYCLE
     seen: dict[str, int] = {}
     out: dict[str, Any] = {}
     for h, key in zip(hues, keys, strict=True):
@@ -224,14 +224,14 @@ def _hue_colors(
     return out
 
 
-def _abs_formatter() -> Any:
+def abs_formatter() -> Any:
     """Tick labels without the sign (pull drawn below the axis, in positive units)."""
     from matplotlib.ticker import FuncFormatter
 
     return FuncFormatter(lambda v, _pos: f"{abs(v):g}")
 
 
-def _grouped_bars(
+def grouped_bars(
     ax: Any,
     groups: Sequence[str],
     hues: Sequence[str],
@@ -272,30 +272,30 @@ def _grouped_bars(
     ax.set_axisbelow(True)
 
 
-def _scheme_key(scheme: Any) -> int:
+def scheme_key(scheme: Any) -> int:
     order = list(SCHEME_COLORS)
     return order.index(scheme) if scheme in order else len(order)
 
 
-def _sorted_pairs(
+def sorted_pairs(
     pairs: list[tuple[Run, dict[str, Any]]], by_scheme: bool = False
 ) -> list[tuple[Run, dict[str, Any]]]:
     def key(p: tuple[Run, dict[str, Any]]) -> tuple[Any, ...]:
         r = p[0]
-        head = _scheme_key(r.get("scheme")) if by_scheme else _mode_key(r.mode)
+        head = scheme_key(r.get("scheme")) if by_scheme else mode_key(r.mode)
         return (head, r.network, str(r.run_dir))
 
     return sorted(pairs, key=key)
 
 
-def _colors_by(runs: Sequence[Run], labels: Sequence[str], base: str) -> dict[str, Any]:
+def colors_by(runs: Sequence[Run], labels: Sequence[str], base: str) -> dict[str, Any]:
     """A colour per label of ``runs``: its run's mode's, or its scheme's (``base``)."""
     if base == "scheme":
-        return _hue_colors(labels, [str(r.get("scheme")) for r in runs], SCHEME_COLORS)
-    return _hue_colors(labels, [r.mode for r in runs])
+        return hue_colors(labels, [str(r.get("scheme")) for r in runs], SCHEME_COLORS)
+    return hue_colors(labels, [r.mode for r in runs])
 
 
-def _bars_by_network(
+def bars_by_network(
     ctx: PlotContext,
     pairs: list[tuple[Run, dict[str, Any]]],
     value: Callable[[dict[str, Any]], float | None] | dict[str, Callable],
@@ -312,21 +312,21 @@ def _bars_by_network(
     if not pairs:
         ctx.notes.append(f"{name}: skipped, {missing}")
         return []
-    pairs = _sorted_pairs(pairs, by_scheme=base == "scheme")
+    pairs = sorted_pairs(pairs, by_scheme=base == "scheme")
     runs = [r for r, _ in pairs]
-    labels = _labels(runs, with_network=False, base=base)
+    labels = run_labels(runs, with_network=False, base=base)
     groups = list(dict.fromkeys(r.network for r in runs))
     hues = list(dict.fromkeys(labels))
-    colors = _colors_by(runs, labels, base)
+    colors = colors_by(runs, labels, base)
     panels = value if isinstance(value, dict) else {"": value}
     width = min(16.0, max(6.0, 2.0 + 0.45 * len(pairs))) * (1 + 0.5 * (len(panels) - 1))
     fig = ctx.new_figure(width, 4.6)
     axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     for ax, (sub, fn) in zip(axes, panels.items(), strict=True):
         values = {(r.network, lab): fn(s) for (r, s), lab in zip(pairs, labels, strict=True)}
-        _grouped_bars(ax, groups, hues, values, colors, fmt)
+        grouped_bars(ax, groups, hues, values, colors, fmt)
         ax.set_title(sub, fontsize=9)
     axes[0].set_ylabel(ylabel)
     axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(_title(title, runs), fontsize=10)
+    fig.suptitle(figure_title(title, runs), fontsize=10)
     return [ctx.save(fig, name)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetps.metrics.plot_helpers import PlotContext, _abs_formatter, _title, figure
+from hetps.metrics.plot_helpers import PlotContext, abs_formatter, figure, figure_title
 from hetps.metrics.records import MetricsError
 from hetps.metrics.runs import Run
 from hetps.metrics.spans import PHASES
@@ -145,7 +145,7 @@ def draw_phase_timeline(
         axb.bar(x, -pull, width=w, align="edge", color=c, alpha=0.45, label=f"{node} pull", lw=0)
     axb.axhline(0, color="0.2", lw=0.6)
     axb.set_ylabel("kB per bucket\npush ↑  pull ↓", fontsize=8)
-    axb.yaxis.set_major_formatter(_abs_formatter())
+    axb.yaxis.set_major_formatter(abs_formatter())
     axb.set_xlabel("time since run start (ms)")
     axb.grid(alpha=0.25)
     if width is not None:
@@ -176,7 +176,7 @@ def draw_phase_timeline(
     axm.set_title(f"rounds per worker: {'/'.join(map(str, counts))}", fontsize=8)
 
     n_rounds = len(run.records[ranks[0]]) if ranks else 0
-    title = _title(
+    title = figure_title(
         f"When do push and pull happen inside a batch?  {run.mode} / {run.network}  "
         f"({run.name}, {n_rounds} rounds)",
         [run],

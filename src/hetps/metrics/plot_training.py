@@ -12,17 +12,17 @@ from typing import Any
 import numpy as np
 
 from hetps.metrics.plot_helpers import (
-    _CYCLE,
+    CYCLE,
     PlotContext,
-    _abs_formatter,
-    _bars_by_network,
-    _grouped_bars,
-    _hue_colors,
-    _labels,
-    _mode_key,
-    _sorted_pairs,
-    _title,
+    abs_formatter,
+    bars_by_network,
     figure,
+    figure_title,
+    grouped_bars,
+    hue_colors,
+    mode_key,
+    run_labels,
+    sorted_pairs,
 )
 from hetps.metrics.runs import Run
 from hetps.metrics.summary import THRESHOLDS, accuracy_curve, computing_time_ratios
@@ -42,7 +42,7 @@ def _accuracy(ctx: PlotContext, non_iid: bool) -> list[Path]:
     kind = "non-i.i.d." if non_iid else "i.i.d."
     name = f"accuracy_vs_time_{'noniid' if non_iid else 'iid'}.png"
     runs = [r for r in ctx.runs if r.split_by_class == non_iid]
-    runs = sorted(runs, key=lambda r: (_mode_key(r.mode), r.network, str(r.run_dir)))
+    runs = sorted(runs, key=lambda r: (mode_key(r.mode), r.network, str(r.run_dir)))
     curves = [(r, accuracy_curve(r)) for r in runs]
     curves = [(r, c) for r, c in curves if c]
     if not curves:
@@ -51,10 +51,10 @@ def _accuracy(ctx: PlotContext, non_iid: bool) -> list[Path]:
         return []
     fig = ctx.new_figure(8.0, 5.0)
     ax = fig.subplots()
-    labels = _labels([r for r, _ in curves], with_network=True)
+    labels = run_labels([r for r, _ in curves], with_network=True)
     networks = list(dict.fromkeys(r.network for r, _ in curves))
     styles = ["-", "--", "-.", ":"]
-    colors = _hue_colors(labels, [r.mode for r, _ in curves])
+    colors = hue_colors(labels, [r.mode for r, _ in curves])
     for (r, c), lab in zip(curves, labels, strict=True):
         t, a = zip(*c, strict=True)
         ax.plot(
@@ -74,7 +74,7 @@ def _accuracy(ctx: PlotContext, non_iid: bool) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(
-        _title(f"Test accuracy vs time ({kind} data)", [r for r, _ in curves]), fontsize=10
+        figure_title(f"Test accuracy vs time ({kind} data)", [r for r, _ in curves]), fontsize=10
     )
     return [ctx.save(fig, name)]
 
@@ -95,7 +95,7 @@ def fig_accuracy_noniid(ctx: PlotContext) -> list[Path]:
 def fig_throughput(ctx: PlotContext) -> list[Path]:
     """Data throughput (samples/s) per mode, grouped by network."""
     pairs = [(r, s) for r, s in ctx.pairs() if s["throughput_samples_per_s"] is not None]
-    return _bars_by_network(
+    return bars_by_network(
         ctx,
         pairs,
         lambda s: s["throughput_samples_per_s"],
@@ -111,7 +111,7 @@ def fig_throughput(ctx: PlotContext) -> list[Path]:
 def fig_traffic(ctx: PlotContext) -> list[Path]:
     """Traffic load (MB/s pushed and pulled by all workers) per mode, grouped by network."""
     pairs = [(r, s) for r, s in ctx.pairs() if s["traffic_mb_per_s"]["push"] is not None]
-    return _bars_by_network(
+    return bars_by_network(
         ctx,
         pairs,
         {
@@ -128,7 +128,7 @@ def fig_traffic(ctx: PlotContext) -> list[Path]:
 @figure("computing_time_ratio")
 def fig_computing_time_ratio(ctx: PlotContext) -> list[Path]:
     """Computing-time ratio per device, bars per device grouped by run; a panel per network."""
-    pairs = _sorted_pairs([(r, s) for r, s in ctx.pairs() if s["computing_time_ratio"]])
+    pairs = sorted_pairs([(r, s) for r, s in ctx.pairs() if s["computing_time_ratio"]])
     if not pairs:
         ctx.notes.append("computing_time_ratio.png: skipped, no run has iteration records")
         return []
@@ -140,7 +140,7 @@ def fig_computing_time_ratio(ctx: PlotContext) -> list[Path]:
         labs = {r.device_label(rank) for r, _ in pairs if rank in r.records}
         lab = labs.pop() if len(labs) == 1 else f"worker{rank}"
         hue[rank] = lab if lab not in hue.values() else f"{lab} [rank {rank}]"
-    colors = {hue[rank]: _CYCLE[i % len(_CYCLE)] for i, rank in enumerate(ranks)}
+    colors = {hue[rank]: CYCLE[i % len(CYCLE)] for i, rank in enumerate(ranks)}
     nbars = [
         sum(len(computing_time_ratios(r)) + 1 for r, _ in pairs if r.network == net)
         for net in networks
@@ -149,19 +149,21 @@ def fig_computing_time_ratio(ctx: PlotContext) -> list[Path]:
     axes = fig.subplots(1, len(networks), sharey=True, squeeze=False, width_ratios=nbars)[0]
     for ax, net in zip(axes, networks, strict=True):
         runs = [r for r, _ in pairs if r.network == net]
-        labels = _labels(runs, with_network=False)
+        labels = run_labels(runs, with_network=False)
         values = {
             (lab, hue[rank]): ratio
             for r, lab in zip(runs, labels, strict=True)
             for rank, ratio in computing_time_ratios(r).items()
         }
-        _grouped_bars(ax, labels, list(colors), values, colors, "{:.2f}")
+        grouped_bars(ax, labels, list(colors), values, colors, "{:.2f}")
         ax.set_title(net, fontsize=9)
     axes[0].set_ylabel("computing time / wall time")
     legend = {lab: h for ax in axes for h, lab in zip(*ax.get_legend_handles_labels(), strict=True)}
     axes[-1].legend(legend.values(), legend.keys(), fontsize=7, loc="upper left",
                     bbox_to_anchor=(1.01, 1.0))  # fmt: skip
-    fig.suptitle(_title("Computing-time ratio per device", [r for r, _ in pairs]), fontsize=10)
+    fig.suptitle(
+        figure_title("Computing-time ratio per device", [r for r, _ in pairs]), fontsize=10
+    )
     return [ctx.save(fig, "computing_time_ratio.png")]
 
 
@@ -191,7 +193,7 @@ def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
         {b["peer"] for bs in traffic.values() for b in bs},
         key=lambda p: (0, p, "") if isinstance(p, (int, float)) else (1, 0, str(p)),
     )
-    colors = {p: _CYCLE[i % len(_CYCLE)] for i, p in enumerate(peers)}
+    colors = {p: CYCLE[i % len(CYCLE)] for i, p in enumerate(peers)}
     nodes = list(traffic)
     fig = ctx.new_figure(11.0, 1.2 + 1.9 * len(nodes))
     axes = np.atleast_1d(fig.subplots(len(nodes), 1, sharex=True, squeeze=False)[:, 0])
@@ -223,7 +225,7 @@ def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
             ax.fill_between([], [], [], color=c, alpha=0.45, label=str(peer))  # legend entry
             below = top
         ax.axhline(0, color="0.2", lw=0.6)
-        ax.yaxis.set_major_formatter(_abs_formatter())
+        ax.yaxis.set_major_formatter(abs_formatter())
         ymax = max(float(below.max()), 1e-9)
         ax.set_ylim(-ymax * 1.12, ymax * 1.12)
         m = re.match(r"worker(\d+)$", node)
@@ -244,7 +246,9 @@ def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
         )
     axes[-1].set_xlabel("time since run start (s)")
     axes[-1].set_xlim(grid[0], grid[-1])
-    title = _title(f"Traffic per link over time: {run.mode} / {run.network}  ({run.name})", [run])
+    title = figure_title(
+        f"Traffic per link over time: {run.mode} / {run.network}  ({run.name})", [run]
+    )
     title += (
         f"\nMB/s stacked by peer: push above the axis, pull below; buckets of {dt * 1000:g} ms; "
         "grey lines: iteration ends"

@@ -72,7 +72,7 @@ class RunNotFoundError(MetricsError, FileNotFoundError):
 # JSON helpers
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """``value`` as plain JSON data: NumPy/torch scalars and arrays become numbers and lists,
     non-finite floats become ``None`` (standard JSON has no NaN)."""
     if value is None or isinstance(value, (bool, str, int)):
@@ -80,15 +80,15 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, Path):
         return str(value)
     for attr in ("tolist", "item"):  # numpy, torch: no import needed
         fn = getattr(value, attr, None)
         if callable(fn):
-            return _plain(fn())
+            return plain(fn())
     raise MetricsError(
         f"cannot write {value!r} (type {type(value).__name__}) as JSON; "
         "fix: pass numbers, strings, lists or dicts"
@@ -189,7 +189,7 @@ def run_meta(
 
 def validate_meta(meta: Mapping[str, Any], where: str = "run.json") -> dict[str, Any]:
     """Check a ``run.json`` dict against the format; returns it as plain JSON data."""
-    m = _plain(dict(meta))
+    m = plain(dict(meta))
     missing = [k for k in RUN_KEYS if k not in m]
     if missing:
         raise MetricsError(
@@ -416,7 +416,7 @@ def validate_record(record: Mapping[str, Any], where: str = "record") -> dict[st
     """Check one iteration record against the format; returns it as plain JSON data."""
     if not isinstance(record, Mapping):
         raise MetricsError(f"{where}: a record must be a dict, got {type(record).__name__}")
-    rec = _plain(dict(record))
+    rec = plain(dict(record))
     missing = [k for k in ITERATION_KEYS if k not in rec]
     if missing:
         raise MetricsError(

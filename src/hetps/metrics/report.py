@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hetps.metrics.dashboard import static_file
-from hetps.metrics.records import MetricsError, _plain, write_atomic
+from hetps.metrics.records import MetricsError, plain, write_atomic
 from hetps.metrics.runs import Run, load_run
 from hetps.metrics.summary import summarize_run
 
@@ -136,7 +136,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> str:
     """The report of ``run_dir`` as one HTML document."""
     run = load_run(run_dir)
     # JSON safe inside a <script> element (no </, no <!--; non-finite floats as null)
-    data = json.dumps(_plain(report_data(run)), allow_nan=False)
+    data = json.dumps(plain(report_data(run)), allow_nan=False)
     data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     title = html.escape(f"hetps report: {run.name}")
     css = (

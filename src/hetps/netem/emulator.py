@@ -24,27 +24,27 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-from hetps.netem import _reaper
+from hetps.netem import reap
 from hetps.netem.dynamic import DynamicDriver
 from hetps.netem.scenario import Scenario
 from hetps.netem.tools import (  # noqa: F401 - re-exported
-    _CLASSIFY,
-    _TCP_CC_FILE,
     BRIDGE,
+    CLASSIFY,
     DEFAULT_PREFIX,
     FRAME,
     GOODPUT_FACTOR,
     NODE_IF,
+    TCP_CC_FILE,
     NetemError,
     NetemPermissionError,
     NetemUnsupportedError,
-    _bits,
-    _pick_subnet,
-    _read_sysctl,
-    _run,
-    _tbf_params,
+    bits,
     find_tool,
+    pick_subnet,
+    read_sysctl,
     require_root,
+    run_tool,
+    tbf_params,
 )
 
 log = logging.getLogger("hetps.netem")
@@ -162,7 +162,7 @@ class Netem:
                 self._stop_procs()
                 names = sorted(set(self._created) | set(self._live_names()))
                 if names:
-                    _reaper.remove_run(self._ip, self.run_id, names=names)
+                    reap.remove_run(self._ip, self.run_id, names=names)
                 left = self._live_names()
                 if left:
                     log.error("netem: could not remove %s", left)
@@ -267,7 +267,7 @@ class Netem:
         """``tc -s qdisc show`` of node ``i``'s egress (or ingress) shaper, for debugging."""
         self._require_up()
         ns, dev = (self.hub, f"v{i}") if ingress else (self.node_ns(i), NODE_IF)
-        return _run([self._tc, "-n", ns, "-s", "qdisc", "show", "dev", dev], what="tc show")
+        return run_tool([self._tc, "-n", ns, "-s", "qdisc", "show", "dev", dev], what="tc show")
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -282,11 +282,11 @@ class Netem:
     def _live_names(self) -> list[str]:
         if not self._ip:
             return []
-        return [n for n in _reaper.list_namespaces(self._ip) if n.startswith(self.run_id + "-")]
+        return [n for n in reap.list_namespaces(self._ip) if n.startswith(self.run_id + "-")]
 
     def _choose_subnet(self) -> ipaddress.IPv4Network:
         if self._subnet_arg is None:
-            return _pick_subnet(self._ip)
+            return pick_subnet(self._ip)
         net = ipaddress.IPv4Network(self._subnet_arg, strict=True)
         if net.num_addresses - 2 < self.n:
             raise NetemError(f"subnet {net} has room for {net.num_addresses - 2} < {self.n} nodes")
@@ -296,7 +296,7 @@ class Netem:
         if self._state != "starting":  # e.g. a signal handler closed us during setup
             raise NetemError(f"Netem closed during setup (state {self._state})")
         self._created.append(name)  # before creating: a signal in between must still undo it
-        _run([self._ip, "netns", "add", name], what=f"creating namespace {name}")
+        run_tool([self._ip, "netns", "add", name], what=f"creating namespace {name}")
 
     def _build(self) -> None:
         assert self._subnet is not None
@@ -334,7 +334,7 @@ class Netem:
     @staticmethod
     def _batch(tool: str, ns: str, cmds: list[str], what: str) -> None:
         """Run ``cmds`` as one ``ip``/``tc`` batch inside namespace ``ns``."""
-        _run([tool, "-n", ns, "-batch", "-"], input="\n".join(cmds) + "\n", what=what)
+        run_tool([tool, "-n", ns, "-batch", "-"], input="\n".join(cmds) + "\n", what=what)
 
     def _set_tcp_cc(self) -> None:
         """Set the scenario's TCP congestion control inside every node's namespace."""
@@ -342,11 +342,11 @@ class Netem:
         if not cc:
             return
         for i in range(self.n):
-            argv = self.exec_argv(i, ["sh", "-c", f'echo "$1" > {_TCP_CC_FILE}', "sh", cc])
+            argv = self.exec_argv(i, ["sh", "-c", f'echo "$1" > {TCP_CC_FILE}', "sh", cc])
             r = subprocess.run(argv, capture_output=True, text=True)
             if r.returncode != 0:
-                allowed = _read_sysctl("tcp_allowed_congestion_control")
-                available = _read_sysctl("tcp_available_congestion_control")
+                allowed = read_sysctl("tcp_allowed_congestion_control")
+                available = read_sysctl("tcp_available_congestion_control")
                 raise NetemUnsupportedError(
                     f"tcp_cc = {cc!r}: node {i}'s namespace refused it "
                     f"({(r.stderr or r.stdout).strip()}); a namespace may only choose one of "
@@ -367,7 +367,7 @@ class Netem:
             # node i's ingress: a TBF on the bridge-side veth v<i> (its egress toward node i)
             verb = "change" if change else "add"
             hub_cmds.append(
-                f"qdisc {verb} dev v{i} root handle 1: tbf {_tbf_params(_bits(rates[i]))}"
+                f"qdisc {verb} dev v{i} root handle 1: tbf {tbf_params(bits(rates[i]))}"
             )
         self._batch(self._tc, self.hub, hub_cmds, "shaping ingress")
 
@@ -377,20 +377,20 @@ class Netem:
         """Node egress: root TBF at the node's rate; under it (pair rates) an HTB classifier
         with one TBF per destination; an optional netem delay under each leaf."""
         dev = NODE_IF
-        tbf = _tbf_params(_bits(rate))
+        tbf = tbf_params(bits(rate))
         if change:  # only the node's rate changes; the pair caps are static
             return [f"qdisc change dev {dev} root handle 1: tbf {tbf}"]
         cmds = [f"qdisc add dev {dev} root handle 1: tbf {tbf}"]
         netem = ""
         if delay_ms > 0:
-            limit = max(1000, int(_bits(rate) / 8 * delay_ms / 1000 / FRAME * 4))
+            limit = max(1000, int(bits(rate) / 8 * delay_ms / 1000 / FRAME * 4))
             netem = f"netem delay {delay_ms:g}ms limit {limit}"
         if pair_row is None:
             if netem:
                 cmds.append(f"qdisc add dev {dev} parent 1:1 handle 10: {netem}")
             return cmds
         cmds.append(f"qdisc add dev {dev} parent 1:1 handle 2: htb default 10")
-        cmds.append(f"class add dev {dev} parent 2: classid 2:10 htb {_CLASSIFY}")
+        cmds.append(f"class add dev {dev} parent 2: classid 2:10 htb {CLASSIFY}")
         if netem:
             cmds.append(f"qdisc add dev {dev} parent 2:10 handle 10: {netem}")
         for j in range(self.n):
@@ -398,9 +398,8 @@ class Netem:
                 continue
             h = f"{0x100 + j:x}"
             cmds += [
-                f"class add dev {dev} parent 2: classid 2:{h} htb {_CLASSIFY}",
-                f"qdisc add dev {dev} parent 2:{h} handle {h}: "
-                f"tbf {_tbf_params(_bits(pair_row[j]))}",
+                f"class add dev {dev} parent 2: classid 2:{h} htb {CLASSIFY}",
+                f"qdisc add dev {dev} parent 2:{h} handle {h}: tbf {tbf_params(bits(pair_row[j]))}",
                 f"filter add dev {dev} parent 2: protocol ip prio 1 u32 "
                 f"match ip dst {self.node_ip(j)}/32 flowid 2:{h}",
             ]
@@ -425,7 +424,7 @@ class Netem:
 
     def _start_reaper(self) -> None:
         self._reaper = subprocess.Popen(
-            [sys.executable, "-I", _reaper.__file__, self._ip, self.run_id],
+            [sys.executable, "-I", reap.__file__, self._ip, self.run_id],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

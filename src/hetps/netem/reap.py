@@ -1,7 +1,7 @@
 """Removal of emulator namespaces; also runnable as a stand-alone guard process.
 
 This module imports only the standard library so that it can run as a script
-(``python -I _reaper.py IP RUN_ID``) without hetps on ``sys.path``. In that mode it is the
+(``python -I reap.py IP RUN_ID``) without hetps on ``sys.path``. In that mode it is the
 *reaper*: the emulator starts it in its own session with a pipe on its stdin and writes
 ``done`` when it has cleaned up itself. If the owner dies without doing so (SIGKILL, a crash
 in C code, the OOM killer) the pipe is closed by the kernel, the reaper reads EOF without
@@ -110,7 +110,7 @@ def remove_run(ip: str, run_id: str, *, names: list[str] | None = None) -> list[
 def main(argv: list[str]) -> int:
     """Reaper entry point: wait for EOF on stdin, then remove the run unless told ``done``."""
     if len(argv) != 2:
-        print("usage: _reaper.py IP RUN_ID", file=sys.stderr)
+        print("usage: reap.py IP RUN_ID", file=sys.stderr)
         return 2
     ip, run_id = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's business

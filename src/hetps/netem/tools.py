@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetps.netem import _reaper
+from hetps.netem import reap
 
 __all__ = [
     "BRIDGE",
@@ -42,7 +42,7 @@ DEFAULT_PREFIX = "hps"
 #: Interface name of a node inside its namespace.
 NODE_IF = "eth0"
 #: Bridge name inside the hub namespace.
-BRIDGE = _reaper.HUB_BRIDGE
+BRIDGE = reap.HUB_BRIDGE
 #: MTU-sized Ethernet frame (bytes), the unit of HTB's burst and quantum.
 FRAME = 1514
 #: Token bucket depth in seconds of traffic at the shaped rate (floored at two frames).
@@ -137,7 +137,7 @@ def require_root() -> tuple[str, str]:
     return ip, tc
 
 
-def _run(argv: Sequence[str], *, input: str | None = None, what: str = "") -> str:
+def run_tool(argv: Sequence[str], *, input: str | None = None, what: str = "") -> str:
     r = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         msg = (r.stderr or r.stdout).strip()
@@ -154,10 +154,10 @@ def _run(argv: Sequence[str], *, input: str | None = None, what: str = "") -> st
     return r.stdout
 
 
-_TCP_CC_FILE = "/proc/sys/net/ipv4/tcp_congestion_control"
+TCP_CC_FILE = "/proc/sys/net/ipv4/tcp_congestion_control"
 
 
-def _read_sysctl(name: str) -> str:
+def read_sysctl(name: str) -> str:
     try:
         with open(f"/proc/sys/net/ipv4/{name}") as f:
             return f.read().strip() or "none"
@@ -165,11 +165,11 @@ def _read_sysctl(name: str) -> str:
         return "unknown"
 
 
-def _bits(rate_mbit: float) -> int:
+def bits(rate_mbit: float) -> int:
     return max(8000, int(round(rate_mbit * 1e6)))
 
 
-def _tbf_params(rate_bit: int) -> str:
+def tbf_params(rate_bit: int) -> str:
     """``rate … burst … limit …`` for a TBF shaper (see docs/NETEM.md, "Limits")."""
     rate_bps = rate_bit / 8
     burst = max(2 * FRAME, int(rate_bps * BURST_S))
@@ -178,10 +178,10 @@ def _tbf_params(rate_bit: int) -> str:
 
 
 # The per-destination classifier: HTB classes so fast they never throttle (TBFs shape).
-_CLASSIFY = "rate 100gbit ceil 100gbit burst 1m cburst 1m quantum 60000"
+CLASSIFY = "rate 100gbit ceil 100gbit burst 1m cburst 1m quantum 60000"
 
 
-def _pick_subnet(ip: str) -> ipaddress.IPv4Network:
+def pick_subnet(ip: str) -> ipaddress.IPv4Network:
     """First ``10.77.k.0/24`` (then ``172.30.k``, ``192.168.k``) that overlaps no address or
     route of the caller's namespace. The nodes' namespaces are isolated, so this only keeps
     their addresses from being confused with the host's in logs and configs."""
@@ -216,13 +216,13 @@ def list_runs(prefix: str = DEFAULT_PREFIX, *, ip: str | None = None) -> list[Ru
     if ip is None:
         return []
     runs: dict[str, RunInfo] = {}
-    for name in _reaper.list_namespaces(ip):
-        m = _reaper.NAME_RE.match(name)
+    for name in reap.list_namespaces(ip):
+        m = reap.NAME_RE.match(name)
         if not m or m.group("prefix") != prefix:
             continue
         run_id = name.rsplit("-", 1)[0]
         pid = int(m.group("pid"))
-        info = runs.setdefault(run_id, RunInfo(run_id, pid, _reaper.pid_alive(pid)))
+        info = runs.setdefault(run_id, RunInfo(run_id, pid, reap.pid_alive(pid)))
         info.namespaces.append(name)
     for info in runs.values():
         info.namespaces.sort(key=lambda s: (s.endswith("-hub"), len(s), s))
@@ -241,5 +241,5 @@ def cleanup_stale(prefix: str = DEFAULT_PREFIX, *, force: bool = False) -> list[
         if info.alive and not force:
             log.info("netem: keeping live run %s (owner pid %d)", info.run_id, info.pid)
             continue
-        removed += _reaper.remove_run(ip, info.run_id, names=info.namespaces)
+        removed += reap.remove_run(ip, info.run_id, names=info.namespaces)
     return removed

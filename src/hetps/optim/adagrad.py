@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.base import Key, Optimizer, check_number, compute_dtype
 from hetps.optim.registry import optimizer
 
 __all__ = ["AdaGrad"]
@@ -29,7 +29,7 @@ class AdaGrad(Optimizer):
 
     def __init__(self, eps: float = 1e-7, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.eps = _check_number("eps", eps, minimum=0.0)
+        self.eps = check_number("eps", eps, minimum=0.0)
 
     def create_state(self, key: Key, weight: np.ndarray) -> dict[str, np.ndarray]:
         """``{'history': zeros}``."""

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from hetps.optim import kernels
-from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.base import Key, Optimizer, check_number, compute_dtype
 from hetps.optim.registry import optimizer
 
 __all__ = ["Adam"]
@@ -48,12 +48,12 @@ class Adam(Optimizer):
         **kwargs: Any,
     ) -> None:
         super().__init__(learning_rate=learning_rate, **kwargs)
-        self.beta1 = _check_number("beta1", beta1, minimum=0.0)
-        self.beta2 = _check_number("beta2", beta2, minimum=0.0)
+        self.beta1 = check_number("beta1", beta1, minimum=0.0)
+        self.beta2 = check_number("beta2", beta2, minimum=0.0)
         for name, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
             if beta >= 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {beta!r}")
-        self.epsilon = _check_number("epsilon", epsilon)
+        self.epsilon = check_number("epsilon", epsilon)
         if self.epsilon <= 0.0:
             raise ValueError(f"epsilon must be > 0, got {self.epsilon!r}")
 

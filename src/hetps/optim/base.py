@@ -45,7 +45,7 @@ _IGNORED_MXNET_KWARGS = frozenset(
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
 
-def _check_number(name: str, value: Any, *, minimum: float | None = None) -> float:
+def check_number(name: str, value: Any, *, minimum: float | None = None) -> float:
     """Return ``value`` as a float, raising a ValueError/TypeError naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
@@ -132,11 +132,11 @@ class Optimizer:
                 f"{type(self).__name__} got unexpected keyword argument(s) {unknown}; "
                 "the common ones are learning_rate, rescale_grad, wd and clip_gradient"
             )
-        self.learning_rate = _check_number("learning_rate", learning_rate)
-        self.rescale_grad = _check_number("rescale_grad", rescale_grad)
-        self.wd = _check_number("wd", wd)
+        self.learning_rate = check_number("learning_rate", learning_rate)
+        self.rescale_grad = check_number("rescale_grad", rescale_grad)
+        self.wd = check_number("wd", wd)
         self.clip_gradient = (
-            None if clip_gradient is None else _check_number("clip_gradient", clip_gradient)
+            None if clip_gradient is None else check_number("clip_gradient", clip_gradient)
         )
 
     # ----------------------------------------------------------------- the contract

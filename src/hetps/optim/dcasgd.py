@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from hetps.optim import kernels
-from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.base import Key, Optimizer, check_number, compute_dtype
 from hetps.optim.registry import optimizer
 
 __all__ = ["DCASGD", "dcasgd_delta", "dcasgd_gradient"]
@@ -114,8 +114,8 @@ class DCASGD(Optimizer):
 
     def __init__(self, momentum: float = 0.0, lamda: float = 0.04, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.momentum = _check_number("momentum", momentum, minimum=0.0)
-        self.lamda = _check_number("lamda", lamda, minimum=0.0)
+        self.momentum = check_number("momentum", momentum, minimum=0.0)
+        self.lamda = check_number("lamda", lamda, minimum=0.0)
 
     def create_state(self, key: Key, weight: np.ndarray) -> dict[str, Any]:
         """``{'mom': zeros or None, 'backup': {}}`` (momentum buffer in the compute dtype)."""

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from hetps.optim import kernels
-from hetps.optim.base import Key, Optimizer, _check_number, compute_dtype
+from hetps.optim.base import Key, Optimizer, check_number, compute_dtype
 from hetps.optim.registry import optimizer
 
 __all__ = ["SGD"]
@@ -34,7 +34,7 @@ class SGD(Optimizer):
 
     def __init__(self, momentum: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.momentum = _check_number("momentum", momentum, minimum=0.0)
+        self.momentum = check_number("momentum", momentum, minimum=0.0)
 
     def create_state(self, key: Key, weight: np.ndarray) -> dict[str, np.ndarray] | None:
         """``None`` without momentum, else ``{'mom': zeros}`` in the compute dtype."""

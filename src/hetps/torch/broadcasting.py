@@ -42,7 +42,7 @@ __all__ = ["broadcast_optimizer_state", "broadcast_parameters"]
 KV_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
-def _check_root(kv: KVStore, root_rank: int) -> int:
+def check_root(kv: KVStore, root_rank: int) -> int:
     workers = int(getattr(kv, "num_workers", 1))
     if isinstance(root_rank, bool) or not isinstance(root_rank, int):
         raise TypeError(f"root_rank must be an int, got {root_rank!r}")
@@ -131,7 +131,7 @@ def broadcast_parameters(
     """
     kv, root_rank = _store(kv, root_rank)
     named = _named(params)
-    root = _check_root(kv, root_rank)
+    root = check_root(kv, root_rank)
     if int(getattr(kv, "num_workers", 1)) == 1 or not named:
         return
     staged: list[torch.Tensor] = []
@@ -150,7 +150,7 @@ def broadcast_parameters(
     kv.barrier()  # every pull is done before anyone may re-initialise these keys
 
 
-def _pack(blob: bytes) -> torch.Tensor:
+def pack_bytes(blob: bytes) -> torch.Tensor:
     """Bytes as float32 values, three bytes each (integers below 2**24: exact, and a sum
     with zeros leaves them as they are)."""
     raw = np.frombuffer(blob + b"\0" * (-len(blob) % 3), dtype=np.uint8).reshape(-1, 3)
@@ -158,7 +158,7 @@ def _pack(blob: bytes) -> torch.Tensor:
     return torch.from_numpy((u[:, 0] | (u[:, 1] << 8) | (u[:, 2] << 16)).astype(np.float32))
 
 
-def _unpack(values: torch.Tensor, nbytes: int) -> bytes:
+def unpack_bytes(values: torch.Tensor, nbytes: int) -> bytes:
     u = values.numpy().astype(np.uint32)
     raw = np.stack([u & 0xFF, (u >> 8) & 0xFF, u >> 16], axis=1).astype(np.uint8)
     return raw.tobytes()[:nbytes]
@@ -181,7 +181,7 @@ def broadcast_optimizer_state(
     """
     kv, root_rank = _store(kv, root_rank)
     opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer.optimizer
-    root = _check_root(kv, root_rank)
+    root = check_root(kv, root_rank)
     if opt is None or int(getattr(kv, "num_workers", 1)) == 1:
         return
     mine = kv.rank == root
@@ -193,9 +193,11 @@ def broadcast_optimizer_state(
     size = torch.tensor([float(len(blob))], dtype=torch.float64)
     exchange(kv, [f"{prefix}bcast-optim:bytes"], [size], root)
     nbytes = int(size.item())
-    data = _pack(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
+    data = pack_bytes(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
     exchange(kv, [f"{prefix}bcast-optim:data"], [data], root)
     if not mine:
-        state = torch.load(io.BytesIO(_unpack(data, nbytes)), map_location="cpu", weights_only=True)
+        state = torch.load(
+            io.BytesIO(unpack_bytes(data, nbytes)), map_location="cpu", weights_only=True
+        )
         opt.load_state_dict(state)
     kv.barrier()  # every pull is done before anyone may re-initialise these keys

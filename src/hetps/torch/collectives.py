@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from hetps.kvstore.base import completed
-from hetps.torch.broadcasting import KV_DTYPES, _check_root, _pack, _unpack, exchange
+from hetps.torch.broadcasting import KV_DTYPES, check_root, exchange, pack_bytes, unpack_bytes
 from hetps.torch.process import store_for
 
 __all__ = [
@@ -316,7 +316,7 @@ def broadcast(
 ) -> torch.Tensor:
     """Worker ``root_rank``'s ``tensor``, on every worker (a new tensor), bit for bit."""
     kv = store_for(kvstore)
-    root = _check_root(kv, root_rank)
+    root = check_root(kv, root_rank)
     given, name = name, _name("broadcast", name)
     flat = _staged(tensor, "broadcast")
     key = f"hvd.broadcast:{name}:{flat.dtype}:{flat.numel()}"
@@ -344,15 +344,15 @@ def broadcast_object(
     import cloudpickle
 
     kv = store_for(kvstore)
-    root = _check_root(kv, root_rank)
+    root = check_root(kv, root_rank)
     given, name = name, _name("broadcast_object", name)
     mine = int(kv.rank) == root
     blob = cloudpickle.dumps(obj) if mine else b""
     size = torch.tensor([float(len(blob))], dtype=torch.float64)
     exchange(kv, [f"hvd.object-bytes:{name}"], [size], root)
     nbytes = int(size.item())
-    data = _pack(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
+    data = pack_bytes(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
     exchange(kv, [f"hvd.object:{name}"], [data], root)
     _done(kv, given, f"hvd.object-bytes:{name}", f"hvd.object:{name}")
     kv.barrier()  # every pull is done before the root may initialise the keys again
-    return obj if mine else pickle.loads(_unpack(data, nbytes))
+    return obj if mine else pickle.loads(unpack_bytes(data, nbytes))

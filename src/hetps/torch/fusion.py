@@ -1,7 +1,7 @@
 """Tensor fusion's groups: which parameters' gradients travel together as one KVStore key.
 
 Used by :class:`hetps.torch.optimizer.DistributedOptimizer`; :func:`plan_groups` is the pure
-grouping rule, :class:`_Group` a group's buffers.
+grouping rule, :class:`FusionGroup` a group's buffers.
 
 Tensor fusion: every request costs the same fixed time whatever its size (a message each way,
 Python on both ends), so gradients smaller than ``fusion_bytes`` (default
@@ -87,7 +87,7 @@ def plan_groups(
     return groups
 
 
-class _Group:
+class FusionGroup:
     """Parameters whose gradients travel as one key (one member: no fusion, no copy)."""
 
     __slots__ = (

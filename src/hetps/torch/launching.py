@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from hetps.device import staging
-from hetps.torch.fusion import StepTiming, _Group
+from hetps.torch.fusion import FusionGroup, StepTiming
 
 
 class _Failed:
@@ -41,7 +41,7 @@ class GroupLauncher:
 
     def __init__(
         self,
-        launch: Callable[[_Group, torch.Tensor], None],
+        launch: Callable[[FusionGroup, torch.Tensor], None],
         handles: dict[int, Any],
         timing: StepTiming,
         background: bool,
@@ -63,7 +63,7 @@ class GroupLauncher:
         """Whether a launcher thread sends the groups (until :meth:`close`)."""
         return self._thread is not None
 
-    def send(self, g: _Group, data: torch.Tensor) -> None:
+    def send(self, g: FusionGroup, data: torch.Tensor) -> None:
         """Launch group ``g`` now, or hand it to the launcher thread (backward goes on). The
         first parameters' group is the last one backward finishes, and once steps were timed
         so are groups ready near its end (``g.inline``): nothing is left to overlap them
@@ -93,7 +93,7 @@ class GroupLauncher:
         while self.next():
             pass
 
-    def _launch_safely(self, g: _Group, data: torch.Tensor) -> None:
+    def _launch_safely(self, g: FusionGroup, data: torch.Tensor) -> None:
         t0 = time.perf_counter()
         try:
             self._launch(g, data)

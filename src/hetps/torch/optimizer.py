@@ -30,8 +30,8 @@ from hetps.torch.broadcasting import exchange
 from hetps.torch.fusion import (
     FUSION_GAP_S,
     FUSION_SPLIT_BYTES,
+    FusionGroup,
     StepTiming,
-    _Group,
     plan_groups,
 )
 from hetps.torch.launching import (
@@ -227,14 +227,14 @@ class DistributedOptimizer(Regrouping):
             if staging.backend_for(p.data) is not None:
                 self._hooks.append(p.register_hook(self._make_pre_hook(name, p)))
 
-    def _as_groups(self, groups: list[list[str]]) -> list[_Group]:
-        """``_Group``s keyed in the parameters' own order, members in that order."""
+    def _as_groups(self, groups: list[list[str]]) -> list[FusionGroup]:
+        """``FusionGroup``s keyed in the parameters' own order, members in that order."""
         params = dict(self.named)
         order = self._index
         groups = sorted(
             (sorted(g, key=order.__getitem__) for g in groups), key=lambda g: order[g[0]]
         )
-        return [_Group(i, g, params) for i, g in enumerate(groups)]
+        return [FusionGroup(i, g, params) for i, g in enumerate(groups)]
 
     def _wire(self, name: str) -> torch.dtype:  # the dtype ``name``'s gradient travels in
         return self.wire_dtype or self._cpu[name].dtype
@@ -246,7 +246,7 @@ class DistributedOptimizer(Regrouping):
     def _wkey(self, name: str) -> str:
         return f"{self.prefix}weight:{name}"
 
-    def _key(self, g: _Group) -> str:
+    def _key(self, g: FusionGroup) -> str:
         name = g.names[0] if not g.fused else f"{g.names[0]}+{len(g.names) - 1}"
         if g.index == 0 and self.extra_rides:
             name += "+extra"
@@ -318,7 +318,7 @@ class DistributedOptimizer(Regrouping):
 
         return hook
 
-    def _send_group(self, g: _Group) -> None:
+    def _send_group(self, g: FusionGroup) -> None:
         """Send fused group ``g``'s filled send buffer (staged first on a device)."""
         assert g.send is not None
         st = staged(g.send)
@@ -326,14 +326,14 @@ class DistributedOptimizer(Regrouping):
         self._send(g, st)
 
     # -- launching ------------------------------------------------------------------------
-    def _send(self, g: _Group, data: torch.Tensor) -> None:
+    def _send(self, g: FusionGroup, data: torch.Tensor) -> None:
         self._launches.send(g, data)
 
     def flush_launches(self) -> None:
         """Send the launches queued so far."""
         self._launches.flush()
 
-    def _launch(self, g: _Group, data: torch.Tensor) -> None:
+    def _launch(self, g: FusionGroup, data: torch.Tensor) -> None:
         """Send group ``g``'s gradients (``data``) and ask for its result."""
         if g.index == 0 and self.extra_rides:
             assert self.extra is not None and g.send is not None
@@ -409,7 +409,7 @@ class DistributedOptimizer(Regrouping):
         self.synced = True
         self.after_exchange(t_sync, exchanged)
 
-    def _land(self, g: _Group, have: Iterable[str] = ()) -> None:
+    def _land(self, g: FusionGroup, have: Iterable[str] = ()) -> None:
         """Group ``g``'s pull answered: the new weights into ``p.data`` where the KVStore could
         not land them itself (update_on="server"); under update_on="sum" (overlap_forward) this
         worker's update of the members ``have`` that had a gradient, with the sum."""
@@ -442,7 +442,7 @@ class DistributedOptimizer(Regrouping):
                 else:
                     self._mark_inline()
 
-    def take_handle(self, g: _Group, params: dict) -> Any:
+    def take_handle(self, g: FusionGroup, params: dict) -> Any:
         """Group ``g``'s reduction in flight, launched now if its hooks did not launch it
         (gradients set by hand, members without one); None if it has nothing to send."""
         h = self._handles.pop(g.index, None)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from hetps.torch.fusion import _Group
+from hetps.torch.fusion import FusionGroup
 from hetps.torch.launching import refuse_graph_capture
 
 #: why a compiled model is refused
@@ -37,7 +37,7 @@ class _Pull:
 
     __slots__ = ("group", "handle", "have", "error")
 
-    def __init__(self, group: _Group, handle: Any, have: list[str]) -> None:
+    def __init__(self, group: FusionGroup, handle: Any, have: list[str]) -> None:
         self.group = group
         self.handle = handle
         self.have = have  # the members that had a gradient (update_on="sum" updates those)
