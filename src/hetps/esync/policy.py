@@ -1,40 +1,4 @@
-"""ESync's state-server brain: which worker is ready to aggregate, and when.
-
-ESync (Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in
-Heterogeneous Clusters"; code at github Lizonghang/ESync, ``SimpleStateServer``) lets every
-device take local steps until the slowest device has taken one; then all push their model
-difference from the round's start and the servers aggregate. This module is the decision
-only: pure Python, no I/O, no clock -- the time is passed in, so scenarios are exact.
-
-The rule
---------
-* Each worker reports after every local step how long the step took (compute only) and when
-  it ended. A worker's *step-time estimate* is its last reported step time (as ESync's state
-  server keeps it), optionally smoothed (``smoothing``).
-* At ``start_round(now)`` the *slowest* worker is the one with the largest estimate (lowest
-  id on a tie). It takes exactly one local step. The round's *deadline* is when that step is
-  expected to end: its start plus its estimate.
-* Every other worker, after each step ending at ``now``, is ready when another step would
-  end after the deadline: ``now + estimate > deadline - margin_s``. A step that would end
-  exactly at the deadline is still taken (nobody waits for it, and it is more work for free);
-  ``margin_s > 0`` stops workers that much earlier (ESync uses 0.5 s) to absorb jitter.
-* Once the slowest has reported its step, the deadline becomes the actual end of that step,
-  so whoever reports afterwards is ready at once (it never delays the round further).
-* Every worker takes at least one step per round. Ready is sticky within a round; a worker
-  that is ready must not report another step (``ValueError``).
-* A worker that left the job (``remove``) is ready in every round and never the slowest; one
-  that is back (``add``) counts again from the next round, with no estimate.
-* When a round starts while some worker has no estimate yet (the first round, or a worker
-  that joined late), that round runs in lockstep: every worker is ready after exactly one
-  step, which gives everyone an estimate for the next round.
-* The round is complete when every worker is ready; the caller then aggregates and starts
-  the next round with ``start_round``.
-
-Example (``tests/unit/test_sync_rules.py``): step times 1, 2 and 4 s, round starting at
-t = 0 with known estimates: deadline 4; worker 0 is ready after 4 steps at t = 4, worker 1
-after 2 steps at t = 4, worker 2 after its 1 step at t = 4. With ``margin_s=0.5`` worker 0
-stops after 3 steps at t = 3 and worker 1 after 1 step at t = 2.
-"""
+"""ESync's state-server brain: which worker is ready to aggregate, and when."""
 
 from __future__ import annotations
 
