@@ -1,31 +1,10 @@
 """A server that sums and updates on a device (``HETPS_SERVER_DEVICE=cuda:N``): the round
 aggregator of :mod:`hetps.kvstore.aggregate` with the float keys' arithmetic in torch.
 
-What lives where, for a key of float16/32/64 values:
-
-* the round's sum (the merge buffer) is a device tensor: each pushed chunk is copied from the
-  message into one of two reused host buffers, used in turn (page-locked on CUDA: the next
-  chunk fills one while the other's copy runs), from there to the device, and added there,
-  in arrival order (the CPU server's order: the same sums);
-* with an optimizer whose own class defines ``device_step`` (SGD's and Adam's, beside their
-  host steps in :mod:`hetps.optim`) the weight and the optimizer state live on the device and
-  the step runs there; the new weight is copied to a host buffer once per round (per update
-  in ``dist_async``), and every pull is answered from that buffer;
-* with no optimizer (summation-only servers) the sum is copied to the host once per round
-  and becomes the value;
-* any other optimizer (AdaGrad, DC-ASGD, a class without a device step of its own) runs on
-  the host as on a CPU server, on the sum copied back once per round.
-
-Integer keys, the row-sparse tables (:mod:`hetps.tables.server`) and the decoding of 2-bit
-pushes stay on the host (a 2-bit push is decoded there, then summed on the device). The
-optimizer states a worker reads (``get_states``, checkpoints) are copied back on request, as
-NumPy arrays: a checkpoint of a device server loads into a CPU server and back.
-
-The CPU server is not touched: :func:`hetps.roles.run_server` plugs these rounds in (mixed
-into kvstore's aggregator: :class:`hetps.roles.DeviceAggregator`) only when the variable
-names a device. ``torch:cpu`` runs this same code with torch on the CPU
-(for the tests, which have no GPU).
-"""
+Float keys' sums, and the weights and state of an optimizer with a ``device_step``, live on
+the device; everything else stays on the host as on a CPU server (docs/ESYNC.md, "Servers on
+a GPU"). :func:`hetps.roles.run_server` plugs these rounds in only when the variable names a
+device; ``torch:cpu`` runs this code on the CPU (the tests')."""
 
 from __future__ import annotations
 

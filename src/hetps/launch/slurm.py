@@ -1,21 +1,8 @@
 """``hetps launch --launcher slurm``: a whole cluster as one Slurm job step.
 
-Run inside an allocation (``salloc``, ``sbatch``), the launcher makes the job's secret, picks
-the scheduler's node (the first of ``SLURM_JOB_NODELIST``) and port, and runs one
-``srun --ntasks 1+S+W`` whose tasks all start this module's task entry
-(``python -m hetps.launch.slurm task ...``). The entry reads ``SLURM_PROCID`` and becomes
-its role: task 0 the scheduler, tasks 1..S the servers, the rest the workers (each server and
-worker asks the scheduler for the rank that follows from its task id). It sets the ``DMLC_*``
-variables of its role and runs it: the scheduler and the servers as ``hetps scheduler`` /
-``hetps server``, the workers as the user's command.
-
-What the local launcher promises holds here too: output lines are prefixed with role and rank
-(from srun's ``--label``), the first task to fail gives the job its exit code (as a shell
-reports it), the others get ``failure_grace`` seconds to notice and are then stopped,
-Ctrl-C and SIGTERM stop the step, and every worker gets its share of its node's cores unless
-``OMP_NUM_THREADS`` is set. The secret reaches the tasks through srun's environment
-(``--export=ALL``), never a command line.
-"""
+The launcher runs one ``srun --ntasks 1+S+W`` whose tasks start this module's task entry
+(``python -m hetps.launch.slurm task ...``); each turns its ``SLURM_PROCID`` into a role
+(docs/LAUNCHERS.md has the table and what the local launcher's promises become here)."""
 
 from __future__ import annotations
 

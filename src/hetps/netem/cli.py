@@ -1,20 +1,8 @@
-"""``hetps netem``: run a command once per emulated node, list runs, clean up.
+"""``hetps netem``: run a command once per emulated node, list runs, clean up (docs/NETEM.md).
 
-Usage::
-
-    hetps netem SCENARIO.toml [--nodes N] [options] -- CMD [ARGS...]
-    hetps netem --rates 20,80,80 -- CMD [ARGS...]
-    hetps netem SCENARIO.toml                  # keep the network up until Ctrl-C
-    hetps netem show [--prefix P]
-    hetps netem cleanup [--all] [--prefix P]
-
-CMD runs in every node's namespace with ``HETPS_NETEM_NODE`` (index), ``HETPS_NETEM_IP``,
-``HETPS_NETEM_NODES`` (count) and ``HETPS_NETEM_IPS`` (comma-separated, by index) set. The
-first node command that exits non-zero stops the others and its code is returned.
-
-Wiring into the ``hetps`` command: call :func:`add_parser` with the top-level subparsers and
-dispatch ``args.func(args)``, or call :func:`main` with the arguments after ``netem``.
-"""
+CMD runs in every node's namespace with ``HETPS_NETEM_NODE``, ``HETPS_NETEM_IP``,
+``HETPS_NETEM_NODES`` and ``HETPS_NETEM_IPS`` set; the first node command that exits non-zero
+stops the others and its code is returned."""
 
 from __future__ import annotations
 

@@ -1,27 +1,11 @@
 """Start every worker from the same place: broadcast parameters and optimizer state.
 
-Horovod's and BytePS's helpers, over a hetps KVStore::
-
-    import hetps.kv, hetps.torch as hps
-
-    kv = hetps.kv.create("dist_sync")
-    model, opt = make_model(), torch.optim.Adam(...)
-    if kv.rank == 0:
-        load_checkpoint(model, opt)  # only rank 0 has it
-    hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
-    hps.broadcast_optimizer_state(opt, kv, root_rank=0)
-    # every worker now holds rank 0's weights, buffers, optimizer state and learning rates
-
-Both are collectives: every worker calls them, in the same order, with the same names. They
-return once every worker has the root's values (the last step is a barrier, so the keys can
-be broadcast again). Values travel unchanged, bit for bit.
-
-How: ``kv.init`` stores rank 0's values on the servers and every worker pulls them. From
-another root the workers sum into the key (the root its values, the others negative zeros,
-which leave every value as it is), so ``root_rank != 0`` needs a ``dist_sync`` store without
-gradient compression whose servers have no optimizer set (one would apply the sum as a
-gradient).
-"""
+Both are collectives: every worker calls them, in the same order, with the same names; they
+return once every worker has the root's values, bit for bit (the last step is a barrier, so
+the keys can be broadcast again). ``kv.init`` stores rank 0's values and every worker pulls
+them; from another root the workers sum into the key (the others add negative zeros), so
+``root_rank != 0`` needs a ``dist_sync`` store without gradient compression whose servers
+have no optimizer set (one would apply the sum as a gradient)."""
 
 from __future__ import annotations
 

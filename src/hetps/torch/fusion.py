@@ -1,30 +1,10 @@
 """Tensor fusion's groups: which parameters' gradients travel together as one KVStore key.
 
-Used by :class:`hetps.torch.optimizer.DistributedOptimizer`; :func:`plan_groups` is the pure
-grouping rule, :class:`FusionGroup` a group's buffers.
-
-Tensor fusion: every request costs the same fixed time whatever its size (a message each way,
-Python on both ends), so gradients smaller than ``fusion_bytes`` (default
-``HETPS_FUSION_BYTES``, 256 KiB) travel together: neighbouring parameters, in the order
-backward produces them, form groups of at most ``fusion_bytes``; each member's hook copies its
-gradient into the group's flat buffer and the last one to arrive sends the group as one key.
-Larger gradients go alone, without a copy. ``fusion_bytes=0`` sends every parameter alone.
-Fusion applies to ``update_on="worker"`` only (a server-side optimizer would update a group
-as one tensor). A member with no gradient this step (unused by the forward pass) adds zeros
-and keeps ``p.grad`` None; its group then goes out from :meth:`synchronize`, after backward.
-As with lone parameters, a parameter must get a gradient on every worker or on none.
-
-Groups that follow backward's pace: the first groups are made from sizes alone, but what
-decides the step's exposed communication is the group that leaves last, when backward ends.
-On a synchronous store the hooks time the first ``tune_steps`` steps (default
-:data:`TUNE_STEPS`); then rank 0 re-makes the groups in the order the gradients actually came
-and also closes a group where backward pauses (the next gradient comes at least
-``FUSION_GAP_S`` later) once it holds ``FUSION_SPLIT_BYTES``, so those bytes travel during
-the pause instead of after the last gradient. LeNet is the case in point: its classifier's
-gradients (~230 KiB) are ready 0.3 ms into a 2.5 ms backward whose rest goes to the
-convolutions' 10 KiB. Every worker takes rank 0's groups (a broadcast); groups that changed
-get new keys. ``tune_steps=0`` keeps the size-only groups.
-"""
+:func:`plan_groups` is the pure grouping rule, :class:`FusionGroup` a group's buffers; the
+rule (sizes below ``fusion_bytes`` grouped in backward order, then re-made after
+``tune_steps`` timed steps where backward pauses) is docs/ARCHITECTURE.md, "Training".
+Fusion applies to ``update_on="worker"`` only; a member with no gradient this step adds
+zeros and keeps ``p.grad`` None (a parameter gets a gradient on every worker or on none)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
 """Horovod's ``DistributedOptimizer`` signature over hetps's (:mod:`hetps.torch.optimizer`).
 
-``hetps.torch.DistributedOptimizer`` takes both forms::
-
-    hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                             compression=hvd.Compression.fp16, op=hvd.Average,
-                             gradient_predivide_factor=1.0, backward_passes_per_step=1)
-    hps.DistributedOptimizer(opt, model.named_parameters(), kvstore=kv)   # hetps's own
-
-* ``kvstore`` left out: the process's store (:func:`hetps.torch.init`, ``dist_sync`` under a
-  launched worker).
-* ``compression=Compression.fp16``: gradients travel and are summed as float16.
-* ``gradient_predivide_factor=f`` (``op=Average`` only): each worker divides its gradient by
-  ``f`` before the sum and the sum is multiplied by ``f / size()``.
-* ``backward_passes_per_step=n``: gradients accumulate locally over ``n`` backward passes and
-  travel once, after the last (a pass more before ``step()`` is refused).
-* ``synchronize()`` then ``with optimizer.skip_synchronize(): optimizer.step()``: AMP's
-  GradScaler unscales the reduced gradients in between (``scaler.unscale_(optimizer)``).
-* ``named_parameters`` left out: the wrapped optimizer's parameters, named by their place.
-"""
+``hetps.torch.DistributedOptimizer`` takes both forms: Horovod's keywords (``compression``,
+``op``, ``gradient_predivide_factor``, ``backward_passes_per_step``) and hetps's
+``kvstore=``; README.md, "A Horovod, BytePS or Lightning script", says what each does."""
 
 from __future__ import annotations
 

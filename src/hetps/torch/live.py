@@ -1,20 +1,8 @@
 """A script's own values on the live dashboard: ``hetps.torch.log_metrics(loss=..., ...)``.
 
-::
-
-    import hetps.torch as hps
-
-    for step, (x, y) in enumerate(loader):
-        ...
-        hps.log_metrics(loss=loss, accuracy=acc)          # numbers or 0-d tensors
-        hps.log_metrics(step=epoch, val_accuracy=val)     # at a step of your own
-
-Each call hands the values to this worker's live metrics meter: its next report carries them
-to the scheduler, and the dashboard shows each worker's last values and a chart of them
-(docs/LIVE.md). Without the endpoint (no ``--metrics-port``) or before the store exists,
-a call does nothing and returns False. Nothing is sent to the servers; a call costs a dict
-and a deque append (a tensor's ``item()`` waits for its value, as printing it would).
-"""
+Each call hands the values to this worker's live metrics meter, whose next report carries
+them to the scheduler (docs/LIVE.md). Without the endpoint (no ``--metrics-port``) or before
+the store exists, a call does nothing and returns False."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """The process's store, as Horovod and BytePS keep one: ``init()``, ``rank()``, ``size()``,
 ``local_rank()``, ``local_size()``, ``shutdown()``.
 
-``init()`` makes the store from the environment, once per process: under a launched worker
-(``DMLC_ROLE=worker``, as ``hetps launch``, Slurm, Ray and the Kubernetes manifests set it) a
-``dist_sync`` store that joins the job; in a plain ``python script.py`` (no ``DMLC_ROLE``) a
-local store, one worker of rank 0 (Horovod's single-process run). A ``dist_*`` store the
-script made itself with ``hetps.kv.create`` before is taken, not doubled (a second store would
-join the job as another worker).
-
-``DistributedOptimizer``, the broadcast helpers and the collectives use this store when they
-are given none (:func:`store_for`), so a launched worker never trains alone on a local store
-by accident.
-
-``local_rank()`` and ``local_size()`` are ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (torchrun's
-names, which hetps's launchers set) when they are set, else 0 and 1: a process that is not told
-its place on the host is the only one there.
-"""
+``init()`` makes it once per process: a ``dist_sync`` store that joins the job under a
+launched worker (``DMLC_ROLE=worker``), a local store of one worker otherwise, or the
+``dist_*`` store the script made itself. The helpers given no store use it
+(:func:`store_for`). ``local_rank()`` / ``local_size()`` read ``LOCAL_RANK`` /
+``LOCAL_WORLD_SIZE``, else 0 and 1."""
 
 from __future__ import annotations
 
