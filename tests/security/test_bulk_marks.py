@@ -183,7 +183,7 @@ def test_a_mark_replayed_before_the_hello_is_refused_at_the_hello(pair, caplog):
     deadline = time.monotonic() + 10
     while len(chan.early) < 3:  # (the receive loop reaching the bulk port first)
         assert time.monotonic() < deadline, "the frames did not come"
-        rx.bulk.rx.poll_once()
+        rx.bulk.rx.drain()
         rx.bulk.rx.sock.poll(10)
     got = rx.recv(timeout=10)
     assert got is not None and got.req == 0

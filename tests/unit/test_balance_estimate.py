@@ -52,7 +52,8 @@ def test_ignored_samples_change_nothing():
 
 def test_alpha_one_keeps_last_and_last_update_is_newest():
     t = EstimateTable(2, alpha=1.0)
-    t.observe_all([Sample(0, 1, 10, 0.0, 5.0), (0, 1, 40, 0.0, 2.0)])
+    for s in [Sample(0, 1, 10, 0.0, 5.0), (0, 1, 40, 0.0, 2.0)]:
+        t.observe(*s)
     assert t.estimate(0, 1) == 20.0
     assert t.last_update(0, 1) == 5.0  # an older sample does not move it back
 

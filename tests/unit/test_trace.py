@@ -220,14 +220,17 @@ def test_spans_are_on_the_run_clock():
     with sp.phase("compute"):
         time.sleep(0.01)
     t_now = time.time() - start
-    sp.add_ending_now("wait", 0.005)
+    end = time.perf_counter()
+    sp.add("wait", end - 0.005, end)
     assert sp.totals()["compute"] >= 0.009
     (c_name, c_start, c_dur), (w_name, w_start, w_dur) = sp.take()
     assert (c_name, w_name) == ("compute", "wait")
     assert c_start == pytest.approx(t_now - c_dur, abs=0.003)
     assert w_start + w_dur == pytest.approx(t_now, abs=0.003) and w_dur == 0.005
     assert sp.take() == []
-    assert sp.to_run_time(sp.from_unix(start + 1.5)) == pytest.approx(1.5, abs=1e-6)
+    at = sp.from_unix(start + 1.5)  # a message's timestamp lands at its run time
+    sp.add("recv", at, at)
+    assert sp.take()[0][1] == pytest.approx(1.5, abs=1e-6)
 
 
 # -- the command -------------------------------------------------------------------------------

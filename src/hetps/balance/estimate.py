@@ -152,11 +152,6 @@ class EstimateTable:
         last = np.maximum.reduceat(t_end[order], lo) if order.size else np.zeros(0)
         return self.observe_rates(src[mid], dst[mid], rate[mid], last)
 
-    def observe_all(self, samples: Iterable[Sample | tuple]) -> int:
-        """Add samples ``(src, dst, size_bytes, t_start, t_end)`` in order; returns how many
-        were used."""
-        return sum(self.observe(*s) for s in samples)
-
     def estimate(self, src: int, dst: int) -> float:
         """Smoothed throughput of ``src -> dst`` in bytes/s (nan if never measured)."""
         i, j = self._check(src, dst)

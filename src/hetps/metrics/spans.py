@@ -36,10 +36,6 @@ class Spans:
         #: seconds)``: the live dashboard's timeline (``WorkerMeter.add_round``), when set
         self.sink: Callable[[list[tuple[str, float, float]]], None] | None = None
 
-    def to_run_time(self, perf: float) -> float:
-        """A ``time.perf_counter()`` value as seconds since the run's start."""
-        return perf + self._offset
-
     def from_unix(self, unix: float) -> float:
         """A ``time.time()`` value (e.g. a message's timestamp) on the perf_counter clock."""
         return unix - self._run_start - self._offset
@@ -47,11 +43,6 @@ class Spans:
     def add(self, phase: str, start: float, end: float) -> None:
         """One phase from ``start`` to ``end`` (``time.perf_counter()`` values)."""
         self._spans.append((phase, start, max(end, start)))
-
-    def add_ending_now(self, phase: str, seconds: float) -> None:
-        """One phase of ``seconds`` that ended just now."""
-        end = time.perf_counter()
-        self.add(phase, end - max(0.0, seconds), end)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -259,12 +259,6 @@ class Scenario:
         """Whether rates change over time."""
         return self.kind == "dynamic"
 
-    def epoch_at(self, elapsed_s: float) -> int:
-        """The epoch that is current ``elapsed_s`` seconds after the start."""
-        if not self.dynamic or self.period_s is None:
-            return 0
-        return max(0, int(elapsed_s // self.period_s))
-
     def rates_at(self, epoch: int = 0) -> list[float]:
         """Per-node rates (Mbit/s) in ``epoch``; deterministic for a given seed.
 

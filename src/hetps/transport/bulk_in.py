@@ -424,10 +424,6 @@ class BulkReceiver:
             return False
         return True
 
-    def poll_once(self) -> None:
-        """Read what came on the bulk port (kept, landed or refused)."""
-        self.drain()
-
     def close(self) -> None:
         self.guard.close(self.sock)
         self.sock.close(linger=0)
