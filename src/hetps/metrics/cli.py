@@ -1,18 +1,9 @@
 """The metrics commands: ``hetps summary`` and ``hetps plot`` read a LOGDIR of runs, print or
 write summaries, draw PNGs; ``trace``, ``report`` and ``top`` are registered here too.
 
-Usage::
-
-    hetps summary LOGDIR [--json FILE]
-    hetps plot LOGDIR [--out DIR] [--run RUN] [--window START,END] [--figure NAME ...]
-    hetps trace RUN [-o FILE]            (hetps.metrics.trace)
-    hetps report RUN [-o FILE]           (hetps.metrics.report)
-    hetps top [URL | --port P] [--once]  (hetps.metrics.top)
-
-Wiring into the ``hetps`` command: call :func:`add_parser` with the top-level subparsers (it
-registers every subcommand with ``set_defaults(func=...)``; ``func(args) -> int``), or call
-:func:`main` with an argv that starts with ``summary`` or ``plot``.
-"""
+:func:`add_parser` registers every subcommand on the top-level subparsers
+(``set_defaults(func=...)``, ``func(args) -> int``); :func:`main` takes an argv that starts
+with ``summary`` or ``plot``."""
 
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """The live dashboard: the scheduler's HTTP endpoint serves a page beside ``/metrics``.
 
-One HTTP server in the scheduler (a thread; no other process, nothing fetched from the
-internet) answers:
-
-* ``/`` — the dashboard page (``web/dashboard.html``, its script and style sheet);
-* ``/static/...`` — those files and the vendored chart library (``web/vendor/uplot``);
-* ``/api/state`` — everything the page draws, as JSON (:func:`state`): the nodes and their
-  state, the rounds, each worker's totals and its last rounds' phase spans (the timeline), the
-  link bytes, the load plan's shares, ESync's local steps, and the failures and node changes
-  as they were seen (:class:`Events`);
-* ``/metrics`` — Prometheus' text format (:class:`hetps.metrics.prom.Collector`).
-
-The page polls ``/api/state`` once a second. Everything served is read-only and holds no
-secret, no key name and no node address (docs/LIVE.md, "Security").
-"""
+One HTTP server thread in the scheduler answers ``/`` (the page, ``web/dashboard.html``),
+``/static/...`` (its files and the vendored chart library), ``/api/state`` (everything the
+page draws, :func:`state`) and ``/metrics`` (:class:`hetps.metrics.prom.Collector`).
+Everything served is read-only and holds no secret, no key name and no node address
+(docs/LIVE.md, "Security")."""
 
 from __future__ import annotations
 

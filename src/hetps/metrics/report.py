@@ -1,17 +1,8 @@
-"""``hetps report RUN``: one self-contained HTML file of a run, to mail or attach to an issue.
+"""``hetps report RUN [-o FILE]``: one self-contained HTML file of a run, to mail or attach.
 
-It holds the run's summary (:func:`hetps.metrics.summary.summarize_run`), its configuration
-(``run.json``), how it ended and what went wrong (the run's end, torn logs, and the failures
-and node changes the live dashboard saw when the job ran with ``--metrics-port``:
-``live-final.json``), charts of every worker's rounds (round time, loss, bytes, the phases'
-mean times) and the timeline of a window of rounds (when each worker computed, pushed, waited
-and pulled), drawn in the browser by the chart library the dashboard uses, inlined with its
-licence; the figures already in the run directory (``*.png``) are embedded too. Nothing is
-fetched when the file is opened.
-
-    hetps report runs/linreg-20260101-120000              # writes .../report.html
-    hetps report runs/linreg-20260101-120000 -o out.html
-"""
+Its summary, configuration, how it ended, charts of every worker's rounds and a timeline,
+drawn by the dashboard's chart library inlined with its licence, and the run's PNGs; nothing
+is fetched when the file is opened (docs/LIVE.md)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
 """Per-run summaries of a log directory: time to accuracy, throughput, traffic, computing-time
-ratio, ASRIT — the JSON interface of ``hetps summary`` (documented in docs/METRICS.md).
-
-Definitions (``wall`` = the largest ``t`` of any record of the run, i.e. the run's wall time):
-
-- time to accuracy ``a``: the first ``t`` of rank 0 whose ``accuracy >= a`` (null if never);
-- throughput: total ``samples`` of all workers / ``wall``;
-- traffic: total ``bytes_sent`` (push) and ``bytes_recv`` (pull) of all workers / ``wall`` / 1e6;
-- computing-time ratio of a device: its ``sum(compute_s)`` / its last ``t``;
-- ASRIT: mean ``srit_s`` of rank 0's records if they carry it, else the mean gap between
-  consecutive ``t`` of rank 0, ``(t_last - t_first) / (n - 1)``.
-"""
+ratio, ASRIT — the JSON interface of ``hetps summary`` (docs/METRICS.md defines each)."""
 
 from __future__ import annotations
 

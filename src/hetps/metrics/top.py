@@ -1,18 +1,8 @@
 """``hetps top``: a live terminal view of a running cluster, read from the scheduler's metrics.
 
-It scrapes the Prometheus endpoint a scheduler serves with ``--metrics-port``
-(:mod:`hetps.metrics.live`) every ``--interval`` seconds and draws, with rich: rounds per
-second, every worker (rounds, its mean round over the interval, mean push and pull latency),
-the throughput of every worker-server link (the rate of its byte counter), the slowest worker
-(under ESync the one with the fewest local steps), the load plan's shares (with ``--balance``)
-and the dead and late nodes. ``--once`` prints one frame and exits (it takes two
-scrapes one interval apart, so that it can show rates).
-
-    hetps top http://127.0.0.1:9100/metrics
-    hetps top --port 9100 --once
-
-Needs ``prometheus_client`` (its text parser) and ``rich``: ``pip install 'hetps[metrics]'``.
-"""
+It scrapes the Prometheus endpoint a scheduler serves with ``--metrics-port`` every
+``--interval`` seconds and draws it with rich (docs/LIVE.md). Needs ``prometheus_client`` and
+``rich``: ``pip install 'hetps[metrics]'``."""
 
 from __future__ import annotations
 

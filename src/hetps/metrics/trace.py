@@ -1,19 +1,8 @@
 """``hetps trace RUN [-o FILE]``: a run's logs as a Chrome/Perfetto trace (trace-event JSON).
 
-Open the file in https://ui.perfetto.dev (drag it in) or chrome://tracing. The trace uses the
-JSON Object Format of the Trace Event Format (``{"traceEvents": [...], "displayTimeUnit":
-"ms"}``), with times in microseconds since the run's start:
-
-* one **process per node**: ``worker <r>`` (and ``server <r>`` where a server logged traffic),
-  named with ``M`` metadata events (``process_name``, ``process_sort_index``);
-* in a worker, one **thread per phase**: ``rounds`` holds one ``X`` slice per iteration
-  (``round N``, its record in ``args``) and ``eval`` slices; ``compute``, ``push``, ``wait`` and
-  ``pull`` hold the phases. Where a record has ``spans`` (docs/METRICS.md) the phases sit where
-  they ran; an older record without them gets its phase sums laid end to end before the
-  round's end, marked ``"derived": true``;
-* one **counter track per link** (``C`` events, ``bytes <node>↔<peer>``): push and pull bytes
-  in each traffic bucket, back to 0 at the bucket's end.
-"""
+Open the file in https://ui.perfetto.dev or chrome://tracing: a process per node, a thread
+per phase, a counter track per link, in microseconds since the run's start (docs/METRICS.md
+has every track)."""
 
 from __future__ import annotations
 
