@@ -1,24 +1,5 @@
-"""Fashion-MNIST from local idx files, worker partitions, and normalised mini-batches.
-
-Nothing is downloaded. The default directory is Debian's ``dataset-fashion-mnist`` package
-(``/usr/share/datasets/fashion-mnist``), which holds the four files of the original release::
-
-    train-images-idx3-ubyte.gz  train-labels-idx1-ubyte.gz     (60,000 examples)
-    t10k-images-idx3-ubyte.gz   t10k-labels-idx1-ubyte.gz      (10,000 examples)
-
-Uncompressed copies (the same names without ``.gz``) are accepted too; whether a file is
-gzip-compressed is decided by its first bytes, not its name.
-
-idx format (big-endian): images are ``0x00000803, N, 28, 28`` then N*28*28 pixel bytes;
-labels are ``0x00000801, N`` then N label bytes in 0..9. The reader checks the magic number,
-the dimensions, that images and labels agree on N, the label range, and the exact data length
-(a truncated or padded file is an error). Every error names the file and what is wrong.
-
-Normalisation: pixels are scaled to [0, 1] and standardised with the mean and standard
-deviation of all 60,000 training images (:data:`FASHION_MNIST_MEAN`,
-:data:`FASHION_MNIST_STD`), i.e. ``x = (pixel / 255 - 0.2860) / 0.3530``; the same constants
-are used for the test set. (ESync feeds the [0, 1] values without standardising.)
-"""
+"""Fashion-MNIST from local idx files, worker partitions, and normalised mini-batches
+(docs/ESYNC.md, "The data: Fashion-MNIST from local files": the files, checks and constants)."""
 
 from __future__ import annotations
 

@@ -1,29 +1,5 @@
-"""Tensors on an accelerator in the KVStore: host staging and the order of copies.
-
-The servers and the wire take host memory. A value on a device (a CUDA tensor) goes through a
-host buffer that is reused from call to call (page-locked on CUDA, so the copy is a DMA that
-needs no CPU):
-
-* **push, pushpull, init**: the copy to the host is queued on a side stream of the value's
-  device that first waits for the caller's stream, so it sees every kernel the caller queued
-  before the call (the gradient backward just produced) and nothing queued after it. The
-  call's thread waits for that copy alone (a push captures its values, as MXNet's does); the
-  caller's stream is never stopped. A list of values for one key is summed on the first
-  value's device before it is copied (MXNet's ``device`` stores), so one copy leaves.
-* **pull, pushpull's out**: the answer lands in a host buffer; once it is in, the copy to each
-  device tensor is queued on that device's side stream, after what the caller's stream had
-  queued when the pull was called (a forward still reading the tensor is not overwritten)
-  and not after what it queued since (the next layers' work goes on beside the copy); the
-  caller's stream is made to wait for the copy: its later kernels see the pulled value.
-* A host buffer is handed out again only when the requests that read it were answered and
-  the device copies that read it finished (also when a multi-key call failed after some of
-  its requests were sent); until then a new one is made (the pool grows to what the calls in
-  flight need). The host waits for a copy with a blocking event: it sleeps, not spins.
-
-Every accelerator is driven through a :class:`Backend`. :class:`CudaBackend` is torch.cuda's;
-the logic above is the same for any backend, and the tests drive it with a backend whose
-copies happen only when something waits for them, so a missing wait shows as a stale value.
-"""
+"""Tensors on an accelerator in the KVStore: host staging and the order of copies
+(docs/ESYNC.md, "Worker tensors on a device: host staging")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""ESync's state server: answers each worker, after each local step, "ready or not".
-
-An answer that is "not ready" also says how long until the round's deadline (the slowest
-worker's expected end), so a worker can take its further local steps without waiting for an
-answer after each one: it keeps reporting, without waiting, and stops at the deadline or at
-the first answer that says ready, whichever comes first.
-
-The decision is :class:`hetps.esync.policy.ReadinessPolicy` (pure); this module is the service
-around it. It runs inside the scheduler by default (command ``esync_report``) or standalone
-(``hetps state-server --port P``), and :class:`StateClient` is the worker's side.
-
-A report carries the worker's rank, its round number, the step's compute time and the time
-since the worker's round began (so clocks of different machines never have to agree).
-"""
+"""ESync's state server: answers each worker, after each local step, "ready or not"
+(docs/ESYNC.md, "The state server")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""A role's keeper on a remote host (``hetps launch --launcher ssh``):
-
-    python -m hetps.launch.guard -- COMMAND...
-
-runs the command in a process group of its own, its standard streams the guard's (the ssh
-session's), and ends that group when the ssh connection that started it goes away: the
-launcher stopped its ssh client, or lost it. Without it the remote process outlives the
-job, since killing an ssh client (no terminal) tells the remote side nothing.
-
-The connection's end shows as the session's end of the guard's standard output closing
-(``poll`` reports POLLERR or POLLHUP on it). The group then gets SIGTERM, and SIGKILL at once
-if a process of it is stopped (SIGSTOP: SIGTERM would wait for a SIGCONT), or after
-:data:`KILL_S` seconds if it does not end. SIGTERM, SIGINT and SIGHUP to the guard are
-passed on the same way. The guard exits with the command's status, as a shell reports it.
-"""
+"""A role's keeper on a remote host (``hetps launch --launcher ssh``): ends the command's
+process group when the ssh connection goes (docs/LAUNCHERS.md, "The remote role's guard")."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """What the launcher does about processes that hang rather than die, and whom it names when
-a job fails, as a part of :class:`hetps.launch.local.Launcher`.
-
-* A node the scheduler declared dead because it fell silent (``hetps scheduler stop ...``)
-  is stopped with SIGKILL: a stopped or hung process must neither hold a job that went on
-  without it nor wake up later and fail it.
-* A scheduler that stops saying ``hetps scheduler alive`` is hung: the launcher stops it with
-  SIGKILL and it counts as dead (started again with ``--recover`` while restarts are left).
-* A scheduler that ends the job because of a node's death (``hetps scheduler cause ...``) is
-  not the failure: that node is, with its own exit code.
-
-The lines are the scheduler's (:mod:`hetps.cluster.launcher_link`). docs/FAULTS.md says what
-a user sees.
-"""
+a job fails, as a part of :class:`hetps.launch.local.Launcher` (docs/LAUNCHERS.md,
+"Processes that hang, and whom a failure names")."""
 
 from __future__ import annotations
 

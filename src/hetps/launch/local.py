@@ -1,23 +1,5 @@
-"""Start a whole cluster (scheduler, servers, workers) and watch it, like MXNet's launch.py.
-
-Every child runs in its own session (process group) so that it and everything it starts can be
-stopped together. Output lines are prefixed with the role and rank. The first child to exit
-non-zero stops the others, and its exit code is returned as a shell reports it (128 + the
-signal for a child killed by one: 137 for SIGKILL); Ctrl-C, SIGTERM and SIGHUP stop everything. No
-child outlives the launcher: on Linux each is started under ``setpriv --pdeathsig KILL``, so
-it dies with the launcher even when the launcher is killed with SIGKILL or its terminal closes.
-
-Threads: unless the user sets ``OMP_NUM_THREADS`` (then every process gets it unchanged), each
-process gets its share of the host's cores (:func:`thread_share`): a worker ``cores //
-processes on its host`` (at least 1), a server and the scheduler 1. OpenBLAS, MKL and torch read
-``OMP_NUM_THREADS`` when their own variables are unset, so no library starts one thread per
-core in every process of a cluster that shares one machine.
-
-Every job gets a fresh cluster secret (``secrets.token_hex(32)``) unless the environment
-brings one (``HETPS_SECRET``/``HETPS_SECRET_FILE``) or opts out (``HETPS_INSECURE=1``). It
-reaches each child through its environment (readable by the same user alone), never through a
-command line or a file; over ssh it goes through the remote shell's standard input.
-"""
+"""Start a whole cluster (scheduler, servers, workers) and watch it, like MXNet's launch.py
+(docs/LAUNCHERS.md, "What the local launcher promises")."""
 
 from __future__ import annotations
 

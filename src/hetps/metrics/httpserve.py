@@ -1,16 +1,6 @@
 """The endpoint's HTTP server: one event loop in one thread of the scheduler, however many
-connections are open.
-
-A connection costs a socket and a few hundred bytes until its request is in, never a thread:
-:data:`MAX_CONNECTIONS` may be open at once, and when one more arrives the oldest connection
-that has not yet sent its whole request is closed to make room (the way ps-lite's and most
-web servers' idle limits work), so connections that send nothing (a slow client, or a
-thousand held on purpose) cannot keep a browser out: the browser's connection is the newest
-and sends its request at once. A request has :data:`REQUEST_TIMEOUT_S` to arrive, a head of
-at most :data:`MAX_HEAD` bytes, GET or HEAD only; answers close the connection. Answers are
-computed in a small pool of threads (``answer(method, path)``), so a slow one never stops
-the loop from accepting.
-"""
+connections are open; a connection costs a socket, never a thread (docs/LIVE.md,
+"The endpoint's HTTP server")."""
 
 from __future__ import annotations
 
