@@ -1,10 +1,5 @@
 """``hetps.kv``: MXNet-style entry point (``hetps.kv.create('dist_sync')``), for every role.
-
-In a process whose ``DMLC_ROLE`` is ``server`` or ``scheduler``, :func:`create` runs that role
-until the job ends and then exits the process (0 on a clean end), so a script written for
-MXNet runs unchanged in every role; a worker gets its store from :func:`hetps.kvstore.create`,
-built by the composition root (:func:`hetps.roles.new_worker_store`).
-"""
+(docs/MODULES.md, "hetps.kv")"""
 
 from __future__ import annotations
 

@@ -1,36 +1,5 @@
 """A Lightning strategy over hetps: ``Trainer(strategy=hetps.lightning.PSStrategy(...))``.
-
-Run the script under ``hetps launch`` (or any hetps launcher); every worker runs the Trainer::
-
-    import lightning as L, hetps.lightning
-    trainer = L.Trainer(strategy=hetps.lightning.PSStrategy(mode="sync"), accelerator="cpu",
-                        devices=1, max_epochs=3)
-    trainer.fit(model, train_loader)
-
-    hetps launch -n 2 -s 1 -- python train.py
-
-``mode``:
-
-* ``"sync"`` (SSGD): each optimizer's gradients go to the servers while backward runs
-  (:class:`hetps.torch.DistributedOptimizer`); before the optimizer steps (and before
-  Lightning clips gradients) they are the workers' mean.
-* ``"async"`` (ASGD): the servers update the weights with ``server_optimizer`` (a
-  :mod:`hetps.optim` optimizer; by default the SGD of the module's ``torch.optim.SGD``: its
-  learning rate, momentum and weight decay) on every push; workers pull them after each step.
-  Their optimizer sums the collectives' keys (:class:`hetps.optim.sums.SumKeys`), so
-  ``reduce`` is exact there too.
-* ``"esync"``: ESync's local steps (:class:`hetps.esync.ESyncTrainer`): each optimizer step is
-  a local step; when the state server says the round is ready, the workers average their
-  model differences (``global_lr``). A worker whose training ends after a step aggregates at
-  once and ends the job for every worker after that round. The workers take different
-  numbers of steps, so once the rounds run nothing else can wait for all of them: ``reduce``
-  (``sync_dist=True``), ``all_gather`` and ``broadcast`` are refused with the reason, and
-  ``barrier`` (Lightning's, around a checkpoint rank 0 writes) does not wait.
-
-Rank, world size and the ``DistributedSampler`` come from the job (the store's rank and worker
-count); Lightning checkpoints on rank 0; ``self.log(..., sync_dist=True)`` is reduced through
-the servers (:func:`hetps.torch.allreduce`), as are ``all_gather`` and ``broadcast``.
-"""
+(docs/MODULES.md, "hetps.lightning")"""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """``hetps train --checkpoint-dir D`` and ``--resume D``: when to take a checkpoint, what each
 worker keeps in it, and how a worker starts again from one (docs/FAULTS.md, "Checkpoints and
-resume").
-
-A wish to checkpoint (every ``--checkpoint-every K`` rounds, ``--checkpoint-seconds T`` on
-rank 0, SIGTERM) travels in the round's control number the workers already sum:
-:data:`CKPT_FLAG` for "checkpoint", 1 for "stop". A worker checks and loads its state before
-it joins the cluster, so one that cannot load it fails the job's start rather than being let
-go as a dead worker of a running job (``--elastic``).
-"""
+resume"). (docs/MODULES.md, "hetps.app.checkpointing")"""
 
 from __future__ import annotations
 

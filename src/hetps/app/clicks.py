@@ -1,13 +1,5 @@
 """Click data shaped like Criteo's, from a seeded generator (pure NumPy, no download).
-
-Each sample has ``dense`` numeric features (Criteo: 13) and ``fields`` categorical ids
-(Criteo: 26), each field's ids in ``[0, rows)`` drawn from a power law (a few ids are in most
-samples, most ids are rare, as hashed Criteo categories are), and a click label drawn from a
-hidden logistic model: a weighted sum of the dense features plus one hidden effect per
-(field, id), so a model that learns the ids' embeddings predicts clicks better than one that
-sees only the dense features. The same seed gives the same data everywhere; a worker takes its
-own stream (``shard``).
-"""
+(docs/MODULES.md, "hetps.app.clicks")"""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
 """``hetps train``'s modes: one loop each, over what every mode shares (:class:`WorkerRun`).
-
-:func:`hetps.app.train.train_worker` sets a worker up (device, data shard, model, run log)
-and hands a :class:`WorkerRun` to the mode's function in :data:`RUNNERS`:
-
-* :func:`run_esync`: local steps until the state server says ready, then the model
-  difference is averaged (:class:`hetps.esync.trainer.ESyncTrainer`);
-* :func:`run_sync`: SSGD, gradients averaged through the servers every step
-  (:class:`~hetps.torch.optimizer.DistributedOptimizer`);
-* :func:`run_async`: ASGD or DC-ASGD, the servers apply each gradient as it arrives;
-* :func:`run_local`: one process, no KVStore.
-
-Each runs rounds with :meth:`WorkerRun.loop`, which times them, writes one JSON line per
-round (docs/METRICS.md), evaluates on rank 0 and ends the run.
-"""
+(docs/MODULES.md, "hetps.app.modes")"""
 
 from __future__ import annotations
 

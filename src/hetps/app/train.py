@@ -1,17 +1,5 @@
 """``hetps train``: Fashion-MNIST on a hetps cluster with SSGD, ASGD, DC-ASGD, ESync or locally.
-
-Flags follow ESync's (``-m esync|sync|async|local``, ``-n`` network, ``-l``/``-ll``/``-gl``
-learning rates, ``-b``, ``-dd``, ``-ld``, ``-e``, ``-dcasgd``, ``-s``, ``-ip``/``-port``).
-Started under a launcher (``DMLC_ROLE=worker``) it is one worker; with ``--workers W`` it
-starts a whole local cluster itself. ``--slowdown 1,1,2,4`` makes worker k that many times
-slower than its real compute (it sleeps the extra time), an *emulated* heterogeneous cluster;
-``--slowdown 4`` is the factor of the worker that gets it (a worker started by hand). Rank 0
-writes the run's ``run.json`` from its own flags: started by hand with different
-``--slowdown``/``-g``/``-c`` per worker, it lists its own for every worker.
-
-Every worker writes one JSON line per iteration (see docs/METRICS.md) into
-``LOG_DIR/RUN_NAME/``.
-"""
+(docs/MODULES.md, "hetps.app.train")"""
 
 from __future__ import annotations
 

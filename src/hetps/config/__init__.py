@@ -1,19 +1,5 @@
 """The one place where hetps reads environment variables: every variable, in one table.
-
-Each :class:`Var` row says a variable's name (and MXNet/ps-lite aliases), the
-:class:`NodeConfig` field it fills, its type, default, bounds and what it means. From the
-table come the parser (:func:`node_config_from_env`, :func:`env_value`), its errors (a
-:class:`ConfigError` names the variable and the fix), :class:`NodeConfig` itself, the
-reference ``docs/CONFIG.md`` (:func:`markdown`) and ``hetps config`` (:func:`report`), which
-lists every variable with its value and where the value came from.
-
-Code elsewhere never reads ``os.environ`` for configuration; it asks this package
-(``tests/unit/test_config.py`` holds it to that). Its parts: :mod:`~hetps.config.rows` (a
-row and its parsing), :mod:`~hetps.config.table` (the rows, their cross-variable rules),
-:mod:`~hetps.config.resolve` (reading rows against an environment),
-:mod:`~hetps.config.node` (:class:`NodeConfig`), :mod:`~hetps.config.security` (the cluster
-secret) and :mod:`~hetps.config.addresses` (interfaces, routes, loopback).
-"""
+(docs/MODULES.md, "hetps.config")"""
 
 from __future__ import annotations
 

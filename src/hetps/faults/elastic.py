@@ -1,16 +1,5 @@
 """Elastic workers (HETPS_ELASTIC), the scheduler's side, as a part of
-:class:`hetps.cluster.scheduler.Scheduler`.
-
-* let go: a dead worker leaves while at least HETPS_ELASTIC workers remain; every node hears
-  ``worker_left`` and the job goes on;
-* join: a let-go worker started again registers with its old rank (is_recovery) and waits
-  (``join``). The live workers hear ``worker_joining``, agree on a round boundary and each
-  ``admit`` there (the first live worker with the state to start from). The joiner gets that
-  state, tells every server to count it (``enter``), says ``entered``, the services' hooks
-  hear it (``on_worker_back``), and the live workers go on with it (``worker_back``).
-
-docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
-"""
+:class:`hetps.cluster.scheduler.Scheduler`. (docs/MODULES.md, "hetps.faults.elastic")"""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """A server's rounds when workers may leave and join (HETPS_ELASTIC), as a part of
-:class:`hetps.kvstore.server.KVServer`.
-
-Each ``dist_sync`` round is kept per worker (``Slice.held``) until it is complete, then added
-in worker order. A worker that leaves (``worker_left``) has what it pushed into unfinished
-rounds dropped, and those rounds complete with the others; a worker started again counts
-from its ``enter`` on. docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it
-fits.
-"""
+:class:`hetps.kvstore.server.KVServer`. (docs/MODULES.md, "hetps.faults.elastic_rounds")"""
 
 from __future__ import annotations
 

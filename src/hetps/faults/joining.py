@@ -1,18 +1,7 @@
 """A worker joining a running job (HETPS_ELASTIC), a part of
 :class:`hetps.kvstore.client.DistKVStore` (which calls it through ``kv.join()``,
 ``kv.admit()``, ``kv.declare()``) and takes as an argument (``joining=Joining``, given by
-:func:`hetps.roles.new_worker_store`).
-
-A worker that died was let go, and the job went on. Started again (``hetps train`` with
-``--max-restarts``, or by hand with its ``DMLC_*`` variables and ``HETPS_LAUNCH_RANK``), it
-registers with its old rank (``kv.rejoining``) and calls :meth:`Joining.join`; it is in no
-round until then. The live workers see ``kv.joining`` and, at a round boundary they agree on,
-each calls :meth:`Joining.admit` (the first live worker with the state the joiner starts
-from). The joiner gets that state, every server counts it from then on, and ``admit``
-returns on every live worker: the next round has one worker more.
-
-docs/FAULTS.md says what a user sees.
-"""
+:func:`hetps.roles.new_worker_store`). (docs/MODULES.md, "hetps.faults.joining")"""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """How a node lives through the death of a peer or of the scheduler, as a part of
 :class:`hetps.cluster.node.Node`, which takes it as an argument (``Node(cfg,
 recovery=Recovery)``: :func:`hetps.roles.new_node`), with the node's links to its peers.
-
-* ``failover`` (HETPS_REPLICAS): a dead server's keys are served by the next live server;
-  requests to it are re-routed and its unanswered ones sent again, in order.
-* ``rejoin``: a dead server started again is back at a new address (a replica only).
-* ``readmit``: a scheduler started again at the same address (``--recover``) takes the
-  running nodes back; what the dead one never answered is sent again.
-
-docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
-"""
+(docs/MODULES.md, "hetps.faults.recovery")"""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
 """``hetps train``'s side of a worker joining the running job again (``--elastic`` with
 ``--max-restarts``), a part of :class:`hetps.app.worker.WorkerRun` (``run.rejoin``).
-
-The live workers agree on a round boundary through a flag summed with a round (``-m sync``:
-with the gradients; ``-m esync``: with the model difference). After that round and its
-checkpoint each calls :meth:`Rejoin.admit`; the first live worker's state goes to the joiner,
-which took no round yet and calls :meth:`Rejoin.join` first.
-
-The state: the model, the data position, the local optimizer's state (``-m esync``: the
-checkpoint's optimizer) and the mode's distributed part (``run.shared``: a
-:class:`~hetps.torch.optimizer.DistributedOptimizer` or an
-:class:`~hetps.esync.trainer.ESyncTrainer`), by its ``join_state`` / ``adopt``.
-"""
+(docs/MODULES.md, "hetps.faults.rejoin")"""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """A server's copies of its keys on other servers (HETPS_REPLICAS), as a part of
-:class:`hetps.kvstore.server.KVServer`.
-
-The primary of a slice copies each init chunk and each applied ``dist_sync`` round to the
-next R-1 live servers (``replicate``, ops ``init`` and ``round``) and answers nothing of the
-slice until every copy is acknowledged. After a failover or a rejoin it sends its replicas the
-whole of what it serves (ops ``optimizer`` and ``sync``). A slice a plan moves (HETPS_BALANCE)
-takes its copies along: the new primary copies its init and its states (op ``states``), and
-the old one's ``drop`` removes its replicas' copies (op ``drop``). The receiving side applies a round
-with the same optimizer, so values and states stay identical. The row-sparse keys' parts go
-the same way (ops ``sinit``, ``sload``, ``sround``, ``ssync``: tables/server_replicas.py).
-docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
-"""
+:class:`hetps.kvstore.server.KVServer`. (docs/MODULES.md, "hetps.faults.replicas")"""
 
 from __future__ import annotations
 

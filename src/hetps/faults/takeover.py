@@ -1,16 +1,5 @@
 """The scheduler's side of surviving deaths, as a part of
-:class:`hetps.cluster.scheduler.Scheduler`.
-
-* failover (HETPS_REPLICAS): a dead server whose keys live on is taken over by the next live
-  server; every node hears ``failover`` and the job goes on;
-* rejoin: a dead server registers again and is admitted with its old id (is_recovery), as a
-  replica;
-* readmit: a scheduler started again at the same address (``--recover``) takes back the
-  running job's nodes: those of the node table the scheduler that died kept beside its key
-  (cluster/credentials.py), each proving who it is with its credential.
-
-docs/FAULTS.md says what a user sees; docs/ARCHITECTURE.md how it fits.
-"""
+:class:`hetps.cluster.scheduler.Scheduler`. (docs/MODULES.md, "hetps.faults.takeover")"""
 
 from __future__ import annotations
 

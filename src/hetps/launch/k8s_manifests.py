@@ -1,14 +1,6 @@
 """Kubernetes manifests for a hetps job (:class:`K8sJob`), as ``hetps k8s`` writes them
 (:mod:`hetps.launch.k8s`); docs/RAY_K8S.md says what each object holds and why.
-
-``--kind jobset`` (default): one JobSet of three Indexed jobs (scheduler, servers, workers);
-``--kind jobs``: plain ``batch/v1`` Indexed Jobs plus a headless Service. Every pod gets the
-``DMLC_*`` environment a launcher gives (the root URI is the scheduler pod's DNS name, a rank
-its Job completion index); a worker pod is a host of its own (torchrun's variables with
-``LOCAL_WORLD_SIZE`` 1). The cluster secret is a Kubernetes Secret read into
-``HETPS_SECRET`` through ``secretKeyRef`` (a mounted file would be a symlink, which
-``HETPS_SECRET_FILE`` refuses).
-"""
+(docs/MODULES.md, "hetps.launch.k8s_manifests")"""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Run a hetps job on a Ray cluster: every role in a Ray actor, as a real process.
-
-``hetps launch --launcher ray [--ray-address ADDR] -n W -s S -- CMD...`` and :func:`run_job`
-start, on an existing Ray cluster or a local one, the scheduler in an actor pinned to the
-head node and each server and worker in its own bundle of one SPREAD placement group. Each
-actor runs its role as a subprocess in its own session with the ``DMLC_*`` environment; the
-job's fresh secret travels as an argument of the actor's ``start`` call, never on a command
-line. docs/RAY_K8S.md, "What it does", has the placement, environment, output and clean-up.
-"""
+(docs/MODULES.md, "hetps.launch.ray")"""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Keep a child's traceback together in the launcher's output.
-
-The launcher prints every child's lines as they come, each under its ``[role rank]``
-prefix; two workers that fail at once would interleave their tracebacks line by line.
-:class:`TracebackLines` holds a traceback's lines from ``Traceback (most recent call last):``
-to its exception line (the first line after it that is not indented), and hands them over
-as one block, which the launcher prints at once. A traceback the child never finishes
-(it was killed, or it is longer than :data:`MAX_LINES`) is handed over as it is.
-"""
+(docs/MODULES.md, "hetps.launch.tracebacks")"""
 
 from __future__ import annotations
 

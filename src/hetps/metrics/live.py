@@ -5,10 +5,7 @@ knows itself (nodes registered, dead, late, back, taken over, let go; the load p
 ESync's local steps) on each scrape or poll. :mod:`hetps.metrics.prom` and
 :mod:`hetps.metrics.dashboard` serve it; workers' and servers' meters are in
 :mod:`hetps.metrics.reports` and :mod:`hetps.metrics.server_meter`.
-
-This module imports nothing of hetps but ``config`` and ``metrics``; docs/LIVE.md lists every
-metric.
-"""
+(docs/MODULES.md, "hetps.metrics.live")"""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
 """Run directories: ``run.json`` and per-worker iteration logs (JSON lines), and their writers.
-
-A run directory holds::
-
-    RUN/run.json                 what was run (mode, network, workers, slowdowns, devices...)
-    RUN/worker-<rank>.jsonl      one JSON object per iteration of that worker
-    RUN/traffic-<role><rank>.jsonl   bytes per link in time buckets (see traffic.py)
-
-Writers (:class:`RunWriter`, :class:`IterationLog`) validate what they write, so a mistake in
-the training loop fails at the first iteration and not at plotting time; the readers are
-:mod:`hetps.metrics.runs`. The format is documented in docs/METRICS.md.
-"""
+(docs/MODULES.md, "hetps.metrics.records")"""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
 """Live metrics' reports: what workers (and servers: :mod:`hetps.metrics.server_meter`)
 measure while a job runs, and the scheduler's checks of them (its side is
 :mod:`hetps.metrics.live`, served by :mod:`hetps.metrics.prom` and :mod:`~hetps.metrics.dashboard`).
-
-* :class:`WorkerMeter`, in each worker (only when the scheduler's endpoint is on: the node
-  table says so): one ``perf_counter`` per push or pull request and one list increment when
-  its answer comes in (fixed buckets, :data:`BUCKETS`); a thread of its own reports every
-  ``HETPS_METRICS_INTERVAL`` seconds what the histograms gained (deltas), the round count, the
-  bytes on each link (totals) and the last rounds' phase spans (bounded), in a few hundred bytes.
-* :func:`parse_report` checks every report (a bad or hostile one is refused with a log line
-  and changes nothing); :class:`WorkerTotals` keeps a worker's totals.
-
-This module imports nothing of hetps but ``config``; docs/LIVE.md lists every metric.
-"""
+(docs/MODULES.md, "hetps.metrics.reports")"""
 
 from __future__ import annotations
 

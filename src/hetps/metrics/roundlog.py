@@ -1,12 +1,6 @@
 """A run log for a script that drives the KVStore itself (``examples/linear_regression.py``):
 :class:`RoundLog` gives it the logs ``hetps train`` writes (docs/METRICS.md has the example).
-
-The run directory is ``LOG_DIR/<name>-<YYYYmmdd-HHMMSS>`` from rank 0's clock, which every
-worker learns through the store (one tiny key). ``kv`` is duck-typed (``rank``,
-``num_workers``, ``num_servers``, ``init``, ``pull``, and ``node.counters``,
-``node.servers()``, ``node.observe_traffic`` where it has a ``node``; a local store logs no
-traffic): this layer imports no other hetps module.
-"""
+(docs/MODULES.md, "hetps.metrics.roundlog")"""
 
 from __future__ import annotations
 

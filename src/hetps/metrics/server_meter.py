@@ -1,14 +1,5 @@
 """Live metrics of the servers: what each server reports of itself, and the scheduler's checks.
-
-A server whose scheduler serves live metrics (the node table's ``metrics_s``) starts a
-:class:`ServerMeter`: a thread that sends one ``metrics_report`` every ``metrics_s`` seconds
-with the rounds it merged (every key slice's rounds, summed), the seconds its optimizer took,
-its copies of every key (``HETPS_REPLICAS``) and the bytes on its links to the workers (totals,
-from its transport counters). Nothing is added to the server's hot path but one
-``perf_counter`` pair around each optimizer update. The scheduler checks each report
-(:func:`parse_server_report`: types, bounds, one row per worker, numbers and totals that only
-go forward) before it keeps it (:class:`ServerTotals`); a bad one is refused like a worker's.
-"""
+(docs/MODULES.md, "hetps.metrics.server_meter")"""
 
 from __future__ import annotations
 

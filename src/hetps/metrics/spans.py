@@ -1,15 +1,5 @@
 """When each phase of an iteration ran: the ``spans`` of a ``worker-<rank>.jsonl`` record.
-
-The phase sums (``compute_s``, ``push_s``, ``wait_s``, ``pull_s``) say how long a worker spent in
-each phase, not when. A :class:`Spans` keeps the start and end of every phase of the current
-iteration, cheaply (two clock reads and a list append per phase), and :meth:`Spans.take`
-turns them into the record's ``spans`` key::
-
-    "spans": [["compute", 1.250113, 0.002004], ["push", 1.252121, 0.000311], ...]
-
-one ``[phase, start, duration]`` per phase, in seconds, ``start`` since the run's start (the
-same clock as ``t``). ``hetps trace`` draws them; see docs/METRICS.md.
-"""
+(docs/MODULES.md, "hetps.metrics.spans")"""
 
 from __future__ import annotations
 

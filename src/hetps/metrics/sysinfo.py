@@ -1,12 +1,7 @@
 """What a node's reports say of its machine and its output: CPU and memory of the process
 (its CPU time and ``/proc``), the machine's GPUs through NVML when the NVIDIA driver's library
 is there (or why not), and the last lines the process wrote to its standard output and error
-(:class:`LogTail`).
-
-Nothing here runs on a hot path: :class:`Sampler` is read once per report, and a line costs
-one append to a bounded deque. Lines leave with host:port pairs and IP addresses replaced
-(:func:`scrub`): the dashboard shows no node address (docs/LIVE.md, "Security").
-"""
+(:class:`LogTail`). (docs/MODULES.md, "hetps.metrics.sysinfo")"""
 
 from __future__ import annotations
 

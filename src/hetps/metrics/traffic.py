@@ -1,14 +1,5 @@
 """Traffic timelines: bytes pushed and pulled on every link, in fixed time buckets.
-
-A :class:`TrafficRecorder` lives in one node (worker or server). The transport calls
-:meth:`TrafficRecorder.record` from its threads for every message it sends or receives; the
-call is one dict update under a lock. At the end (or periodically) :meth:`write` dumps the
-buckets to ``RUN/traffic-<role><rank>.jsonl``, one JSON object per (bucket, peer)::
-
-    {"t": 1.25, "dt": 0.05, "peer": 8, "push_bytes": 4096, "pull_bytes": 0}
-
-``t`` is the bucket's start in seconds since the run's start, ``dt`` its width.
-"""
+(docs/MODULES.md, "hetps.metrics.traffic")"""
 
 from __future__ import annotations
 

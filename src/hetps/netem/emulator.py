@@ -1,12 +1,5 @@
 """Kernel network emulator: namespaces + veth + bridge + ``tc`` shaping (docs/NETEM.md has
-the topology and how rates are applied).
-
-A node's sending rate is a TBF on its own ``eth0``, its receiving rate a TBF on the bridge-side
-veth ``v<i>`` in the hub namespace; per-destination caps add an HTB classifier under the
-node's TBF, a one-way delay a netem qdisc under each leaf. Nothing is made in the caller's
-namespace, and :meth:`Netem.close` removes everything: on ``__exit__``, a setup error,
-SIGINT/SIGTERM (``handle_signals=True``), ``atexit``, or, after a SIGKILL, by the reaper.
-"""
+the topology and how rates are applied). (docs/MODULES.md, "hetps.netem.emulator")"""
 
 from __future__ import annotations
 

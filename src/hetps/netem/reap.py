@@ -1,13 +1,5 @@
 """Removal of emulator namespaces; also runnable as a stand-alone guard process.
-
-This module imports only the standard library so that it can run as a script
-(``python -I reap.py IP RUN_ID``) without hetps on ``sys.path``. In that mode it is the
-*reaper*: the emulator starts it in its own session with a pipe on its stdin and writes
-``done`` when it has cleaned up itself. If the owner dies without doing so (SIGKILL, a crash
-in C code, the OOM killer) the pipe is closed by the kernel, the reaper reads EOF without
-``done`` and removes every namespace of the run — the last line of defence after
-``close()``, signal handlers and ``atexit``.
-"""
+(docs/MODULES.md, "hetps.netem.reap")"""
 
 from __future__ import annotations
 

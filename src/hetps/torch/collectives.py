@@ -1,19 +1,6 @@
 """Horovod's and BytePS's tensor collectives, through the servers: ``allreduce``,
 ``allgather``, ``broadcast``, ``broadcast_object`` and BytePS's ``push_pull``.
-
-Every call is a collective: every worker calls it, in the same order, with the same ``name``
-(a call without one is named by its place among this process's unnamed calls, as Horovod
-does). Each travels as requests on keys of the process's store (:func:`hetps.torch.init`), or
-of the ``kvstore=`` given: a sum is a round of a ``dist_sync`` key (``hvd.{kind}:{name}:...``),
-made the first time and reused after. The servers must not have an optimizer set (one would
-apply the sum as a gradient); on a ``dist_async`` store, whose servers apply every push, theirs
-must sum these keys (:class:`hetps.optim.sums.SumKeys` around it: ``PSStrategy`` sets it). Tensors may live on any device and have any real dtype: they
-travel as float16/32/64 (others as float64, exact for integers below 2**53) and come back in
-their own dtype and device.
-
-``allgather`` and ``broadcast`` sum each worker's part with negative zeros elsewhere, which
-leaves every value as it is (``x + -0.0 == x``), so they come back bit for bit.
-"""
+(docs/MODULES.md, "hetps.torch.collectives")"""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
 """``DistributedOptimizer``: wrap a torch optimizer so gradients go through the KVStore.
-
-The Horovod/BytePS contract: a post-accumulate-grad hook on every parameter starts a
-non-blocking push (and the matching pull) as soon as its gradient is ready, while backward
-runs; ``step()`` waits for them and applies the result; ``synchronize()`` does the waiting
-alone (to clip, or for AMP with :meth:`~DistributedOptimizer.skip_synchronize`). Where the
-update runs (``update_on`` ``"worker"``, ``"server"`` or ``"sum"``) is README.md's
-"Training"; parameters are keyed by name in the order given, rank 0's weights broadcast.
-Tensor fusion is :mod:`hetps.torch.fusion`, ``overlap_forward`` :mod:`hetps.torch.overlap`.
-
-``extra``: a small tensor (e.g. a "stop after this step?" flag) that rides inside the first
-parameters' fused group and comes back summed after :meth:`synchronize`, at no request of
-its own; set it before backward (``extra_rides`` says whether it could ride).
-"""
+(docs/MODULES.md, "hetps.torch.optimizer")"""
 
 from __future__ import annotations
 

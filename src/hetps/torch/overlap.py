@@ -1,17 +1,6 @@
 """The next forward pass overlaps the pulls: ``DistributedOptimizer(..., model=model,
 overlap_forward=True)`` (``update_on="server"`` or ``"sum"``; README.md says what a user sees).
-
-``step()`` launches what is still to go and returns; a forward pre-hook on every module that
-holds parameters waits for that module's own parameters only (BytePS's "cross-barrier"); on
-CUDA the copy to the device is ordered on a side stream, not waited for. Under ``"sum"`` the
-wait also runs this worker's update with the pulled sum. ``synchronize()``, the next
-``step()``, ``close()``, ``broadcast_parameters()`` and any module's ``state_dict()`` /
-``load_state_dict()`` wait for all of them. A parameter read outside its module's forward
-(``p.data`` by hand, a parent reading a child's weight) needs ``opt.synchronize()`` first; a
-gradient of one no hook waited for raises in the backward, naming it, and a failed pull
-raises at every later wait that covers it. CUDA graphs and ``torch.compile`` are refused
-(their hooks would not wait at replay); ``zero_grad()`` does not wait.
-"""
+(docs/MODULES.md, "hetps.torch.overlap")"""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """Servers that only sum (BytePS's Summation Service): the workers run the update.
-
-With ``DistributedOptimizer(None, params, kv, update_on="sum", server_optimizer=opt)`` the
-servers hold no optimizer: a round's pushes are summed there and nothing else, and every
-worker pulls the sum and runs ``opt`` (a :mod:`hetps.optim` optimizer: the same rule, the same
-code and the same per-parameter state the servers would keep) on its own copy of the weights.
-The weights then equal a server-side run's bit for bit (the sum is the servers' in both
-cases); the servers' CPU is spent on sums alone, which is what bounds a round when a few
-CPU servers serve many fast workers.
-
-The sum is scaled as the servers scale it: a round that lost a worker (``HETPS_ELASTIC``) is
-multiplied by job / survivors before the update; ``rescale_grad`` does the averaging.
-"""
+(docs/MODULES.md, "hetps.torch.summation")"""
 
 from __future__ import annotations
 

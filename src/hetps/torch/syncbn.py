@@ -1,16 +1,6 @@
 """``SyncBatchNorm``: batch normalisation over the whole job's batch (Horovod's
 ``hvd.SyncBatchNorm``), its statistics summed through the servers.
-
-In training, each forward sums every channel's count, sum and sum of squares over the workers
-(one round of a key per layer) and normalises with the job's mean and (biased) variance; the
-running statistics take the job's mean and unbiased variance. Backward sums the gradient of
-those sums over the workers in the same way (the sum's gradient is the sum of the workers'),
-so each worker's input gradient is that of the job's batch. In evaluation, or in a job of one
-worker, it is ``torch.nn.BatchNorm``.
-
-Every worker builds its layers in the same order (as a model is built the same way): the
-layers are numbered by construction, and that number names their keys.
-"""
+(docs/MODULES.md, "hetps.torch.syncbn")"""
 
 from __future__ import annotations
 
