@@ -1,16 +1,5 @@
 """hetps: a parameter server for PyTorch on heterogeneous clusters.
-
-``hetps.kv.create(name)`` gives MXNet's KVStore API over NumPy arrays and CPU torch tensors;
-``hetps.optim`` holds the server-side optimizers; ``hetps.sync`` the training algorithms'
-rules. PyTorch integration is ``import hetps.torch``::
-
-    import hetps
-    kv = hetps.kv.create("dist_sync")
-    kv.set_optimizer(hetps.optim.SGD(learning_rate=0.1))
-
-The submodules load on first use, so ``import hetps`` itself is cheap (it imports no torch,
-no ZeroMQ).
-"""
+(docs/MODULES.md, "hetps.__init__")"""
 
 from __future__ import annotations
 

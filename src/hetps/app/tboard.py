@@ -1,10 +1,5 @@
 """``hetps train --tensorboard DIR``: the training curves as TensorBoard scalars, live.
-
-Every worker writes its own run, ``DIR/<run name>/worker<rank>/`` (one line per worker in
-every chart); the step is the worker's round, a point's wall time the round's end. The tags
-and the log fields they come from are docs/METRICS.md's "TensorBoard" table. Events are
-flushed every ``flush_secs`` and at the end; needs ``pip install 'hetps[tensorboard]'``.
-"""
+(docs/MODULES.md, "hetps.app.tboard")"""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """Figures of a log directory as PNG files (``hetps plot LOGDIR [--out DIR]``).
-
-matplotlib is imported only when a figure is drawn (``pip install 'hetps[plots]'``), through
-its object API with the Agg canvas (no pyplot, no global backend). A figure is a function
-``fn(ctx: PlotContext) -> list[Path]`` registered with :func:`figure` in :data:`FIGURES`
-(``plot_helpers``); it returns the files it wrote, or ``[]`` with a note in ``ctx.notes``.
-This module draws (:func:`plot`, :func:`select_run`); docs/METRICS.md lists the figures.
-"""
+(docs/MODULES.md, "hetps.metrics.plot")"""
 
 from __future__ import annotations
 

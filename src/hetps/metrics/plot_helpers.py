@@ -1,10 +1,5 @@
 """The figure registry and the drawing helpers the figure modules share.
-
-:data:`FIGURES` holds the figure functions by name, each registered with :func:`figure` when
-its module (:mod:`hetps.metrics.plot_training`, ``plot_timeline``, ``plot_balance``) is
-imported, in the drawing order; each gets a :class:`PlotContext`. The helpers: palettes, run
-labels, titles (with the emulated-heterogeneity note), colour shades, tick labels and grouped
-bars."""
+(docs/MODULES.md, "hetps.metrics.plot_helpers")"""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
 """The phase timeline: when each worker computes, pushes, waits and pulls, round by round.
-
-``phase_timeline.png`` (``hetps plot --figure phase_timeline``; :func:`draw_phase_timeline`
-for one run) zooms onto a few consecutive rounds: a lane per worker with its phases where they
-ran (the records' ``spans``; phase sums end to end, hatched, for records without them), the
-bytes on each worker's links in the same window below, and on the right each worker's mean
-time per round in each phase over the whole run. Registered on import.
-"""
+(docs/MODULES.md, "hetps.metrics.plot_timeline")"""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Network scenarios for the emulator: who gets how much bandwidth, and when.
-
-A scenario is plain data (no sockets, no ``tc``): parsed from a TOML file's ``[network]``
-table or a dict (docs/NETEM.md, "Usage", lists the keys), validated with errors that name the
-key and the fix, and answers :meth:`Scenario.rates_at`: every node's sending and receiving
-rate (Mbit/s) in an epoch (``period_s`` long when dynamic; a static one is the same always).
-"""
+(docs/MODULES.md, "hetps.netem.scenario")"""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """Launching a group's push and pull (request bookkeeping, encoding, the socket send: ~0.2 ms
 of Python) off the training thread, and handing a tensor on a device to the KVStore.
-
-Launching a group (request bookkeeping, encoding, the socket send) is ~0.2 ms of Python. With
-``background_launch`` (default) the hooks hand groups to a launcher thread that sends them
-while backward, which runs without the GIL, goes on; the first parameters' group (the last
-one backward finishes) is sent by its hook, and :meth:`synchronize` sends whatever is still
-queued. A launch that fails raises in :meth:`synchronize` / :meth:`step`.
-"""
+(docs/MODULES.md, "hetps.torch.launching")"""
 
 from __future__ import annotations
 
