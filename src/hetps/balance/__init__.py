@@ -1,15 +1,5 @@
 """Network-aware server load distribution: pure algorithms, numbers in and numbers out.
-
-- :mod:`.network` -- the link model (:class:`Network`), the affine load model of a plan
-  (:class:`LoadModel`) and predicted times (:func:`iteration_time`, :func:`server_times`).
-- :mod:`.estimate` -- forecast-then-probe samples and per-link smoothed estimates.
-- :mod:`.plans` -- the plans by name (:data:`PLANS`, ``@plan``): ``average``, ``elastic``,
-  ``aware``, ``optimal``; :func:`make_plan`.
-- :mod:`.solve` -- the exact min-max solvers and :func:`lower_bound`.
-- :mod:`.slicing` -- slice layout, Algorithm 2 (:func:`assign`) and the slice-size model.
-
-docs/BALANCE.md derives the model and the algorithms.
-"""
+(docs/MODULES.md, "hetps.balance")"""
 
 from hetps.config.table import use_plan_registry
 

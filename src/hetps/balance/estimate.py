@@ -1,14 +1,5 @@
 """Link-throughput measurement: forecast-then-probe samples and per-link smoothed estimates.
-
-Before a measured slice (a probe or a data slice) the sender sends a tiny *forecast* message
-on the same connection. The receiver stamps the forecast's arrival as ``t_start`` and the
-slice's full arrival as ``t_end``; ``size / (t_end - t_start)`` is the link's throughput with
-the propagation delay and the sender's queueing before the slice cancelled out (both messages
-share them). :class:`ForecastMatcher` pairs the two arrivals on the receiver,
-:class:`EstimateTable` smooths the samples per link (exponentially weighted).
-
-All times are passed in (seconds from any one clock per receiver); nothing here reads a clock.
-"""
+(docs/MODULES.md, "hetps.balance.estimate")"""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
 """Per-node link capacities learnt from traffic and probes (pure: no messages, no clock).
-
-The load planner (:mod:`hetps.balance.service`) feeds a :class:`LinkEstimator` with what the
-workers report each round:
-
-- busy-time rates: everything a node was seen sending (receiving) over the union of those
-  transfers' intervals (:meth:`LinkEstimator.observe_nodes`);
-- capacity probes: one flow alone on its sender's uplink and receiver's downlink, a lower
-  bound of both caps, kept over one permutation cycle (:meth:`LinkEstimator.observe_probe`);
-- spread probes: one node to several peers at once, which reads a node faster than all its
-  peers (:meth:`LinkEstimator.observe_spread`).
-
-:meth:`LinkEstimator.capacity` combines them into per-node send and receive caps, and
-:meth:`LinkEstimator.contradicts` tells when a probe says the network changed.
-"""
+(docs/MODULES.md, "hetps.balance.links")"""
 
 from __future__ import annotations
 

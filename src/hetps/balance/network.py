@@ -1,17 +1,5 @@
 """The link model: what a plan costs on a network whose nodes' sending and receiving are capped.
-
-A :class:`Network` holds, for nodes ``0..N-1``, each node's send cap ``up[i]`` and receive cap
-``down[i]`` in bytes/s (what ``tc`` shapes on a node's egress and ingress) and optionally a cap
-per ordered link ``link[i][j]`` (a per-destination ``tc`` class). ``inf`` means "not capped".
-
-In one synchronous iteration every worker pushes ``x_s`` bytes to every server ``s`` and pulls
-``x_s`` bytes back; a worker and a server on the same node exchange nothing over the network.
-Every capped resource ``r`` (a node's egress, a node's ingress, a link) then carries a load that
-is affine in the shares, ``load_r(x) = M*beta_r + sum_s A[r, s] * x_s`` bytes, and the
-iteration's communication time in the fluid model is ``T(x) = max_r load_r(x) / cap_r``
-(docs/BALANCE.md derives it and shows that it is exact for fluid schedules and a lower bound for
-every real one). :class:`LoadModel` builds ``A``, ``beta`` and ``cap`` and evaluates them.
-"""
+(docs/MODULES.md, "hetps.balance.network")"""
 
 from __future__ import annotations
 

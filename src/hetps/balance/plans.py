@@ -1,20 +1,5 @@
 """Load plans: how much of the model each server holds.
-
-Every plan is a pure function returning one non-negative share per server. Without
-``n_slices`` the shares are floats in the unit of ``total`` (bytes or elements) and sum to
-``total``; with ``n_slices`` they are whole slice counts (int64) summing to ``n_slices``, each
-slice being ``total / n_slices`` units. ``make_plan(name, ...)`` selects one by name.
-
-- ``average``: equal shares (MXNet's behaviour, the baseline).
-- ``elastic``: per-server linear transfer-time model ``t = a_s + b_s x`` fitted from history;
-  shares that equalise predicted times.
-- ``aware``: the paper's Algorithm 1 -- start equal, repeatedly move load from the server with
-  the longest predicted time to the one with the shortest.
-- ``optimal``: the exact min-max plan of the link model (closed form or LP), rounded to whole
-  slices without giving anything away.
-Each registers by name (``@plan``) in :data:`PLANS`, which every list of plans reads
-(docs/ARCHITECTURE.md, "Adding a load plan").
-"""
+(docs/MODULES.md, "hetps.balance.plans")"""
 
 from __future__ import annotations
 

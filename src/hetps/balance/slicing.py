@@ -1,10 +1,5 @@
 """Slices: laying keys out as slices, giving slices to servers, and choosing the slice size.
-
-All keys are cut into slices of ``slice_elems`` elements; a slice never crosses a key (a key's
-last slice may be shorter), so a push or pull of a slice is a contiguous view of one array.
-``assign`` is the paper's Algorithm 2; ``choose_slice_size`` minimises the granularity model
-of docs/BALANCE.md (per-slice overhead against pipeline fill and rounding).
-"""
+(docs/MODULES.md, "hetps.balance.slicing")"""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Exact min-max solvers on a :class:`~hetps.balance.network.LoadModel`.
-
-``solve_continuous`` finds shares minimising the iteration time ``T(f) = max_r time_r(f)``:
-a closed form (water-filling on piecewise-linear functions) when the model is separable, else
-the linear program ``min T s.t. load_r(f) <= cap_r T, sum f = 1, f >= 0`` with scipy's HiGHS.
-``solve_integer`` does the same over whole slices: greedy from the rounded-down continuous
-optimum (provably optimal when separable) or a small MILP otherwise. ``lower_bound`` is the
-continuous optimum on the true rates.
-"""
+(docs/MODULES.md, "hetps.balance.solve")"""
 
 from __future__ import annotations
 

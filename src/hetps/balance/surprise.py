@@ -1,10 +1,5 @@
 """Change detection: has the network changed under the plan? (pure: no messages, no clock)
-
-The load planner asks a :class:`SurpriseDetector` after every round whether the workers
-should probe a whole cycle anew (docs/BALANCE.md §7.3). Two signs, either will do: a capacity
-probe that read far off what the caps say its link carries, or a round that took far longer
-than the plan predicts, against the recent usual ratio of measured to predicted time.
-"""
+(docs/MODULES.md, "hetps.balance.surprise")"""
 
 from __future__ import annotations
 

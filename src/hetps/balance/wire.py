@@ -1,15 +1,5 @@
 """The planner's answer on the wire (the reply to ``balance_report``), both ends.
-
-Every worker gets the same plan (epoch, the slices' servers, the shares, the planner's
-counters, a spread or re-calibration request). The scheduler packs it once per round
-(:func:`pack_plan`, msgpack bytes) and every reply carries those bytes as its ``plan`` field,
-so the work per worker is a copy, not an encoding. Worker rank 0 alone also gets what reports
-and plots read: ``node_rates`` (body) and the estimated link matrix (the reply's one array,
-float64 N x N, ``inf`` on the diagonal): an N x N matrix to every worker was 9.5 MB per worker
-at N=1,024, over the codec's 1 MiB header bound (docs/PERFORMANCE.md, "Scale (simulated)").
-:func:`unpack_plan` gives the worker the plan as one dict, the matrix as lists (``None`` for
-what is not finite), as before. An error answer is a plain ``{"error": text}``.
-"""
+(docs/MODULES.md, "hetps.balance.wire")"""
 
 from __future__ import annotations
 
