@@ -1,30 +1,5 @@
 """Who may send what: the per-command allow-list every receiver checks before handling.
-
-A message's sender is the connection it came on (the van maps ZeroMQ routing ids to node ids;
-no header field names a sender), so each command's declared senders
-(:func:`hetps.cluster.bodies.command`) are checked against the real sender's role:
-
-* ``scheduler``: node 1, whose connection a node learns when it registers (the routing id it
-  asked the scheduler to use);
-* ``server``, ``worker``: registered nodes, each over the connection the scheduler paired it
-  with (a routing id per ordered pair of nodes, known only to the two of them and the
-  scheduler);
-* ``newcomer``: a connection that belongs to no node yet; it may only register.
-
-Commands that act on the sender alone carry no node field (``leave``, ``finish``,
-``heartbeat``, ``barrier``): the connection names the node, so a node can speak only for itself.
-Replies are not listed: a reply is accepted only from the peer its request went to
-(:meth:`hetps.cluster.requests.RequestTracker.resolve`). Registration answers (``nodes``,
-``refused``, an ``add_node`` progress reply) are accepted only from the scheduler. A command
-the scheduler sends that is not listed here goes to the node's handler, which refuses what it
-does not know. Everything else not listed is refused, with one log line per message.
-
-Unpickling: ``set_optimizer`` and ``set_states`` carry pickles, which run code when loaded,
-and so may ``sinit`` (a row-sparse table's own optimizer, field ``opt``). They are accepted
-only from a registered worker's connection (with a cluster secret: an authenticated one); a
-server's copies to its replicas (``replicate``, HETPS_REPLICAS) pass them on, from a server of
-the job. A server unpickles nothing else from the network.
-"""
+(docs/MODULES.md, "hetps.cluster.allow")"""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """The scheduler's barriers: a node waits at its barrier n of a group (``worker``, ``server``,
 ``all``) until every live member reached n; each node counts its own barriers, so a node
-started again can say which one it waits at.
-
-Each group keeps a view of its live members and how many of them reached each barrier
-(``counts``), so an arrival costs O(1) and a barrier's release one pass over the waiting
-nodes: a view walked the node table on every arrival, O(N^2) a barrier (3.5 s at 4,224
-nodes, benchmarks/scale_sim.py). The view is read again whenever the membership may have
-changed: the sizes of the node table, the dead, finished and let-go nodes and the admissions
-differ, or a part that writes ``reached`` itself (a node admitted again, a worker that joins)
-calls :meth:`Barriers.changed`, or another part asks for a :meth:`Barriers.release`."""
+started again can say which one it waits at. (docs/MODULES.md, "hetps.cluster.barriers")"""
 
 from __future__ import annotations
 

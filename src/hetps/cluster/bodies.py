@@ -1,24 +1,6 @@
 """Every command declared once, and the data plane's requests: a key's chunks (init, push,
 pull) and a table's parts (sinit, spush, spull, sdump, sload).
-
-A command's body travels as a msgpack map in the message header (:mod:`hetps.transport.codec`)
-under short wire keys (``k``, ``part``, ``off``, ``n``, ``ce``, ``pp``, ...). Its type is a
-:class:`msgspec.Struct` with readable attribute names (``key``, ``offset``, ``count``,
-``chunk``, ``fused``, ...) mapped onto those keys, so the wire is unchanged; the class
-attribute ``doc`` says what each wire key means (a subclass adds to its bases'). :func:`command`
-declares a command once: its type, who may send it to which role (read by
-:mod:`hetps.cluster.allow`) and the type of its answer. Nothing else lists a command's fields
-or senders.
-
-:func:`decode` checks a body against its type: every field's type, every bound (a key of at
-most 1,024 characters, offsets and counts >= 0, chunks > 0, a shape of at most 32
-non-negative dimensions, a finite positive compression threshold, a dtype a key may have)
-and the absence of any field the command does not know are checked by msgspec, in C, before
-a handler reads anything; :func:`explain` turns msgspec's text into one that names the
-command, the field and what it means. What needs the server's state (does the key exist,
-does the range fit its part, does the payload match) is checked by the handlers
-(:mod:`hetps.kvstore.checks`). :func:`chunk` builds the body a worker sends.
-"""
+(docs/MODULES.md, "hetps.cluster.bodies")"""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """Every command but the data plane's requests, declared once (:func:`hetps.cluster.bodies.command`:
 its body's type, the meaning of each field, who may send it to whom, its answer's type), and
 the one place a body is checked against its type.
-
-:func:`decode` is the decode point: each receiver's dispatch (the scheduler's, a node's, a
-server's for the items of a batch, the standalone state server's) calls it for every request
-and for every answer of a declared type before a handler or a waiting request reads it. It
-converts the body into the command's type (msgspec checks every type and bound in C, and
-refuses a field the command does not know), keeps it on the message (``msg.typed``), and
-returns why a body is refused: a text naming the command and the field. A command with no
-type here is one no receiver handles, which the dispatch refuses. What needs the receiver's
-state (does the key exist, is the node known) is checked by the handlers.
-"""
+(docs/MODULES.md, "hetps.cluster.commands")"""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """Per-node credentials: what a node proves who it is with when a restarted scheduler
 (``--recover``) takes the running job back (docs/SECURITY.md, "A scheduler started again").
-
-At each admission the scheduler hands a node, over its own connection,
-``HMAC-SHA256(K, "hetps node credential ID.GEN")``; a restarted scheduler takes a node back
-only as the id whose credential it presents. ``K`` and the job's node table (signed with
-``K``) outlive the scheduler in 0600 files of its user (``scheduler-HOST-PORT.key`` and
-``.nodes``); a node's own view of the job cannot add, drop or kill a node.
-"""
+(docs/MODULES.md, "hetps.cluster.credentials")"""
 
 from __future__ import annotations
 

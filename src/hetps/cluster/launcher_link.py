@@ -1,21 +1,5 @@
 """What the scheduler tells the launcher that started it, as a part of
-:class:`hetps.cluster.scheduler.Scheduler`.
-
-``hetps launch`` starts the scheduler with ``--launcher-notices`` and reads its standard
-output (the launcher alone holds that pipe). Besides the port and "cluster up" lines, the
-scheduler says there, one line each:
-
-* ``hetps scheduler alive``: once per tick of its control loop. A scheduler that stops saying
-  it (stopped, deadlocked) is hung: the launcher stops it and starts it again as a dead one.
-* ``hetps scheduler stop ROLE RANK REASON``: it declared that node dead because the node fell
-  silent (heartbeats, or no readmit after a restart). The process may still exist (stopped,
-  hung): the launcher stops it with SIGKILL, so it neither holds the job at its end nor
-  wakes up later to fail a job that went on without it.
-* ``hetps scheduler cause ROLE RANK REASON``: that node's death ended the job. The launcher
-  names it (and returns its exit code) rather than the scheduler's own exit.
-
-docs/FAULTS.md says what a user sees.
-"""
+:class:`hetps.cluster.scheduler.Scheduler`. (docs/MODULES.md, "hetps.cluster.launcher_link")"""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """The node side of membership: register, heartbeat, barrier, request/reply, shut down.
-
-A :class:`Node` owns a :class:`~hetps.transport.van.Van` and one receive thread. Replies are
-matched to requests by the :class:`~hetps.cluster.requests.RequestTracker`; control messages
-from the scheduler are handled here; every other message goes to the ``handler`` given by the
-layer above (the KVStore server, for instance). A dead peer fails every pending request with a
-:class:`~hetps.cluster.errors.NodeFailure` naming it.
-
-Identity: a message's sender is the connection it came on (see :mod:`hetps.cluster.allow`).
-The node tells the scheduler which routing id to connect back with, so only the scheduler's
-connection reads as node 1; the node table brings a routing id per peer for each direction,
-so a peer's messages read as that peer and nobody else's do. Every message is checked against
-the allow-list before it is handled."""
+(docs/MODULES.md, "hetps.cluster.node")"""
 
 from __future__ import annotations
 
