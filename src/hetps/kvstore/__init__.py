@@ -1,12 +1,5 @@
 """The KVStore: ``create(name)`` and the stores behind it (MXNet's API).
-
-Names: ``local``, ``device`` (one process), ``dist_sync``, ``dist_async``,
-``dist_sync_device``, ``dist_async_device`` (a cluster). ``create`` here makes a worker's store
-with the builder it is given (the composition root's, a layer below this one);
-:func:`hetps.kv.create`, the entry point, gives it, and runs a scheduler's or server's role
-in a process whose ``DMLC_ROLE`` says so, so a script written for MXNet runs unchanged in
-every role.
-"""
+(docs/MODULES.md, "hetps.kvstore")"""
 
 from __future__ import annotations
 

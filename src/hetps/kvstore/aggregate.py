@@ -1,21 +1,6 @@
 """A server's round aggregator: sums the pushes of a ``dist_sync`` round into one buffer per
 slice and applies the result (the optimizer's step, or the sum as the new value).
-
-This is the part of :class:`~hetps.kvstore.server.KVServer` that touches every pushed byte,
-so it is where the way of summing is decided: here on the CPU, in place, on the kernel
-threads (:mod:`hetps.optim.kernels`, ``HETPS_SERVER_THREADS``); on a device with
-:class:`~hetps.roles.DeviceAggregator` (``HETPS_SERVER_DEVICE``; its rounds:
-:mod:`hetps.device.aggregator`). The server
-hands it checked pushes (the protocol and its checks are the server's) and is told when a
-round is complete; what is summed, in which order and into which buffer is decided here:
-
-* :meth:`first_whole` keeps a round's first push of a whole part as received (no copy);
-* :meth:`add_chunk` sums a chunk, holding a first push so the next one is summed with it in
-  one pass (each byte of the sum written once), decoding 2-bit words straight into the sum;
-* :meth:`merge_held` sums an elastic round's pushes in worker order (HETPS_ELASTIC);
-* :meth:`finish` turns the round's sum into the slice's value, through the optimizer or not;
-* :meth:`apply` runs the optimizer on one gradient (``dist_async``, a replica's round).
-"""
+(docs/MODULES.md, "hetps.kvstore.aggregate")"""
 
 from __future__ import annotations
 

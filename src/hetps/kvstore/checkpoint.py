@@ -1,23 +1,6 @@
 """Consistent, atomic checkpoints of a job: the servers' values and optimizer states, and each
 worker's own state, taken at one round boundary for the whole cluster.
-
-Every worker calls :func:`save` at the same point of its loop (after the same round)::
-
-    from hetps.kvstore import checkpoint
-    checkpoint.save(kv, "ckpt", step=rnd, state={"model": model.state_dict(), "pos": i})
-
-    ck = checkpoint.latest("ckpt")      # the last intact checkpoint, or None
-    if ck is not None:
-        kv.set_optimizer(...)           # as before the checkpoint, then:
-        ck.restore(kv)                  # every key takes its saved value, the optimizer its state
-        state = ck.state(kv.rank)       # what this worker saved
-
-Consistent: the workers wait for their pushes and meet at a barrier before rank 0 reads the
-servers. Atomic: everything goes into ``DIR/ckpt-<step>.tmp/``, renamed once every worker's
-file is written, its ``manifest.json`` (each file's size and SHA-256) last; :func:`latest`
-skips a damaged one, naming the file and why (docs/FAULTS.md, "Checkpoints and resume").
-``DIR`` is one folder every worker reaches; the worker files are pickles: load only your own.
-"""
+(docs/MODULES.md, "hetps.kvstore.checkpoint")"""
 
 from __future__ import annotations
 

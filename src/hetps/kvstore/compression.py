@@ -1,27 +1,5 @@
 """MXNet's 2-bit gradient compression with error feedback, bit-exact and vectorised.
-
-Each worker keeps a float32 *residual* per key. To compress a gradient::
-
-    residual += grad
-    if residual >= threshold:    code 11, residual -= threshold   (decodes to +threshold)
-    elif residual <= -threshold: code 10, residual += threshold   (decodes to -threshold)
-    else:                        code 00                          (decodes to 0)
-
-so values that were not sent accumulate and are sent later (error feedback).
-
-Bit layout (MXNet ``src/kvstore/gradient_compression-inl.h``, ``quantize_2bit`` /
-``dequantize_2bit``): 16 values per 32-bit word; value ``j`` (0..15) of a block of 16 lives in
-byte ``j >> 2`` of the word *in memory*, at the bit pair selected by ``j & 3`` with masks
-``posbits = {0xc0, 0x30, 0x0c, 0x03}`` / ``negbits = {0x80, 0x20, 0x08, 0x02}``: the first
-value of each byte takes its most significant bits. Read as a little-endian ``uint32`` (MXNet
-stores the words in a float32 array on little-endian machines), value 0 is bits 6-7, value 4
-bits 14-15, and so on. The code ``01`` is never produced and decodes to 0, as in MXNet.
-
-All arithmetic on the residual is float32, as in MXNet (whose kernels take ``float*``).
-
-This module imports NumPy, the standard library and :mod:`hetps.optim.kernels` (the
-threaded chunks of an in-place decode).
-"""
+(docs/MODULES.md, "hetps.kvstore.compression")"""
 
 from __future__ import annotations
 

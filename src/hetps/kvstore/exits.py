@@ -1,16 +1,5 @@
 """How a worker's script ended, as far as its store's exit hook can know.
-
-A store closed at interpreter exit tells the scheduler either "this worker finished" or "it
-failed". An uncaught exception goes through ``sys.excepthook``, but ``sys.exit(3)`` does not,
-and by the time exit hooks run the exit status is gone. So :func:`watch` makes ``sys.exit``
-(and the ``exit``/``quit`` builtins) raise :class:`ScriptExit`, and binds the builtin name
-``SystemExit`` to it (so ``raise SystemExit(3)`` written out raises one too, and ``except
-SystemExit`` still catches it): a ``SystemExit`` whose
-``code`` the interpreter reads, once, when the exception ends the program: with no Python
-frame left to read it from. Reading it there records a failing status (:func:`failing`). A
-``SystemExit`` the script catches is read, if at all, from the script's own frames, and
-counts for nothing.
-"""
+(docs/MODULES.md, "hetps.kvstore.exits")"""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """The worker's request pipeline, a part of :class:`~hetps.kvstore.client.DistKVStore`: every
-request of the store leaves through it.
-
-:meth:`Pipeline.request` hands a request to the send queue (:mod:`hetps.kvstore.sender`) in
-order behind the earlier requests of its slice, times it for the live metrics and the balance
-agent, paces pushes with the credit window, and, inside :meth:`Pipeline.batched`, collects the
-small requests of one call to send them to each server as one message
-(:mod:`hetps.cluster.batch`). It also keeps the requests in flight, whose errors
-:meth:`Pipeline.wait_outstanding` raises once.
-"""
+request of the store leaves through it. (docs/MODULES.md, "hetps.kvstore.pipeline")"""
 
 from __future__ import annotations
 

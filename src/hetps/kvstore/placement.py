@@ -1,11 +1,5 @@
 """Where each key lives: whole on one server, or split over all (MXNet's big-array rule).
-
-Pure functions. An array with fewer elements than the big-array bound goes whole to the server
-picked by a deterministic hash of the key (the same on every worker and every run); a larger
-one is cut into ``num_servers`` contiguous parts, part ``i`` on server ``i``. Each part travels
-in chunks of at most ``chunk_elems`` elements so that big arrays pipeline and no message (and
-no receive buffer) grows with the key.
-"""
+(docs/MODULES.md, "hetps.kvstore.placement")"""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """The ports of the KVStore's hosts: what a part may use of the worker's store or of the
 server it belongs to, named here once, so that a part takes its port and not the whole host.
-
-:class:`StorePort` is what a :class:`~hetps.kvstore.client.DistKVStore`'s parts use (its
-dense requests, :mod:`hetps.kvstore.dense`, its host aggregation, :mod:`hetps.kvstore.hostagg`,
-and its fault part, :mod:`hetps.faults.joining`); :class:`ServerPort` what a
-:class:`~hetps.kvstore.server.KVServer`'s parts use (:mod:`hetps.kvstore.hostrounds`,
-:mod:`hetps.faults.replicas`, :mod:`hetps.faults.elastic_rounds`). The store and the server are each one."""
+(docs/MODULES.md, "hetps.kvstore.ports")"""
 
 from __future__ import annotations
 

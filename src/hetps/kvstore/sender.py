@@ -1,22 +1,5 @@
 """The worker's send queue: requests leave in priority order, one slice's requests in order.
-
-Among the requests waiting to be sent the highest priority goes first, but a request never
-overtakes an earlier one of the same key (or slice), so per-key order is preserved. A request
-is sent from the caller's thread when nothing waits (no thread hand-off); otherwise the
-sender thread sends it (or a caller that waits for its answers, :meth:`Sender.drain`).
-
-Batches: an op may carry requests to one server (``merge``: the server and its
-``[(future, message), ...]``) that go as one message; it then counts as a request of each of
-their slices. When the sender thread sends such an op (requests were waiting: the sender was
-busy), the other waiting ops of requests to that server that are first in line for each of
-their slices go in the same message (never a send held back to wait for more).
-
-Parked ops (``park``: a table's push, which the ``row_sparse_pull`` after it sends merged
-with its own requests, by :meth:`Sender.drain`) wait for a caller's drain, or PARK_S: then
-the sender thread sends them (while parks come less than :data:`IDLE_S` apart, or rounds
-come less than :data:`BUSY_S` apart, it looks every :data:`PARK_S`, unwoken; else it sleeps
-untimed and a park wakes it).
-"""
+(docs/MODULES.md, "hetps.kvstore.sender")"""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
 """The KVStore server: holds its parts of every key, merges pushes, runs the optimizer.
-
-Requests arrive as chunks (a range of one part of one key). Every chunk is validated against
-what the server holds before it is used; a bad one is answered with an error naming the key and
-the shapes, and the server goes on serving everyone.
-
-``dist_sync``: the pushes of one round are summed in a merge buffer; when every worker has
-pushed the whole part, the optimizer is applied (or, with none set, the sum replaces the value)
-and only then are the pushes acknowledged. A pull from a worker that pushed in the unfinished
-round waits for the round, so a pull issued after a push sees that round's result.
-
-``dist_async``: each complete push is applied at once by the optimizer and acknowledged after.
-
-Trust: the node checks every request's sender (its connection) against the allow-list before
-it reaches :meth:`KVServer.handle` (see :mod:`hetps.cluster.allow`); the server itself checks
-again that a pickle comes from a registered worker before it unpickles anything, and checks a
-push's payload against its key's part before the push is kept (in a merge, or queued for the
-next round).
-"""
+(docs/MODULES.md, "hetps.kvstore.server")"""
 
 from __future__ import annotations
 
