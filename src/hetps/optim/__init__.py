@@ -1,13 +1,5 @@
 """Server-side optimizers: SGD, Adam, AdaGrad and DC-ASGD behind one small contract.
-
-Subclass :class:`Optimizer`, implement ``create_state(key, weight)`` and
-``update(key, weight, grad, state)`` (updating the NumPy ``weight`` in place), and hand an
-instance to ``kv.set_optimizer()``; it travels to the servers by value (:func:`dumps`).
-``@optimizer("name")`` registers a class by name (:mod:`.registry`); a ``device_step``
-method is its step on a server's device (docs/ARCHITECTURE.md, "Adding a server optimizer").
-
-Pure NumPy; imports no other hetps layer.
-"""
+(docs/MODULES.md, "hetps.optim")"""
 
 # the built-ins register themselves (@optimizer) in this order: the order they are offered in
 from hetps.optim.sgd import SGD  # isort: skip

@@ -1,27 +1,4 @@
-"""The server-side optimizer contract.
-
-A server holds one shard of every key and, in both synchronous and asynchronous mode, turns
-the gradients that workers push into a new weight with an :class:`Optimizer`. The contract is
-deliberately small (MXNet's server-side optimizer, two methods):
-
-* :meth:`Optimizer.create_state` builds the per-key state (momentum buffers, step counts...)
-  the first time the server sees a key;
-* :meth:`Optimizer.update` applies one gradient to one weight, updating the NumPy array
-  **in place**.
-
-Servers call the two *server-facing* hooks, whose defaults are enough for most optimizers:
-
-* :meth:`Optimizer.apply_update` — like ``update`` but also told which worker pushed the
-  gradient (DC-ASGD needs it);
-* :meth:`Optimizer.on_pull` — told when a worker pulls a key (after any update), so an
-  optimizer can remember the weight that worker now holds.
-
-Keys are any hashable value: the server uses tuples such as ``(key, part)`` for the slices of
-a big array. The server calls these methods for one key at a time (never concurrently for the
-same key), so optimizers need no locking of their own.
-
-This module is pure NumPy and imports no other hetps layer.
-"""
+"""The server-side optimizer contract. (docs/MODULES.md, "hetps.optim.base")"""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """Delay-compensated asynchronous SGD (DC-ASGD; Zheng et al., ICML 2017).
-
-In asynchronous training a worker computes its gradient on the weight ``w_bak`` it pulled,
-while the server's weight has meanwhile moved on to ``w``. DC-ASGD compensates the stale
-gradient with a cheap approximation of the Hessian (``lamda * g * g``, the diagonal of the
-outer product of the gradient)::
-
-    g_comp = g + (w - w_bak) * g * g * lamda
-
-MXNet's ``DCASGD`` optimizer keeps a single ``previous_weight`` per key. As in the paper, this
-implementation keeps one backup **per worker**: the server tells the optimizer which worker
-pulled (:meth:`DCASGD.on_pull`) and which one pushed (:meth:`DCASGD.apply_update`).
-
-The arithmetic is :func:`dcasgd_gradient` and :func:`dcasgd_delta`, the one definition of
-the rule: ``hetps.sync.rules.dcasgd_step`` (the reference the tests use) calls them too.
-"""
+(docs/MODULES.md, "hetps.optim.dcasgd")"""
 
 from __future__ import annotations
 

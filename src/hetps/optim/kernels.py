@@ -1,20 +1,5 @@
 """Run element-wise array arithmetic in place, in cache-sized chunks, on several threads.
-
-The built-in optimizers (and the server's merge of a round's pushes) are chains of
-element-wise NumPy operations. Done on whole arrays, each step of the chain is one pass over
-memory and each intermediate result a new array as big as the key (allocated, page-faulted,
-freed). :func:`run` instead cuts the arrays into chunks of :data:`CHUNK` elements and runs the
-whole chain on one chunk before the next, with intermediates in a few small scratch buffers
-that stay in the CPU cache: the key's arrays are read and written once per update, whatever
-the length of the chain. The chunks are shared out among :func:`threads` threads; NumPy
-ufuncs release the GIL while they loop, so the threads run at once.
-
-Every element goes through exactly the same operations, in the same order and the same
-dtypes, as with whole arrays, so the results are bit for bit the same: chunking changes only
-which elements are in memory together, never the arithmetic.
-
-Pure NumPy and the standard library (torch is not needed).
-"""
+(docs/MODULES.md, "hetps.optim.kernels")"""
 
 from __future__ import annotations
 

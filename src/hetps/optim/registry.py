@@ -1,10 +1,5 @@
 """Optimizers by name, as MXNet's ``mx.optimizer.create('sgd', ...)`` looks them up.
-
-An optimizer is declared once, where its class is defined: ``@optimizer("name")`` registers
-it, and every list of names reads the registry (``create``, ``hetps train
---server-optimizer``, ``HETPS_OPTIMIZERS`` and ``hetps config``: the classes a server takes
-from its workers). Its device step, if it has one, is its own ``device_step`` method.
-"""
+(docs/MODULES.md, "hetps.optim.registry")"""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Ship optimizers to servers by value, and save/load optimizer states.
-
-Optimizers are serialised with cloudpickle, so a subclass defined in the user's ``__main__``
-script (or inside a function) is pickled by value and rebuilt on a server that has never seen
-that script — the failure MXNet users hit most with custom optimizers.
-
-Unpickling runs code: servers must only load optimizers and states from their own workers or
-files they trust, exactly as with MXNet's ``set_optimizer``/``load_optimizer_states``.
-"""
+(docs/MODULES.md, "hetps.optim.serialization")"""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """``SumKeys``: a server optimizer that sums the pushes of some keys instead of applying them.
-
-On a ``dist_async`` store the servers apply every push with their optimizer, so a value the
-workers want summed (a metric, a count: :mod:`hetps.torch.collectives`) would be taken for a
-gradient. ``SumKeys(optimizer, prefix)`` adds the pushes of keys whose name starts with
-``prefix`` to the stored value and hands every other key to ``optimizer``.
-"""
+(docs/MODULES.md, "hetps.optim.sums")"""
 
 from __future__ import annotations
 

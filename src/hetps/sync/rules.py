@@ -1,35 +1,5 @@
 """The training algorithms' update rules as pure functions (numbers in, numbers out).
-
-These are the one definition of each rule: the running code calls them (``hetps train`` and
-:class:`hetps.esync.ESyncTrainer` for ESync, :class:`hetps.torch.DistributedOptimizer` for
-SSGD's average, the servers' :class:`hetps.optim.DCASGD` for DC-ASGD through
-:func:`hetps.optim.dcasgd.dcasgd_delta`, which :func:`dcasgd_step` wraps, since ``optim``
-sits above ``sync`` in the layering). None of them mutates its inputs (except into an
-explicit ``out``).
-
-* SSGD (synchronous SGD): every step uses the mean of all workers' gradients,
-  ``w <- w - lr * (mean_k g_k + wd * w)`` (:func:`average`, :func:`ssgd_step`). In
-  ``hetps`` the servers sum, and each worker divides the sum by the number of workers
-  (:func:`average_from_sum`) and steps its own torch optimizer.
-* ASGD (asynchronous SGD): the servers apply each gradient as it arrives:
-  ``w <- w - lr * (g + wd * w)`` (:func:`sgd_step`).
-* DC-ASGD (Zheng et al., "Asynchronous SGD with Delay Compensation"): the stale gradient is
-  compensated with the change of the weight since the pushing worker last received it,
-  ``g + (w - w_bak) * g * g * lamda`` (:func:`dcasgd_compensate`), then applied as SGD with
-  optional momentum (:func:`dcasgd_step`). As in the paper, each worker has its own backup
-  ``w_bak``: the weight it last received (MXNet's ``DCASGD`` keeps one per key instead).
-* ESync: each worker pushes its model difference from the round's start,
-  ``delta_k = w_k - w_round`` (:func:`model_delta`); the servers sum, and every worker sets
-  ``w <- w_round + global_lr * sum_k delta_k / K`` (:func:`esync_global_update`, or
-  :func:`esync_update_from_sum` from the servers' sum). BatchNorm running statistics are
-  averaged from the servers' sum with :func:`average_from_sum`.
-
-Each formula is evaluated left to right as written, so results are bit-for-bit the same
-wherever a rule runs. NumPy inputs give results in their floating dtype
-(``numpy.result_type``, at least float32); the ESync and averaging rules also take torch
-tensors (of one floating dtype, on one device) and return torch tensors, computed by torch
-in the same order. Sums run in the order the arrays are given.
-"""
+(docs/MODULES.md, "hetps.sync.rules")"""
 
 from __future__ import annotations
 
