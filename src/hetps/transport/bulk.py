@@ -1,13 +1,5 @@
 """Bulk channels: big array frames between secured nodes under AES-256-GCM on a plain connection.
-
-With a cluster secret, arrays of at least 64 KiB to a peer without a shared-memory ring
-travel on a second, plain ZeroMQ connection, each frame ``counter || AES-GCM(plaintext) ||
-tag`` under a key per direction agreed over the CURVE connection (an offer, then a hello);
-the message's header stays on the CURVE connection and names its frames' counters, as it
-names ring places (codec's header field ``"m"``). A timed message sends a mark (an empty
-sealed frame) ahead of its arrays. docs/SECURITY.md, "Bulk channels", has the keys, the
-handshake and what is refused; the receiving side is :mod:`hetps.transport.bulk_in`.
-"""
+(docs/MODULES.md, "hetps.transport.bulk")"""
 
 from __future__ import annotations
 

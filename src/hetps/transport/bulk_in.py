@@ -1,25 +1,6 @@
 """The receiving side of the bulk channels (transport/bulk.py): a node's bulk listener, its
 channels, and the messages that wait for their frames.
-
-A message's header comes on the CURVE connection and names the counters of its frames on a
-bulk channel; the frames come on the bulk connection, before or after it. The receive thread
-never waits for them:
-
-* a frame whose message is not being read yet is decrypted (so a bad one is refused at once)
-  and kept, within a budget (:data:`PENDING_MAX`, and :data:`CHANNEL_PENDING_MAX` for one
-  channel);
-* a header whose frames are not all here makes its arrays, says where each missing frame is
-  to land (it is decrypted straight there when it comes) and raises
-  :class:`~hetps.transport.codec.NotYet`; the van keeps the message, and every later one of
-  that connection behind it, in a :class:`Waiting` queue, and reads on. Once its frames are
-  in, the message is decoded again (its arrays are made already) and delivered, in order;
-* a message whose channel brings no frame for :data:`BULK_WAIT_S` is dropped, and so is one
-  whose frame failed its tag or was skipped by its sender.
-
-Only this node's own memory ever holds plaintext that has not passed its tag: a frame lands
-in an array the channel made, and an answer for the caller's array (``pull(out=)``) is
-copied there only once every frame checked.
-"""
+(docs/MODULES.md, "hetps.transport.bulk_in")"""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
 """Connections to a node's ROUTER before their handshake is done: bounded, timed out, and
 their refusals logged without letting a stranger fill the disk.
-
-* **Timed out.** ZeroMQ closes a connection whose handshake (ZMTP greeting, and CURVE's
-  boxes with a secret) is not complete after :data:`HANDSHAKE_S` (``ZMQ_HANDSHAKE_IVL``).
-* **Capped.** A socket monitor on the ROUTER sees each accepted connection and each handshake
-  that ends (done or failed). With :data:`MAX_PENDING` connections mid-handshake, a newly
-  connection whose peer has not sent even ZeroMQ's greeting a second after it was accepted
-  (fewer than 64 bytes received, by the kernel's count: ``TCP_INFO``) is shut down
-  (``shutdown(2)`` on a duplicate of its descriptor: ZeroMQ sees the end of the stream and
-  closes it itself), so connections that never speak cannot pile up until the process runs
-  out of descriptors. A peer of the job sends its greeting as soon as it is connected (a
-  burst of a thousand nodes registering at once, on a loaded machine, within a fraction of
-  that second), so real nodes are not cut; an attacker who sends a greeting and then stalls
-  is bounded by the timeout.
-* **Refusals counted.** Each refused handshake counts in :attr:`RefusalLog.total`; at most
-  :data:`LOG_BURST` of them are logged one line each per :data:`LOG_WINDOW_S`, and the rest
-  are summed up in one line when the window ends.
-"""
+(docs/MODULES.md, "hetps.transport.handshakes")"""
 
 from __future__ import annotations
 

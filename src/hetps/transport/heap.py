@@ -1,12 +1,5 @@
 """glibc's malloc set for message buffers (``HETPS_KEEP_BUFFERS``).
-
-glibc serves a block above its mmap threshold (128 KiB at first) with a fresh mmap, so each
-16 MiB frame received costs 4,096 page faults. :func:`keep_buffers` raises the threshold to
-32 MiB and keeps up to :data:`TRIM_THRESHOLD` of freed heap, so a round reuses the pages of
-the one before (resident memory stays at its peak; docs/PERFORMANCE.md has the gain). Only
-glibc changes, and not in a process whose environment sets glibc's own ``MALLOC_*`` or
-``glibc.malloc`` tunables.
-"""
+(docs/MODULES.md, "hetps.transport.heap")"""
 
 from __future__ import annotations
 

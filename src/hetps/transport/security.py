@@ -1,13 +1,5 @@
 """CurveZMQ for a cluster that holds a secret: keys, the ZAP handler, handshake monitoring.
-
-One CURVE keypair per job, derived from the secret with HKDF-SHA256 (every holder derives the
-same; nothing about the keys is sent): every node is a CURVE server (its ROUTER) and client
-(its DEALERs) with it, and the ZAP handler (:class:`ZapHandler`) accepts only the job's own
-public key as a client's. A peer without the secret fails inside libzmq's handshake, before
-any message of it is read; each refusal is counted and logged a few lines per window
-(:class:`hetps.transport.handshakes.RefusalLog`). docs/SECURITY.md, "Authenticated,
-encrypted connections", has the derivation and what each peer sees.
-"""
+(docs/MODULES.md, "hetps.transport.security")"""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """An in-process token-bucket limiter for a node's sending rate (``HETPS_SHAPE_MBIT``).
-
-The fallback when Linux traffic control is not available (no root): before a message leaves,
-the sender waits until the bucket holds enough tokens for its bytes. Less exact than ``tc``
-(it shapes whole messages, not packets, and ZeroMQ's own buffering sits after it), so use
-``hetps netem`` where you can.
-"""
+(docs/MODULES.md, "hetps.transport.shaper")"""
 
 from __future__ import annotations
 

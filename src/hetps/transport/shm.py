@@ -1,13 +1,5 @@
 """Shared-memory rings: big array frames between two processes on one machine.
-
-One :class:`OutRing` per directed (sender -> receiver) pair, made by the sender under
-``/dev/shm``; frames are written at increasing byte counters (a frame never straddles the
-end), the message over ZeroMQ holds only the counters, and the receiver publishes how far it
-consumed (``tail``) in the ring's header. Nothing depends on the ring: frames go inline until
-the receiver marked it open, and whenever it is full. docs/ARCHITECTURE.md, "Same-machine
-peers", has the design; docs/SECURITY.md who may use a ring (``O_EXCL``, mode 0600, 128
-random bits, offered and read on one connection only, ``O_NOFOLLOW``).
-"""
+(docs/MODULES.md, "hetps.transport.shm")"""
 
 from __future__ import annotations
 
