@@ -55,7 +55,7 @@ class ESyncRound:
     wait_s: float = 0.0  #: seconds waiting for the state server's first answer
     push_s: float = 0.0  #: seconds exchanging the model difference
     #: a worker waits to join the running job (HETPS_ELASTIC): every worker calls
-    #: ``kv.admit(...)`` now, before the next round (see the module's docstring)
+    #: ``kv.admit(...)`` now, before the next round (docs/ESYNC.md, "ESync from your own script")
     admit: bool = False
 
 
@@ -73,7 +73,7 @@ class ESyncTrainer:
         prefix: prepended to this trainer's KVStore keys (two trainers on one store).
 
     Every worker must call the same methods the same number of times (the aggregation is a
-    synchronous round on the servers). See the module's docstring for an example.
+    synchronous round on the servers). docs/ESYNC.md, "ESync from your own script", has an example.
     """
 
     def __init__(

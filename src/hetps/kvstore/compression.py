@@ -63,8 +63,8 @@ class TwoBitCompressor:
             residual: float32 array with ``grad.size`` elements, updated in place.
 
         Returns:
-            ``uint32`` array of ``ceil(grad.size / 16)`` words in MXNet's layout (see the
-            module docstring); its little-endian bytes are the bytes MXNet sends.
+            ``uint32`` array of ``ceil(grad.size / 16)`` words in MXNet's layout (docs/MODULES.md,
+            "hetps.kvstore.compression"); its little-endian bytes are the bytes MXNet sends.
         """
         grad = np.asarray(grad)
         if grad.dtype.kind != "f":

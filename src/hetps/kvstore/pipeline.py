@@ -19,7 +19,7 @@ from hetps.transport.codec import Message
 
 
 class Pipeline:
-    """The requests of one worker's store on their way to the servers (see the module's text).
+    """The requests of one worker's store on their way to the servers (docs/MODULES.md, "hetps.kvstore.pipeline").
     ``meter`` (live metrics) and ``agent`` (network-aware balancing) are set by the store
     once it made them."""
 

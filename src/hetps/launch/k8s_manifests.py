@@ -207,7 +207,7 @@ class K8sJob:
         index = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}
         if role != "scheduler":
             env.append({"name": "HETPS_LAUNCH_RANK", "valueFrom": index})
-        if role == "worker":  # a pod is a host of one worker (the module's text)
+        if role == "worker":  # a pod is a host of one worker (docs/MODULES.md)
             for name in ("RANK", "GROUP_RANK", "HETPS_HOST_GROUP"):
                 env.append({"name": name, "valueFrom": index})
             env += [

@@ -424,7 +424,7 @@ def run_job(
     command: Sequence[str], num_workers: int, num_servers: int | None = None, **options: Any
 ) -> RayJobResult:
     """Run ``command`` as every worker of a hetps job on Ray (``num_servers``: default one
-    per worker); see the module's doc. ``options`` are :class:`RayLauncher`'s keywords:
+    per worker); docs/MODULES.md, "hetps.launch.ray". ``options`` are :class:`RayLauncher`'s keywords:
     ``address``, a Ray cluster's (``HOST:PORT``, ``auto``, ``ray://...``; None: the one
     ``RAY_ADDRESS`` names, else a local Ray started with ``init_kwargs`` and stopped at the
     end), ``env`` (added for every process), ``cpus_per_worker``, ``cpus_per_server``,

@@ -72,7 +72,7 @@ def wall_time(run: Run) -> float | None:
 
 
 def asrit(run: Run) -> float | None:
-    """Average single-round iteration time of rank 0 (see the module docstring)."""
+    """Average single-round iteration time of rank 0 (docs/METRICS.md defines it)."""
     r = _eval_rank(run)
     if r is None:
         return None

@@ -229,7 +229,7 @@ class Scenario:
 
     @classmethod
     def from_file(cls, path: str | Path, *, nodes: int | None = None) -> Scenario:
-        """Read a scenario from a TOML file (see the module docstring for the format)."""
+        """Read a scenario from a TOML file (docs/NETEM.md has the format)."""
         return cls.from_dict(read_toml(path), nodes=nodes)
 
     @classmethod
