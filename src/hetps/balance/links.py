@@ -14,16 +14,12 @@ SPREAD_WINDOW = 3  # spread readings kept per node and direction
 #: a spread's last flow, once alone, runs at most this times its peer's estimated cap
 SPREAD_TAIL_MARGIN = 1.1
 #: a capacity probe under this fraction of min(sender's up cap, receiver's down cap) means
-#: one of them got slower; over 1/CONTRADICT times either cap, that one got faster. Measured
-#: on 8 static nodes: after the first regular probing round every probe read 0.93-1.06 of
-#: it; that round's, right after the first data round, down to 0.58 (hence the rounds before
-#: CONTRADICT_FROM_ROUND are not judged). On 4 nodes probing every round a node's inbound
-#: probe read 0.6 twice while its own outbound probe held its acks back (docs/BALANCE.md §7.1)
+#: one of them got slower; over 1/CONTRADICT times either cap, that one got faster. Probes
+#: of the rounds before CONTRADICT_FROM_ROUND read low and are not judged (docs/BALANCE.md §7.1)
 CONTRADICT = 0.5
 CONTRADICT_FROM_ROUND = 6
-#: a probe shorter than this is not judged: its few milliseconds carry the timing noise of
-#: a busy machine (3 nodes at 150 Mbit/s on 2 cores, 7 ms probes: the rate-cut test asked
-#: for a cycle before its cut until short probes were left out)
+#: a probe shorter than this is not judged: its few milliseconds carry a busy machine's
+#: timing noise
 CONTRADICT_MIN_S = 0.02
 
 
@@ -321,9 +317,7 @@ def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> flo
     alone at no more than its peer's cap, leaving the node's link part idle. So the reading
     is also taken up to the second-to-last end, ``t2``: the last flow delivered at most
     ``SPREAD_TAIL_MARGIN`` x its peer's estimated cap after ``t2``, so at least the rest of
-    the bytes arrived by then. The larger of the two readings is kept. (Logged spreads of
-    the 4-node test, node 0 at 57.4 Mbit/s of goodput: 51.3 -> 53.8, 47.9 -> 50.8,
-    55.3 -> 58.1.)"""
+    the bytes arrived by then. The larger of the two readings is kept."""
     t_start = min(f[2] for f in flows)
     ends = sorted(f[3] for f in flows)
     total = float(sum(f[4] for f in flows))

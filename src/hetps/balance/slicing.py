@@ -63,20 +63,17 @@ def assign(
     1. every server with a zero share (an *idle* server) first gets ``probe_num`` probe
        slices (the shortest ones, its previous slices first) so its links stay measured;
     2. with ``previous`` (last iteration's assignment), a slice stays where it was while that
-       server still has room for it, longest slices first -- fewer slices move, and a moving
-       slice must carry its weights and optimizer state. (In layout order, small slices that
-       stayed could fill a server's room and strand a long one, which step 3 then had to put
-       where it overshot: on the 8-node benchmark that kept a plan ~7% from the optimum,
-       below the planner's 10% margin, so the better plan was never adopted);
+       server still has room for it, longest slices first (so small ones that stay never
+       strand a long one) -- fewer slices move, and a moving slice must carry its weights
+       and optimizer state;
     3. the other full-length slices, in layout order, each go to the server whose own step-3
        slices are least far along once it takes this one (smallest ``(placed + length) /
        need``; ties: lower index), among those with room for it. Workers push in layout
        order, all at once, so this spreads every server's slices evenly through the push
-       order (largest-remaining-share order gave the biggest server a run of its first
-       slices, the smallest ones theirs at the end);
+       order;
     4. the shorter slices (key tails) and full ones that fit nowhere whole, longest first, to
        the server with the largest remaining share: they fill the fragments, so the shares
-       come out as exact as before.
+       come out exact.
 
     With equal slice lengths, integer slice-count shares and ``probe_num == 0`` every server
     gets exactly its count.
