@@ -179,21 +179,9 @@ def partition(
     """Indices (sorted, int64) of the examples that worker ``rank`` of ``num_workers`` trains on.
 
     Every worker gets ``len(labels) // num_workers`` examples; the shards are disjoint and
-    together cover all examples but the last ``len(labels) % num_workers`` of the order below.
+    together cover all examples but the last ``len(labels) % num_workers`` of their order.
     The result depends only on the arguments, so every worker computes the same split.
-
-    * i.i.d. (default): a permutation drawn from ``numpy.random.default_rng(seed)`` is cut
-      into ``num_workers`` equal contiguous shards; shard ``rank`` is returned.
-    * ``split_by_class=True`` (non-i.i.d., ESync's ``ClassSplitSampler``): the examples are
-      ordered by label (stable, so file order within a class) and that order is cut into
-      ``num_workers`` equal contiguous shards; ``seed`` is not used. With the 60,000 training
-      images (6,000 per class) and 2 workers, rank 0 gets labels 0-4 and rank 1 labels 5-9;
-      with 5 workers each gets two classes. When ``num_workers`` does not divide 10, a class
-      that straddles a shard boundary is shared by the two neighbouring ranks (3 workers: rank
-      0 gets classes 0-2 and the first third of class 3, rank 1 the rest of 3, 4, 5 and two
-      thirds of 6, rank 2 the rest of 6 and 7-9); shards stay equal so synchronous modes run
-      the same number of iterations everywhere.
-    """
+    (docs/MODULES.md, "hetps.app.data")"""
     y = labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
     if y.ndim != 1:
         raise ValueError(f"labels must be one-dimensional, got shape {y.shape}")

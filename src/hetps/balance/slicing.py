@@ -58,26 +58,7 @@ def assign(
     """Server index (into ``shares``) for every slice: the paper's Algorithm 2.
 
     ``shares`` are target amounts per server, in any unit: they are scaled to the slices'
-    total length. Steps:
-
-    1. every server with a zero share (an *idle* server) first gets ``probe_num`` probe
-       slices (the shortest ones, its previous slices first) so its links stay measured;
-    2. with ``previous`` (last iteration's assignment), a slice stays where it was while that
-       server still has room for it, longest slices first (so small ones that stay never
-       strand a long one) -- fewer slices move, and a moving slice must carry its weights
-       and optimizer state;
-    3. the other full-length slices, in layout order, each go to the server whose own step-3
-       slices are least far along once it takes this one (smallest ``(placed + length) /
-       need``; ties: lower index), among those with room for it. Workers push in layout
-       order, all at once, so this spreads every server's slices evenly through the push
-       order;
-    4. the shorter slices (key tails) and full ones that fit nowhere whole, longest first, to
-       the server with the largest remaining share: they fill the fragments, so the shares
-       come out exact.
-
-    With equal slice lengths, integer slice-count shares and ``probe_num == 0`` every server
-    gets exactly its count.
-    """
+    total length; its steps: docs/MODULES.md, "hetps.balance.slicing"."""
     sh = np.asarray(shares)
     if sh.ndim != 1 or sh.size == 0:
         raise ValueError("shares must be a non-empty 1-d array")

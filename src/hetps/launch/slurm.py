@@ -178,12 +178,7 @@ def check_allocation(env: dict[str, str], needed: int) -> list[str]:
 def free_port(range_file: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
     """A port free on this host now (the scheduler's port when the launcher runs on the
     scheduler's node, as in an sbatch script; elsewhere a port most likely free there).
-
-    It is drawn from outside the kernel's ephemeral range (10000 up to its start, or above its
-    end). The scheduler binds it only after srun has started it, and a port from the
-    ephemeral range could be handed meanwhile to any socket that binds port 0, srun's own
-    listeners included; the workers would then greet srun. Where the range cannot be read, or
-    leaves no room outside it, the kernel picks (said in a log line)."""
+    (docs/MODULES.md, "hetps.launch.slurm")"""
     try:
         with open(range_file) as f:
             low, high = (int(x) for x in f.read().split()[:2])

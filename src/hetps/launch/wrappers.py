@@ -167,13 +167,7 @@ def _remote_threads(role: str, processes: int) -> tuple[str, str]:
 
 def netem_wrapper(net, num_servers: int, colocate: bool, per_node: int = 1):
     """A ``wrap`` that runs each role inside its emulated node's network namespace.
-
-    Co-located: node r holds server r and worker r (the paper's layout). Otherwise servers take
-    nodes 0..S-1 and the workers the nodes after them, ``per_node`` consecutive ranks to a node
-    (``--nproc-per-node``: an emulated host of several workers). The scheduler runs on node 0. Each role advertises its
-    node's address, so traffic between nodes crosses the shaped links and a worker's traffic to
-    its co-located server stays inside the node.
-    """
+    (docs/MODULES.md, "hetps.launch.wrappers")"""
 
     def node_of(role: str, rank: int) -> int:
         if role == "scheduler":
