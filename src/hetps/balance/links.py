@@ -84,14 +84,7 @@ class LinkEstimator:
     ) -> None:
         """Update the per-node rates from one round's samples, as arrays (rows of nodes
         ``0..n_nodes-1``; a host's workers share its row, so its rate is its link's).
-
-        A node's sending rate is everything it was seen sending (its worker's pushes and its
-        server's replies) over the union of those messages' transfer intervals, the time its
-        uplink was busy; the same for receiving. Under per-node caps (every node's NIC, or a
-        ``tc`` shaper) this is the cap itself when the node is the bottleneck, however TCP
-        splits it between flows from moment to moment, which is what makes per-link samples
-        so noisy. The intervals come from different receivers' clocks: on one host they agree;
-        across hosts NTP's few milliseconds are small against a round's transfers."""
+        (docs/MODULES.md, "hetps.balance.links")"""
         n = self.n_nodes
         for est, ends in ((self.up, src), (self.down, dst)):
             total = np.bincount(ends, weights=nbytes, minlength=n)[:n]
@@ -310,14 +303,7 @@ class LinkEstimator:
 def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> float:
     """A node's rate from one spread's flows ``(src, dst, t0, t1, bytes, late)`` (all of
     them sent, or all received, by that node; ``peer_col`` is the tuple index of the peer).
-
-    The total bytes over the flows' common span is a lower bound, and reads ~10% low: TCP
-    shares the node's link unevenly (the flow sent first takes its peer's whole cap, the
-    others split the rest), so the flows end at different times and the last one runs
-    alone at no more than its peer's cap, leaving the node's link part idle. So the reading
-    is also taken up to the second-to-last end, ``t2``: the last flow delivered at most
-    ``SPREAD_TAIL_MARGIN`` x its peer's estimated cap after ``t2``, so at least the rest of
-    the bytes arrived by then. The larger of the two readings is kept."""
+    (docs/MODULES.md, "hetps.balance.links")"""
     t_start = min(f[2] for f in flows)
     ends = sorted(f[3] for f in flows)
     total = float(sum(f[4] for f in flows))

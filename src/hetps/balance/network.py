@@ -92,25 +92,8 @@ class Network:
     @classmethod
     def from_matrix(cls, bw: ArrayLike, node_caps: NodeCaps = "sum") -> Network:
         """Network from a measured link-throughput matrix ``bw[i][j]`` (bytes/s, i sends to j).
-
-        ``node_caps`` says how the measurements were taken and so what they imply:
-
-        - ``"sum"`` (default): the entries were measured while every node sent to its peers
-          at once (data slices during an iteration), each flow getting its share of the
-          node's capped egress/ingress: ``up[i] = sum_j bw[i][j]``,
-          ``down[j] = sum_i bw[i][j]``, no per-link caps (a flow's share is not a link cap).
-          Right for per-node ``tc`` shaping (the ``hetps netem`` default).
-        - ``"max"``: each entry is the rate of a flow measured on its own (an isolated probe),
-          i.e. ``min(up[i], down[j], link[i][j])``; the tightest network consistent with that
-          has ``up[i] = max_j bw[i][j]``, ``down[j] = max_i bw[i][j]`` and ``link = bw``.
-        - ``"none"``: independent links (``link = bw``) and uncapped nodes: right when the
-          bottlenecks are per-destination rates rather than the nodes.
-
-        docs/BALANCE.md ("Estimates to a network") compares the three on simulated
-        measurements. NaN marks a link not measured yet; it is replaced by the median of the
-        measured off-diagonal entries so an unmeasured server is neither starved nor flooded
-        (probe slices then measure it). The diagonal is ignored.
-        """
+        ``node_caps``: ``"sum"`` (all flows at once), ``"max"`` (isolated probes) or ``"none"``
+        (independent links); NaN: not measured (docs/MODULES.md, "hetps.balance.network")."""
         if node_caps not in ("max", "sum", "none"):
             raise ValueError(f"node_caps must be 'max', 'sum' or 'none', got {node_caps!r}")
         m = _as_rates("bw", bw, 2)

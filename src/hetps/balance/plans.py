@@ -404,16 +404,7 @@ def aware_plan(
     max_iter: int = 10_000,
     unit_bytes: float = 1.0,
 ) -> np.ndarray:
-    """The paper's Algorithm 1 on the link model.
-
-    Start from equal shares. Repeat: ``hi`` = the server with the longest predicted time that
-    still holds load, ``lo`` = the one with the shortest; stop when they differ by less than
-    ``threshold`` seconds (default ``rel_threshold`` times the equal plan's time); otherwise move
-    the amount that minimises the longer of the two times -- the amount that makes them equal
-    when that is possible -- found exactly on the piecewise-linear model (whole slices with
-    ``n_slices``: the better of the two neighbouring counts). A server whose time no move can
-    lower is frozen (its time is set by traffic the plan cannot change).
-    """
+    """The paper's Algorithm 1 on the link model. (docs/MODULES.md, "hetps.balance.plans")"""
     _check_total(total, n_slices)
     if threshold is not None and not threshold >= 0:
         raise ValueError(f"threshold must be >= 0 seconds, got {threshold}")
@@ -463,15 +454,8 @@ def optimal_plan(
     milp_time_limit: float = 0.5,
     lp_max_entries: int | None = LP_MAX_ENTRIES,
 ) -> np.ndarray:
-    """The exact min-max plan: smallest predicted iteration time on the link model.
-
-    Continuous: closed form (separable models) or LP (HiGHS). With ``n_slices``: the best whole
-    slice counts (exact for separable models; otherwise an MILP limited to
-    ``milp_time_limit`` seconds, then single-slice improvements). A coupled model whose LP
-    would exceed ``lp_max_entries`` constraint entries (co-located per-link caps from N = 65)
-    gets a cheap plan instead, not the optimum (:func:`hetps.balance.solve.too_big_for_lp`;
-    docs/BALANCE.md §2.4). None: the LP at any size.
-    """
+    """The exact min-max plan: smallest predicted iteration time on the link model
+    (``lp_max_entries`` None: the LP at any size; docs/MODULES.md, "hetps.balance.plans")."""
     _check_total(total, n_slices)
     net = _as_network(network)
     model = LoadModel.build(net, float(total), servers, workers, unit_bytes=unit_bytes)

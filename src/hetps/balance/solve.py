@@ -300,15 +300,7 @@ def solve_integer(
     lp_max_entries: int | None = LP_MAX_ENTRIES,
 ) -> np.ndarray:
     """Slice counts (summing to ``n``) minimising the predicted iteration time.
-
-    Separable models: floor of the continuous optimum, then each leftover slice to the server
-    whose time grows least -- exactly optimal (proof in docs/BALANCE.md). Otherwise: the
-    largest-remainder rounding of the continuous optimum, returned at once if it already
-    reaches the continuous optimum's time (then nothing can beat it); else the better of it
-    and an MILP (HiGHS, ``time_limit`` seconds), polished by single-slice moves. A coupled
-    model too big for the LP (``lp_max_entries``) gets the largest-remainder rounding of
-    :func:`solve_continuous`'s fallback, without MILP or polish.
-    """
+    (docs/MODULES.md, "hetps.balance.solve")"""
     if n < 1:
         raise ValueError(f"n_slices must be >= 1, got {n}")
     model.check_feasible()

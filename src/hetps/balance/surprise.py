@@ -91,15 +91,7 @@ class SurpriseDetector:
         self, spans: list[float], predicted_fn: Prediction, before_fn: Prediction
     ) -> bool:
         """Whether this round (and the one before) took far longer than predicted.
-
-        The round's time is the median of the workers' spans (each from its first request
-        to its last answer of the round); divided by the current assignment's predicted
-        time it gives a ratio that is steady while the network is (~1.1-1.4: TCP does not
-        reach the fluid schedule). ``SURPRISE_ROUNDS`` rounds in a row over ``SURPRISE``
-        times the median of the last few are a surprise (one is a hiccup; it does not join
-        the median either), and so is one round over ``SURPRISE_AT_ONCE`` times it. The
-        rounds right after a plan change (its migration, its barrier) are judged only
-        against ``SURPRISE_IN_SETTLE``; those right after a cycle not at all."""
+        (docs/MODULES.md, "hetps.balance.surprise")"""
         if not spans:
             return False
         settling = self._settle > 0

@@ -37,17 +37,9 @@ class _Op:
 
 
 class Sender:
-    """Sends requests in priority order without reordering requests of one key.
-
-    With a ``window`` (bytes, > 0) pushes also need credit: at most ``window`` bytes of
-    pushes may be on their way to the servers (sent, not yet confirmed received; one push is
-    always allowed). Then a worker's pushes leave in priority (key) order at the pace its
-    uplink drains them, instead of all at once as parallel TCP flows that share the uplink
-    evenly. Every server then gets its slices in key order at the rate it is owed, and the
-    pull replies of finished slices flow while later pushes are still going out (push and
-    pull overlap). While a push waits for credit, requests that need none (pulls) still go,
-    unless an earlier request of the same key is waiting.
-    """
+    """Sends requests in priority order without reordering requests of one key; with a
+    ``window`` (bytes) at most that many push bytes are on their way, and pulls still go
+    (docs/MODULES.md, "hetps.kvstore.sender")."""
 
     def __init__(self, window: int = 0, send_batch: Any = None) -> None:
         self._heap: list[_Op] = []

@@ -31,15 +31,7 @@ log = logging.getLogger("hetps.server")
 
 class KVServer:
     """Request handler of a server node. ``node`` gives ``reply`` and the worker count.
-
-    It is the protocol adapter of parts plugged together: each command has a handler
-    (:meth:`on`, as ps-lite's ``KVServer::set_request_handle``); the round aggregator
-    (:class:`~hetps.kvstore.aggregate.Aggregator`) sums and applies rounds; the replication
-    policy (``replication``, HETPS_REPLICAS) keeps copies on other servers; ``elastic`` keeps
-    rounds per worker (HETPS_ELASTIC): these two are parts of the fault wing, plugged in by
-    the composition root (:func:`hetps.roles.new_server`);
-    :class:`~hetps.kvstore.linkmeter.LinkMeter` times the links;
-    :class:`~hetps.tables.server.Tables` holds the row-sparse keys."""
+    (docs/MODULES.md, "hetps.kvstore.server")"""
 
     #: commands whose arrays may be lent by the van (read straight from a shared-memory ring,
     #: valid only while :meth:`handle` runs): a push is merged from the ring into the merge

@@ -106,11 +106,7 @@ def ssh_wrapper(
     forwarded environment (DMLC_*, PS_*, HETPS_*, MXNET_* and every ``--env`` key). The
     cluster secret is not on the remote command line: the remote shell reads it from its
     standard input (the launcher writes it there) into its environment.
-
-    ``auto_threads`` (the user set no ``OMP_NUM_THREADS``): each role gets its share of its own
-    host's cores (:func:`thread_share`; the remote shell counts them with ``nproc``) among the
-    processes of the job on that host (:func:`processes_per_host`, from ``num_workers`` and
-    ``num_servers``)."""
+    (docs/MODULES.md, "hetps.launch.wrappers")"""
     cwd = cwd or os.getcwd()
     per_host = processes_per_host(hosts, num_workers, num_servers, workers_on)
 
