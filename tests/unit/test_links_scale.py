@@ -10,9 +10,19 @@ from hetps.balance.links import (
     NODE_MIN_BYTES,
     SPREAD_NEAR,
     LinkEstimator,
-    _union_length,
     union_lengths,
 )
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by ``intervals`` (overlaps counted once), one at a time."""
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
 
 
 def _censored_reference(est: LinkEstimator) -> tuple[np.ndarray, np.ndarray]:

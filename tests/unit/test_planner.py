@@ -124,10 +124,14 @@ def test_average_never_consults_the_margin():
 
 
 def test_link_rate_is_bytes_over_busy_time():
-    from hetps.balance.links import _union_length
+    from hetps.balance.links import union_lengths
 
-    assert _union_length([(0, 1), (0.5, 2), (3, 4)]) == 3.0
-    assert _union_length([(0, 4), (1, 2)]) == 4.0
+    group, t0, t1 = (
+        np.array([0, 0, 0, 1, 1]),
+        np.array([0, 0.5, 3, 0, 1.0]),
+        np.array([1, 2, 4, 4, 2.0]),
+    )
+    assert union_lengths(group, t0, t1, 2).tolist() == [3.0, 4.0]
 
 
 def test_node_rates_come_from_busy_time_across_all_flows():

@@ -235,12 +235,7 @@ class LinkEstimator:
     def capacity(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-node send and receive caps: the larger of what the data traffic showed
         (busy-time rate) and the fastest recent probe. Both under-estimate a cap (a node never
-        sends faster than it can; a probe measures min(sender's up, receiver's down), and the
-        permutation pairs each node with a different peer every probing round), so the larger
-        is the better estimate. A probe that shared its links with data reads low, which the
-        maximum over the window forgives. One that would read too fast (its forecast stamped
-        late by a receive thread that was behind) never gets here: the server drops it. A
-        censored node (:meth:`censored`) also takes its latest spread reading if larger."""
+        (docs/MODULES.md, "hetps.balance.links")"""
         caps = []
         single = self.single()
         censored = self.censored(single)  # (read once: each is a pass over every node)
@@ -323,8 +318,8 @@ def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> 
     counted once), all groups at once: the intervals sorted by group (a stable sort of 16-bit
     keys is a radix sort), one row per group (groups of like sizes together, padded by empty
     intervals at +inf), each row sorted by start (ties in their order: :func:`_by_start`), a
-    running maximum of the ends along it, and its covered pieces summed in order as
-    :func:`_union_length` sums them (pads add 0.0)."""
+    running maximum of the ends along it, and its covered pieces summed in order (pads add
+    0.0)."""
     out = np.zeros(n)
     if not len(group):
         return out
@@ -367,14 +362,3 @@ def _by_start(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s_hi[ties] = np.take_along_axis(y[ties], order, axis=1)
     lo[todo], hi[todo] = s_lo, s_hi
     return lo, hi
-
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by ``intervals`` (overlaps counted once)."""
-    total, end = 0.0, -float("inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total

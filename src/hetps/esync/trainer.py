@@ -152,13 +152,7 @@ class ESyncTrainer:
 
     def step_done(self, step_s: float) -> bool:
         """Report a local step that computed ``step_s`` seconds; True: take no more local steps
-        this round, :meth:`aggregate` now.
-
-        The first report of a round waits for the state server's answer (its wait adds to
-        :attr:`wait_s`); once the answer names the round's deadline, later reports go out
-        without waiting, and the worker stops when an answer that came in says ready or when
-        another step would end after the deadline.
-        """
+        this round, :meth:`aggregate` now. (docs/MODULES.md, "hetps.esync.trainer")"""
         t0 = time.perf_counter()
         elapsed = t0 - self._t_round
         if self._deadline is None:  # the first step of the round: wait for the answer

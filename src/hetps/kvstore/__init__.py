@@ -83,11 +83,7 @@ def create(
     process joins the cluster described by ``DMLC_*`` variables as a worker, in the store
     that ``build`` makes of the name and the configuration: the composition root's
     :func:`hetps.roles.new_worker_store`, which builds its Node, its parts and its meter.
-
-    :func:`hetps.kv.create` is the entry point for every role: it gives ``build``, and
-    under ``DMLC_ROLE=server`` or ``scheduler`` it runs that role (:mod:`hetps.roles`)
-    instead of making a store.
-    """
+    (docs/MODULES.md, "hetps.kvstore")"""
     if not isinstance(name, str) or name not in NAMES:
         raise ValueError(f"unknown KVStore type {name!r}: use one of {', '.join(NAMES)}")
     role = role_from_env(env)

@@ -108,11 +108,7 @@ def broadcast_parameters(
 
     ``params`` is a ``model.state_dict()`` (parameters and buffers) or ``(name, tensor)``
     pairs such as ``model.named_parameters()``; tensors may live on any device and have any
-    real dtype. Keys are ``f"{prefix}bcast:{name}"``. Example::
-
-        hps.broadcast_parameters(model.state_dict(), kv, root_rank=0)
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # the process's store
-    """
+    real dtype. Keys are ``f"{prefix}bcast:{name}"``; ``kv`` left out: the process's store."""
     kv, root_rank = _store(kv, root_rank)
     named = _named(params)
     root = check_root(kv, root_rank)
@@ -158,11 +154,7 @@ def broadcast_optimizer_state(
     ``optimizer`` is a ``torch.optim.Optimizer`` or a :class:`DistributedOptimizer` (its
     wrapped optimizer; with ``update_on="server"`` the state lives on the servers and there
     is nothing to do). Workers whose optimizer has no state yet (before its first step) get
-    the root's. Keys are ``f"{prefix}bcast-optim:..."``. Example::
-
-        hps.broadcast_optimizer_state(opt, kv, root_rank=0)
-        hvd.broadcast_optimizer_state(opt, root_rank=0)  # the process's store
-    """
+    the root's. Keys are ``f"{prefix}bcast-optim:..."``; ``kv`` left out: the process's store."""
     kv, root_rank = _store(kv, root_rank)
     opt = optimizer if isinstance(optimizer, torch.optim.Optimizer) else optimizer.optimizer
     root = check_root(kv, root_rank)
