@@ -19,9 +19,9 @@ from hetps.transport.codec import Message
 
 
 class Pipeline:
-    """The requests of one worker's store on their way to the servers (docs/MODULES.md, "hetps.kvstore.pipeline").
-    ``meter`` (live metrics) and ``agent`` (network-aware balancing) are set by the store
-    once it made them."""
+    """The requests of one worker's store on their way to the servers (docs/MODULES.md,
+    "hetps.kvstore.pipeline"). ``meter`` (live metrics) and ``agent`` (network-aware
+    balancing) are set by the store once it made them."""
 
     def __init__(
         self, node: Node, server_ids: list[int], window: int, batch_bytes: int, timeout: float

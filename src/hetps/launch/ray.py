@@ -424,9 +424,9 @@ def run_job(
     command: Sequence[str], num_workers: int, num_servers: int | None = None, **options: Any
 ) -> RayJobResult:
     """Run ``command`` as every worker of a hetps job on Ray (``num_servers``: default one
-    per worker); docs/MODULES.md, "hetps.launch.ray". ``options`` are :class:`RayLauncher`'s keywords:
-    ``address``, a Ray cluster's (``HOST:PORT``, ``auto``, ``ray://...``; None: the one
-    ``RAY_ADDRESS`` names, else a local Ray started with ``init_kwargs`` and stopped at the
+    per worker; docs/MODULES.md, "hetps.launch.ray"). ``options`` are :class:`RayLauncher`'s
+    keywords: ``address``, a Ray cluster's (``HOST:PORT``, ``auto``, ``ray://...``; None: the
+    one ``RAY_ADDRESS`` names, else a local Ray started with ``init_kwargs`` and stopped at the
     end), ``env`` (added for every process), ``cpus_per_worker``, ``cpus_per_server``,
     ``start_timeout``, ``failure_grace``, ``cwd``, ``port``, ``out``. The result's ``code``
     is what ``hetps launch`` exits with."""

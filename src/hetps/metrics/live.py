@@ -1,11 +1,5 @@
-"""Live metrics, the scheduler's side: :class:`LiveMetrics` checks every report
-(:func:`hetps.metrics.reports.parse_report`; a bad or hostile one is refused with a log line
-and changes nothing), keeps the totals, and gives one snapshot of them with what the scheduler
-knows itself (nodes registered, dead, late, back, taken over, let go; the load plan's shares;
-ESync's local steps) on each scrape or poll. :mod:`hetps.metrics.prom` and
-:mod:`hetps.metrics.dashboard` serve it; workers' and servers' meters are in
-:mod:`hetps.metrics.reports` and :mod:`hetps.metrics.server_meter`.
-(docs/MODULES.md, "hetps.metrics.live")"""
+"""Live metrics, the scheduler's side: :class:`LiveMetrics` checks every report, keeps the
+totals and gives a snapshot on each scrape or poll (docs/MODULES.md, "hetps.metrics.live")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Live metrics' reports: what workers (and servers: :mod:`hetps.metrics.server_meter`)
-measure while a job runs, and the scheduler's checks of them (its side is
-:mod:`hetps.metrics.live`, served by :mod:`hetps.metrics.prom` and :mod:`~hetps.metrics.dashboard`).
-(docs/MODULES.md, "hetps.metrics.reports")"""
+"""Live metrics' reports: what workers measure while a job runs, and the scheduler's checks
+of them (docs/MODULES.md, "hetps.metrics.reports")."""
 
 from __future__ import annotations
 
