@@ -11,31 +11,43 @@ at once (no polling of a mailbox), and the peer's uid is checked (``SO_PEERCRED`
 worker listens, so the next lowest takes over when the leader is let go. The leader sends a
 round (a barrier's n, a report's round) once every connected local worker reached it (or was
 sent at it already); a follower whose leader is gone (EOF, let go, a refused or failed relay,
-half an answer past 5 s) sends its own, which the scheduler counts once (a node's barrier is
-the highest it reached, a report is kept per worker, a late one of a planned round answered)."""
+half an answer, or a hand it left unread in the kernel, past 5 s) sends its own, which the
+scheduler counts once (a node's barrier is the highest it reached, a report is kept per
+worker, a late one of a planned round answered); a leader that did not read is not asked again."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import logging
-import os
+import select
 import selectors
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
-from msgspec import Meta
 
 from hetps.cluster import protocol as P
-from hetps.cluster.commands import BalanceAnswer, NodeId
-from hetps.cluster.hostmerge import merge_host
+from hetps.cluster.commands import BalanceAnswer
+from hetps.cluster.hostmerge import (
+    _DECODERS,
+    _LEN,
+    _MAX_FRAME,
+    REPORT,
+    Hand,
+    Hello,
+    Report,
+    Told,
+    _name,
+    _rows,
+    _same_user,
+    _send,
+    _unread,
+    merge_host,
+)
 from hetps.cluster.ports import MemberPort
 from hetps.cluster.requests import Future, RequestTimeout
 from hetps.transport.codec import Message
@@ -52,63 +64,10 @@ class LeadNode(MemberPort, Protocol):
 
 
 log = logging.getLogger("hetps.worker")
-_LEN = struct.Struct("<I")
-_MAX_FRAME = 1 << 26  # a report's samples (the balance agent keeps at most 100,000: 4.8 MB)
 _TICK = 0.2  # how often a wait looks at the node's failure and the let-go workers
 _SEND_S = 1.0  # an answer a follower does not take within this drops it
 _FRAME_S = 5.0  # a frame begun and not whole within this drops its sender (leader or follower)
-REPORT = "r"  # the kind of a link report; a barrier's is "b:" and its group
 AHEAD = 3  # a follower's rounds past this worker's own the leader keeps (sync: a round or two)
-
-
-def _name(secret: bytes, group: int, leader: int) -> bytes:
-    tag = hmac.new(secret, f"hostlead:{group}:{leader}".encode(), hashlib.sha256).hexdigest()
-    return b"\0hetps-lead-" + tag[:32].encode()
-
-
-# -- the frames of the host's channel: a follower's Hello (its node id), then its arrivals
-# (Hand: kind, REPORT or "b:" and a barrier's group; n, its round or number; w, a report's
-# body, samples and times); the leader's answers (Told: kind, n, ok: the scheduler answered,
-# a: a barrier's live members or the planner's answer)
-class Hello(msgspec.Struct, forbid_unknown_fields=True):
-    id: NodeId
-
-
-class Report(msgspec.Struct, forbid_unknown_fields=True):
-    b: dict[str, Any]
-    s: bytes  # float64 rows of 6
-    t: bytes  # float64 rows of 3
-
-
-class Hand(msgspec.Struct, forbid_unknown_fields=True):
-    k: Annotated[str, Meta(max_length=16)]
-    n: Annotated[int, Meta(ge=1)]
-    w: Report | None = None
-
-
-class Told(msgspec.Struct, forbid_unknown_fields=True):
-    k: str
-    n: int
-    ok: bool
-    a: BalanceAnswer | list[NodeId] | None = None
-
-
-_DECODERS = {kind: msgspec.msgpack.Decoder(kind) for kind in (Hello, Hand, Told)}
-_ENCODER = msgspec.msgpack.Encoder()
-
-
-def _send(sock: socket.socket, frame: Any) -> None:
-    data = _ENCODER.encode(frame)
-    sock.sendall(_LEN.pack(len(data)) + data)
-
-
-def _same_user(sock: socket.socket) -> bool:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1] == os.geteuid()
-
-
-def _rows(data: bytes, cols: int) -> np.ndarray:
-    return np.frombuffer(data, np.float64).reshape(-1, cols)
 
 
 class _Peer:
@@ -215,6 +174,7 @@ class HostLead:
         # follower: the connection to the leader it hands its messages to
         self.up: socket.socket | None = None
         self.up_id = 0
+        self.shunned: set[int] = set()  # leaders that did not read a hand: it sends its own
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.listener.bind(_name(self.secret, self.group, self.me))
@@ -256,17 +216,18 @@ class HostLead:
             if lead == self.me:
                 self._arrive(kind, self.me, n, what)
                 return lead, slot
-        if self.up is None or self.up_id != lead:
+        if (self.up is None or self.up_id != lead) and lead not in self.shunned:
             self._drop_up()
             self._connect(lead)
         try:
-            if self.up is None:
+            if self.up is None or lead in self.shunned:
                 raise OSError("no leader")
             _send(self.up, Hand(kind, n, what))
         except OSError as exc:
             if isinstance(exc, TimeoutError):  # (a stalled leader)
                 log.warning("worker %d: dropped host leader %d, which did not take a hand within "
                             "%g s; sends its own", self.me, lead, _FRAME_S)  # fmt: skip
+                self.shunned.add(lead)
             self._drop_up()
             with self.lock:
                 self.slots.pop((kind, n), None)
@@ -315,25 +276,29 @@ class HostLead:
 
     def _read_up(self, sock: socket.socket, lead: int) -> None:
         """The leader's answers to this follower, each to its slot; at the end (the leader
-        gone, or dropped: what is no answer, or half a frame not whole within :data:`_FRAME_S`)
-        every slot still open is told to send directly."""
-        up, why = _Peer(sock), None
+        gone, or dropped: what is no answer, half a frame not whole, or a hand it did not read,
+        within :data:`_FRAME_S`) every slot still open is told to send directly."""
+        up, why, unread = _Peer(sock), None, 0.0
         while why is None:
             try:
-                data = sock.recv(1 << 20)
-                if not data:
-                    break  # the leader is gone
-                for told in map(_DECODERS[Told].decode, up.frames(data)):
-                    self._told(told)
-            except TimeoutError:
-                pass  # (nothing came: the host's others are not there yet)
+                if select.select([sock], [], [], _TICK)[0]:
+                    data = sock.recv(1 << 20)
+                    if not data:
+                        break  # the leader is gone
+                    for told in map(_DECODERS[Told].decode, up.frames(data)):
+                        self._told(told)
+                # a silent leader: what this follower sent lies unread in the kernel
+                unread = (unread or time.monotonic()) if _unread(sock) else 0.0
             except OSError:
                 break
             except (ValueError, msgspec.DecodeError) as exc:
-                why = f"what is no answer ({exc})"
-            why = why or up.stalled()
+                why = f"sent what is no answer ({exc})"
+            if unread and time.monotonic() - unread > _FRAME_S:
+                why = f"did not take a hand within {_FRAME_S:g} s"
+                self.shunned.add(lead)  # (a leader that does not read is not asked again)
+            why = why or (f"sent {s}" if (s := up.stalled()) else None)
         if why is not None:
-            log.warning("worker %d: dropped host leader %d, which sent %s; sends its own",
+            log.warning("worker %d: dropped host leader %d, which %s; sends its own",
                         self.me, lead, why)  # fmt: skip
         with self.lock:
             if self.up is sock:
