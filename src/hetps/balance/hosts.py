@@ -12,13 +12,13 @@ host of their own: then every row is a worker and the plans are exactly those wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from hetps.balance.network import Network
 
-__all__ = ["HostMap", "per_host_network", "row_lookup", "rows_of"]
+__all__ = ["HostMap", "host_pushes", "per_host_network", "row_lookup", "rows_of"]
 
 
 class HostMap:
@@ -54,6 +54,16 @@ def per_host_network(net: Network, servers: Sequence[int], hosts: HostMap, pushe
     factor = len(rows) / float(k.sum())
     up[srv], down[srv] = up[srv] * factor, down[srv] * factor
     return Network(up, down)
+
+
+def host_pushes(hosts: HostMap, once: dict[int, bool], live: Iterable[int]) -> np.ndarray:
+    """Each host's pushes a round: one where it aggregates (``once[h]``, as its last report
+    says), else one per live worker (ranks ``live``): a host left with one worker, or whose
+    aggregation went off, pushes per process again (at least one: a row without workers)."""
+    ranks = [r for r in live if 0 <= r < len(hosts.host_of_rank)]
+    count = np.bincount(hosts.host_of_rank[ranks], minlength=hosts.n_hosts)
+    agg = np.array([once.get(h, False) for h in range(hosts.n_hosts)], dtype=bool)
+    return np.where(agg, 1, np.maximum(count, 1)).astype(float)
 
 
 def row_lookup(ids: Sequence[int], rows: Sequence[int]) -> np.ndarray:

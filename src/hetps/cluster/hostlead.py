@@ -511,7 +511,8 @@ class HostLead:
         (:func:`merge_host`), their times in one array (with those: each worker's longest,
         all that the planner reads of them unless its plan fits a line per server), the rows of
         each worker (``host_rows``: the merged samples all the first's), the layout and the
-        flags of the first that has them (every worker reports the same ones)."""
+        flags of the first that has them (every worker reports the same ones; ``one_push``:
+        all of them say it)."""
         bodies = [batch[i].b for i in ids]
         samples = [_rows(batch[i].s, 6) for i in ids]
         times = [_rows(batch[i].t, 3) for i in ids]
@@ -523,8 +524,9 @@ class HostLead:
                 times = [self.shrink_times(t) for t in times]
         rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
         body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
-        for field in ("sizes", "assign", "calibration", "spread_done", "one_push"):
+        for field in ("sizes", "assign", "calibration", "spread_done"):
             body[field] = next((b[field] for b in bodies if b.get(field)), None)
+        body["one_push"] = all(b.get("one_push") for b in bodies) or None  # (all aggregate)
         arrays = [joined, np.concatenate(times)]
         return Message(P.BALANCE_REPORT, body={k: v for k, v in body.items() if v is not None},
                        arrays=arrays)  # fmt: skip
