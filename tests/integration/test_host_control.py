@@ -1,6 +1,8 @@
 """One barrier arrival per host (cluster/hostlead.py): 2 hosts of 2 worker processes and a
 server process against a real scheduler (in this process, to count what it receives); the
-host's leader killed mid-job leaves no worker hanging: the others fail naming it."""
+host's leader killed mid-job leaves no worker hanging: the others fail naming it. A local
+worker killed mid-round under a balance plan with host aggregation: with --elastic the others
+go on with the flat job's values and the planner counts its host per process again."""
 
 from __future__ import annotations
 
@@ -308,11 +310,18 @@ BALANCED_KILL = textwrap.dedent("""
 """)
 
 
-def test_a_local_worker_killed_under_a_balance_plan_and_elastic(job):
-    j = job(0, code=BALANCED_KILL, HETPS_BALANCE="aware", HETPS_ELASTIC="2",
+@pytest.mark.parametrize("elastic", ["2", pytest.param("0", marks=pytest.mark.slow)])
+def test_a_local_worker_killed_under_a_balance_plan(job, elastic):
+    """--elastic: the others go on, every value the flat job's; else each fails naming it."""
+    j = job(0, code=BALANCED_KILL, HETPS_BALANCE="aware", HETPS_ELASTIC=elastic,
             HETPS_SLICE_ELEMS="4096", HETPS_PROBE_PROB="1")  # fmt: skip
     outs = _finish(j, timeout=90)  # a hang fails here
     assert j.workers[3].returncode == -signal.SIGKILL, outs[3]
+    if elastic == "0":
+        for p, out in zip(j.workers[:3], outs[:3], strict=True):
+            assert p.returncode != 0 and "ROUNDS" not in out, out
+            assert re.search(r"worker rank 3\b|local rank 1 \(pid \d+\) of host group 1", out), out
+        return
     for me, (p, out) in enumerate(zip(j.workers[:3], outs[:3], strict=True)):
         assert p.returncode == 0, out
         rounds = json.loads(re.search(rf"ROUNDS {me} (\[.*\])", out).group(1))
