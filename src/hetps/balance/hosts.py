@@ -57,13 +57,11 @@ def per_host_network(net: Network, servers: Sequence[int], hosts: HostMap, pushe
 
 
 def host_pushes(hosts: HostMap, once: dict[int, bool], live: Iterable[int]) -> np.ndarray:
-    """Each host's pushes a round: one where it aggregates (``once[h]``, as its last report
-    says), else one per live worker (ranks ``live``): a host left with one worker, or whose
-    aggregation went off, pushes per process again (at least one: a row without workers)."""
-    ranks = [r for r in live if 0 <= r < len(hosts.host_of_rank)]
+    """Each host's pushes a round: one where it aggregates (``once``, by its last report),
+    else one per live worker (ranks ``live``), at least one."""
+    ranks = [r for r in live if 0 <= r < len(hosts.host_of_rank)]  # (one joined later: none)
     count = np.bincount(hosts.host_of_rank[ranks], minlength=hosts.n_hosts)
-    agg = np.array([once.get(h, False) for h in range(hosts.n_hosts)], dtype=bool)
-    return np.where(agg, 1, np.maximum(count, 1)).astype(float)
+    return np.where([once.get(h, False) for h in range(hosts.n_hosts)], 1.0, np.maximum(count, 1))
 
 
 def row_lookup(ids: Sequence[int], rows: Sequence[int]) -> np.ndarray:

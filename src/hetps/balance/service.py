@@ -212,8 +212,8 @@ class Planner:
             return memo[0]
         net = self.links.node_network()
         if net is not None and self.hosts.shared:
-            ranks = [P.rank_of(i) for i in self._live] if self._live_at else range(self.W)
-            pushes = host_pushes(self.hosts, self.one_push, ranks)
+            live = [P.rank_of(i) for i in self._live] if self._live_at else range(self.W)
+            pushes = host_pushes(self.hosts, self.one_push, live)
             net = per_host_network(net, self.servers, self.hosts, pushes)
         if memo is not None:
             memo.append(net)

@@ -11,43 +11,35 @@ at once (no polling of a mailbox), and the peer's uid is checked (``SO_PEERCRED`
 worker listens, so the next lowest takes over when the leader is let go. The leader sends a
 round (a barrier's n, a report's round) once every connected local worker reached it (or was
 sent at it already); a follower whose leader is gone (EOF, let go, a refused or failed relay,
-half an answer, or a hand it left unread in the kernel, past 5 s) sends its own, which the
+half an answer or a hand left unread past 5 s: not asked again) sends its own, which the
 scheduler counts once (a node's barrier is the highest it reached, a report is kept per
-worker, a late one of a planned round answered); a leader that did not read is not asked again."""
+worker, a late one of a planned round answered)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import hmac
 import logging
+import os
 import select
 import selectors
 import socket
+import struct
+import termios
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 import msgspec
 import numpy as np
+from msgspec import Meta
 
 from hetps.cluster import protocol as P
-from hetps.cluster.commands import BalanceAnswer
-from hetps.cluster.hostmerge import (
-    _DECODERS,
-    _LEN,
-    _MAX_FRAME,
-    REPORT,
-    Hand,
-    Hello,
-    Report,
-    Told,
-    _name,
-    _rows,
-    _same_user,
-    _send,
-    _unread,
-    merge_host,
-)
+from hetps.cluster.commands import BalanceAnswer, NodeId
+from hetps.cluster.hostmerge import merge_host
 from hetps.cluster.ports import MemberPort
 from hetps.cluster.requests import Future, RequestTimeout
 from hetps.transport.codec import Message
@@ -65,9 +57,57 @@ class LeadNode(MemberPort, Protocol):
 
 log = logging.getLogger("hetps.worker")
 _TICK = 0.2  # how often a wait looks at the node's failure and the let-go workers
+_LEN = struct.Struct("<I")
+_MAX_FRAME = 1 << 26  # a report's samples (the balance agent keeps at most 100,000: 4.8 MB)
 _SEND_S = 1.0  # an answer a follower does not take within this drops it
 _FRAME_S = 5.0  # a frame begun and not whole within this drops its sender (leader or follower)
+REPORT = "r"  # the kind of a link report; a barrier's is "b:" and its group
 AHEAD = 3  # a follower's rounds past this worker's own the leader keeps (sync: a round or two)
+
+
+def _name(secret: bytes, group: int, leader: int) -> bytes:
+    tag = hmac.new(secret, f"hostlead:{group}:{leader}".encode(), hashlib.sha256).hexdigest()
+    return b"\0hetps-lead-" + tag[:32].encode()
+
+
+# -- the frames of the host's channel: a follower's Hello (its node id), then its arrivals
+# (Hand: kind, REPORT or "b:" and a barrier's group; n, its round or number; w, a report's
+# body, samples and times); the leader's answers (Told: kind, n, ok: the scheduler answered,
+# a: a barrier's live members or the planner's answer)
+class Hello(msgspec.Struct, forbid_unknown_fields=True):
+    id: NodeId
+
+
+class Report(msgspec.Struct, forbid_unknown_fields=True):
+    b: dict[str, Any]
+    s: bytes  # float64 rows of 6
+    t: bytes  # float64 rows of 3
+
+
+class Hand(msgspec.Struct, forbid_unknown_fields=True):
+    k: Annotated[str, Meta(max_length=16)]
+    n: Annotated[int, Meta(ge=1)]
+    w: Report | None = None
+
+
+class Told(msgspec.Struct, forbid_unknown_fields=True):
+    k: str
+    n: int
+    ok: bool
+    a: BalanceAnswer | list[NodeId] | None = None
+
+
+_DECODERS = {kind: msgspec.msgpack.Decoder(kind) for kind in (Hello, Hand, Told)}
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def _send(sock: socket.socket, frame: Any) -> None:
+    sock.sendall(_LEN.pack(len(data := _ENCODER.encode(frame))) + data)
+
+
+def _same_user(sock: socket.socket) -> bool:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] == os.geteuid()
 
 
 class _Peer:
@@ -223,11 +263,7 @@ class HostLead:
             if self.up is None or lead in self.shunned:
                 raise OSError("no leader")
             _send(self.up, Hand(kind, n, what))
-        except OSError as exc:
-            if isinstance(exc, TimeoutError):  # (a stalled leader)
-                log.warning("worker %d: dropped host leader %d, which did not take a hand within "
-                            "%g s; sends its own", self.me, lead, _FRAME_S)  # fmt: skip
-                self.shunned.add(lead)
+        except OSError:  # (gone, or not reading: its reader drops it, naming it, first)
             self._drop_up()
             with self.lock:
                 self.slots.pop((kind, n), None)
@@ -256,7 +292,7 @@ class HostLead:
         until = time.monotonic() + 5.0
         while self.up is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(_FRAME_S)  # (a hand not taken, or half an answer, drops the leader)
+            sock.settimeout(2 * _FRAME_S)  # (a hand not read: the reader drops the leader first)
             try:
                 sock.connect(_name(self.secret, self.group, lead))
                 if not _same_user(sock):
@@ -281,14 +317,14 @@ class HostLead:
         up, why, unread = _Peer(sock), None, 0.0
         while why is None:
             try:
-                if select.select([sock], [], [], _TICK)[0]:
-                    data = sock.recv(1 << 20)
-                    if not data:
-                        break  # the leader is gone
-                    for told in map(_DECODERS[Told].decode, up.frames(data)):
-                        self._told(told)
-                # a silent leader: what this follower sent lies unread in the kernel
-                unread = (unread or time.monotonic()) if _unread(sock) else 0.0
+                data = sock.recv(1 << 20) if select.select([sock], [], [], _TICK)[0] else None
+                if data == b"":
+                    break  # the leader is gone
+                for told in map(_DECODERS[Told].decode, up.frames(data) if data else []):
+                    self._told(told)
+                # a silent leader: what this follower sent lies unread in the kernel (SIOCOUTQ)
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)) != bytes(4)
+                unread = (unread or time.monotonic()) if queued else 0.0
             except OSError:
                 break
             except (ValueError, msgspec.DecodeError) as exc:
@@ -300,6 +336,8 @@ class HostLead:
         if why is not None:
             log.warning("worker %d: dropped host leader %d, which %s; sends its own",
                         self.me, lead, why)  # fmt: skip
+            with contextlib.suppress(OSError):  # (a hand it sends meanwhile fails at once)
+                sock.shutdown(socket.SHUT_RDWR)
         with self.lock:
             if self.up is sock:
                 self.up = None
@@ -357,16 +395,14 @@ class HostLead:
         """What ``peer`` sent since: each whole frame taken (its Hello, then its hands); a
         half frame waits in its buffer, and the other followers go on meanwhile."""
         try:
-            data = peer.sock.recv(1 << 20)
+            data, why = peer.sock.recv(1 << 20), None
+            frames = peer.frames(data) if data else []
         except OSError:
-            data = b""
-        if not data:  # gone: it sends its own from now on
-            self._drop(peer, None)
-            return
-        try:
-            frames = peer.frames(data)
-        except ValueError as exc:
-            self._drop(peer, str(exc))
+            data, why = b"", None
+        except ValueError as exc:  # (a bad size)
+            data, why = b"", str(exc)
+        if not data:  # gone, or dropped: it sends its own from now on
+            self._drop(peer, why)
             return
         for frame in frames:
             if not (self._hello(peer, frame) if peer.nid is None else self._take(peer, frame)):
@@ -511,11 +547,10 @@ class HostLead:
         (:func:`merge_host`), their times in one array (with those: each worker's longest,
         all that the planner reads of them unless its plan fits a line per server), the rows of
         each worker (``host_rows``: the merged samples all the first's), the layout and the
-        flags of the first that has them (every worker reports the same ones; ``one_push``:
-        all of them say it)."""
+        flags of the first that has them (every worker reports the same ones)."""
         bodies = [batch[i].b for i in ids]
-        samples = [_rows(batch[i].s, 6) for i in ids]
-        times = [_rows(batch[i].t, 3) for i in ids]
+        samples = [np.frombuffer(batch[i].s, np.float64).reshape(-1, 6) for i in ids]
+        times = [np.frombuffer(batch[i].t, np.float64).reshape(-1, 3) for i in ids]
         joined = np.concatenate(samples)
         if not self.node.cfg.colocate:  # (colocated: every worker is a row of its own)
             joined = merge_host(joined, ids)  # the host's, merged per (host, server) pair
@@ -526,7 +561,7 @@ class HostLead:
         body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
         for field in ("sizes", "assign", "calibration", "spread_done"):
             body[field] = next((b[field] for b in bodies if b.get(field)), None)
-        body["one_push"] = all(b.get("one_push") for b in bodies) or None  # (all aggregate)
+        body["one_push"] = all(b.get("one_push") for b in bodies) or None  # (all say it)
         arrays = [joined, np.concatenate(times)]
         return Message(P.BALANCE_REPORT, body={k: v for k, v in body.items() if v is not None},
                        arrays=arrays)  # fmt: skip
@@ -540,10 +575,8 @@ class HostLead:
             reply = (local,)
         with self.lock:
             for nid in ids:
-                if nid == self.me:
-                    slot = self.slots.pop((kind, n), None)
-                    if slot is not None:
-                        slot.set(reply if ok else None)
+                if nid == self.me:  # (its wait, if it still waits)
+                    self.slots.pop((kind, n), Slot()).set(reply if ok else None)
                     continue
                 sock = self.conns.get(nid)
                 try:

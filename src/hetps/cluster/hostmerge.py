@@ -1,82 +1,11 @@
-"""The host channel's frames (cluster/hostlead.py) and a host's link samples merged per
-(src, dst, kind) by its leader before it sends the host's one report."""
+"""A host's link samples merged per (src, dst, kind) by its leader before it sends the host's
+one report (cluster/hostlead.py)."""
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import hmac
-import os
-import socket
-import struct
-import termios
 from collections.abc import Sequence
-from typing import Annotated, Any
 
-import msgspec
 import numpy as np
-from msgspec import Meta
-
-from hetps.cluster.commands import BalanceAnswer, NodeId
-
-_LEN = struct.Struct("<I")
-_MAX_FRAME = 1 << 26  # a report's samples (the balance agent keeps at most 100,000: 4.8 MB)
-REPORT = "r"  # the kind of a link report; a barrier's is "b:" and its group
-
-
-def _name(secret: bytes, group: int, leader: int) -> bytes:
-    tag = hmac.new(secret, f"hostlead:{group}:{leader}".encode(), hashlib.sha256).hexdigest()
-    return b"\0hetps-lead-" + tag[:32].encode()
-
-
-# -- the frames of the host's channel: a follower's Hello (its node id), then its arrivals
-# (Hand: kind, REPORT or "b:" and a barrier's group; n, its round or number; w, a report's
-# body, samples and times); the leader's answers (Told: kind, n, ok: the scheduler answered,
-# a: a barrier's live members or the planner's answer)
-class Hello(msgspec.Struct, forbid_unknown_fields=True):
-    id: NodeId
-
-
-class Report(msgspec.Struct, forbid_unknown_fields=True):
-    b: dict[str, Any]
-    s: bytes  # float64 rows of 6
-    t: bytes  # float64 rows of 3
-
-
-class Hand(msgspec.Struct, forbid_unknown_fields=True):
-    k: Annotated[str, Meta(max_length=16)]
-    n: Annotated[int, Meta(ge=1)]
-    w: Report | None = None
-
-
-class Told(msgspec.Struct, forbid_unknown_fields=True):
-    k: str
-    n: int
-    ok: bool
-    a: BalanceAnswer | list[NodeId] | None = None
-
-
-_DECODERS = {kind: msgspec.msgpack.Decoder(kind) for kind in (Hello, Hand, Told)}
-_ENCODER = msgspec.msgpack.Encoder()
-
-
-def _send(sock: socket.socket, frame: Any) -> None:
-    data = _ENCODER.encode(frame)
-    sock.sendall(_LEN.pack(len(data)) + data)
-
-
-def _same_user(sock: socket.socket) -> bool:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1] == os.geteuid()
-
-
-def _unread(sock: socket.socket) -> int:
-    """Bytes sent on ``sock`` that its peer has not read yet (the kernel's queue: SIOCOUTQ)."""
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))[0]
-
-
-def _rows(data: bytes, cols: int) -> np.ndarray:
-    return np.frombuffer(data, np.float64).reshape(-1, cols)
 
 
 def merge_host(samples: np.ndarray, host: Sequence[int]) -> np.ndarray:
