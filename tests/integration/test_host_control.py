@@ -6,6 +6,7 @@ go on with the flat job's values and the planner counts its host per process aga
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -154,6 +155,9 @@ class Job:
         self.sched._stop.set()
         self.thread.join(10)
         assert not wait_gone([p.pid for p in self.procs])
+        for p in self.procs:  # (what a killed one left: its rings' names)
+            for name in glob.glob(f"/dev/shm/hetps-shm-{p.pid}-*"):
+                os.unlink(name)
 
 
 @pytest.fixture
