@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hetps.balance import Network, iteration_time
-from hetps.balance.hosts import HostMap, per_host_network
+from hetps.balance.hosts import HostMap, host_pushes, per_host_network
 from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import commands
@@ -130,13 +130,16 @@ def test_a_host_left_with_one_worker_plans_its_pushes_per_process_again(agg):
     sched = _Sched([0, 0, 1, 1])
     link = [90e6, 90e6, 30e6, 30e6]
     _round(p, sched, 1, link, one_push=agg)
-    assert p.one_push == {0: agg, 1: agg}
+    assert p.one_push == dict.fromkeys(range(W), agg)
     sched.dead.add(P.worker_id(3))
     _round(p, sched, 2, link, off=(2,), one_push=agg)
-    assert p.one_push == {0: agg, 1: False}
+    assert p.one_push == {0: agg, 1: agg, 2: False, 3: agg}  # (3: its last, read no more)
     net, got = p.links.node_network(), p.node_network()
     want = per_host_network(net, p.servers, p.hosts, np.array([1.0 if agg else 2.0, 1.0]))
     assert got.up == pytest.approx(want.up) and got.down == pytest.approx(want.down)
+    # a host of three where one pushes its own (started again): its host's sum and its own
+    once = {0: True, 1: True, 2: False, 3: False}
+    assert host_pushes(HostMap([0, 0, 0, 1]), once, range(4)).tolist() == [2.0, 1.0]
 
 
 def test_a_spread_names_a_worker_of_the_host():

@@ -57,11 +57,12 @@ def per_host_network(net: Network, servers: Sequence[int], hosts: HostMap, pushe
 
 
 def host_pushes(hosts: HostMap, once: dict[int, bool], live: Iterable[int]) -> np.ndarray:
-    """Each host's pushes a round: one where it aggregates (``once``, by its last report),
-    else one per live worker (ranks ``live``), at least one."""
+    """Each host's pushes a round: one for those of its live workers (ranks ``live``) whose
+    last report says they aggregate (``once``), and one for each other one; at least one."""
     ranks = [r for r in live if 0 <= r < len(hosts.host_of_rank)]  # (one joined later: none)
-    count = np.bincount(hosts.host_of_rank[ranks], minlength=hosts.n_hosts)
-    return np.where([once.get(h, False) for h in range(hosts.n_hosts)], 1.0, np.maximum(count, 1))
+    rows, agg = hosts.host_of_rank[ranks], [once.get(r, False) for r in ranks]
+    count, summed = (np.bincount(rows, w, hosts.n_hosts) for w in (None, agg))
+    return np.maximum(count - summed + (summed > 0), 1)
 
 
 def row_lookup(ids: Sequence[int], rows: Sequence[int]) -> np.ndarray:

@@ -123,7 +123,7 @@ class Planner:
         self._live_at: tuple[int, int, int] | None = None
         self._live_rows: set[int] = set()  # (their rows of the link model)
         self._net_memo: list | None = None  # within a round's release: its caps, read once
-        # host index -> it pushes once for its workers (aggregation; its last report says)
+        # worker rank -> its host pushes once for it (aggregation; its last report says)
         self.one_push: dict[int, bool] = {}
         self._rows()
 
@@ -338,8 +338,7 @@ class Planner:
         if why is not None:
             sched.reply(msg, {"error": why})
             return
-        for r in {P.rank_of(i) for i in ids} & set(range(self.W)):  # (its host's, as it is now)
-            self.one_push[int(self.hosts.host_of_rank[r])] = b.one_push
+        self.one_push.update(dict.fromkeys(map(P.rank_of, ids), b.one_push))  # (its host's)
         if all(self._done.get(i, 0) >= rnd for i in ids):  # sent again: its leader died
             sched.reply(msg, *reply_parts(self._last))
             return
