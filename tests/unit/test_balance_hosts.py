@@ -93,7 +93,7 @@ def test_the_plan_functions_see_a_hosts_pushes():
     server gets 4 pushes (3 + the other host's 1). The scaled caps give the model those times."""
     hosts = HostMap([0, 0, 0, 1])
     net = Network(np.array([10.0, 9.0, 30.0, 30.0]), np.array([10.0, 9.0, 30.0, 30.0]))
-    scaled = per_host_network(net, [0, 1], hosts, hosts.counts)
+    scaled = per_host_network(net, [0, 1], hosts, host_pushes(hosts, {}, range(4)))  # (3, 1)
     shares = np.array([60.0, 40.0])
     total = float(shares.sum())
     want = max(3 * total / 30.0, 4 * 60.0 / 10.0, 4 * 40.0 / 9.0)  # host 0, server 0, server 1
@@ -114,7 +114,7 @@ def test_reports_of_aggregating_hosts_plan_one_push_per_host():
         hosts, net = p.hosts, p.links.node_network()
         assert any(p.one_push.values()) is flag
         got[flag] = p.node_network()
-        pushes = np.ones(2) if flag else hosts.counts
+        pushes = np.ones(2) if flag else host_pushes(hosts, {}, range(W))
         want = per_host_network(net, p.servers, hosts, pushes)
         assert got[flag].up == pytest.approx(want.up) and got[flag].down == pytest.approx(want.down)
     # the 3-worker host's caps: its link's, not a third of it

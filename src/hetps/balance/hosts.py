@@ -30,7 +30,6 @@ class HostMap:
         index: dict[tuple[int, int], int] = {}
         self.host_of_rank = np.array([index.setdefault(k, len(index)) for k in key], dtype=np.int64)
         self.n_hosts = len(index)
-        self.counts = np.bincount(self.host_of_rank, minlength=self.n_hosts)
         first = np.full(self.n_hosts, len(key), dtype=np.int64)
         np.minimum.at(first, self.host_of_rank, np.arange(len(key)))
         self.first_rank = first  # each host's lowest worker rank (it stands for the host)
