@@ -1,9 +1,12 @@
 """One barrier arrival per host (cluster/hostlead.py): 2 hosts of 2 worker processes and a
 server process against a real scheduler (in this process, to count what it receives); the
-host's leader killed mid-job leaves no worker hanging: the others fail naming it."""
+host's leader killed mid-job leaves no worker hanging: the others fail naming it. A local
+worker killed mid-round under a balance plan with host aggregation: with --elastic the others
+go on with the flat job's values and the planner counts its host per process again."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -57,7 +60,9 @@ SCRIPT = textwrap.dedent("""
 class Job:
     """A scheduler in this process (its host arrivals recorded) and the roles as processes."""
 
-    def __init__(self, tmp_path, barriers: int, *script_args: str, **env: str) -> None:
+    def __init__(
+        self, tmp_path, barriers: int, *script_args: str, code: str = SCRIPT, **env: str
+    ) -> None:
         secret = secrets.token_hex(32)
         slice_elems = int(env.pop("HETPS_SLICE_ELEMS", 1000))
         cfg = loopback_config(
@@ -100,7 +105,7 @@ class Job:
         self.thread.start()
         port = self.sched.van.port
         script = tmp_path / "job.py"
-        script.write_text(SCRIPT)
+        script.write_text(code)
         common = dict(
             servers=2,
             workers=WORKERS,
@@ -150,6 +155,9 @@ class Job:
         self.sched._stop.set()
         self.thread.join(10)
         assert not wait_gone([p.pid for p in self.procs])
+        for p in self.procs:  # (what a killed one left: its rings' names)
+            for name in glob.glob(f"/dev/shm/hetps-shm-{p.pid}-*"):
+                os.unlink(name)
 
 
 @pytest.fixture
@@ -259,7 +267,7 @@ def test_link_reports_are_one_per_host_and_every_value_is_the_jobs(job):
         longest += len(times)
     assert longest >= 4 * (rounds - 2), j.times
     # the hosts sum their workers' pushes and push once: their leaders' reports say so
-    assert j.planner.one_push_per_host
+    assert all(j.planner.one_push.values())
 
 
 def test_the_leader_killed_under_elastic_leaves_the_others_going_on(job):
@@ -276,3 +284,54 @@ def test_the_leader_killed_under_elastic_leaves_the_others_going_on(job):
     ranks = {nid: info.rank for nid, info in j.sched.nodes.items() if info.role == "worker"}
     last = sorted(sorted(ranks[i] for i in ids) for _, n, ids in j.arrivals if n == 5)
     assert last == [[1], [2, 3]], j.arrivals
+
+
+# Under a balance plan with host aggregation and --elastic: worker 3 (host 1's follower)
+# pushes round KILL_AT and is killed before its pull; every round's value of every survivor is
+# the flat job's sum bit for bit (host 0's two, then host 1's: both until the round worker 3
+# gave, then worker 2 alone), and its host's reports say that it pushes its own from then on.
+BALANCED_KILL = textwrap.dedent("""
+    import json, os, signal, hetps.kv
+    import numpy as np
+    N, KILL_AT = 4 * 4096, 2
+    kv = hetps.kv.create('dist_sync')
+    me = 2 * kv.cfg.host_group + kv.cfg.local_rank
+    kv.init('w', np.zeros(N, np.float32))
+    rngs = [np.random.default_rng(r) for r in range(4)]  # every worker's gradients, known to all
+    rounds = []
+    for step in range(6):
+        kv.rebalance()
+        g = [r.standard_normal(N).astype(np.float32) for r in rngs]
+        kv.push('w', g[me])
+        if step == KILL_AT and me == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        w = kv.pull('w')
+        flat = (g[0] + g[1]) + ((g[2] + g[3]) if step <= KILL_AT else g[2])
+        rounds.append([int((w.view(np.uint32) != flat.view(np.uint32)).sum()),
+                       kv.short_rounds('w')])
+    print('ROUNDS', me, json.dumps(rounds), flush=True)
+    kv.close()
+""")
+
+
+@pytest.mark.parametrize("elastic", ["2", pytest.param("0", marks=pytest.mark.slow)])
+def test_a_local_worker_killed_under_a_balance_plan(job, elastic):
+    """--elastic: the others go on, every value the flat job's; else each fails naming it."""
+    j = job(0, code=BALANCED_KILL, HETPS_BALANCE="aware", HETPS_ELASTIC=elastic,
+            HETPS_SLICE_ELEMS="4096", HETPS_PROBE_PROB="1")  # fmt: skip
+    outs = _finish(j, timeout=90)  # a hang fails here
+    assert j.workers[3].returncode == -signal.SIGKILL, outs[3]
+    if elastic == "0":
+        for p, out in zip(j.workers[:3], outs[:3], strict=True):
+            assert p.returncode != 0 and "ROUNDS" not in out, out
+            assert re.search(r"worker rank 3\b|local rank 1 \(pid \d+\) of host group 1", out), out
+        return
+    for me, (p, out) in enumerate(zip(j.workers[:3], outs[:3], strict=True)):
+        assert p.returncode == 0, out
+        rounds = json.loads(re.search(rf"ROUNDS {me} (\[.*\])", out).group(1))
+        # every element of every round the flat job's; the round worker 3 died in summed 4
+        assert [r[0] for r in rounds] == [0] * 6, rounds
+        # and every survivor knows the rounds after it hold 3 workers' gradients
+        assert [r[1] for r in rounds] == [[]] * 3 + [[[0, 4 * 4096, 3]]] * 3, rounds
+    # the planner counts host 0's one push and host 1's worker 2 pushing its own
+    assert {r: j.planner.one_push[r] for r in range(3)} == {0: True, 1: True, 2: False}

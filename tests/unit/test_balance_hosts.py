@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hetps.balance import Network, iteration_time
-from hetps.balance.hosts import HostMap, per_host_network
+from hetps.balance.hosts import HostMap, host_pushes, per_host_network
 from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import commands
@@ -35,11 +35,16 @@ class _Sched:
         self.answers.append(unpack_plan(Message(msg.cmd, body=body, arrays=arrays or [])))
 
 
-def _round(p: Planner, sched: _Sched, rnd: int, link: list[float], **flags: bool) -> None:
-    """Every worker pushes PART to each server and pulls it back, all at once; worker r's
-    host link is ``link[r]`` bytes/s, split evenly between that host's workers and servers."""
+def _round(
+    p: Planner, sched: _Sched, rnd: int, link: list[float], off: tuple = (), **flags: bool
+) -> None:
+    """Every live worker pushes PART to each server and pulls it back, all at once; worker
+    r's host link is ``link[r]`` bytes/s, split evenly between that host's workers and
+    servers; the ranks ``off`` report without ``flags``."""
     groups = [n.group for n in sched.nodes.values()]
     for r, node in enumerate(sched.nodes.values()):
+        if node.id in sched.dead:
+            continue
         mates = groups.count(node.group) if node.group >= 0 else 1
         share = link[r] / (mates * S)  # each flow's rate on the host's link
         rows = []
@@ -47,7 +52,7 @@ def _round(p: Planner, sched: _Sched, rnd: int, link: list[float], **flags: bool
             t = PART / share
             rows.append([node.id, P.server_id(s), PART, 100.0, 100.0 + t, 0])
             rows.append([P.server_id(s), node.id, PART, 100.0, 100.0 + t, 0])
-        body = {"round": rnd, **flags}
+        body = {"round": rnd, **({} if r in off else flags)}
         if rnd == 1:
             body.update(sizes=[8 * 1024], assign=[i % S for i in range(8)])
         times = np.array([[s, PART * W, 0.1] for s in range(S)])
@@ -88,7 +93,7 @@ def test_the_plan_functions_see_a_hosts_pushes():
     server gets 4 pushes (3 + the other host's 1). The scaled caps give the model those times."""
     hosts = HostMap([0, 0, 0, 1])
     net = Network(np.array([10.0, 9.0, 30.0, 30.0]), np.array([10.0, 9.0, 30.0, 30.0]))
-    scaled = per_host_network(net, [0, 1], hosts, hosts.counts)
+    scaled = per_host_network(net, [0, 1], hosts, host_pushes(hosts, {}, range(4)))  # (3, 1)
     shares = np.array([60.0, 40.0])
     total = float(shares.sum())
     want = max(3 * total / 30.0, 4 * 60.0 / 10.0, 4 * 40.0 / 9.0)  # host 0, server 0, server 1
@@ -107,13 +112,34 @@ def test_reports_of_aggregating_hosts_plan_one_push_per_host():
         p = Planner("aware", W, S, False, slice_elems=1024)
         _round(p, _Sched([0, 0, 0, 1]), 1, [90e6, 90e6, 90e6, 30e6], one_push=flag)
         hosts, net = p.hosts, p.links.node_network()
-        assert p.one_push_per_host is flag
+        assert any(p.one_push.values()) is flag
         got[flag] = p.node_network()
-        pushes = np.ones(2) if flag else hosts.counts
+        pushes = np.ones(2) if flag else host_pushes(hosts, {}, range(W))
         want = per_host_network(net, p.servers, hosts, pushes)
         assert got[flag].up == pytest.approx(want.up) and got[flag].down == pytest.approx(want.down)
     # the 3-worker host's caps: its link's, not a third of it
     assert got[True].up[S] == pytest.approx(3 * got[False].up[S])
+
+
+@pytest.mark.parametrize("agg", [True, False])
+def test_a_host_left_with_one_worker_plans_its_pushes_per_process_again(agg):
+    """Two hosts of two; worker 3 dies (elastic) and its host's other worker, alone now,
+    reports that it pushes its own: that host counts one push (its live worker), the other
+    host one (aggregated) or two (each its own); the flag of the host is cleared, not kept."""
+    p = Planner("aware", W, S, False, slice_elems=1024)
+    sched = _Sched([0, 0, 1, 1])
+    link = [90e6, 90e6, 30e6, 30e6]
+    _round(p, sched, 1, link, one_push=agg)
+    assert p.one_push == dict.fromkeys(range(W), agg)
+    sched.dead.add(P.worker_id(3))
+    _round(p, sched, 2, link, off=(2,), one_push=agg)
+    assert p.one_push == {0: agg, 1: agg, 2: False, 3: agg}  # (3: its last, read no more)
+    net, got = p.links.node_network(), p.node_network()
+    want = per_host_network(net, p.servers, p.hosts, np.array([1.0 if agg else 2.0, 1.0]))
+    assert got.up == pytest.approx(want.up) and got.down == pytest.approx(want.down)
+    # a host of three where one pushes its own (started again): its host's sum and its own
+    once = {0: True, 1: True, 2: False, 3: False}
+    assert host_pushes(HostMap([0, 0, 0, 1]), once, range(4)).tolist() == [2.0, 1.0]
 
 
 def test_a_spread_names_a_worker_of_the_host():

@@ -7,6 +7,7 @@ its worker went on is relayed; a follower far ahead is dropped."""
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -267,6 +268,7 @@ DROPS = {
     "half-a-frame": "part of a frame, not whole within 0.3 s",
     "no-answer": "what is no answer",
     "never-reads": "did not take a hand within 0.3 s",
+    "silent": "did not take a hand within 0.3 s",
 }
 
 
@@ -276,8 +278,9 @@ def test_a_stalled_or_broken_leader_is_dropped_and_the_follower_sends_its_own(
 ):
     """A fake leader on the real socket takes the follower's report and answers half a frame
     (then nothing), or a frame that is no answer, or never reads the report (2.4 MB, more than
-    the socket holds): the follower drops it, naming it, and sends its own report to the
-    scheduler, every value its own; the scheduler's answer is its."""
+    the socket holds), or is silent (accepts, never reads a small report, never answers): the
+    follower drops it, naming it, and sends its own report to the scheduler, every value its
+    own; the scheduler's answer is its. A leader that did not read is not asked again."""
     monkeypatch.setattr(H, "_FRAME_S", 0.3)
     fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fake.settimeout(5.0)
@@ -296,8 +299,9 @@ def test_a_stalled_or_broken_leader_is_dropped_and_the_follower_sends_its_own(
         waits.start()  # (its hand to a leader that never reads waits in the thread)
         conn, _ = fake.accept()
         conn.settimeout(5.0)
-        assert H._DECODERS[H.Hello].decode(_frame(conn)).id == FOLLOWER
-        if answer != "never-reads":
+        if answer != "silent":  # (silent: the hello and the hand stay unread)
+            assert H._DECODERS[H.Hello].decode(_frame(conn)).id == FOLLOWER
+        if answer not in ("never-reads", "silent"):
             hand = H._DECODERS[H.Hand].decode(_frame(conn))
             assert (hand.k, hand.n) == (H.REPORT, 1)
         if answer == "half-a-frame":
@@ -319,6 +323,10 @@ def test_a_stalled_or_broken_leader_is_dropped_and_the_follower_sends_its_own(
             pass
         # the follower closed its connection (EOF)
         assert lead.up is None
+        if answer in ("never-reads", "silent"):  # its next report goes directly, at once
+            slot = lead.report(2, _report(2, 5)).slot
+            assert slot.event.is_set() and slot.answer is None  # (not relayed: sent directly)
+            assert not select.select([fake], [], [], 0)[0]  # (no new connection to the leader)
     finally:
         lead.close()
         for sock in (conn, fake):

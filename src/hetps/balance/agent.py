@@ -254,7 +254,8 @@ class BalanceAgent:
         # every report's in bulk
         table = np.array(samples, dtype=np.float64).reshape(-1, 6)
         body = {"round": self._round}
-        if getattr(self.kv, "hostagg", None) is not None:  # (the planner's one_push_per_host)
+        agg = getattr(self.kv, "hostagg", None)  # (the planner's pushes of this host)
+        if agg is not None and agg.size - len(agg.dead) > 1:  # (one left: it pushes its own)
             body["one_push"] = True
         if self._spread_made:  # a turn of the planner's spread rotation, even if all failed
             body["spread_done"], self._spread_made = self._spread_made[:2], None

@@ -12,13 +12,13 @@ host of their own: then every row is a worker and the plans are exactly those wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from hetps.balance.network import Network
 
-__all__ = ["HostMap", "per_host_network", "row_lookup", "rows_of"]
+__all__ = ["HostMap", "host_pushes", "per_host_network", "row_lookup", "rows_of"]
 
 
 class HostMap:
@@ -30,7 +30,6 @@ class HostMap:
         index: dict[tuple[int, int], int] = {}
         self.host_of_rank = np.array([index.setdefault(k, len(index)) for k in key], dtype=np.int64)
         self.n_hosts = len(index)
-        self.counts = np.bincount(self.host_of_rank, minlength=self.n_hosts)
         first = np.full(self.n_hosts, len(key), dtype=np.int64)
         np.minimum.at(first, self.host_of_rank, np.arange(len(key)))
         self.first_rank = first  # each host's lowest worker rank (it stands for the host)
@@ -54,6 +53,15 @@ def per_host_network(net: Network, servers: Sequence[int], hosts: HostMap, pushe
     factor = len(rows) / float(k.sum())
     up[srv], down[srv] = up[srv] * factor, down[srv] * factor
     return Network(up, down)
+
+
+def host_pushes(hosts: HostMap, once: dict[int, bool], live: Iterable[int]) -> np.ndarray:
+    """Each host's pushes a round: one for those of its live workers (ranks ``live``) whose
+    last report says they aggregate (``once``), and one for each other one; at least one."""
+    ranks = [r for r in live if 0 <= r < len(hosts.host_of_rank)]  # (one joined later: none)
+    rows, agg = hosts.host_of_rank[ranks], [once.get(r, False) for r in ranks]
+    count, summed = (np.bincount(rows, w, hosts.n_hosts) for w in (None, agg))
+    return np.maximum(count - summed + (summed > 0), 1)
 
 
 def row_lookup(ids: Sequence[int], rows: Sequence[int]) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 
 from hetps.balance import EstimateTable, LoadModel, Network, assign, iteration_time, make_plan
 from hetps.balance.estimate import link_matrix, used_links
-from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
+from hetps.balance.hosts import HostMap, host_pushes, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
 from hetps.balance.reports import host_ids, named, sample_array, spans, times_array
@@ -123,8 +123,8 @@ class Planner:
         self._live_at: tuple[int, int, int] | None = None
         self._live_rows: set[int] = set()  # (their rows of the link model)
         self._net_memo: list | None = None  # within a round's release: its caps, read once
-        # a host pushes once for its workers (host-local aggregation, as its reports say)
-        self.one_push_per_host = False
+        # worker rank -> its host pushes once for it (aggregation; its last report says)
+        self.one_push: dict[int, bool] = {}
         self._rows()
 
     @classmethod
@@ -212,7 +212,8 @@ class Planner:
             return memo[0]
         net = self.links.node_network()
         if net is not None and self.hosts.shared:
-            pushes = np.ones(self.hosts.n_hosts) if self.one_push_per_host else self.hosts.counts
+            live = [P.rank_of(i) for i in self._live] if self._live_at else range(self.W)
+            pushes = host_pushes(self.hosts, self.one_push, live)
             net = per_host_network(net, self.servers, self.hosts, pushes)
         if memo is not None:
             memo.append(net)
@@ -321,7 +322,6 @@ class Planner:
         if self.slices is None:
             sched.reply(msg, {"error": "the first balance report must carry the key sizes"})
             return
-        self.one_push_per_host |= b.one_push  # (its host pushes once for its workers)
         if b.calibration and rnd not in self._calibration_rounds:
             # the first report of a round that re-probed a whole cycle: its readings (this
             # report's and the other workers') replace everything older
@@ -338,6 +338,7 @@ class Planner:
         if why is not None:
             sched.reply(msg, {"error": why})
             return
+        self.one_push.update(dict.fromkeys(map(P.rank_of, ids), b.one_push))  # (its host's)
         if all(self._done.get(i, 0) >= rnd for i in ids):  # sent again: its leader died
             sched.reply(msg, *reply_parts(self._last))
             return

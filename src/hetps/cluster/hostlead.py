@@ -11,19 +11,23 @@ at once (no polling of a mailbox), and the peer's uid is checked (``SO_PEERCRED`
 worker listens, so the next lowest takes over when the leader is let go. The leader sends a
 round (a barrier's n, a report's round) once every connected local worker reached it (or was
 sent at it already); a follower whose leader is gone (EOF, let go, a refused or failed relay,
-half an answer past 5 s) sends its own, which the scheduler counts once (a node's barrier is
-the highest it reached, a report is kept per worker, a late one of a planned round answered)."""
+half an answer or a hand left unread past 5 s: not asked again) sends its own, which the
+scheduler counts once (a node's barrier is the highest it reached, a report is kept per
+worker, a late one of a planned round answered)."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import logging
 import os
+import select
 import selectors
 import socket
 import struct
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -52,9 +56,9 @@ class LeadNode(MemberPort, Protocol):
 
 
 log = logging.getLogger("hetps.worker")
+_TICK = 0.2  # how often a wait looks at the node's failure and the let-go workers
 _LEN = struct.Struct("<I")
 _MAX_FRAME = 1 << 26  # a report's samples (the balance agent keeps at most 100,000: 4.8 MB)
-_TICK = 0.2  # how often a wait looks at the node's failure and the let-go workers
 _SEND_S = 1.0  # an answer a follower does not take within this drops it
 _FRAME_S = 5.0  # a frame begun and not whole within this drops its sender (leader or follower)
 REPORT = "r"  # the kind of a link report; a barrier's is "b:" and its group
@@ -98,17 +102,12 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 
 def _send(sock: socket.socket, frame: Any) -> None:
-    data = _ENCODER.encode(frame)
-    sock.sendall(_LEN.pack(len(data)) + data)
+    sock.sendall(_LEN.pack(len(data := _ENCODER.encode(frame))) + data)
 
 
 def _same_user(sock: socket.socket) -> bool:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1] == os.geteuid()
-
-
-def _rows(data: bytes, cols: int) -> np.ndarray:
-    return np.frombuffer(data, np.float64).reshape(-1, cols)
 
 
 class _Peer:
@@ -215,6 +214,7 @@ class HostLead:
         # follower: the connection to the leader it hands its messages to
         self.up: socket.socket | None = None
         self.up_id = 0
+        self.shunned: set[int] = set()  # leaders that did not read a hand: it sends its own
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.listener.bind(_name(self.secret, self.group, self.me))
@@ -256,17 +256,14 @@ class HostLead:
             if lead == self.me:
                 self._arrive(kind, self.me, n, what)
                 return lead, slot
-        if self.up is None or self.up_id != lead:
+        if (self.up is None or self.up_id != lead) and lead not in self.shunned:
             self._drop_up()
             self._connect(lead)
         try:
-            if self.up is None:
+            if self.up is None or lead in self.shunned:
                 raise OSError("no leader")
             _send(self.up, Hand(kind, n, what))
-        except OSError as exc:
-            if isinstance(exc, TimeoutError):  # (a stalled leader)
-                log.warning("worker %d: dropped host leader %d, which did not take a hand within "
-                            "%g s; sends its own", self.me, lead, _FRAME_S)  # fmt: skip
+        except OSError:  # (gone, or not reading: its reader drops it, naming it, first)
             self._drop_up()
             with self.lock:
                 self.slots.pop((kind, n), None)
@@ -295,7 +292,7 @@ class HostLead:
         until = time.monotonic() + 5.0
         while self.up is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(_FRAME_S)  # (a hand not taken, or half an answer, drops the leader)
+            sock.settimeout(2 * _FRAME_S)  # (a hand not read: the reader drops the leader first)
             try:
                 sock.connect(_name(self.secret, self.group, lead))
                 if not _same_user(sock):
@@ -315,26 +312,32 @@ class HostLead:
 
     def _read_up(self, sock: socket.socket, lead: int) -> None:
         """The leader's answers to this follower, each to its slot; at the end (the leader
-        gone, or dropped: what is no answer, or half a frame not whole within :data:`_FRAME_S`)
-        every slot still open is told to send directly."""
-        up, why = _Peer(sock), None
+        gone, or dropped: what is no answer, half a frame not whole, or a hand it did not read,
+        within :data:`_FRAME_S`) every slot still open is told to send directly."""
+        up, why, unread = _Peer(sock), None, 0.0
         while why is None:
             try:
-                data = sock.recv(1 << 20)
-                if not data:
+                data = sock.recv(1 << 20) if select.select([sock], [], [], _TICK)[0] else None
+                if data == b"":
                     break  # the leader is gone
-                for told in map(_DECODERS[Told].decode, up.frames(data)):
+                for told in map(_DECODERS[Told].decode, up.frames(data) if data else []):
                     self._told(told)
-            except TimeoutError:
-                pass  # (nothing came: the host's others are not there yet)
+                # a silent leader: what this follower sent lies unread in the kernel (SIOCOUTQ)
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)) != bytes(4)
+                unread = (unread or time.monotonic()) if queued else 0.0
             except OSError:
                 break
             except (ValueError, msgspec.DecodeError) as exc:
-                why = f"what is no answer ({exc})"
-            why = why or up.stalled()
+                why = f"sent what is no answer ({exc})"
+            if unread and time.monotonic() - unread > _FRAME_S:
+                why = f"did not take a hand within {_FRAME_S:g} s"
+                self.shunned.add(lead)  # (a leader that does not read is not asked again)
+            why = why or (f"sent {s}" if (s := up.stalled()) else None)
         if why is not None:
-            log.warning("worker %d: dropped host leader %d, which sent %s; sends its own",
+            log.warning("worker %d: dropped host leader %d, which %s; sends its own",
                         self.me, lead, why)  # fmt: skip
+            with contextlib.suppress(OSError):  # (a hand it sends meanwhile fails at once)
+                sock.shutdown(socket.SHUT_RDWR)
         with self.lock:
             if self.up is sock:
                 self.up = None
@@ -392,16 +395,14 @@ class HostLead:
         """What ``peer`` sent since: each whole frame taken (its Hello, then its hands); a
         half frame waits in its buffer, and the other followers go on meanwhile."""
         try:
-            data = peer.sock.recv(1 << 20)
+            data, why = peer.sock.recv(1 << 20), None
+            frames = peer.frames(data) if data else []
         except OSError:
-            data = b""
-        if not data:  # gone: it sends its own from now on
-            self._drop(peer, None)
-            return
-        try:
-            frames = peer.frames(data)
-        except ValueError as exc:
-            self._drop(peer, str(exc))
+            data, why = b"", None
+        except ValueError as exc:  # (a bad size)
+            data, why = b"", str(exc)
+        if not data:  # gone, or dropped: it sends its own from now on
+            self._drop(peer, why)
             return
         for frame in frames:
             if not (self._hello(peer, frame) if peer.nid is None else self._take(peer, frame)):
@@ -548,8 +549,8 @@ class HostLead:
         each worker (``host_rows``: the merged samples all the first's), the layout and the
         flags of the first that has them (every worker reports the same ones)."""
         bodies = [batch[i].b for i in ids]
-        samples = [_rows(batch[i].s, 6) for i in ids]
-        times = [_rows(batch[i].t, 3) for i in ids]
+        samples = [np.frombuffer(batch[i].s, np.float64).reshape(-1, 6) for i in ids]
+        times = [np.frombuffer(batch[i].t, np.float64).reshape(-1, 3) for i in ids]
         joined = np.concatenate(samples)
         if not self.node.cfg.colocate:  # (colocated: every worker is a row of its own)
             joined = merge_host(joined, ids)  # the host's, merged per (host, server) pair
@@ -558,8 +559,9 @@ class HostLead:
                 times = [self.shrink_times(t) for t in times]
         rows = [[len(s), len(t)] for s, t in zip(samples, times, strict=True)]
         body: dict[str, Any] = {"round": rnd, "host": ids, "host_rows": rows}
-        for field in ("sizes", "assign", "calibration", "spread_done", "one_push"):
+        for field in ("sizes", "assign", "calibration", "spread_done"):
             body[field] = next((b[field] for b in bodies if b.get(field)), None)
+        body["one_push"] = all(b.get("one_push") for b in bodies) or None  # (all say it)
         arrays = [joined, np.concatenate(times)]
         return Message(P.BALANCE_REPORT, body={k: v for k, v in body.items() if v is not None},
                        arrays=arrays)  # fmt: skip
@@ -573,10 +575,8 @@ class HostLead:
             reply = (local,)
         with self.lock:
             for nid in ids:
-                if nid == self.me:
-                    slot = self.slots.pop((kind, n), None)
-                    if slot is not None:
-                        slot.set(reply if ok else None)
+                if nid == self.me:  # (its wait, if it still waits)
+                    self.slots.pop((kind, n), Slot()).set(reply if ok else None)
                     continue
                 sock = self.conns.get(nid)
                 try:
