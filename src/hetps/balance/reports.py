@@ -6,12 +6,24 @@ float64 arrays (the report's arrays 0 and 1); a report may also list them in its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
+from hetps.balance.hosts import rows_of
 from hetps.balance.plans import PLANS
 
-__all__ = ["SAMPLE_COLUMNS", "host_ids", "listed", "sample_array", "spans", "times_array"]
+__all__ = [
+    "SAMPLE_COLUMNS",
+    "RoundPart",
+    "host_ids",
+    "listed",
+    "read_samples",
+    "round_data",
+    "sample_array",
+    "spans",
+    "times_array",
+]
 
 #: columns of a report's sample array: src, dst (node ids), bytes, t0, t1, kind
 SAMPLE_COLUMNS = 6
@@ -53,6 +65,45 @@ def times_array(
     for i, (rank, (nbytes, secs)) in enumerate(listed.items()):
         out[i] = (int(rank), nbytes, secs)
     return out
+
+
+class RoundPart(NamedTuple):
+    """One report's samples, read as it arrives (:func:`read_samples`), so that the round's
+    last report leaves only the whole round's sums to do: the valid probes and spread flows
+    (``few``: their rows ``src``, ``dst`` of the link model and their sample rows, in report
+    order) and the data transfers as columns (src, dst rows; t0, t1, bytes)."""
+
+    lookup: np.ndarray  # the node id -> row table it was read with
+    samples: np.ndarray  # the report's sample array, as it came
+    calibration: bool
+    src: np.ndarray
+    dst: np.ndarray
+    few: np.ndarray
+    data: tuple[np.ndarray, ...]
+
+
+def read_samples(lookup: np.ndarray, a: np.ndarray, calibration: bool) -> RoundPart:
+    """A report's sample array ``a`` (rows src, dst, bytes, t0, t1, kind) read against the
+    node id -> row table ``lookup`` (:func:`~hetps.balance.hosts.rows_of`): what names no
+    row, is not finite, moved no bytes or took no time is left out, and so is a transfer
+    within one row (a worker and its co-located server, or its own host: no network)."""
+    src, dst = rows_of(lookup, a[:, 0]), rows_of(lookup, a[:, 1])
+    nbytes, t0, t1, kind = a[:, 2], a[:, 3], a[:, 4], a[:, 5]
+    with np.errstate(invalid="ignore"):
+        ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(a).all(1)
+    ok &= src != dst
+    special = (kind == 1) | (kind == 2) | (kind == 3)  # a probe, a spread flow
+    few, d = np.flatnonzero(ok & special), np.flatnonzero(ok & ~special)
+    data = (src[d], dst[d], t0[d], t1[d], nbytes[d])
+    return RoundPart(lookup, a, calibration, src[few], dst[few], a[few], data)
+
+
+def round_data(parts: Sequence[RoundPart]) -> list[np.ndarray]:
+    """A round's data transfers, all reports' together: the columns (report, src, dst, t0,
+    t1, bytes), in report order."""
+    lengths = [len(p.data[0]) for p in parts]
+    seq = np.repeat(np.arange(len(parts), dtype=np.int64), lengths)
+    return [seq, *(np.concatenate(c) for c in zip(*(p.data for p in parts), strict=True))]
 
 
 def host_ids(

@@ -27,7 +27,16 @@ from hetps.balance.estimate import link_matrix, used_links
 from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
-from hetps.balance.reports import host_ids, named, sample_array, spans, times_array
+from hetps.balance.reports import (
+    RoundPart,
+    host_ids,
+    named,
+    read_samples,
+    round_data,
+    sample_array,
+    spans,
+    times_array,
+)
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
 from hetps.balance.wire import pack_plan, reply_parts
@@ -94,7 +103,7 @@ class Planner:
         self._last = b""
         # one round's samples until every worker reported it: data transfers (busy-time
         # rates) and spread flows
-        self._samples: dict[int, list[tuple[np.ndarray, bool]]] = {}  # (samples, calibration)
+        self._samples: dict[int, list[RoundPart]] = {}  # (each report's, read as it came)
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
         # per-node caps from busy-time rates, capacity probes (a window of one permutation
@@ -218,43 +227,36 @@ class Planner:
             memo.append(net)
         return net
 
-    def take_round(self, rnd: int, reports: list[tuple[np.ndarray, bool]]) -> None:
-        """Every report's samples of round ``rnd``, once every worker reported it, in one
-        pass over them all (arrays, not a loop per sample): their nodes' rows (a worker's is
-        its host's), then the few capacity probes and spread flows in report order, then the
-        data transfers (:meth:`observe_round`). The reports' rows are read as one array of
-        columns (one copy of them all, each column contiguous)."""
+    def take_round(self, rnd: int, reports: list[RoundPart]) -> None:
+        """Every report's samples of round ``rnd``, once every worker reported it, each read
+        as it came (:func:`read_samples`: its nodes' rows, a worker's its host's): the few
+        capacity probes and spread flows in report order, then the data transfers of them
+        all in one pass (:meth:`observe_round`)."""
         if not reports:
             return self.observe_round([])
-        lengths = [len(a) for a, _ in reports]
-        cols = np.concatenate([a.T for a, _ in reports], axis=1)
-        calibration = np.repeat([c for _, c in reports], lengths)
-        src, dst = self.rows_of(cols[0]), self.rows_of(cols[1])
-        nbytes, t0, t1, kind = cols[2], cols[3], cols[4], cols[5]
-        with np.errstate(invalid="ignore"):
-            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(cols).all(0)
-        # (a worker and its co-located server, or a worker and its own host: no network)
-        ok &= src != dst
-        probe, spread = kind == 1, (kind == 2) | (kind == 3)
-        for r in np.flatnonzero(ok & probe):
-            i, j, rate = int(src[r]), int(dst[r]), float(nbytes[r] / (t1[r] - t0[r]))
-            judged = (
-                self._released + 1 >= CONTRADICT_FROM_ROUND
-                and t1[r] - t0[r] >= CONTRADICT_MIN_S
-                and not calibration[r]
-                and not self.detector.settling  # not right after a migration or a cycle
-            )
-            if judged and self.links.contradicts(i, j, rate):
-                self._contradicted.add(rnd)
-            self.links.observe_probe(i, j, rate, rnd)
-        flows = zip(*(c[ok & spread] for c in (src, dst, t0, t1, nbytes, kind)), strict=True)
-        self._spread.setdefault(rnd, []).extend(
-            (int(i), int(j), float(a), float(b), float(n), bool(k == 3))
-            for i, j, a, b, n, k in flows
-        )
-        data = ok & ~probe & ~spread
-        seq = np.repeat(np.arange(len(reports), dtype=np.int64), lengths)
-        self.observe_round([seq, src, dst, t0, t1, nbytes], data)
+        reports = [  # (read again if the rows changed since: the hosts became known)
+            p if p.lookup is self._lookup else read_samples(self._lookup, p.samples, p.calibration)
+            for p in reports
+        ]
+        flows = self._spread.setdefault(rnd, [])
+        for p in reports:
+            for i, j, (_, _, nbytes, t0, t1, kind) in zip(
+                p.src.tolist(), p.dst.tolist(), p.few, strict=True
+            ):
+                if kind != 1:  # a spread flow
+                    flows.append((i, j, float(t0), float(t1), float(nbytes), bool(kind == 3)))
+                    continue
+                rate = float(nbytes / (t1 - t0))
+                judged = (
+                    self._released + 1 >= CONTRADICT_FROM_ROUND
+                    and t1 - t0 >= CONTRADICT_MIN_S
+                    and not p.calibration
+                    and not self.detector.settling  # not right after a migration or a cycle
+                )
+                if judged and self.links.contradicts(i, j, rate):
+                    self._contradicted.add(rnd)
+                self.links.observe_probe(i, j, rate, rnd)
+        self.observe_round(round_data(reports))
 
     def observe_round(self, cols: list[np.ndarray], data: np.ndarray | None = None) -> None:
         """A whole round's data samples, once every worker reported it, as the columns
@@ -327,8 +329,7 @@ class Planner:
             # report's and the other workers') replace everything older
             self._calibration_rounds.add(rnd)
             self.forget_readings()
-        # the report's arrays are kept as they came and read once the round is complete, all
-        # reports together (take_round): per report no more than these checks
+        # each report's samples are read as it comes, the round's sums done once it is whole
         most = MAX_REPORT_SAMPLES * len(b.host or [0])  # (a host's: its workers' together)
         samples = sample_array(msg.arrays, b.samples, most)
         times = times_array(msg.arrays, b.server_times, most)
@@ -345,7 +346,8 @@ class Planner:
             why = f"balance report of round {rnd}: {len(self.pending)} rounds already wait for "
             sched.reply(msg, {"error": why + "other workers' reports (a worker runs far ahead)"})
             return
-        self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
+        part = read_samples(self._lookup, samples, bool(b.calibration))  # (take_round)
+        self._samples.setdefault(rnd, []).append(part)
         self._spans.setdefault(rnd, []).append((times, b.host_rows if b.host else None))  # (spans)
         if self.scheme_plan.needs == "history":  # (it fits a line per server)
             for s, nbytes_s, secs_s in times[named(times, self.S)].tolist():
