@@ -16,6 +16,7 @@ from hetps.balance.plans import PLANS
 __all__ = [
     "SAMPLE_COLUMNS",
     "RoundPart",
+    "RoundSamples",
     "host_ids",
     "listed",
     "read_samples",
@@ -67,26 +68,36 @@ def times_array(
     return out
 
 
-class RoundPart(NamedTuple):
-    """One report's samples, read as it arrives (:func:`read_samples`), so that the round's
-    last report leaves only the whole round's sums to do: the valid probes and spread flows
-    (``few``: their rows ``src``, ``dst`` of the link model and their sample rows, in report
-    order) and the data transfers as columns (src, dst rows; t0, t1, bytes)."""
+#: reports read together as they come (:class:`RoundSamples`): few enough that the round's
+#: last report leaves little to read, enough that a batch costs about what its rows do
+READ_BATCH = 32
 
-    lookup: np.ndarray  # the node id -> row table it was read with
-    samples: np.ndarray  # the report's sample array, as it came
-    calibration: bool
+
+class RoundPart(NamedTuple):
+    """Some reports' samples of one round, read together (:func:`read_samples`): the valid
+    probes and spread flows (``few``: their rows ``src``, ``dst`` of the link model, their
+    sample rows and their reports' ``calibration``, in report order) and the data transfers
+    as columns (report, src, dst, t0, t1, bytes)."""
+
+    lookup: np.ndarray  # the node id -> row table they were read with
+    samples: list[np.ndarray]  # the reports' sample arrays, as they came
+    calibration: list[bool]
     src: np.ndarray
     dst: np.ndarray
     few: np.ndarray
+    few_calibration: np.ndarray
     data: tuple[np.ndarray, ...]
 
 
-def read_samples(lookup: np.ndarray, a: np.ndarray, calibration: bool) -> RoundPart:
-    """A report's sample array ``a`` (rows src, dst, bytes, t0, t1, kind) read against the
-    node id -> row table ``lookup`` (:func:`~hetps.balance.hosts.rows_of`): what names no
-    row, is not finite, moved no bytes or took no time is left out, and so is a transfer
-    within one row (a worker and its co-located server, or its own host: no network)."""
+def read_samples(
+    lookup: np.ndarray, samples: Sequence[np.ndarray], calibration: Sequence[bool]
+) -> RoundPart:
+    """Reports' sample arrays (rows src, dst, bytes, t0, t1, kind) read against the node id
+    -> row table ``lookup`` (:func:`~hetps.balance.hosts.rows_of`), all in one pass: what
+    names no row, is not finite, moved no bytes or took no time is left out, and so is a
+    transfer within one row (a worker and its co-located server, or its own host)."""
+    lengths = [len(a) for a in samples]
+    a = np.concatenate(samples) if samples else np.zeros((0, SAMPLE_COLUMNS))
     src, dst = rows_of(lookup, a[:, 0]), rows_of(lookup, a[:, 1])
     nbytes, t0, t1, kind = a[:, 2], a[:, 3], a[:, 4], a[:, 5]
     with np.errstate(invalid="ignore"):
@@ -94,16 +105,48 @@ def read_samples(lookup: np.ndarray, a: np.ndarray, calibration: bool) -> RoundP
     ok &= src != dst
     special = (kind == 1) | (kind == 2) | (kind == 3)  # a probe, a spread flow
     few, d = np.flatnonzero(ok & special), np.flatnonzero(ok & ~special)
-    data = (src[d], dst[d], t0[d], t1[d], nbytes[d])
-    return RoundPart(lookup, a, calibration, src[few], dst[few], a[few], data)
+    seq = np.repeat(np.arange(len(samples), dtype=np.int64), lengths)
+    data = (seq[d], src[d], dst[d], t0[d], t1[d], nbytes[d])
+    calib = np.repeat(np.asarray(calibration, dtype=bool), lengths)[few]
+    return RoundPart(
+        lookup, list(samples), list(calibration), src[few], dst[few], a[few], calib, data
+    )
+
+
+class RoundSamples:
+    """One round's reports' samples, read :data:`READ_BATCH` at a time as they come, so that
+    once the round is whole only the last few are left to read (:meth:`parts`)."""
+
+    def __init__(self) -> None:
+        self.read: list[RoundPart] = []
+        self.samples: list[np.ndarray] = []
+        self.calibration: list[bool] = []
+
+    def add(self, lookup: np.ndarray, samples: np.ndarray, calibration: bool) -> None:
+        """One more report's samples, in the order the reports came."""
+        self.samples.append(samples)
+        self.calibration.append(calibration)
+        if len(self.samples) >= READ_BATCH:
+            self.read.append(read_samples(lookup, self.samples, self.calibration))
+            self.samples, self.calibration = [], []
+
+    def parts(self, lookup: np.ndarray) -> list[RoundPart]:
+        """Every report's samples read against ``lookup``, in report order (a batch read
+        with another table is read again: the hosts became known since)."""
+        parts = [p if p.lookup is lookup else read_samples(lookup, p.samples, p.calibration)
+                 for p in self.read]  # fmt: skip
+        if self.samples:
+            parts.append(read_samples(lookup, self.samples, self.calibration))
+        return parts
 
 
 def round_data(parts: Sequence[RoundPart]) -> list[np.ndarray]:
     """A round's data transfers, all reports' together: the columns (report, src, dst, t0,
     t1, bytes), in report order."""
-    lengths = [len(p.data[0]) for p in parts]
-    seq = np.repeat(np.arange(len(parts), dtype=np.int64), lengths)
-    return [seq, *(np.concatenate(c) for c in zip(*(p.data for p in parts), strict=True))]
+    first = np.cumsum([0] + [len(p.samples) for p in parts])
+    seq = np.concatenate([p.data[0] + k for p, k in zip(parts, first.tolist(), strict=False)])
+    rest = (np.concatenate(c) for c in zip(*(p.data[1:] for p in parts), strict=True))
+    return [seq, *rest]
 
 
 def host_ids(

@@ -29,9 +29,9 @@ from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEst
 from hetps.balance.plans import fit_linear, plan_of
 from hetps.balance.reports import (
     RoundPart,
+    RoundSamples,
     host_ids,
     named,
-    read_samples,
     round_data,
     sample_array,
     spans,
@@ -103,7 +103,7 @@ class Planner:
         self._last = b""
         # one round's samples until every worker reported it: data transfers (busy-time
         # rates) and spread flows
-        self._samples: dict[int, list[RoundPart]] = {}  # (each report's, read as it came)
+        self._samples: dict[int, RoundSamples] = {}  # (read in batches as they come)
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
         # per-node caps from busy-time rates, capacity probes (a window of one permutation
@@ -228,20 +228,16 @@ class Planner:
         return net
 
     def take_round(self, rnd: int, reports: list[RoundPart]) -> None:
-        """Every report's samples of round ``rnd``, once every worker reported it, each read
-        as it came (:func:`read_samples`: its nodes' rows, a worker's its host's): the few
-        capacity probes and spread flows in report order, then the data transfers of them
-        all in one pass (:meth:`observe_round`)."""
+        """Every report's samples of round ``rnd``, once every worker reported it, read in
+        batches as they came (:class:`RoundSamples`: their nodes' rows, a worker's its host's):
+        the few capacity probes and spread flows in report order, then the data transfers of
+        them all in one pass (:meth:`observe_round`)."""
         if not reports:
             return self.observe_round([])
-        reports = [  # (read again if the rows changed since: the hosts became known)
-            p if p.lookup is self._lookup else read_samples(self._lookup, p.samples, p.calibration)
-            for p in reports
-        ]
         flows = self._spread.setdefault(rnd, [])
         for p in reports:
-            for i, j, (_, _, nbytes, t0, t1, kind) in zip(
-                p.src.tolist(), p.dst.tolist(), p.few, strict=True
+            for i, j, (_, _, nbytes, t0, t1, kind), calibration in zip(
+                p.src.tolist(), p.dst.tolist(), p.few, p.few_calibration.tolist(), strict=True
             ):
                 if kind != 1:  # a spread flow
                     flows.append((i, j, float(t0), float(t1), float(nbytes), bool(kind == 3)))
@@ -250,7 +246,7 @@ class Planner:
                 judged = (
                     self._released + 1 >= CONTRADICT_FROM_ROUND
                     and t1 - t0 >= CONTRADICT_MIN_S
-                    and not p.calibration
+                    and not calibration
                     and not self.detector.settling  # not right after a migration or a cycle
                 )
                 if judged and self.links.contradicts(i, j, rate):
@@ -346,8 +342,8 @@ class Planner:
             why = f"balance report of round {rnd}: {len(self.pending)} rounds already wait for "
             sched.reply(msg, {"error": why + "other workers' reports (a worker runs far ahead)"})
             return
-        part = read_samples(self._lookup, samples, bool(b.calibration))  # (take_round)
-        self._samples.setdefault(rnd, []).append(part)
+        got = self._samples.setdefault(rnd, RoundSamples())  # (read: take_round)
+        got.add(self._lookup, samples, bool(b.calibration))
         self._spans.setdefault(rnd, []).append((times, b.host_rows if b.host else None))  # (spans)
         if self.scheme_plan.needs == "history":  # (it fits a line per server)
             for s, nbytes_s, secs_s in times[named(times, self.S)].tolist():
@@ -392,7 +388,8 @@ class Planner:
             if len(waiting) < len(live) or not all(nid in waiting for nid in live):
                 continue
             del self.pending[rnd]
-            self.take_round(rnd, self._samples.pop(rnd, []))
+            got = self._samples.pop(rnd, None)
+            self.take_round(rnd, got.parts(self._lookup) if got is not None else [])
             done = rnd in self._spread_done
             self.links.observe_spread(self._spread.pop(rnd, []), done=done)
             for kept in (self._samples, self._spread, self._spans):  # (older rounds)
