@@ -6,25 +6,12 @@ float64 arrays (the report's arrays 0 and 1); a report may also list them in its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
 
 import numpy as np
 
-from hetps.balance.hosts import rows_of
 from hetps.balance.plans import PLANS
 
-__all__ = [
-    "SAMPLE_COLUMNS",
-    "RoundPart",
-    "RoundSamples",
-    "host_ids",
-    "listed",
-    "read_samples",
-    "round_data",
-    "sample_array",
-    "spans",
-    "times_array",
-]
+__all__ = ["SAMPLE_COLUMNS", "host_ids", "listed", "sample_array", "spans", "times_array"]
 
 #: columns of a report's sample array: src, dst (node ids), bytes, t0, t1, kind
 SAMPLE_COLUMNS = 6
@@ -66,87 +53,6 @@ def times_array(
     for i, (rank, (nbytes, secs)) in enumerate(listed.items()):
         out[i] = (int(rank), nbytes, secs)
     return out
-
-
-#: reports read together as they come (:class:`RoundSamples`): few enough that the round's
-#: last report leaves little to read, enough that a batch costs about what its rows do
-READ_BATCH = 32
-
-
-class RoundPart(NamedTuple):
-    """Some reports' samples of one round, read together (:func:`read_samples`): the valid
-    probes and spread flows (``few``: their rows ``src``, ``dst`` of the link model, their
-    sample rows and their reports' ``calibration``, in report order) and the data transfers
-    as columns (report, src, dst, t0, t1, bytes)."""
-
-    lookup: np.ndarray  # the node id -> row table they were read with
-    samples: list[np.ndarray]  # the reports' sample arrays, as they came
-    calibration: list[bool]
-    src: np.ndarray
-    dst: np.ndarray
-    few: np.ndarray
-    few_calibration: np.ndarray
-    data: tuple[np.ndarray, ...]
-
-
-def read_samples(
-    lookup: np.ndarray, samples: Sequence[np.ndarray], calibration: Sequence[bool]
-) -> RoundPart:
-    """Reports' sample arrays (rows src, dst, bytes, t0, t1, kind) read against the node id
-    -> row table ``lookup`` (:func:`~hetps.balance.hosts.rows_of`), all in one pass: what
-    names no row, is not finite, moved no bytes or took no time is left out, and so is a
-    transfer within one row (a worker and its co-located server, or its own host)."""
-    lengths = [len(a) for a in samples]
-    a = np.concatenate(samples) if samples else np.zeros((0, SAMPLE_COLUMNS))
-    src, dst = rows_of(lookup, a[:, 0]), rows_of(lookup, a[:, 1])
-    nbytes, t0, t1, kind = a[:, 2], a[:, 3], a[:, 4], a[:, 5]
-    with np.errstate(invalid="ignore"):
-        ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(a).all(1)
-    ok &= src != dst
-    special = (kind == 1) | (kind == 2) | (kind == 3)  # a probe, a spread flow
-    few, d = np.flatnonzero(ok & special), np.flatnonzero(ok & ~special)
-    seq = np.repeat(np.arange(len(samples), dtype=np.int64), lengths)
-    data = (seq[d], src[d], dst[d], t0[d], t1[d], nbytes[d])
-    calib = np.repeat(np.asarray(calibration, dtype=bool), lengths)[few]
-    return RoundPart(
-        lookup, list(samples), list(calibration), src[few], dst[few], a[few], calib, data
-    )
-
-
-class RoundSamples:
-    """One round's reports' samples, read :data:`READ_BATCH` at a time as they come, so that
-    once the round is whole only the last few are left to read (:meth:`parts`)."""
-
-    def __init__(self) -> None:
-        self.read: list[RoundPart] = []
-        self.samples: list[np.ndarray] = []
-        self.calibration: list[bool] = []
-
-    def add(self, lookup: np.ndarray, samples: np.ndarray, calibration: bool) -> None:
-        """One more report's samples, in the order the reports came."""
-        self.samples.append(samples)
-        self.calibration.append(calibration)
-        if len(self.samples) >= READ_BATCH:
-            self.read.append(read_samples(lookup, self.samples, self.calibration))
-            self.samples, self.calibration = [], []
-
-    def parts(self, lookup: np.ndarray) -> list[RoundPart]:
-        """Every report's samples read against ``lookup``, in report order (a batch read
-        with another table is read again: the hosts became known since)."""
-        parts = [p if p.lookup is lookup else read_samples(lookup, p.samples, p.calibration)
-                 for p in self.read]  # fmt: skip
-        if self.samples:
-            parts.append(read_samples(lookup, self.samples, self.calibration))
-        return parts
-
-
-def round_data(parts: Sequence[RoundPart]) -> list[np.ndarray]:
-    """A round's data transfers, all reports' together: the columns (report, src, dst, t0,
-    t1, bytes), in report order."""
-    first = np.cumsum([0] + [len(p.samples) for p in parts])
-    seq = np.concatenate([p.data[0] + k for p, k in zip(parts, first.tolist(), strict=False)])
-    rest = (np.concatenate(c) for c in zip(*(p.data[1:] for p in parts), strict=True))
-    return [seq, *rest]
 
 
 def host_ids(

@@ -27,16 +27,7 @@ from hetps.balance.estimate import link_matrix, used_links
 from hetps.balance.hosts import HostMap, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
-from hetps.balance.reports import (
-    RoundPart,
-    RoundSamples,
-    host_ids,
-    named,
-    round_data,
-    sample_array,
-    spans,
-    times_array,
-)
+from hetps.balance.reports import host_ids, named, sample_array, spans, times_array
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
 from hetps.balance.wire import pack_plan, reply_parts
@@ -103,7 +94,7 @@ class Planner:
         self._last = b""
         # one round's samples until every worker reported it: data transfers (busy-time
         # rates) and spread flows
-        self._samples: dict[int, RoundSamples] = {}  # (read in batches as they come)
+        self._samples: dict[int, list[tuple[np.ndarray, bool]]] = {}  # (samples, calibration)
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
         # per-node caps from busy-time rates, capacity probes (a window of one permutation
@@ -227,32 +218,43 @@ class Planner:
             memo.append(net)
         return net
 
-    def take_round(self, rnd: int, reports: list[RoundPart]) -> None:
-        """Every report's samples of round ``rnd``, once every worker reported it, read in
-        batches as they came (:class:`RoundSamples`: their nodes' rows, a worker's its host's):
-        the few capacity probes and spread flows in report order, then the data transfers of
-        them all in one pass (:meth:`observe_round`)."""
+    def take_round(self, rnd: int, reports: list[tuple[np.ndarray, bool]]) -> None:
+        """Every report's samples of round ``rnd``, once every worker reported it, in one
+        pass over them all (arrays, not a loop per sample): their nodes' rows (a worker's is
+        its host's), then the few capacity probes and spread flows in report order, then the
+        data transfers (:meth:`observe_round`). The reports' rows are read as one array of
+        columns (one copy of them all, each column contiguous)."""
         if not reports:
             return self.observe_round([])
-        flows = self._spread.setdefault(rnd, [])
-        for p in reports:
-            for i, j, (_, _, nbytes, t0, t1, kind), calibration in zip(
-                p.src.tolist(), p.dst.tolist(), p.few, p.few_calibration.tolist(), strict=True
-            ):
-                if kind != 1:  # a spread flow
-                    flows.append((i, j, float(t0), float(t1), float(nbytes), bool(kind == 3)))
-                    continue
-                rate = float(nbytes / (t1 - t0))
-                judged = (
-                    self._released + 1 >= CONTRADICT_FROM_ROUND
-                    and t1 - t0 >= CONTRADICT_MIN_S
-                    and not calibration
-                    and not self.detector.settling  # not right after a migration or a cycle
-                )
-                if judged and self.links.contradicts(i, j, rate):
-                    self._contradicted.add(rnd)
-                self.links.observe_probe(i, j, rate, rnd)
-        self.observe_round(round_data(reports))
+        lengths = [len(a) for a, _ in reports]
+        cols = np.concatenate([a.T for a, _ in reports], axis=1)
+        calibration = np.repeat([c for _, c in reports], lengths)
+        src, dst = self.rows_of(cols[0]), self.rows_of(cols[1])
+        nbytes, t0, t1, kind = cols[2], cols[3], cols[4], cols[5]
+        with np.errstate(invalid="ignore"):
+            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(cols).all(0)
+        # (a worker and its co-located server, or a worker and its own host: no network)
+        ok &= src != dst
+        probe, spread = kind == 1, (kind == 2) | (kind == 3)
+        for r in np.flatnonzero(ok & probe):
+            i, j, rate = int(src[r]), int(dst[r]), float(nbytes[r] / (t1[r] - t0[r]))
+            judged = (
+                self._released + 1 >= CONTRADICT_FROM_ROUND
+                and t1[r] - t0[r] >= CONTRADICT_MIN_S
+                and not calibration[r]
+                and not self.detector.settling  # not right after a migration or a cycle
+            )
+            if judged and self.links.contradicts(i, j, rate):
+                self._contradicted.add(rnd)
+            self.links.observe_probe(i, j, rate, rnd)
+        flows = zip(*(c[ok & spread] for c in (src, dst, t0, t1, nbytes, kind)), strict=True)
+        self._spread.setdefault(rnd, []).extend(
+            (int(i), int(j), float(a), float(b), float(n), bool(k == 3))
+            for i, j, a, b, n, k in flows
+        )
+        data = ok & ~probe & ~spread
+        seq = np.repeat(np.arange(len(reports), dtype=np.int64), lengths)
+        self.observe_round([seq, src, dst, t0, t1, nbytes], data)
 
     def observe_round(self, cols: list[np.ndarray], data: np.ndarray | None = None) -> None:
         """A whole round's data samples, once every worker reported it, as the columns
@@ -325,7 +327,8 @@ class Planner:
             # report's and the other workers') replace everything older
             self._calibration_rounds.add(rnd)
             self.forget_readings()
-        # each report's samples are read as it comes, the round's sums done once it is whole
+        # the report's arrays are kept as they came and read once the round is complete, all
+        # reports together (take_round): per report no more than these checks
         most = MAX_REPORT_SAMPLES * len(b.host or [0])  # (a host's: its workers' together)
         samples = sample_array(msg.arrays, b.samples, most)
         times = times_array(msg.arrays, b.server_times, most)
@@ -342,8 +345,7 @@ class Planner:
             why = f"balance report of round {rnd}: {len(self.pending)} rounds already wait for "
             sched.reply(msg, {"error": why + "other workers' reports (a worker runs far ahead)"})
             return
-        got = self._samples.setdefault(rnd, RoundSamples())  # (read: take_round)
-        got.add(self._lookup, samples, bool(b.calibration))
+        self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
         self._spans.setdefault(rnd, []).append((times, b.host_rows if b.host else None))  # (spans)
         if self.scheme_plan.needs == "history":  # (it fits a line per server)
             for s, nbytes_s, secs_s in times[named(times, self.S)].tolist():
@@ -388,8 +390,7 @@ class Planner:
             if len(waiting) < len(live) or not all(nid in waiting for nid in live):
                 continue
             del self.pending[rnd]
-            got = self._samples.pop(rnd, None)
-            self.take_round(rnd, got.parts(self._lookup) if got is not None else [])
+            self.take_round(rnd, self._samples.pop(rnd, []))
             done = rnd in self._spread_done
             self.links.observe_spread(self._spread.pop(rnd, []), done=done)
             for kept in (self._samples, self._spread, self._spans):  # (older rounds)
@@ -422,7 +423,7 @@ class Planner:
             # and plots read (the link matrix, the node rates): hetps.balance.wire
             packed = self._last = pack_plan(answer)
             self._done.update(dict.fromkeys(waiting, rnd))
-            alike = []
+            alike = []  # (the answers of no extras: one encoding, sched.reply_alike)
             for m in {id(m): m for m in waiting.values()}.values():  # (a host's: once)
                 rank0 = P.worker_id(0) in (m.typed.host or [m.sender])
                 if rank0 and self.n_nodes <= REPORT_MAX_NODES:
