@@ -814,9 +814,6 @@ class _PlannerPort:
     def reply(self, msg: Message, body: dict | None = None, arrays: list | None = None) -> None:
         self.answers += 1
 
-    def reply_alike(self, msgs: list, body: dict) -> None:
-        self.answers += len(msgs)
-
 
 def run_planner(workers: int, per_host: int, per_server: int, rounds: int, seed: int) -> dict:
     """Part 3 (``--planner``): the scheduler's services' thread alone, in this process, by

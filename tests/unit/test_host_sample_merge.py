@@ -94,10 +94,6 @@ class _Sched:
         self.finished: set = set()
         self.answers: list = []
 
-    def reply_alike(self, msgs, body):
-        for m in msgs:
-            self.reply(m, body)
-
     def reply(self, msg, body, arrays=None):
         self.answers.append(unpack_plan(Message(msg.cmd, body=body, arrays=arrays or [])))
 

@@ -47,10 +47,6 @@ class _Sched:
         self.to: list = []  # who got each answer
         self.raw: list = []  # each answer as sent: (body, arrays)
 
-    def reply_alike(self, msgs, body):
-        for m in msgs:
-            self.reply(m, body)
-
     def reply(self, msg, body, arrays=None):
         from hetps.balance.wire import unpack_plan
         from hetps.transport.codec import Message

@@ -423,15 +423,14 @@ class Planner:
             # and plots read (the link matrix, the node rates): hetps.balance.wire
             packed = self._last = pack_plan(answer)
             self._done.update(dict.fromkeys(waiting, rnd))
-            alike = []  # (the answers of no extras: one encoding, sched.reply_alike)
             for m in {id(m): m for m in waiting.values()}.values():  # (a host's: once)
                 rank0 = P.worker_id(0) in (m.typed.host or [m.sender])
                 if rank0 and self.n_nodes <= REPORT_MAX_NODES:
                     extras = self.report_fields()
-                    sched.reply(m, *reply_parts(packed, extras, extras.pop("link_matrix")))
+                    body, arrays = reply_parts(packed, extras, extras.pop("link_matrix"))
                 else:
-                    alike.append(m)
-            sched.reply_alike(alike, reply_parts(packed)[0])
+                    body, arrays = reply_parts(packed)
+                sched.reply(m, body, arrays)
         self._net_memo = None
 
     def forget_readings(self) -> None:

@@ -427,13 +427,6 @@ class Scheduler:
             Message(request.cmd, req=request.req, reply=True, body=body or {}, arrays=arrays or []),
         )
 
-    def reply_alike(self, requests: list[Message], body: dict) -> None:
-        """Answer each of ``requests`` (of one command) with ``body``, encoded once."""
-        if requests:
-            answer = Message(requests[0].cmd, reply=True, body=body)
-            for peer in self.van.send_alike(answer, [(m.sender, m.req) for m in requests]):
-                log.debug("scheduler: cannot reach %s for %s", peer, answer.cmd)
-
     def send(self, node_id: int, msg: Message) -> None:
         """Send a message to a registered node (services use this for pushes of state)."""
         self.send_to(node_id, msg)

@@ -25,16 +25,14 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-import msgpack
 import zmq
 
 from hetps.config import is_loopback
 from hetps.transport import heap
 from hetps.transport.bulk import BULK_OFFER, Bulk, OutChannel
-from hetps.transport.codec import FRAME_MAX, VERSION, Message, encode
+from hetps.transport.codec import FRAME_MAX, Message, encode
 from hetps.transport.counters import LinkCounters
 from hetps.transport.handshakes import HandshakeGuard, RefusalLog
 from hetps.transport.inbox import RING_OFFER, UNKNOWN, Inbox
@@ -81,21 +79,6 @@ def is_local_host(host: str, own: str) -> bool:
     """Whether ``host`` (a peer's address) is this machine as seen from this node: a
     loopback address (as resolved, not as spelled) or this node's own address."""
     return is_loopback(host) or (host == own and own not in ("*", "0.0.0.0"))
-
-
-def _alike(msg: Message) -> tuple[Callable[[int], bytes] | None, list[Any]]:
-    """``msg`` encoded once for :meth:`Van.send_alike`: a function of a request number to the
-    header :func:`encode` gives with it (the bytes around the number, which follows the keys
-    ``v``, ``c`` and ``r``), and the other frames; no function if the header is not so."""
-    frames = encode(msg)
-    head, pk = bytes(frames[0]), msgpack.Packer(use_bin_type=True)
-    keys = b"".join(pk.pack(x) for x in ("v", VERSION, "c", msg.cmd, "r"))
-    at = 1 + len(keys)  # (a map of fewer than 16 keys: its size in one byte)
-    req = pk.pack(msg.req)
-    if not (head[0] & 0xF0 == 0x80 and head[1:at] == keys and head[at:].startswith(req)):
-        return None, frames[1:]
-    before, after = head[:at], head[at + len(req) :]
-    return (lambda r: before + pk.pack(r) + after), frames[1:]
 
 
 class PeerGone(ConnectionError):
@@ -457,38 +440,6 @@ class Van:
         if self.verbose >= 2:
             self.trace("->", peer, msg)
         return tracker if (track and big) else None
-
-    def send_alike(self, msg: Message, to: list[tuple[Any, int]]) -> list[Any]:
-        """``msg`` to each ``(peer, req)`` of ``to`` as its answer to request ``req``, encoded
-        once: each header the bytes :func:`encode` gives with that ``req`` (the send time read
-        once), the other frames shared. Each leaves as :meth:`send` sends it (a full queue,
-        a dead peer: by :meth:`send` itself); returns the peers that cannot be reached. With
-        arrays (a ring or bulk channel may take them), a shaper or tracing: :meth:`send`."""
-        gone: list[Any] = []
-        heads, rest = (None, []) if msg.arrays or self.shaper or self.verbose >= 2 else _alike(msg)
-        for peer, req in to:
-            with self._peers_lock:
-                sock, lock = self._peers.get(peer), self._locks.get(peer)
-            sent, nbytes = False, 0
-            if heads is not None and sock is not None and lock is not None:
-                with lock:
-                    if not (self._closed or peer in self._dead):
-                        try:
-                            head = heads(req)
-                            sock.send_multipart([head, *rest], flags=zmq.NOBLOCK)
-                            sent, nbytes = True, len(head)  # (no arrays: the header's bytes)
-                        except zmq.Again:  # (a full queue: send() waits and re-checks)
-                            pass
-            try:
-                if not sent:
-                    self.send(peer, replace(msg, req=req))
-                elif isinstance(peer, int):
-                    self.counters.count(peer, nbytes, sent=True)
-                if sent and self.observer is not None:
-                    self.observer("send", peer, msg.cmd, nbytes, time.time())
-            except PeerGone:
-                gone.append(peer)
-        return gone
 
     def ring_open(self, peer: Any) -> bool:
         """Whether arrays to ``peer`` go through an open shared-memory ring (copied into it
