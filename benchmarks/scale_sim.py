@@ -39,6 +39,10 @@ workers, who hold it once the leader read it (the local hand-off itself is not s
 workers' samples and times as they are. The scheduler's CPU per report round is also given
 per thread (``schedstat``): its main loop, ZeroMQ's I/O threads, the rest (the services').
 
+Part 3 (planner, ``--planner``): the scheduler's services' thread alone in this process, by
+thread time (:func:`run_planner`): a round's host reports handed to the planner as the
+scheduler hands them; the CPU per round and that of the last report, which releases the round.
+
 Part 2 (plans): every plan function of :mod:`hetps.balance` (average, elastic, aware,
 optimal) timed directly for S = N/4 servers and W = N - S workers, on a heterogeneous
 network of per-node caps (what the planner builds), plus per-link caps: ``optimal-link`` and
@@ -787,6 +791,92 @@ def run_cluster(
     return res
 
 
+# --------------------------------------------------------------------------- the planner alone
+
+
+class _PlannerPort:
+    """What the planner uses of the scheduler (JobPort): the node table, the answers counted."""
+
+    def __init__(self, servers: int, workers: int, per_host: int) -> None:
+        from hetps.cluster.protocol import NodeInfo
+
+        self.nodes = {
+            P.worker_id(r): NodeInfo(P.worker_id(r), "worker", r, "h", 1, r // per_host)
+            for r in range(workers)
+        }
+        self.nodes.update(
+            {P.server_id(r): NodeInfo(P.server_id(r), "server", r, "h", 2) for r in range(servers)}
+        )
+        self.dead: set = set()
+        self.finished: set = set()
+        self.answers = 0
+
+    def reply(self, msg: Message, body: dict | None = None, arrays: list | None = None) -> None:
+        self.answers += 1
+
+
+def run_planner(workers: int, per_host: int, per_server: int, rounds: int, seed: int) -> dict:
+    """Part 3 (``--planner``): the scheduler's services' thread alone, in this process, by
+    thread time (the machine's load moves it far less than wall time): a round's host reports
+    (as the cluster part makes them: merged by each host's leader) handed to
+    ``Planner.handle`` as the scheduler's services' thread hands them, the answers counted,
+    not sent. Per round (the first left out: it reads the layout): the CPU of all its
+    reports, and of the last one's, which releases the round (the planner's part of the
+    last report -> every plan)."""
+    from hetps.balance.service import Planner
+    from hetps.cluster.commands import decode as decode_body
+
+    servers = max(1, workers // per_server) if per_server else max(1, workers // 3)
+    port = _PlannerPort(servers, workers, per_host)
+    planner = Planner("aware", workers, servers, False, SLICE_ELEMS)
+    rng = np.random.default_rng(seed)
+    srv = np.array([P.server_id(r) for r in range(servers)], dtype=float)
+    part = SLICES_PER_SERVER * SLICE_ELEMS * 4
+    stats = np.array([[s, part * workers, 0.3] for s in range(servers)])
+    times = longest_named(stats, servers)
+    all_s, last_s = [], []
+    for rnd in range(1, rounds + 2):
+        msgs = []
+        for first in range(0, workers, per_host):
+            ids = [P.worker_id(w) for w in range(first, min(first + per_host, workers))]
+            rows = []
+            for wid in ids:
+                push, pull = rng.uniform(1e6, 1e8, (2, servers))
+                a = np.zeros((2 * servers, 6))
+                a[0::2, 0], a[0::2, 1], a[1::2, 0], a[1::2, 1] = wid, srv, srv, wid
+                a[:, 2], a[:, 3] = part, 1000.0 * rnd
+                a[0::2, 4], a[1::2, 4] = a[0::2, 3] + part / push, a[1::2, 3] + part / pull
+                rows.append(a)
+            merged = merge_host(np.concatenate(rows), ids)
+            body: dict[str, Any] = {"round": rnd, "host": ids}
+            body["host_rows"] = [
+                [len(merged) if i == 0 else 0, len(times)] for i in range(len(ids))
+            ]
+            if rnd == 1:
+                n_slices = SLICES_PER_SERVER * servers
+                body.update(
+                    sizes=[n_slices * SLICE_ELEMS], assign=[i % servers for i in range(n_slices)]
+                )
+            msg = Message(
+                P.BALANCE_REPORT, req=rnd, body=body, arrays=[merged, np.tile(times, (len(ids), 1))]
+            )
+            msg.sender = ids[0]
+            assert decode_body(msg) is None
+            msgs.append(msg)
+        t0 = time.thread_time()
+        for msg in msgs[:-1]:
+            planner.handle(port, msg)
+        t1 = time.thread_time()
+        planner.handle(port, msgs[-1])
+        t2 = time.thread_time()
+        all_s.append(t2 - t0)
+        last_s.append(t2 - t1)
+    ok = port.answers == len(msgs) * (rounds + 1)
+    return {"workers": workers, "servers": servers, "ok": ok, "round_cpu_s_all": all_s[1:],
+            "release_cpu_s_all": last_s[1:], "round_cpu_s": median(all_s[1:]),
+            "release_cpu_s": median(last_s[1:])}  # fmt: skip
+
+
 # --------------------------------------------------------------------------- plan functions
 
 
@@ -1158,6 +1248,11 @@ def main(argv: list[str] | None = None) -> int:
         "--plan-budget", type=float, default=10.0, help="seconds of repeats per plan case"
     )
     ap.add_argument("--skip", nargs="*", default=[], choices=["cluster", "plans"])
+    ap.add_argument(
+        "--planner",
+        action="store_true",
+        help="also the planner alone per size (thread time; --workers-per-host, --rounds)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write every figure as JSON")
     args = ap.parse_args(argv)
@@ -1193,6 +1288,20 @@ def main(argv: list[str] | None = None) -> int:
             c["wall_s"] = time.perf_counter() - t0
             results["clusters"].append(c)
             print(f"cluster N={n}: done in {c['wall_s']:.1f} s", flush=True)
+    if args.planner:
+        results["planner"] = []
+        for n in sizes:
+            got = run_planner(
+                n, args.workers_per_host, args.workers_per_server, args.rounds, args.seed
+            )
+            results["planner"].append(got)
+            print(
+                f"planner W={n}, {got['servers']} servers: CPU per round "
+                f"{got['round_cpu_s'] * 1e3:.1f} ms, of it the round's last report (its release) "
+                f"{got['release_cpu_s'] * 1e3:.1f} ms (medians of {len(got['round_cpu_s_all'])} "
+                f"rounds; answers {'all' if got['ok'] else 'MISSING'})",
+                flush=True,
+            )
     if "plans" not in args.skip:
         results["plans"] = run_plans(
             sizes, args.servers_frac, args.plan_reps, args.plan_cap, args.plan_budget, args.seed
@@ -1203,6 +1312,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out, results)
         print(f"wrote {args.out}")
     ok = all(c.get("register", {}).get("ok") for c in results["clusters"])
+    ok = ok and all(p["ok"] for p in results.get("planner", []))
     return 0 if ok else 1
 
 
