@@ -55,8 +55,12 @@ def groups(items: list[Any], size: Any) -> list[list[Any]]:
 
 
 def array_bytes(msg: Message) -> int:
-    """Bytes of ``msg``'s arrays."""
-    return sum(int(getattr(a, "nbytes", 0)) for a in msg.arrays)
+    """Bytes of ``msg``'s arrays (a loop: a generator in ``sum`` costs 4x, a dozen times a
+    table round)."""
+    n = 0
+    for a in msg.arrays:
+        n += getattr(a, "nbytes", 0)
+    return n
 
 
 def wire_bytes(msg: Message) -> int:
