@@ -86,6 +86,19 @@ def test_first_nonfinite_names_the_first_bad_row():
     assert first_nonfinite(big) is None
 
 
+def test_first_nonfinite_finds_each_kind_alone_and_passes_an_overflowing_span():
+    """A lone NaN, +inf or -inf among finite rows is found (the check reads the values' span,
+    max less min); finite values whose span overflows are finite all the same."""
+    for bad in (np.nan, np.inf, -np.inf):
+        rows = np.linspace(-1, 1, 40, dtype=np.float32).reshape(10, 4)
+        rows[7, 1] = bad
+        assert first_nonfinite(rows) == 7, bad
+        assert first_nonfinite(rows[:, ::2]) is None and first_nonfinite(rows[:, 1::2]) == 7
+    spread = np.full((4, 2), 6e4, np.float16)
+    spread[1] = -6e4  # (max less min overflows float16)
+    assert first_nonfinite(spread) is None
+
+
 def test_pulls_waiting_for_a_round_are_bounded_per_worker():
     """A worker's pulls that wait for an unfinished round are at most MAX_AHEAD; one more is
     refused naming the key, the others are answered when the round ends."""
