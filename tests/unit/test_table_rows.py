@@ -178,3 +178,13 @@ def test_a_rounds_sum_adds_each_rows_pushes_in_order():
                 want[i] = r.copy() if i not in want else want[i] + r
         assert ids.tolist() == sorted(want)
         assert rows.tobytes() == np.array([want[i] for i in sorted(want)], np.float32).tobytes()
+
+
+def test_owners_are_the_ids_modulo_the_servers():
+    """A table's rows go to server ``id % S``: by a mask for a power of two, a modulo else."""
+    from hetps.tables.worker import owners
+
+    ids = np.random.default_rng(3).integers(0, 1 << 40, 5000)
+    assert owners(ids, 1) is None
+    for servers in (2, 3, 4, 5, 8, 12):
+        assert np.array_equal(owners(ids, servers), ids % servers), servers
