@@ -230,7 +230,7 @@ def unpack(msg: Message) -> list[Message]:
                 body=body,
                 arrays=arrays,
                 sent_at=msg.sent_at,
-                nbytes=sum(int(a.nbytes) for a in arrays),
+                nbytes=sum([a.nbytes for a in arrays]),
                 backlogged=msg.backlogged,
                 origin=msg.origin,
                 mark=msg.mark,
