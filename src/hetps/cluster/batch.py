@@ -55,12 +55,8 @@ def groups(items: list[Any], size: Any) -> list[list[Any]]:
 
 
 def array_bytes(msg: Message) -> int:
-    """Bytes of ``msg``'s arrays (a loop: a generator in ``sum`` costs 4x, a dozen times a
-    table round)."""
-    n = 0
-    for a in msg.arrays:
-        n += getattr(a, "nbytes", 0)
-    return n
+    """Bytes of ``msg``'s arrays (a list summed: a generator costs 3x, a dozen times a round)."""
+    return sum([getattr(a, "nbytes", 0) for a in msg.arrays])
 
 
 def wire_bytes(msg: Message) -> int:

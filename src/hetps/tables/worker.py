@@ -423,13 +423,11 @@ def landing_in(
 
 
 def owners(ids: np.ndarray, servers: int) -> np.ndarray | None:
-    """Each id's server, ``ids % servers`` (None for one server): a mask where the count is a
-    power of two (the same ids, ten times faster than an int64 modulo on 10,000 ids)."""
+    """Each id's server, ``ids % servers`` (None for one): by a mask for a power of two, 10x
+    faster than an int64 modulo."""
     if servers == 1:
         return None
-    if servers & (servers - 1) == 0:
-        return ids & (servers - 1)
-    return ids % servers
+    return ids & (servers - 1) if servers & (servers - 1) == 0 else ids % servers
 
 
 def row_ids_of(value: Any, key: Any) -> np.ndarray:

@@ -45,14 +45,12 @@ log = logging.getLogger("hetps.van")
 #: arrays at least this large are sent zero-copy and tracked; smaller ones are copied.
 ZERO_COPY_BYTES = 1 << 16
 SEND_RETRY_MS = 200
-# a plain int: pyzmq's send_multipart ORs its enum member into each frame's flags (an enum
-# object made per frame, a microsecond each)
 _SNDMORE = int(zmq.SNDMORE)
 
 
 def send_frames(sock: zmq.Socket, frames: list, copy: bool, track: bool) -> Any:
-    """``sock.send_multipart(frames, copy=copy, track=track)`` with plain-int flags: every
-    frame but the last with SNDMORE (``frames``: what :func:`encode` makes, buffers all)."""
+    """``sock.send_multipart(frames, copy=copy, track=track)`` with a plain-int SNDMORE (its
+    enum member ORed per frame makes an enum object each, a microsecond)."""
     last = len(frames) - 1
     for i in range(last):
         sock.send(frames[i], _SNDMORE, copy=copy, track=track)
