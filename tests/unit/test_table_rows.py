@@ -86,6 +86,19 @@ def test_first_nonfinite_names_the_first_bad_row():
     assert first_nonfinite(big) is None
 
 
+def test_first_nonfinite_finds_each_kind_alone_and_passes_an_overflowing_span():
+    """A lone NaN, +inf or -inf among finite rows is found (the check reads the values' span,
+    max less min); finite values whose span overflows are finite all the same."""
+    for bad in (np.nan, np.inf, -np.inf):
+        rows = np.linspace(-1, 1, 40, dtype=np.float32).reshape(10, 4)
+        rows[7, 1] = bad
+        assert first_nonfinite(rows) == 7, bad
+        assert first_nonfinite(rows[:, ::2]) is None and first_nonfinite(rows[:, 1::2]) == 7
+    spread = np.full((4, 2), 6e4, np.float16)
+    spread[1] = -6e4  # (max less min overflows float16)
+    assert first_nonfinite(spread) is None
+
+
 def test_pulls_waiting_for_a_round_are_bounded_per_worker():
     """A worker's pulls that wait for an unfinished round are at most MAX_AHEAD; one more is
     refused naming the key, the others are answered when the round ends."""
@@ -165,3 +178,13 @@ def test_a_rounds_sum_adds_each_rows_pushes_in_order():
                 want[i] = r.copy() if i not in want else want[i] + r
         assert ids.tolist() == sorted(want)
         assert rows.tobytes() == np.array([want[i] for i in sorted(want)], np.float32).tobytes()
+
+
+def test_owners_are_the_ids_modulo_the_servers():
+    """A table's rows go to server ``id % S``: by a mask for a power of two, a modulo else."""
+    from hetps.tables.worker import owners
+
+    ids = np.random.default_rng(3).integers(0, 1 << 40, 5000)
+    assert owners(ids, 1) is None
+    for servers in (2, 3, 4, 5, 8, 12):
+        assert np.array_equal(owners(ids, servers), ids % servers), servers
