@@ -188,3 +188,44 @@ def test_owners_are_the_ids_modulo_the_servers():
     assert owners(ids, 1) is None
     for servers in (2, 3, 4, 5, 8, 12):
         assert np.array_equal(owners(ids, servers), ids % servers), servers
+
+
+@pytest.mark.parametrize("nparts", [1, 2, 3, 4, 6, 8])
+def test_a_parts_ids_and_rows_for_any_number_of_parts(nparts):
+    """A server's part takes the ids ``i % nparts == part`` and holds id ``i`` at local row
+    ``i // nparts`` (by a mask and a shift where the parts are a power of two), as its
+    requests say: a push of every id of the part reaches the right rows, a pull reads them
+    back, and an id of another part (or a negative one) is refused naming it."""
+    from test_replica_rounds import P_ID, W0, W1, _Wire
+
+    from hetps.roles import new_server
+    from hetps.transport.codec import Message
+
+    rows, cols = 61, 2
+    for part in range(nparts):
+        wire = _Wire(ids=(P_ID,))
+        srv = new_server(wire.node(P_ID))
+        body = {"k": "t", "part": part, "nparts": nparts, "rows": rows, "cols": cols}
+        body.update(dtype="float32", scale=0.0, seed=0, bound=0)
+        srv.handle(Message("sinit", sender=W0, req=1, body=body))
+        ids = np.arange(part, rows, nparts, dtype=np.int64)
+        vals = np.repeat(ids.astype(np.float32), cols)
+        key = {"k": "t", "part": part}
+        push = {**key, "sync": True}
+        srv.handle(Message("spush", sender=W0, req=2, body=push, arrays=[ids, vals]))
+        none = [np.zeros(0, np.int64), np.zeros(0, np.float32)]  # (the other worker's part)
+        srv.handle(Message("spush", sender=W1, req=2, body=push, arrays=none))
+        srv.handle(Message("spull", sender=W0, req=3, body=key, arrays=[ids]))
+        others = [i for i in (-nparts + part, *range(rows)) if i % nparts != part or i < 0]
+        for req, bad in enumerate(others[:4], 4):
+            pull = [np.array([bad], np.int64)]
+            srv.handle(Message("spull", sender=W0, req=req, body=key, arrays=pull))
+        got = {m.req: (b, a) for m, b, a in wire.replies[P_ID] if m.cmd != "spush"}
+        assert [b for m, b, _ in wire.replies[P_ID] if m.cmd == "spush"] == [None, None]
+        assert not got[3][0], got
+        assert np.array_equal(got[3][1][0], vals)  # (each id its own row, in the pull's order)
+        sh = srv.tables.shards[("t", part)]
+        assert np.array_equal(sh.value[: ids.size], vals.reshape(-1, cols))  # (row i // S)
+        for req, bad in enumerate(others[:4], 4):
+            err = got[req][0]["error"]
+            assert f"row id {bad} is out of range" in err, (bad, err)
