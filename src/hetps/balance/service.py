@@ -361,7 +361,8 @@ class Planner:
                 rank = int(self.hosts.host_of_rank[rank])
             if 0 <= rank < len(ends):
                 self.links.spread_turn(way, ends[rank])
-        self.pending.setdefault(rnd, {}).update(dict.fromkeys(ids, msg))
+        waiting = self.pending.setdefault(rnd, {})  # (one there keeps its report: answered)
+        waiting.update({i: msg for i in ids if i not in waiting or i == msg.sender})
         self.release(sched)
 
     def live_workers(self, sched: JobPort) -> set[int]:
