@@ -7,6 +7,7 @@ its worker went on is relayed; a follower far ahead is dropped."""
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -400,3 +401,43 @@ def test_a_follower_cannot_run_rounds_ahead_without_bound(lead, caplog):
     assert f"dropped worker {FOLLOWER}, which sent round {H.AHEAD + 1} of 'r'" in caplog.text
     # the rounds it had before: relayed on their own as it went on, the last one dropped
     assert [m.body["round"] for m in lead.node.sent] == list(range(1, H.AHEAD))
+
+
+def test_a_leader_that_reads_slowly_but_steadily_is_kept(monkeypatch, caplog):
+    """A busy leader takes a 4.8 MB report in 64 KB reads 20 ms apart (1.5 s in all, three
+    times the 0.5 s a hand may lie untaken) and then answers: the follower keeps it (the
+    leader took part of it every time it looked) and takes its answer; nothing went directly."""
+    monkeypatch.setattr(H, "_FRAME_S", 0.5)
+    node, conn = _Follower(), None
+    node.cfg.secret = os.urandom(32)  # (its own names: another run's do not collide)
+    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fake.settimeout(5.0)
+    fake.bind(H._name(node.cfg.secret, 0, LEADER))
+    fake.listen(1)
+    lead = H.HostLead(node)
+    try:
+        mine, got = _report(1, 4, 100_000), []
+        waits = threading.Thread(target=lambda: got.append(lead.report(1, mine).wait(10.0)))
+        waits.start()
+        conn, _ = fake.accept()
+        conn.settimeout(5.0)
+        assert H._DECODERS[H.Hello].decode(_frame(conn)).id == FOLLOWER
+        (size,) = H._LEN.unpack(conn.recv(H._LEN.size, socket.MSG_WAITALL))
+        data = bytearray()
+        while len(data) < size and (part := conn.recv(min(1 << 16, size - len(data)))):
+            data += part
+            time.sleep(0.02)  # (a busy leader: another thread's turn)
+        assert len(data) == size, "the follower dropped its leader while it read the hand"
+        hand = H._DECODERS[H.Hand].decode(bytes(data))
+        assert (hand.k, hand.n, hand.w.s) == (H.REPORT, 1, mine.arrays[0].tobytes())
+        H._send(conn, H.Told(H.REPORT, 1, True, H.BalanceAnswer(plan=b"the leader's plan")))
+        waits.join(10.0)
+        assert got and got[0].typed.plan == b"the leader's plan"
+        assert node.sent == [] and lead.up is not None and not lead.shunned
+    finally:
+        lead.close()
+        waits.join(10.0)
+        for sock in (conn, fake):
+            if sock is not None:
+                sock.close()
+    assert "dropped host leader" not in caplog.text

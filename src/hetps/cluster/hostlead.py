@@ -101,8 +101,11 @@ _DECODERS = {kind: msgspec.msgpack.Decoder(kind) for kind in (Hello, Hand, Told)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-def _send(sock: socket.socket, frame: Any) -> None:
-    sock.sendall(_LEN.pack(len(data := _ENCODER.encode(frame))) + data)
+def _send(sock: socket.socket, frame: Any, out: list[int] | None = None) -> None:
+    view = memoryview(_LEN.pack(len(data := _ENCODER.encode(frame))) + data)
+    while view:  # (``out``: a follower counts what went as it goes, to see its leader read)
+        view = view[(n := sock.send(view)) :]
+        (out or [0])[0] += n
 
 
 def _same_user(sock: socket.socket) -> bool:
@@ -146,8 +149,7 @@ class Slot:
     """One wait of this worker: its answer (None: not relayed, send it directly)."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
-        self.answer: Any = None
+        self.event, self.answer = threading.Event(), None
 
     def set(self, answer: Any) -> None:
         if not self.event.is_set():
@@ -166,9 +168,7 @@ class Relayed:
         """The answer (a reply to ``balance_report``)."""
         timeout = self.lead.node.cfg.request_timeout if timeout is None else timeout
         answer = self.lead.wait(self.slot, timeout, "balance report", self.leader)
-        if answer is None:
-            return self.lead.node.request(P.SCHEDULER_ID, self.msg).wait(timeout)
-        return answer
+        return answer or self.lead.node.request(P.SCHEDULER_ID, self.msg).wait(timeout)
 
 
 class HostLead:
@@ -213,7 +213,7 @@ class HostLead:
         self.shrink_times: Callable[[np.ndarray], np.ndarray] | None = None
         # follower: the connection to the leader it hands its messages to
         self.up: socket.socket | None = None
-        self.up_id = 0
+        self.up_id, self.handed = 0, [0]  # (and the bytes it sent that leader)
         self.shunned: set[int] = set()  # leaders that did not read a hand: it sends its own
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -262,7 +262,7 @@ class HostLead:
         try:
             if self.up is None or lead in self.shunned:
                 raise OSError("no leader")
-            _send(self.up, Hand(kind, n, what))
+            _send(self.up, Hand(kind, n, what), self.handed)
         except OSError:  # (gone, or not reading: its reader drops it, naming it, first)
             self._drop_up()
             with self.lock:
@@ -299,7 +299,7 @@ class HostLead:
                     log.warning("host leader %d's socket belongs to another user: not used", lead)
                     sock.close()
                     return
-                _send(sock, Hello(self.me))
+                _send(sock, Hello(self.me), handed := [0])
             except OSError:
                 sock.close()
                 if time.monotonic() > until or lead in self.node.left:
@@ -307,14 +307,14 @@ class HostLead:
                 self.node.check()
                 time.sleep(0.05)  # a retry of the connection, not a wait for another's state
                 continue
-            self.up, self.up_id = sock, lead
+            self.up, self.up_id, self.handed = sock, lead, handed
             threading.Thread(target=self._read_up, args=(sock, lead), daemon=True).start()
 
     def _read_up(self, sock: socket.socket, lead: int) -> None:
         """The leader's answers to this follower, each to its slot; at the end (the leader
         gone, or dropped: what is no answer, half a frame not whole, or a hand it did not read,
         within :data:`_FRAME_S`) every slot still open is told to send directly."""
-        up, why, unread = _Peer(sock), None, 0.0
+        up, why, since, taken = _Peer(sock), None, time.monotonic(), 0
         while why is None:
             try:
                 data = sock.recv(1 << 20) if select.select([sock], [], [], _TICK)[0] else None
@@ -322,14 +322,15 @@ class HostLead:
                     break  # the leader is gone
                 for told in map(_DECODERS[Told].decode, up.frames(data) if data else []):
                     self._told(told)
-                # a silent leader: what this follower sent lies unread in the kernel (SIOCOUTQ)
-                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)) != bytes(4)
-                unread = (unread or time.monotonic()) if queued else 0.0
+                # a silent leader: what it was sent lies in the kernel (SIOCOUTQ), none taken
+                (q,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))
+                if not q or self.handed[0] - q > taken:
+                    since, taken = time.monotonic(), self.handed[0] - q
             except OSError:
                 break
             except (ValueError, msgspec.DecodeError) as exc:
                 why = f"sent what is no answer ({exc})"
-            if unread and time.monotonic() - unread > _FRAME_S:
+            if time.monotonic() - since > _FRAME_S:
                 why = f"did not take a hand within {_FRAME_S:g} s"
                 self.shunned.add(lead)  # (a leader that does not read is not asked again)
             why = why or (f"sent {s}" if (s := up.stalled()) else None)
@@ -349,9 +350,8 @@ class HostLead:
         with self.lock:
             slot = self.slots.pop((told.k, told.n), None)
         if slot is not None:
-            answer: Any = (told.a,)  # a barrier's: (members,)
-            if told.k == REPORT and isinstance(told.a, BalanceAnswer):
-                answer = Message(P.BALANCE_REPORT, reply=True, typed=told.a)
+            report = told.k == REPORT and isinstance(told.a, BalanceAnswer)  # (else: (members,))
+            answer = Message(P.BALANCE_REPORT, reply=True, typed=told.a) if report else (told.a,)
             slot.set(answer if told.ok else None)
 
     def _drop_up(self) -> None:
