@@ -260,9 +260,9 @@ class HostLead:
             self._drop_up()
             self._connect(lead)
         try:
-            if self.up is None or lead in self.shunned:
+            if (up := self.up) is None or lead in self.shunned:  # (its reader may end it now)
                 raise OSError("no leader")
-            _send(self.up, Hand(kind, n, what), self.handed)
+            _send(up, Hand(kind, n, what), self.handed)
         except OSError:  # (gone, or not reading: its reader drops it, naming it, first)
             self._drop_up()
             with self.lock:
