@@ -133,6 +133,28 @@ def test_a_broken_report_drops_that_follower_and_the_host_goes_on(lead, first, w
     good.close()
 
 
+@pytest.mark.parametrize("theirs", [True, False])
+def test_a_hosts_report_says_one_push_only_if_each_of_its_workers_does(lead, theirs):
+    """The leader's worker sums through its host (``one_push``); its follower does too, or
+    pushes its own (started again): the host's one report says one push only in the first."""
+    node, good = lead.node, _follower()
+    try:
+        _wait_for(lambda: FOLLOWER in lead.conns, "the follower was not accepted")
+        msg = _report(1, 1)
+        what = {"b": {"round": 1, **({"one_push": True} if theirs else {})}}
+        H._send(good, {"k": H.REPORT, "n": 1, "w": {**what, "s": msg.arrays[0].tobytes(),
+                                                    "t": msg.arrays[1].tobytes()}})  # fmt: skip
+        mine = _report(1, 0)
+        mine.body["one_push"] = True
+        lead.report(1, mine)
+        _wait_for(lambda: node.sent, "the host's report was never sent")
+        (sent,) = node.sent
+        assert sent.body["host"] == [LEADER, FOLLOWER]
+        assert sent.body.get("one_push", False) is theirs
+    finally:
+        good.close()
+
+
 def test_a_hello_that_is_no_worker_id_is_refused(lead):
     """A local connection whose first frame is no Hello (the id as text, an unknown field,
     no map) is closed and never counted as a follower; a good one after it is."""
