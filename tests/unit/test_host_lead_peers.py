@@ -8,6 +8,7 @@ its worker went on is relayed; a follower far ahead is dropped."""
 from __future__ import annotations
 
 import os
+import resource
 import select
 import socket
 import threading
@@ -462,4 +463,42 @@ def test_a_leader_that_reads_slowly_but_steadily_is_kept(monkeypatch, caplog):
         for sock in (conn, fake):
             if sock is not None:
                 sock.close()
+    assert "dropped host leader" not in caplog.text
+
+
+def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(monkeypatch, caplog):
+    """A worker with many files open (a socket per server, shared memory, a data loader):
+    its connection to the leader is a descriptor past 1024, which select() cannot watch.
+    The leader reads the hand and answers: the follower takes the answer, drops nothing."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        pytest.skip("fewer than 1,200 files may be open")
+    node, conn = _Follower(), None
+    node.cfg.secret = os.urandom(32)  # (its own names: another run's do not collide)
+    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fake.settimeout(5.0)
+    fake.bind(H._name(node.cfg.secret, 0, LEADER))
+    fake.listen(1)
+    held = [os.dup(0) for _ in range(1100)]  # (the next descriptors are past 1024)
+    lead = H.HostLead(node)
+    try:
+        mine, got = _report(1, 4), []
+        waits = threading.Thread(target=lambda: got.append(lead.report(1, mine).wait(5.0)))
+        waits.start()
+        conn, _ = fake.accept()
+        conn.settimeout(5.0)
+        assert H._DECODERS[H.Hello].decode(_frame(conn)).id == FOLLOWER
+        assert H._DECODERS[H.Hand].decode(_frame(conn)).n == 1
+        assert lead.up is not None and lead.up.fileno() > 1024
+        H._send(conn, H.Told(H.REPORT, 1, True, H.BalanceAnswer(plan=b"the leader's plan")))
+        waits.join(5.0)
+        assert got and got[0].typed.plan == b"the leader's plan"
+        assert node.sent == [] and lead.up is not None
+    finally:
+        lead.close()
+        waits.join(5.0)
+        for sock in (conn, fake):
+            if sock is not None:
+                sock.close()
+        for fd in held:
+            os.close(fd)
     assert "dropped host leader" not in caplog.text

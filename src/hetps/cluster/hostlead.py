@@ -222,8 +222,7 @@ class HostLead:
             self.listener.close()
             raise
         self.listener.listen(64)
-        self._stop = threading.Event()
-        self.sel = selectors.DefaultSelector()
+        self._stop, self.sel = threading.Event(), selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ)
         self.thread = threading.Thread(target=self._serve, name="hetps-hostlead", daemon=True)
         self.thread.start()
@@ -315,9 +314,10 @@ class HostLead:
         gone, or dropped: what is no answer, half a frame not whole, or a hand it did not read,
         within :data:`_FRAME_S`) every slot still open is told to send directly."""
         up, why, since, taken = _Peer(sock), None, time.monotonic(), 0
+        (poll := select.poll()).register(sock, select.POLLIN)  # (select: no fd past 1024)
         while why is None:
             try:
-                data = sock.recv(1 << 20) if select.select([sock], [], [], _TICK)[0] else None
+                data = sock.recv(1 << 20) if poll.poll(_TICK * 1000) else None
                 if data == b"":
                     break  # the leader is gone
                 for told in map(_DECODERS[Told].decode, up.frames(data) if data else []):
