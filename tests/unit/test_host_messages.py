@@ -57,6 +57,20 @@ def test_a_worker_that_arrives_itself_after_its_leader_counts_once(sched):
     ]
 
 
+def test_a_worker_that_arrives_itself_before_its_leaders_relay_is_answered_both(sched):
+    """Worker 1 dropped its leader (a hand left unread) and arrives itself; the leader, busy,
+    read the hand all the same and arrives for its host after it: each is answered."""
+    _arrive(sched, W1, 1, req=7)
+    _arrive(sched, W0, 1, req=5, host=[W0, W1])
+    assert sched.sent == []  # still waiting for worker 2, not released by a double count
+    _arrive(sched, W2, 1, req=6)
+    assert sorted(sched.sent) == [
+        (W0, P.BARRIER_DONE, 5, None),
+        (W1, P.BARRIER_DONE, 7, None),
+        (W2, P.BARRIER_DONE, 6, None),
+    ]
+
+
 def test_an_arrival_for_a_worker_of_another_host_is_refused(sched):
     _arrive(sched, W0, 1, req=5, host=[W0, W2])
     assert [(nid, req) for nid, _, req, _ in sched.sent] == [(W0, 5)]
