@@ -103,9 +103,10 @@ _ENCODER = msgspec.msgpack.Encoder()
 
 def _send(sock: socket.socket, frame: Any, out: list[int] | None = None) -> None:
     view = memoryview(_LEN.pack(len(data := _ENCODER.encode(frame))) + data)
-    while view:  # (``out``: a follower counts what went as it goes, to see its leader read)
+    while out is not None and view:  # (a follower counts what went, to see its leader read)
         view = view[(n := sock.send(view)) :]
-        (out or [0])[0] += n
+        out[0] += n
+    sock.sendall(view)  # (a leader's answer: whole within the socket's timeout, or it fails)
 
 
 def _same_user(sock: socket.socket) -> bool:
@@ -243,8 +244,7 @@ class HostLead:
     def report(self, rnd: int, msg: Message) -> Relayed:
         """Hand link report ``msg`` of round ``rnd`` to the host's leader."""
         samples, times = (np.ascontiguousarray(a, np.float64) for a in msg.arrays[:2])
-        what = Report(msg.body, samples.tobytes(), times.tobytes())
-        lead, slot = self._hand(REPORT, rnd, what)
+        lead, slot = self._hand(REPORT, rnd, Report(msg.body, samples.tobytes(), times.tobytes()))
         return Relayed(self, slot, msg, lead)
 
     def _hand(self, kind: str, n: int, what: Any) -> tuple[int, Slot]:
