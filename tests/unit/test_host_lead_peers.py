@@ -426,17 +426,26 @@ def test_a_follower_cannot_run_rounds_ahead_without_bound(lead, caplog):
     assert [m.body["round"] for m in lead.node.sent] == list(range(1, H.AHEAD))
 
 
-def test_a_leader_that_reads_slowly_but_steadily_is_kept(monkeypatch, caplog):
-    """A busy leader takes a 4.8 MB report in 64 KB reads 20 ms apart (1.5 s in all, three
-    times the 0.5 s a hand may lie untaken) and then answers: the follower keeps it (the
-    leader took part of it every time it looked) and takes its answer; nothing went directly."""
-    monkeypatch.setattr(H, "_FRAME_S", 0.5)
-    node, conn = _Follower(), None
-    node.cfg.secret = os.urandom(32)  # (its own names: another run's do not collide)
+@pytest.fixture
+def fake_leader():
+    """A follower's node and a fake leader on the real socket (names of their own: another
+    run's do not collide); closed after."""
+    node = _Follower()
+    node.cfg.secret = os.urandom(32)
     fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     fake.settimeout(5.0)
     fake.bind(H._name(node.cfg.secret, 0, LEADER))
     fake.listen(1)
+    yield node, fake
+    fake.close()
+
+
+def test_a_leader_that_reads_slowly_but_steadily_is_kept(fake_leader, monkeypatch, caplog):
+    """A busy leader takes a 4.8 MB report in 64 KB reads 20 ms apart (1.5 s in all, three
+    times the 0.5 s a hand may lie untaken) and then answers: the follower keeps it (the
+    leader took part of it every time it looked) and takes its answer; nothing went directly."""
+    monkeypatch.setattr(H, "_FRAME_S", 0.5)
+    (node, fake), conn = fake_leader, None
     lead = H.HostLead(node)
     try:
         mine, got = _report(1, 4, 100_000), []
@@ -460,24 +469,18 @@ def test_a_leader_that_reads_slowly_but_steadily_is_kept(monkeypatch, caplog):
     finally:
         lead.close()
         waits.join(10.0)
-        for sock in (conn, fake):
-            if sock is not None:
-                sock.close()
+        if conn is not None:
+            conn.close()
     assert "dropped host leader" not in caplog.text
 
 
-def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(monkeypatch, caplog):
+def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(fake_leader, caplog):
     """A worker with many files open (a socket per server, shared memory, a data loader):
     its connection to the leader is a descriptor past 1024, which select() cannot watch.
     The leader reads the hand and answers: the follower takes the answer, drops nothing."""
     if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
         pytest.skip("fewer than 1,200 files may be open")
-    node, conn = _Follower(), None
-    node.cfg.secret = os.urandom(32)  # (its own names: another run's do not collide)
-    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    fake.settimeout(5.0)
-    fake.bind(H._name(node.cfg.secret, 0, LEADER))
-    fake.listen(1)
+    (node, fake), conn = fake_leader, None
     held = [os.dup(0) for _ in range(1100)]  # (the next descriptors are past 1024)
     lead = H.HostLead(node)
     try:
@@ -496,9 +499,8 @@ def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(monkeypatch, c
     finally:
         lead.close()
         waits.join(5.0)
-        for sock in (conn, fake):
-            if sock is not None:
-                sock.close()
+        if conn is not None:
+            conn.close()
         for fd in held:
             os.close(fd)
     assert "dropped host leader" not in caplog.text

@@ -94,9 +94,8 @@ class Barriers:
         for nid in ids:
             old = bar.reached.get(nid, 0)
             n = b.n if b.n is not None else old + 1
-            # answered: the node itself, or its host's leader once for all it arrived for (a
-            # node's own arrival waiting stays: its leader it dropped relayed it after it)
-            if nid == msg.sender or bar.arrived.get(nid, (0, 0, 0))[2] != nid:
+            # answered: the node itself, or its host's leader once for all it arrived for
+            if nid == msg.sender or bar.arrived.get(nid, (0, 0, 0))[2] != nid:  # (own: stays)
                 bar.arrived[nid] = (msg.req, n, msg.sender)
             new = max(n, old)  # (counted once: arrived through its leader, then itself)
             bar.reached[nid] = new
