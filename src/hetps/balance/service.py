@@ -153,9 +153,7 @@ class Planner:
     def index(self, node_id: int) -> int:
         """Row/column of ``node_id`` in the link matrix (a worker's is its host's)."""
         rank = P.rank_of(node_id)
-        if P.role_of(node_id) == "server":
-            return rank
-        if self.colocate:
+        if P.role_of(node_id) == "server" or self.colocate:
             return rank
         return self.S + int(self.hosts.host_of_rank[rank]) if 0 <= rank < self.W else -1
 
