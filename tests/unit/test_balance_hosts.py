@@ -149,3 +149,60 @@ def test_a_spread_names_a_worker_of_the_host():
     assert p.spread_targets() == ["in", 1, [0, 2]]  # their lowest worker ranks
     p.links.spread_targets = lambda live=None: ["out", 1, [0, 1]]
     assert p.spread_targets() == ["out", 2, [0, 1]]
+
+
+class _Replies(_Sched):
+    """The scheduler's replies, each with the report it answers."""
+
+    def reply(self, msg, body, arrays=None):
+        super().reply(msg, body, arrays)
+        self.answers[-1] = (msg, self.answers[-1])
+
+
+def _flows(rank: int, rnd: int) -> tuple[list, np.ndarray]:
+    """Worker ``rank``'s transfers of a round (its host link 60 MB/s, shared by 2 workers)."""
+    rows = []
+    for s in range(S):
+        end = 100.0 + PART / (60e6 / (2 * S)) * (1 + 0.1 * rank)
+        rows += [[P.worker_id(rank), P.server_id(s), PART, 100.0, end, 0]]
+        rows += [[P.server_id(s), P.worker_id(rank), PART, 100.0, end, 0]]
+    return rows, np.array([[s, PART * W, 0.1 * (1 + rank)] for s in range(S)])
+
+
+def _report(ranks: list[int], rnd: int) -> Message:
+    """The report of ``ranks`` (more than one: their host's leader's, for all of them)."""
+    flows = [_flows(r, rnd) for r in ranks]
+    body: dict = {"round": rnd}
+    if len(ranks) > 1:
+        body.update(host=[P.worker_id(r) for r in ranks])
+        body.update(host_rows=[[len(f), len(t)] for f, t in flows])
+    if rnd == 1:
+        body.update(sizes=[8 * 1024], assign=[i % S for i in range(8)])
+    samples = np.array([row for f, _ in flows for row in f], float)
+    times = np.concatenate([t for _, t in flows])
+    msg = Message(P.BALANCE_REPORT, body=body, arrays=[samples, times])
+    msg.sender = P.worker_id(ranks[0])
+    assert commands.decode(msg) is None
+    return msg
+
+
+@pytest.mark.parametrize("order", ["own-first", "host-first", "none"])
+def test_a_report_sent_both_ways_is_answered_each_way_and_read_once(order):
+    """Worker 1's leader (worker 0) relays the host's report of a round and worker 1, having
+    dropped that leader (it did not read in time, or answered half a frame), sends its own
+    too, before or after. Each message gets the round's plan (none waits for an answer that
+    never comes); and the round's link readings are those of the round without the second."""
+    nets = {}
+    for how in dict.fromkeys(["none", order]):
+        p, sched = Planner("aware", W, S, False, slice_elems=1024), _Replies([0, 0, 1, 1])
+        msgs = [_report([0, 1], 1), _report([2], 1), _report([3], 1)]
+        if how != "none":
+            msgs.insert(0 if how == "own-first" else 3, _report([1], 1))
+        for msg in msgs:
+            p.handle(sched, msg)
+        assert sorted(id(m) for m, _ in sched.answers) == sorted(map(id, msgs))
+        assert len({a["epoch"] for _, a in sched.answers}) == 1  # (the same round's plan)
+        nets[how] = p.links.node_network()
+    if order == "host-first":  # (own-first: its host's report holds its flows as well)
+        np.testing.assert_array_equal(nets[order].up, nets["none"].up)
+        np.testing.assert_array_equal(nets[order].down, nets["none"].down)

@@ -7,6 +7,8 @@ its worker went on is relayed; a follower far ahead is dropped."""
 
 from __future__ import annotations
 
+import os
+import resource
 import select
 import socket
 import threading
@@ -130,6 +132,28 @@ def test_a_broken_report_drops_that_follower_and_the_host_goes_on(lead, first, w
         want = np.concatenate([mine2.arrays[i], theirs.arrays[i]])
         np.testing.assert_array_equal(merged.arrays[i], want)
     good.close()
+
+
+@pytest.mark.parametrize("theirs", [True, False])
+def test_a_hosts_report_says_one_push_only_if_each_of_its_workers_does(lead, theirs):
+    """The leader's worker sums through its host (``one_push``); its follower does too, or
+    pushes its own (started again): the host's one report says one push only in the first."""
+    node, good = lead.node, _follower()
+    try:
+        _wait_for(lambda: FOLLOWER in lead.conns, "the follower was not accepted")
+        msg = _report(1, 1)
+        what = {"b": {"round": 1, **({"one_push": True} if theirs else {})}}
+        H._send(good, {"k": H.REPORT, "n": 1, "w": {**what, "s": msg.arrays[0].tobytes(),
+                                                    "t": msg.arrays[1].tobytes()}})  # fmt: skip
+        mine = _report(1, 0)
+        mine.body["one_push"] = True
+        lead.report(1, mine)
+        _wait_for(lambda: node.sent, "the host's report was never sent")
+        (sent,) = node.sent
+        assert sent.body["host"] == [LEADER, FOLLOWER]
+        assert sent.body.get("one_push", False) is theirs
+    finally:
+        good.close()
 
 
 def test_a_hello_that_is_no_worker_id_is_refused(lead):
@@ -400,3 +424,83 @@ def test_a_follower_cannot_run_rounds_ahead_without_bound(lead, caplog):
     assert f"dropped worker {FOLLOWER}, which sent round {H.AHEAD + 1} of 'r'" in caplog.text
     # the rounds it had before: relayed on their own as it went on, the last one dropped
     assert [m.body["round"] for m in lead.node.sent] == list(range(1, H.AHEAD))
+
+
+@pytest.fixture
+def fake_leader():
+    """A follower's node and a fake leader on the real socket (names of their own: another
+    run's do not collide); closed after."""
+    node = _Follower()
+    node.cfg.secret = os.urandom(32)
+    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fake.settimeout(5.0)
+    fake.bind(H._name(node.cfg.secret, 0, LEADER))
+    fake.listen(1)
+    yield node, fake
+    fake.close()
+
+
+def test_a_leader_that_reads_slowly_but_steadily_is_kept(fake_leader, monkeypatch, caplog):
+    """A busy leader takes a 4.8 MB report in 64 KB reads 20 ms apart (1.5 s in all, three
+    times the 0.5 s a hand may lie untaken) and then answers: the follower keeps it (the
+    leader took part of it every time it looked) and takes its answer; nothing went directly."""
+    monkeypatch.setattr(H, "_FRAME_S", 0.5)
+    (node, fake), conn = fake_leader, None
+    lead = H.HostLead(node)
+    try:
+        mine, got = _report(1, 4, 100_000), []
+        waits = threading.Thread(target=lambda: got.append(lead.report(1, mine).wait(10.0)))
+        waits.start()
+        conn, _ = fake.accept()
+        conn.settimeout(5.0)
+        assert H._DECODERS[H.Hello].decode(_frame(conn)).id == FOLLOWER
+        (size,) = H._LEN.unpack(conn.recv(H._LEN.size, socket.MSG_WAITALL))
+        data = bytearray()
+        while len(data) < size and (part := conn.recv(min(1 << 16, size - len(data)))):
+            data += part
+            time.sleep(0.02)  # (a busy leader: another thread's turn)
+        assert len(data) == size, "the follower dropped its leader while it read the hand"
+        hand = H._DECODERS[H.Hand].decode(bytes(data))
+        assert (hand.k, hand.n, hand.w.s) == (H.REPORT, 1, mine.arrays[0].tobytes())
+        H._send(conn, H.Told(H.REPORT, 1, True, H.BalanceAnswer(plan=b"the leader's plan")))
+        waits.join(10.0)
+        assert got and got[0].typed.plan == b"the leader's plan"
+        assert node.sent == [] and lead.up is not None and not lead.shunned
+    finally:
+        lead.close()
+        waits.join(10.0)
+        if conn is not None:
+            conn.close()
+    assert "dropped host leader" not in caplog.text
+
+
+def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(fake_leader, caplog):
+    """A worker with many files open (a socket per server, shared memory, a data loader):
+    its connection to the leader is a descriptor past 1024, which select() cannot watch.
+    The leader reads the hand and answers: the follower takes the answer, drops nothing."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        pytest.skip("fewer than 1,200 files may be open")
+    (node, fake), conn = fake_leader, None
+    held = [os.dup(0) for _ in range(1100)]  # (the next descriptors are past 1024)
+    lead = H.HostLead(node)
+    try:
+        mine, got = _report(1, 4), []
+        waits = threading.Thread(target=lambda: got.append(lead.report(1, mine).wait(5.0)))
+        waits.start()
+        conn, _ = fake.accept()
+        conn.settimeout(5.0)
+        assert H._DECODERS[H.Hello].decode(_frame(conn)).id == FOLLOWER
+        assert H._DECODERS[H.Hand].decode(_frame(conn)).n == 1
+        assert lead.up is not None and lead.up.fileno() > 1024
+        H._send(conn, H.Told(H.REPORT, 1, True, H.BalanceAnswer(plan=b"the leader's plan")))
+        waits.join(5.0)
+        assert got and got[0].typed.plan == b"the leader's plan"
+        assert node.sent == [] and lead.up is not None
+    finally:
+        lead.close()
+        waits.join(5.0)
+        if conn is not None:
+            conn.close()
+        for fd in held:
+            os.close(fd)
+    assert "dropped host leader" not in caplog.text

@@ -45,9 +45,15 @@ def test_a_hosts_arrival_is_answered_once_for_its_workers(sched):
     assert sorted(sched.sent) == [(W0, P.BARRIER_DONE, 5, None), (W2, P.BARRIER_DONE, 6, None)]
 
 
-def test_a_worker_that_arrives_itself_after_its_leader_counts_once(sched):
+@pytest.mark.parametrize("own_first", [False, True])
+def test_a_worker_that_arrives_itself_after_its_leader_counts_once(sched, own_first):
+    """Its leader died, or it dropped its leader (a hand left unread), which, busy, read the
+    hand all the same and arrives for its host after it: each arrival is answered."""
+    if own_first:
+        _arrive(sched, W1, 1, req=7)
     _arrive(sched, W0, 1, req=5, host=[W0, W1])
-    _arrive(sched, W1, 1, req=7)  # its leader died: it sends its own, for the same barrier
+    if not own_first:
+        _arrive(sched, W1, 1, req=7)  # its leader died: it sends its own, for the same barrier
     assert sched.sent == []  # still waiting for worker 2, not released by a double count
     _arrive(sched, W2, 1, req=6)
     assert sorted(sched.sent) == [

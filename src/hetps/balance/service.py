@@ -153,9 +153,7 @@ class Planner:
     def index(self, node_id: int) -> int:
         """Row/column of ``node_id`` in the link matrix (a worker's is its host's)."""
         rank = P.rank_of(node_id)
-        if P.role_of(node_id) == "server":
-            return rank
-        if self.colocate:
+        if P.role_of(node_id) == "server" or self.colocate:
             return rank
         return self.S + int(self.hosts.host_of_rank[rank]) if 0 <= rank < self.W else -1
 
@@ -361,7 +359,8 @@ class Planner:
                 rank = int(self.hosts.host_of_rank[rank])
             if 0 <= rank < len(ends):
                 self.links.spread_turn(way, ends[rank])
-        self.pending.setdefault(rnd, {}).update(dict.fromkeys(ids, msg))
+        waiting = self.pending.setdefault(rnd, {})  # (one there keeps its report: answered)
+        waiting.update({i: msg for i in ids if i not in waiting or i == msg.sender})
         self.release(sched)
 
     def live_workers(self, sched: JobPort) -> set[int]:

@@ -87,7 +87,8 @@ class Barriers:
             old = bar.reached.get(nid, 0)
             n = b.n if b.n is not None else old + 1
             # answered: the node itself, or its host's leader once for all it arrived for
-            bar.arrived[nid] = (msg.req, n, msg.sender)
+            if nid == msg.sender or bar.arrived.get(nid, (0, 0, 0))[2] != nid:  # (own: stays)
+                bar.arrived[nid] = (msg.req, n, msg.sender)
             new = max(n, old)  # (counted once: arrived through its leader, then itself)
             bar.reached[nid] = new
             if nid in bar.members and new != old:

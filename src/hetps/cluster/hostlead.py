@@ -101,8 +101,12 @@ _DECODERS = {kind: msgspec.msgpack.Decoder(kind) for kind in (Hello, Hand, Told)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-def _send(sock: socket.socket, frame: Any) -> None:
-    sock.sendall(_LEN.pack(len(data := _ENCODER.encode(frame))) + data)
+def _send(sock: socket.socket, frame: Any, out: list[int] | None = None) -> None:
+    view = memoryview(_LEN.pack(len(data := _ENCODER.encode(frame))) + data)
+    while out is not None and view:  # (a follower counts what went, to see its leader read)
+        view = view[(n := sock.send(view)) :]
+        out[0] += n
+    sock.sendall(view)  # (a leader's answer: whole within the socket's timeout, or it fails)
 
 
 def _same_user(sock: socket.socket) -> bool:
@@ -146,8 +150,7 @@ class Slot:
     """One wait of this worker: its answer (None: not relayed, send it directly)."""
 
     def __init__(self) -> None:
-        self.event = threading.Event()
-        self.answer: Any = None
+        self.event, self.answer = threading.Event(), None
 
     def set(self, answer: Any) -> None:
         if not self.event.is_set():
@@ -166,9 +169,7 @@ class Relayed:
         """The answer (a reply to ``balance_report``)."""
         timeout = self.lead.node.cfg.request_timeout if timeout is None else timeout
         answer = self.lead.wait(self.slot, timeout, "balance report", self.leader)
-        if answer is None:
-            return self.lead.node.request(P.SCHEDULER_ID, self.msg).wait(timeout)
-        return answer
+        return answer or self.lead.node.request(P.SCHEDULER_ID, self.msg).wait(timeout)
 
 
 class HostLead:
@@ -213,7 +214,7 @@ class HostLead:
         self.shrink_times: Callable[[np.ndarray], np.ndarray] | None = None
         # follower: the connection to the leader it hands its messages to
         self.up: socket.socket | None = None
-        self.up_id = 0
+        self.up_id, self.handed = 0, [0]  # (and the bytes it sent that leader)
         self.shunned: set[int] = set()  # leaders that did not read a hand: it sends its own
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -222,8 +223,7 @@ class HostLead:
             self.listener.close()
             raise
         self.listener.listen(64)
-        self._stop = threading.Event()
-        self.sel = selectors.DefaultSelector()
+        self._stop, self.sel = threading.Event(), selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ)
         self.thread = threading.Thread(target=self._serve, name="hetps-hostlead", daemon=True)
         self.thread.start()
@@ -244,8 +244,7 @@ class HostLead:
     def report(self, rnd: int, msg: Message) -> Relayed:
         """Hand link report ``msg`` of round ``rnd`` to the host's leader."""
         samples, times = (np.ascontiguousarray(a, np.float64) for a in msg.arrays[:2])
-        what = Report(msg.body, samples.tobytes(), times.tobytes())
-        lead, slot = self._hand(REPORT, rnd, what)
+        lead, slot = self._hand(REPORT, rnd, Report(msg.body, samples.tobytes(), times.tobytes()))
         return Relayed(self, slot, msg, lead)
 
     def _hand(self, kind: str, n: int, what: Any) -> tuple[int, Slot]:
@@ -260,9 +259,9 @@ class HostLead:
             self._drop_up()
             self._connect(lead)
         try:
-            if self.up is None or lead in self.shunned:
+            if (up := self.up) is None or lead in self.shunned:  # (its reader may end it now)
                 raise OSError("no leader")
-            _send(self.up, Hand(kind, n, what))
+            _send(up, Hand(kind, n, what), self.handed)
         except OSError:  # (gone, or not reading: its reader drops it, naming it, first)
             self._drop_up()
             with self.lock:
@@ -299,7 +298,7 @@ class HostLead:
                     log.warning("host leader %d's socket belongs to another user: not used", lead)
                     sock.close()
                     return
-                _send(sock, Hello(self.me))
+                _send(sock, Hello(self.me), handed := [0])
             except OSError:
                 sock.close()
                 if time.monotonic() > until or lead in self.node.left:
@@ -307,29 +306,31 @@ class HostLead:
                 self.node.check()
                 time.sleep(0.05)  # a retry of the connection, not a wait for another's state
                 continue
-            self.up, self.up_id = sock, lead
+            self.up, self.up_id, self.handed = sock, lead, handed
             threading.Thread(target=self._read_up, args=(sock, lead), daemon=True).start()
 
     def _read_up(self, sock: socket.socket, lead: int) -> None:
         """The leader's answers to this follower, each to its slot; at the end (the leader
         gone, or dropped: what is no answer, half a frame not whole, or a hand it did not read,
         within :data:`_FRAME_S`) every slot still open is told to send directly."""
-        up, why, unread = _Peer(sock), None, 0.0
+        up, why, since, taken = _Peer(sock), None, time.monotonic(), 0
+        (poll := select.poll()).register(sock, select.POLLIN)  # (select: no fd past 1024)
         while why is None:
             try:
-                data = sock.recv(1 << 20) if select.select([sock], [], [], _TICK)[0] else None
+                data = sock.recv(1 << 20) if poll.poll(_TICK * 1000) else None
                 if data == b"":
                     break  # the leader is gone
                 for told in map(_DECODERS[Told].decode, up.frames(data) if data else []):
                     self._told(told)
-                # a silent leader: what this follower sent lies unread in the kernel (SIOCOUTQ)
-                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)) != bytes(4)
-                unread = (unread or time.monotonic()) if queued else 0.0
+                # a silent leader: what it was sent lies in the kernel (SIOCOUTQ), none taken
+                (q,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(4)))
+                if not q or self.handed[0] - q > taken:
+                    since, taken = time.monotonic(), self.handed[0] - q
             except OSError:
                 break
             except (ValueError, msgspec.DecodeError) as exc:
                 why = f"sent what is no answer ({exc})"
-            if unread and time.monotonic() - unread > _FRAME_S:
+            if time.monotonic() - since > _FRAME_S:
                 why = f"did not take a hand within {_FRAME_S:g} s"
                 self.shunned.add(lead)  # (a leader that does not read is not asked again)
             why = why or (f"sent {s}" if (s := up.stalled()) else None)
@@ -349,9 +350,8 @@ class HostLead:
         with self.lock:
             slot = self.slots.pop((told.k, told.n), None)
         if slot is not None:
-            answer: Any = (told.a,)  # a barrier's: (members,)
-            if told.k == REPORT and isinstance(told.a, BalanceAnswer):
-                answer = Message(P.BALANCE_REPORT, reply=True, typed=told.a)
+            report = told.k == REPORT and isinstance(told.a, BalanceAnswer)  # (else: (members,))
+            answer = Message(P.BALANCE_REPORT, reply=True, typed=told.a) if report else (told.a,)
             slot.set(answer if told.ok else None)
 
     def _drop_up(self) -> None:
