@@ -441,9 +441,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The argument parser of the ``hetps`` command; ``only`` (a role, ``scheduler`` or
-    ``server``) builds that command alone: a role process starts without importing the
-    modules of the other commands."""
+    """The argument parser of the ``hetps`` command; ``only`` (a role) builds that command
+    alone: a role process starts without importing the other commands' modules."""
     p = argparse.ArgumentParser(prog="hetps", description=__doc__)
     p.add_argument("--version", action="version", version=f"hetps {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -455,7 +454,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         la.set_defaults(func=cmd_launch)
 
     for name, (help_, description, func, flags) in _COMMANDS.items():
-        if only is not None and name != only:
+        if only not in (None, name):
             continue
         cp = sub.add_parser(name, help=help_, description=description)
         if callable(flags):  # (a function that adds them)
@@ -475,9 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     from hetps.cluster.errors import ClusterError
     from hetps.config import ConfigError
 
-    words = sys.argv[1:] if argv is None else argv
-    role = words[0] if words and words[0] in ("scheduler", "server") else None
-    args = build_parser(role).parse_args(argv)
+    first = (sys.argv[1:] if argv is None else argv)[:1]
+    args = build_parser(*[w for w in first if w in ("scheduler", "server")]).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ClusterError, ConfigError) as exc:
