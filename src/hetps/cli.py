@@ -440,26 +440,29 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, _cluster_flags())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``hetps`` command."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of the ``hetps`` command; ``only`` (a role) builds that command
+    alone: a role process starts without importing the other commands' modules."""
     p = argparse.ArgumentParser(prog="hetps", description=__doc__)
     p.add_argument("--version", action="version", version=f"hetps {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
-
-    la = sub.add_parser("launch", help="start a scheduler, servers and workers running CMD")
-    add_flags(la, _LAUNCH_FLAGS)
-    add_cluster_arguments(la)
-    la.add_argument("command", nargs=argparse.REMAINDER)
-    la.set_defaults(func=cmd_launch)
+    if only is None:
+        la = sub.add_parser("launch", help="start a scheduler, servers and workers running CMD")
+        add_flags(la, _LAUNCH_FLAGS)
+        add_cluster_arguments(la)
+        la.add_argument("command", nargs=argparse.REMAINDER)
+        la.set_defaults(func=cmd_launch)
 
     for name, (help_, description, func, flags) in _COMMANDS.items():
+        if only not in (None, name):
+            continue
         cp = sub.add_parser(name, help=help_, description=description)
         if callable(flags):  # (a function that adds them)
             flags(cp)
         else:
             add_flags(cp, flags)
         cp.set_defaults(func=func)
-    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.launch.k8s"):
+    for name in ("hetps.netem.cli", "hetps.metrics.cli", "hetps.launch.k8s") * (only is None):
         __import__(name, fromlist=["add_parser"]).add_parser(sub)
     return p
 
@@ -471,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     from hetps.cluster.errors import ClusterError
     from hetps.config import ConfigError
 
-    args = build_parser().parse_args(argv)
+    first = (sys.argv[1:] if argv is None else argv)[:1]
+    args = build_parser(*[w for w in first if w in ("scheduler", "server")]).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ClusterError, ConfigError) as exc:

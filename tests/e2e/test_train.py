@@ -55,12 +55,15 @@ def _records(run: Path, rank: int) -> list[dict]:
     [
         ("sync", [], "sync-mlp-w2"),
         ("async", [], "async-mlp-w2"),
-        ("async", ["-dcasgd", "1"], "dcasgd-mlp-w2"),
+        pytest.param("async", ["-dcasgd", "1"], "dcasgd-mlp-w2", marks=pytest.mark.slow),
         # step() leaves the pulls in flight; each layer's forward (evaluation's too) waits
         ("async", ["--overlap-forward"], "async-mlp-w2"),
     ],
 )
 def test_modes_train_and_log(tmp_path, mode, extra, name):
+    """DC-ASGD is slow here: the async case takes the app's path, and DC-ASGD on the servers
+    runs by default in integration/test_kvstore_modes.py
+    (test_dcasgd_on_servers_knows_the_worker) and integration/test_dcasgd_backup.py."""
     _train(
         tmp_path,
         "-m",

@@ -347,7 +347,10 @@ def test_a_taken_scheduler_port_is_one_clear_error(slurm, tmp_path):
     assert "Traceback" not in out.split("[launcher] scheduler exited")[0], out
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_inside_an_allocation(slurm, tmp_path):
+    """The benchmark runs the example under each launcher; in the default run
+    test_linear_regression_example_through_salloc runs it through salloc."""
     out = tmp_path / "bench.json"
     res = subprocess.run(
         [

@@ -12,8 +12,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from hetps.kvstore import checkpoint
 
 if TYPE_CHECKING:
@@ -141,6 +139,8 @@ class TrainCheckpoints:
 
     def save(self, run: Any, rnd: int, opt: Any) -> Path:
         """Every worker: checkpoint after round ``rnd``."""
+        import torch  # (here: the flag checks above run before torch loads)
+
         state = {
             "round": rnd,
             "steps_done": run.steps_done,
