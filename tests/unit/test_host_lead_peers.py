@@ -7,6 +7,7 @@ its worker went on is relayed; a follower far ahead is dropped."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import resource
 import select
@@ -474,14 +475,24 @@ def test_a_leader_that_reads_slowly_but_steadily_is_kept(fake_leader, monkeypatc
     assert "dropped host leader" not in caplog.text
 
 
-def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(fake_leader, caplog):
+def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(fake_leader, caplog, monkeypatch):
     """A worker with many files open (a socket per server, shared memory, a data loader):
     its connection to the leader is a descriptor past 1024, which select() cannot watch.
     The leader reads the hand and answers: the follower takes the answer, drops nothing."""
     if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
         pytest.skip("fewer than 1,200 files may be open")
     (node, fake), conn = fake_leader, None
-    held = [os.dup(0) for _ in range(1100)]  # (the next descriptors are past 1024)
+
+    class _Past1024:  # the host part's sockets made at descriptors past 1100
+        def __getattr__(self, name: str) -> object:
+            return getattr(socket, name)
+
+        @staticmethod
+        def socket(*args: object) -> socket.socket:
+            with socket.socket(*args) as low:
+                return socket.socket(fileno=fcntl.fcntl(low.fileno(), fcntl.F_DUPFD, 1100))
+
+    monkeypatch.setattr(H, "socket", _Past1024())  # (descriptors freed meanwhile: not lower)
     lead = H.HostLead(node)
     try:
         mine, got = _report(1, 4), []
@@ -501,6 +512,4 @@ def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(fake_leader, c
         waits.join(5.0)
         if conn is not None:
             conn.close()
-        for fd in held:
-            os.close(fd)
     assert "dropped host leader" not in caplog.text
