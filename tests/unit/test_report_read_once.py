@@ -1,8 +1,9 @@
 """A worker's link samples are read once a round whatever the order of its own report and its
 host's: a follower that dropped its leader sends its own report of a round whose host's report
 (the leader's, merged as :meth:`HostLead._merged` merges it) carries its rows too. Every
-message is answered, and everything the planner keeps (caps, link matrix, history, the
-detector's readings, the plans) is that of the job where each report arrived once."""
+message the scheduler takes is answered, and everything its planner keeps (caps, link
+matrix, history, the detector's readings, the plans) is that of the job where each report
+arrived once."""
 
 from __future__ import annotations
 
@@ -12,31 +13,40 @@ import numpy as np
 import pytest
 
 from hetps.balance.reports import times_shrink
-from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
-from hetps.cluster import commands
 from hetps.cluster import protocol as P
 from hetps.cluster.hostlead import HostLead, Report
 from hetps.cluster.protocol import NodeInfo
+from hetps.roles import make_scheduler
 from hetps.transport.codec import Message
+from roles import loopback_config
 
 S, W, ROUNDS = 2, 4, 3
 PART = 1 << 20  # bytes a worker pushes to each server in a round
 
 
-class _Sched:
-    """The scheduler's side the planner uses: a node table (hosts [0, 0, 1, 1]) and its replies."""
+@pytest.fixture
+def scheduler():
+    """A scheduler with its planner (as ``hetps scheduler`` makes it), hosts [0, 0, 1, 1];
+    what it sends is kept (node id, message)."""
+    made = []
 
-    def __init__(self) -> None:
-        self.nodes = {
-            P.worker_id(r): NodeInfo(P.worker_id(r), "worker", r, "h", 1, r // 2) for r in range(W)
-        }
-        self.dead: set = set()
-        self.finished: set = set()
-        self.answers: list = []
+    def make(scheme: str):
+        cfg = loopback_config(
+            "scheduler", num_worker=W, num_server=S, balance=scheme, slice_elems=1024
+        )
+        s = make_scheduler(cfg)
+        made.append(s)
+        s.nodes = {P.server_id(i): NodeInfo(P.server_id(i), "server", i, "h", 1) for i in range(S)}
+        for r in range(W):
+            s.nodes[P.worker_id(r)] = NodeInfo(P.worker_id(r), "worker", r, "h", 1, r // 2)
+        s.sent = []
+        s.send_to = lambda nid, msg: s.sent.append((nid, msg))
+        return s
 
-    def reply(self, msg, body, arrays=None):
-        self.answers.append((msg, unpack_plan(Message(msg.cmd, body=body, arrays=arrays or []))))
+    yield make
+    for s in made:
+        s.van.close()
 
 
 def _body(rank: int, rnd: int) -> tuple[dict, np.ndarray, np.ndarray]:
@@ -56,10 +66,7 @@ def _body(rank: int, rnd: int) -> tuple[dict, np.ndarray, np.ndarray]:
 
 
 def _sent(body: dict, arrays: list, sender: int) -> Message:
-    msg = Message(P.BALANCE_REPORT, body=body, arrays=arrays)
-    msg.sender = P.worker_id(sender)
-    assert commands.decode(msg) is None
-    return msg
+    return Message(P.BALANCE_REPORT, sender=P.worker_id(sender), body=body, arrays=arrays)
 
 
 def _own(rank: int, rnd: int) -> Message:
@@ -91,22 +98,29 @@ def _plain(x):
     return x
 
 
-def _run(scheme: str, extra: dict[int, list[tuple[int, int]]]) -> tuple[str, list]:
+def _run(make, scheme: str, extra: dict[int, list[tuple[int, int]]]) -> tuple[str, list]:
     """Every round: host 0's report, then workers 2 and 3's own; ``extra[at]`` inserts the own
     reports ``(rank, round)`` at that place of each round's list (3: after the round is
     answered). What the planner keeps, as text (floats exact), and each round's answers."""
-    p, sched = Planner(scheme, W, S, False, slice_elems=1024), _Sched()
+    sched = make(scheme)
+    p = sched.services[P.BALANCE_REPORT].__self__
     answers = []
     for rnd in range(1, ROUNDS + 1):
         msgs = [_hosts(rnd, scheme), _own(2, rnd), _own(3, rnd)]
         for at in sorted(extra, reverse=True):
             msgs[at:at] = [_own(rank, rnd) for rank, _ in extra[at]]
-        sched.answers.clear()
-        for msg in msgs:
-            p.handle(sched, msg)
-        assert sorted(id(m) for m, _ in sched.answers) == sorted(map(id, msgs))  # (each once)
-        timed = [{k: v for k, v in a.items() if k != "plan_s"} for _, a in sched.answers]
+        for req, msg in enumerate(msgs, 1):
+            msg.req = req
+            sched._dispatch(msg)
+            while not sched._service_q.empty():  # (the services' thread's work, run here)
+                sched._service_q.get_nowait()()
+        sent = [(nid, m.req) for nid, m in sched.sent]
+        assert sorted(sent) == sorted((m.sender, m.req) for m in msgs)  # (each once)
+        plans = [unpack_plan(Message(m.cmd, body=m.body, arrays=m.arrays)) for _, m in sched.sent]
+        assert not [a["error"] for a in plans if "error" in a]
+        timed = [{k: v for k, v in a.items() if k != "plan_s"} for a in plans]
         answers.append(sorted({repr(_plain(a)) for a in timed}))  # (less the planner's time)
+        sched.sent.clear()
     net = p.links.node_network()
     kept = {"caps": [net.up, net.down], "links": vars(p.links), "table": vars(p.table)}
     kept.update(history=p.history, detector=vars(p.detector), one_push=sorted(p.one_push.items()))
@@ -125,7 +139,7 @@ def _run(scheme: str, extra: dict[int, list[tuple[int, int]]]) -> tuple[str, lis
     ],
     ids=["own-first", "host-first", "after-answer", "own-twice", "flat-twice"],
 )
-def test_a_workers_samples_are_read_once_a_round_whatever_the_order(scheme, extra):
-    once, kept = _run(scheme, {}), _run(scheme, extra)
+def test_a_workers_samples_are_read_once_a_round_whatever_the_order(scheduler, scheme, extra):
+    once, kept = _run(scheduler, scheme, {}), _run(scheduler, scheme, extra)
     assert kept[1] == once[1]  # every round's plans (and rank 0's link matrix and rates)
     assert kept[0] == once[0]
