@@ -89,7 +89,9 @@ class RoundReports:
         self.msgs: dict[int, Any] = {}  # id -> message, in arrival order
         self.samples: list[tuple[np.ndarray, bool]] = []  # (samples, calibration)
         self.spans: list[tuple[np.ndarray, Any]] = []  # (times, host_rows)
-        self._by: dict[int, list | None] = {}  # worker -> its own report's entries (None: a host's)
+        # every worker reported: its own report's entries (dropped if its host's comes), or
+        # None where its host's report carries its rows
+        self.rows: dict[int, list | None] = {}
 
     def take(self, msg: Any, ids: list[int], own: bool, sample: tuple, span: tuple) -> list | None:
         """Keep ``msg`` to answer and read its ``sample`` (samples, calibration) and ``span``
@@ -97,14 +99,14 @@ class RoundReports:
         host's report drops its workers' own. The caller adds what else it keeps of the
         report, ``(list, entry)``, to the list returned, dropped with it."""
         self.msgs[id(msg)] = msg
-        if all(self._by.get(i, 0) is None for i in ids) or (own and ids[0] in self._by):
+        if all(self.rows.get(i, 0) is None for i in ids) or (own and ids[0] in self.rows):
             return None
-        for where, entry in [e for i in ids if not own for e in self._by.get(i) or ()]:
+        for where, entry in [e for i in ids if not own for e in self.rows.get(i) or ()]:
             where[:] = [e for e in where if e is not entry]
         added = [(self.samples, sample), (self.spans, span)]
         for where, entry in added:
             where.append(entry)
-        self._by.update({ids[0]: added} if own else dict.fromkeys(ids, None))
+        self.rows.update({ids[0]: added} if own else dict.fromkeys(ids, None))
         return added
 
 

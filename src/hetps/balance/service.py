@@ -87,13 +87,12 @@ class Planner:
         self.assignment: np.ndarray | None = None
         self.shares: np.ndarray | None = None
         self.epoch = 0
-        self.pending: dict[int, dict[int, Message]] = {}
+        # a round's reports until every worker reported it (their data transfers: busy-time
+        # rates), and its spread flows
+        self.pending: dict[int, RoundReports] = {}
         # each worker's last round answered, and the last plan (a report sent again gets it)
         self._done: dict[int, int] = {}
         self._last = b""
-        # one round's reports until every worker reported it (their data transfers: busy-time
-        # rates), and its spread flows
-        self._reads: dict[int, RoundReports] = {}
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
         # per-node caps from busy-time rates, capacity probes (a window of one permutation
@@ -342,7 +341,7 @@ class Planner:
             why = f"balance report of round {rnd}: {len(self.pending)} rounds already wait for "
             sched.reply(msg, {"error": why + "other workers' reports (a worker runs far ahead)"})
             return
-        reads = self._reads.setdefault(rnd, RoundReports())  # (each worker's rows read once)
+        reads = self.pending.setdefault(rnd, RoundReports())  # (each worker's rows read once)
         span = (times, b.host_rows if b.host else None)
         added = reads.take(msg, ids, b.host is None, (samples, bool(b.calibration)), span)
         if added is not None and self.scheme_plan.needs == "history":  # (a line per server)
@@ -359,7 +358,6 @@ class Planner:
                 rank = int(self.hosts.host_of_rank[rank])
             if 0 <= rank < len(ends):
                 self.links.spread_turn(way, ends[rank])
-        self.pending.setdefault(rnd, {}).update(dict.fromkeys(ids, msg))
         self.release(sched)
 
     def live_workers(self, sched: JobPort) -> set[int]:
@@ -385,17 +383,16 @@ class Planner:
         self._net_memo = None
         live = self.live_workers(sched)
         for rnd in sorted(self.pending):
-            waiting = self.pending[rnd]
-            if len(waiting) < len(live) or not all(nid in waiting for nid in live):
+            reads = self.pending[rnd]
+            if len(reads.rows) < len(live) or not all(nid in reads.rows for nid in live):
                 continue
             del self.pending[rnd]
-            reads = self._reads.pop(rnd)
             self.take_round(rnd, reads.samples)
             done = rnd in self._spread_done
             self.links.observe_spread(self._spread.pop(rnd, []), done=done)
             for old in [r for r in self._spread if r < rnd]:  # (older rounds)
                 del self._spread[old]
-            for older in [self._reads[r] for r in self._reads if r < rnd]:
+            for older in [self.pending[r] for r in self.pending if r < rnd]:
                 del older.samples[:], older.spans[:]
             self._released += 1
             self._net_memo = []  # (the caps are the round's from here: node_network)
@@ -423,7 +420,7 @@ class Planner:
             # the same plan for every worker, encoded once; rank 0 also gets what reports
             # and plots read (the link matrix, the node rates): hetps.balance.wire
             packed = self._last = pack_plan(answer)
-            self._done.update(dict.fromkeys(waiting, rnd))
+            self._done.update(dict.fromkeys(reads.rows, rnd))
             for m in reads.msgs.values():  # (each message once: a host's, a worker's own)
                 rank0 = P.worker_id(0) in (m.typed.host or [m.sender])
                 if rank0 and self.n_nodes <= REPORT_MAX_NODES:
