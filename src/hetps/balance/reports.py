@@ -6,6 +6,7 @@ float64 arrays (the report's arrays 0 and 1); a report may also list them in its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -76,6 +77,37 @@ def host_ids(
     ):
         return f"balance report: 'host_rows' {[list(r) for r in rows]} do not add up to the arrays' {have} rows"
     return list(host)
+
+
+class RoundReports:
+    """A round's reports until the planner answers it: every message (each answered once),
+    and each report's samples and times as they came, each worker's rows read once. A
+    worker's own report and its host's (a follower that dropped its leader sends both) carry
+    the same rows of it, merged into the host's: the host's are read, whichever came first."""
+
+    def __init__(self) -> None:
+        self.msgs: dict[int, Any] = {}  # id -> message, in arrival order
+        self.samples: list[tuple[np.ndarray, bool]] = []  # (samples, calibration)
+        self.spans: list[tuple[np.ndarray, Any]] = []  # (times, host_rows)
+        # every worker reported: its own report's entries (dropped if its host's comes), or
+        # None where its host's report carries its rows
+        self.rows: dict[int, list | None] = {}
+
+    def take(self, msg: Any, ids: list[int], own: bool, sample: tuple, span: tuple) -> list | None:
+        """Keep ``msg`` to answer and read its ``sample`` (samples, calibration) and ``span``
+        (times, host_rows), unless a report kept already carries its workers' rows (None); a
+        host's report drops its workers' own. The caller adds what else it keeps of the
+        report, ``(list, entry)``, to the list returned, dropped with it."""
+        self.msgs[id(msg)] = msg
+        if all(self.rows.get(i, 0) is None for i in ids) or (own and ids[0] in self.rows):
+            return None
+        for where, entry in [e for i in ids if not own for e in self.rows.get(i) or ()]:
+            where[:] = [e for e in where if e is not entry]
+        added = [(self.samples, sample), (self.spans, span)]
+        for where, entry in added:
+            where.append(entry)
+        self.rows.update({ids[0]: added} if own else dict.fromkeys(ids, None))
+        return added
 
 
 def named(times: np.ndarray, servers: int) -> np.ndarray:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import numpy as np
 
@@ -27,7 +26,7 @@ from hetps.balance.estimate import link_matrix, used_links
 from hetps.balance.hosts import HostMap, host_pushes, per_host_network, row_lookup, rows_of
 from hetps.balance.links import CONTRADICT_FROM_ROUND, CONTRADICT_MIN_S, LinkEstimator
 from hetps.balance.plans import fit_linear, plan_of
-from hetps.balance.reports import host_ids, named, sample_array, spans, times_array
+from hetps.balance.reports import RoundReports, host_ids, named, sample_array, spans, times_array
 from hetps.balance.slicing import Slice, layout
 from hetps.balance.surprise import SurpriseDetector
 from hetps.balance.wire import pack_plan, reply_parts
@@ -88,13 +87,12 @@ class Planner:
         self.assignment: np.ndarray | None = None
         self.shares: np.ndarray | None = None
         self.epoch = 0
-        self.pending: dict[int, dict[int, Message]] = {}
+        # a round's reports until every worker reported it (their data transfers: busy-time
+        # rates), and its spread flows
+        self.pending: dict[int, RoundReports] = {}
         # each worker's last round answered, and the last plan (a report sent again gets it)
         self._done: dict[int, int] = {}
         self._last = b""
-        # one round's samples until every worker reported it: data transfers (busy-time
-        # rates) and spread flows
-        self._samples: dict[int, list[tuple[np.ndarray, bool]]] = {}  # (samples, calibration)
         self._spread: dict[int, list[tuple[int, int, float, float, float, bool]]] = {}
         self._spread_done: set[int] = set()  # rounds whose reports say a spread was made
         # per-node caps from busy-time rates, capacity probes (a window of one permutation
@@ -108,7 +106,6 @@ class Planner:
         # change detection (docs/BALANCE.md §7.3): per round, every worker's communication
         # span, judged against the plan's prediction
         self.detector = SurpriseDetector()
-        self._spans: dict[int, list[tuple[np.ndarray, Any]]] = {}  # a round's times, per report
         self._before: np.ndarray | None = None  # the assignment before the last change
         self._released = 0  # rounds answered so far (reports, whatever HETPS_REPLAN_EVERY)
         self._calibration_rounds: set[int] = set()  # rounds whose reports bring a new cycle
@@ -344,12 +341,14 @@ class Planner:
             why = f"balance report of round {rnd}: {len(self.pending)} rounds already wait for "
             sched.reply(msg, {"error": why + "other workers' reports (a worker runs far ahead)"})
             return
-        self._samples.setdefault(rnd, []).append((samples, bool(b.calibration)))
-        self._spans.setdefault(rnd, []).append((times, b.host_rows if b.host else None))  # (spans)
-        if self.scheme_plan.needs == "history":  # (it fits a line per server)
+        reads = self.pending.setdefault(rnd, RoundReports())  # (each worker's rows read once)
+        span = (times, b.host_rows if b.host else None)
+        added = reads.take(msg, ids, b.host is None, (samples, bool(b.calibration)), span)
+        if added is not None and self.scheme_plan.needs == "history":  # (a line per server)
             for s, nbytes_s, secs_s in times[named(times, self.S)].tolist():
-                self.history[int(s)].append((nbytes_s, secs_s))
-                del self.history[int(s)][:-20]
+                (kept := self.history[int(s)]).append((nbytes_s, secs_s))
+                added.append((kept, kept[-1]))
+                del kept[:-20]
         done = b.spread_done  # (way, rank) or None
         if done is not None:
             self._spread_done.add(rnd)
@@ -359,8 +358,6 @@ class Planner:
                 rank = int(self.hosts.host_of_rank[rank])
             if 0 <= rank < len(ends):
                 self.links.spread_turn(way, ends[rank])
-        waiting = self.pending.setdefault(rnd, {})  # (one there keeps its report: answered)
-        waiting.update({i: msg for i in ids if i not in waiting or i == msg.sender})
         self.release(sched)
 
     def live_workers(self, sched: JobPort) -> set[int]:
@@ -386,20 +383,21 @@ class Planner:
         self._net_memo = None
         live = self.live_workers(sched)
         for rnd in sorted(self.pending):
-            waiting = self.pending[rnd]
-            if len(waiting) < len(live) or not all(nid in waiting for nid in live):
+            reads = self.pending[rnd]
+            if len(reads.rows) < len(live) or not all(nid in reads.rows for nid in live):
                 continue
             del self.pending[rnd]
-            self.take_round(rnd, self._samples.pop(rnd, []))
+            self.take_round(rnd, reads.samples)
             done = rnd in self._spread_done
             self.links.observe_spread(self._spread.pop(rnd, []), done=done)
-            for kept in (self._samples, self._spread, self._spans):  # (older rounds)
-                for old in [r for r in kept if r < rnd]:
-                    del kept[old]
+            for old in [r for r in self._spread if r < rnd]:  # (older rounds)
+                del self._spread[old]
+            for older in [self.pending[r] for r in self.pending if r < rnd]:
+                del older.samples[:], older.spans[:]
             self._released += 1
             self._net_memo = []  # (the caps are the round's from here: node_network)
             contradicted = rnd in self._contradicted
-            worked = spans(self._spans.pop(rnd, []), self.S)
+            worked = spans(reads.spans, self.S)
             recal = self.surprised(rnd, worked, contradicted=contradicted)
             self._contradicted = {r for r in self._contradicted if r > rnd}
             self._calibration_rounds = {r for r in self._calibration_rounds if r >= rnd}
@@ -410,7 +408,7 @@ class Planner:
                     "error": "rebalance() before any kv.init(): there is nothing to place "
                     "yet; initialise the keys first"
                 }
-                for m in waiting.values():
+                for m in reads.msgs.values():
                     sched.reply(m, answer)
                 continue
             answer = self.plan()
@@ -422,8 +420,8 @@ class Planner:
             # the same plan for every worker, encoded once; rank 0 also gets what reports
             # and plots read (the link matrix, the node rates): hetps.balance.wire
             packed = self._last = pack_plan(answer)
-            self._done.update(dict.fromkeys(waiting, rnd))
-            for m in {id(m): m for m in waiting.values()}.values():  # (a host's: once)
+            self._done.update(dict.fromkeys(reads.rows, rnd))
+            for m in reads.msgs.values():  # (each message once: a host's, a worker's own)
                 rank0 = P.worker_id(0) in (m.typed.host or [m.sender])
                 if rank0 and self.n_nodes <= REPORT_MAX_NODES:
                     extras = self.report_fields()
