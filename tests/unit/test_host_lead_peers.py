@@ -463,16 +463,25 @@ def test_a_leader_that_reads_slowly_but_steadily_is_kept(fake_leader, monkeypatc
         assert len(data) == size, "the follower dropped its leader while it read the hand"
         hand = H._DECODERS[H.Hand].decode(bytes(data))
         assert (hand.k, hand.n, hand.w.s) == (H.REPORT, 1, mine.arrays[0].tobytes())
-        H._send(conn, H.Told(H.REPORT, 1, True, H.BalanceAnswer(plan=b"the leader's plan")))
-        waits.join(10.0)
-        assert got and got[0].typed.plan == b"the leader's plan"
+        _answer(conn, waits, got, 10.0)
         assert node.sent == [] and lead.up is not None and not lead.shunned
     finally:
-        lead.close()
-        waits.join(10.0)
-        if conn is not None:
-            conn.close()
+        _close(lead, waits, conn, 10.0)
     assert "dropped host leader" not in caplog.text
+
+
+def _answer(conn: socket.socket, waits: threading.Thread, got: list, timeout: float) -> None:
+    """The fake leader answers the follower's report 1; the follower's waiter takes it."""
+    H._send(conn, H.Told(H.REPORT, 1, True, H.BalanceAnswer(plan=b"the leader's plan")))
+    waits.join(timeout)
+    assert got and got[0].typed.plan == b"the leader's plan"
+
+
+def _close(lead: H.HostLead, waits: threading.Thread, conn: socket.socket | None, t: float) -> None:
+    lead.close()
+    waits.join(t)
+    if conn is not None:
+        conn.close()
 
 
 def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(fake_leader, caplog, monkeypatch):
@@ -503,13 +512,8 @@ def test_a_follower_whose_socket_is_past_fd_1024_keeps_its_leader(fake_leader, c
         assert H._DECODERS[H.Hello].decode(_frame(conn)).id == FOLLOWER
         assert H._DECODERS[H.Hand].decode(_frame(conn)).n == 1
         assert lead.up is not None and lead.up.fileno() > 1024
-        H._send(conn, H.Told(H.REPORT, 1, True, H.BalanceAnswer(plan=b"the leader's plan")))
-        waits.join(5.0)
-        assert got and got[0].typed.plan == b"the leader's plan"
+        _answer(conn, waits, got, 5.0)
         assert node.sent == [] and lead.up is not None
     finally:
-        lead.close()
-        waits.join(5.0)
-        if conn is not None:
-            conn.close()
+        _close(lead, waits, conn, 5.0)
     assert "dropped host leader" not in caplog.text
