@@ -107,13 +107,14 @@ def test_union_lengths_of_many_groups_match_the_interval_loop(seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_union_lengths_keep_equal_starts_in_their_order(seed):
+@pytest.mark.parametrize("alike", [False, True])
+def test_union_lengths_keep_equal_starts_in_their_order(seed, alike):
     # starts from a few values (ties of different ends, summed in the order they came, as a
     # stable sort by start orders them: near 0 their sums round by order), rows already in
-    # order, and intervals repeated
+    # order, and intervals repeated; ``alike``: groups of one size (no padding)
     rng = np.random.default_rng(seed)
     n = 300
-    group = rng.integers(0, n, 6000)
+    group = rng.permutation(np.repeat(np.arange(n), 20)) if alike else rng.integers(0, n, 6000)
     t0 = rng.choice([0.0, 0.1, 0.25], group.size)
     t1 = t0 + rng.uniform(1e-4, 0.5, group.size)
     lined = group < 20  # (these groups' intervals come in order of start)

@@ -316,30 +316,41 @@ def spread_rate(flows: list[tuple], peer_caps: np.ndarray, peer_col: int) -> flo
 def union_lengths(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, n: int) -> np.ndarray:
     """Per group ``0..n-1``, the total length its intervals ``[t0, t1)`` cover (overlaps
     counted once), all groups at once: the intervals sorted by group (a stable sort of 16-bit
-    keys is a radix sort), one row per group (groups of like sizes together, padded by empty
-    intervals at +inf), each row sorted by start (ties in their order: :func:`_by_start`), a
-    running maximum of the ends along it, and its covered pieces summed in order (pads add
-    0.0)."""
+    keys is a radix sort), one row per group (groups of like sizes together: rows of one size
+    one after another are the sorted order itself, others are padded by empty intervals at
+    +inf), each row sorted by start (ties in their order: :func:`_by_start`), a running
+    maximum of the ends along it, and its covered pieces summed in order (pads add 0.0)."""
     out = np.zeros(n)
-    if not len(group):
+    m = len(group)
+    if not m:
         return out
     keys = group
     if n <= 1 << 16 and group.min() >= 0 and group.max() < n:
         keys = group.astype(np.uint16)
     order = np.argsort(keys, kind="stable")
-    g = group[order]
-    a, b = np.r_[t0[order], np.inf], np.r_[t1[order], -np.inf]  # (the padding, at the end)
-    first = np.r_[0, np.flatnonzero(g[1:] != g[:-1]) + 1]
-    sizes = np.diff(np.r_[first, len(g)])
-    bucket = np.ceil(np.log2(sizes)).astype(np.int64)  # (a row at most twice its length)
+    g = keys[order]
+    first = np.concatenate(([0], np.flatnonzero(g[1:] != g[:-1]) + 1))
+    sizes = np.diff(first, append=m)
+    bucket = np.frexp(sizes - 1)[1]  # (a row at most twice its length)
+    padded = None
     for k in np.unique(bucket).tolist():
-        size, start = sizes[bucket == k], first[bucket == k]
-        col = np.arange(int(size.max()))
-        idx = np.where(col < size[:, None], start[:, None] + col, len(g))
-        lo, hi = _by_start(a[idx], b[idx])
-        before = np.c_[np.full(len(idx), -np.inf), np.maximum.accumulate(hi, axis=1)[:, :-1]]
-        seg = np.maximum(hi - np.maximum(lo, before), 0.0)
-        out[g[start]] = np.cumsum(seg, axis=1)[:, -1]
+        pick = np.flatnonzero(bucket == k)
+        size, start, width = sizes[pick], first[pick], int(sizes[pick].max())
+        lo, hi = t0, t1
+        if size.min() == width and start[-1] - start[0] == width * (len(pick) - 1):
+            idx = order[start[0] : start[0] + width * len(pick)].reshape(-1, width)
+        else:
+            if padded is None:
+                padded = np.append(order, m), np.append(t0, np.inf), np.append(t1, -np.inf)
+            col = np.arange(width)
+            idx = padded[0][np.where(col < size[:, None], start[:, None] + col, m)]
+            lo, hi = padded[1], padded[2]
+        lo, hi = _by_start(lo[idx], hi[idx])
+        seg = np.empty_like(hi)  # (each piece: in place, one array of the row's size)
+        seg[:, 0] = -np.inf
+        np.maximum.accumulate(hi[:, :-1], axis=1, out=seg[:, 1:])
+        np.maximum(np.subtract(hi, np.maximum(lo, seg, out=seg), out=seg), 0.0, out=seg)
+        out[g[start]] = np.add.accumulate(seg, axis=1, out=seg)[:, -1]
     return out
 
 
