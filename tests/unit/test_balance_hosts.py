@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hetps.balance import Network, iteration_time
-from hetps.balance.hosts import HostMap, host_pushes, per_host_network
+from hetps.balance.hosts import HostMap, host_pushes, per_host_network, row_lookup, rows_of
 from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import commands
@@ -140,6 +140,31 @@ def test_a_host_left_with_one_worker_plans_its_pushes_per_process_again(agg):
     # a host of three where one pushes its own (started again): its host's sum and its own
     once = {0: True, 1: True, 2: False, 3: False}
     assert host_pushes(HostMap([0, 0, 0, 1]), once, range(4)).tolist() == [2.0, 1.0]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_rows_and_pushes_in_bulk_match_one_at_a_time(seed):
+    """rows_of and host_pushes, in bulk, against the rule for one id (one rank) at a time:
+    ids not whole, negative, past the table, NaN, inf or past int64 name no row; ranks out of
+    range (live or in the flags) count nothing."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 60, 40)
+    lookup = row_lookup(ids.tolist(), rng.integers(0, 9, 40).tolist())
+    odd = [-1.0, -0.5, -0.0, 2.5, 1e300, 2.0**63, 2.0**64, -(2.0**63), np.nan, np.inf, -np.inf]
+    asked = np.r_[rng.integers(-5, 70, 200).astype(float), odd]
+    ok = [np.isfinite(x) and x == np.floor(x) and 0 <= x < len(lookup) for x in asked]
+    want = [int(lookup[int(x)]) if good else -1 for x, good in zip(asked, ok, strict=True)]
+    assert rows_of(lookup, asked).tolist() == want
+    hosts = HostMap(rng.integers(-1, 5, 30).tolist())
+    once = {r: bool(rng.random() < 0.5) for r in rng.permutation(np.arange(-3, 35)).tolist()}
+    live = rng.choice(np.arange(-2, 34), 20, replace=False)
+    count, summed = np.zeros(hosts.n_hosts), np.zeros(hosts.n_hosts)
+    for r in live:
+        if 0 <= r < 30:
+            count[hosts.host_of_rank[r]] += 1
+            summed[hosts.host_of_rank[r]] += once.get(int(r), False)
+    want = np.maximum(count - summed + (summed > 0), 1)
+    assert host_pushes(hosts, once, live).tolist() == want.tolist()
 
 
 def test_a_spread_names_a_worker_of_the_host():

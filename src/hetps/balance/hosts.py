@@ -12,7 +12,7 @@ host of their own: then every row is a worker and the plans are exactly those wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,11 +55,15 @@ def per_host_network(net: Network, servers: Sequence[int], hosts: HostMap, pushe
     return Network(up, down)
 
 
-def host_pushes(hosts: HostMap, once: dict[int, bool], live: Iterable[int]) -> np.ndarray:
+def host_pushes(hosts: HostMap, once: dict[int, bool], live: Sequence[int]) -> np.ndarray:
     """Each host's pushes a round: one for those of its live workers (ranks ``live``) whose
     last report says they aggregate (``once``), and one for each other one; at least one."""
-    ranks = [r for r in live if 0 <= r < len(hosts.host_of_rank)]  # (one joined later: none)
-    rows, agg = hosts.host_of_rank[ranks], [once.get(r, False) for r in ranks]
+    n = len(hosts.host_of_rank)
+    ranks = np.asarray(live, dtype=np.int64)
+    ranks = ranks[(ranks >= 0) & (ranks < n)]  # (one joined later: none)
+    flags = np.zeros(n + 1, dtype=bool)  # (a rank out of range: the last, unread)
+    flags[np.clip(np.fromiter(once, np.int64, len(once)), -1, n)] = list(once.values())
+    rows, agg = hosts.host_of_rank[ranks], flags[ranks]
     count, summed = (np.bincount(rows, w, hosts.n_hosts) for w in (None, agg))
     return np.maximum(count - summed + (summed > 0), 1)
 
@@ -74,8 +78,7 @@ def row_lookup(ids: Sequence[int], rows: Sequence[int]) -> np.ndarray:
 def rows_of(lookup: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The rows of an array of node ids (as floats, from a report); -1 for what names no
     node (out of range, not a whole number, not finite)."""
-    with np.errstate(invalid="ignore"):
-        ok = np.isfinite(ids) & (ids >= 0) & (ids < len(lookup)) & (ids == np.floor(ids))
-    out = np.full(len(ids), -1, dtype=np.int64)
-    out[ok] = lookup[ids[ok].astype(np.int64)]
-    return out
+    with np.errstate(invalid="ignore"):  # (NaN, inf, past int64: no whole number of its own)
+        k = ids.astype(np.int64)
+    k[(k != ids) | (k < 0) | (k >= len(lookup))] = len(lookup)
+    return np.append(lookup, -1)[k]

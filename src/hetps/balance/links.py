@@ -138,12 +138,12 @@ class LinkEstimator:
 
     def _spread_best(self, hist: list[list[tuple[float, int]]], turns: int) -> np.ndarray:
         """Per node, the best spread reading taken within the last ``turns`` spreads."""
-        return np.array(
-            [
-                max((v for v, at in h if self.spreads_seen - at <= turns), default=np.nan)
-                for h in hist
-            ]
-        )
+        out = np.full(len(hist), np.nan)
+        for k in [k for k, h in enumerate(hist) if h]:  # (most nodes have none)
+            out[k] = max(
+                (v for v, at in hist[k] if self.spreads_seen - at <= turns), default=np.nan
+            )
+        return out
 
     def _spread_turns(self, cen: np.ndarray) -> int:
         """Spreads in which every censored node of one direction has had its turn (both

@@ -207,7 +207,8 @@ class Planner:
             return memo[0]
         net = self.links.node_network()
         if net is not None and self.hosts.shared:
-            live = [P.rank_of(i) for i in self._live] if self._live_at else range(self.W)
+            ids = np.fromiter(self._live, np.int64, len(self._live))
+            live = P.rank_of(ids) if self._live_at else np.arange(self.W)
             pushes = host_pushes(self.hosts, self.one_push, live)
             net = per_host_network(net, self.servers, self.hosts, pushes)
         if memo is not None:
@@ -228,7 +229,7 @@ class Planner:
         src, dst = self.rows_of(cols[0]), self.rows_of(cols[1])
         nbytes, t0, t1, kind = cols[2], cols[3], cols[4], cols[5]
         with np.errstate(invalid="ignore"):
-            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(cols).all(0)
+            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(cols[2:]).all(0)
         # (a worker and its co-located server, or a worker and its own host: no network)
         ok &= src != dst
         probe, spread = kind == 1, (kind == 2) | (kind == 3)
@@ -384,7 +385,7 @@ class Planner:
         live = self.live_workers(sched)
         for rnd in sorted(self.pending):
             reads = self.pending[rnd]
-            if len(reads.rows) < len(live) or not all(nid in reads.rows for nid in live):
+            if not reads.rows.keys() >= live:  # (in C: a set's walk)
                 continue
             del self.pending[rnd]
             self.take_round(rnd, reads.samples)
