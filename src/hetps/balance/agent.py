@@ -29,7 +29,7 @@ from hetps import optim
 from hetps.balance.plans import plan_of
 from hetps.balance.reports import times_shrink
 from hetps.balance.wire import unpack_plan
-from hetps.cluster import bodies
+from hetps.cluster import bodies, commands
 from hetps.cluster import protocol as P
 from hetps.cluster.errors import ClusterError
 from hetps.cluster.node import Node
@@ -84,8 +84,8 @@ class Watch:
                 # 1: a capacity probe, alone on its link; 2: one flow of a spread probe,
                 # 3: the same, its forecast stamped late (its receive thread was busy)
                 kind = 0
-                if msg.cmd == P.PROBE:
-                    kind = 1 if not msg.body.get("spread") else 3 if meas[3:] == [1.0] else 2
+                if msg.cmd == P.PROBE and commands.decode(msg) is None:  # (answered: typed)
+                    kind = 1 if not msg.typed.spread else 3 if meas[3:] == [1.0] else 2
                 agent.samples.append([agent.node.id, peer, meas[2], meas[0], meas[1], kind])
             t0 = agent.forecasts.pop((peer, reply.req), None)
             if t0 is not None and reply.mark is not None:  # (from its bulk channel's mark to
@@ -181,8 +181,9 @@ class BalanceAgent:
         it. Not a message of a few bytes: it says nothing of a server's load, and a control
         value sent before the forward pass (hetps train's stop flag, when it does not ride
         with the gradients) would stretch its server's span over the compute."""
-        if msg.cmd == P.PULL:
-            size = int(msg.body.get("n", 0)) * np.dtype(msg.body.get("dtype", "float32")).itemsize
+        if msg.cmd == P.PULL:  # (its body as a Pull, not kept: its tag is added when sent)
+            pull = bodies.decode(P.PULL, msg.body, bodies.Pull)
+            size = pull.count * np.dtype(pull.dtype or "float32").itemsize
         else:
             size = sum(getattr(a, "nbytes", 0) for a in msg.arrays)
         measure = msg.cmd in (P.PUSH, P.PULL, P.PROBE) and (
