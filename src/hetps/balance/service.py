@@ -244,7 +244,8 @@ class Planner:
             if judged and self.links.contradicts(i, j, rate):
                 self._contradicted.add(rnd)
             self.links.observe_probe(i, j, rate, rnd)
-        flows = zip(*(c[ok & spread] for c in (src, dst, t0, t1, nbytes, kind)), strict=True)
+        at = np.flatnonzero(ok & spread)  # (the spread flows' rows, found once)
+        flows = zip(*(c[at] for c in (src, dst, t0, t1, nbytes, kind)), strict=True)
         self._spread.setdefault(rnd, []).extend(
             (int(i), int(j), float(a), float(b), float(n), bool(k == 3))
             for i, j, a, b, n, k in flows
