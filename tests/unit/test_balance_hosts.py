@@ -10,6 +10,7 @@ import pytest
 
 from hetps.balance import Network, iteration_time
 from hetps.balance.hosts import HostMap, host_pushes, per_host_network, row_lookup, rows_of
+from hetps.balance.reports import host_ids
 from hetps.balance.service import Planner
 from hetps.balance.wire import unpack_plan
 from hetps.cluster import commands
@@ -165,6 +166,50 @@ def test_rows_and_pushes_in_bulk_match_one_at_a_time(seed):
             summed[hosts.host_of_rank[r]] += once.get(int(r), False)
     want = np.maximum(count - summed + (summed > 0), 1)
     assert host_pushes(hosts, once, live).tolist() == want.tolist()
+
+
+def _host_ids_one_by_one(nodes, sender, host, rows, arrays):
+    """host_ids as it read each node and each row in turn (the oracle)."""
+    if host is None:
+        return [sender]
+    group = getattr(nodes.get(sender), "group", -1)
+    bad = [i for i in host if getattr(nodes.get(i), "group", -1) != group or group < 0]
+    if bad or len(set(host)) != len(host):
+        return f"balance report: a host's report names nodes {bad or list(host)} of no host {group}"
+    rows = rows or []
+    have = [len(a) for a in arrays[:2]]
+    if (
+        len(rows) != len(host)
+        or len(have) != 2
+        or [sum(r[0] for r in rows), sum(r[1] for r in rows)] != have
+    ):
+        return f"balance report: 'host_rows' {[list(r) for r in rows]} do not add up to the arrays' {have} rows"
+    return list(host)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_hosts_report_names_its_workers_as_one_by_one(seed):
+    """host_ids against the rule read one node and one row at a time: workers of other
+    hosts, of none, unknown or named twice, and rows that do or do not add up."""
+    rng = np.random.default_rng(seed)
+    nodes = {
+        P.worker_id(r): NodeInfo(P.worker_id(r), "worker", r, "h", 1, r // 3 - 1) for r in range(9)
+    }
+    host = [P.worker_id(int(r)) for r in rng.choice(11, int(rng.integers(0, 4)))]
+    if seed % 3 < 2:  # (a host's own workers in some order, or those of no host: group -1)
+        mine = rng.permutation([0, 1, 2] if seed % 3 else [3, 4, 5])[: int(rng.integers(1, 4))]
+        host = [P.worker_id(int(r)) for r in mine]
+    rows = [
+        [int(rng.integers(0, 3)), int(rng.integers(0, 2))]
+        for _ in host[: len(host) - seed % 3 // 2]
+    ]
+    sums = [sum(r[0] for r in rows), sum(r[1] for r in rows)]
+    arrays = [np.zeros((n + (seed % 5 == 0), 6 - 3 * k)) for k, n in enumerate(sums)]
+    sender = host[0] if host and seed % 4 else P.worker_id(3)
+    for h in (host, None):
+        assert host_ids(nodes, sender, h, rows, arrays) == _host_ids_one_by_one(
+            nodes, sender, h, rows, arrays
+        )
 
 
 def test_a_spread_names_a_worker_of_the_host():

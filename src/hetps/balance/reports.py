@@ -65,16 +65,14 @@ def host_ids(
     if host is None:
         return [sender]
     group = getattr(nodes.get(sender), "group", -1)
-    bad = [i for i in host if getattr(nodes.get(i), "group", -1) != group or group < 0]
-    if bad or len(set(host)) != len(host):
+    groups = [getattr(nodes.get(i), "group", -1) for i in host]
+    if groups.count(group) != len(host) or group < 0 or len(set(host)) != len(host):
+        bad = [i for i, g in zip(host, groups, strict=True) if g != group or group < 0]
         return f"balance report: a host's report names nodes {bad or list(host)} of no host {group}"
     rows = rows or []  # (pairs of counts: the body's declared type)
     have = [len(a) for a in arrays[:2]]
-    if (
-        len(rows) != len(host)
-        or len(have) != 2
-        or [sum(r[0] for r in rows), sum(r[1] for r in rows)] != have
-    ):
+    sums = [sum(c) for c in zip(*rows, strict=True)] or [0, 0]
+    if len(rows) != len(host) or len(have) != 2 or sums != have:
         return f"balance report: 'host_rows' {[list(r) for r in rows]} do not add up to the arrays' {have} rows"
     return list(host)
 

@@ -343,7 +343,7 @@ class Planner:
             why = f"balance report of round {rnd}: {len(self.pending)} rounds already wait for "
             sched.reply(msg, {"error": why + "other workers' reports (a worker runs far ahead)"})
             return
-        reads = self.pending.setdefault(rnd, RoundReports())  # (each worker's rows read once)
+        reads = self.pending.get(rnd) or self.pending.setdefault(rnd, RoundReports())
         span = (times, b.host_rows if b.host else None)
         added = reads.take(msg, ids, b.host is None, (samples, bool(b.calibration)), span)
         if added is not None and self.scheme_plan.needs == "history":  # (a line per server)
