@@ -229,7 +229,9 @@ class Planner:
         src, dst = self.rows_of(cols[0]), self.rows_of(cols[1])
         nbytes, t0, t1, kind = cols[2], cols[3], cols[4], cols[5]
         with np.errstate(invalid="ignore"):
-            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0) & np.isfinite(cols[2:]).all(0)
+            ok = (src >= 0) & (dst >= 0) & (t1 > t0) & (nbytes > 0)
+        for c in cols[2:]:  # (a column at a time: numpy's all(0) of rows is 6 times slower)
+            ok &= np.isfinite(c)
         # (a worker and its co-located server, or a worker and its own host: no network)
         ok &= src != dst
         probe, spread = kind == 1, (kind == 2) | (kind == 3)
