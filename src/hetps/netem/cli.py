@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from hetps.netem import reap
 from hetps.netem.emulator import Netem
 from hetps.netem.scenario import Scenario, ScenarioError, read_toml
 from hetps.netem.tools import (
@@ -212,19 +213,16 @@ def _show(prefix: str) -> int:
                 print(f"  {ns}  bridge {BRIDGE}")
                 continue
             idx = ns.rsplit("-n", 1)[1]
-            addr = _first(_out([ip, "-n", ns, "-o", "-4", "addr", "show", "dev", NODE_IF]), "inet")
-            egress = (
-                _root_rate(_out([tc, "-n", ns, "qdisc", "show", "dev", NODE_IF])) if tc else "?"
-            )
-            ingress = (
-                _root_rate(_out([tc, "-n", hub, "qdisc", "show", "dev", f"v{idx}"])) if tc else "?"
-            )
+            addr = _first(_out(ip, ns, "-o", "-4", "addr", "show", "dev", NODE_IF), "inet")
+            egress = _root_rate(_out(tc, ns, "qdisc", "show", "dev", NODE_IF))
+            ingress = _root_rate(_out(tc, hub, "qdisc", "show", "dev", f"v{idx}"))
             print(f"  {ns}  {addr or '-'}  egress {egress}  ingress {ingress}")
     return 0
 
 
-def _out(argv: list[str]) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+def _out(tool: str | None, ns: str, *argv: str) -> str | None:
+    """``tool -n ns argv``'s output (None without the tool)."""
+    return reap.quiet([tool, "-n", ns, *argv]).stdout if tool else None
 
 
 def _first(text: str, key: str) -> str | None:
@@ -235,7 +233,9 @@ def _first(text: str, key: str) -> str | None:
     return None
 
 
-def _root_rate(text: str) -> str:
+def _root_rate(text: str | None) -> str:
+    if text is None:
+        return "?"
     for line in text.splitlines():
         if line.startswith("qdisc tbf 1: root"):
             return _first(line, "rate") or "?"

@@ -289,18 +289,10 @@ class Scenario:
         itself). This is the true link matrix a load planner should see, before protocol
         overhead (see docs/NETEM.md).
         """
-        r = self.rates_at(epoch)
-        n = self.nodes
-        out = [[0.0] * n for _ in range(n)]
-        for i in range(n):
-            for j in range(n):
-                if i == j:
-                    continue
-                v = min(r[i], r[j])
-                if self.pair_rates_mbit is not None:
-                    v = min(v, self.pair_rates_mbit[i][j])
-                out[i][j] = v
-        return out
+        r, pair, n = self.rates_at(epoch), self.pair_rates_mbit, range(self.nodes)
+        return [
+            [min(r[i], r[j], pair[i][j] if pair else r[i]) if i != j else 0.0 for j in n] for i in n
+        ]
 
 
 def _node_count(in_file: Any, override: int | None) -> int | None:
@@ -350,14 +342,8 @@ def _parse_pair(value: Any, n: int | None) -> tuple[tuple[float, ...], ...]:
     for i, row in enumerate(value):
         if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) != m:
             raise _err(f"{key}[{i}]", f"expected a row of {m} rates, got {row!r}", "make it square")
-        cells = []
-        for j, v in enumerate(row):
-            if i == j:
-                _number(f"{key}[{i}][{j}]", v, allow_zero=True)
-                cells.append(0.0)
-            else:
-                cells.append(_number(f"{key}[{i}][{j}]", v))
-        rows.append(tuple(cells))
+        cells = [_number(f"{key}[{i}][{j}]", v, allow_zero=i == j) for j, v in enumerate(row)]
+        rows.append(tuple(0.0 if j == i else c for j, c in enumerate(cells)))
     return tuple(rows)
 
 
