@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -75,43 +76,16 @@ def fetch(url: str, timeout: float = 5.0) -> Scrape:
 
 
 # -- what a frame shows -----------------------------------------------------------------------
-@dataclass
-class WorkerRow:
-    rank: int
-    rounds: int
-    round_s: float | None
-    push_ms: float | None  # mean push latency, milliseconds
-    pull_ms: float | None
-    rounds_per_s: float | None
-
-
-@dataclass
-class LinkRow:
-    src: str
-    dst: str
-    rate: float  # bytes/s over the workers' last report interval
-    total: float  # bytes so far
-
-
-@dataclass
-class View:
-    """What one frame of ``hetps top`` shows (computed from two scrapes, or one)."""
-
-    url: str
-    uptime: float
-    registered: dict[str, int]
-    expected: dict[str, int]
-    rounds: int
-    rounds_per_s: float | None
-    workers: list[WorkerRow]
-    links: list[LinkRow]
-    slowest: WorkerRow | None
-    plan: list[float] | None
-    plan_epoch: int | None
-    dead: list[str]
-    late: int
-    finished: int
-    esync_steps: dict[int, int]
+#: a worker's row: push_ms and pull_ms are mean request latencies in milliseconds
+WorkerRow = namedtuple("WorkerRow", "rank rounds round_s push_ms pull_ms rounds_per_s")
+#: a link's row: rate in bytes/s over the workers' last report interval, total bytes so far
+LinkRow = namedtuple("LinkRow", "src dst rate total")
+#: what one frame of ``hetps top`` shows (computed from two scrapes, or one)
+View = namedtuple(
+    "View",
+    "url uptime registered expected rounds rounds_per_s workers links slowest plan plan_epoch "
+    "dead late finished esync_steps",
+)
 
 
 def _mean_ms(s: Scrape, name: str, worker: str) -> float | None:
