@@ -230,14 +230,8 @@ def load_state(
 
 def last_t(path: Path) -> float:
     """The ``t`` of the last record in a worker's log (0: none)."""
-    t = 0.0
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                t = float(json.loads(line)["t"])
-            except (ValueError, KeyError, TypeError):
-                continue
-    return t
+    lines = path.read_text().splitlines() if path.exists() else []
+    return ([t for line in lines if (t := _field(line, "t")) is not None] or [0.0])[-1]
 
 
 def cut_log(path: Path, last_round: int) -> None:
@@ -245,14 +239,16 @@ def cut_log(path: Path, last_round: int) -> None:
     again after a resume), keeping the rest byte for byte."""
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text().splitlines(keepends=True):
-        try:
-            if int(json.loads(line)["iter"]) > last_round:
-                continue
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line
-        kept.append(line)
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [x for x in lines if (i := _field(x, "iter")) is not None and i <= last_round]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept))
     tmp.replace(path)
+
+
+def _field(line: str, key: str) -> float | None:
+    """``key`` of the JSON record ``line`` as a number (None: a torn line, or no such key)."""
+    try:
+        return float(json.loads(line)[key])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -240,10 +240,6 @@ def batches(
     if shuffle:
         idx = np.random.default_rng([seed, epoch]).permutation(idx)
     end = len(idx) - len(idx) % batch_size if drop_last else len(idx)
-    count = 0
-    for start in range(0, end, batch_size):
-        if limit is not None and count >= limit:
-            return
+    for start in range(0, end, batch_size)[:limit]:
         sel = torch.from_numpy(np.ascontiguousarray(idx[start : start + batch_size]))
         yield normalize(imgs[sel]), ys[sel]
-        count += 1
