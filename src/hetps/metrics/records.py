@@ -104,12 +104,15 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:
+def read_jsonl(
+    path: str | os.PathLike[str], keys: tuple[str, ...] = (), what: str = "record"
+) -> tuple[list[dict[str, Any]], bool]:
     """Read a JSON-lines file; returns ``(objects, truncated)``.
 
     Blank lines are skipped. A last line that does not parse (a run killed mid-write) is
-    dropped and ``truncated`` is True; a bad line anywhere else raises :class:`MetricsError`
-    naming the file and line.
+    dropped and ``truncated`` is True; a bad line anywhere else, or an object without one of
+    ``keys`` (the message calls the ``n``-th object "``what`` n"), raises
+    :class:`MetricsError` naming the file and line.
     """
     p = Path(path)
     lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -130,6 +133,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool
         if not isinstance(obj, dict):
             raise MetricsError(f"{p}:{i + 1}: expected a JSON object, got {type(obj).__name__}")
         out.append(obj)
+        missing = [k for k in keys if k not in obj]
+        if missing:
+            raise MetricsError(f"{p}: {what} {len(out)} misses {', '.join(missing)}")
     return out, truncated
 
 

@@ -125,15 +125,9 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         m = _WORKER_FILE.match(f.name)
         if not m or not f.is_file():
             continue
-        rank = int(m.group(1))
-        recs, torn = read_jsonl(f)
+        records[int(m.group(1))], torn = read_jsonl(f, ITERATION_KEYS)
         if torn:
             truncated.append(f)
-        for i, r in enumerate(recs):
-            missing = [k for k in ITERATION_KEYS if k not in r]
-            if missing:
-                raise MetricsError(f"{f}: record {i + 1} misses {', '.join(missing)}")
-        records[rank] = recs
     return Run(run_dir=d, meta=meta, records=records, truncated=truncated)
 
 
