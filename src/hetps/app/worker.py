@@ -210,19 +210,11 @@ class WorkerRun:
         first_epoch, skip = divmod(self.steps_done, self.per_epoch)
         for epoch in itertools.count(first_epoch):
             self._reshard(epoch)
-            for i, (x, y) in enumerate(
-                batches(
-                    self.images,
-                    self.labels,
-                    self.shard,
-                    args.batch_size,
-                    seed=args.seed + self.rank,
-                    epoch=epoch,
-                    drop_last=True,
-                )
-            ):
-                if epoch == first_epoch and i < skip:
-                    continue
+            seed = args.seed + self.rank
+            epoch_batches = batches(
+                self.images, self.labels, self.shard, args.batch_size, seed, epoch, drop_last=True
+            )
+            for x, y in itertools.islice(epoch_batches, skip if epoch == first_epoch else 0, None):
                 yield epoch, x, y
 
     # -- one local step ---------------------------------------------------------------------
@@ -301,20 +293,17 @@ class WorkerRun:
             self.tboard.close()
         if self.traffic is not None:
             kv.node.observe_traffic(None)
-            role = "worker"
-            self.traffic.write(self.run_dir / f"traffic-{role}{self.rank}.jsonl")
+            self.traffic.write(self.run_dir / f"traffic-worker{self.rank}.jsonl")
         return rnd
 
     def _log_round(self, r: Round, stop: bool) -> None:
         args = self.args
         dur = time.perf_counter() - r.t_iter  # the round itself, without evaluation
-        eval_s = 0.0
+        acc, eval_s = None, 0.0
         if self.lead and (r.rnd % max(1, args.eval_duration) == 0 or stop):
             te = time.perf_counter()
             acc = _evaluate(self.model, self.test_x, self.test_y)
             eval_s = time.perf_counter() - te
-        else:
-            acc = None
         sent1, recv1 = self.kv.node.counters.totals() if self.kv is not None else (0, 0)
         phases = r.clock.phases
         rec = {

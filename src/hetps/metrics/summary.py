@@ -47,7 +47,8 @@ def load_runs(logdir: str | os.PathLike[str], errors: list[str] | None = None) -
     return runs
 
 
-def _eval_rank(run: Run) -> int | None:
+def eval_rank(run: Run) -> int | None:
+    """The rank that evaluates: 0, else the lowest rank with a log (None: no log)."""
     if 0 in run.records:
         return 0
     return run.ranks[0] if run.ranks else None
@@ -55,7 +56,7 @@ def _eval_rank(run: Run) -> int | None:
 
 def accuracy_curve(run: Run) -> list[tuple[float, float]]:
     """``[(t, accuracy)]`` of rank 0's evaluated records (lowest rank if there is no rank 0)."""
-    r = _eval_rank(run)
+    r = eval_rank(run)
     if r is None:
         return []
     return [
@@ -73,7 +74,7 @@ def wall_time(run: Run) -> float | None:
 
 def asrit(run: Run) -> float | None:
     """Average single-round iteration time of rank 0 (docs/METRICS.md defines it)."""
-    r = _eval_rank(run)
+    r = eval_rank(run)
     if r is None:
         return None
     recs = run.records[r]
@@ -123,7 +124,7 @@ def summarize_run(run: Run, thresholds: Sequence[float] = THRESHOLDS) -> dict[st
         if label in ratios:
             label = f"{label} [rank {rank}]"
         ratios[label] = ratio
-    r0 = _eval_rank(run)
+    r0 = eval_rank(run)
     r0_recs = run.records[r0] if r0 is not None else []
     comm = [float(rec["comm_s"]) for rec in r0_recs if rec.get("comm_s") is not None]
     overhead = [float(rec["overhead_s"]) for rec in r0_recs if rec.get("overhead_s") is not None]
