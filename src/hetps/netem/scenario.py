@@ -271,15 +271,8 @@ class Scenario:
             rng = random.Random(f"hetps.netem:{self.seed}:{epoch}")
             return [rng.uniform(self.lo_mbit, self.hi_mbit) for _ in range(self.nodes)]
         # Only pair rates: a node may send/receive as fast as its fastest pair allows.
-        assert self.pair_rates_mbit is not None
-        pr = self.pair_rates_mbit
-        n = self.nodes
-        return [
-            max([pr[i][j] for j in range(n) if j != i] + [pr[j][i] for j in range(n) if j != i])
-            if n > 1
-            else 1000.0
-            for i in range(n)
-        ]
+        pr, n = self.pair_rates_mbit or (), range(self.nodes)
+        return [max((max(pr[i][j], pr[j][i]) for j in n if j != i), default=1000.0) for i in n]
 
     def link_rates_at(self, epoch: int = 0) -> list[list[float]]:
         """The effective rate of every directed link ``i -> j`` in ``epoch`` (Mbit/s).
