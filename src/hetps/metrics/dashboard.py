@@ -329,12 +329,12 @@ def serve_http(live: Live, hosts: list[str], port: int) -> Any:
 
     from prometheus_client import CollectorRegistry
 
-    from hetps.metrics.httpserve import serve
+    from hetps.metrics.httpserve import HttpServer
     from hetps.metrics.prom import Collector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(live))
-    return serve(hosts, port, partial(answer, live, registry))
+    return HttpServer(hosts, port, partial(answer, live, registry))
 
 
 def _write_final(live: Live, body: dict) -> str | None:

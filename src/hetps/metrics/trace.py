@@ -138,11 +138,7 @@ def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, A
     for rank in run.ranks:
         label = run.device_label(rank)
         pid = process(f"worker{rank}", f"worker {rank}" + (f": {label}" if label else ""))
-        phase_names = list(PHASES)
-        for _, _, _, spans, _ in rounds[rank]:
-            for name, _, _ in spans:
-                if name not in phase_names:
-                    phase_names.append(name)
+        phase_names = dict.fromkeys([*PHASES, *(n for row in rounds[rank] for n, _, _ in row[3])])
         tids = {name: i + 1 for i, name in enumerate(phase_names)}
         named("thread", pid, 0, "rounds")
         for name, tid in tids.items():
@@ -163,8 +159,7 @@ def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, A
                     cat="phase", ts=_ts(s, origin), dur=_dur(d))  # fmt: skip
 
     for node, buckets in traffic.items():
-        role, rank = ("worker", node[6:]) if node.startswith("worker") else ("server", node[6:])
-        pid = process(node, f"{role} {rank}")
+        pid = process(node, f"{node[:6]} {node[6:]}")  # (worker<rank> or server<rank>)
         by_peer: dict[str, list[dict[str, Any]]] = {}
         for b in buckets:
             by_peer.setdefault(str(b["peer"]), []).append(b)
