@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hetps.metrics.records import IterationLog, RunWriter, run_meta
-from hetps.metrics.spans import Spans
+from hetps.metrics.spans import PHASES, Spans
 from hetps.metrics.traffic import TrafficRecorder, worker_observer
 
 __all__ = ["RUN_START_KEY", "RoundLog", "pictures"]
@@ -164,10 +164,7 @@ class RoundLog:
             "samples": int(samples),
             "loss": loss,
             "local_steps": 1,
-            "compute_s": totals.get("compute", 0.0),
-            "push_s": totals.get("push", 0.0),
-            "wait_s": totals.get("wait", 0.0),
-            "pull_s": totals.get("pull", 0.0),
+            **{f"{p}_s": totals.get(p, 0.0) for p in PHASES},
             "bytes_sent": sent - self._bytes0[0],
             "bytes_recv": recv - self._bytes0[1],
             "srit_s": end - start,

@@ -247,19 +247,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     out = [_table(rows, header), ""]
     for s in runs:
         head = f"{s['mode']} / {s['network']}  ({s['run_dir']})"
-        notes = []
-        if s.get("heterogeneity_note"):
-            notes.append(s["heterogeneity_note"])
-        if s.get("scheme") is not None:
-            notes.append(f"scheme {s['scheme']}")
-        if s.get("slice_size") is not None:
-            notes.append(f"slice size {s['slice_size']}")
-        if s.get("truncated"):
-            notes.append("log ends mid-line: the run was killed")
-        if s.get("ended") and s["ended"] != "completed":
-            notes.append(f"ended {s['ended']}")
-        if notes:
-            head += "  [" + "; ".join(notes) + "]"
+        notes = [
+            s.get("heterogeneity_note"),
+            s.get("scheme") is not None and f"scheme {s['scheme']}",
+            s.get("slice_size") is not None and f"slice size {s['slice_size']}",
+            s.get("truncated") and "log ends mid-line: the run was killed",
+            s.get("ended") not in (None, "", "completed") and f"ended {s['ended']}",
+        ]
+        if any(notes):
+            head += "  [" + "; ".join(n for n in notes if n) + "]"
         out.append(head)
         wall = s.get("wall_time_s")
         out.append(
