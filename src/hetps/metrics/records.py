@@ -295,10 +295,9 @@ class RunWriter:
                     "(hetps.metrics.new_run_dir), or pass keep_previous=True to move the old "
                     "run aside or overwrite=True to delete its logs"
                 )
-            for old in list(self.run_dir.glob("worker-*.jsonl")) + list(
-                self.run_dir.glob("traffic-*.jsonl")
-            ):
-                old.unlink()
+            for pattern in ("worker-*.jsonl", "traffic-*.jsonl"):
+                for old in self.run_dir.glob(pattern):
+                    old.unlink()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         _write_json_atomic(path, self.meta)
