@@ -422,9 +422,6 @@ def finish_job(live: Live, max_linger: float = MAX_LINGER, code: int = 0) -> str
         log.warning("metrics: the last state was not saved: %s", exc)
         path = None
     deadline = time.monotonic() + max_linger
-    for watchers in (live.scrapes, live.pages):
-        wait = watchers.end(max_linger)
-        wait = min(wait, deadline - time.monotonic())
-        if wait > 0:
-            watchers.after_end.wait(wait)
+    for watchers in (live.scrapes, live.pages):  # (a wait of 0 or less returns at once)
+        watchers.after_end.wait(min(watchers.end(max_linger), deadline - time.monotonic()))
     return path
