@@ -98,9 +98,7 @@ def _mean_ms(s: Scrape, name: str, worker: str) -> float | None:
 
 def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
     """The frame for ``cur`` (``prev``, an earlier scrape, gives the rates)."""
-    dt = None
-    if prev is not None and cur.at > prev.at:
-        dt = cur.at - prev.at
+    dt = cur.at - prev.at if prev is not None and cur.at > prev.at else None
 
     def mean_round(w: str) -> float | None:
         """The mean round over the last interval (since the start without one)."""
