@@ -25,6 +25,16 @@ __all__ = [
 _DPI = 120
 
 
+def new_figure(width: float = 8.0, height: float = 4.8) -> Any:
+    """A fresh matplotlib ``Figure`` on an Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
 @dataclass
 class PlotContext:
     """What a figure function gets: the runs (with their summaries, same order), the output
@@ -38,14 +48,7 @@ class PlotContext:
     window: tuple[float, float] | None = None
     notes: list[str] = field(default_factory=list)
 
-    def new_figure(self, width: float = 8.0, height: float = 4.8) -> Any:
-        """A fresh matplotlib ``Figure`` on an Agg canvas."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
-        FigureCanvasAgg(fig)
-        return fig
+    new_figure = staticmethod(new_figure)
 
     def save(self, fig: Any, name: str) -> Path:
         """Save ``fig`` as ``out/name`` (PNG) and return the path."""
