@@ -341,13 +341,11 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
     device = torch.device(
         local_gpu(devices[rank], env_value("LOCAL_RANK"), count, per_host=not args.devices)
     )
-    if device.type == "cuda" and (
-        not torch.cuda.is_available() or device.index >= torch.cuda.device_count()
-    ):
+    if device.type == "cuda" and device.index >= count:
         flag = "--devices" if args.devices else "-g"
         raise SystemExit(
             f"hetps train: {flag}: worker {rank} wants {device}, but this machine has "
-            f"{torch.cuda.device_count()} CUDA device(s); train on the CPU instead (cpu)"
+            f"{count} CUDA device(s); train on the CPU instead (cpu)"
         )
     slowdown = parse_slowdown(args.slowdown, workers)
     slow = slowdown[rank]
@@ -379,6 +377,7 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
         writer = RunWriter.reopen(run_dir)
         writer.update(resumed={"from": resume["path"], "round": resume["round"]}, ended=None)
     elif rank == 0 and not rejoining:
+        balanced = kv is not None and kv.cfg.balance != "none"
         writer = RunWriter(
             run_dir,
             overwrite=args.overwrite_logs,
@@ -400,10 +399,8 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
                 "learning_rate": args.learning_rate,
                 "local_lr": args.local_lr,
                 "global_lr": args.global_lr,
-                "scheme": kv.cfg.balance if kv is not None and kv.cfg.balance != "none" else None,
-                "slice_size": kv.cfg.slice_elems
-                if kv is not None and kv.cfg.balance != "none"
-                else None,
+                "scheme": kv.cfg.balance if balanced else None,
+                "slice_size": kv.cfg.slice_elems if balanced else None,
                 "scenario": env_value("HETPS_NETEM_SCENARIO"),
                 "emulated_heterogeneity": any(s != 1 for s in slowdown),
             },
