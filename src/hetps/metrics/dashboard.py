@@ -219,8 +219,7 @@ def _node_rows(live: Live, snap: dict) -> list[dict]:
     own.update({("server", r): v for r, v in snap.get("servers", {}).items()})
     for row in rows:
         got = own.get((row["role"], row["rank"]), {})
-        row["sys"] = got.get("sys")
-        row["log"] = got.get("log", [])
+        row.update(sys=got.get("sys"), log=got.get("log", []))
     return rows
 
 

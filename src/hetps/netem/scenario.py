@@ -195,15 +195,12 @@ class Scenario:
                     "a list per epoch only makes sense for a dynamic scenario",
                     'use kind = "dynamic" with period_s, or a flat list',
                 )
-            period = None
 
         pair_t: tuple[tuple[float, ...], ...] | None = None
         if pair is not None:
             pair_t = _parse_pair(pair, n)
             n = len(pair_t)
 
-        if n is None:  # pragma: no cover - every branch above sets it
-            raise _err("nodes", "unknown", "set nodes = N")
         delay = _parse_delay(net.get("delay_ms", 0), n)
         cc = net.get("tcp_cc")
         if cc is not None and (
