@@ -40,16 +40,12 @@ def round_spans(rec: dict[str, Any]) -> tuple[float, float, list[tuple[str, floa
     eval_s = _num(rec.get("eval_s"))
     end = t - eval_s
     raw = rec.get("spans")
-    spans: list[tuple[str, float, float]] = []
-    if isinstance(raw, list):
-        for s in raw:
-            if (
-                isinstance(s, (list, tuple))
-                and len(s) == 3
-                and isinstance(s[0], str)
-                and all(isinstance(v, (int, float)) and math.isfinite(v) for v in s[1:])
-            ):
-                spans.append((s[0], float(s[1]), max(0.0, float(s[2]))))
+    spans = [
+        (s[0], float(s[1]), max(0.0, float(s[2])))
+        for s in (raw if isinstance(raw, list) else [])
+        if isinstance(s, (list, tuple)) and len(s) == 3 and isinstance(s[0], str)
+        if all(isinstance(v, (int, float)) and math.isfinite(v) for v in s[1:])
+    ]
     if spans:
         start = min(s for _, s, _ in spans)
         end = max(end, max(s + d for _, s, d in spans))
@@ -81,13 +77,8 @@ def _dur(seconds: float) -> float:
 
 def _round_args(rec: dict[str, Any]) -> dict[str, Any]:
     keys = ("iter", "epoch", "samples", "loss", "local_steps", "bytes_sent", "bytes_recv")
-    out = {k: rec[k] for k in keys if k in rec and rec[k] is not None}
-    if rec.get("accuracy") is not None:
-        out["accuracy"] = rec["accuracy"]
-    for p in PHASES:
-        if f"{p}_s" in rec:
-            out[f"{p}_s"] = rec[f"{p}_s"]
-    return out
+    out = {k: rec[k] for k in (*keys, "accuracy") if rec.get(k) is not None}
+    return out | {f"{p}_s": rec[f"{p}_s"] for p in PHASES if f"{p}_s" in rec}
 
 
 def build_trace(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
