@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -298,7 +299,7 @@ def _resume_failed(args: argparse.Namespace, code: int, started: float) -> None:
     its state, say): ``run.json`` still says how the earlier run ended; it says failed now."""
     from hetps.metrics.records import RunWriter
 
-    try:
+    with contextlib.suppress(OSError, ValueError, TypeError):  # no run.json: nothing to say
         writer = RunWriter.reopen(Path(args.log_dir) / run_name(args, args.workers))
         ended = writer.meta.get("ended") or {}
         if float(ended.get("at", started)) < started:
@@ -310,8 +311,6 @@ def _resume_failed(args: argparse.Namespace, code: int, started: float) -> None:
                     "at": time.time(),
                 }
             )
-    except (OSError, ValueError, TypeError):  # no run.json (or not one of hetps): nothing to say
-        pass
 
 
 # -- one worker -------------------------------------------------------------------------------

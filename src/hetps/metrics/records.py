@@ -321,11 +321,9 @@ class RunWriter:
         """Add or replace keys of ``run.json`` (e.g. ``finished_at``), rewriting it atomically."""
         with self._lock:
             meta = dict(self.meta)
-            try:  # keep keys another writer added since (the live dashboard's live_job)
-                on_disk = json.loads((self.run_dir / RUN_FILE).read_text())
+            with contextlib.suppress(OSError, ValueError):  # keep keys another writer added
+                on_disk = json.loads((self.run_dir / RUN_FILE).read_text())  # (live_job)
                 meta = {**on_disk, **meta} if isinstance(on_disk, dict) else meta
-            except (OSError, ValueError):
-                pass
             meta.update(extra)
             self.meta = validate_meta(meta)
             _write_json_atomic(self.run_dir / RUN_FILE, self.meta)

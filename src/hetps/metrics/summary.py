@@ -88,12 +88,11 @@ def asrit(run: Run) -> float | None:
 
 def computing_time_ratios(run: Run) -> dict[int, float]:
     """``{rank: sum(compute_s) / last t}`` for every worker with records (and last t > 0)."""
-    out = {}
-    for rank in run.ranks:
-        recs = run.records[rank]
-        if recs and float(recs[-1]["t"]) > 0:
-            out[rank] = sum(float(rec["compute_s"]) for rec in recs) / float(recs[-1]["t"])
-    return out
+    return {
+        rank: sum(float(rec["compute_s"]) for rec in recs) / float(recs[-1]["t"])
+        for rank in run.ranks
+        if (recs := run.records[rank]) and float(recs[-1]["t"]) > 0
+    }
 
 
 def slowdown_note(run: Run) -> str | None:

@@ -5,6 +5,7 @@ is there (or why not), and the last lines the process wrote to its standard outp
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -135,15 +136,13 @@ class _Tee:
 
     def write(self, text: str) -> int:
         n = self._stream.write(text)
-        try:
+        with contextlib.suppress(Exception):  # the output itself always goes through
             self._part += text
             if "\n" in self._part:
                 *lines, self._part = self._part.split("\n")
                 self._tail.add(lines)
             if len(self._part) > 4 * LOG_WIDTH:
                 self._part = self._part[-LOG_WIDTH:]
-        except Exception:  # noqa: BLE001 - the output itself always goes through
-            pass
         return n
 
     def __getattr__(self, name: str) -> Any:

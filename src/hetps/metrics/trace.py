@@ -95,17 +95,10 @@ def build_trace(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    rounds: dict[int, list[tuple[dict, float, float, list, bool]]] = {}
-    times: list[float] = [0.0]
-    for rank in run.ranks:
-        rows = []
-        for rec in run.records[rank]:
-            start, end, spans, derived = round_spans(rec)
-            rows.append((rec, start, end, spans, derived))
-            times.append(start)
-        rounds[rank] = rows
-    for bs in traffic.values():
-        times.extend(_num(b.get("t")) for b in bs)
+    # per rank: (record, start, end, spans, derived) of each round
+    rounds = {rank: [(rec, *round_spans(rec)) for rec in run.records[rank]] for rank in run.ranks}
+    times = [0.0, *(row[1] for rows in rounds.values() for row in rows)]
+    times += [_num(b.get("t")) for bs in traffic.values() for b in bs]
     origin = min(times)  # traffic before the start (negative t) moves the origin back
 
     events: list[dict[str, Any]] = []

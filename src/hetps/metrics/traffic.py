@@ -119,12 +119,9 @@ def load_traffic(run_dir: str | os.PathLike[str]) -> dict[str, list[dict[str, An
     """Read every ``traffic-<role><rank>.jsonl`` of a run: ``{"worker0": [buckets…], …}``,
     workers first then servers, by rank. A torn last line is dropped."""
     d = Path(run_dir)
-    found = []
-    for f in d.iterdir() if d.is_dir() else []:
-        m = _TRAFFIC_FILE.match(f.name)
-        if m and f.is_file():
-            found.append((m.group(1) != "worker", int(m.group(2)), m.group(1), f))
-    out: dict[str, list[dict[str, Any]]] = {}
-    for _, rank, role, f in sorted(found):
-        out[f"{role}{rank}"] = read_jsonl(f, TRAFFIC_KEYS, "bucket")[0]
-    return out
+    found = sorted(
+        (m.group(1) != "worker", int(m.group(2)), m.group(1), f)
+        for f in (d.iterdir() if d.is_dir() else [])
+        if (m := _TRAFFIC_FILE.match(f.name)) and f.is_file()
+    )
+    return {f"{role}{rank}": read_jsonl(f, TRAFFIC_KEYS, "bucket")[0] for _, rank, role, f in found}

@@ -90,14 +90,11 @@ def find_tool(name: str) -> str | None:
 
 
 def _has_caps() -> bool:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    caps = int(line.split()[1], 16)
-                    return bool(caps >> _CAP_NET_ADMIN & 1) and bool(caps >> _CAP_SYS_ADMIN & 1)
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+                return bool(caps >> _CAP_NET_ADMIN & 1) and bool(caps >> _CAP_SYS_ADMIN & 1)
     return False
 
 
