@@ -124,10 +124,8 @@ class WorkerRun:
         kv = self.kv
         if kv is not None:
             kv.init("__ctl", np.zeros(2, np.float32))
-        self.run_start = time.time()
-        if kv is not None:
             kv.barrier()
-            self.run_start = time.time()
+        self.run_start = time.time()
         if self.resume is not None:
             # this worker's records after the checkpoint's round go (those rounds are done
             # again), and t goes on from that round's: it counts training, not the time the
