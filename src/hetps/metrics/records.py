@@ -328,16 +328,6 @@ class RunWriter:
             self.meta = validate_meta(meta)
             _write_json_atomic(self.run_dir / RUN_FILE, self.meta)
 
-    def iteration_log(self, rank: int) -> IterationLog:
-        """The :class:`IterationLog` of worker ``rank`` in this run."""
-        return IterationLog(self.run_dir, rank, started_at=self.started_at)
-
-    def traffic_path(self, role: str, rank: int) -> Path:
-        """Where node ``role``/``rank`` writes its traffic buckets (``traffic-<role><rank>.jsonl``)."""
-        if role not in ("worker", "server"):
-            raise MetricsError(f"traffic role must be 'worker' or 'server', got {role!r}")
-        return self.run_dir / f"traffic-{role}{int(rank)}.jsonl"
-
 
 class IterationLog:
     """Append one JSON line per iteration to ``RUN/worker-<rank>.jsonl``.
