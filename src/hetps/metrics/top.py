@@ -88,12 +88,11 @@ View = namedtuple(
 )
 
 
-def _mean_ms(s: Scrape, name: str, worker: str) -> float | None:
-    count = s.value(f"{name}_count", worker=worker)
-    total = s.value(f"{name}_sum", worker=worker)
-    if not count or total is None:
-        return None
-    return 1000.0 * total / count
+def _mean_ms(s: Scrape, kind: str, w: str) -> float | None:
+    """Worker ``w``'s mean ``kind`` (push or pull) latency in milliseconds."""
+    name = f"hetps_{kind}_latency_seconds"
+    count, total = s.value(f"{name}_count", worker=w), s.value(f"{name}_sum", worker=w)
+    return 1000.0 * total / count if count and total is not None else None
 
 
 def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
@@ -120,21 +119,12 @@ def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
             return None
         return max(0.0, (b - a) / dt)
 
-    workers = []
-    for labels, rounds in sorted(
-        cur.series("hetps_worker_rounds_total"), key=lambda lv: int(lv[0]["worker"])
-    ):
-        w = labels["worker"]
-        workers.append(
-            WorkerRow(
-                int(w),
-                int(rounds),
-                mean_round(w),
-                _mean_ms(cur, "hetps_push_latency_seconds", w),
-                _mean_ms(cur, "hetps_pull_latency_seconds", w),
-                rate("hetps_worker_rounds_total", worker=w),
-            )
-        )
+    name = "hetps_worker_rounds_total"
+    workers = [
+        WorkerRow(int(w), int(n), mean_round(w), _mean_ms(cur, "push", w), _mean_ms(cur, "pull", w),
+                  rate(name, worker=w))
+        for w, n in sorted(((lb["worker"], n) for lb, n in cur.series(name)), key=lambda x: int(x[0]))
+    ]  # fmt: skip
     links = [
         LinkRow(lb["src"], lb["dst"], rate("hetps_link_bytes_total", **lb) or 0.0, v)
         for lb, v in cur.series("hetps_link_bytes_total")
