@@ -260,13 +260,12 @@ def state(live: Live) -> dict:
                 "metrics": {n: [list(x) for x in v] for n, v in sorted(w["metrics"].items())},
             }
         )  # fmt: skip
-    sched = live.sched
     return {
         "job": getattr(live, "job", ""),
         "now": time.time(),
         "uptime": round(snap["uptime"], 4),
         "expected": expected,
-        "mode": getattr(sched.cfg, "mode", None) or "",
+        "mode": getattr(live.sched.cfg, "mode", None) or "",
         "nodes": _node_rows(live, snap),
         "finished": len(snap["finished"]),
         "rounds": rounds,

@@ -142,17 +142,12 @@ class LiveMetrics:
         sched = self.sched
         with self.lock:
             workers = {
-                r: {
-                    "rounds": w.rounds,
-                    "round_s": w.round_s,
-                    "links": dict(w.links),
-                    "rates": dict(w.rates),
+                r: {k: getattr(w, k) for k in ("rounds", "round_s", "reports", "sys")}
+                | {k: dict(getattr(w, k)) for k in ("links", "rates", "last_h")}
+                | {
                     "hists": {n: (list(c), s) for n, (c, s) in w.hists.items()},
-                    "reports": w.reports,
                     "timeline": list(w.timeline) if timeline else [],
                     "age": time.monotonic() - w.heard,  # seconds since its last report
-                    "last_h": dict(w.last_h),
-                    "sys": w.sys,
                     "log": list(w.log),
                     "metrics": {n: list(v) for n, v in w.metrics.items()},
                 }
