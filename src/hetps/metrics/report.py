@@ -96,15 +96,12 @@ def report_data(run: Run) -> dict[str, Any]:
         for ev in final.get("events") or []:
             if isinstance(ev, dict) and ev.get("kind") == "failure":
                 failures.append(f"at {ev.get('uptime')} s: {ev.get('text')}")
-    figures = []
-    for png in sorted(run.run_dir.glob("*.png")):
-        size = png.stat().st_size
-        if size <= MAX_FIGURE_BYTES:
-            figures.append(
-                {"name": png.name, "data": base64.b64encode(png.read_bytes()).decode("ascii")}
-            )
-        else:
-            figures.append({"name": png.name, "data": None, "size": size})
+    figures = [
+        {"name": png.name, "data": base64.b64encode(png.read_bytes()).decode("ascii")}
+        if (size := png.stat().st_size) <= MAX_FIGURE_BYTES
+        else {"name": png.name, "data": None, "size": size}
+        for png in sorted(run.run_dir.glob("*.png"))
+    ]
     return {
         "run": run.name,
         "summary": summary,

@@ -109,9 +109,7 @@ def _div(a: float, b: float | None) -> float | None:
 def summarize_run(run: Run, thresholds: Sequence[float] = THRESHOLDS) -> dict[str, Any]:
     """The summary dict of one run (one element of ``summarize(...)["runs"]``)."""
     curve = accuracy_curve(run)
-    tta: dict[str, float | None] = {}
-    for a in thresholds:
-        tta[f"{a:g}"] = next((t for t, acc in curve if acc >= a), None)
+    tta = {f"{a:g}": next((t for t, acc in curve if acc >= a), None) for a in thresholds}
     wall = wall_time(run)
     samples = sum(int(rec["samples"]) for rec in run.iter_records())
     sent = sum(int(rec["bytes_sent"]) for rec in run.iter_records())
