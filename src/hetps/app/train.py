@@ -174,7 +174,7 @@ def run_name(args: argparse.Namespace, workers: int) -> str:
 # -- entry ------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
     """``hetps train``: one worker under a launcher, a whole local cluster, or local training."""
-    from hetps.app.checkpointing import check_args, resume_after_restart
+    from hetps.app.checkpointing import check_args, preload_state, resume_after_restart
 
     resume_after_restart(args)
     check_args(args)
@@ -196,8 +196,6 @@ def main(args: argparse.Namespace) -> int:
 
         pre = None
         if args.resume:  # a worker that cannot load its state fails before it joins
-            from hetps.app.checkpointing import preload_state
-
             pre = preload_state(args)
         kv = hetps.kv.create("dist_async" if args.mode == "async" else "dist_sync")
         try:
