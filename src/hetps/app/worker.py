@@ -17,8 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from hetps.app.checkpointing import TrainCheckpoints, cut_log, last_t
+from hetps.app.data import batches, normalize, partition
 from hetps.app.rounds import Progress, Round
 from hetps.faults.rejoin import Rejoin
+from hetps.metrics.records import IterationLog
+from hetps.metrics.spans import Spans
+from hetps.metrics.traffic import TrafficRecorder, worker_observer
 
 if TYPE_CHECKING:
     from hetps.kvstore import KVStore
@@ -27,8 +32,6 @@ __all__ = ["WorkerRun"]
 
 
 def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
-    from hetps.app.data import normalize
-
     model.eval()
     correct = 0
     with torch.no_grad():
@@ -107,8 +110,6 @@ class WorkerRun:
         # sync's DistributedOptimizer, esync's ESyncTrainer (set by the mode)
         self.shared: Any = None
         if getattr(args, "checkpoint_dir", None):
-            from hetps.app.checkpointing import TrainCheckpoints
-
             self.ckpt = TrainCheckpoints(args, kv, rank)
         self._stream = self._data_stream()
         # a worker joining the running job again, and the live workers letting it in
@@ -117,10 +118,6 @@ class WorkerRun:
     # -- setup ------------------------------------------------------------------------------
     def start(self) -> None:
         """Wait for every worker, start the clock, the traffic recorder and the logs."""
-        from hetps.metrics.records import IterationLog
-        from hetps.metrics.spans import Spans
-        from hetps.metrics.traffic import TrafficRecorder, worker_observer
-
         kv = self.kv
         if kv is not None:
             kv.init("__ctl", np.zeros(2, np.float32))
@@ -130,8 +127,6 @@ class WorkerRun:
             # this worker's records after the checkpoint's round go (those rounds are done
             # again), and t goes on from that round's: it counts training, not the time the
             # job was down (a new log: times count from now)
-            from hetps.app.checkpointing import cut_log, last_t
-
             log = self.run_dir / f"worker-{self.rank}.jsonl"
             cut_log(log, self.first_round)
             self.run_start -= last_t(log)
@@ -178,8 +173,6 @@ class WorkerRun:
         now = (kv.live_workers, kv.live_rank)
         if now == self._sharded:
             return
-        from hetps.app.data import partition
-
         args = self.args
         self._sharded = now
         self.shard = partition(
@@ -201,8 +194,6 @@ class WorkerRun:
         self._stream = self._data_stream()
 
     def _data_stream(self):
-        from hetps.app.data import batches
-
         args = self.args
         # a resumed run starts where its checkpoint was: the same epochs, in the same order
         first_epoch, skip = divmod(self.steps_done, self.per_epoch)
