@@ -14,7 +14,9 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 from importlib import resources
+from pathlib import Path
 from typing import Any, Protocol
 
 from hetps.config import NodeConfig
@@ -323,8 +325,6 @@ def answer(live: Live, registry: Any, method: str, path: str) -> tuple[int, byte
 def serve_http(live: Live, hosts: list[str], port: int) -> Any:
     """Start the endpoint's server on ``port`` of each of ``hosts`` (a thread of its own:
     :class:`hetps.metrics.httpserve.HttpServer`)."""
-    from functools import partial
-
     from prometheus_client import CollectorRegistry
 
     from hetps.metrics.httpserve import HttpServer
@@ -341,8 +341,6 @@ def _write_final(live: Live, body: dict) -> str | None:
     scheduler gave it) and the scheduler's own user owns it. A worker's report names a
     folder; it never makes the scheduler write into one that is not this job's run. The
     path, or None."""
-    from pathlib import Path
-
     with live.lock:
         runs = [w.run for _, w in sorted(live.workers.items()) if w.run]
     if not runs:

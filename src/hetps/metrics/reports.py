@@ -12,6 +12,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta
@@ -30,6 +31,7 @@ from hetps.metrics.bounds import (
     names,
     printable,
 )
+from hetps.metrics.records import RunWriter
 from hetps.metrics.sysinfo import LogTail, Sampler, extras
 
 log = logging.getLogger("hetps.metrics.live")  # (the service's name: one logger for both)
@@ -305,12 +307,8 @@ class WorkerMeter(Reporter):
         """The run directory this worker logs into (RoundLog, hetps train). The scheduler
         leaves the dashboard's last state there only when its ``run.json`` names this job:
         the ``lead`` worker (rank 0, which wrote it) adds the job's id as ``live_job``."""
-        from pathlib import Path
-
         self.run_dir = str(Path(run_dir).resolve())
         if lead and self.job and (Path(run_dir) / "run.json").is_file():
-            from hetps.metrics.records import RunWriter
-
             try:
                 RunWriter.reopen(run_dir).update(live_job=self.job)
             except Exception as exc:  # noqa: BLE001 - the dashboard never breaks the run
