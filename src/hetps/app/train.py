@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from hetps import optim
 from hetps.config import env_value, role_from_env
-from hetps.launch.contract import Flags, add_flags
+from hetps.launch.contract import Flags, add_flags, usable_cores
+from hetps.metrics.records import RunWriter
 
 if TYPE_CHECKING:
     from hetps.app.checkpointing import Preloaded
@@ -295,8 +296,6 @@ def launch_cluster(args: argparse.Namespace) -> int:
 def _resume_failed(args: argparse.Namespace, code: int, started: float) -> None:
     """A resumed job that failed before worker 0 took its run over (a worker could not load
     its state, say): ``run.json`` still says how the earlier run ended; it says failed now."""
-    from hetps.metrics.records import RunWriter
-
     with contextlib.suppress(OSError, ValueError, TypeError):  # no run.json: nothing to say
         writer = RunWriter.reopen(Path(args.log_dir) / run_name(args, args.workers))
         ended = writer.meta.get("ended") or {}
@@ -319,16 +318,14 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
     mode's loop (:mod:`hetps.app.modes`)."""
     import torch
 
+    from hetps.app.checkpointing import load_state
     from hetps.app.data import load_fashion_mnist, partition
     from hetps.app.models import get_model
     from hetps.app.modes import RUNNERS
     from hetps.app.worker import WorkerRun
-    from hetps.metrics.records import RunWriter
 
     threads = env_value("OMP_NUM_THREADS")
     if threads is None:  # hetps launch sets it; alone (-m local) every core, by hand 1
-        from hetps.launch.contract import usable_cores
-
         threads = usable_cores() if kv is None else 1
     torch.set_num_threads(max(1, threads))
     rank = kv.rank if kv is not None else 0
@@ -356,8 +353,6 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
     model.train()
     resume = None
     if args.resume:
-        from hetps.app.checkpointing import load_state
-
         resume = load_state(args, rank, workers, pre)
         model.load_state_dict(resume["model"])  # before the store's keys take its weights
 
