@@ -197,10 +197,7 @@ def render(v: View) -> Any:
             + (f", {v.esync_steps.get(v.slowest.rank, 0)} ESync steps" if v.esync_steps else "")
             + ")\n"
         )
-    if v.dead:
-        head.append(f"dead nodes: {', '.join(v.dead)}\n", style="bold red")
-    else:
-        head.append("dead nodes: none\n")
+    head.append(f"dead nodes: {', '.join(v.dead) or 'none'}\n", style="bold red" if v.dead else "")
     if v.late:
         head.append(f"late nodes (silent > 3 heartbeats): {v.late}\n", style="yellow")
 

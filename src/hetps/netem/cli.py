@@ -217,10 +217,7 @@ def _out(tool: str | None, ns: str, *argv: str) -> str | None:
 
 def _first(text: str, key: str) -> str | None:
     toks = text.split()
-    for a, b in zip(toks, toks[1:], strict=False):
-        if a == key:
-            return b
-    return None
+    return next((b for a, b in zip(toks, toks[1:], strict=False) if a == key), None)
 
 
 def _root_rate(text: str | None) -> str:
