@@ -81,11 +81,7 @@ class Run:
         """A run-level value: run.json's ``key``, else the first record that has it, else None."""
         if self.meta.get(key) is not None:
             return self.meta[key]
-        for rank in self.ranks:
-            for rec in self.records[rank]:
-                if rec.get(key) is not None:
-                    return rec[key]
-        return None
+        return next((rec[key] for rec in self.iter_records() if rec.get(key) is not None), None)
 
     def iter_records(self) -> Iterator[dict[str, Any]]:
         """Every record of every worker (by rank, then in file order)."""

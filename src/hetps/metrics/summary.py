@@ -68,8 +68,7 @@ def accuracy_curve(run: Run) -> list[tuple[float, float]]:
 
 def wall_time(run: Run) -> float | None:
     """The run's wall time: the largest ``t`` of any record (None without records)."""
-    ts = [float(rec["t"]) for rec in run.iter_records()]
-    return max(ts) if ts else None
+    return max((float(rec["t"]) for rec in run.iter_records()), default=None)
 
 
 def asrit(run: Run) -> float | None:
