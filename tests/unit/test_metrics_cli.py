@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hetps.metrics import RunWriter, TrafficRecorder, run_meta, summarize
+from hetps.metrics import IterationLog, RunWriter, TrafficRecorder, run_meta, summarize
 from hetps.metrics.cli import add_parser, cmd_plot, cmd_summary, main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -43,8 +43,8 @@ def write_run(
     )
     period = 0.2 * max(slowdown) if mode in ("sync", "esync") else None
     for rank, sd in enumerate(slowdown):
-        tr = TrafficRecorder(start, 0.05, path=w.traffic_path("worker", rank))
-        with w.iteration_log(rank) as log:
+        tr = TrafficRecorder(start, 0.05, path=w.run_dir / f"traffic-worker{rank}.jsonl")
+        with IterationLog(w.run_dir, rank) as log:
             t = 0.0
             for it in range(rounds):
                 step = period or 0.2 * sd

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hetps.metrics import RunWriter, TrafficRecorder, run_meta
+from hetps.metrics import IterationLog, RunWriter, TrafficRecorder, run_meta
 from hetps.metrics.cli import main
 from hetps.metrics.spans import Spans
 from hetps.metrics.trace import build_trace
@@ -119,9 +119,9 @@ def _write_run(d: Path, with_spans: bool = True) -> dict:
     w = RunWriter(d, run_meta("sync", "mlp", 2, 1, 32, started_at=START))
     written = {"records": {}, "traffic": {}}
     for rank in (0, 1):
-        tr = TrafficRecorder(START, 0.01, path=w.traffic_path("worker", rank))
+        tr = TrafficRecorder(START, 0.01, path=w.run_dir / f"traffic-worker{rank}.jsonl")
         recs = []
-        with w.iteration_log(rank) as log:
+        with IterationLog(w.run_dir, rank) as log:
             t = 0.0
             for it in range(4):
                 # a round: 4 ms of bookkeeping, then compute, push, wait, pull

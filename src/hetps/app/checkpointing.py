@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hetps.config import env_value, resolve
 from hetps.kvstore import checkpoint
 
 if TYPE_CHECKING:
@@ -37,8 +38,6 @@ def decode(total: float) -> tuple[bool, bool]:
 def resume_after_restart(args: argparse.Namespace) -> None:
     """In a job that ``hetps launch --max-restarts`` started again (``HETPS_RESTART`` > 0),
     go on from the last checkpoint of ``--checkpoint-dir``, if there is one."""
-    from hetps.config import env_value
-
     restart = env_value("HETPS_RESTART") or 0
     if restart and args.checkpoint_dir and not args.resume:
         if chosen(args, args.checkpoint_dir) is not None:
@@ -165,8 +164,6 @@ def _source(args: argparse.Namespace, workers: int) -> tuple[checkpoint.Checkpoi
     Exits with one line when the checkpoint does not fit the job."""
     ck = chosen(args, args.resume)
     assert ck is not None  # check_args made sure
-    from hetps.config import env_value
-
     elastic = bool(env_value("HETPS_ELASTIC")) and args.mode in ("sync", "esync")
     if ck.workers != workers and not elastic:
         raise SystemExit(
@@ -187,8 +184,6 @@ def preload_state(args: argparse.Namespace) -> Preloaded | None:
     fails the start of the job (exit 1, the file named); handed to :func:`load_state`. Without
     ``HETPS_LAUNCH_RANK`` the rank is not known yet: only the checks run (None), and the
     state is loaded after joining."""
-    from hetps.config import resolve
-
     settings = resolve(role="worker")
     workers, rank = settings["DMLC_NUM_WORKER"].value, settings["HETPS_LAUNCH_RANK"].value
     if not isinstance(workers, int) or workers < 1:
@@ -230,14 +225,8 @@ def load_state(
 
 def last_t(path: Path) -> float:
     """The ``t`` of the last record in a worker's log (0: none)."""
-    t = 0.0
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                t = float(json.loads(line)["t"])
-            except (ValueError, KeyError, TypeError):
-                continue
-    return t
+    lines = path.read_text().splitlines() if path.exists() else []
+    return ([t for line in lines if (t := _field(line, "t")) is not None] or [0.0])[-1]
 
 
 def cut_log(path: Path, last_round: int) -> None:
@@ -245,14 +234,16 @@ def cut_log(path: Path, last_round: int) -> None:
     again after a resume), keeping the rest byte for byte."""
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text().splitlines(keepends=True):
-        try:
-            if int(json.loads(line)["iter"]) > last_round:
-                continue
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn last line
-        kept.append(line)
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [x for x in lines if (i := _field(x, "iter")) is not None and i <= last_round]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(kept))
     tmp.replace(path)
+
+
+def _field(line: str, key: str) -> float | None:
+    """``key`` of the JSON record ``line`` as a number (None: a torn line, or no such key)."""
+    try:
+        return float(json.loads(line)[key])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 __all__ = [
-    "CLASSES",
     "DEFAULT_DATA_DIR",
     "FASHION_MNIST_MEAN",
     "FASHION_MNIST_STD",
@@ -31,20 +30,6 @@ DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 #: Mean and standard deviation of pixel/255 over the 60,000 training images.
 FASHION_MNIST_MEAN = 0.2860405969887955
 FASHION_MNIST_STD = 0.35302424451492254
-
-#: Class names, indexed by label.
-CLASSES: tuple[str, ...] = (
-    "T-shirt/top",
-    "Trouser",
-    "Pullover",
-    "Dress",
-    "Coat",
-    "Sandal",
-    "Shirt",
-    "Sneaker",
-    "Bag",
-    "Ankle boot",
-)
 
 _IMAGES_MAGIC = 0x00000803  # idx3, unsigned byte
 _LABELS_MAGIC = 0x00000801  # idx1, unsigned byte
@@ -240,10 +225,6 @@ def batches(
     if shuffle:
         idx = np.random.default_rng([seed, epoch]).permutation(idx)
     end = len(idx) - len(idx) % batch_size if drop_last else len(idx)
-    count = 0
-    for start in range(0, end, batch_size):
-        if limit is not None and count >= limit:
-            return
+    for start in range(0, end, batch_size)[:limit]:
         sel = torch.from_numpy(np.ascontiguousarray(idx[start : start + batch_size]))
         yield normalize(imgs[sel]), ys[sel]
-        count += 1

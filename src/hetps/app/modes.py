@@ -9,9 +9,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from hetps import optim as ps_optim
 from hetps.app.checkpointing import decode, encode
 from hetps.app.rounds import Round, account_step
 from hetps.app.worker import WorkerRun
+from hetps.esync.trainer import ESyncTrainer
+from hetps.torch.optimizer import DistributedOptimizer
 
 __all__ = ["RUNNERS", "run_async", "run_esync", "run_local", "run_sync"]
 
@@ -32,8 +35,6 @@ def run_local(run: WorkerRun) -> int:
 
 def run_sync(run: WorkerRun) -> int:
     """``-m sync``: SSGD; the servers sum the gradients, every worker steps with the mean."""
-    from hetps.torch.optimizer import DistributedOptimizer
-
     kv = run.kv
     # summed over the workers each step: [stop and checkpoint wishes, "a worker waits to join"]
     stop_flag = torch.zeros(2, dtype=torch.float32)
@@ -83,9 +84,6 @@ def run_sync(run: WorkerRun) -> int:
 
 def run_async(run: WorkerRun) -> int:
     """``-m async``: ASGD (``-dcasgd 1``: DC-ASGD); the servers update on every push."""
-    from hetps import optim as ps_optim
-    from hetps.torch.optimizer import DistributedOptimizer
-
     args = run.args
     name = "dcasgd" if args.use_dcasgd else args.server_optimizer  # (registered names)
     extra = {"lamda": 0.04} if name == "dcasgd" else {}
@@ -120,8 +118,6 @@ def run_async(run: WorkerRun) -> int:
 def run_esync(run: WorkerRun) -> int:
     """``-m esync``: local steps until the state server says ready, then the model
     difference is averaged (:class:`~hetps.esync.trainer.ESyncTrainer`)."""
-    from hetps.esync.trainer import ESyncTrainer
-
     args = run.args
     local_opt = torch.optim.SGD(run.model.parameters(), lr=args.local_lr)
     endpoint = (

@@ -10,12 +10,7 @@ from typing import Any
 __all__ = ["PHASE_TAGS", "TensorBoardLog", "scalars_of"]
 
 #: record key -> TensorBoard tag, for the phase times
-PHASE_TAGS = {
-    "compute_s": "time/compute_s",
-    "push_s": "time/push_s",
-    "wait_s": "time/wait_s",
-    "pull_s": "time/pull_s",
-}
+PHASE_TAGS = {key: f"time/{key}" for key in ("compute_s", "push_s", "wait_s", "pull_s")}
 
 
 def scalars_of(rec: dict[str, Any]) -> dict[str, float]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -11,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from hetps import optim
 from hetps.config import env_value, role_from_env
-from hetps.launch.contract import Flags, add_flags
+from hetps.launch.contract import Flags, add_flags, usable_cores
+from hetps.metrics.records import RunWriter
 
 if TYPE_CHECKING:
     from hetps.app.checkpointing import Preloaded
@@ -173,7 +175,7 @@ def run_name(args: argparse.Namespace, workers: int) -> str:
 # -- entry ------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
     """``hetps train``: one worker under a launcher, a whole local cluster, or local training."""
-    from hetps.app.checkpointing import check_args, resume_after_restart
+    from hetps.app.checkpointing import check_args, preload_state, resume_after_restart
 
     resume_after_restart(args)
     check_args(args)
@@ -195,8 +197,6 @@ def main(args: argparse.Namespace) -> int:
 
         pre = None
         if args.resume:  # a worker that cannot load its state fails before it joins
-            from hetps.app.checkpointing import preload_state
-
             pre = preload_state(args)
         kv = hetps.kv.create("dist_async" if args.mode == "async" else "dist_sync")
         try:
@@ -296,9 +296,7 @@ def launch_cluster(args: argparse.Namespace) -> int:
 def _resume_failed(args: argparse.Namespace, code: int, started: float) -> None:
     """A resumed job that failed before worker 0 took its run over (a worker could not load
     its state, say): ``run.json`` still says how the earlier run ended; it says failed now."""
-    from hetps.metrics.records import RunWriter
-
-    try:
+    with contextlib.suppress(OSError, ValueError, TypeError):  # no run.json: nothing to say
         writer = RunWriter.reopen(Path(args.log_dir) / run_name(args, args.workers))
         ended = writer.meta.get("ended") or {}
         if float(ended.get("at", started)) < started:
@@ -310,8 +308,6 @@ def _resume_failed(args: argparse.Namespace, code: int, started: float) -> None:
                     "at": time.time(),
                 }
             )
-    except (OSError, ValueError, TypeError):  # no run.json (or not one of hetps): nothing to say
-        pass
 
 
 # -- one worker -------------------------------------------------------------------------------
@@ -322,16 +318,14 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
     mode's loop (:mod:`hetps.app.modes`)."""
     import torch
 
+    from hetps.app.checkpointing import load_state
     from hetps.app.data import load_fashion_mnist, partition
     from hetps.app.models import get_model
     from hetps.app.modes import RUNNERS
     from hetps.app.worker import WorkerRun
-    from hetps.metrics.records import RunWriter
 
     threads = env_value("OMP_NUM_THREADS")
     if threads is None:  # hetps launch sets it; alone (-m local) every core, by hand 1
-        from hetps.launch.contract import usable_cores
-
         threads = usable_cores() if kv is None else 1
     torch.set_num_threads(max(1, threads))
     rank = kv.rank if kv is not None else 0
@@ -341,13 +335,11 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
     device = torch.device(
         local_gpu(devices[rank], env_value("LOCAL_RANK"), count, per_host=not args.devices)
     )
-    if device.type == "cuda" and (
-        not torch.cuda.is_available() or device.index >= torch.cuda.device_count()
-    ):
+    if device.type == "cuda" and device.index >= count:
         flag = "--devices" if args.devices else "-g"
         raise SystemExit(
             f"hetps train: {flag}: worker {rank} wants {device}, but this machine has "
-            f"{torch.cuda.device_count()} CUDA device(s); train on the CPU instead (cpu)"
+            f"{count} CUDA device(s); train on the CPU instead (cpu)"
         )
     slowdown = parse_slowdown(args.slowdown, workers)
     slow = slowdown[rank]
@@ -361,8 +353,6 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
     model.train()
     resume = None
     if args.resume:
-        from hetps.app.checkpointing import load_state
-
         resume = load_state(args, rank, workers, pre)
         model.load_state_dict(resume["model"])  # before the store's keys take its weights
 
@@ -379,6 +369,7 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
         writer = RunWriter.reopen(run_dir)
         writer.update(resumed={"from": resume["path"], "round": resume["round"]}, ended=None)
     elif rank == 0 and not rejoining:
+        balanced = kv is not None and kv.cfg.balance != "none"
         writer = RunWriter(
             run_dir,
             overwrite=args.overwrite_logs,
@@ -400,10 +391,8 @@ def train_worker(args: argparse.Namespace, kv: KVStore, pre: Preloaded | None = 
                 "learning_rate": args.learning_rate,
                 "local_lr": args.local_lr,
                 "global_lr": args.global_lr,
-                "scheme": kv.cfg.balance if kv is not None and kv.cfg.balance != "none" else None,
-                "slice_size": kv.cfg.slice_elems
-                if kv is not None and kv.cfg.balance != "none"
-                else None,
+                "scheme": kv.cfg.balance if balanced else None,
+                "slice_size": kv.cfg.slice_elems if balanced else None,
                 "scenario": env_value("HETPS_NETEM_SCENARIO"),
                 "emulated_heterogeneity": any(s != 1 for s in slowdown),
             },

@@ -17,8 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from hetps.app.checkpointing import TrainCheckpoints, cut_log, last_t
+from hetps.app.data import batches, normalize, partition
 from hetps.app.rounds import Progress, Round
 from hetps.faults.rejoin import Rejoin
+from hetps.metrics.records import IterationLog
+from hetps.metrics.spans import Spans
+from hetps.metrics.traffic import TrafficRecorder, worker_observer
 
 if TYPE_CHECKING:
     from hetps.kvstore import KVStore
@@ -27,8 +32,6 @@ __all__ = ["WorkerRun"]
 
 
 def _evaluate(model: Any, images: Any, labels: Any, batch: int = 500) -> float:
-    from hetps.app.data import normalize
-
     model.eval()
     correct = 0
     with torch.no_grad():
@@ -107,8 +110,6 @@ class WorkerRun:
         # sync's DistributedOptimizer, esync's ESyncTrainer (set by the mode)
         self.shared: Any = None
         if getattr(args, "checkpoint_dir", None):
-            from hetps.app.checkpointing import TrainCheckpoints
-
             self.ckpt = TrainCheckpoints(args, kv, rank)
         self._stream = self._data_stream()
         # a worker joining the running job again, and the live workers letting it in
@@ -117,23 +118,15 @@ class WorkerRun:
     # -- setup ------------------------------------------------------------------------------
     def start(self) -> None:
         """Wait for every worker, start the clock, the traffic recorder and the logs."""
-        from hetps.metrics.records import IterationLog
-        from hetps.metrics.spans import Spans
-        from hetps.metrics.traffic import TrafficRecorder, worker_observer
-
         kv = self.kv
         if kv is not None:
             kv.init("__ctl", np.zeros(2, np.float32))
-        self.run_start = time.time()
-        if kv is not None:
             kv.barrier()
-            self.run_start = time.time()
+        self.run_start = time.time()
         if self.resume is not None:
             # this worker's records after the checkpoint's round go (those rounds are done
             # again), and t goes on from that round's: it counts training, not the time the
             # job was down (a new log: times count from now)
-            from hetps.app.checkpointing import cut_log, last_t
-
             log = self.run_dir / f"worker-{self.rank}.jsonl"
             cut_log(log, self.first_round)
             self.run_start -= last_t(log)
@@ -180,8 +173,6 @@ class WorkerRun:
         now = (kv.live_workers, kv.live_rank)
         if now == self._sharded:
             return
-        from hetps.app.data import partition
-
         args = self.args
         self._sharded = now
         self.shard = partition(
@@ -203,26 +194,16 @@ class WorkerRun:
         self._stream = self._data_stream()
 
     def _data_stream(self):
-        from hetps.app.data import batches
-
         args = self.args
         # a resumed run starts where its checkpoint was: the same epochs, in the same order
         first_epoch, skip = divmod(self.steps_done, self.per_epoch)
         for epoch in itertools.count(first_epoch):
             self._reshard(epoch)
-            for i, (x, y) in enumerate(
-                batches(
-                    self.images,
-                    self.labels,
-                    self.shard,
-                    args.batch_size,
-                    seed=args.seed + self.rank,
-                    epoch=epoch,
-                    drop_last=True,
-                )
-            ):
-                if epoch == first_epoch and i < skip:
-                    continue
+            seed = args.seed + self.rank
+            epoch_batches = batches(
+                self.images, self.labels, self.shard, args.batch_size, seed, epoch, drop_last=True
+            )
+            for x, y in itertools.islice(epoch_batches, skip if epoch == first_epoch else 0, None):
                 yield epoch, x, y
 
     # -- one local step ---------------------------------------------------------------------
@@ -301,20 +282,17 @@ class WorkerRun:
             self.tboard.close()
         if self.traffic is not None:
             kv.node.observe_traffic(None)
-            role = "worker"
-            self.traffic.write(self.run_dir / f"traffic-{role}{self.rank}.jsonl")
+            self.traffic.write(self.run_dir / f"traffic-worker{self.rank}.jsonl")
         return rnd
 
     def _log_round(self, r: Round, stop: bool) -> None:
         args = self.args
         dur = time.perf_counter() - r.t_iter  # the round itself, without evaluation
-        eval_s = 0.0
+        acc, eval_s = None, 0.0
         if self.lead and (r.rnd % max(1, args.eval_duration) == 0 or stop):
             te = time.perf_counter()
             acc = _evaluate(self.model, self.test_x, self.test_y)
             eval_s = time.perf_counter() - te
-        else:
-            acc = None
         sent1, recv1 = self.kv.node.counters.totals() if self.kv is not None else (0, 0)
         phases = r.clock.phases
         rec = {

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hetps.metrics import report, top, trace
 from hetps.metrics.records import MetricsError
 from hetps.metrics.summary import format_summary, summarize, write_json
 
@@ -92,8 +93,6 @@ def add_parser(subparsers: Any) -> None:
     """Register ``summary``, ``plot``, ``trace``, ``report`` and ``top`` on a top-level
     ``add_subparsers()`` object; each sets ``func`` so the caller runs
     ``sys.exit(args.func(args))``."""
-    from hetps.metrics import report, top, trace
-
     window = dict(type=_window, metavar="START,END")
     run_dir = "a run directory (it holds run.json), e.g. runs/linreg-<time>"
     # name: (help, description, func, [(flags, add_argument's keywords), ...])

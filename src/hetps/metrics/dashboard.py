@@ -14,7 +14,9 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 from importlib import resources
+from pathlib import Path
 from typing import Any, Protocol
 
 from hetps.config import NodeConfig
@@ -219,8 +221,7 @@ def _node_rows(live: Live, snap: dict) -> list[dict]:
     own.update({("server", r): v for r, v in snap.get("servers", {}).items()})
     for row in rows:
         got = own.get((row["role"], row["rank"]), {})
-        row["sys"] = got.get("sys")
-        row["log"] = got.get("log", [])
+        row.update(sys=got.get("sys"), log=got.get("log", []))
     return rows
 
 
@@ -261,13 +262,12 @@ def state(live: Live) -> dict:
                 "metrics": {n: [list(x) for x in v] for n, v in sorted(w["metrics"].items())},
             }
         )  # fmt: skip
-    sched = live.sched
     return {
         "job": getattr(live, "job", ""),
         "now": time.time(),
         "uptime": round(snap["uptime"], 4),
         "expected": expected,
-        "mode": getattr(sched.cfg, "mode", None) or "",
+        "mode": getattr(live.sched.cfg, "mode", None) or "",
         "nodes": _node_rows(live, snap),
         "finished": len(snap["finished"]),
         "rounds": rounds,
@@ -325,16 +325,14 @@ def answer(live: Live, registry: Any, method: str, path: str) -> tuple[int, byte
 def serve_http(live: Live, hosts: list[str], port: int) -> Any:
     """Start the endpoint's server on ``port`` of each of ``hosts`` (a thread of its own:
     :class:`hetps.metrics.httpserve.HttpServer`)."""
-    from functools import partial
-
     from prometheus_client import CollectorRegistry
 
-    from hetps.metrics.httpserve import serve
+    from hetps.metrics.httpserve import HttpServer
     from hetps.metrics.prom import Collector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector(live))
-    return serve(hosts, port, partial(answer, live, registry))
+    return HttpServer(hosts, port, partial(answer, live, registry))
 
 
 def _write_final(live: Live, body: dict) -> str | None:
@@ -343,8 +341,6 @@ def _write_final(live: Live, body: dict) -> str | None:
     scheduler gave it) and the scheduler's own user owns it. A worker's report names a
     folder; it never makes the scheduler write into one that is not this job's run. The
     path, or None."""
-    from pathlib import Path
-
     with live.lock:
         runs = [w.run for _, w in sorted(live.workers.items()) if w.run]
     if not runs:
@@ -422,9 +418,6 @@ def finish_job(live: Live, max_linger: float = MAX_LINGER, code: int = 0) -> str
         log.warning("metrics: the last state was not saved: %s", exc)
         path = None
     deadline = time.monotonic() + max_linger
-    for watchers in (live.scrapes, live.pages):
-        wait = watchers.end(max_linger)
-        wait = min(wait, deadline - time.monotonic())
-        if wait > 0:
-            watchers.after_end.wait(wait)
+    for watchers in (live.scrapes, live.pages):  # (a wait of 0 or less returns at once)
+        watchers.after_end.wait(min(watchers.end(max_linger), deadline - time.monotonic()))
     return path

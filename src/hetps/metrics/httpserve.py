@@ -175,11 +175,6 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(hosts: list[str], port: int, answer: Answer) -> HttpServer:
-    """Start serving ``answer`` (see :class:`HttpServer`)."""
-    return HttpServer(hosts, port, answer)
-
-
 def loopback_twin(host: str) -> str:
     """The loopback address of ``host``'s family (the second address a non-loopback endpoint
     binds, so that ``kubectl port-forward``, which connects to loopback in the pod, reaches

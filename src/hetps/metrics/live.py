@@ -9,9 +9,12 @@ import threading
 import time
 from typing import Any
 
+from hetps.config import ConfigError, is_loopback
+from hetps.config.table import unspecified
 from hetps.metrics.dashboard import Events, SchedulerView, Scrapes, serve_http
 from hetps.metrics.reports import ReportError, WorkerTotals, parse_report
 from hetps.metrics.server_meter import ServerTotals, parse_server_report
+from hetps.metrics.sysinfo import LogTail, Sampler
 
 log = logging.getLogger("hetps.metrics.live")
 
@@ -39,8 +42,6 @@ class LiveMetrics:
         self.scrapes = Scrapes()  # when /metrics was read (a last scrape after the job)
         self.pages = Scrapes()  # when /api/state was read (a page sees the job's end)
         self.ended: dict | None = None  # how the job ended, once it has (finish_job)
-        from hetps.metrics.sysinfo import LogTail, Sampler
-
         self.sampler = Sampler()  # the scheduler's own CPU and memory
         self.tail = LogTail()  # its last lines (installed by the composition root)
         #: this job's id on the dashboard: the scheduler's start time and 4 random hex digits
@@ -88,9 +89,6 @@ class LiveMetrics:
         which). ``host`` must be loopback or the scheduler's own address, never every
         interface; a non-loopback address is served on loopback too (the same port), where
         ``kubectl port-forward`` connects inside a pod."""
-        from hetps.config import ConfigError, is_loopback
-        from hetps.config.table import unspecified
-
         if unspecified(host) or not (is_loopback(host) or host == self.sched.cfg.root_uri):
             raise ConfigError(
                 f"HETPS_METRICS_HOST={host!r}: the metrics endpoint binds a loopback address or "
@@ -142,17 +140,12 @@ class LiveMetrics:
         sched = self.sched
         with self.lock:
             workers = {
-                r: {
-                    "rounds": w.rounds,
-                    "round_s": w.round_s,
-                    "links": dict(w.links),
-                    "rates": dict(w.rates),
+                r: {k: getattr(w, k) for k in ("rounds", "round_s", "reports", "sys")}
+                | {k: dict(getattr(w, k)) for k in ("links", "rates", "last_h")}
+                | {
                     "hists": {n: (list(c), s) for n, (c, s) in w.hists.items()},
-                    "reports": w.reports,
                     "timeline": list(w.timeline) if timeline else [],
                     "age": time.monotonic() - w.heard,  # seconds since its last report
-                    "last_h": dict(w.last_h),
-                    "sys": w.sys,
                     "log": list(w.log),
                     "metrics": {n: list(v) for n, v in w.metrics.items()},
                 }

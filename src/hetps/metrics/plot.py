@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import os
+from collections import namedtuple
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from hetps.metrics.plot_helpers import FIGURES, PlotContext
@@ -21,12 +21,8 @@ from hetps.metrics import plot_training, plot_timeline, plot_balance  # noqa: F4
 __all__ = ["PlotResult", "plot", "select_run"]
 
 
-@dataclass
-class PlotResult:
-    """What :func:`plot` did: files written and notes about figures it skipped."""
-
-    written: list[Path]
-    notes: list[str]
+#: what :func:`plot` did: files written and notes about figures it skipped
+PlotResult = namedtuple("PlotResult", "written notes")
 
 
 # --------------------------------------------------------------------------------------------

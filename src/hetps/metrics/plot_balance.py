@@ -17,10 +17,10 @@ from hetps.metrics.plot_helpers import (
     figure,
     figure_title,
     hue_colors,
-    mode_key,
     run_labels,
-    scheme_key,
+    sorted_pairs,
 )
+from hetps.metrics.summary import eval_rank
 
 __all__ = ["fig_asrit_vs_slice", "fig_overhead", "fig_speed_per_scheme", "fig_srit"]
 
@@ -51,14 +51,8 @@ def fig_srit(ctx: PlotContext) -> list[Path]:
     """Single-round iteration time over iterations, one line per run (records with ``srit_s``)."""
     series = []
     for r in ctx.runs:
-        rank = 0 if 0 in r.records else (r.ranks[0] if r.ranks else None)
-        if rank is None:
-            continue
-        pts = [
-            (float(rec["iter"]), float(rec["srit_s"]))
-            for rec in r.records[rank]
-            if rec.get("srit_s") is not None
-        ]
+        recs = r.records[eval_rank(r)] if r.ranks else []
+        pts = [(float(x["iter"]), float(x["srit_s"])) for x in recs if x.get("srit_s") is not None]
         if pts:
             series.append((r, pts))
     if not series:
@@ -66,12 +60,7 @@ def fig_srit(ctx: PlotContext) -> list[Path]:
         return []
     runs = [r for r, _ in series]
     base = "scheme" if all(r.get("scheme") is not None for r in runs) else "mode"
-    series.sort(
-        key=lambda rp: (
-            scheme_key(rp[0].get("scheme")) if base == "scheme" else mode_key(rp[0].mode),
-            str(rp[0].run_dir),
-        )
-    )
+    series = sorted_pairs(series, by_scheme=base == "scheme")
     networks = list(dict.fromkeys(r.network for r, _ in series))
     fig = ctx.new_figure(9.0, 1.0 + 3.2 * len(networks))
     axes = np.atleast_1d(fig.subplots(len(networks), 1, squeeze=False)[:, 0])

@@ -25,6 +25,16 @@ __all__ = [
 _DPI = 120
 
 
+def new_figure(width: float = 8.0, height: float = 4.8) -> Any:
+    """A fresh matplotlib ``Figure`` on an Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
 @dataclass
 class PlotContext:
     """What a figure function gets: the runs (with their summaries, same order), the output
@@ -38,14 +48,7 @@ class PlotContext:
     window: tuple[float, float] | None = None
     notes: list[str] = field(default_factory=list)
 
-    def new_figure(self, width: float = 8.0, height: float = 4.8) -> Any:
-        """A fresh matplotlib ``Figure`` on an Agg canvas."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
-        FigureCanvasAgg(fig)
-        return fig
+    new_figure = staticmethod(new_figure)
 
     def save(self, fig: Any, name: str) -> Path:
         """Save ``fig`` as ``out/name`` (PNG) and return the path."""
@@ -151,7 +154,6 @@ def mode_key(mode: str) -> int:
 
 def run_labels(runs: Sequence[Run], with_network: bool, base: str = "mode") -> list[str]:
     """One unique label per run: its mode (or scheme) plus whatever differs between the runs."""
-    varying = []
     checks: list[tuple[str, Callable[[Run], Any]]] = [
         ("split", lambda r: "non-iid" if r.split_by_class else "iid"),
         ("workers", lambda r: f"W={r.workers}"),
@@ -165,12 +167,7 @@ def run_labels(runs: Sequence[Run], with_network: bool, base: str = "mode") -> l
             lambda r: f"x={r.get('slice_size')}" if r.get("slice_size") is not None else None,
         ),
     ]
-    for key, fn in checks:
-        if key == base:
-            continue
-        vals = {fn(r) for r in runs}
-        if len(vals) > 1:
-            varying.append(fn)
+    varying = [fn for key, fn in checks if key != base and len({fn(r) for r in runs}) > 1]
     labels = []
     for r in runs:
         head = str(r.get("scheme")) if base == "scheme" else r.mode
@@ -179,12 +176,10 @@ def run_labels(runs: Sequence[Run], with_network: bool, base: str = "mode") -> l
         labels.append(" ".join(p for p in parts if p))
     # labels must be unique among runs drawn side by side: per network when it is not shown
     keys = [(None if with_network else r.network, lab) for r, lab in zip(runs, labels, strict=True)]
-    seen: dict[tuple[str | None, str], int] = {}
-    out = []
-    for key, lab in zip(keys, labels, strict=True):
-        seen[key] = seen.get(key, 0) + 1
-        out.append(lab if keys.count(key) == 1 else f"{lab} #{seen[key]}")
-    return out
+    return [
+        lab if keys.count(k) == 1 else f"{lab} #{keys[: i + 1].count(k)}"
+        for i, (k, lab) in enumerate(zip(keys, labels, strict=True))
+    ]
 
 
 def _shade(color: str, k: int) -> tuple[float, float, float]:
@@ -275,12 +270,9 @@ def scheme_key(scheme: Any) -> int:
 def sorted_pairs(
     pairs: list[tuple[Run, dict[str, Any]]], by_scheme: bool = False
 ) -> list[tuple[Run, dict[str, Any]]]:
-    def key(p: tuple[Run, dict[str, Any]]) -> tuple[Any, ...]:
-        r = p[0]
-        head = scheme_key(r.get("scheme")) if by_scheme else mode_key(r.mode)
-        return (head, r.network, str(r.run_dir))
-
-    return sorted(pairs, key=key)
+    """``pairs`` by their run's mode (or scheme), network and directory."""
+    head = (lambda r: scheme_key(r.get("scheme"))) if by_scheme else (lambda r: mode_key(r.mode))
+    return sorted(pairs, key=lambda p: (head(p[0]), p[0].network, str(p[0].run_dir)))
 
 
 def colors_by(runs: Sequence[Run], labels: Sequence[str], base: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetps.metrics.plot_helpers import PlotContext, abs_formatter, figure, figure_title
+from hetps.metrics.plot_helpers import PlotContext, abs_formatter, figure, figure_title, new_figure
 from hetps.metrics.records import MetricsError
 from hetps.metrics.runs import Run
 from hetps.metrics.spans import PHASES
@@ -47,15 +47,12 @@ def draw_phase_timeline(
     rounds: int = 6,
 ) -> Path:
     """Draw the phase timeline of ``run`` into ``path`` (PNG) and return the path."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     lo, hi = window if window is not None else default_window(run, rounds)
     ranks = run.ranks
     traffic = {k: v for k, v in load_traffic(run.run_dir).items() if k.startswith("worker")}
-    fig = Figure(figsize=(11.0, 2.2 + 0.75 * len(ranks)), dpi=120, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(11.0, 2.2 + 0.75 * len(ranks))
     gs = fig.add_gridspec(2, 2, width_ratios=[5.0, 1.0], height_ratios=[1.25, 1.0])
     ax = fig.add_subplot(gs[0, 0])
     axb = fig.add_subplot(gs[1, 0], sharex=ax)

@@ -236,9 +236,7 @@ def _timeline(ctx: PlotContext, run: Run, name: str) -> Path | None:
                 ax.vlines(
                     ends, 0, 1, transform=ax.get_xaxis_transform(), colors="0.75", lw=0.6, zorder=0
                 )
-        label = node
-        if m:
-            label = run.device_label(int(m.group(1)))
+        label = run.device_label(int(m.group(1))) if m else node
         ax.set_ylabel(f"{label}\nMB/s: push ↑ pull ↓", fontsize=8)
         ax.grid(alpha=0.25)
         ax.legend(

@@ -104,12 +104,15 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool]:
+def read_jsonl(
+    path: str | os.PathLike[str], keys: tuple[str, ...] = (), what: str = "record"
+) -> tuple[list[dict[str, Any]], bool]:
     """Read a JSON-lines file; returns ``(objects, truncated)``.
 
     Blank lines are skipped. A last line that does not parse (a run killed mid-write) is
-    dropped and ``truncated`` is True; a bad line anywhere else raises :class:`MetricsError`
-    naming the file and line.
+    dropped and ``truncated`` is True; a bad line anywhere else, or an object without one of
+    ``keys`` (the message calls the ``n``-th object "``what`` n"), raises
+    :class:`MetricsError` naming the file and line.
     """
     p = Path(path)
     lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -130,6 +133,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], bool
         if not isinstance(obj, dict):
             raise MetricsError(f"{p}:{i + 1}: expected a JSON object, got {type(obj).__name__}")
         out.append(obj)
+        missing = [k for k in keys if k not in obj]
+        if missing:
+            raise MetricsError(f"{p}: {what} {len(out)} misses {', '.join(missing)}")
     return out, truncated
 
 
@@ -289,10 +295,9 @@ class RunWriter:
                     "(hetps.metrics.new_run_dir), or pass keep_previous=True to move the old "
                     "run aside or overwrite=True to delete its logs"
                 )
-            for old in list(self.run_dir.glob("worker-*.jsonl")) + list(
-                self.run_dir.glob("traffic-*.jsonl")
-            ):
-                old.unlink()
+            for pattern in ("worker-*.jsonl", "traffic-*.jsonl"):
+                for old in self.run_dir.glob(pattern):
+                    old.unlink()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         _write_json_atomic(path, self.meta)
@@ -316,24 +321,12 @@ class RunWriter:
         """Add or replace keys of ``run.json`` (e.g. ``finished_at``), rewriting it atomically."""
         with self._lock:
             meta = dict(self.meta)
-            try:  # keep keys another writer added since (the live dashboard's live_job)
-                on_disk = json.loads((self.run_dir / RUN_FILE).read_text())
+            with contextlib.suppress(OSError, ValueError):  # keep keys another writer added
+                on_disk = json.loads((self.run_dir / RUN_FILE).read_text())  # (live_job)
                 meta = {**on_disk, **meta} if isinstance(on_disk, dict) else meta
-            except (OSError, ValueError):
-                pass
             meta.update(extra)
             self.meta = validate_meta(meta)
             _write_json_atomic(self.run_dir / RUN_FILE, self.meta)
-
-    def iteration_log(self, rank: int) -> IterationLog:
-        """The :class:`IterationLog` of worker ``rank`` in this run."""
-        return IterationLog(self.run_dir, rank, started_at=self.started_at)
-
-    def traffic_path(self, role: str, rank: int) -> Path:
-        """Where node ``role``/``rank`` writes its traffic buckets (``traffic-<role><rank>.jsonl``)."""
-        if role not in ("worker", "server"):
-            raise MetricsError(f"traffic role must be 'worker' or 'server', got {role!r}")
-        return self.run_dir / f"traffic-{role}{int(rank)}.jsonl"
 
 
 class IterationLog:

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hetps.metrics.dashboard import static_file
+from hetps.metrics.dashboard import FINAL_FILE, static_file
 from hetps.metrics.records import MetricsError, plain, write_atomic
 from hetps.metrics.runs import Run, load_run
+from hetps.metrics.spans import PHASES
 from hetps.metrics.summary import summarize_run
 
 __all__ = ["build_report", "cmd_report", "report_data", "write_report"]
@@ -27,7 +28,6 @@ __all__ = ["build_report", "cmd_report", "report_data", "write_report"]
 MAX_POINTS = 4000  # chart points per worker (evenly thinned beyond)
 MAX_SPAN_ROUNDS = 400  # rounds with their spans per worker (the last ones)
 MAX_FIGURE_BYTES = 4 << 20  # a PNG bigger than this is named, not embedded
-FINAL_FILE = "live-final.json"  # the dashboard's last state, when the job served one
 
 
 def _thin(items: list, most: int) -> list:
@@ -60,12 +60,9 @@ def report_data(run: Run) -> dict[str, Any]:
                 [rec.get("iter"), t, rt, _num(rec.get("loss")), rec.get("bytes_sent"),
                  rec.get("bytes_recv")]
             )  # fmt: skip
-        phases: dict[str, float] = {}
-        for rec in recs:
-            for name in ("compute", "push", "wait", "pull"):
-                v = _num(rec.get(f"{name}_s"))
-                if v is not None:
-                    phases[name] = phases.get(name, 0.0) + v
+        took = {
+            p: [x for rec in recs if (x := _num(rec.get(f"{p}_s"))) is not None] for p in PHASES
+        }
         timeline = [
             {
                 "round": rec.get("iter"),
@@ -80,7 +77,7 @@ def report_data(run: Run) -> dict[str, Any]:
                 "label": run.device_label(rank),
                 "rounds": len(recs),
                 "series": series,
-                "phase_ms": {k: 1000 * v / max(1, len(recs)) for k, v in phases.items()},
+                "phase_ms": {k: 1000 * sum(v) / max(1, len(recs)) for k, v in took.items() if v},
                 "timeline": timeline,
             }
         )
@@ -99,15 +96,12 @@ def report_data(run: Run) -> dict[str, Any]:
         for ev in final.get("events") or []:
             if isinstance(ev, dict) and ev.get("kind") == "failure":
                 failures.append(f"at {ev.get('uptime')} s: {ev.get('text')}")
-    figures = []
-    for png in sorted(run.run_dir.glob("*.png")):
-        size = png.stat().st_size
-        if size <= MAX_FIGURE_BYTES:
-            figures.append(
-                {"name": png.name, "data": base64.b64encode(png.read_bytes()).decode("ascii")}
-            )
-        else:
-            figures.append({"name": png.name, "data": None, "size": size})
+    figures = [
+        {"name": png.name, "data": base64.b64encode(png.read_bytes()).decode("ascii")}
+        if (size := png.stat().st_size) <= MAX_FIGURE_BYTES
+        else {"name": png.name, "data": None, "size": size}
+        for png in sorted(run.run_dir.glob("*.png"))
+    ]
     return {
         "run": run.name,
         "summary": summary,

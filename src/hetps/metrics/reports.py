@@ -12,6 +12,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta
@@ -30,6 +31,7 @@ from hetps.metrics.bounds import (
     names,
     printable,
 )
+from hetps.metrics.records import RunWriter
 from hetps.metrics.sysinfo import LogTail, Sampler, extras
 
 log = logging.getLogger("hetps.metrics.live")  # (the service's name: one logger for both)
@@ -165,8 +167,6 @@ class WorkerMeter(Reporter):
     ) -> None:
         self._links = links
         self.hists = {name: Histogram() for name in HISTOGRAMS}
-        self._push_hist = self.hists["push"]
-        self._pull_hist = self.hists["pull"]
         self._shipped = {name: ([0] * NBUCKETS, 0.0) for name in HISTOGRAMS}
         self._pushes: dict[Any, int] = {}
         self.rounds = 0
@@ -198,33 +198,25 @@ class WorkerMeter(Reporter):
     def timed(self, push: bool, callback: Callable[[Any], None] | None):
         """A request's answer callback that also times the request (from now to its answer;
         a request that fails is not counted)."""
-        end = self._start_timing(1 if push else 3, self._push_hist if push else self._pull_hist)
-
-        def done(reply: Any) -> None:
-            if callback is not None:
-                callback(reply)
-            end()
-
-        return done
+        return self._start_timing(
+            1 if push else 3, self.hists["push" if push else "pull"], callback
+        )
 
     def timed_fused_pull(self, finish: Callable[[], None]) -> Callable[[], None]:
         """A pull answered by the push before it (dist_sync): timed from now (its call) to the
         moment ``finish`` (its wait's) copied its value out, once the push's answer is in."""
-        end = self._start_timing(3, self._pull_hist)
+        return self._start_timing(3, self.hists["pull"], finish)
 
-        def done() -> None:
-            finish()
-            end()
-
-        return done
-
-    def _start_timing(self, at: int, hist: Histogram) -> Callable[[], None]:
-        """Time a request from now (its round's phase ``at``); call the result at its answer."""
+    def _start_timing(self, at: int, hist: Histogram, first: Callable | None) -> Callable:
+        """Time a request from now (its round's phase ``at``); call the result at its answer
+        (it calls ``first`` with its arguments, then stops the clock)."""
         t0, rec = time.perf_counter(), self._cur
         if rec is not None and t0 < rec[at]:
             rec[at] = t0
 
-        def end() -> None:
+        def end(*answer: Any) -> None:
+            if first is not None:
+                first(*answer)
             t1 = time.perf_counter()
             hist.observe(t1 - t0)
             self._answered = t1
@@ -315,12 +307,8 @@ class WorkerMeter(Reporter):
         """The run directory this worker logs into (RoundLog, hetps train). The scheduler
         leaves the dashboard's last state there only when its ``run.json`` names this job:
         the ``lead`` worker (rank 0, which wrote it) adds the job's id as ``live_job``."""
-        from pathlib import Path
-
         self.run_dir = str(Path(run_dir).resolve())
         if lead and self.job and (Path(run_dir) / "run.json").is_file():
-            from hetps.metrics.records import RunWriter
-
             try:
                 RunWriter.reopen(run_dir).update(live_job=self.job)
             except Exception as exc:  # noqa: BLE001 - the dashboard never breaks the run

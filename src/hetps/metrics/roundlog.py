@@ -15,7 +15,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from hetps.metrics.records import IterationLog, RunWriter, run_meta
-from hetps.metrics.spans import Spans
+from hetps.metrics.runs import load_run
+from hetps.metrics.spans import PHASES, Spans
+from hetps.metrics.trace import write_trace
 from hetps.metrics.traffic import TrafficRecorder, worker_observer
 
 __all__ = ["RUN_START_KEY", "RoundLog", "pictures"]
@@ -164,10 +166,7 @@ class RoundLog:
             "samples": int(samples),
             "loss": loss,
             "local_steps": 1,
-            "compute_s": totals.get("compute", 0.0),
-            "push_s": totals.get("push", 0.0),
-            "wait_s": totals.get("wait", 0.0),
-            "pull_s": totals.get("pull", 0.0),
+            **{f"{p}_s": totals.get(p, 0.0) for p in PHASES},
             "bytes_sent": sent - self._bytes0[0],
             "bytes_recv": recv - self._bytes0[1],
             "srit_s": end - start,
@@ -195,8 +194,6 @@ def pictures(run_dir: str | os.PathLike[str], window_rounds: int = 6) -> dict[st
     ``run_dir`` and print where they are and how to open them; returns ``{"trace": path,
     "figure": path, "report": path}`` (no figure and no report without matplotlib: a line says
     how to get it)."""
-    from hetps.metrics.trace import write_trace
-
     out: dict[str, Path] = {}
     trace_path, _ = write_trace(run_dir)
     out["trace"] = trace_path
@@ -206,8 +203,6 @@ def pictures(run_dir: str | os.PathLike[str], window_rounds: int = 6) -> dict[st
     except ImportError:  # pragma: no cover - matplotlib missing
         print("figure: skipped, matplotlib missing (pip install 'hetps[plots]')", flush=True)
         return out
-    from hetps.metrics.runs import load_run
-
     fig_path = draw_phase_timeline(
         load_run(run_dir), Path(run_dir) / "timeline.png", rounds=window_rounds
     )

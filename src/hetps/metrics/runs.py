@@ -81,11 +81,7 @@ class Run:
         """A run-level value: run.json's ``key``, else the first record that has it, else None."""
         if self.meta.get(key) is not None:
             return self.meta[key]
-        for rank in self.ranks:
-            for rec in self.records[rank]:
-                if rec.get(key) is not None:
-                    return rec[key]
-        return None
+        return next((rec[key] for rec in self.iter_records() if rec.get(key) is not None), None)
 
     def iter_records(self) -> Iterator[dict[str, Any]]:
         """Every record of every worker (by rank, then in file order)."""
@@ -125,15 +121,9 @@ def load_run(run_dir: str | os.PathLike[str]) -> Run:
         m = _WORKER_FILE.match(f.name)
         if not m or not f.is_file():
             continue
-        rank = int(m.group(1))
-        recs, torn = read_jsonl(f)
+        records[int(m.group(1))], torn = read_jsonl(f, ITERATION_KEYS)
         if torn:
             truncated.append(f)
-        for i, r in enumerate(recs):
-            missing = [k for k in ITERATION_KEYS if k not in r]
-            if missing:
-                raise MetricsError(f"{f}: record {i + 1} misses {', '.join(missing)}")
-        records[rank] = recs
     return Run(run_dir=d, meta=meta, records=records, truncated=truncated)
 
 

@@ -47,7 +47,8 @@ def load_runs(logdir: str | os.PathLike[str], errors: list[str] | None = None) -
     return runs
 
 
-def _eval_rank(run: Run) -> int | None:
+def eval_rank(run: Run) -> int | None:
+    """The rank that evaluates: 0, else the lowest rank with a log (None: no log)."""
     if 0 in run.records:
         return 0
     return run.ranks[0] if run.ranks else None
@@ -55,7 +56,7 @@ def _eval_rank(run: Run) -> int | None:
 
 def accuracy_curve(run: Run) -> list[tuple[float, float]]:
     """``[(t, accuracy)]`` of rank 0's evaluated records (lowest rank if there is no rank 0)."""
-    r = _eval_rank(run)
+    r = eval_rank(run)
     if r is None:
         return []
     return [
@@ -67,13 +68,12 @@ def accuracy_curve(run: Run) -> list[tuple[float, float]]:
 
 def wall_time(run: Run) -> float | None:
     """The run's wall time: the largest ``t`` of any record (None without records)."""
-    ts = [float(rec["t"]) for rec in run.iter_records()]
-    return max(ts) if ts else None
+    return max((float(rec["t"]) for rec in run.iter_records()), default=None)
 
 
 def asrit(run: Run) -> float | None:
     """Average single-round iteration time of rank 0 (docs/METRICS.md defines it)."""
-    r = _eval_rank(run)
+    r = eval_rank(run)
     if r is None:
         return None
     recs = run.records[r]
@@ -87,12 +87,11 @@ def asrit(run: Run) -> float | None:
 
 def computing_time_ratios(run: Run) -> dict[int, float]:
     """``{rank: sum(compute_s) / last t}`` for every worker with records (and last t > 0)."""
-    out = {}
-    for rank in run.ranks:
-        recs = run.records[rank]
-        if recs and float(recs[-1]["t"]) > 0:
-            out[rank] = sum(float(rec["compute_s"]) for rec in recs) / float(recs[-1]["t"])
-    return out
+    return {
+        rank: sum(float(rec["compute_s"]) for rec in recs) / float(recs[-1]["t"])
+        for rank in run.ranks
+        if (recs := run.records[rank]) and float(recs[-1]["t"]) > 0
+    }
 
 
 def slowdown_note(run: Run) -> str | None:
@@ -109,9 +108,7 @@ def _div(a: float, b: float | None) -> float | None:
 def summarize_run(run: Run, thresholds: Sequence[float] = THRESHOLDS) -> dict[str, Any]:
     """The summary dict of one run (one element of ``summarize(...)["runs"]``)."""
     curve = accuracy_curve(run)
-    tta: dict[str, float | None] = {}
-    for a in thresholds:
-        tta[f"{a:g}"] = next((t for t, acc in curve if acc >= a), None)
+    tta = {f"{a:g}": next((t for t, acc in curve if acc >= a), None) for a in thresholds}
     wall = wall_time(run)
     samples = sum(int(rec["samples"]) for rec in run.iter_records())
     sent = sum(int(rec["bytes_sent"]) for rec in run.iter_records())
@@ -123,7 +120,7 @@ def summarize_run(run: Run, thresholds: Sequence[float] = THRESHOLDS) -> dict[st
         if label in ratios:
             label = f"{label} [rank {rank}]"
         ratios[label] = ratio
-    r0 = _eval_rank(run)
+    r0 = eval_rank(run)
     r0_recs = run.records[r0] if r0 is not None else []
     comm = [float(rec["comm_s"]) for rec in r0_recs if rec.get("comm_s") is not None]
     overhead = [float(rec["overhead_s"]) for rec in r0_recs if rec.get("overhead_s") is not None]
@@ -246,19 +243,15 @@ def format_summary(summary: dict[str, Any]) -> str:
     out = [_table(rows, header), ""]
     for s in runs:
         head = f"{s['mode']} / {s['network']}  ({s['run_dir']})"
-        notes = []
-        if s.get("heterogeneity_note"):
-            notes.append(s["heterogeneity_note"])
-        if s.get("scheme") is not None:
-            notes.append(f"scheme {s['scheme']}")
-        if s.get("slice_size") is not None:
-            notes.append(f"slice size {s['slice_size']}")
-        if s.get("truncated"):
-            notes.append("log ends mid-line: the run was killed")
-        if s.get("ended") and s["ended"] != "completed":
-            notes.append(f"ended {s['ended']}")
-        if notes:
-            head += "  [" + "; ".join(notes) + "]"
+        notes = [
+            s.get("heterogeneity_note"),
+            s.get("scheme") is not None and f"scheme {s['scheme']}",
+            s.get("slice_size") is not None and f"slice size {s['slice_size']}",
+            s.get("truncated") and "log ends mid-line: the run was killed",
+            s.get("ended") not in (None, "", "completed") and f"ended {s['ended']}",
+        ]
+        if any(notes):
+            head += "  [" + "; ".join(n for n in notes if n) + "]"
         out.append(head)
         wall = s.get("wall_time_s")
         out.append(

@@ -5,6 +5,7 @@ is there (or why not), and the last lines the process wrote to its standard outp
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -70,10 +71,7 @@ class Sampler:
             out["cpu"] = round(max(0.0, 100.0 * (cpu_s - self._last[1]) / (now - self._last[0])), 1)
         self._last = (now, cpu_s)
         rows, why = gpus()
-        if rows:
-            out["gpu"] = rows
-        else:
-            out["nogpu"] = why
+        out["gpu" if rows else "nogpu"] = rows or why
         return out
 
 
@@ -97,10 +95,7 @@ def _library() -> tuple[Any, str]:
             try:
                 lib = ctypes.CDLL("libnvidia-ml.so.1")
                 rc = lib.nvmlInit_v2()
-                if rc != 0:
-                    _nvml[:] = [None, f"NVML did not start (error {rc})"]
-                else:
-                    _nvml[:] = [lib, ""]
+                _nvml[:] = [lib, ""] if rc == 0 else [None, f"NVML did not start (error {rc})"]
             except OSError:
                 _nvml[:] = [None, "no NVIDIA driver here (libnvidia-ml.so.1 not found)"]
             except AttributeError:
@@ -141,15 +136,13 @@ class _Tee:
 
     def write(self, text: str) -> int:
         n = self._stream.write(text)
-        try:
+        with contextlib.suppress(Exception):  # the output itself always goes through
             self._part += text
             if "\n" in self._part:
                 *lines, self._part = self._part.split("\n")
                 self._tail.add(lines)
             if len(self._part) > 4 * LOG_WIDTH:
                 self._part = self._part[-LOG_WIDTH:]
-        except Exception:  # noqa: BLE001 - the output itself always goes through
-            pass
         return n
 
     def __getattr__(self, name: str) -> Any:
@@ -187,8 +180,7 @@ class LogTail:
     def take(self) -> list[str]:
         """The lines kept since the last call."""
         with self._lock:
-            out = list(self._new)
-            self._new.clear()
+            out, self._new = list(self._new), deque(maxlen=LOG_KEEP)
         return self._clean(out)
 
     def last(self) -> list[str]:

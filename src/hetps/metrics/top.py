@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -75,58 +76,28 @@ def fetch(url: str, timeout: float = 5.0) -> Scrape:
 
 
 # -- what a frame shows -----------------------------------------------------------------------
-@dataclass
-class WorkerRow:
-    rank: int
-    rounds: int
-    round_s: float | None
-    push_ms: float | None  # mean push latency, milliseconds
-    pull_ms: float | None
-    rounds_per_s: float | None
+#: a worker's row: push_ms and pull_ms are mean request latencies in milliseconds
+WorkerRow = namedtuple("WorkerRow", "rank rounds round_s push_ms pull_ms rounds_per_s")
+#: a link's row: rate in bytes/s over the workers' last report interval, total bytes so far
+LinkRow = namedtuple("LinkRow", "src dst rate total")
+#: what one frame of ``hetps top`` shows (computed from two scrapes, or one)
+View = namedtuple(
+    "View",
+    "url uptime registered expected rounds rounds_per_s workers links slowest plan plan_epoch "
+    "dead late finished esync_steps",
+)
 
 
-@dataclass
-class LinkRow:
-    src: str
-    dst: str
-    rate: float  # bytes/s over the workers' last report interval
-    total: float  # bytes so far
-
-
-@dataclass
-class View:
-    """What one frame of ``hetps top`` shows (computed from two scrapes, or one)."""
-
-    url: str
-    uptime: float
-    registered: dict[str, int]
-    expected: dict[str, int]
-    rounds: int
-    rounds_per_s: float | None
-    workers: list[WorkerRow]
-    links: list[LinkRow]
-    slowest: WorkerRow | None
-    plan: list[float] | None
-    plan_epoch: int | None
-    dead: list[str]
-    late: int
-    finished: int
-    esync_steps: dict[int, int]
-
-
-def _mean_ms(s: Scrape, name: str, worker: str) -> float | None:
-    count = s.value(f"{name}_count", worker=worker)
-    total = s.value(f"{name}_sum", worker=worker)
-    if not count or total is None:
-        return None
-    return 1000.0 * total / count
+def _mean_ms(s: Scrape, kind: str, w: str) -> float | None:
+    """Worker ``w``'s mean ``kind`` (push or pull) latency in milliseconds."""
+    name = f"hetps_{kind}_latency_seconds"
+    count, total = s.value(f"{name}_count", worker=w), s.value(f"{name}_sum", worker=w)
+    return 1000.0 * total / count if count and total is not None else None
 
 
 def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
     """The frame for ``cur`` (``prev``, an earlier scrape, gives the rates)."""
-    dt = None
-    if prev is not None and cur.at > prev.at:
-        dt = cur.at - prev.at
+    dt = cur.at - prev.at if prev is not None and cur.at > prev.at else None
 
     def mean_round(w: str) -> float | None:
         """The mean round over the last interval (since the start without one)."""
@@ -148,21 +119,12 @@ def view(url: str, cur: Scrape, prev: Scrape | None = None) -> View:
             return None
         return max(0.0, (b - a) / dt)
 
-    workers = []
-    for labels, rounds in sorted(
-        cur.series("hetps_worker_rounds_total"), key=lambda lv: int(lv[0]["worker"])
-    ):
-        w = labels["worker"]
-        workers.append(
-            WorkerRow(
-                int(w),
-                int(rounds),
-                mean_round(w),
-                _mean_ms(cur, "hetps_push_latency_seconds", w),
-                _mean_ms(cur, "hetps_pull_latency_seconds", w),
-                rate("hetps_worker_rounds_total", worker=w),
-            )
-        )
+    name = "hetps_worker_rounds_total"
+    workers = [
+        WorkerRow(int(w), int(n), mean_round(w), _mean_ms(cur, "push", w), _mean_ms(cur, "pull", w),
+                  rate(name, worker=w))
+        for w, n in sorted(((lb["worker"], n) for lb, n in cur.series(name)), key=lambda x: int(x[0]))
+    ]  # fmt: skip
     links = [
         LinkRow(lb["src"], lb["dst"], rate("hetps_link_bytes_total", **lb) or 0.0, v)
         for lb, v in cur.series("hetps_link_bytes_total")
@@ -235,10 +197,7 @@ def render(v: View) -> Any:
             + (f", {v.esync_steps.get(v.slowest.rank, 0)} ESync steps" if v.esync_steps else "")
             + ")\n"
         )
-    if v.dead:
-        head.append(f"dead nodes: {', '.join(v.dead)}\n", style="bold red")
-    else:
-        head.append("dead nodes: none\n")
+    head.append(f"dead nodes: {', '.join(v.dead) or 'none'}\n", style="bold red" if v.dead else "")
     if v.late:
         head.append(f"late nodes (silent > 3 heartbeats): {v.late}\n", style="yellow")
 

@@ -40,16 +40,12 @@ def round_spans(rec: dict[str, Any]) -> tuple[float, float, list[tuple[str, floa
     eval_s = _num(rec.get("eval_s"))
     end = t - eval_s
     raw = rec.get("spans")
-    spans: list[tuple[str, float, float]] = []
-    if isinstance(raw, list):
-        for s in raw:
-            if (
-                isinstance(s, (list, tuple))
-                and len(s) == 3
-                and isinstance(s[0], str)
-                and all(isinstance(v, (int, float)) and math.isfinite(v) for v in s[1:])
-            ):
-                spans.append((s[0], float(s[1]), max(0.0, float(s[2]))))
+    spans = [
+        (s[0], float(s[1]), max(0.0, float(s[2])))
+        for s in (raw if isinstance(raw, list) else [])
+        if isinstance(s, (list, tuple)) and len(s) == 3 and isinstance(s[0], str)
+        if all(isinstance(v, (int, float)) and math.isfinite(v) for v in s[1:])
+    ]
     if spans:
         start = min(s for _, s, _ in spans)
         end = max(end, max(s + d for _, s, d in spans))
@@ -81,13 +77,8 @@ def _dur(seconds: float) -> float:
 
 def _round_args(rec: dict[str, Any]) -> dict[str, Any]:
     keys = ("iter", "epoch", "samples", "loss", "local_steps", "bytes_sent", "bytes_recv")
-    out = {k: rec[k] for k in keys if k in rec and rec[k] is not None}
-    if rec.get("accuracy") is not None:
-        out["accuracy"] = rec["accuracy"]
-    for p in PHASES:
-        if f"{p}_s" in rec:
-            out[f"{p}_s"] = rec[f"{p}_s"]
-    return out
+    out = {k: rec[k] for k in (*keys, "accuracy") if rec.get(k) is not None}
+    return out | {f"{p}_s": rec[f"{p}_s"] for p in PHASES if f"{p}_s" in rec}
 
 
 def build_trace(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -104,17 +95,10 @@ def build_trace(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    rounds: dict[int, list[tuple[dict, float, float, list, bool]]] = {}
-    times: list[float] = [0.0]
-    for rank in run.ranks:
-        rows = []
-        for rec in run.records[rank]:
-            start, end, spans, derived = round_spans(rec)
-            rows.append((rec, start, end, spans, derived))
-            times.append(start)
-        rounds[rank] = rows
-    for bs in traffic.values():
-        times.extend(_num(b.get("t")) for b in bs)
+    # per rank: (record, start, end, spans, derived) of each round
+    rounds = {rank: [(rec, *round_spans(rec)) for rec in run.records[rank]] for rank in run.ranks}
+    times = [0.0, *(row[1] for rows in rounds.values() for row in rows)]
+    times += [_num(b.get("t")) for bs in traffic.values() for b in bs]
     origin = min(times)  # traffic before the start (negative t) moves the origin back
 
     events: list[dict[str, Any]] = []
@@ -138,11 +122,7 @@ def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, A
     for rank in run.ranks:
         label = run.device_label(rank)
         pid = process(f"worker{rank}", f"worker {rank}" + (f": {label}" if label else ""))
-        phase_names = list(PHASES)
-        for _, _, _, spans, _ in rounds[rank]:
-            for name, _, _ in spans:
-                if name not in phase_names:
-                    phase_names.append(name)
+        phase_names = dict.fromkeys([*PHASES, *(n for row in rounds[rank] for n, _, _ in row[3])])
         tids = {name: i + 1 for i, name in enumerate(phase_names)}
         named("thread", pid, 0, "rounds")
         for name, tid in tids.items():
@@ -163,8 +143,7 @@ def _trace_of(run: Run, traffic: dict[str, list[dict[str, Any]]]) -> dict[str, A
                     cat="phase", ts=_ts(s, origin), dur=_dur(d))  # fmt: skip
 
     for node, buckets in traffic.items():
-        role, rank = ("worker", node[6:]) if node.startswith("worker") else ("server", node[6:])
-        pid = process(node, f"{role} {rank}")
+        pid = process(node, f"{node[:6]} {node[6:]}")  # (worker<rank> or server<rank>)
         by_peer: dict[str, list[dict[str, Any]]] = {}
         for b in buckets:
             by_peer.setdefault(str(b["peer"]), []).append(b)

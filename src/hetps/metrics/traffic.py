@@ -55,9 +55,7 @@ class TrafficRecorder:
         with self._lock:
             if self._closed:
                 return
-            b = self._buckets.get(key)
-            if b is None:
-                b = self._buckets[key] = [0, 0]
+            b = self._buckets.get(key) or self._buckets.setdefault(key, [0, 0])
             b[k] += nbytes
 
     def buckets(self) -> list[dict[str, Any]]:
@@ -66,16 +64,8 @@ class TrafficRecorder:
             items = [(k, list(v)) for k, v in self._buckets.items()]
         items.sort(key=lambda kv: (kv[0][0], str(kv[0][1])))
         dt = self.bucket_s
-        return [
-            {
-                "t": round(idx * dt, 9),
-                "dt": dt,
-                "peer": peer,
-                "push_bytes": v[0],
-                "pull_bytes": v[1],
-            }
-            for (idx, peer), v in items
-        ]
+        rows = ((round(i * dt, 9), dt, peer, *v) for (i, peer), v in items)
+        return [dict(zip(TRAFFIC_KEYS, row, strict=True)) for row in rows]
 
     def totals(self) -> dict[str, int]:
         """Total bytes recorded: ``{"push": …, "pull": …}``."""
@@ -129,17 +119,9 @@ def load_traffic(run_dir: str | os.PathLike[str]) -> dict[str, list[dict[str, An
     """Read every ``traffic-<role><rank>.jsonl`` of a run: ``{"worker0": [buckets…], …}``,
     workers first then servers, by rank. A torn last line is dropped."""
     d = Path(run_dir)
-    found = []
-    for f in d.iterdir() if d.is_dir() else []:
-        m = _TRAFFIC_FILE.match(f.name)
-        if m and f.is_file():
-            found.append((m.group(1) != "worker", int(m.group(2)), m.group(1), f))
-    out: dict[str, list[dict[str, Any]]] = {}
-    for _, rank, role, f in sorted(found):
-        recs, _torn = read_jsonl(f)
-        for i, r in enumerate(recs):
-            missing = [k for k in TRAFFIC_KEYS if k not in r]
-            if missing:
-                raise MetricsError(f"{f}: bucket {i + 1} misses {', '.join(missing)}")
-        out[f"{role}{rank}"] = recs
-    return out
+    found = sorted(
+        (m.group(1) != "worker", int(m.group(2)), m.group(1), f)
+        for f in (d.iterdir() if d.is_dir() else [])
+        if (m := _TRAFFIC_FILE.match(f.name)) and f.is_file()
+    )
+    return {f"{role}{rank}": read_jsonl(f, TRAFFIC_KEYS, "bucket")[0] for _, rank, role, f in found}

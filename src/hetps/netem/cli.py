@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import logging
 import queue
-import subprocess
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
+from hetps.netem import reap
 from hetps.netem.emulator import Netem
 from hetps.netem.scenario import Scenario, ScenarioError, read_toml
 from hetps.netem.tools import (
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario = scenario_from_args(args)
         return _run(scenario, cmd, subnet=args.subnet, prefix=args.prefix)
     except (ScenarioError, NetemError) as e:
-        print(f"hetps netem: error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return 1
     except KeyboardInterrupt:
         return 130
@@ -150,24 +150,12 @@ def _run(scenario: Scenario, cmd: list[str], *, subnet: str | None, prefix: str)
     try:
         with Netem(scenario, subnet=subnet, prefix=prefix, handle_signals=True) as net:
             if scenario.dynamic:
-                net.start_dynamic(
-                    on_change=lambda epoch, rates: print(
-                        f"hetps netem: epoch {epoch}: rates "
-                        + ", ".join(f"{r:.1f}" for r in rates)
-                        + " Mbit/s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                )
+                net.start_dynamic(lambda epoch, rates: _say(f"epoch {epoch}: rates {_mbit(rates)}"))
             for i in range(net.n):
-                print(
-                    f"hetps netem: node {i}: ns {net.node_ns(i)} ip {net.node_ip(i)} "
-                    f"rate {net.rates[i]:.1f} Mbit/s",
-                    file=sys.stderr,
-                )
-            sys.stderr.flush()
+                ip, rate = net.node_ip(i), _mbit(net.rates[i : i + 1])
+                _say(f"node {i}: ns {net.node_ns(i)} ip {ip} rate {rate}")
             if not cmd:
-                print("hetps netem: network up; Ctrl-C to remove it", file=sys.stderr, flush=True)
+                _say("network up; Ctrl-C to remove it")
                 threading.Event().wait()  # until SIGINT/SIGTERM (handlers close the network)
                 return 0
             return _run_nodes(net, cmd)
@@ -179,25 +167,28 @@ def _run_nodes(net: Netem, cmd: list[str]) -> int:
     procs = [net.popen(i, cmd, env=net.node_env(i)) for i in range(net.n)]
     done: queue.Queue[tuple[int, int]] = queue.Queue()
 
-    def waiter(i: int, p: subprocess.Popen[Any]) -> None:
-        done.put((i, p.wait()))
-
     for i, p in enumerate(procs):
-        threading.Thread(target=waiter, args=(i, p), daemon=True).start()
-    rc = 0
+        threading.Thread(target=lambda i=i, p=p: done.put((i, p.wait())), daemon=True).start()
     for _ in procs:
         i, code = done.get()
         if code != 0:
-            print(f"hetps netem: node {i} exited with {code}; stopping the others", file=sys.stderr)
-            rc = code if code > 0 else 128 - code
-            break  # (leaving the Netem block stops them: SIGTERM, SIGKILL after 2 s)
-    return rc
+            _say(f"node {i} exited with {code}; stopping the others")
+            return code if code > 0 else 128 - code  # (leaving the Netem block stops them)
+    return 0
+
+
+def _say(text: str) -> None:
+    print(f"hetps netem: {text}", file=sys.stderr, flush=True)
+
+
+def _mbit(rates: list[float]) -> str:
+    return ", ".join(f"{r:.1f}" for r in rates) + " Mbit/s"
 
 
 def _show(prefix: str) -> int:
     ip, tc = find_tool("ip"), find_tool("tc")
     if ip is None:
-        print("hetps netem: ip (iproute2) not found", file=sys.stderr)
+        _say("ip (iproute2) not found")
         return 1
     runs = list_runs(prefix, ip=ip)
     if not runs:
@@ -212,30 +203,26 @@ def _show(prefix: str) -> int:
                 print(f"  {ns}  bridge {BRIDGE}")
                 continue
             idx = ns.rsplit("-n", 1)[1]
-            addr = _first(_out([ip, "-n", ns, "-o", "-4", "addr", "show", "dev", NODE_IF]), "inet")
-            egress = (
-                _root_rate(_out([tc, "-n", ns, "qdisc", "show", "dev", NODE_IF])) if tc else "?"
-            )
-            ingress = (
-                _root_rate(_out([tc, "-n", hub, "qdisc", "show", "dev", f"v{idx}"])) if tc else "?"
-            )
+            addr = _first(_out(ip, ns, "-o", "-4", "addr", "show", "dev", NODE_IF), "inet")
+            egress = _root_rate(_out(tc, ns, "qdisc", "show", "dev", NODE_IF))
+            ingress = _root_rate(_out(tc, hub, "qdisc", "show", "dev", f"v{idx}"))
             print(f"  {ns}  {addr or '-'}  egress {egress}  ingress {ingress}")
     return 0
 
 
-def _out(argv: list[str]) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+def _out(tool: str | None, ns: str, *argv: str) -> str | None:
+    """``tool -n ns argv``'s output (None without the tool)."""
+    return reap.quiet([tool, "-n", ns, *argv]).stdout if tool else None
 
 
 def _first(text: str, key: str) -> str | None:
     toks = text.split()
-    for a, b in zip(toks, toks[1:], strict=False):
-        if a == key:
-            return b
-    return None
+    return next((b for a, b in zip(toks, toks[1:], strict=False) if a == key), None)
 
 
-def _root_rate(text: str) -> str:
+def _root_rate(text: str | None) -> str:
+    if text is None:
+        return "?"
     for line in text.splitlines():
         if line.startswith("qdisc tbf 1: root"):
             return _first(line, "rate") or "?"

@@ -19,23 +19,14 @@ HUB_BRIDGE = "br0"
 
 def list_namespaces(ip: str) -> list[str]:
     """Names of all named network namespaces (``ip netns list``)."""
-    out = subprocess.run([ip, "netns", "list"], capture_output=True, text=True, check=False)
-    names = []
-    for line in out.stdout.splitlines():
-        line = line.strip()
-        if line:
-            names.append(line.split()[0])
-    return names
+    out = quiet([ip, "netns", "list"])
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
 
 
 def namespace_pids(ip: str, name: str) -> list[int]:
     """Process ids running inside namespace ``name``."""
-    out = subprocess.run([ip, "netns", "pids", name], capture_output=True, text=True, check=False)
-    pids = []
-    for tok in out.stdout.split():
-        if tok.isdigit() and int(tok) != os.getpid():
-            pids.append(int(tok))
-    return pids
+    out = quiet([ip, "netns", "pids", name])
+    return [int(t) for t in out.stdout.split() if t.isdigit() and int(t) != os.getpid()]
 
 
 def pid_alive(pid: int) -> bool:
@@ -76,27 +67,19 @@ def remove_run(ip: str, run_id: str, *, names: list[str] | None = None) -> list[
     nodes = [n for n in names if not n.endswith("-hub")]
     hubs = [n for n in names if n.endswith("-hub")]
     for name in names:
-        pids = namespace_pids(ip, name)
-        if pids:
-            kill_pids(pids)
+        kill_pids(namespace_pids(ip, name))
     for hub in hubs:
         # Delete the devices explicitly: destroying a namespace frees its devices from a
         # kernel work queue, i.e. later; an explicit delete is synchronous.
         cmds = [f"link del {n.rsplit('-', 1)[1].replace('n', 'v', 1)}" for n in nodes]
         cmds.append(f"link del {HUB_BRIDGE}")
-        subprocess.run(
-            [ip, "-force", "-n", hub, "-batch", "-"],
-            input="\n".join(cmds) + "\n",
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    removed = []
-    for name in nodes + hubs:
-        r = subprocess.run([ip, "netns", "del", name], capture_output=True, text=True, check=False)
-        if r.returncode == 0:
-            removed.append(name)
-    return removed
+        quiet([ip, "-force", "-n", hub, "-batch", "-"], input="\n".join(cmds) + "\n")
+    return [name for name in nodes + hubs if quiet([ip, "netns", "del", name]).returncode == 0]
+
+
+def quiet(argv: list[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end, its output captured as text (a failure is the caller's)."""
+    return subprocess.run(argv, input=input, capture_output=True, text=True, check=False)
 
 
 def main(argv: list[str]) -> int:

@@ -195,15 +195,12 @@ class Scenario:
                     "a list per epoch only makes sense for a dynamic scenario",
                     'use kind = "dynamic" with period_s, or a flat list',
                 )
-            period = None
 
         pair_t: tuple[tuple[float, ...], ...] | None = None
         if pair is not None:
             pair_t = _parse_pair(pair, n)
             n = len(pair_t)
 
-        if n is None:  # pragma: no cover - every branch above sets it
-            raise _err("nodes", "unknown", "set nodes = N")
         delay = _parse_delay(net.get("delay_ms", 0), n)
         cc = net.get("tcp_cc")
         if cc is not None and (
@@ -271,15 +268,8 @@ class Scenario:
             rng = random.Random(f"hetps.netem:{self.seed}:{epoch}")
             return [rng.uniform(self.lo_mbit, self.hi_mbit) for _ in range(self.nodes)]
         # Only pair rates: a node may send/receive as fast as its fastest pair allows.
-        assert self.pair_rates_mbit is not None
-        pr = self.pair_rates_mbit
-        n = self.nodes
-        return [
-            max([pr[i][j] for j in range(n) if j != i] + [pr[j][i] for j in range(n) if j != i])
-            if n > 1
-            else 1000.0
-            for i in range(n)
-        ]
+        pr, n = self.pair_rates_mbit or (), range(self.nodes)
+        return [max((max(pr[i][j], pr[j][i]) for j in n if j != i), default=1000.0) for i in n]
 
     def link_rates_at(self, epoch: int = 0) -> list[list[float]]:
         """The effective rate of every directed link ``i -> j`` in ``epoch`` (Mbit/s).
@@ -289,18 +279,10 @@ class Scenario:
         itself). This is the true link matrix a load planner should see, before protocol
         overhead (see docs/NETEM.md).
         """
-        r = self.rates_at(epoch)
-        n = self.nodes
-        out = [[0.0] * n for _ in range(n)]
-        for i in range(n):
-            for j in range(n):
-                if i == j:
-                    continue
-                v = min(r[i], r[j])
-                if self.pair_rates_mbit is not None:
-                    v = min(v, self.pair_rates_mbit[i][j])
-                out[i][j] = v
-        return out
+        r, pair, n = self.rates_at(epoch), self.pair_rates_mbit, range(self.nodes)
+        return [
+            [min(r[i], r[j], pair[i][j] if pair else r[i]) if i != j else 0.0 for j in n] for i in n
+        ]
 
 
 def _node_count(in_file: Any, override: int | None) -> int | None:
@@ -350,14 +332,8 @@ def _parse_pair(value: Any, n: int | None) -> tuple[tuple[float, ...], ...]:
     for i, row in enumerate(value):
         if isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or len(row) != m:
             raise _err(f"{key}[{i}]", f"expected a row of {m} rates, got {row!r}", "make it square")
-        cells = []
-        for j, v in enumerate(row):
-            if i == j:
-                _number(f"{key}[{i}][{j}]", v, allow_zero=True)
-                cells.append(0.0)
-            else:
-                cells.append(_number(f"{key}[{i}][{j}]", v))
-        rows.append(tuple(cells))
+        cells = [_number(f"{key}[{i}][{j}]", v, allow_zero=i == j) for j, v in enumerate(row)]
+        rows.append(tuple(0.0 if j == i else c for j, c in enumerate(cells)))
     return tuple(rows)
 
 

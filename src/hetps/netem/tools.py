@@ -12,7 +12,6 @@ import ipaddress
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -86,25 +85,16 @@ def goodput_mbit(rate_mbit: float) -> float:
 
 def find_tool(name: str) -> str | None:
     """Absolute path of ``name`` (``ip``, ``tc``) on ``PATH`` or in the usual sbin dirs."""
-    path = shutil.which(name)
-    if path:
-        return path
-    for d in _SEARCH_DIRS:
-        cand = os.path.join(d, name)
-        if os.access(cand, os.X_OK):
-            return cand
-    return None
+    found = (c for c in (os.path.join(d, name) for d in _SEARCH_DIRS) if os.access(c, os.X_OK))
+    return shutil.which(name) or next(found, None)
 
 
 def _has_caps() -> bool:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    caps = int(line.split()[1], 16)
-                    return bool(caps >> _CAP_NET_ADMIN & 1) and bool(caps >> _CAP_SYS_ADMIN & 1)
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                caps = int(line.split()[1], 16)
+                return bool(caps >> _CAP_NET_ADMIN & 1) and bool(caps >> _CAP_SYS_ADMIN & 1)
     return False
 
 
@@ -138,7 +128,7 @@ def require_root() -> tuple[str, str]:
 
 
 def run_tool(argv: Sequence[str], *, input: str | None = None, what: str = "") -> str:
-    r = subprocess.run(list(argv), input=input, capture_output=True, text=True, check=False)
+    r = reap.quiet(list(argv), input)
     if r.returncode != 0:
         msg = (r.stderr or r.stdout).strip()
         if "qdisc kind is unknown" in msg and "netem" in (input or " ".join(argv)):
@@ -187,8 +177,7 @@ def pick_subnet(ip: str) -> ipaddress.IPv4Network:
     their addresses from being confused with the host's in logs and configs."""
     used: list[ipaddress.IPv4Network] = []
     for argv in ([ip, "-o", "-4", "addr", "show"], [ip, "-4", "route", "show", "table", "all"]):
-        out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
-        for tok in out.split():
+        for tok in reap.quiet(argv).stdout.split():
             if tok[:1].isdigit() and ("/" in tok or tok.count(".") == 3):
                 with contextlib.suppress(ValueError):
                     used.append(ipaddress.IPv4Network(tok, strict=False))

@@ -14,16 +14,11 @@ from hetps.app.models.resnet import ResNetV1, ResNetV2
 from hetps.app.models.small import MLP, AlexNet, LeNet
 
 __all__ = [
-    "INPUT_SHAPE",
     "count_parameters",
     "get_model",
     "model_names",
     "param_shapes",
 ]
-
-#: The input every model expects, per sample: one channel, 28x28 pixels.
-INPUT_SHAPE: tuple[int, int, int] = (1, 28, 28)
-
 
 # ---------------------------------------------------------------------------------------------
 # Registry and helpers
