@@ -228,17 +228,11 @@ class DistributedOptimizer(Regrouping):
         return self.wire_dtype or self._cpu[name].dtype
 
     # -- keys -------------------------------------------------------------------------------
-    def _gkey(self, name: str) -> str:
-        return f"{self.prefix}grad:{name}"
-
-    def _wkey(self, name: str) -> str:
-        return f"{self.prefix}weight:{name}"
-
     def _key(self, g: FusionGroup) -> str:
         name = g.names[0] if not g.fused else f"{g.names[0]}+{len(g.names) - 1}"
         if g.index == 0 and self.extra_rides:
             name += "+extra"
-        return self._wkey(name) if self.update_on == "server" else self._gkey(name)
+        return f"{self.prefix}{'weight' if self.update_on == 'server' else 'grad'}:{name}"
 
     def broadcast_parameters(self) -> None:
         """Give every worker rank 0's parameters (an init on the servers, then a pull)."""
@@ -293,7 +287,7 @@ class DistributedOptimizer(Regrouping):
                 st = staged(grad)
                 if isinstance(st, staging.Staged):
                     self._reading[name] = st
-                self._send(g, st)
+                self._launches.send(g, st)
                 return
             assert g.send is not None
             write_after(g.staged, g.send)  # the last copy of send read it (accumulation)
@@ -311,12 +305,9 @@ class DistributedOptimizer(Regrouping):
         assert g.send is not None
         st = staged(g.send)
         g.staged = st if isinstance(st, staging.Staged) else None
-        self._send(g, st)
+        self._launches.send(g, st)
 
     # -- launching ------------------------------------------------------------------------
-    def _send(self, g: FusionGroup, data: torch.Tensor) -> None:
-        self._launches.send(g, data)
-
     def flush_launches(self) -> None:
         """Send the launches queued so far."""
         self._launches.flush()
