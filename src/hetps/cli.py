@@ -264,10 +264,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         return train_main(args)
-    except ConfigError as exc:  # names the variable and the fix
-        print(f"hetps train: {exc}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as exc:  # the data reader's message names the file and the fix
+    # a ConfigError names the variable and the fix; the data reader's FileNotFoundError names
+    # the file and the fix
+    except (ConfigError, FileNotFoundError) as exc:
         print(f"hetps train: {exc}", file=sys.stderr)
         return 2
     except (ValueError, RuntimeError) as exc:  # scenario and emulator errors, bad flags

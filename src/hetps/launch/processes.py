@@ -56,6 +56,11 @@ class Output:
             self.out.flush()
 
 
+def role_argv(role: str) -> list[str]:
+    """The command that runs hetps' own ``role`` (scheduler, server) with this Python."""
+    return [sys.executable, "-m", "hetps.cli", role]
+
+
 def shell_code(code: int) -> int:
     """A child's exit status as a shell reports it: 128 + N for a child killed by signal N
     (``Popen.returncode`` is -N), else the code itself."""

@@ -24,7 +24,7 @@ from hetps.launch.contract import (
     usable_cores,
     without_host_vars,
 )
-from hetps.launch.processes import CAUSE_WAIT_S, Output, raise_interrupt, shell_code
+from hetps.launch.processes import CAUSE_WAIT_S, Output, raise_interrupt, role_argv, shell_code
 from hetps.launch.ray_actor import RoleProcess
 
 INSTALL_HINT = (
@@ -251,18 +251,15 @@ class RayLauncher(Output):
                 "DMLC_NODE_HOST": r.where["ip"],
             }
 
-        py = sys.executable
         sched_role = self.roles[0]
-        code = self._start(
-            sched_role, [py, "-m", "hetps.cli", "scheduler"], overlay(sched_role, self.port)
-        )
+        code = self._start(sched_role, role_argv("scheduler"), overlay(sched_role, self.port))
         if code is not None:
             return code
         port = self._scheduler_port(sched_role)
         if isinstance(port, tuple):  # (exit code,)
             return port[0]
         for r in self.roles[1:]:
-            argv = [py, "-m", "hetps.cli", "server"] if r.role == "server" else self.command
+            argv = role_argv("server") if r.role == "server" else self.command
             code = self._start(r, argv, overlay(r, port))
             if code is not None:
                 return code

@@ -38,6 +38,7 @@ from hetps.launch.processes import (
     dies_with_launcher,
     forward_signals,
     raise_interrupt,
+    role_argv,
     shell_code,
     signal_group,
     start_piped,
@@ -480,11 +481,10 @@ def task_threads(role: str, env: dict[str, str]) -> int:
 
 def _task_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m hetps.launch.slurm task")
-    p.add_argument("--servers", type=int, required=True)
-    p.add_argument("--workers", type=int, required=True)
-    p.add_argument("--scheduler-node", required=True)
-    p.add_argument("--root-uri", required=True)
-    p.add_argument("--port", type=int, required=True)
+    for flag in ("--servers", "--workers", "--port"):
+        p.add_argument(flag, type=int, required=True)
+    for flag in ("--scheduler-node", "--root-uri"):
+        p.add_argument(flag, required=True)
     p.add_argument("--auto-threads", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
@@ -499,7 +499,7 @@ def _task_main(argv: list[str]) -> int:
         return 2
     if role == "scheduler" and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
         print(f"hetps-slurm-step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}", flush=True)
-    cmd = [sys.executable, "-m", "hetps.cli", role] if role in ("scheduler", "server") else command
+    cmd = role_argv(role) if role in ("scheduler", "server") else command
     if shutil.which(cmd[0], path=child_env.get("PATH")) is None:
         print(f"hetps launch --launcher slurm: cannot start {shlex.join(cmd)}: no such command")
         print(f"hetps-slurm-exit {procid} 127", flush=True)
