@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -419,9 +420,7 @@ class TorchCuda:
 
     def pinned(self, shape: tuple[int, ...], dtype: Any, device: Any = None) -> Any:
         """A new page-locked host tensor (made in ``device``'s context when given)."""
-        if device is None:
-            return self.torch.empty(shape, dtype=dtype, pin_memory=True)
-        with self.torch.cuda.device(device):
+        with self.torch.cuda.device(device) if device is not None else contextlib.nullcontext():
             return self.torch.empty(shape, dtype=dtype, pin_memory=True)
 
     def capturing(self) -> bool:
