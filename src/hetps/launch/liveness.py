@@ -4,6 +4,7 @@ a job fails, as a part of :class:`hetps.launch.local.Launcher` (docs/LAUNCHERS.m
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import subprocess
@@ -98,10 +99,8 @@ class Liveness:
         child.hung = why
         self._log(f"{child.label} {why}: stopping it (SIGKILL)")
         signal_group(child.proc, signal.SIGKILL)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # (in uninterruptible sleep)
             child.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # (a process in uninterruptible sleep)
-            pass
 
     def _first_failure(self, child: Child, remaining: list[Child]) -> Child:
         """The process whose failure ended the job: ``child``, or the node the scheduler

@@ -277,17 +277,7 @@ class Launcher(Supervision, Liveness, Output):
                             f"{child.label} {how} (code {code}); its keys live on the next "
                             "server (--replicas), the job goes on"
                         )
-                        if self._used() < self.spec.max_restarts:
-                            self.respawns += 1
-                            self._log(
-                                f"restart {self._used()} of {self.spec.max_restarts}: starting "
-                                f"{child.label} again (it rejoins as a replica, is_recovery=1)"
-                            )
-                            again = self._start(
-                                "server", child.rank, *self._server_start[child.rank]
-                            )
-                            self._respawned.append(again)
-                            remaining.append(again)
+                        self._respawn(child, remaining, "it rejoins as a replica")
                         continue
                     self._notify(child, f"{how} (code {code})")
                     # the failure that ended the job may be another's, seen later
