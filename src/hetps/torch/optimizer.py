@@ -186,20 +186,7 @@ class DistributedOptimizer(Regrouping):
             g0.numel += extra.numel()
         if broadcast:
             self.broadcast_parameters()
-        keys, values = [], []
-        for g in self.groups:
-            if g.fused:
-                g.make_buffers(self._wire(g.names[0]), self._cpu)
-                if update_on == "server":
-                    for n in g.names:
-                        g.send_of[n].copy_(self._cpu[n])
-                values.append(g.send)
-            elif update_on != "server":
-                values.append(torch.zeros_like(self._cpu[g.names[0]], dtype=self._wire(g.names[0])))
-            else:
-                values.append(self._cpu[g.names[0]])
-            keys.append(self._key(g))
-        self.kv.init(keys, values)
+        self.kv.init([self._key(g) for g in self.groups], [self._first(g) for g in self.groups])
         self.tables = SparseTables.of(self, model, sparse_optimizer, table_init)
         if update_on == "server":
             self.kv.set_optimizer(server_optimizer)
