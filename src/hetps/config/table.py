@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hetps.config.addresses import interface_address, is_loopback, route_address
+from hetps.config.addresses import interface_address, is_loopback, resolved, route_address
 from hetps.config.rows import REQUIRED, ConfigError, Var
 
 ROLES = ("scheduler", "server", "worker")
@@ -151,22 +151,8 @@ def _server_device_check(device: str, values: Mapping[str, Any]) -> str | None:
 def unspecified(host: str) -> bool:
     """Whether ``host`` means every interface (``0.0.0.0``, ``::``, ``*``, empty, or a name
     or short form such as ``0`` that resolves to one of these)."""
-    import ipaddress
-
-    text = host.strip().strip("[]")
-    if text in ("", "*"):
-        return True
-    try:
-        return ipaddress.ip_address(text).is_unspecified
-    except ValueError:
-        pass
-    import socket
-
-    try:  # a name (or a short form such as "0") that resolves to every interface
-        infos = socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return False
-    return any(ipaddress.ip_address(i[4][0].split("%")[0]).is_unspecified for i in infos)
+    # (a name, or a short form such as "0", that resolves to every interface counts)
+    return host.strip().strip("[]") in ("", "*") or any(a.is_unspecified for a in resolved(host))
 
 
 def _metrics_host_check(host: str, values: Mapping[str, Any]) -> str | None:
