@@ -13,7 +13,7 @@ from typing import Any
 
 from hetps.cluster import launcher_link
 from hetps.config import ConfigError, env_value
-from hetps.launch.processes import Child, signal_group
+from hetps.launch.processes import Child, ended_within, signal_group
 
 #: a longer gap between two checks means the launcher itself was away (it checks 5 times a s)
 AWAY_S = 1.0
@@ -110,10 +110,8 @@ class Liveness:
         names ``failure_grace`` to exit."""
         sched = self._scheduler
         if sched is not None and sched is not child and sched in remaining:
-            try:
-                sched.proc.wait(timeout=min(5.0, self.spec.failure_grace))
-            except subprocess.TimeoutExpired:  # it goes on: it knows of no failure
-                return child
+            if not ended_within(sched.proc, min(5.0, self.spec.failure_grace)):
+                return child  # it goes on: it knows of no failure
             if sched.reader is not None:
                 sched.reader.join(timeout=2)  # every line it said is read
         if self._cause is None:
@@ -124,9 +122,7 @@ class Liveness:
         )
         if cause is None:
             return child
-        try:
-            cause.proc.wait(timeout=self.spec.failure_grace)
-        except subprocess.TimeoutExpired:
+        if not ended_within(cause.proc, self.spec.failure_grace):
             return child
         remaining.remove(cause)
         if cause.reader is not None:

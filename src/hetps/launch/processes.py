@@ -67,6 +67,15 @@ def shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+def ended_within(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether ``proc`` ends within ``timeout`` seconds (waited for that long at most)."""
+    try:
+        proc.wait(timeout=max(0.0, timeout))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def dies_with_launcher(argv: list[str], signal_name: str = "KILL") -> list[str]:
     """``argv`` run so that it gets ``SIG<signal_name>`` when the launcher's thread that
     starts it dies (``PR_SET_PDEATHSIG``), however the launcher ends; unchanged where setpriv

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -401,17 +402,13 @@ class RayLauncher(Output):
                 self._log(f"stopped {r.label}")
                 r.code = None if status is None else shell_code(status)
         for r in self.roles:
-            try:
+            with contextlib.suppress(Exception):  # (already dead)
                 ray.kill(r.actor)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
         if self.pg is not None:
             from ray.util.placement_group import remove_placement_group
 
-            try:
+            with contextlib.suppress(Exception):  # (the cluster is gone)
                 remove_placement_group(self.pg)
-            except Exception:  # noqa: BLE001 - the cluster is gone
-                pass
             self.pg = None
         ray.shutdown()
         self._connected = False

@@ -36,6 +36,7 @@ from hetps.launch.processes import (
     CAUSE_WAIT_S,
     Output,
     dies_with_launcher,
+    ended_within,
     forward_signals,
     raise_interrupt,
     role_argv,
@@ -360,9 +361,7 @@ class SlurmLauncher(Output):
         if self.proc.poll() is None:  # a task failed: the others get failure_grace to end
             name, code = self.failed or ("a task", 1)
             self._log(f"{name} exited (code {shell_code(code)}); stopping the others")
-            try:
-                self.proc.wait(timeout=spec.failure_grace)
-            except subprocess.TimeoutExpired:
+            if not ended_within(self.proc, spec.failure_grace):
                 self._log("stopping the job step")
                 self.stop()
         self.proc.wait()
@@ -381,11 +380,8 @@ class SlurmLauncher(Output):
         to end (they were told); a task still there then (hung, or stopped with SIGSTOP)
         is named and the step stopped, so no process of the job outlives it."""
         assert self.proc is not None
-        try:
-            self.proc.wait(timeout=grace)
+        if ended_within(self.proc, grace):
             return
-        except subprocess.TimeoutExpired:
-            pass
         if self.failed is not None:  # a task failed meanwhile: the failure path stops it
             return
         left = [name for task, name in sorted(self._labels.items()) if task not in self._exited]
@@ -403,11 +399,8 @@ class SlurmLauncher(Output):
         if proc is None or proc.poll() is not None:
             return
         signal_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.spec.stop_grace)
+        if ended_within(proc, self.spec.stop_grace):
             return
-        except subprocess.TimeoutExpired:
-            pass
         signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=10)
         if self.step:
