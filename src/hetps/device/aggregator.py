@@ -245,10 +245,7 @@ class DeviceRounds:
         return sl.value.dtype in FLOATS
 
     def slot(self, sl: Any) -> DeviceSlot:
-        got = self.slots.get(sl.skey)
-        if got is None:
-            got = self.slots[sl.skey] = DeviceSlot()
-        return got
+        return self.slots.setdefault(sl.skey, DeviceSlot())
 
     # -- hooks the server calls -------------------------------------------------------------
     def value_changed(self, sl: Any) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,16 +21,14 @@ from hetps.transport.codec import WIRE_DTYPES, Message
 log = logging.getLogger("hetps.server")
 
 
+@dataclass(slots=True, eq=False)
 class _Copy:
     """A copy on its way to the replicas: who has yet to acknowledge it, and what then."""
 
-    __slots__ = ("waiting", "then", "done", "errors")
-
-    def __init__(self, waiting: set[int], then, errors: list | None = None) -> None:
-        self.waiting = waiting
-        self.then = then
-        self.done = False
-        self.errors = errors  # where live replicas' refusals are told (None: not kept)
+    waiting: set[int]
+    then: Any
+    errors: list | None = None  # where live replicas' refusals are told (None: not kept)
+    done: bool = False
 
 
 class Replication:

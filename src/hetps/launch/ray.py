@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from hetps.config import env_value
@@ -68,46 +68,37 @@ class _Role:
     started: bool = False
 
 
+@dataclass(eq=False)
 class RayLauncher(Output):
     """Runs one job on a Ray cluster; :meth:`run` returns a :class:`RayJobResult`."""
 
-    def __init__(
-        self,
-        command: Sequence[str],
-        num_workers: int,
-        num_servers: int,
-        *,
-        address: str | None = None,
-        env: dict[str, str] | None = None,
-        cpus_per_worker: float = 1,
-        cpus_per_server: float = 1,
-        start_timeout: float = 60.0,
-        stop_grace: float = 5.0,
-        failure_grace: float = 15.0,
-        cwd: str | None = None,
-        init_kwargs: dict | None = None,
-        port: int = 0,
-        out=None,
-    ) -> None:
-        if num_workers < 1 or num_servers < 1:
+    command: Sequence[str]
+    num_workers: int
+    num_servers: int
+    _: KW_ONLY
+    address: str | None = None  # None: RAY_ADDRESS when set, else a local Ray ("local": one)
+    env: dict[str, str] | None = None
+    cpus_per_worker: float = 1
+    cpus_per_server: float = 1
+    start_timeout: float = 60.0
+    stop_grace: float = 5.0
+    failure_grace: float = 15.0
+    cwd: str | None = None
+    init_kwargs: dict | None = None
+    port: int = 0
+    out: Any = None
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1 or self.num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
-        if not command:
+        if not self.command:
             raise ValueError("give the worker command")
-        self.command = list(command)
-        self.num_workers = num_workers
-        self.num_servers = num_servers
-        # None: RAY_ADDRESS when set, else a local Ray for the job ("local" forces one)
-        self.address = address if address is not None else env_value("RAY_ADDRESS")
-        self.env = dict(env or {})
-        self.cpus_per_worker = cpus_per_worker
-        self.cpus_per_server = cpus_per_server
-        self.start_timeout = start_timeout
-        self.stop_grace = stop_grace
-        self.failure_grace = failure_grace
-        self.cwd = cwd or os.getcwd()
-        self.init_kwargs = dict(init_kwargs or {})
-        self.port = port
-        self.out = out or sys.stdout
+        self.command = list(self.command)
+        self.address = self.address if self.address is not None else env_value("RAY_ADDRESS")
+        self.env = dict(self.env or {})
+        self.cwd = self.cwd or os.getcwd()
+        self.init_kwargs = dict(self.init_kwargs or {})
+        self.out = self.out or sys.stdout
         self.roles: list[_Role] = []
         self.pg = None
         self._ray = None
