@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import hetps.balance  # noqa: F401 - the load plans register (--balance, `hetps config`)
@@ -103,19 +104,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
         from hetps.launch.ray import cli_launch
 
         return cli_launch(args, command, servers, env)
-    spec = LaunchSpec(
-        num_workers=args.num_workers,
-        num_servers=servers,
-        command=command,
-        env=env,
-        port=args.port,
-        start_timeout=args.start_timeout,
-        max_restarts=args.max_restarts,
-        elastic_min=args.elastic,
-        rejoin_workers=args.rejoin,
-        replicas=args.replicas,
-        nproc_per_node=args.nproc_per_node,
-    )
+    given = {f.name: getattr(args, f.name) for f in fields(LaunchSpec) if hasattr(args, f.name)}
+    given |= dict(num_servers=servers, command=command, env=env, elastic_min=args.elastic)
+    spec = LaunchSpec(**given, rejoin_workers=args.rejoin)
     if args.nproc_per_node < 0:
         raise SystemExit("hetps launch: --nproc-per-node must be >= 1 (workers per host)")
     if args.launcher == "ssh":

@@ -243,11 +243,7 @@ class K8sJob:
         c: dict = {"name": role, "image": self.image, "command": command, "env": self.env_for(role)}
         if self.image_pull_policy:
             c["imagePullPolicy"] = self.image_pull_policy
-        res = {
-            "scheduler": self.scheduler_resources,
-            "server": self.server_resources,
-            "worker": self.worker_resources,
-        }[role]
+        res = getattr(self, f"{role}_resources")
         if res:
             c["resources"] = {"requests": dict(res), "limits": dict(res)}
         if role == "scheduler":
