@@ -166,18 +166,9 @@ class Takeover:
             # a node of the job (its credential is good) whose view is not the job's: it is
             # not taken back, and its view changes nothing
             extra, lacks = sorted(told - set(table)), sorted(set(table) - told)
-            why = (
-                "its node table is not the job's the scheduler kept ("
-                + "; ".join(
-                    part
-                    for part in (
-                        f"it lists node(s) {extra[:8]} the job does not have" if extra else "",
-                        f"it lacks node(s) {lacks[:8]}" if lacks else "",
-                    )
-                    if part
-                )
-                + ")"
-            )
+            parts = [f"it lists node(s) {extra[:8]} the job does not have"] * bool(extra)
+            parts += [f"it lacks node(s) {lacks[:8]}"] * bool(lacks)
+            why = f"its node table is not the job's the scheduler kept ({'; '.join(parts)})"
         if why is not None:
             self.sched.creds.refusals.refused(
                 "scheduler: refused a readmit as node %d (%s rank %s) from %s:%s: %s",

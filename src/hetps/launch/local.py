@@ -98,14 +98,9 @@ class Launcher(Supervision, Liveness, Output):
         )
         if stdin_data is not None:
             assert proc.stdin is not None
-            try:
+            with contextlib.suppress(BrokenPipeError):  # (it died at once: its exit code tells)
                 proc.stdin.write(stdin_data)
-                if keep_stdin:
-                    proc.stdin.flush()
-                else:
-                    proc.stdin.close()
-            except BrokenPipeError:  # it died at once: its exit code tells
-                pass
+                proc.stdin.flush() if keep_stdin else proc.stdin.close()
         label = "scheduler" if role == "scheduler" else f"{role} {rank}"
         child = Child(role, rank, proc, label)
         child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
