@@ -68,30 +68,27 @@ class DistributedOptimizer(Regrouping):
         table_init: tuple[float, int] = (0.01, 0),
         overlap_forward: bool = False,
     ) -> None:
-        if op not in ("average", "sum"):
-            raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
-        if update_on not in ("worker", "server", "sum"):
-            raise ValueError(f"update_on must be 'worker', 'server' or 'sum', not {update_on!r}")
-        if update_on == "worker" and optimizer is None:
-            raise ValueError("update_on='worker' needs a torch optimizer to wrap")
-        if update_on in ("server", "sum") and server_optimizer is None:
-            raise ValueError(
-                f"update_on={update_on!r} needs server_optimizer (a hetps.optim.Optimizer)"
-            )
-        if update_on == "sum" and optimizer is not None:
-            raise ValueError(
+        for bad, text in (
+            (op not in ("average", "sum"), f"op must be 'average' or 'sum', not {op!r}"),
+            (update_on not in ("worker", "server", "sum"),
+                f"update_on must be 'worker', 'server' or 'sum', not {update_on!r}"),
+            (update_on == "worker" and optimizer is None,
+                "update_on='worker' needs a torch optimizer to wrap"),
+            (update_on in ("server", "sum") and server_optimizer is None,
+                f"update_on={update_on!r} needs server_optimizer (a hetps.optim.Optimizer)"),
+            (update_on == "sum" and optimizer is not None,
                 "update_on='sum' runs server_optimizer on the workers: pass None as the torch "
-                "optimizer (or use update_on='worker' to step a torch optimizer)"
-            )
-        if overlap_forward and (update_on == "worker" or model is None or extra is not None):
-            raise ValueError(
+                "optimizer (or use update_on='worker' to step a torch optimizer)"),
+            (overlap_forward and (update_on == "worker" or model is None or extra is not None),
                 "overlap_forward=True needs update_on='server' or 'sum' (the pulls bring the "
                 "new weights, or the sum this worker updates with) and model=... (its modules' "
                 "forward pre-hooks wait for them), without extra=; got "
-                f"update_on={update_on!r}, model={type(model).__name__}, extra={extra is not None}"
-            )
-        if fusion_bytes is not None and fusion_bytes < 0:
-            raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
+                f"update_on={update_on!r}, model={type(model).__name__}, extra={extra is not None}"),
+            (fusion_bytes is not None and fusion_bytes < 0,
+                f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}"),
+        ):  # fmt: skip
+            if bad:
+                raise ValueError(text)
         if kvstore is None or isinstance(kvstore, str):  # None: the process's store
             from hetps.torch.process import store_for  # (never a local one in a launched worker)
 
