@@ -247,10 +247,10 @@ class Replication:
     def copy_in(self, msg: Message) -> None:
         """A primary's copy: the first value of a chunk of a key, or a finished round."""
         op = type(msg.typed).__struct_config__.tag  # (a member of commands.Replicate)
-        take = {"init": self.server.init, "optimizer": self._optimizer_copy}
-        take |= {"sync": self._sync_copy, "drop": self._moved_copy, "states": self._moved_copy}
-        take |= dict.fromkeys(TABLE_OPS, self.server.tables.copies.copy_in)  # (a table's part)
-        if op in take:
+        if op != "round":  # (the rounds, most copies, go on below; the others by their op)
+            take = {"init": self.server.init, "optimizer": self._optimizer_copy}
+            take |= {"sync": self._sync_copy, "drop": self._moved_copy, "states": self._moved_copy}
+            take |= dict.fromkeys(TABLE_OPS, self.server.tables.copies.copy_in)  # (a table's)
             take[op](msg)
             return
         b = msg.typed  # (op round: a ReplicaRound)
