@@ -215,14 +215,10 @@ class K8sJob:
             env.append({"name": "HETPS_METRICS_PORT", "value": str(self.metrics_port)})
             env.append({"name": "HETPS_METRICS_HOST", "value": self.scheduler_host})
         env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
-        if "OMP_NUM_THREADS" not in self.env:
-            threads = None
-            if role != "worker":
-                threads = 1
-            elif "cpu" in self.worker_resources:
-                threads = _cpu_count(self.worker_resources["cpu"])
-            if threads is not None:
-                env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
+        cpu = self.worker_resources.get("cpu")
+        threads = 1 if role != "worker" else _cpu_count(cpu) if cpu else None
+        if "OMP_NUM_THREADS" not in self.env and threads is not None:
+            env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
         env += [{"name": k, "value": v} for k, v in self.env.items()]
         return env
 

@@ -133,9 +133,7 @@ def worker_places(counts: list[int], num_servers: int, num_workers: int) -> list
     (``SLURM_STEP_TASKS_PER_NODE``) laid out in blocks (``--distribution=block``: task 0 and
     the first ones on the first node): a worker's host is its Slurm node, groups numbered over
     the nodes that run workers, local ranks in task order."""
-    nodes: list[str] = []
-    for i, n in enumerate(counts):
-        nodes += [str(i)] * n
+    nodes = [str(i) for i, n in enumerate(counts) for _ in range(n)]
     first = 1 + num_servers
     if len(nodes) < first + num_workers:  # (a count Slurm did not give: one node holds all)
         nodes += [nodes[-1] if nodes else "0"] * (first + num_workers - len(nodes))
