@@ -110,11 +110,7 @@ def backend_for(value: Any) -> Backend | None:
 
 def graph_capture() -> bool:
     """Whether a registered backend's caller stream is capturing a CUDA graph."""
-    for b in list(_BACKENDS):
-        capturing = getattr(b, "capturing", None)
-        if capturing is not None and capturing():
-            return True
-    return False
+    return any(getattr(b, "capturing", lambda: False)() for b in list(_BACKENDS))
 
 
 def on_device(entry: Any) -> bool:
