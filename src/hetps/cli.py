@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import hetps.balance  # noqa: F401 - the load plans register (--balance, `hetps config`)
@@ -83,41 +84,25 @@ def cmd_launch(args: argparse.Namespace) -> int:
         host_aggregation_env(env, args.host_aggregation)
     except ValueError as exc:
         raise SystemExit(f"hetps launch: {exc}") from None
-    if "HETPS_SECRET" in env:
-        raise SystemExit(
-            "hetps launch: --env HETPS_SECRET=... would put the cluster secret on a command "
-            "line, where other users can read it: leave it out (hetps launch makes one for "
-            "each job) or set HETPS_SECRET_FILE to a file made by `hetps secret FILE`"
-        )
-    if args.rejoin and not (args.elastic and args.max_restarts):
-        raise SystemExit(
-            "hetps launch: --rejoin starts a worker that was let go again, so it needs "
-            "--elastic MIN and --max-restarts N (N >= 1)"
-        )
-    if args.rejoin and args.balance not in (None, "none"):
-        raise SystemExit(
-            "hetps launch: --rejoin with --balance: joining a running job is not built with "
-            "the network-aware plans; leave out one of them"
-        )
+    for bad, why in (
+        ("HETPS_SECRET" in env, "--env HETPS_SECRET=... would put the cluster secret on a "
+            "command line, where other users can read it: leave it out (hetps launch makes one "
+            "for each job) or set HETPS_SECRET_FILE to a file made by `hetps secret FILE`"),
+        (args.rejoin and not (args.elastic and args.max_restarts), "--rejoin starts a worker "
+            "that was let go again, so it needs --elastic MIN and --max-restarts N (N >= 1)"),
+        (args.rejoin and args.balance not in (None, "none"), "--rejoin with --balance: joining "
+            "a running job is not built with the network-aware plans; leave out one of them"),
+        (args.nproc_per_node < 0, "--nproc-per-node must be >= 1 (workers per host)"),
+    ):  # fmt: skip
+        if bad:
+            raise SystemExit(f"hetps launch: {why}")
     if args.launcher == "ray":
         from hetps.launch.ray import cli_launch
 
         return cli_launch(args, command, servers, env)
-    spec = LaunchSpec(
-        num_workers=args.num_workers,
-        num_servers=servers,
-        command=command,
-        env=env,
-        port=args.port,
-        start_timeout=args.start_timeout,
-        max_restarts=args.max_restarts,
-        elastic_min=args.elastic,
-        rejoin_workers=args.rejoin,
-        replicas=args.replicas,
-        nproc_per_node=args.nproc_per_node,
-    )
-    if args.nproc_per_node < 0:
-        raise SystemExit("hetps launch: --nproc-per-node must be >= 1 (workers per host)")
+    given = {f.name: getattr(args, f.name) for f in fields(LaunchSpec) if hasattr(args, f.name)}
+    given |= dict(num_servers=servers, command=command, env=env, elastic_min=args.elastic)
+    spec = LaunchSpec(**given, rejoin_workers=args.rejoin)
     if args.launcher == "ssh":
         if not args.hostfile:
             raise SystemExit("hetps launch: --launcher ssh needs -H/--hostfile")
@@ -264,10 +249,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     try:
         return train_main(args)
-    except ConfigError as exc:  # names the variable and the fix
-        print(f"hetps train: {exc}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as exc:  # the data reader's message names the file and the fix
+    # a ConfigError names the variable and the fix; the data reader's FileNotFoundError names
+    # the file and the fix
+    except (ConfigError, FileNotFoundError) as exc:
         print(f"hetps train: {exc}", file=sys.stderr)
         return 2
     except (ValueError, RuntimeError) as exc:  # scenario and emulator errors, bad flags

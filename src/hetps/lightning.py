@@ -215,10 +215,9 @@ class PSStrategy(ParallelStrategy):
             return tensor
         self._lockstep("reduce (self.log(..., sync_dist=True))")
         op = str(getattr(reduce_op, "name", reduce_op) or "mean").lower().rsplit(".", 1)[-1]
-        if op in ("mean", "avg", "average"):
-            return collectives.allreduce(tensor, op=collectives.Average, kvstore=self.kv)
-        if op == "sum":
-            return collectives.allreduce(tensor, op=collectives.Sum, kvstore=self.kv)
+        if op in ("mean", "avg", "average", "sum"):
+            how = collectives.Sum if op == "sum" else collectives.Average
+            return collectives.allreduce(tensor, op=how, kvstore=self.kv)
         if op in ("max", "min"):
             every = self.all_gather(tensor)
             return every.amax(0) if op == "max" else every.amin(0)

@@ -246,7 +246,7 @@ kv = hetps.kv.create('dist_sync')
 model = torch.nn.Sequential(torch.nn.Linear(4, 300), torch.nn.Linear(300, 2))
 opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                            model.named_parameters(), kvstore=kv, fusion_bytes=1024)
-assert len(opt.groups) == 4 and opt._launches.background
+assert len(opt.groups) == 4 and opt._launches._thread is not None
 opt.zero_grad(); model(torch.ones(2, 4)).sum().backward(); opt.step()
 kv.close()
 opt.zero_grad(); model(torch.ones(2, 4)).sum().backward()

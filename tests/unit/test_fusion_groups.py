@@ -88,7 +88,8 @@ def test_hooks_send_the_groups_near_backward_end_themselves(pause_s, head_inline
         fusion_bytes=1 << 10,
     )
     try:
-        assert opt._launches.background and opt.tune_steps == 0  # a local store: no re-making
+        # a launcher thread; a local store: no re-making
+        assert opt._launches._thread is not None and opt.tune_steps == 0
         head = opt._group_of["head.weight"]
         assert not head.inline and opt._group_of["stem.weight"].inline
         for _ in range(5):

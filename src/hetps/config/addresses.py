@@ -53,27 +53,28 @@ def route_address(host: str, port: int = 9) -> str:
         ) from None
 
 
+def resolved(host: str) -> list:
+    """``host``'s addresses (``ipaddress`` objects): itself when it is one, else those its
+    name resolves to; none when it does not resolve (or is blank or ``*``)."""
+    text = host.strip().strip("[]")
+    if text in ("", "*"):
+        return []
+    try:
+        return [ipaddress.ip_address(text)]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
+        return [ipaddress.ip_address(i[4][0].split("%", 1)[0]) for i in infos]
+    except (OSError, UnicodeError, ValueError):
+        return []
+
+
 @functools.lru_cache(maxsize=256)
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is a loopback address (127.0.0.0/8, ::1), or a name every address
     of which is one (``localhost``, as resolved). Decided by the address, never by how a name
     is spelled: ``127.example.com`` is whatever it resolves to; a name that does not resolve
     is not loopback."""
-    text = host.strip().strip("[]")
-    try:
-        return ipaddress.ip_address(text).is_loopback
-    except ValueError:
-        pass
-    if not text or text in ("*", "0.0.0.0"):
-        return False
-    try:
-        infos = socket.getaddrinfo(text, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return False
-    addrs = {info[4][0] for info in infos}
-    try:
-        return bool(addrs) and all(
-            ipaddress.ip_address(a.split("%", 1)[0]).is_loopback for a in addrs
-        )
-    except ValueError:
-        return False
+    addrs = resolved(host)
+    return bool(addrs) and all(a.is_loopback for a in addrs)

@@ -19,10 +19,8 @@ def _make_node_config() -> type:
     for v in sorted(NODE_VARS, key=lambda v: not v.required):  # required ones first
         typ = KINDS[v.kind][0]
         annotation = typ if v.default is not None else typ | None
-        if v.required:
-            fields.append((v.field, annotation))
-        else:
-            fields.append((v.field, annotation, dataclasses.field(default=v.default)))
+        default = () if v.required else (dataclasses.field(default=v.default),)
+        fields.append((v.field, annotation, *default))
 
     # the secret is no row's field: it comes from HETPS_SECRET or HETPS_SECRET_FILE, and a
     # repr (a log line, a traceback) never shows it

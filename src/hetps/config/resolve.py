@@ -85,11 +85,10 @@ def resolve(
             except ConfigError as exc:
                 s.problem = str(exc)
             else:
+                if derived is None and not var.required and var.default is not None:
+                    derived = var.default, "default"
                 if derived is not None:
                     s.value, s.source = derived
-                    values[var.name] = s.value
-                elif not var.required and var.default is not None:
-                    s.value, s.source = var.default, "default"
                     values[var.name] = s.value
     for var in rows:
         s = out[var.name]

@@ -8,43 +8,41 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hetps.config.addresses import interface_address, is_loopback, route_address
+from hetps.config.addresses import interface_address, is_loopback, resolved, route_address
 from hetps.config.rows import REQUIRED, ConfigError, Var
 
 ROLES = ("scheduler", "server", "worker")
-_plan_names: list[Callable[[], Sequence[str]]] = []  # the plan registry's names, once loaded
+#: the module whose import hands config a registry's names -> those names, once loaded
+_registries: dict[str, Callable[[], Sequence[str]]] = {}
 
 
-def _registry(names: list[Callable[[], Sequence[str]]], module: str) -> tuple[str, ...]:
+def _registry(module: str) -> tuple[str, ...]:
     """The names a registry lists: config's code imports nothing below it, so where
     ``module`` (whose import hands config its names) is not loaded yet, config loads it by
     name: a value is checked the same way wherever config is read."""
-    if not names:
+    if module not in _registries:
         importlib.import_module(module)
-    return tuple(names[0]())
+    return tuple(_registries[module]())
 
 
 def use_plan_registry(names: Callable[[], Sequence[str]]) -> None:
     """Read ``HETPS_BALANCE``'s plans from ``names`` (set by :mod:`hetps.balance` on import)."""
-    _plan_names[:] = [names]
+    _registries["hetps.balance"] = names
 
 
 def balance_schemes() -> tuple[str, ...]:
     """``HETPS_BALANCE``'s values: none and every registered plan."""
-    return ("none", *_registry(_plan_names, "hetps.balance"))
-
-
-_optimizer_names: list[Callable[[], Sequence[str]]] = []  # the optimizer registry's names
+    return ("none", *_registry("hetps.balance"))
 
 
 def use_optimizer_registry(names: Callable[[], Sequence[str]]) -> None:
     """Read ``HETPS_OPTIMIZERS``' names from ``names`` (set by :mod:`hetps.optim` on import)."""
-    _optimizer_names[:] = [names]
+    _registries["hetps.optim"] = names
 
 
 def optimizer_choices() -> tuple[str, ...]:
     """``HETPS_OPTIMIZERS``' values: any, registered and every registered optimizer's name."""
-    return ("any", "registered", *_registry(_optimizer_names, "hetps.optim"))
+    return ("any", "registered", *_registry("hetps.optim"))
 
 
 def optimizer_names(text: str) -> frozenset[str] | None:
@@ -151,22 +149,8 @@ def _server_device_check(device: str, values: Mapping[str, Any]) -> str | None:
 def unspecified(host: str) -> bool:
     """Whether ``host`` means every interface (``0.0.0.0``, ``::``, ``*``, empty, or a name
     or short form such as ``0`` that resolves to one of these)."""
-    import ipaddress
-
-    text = host.strip().strip("[]")
-    if text in ("", "*"):
-        return True
-    try:
-        return ipaddress.ip_address(text).is_unspecified
-    except ValueError:
-        pass
-    import socket
-
-    try:  # a name (or a short form such as "0") that resolves to every interface
-        infos = socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return False
-    return any(ipaddress.ip_address(i[4][0].split("%")[0]).is_unspecified for i in infos)
+    # (a name, or a short form such as "0", that resolves to every interface counts)
+    return host.strip().strip("[]") in ("", "*") or any(a.is_unspecified for a in resolved(host))
 
 
 def _metrics_host_check(host: str, values: Mapping[str, Any]) -> str | None:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -108,11 +110,7 @@ def backend_for(value: Any) -> Backend | None:
 
 def graph_capture() -> bool:
     """Whether a registered backend's caller stream is capturing a CUDA graph."""
-    for b in list(_BACKENDS):
-        capturing = getattr(b, "capturing", None)
-        if capturing is not None and capturing():
-            return True
-    return False
+    return any(getattr(b, "capturing", lambda: False)() for b in list(_BACKENDS))
 
 
 def on_device(entry: Any) -> bool:
@@ -126,18 +124,16 @@ def on_device(entry: Any) -> bool:
     return backend_for(entry) is not None
 
 
+@dataclass(slots=True, eq=False)
 class Staged:
     """A device tensor whose copy to the host was queued already (:func:`stage`): a push of
     it waits only for that copy. The DistributedOptimizer stages each gradient in its hook,
     on the stream backward produced it on, and its launcher thread pushes it meanwhile."""
 
-    __slots__ = ("buffer", "event", "shape", "dtype")
-
-    def __init__(self, buffer: _Buffer, event: Any, shape: tuple[int, ...], dtype) -> None:
-        self.buffer = buffer
-        self.event = event
-        self.shape = shape
-        self.dtype = dtype
+    buffer: _Buffer
+    event: Any
+    shape: tuple[int, ...]
+    dtype: Any
 
 
 def stage(value: Any) -> Staged:
@@ -154,18 +150,16 @@ def stage(value: Any) -> Staged:
     return Staged(buf, backend.to_host(value, buf.array), shape, dtype)
 
 
+@dataclass(slots=True, eq=False)
 class _Buffer:
     """A host buffer and what still reads it: requests in flight, the copies to the devices
     a pull owes until its finisher queued them, and those queued copies."""
 
-    __slots__ = ("array", "backend", "events", "futures", "owed")
-
-    def __init__(self, array: np.ndarray, backend: Backend) -> None:
-        self.array = array
-        self.backend = backend
-        self.futures: list[Any] = []
-        self.events: list[Any] = []
-        self.owed = False  # a pull landed here and has not queued its device copies yet
+    array: np.ndarray
+    backend: Backend
+    futures: list[Any] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)
+    owed: bool = False  # a pull landed here and has not queued its device copies yet
 
     def free(self) -> bool:
         if not all(f.done() for f in self.futures):
@@ -419,9 +413,7 @@ class TorchCuda:
 
     def pinned(self, shape: tuple[int, ...], dtype: Any, device: Any = None) -> Any:
         """A new page-locked host tensor (made in ``device``'s context when given)."""
-        if device is None:
-            return self.torch.empty(shape, dtype=dtype, pin_memory=True)
-        with self.torch.cuda.device(device):
+        with self.torch.cuda.device(device) if device is not None else contextlib.nullcontext():
             return self.torch.empty(shape, dtype=dtype, pin_memory=True)
 
     def capturing(self) -> bool:

@@ -46,25 +46,23 @@ class ElasticWorkers:
         if info.role != "worker" or not self.sched.elastic or nid in self.sched.finished:
             return reason, False
         text = f"{info.describe()} {reason}"
-        if nid in self.sched.left:  # started again, it died before it joined: still let go
-            self.sched.dead[nid] = text
-            self.sched.left[nid] = text
+        joiner = nid in self.sched.left  # started again, it died before it joined: still let go
+        live = self.live_workers(but=nid)
+        if not joiner and len(live) < self.sched.elastic:
+            reason += f"; {len(live)} workers would be left, fewer than HETPS_ELASTIC={self.sched.elastic}"
+            return reason, False
+        self.sched.dead[nid] = text
+        self.sched.left[nid] = text
+        self.sched.last_seen.pop(nid, None)
+        if joiner:
             self.joining.pop(nid, None)
             self.entering.pop(nid, None)
-            self.sched.last_seen.pop(nid, None)
             log.warning("scheduler: %s before it joined; the job goes on without it", text)
             # every node forgets it again (a server it entered already counts it)
             self.tell_left(info, text)
             self.maybe_admit()
             self.release_admits()
             return reason, True
-        live = self.live_workers(but=nid)
-        if len(live) < self.sched.elastic:
-            reason += f"; {len(live)} workers would be left, fewer than HETPS_ELASTIC={self.sched.elastic}"
-            return reason, False
-        self.sched.dead[nid] = text
-        self.sched.left[nid] = text
-        self.sched.last_seen.pop(nid, None)
         self.admitting.pop(nid, None)
         log.warning(
             "scheduler: %s; elastic: the job goes on with %d workers (HETPS_ELASTIC=%d)",

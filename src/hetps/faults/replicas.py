@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,16 +21,14 @@ from hetps.transport.codec import WIRE_DTYPES, Message
 log = logging.getLogger("hetps.server")
 
 
+@dataclass(slots=True, eq=False)
 class _Copy:
     """A copy on its way to the replicas: who has yet to acknowledge it, and what then."""
 
-    __slots__ = ("waiting", "then", "done", "errors")
-
-    def __init__(self, waiting: set[int], then, errors: list | None = None) -> None:
-        self.waiting = waiting
-        self.then = then
-        self.done = False
-        self.errors = errors  # where live replicas' refusals are told (None: not kept)
+    waiting: set[int]
+    then: Any
+    errors: list | None = None  # where live replicas' refusals are told (None: not kept)
+    done: bool = False
 
 
 class Replication:
@@ -248,20 +247,11 @@ class Replication:
     def copy_in(self, msg: Message) -> None:
         """A primary's copy: the first value of a chunk of a key, or a finished round."""
         op = type(msg.typed).__struct_config__.tag  # (a member of commands.Replicate)
-        if op == "init":
-            self.server.init(msg)
-            return
-        if op == "optimizer":
-            self._optimizer_copy(msg)
-            return
-        if op == "sync":
-            self._sync_copy(msg)
-            return
-        if op in ("drop", "states"):
-            self._moved_copy(msg, op)
-            return
-        if op in TABLE_OPS:  # a table's part (tables/server_replicas.py)
-            self.server.tables.copies.copy_in(msg)
+        if op != "round":  # (the rounds, most copies, go on below; the others by their op)
+            take = {"init": self.server.init, "optimizer": self._optimizer_copy}
+            take |= {"sync": self._sync_copy, "drop": self._moved_copy, "states": self._moved_copy}
+            take |= dict.fromkeys(TABLE_OPS, self.server.tables.copies.copy_in)  # (a table's)
+            take[op](msg)
             return
         b = msg.typed  # (op round: a ReplicaRound)
         key, part, rnd, mode = b.key, b.part, b.round, b.mode
@@ -328,17 +318,14 @@ class Replication:
             writable(sl)
             sl.value = value
         if len(msg.arrays) == 2:
-            try:
-                states = optim.load_states(msg.arrays[1].tobytes())
-            except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
-                raise BadRequest(f"replicate: a state copy did not load ({exc})") from None
+            states = _states(msg.arrays[1])
             sl.state, sl.has_state = states.get((key, part)), (key, part) in states
         else:
             sl.state, sl.has_state = None, False
         sl.rounds, sl.origin = rnd, msg.sender
         self.answers.reply(msg)
 
-    def _moved_copy(self, msg: Message, op: str) -> None:
+    def _moved_copy(self, msg: Message) -> None:
         """A plan moved slices (HETPS_BALANCE): ``drop``, the old primary's copies of them
         go; ``states``, the new primary's optimizer states of them. Only copies of the
         sender's are touched: a slice served here, or copied from another server, stays."""
@@ -347,22 +334,26 @@ class Replication:
             sl = self.slices.get(key)
             return sl if sl is not None and not sl.primary and sl.origin == msg.sender else None
 
-        if op == "drop":
+        if type(msg.typed).__struct_config__.tag == "drop":
             for item in msg.typed.slices:  # (a ReplicaDrop: [key, part] each)
                 if mine((item[0], item[1])) is not None:
                     del self.slices[(item[0], item[1])]
         else:
             if len(msg.arrays) != 1:
                 raise BadRequest("replicate: a states copy carries one pickle")
-            try:
-                states = optim.load_states(msg.arrays[0].tobytes())
-            except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
-                raise BadRequest(f"replicate: a state copy did not load ({exc})") from None
-            for sk, st in states.items():
+            for sk, st in _states(msg.arrays[0]).items():
                 sl = mine(tuple(sk) if isinstance(sk, list) else sk)
                 if sl is not None:
                     sl.state, sl.has_state = st, True
         self.answers.reply(msg)
+
+
+def _states(blob: np.ndarray) -> dict:
+    """A state copy's optimizer states (BadRequest where they do not load)."""
+    try:
+        return optim.load_states(blob.tobytes())
+    except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
+        raise BadRequest(f"replicate: a state copy did not load ({exc})") from None
 
 
 def _drop_item(item: Any) -> bool:

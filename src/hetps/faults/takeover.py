@@ -87,17 +87,10 @@ class Takeover:
     ) -> NodeInfo | None:
         """A dead node registers again (is_recovery): connect back to it at its new address
         under its old id and rank, and count it alive. None: the address is bad."""
-        origin = msg.origin
         self.sched.rejoined[nid] = self.sched.rejoined.get(nid, 0) + 1  # (new pair ids: pair_id)
-        try:
-            self.links.connect(origin, f"{host}:{port}", routing_id=back)
-        except PeerGone as exc:
-            log.warning("scheduler: registration with a bad address: %s", exc)
+        if not self._reconnect(msg.origin, nid, f"{host}:{port}", back, "registration"):
             self.sched.rejoined[nid] -= 1
             return None
-        self.links.disconnect(nid)
-        self.links.rename(origin, nid)
-        self.links.admit(origin, nid)
         old = self.sched.nodes[nid]
         info = NodeInfo(nid, old.role, old.rank, host, port, old.group)
         self.sched.nodes[nid] = info
@@ -115,6 +108,19 @@ class Takeover:
             why,
         )
         return info
+
+    def _reconnect(self, origin: bytes, nid: int, address: str, back: bytes, what: str) -> bool:
+        """Connect to node ``nid`` again at ``address``, under its old id; False (logged): the
+        address is bad."""
+        try:
+            self.links.connect(origin, address, routing_id=back)
+        except PeerGone as exc:
+            log.warning("scheduler: %s with a bad address: %s", what, exc)
+            return False
+        self.links.disconnect(nid)
+        self.links.rename(origin, nid)
+        self.links.admit(origin, nid)
+        return True
 
     # -- started again (--recover) -----------------------------------------------------------
     def readmit_node(self, msg: Message) -> None:
@@ -160,18 +166,9 @@ class Takeover:
             # a node of the job (its credential is good) whose view is not the job's: it is
             # not taken back, and its view changes nothing
             extra, lacks = sorted(told - set(table)), sorted(set(table) - told)
-            why = (
-                "its node table is not the job's the scheduler kept ("
-                + "; ".join(
-                    part
-                    for part in (
-                        f"it lists node(s) {extra[:8]} the job does not have" if extra else "",
-                        f"it lacks node(s) {lacks[:8]}" if lacks else "",
-                    )
-                    if part
-                )
-                + ")"
-            )
+            parts = [f"it lists node(s) {extra[:8]} the job does not have"] * bool(extra)
+            parts += [f"it lacks node(s) {lacks[:8]}"] * bool(lacks)
+            why = f"its node table is not the job's the scheduler kept ({'; '.join(parts)})"
         if why is not None:
             self.sched.creds.refusals.refused(
                 "scheduler: refused a readmit as node %d (%s rank %s) from %s:%s: %s",
@@ -184,27 +181,15 @@ class Takeover:
             )
             return
         if self.view is None:
-            self.view = {
-                "nodes": dict(table),
-                "down": set(saved["down"]),
-                "redirect": list(saved["redirect"]),
-                "done": set(saved["done"]),
-                "left": set(saved["left"]),
-            }
+            self.view = {k: type(v)(v) for k, v in saved.items()}  # (a copy of each part)
         if b.view.barriers:
             for group, n in b.view.barriers.items():
                 if group in self.sched.barriers.groups:
                     bar = self.sched.barriers.groups[group]
                     bar.reached[me.id] = max(n, bar.reached.get(me.id, 0))
             self.sched.barriers.changed()
-        try:
-            self.links.connect(msg.origin, f"{host}:{port}", routing_id=back)
-        except PeerGone as exc:
-            log.warning("scheduler: readmit with a bad address: %s", exc)
+        if not self._reconnect(msg.origin, me.id, f"{host}:{port}", back, "readmit"):
             return
-        self.links.disconnect(me.id)
-        self.links.rename(msg.origin, me.id)
-        self.links.admit(msg.origin, me.id)
         old = table.get(me.id)
         table[me.id] = NodeInfo(me.id, role, rank, host, port, old.group if old else -1)
         self.view["nodes"][me.id] = table[me.id]
@@ -226,10 +211,10 @@ class Takeover:
                     }
                     self.saved = {
                         "nodes": nodes,
-                        "down": {int(i) for i in state.get("down", []) if int(i) in nodes},
                         "redirect": [(int(a), int(b)) for a, b in state.get("redirect", [])],
-                        "done": {int(i) for i in state.get("done", []) if int(i) in nodes},
-                        "left": {int(i) for i in state.get("left", []) if int(i) in nodes},
+                    } | {
+                        k: {int(i) for i in state.get(k, []) if int(i) in nodes}
+                        for k in ("down", "done", "left")
                     }
                 except (KeyError, TypeError, ValueError) as exc:
                     self.unsaved = f"the node table the scheduler kept is unreadable: {exc}"

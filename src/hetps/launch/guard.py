@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from hetps.launch.contract import after_dashes
-from hetps.launch.processes import end_group, forward_signals, shell_code
+from hetps.launch.processes import end_group, forward_signals, shell_code, signal_group
 
 #: seconds a group that was asked to end may take before it gets SIGKILL
 KILL_S = 5.0
@@ -41,10 +41,7 @@ def run(argv: list[str], watch_fd: int = 1) -> int:
     finally:
         if pidfd is not None:
             os.close(pidfd)
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # what the command left behind
-    except (ProcessLookupError, PermissionError):
-        pass
+    signal_group(child, signal.SIGKILL)  # what the command left behind
     return shell_code(code)
 
 

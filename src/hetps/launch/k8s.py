@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import fields
 
 from hetps.launch.contract import Flags, add_flags, after_dashes, env_pairs
 from hetps.launch.k8s_manifests import K8sJob, ManifestError, parse_resources
@@ -96,24 +97,19 @@ def cmd_k8s(args) -> int:
 
     try:
         job = K8sJob(
-            name=args.name,
-            image=args.image,
-            command=after_dashes(args.command),
-            num_workers=args.num_workers,
-            num_servers=args.num_servers if args.num_servers is not None else args.num_workers,
-            namespace=args.namespace,
-            kind=args.kind,
-            port=args.port,
-            env=env_pairs(args.env),
-            worker_resources=parse_resources(args.worker_resources, "--worker-resources"),
-            server_resources=parse_resources(args.server_resources, "--server-resources"),
-            scheduler_resources=parse_resources(args.scheduler_resources, "--scheduler-resources"),
-            secret_name=args.secret_name,
-            connect_timeout=args.connect_timeout,
-            image_pull_policy=args.image_pull_policy,
-            service_account=args.service_account,
-            metrics_port=None if args.no_metrics else args.metrics_port,
-            run_as_user=args.run_as_user,
+            **{f.name: getattr(args, f.name) for f in fields(K8sJob) if hasattr(args, f.name)}
+            | {
+                "command": after_dashes(args.command),
+                "num_servers": args.num_workers if args.num_servers is None else args.num_servers,
+                "env": env_pairs(args.env),
+                "metrics_port": None if args.no_metrics else args.metrics_port,
+            }
+            | {
+                f"{role}_resources": parse_resources(
+                    getattr(args, f"{role}_resources"), f"--{role}-resources"
+                )
+                for role in ("worker", "server", "scheduler")
+            }
         )
         objs = job.manifests()
         if args.out_dir:

@@ -109,43 +109,31 @@ class K8sJob:
 
     def check(self) -> None:
         """Raise ManifestError naming the first bad option and its fix."""
-        if not self.image:
-            raise ManifestError("--image is required: an image with hetps and your code in it")
-        if not self.command:
-            raise ManifestError(
-                "give the worker command after --, e.g. hetps k8s -n 2 --image IMG -- "
-                "python train.py"
-            )
-        if not _DNS_LABEL.match(self.name) or len(self.name) > MAX_NAME:
-            raise ManifestError(
+        metrics = self.metrics_port
+        for bad, text in (
+            (not self.image, "--image is required: an image with hetps and your code in it"),
+            (not self.command, "give the worker command after --, e.g. hetps k8s -n 2 --image "
+                "IMG -- python train.py"),
+            (not _DNS_LABEL.match(self.name) or len(self.name) > MAX_NAME,
                 f"--name {self.name!r}: use lowercase letters, digits and '-', starting with a "
-                f"letter, at most {MAX_NAME} characters (it prefixes every object and pod name)"
-            )
-        if not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63:
-            raise ManifestError(f"--namespace {self.namespace!r} is not a namespace name")
-        if self.kind not in ("jobset", "jobs"):
-            raise ManifestError(f"--kind {self.kind!r}: use jobset or jobs")
-        if self.num_workers < 1:
-            raise ManifestError("-n/--num-workers must be >= 1")
-        if self.num_servers < 1:
-            raise ManifestError("-s/--num-servers must be >= 1")
-        if not 1 <= self.port <= 65535:
-            raise ManifestError(f"--port {self.port}: use a TCP port from 1 to 65535")
-        if self.metrics_port is not None and not (
-            1 <= self.metrics_port <= 65535 and self.metrics_port != self.port
-        ):
-            raise ManifestError(
-                f"--metrics-port {self.metrics_port}: use a TCP port from 1 to 65535 other than "
-                "--port, or --no-metrics"
-            )
-        if not 1 <= self.run_as_user <= 2**31 - 1:
-            raise ManifestError(
-                f"--run-as-user {self.run_as_user}: pods run as a user other than root (1 or more)"
-            )
-        if self.connect_timeout <= 0:
-            raise ManifestError("--connect-timeout must be > 0 seconds")
-        if self.secret_name is not None and not _DNS_SUBDOMAIN.match(self.secret_name):
-            raise ManifestError(f"--secret-name {self.secret_name!r} is not a Secret name")
+                f"letter, at most {MAX_NAME} characters (it prefixes every object and pod name)"),
+            (not _DNS_LABEL.match(self.namespace) or len(self.namespace) > 63,
+                f"--namespace {self.namespace!r} is not a namespace name"),
+            (self.kind not in ("jobset", "jobs"), f"--kind {self.kind!r}: use jobset or jobs"),
+            (self.num_workers < 1, "-n/--num-workers must be >= 1"),
+            (self.num_servers < 1, "-s/--num-servers must be >= 1"),
+            (not 1 <= self.port <= 65535, f"--port {self.port}: use a TCP port from 1 to 65535"),
+            (metrics is not None and not (1 <= metrics <= 65535 and metrics != self.port),
+                f"--metrics-port {metrics}: use a TCP port from 1 to 65535 other than --port, "
+                "or --no-metrics"),
+            (not 1 <= self.run_as_user <= 2**31 - 1, f"--run-as-user {self.run_as_user}: pods "
+                "run as a user other than root (1 or more)"),
+            (self.connect_timeout <= 0, "--connect-timeout must be > 0 seconds"),
+            (self.secret_name is not None and not _DNS_SUBDOMAIN.match(self.secret_name),
+                f"--secret-name {self.secret_name!r} is not a Secret name"),
+        ):  # fmt: skip
+            if bad:
+                raise ManifestError(text)
         for k in self.env:
             if k in RESERVED_ENV:
                 how = (
@@ -227,14 +215,10 @@ class K8sJob:
             env.append({"name": "HETPS_METRICS_PORT", "value": str(self.metrics_port)})
             env.append({"name": "HETPS_METRICS_HOST", "value": self.scheduler_host})
         env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
-        if "OMP_NUM_THREADS" not in self.env:
-            threads = None
-            if role != "worker":
-                threads = 1
-            elif "cpu" in self.worker_resources:
-                threads = _cpu_count(self.worker_resources["cpu"])
-            if threads is not None:
-                env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
+        cpu = self.worker_resources.get("cpu")
+        threads = 1 if role != "worker" else _cpu_count(cpu) if cpu else None
+        if "OMP_NUM_THREADS" not in self.env and threads is not None:
+            env.append({"name": "OMP_NUM_THREADS", "value": str(threads)})
         env += [{"name": k, "value": v} for k, v in self.env.items()]
         return env
 
@@ -243,11 +227,7 @@ class K8sJob:
         c: dict = {"name": role, "image": self.image, "command": command, "env": self.env_for(role)}
         if self.image_pull_policy:
             c["imagePullPolicy"] = self.image_pull_policy
-        res = {
-            "scheduler": self.scheduler_resources,
-            "server": self.server_resources,
-            "worker": self.worker_resources,
-        }[role]
+        res = getattr(self, f"{role}_resources")
         if res:
             c["resources"] = {"requests": dict(res), "limits": dict(res)}
         if role == "scheduler":

@@ -4,6 +4,7 @@ a job fails, as a part of :class:`hetps.launch.local.Launcher` (docs/LAUNCHERS.m
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from typing import Any
 
 from hetps.cluster import launcher_link
 from hetps.config import ConfigError, env_value
-from hetps.launch.processes import Child, signal_group
+from hetps.launch.processes import Child, ended_within, signal_group
 
 #: a longer gap between two checks means the launcher itself was away (it checks 5 times a s)
 AWAY_S = 1.0
@@ -98,10 +99,8 @@ class Liveness:
         child.hung = why
         self._log(f"{child.label} {why}: stopping it (SIGKILL)")
         signal_group(child.proc, signal.SIGKILL)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # (in uninterruptible sleep)
             child.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # (a process in uninterruptible sleep)
-            pass
 
     def _first_failure(self, child: Child, remaining: list[Child]) -> Child:
         """The process whose failure ended the job: ``child``, or the node the scheduler
@@ -111,10 +110,8 @@ class Liveness:
         names ``failure_grace`` to exit."""
         sched = self._scheduler
         if sched is not None and sched is not child and sched in remaining:
-            try:
-                sched.proc.wait(timeout=min(5.0, self.spec.failure_grace))
-            except subprocess.TimeoutExpired:  # it goes on: it knows of no failure
-                return child
+            if not ended_within(sched.proc, min(5.0, self.spec.failure_grace)):
+                return child  # it goes on: it knows of no failure
             if sched.reader is not None:
                 sched.reader.join(timeout=2)  # every line it said is read
         if self._cause is None:
@@ -125,9 +122,7 @@ class Liveness:
         )
         if cause is None:
             return child
-        try:
-            cause.proc.wait(timeout=self.spec.failure_grace)
-        except subprocess.TimeoutExpired:
+        if not ended_within(cause.proc, self.spec.failure_grace):
             return child
         remaining.remove(cause)
         if cause.reader is not None:

@@ -32,7 +32,7 @@ from hetps.launch.contract import (
     without_host_vars,
 )
 from hetps.launch.liveness import Liveness, ended
-from hetps.launch.processes import Child, Output, shell_code, signal_group, start_piped
+from hetps.launch.processes import Child, Output, role_argv, shell_code, signal_group, start_piped
 from hetps.launch.supervise import Supervision
 from hetps.launch.tracebacks import TracebackLines
 from hetps.launch.wrappers import netem_wrapper
@@ -98,14 +98,9 @@ class Launcher(Supervision, Liveness, Output):
         )
         if stdin_data is not None:
             assert proc.stdin is not None
-            try:
+            with contextlib.suppress(BrokenPipeError):  # (it died at once: its exit code tells)
                 proc.stdin.write(stdin_data)
-                if keep_stdin:
-                    proc.stdin.flush()
-                else:
-                    proc.stdin.close()
-            except BrokenPipeError:  # it died at once: its exit code tells
-                pass
+                proc.stdin.flush() if keep_stdin else proc.stdin.close()
         label = "scheduler" if role == "scheduler" else f"{role} {rank}"
         child = Child(role, rank, proc, label)
         child.reader = threading.Thread(target=self._pump, args=(child,), daemon=True)
@@ -188,29 +183,20 @@ class Launcher(Supervision, Liveness, Output):
         ``OMP_NUM_THREADS`` (it reaches every child unchanged), else each role's share of this
         machine's cores among every process of the job (a wrapper that runs roles on other
         hosts, like :func:`ssh_wrapper`, sets each host's share there)."""
-        if user_threads(env=env) is not None:
-            return {role: {} for role in ("scheduler", "server", "worker")}
-        cores = usable_cores()
-        processes = 1 + self.spec.num_servers + self.spec.num_workers
+        cores, processes = usable_cores(), 1 + self.spec.num_servers + self.spec.num_workers
+        auto = user_threads(env=env) is None
         return {
-            role: {"OMP_NUM_THREADS": str(thread_share(role, cores, processes))}
+            role: {"OMP_NUM_THREADS": str(thread_share(role, cores, processes))} if auto else {}
             for role in ("scheduler", "server", "worker")
         }
 
     def _run(self) -> int:
         spec = self.spec
-        py = sys.executable
         env = self._base_env()
         threads = self._threads(env)
         # hetps's own scheduler takes the launcher's notices of dead children on its stdin
         notices = spec.scheduler_command is None
-        sched_argv = spec.scheduler_command or [
-            py,
-            "-m",
-            "hetps.cli",
-            "scheduler",
-            "--launcher-notices",
-        ]
+        sched_argv = spec.scheduler_command or [*role_argv("scheduler"), "--launcher-notices"]
         sched_env = {
             **env,
             **threads["scheduler"],
@@ -230,7 +216,7 @@ class Launcher(Supervision, Liveness, Output):
             if time.monotonic() > deadline:
                 self._log(f"the scheduler did not report its port within {spec.start_timeout:g} s")
                 return 1
-        server_argv = spec.server_command or [py, "-m", "hetps.cli", "server"]
+        server_argv = spec.server_command or role_argv("server")
         port = self._port_value  # (malloc: each node sets its own, transport/heap.py)
         for r in range(spec.num_servers):
             server_env = {**env, **threads["server"], **self._role_env("server", r, port)}
@@ -286,17 +272,7 @@ class Launcher(Supervision, Liveness, Output):
                             f"{child.label} {how} (code {code}); its keys live on the next "
                             "server (--replicas), the job goes on"
                         )
-                        if self._used() < self.spec.max_restarts:
-                            self.respawns += 1
-                            self._log(
-                                f"restart {self._used()} of {self.spec.max_restarts}: starting "
-                                f"{child.label} again (it rejoins as a replica, is_recovery=1)"
-                            )
-                            again = self._start(
-                                "server", child.rank, *self._server_start[child.rank]
-                            )
-                            self._respawned.append(again)
-                            remaining.append(again)
+                        self._respawn(child, remaining, "it rejoins as a replica")
                         continue
                     self._notify(child, f"{how} (code {code})")
                     # the failure that ended the job may be another's, seen later

@@ -56,10 +56,24 @@ class Output:
             self.out.flush()
 
 
+def role_argv(role: str) -> list[str]:
+    """The command that runs hetps' own ``role`` (scheduler, server) with this Python."""
+    return [sys.executable, "-m", "hetps.cli", role]
+
+
 def shell_code(code: int) -> int:
     """A child's exit status as a shell reports it: 128 + N for a child killed by signal N
     (``Popen.returncode`` is -N), else the code itself."""
     return 128 - code if code < 0 else code
+
+
+def ended_within(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether ``proc`` ends within ``timeout`` seconds (waited for that long at most)."""
+    try:
+        proc.wait(timeout=max(0.0, timeout))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def dies_with_launcher(argv: list[str], signal_name: str = "KILL") -> list[str]:

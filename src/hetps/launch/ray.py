@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -10,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from hetps.config import env_value
@@ -24,7 +25,7 @@ from hetps.launch.contract import (
     usable_cores,
     without_host_vars,
 )
-from hetps.launch.processes import CAUSE_WAIT_S, Output, raise_interrupt, shell_code
+from hetps.launch.processes import CAUSE_WAIT_S, Output, raise_interrupt, role_argv, shell_code
 from hetps.launch.ray_actor import RoleProcess
 
 INSTALL_HINT = (
@@ -67,46 +68,37 @@ class _Role:
     started: bool = False
 
 
+@dataclass(eq=False)
 class RayLauncher(Output):
     """Runs one job on a Ray cluster; :meth:`run` returns a :class:`RayJobResult`."""
 
-    def __init__(
-        self,
-        command: Sequence[str],
-        num_workers: int,
-        num_servers: int,
-        *,
-        address: str | None = None,
-        env: dict[str, str] | None = None,
-        cpus_per_worker: float = 1,
-        cpus_per_server: float = 1,
-        start_timeout: float = 60.0,
-        stop_grace: float = 5.0,
-        failure_grace: float = 15.0,
-        cwd: str | None = None,
-        init_kwargs: dict | None = None,
-        port: int = 0,
-        out=None,
-    ) -> None:
-        if num_workers < 1 or num_servers < 1:
+    command: Sequence[str]
+    num_workers: int
+    num_servers: int
+    _: KW_ONLY
+    address: str | None = None  # None: RAY_ADDRESS when set, else a local Ray ("local": one)
+    env: dict[str, str] | None = None
+    cpus_per_worker: float = 1
+    cpus_per_server: float = 1
+    start_timeout: float = 60.0
+    stop_grace: float = 5.0
+    failure_grace: float = 15.0
+    cwd: str | None = None
+    init_kwargs: dict | None = None
+    port: int = 0
+    out: Any = None
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1 or self.num_servers < 1:
             raise ValueError("a job needs at least one worker and one server")
-        if not command:
+        if not self.command:
             raise ValueError("give the worker command")
-        self.command = list(command)
-        self.num_workers = num_workers
-        self.num_servers = num_servers
-        # None: RAY_ADDRESS when set, else a local Ray for the job ("local" forces one)
-        self.address = address if address is not None else env_value("RAY_ADDRESS")
-        self.env = dict(env or {})
-        self.cpus_per_worker = cpus_per_worker
-        self.cpus_per_server = cpus_per_server
-        self.start_timeout = start_timeout
-        self.stop_grace = stop_grace
-        self.failure_grace = failure_grace
-        self.cwd = cwd or os.getcwd()
-        self.init_kwargs = dict(init_kwargs or {})
-        self.port = port
-        self.out = out or sys.stdout
+        self.command = list(self.command)
+        self.address = self.address if self.address is not None else env_value("RAY_ADDRESS")
+        self.env = dict(self.env or {})
+        self.cwd = self.cwd or os.getcwd()
+        self.init_kwargs = dict(self.init_kwargs or {})
+        self.out = self.out or sys.stdout
         self.roles: list[_Role] = []
         self.pg = None
         self._ray = None
@@ -251,18 +243,15 @@ class RayLauncher(Output):
                 "DMLC_NODE_HOST": r.where["ip"],
             }
 
-        py = sys.executable
         sched_role = self.roles[0]
-        code = self._start(
-            sched_role, [py, "-m", "hetps.cli", "scheduler"], overlay(sched_role, self.port)
-        )
+        code = self._start(sched_role, role_argv("scheduler"), overlay(sched_role, self.port))
         if code is not None:
             return code
         port = self._scheduler_port(sched_role)
         if isinstance(port, tuple):  # (exit code,)
             return port[0]
         for r in self.roles[1:]:
-            argv = [py, "-m", "hetps.cli", "server"] if r.role == "server" else self.command
+            argv = role_argv("server") if r.role == "server" else self.command
             code = self._start(r, argv, overlay(r, port))
             if code is not None:
                 return code
@@ -404,17 +393,13 @@ class RayLauncher(Output):
                 self._log(f"stopped {r.label}")
                 r.code = None if status is None else shell_code(status)
         for r in self.roles:
-            try:
+            with contextlib.suppress(Exception):  # (already dead)
                 ray.kill(r.actor)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
         if self.pg is not None:
             from ray.util.placement_group import remove_placement_group
 
-            try:
+            with contextlib.suppress(Exception):  # (the cluster is gone)
                 remove_placement_group(self.pg)
-            except Exception:  # noqa: BLE001 - the cluster is gone
-                pass
             self.pg = None
         ray.shutdown()
         self._connected = False

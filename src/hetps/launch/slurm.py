@@ -36,8 +36,10 @@ from hetps.launch.processes import (
     CAUSE_WAIT_S,
     Output,
     dies_with_launcher,
+    ended_within,
     forward_signals,
     raise_interrupt,
+    role_argv,
     shell_code,
     signal_group,
     start_piped,
@@ -131,9 +133,7 @@ def worker_places(counts: list[int], num_servers: int, num_workers: int) -> list
     (``SLURM_STEP_TASKS_PER_NODE``) laid out in blocks (``--distribution=block``: task 0 and
     the first ones on the first node): a worker's host is its Slurm node, groups numbered over
     the nodes that run workers, local ranks in task order."""
-    nodes: list[str] = []
-    for i, n in enumerate(counts):
-        nodes += [str(i)] * n
+    nodes = [str(i) for i, n in enumerate(counts) for _ in range(n)]
     first = 1 + num_servers
     if len(nodes) < first + num_workers:  # (a count Slurm did not give: one node holds all)
         nodes += [nodes[-1] if nodes else "0"] * (first + num_workers - len(nodes))
@@ -359,9 +359,7 @@ class SlurmLauncher(Output):
         if self.proc.poll() is None:  # a task failed: the others get failure_grace to end
             name, code = self.failed or ("a task", 1)
             self._log(f"{name} exited (code {shell_code(code)}); stopping the others")
-            try:
-                self.proc.wait(timeout=spec.failure_grace)
-            except subprocess.TimeoutExpired:
+            if not ended_within(self.proc, spec.failure_grace):
                 self._log("stopping the job step")
                 self.stop()
         self.proc.wait()
@@ -380,11 +378,8 @@ class SlurmLauncher(Output):
         to end (they were told); a task still there then (hung, or stopped with SIGSTOP)
         is named and the step stopped, so no process of the job outlives it."""
         assert self.proc is not None
-        try:
-            self.proc.wait(timeout=grace)
+        if ended_within(self.proc, grace):
             return
-        except subprocess.TimeoutExpired:
-            pass
         if self.failed is not None:  # a task failed meanwhile: the failure path stops it
             return
         left = [name for task, name in sorted(self._labels.items()) if task not in self._exited]
@@ -402,11 +397,8 @@ class SlurmLauncher(Output):
         if proc is None or proc.poll() is not None:
             return
         signal_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.spec.stop_grace)
+        if ended_within(proc, self.spec.stop_grace):
             return
-        except subprocess.TimeoutExpired:
-            pass
         signal_group(proc, signal.SIGKILL)
         proc.wait(timeout=10)
         if self.step:
@@ -480,11 +472,10 @@ def task_threads(role: str, env: dict[str, str]) -> int:
 
 def _task_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m hetps.launch.slurm task")
-    p.add_argument("--servers", type=int, required=True)
-    p.add_argument("--workers", type=int, required=True)
-    p.add_argument("--scheduler-node", required=True)
-    p.add_argument("--root-uri", required=True)
-    p.add_argument("--port", type=int, required=True)
+    for flag in ("--servers", "--workers", "--port"):
+        p.add_argument(flag, type=int, required=True)
+    for flag in ("--scheduler-node", "--root-uri"):
+        p.add_argument(flag, required=True)
     p.add_argument("--auto-threads", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
@@ -499,7 +490,7 @@ def _task_main(argv: list[str]) -> int:
         return 2
     if role == "scheduler" and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
         print(f"hetps-slurm-step {env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}", flush=True)
-    cmd = [sys.executable, "-m", "hetps.cli", role] if role in ("scheduler", "server") else command
+    cmd = role_argv(role) if role in ("scheduler", "server") else command
     if shutil.which(cmd[0], path=child_env.get("PATH")) is None:
         print(f"hetps launch --launcher slurm: cannot start {shlex.join(cmd)}: no such command")
         print(f"hetps-slurm-exit {procid} 127", flush=True)

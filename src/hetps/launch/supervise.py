@@ -8,6 +8,7 @@ docs/FAULTS.md says what a user sees.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ class Supervision:
     children: list
     _failed: Any
     _worker_start: dict
+    _server_start: dict
     _respawned: list
     _scheduler: Any
     _up: Any
@@ -67,16 +69,24 @@ class Supervision:
             f"elastic: {child.label} {how} (code {code}); the job goes on without it, "
             f"with {left} workers"
         )
-        if self.spec.rejoin_workers and self._used() < self.spec.max_restarts:
-            self.respawns += 1
-            self._log(
-                f"restart {self._used()} of {self.spec.max_restarts}: starting {child.label} "
-                "again (it joins the running job at a round boundary, is_recovery=1)"
-            )
-            again = self._start("worker", child.rank, *self._worker_start[child.rank])
-            self._respawned.append(again)
-            remaining.append(again)
+        if self.spec.rejoin_workers:
+            self._respawn(child, remaining, "it joins the running job at a round boundary")
         return True
+
+    def _respawn(self, child: Child, remaining: list[Child], how: str) -> None:
+        """With restarts left, start dead ``child`` (a worker or a server) again alone: it
+        rejoins the running job (``how``)."""
+        if self._used() >= self.spec.max_restarts:
+            return
+        self.respawns += 1
+        self._log(
+            f"restart {self._used()} of {self.spec.max_restarts}: starting {child.label} "
+            f"again ({how}, is_recovery=1)"
+        )
+        starts = self._worker_start if child.role == "worker" else self._server_start
+        again = self._start(child.role, child.rank, *starts[child.rank])
+        self._respawned.append(again)
+        remaining.append(again)
 
     def _scheduler_again(self, child: Child, remaining: list[Child], how: str, code: int) -> bool:
         """A dead scheduler of a running job (hetps's own, restarts left): start it again at
@@ -127,8 +137,6 @@ class Supervision:
         sched = self._scheduler
         if sched is None or child is sched or sched.proc.stdin is None:
             return
-        try:
+        with contextlib.suppress(BrokenPipeError, ValueError, OSError):  # (the scheduler is gone)
             sched.proc.stdin.write(f"dead {child.role} {child.rank} {how}\n".encode())
             sched.proc.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):  # the scheduler is gone already
-            pass

@@ -129,10 +129,7 @@ class DCASGD(Optimizer):
         old = backup.get(sender)
         # the new backup is written chunk by chunk right after each chunk's update: into
         # the sender's old backup (each chunk is read before it is overwritten) or a new one
-        if old is not None and old.shape == weight.shape and old.dtype == weight.dtype:
-            new = old
-        else:
-            new = backup[sender] = np.empty_like(weight)
+        new = self._backup_buffer(backup, sender, weight)
         rescale, clip, wd = self.rescale_grad, self.clip_gradient, self.wd
         clip = clip if clip is not None and clip > 0 else None
         lr, lamda, momentum = self.learning_rate, self.lamda, self.momentum
@@ -177,13 +174,12 @@ class DCASGD(Optimizer):
 
     def on_pull(self, key: Key, weight: np.ndarray, state: dict[str, Any], sender: int) -> None:
         """Remember the weight worker ``sender`` now holds, for compensating its next push."""
-        self._store_backup(state["backup"], sender, weight)
+        np.copyto(self._backup_buffer(state["backup"], sender, weight), weight)
 
     @staticmethod
-    def _store_backup(backup: dict[int, np.ndarray], sender: int, weight: np.ndarray) -> None:
-        """Copy ``weight`` into ``backup[sender]``, reusing the old buffer when it fits."""
+    def _backup_buffer(backup: dict[int, np.ndarray], sender: int, weight: np.ndarray):
+        """``backup[sender]`` when it fits ``weight`` (reused), else a new one in its place."""
         old = backup.get(sender)
-        if old is not None and old.shape == weight.shape and old.dtype == weight.dtype:
-            np.copyto(old, weight)
-        else:
-            backup[sender] = weight.copy()
+        if old is None or old.shape != weight.shape or old.dtype != weight.dtype:
+            old = backup[sender] = np.empty_like(weight)
+        return old

@@ -130,18 +130,25 @@ def broadcast_parameters(
     kv.barrier()  # every pull is done before anyone may re-initialise these keys
 
 
-def pack_bytes(blob: bytes) -> torch.Tensor:
-    """Bytes as float32 values, three bytes each (integers below 2**24: exact, and a sum
-    with zeros leaves them as they are)."""
-    raw = np.frombuffer(blob + b"\0" * (-len(blob) % 3), dtype=np.uint8).reshape(-1, 3)
-    u = raw.astype(np.uint32)
-    return torch.from_numpy((u[:, 0] | (u[:, 1] << 8) | (u[:, 2] << 16)).astype(np.float32))
-
-
-def unpack_bytes(values: torch.Tensor, nbytes: int) -> bytes:
-    u = values.numpy().astype(np.uint32)
+def exchange_bytes(kv: KVStore, keys: tuple[str, str], blob: bytes, root: int) -> bytes:
+    """Worker ``root``'s ``blob`` on every worker (the others' is not read), through
+    ``keys``: its length, then its bytes as float32 values, three bytes each (integers below
+    2**24: exact, and a sum with zeros leaves them as they are)."""
+    mine = kv.rank == root
+    size = torch.tensor([float(len(blob))], dtype=torch.float64)
+    exchange(kv, [keys[0]], [size], root)
+    if mine:
+        raw = np.frombuffer(blob + b"\0" * (-len(blob) % 3), dtype=np.uint8).reshape(-1, 3)
+        u = raw.astype(np.uint32)
+        data = torch.from_numpy((u[:, 0] | (u[:, 1] << 8) | (u[:, 2] << 16)).astype(np.float32))
+    else:
+        data = torch.zeros(-(-int(size.item()) // 3), dtype=torch.float32)
+    exchange(kv, [keys[1]], [data], root)
+    if mine:
+        return blob
+    u = data.numpy().astype(np.uint32)
     raw = np.stack([u & 0xFF, (u >> 8) & 0xFF, u >> 16], axis=1).astype(np.uint8)
-    return raw.tobytes()[:nbytes]
+    return raw.tobytes()[: int(size.item())]
 
 
 def broadcast_optimizer_state(
@@ -161,19 +168,11 @@ def broadcast_optimizer_state(
     if opt is None or int(getattr(kv, "num_workers", 1)) == 1:
         return
     mine = kv.rank == root
-    blob = b""
+    buf = io.BytesIO()
     if mine:
-        buf = io.BytesIO()
         torch.save(opt.state_dict(), buf)
-        blob = buf.getvalue()
-    size = torch.tensor([float(len(blob))], dtype=torch.float64)
-    exchange(kv, [f"{prefix}bcast-optim:bytes"], [size], root)
-    nbytes = int(size.item())
-    data = pack_bytes(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
-    exchange(kv, [f"{prefix}bcast-optim:data"], [data], root)
+    keys = (f"{prefix}bcast-optim:bytes", f"{prefix}bcast-optim:data")
+    blob = exchange_bytes(kv, keys, buf.getvalue(), root)
     if not mine:
-        state = torch.load(
-            io.BytesIO(unpack_bytes(data, nbytes)), map_location="cpu", weights_only=True
-        )
-        opt.load_state_dict(state)
+        opt.load_state_dict(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True))
     kv.barrier()  # every pull is done before anyone may re-initialise these keys

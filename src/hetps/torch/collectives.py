@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from hetps.kvstore.base import completed
-from hetps.torch.broadcasting import KV_DTYPES, check_root, exchange, pack_bytes, unpack_bytes
+from hetps.torch.broadcasting import KV_DTYPES, check_root, exchange, exchange_bytes
 from hetps.torch.process import store_for
 
 __all__ = [
@@ -334,12 +334,8 @@ def broadcast_object(
     root = check_root(kv, root_rank)
     given, name = name, _name("broadcast_object", name)
     mine = int(kv.rank) == root
-    blob = cloudpickle.dumps(obj) if mine else b""
-    size = torch.tensor([float(len(blob))], dtype=torch.float64)
-    exchange(kv, [f"hvd.object-bytes:{name}"], [size], root)
-    nbytes = int(size.item())
-    data = pack_bytes(blob) if mine else torch.zeros(-(-nbytes // 3), dtype=torch.float32)
-    exchange(kv, [f"hvd.object:{name}"], [data], root)
-    _done(kv, given, f"hvd.object-bytes:{name}", f"hvd.object:{name}")
+    keys = (f"hvd.object-bytes:{name}", f"hvd.object:{name}")
+    blob = exchange_bytes(kv, keys, cloudpickle.dumps(obj) if mine else b"", root)
+    _done(kv, given, *keys)
     kv.barrier()  # every pull is done before the root may initialise the keys again
-    return obj if mine else pickle.loads(unpack_bytes(data, nbytes))
+    return obj if mine else pickle.loads(blob)

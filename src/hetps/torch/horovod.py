@@ -32,35 +32,26 @@ class DistributedOptimizer(_Base):
         gradient_predivide_factor: float = 1.0,
         **kwargs: Any,
     ) -> None:
-        if op == Adasum:
-            raise ValueError(
-                "op=hvd.Adasum is Horovod's adaptive summation; hetps's servers sum: use "
-                "op=hvd.Average (the default) or op=hvd.Sum"
-            )
         wire = getattr(compression, "wire_dtype", False)
-        if wire is False:
-            raise ValueError(
-                f"compression={compression!r}: DistributedOptimizer takes "
-                "hvd.Compression.none or hvd.Compression.fp16"
-            )
-        if isinstance(backward_passes_per_step, bool) or not (
-            isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1
-        ):
-            raise ValueError(
-                f"backward_passes_per_step must be an int >= 1, not {backward_passes_per_step!r}"
-            )
+        n = backward_passes_per_step
+        n_ok = isinstance(n, int) and not isinstance(n, bool) and n >= 1
         factor = float(gradient_predivide_factor)
-        if not factor > 0:
-            raise ValueError(f"gradient_predivide_factor must be > 0, not {factor}")
-        if factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor applies to op=hvd.Average only")
-        if (wire is not None or factor != 1.0 or backward_passes_per_step > 1) and kwargs.get(
-            "update_on", "worker"
-        ) != "worker":
-            raise ValueError(
+        for bad, text in (
+            (op == Adasum, "op=hvd.Adasum is Horovod's adaptive summation; hetps's servers sum: "
+                "use op=hvd.Average (the default) or op=hvd.Sum"),
+            (wire is False, f"compression={compression!r}: DistributedOptimizer takes "
+                "hvd.Compression.none or hvd.Compression.fp16"),
+            (not n_ok, f"backward_passes_per_step must be an int >= 1, not {n!r}"),
+            (not factor > 0, f"gradient_predivide_factor must be > 0, not {factor}"),
+            (factor != 1.0 and op != Average,
+                "gradient_predivide_factor applies to op=hvd.Average only"),
+            ((wire is not None or factor != 1.0 or (n_ok and n > 1))
+                and kwargs.get("update_on", "worker") != "worker",
                 "compression, gradient_predivide_factor and backward_passes_per_step work on "
-                "the gradients a worker steps with: they need update_on='worker'"
-            )
+                "the gradients a worker steps with: they need update_on='worker'"),
+        ):  # fmt: skip
+            if bad:
+                raise ValueError(text)
         if named_parameters is None:
             if optimizer is None:
                 raise ValueError("named_parameters is needed without a torch optimizer")

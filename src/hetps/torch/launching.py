@@ -52,11 +52,6 @@ class GroupLauncher:
             self._thread = threading.Thread(target=self._loop, name="hetps-launcher", daemon=True)
             self._thread.start()
 
-    @property
-    def background(self) -> bool:
-        """Whether a launcher thread sends the groups (until :meth:`close`)."""
-        return self._thread is not None
-
     def send(self, g: FusionGroup, data: torch.Tensor) -> None:
         """Launch group ``g`` now, or hand it to the launcher thread (backward goes on). The
         first parameters' group is the last one backward finishes, and once steps were timed

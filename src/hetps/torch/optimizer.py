@@ -68,30 +68,27 @@ class DistributedOptimizer(Regrouping):
         table_init: tuple[float, int] = (0.01, 0),
         overlap_forward: bool = False,
     ) -> None:
-        if op not in ("average", "sum"):
-            raise ValueError(f"op must be 'average' or 'sum', not {op!r}")
-        if update_on not in ("worker", "server", "sum"):
-            raise ValueError(f"update_on must be 'worker', 'server' or 'sum', not {update_on!r}")
-        if update_on == "worker" and optimizer is None:
-            raise ValueError("update_on='worker' needs a torch optimizer to wrap")
-        if update_on in ("server", "sum") and server_optimizer is None:
-            raise ValueError(
-                f"update_on={update_on!r} needs server_optimizer (a hetps.optim.Optimizer)"
-            )
-        if update_on == "sum" and optimizer is not None:
-            raise ValueError(
+        for bad, text in (
+            (op not in ("average", "sum"), f"op must be 'average' or 'sum', not {op!r}"),
+            (update_on not in ("worker", "server", "sum"),
+                f"update_on must be 'worker', 'server' or 'sum', not {update_on!r}"),
+            (update_on == "worker" and optimizer is None,
+                "update_on='worker' needs a torch optimizer to wrap"),
+            (update_on in ("server", "sum") and server_optimizer is None,
+                f"update_on={update_on!r} needs server_optimizer (a hetps.optim.Optimizer)"),
+            (update_on == "sum" and optimizer is not None,
                 "update_on='sum' runs server_optimizer on the workers: pass None as the torch "
-                "optimizer (or use update_on='worker' to step a torch optimizer)"
-            )
-        if overlap_forward and (update_on == "worker" or model is None or extra is not None):
-            raise ValueError(
+                "optimizer (or use update_on='worker' to step a torch optimizer)"),
+            (overlap_forward and (update_on == "worker" or model is None or extra is not None),
                 "overlap_forward=True needs update_on='server' or 'sum' (the pulls bring the "
                 "new weights, or the sum this worker updates with) and model=... (its modules' "
                 "forward pre-hooks wait for them), without extra=; got "
-                f"update_on={update_on!r}, model={type(model).__name__}, extra={extra is not None}"
-            )
-        if fusion_bytes is not None and fusion_bytes < 0:
-            raise ValueError(f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}")
+                f"update_on={update_on!r}, model={type(model).__name__}, extra={extra is not None}"),
+            (fusion_bytes is not None and fusion_bytes < 0,
+                f"fusion_bytes must be >= 0 (0 = no fusion), not {fusion_bytes}"),
+        ):  # fmt: skip
+            if bad:
+                raise ValueError(text)
         if kvstore is None or isinstance(kvstore, str):  # None: the process's store
             from hetps.torch.process import store_for  # (never a local one in a launched worker)
 
@@ -186,20 +183,7 @@ class DistributedOptimizer(Regrouping):
             g0.numel += extra.numel()
         if broadcast:
             self.broadcast_parameters()
-        keys, values = [], []
-        for g in self.groups:
-            if g.fused:
-                g.make_buffers(self._wire(g.names[0]), self._cpu)
-                if update_on == "server":
-                    for n in g.names:
-                        g.send_of[n].copy_(self._cpu[n])
-                values.append(g.send)
-            elif update_on != "server":
-                values.append(torch.zeros_like(self._cpu[g.names[0]], dtype=self._wire(g.names[0])))
-            else:
-                values.append(self._cpu[g.names[0]])
-            keys.append(self._key(g))
-        self.kv.init(keys, values)
+        self.kv.init([self._key(g) for g in self.groups], [self._first(g) for g in self.groups])
         self.tables = SparseTables.of(self, model, sparse_optimizer, table_init)
         if update_on == "server":
             self.kv.set_optimizer(server_optimizer)
@@ -228,17 +212,11 @@ class DistributedOptimizer(Regrouping):
         return self.wire_dtype or self._cpu[name].dtype
 
     # -- keys -------------------------------------------------------------------------------
-    def _gkey(self, name: str) -> str:
-        return f"{self.prefix}grad:{name}"
-
-    def _wkey(self, name: str) -> str:
-        return f"{self.prefix}weight:{name}"
-
     def _key(self, g: FusionGroup) -> str:
         name = g.names[0] if not g.fused else f"{g.names[0]}+{len(g.names) - 1}"
         if g.index == 0 and self.extra_rides:
             name += "+extra"
-        return self._wkey(name) if self.update_on == "server" else self._gkey(name)
+        return f"{self.prefix}{'weight' if self.update_on == 'server' else 'grad'}:{name}"
 
     def broadcast_parameters(self) -> None:
         """Give every worker rank 0's parameters (an init on the servers, then a pull)."""
@@ -293,7 +271,7 @@ class DistributedOptimizer(Regrouping):
                 st = staged(grad)
                 if isinstance(st, staging.Staged):
                     self._reading[name] = st
-                self._send(g, st)
+                self._launches.send(g, st)
                 return
             assert g.send is not None
             write_after(g.staged, g.send)  # the last copy of send read it (accumulation)
@@ -311,12 +289,9 @@ class DistributedOptimizer(Regrouping):
         assert g.send is not None
         st = staged(g.send)
         g.staged = st if isinstance(st, staging.Staged) else None
-        self._send(g, st)
+        self._launches.send(g, st)
 
     # -- launching ------------------------------------------------------------------------
-    def _send(self, g: FusionGroup, data: torch.Tensor) -> None:
-        self._launches.send(g, data)
-
     def flush_launches(self) -> None:
         """Send the launches queued so far."""
         self._launches.flush()

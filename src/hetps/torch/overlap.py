@@ -5,6 +5,7 @@ overlap_forward=True)`` (``update_on="server"`` or ``"sum"``; README.md says wha
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,16 +22,14 @@ COMPILED = (
 )
 
 
+@dataclass(slots=True, eq=False)
 class _Pull:
     """A group's pull left in flight by ``step()``."""
 
-    __slots__ = ("group", "handle", "have", "error")
-
-    def __init__(self, group: FusionGroup, handle: Any, have: list[str]) -> None:
-        self.group = group
-        self.handle = handle
-        self.have = have  # the members that had a gradient (update_on="sum" updates those)
-        self.error: BaseException | None = None
+    group: FusionGroup
+    handle: Any
+    have: list[str]  # the members that had a gradient (update_on="sum" updates those)
+    error: BaseException | None = None
 
 
 class ForwardWaits:

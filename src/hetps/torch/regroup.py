@@ -65,17 +65,24 @@ class Regrouping:
             if i == 0 and self.extra_rides:
                 assert self.extra is not None
                 g.numel += self.extra.numel()
-            if g.fused:
-                g.make_buffers(self._wire(g.names[0]), self._cpu)
-                values.append(g.send)
-            else:
-                values.append(torch.zeros_like(self._cpu[g.names[0]], dtype=self._wire(g.names[0])))
+            values.append(self._first(g))
             keys.append(self._key(g))
         self.groups = new_groups
         self._group_of = {n: g for g in self.groups for n in g.names}
         self._mark_inline()
         if keys:
             make(keys, values)
+
+    def _first(self, g: Any) -> torch.Tensor:
+        """The value group ``g``'s key is made with: a fused group's send buffer, made now;
+        a lone parameter's zeros in the wire dtype, or under update_on="server" (no fusion
+        there) the parameter itself."""
+        if g.fused:
+            g.make_buffers(self._wire(g.names[0]), self._cpu)
+            return g.send
+        if self.update_on == "server":
+            return self._cpu[g.names[0]]
+        return torch.zeros_like(self._cpu[g.names[0]], dtype=self._wire(g.names[0]))
 
     # -- a worker joining a running job (--elastic) ---------------------------------------------
     def join_state(self) -> dict:
