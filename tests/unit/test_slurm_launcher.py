@@ -10,6 +10,7 @@ import pytest
 from hetps.launch.contract import LaunchSpec
 from hetps.launch.slurm import (
     SlurmError,
+    _task_main,
     check_allocation,
     expand_nodelist,
     free_port,
@@ -103,6 +104,21 @@ def test_task_env_refusals():
         task_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "5"}, _args())
     with pytest.raises(SlurmError, match="landed on n2"):
         task_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURMD_NODENAME": "n2"}, _args())
+
+
+def test_a_task_without_its_flags_names_them_in_the_launchers_order(capsys):
+    with pytest.raises(SystemExit) as exc:
+        _task_main([])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "python -m hetps.launch.slurm task: error: the following arguments are required: "
+        "--servers, --workers, --scheduler-node, --root-uri, --port"
+    )
+    assert (
+        "[-h] --servers SERVERS --workers WORKERS --scheduler-node SCHEDULER_NODE --root-uri "
+        "ROOT_URI --port PORT [--auto-threads]"
+    ) in " ".join(err.split())
 
 
 def test_task_threads_share_the_node_or_use_a_binding(monkeypatch):

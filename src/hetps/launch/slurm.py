@@ -472,10 +472,11 @@ def task_threads(role: str, env: dict[str, str]) -> int:
 
 def _task_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m hetps.launch.slurm task")
-    for flag in ("--servers", "--workers", "--port"):
-        p.add_argument(flag, type=int, required=True)
-    for flag in ("--scheduler-node", "--root-uri"):
-        p.add_argument(flag, required=True)
+    p.add_argument("--servers", type=int, required=True)  # (usage and errors: this order)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--scheduler-node", required=True)
+    p.add_argument("--root-uri", required=True)
+    p.add_argument("--port", type=int, required=True)
     p.add_argument("--auto-threads", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
