@@ -35,13 +35,17 @@ class DistributedOptimizer(_Base):
         wire = getattr(compression, "wire_dtype", False)
         n = backward_passes_per_step
         n_ok = isinstance(n, int) and not isinstance(n, bool) and n >= 1
-        factor = float(gradient_predivide_factor)
         for bad, text in (
             (op == Adasum, "op=hvd.Adasum is Horovod's adaptive summation; hetps's servers sum: "
                 "use op=hvd.Average (the default) or op=hvd.Sum"),
             (wire is False, f"compression={compression!r}: DistributedOptimizer takes "
                 "hvd.Compression.none or hvd.Compression.fp16"),
             (not n_ok, f"backward_passes_per_step must be an int >= 1, not {n!r}"),
+        ):  # fmt: skip
+            if bad:
+                raise ValueError(text)
+        factor = float(gradient_predivide_factor)  # (after those: it raises for a non-number)
+        for bad, text in (
             (not factor > 0, f"gradient_predivide_factor must be > 0, not {factor}"),
             (factor != 1.0 and op != Average,
                 "gradient_predivide_factor applies to op=hvd.Average only"),
