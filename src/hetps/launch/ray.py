@@ -68,7 +68,7 @@ class _Role:
     started: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)  # (no repr: env may hold the cluster secret)
 class RayLauncher(Output):
     """Runs one job on a Ray cluster; :meth:`run` returns a :class:`RayJobResult`."""
 
