@@ -168,6 +168,26 @@ def test_truncated_last_line_is_tolerated(tmp_path):
         load_run(tmp_path)
 
 
+def test_a_record_or_bucket_without_a_key_is_named_after_every_line_parsed(tmp_path):
+    RunWriter(tmp_path, meta(workers=1))
+    path, short = tmp_path / "worker-0.jsonl", rec(0, 1, 2.0)
+    del short["push_s"], short["bytes_recv"]
+    path.write_text("\n".join(json.dumps(r) for r in (rec(0, 0, 1.0), short)) + "\n")
+    with pytest.raises(MetricsError) as e:
+        load_run(tmp_path)
+    assert str(e.value) == f"{path}: record 2 misses push_s, bytes_recv"
+    # a line that is no JSON, after a short record: the corrupt file is what is said
+    path.write_text("\n".join([json.dumps(short), "{not json", json.dumps(rec(0, 2, 3.0))]))
+    with pytest.raises(MetricsError, match=r"worker-0\.jsonl:2: not JSON"):
+        load_run(tmp_path)
+    path.unlink()
+    traffic = tmp_path / "traffic-server1.jsonl"
+    traffic.write_text(json.dumps({"t": 0.0, "dt": 0.1, "peer": 1, "push_bytes": 3}) + "\n")
+    with pytest.raises(MetricsError) as e:
+        load_traffic(tmp_path)
+    assert str(e.value) == f"{traffic}: bucket 1 misses pull_bytes"
+
+
 def test_missing_run_json_is_a_clear_error(tmp_path):
     (tmp_path / "worker-0.jsonl").write_text(json.dumps(rec(0, 0, 1.0)) + "\n")
     with pytest.raises(RunNotFoundError, match="no run.json") as e:

@@ -110,9 +110,9 @@ def read_jsonl(
     """Read a JSON-lines file; returns ``(objects, truncated)``.
 
     Blank lines are skipped. A last line that does not parse (a run killed mid-write) is
-    dropped and ``truncated`` is True; a bad line anywhere else, or an object without one of
-    ``keys`` (the message calls the ``n``-th object "``what`` n"), raises
-    :class:`MetricsError` naming the file and line.
+    dropped and ``truncated`` is True; a bad line anywhere else raises :class:`MetricsError`
+    naming the file and line, and then an object without one of ``keys`` (the message calls
+    the ``n``-th object "``what`` n").
     """
     p = Path(path)
     lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -133,9 +133,9 @@ def read_jsonl(
         if not isinstance(obj, dict):
             raise MetricsError(f"{p}:{i + 1}: expected a JSON object, got {type(obj).__name__}")
         out.append(obj)
-        missing = [k for k in keys if k not in obj]
-        if missing:
-            raise MetricsError(f"{p}: {what} {len(out)} misses {', '.join(missing)}")
+    for n, obj in enumerate(out, 1):  # (after every line parsed: a corrupt file says so first)
+        if missing := [k for k in keys if k not in obj]:
+            raise MetricsError(f"{p}: {what} {n} misses {', '.join(missing)}")
     return out, truncated
 
 
