@@ -194,6 +194,25 @@ def test_plot_load_balance_figures(tmp_path):
     assert sorted(r["slice_size"] for r in runs if r["slice_size"]) == [10_000, 100_000, 1_000_000]
 
 
+def test_srit_panels_follow_the_runs_by_mode_then_directory(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from hetps.metrics.plot_balance import fig_srit
+    from hetps.metrics.plot_helpers import PlotContext
+    from hetps.metrics.runs import load_run
+
+    # directory a's run is resnet's, b's lenet's: the panels come in the directories' order
+    for d, mode, net in (("a", "sync", "resnet"), ("b", "sync", "lenet"), ("c", "esync", "alex")):
+        write_run(tmp_path / d, mode, network=net, slowdown=(1,), extra_rec={"srit_s": 0.2})
+    runs = [load_run(tmp_path / d) for d in ("c", "b", "a")]
+    ctx = PlotContext(runs, [{} for _ in runs], tmp_path / "out", [])
+    drawn = []
+    monkeypatch.setattr(PlotContext, "save", lambda self, fig, name: drawn.append(fig) or name)
+    assert fig_srit(ctx) == ["srit_over_iterations.png"]
+    (fig,) = drawn
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert labels == ["resnet\nSRIT (s)", "lenet\nSRIT (s)", "alex\nSRIT (s)"]
+
+
 def test_add_parser_follows_the_top_level_convention():
     p = argparse.ArgumentParser(prog="hetps")
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -17,8 +17,9 @@ from hetps.metrics.plot_helpers import (
     figure,
     figure_title,
     hue_colors,
+    mode_key,
     run_labels,
-    sorted_pairs,
+    scheme_key,
 )
 from hetps.metrics.summary import eval_rank
 
@@ -60,7 +61,10 @@ def fig_srit(ctx: PlotContext) -> list[Path]:
         return []
     runs = [r for r, _ in series]
     base = "scheme" if all(r.get("scheme") is not None for r in runs) else "mode"
-    series = sorted_pairs(series, by_scheme=base == "scheme")
+    head = (
+        (lambda r: scheme_key(r.get("scheme"))) if base == "scheme" else lambda r: mode_key(r.mode)
+    )
+    series.sort(key=lambda rp: (head(rp[0]), str(rp[0].run_dir)))  # (not by network: the panels)
     networks = list(dict.fromkeys(r.network for r, _ in series))
     fig = ctx.new_figure(9.0, 1.0 + 3.2 * len(networks))
     axes = np.atleast_1d(fig.subplots(len(networks), 1, squeeze=False)[:, 0])
