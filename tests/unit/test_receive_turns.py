@@ -9,6 +9,7 @@ import numpy as np
 import zmq
 
 from hetps.transport.codec import Message, encode
+from hetps.transport.inbox import DRAIN_MOST
 from hetps.transport.van import RING_MIN_BYTES, Van
 
 MiB = 1 << 20
@@ -137,4 +138,39 @@ def test_a_turn_ends_at_a_message_from_an_unknown_connection():
         newcomer.close(linger=0)
         if not ctx.closed:
             ctx.term()
+        rx.close()
+
+
+def test_a_message_queued_before_the_loop_looks_is_read_without_a_poll():
+    """A poll is a handful of syscalls: a message already queued is read at once, up to
+    DRAIN_MOST in a row; then a poll looks at the handshake guard's monitor too."""
+    rx = Van(name="rx")
+    polls = []
+    poller = rx.inbox.poller
+
+    class Counting:
+        def poll(self, timeout=None):
+            polls.append(len(got))
+            return poller.poll(timeout)
+
+    rx.inbox.poller = Counting()
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    n, got = 2 * DRAIN_MOST + 5, []
+    try:
+        s.setsockopt(zmq.ROUTING_ID, b"p")
+        s.connect(f"tcp://{rx.endpoint}")
+        rx.admit(b"p", 7)
+        for k in range(n):  # one at a time, each queued on the router before it is read
+            s.send_multipart(encode(Message("note", req=k + 1, arrays=[np.full(3, float(k))])))
+            assert rx.inbox.router.poll(10_000, zmq.POLLIN)
+            got.append(rx.recv(timeout=10))
+        assert [m.req for m in got] == list(range(1, n + 1))
+        for k, m in enumerate(got):
+            assert m.sender == 7 and m.cmd == "note" and m.backlogged
+            np.testing.assert_array_equal(m.arrays[0], np.full(3, float(k)))
+        assert polls == [DRAIN_MOST, 2 * DRAIN_MOST + 1]  # (after DRAIN_MOST in a row)
+    finally:
+        s.close(linger=0)
+        ctx.term()
         rx.close()
