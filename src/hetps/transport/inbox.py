@@ -113,9 +113,10 @@ class Inbox:
             # a message that is already waiting before we poll arrived while this thread was
             # busy elsewhere: the time we take it is later than its arrival. It is read
             # without a poll (a zmq_poll is a handful of syscalls), up to DRAIN_MOST in a
-            # row: the handshake guard's monitor and the bulk port are polled between
+            # row: the handshake guards' monitors and the bulk port are polled between (and
+            # whenever a message waits for its bulk frames)
             waited = bool(self.router.getsockopt(_EVENTS) & _POLLIN)
-            if waited and self.unpolled < DRAIN_MOST and van.bulk is None and not self.waiting:
+            if waited and self.unpolled < DRAIN_MOST and not self.waiting:
                 self.unpolled += 1
                 self.drain(True, many)
                 continue
