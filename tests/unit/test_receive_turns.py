@@ -6,11 +6,9 @@ handed out."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import zmq
 
 from hetps.transport.codec import Message, encode
-from hetps.transport.inbox import DRAIN_MOST
 from hetps.transport.van import RING_MIN_BYTES, Van
 
 MiB = 1 << 20
@@ -139,39 +137,4 @@ def test_a_turn_ends_at_a_message_from_an_unknown_connection():
         newcomer.close(linger=0)
         if not ctx.closed:
             ctx.term()
-        rx.close()
-
-
-@pytest.mark.parametrize("bulk", [False, True])
-def test_a_message_queued_before_the_loop_looks_is_read_without_a_poll(bulk):
-    """A poll is a handful of syscalls: a message already queued is read at once, up to
-    DRAIN_MOST in a row; then a poll looks at the handshake guard's monitor (and, with a
-    bulk listener, at its port) too."""
-    secret = b"k" * 32 if bulk else None
-    rx, tx = Van(name="rx", secret=secret), Van(name="tx", secret=secret)
-    if bulk:
-        rx._bulk()  # (its listener's sockets polled with the router's)
-    polls = []
-    poller = rx.inbox.poller
-
-    class Counting:
-        def poll(self, timeout=None):
-            polls.append(len(got))
-            return poller.poll(timeout)
-
-    rx.inbox.poller = Counting()
-    n, got = 2 * DRAIN_MOST + 5, []
-    try:
-        rx.admit(tx.connect(1, rx.endpoint), 7)
-        for k in range(n):  # one at a time, each queued on the router before it is read
-            tx.send(1, Message("note", req=k + 1, arrays=[np.full(3, float(k))]))
-            assert rx.inbox.router.poll(10_000, zmq.POLLIN)
-            got.append(rx.recv(timeout=10))
-        assert [m.req for m in got] == list(range(1, n + 1))
-        for k, m in enumerate(got):
-            assert m.sender == 7 and m.cmd == "note" and m.backlogged
-            np.testing.assert_array_equal(m.arrays[0], np.full(3, float(k)))
-        assert polls == [DRAIN_MOST, 2 * DRAIN_MOST + 1]  # (after DRAIN_MOST in a row)
-    finally:
-        tx.close()
         rx.close()

@@ -26,9 +26,7 @@ class LinkCounters:
     def count(self, peer: int, nbytes: int, sent: bool) -> None:
         """Count one message of ``nbytes`` sent to (or received from) ``peer``."""
         with self.lock:
-            st = self.links.get(peer)
-            if st is None:  # (not made per message for setdefault to drop)
-                st = self.links[peer] = LinkStats()
+            st = self.links.setdefault(peer, LinkStats())
             if sent:
                 st.bytes_sent += nbytes
                 st.msgs_sent += 1

@@ -85,9 +85,8 @@ class Inbox:
         self.waiting = Waiting()  # messages whose bulk frames are still to come
         self.ready: deque[Message] = deque()  # decoded, not handed out yet
         self.lent: Message | None = None
-        self.unpolled = 0  # messages read in a row without a poll
 
-    def recv(self, timeout: float | None = None, many: bool = False) -> Message | None:
+    def recv(self, timeout: float | None = None) -> Message | None:
         """Receive one message, or None after ``timeout`` seconds. Bad messages are logged and
         dropped (never raised), so a malformed peer cannot stop the receive loop.
 
@@ -95,8 +94,7 @@ class Inbox:
         read-only views of the shared-memory ring, valid until the message is released
         (:meth:`release`), at the latest when this thread calls ``recv`` again. A message
         whose bulk frames are not all here waits (with its connection's later messages) in
-        :attr:`waiting` while this thread reads on (transport/bulk_in.py). ``many``: the
-        messages queued behind it are read off the socket too (:meth:`recv_many`)."""
+        :attr:`waiting` while this thread reads on (transport/bulk_in.py)."""
         van = self.van
         lent = self.lent
         if lent is not None and not any(m is lent for m in self.ready):  # (handed out)
@@ -111,16 +109,8 @@ class Inbox:
             if self.waiting and (wait_ms is None or wait_ms > 100):
                 wait_ms = 100  # (a waiting message's frames may stop coming: it is dropped)
             # a message that is already waiting before we poll arrived while this thread was
-            # busy elsewhere: the time we take it is later than its arrival. It is read
-            # without a poll (a zmq_poll is a handful of syscalls), up to DRAIN_MOST in a
-            # row: the handshake guards' monitors and the bulk port are polled between (and
-            # whenever a message waits for its bulk frames)
+            # busy elsewhere: the time we take it is later than its arrival
             waited = bool(self.router.getsockopt(_EVENTS) & _POLLIN)
-            if waited and self.unpolled < DRAIN_MOST and not self.waiting:
-                self.unpolled += 1
-                self.drain(True, many)
-                continue
-            self.unpolled = 0
             events = dict(self.poller.poll(wait_ms))
             if self.guard.monitor in events:
                 self.guard.drain()
@@ -143,12 +133,12 @@ class Inbox:
                 if not self.ready and deadline is not None and time.monotonic() >= deadline:
                     return None
                 continue
-            self.drain(waited, many)
+            self.drain(waited)
 
-    def drain(self, waited: bool, many: bool) -> None:
-        """Read a message queued on the ROUTER into :attr:`ready`; with ``many``, those
-        queued behind it too: up to :data:`DRAIN_MOST` without polling again, and no further
-        than a message whose arrays are lent or one that waits for its bulk frames."""
+    def drain(self, waited: bool) -> None:
+        """Read the messages queued on the ROUTER, one at least, into :attr:`ready`: up to
+        :data:`DRAIN_MOST` without polling again, and no further than a message whose arrays
+        are lent or one that waits for its bulk frames."""
         van = self.van
         router = self.router
         for _ in range(DRAIN_MOST):
@@ -170,7 +160,7 @@ class Inbox:
                 self.deliver(msg, waited)
                 if msg.lease is not None:
                     return
-            if not many or not router.getsockopt(_EVENTS) & _POLLIN:
+            if not router.getsockopt(_EVENTS) & _POLLIN:
                 return
             waited = True  # (queued while this thread read the one before)
 
@@ -178,7 +168,7 @@ class Inbox:
         """Every message received by one turn of :meth:`recv` (empty after ``timeout``
         seconds): the first, and those read with it off the socket. Only the last may have
         lent arrays (it is released at the next call)."""
-        first = self.recv(timeout, True)
+        first = self.recv(timeout)
         if first is None:
             return []
         out = [first]
@@ -244,10 +234,11 @@ class Inbox:
                 if full:
                     log.warning("%s dropped the oldest offer of an unknown connection", van.name)
             return
+        now = time.time()
         msg.backlogged = waited
         van.counters.count(msg.sender, msg.nbytes, sent=False)
         if van.observer is not None:
-            van.observer("recv", msg.sender, msg.cmd, msg.nbytes, time.time())
+            van.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
         if van.verbose >= 2:
             van.trace("<-", msg.sender, msg)
         self.ready.append(msg)

@@ -445,10 +445,11 @@ class Van:
             finally:
                 if bulk is not None:
                     bulk.discard()
+        now = time.time()
         if isinstance(peer, int):
             self.counters.count(peer, msg.nbytes, sent=True)
         if self.observer is not None:
-            self.observer("send", peer, msg.cmd, msg.nbytes, time.time())
+            self.observer("send", peer, msg.cmd, msg.nbytes, now)
         if self.verbose >= 2:
             self.trace("->", peer, msg)
         return tracker if (track and big) else None
