@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from hetps.transport import shm
 from hetps.transport.codec import (
     VERSION,
     BadMessage,
@@ -55,6 +56,49 @@ def test_the_quick_decode_agrees_with_the_checked_one(msg):
     if all(a.size for a in msg.arrays):
         assert quick is not None  # the common message takes the quick path
         _same(quick, decode(frames, MAX, quick=False))
+
+
+def test_a_ring_borne_message_takes_the_quick_path_and_decodes_as_the_checked_one():
+    """Arrays in a shared-memory ring (and one inline beside them): a request's are lent by
+    both decodes alike (nothing released, so both read the same slots); a reply's land in
+    the caller's array by both, the same values."""
+    out, inn = shm.OutRing(1 << 20), None
+    try:
+        inn = shm.InRing(out.name)
+        rings = {out.name: inn}
+        rows = np.arange(2048, dtype=np.float32).reshape(128, 16)
+        ids = np.arange(100, dtype=np.int64)  # 800 bytes: inline
+        frames = encode(Message("spush", req=4, body={"k": 1}, arrays=[ids, rows]), out, 4096)
+        assert frames[2] == b"" and len(frames[1]) == ids.nbytes  # (the rows in the ring)
+        quick = _decode_plain(frames, MAX, rings, None, None, {"spush"})
+        assert quick is not None and quick.lease is inn
+        full = decode(frames, MAX, rings, None, None, {"spush"}, quick=False)
+        _same(quick, full)
+        np.testing.assert_array_equal(quick.arrays[1], rows)
+        inn.commit()
+        landed = []
+        for fast in (True, False):
+            target = np.zeros(rows.size, np.float32)
+            reply = Message("spull", req=5, reply=True, arrays=[rows])
+            frames = encode(reply, out, 4096)
+            got = decode(frames, MAX, rings, lambda *a, t=target: {0: t}, None, (), quick=fast)
+            assert got.lease is None and inn.tail == inn._taken  # (released)
+            assert got.arrays[0].base is target or got.arrays[0] is target
+            landed.append((got, target))
+        (a, ta), (b, tb) = landed  # (encoded twice: the send times differ)
+        assert (a.cmd, a.req, a.reply, a.body, a.nbytes) == (
+            b.cmd,
+            b.req,
+            b.reply,
+            b.body,
+            b.nbytes,
+        )
+        np.testing.assert_array_equal(ta, rows.reshape(-1))
+        np.testing.assert_array_equal(tb, rows.reshape(-1))
+    finally:
+        if inn is not None:
+            inn.close()
+        out.close()
 
 
 def _header(**over) -> bytes:

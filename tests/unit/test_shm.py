@@ -461,13 +461,13 @@ def test_a_reply_lands_straight_in_its_requests_destination():
 @pytest.mark.parametrize("secret", [None, b"s" * 64], ids=["plain", "secured"])
 def test_mid_size_arrays_take_the_ring_only_when_the_connection_is_encrypted(secret):
     """With a cluster secret every frame on the connection is encrypted, so arrays from
-    64 KiB go through the ring (after the offer, the first goes inline); without one, only
+    4 KiB go through the ring (after the offer, the first goes inline); without one, only
     arrays of 2 MiB or more do. Every array arrives exact either way."""
     rx = Van(name="rx", ring_bytes=8 * MiB, secret=secret)
     tx = Van(name="tx", ring_bytes=8 * MiB, secret=secret)
     try:
         rx.admit(tx.connect(1, rx.endpoint), 5)
-        sent = [np.full(32 << 10, i, np.float32) for i in range(4)]  # 128 KiB each
+        sent = [np.full(4 << 10, i, np.float32) for i in range(4)]  # 16 KiB each
         tx.send(1, Message("push", arrays=[sent[0]]))
         got = [rx.recv(timeout=10)]  # the offer (if any) is taken on the way
         for a in sent[1:]:

@@ -321,7 +321,7 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 bounds=">= 64 KiB over HETPS_CHUNK_BYTES and HETPS_TABLE_PULL_BYTES"),
             Var("HETPS_SHM_BYTES", "int", 32 << 20,
                 "shared-memory ring (in /dev/shm) to a peer on the same machine, opened the "
-                "first time an array of 2 MiB or more (64 KiB with a cluster secret: the "
+                "first time an array of 2 MiB or more (4 KiB with a cluster secret: the "
                 "connection is encrypted, the ring is not), or a message whose arrays from "
                 "4 KiB reach that (or 1 MiB) together, goes there; one per direction and "
                 "pair, skipped if /dev/shm lacks room (0: always TCP)",

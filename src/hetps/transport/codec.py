@@ -305,7 +305,7 @@ def decode(
     False: every message takes the full path, checked field by field (the tests compare).
     """
     if quick:  # the common message, quickly (_decode_plain); anything else checked below
-        msg = _decode_plain(frames, max_bytes)
+        msg = _decode_plain(frames, max_bytes, rings, landing_of, origin, borrow)
         if msg is not None:
             return msg
     if not frames:
@@ -419,12 +419,20 @@ class Header(msgspec.Struct):
 _HEADER = msgspec.msgpack.Decoder(Header)
 
 
-def _decode_plain(frames: list[Any], max_bytes: int) -> Message | None:
+def _decode_plain(
+    frames: list[Any],
+    max_bytes: int,
+    rings: Any = None,
+    landing_of: Any = None,
+    origin: Any = None,
+    borrow: Any = (),
+) -> Message | None:
     """The common message, quickly: the same checks as :func:`decode`'s full path, written for
-    speed (the header's types checked by msgspec, :class:`Header`), for a message with
-    nothing in a ring and every array non-empty in one frame. None for anything else, valid
-    or not: the full decode then takes it (and says what is wrong with it). Every check is
-    made on the header alone before an array is made, as there."""
+    speed (the header's types checked by msgspec, :class:`Header`), for a message whose
+    arrays are non-empty, each in one frame or in a shared-memory ring (``rings``,
+    ``landing_of``, ``origin`` and ``borrow`` as there). None for anything else, valid or not:
+    the full decode then takes it (and says what is wrong with it). Every check is made on
+    the header alone before an array is made, as there."""
     if not frames:
         return None
     head = _buffer(frames[0])
@@ -439,15 +447,23 @@ def _decode_plain(frames: list[Any], max_bytes: int) -> Message | None:
     specs = header.a
     if (
         header.v != VERSION
-        or header.m is not None
         or not cmd
         or len(cmd) > 64
         or not (cmd.isascii() and cmd.isprintable())
         or len(specs) != len(frames) - 1
     ):
         return None
+    ring = placed = None
+    if header.m is not None:  # (a ring's arrays, never a bulk channel's: they may wait)
+        try:
+            placed, mark = _ring_positions(header.m, len(specs), rings, origin)
+        except BadMessage:
+            return None
+        ring = rings[header.m[0]] if placed is not None else None
+        if ring is None or mark is not None or not getattr(ring, "lends", True):
+            return None
     layout = []
-    for dname, shape in specs:
+    for i, (dname, shape) in enumerate(specs):
         dt = WIRE_DTYPES.get(dname)
         if dt is None:
             return None
@@ -455,19 +471,40 @@ def _decode_plain(frames: list[Any], max_bytes: int) -> Message | None:
         for d in shape:
             count *= d
         expected = count * dt.itemsize
-        if not count or expected > FRAME_MAX:
+        if not count or (expected > FRAME_MAX and (placed is None or placed[i] < 0)):
             return None
         size += expected
-        layout.append((dt, shape, expected))
+        layout.append((dt, shape, count, expected))
     if size > max_bytes:
         return None
     arrays = []
-    for i, (dt, shape, expected) in enumerate(layout):
-        buf = _buffer(frames[i + 1])
-        if len(buf) != expected:
-            return None
-        arr = np.frombuffer(buf, dtype=dt)
-        arrays.append(arr if len(shape) == 1 else arr.reshape(shape))
+    if ring is None:
+        for i, (dt, shape, _, expected) in enumerate(layout):
+            buf = _buffer(frames[i + 1])
+            if len(buf) != expected:
+                return None
+            arr = np.frombuffer(buf, dtype=dt)
+            arrays.append(arr if len(shape) == 1 else arr.reshape(shape))
+    else:  # as the full path: a reply's arrays may land in place, a request's be lent
+        reply = header.p
+        lent = not reply and cmd in borrow
+        targets = None
+        if reply and landing_of is not None:
+            try:
+                targets = landing_of(cmd, header.r, header.b, len(layout))
+            except Exception:  # noqa: BLE001 - no place: the arrays are copied out as usual
+                targets = None
+        ok = False
+        try:
+            for i, item in enumerate(layout):
+                target = targets.get(i) if targets else None
+                arrays.append(
+                    _decode_array(i, item, frames[i + 1 : i + 2], placed, ring, target, lent)
+                )
+            ok = True
+        finally:
+            if not (ok and lent):  # what was taken out may be overwritten
+                ring.commit()
     return Message(
         cmd=cmd,
         req=header.r,
@@ -477,6 +514,7 @@ def _decode_plain(frames: list[Any], max_bytes: int) -> Message | None:
         arrays=arrays,
         sent_at=header.t,
         nbytes=size,
+        lease=ring if ring is not None and lent else None,
     )
 
 
