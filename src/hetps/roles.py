@@ -120,7 +120,12 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
     planner = None
     if cfg.balance != "none":
         planner = Planner.from_config(cfg)
-        sched.register(P.BALANCE_REPORT, planner.handle, on_worker_finished=planner.release)
+        sched.register(
+            P.BALANCE_REPORT,
+            planner.handle,
+            on_worker_finished=planner.release,
+            quick=planner.take,
+        )
     if cfg.metrics_port is not None:  # live metrics (HETPS_METRICS_PORT, docs/LIVE.md)
         from hetps.metrics.live import LiveMetrics
 

@@ -694,3 +694,26 @@ def test_a_worker_sending_rounds_far_ahead_is_refused_past_the_bound():
     _report(p, sched, 1, 2, [])  # round 2, reported by both: answered to both
     assert sorted(sched.to[-2:]) == [P.worker_id(0), P.worker_id(1)]
     assert "error" not in sched.raw[-1][0]
+
+
+def test_a_report_taken_on_the_loop_leaves_only_the_release_for_the_services_thread():
+    """``take`` (the scheduler runs it on its loop) keeps a report and returns the release
+    only with the round's last one; nothing is answered before that release runs, and it
+    answers every worker as ``handle`` does."""
+    from hetps.cluster import commands
+    from hetps.cluster import protocol as P
+    from hetps.transport.codec import Message
+
+    p, sched = _big_round(6, 3)
+    before = len(sched.answers)
+    rests = []
+    for r in range(6):
+        msg = Message("balance_report", body={"round": 2, "samples": []})
+        msg.sender = P.worker_id(r)
+        assert commands.decode(msg) is None
+        rests.append(p.take(sched, msg))
+    assert rests[:5] == [None] * 5 and callable(rests[5])
+    assert len(sched.answers) == before  # (the release has not run)
+    rests[5]()
+    assert sorted(sched.to[before:]) == sorted(P.worker_id(r) for r in range(6))
+    assert sched.answers[before]["assign"] == sched.answers[0]["assign"]

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -303,6 +305,16 @@ class Planner:
 
     def handle(self, sched: JobPort, msg: Message) -> None:
         """One worker's report; answer everyone once every worker reported the round."""
+        release = self.take(sched, msg)
+        if release is not None:
+            release()
+
+    def take(self, sched: JobPort, msg: Message) -> Callable[[], None] | None:
+        """A report's checks, and its samples kept for the round's release (what
+        :meth:`handle` does before it), a few microseconds: the scheduler runs it on its loop
+        while its services' thread is idle. Returns the release, to run on that thread, once
+        a round has every live worker's report; None before (or when the report was
+        answered with an error)."""
         b = msg.typed  # a BalanceReport: every field's type checked by the dispatch
         rnd = b.round
         self._ensure_hosts(sched)
@@ -362,7 +374,13 @@ class Planner:
                 rank = int(self.hosts.host_of_rank[rank])
             if 0 <= rank < len(ends):
                 self.links.spread_turn(way, ends[rank])
-        self.release(sched)
+        return partial(self.release, sched) if self.ripe(sched) else None
+
+    def ripe(self, sched: JobPort) -> bool:
+        """Whether a waiting round has every live, unfinished worker's report (a set's size
+        compared first: until a round's last report, no walk)."""
+        live = self.live_workers(sched)
+        return any(reads.rows.keys() >= live for reads in self.pending.values())
 
     def live_workers(self, sched: JobPort) -> set[int]:
         """The scheduler's live, unfinished workers. Its node table, dead and finished nodes

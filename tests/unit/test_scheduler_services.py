@@ -1,0 +1,109 @@
+"""A service's quick part runs on the scheduler's loop while its services' thread is idle,
+and every service still sees its messages in the order they came."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from hetps.cluster import protocol as P
+from hetps.cluster.protocol import NodeInfo
+from hetps.roles import new_scheduler
+from hetps.transport.codec import Message
+from roles import loopback_config
+
+
+@pytest.fixture
+def sched():
+    s = new_scheduler(loopback_config("scheduler", num_worker=1))
+    s.nodes = {9: NodeInfo(9, "worker", 0, "127.0.0.1", 2)}
+    s.send_to = lambda nid, msg: None
+    t = threading.Thread(target=s._serve_services, daemon=True)  # its services' thread
+    t.start()
+    yield s
+    s._service_q.put(None)
+    t.join(5)
+    s.van.close()
+
+
+def _report(seq: int) -> Message:
+    return Message(P.METRICS_REPORT, sender=9, req=seq + 1, body={"seq": seq + 1, "t": 1.0})
+
+
+def _n(m: Message) -> int:
+    return m.typed.seq - 1  # (a report's seq counts from 1)
+
+
+def _idle(s) -> None:
+    """Until the services' thread finished every job handed to it."""
+    deadline = time.monotonic() + 10
+    while s._jobs and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert not s._jobs, "the services' thread did not finish its jobs"
+
+
+def test_a_quick_part_runs_on_the_loop_and_only_its_rest_on_the_services_thread(sched):
+    seen = []
+    done = threading.Event()
+    loop = threading.current_thread()  # (this thread dispatches, as the loop does)
+
+    def rest(seq):
+        seen.append(("rest", seq, threading.current_thread() is loop))
+        done.set()
+
+    def quick(s, m):
+        seen.append(("quick", _n(m), threading.current_thread() is loop))
+        return (lambda: rest(_n(m))) if _n(m) == 1 else None
+
+    def handler(s, m):
+        seen.append(("handler", _n(m), threading.current_thread() is loop))
+
+    sched.register(P.METRICS_REPORT, handler, quick=quick)
+    sched._dispatch(_report(0))  # nothing left: no hand-off at all
+    assert seen == [("quick", 0, True)] and not sched._jobs
+    sched._dispatch(_report(1))
+    assert done.wait(10)
+    assert seen[1:] == [("quick", 1, True), ("rest", 1, False)]
+
+
+def test_while_the_services_thread_works_the_next_messages_wait_behind_it(sched):
+    seen = []
+    gate, started = threading.Event(), threading.Event()
+
+    def rest():
+        started.set()
+        gate.wait(10)  # (a long release: the next messages come meanwhile)
+        seen.append("rest 0")
+
+    def quick(s, m):
+        seen.append(f"quick {_n(m)}")
+        return rest if _n(m) == 0 else None
+
+    sched.register(P.METRICS_REPORT, lambda s, m: seen.append(f"handler {_n(m)}"),
+                   quick=quick)  # fmt: skip
+    sched._dispatch(_report(0))
+    assert started.wait(10)
+    sched._dispatch(_report(1))  # queued behind the release, not run beside it
+    sched._dispatch(_report(2))
+    assert seen == ["quick 0"]
+    gate.set()
+    _idle(sched)
+    assert seen == ["quick 0", "rest 0", "handler 1", "handler 2"]
+    sched._dispatch(_report(3))  # idle again: on the loop
+    assert seen[-1] == "quick 3" and not sched._jobs
+
+
+def test_a_service_without_a_quick_part_always_runs_on_its_thread(sched):
+    where = []
+    done = threading.Event()
+    loop = threading.current_thread()
+
+    def handler(s, m):
+        where.append(threading.current_thread() is loop)
+        done.set()
+
+    sched.register(P.METRICS_REPORT, handler)
+    sched._dispatch(_report(0))
+    assert done.wait(10) and where == [False]
