@@ -140,3 +140,25 @@ def test_a_failure_of_a_later_future_ends_the_call_at_once():
     finally:
         tracker.fail_all(RequestError("test over"))
         thread.join(5)
+
+
+def test_a_request_says_what_it_is_only_when_an_error_needs_it():
+    """A future may be given what makes its text (a request of the worker's pipeline: its
+    command, key and server); it is made once, when an error says it, never per request."""
+    from functools import partial
+
+    from hetps.kvstore.pipeline import _what
+
+    asked: list[int] = []
+
+    class _Node:
+        def describe(self, peer: int) -> str:
+            asked.append(peer)
+            return f"server {peer // 2 - 4}"
+
+    tracker = RequestTracker()
+    fut = tracker.new(10, partial(_what, "spull", "t", _Node(), 10))
+    assert asked == []  # (nothing made for a request that is answered)
+    with pytest.raises(RequestTimeout, match=r"^spull of key 't' on server 1: no answer from"):
+        fut.wait(0.01)
+    assert fut.what == "spull of key 't' on server 1" and asked == [10]  # made once

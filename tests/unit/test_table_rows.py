@@ -180,6 +180,43 @@ def test_a_rounds_sum_adds_each_rows_pushes_in_order():
         assert rows.tobytes() == np.array([want[i] for i in sorted(want)], np.float32).tobytes()
 
 
+def test_a_rounds_pushes_of_distinct_ids_are_gathered_once_not_summed(monkeypatch):
+    """Where no id is in two pushes (workers' own rows), each row is its push's, bit for bit,
+    gathered once in id order (no placing and adding); rows of another dtype, and pushes that
+    share an id, take the summing path and give the same as a loop per id."""
+    from hetps.tables import lazy
+
+    rng = np.random.default_rng(5)
+    perm = rng.permutation(200).astype(np.int64)
+    summed: list[int] = []
+    real = lazy._summed
+
+    def spy(pushes, *a):
+        summed.append(len(pushes))
+        return real(pushes, *a)
+
+    monkeypatch.setattr(lazy, "_summed", spy)
+    for n in (2, 3, 4):
+        cuts = np.sort(rng.choice(np.arange(1, 120), n - 1, replace=False))
+        parts = np.split(perm[:120], cuts)  # disjoint, interleaved ids
+        pushes = [(np.sort(p), rng.standard_normal((p.size, 3)).astype(np.float32)) for p in parts]
+        ids, rows = lazy.sum_rows(pushes, 3, np.float32)
+        want = {i: r for pid, pv in pushes for i, r in zip(pid.tolist(), pv, strict=True)}
+        assert ids.tolist() == sorted(want)
+        assert rows.tobytes() == np.array([want[i] for i in sorted(want)], np.float32).tobytes()
+    ends = [
+        (np.arange(0, 5), np.ones((5, 3), np.float32)),
+        (np.arange(9, 12), np.zeros((3, 3), np.float32)),
+    ]
+    ids, rows = lazy.sum_rows(ends, 3, np.float32)  # in order end to end
+    assert ids.tolist() == [0, 1, 2, 3, 4, 9, 10, 11] and rows.sum() == 15
+    assert summed == []  # (none of them placed and added)
+    wide = [(np.array([4, 1]), np.ones((2, 3), np.float64)), (np.array([2]), np.ones((1, 3)))]
+    wide = [(np.sort(i), r) for i, r in wide]
+    ids, rows = lazy.sum_rows(wide, 3, np.float32)  # float64 rows: cast as they are placed
+    assert rows.dtype == np.float32 and ids.tolist() == [1, 2, 4] and summed == [2]
+
+
 def test_owners_are_the_ids_modulo_the_servers():
     """A table's rows go to server ``id % S``: by a mask for a power of two, a modulo else."""
     from hetps.tables.worker import owners

@@ -393,7 +393,7 @@ class Node:
         peer: int,
         msg: Message,
         callback: Callable[[Message], None] | None = None,
-        what: str | None = None,
+        what: str | Callable[[], str] | None = None,
         track: bool = False,
         landing: Any = None,
         send: bool = True,

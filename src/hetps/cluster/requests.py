@@ -60,7 +60,7 @@ class Future:
     __slots__ = (
         "req",
         "peer",
-        "what",
+        "_what",
         "landing",
         "_done",
         "_ending",
@@ -79,13 +79,14 @@ class Future:
         self,
         req: int,
         peer: int,
-        what: str,
+        what: str | Callable[[], str],
         callback: Callable[[Any], None] | None,
         tracker: RequestTracker | None = None,
     ):
         self.req = req
         self.peer = peer
-        self.what = what
+        # what the request is, for its errors: a text, or what makes it (made only if needed)
+        self._what = what
         # where the reply's first array may be written straight from a shared-memory ring
         # (flat, contiguous, writable; its callback then finds it in place)
         self.landing: Any = None
@@ -106,6 +107,14 @@ class Future:
         # called with the error when it fails (in the failing thread), as callback is with
         # the answer
         self.errback: Callable[[BaseException], None] | None = None
+
+    @property
+    def what(self) -> str:
+        """What the request is (``"spush of key 't' on server 0"``), as its errors say it."""
+        what = self._what
+        if not isinstance(what, str):
+            what = self._what = what()
+        return what
 
     def join(self, group: _Group) -> bool:
         """Wake ``group`` too when this ends (False: it has ended; under ``_ENDING``)."""
@@ -227,7 +236,12 @@ class RequestTracker:
         # failed takes it once, so nothing writes into its array after it has its error
         self.landing_guard = threading.Lock()
 
-    def new(self, peer: int, what: str, callback: Callable[[Any], None] | None = None) -> Future:
+    def new(
+        self,
+        peer: int,
+        what: str | Callable[[], str],
+        callback: Callable[[Any], None] | None = None,
+    ) -> Future:
         """A new future for a request to ``peer``; fails at once if the cluster is broken."""
         fut = Future(next(self._ids), peer, what, callback, self)
         with self._lock:

@@ -114,12 +114,41 @@ def sum_rows(
     a host's sum is bit for bit the one a server makes of the host's workers' pushes.
 
     One stable sort of the ids places every push's rows (no search per push); each push's
-    rows are written whole, and only the rows an earlier push holds too are added."""
+    rows are written whole, and only the rows an earlier push holds too are added. Where no
+    id is in two pushes (each row is one push's), the rows are gathered once in id order."""
     if len(pushes) == 1:
         return pushes[0][0], pushes[0][1].reshape(-1, cols)
-    ids, inv = distinct_inverse(np.concatenate([p[0] for p in pushes]))
-    if inv is None:  # (their ids in order end to end, none twice: each push's rows follow)
-        inv = np.arange(ids.size)
+    every = np.concatenate([p[0] for p in pushes])
+    dtype = np.dtype(dtype)
+    if every.size < 2 or bool((every[1:] > every[:-1]).all()):
+        order = s = None  # (their ids in order end to end, none twice: each push's rows follow)
+    else:
+        order = np.argsort(every, kind="stable")
+        s = every[order]
+        first = np.empty(s.size, bool)
+        first[0] = True
+        np.not_equal(s[1:], s[:-1], out=first[1:])
+        if not first.all():  # rows two pushes hold: placed, then added (below)
+            inv = np.empty(every.size, np.int64)
+            inv[order] = np.cumsum(first) - 1
+            return _summed(pushes, s[first], inv, cols, dtype)
+    if any(p[1].dtype != dtype for p in pushes):  # (rows cast as they are placed)
+        inv = np.arange(every.size) if order is None else np.argsort(order)
+        return _summed(pushes, every if s is None else s, inv, cols, dtype)
+    # no id twice: every row is one push's, taken as it is (one gather, no sum)
+    rows = np.concatenate([p[1].reshape(-1, cols) for p in pushes])
+    return (every, rows) if order is None else (s, take_rows(rows, order))
+
+
+def _summed(
+    pushes: list[tuple[np.ndarray, np.ndarray]],
+    ids: np.ndarray,
+    inv: np.ndarray,
+    cols: int,
+    dtype: np.dtype,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`sum_rows` of ``pushes`` whose ids, end to end, are ``ids[inv]``: each push's
+    rows written whole, and the rows an earlier push holds too added."""
     grad = np.empty((ids.size, cols), dtype)
     seen = np.zeros(ids.size, bool)
     at = 0

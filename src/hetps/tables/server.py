@@ -351,27 +351,33 @@ class Tables:
             answers.reply(m, {"error": error} if error else None)
         for m in deferred:  # (each answered, whatever the others' requests held)
             try:
-                self._pull(m)
+                self._pull(m, checked=True)
             except BadRequest as exc:
                 answers.reply(m, {"error": str(exc)})
         for m in backlog:
             self.server.handle(m)
 
-    def _pull(self, msg: Message) -> None:
+    def _pull(self, msg: Message, checked: bool = False) -> None:
+        """Answer a pull with its rows (or keep it for its round); ``checked``: a pull that
+        waited for its round here, whose ids were checked when it came."""
         sh = self._shard(msg)
-        if len(msg.arrays) != 1:
-            raise BadRequest(f"spull of key {sh.key!r}: expected one array of row ids")
-        # sorted and distinct (a worker sends each id once), so the reply's size is known
-        # from its ids before anything is built
-        ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), True)
-        row = sh.cols * sh.dtype.itemsize
-        if ids.size * row > self.pull_bound:
-            raise BadRequest(
-                f"spull of key {sh.key!r}: {ids.size} row ids ({int(ids[0])} to {int(ids[-1])}) "
-                f"of {row} bytes a row ask {ids.size * row} bytes, over the bound on one "
-                f"pull's reply of {self.pull_bound} bytes (HETPS_TABLE_PULL_BYTES); a worker "
-                "splits its pulls by it: give the workers and the servers the same value"
-            )
+        if checked:
+            ids = msg.arrays[0].reshape(-1)
+        else:
+            if len(msg.arrays) != 1:
+                raise BadRequest(f"spull of key {sh.key!r}: expected one array of row ids")
+            # sorted and distinct (a worker sends each id once), so the reply's size is known
+            # from its ids before anything is built
+            ids = checked_ids(msg, sh, msg.arrays[0].reshape(-1), True)
+            row = sh.cols * sh.dtype.itemsize
+            if ids.size * row > self.pull_bound:
+                raise BadRequest(
+                    f"spull of key {sh.key!r}: {ids.size} row ids ({int(ids[0])} to "
+                    f"{int(ids[-1])}) of {row} bytes a row ask {ids.size * row} bytes, over the "
+                    f"bound on one pull's reply of {self.pull_bound} bytes "
+                    "(HETPS_TABLE_PULL_BYTES); a worker splits its pulls by it: give the workers "
+                    "and the servers the same value"
+                )
         worker = msg.sender
         if sh.copying or any(m.sender == worker for m in sh.backlog):
             self.hold(sh, msg)  # (a round's copy is out: answered once it is applied there)

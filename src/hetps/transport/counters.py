@@ -26,7 +26,9 @@ class LinkCounters:
     def count(self, peer: int, nbytes: int, sent: bool) -> None:
         """Count one message of ``nbytes`` sent to (or received from) ``peer``."""
         with self.lock:
-            st = self.links.setdefault(peer, LinkStats())
+            st = self.links.get(peer)
+            if st is None:  # (not setdefault: it would make a LinkStats every message)
+                st = self.links[peer] = LinkStats()
             if sent:
                 st.bytes_sent += nbytes
                 st.msgs_sent += 1

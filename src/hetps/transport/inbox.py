@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import zmq
@@ -85,6 +86,7 @@ class Inbox:
         self.waiting = Waiting()  # messages whose bulk frames are still to come
         self.ready: deque[Message] = deque()  # decoded, not handed out yet
         self.lent: Message | None = None
+        self._landings: dict[int, partial] = {}  # sender -> van.landing_of bound to it
 
     def recv(self, timeout: float | None = None) -> Message | None:
         """Receive one message, or None after ``timeout`` seconds. Bad messages are logged and
@@ -234,11 +236,10 @@ class Inbox:
                 if full:
                     log.warning("%s dropped the oldest offer of an unknown connection", van.name)
             return
-        now = time.time()
         msg.backlogged = waited
         van.counters.count(msg.sender, msg.nbytes, sent=False)
         if van.observer is not None:
-            van.observer("recv", msg.sender, msg.cmd, msg.nbytes, now)
+            van.observer("recv", msg.sender, msg.cmd, msg.nbytes, time.time())
         if van.verbose >= 2:
             van.trace("<-", msg.sender, msg)
         self.ready.append(msg)
@@ -250,7 +251,10 @@ class Inbox:
         landing_of = van.landing_of
         if landing_of is None or sender == UNKNOWN:
             return None
-        return lambda cmd, req, body, count: landing_of(sender, cmd, req, body, count)
+        made = self._landings.get(sender)  # (one per sender, not one per message)
+        if made is None or made.func is not landing_of:
+            made = self._landings[sender] = partial(landing_of, sender)
+        return made
 
     def release(self, msg: Message) -> None:
         """Give the ring space of ``msg``'s lent arrays back to its sender. The arrays it still

@@ -379,13 +379,16 @@ class Van:
         tracker tells when ZeroMQ no longer needs the arrays' memory. While the message cannot
         leave (a full queue, or no connection: a refused handshake leaves none), ``give_up()``
         is asked between tries: a reason ends the send with :class:`PeerGone`."""
-        ring = (
-            self._ring(peer, msg)
-            if peer in self._local
-            else self.bulk.sender(self, peer, msg)
-            if self.bulk is not None and peer in self.bulk.offers
-            else None
-        )
+        floor = None  # (the smallest array for the ring or channel: worked out once)
+        if peer in self._local:
+            floor = self._ring_floor(msg)
+            ring = self._ring(peer) if floor is not None else None
+        elif self.bulk is not None and peer in self.bulk.offers:
+            ring = self.bulk.sender(self, peer, msg)
+            if ring is not None:
+                floor = self.bulk_floor(msg)
+        else:
+            ring = None
         frames = encode(msg) if ring is None else None
         with self._peers_lock:
             sock = self._peers.get(peer)
@@ -399,7 +402,7 @@ class Van:
         with lock:
             bulk = None if isinstance(ring, OutRing) else ring
             if frames is None:  # into the ring (or channel) in the order the messages leave
-                floor = (self._ring_floor(msg) if bulk is None else self.bulk_floor(msg)) or 0
+                floor = floor or 0
                 sizes = [a.nbytes for a in msg.arrays if a.nbytes >= floor and a.nbytes]
                 if bulk is None and not ring.fits(sizes):
                     # the receiver is behind: it empties the ring at memory speed, faster
@@ -413,46 +416,50 @@ class Van:
                     raise
             # zero-copy for big frames, unless they are the caller's memory (``borrowed``:
             # ZeroMQ would read them after this returns): then ZeroMQ copies them now
-            big = not msg.borrowed and any(
-                isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES
-                for f in frames[1:]
-            )
-
-            def check() -> None:  # between tries while a send cannot leave
-                if self._closed:
-                    raise PeerGone(f"{self.name}: van is closed")
-                if peer in self._dead:
-                    raise PeerGone(f"{self.name}: peer {peer} is dead")
-                if bulk is not None and bulk.lost():
-                    raise PeerGone(f"{self.name}: the bulk connection to peer {peer} was lost")
-                why = give_up() if give_up is not None else None
-                if why is not None:
-                    raise PeerGone(f"{self.name}: {why}")
-
+            big = False
+            if not msg.borrowed:
+                for f in frames[1:]:
+                    if isinstance(f, memoryview) or getattr(f, "nbytes", 0) >= ZERO_COPY_BYTES:
+                        big = True
+                        break
             try:
                 while True:
                     if self._closed or peer in self._dead:
-                        check()
+                        self._check_send(peer, bulk, give_up)
                     try:
                         # ZeroMQ takes a multipart message whole or not at all (HWM is
                         # checked at the first frame), so a timed-out attempt sent nothing
                         tracker = send_frames(sock, frames, not big, track and big)
                         break
                     except zmq.Again:
-                        check()
-                if bulk is not None:
-                    bulk.flush(check)  # the header is out: its bulk frames follow it
+                        self._check_send(peer, bulk, give_up)
+                if bulk is not None:  # the header is out: its bulk frames follow it
+                    bulk.flush(lambda: self._check_send(peer, bulk, give_up))
             finally:
                 if bulk is not None:
                     bulk.discard()
-        now = time.time()
         if isinstance(peer, int):
             self.counters.count(peer, msg.nbytes, sent=True)
         if self.observer is not None:
-            self.observer("send", peer, msg.cmd, msg.nbytes, now)
+            self.observer("send", peer, msg.cmd, msg.nbytes, time.time())
         if self.verbose >= 2:
             self.trace("->", peer, msg)
         return tracker if (track and big) else None
+
+    def _check_send(
+        self, peer: Any, bulk: OutChannel | None, give_up: Callable[[], str | None] | None
+    ) -> None:
+        """Between tries while a send to ``peer`` cannot leave: :class:`PeerGone` when the van
+        closed, the peer is dead, its bulk connection was lost or ``give_up()`` says why."""
+        if self._closed:
+            raise PeerGone(f"{self.name}: van is closed")
+        if peer in self._dead:
+            raise PeerGone(f"{self.name}: peer {peer} is dead")
+        if bulk is not None and bulk.lost():
+            raise PeerGone(f"{self.name}: the bulk connection to peer {peer} was lost")
+        why = give_up() if give_up is not None else None
+        if why is not None:
+            raise PeerGone(f"{self.name}: {why}")
 
     def ring_open(self, peer: Any) -> bool:
         """Whether arrays to ``peer`` go through an open shared-memory ring (copied into it
@@ -470,10 +477,9 @@ class Van:
         """The smallest of ``msg``'s arrays that goes into a bulk channel (or None)."""
         return ring_floor(msg.arrays, max(self.ring_min, BULK_MIN_BYTES))
 
-    def _ring(self, peer: Any, msg: Message) -> OutRing | None:
-        """The open ring to ``peer`` if ``msg`` has arrays for it; offers one on first need."""
-        if self._ring_floor(msg) is None:
-            return None
+    def _ring(self, peer: Any) -> OutRing | None:
+        """The open ring to ``peer`` (for a message with arrays for it: the caller asks
+        :meth:`_ring_floor`); offers one on first need."""
         stale = None
         with self._ring_lock:
             if peer in self._rings_out:
