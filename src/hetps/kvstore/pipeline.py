@@ -134,6 +134,12 @@ class Pipeline:
         """The requests of the call in progress on this thread that wait to be batched."""
         return getattr(self._tl, "items", None)
 
+    def collect(self, items: list | None) -> list | None:
+        """This thread's requests go into ``items`` from now on (None: sent as they come);
+        returns ``items``."""
+        self._tl.items = items
+        return items
+
     def batched(self, deferred: bool = False, park: bool = False) -> _Batched:
         """Within: the small requests of the call go to each server as one message (a batch,
         :mod:`hetps.cluster.batch`) when the block ends, each request with its own id and
@@ -199,12 +205,12 @@ class _Batched:
     def __enter__(self) -> None:
         pipe = self.pipe
         if pipe.batch_bytes and pipe.collecting() is None:  # (else: an outer block's)
-            self.items = pipe._tl.items = []
+            self.items = pipe.collect([])
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
         items = self.items
         if items is not None:  # (sent even when the block raised: its futures exist)
-            self.items = self.pipe._tl.items = None
+            self.items = self.pipe.collect(None)
             if items:
                 self.pipe.flush(items, self.deferred, self.park)
         return False
