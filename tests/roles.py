@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
+
 from hetps.config import NodeConfig
 from hetps.kvstore.client import DistKVStore
 from hetps.roles import new_worker_store
@@ -85,3 +87,28 @@ def read_port(stream) -> int:
             return int(match.group(1))
         seen.append(line)
     raise AssertionError("the scheduler ended before printing its port:\n" + "".join(seen))
+
+
+class ServerNodeStub:
+    """What a server's parts read of its node in an in-process unit test: its workers' roles,
+    and where its replies go, kept as ``(sender, req, body)``; with ``rows``, as
+    ``(sender, req, body, arrays)``, each array copied when the reply is made (a table's rows
+    may be gathered lazily)."""
+
+    def __init__(self, workers, rows: bool = False) -> None:
+        self.roles = dict.fromkeys(workers, "worker")
+        self.rows = rows
+        self.replies: list = []
+
+    def role_of(self, node_id: int) -> str | None:
+        return self.roles.get(node_id)
+
+    def workers(self) -> list:
+        return list(self.roles)
+
+    def reply(self, msg, body=None, arrays=None, track=False):
+        if self.rows:
+            kept = [np.array(np.asarray(a)) for a in arrays or []]
+            self.replies.append((msg.sender, msg.req, body, kept))
+        else:
+            self.replies.append((msg.sender, msg.req, body))

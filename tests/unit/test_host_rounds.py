@@ -12,29 +12,15 @@ import pytest
 
 from hetps.roles import new_server
 from hetps.transport.codec import Message
+from roles import ServerNodeStub
 
 WORKERS = (9, 11, 13, 15)  # two hosts of two: 9, 11 on group 0; 13, 15 on group 1
 HOST = {9: (0, 0), 11: (0, 1), 13: (1, 0), 15: (1, 1)}
 N = 1000
 
 
-class _Node:
-    def __init__(self) -> None:
-        self.roles = {w: "worker" for w in WORKERS}
-        self.replies: list = []
-
-    def role_of(self, node_id: int) -> str | None:
-        return self.roles.get(node_id)
-
-    def workers(self) -> list:
-        return list(self.roles)
-
-    def reply(self, msg, body=None, arrays=None, track=False):
-        self.replies.append((msg.sender, msg.req, body))
-
-
 def _server():
-    node = _Node()
+    node = ServerNodeStub(WORKERS)
     srv = new_server(node)
     body = {"k": "w", "part": 0, "size": N, "shape": [N], "dtype": "float32", "off": 0, "n": N}
     srv.handle(Message("init", sender=9, req=1, body=body, arrays=[np.zeros(N, np.float32)]))

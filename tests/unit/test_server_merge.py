@@ -13,25 +13,11 @@ from hetps.kvstore.server import KVServer
 from hetps.optim import kernels
 from hetps.roles import new_server
 from hetps.transport.codec import Message
+from roles import ServerNodeStub
 
 WORKERS = (9, 11, 13)
 CE = 4 * kernels.CHUNK + 48  # elements per pushed chunk (a multiple of 16)
 N = 3 * CE + 1000  # the part: three whole chunks and a short one
-
-
-class _Node:
-    def __init__(self) -> None:
-        self.roles = {w: "worker" for w in WORKERS}
-        self.replies: list = []
-
-    def role_of(self, node_id: int) -> str | None:
-        return self.roles.get(node_id)
-
-    def workers(self) -> list:
-        return list(self.roles)
-
-    def reply(self, msg, body=None, arrays=None, track=False):
-        self.replies.append((msg.sender, msg.req, body))
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +27,8 @@ def two_threads():
     kernels.set_threads(0)
 
 
-def _server() -> tuple[KVServer, _Node]:
-    node = _Node()
+def _server() -> tuple[KVServer, ServerNodeStub]:
+    node = ServerNodeStub(WORKERS)
     srv = new_server(node)
     body = {"k": "w", "part": 0, "size": N, "shape": [N], "dtype": "float32", "off": 0, "n": N}
     srv.handle(Message("init", sender=9, req=1, body=body, arrays=[np.zeros(N, np.float32)]))

@@ -13,6 +13,7 @@ import pytest
 from hetps.roles import new_server
 from hetps.tables.lazy import sum_rows
 from hetps.transport.codec import Message
+from roles import ServerNodeStub
 
 WORKERS = (9, 11, 13, 15)  # two hosts of two: 9, 11 on group 0; 13, 15 on group 1
 HOST = {9: (0, 0), 11: (0, 1), 13: (1, 0), 15: (1, 1)}
@@ -20,23 +21,8 @@ ROWS, COLS = 50, 3
 _req = itertools.count(100)
 
 
-class _Node:
-    def __init__(self) -> None:
-        self.roles = {w: "worker" for w in WORKERS}
-        self.replies: list = []
-
-    def role_of(self, node_id: int) -> str | None:
-        return self.roles.get(node_id)
-
-    def workers(self) -> list:
-        return list(self.roles)
-
-    def reply(self, msg, body=None, arrays=None, track=False):
-        self.replies.append((msg.sender, msg.req, body))
-
-
 def _server():
-    node = _Node()
+    node = ServerNodeStub(WORKERS)
     srv = new_server(node)
     body = {"k": "t", "part": 0, "nparts": 1, "rows": ROWS, "cols": COLS, "dtype": "float32",
             "scale": 0.0, "seed": 0, "bound": 0}  # fmt: skip

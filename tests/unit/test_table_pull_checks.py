@@ -11,30 +11,15 @@ import numpy as np
 from hetps.roles import new_server
 from hetps.tables import server as table_server
 from hetps.transport.codec import Message
+from roles import ServerNodeStub
 
 W0, W1 = 9, 11
 ROWS, COLS = 40, 4
 _req = itertools.count(100)
 
 
-class _Node:
-    def __init__(self) -> None:
-        self.roles = {W0: "worker", W1: "worker"}
-        self.replies: list = []
-
-    def role_of(self, node_id: int) -> str | None:
-        return self.roles.get(node_id)
-
-    def workers(self) -> list:
-        return list(self.roles)
-
-    def reply(self, msg, body=None, arrays=None, track=False):
-        rows = [np.array(np.asarray(a)) for a in arrays or []]  # (a Rows: gathered now)
-        self.replies.append((msg.sender, msg.req, body, rows))
-
-
 def _server():
-    node = _Node()
+    node = ServerNodeStub((W0, W1), rows=True)
     srv = new_server(node)
     body = {"k": "t", "part": 0, "nparts": 1, "rows": ROWS, "cols": COLS, "dtype": "float32",
             "scale": 0.0, "seed": 0, "bound": 0}  # fmt: skip
