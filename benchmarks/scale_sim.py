@@ -809,6 +809,7 @@ class _PlannerPort:
         )
         self.dead: set = set()
         self.finished: set = set()
+        self.rejoined: dict = {}  # (node -> times taken back)
         self.answers = 0
 
     def reply(self, msg: Message, body: dict | None = None, arrays: list | None = None) -> None:

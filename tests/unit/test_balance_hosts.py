@@ -30,6 +30,7 @@ class _Sched:
         }
         self.dead: set = set()
         self.finished: set = set()
+        self.rejoined: dict = {}  # (node -> times taken back)
         self.answers: list = []
 
     def reply(self, msg, body, arrays=None):

@@ -43,6 +43,7 @@ class _Sched:
         self.nodes = {P.worker_id(r): type("N", (), {"role": "worker"})() for r in range(workers)}
         self.dead: set = set()
         self.finished: set = set()
+        self.rejoined: dict = {}  # (node -> times taken back)
         self.answers: list = []
         self.to: list = []  # who got each answer
         self.raw: list = []  # each answer as sent: (body, arrays)
@@ -717,3 +718,21 @@ def test_a_report_taken_on_the_loop_leaves_only_the_release_for_the_services_thr
     rests[5]()
     assert sorted(sched.to[before:]) == sorted(P.worker_id(r) for r in range(6))
     assert sched.answers[before]["assign"] == sched.answers[0]["assign"]
+
+
+def test_a_worker_taken_back_and_another_let_go_between_two_reads_change_the_live_set():
+    """The live workers are read again when the node table changed, even when its sizes
+    did not: a let-go worker taken back (out of ``dead``) and another let go (into it)
+    before the planner looked again leave ``dead`` as long as it was. The round then waits
+    for the one taken back, not for the one let go (which would never report)."""
+    from hetps.cluster import protocol as P
+
+    p = Planner("aware", num_workers=4, num_servers=2, colocate=False, slice_elems=100)
+    sched = _Sched(workers=4)
+    w1, w2 = P.worker_id(1), P.worker_id(2)
+    sched.dead = {w1: "let go"}
+    assert w1 not in p.live_workers(sched)
+    del sched.dead[w1]  # taken back (takeover.take_back counts it in ``rejoined``)
+    sched.rejoined[w1] = 1
+    sched.dead[w2] = "let go"
+    assert p.live_workers(sched) == {P.worker_id(r) for r in (0, 1, 3)}

@@ -119,7 +119,7 @@ class Planner:
         # read at (those only grow): rebuilt when a node registers, dies or finishes, not on
         # every report
         self._live: set[int] = set()
-        self._live_at: tuple[int, int, int] | None = None
+        self._live_at: tuple[int, int, int, int] | None = None
         self._live_rows: set[int] = set()  # (their rows of the link model)
         self._net_memo: list | None = None  # within a round's release: its caps, read once
         # worker rank -> its host pushes once for it (aggregation; its last report says)
@@ -383,9 +383,16 @@ class Planner:
         return any(reads.rows.keys() >= live for reads in self.pending.values())
 
     def live_workers(self, sched: JobPort) -> set[int]:
-        """The scheduler's live, unfinished workers. Its node table, dead and finished nodes
-        only ever grow, so their sizes say when the set must be read again."""
-        at = (len(sched.nodes), len(sched.dead), len(sched.finished))
+        """The scheduler's live, unfinished workers. Its node table and finished nodes only
+        ever grow; dead nodes grow too, but for one taken back (a let-go worker registered
+        again), which counts in ``rejoined``: those sizes say when the set must be read
+        again (a taken-back worker and another let go leave ``dead`` as long as it was)."""
+        at = (
+            len(sched.nodes),
+            len(sched.dead),
+            len(sched.finished),
+            sum(sched.rejoined.values()),
+        )
         if at != self._live_at:
             workers = [(nid, n) for nid, n in sched.nodes.items() if n.role == "worker"]
             self._live = {
