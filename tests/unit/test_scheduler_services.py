@@ -4,7 +4,6 @@ and every service still sees its messages in the order they came."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -20,8 +19,8 @@ def sched():
     s = new_scheduler(loopback_config("scheduler", num_worker=1))
     s.nodes = {9: NodeInfo(9, "worker", 0, "127.0.0.1", 2)}
     s.send_to = lambda nid, msg: None
-    t = threading.Thread(target=s._serve_services, daemon=True)  # its services' thread
-    t.start()
+    t = s._service_thread = threading.Thread(target=s._serve_services, daemon=True)
+    t.start()  # (its services' thread)
     yield s
     s._service_q.put(None)
     t.join(5)
@@ -36,12 +35,12 @@ def _n(m: Message) -> int:
     return m.typed.seq - 1  # (a report's seq counts from 1)
 
 
-def _idle(s) -> None:
-    """Until the services' thread finished every job handed to it."""
-    deadline = time.monotonic() + 10
-    while s._jobs and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert not s._jobs, "the services' thread did not finish its jobs"
+def _drained(s) -> None:
+    """Until the services' thread ran every job handed to it: it is told to end after them
+    and joined (the fixture's own end then finds it ended)."""
+    s._service_q.put(None)
+    s._service_thread.join(10)
+    assert not s._service_thread.is_alive() and not s._jobs
 
 
 def test_a_quick_part_runs_on_the_loop_and_only_its_rest_on_the_services_thread(sched):
@@ -89,7 +88,7 @@ def test_while_the_services_thread_works_the_next_messages_wait_behind_it(sched)
     sched._dispatch(_report(2))
     assert seen == ["quick 0"]
     gate.set()
-    _idle(sched)
+    _drained(sched)
     assert seen == ["quick 0", "rest 0", "handler 1", "handler 2"]
     sched._dispatch(_report(3))  # idle again: on the loop
     assert seen[-1] == "quick 3" and not sched._jobs

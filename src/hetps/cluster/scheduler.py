@@ -545,7 +545,7 @@ class Scheduler:
         since = now - self.cfg.heartbeat_timeout  # (one comparison per node: 4,224 a tick)
         for nid in [nid for nid, seen in self.last_seen.items() if seen < since]:
             if nid not in self.dead and nid not in self.finished:
-                seen = self.last_seen[nid]
+                seen = self.last_seen.get(nid, since)  # (one declared dead may take others)
                 self.launcher.declare_silent(
                     nid,
                     f"stopped answering heartbeats for {now - seen:.1f} s "
