@@ -93,14 +93,24 @@ class Job:
             plan = self.sched.services[P.BALANCE_REPORT]
             self.planner = plan.__self__  # (the scheduler's Planner)
 
-            def report(sched, msg):
+            take = self.sched.quick_parts[P.BALANCE_REPORT]  # (on the loop while idle)
+
+            def keep(msg):
                 self.reports.append((msg.sender, msg.typed.round, msg.typed.host or [msg.sender]))
                 self.samples.append(np.array(msg.arrays[0]) if msg.arrays else np.zeros((0, 6)))
                 times = np.array(msg.arrays[1]) if len(msg.arrays) > 1 else np.zeros((0, 3))
                 self.times.append((times, list(msg.typed.host_rows or [])))
+
+            def report(sched, msg):
+                keep(msg)
                 plan(sched, msg)
 
+            def report_quick(sched, msg):
+                keep(msg)
+                return take(sched, msg)
+
             self.sched.services[P.BALANCE_REPORT] = report
+            self.sched.quick_parts[P.BALANCE_REPORT] = report_quick
         self.thread = threading.Thread(target=self.sched.run, daemon=True)
         self.thread.start()
         port = self.sched.van.port

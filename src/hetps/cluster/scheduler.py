@@ -94,7 +94,8 @@ class Scheduler:
         self._on_worker_finished: list[Callable[[Scheduler], None]] = []
         self._on_worker_back: list[Callable[[Scheduler, NodeInfo], None]] = []
         self._on_refused: dict[str, Callable[[Scheduler, Message, str], None]] = {}
-        self._quick: dict[str, Quick] = {}
+        #: command -> its service's quick part (register's ``quick``), run on the loop
+        self.quick_parts: dict[str, Quick] = {}
         # refused messages: a few lines per window, the rest counted in one line (a forger
         # sending without end fills no disk)
         self.refused_msgs = RefusalLog("scheduler", "messages", cfg.refusal_lines)
@@ -182,7 +183,7 @@ class Scheduler:
         if on_refused is not None:
             self._on_refused[cmd] = on_refused
         if quick is not None:
-            self._quick[cmd] = quick
+            self.quick_parts[cmd] = quick
 
     def worker_finished_hooks(self) -> None:
         """A worker finished or was let go: the services' hooks run (on their thread)."""
@@ -432,7 +433,7 @@ class Scheduler:
             reason = P.printable(msg.typed.reason)
             self.declare_dead(msg.sender, f"exited with an error: {reason}")
         elif cmd in self.services:
-            quick = self._quick.get(cmd)
+            quick = self.quick_parts.get(cmd)
             if quick is not None and not self._jobs:  # (the thread is idle: nothing waits)
                 rest = quick(self, msg)
                 if rest is not None:
