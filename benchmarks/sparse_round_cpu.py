@@ -68,7 +68,9 @@ def worker(rows: int, cols: int, frac: float, opt: str, rounds: int) -> None:
     from hetps.tables.rowsparse import Table
 
     kv = hetps.kv.create("dist_sync")
-    kv.set_optimizer(optim.Adam(learning_rate=0.001) if opt == "adam" else optim.SGD(learning_rate=0.01))
+    kv.set_optimizer(
+        optim.Adam(learning_rate=0.001) if opt == "adam" else optim.SGD(learning_rate=0.01)
+    )
     kv.init(1, Table(rows, cols))
     grads = []
     for s in range(4):
