@@ -19,7 +19,9 @@ the node's own routing id (so the scheduler holds N connections, as with real no
   /proc/<pid>/stat) per interval, and every heartbeat must be answered;
 - link reports: every worker sends a ``balance_report`` as a worker's BalanceAgent does (the
   slice layout on the first, one push and one pull sample per server, each server's bytes
-  and seconds); the figures are the time from the last report until every worker has its
+  and seconds), a round's reports made first and then sent together, as the workers of a
+  synchronous round send theirs after the same pull (``--paced``: each sent as soon as it is
+  made, spread over the 0.1-0.3 s this process takes to make them); the figures are the time from the last report until every worker has its
   plan, the planner's own time per plan (``plan_s`` of the answer), the plan message's
   size, and the scheduler's CPU per round.
 
@@ -577,8 +579,14 @@ class SimCluster:
             "keeps_up": bool(ok and per_period < 0.5 * interval),
         }
 
-    def reports(self, sched: SchedulerProcess, rounds: int, timeout: float, seed: int) -> dict:
-        """Every worker reports ``rounds`` times as a BalanceAgent does; plans come back."""
+    def reports(
+        self, sched: SchedulerProcess, rounds: int, timeout: float, seed: int, paced: bool = False
+    ) -> dict:
+        """Every worker reports ``rounds`` times as a BalanceAgent does; plans come back. A
+        round's reports are made first and sent together, as the workers of a synchronous
+        round send theirs (each after the same round's pull); ``paced``: each one is sent as
+        soon as it is made, so they reach the scheduler spread over the time this process
+        takes to make them all (its CPU shared with the scheduler's)."""
         S = len(self.servers)
         n_slices = SLICES_PER_SERVER * S
         rng = np.random.default_rng(seed)
@@ -603,6 +611,7 @@ class SimCluster:
             "cpu_s": [],
             **{f"cpu_{part}_s": [] for part in ("all", "main", "zmq", "other")},
             "answers": [],  # the scheduler's plan messages (one per host: its leader's)
+            "send_spread_s": [],  # a round's first report sent -> its last
         }
         errors: list[str] = []
         shares_ok = True
@@ -613,13 +622,14 @@ class SimCluster:
             before = self.total[P.BALANCE_REPORT] + self.total["?"]
             base = time.time()
             c0, th0 = sched.cpu(), sched.threads_cpu()
-            t_last = 0.0
+            t_first = t_last = 0.0
             # per server: rank, bytes, seconds of the last round (the agent's second array)
             stats = np.array(
                 [[s.rank, part * W, part * W / (down[s.index] + 1.0)] for s in self.servers],
                 dtype=np.float64,
             )
             host: list[np.ndarray] = []
+            outbox: list[tuple[SimNode, Message]] = []
             for w in self.workers:
                 # a push and a pull sample per server, as one float64 array (the agent's form)
                 push = np.minimum(up[w.index] / S, down[srv_idx] / W)
@@ -651,9 +661,17 @@ class SimCluster:
                     arrays = [merged, np.concatenate(times)]
                     w = self.workers[w.rank - len(host) + 1]  # (sent by the host's lowest)
                 host = []
-                msg = Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays)
+                outbox.append(
+                    (w, Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays))
+                )
+                out["report_bytes"].append(outbox[-1][1].nbytes)
+                if paced:
+                    t_last = self.send(*outbox.pop())
+                    t_first = t_first or t_last
+            for w, msg in outbox:
                 t_last = self.send(w, msg)
-                out["report_bytes"].append(msg.nbytes)
+                t_first = t_first or t_last
+            out["send_spread_s"].append(t_last - t_first)
             ok = self.wait_for(
                 lambda before=before: self.total[P.BALANCE_REPORT] + self.total["?"] - before >= W,
                 timeout,
@@ -733,6 +751,7 @@ def run_cluster(
     phases: tuple[str, ...] = ("register", "barrier", "heartbeat", "report"),
     host_control: bool = True,
     merge: bool = True,
+    paced: bool = False,
 ) -> dict:
     """One cluster of ``n`` simulated nodes against a real scheduler process; with
     ``per_server`` M, ``n`` workers and n / M servers; workers in hosts of ``per_host``."""
@@ -779,7 +798,7 @@ def run_cluster(
         if "heartbeat" in phases:
             res["heartbeat"] = sim.heartbeats(sched, hb_interval, hb_periods)
         if "report" in phases:
-            res["report"] = sim.reports(sched, rounds, timeout, seed)
+            res["report"] = sim.reports(sched, rounds, timeout, seed, paced)
         res["sched_peak_mb"] = peak_mb(sched.pid)
     finally:
         res["scheduler_alive"] = sched.proc.poll() is None
@@ -1117,6 +1136,11 @@ def report(results: dict) -> None:
             for part in ("all", "main", "zmq", "other")
         ),
         (
+            "a round's reports sent over (ms: first -> last)",
+            lambda c: c.get("report", {}).get("send_spread_s"),
+            _ms,
+        ),
+        (
             "plan message (bytes/worker)",
             lambda c: c.get("report", {}).get("msg_bytes"),
             lambda x: fmt(x, ".0f"),
@@ -1232,6 +1256,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a host's leader sends its workers' samples and server times as they are, not "
         "merged per (host, server) pair and each worker's longest",
     )
+    ap.add_argument(
+        "--paced",
+        action="store_true",
+        help="each report sent as soon as this process made it (spread over the round's "
+        "making), not a round's reports made first and sent together",
+    )
     ap.add_argument("--scheme", default="aware", help="HETPS_BALANCE of the scheduler")
     ap.add_argument("--barriers", type=int, default=5)
     ap.add_argument("--hb-interval", type=float, default=1.0)
@@ -1285,6 +1315,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed,
                 host_control=not args.per_process_control,
                 merge=not args.unmerged,
+                paced=args.paced,
             )
             c["wall_s"] = time.perf_counter() - t0
             results["clusters"].append(c)

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "scale_sim.py"
 
 
@@ -22,8 +24,13 @@ def _load():
 sim = _load()
 
 
-def test_sixteen_nodes_register_barrier_heartbeat_and_get_plans():
-    res = sim.run_cluster(16, barriers=2, hb_interval=0.25, hb_periods=2, rounds=2, timeout=20.0)
+@pytest.mark.parametrize("paced", [False, True], ids=["together", "paced"])
+def test_sixteen_nodes_register_barrier_heartbeat_and_get_plans(paced):
+    """A round's reports sent together (a synchronous round's), or each as soon as it is
+    made (``--paced``): either way every worker gets its plan."""
+    res = sim.run_cluster(
+        16, barriers=2, hb_interval=0.25, hb_periods=2, rounds=2, timeout=20.0, paced=paced
+    )
     reg, bar, hb, rep = res["register"], res["barrier"], res["heartbeat"], res["report"]
     assert res["servers"] == 4 and res["workers"] == 12
     assert reg["ok"] and reg["registered"] == 16 and reg["bad_tables"] == []
@@ -32,6 +39,7 @@ def test_sixteen_nodes_register_barrier_heartbeat_and_get_plans():
     assert rep["ok"], rep["errors"]
     assert rep["rounds"] == 2 and rep["shares_ok"] and rep["n_slices"] == 16
     assert rep["msg_bytes"] > 0 and rep["plan_s"] is not None
+    assert len(rep["send_spread_s_all"]) == 2 and rep["send_spread_s"] >= 0
     assert res["scheduler_alive"]  # it ran the whole time
     assert res["scheduler_exit"] is not None  # and run_cluster stopped it after
 
