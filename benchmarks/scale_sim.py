@@ -664,13 +664,14 @@ class SimCluster:
                 outbox.append(
                     (w, Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays))
                 )
-                out["report_bytes"].append(outbox[-1][1].nbytes)
                 if paced:
-                    t_last = self.send(*outbox.pop())
+                    t_last = self.send(*outbox[-1])
                     t_first = t_first or t_last
+                    out["report_bytes"].append(outbox.pop()[1].nbytes)  # (set by its encode)
             for w, msg in outbox:
                 t_last = self.send(w, msg)
                 t_first = t_first or t_last
+                out["report_bytes"].append(msg.nbytes)
             out["send_spread_s"].append(t_last - t_first)
             ok = self.wait_for(
                 lambda before=before: self.total[P.BALANCE_REPORT] + self.total["?"] - before >= W,

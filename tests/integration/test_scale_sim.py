@@ -40,6 +40,7 @@ def test_sixteen_nodes_register_barrier_heartbeat_and_get_plans(paced):
     assert rep["rounds"] == 2 and rep["shares_ok"] and rep["n_slices"] == 16
     assert rep["msg_bytes"] > 0 and rep["plan_s"] is not None
     assert len(rep["send_spread_s_all"]) == 2 and rep["send_spread_s"] >= 0
+    assert len(rep["report_bytes_all"]) == 2 * 12 and min(rep["report_bytes_all"]) > 0
     assert res["scheduler_alive"]  # it ran the whole time
     assert res["scheduler_exit"] is not None  # and run_cluster stopped it after
 
