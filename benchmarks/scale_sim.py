@@ -19,9 +19,10 @@ the node's own routing id (so the scheduler holds N connections, as with real no
   /proc/<pid>/stat) per interval, and every heartbeat must be answered;
 - link reports: every worker sends a ``balance_report`` as a worker's BalanceAgent does (the
   slice layout on the first, one push and one pull sample per server, each server's bytes
-  and seconds), a round's reports made first and then sent together, as the workers of a
-  synchronous round send theirs after the same pull (``--paced``: each sent as soon as it is
-  made, spread over the 0.1-0.3 s this process takes to make them); the figures are the time from the last report until every worker has its
+  and seconds), a round's reports made first and then sent together (``--spread-ms T``:
+  sent evenly over T ms, this process sleeping between two sends; ``--paced``: each sent as
+  soon as it is made, spread over the 0.3-0.4 s this process takes to make them at 4,096
+  workers); the figures are the time from the last report until every worker has its
   plan, the planner's own time per plan (``plan_s`` of the answer), the plan message's
   size, and the scheduler's CPU per round.
 
@@ -580,13 +581,20 @@ class SimCluster:
         }
 
     def reports(
-        self, sched: SchedulerProcess, rounds: int, timeout: float, seed: int, paced: bool = False
+        self,
+        sched: SchedulerProcess,
+        rounds: int,
+        timeout: float,
+        seed: int,
+        paced: bool = False,
+        spread: float = 0.0,
     ) -> dict:
         """Every worker reports ``rounds`` times as a BalanceAgent does; plans come back. A
-        round's reports are made first and sent together, as the workers of a synchronous
-        round send theirs (each after the same round's pull); ``paced``: each one is sent as
-        soon as it is made, so they reach the scheduler spread over the time this process
-        takes to make them all (its CPU shared with the scheduler's)."""
+        round's reports are made first and then sent: together, or evenly over ``spread``
+        seconds (this process sleeps until each one's time: nothing of its own runs between
+        two sends); ``paced``: each one is sent as soon as it is made, so they reach the
+        scheduler spread over the time this process takes to make them all (its CPU shared
+        with the scheduler's)."""
         S = len(self.servers)
         n_slices = SLICES_PER_SERVER * S
         rng = np.random.default_rng(seed)
@@ -612,6 +620,7 @@ class SimCluster:
             **{f"cpu_{part}_s": [] for part in ("all", "main", "zmq", "other")},
             "answers": [],  # the scheduler's plan messages (one per host: its leader's)
             "send_spread_s": [],  # a round's first report sent -> its last
+            "made_first": [],  # reports made before a round's first send (paced: 1)
         }
         errors: list[str] = []
         shares_ok = True
@@ -665,10 +674,19 @@ class SimCluster:
                     (w, Message(P.BALANCE_REPORT, req=1000 + rnd, body=body, arrays=arrays))
                 )
                 if paced:
+                    if not t_first:
+                        out["made_first"].append(len(outbox))
                     t_last = self.send(*outbox[-1])
                     t_first = t_first or t_last
                     out["report_bytes"].append(outbox.pop()[1].nbytes)  # (set by its encode)
-            for w, msg in outbox:
+            if outbox:
+                out["made_first"].append(len(outbox))
+            gap = spread / max(1, len(outbox) - 1)
+            start = time.perf_counter()
+            for nth, (w, msg) in enumerate(outbox):  # (k is the host's size)
+                wait = start + nth * gap - time.perf_counter()
+                if gap and wait > 0:  # (each send's own time: no drift from oversleeping)
+                    time.sleep(wait)
                 t_last = self.send(w, msg)
                 t_first = t_first or t_last
                 out["report_bytes"].append(msg.nbytes)
@@ -753,6 +771,7 @@ def run_cluster(
     host_control: bool = True,
     merge: bool = True,
     paced: bool = False,
+    spread: float = 0.0,
 ) -> dict:
     """One cluster of ``n`` simulated nodes against a real scheduler process; with
     ``per_server`` M, ``n`` workers and n / M servers; workers in hosts of ``per_host``."""
@@ -799,7 +818,7 @@ def run_cluster(
         if "heartbeat" in phases:
             res["heartbeat"] = sim.heartbeats(sched, hb_interval, hb_periods)
         if "report" in phases:
-            res["report"] = sim.reports(sched, rounds, timeout, seed, paced)
+            res["report"] = sim.reports(sched, rounds, timeout, seed, paced, spread)
         res["sched_peak_mb"] = peak_mb(sched.pid)
     finally:
         res["scheduler_alive"] = sched.proc.poll() is None
@@ -1263,6 +1282,12 @@ def main(argv: list[str] | None = None) -> int:
         help="each report sent as soon as this process made it (spread over the round's "
         "making), not a round's reports made first and sent together",
     )
+    ap.add_argument(
+        "--spread-ms",
+        type=float,
+        default=0.0,
+        help="a round's reports, made first, sent evenly over this many ms (0: together)",
+    )
     ap.add_argument("--scheme", default="aware", help="HETPS_BALANCE of the scheduler")
     ap.add_argument("--barriers", type=int, default=5)
     ap.add_argument("--hb-interval", type=float, default=1.0)
@@ -1317,6 +1342,7 @@ def main(argv: list[str] | None = None) -> int:
                 host_control=not args.per_process_control,
                 merge=not args.unmerged,
                 paced=args.paced,
+                spread=args.spread_ms / 1000.0,
             )
             c["wall_s"] = time.perf_counter() - t0
             results["clusters"].append(c)

@@ -24,12 +24,17 @@ def _load():
 sim = _load()
 
 
-@pytest.mark.parametrize("paced", [False, True], ids=["together", "paced"])
-def test_sixteen_nodes_register_barrier_heartbeat_and_get_plans(paced):
-    """A round's reports sent together (a synchronous round's), or each as soon as it is
-    made (``--paced``): either way every worker gets its plan."""
+@pytest.mark.parametrize(
+    ("how", "made_first"),
+    [({}, 12), ({"spread": 0.06}, 12), ({"paced": True}, 1)],
+    ids=["together", "spread", "paced"],
+)
+def test_sixteen_nodes_register_barrier_heartbeat_and_get_plans(how, made_first):
+    """A round's 12 reports made first and sent together, or evenly over 60 ms
+    (``--spread-ms``), or each sent as soon as it is made (``--paced``): every worker gets
+    its plan, and the reports went as asked."""
     res = sim.run_cluster(
-        16, barriers=2, hb_interval=0.25, hb_periods=2, rounds=2, timeout=20.0, paced=paced
+        16, barriers=2, hb_interval=0.25, hb_periods=2, rounds=2, timeout=20.0, **how
     )
     reg, bar, hb, rep = res["register"], res["barrier"], res["heartbeat"], res["report"]
     assert res["servers"] == 4 and res["workers"] == 12
@@ -39,7 +44,9 @@ def test_sixteen_nodes_register_barrier_heartbeat_and_get_plans(paced):
     assert rep["ok"], rep["errors"]
     assert rep["rounds"] == 2 and rep["shares_ok"] and rep["n_slices"] == 16
     assert rep["msg_bytes"] > 0 and rep["plan_s"] is not None
-    assert len(rep["send_spread_s_all"]) == 2 and rep["send_spread_s"] >= 0
+    assert rep["made_first_all"] == [made_first] * 2  # (reports made before a round's first send)
+    if "spread" in how:  # (each send waits for its time: the last at least 60 ms after the first)
+        assert min(rep["send_spread_s_all"]) >= 0.05
     assert len(rep["report_bytes_all"]) == 2 * 12 and min(rep["report_bytes_all"]) > 0
     assert res["scheduler_alive"]  # it ran the whole time
     assert res["scheduler_exit"] is not None  # and run_cluster stopped it after
