@@ -138,3 +138,26 @@ def test_a_turn_ends_at_a_message_from_an_unknown_connection():
         if not ctx.closed:
             ctx.term()
         rx.close()
+
+
+def test_queued_says_whether_a_message_is_ready_or_waits_on_the_socket():
+    """What the scheduler's loop asks before it holds for more of a round's reports."""
+    rx = Van(name="rx")
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    try:
+        s.setsockopt(zmq.ROUTING_ID, b"p0")
+        s.connect(f"tcp://{rx.endpoint}")
+        rx.admit(b"p0", 100)
+        assert not rx.inbox.queued()
+        s.send_multipart(encode(Message("report", req=1, body={"k": 1})))
+        assert rx.inbox.router.poll(10000) & zmq.POLLIN  # (on the socket, not read)
+        assert rx.inbox.queued()
+        got = rx.inbox.recv_many(timeout=10)
+        assert [m.req for m in got] == [1] and not rx.inbox.queued()
+        rx.inbox.ready.append(got[0])  # (read off the socket, not handed out yet)
+        assert rx.inbox.queued()
+    finally:
+        s.close(linger=0)
+        ctx.term()
+        rx.close()

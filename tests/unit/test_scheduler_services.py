@@ -106,3 +106,63 @@ def test_a_service_without_a_quick_part_always_runs_on_its_thread(sched):
     sched.register(P.METRICS_REPORT, handler)
     sched._dispatch(_report(0))
     assert done.wait(10) and where == [False]
+
+
+class _Stop(threading.Event):
+    """The loop's stop event, recording each wait the loop makes on it (its gather hold)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        return super().wait(0)  # (recorded, not waited: the test reads the turns in order)
+
+
+@pytest.mark.parametrize("hold_ms", [4.0, 0.0])
+def test_the_loop_holds_only_after_a_gathering_turn_with_nothing_queued(hold_ms):
+    """A turn whose quick part kept a message and left nothing to do (a round's report before
+    its last) makes the loop wait ``HETPS_GATHER_HOLD_MS`` before its next look, so that the
+    reports coming meanwhile are read in one turn; not when more is queued already, not after
+    the turn whose last report released the round, not after other messages; never with 0."""
+    s = new_scheduler(loopback_config("scheduler", num_worker=1, gather_hold_ms=hold_ms))
+    s.nodes = {9: NodeInfo(9, "worker", 0, "127.0.0.1", 2)}
+    s.send_to = lambda nid, msg: None
+    released = threading.Event()
+    s.register(
+        P.METRICS_REPORT,
+        lambda sc, m: None,
+        quick=lambda sc, m: released.set if _n(m) == 3 else None,  # (4 reports: a round)
+    )
+    beat = Message(P.HEARTBEAT, sender=9, req=99)
+    turns = [  # (a turn's messages, whether more is queued after them)
+        ([_report(0)], False),  # -> a hold
+        ([_report(1)], True),  # more queued: read at once
+        ([beat], False),  # not a quick part's: no hold
+        ([_report(2), _report(3)], False),  # the round released by the turn's last: no hold
+    ]
+    looked: list[int] = []  # the hold waits recorded when each turn was read
+
+    def recv_many(timeout=None):
+        looked.append(len(s._stop.waits))
+        if not turns:
+            s.stop()
+            return []
+        msgs, queued[0] = turns.pop(0)
+        return msgs
+
+    queued = [False]
+    s._stop = _Stop()
+    s.van.inbox.recv_many = recv_many
+    s.van.inbox.queued = lambda: queued[0]
+    t = threading.Thread(target=s.run, daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive()
+    assert released.wait(5)
+    if hold_ms:
+        assert s._stop.waits == [0.004]
+        assert looked == [0, 1, 1, 1, 1]  # held after the first turn only
+    else:
+        assert s._stop.waits == [] and looked == [0] * 5

@@ -139,6 +139,13 @@ class Scheduler:
         # while there are none (so every service sees its messages in order)
         self._jobs = 0
         self._jobs_lock = threading.Lock()
+        # a quick part kept a message and is waiting for more of its kind (a round's reports
+        # before its last): the loop then waits gather_hold_s (HETPS_GATHER_HOLD_MS) before
+        # its next look, when nothing is queued, so that what comes meanwhile is read in one
+        # turn: a report that wakes the loop costs it about 3 times its work when a round's
+        # 512 come one at a time (docs/PERFORMANCE.md, "Scale (simulated)")
+        self._gathering = False
+        self.gather_hold_s = cfg.gather_hold_ms / 1000.0
         self._service_thread: threading.Thread | None = None
         self.to_launcher: Callable[[str], None] | None = None  # --launcher-notices: stdout
         # the parts: registration, barriers, a server's death (takeover, --recover's
@@ -327,6 +334,10 @@ class Scheduler:
                         self._dispatch(msg)
                     except Exception:  # a bad control message must not stop the scheduler
                         log.exception("scheduler: error handling %s from %d", msg.cmd, msg.sender)
+                if self._gathering:  # (a round's reports: those coming now read together)
+                    self._gathering = False
+                    if self.gather_hold_s > 0 and not self.van.inbox.queued():
+                        self._stop.wait(self.gather_hold_s)
                 if msgs:
                     self.keep_table()
                     if not frozen and self.ready.is_set():
@@ -436,6 +447,9 @@ class Scheduler:
             quick = self.quick_parts.get(cmd)
             if quick is not None and not self._jobs:  # (the thread is idle: nothing waits)
                 rest = quick(self, msg)
+                # kept, nothing left to do: more of its kind are on their way (a round's
+                # reports before its last); the last one's release ends the gathering
+                self._gathering = rest is None
                 if rest is not None:
                     self.to_services(rest)
                 return

@@ -166,6 +166,10 @@ class Inbox:
                 return
             waited = True  # (queued while this thread read the one before)
 
+    def queued(self) -> bool:
+        """Whether a message is ready or waits on the socket (no read, no wait)."""
+        return bool(self.ready) or bool(self.router.getsockopt(_EVENTS) & _POLLIN)
+
     def recv_many(self, timeout: float | None = None) -> list[Message]:
         """Every message received by one turn of :meth:`recv` (empty after ``timeout``
         seconds): the first, and those read with it off the socket. Only the last may have
