@@ -125,6 +125,7 @@ def make_scheduler(cfg: NodeConfig, recover: bool = False) -> Scheduler:
             planner.handle,
             on_worker_finished=planner.release,
             quick=planner.take,
+            gathers=planner.gathers,
         )
     if cfg.metrics_port is not None:  # live metrics (HETPS_METRICS_PORT, docs/LIVE.md)
         from hetps.metrics.live import LiveMetrics

@@ -736,3 +736,25 @@ def test_a_worker_taken_back_and_another_let_go_between_two_reads_change_the_liv
     sched.rejoined[w1] = 1
     sched.dead[w2] = "let go"
     assert p.live_workers(sched) == {P.worker_id(r) for r in (0, 1, 3)}
+
+
+@pytest.mark.parametrize("w", [15, 16])
+def test_the_loop_gathers_a_rounds_reports_once_a_round_came_in_numbers(w):
+    """``gathers`` (the scheduler's loop then holds for more of a round's reports) says yes
+    once a round answered had at least GATHER_MIN_REPORTS report messages, not before the
+    first round and not for a round of fewer (holding there would save no wake-up)."""
+    from hetps.balance.service import GATHER_MIN_REPORTS
+
+    assert GATHER_MIN_REPORTS == 16
+    p = Planner("aware", num_workers=w, num_servers=3, colocate=False, slice_elems=100)
+    assert not p.gathers()
+    _big_round_of(p, w)
+    assert p.gathers() == (w >= 16)
+
+
+def _big_round_of(p: Planner, w: int) -> None:
+    sched = _Sched(workers=w)
+    sizes, where = [100 * 4 * 3], [i % 3 for i in range(4 * 3)]
+    for r in range(w):
+        _report(p, sched, r, 1, [], sizes=sizes, assign=where)
+    assert len(sched.to) == w  # (the round was answered)

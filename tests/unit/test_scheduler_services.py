@@ -9,7 +9,7 @@ import pytest
 
 from hetps.cluster import protocol as P
 from hetps.cluster.protocol import NodeInfo
-from hetps.roles import new_scheduler
+from hetps.roles import make_scheduler, new_scheduler
 from hetps.transport.codec import Message
 from roles import loopback_config
 
@@ -120,12 +120,15 @@ class _Stop(threading.Event):
         return super().wait(0)  # (recorded, not waited: the test reads the turns in order)
 
 
-@pytest.mark.parametrize("hold_ms", [4.0, 0.0])
-def test_the_loop_holds_only_after_a_gathering_turn_with_nothing_queued(hold_ms):
+@pytest.mark.parametrize(
+    ("hold_ms", "many"), [(4.0, True), (0.0, True), (4.0, False)], ids=["held", "zero", "few"]
+)
+def test_the_loop_holds_only_after_a_gathering_turn_with_nothing_queued(hold_ms, many):
     """A turn whose quick part kept a message and left nothing to do (a round's report before
     its last) makes the loop wait ``HETPS_GATHER_HOLD_MS`` before its next look, so that the
     reports coming meanwhile are read in one turn; not when more is queued already, not after
-    the turn whose last report released the round, not after other messages; never with 0."""
+    the turn whose last report released the round, not after other messages; never with 0,
+    nor while the service says its messages do not come in numbers (``gathers``)."""
     s = new_scheduler(loopback_config("scheduler", num_worker=1, gather_hold_ms=hold_ms))
     s.nodes = {9: NodeInfo(9, "worker", 0, "127.0.0.1", 2)}
     s.send_to = lambda nid, msg: None
@@ -134,6 +137,7 @@ def test_the_loop_holds_only_after_a_gathering_turn_with_nothing_queued(hold_ms)
         P.METRICS_REPORT,
         lambda sc, m: None,
         quick=lambda sc, m: released.set if _n(m) == 3 else None,  # (4 reports: a round)
+        gathers=lambda: many,
     )
     beat = Message(P.HEARTBEAT, sender=9, req=99)
     turns = [  # (a turn's messages, whether more is queued after them)
@@ -161,8 +165,19 @@ def test_the_loop_holds_only_after_a_gathering_turn_with_nothing_queued(hold_ms)
     t.join(20)
     assert not t.is_alive()
     assert released.wait(5)
-    if hold_ms:
+    if hold_ms and many:
         assert s._stop.waits == [0.004]
         assert looked == [0, 1, 1, 1, 1]  # held after the first turn only
     else:
         assert s._stop.waits == [] and looked == [0] * 5
+
+
+def test_the_planner_tells_the_loop_when_its_reports_come_in_numbers():
+    """A balancing scheduler's loop asks the planner (``Planner.gathers``) before it holds."""
+    s = make_scheduler(loopback_config("scheduler", num_worker=2, balance="aware"))
+    try:
+        gathers = s._gathers.get(P.BALANCE_REPORT)
+        assert gathers is not None and gathers.__self__ is s.quick_parts[P.BALANCE_REPORT].__self__
+        assert gathers() is False  # (no round answered yet)
+    finally:
+        s.van.close()

@@ -50,6 +50,10 @@ REPORT_MAX_NODES = 128
 #: round or two apart (each waits for a round's plan one round later); more is a worker (or a
 #: host's leader for it) sending rounds far ahead, each kept until every worker reports it
 MAX_WAITING_ROUNDS = 16
+#: a round of at least this many report messages (hosts' or workers') makes the scheduler's
+#: loop gather the next round's (``gathers``: HETPS_GATHER_HOLD_MS); with fewer, holding
+#: would save no wake-up worth its wait
+GATHER_MIN_REPORTS = 16
 
 
 class Planner:
@@ -110,6 +114,7 @@ class Planner:
         self.detector = SurpriseDetector()
         self._before: np.ndarray | None = None  # the assignment before the last change
         self._released = 0  # rounds answered so far (reports, whatever HETPS_REPLAN_EVERY)
+        self._round_msgs = 0  # report messages of the last round answered (gathers)
         self._calibration_rounds: set[int] = set()  # rounds whose reports bring a new cycle
         self._contradicted: set[int] = set()  # rounds with a probe far off its caps
         self.recalibrations = 0  # new probe cycles that came back
@@ -376,6 +381,12 @@ class Planner:
                 self.links.spread_turn(way, ends[rank])
         return partial(self.release, sched) if self.ripe(sched) else None
 
+    def gathers(self) -> bool:
+        """Whether a round's reports come in numbers (the last round answered had at least
+        :data:`GATHER_MIN_REPORTS` report messages): the scheduler's loop then reads those
+        that come close together in one turn (``Scheduler.register(gathers=)``)."""
+        return self._round_msgs >= GATHER_MIN_REPORTS
+
     def ripe(self, sched: JobPort) -> bool:
         """Whether a waiting round has every live, unfinished worker's report (a set's size
         compared first: until a round's last report, no walk)."""
@@ -424,6 +435,7 @@ class Planner:
             for older in [self.pending[r] for r in self.pending if r < rnd]:
                 del older.samples[:], older.spans[:]
             self._released += 1
+            self._round_msgs = len(reads.msgs)
             self._net_memo = []  # (the caps are the round's from here: node_network)
             contradicted = rnd in self._contradicted
             worked = spans(reads.spans, self.S)

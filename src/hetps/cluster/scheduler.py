@@ -146,6 +146,7 @@ class Scheduler:
         # 512 come one at a time (docs/PERFORMANCE.md, "Scale (simulated)")
         self._gathering = False
         self.gather_hold_s = cfg.gather_hold_ms / 1000.0
+        self._gathers: dict[str, Callable[[], bool]] = {}  # (register(gathers=))
         self._service_thread: threading.Thread | None = None
         self.to_launcher: Callable[[str], None] | None = None  # --launcher-notices: stdout
         # the parts: registration, barriers, a server's death (takeover, --recover's
@@ -165,6 +166,7 @@ class Scheduler:
         on_worker_back: Callable[[Scheduler, NodeInfo], None] | None = None,
         on_refused: Callable[[Scheduler, Message, str], None] | None = None,
         quick: Quick | None = None,
+        gathers: Callable[[], bool] | None = None,
     ) -> None:
         """Plug in a service: ``handler(scheduler, msg)`` gets every ``cmd`` message (and may
         answer with :meth:`reply`); ``on_worker_finished(scheduler)`` runs when a worker
@@ -175,13 +177,15 @@ class Scheduler:
         dispatch refused a ``cmd`` whose body is not of its declared type (it was logged and
         answered: the service counts it). Handlers and hooks run in order on one thread of
         their own. ``quick(scheduler, msg)``, if given, does what ``handler`` does for a
-        message in a few microseconds and returns what is left (a callable, or None: kept,
-        more of its kind to come, so the loop waits ``HETPS_GATHER_HOLD_MS`` before its next
-        look when nothing is queued, and reads what came meanwhile in one turn): while
+        message in a few microseconds and returns what is left (a callable, or None: kept):
+        while
         that thread has nothing to do, a message goes to ``quick`` on the scheduler's loop
         (no hand-off between threads: at 4,096 workers a round's 512 host reports cost 8 ms
         less CPU) and only what it returns goes to the thread; otherwise to ``handler`` there,
-        after what waits."""
+        after what waits. ``gathers()``, if given, says whether more of its kind are on their
+        way in numbers (a round's reports of many hosts): while it says so, a message that
+        ``quick`` kept makes the loop wait ``HETPS_GATHER_HOLD_MS`` before its next look when
+        nothing is queued, and read what came meanwhile in one turn."""
         if cmd in self.services:
             raise ValueError(f"the scheduler already has a service for {cmd!r}")
         self.services[cmd] = handler
@@ -193,6 +197,8 @@ class Scheduler:
             self._on_refused[cmd] = on_refused
         if quick is not None:
             self.quick_parts[cmd] = quick
+        if gathers is not None:
+            self._gathers[cmd] = gathers
 
     def worker_finished_hooks(self) -> None:
         """A worker finished or was let go: the services' hooks run (on their thread)."""
@@ -449,9 +455,10 @@ class Scheduler:
             quick = self.quick_parts.get(cmd)
             if quick is not None and not self._jobs:  # (the thread is idle: nothing waits)
                 rest = quick(self, msg)
-                # kept, nothing left to do: more of its kind are on their way (a round's
-                # reports before its last); the last one's release ends the gathering
-                self._gathering = rest is None
+                # kept, nothing left to do, and more of its kind are on their way in numbers
+                # (a round's reports before its last); the last one's release ends it
+                gathers = self._gathers.get(cmd)
+                self._gathering = rest is None and gathers is not None and gathers()
                 if rest is not None:
                     self.to_services(rest)
                 return

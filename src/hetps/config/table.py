@@ -535,9 +535,10 @@ SECTIONS: tuple[tuple[str, tuple[Var, ...]], ...] = (
                 "bytes of pushes a worker keeps in flight when balancing (0: no window)",
                 field="push_window", minimum=0, unit="bytes"),
             Var("HETPS_GATHER_HOLD_MS", "float", 5.0,
-                "the scheduler: after a report of a round still waiting for others, with "
-                "nothing queued, wait this long before reading again, so that the reports "
-                "coming meanwhile are read together (0: read each as it comes)",
+                "the scheduler, in a job whose rounds bring 16 reports or more: after a report "
+                "of a round still waiting for others, with nothing queued, wait this long "
+                "before reading again, so that the reports coming meanwhile are read together "
+                "(0: read each as it comes)",
                 field="gather_hold_ms", minimum=0.0, maximum=100.0, unit="ms"),
             Var("HETPS_COLOCATE", "flag", False,
                 "one server beside each worker (server r on worker r's node); `--colocate` "
