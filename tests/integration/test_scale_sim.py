@@ -80,3 +80,19 @@ def test_hosts_register_with_their_groups_and_are_planned_per_host():
     assert rep["rows"] == 12, rep
     assert rep["answers"] == 8, rep  # a report round: one report and one plan per host
     assert rep["msg_bytes_max"] < 256 * 1024
+
+
+def test_a_round_of_many_reports_spread_out_is_gathered_and_every_worker_gets_its_plan():
+    """21 workers, each a host of its own: a round brings 21 reports (at least the planner's
+    GATHER_MIN_REPORTS), so from round 2 on the real scheduler holds HETPS_GATHER_HOLD_MS
+    after each report it keeps; with the reports spread over 60 ms every worker still gets
+    its plan in every round (a hold that never ended would leave the round waiting)."""
+    res = sim.run_cluster(
+        28, barriers=1, hb_interval=0.25, hb_periods=1, rounds=3, timeout=20.0, spread=0.06
+    )
+    rep = res["report"]
+    assert res["workers"] == 21 and res["register"]["ok"], res
+    assert rep["ok"], rep["errors"]
+    assert rep["rounds"] == 3 and rep["shares_ok"]
+    assert rep["made_first_all"] == [21] * 3
+    assert res["scheduler_alive"]
