@@ -7,7 +7,8 @@
 A round, on each of 2 workers, ``dist_sync``: push a row-sparse gradient of its ids, then
 ``row_sparse_pull`` the same ids (``--fracs``: the share of the table's rows each worker
 touches, distinct ids drawn per worker from a seeded generator; both systems get the same ids
-and rows, prepared before the timing). The servers run SGD (``sgd``) or lazy Adam (``adam``)
+and rows, prepared before the timing; a share under 16 rows is printed as its count: with
+``--fracs 0.000004`` a round of 4 rows, almost no table work, each system's floor). The servers run SGD (``sgd``) or lazy Adam (``adam``)
 on the rows touched. One job per system and optimizer holds every table (``--rows`` x each of
 ``--cols``, float32) in turn; per table, 3 warm-up rounds then ``--rounds`` timed ones.
 
@@ -106,6 +107,13 @@ def run_mxnet(args, opt: str) -> tuple[int, list[str]]:
     return run_group(procs, args.job_timeout)
 
 
+def share(rows: int, frac: float) -> str:
+    """A cell's rows per worker: the share of the table, or the count under 16 rows (a
+    round of a few rows is a round with almost no table work: the floor of a system's round)."""
+    n = max(1, int(rows * frac))  # (as benchmarks/_sparse_mx.py's ids_for draws them)
+    return f"{frac:.1%}" if n >= 16 else f"{n} rows"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -164,7 +172,7 @@ def main() -> int:
         for cols in [int(c) for c in args.cols.split(",")]:
             for frac in [float(f) for f in args.fracs.split(",")]:
                 med = {s: median(times.get((opt, s, cols, frac), [])) for s in SYSTEMS}
-                row = [opt, f"{args.rows / 1e6:g}M x {cols}", f"{frac:.1%}"]
+                row = [opt, f"{args.rows / 1e6:g}M x {cols}", share(args.rows, frac)]
                 row += [f"{med[s] * 1e3:.2f}" for s in SYSTEMS if med[s] is not None]
                 if have_mx:
                     row += [f"{med['mxnet'] / med[s]:.2f}x" for s in ("hetps shm", "hetps tcp")]

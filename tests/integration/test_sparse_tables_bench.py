@@ -18,14 +18,15 @@ BENCH = ROOT / "benchmarks" / "sparse_tables.py"
 @pytest.mark.slow
 def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
     out = tmp_path / "bench.json"
-    argv = [sys.executable, str(BENCH), "--rows", "20000", "--cols", "4", "--fracs", "0.01"]
+    argv = [sys.executable, str(BENCH), "--rows", "20000", "--cols", "4", "--fracs", "0.01,0.0002"]
     argv += ["--opts", "adam", "--repeats", "1", "--rounds", "3", "--json", str(out)]
     argv += ["--mxnet-python", str(tmp_path / "no-python")]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "MXNet left out" in res.stdout, res.stdout
     data = json.loads(out.read_text())
-    (row,) = data["table"]
+    row, floor = data["table"]
     assert row["optimizer"] == "adam" and row["table"] == "0.02M x 4", row
+    assert row["rows/worker"] == "1.0%" and floor["rows/worker"] == "4 rows", (row, floor)
     assert float(row["hetps shm ms"]) > 0 and float(row["hetps tcp ms"]) > 0, row
     assert len(data["times"]["adam hetps shm 4 0.01"]) == 3, data["times"]
