@@ -2,14 +2,17 @@
 """Row-sparse table rounds, hetps against MXNet 1.9.1 in the same run (2 workers, 2 servers).
 
     .venv/bin/python benchmarks/sparse_tables.py [--rows 1000000] [--cols 16,64]
-        [--fracs 0.01,0.001] [--opts sgd,adam] [--repeats 3] [--rounds 20] [--json FILE]
+        [--fracs 0.01,0.001] [--opts sgd,adam] [--repeats 3] [--rounds 20] [--tables 1]
+        [--json FILE]
 
 A round, on each of 2 workers, ``dist_sync``: push a row-sparse gradient of its ids, then
 ``row_sparse_pull`` the same ids (``--fracs``: the share of the table's rows each worker
 touches, distinct ids drawn per worker from a seeded generator; both systems get the same ids
 and rows, prepared before the timing; a share under 16 rows is printed as its count: with
-``--fracs 0.000004`` a round of 4 rows, almost no table work, each system's floor). The servers run SGD (``sgd``) or lazy Adam (``adam``)
-on the rows touched. One job per system and optimizer holds every table (``--rows`` x each of
+``--fracs 0.000004`` a round of 4 rows, almost no table work, each system's floor). With
+``--tables K`` a round is K tables of that size (each its own ids), pushed in one call and
+pulled in one call, as a model with K embedding tables does each step. The servers run SGD
+(``sgd``) or lazy Adam (``adam``) on the rows touched. One job per system and optimizer holds every table (``--rows`` x each of
 ``--cols``, float32) in turn; per table, 3 warm-up rounds then ``--rounds`` timed ones.
 
 Systems, alternated job by job (MXNet, hetps with shared memory, hetps without, then the
@@ -60,6 +63,7 @@ from _common import (  # noqa: E402
 DEFAULT_MX_PY = os.path.join(ROOT, "mxpeer-venv", "bin", "python")
 RESULT = re.compile(r"RESULT (\d+) ([\d.e-]+) ([\d.,e-]+)")
 CPU = re.compile(r"CPU (\d+) ([\d.e-]+) ([\d.e-]+)")
+TABLES = re.compile(r"TABLES (\d+) ([\d.e-]+) (\d+)")
 SYSTEMS = ("mxnet", "hetps shm", "hetps tcp")
 
 
@@ -72,7 +76,7 @@ def base_env() -> dict[str, str]:
 
 
 def job_args(args, opt: str) -> list[str]:
-    return [str(args.rows), args.cols, args.fracs, opt, str(args.rounds)]
+    return [str(args.rows), args.cols, args.fracs, opt, str(args.rounds), str(args.tables)]
 
 
 def run_hetps(args, opt: str, shm: bool) -> tuple[int, list[str]]:
@@ -122,10 +126,15 @@ def main() -> int:
     ap.add_argument("--opts", default="sgd,adam", help="server optimizers: sgd, adam")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=20, help="timed rounds per table and job")
+    ap.add_argument(
+        "--tables", type=int, default=1, help="tables of each size, pushed and pulled together"
+    )
     ap.add_argument("--mxnet-python", default=DEFAULT_MX_PY)
     ap.add_argument("--job-timeout", type=float, default=600)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.tables < 1:
+        ap.error(f"--tables {args.tables}: give 1 or more tables of each size")
     have_mx = os.path.exists(args.mxnet_python)
     if not have_mx:
         print(f"MXNet left out: no python at {args.mxnet_python} (see --mxnet-python)")
@@ -147,7 +156,7 @@ def main() -> int:
             rc, lines = run_mxnet(args, opt)
         else:
             rc, lines = run_hetps(args, opt, shm=system == "hetps shm")
-        found = 0
+        found = tabled = 0
         for ln in lines:
             m = RESULT.search(ln)
             if m:
@@ -158,8 +167,15 @@ def main() -> int:
             if m:
                 key = (opt, system, int(m.group(1)), float(m.group(2)))
                 cpu.setdefault(key, []).append(float(m.group(3)))
+            m = TABLES.search(ln)
+            if m and int(m.group(3)) != args.tables:  # (what the worker pushed and pulled)
+                raise SystemExit(
+                    f"sparse_tables: the {system} job ran {m.group(3)} tables a round, not "
+                    f"{args.tables}"
+                )
+            tabled += bool(m)
         print(f"{opt} repeat {rep} {system}: {time.time() - t0:.1f} s, load {loads[-1]:.1f}")
-        if rc != 0 or not found:
+        if rc != 0 or not found or tabled != found:
             print("\n".join(lines[-40:]))
             raise SystemExit(f"sparse_tables: the {system} job failed (exit code {rc})")
     headers = ["optimizer", "table", "rows/worker"]
@@ -172,7 +188,10 @@ def main() -> int:
         for cols in [int(c) for c in args.cols.split(",")]:
             for frac in [float(f) for f in args.fracs.split(",")]:
                 med = {s: median(times.get((opt, s, cols, frac), [])) for s in SYSTEMS}
-                row = [opt, f"{args.rows / 1e6:g}M x {cols}", share(args.rows, frac)]
+                table = f"{args.rows / 1e6:g}M x {cols}"
+                if args.tables > 1:
+                    table = f"{args.tables} x {table}"
+                row = [opt, table, share(args.rows, frac)]
                 row += [f"{med[s] * 1e3:.2f}" for s in SYSTEMS if med[s] is not None]
                 if have_mx:
                     row += [f"{med['mxnet'] / med[s]:.2f}x" for s in ("hetps shm", "hetps tcp")]
