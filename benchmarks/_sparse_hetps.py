@@ -7,7 +7,8 @@ The same rounds as ``benchmarks/_sparse_mx.py`` (the same ids and rows): ``kv.pu
 rows))`` then ``kv.row_sparse_pull(key, row_ids=ids)``, SGD or lazy Adam on the servers; with
 ``TABLES`` > 1, as many tables of that size, pushed and pulled each round in one call each.
 Rank 0 prints ``RESULT cols frac t1,t2,...``, ``CPU cols frac s`` (its process's CPU
-seconds, all threads, per timed round) and ``TABLES cols frac n`` (the tables a round took).
+seconds, all threads, per timed round) and ``TABLES cols frac n`` (the tables whose rows
+the last round's pull brought back, its ids each).
 """
 
 import os
@@ -55,10 +56,10 @@ def main() -> None:
                 t0, c0 = time.perf_counter(), time.process_time()
                 if tables == 1:
                     kv.push(key, g[0])
-                    kv.row_sparse_pull(key, row_ids=g[0][0])
+                    got = [kv.row_sparse_pull(key, row_ids=g[0][0])]
                 else:  # (every table in one call, as a model's step)
                     kv.push(keys, g)
-                    kv.row_sparse_pull(keys, row_ids=[ids for ids, _ in g])
+                    got = kv.row_sparse_pull(keys, row_ids=[ids for ids, _ in g])
                 if i >= warm:
                     times.append(time.perf_counter() - t0)
                     cpu += time.process_time() - c0
@@ -66,7 +67,12 @@ def main() -> None:
             if rank == 0:
                 print(f"RESULT {cols} {frac} " + ",".join(f"{t:.6f}" for t in times), flush=True)
                 print(f"CPU {cols} {frac} {cpu / rounds:.6f}", flush=True)
-                print(f"TABLES {cols} {frac} {len(keys)}", flush=True)
+                # (the tables whose rows the last round's pull brought, checked outside the
+                # timing: each its ids)
+                took = sum(
+                    np.array_equal(r.indices, ids) for r, (ids, _) in zip(got, g, strict=False)
+                )
+                print(f"TABLES {cols} {frac} {took}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 """The MXNet 1.9.1 side of benchmarks/sparse_tables.py: one role of a ``dist_sync`` job (the
 role from ``DMLC_ROLE``; a scheduler or server only imports mxnet, which runs it).
 
-    DMLC_ROLE=worker ... mxpeer-venv/bin/python benchmarks/_sparse_mx.py ROWS COLS FRACS OPT ROUNDS [TABLES]
+    DMLC_ROLE=worker ... mxpeer-venv/bin/python benchmarks/_sparse_mx.py \
+        ROWS COLS FRACS OPT ROUNDS [TABLES]
 
 Each worker, for every table (``ROWS`` x each of ``COLS``, comma-separated) and every share
 of rows (``FRACS``, comma-separated): a round is ``kv.push(key, grad)`` of a row-sparse
@@ -12,7 +13,7 @@ ids (distinct, sorted, drawn per worker and round from a seeded generator, prepa
 timing) and the rows are the ones the hetps side uses. Rank 0 prints ``RESULT cols frac
 t1,t2,...`` (seconds per round after 3 warm-up rounds) and ``CPU cols frac s``: its process's
 CPU seconds (all threads, MXNet's engine and ps-lite's included) per timed round, and
-``TABLES cols frac n``: the tables a round took.
+``TABLES cols frac n``: the tables whose rows the last round's pull brought back, its ids each.
 """
 
 import os
@@ -92,7 +93,13 @@ def main():
             if rank == 0:
                 print(f"RESULT {cols} {frac} " + ",".join(f"{t:.6f}" for t in times), flush=True)
                 print(f"CPU {cols} {frac} {cpu / rounds:.6f}", flush=True)
-                print(f"TABLES {cols} {frac} {len(keys)}", flush=True)
+                # (the tables whose rows the last round's pull brought, checked outside the
+                # timing: each its ids)
+                took = sum(
+                    np.array_equal(o.indices.asnumpy(), i.asnumpy())
+                    for o, i in zip(outs, r, strict=False)
+                )
+                print(f"TABLES {cols} {frac} {took}", flush=True)
 
 
 if __name__ == "__main__":

@@ -357,6 +357,60 @@ def test_a_round_push_and_pull_travel_together_whatever_their_size(cluster):
         assert recv <= 0.75 * alone, out
 
 
+SEVERAL_TABLES = """
+from hetps.cluster import protocol as P
+from hetps.tables.rowsparse import Table
+kv = hetps.kv.create('dist_sync')
+r, W, S, R, K = kv.rank, kv.num_workers, kv.num_servers, 20, 3
+kv.set_optimizer(optim.SGD(learning_rate=0.25))
+keys = [f't{j}' for j in range(K)]
+starts = [np.arange(40 * 3, dtype=np.float32).reshape(40, 3) * (j + 1) for j in range(K)]
+for k, start in zip(keys, starts):
+    kv.init(k, Table(40, 3, value=start))
+kv.barrier()
+refs = [s.copy() for s in starts]
+rng = np.random.default_rng(9)                     # the same draws on every worker
+def links():
+    snap = kv.node.counters.snapshot()
+    return {p: (s.msgs_sent, s.msgs_recv) for p, s in snap.items() if p != P.SCHEDULER_ID}
+before = links()
+for rnd in range(R):                               # a model's step: every table, one call each
+    ids = [[np.sort(rng.choice(40, 6, replace=False)) for _ in range(W)] for _ in keys]
+    grads = [[rng.standard_normal((6, 3)).astype(np.float32) for _ in range(W)] for _ in keys]
+    kv.push(keys, [(ids[j][r], grads[j][r]) for j in range(K)])
+    got = kv.row_sparse_pull(keys, row_ids=[ids[j][r] for j in range(K)])
+    assert len(got) == K, got
+    for j in range(K):
+        for w in range(W):                         # the servers' SGD on the round's sums
+            np.add.at(refs[j], ids[j][w], -0.25 * grads[j][w])
+        assert got[j].indices.tolist() == ids[j][r].tolist(), (rnd, j, got[j].indices)
+        assert np.allclose(got[j].data, refs[j][ids[j][r]], atol=1e-5), (rnd, j)
+after = links()
+sent = sum(after[p][0] - before.get(p, (0, 0))[0] for p in after)
+recv = sum(after[p][1] - before.get(p, (0, 0))[1] for p in after)
+kv.barrier()
+for k, ref in zip(keys, refs):
+    every = kv.row_sparse_pull(k, row_ids=np.arange(40)).asnumpy()
+    assert np.allclose(every, ref, atol=1e-5), (k, np.abs(every - ref).max())
+print('SEVERAL-TABLES', r, R * S, sent, recv, flush=True)
+"""
+
+
+def test_a_step_of_several_tables_is_one_message_each_way_per_server(cluster):
+    """Three tables pushed in one call and pulled in one call, each round: every table's
+    values are SGD's on the round's sums (every round, then every row), and each server gets
+    one message a round from each worker and answers with one (the pushes wait for the pull
+    and go with it in one batch), where the tables alone would take 2 x 3 each way."""
+    rc, out = cluster(SEVERAL_TABLES, workers=2, servers=2)
+    assert rc == 0, out
+    lines = [ln.split() for ln in out.splitlines() if "SEVERAL-TABLES" in ln]
+    assert len(lines) == 2, out
+    for words in lines:
+        rounds, sent, recv = (int(x) for x in words[-3:])
+        assert sent <= rounds + 2 and recv <= rounds + 2, out  # (a message or two more: the
+        # van's own, as a ring's offer)
+
+
 LONE_PUSH = """
 from hetps import optim
 from hetps.tables.rowsparse import Table
