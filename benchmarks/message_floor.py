@@ -1,0 +1,186 @@
+#!/usr/bin/env python
+"""Where a small table round's time goes: hetps's and MXNet's round of a few rows against the
+bare messages of such a round, in the same run (2 workers, 2 servers, ``dist_sync``).
+
+    .venv/bin/python benchmarks/message_floor.py [--repeats 3] [--rounds 300]
+        [--bare-rounds 3000] [--mxnet-python PY] [--json FILE]
+
+Systems, alternated job by job (the order reversed every other repeat):
+
+* ``mxnet``, ``hetps shm``, ``hetps tcp``: a round of ``benchmarks/sparse_tables.py`` with
+  4 rows per worker of a 1M x 16 table, SGD on the servers (``--fracs 0.000004``): push, then
+  ``row_sparse_pull``, almost no table work: each system's floor, its messages and its
+  requests' fixed steps. Started as sparse_tables.py starts them (MXNet only with
+  ``--mxnet-python``; hetps secured, as by default).
+* ``bare curve``, ``bare zmq``, ``bare unix``: the same round's messages and nothing else
+  (``benchmarks/_bare_round.py``): one message of 120 bytes from each worker to each server,
+  each server answering when it has both; pyzmq ROUTER and DEALER sockets over loopback with
+  CURVE (as hetps's connections, encrypted), without it, and AF_UNIX SOCK_SEQPACKET sockets
+  (one system call a message each way: no ZeroMQ I/O thread).
+
+A cell: the median of every timed round of every repeat (worker 0's clock), and worker 0's
+process CPU time per round (median of the repeats). The difference between a system's round
+and the bare round of its transport is what its own code (Python for hetps, C++ for MXNet)
+adds to the messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from types import SimpleNamespace
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from _common import (  # noqa: E402
+    git_head,
+    machine_info,
+    markdown_table,
+    median,
+    print_table,
+    run_group,
+    write_json,
+)
+from sparse_tables import CPU, DEFAULT_MX_PY, RESULT, base_env, run_hetps, run_mxnet  # noqa: E402
+
+BARE = re.compile(r"BARE (\w+) ([\d.e-]+) ([\d.e-]+)")
+TABLE_SYSTEMS = ("mxnet", "hetps shm", "hetps tcp")
+BARE_MODES = ("curve", "zmq", "unix")
+FLOOR_FRAC = 0.000004  # 4 rows of a 1M-row table per worker
+
+
+def two_free_ports() -> int:
+    """A port p with p and p + 1 free now (the bare servers bind them)."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+            if p >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+                return p
+    raise SystemExit("message_floor: found no two free ports side by side")
+
+
+def run_bare(mode: str, rounds: int, timeout: float) -> tuple[int, list[str]]:
+    env = base_env()
+    if mode == "curve":
+        import zmq
+
+        public, secret = zmq.curve_keypair()
+        env["BARE_SERVER_PUBLIC"], env["BARE_SERVER_SECRET"] = public.decode(), secret.decode()
+    base = two_free_ports()
+    script = os.path.join(HERE, "_bare_round.py")
+    procs = []
+    for role in ("server", "worker"):
+        for i in range(2):
+            argv = [sys.executable, script, mode, role, str(i), str(base), str(rounds)]
+            procs.append((f"{role}{i}", argv, env))
+    return run_group(procs, timeout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=300, help="timed rounds of the table jobs")
+    ap.add_argument("--bare-rounds", type=int, default=3000, help="timed rounds, bare jobs")
+    ap.add_argument("--mxnet-python", default=DEFAULT_MX_PY)
+    ap.add_argument("--job-timeout", type=float, default=600)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.rounds < 1 or args.bare_rounds < 1 or args.repeats < 1:
+        ap.error("--repeats, --rounds and --bare-rounds take a count of at least 1")
+    have_mx = os.path.exists(args.mxnet_python)
+    if not have_mx:
+        print(f"MXNet left out: no python at {args.mxnet_python} (see --mxnet-python)")
+    table_args = SimpleNamespace(
+        rows=1_000_000,
+        cols="16",
+        fracs=str(FLOOR_FRAC),
+        rounds=args.rounds,
+        tables=1,
+        job_timeout=args.job_timeout,
+        mxnet_python=args.mxnet_python,
+    )
+    systems = [s for s in TABLE_SYSTEMS if have_mx or s != "mxnet"]
+    systems += [f"bare {m}" for m in BARE_MODES]
+    times: dict[str, list[float]] = {s: [] for s in systems}
+    cpu: dict[str, list[float]] = {s: [] for s in systems}
+    loads: list[float] = []
+    for rep in range(args.repeats):
+        for system in systems if rep % 2 == 0 else systems[::-1]:
+            t0 = time.time()
+            loads.append(os.getloadavg()[0])
+            if system == "mxnet":
+                rc, lines = run_mxnet(table_args, "sgd")
+            elif system.startswith("hetps"):
+                rc, lines = run_hetps(table_args, "sgd", shm=system == "hetps shm")
+            else:
+                rc, lines = run_bare(system.split()[1], args.bare_rounds, args.job_timeout)
+            found = 0
+            for ln in lines:
+                m = RESULT.search(ln) or BARE.search(ln)
+                if m and m.re is RESULT:
+                    times[system].extend(float(x) for x in m.group(3).split(","))
+                    found += 1
+                elif m:
+                    times[system].append(float(m.group(2)))
+                    cpu[system].append(float(m.group(3)))
+                    found += 1
+                m = CPU.search(ln)
+                if m:
+                    cpu[system].append(float(m.group(3)))
+            print(f"repeat {rep} {system}: {time.time() - t0:.1f} s, load {loads[-1]:.1f}")
+            if rc != 0 or found != 1:
+                print("\n".join(lines[-40:]))
+                raise SystemExit(f"message_floor: the {system} job failed (exit code {rc})")
+    # a bare job gives one median per repeat: its cell is their median; a table job gives
+    # every round: its cell is the median of them all (as in sparse_tables.py)
+    med = {s: median(times[s]) for s in systems}
+    used = {s: median(cpu[s]) for s in systems}
+    bare_of = {"mxnet": "bare zmq", "hetps shm": "bare curve", "hetps tcp": "bare curve"}
+    headers = ["system", "round ms", "worker CPU ms", "over its bare messages ms"]
+    rows = []
+    for s in systems:
+        over = bare_of.get(s)
+        rows.append(
+            [
+                s if s.startswith("bare") else f"{s}, 4 rows",
+                f"{med[s] * 1e3:.3f}",
+                f"{used[s] * 1e3:.3f}",
+                f"{(med[s] - med[over]) * 1e3:.3f} ({over})" if over else "-",
+            ]
+        )
+    print()
+    print_table(headers, rows)
+    print(f"\nload average {min(loads):.1f} to {max(loads):.1f} during the jobs\n")
+    print(markdown_table(headers, rows))
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "commit": git_head(ROOT, ("src", "benchmarks")),
+                "machine": machine_info(),
+                "args": vars(args),
+                "loads": loads,
+                "table": [dict(zip(headers, r, strict=True)) for r in rows],
+                "times": times,
+                "cpu": cpu,
+            },
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""benchmarks/message_floor.py: its bare rounds (the messages of a table round and nothing
+else) run between real processes over each transport and give a figure; at a tiny size the
+whole benchmark runs beside hetps's round of 4 rows. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks" / "message_floor.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from message_floor import BARE, run_bare  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", ["zmq", "curve", "unix"])
+def test_a_bare_round_runs_over_each_transport(mode):
+    """Two servers and two workers exchange 200 timed rounds (and 100 warm-up ones): every
+    process ends well and worker 0 says its median round and CPU."""
+    rc, lines = run_bare(mode, 200, 60)
+    assert rc == 0, "\n".join(lines)
+    found = [m for m in map(BARE.search, lines) if m]
+    assert len(found) == 1 and found[0].group(1) == mode, lines
+    assert float(found[0].group(2)) > 0 and float(found[0].group(3)) >= 0, lines
+
+
+def test_a_bad_count_is_one_clear_error(tmp_path):
+    argv = [sys.executable, str(BENCH), "--bare-rounds", "0", "--mxnet-python", str(tmp_path)]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 2 and "take a count of at least 1" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
+    out = tmp_path / "floor.json"
+    argv = [sys.executable, str(BENCH), "--repeats", "1", "--rounds", "5", "--bare-rounds", "50"]
+    argv += ["--json", str(out), "--mxnet-python", str(tmp_path / "no-python")]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "MXNet left out" in res.stdout, res.stdout
+    data = json.loads(out.read_text())
+    systems = [row["system"] for row in data["table"]]
+    assert systems == [
+        "hetps shm, 4 rows",
+        "hetps tcp, 4 rows",
+        "bare curve",
+        "bare zmq",
+        "bare unix",
+    ], systems
+    for row in data["table"]:
+        assert float(row["round ms"]) > 0, row
+    assert len(data["times"]["hetps shm"]) == 5 and len(data["times"]["bare unix"]) == 1, data
+    over = data["table"][0]["over its bare messages ms"]
+    assert over.endswith("(bare curve)"), over
