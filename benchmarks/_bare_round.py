@@ -5,10 +5,14 @@
 
 ``MODE``: ``zmq`` (pyzmq ROUTER servers and DEALER workers over loopback TCP, as hetps's
 connections are), ``curve`` (the same with CURVE: encrypted and authenticated, as hetps's are
-by default; keys in BARE_SERVER_SECRET and BARE_SERVER_PUBLIC, z85) or ``unix`` (AF_UNIX
-SOCK_SEQPACKET: one system call a message each way, no I/O thread). ``ROLE``: ``server`` or
-``worker``; ``INDEX`` its rank (2 of each); ``BASE``: the first server's port (the second
-``BASE + 1``; ``unix``: the abstract socket names' tag). A round, on each worker: a message
+by default; keys in BARE_SERVER_SECRET and BARE_SERVER_PUBLIC, z85), ``handoff`` (``curve``,
+each worker's answers read by a receive thread that hands the round to the caller through a
+lock, as hetps's worker does) or ``unix`` (AF_UNIX SOCK_SEQPACKET: one system call a message
+each way, no I/O thread). ``ROLE``: ``server`` or
+``worker``; ``INDEX`` its rank (2 of each); ``BASE``: the first of 4 ports (servers'
+``BASE``, ``BASE + 1``, workers' ``BASE + 2``, ``BASE + 3``; ``unix``: the abstract socket
+names' tag). Over ZeroMQ each process binds a ROUTER it receives on and sends on a DEALER to
+each peer's, as hetps's nodes do. A round, on each worker: a message
 of 120 bytes to each server, then the servers' answers; a server answers a round's messages
 when it has every worker's (a ``dist_sync`` round's shape, one message each way per server as
 hetps sends a table's push and pull). Worker 0 prints ``BARE mode median_s cpu_s`` (its
@@ -20,7 +24,10 @@ import select
 import socket
 import statistics
 import sys
+import threading
 import time
+
+import zmq
 
 WORKERS = SERVERS = 2
 PAYLOAD = b"x" * 120
@@ -32,12 +39,10 @@ def unix_name(base: int, s: int) -> str:
 
 
 def zmq_socket(mode: str, kind: int):
-    import zmq
-
     sock = zmq.Context.instance().socket(kind)
     # a server's last answers leave after its loop ends: they have 5 s to go before it exits
-    sock.setsockopt(zmq.LINGER, 5000 if kind == zmq.ROUTER else 0)
-    if mode == "curve":
+    sock.setsockopt(zmq.LINGER, 5000)
+    if mode in ("curve", "handoff"):
         public = os.environ["BARE_SERVER_PUBLIC"].encode()
         if kind == zmq.ROUTER:
             sock.setsockopt(zmq.CURVE_SERVER, 1)
@@ -51,20 +56,37 @@ def zmq_socket(mode: str, kind: int):
     return sock
 
 
+def zmq_peers(mode: str, me: int, base: int, peers: list[int]):
+    """As a hetps node: a ROUTER bound at port ``base + me`` that this process receives on,
+    and a DEALER to each of ``peers``'s ROUTERs that it sends on (an answer goes back through
+    the answerer's DEALER, not the asker's connection)."""
+    router = zmq_socket(mode, zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{base + me}")
+    dealers = []
+    for p in peers:
+        dealer = zmq_socket(mode, zmq.DEALER)
+        dealer.setsockopt(zmq.ROUTING_ID, bytes([1, me]))
+        dealer.connect(f"tcp://127.0.0.1:{base + p}")
+        dealers.append(dealer)
+    return router, dealers
+
+
 def server(mode: str, s: int, base: int, rounds: int) -> None:
     total = rounds * WORKERS
-    if mode in ("zmq", "curve"):
-        import zmq
-
-        router = zmq_socket(mode, zmq.ROUTER)
-        router.bind(f"tcp://127.0.0.1:{base + s}")
+    if mode != "unix":  # ports: the servers' base, base + 1, the workers' base + 2, base + 3
+        router, dealers = zmq_peers(mode, s, base, [SERVERS + w for w in range(WORKERS)])
         got = []
         for _ in range(total):
-            got.append(router.recv_multipart()[0])
+            got.append(router.recv_multipart()[0][1] - SERVERS)  # (the worker's rank)
             if len(got) == WORKERS:
-                for who in got:
-                    router.send_multipart([who, PAYLOAD])
+                for w in got:
+                    dealers[w].send(PAYLOAD)
                 got = []
+        # the last answers may still be queued: closing waits for them (LINGER), an exit
+        # without it would drop them
+        for sock in [router, *dealers]:
+            sock.close()
+        zmq.Context.instance().term()
         return
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(unix_name(base, s))
@@ -90,18 +112,12 @@ def server(mode: str, s: int, base: int, rounds: int) -> None:
 
 
 def worker(mode: str, w: int, base: int, rounds: int) -> None:
-    if mode in ("zmq", "curve"):
-        import zmq
+    if mode != "unix":
+        router, socks = zmq_peers(mode, SERVERS + w, base, list(range(SERVERS)))
 
-        socks = []
-        for s in range(SERVERS):
-            dealer = zmq_socket(mode, zmq.DEALER)
-            dealer.connect(f"tcp://127.0.0.1:{base + s}")
-            socks.append(dealer)
-
-        def answers() -> None:  # (each server answers once a round: read each in turn)
-            for dealer in socks:
-                dealer.recv()
+        def answers() -> None:  # (each server answers once a round)
+            router.recv_multipart()
+            router.recv_multipart()
 
     else:
         socks = []
@@ -123,6 +139,17 @@ def worker(mode: str, w: int, base: int, rounds: int) -> None:
                 if not conn.recv(65536):
                     raise SystemExit(f"bare worker {w}: a server went away")
 
+    if mode == "handoff":
+        read, ended = answers, threading.Lock()
+        ended.acquire()
+
+        def receive() -> None:
+            for _ in range(WARM + rounds):
+                read()
+                ended.release()
+
+        threading.Thread(target=receive, daemon=True).start()
+        answers = ended.acquire
     times = []
     for i in range(WARM + rounds):
         if i == WARM:
@@ -139,8 +166,8 @@ def worker(mode: str, w: int, base: int, rounds: int) -> None:
 
 def main() -> None:
     mode, role, index, base, rounds = sys.argv[1:6]
-    if mode not in ("zmq", "curve", "unix"):
-        raise SystemExit(f"_bare_round: mode {mode!r} is not zmq, curve or unix")
+    if mode not in ("zmq", "curve", "handoff", "unix"):
+        raise SystemExit(f"_bare_round: mode {mode!r} is not zmq, curve, handoff or unix")
     run = server if role == "server" else worker
     # the servers answer WARM more rounds than are timed
     run(mode, int(index), int(base), int(rounds) + (WARM if role == "server" else 0))

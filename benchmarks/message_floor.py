@@ -12,11 +12,13 @@ Systems, alternated job by job (the order reversed every other repeat):
   ``row_sparse_pull``, almost no table work: each system's floor, its messages and its
   requests' fixed steps. Started as sparse_tables.py starts them (MXNet only with
   ``--mxnet-python``; hetps secured, as by default).
-* ``bare curve``, ``bare zmq``, ``bare unix``: the same round's messages and nothing else
-  (``benchmarks/_bare_round.py``): one message of 120 bytes from each worker to each server,
-  each server answering when it has both; pyzmq ROUTER and DEALER sockets over loopback with
-  CURVE (as hetps's connections, encrypted), without it, and AF_UNIX SOCK_SEQPACKET sockets
-  (one system call a message each way: no ZeroMQ I/O thread).
+* ``bare curve``, ``bare handoff``, ``bare zmq``, ``bare unix``: the same round's messages
+  and nothing else (``benchmarks/_bare_round.py``): one message of 120 bytes from each worker
+  to each server, each server answering when it has both; pyzmq ROUTER and DEALER sockets
+  over loopback with CURVE (as hetps's connections, encrypted), the same with each worker's
+  answers read by a receive thread and handed to the caller (as hetps's worker does),
+  without CURVE, and AF_UNIX SOCK_SEQPACKET sockets (one system call a message each way: no
+  ZeroMQ I/O thread).
 
 A cell: the median of every timed round of every repeat (worker 0's clock), and worker 0's
 process CPU time per round (median of the repeats). The difference between a system's round
@@ -50,37 +52,47 @@ from sparse_tables import CPU, DEFAULT_MX_PY, RESULT, base_env, run_hetps, run_m
 
 BARE = re.compile(r"BARE (\w+) ([\d.e-]+) ([\d.e-]+)")
 TABLE_SYSTEMS = ("mxnet", "hetps shm", "hetps tcp")
-BARE_MODES = ("curve", "zmq", "unix")
+BARE_MODES = ("curve", "handoff", "zmq", "unix")
 FLOOR_FRAC = 0.000004  # 4 rows of a 1M-row table per worker
 
 
-def two_free_ports() -> int:
-    """A port p with p and p + 1 free now (the bare servers bind them)."""
+def free_ports(n: int) -> int:
+    """A port p with p .. p + n - 1 free now (the bare jobs' processes bind them), below the
+    kernel's range of ephemeral ports: a connection made meanwhile (a process of the job
+    connecting to a peer not listening yet) cannot take one as its own end."""
+    import random
     import socket
 
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
     for _ in range(100):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            p = a.getsockname()[1]
-            if p >= 65535:
-                continue
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", p + 1))
-                except OSError:
-                    continue
-                return p
-    raise SystemExit("message_floor: found no two free ports side by side")
+        p = random.randrange(10000, max(10001, low - n))
+        held = []
+        try:
+            for q in range(p, p + n):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", q))
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+        return p
+    raise SystemExit(f"message_floor: found no {n} free ports side by side")
 
 
 def run_bare(mode: str, rounds: int, timeout: float) -> tuple[int, list[str]]:
     env = base_env()
-    if mode == "curve":
+    if mode in ("curve", "handoff"):
         import zmq
 
         public, secret = zmq.curve_keypair()
         env["BARE_SERVER_PUBLIC"], env["BARE_SERVER_SECRET"] = public.decode(), secret.decode()
-    base = two_free_ports()
+    base = free_ports(4)
     script = os.path.join(HERE, "_bare_round.py")
     procs = []
     for role in ("server", "worker"):

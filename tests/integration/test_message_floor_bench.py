@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from message_floor import BARE, run_bare  # noqa: E402
 
 
-@pytest.mark.parametrize("mode", ["zmq", "curve", "unix"])
+@pytest.mark.parametrize("mode", ["zmq", "curve", "handoff", "unix"])
 def test_a_bare_round_runs_over_each_transport(mode):
     """Two servers and two workers exchange 200 timed rounds (and 100 warm-up ones): every
     process ends well and worker 0 says its median round and CPU."""
@@ -49,6 +49,7 @@ def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
         "hetps shm, 4 rows",
         "hetps tcp, 4 rows",
         "bare curve",
+        "bare handoff",
         "bare zmq",
         "bare unix",
     ], systems
