@@ -3,26 +3,31 @@
 
     python benchmarks/_bare_round.py MODE ROLE INDEX BASE ROUNDS
 
-``MODE``: ``zmq`` (pyzmq ROUTER servers and DEALER workers over loopback TCP, as hetps's
-connections are), ``curve`` (the same with CURVE: encrypted and authenticated, as hetps's are
-by default; keys in BARE_SERVER_SECRET and BARE_SERVER_PUBLIC, z85), ``handoff`` (``curve``,
-each worker's answers read by a receive thread that hands the round to the caller through a
-lock, as hetps's worker does) or ``unix`` (AF_UNIX SOCK_SEQPACKET: one system call a message
-each way, no I/O thread). ``ROLE``: ``server`` or
-``worker``; ``INDEX`` its rank (2 of each); ``BASE``: the first of 4 ports (servers'
-``BASE``, ``BASE + 1``, workers' ``BASE + 2``, ``BASE + 3``; ``unix``: the abstract socket
-names' tag). Over ZeroMQ each process binds a ROUTER it receives on and sends on a DEALER to
-each peer's, as hetps's nodes do. A round, on each worker: a message
-of 120 bytes to each server, then the servers' answers; a server answers a round's messages
-when it has every worker's (a ``dist_sync`` round's shape, one message each way per server as
-hetps sends a table's push and pull). Worker 0 prints ``BARE mode median_s cpu_s`` (its
-median round of ``ROUNDS`` after 100 warm-up ones, and its process's CPU seconds a round).
+A round, on each worker: a request to each server, then the servers' answers; a server
+answers a round's requests when it has every worker's (a ``dist_sync`` round's shape: one
+message each way per server, as hetps sends a table's parked push and its pull in one batch
+and gets one answer). The messages have the frames hetps's have for a round of 4 rows (a
+request: an empty delimiter, a header of 200 bytes, the push's ids and rows, the pull's ids;
+an answer: the delimiter, a header of 120 bytes, the pulled rows).
+
+``MODE``: ``zmq`` (pyzmq over loopback TCP: each process binds a ROUTER it receives on and
+sends on a DEALER to each peer's, as hetps's nodes do), ``curve`` (the same with CURVE:
+encrypted and authenticated, as hetps's connections are by default; the ROUTERs' keys in
+BARE_SERVER_SECRET and BARE_SERVER_PUBLIC, z85), ``handoff`` (``curve``, each worker's answers
+read by a receive thread that hands the round to the caller through a lock, as hetps's worker
+does) or ``unix`` (AF_UNIX SOCK_SEQPACKET, a message's frames in one packet: one system call
+a message each way, no I/O thread; the sockets' abstract names carry BARE_TAG). ``ROLE``:
+``server`` or ``worker``; ``INDEX`` its rank (2 of each); ``BASE``: the first of 4 ports (the
+servers' ``BASE``, ``BASE + 1``, the workers' ``BASE + 2``, ``BASE + 3``).
+
+Worker 0 prints ``BARE mode cpu_s t1,t2,...``: its process's CPU seconds a round and each of
+``ROUNDS`` timed rounds (after 100 warm-up ones). Each server prints ``SERVED mode n``: the
+requests it answered.
 """
 
 import os
 import select
 import socket
-import statistics
 import sys
 import threading
 import time
@@ -30,17 +35,18 @@ import time
 import zmq
 
 WORKERS = SERVERS = 2
-PAYLOAD = b"x" * 120
+REQUEST = [b"", b"h" * 200, b"i" * 16, b"r" * 128, b"i" * 16]
+ANSWER = [b"", b"h" * 120, b"r" * 128]
 WARM = 100
 
 
-def unix_name(base: int, s: int) -> str:
-    return f"\0hetps-bare-{os.getuid()}-{base}-{s}"
+def unix_name(s: int) -> str:
+    return f"\0hetps-bare-{os.environ.get('BARE_TAG', os.getuid())}-{s}"
 
 
 def zmq_socket(mode: str, kind: int):
     sock = zmq.Context.instance().socket(kind)
-    # a server's last answers leave after its loop ends: they have 5 s to go before it exits
+    # a server's last answers leave after its loop ends: closing waits up to 5 s for them
     sock.setsockopt(zmq.LINGER, 5000)
     if mode in ("curve", "handoff"):
         public = os.environ["BARE_SERVER_PUBLIC"].encode()
@@ -71,25 +77,30 @@ def zmq_peers(mode: str, me: int, base: int, peers: list[int]):
     return router, dealers
 
 
-def server(mode: str, s: int, base: int, rounds: int) -> None:
+def server(mode: str, s: int, base: int, rounds: int) -> int:
     total = rounds * WORKERS
-    if mode != "unix":  # ports: the servers' base, base + 1, the workers' base + 2, base + 3
+    served = 0
+    if mode != "unix":
         router, dealers = zmq_peers(mode, s, base, [SERVERS + w for w in range(WORKERS)])
         got = []
         for _ in range(total):
-            got.append(router.recv_multipart()[0][1] - SERVERS)  # (the worker's rank)
+            frames = router.recv_multipart()
+            if len(frames) != 1 + len(REQUEST):
+                raise SystemExit(f"bare server {s}: a request of {len(frames) - 1} frames")
+            got.append(frames[0][1] - SERVERS)  # (the worker's rank)
             if len(got) == WORKERS:
                 for w in got:
-                    dealers[w].send(PAYLOAD)
+                    dealers[w].send_multipart(ANSWER)
+                served += len(got)
                 got = []
         # the last answers may still be queued: closing waits for them (LINGER), an exit
         # without it would drop them
         for sock in [router, *dealers]:
             sock.close()
         zmq.Context.instance().term()
-        return
+        return served
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(unix_name(base, s))
+    listener.bind(unix_name(s))
     listener.listen(WORKERS)
     conns = {}
     for _ in range(WORKERS):
@@ -99,21 +110,28 @@ def server(mode: str, s: int, base: int, rounds: int) -> None:
     for fd in conns:
         poll.register(fd, select.POLLIN)
     got, seen = [], 0
+    size = sum(map(len, REQUEST))
     while seen < total:
         for fd, _ in poll.poll():
-            if not conns[fd].recv(65536):
-                raise SystemExit(f"bare server {s}: a worker went away after {seen} of {total}")
+            n = len(conns[fd].recv(65536))
+            if n != size:
+                raise SystemExit(f"bare server {s}: a request of {n} bytes after {seen} of {total}")
             got.append(conns[fd])
             seen += 1
             if len(got) == WORKERS:
                 for conn in got:
-                    conn.send(PAYLOAD)
+                    conn.sendmsg(ANSWER)
+                served += len(got)
                 got = []
+    return served
 
 
 def worker(mode: str, w: int, base: int, rounds: int) -> None:
     if mode != "unix":
         router, socks = zmq_peers(mode, SERVERS + w, base, list(range(SERVERS)))
+
+        def send(sock) -> None:
+            sock.send_multipart(REQUEST)
 
         def answers() -> None:  # (each server answers once a round)
             router.recv_multipart()
@@ -126,13 +144,16 @@ def worker(mode: str, w: int, base: int, rounds: int) -> None:
             deadline = time.monotonic() + 30
             while True:  # (the server may not listen yet)
                 try:
-                    conn.connect(unix_name(base, s))
+                    conn.connect(unix_name(s))
                     break
                 except (ConnectionRefusedError, FileNotFoundError):
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.01)
             socks.append(conn)
+
+        def send(sock) -> None:
+            sock.sendmsg(REQUEST)
 
         def answers() -> None:
             for conn in socks:
@@ -156,21 +177,23 @@ def worker(mode: str, w: int, base: int, rounds: int) -> None:
             cpu0 = time.process_time()
         t0 = time.perf_counter()
         for sock in socks:
-            sock.send(PAYLOAD)
+            send(sock)
         answers()
         times.append(time.perf_counter() - t0)
     cpu = (time.process_time() - cpu0) / rounds
     if w == 0:
-        print(f"BARE {mode} {statistics.median(times[WARM:]):.9f} {cpu:.9f}", flush=True)
+        print(f"BARE {mode} {cpu:.9f} " + ",".join(f"{t:.9f}" for t in times[WARM:]), flush=True)
 
 
 def main() -> None:
     mode, role, index, base, rounds = sys.argv[1:6]
     if mode not in ("zmq", "curve", "handoff", "unix"):
         raise SystemExit(f"_bare_round: mode {mode!r} is not zmq, curve, handoff or unix")
-    run = server if role == "server" else worker
-    # the servers answer WARM more rounds than are timed
-    run(mode, int(index), int(base), int(rounds) + (WARM if role == "server" else 0))
+    if role == "server":  # (it answers the warm-up rounds too)
+        served = server(mode, int(index), int(base), int(rounds) + WARM)
+        print(f"SERVED {mode} {served}", flush=True)
+    else:
+        worker(mode, int(index), int(base), int(rounds))
 
 
 if __name__ == "__main__":

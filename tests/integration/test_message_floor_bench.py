@@ -15,18 +15,20 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "message_floor.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from message_floor import BARE, run_bare  # noqa: E402
+from message_floor import parse, run_bare  # noqa: E402
 
 
 @pytest.mark.parametrize("mode", ["zmq", "curve", "handoff", "unix"])
 def test_a_bare_round_runs_over_each_transport(mode):
     """Two servers and two workers exchange 200 timed rounds (and 100 warm-up ones): every
-    process ends well and worker 0 says its median round and CPU."""
+    process ends well, worker 0 gives each timed round and its CPU, and each server answered
+    every request, each of hetps's frames (parse checks the counts)."""
     rc, lines = run_bare(mode, 200, 60)
     assert rc == 0, "\n".join(lines)
-    found = [m for m in map(BARE.search, lines) if m]
-    assert len(found) == 1 and found[0].group(1) == mode, lines
-    assert float(found[0].group(2)) > 0 and float(found[0].group(3)) >= 0, lines
+    ((rounds, cpu),) = parse(f"bare {mode}", lines, 200).values()
+    assert len(rounds) == 200 and min(rounds) > 0 and cpu >= 0, lines
+    with pytest.raises(SystemExit, match="answered"):
+        parse(f"bare {mode}", lines, 201)
 
 
 def test_a_bad_count_is_one_clear_error(tmp_path):
@@ -47,7 +49,9 @@ def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
     systems = [row["system"] for row in data["table"]]
     assert systems == [
         "hetps shm, 4 rows",
+        "hetps shm, 0.1%",
         "hetps tcp, 4 rows",
+        "hetps tcp, 0.1%",
         "bare curve",
         "bare handoff",
         "bare zmq",
@@ -55,6 +59,8 @@ def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
     ], systems
     for row in data["table"]:
         assert float(row["round ms"]) > 0, row
-    assert len(data["times"]["hetps shm"]) == 5 and len(data["times"]["bare unix"]) == 1, data
-    over = data["table"][0]["over its bare messages ms"]
-    assert over.endswith("(bare curve)"), over
+    times = data["times"]
+    assert len(times["hetps shm, 0.1%"]) == 5 and len(times["bare unix"]) == 50, times
+    floor, tenth = data["table"][:2]
+    assert floor["over its bare messages ms"].endswith("(bare curve)"), floor
+    assert tenth["over its round of 4 rows ms"] != "-", tenth
