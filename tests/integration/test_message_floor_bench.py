@@ -59,8 +59,9 @@ def test_the_benchmark_runs_at_a_tiny_size(tmp_path):
     ], systems
     for row in data["table"]:
         assert float(row["round ms"]) > 0, row
-    times = data["times"]
+    times = {k: v.split(",") for k, v in data["times_us"].items()}
     assert len(times["hetps shm, 0.1%"]) == 5 and len(times["bare unix"]) == 50, times
+    assert len(data["cpu_us"]["bare unix"].split(",")) == 1, data["cpu_us"]
     floor, tenth = data["table"][:2]
     assert floor["over its bare messages ms"].endswith("(bare curve)"), floor
     assert tenth["over its round of 4 rows ms"] != "-", tenth
