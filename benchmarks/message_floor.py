@@ -45,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+from _bare_round import WARM  # noqa: E402
 from _common import (  # noqa: E402
     git_head,
     machine_info,
@@ -118,7 +119,7 @@ def run_bare(mode: str, rounds: int, timeout: float) -> tuple[int, list[str]]:
 def parse(system: str, lines: list[str], bare_rounds: int) -> dict:
     """{label: (rounds, CPU seconds a round)} of a job's output; SystemExit when it lacks a
     figure or a bare server answered another count of requests than the rounds'."""
-    got: dict[str, tuple[list[float], float]] = {}
+    got: dict[str, list[float]] = {}
     cpus: dict[str, float] = {}
     served = []
     for ln in lines:
@@ -138,10 +139,10 @@ def parse(system: str, lines: list[str], bare_rounds: int) -> dict:
     want = [""] if system.startswith("bare") else list(FRACS.values())
     if sorted(got) != sorted(want) or sorted(cpus) != sorted(want):
         raise SystemExit(f"message_floor: the {system} job gave {sorted(got)}, not {want}")
-    if system.startswith("bare") and served != [(bare_rounds + 100) * 2] * 2:
+    asked = (bare_rounds + WARM) * 2  # (each worker's requests, the warm-up's too)
+    if system.startswith("bare") and served != [asked] * 2:
         raise SystemExit(
-            f"message_floor: the {system} servers answered {served} requests, not "
-            f"{(bare_rounds + 100) * 2} each"
+            f"message_floor: the {system} servers answered {served} requests, not {asked} each"
         )
     return {k: (got[k], cpus[k]) for k in want}
 
